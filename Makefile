@@ -1,0 +1,35 @@
+# The two commands a fresh machine needs: `make dev` runs the system, `make test` runs
+# everything CI checks. Both do their own set-up (services, npm packages).
+
+# The build cache lives outside the clone (see .cargo/config.toml) so CI's fresh clone
+# rebuilds incrementally.
+export CARGO_TERM_COLOR ?= never
+
+NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
+
+.PHONY: dev test services test-deps fmt lint unit
+
+dev: services
+	@scripts/dev.sh
+
+test: services test-deps lint unit
+
+services:
+	@scripts/services.sh
+
+test-deps:
+	@scripts/test-deps.sh
+
+fmt:
+	cargo fmt --all
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+unit:
+ifeq ($(NEXTEST),yes)
+	cargo nextest run --workspace --locked --no-tests=pass --no-fail-fast
+else
+	cargo test --workspace --locked --no-fail-fast
+endif

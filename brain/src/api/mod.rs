@@ -1,0 +1,91 @@
+//! The HTTP API: routes, authentication and request decoding.
+//!
+//! One file per resource. Handlers take typed, closed request bodies (`deny_unknown_fields`)
+//! through [`JsonBody`], which turns every decoding failure into `invalid_request` or
+//! `payload_too_large`; status codes themselves are chosen in `error.rs` only.
+
+mod agents;
+mod chats;
+mod health;
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::routing::{get, post};
+use protocol::TeamId;
+use serde::de::DeserializeOwned;
+
+use crate::AppState;
+use crate::error::ApiError;
+
+pub fn router(state: AppState) -> Router {
+    let max_body = state.config.max_body_bytes;
+    let v1 = Router::new()
+        .route("/agents", post(agents::create))
+        .route("/agents/{agent_id}", get(agents::get))
+        .route("/agents/{agent_id}/chats", post(chats::create))
+        .route(
+            "/chats/{chat_id}/messages",
+            get(chats::messages).post(chats::post_message),
+        )
+        .fallback(|| async { ApiError::NotFound("route") });
+    Router::new()
+        .nest("/v1", v1)
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+/// The authenticated team of a `/v1` request (`Authorization: Bearer <api key>`).
+pub struct Team(pub TeamId);
+
+impl FromRequestParts<AppState> for Team {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let key = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty() && k.len() <= 200)
+            .ok_or(ApiError::Unauthorized)?;
+        state
+            .store
+            .team_for_key(key)
+            .await?
+            .map(Team)
+            .ok_or(ApiError::Unauthorized)
+    }
+}
+
+/// A JSON body decoded into a closed type; failures become stable error codes.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(Self(value)),
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::PayloadTooLarge(state.config.max_body_bytes))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::InvalidRequest(
+                "expected Content-Type: application/json".into(),
+            )),
+            Err(e) => Err(ApiError::InvalidRequest(e.body_text())),
+        }
+    }
+}
+
+/// Parses a path id; a malformed one is as absent as an unknown one.
+fn parse_id<T: std::str::FromStr>(raw: &str, what: &'static str) -> Result<T, ApiError> {
+    raw.parse().map_err(|_| ApiError::NotFound(what))
+}

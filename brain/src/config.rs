@@ -1,0 +1,216 @@
+//! Typed configuration from the environment, validated before any port is bound.
+//!
+//! Every variable is documented in `docs/CONFIGURATION.md`; keep the two in step. Parsing
+//! goes through [`Env`] so tests can feed a map instead of the process environment.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A source of variables: the process environment, or a map in tests.
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name).cloned()
+    }
+}
+
+/// A variable that is set but unusable. The message names the variable, never its value
+/// (it may be a secret).
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {name} {problem}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub problem: String,
+}
+
+/// The brain's whole configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub addr: SocketAddr,
+    pub database_url: String,
+    pub database_max_connections: u32,
+    pub redis_url: String,
+    pub openai: ProviderConfig,
+    pub anthropic: ProviderConfig,
+    /// Serve the built-in offline demo model when no provider key is set.
+    pub demo_model: bool,
+    pub provider_connect_timeout: Duration,
+    pub provider_idle_timeout: Duration,
+    pub max_output_tokens: u32,
+    pub max_body_bytes: usize,
+    pub max_message_chars: usize,
+    pub shutdown_grace: Duration,
+    pub log_json: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    pub base_url: String,
+    pub api_key: Option<String>,
+}
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/agent_runtime";
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+
+impl Config {
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        let openai = ProviderConfig {
+            base_url: url_var(env, "OPENAI_BASE_URL", "https://api.openai.com/v1")?,
+            api_key: non_empty(env, "OPENAI_API_KEY"),
+        };
+        let anthropic = ProviderConfig {
+            base_url: url_var(env, "ANTHROPIC_BASE_URL", "https://api.anthropic.com")?,
+            api_key: non_empty(env, "ANTHROPIC_API_KEY"),
+        };
+        let any_key = openai.api_key.is_some() || anthropic.api_key.is_some();
+        let demo_model = match non_empty(env, "BRAIN_DEMO_MODEL").as_deref() {
+            None | Some("auto") => !any_key,
+            Some("on") => true,
+            Some("off") => false,
+            Some(_) => {
+                return Err(ConfigError {
+                    name: "BRAIN_DEMO_MODEL",
+                    problem: "must be one of auto, on, off".into(),
+                });
+            }
+        };
+        let config = Self {
+            addr: parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?,
+            database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
+            redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
+            openai,
+            anthropic,
+            demo_model,
+            provider_connect_timeout: millis(env, "BRAIN_PROVIDER_CONNECT_TIMEOUT_MS", 30_000)?,
+            provider_idle_timeout: millis(env, "BRAIN_PROVIDER_IDLE_TIMEOUT_MS", 120_000)?,
+            max_output_tokens: ranged(env, "BRAIN_MAX_OUTPUT_TOKENS", 4096, 1, 1_000_000)?,
+            max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
+            max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
+            shutdown_grace: millis(env, "BRAIN_SHUTDOWN_GRACE_MS", 30_000)?,
+            log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
+                None | Some("text") => false,
+                Some("json") => true,
+                Some(_) => {
+                    return Err(ConfigError {
+                        name: "BRAIN_LOG_FORMAT",
+                        problem: "must be text or json".into(),
+                    });
+                }
+            },
+        };
+        Ok(config)
+    }
+}
+
+fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
+    env.get(name).filter(|v| !v.trim().is_empty())
+}
+
+fn parse<T: std::str::FromStr>(
+    env: &dyn Env,
+    name: &'static str,
+    default: &str,
+) -> Result<T, ConfigError> {
+    let raw = non_empty(env, name).unwrap_or_else(|| default.to_owned());
+    raw.trim().parse().map_err(|_| ConfigError {
+        name,
+        problem: format!("is not valid (expected something like {default})"),
+    })
+}
+
+fn ranged<T>(
+    env: &dyn Env,
+    name: &'static str,
+    default: T,
+    min: T,
+    max: T,
+) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let value: T = parse(env, name, &default.to_string())?;
+    if value < min || value > max {
+        return Err(ConfigError {
+            name,
+            problem: format!("must be between {min} and {max}"),
+        });
+    }
+    Ok(value)
+}
+
+fn millis(env: &dyn Env, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    ranged(env, name, default, 1, 24 * 3600 * 1000).map(Duration::from_millis)
+}
+
+fn url_var(env: &dyn Env, name: &'static str, default: &str) -> Result<String, ConfigError> {
+    let value = non_empty(env, name).unwrap_or_else(|| default.to_owned());
+    let value = value.trim().trim_end_matches('/').to_owned();
+    let scheme_ok = [
+        "http://",
+        "https://",
+        "postgres://",
+        "postgresql://",
+        "redis://",
+        "rediss://",
+    ]
+    .iter()
+    .any(|s| value.starts_with(s));
+    if !scheme_ok || value.contains(char::is_whitespace) {
+        return Err(ConfigError {
+            name,
+            problem: "is not a URL with a known scheme".into(),
+        });
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_the_embedded_setup() {
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
+        assert!(config.demo_model, "no key means the offline demo model");
+    }
+
+    #[test]
+    fn a_provider_key_turns_the_demo_model_off() {
+        let config = Config::from_env(&env(&[("ANTHROPIC_API_KEY", "k")])).unwrap();
+        assert!(!config.demo_model);
+    }
+
+    #[test]
+    fn errors_name_the_variable_not_the_value() {
+        let err = Config::from_env(&env(&[("BRAIN_ADDR", "nonsense-secret")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_ADDR");
+        assert!(!err.to_string().contains("nonsense-secret"));
+        let err = Config::from_env(&env(&[("BRAIN_MAX_OUTPUT_TOKENS", "0")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_MAX_OUTPUT_TOKENS");
+        let err = Config::from_env(&env(&[("DATABASE_URL", "mysql://x")])).unwrap_err();
+        assert_eq!(err.name, "DATABASE_URL");
+    }
+}

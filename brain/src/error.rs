@@ -1,0 +1,127 @@
+//! The one place that knows HTTP status codes.
+//!
+//! Every handler returns `Result<_, ApiError>`; this file turns an `ApiError` into a
+//! status and the `{"error":{"code","message"}}` body. Details of 5xx failures are logged
+//! here with their class and never returned.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
+
+use crate::provider::ProviderError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("missing or unknown API key")]
+    Unauthorized,
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("this message id's turn is still running")]
+    TurnInProgress(TurnId),
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    #[error("store unavailable")]
+    Store(#[source] StoreError),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::NotFound => Self::NotFound("resource"),
+            other => Self::Store(other),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unauthorized => ErrorCode::Unauthorized,
+            Self::NotFound(_) => ErrorCode::NotFound,
+            Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
+            Self::Provider(e) => e.code(),
+            Self::Store(_) => ErrorCode::StoreUnavailable,
+            Self::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self.code() {
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::AgentBusy | ErrorCode::TurnInProgress => StatusCode::CONFLICT,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::ProviderUnavailable | ErrorCode::StoreUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The message a client may see: 5xx internals stay in the log.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Store(_) => {
+                "a store the request needs is unavailable; nothing was sent to a model".into()
+            }
+            Self::Internal(_) => "internal error".into(),
+            Self::Provider(ProviderError::Unavailable(_)) => {
+                "the model provider is unavailable (outage, timeout or broken stream)".into()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn turn_id(&self) -> Option<TurnId> {
+        match self {
+            Self::TurnInProgress(id) => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            match &self {
+                Self::Store(e) => {
+                    tracing::error!(class = e.metric_label(), error = %e, "store failure")
+                }
+                Self::Internal(detail) => tracing::error!(detail, "internal error"),
+                Self::Provider(e) => tracing::warn!(class = e.metric_label(), "provider failure"),
+                _ => {}
+            }
+        }
+        let retry_after = match &self {
+            Self::Provider(ProviderError::RateLimited { retry_after }) => *retry_after,
+            _ => None,
+        };
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message: self.public_message(),
+                turn_id: self.turn_id(),
+            },
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        if let Some(after) = retry_after
+            && let Ok(value) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}

@@ -1,0 +1,113 @@
+//! The brain: a stateless service that runs every agent's LLM loop.
+//!
+//! Layout, outside in:
+//! - `api/`: the HTTP routes, authentication and request decoding;
+//! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
+//! - `turn/`: one turn end to end, and the UI message stream it writes;
+//! - `provider/`: the model providers' wire formats, turned into typed events;
+//! - `store/`: Postgres, the only place with SQL;
+//! - `config.rs`: typed configuration from the environment;
+//! - `demo.rs`: the offline demo model for `make dev` without a provider key.
+//!
+//! A replica holds nothing another replica needs beyond the turns it is streaming: all
+//! durable state is in Postgres, and a restarted replica loses only its live streams.
+
+pub mod api;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod provider;
+pub mod store;
+pub mod turn;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use config::Config;
+use provider::anthropic::AnthropicProvider;
+use provider::openai::OpenAiProvider;
+use provider::{Endpoint, Providers};
+use store::Store;
+
+/// Shared by every request: cheap to clone, no global locks.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub redis: redis::Client,
+    pub providers: Providers,
+    /// Parent of every turn's token: cancelled when shutdown gives up on draining.
+    pub turns_cancel: CancellationToken,
+    /// Running turns, so shutdown can wait for them.
+    pub turn_tracker: TaskTracker,
+}
+
+impl AppState {
+    /// Builds the state from configuration; `providers` overrides the adapters built from
+    /// the configured endpoints (the demo model passes its own).
+    pub fn new(config: Config, store: Store, redis: redis::Client) -> Self {
+        let providers = providers_from(&config);
+        Self {
+            config: Arc::new(config),
+            store,
+            redis,
+            providers,
+            turns_cancel: CancellationToken::new(),
+            turn_tracker: TaskTracker::new(),
+        }
+    }
+}
+
+/// Both adapters over one HTTP client (one connection pool per provider host).
+pub fn providers_from(config: &Config) -> Providers {
+    // Timeouts are applied per phase by the adapters; the client itself has none so a long
+    // answer is never cut.
+    let client = reqwest::Client::builder()
+        .connect_timeout(config.provider_connect_timeout)
+        .pool_idle_timeout(std::time::Duration::from_secs(90))
+        .build()
+        .unwrap_or_default();
+    let endpoint = |p: &config::ProviderConfig| Endpoint {
+        base_url: p.base_url.clone(),
+        api_key: p.api_key.clone(),
+        connect_timeout: config.provider_connect_timeout,
+        idle_timeout: config.provider_idle_timeout,
+    };
+    Providers {
+        openai: Arc::new(OpenAiProvider::new(
+            client.clone(),
+            endpoint(&config.openai),
+        )),
+        anthropic: Arc::new(AnthropicProvider::new(client, endpoint(&config.anthropic))),
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): stop
+/// accepting, let running turns finish for the grace period, then cancel the rest.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = api::router(state.clone());
+    let stop = shutdown.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await?;
+    state.turn_tracker.close();
+    let grace = state.config.shutdown_grace;
+    if tokio::time::timeout(grace, state.turn_tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            running = state.turn_tracker.len(),
+            "grace period over; cancelling running turns"
+        );
+        state.turns_cancel.cancel();
+        state.turn_tracker.wait().await;
+    }
+    Ok(())
+}

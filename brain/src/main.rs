@@ -1,0 +1,117 @@
+//! `brain serve | migrate | admin create-team NAME`.
+
+use anyhow::Context;
+use brain::config::{Config, ProcessEnv};
+use brain::store::{self, Store};
+use tokio_util::sync::CancellationToken;
+
+const USAGE: &str = "usage: brain serve | brain migrate | brain admin create-team NAME";
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = match Config::from_env(&ProcessEnv) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            std::process::exit(2);
+        }
+    };
+    init_tracing(config.log_json);
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["serve"] => serve(&mut config).await,
+        ["migrate"] => {
+            if store::create_database_if_missing(&config.database_url)
+                .await
+                .context("creating the database")?
+            {
+                eprintln!("created the database");
+            }
+            let store = Store::connect(&config.database_url, 2)
+                .await
+                .context("connecting to Postgres")?;
+            store.migrate().await.context("migrating")?;
+            eprintln!("migrations applied");
+            Ok(())
+        }
+        ["admin", "create-team", name] => {
+            let store = Store::connect(&config.database_url, 2)
+                .await
+                .context("connecting to Postgres")?;
+            let created = store.create_team(name).await.context("creating the team")?;
+            println!("{}", serde_json::to_string(&created)?);
+            Ok(())
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn serve(config: &mut Config) -> anyhow::Result<()> {
+    // Kept alive for the whole process: dropping it stops the demo model.
+    let _demo = if config.demo_model {
+        Some(
+            brain::demo::start(config)
+                .await
+                .context("starting the demo model")?,
+        )
+    } else {
+        None
+    };
+    let store = Store::connect(&config.database_url, config.database_max_connections)
+        .await
+        .context("connecting to Postgres (DATABASE_URL)")?;
+    let redis = redis::Client::open(config.redis_url.as_str()).context("REDIS_URL")?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;
+    tracing::info!(addr = %config.addr, "brain listening");
+    let state = brain::AppState::new(config.clone(), store, redis);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(signal_shutdown(shutdown.clone()));
+    brain::serve(listener, state, shutdown).await?;
+    tracing::info!("brain stopped");
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes) or Ctrl-C starts the drain.
+async fn signal_shutdown(shutdown: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = ctrl_c => {},
+                _ = term.recv() => {},
+            }
+        } else {
+            let _ = ctrl_c.await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested");
+    shutdown.cancel();
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BRAIN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

@@ -1,0 +1,203 @@
+//! Model providers: wire formats in, typed events out.
+//!
+//! Each adapter turns one provider's streaming HTTP API into a stream of
+//! [`ProviderEvent`]s; the turn loop never sees a wire format. Two real implementations sit
+//! behind [`ModelProvider`] (SPEC T10): OpenAI-compatible chat completions (`openai.rs`,
+//! which also covers vLLM, Ollama, LiteLLM, OpenRouter) and Anthropic Messages
+//! (`anthropic.rs`).
+//!
+//! Stream contract, for every adapter:
+//! - the future resolves once the provider answered with a success status; a non-success
+//!   status, a refused connection or a timeout before that is an `Err`;
+//! - the stream yields events and ends right after [`ProviderEvent::Finished`];
+//! - a body that ends without the provider's end marker yields
+//!   `Err(ProviderError::Unavailable(Unavailable::Incomplete))` as its last item;
+//! - dropping the stream aborts the HTTP request (that is how cancellation reaches the
+//!   provider).
+
+pub mod anthropic;
+pub mod openai;
+pub mod route;
+mod sse;
+
+pub use route::{ModelRoute, ProviderKind, Providers};
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::Stream;
+use futures_util::future::BoxFuture;
+use protocol::ErrorCode;
+
+/// What the turn asks a model for. Provider-neutral; adapters translate it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelRequest {
+    /// The model's name at the provider, without our `openai/` or `anthropic/` prefix.
+    pub model: String,
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub max_output_tokens: u32,
+}
+
+/// One message of the conversation sent to the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub text: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// A typed event decoded from a provider stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProviderEvent {
+    /// Text to append to the answer.
+    TextDelta(String),
+    /// Token counts as the provider reports them; later reports fill in what earlier ones
+    /// lacked (Anthropic sends input tokens first and output tokens at the end).
+    Usage(Usage),
+    /// The model ended its answer; always the last event.
+    Finished(StopReason),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Folds a later report into this one: fields the later one carries win.
+    pub fn merge(&mut self, later: Usage) {
+        if later.input_tokens.is_some() {
+            self.input_tokens = later.input_tokens;
+        }
+        if later.output_tokens.is_some() {
+            self.output_tokens = later.output_tokens;
+        }
+    }
+}
+
+/// Why the model stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// A natural end (`stop`, `end_turn`, `stop_sequence`).
+    Stop,
+    /// The output token limit was reached (`length`, `max_tokens`).
+    Length,
+    /// The model asked for tool calls (`tool_calls`, `tool_use`).
+    ToolCalls,
+    /// Anything else the provider reports (content filter, refusal...).
+    Other,
+}
+
+/// How a provider call failed. Each kind maps to one stable error code (SPEC T10).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ProviderError {
+    /// The provider answered 429.
+    #[error("provider rate limited the request")]
+    RateLimited { retry_after: Option<Duration> },
+    /// The provider is down, unreachable, slow, or broke its stream.
+    #[error("provider unavailable: {0}")]
+    Unavailable(Unavailable),
+    /// The provider refused the request itself (4xx other than 429).
+    #[error("provider rejected the request with status {status}")]
+    Rejected { status: u16 },
+}
+
+/// The ways a provider can be unavailable; kept apart for logs and metrics.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum Unavailable {
+    #[error("status {0}")]
+    Status(u16),
+    #[error("connection failed")]
+    Connect,
+    #[error("timed out")]
+    Timeout,
+    /// The body ended without the provider's end marker.
+    #[error("stream ended early")]
+    Incomplete,
+    /// The provider sent an error event mid-stream.
+    #[error("error event in stream")]
+    StreamError,
+    /// The body was not the documented wire format.
+    #[error("undecodable stream")]
+    Decode,
+}
+
+impl ProviderError {
+    /// The stable code the client sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::RateLimited { .. } => ErrorCode::RateLimited,
+            Self::Unavailable(_) => ErrorCode::ProviderUnavailable,
+            Self::Rejected { .. } => ErrorCode::ProviderRejected,
+        }
+    }
+
+    /// A bounded label for metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::RateLimited { .. } => "rate_limited",
+            Self::Rejected { .. } => "rejected",
+            Self::Unavailable(Unavailable::Status(_)) => "status",
+            Self::Unavailable(Unavailable::Connect) => "connect",
+            Self::Unavailable(Unavailable::Timeout) => "timeout",
+            Self::Unavailable(Unavailable::Incomplete) => "incomplete",
+            Self::Unavailable(Unavailable::StreamError) => "stream_error",
+            Self::Unavailable(Unavailable::Decode) => "decode",
+        }
+    }
+
+    /// Classifies a non-success HTTP status.
+    pub fn from_status(status: u16, retry_after: Option<Duration>) -> Self {
+        match status {
+            429 => Self::RateLimited { retry_after },
+            // 408 (timeout), 409 (Anthropic's lock conflicts) and 529 (overloaded) are outages.
+            408 | 409 | 500..=599 => Self::Unavailable(Unavailable::Status(status)),
+            _ => Self::Rejected { status },
+        }
+    }
+
+    /// Classifies a reqwest failure (connect, timeout, body read).
+    pub fn from_transport(err: &reqwest::Error) -> Self {
+        if err.is_timeout() {
+            Self::Unavailable(Unavailable::Timeout)
+        } else if err.is_connect() {
+            Self::Unavailable(Unavailable::Connect)
+        } else if err.is_decode() || err.is_body() {
+            Self::Unavailable(Unavailable::Incomplete)
+        } else {
+            Self::Unavailable(Unavailable::Connect)
+        }
+    }
+}
+
+/// Events of one model call, in order. See the module docs for the contract.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<ProviderEvent, ProviderError>> + Send>>;
+
+/// One provider's streaming API.
+pub trait ModelProvider: Send + Sync {
+    /// Sends `request` and resolves once the provider accepted it.
+    fn stream<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+    ) -> BoxFuture<'a, Result<EventStream, ProviderError>>;
+}
+
+/// Connection settings shared by the adapters.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// For OpenAI, the base including `/v1` (`https://api.openai.com/v1`); for Anthropic,
+    /// the host (`https://api.anthropic.com`).
+    pub base_url: String,
+    pub api_key: Option<String>,
+    /// Until the response status arrives.
+    pub connect_timeout: Duration,
+    /// Longest silence between two chunks of a stream.
+    pub idle_timeout: Duration,
+}

@@ -1,0 +1,85 @@
+//! Agents: system prompt, model route, runtime profile, autostart.
+
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, TeamId};
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+#[derive(Clone, Debug)]
+pub struct NewAgent {
+    pub name: String,
+    pub system_prompt: String,
+    pub model: String,
+    pub fallback_models: Vec<String>,
+    pub runtime_profile: String,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AgentRow {
+    pub id: AgentId,
+    pub team_id: TeamId,
+    pub name: String,
+    pub system_prompt: String,
+    pub model: String,
+    pub fallback_models: Vec<String>,
+    pub runtime_profile: String,
+    pub autostart_cron: Option<String>,
+    pub autostart_prompt: Option<String>,
+    pub archived: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
+    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, created_at";
+
+pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
+    Ok(AgentRow {
+        id: AgentId(row.try_get("id")?),
+        team_id: TeamId(row.try_get("team_id")?),
+        name: row.try_get("name")?,
+        system_prompt: row.try_get("system_prompt")?,
+        model: row.try_get("model")?,
+        fallback_models: row.try_get("fallback_models")?,
+        runtime_profile: row.try_get("runtime_profile")?,
+        autostart_cron: row.try_get("autostart_cron")?,
+        autostart_prompt: row.try_get("autostart_prompt")?,
+        archived: row.try_get("archived")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+impl Store {
+    pub async fn create_agent(
+        &self,
+        team: TeamId,
+        agent: &NewAgent,
+    ) -> Result<AgentRow, StoreError> {
+        let sql = format!(
+            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {AGENT_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(AgentId::new().0)
+            .bind(team.0)
+            .bind(&agent.name)
+            .bind(&agent.system_prompt)
+            .bind(&agent.model)
+            .bind(&agent.fallback_models)
+            .bind(&agent.runtime_profile)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(agent_from_row(&row)?)
+    }
+
+    pub async fn agent(&self, team: TeamId, id: AgentId) -> Result<AgentRow, StoreError> {
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE team_id = $1 AND id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok(agent_from_row(&row)?)
+    }
+}

@@ -1,0 +1,139 @@
+//! Chats and their messages.
+
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
+use sqlx::Row;
+
+use super::agents::agent_from_row;
+use super::{AgentRow, Store, StoreError};
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ChatRow {
+    pub id: ChatId,
+    pub agent_id: AgentId,
+    pub summary: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A stored message. `parts` are UI message parts as the AI SDK shapes them.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MessageRow {
+    pub id: MessageId,
+    #[serde(skip)]
+    pub seq: i64,
+    pub turn_id: TurnId,
+    pub role: String,
+    pub parts: serde_json::Value,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+pub(super) fn message_from_row(row: &sqlx::postgres::PgRow) -> Result<MessageRow, sqlx::Error> {
+    Ok(MessageRow {
+        id: MessageId(row.try_get("id")?),
+        seq: row.try_get("seq")?,
+        turn_id: TurnId(row.try_get("turn_id")?),
+        role: row.try_get("role")?,
+        parts: row.try_get("parts")?,
+        status: row.try_get("status")?,
+        client_message_id: row.try_get("client_message_id")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+pub(super) const MESSAGE_COLUMNS: &str =
+    "id, seq, turn_id, role, parts, status, client_message_id, created_at";
+
+impl Store {
+    pub async fn create_chat(&self, team: TeamId, agent: AgentId) -> Result<ChatRow, StoreError> {
+        // The insert selects from agents so that another team's agent id finds nothing.
+        let row = sqlx::query(
+            "INSERT INTO chats (id, team_id, agent_id) \
+             SELECT $1, team_id, id FROM agents WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
+             RETURNING id, agent_id, summary, created_at",
+        )
+        .bind(ChatId::new().0)
+        .bind(team.0)
+        .bind(agent.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        Ok(ChatRow {
+            id: ChatId(row.try_get("id")?),
+            agent_id: AgentId(row.try_get("agent_id")?),
+            summary: row.try_get("summary")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
+
+    /// A chat with its agent, in one round trip (the turn's intake needs both).
+    pub async fn chat_with_agent(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<(ChatRow, AgentRow), StoreError> {
+        let row = sqlx::query(
+            "SELECT c.id AS chat_id, c.summary, c.created_at AS chat_created_at, \
+                    a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
+                    a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
+                    a.archived_at IS NOT NULL AS archived, a.created_at \
+             FROM chats c JOIN agents a ON a.team_id = c.team_id AND a.id = c.agent_id \
+             WHERE c.team_id = $1 AND c.id = $2",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let agent = agent_from_row(&row)?;
+        let chat = ChatRow {
+            id: ChatId(row.try_get("chat_id")?),
+            agent_id: agent.id,
+            summary: row.try_get("summary")?,
+            created_at: row.try_get("chat_created_at")?,
+        };
+        Ok((chat, agent))
+    }
+
+    /// Every message of a chat, oldest first. Returns `NotFound` for another team's chat.
+    pub async fn messages(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<Vec<MessageRow>, StoreError> {
+        let exists: Option<(i32,)> =
+            sqlx::query_as("SELECT 1 FROM chats WHERE team_id = $1 AND id = $2")
+                .bind(team.0)
+                .bind(chat.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        if exists.is_none() {
+            return Err(StoreError::NotFound);
+        }
+        self.messages_after(team, chat, 0).await
+    }
+
+    /// Messages with `seq > after`, oldest first: the tail a turn sends to the model.
+    pub async fn messages_after(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        after: i64,
+    ) -> Result<Vec<MessageRow>, StoreError> {
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages \
+             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 ORDER BY seq"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| message_from_row(r).map_err(StoreError::from))
+            .collect()
+    }
+}

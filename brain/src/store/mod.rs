@@ -1,0 +1,131 @@
+//! Postgres: everything that must survive a turn (SPEC "What survives a turn").
+//!
+//! One file per aggregate (teams and keys, agents, chats and messages, turns and billing).
+//! Every query takes the caller's `TeamId` and filters on it, so a row of another team is
+//! indistinguishable from a missing one (`StoreError::NotFound`).
+//!
+//! Architecture invariant: SQL lives in this module only; the rest of the brain sees typed
+//! rows and semantic errors.
+
+mod agents;
+mod chats;
+mod teams;
+mod turns;
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool, SqlStr};
+
+pub use agents::{AgentRow, NewAgent};
+pub use chats::{ChatRow, MessageRow};
+pub use teams::CreatedTeam;
+pub use turns::{AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus};
+
+/// Semantic store failures; the HTTP layer maps them to status codes.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("not found")]
+    NotFound,
+    /// A uniqueness rule was hit; the label names which.
+    #[error("conflict: {0}")]
+    Conflict(&'static str),
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("stored data is malformed: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::Conflict(_) => "conflict",
+            Self::Database(_) => "database",
+            Self::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
+/// Maps a unique violation of `constraint` to `Conflict(label)`.
+fn unique_violation(err: sqlx::Error, constraint: &str, label: &'static str) -> StoreError {
+    if let sqlx::Error::Database(db) = &err
+        && db.is_unique_violation()
+        && db.constraint() == Some(constraint)
+    {
+        return StoreError::Conflict(label);
+    }
+    StoreError::Database(err)
+}
+
+/// The handle every request clones: a connection pool.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse()?;
+        let options =
+            options.log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies every migration not yet applied. Migrations are compiled into the binary so
+    /// a container needs no files beside it.
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        migrator().run(&self.pool).await
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+/// Creates the database named in `url` when it does not exist yet (`brain migrate` on a
+/// fresh machine).
+pub async fn create_database_if_missing(url: &str) -> Result<bool, sqlx::Error> {
+    use sqlx::migrate::MigrateDatabase;
+    if sqlx::Postgres::database_exists(url).await? {
+        return Ok(false);
+    }
+    sqlx::Postgres::create_database(url).await?;
+    Ok(true)
+}
+
+fn migrator() -> Migrator {
+    let migrations = [(
+        1,
+        "schema v1",
+        include_str!("../../../migrations/0001_schema_v1.sql"),
+    )]
+    .into_iter()
+    .map(|(version, description, sql)| {
+        Migration::new(
+            version,
+            Cow::Borrowed(description),
+            MigrationType::Simple,
+            SqlStr::from_static(sql),
+            false,
+        )
+    })
+    .collect();
+    Migrator::with_migrations(migrations)
+}

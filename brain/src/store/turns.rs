@@ -1,0 +1,227 @@
+//! Turns, their frozen composition, their end state and their usage events.
+
+use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::chats::{MESSAGE_COLUMNS, message_from_row};
+use super::{MessageRow, Store, StoreError, unique_violation};
+
+/// What a turn's intake writes in one transaction.
+#[derive(Debug)]
+pub struct NewTurn<'a> {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub trigger: &'static str,
+    /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
+    /// it cannot be written, and then no provider is called.
+    pub composition: &'a serde_json::Value,
+    pub user_parts: &'a serde_json::Value,
+    pub client_message_id: Option<&'a str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnStatus {
+    Running,
+    Completed,
+    Interrupted,
+    Failed,
+}
+
+impl TurnStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        Ok(match s {
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "interrupted" => Self::Interrupted,
+            "failed" => Self::Failed,
+            other => return Err(StoreError::Corrupt(format!("turn status {other}"))),
+        })
+    }
+}
+
+/// A turn as a retried POST finds it (T12).
+#[derive(Clone, Debug)]
+pub struct TurnRecord {
+    pub id: TurnId,
+    pub status: TurnStatus,
+    pub error_code: Option<ErrorCode>,
+    pub assistant: Option<MessageRow>,
+}
+
+/// One model call's usage, billed once (E1).
+#[derive(Clone, Debug)]
+pub struct ModelCallUsage {
+    pub call_index: u32,
+    pub model: String,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+/// How a turn ended, written in one transaction.
+#[derive(Debug)]
+pub struct TurnEnd {
+    pub status: TurnStatus,
+    pub error_code: Option<ErrorCode>,
+    /// Absent for a failed turn (T8: a failed turn persists no assistant message).
+    pub assistant: Option<AssistantMessage>,
+    pub usage: Vec<ModelCallUsage>,
+}
+
+#[derive(Debug)]
+pub struct AssistantMessage {
+    pub id: MessageId,
+    pub parts: serde_json::Value,
+    pub complete: bool,
+}
+
+fn tokens(n: Option<u64>) -> Option<i64> {
+    n.map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+}
+
+impl Store {
+    /// Writes the turn (with its composition) and the user message. A reused client message
+    /// id answers `Conflict("message_id")` and writes nothing.
+    pub async fn begin_turn(&self, turn: NewTurn<'_>) -> Result<(TurnId, MessageId), StoreError> {
+        let turn_id = TurnId::new();
+        let message_id = MessageId::new();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition) \
+             VALUES ($1, $2, $3, $4, $5, 'running', $6)",
+        )
+        .bind(turn_id.0)
+        .bind(turn.team.0)
+        .bind(turn.agent.0)
+        .bind(turn.chat.0)
+        .bind(turn.trigger)
+        .bind(turn.composition)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
+             VALUES ($1, $2, $3, $4, 'user', $5, 'complete', $6)",
+        )
+        .bind(message_id.0)
+        .bind(turn.team.0)
+        .bind(turn.chat.0)
+        .bind(turn_id.0)
+        .bind(turn.user_parts)
+        .bind(turn.client_message_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
+        tx.commit().await?;
+        Ok((turn_id, message_id))
+    }
+
+    /// The turn a client message id started, with its assistant message if any.
+    pub async fn turn_for_client_message(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        client_message_id: &str,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT t.id, t.status, t.error_code FROM messages m \
+             JOIN turns t ON t.id = m.turn_id AND t.team_id = m.team_id \
+             WHERE m.team_id = $1 AND m.chat_id = $2 AND m.client_message_id = $3",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .bind(client_message_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let id = TurnId(row.try_get("id")?);
+        let status = TurnStatus::parse(row.try_get("status")?)?;
+        let error_code: Option<String> = row.try_get("error_code")?;
+        let sql = format!(
+            "SELECT {MESSAGE_COLUMNS} FROM messages \
+             WHERE team_id = $1 AND turn_id = $2 AND role = 'assistant' ORDER BY seq DESC LIMIT 1"
+        );
+        let assistant = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| message_from_row(&r))
+            .transpose()?;
+        Ok(Some(TurnRecord {
+            id,
+            status,
+            error_code: error_code.as_deref().and_then(ErrorCode::parse),
+            assistant,
+        }))
+    }
+
+    /// Records how a turn ended: status, assistant message and usage, all or nothing.
+    pub async fn finish_turn(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        turn: TurnId,
+        end: &TurnEnd,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
+             WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team.0)
+        .bind(turn.0)
+        .bind(end.status.as_str())
+        .bind(end.error_code.map(ErrorCode::as_str))
+        .execute(&mut *tx)
+        .await?;
+        if let Some(message) = &end.assistant {
+            sqlx::query(
+                "INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
+                 VALUES ($1, $2, $3, $4, 'assistant', $5, $6)",
+            )
+            .bind(message.id.0)
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(turn.0)
+            .bind(&message.parts)
+            .bind(if message.complete {
+                "complete"
+            } else {
+                "interrupted"
+            })
+            .execute(&mut *tx)
+            .await?;
+        }
+        for usage in &end.usage {
+            sqlx::query(
+                "INSERT INTO billing_events \
+                   (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
+                 VALUES ($1, $2, $3, $4, $5, 'model_call', $6, $7, $8) \
+                 ON CONFLICT (event_key) DO NOTHING",
+            )
+            .bind(Uuid::now_v7())
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(turn.0)
+            .bind(format!("turn:{turn}:model_call:{}", usage.call_index))
+            .bind(&usage.model)
+            .bind(tokens(usage.input_tokens))
+            .bind(tokens(usage.output_tokens))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

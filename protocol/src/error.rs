@@ -1,0 +1,104 @@
+//! Stable error codes: the `code` of every JSON error body and of every error chunk.
+//!
+//! Clients branch on these strings, so a variant is never renamed; new failure kinds get
+//! new variants.
+
+use serde::{Deserialize, Serialize};
+
+/// The machine-readable reason a request or a turn failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// No or an unknown API key.
+    Unauthorized,
+    /// The resource does not exist or belongs to another team.
+    NotFound,
+    /// The body or a parameter does not match the closed schema.
+    InvalidRequest,
+    /// The body is larger than the endpoint accepts.
+    PayloadTooLarge,
+    /// The agent is running another turn; the body names it.
+    AgentBusy,
+    /// The message id was already used and its turn is still running.
+    TurnInProgress,
+    /// The model provider answered 429.
+    RateLimited,
+    /// The model provider is down, refused the connection, timed out or cut its stream.
+    ProviderUnavailable,
+    /// The model provider refused the request (bad key, unknown model, bad request).
+    ProviderRejected,
+    /// A store the turn needs (Postgres) failed; nothing was sent to a provider.
+    StoreUnavailable,
+    /// A bug or an unexpected failure; details are in the server log, never in the body.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code as it appears on the wire and as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "not_found",
+            Self::InvalidRequest => "invalid_request",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::AgentBusy => "agent_busy",
+            Self::TurnInProgress => "turn_in_progress",
+            Self::RateLimited => "rate_limited",
+            Self::ProviderUnavailable => "provider_unavailable",
+            Self::ProviderRejected => "provider_rejected",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// Parses a code stored by [`ErrorCode::as_str`].
+    pub fn parse(code: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(code.to_owned())).ok()
+    }
+}
+
+/// `{"error": {...}}`, the body of every non-2xx answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// The inside of an [`ErrorBody`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    /// Human-readable; never contains message text, prompts or secrets.
+    pub message: String,
+    /// The turn concerned, for `agent_busy` and `turn_in_progress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<crate::TurnId>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn as_str_matches_serde() {
+        for code in [
+            ErrorCode::Unauthorized,
+            ErrorCode::NotFound,
+            ErrorCode::InvalidRequest,
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::AgentBusy,
+            ErrorCode::TurnInProgress,
+            ErrorCode::RateLimited,
+            ErrorCode::ProviderUnavailable,
+            ErrorCode::ProviderRejected,
+            ErrorCode::StoreUnavailable,
+            ErrorCode::Internal,
+        ] {
+            let wire = serde_json::to_value(code).unwrap();
+            assert_eq!(wire, serde_json::Value::String(code.as_str().into()));
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+        }
+        assert_eq!(ErrorCode::parse("nope"), None);
+    }
+}

@@ -1,0 +1,13 @@
+//! The wire vocabulary shared by every process of the runtime.
+//!
+//! Anything serialized across a process boundary lives here: typed ids, the stable error
+//! codes of the HTTP API, and the chunks of the UI message stream that the brain sends to a
+//! web chat. This crate does no I/O and depends on serde alone, so the brain, the worker and
+//! the runtime-manager can all speak it without pulling each other's dependencies.
+
+pub mod error;
+pub mod ids;
+pub mod ui;
+
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use ids::{AgentId, ChatId, MessageId, SessionId, TeamId, TurnId};

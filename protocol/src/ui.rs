@@ -1,0 +1,118 @@
+//! Chunks of the AI SDK *UI message stream* protocol, v1 (SPEC S1).
+//!
+//! The brain sends each chunk as one Server-Sent Event (`data: {json}`), then
+//! `data: [DONE]`, with the header [`UI_STREAM_HEADER`] set to `v1`, so a stock `useChat`
+//! frontend renders a turn unchanged. Field names follow the AI SDK's own schema
+//! (`uiMessageChunkSchema`); our own live data travels as `data-*` chunks.
+
+use serde::{Deserialize, Serialize};
+
+use crate::TurnId;
+
+/// The response header that announces this protocol to the AI SDK client.
+pub const UI_STREAM_HEADER: &str = "x-vercel-ai-ui-message-stream";
+/// The protocol version the brain speaks.
+pub const UI_STREAM_VERSION: &str = "v1";
+/// The last event of every stream.
+pub const DONE_SENTINEL: &str = "[DONE]";
+
+/// One event of the UI message stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum UiChunk {
+    /// Opens the assistant message; its id is the stored message's id.
+    #[serde(rename_all = "camelCase")]
+    Start { message_id: String },
+    /// Opens one model call of the turn.
+    StartStep,
+    /// Opens a text part.
+    TextStart { id: String },
+    /// Appends to the open text part `id`.
+    TextDelta { id: String, delta: String },
+    /// Closes the text part `id`.
+    TextEnd { id: String },
+    /// Closes the model call opened by the last `start-step`.
+    FinishStep,
+    /// Ends the assistant message.
+    #[serde(rename_all = "camelCase")]
+    Finish { finish_reason: FinishReason },
+    /// The turn failed; `errorText` starts with the stable error code and a colon.
+    #[serde(rename_all = "camelCase")]
+    Error { error_text: String },
+    /// Which turn this stream belongs to, so a client can stop it or find it again.
+    /// Transient: the AI SDK does not add it to the message.
+    #[serde(rename = "data-turn")]
+    DataTurn { data: TurnInfo, transient: bool },
+}
+
+/// Why the assistant message ended, in the AI SDK's vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    Error,
+    Interrupted,
+    Other,
+}
+
+/// The payload of a `data-turn` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TurnInfo {
+    pub turn_id: TurnId,
+}
+
+impl UiChunk {
+    /// The error chunk for a stable code: `"<code>: <message>"`.
+    pub fn error(code: crate::ErrorCode, message: &str) -> Self {
+        Self::Error {
+            error_text: format!("{}: {message}", code.as_str()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_use_the_ai_sdk_field_names() {
+        let cases = [
+            (
+                UiChunk::Start {
+                    message_id: "m1".into(),
+                },
+                r#"{"type":"start","messageId":"m1"}"#,
+            ),
+            (UiChunk::StartStep, r#"{"type":"start-step"}"#),
+            (
+                UiChunk::TextDelta {
+                    id: "t".into(),
+                    delta: "hi".into(),
+                },
+                r#"{"type":"text-delta","id":"t","delta":"hi"}"#,
+            ),
+            (
+                UiChunk::Finish {
+                    finish_reason: FinishReason::ToolCalls,
+                },
+                r#"{"type":"finish","finishReason":"tool-calls"}"#,
+            ),
+            (
+                UiChunk::error(crate::ErrorCode::RateLimited, "slow down"),
+                r#"{"type":"error","errorText":"rate_limited: slow down"}"#,
+            ),
+        ];
+        for (chunk, wire) in cases {
+            assert_eq!(serde_json::to_string(&chunk).unwrap(), wire);
+            assert_eq!(serde_json::from_str::<UiChunk>(wire).unwrap(), chunk);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(serde_json::from_str::<UiChunk>(r#"{"type":"text-end","id":"t","x":1}"#).is_err());
+    }
+}

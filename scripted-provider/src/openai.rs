@@ -1,0 +1,182 @@
+//! OpenAI chat-completions wire format.
+
+use serde_json::{Value, json};
+
+use crate::plan::{self, Ending, Finish, Plan};
+use crate::server::{Ctx, Event};
+
+fn finish_reason(ending: Ending) -> &'static str {
+    match ending {
+        Ending::Finish(Finish::ToolCalls) => "tool_calls",
+        Ending::Finish(Finish::Length) => "length",
+        Ending::Finish(Finish::Stop) | Ending::Cut | Ending::Error => "stop",
+    }
+}
+
+fn usage(plan: &Plan, ctx: &Ctx) -> Value {
+    let output = plan::output_tokens_of(plan);
+    json!({
+        "prompt_tokens": ctx.input_tokens,
+        "completion_tokens": output,
+        "total_tokens": ctx.input_tokens + output,
+    })
+}
+
+fn data(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
+    let chunk = |delta: Value, finish: Option<&str>| -> String {
+        let mut c = json!({
+            "id": format!("chatcmpl-{}", ctx.seq),
+            "object": "chat.completion.chunk",
+            "created": ctx.created,
+            "model": ctx.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        // With include_usage the real API puts `"usage": null` on every chunk but the last.
+        if ctx.include_usage {
+            c["usage"] = Value::Null;
+        }
+        data(&c)
+    };
+
+    let mut events = Vec::new();
+    let mut role_sent = false;
+    if !plan.text.is_empty() || plan.calls.is_empty() {
+        events.push(Event::now(chunk(
+            json!({"role": "assistant", "content": "", "refusal": null}),
+            None,
+        )));
+        role_sent = true;
+        for (delay, text) in &plan.text {
+            events.push(Event {
+                delay: *delay,
+                data: chunk(json!({"content": text}), None).into(),
+            });
+        }
+    }
+    for (i, call) in plan.calls.iter().enumerate() {
+        let mut head = json!({"tool_calls": [{
+            "index": i,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }]});
+        // A tool-only answer announces the role on its first tool-call chunk.
+        if !role_sent {
+            head["role"] = json!("assistant");
+            head["content"] = Value::Null;
+            role_sent = true;
+        }
+        events.push(Event::now(chunk(head, None)));
+        for piece in &call.fragments {
+            events.push(Event::now(chunk(
+                json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
+                None,
+            )));
+        }
+    }
+    match plan.ending {
+        Ending::Finish(_) => {
+            events.push(Event::now(chunk(
+                json!({}),
+                Some(finish_reason(plan.ending)),
+            )));
+            if ctx.include_usage {
+                events.push(Event::now(data(&json!({
+                    "id": format!("chatcmpl-{}", ctx.seq),
+                    "object": "chat.completion.chunk",
+                    "created": ctx.created,
+                    "model": ctx.model,
+                    "choices": [],
+                    "usage": usage(plan, ctx),
+                }))));
+            }
+            events.push(Event::now("data: [DONE]\n\n".to_string()));
+        }
+        Ending::Cut => {}
+        Ending::Error => {
+            events.push(Event::now(data(&json!({"error": {
+                "message": "The server is overloaded or not ready yet.",
+                "type": "server_error",
+                "param": null,
+                "code": null,
+            }}))));
+        }
+    }
+    events
+}
+
+pub(crate) fn complete(plan: &Plan, ctx: &Ctx) -> Value {
+    let text = plan.text();
+    let mut message = json!({
+        "role": "assistant",
+        "content": if text.is_empty() && !plan.calls.is_empty() { Value::Null } else { json!(text) },
+        "refusal": null,
+    });
+    if !plan.calls.is_empty() {
+        message["tool_calls"] = plan
+            .calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments()},
+                })
+            })
+            .collect();
+    }
+    json!({
+        "id": format!("chatcmpl-{}", ctx.seq),
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": finish_reason(plan.ending),
+        }],
+        "usage": usage(plan, ctx),
+    })
+}
+
+pub(crate) fn error_body(status: u16, message: Option<&str>) -> Value {
+    let (kind, code, default_message) = match status {
+        401 => (
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            "Incorrect API key provided.",
+        ),
+        404 => (
+            "invalid_request_error",
+            Some("model_not_found"),
+            "The model does not exist or you do not have access to it.",
+        ),
+        429 => (
+            "requests",
+            Some("rate_limit_exceeded"),
+            "Rate limit reached for requests. Please try again later.",
+        ),
+        503 => (
+            "server_error",
+            None,
+            "The engine is currently overloaded, please try again later.",
+        ),
+        500..=599 => (
+            "server_error",
+            None,
+            "The server had an error while processing your request.",
+        ),
+        _ => ("invalid_request_error", None, "Invalid request."),
+    };
+    json!({"error": {
+        "message": message.unwrap_or(default_message),
+        "type": kind,
+        "param": null,
+        "code": code,
+    }})
+}

@@ -1,0 +1,299 @@
+//! Turns a [`Reply`] into a wire-neutral plan that both wire formats render, so the two
+//! formats cannot drift apart in what they say, only in how they say it.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::{Reply, ToolCall};
+
+pub(crate) struct Plan {
+    /// Text deltas, each sent after its delay.
+    pub text: Vec<(Duration, String)>,
+    pub calls: Vec<PlannedCall>,
+    pub ending: Ending,
+}
+
+pub(crate) struct PlannedCall {
+    pub id: String,
+    pub name: String,
+    /// The argument pieces actually sent (for a truncated call, only a prefix).
+    pub fragments: Vec<String>,
+}
+
+impl PlannedCall {
+    pub fn arguments(&self) -> String {
+        self.fragments.concat()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    Finish(Finish),
+    Cut,
+    Error,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    Stop,
+    ToolCalls,
+    Length,
+}
+
+pub(crate) enum Prepared {
+    Status {
+        status: u16,
+        retry_after: Option<u64>,
+    },
+    Play {
+        /// Wait before any response headers.
+        stall: Duration,
+        plan: Plan,
+    },
+}
+
+impl Plan {
+    pub fn text(&self) -> String {
+        self.text.iter().map(|(_, t)| t.as_str()).collect()
+    }
+
+    /// Characters of model output that were sent, the basis of the output token count.
+    pub fn output_chars(&self) -> usize {
+        let text: usize = self.text.iter().map(|(_, t)| t.chars().count()).sum();
+        let args: usize = self
+            .calls
+            .iter()
+            .flat_map(|c| c.fragments.iter())
+            .map(|f| f.chars().count())
+            .sum();
+        text + args
+    }
+
+    pub fn total_delay(&self) -> Duration {
+        self.text.iter().map(|(d, _)| *d).sum()
+    }
+}
+
+pub(crate) fn prepare(reply: Reply) -> Prepared {
+    let timed = |deltas: Vec<String>, delay: Duration| -> Vec<(Duration, String)> {
+        deltas.into_iter().map(|d| (delay, d)).collect()
+    };
+    let play = |plan: Plan| Prepared::Play {
+        stall: Duration::ZERO,
+        plan,
+    };
+    match reply {
+        Reply::Text { deltas, delay } => play(Plan {
+            text: timed(deltas, delay),
+            calls: Vec::new(),
+            ending: Ending::Finish(Finish::Stop),
+        }),
+        Reply::ToolCalls {
+            text,
+            calls,
+            fragment,
+        } => play(Plan {
+            text: text.into_iter().map(|t| (Duration::ZERO, t)).collect(),
+            calls: calls.into_iter().map(|c| planned(c, fragment)).collect(),
+            ending: Ending::Finish(Finish::ToolCalls),
+        }),
+        Reply::TruncatedToolCall { calls, fragment } => {
+            let mut planned_calls: Vec<PlannedCall> = Vec::with_capacity(calls.len());
+            let last = calls.len().saturating_sub(1);
+            for (i, call) in calls.into_iter().enumerate() {
+                if i == last {
+                    let cut = floor_char_boundary(&call.arguments, call.arguments.len() / 2);
+                    planned_calls.push(PlannedCall {
+                        fragments: fragments(&call.arguments[..cut], fragment),
+                        id: call.id,
+                        name: call.name,
+                    });
+                } else {
+                    planned_calls.push(planned(call, fragment));
+                }
+            }
+            play(Plan {
+                text: Vec::new(),
+                calls: planned_calls,
+                ending: Ending::Finish(Finish::Length),
+            })
+        }
+        Reply::Status {
+            status,
+            retry_after,
+        } => Prepared::Status {
+            status,
+            retry_after,
+        },
+        Reply::Cut { deltas, delay } => play(Plan {
+            text: timed(deltas, delay),
+            calls: Vec::new(),
+            ending: Ending::Cut,
+        }),
+        Reply::StreamError { deltas, delay } => play(Plan {
+            text: timed(deltas, delay),
+            calls: Vec::new(),
+            ending: Ending::Error,
+        }),
+        Reply::Stall { delay, deltas } => Prepared::Play {
+            stall: delay,
+            plan: Plan {
+                text: timed(deltas, Duration::ZERO),
+                calls: Vec::new(),
+                ending: Ending::Finish(Finish::Stop),
+            },
+        },
+    }
+}
+
+fn planned(call: ToolCall, fragment: usize) -> PlannedCall {
+    PlannedCall {
+        fragments: fragments(&call.arguments, fragment),
+        id: call.id,
+        name: call.name,
+    }
+}
+
+/// Splits into pieces of about `size` bytes, never inside a UTF-8 character (a real
+/// provider never sends half a character either).
+fn fragments(s: &str, size: usize) -> Vec<String> {
+    if s.is_empty() {
+        return Vec::new();
+    }
+    if size == 0 {
+        return vec![s.to_string()];
+    }
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let mut end = size.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end += 1;
+        }
+        let (piece, tail) = rest.split_at(end);
+        out.push(piece.to_string());
+        rest = tail;
+    }
+    out
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The deterministic token estimate used in every usage report: characters / 4, at least 1.
+fn tokens(chars: usize) -> u64 {
+    (chars as u64 / 4).max(1)
+}
+
+/// Input tokens the provider reports for a request body: characters of all text in the
+/// messages (text content, tool arguments and results) and the system prompt, / 4, at
+/// least 1. Public so tests can predict the usage numbers.
+pub fn input_tokens(body: &Value) -> u64 {
+    let chars =
+        body.get("messages").map_or(0, text_chars) + body.get("system").map_or(0, text_chars);
+    tokens(chars)
+}
+
+/// Output tokens the provider reports for the given output (text plus tool arguments).
+pub fn output_tokens(output: &str) -> u64 {
+    tokens(output.chars().count())
+}
+
+pub(crate) fn output_tokens_of(plan: &Plan) -> u64 {
+    tokens(plan.output_chars())
+}
+
+fn text_chars(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.chars().count(),
+        Value::Array(items) => items.iter().map(text_chars).sum(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| match k.as_str() {
+                // Structure, not text.
+                "role" | "type" | "id" | "tool_call_id" | "tool_use_id" | "name"
+                | "cache_control" => 0,
+                // Anthropic tool_use input is JSON, counted as the text it would be.
+                "input" => serde_json::to_string(v).map_or(0, |s| s.chars().count()),
+                _ => text_chars(v),
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The text of the last user message that has any text; works for both wire formats since
+/// both allow a plain string or an array of `{"type":"text","text":..}` blocks. Anthropic
+/// tool results ride in user messages, so those without text are skipped.
+pub(crate) fn last_user_text(body: &Value) -> String {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return String::new();
+    };
+    for m in messages.iter().rev() {
+        if m.get("role").and_then(Value::as_str) != Some("user") {
+            continue;
+        }
+        let text = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            _ => String::new(),
+        };
+        if !text.is_empty() {
+            return text;
+        }
+    }
+    String::new()
+}
+
+pub(crate) const DEMO_DELAY: Duration = Duration::from_millis(15);
+
+pub(crate) fn demo_reply(body: &Value) -> Reply {
+    let said: String = last_user_text(body).chars().take(200).collect();
+    let text = format!(
+        "Offline demo model here. You said: \"{said}\". Set OPENAI_API_KEY or ANTHROPIC_API_KEY to talk to a real model."
+    );
+    Reply::Text {
+        deltas: text.split_inclusive(' ').map(str::to_string).collect(),
+        delay: DEMO_DELAY,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fragments_respect_char_boundaries() {
+        let s = "{\"a\":\"héllo\"}";
+        let parts = fragments(s, 3);
+        assert_eq!(parts.concat(), s);
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.len() >= 3 || p == parts.last().unwrap())
+        );
+        assert_eq!(fragments(s, 0), vec![s.to_string()]);
+        assert!(fragments("", 4).is_empty());
+    }
+
+    #[test]
+    fn token_estimate_is_chars_over_four() {
+        let body = serde_json::json!({
+            "system": "abcd",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "12345678"}]}]
+        });
+        assert_eq!(input_tokens(&body), 3);
+        assert_eq!(input_tokens(&serde_json::json!({})), 1);
+        assert_eq!(output_tokens("abcdefghi"), 2);
+    }
+}
