@@ -50,10 +50,20 @@ pub struct Config {
     pub provider_connect_timeout: Duration,
     pub provider_idle_timeout: Duration,
     pub max_output_tokens: u32,
+    pub limits: Limits,
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
     pub shutdown_grace: Duration,
     pub log_json: bool,
+}
+
+/// The turn's ceilings (SPEC T6).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Model calls per turn; the last answer is kept and the stream says so.
+    pub max_iterations: u32,
+    /// Data-changing tool calls per turn, across all tools.
+    pub max_writes: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -98,6 +108,10 @@ impl Config {
             provider_connect_timeout: millis(env, "BRAIN_PROVIDER_CONNECT_TIMEOUT_MS", 30_000)?,
             provider_idle_timeout: millis(env, "BRAIN_PROVIDER_IDLE_TIMEOUT_MS", 120_000)?,
             max_output_tokens: ranged(env, "BRAIN_MAX_OUTPUT_TOKENS", 4096, 1, 1_000_000)?,
+            limits: Limits {
+                max_iterations: ranged(env, "BRAIN_MAX_ITERATIONS", 8, 1, 100)?,
+                max_writes: ranged(env, "BRAIN_MAX_WRITES_PER_TURN", 3, 0, 100)?,
+            },
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             shutdown_grace: millis(env, "BRAIN_SHUTDOWN_GRACE_MS", 30_000)?,

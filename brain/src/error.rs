@@ -19,6 +19,8 @@ pub enum ApiError {
     NotFound(&'static str),
     #[error("{0}")]
     InvalidRequest(String),
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
     #[error("this message id's turn is still running")]
@@ -46,6 +48,7 @@ impl ApiError {
             Self::Unauthorized => ErrorCode::Unauthorized,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Provider(e) => e.code(),
@@ -59,6 +62,7 @@ impl ApiError {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::AgentBusy | ErrorCode::TurnInProgress => StatusCode::CONFLICT,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,

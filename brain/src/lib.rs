@@ -16,8 +16,11 @@ pub mod api;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod hold;
+pub mod metrics;
 pub mod provider;
 pub mod store;
+pub mod tools;
 pub mod turn;
 
 use std::sync::Arc;
@@ -85,29 +88,36 @@ pub fn providers_from(config: &Config) -> Providers {
 }
 
 /// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): stop
-/// accepting, let running turns finish for the grace period, then cancel the rest.
+/// accepting, let running turns finish for the grace period, then cancel the rest (their
+/// streams then end with `finish: interrupted`, which lets the server close).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = api::router(state.clone());
+    // The grace period starts at the signal, not when the last connection closes: a live
+    // stream keeps its connection open until its turn ends.
+    let grace = state.config.shutdown_grace;
+    let turns_cancel = state.turns_cancel.clone();
+    let tracker = state.turn_tracker.clone();
+    let deadline = shutdown.clone();
+    tokio::spawn(async move {
+        deadline.cancelled().await;
+        tracker.close();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            tracing::warn!(
+                running = tracker.len(),
+                "grace period over; cancelling running turns"
+            );
+            turns_cancel.cancel();
+        }
+    });
     let stop = shutdown.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await?;
     state.turn_tracker.close();
-    let grace = state.config.shutdown_grace;
-    if tokio::time::timeout(grace, state.turn_tracker.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            running = state.turn_tracker.len(),
-            "grace period over; cancelling running turns"
-        );
-        state.turns_cancel.cancel();
-        state.turn_tracker.wait().await;
-    }
+    state.turn_tracker.wait().await;
     Ok(())
 }

@@ -257,3 +257,26 @@ async fn bad_configuration_names_the_variable() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("BRAIN_ADDR"), "{stderr}");
 }
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json_errors() {
+    let app = TestApp::start().await;
+    let missing = app.get("/v1/nothing-here").await;
+    assert_eq!(error_code(missing).await, (404, "not_found".into()));
+    let outside = app
+        .http
+        .get(format!("{}/nope", app.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(outside).await, (404, "not_found".into()));
+    let wrong_method = app
+        .auth(app.http.delete(format!("{}/v1/agents", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        error_code(wrong_method).await,
+        (405, "method_not_allowed".into())
+    );
+}

@@ -37,7 +37,7 @@ async fn a_streamed_turn_is_persisted(model: &str, wire: Wire) {
     assert!(matches!(chunks.first(), Some(UiChunk::Start { .. })));
     assert!(chunks.contains(&UiChunk::StartStep));
     assert!(chunks.contains(&UiChunk::TextEnd {
-        id: "text-0".into()
+        id: "text-1".into()
     }));
     assert_eq!(
         chunks.last(),
@@ -69,7 +69,7 @@ async fn a_streamed_turn_is_persisted(model: &str, wire: Wire) {
     assert_eq!(messages[1]["status"], "complete");
     assert_eq!(
         messages[1]["parts"],
-        json!([{"type": "text", "text": "Hello, world."}])
+        json!([{"type": "step-start"}, {"type": "text", "text": "Hello, world."}])
     );
     let Some(UiChunk::Start { message_id }) = chunks.first() else {
         unreachable!()
@@ -88,7 +88,11 @@ async fn a_streamed_turn_is_persisted(model: &str, wire: Wire) {
     assert_eq!(status, "completed");
     assert_eq!(composition["system_prompt"], "You are terse.");
     assert_eq!(composition["model_route"], json!([model]));
-    assert_eq!(composition["tools"], json!([]));
+    assert_eq!(
+        composition["tools"].as_array().unwrap().len(),
+        2,
+        "the brain tools are offered"
+    );
     let usage: Vec<(String, String, Option<i64>, Option<i64>)> = sqlx::query_as(
         "SELECT agent_id::text, model, input_tokens, output_tokens FROM billing_events WHERE kind = 'model_call'",
     )
@@ -133,7 +137,7 @@ async fn the_next_turn_sees_the_history() {
         messages,
         &json!([
             {"role": "user", "content": "first question"},
-            {"role": "assistant", "content": "First answer."},
+            {"role": "assistant", "content": [{"type": "text", "text": "First answer."}]},
             {"role": "user", "content": "second question"},
         ])
     );
@@ -429,7 +433,8 @@ async fn closing_the_stream_aborts_the_provider_and_keeps_the_delivered_text() {
     let messages = app.messages(&chat).await;
     assert_eq!(messages.len(), 2);
     assert_eq!(messages[1]["status"], "interrupted");
-    let stored = messages[1]["parts"][0]["text"].as_str().unwrap();
+    assert_eq!(messages[1]["parts"][0]["type"], "step-start");
+    let stored = messages[1]["parts"][1]["text"].as_str().unwrap();
     assert!(stored.starts_with("w0 w1 w2 w3 "), "{stored}");
     assert!(
         !stored.contains("w99"),
@@ -477,4 +482,37 @@ async fn the_ai_sdk_client_reads_the_stream() {
         json!([{"type": "text", "text": "Hello from useChat"}])
     );
     assert_eq!(app.provider.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn shutdown_drains_then_interrupts_after_the_grace_period() {
+    let app = TestApp::start_with(|c| c.shutdown_grace = Duration::from_millis(200)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let deltas: Vec<String> = (0..200).map(|i| format!("w{i} ")).collect();
+    app.provider.push(Reply::Text {
+        deltas,
+        delay: Duration::from_millis(20),
+    });
+    let response = app.send(&chat, &json!({"content": "long"})).await;
+    assert_eq!(response.status(), 200);
+    let signalled = Instant::now();
+    app.begin_shutdown();
+    let (chunks, done) = read_stream(response).await;
+    let drained = signalled.elapsed();
+    assert!(done);
+    assert!(
+        drained >= Duration::from_millis(200),
+        "the turn ran for the grace period: {drained:?}"
+    );
+    assert!(
+        drained < Duration::from_secs(2),
+        "then it was interrupted: {drained:?}"
+    );
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Interrupted
+        })
+    );
+    assert_eq!(app.settled().await, vec![("interrupted".to_owned(), None)]);
 }

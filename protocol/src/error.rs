@@ -15,6 +15,8 @@ pub enum ErrorCode {
     NotFound,
     /// The body or a parameter does not match the closed schema.
     InvalidRequest,
+    /// The route exists but not with this HTTP method.
+    MethodNotAllowed,
     /// The body is larger than the endpoint accepts.
     PayloadTooLarge,
     /// The agent is running another turn; the body names it.
@@ -40,6 +42,7 @@ impl ErrorCode {
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "not_found",
             Self::InvalidRequest => "invalid_request",
+            Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge => "payload_too_large",
             Self::AgentBusy => "agent_busy",
             Self::TurnInProgress => "turn_in_progress",
@@ -86,6 +89,7 @@ mod tests {
             ErrorCode::Unauthorized,
             ErrorCode::NotFound,
             ErrorCode::InvalidRequest,
+            ErrorCode::MethodNotAllowed,
             ErrorCode::PayloadTooLarge,
             ErrorCode::AgentBusy,
             ErrorCode::TurnInProgress,

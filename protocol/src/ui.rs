@@ -31,6 +31,37 @@ pub enum UiChunk {
     TextDelta { id: String, delta: String },
     /// Closes the text part `id`.
     TextEnd { id: String },
+    /// The model began a tool call.
+    #[serde(rename_all = "camelCase")]
+    ToolInputStart {
+        tool_call_id: String,
+        tool_name: String,
+    },
+    /// A fragment of the call's JSON arguments as the model streams them.
+    #[serde(rename_all = "camelCase")]
+    ToolInputDelta {
+        tool_call_id: String,
+        input_text_delta: String,
+    },
+    /// The call's complete arguments; the tool is about to run.
+    #[serde(rename_all = "camelCase")]
+    ToolInputAvailable {
+        tool_call_id: String,
+        tool_name: String,
+        input: serde_json::Value,
+    },
+    /// The tool's result.
+    #[serde(rename_all = "camelCase")]
+    ToolOutputAvailable {
+        tool_call_id: String,
+        output: serde_json::Value,
+    },
+    /// The tool failed, was refused, or was cancelled; the model reads the same text.
+    #[serde(rename_all = "camelCase")]
+    ToolOutputError {
+        tool_call_id: String,
+        error_text: String,
+    },
     /// Closes the model call opened by the last `start-step`.
     FinishStep,
     /// Ends the assistant message.
@@ -43,6 +74,19 @@ pub enum UiChunk {
     /// Transient: the AI SDK does not add it to the message.
     #[serde(rename = "data-turn")]
     DataTurn { data: TurnInfo, transient: bool },
+    /// Something the user should know about the turn that is not an error, such as a
+    /// ceiling that was hit (SPEC T6).
+    #[serde(rename = "data-notice")]
+    DataNotice { data: Notice },
+}
+
+/// The payload of a `data-notice` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Notice {
+    /// Stable: `iteration_ceiling`, `write_budget_spent`, `truncated_tool_call`.
+    pub code: String,
+    pub message: String,
 }
 
 /// Why the assistant message ended, in the AI SDK's vocabulary.

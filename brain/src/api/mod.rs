@@ -29,12 +29,13 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/chats/{chat_id}/messages",
             get(chats::messages).post(chats::post_message),
-        )
-        .fallback(|| async { ApiError::NotFound("route") });
+        );
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .fallback(|| async { ApiError::NotFound("route") })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
 }

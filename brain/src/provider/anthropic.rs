@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Endpoint, EventStream, ModelProvider, ModelRequest, ProviderError, ProviderEvent, Role,
-    StopReason, Unavailable, Usage,
+    Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
+    StopReason, ToolCall, ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "anthropic";
@@ -65,6 +65,8 @@ struct MessagesRequest<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     system: &'a str,
     messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
     max_tokens: u32,
     stream: bool,
 }
@@ -72,7 +74,45 @@ struct MessagesRequest<'a> {
 #[derive(Debug, Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    content: &'a str,
+    content: WireContent<'a>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum WireContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<WireBlock<'a>>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: serde_json::Map<String, serde_json::Value>,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "is_false")]
+        is_error: bool,
+    },
+}
+
+/// By reference because `skip_serializing_if` passes one.
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a serde_json::Value,
 }
 
 impl<'a> MessagesRequest<'a> {
@@ -80,19 +120,59 @@ impl<'a> MessagesRequest<'a> {
         Self {
             model: &request.model,
             system: &request.system,
-            messages: request
-                .messages
-                .iter()
-                .map(|message| WireMessage {
-                    role: match message.role {
-                        Role::User => "user",
-                        Role::Assistant => "assistant",
-                    },
-                    content: &message.text,
-                })
-                .collect(),
+            messages: request.messages.iter().map(WireMessage::new).collect(),
+            tools: request.tools.iter().map(WireTool::new).collect(),
             max_tokens: request.max_output_tokens,
             stream: true,
+        }
+    }
+}
+
+impl<'a> WireMessage<'a> {
+    fn new(message: &'a Message) -> Self {
+        match message {
+            Message::User(text) => Self {
+                role: "user",
+                content: WireContent::Text(text),
+            },
+            Message::Assistant { text, tool_calls } => {
+                // Anthropic rejects an empty text block.
+                let text = (!text.is_empty()).then(|| WireBlock::Text { text });
+                let calls = tool_calls.iter().map(|call| WireBlock::ToolUse {
+                    id: &call.id,
+                    name: &call.name,
+                    // The API wants an object; arguments that were not one (a call cut
+                    // short, a model that produced garbage) go back as no arguments.
+                    input: serde_json::from_str(&call.arguments).unwrap_or_default(),
+                });
+                Self {
+                    role: "assistant",
+                    content: WireContent::Blocks(text.into_iter().chain(calls).collect()),
+                }
+            }
+            Message::ToolResults(results) => Self {
+                role: "user",
+                content: WireContent::Blocks(
+                    results
+                        .iter()
+                        .map(|result| WireBlock::ToolResult {
+                            tool_use_id: &result.call_id,
+                            content: &result.content,
+                            is_error: result.is_error,
+                        })
+                        .collect(),
+                ),
+            },
+        }
+    }
+}
+
+impl<'a> WireTool<'a> {
+    fn new(tool: &'a ToolSpec) -> Self {
+        Self {
+            name: &tool.name,
+            description: &tool.description,
+            input_schema: &tool.input_schema,
         }
     }
 }
@@ -106,10 +186,18 @@ enum WireEvent {
         message: StartedMessage,
     },
     ContentBlockStart {
+        #[serde(default)]
+        index: Option<u64>,
         content_block: ContentBlock,
     },
     ContentBlockDelta {
+        #[serde(default)]
+        index: Option<u64>,
         delta: BlockDelta,
+    },
+    ContentBlockStop {
+        #[serde(default)]
+        index: Option<u64>,
     },
     MessageDelta {
         delta: MessageDelta,
@@ -121,8 +209,8 @@ enum WireEvent {
         #[serde(default)]
         error: WireError,
     },
-    /// `ping`, `content_block_stop`, and whatever Anthropic adds next: its versioning
-    /// policy allows new event types without a new API version.
+    /// `ping`, and whatever Anthropic adds next: its versioning policy allows new event
+    /// types without a new API version.
     #[serde(other)]
     Ignored,
 }
@@ -132,14 +220,21 @@ struct StartedMessage {
     usage: Option<WireUsage>,
 }
 
-/// Tool-use blocks (`tool_use` start, `input_json_delta`) will be assembled here once tool
-/// calls are decoded; thinking blocks stay ignored.
+/// Thinking blocks, and server tool blocks (`server_tool_use`, whose input deltas look
+/// like ours but are not calls for us to run), are ignored.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum ContentBlock {
     Text {
         #[serde(default)]
         text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        /// `{}` when streaming: the input comes as `input_json_delta`s.
+        #[serde(default)]
+        input: Option<serde_json::Value>,
     },
     #[serde(other)]
     Other,
@@ -150,6 +245,10 @@ enum ContentBlock {
 enum BlockDelta {
     TextDelta {
         text: String,
+    },
+    InputJsonDelta {
+        #[serde(default)]
+        partial_json: String,
     },
     #[serde(other)]
     Other,
@@ -172,13 +271,46 @@ struct WireError {
     kind: String,
 }
 
+/// The `tool_use` block being streamed; blocks never interleave, so there is at most one.
+#[derive(Debug)]
+struct OpenCall {
+    index: Option<u64>,
+    id: String,
+    name: String,
+    /// The input the start event carried, for a gateway that sends it there whole.
+    start_input: Option<serde_json::Value>,
+    arguments: String,
+}
+
+impl OpenCall {
+    fn close(self) -> ToolCall {
+        let arguments = if self.arguments.is_empty() {
+            match self.start_input {
+                Some(serde_json::Value::Object(input)) if !input.is_empty() => {
+                    serde_json::Value::Object(input).to_string()
+                }
+                _ => "{}".to_owned(),
+            }
+        } else {
+            self.arguments
+        };
+        ToolCall {
+            id: self.id,
+            name: self.name,
+            arguments,
+        }
+    }
+}
+
 /// Messages stream decoder.
 ///
 /// The stop reason arrives in `message_delta` and the end in `message_stop`, so the reason
-/// is held until then.
+/// is held until then. A tool call is emitted whole at its block's `content_block_stop`;
+/// one still open when the stream fails or is cut is never emitted.
 #[derive(Debug, Default)]
 struct MessagesDecoder {
     stop_reason: Option<StopReason>,
+    call: Option<OpenCall>,
 }
 
 impl Decoder for MessagesDecoder {
@@ -198,12 +330,59 @@ impl Decoder for MessagesDecoder {
                 })
                 .into_iter()
                 .collect(),
+            WireEvent::ContentBlockStart {
+                index,
+                content_block:
+                    ContentBlock::ToolUse {
+                        id,
+                        name,
+                        input: start_input,
+                    },
+            } => {
+                // A block that starts before the previous one stopped: the stream is not
+                // the documented format.
+                if self.call.is_some() {
+                    return Err(ProviderError::Unavailable(Unavailable::Decode));
+                }
+                self.call = Some(OpenCall {
+                    index,
+                    id: id.clone(),
+                    name: name.clone(),
+                    start_input,
+                    arguments: String::new(),
+                });
+                vec![ProviderEvent::ToolInputStart { id, name }]
+            }
+            WireEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::InputJsonDelta { partial_json },
+            } => match &mut self.call {
+                // The real API opens every input with an empty fragment.
+                Some(call) if call.index == index && !partial_json.is_empty() => {
+                    call.arguments.push_str(&partial_json);
+                    vec![ProviderEvent::ToolInputDelta {
+                        id: call.id.clone(),
+                        delta: partial_json,
+                    }]
+                }
+                // Empty, or the input of a server tool.
+                _ => Vec::new(),
+            },
+            WireEvent::ContentBlockStop { index } => match self.call.take() {
+                Some(call) if call.index == index => vec![ProviderEvent::ToolCall(call.close())],
+                other => {
+                    self.call = other;
+                    Vec::new()
+                }
+            },
             // The opening text is empty in practice, but nothing promises it.
             WireEvent::ContentBlockStart {
                 content_block: ContentBlock::Text { text },
+                ..
             }
             | WireEvent::ContentBlockDelta {
                 delta: BlockDelta::TextDelta { text },
+                ..
             } if !text.is_empty() => vec![ProviderEvent::TextDelta(text)],
             WireEvent::ContentBlockStart { .. } | WireEvent::ContentBlockDelta { .. } => Vec::new(),
             WireEvent::MessageDelta { delta, usage } => {
@@ -223,10 +402,11 @@ impl Decoder for MessagesDecoder {
                     .into_iter()
                     .collect()
             }
-            // Without a stop reason we cannot tell a whole answer from a cut one.
+            // Without a stop reason we cannot tell a whole answer from a cut one; a tool
+            // call never closed is a cut one too.
             WireEvent::MessageStop => match self.stop_reason {
-                Some(reason) => vec![ProviderEvent::Finished(reason)],
-                None => return Err(ProviderError::Unavailable(Unavailable::Incomplete)),
+                Some(reason) if self.call.is_none() => vec![ProviderEvent::Finished(reason)],
+                _ => return Err(ProviderError::Unavailable(Unavailable::Incomplete)),
             },
             WireEvent::Error { error } => {
                 return Err(match error.kind.as_str() {
@@ -259,7 +439,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::provider::Message;
+    use crate::provider::ToolResult;
     use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
 
     async fn decode(body: &str) -> Items {
@@ -271,21 +451,146 @@ mod tests {
             model: "claude-sonnet-4-20250514".into(),
             system: "You are terse.".into(),
             messages: vec![
-                Message {
-                    role: Role::User,
-                    text: "Hi".into(),
-                },
-                Message {
-                    role: Role::Assistant,
+                Message::User("Hi".into()),
+                Message::Assistant {
                     text: "Hello.".into(),
+                    tool_calls: Vec::new(),
                 },
-                Message {
-                    role: Role::User,
-                    text: "Grüß dich".into(),
-                },
+                Message::User("Grüß dich".into()),
             ],
+            tools: Vec::new(),
             max_output_tokens: 1024,
         }
+    }
+
+    /// A conversation in the middle of a tool round: text with a call, a tool-only answer
+    /// with two calls (one with arguments that do not parse), their results (one failed).
+    fn tool_request() -> ModelRequest {
+        ModelRequest {
+            model: "claude-sonnet-4-20250514".into(),
+            system: "You are terse.".into(),
+            messages: vec![
+                Message::User("Weather in Zürich?".into()),
+                Message::Assistant {
+                    text: "Let me check.".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "toolu_1".into(),
+                        name: "get_weather".into(),
+                        arguments: r#"{"location":"Zürich","days":[1,2]}"#.into(),
+                    }],
+                },
+                Message::ToolResults(vec![ToolResult {
+                    call_id: "toolu_1".into(),
+                    content: "12 °C".into(),
+                    is_error: false,
+                }]),
+                Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![
+                        ToolCall {
+                            id: "toolu_2".into(),
+                            name: "get_time".into(),
+                            arguments: r#"{"tz":"#.into(),
+                        },
+                        ToolCall {
+                            id: "toolu_3".into(),
+                            name: "get_time".into(),
+                            // Valid JSON, but not an object.
+                            arguments: "[1]".into(),
+                        },
+                    ],
+                },
+                Message::ToolResults(vec![
+                    ToolResult {
+                        call_id: "toolu_2".into(),
+                        content: "arguments are not valid JSON".into(),
+                        is_error: true,
+                    },
+                    ToolResult {
+                        call_id: "toolu_3".into(),
+                        content: "10:00".into(),
+                        is_error: false,
+                    },
+                ]),
+            ],
+            tools: vec![
+                ToolSpec {
+                    name: "get_weather".into(),
+                    description: "Current weather at a place.".into(),
+                    input_schema: json!({
+                        "type": "object",
+                        "properties": {"location": {"type": "string"}},
+                        "required": ["location"],
+                    }),
+                },
+                ToolSpec {
+                    name: "get_time".into(),
+                    description: "The time in a zone.".into(),
+                    input_schema: json!({"type": "object", "properties": {"tz": {"type": "string"}}}),
+                },
+            ],
+            max_output_tokens: 512,
+        }
+    }
+
+    fn start(id: &str, name: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolInputStart {
+            id: id.into(),
+            name: name.into(),
+        })
+    }
+
+    fn delta(id: &str, delta: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolInputDelta {
+            id: id.into(),
+            delta: delta.into(),
+        })
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolCall(ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }))
+    }
+
+    /// One SSE event, named after its data's type as Anthropic sends it.
+    fn event(data: &str) -> String {
+        let kind = serde_json::from_str::<serde_json::Value>(data).unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        format!("event: {kind}\ndata: {data}\n\n")
+    }
+
+    fn tool_start(index: usize, id: &str, name: &str) -> String {
+        event(&format!(
+            r#"{{"type":"content_block_start","index":{index},"content_block":{{"type":"tool_use","id":"{id}","name":"{name}","input":{{}}}}}}"#
+        ))
+    }
+
+    /// An `input_json_delta`; `partial_json` is a JSON string literal.
+    fn input_delta(index: usize, partial_json: &str) -> String {
+        event(&format!(
+            r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"input_json_delta","partial_json":{partial_json}}}}}"#
+        ))
+    }
+
+    fn block_stop(index: usize) -> String {
+        event(&format!(
+            r#"{{"type":"content_block_stop","index":{index}}}"#
+        ))
+    }
+
+    fn message_end(stop_reason: &str, output_tokens: u64) -> String {
+        [
+            event(&format!(
+                r#"{{"type":"message_delta","delta":{{"stop_reason":"{stop_reason}","stop_sequence":null}},"usage":{{"output_tokens":{output_tokens}}}}}"#
+            )),
+            event(r#"{"type":"message_stop"}"#),
+        ]
+        .concat()
     }
 
     fn input(tokens: u64) -> Result<ProviderEvent, ProviderError> {
@@ -386,7 +691,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn tool_use_and_thinking_blocks_are_skipped_for_now() {
+    async fn thinking_is_skipped_and_a_tool_call_assembled() {
         let body = concat!(
             "event: message_start\n",
             r#"data: {"type":"message_start","message":{"id":"msg_014p7gG3wDgGV9EUtLvnow3U","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","stop_sequence":null,"usage":{"input_tokens":472,"output_tokens":2},"content":[],"stop_reason":null}}"#,
@@ -419,7 +724,13 @@ mod tests {
             r#"data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":""}}"#,
             "\n\n",
             "event: content_block_delta\n",
-            r#"data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"Paris\"}"}}"#,
+            r#"data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"Zü"}}"#,
+            "\n\n",
+            "event: content_block_delta\n",
+            r#"data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"rich\", \"unit\": \"c"}}"#,
+            "\n\n",
+            "event: content_block_delta\n",
+            r#"data: {"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"elsius\"}"}}"#,
             "\n\n",
             "event: content_block_stop\n",
             r#"data: {"type":"content_block_stop","index":2}"#,
@@ -431,13 +742,208 @@ mod tests {
             r#"data: {"type":"message_stop"}"#,
             "\n\n",
         );
+        let id = "toolu_01T1x1fJ34qAmk2tNTrN7Up6";
         assert_eq!(
             decode(body).await,
             vec![
                 input(472),
                 Ok(ProviderEvent::TextDelta("Let me check.".into())),
+                start(id, "get_weather"),
+                delta(id, r#"{"location": "Zü"#),
+                delta(id, r#"rich", "unit": "c"#),
+                delta(id, r#"elsius"}"#),
+                call(
+                    id,
+                    "get_weather",
+                    r#"{"location": "Zürich", "unit": "celsius"}"#
+                ),
                 output(89),
                 Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn two_tool_calls_in_one_answer() {
+        // Tool-only, as the scripted provider and the real API send it: the first block
+        // starts at index 0, with the `ping` after it.
+        let body = [
+            MESSAGE_START.to_owned(),
+            tool_start(0, "toolu_a", "read_file"),
+            event(r#"{"type": "ping"}"#),
+            input_delta(0, r#""""#),
+            input_delta(0, r#""{\"pa""#),
+            input_delta(0, r#""th\":\"/etc/hosts\"}""#),
+            block_stop(0),
+            tool_start(1, "toolu_b", "now"),
+            input_delta(1, r#""""#),
+            block_stop(1),
+            message_end("tool_use", 40),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                start("toolu_a", "read_file"),
+                delta("toolu_a", r#"{"pa"#),
+                delta("toolu_a", r#"th":"/etc/hosts"}"#),
+                call("toolu_a", "read_file", r#"{"path":"/etc/hosts"}"#),
+                start("toolu_b", "now"),
+                // Nothing collected: no arguments.
+                call("toolu_b", "now", "{}"),
+                output(40),
+                Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_mid_arguments_reports_no_call() {
+        let body = [
+            MESSAGE_START.to_owned(),
+            tool_start(0, "toolu_a", "write_file"),
+            input_delta(0, r#""""#),
+            input_delta(0, r#""{\"path\":\"/tmp/a\",""#),
+            r#"event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"\"cont"#.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                start("toolu_a", "write_file"),
+                delta("toolu_a", r#"{"path":"/tmp/a","#),
+                unavailable(Unavailable::Incomplete),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_mid_arguments_reports_no_call() {
+        let body = [
+            MESSAGE_START.to_owned(),
+            tool_start(0, "toolu_a", "write_file"),
+            input_delta(0, r#""{\"path\":""#),
+            event(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
+            input_delta(0, r#""\"/tmp/a\"}""#),
+            block_stop(0),
+            message_end("tool_use", 10),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                start("toolu_a", "write_file"),
+                delta("toolu_a", r#"{"path":"#),
+                unavailable(Unavailable::StreamError),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_cut_by_max_tokens_is_still_reported() {
+        // The API closes the block and reports `max_tokens`; the turn decides what a
+        // truncated call means.
+        let body = [
+            MESSAGE_START.to_owned(),
+            tool_start(0, "toolu_a", "write_file"),
+            input_delta(0, r#""""#),
+            input_delta(0, r#""{\"path\":\"/tmp/a\",""#),
+            input_delta(0, r#""\"content\":\"Grüß""#),
+            block_stop(0),
+            message_end("max_tokens", 512),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                start("toolu_a", "write_file"),
+                delta("toolu_a", r#"{"path":"/tmp/a","#),
+                delta("toolu_a", r#""content":"Grüß"#),
+                call(
+                    "toolu_a",
+                    "write_file",
+                    r#"{"path":"/tmp/a","content":"Grüß"#
+                ),
+                output(512),
+                Ok(ProviderEvent::Finished(StopReason::Length)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_never_closed_is_incomplete() {
+        let body = [
+            MESSAGE_START.to_owned(),
+            tool_start(0, "toolu_a", "now"),
+            input_delta(0, r#""{}""#),
+            message_end("tool_use", 5),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                start("toolu_a", "now"),
+                delta("toolu_a", "{}"),
+                output(5),
+                unavailable(Unavailable::Incomplete),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn input_sent_whole_with_the_start_is_used() {
+        // A gateway replaying a non-streamed answer puts the input in the start event.
+        let body = [
+            MESSAGE_START.to_owned(),
+            event(
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_a","name":"get_weather","input":{"location":"Paris"}}}"#,
+            ),
+            block_stop(0),
+            message_end("tool_use", 5),
+        ]
+        .concat();
+        assert_eq!(
+            non_text(decode(&body).await)[2],
+            call("toolu_a", "get_weather", r#"{"location":"Paris"}"#)
+        );
+    }
+
+    #[tokio::test]
+    async fn server_tool_blocks_are_not_calls() {
+        let body = [
+            MESSAGE_START.to_owned(),
+            event(
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"server_tool_use","id":"srvtoolu_014hJH82Qum7Td6UV8gDXThB","name":"web_search","input":{}}}"#,
+            ),
+            input_delta(0, r#""{\"query\": \"weather Paris\"}""#),
+            block_stop(0),
+            event(
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"web_search_tool_result","tool_use_id":"srvtoolu_014hJH82Qum7Td6UV8gDXThB","content":[]}}"#,
+            ),
+            block_stop(1),
+            event(
+                r#"{"type":"content_block_start","index":2,"content_block":{"type":"text","text":""}}"#,
+            ),
+            event(
+                r#"{"type":"content_block_delta","index":2,"delta":{"type":"text_delta","text":"Sunny."}}"#,
+            ),
+            block_stop(2),
+            message_end("end_turn", 30),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                input(25),
+                Ok(ProviderEvent::TextDelta("Sunny.".into())),
+                output(30),
+                Ok(ProviderEvent::Finished(StopReason::Stop)),
             ]
         );
     }
@@ -629,10 +1135,68 @@ mod tests {
                 "system": "You are terse.",
                 "messages": [
                     {"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": "Hello."},
+                    {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
                     {"role": "user", "content": "Grüß dich"},
                 ],
                 "max_tokens": 1024,
+                "stream": true,
+            })
+        );
+    }
+
+    #[test]
+    fn request_body_with_tools_calls_and_results() {
+        let body = serde_json::to_value(MessagesRequest::new(&tool_request())).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "claude-sonnet-4-20250514",
+                "system": "You are terse.",
+                "messages": [
+                    {"role": "user", "content": "Weather in Zürich?"},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "Let me check."},
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "get_weather",
+                            "input": {"location": "Zürich", "days": [1, 2]},
+                        },
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "12 °C"},
+                    ]},
+                    {"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "toolu_2", "name": "get_time", "input": {}},
+                        {"type": "tool_use", "id": "toolu_3", "name": "get_time", "input": {}},
+                    ]},
+                    {"role": "user", "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_2",
+                            "content": "arguments are not valid JSON",
+                            "is_error": true,
+                        },
+                        {"type": "tool_result", "tool_use_id": "toolu_3", "content": "10:00"},
+                    ]},
+                ],
+                "tools": [
+                    {
+                        "name": "get_weather",
+                        "description": "Current weather at a place.",
+                        "input_schema": {
+                            "type": "object",
+                            "properties": {"location": {"type": "string"}},
+                            "required": ["location"],
+                        },
+                    },
+                    {
+                        "name": "get_time",
+                        "description": "The time in a zone.",
+                        "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}}},
+                    },
+                ],
+                "max_tokens": 512,
                 "stream": true,
             })
         );

@@ -36,20 +36,51 @@ pub struct ModelRequest {
     pub model: String,
     pub system: String,
     pub messages: Vec<Message>,
+    /// The merged toolset offered for this call; empty means no tools field is sent.
+    pub tools: Vec<ToolSpec>,
     pub max_output_tokens: u32,
 }
 
 /// One message of the conversation sent to the model.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Message {
-    pub role: Role,
-    pub text: String,
+pub enum Message {
+    User(String),
+    /// `text` may be empty when the model only called tools.
+    Assistant {
+        text: String,
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The results of the preceding assistant message's tool calls, one per call, in
+    /// call order (OpenAI: one `tool` message each; Anthropic: one user message of
+    /// `tool_result` blocks).
+    ToolResults(Vec<ToolResult>),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    User,
-    Assistant,
+/// A tool offered to the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub input_schema: serde_json::Value,
+}
+
+/// A tool call the model made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text, exactly as the model produced them; may be invalid
+    /// JSON (the turn answers that with a tool error).
+    pub arguments: String,
+}
+
+/// The answer to one tool call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub content: String,
+    pub is_error: bool,
 }
 
 /// A typed event decoded from a provider stream.
@@ -57,6 +88,15 @@ pub enum Role {
 pub enum ProviderEvent {
     /// Text to append to the answer.
     TextDelta(String),
+    /// The model began a tool call (for the UI's `tool-input-start`).
+    ToolInputStart { id: String, name: String },
+    /// A fragment of a tool call's JSON arguments (for the UI's `tool-input-delta`).
+    ToolInputDelta { id: String, delta: String },
+    /// A tool call with all its arguments. Emitted once the provider closed the call
+    /// (Anthropic `content_block_stop`, OpenAI at `[DONE]`), before `Finished`.
+    /// The turn runs calls only after `Finished` arrives (SPEC T5), so a stream that
+    /// fails after this event runs nothing.
+    ToolCall(ToolCall),
     /// Token counts as the provider reports them; later reports fill in what earlier ones
     /// lacked (Anthropic sends input tokens first and output tokens at the end).
     Usage(Usage),

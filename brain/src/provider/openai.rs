@@ -4,14 +4,16 @@
 //! Only what every one of those servers accepts goes into the request: `max_tokens` rather
 //! than OpenAI's newer `max_completion_tokens`, plain string contents.
 
+use std::borrow::Cow;
+
 use eventsource_stream::Event;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Endpoint, EventStream, ModelProvider, ModelRequest, ProviderError, ProviderEvent, Role,
-    StopReason, Unavailable, Usage,
+    Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
+    StopReason, ToolCall, ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "openai";
@@ -62,6 +64,9 @@ impl ModelProvider for OpenAiProvider {
 struct ChatRequest<'a> {
     model: &'a str,
     messages: Vec<ChatMessage<'a>>,
+    /// Left out when empty: some servers reject `"tools": []`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ChatTool<'a>>,
     max_tokens: u32,
     stream: bool,
     /// Without it the stream carries no token counts at all.
@@ -69,9 +74,53 @@ struct ChatRequest<'a> {
 }
 
 #[derive(Debug, Serialize)]
-struct ChatMessage<'a> {
-    role: &'static str,
-    content: &'a str,
+#[serde(tag = "role", rename_all = "snake_case")]
+enum ChatMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: &'a str,
+    },
+    Assistant {
+        /// `null` when the model only called tools.
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ChatToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: Cow<'a, str>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct ChatToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ChatFunctionCall<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChatFunctionCall<'a> {
+    name: &'a str,
+    /// JSON text, passed back exactly as the model produced it.
+    arguments: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+struct ChatTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ChatFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct ChatFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a serde_json::Value,
 }
 
 #[derive(Debug, Serialize)]
@@ -82,27 +131,69 @@ struct StreamOptions {
 impl<'a> ChatRequest<'a> {
     fn new(request: &'a ModelRequest) -> Self {
         // Some servers reject an empty system message, and it means nothing anyway.
-        let system = (!request.system.is_empty()).then(|| ChatMessage {
-            role: "system",
+        let system = (!request.system.is_empty()).then(|| ChatMessage::System {
             content: &request.system,
         });
         let messages = system
             .into_iter()
-            .chain(request.messages.iter().map(|message| ChatMessage {
-                role: match message.role {
-                    Role::User => "user",
-                    Role::Assistant => "assistant",
-                },
-                content: &message.text,
-            }))
+            .chain(request.messages.iter().flat_map(chat_messages))
             .collect();
         Self {
             model: &request.model,
             messages,
+            tools: request.tools.iter().map(ChatTool::new).collect(),
             max_tokens: request.max_output_tokens,
             stream: true,
             stream_options: StreamOptions {
                 include_usage: true,
+            },
+        }
+    }
+}
+
+/// One of our messages as chat messages: tool results become one `tool` message each.
+fn chat_messages(message: &Message) -> Vec<ChatMessage<'_>> {
+    match message {
+        Message::User(text) => vec![ChatMessage::User { content: text }],
+        Message::Assistant { text, tool_calls } => vec![ChatMessage::Assistant {
+            // An assistant message needs content or tool calls; `""` stays for the odd
+            // answer that had neither.
+            content: (!text.is_empty() || tool_calls.is_empty()).then_some(text.as_str()),
+            tool_calls: tool_calls
+                .iter()
+                .map(|call| ChatToolCall {
+                    id: &call.id,
+                    kind: "function",
+                    function: ChatFunctionCall {
+                        name: &call.name,
+                        arguments: &call.arguments,
+                    },
+                })
+                .collect(),
+        }],
+        Message::ToolResults(results) => results
+            .iter()
+            .map(|result| ChatMessage::Tool {
+                tool_call_id: &result.call_id,
+                // The format has no error flag; the model reads the prefix.
+                content: if result.is_error {
+                    Cow::Owned(format!("Error: {}", result.content))
+                } else {
+                    Cow::Borrowed(&result.content)
+                },
+            })
+            .collect(),
+    }
+}
+
+impl<'a> ChatTool<'a> {
+    fn new(tool: &'a ToolSpec) -> Self {
+        Self {
+            kind: "function",
+            function: ChatFunction {
+                name: &tool.name,
+                description: &tool.description,
+                parameters: &tool.input_schema,
             },
         }
     }
@@ -124,11 +215,26 @@ struct Choice {
     finish_reason: Option<String>,
 }
 
-/// `tool_calls` fragments will be read here once tool calls are decoded; reasoning and
-/// refusal fields are ignored on purpose.
+/// Reasoning and refusal fields are ignored on purpose.
 #[derive(Debug, Deserialize)]
 struct Delta {
     content: Option<String>,
+    tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of one tool call: the first carries the id and the name, the following ones
+/// fragments of the arguments. Some servers (Ollama) send a whole call in one piece.
+#[derive(Debug, Deserialize)]
+struct ToolCallDelta {
+    index: Option<usize>,
+    id: Option<String>,
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionDelta {
+    name: Option<String>,
+    arguments: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,13 +243,27 @@ struct ChunkUsage {
     completion_tokens: Option<u64>,
 }
 
+/// A tool call being assembled.
+#[derive(Debug)]
+struct PendingCall {
+    /// The call's `index` on the wire.
+    index: usize,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
 /// Chat-completions stream decoder.
 ///
 /// The finish reason arrives in one chunk, the usage in a later one (with empty `choices`),
-/// and only `[DONE]` says nothing more follows; so the reason is held until then.
+/// and only `[DONE]` says nothing more follows; so the reason is held until then, and so
+/// are the tool calls: they are emitted whole at `[DONE]` (SPEC T5), never from a stream
+/// that failed or was cut.
 #[derive(Debug, Default)]
 struct ChatDecoder {
     finish_reason: Option<StopReason>,
+    /// In the order they started.
+    calls: Vec<PendingCall>,
 }
 
 impl Decoder for ChatDecoder {
@@ -153,12 +273,7 @@ impl Decoder for ChatDecoder {
             return Err(ProviderError::Unavailable(Unavailable::StreamError));
         }
         if event.data.trim() == "[DONE]" {
-            // `[DONE]` without a finish reason: the server gave up on the generation
-            // (LiteLLM and some vLLM versions do that after an upstream failure).
-            return match self.finish_reason {
-                Some(reason) => Ok(vec![ProviderEvent::Finished(reason)]),
-                None => Err(ProviderError::Unavailable(Unavailable::Incomplete)),
-            };
+            return self.done();
         }
         let chunk: Chunk = serde_json::from_str(&event.data).map_err(sse::undecodable)?;
         if chunk.error.is_some() {
@@ -167,10 +282,15 @@ impl Decoder for ChatDecoder {
         let mut events = Vec::new();
         // We never ask for `n > 1`, so the first choice is the only one.
         if let Some(choice) = chunk.choices.and_then(|choices| choices.into_iter().next()) {
-            if let Some(text) = choice.delta.and_then(|delta| delta.content)
-                && !text.is_empty()
-            {
-                events.push(ProviderEvent::TextDelta(text));
+            if let Some(delta) = choice.delta {
+                if let Some(text) = delta.content
+                    && !text.is_empty()
+                {
+                    events.push(ProviderEvent::TextDelta(text));
+                }
+                for piece in delta.tool_calls.into_iter().flatten() {
+                    self.tool_call_piece(piece, &mut events)?;
+                }
             }
             // Some servers send `""` instead of `null` before the end.
             if let Some(reason) = choice.finish_reason.filter(|reason| !reason.is_empty()) {
@@ -186,6 +306,92 @@ impl Decoder for ChatDecoder {
             }));
         }
         Ok(events)
+    }
+}
+
+impl ChatDecoder {
+    fn done(&mut self) -> Result<Vec<ProviderEvent>, ProviderError> {
+        // `[DONE]` without a finish reason: the server gave up on the generation (LiteLLM
+        // and some vLLM versions do that after an upstream failure).
+        let Some(reason) = self.finish_reason else {
+            return Err(ProviderError::Unavailable(Unavailable::Incomplete));
+        };
+        // Whatever the reason: a call cut by `length` is still reported, and the turn
+        // decides what to do with it.
+        let mut calls = std::mem::take(&mut self.calls);
+        calls.sort_by_key(|call| call.index);
+        Ok(calls
+            .into_iter()
+            .map(|call| {
+                ProviderEvent::ToolCall(ToolCall {
+                    id: call.id,
+                    name: call.name,
+                    // A call without arguments is a call with no arguments.
+                    arguments: if call.arguments.is_empty() {
+                        "{}".to_owned()
+                    } else {
+                        call.arguments
+                    },
+                })
+            })
+            .chain([ProviderEvent::Finished(reason)])
+            .collect())
+    }
+
+    fn tool_call_piece(
+        &mut self,
+        piece: ToolCallDelta,
+        events: &mut Vec<ProviderEvent>,
+    ) -> Result<(), ProviderError> {
+        let (name, arguments) = piece
+            .function
+            .map_or((None, None), |function| (function.name, function.arguments));
+        let id = piece.id.filter(|id| !id.is_empty());
+        let known = match (piece.index, &id) {
+            (Some(index), _) => self.calls.iter().position(|call| call.index == index),
+            // Servers that leave the index out: an id names the call, and a piece without
+            // one continues the latest call.
+            (None, Some(id)) => self.calls.iter().position(|call| &call.id == id),
+            (None, None) => self.calls.len().checked_sub(1),
+        };
+        let call = match known {
+            // Later pieces may repeat the id and name; the first ones stand.
+            Some(position) => &mut self.calls[position],
+            None => {
+                // Without an id there is nothing to answer the call with; without a name,
+                // nothing to run.
+                let (Some(id), Some(name)) = (id, name.filter(|name| !name.is_empty())) else {
+                    return Err(ProviderError::Unavailable(Unavailable::Decode));
+                };
+                let index = piece.index.unwrap_or_else(|| {
+                    self.calls
+                        .iter()
+                        .map(|call| call.index + 1)
+                        .max()
+                        .unwrap_or(0)
+                });
+                events.push(ProviderEvent::ToolInputStart {
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+                let position = self.calls.len();
+                self.calls.push(PendingCall {
+                    index,
+                    id,
+                    name,
+                    arguments: String::new(),
+                });
+                &mut self.calls[position]
+            }
+        };
+        if let Some(fragment) = arguments.filter(|fragment| !fragment.is_empty()) {
+            call.arguments.push_str(&fragment);
+            events.push(ProviderEvent::ToolInputDelta {
+                id: call.id.clone(),
+                delta: fragment,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -206,8 +412,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::provider::Message;
     use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
+    use crate::provider::{Message, ToolResult};
 
     async fn decode(body: &str) -> Items {
         decode_all_ways::<ChatDecoder>(body.as_bytes()).await
@@ -218,22 +424,137 @@ mod tests {
             model: "gpt-4o-mini".into(),
             system: "You are terse.".into(),
             messages: vec![
-                Message {
-                    role: Role::User,
-                    text: "Hi".into(),
-                },
-                Message {
-                    role: Role::Assistant,
+                Message::User("Hi".into()),
+                Message::Assistant {
                     text: "Hello.".into(),
+                    tool_calls: Vec::new(),
                 },
-                Message {
-                    role: Role::User,
-                    text: "Grüß dich".into(),
-                },
+                Message::User("Grüß dich".into()),
             ],
+            tools: Vec::new(),
             max_output_tokens: 1024,
         }
     }
+
+    /// A conversation in the middle of a tool round: text with a call, a tool-only answer
+    /// with two calls, their results (one failed).
+    fn tool_request() -> ModelRequest {
+        ModelRequest {
+            model: "gpt-4o".into(),
+            system: String::new(),
+            messages: vec![
+                Message::User("Weather in Zürich?".into()),
+                Message::Assistant {
+                    text: "Let me check.".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_1".into(),
+                        name: "get_weather".into(),
+                        arguments: r#"{"location":"Zürich"}"#.into(),
+                    }],
+                },
+                Message::ToolResults(vec![ToolResult {
+                    call_id: "call_1".into(),
+                    content: "12 °C".into(),
+                    is_error: false,
+                }]),
+                Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![
+                        ToolCall {
+                            id: "call_2".into(),
+                            name: "get_weather".into(),
+                            arguments: r#"{"location":"Bern"}"#.into(),
+                        },
+                        ToolCall {
+                            id: "call_3".into(),
+                            name: "get_time".into(),
+                            // Passed back as produced, even when it is not JSON.
+                            arguments: r#"{"tz":"#.into(),
+                        },
+                    ],
+                },
+                Message::ToolResults(vec![
+                    ToolResult {
+                        call_id: "call_2".into(),
+                        content: "9 °C".into(),
+                        is_error: false,
+                    },
+                    ToolResult {
+                        call_id: "call_3".into(),
+                        content: "arguments are not valid JSON".into(),
+                        is_error: true,
+                    },
+                ]),
+            ],
+            tools: vec![
+                ToolSpec {
+                    name: "get_weather".into(),
+                    description: "Current weather at a place.".into(),
+                    input_schema: json!({
+                        "type": "object",
+                        "properties": {"location": {"type": "string"}},
+                        "required": ["location"],
+                    }),
+                },
+                ToolSpec {
+                    name: "get_time".into(),
+                    description: String::new(),
+                    input_schema: json!({"type": "object", "properties": {}}),
+                },
+            ],
+            max_output_tokens: 512,
+        }
+    }
+
+    fn start(id: &str, name: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolInputStart {
+            id: id.into(),
+            name: name.into(),
+        })
+    }
+
+    fn delta(id: &str, delta: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolInputDelta {
+            id: id.into(),
+            delta: delta.into(),
+        })
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> Result<ProviderEvent, ProviderError> {
+        Ok(ProviderEvent::ToolCall(ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }))
+    }
+
+    /// The `data:` line of a chunk with this delta and finish reason, as api.openai.com
+    /// frames it.
+    fn chunk(delta: &str, finish_reason: &str) -> String {
+        format!(
+            concat!(
+                r#"data: {{"id":"chatcmpl-BTdXq4XLbd3qWm0Vr3fOdJtL1BZ2a","object":"chat.completion.chunk","created":1746365012,"model":"gpt-4o-2024-08-06","service_tier":"default","system_fingerprint":"fp_f5bdcc3276","choices":[{{"index":0,"delta":{},"logprobs":null,"finish_reason":{}}}],"usage":null}}"#,
+                "\n\n"
+            ),
+            delta, finish_reason
+        )
+    }
+
+    /// The piece of tool call `index` carrying `arguments` (a JSON string literal).
+    fn fragment(index: usize, arguments: &str) -> String {
+        chunk(
+            &format!(
+                r#"{{"tool_calls":[{{"index":{index},"function":{{"arguments":{arguments}}}}}]}}"#
+            ),
+            "null",
+        )
+    }
+
+    const USAGE_AND_DONE: &str = concat!(
+        r#"data: {"id":"chatcmpl-BTdXq4XLbd3qWm0Vr3fOdJtL1BZ2a","object":"chat.completion.chunk","created":1746365012,"model":"gpt-4o-2024-08-06","service_tier":"default","system_fingerprint":"fp_f5bdcc3276","choices":[],"usage":{"prompt_tokens":82,"completion_tokens":41,"total_tokens":123}}"#,
+        "\n\n",
+        "data: [DONE]\n\n",
+    );
 
     fn usage(input: u64, output: u64) -> Result<ProviderEvent, ProviderError> {
         Ok(ProviderEvent::Usage(Usage {
@@ -334,26 +655,295 @@ mod tests {
         }
     }
 
+    /// Text, then two calls whose arguments arrive in fragments split mid-token (and, in
+    /// the byte-wise runs, mid-character), as gpt-4o streams parallel calls.
+    fn two_calls() -> String {
+        [
+            chunk(
+                r#"{"role":"assistant","content":"","refusal":null}"#,
+                "null",
+            ),
+            chunk(r#"{"content":"Let me check."}"#, "null"),
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_DdmO9pD3xa9XTPNJ32zg2hcA","type":"function","function":{"name":"get_weather","arguments":""}}]}"#,
+                "null",
+            ),
+            fragment(0, r#""{\"lo""#),
+            fragment(0, r#""cation\": \"Zü""#),
+            fragment(0, r#""rich\"}""#),
+            chunk(
+                r#"{"tool_calls":[{"index":1,"id":"call_Kq7wHeWbY1l8MlYiQhK6a2Xf","type":"function","function":{"name":"get_time","arguments":""}}]}"#,
+                "null",
+            ),
+            fragment(1, r#""{\"tz\":""#),
+            fragment(1, r#"" \"Europe/Zurich\"}""#),
+            chunk("{}", r#""tool_calls""#),
+            USAGE_AND_DONE.to_owned(),
+        ]
+        .concat()
+    }
+
     #[tokio::test]
-    async fn tool_call_deltas_are_skipped_for_now() {
+    async fn tool_calls_are_assembled_and_reported_at_done() {
+        let a = "call_DdmO9pD3xa9XTPNJ32zg2hcA";
+        let b = "call_Kq7wHeWbY1l8MlYiQhK6a2Xf";
+        assert_eq!(
+            decode(&two_calls()).await,
+            vec![
+                Ok(ProviderEvent::TextDelta("Let me check.".into())),
+                start(a, "get_weather"),
+                delta(a, r#"{"lo"#),
+                delta(a, r#"cation": "Zü"#),
+                delta(a, r#"rich"}"#),
+                start(b, "get_time"),
+                delta(b, r#"{"tz":"#),
+                delta(b, r#" "Europe/Zurich"}"#),
+                usage(82, 41),
+                call(a, "get_weather", r#"{"location": "Zürich"}"#),
+                call(b, "get_time", r#"{"tz": "Europe/Zurich"}"#),
+                Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_mid_arguments_reports_no_call() {
+        let body = [
+            chunk(
+                r#"{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write_file","arguments":""}}],"refusal":null}"#,
+                "null",
+            ),
+            fragment(0, r#""{\"path\":\"/tmp/a\",""#),
+            // Cut inside the next chunk.
+            r#"data: {"id":"chatcmpl-BTdXq4XLbd3qWm0Vr3fOdJtL1BZ2a","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"argu"#.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_1", "write_file"),
+                delta("call_1", r#"{"path":"/tmp/a","#),
+                unavailable(Unavailable::Incomplete),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_failing_after_the_finish_reason_reports_no_call() {
+        // The calls are complete, but `[DONE]` never came.
+        let body = two_calls();
+        let cut = &body[..body.find("data: [DONE]").unwrap()];
+        let items = decode(cut).await;
+        assert!(
+            !items
+                .iter()
+                .any(|item| matches!(item, Ok(ProviderEvent::ToolCall(_)))),
+            "{items:?}"
+        );
+        assert_eq!(items.last(), Some(&unavailable(Unavailable::Incomplete)));
+
+        let body = [
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]}"#,
+                "null",
+            ),
+            r#"data: {"error":{"message":"The server had an error while processing your request. Sorry about that!","type":"server_error","param":null,"code":null}}"#.to_owned(),
+            "\n\n".to_owned(),
+            chunk("{}", r#""tool_calls""#),
+            USAGE_AND_DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_1", "get_weather"),
+                delta("call_1", "{}"),
+                unavailable(Unavailable::StreamError),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn done_without_a_finish_reason_reports_no_call() {
+        let body = [
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{}"}}]}"#,
+                "null",
+            ),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_1", "get_weather"),
+                delta("call_1", "{}"),
+                unavailable(Unavailable::Incomplete),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_cut_by_the_length_limit_is_still_reported() {
+        // The turn decides what a truncated call means; the adapter reports what came.
+        let body = [
+            chunk(
+                r#"{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"write_file","arguments":""}}],"refusal":null}"#,
+                "null",
+            ),
+            fragment(0, r#""{\"path\":\"/tmp/a\",""#),
+            fragment(0, r#""\"content\":\"Grüß""#),
+            chunk("{}", r#""length""#),
+            USAGE_AND_DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_1", "write_file"),
+                delta("call_1", r#"{"path":"/tmp/a","#),
+                delta("call_1", r#""content":"Grüß"#),
+                usage(82, 41),
+                call(
+                    "call_1",
+                    "write_file",
+                    r#"{"path":"/tmp/a","content":"Grüß"#
+                ),
+                Ok(ProviderEvent::Finished(StopReason::Length)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_whole_call_in_one_chunk_decodes() {
+        // Ollama: each call complete in one piece, and `stop` as the finish reason.
         let body = concat!(
-            r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_DdmO9pD3xa9XTPNJ32zg2hcA","type":"function","function":{"name":"get_weather","arguments":""}}],"refusal":null},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+            r#"data: {"id":"chatcmpl-912","object":"chat.completion.chunk","created":1746365012,"model":"qwen3:8b","system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"role":"assistant","content":"","tool_calls":[{"id":"call_p3ds4ywu","index":0,"type":"function","function":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}}]},"finish_reason":null}]}"#,
             "\n\n",
-            r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"location\":\"Paris\"}"}}]},"logprobs":null,"finish_reason":null}],"usage":null}"#,
-            "\n\n",
-            r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}],"usage":null}"#,
-            "\n\n",
-            r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","choices":[],"usage":{"prompt_tokens":60,"completion_tokens":16,"total_tokens":76}}"#,
+            r#"data: {"id":"chatcmpl-912","object":"chat.completion.chunk","created":1746365012,"model":"qwen3:8b","system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"stop"}]}"#,
             "\n\n",
             "data: [DONE]\n\n",
         );
+        let arguments = r#"{"location":"Paris"}"#;
         assert_eq!(
             decode(body).await,
             vec![
-                usage(60, 16),
-                Ok(ProviderEvent::Finished(StopReason::ToolCalls))
+                start("call_p3ds4ywu", "get_weather"),
+                delta("call_p3ds4ywu", arguments),
+                call("call_p3ds4ywu", "get_weather", arguments),
+                Ok(ProviderEvent::Finished(StopReason::Stop)),
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn calls_are_reported_in_index_order() {
+        let body = [
+            chunk(
+                r#"{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"g","arguments":"{\"b\":1}"}},{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}}]}"#,
+                "null",
+            ),
+            fragment(0, r#""{\"a\":1}""#),
+            chunk("{}", r#""tool_calls""#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_b", "g"),
+                delta("call_b", r#"{"b":1}"#),
+                start("call_a", "f"),
+                delta("call_a", r#"{"a":1}"#),
+                call("call_a", "f", r#"{"a":1}"#),
+                call("call_b", "g", r#"{"b":1}"#),
+                Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn pieces_without_an_index_follow_their_id() {
+        // Some servers leave out the index and repeat the id on every piece.
+        let body = [
+            chunk(
+                r#"{"tool_calls":[{"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"a\":"}}]}"#,
+                "null",
+            ),
+            chunk(
+                r#"{"tool_calls":[{"id":"call_a","function":{"arguments":"1}"}}]}"#,
+                "null",
+            ),
+            chunk(
+                r#"{"tool_calls":[{"id":"call_b","type":"function","function":{"name":"g","arguments":""}}]}"#,
+                "null",
+            ),
+            chunk(
+                r#"{"tool_calls":[{"function":{"arguments":"{}"}}]}"#,
+                "null",
+            ),
+            chunk("{}", r#""tool_calls""#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            non_text(decode(&body).await)
+                .into_iter()
+                .filter(|item| matches!(
+                    item,
+                    Ok(ProviderEvent::ToolCall(_) | ProviderEvent::Finished(_))
+                ))
+                .collect::<Items>(),
+            vec![
+                call("call_a", "f", r#"{"a":1}"#),
+                call("call_b", "g", "{}"),
+                Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_without_arguments_has_an_empty_object() {
+        let body = [
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"now","arguments":""}}]}"#,
+                "null",
+            ),
+            chunk("{}", r#""tool_calls""#),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                start("call_1", "now"),
+                call("call_1", "now", "{}"),
+                Ok(ProviderEvent::Finished(StopReason::ToolCalls)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn arguments_for_a_call_never_started_are_undecodable() {
+        for first in [
+            fragment(0, r#""{}""#),
+            // An id without a name, and a name without an id.
+            chunk(
+                r#"{"tool_calls":[{"index":0,"id":"call_1","function":{"arguments":""}}]}"#,
+                "null",
+            ),
+            chunk(
+                r#"{"tool_calls":[{"index":0,"function":{"name":"f","arguments":""}}]}"#,
+                "null",
+            ),
+        ] {
+            let body = [first.clone(), chunk("{}", r#""tool_calls""#)].concat();
+            assert_eq!(
+                decode(&body).await,
+                vec![unavailable(Unavailable::Decode)],
+                "{first}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -498,6 +1088,87 @@ mod tests {
                 "stream": true,
                 "stream_options": {"include_usage": true},
             })
+        );
+    }
+
+    #[test]
+    fn request_body_with_tools_calls_and_results() {
+        let body = serde_json::to_value(ChatRequest::new(&tool_request())).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "user", "content": "Weather in Zürich?"},
+                    {
+                        "role": "assistant",
+                        "content": "Let me check.",
+                        "tool_calls": [{
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": "{\"location\":\"Zürich\"}"},
+                        }],
+                    },
+                    {"role": "tool", "tool_call_id": "call_1", "content": "12 °C"},
+                    {
+                        "role": "assistant",
+                        "content": null,
+                        "tool_calls": [
+                            {
+                                "id": "call_2",
+                                "type": "function",
+                                "function": {"name": "get_weather", "arguments": "{\"location\":\"Bern\"}"},
+                            },
+                            {
+                                "id": "call_3",
+                                "type": "function",
+                                "function": {"name": "get_time", "arguments": "{\"tz\":"},
+                            },
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_2", "content": "9 °C"},
+                    {"role": "tool", "tool_call_id": "call_3", "content": "Error: arguments are not valid JSON"},
+                ],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "description": "Current weather at a place.",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"location": {"type": "string"}},
+                                "required": ["location"],
+                            },
+                        },
+                    },
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_time",
+                            "description": "",
+                            "parameters": {"type": "object", "properties": {}},
+                        },
+                    },
+                ],
+                "max_tokens": 512,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            })
+        );
+    }
+
+    #[test]
+    fn an_empty_assistant_message_keeps_a_content() {
+        let mut request = request();
+        request.messages = vec![Message::Assistant {
+            text: String::new(),
+            tool_calls: Vec::new(),
+        }];
+        let body = serde_json::to_value(ChatRequest::new(&request)).unwrap();
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "assistant", "content": ""})
         );
     }
 

@@ -9,6 +9,7 @@
 
 mod agents;
 mod chats;
+mod memories;
 mod teams;
 mod turns;
 

@@ -97,6 +97,9 @@ impl TestApp {
         env.insert("ANTHROPIC_API_KEY".into(), "sk-test-anthropic".into());
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
         env.insert("DATABASE_URL".into(), db_url(&db_name));
+        if let Ok(redis) = std::env::var("REDIS_URL") {
+            env.insert("REDIS_URL".into(), redis);
+        }
         let mut config = Config::from_env(&env).unwrap();
         tweak(&mut config);
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
@@ -241,6 +244,11 @@ pub fn words(text: &str) -> Vec<String> {
 }
 
 impl TestApp {
+    /// SIGTERM, as far as the server is concerned.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
     /// The DATABASE_URL of this app's database, for driving the binary.
     pub fn store_url(&self) -> String {
         db_url(&self.db_name)

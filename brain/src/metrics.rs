@@ -1,0 +1,62 @@
+//! The brain's Prometheus metrics: one registry and the counters registered in it.
+//!
+//! `Metrics` is built once in `main` and cloned into whatever counts something; a clone is
+//! one `Arc` bump. `render` produces the Prometheus text format for the scrape endpoint.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use prometheus::{IntCounter, Opts, Registry, TextEncoder};
+
+/// Cheap to clone handle to the registry and its counters (`metrics.hold_unavailable.inc()`).
+#[derive(Clone)]
+pub struct Metrics(Arc<Counters>);
+
+/// The counters themselves, reached through `Metrics`.
+pub struct Counters {
+    registry: Registry,
+    /// Turns that ran without their per-agent hold because Redis was unreachable (T9).
+    pub hold_unavailable: IntCounter,
+}
+
+impl Metrics {
+    /// Registers every counter in a fresh registry. Fails only on an invalid or duplicate
+    /// metric name, which is a programming error caught by the tests.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let hold_unavailable = counter(
+            &registry,
+            "brain_hold_unavailable_total",
+            "Turns that ran without the per-agent turn hold because Redis was unreachable or slow.",
+        )?;
+        Ok(Self(Arc::new(Counters {
+            registry,
+            hold_unavailable,
+        })))
+    }
+
+    /// Every registered metric in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        match TextEncoder::new().encode_to_string(&self.0.registry.gather()) {
+            Ok(text) => text,
+            Err(err) => {
+                tracing::warn!(error = %err, "could not encode metrics");
+                String::new()
+            }
+        }
+    }
+}
+
+impl Deref for Metrics {
+    type Target = Counters;
+
+    fn deref(&self) -> &Counters {
+        &self.0
+    }
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
+    let counter = IntCounter::with_opts(Opts::new(name, help))?;
+    registry.register(Box::new(counter.clone()))?;
+    Ok(counter)
+}

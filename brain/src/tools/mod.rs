@@ -1,0 +1,126 @@
+//! The tools a turn offers the model, merged into one toolset (SPEC T4).
+//!
+//! Each tool declares its name, a JSON Schema derived from its Rust parameter type, and
+//! whether it writes (SPEC T6 counts data-changing calls). A tool never fails the turn:
+//! bad arguments and failures come back as a [`ToolOutput`] with `is_error`, which the
+//! model reads.
+//!
+//! Brain tools (in-process) live here; worker and connector tools join the same
+//! [`Toolset`] in later issues. Names are unique: the first source to claim a name keeps
+//! it (brain tools are added first), and a later tool with a taken name is left out with a
+//! log line, so a connector can never shadow a built-in.
+
+mod memory;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use protocol::{AgentId, ChatId, TeamId, TurnId};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::provider::ToolSpec;
+use crate::store::Store;
+
+/// What a tool call may use: the turn's identity and stores, and its cancellation.
+#[derive(Clone)]
+pub struct ToolCtx {
+    pub store: Store,
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub turn: TurnId,
+    /// A child of the turn's token: a cancelled turn cancels its running tools.
+    pub cancel: CancellationToken,
+}
+
+/// A tool's answer, as the model will read it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// One tool of any source.
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> ToolSpec;
+    /// Whether a call changes data (counted against the turn's write budget).
+    fn writes(&self) -> bool;
+    fn call<'a>(
+        &'a self,
+        ctx: &'a ToolCtx,
+        arguments: serde_json::Value,
+    ) -> BoxFuture<'a, ToolOutput>;
+}
+
+/// The JSON Schema of a parameter type, as providers expect it (an object schema).
+pub fn schema_of<T: JsonSchema>() -> serde_json::Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
+    if let Some(map) = schema.as_object_mut() {
+        // Providers reject some meta keys; they only need the object schema.
+        map.remove("$schema");
+        map.remove("title");
+    }
+    schema
+}
+
+/// Decodes a tool's arguments into its parameter type; the error is for the model.
+pub fn parse_args<T: DeserializeOwned>(arguments: serde_json::Value) -> Result<T, ToolOutput> {
+    serde_json::from_value(arguments)
+        .map_err(|e| ToolOutput::error(format!("invalid arguments: {e}")))
+}
+
+/// The merged toolset of one turn.
+#[derive(Clone, Default)]
+pub struct Toolset {
+    tools: Vec<Arc<dyn Tool>>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Toolset {
+    /// The brain's own tools, offered to every agent.
+    pub fn brain() -> Self {
+        let mut set = Self::default();
+        for tool in memory::tools() {
+            set.add(tool);
+        }
+        set
+    }
+
+    /// Adds `tool` unless its name is taken (the earlier source wins).
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        let name = tool.spec().name;
+        if self.by_name.contains_key(&name) {
+            tracing::warn!(tool = %name, "tool name already taken; later tool left out");
+            return;
+        }
+        self.by_name.insert(name, self.tools.len());
+        self.tools.push(tool);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.by_name.get(name).map(|&i| &self.tools[i])
+    }
+
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec()).collect()
+    }
+}

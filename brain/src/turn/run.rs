@@ -1,0 +1,655 @@
+//! The agent loop of one turn (SPEC T4-T8): model call, tool calls, model call, ... until
+//! the model answers without tools or a ceiling is hit.
+//!
+//! - Each model call tries the route's models in order until one produces output (T10).
+//!   The first call's outcome decides the HTTP status; later failures become an `error`
+//!   chunk.
+//! - Tool calls run only after the provider finished its answer (T5). A length-truncated
+//!   call is retried once, then refused with a result the model can read.
+//! - Calls that do not write run concurrently; writes run in order, at most `max_writes`
+//!   per turn; the next one is answered "budget spent" (T6).
+//! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
+//!   stream and running tools, stores a synthetic result for every call without one, and
+//!   starts no tool after the cancel (T8).
+
+use std::collections::VecDeque;
+
+use futures_util::future::{BoxFuture, OptionFuture};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use protocol::ui::{FinishReason, Notice, TurnInfo, UiChunk};
+use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::history::{step_start, text_part, tool_part};
+use crate::config::Limits;
+use crate::error::ApiError;
+use crate::provider::{
+    EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
+    StopReason, ToolCall, ToolResult, Unavailable, Usage,
+};
+use crate::store::{AssistantMessage, ModelCallUsage, Store, TurnEnd, TurnStatus};
+use crate::tools::{ToolCtx, ToolOutput, Toolset};
+
+/// Everything the spawned part of a turn needs; owned, so the task outlives the request.
+pub(super) struct TurnTask {
+    pub store: Store,
+    pub providers: Providers,
+    pub toolset: Toolset,
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub turn: TurnId,
+    pub route: Vec<String>,
+    /// The first request; later calls append to its messages.
+    pub request: ModelRequest,
+    pub limits: Limits,
+    pub cancel: CancellationToken,
+    pub tx: mpsc::Sender<UiChunk>,
+}
+
+/// A stream that produced its first output, with what came before it.
+struct Opened {
+    stream: EventStream,
+    pending: VecDeque<ProviderEvent>,
+    usage: Usage,
+    call_index: u32,
+    model: String,
+}
+
+enum OpenOutcome {
+    Opened(Opened),
+    Failed(ProviderError),
+    Cancelled,
+}
+
+enum StepOutcome {
+    Finished(StopReason),
+    Failed(ProviderError),
+    Cancelled,
+}
+
+/// One model call as relayed to the client.
+struct Step {
+    text: String,
+    calls: Vec<ToolCall>,
+    outcome: StepOutcome,
+}
+
+/// How the whole turn ended.
+enum End {
+    Completed(FinishReason),
+    Interrupted,
+    Failed(ProviderError),
+}
+
+const CANCELLED_RESULT: &str = "cancelled: the turn was stopped before this tool call finished";
+
+impl TurnTask {
+    pub(super) async fn run(self, started: oneshot::Sender<Result<(), ApiError>>) {
+        let assistant_id = MessageId::new();
+        let mut started = Some(started);
+        let mut usage_log = Vec::new();
+        let mut parts: Vec<Value> = Vec::new();
+        let mut conversation = self.request.messages.clone();
+        let mut calls_made = 0u32;
+        let mut writes_used = 0u32;
+        let mut truncation_retried = false;
+        let mut iteration = 0u32;
+
+        let end = loop {
+            iteration += 1;
+            let request = ModelRequest {
+                messages: conversation.clone(),
+                ..self.request.clone()
+            };
+            let opened = match self.open(&request, &mut calls_made, &mut usage_log).await {
+                OpenOutcome::Opened(opened) => opened,
+                OpenOutcome::Cancelled => break End::Interrupted,
+                OpenOutcome::Failed(err) => match started.take() {
+                    Some(started) => {
+                        tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
+                        self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
+                            .await;
+                        let _ = started.send(Err(err.into()));
+                        return;
+                    }
+                    None => break End::Failed(err),
+                },
+            };
+            if let Some(started) = started.take() {
+                if started.send(Ok(())).is_err() {
+                    // The handler is gone: nobody will read this stream.
+                    self.cancel.cancel();
+                }
+                self.send(UiChunk::Start {
+                    message_id: assistant_id.to_string(),
+                })
+                .await;
+                self.send(UiChunk::DataTurn {
+                    data: TurnInfo { turn_id: self.turn },
+                    transient: true,
+                })
+                .await;
+            }
+            self.send(UiChunk::StartStep).await;
+            parts.push(step_start());
+            let step = self.relay(opened, iteration, &mut usage_log).await;
+            if !step.text.is_empty() {
+                parts.push(text_part(&step.text));
+            }
+            let reason = match step.outcome {
+                StepOutcome::Cancelled => break End::Interrupted,
+                StepOutcome::Failed(err) => break End::Failed(err),
+                StepOutcome::Finished(reason) => reason,
+            };
+            if step.calls.is_empty() {
+                self.send(UiChunk::FinishStep).await;
+                break End::Completed(finish_reason(reason));
+            }
+
+            let mut refusal = None;
+            if reason == StopReason::Length {
+                if !truncation_retried {
+                    truncation_retried = true;
+                    self.notice(
+                        "truncated_tool_call",
+                        "a tool call was cut off by the output limit; asking again",
+                    )
+                    .await;
+                    self.send(UiChunk::FinishStep).await;
+                    // The cut-off call is not part of the history: the retry starts from
+                    // the same conversation.
+                    parts.pop_if(|p| p["type"] == "text");
+                    parts.pop_if(|p| p["type"] == "step-start");
+                    continue;
+                }
+                refusal = Some(
+                    "refused: this tool call was cut off by the output token limit twice; \
+                     make its arguments shorter"
+                        .to_owned(),
+                );
+            } else if iteration >= self.limits.max_iterations {
+                refusal = Some(format!(
+                    "not run: the turn reached its ceiling of {} model calls",
+                    self.limits.max_iterations
+                ));
+            }
+
+            let (results, cancelled) = match refusal {
+                Some(text) => {
+                    let refused = step
+                        .calls
+                        .iter()
+                        .map(|_| ToolOutput::error(text.clone()))
+                        .collect();
+                    (self.report(&step.calls, refused).await, false)
+                }
+                None => self.execute(&step.calls, &mut writes_used).await,
+            };
+            for (call, (input, output)) in step.calls.iter().zip(&results) {
+                parts.push(tool_part(call, input, output));
+            }
+            conversation.push(Message::Assistant {
+                text: step.text,
+                tool_calls: step.calls.clone(),
+            });
+            conversation.push(Message::ToolResults(
+                step.calls
+                    .iter()
+                    .zip(&results)
+                    .map(|(call, (_, output))| ToolResult {
+                        call_id: call.id.clone(),
+                        content: output.content.clone(),
+                        is_error: output.is_error,
+                    })
+                    .collect(),
+            ));
+            self.send(UiChunk::FinishStep).await;
+            if cancelled {
+                break End::Interrupted;
+            }
+            if iteration >= self.limits.max_iterations {
+                self.notice(
+                    "iteration_ceiling",
+                    &format!(
+                        "the turn stopped at its ceiling of {} model calls",
+                        self.limits.max_iterations
+                    ),
+                )
+                .await;
+                break End::Completed(FinishReason::Other);
+            }
+        };
+        self.finish(end, assistant_id, parts, usage_log).await;
+    }
+
+    /// Persists the end state, then tells the client. Persisting first means a client
+    /// that saw `finish` finds the message stored.
+    async fn finish(
+        &self,
+        end: End,
+        assistant_id: MessageId,
+        parts: Vec<Value>,
+        usage_log: Vec<ModelCallUsage>,
+    ) {
+        let message = |complete| AssistantMessage {
+            id: assistant_id,
+            parts: Value::Array(parts.clone()),
+            complete,
+        };
+        match end {
+            End::Completed(reason) => {
+                if self
+                    .persist(TurnStatus::Completed, None, Some(message(true)), usage_log)
+                    .await
+                {
+                    self.send(UiChunk::Finish {
+                        finish_reason: reason,
+                    })
+                    .await;
+                } else {
+                    self.send(UiChunk::error(
+                        ErrorCode::StoreUnavailable,
+                        "the answer could not be stored",
+                    ))
+                    .await;
+                }
+            }
+            End::Interrupted => {
+                tracing::info!(turn = %self.turn, "turn cancelled");
+                self.persist(
+                    TurnStatus::Interrupted,
+                    None,
+                    Some(message(false)),
+                    usage_log,
+                )
+                .await;
+                self.send(UiChunk::Finish {
+                    finish_reason: FinishReason::Interrupted,
+                })
+                .await;
+            }
+            End::Failed(err) => {
+                tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
+                self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
+                    .await;
+                let code = err.code();
+                let text = ApiError::Provider(err).public_message();
+                self.send(UiChunk::error(code, &text)).await;
+            }
+        }
+    }
+
+    /// Tries each model of the route until one produces output (T10 fallbacks).
+    async fn open(
+        &self,
+        request: &ModelRequest,
+        calls_made: &mut u32,
+        usage_log: &mut Vec<ModelCallUsage>,
+    ) -> OpenOutcome {
+        let mut last_error = ProviderError::Unavailable(Unavailable::Connect);
+        for route in &self.route {
+            let Ok(parsed) = ModelRoute::parse(route) else {
+                // Routes are validated when the agent is written; a bad one is skipped.
+                continue;
+            };
+            let call_index = *calls_made;
+            *calls_made += 1;
+            let provider = self.providers.get(parsed.provider).clone();
+            let request = ModelRequest {
+                model: parsed.model.to_owned(),
+                ..request.clone()
+            };
+            let connected = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return OpenOutcome::Cancelled,
+                result = provider.stream(&request) => result,
+            };
+            let mut stream = match connected {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model route failed before output");
+                    last_error = err;
+                    continue;
+                }
+            };
+            let mut usage = Usage::default();
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => {
+                        usage_log.push(call_usage(call_index, route, usage));
+                        return OpenOutcome::Cancelled;
+                    }
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
+                    Some(Ok(first_output)) => {
+                        return OpenOutcome::Opened(Opened {
+                            stream,
+                            pending: VecDeque::from([first_output]),
+                            usage,
+                            call_index,
+                            model: route.clone(),
+                        });
+                    }
+                    Some(Err(err)) => {
+                        tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model stream failed before output");
+                        usage_log.push(call_usage(call_index, route, usage));
+                        last_error = err;
+                        break;
+                    }
+                    None => {
+                        usage_log.push(call_usage(call_index, route, usage));
+                        last_error = ProviderError::Unavailable(Unavailable::Incomplete);
+                        break;
+                    }
+                }
+            }
+        }
+        OpenOutcome::Failed(last_error)
+    }
+
+    /// Relays one model call to the client; collects its tool calls.
+    async fn relay(
+        &self,
+        opened: Opened,
+        iteration: u32,
+        usage_log: &mut Vec<ModelCallUsage>,
+    ) -> Step {
+        let Opened {
+            mut stream,
+            mut pending,
+            mut usage,
+            call_index,
+            model,
+        } = opened;
+        let text_id = format!("text-{iteration}");
+        let mut text = String::new();
+        let mut text_open = false;
+        let mut calls = Vec::new();
+        let outcome = loop {
+            let next = match pending.pop_front() {
+                Some(event) => Some(Ok(event)),
+                None => tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => break StepOutcome::Cancelled,
+                    next = stream.next() => next,
+                },
+            };
+            let chunk = match next {
+                Some(Ok(ProviderEvent::TextDelta(delta))) => {
+                    if !text_open {
+                        text_open = true;
+                        if !self
+                            .send(UiChunk::TextStart {
+                                id: text_id.clone(),
+                            })
+                            .await
+                        {
+                            break StepOutcome::Cancelled;
+                        }
+                    }
+                    // Only text the client accepted counts as delivered (T8).
+                    let len = text.len();
+                    text.push_str(&delta);
+                    if !self
+                        .send(UiChunk::TextDelta {
+                            id: text_id.clone(),
+                            delta,
+                        })
+                        .await
+                    {
+                        text.truncate(len);
+                        break StepOutcome::Cancelled;
+                    }
+                    continue;
+                }
+                Some(Ok(ProviderEvent::ToolInputStart { id, name })) => UiChunk::ToolInputStart {
+                    tool_call_id: id,
+                    tool_name: name,
+                },
+                Some(Ok(ProviderEvent::ToolInputDelta { id, delta })) => UiChunk::ToolInputDelta {
+                    tool_call_id: id,
+                    input_text_delta: delta,
+                },
+                Some(Ok(ProviderEvent::ToolCall(call))) => {
+                    calls.push(call);
+                    continue;
+                }
+                Some(Ok(ProviderEvent::Usage(u))) => {
+                    usage.merge(u);
+                    continue;
+                }
+                Some(Ok(ProviderEvent::Finished(reason))) => break StepOutcome::Finished(reason),
+                Some(Err(err)) => break StepOutcome::Failed(err),
+                None => {
+                    break StepOutcome::Failed(ProviderError::Unavailable(Unavailable::Incomplete));
+                }
+            };
+            if !self.send(chunk).await {
+                break StepOutcome::Cancelled;
+            }
+        };
+        // Dropping the stream closes the provider connection: the abort of T8.
+        drop(stream);
+        usage_log.push(call_usage(call_index, &model, usage));
+        if text_open {
+            self.send(UiChunk::TextEnd { id: text_id }).await;
+        }
+        // T5: calls of a stream that did not finish are discarded, never run.
+        if !matches!(outcome, StepOutcome::Finished(_)) {
+            calls.clear();
+        }
+        Step {
+            text,
+            calls,
+            outcome,
+        }
+    }
+
+    /// Runs the calls of one model answer; returns (input, output) per call in call order
+    /// and whether the turn was cancelled meanwhile.
+    async fn execute(
+        &self,
+        calls: &[ToolCall],
+        writes_used: &mut u32,
+    ) -> (Vec<(Value, ToolOutput)>, bool) {
+        let ctx = ToolCtx {
+            store: self.store.clone(),
+            team: self.team,
+            agent: self.agent,
+            chat: self.chat,
+            turn: self.turn,
+            cancel: self.cancel.child_token(),
+        };
+        let mut inputs = Vec::with_capacity(calls.len());
+        let mut outputs: Vec<Option<ToolOutput>> = vec![None; calls.len()];
+        let mut reads = FuturesUnordered::new();
+        let mut writes: VecDeque<(usize, BoxFuture<'_, ToolOutput>)> = VecDeque::new();
+        for (index, call) in calls.iter().enumerate() {
+            let input: Result<Value, _> =
+                serde_json::from_str(if call.arguments.trim().is_empty() {
+                    "{}"
+                } else {
+                    &call.arguments
+                });
+            let input_shown = input
+                .as_ref()
+                .cloned()
+                .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+            self.send(UiChunk::ToolInputAvailable {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                input: input_shown.clone(),
+            })
+            .await;
+            inputs.push(input_shown);
+            let tool = self.toolset.get(&call.name);
+            match (tool, input) {
+                (None, _) => {
+                    outputs[index] =
+                        Some(ToolOutput::error(format!("no tool named `{}`", call.name)))
+                }
+                (Some(_), Err(e)) => {
+                    outputs[index] = Some(ToolOutput::error(format!(
+                        "arguments are not valid JSON: {e}"
+                    )));
+                }
+                (Some(tool), Ok(args)) if tool.writes() => {
+                    if *writes_used >= self.limits.max_writes {
+                        outputs[index] = Some(ToolOutput::error(format!(
+                            "budget spent: this turn already made {} data-changing calls; \
+                             tell the user what is left to do",
+                            self.limits.max_writes
+                        )));
+                    } else {
+                        *writes_used += 1;
+                        writes.push_back((index, tool.call(&ctx, args)));
+                    }
+                }
+                (Some(tool), Ok(args)) => {
+                    reads.push(tool.call(&ctx, args).map(move |output| (index, output)));
+                }
+            }
+        }
+        let mut current_write = writes.pop_front();
+        let mut cancelled = false;
+        while !reads.is_empty() || current_write.is_some() {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => {
+                    cancelled = true;
+                    break;
+                }
+                Some((index, output)) = reads.next(), if !reads.is_empty() => outputs[index] = Some(output),
+                Some(output) = OptionFuture::from(current_write.as_mut().map(|(_, f)| f)), if current_write.is_some() => {
+                    if let Some((index, _)) = current_write.take() {
+                        outputs[index] = Some(output);
+                    }
+                    // No tool starts after a cancel (T8).
+                    if !self.cancel.is_cancelled() {
+                        current_write = writes.pop_front();
+                    }
+                }
+            }
+        }
+        drop(reads);
+        drop(current_write);
+        let outputs = outputs
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| ToolOutput::error(CANCELLED_RESULT)))
+            .collect();
+        let cancelled = cancelled || self.cancel.is_cancelled();
+        let reported = self.report_outputs(calls, inputs, outputs).await;
+        (reported, cancelled)
+    }
+
+    /// Shows refused calls (never run) to the client.
+    async fn report(
+        &self,
+        calls: &[ToolCall],
+        outputs: Vec<ToolOutput>,
+    ) -> Vec<(Value, ToolOutput)> {
+        let mut inputs = Vec::with_capacity(calls.len());
+        for call in calls {
+            let input = serde_json::from_str(&call.arguments)
+                .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+            self.send(UiChunk::ToolInputAvailable {
+                tool_call_id: call.id.clone(),
+                tool_name: call.name.clone(),
+                input: input.clone(),
+            })
+            .await;
+            inputs.push(input);
+        }
+        self.report_outputs(calls, inputs, outputs).await
+    }
+
+    async fn report_outputs(
+        &self,
+        calls: &[ToolCall],
+        inputs: Vec<Value>,
+        outputs: Vec<ToolOutput>,
+    ) -> Vec<(Value, ToolOutput)> {
+        for (call, output) in calls.iter().zip(&outputs) {
+            let chunk = if output.is_error {
+                UiChunk::ToolOutputError {
+                    tool_call_id: call.id.clone(),
+                    error_text: output.content.clone(),
+                }
+            } else {
+                UiChunk::ToolOutputAvailable {
+                    tool_call_id: call.id.clone(),
+                    output: Value::String(output.content.clone()),
+                }
+            };
+            self.send(chunk).await;
+        }
+        inputs.into_iter().zip(outputs).collect()
+    }
+
+    async fn notice(&self, code: &str, message: &str) {
+        self.send(UiChunk::DataNotice {
+            data: Notice {
+                code: code.to_owned(),
+                message: message.to_owned(),
+            },
+        })
+        .await;
+    }
+
+    /// Sends a chunk to the client; `false` when the client is gone.
+    async fn send(&self, chunk: UiChunk) -> bool {
+        self.tx.send(chunk).await.is_ok()
+    }
+
+    /// Writes the end state; `false` (and a log line) when the store refused.
+    pub(super) async fn persist(
+        &self,
+        status: TurnStatus,
+        error_code: Option<ErrorCode>,
+        assistant: Option<AssistantMessage>,
+        usage: Vec<ModelCallUsage>,
+    ) -> bool {
+        let end = TurnEnd {
+            status,
+            error_code,
+            assistant,
+            usage,
+        };
+        match self
+            .store
+            .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
+            .await
+        {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!(turn = %self.turn, class = err.metric_label(), error = %err, "could not persist the turn's end");
+                false
+            }
+        }
+    }
+}
+
+fn call_usage(call_index: u32, model: &str, usage: Usage) -> ModelCallUsage {
+    ModelCallUsage {
+        call_index,
+        model: model.to_owned(),
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+    }
+}
+
+fn finish_reason(reason: StopReason) -> FinishReason {
+    match reason {
+        StopReason::Stop => FinishReason::Stop,
+        StopReason::Length => FinishReason::Length,
+        StopReason::ToolCalls => FinishReason::ToolCalls,
+        StopReason::Other => FinishReason::Other,
+    }
+}
