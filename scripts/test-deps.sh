@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
-# brain's UI message stream. Idempotent and offline-friendly once installed.
+# brain's UI message stream, and the real MCP servers the connector tests talk to
+# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv).
+# Idempotent and offline-friendly once installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +17,24 @@ if [ ! -f tests/ai-sdk/node_modules/.package-lock.json ] \
    || [ tests/ai-sdk/package-lock.json -nt tests/ai-sdk/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/ai-sdk"
   (cd tests/ai-sdk && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
+   || [ tests/mcp/package-lock.json -nt tests/mcp/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/mcp"
+  (cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+if [ ! -f tests/mcp/.venv/.installed ] \
+   || [ tests/mcp/requirements.txt -nt tests/mcp/.venv/.installed ]; then
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "test-deps: installing python3-venv from Debian packages"
+    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+    $sudo_ apt-get update -qq
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  echo "test-deps: Python MCP servers in tests/mcp/.venv"
+  python3 -m venv tests/mcp/.venv
+  tests/mcp/.venv/bin/pip install -q --disable-pip-version-check -r tests/mcp/requirements.txt
+  touch tests/mcp/.venv/.installed
 fi

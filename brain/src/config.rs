@@ -51,10 +51,17 @@ pub struct Config {
     pub provider_idle_timeout: Duration,
     pub max_output_tokens: u32,
     pub limits: Limits,
+    /// History tokens a request carries besides the system prompt and summary (M1).
+    pub context_tokens: usize,
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
     pub shutdown_grace: Duration,
     pub log_json: bool,
+    /// MCP connectors (SPEC B2).
+    pub connectors: ConnectorConfig,
+    /// Key secrets are encrypted under (`BRAIN_SECRETS_KEY`); unset, the secret tools
+    /// answer that secrets are not configured (B1).
+    pub secrets_key: Option<crate::store::SecretsKey>,
 }
 
 /// The turn's ceilings (SPEC T6).
@@ -64,6 +71,17 @@ pub struct Limits {
     pub max_iterations: u32,
     /// Data-changing tool calls per turn, across all tools.
     pub max_writes: u32,
+}
+
+/// How the brain runs connectors (SPEC B2).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectorConfig {
+    /// Whether a connector may be a local command (stdio); off, only URLs are accepted.
+    pub allow_stdio: bool,
+    /// Connect, `initialize` and `tools/list`, per connector and turn.
+    pub startup_timeout: Duration,
+    /// One `tools/call`.
+    pub call_timeout: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +126,7 @@ impl Config {
             provider_connect_timeout: millis(env, "BRAIN_PROVIDER_CONNECT_TIMEOUT_MS", 30_000)?,
             provider_idle_timeout: millis(env, "BRAIN_PROVIDER_IDLE_TIMEOUT_MS", 120_000)?,
             max_output_tokens: ranged(env, "BRAIN_MAX_OUTPUT_TOKENS", 4096, 1, 1_000_000)?,
+            context_tokens: ranged(env, "BRAIN_CONTEXT_TOKENS", 24_000, 100, 10_000_000)?,
             limits: Limits {
                 max_iterations: ranged(env, "BRAIN_MAX_ITERATIONS", 8, 1, 100)?,
                 max_writes: ranged(env, "BRAIN_MAX_WRITES_PER_TURN", 3, 0, 100)?,
@@ -115,6 +134,12 @@ impl Config {
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             shutdown_grace: millis(env, "BRAIN_SHUTDOWN_GRACE_MS", 30_000)?,
+            connectors: ConnectorConfig {
+                allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
+                startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,
+                call_timeout: millis(env, "BRAIN_CONNECTOR_CALL_TIMEOUT_MS", 300_000)?,
+            },
+            secrets_key: secrets_key(env)?,
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,
@@ -128,6 +153,19 @@ impl Config {
         };
         Ok(config)
     }
+}
+
+/// `BRAIN_SECRETS_KEY`: unset means secrets are off; nothing is generated in its place.
+fn secrets_key(env: &dyn Env) -> Result<Option<crate::store::SecretsKey>, ConfigError> {
+    let Some(raw) = non_empty(env, "BRAIN_SECRETS_KEY") else {
+        return Ok(None);
+    };
+    crate::store::SecretsKey::parse(&raw)
+        .map(Some)
+        .map_err(|problem| ConfigError {
+            name: "BRAIN_SECRETS_KEY",
+            problem: problem.into(),
+        })
 }
 
 fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
@@ -209,6 +247,14 @@ mod tests {
         assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
         assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
         assert!(config.demo_model, "no key means the offline demo model");
+        assert!(
+            !config.connectors.allow_stdio,
+            "stdio connectors are opt-in"
+        );
+        assert_eq!(config.connectors.startup_timeout, Duration::from_secs(10));
+        let err = Config::from_env(&env(&[("BRAIN_CONNECTORS_ALLOW_STDIO", "yes")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_CONNECTORS_ALLOW_STDIO");
+        assert!(config.secrets_key.is_none(), "no key is generated");
     }
 
     #[test]
@@ -226,5 +272,8 @@ mod tests {
         assert_eq!(err.name, "BRAIN_MAX_OUTPUT_TOKENS");
         let err = Config::from_env(&env(&[("DATABASE_URL", "mysql://x")])).unwrap_err();
         assert_eq!(err.name, "DATABASE_URL");
+        let err = Config::from_env(&env(&[("BRAIN_SECRETS_KEY", "too-short-secret")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_SECRETS_KEY");
+        assert!(!err.to_string().contains("too-short-secret"));
     }
 }

@@ -25,6 +25,11 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("this message id's turn is still running")]
     TurnInProgress(TurnId),
+    /// A uniqueness rule of the request's resource (the message says which).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("the agent is running another turn")]
+    AgentBusy(TurnId),
     #[error(transparent)]
     Provider(#[from] ProviderError),
     #[error("store unavailable")]
@@ -51,6 +56,8 @@ impl ApiError {
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
+            Self::Conflict(_) => ErrorCode::Conflict,
+            Self::AgentBusy(_) => ErrorCode::AgentBusy,
             Self::Provider(e) => e.code(),
             Self::Store(_) => ErrorCode::StoreUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
@@ -64,7 +71,9 @@ impl ApiError {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::AgentBusy | ErrorCode::TurnInProgress => StatusCode::CONFLICT,
+            ErrorCode::AgentBusy | ErrorCode::TurnInProgress | ErrorCode::Conflict => {
+                StatusCode::CONFLICT
+            }
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::ProviderUnavailable | ErrorCode::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -90,7 +99,7 @@ impl ApiError {
 
     fn turn_id(&self) -> Option<TurnId> {
         match self {
-            Self::TurnInProgress(id) => Some(*id),
+            Self::TurnInProgress(id) | Self::AgentBusy(id) => Some(*id),
             _ => None,
         }
     }

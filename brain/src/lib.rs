@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod config;
+pub mod connectors;
 pub mod demo;
 pub mod error;
 pub mod hold;
@@ -29,6 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use config::Config;
+use hold::{HoldConfig, Holds};
+use metrics::Metrics;
 use provider::anthropic::AnthropicProvider;
 use provider::openai::OpenAiProvider;
 use provider::{Endpoint, Providers};
@@ -41,6 +44,9 @@ pub struct AppState {
     pub store: Store,
     pub redis: redis::Client,
     pub providers: Providers,
+    /// One turn per agent (SPEC T9).
+    pub holds: Holds,
+    pub metrics: Metrics,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
     /// Running turns, so shutdown can wait for them.
@@ -48,18 +54,28 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the state from configuration; `providers` overrides the adapters built from
-    /// the configured endpoints (the demo model passes its own).
-    pub fn new(config: Config, store: Store, redis: redis::Client) -> Self {
+    /// Builds the state from configuration. Fails only if the metrics registry refuses
+    /// a registration (a programming error caught by every test).
+    pub fn new(
+        config: Config,
+        store: Store,
+        redis: redis::Client,
+    ) -> Result<Self, prometheus::Error> {
         let providers = providers_from(&config);
-        Self {
+        // Secrets are encrypted in the store, under the configured key (B1).
+        let store = store.with_secrets_key(config.secrets_key.clone());
+        let metrics = Metrics::new()?;
+        let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
+        Ok(Self {
             config: Arc::new(config),
             store,
             redis,
             providers,
+            holds,
+            metrics,
             turns_cancel: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
-        }
+        })
     }
 }
 

@@ -73,7 +73,7 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;
     tracing::info!(addr = %config.addr, "brain listening");
-    let state = brain::AppState::new(config.clone(), store, redis);
+    let state = brain::AppState::new(config.clone(), store, redis).context("building metrics")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));
     brain::serve(listener, state, shutdown).await?;
@@ -105,7 +105,8 @@ async fn signal_shutdown(shutdown: CancellationToken) {
 
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BRAIN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // rmcp logs MCP payloads at info and warn; they may carry user data (X4).
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -139,7 +139,16 @@ async fn tool_turn_round_trip(model: &str) {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["memory_write", "memory_search"]);
+    assert_eq!(
+        names[..2],
+        ["memory_write", "memory_search"],
+        "brain tools come first"
+    );
+    assert_eq!(
+        names.iter().collect::<std::collections::HashSet<_>>().len(),
+        names.len(),
+        "names are unique"
+    );
     assert!(composition["tools"][0]["input_schema"]["properties"]["content"].is_object());
 }
 
@@ -339,6 +348,45 @@ async fn unknown_tools_and_bad_arguments_are_tool_errors() {
     assert_eq!(errors, 3);
     assert_eq!(streamed_text(&chunks), "Sorry.");
     assert_eq!(memory_count(&app).await, 0);
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}
+
+#[tokio::test]
+async fn nine_tool_calls_in_a_row_stop_at_eight_iterations() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for i in 1..=9 {
+        app.provider.push(calls(vec![call(
+            &format!("c{i}"),
+            "memory_search",
+            json!({"query": format!("q{i}")}),
+        )]));
+    }
+    let (chunks, _) =
+        read_stream(app.send(&chat, &json!({"content": "keep searching"})).await).await;
+    assert_eq!(
+        app.provider.requests().len(),
+        8,
+        "the ninth call is never made"
+    );
+    assert_eq!(
+        chunks.iter().filter(|c| **c == UiChunk::StartStep).count(),
+        8
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataNotice { data } if data.code == "iteration_ceiling"))
+    );
+    let ran = chunks
+        .iter()
+        .filter(|c| matches!(c, UiChunk::ToolOutputAvailable { .. }))
+        .count();
+    assert_eq!(ran, 7, "the eighth answer's call is answered, not run");
     assert!(
         app.provider.violations().is_empty(),
         "{:?}",

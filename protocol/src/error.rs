@@ -23,6 +23,8 @@ pub enum ErrorCode {
     AgentBusy,
     /// The message id was already used and its turn is still running.
     TurnInProgress,
+    /// The request collides with an existing resource (a name already taken).
+    Conflict,
     /// The model provider answered 429.
     RateLimited,
     /// The model provider is down, refused the connection, timed out or cut its stream.
@@ -46,6 +48,7 @@ impl ErrorCode {
             Self::PayloadTooLarge => "payload_too_large",
             Self::AgentBusy => "agent_busy",
             Self::TurnInProgress => "turn_in_progress",
+            Self::Conflict => "conflict",
             Self::RateLimited => "rate_limited",
             Self::ProviderUnavailable => "provider_unavailable",
             Self::ProviderRejected => "provider_rejected",
@@ -93,6 +96,7 @@ mod tests {
             ErrorCode::PayloadTooLarge,
             ErrorCode::AgentBusy,
             ErrorCode::TurnInProgress,
+            ErrorCode::Conflict,
             ErrorCode::RateLimited,
             ErrorCode::ProviderUnavailable,
             ErrorCode::ProviderRejected,

@@ -5,6 +5,7 @@
 //! web chat. This crate does no I/O and depends on serde alone, so the brain, the worker and
 //! the runtime-manager can all speak it without pulling each other's dependencies.
 
+pub mod channel;
 pub mod error;
 pub mod ids;
 pub mod ui;

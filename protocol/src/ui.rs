@@ -74,10 +74,35 @@ pub enum UiChunk {
     /// Transient: the AI SDK does not add it to the message.
     #[serde(rename = "data-turn")]
     DataTurn { data: TurnInfo, transient: bool },
+    /// A connector's state at the start of the turn: a connector that is down lost its
+    /// tools for this turn, and the turn went on (SPEC B2).
+    #[serde(rename = "data-connector-status")]
+    DataConnectorStatus { data: ConnectorStatus },
     /// Something the user should know about the turn that is not an error, such as a
     /// ceiling that was hit (SPEC T6).
     #[serde(rename = "data-notice")]
     DataNotice { data: Notice },
+}
+
+/// The payload of a `data-connector-status` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectorStatus {
+    pub name: String,
+    pub state: ConnectorState,
+    /// Tools the connector added to this turn.
+    pub tools: usize,
+    /// Why it is down: an error class such as `timeout` or `unreachable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Whether a connector's tools joined the turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConnectorState {
+    Ready,
+    Down,
 }
 
 /// The payload of a `data-notice` chunk.

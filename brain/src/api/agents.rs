@@ -27,41 +27,71 @@ pub struct CreateAgent {
     fallback_models: Vec<String>,
     #[serde(default)]
     runtime_profile: Option<String>,
+    /// Offer this agent the agent tools (create, archive, change prompt) for its team.
+    #[serde(default)]
+    concierge: bool,
 }
 
 impl CreateAgent {
     fn validate(self) -> Result<NewAgent, ApiError> {
-        let invalid = |m: String| Err(ApiError::InvalidRequest(m));
-        let name = self.name.trim().to_owned();
-        if name.is_empty() || name.chars().count() > MAX_NAME {
-            return invalid(format!("name must have 1 to {MAX_NAME} characters"));
-        }
-        if self.system_prompt.chars().count() > MAX_PROMPT {
-            return invalid(format!(
-                "system_prompt must have at most {MAX_PROMPT} characters"
-            ));
-        }
-        if self.fallback_models.len() > MAX_FALLBACKS {
-            return invalid(format!("at most {MAX_FALLBACKS} fallback_models"));
-        }
-        for model in std::iter::once(&self.model).chain(&self.fallback_models) {
-            ModelRoute::parse(model).map_err(ApiError::InvalidRequest)?;
-        }
-        let runtime_profile = self.runtime_profile.unwrap_or_else(|| "none".into());
-        if !RUNTIME_PROFILES.contains(&runtime_profile.as_str()) {
-            return invalid(format!(
-                "runtime_profile must be one of {}",
-                RUNTIME_PROFILES.join(", ")
-            ));
-        }
-        Ok(NewAgent {
-            name,
-            system_prompt: self.system_prompt,
-            model: self.model,
-            fallback_models: self.fallback_models,
-            runtime_profile,
-        })
+        validate_new_agent(
+            self.name,
+            self.system_prompt,
+            self.model,
+            self.fallback_models,
+            self.runtime_profile,
+            self.concierge,
+        )
+        .map_err(ApiError::InvalidRequest)
     }
+}
+
+/// Checks a new agent's fields the same way wherever they come from (`POST /v1/agents`,
+/// the concierge's `agent_create` tool); the message says what is wrong.
+pub(crate) fn validate_new_agent(
+    name: String,
+    system_prompt: String,
+    model: String,
+    fallback_models: Vec<String>,
+    runtime_profile: Option<String>,
+    concierge: bool,
+) -> Result<NewAgent, String> {
+    let name = name.trim().to_owned();
+    if name.is_empty() || name.chars().count() > MAX_NAME {
+        return Err(format!("name must have 1 to {MAX_NAME} characters"));
+    }
+    validate_system_prompt(&system_prompt)?;
+    if fallback_models.len() > MAX_FALLBACKS {
+        return Err(format!("at most {MAX_FALLBACKS} fallback_models"));
+    }
+    for model in std::iter::once(&model).chain(&fallback_models) {
+        ModelRoute::parse(model)?;
+    }
+    let runtime_profile = runtime_profile.unwrap_or_else(|| "none".into());
+    if !RUNTIME_PROFILES.contains(&runtime_profile.as_str()) {
+        return Err(format!(
+            "runtime_profile must be one of {}",
+            RUNTIME_PROFILES.join(", ")
+        ));
+    }
+    Ok(NewAgent {
+        name,
+        system_prompt,
+        model,
+        fallback_models,
+        runtime_profile,
+        concierge,
+    })
+}
+
+/// Checks a system prompt, on creation and on change.
+pub(crate) fn validate_system_prompt(system_prompt: &str) -> Result<(), String> {
+    if system_prompt.chars().count() > MAX_PROMPT {
+        return Err(format!(
+            "system_prompt must have at most {MAX_PROMPT} characters"
+        ));
+    }
+    Ok(())
 }
 
 pub async fn create(

@@ -44,3 +44,16 @@ async fn redis_ping(client: &redis::Client) -> redis::RedisResult<()> {
         .await
         .map(|_| ())
 }
+
+/// Prometheus text format (SPEC O2). Counts and ids only (X4).
+pub async fn metrics(
+    State(state): State<AppState>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.metrics.render(),
+    )
+}

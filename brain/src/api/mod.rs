@@ -6,6 +6,7 @@
 
 mod agents;
 mod chats;
+mod connectors;
 mod health;
 
 use axum::Router;
@@ -13,12 +14,15 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use protocol::TeamId;
 use serde::de::DeserializeOwned;
 
 use crate::AppState;
 use crate::error::ApiError;
+
+/// Agent validation, shared with the concierge's agent tools.
+pub(crate) use agents::{validate_new_agent, validate_system_prompt};
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
@@ -27,6 +31,11 @@ pub fn router(state: AppState) -> Router {
         .route("/agents/{agent_id}", get(agents::get))
         .route("/agents/{agent_id}/chats", post(chats::create))
         .route(
+            "/connectors",
+            get(connectors::list).post(connectors::create),
+        )
+        .route("/connectors/{connector_id}", delete(connectors::delete))
+        .route(
             "/chats/{chat_id}/messages",
             get(chats::messages).post(chats::post_message),
         );
@@ -34,6 +43,7 @@ pub fn router(state: AppState) -> Router {
         .nest("/v1", v1)
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))

@@ -13,6 +13,8 @@ pub struct NewAgent {
     pub model: String,
     pub fallback_models: Vec<String>,
     pub runtime_profile: String,
+    /// Offered the agent tools (create, archive, change prompt) for its team (B1).
+    pub concierge: bool,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -27,11 +29,12 @@ pub struct AgentRow {
     pub autostart_cron: Option<String>,
     pub autostart_prompt: Option<String>,
     pub archived: bool,
+    pub concierge: bool,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, concierge, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -45,6 +48,7 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
         autostart_cron: row.try_get("autostart_cron")?,
         autostart_prompt: row.try_get("autostart_prompt")?,
         archived: row.try_get("archived")?,
+        concierge: row.try_get("concierge")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -56,8 +60,8 @@ impl Store {
         agent: &NewAgent,
     ) -> Result<AgentRow, StoreError> {
         let sql = format!(
-            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {AGENT_COLUMNS}"
+            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(AgentId::new().0)
@@ -67,6 +71,7 @@ impl Store {
             .bind(&agent.model)
             .bind(&agent.fallback_models)
             .bind(&agent.runtime_profile)
+            .bind(agent.concierge)
             .fetch_one(&self.pool)
             .await?;
         Ok(agent_from_row(&row)?)

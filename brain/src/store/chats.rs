@@ -12,6 +12,8 @@ pub struct ChatRow {
     pub id: ChatId,
     pub agent_id: AgentId,
     pub summary: String,
+    /// The summary covers every message with `seq <= summary_through` (M1).
+    pub summary_through: i64,
     pub created_at: DateTime<Utc>,
 }
 
@@ -52,7 +54,7 @@ impl Store {
         let row = sqlx::query(
             "INSERT INTO chats (id, team_id, agent_id) \
              SELECT $1, team_id, id FROM agents WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
-             RETURNING id, agent_id, summary, created_at",
+             RETURNING id, agent_id, summary, summary_through, created_at",
         )
         .bind(ChatId::new().0)
         .bind(team.0)
@@ -64,6 +66,7 @@ impl Store {
             id: ChatId(row.try_get("id")?),
             agent_id: AgentId(row.try_get("agent_id")?),
             summary: row.try_get("summary")?,
+            summary_through: row.try_get("summary_through")?,
             created_at: row.try_get("created_at")?,
         })
     }
@@ -75,10 +78,10 @@ impl Store {
         chat: ChatId,
     ) -> Result<(ChatRow, AgentRow), StoreError> {
         let row = sqlx::query(
-            "SELECT c.id AS chat_id, c.summary, c.created_at AS chat_created_at, \
+            "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
-                    a.archived_at IS NOT NULL AS archived, a.created_at \
+                    a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at \
              FROM chats c JOIN agents a ON a.team_id = c.team_id AND a.id = c.agent_id \
              WHERE c.team_id = $1 AND c.id = $2",
         )
@@ -92,6 +95,7 @@ impl Store {
             id: ChatId(row.try_get("chat_id")?),
             agent_id: agent.id,
             summary: row.try_get("summary")?,
+            summary_through: row.try_get("summary_through")?,
             created_at: row.try_get("chat_created_at")?,
         };
         Ok((chat, agent))
@@ -135,5 +139,32 @@ impl Store {
         rows.iter()
             .map(|r| message_from_row(r).map_err(StoreError::from))
             .collect()
+    }
+}
+
+impl Store {
+    /// Folds messages up to `through` into the running summary, unless another writer
+    /// moved the summary since `expected_through` was read (then nothing changes and the
+    /// answer is `false`).
+    pub async fn advance_summary(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        expected_through: i64,
+        through: i64,
+        summary: &str,
+    ) -> Result<bool, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE chats SET summary = $4, summary_through = $5 \
+             WHERE team_id = $1 AND id = $2 AND summary_through = $3",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .bind(expected_through)
+        .bind(summary)
+        .bind(through)
+        .execute(&self.pool)
+        .await?;
+        Ok(updated.rows_affected() == 1)
     }
 }

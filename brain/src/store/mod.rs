@@ -7,9 +7,13 @@
 //! Architecture invariant: SQL lives in this module only; the rest of the brain sees typed
 //! rows and semantic errors.
 
+mod agent_admin;
 mod agents;
 mod chats;
+mod connectors;
+mod cron;
 mod memories;
+mod secrets;
 mod teams;
 mod turns;
 
@@ -22,6 +26,9 @@ use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, NewAgent};
 pub use chats::{ChatRow, MessageRow};
+pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
+pub use cron::Autostart;
+pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use teams::CreatedTeam;
 pub use turns::{AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus};
 
@@ -65,6 +72,8 @@ fn unique_violation(err: sqlx::Error, constraint: &str, label: &'static str) -> 
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: PgPool,
+    /// The key secrets are encrypted under; `None` when the server has none (B1).
+    secrets: Option<SecretsKey>,
 }
 
 impl Store {
@@ -77,11 +86,17 @@ impl Store {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            secrets: None,
+        })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            secrets: None,
+        }
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -112,11 +127,23 @@ pub async fn create_database_if_missing(url: &str) -> Result<bool, sqlx::Error> 
 }
 
 fn migrator() -> Migrator {
-    let migrations = [(
-        1,
-        "schema v1",
-        include_str!("../../../migrations/0001_schema_v1.sql"),
-    )]
+    let migrations = [
+        (
+            1,
+            "schema v1",
+            include_str!("../../../migrations/0001_schema_v1.sql"),
+        ),
+        (
+            2,
+            "connectors",
+            include_str!("../../../migrations/0002_connectors.sql"),
+        ),
+        (
+            3,
+            "concierge agents",
+            include_str!("../../../migrations/0003_concierge.sql"),
+        ),
+    ]
     .into_iter()
     .map(|(version, description, sql)| {
         Migration::new(

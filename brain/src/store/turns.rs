@@ -10,6 +10,8 @@ use super::{MessageRow, Store, StoreError, unique_violation};
 /// What a turn's intake writes in one transaction.
 #[derive(Debug)]
 pub struct NewTurn<'a> {
+    /// Chosen by the caller: the hold names the turn before the row exists.
+    pub id: TurnId,
     pub team: TeamId,
     pub agent: AgentId,
     pub chat: ChatId,
@@ -92,8 +94,8 @@ fn tokens(n: Option<u64>) -> Option<i64> {
 impl Store {
     /// Writes the turn (with its composition) and the user message. A reused client message
     /// id answers `Conflict("message_id")` and writes nothing.
-    pub async fn begin_turn(&self, turn: NewTurn<'_>) -> Result<(TurnId, MessageId), StoreError> {
-        let turn_id = TurnId::new();
+    pub async fn begin_turn(&self, turn: NewTurn<'_>) -> Result<MessageId, StoreError> {
+        let turn_id = turn.id;
         let message_id = MessageId::new();
         let mut tx = self.pool.begin().await?;
         sqlx::query(
@@ -122,7 +124,7 @@ impl Store {
         .await
         .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
         tx.commit().await?;
-        Ok((turn_id, message_id))
+        Ok(message_id)
     }
 
     /// The turn a client message id started, with its assistant message if any.
@@ -204,24 +206,53 @@ impl Store {
             .await?;
         }
         for usage in &end.usage {
-            sqlx::query(
-                "INSERT INTO billing_events \
-                   (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
-                 VALUES ($1, $2, $3, $4, $5, 'model_call', $6, $7, $8) \
-                 ON CONFLICT (event_key) DO NOTHING",
-            )
-            .bind(Uuid::now_v7())
-            .bind(team.0)
-            .bind(agent.0)
-            .bind(turn.0)
-            .bind(format!("turn:{turn}:model_call:{}", usage.call_index))
-            .bind(&usage.model)
-            .bind(tokens(usage.input_tokens))
-            .bind(tokens(usage.output_tokens))
-            .execute(&mut *tx)
-            .await?;
+            let key = format!("turn:{turn}:model_call:{}", usage.call_index);
+            insert_usage(&mut *tx, team, agent, turn, &key, usage).await?;
         }
         tx.commit().await?;
         Ok(())
     }
+}
+
+impl Store {
+    /// Records one model call made outside a turn's own loop (the summarizer), once per
+    /// `event_key`.
+    pub async fn record_usage(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        turn: TurnId,
+        event_key: &str,
+        usage: &ModelCallUsage,
+    ) -> Result<(), StoreError> {
+        insert_usage(&self.pool, team, agent, turn, event_key, usage).await
+    }
+}
+
+/// E1: a usage event lands once per `event_key`, however often the write is retried.
+async fn insert_usage<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    team: TeamId,
+    agent: AgentId,
+    turn: TurnId,
+    event_key: &str,
+    usage: &ModelCallUsage,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO billing_events \
+           (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
+         VALUES ($1, $2, $3, $4, $5, 'model_call', $6, $7, $8) \
+         ON CONFLICT (event_key) DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(team.0)
+    .bind(agent.0)
+    .bind(turn.0)
+    .bind(event_key)
+    .bind(&usage.model)
+    .bind(tokens(usage.input_tokens))
+    .bind(tokens(usage.output_tokens))
+    .execute(executor)
+    .await?;
+    Ok(())
 }

@@ -10,7 +10,10 @@
 //! it (brain tools are added first), and a later tool with a taken name is left out with a
 //! log line, so a connector can never shadow a built-in.
 
+pub mod agents;
+pub mod cron;
 mod memory;
+pub mod secrets;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -69,6 +72,12 @@ pub trait Tool: Send + Sync {
         ctx: &'a ToolCtx,
         arguments: serde_json::Value,
     ) -> BoxFuture<'a, ToolOutput>;
+    /// The call's input as it may be stored, streamed and sent back to the model in later
+    /// requests. A tool whose arguments carry a secret blanks it here (B1, X4:
+    /// `secret_set` replaces its `value`); the default keeps the input as it is.
+    fn redact_input(&self, input: serde_json::Value) -> serde_json::Value {
+        input
+    }
 }
 
 /// The JSON Schema of a parameter type, as providers expect it (an object schema).
@@ -96,11 +105,20 @@ pub struct Toolset {
 }
 
 impl Toolset {
-    /// The brain's own tools, offered to every agent.
-    pub fn brain() -> Self {
+    /// The brain's own tools, offered to every agent; a concierge agent also gets the
+    /// agent tools (create, archive, change prompt) for its team.
+    pub fn brain(concierge: bool) -> Self {
         let mut set = Self::default();
         for tool in memory::tools() {
             set.add(tool);
+        }
+        for tool in secrets::tools().into_iter().chain(cron::tools()) {
+            set.add(tool);
+        }
+        if concierge {
+            for tool in agents::tools() {
+                set.add(tool);
+            }
         }
         set
     }

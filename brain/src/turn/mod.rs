@@ -16,17 +16,20 @@
 //! task races every provider await against it and drops the provider stream, which aborts
 //! the HTTP request upstream.
 
+mod context;
 mod history;
 mod run;
 pub mod ui_stream;
 
 use protocol::ui::{FinishReason, TurnInfo, UiChunk};
-use protocol::{ChatId, ErrorCode, TeamId};
+use protocol::{ChatId, ErrorCode, TeamId, TurnId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::AppState;
+use crate::connectors;
 use crate::error::ApiError;
+use crate::hold::Acquired;
 use crate::provider::ModelRequest;
 use crate::store::{AgentRow, NewTurn, StoreError, TurnEnd, TurnRecord, TurnStatus};
 use crate::tools::Toolset;
@@ -83,8 +86,36 @@ pub async fn start(
     {
         return replay(existing);
     }
+    // An archived agent keeps its transcripts readable but runs no new turn.
+    if agent.archived {
+        return Err(ApiError::NotFound("agent"));
+    }
 
-    let toolset = Toolset::brain();
+    // T9: one turn per agent. Taken before anything is written, so a busy answer costs
+    // one Redis round trip and leaves no trace.
+    let turn_id = TurnId::new();
+    let hold = match state.holds.acquire(agent.id, turn_id).await {
+        Acquired::Held(guard) => Some(guard),
+        Acquired::Busy { running } => return Err(ApiError::AgentBusy(running)),
+        Acquired::Unavailable => None,
+    };
+
+    let cancel = state.turns_cancel.child_token();
+    // The turn's guard exists from here: a client that leaves while connectors start
+    // cancels their startup too.
+    let guard = cancel.clone().drop_guard();
+    let mut toolset = Toolset::brain(agent.concierge);
+    let (connector_tools, connector_status) = connectors::connector_tools(
+        &state.store,
+        &state.config.connectors,
+        team,
+        agent.id,
+        &cancel,
+    )
+    .await;
+    for tool in connector_tools {
+        toolset.add(tool);
+    }
     let specs = toolset.specs();
     let composition = Composition {
         version: 1,
@@ -97,7 +128,7 @@ pub async fn start(
         max_iterations: state.config.limits.max_iterations,
         max_writes: state.config.limits.max_writes,
         max_output_tokens: state.config.max_output_tokens,
-        summary_through: 0,
+        summary_through: chat_row.summary_through,
     };
     let composition_json = serde_json::to_value(&composition)
         .map_err(|e| ApiError::Internal(format!("composition: {e}")))?;
@@ -105,6 +136,7 @@ pub async fn start(
     let begun = state
         .store
         .begin_turn(NewTurn {
+            id: turn_id,
             team,
             agent: agent.id,
             chat,
@@ -114,8 +146,8 @@ pub async fn start(
             client_message_id: input.client_message_id.as_deref(),
         })
         .await;
-    let turn_id = match begun {
-        Ok((turn_id, _)) => turn_id,
+    match begun {
+        Ok(_) => {}
         // Two POSTs with one message id raced; the loser replays the winner's turn.
         Err(StoreError::Conflict("message_id")) => {
             let client_id = input.client_message_id.as_deref().unwrap_or_default();
@@ -157,7 +189,9 @@ pub async fn start(
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&agent.system_prompt, &chat_row.summary),
-        messages: model_messages(&history),
+        messages: model_messages(
+            &history[context::window_start(&history, state.config.context_tokens)..],
+        ),
         tools: specs,
         max_output_tokens: state.config.max_output_tokens,
     };
@@ -166,8 +200,18 @@ pub async fn start(
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
+    let fold = context::Fold {
+        store: state.store.clone(),
+        providers: state.providers.clone(),
+        team,
+        agent: agent.id,
+        chat,
+        turn: turn_id,
+        route: summary_route(&agent),
+        budget: state.config.context_tokens,
+        max_output_tokens: state.config.max_output_tokens,
+    };
 
-    let cancel = state.turns_cancel.child_token();
     let (tx, rx) = mpsc::channel(CHUNK_BUFFER);
     let (started_tx, started_rx) = oneshot::channel();
     let task = TurnTask {
@@ -183,10 +227,12 @@ pub async fn start(
         limits: state.config.limits,
         cancel: cancel.clone(),
         tx,
+        hold,
+        fold,
+        connector_status,
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
-    let guard = cancel.drop_guard();
     state.turn_tracker.spawn(task.run(started_tx));
     match started_rx.await {
         Ok(Ok(())) => Ok(UiBody::live(rx, guard)),
@@ -250,4 +296,9 @@ fn model_route(agent: &AgentRow) -> Vec<&str> {
     std::iter::once(agent.model.as_str())
         .chain(agent.fallback_models.iter().map(String::as_str))
         .collect()
+}
+
+/// The models that fold history into the summary: the agent's own route for now.
+fn summary_route(agent: &AgentRow) -> Vec<String> {
+    model_route(agent).into_iter().map(str::to_owned).collect()
 }

@@ -17,15 +17,17 @@ use std::collections::VecDeque;
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use protocol::ui::{FinishReason, Notice, TurnInfo, UiChunk};
+use protocol::ui::{ConnectorStatus, FinishReason, Notice, TurnInfo, UiChunk};
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::context::Fold;
 use super::history::{step_start, text_part, tool_part};
 use crate::config::Limits;
 use crate::error::ApiError;
+use crate::hold::HoldGuard;
 use crate::provider::{
     EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
     StopReason, ToolCall, ToolResult, Unavailable, Usage,
@@ -48,6 +50,12 @@ pub(super) struct TurnTask {
     pub limits: Limits,
     pub cancel: CancellationToken,
     pub tx: mpsc::Sender<UiChunk>,
+    /// Released at wrap-up (T7); `None` when Redis was unreachable at intake.
+    pub hold: Option<HoldGuard>,
+    /// Run in the background after an answer is stored, when history outgrew the budget.
+    pub fold: Fold,
+    /// Shown once at the start of the stream (B2).
+    pub connector_status: Vec<ConnectorStatus>,
 }
 
 /// A stream that produced its first output, with what came before it.
@@ -88,7 +96,7 @@ enum End {
 const CANCELLED_RESULT: &str = "cancelled: the turn was stopped before this tool call finished";
 
 impl TurnTask {
-    pub(super) async fn run(self, started: oneshot::Sender<Result<(), ApiError>>) {
+    pub(super) async fn run(mut self, started: oneshot::Sender<Result<(), ApiError>>) {
         let assistant_id = MessageId::new();
         let mut started = Some(started);
         let mut usage_log = Vec::new();
@@ -133,6 +141,12 @@ impl TurnTask {
                     transient: true,
                 })
                 .await;
+                for status in &self.connector_status {
+                    self.send(UiChunk::DataConnectorStatus {
+                        data: status.clone(),
+                    })
+                    .await;
+                }
             }
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
@@ -192,9 +206,23 @@ impl TurnTask {
             for (call, (input, output)) in step.calls.iter().zip(&results) {
                 parts.push(tool_part(call, input, output));
             }
+            // Later requests carry the calls as shown (redacted), not as the model wrote them.
+            let shown_calls = step
+                .calls
+                .iter()
+                .zip(&results)
+                .map(|(call, (input, _))| ToolCall {
+                    arguments: if input.is_string() {
+                        call.arguments.clone()
+                    } else {
+                        input.to_string()
+                    },
+                    ..call.clone()
+                })
+                .collect();
             conversation.push(Message::Assistant {
                 text: step.text,
-                tool_calls: step.calls.clone(),
+                tool_calls: shown_calls,
             });
             conversation.push(Message::ToolResults(
                 step.calls
@@ -223,18 +251,29 @@ impl TurnTask {
                 break End::Completed(FinishReason::Other);
             }
         };
-        self.finish(end, assistant_id, parts, usage_log).await;
+        let stored = self.finish(end, assistant_id, parts, usage_log).await;
+        self.release_hold().await;
+        if stored {
+            tokio::spawn(self.fold.run());
+        }
+    }
+
+    async fn release_hold(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            hold.release().await;
+        }
     }
 
     /// Persists the end state, then tells the client. Persisting first means a client
-    /// that saw `finish` finds the message stored.
+    /// that saw `finish` finds the message stored. Returns whether an assistant message
+    /// was stored (the history grew).
     async fn finish(
         &self,
         end: End,
         assistant_id: MessageId,
         parts: Vec<Value>,
         usage_log: Vec<ModelCallUsage>,
-    ) {
+    ) -> bool {
         let message = |complete| AssistantMessage {
             id: assistant_id,
             parts: Value::Array(parts.clone()),
@@ -242,35 +281,37 @@ impl TurnTask {
         };
         match end {
             End::Completed(reason) => {
-                if self
+                let stored = self
                     .persist(TurnStatus::Completed, None, Some(message(true)), usage_log)
-                    .await
-                {
-                    self.send(UiChunk::Finish {
-                        finish_reason: reason,
-                    })
                     .await;
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: reason,
+                    }
                 } else {
-                    self.send(UiChunk::error(
+                    UiChunk::error(
                         ErrorCode::StoreUnavailable,
                         "the answer could not be stored",
-                    ))
-                    .await;
-                }
+                    )
+                };
+                self.send(last).await;
+                stored
             }
             End::Interrupted => {
                 tracing::info!(turn = %self.turn, "turn cancelled");
-                self.persist(
-                    TurnStatus::Interrupted,
-                    None,
-                    Some(message(false)),
-                    usage_log,
-                )
-                .await;
+                let stored = self
+                    .persist(
+                        TurnStatus::Interrupted,
+                        None,
+                        Some(message(false)),
+                        usage_log,
+                    )
+                    .await;
                 self.send(UiChunk::Finish {
                     finish_reason: FinishReason::Interrupted,
                 })
                 .await;
+                stored
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
@@ -279,6 +320,7 @@ impl TurnTask {
                 let code = err.code();
                 let text = ApiError::Provider(err).public_message();
                 self.send(UiChunk::error(code, &text)).await;
+                false
             }
         }
     }
@@ -472,16 +514,7 @@ impl TurnTask {
         let mut reads = FuturesUnordered::new();
         let mut writes: VecDeque<(usize, BoxFuture<'_, ToolOutput>)> = VecDeque::new();
         for (index, call) in calls.iter().enumerate() {
-            let input: Result<Value, _> =
-                serde_json::from_str(if call.arguments.trim().is_empty() {
-                    "{}"
-                } else {
-                    &call.arguments
-                });
-            let input_shown = input
-                .as_ref()
-                .cloned()
-                .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+            let (input, input_shown) = self.parse_input(call);
             self.send(UiChunk::ToolInputAvailable {
                 tool_call_id: call.id.clone(),
                 tool_name: call.name.clone(),
@@ -549,6 +582,24 @@ impl TurnTask {
         (reported, cancelled)
     }
 
+    /// A call's arguments parsed, and as they may be shown, stored and sent back to the
+    /// model: redacted by the tool (B1: `secret_set` blanks its value), or the raw text
+    /// when it is not JSON.
+    fn parse_input(&self, call: &ToolCall) -> (Result<Value, serde_json::Error>, Value) {
+        let raw = if call.arguments.trim().is_empty() {
+            "{}"
+        } else {
+            &call.arguments
+        };
+        let parsed: Result<Value, _> = serde_json::from_str(raw);
+        let shown = match (&parsed, self.toolset.get(&call.name)) {
+            (Ok(value), Some(tool)) => tool.redact_input(value.clone()),
+            (Ok(value), None) => value.clone(),
+            (Err(_), _) => Value::String(call.arguments.clone()),
+        };
+        (parsed, shown)
+    }
+
     /// Shows refused calls (never run) to the client.
     async fn report(
         &self,
@@ -557,8 +608,7 @@ impl TurnTask {
     ) -> Vec<(Value, ToolOutput)> {
         let mut inputs = Vec::with_capacity(calls.len());
         for call in calls {
-            let input = serde_json::from_str(&call.arguments)
-                .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+            let (_, input) = self.parse_input(call);
             self.send(UiChunk::ToolInputAvailable {
                 tool_call_id: call.id.clone(),
                 tool_name: call.name.clone(),

@@ -105,7 +105,7 @@ impl TestApp {
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(config, store.clone(), redis);
+        let state = AppState::new(config, store.clone(), redis).unwrap();
         let shutdown = CancellationToken::new();
         tokio::spawn(brain::serve(listener, state, shutdown.clone()));
         let created = store.create_team("test team").await.unwrap();

@@ -1,0 +1,213 @@
+//! `POST /v1/connectors`, `GET /v1/connectors`, `DELETE /v1/connectors/{id}` (SPEC B2).
+//!
+//! A connector names an MCP server whose tools join the toolset of the team's turns: every
+//! agent's (no `agent_id`) or one agent's. Exactly one transport: `url` (streamable HTTP,
+//! `http` or `https`) or `command` (stdio: a program and its arguments, run by the brain;
+//! refused unless the operator set `BRAIN_CONNECTORS_ALLOW_STDIO=true`).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use protocol::AgentId;
+use serde::{Deserialize, Serialize};
+
+use super::{JsonBody, Team, parse_id};
+use crate::AppState;
+use crate::error::ApiError;
+use crate::store::{ConnectorRow, ConnectorTarget, NewConnector, StoreError};
+
+pub const MAX_CONNECTORS_PER_TEAM: i64 = 50;
+const MAX_NAME: usize = 32;
+const MAX_URL: usize = 2000;
+const MAX_ARGS: usize = 64;
+const MAX_ARG_BYTES: usize = 4096;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateConnector {
+    name: String,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    agent_id: Option<String>,
+}
+
+/// `^[a-z0-9_]{1,32}$`: the name prefixes the connector's tool names.
+pub fn valid_name(name: &str) -> bool {
+    (1..=MAX_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+impl CreateConnector {
+    fn validate(self, allow_stdio: bool) -> Result<NewConnector, ApiError> {
+        let invalid = |m: &str| Err(ApiError::InvalidRequest(m.to_owned()));
+        if !valid_name(&self.name) {
+            return invalid("name must match ^[a-z0-9_]{1,32}$");
+        }
+        let agent = match self.agent_id {
+            // An id that does not parse is as unknown as another team's (404).
+            Some(raw) => Some(parse_id::<AgentId>(&raw, "agent")?),
+            None => None,
+        };
+        let target = match (self.url, self.command) {
+            (Some(url), None) => ConnectorTarget::Http {
+                url: validate_url(&url)?,
+            },
+            (None, Some(command)) => {
+                if !allow_stdio {
+                    return invalid(
+                        "stdio connectors (command) are disabled on this server; use a url",
+                    );
+                }
+                if command.is_empty() || command.len() > MAX_ARGS {
+                    return invalid("command must have 1 to 64 entries (program, then arguments)");
+                }
+                if command[0].trim().is_empty() {
+                    return invalid("command must start with a program");
+                }
+                if command
+                    .iter()
+                    .any(|a| a.len() > MAX_ARG_BYTES || a.contains('\0'))
+                {
+                    return invalid("each command entry must have at most 4096 bytes and no NUL");
+                }
+                ConnectorTarget::Stdio { command }
+            }
+            _ => return invalid("give exactly one of url or command"),
+        };
+        Ok(NewConnector {
+            agent,
+            name: self.name,
+            target,
+        })
+    }
+}
+
+/// An absolute `http(s)` URL with a host and no credentials (secrets do not belong in a
+/// URL that the API echoes back).
+fn validate_url(raw: &str) -> Result<String, ApiError> {
+    let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
+    let raw = raw.trim();
+    if raw.len() > MAX_URL || raw.contains(char::is_whitespace) {
+        return Err(invalid(
+            "url must be at most 2000 characters, without spaces",
+        ));
+    }
+    let url = reqwest::Url::parse(raw).map_err(|_| invalid("url is not a valid URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("url must use http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("url must name a host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("url must not contain credentials"));
+    }
+    Ok(url.to_string())
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Team(team): Team,
+    JsonBody(body): JsonBody<CreateConnector>,
+) -> Result<(StatusCode, Json<ConnectorRow>), ApiError> {
+    let connector = body.validate(state.config.connectors.allow_stdio)?;
+    if let Some(agent) = connector.agent {
+        match state.store.agent(team, agent).await {
+            Ok(_) => {}
+            Err(StoreError::NotFound) => return Err(ApiError::NotFound("agent")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match state
+        .store
+        .create_connector(team, &connector, MAX_CONNECTORS_PER_TEAM)
+        .await
+    {
+        Ok(row) => {
+            tracing::info!(team = %team, connector = %row.id, "connector created");
+            Ok((StatusCode::CREATED, Json(row)))
+        }
+        Err(StoreError::Conflict("connector_name")) => Err(ApiError::Conflict(format!(
+            "a connector named `{}` already exists for this {}",
+            connector.name,
+            if connector.agent.is_some() {
+                "agent"
+            } else {
+                "team"
+            }
+        ))),
+        Err(StoreError::Conflict("connector_limit")) => Err(ApiError::InvalidRequest(format!(
+            "a team may have at most {MAX_CONNECTORS_PER_TEAM} connectors"
+        ))),
+        // The agent was deleted between the check and the insert.
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Serialize)]
+pub struct ConnectorList {
+    connectors: Vec<ConnectorRow>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Team(team): Team,
+) -> Result<Json<ConnectorList>, ApiError> {
+    let connectors = state.store.connectors(team).await?;
+    Ok(Json(ConnectorList { connectors }))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(connector_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let id = parse_id(&connector_id, "connector")?;
+    match state.store.delete_connector(team, id).await {
+        Ok(()) => {
+            tracing::info!(team = %team, connector = %id, "connector deleted");
+            Ok(StatusCode::NO_CONTENT)
+        }
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("connector")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "github", "my_tools_2", &"x".repeat(32)] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "GitHub", "my-tools", "a b", "é", &"x".repeat(33)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            validate_url(" http://127.0.0.1:3001/mcp ").unwrap(),
+            "http://127.0.0.1:3001/mcp"
+        );
+        assert!(validate_url("https://mcp.example.com").is_ok());
+        for bad in [
+            "ftp://x/",
+            "file:///etc/passwd",
+            "mcp.example.com",
+            "http://user:pw@x/",
+            "http://x/a b",
+        ] {
+            assert!(validate_url(bad).is_err(), "{bad}");
+        }
+    }
+}

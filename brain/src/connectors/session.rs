@@ -1,0 +1,133 @@
+//! One MCP client session with a connector's server, for one turn.
+
+use std::process::Stdio;
+
+use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::service::{ClientInitializeError, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
+use rmcp::{Peer, RoleClient, ServiceExt};
+use tokio_util::sync::CancellationToken;
+
+use super::ConnectorConfig;
+use crate::store::{ConnectorRow, ConnectorTarget};
+
+/// The variables a stdio child may see; everything else of the brain's environment (keys,
+/// database URL) stays out.
+const PASSED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+
+/// A running client session. Dropping it cancels the session's task, which closes the
+/// transport (ends the HTTP session, or stops the child process).
+pub(super) struct Session {
+    pub name: String,
+    client: RunningService<RoleClient, ClientConfig>,
+}
+
+impl Session {
+    pub fn peer(&self) -> &Peer<RoleClient> {
+        self.client.peer()
+    }
+
+    /// Connects, initializes and lists the tools within the startup timeout and `cancel`.
+    /// The error is a class for logs and the status (never a message from the server).
+    pub async fn start(
+        row: &ConnectorRow,
+        config: &ConnectorConfig,
+        cancel: &CancellationToken,
+    ) -> Result<(Self, Vec<rmcp::model::Tool>), &'static str> {
+        let started = async {
+            let client = connect(row, config).await?;
+            let tools = client
+                .peer()
+                .list_all_tools()
+                .await
+                .map_err(|_| "list_tools_failed")?;
+            Ok((
+                Self {
+                    name: row.name.clone(),
+                    client,
+                },
+                tools,
+            ))
+        };
+        // Dropping `started` on a timeout or a cancel drops the transport, which ends the
+        // connection or kills the child.
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err("cancelled"),
+            timed = tokio::time::timeout(config.startup_timeout, started) => match timed {
+                Ok(result) => result,
+                Err(_) => Err("timeout"),
+            },
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        tracing::debug!(connector = %self.name, "closing connector session");
+    }
+}
+
+fn client_info() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("agent-runtime-brain", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+async fn connect(
+    row: &ConnectorRow,
+    config: &ConnectorConfig,
+) -> Result<RunningService<RoleClient, ClientConfig>, &'static str> {
+    match &row.target {
+        ConnectorTarget::Http { url } => {
+            // rmcp's own reqwest client: no idle pooling, same-origin redirects only.
+            let transport = StreamableHttpClientTransport::from_config(
+                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
+            );
+            client_info().serve(transport).await.map_err(init_class)
+        }
+        ConnectorTarget::Stdio { command } => {
+            if !config.allow_stdio {
+                return Err("stdio_disabled");
+            }
+            let transport = spawn(command).map_err(|_| "spawn_failed")?;
+            client_info().serve(transport).await.map_err(init_class)
+        }
+    }
+}
+
+/// Starts `command` in a process group of its own (so stopping it also stops whatever it
+/// started) with a scrubbed environment and no stderr.
+fn spawn(command: &[String]) -> std::io::Result<TokioChildProcess> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("empty command"))?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env_clear();
+    for name in PASSED_ENV {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    let mut wrapped = CommandWrap::from(cmd);
+    wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
+    let (transport, _stderr) = TokioChildProcess::builder(wrapped)
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(transport)
+}
+
+fn init_class(err: ClientInitializeError) -> &'static str {
+    match err {
+        ClientInitializeError::TransportError { .. } => "unreachable",
+        ClientInitializeError::ConnectionClosed(_) => "connection_closed",
+        ClientInitializeError::JsonRpcError(_) => "initialize_rejected",
+        ClientInitializeError::Cancelled => "cancelled",
+        _ => "initialize_failed",
+    }
+}

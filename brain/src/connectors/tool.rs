@@ -1,0 +1,237 @@
+//! One MCP tool of a connector, as a [`Tool`] of the turn's toolset.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use rmcp::ServiceError;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents};
+use serde_json::Value;
+
+use super::session::Session;
+use crate::provider::ToolSpec;
+use crate::tools::{Tool, ToolCtx, ToolOutput};
+
+/// The longest description offered to the model.
+const MAX_DESCRIPTION: usize = 4096;
+/// The longest output handed to the model; the rest is cut with a note.
+const MAX_OUTPUT: usize = 100_000;
+
+pub(super) struct ConnectorTool {
+    /// Kept alive by every tool of the connector; the last one dropped closes it.
+    session: Arc<Session>,
+    spec: ToolSpec,
+    /// The tool's name on the MCP server.
+    remote_name: String,
+    writes: bool,
+    call_timeout: Duration,
+}
+
+impl ConnectorTool {
+    pub fn new(
+        session: Arc<Session>,
+        name: String,
+        remote: rmcp::model::Tool,
+        call_timeout: Duration,
+    ) -> Self {
+        let writes = remote
+            .annotations
+            .as_ref()
+            .is_none_or(|a| a.read_only_hint != Some(true));
+        let description = remote
+            .description
+            .as_deref()
+            .map(str::to_owned)
+            .or_else(|| remote.title.clone())
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or_else(|| format!("Tool `{}` of connector `{}`.", remote.name, session.name));
+        let mut input_schema = (*remote.input_schema).clone();
+        // Providers need the object schema only.
+        input_schema.remove("$schema");
+        input_schema
+            .entry("type")
+            .or_insert_with(|| Value::String("object".into()));
+        Self {
+            spec: ToolSpec {
+                name,
+                description: truncate(description, MAX_DESCRIPTION),
+                input_schema: Value::Object(input_schema),
+            },
+            remote_name: remote.name.into_owned(),
+            writes,
+            call_timeout,
+            session,
+        }
+    }
+}
+
+impl Tool for ConnectorTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    fn writes(&self) -> bool {
+        self.writes
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            let arguments = match arguments {
+                Value::Object(map) => map,
+                Value::Null => serde_json::Map::new(),
+                _ => return ToolOutput::error("arguments must be a JSON object"),
+            };
+            let connector = &self.session.name;
+            let params =
+                CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
+            // Whichever arm loses is dropped; dropping the request sends
+            // `notifications/cancelled` to the server.
+            let request = self.session.peer().call_tool(params);
+            tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => {
+                    ToolOutput::error("cancelled: the turn was stopped before this tool call finished")
+                }
+                () = tokio::time::sleep(self.call_timeout) => {
+                    tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = "timeout", "connector tool call failed");
+                    ToolOutput::error(format!(
+                        "the connector `{connector}` did not answer within {} ms; the call was cancelled",
+                        self.call_timeout.as_millis()
+                    ))
+                }
+                answered = request => match answered {
+                    Ok(result) => render(result),
+                    Err(err) => {
+                        tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = error_class(&err), "connector tool call failed");
+                        ToolOutput::error(error_text(connector, &err))
+                    }
+                },
+            }
+        }
+        .boxed()
+    }
+}
+
+fn error_class(err: &ServiceError) -> &'static str {
+    match err {
+        ServiceError::McpError(_) => "mcp_error",
+        ServiceError::TransportSend(_) | ServiceError::TransportClosed => "unreachable",
+        ServiceError::Timeout { .. } => "timeout",
+        ServiceError::Cancelled { .. } => "cancelled",
+        _ => "protocol",
+    }
+}
+
+/// What the model reads when the call itself failed.
+fn error_text(connector: &str, err: &ServiceError) -> String {
+    match err {
+        ServiceError::McpError(e) => {
+            format!(
+                "the connector `{connector}` refused the call: {}",
+                e.message
+            )
+        }
+        ServiceError::TransportSend(_) | ServiceError::TransportClosed => {
+            format!("the connector `{connector}` is unreachable (the connection was lost)")
+        }
+        ServiceError::Timeout { .. } => {
+            format!("the connector `{connector}` did not answer in time")
+        }
+        ServiceError::Cancelled { .. } => {
+            format!("the connector `{connector}` cancelled the call")
+        }
+        _ => format!("the connector `{connector}` gave an answer that is not a tool result"),
+    }
+}
+
+/// The tool result as text: text content as is, other content summarized by type.
+fn render(result: CallToolResult) -> ToolOutput {
+    let mut parts: Vec<String> = result.content.iter().map(describe).collect();
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    let text = truncate(parts.join("\n"), MAX_OUTPUT);
+    if result.is_error == Some(true) {
+        if text.is_empty() {
+            return ToolOutput::error("the tool reported an error without details");
+        }
+        return ToolOutput::error(text);
+    }
+    ToolOutput::ok(text)
+}
+
+fn describe(block: &ContentBlock) -> String {
+    match block {
+        ContentBlock::Text(t) => t.text.clone(),
+        ContentBlock::Image(i) => format!("[image content ({}) not shown]", i.mime_type),
+        ContentBlock::Audio(a) => format!("[audio content ({}) not shown]", a.mime_type),
+        ContentBlock::Resource(r) => match &r.resource {
+            ResourceContents::TextResourceContents { uri, text, .. } => {
+                format!("[resource {uri}]\n{text}")
+            }
+            ResourceContents::BlobResourceContents { uri, mime_type, .. } => format!(
+                "[binary resource {uri} ({}) not shown]",
+                mime_type.as_deref().unwrap_or("unknown type")
+            ),
+            _ => "[resource of an unknown kind not shown]".to_owned(),
+        },
+        ContentBlock::ResourceLink(r) => format!("[resource link: {} ({})]", r.name, r.uri),
+        _ => "[content of an unknown kind not shown]".to_owned(),
+    }
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary, saying so.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str("\n[… cut]");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_on_char_boundaries() {
+        assert_eq!(truncate("abc".into(), 10), "abc");
+        assert_eq!(truncate("ééé".into(), 3), "é\n[… cut]");
+    }
+
+    #[test]
+    fn renders_text_and_summarizes_the_rest() {
+        let result: CallToolResult = serde_json::from_value(serde_json::json!({
+            "content": [
+                {"type": "text", "text": "hello"},
+                {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+                {"type": "resource", "resource": {"uri": "file:///a.txt", "text": "inside"}}
+            ]
+        }))
+        .unwrap();
+        let out = render(result);
+        assert!(!out.is_error);
+        assert_eq!(
+            out.content,
+            "hello\n[image content (image/png) not shown]\n[resource file:///a.txt]\ninside"
+        );
+        let failed: CallToolResult = serde_json::from_value(
+            serde_json::json!({"content": [{"type": "text", "text": "bad zone"}], "isError": true}),
+        )
+        .unwrap();
+        assert_eq!(render(failed), ToolOutput::error("bad zone"));
+        let structured: CallToolResult = serde_json::from_value(
+            serde_json::json!({"content": [], "structuredContent": {"a": 1}}),
+        )
+        .unwrap();
+        assert_eq!(render(structured), ToolOutput::ok(r#"{"a":1}"#));
+    }
+}

@@ -1,0 +1,306 @@
+//! Per-agent secrets (SPEC B1), encrypted at rest with AES-256-GCM.
+//!
+//! The key comes from configuration (`BRAIN_SECRETS_KEY`) and never reaches the database.
+//! Every write draws a fresh random 96-bit nonce, and the ciphertext is bound to its
+//! (team, agent, name) as associated data, so a row copied to another agent or renamed
+//! no longer decrypts. Values never appear in logs, errors or `Debug` output (X4).
+
+use std::sync::Arc;
+
+use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Key, Nonce};
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, TeamId};
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+
+/// The key secrets are encrypted under. `Debug` never shows it.
+#[derive(Clone)]
+pub struct SecretsKey {
+    cipher: Arc<Aes256Gcm>,
+}
+
+impl std::fmt::Debug for SecretsKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretsKey(redacted)")
+    }
+}
+
+impl SecretsKey {
+    /// Parses 32 bytes written as 64 hex digits or as base64 (standard or URL-safe,
+    /// padded or not). The error describes the expected form, never the input.
+    pub fn parse(raw: &str) -> Result<Self, &'static str> {
+        const PROBLEM: &str = "must be 32 bytes, as 64 hex digits or base64";
+        let raw = raw.trim();
+        let bytes = if raw.len() == 64 && raw.bytes().all(|b| b.is_ascii_hexdigit()) {
+            hex_decode(raw)
+        } else {
+            let engines = [
+                &base64::engine::general_purpose::STANDARD,
+                &base64::engine::general_purpose::STANDARD_NO_PAD,
+                &base64::engine::general_purpose::URL_SAFE,
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            ];
+            engines.iter().find_map(|e| e.decode(raw).ok())
+        };
+        let bytes: [u8; 32] = bytes.and_then(|b| b.try_into().ok()).ok_or(PROBLEM)?;
+        Ok(Self {
+            cipher: Arc::new(Aes256Gcm::new(&Key::<Aes256Gcm>::from(bytes))),
+        })
+    }
+
+    /// Encrypts `value` for (team, agent, name): (nonce, ciphertext with tag).
+    fn seal(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        name: &str,
+        value: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), SecretsError> {
+        let nonce = Nonce::generate();
+        let aad = associated_data(team, agent, name);
+        let ciphertext = self
+            .cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: value,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| SecretsError::Crypto)?;
+        Ok((nonce.to_vec(), ciphertext))
+    }
+
+    /// Decrypts a stored value; fails on a wrong key, a wrong (team, agent, name), or a
+    /// tampered row.
+    fn open(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        name: &str,
+        nonce: &[u8],
+        ciphertext: &[u8],
+    ) -> Result<Vec<u8>, SecretsError> {
+        let nonce = Nonce::try_from(nonce).map_err(|_| SecretsError::Crypto)?;
+        let aad = associated_data(team, agent, name);
+        self.cipher
+            .decrypt(
+                &nonce,
+                Payload {
+                    msg: ciphertext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| SecretsError::Crypto)
+    }
+}
+
+/// team id (16 bytes) ‖ agent id (16 bytes) ‖ name: fixed-width ids keep it unambiguous.
+fn associated_data(team: TeamId, agent: AgentId, name: &str) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(32 + name.len());
+    aad.extend_from_slice(team.0.as_bytes());
+    aad.extend_from_slice(agent.0.as_bytes());
+    aad.extend_from_slice(name.as_bytes());
+    aad
+}
+
+fn hex_decode(raw: &str) -> Option<Vec<u8>> {
+    (0..raw.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(raw.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Why a secret operation failed. No variant carries a value.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretsError {
+    /// `BRAIN_SECRETS_KEY` is not set on this server.
+    #[error("secrets are not configured on this server")]
+    NotConfigured,
+    /// The agent already holds the maximum number of secrets.
+    #[error("too many secrets")]
+    TooMany,
+    /// Encryption failed, or a stored value does not decrypt under this key.
+    #[error("secret cannot be decrypted")]
+    Crypto,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for SecretsError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(StoreError::Database(e))
+    }
+}
+
+impl SecretsError {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::NotConfigured => "not_configured",
+            Self::TooMany => "too_many",
+            Self::Crypto => "crypto",
+            Self::Store(e) => e.metric_label(),
+        }
+    }
+}
+
+/// A stored secret as anyone but its injector may see it: no value.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// The store with the key secrets are encrypted under (`None`: secrets are off).
+    pub fn with_secrets_key(mut self, key: Option<SecretsKey>) -> Self {
+        self.secrets = key;
+        self
+    }
+
+    pub fn secrets_configured(&self) -> bool {
+        self.secrets.is_some()
+    }
+
+    /// Stores `value` under `name` for the agent, replacing an older value of that name.
+    /// A new name beyond `max_per_agent` is refused with `TooMany`.
+    pub async fn set_secret(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        name: &str,
+        value: &str,
+        max_per_agent: i64,
+    ) -> Result<(), SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        let (nonce, ciphertext) = key.seal(team, agent, name, value.as_bytes())?;
+        // The insert selects from agents so that another team's agent id finds nothing,
+        // and counts so that a new name past the limit inserts nothing.
+        let written = sqlx::query(
+            "INSERT INTO secrets (id, team_id, agent_id, name, nonce, ciphertext) \
+             SELECT $1, a.team_id, a.id, $4, $5, $6 FROM agents a \
+             WHERE a.team_id = $2 AND a.id = $3 \
+               AND ((SELECT count(*) FROM secrets s WHERE s.team_id = $2 AND s.agent_id = $3) < $7 \
+                    OR EXISTS (SELECT 1 FROM secrets s \
+                               WHERE s.team_id = $2 AND s.agent_id = $3 AND s.name = $4)) \
+             ON CONFLICT (agent_id, name) DO UPDATE \
+               SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, updated_at = now() \
+               WHERE secrets.team_id = EXCLUDED.team_id",
+        )
+        .bind(Uuid::now_v7())
+        .bind(team.0)
+        .bind(agent.0)
+        .bind(name)
+        .bind(&nonce)
+        .bind(&ciphertext)
+        .bind(max_per_agent)
+        .execute(&self.pool)
+        .await?;
+        if written.rows_affected() == 1 {
+            return Ok(());
+        }
+        let agent_exists: Option<(i32,)> =
+            sqlx::query_as("SELECT 1 FROM agents WHERE team_id = $1 AND id = $2")
+                .bind(team.0)
+                .bind(agent.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        Err(match agent_exists {
+            Some(_) => SecretsError::TooMany,
+            None => SecretsError::Store(StoreError::NotFound),
+        })
+    }
+
+    /// The agent's secret names, without values, by name.
+    pub async fn list_secrets(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+    ) -> Result<Vec<SecretInfo>, StoreError> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT name, updated_at FROM secrets WHERE team_id = $1 AND agent_id = $2 ORDER BY name",
+        )
+        .bind(team.0)
+        .bind(agent.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, updated_at)| SecretInfo { name, updated_at })
+            .collect())
+    }
+
+    /// The decrypted value of one secret.
+    ///
+    /// **Who may call this:** only code that injects secrets into a tool's execution (the
+    /// worker channel, connector credentials), never the model path: no tool result, log
+    /// line, error or stream chunk may carry what this returns (SPEC B1, X4).
+    pub async fn secret_value(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        name: &str,
+    ) -> Result<String, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        let (nonce, ciphertext): (Vec<u8>, Vec<u8>) = sqlx::query_as(
+            "SELECT nonce, ciphertext FROM secrets WHERE team_id = $1 AND agent_id = $2 AND name = $3",
+        )
+        .bind(team.0)
+        .bind(agent.0)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let plain = key.open(team, agent, name, &nonce, &ciphertext)?;
+        String::from_utf8(plain).map_err(|_| SecretsError::Crypto)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn keys_parse_from_hex_and_base64_only_at_32_bytes() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+        assert!(SecretsKey::parse(HEX).is_ok());
+        assert!(SecretsKey::parse(&HEX.to_uppercase()).is_ok());
+        assert!(SecretsKey::parse(&b64).is_ok());
+        assert!(SecretsKey::parse(b64.trim_end_matches('=')).is_ok());
+        assert!(SecretsKey::parse(&HEX[..62]).is_err());
+        let short = base64::engine::general_purpose::STANDARD.encode([7u8; 16]);
+        assert!(SecretsKey::parse(&short).is_err());
+        assert!(SecretsKey::parse("not a key at all").is_err());
+        assert_eq!(
+            format!("{:?}", SecretsKey::parse(HEX).unwrap()),
+            "SecretsKey(redacted)"
+        );
+    }
+
+    #[test]
+    fn sealing_binds_the_owner_and_uses_a_fresh_nonce() {
+        let key = SecretsKey::parse(HEX).unwrap();
+        let (team, agent) = (TeamId::new(), AgentId::new());
+        let (n1, c1) = key.seal(team, agent, "TOKEN", b"hunter2").unwrap();
+        let (n2, c2) = key.seal(team, agent, "TOKEN", b"hunter2").unwrap();
+        assert_eq!(n1.len(), 12);
+        assert_ne!(n1, n2);
+        assert_ne!(c1, c2);
+        assert_eq!(
+            key.open(team, agent, "TOKEN", &n1, &c1).unwrap(),
+            b"hunter2"
+        );
+        assert!(key.open(team, agent, "OTHER", &n1, &c1).is_err());
+        assert!(key.open(team, AgentId::new(), "TOKEN", &n1, &c1).is_err());
+        assert!(key.open(TeamId::new(), agent, "TOKEN", &n1, &c1).is_err());
+        let other = SecretsKey::parse(&"ab".repeat(32)).unwrap();
+        assert!(other.open(team, agent, "TOKEN", &n1, &c1).is_err());
+    }
+}

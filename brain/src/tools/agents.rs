@@ -1,0 +1,207 @@
+//! `agent_create` / `agent_archive` / `agent_set_prompt`: a concierge agent manages its
+//! team's agents (SPEC B1). Offered only to agents created with `"concierge": true`.
+//!
+//! Every call is scoped to the turn's team: another team's agent id is answered exactly
+//! like an unknown one ("no such agent"). Fields are checked by the same code as
+//! `POST /v1/agents`.
+
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use protocol::AgentId;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
+use crate::api::{validate_new_agent, validate_system_prompt};
+use crate::provider::ToolSpec;
+use crate::store::StoreError;
+
+const NO_SUCH_AGENT: &str = "no such agent";
+
+pub fn tools() -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(AgentCreate),
+        Arc::new(AgentArchive),
+        Arc::new(AgentSetPrompt),
+    ]
+}
+
+/// Arguments of `agent_create`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CreateArgs {
+    /// A short name for the new agent (1 to 200 characters).
+    name: String,
+    /// The new agent's system prompt.
+    system_prompt: String,
+    /// Its model, as provider/model: e.g. "openai/gpt-4.1" or "anthropic/claude-sonnet-4".
+    model: String,
+    /// Models tried in order when the primary fails (at most 5).
+    #[serde(default)]
+    fallback_models: Vec<String>,
+    /// What hands it gets: none, light, browser, heavy or warm (default none).
+    #[serde(default)]
+    runtime_profile: Option<String>,
+}
+
+struct AgentCreate;
+
+impl Tool for AgentCreate {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "agent_create".into(),
+            description: "Create a new agent in this team; answers its id.".into(),
+            input_schema: schema_of::<CreateArgs>(),
+        }
+    }
+
+    fn writes(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            let args: CreateArgs = match parse_args(arguments) {
+                Ok(args) => args,
+                Err(e) => return e,
+            };
+            // A concierge creates ordinary agents; only the API makes concierges.
+            let new = match validate_new_agent(
+                args.name,
+                args.system_prompt,
+                args.model,
+                args.fallback_models,
+                args.runtime_profile,
+                false,
+            ) {
+                Ok(new) => new,
+                Err(problem) => return ToolOutput::error(problem),
+            };
+            match ctx.store.create_agent(ctx.team, &new).await {
+                Ok(row) => {
+                    tracing::info!(team = %ctx.team, agent = %row.id, by = %ctx.agent, "agent created by tool");
+                    ToolOutput::ok(json!({"agent_id": row.id, "name": row.name}).to_string())
+                }
+                Err(e) => store_failure(ctx, "agent_create", &e),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Arguments of `agent_archive`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ArchiveArgs {
+    /// The id of the agent to archive (not your own).
+    agent_id: String,
+}
+
+struct AgentArchive;
+
+impl Tool for AgentArchive {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "agent_archive".into(),
+            description: "Archive an agent of this team: it can no longer be chatted with. \
+                          An agent cannot archive itself."
+                .into(),
+            input_schema: schema_of::<ArchiveArgs>(),
+        }
+    }
+
+    fn writes(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            let args: ArchiveArgs = match parse_args(arguments) {
+                Ok(args) => args,
+                Err(e) => return e,
+            };
+            let Ok(id) = args.agent_id.trim().parse::<AgentId>() else {
+                return ToolOutput::error(NO_SUCH_AGENT);
+            };
+            if id == ctx.agent {
+                return ToolOutput::error("an agent cannot archive itself");
+            }
+            match ctx.store.archive_agent(ctx.team, id).await {
+                Ok(()) => {
+                    tracing::info!(team = %ctx.team, agent = %id, by = %ctx.agent, "agent archived by tool");
+                    ToolOutput::ok(format!("archived agent {id}"))
+                }
+                Err(e) => store_failure(ctx, "agent_archive", &e),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Arguments of `agent_set_prompt`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SetPromptArgs {
+    /// The id of the agent to change.
+    agent_id: String,
+    /// Its new system prompt, used from its next turn on.
+    system_prompt: String,
+}
+
+struct AgentSetPrompt;
+
+impl Tool for AgentSetPrompt {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "agent_set_prompt".into(),
+            description: "Replace the system prompt of an agent of this team (takes effect \
+                          from its next turn)."
+                .into(),
+            input_schema: schema_of::<SetPromptArgs>(),
+        }
+    }
+
+    fn writes(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            let args: SetPromptArgs = match parse_args(arguments) {
+                Ok(args) => args,
+                Err(e) => return e,
+            };
+            let Ok(id) = args.agent_id.trim().parse::<AgentId>() else {
+                return ToolOutput::error(NO_SUCH_AGENT);
+            };
+            if let Err(problem) = validate_system_prompt(&args.system_prompt) {
+                return ToolOutput::error(problem);
+            }
+            match ctx
+                .store
+                .set_agent_prompt(ctx.team, id, &args.system_prompt)
+                .await
+            {
+                Ok(()) => ToolOutput::ok(format!("system prompt of agent {id} replaced")),
+                // Unknown, another team's, or archived: tell the last apart for the model.
+                Err(StoreError::NotFound) => match ctx.store.agent(ctx.team, id).await {
+                    Ok(row) if row.archived => ToolOutput::error(format!("agent {id} is archived")),
+                    _ => ToolOutput::error(NO_SUCH_AGENT),
+                },
+                Err(e) => store_failure(ctx, "agent_set_prompt", &e),
+            }
+        }
+        .boxed()
+    }
+}
+
+fn store_failure(ctx: &ToolCtx, tool: &'static str, e: &StoreError) -> ToolOutput {
+    if matches!(e, StoreError::NotFound) {
+        return ToolOutput::error(NO_SUCH_AGENT);
+    }
+    tracing::warn!(turn = %ctx.turn, tool, class = e.metric_label(), "agent tool failed");
+    ToolOutput::error("agents are unavailable right now")
+}

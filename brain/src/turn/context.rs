@@ -1,0 +1,256 @@
+//! Short memory (SPEC M1): what history a model call sees, and folding the rest into the
+//! chat's running summary.
+//!
+//! Each request carries the system prompt, the running summary and the newest messages
+//! that fit `BRAIN_CONTEXT_TOKENS`. At wrap-up, when the unsummarized history has outgrown
+//! that budget, the older messages are folded into the summary by the summary route in a
+//! background task, so the answer never waits for it. The summary records the sequence
+//! number it covers and only ever advances over messages it actually summarized: nothing
+//! is dropped without being summarized. Until the fold lands, a request may leave out
+//! messages that are neither in its window nor yet in the summary (a short, documented
+//! gap; a failed fold is retried at the next wrap-up).
+
+use futures_util::StreamExt;
+use protocol::{AgentId, ChatId, TeamId, TurnId};
+
+use super::history::model_messages;
+use crate::provider::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
+use crate::store::{MessageRow, ModelCallUsage, Store};
+
+/// A rough token count: providers bill about four characters per token of English, and
+/// the budget only needs to be in the right range.
+fn estimate_tokens(row: &MessageRow) -> usize {
+    row.parts.to_string().len() / 4 + 4
+}
+
+/// The index of the first message of the window: the newest messages that fit `budget`
+/// (always at least the newest one), starting at a user message because providers refuse
+/// a conversation that opens with the assistant.
+pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
+    let mut used = 0;
+    let mut start = history.len();
+    for (index, row) in history.iter().enumerate().rev() {
+        let tokens = estimate_tokens(row);
+        if used + tokens > budget && start < history.len() {
+            break;
+        }
+        used += tokens;
+        start = index;
+    }
+    let fitted = start;
+    while start < history.len() && history[start].role != "user" {
+        start += 1;
+    }
+    if start == history.len() {
+        // Nothing from a user message on fits (an answer longer than the budget): keep the
+        // exchange it belongs to rather than an empty window.
+        start = history[..fitted]
+            .iter()
+            .rposition(|m| m.role == "user")
+            .unwrap_or(fitted);
+    }
+    start
+}
+
+/// What a background fold needs; owned, so it outlives the turn.
+pub struct Fold {
+    pub store: Store,
+    pub providers: Providers,
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub turn: TurnId,
+    /// The summary model first, then fallbacks.
+    pub route: Vec<String>,
+    pub budget: usize,
+    pub max_output_tokens: u32,
+}
+
+const SUMMARY_INSTRUCTIONS: &str = "You keep the running summary of a conversation between a user and an \
+    AI agent. Merge the existing summary and the new messages into one concise summary in the third person. \
+    Keep facts, names, numbers, decisions, tool results that matter and open tasks; drop pleasantries. \
+    Answer with the summary only.";
+
+impl Fold {
+    /// Folds what no longer fits into the summary, if anything. Errors are logged; the
+    /// next wrap-up tries again.
+    pub async fn run(self) {
+        let chat = match self.store.chat_with_agent(self.team, self.chat).await {
+            Ok((chat, _)) => chat,
+            Err(err) => {
+                tracing::warn!(chat = %self.chat, class = err.metric_label(), "summary: could not read the chat");
+                return;
+            }
+        };
+        let history = match self
+            .store
+            .messages_after(self.team, self.chat, chat.summary_through)
+            .await
+        {
+            Ok(history) => history,
+            Err(err) => {
+                tracing::warn!(chat = %self.chat, class = err.metric_label(), "summary: could not read history");
+                return;
+            }
+        };
+        let start = window_start(&history, self.budget);
+        let Some(last_folded) = start.checked_sub(1).map(|i| history[i].seq) else {
+            return;
+        };
+        let transcript = transcript(&model_messages(&history[..start]));
+        let prompt = format!(
+            "Existing summary:\n{}\n\nNew messages:\n{transcript}",
+            if chat.summary.is_empty() {
+                "(none)"
+            } else {
+                &chat.summary
+            }
+        );
+        let Some((summary, usage)) = self.ask(prompt).await else {
+            return;
+        };
+        if let Some(usage) = usage
+            && let Err(err) = self
+                .store
+                .record_usage(
+                    self.team,
+                    self.agent,
+                    self.turn,
+                    &format!("turn:{}:summary", self.turn),
+                    &usage,
+                )
+                .await
+        {
+            tracing::warn!(turn = %self.turn, class = err.metric_label(), "summary: usage not recorded");
+        }
+        match self
+            .store
+            .advance_summary(
+                self.team,
+                self.chat,
+                chat.summary_through,
+                last_folded,
+                &summary,
+            )
+            .await
+        {
+            Ok(true) => tracing::info!(chat = %self.chat, folded = start, "summary advanced"),
+            Ok(false) => tracing::info!(chat = %self.chat, "summary moved meanwhile; fold dropped"),
+            Err(err) => {
+                tracing::warn!(chat = %self.chat, class = err.metric_label(), "summary not stored")
+            }
+        }
+    }
+
+    /// The summary route's answer to `prompt`, trying each model in order.
+    async fn ask(&self, prompt: String) -> Option<(String, Option<ModelCallUsage>)> {
+        for route in &self.route {
+            let Ok(parsed) = ModelRoute::parse(route) else {
+                continue;
+            };
+            let request = ModelRequest {
+                model: parsed.model.to_owned(),
+                system: SUMMARY_INSTRUCTIONS.to_owned(),
+                messages: vec![Message::User(prompt.clone())],
+                tools: Vec::new(),
+                max_output_tokens: self.max_output_tokens,
+            };
+            let mut stream = match self.providers.get(parsed.provider).stream(&request).await {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::info!(class = err.metric_label(), "summary: model route failed");
+                    continue;
+                }
+            };
+            let mut text = String::new();
+            let mut usage = Usage::default();
+            let mut finished = false;
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(ProviderEvent::TextDelta(delta)) => text.push_str(&delta),
+                    Ok(ProviderEvent::Usage(u)) => usage.merge(u),
+                    Ok(ProviderEvent::Finished(_)) => finished = true,
+                    Ok(_) => {}
+                    Err(err) => {
+                        tracing::info!(class = err.metric_label(), "summary: stream failed");
+                        break;
+                    }
+                }
+            }
+            let call = ModelCallUsage {
+                call_index: 0,
+                model: route.clone(),
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            };
+            if finished && !text.trim().is_empty() {
+                return Some((text.trim().to_owned(), Some(call)));
+            }
+        }
+        None
+    }
+}
+
+/// Messages as plain text for the summarizer.
+fn transcript(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for message in messages {
+        match message {
+            Message::User(text) => out.push_str(&format!("user: {text}\n")),
+            Message::Assistant { text, tool_calls } => {
+                if !text.is_empty() {
+                    out.push_str(&format!("assistant: {text}\n"));
+                }
+                for call in tool_calls {
+                    out.push_str(&format!(
+                        "assistant called {}({})\n",
+                        call.name, call.arguments
+                    ));
+                }
+            }
+            Message::ToolResults(results) => {
+                for result in results {
+                    let kind = if result.is_error { "error" } else { "result" };
+                    out.push_str(&format!("tool {kind}: {}\n", result.content));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::{MessageId, TurnId};
+    use serde_json::json;
+
+    fn row(seq: i64, role: &str, chars: usize) -> MessageRow {
+        MessageRow {
+            id: MessageId::new(),
+            seq,
+            turn_id: TurnId::new(),
+            role: role.into(),
+            parts: json!([{"type": "text", "text": "x".repeat(chars)}]),
+            status: "complete".into(),
+            client_message_id: None,
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn the_window_keeps_the_newest_that_fit_and_opens_with_a_user_message() {
+        let history: Vec<_> = (1..=6)
+            .map(|i| row(i, if i % 2 == 1 { "user" } else { "assistant" }, 400))
+            .collect();
+        // Each row is ~111 tokens: 250 fits two rows, the newest (assistant) and the user before it.
+        assert_eq!(window_start(&history, 250), 4);
+        // 350 fits three rows, but the third from the end is an assistant message.
+        assert_eq!(window_start(&history, 350), 4);
+        assert_eq!(window_start(&history, 100_000), 0);
+        // The newest message is kept even when it alone is over budget.
+        assert_eq!(window_start(&history[..5], 10), 4);
+        // An answer alone over budget keeps the question it answers.
+        assert_eq!(window_start(&history, 150), 4);
+    }
+}

@@ -1,0 +1,858 @@
+//! Connectors (SPEC B2): the API, and connector tools against real MCP servers installed by
+//! `scripts/test-deps.sh` into `tests/mcp/`: server-everything (npm, over stdio and
+//! streamable HTTP), mcp-server-time (PyPI, stdio) and `cancel_probe.py` (a small server on
+//! the Python SDK that records a cancelled call). A missing server fails the test.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use futures_util::StreamExt;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brain::config::ConnectorConfig;
+use brain::connectors::{ConnectorState, ConnectorStatus, connector_tools};
+use brain::store::{ConnectorTarget, NewConnector};
+use brain::tools::{Tool, ToolCtx, ToolOutput};
+use common::{TestApp, read_stream};
+use protocol::ui::UiChunk;
+use protocol::{AgentId, ChatId, TurnId};
+use scripted_provider::{Reply, ToolCall};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+// ---------------------------------------------------------------------------------------
+// The real servers.
+
+fn mcp_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/mcp")
+        .canonicalize()
+        .expect("tests/mcp exists")
+}
+
+fn installed(path: PathBuf) -> String {
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test-deps.sh",
+        path.display()
+    );
+    path.to_str().unwrap().to_owned()
+}
+
+fn everything_js() -> String {
+    installed(mcp_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
+}
+
+fn venv_python() -> String {
+    installed(mcp_dir().join(".venv/bin/python"))
+}
+
+fn everything_stdio() -> Vec<String> {
+    vec!["node".into(), everything_js(), "stdio".into()]
+}
+
+fn time_stdio() -> Vec<String> {
+    vec![venv_python(), "-m".into(), "mcp_server_time".into()]
+}
+
+fn cancel_probe() -> Vec<String> {
+    vec![venv_python(), installed(mcp_dir().join("cancel_probe.py"))]
+}
+
+/// server-everything in streamable HTTP mode on a port of its own; killed by pid on drop.
+struct HttpEverything {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpEverything {
+    fn start() -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("node")
+            .arg(everything_js())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("node runs (scripts/test-deps.sh installs it)");
+        let mut server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                server.child.try_wait().unwrap().is_none(),
+                "server-everything (streamableHttp) exited before listening"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "server-everything never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for HttpEverything {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers.
+
+fn config(startup_ms: u64, call_ms: u64) -> ConnectorConfig {
+    ConnectorConfig {
+        allow_stdio: true,
+        startup_timeout: Duration::from_millis(startup_ms),
+        call_timeout: Duration::from_millis(call_ms),
+    }
+}
+
+async fn stdio_app() -> TestApp {
+    TestApp::start_with(|c| c.connectors.allow_stdio = true).await
+}
+
+async fn new_agent(app: &TestApp) -> AgentId {
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    agent.parse().unwrap()
+}
+
+async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: ConnectorTarget) {
+    app.store
+        .create_connector(
+            app.team,
+            &NewConnector {
+                agent,
+                name: name.into(),
+                target,
+            },
+            50,
+        )
+        .await
+        .unwrap();
+}
+
+fn http(url: String) -> ConnectorTarget {
+    ConnectorTarget::Http { url }
+}
+
+fn stdio(command: Vec<String>) -> ConnectorTarget {
+    ConnectorTarget::Stdio { command }
+}
+
+fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
+    ToolCtx {
+        store: app.store.clone(),
+        team: app.team,
+        agent,
+        chat: ChatId::new(),
+        turn: TurnId::new(),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn find<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
+    let names: Vec<String> = tools.iter().map(|t| t.spec().name).collect();
+    tools
+        .iter()
+        .find(|t| t.spec().name == name)
+        .unwrap_or_else(|| panic!("no tool {name} among {names:?}"))
+}
+
+fn status<'a>(statuses: &'a [ConnectorStatus], name: &str) -> &'a ConnectorStatus {
+    statuses
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no status for {name}: {statuses:?}"))
+}
+
+async fn post(app: &TestApp, body: Value) -> (u16, Value) {
+    let response = app.post_json("/v1/connectors", &body).await;
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+async fn delete(app: &TestApp, id: &str) -> u16 {
+    app.auth(app.http.delete(format!("{}/v1/connectors/{id}", app.url)))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+async fn list(app: &TestApp) -> Vec<Value> {
+    let response = app.get("/v1/connectors").await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["connectors"].as_array().unwrap().clone()
+}
+
+// ---------------------------------------------------------------------------------------
+// The API.
+
+#[tokio::test]
+async fn create_list_and_delete() {
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+
+    let (status, team_wide) = post(
+        &app,
+        json!({"name": "search", "url": "https://mcp.example.com/mcp"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{team_wide}");
+    assert_eq!(team_wide["name"], "search");
+    assert_eq!(team_wide["transport"], "http");
+    assert_eq!(team_wide["url"], "https://mcp.example.com/mcp");
+    assert_eq!(team_wide["agent_id"], Value::Null);
+    assert!(team_wide.get("command").is_none());
+
+    let (status, local) = post(
+        &app,
+        json!({"name": "everything", "command": ["node", "server.js", "stdio"], "agent_id": agent.to_string()}),
+    )
+    .await;
+    assert_eq!(status, 201, "{local}");
+    assert_eq!(local["transport"], "stdio");
+    assert_eq!(local["command"], json!(["node", "server.js", "stdio"]));
+    assert_eq!(local["agent_id"], agent.to_string());
+
+    let listed = list(&app).await;
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["id"], team_wide["id"]);
+    assert_eq!(listed[1]["id"], local["id"]);
+
+    assert_eq!(delete(&app, team_wide["id"].as_str().unwrap()).await, 204);
+    assert_eq!(delete(&app, team_wide["id"].as_str().unwrap()).await, 404);
+    assert_eq!(delete(&app, "not-a-uuid").await, 404);
+    let listed = list(&app).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["name"], "everything");
+
+    // Another team sees none of it and cannot delete it.
+    let other = app.store.create_team("other").await.unwrap();
+    let response = app
+        .http
+        .get(format!("{}/v1/connectors", app.url))
+        .bearer_auth(&other.api_key)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["connectors"], json!([]));
+    let response = app
+        .http
+        .delete(format!(
+            "{}/v1/connectors/{}",
+            app.url,
+            local["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&other.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert_eq!(list(&app).await.len(), 1);
+
+    // Without a key: 401.
+    let response = app
+        .http
+        .get(format!("{}/v1/connectors", app.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+}
+
+#[tokio::test]
+async fn validation_codes() {
+    let app = TestApp::start().await; // stdio not allowed: the default
+    let agent = new_agent(&app).await;
+    let invalid = |(status, body): (u16, Value)| {
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+    };
+
+    for name in ["", "GitHub", "my-tools", "a b", &"x".repeat(33)] {
+        invalid(post(&app, json!({"name": name, "url": "http://127.0.0.1:1/mcp"})).await);
+    }
+    invalid(
+        post(
+            &app,
+            json!({"name": "both", "url": "http://127.0.0.1:1/mcp", "command": ["node"]}),
+        )
+        .await,
+    );
+    invalid(post(&app, json!({"name": "neither"})).await);
+    invalid(
+        post(
+            &app,
+            json!({"name": "x", "url": "http://127.0.0.1:1/mcp", "extra": 1}),
+        )
+        .await,
+    );
+    for url in [
+        "ftp://example.com/",
+        "file:///etc/passwd",
+        "example.com/mcp",
+        "http://u:p@example.com/",
+    ] {
+        invalid(post(&app, json!({"name": "x", "url": url})).await);
+    }
+    // stdio is refused unless the operator allows it.
+    let (status, body) = post(
+        &app,
+        json!({"name": "local", "command": ["node", "server.js"]}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["code"], "invalid_request");
+    assert!(body["error"]["message"].as_str().unwrap().contains("stdio"));
+    assert!(list(&app).await.is_empty());
+
+    // Another team's agent, or an id that is not one: 404.
+    let other = app.store.create_team("other").await.unwrap();
+    let response = app
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(&other.api_key)
+        .json(&json!({"name": "b", "system_prompt": "", "model": "openai/gpt-test"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let foreign: Value = response.json().await.unwrap();
+    for agent_id in [foreign["id"].as_str().unwrap(), "nope"] {
+        let (status, body) = post(
+            &app,
+            json!({"name": "x", "url": "http://127.0.0.1:1/mcp", "agent_id": agent_id}),
+        )
+        .await;
+        assert_eq!(status, 404, "{body}");
+        assert_eq!(body["error"]["code"], "not_found");
+    }
+
+    // A name is unique per scope: the team's, and each agent's.
+    let url = "http://127.0.0.1:1/mcp";
+    assert_eq!(post(&app, json!({"name": "dup", "url": url})).await.0, 201);
+    let (status, body) = post(&app, json!({"name": "dup", "url": url})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+    let scoped = json!({"name": "dup", "url": url, "agent_id": agent.to_string()});
+    assert_eq!(post(&app, scoped.clone()).await.0, 201);
+    let (status, body) = post(&app, scoped).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+    assert_eq!(list(&app).await.len(), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Connector tools against real servers.
+
+#[tokio::test]
+async fn server_everything_over_stdio() {
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+    let pid_file = std::env::temp_dir().join(format!("brain-mcp-{}.pid", uuid::Uuid::new_v4()));
+    // The shell writes its pid, then becomes the server (same pid).
+    let script = format!(
+        "echo $$ > '{}'; exec node '{}' stdio",
+        pid_file.display(),
+        everything_js()
+    );
+    add(
+        &app,
+        Some(agent),
+        "everything",
+        stdio(vec!["sh".into(), "-c".into(), script]),
+    )
+    .await;
+    // Shadowed by the agent's own connector of the same name: never contacted.
+    add(
+        &app,
+        None,
+        "everything",
+        http(format!("http://127.0.0.1:{}/mcp", free_port())),
+    )
+    .await;
+
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(30_000, 30_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(statuses.len(), 1, "{statuses:?}");
+    let ready = status(&statuses, "everything");
+    assert_eq!(ready.state, ConnectorState::Ready, "{statuses:?}");
+    assert_eq!(ready.tools, tools.len());
+    assert!(tools.len() >= 5, "{}", tools.len());
+    for tool in &tools {
+        let name = tool.spec().name;
+        assert!(name.starts_with("everything_"), "{name}");
+        assert!(
+            name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        );
+    }
+
+    let echo = find(&tools, "everything_echo");
+    assert!(!echo.writes(), "echo is annotated readOnlyHint");
+    let spec = echo.spec();
+    assert_eq!(spec.input_schema["type"], "object");
+    assert!(
+        spec.input_schema["properties"]["message"].is_object(),
+        "{}",
+        spec.input_schema
+    );
+    let ctx = ctx(&app, agent);
+    assert_eq!(
+        echo.call(&ctx, json!({"message": "hello"})).await,
+        ToolOutput::ok("Echo: hello")
+    );
+    let sum = find(&tools, "everything_get-sum");
+    let out = sum.call(&ctx, json!({"a": 2, "b": 3})).await;
+    assert!(!out.is_error && out.content.contains('5'), "{out:?}");
+    // Non-text content is summarized by type.
+    let image = find(&tools, "everything_get-tiny-image");
+    let out = image.call(&ctx, json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(
+        out.content
+            .contains("[image content (image/png) not shown]"),
+        "{out:?}"
+    );
+    assert!(
+        !out.content.contains("iVBOR"),
+        "no base64 reaches the model"
+    );
+    // Bad arguments come back as an error output, not a failure.
+    let out = echo.call(&ctx, json!({"message": 42})).await;
+    assert!(out.is_error, "{out:?}");
+    let out = echo.call(&ctx, json!("not an object")).await;
+    assert!(out.is_error, "{out:?}");
+    // A tool not annotated read-only writes.
+    assert!(find(&tools, "everything_toggle-simulated-logging").writes());
+
+    // The session ends with its last tool: the child process goes away.
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = std::fs::remove_file(&pid_file);
+    assert!(alive(pid), "the server runs while its tools live");
+    drop(tools);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the stdio server outlived its tools"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Running (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test]
+async fn server_everything_over_streamable_http() {
+    let server = HttpEverything::start();
+    let app = TestApp::start().await;
+    let agent = new_agent(&app).await;
+    let (status, body) = post(&app, json!({"name": "remote", "url": server.url()})).await;
+    assert_eq!(status, 201, "{body}");
+
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(30_000, 30_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&statuses, "remote"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    let echo = find(&tools, "remote_echo");
+    let ctx = ctx(&app, agent);
+    assert_eq!(
+        echo.call(&ctx, json!({"message": "over http"})).await,
+        ToolOutput::ok("Echo: over http")
+    );
+    // Concurrent calls share the session.
+    let calls = (0..5).map(|i| {
+        let echo = echo.clone();
+        let ctx = ctx.clone();
+        async move { echo.call(&ctx, json!({"message": format!("n{i}")})).await }
+    });
+    let outs = futures_util::future::join_all(calls).await;
+    for (i, out) in outs.iter().enumerate() {
+        assert_eq!(out, &ToolOutput::ok(format!("Echo: n{i}")));
+    }
+    drop(tools);
+    drop(server);
+}
+
+fn status_of(statuses: &[ConnectorStatus], name: &str) -> ConnectorState {
+    status(statuses, name).state
+}
+
+#[tokio::test]
+async fn mcp_server_time_over_stdio() {
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+    add(&app, None, "time", stdio(time_stdio())).await;
+
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(30_000, 30_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&statuses, "time"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    assert_eq!(status(&statuses, "time").tools, 2);
+    let now = find(&tools, "time_get_current_time");
+    assert!(!now.writes());
+    let ctx = ctx(&app, agent);
+    let out = now.call(&ctx, json!({"timezone": "UTC"})).await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(out.content.contains("UTC"), "{out:?}");
+    let year = chrono::Utc::now().format("%Y-").to_string();
+    assert!(out.content.contains(&year), "{out:?}");
+    // The server's own refusal is an error output the model can read.
+    let out = now
+        .call(&ctx, json!({"timezone": "Mars/Olympus_Mons"}))
+        .await;
+    assert!(out.is_error, "{out:?}");
+}
+
+#[tokio::test]
+async fn down_connectors_are_reported_and_the_rest_still_work() {
+    let server = HttpEverything::start();
+    let app = TestApp::start().await;
+    let agent = new_agent(&app).await;
+
+    // A listener that accepts and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}/mcp", silent.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    add(
+        &app,
+        None,
+        "dead",
+        http(format!("http://127.0.0.1:{}/mcp", free_port())),
+    )
+    .await;
+    add(&app, None, "silent", http(silent_url)).await;
+    add(&app, None, "remote", http(server.url())).await;
+    // Stored while allowed; the operator has since turned stdio off.
+    add(&app, Some(agent), "local", stdio(everything_stdio())).await;
+
+    let mut cfg = config(500, 30_000);
+    cfg.allow_stdio = false;
+    let started = Instant::now();
+    let (tools, statuses) =
+        connector_tools(&app.store, &cfg, app.team, agent, &CancellationToken::new()).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+
+    assert_eq!(statuses.len(), 4, "{statuses:?}");
+    let dead = status(&statuses, "dead");
+    assert_eq!(dead.state, ConnectorState::Down);
+    assert_eq!(dead.tools, 0);
+    assert_eq!(dead.error.as_deref(), Some("unreachable"), "{dead:?}");
+    let silent = status(&statuses, "silent");
+    assert_eq!(silent.state, ConnectorState::Down);
+    assert_eq!(silent.error.as_deref(), Some("timeout"));
+    let local = status(&statuses, "local");
+    assert_eq!(local.state, ConnectorState::Down);
+    assert_eq!(local.error.as_deref(), Some("stdio_disabled"));
+    let remote = status(&statuses, "remote");
+    assert_eq!(remote.state, ConnectorState::Ready, "{statuses:?}");
+    assert_eq!(remote.tools, tools.len());
+    assert!(tools.iter().all(|t| t.spec().name.starts_with("remote_")));
+    let out = find(&tools, "remote_echo")
+        .call(&ctx(&app, agent), json!({"message": "still here"}))
+        .await;
+    assert_eq!(out, ToolOutput::ok("Echo: still here"));
+
+    // The wire form the turn reports.
+    assert_eq!(
+        serde_json::to_value(silent).unwrap(),
+        json!({"name": "silent", "state": "down", "tools": 0, "error": "timeout"})
+    );
+
+    // A turn cancelled during startup does not wait for the connectors.
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let started = Instant::now();
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(10_000, 30_000),
+        app.team,
+        agent,
+        &cancel,
+    )
+    .await;
+    assert!(tools.is_empty());
+    assert!(
+        statuses
+            .iter()
+            .all(|s| s.error.as_deref() == Some("cancelled")),
+        "{statuses:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    drop(server);
+}
+
+/// Waits until `marker` says the server saw the cancellation.
+async fn saw_cancel(marker: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::fs::read_to_string(marker).is_ok_and(|s| s == "cancelled") {
+            let _ = std::fs::remove_file(marker);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never saw notifications/cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn call_timeout_and_cancellation_reach_the_server() {
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+    add(&app, None, "probe", stdio(cancel_probe())).await;
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(30_000, 700),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&statuses, "probe"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    let wait = find(&tools, "probe_wait");
+    assert!(wait.writes(), "no readOnlyHint: counted as a write");
+
+    // It answers when it is quick.
+    let ctx = ctx(&app, agent);
+    let marker = std::env::temp_dir().join(format!("brain-cancel-{}", uuid::Uuid::new_v4()));
+    let out = wait
+        .call(
+            &ctx,
+            json!({"marker": marker.to_str().unwrap(), "seconds": 0.01}),
+        )
+        .await;
+    assert_eq!(out, ToolOutput::ok("done"));
+
+    // The call timeout gives the model an error and cancels the request on the server.
+    let started = Instant::now();
+    let out = wait
+        .call(&ctx, json!({"marker": marker.to_str().unwrap()}))
+        .await;
+    assert!(out.is_error, "{out:?}");
+    assert!(
+        out.content.contains("did not answer within 700 ms"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    saw_cancel(&marker).await;
+
+    // The turn's cancellation does the same, at once.
+    let cancelled = ctx.cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cancelled.cancel();
+    });
+    let started = Instant::now();
+    let out = wait
+        .call(&ctx, json!({"marker": marker.to_str().unwrap()}))
+        .await;
+    assert!(
+        out.is_error && out.content.starts_with("cancelled"),
+        "{out:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+    saw_cancel(&marker).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// End to end: a turn offers and calls a connector tool. Needs the turn to merge
+// `connector_tools` into its toolset.
+
+#[tokio::test]
+async fn turn_calls_a_stdio_connector_tool() {
+    let app = stdio_app().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (status, body) = post(
+        &app,
+        json!({"name": "everything", "command": everything_stdio(), "agent_id": agent}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_1".into(),
+            name: "everything_echo".into(),
+            arguments: json!({"message": "from the turn"}).to_string(),
+        }],
+        fragment: 7,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Done.".into()],
+        delay: Duration::from_millis(1),
+    });
+    let (chunks, done) =
+        read_stream(app.send(&chat, &json!({"content": "echo something"})).await).await;
+    assert!(done);
+    let offered = app.provider.requests()[0].body.to_string();
+    assert!(
+        offered.contains("everything_echo"),
+        "the tool was offered: {offered}"
+    );
+    let output = chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolOutputAvailable {
+                tool_call_id,
+                output,
+            } if tool_call_id == "call_1" => Some(output.to_string()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no tool output in {chunks:?}"));
+    assert!(output.contains("Echo: from the turn"), "{output}");
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}
+
+/// SPEC T8 through a real connector: the client hangs up while `probe_wait` runs; the
+/// server sees the cancellation, the turn is stored as interrupted with a synthetic
+/// result, and the next turn's history has exactly one result per call.
+#[tokio::test]
+async fn a_cancel_mid_tool_leaves_a_valid_history() {
+    let app = stdio_app().await;
+    let (agent, chat) = app.agent_and_chat("anthropic/claude-test", &[]).await;
+    let (status, body) = post(
+        &app,
+        json!({"name": "probe", "command": cancel_probe(), "agent_id": agent}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let marker = std::env::temp_dir().join(format!("probe-{}", uuid::Uuid::new_v4()));
+    app.provider.push(Reply::ToolCalls {
+        text: Some("Waiting.".into()),
+        calls: vec![ToolCall {
+            id: "wait_1".into(),
+            name: "probe_wait".into(),
+            arguments: json!({"marker": marker.to_string_lossy(), "seconds": 30}).to_string(),
+        }],
+        fragment: 9,
+    });
+    let response = app.send(&chat, &json!({"content": "wait for it"})).await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("tool-input-available") {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    // The tool is running on the server now; hang up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(body);
+
+    let mut cancelled = false;
+    for _ in 0..100 {
+        if std::fs::read_to_string(&marker).is_ok_and(|m| m == "cancelled") {
+            cancelled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cancelled, "the connector saw notifications/cancelled");
+    assert_eq!(app.settled().await, vec![("interrupted".to_owned(), None)]);
+    let messages = app.messages(&chat).await;
+    let parts = messages[1]["parts"].as_array().unwrap();
+    let tool = parts
+        .iter()
+        .find(|p| p["type"] == "tool-probe_wait")
+        .unwrap();
+    assert_eq!(tool["state"], "output-error");
+    assert!(
+        tool["errorText"].as_str().unwrap().starts_with("cancelled"),
+        "{tool}"
+    );
+
+    app.provider.push(Reply::Text {
+        deltas: vec!["Next.".into()],
+        delay: Duration::from_millis(1),
+    });
+    read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert_eq!(app.provider.requests().len(), 2);
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+    let _ = std::fs::remove_file(marker);
+}
