@@ -33,6 +33,9 @@ pub enum ErrorCode {
     ProviderRejected,
     /// A store the turn needs (Postgres) failed; nothing was sent to a provider.
     StoreUnavailable,
+    /// The object storage that holds files and artifacts failed or refused the brain's
+    /// credentials; the details are in the server log.
+    StorageUnavailable,
     /// A bug or an unexpected failure; details are in the server log, never in the body.
     Internal,
 }
@@ -53,6 +56,7 @@ impl ErrorCode {
             Self::ProviderUnavailable => "provider_unavailable",
             Self::ProviderRejected => "provider_rejected",
             Self::StoreUnavailable => "store_unavailable",
+            Self::StorageUnavailable => "storage_unavailable",
             Self::Internal => "internal",
         }
     }
@@ -101,6 +105,7 @@ mod tests {
             ErrorCode::ProviderUnavailable,
             ErrorCode::ProviderRejected,
             ErrorCode::StoreUnavailable,
+            ErrorCode::StorageUnavailable,
             ErrorCode::Internal,
         ] {
             let wire = serde_json::to_value(code).unwrap();

@@ -1,0 +1,140 @@
+//! Session tokens: short-lived JWTs (HS256) that let one worker act as one session.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use protocol::channel::{SessionClaims, WORKER_AUDIENCE};
+use protocol::{AgentId, SessionId, TeamId};
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TokenError {
+    #[error("the signing key must have at least 32 bytes")]
+    WeakKey,
+    #[error("token expired")]
+    Expired,
+    #[error("token invalid")]
+    Invalid,
+}
+
+/// Mints and checks session tokens with one shared secret.
+#[derive(Clone)]
+pub struct TokenKeys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+}
+
+impl std::fmt::Debug for TokenKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKeys(..)")
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+impl TokenKeys {
+    pub fn new(secret: &[u8]) -> Result<Self, TokenError> {
+        if secret.len() < 32 {
+            return Err(TokenError::WeakKey);
+        }
+        Ok(Self {
+            encoding: EncodingKey::from_secret(secret).map_err(|_| TokenError::WeakKey)?,
+            decoding: DecodingKey::from_secret(secret).map_err(|_| TokenError::WeakKey)?,
+        })
+    }
+
+    /// A token for `session`, valid for `ttl`.
+    pub fn mint(
+        &self,
+        session: SessionId,
+        team: TeamId,
+        agent: AgentId,
+        ttl: Duration,
+    ) -> Result<String, TokenError> {
+        let iat = now_secs();
+        let claims = SessionClaims {
+            sub: session,
+            aud: WORKER_AUDIENCE.to_owned(),
+            team,
+            agent,
+            iat,
+            exp: iat + ttl.as_secs().max(1),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
+            .map_err(|_| TokenError::Invalid)
+    }
+
+    /// The claims of a valid, unexpired token minted for the worker channel.
+    pub fn verify(&self, token: &str) -> Result<SessionClaims, TokenError> {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_audience(&[WORKER_AUDIENCE]);
+        validation.leeway = 0;
+        validation.set_required_spec_claims(&["exp", "aud", "sub"]);
+        jsonwebtoken::decode::<SessionClaims>(token, &self.decoding, &validation)
+            .map(|data| data.claims)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
+                _ => TokenError::Invalid,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_token_names_exactly_its_session() {
+        let keys = TokenKeys::new(SECRET).unwrap();
+        let session = SessionId::new();
+        let token = keys
+            .mint(
+                session,
+                TeamId::new(),
+                AgentId::new(),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        let claims = keys.verify(&token).unwrap();
+        assert_eq!(claims.sub, session);
+        assert_eq!(claims.aud, WORKER_AUDIENCE);
+    }
+
+    #[test]
+    fn other_keys_expired_tokens_and_weak_keys_are_refused() {
+        let keys = TokenKeys::new(SECRET).unwrap();
+        let other = TokenKeys::new(b"another secret that is long enough!!").unwrap();
+        let token = keys
+            .mint(
+                SessionId::new(),
+                TeamId::new(),
+                AgentId::new(),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        assert_eq!(other.verify(&token), Err(TokenError::Invalid));
+        assert_eq!(keys.verify("not.a.jwt"), Err(TokenError::Invalid));
+        let claims = SessionClaims {
+            sub: SessionId::new(),
+            aud: WORKER_AUDIENCE.into(),
+            team: TeamId::new(),
+            agent: AgentId::new(),
+            iat: 1,
+            exp: 2,
+        };
+        let expired = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(keys.verify(&expired), Err(TokenError::Expired));
+        assert_eq!(TokenKeys::new(b"short").err(), Some(TokenError::WeakKey));
+    }
+}
