@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
 # brain's UI message stream, and the real MCP servers the connector tests talk to
-# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv).
+# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), and the
+# S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone).
 # Idempotent and offline-friendly once installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +38,16 @@ if [ ! -f tests/mcp/.venv/.installed ] \
   python3 -m venv tests/mcp/.venv
   tests/mcp/.venv/bin/pip install -q --disable-pip-version-check -r tests/mcp/requirements.txt
   touch tests/mcp/.venv/.installed
+fi
+
+# s3s-fs: a real S3-protocol server (checks SigV4 signatures) for brain/tests/artifacts.rs.
+# Cached outside the clone so CI's fresh clone reuses it. 0.15+ needs a newer rustc.
+tools_root=/var/tmp/agent-runtime-tools
+if [ ! -x "$tools_root/bin/s3s-fs" ]; then
+  echo "test-deps: cargo install s3s-fs@0.14.1 into $tools_root (about 3 min, once)"
+  build_dir="$(mktemp -d)"
+  trap 'rm -rf "$build_dir"' EXIT
+  # A target directory of its own: not the workspace's shared build cache.
+  cargo install --root "$tools_root" --target-dir "$build_dir" \
+    s3s-fs@0.14.1 --locked --features binary --quiet
 fi

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// A source of variables: the process environment, or a map in tests.
@@ -62,6 +63,129 @@ pub struct Config {
     /// Key secrets are encrypted under (`BRAIN_SECRETS_KEY`); unset, the secret tools
     /// answer that secrets are not configured (B1).
     pub secrets_key: Option<crate::store::SecretsKey>,
+    /// Where files and artifacts are kept (SPEC "object storage").
+    pub artifacts: ArtifactsConfig,
+    /// Worker sessions and their channel (SPEC W).
+    pub workers: WorkerConfig,
+}
+
+/// Worker sessions: the channel's timeouts and the session token key.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// Shared with the runtime-manager (`SESSION_TOKEN_KEY`); the development key when
+    /// unset.
+    pub token_key: Vec<u8>,
+    /// Whether `token_key` is the development key (logged as a warning at start).
+    pub dev_token_key: bool,
+    /// Lifetime of tokens the brain mints when renewing in-band.
+    pub token_ttl: Duration,
+    /// Upgrade to MCP `initialize` done (W6 `handshake_timeout`).
+    pub handshake_timeout: Duration,
+    /// `initialize` to `tools/list` answered (W6 `ready_timeout`).
+    pub ready_timeout: Duration,
+    /// Pings on a live channel (W3: every 10-15 s).
+    pub ping_interval: Duration,
+    /// Silence after which a live worker is `heartbeat_lost` (W6).
+    pub heartbeat_timeout: Duration,
+    /// How long a tool call waits for its session to become ready, launch included.
+    pub provision_timeout: Duration,
+    /// The provision queue's key prefix, shared with the runtime-manager
+    /// (`SESSION_QUEUE_NAMESPACE`; tests give each run its own).
+    pub queue_namespace: String,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("dev_token_key", &self.dev_token_key)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("ready_timeout", &self.ready_timeout)
+            .field("ping_interval", &self.ping_interval)
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("provision_timeout", &self.provision_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
+    let (token_key, dev_token_key) = match non_empty(env, "SESSION_TOKEN_KEY") {
+        Some(key) if key.len() >= 32 => (key.into_bytes(), false),
+        Some(_) => {
+            return Err(ConfigError {
+                name: "SESSION_TOKEN_KEY",
+                problem: "must have at least 32 bytes".into(),
+            });
+        }
+        None => (
+            channel::token::DEV_SESSION_TOKEN_KEY.as_bytes().to_vec(),
+            true,
+        ),
+    };
+    Ok(WorkerConfig {
+        token_key,
+        dev_token_key,
+        token_ttl: millis(env, "BRAIN_WORKER_TOKEN_TTL_MS", 10 * 60_000)?,
+        handshake_timeout: millis(env, "BRAIN_WORKER_HANDSHAKE_TIMEOUT_MS", 10_000)?,
+        ready_timeout: millis(env, "BRAIN_WORKER_READY_TIMEOUT_MS", 10_000)?,
+        ping_interval: millis(env, "BRAIN_WORKER_PING_INTERVAL_MS", 12_000)?,
+        heartbeat_timeout: millis(env, "BRAIN_WORKER_HEARTBEAT_TIMEOUT_MS", 30_000)?,
+        provision_timeout: millis(env, "BRAIN_WORKER_PROVISION_TIMEOUT_MS", 60_000)?,
+        queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
+            .unwrap_or_else(|| "agent-runtime".to_owned()),
+    })
+}
+
+/// The artifact store: its backend and the size limit of one artifact.
+#[derive(Clone, Debug)]
+pub struct ArtifactsConfig {
+    pub backend: ArtifactBackend,
+    /// The largest artifact `save_artifact` accepts (`BRAIN_ARTIFACT_MAX_BYTES`).
+    pub max_bytes: usize,
+}
+
+/// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
+#[derive(Clone, Debug)]
+pub enum ArtifactBackend {
+    /// Files under this directory (`BRAIN_ARTIFACTS_DIR`).
+    Local {
+        dir: PathBuf,
+    },
+    S3(S3Config),
+}
+
+/// An S3 bucket, on AWS or any S3-compatible server (MinIO, s3s).
+#[derive(Clone, Debug)]
+pub struct S3Config {
+    pub bucket: String,
+    /// `None`: AWS's own endpoint for the region.
+    pub endpoint: Option<String>,
+    pub region: String,
+    /// `http://host/bucket/key` instead of `http://bucket.host/key` (most S3-compatible
+    /// servers need it).
+    pub force_path_style: bool,
+    pub credentials: S3Credentials,
+}
+
+/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. `Debug` shows the key
+/// id only, so a logged configuration never carries the secret.
+#[derive(Clone)]
+pub struct S3Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
 }
 
 /// The turn's ceilings (SPEC T6).
@@ -140,6 +264,8 @@ impl Config {
                 call_timeout: millis(env, "BRAIN_CONNECTOR_CALL_TIMEOUT_MS", 300_000)?,
             },
             secrets_key: secrets_key(env)?,
+            artifacts: artifacts(env)?,
+            workers: workers(env)?,
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,
@@ -166,6 +292,90 @@ fn secrets_key(env: &dyn Env) -> Result<Option<crate::store::SecretsKey>, Config
             name: "BRAIN_SECRETS_KEY",
             problem: problem.into(),
         })
+}
+
+/// The artifact store's variables; the S3 ones are required only with `s3`.
+fn artifacts(env: &dyn Env) -> Result<ArtifactsConfig, ConfigError> {
+    let max_bytes = ranged(env, "BRAIN_ARTIFACT_MAX_BYTES", 25 << 20, 1, 1 << 30)?;
+    let backend = match non_empty(env, "BRAIN_ARTIFACTS_BACKEND").as_deref() {
+        None | Some("local") => ArtifactBackend::Local {
+            dir: PathBuf::from(
+                non_empty(env, "BRAIN_ARTIFACTS_DIR")
+                    .map(|d| d.trim().to_owned())
+                    .unwrap_or_else(|| "./.dev/artifacts".to_owned()),
+            ),
+        },
+        Some("s3") => ArtifactBackend::S3(s3_config(env)?),
+        Some(_) => {
+            return Err(ConfigError {
+                name: "BRAIN_ARTIFACTS_BACKEND",
+                problem: "must be local or s3".into(),
+            });
+        }
+    };
+    Ok(ArtifactsConfig { backend, max_bytes })
+}
+
+fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
+    let required = |name: &'static str| {
+        non_empty(env, name)
+            .map(|v| v.trim().to_owned())
+            .ok_or(ConfigError {
+                name,
+                problem: "must be set when BRAIN_ARTIFACTS_BACKEND=s3".into(),
+            })
+    };
+    let bucket = required("BRAIN_S3_BUCKET")?;
+    // S3's bucket naming rules, which also keep the name safe in a path or host name.
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !bucket_ok {
+        return Err(ConfigError {
+            name: "BRAIN_S3_BUCKET",
+            problem: "must be an S3 bucket name (3-63 of a-z, 0-9, '.', '-')".into(),
+        });
+    }
+    let endpoint = match non_empty(env, "BRAIN_S3_ENDPOINT") {
+        None => None,
+        Some(_) => {
+            let url = url_var(env, "BRAIN_S3_ENDPOINT", "")?;
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError {
+                    name: "BRAIN_S3_ENDPOINT",
+                    problem: "must be an http:// or https:// URL".into(),
+                });
+            }
+            Some(url)
+        }
+    };
+    let region = non_empty(env, "BRAIN_S3_REGION")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_else(|| "us-east-1".to_owned());
+    if region.len() > 64
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(ConfigError {
+            name: "BRAIN_S3_REGION",
+            problem: "must be a region name such as us-east-1".into(),
+        });
+    }
+    Ok(S3Config {
+        bucket,
+        endpoint,
+        region,
+        force_path_style: parse(env, "BRAIN_S3_FORCE_PATH_STYLE", "false")?,
+        credentials: S3Credentials {
+            access_key_id: required("AWS_ACCESS_KEY_ID")?,
+            secret_access_key: required("AWS_SECRET_ACCESS_KEY")?,
+            session_token: non_empty(env, "AWS_SESSION_TOKEN").map(|t| t.trim().to_owned()),
+        },
+    })
 }
 
 fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
@@ -255,6 +465,48 @@ mod tests {
         let err = Config::from_env(&env(&[("BRAIN_CONNECTORS_ALLOW_STDIO", "yes")])).unwrap_err();
         assert_eq!(err.name, "BRAIN_CONNECTORS_ALLOW_STDIO");
         assert!(config.secrets_key.is_none(), "no key is generated");
+    }
+
+    #[test]
+    fn artifact_backends() {
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.artifacts.max_bytes, 25 << 20);
+        assert!(matches!(
+            &config.artifacts.backend,
+            ArtifactBackend::Local { dir } if dir == &PathBuf::from("./.dev/artifacts")
+        ));
+        let s3 = [
+            ("BRAIN_ARTIFACTS_BACKEND", "s3"),
+            ("BRAIN_S3_BUCKET", "artifacts"),
+            ("BRAIN_S3_ENDPOINT", "http://127.0.0.1:9000/"),
+            ("BRAIN_S3_FORCE_PATH_STYLE", "true"),
+            ("AWS_ACCESS_KEY_ID", "AKID"),
+            ("AWS_SECRET_ACCESS_KEY", "very-secret-value"),
+        ];
+        let config = Config::from_env(&env(&s3)).unwrap();
+        let ArtifactBackend::S3(s3_config) = &config.artifacts.backend else {
+            panic!("expected s3");
+        };
+        assert_eq!(s3_config.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(s3_config.region, "us-east-1");
+        assert!(s3_config.force_path_style);
+        assert!(
+            !format!("{config:?}").contains("very-secret-value"),
+            "Debug never shows the secret key"
+        );
+        let without_secret: Vec<_> = s3
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "AWS_SECRET_ACCESS_KEY")
+            .collect();
+        let err = Config::from_env(&env(&without_secret)).unwrap_err();
+        assert_eq!(err.name, "AWS_SECRET_ACCESS_KEY");
+        let err = Config::from_env(&env(&[("BRAIN_ARTIFACTS_BACKEND", "gcs")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_ARTIFACTS_BACKEND");
+        let mut bad_bucket = s3.to_vec();
+        bad_bucket[1] = ("BRAIN_S3_BUCKET", "../etc");
+        let err = Config::from_env(&env(&bad_bucket)).unwrap_err();
+        assert_eq!(err.name, "BRAIN_S3_BUCKET");
     }
 
     #[test]

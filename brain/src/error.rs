@@ -8,6 +8,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
 
+use crate::artifacts::{ArtifactError, SaveError};
 use crate::provider::ProviderError;
 use crate::store::StoreError;
 
@@ -34,6 +35,9 @@ pub enum ApiError {
     Provider(#[from] ProviderError),
     #[error("store unavailable")]
     Store(#[source] StoreError),
+    /// The artifact store (local directory or S3) failed or refused the credentials.
+    #[error("object storage unavailable")]
+    Storage(#[source] ArtifactError),
     #[error("internal error")]
     Internal(String),
 }
@@ -43,6 +47,27 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::NotFound => Self::NotFound("resource"),
             other => Self::Store(other),
+        }
+    }
+}
+
+impl From<ArtifactError> for ApiError {
+    fn from(err: ArtifactError) -> Self {
+        match err {
+            ArtifactError::NotFound => Self::NotFound("artifact"),
+            other => Self::Storage(other),
+        }
+    }
+}
+
+impl From<SaveError> for ApiError {
+    fn from(err: SaveError) -> Self {
+        match err {
+            SaveError::TooLarge { limit } => Self::PayloadTooLarge(limit),
+            SaveError::Invalid(problem) => Self::InvalidRequest(problem.into()),
+            SaveError::Storage(e) => Self::Storage(e),
+            SaveError::Store(StoreError::NotFound) => Self::NotFound("agent, chat or turn"),
+            SaveError::Store(e) => Self::Store(e),
         }
     }
 }
@@ -60,6 +85,7 @@ impl ApiError {
             Self::AgentBusy(_) => ErrorCode::AgentBusy,
             Self::Provider(e) => e.code(),
             Self::Store(_) => ErrorCode::StoreUnavailable,
+            Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -75,9 +101,9 @@ impl ApiError {
                 StatusCode::CONFLICT
             }
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::ProviderUnavailable | ErrorCode::StoreUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ErrorCode::ProviderUnavailable
+            | ErrorCode::StoreUnavailable
+            | ErrorCode::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -89,6 +115,7 @@ impl ApiError {
             Self::Store(_) => {
                 "a store the request needs is unavailable; nothing was sent to a model".into()
             }
+            Self::Storage(_) => "the object storage that holds artifacts is unavailable".into(),
             Self::Internal(_) => "internal error".into(),
             Self::Provider(ProviderError::Unavailable(_)) => {
                 "the model provider is unavailable (outage, timeout or broken stream)".into()
@@ -112,6 +139,9 @@ impl IntoResponse for ApiError {
             match &self {
                 Self::Store(e) => {
                     tracing::error!(class = e.metric_label(), error = %e, "store failure")
+                }
+                Self::Storage(e) => {
+                    tracing::error!(class = e.metric_label(), error = %e, "object storage failure")
                 }
                 Self::Internal(detail) => tracing::error!(detail, "internal error"),
                 Self::Provider(e) => tracing::warn!(class = e.metric_label(), "provider failure"),

@@ -4,8 +4,10 @@
 //! - `api/`: the HTTP routes, authentication and request decoding;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
+//! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
 //! - `store/`: Postgres, the only place with SQL;
+//! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
@@ -13,6 +15,7 @@
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
 
 pub mod api;
+pub mod artifacts;
 pub mod config;
 pub mod connectors;
 pub mod demo;
@@ -20,21 +23,25 @@ pub mod error;
 pub mod hold;
 pub mod metrics;
 pub mod provider;
+pub mod sessions;
 pub mod store;
 pub mod tools;
 pub mod turn;
 
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use artifacts::ArtifactStore;
 use config::Config;
 use hold::{HoldConfig, Holds};
 use metrics::Metrics;
 use provider::anthropic::AnthropicProvider;
 use provider::openai::OpenAiProvider;
 use provider::{Endpoint, Providers};
+use sessions::Sessions;
 use store::Store;
 
 /// Shared by every request: cheap to clone, no global locks.
@@ -47,6 +54,11 @@ pub struct AppState {
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
     pub metrics: Metrics,
+    /// Where artifact bytes live (SPEC "object storage"): the backend the configuration
+    /// names, a local directory by default.
+    pub artifacts: Arc<dyn ArtifactStore>,
+    /// Worker sessions and the channels this replica holds (SPEC W).
+    pub sessions: Sessions,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
     /// Running turns, so shutdown can wait for them.
@@ -54,18 +66,26 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the state from configuration. Fails only if the metrics registry refuses
-    /// a registration (a programming error caught by every test).
-    pub fn new(
-        config: Config,
-        store: Store,
-        redis: redis::Client,
-    ) -> Result<Self, prometheus::Error> {
+    /// Builds the state from configuration. Fails only on a programming error caught by
+    /// every test (a metric registered twice) or a token key the configuration let pass.
+    pub fn new(config: Config, store: Store, redis: redis::Client) -> Result<Self, StateError> {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
         let metrics = Metrics::new()?;
         let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
+        let artifacts = artifacts::artifact_store_from(&config.artifacts);
+        if config.workers.dev_token_key {
+            tracing::warn!(
+                "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
+            );
+        }
+        let sessions = Sessions::new(
+            store.clone(),
+            config.redis_url.clone(),
+            config.workers.clone(),
+            metrics.clone(),
+        )?;
         Ok(Self {
             config: Arc::new(config),
             store,
@@ -73,10 +93,21 @@ impl AppState {
             providers,
             holds,
             metrics,
+            artifacts,
+            sessions,
             turns_cancel: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
         })
     }
+}
+
+/// Why the shared state could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("session token key: {0}")]
+    TokenKey(#[from] channel::token::TokenError),
 }
 
 /// Both adapters over one HTTP client (one connection pool per provider host).
@@ -130,6 +161,11 @@ pub async fn serve(
         }
     });
     let stop = shutdown.clone();
+    // Small frames (stream chunks, cancel notifications to workers) must not wait for
+    // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await?;

@@ -73,7 +73,8 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;
     tracing::info!(addr = %config.addr, "brain listening");
-    let state = brain::AppState::new(config.clone(), store, redis).context("building metrics")?;
+    let state =
+        brain::AppState::new(config.clone(), store, redis).context("building the shared state")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));
     brain::serve(listener, state, shutdown).await?;

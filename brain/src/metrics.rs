@@ -6,7 +6,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use prometheus::{IntCounter, Opts, Registry, TextEncoder};
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// Cheap to clone handle to the registry and its counters (`metrics.hold_unavailable.inc()`).
 #[derive(Clone)]
@@ -17,6 +17,8 @@ pub struct Counters {
     registry: Registry,
     /// Turns that ran without their per-agent hold because Redis was unreachable (T9).
     pub hold_unavailable: IntCounter,
+    /// Worker session failures by reason (SPEC W6).
+    pub worker_failures: IntCounterVec,
 }
 
 impl Metrics {
@@ -29,9 +31,18 @@ impl Metrics {
             "brain_hold_unavailable_total",
             "Turns that ran without the per-agent turn hold because Redis was unreachable or slow.",
         )?;
+        let worker_failures = IntCounterVec::new(
+            Opts::new(
+                "brain_worker_failures_total",
+                "Worker sessions that failed or were refused, by failure reason.",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(worker_failures.clone()))?;
         Ok(Self(Arc::new(Counters {
             registry,
             hold_unavailable,
+            worker_failures,
         })))
     }
 

@@ -165,6 +165,8 @@ fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
         agent,
         chat: ChatId::new(),
         turn: TurnId::new(),
+        call_id: "call".into(),
+        ui: None,
         cancel: CancellationToken::new(),
     }
 }

@@ -16,6 +16,9 @@ pub const CHANNEL_VERSION: u32 = 1;
 pub const CHANNEL_VERSION_HEADER: &str = "x-agent-channel-version";
 /// The `aud` of every session token: a token minted for anything else is refused.
 pub const WORKER_AUDIENCE: &str = "agent-runtime/worker-channel";
+/// The upgrade request header naming the session the worker believes it serves; a token
+/// for another session is `session_mismatch`.
+pub const SESSION_HEADER: &str = "x-agent-session-id";
 /// The path workers dial, under the brain's public URL.
 pub const CONNECT_PATH: &str = "/v1/worker/connect";
 

@@ -78,6 +78,14 @@ pub enum UiChunk {
     /// tools for this turn, and the turn went on (SPEC B2).
     #[serde(rename = "data-connector-status")]
     DataConnectorStatus { data: ConnectorStatus },
+    /// The worker session behind the turn's worker tools changed state (provisioning,
+    /// connecting, ready, failed).
+    #[serde(rename = "data-worker-status")]
+    DataWorkerStatus { data: WorkerStatus },
+    /// A line of output from a worker tool while it runs (SPEC W5). Transient: the final
+    /// tool output carries the whole (capped) text.
+    #[serde(rename = "data-worker-log")]
+    DataWorkerLog { data: WorkerLog, transient: bool },
     /// Something the user should know about the turn that is not an error, such as a
     /// ceiling that was hit (SPEC T6).
     #[serde(rename = "data-notice")]
@@ -95,6 +103,27 @@ pub struct ConnectorStatus {
     /// Why it is down: an error class such as `timeout` or `unreachable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// The payload of a `data-worker-status` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerStatus {
+    pub session_id: crate::SessionId,
+    pub state: crate::channel::SessionState,
+    /// The failure reason when `state` is `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The payload of a `data-worker-log` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkerLog {
+    pub tool_call_id: String,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    pub text: String,
 }
 
 /// Whether a connector's tools joined the turn.

@@ -1,18 +1,20 @@
-//! The runtime-manager: launches, tracks and reaps workers.
-//!
-//! This first version validates its configuration, proves it can reach Postgres (with the
-//! schema migrated) and Redis, and then waits for SIGTERM. The provision-queue consumer and
-//! the launchers join it with the worker issue; until then no worker is ever launched,
-//! which matches the brain offering no worker tools yet.
+//! The runtime-manager binary: configuration (exit 2 on a bad variable), tracing, and
+//! SIGTERM/Ctrl-C as the shutdown token; everything else is in the library.
 
-use std::time::Duration;
+use std::process::ExitCode;
 
-use anyhow::Context;
-const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/agent_runtime";
-const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+use runtime_manager::config::{Config, ProcessEnv};
+use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    let config = match Config::from_env(&ProcessEnv) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("runtime-manager: {e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RUNTIME_MANAGER_LOG")
@@ -20,43 +22,25 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let database_url = env_or("DATABASE_URL", DEFAULT_DATABASE_URL);
-    let redis_url = env_or("REDIS_URL", DEFAULT_REDIS_URL);
 
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(&database_url)
-        .await
-        .context("connecting to Postgres (DATABASE_URL)")?;
-    let (sessions,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM agent_runtime_sessions WHERE state NOT IN ('terminated', 'failed')",
-    )
-    .fetch_one(&pool)
-    .await
-    .context("reading agent_runtime_sessions (has `brain migrate` run?)")?;
-
-    let redis = redis::Client::open(redis_url.as_str()).context("REDIS_URL")?;
-    let mut conn = redis
-        .get_multiplexed_async_connection()
-        .await
-        .context("connecting to Redis (REDIS_URL)")?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut conn)
-        .await
-        .context("pinging Redis")?;
-
-    tracing::info!(live_sessions = sessions, "runtime-manager ready");
-    wait_for_signal().await;
-    tracing::info!("runtime-manager stopped");
-    Ok(())
-}
-
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| default.to_owned())
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    match runtime_manager::run(config, shutdown).await {
+        Ok(()) => {
+            tracing::info!("runtime-manager stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error_class = e.metric_label(), "runtime-manager failed");
+            eprintln!("runtime-manager: {}", e.metric_label());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// SIGTERM (Kubernetes) or Ctrl-C.

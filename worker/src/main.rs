@@ -1,17 +1,56 @@
-//! The worker: the binary inside a worker pod (or a local child process).
-//!
-//! It will dial the brain at `BRAIN_PUBLIC_URL` over WebSocket with its session token and
-//! serve MCP `tools/call` (shell, files, browser). That channel is built by the worker
-//! issue; this binary exists now so the workspace, images and launchers have their target.
-//! Run without the channel it refuses to start, saying so.
+//! The worker binary: configuration, logging, then [`worker::session::run`].
+//! See the library docs for the layout and `worker::exit` for the exit codes.
 
-fn main() -> std::process::ExitCode {
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use worker::config::{Config, ProcessEnv, WORKER_LOG};
+use worker::exit;
+
+fn main() -> ExitCode {
     if std::env::args().nth(1).as_deref() == Some("--version") {
         println!("worker {}", env!("CARGO_PKG_VERSION"));
-        return std::process::ExitCode::SUCCESS;
+        return ExitCode::SUCCESS;
     }
-    eprintln!(
-        "worker: the tool channel is not built yet (see docs/ARCHITECTURE.md); nothing to serve"
-    );
-    std::process::ExitCode::from(2)
+    let config = match Config::from_env(&ProcessEnv) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("worker: {err}");
+            return ExitCode::from(exit::CONFIG);
+        }
+    };
+    init_tracing();
+    // wss:// uses rustls; pin its crypto provider so a build that links two never panics.
+    #[cfg(feature = "tls")]
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("worker: cannot start the runtime: {err}");
+            return ExitCode::from(exit::CHANNEL_LOST);
+        }
+    };
+    let code = runtime.block_on(worker::session::run(config));
+    // Handler tasks may still be parked on a pipe; the process groups are already dead.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    ExitCode::from(code)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(WORKER_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // rmcp logs whole MCP messages (arguments, results, the renewed token) and tungstenite
+    // may log the upgrade request: capped whatever WORKER_LOG says (X4).
+    let filter = ["rmcp=error", "tungstenite=warn", "tokio_tungstenite=warn"]
+        .into_iter()
+        .filter_map(|directive| directive.parse().ok())
+        .fold(filter, |filter, directive| filter.add_directive(directive));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }

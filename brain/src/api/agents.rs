@@ -9,7 +9,7 @@ use super::{JsonBody, Team, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::provider::ModelRoute;
-use crate::store::{AgentRow, NewAgent, StoreError};
+use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -113,6 +113,26 @@ pub async fn get(
     let id = parse_id(&agent_id, "agent")?;
     match state.store.agent(team, id).await {
         Ok(row) => Ok(Json(row)),
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(serde::Serialize)]
+pub struct Sessions {
+    sessions: Vec<SessionRow>,
+}
+
+/// `GET /v1/agents/{id}/sessions`: the agent's worker sessions, newest first, with
+/// state and failure reason (SPEC W6).
+pub async fn sessions(
+    State(state): State<AppState>,
+    Team(team): Team,
+    Path(agent_id): Path<String>,
+) -> Result<Json<Sessions>, ApiError> {
+    let id = parse_id(&agent_id, "agent")?;
+    match state.store.agent_sessions(team, id).await {
+        Ok(sessions) => Ok(Json(Sessions { sessions })),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
         Err(e) => Err(e.into()),
     }

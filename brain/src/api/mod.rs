@@ -5,6 +5,7 @@
 //! `payload_too_large`; status codes themselves are chosen in `error.rs` only.
 
 mod agents;
+mod artifacts;
 mod chats;
 mod connectors;
 mod health;
@@ -30,6 +31,14 @@ pub fn router(state: AppState) -> Router {
         .route("/agents", post(agents::create))
         .route("/agents/{agent_id}", get(agents::get))
         .route("/agents/{agent_id}/chats", post(chats::create))
+        .route("/agents/{agent_id}/sessions", get(agents::sessions))
+        // Workers authenticate with their session token, not a team key.
+        .route(
+            protocol::channel::CONNECT_PATH.trim_start_matches("/v1"),
+            get(crate::sessions::connect),
+        )
+        .route("/artifacts/{artifact_id}", get(artifacts::download))
+        .route("/artifacts/{artifact_id}/meta", get(artifacts::meta))
         .route(
             "/connectors",
             get(connectors::list).post(connectors::create),

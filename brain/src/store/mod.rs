@@ -9,11 +9,13 @@
 
 mod agent_admin;
 mod agents;
+mod artifacts;
 mod chats;
 mod connectors;
 mod cron;
 mod memories;
 mod secrets;
+mod sessions;
 mod teams;
 mod turns;
 
@@ -25,10 +27,12 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, NewAgent};
+pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::Autostart;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
+pub use sessions::SessionRow;
 pub use teams::CreatedTeam;
 pub use turns::{AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus};
 
@@ -142,6 +146,11 @@ fn migrator() -> Migrator {
             3,
             "concierge agents",
             include_str!("../../../migrations/0003_concierge.sql"),
+        ),
+        (
+            4,
+            "artifacts",
+            include_str!("../../../migrations/0004_artifacts.sql"),
         ),
     ]
     .into_iter()

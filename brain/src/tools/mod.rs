@@ -19,9 +19,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::provider::ToolSpec;
@@ -35,6 +37,11 @@ pub struct ToolCtx {
     pub agent: AgentId,
     pub chat: ChatId,
     pub turn: TurnId,
+    /// The model's id for this call; live output is tagged with it.
+    pub call_id: String,
+    /// The turn's UI stream, for live output while the tool runs (SPEC W5); `None` when
+    /// no client is attached.
+    pub ui: Option<mpsc::Sender<UiChunk>>,
     /// A child of the turn's token: a cancelled turn cancels its running tools.
     pub cancel: CancellationToken,
 }

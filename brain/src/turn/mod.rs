@@ -113,6 +113,16 @@ pub async fn start(
         &cancel,
     )
     .await;
+    // Worker tools are declared by the profile before any worker exists (T4); brain
+    // tools keep their names, then the worker's, then connectors'.
+    for tool in crate::sessions::worker_tools(
+        &state.sessions,
+        &state.artifacts,
+        state.config.artifacts.max_bytes,
+        &agent.runtime_profile,
+    ) {
+        toolset.add(tool);
+    }
     for tool in connector_tools {
         toolset.add(tool);
     }

@@ -501,14 +501,20 @@ impl TurnTask {
         calls: &[ToolCall],
         writes_used: &mut u32,
     ) -> (Vec<(Value, ToolOutput)>, bool) {
-        let ctx = ToolCtx {
-            store: self.store.clone(),
-            team: self.team,
-            agent: self.agent,
-            chat: self.chat,
-            turn: self.turn,
-            cancel: self.cancel.child_token(),
-        };
+        let cancel = self.cancel.child_token();
+        let ctxs: Vec<ToolCtx> = calls
+            .iter()
+            .map(|call| ToolCtx {
+                store: self.store.clone(),
+                team: self.team,
+                agent: self.agent,
+                chat: self.chat,
+                turn: self.turn,
+                call_id: call.id.clone(),
+                ui: Some(self.tx.clone()),
+                cancel: cancel.clone(),
+            })
+            .collect();
         let mut inputs = Vec::with_capacity(calls.len());
         let mut outputs: Vec<Option<ToolOutput>> = vec![None; calls.len()];
         let mut reads = FuturesUnordered::new();
@@ -542,11 +548,14 @@ impl TurnTask {
                         )));
                     } else {
                         *writes_used += 1;
-                        writes.push_back((index, tool.call(&ctx, args)));
+                        writes.push_back((index, tool.call(&ctxs[index], args)));
                     }
                 }
                 (Some(tool), Ok(args)) => {
-                    reads.push(tool.call(&ctx, args).map(move |output| (index, output)));
+                    reads.push(
+                        tool.call(&ctxs[index], args)
+                            .map(move |output| (index, output)),
+                    );
                 }
             }
         }

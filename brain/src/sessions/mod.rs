@@ -1,0 +1,247 @@
+//! Worker sessions: hands on demand (SPEC W1-W7).
+//!
+//! - `tool.rs`: the worker tools of an agent's RuntimeProfile, offered before any worker
+//!   exists; the first call asks for a session and waits for it.
+//! - `connect.rs`: the endpoint workers dial, the MCP handshake, heartbeats.
+//! - `registry.rs`: the workers whose socket this replica holds.
+//!
+//! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
+//! is touched once per session, never per call (W1). The runtime-manager launches the
+//! worker and moves the row to `connecting`; this module moves it to `ready` or `failed`.
+//!
+//! Architecture invariant: a replica holds a worker's socket and nothing else about it;
+//! every state is in Postgres, so any replica can tell where a session stands.
+
+mod connect;
+mod registry;
+mod tool;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use channel::token::TokenKeys;
+use protocol::channel::{FailureReason, SessionState, SessionTask};
+use protocol::ui::{UiChunk, WorkerStatus};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
+use queue::SessionQueue;
+use tokio::sync::{OnceCell, mpsc};
+use tokio_util::sync::CancellationToken;
+
+pub use connect::connect;
+use registry::{LiveWorker, Registry};
+pub use tool::worker_tools;
+
+use crate::config::WorkerConfig;
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
+
+/// How often a waiting call looks at its session's row.
+const WAIT_POLL: Duration = Duration::from_millis(20);
+
+/// Why a worker tool could not get a worker; the model reads the message.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the worker failed to start: {0}")]
+    Failed(String),
+    #[error("the worker did not become ready in time")]
+    Timeout,
+    #[error("the provision queue is unavailable")]
+    Queue,
+    #[error("the session store is unavailable")]
+    Store(#[from] StoreError),
+    #[error("cancelled")]
+    Cancelled,
+    #[error("the worker is connected to another brain replica")]
+    Elsewhere,
+}
+
+/// Shared by every turn: cheap to clone.
+#[derive(Clone)]
+pub struct Sessions(Arc<Inner>);
+
+pub struct Inner {
+    store: Store,
+    redis_url: String,
+    config: WorkerConfig,
+    keys: TokenKeys,
+    registry: Registry,
+    queue: OnceCell<SessionQueue>,
+    metrics: Metrics,
+}
+
+impl std::ops::Deref for Sessions {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl Sessions {
+    pub fn new(
+        store: Store,
+        redis_url: String,
+        config: WorkerConfig,
+        metrics: Metrics,
+    ) -> Result<Self, channel::token::TokenError> {
+        let keys = TokenKeys::new(&config.token_key)?;
+        Ok(Self(Arc::new(Inner {
+            store,
+            redis_url,
+            config,
+            keys,
+            registry: Registry::default(),
+            queue: OnceCell::new(),
+            metrics,
+        })))
+    }
+
+    async fn queue(&self) -> Result<&SessionQueue, SessionError> {
+        self.queue
+            .get_or_try_init(|| async {
+                SessionQueue::connect_with_namespace(&self.redis_url, &self.config.queue_namespace)
+                    .await
+            })
+            .await
+            .map_err(|err| {
+                tracing::warn!(class = err.metric_label(), "provision queue unavailable");
+                SessionError::Queue
+            })
+    }
+
+    /// Records a failure on a live session (a no-op on one that already ended).
+    async fn fail(&self, session: SessionId, reason: FailureReason, detail: Option<&str>) {
+        self.metrics_refused(reason);
+        match self.store.fail_session(session, reason, detail).await {
+            Ok(true) => {
+                tracing::warn!(session = %session, reason = reason.as_str(), "worker session failed")
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(session = %session, class = err.metric_label(), "could not record a session failure")
+            }
+        }
+    }
+
+    fn metrics_refused(&self, reason: FailureReason) {
+        self.metrics
+            .worker_failures
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+
+    /// The live worker of (agent, chat), provisioning one if needed (W1, W2). Shows
+    /// each state change on `ui` as a `data-worker-status` part.
+    pub async fn ensure(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+        ui: Option<&mpsc::Sender<UiChunk>>,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<LiveWorker>, SessionError> {
+        let mut row = match self.store.live_session(team, agent, chat).await? {
+            Some(row) => row,
+            None => self.provision(team, agent, chat, profile).await?,
+        };
+        if let Some(worker) = self.registry.get(row.id) {
+            return Ok(worker);
+        }
+        let deadline = Instant::now() + self.config.provision_timeout;
+        let mut shown = None;
+        loop {
+            if shown != Some(row.state) {
+                shown = Some(row.state);
+                if let Some(ui) = ui {
+                    let _ = ui
+                        .send(UiChunk::DataWorkerStatus {
+                            data: WorkerStatus {
+                                session_id: row.id,
+                                state: row.state,
+                                reason: row.failure_reason.clone(),
+                            },
+                        })
+                        .await;
+                }
+            }
+            match row.state {
+                SessionState::Failed => {
+                    return Err(SessionError::Failed(
+                        row.failure_reason.unwrap_or_else(|| "unknown".into()),
+                    ));
+                }
+                SessionState::Terminating | SessionState::Terminated => {
+                    return Err(SessionError::Failed("the session ended".into()));
+                }
+                SessionState::Ready => {
+                    if let Some(worker) = self.registry.get(row.id) {
+                        return Ok(worker);
+                    }
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(if row.state == SessionState::Ready {
+                    SessionError::Elsewhere
+                } else {
+                    SessionError::Timeout
+                });
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return Err(SessionError::Cancelled),
+                () = tokio::time::sleep(WAIT_POLL) => {}
+            }
+            if let Some(worker) = self.registry.get(row.id) {
+                return Ok(worker);
+            }
+            row = self.store.session(row.id).await?;
+        }
+    }
+
+    /// Writes a `pending` session and queues its provision task (once per session).
+    async fn provision(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+    ) -> Result<crate::store::SessionRow, SessionError> {
+        let row = match self.store.create_session(team, agent, chat, profile).await {
+            Ok(row) => row,
+            // Another call of this chat won the race; its task is queued.
+            Err(StoreError::Conflict(_)) => {
+                return self
+                    .store
+                    .live_session(team, agent, chat)
+                    .await?
+                    .ok_or(SessionError::Failed("the session ended".into()));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let task = SessionTask::Provision {
+            session: row.id,
+            team,
+            agent,
+            chat,
+            profile: profile.to_owned(),
+        };
+        let pushed = match self.queue().await {
+            Ok(queue) => queue.push(task).await.map_err(|err| {
+                tracing::warn!(class = err.metric_label(), "provision task not queued");
+                SessionError::Queue
+            }),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = pushed {
+            self.fail(
+                row.id,
+                FailureReason::LaunchFailed,
+                Some("queue_unavailable"),
+            )
+            .await;
+            return Err(err);
+        }
+        tracing::info!(session = %row.id, profile, "provision task queued");
+        Ok(row)
+    }
+}

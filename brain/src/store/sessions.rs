@@ -1,0 +1,187 @@
+//! AgentRuntimeSession rows (SPEC W1, W2, W6): one live session per (agent, chat).
+//!
+//! State changes are compare-and-set on the current state, so the brain, the
+//! runtime-manager and a second brain replica never overwrite each other's transitions.
+
+use chrono::{DateTime, Utc};
+use protocol::channel::{FailureReason, SessionState};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
+use sqlx::Row;
+
+use super::{Store, StoreError, unique_violation};
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SessionRow {
+    pub id: SessionId,
+    pub agent_id: AgentId,
+    pub chat_id: ChatId,
+    pub profile: String,
+    pub state: SessionState,
+    pub failure_reason: Option<String>,
+    pub failure_detail: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub last_used_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, agent_id, chat_id, profile, state, failure_reason, failure_detail, \
+    created_at, updated_at, last_used_at";
+
+fn from_row(row: &sqlx::postgres::PgRow) -> Result<SessionRow, StoreError> {
+    let state: String = row.try_get("state")?;
+    Ok(SessionRow {
+        id: SessionId(row.try_get("id")?),
+        agent_id: AgentId(row.try_get("agent_id")?),
+        chat_id: ChatId(row.try_get("chat_id")?),
+        profile: row.try_get("profile")?,
+        state: SessionState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("session state {state}")))?,
+        failure_reason: row.try_get("failure_reason")?,
+        failure_detail: row.try_get("failure_detail")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        last_used_at: row.try_get("last_used_at")?,
+    })
+}
+
+/// The states from which a session is reused rather than replaced (W1).
+const LIVE: &str = "('pending', 'provisioning', 'connecting', 'ready')";
+
+impl Store {
+    /// The live session of (agent, chat), if any.
+    pub async fn live_session(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+    ) -> Result<Option<SessionRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM agent_runtime_sessions \
+             WHERE team_id = $1 AND agent_id = $2 AND chat_id = $3 AND state IN {LIVE}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(chat.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(from_row).transpose()
+    }
+
+    /// Writes a `pending` session; `Conflict("live_session")` when (agent, chat) already
+    /// has a live one (another call won the race and queued the provision task).
+    pub async fn create_session(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+    ) -> Result<SessionRow, StoreError> {
+        let sql = format!(
+            "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \
+             VALUES ($1, $2, $3, $4, $5, 'pending') RETURNING {COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(SessionId::new().0)
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(chat.0)
+            .bind(profile)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;
+        from_row(&row)
+    }
+
+    /// A session by id, whatever its team (the worker channel knows only the session).
+    pub async fn session(&self, id: SessionId) -> Result<SessionRow, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM agent_runtime_sessions WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        from_row(&row)
+    }
+
+    /// Moves a session from `from` to `to`; `false` when it was not in `from`.
+    pub async fn transition_session(
+        &self,
+        id: SessionId,
+        from: SessionState,
+        to: SessionState,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET state = $3, updated_at = now() \
+             WHERE id = $1 AND state = $2",
+        )
+        .bind(id.0)
+        .bind(from.as_str())
+        .bind(to.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Fails a live session with a reason (W6); `false` when it had already ended.
+    pub async fn fail_session(
+        &self,
+        id: SessionId,
+        reason: FailureReason,
+        detail: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE agent_runtime_sessions \
+             SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now() \
+             WHERE id = $1 AND state IN {LIVE}"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id.0)
+            .bind(reason.as_str())
+            .bind(detail)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A worker dialed in: the dial timeout (counted from `updated_at` while
+    /// `connecting`) stops running while its handshake proceeds.
+    pub async fn session_dialed(&self, id: SessionId) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE agent_runtime_sessions SET updated_at = now() \
+             WHERE id = $1 AND state = 'connecting'",
+        )
+        .bind(id.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records use, which pushes the idle teardown back (W7).
+    pub async fn touch_session(&self, id: SessionId) -> Result<(), StoreError> {
+        sqlx::query("UPDATE agent_runtime_sessions SET last_used_at = now() WHERE id = $1")
+            .bind(id.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// An agent's sessions, newest first. `NotFound` for another team's agent.
+    pub async fn agent_sessions(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+    ) -> Result<Vec<SessionRow>, StoreError> {
+        self.agent(team, agent).await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM agent_runtime_sessions \
+             WHERE team_id = $1 AND agent_id = $2 ORDER BY created_at DESC LIMIT 100"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(agent.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(from_row).collect()
+    }
+}

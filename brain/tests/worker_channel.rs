@@ -1,0 +1,219 @@
+//! The worker channel's refusals and failure reasons (SPEC W3, W6), each produced by a
+//! misbehaving client speaking real WebSocket (and, for the handshake, real JSON-RPC).
+//! The test plays the runtime-manager's part: it writes the session row as `connecting`
+//! and mints the session token.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
+use common::TestApp;
+use futures_util::{SinkExt, StreamExt};
+use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER};
+use protocol::{AgentId, ChatId, SessionId};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A session row in `state` for a fresh agent/chat of the app's team.
+async fn session(app: &TestApp, state: &str) -> (SessionId, AgentId) {
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let agent: AgentId = agent.parse().unwrap();
+    let chat: ChatId = chat.parse().unwrap();
+    let id = SessionId::new();
+    sqlx::query(
+        "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \
+         VALUES ($1, $2, $3, $4, 'light', $5)",
+    )
+    .bind(id.0)
+    .bind(app.team.0)
+    .bind(agent.0)
+    .bind(chat.0)
+    .bind(state)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    (id, agent)
+}
+
+fn token(app: &TestApp, session: SessionId, agent: AgentId) -> String {
+    TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
+        .unwrap()
+        .mint(session, app.team, agent, Duration::from_secs(60))
+        .unwrap()
+}
+
+async fn dial(app: &TestApp, token: &str, version: u32, named: SessionId) -> Ws {
+    let url = format!("{}/v1/worker/connect", app.url.replace("http://", "ws://"));
+    let mut request = url.into_client_request().unwrap();
+    let headers = request.headers_mut();
+    headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    headers.insert(CHANNEL_VERSION_HEADER, version.to_string().parse().unwrap());
+    headers.insert("x-agent-session-id", named.to_string().parse().unwrap());
+    let (ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert_eq!(response.status(), 101);
+    ws
+}
+
+/// The close frame the brain sends, and how long it took.
+async fn close_of(ws: &mut Ws) -> (u16, String) {
+    let deadline = Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout(deadline, ws.next())
+            .await
+            .expect("the brain never closed")
+        {
+            Some(Ok(Message::Close(Some(frame)))) => {
+                return (u16::from(frame.code), frame.reason.to_string());
+            }
+            Some(Ok(_)) => continue,
+            other => panic!("no close frame: {other:?}"),
+        }
+    }
+}
+
+async fn row(app: &TestApp, session: SessionId) -> (String, Option<String>) {
+    sqlx::query_as("SELECT state, failure_reason FROM agent_runtime_sessions WHERE id = $1")
+        .bind(session.0)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+}
+
+async fn metric(app: &TestApp, reason: &str) -> bool {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.contains(&format!(
+        "brain_worker_failures_total{{reason=\"{reason}\"}} 1"
+    ))
+}
+
+#[tokio::test]
+async fn a_bad_token_is_refused_before_the_upgrade() {
+    let app = TestApp::start().await;
+    let url = format!("{}/v1/worker/connect", app.url.replace("http://", "ws://"));
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer forged".parse().unwrap());
+    let err = tokio_tungstenite::connect_async(request).await.unwrap_err();
+    assert!(err.to_string().contains("401"), "{err}");
+}
+
+#[tokio::test]
+async fn another_channel_version_is_refused_at_once() {
+    let app = TestApp::start().await;
+    let (id, agent) = session(&app, "connecting").await;
+    let started = Instant::now();
+    let mut ws = dial(&app, &token(&app, id, agent), CHANNEL_VERSION + 1, id).await;
+    assert_eq!(close_of(&mut ws).await, (4001, "channel_version".into()));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once, never a hang"
+    );
+    assert_eq!(
+        row(&app, id).await,
+        ("failed".into(), Some("channel_version".into()))
+    );
+    assert!(metric(&app, "channel_version").await);
+}
+
+#[tokio::test]
+async fn a_token_for_another_session_is_a_mismatch() {
+    let app = TestApp::start().await;
+    let (mine, agent) = session(&app, "connecting").await;
+    let (other, other_agent) = session(&app, "connecting").await;
+    let mut ws = dial(
+        &app,
+        &token(&app, other, other_agent),
+        CHANNEL_VERSION,
+        mine,
+    )
+    .await;
+    assert_eq!(close_of(&mut ws).await, (4002, "session_mismatch".into()));
+    assert_eq!(
+        row(&app, mine).await,
+        ("failed".into(), Some("session_mismatch".into()))
+    );
+    assert_eq!(
+        row(&app, other).await.0,
+        "connecting",
+        "the token's own session is untouched"
+    );
+    let _ = agent;
+}
+
+#[tokio::test]
+async fn a_session_not_expecting_a_worker_is_a_mismatch() {
+    let app = TestApp::start().await;
+    let (id, agent) = session(&app, "pending").await;
+    let mut ws = dial(&app, &token(&app, id, agent), CHANNEL_VERSION, id).await;
+    assert_eq!(close_of(&mut ws).await, (4002, "session_mismatch".into()));
+    assert_eq!(
+        row(&app, id).await,
+        ("failed".into(), Some("session_mismatch".into()))
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_never_initializes_is_a_handshake_timeout() {
+    let app =
+        TestApp::start_with(|c| c.workers.handshake_timeout = Duration::from_millis(300)).await;
+    let (id, agent) = session(&app, "connecting").await;
+    let mut ws = dial(&app, &token(&app, id, agent), CHANNEL_VERSION, id).await;
+    // The brain (MCP client) sends `initialize`; this worker never answers.
+    let (code, reason) = close_of(&mut ws).await;
+    assert_eq!((code, reason.as_str()), (4003, "handshake_timeout"));
+    assert_eq!(
+        row(&app, id).await,
+        ("failed".into(), Some("handshake_timeout".into()))
+    );
+}
+
+#[tokio::test]
+async fn a_worker_that_never_lists_its_tools_is_a_ready_timeout() {
+    let app = TestApp::start_with(|c| c.workers.ready_timeout = Duration::from_millis(300)).await;
+    let (id, agent) = session(&app, "connecting").await;
+    let mut ws = dial(&app, &token(&app, id, agent), CHANNEL_VERSION, id).await;
+    // Answer `initialize` like a real MCP server, then ignore `tools/list`.
+    loop {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Text(text) => {
+                let request: Value = serde_json::from_str(text.as_str()).unwrap();
+                if request["method"] == "initialize" {
+                    let answer = json!({
+                        "jsonrpc": "2.0",
+                        "id": request["id"],
+                        "result": {
+                            "protocolVersion": request["params"]["protocolVersion"],
+                            "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "silent", "version": "0"}
+                        }
+                    });
+                    ws.send(Message::text(answer.to_string())).await.unwrap();
+                    break;
+                }
+            }
+            _ => continue,
+        }
+    }
+    let (code, reason) = close_of(&mut ws).await;
+    assert_eq!((code, reason.as_str()), (4004, "ready_timeout"));
+    assert_eq!(
+        row(&app, id).await,
+        ("failed".into(), Some("ready_timeout".into()))
+    );
+}

@@ -1,0 +1,442 @@
+//! Hands on demand, end to end (SPEC W1-W8, T8): a real runtime-manager (local-process
+//! launcher) and real worker binaries, over the real queue, Postgres and Redis. Only the
+//! model is scripted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{TestApp, read_stream, streamed_text};
+use futures_util::StreamExt;
+use protocol::channel::SessionState;
+use protocol::ui::UiChunk;
+use scripted_provider::{Reply, ToolCall};
+use serde_json::{Value, json};
+
+/// The workspace's binaries, next to this test's executable.
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+struct Manager {
+    child: tokio::process::Child,
+    _workspaces: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A directory removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let dir = std::env::temp_dir().join(format!("rm-test-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A brain whose queue namespace is its own, and a runtime-manager serving it.
+async fn system(
+    idle_window_ms: u64,
+    tweak: impl FnOnce(&mut brain::config::Config),
+) -> (TestApp, Manager) {
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let ns = namespace.clone();
+    let app = TestApp::start_with(move |c| {
+        c.workers.queue_namespace = ns;
+        tweak(c);
+    })
+    .await;
+    let workspaces = tempdir::Dir::new();
+    let child = tokio::process::Command::new(bin("runtime-manager"))
+        .env("DATABASE_URL", app.store_url())
+        .env(
+            "REDIS_URL",
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        )
+        .env("SESSION_QUEUE_NAMESPACE", &namespace)
+        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
+        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
+        .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", idle_window_ms.to_string())
+        .env("RUNTIME_MANAGER_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the runtime-manager binary is built with the workspace");
+    (
+        app,
+        Manager {
+            child,
+            _workspaces: workspaces,
+        },
+    )
+}
+
+async fn light_agent(app: &TestApp) -> (String, String) {
+    let agent: Value = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
+                    "runtime_profile": "light"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat: Value = app
+        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    (agent, chat["id"].as_str().unwrap().to_owned())
+}
+
+fn shell(id: &str, command: &str) -> Reply {
+    Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: id.into(),
+            name: "shell".into(),
+            arguments: json!({ "command": command }).to_string(),
+        }],
+        fragment: 16,
+    }
+}
+
+fn text(t: &str) -> Reply {
+    Reply::Text {
+        deltas: vec![t.to_owned()],
+        delay: Duration::from_millis(1),
+    }
+}
+
+fn output_of(chunks: &[UiChunk], call: &str) -> String {
+    chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolOutputAvailable {
+                tool_call_id,
+                output,
+            } if tool_call_id == call => Some(output.as_str().unwrap_or_default().to_owned()),
+            UiChunk::ToolOutputError {
+                tool_call_id,
+                error_text,
+            } if tool_call_id == call => Some(format!("ERROR {error_text}")),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no output for {call} in {chunks:?}"))
+}
+
+fn worker_states(chunks: &[UiChunk]) -> Vec<SessionState> {
+    chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::DataWorkerStatus { data } => Some(data.state),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn sessions(app: &TestApp, agent: &str) -> Vec<Value> {
+    let body: Value = app
+        .get(&format!("/v1/agents/{agent}/sessions"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    body["sessions"].as_array().unwrap().clone()
+}
+
+async fn worker_pid(app: &TestApp) -> i32 {
+    let (worker_ref,): (Option<String>,) = sqlx::query_as(
+        "SELECT worker_ref FROM agent_runtime_sessions ORDER BY created_at DESC LIMIT 1",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    worker_ref
+        .unwrap()
+        .strip_prefix("local:")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.contains(") Z "))
+        .unwrap_or(false)
+}
+
+/// Timestamps of the first tool-input-available and tool-output chunks of `call`.
+async fn timed_stream(response: reqwest::Response, call: &str) -> (Vec<UiChunk>, Duration) {
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut chunks = Vec::new();
+    let (mut asked, mut answered) = (None, None);
+    while let Some(piece) = body.next().await {
+        buffer.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let data = event.trim().strip_prefix("data: ").unwrap().to_owned();
+            if data == "[DONE]" {
+                continue;
+            }
+            let chunk: UiChunk = serde_json::from_str(&data).unwrap();
+            match &chunk {
+                UiChunk::ToolInputAvailable { tool_call_id, .. } if tool_call_id == call => {
+                    asked = Some(Instant::now())
+                }
+                UiChunk::ToolOutputAvailable { tool_call_id, .. }
+                | UiChunk::ToolOutputError { tool_call_id, .. }
+                    if tool_call_id == call =>
+                {
+                    answered = Some(Instant::now())
+                }
+                _ => {}
+            }
+            chunks.push(chunk);
+        }
+    }
+    (chunks, answered.unwrap().duration_since(asked.unwrap()))
+}
+
+#[tokio::test]
+async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
+    let (app, _manager) = system(3_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+
+    app.provider.push(shell("c1", "echo hi"));
+    app.provider.push(text("The worker said hi."));
+    let response = app.send(&chat, &json!({"content": "run echo hi"})).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, cold) = timed_stream(response, "c1").await;
+    println!("first worker tool call (cold, local launcher): {cold:?}");
+    assert!(output_of(&chunks, "c1").contains("hi"), "{chunks:?}");
+    let logs: Vec<&UiChunk> = chunks
+        .iter()
+        .filter(|c| matches!(c, UiChunk::DataWorkerLog { .. }))
+        .collect();
+    assert!(
+        !logs.is_empty(),
+        "live output reached the stream: {chunks:?}"
+    );
+    assert_eq!(streamed_text(&chunks), "The worker said hi.");
+    let states = worker_states(&chunks);
+    assert_eq!(states.first(), Some(&SessionState::Pending), "{states:?}");
+    assert_eq!(
+        states.last(),
+        Some(&SessionState::Connecting),
+        "ready follows connecting: {states:?}"
+    );
+    // The model's second request carried the shell result.
+    assert!(app.provider.requests()[1].body.to_string().contains("hi"));
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["state"], "ready");
+    let pid = worker_pid(&app).await;
+    assert!(alive(pid));
+
+    // A second turn inside the idle window reuses the session: no new row, no status parts.
+    app.provider.push(shell("c2", "echo again"));
+    app.provider.push(text("Again."));
+    let (chunks, warm) = timed_stream(
+        app.send(&chat, &json!({"content": "once more"})).await,
+        "c2",
+    )
+    .await;
+    println!("worker tool call on a reused session: {warm:?}");
+    assert!(output_of(&chunks, "c2").contains("again"));
+    assert!(
+        worker_states(&chunks).is_empty(),
+        "a live session is reused without provisioning"
+    );
+    assert_eq!(sessions(&app, &agent).await.len(), 1);
+    assert!(app.provider.violations().is_empty());
+
+    // Idle teardown: the window passes with no use; the worker is stopped.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let listed = sessions(&app, &agent).await;
+        if listed[0]["state"] == "terminated" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..50 {
+        if !alive(pid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!alive(pid), "the worker process is gone");
+}
+
+#[tokio::test]
+async fn closing_the_stream_kills_the_running_command_and_the_session_survives() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("s1", "echo ready"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "warm up"})).await).await;
+    app.settled().await;
+
+    app.provider
+        .push(shell("long", "echo pid=$$; exec sleep 30"));
+    let response = app.send(&chat, &json!({"content": "sleep"})).await;
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    let pid: i32 = loop {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+        // The live output line, not the command text in the tool input.
+        const MARK: &str = "\"text\":\"pid=";
+        if let Some(at) = seen.find(MARK) {
+            let rest = &seen[at + MARK.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && rest[digits.len()..].starts_with(|c: char| !c.is_ascii_digit())
+            {
+                break digits.parse().unwrap();
+            }
+        }
+    };
+    assert!(alive(pid));
+    let hung_up = Instant::now();
+    drop(body);
+    while alive(pid) {
+        assert!(
+            hung_up.elapsed() < Duration::from_millis(500),
+            "pid {pid} still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!("client hang-up to command gone: {:?}", hung_up.elapsed());
+    assert_eq!(app.settled().await.last().unwrap().0, "interrupted");
+
+    app.provider.push(shell("after", "echo still here"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert!(output_of(&chunks, "after").contains("still here"));
+    assert_eq!(
+        sessions(&app, &agent).await.len(),
+        1,
+        "the same session served it"
+    );
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
+    let (app, _manager) = system(60_000, |c| {
+        c.workers.ping_interval = Duration::from_millis(200);
+        c.workers.heartbeat_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("a", "echo first"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "start"})).await).await;
+    app.settled().await;
+    let pid = worker_pid(&app).await;
+
+    // SIGSTOP mid-session: the in-flight call fails once the heartbeat is lost.
+    app.provider.push(shell("b", "sleep 3; echo late"));
+    app.provider.push(text("lost it"));
+    let response = app.send(&chat, &json!({"content": "slow"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .unwrap();
+    let (chunks, _) = read_stream(response).await;
+    let detected = stopped.elapsed();
+    println!("SIGSTOP to heartbeat_lost: {detected:?}");
+    assert!(detected < Duration::from_secs(30));
+    assert!(output_of(&chunks, "b").starts_with("ERROR"), "{chunks:?}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed[0]["state"], "failed");
+    assert_eq!(listed[0]["failure_reason"], "heartbeat_lost");
+
+    // The next call provisions a fresh session.
+    app.provider.push(shell("c", "echo fresh"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert!(output_of(&chunks, "c").contains("fresh"));
+    assert_eq!(sessions(&app, &agent).await.len(), 2);
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_that_never_dials_is_a_dial_timeout() {
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let ns = namespace.clone();
+    let app = TestApp::start_with(move |c| {
+        c.workers.queue_namespace = ns;
+        c.workers.provision_timeout = Duration::from_secs(10);
+    })
+    .await;
+    let workspaces = tempdir::Dir::new();
+    // A "worker" that starts and never dials.
+    let fake = workspaces.0.join("silent-worker");
+    std::fs::write(&fake, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::process::Command::new("chmod")
+        .args(["+x"])
+        .arg(&fake)
+        .status()
+        .unwrap();
+    let _manager = Manager {
+        child: tokio::process::Command::new(bin("runtime-manager"))
+            .env("DATABASE_URL", app.store_url())
+            .env(
+                "REDIS_URL",
+                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+            )
+            .env("SESSION_QUEUE_NAMESPACE", &namespace)
+            .env("BRAIN_PUBLIC_URL", &app.url)
+            .env("RUNTIME_MANAGER_WORKER_BIN", &fake)
+            .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
+            .env("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "800")
+            .env("RUNTIME_MANAGER_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+        _workspaces: tempdir::Dir::new(),
+    };
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("d", "echo never"));
+    app.provider.push(text("no hands"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    let output = output_of(&chunks, "d");
+    assert!(
+        output.contains("dial_timeout"),
+        "the model reads the reason: {output}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed[0]["failure_reason"], "dial_timeout");
+    drop(workspaces);
+}

@@ -1,0 +1,34 @@
+//! The runtime-manager's one error enum. Logs carry [`Error::metric_label`], never the
+//! inner message (it may echo a URL with credentials).
+
+use channel::token::TokenError;
+use queue::QueueError;
+
+use crate::launcher::LaunchError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("store: {0}")]
+    Store(#[from] sqlx::Error),
+    #[error("queue: {0}")]
+    Queue(#[from] QueueError),
+    #[error("launcher: {0}")]
+    Launch(#[from] LaunchError),
+    #[error("session token: {0}")]
+    Token(#[from] TokenError),
+}
+
+impl Error {
+    /// A bounded label for logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Store(_) => "store",
+            Self::Queue(e) => match e {
+                QueueError::Redis(_) => "queue_redis",
+                _ => "queue",
+            },
+            Self::Launch(e) => e.metric_label(),
+            Self::Token(_) => "token",
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The local process launcher: the worker binary as a child process, for a laptop, demos
+//! and tests.
+//!
+//! Layout under the workspaces root (`RUNTIME_MANAGER_WORKSPACES`):
+//!
+//! ```text
+//! <root>/<session id>/      the worker's workspace (WORKER_WORKSPACE, its cwd)
+//! <root>/<session id>.log   the worker's stdout and stderr
+//! <root>/<session id>.pid   the pid of the session's current worker
+//! ```
+//!
+//! Each worker is the leader of its own process group, so stopping it (SIGTERM to the
+//! group, SIGKILL after a grace period) also ends whatever it started in that group. A
+//! task per child reaps it when it exits and logs how it ended; the session row is the
+//! brain's and the manager's business, not the launcher's.
+//!
+//! The worker gets a clean environment: `PATH`, `HOME`, `LANG` and `TMPDIR` from the
+//! manager (when set) and the four `WORKER_*`/`BRAIN_PUBLIC_URL` variables, nothing else,
+//! so no database URL or key of the manager ever reaches a worker.
+//!
+//! A pid is only signalled when it is a child of this launcher or, for a worker left by a
+//! previous manager process, when `/proc/<pid>/cmdline` shows the worker executable: a pid
+//! recycled by an unrelated process is never touched.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use protocol::SessionId;
+
+use super::{LaunchError, LaunchSpec, Launcher, RunningWorker};
+
+/// The variables a worker inherits from the manager.
+const INHERITED_ENV: [&str; 4] = ["PATH", "HOME", "LANG", "TMPDIR"];
+/// SIGTERM first; SIGKILL to the group after this long.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug)]
+struct Tracked {
+    session: SessionId,
+    /// Spawned by this process (reaped by its own task), or adopted at start (O3).
+    child: bool,
+}
+
+pub struct LocalProcessLauncher {
+    worker_bin: PathBuf,
+    workspaces: PathBuf,
+    inherited_env: Vec<(String, String)>,
+    /// pid → the session it serves.
+    workers: Arc<Mutex<HashMap<u32, Tracked>>>,
+}
+
+impl LocalProcessLauncher {
+    /// `worker_bin` and `workspaces` must be absolute (the configuration makes them so).
+    pub fn new(worker_bin: PathBuf, workspaces: PathBuf) -> Self {
+        let inherited_env = INHERITED_ENV
+            .iter()
+            .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)))
+            .collect();
+        Self {
+            worker_bin,
+            workspaces,
+            inherited_env,
+            workers: Arc::default(),
+        }
+    }
+
+    fn tracked(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Tracked>> {
+        self.workers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn pid_file(&self, session: SessionId) -> PathBuf {
+        self.workspaces.join(format!("{}.pid", session.0))
+    }
+
+    /// Whether `pid` is a live worker of ours (a tracked child, or the worker executable).
+    fn is_ours(&self, pid: u32) -> bool {
+        alive(pid)
+            && (self.tracked().get(&pid).is_some_and(|t| t.child)
+                || runs_executable(pid, &self.worker_bin))
+    }
+
+    async fn launch_inner(&self, spec: LaunchSpec) -> Result<String, LaunchError> {
+        if !tokio::fs::try_exists(&self.worker_bin)
+            .await
+            .unwrap_or(false)
+        {
+            return Err(LaunchError::BinaryMissing(self.worker_bin.clone()));
+        }
+        let workspace = self.workspaces.join(spec.session.0.to_string());
+        tokio::fs::create_dir_all(&workspace)
+            .await
+            .map_err(LaunchError::Workspace)?;
+
+        // A worker still running for this session (a provision retried after a crash
+        // between launch and recording it) is replaced, never duplicated.
+        let previous: Vec<u32> = self
+            .tracked()
+            .iter()
+            .filter(|(_, t)| t.session == spec.session)
+            .map(|(pid, _)| *pid)
+            .collect();
+        let from_file = tokio::fs::read_to_string(self.pid_file(spec.session))
+            .await
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        for pid in previous.into_iter().chain(from_file) {
+            if self.is_ours(pid) {
+                tracing::info!(session = %spec.session.0, pid, "replacing a previous worker");
+                self.stop_pid(pid).await?;
+            }
+        }
+
+        let log_path = self.workspaces.join(format!("{}.log", spec.session.0));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(LaunchError::Workspace)?;
+        let log_err = log.try_clone().map_err(LaunchError::Workspace)?;
+
+        let mut command = tokio::process::Command::new(&self.worker_bin);
+        command
+            .env_clear()
+            .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
+            .env("BRAIN_PUBLIC_URL", &spec.brain_public_url)
+            .env("WORKER_SESSION_ID", spec.session.0.to_string())
+            .env("WORKER_SESSION_TOKEN", &spec.token)
+            .env("WORKER_WORKSPACE", &workspace)
+            .current_dir(&workspace)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = command.spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => LaunchError::BinaryMissing(self.worker_bin.clone()),
+            _ => LaunchError::Spawn(e),
+        })?;
+        let Some(pid) = child.id() else {
+            // Exited and reaped already: nothing to track.
+            return Err(LaunchError::Spawn(std::io::Error::other(
+                "worker exited at once",
+            )));
+        };
+        self.tracked().insert(
+            pid,
+            Tracked {
+                session: spec.session,
+                child: true,
+            },
+        );
+        let _ = tokio::fs::write(self.pid_file(spec.session), pid.to_string()).await;
+
+        // Reap the child and end whatever it left behind in its group.
+        let workers = self.workers.clone();
+        let pid_file = self.pid_file(spec.session);
+        let session = spec.session;
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            workers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&pid);
+            if std::fs::read_to_string(&pid_file)
+                .ok()
+                .is_some_and(|s| s.trim() == pid.to_string())
+            {
+                let _ = std::fs::remove_file(&pid_file);
+            }
+            match status {
+                Ok(status) => tracing::info!(
+                    session = %session.0,
+                    pid,
+                    code = status.code(),
+                    signal = status.signal(),
+                    "worker exited"
+                ),
+                Err(e) => {
+                    tracing::warn!(session = %session.0, pid, error = %e, "waiting for a worker failed")
+                }
+            }
+        });
+        tracing::info!(session = %spec.session.0, pid, profile = %spec.profile, "worker launched");
+        Ok(format!("local:{pid}"))
+    }
+
+    /// SIGTERM to the group, then SIGKILL to the group once the leader is gone or the
+    /// grace period is over. Succeeds when the worker is (or already was) gone.
+    async fn stop_pid(&self, pid: u32) -> Result<(), LaunchError> {
+        if !self.is_ours(pid) {
+            return Ok(());
+        }
+        let group = Pid::from_raw(pid as i32);
+        match killpg(group, Signal::SIGTERM) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => return Err(LaunchError::Signal(e)),
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        while alive(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        if alive(pid) {
+            tracing::info!(pid, "worker ignored SIGTERM; killing its group");
+        }
+        match killpg(group, Signal::SIGKILL) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => return Err(LaunchError::Signal(e)),
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while alive(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A child is forgotten by its reaper task; an adopted worker here.
+        let mut workers = self.tracked();
+        if workers.get(&pid).is_some_and(|t| !t.child) {
+            workers.remove(&pid);
+        }
+        Ok(())
+    }
+}
+
+impl Launcher for LocalProcessLauncher {
+    fn launch(&self, spec: LaunchSpec) -> BoxFuture<'_, Result<String, LaunchError>> {
+        self.launch_inner(spec).boxed()
+    }
+
+    fn stop<'a>(&'a self, worker_ref: &'a str) -> BoxFuture<'a, Result<(), LaunchError>> {
+        async move { self.stop_pid(parse_ref(worker_ref)?).await }.boxed()
+    }
+
+    fn is_running<'a>(
+        &'a self,
+        session: SessionId,
+        worker_ref: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LaunchError>> {
+        async move {
+            let pid = parse_ref(worker_ref)?;
+            if !self.is_ours(pid) {
+                return Ok(false);
+            }
+            self.tracked().entry(pid).or_insert(Tracked {
+                session,
+                child: false,
+            });
+            Ok(true)
+        }
+        .boxed()
+    }
+
+    fn running(&self) -> BoxFuture<'_, Result<Vec<RunningWorker>, LaunchError>> {
+        async move {
+            let mut workers = self.tracked();
+            // Adopted workers are not our children: notice their end by looking.
+            workers.retain(|pid, t| {
+                t.child || (alive(*pid) && runs_executable(*pid, &self.worker_bin))
+            });
+            Ok(workers
+                .iter()
+                .map(|(pid, t)| RunningWorker {
+                    session: t.session,
+                    worker_ref: format!("local:{pid}"),
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn workers_die_with_manager(&self) -> bool {
+        true
+    }
+}
+
+fn parse_ref(worker_ref: &str) -> Result<u32, LaunchError> {
+    worker_ref
+        .strip_prefix("local:")
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .filter(|pid| *pid > 1 && *pid <= i32::MAX as u32)
+        .ok_or(LaunchError::InvalidRef)
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state is the first field after the command name, which is in parentheses and
+    // may itself contain spaces or parentheses.
+    let state = stat
+        .rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().next());
+    !matches!(state, Some("Z") | Some("X") | None)
+}
+
+/// Whether `pid` runs `executable`: as its program, or as the script an interpreter runs
+/// (`#!` scripts show as `<interpreter> <script>`).
+fn runs_executable(pid: u32, executable: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let wanted = executable.as_os_str().as_encoded_bytes();
+    cmdline.split(|b| *b == 0).take(2).any(|arg| arg == wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_refs_parse_strictly() {
+        assert_eq!(parse_ref("local:1234").unwrap(), 1234);
+        for bad in [
+            "local:",
+            "local:1",
+            "local:-5",
+            "k8s:job",
+            "1234",
+            "local:99999999999",
+        ] {
+            assert!(parse_ref(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_missing_one_is_not() {
+        assert!(alive(std::process::id()));
+        assert!(!alive(i32::MAX as u32));
+        let me = std::env::current_exe().unwrap();
+        assert!(runs_executable(std::process::id(), &me));
+        assert!(!runs_executable(
+            std::process::id(),
+            Path::new("/bin/false")
+        ));
+    }
+}

@@ -1,0 +1,91 @@
+//! The runtime-manager: consumes the session task queue, launches workers through a
+//! launcher, tears idle sessions down and reaps workers whose session ended (SPEC
+//! components table, W2, W6, W7, O3).
+//!
+//! - `config.rs`: typed configuration from the environment.
+//! - `queue` (crate): the Redis task queue the brain pushes to.
+//! - `manager.rs`: the task handlers, the reaper and the start-up reconciliation.
+//! - `store.rs`: every SQL statement (compare-and-set transitions of session rows).
+//! - `launcher/`: the `Launcher` interface and the local process launcher.
+//!
+//! **Architecture Invariant:** the manager keeps no session state in memory that another
+//! replica or the next process needs: rows are the truth, tasks are in Redis, and the
+//! dial timeout is a sweep over the rows. The one exception is the local launcher's
+//! table of its own child processes, which cannot outlive the process anyway.
+
+use std::sync::Arc;
+
+use queue::SessionQueue;
+use tokio_util::sync::CancellationToken;
+
+pub mod config;
+pub mod error;
+pub mod launcher;
+pub mod manager;
+pub mod store;
+
+pub use config::{Config, DEV_SESSION_TOKEN_KEY};
+pub use error::Error;
+pub use manager::Manager;
+
+use config::LauncherKind;
+use launcher::Launcher;
+use launcher::local::LocalProcessLauncher;
+use store::Store;
+
+/// Runs the manager until `shutdown` is cancelled: reconcile (O3), then consume tasks
+/// and reap; on shutdown stop consuming, wait for running handlers, and stop the workers
+/// that die with the manager.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    if config.session_token_key.is_development {
+        tracing::warn!(
+            "SESSION_TOKEN_KEY is unset: signing worker tokens with the built-in development key; \
+             set SESSION_TOKEN_KEY (the same value for the brain) in any shared deployment"
+        );
+    }
+    if config.launcher == LauncherKind::Local && !config.worker_bin.exists() {
+        tracing::warn!(
+            worker_bin = %config.worker_bin.display(),
+            "the worker executable does not exist: every launch will fail with launch_failed \
+             (build it with `cargo build --bins`, or set RUNTIME_MANAGER_WORKER_BIN)"
+        );
+    }
+    tracing::info!(
+        launcher = ?config.launcher,
+        worker_bin = %config.worker_bin.display(),
+        workspaces = %config.workspaces.display(),
+        brain_public_url = %config.brain_public_url,
+        dial_timeout_ms = config.dial_timeout.as_millis() as u64,
+        "runtime-manager starting"
+    );
+    let store = Store::connect(&config.database_url).await?;
+    let live = store.live_sessions().await?;
+    let queue =
+        SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;
+    let launcher: Arc<dyn Launcher> = match config.launcher {
+        LauncherKind::Local => Arc::new(LocalProcessLauncher::new(
+            config.worker_bin.clone(),
+            config.workspaces.clone(),
+        )),
+    };
+    let manager = Manager::new(config, store, queue.clone(), launcher)?;
+    manager.reconcile().await?;
+
+    let reaper_stop = CancellationToken::new();
+    let reaper = tokio::spawn(manager.clone().reaper(reaper_stop.clone()));
+    tracing::info!(live_sessions = live, "runtime-manager ready");
+
+    let handler = {
+        let manager = manager.clone();
+        move |task| {
+            let manager = manager.clone();
+            async move { manager.handle(task).await }
+        }
+    };
+    let consumed = queue::consume(queue, handler, shutdown.clone()).await;
+    reaper_stop.cancel();
+    let _ = reaper.await;
+    manager.stop_workers().await;
+    consumed?;
+    Ok(())
+}

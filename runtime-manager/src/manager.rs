@@ -1,0 +1,406 @@
+//! What the runtime-manager does with a session: provision it, tear it down when idle,
+//! time out its dial, stop workers whose session ended elsewhere, and reconcile rows left
+//! by a previous process (SPEC W2, W6, W7, O3).
+//!
+//! ```text
+//! pending ──Provision──► provisioning ──launch──► connecting ──(brain)──► ready
+//!                             │                      │                      │
+//!                             └─ launch_failed ──►  failed ◄── dial_timeout │ (brain: W6)
+//!                                                    ▲                      │
+//!                    IdleCheck, unused for the window: terminating ──► terminated
+//! ```
+//!
+//! Every handler is idempotent: a task may run twice (a consumer that died mid-task), and
+//! every transition is a compare-and-set in [`crate::store`]. No state is kept in memory
+//! beyond the launcher's table of local children; the dial timeout is a sweep over the
+//! rows, so it survives a restart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use channel::token::TokenKeys;
+use protocol::SessionId;
+use protocol::channel::{FailureReason, SessionState, SessionTask};
+use queue::{SessionQueue, TaskError};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::launcher::{LaunchSpec, Launcher};
+use crate::store::Store;
+
+/// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
+pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
+/// A `terminating` row this old has lost its idle-check task: the reaper finishes it.
+const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
+
+/// The shared handles, one per process; cheap to clone.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: Config,
+    store: Store,
+    queue: SessionQueue,
+    launcher: Arc<dyn Launcher>,
+    tokens: TokenKeys,
+    /// Failures recorded by this process, per reason (logged as they happen).
+    failures: Mutex<HashMap<&'static str, u64>>,
+}
+
+impl Manager {
+    pub fn new(
+        config: Config,
+        store: Store,
+        queue: SessionQueue,
+        launcher: Arc<dyn Launcher>,
+    ) -> Result<Self, Error> {
+        let tokens = TokenKeys::new(&config.session_token_key.bytes)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                queue,
+                launcher,
+                tokens,
+                failures: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The queue handler.
+    pub async fn handle(&self, task: SessionTask) -> Result<(), TaskError> {
+        let result = match task {
+            SessionTask::Provision { session, .. } => self.provision(session).await,
+            SessionTask::IdleCheck {
+                session,
+                last_used_ms,
+            } => self.idle_check(session, last_used_ms).await,
+        };
+        result.map_err(|e| TaskError::Retry(e.metric_label().to_owned()))
+    }
+
+    async fn provision(&self, session: SessionId) -> Result<(), Error> {
+        let inner = &self.inner;
+        let Some(claim) = inner.store.claim_for_provision(session).await? else {
+            // Launched already (a repeated or retried task), or over. A launched session
+            // whose idle timer could not be queued gets one now.
+            if let Some(row) = inner.store.session(session).await?
+                && matches!(
+                    row.state,
+                    Some(SessionState::Connecting | SessionState::Ready)
+                )
+            {
+                let window = self.window(&row.profile);
+                let due = row.last_used_ms + window.as_millis() as i64;
+                self.arm_idle_check(session, row.last_used_ms, due - row.now_ms)
+                    .await?;
+            }
+            return Ok(());
+        };
+        let Some(window) = inner.config.idle_windows.for_profile(&claim.profile) else {
+            if inner
+                .store
+                .fail_provision(session, FailureReason::LaunchFailed, "unknown_profile")
+                .await?
+            {
+                self.count_failure(session, FailureReason::LaunchFailed, "unknown_profile");
+            }
+            return Ok(());
+        };
+        let token = inner
+            .tokens
+            .mint(session, claim.team, claim.agent, inner.config.token_ttl)?;
+        let spec = LaunchSpec {
+            session,
+            team: claim.team,
+            agent: claim.agent,
+            chat: claim.chat,
+            profile: claim.profile,
+            token,
+            brain_public_url: inner.config.brain_public_url.clone(),
+        };
+        let worker_ref = match inner.launcher.launch(spec).await {
+            Ok(worker_ref) => worker_ref,
+            Err(e) => {
+                let detail = e.metric_label();
+                if inner
+                    .store
+                    .fail_provision(session, FailureReason::LaunchFailed, detail)
+                    .await?
+                {
+                    self.count_failure(session, FailureReason::LaunchFailed, detail);
+                }
+                return Ok(());
+            }
+        };
+        let Some(now_ms) = inner.store.mark_connecting(session, &worker_ref).await? else {
+            // The session ended (or another replica launched it) while we launched.
+            tracing::info!(session = %session.0, "session moved on during launch; stopping its worker");
+            inner.launcher.stop(&worker_ref).await?;
+            return Ok(());
+        };
+        self.arm_idle_check(session, now_ms, window.as_millis() as i64)
+            .await
+    }
+
+    async fn idle_check(&self, session: SessionId, last_used_ms: i64) -> Result<(), Error> {
+        let inner = &self.inner;
+        let Some(row) = inner.store.session(session).await? else {
+            return Ok(());
+        };
+        match row.state {
+            Some(SessionState::Connecting | SessionState::Ready) => {}
+            // A teardown that was interrupted: finish it.
+            Some(SessionState::Terminating) => {
+                return self.finish_teardown(session, &row.worker_ref).await;
+            }
+            _ => return Ok(()),
+        }
+        let window = self.window(&row.profile).as_millis() as i64;
+        if row.last_used_ms > last_used_ms
+            || !inner.store.begin_terminating(session, last_used_ms).await?
+        {
+            // Used since: a new timer for the last use (read again: the compare-and-set
+            // may have lost to a use that just happened).
+            let Some(row) = inner.store.session(session).await? else {
+                return Ok(());
+            };
+            if !matches!(
+                row.state,
+                Some(SessionState::Connecting | SessionState::Ready)
+            ) {
+                return Ok(());
+            }
+            return self
+                .arm_idle_check(
+                    session,
+                    row.last_used_ms,
+                    row.last_used_ms + window - row.now_ms,
+                )
+                .await;
+        }
+        tracing::info!(session = %session.0, "session idle; tearing it down");
+        self.finish_teardown(session, &row.worker_ref).await
+    }
+
+    /// `terminating`: stop the worker, then `terminated`.
+    async fn finish_teardown(
+        &self,
+        session: SessionId,
+        worker_ref: &Option<String>,
+    ) -> Result<(), Error> {
+        if let Some(worker_ref) = worker_ref {
+            self.inner.launcher.stop(worker_ref).await?;
+        }
+        if self.inner.store.finish_terminating(session).await? {
+            tracing::info!(session = %session.0, "session terminated");
+        }
+        Ok(())
+    }
+
+    async fn arm_idle_check(
+        &self,
+        session: SessionId,
+        last_used_ms: i64,
+        delay_ms: i64,
+    ) -> Result<(), Error> {
+        let delay = Duration::from_millis(delay_ms.max(0) as u64);
+        self.inner
+            .queue
+            .push_after(
+                SessionTask::IdleCheck {
+                    session,
+                    last_used_ms,
+                },
+                delay,
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn window(&self, profile: &str) -> Duration {
+        let windows = self.inner.config.idle_windows;
+        windows.for_profile(profile).unwrap_or(windows.light)
+    }
+
+    fn count_failure(&self, session: SessionId, reason: FailureReason, detail: &str) {
+        let total = {
+            let mut failures = self
+                .inner
+                .failures
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let count = failures.entry(reason.as_str()).or_default();
+            *count += 1;
+            *count
+        };
+        tracing::info!(
+            session = %session.0,
+            reason = reason.as_str(),
+            detail,
+            failures_with_reason = total,
+            "session failed"
+        );
+    }
+
+    /// One pass of the reaper: time out dials, and stop every local worker whose session
+    /// ended elsewhere (the brain records heartbeat_lost, session_mismatch and the
+    /// handshake and ready timeouts), was replaced, or is gone.
+    pub async fn reap_once(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        for (session, worker_ref) in inner
+            .store
+            .fail_dial_timeouts(inner.config.dial_timeout)
+            .await?
+        {
+            self.count_failure(session, FailureReason::DialTimeout, "");
+            if let Some(worker_ref) = worker_ref {
+                self.stop_logged(session, &worker_ref).await;
+            }
+        }
+
+        let running = inner.launcher.running().await?;
+        if running.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<SessionId> = running.iter().map(|w| w.session).collect();
+        let rows: HashMap<SessionId, _> = inner
+            .store
+            .rows(&ids, TERMINATING_PATIENCE)
+            .await?
+            .into_iter()
+            .map(|row| (row.session, row))
+            .collect();
+        for worker in running {
+            let Some(row) = rows.get(&worker.session) else {
+                tracing::info!(session = %worker.session.0, "session row gone; stopping its worker");
+                self.stop_logged(worker.session, &worker.worker_ref).await;
+                continue;
+            };
+            let replaced = row
+                .worker_ref
+                .as_deref()
+                .is_some_and(|r| r != worker.worker_ref);
+            match row.state {
+                Some(SessionState::Failed | SessionState::Terminated) => {
+                    tracing::info!(session = %worker.session.0, "session ended; stopping its worker");
+                    self.stop_logged(worker.session, &worker.worker_ref).await;
+                }
+                Some(SessionState::Terminating) if row.stale => {
+                    self.finish_teardown(worker.session, &Some(worker.worker_ref.clone()))
+                        .await?;
+                }
+                _ if replaced => {
+                    tracing::info!(session = %worker.session.0, "worker replaced; stopping the old one");
+                    self.stop_logged(worker.session, &worker.worker_ref).await;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop_logged(&self, session: SessionId, worker_ref: &str) {
+        if let Err(e) = self.inner.launcher.stop(worker_ref).await {
+            tracing::warn!(session = %session.0, error_class = e.metric_label(), "stopping a worker failed");
+        }
+    }
+
+    /// Runs [`Self::reap_once`] every `reaper_interval` until `shutdown`.
+    pub async fn reaper(self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.inner.config.reaper_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.reap_once().await {
+                tracing::warn!(error_class = e.metric_label(), "reaper pass failed");
+            }
+        }
+    }
+
+    /// O3 at start: a session whose worker vanished with a previous process fails; one
+    /// whose worker still runs is tracked again. Sessions `provisioning` with no worker
+    /// are left to their retried provision task.
+    pub async fn reconcile(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        let mut gone = 0usize;
+        let mut adopted = 0usize;
+        for row in inner.store.launched().await? {
+            let Some(worker_ref) = row.worker_ref.as_deref() else {
+                continue;
+            };
+            let running = match inner.launcher.is_running(row.session, worker_ref).await {
+                Ok(running) => running,
+                // Another launcher's worker (say, a Job while running locally): not ours.
+                Err(crate::launcher::LaunchError::InvalidRef) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if running {
+                adopted += 1;
+                continue;
+            }
+            gone += 1;
+            match row.state {
+                Some(SessionState::Terminating) => {
+                    inner.store.finish_terminating(row.session).await?;
+                }
+                Some(state @ (SessionState::Connecting | SessionState::Ready)) => {
+                    let reason = if state == SessionState::Connecting {
+                        FailureReason::DialTimeout
+                    } else {
+                        FailureReason::HeartbeatLost
+                    };
+                    if inner
+                        .store
+                        .fail_worker(row.session, worker_ref, reason, WORKER_GONE_ON_RESTART)
+                        .await?
+                    {
+                        self.count_failure(row.session, reason, WORKER_GONE_ON_RESTART);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if gone + adopted > 0 {
+            tracing::info!(
+                gone,
+                adopted,
+                "reconciled sessions left by a previous process"
+            );
+        }
+        Ok(())
+    }
+
+    /// On shutdown: local workers die with the manager, and their sessions end.
+    pub async fn stop_workers(&self) {
+        let inner = &self.inner;
+        if !inner.launcher.workers_die_with_manager() {
+            return;
+        }
+        let Ok(running) = inner.launcher.running().await else {
+            return;
+        };
+        let stops = running.iter().map(|worker| async move {
+            self.stop_logged(worker.session, &worker.worker_ref).await;
+            if inner
+                .store
+                .terminate_worker(worker.session, &worker.worker_ref)
+                .await
+                .is_err()
+            {
+                tracing::warn!(session = %worker.session.0, error_class = "store", "recording a stopped worker failed");
+            }
+        });
+        futures_util::future::join_all(stops).await;
+        if !running.is_empty() {
+            tracing::info!(stopped = running.len(), "local workers stopped");
+        }
+    }
+}

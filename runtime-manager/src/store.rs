@@ -1,0 +1,294 @@
+//! Every SQL statement of the runtime-manager: the `agent_runtime_sessions` transitions it
+//! owns (SPEC W2, W6, W7, O3).
+//!
+//! **Architecture Invariant:** every transition is a compare-and-set on the row's current
+//! state (and worker), and every one sets `updated_at`. The brain moves the same rows
+//! (`ready`, and the failures it detects), so a statement that finds the row elsewhere
+//! changes nothing and the caller learns it from the returned count or row.
+//!
+//! Times cross the process boundary as unix milliseconds of the database clock, so the
+//! idle check compares `last_used_at` (set by the brain with `now()`) with values from the
+//! same clock.
+
+use std::time::Duration;
+
+use protocol::channel::{FailureReason, SessionState};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// What a claimed provision needs to launch.
+#[derive(Clone, Debug)]
+pub struct Claimed {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub profile: String,
+}
+
+/// A session row as the manager sees it.
+#[derive(Clone, Debug)]
+pub struct SessionRow {
+    pub state: Option<SessionState>,
+    pub profile: String,
+    pub worker_ref: Option<String>,
+    /// `last_used_at`, unix ms.
+    pub last_used_ms: i64,
+    /// The database's `now()`, unix ms.
+    pub now_ms: i64,
+}
+
+/// A row whose worker the reaper or the start-up reconciliation looks at.
+#[derive(Clone, Debug)]
+pub struct WorkerRow {
+    pub session: SessionId,
+    pub state: Option<SessionState>,
+    pub worker_ref: Option<String>,
+    /// `terminating` for longer than the reaper's patience.
+    pub stale: bool,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
+
+fn ms(expr: &str) -> String {
+    MS.replace("{}", expr)
+}
+
+impl Store {
+    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    /// Fails when the schema is missing (`brain migrate` has not run).
+    pub async fn live_sessions(&self) -> Result<i64, sqlx::Error> {
+        let (count,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM agent_runtime_sessions WHERE state NOT IN ('terminated', 'failed')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(count)
+    }
+
+    /// `pending` (or `provisioning` with no worker yet: a provision retried after a crash
+    /// between claim and launch) → `provisioning`.
+    pub async fn claim_for_provision(&self, id: SessionId) -> Result<Option<Claimed>, sqlx::Error> {
+        let row: Option<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
+            "UPDATE agent_runtime_sessions SET state = 'provisioning', updated_at = now()
+             WHERE id = $1 AND state IN ('pending', 'provisioning') AND worker_ref IS NULL
+             RETURNING team_id, agent_id, chat_id, profile",
+        )
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(team, agent, chat, profile)| Claimed {
+            team: TeamId(team),
+            agent: AgentId(agent),
+            chat: ChatId(chat),
+            profile,
+        }))
+    }
+
+    /// `provisioning` → `connecting` with its worker; the database time of the change, or
+    /// `None` when the row moved on meanwhile.
+    pub async fn mark_connecting(
+        &self,
+        id: SessionId,
+        worker_ref: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "UPDATE agent_runtime_sessions
+             SET state = 'connecting', worker_ref = $2, updated_at = now()
+             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL
+             RETURNING {}",
+            ms("now()")
+        )))
+        .bind(id.0)
+        .bind(worker_ref)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|(now,)| now))
+    }
+
+    /// `provisioning` (no worker) → `failed`.
+    pub async fn fail_provision(
+        &self,
+        id: SessionId,
+        reason: FailureReason,
+        detail: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions
+             SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now()
+             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL",
+        )
+        .bind(id.0)
+        .bind(reason.as_str())
+        .bind(detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    pub async fn session(&self, id: SessionId) -> Result<Option<SessionRow>, sqlx::Error> {
+        let row: Option<(String, String, Option<String>, i64, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT state, profile, worker_ref, {}, {} FROM agent_runtime_sessions WHERE id = $1",
+                ms("last_used_at"),
+                ms("now()")
+            )))
+            .bind(id.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(
+            |(state, profile, worker_ref, last_used_ms, now_ms)| SessionRow {
+                state: SessionState::parse(&state),
+                profile,
+                worker_ref,
+                last_used_ms,
+                now_ms,
+            },
+        ))
+    }
+
+    /// `connecting`/`ready` → `terminating`, only if unused since `last_used_ms`.
+    pub async fn begin_terminating(
+        &self,
+        id: SessionId,
+        last_used_ms: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now()
+             WHERE id = $1 AND state IN ('connecting', 'ready') AND {} <= $2",
+            ms("last_used_at")
+        )))
+        .bind(id.0)
+        .bind(last_used_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `terminating` → `terminated`.
+    pub async fn finish_terminating(&self, id: SessionId) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
+             WHERE id = $1 AND state = 'terminating'",
+        )
+        .bind(id.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `connecting` for longer than `timeout` → `failed` (`dial_timeout`). The brain keeps
+    /// a session `connecting` through the MCP handshake and touches `updated_at` when the
+    /// worker's socket is accepted, so only sessions nobody dialed time out here.
+    pub async fn fail_dial_timeouts(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<(SessionId, Option<String>)>, sqlx::Error> {
+        let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+            "UPDATE agent_runtime_sessions
+             SET state = 'failed', failure_reason = $1, failure_detail = NULL, updated_at = now()
+             WHERE state = 'connecting' AND updated_at <= now() - make_interval(secs => $2)
+             RETURNING id, worker_ref",
+        )
+        .bind(FailureReason::DialTimeout.as_str())
+        .bind(timeout.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, worker_ref)| (SessionId(id), worker_ref))
+            .collect())
+    }
+
+    /// The rows of `ids` (sessions whose workers run here).
+    pub async fn rows(
+        &self,
+        ids: &[SessionId],
+        stale_after: Duration,
+    ) -> Result<Vec<WorkerRow>, sqlx::Error> {
+        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
+            "SELECT id, state, worker_ref,
+                    state = 'terminating' AND updated_at <= now() - make_interval(secs => $2)
+             FROM agent_runtime_sessions WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .bind(stale_after.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(worker_row).collect())
+    }
+
+    /// Sessions with a worker that may be running: what O3 reconciles at start.
+    pub async fn launched(&self) -> Result<Vec<WorkerRow>, sqlx::Error> {
+        let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
+            "SELECT id, state, worker_ref, false FROM agent_runtime_sessions
+             WHERE state IN ('connecting', 'ready', 'terminating') AND worker_ref IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(worker_row).collect())
+    }
+
+    /// `connecting`/`ready` with `worker_ref` → `failed`, for a worker that is gone.
+    pub async fn fail_worker(
+        &self,
+        id: SessionId,
+        worker_ref: &str,
+        reason: FailureReason,
+        detail: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions
+             SET state = 'failed', failure_reason = $3, failure_detail = $4, updated_at = now()
+             WHERE id = $1 AND worker_ref = $2 AND state IN ('connecting', 'ready')",
+        )
+        .bind(id.0)
+        .bind(worker_ref)
+        .bind(reason.as_str())
+        .bind(detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Any live state with `worker_ref` → `terminated`, for a worker stopped on purpose
+    /// (shutdown of a launcher whose workers die with the manager).
+    pub async fn terminate_worker(
+        &self,
+        id: SessionId,
+        worker_ref: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
+             WHERE id = $1 AND worker_ref = $2 AND state IN ('connecting', 'ready', 'terminating')",
+        )
+        .bind(id.0)
+        .bind(worker_ref)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+fn worker_row((id, state, worker_ref, stale): (Uuid, String, Option<String>, bool)) -> WorkerRow {
+    WorkerRow {
+        session: SessionId(id),
+        state: SessionState::parse(&state),
+        worker_ref,
+        stale,
+    }
+}

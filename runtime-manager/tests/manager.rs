@@ -1,0 +1,352 @@
+//! The runtime-manager against real Postgres and Redis, launching a fake worker (a shell
+//! script that never dials): provisioning, launch failures, the dial timeout, idle
+//! teardown, crash recovery, the reaper and start-up reconciliation (SPEC W2, W6, W7, O3).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use channel::token::TokenKeys;
+use common::{BRAIN_URL, Harness, alive, wait_gone};
+use runtime_manager::DEV_SESSION_TOKEN_KEY;
+
+const SECONDS_5: Duration = Duration::from_secs(5);
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+async fn sleep_until_unix_ms(at: i64) {
+    let wait = at - unix_ms();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
+    let mut h = Harness::new().await;
+    h.start(&[]);
+    let started = Instant::now();
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let launched_in = started.elapsed();
+    let pid = row.pid();
+    assert!(alive(pid));
+    assert!(
+        launched_in < Duration::from_secs(2),
+        "a provision task starts at once: {launched_in:?}"
+    );
+
+    let env = h.worker_env(session).await;
+    assert_eq!(env["BRAIN_PUBLIC_URL"], BRAIN_URL);
+    assert_eq!(env["WORKER_SESSION_ID"], session.0.to_string());
+    assert_eq!(
+        env["WORKER_WORKSPACE"],
+        h.workspace(session).display().to_string()
+    );
+    let claims = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
+        .unwrap()
+        .verify(&env["WORKER_SESSION_TOKEN"])
+        .expect("a token the brain accepts");
+    assert_eq!(claims.sub, session);
+    assert_eq!(claims.team, h.team);
+    assert_eq!(claims.agent, h.agent);
+    assert!(claims.exp - claims.iat <= 600, "short-lived");
+    // Nothing of the manager's environment beyond the allow-list (the shell adds PWD,
+    // SHLVL and `_` itself).
+    let allowed = [
+        "BRAIN_PUBLIC_URL",
+        "WORKER_SESSION_ID",
+        "WORKER_SESSION_TOKEN",
+        "WORKER_WORKSPACE",
+        "PATH",
+        "HOME",
+        "LANG",
+        "TMPDIR",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    ];
+    for name in env.keys() {
+        assert!(
+            allowed.contains(&name.as_str()),
+            "unexpected variable {name}"
+        );
+    }
+    for secret in ["DATABASE_URL", "REDIS_URL", "SESSION_TOKEN_KEY"] {
+        assert!(!env.contains_key(secret), "{secret} leaked to the worker");
+    }
+    // Output goes to a log next to the workspace.
+    let log = h.workspaces().join(format!("{}.log", session.0));
+    let deadline = Instant::now() + SECONDS_5;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("fake worker")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no worker log at {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // SIGTERM: the manager stops its local workers and ends their sessions.
+    let grandchild = h.grandchild(session).await;
+    h.stop_manager().await;
+    assert!(
+        !alive(pid) && !alive(grandchild),
+        "no worker outlives the manager"
+    );
+    assert_eq!(h.row(session).await.state, "terminated");
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_that_cannot_start_fails_the_session() {
+    let mut h = Harness::new().await;
+    let missing = h.dir.join("no-such-worker").display().to_string();
+    h.start(&[("RUNTIME_MANAGER_WORKER_BIN", &missing)]);
+
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "failed", SECONDS_5).await;
+    assert_eq!(row.failure_reason.as_deref(), Some("launch_failed"));
+    assert_eq!(row.failure_detail.as_deref(), Some("worker_binary_missing"));
+    assert_eq!(row.worker_ref, None);
+
+    let session = h.provision("none").await;
+    let row = h.wait_state(session, "failed", SECONDS_5).await;
+    assert_eq!(row.failure_reason.as_deref(), Some("launch_failed"));
+    assert_eq!(row.failure_detail.as_deref(), Some("unknown_profile"));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_never_dials_times_out_and_is_stopped() {
+    let mut h = Harness::new().await;
+    h.start(&[("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "1000")]);
+
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let connecting_at = Instant::now();
+    let pid = row.pid();
+    let grandchild = h.grandchild(session).await;
+
+    let row = h.wait_state(session, "failed", SECONDS_5).await;
+    let after = connecting_at.elapsed();
+    assert_eq!(row.failure_reason.as_deref(), Some("dial_timeout"));
+    assert!(
+        after >= Duration::from_millis(900),
+        "not before the timeout: {after:?}"
+    );
+    assert!(
+        after < Duration::from_millis(3000),
+        "soon after it: {after:?}"
+    );
+    wait_gone(pid, SECONDS_5).await;
+    wait_gone(grandchild, SECONDS_5).await;
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
+    let mut h = Harness::new().await;
+    h.start(&[("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500")]);
+
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let pid = row.pid();
+    let grandchild = h.grandchild(session).await;
+    // The idle check carries the time the session went `connecting`.
+    let (launched_ms,): (i64,) = sqlx::query_as(
+        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
+         FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    // The brain: the worker is ready.
+    sqlx::query(
+        "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1",
+    )
+    .bind(session.0)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+
+    // Delays are whole seconds, rounded up: the first check fires at this second at the
+    // earliest. Use the session just before it.
+    let first_check_ms = (launched_ms + 1500 + 999) / 1000 * 1000;
+    sleep_until_unix_ms(first_check_ms - 300).await;
+    let (bumped_ms,): (i64,) = sqlx::query_as(
+        "UPDATE agent_runtime_sessions SET last_used_at = now() WHERE id = $1
+         RETURNING floor(extract(epoch from last_used_at) * 1000)::bigint",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+
+    // The first check has fired by now and found the session used: still alive.
+    sleep_until_unix_ms(bumped_ms + 1400).await;
+    assert_eq!(
+        h.row(session).await.state,
+        "ready",
+        "re-armed, not torn down"
+    );
+    assert!(alive(pid));
+
+    let row = h.wait_state(session, "terminated", SECONDS_5).await;
+    assert_eq!(row.failure_reason, None);
+    wait_gone(pid, SECONDS_5).await;
+    wait_gone(grandchild, SECONDS_5).await;
+    let (last_used_ms, ended_ms): (i64, i64) = sqlx::query_as(
+        "SELECT floor(extract(epoch from last_used_at) * 1000)::bigint,
+                floor(extract(epoch from updated_at) * 1000)::bigint
+         FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(last_used_ms, bumped_ms);
+    assert!(
+        ended_ms - last_used_ms >= 1500,
+        "torn down only after a full idle window: {} ms",
+        ended_ms - last_used_ms
+    );
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_retried_after_a_crash_between_claim_and_launch_launches() {
+    let mut h = Harness::new().await;
+    h.start(&[]);
+    // A manager took the task, claimed the row and died before launching.
+    let (session, chat) = h.insert_session("provisioning", "light").await;
+    h.push_provision(session, chat, "light").await;
+
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    assert!(alive(row.pid()));
+    assert_eq!(
+        h.worker_env(session).await["WORKER_SESSION_ID"],
+        session.0.to_string()
+    );
+
+    // The same task delivered again changes nothing.
+    h.push_provision(session, chat, "light").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = h.row(session).await;
+    assert_eq!(again.state, "connecting");
+    assert_eq!(again.worker_ref, row.worker_ref);
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_stops_the_worker_of_a_session_failed_elsewhere() {
+    let mut h = Harness::new().await;
+    h.start(&[]);
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let pid = row.pid();
+    let grandchild = h.grandchild(session).await;
+
+    // The brain saw the worker stop answering.
+    sqlx::query(
+        "UPDATE agent_runtime_sessions
+         SET state = 'failed', failure_reason = 'heartbeat_lost', updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(session.0)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    wait_gone(pid, SECONDS_5).await;
+    wait_gone(grandchild, SECONDS_5).await;
+    let row = h.row(session).await;
+    assert_eq!(row.state, "failed");
+    assert_eq!(row.failure_reason.as_deref(), Some("heartbeat_lost"));
+    h.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_start_sessions_whose_worker_vanished_fail_and_running_ones_are_kept() {
+    let mut h = Harness::new().await;
+    // Pids of processes that have exited.
+    let mut dead = Vec::new();
+    for _ in 0..2 {
+        let mut child = tokio::process::Command::new("true").spawn().unwrap();
+        dead.push(child.id().unwrap());
+        child.wait().await.unwrap();
+    }
+    let set_worker = |session: protocol::SessionId, state: &'static str, worker_ref: String| {
+        let pool = h.pool.clone();
+        async move {
+            sqlx::query(
+                "UPDATE agent_runtime_sessions SET state = $2, worker_ref = $3 WHERE id = $1",
+            )
+            .bind(session.0)
+            .bind(state)
+            .bind(worker_ref)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let (ready_gone, _) = h.insert_session("pending", "light").await;
+    set_worker(ready_gone, "ready", format!("local:{}", dead[0])).await;
+    let (connecting_gone, _) = h.insert_session("pending", "light").await;
+    set_worker(connecting_gone, "connecting", format!("local:{}", dead[1])).await;
+    let (unlaunched, _) = h.insert_session("provisioning", "light").await;
+    // A worker a previous manager launched, still running.
+    let (survivor, _) = h.insert_session("pending", "light").await;
+    let workspace = h.workspace(survivor);
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut orphan = tokio::process::Command::new(&h.worker_bin)
+        .env("WORKER_WORKSPACE", &workspace)
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let orphan_pid = orphan.id().unwrap();
+    set_worker(survivor, "ready", format!("local:{orphan_pid}")).await;
+
+    h.start(&[]);
+    let row = h.wait_state(ready_gone, "failed", SECONDS_5).await;
+    assert_eq!(row.failure_reason.as_deref(), Some("heartbeat_lost"));
+    assert_eq!(
+        row.failure_detail.as_deref(),
+        Some("worker_gone_on_restart")
+    );
+    let row = h.wait_state(connecting_gone, "failed", SECONDS_5).await;
+    assert_eq!(row.failure_reason.as_deref(), Some("dial_timeout"));
+    assert_eq!(
+        row.failure_detail.as_deref(),
+        Some("worker_gone_on_restart")
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        h.row(unlaunched).await.state,
+        "provisioning",
+        "left for its retried task"
+    );
+    assert_eq!(h.row(survivor).await.state, "ready");
+    assert!(alive(orphan_pid), "a running worker is kept");
+
+    // ...and tracked: when its session ends, the reaper stops it.
+    sqlx::query("UPDATE agent_runtime_sessions SET state = 'terminated' WHERE id = $1")
+        .bind(survivor.0)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let stopped = tokio::time::timeout(SECONDS_5, orphan.wait()).await;
+    assert!(stopped.is_ok(), "the adopted worker was stopped");
+    h.finish().await;
+}

@@ -1,0 +1,235 @@
+//! The worker's configuration, read from the environment before anything else happens.
+//!
+//! Every variable is documented in `worker/README.md`. Parsing goes through [`Env`]
+//! so tests can feed a map instead of the process environment. A bad or missing variable
+//! is a [`ConfigError`] that names the variable and never carries its value (the token is
+//! a secret); `main` turns it into exit code 2.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use protocol::SessionId;
+use protocol::channel::CONNECT_PATH;
+
+pub const BRAIN_PUBLIC_URL: &str = "BRAIN_PUBLIC_URL";
+pub const WORKER_SESSION_ID: &str = "WORKER_SESSION_ID";
+pub const WORKER_SESSION_TOKEN: &str = "WORKER_SESSION_TOKEN";
+pub const WORKER_WORKSPACE: &str = "WORKER_WORKSPACE";
+/// Optional: a `tracing` filter (default `info`). rmcp and tungstenite are always capped
+/// at `error`/`warn` because they log message payloads (X4).
+pub const WORKER_LOG: &str = "WORKER_LOG";
+
+/// A source of variables: the process environment, or a map in tests.
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name).cloned()
+    }
+}
+
+/// A variable that is missing or unusable. The message names the variable, never its
+/// value.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {name} {problem}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub problem: &'static str,
+}
+
+fn invalid(name: &'static str, problem: &'static str) -> ConfigError {
+    ConfigError { name, problem }
+}
+
+/// The session token. Its `Debug` never shows the value, so a config printed by mistake
+/// leaks nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// The worker's whole configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The channel endpoint: `ws(s)://host:port[/prefix]/v1/worker/connect`.
+    pub connect_url: String,
+    pub session: SessionId,
+    pub token: Token,
+    /// The workspace directory, created if missing, canonical (symlinks resolved).
+    pub workspace: PathBuf,
+}
+
+impl Config {
+    /// Reads and validates every variable; creates the workspace directory if missing.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        let required = |name: &'static str| {
+            env.get(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .ok_or(invalid(name, "is not set"))
+        };
+        let connect_url = connect_url(&required(BRAIN_PUBLIC_URL)?)?;
+        let session = required(WORKER_SESSION_ID)?
+            .parse::<SessionId>()
+            .map_err(|_| invalid(WORKER_SESSION_ID, "is not a UUID"))?;
+        let token = required(WORKER_SESSION_TOKEN)?;
+        // It travels in an HTTP header: visible ASCII only.
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(
+                WORKER_SESSION_TOKEN,
+                "must be printable ASCII without spaces",
+            ));
+        }
+        let workspace = PathBuf::from(required(WORKER_WORKSPACE)?);
+        std::fs::create_dir_all(&workspace)
+            .map_err(|_| invalid(WORKER_WORKSPACE, "cannot be created"))?;
+        let workspace = workspace
+            .canonicalize()
+            .map_err(|_| invalid(WORKER_WORKSPACE, "cannot be resolved"))?;
+        if !workspace.is_dir() {
+            return Err(invalid(WORKER_WORKSPACE, "is not a directory"));
+        }
+        Ok(Self {
+            connect_url,
+            session,
+            token: Token::new(token),
+            workspace,
+        })
+    }
+}
+
+/// `http(s)://host:port[/prefix]` (or already `ws(s)://`) → the channel endpoint URL.
+fn connect_url(base: &str) -> Result<String, ConfigError> {
+    let bad = |problem| invalid(BRAIN_PUBLIC_URL, problem);
+    let (scheme, rest) = base
+        .split_once("://")
+        .ok_or(bad("must be an http:// or https:// URL"))?;
+    let scheme = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => "ws",
+        "https" | "wss" => "wss",
+        _ => return Err(bad("must be an http:// or https:// URL")),
+    };
+    if scheme == "wss" && !cfg!(feature = "tls") {
+        return Err(bad(
+            "is https, but this worker build has no TLS: dial the brain's in-cluster http:// \
+             address or terminate TLS in a proxy",
+        ));
+    }
+    if rest.contains(['?', '#']) {
+        return Err(bad("must not carry a query or fragment"));
+    }
+    let rest = rest.trim_end_matches('/');
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() || authority.contains('@') {
+        return Err(bad("must name a host (and no credentials)"));
+    }
+    let url = format!("{scheme}://{rest}{CONNECT_PATH}");
+    url.parse::<tokio_tungstenite::tungstenite::http::Uri>()
+        .map_err(|_| bad("is not a valid URL"))?;
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn good(workspace: &str) -> HashMap<String, String> {
+        env(&[
+            (BRAIN_PUBLIC_URL, "http://127.0.0.1:8080/"),
+            (WORKER_SESSION_ID, "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10"),
+            (WORKER_SESSION_TOKEN, "a.b.c"),
+            (WORKER_WORKSPACE, workspace),
+        ])
+    }
+
+    #[test]
+    fn a_complete_environment_parses_and_creates_the_workspace() {
+        let dir = std::env::temp_dir().join(format!("worker-config-{}", std::process::id()));
+        let ws = dir.join("nested/ws");
+        let config = Config::from_env(&good(ws.to_str().unwrap())).unwrap();
+        assert_eq!(config.connect_url, "ws://127.0.0.1:8080/v1/worker/connect");
+        assert!(config.workspace.is_dir());
+        assert!(!format!("{config:?}").contains("a.b.c"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn each_bad_variable_is_named_without_its_value() {
+        let ws = std::env::temp_dir().to_string_lossy().into_owned();
+        for (name, value) in [
+            (BRAIN_PUBLIC_URL, "ftp://x"),
+            (BRAIN_PUBLIC_URL, "127.0.0.1:8080"),
+            (BRAIN_PUBLIC_URL, "http://"),
+            (WORKER_SESSION_ID, "not-a-uuid"),
+            (WORKER_SESSION_TOKEN, "secret with space"),
+            (WORKER_SESSION_TOKEN, ""),
+        ] {
+            let mut vars = good(&ws);
+            vars.insert(name.to_owned(), value.to_owned());
+            let err = Config::from_env(&vars).unwrap_err();
+            assert_eq!(err.name, name, "{value}");
+            if !value.is_empty() {
+                assert!(!err.to_string().contains(value), "{err}");
+            }
+        }
+        let mut vars = good(&ws);
+        vars.remove(WORKER_WORKSPACE);
+        assert_eq!(Config::from_env(&vars).unwrap_err().name, WORKER_WORKSPACE);
+    }
+
+    #[test]
+    fn https_becomes_wss_when_tls_is_built_in() {
+        let url = connect_url("https://brain.example.com");
+        if cfg!(feature = "tls") {
+            assert_eq!(url.unwrap(), "wss://brain.example.com/v1/worker/connect");
+        } else {
+            assert_eq!(url.unwrap_err().name, BRAIN_PUBLIC_URL);
+        }
+        assert_eq!(
+            connect_url("ws://10.0.0.1:8080").unwrap(),
+            "ws://10.0.0.1:8080/v1/worker/connect"
+        );
+    }
+
+    #[test]
+    fn a_path_prefix_is_kept() {
+        assert_eq!(
+            connect_url("http://brain.ns.svc:80/agents").unwrap(),
+            "ws://brain.ns.svc:80/agents/v1/worker/connect"
+        );
+    }
+}

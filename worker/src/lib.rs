@@ -1,0 +1,39 @@
+//! The worker: the binary inside a worker pod (or a local child process).
+//!
+//! It dials the brain, proves its session, and then serves MCP over the socket: the brain
+//! is the MCP client, the worker the MCP server (SPEC W3, W8). The layout:
+//!
+//! - `config`: the environment, validated before anything else (exit code 2 on error).
+//! - `dial`: the WebSocket upgrade with the session headers, retried while the brain is
+//!   starting; a refused upgrade is final.
+//! - `session`: serves MCP over the dialed socket until the channel ends, pings the brain,
+//!   and turns the end reason into the exit code; nothing outlives it.
+//! - `tools`: the workspace tools (`shell`, `read_file`, `write_file`, `list_dir`,
+//!   `edit_file`, `upload_artifact`) with the argument types of `channel::catalog`.
+//! - `groups`: the process groups `shell` started, so cancellation, timeouts and the end
+//!   of the session kill whole process trees at once.
+//!
+//! **Invariant:** logs carry ids, counts, durations and classes only; never command text,
+//! file contents, paths chosen by the model, or the session token (SPEC X4).
+
+pub mod config;
+pub mod dial;
+pub mod groups;
+pub mod session;
+pub mod tools;
+
+/// Exit codes; the launcher reads them.
+pub mod exit {
+    /// The brain ended the session (close code 4005 `session_ended`), or SIGTERM.
+    pub const SESSION_ENDED: u8 = 0;
+    /// A configuration variable is missing or invalid.
+    pub const CONFIG: u8 = 2;
+    /// The brain refused the upgrade (HTTP 4xx): a bad token, another session, another
+    /// channel version. Retrying cannot help.
+    pub const REFUSED: u8 = 3;
+    /// The channel ended any other way: another close code, the socket lost, the brain
+    /// silent past the heartbeat window, or MCP failing.
+    pub const CHANNEL_LOST: u8 = 4;
+    /// The brain could not be reached within the dial window.
+    pub const UNREACHABLE: u8 = 5;
+}

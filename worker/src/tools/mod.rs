@@ -1,0 +1,396 @@
+//! The MCP server the brain drives: the workspace tools of `channel::catalog`, decoded
+//! with exactly its argument types, plus the in-band token renewal (SPEC W3, W8).
+//!
+//! - `paths`: workspace confinement for the file tools.
+//! - `output`: head-and-tail capping with a truncation marker.
+//! - `shell`: commands in their own process group, output streamed as progress.
+//! - `files`: read, write, list, edit.
+//! - `artifact`: a workspace file as an embedded resource.
+//!
+//! A tool that ran and failed (a missing file, a path that escapes, a command that could
+//! not start) answers with an `isError` result the model reads; a command that exits
+//! non-zero is a normal result. Protocol errors are left to rmcp (unknown tool, arguments
+//! that do not decode).
+
+pub mod artifact;
+pub mod files;
+pub mod output;
+pub mod paths;
+pub mod shell;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use channel::catalog::{
+    self, EditFileArgs, ListDirArgs, ReadFileArgs, ShellArgs, UploadArtifactArgs, WriteFileArgs,
+};
+use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
+use rmcp::model::{
+    CallToolResult, ContentBlock, CustomNotification, Implementation, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Token;
+use crate::groups::Groups;
+
+/// The custom notification carrying a renewed session token (`params: {"token": "..."}`).
+pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
+
+/// The catalog's description of `name`, so the brain and the worker describe a tool alike.
+fn describe(name: &str) -> &'static str {
+    catalog::catalog_for("light")
+        .into_iter()
+        .find(|tool| tool.name == name)
+        .map_or("", |tool| tool.description)
+}
+
+struct Shared {
+    workspace: PathBuf,
+    groups: Groups,
+    /// The newest session token. Used only for a re-dial, which the worker does not do
+    /// today: a lost channel ends the session.
+    token: Mutex<Token>,
+    /// Cancelled when the session ends: every running call stops.
+    shutdown: CancellationToken,
+    calls: AtomicU64,
+}
+
+/// The worker's MCP server.
+#[derive(Clone)]
+pub struct Worker {
+    #[allow(dead_code)] // Read by the code `#[tool_handler]` generates.
+    tool_router: ToolRouter<Self>,
+    shared: Arc<Shared>,
+}
+
+fn error(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+fn text(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(text)])
+}
+
+impl Worker {
+    /// `workspace` must be canonical.
+    pub fn new(
+        workspace: PathBuf,
+        token: Token,
+        groups: Groups,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            tool_router: Self::tool_router(),
+            shared: Arc::new(Shared {
+                workspace,
+                groups,
+                token: Mutex::new(token),
+                shutdown,
+                calls: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The newest session token (the one from the environment, or a renewal).
+    pub fn token(&self) -> Option<Token> {
+        self.shared.token.lock().ok().map(|token| token.clone())
+    }
+
+    fn call_id(&self) -> u64 {
+        self.shared.calls.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn resolve(&self, path: &str) -> Result<paths::Resolved, CallToolResult> {
+        paths::resolve(&self.shared.workspace, path).map_err(|err| error(err.to_string()))
+    }
+
+    /// Runs a file tool: confines the path, logs the outcome class, maps the error.
+    async fn file_tool<F, Fut>(&self, tool: &'static str, path: &str, run: F) -> CallToolResult
+    where
+        F: FnOnce(paths::Resolved) -> Fut,
+        Fut: Future<Output = Result<CallToolResult, files::FileError>>,
+    {
+        let call = self.call_id();
+        let started = Instant::now();
+        let resolved = match self.resolve(path) {
+            Ok(resolved) => resolved,
+            Err(result) => {
+                tracing::info!(call, tool, outcome = "path_refused", "tool call");
+                return result;
+            }
+        };
+        let result = run(resolved).await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(err) => err.class(),
+        };
+        tracing::info!(
+            call,
+            tool,
+            outcome,
+            ms = started.elapsed().as_millis() as u64,
+            "tool call"
+        );
+        result.unwrap_or_else(|err| error(err.to_string()))
+    }
+}
+
+#[tool_router]
+impl Worker {
+    #[tool(description = describe(catalog::SHELL))]
+    async fn shell(
+        &self,
+        Parameters(args): Parameters<ShellArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let call = self.call_id();
+        let started = Instant::now();
+        let cwd = match args.cwd.as_deref() {
+            None => self.shared.workspace.clone(),
+            Some(cwd) => match self.resolve(cwd) {
+                Ok(resolved) if resolved.full.is_dir() => resolved.full,
+                Ok(_) => {
+                    tracing::info!(call, tool = "shell", outcome = "bad_cwd", "tool call");
+                    return error(format!("cwd {cwd} is not a directory in the workspace"));
+                }
+                Err(result) => {
+                    tracing::info!(call, tool = "shell", outcome = "path_refused", "tool call");
+                    return result;
+                }
+            },
+        };
+        let timeout = shell::timeout_of(args.timeout_s);
+        let live = context.meta.get_progress_token().map(|token| shell::Live {
+            peer: context.peer.clone(),
+            token,
+        });
+        // Stops when the brain cancels this call (its `ct`) or the session ends.
+        let cancel = self.shared.shutdown.child_token();
+        let _forward = AbortOnDrop(tokio::spawn({
+            let (call_ct, cancel) = (context.ct.clone(), cancel.clone());
+            async move {
+                call_ct.cancelled().await;
+                cancel.cancel();
+            }
+        }));
+        let run = shell::ShellCall {
+            command: args.command,
+            cwd,
+            timeout,
+        };
+        match shell::run(run, &self.shared.groups, &cancel, live).await {
+            Ok(outcome) => {
+                tracing::info!(
+                    call,
+                    tool = "shell",
+                    outcome = outcome.ending.class(),
+                    stdout_bytes = outcome.stdout.total(),
+                    stderr_bytes = outcome.stderr.total(),
+                    notifications = outcome.notifications,
+                    ms = started.elapsed().as_millis() as u64,
+                    "tool call"
+                );
+                text(shell::render(outcome, timeout))
+            }
+            Err(err) => {
+                tracing::info!(call, tool = "shell", outcome = "spawn_failed", "tool call");
+                error(format!("the command could not be started: {err}"))
+            }
+        }
+    }
+
+    #[tool(
+        description = describe(catalog::READ_FILE),
+        annotations(read_only_hint = true)
+    )]
+    async fn read_file(&self, Parameters(args): Parameters<ReadFileArgs>) -> CallToolResult {
+        self.file_tool("read_file", &args.path, |path| async move {
+            files::read_file(&path).await.map(text)
+        })
+        .await
+    }
+
+    #[tool(description = describe(catalog::WRITE_FILE))]
+    async fn write_file(&self, Parameters(args): Parameters<WriteFileArgs>) -> CallToolResult {
+        self.file_tool("write_file", &args.path, |path| async move {
+            files::write_file(&path, &args.content).await.map(text)
+        })
+        .await
+    }
+
+    #[tool(
+        description = describe(catalog::LIST_DIR),
+        annotations(read_only_hint = true)
+    )]
+    async fn list_dir(&self, Parameters(args): Parameters<ListDirArgs>) -> CallToolResult {
+        self.file_tool("list_dir", &args.path, |path| async move {
+            files::list_dir(&path).await.map(text)
+        })
+        .await
+    }
+
+    #[tool(description = describe(catalog::EDIT_FILE))]
+    async fn edit_file(&self, Parameters(args): Parameters<EditFileArgs>) -> CallToolResult {
+        self.file_tool("edit_file", &args.path, |path| async move {
+            files::edit_file(&path, &args.old, &args.new)
+                .await
+                .map(text)
+        })
+        .await
+    }
+
+    #[tool(description = describe(catalog::UPLOAD_ARTIFACT))]
+    async fn upload_artifact(
+        &self,
+        Parameters(args): Parameters<UploadArtifactArgs>,
+    ) -> CallToolResult {
+        self.file_tool("upload_artifact", &args.path, |path| async move {
+            let bytes = files::read_artifact(&path).await?;
+            let resource = artifact::resource(&path.relative, &bytes);
+            Ok(CallToolResult::success(vec![
+                ContentBlock::resource(resource),
+                ContentBlock::text(format!(
+                    "{} ({} bytes, {})",
+                    path.relative,
+                    bytes.len(),
+                    artifact::guess_mime(&path.relative)
+                )),
+            ]))
+        })
+        .await
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRenewal {
+    token: String,
+}
+
+#[tool_handler]
+impl ServerHandler for Worker {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+            Implementation::new("agent-runtime-worker", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if notification.method != TOKEN_NOTIFICATION {
+            tracing::debug!("unknown custom notification ignored");
+            return;
+        }
+        match notification.params_as::<TokenRenewal>() {
+            Ok(Some(renewal))
+                if !renewal.token.is_empty()
+                    && renewal.token.bytes().all(|b| b.is_ascii_graphic()) =>
+            {
+                if let Ok(mut token) = self.shared.token.lock() {
+                    *token = Token::new(renewal.token);
+                }
+                tracing::info!("session token renewed");
+            }
+            _ => tracing::warn!("token renewal without a usable token ignored"),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A directory under the system temp dir, canonical, removed on drop.
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(label: &str) -> Self {
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "worker-{label}-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap_or_default();
+            Self(path.canonicalize().unwrap_or(path))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_worker_serves_exactly_the_catalog() {
+        let worker = Worker::new(
+            PathBuf::from("/"),
+            Token::new("t".into()),
+            Groups::default(),
+            CancellationToken::new(),
+        );
+        let mut served: Vec<_> = worker
+            .tool_router
+            .list_all()
+            .into_iter()
+            .map(|tool| {
+                (
+                    tool.name.to_string(),
+                    tool.description.map(|d| d.to_string()),
+                )
+            })
+            .collect();
+        served.sort();
+        let mut offered: Vec<_> = catalog::catalog_for("light")
+            .into_iter()
+            .map(|tool| (tool.name.to_owned(), Some(tool.description.to_owned())))
+            .collect();
+        offered.sort();
+        assert_eq!(served, offered);
+        // The served schemas take the catalog's fields.
+        for tool in worker.tool_router.list_all() {
+            let decl = catalog::catalog_for("light")
+                .into_iter()
+                .find(|decl| decl.name == tool.name)
+                .unwrap();
+            let served = serde_json::Value::Object((*tool.input_schema).clone());
+            assert_eq!(
+                served["properties"], decl.input_schema["properties"],
+                "{}",
+                tool.name
+            );
+            assert_eq!(served["required"], decl.input_schema["required"]);
+        }
+    }
+}
