@@ -83,6 +83,7 @@ impl AppState {
         let sessions = Sessions::new(
             store.clone(),
             config.redis_url.clone(),
+            redis.clone(),
             config.workers.clone(),
             metrics.clone(),
         )?;
@@ -160,6 +161,7 @@ pub async fn serve(
             turns_cancel.cancel();
         }
     });
+    tokio::spawn(state.sessions.clone().serve_relay(shutdown.clone()));
     let stop = shutdown.clone();
     // Small frames (stream chunks, cancel notifications to workers) must not wait for
     // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.

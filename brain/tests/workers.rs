@@ -440,3 +440,143 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
     assert_eq!(listed[0]["failure_reason"], "dial_timeout");
     drop(workspaces);
 }
+
+#[tokio::test]
+async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    // Replica A (the app) provisions; the worker dials A (BRAIN_PUBLIC_URL).
+    app.provider.push(shell("a1", "echo on a"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "start on A"})).await).await;
+    app.settled().await;
+
+    let b = app.second_replica().await;
+    let post_to_b = |body: Value| {
+        app.http
+            .post(format!("{b}/v1/chats/{chat}/messages"))
+            .bearer_auth(&app.key)
+            .json(&body)
+            .send()
+    };
+    // Live output and the answer travel from A to B.
+    app.provider.push(shell(
+        "b1",
+        "for i in 1 2 3; do echo line$i; sleep 0.05; done",
+    ));
+    app.provider.push(text("relayed"));
+    let (chunks, _) = read_stream(post_to_b(json!({"content": "run on B"})).await.unwrap()).await;
+    let output = output_of(&chunks, "b1");
+    assert!(output.contains("line3"), "{output}");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataWorkerLog { .. })),
+        "live lines relayed"
+    );
+    assert_eq!(
+        sessions(&app, &agent).await.len(),
+        1,
+        "B reused A's session"
+    );
+    app.settled().await;
+
+    // Cancellation from B reaches the worker held by A.
+    app.provider.push(shell("b2", "echo pid=$$; exec sleep 30"));
+    let mut body = post_to_b(json!({"content": "sleep on B"}))
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut seen = String::new();
+    const MARK: &str = "\"text\":\"pid=";
+    let pid: i32 = loop {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+        if let Some(at) = seen.find(MARK) {
+            let rest = &seen[at + MARK.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && rest[digits.len()..].starts_with(|c: char| !c.is_ascii_digit())
+            {
+                break digits.parse().unwrap();
+            }
+        }
+    };
+    let hung_up = Instant::now();
+    drop(body);
+    while alive(pid) {
+        assert!(
+            hung_up.elapsed() < Duration::from_millis(500),
+            "pid {pid} still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "hang-up on replica B to command gone on A's worker: {:?}",
+        hung_up.elapsed()
+    );
+}
+
+/// O3 / issue point 9: a session left `ready` by a replica that died (no replica holds its
+/// channel any more) is failed and replaced by the next call, never waited on.
+#[tokio::test]
+async fn a_ready_session_whose_replica_died_is_replaced() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    let orphan = protocol::SessionId::new();
+    sqlx::query(
+        "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state, worker_ref) \
+         VALUES ($1, $2, $3::uuid, $4::uuid, 'light', 'ready', 'local:999999')",
+    )
+    .bind(orphan.0)
+    .bind(app.team.0)
+    .bind(&agent)
+    .bind(&chat)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    app.provider.push(shell("r1", "echo replaced"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(output_of(&chunks, "r1").contains("replaced"), "{chunks:?}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 2);
+    let old = listed
+        .iter()
+        .find(|s| s["id"] == orphan.to_string())
+        .unwrap();
+    assert_eq!(old["state"], "failed");
+    assert_eq!(old["failure_detail"], "no replica holds its channel");
+}
+
+#[tokio::test]
+async fn an_uploaded_artifact_is_stored_by_the_brain_and_downloadable() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (_, chat) = light_agent(&app).await;
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![
+            ToolCall {
+                id: "w".into(),
+                name: "write_file".into(),
+                arguments: json!({"path": "out/report.txt", "content": "made in the worker"})
+                    .to_string(),
+            },
+            ToolCall {
+                id: "u".into(),
+                name: "upload_artifact".into(),
+                arguments: json!({"path": "out/report.txt"}).to_string(),
+            },
+        ],
+        fragment: 32,
+    });
+    app.provider.push(text("uploaded"));
+    let (chunks, _) =
+        read_stream(app.send(&chat, &json!({"content": "make a report"})).await).await;
+    let stored = output_of(&chunks, "u");
+    let id = stored
+        .strip_prefix("stored artifact ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{stored}"));
+    let download = app.get(&format!("/v1/artifacts/{id}")).await;
+    assert_eq!(download.status(), 200);
+    assert_eq!(download.text().await.unwrap(), "made in the worker");
+}

@@ -178,6 +178,9 @@ impl Sessions {
         if !matches!(listed, Ok(Ok(_))) {
             return refuse(FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT, session).await;
         }
+        // The owner key exists before the row says `ready`: a ready session without one
+        // has lost its channel.
+        self.claim_owner(session, self.owner_ttl()).await;
         match self
             .store
             .transition_session(session, SessionState::Connecting, SessionState::Ready)
@@ -198,6 +201,7 @@ impl Sessions {
         self.registry.insert(worker.clone());
         self.heartbeat(&worker, &claims).await;
         self.registry.remove(session);
+        self.release_owner(session).await;
         // In-flight calls hold the worker too: ending the MCP session fails them now
         // instead of leaving them waiting for an answer that cannot come.
         worker.service.cancellation_token().cancel();
@@ -223,6 +227,7 @@ impl Sessions {
                         return;
                     }
                     let _ = worker.control.ping().await;
+                    self.claim_owner(session, self.owner_ttl()).await;
                     if renewed.elapsed() >= renew_every {
                         renewed = Instant::now();
                         self.renew_token(worker, claims).await;
@@ -230,6 +235,11 @@ impl Sessions {
                 }
             }
         }
+    }
+
+    /// Owner keys outlive a few missed refreshes, not a dead replica.
+    fn owner_ttl(&self) -> std::time::Duration {
+        self.config.ping_interval * 3
     }
 
     async fn renew_token(&self, worker: &LiveWorker, claims: &SessionClaims) {

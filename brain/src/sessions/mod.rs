@@ -4,6 +4,7 @@
 //!   exists; the first call asks for a session and waits for it.
 //! - `connect.rs`: the endpoint workers dial, the MCP handshake, heartbeats.
 //! - `registry.rs`: the workers whose socket this replica holds.
+//! - `relay.rs`: calls for a worker another replica holds, through Redis (W4).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -14,6 +15,7 @@
 
 mod connect;
 mod registry;
+mod relay;
 mod tool;
 
 use std::sync::Arc;
@@ -51,8 +53,23 @@ pub enum SessionError {
     Store(#[from] StoreError),
     #[error("cancelled")]
     Cancelled,
-    #[error("the worker is connected to another brain replica")]
-    Elsewhere,
+}
+
+/// Where a session's worker can be reached.
+pub enum Target {
+    /// This replica holds its channel.
+    Local(Arc<LiveWorker>),
+    /// Replica `owner` holds it; calls go through the relay.
+    Remote { owner: String, session: SessionId },
+}
+
+impl Target {
+    pub fn session(&self) -> SessionId {
+        match self {
+            Self::Local(worker) => worker.session,
+            Self::Remote { session, .. } => *session,
+        }
+    }
 }
 
 /// Shared by every turn: cheap to clone.
@@ -62,6 +79,9 @@ pub struct Sessions(Arc<Inner>);
 pub struct Inner {
     store: Store,
     redis_url: String,
+    redis_client: redis::Client,
+    /// This process's identity among replicas (owner keys, relay channel).
+    replica: String,
     config: WorkerConfig,
     keys: TokenKeys,
     registry: Registry,
@@ -80,6 +100,7 @@ impl Sessions {
     pub fn new(
         store: Store,
         redis_url: String,
+        redis_client: redis::Client,
         config: WorkerConfig,
         metrics: Metrics,
     ) -> Result<Self, channel::token::TokenError> {
@@ -87,6 +108,8 @@ impl Sessions {
         Ok(Self(Arc::new(Inner {
             store,
             redis_url,
+            redis_client,
+            replica: uuid::Uuid::new_v4().simple().to_string(),
             config,
             keys,
             registry: Registry::default(),
@@ -129,6 +152,13 @@ impl Sessions {
             .inc();
     }
 
+    /// Records use of a session, which pushes its idle teardown back (W7).
+    async fn touched(&self, session: SessionId) {
+        if let Err(err) = self.store.touch_session(session).await {
+            tracing::warn!(session = %session, class = err.metric_label(), "session use not recorded");
+        }
+    }
+
     /// The live worker of (agent, chat), provisioning one if needed (W1, W2). Shows
     /// each state change on `ui` as a `data-worker-status` part.
     pub async fn ensure(
@@ -139,16 +169,17 @@ impl Sessions {
         profile: &str,
         ui: Option<&mpsc::Sender<UiChunk>>,
         cancel: &CancellationToken,
-    ) -> Result<Arc<LiveWorker>, SessionError> {
+    ) -> Result<Target, SessionError> {
         let mut row = match self.store.live_session(team, agent, chat).await? {
             Some(row) => row,
             None => self.provision(team, agent, chat, profile).await?,
         };
         if let Some(worker) = self.registry.get(row.id) {
-            return Ok(worker);
+            return Ok(Target::Local(worker));
         }
         let deadline = Instant::now() + self.config.provision_timeout;
         let mut shown = None;
+        let mut replaced = false;
         loop {
             if shown != Some(row.state) {
                 shown = Some(row.state);
@@ -175,24 +206,43 @@ impl Sessions {
                 }
                 SessionState::Ready => {
                     if let Some(worker) = self.registry.get(row.id) {
-                        return Ok(worker);
+                        return Ok(Target::Local(worker));
+                    }
+                    match self.owner(row.id).await {
+                        Some(owner) if owner != self.replica => {
+                            return Ok(Target::Remote {
+                                owner,
+                                session: row.id,
+                            });
+                        }
+                        Some(_) => {}
+                        None if !replaced => {
+                            // Ready, but no replica holds its channel (its replica died or
+                            // restarted): this session needs a new worker (O3).
+                            self.fail(
+                                row.id,
+                                FailureReason::HeartbeatLost,
+                                Some("no replica holds its channel"),
+                            )
+                            .await;
+                            replaced = true;
+                            row = self.provision(team, agent, chat, profile).await?;
+                            continue;
+                        }
+                        None => {}
                     }
                 }
                 _ => {}
             }
             if Instant::now() >= deadline {
-                return Err(if row.state == SessionState::Ready {
-                    SessionError::Elsewhere
-                } else {
-                    SessionError::Timeout
-                });
+                return Err(SessionError::Timeout);
             }
             tokio::select! {
                 () = cancel.cancelled() => return Err(SessionError::Cancelled),
                 () = tokio::time::sleep(WAIT_POLL) => {}
             }
             if let Some(worker) = self.registry.get(row.id) {
-                return Ok(worker);
+                return Ok(Target::Local(worker));
             }
             row = self.store.session(row.id).await?;
         }

@@ -12,7 +12,12 @@ use rmcp::model::{
 use rmcp::service::PeerRequestOptions;
 use serde_json::Value;
 
-use super::Sessions;
+use protocol::ui::UiChunk;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::LiveWorker;
+use super::{Sessions, Target, relay};
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::provider::ToolSpec;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
@@ -82,70 +87,129 @@ impl Tool for WorkerTool {
 
     fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
         async move {
-            let worker = match self
-                .sessions
-                .ensure(ctx.team, ctx.agent, ctx.chat, &self.profile, ctx.ui.as_ref(), &ctx.cancel)
-                .await
-            {
-                Ok(worker) => worker,
-                Err(err) => return ToolOutput::error(format!("no worker: {err}")),
-            };
-            if let Err(err) = self.sessions.store.touch_session(worker.session).await {
-                tracing::warn!(session = %worker.session, class = err.metric_label(), "session use not recorded");
-            }
             let Value::Object(arguments) = arguments else {
                 return ToolOutput::error("arguments must be a JSON object");
             };
-            let request = ClientRequest::CallToolRequest(CallToolRequest::new(
-                CallToolRequestParams::new(self.decl.name).with_arguments(arguments),
-            ));
-            let peer = worker.service.peer().clone();
-            let handle = match peer.send_cancellable_request(request, PeerRequestOptions::no_options()).await {
-                Ok(handle) => handle,
-                Err(_) => return ToolOutput::error("the worker channel is closed"),
+            let target = match self
+                .sessions
+                .ensure(
+                    ctx.team,
+                    ctx.agent,
+                    ctx.chat,
+                    &self.profile,
+                    ctx.ui.as_ref(),
+                    &ctx.cancel,
+                )
+                .await
+            {
+                Ok(target) => target,
+                Err(err) => return ToolOutput::error(format!("no worker: {err}")),
             };
-            let token = handle.progress_token.clone();
-            if let Some(ui) = &ctx.ui {
-                worker.client().route(token.clone(), ctx.call_id.clone(), ui.clone());
-            }
-            let mut guard = CancelOnDrop {
-                peer: Some(peer),
-                request_id: handle.id.clone(),
-            };
-            let answer = tokio::select! {
-                () = ctx.cancel.cancelled() => None,
-                answer = handle.await_response() => Some(answer),
-                _ = worker.control.ended() => {
-                    worker.client().unroute(&token);
-                    guard.peer = None;
-                    return ToolOutput::error("the worker was lost during the call; the next call starts a new one");
+            let session = target.session();
+            self.sessions.touched(session).await;
+            let answer = match target {
+                Target::Local(worker) => {
+                    call_worker(
+                        &worker,
+                        self.decl.name,
+                        arguments,
+                        &ctx.call_id,
+                        ctx.ui.as_ref(),
+                        &ctx.cancel,
+                    )
+                    .await
+                }
+                Target::Remote { owner, session } => {
+                    relay::call_remote(
+                        &self.sessions,
+                        &owner,
+                        session,
+                        self.decl.name,
+                        arguments,
+                        &ctx.call_id,
+                        ctx.ui.as_ref(),
+                        &ctx.cancel,
+                    )
+                    .await
                 }
             };
-            worker.client().unroute(&token);
             // A call longer than the idle window must not be torn down right after it.
-            if let Err(err) = self.sessions.store.touch_session(worker.session).await {
-                tracing::warn!(session = %worker.session, class = err.metric_label(), "session use not recorded");
-            }
-            let Some(answer) = answer else {
-                // The guard tells the worker; the turn stores the synthetic result.
-                return ToolOutput::error("cancelled");
-            };
-            guard.peer = None;
+            self.sessions.touched(session).await;
             match answer {
-                Ok(ServerResult::CallToolResult(result)) => {
-                    let is_error = result.is_error.unwrap_or(false);
-                    let content = serde_json::to_value(&result.content).unwrap_or_default();
-                    if self.decl.name == UPLOAD_ARTIFACT && !is_error {
-                        return self.store_artifact(ctx, &content).await;
-                    }
-                    let text = content_text(&content);
-                    if is_error { ToolOutput::error(text) } else { ToolOutput::ok(text) }
+                Ok(answer) if self.decl.name == UPLOAD_ARTIFACT && !answer.is_error => {
+                    self.store_artifact(ctx, &answer.content).await
                 }
-                Ok(_) => ToolOutput::error("the worker sent an unexpected answer"),
-                Err(_) => ToolOutput::error("the worker channel closed during the call"),
+                Ok(answer) => {
+                    let text = content_text(&answer.content);
+                    if answer.is_error {
+                        ToolOutput::error(text)
+                    } else {
+                        ToolOutput::ok(text)
+                    }
+                }
+                Err(message) => ToolOutput::error(message),
             }
         }
         .boxed()
+    }
+}
+
+/// A worker's answer to one call: MCP content items as JSON, and the error flag.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Answer {
+    pub content: Value,
+    pub is_error: bool,
+}
+
+/// Runs `tool` on a worker whose channel this replica holds. Live output goes to `ui`
+/// tagged with `call_id`; a cancel sends `notifications/cancelled` so the worker kills
+/// what it runs (T8). The error string is for the model.
+pub(super) async fn call_worker(
+    worker: &LiveWorker,
+    tool: &str,
+    arguments: serde_json::Map<String, Value>,
+    call_id: &str,
+    ui: Option<&mpsc::Sender<UiChunk>>,
+    cancel: &CancellationToken,
+) -> Result<Answer, String> {
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+        CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
+    ));
+    let peer = worker.service.peer().clone();
+    let handle = peer
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .map_err(|_| "the worker channel is closed".to_owned())?;
+    let token = handle.progress_token.clone();
+    if let Some(ui) = ui {
+        worker
+            .client()
+            .route(token.clone(), call_id.to_owned(), ui.clone());
+    }
+    let mut guard = CancelOnDrop {
+        peer: Some(peer),
+        request_id: handle.id.clone(),
+    };
+    let answer = tokio::select! {
+        () = cancel.cancelled() => None,
+        answer = handle.await_response() => Some(answer),
+        _ = worker.control.ended() => {
+            guard.peer = None;
+            worker.client().unroute(&token);
+            return Err("the worker was lost during the call; the next call starts a new one".into());
+        }
+    };
+    worker.client().unroute(&token);
+    // On cancel the guard tells the worker; the turn stores the synthetic result.
+    let answer = answer.ok_or_else(|| "cancelled".to_owned())?;
+    guard.peer = None;
+    match answer {
+        Ok(ServerResult::CallToolResult(result)) => Ok(Answer {
+            is_error: result.is_error.unwrap_or(false),
+            content: serde_json::to_value(&result.content).unwrap_or_default(),
+        }),
+        Ok(_) => Err("the worker sent an unexpected answer".into()),
+        Err(_) => Err("the worker channel closed during the call".into()),
     }
 }
 

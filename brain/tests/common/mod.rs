@@ -79,6 +79,7 @@ pub struct TestApp {
     pub http: reqwest::Client,
     pub db_name: String,
     shutdown: CancellationToken,
+    config: Config,
 }
 
 impl TestApp {
@@ -102,6 +103,7 @@ impl TestApp {
         }
         let mut config = Config::from_env(&env).unwrap();
         tweak(&mut config);
+        let config_copy = config.clone();
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -118,7 +120,19 @@ impl TestApp {
             http: reqwest::Client::new(),
             db_name,
             shutdown,
+            config: config_copy,
         }
+    }
+
+    /// A second brain replica over the same database and Redis (SPEC W4): its URL.
+    pub async fn second_replica(&self) -> String {
+        let store = Store::connect(&self.store_url(), 10).await.unwrap();
+        let redis = redis::Client::open(self.config.redis_url.as_str()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = AppState::new(self.config.clone(), store, redis).unwrap();
+        tokio::spawn(brain::serve(listener, state, self.shutdown.child_token()));
+        url
     }
 
     pub fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
