@@ -276,7 +276,7 @@ fn common_results(chunks: &[UiChunk]) -> Vec<(String, String)> {
 async fn a_secret_value_never_reaches_a_later_request() {
     let app = TestApp::start_with(|c| c.secrets_key = Some(key(KEY_HEX))).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    turn(
+    let streamed = turn(
         &app,
         &chat,
         vec![vec![call(
@@ -286,6 +286,12 @@ async fn a_secret_value_never_reaches_a_later_request() {
         )]],
     )
     .await;
+    let streamed = serde_json::to_string(&streamed).unwrap();
+    assert!(
+        !streamed.contains(VALUE),
+        "not even the argument fragments stream it: {streamed}"
+    );
+    assert!(streamed.contains("tool-input-start"));
     app.provider.push(text("ok"));
     read_stream(app.send(&chat, &json!({"content": "next"})).await).await;
     for request in app.provider.requests().iter().skip(1) {

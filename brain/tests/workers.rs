@@ -580,3 +580,79 @@ async fn an_uploaded_artifact_is_stored_by_the_brain_and_downloadable() {
     assert_eq!(download.status(), 200);
     assert_eq!(download.text().await.unwrap(), "made in the worker");
 }
+
+/// R3, brain side: a worker pre-started with a pool token dials in unassigned; the first
+/// worker tool call claims it (no launch, no queue) and binds it over the channel. The
+/// test plays the runtime-manager's part of starting the pooled worker.
+#[tokio::test]
+async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let app = TestApp::start_with(move |c| c.workers.queue_namespace = namespace).await;
+    let slot = protocol::SessionId::new();
+    let workspace = tempdir::Dir::new();
+    let mut worker = tokio::process::Command::new(bin("worker"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("WORKER_SESSION_ID", slot.to_string())
+        .env(
+            "WORKER_SESSION_TOKEN",
+            channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes())
+                .unwrap()
+                .mint_pool(slot, Duration::from_secs(600))
+                .unwrap(),
+        )
+        .env("WORKER_WORKSPACE", &workspace.0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    sqlx::query("INSERT INTO worker_pool (id, profile, state, worker_ref) VALUES ($1, 'light', 'starting', $2)")
+        .bind(slot.0)
+        .bind(format!("local:{}", worker.id().unwrap()))
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (state,): (String,) = sqlx::query_as("SELECT state FROM worker_pool WHERE id = $1")
+            .bind(slot.0)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+        if state == "idle" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pooled worker never became idle ({state})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("w1", "echo warm"));
+    app.provider.push(text("ok"));
+    let (chunks, first_call) =
+        timed_stream(app.send(&chat, &json!({"content": "go"})).await, "w1").await;
+    println!("first worker tool call on a warm pool: {first_call:?}");
+    assert!(output_of(&chunks, "w1").contains("warm"), "{chunks:?}");
+    assert!(
+        worker_states(&chunks).is_empty(),
+        "no provisioning: the session was ready at once"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["state"], "ready");
+    let (state, session): (String, Option<uuid::Uuid>) =
+        sqlx::query_as("SELECT state, session_id FROM worker_pool WHERE id = $1")
+            .bind(slot.0)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(state, "claimed");
+    assert_eq!(
+        session.unwrap().to_string(),
+        listed[0]["id"].as_str().unwrap()
+    );
+    let _ = worker.start_kill();
+}

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use protocol::channel::{SessionClaims, WORKER_AUDIENCE};
+use protocol::channel::{POOL_AUDIENCE, SessionClaims, WORKER_AUDIENCE};
 use protocol::{AgentId, SessionId, TeamId};
 
 /// The signing key `make dev` uses when `SESSION_TOKEN_KEY` is unset. Both the brain and
@@ -61,10 +61,26 @@ impl TokenKeys {
         agent: AgentId,
         ttl: Duration,
     ) -> Result<String, TokenError> {
+        self.mint_for(WORKER_AUDIENCE, session, team, agent, ttl)
+    }
+
+    /// A pool token for warm-pool slot `slot` (R3): no team, no agent, its own audience.
+    pub fn mint_pool(&self, slot: SessionId, ttl: Duration) -> Result<String, TokenError> {
+        self.mint_for(POOL_AUDIENCE, slot, TeamId::nil(), AgentId::nil(), ttl)
+    }
+
+    fn mint_for(
+        &self,
+        audience: &str,
+        sub: SessionId,
+        team: TeamId,
+        agent: AgentId,
+        ttl: Duration,
+    ) -> Result<String, TokenError> {
         let iat = now_secs();
         let claims = SessionClaims {
-            sub: session,
-            aud: WORKER_AUDIENCE.to_owned(),
+            sub,
+            aud: audience.to_owned(),
             team,
             agent,
             iat,
@@ -76,8 +92,17 @@ impl TokenKeys {
 
     /// The claims of a valid, unexpired token minted for the worker channel.
     pub fn verify(&self, token: &str) -> Result<SessionClaims, TokenError> {
+        self.verify_for(WORKER_AUDIENCE, token)
+    }
+
+    /// The claims of a valid, unexpired pool token; `sub` is the slot.
+    pub fn verify_pool(&self, token: &str) -> Result<SessionClaims, TokenError> {
+        self.verify_for(POOL_AUDIENCE, token)
+    }
+
+    fn verify_for(&self, audience: &str, token: &str) -> Result<SessionClaims, TokenError> {
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.set_audience(&[WORKER_AUDIENCE]);
+        validation.set_audience(&[audience]);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
         jsonwebtoken::decode::<SessionClaims>(token, &self.decoding, &validation)
@@ -142,5 +167,12 @@ mod tests {
         .unwrap();
         assert_eq!(keys.verify(&expired), Err(TokenError::Expired));
         assert_eq!(TokenKeys::new(b"short").err(), Some(TokenError::WeakKey));
+        // A pool token is not a session token, nor the reverse.
+        let pool = keys
+            .mint_pool(SessionId::new(), Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(keys.verify(&pool), Err(TokenError::Invalid));
+        assert!(keys.verify_pool(&pool).is_ok());
+        assert_eq!(keys.verify_pool(&token), Err(TokenError::Invalid));
     }
 }

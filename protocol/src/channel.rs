@@ -19,6 +19,14 @@ pub const WORKER_AUDIENCE: &str = "agent-runtime/worker-channel";
 /// The upgrade request header naming the session the worker believes it serves; a token
 /// for another session is `session_mismatch`.
 pub const SESSION_HEADER: &str = "x-agent-session-id";
+/// The `aud` of pool tokens: a pre-started worker that serves no session yet (R3). A pool
+/// token can never act as a session token, nor the reverse.
+pub const POOL_AUDIENCE: &str = "agent-runtime/worker-pool";
+/// The custom notification that binds a pooled worker to a session; params
+/// `{"session": "<id>", "token": "<session token>"}`.
+pub const BIND_NOTIFICATION: &str = "notifications/agent_runtime/bind";
+/// The custom notification that carries a renewed session token; params `{"token"}`.
+pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
 /// The path workers dial, under the brain's public URL.
 pub const CONNECT_PATH: &str = "/v1/worker/connect";
 

@@ -20,6 +20,12 @@ macro_rules! id_type {
             pub fn new() -> Self {
                 Self(Uuid::now_v7())
             }
+
+            /// The all-zero id: "none" where a claim must carry one (a pool token has no
+            /// team or agent).
+            pub const fn nil() -> Self {
+                Self(Uuid::nil())
+            }
         }
 
         impl Default for $name {

@@ -24,23 +24,25 @@ use channel::ws::{ChannelEnd, split};
 use hyper_util::rt::TokioIo;
 use protocol::SessionId;
 use protocol::channel::{
-    CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_VERSION, CLOSE_HANDSHAKE_TIMEOUT,
-    CLOSE_READY_TIMEOUT, CLOSE_SESSION_ENDED, CLOSE_SESSION_MISMATCH, FailureReason,
-    SESSION_HEADER, SessionClaims, SessionState,
+    BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_VERSION,
+    CLOSE_HANDSHAKE_TIMEOUT, CLOSE_READY_TIMEOUT, CLOSE_SESSION_ENDED, CLOSE_SESSION_MISMATCH,
+    FailureReason, SESSION_HEADER, SessionClaims, SessionState, TOKEN_NOTIFICATION,
 };
 use rmcp::model::{ClientNotification, CustomNotification};
+use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+/// The largest channel message the brain accepts: a 25 MiB artifact, base64-encoded,
+/// with room to spare.
+const MAX_CHANNEL_MESSAGE: usize = 48 << 20;
 
 use super::Sessions;
-use super::registry::{LiveWorker, WorkerClient};
+use super::registry::{Binding, LiveWorker, WorkerClient};
 use crate::AppState;
 use crate::error::ApiError;
-
-/// The custom notification that carries a renewed session token to the worker.
-pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
 
 pub async fn connect(
     State(state): State<AppState>,
@@ -48,9 +50,17 @@ pub async fn connect(
 ) -> Result<Response, ApiError> {
     let sessions = state.sessions.clone();
     let headers = request.headers();
-    let claims = bearer(headers)
-        .and_then(|token| sessions.keys.verify(token).ok())
-        .ok_or(ApiError::Unauthorized)?;
+    let token = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    let dial = match sessions.keys.verify(token) {
+        Ok(claims) => Dial::Session(claims),
+        Err(_) => Dial::Pool(
+            sessions
+                .keys
+                .verify_pool(token)
+                .map_err(|_| ApiError::Unauthorized)?,
+        ),
+    };
+    let claims = dial.claims().clone();
     let key = headers
         .get(header::SEC_WEBSOCKET_KEY)
         .ok_or_else(|| ApiError::InvalidRequest("expected a WebSocket upgrade".into()))?;
@@ -73,8 +83,22 @@ pub async fn connect(
                 return;
             }
         };
-        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        sessions.run_channel(ws, claims, named, version).await;
+        // Artifacts come through the channel base64-encoded in one message: allow more
+        // than tungstenite's 16 MiB frame default (BRAIN_ARTIFACT_MAX_BYTES is 25 MiB).
+        let limits = WebSocketConfig::default()
+            .max_message_size(Some(MAX_CHANNEL_MESSAGE))
+            .max_frame_size(Some(MAX_CHANNEL_MESSAGE));
+        let ws =
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(limits))
+                .await;
+        if version != Some(CHANNEL_VERSION) {
+            sessions.refuse_version(ws, &dial).await;
+            return;
+        }
+        match dial {
+            Dial::Session(claims) => sessions.run_session_channel(ws, claims, named).await,
+            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims.sub).await,
+        }
     });
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -87,6 +111,20 @@ pub async fn connect(
     Ok(response.into_response())
 }
 
+/// Who is dialing: a worker launched for a session, or a pooled worker (R3).
+enum Dial {
+    Session(SessionClaims),
+    Pool(SessionClaims),
+}
+
+impl Dial {
+    fn claims(&self) -> &SessionClaims {
+        match self {
+            Self::Session(claims) | Self::Pool(claims) => claims,
+        }
+    }
+}
+
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)?
@@ -97,13 +135,68 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 impl Sessions {
-    /// Runs one worker channel from upgrade to end.
-    async fn run_channel<S>(
+    /// Another channel version: refused at once with a close reason, never a hang.
+    async fn refuse_version<S>(&self, ws: WebSocketStream<S>, dial: &Dial)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (_sink, _stream, control) = split::<RoleClient, _>(ws);
+        match dial {
+            Dial::Session(claims) => {
+                self.fail(claims.sub, FailureReason::ChannelVersion, None)
+                    .await
+            }
+            Dial::Pool(claims) => {
+                self.slot_gone(claims.sub, FailureReason::ChannelVersion)
+                    .await
+            }
+        }
+        control
+            .close(
+                CLOSE_CHANNEL_VERSION,
+                FailureReason::ChannelVersion.as_str(),
+            )
+            .await;
+    }
+
+    /// MCP `initialize`, then `tools/list`, each within its timeout.
+    async fn handshake<Si, St>(
+        &self,
+        sink: Si,
+        stream: St,
+    ) -> Result<RunningService<RoleClient, WorkerClient>, (FailureReason, u16)>
+    where
+        Si: futures_util::Sink<
+                rmcp::service::TxJsonRpcMessage<RoleClient>,
+                Error = channel::ws::ChannelError,
+            > + Send
+            + Unpin
+            + 'static,
+        St: futures_util::Stream<Item = rmcp::service::RxJsonRpcMessage<RoleClient>>
+            + Send
+            + Unpin
+            + 'static,
+    {
+        let served = tokio::time::timeout(
+            self.config.handshake_timeout,
+            WorkerClient::default().serve((sink, stream)),
+        )
+        .await;
+        let Ok(Ok(service)) = served else {
+            return Err((FailureReason::HandshakeTimeout, CLOSE_HANDSHAKE_TIMEOUT));
+        };
+        match tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await {
+            Ok(Ok(_)) => Ok(service),
+            _ => Err((FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT)),
+        }
+    }
+
+    /// A worker launched for one session dials in (W3).
+    async fn run_session_channel<S>(
         &self,
         ws: WebSocketStream<S>,
         claims: SessionClaims,
         named: SessionId,
-        version: Option<u32>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -116,14 +209,6 @@ impl Sessions {
                 control.close(code, reason.as_str()).await;
             }
         };
-        if version != Some(CHANNEL_VERSION) {
-            return refuse(
-                FailureReason::ChannelVersion,
-                CLOSE_CHANNEL_VERSION,
-                session,
-            )
-            .await;
-        }
         if named != session {
             return refuse(
                 FailureReason::SessionMismatch,
@@ -132,7 +217,7 @@ impl Sessions {
             )
             .await;
         }
-        match self.store.session(session).await {
+        match self.dialed_session(session).await {
             Ok(row) if row.state == SessionState::Connecting => {
                 if let Err(err) = self.store.session_dialed(session).await {
                     tracing::warn!(session = %session, class = err.metric_label(), "dial not recorded");
@@ -158,26 +243,10 @@ impl Sessions {
                 .await;
             }
         }
-
-        let client = WorkerClient::default();
-        let served =
-            tokio::time::timeout(self.config.handshake_timeout, client.serve((sink, stream))).await;
-        let service = match served {
-            Ok(Ok(service)) => service,
-            Ok(Err(_)) | Err(_) => {
-                return refuse(
-                    FailureReason::HandshakeTimeout,
-                    CLOSE_HANDSHAKE_TIMEOUT,
-                    session,
-                )
-                .await;
-            }
+        let service = match self.handshake(sink, stream).await {
+            Ok(service) => service,
+            Err((reason, code)) => return refuse(reason, code, session).await,
         };
-        let listed =
-            tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await;
-        if !matches!(listed, Ok(Ok(_))) {
-            return refuse(FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT, session).await;
-        }
         // The owner key exists before the row says `ready`: a ready session without one
         // has lost its channel.
         self.claim_owner(session, self.owner_ttl()).await;
@@ -189,48 +258,146 @@ impl Sessions {
             Ok(true) => {}
             _ => {
                 // Failed meanwhile (dial timeout, torn down): this worker is not wanted.
+                self.release_owner(session).await;
                 return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
             }
         }
         tracing::info!(session = %session, "worker ready");
-        let worker = Arc::new(LiveWorker {
+        let binding = Binding {
             session,
-            service,
-            control: control.clone(),
-        });
-        self.registry.insert(worker.clone());
-        self.heartbeat(&worker, &claims).await;
-        self.registry.remove(session);
-        self.release_owner(session).await;
+            team: claims.team,
+            agent: claims.agent,
+        };
+        let worker = Arc::new(LiveWorker::new(Some(binding), None, service, control));
+        self.registry.insert(session, worker.clone());
+        self.serve_worker(&worker).await;
+    }
+
+    /// The session a worker dialed for. A local worker can dial before the launcher has
+    /// recorded the launch (`provisioning` → `connecting`): that short window is waited
+    /// out, bounded by the handshake timeout, rather than refused.
+    async fn dialed_session(&self, session: SessionId) -> Result<crate::store::SessionRow, crate::store::StoreError> {
+        let deadline = Instant::now() + self.config.handshake_timeout;
+        loop {
+            let row = self.store.session(session).await?;
+            if row.state != SessionState::Provisioning || Instant::now() >= deadline {
+                return Ok(row);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A pre-started worker dials in unassigned (R3); it waits in this replica's pool
+    /// until a session claims it.
+    async fn run_pool_channel<S>(&self, ws: WebSocketStream<S>, slot: SessionId)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sink, stream, control) = split::<RoleClient, _>(ws);
+        let profile = match self.store.starting_pool_slot(slot).await {
+            Ok(Some(profile)) => profile,
+            _ => {
+                self.metrics_refused(FailureReason::SessionMismatch);
+                return control
+                    .close(
+                        CLOSE_SESSION_MISMATCH,
+                        FailureReason::SessionMismatch.as_str(),
+                    )
+                    .await;
+            }
+        };
+        let service = match self.handshake(sink, stream).await {
+            Ok(service) => service,
+            Err((reason, code)) => {
+                self.slot_gone(slot, reason).await;
+                return control.close(code, reason.as_str()).await;
+            }
+        };
+        if !matches!(self.store.pool_slot_idle(slot).await, Ok(true)) {
+            return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
+        }
+        tracing::info!(slot = %slot, profile, "pooled worker ready");
+        let worker = Arc::new(LiveWorker::new(None, Some(slot), service, control));
+        self.pool.put(&profile, worker.clone());
+        self.serve_worker(&worker).await;
+    }
+
+    async fn slot_gone(&self, slot: SessionId, reason: FailureReason) {
+        self.metrics_refused(reason);
+        if let Err(err) = self.store.pool_slot_gone(slot).await {
+            tracing::warn!(slot = %slot, class = err.metric_label(), "pool slot end not recorded");
+        }
+    }
+
+    /// Heartbeats until the channel ends, then forgets the worker everywhere.
+    async fn serve_worker(&self, worker: &Arc<LiveWorker>) {
+        self.heartbeat(worker).await;
+        if let Some(slot) = worker.slot {
+            self.pool.remove(slot);
+            if worker.binding().is_none() {
+                self.slot_gone(slot, FailureReason::HeartbeatLost).await;
+            }
+        }
+        if let Some(binding) = worker.binding() {
+            self.registry.remove(binding.session);
+            self.release_owner(binding.session).await;
+        }
         // In-flight calls hold the worker too: ending the MCP session fails them now
         // instead of leaving them waiting for an answer that cannot come.
         worker.service.cancellation_token().cancel();
     }
 
+    /// Binds a pooled worker to a new session: the session's token (and so its
+    /// settings) travel over the channel, so no cold start is needed.
+    pub(super) async fn bind(&self, worker: &LiveWorker, binding: Binding) -> bool {
+        if !worker.bind(binding) {
+            return false;
+        }
+        let Ok(token) = self.keys.mint(
+            binding.session,
+            binding.team,
+            binding.agent,
+            self.config.token_ttl,
+        ) else {
+            return false;
+        };
+        let params = serde_json::json!({ "session": binding.session, "token": token });
+        let notification = CustomNotification::new(BIND_NOTIFICATION, Some(params));
+        worker
+            .service
+            .peer()
+            .send_notification(ClientNotification::CustomNotification(notification))
+            .await
+            .is_ok()
+    }
+
     /// Pings until the channel ends or the worker falls silent; renews the token in-band.
-    async fn heartbeat(&self, worker: &LiveWorker, claims: &SessionClaims) {
-        let session = worker.session;
+    async fn heartbeat(&self, worker: &LiveWorker) {
         let mut ping = tokio::time::interval(self.config.ping_interval);
         let renew_every = self.config.token_ttl / 2;
         let mut renewed = Instant::now();
         loop {
             tokio::select! {
                 end = worker.control.ended() => {
-                    self.channel_ended(session, &end).await;
+                    self.channel_ended(worker, &end).await;
                     return;
                 }
                 _ = ping.tick() => {
                     if worker.control.last_seen().elapsed() > self.config.heartbeat_timeout {
-                        tracing::warn!(session = %session, "worker heartbeat lost");
-                        self.fail(session, FailureReason::HeartbeatLost, Some("no pong")).await;
+                        tracing::warn!(slot = ?worker.slot, "worker heartbeat lost");
+                        if let Some(binding) = worker.binding() {
+                            self.fail(binding.session, FailureReason::HeartbeatLost, Some("no pong")).await;
+                        }
                         worker.control.close(CLOSE_SESSION_ENDED, FailureReason::HeartbeatLost.as_str()).await;
                         return;
                     }
                     let _ = worker.control.ping().await;
-                    self.claim_owner(session, self.owner_ttl()).await;
-                    if renewed.elapsed() >= renew_every {
-                        renewed = Instant::now();
-                        self.renew_token(worker, claims).await;
+                    if let Some(binding) = worker.binding() {
+                        self.claim_owner(binding.session, self.owner_ttl()).await;
+                        if renewed.elapsed() >= renew_every {
+                            renewed = Instant::now();
+                            self.renew_token(worker, binding).await;
+                        }
                     }
                 }
             }
@@ -242,11 +409,13 @@ impl Sessions {
         self.config.ping_interval * 3
     }
 
-    async fn renew_token(&self, worker: &LiveWorker, claims: &SessionClaims) {
-        let Ok(token) =
-            self.keys
-                .mint(claims.sub, claims.team, claims.agent, self.config.token_ttl)
-        else {
+    async fn renew_token(&self, worker: &LiveWorker, binding: Binding) {
+        let Ok(token) = self.keys.mint(
+            binding.session,
+            binding.team,
+            binding.agent,
+            self.config.token_ttl,
+        ) else {
             return;
         };
         let notification = CustomNotification::new(
@@ -260,13 +429,13 @@ impl Sessions {
             .await
             .is_err()
         {
-            tracing::info!(session = %worker.session, "token renewal not delivered");
+            tracing::info!(session = %binding.session, "token renewal not delivered");
         }
     }
 
-    /// A channel ended on its own: unless the session already ended (teardown), the
+    /// A channel ended on its own: unless its session already ended (teardown), the
     /// worker that was ready is gone.
-    async fn channel_ended(&self, session: SessionId, end: &ChannelEnd) {
+    async fn channel_ended(&self, worker: &LiveWorker, end: &ChannelEnd) {
         let class = match end {
             ChannelEnd::Closed { .. } => "closed",
             ChannelEnd::Eof => "eof",
@@ -274,8 +443,10 @@ impl Sessions {
             ChannelEnd::Undecodable => "undecodable",
             ChannelEnd::BinaryFrame => "binary_frame",
         };
-        tracing::info!(session = %session, end = class, "worker channel ended");
-        self.fail(session, FailureReason::HeartbeatLost, Some(class))
-            .await;
+        tracing::info!(slot = ?worker.slot, end = class, "worker channel ended");
+        if let Some(binding) = worker.binding() {
+            self.fail(binding.session, FailureReason::HeartbeatLost, Some(class))
+                .await;
+        }
     }
 }

@@ -30,7 +30,7 @@ use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
 
 pub use connect::connect;
-use registry::{LiveWorker, Registry};
+use registry::{Binding, LiveWorker, Pool, Registry};
 pub use tool::worker_tools;
 
 use crate::config::WorkerConfig;
@@ -58,7 +58,10 @@ pub enum SessionError {
 /// Where a session's worker can be reached.
 pub enum Target {
     /// This replica holds its channel.
-    Local(Arc<LiveWorker>),
+    Local {
+        session: SessionId,
+        worker: Arc<LiveWorker>,
+    },
     /// Replica `owner` holds it; calls go through the relay.
     Remote { owner: String, session: SessionId },
 }
@@ -66,7 +69,7 @@ pub enum Target {
 impl Target {
     pub fn session(&self) -> SessionId {
         match self {
-            Self::Local(worker) => worker.session,
+            Self::Local { session, .. } => *session,
             Self::Remote { session, .. } => *session,
         }
     }
@@ -85,6 +88,8 @@ pub struct Inner {
     config: WorkerConfig,
     keys: TokenKeys,
     registry: Registry,
+    /// Pooled workers connected to this replica, unclaimed (R3).
+    pool: Pool,
     queue: OnceCell<SessionQueue>,
     metrics: Metrics,
 }
@@ -113,6 +118,7 @@ impl Sessions {
             config,
             keys,
             registry: Registry::default(),
+            pool: Pool::default(),
             queue: OnceCell::new(),
             metrics,
         })))
@@ -133,9 +139,11 @@ impl Sessions {
 
     /// Records a failure on a live session (a no-op on one that already ended).
     async fn fail(&self, session: SessionId, reason: FailureReason, detail: Option<&str>) {
-        self.metrics_refused(reason);
         match self.store.fail_session(session, reason, detail).await {
+            // Counted when the session actually failed, not when its teardown's end
+            // of channel arrives after it.
             Ok(true) => {
+                self.metrics_refused(reason);
                 tracing::warn!(session = %session, reason = reason.as_str(), "worker session failed")
             }
             Ok(false) => {}
@@ -172,10 +180,19 @@ impl Sessions {
     ) -> Result<Target, SessionError> {
         let mut row = match self.store.live_session(team, agent, chat).await? {
             Some(row) => row,
-            None => self.provision(team, agent, chat, profile).await?,
+            None => {
+                if let Some((session, worker)) = self.claim_warm(team, agent, chat, profile).await?
+                {
+                    return Ok(Target::Local { session, worker });
+                }
+                self.provision(team, agent, chat, profile).await?
+            }
         };
         if let Some(worker) = self.registry.get(row.id) {
-            return Ok(Target::Local(worker));
+            return Ok(Target::Local {
+                session: row.id,
+                worker,
+            });
         }
         let deadline = Instant::now() + self.config.provision_timeout;
         let mut shown = None;
@@ -206,7 +223,10 @@ impl Sessions {
                 }
                 SessionState::Ready => {
                     if let Some(worker) = self.registry.get(row.id) {
-                        return Ok(Target::Local(worker));
+                        return Ok(Target::Local {
+                            session: row.id,
+                            worker,
+                        });
                     }
                     match self.owner(row.id).await {
                         Some(owner) if owner != self.replica => {
@@ -242,10 +262,67 @@ impl Sessions {
                 () = tokio::time::sleep(WAIT_POLL) => {}
             }
             if let Some(worker) = self.registry.get(row.id) {
-                return Ok(Target::Local(worker));
+                return Ok(Target::Local {
+                    session: row.id,
+                    worker,
+                });
             }
             row = self.store.session(row.id).await?;
         }
+    }
+
+    /// Claims a pooled worker of `profile` connected to this replica, if one waits: the
+    /// session is `ready` at once, no launch and no queue (R3). An empty pool answers
+    /// `None` and the caller falls back to a cold start.
+    async fn claim_warm(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+    ) -> Result<Option<(SessionId, Arc<LiveWorker>)>, SessionError> {
+        while let Some(worker) = self.pool.take(profile) {
+            let Some(slot) = worker.slot else { continue };
+            match self
+                .store
+                .claim_pool_slot(slot, team, agent, chat, profile)
+                .await
+            {
+                Ok(Some(row)) => {
+                    let binding = Binding {
+                        session: row.id,
+                        team,
+                        agent,
+                    };
+                    self.claim_owner(row.id, self.config.ping_interval * 3)
+                        .await;
+                    if !self.bind(&worker, binding).await {
+                        self.fail(
+                            row.id,
+                            FailureReason::HeartbeatLost,
+                            Some("bind not delivered"),
+                        )
+                        .await;
+                        continue;
+                    }
+                    self.registry.insert(row.id, worker.clone());
+                    tracing::info!(session = %row.id, slot = %slot, profile, "warm worker claimed");
+                    return Ok(Some((row.id, worker)));
+                }
+                // Taken or gone meanwhile: try the next one.
+                Ok(None) => continue,
+                Err(StoreError::Conflict(_)) => {
+                    // The chat got a live session meanwhile: it will be reused.
+                    self.pool.put(profile, worker);
+                    return Ok(None);
+                }
+                Err(err) => {
+                    self.pool.put(profile, worker);
+                    return Err(err.into());
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// Writes a `pending` session and queues its provision task (once per session).

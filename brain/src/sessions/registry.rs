@@ -4,11 +4,11 @@
 //! in Postgres. Entries leave the registry when the channel ends, whichever way it ends.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use channel::ws::Control;
-use protocol::SessionId;
 use protocol::ui::{UiChunk, WorkerLog};
+use protocol::{AgentId, SessionId, TeamId};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
@@ -84,16 +84,55 @@ impl ClientHandler for WorkerClient {
     }
 }
 
+/// The session a worker serves, and whose session it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub session: SessionId,
+    pub team: TeamId,
+    pub agent: AgentId,
+}
+
 /// A worker whose channel this replica holds.
 pub struct LiveWorker {
-    pub session: SessionId,
+    /// Set when the channel is for a session; for a pooled worker, when a session
+    /// claims it (R3). Never changes once set.
+    binding: OnceLock<Binding>,
+    /// The warm-pool slot it was started for, if any.
+    pub slot: Option<SessionId>,
     pub service: RunningService<RoleClient, WorkerClient>,
     pub control: Control,
 }
 
 impl LiveWorker {
+    pub fn new(
+        binding: Option<Binding>,
+        slot: Option<SessionId>,
+        service: RunningService<RoleClient, WorkerClient>,
+        control: Control,
+    ) -> Self {
+        let cell = OnceLock::new();
+        if let Some(binding) = binding {
+            let _ = cell.set(binding);
+        }
+        Self {
+            binding: cell,
+            slot,
+            service,
+            control,
+        }
+    }
+
     pub fn client(&self) -> &WorkerClient {
         self.service.service()
+    }
+
+    pub fn binding(&self) -> Option<Binding> {
+        self.binding.get().copied()
+    }
+
+    /// Binds a pooled worker to a session; `false` if it already serves one.
+    pub fn bind(&self, binding: Binding) -> bool {
+        self.binding.set(binding).is_ok()
     }
 }
 
@@ -108,13 +147,43 @@ impl Registry {
         self.workers.lock().ok()?.get(&session).cloned()
     }
 
-    pub fn insert(&self, worker: Arc<LiveWorker>) {
+    pub fn insert(&self, session: SessionId, worker: Arc<LiveWorker>) {
         if let Ok(mut workers) = self.workers.lock() {
-            workers.insert(worker.session, worker);
+            workers.insert(session, worker);
         }
     }
 
     pub fn remove(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
         self.workers.lock().ok()?.remove(&session)
+    }
+}
+
+/// Pooled workers of this replica, ready and unclaimed, by profile (R3).
+#[derive(Clone, Default)]
+pub struct Pool {
+    idle: Arc<Mutex<HashMap<String, Vec<Arc<LiveWorker>>>>>,
+}
+
+impl Pool {
+    pub fn put(&self, profile: &str, worker: Arc<LiveWorker>) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.entry(profile.to_owned()).or_default().push(worker);
+        }
+    }
+
+    /// The oldest idle worker of `profile`.
+    pub fn take(&self, profile: &str) -> Option<Arc<LiveWorker>> {
+        let mut idle = self.idle.lock().ok()?;
+        let workers = idle.get_mut(profile)?;
+        (!workers.is_empty()).then(|| workers.remove(0))
+    }
+
+    /// Forgets the worker of `slot` (its channel ended).
+    pub fn remove(&self, slot: SessionId) {
+        if let Ok(mut idle) = self.idle.lock() {
+            for workers in idle.values_mut() {
+                workers.retain(|w| w.slot != Some(slot));
+            }
+        }
     }
 }

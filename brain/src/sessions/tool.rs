@@ -23,6 +23,9 @@ use crate::provider::ToolSpec;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
 use channel::catalog::{UPLOAD_ARTIFACT, WorkerToolDecl, catalog_for};
 
+/// How often a running call records use of its session.
+const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The worker tools `profile` offers, bound to this turn's sessions.
 pub fn worker_tools(
     sessions: &Sessions,
@@ -107,30 +110,45 @@ impl Tool for WorkerTool {
             };
             let session = target.session();
             self.sessions.touched(session).await;
-            let answer = match target {
-                Target::Local(worker) => {
-                    call_worker(
-                        &worker,
-                        self.decl.name,
-                        arguments,
-                        &ctx.call_id,
-                        ctx.ui.as_ref(),
-                        &ctx.cancel,
-                    )
-                    .await
+            let call = async {
+                match target {
+                    Target::Local { worker, .. } => {
+                        call_worker(
+                            &worker,
+                            self.decl.name,
+                            arguments,
+                            &ctx.call_id,
+                            ctx.ui.as_ref(),
+                            &ctx.cancel,
+                        )
+                        .await
+                    }
+                    Target::Remote { owner, session } => {
+                        relay::call_remote(
+                            &self.sessions,
+                            &owner,
+                            session,
+                            self.decl.name,
+                            arguments,
+                            &ctx.call_id,
+                            ctx.ui.as_ref(),
+                            &ctx.cancel,
+                        )
+                        .await
+                    }
                 }
-                Target::Remote { owner, session } => {
-                    relay::call_remote(
-                        &self.sessions,
-                        &owner,
-                        session,
-                        self.decl.name,
-                        arguments,
-                        &ctx.call_id,
-                        ctx.ui.as_ref(),
-                        &ctx.cancel,
-                    )
-                    .await
+            };
+            tokio::pin!(call);
+            // A running call is use: keep pushing the idle teardown back while it runs,
+            // or a command longer than the idle window would be torn down under it (W7).
+            let mut still_running = tokio::time::interval_at(
+                tokio::time::Instant::now() + IN_CALL_TOUCH,
+                IN_CALL_TOUCH,
+            );
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut call => break answer,
+                    _ = still_running.tick() => self.sessions.touched(session).await,
                 }
             };
             // A call longer than the idle window must not be torn down right after it.

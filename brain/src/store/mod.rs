@@ -14,6 +14,7 @@ mod chats;
 mod connectors;
 mod cron;
 mod memories;
+mod pool;
 mod secrets;
 mod sessions;
 mod teams;
@@ -151,6 +152,11 @@ fn migrator() -> Migrator {
             4,
             "artifacts",
             include_str!("../../../migrations/0004_artifacts.sql"),
+        ),
+        (
+            5,
+            "worker pool",
+            include_str!("../../../migrations/0005_worker_pool.sql"),
         ),
     ]
     .into_iter()

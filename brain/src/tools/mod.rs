@@ -85,6 +85,12 @@ pub trait Tool: Send + Sync {
     fn redact_input(&self, input: serde_json::Value) -> serde_json::Value {
         input
     }
+
+    /// Whether `redact_input` hides something: then the raw argument fragments are not
+    /// streamed to the client either.
+    fn redacts_input(&self) -> bool {
+        false
+    }
 }
 
 /// The JSON Schema of a parameter type, as providers expect it (an object schema).

@@ -69,6 +69,10 @@ impl Tool for SecretSet {
         redact_value(input)
     }
 
+    fn redacts_input(&self) -> bool {
+        true
+    }
+
     fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
         async move {
             // serde's message may quote what it could not decode, so the error is ours.

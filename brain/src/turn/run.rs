@@ -414,6 +414,7 @@ impl TurnTask {
         let mut text = String::new();
         let mut text_open = false;
         let mut calls = Vec::new();
+        let mut hidden_inputs = std::collections::HashSet::new();
         let outcome = loop {
             let next = match pending.pop_front() {
                 Some(event) => Some(Ok(event)),
@@ -451,10 +452,26 @@ impl TurnTask {
                     }
                     continue;
                 }
-                Some(Ok(ProviderEvent::ToolInputStart { id, name })) => UiChunk::ToolInputStart {
-                    tool_call_id: id,
-                    tool_name: name,
-                },
+                Some(Ok(ProviderEvent::ToolInputStart { id, name })) => {
+                    if self
+                        .toolset
+                        .get(&name)
+                        .is_some_and(|tool| tool.redacts_input())
+                    {
+                        hidden_inputs.insert(id.clone());
+                    }
+                    UiChunk::ToolInputStart {
+                        tool_call_id: id,
+                        tool_name: name,
+                    }
+                }
+                // The raw fragments of a tool whose input is redacted (a secret's value)
+                // are not streamed; its redacted input follows in `tool-input-available`.
+                Some(Ok(ProviderEvent::ToolInputDelta { id, .. }))
+                    if hidden_inputs.contains(&id) =>
+                {
+                    continue;
+                }
                 Some(Ok(ProviderEvent::ToolInputDelta { id, delta })) => UiChunk::ToolInputDelta {
                     tool_call_id: id,
                     input_text_delta: delta,

@@ -98,6 +98,12 @@ impl TestApp {
         env.insert("ANTHROPIC_API_KEY".into(), "sk-test-anthropic".into());
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
         env.insert("DATABASE_URL".into(), db_url(&db_name));
+        // Artifacts of a test live in its own temporary directory, never in the tree.
+        let artifacts = std::env::temp_dir().join(format!("brain-test-artifacts-{db_name}"));
+        env.insert(
+            "BRAIN_ARTIFACTS_DIR".into(),
+            artifacts.to_string_lossy().into_owned(),
+        );
         if let Ok(redis) = std::env::var("REDIS_URL") {
             env.insert("REDIS_URL".into(), redis);
         }

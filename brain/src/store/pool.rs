@@ -1,0 +1,82 @@
+//! Warm-pool slots (SPEC R3): pre-started workers waiting, unassigned, for a session.
+//!
+//! The runtime-manager writes a slot `starting` and launches its worker; the brain
+//! marks it `idle` once the worker's channel is ready, and claims it for a session in
+//! one statement that also writes the session row `ready` (so two claims never take one
+//! worker, and a chat never gets two live sessions).
+
+use protocol::{AgentId, ChatId, SessionId, TeamId};
+use sqlx::Row;
+
+use super::sessions::SessionRow;
+use super::{Store, StoreError, unique_violation};
+
+impl Store {
+    /// The profile of a slot still `starting` (its worker may dial in).
+    pub async fn starting_pool_slot(&self, slot: SessionId) -> Result<Option<String>, StoreError> {
+        let row =
+            sqlx::query("SELECT profile FROM worker_pool WHERE id = $1 AND state = 'starting'")
+                .bind(slot.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| r.try_get("profile")).transpose()?)
+    }
+
+    /// `starting` → `idle`: the slot's worker is ready to be claimed.
+    pub async fn pool_slot_idle(&self, slot: SessionId) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE worker_pool SET state = 'idle', updated_at = now() WHERE id = $1 AND state = 'starting'",
+        )
+        .bind(slot.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// An unclaimed slot's worker is gone (its channel ended or never became ready).
+    pub async fn pool_slot_gone(&self, slot: SessionId) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE worker_pool SET state = 'gone', updated_at = now() \
+             WHERE id = $1 AND state IN ('starting', 'idle')",
+        )
+        .bind(slot.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Claims idle slot `slot` for a new `ready` session of (agent, chat). `None` when
+    /// the slot was taken meanwhile; `Conflict("live_session")` when the chat already has
+    /// a live session (then the slot stays idle).
+    pub async fn claim_pool_slot(
+        &self,
+        slot: SessionId,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+    ) -> Result<Option<SessionRow>, StoreError> {
+        let session = SessionId::new();
+        let row = sqlx::query(
+            "WITH slot AS ( \
+                UPDATE worker_pool SET state = 'claimed', session_id = $2, updated_at = now() \
+                WHERE id = $1 AND state = 'idle' RETURNING worker_ref) \
+             INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state, worker_ref) \
+             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref FROM slot \
+             RETURNING id",
+        )
+        .bind(slot.0)
+        .bind(session.0)
+        .bind(team.0)
+        .bind(agent.0)
+        .bind(chat.0)
+        .bind(profile)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;
+        match row {
+            Some(_) => Ok(Some(self.session(session).await?)),
+            None => Ok(None),
+        }
+    }
+}
