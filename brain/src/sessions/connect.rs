@@ -276,7 +276,10 @@ impl Sessions {
     /// The session a worker dialed for. A local worker can dial before the launcher has
     /// recorded the launch (`provisioning` → `connecting`): that short window is waited
     /// out, bounded by the handshake timeout, rather than refused.
-    async fn dialed_session(&self, session: SessionId) -> Result<crate::store::SessionRow, crate::store::StoreError> {
+    async fn dialed_session(
+        &self,
+        session: SessionId,
+    ) -> Result<crate::store::SessionRow, crate::store::StoreError> {
         let deadline = Instant::now() + self.config.handshake_timeout;
         loop {
             let row = self.store.session(session).await?;
