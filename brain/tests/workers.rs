@@ -241,11 +241,19 @@ async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     assert_eq!(streamed_text(&chunks), "The worker said hi.");
     let states = worker_states(&chunks);
     assert_eq!(states.first(), Some(&SessionState::Pending), "{states:?}");
-    assert_eq!(
-        states.last(),
-        Some(&SessionState::Connecting),
-        "ready follows connecting: {states:?}"
-    );
+    // The waiting call shows the states it observes, in lifecycle order (it polls, so a
+    // fast launch may skip one).
+    let order = [
+        SessionState::Pending,
+        SessionState::Provisioning,
+        SessionState::Connecting,
+        SessionState::Ready,
+    ];
+    let positions: Vec<usize> = states
+        .iter()
+        .map(|s| order.iter().position(|o| o == s).unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{states:?}");
     // The model's second request carried the shell result.
     assert!(app.provider.requests()[1].body.to_string().contains("hi"));
     let listed = sessions(&app, &agent).await;
