@@ -2,8 +2,9 @@
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
 # brain's UI message stream, and the real MCP servers the connector tests talk to
 # (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), and the
-# S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone).
-# Idempotent and offline-friendly once installed.
+# S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone), and
+# Debian's Chromium for the worker's browser tests. Idempotent and offline-friendly once
+# installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,4 +51,30 @@ if [ ! -x "$tools_root/bin/s3s-fs" ]; then
   # A target directory of its own: not the workspace's shared build cache.
   cargo install --root "$tools_root" --target-dir "$build_dir" \
     s3s-fs@0.14.1 --locked --features binary --quiet
+fi
+
+# Debian's Chromium for the worker's browser tests (worker/tests/browser.rs), which fail
+# rather than skip without it. About 30 s, once.
+if [ ! -x /usr/bin/chromium ]; then
+  echo "test-deps: installing chromium from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+# kubernetes-validate (PyPI, schemas bundled, offline) for runtime-manager/tests/render_job.rs,
+# which checks every rendered worker Job against the Kubernetes OpenAPI schema and fails
+# rather than skips without it.
+if [ ! -f tests/k8s/.venv/.installed ] \
+   || [ tests/k8s/requirements.txt -nt tests/k8s/.venv/.installed ]; then
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "test-deps: installing python3-venv from Debian packages"
+    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+    $sudo_ apt-get update -qq
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  echo "test-deps: kubernetes-validate in tests/k8s/.venv"
+  [ -x tests/k8s/.venv/bin/pip ] || python3 -m venv tests/k8s/.venv
+  tests/k8s/.venv/bin/pip install -q --disable-pip-version-check -r tests/k8s/requirements.txt
+  touch tests/k8s/.venv/.installed
 fi

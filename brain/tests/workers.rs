@@ -55,6 +55,15 @@ async fn system(
     idle_window_ms: u64,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
+    system_with_profiles(idle_window_ms, None, tweak).await
+}
+
+/// [`system`], with a RuntimeProfiles file (JSON) for the runtime-manager.
+async fn system_with_profiles(
+    idle_window_ms: u64,
+    profiles: Option<Value>,
+    tweak: impl FnOnce(&mut brain::config::Config),
+) -> (TestApp, Manager) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {
@@ -63,7 +72,13 @@ async fn system(
     })
     .await;
     let workspaces = tempdir::Dir::new();
-    let child = tokio::process::Command::new(bin("runtime-manager"))
+    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    if let Some(profiles) = profiles {
+        let file = workspaces.0.join("profiles.json");
+        std::fs::write(&file, profiles.to_string()).unwrap();
+        command.env("RUNTIME_MANAGER_PROFILES", file);
+    }
+    let child = command
         .env("DATABASE_URL", app.store_url())
         .env(
             "REDIS_URL",
@@ -663,4 +678,62 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
         listed[0]["id"].as_str().unwrap()
     );
     let _ = worker.start_kill();
+}
+
+/// R3 end to end: the runtime-manager keeps one pooled `light` worker; the first worker
+/// tool call claims it (no launch on the call's path), the pool refills, and the claimed
+/// session is torn down after its idle window like any other.
+#[tokio::test]
+async fn the_runtime_manager_keeps_a_warm_pool_that_a_first_call_claims() {
+    let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
+    let (app, _manager) = system_with_profiles(3_000, Some(profiles), |_| {}).await;
+    let pool = app.store.pool().clone();
+    let idle_slots = || async {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'idle'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while idle_slots().await < 1 {
+        assert!(Instant::now() < deadline, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("p1", "echo pooled"));
+    app.provider.push(text("ok"));
+    let (chunks, first_call) =
+        timed_stream(app.send(&chat, &json!({"content": "go"})).await, "p1").await;
+    println!("first worker tool call, warm pool kept by the runtime-manager: {first_call:?}");
+    assert!(output_of(&chunks, "p1").contains("pooled"));
+    assert!(
+        worker_states(&chunks).is_empty(),
+        "claimed, not provisioned"
+    );
+    let pid = worker_pid(&app).await;
+
+    // The pool refills behind the claim.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while idle_slots().await < 1 {
+        assert!(Instant::now() < deadline, "the pool never refilled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The claimed session ends after its idle window, and its worker with it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = sessions(&app, &agent).await;
+        if listed[0]["state"] == "terminated" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..50 {
+        if !alive(pid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!alive(pid), "the claimed worker is gone");
 }

@@ -68,12 +68,64 @@ pub struct UploadArtifactArgs {
     pub path: String,
 }
 
+/// `browser_navigate`: open a page in the headless browser.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserNavigateArgs {
+    /// The page to open: an absolute http:// or https:// URL.
+    pub url: String,
+}
+
+/// `browser_snapshot`: the current page as text. No arguments.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserSnapshotArgs {}
+
+/// `browser_click`: click an element of the latest snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserClickArgs {
+    /// The element's number from `[ref=N]` in the latest `browser_snapshot`.
+    #[serde(rename = "ref")]
+    pub element: u64,
+}
+
+/// `browser_type`: put text into a field of the latest snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserTypeArgs {
+    /// The field's number from `[ref=N]` in the latest `browser_snapshot`.
+    #[serde(rename = "ref")]
+    pub element: u64,
+    /// The text; it replaces what the field holds.
+    pub text: String,
+}
+
+/// `browser_screenshot`: a PNG of the visible page, kept as an artifact. No arguments.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserScreenshotArgs {}
+
 pub const SHELL: &str = "shell";
 pub const READ_FILE: &str = "read_file";
 pub const WRITE_FILE: &str = "write_file";
 pub const LIST_DIR: &str = "list_dir";
 pub const EDIT_FILE: &str = "edit_file";
 pub const UPLOAD_ARTIFACT: &str = "upload_artifact";
+pub const BROWSER_NAVIGATE: &str = "browser_navigate";
+pub const BROWSER_SNAPSHOT: &str = "browser_snapshot";
+pub const BROWSER_CLICK: &str = "browser_click";
+pub const BROWSER_TYPE: &str = "browser_type";
+pub const BROWSER_SCREENSHOT: &str = "browser_screenshot";
+
+/// The tools whose successful result carries a file (an MCP embedded resource with a
+/// base64 `blob`) that the brain stores as an artifact, answering the model with its id.
+pub const FILE_RESULT_TOOLS: [&str; 2] = [UPLOAD_ARTIFACT, BROWSER_SCREENSHOT];
+
+/// Whether the brain stores `tool`'s result as an artifact (see [`FILE_RESULT_TOOLS`]).
+pub fn returns_file(tool: &str) -> bool {
+    FILE_RESULT_TOOLS.contains(&tool)
+}
 
 /// One worker tool as the brain declares it.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +144,12 @@ pub fn schema_of<T: JsonSchema>() -> serde_json::Value {
         // Providers reject some meta keys; they only need the object schema.
         map.remove("$schema");
         map.remove("title");
+        // An argument-less tool: some providers refuse an object schema without
+        // `properties`.
+        if map.get("type").and_then(|t| t.as_str()) == Some("object") {
+            map.entry("properties")
+                .or_insert_with(|| serde_json::json!({}));
+        }
     }
     schema
 }
@@ -138,12 +196,62 @@ fn workspace_tools() -> Vec<WorkerToolDecl> {
     ]
 }
 
+/// The headless-browser tools of profile `browser` (SPEC W8). Refs (`[ref=N]`) come from
+/// the latest snapshot and die with the next snapshot or navigation.
+///
+/// `writes` (T6): opening, reading and typing into a page change nothing outside it; a
+/// click may submit a form, and a screenshot stores an artifact (as `upload_artifact`).
+fn browser_tools() -> Vec<WorkerToolDecl> {
+    vec![
+        WorkerToolDecl {
+            name: BROWSER_NAVIGATE,
+            description: "Open a web page (http or https) in your headless browser; returns the final URL, the title and the HTTP status.",
+            input_schema: schema_of::<BrowserNavigateArgs>(),
+            writes: false,
+        },
+        WorkerToolDecl {
+            name: BROWSER_SNAPSHOT,
+            description: "Read the current browser page as text: its accessibility tree (role, name, value), with [ref=N] on the elements you can click or type into. Refs last until the next snapshot or navigation.",
+            input_schema: schema_of::<BrowserSnapshotArgs>(),
+            writes: false,
+        },
+        WorkerToolDecl {
+            name: BROWSER_CLICK,
+            description: "Click an element of the browser page by its ref from the latest browser_snapshot.",
+            input_schema: schema_of::<BrowserClickArgs>(),
+            writes: true,
+        },
+        WorkerToolDecl {
+            name: BROWSER_TYPE,
+            description: "Type text into a field of the browser page by its ref from the latest browser_snapshot; the text replaces what the field holds.",
+            input_schema: schema_of::<BrowserTypeArgs>(),
+            writes: false,
+        },
+        WorkerToolDecl {
+            name: BROWSER_SCREENSHOT,
+            description: "Take a PNG screenshot of the visible browser page and keep it as an artifact the user can download; returns its id.",
+            input_schema: schema_of::<BrowserScreenshotArgs>(),
+            writes: true,
+        },
+    ]
+}
+
 /// The worker tools `profile` offers; `none` (and an unknown profile) offers none.
 pub fn catalog_for(profile: &str) -> Vec<WorkerToolDecl> {
     match profile {
-        "light" | "heavy" | "warm" | "browser" => workspace_tools(),
+        "light" | "heavy" | "warm" => workspace_tools(),
+        "browser" => {
+            let mut tools = workspace_tools();
+            tools.extend(browser_tools());
+            tools
+        }
         _ => Vec::new(),
     }
+}
+
+/// Every worker tool of any profile, each once.
+pub fn all_tools() -> Vec<WorkerToolDecl> {
+    catalog_for("browser")
 }
 
 #[cfg(test)]
@@ -171,5 +279,71 @@ mod tests {
             serde_json::json!(["command"])
         );
         assert_eq!(shell.input_schema["additionalProperties"], false);
+    }
+
+    #[test]
+    fn the_browser_profile_adds_the_browser_tools() {
+        let light: Vec<_> = catalog_for("light").iter().map(|t| t.name).collect();
+        let browser: Vec<_> = catalog_for("browser").iter().map(|t| t.name).collect();
+        assert_eq!(browser[..light.len()], light[..]);
+        assert_eq!(
+            browser[light.len()..],
+            [
+                BROWSER_NAVIGATE,
+                BROWSER_SNAPSHOT,
+                BROWSER_CLICK,
+                BROWSER_TYPE,
+                BROWSER_SCREENSHOT
+            ]
+        );
+        for profile in ["light", "heavy", "warm", "none"] {
+            assert!(
+                catalog_for(profile)
+                    .iter()
+                    .all(|t| !t.name.starts_with("browser_")),
+                "{profile}"
+            );
+        }
+        assert_eq!(all_tools(), catalog_for("browser"));
+    }
+
+    #[test]
+    fn browser_tool_schemas() {
+        let by_name = |name: &str| {
+            catalog_for("browser")
+                .into_iter()
+                .find(|t| t.name == name)
+                .map(|t| t.input_schema)
+                .unwrap_or_default()
+        };
+        let navigate = by_name(BROWSER_NAVIGATE);
+        assert_eq!(navigate["required"], serde_json::json!(["url"]));
+        assert_eq!(navigate["properties"]["url"]["type"], "string");
+        let click = by_name(BROWSER_CLICK);
+        assert_eq!(click["required"], serde_json::json!(["ref"]));
+        assert_eq!(click["properties"]["ref"]["type"], "integer");
+        let typed = by_name(BROWSER_TYPE);
+        assert_eq!(typed["required"], serde_json::json!(["ref", "text"]));
+        for empty in [BROWSER_SNAPSHOT, BROWSER_SCREENSHOT] {
+            let schema = by_name(empty);
+            assert_eq!(schema["type"], "object", "{empty}");
+            assert_eq!(schema["additionalProperties"], false, "{empty}");
+            assert_eq!(schema["properties"], serde_json::json!({}), "{empty}");
+            assert!(schema.get("required").is_none(), "{empty}");
+        }
+        // The argument types decode what the schemas describe.
+        let args: BrowserTypeArgs = serde_json::from_value(
+            serde_json::json!({"ref": 12, "text": "hi"}),
+        )
+        .unwrap_or_else(|_| BrowserTypeArgs {
+            element: 0,
+            text: String::new(),
+        });
+        assert_eq!(args.element, 12);
+        assert!(
+            serde_json::from_value::<BrowserSnapshotArgs>(serde_json::json!({"x": 1})).is_err()
+        );
+        assert!(returns_file(UPLOAD_ARTIFACT) && returns_file(BROWSER_SCREENSHOT));
+        assert!(!returns_file(BROWSER_SNAPSHOT) && !returns_file(SHELL));
     }
 }

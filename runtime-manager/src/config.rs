@@ -1,12 +1,16 @@
 //! Typed configuration from the environment, validated before anything connects.
 //!
-//! Every variable is documented in `docs/CONFIGURATION.md` (runtime-manager section). A bad
-//! variable is reported by name, never by value (it may be a secret), and `main` exits
-//! with code 2. Parsing goes through [`Env`] so tests can feed a map.
+//! Every variable is documented in `docs/CONFIGURATION.md` (runtime-manager section; the
+//! Kubernetes ones and the profiles file in `docs/kubernetes.md`). A bad variable is
+//! reported by name, never by value (it may be a secret), and `main` exits with code 2.
+//! The profiles file holds no secret: its errors name the field's path and quote the bad
+//! value. Parsing goes through [`Env`] so tests can feed a map.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::profiles::Profiles;
 
 /// The session-token signing key used when `SESSION_TOKEN_KEY` is unset, so `make dev`
 /// works with no configuration. It is the `channel` crate's, so the brain's default is the
@@ -50,6 +54,22 @@ pub struct ConfigError {
 pub enum LauncherKind {
     /// The worker binary as a child process (the embedded default).
     Local,
+    /// A `batch/v1` Job per session (production).
+    Kubernetes,
+}
+
+/// The namespace worker Jobs run in when `RUNTIME_MANAGER_NAMESPACE` is unset.
+pub const DEFAULT_NAMESPACE: &str = "agent-workers";
+
+/// The Kubernetes launcher's settings (used only with `RUNTIME_MANAGER_LAUNCHER=kubernetes`,
+/// but always parsed so `render-job` works anywhere).
+#[derive(Clone, Debug)]
+pub struct KubernetesConfig {
+    /// Where worker Jobs are created (`RUNTIME_MANAGER_NAMESPACE`).
+    pub namespace: String,
+    /// A worker pod still pending after this long is force-deleted and its session fails
+    /// (`RUNTIME_MANAGER_START_TIMEOUT_MS`, R4).
+    pub start_timeout: Duration,
 }
 
 /// The signing key of session tokens. `Debug` never shows it.
@@ -86,52 +106,16 @@ pub struct Config {
     /// The local launcher's root: one workspace directory and one log file per session
     /// (absolute).
     pub workspaces: PathBuf,
-    pub idle_windows: IdleWindows,
+    /// The RuntimeProfiles (R1): built in, or from `RUNTIME_MANAGER_PROFILES`; with
+    /// `RUNTIME_MANAGER_IDLE_WINDOW_MS` replacing every idle window.
+    pub profiles: Profiles,
+    pub kubernetes: KubernetesConfig,
     /// A launched worker that has not dialed in by then fails with `dial_timeout`.
     pub dial_timeout: Duration,
     /// Lifetime of the session token a worker starts with (the brain renews it in-band).
     pub token_ttl: Duration,
     /// How often the reaper looks for timed-out dials and orphaned workers.
     pub reaper_interval: Duration,
-}
-
-/// Idle windows per RuntimeProfile (SPEC R table); `RUNTIME_MANAGER_IDLE_WINDOW_MS`
-/// replaces all of them (tests).
-#[derive(Clone, Copy, Debug)]
-pub struct IdleWindows {
-    pub light: Duration,
-    pub heavy: Duration,
-    pub browser: Duration,
-    pub warm: Duration,
-}
-
-impl IdleWindows {
-    pub const DEFAULT: Self = Self {
-        light: Duration::from_secs(90),
-        heavy: Duration::from_secs(90),
-        browser: Duration::from_secs(90),
-        warm: Duration::from_secs(20 * 60),
-    };
-
-    fn all(window: Duration) -> Self {
-        Self {
-            light: window,
-            heavy: window,
-            browser: window,
-            warm: window,
-        }
-    }
-
-    /// The window of `profile`; `None` for a profile without hands (`none`) or unknown.
-    pub fn for_profile(&self, profile: &str) -> Option<Duration> {
-        match profile {
-            "light" => Some(self.light),
-            "heavy" => Some(self.heavy),
-            "browser" => Some(self.browser),
-            "warm" => Some(self.warm),
-            _ => None,
-        }
-    }
 }
 
 impl Config {
@@ -145,16 +129,11 @@ impl Config {
             .map(str::trim)
         {
             None | Some("local") => LauncherKind::Local,
-            Some("kubernetes") => {
-                return Err(ConfigError {
-                    name: "RUNTIME_MANAGER_LAUNCHER",
-                    problem: "kubernetes is not built yet; use local".into(),
-                });
-            }
+            Some("kubernetes") => LauncherKind::Kubernetes,
             Some(_) => {
                 return Err(ConfigError {
                     name: "RUNTIME_MANAGER_LAUNCHER",
-                    problem: "must be local".into(),
+                    problem: "must be local or kubernetes".into(),
                 });
             }
         };
@@ -181,10 +160,54 @@ impl Config {
                 .map(str::trim)
                 .unwrap_or("./.dev/workspaces"),
         );
-        let idle_windows = match non_empty(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS") {
-            None => IdleWindows::DEFAULT,
-            Some(_) => IdleWindows::all(millis(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS", 90_000)?),
+        let mut profiles = match non_empty(env, "RUNTIME_MANAGER_PROFILES") {
+            None => Profiles::builtin(),
+            Some(path) => {
+                let path = absolute(&cwd, path.trim());
+                Profiles::from_file(&path).map_err(|e| ConfigError {
+                    name: "RUNTIME_MANAGER_PROFILES",
+                    problem: format!("({}): {e}", path.display()),
+                })?
+            }
         };
+        if non_empty(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS").is_some() {
+            profiles.set_idle_windows(millis(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS", 90_000)?);
+        }
+        let kubernetes = KubernetesConfig {
+            namespace: namespace(env)?,
+            start_timeout: millis(env, "RUNTIME_MANAGER_START_TIMEOUT_MS", 120_000)?,
+        };
+        // A pod needs time to be scheduled and to pull its image before it can dial: with
+        // Jobs the dial timeout starts above the start timeout.
+        let dial_default = match launcher {
+            LauncherKind::Local => 15_000,
+            LauncherKind::Kubernetes => kubernetes.start_timeout.as_millis() as u64 + 60_000,
+        };
+        let dial_timeout = millis(env, "RUNTIME_MANAGER_DIAL_TIMEOUT_MS", dial_default)?;
+        if launcher == LauncherKind::Kubernetes && dial_timeout <= kubernetes.start_timeout {
+            return Err(ConfigError {
+                name: "RUNTIME_MANAGER_DIAL_TIMEOUT_MS",
+                problem: "must be longer than RUNTIME_MANAGER_START_TIMEOUT_MS with the \
+                          kubernetes launcher (a pod still starting cannot dial)"
+                    .into(),
+            });
+        }
+        let token_ttl = ranged(
+            env,
+            "RUNTIME_MANAGER_TOKEN_TTL_MS",
+            600_000,
+            1_000,
+            86_400_000,
+        )
+        .map(Duration::from_millis)?;
+        if token_ttl <= dial_timeout {
+            return Err(ConfigError {
+                name: "RUNTIME_MANAGER_TOKEN_TTL_MS",
+                problem: "must be longer than RUNTIME_MANAGER_DIAL_TIMEOUT_MS (a worker \
+                          dials with the token it was launched with)"
+                    .into(),
+            });
+        }
         let brain_public_url = url_var(env, "BRAIN_PUBLIC_URL", DEFAULT_BRAIN_PUBLIC_URL)?;
         if !(brain_public_url.starts_with("http://") || brain_public_url.starts_with("https://")) {
             return Err(ConfigError {
@@ -202,19 +225,33 @@ impl Config {
             launcher,
             worker_bin,
             workspaces,
-            idle_windows,
-            dial_timeout: millis(env, "RUNTIME_MANAGER_DIAL_TIMEOUT_MS", 15_000)?,
-            token_ttl: ranged(
-                env,
-                "RUNTIME_MANAGER_TOKEN_TTL_MS",
-                600_000,
-                1_000,
-                86_400_000,
-            )
-            .map(Duration::from_millis)?,
+            profiles,
+            kubernetes,
+            dial_timeout,
+            token_ttl,
             reaper_interval: Duration::from_secs(1),
         })
     }
+}
+
+/// `RUNTIME_MANAGER_NAMESPACE`: a DNS label (RFC 1123).
+fn namespace(env: &dyn Env) -> Result<String, ConfigError> {
+    let value = non_empty(env, "RUNTIME_MANAGER_NAMESPACE")
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+    let valid = value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid {
+        return Err(ConfigError {
+            name: "RUNTIME_MANAGER_NAMESPACE",
+            problem: "must be a namespace name (at most 63 of a-z, 0-9 and -)".into(),
+        });
+    }
+    Ok(value)
 }
 
 fn token_key(env: &dyn Env) -> Result<TokenKey, ConfigError> {
@@ -328,10 +365,16 @@ mod tests {
         assert!(config.workspaces.ends_with(".dev/workspaces"));
         assert_eq!(config.dial_timeout, Duration::from_secs(15));
         assert_eq!(config.token_ttl, Duration::from_secs(600));
-        let windows = config.idle_windows;
-        assert_eq!(windows.for_profile("light"), Some(Duration::from_secs(90)));
-        assert_eq!(windows.for_profile("warm"), Some(Duration::from_secs(1200)));
-        assert_eq!(windows.for_profile("none"), None);
+        let profiles = &config.profiles;
+        assert_eq!(*profiles, Profiles::builtin());
+        assert_eq!(profiles.idle_window("light"), Some(Duration::from_secs(90)));
+        assert_eq!(
+            profiles.idle_window("warm"),
+            Some(Duration::from_secs(1200))
+        );
+        assert_eq!(profiles.idle_window("none"), None);
+        assert_eq!(config.kubernetes.namespace, DEFAULT_NAMESPACE);
+        assert_eq!(config.kubernetes.start_timeout, Duration::from_secs(120));
         assert!(!format!("{config:?}").contains(DEV_SESSION_TOKEN_KEY));
     }
 
@@ -341,7 +384,9 @@ mod tests {
             ("SESSION_TOKEN_KEY", "short"),
             ("BRAIN_PUBLIC_URL", "ftp://x"),
             ("RUNTIME_MANAGER_LAUNCHER", "docker"),
-            ("RUNTIME_MANAGER_LAUNCHER", "kubernetes"),
+            ("RUNTIME_MANAGER_NAMESPACE", "Agent_Workers"),
+            ("RUNTIME_MANAGER_START_TIMEOUT_MS", "later"),
+            ("RUNTIME_MANAGER_PROFILES", "/nonexistent/profiles.yaml"),
             ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "soon"),
             ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "0"),
             ("RUNTIME_MANAGER_TOKEN_TTL_MS", "10"),
@@ -368,10 +413,67 @@ mod tests {
         .unwrap();
         assert!(!config.session_token_key.is_development);
         assert_eq!(
-            config.idle_windows.for_profile("warm"),
+            config.profiles.idle_window("warm"),
             Some(Duration::from_millis(1500))
         );
         assert_eq!(config.worker_bin, PathBuf::from("/opt/worker"));
         assert_eq!(config.workspaces, PathBuf::from("/tmp/ws"));
+    }
+
+    #[test]
+    fn the_kubernetes_launcher_waits_longer_for_a_dial() {
+        let config = Config::from_env(&env(&[
+            ("RUNTIME_MANAGER_LAUNCHER", "kubernetes"),
+            ("RUNTIME_MANAGER_NAMESPACE", "team-workers"),
+        ]))
+        .unwrap();
+        assert_eq!(config.launcher, LauncherKind::Kubernetes);
+        assert_eq!(config.kubernetes.namespace, "team-workers");
+        assert!(config.dial_timeout > config.kubernetes.start_timeout);
+        let err = Config::from_env(&env(&[
+            ("RUNTIME_MANAGER_LAUNCHER", "kubernetes"),
+            ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "15000"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.name, "RUNTIME_MANAGER_DIAL_TIMEOUT_MS");
+        let err = Config::from_env(&env(&[
+            ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "60000"),
+            ("RUNTIME_MANAGER_TOKEN_TTL_MS", "30000"),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.name, "RUNTIME_MANAGER_TOKEN_TTL_MS");
+    }
+
+    #[test]
+    fn a_profiles_file_is_read_and_its_errors_name_the_field() {
+        let dir = std::env::temp_dir().join(format!("rm-config-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("profiles.yaml");
+        std::fs::write(&good, "profiles:\n  heavy:\n    idleWindowSeconds: 50\n").unwrap();
+        let config = Config::from_env(&env(&[(
+            "RUNTIME_MANAGER_PROFILES",
+            good.to_str().unwrap(),
+        )]))
+        .unwrap();
+        assert_eq!(
+            config.profiles.idle_window("heavy"),
+            Some(Duration::from_secs(50))
+        );
+
+        let bad = dir.join("bad.yaml");
+        std::fs::write(
+            &bad,
+            "profiles:\n  heavy:\n    resources:\n      limits:\n        memory: 12 GB\n",
+        )
+        .unwrap();
+        let err = Config::from_env(&env(&[("RUNTIME_MANAGER_PROFILES", bad.to_str().unwrap())]))
+            .unwrap_err();
+        assert_eq!(err.name, "RUNTIME_MANAGER_PROFILES");
+        assert!(
+            err.to_string()
+                .contains("profiles.heavy.resources.limits.memory: invalid quantity \"12 GB\""),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -3,15 +3,20 @@
 //! components table, W2, W6, W7, O3).
 //!
 //! - `config.rs`: typed configuration from the environment.
+//! - `profiles.rs`: the RuntimeProfiles (R1): built-in defaults and the profiles file.
 //! - `queue` (crate): the Redis task queue the brain pushes to.
 //! - `manager.rs`: the task handlers, the reaper and the start-up reconciliation.
 //! - `store.rs`: every SQL statement (compare-and-set transitions of session rows).
-//! - `launcher/`: the `Launcher` interface and the local process launcher.
+//! - `launcher/`: the `Launcher` interface, the local process launcher and the Kubernetes
+//!   launcher (a Job per session, its pod watcher, `render-job`).
 //!
 //! **Architecture Invariant:** the manager keeps no session state in memory that another
 //! replica or the next process needs: rows are the truth, tasks are in Redis, and the
-//! dial timeout is a sweep over the rows. The one exception is the local launcher's
-//! table of its own child processes, which cannot outlive the process anyway.
+//! dial timeout is a sweep over the rows. The exceptions are the local launcher's table
+//! of its own child processes, which cannot outlive the process anyway, and the pod
+//! watcher's cache of worker pods, which every replica rebuilds from the API server.
+//!
+//! **Architecture Invariant:** only this crate talks to the Kubernetes API.
 
 use std::sync::Arc;
 
@@ -22,6 +27,7 @@ pub mod config;
 pub mod error;
 pub mod launcher;
 pub mod manager;
+pub mod profiles;
 pub mod store;
 
 pub use config::{Config, DEV_SESSION_TOKEN_KEY};
@@ -30,13 +36,44 @@ pub use manager::Manager;
 
 use config::LauncherKind;
 use launcher::Launcher;
+use launcher::kubernetes::{KubernetesLauncher, KubernetesSettings};
 use launcher::local::LocalProcessLauncher;
 use store::Store;
 
-/// Runs the manager until `shutdown` is cancelled: reconcile (O3), then consume tasks
-/// and reap; on shutdown stop consuming, wait for running handlers, and stop the workers
-/// that die with the manager.
+/// Runs the manager with the launcher `config` names until `shutdown` is cancelled. The
+/// Kubernetes client comes from the environment: the pod's service account in a cluster,
+/// `KUBECONFIG` or `~/.kube/config` outside.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    let launcher: Arc<dyn Launcher> = match config.launcher {
+        LauncherKind::Local => Arc::new(LocalProcessLauncher::new(
+            config.worker_bin.clone(),
+            config.workspaces.clone(),
+        )),
+        LauncherKind::Kubernetes => {
+            let client = kube::Client::try_default()
+                .await
+                .map_err(launcher::LaunchError::Kube)?;
+            Arc::new(KubernetesLauncher::new(
+                client,
+                KubernetesSettings {
+                    namespace: config.kubernetes.namespace.clone(),
+                    profiles: config.profiles.clone(),
+                    start_timeout: config.kubernetes.start_timeout,
+                },
+            ))
+        }
+    };
+    run_with_launcher(config, launcher, shutdown).await
+}
+
+/// Runs the manager over `launcher` until `shutdown` is cancelled: reconcile (O3), then
+/// consume tasks, reap and watch the workers; on shutdown stop consuming, wait for running
+/// handlers, and stop the workers that die with the manager.
+pub async fn run_with_launcher(
+    config: Config,
+    launcher: Arc<dyn Launcher>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     if config.session_token_key.is_development {
         tracing::warn!(
             "SESSION_TOKEN_KEY is unset: signing worker tokens with the built-in development key; \
@@ -52,6 +89,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     }
     tracing::info!(
         launcher = ?config.launcher,
+        namespace = %config.kubernetes.namespace,
         worker_bin = %config.worker_bin.display(),
         workspaces = %config.workspaces.display(),
         brain_public_url = %config.brain_public_url,
@@ -62,17 +100,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let live = store.live_sessions().await?;
     let queue =
         SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;
-    let launcher: Arc<dyn Launcher> = match config.launcher {
-        LauncherKind::Local => Arc::new(LocalProcessLauncher::new(
-            config.worker_bin.clone(),
-            config.workspaces.clone(),
-        )),
-    };
     let manager = Manager::new(config, store, queue.clone(), launcher)?;
     manager.reconcile().await?;
 
     let reaper_stop = CancellationToken::new();
     let reaper = tokio::spawn(manager.clone().reaper(reaper_stop.clone()));
+    let watcher = tokio::spawn(manager.clone().watch_workers(reaper_stop.clone()));
     tracing::info!(live_sessions = live, "runtime-manager ready");
 
     let handler = {
@@ -85,6 +118,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     let consumed = queue::consume(queue, handler, shutdown.clone()).await;
     reaper_stop.cancel();
     let _ = reaper.await;
+    let _ = watcher.await;
     manager.stop_workers().await;
     consumed?;
     Ok(())

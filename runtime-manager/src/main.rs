@@ -1,13 +1,23 @@
-//! The runtime-manager binary: configuration (exit 2 on a bad variable), tracing, and
-//! SIGTERM/Ctrl-C as the shutdown token; everything else is in the library.
+//! The runtime-manager binary: configuration (exit 2 on a bad variable or profiles file),
+//! tracing, and SIGTERM/Ctrl-C as the shutdown token; everything else is in the library.
+//!
+//! ```text
+//! runtime-manager                          run (consume tasks, launch, reap, watch)
+//! runtime-manager render-job --profile P   print the Job a session of profile P gets, as YAML
+//! ```
 
 use std::process::ExitCode;
 
 use runtime_manager::config::{Config, ProcessEnv};
+use runtime_manager::launcher::kubernetes::job;
+use runtime_manager::profiles;
 use tokio_util::sync::CancellationToken;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+const USAGE: &str = "usage: runtime-manager [render-job --profile light|browser|heavy|warm]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let config = match Config::from_env(&ProcessEnv) {
         Ok(config) => config,
         Err(e) => {
@@ -15,6 +25,47 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    match args.as_slice() {
+        [] => serve(config),
+        ["render-job", "--profile", profile] => render_job(&config, profile),
+        ["render-job", flag] if flag.starts_with("--profile=") => {
+            render_job(&config, &flag["--profile=".len()..])
+        }
+        ["-h" | "--help" | "help"] => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("runtime-manager: {USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Prints the Job of a sample session of `profile` (with this configuration's profiles,
+/// namespace and brain URL).
+fn render_job(config: &Config, profile: &str) -> ExitCode {
+    let Some(sample) = job::sample(config, profile) else {
+        eprintln!(
+            "runtime-manager: render-job: no profile {profile:?} launches workers (one of {})",
+            profiles::WITH_HANDS.join(", ")
+        );
+        return ExitCode::from(2);
+    };
+    match job::to_yaml(&sample, profile) {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("runtime-manager: render-job: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[tokio::main]
+async fn serve(config: Config) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RUNTIME_MANAGER_LOG")

@@ -10,6 +10,10 @@
 //!                    IdleCheck, unused for the window: terminating ──► terminated
 //! ```
 //!
+//! Besides the brain's failures (W6), the launcher's watcher reports what it sees in a
+//! worker (R4: an image that cannot be pulled, an OOM kill, a pod stuck starting): the
+//! session fails `launch_failed` with that detail, and the worker is stopped.
+//!
 //! Every handler is idempotent: a task may run twice (a consumer that died mid-task), and
 //! every transition is a compare-and-set in [`crate::store`]. No state is kept in memory
 //! beyond the launcher's table of local children; the dial timeout is a sweep over the
@@ -20,15 +24,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use channel::token::TokenKeys;
-use protocol::SessionId;
 use protocol::channel::{FailureReason, SessionState, SessionTask};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
 use queue::{SessionQueue, TaskError};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::launcher::{LaunchSpec, Launcher};
-use crate::store::Store;
+use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
+use crate::store::{PoolSlot, Store};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
@@ -101,7 +106,7 @@ impl Manager {
             }
             return Ok(());
         };
-        let Some(window) = inner.config.idle_windows.for_profile(&claim.profile) else {
+        let Some(window) = inner.config.profiles.idle_window(&claim.profile) else {
             if inner
                 .store
                 .fail_provision(session, FailureReason::LaunchFailed, "unknown_profile")
@@ -223,8 +228,10 @@ impl Manager {
     }
 
     fn window(&self, profile: &str) -> Duration {
-        let windows = self.inner.config.idle_windows;
-        windows.for_profile(profile).unwrap_or(windows.light)
+        let profiles = &self.inner.config.profiles;
+        profiles
+            .idle_window(profile)
+            .unwrap_or(profiles.light.idle_window)
     }
 
     fn count_failure(&self, session: SessionId, reason: FailureReason, detail: &str) {
@@ -263,19 +270,42 @@ impl Manager {
             }
         }
 
+        self.pool_once().await?;
+
         let running = inner.launcher.running().await?;
         if running.is_empty() {
             return Ok(());
         }
+        // Pooled workers run under their slot's id; once claimed, their session's row
+        // decides (R3).
         let ids: Vec<SessionId> = running.iter().map(|w| w.session).collect();
+        let slots: HashMap<SessionId, PoolSlot> = inner
+            .store
+            .pool_slots(&ids)
+            .await?
+            .into_iter()
+            .map(|slot| (slot.slot, slot))
+            .collect();
+        let owner_of = |id: SessionId| match slots.get(&id) {
+            Some(slot) => slot.session,
+            None => Some(id),
+        };
+        let session_ids: Vec<SessionId> = ids.iter().filter_map(|id| owner_of(*id)).collect();
         let rows: HashMap<SessionId, _> = inner
             .store
-            .rows(&ids, TERMINATING_PATIENCE)
+            .rows(&session_ids, TERMINATING_PATIENCE)
             .await?
             .into_iter()
             .map(|row| (row.session, row))
             .collect();
-        for worker in running {
+        for mut worker in running {
+            if let Some(slot) = slots.get(&worker.session) {
+                match slot.session {
+                    // Waiting in the pool: `pool_once` tends it.
+                    None => continue,
+                    Some(session) => worker.session = session,
+                }
+            }
             let Some(row) = rows.get(&worker.session) else {
                 tracing::info!(session = %worker.session.0, "session row gone; stopping its worker");
                 self.stop_logged(worker.session, &worker.worker_ref).await;
@@ -304,6 +334,68 @@ impl Manager {
         Ok(())
     }
 
+    /// Tends the warm pools (R3): tops each profile up to its `warmPoolSize` with workers
+    /// started under a pool token, retires slots whose worker never became ready, stops
+    /// the workers of retired slots, and arms the idle timer of sessions that claimed one.
+    async fn pool_once(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        for slot in inner
+            .store
+            .pool_stale_starting(inner.config.dial_timeout)
+            .await?
+        {
+            tracing::info!(slot = %slot.0, "pooled worker never became ready; retiring it");
+        }
+        for (slot, worker_ref) in inner.store.pool_gone_workers().await? {
+            if let Some(worker_ref) = worker_ref {
+                self.stop_logged(slot, &worker_ref).await;
+            }
+            inner.store.pool_forget(slot).await?;
+        }
+        for (session, profile, last_used_ms, now_ms) in inner.store.pool_arm_claimed().await? {
+            let window = self.window(&profile);
+            let due = last_used_ms + window.as_millis() as i64;
+            self.arm_idle_check(session, last_used_ms, due - now_ms)
+                .await?;
+        }
+        for (profile, settings) in inner.config.profiles.iter() {
+            let open = inner.store.pool_open(profile).await?;
+            for _ in open..i64::from(settings.warm_pool_size) {
+                self.start_pooled(profile).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts one pooled worker: it dials in with a pool token and waits, unassigned,
+    /// for a session to claim it.
+    async fn start_pooled(&self, profile: &str) -> Result<(), Error> {
+        let inner = &self.inner;
+        let slot = SessionId::new();
+        inner.store.pool_insert(slot, profile).await?;
+        let spec = LaunchSpec {
+            session: slot,
+            team: TeamId::nil(),
+            agent: AgentId::nil(),
+            chat: ChatId::nil(),
+            profile: profile.to_owned(),
+            token: inner.tokens.mint_pool(slot, inner.config.token_ttl)?,
+            brain_public_url: inner.config.brain_public_url.clone(),
+        };
+        match inner.launcher.launch(spec).await {
+            Ok(worker_ref) => inner.store.pool_launched(slot, &worker_ref).await?,
+            Err(e) => {
+                tracing::warn!(
+                    profile,
+                    error_class = e.metric_label(),
+                    "pooled worker not launched"
+                );
+                inner.store.pool_gone(slot).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn stop_logged(&self, session: SessionId, worker_ref: &str) {
         if let Err(e) = self.inner.launcher.stop(worker_ref).await {
             tracing::warn!(session = %session.0, error_class = e.metric_label(), "stopping a worker failed");
@@ -323,6 +415,57 @@ impl Manager {
                 tracing::warn!(error_class = e.metric_label(), "reaper pass failed");
             }
         }
+    }
+
+    /// Runs the launcher's watcher until `shutdown` and records every failure it reports
+    /// (R4): the session fails `launch_failed` with the failure's detail (a session that
+    /// failed already, say `heartbeat_lost` when the brain saw the socket close first, gets
+    /// the detail added), and the worker is stopped.
+    pub async fn watch_workers(self, shutdown: CancellationToken) {
+        let (tx, mut rx) = mpsc::channel::<WorkerFailure>(64);
+        let launcher = self.inner.launcher.clone();
+        let watcher = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { launcher.watch(tx, shutdown).await }
+        });
+        while let Some(failure) = rx.recv().await {
+            if let Err(e) = self.record_worker_failure(&failure).await {
+                tracing::warn!(
+                    session = %failure.session.0,
+                    error_class = e.metric_label(),
+                    "recording a worker failure failed"
+                );
+            }
+        }
+        let _ = watcher.await;
+    }
+
+    async fn record_worker_failure(&self, failure: &WorkerFailure) -> Result<(), Error> {
+        let inner = &self.inner;
+        let WorkerFailure {
+            session,
+            worker_ref,
+            detail,
+        } = failure;
+        if inner
+            .store
+            .fail_worker(*session, worker_ref, FailureReason::LaunchFailed, detail)
+            .await?
+        {
+            self.count_failure(*session, FailureReason::LaunchFailed, detail);
+        } else if inner
+            .store
+            .add_failure_detail(*session, worker_ref, detail)
+            .await?
+        {
+            tracing::info!(session = %session.0, detail, "failure detail recorded");
+        } else {
+            // Recorded already (another replica, an earlier report), or the row is not
+            // this worker's: the reaper stops what belongs to an ended session.
+            return Ok(());
+        }
+        self.stop_logged(*session, worker_ref).await;
+        Ok(())
     }
 
     /// O3 at start: a session whose worker vanished with a previous process fails; one

@@ -265,6 +265,26 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
+    /// A session that failed with `worker_ref` and no detail yet gets `detail` (a launcher
+    /// learned why after the brain recorded the failure).
+    pub async fn add_failure_detail(
+        &self,
+        id: SessionId,
+        worker_ref: &str,
+        detail: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET failure_detail = $3, updated_at = now()
+             WHERE id = $1 AND worker_ref = $2 AND state = 'failed' AND failure_detail IS NULL",
+        )
+        .bind(id.0)
+        .bind(worker_ref)
+        .bind(detail)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
     /// Any live state with `worker_ref` → `terminated`, for a worker stopped on purpose
     /// (shutdown of a launcher whose workers die with the manager).
     pub async fn terminate_worker(
@@ -290,5 +310,138 @@ fn worker_row((id, state, worker_ref, stale): (Uuid, String, Option<String>, boo
         state: SessionState::parse(&state),
         worker_ref,
         stale,
+    }
+}
+
+/// A warm-pool slot as the manager tends it (R3).
+#[derive(Clone, Debug)]
+pub struct PoolSlot {
+    pub slot: SessionId,
+    pub state: String,
+    pub worker_ref: Option<String>,
+    /// The session that claimed it, once claimed.
+    pub session: Option<SessionId>,
+}
+
+impl Store {
+    /// Slots of `profile` starting or waiting: the pool's current size.
+    pub async fn pool_open(&self, profile: &str) -> Result<i64, sqlx::Error> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM worker_pool WHERE profile = $1 AND state IN ('starting', 'idle')",
+        )
+        .bind(profile)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n)
+    }
+
+    pub async fn pool_insert(&self, slot: SessionId, profile: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO worker_pool (id, profile, state) VALUES ($1, $2, 'starting')")
+            .bind(slot.0)
+            .bind(profile)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn pool_launched(
+        &self,
+        slot: SessionId,
+        worker_ref: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE worker_pool SET worker_ref = $2, updated_at = now() WHERE id = $1")
+            .bind(slot.0)
+            .bind(worker_ref)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// An unclaimed slot ends (launch failed, never dialed in).
+    pub async fn pool_gone(&self, slot: SessionId) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "UPDATE worker_pool SET state = 'gone', updated_at = now() \
+             WHERE id = $1 AND state IN ('starting', 'idle')",
+        )
+        .bind(slot.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Slots `starting` for longer than `timeout`: their worker never became ready.
+    pub async fn pool_stale_starting(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<SessionId>, sqlx::Error> {
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE worker_pool SET state = 'gone', updated_at = now() \
+             WHERE state = 'starting' AND updated_at <= now() - make_interval(secs => $1) \
+             RETURNING id",
+        )
+        .bind(timeout.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| SessionId(id)).collect())
+    }
+
+    /// Gone slots whose worker may still run; the row is removed once it is stopped.
+    pub async fn pool_gone_workers(&self) -> Result<Vec<(SessionId, Option<String>)>, sqlx::Error> {
+        let rows: Vec<(Uuid, Option<String>)> =
+            sqlx::query_as("SELECT id, worker_ref FROM worker_pool WHERE state = 'gone'")
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().map(|(id, r)| (SessionId(id), r)).collect())
+    }
+
+    pub async fn pool_forget(&self, slot: SessionId) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM worker_pool WHERE id = $1 AND state = 'gone'")
+            .bind(slot.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Sessions that claimed a slot and have no idle timer yet: (session, profile,
+    /// last used, now), both in database-clock milliseconds. Marks them armed.
+    pub async fn pool_arm_claimed(
+        &self,
+    ) -> Result<Vec<(SessionId, String, i64, i64)>, sqlx::Error> {
+        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
+            "WITH armed AS ( \
+                UPDATE worker_pool SET armed = true, updated_at = now() \
+                WHERE state = 'claimed' AND NOT armed AND session_id IS NOT NULL \
+                RETURNING session_id) \
+             SELECT s.id, s.profile, \
+                    (extract(epoch FROM s.last_used_at) * 1000)::bigint, \
+                    (extract(epoch FROM now()) * 1000)::bigint \
+             FROM agent_runtime_sessions s JOIN armed ON armed.session_id = s.id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, profile, used, now)| (SessionId(id), profile, used, now))
+            .collect())
+    }
+
+    /// The slots among `ids` (workers the launcher runs under a slot id, not a session id).
+    pub async fn pool_slots(&self, ids: &[SessionId]) -> Result<Vec<PoolSlot>, sqlx::Error> {
+        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let rows: Vec<(Uuid, String, Option<String>, Option<Uuid>)> = sqlx::query_as(
+            "SELECT id, state, worker_ref, session_id FROM worker_pool WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, state, worker_ref, session)| PoolSlot {
+                slot: SessionId(id),
+                state,
+                worker_ref,
+                session: session.map(SessionId),
+            })
+            .collect())
     }
 }

@@ -6,7 +6,8 @@
 //! a secret); `main` turns it into exit code 2.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use protocol::SessionId;
 use protocol::channel::CONNECT_PATH;
@@ -15,6 +16,25 @@ pub const BRAIN_PUBLIC_URL: &str = "BRAIN_PUBLIC_URL";
 pub const WORKER_SESSION_ID: &str = "WORKER_SESSION_ID";
 pub const WORKER_SESSION_TOKEN: &str = "WORKER_SESSION_TOKEN";
 pub const WORKER_WORKSPACE: &str = "WORKER_WORKSPACE";
+/// Optional: the tool catalog to serve, a profile name of `channel::catalog` (default
+/// `light`). `browser` adds the browser tools (it needs the `browser` feature).
+pub const WORKER_PROFILE: &str = "WORKER_PROFILE";
+/// Optional: the Chromium executable for the browser tools (default: the first of
+/// [`CHROMIUM_CANDIDATES`] that exists).
+pub const WORKER_CHROMIUM: &str = "WORKER_CHROMIUM";
+/// Optional: milliseconds without a browser tool call after which Chromium is stopped
+/// (default [`DEFAULT_BROWSER_IDLE`]); the next browser tool starts it again.
+pub const WORKER_BROWSER_IDLE_MS: &str = "WORKER_BROWSER_IDLE_MS";
+/// Where Chromium is looked for when `WORKER_CHROMIUM` is unset, in order.
+pub const CHROMIUM_CANDIDATES: [&str; 3] = [
+    "/usr/bin/chromium",
+    "/usr/bin/chromium-browser",
+    "/usr/bin/google-chrome",
+];
+pub const DEFAULT_BROWSER_IDLE: Duration = Duration::from_secs(120);
+/// Chromium's profile directory, under the workspace (the pod is the tenant's, the
+/// workspace the session's).
+pub const BROWSER_PROFILE_DIR: &str = ".browser-profile";
 /// Optional: a `tracing` filter (default `info`). rmcp and tungstenite are always capped
 /// at `error`/`warn` because they log message payloads (X4).
 pub const WORKER_LOG: &str = "WORKER_LOG";
@@ -82,6 +102,35 @@ pub struct Config {
     pub token: Token,
     /// The workspace directory, created if missing, canonical (symlinks resolved).
     pub workspace: PathBuf,
+    /// The profile whose worker tools are served (`channel::catalog::catalog_for`).
+    pub profile: String,
+    /// The browser tools' settings (used only when the profile serves them).
+    pub browser: BrowserSettings,
+}
+
+/// How the browser tools run Chromium.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrowserSettings {
+    /// The executable; `None` when none was found (a browser tool then says so).
+    pub chromium: Option<PathBuf>,
+    /// Idle time after which Chromium is stopped.
+    pub idle: Duration,
+    /// `--user-data-dir`: `<workspace>/.browser-profile`, kept across restarts.
+    pub profile_dir: PathBuf,
+}
+
+impl BrowserSettings {
+    /// Defaults for `workspace`: Chromium found on the usual paths, 120 s idle.
+    pub fn defaults(workspace: &Path) -> Self {
+        Self {
+            chromium: CHROMIUM_CANDIDATES
+                .iter()
+                .map(PathBuf::from)
+                .find(|path| path.is_file()),
+            idle: DEFAULT_BROWSER_IDLE,
+            profile_dir: workspace.join(BROWSER_PROFILE_DIR),
+        }
+    }
 }
 
 impl Config {
@@ -114,11 +163,52 @@ impl Config {
         if !workspace.is_dir() {
             return Err(invalid(WORKER_WORKSPACE, "is not a directory"));
         }
+        let optional = |name: &str| {
+            env.get(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let profile = optional(WORKER_PROFILE).unwrap_or_else(|| "light".to_owned());
+        let tools = channel::catalog::catalog_for(&profile);
+        if tools.is_empty() {
+            return Err(invalid(
+                WORKER_PROFILE,
+                "names no profile with worker tools (light, heavy, warm, browser)",
+            ));
+        }
+        if !cfg!(feature = "browser") && tools.iter().any(|t| t.name.starts_with("browser_")) {
+            return Err(invalid(
+                WORKER_PROFILE,
+                "needs the browser tools, but this worker build has no `browser` feature \
+                 (use the worker-browser image)",
+            ));
+        }
+        let mut browser = BrowserSettings::defaults(&workspace);
+        if let Some(path) = optional(WORKER_CHROMIUM) {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                return Err(invalid(WORKER_CHROMIUM, "is not an existing file"));
+            }
+            browser.chromium = Some(path);
+        }
+        if let Some(ms) = optional(WORKER_BROWSER_IDLE_MS) {
+            browser.idle = ms
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis)
+                .ok_or(invalid(
+                    WORKER_BROWSER_IDLE_MS,
+                    "must be a positive number of milliseconds",
+                ))?;
+        }
         Ok(Self {
             connect_url,
             session,
             token: Token::new(token),
             workspace,
+            profile,
+            browser,
         })
     }
 }
@@ -197,6 +287,11 @@ mod tests {
             (WORKER_SESSION_ID, "not-a-uuid"),
             (WORKER_SESSION_TOKEN, "secret with space"),
             (WORKER_SESSION_TOKEN, ""),
+            (WORKER_PROFILE, "none"),
+            (WORKER_PROFILE, "gpu"),
+            (WORKER_CHROMIUM, "/nonexistent/chromium"),
+            (WORKER_BROWSER_IDLE_MS, "0"),
+            (WORKER_BROWSER_IDLE_MS, "soon"),
         ] {
             let mut vars = good(&ws);
             vars.insert(name.to_owned(), value.to_owned());
@@ -209,6 +304,31 @@ mod tests {
         let mut vars = good(&ws);
         vars.remove(WORKER_WORKSPACE);
         assert_eq!(Config::from_env(&vars).unwrap_err().name, WORKER_WORKSPACE);
+    }
+
+    #[test]
+    fn profile_and_browser_settings() {
+        let ws = std::env::temp_dir().to_string_lossy().into_owned();
+        let config = Config::from_env(&good(&ws)).unwrap();
+        assert_eq!(config.profile, "light");
+        assert_eq!(config.browser.idle, DEFAULT_BROWSER_IDLE);
+        assert_eq!(
+            config.browser.profile_dir,
+            config.workspace.join(".browser-profile")
+        );
+        let mut vars = good(&ws);
+        vars.insert(WORKER_PROFILE.into(), "browser".into());
+        vars.insert(WORKER_BROWSER_IDLE_MS.into(), "300".into());
+        vars.insert(WORKER_CHROMIUM.into(), "/bin/sh".into());
+        let parsed = Config::from_env(&vars);
+        if cfg!(feature = "browser") {
+            let config = parsed.unwrap();
+            assert_eq!(config.profile, "browser");
+            assert_eq!(config.browser.idle, Duration::from_millis(300));
+            assert_eq!(config.browser.chromium, Some(PathBuf::from("/bin/sh")));
+        } else {
+            assert_eq!(parsed.unwrap_err().name, WORKER_PROFILE);
+        }
     }
 
     #[test]

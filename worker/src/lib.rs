@@ -9,13 +9,18 @@
 //! - `session`: serves MCP over the dialed socket until the channel ends, pings the brain,
 //!   and turns the end reason into the exit code; nothing outlives it.
 //! - `tools`: the workspace tools (`shell`, `read_file`, `write_file`, `list_dir`,
-//!   `edit_file`, `upload_artifact`) with the argument types of `channel::catalog`.
-//! - `groups`: the process groups `shell` started, so cancellation, timeouts and the end
-//!   of the session kill whole process trees at once.
+//!   `edit_file`, `upload_artifact`) and, for profile `browser`, the `browser_*` tools,
+//!   with the argument types of `channel::catalog`.
+//! - `browser` (cargo feature `browser`, on by default): headless Chromium over CDP,
+//!   started lazily, stopped when idle.
+//! - `groups`: the process groups `shell` (and the browser) started, so cancellation,
+//!   timeouts and the end of the session kill whole process trees at once.
 //!
 //! **Invariant:** logs carry ids, counts, durations and classes only; never command text,
 //! file contents, paths chosen by the model, or the session token (SPEC X4).
 
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod config;
 pub mod dial;
 pub mod groups;

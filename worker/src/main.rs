@@ -42,12 +42,19 @@ fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(WORKER_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // rmcp logs whole MCP messages (arguments, results, the renewed token) and tungstenite
-    // may log the upgrade request: capped whatever WORKER_LOG says (X4).
-    let filter = ["rmcp=error", "tungstenite=warn", "tokio_tungstenite=warn"]
-        .into_iter()
-        .filter_map(|directive| directive.parse().ok())
-        .fold(filter, |filter, directive| filter.add_directive(directive));
+    // rmcp logs whole MCP messages (arguments, results, the renewed token), tungstenite
+    // may log the upgrade request, and chromiumoxide logs CDP messages (page content,
+    // typed text): capped whatever WORKER_LOG says (X4).
+    let filter = [
+        "rmcp=error",
+        "tungstenite=warn",
+        "tokio_tungstenite=warn",
+        "async_tungstenite=warn",
+        "chromiumoxide=error",
+    ]
+    .into_iter()
+    .filter_map(|directive| directive.parse().ok())
+    .fold(filter, |filter, directive| filter.add_directive(directive));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

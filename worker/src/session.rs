@@ -91,12 +91,14 @@ pub async fn run(config: Config) -> u8 {
             };
         }
     };
-    tracing::info!(%session, "channel open");
+    tracing::info!(%session, profile = %config.profile, "channel open");
 
     let (sink, stream, control) = channel::ws::split::<RoleServer, _>(socket);
     let groups = Groups::default();
     let shutdown = CancellationToken::new();
-    let worker = Worker::new(
+    let worker = Worker::for_profile(
+        &config.profile,
+        config.browser.clone(),
         config.workspace.clone(),
         config.token.clone(),
         groups.clone(),
@@ -127,7 +129,8 @@ pub async fn run(config: Config) -> u8 {
         },
     };
 
-    // Nothing a command started outlives the channel.
+    // Nothing a command started outlives the channel (Chromium included: its process
+    // group is among the groups).
     shutdown.cancel();
     let killed = groups.kill_all();
     let code = end.exit_code();

@@ -21,7 +21,7 @@ use super::{Sessions, Target, relay};
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::provider::ToolSpec;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
-use channel::catalog::{UPLOAD_ARTIFACT, WorkerToolDecl, catalog_for};
+use channel::catalog::{WorkerToolDecl, catalog_for, returns_file};
 
 /// How often a running call records use of its session.
 const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);
@@ -154,7 +154,9 @@ impl Tool for WorkerTool {
             // A call longer than the idle window must not be torn down right after it.
             self.sessions.touched(session).await;
             match answer {
-                Ok(answer) if self.decl.name == UPLOAD_ARTIFACT && !answer.is_error => {
+                // `upload_artifact`, `browser_screenshot`: the file is stored, the model
+                // gets its id.
+                Ok(answer) if returns_file(self.decl.name) && !answer.is_error => {
                     self.store_artifact(ctx, &answer.content).await
                 }
                 Ok(answer) => {

@@ -136,6 +136,8 @@ impl LocalProcessLauncher {
             .env("WORKER_SESSION_ID", spec.session.0.to_string())
             .env("WORKER_SESSION_TOKEN", &spec.token)
             .env("WORKER_WORKSPACE", &workspace)
+            // Which tool catalog the worker serves (the browser tools only in `browser`).
+            .env("WORKER_PROFILE", &spec.profile)
             .current_dir(&workspace)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))

@@ -1,17 +1,23 @@
 //! Launchers: how a worker process comes to exist and stops existing.
 //!
-//! SPEC names two, behind one interface: Kubernetes (a Job per session, next issue) and the
-//! local process launcher ([`local::LocalProcessLauncher`], the embedded default). The
-//! manager holds an `Arc<dyn Launcher>` and never knows which one runs.
+//! SPEC names two, behind one interface: Kubernetes ([`kubernetes::KubernetesLauncher`], a
+//! `batch/v1` Job per session) and the local process launcher
+//! ([`local::LocalProcessLauncher`], the embedded default). The manager holds an
+//! `Arc<dyn Launcher>` and never knows which one runs.
 //!
-//! **Architecture Invariant:** a launcher knows processes (or Jobs), never session states;
-//! every state change is the manager's (`manager.rs`), recorded with compare-and-set SQL.
+//! **Architecture Invariant:** a launcher knows processes (or Jobs and pods), never session
+//! states; every state change is the manager's (`manager.rs`), recorded with
+//! compare-and-set SQL. What a launcher observes on its own (an image that cannot be
+//! pulled, an OOM kill) it reports as a [`WorkerFailure`] for the manager to record.
 
 use std::path::PathBuf;
 
 use futures_util::future::BoxFuture;
 use protocol::{AgentId, ChatId, SessionId, TeamId};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
+pub mod kubernetes;
 pub mod local;
 
 /// Everything a launcher needs to start one session's worker.
@@ -21,7 +27,8 @@ pub struct LaunchSpec {
     pub team: TeamId,
     pub agent: AgentId,
     pub chat: ChatId,
-    /// The RuntimeProfile's name (`light`, `heavy`, `browser`, `warm`).
+    /// The RuntimeProfile's name (`light`, `heavy`, `browser`, `warm`); each launcher
+    /// resolves it in its own copy of the profiles.
     pub profile: String,
     /// The session token the worker presents when it dials the brain (X2).
     pub token: String,
@@ -37,6 +44,18 @@ impl std::fmt::Debug for LaunchSpec {
             .field("token", &"<redacted>")
             .finish_non_exhaustive()
     }
+}
+
+/// A failure a launcher observed in one of its workers (R4). The manager fails the session
+/// (`launch_failed` with [`WorkerFailure::detail`]; a session already failed for another
+/// reason gets the detail added) and stops the worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerFailure {
+    pub session: SessionId,
+    pub worker_ref: String,
+    /// A bounded label for `failure_detail`: `image_pull`, `container_config`,
+    /// `unschedulable`, `oom_killed` or `start_timeout`.
+    pub detail: &'static str,
 }
 
 /// A worker this launcher runs right now.
@@ -58,6 +77,12 @@ pub enum LaunchError {
     InvalidRef,
     #[error("signalling the worker failed: {0}")]
     Signal(nix::Error),
+    #[error("no RuntimeProfile named {0:?} launches workers")]
+    UnknownProfile(String),
+    #[error("the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("a Job of this name still exists after deleting it")]
+    JobExists,
 }
 
 impl LaunchError {
@@ -72,6 +97,15 @@ impl LaunchError {
             Self::Workspace(_) => "workspace_unavailable",
             Self::InvalidRef => "invalid_worker_ref",
             Self::Signal(_) => "signal_failed",
+            Self::UnknownProfile(_) => "unknown_profile",
+            Self::Kube(kube::Error::Api(status)) => match status.code {
+                401 | 403 => "kube_forbidden",
+                400 | 404 | 409 | 422 => "job_rejected",
+                _ => "kube_unavailable",
+            },
+            Self::Kube(kube::Error::InferConfig(_)) => "kube_config",
+            Self::Kube(_) => "kube_unavailable",
+            Self::JobExists => "job_exists",
         }
     }
 }
@@ -80,7 +114,7 @@ impl LaunchError {
 /// worker that is gone succeeds) and must never outlive a stopped worker's processes.
 pub trait Launcher: Send + Sync {
     /// Starts the worker of `spec.session` and returns its reference (`local:<pid>`,
-    /// later `k8s:<job>`), recorded as `worker_ref`. Launching a session again replaces
+    /// `k8s:<job name>`), recorded as `worker_ref`. Launching a session again replaces
     /// any worker this launcher still runs for it.
     fn launch(&self, spec: LaunchSpec) -> BoxFuture<'_, Result<String, LaunchError>>;
 
@@ -101,4 +135,15 @@ pub trait Launcher: Send + Sync {
     /// On shutdown: whether this launcher's workers die with the manager (local children)
     /// or live on (Kubernetes Jobs).
     fn workers_die_with_manager(&self) -> bool;
+
+    /// Watches the workers until `shutdown` and sends every failure it observes (R4). The
+    /// local launcher observes none: a child that dies is noticed by the brain.
+    fn watch(
+        &self,
+        failures: mpsc::Sender<WorkerFailure>,
+        shutdown: CancellationToken,
+    ) -> BoxFuture<'_, ()> {
+        let _ = failures;
+        Box::pin(async move { shutdown.cancelled().await })
+    }
 }

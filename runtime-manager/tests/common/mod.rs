@@ -8,9 +8,12 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod fake_api;
+
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use protocol::channel::SessionTask;
@@ -180,6 +183,35 @@ impl Harness {
 
     /// Starts the manager; `env` adds or overrides variables of the base configuration.
     pub fn start(&mut self, env: &[(&str, &str)]) {
+        let config = self.config(env);
+        self.manager = Some(tokio::spawn(runtime_manager::run(
+            config,
+            self.shutdown.clone(),
+        )));
+    }
+
+    /// Starts the manager with the Kubernetes launcher over `client` (a fake API server's).
+    pub fn start_kubernetes(&mut self, client: kube::Client, env: &[(&str, &str)]) {
+        let mut vars = vec![("RUNTIME_MANAGER_LAUNCHER", "kubernetes")];
+        vars.extend_from_slice(env);
+        let config = self.config(&vars);
+        let launcher = runtime_manager::launcher::kubernetes::KubernetesLauncher::new(
+            client,
+            runtime_manager::launcher::kubernetes::KubernetesSettings {
+                namespace: config.kubernetes.namespace.clone(),
+                profiles: config.profiles.clone(),
+                start_timeout: config.kubernetes.start_timeout,
+            },
+        );
+        self.manager = Some(tokio::spawn(runtime_manager::run_with_launcher(
+            config,
+            Arc::new(launcher),
+            self.shutdown.clone(),
+        )));
+    }
+
+    /// The configuration of a manager of this harness.
+    pub fn config(&self, env: &[(&str, &str)]) -> Config {
         let mut vars: HashMap<String, String> = HashMap::new();
         vars.insert("DATABASE_URL".into(), db_url(&self.db_name));
         vars.insert("REDIS_URL".into(), redis_url());
@@ -197,10 +229,7 @@ impl Harness {
         }
         let mut config = Config::from_env(&vars).unwrap();
         config.queue_namespace = self.namespace.clone();
-        self.manager = Some(tokio::spawn(runtime_manager::run(
-            config,
-            self.shutdown.clone(),
-        )));
+        config
     }
 
     /// A session row (in a chat of its own) in `state`, with no worker.
@@ -325,9 +354,10 @@ impl Harness {
         }
     }
 
-    /// Stops the manager (as SIGTERM would) and waits for it.
+    /// Stops the manager (as SIGTERM would) and waits for it; the harness can start another.
     pub async fn stop_manager(&mut self) {
         self.shutdown.cancel();
+        self.shutdown = CancellationToken::new();
         if let Some(manager) = self.manager.take() {
             tokio::time::timeout(Duration::from_secs(10), manager)
                 .await

@@ -6,6 +6,11 @@
 //! - `shell`: commands in their own process group, output streamed as progress.
 //! - `files`: read, write, list, edit.
 //! - `artifact`: a workspace file as an embedded resource.
+//! - `browser` (cargo feature `browser`): the `browser_*` tools over
+//!   [`crate::browser::Browser`].
+//!
+//! The worker serves exactly `catalog_for(profile)` (`WORKER_PROFILE`, default `light`):
+//! the browser tools only for profile `browser`.
 //!
 //! A tool that ran and failed (a missing file, a path that escapes, a command that could
 //! not start) answers with an `isError` result the model reads; a command that exits
@@ -13,6 +18,8 @@
 //! that do not decode).
 
 pub mod artifact;
+#[cfg(feature = "browser")]
+pub mod browser;
 pub mod files;
 pub mod output;
 pub mod paths;
@@ -35,7 +42,7 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Token;
+use crate::config::{BrowserSettings, Token};
 use crate::groups::Groups;
 
 /// The custom notification carrying a renewed session token (`params: {"token": "..."}`).
@@ -43,7 +50,7 @@ pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
 
 /// The catalog's description of `name`, so the brain and the worker describe a tool alike.
 fn describe(name: &str) -> &'static str {
-    catalog::catalog_for("light")
+    catalog::all_tools()
         .into_iter()
         .find(|tool| tool.name == name)
         .map_or("", |tool| tool.description)
@@ -58,12 +65,15 @@ struct Shared {
     /// Cancelled when the session ends: every running call stops.
     shutdown: CancellationToken,
     calls: AtomicU64,
+    /// The headless browser, when the profile serves the browser tools.
+    #[cfg(feature = "browser")]
+    browser: Option<crate::browser::Browser>,
 }
 
 /// The worker's MCP server.
 #[derive(Clone)]
 pub struct Worker {
-    #[allow(dead_code)] // Read by the code `#[tool_handler]` generates.
+    /// The tools of the profile; `#[tool_handler]` serves this one.
     tool_router: ToolRouter<Self>,
     shared: Arc<Shared>,
 }
@@ -77,21 +87,65 @@ fn text(text: impl Into<String>) -> CallToolResult {
 }
 
 impl Worker {
-    /// `workspace` must be canonical.
+    /// A worker serving profile `light` (the workspace tools). `workspace` must be
+    /// canonical.
     pub fn new(
         workspace: PathBuf,
         token: Token,
         groups: Groups,
         shutdown: CancellationToken,
     ) -> Self {
+        let browser = BrowserSettings::defaults(&workspace);
+        Self::for_profile("light", browser, workspace, token, groups, shutdown)
+    }
+
+    /// A worker serving exactly `catalog_for(profile)`; a tool this build lacks (the
+    /// browser tools without the `browser` feature) is left out (the configuration
+    /// refuses such a profile before this).
+    pub fn for_profile(
+        profile: &str,
+        browser: BrowserSettings,
+        workspace: PathBuf,
+        token: Token,
+        groups: Groups,
+        shutdown: CancellationToken,
+    ) -> Self {
+        #[allow(unused_mut)]
+        let mut router = Self::tool_router();
+        #[cfg(feature = "browser")]
+        {
+            router += Self::browser_router();
+        }
+        let offered: Vec<&str> = catalog::catalog_for(profile)
+            .iter()
+            .map(|tool| tool.name)
+            .collect();
+        let served: Vec<String> = router
+            .list_all()
+            .into_iter()
+            .map(|t| t.name.into())
+            .collect();
+        for name in served {
+            if !offered.contains(&name.as_str()) {
+                router.remove_route(&name);
+            }
+        }
+        #[cfg(feature = "browser")]
+        let browser = router
+            .has_route(catalog::BROWSER_SNAPSHOT)
+            .then(|| crate::browser::Browser::new(browser, groups.clone(), shutdown.clone()));
+        #[cfg(not(feature = "browser"))]
+        let _ = browser;
         Self {
-            tool_router: Self::tool_router(),
+            tool_router: router,
             shared: Arc::new(Shared {
                 workspace,
                 groups,
                 token: Mutex::new(token),
                 shutdown,
                 calls: AtomicU64::new(0),
+                #[cfg(feature = "browser")]
+                browser,
             }),
         }
     }
@@ -281,7 +335,9 @@ struct TokenRenewal {
     token: String,
 }
 
-#[tool_handler]
+// The router of this worker's profile (rmcp's default would rebuild `Self::tool_router()`,
+// the workspace tools only, on every request).
+#[tool_handler(router = self.tool_router)]
 impl ServerHandler for Worker {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
@@ -352,14 +408,28 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn the_worker_serves_exactly_the_catalog() {
-        let worker = Worker::new(
+    fn worker(profile: &str) -> Worker {
+        Worker::for_profile(
+            profile,
+            BrowserSettings::defaults(std::path::Path::new("/")),
             PathBuf::from("/"),
             Token::new("t".into()),
             Groups::default(),
             CancellationToken::new(),
-        );
+        )
+    }
+
+    #[test]
+    fn the_worker_serves_exactly_the_catalog() {
+        for profile in ["light", "heavy", "warm"] {
+            assert_serves_catalog(&worker(profile), profile);
+        }
+        if cfg!(feature = "browser") {
+            assert_serves_catalog(&worker("browser"), "browser");
+        }
+    }
+
+    fn assert_serves_catalog(worker: &Worker, profile: &str) {
         let mut served: Vec<_> = worker
             .tool_router
             .list_all()
@@ -372,24 +442,25 @@ mod tests {
             })
             .collect();
         served.sort();
-        let mut offered: Vec<_> = catalog::catalog_for("light")
+        let mut offered: Vec<_> = catalog::catalog_for(profile)
             .into_iter()
             .map(|tool| (tool.name.to_owned(), Some(tool.description.to_owned())))
             .collect();
         offered.sort();
-        assert_eq!(served, offered);
+        assert_eq!(served, offered, "{profile}");
         // The served schemas take the catalog's fields.
         for tool in worker.tool_router.list_all() {
-            let decl = catalog::catalog_for("light")
+            let decl = catalog::catalog_for(profile)
                 .into_iter()
                 .find(|decl| decl.name == tool.name)
                 .unwrap();
             let served = serde_json::Value::Object((*tool.input_schema).clone());
-            assert_eq!(
-                served["properties"], decl.input_schema["properties"],
-                "{}",
-                tool.name
-            );
+            // An argument-less tool: the catalog spells out `"properties": {}`.
+            let properties = match &served["properties"] {
+                serde_json::Value::Null => serde_json::json!({}),
+                properties => properties.clone(),
+            };
+            assert_eq!(properties, decl.input_schema["properties"], "{}", tool.name);
             assert_eq!(served["required"], decl.input_schema["required"]);
         }
     }
