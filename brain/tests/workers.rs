@@ -737,3 +737,100 @@ async fn the_runtime_manager_keeps_a_warm_pool_that_a_first_call_claims() {
     }
     assert!(!alive(pid), "the claimed worker is gone");
 }
+
+/// Browser mode end to end (W8): an agent on profile `browser` navigates a page served on
+/// 127.0.0.1, reads its snapshot, clicks by reference, and its screenshot is stored by
+/// the brain as an artifact. Real Chromium (Debian), real worker, real runtime-manager.
+#[tokio::test]
+async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let page = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let page_url = format!("http://{}/", page.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let html = "<html><head><title>Test page</title></head><body><h1>Hello hands</h1>\
+            <button onclick=\"document.querySelector('h1').textContent='Clicked'\">Press me</button>\
+            </body></html>";
+        loop {
+            let Ok((mut socket, _)) = page.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 2048];
+            let _ = socket.read(&mut buf).await;
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{html}",
+                html.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+        }
+    });
+    let agent: Value = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "browser", "system_prompt": "Browse.", "model": "openai/gpt-test",
+                    "runtime_profile": "browser"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat: Value = app
+        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let chat = chat["id"].as_str().unwrap().to_owned();
+    let call = |id: &str, name: &str, args: Value| Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: args.to_string(),
+        }],
+        fragment: 64,
+    };
+    app.provider
+        .push(call("n", "browser_navigate", json!({ "url": page_url })));
+    app.provider.push(call("s", "browser_snapshot", json!({})));
+    app.provider.push(text("looked"));
+    let (chunks, _) =
+        read_stream(app.send(&chat, &json!({"content": "open the page"})).await).await;
+    assert!(output_of(&chunks, "n").contains("Test page"), "{chunks:?}");
+    let snapshot = output_of(&chunks, "s");
+    assert!(snapshot.contains("Hello hands"), "{snapshot}");
+    let button_ref: u64 = snapshot
+        .lines()
+        .find(|l| l.contains("Press me"))
+        .and_then(|l| l.split("[ref=").nth(1))
+        .and_then(|r| r.split(']').next())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no ref for the button in {snapshot}"));
+    app.settled().await;
+
+    app.provider
+        .push(call("c", "browser_click", json!({ "ref": button_ref })));
+    app.provider.push(call("s2", "browser_snapshot", json!({})));
+    app.provider
+        .push(call("shot", "browser_screenshot", json!({})));
+    app.provider.push(text("done"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "press it"})).await).await;
+    assert!(!output_of(&chunks, "c").starts_with("ERROR"), "{chunks:?}");
+    assert!(
+        output_of(&chunks, "s2").contains("Clicked"),
+        "the click changed the page"
+    );
+    let stored = output_of(&chunks, "shot");
+    let id = stored
+        .strip_prefix("stored artifact ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{stored}"));
+    let png = app
+        .get(&format!("/v1/artifacts/{id}"))
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
