@@ -194,6 +194,26 @@ async fn worker_pid(app: &TestApp) -> i32 {
         .unwrap()
 }
 
+/// Reads a stream until a command's live output says `pid=<n>` (from `echo pid=$$`):
+/// the output line, not the command text in the tool input.
+async fn pid_from_live_output(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+) -> i32 {
+    const MARK: &str = "\"text\":\"pid=";
+    let mut seen = String::new();
+    loop {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+        if let Some(at) = seen.find(MARK) {
+            let rest = &seen[at + MARK.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if !digits.is_empty() && rest[digits.len()..].starts_with(|c: char| !c.is_ascii_digit())
+            {
+                return digits.parse().unwrap();
+            }
+        }
+    }
+}
+
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))
@@ -326,20 +346,7 @@ async fn closing_the_stream_kills_the_running_command_and_the_session_survives()
         .push(shell("long", "echo pid=$$; exec sleep 30"));
     let response = app.send(&chat, &json!({"content": "sleep"})).await;
     let mut body = response.bytes_stream();
-    let mut seen = String::new();
-    let pid: i32 = loop {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-        // The live output line, not the command text in the tool input.
-        const MARK: &str = "\"text\":\"pid=";
-        if let Some(at) = seen.find(MARK) {
-            let rest = &seen[at + MARK.len()..];
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            if !digits.is_empty() && rest[digits.len()..].starts_with(|c: char| !c.is_ascii_digit())
-            {
-                break digits.parse().unwrap();
-            }
-        }
-    };
+    let pid = pid_from_live_output(&mut body).await;
     assert!(alive(pid));
     let hung_up = Instant::now();
     drop(body);
@@ -510,19 +517,7 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
         .await
         .unwrap()
         .bytes_stream();
-    let mut seen = String::new();
-    const MARK: &str = "\"text\":\"pid=";
-    let pid: i32 = loop {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-        if let Some(at) = seen.find(MARK) {
-            let rest = &seen[at + MARK.len()..];
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            if !digits.is_empty() && rest[digits.len()..].starts_with(|c: char| !c.is_ascii_digit())
-            {
-                break digits.parse().unwrap();
-            }
-        }
-    };
+    let pid = pid_from_live_output(&mut body).await;
     let hung_up = Instant::now();
     drop(body);
     while alive(pid) {

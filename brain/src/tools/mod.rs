@@ -21,7 +21,6 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
-use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -93,16 +92,9 @@ pub trait Tool: Send + Sync {
     }
 }
 
-/// The JSON Schema of a parameter type, as providers expect it (an object schema).
-pub fn schema_of<T: JsonSchema>() -> serde_json::Value {
-    let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
-    if let Some(map) = schema.as_object_mut() {
-        // Providers reject some meta keys; they only need the object schema.
-        map.remove("$schema");
-        map.remove("title");
-    }
-    schema
-}
+/// The JSON Schema of a parameter type, as providers expect it: one rule for brain,
+/// connector-facing and worker tools alike.
+pub use channel::catalog::schema_of;
 
 /// Decodes a tool's arguments into its parameter type; the error is for the model.
 pub fn parse_args<T: DeserializeOwned>(arguments: serde_json::Value) -> Result<T, ToolOutput> {
