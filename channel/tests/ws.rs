@@ -13,7 +13,6 @@ use tokio::net::TcpListener;
 
 #[derive(Clone)]
 struct Echo {
-    #[allow(dead_code)]
     tool_router: ToolRouter<Self>,
 }
 
@@ -30,7 +29,8 @@ impl Echo {
     }
 }
 
-#[tool_handler]
+// The router built once at construction serves every call.
+#[tool_handler(router = self.tool_router)]
 impl ServerHandler for Echo {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
