@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps fmt lint unit
+.PHONY: dev test services test-deps fmt lint unit bench
 
 dev: services
 	@scripts/dev.sh
@@ -33,3 +33,9 @@ ifeq ($(NEXTEST),yes)
 else
 	cargo test --workspace --locked --no-fail-fast
 endif
+
+# The bench harness (docs/PERFORMANCE.md): every binary in release (the bench starts the
+# release runtime-manager and worker next to itself), then one table. Not part of `test`.
+bench: services
+	cargo build --release --locked --bins
+	cargo run --release --locked -p bench
