@@ -36,6 +36,8 @@ endif
 
 # The bench harness (docs/PERFORMANCE.md): every binary in release (the bench starts the
 # release runtime-manager and worker next to itself), then one table. Not part of `test`.
+# The binary is run from the target directory: `cargo run -p bench` would resolve features
+# for that one package and rebuild the dependencies a second time.
 bench: services
 	cargo build --release --locked --bins
-	cargo run --release --locked -p bench
+	"$$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/bench"
