@@ -214,6 +214,27 @@ async fn pid_from_live_output(
     }
 }
 
+/// Waits for the agent's newest session to end `terminated` (idle teardown) and for its
+/// worker process `pid` to be gone.
+async fn torn_down(app: &TestApp, agent: &str, pid: i32, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let listed = sessions(app, agent).await;
+        if listed[0]["state"] == "terminated" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for _ in 0..50 {
+        if !alive(pid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!alive(pid), "the worker process {pid} is gone");
+}
+
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))
@@ -315,22 +336,7 @@ async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     assert!(app.provider.violations().is_empty());
 
     // Idle teardown: the window passes with no use; the worker is stopped.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let listed = sessions(&app, &agent).await;
-        if listed[0]["state"] == "terminated" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    for _ in 0..50 {
-        if !alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!alive(pid), "the worker process is gone");
+    torn_down(&app, &agent, pid, Duration::from_secs(15)).await;
 }
 
 #[tokio::test]
@@ -715,22 +721,7 @@ async fn the_runtime_manager_keeps_a_warm_pool_that_a_first_call_claims() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The claimed session ends after its idle window, and its worker with it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let listed = sessions(&app, &agent).await;
-        if listed[0]["state"] == "terminated" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    for _ in 0..50 {
-        if !alive(pid) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(!alive(pid), "the claimed worker is gone");
+    torn_down(&app, &agent, pid, Duration::from_secs(20)).await;
 }
 
 /// Browser mode end to end (W8): an agent on profile `browser` navigates a page served on
