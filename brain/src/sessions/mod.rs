@@ -18,7 +18,8 @@ mod registry;
 mod relay;
 mod tool;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use channel::token::TokenKeys;
@@ -88,6 +89,8 @@ pub struct Inner {
     config: WorkerConfig,
     keys: TokenKeys,
     registry: Registry,
+    /// Sessions whose last-use write is in flight.
+    touching: Mutex<HashSet<SessionId>>,
     /// Pooled workers connected to this replica, unclaimed (R3).
     pool: Pool,
     queue: OnceCell<SessionQueue>,
@@ -118,6 +121,7 @@ impl Sessions {
             config,
             keys,
             registry: Registry::default(),
+            touching: Mutex::default(),
             pool: Pool::default(),
             queue: OnceCell::new(),
             metrics,
@@ -160,16 +164,53 @@ impl Sessions {
             .inc();
     }
 
-    /// Records use of a session, which pushes its idle teardown back (W7).
-    async fn touched(&self, session: SessionId) {
-        if let Err(err) = self.store.touch_session(session).await {
-            tracing::warn!(session = %session, class = err.metric_label(), "session use not recorded");
+    /// Records use of a session, which pushes its idle teardown back (W7). Off the call's
+    /// path, which a commit would otherwise dominate: the write runs in its own task, and
+    /// a use while a write for the same session is in flight rides on that write (the
+    /// idle window is seconds to minutes, one write is about a millisecond).
+    fn touched(&self, session: SessionId) {
+        let first = self
+            .touching
+            .lock()
+            .map(|mut touching| touching.insert(session))
+            .unwrap_or(false);
+        if !first {
+            return;
         }
+        let sessions = self.clone();
+        tokio::spawn(async move {
+            if let Err(err) = sessions.store.touch_session(session).await {
+                tracing::warn!(session = %session, class = err.metric_label(), "session use not recorded");
+            }
+            if let Ok(mut touching) = sessions.touching.lock() {
+                touching.remove(&session);
+            }
+        });
     }
 
     /// The live worker of (agent, chat), provisioning one if needed (W1, W2). Shows
-    /// each state change on `ui` as a `data-worker-status` part.
+    /// each state change on `ui` as a `data-worker-status` part. A session whose worker
+    /// this replica holds is found in memory: a reused session's call reads nothing.
     pub async fn ensure(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+        ui: Option<&mpsc::Sender<UiChunk>>,
+        cancel: &CancellationToken,
+    ) -> Result<Target, SessionError> {
+        if let Some((session, worker)) = self.registry.for_chat(agent, chat) {
+            return Ok(Target::Local { session, worker });
+        }
+        let target = self.locate(team, agent, chat, profile, ui, cancel).await?;
+        if let Target::Local { session, .. } = &target {
+            self.registry.remember_chat(agent, chat, *session);
+        }
+        Ok(target)
+    }
+
+    async fn locate(
         &self,
         team: TeamId,
         agent: AgentId,

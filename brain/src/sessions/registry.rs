@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use channel::ws::Control;
 use protocol::ui::{UiChunk, WorkerLog};
-use protocol::{AgentId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
@@ -136,25 +136,51 @@ impl LiveWorker {
     }
 }
 
-/// Session id → live worker.
+/// Session id → live worker, and (agent, chat) → the session a call last found there.
 #[derive(Clone, Default)]
 pub struct Registry {
-    workers: Arc<Mutex<HashMap<SessionId, Arc<LiveWorker>>>>,
+    inner: Arc<Mutex<Entries>>,
+}
+
+#[derive(Default)]
+struct Entries {
+    workers: HashMap<SessionId, Arc<LiveWorker>>,
+    /// Lets a reused session's call skip the database: an entry lives exactly as long as
+    /// its worker's entry, so a hit always names a channel that is still up.
+    chats: HashMap<(AgentId, ChatId), SessionId>,
 }
 
 impl Registry {
     pub fn get(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
-        self.workers.lock().ok()?.get(&session).cloned()
+        self.inner.lock().ok()?.workers.get(&session).cloned()
     }
 
     pub fn insert(&self, session: SessionId, worker: Arc<LiveWorker>) {
-        if let Ok(mut workers) = self.workers.lock() {
-            workers.insert(session, worker);
+        if let Ok(mut entries) = self.inner.lock() {
+            entries.workers.insert(session, worker);
         }
     }
 
     pub fn remove(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
-        self.workers.lock().ok()?.remove(&session)
+        let mut entries = self.inner.lock().ok()?;
+        entries.chats.retain(|_, s| *s != session);
+        entries.workers.remove(&session)
+    }
+
+    /// Remembers that (agent, chat)'s live session is `session`, if its worker is here.
+    pub fn remember_chat(&self, agent: AgentId, chat: ChatId, session: SessionId) {
+        if let Ok(mut entries) = self.inner.lock()
+            && entries.workers.contains_key(&session)
+        {
+            entries.chats.insert((agent, chat), session);
+        }
+    }
+
+    /// The live session of (agent, chat) and its worker, when this replica holds it.
+    pub fn for_chat(&self, agent: AgentId, chat: ChatId) -> Option<(SessionId, Arc<LiveWorker>)> {
+        let entries = self.inner.lock().ok()?;
+        let session = *entries.chats.get(&(agent, chat))?;
+        Some((session, entries.workers.get(&session)?.clone()))
     }
 }
 

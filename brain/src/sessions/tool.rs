@@ -109,7 +109,7 @@ impl Tool for WorkerTool {
                 Err(err) => return ToolOutput::error(format!("no worker: {err}")),
             };
             let session = target.session();
-            self.sessions.touched(session).await;
+            self.sessions.touched(session);
             let call = async {
                 match target {
                     Target::Local { worker, .. } => {
@@ -148,11 +148,11 @@ impl Tool for WorkerTool {
             let answer = loop {
                 tokio::select! {
                     answer = &mut call => break answer,
-                    _ = still_running.tick() => self.sessions.touched(session).await,
+                    _ = still_running.tick() => self.sessions.touched(session),
                 }
             };
             // A call longer than the idle window must not be torn down right after it.
-            self.sessions.touched(session).await;
+            self.sessions.touched(session);
             match answer {
                 // `upload_artifact`, `browser_screenshot`: the file is stored, the model
                 // gets its id.

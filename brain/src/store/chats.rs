@@ -17,6 +17,16 @@ pub struct ChatRow {
     pub created_at: DateTime<Utc>,
 }
 
+/// What a turn's intake reads about its chat, in one round trip.
+#[derive(Clone, Debug)]
+pub struct TurnBasis {
+    pub chat: ChatRow,
+    pub agent: AgentRow,
+    /// Whether any connector applies to the agent; when none does, the turn skips
+    /// reading them.
+    pub has_connectors: bool,
+}
+
 /// A stored message. `parts` are UI message parts as the AI SDK shapes them.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MessageRow {
@@ -76,12 +86,14 @@ impl Store {
         &self,
         team: TeamId,
         chat: ChatId,
-    ) -> Result<(ChatRow, AgentRow), StoreError> {
+    ) -> Result<TurnBasis, StoreError> {
         let row = sqlx::query(
             "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
-                    a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at \
+                    a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at, \
+                    EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \
+                            AND (k.agent_id IS NULL OR k.agent_id = a.id)) AS has_connectors \
              FROM chats c JOIN agents a ON a.team_id = c.team_id AND a.id = c.agent_id \
              WHERE c.team_id = $1 AND c.id = $2",
         )
@@ -98,7 +110,11 @@ impl Store {
             summary_through: row.try_get("summary_through")?,
             created_at: row.try_get("chat_created_at")?,
         };
-        Ok((chat, agent))
+        Ok(TurnBasis {
+            chat,
+            agent,
+            has_connectors: row.try_get("has_connectors")?,
+        })
     }
 
     /// Every message of a chat, oldest first. Returns `NotFound` for another team's chat.

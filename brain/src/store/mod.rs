@@ -21,6 +21,7 @@ mod teams;
 mod turns;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -29,7 +30,7 @@ use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, NewAgent};
 pub use artifacts::{ArtifactRow, NewArtifact};
-pub use chats::{ChatRow, MessageRow};
+pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::Autostart;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
@@ -79,6 +80,7 @@ pub struct Store {
     pool: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
+    keys: Arc<teams::KeyCache>,
 }
 
 impl Store {
@@ -94,6 +96,7 @@ impl Store {
         Ok(Self {
             pool,
             secrets: None,
+            keys: Arc::default(),
         })
     }
 
@@ -101,6 +104,7 @@ impl Store {
         Self {
             pool,
             secrets: None,
+            keys: Arc::default(),
         }
     }
 

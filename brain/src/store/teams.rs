@@ -1,5 +1,9 @@
 //! Teams and their API keys.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use protocol::TeamId;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -15,6 +19,44 @@ pub struct CreatedTeam {
 }
 
 const KEY_PREFIX: &str = "ar_";
+
+/// How long a replica trusts a key it has looked up. A key revoked in the database stops
+/// working on every replica within this time; in exchange, a warm key's request costs no
+/// round trip to authenticate (every turn starts with one).
+const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
+/// Bounds the cache's memory; when full it starts over.
+const KEY_CACHE_MAX: usize = 10_000;
+
+/// Key hash → (team, when looked up). Only known keys are kept: an unknown key always asks
+/// the database, so a key created on another replica works at once.
+#[derive(Default)]
+pub(super) struct KeyCache(Mutex<HashMap<[u8; 32], (TeamId, Instant)>>);
+
+impl std::fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let entries = self.0.lock().map(|c| c.len()).unwrap_or(0);
+        f.debug_struct("KeyCache")
+            .field("entries", &entries)
+            .finish()
+    }
+}
+
+impl KeyCache {
+    fn get(&self, hash: &[u8; 32]) -> Option<TeamId> {
+        let cache = self.0.lock().ok()?;
+        let (team, at) = cache.get(hash)?;
+        (at.elapsed() < KEY_CACHE_TTL).then_some(*team)
+    }
+
+    fn put(&self, hash: [u8; 32], team: TeamId) {
+        if let Ok(mut cache) = self.0.lock() {
+            if cache.len() >= KEY_CACHE_MAX {
+                cache.clear();
+            }
+            cache.insert(hash, (team, Instant::now()));
+        }
+    }
+}
 
 /// The stored form of a key. Keys carry 256 random bits, so SHA-256 leaves nothing to
 /// brute-force and lets the lookup be one indexed equality.
@@ -54,14 +96,23 @@ impl Store {
         Ok(CreatedTeam { team_id, api_key })
     }
 
-    /// The team an API key belongs to, if the key is known and not revoked.
+    /// The team an API key belongs to, if the key is known and not revoked (as of at most
+    /// [`KEY_CACHE_TTL`] ago).
     pub async fn team_for_key(&self, key: &str) -> Result<Option<TeamId>, StoreError> {
+        let hash = key_hash(key);
+        if let Some(team) = self.keys.get(&hash) {
+            return Ok(Some(team));
+        }
         let row: Option<(Uuid,)> = sqlx::query_as(
             "SELECT team_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
         )
-        .bind(&key_hash(key)[..])
+        .bind(&hash[..])
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(id,)| TeamId(id)))
+        let team = row.map(|(id,)| TeamId(id));
+        if let Some(team) = team {
+            self.keys.put(hash, team);
+        }
+        Ok(team)
     }
 }

@@ -92,39 +92,46 @@ fn tokens(n: Option<u64>) -> Option<i64> {
 }
 
 impl Store {
-    /// Writes the turn (with its composition) and the user message. A reused client message
-    /// id answers `Conflict("message_id")` and writes nothing.
-    pub async fn begin_turn(&self, turn: NewTurn<'_>) -> Result<MessageId, StoreError> {
-        let turn_id = turn.id;
-        let message_id = MessageId::new();
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition) \
-             VALUES ($1, $2, $3, $4, $5, 'running', $6)",
-        )
-        .bind(turn_id.0)
-        .bind(turn.team.0)
-        .bind(turn.agent.0)
-        .bind(turn.chat.0)
-        .bind(turn.trigger)
-        .bind(turn.composition)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
-             VALUES ($1, $2, $3, $4, 'user', $5, 'complete', $6)",
-        )
-        .bind(message_id.0)
-        .bind(turn.team.0)
-        .bind(turn.chat.0)
-        .bind(turn_id.0)
-        .bind(turn.user_parts)
-        .bind(turn.client_message_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
-        tx.commit().await?;
-        Ok(message_id)
+    /// Writes the turn (with its composition) and the user message, and answers the chat's
+    /// messages after `history_after` ending with the new one. One statement, so one round
+    /// trip and an implicit transaction: the intake is on every turn's critical path. The
+    /// history scan runs on the statement's snapshot, which cannot see the rows it inserts;
+    /// the new message joins it from `RETURNING`. A reused client message id answers
+    /// `Conflict("message_id")` and writes nothing.
+    pub async fn begin_turn(
+        &self,
+        turn: NewTurn<'_>,
+        history_after: i64,
+    ) -> Result<Vec<MessageRow>, StoreError> {
+        let sql = format!(
+            "WITH t AS ( \
+               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition) \
+               VALUES ($1, $2, $3, $4, $5, 'running', $6) RETURNING id), \
+             m AS ( \
+               INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
+               SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t \
+               RETURNING {MESSAGE_COLUMNS}) \
+             SELECT {MESSAGE_COLUMNS} FROM messages WHERE team_id = $2 AND chat_id = $4 AND seq > $10 \
+             UNION ALL SELECT {MESSAGE_COLUMNS} FROM m \
+             ORDER BY seq"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(turn.id.0)
+            .bind(turn.team.0)
+            .bind(turn.agent.0)
+            .bind(turn.chat.0)
+            .bind(turn.trigger)
+            .bind(turn.composition)
+            .bind(MessageId::new().0)
+            .bind(turn.user_parts)
+            .bind(turn.client_message_id)
+            .bind(history_after)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
+        rows.iter()
+            .map(|r| message_from_row(r).map_err(StoreError::from))
+            .collect()
     }
 
     /// The turn a client message id started, with its assistant message if any.
@@ -167,7 +174,8 @@ impl Store {
         }))
     }
 
-    /// Records how a turn ended: status, assistant message and usage, all or nothing.
+    /// Records how a turn ended: status, assistant message and usage, all or nothing. One
+    /// statement (an implicit transaction, one round trip): it closes every turn.
     pub async fn finish_turn(
         &self,
         team: TeamId,
@@ -176,40 +184,51 @@ impl Store {
         turn: TurnId,
         end: &TurnEnd,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let assistant = end.assistant.as_ref();
+        let mut ids = Vec::with_capacity(end.usage.len());
+        let mut keys = Vec::with_capacity(end.usage.len());
+        let mut models = Vec::with_capacity(end.usage.len());
+        let mut inputs = Vec::with_capacity(end.usage.len());
+        let mut outputs = Vec::with_capacity(end.usage.len());
+        for usage in &end.usage {
+            ids.push(Uuid::now_v7());
+            keys.push(format!("turn:{turn}:model_call:{}", usage.call_index));
+            models.push(usage.model.as_str());
+            inputs.push(tokens(usage.input_tokens));
+            outputs.push(tokens(usage.output_tokens));
+        }
         sqlx::query(
-            "UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
-             WHERE team_id = $1 AND id = $2",
+            "WITH t AS ( \
+               UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
+               WHERE team_id = $1 AND id = $2), \
+             m AS ( \
+               INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
+               SELECT $5, $1, $6, $2, 'assistant', $7, $8 WHERE $5::uuid IS NOT NULL), \
+             u AS ( \
+               INSERT INTO billing_events \
+                 (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
+               SELECT u.id, $1, $9, $2, u.key, 'model_call', u.model, u.input, u.output \
+               FROM unnest($10::uuid[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
+                 AS u(id, key, model, input, output) \
+               ON CONFLICT (event_key) DO NOTHING) \
+             SELECT 1",
         )
         .bind(team.0)
         .bind(turn.0)
         .bind(end.status.as_str())
         .bind(end.error_code.map(ErrorCode::as_str))
-        .execute(&mut *tx)
+        .bind(assistant.map(|m| m.id.0))
+        .bind(chat.0)
+        .bind(assistant.map(|m| &m.parts))
+        .bind(assistant.map(|m| if m.complete { "complete" } else { "interrupted" }))
+        .bind(agent.0)
+        .bind(ids)
+        .bind(keys)
+        .bind(models)
+        .bind(inputs)
+        .bind(outputs)
+        .execute(&self.pool)
         .await?;
-        if let Some(message) = &end.assistant {
-            sqlx::query(
-                "INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
-                 VALUES ($1, $2, $3, $4, 'assistant', $5, $6)",
-            )
-            .bind(message.id.0)
-            .bind(team.0)
-            .bind(chat.0)
-            .bind(turn.0)
-            .bind(&message.parts)
-            .bind(if message.complete {
-                "complete"
-            } else {
-                "interrupted"
-            })
-            .execute(&mut *tx)
-            .await?;
-        }
-        for usage in &end.usage {
-            let key = format!("turn:{turn}:model_call:{}", usage.call_index);
-            insert_usage(&mut *tx, team, agent, turn, &key, usage).await?;
-        }
-        tx.commit().await?;
         Ok(())
     }
 }
@@ -230,8 +249,8 @@ impl Store {
 }
 
 /// E1: a usage event lands once per `event_key`, however often the write is retried.
-async fn insert_usage<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
+async fn insert_usage(
+    pool: &sqlx::PgPool,
     team: TeamId,
     agent: AgentId,
     turn: TurnId,
@@ -252,7 +271,7 @@ async fn insert_usage<'e>(
     .bind(&usage.model)
     .bind(tokens(usage.input_tokens))
     .bind(tokens(usage.output_tokens))
-    .execute(executor)
+    .execute(pool)
     .await?;
     Ok(())
 }

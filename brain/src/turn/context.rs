@@ -17,10 +17,29 @@ use super::history::model_messages;
 use crate::provider::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
 use crate::store::{MessageRow, ModelCallUsage, Store};
 
-/// A rough token count: providers bill about four characters per token of English, and
-/// the budget only needs to be in the right range.
-fn estimate_tokens(row: &MessageRow) -> usize {
-    row.parts.to_string().len() / 4 + 4
+/// A rough token count of a message's parts: providers bill about four characters per
+/// token of English, and the budget only needs to be in the right range. Counted without
+/// building the JSON text, since every turn estimates its whole unsummarized history.
+pub fn estimate_tokens(parts: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, and a value that does not serialize counts as empty.
+    let _ = serde_json::to_writer(&mut count, parts);
+    count.0 / 4 + 4
+}
+
+/// The estimate of a whole history, which decides whether a wrap-up folds.
+pub fn history_tokens(history: &[MessageRow]) -> usize {
+    history.iter().map(|row| estimate_tokens(&row.parts)).sum()
 }
 
 /// The index of the first message of the window: the newest messages that fit `budget`
@@ -30,7 +49,7 @@ pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
     let mut used = 0;
     let mut start = history.len();
     for (index, row) in history.iter().enumerate().rev() {
-        let tokens = estimate_tokens(row);
+        let tokens = estimate_tokens(&row.parts);
         if used + tokens > budget && start < history.len() {
             break;
         }
@@ -64,6 +83,8 @@ pub struct Fold {
     pub route: Vec<String>,
     pub budget: usize,
     pub max_output_tokens: u32,
+    /// The estimated tokens of the unsummarized history the turn started from.
+    pub unsummarized: usize,
 }
 
 const SUMMARY_INSTRUCTIONS: &str = "You keep the running summary of a conversation between a user and an \
@@ -72,11 +93,18 @@ const SUMMARY_INSTRUCTIONS: &str = "You keep the running summary of a conversati
     Answer with the summary only.";
 
 impl Fold {
+    /// Whether the history, grown by an answer of `answer_tokens`, has outgrown the
+    /// budget. Decided from what the turn already read, so a turn that needs no fold
+    /// (nearly every one) costs no extra read.
+    pub fn needed(&self, answer_tokens: usize) -> bool {
+        self.unsummarized + answer_tokens > self.budget
+    }
+
     /// Folds what no longer fits into the summary, if anything. Errors are logged; the
     /// next wrap-up tries again.
     pub async fn run(self) {
         let chat = match self.store.chat_with_agent(self.team, self.chat).await {
-            Ok((chat, _)) => chat,
+            Ok(basis) => basis.chat,
             Err(err) => {
                 tracing::warn!(chat = %self.chat, class = err.metric_label(), "summary: could not read the chat");
                 return;

@@ -31,7 +31,7 @@ use crate::connectors;
 use crate::error::ApiError;
 use crate::hold::Acquired;
 use crate::provider::ModelRequest;
-use crate::store::{AgentRow, NewTurn, StoreError, TurnEnd, TurnRecord, TurnStatus};
+use crate::store::{AgentRow, NewTurn, StoreError, TurnBasis, TurnRecord, TurnStatus};
 use crate::tools::Toolset;
 use history::model_messages;
 use run::TurnTask;
@@ -70,7 +70,11 @@ pub async fn start(
     chat: ChatId,
     input: TurnInput,
 ) -> Result<UiBody, ApiError> {
-    let (chat_row, agent) = state
+    let TurnBasis {
+        chat: chat_row,
+        agent,
+        has_connectors,
+    } = state
         .store
         .chat_with_agent(team, chat)
         .await
@@ -105,14 +109,18 @@ pub async fn start(
     // cancels their startup too.
     let guard = cancel.clone().drop_guard();
     let mut toolset = Toolset::brain(agent.concierge);
-    let (connector_tools, connector_status) = connectors::connector_tools(
-        &state.store,
-        &state.config.connectors,
-        team,
-        agent.id,
-        &cancel,
-    )
-    .await;
+    let (connector_tools, connector_status) = if has_connectors {
+        connectors::connector_tools(
+            &state.store,
+            &state.config.connectors,
+            team,
+            agent.id,
+            &cancel,
+        )
+        .await
+    } else {
+        (Vec::new(), Vec::new())
+    };
     // Worker tools are declared by the profile before any worker exists (T4); brain
     // tools keep their names, then the worker's, then connectors'.
     for tool in crate::sessions::worker_tools(
@@ -145,19 +153,22 @@ pub async fn start(
     let user_parts = serde_json::json!([{ "type": "text", "text": input.content }]);
     let begun = state
         .store
-        .begin_turn(NewTurn {
-            id: turn_id,
-            team,
-            agent: agent.id,
-            chat,
-            trigger: "user",
-            composition: &composition_json,
-            user_parts: &user_parts,
-            client_message_id: input.client_message_id.as_deref(),
-        })
+        .begin_turn(
+            NewTurn {
+                id: turn_id,
+                team,
+                agent: agent.id,
+                chat,
+                trigger: "user",
+                composition: &composition_json,
+                user_parts: &user_parts,
+                client_message_id: input.client_message_id.as_deref(),
+            },
+            composition.summary_through,
+        )
         .await;
-    match begun {
-        Ok(_) => {}
+    let history = match begun {
+        Ok(history) => history,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
         Err(StoreError::Conflict("message_id")) => {
             let client_id = input.client_message_id.as_deref().unwrap_or_default();
@@ -169,32 +180,6 @@ pub async fn start(
             return replay(existing);
         }
         Err(e) => return Err(e.into()),
-    };
-
-    let history = match state
-        .store
-        .messages_after(team, chat, composition.summary_through)
-        .await
-    {
-        Ok(history) => history,
-        Err(err) => {
-            // The turn row exists: close it, or a retry of this message id would answer
-            // `turn_in_progress` forever.
-            let end = TurnEnd {
-                status: TurnStatus::Failed,
-                error_code: Some(ErrorCode::StoreUnavailable),
-                assistant: None,
-                usage: Vec::new(),
-            };
-            if let Err(e) = state
-                .store
-                .finish_turn(team, agent.id, chat, turn_id, &end)
-                .await
-            {
-                tracing::error!(turn = %turn_id, class = e.metric_label(), "could not close a turn whose intake failed");
-            }
-            return Err(err.into());
-        }
     };
     let request = ModelRequest {
         model: String::new(),
@@ -220,6 +205,7 @@ pub async fn start(
         route: summary_route(&agent),
         budget: state.config.context_tokens,
         max_output_tokens: state.config.max_output_tokens,
+        unsummarized: context::history_tokens(&history),
     };
 
     let (tx, rx) = mpsc::channel(CHUNK_BUFFER);

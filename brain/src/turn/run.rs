@@ -23,7 +23,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::context::Fold;
+use super::context::{self, Fold};
 use super::history::{step_start, text_part, tool_part};
 use crate::config::Limits;
 use crate::error::ApiError;
@@ -251,9 +251,10 @@ impl TurnTask {
                 break End::Completed(FinishReason::Other);
             }
         };
+        let answer_tokens = context::estimate_tokens(&parts);
         let stored = self.finish(end, assistant_id, parts, usage_log).await;
         self.release_hold().await;
-        if stored {
+        if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
         }
     }
