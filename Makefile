@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps fmt lint unit bench
+.PHONY: dev test services test-deps fmt lint unit bench bench-peer
 
 dev: services
 	@scripts/dev.sh
@@ -41,3 +41,9 @@ endif
 bench: services
 	cargo build --release --locked --bins
 	"$$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/bench"
+
+# The peer side by side (docs/PERFORMANCE.md): installs LangGraph's dev server into a
+# virtualenv outside the clone, then measures its turn overhead and the brain's in one run
+# against the same scripted provider and prints the ratio. Not part of `test`.
+bench-peer: services
+	@scripts/bench-peer.sh

@@ -51,6 +51,9 @@ end
 return 0
 ";
 
+/// Attempts at releasing a hold (50 ms, 200 ms, 800 ms apart).
+const RELEASE_TRIES: u32 = 4;
+
 /// Hold settings. `extend_every` must be well under `ttl`, or the hold lapses between
 /// extensions.
 #[derive(Clone, Debug)]
@@ -237,15 +240,28 @@ impl Inner {
         .map(|n| n == 1)
     }
 
+    /// Compare-and-delete, tried again when Redis is slow (a burst of turn ends) or
+    /// reconnecting: until it lands, the agent answers `agent_busy` for up to the hold's
+    /// ttl. Trying again is safe, since a delete that did land leaves nothing ours.
     async fn release(&self, key: &str, value: &str) {
-        match self.if_ours(&self.release, key, value, 0).await {
-            Ok(true) => {}
-            Ok(false) => tracing::debug!(key, "turn hold already gone or taken over"),
-            Err(class) => tracing::warn!(
-                turn = turn_of(value),
-                class,
-                "could not release turn hold; it will expire"
-            ),
+        let mut pause = Duration::from_millis(50);
+        for attempt in 1..=RELEASE_TRIES {
+            match self.if_ours(&self.release, key, value, 0).await {
+                Ok(true) => return,
+                Ok(false) => {
+                    tracing::debug!(key, "turn hold already gone or taken over");
+                    return;
+                }
+                Err(_) if attempt < RELEASE_TRIES => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 4;
+                }
+                Err(class) => tracing::warn!(
+                    turn = turn_of(value),
+                    class,
+                    "could not release turn hold; it will expire"
+                ),
+            }
         }
     }
 }

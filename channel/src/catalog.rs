@@ -5,6 +5,10 @@
 //! decodes them with the types below). Both ends compile this one list, so a tool the
 //! brain offers is a tool the worker serves.
 
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -137,8 +141,27 @@ pub struct WorkerToolDecl {
     pub writes: bool,
 }
 
-/// An argument type's JSON Schema as providers expect it (an object schema).
-pub fn schema_of<T: JsonSchema>() -> serde_json::Value {
+/// An argument type's JSON Schema as providers expect it (an object schema). Every turn
+/// declares its tools, and generating a schema costs far more than cloning one, so each
+/// type's schema is generated once per process.
+pub fn schema_of<T: JsonSchema + 'static>() -> serde_json::Value {
+    static SCHEMAS: OnceLock<Mutex<HashMap<TypeId, serde_json::Value>>> = OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(Mutex::default);
+    let known = schemas
+        .lock()
+        .ok()
+        .and_then(|s| s.get(&TypeId::of::<T>()).cloned());
+    if let Some(schema) = known {
+        return schema;
+    }
+    let schema = generate_schema::<T>();
+    if let Ok(mut schemas) = schemas.lock() {
+        schemas.insert(TypeId::of::<T>(), schema.clone());
+    }
+    schema
+}
+
+fn generate_schema<T: JsonSchema>() -> serde_json::Value {
     let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_default();
     if let Some(map) = schema.as_object_mut() {
         // Providers reject some meta keys; they only need the object schema.

@@ -56,15 +56,13 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
             &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
         )));
         events.push(ping());
-        for (delay, text) in &plan.text {
-            events.push(Event {
-                delay: *delay,
-                data: sse(
+        for (delay, piece) in &plan.text {
+            events.push(Event::text(*delay, piece, |text| {
+                sse(
                     "content_block_delta",
                     &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
                 )
-                .into(),
-            });
+            }));
         }
         match plan.ending {
             Ending::Cut => return events,
@@ -121,7 +119,7 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
 pub(crate) fn complete(plan: &Plan, ctx: &Ctx) -> Value {
     let mut content = Vec::new();
     if has_text_block(plan) {
-        content.push(json!({"type": "text", "text": plan.text()}));
+        content.push(json!({"type": "text", "text": plan.text(ctx.epoch)}));
     }
     for call in &plan.calls {
         // A truncated call's arguments do not parse; the real API then reports no input.

@@ -54,6 +54,10 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     aborted: watch::Sender<Vec<Instant>>,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// How many times [`ScriptedProvider::release_held`] was called.
+    pub(crate) released: watch::Sender<u64>,
+    /// What stamps count from ([`ScriptedProvider::epoch`]).
+    pub(crate) epoch: Instant,
 }
 
 #[derive(Default)]
@@ -69,10 +73,11 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records the request and returns its 1-based sequence number and the reply to play.
-    /// A body that is not a JSON object gets no reply: it is rejected before generation,
-    /// as a real provider would, and must not use up a scripted reply.
-    pub(crate) fn record(&self, request: RecordedRequest) -> (usize, Option<Reply>) {
+    /// Records the request and returns its 1-based sequence number, the reply to play,
+    /// and the release generation the reply was taken at (releases after it end its held
+    /// deltas). A body that is not a JSON object gets no reply: it is rejected before
+    /// generation, as a real provider would, and must not use up a scripted reply.
+    pub(crate) fn record(&self, request: RecordedRequest) -> (usize, Option<Reply>, u64) {
         let found = history::check(request.wire, &request.body);
         let mut state = self.lock();
         let seq = state.requests.len() + 1;
@@ -95,7 +100,10 @@ impl Shared {
             None
         };
         state.requests.push(request);
-        (seq, reply)
+        // Read under the queue lock, which `release_held` also takes: a reply is taken
+        // either before a release (and ended by it) or after it, never in between.
+        let taken_at = *self.released.borrow();
+        (seq, reply, taken_at)
     }
 
     pub(crate) fn record_abort(&self, at: Instant) {
@@ -127,6 +135,8 @@ impl ScriptedProvider {
             state: Mutex::new(State::default()),
             aborted: watch::Sender::new(Vec::new()),
             shutdown: watch::Sender::new(false),
+            released: watch::Sender::new(0),
+            epoch: Instant::now(),
         });
         server::spawn(listener, shared.clone());
         tracing::debug!(%addr, "scripted provider listening");
@@ -187,6 +197,22 @@ impl ScriptedProvider {
         self.handle.shared.lock().violations.clone()
     }
 
+    /// The instant [`Reply::Stamped`] deltas count from (when the provider started). A
+    /// client in the same process reads the same clock, so its receive time minus a stamp
+    /// is the delta's time in flight.
+    pub fn epoch(&self) -> Instant {
+        self.handle.shared.epoch
+    }
+
+    /// Ends every [`Reply::Held`] reply taken by a request before this call: each sends
+    /// its normal end (a non-streamed one answers). Held replies taken later wait for the
+    /// next call.
+    pub fn release_held(&self) {
+        let shared = &self.handle.shared;
+        let _queue = shared.lock();
+        shared.released.send_modify(|generation| *generation += 1);
+    }
+
     /// Stops accepting connections and cuts every response still streaming.
     pub fn shutdown(&self) {
         self.handle.shared.shutdown.send_replace(true);
@@ -241,6 +267,18 @@ pub enum Reply {
         deltas: Vec<String>,
         delay: Duration,
     },
+    /// Streams `count` text deltas `delay` apart (the first also after `delay`), then ends
+    /// like `Text`. Each delta is the instant it is written, in microseconds since
+    /// [`ScriptedProvider::epoch`]: 12 zero-padded digits and a space
+    /// (`"000001234567 "`). For latency benches: a client on the same clock subtracts the
+    /// stamp from its receive time. A non-streamed answer carries stamps taken when its
+    /// body is built.
+    Stamped { count: usize, delay: Duration },
+    /// Streams `delta` at once and again every `every` (at least 1 ms) until
+    /// [`ScriptedProvider::release_held`] is called, then ends like `Text`. For holding
+    /// many streams open at once. The usage counts `delta` once, however often it was
+    /// sent. A non-streamed answer comes after the release and carries `delta` once.
+    Held { delta: String, every: Duration },
     /// Waits `delay` before sending response headers at all (for timeout tests), then
     /// behaves like Text with the given deltas, sent without further delay.
     Stall {

@@ -26,21 +26,23 @@ fn data(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
+fn chunk_of(ctx: &Ctx, delta: Value, finish: Option<&str>) -> String {
+    let mut c = json!({
+        "id": format!("chatcmpl-{}", ctx.seq),
+        "object": "chat.completion.chunk",
+        "created": ctx.created,
+        "model": ctx.model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+    });
+    // With include_usage the real API puts `"usage": null` on every chunk but the last.
+    if ctx.include_usage {
+        c["usage"] = Value::Null;
+    }
+    data(&c)
+}
+
 pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
-    let chunk = |delta: Value, finish: Option<&str>| -> String {
-        let mut c = json!({
-            "id": format!("chatcmpl-{}", ctx.seq),
-            "object": "chat.completion.chunk",
-            "created": ctx.created,
-            "model": ctx.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        // With include_usage the real API puts `"usage": null` on every chunk but the last.
-        if ctx.include_usage {
-            c["usage"] = Value::Null;
-        }
-        data(&c)
-    };
+    let chunk = |delta: Value, finish: Option<&str>| chunk_of(ctx, delta, finish);
 
     let mut events = Vec::new();
     let mut role_sent = false;
@@ -50,11 +52,12 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
             None,
         )));
         role_sent = true;
-        for (delay, text) in &plan.text {
-            events.push(Event {
-                delay: *delay,
-                data: chunk(json!({"content": text}), None).into(),
-            });
+        for (delay, piece) in &plan.text {
+            // A stamped delta is rendered when it is sent, so the renderer owns its context.
+            let ctx = ctx.clone();
+            events.push(Event::text(*delay, piece, move |text| {
+                chunk_of(&ctx, json!({"content": text}), None)
+            }));
         }
     }
     for (i, call) in plan.calls.iter().enumerate() {
@@ -110,7 +113,7 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
 }
 
 pub(crate) fn complete(plan: &Plan, ctx: &Ctx) -> Value {
-    let text = plan.text();
+    let text = plan.text(ctx.epoch);
     let mut message = json!({
         "role": "assistant",
         "content": if text.is_empty() && !plan.calls.is_empty() { Value::Null } else { json!(text) },

@@ -1,7 +1,7 @@
 //! Turns a [`Reply`] into a wire-neutral plan that both wire formats render, so the two
 //! formats cannot drift apart in what they say, only in how they say it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -9,9 +9,28 @@ use crate::{Reply, ToolCall};
 
 pub(crate) struct Plan {
     /// Text deltas, each sent after its delay.
-    pub text: Vec<(Duration, String)>,
+    pub text: Vec<(Duration, Piece)>,
     pub calls: Vec<PlannedCall>,
     pub ending: Ending,
+}
+
+/// What one text delta says.
+pub(crate) enum Piece {
+    Fixed(String),
+    /// The instant the delta is written ([`stamp`]): known only then.
+    Stamp,
+    /// This text again after every delay until the held streams are released (zero
+    /// times if the release comes first); then the plan goes on.
+    Held(String),
+}
+
+/// Characters of a [`stamp`].
+const STAMP_CHARS: usize = 13;
+
+/// Microseconds since `epoch`, 12 digits zero-padded, and a space: fixed width, so the
+/// usage of a stamped reply is known before the stamps are.
+pub(crate) fn stamp(epoch: Instant) -> String {
+    format!("{:012} ", epoch.elapsed().as_micros())
 }
 
 pub(crate) struct PlannedCall {
@@ -54,13 +73,31 @@ pub(crate) enum Prepared {
 }
 
 impl Plan {
-    pub fn text(&self) -> String {
-        self.text.iter().map(|(_, t)| t.as_str()).collect()
+    /// The text as one complete body carries it: stamps taken now, held repeats left out.
+    pub fn text(&self, epoch: Instant) -> String {
+        let mut text = String::new();
+        for (_, piece) in &self.text {
+            match piece {
+                Piece::Fixed(t) => text.push_str(t),
+                Piece::Stamp => text.push_str(&stamp(epoch)),
+                Piece::Held(_) => {}
+            }
+        }
+        text
     }
 
-    /// Characters of model output that were sent, the basis of the output token count.
+    /// Characters of model output, the basis of the output token count. Held repeats
+    /// are not counted: the usage is rendered before anyone knows how many there were.
     pub fn output_chars(&self) -> usize {
-        let text: usize = self.text.iter().map(|(_, t)| t.chars().count()).sum();
+        let text: usize = self
+            .text
+            .iter()
+            .map(|(_, piece)| match piece {
+                Piece::Fixed(t) => t.chars().count(),
+                Piece::Stamp => STAMP_CHARS,
+                Piece::Held(_) => 0,
+            })
+            .sum();
         let args: usize = self
             .calls
             .iter()
@@ -70,14 +107,31 @@ impl Plan {
         text + args
     }
 
+    /// The delays a non-streamed answer waits out. A held piece's delay is its tick
+    /// period, not a wait: such an answer waits for the release instead ([`Plan::held`]).
     pub fn total_delay(&self) -> Duration {
-        self.text.iter().map(|(d, _)| *d).sum()
+        self.text
+            .iter()
+            .filter(|(_, piece)| !matches!(piece, Piece::Held(_)))
+            .map(|(d, _)| *d)
+            .sum()
+    }
+
+    /// Whether the plan waits for [`crate::ScriptedProvider::release_held`].
+    pub fn held(&self) -> bool {
+        self.text.iter().any(|(_, p)| matches!(p, Piece::Held(_)))
     }
 }
 
+/// The shortest tick of a held reply: a zero period would send without pause.
+const MIN_TICK: Duration = Duration::from_millis(1);
+
 pub(crate) fn prepare(reply: Reply) -> Prepared {
-    let timed = |deltas: Vec<String>, delay: Duration| -> Vec<(Duration, String)> {
-        deltas.into_iter().map(|d| (delay, d)).collect()
+    let timed = |deltas: Vec<String>, delay: Duration| -> Vec<(Duration, Piece)> {
+        deltas
+            .into_iter()
+            .map(|d| (delay, Piece::Fixed(d)))
+            .collect()
     };
     let play = |plan: Plan| Prepared::Play {
         stall: Duration::ZERO,
@@ -94,7 +148,10 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             calls,
             fragment,
         } => play(Plan {
-            text: text.into_iter().map(|t| (Duration::ZERO, t)).collect(),
+            text: text
+                .into_iter()
+                .map(|t| (Duration::ZERO, Piece::Fixed(t)))
+                .collect(),
             calls: calls.into_iter().map(|c| planned(c, fragment)).collect(),
             ending: Ending::Finish(Finish::ToolCalls),
         }),
@@ -135,6 +192,19 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             text: timed(deltas, delay),
             calls: Vec::new(),
             ending: Ending::Error,
+        }),
+        Reply::Stamped { count, delay } => play(Plan {
+            text: (0..count).map(|_| (delay, Piece::Stamp)).collect(),
+            calls: Vec::new(),
+            ending: Ending::Finish(Finish::Stop),
+        }),
+        Reply::Held { delta, every } => play(Plan {
+            text: vec![
+                (Duration::ZERO, Piece::Fixed(delta.clone())),
+                (every.max(MIN_TICK), Piece::Held(delta)),
+            ],
+            calls: Vec::new(),
+            ending: Ending::Finish(Finish::Stop),
         }),
         Reply::Stall { delay, deltas } => Prepared::Play {
             stall: delay,

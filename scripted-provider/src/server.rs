@@ -10,10 +10,11 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::plan::{self, Ending, Plan, Prepared};
+use crate::plan::{self, Ending, Piece, Plan, Prepared};
 use crate::{RecordedRequest, Shared, Wire, anthropic, openai};
 
 pub(crate) fn spawn(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
@@ -25,6 +26,12 @@ pub(crate) fn spawn(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         // Long agent histories exceed axum's 2 MB default; real providers accept them.
         .layer(DefaultBodyLimit::disable())
         .with_state(shared);
+    // Each event is written the moment it is due, as a real provider's edge does; with
+    // Nagle on, an event written while the previous one is not yet acknowledged would wait
+    // for the client's delayed ACK (up to 40 ms).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let signal = async move {
             // The sender lives in `Shared`, owned by this very server, so only an
@@ -64,6 +71,7 @@ async fn anthropic_handler(
 }
 
 /// What a wire format needs to know to render a reply.
+#[derive(Clone)]
 pub(crate) struct Ctx {
     pub seq: usize,
     pub model: String,
@@ -71,20 +79,47 @@ pub(crate) struct Ctx {
     pub input_tokens: u64,
     /// OpenAI `stream_options.include_usage`.
     pub include_usage: bool,
+    /// What stamps count from.
+    pub epoch: Instant,
 }
 
 /// One piece of a streamed body, written as soon as its delay has passed.
 pub(crate) struct Event {
     pub delay: Duration,
-    pub data: Bytes,
+    pub data: Data,
+}
+
+/// Turns a delta's text into the wire's event for it.
+type Render = Box<dyn Fn(&str) -> String + Send>;
+
+pub(crate) enum Data {
+    Fixed(Bytes),
+    /// A text delta carrying the instant it is written, rendered then.
+    Stamp(Render),
+    /// Written after every delay until the held streams are released.
+    Held(Bytes),
 }
 
 impl Event {
     pub fn now(data: String) -> Event {
         Event {
             delay: Duration::ZERO,
-            data: Bytes::from(data),
+            data: Data::Fixed(Bytes::from(data)),
         }
+    }
+
+    /// A text delta; `render` makes the wire's event of its text.
+    pub fn text(
+        delay: Duration,
+        piece: &Piece,
+        render: impl Fn(&str) -> String + Send + 'static,
+    ) -> Event {
+        let data = match piece {
+            Piece::Fixed(text) => Data::Fixed(Bytes::from(render(text))),
+            Piece::Stamp => Data::Stamp(Box::new(render)),
+            Piece::Held(text) => Data::Held(Bytes::from(render(text))),
+        };
+        Event { delay, data }
     }
 }
 
@@ -108,7 +143,7 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let (seq, reply) = shared.record(RecordedRequest {
+    let (seq, reply, taken_at) = shared.record(RecordedRequest {
         wire,
         model: model.clone(),
         body: body.clone(),
@@ -136,6 +171,7 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             .unwrap_or(false),
+        epoch: shared.epoch,
     };
 
     let (stall, plan) = match plan::prepare(reply) {
@@ -146,19 +182,28 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
         Prepared::Play { stall, plan } => (stall, plan),
     };
 
-    // A non-streamed answer only arrives once the whole generation is done.
-    let wait = if stream {
-        stall
+    // A non-streamed answer only arrives once the whole generation is done, and a held
+    // one once it is released.
+    let (wait, held) = if stream {
+        (stall, false)
     } else {
-        stall + plan.total_delay()
+        (stall + plan.total_delay(), plan.held())
     };
-    if !wait.is_zero() {
+    if !wait.is_zero() || held {
         // If the client hangs up while we wait, hyper drops this future and the guard
         // records the abort, just as for a dropped stream body.
         let mut guard = AbortGuard::new(shared.clone());
         let mut stop = shared.shutdown.subscribe();
+        let mut released = shared.released.subscribe();
+        let generated = async {
+            tokio::time::sleep(wait).await;
+            if held {
+                // The sender lives in `Shared`, which this handler holds.
+                let _ = released.wait_for(|g| *g > taken_at).await;
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = generated => {}
             _ = stop.wait_for(|s| *s) => {
                 guard.finish();
                 return error_response(wire, 503, None, Some("scripted provider shut down"));
@@ -174,7 +219,7 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
         Wire::OpenAi => openai::stream_events(&plan, &ctx),
         Wire::Anthropic => anthropic::stream_events(&plan, &ctx),
     };
-    let body = Body::from_stream(play(events, shared.clone()));
+    let body = Body::from_stream(play(events, shared.clone(), taken_at));
     let mut response = (
         StatusCode::OK,
         [
@@ -286,44 +331,87 @@ struct Player {
     events: VecDeque<Event>,
     guard: AbortGuard,
     stop: watch::Receiver<bool>,
+    released: watch::Receiver<u64>,
+    /// The release generation when the reply was taken: later releases end its held
+    /// pieces.
+    taken_at: u64,
+    epoch: Instant,
+}
+
+/// What ended the wait for an event.
+enum Due {
+    Now,
+    Stopped,
+    Released,
+}
+
+impl Player {
+    /// Waits out `delay`; a `held` event's wait also ends at the release.
+    async fn due(&mut self, delay: Duration, held: bool) -> Due {
+        if *self.stop.borrow() {
+            return Due::Stopped;
+        }
+        if delay.is_zero() && !held {
+            return Due::Now;
+        }
+        let taken_at = self.taken_at;
+        let released = self.released.wait_for(|g| *g > taken_at);
+        tokio::select! {
+            // A release or shutdown that is already there wins over a tick that is due.
+            biased;
+            _ = self.stop.wait_for(|s| *s) => Due::Stopped,
+            _ = released, if held => Due::Released,
+            _ = tokio::time::sleep(delay) => Due::Now,
+        }
+    }
 }
 
 /// Yields each event once its delay has passed, so every event is written the moment it
 /// is due and a closed connection is noticed at once rather than after a buffered batch.
+/// A stamp is taken right then; a held event repeats until the release.
 fn play(
     events: Vec<Event>,
     shared: Arc<Shared>,
+    taken_at: u64,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let player = Player {
         events: events.into(),
         stop: shared.shutdown.subscribe(),
+        released: shared.released.subscribe(),
+        taken_at,
+        epoch: shared.epoch,
         guard: AbortGuard::new(shared),
     };
     futures_util::stream::unfold(player, |mut p| async move {
-        let event = match p.events.pop_front() {
-            Some(event) => event,
-            None => {
+        loop {
+            let Some(event) = p.events.pop_front() else {
                 p.guard.finish();
                 return None;
+            };
+            let held = matches!(event.data, Data::Held(_));
+            match p.due(event.delay, held).await {
+                Due::Now => {}
+                // The held repeats are over: go on with what follows them.
+                Due::Released => continue,
+                Due::Stopped => {
+                    // Shutdown is not the client going away; end the connection without
+                    // a clean terminator, as a provider outage would.
+                    p.guard.finish();
+                    p.events.clear();
+                    return Some((Err(std::io::Error::other("scripted provider shut down")), p));
+                }
             }
-        };
-        let stopped = *p.stop.borrow();
-        let stopped = stopped
-            || (!event.delay.is_zero()
-                && tokio::select! {
-                    _ = tokio::time::sleep(event.delay) => false,
-                    _ = p.stop.wait_for(|s| *s) => true,
-                });
-        if stopped {
-            // Shutdown is not the client going away; end the connection without a clean
-            // terminator, as a provider outage would.
-            p.guard.finish();
-            p.events.clear();
-            return Some((Err(std::io::Error::other("scripted provider shut down")), p));
+            let data = match &event.data {
+                Data::Fixed(bytes) | Data::Held(bytes) => bytes.clone(),
+                Data::Stamp(render) => Bytes::from(render(&plan::stamp(p.epoch))),
+            };
+            if held {
+                p.events.push_front(event);
+            }
+            if p.events.is_empty() {
+                p.guard.finish();
+            }
+            return Some((Ok(data), p));
         }
-        if p.events.is_empty() {
-            p.guard.finish();
-        }
-        Some((Ok(event.data), p))
     })
 }

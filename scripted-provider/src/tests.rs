@@ -732,6 +732,127 @@ async fn shutdown_stops_the_server() {
     refuses_connections(addr).await;
 }
 
+/// A stamp's microseconds, checking its fixed width (12 digits and a space).
+fn stamp_micros(text: &str) -> u128 {
+    assert_eq!(text.len(), 13, "{text:?}");
+    assert!(text.ends_with(' '), "{text:?}");
+    text.trim_end().parse().unwrap()
+}
+
+#[tokio::test]
+async fn stamped_deltas_carry_the_instant_they_were_sent() {
+    let p = ScriptedProvider::start().await.unwrap();
+    let delay = Duration::from_millis(20);
+    for _ in 0..3 {
+        p.push(Reply::Stamped { count: 3, delay });
+    }
+    let micros = |d: Duration| d.as_micros();
+
+    let before = micros(p.epoch().elapsed());
+    let resp = post(p.addr(), OPENAI, &openai_body(true, true), &[]).await;
+    let after = micros(p.epoch().elapsed());
+    assert!(resp.body.ends_with("data: [DONE]\n\n"), "{}", resp.body);
+    let cs = chunks(&resp);
+    let stamps: Vec<u128> = cs
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .map(stamp_micros)
+        .collect();
+    assert_eq!(stamps.len(), 3);
+    // Taken when written: each after its delay, all within the request.
+    assert!(stamps[0] >= before + micros(delay), "{stamps:?} {before}");
+    for pair in stamps.windows(2) {
+        assert!(pair[1] >= pair[0] + micros(delay), "{stamps:?}");
+    }
+    assert!(*stamps.last().unwrap() <= after);
+    assert_eq!(cs[cs.len() - 2]["choices"][0]["finish_reason"], "stop");
+    // 3 stamps of 13 characters: 39 / 4 = 9 output tokens.
+    assert_eq!(cs.last().unwrap()["usage"]["completion_tokens"], 9);
+
+    let resp = post(p.addr(), ANTHROPIC, &anthropic_body(true), &[]).await;
+    let stamps: Vec<u128> = resp
+        .events()
+        .iter()
+        .filter(|(e, _)| e == "content_block_delta")
+        .map(|(_, d)| stamp_micros(d["delta"]["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(stamps.len(), 3);
+    assert!(stamps.windows(2).all(|w| w[1] >= w[0] + micros(delay)));
+
+    // Non-streamed: the stamps are taken when the body is built, after the delays.
+    let before = micros(p.epoch().elapsed());
+    let resp = post(p.addr(), OPENAI, &openai_body(false, false), &[]).await;
+    let after = micros(p.epoch().elapsed());
+    let text = resp.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(text.len(), 39);
+    let first = stamp_micros(&text[..13]);
+    assert!(first >= before + micros(delay * 3) && first <= after);
+}
+
+#[tokio::test]
+async fn held_replies_tick_until_released() {
+    let p = ScriptedProvider::start().await.unwrap();
+    let held = || Reply::Held {
+        delta: "tick ".into(),
+        every: Duration::from_millis(20),
+    };
+    p.push(held());
+    p.push(held());
+
+    let addr = p.addr();
+    let streamed =
+        tokio::spawn(async move { post(addr, OPENAI, &openai_body(true, true), &[]).await });
+    let complete =
+        tokio::spawn(async move { post(addr, ANTHROPIC, &anthropic_body(false), &[]).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!streamed.is_finished() && !complete.is_finished());
+    p.release_held();
+
+    let resp = tokio::time::timeout(Duration::from_secs(1), streamed)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(resp.body.ends_with("data: [DONE]\n\n"), "{}", resp.body);
+    let cs = chunks(&resp);
+    let ticks: Vec<&str> = cs
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    // One at once, then one per 20 ms until the release (how many depends on how late
+    // the timers run on a loaded machine).
+    assert!(ticks.len() >= 2, "{ticks:?}");
+    assert!(ticks.iter().all(|t| *t == "tick "));
+    assert_eq!(cs[cs.len() - 2]["choices"][0]["finish_reason"], "stop");
+    // The usage counts the delta once: "tick " is 5 characters, 1 token.
+    assert_eq!(cs.last().unwrap()["usage"]["completion_tokens"], 1);
+
+    let resp = tokio::time::timeout(Duration::from_secs(1), complete)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.json()["content"][0]["text"], "tick ");
+    assert!(p.aborted_streams().is_empty());
+
+    // A held reply taken after a release waits for the next one.
+    p.push(held());
+    let late =
+        tokio::spawn(async move { post(addr, OPENAI, &openai_body(true, false), &[]).await });
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(!late.is_finished());
+    p.release_held();
+    let resp = tokio::time::timeout(Duration::from_secs(1), late)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(resp.body.ends_with("data: [DONE]\n\n"), "{}", resp.body);
+}
+
 async fn refuses_connections(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(1);
     while TcpStream::connect(addr).await.is_ok() {

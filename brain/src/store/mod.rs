@@ -53,6 +53,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Every pooled connection stayed busy past the acquire timeout: the statement never
+    /// ran, so trying again is safe.
+    pub fn is_pool_exhausted(&self) -> bool {
+        matches!(self, Self::Database(sqlx::Error::PoolTimedOut))
+    }
+
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::NotFound => "not_found",
@@ -91,6 +97,9 @@ impl Store {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
+            // A ping before every checkout doubles each query's round trips; a dead
+            // connection fails its query instead, and the pool replaces it.
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         Ok(Self {

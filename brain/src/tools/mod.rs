@@ -106,6 +106,8 @@ pub fn parse_args<T: DeserializeOwned>(arguments: serde_json::Value) -> Result<T
 #[derive(Clone, Default)]
 pub struct Toolset {
     tools: Vec<Arc<dyn Tool>>,
+    /// Each tool's spec, taken once when it is added.
+    specs: Vec<ToolSpec>,
     by_name: HashMap<String, usize>,
 }
 
@@ -130,13 +132,14 @@ impl Toolset {
 
     /// Adds `tool` unless its name is taken (the earlier source wins).
     pub fn add(&mut self, tool: Arc<dyn Tool>) {
-        let name = tool.spec().name;
-        if self.by_name.contains_key(&name) {
-            tracing::warn!(tool = %name, "tool name already taken; later tool left out");
+        let spec = tool.spec();
+        if self.by_name.contains_key(&spec.name) {
+            tracing::warn!(tool = %spec.name, "tool name already taken; later tool left out");
             return;
         }
-        self.by_name.insert(name, self.tools.len());
+        self.by_name.insert(spec.name.clone(), self.tools.len());
         self.tools.push(tool);
+        self.specs.push(spec);
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
@@ -144,6 +147,6 @@ impl Toolset {
     }
 
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.iter().map(|t| t.spec()).collect()
+        self.specs.clone()
     }
 }

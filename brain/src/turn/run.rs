@@ -13,6 +13,7 @@
 //!   starts no tool after the cancel (T8).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
@@ -92,6 +93,9 @@ enum End {
     Interrupted,
     Failed(ProviderError),
 }
+
+/// How long a wrap-up waits for a pooled connection before the turn's end is given up.
+const WRAP_UP_PATIENCE: Duration = Duration::from_secs(60);
 
 const CANCELLED_RESULT: &str = "cancelled: the turn was stopped before this tool call finished";
 
@@ -699,15 +703,26 @@ impl TurnTask {
             assistant,
             usage,
         };
-        match self
-            .store
-            .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
-            .await
-        {
-            Ok(()) => true,
-            Err(err) => {
-                tracing::error!(turn = %self.turn, class = err.metric_label(), error = %err, "could not persist the turn's end");
-                false
+        // The answer exists only in this task until the write lands: when a burst of
+        // wrap-ups has every connection busy, wait for one rather than lose the turn.
+        let deadline = tokio::time::Instant::now() + WRAP_UP_PATIENCE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self
+                .store
+                .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
+                .await
+            {
+                Ok(()) => return true,
+                Err(err) if err.is_pool_exhausted() && tokio::time::Instant::now() < deadline => {
+                    tracing::info!(turn = %self.turn, "store busy at wrap-up; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(err) => {
+                    tracing::error!(turn = %self.turn, class = err.metric_label(), error = %err, "could not persist the turn's end");
+                    return false;
+                }
             }
         }
     }

@@ -1,0 +1,269 @@
+//! What every scenario stands on: a fresh database, a brain in this process over it, its
+//! scripted provider, a team, and the percentile, table and SSE helpers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use brain::AppState;
+use brain::config::Config;
+use brain::store::Store;
+use scripted_provider::{Reply, ScriptedProvider};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const ADMIN_URL_DEFAULT: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
+const REDIS_DEFAULT: &str = "redis://127.0.0.1:6379";
+
+pub fn admin_url() -> String {
+    std::env::var("BENCH_DATABASE_URL").unwrap_or_else(|_| ADMIN_URL_DEFAULT.to_owned())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| REDIS_DEFAULT.to_owned())
+}
+
+/// The admin URL with its database replaced by `name`; its options (`?sslmode=...`) kept.
+pub fn db_url(name: &str) -> String {
+    let admin = admin_url();
+    let (admin, options) = match admin.split_once('?') {
+        Some((url, options)) => (url, format!("?{options}")),
+        None => (admin.as_str(), String::new()),
+    };
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(admin);
+    format!("{base}/{name}{options}")
+}
+
+/// One row of the table.
+pub struct Row {
+    pub scenario: String,
+    pub metric: String,
+    pub p50: String,
+    pub p99: String,
+    pub other: String,
+}
+
+pub fn row(scenario: &str, metric: &str, p50: String, p99: String, other: String) -> Row {
+    Row {
+        scenario: scenario.to_owned(),
+        metric: metric.to_owned(),
+        p50,
+        p99,
+        other,
+    }
+}
+
+/// Nearest-rank percentile of a sorted slice.
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+pub fn signed_ms(a: Duration, b: Duration) -> String {
+    format!("{:.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
+}
+
+pub fn sorted(mut v: Vec<Duration>) -> Vec<Duration> {
+    v.sort();
+    v
+}
+
+/// A fresh Postgres database, migrated, and a store over it. The `brain_test_` prefix lets
+/// the test harness drop what a crashed run leaves.
+pub struct Database {
+    pub name: String,
+    pub store: Store,
+}
+
+impl Database {
+    pub async fn create() -> Result<Self> {
+        let admin = sqlx::PgPool::connect(&admin_url())
+            .await
+            .context("Postgres must run (make services starts it)")?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+        let name = format!("brain_test_{now}_bench{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&admin)
+            .await?;
+        admin.close().await;
+        let store = Store::connect(&db_url(&name), 20).await?;
+        store.migrate().await?;
+        Ok(Self { name, store })
+    }
+
+    pub async fn drop(self) {
+        self.store.pool().close().await;
+        if let Ok(admin) = sqlx::PgPool::connect(&admin_url()).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            )))
+            .execute(&admin)
+            .await;
+        }
+    }
+}
+
+/// A brain in this process, its database, its scripted provider, and a team.
+pub struct System {
+    pub url: String,
+    pub store: Store,
+    pub provider: ScriptedProvider,
+    pub key: String,
+    pub http: reqwest::Client,
+    pub db_name: String,
+    pub shutdown: CancellationToken,
+}
+
+impl System {
+    pub async fn start(queue_namespace: Option<String>) -> Result<Self> {
+        let Database {
+            name: db_name,
+            store,
+        } = Database::create().await?;
+        let provider = ScriptedProvider::start().await?;
+        let mut env: HashMap<String, String> = HashMap::new();
+        env.insert("OPENAI_BASE_URL".into(), provider.openai_base_url());
+        env.insert("OPENAI_API_KEY".into(), "sk-bench-openai".into());
+        env.insert("ANTHROPIC_BASE_URL".into(), provider.anthropic_base_url());
+        env.insert("ANTHROPIC_API_KEY".into(), "sk-bench-anthropic".into());
+        env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
+        env.insert("DATABASE_URL".into(), db_url(&db_name));
+        env.insert("REDIS_URL".into(), redis_url());
+        let artifacts = std::env::temp_dir().join(format!("brain-bench-artifacts-{db_name}"));
+        env.insert(
+            "BRAIN_ARTIFACTS_DIR".into(),
+            artifacts.to_string_lossy().into_owned(),
+        );
+        let mut config = Config::from_env(&env).map_err(|e| anyhow!("config: {e}"))?;
+        if let Some(ns) = queue_namespace {
+            config.workers.queue_namespace = ns;
+        }
+        let redis = redis::Client::open(config.redis_url.as_str())?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let state = AppState::new(config, store.clone(), redis).map_err(|e| anyhow!("{e}"))?;
+        let shutdown = CancellationToken::new();
+        tokio::spawn(brain::serve(listener, state, shutdown.clone()));
+        let created = store.create_team("bench team").await?;
+        Ok(Self {
+            url,
+            store,
+            provider,
+            key: created.api_key,
+            http: reqwest::Client::new(),
+            db_name,
+            shutdown,
+        })
+    }
+
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
+        Ok(self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .json(body)
+            .send()
+            .await?)
+    }
+
+    /// An agent (on `profile` if given) and a chat with it: (agent id, chat id).
+    pub async fn agent_and_chat(&self, profile: Option<&str>) -> Result<(String, String)> {
+        let mut body = json!({"name": "bench", "system_prompt": "You are terse.",
+                              "model": "openai/gpt-test"});
+        if let Some(profile) = profile {
+            body["runtime_profile"] = json!(profile);
+        }
+        let agent = self.post_json("/v1/agents", &body).await?;
+        if agent.status() != 201 {
+            bail!("create agent: {} {}", agent.status(), agent.text().await?);
+        }
+        let agent: Value = agent.json().await?;
+        let agent_id = agent["id"].as_str().context("agent id")?.to_owned();
+        let chat = self.new_chat(&agent_id).await?;
+        Ok((agent_id, chat))
+    }
+
+    /// A new chat with `agent`: its id.
+    pub async fn new_chat(&self, agent: &str) -> Result<String> {
+        let chat = self
+            .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+            .await?;
+        if chat.status() != 201 {
+            bail!("create chat: {}", chat.status());
+        }
+        let chat: Value = chat.json().await?;
+        Ok(chat["id"].as_str().context("chat id")?.to_owned())
+    }
+
+    pub async fn send(&self, chat: &str, content: &str) -> Result<reqwest::Response> {
+        self.post_json(
+            &format!("/v1/chats/{chat}/messages"),
+            &json!({ "content": content }),
+        )
+        .await
+    }
+
+    pub async fn close(self) {
+        self.shutdown.cancel();
+        self.provider.shutdown();
+        Database {
+            name: self.db_name,
+            store: self.store,
+        }
+        .drop()
+        .await;
+    }
+}
+
+pub fn instant_ok() -> Reply {
+    Reply::Text {
+        deltas: vec!["ok".into()],
+        delay: Duration::ZERO,
+    }
+}
+
+/// Splits a body read piece by piece into its SSE events' `data:` payloads.
+#[derive(Default)]
+pub struct SseData {
+    buffer: Vec<u8>,
+}
+
+impl SseData {
+    /// Takes the next piece of the body; returns the payloads of the events it completed.
+    pub fn push(&mut self, piece: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(piece);
+        let mut payloads = Vec::new();
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            for line in String::from_utf8_lossy(&event).lines() {
+                if let Some(data) = line.strip_prefix("data: ") {
+                    payloads.push(data.to_owned());
+                }
+            }
+        }
+        payloads
+    }
+}
+
+pub fn window() -> Duration {
+    let secs = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(5.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// The workspace's binaries, next to this one.
+pub fn bin(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    Ok(exe.parent().context("binary directory")?.join(name))
+}

@@ -1,0 +1,257 @@
+//! Turn overhead (the brain's added time to first text-delta and end to end, at several
+//! concurrencies) and the busy answer (the 409 on an agent with a running turn).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures_util::StreamExt;
+use scripted_provider::Reply;
+use serde_json::{Value, json};
+
+use crate::system::{Row, System, instant_ok, ms, pct, row, signed_ms, sorted, window};
+
+/// One turn read to its end: (first body byte, first text-delta, end), from the send.
+pub async fn timed_turn(system: &System, chat: &str) -> Result<(Duration, Duration, Duration)> {
+    system.provider.push(instant_ok());
+    let started = Instant::now();
+    let response = system.send(chat, "hi").await?;
+    if response.status() != 200 {
+        bail!("turn: {} {}", response.status(), response.text().await?);
+    }
+    let mut body = response.bytes_stream();
+    let (mut first_byte, mut first_delta) = (None, None);
+    let mut seen = String::new();
+    while let Some(piece) = body.next().await {
+        let piece = piece?;
+        let now = started.elapsed();
+        first_byte.get_or_insert(now);
+        if first_delta.is_none() {
+            seen.push_str(&String::from_utf8_lossy(&piece));
+            if seen.contains("\"text-delta\"") {
+                first_delta = Some(now);
+            }
+        }
+    }
+    let end = started.elapsed();
+    if !seen.contains("\"text-delta\"") {
+        bail!("a turn streamed no text: {seen}");
+    }
+    Ok((first_byte.unwrap_or(end), first_delta.unwrap_or(end), end))
+}
+
+/// A request straight to the scripted provider with a minimal body: (first body byte,
+/// end).
+pub async fn timed_provider(system: &System) -> Result<(Duration, Duration)> {
+    let body = json!({
+        "model": "gpt-test",
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "hi"}
+        ]
+    });
+    timed_provider_with(system, &body).await
+}
+
+/// A request straight to the scripted provider with `body`: (first body byte, end).
+pub async fn timed_provider_with(system: &System, body: &Value) -> Result<(Duration, Duration)> {
+    system.provider.push(instant_ok());
+    let started = Instant::now();
+    let response = system
+        .http
+        .post(format!(
+            "{}/chat/completions",
+            system.provider.openai_base_url()
+        ))
+        .bearer_auth("sk-bench-openai")
+        .json(body)
+        .send()
+        .await?;
+    let mut stream = response.bytes_stream();
+    let mut first = None;
+    while let Some(piece) = stream.next().await {
+        piece?;
+        first.get_or_insert(started.elapsed());
+    }
+    let end = started.elapsed();
+    Ok((first.unwrap_or(end), end))
+}
+
+/// The concurrency levels: `BENCH_CONCURRENCY` (comma-separated) or 1, 16, 64 and 256.
+fn levels() -> Result<Vec<usize>> {
+    match std::env::var("BENCH_CONCURRENCY") {
+        Ok(list) => list
+            .split(',')
+            .map(|n| n.trim().parse().context("BENCH_CONCURRENCY: numbers"))
+            .collect(),
+        Err(_) => Ok(vec![1, 16, 64, 256]),
+    }
+}
+
+/// Exchanges per chat in the turn-overhead loop; each client then opens a new chat.
+const TURNS_PER_CHAT: usize = 20;
+
+pub async fn turn_overhead(rows: &mut Vec<Row>) -> Result<()> {
+    for concurrency in levels()? {
+        let system = Arc::new(System::start(None).await?);
+        let mut clients = Vec::new();
+        for _ in 0..concurrency {
+            clients.push(system.agent_and_chat(None).await?);
+        }
+        // Warm-up: one turn per chat (connections, prepared statements), then the window.
+        let warm = clients.iter().map(|(_, chat)| timed_turn(&system, chat));
+        for result in futures_util::future::join_all(warm).await {
+            result?;
+        }
+        // The provider baseline below replays what the brain sent for a warm-up turn
+        // (system prompt, history, the tool catalog), so the difference is the brain's.
+        let brain_body = system
+            .provider
+            .requests()
+            .pop()
+            .context("the warm-up reached the provider")?
+            .body;
+        let until = Instant::now() + window();
+        let started = Instant::now();
+        let tasks: Vec<_> = clients
+            .iter()
+            .cloned()
+            .map(|(agent, mut chat)| {
+                let system = system.clone();
+                tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    while Instant::now() < until {
+                        // A chat of at most TURNS_PER_CHAT exchanges: a closed loop on
+                        // one chat would otherwise measure an ever longer history.
+                        if out.len() % TURNS_PER_CHAT == TURNS_PER_CHAT - 1 {
+                            chat = system.new_chat(&agent).await?;
+                        }
+                        out.push(timed_turn(&system, &chat).await?);
+                    }
+                    anyhow::Ok(out)
+                })
+            })
+            .collect();
+        let mut samples = Vec::new();
+        for task in tasks {
+            samples.extend(task.await??);
+        }
+        let elapsed = started.elapsed();
+        // The provider alone at the same concurrency, same client, the brain's body.
+        let until = Instant::now() + window().min(Duration::from_secs(2));
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let system = system.clone();
+                let body = brain_body.clone();
+                tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    while Instant::now() < until {
+                        out.push(timed_provider_with(&system, &body).await?);
+                    }
+                    anyhow::Ok(out)
+                })
+            })
+            .collect();
+        let mut provider = Vec::new();
+        for task in tasks {
+            provider.extend(task.await??);
+        }
+        let byte = sorted(samples.iter().map(|s| s.0).collect());
+        let delta = sorted(samples.iter().map(|s| s.1).collect());
+        let end = sorted(samples.iter().map(|s| s.2).collect());
+        let p_first = sorted(provider.iter().map(|s| s.0).collect());
+        let p_end = sorted(provider.iter().map(|s| s.1).collect());
+        let scenario = format!("turn overhead c={concurrency}");
+        let n = samples.len();
+        rows.push(row(
+            &scenario,
+            "client TTFB (first body byte)",
+            ms(pct(&byte, 50.0)),
+            ms(pct(&byte, 99.0)),
+            format!("{n} turns"),
+        ));
+        rows.push(row(
+            &scenario,
+            "client first text-delta",
+            ms(pct(&delta, 50.0)),
+            ms(pct(&delta, 99.0)),
+            String::new(),
+        ));
+        rows.push(row(
+            &scenario,
+            "provider TTFB (direct)",
+            ms(pct(&p_first, 50.0)),
+            ms(pct(&p_first, 99.0)),
+            format!(
+                "{} requests, end p50 {}",
+                provider.len(),
+                ms(pct(&p_end, 50.0))
+            ),
+        ));
+        rows.push(row(
+            &scenario,
+            "brain added TTFB (text-delta - provider)",
+            signed_ms(pct(&delta, 50.0), pct(&p_first, 50.0)),
+            signed_ms(pct(&delta, 99.0), pct(&p_first, 99.0)),
+            "difference of percentiles".into(),
+        ));
+        rows.push(row(
+            &scenario,
+            "end to end",
+            ms(pct(&end, 50.0)),
+            ms(pct(&end, 99.0)),
+            format!("{:.0} turns/s", n as f64 / elapsed.as_secs_f64()),
+        ));
+        eprintln!("bench: turn overhead at concurrency {concurrency} done ({n} turns)");
+        if let Ok(system) = Arc::try_unwrap(system) {
+            system.close().await;
+        }
+    }
+    Ok(())
+}
+
+pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
+    let system = System::start(None).await?;
+    let (agent, chat) = system.agent_and_chat(None).await?;
+    let other = system.new_chat(&agent).await?;
+    system.provider.push(Reply::Text {
+        deltas: vec!["slow ".into(); 100],
+        delay: Duration::from_millis(100),
+    });
+    let slow = system.send(&chat, "slow").await?;
+    if slow.status() != 200 {
+        bail!("slow turn: {}", slow.status());
+    }
+    let mut timings = Vec::new();
+    for i in 0..210 {
+        let started = Instant::now();
+        let busy = system.send(&other, "two").await?;
+        let status = busy.status();
+        let body = busy.bytes().await?;
+        let took = started.elapsed();
+        if status != 409 {
+            bail!(
+                "expected 409, got {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        // The first ten warm the connection.
+        if i >= 10 {
+            timings.push(took);
+        }
+    }
+    drop(slow);
+    let timings = sorted(timings);
+    rows.push(row(
+        "busy answer",
+        "409 agent_busy round trip",
+        ms(pct(&timings, 50.0)),
+        ms(pct(&timings, 99.0)),
+        format!("{} tries", timings.len()),
+    ));
+    eprintln!("bench: busy answer done");
+    system.close().await;
+    Ok(())
+}
