@@ -5,17 +5,18 @@
 //! streamed `ChatOpenAI` call; the brain turn is the one `turn` measures.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::system::{Row, System, instant_ok, ms, pct, row, signed_ms, sorted, window};
-use crate::turn::{timed_provider, timed_turn};
+use crate::system::{
+    Row, System, closed_loop, instant_ok, ms, pct, row, signed_ms, sorted, window,
+};
+use crate::turn::{ChatClient, TURNS_PER_CHAT, timed_provider};
 
 /// Not LangGraph's default 2024, which is taken on these machines (shared/TOOLING.md).
 const PORT: u16 = 2124;
@@ -61,35 +62,40 @@ async fn measure(system: &Arc<System>, server: &DevServer, rows: &mut Vec<Row>) 
         let mut chats = Vec::new();
         let mut threads = Vec::new();
         for _ in 0..concurrency {
-            chats.push((system.clone(), system.agent_and_chat(None).await?.1));
-            threads.push((peer.clone(), system.clone(), peer.thread().await?));
+            chats.push(ChatClient::new(system).await?);
+            threads.push(GraphClient::new(&peer, system).await?);
         }
         // Warm-up, one turn per client on each side: connections, prepared statements,
         // and LangGraph's lazy imports on its first run.
-        let warm = chats.iter().map(|(s, chat)| timed_turn(s, chat));
+        let warm = chats.iter().map(|client| client.turn(0));
         for result in futures_util::future::join_all(warm).await {
             result?;
         }
-        let warm = threads.iter().map(|(p, s, thread)| p.timed_run(s, thread));
+        let warm = threads.iter().map(|client| client.run(0));
         for result in futures_util::future::join_all(warm).await {
             result?;
         }
         scripted += 2 * concurrency;
 
-        let (brain, brain_took) = closed_loop(window(), chats, |(system, chat)| async move {
-            timed_turn(&system, &chat).await
-        })
-        .await?;
+        let (brain, brain_took) =
+            closed_loop(
+                window(),
+                chats,
+                |client, n| async move { client.turn(n).await },
+            )
+            .await?;
         let (graph, graph_took) =
-            closed_loop(window(), threads, |(peer, system, thread)| async move {
-                peer.timed_run(&system, &thread).await
-            })
+            closed_loop(
+                window(),
+                threads,
+                |client, n| async move { client.run(n).await },
+            )
             .await?;
         // The provider alone at the same concurrency: what both sides' added time is
         // measured against.
         let clients = vec![system.clone(); concurrency];
         let provider_window = window().min(Duration::from_secs(2));
-        let (provider, _) = closed_loop(provider_window, clients, |system| async move {
+        let (provider, _) = closed_loop(provider_window, clients, |system, _| async move {
             timed_provider(&system).await
         })
         .await?;
@@ -193,40 +199,39 @@ async fn measure(system: &Arc<System>, server: &DevServer, rows: &mut Vec<Row>) 
     Ok(())
 }
 
-/// Runs `turn` back to back on every client until `span` is over, each client in a task
-/// of its own (closed loop: a client sends its next turn when the last one ended).
-/// Returns every sample and the time the last client took to finish, for turns per second.
-async fn closed_loop<C, T, F, Fut>(
-    span: Duration,
-    clients: Vec<C>,
-    turn: F,
-) -> Result<(Vec<T>, Duration)>
-where
-    C: Clone + Send + 'static,
-    T: Send + 'static,
-    F: Fn(C) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<T>> + Send,
-{
-    let started = Instant::now();
-    let until = started + span;
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .map(|client| {
-            let turn = turn.clone();
-            tokio::spawn(async move {
-                let mut out = Vec::new();
-                while Instant::now() < until {
-                    out.push(turn(client.clone()).await?);
-                }
-                anyhow::Ok(out)
-            })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    for task in tasks {
-        samples.extend(task.await??);
+/// One client of the dev server: a thread of its own, renewed every
+/// [`TURNS_PER_CHAT`] runs as the brain's clients renew their chats, so both sides carry
+/// histories of the same length.
+struct GraphClient {
+    peer: Arc<Peer>,
+    system: Arc<System>,
+    thread: Mutex<String>,
+}
+
+impl GraphClient {
+    async fn new(peer: &Arc<Peer>, system: &Arc<System>) -> Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            peer: peer.clone(),
+            system: system.clone(),
+            thread: Mutex::new(peer.thread().await?),
+        }))
     }
-    Ok((samples, started.elapsed()))
+
+    async fn run(&self, n: usize) -> Result<(Duration, Duration)> {
+        if n % TURNS_PER_CHAT == TURNS_PER_CHAT - 1 {
+            let fresh = self.peer.thread().await?;
+            *self
+                .thread
+                .lock()
+                .map_err(|_| anyhow!("thread lock poisoned"))? = fresh;
+        }
+        let thread = self
+            .thread
+            .lock()
+            .map_err(|_| anyhow!("thread lock poisoned"))?
+            .clone();
+        self.peer.timed_run(&self.system, &thread).await
+    }
 }
 
 /// A client of the dev server's HTTP API.

@@ -2,8 +2,9 @@
 //! scripted provider, a team, and the percentile, table and SSE helpers.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use brain::AppState;
@@ -266,4 +267,41 @@ pub fn window() -> Duration {
 pub fn bin(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     Ok(exe.parent().context("binary directory")?.join(name))
+}
+
+/// Runs `turn` back to back on every client until `span` is over, each client in a task
+/// of its own (closed loop: a client sends its next turn when the last one ended).
+/// `turn` gets the client and the index of its turn. Returns every sample and the time the
+/// last client took to finish, for turns per second.
+pub async fn closed_loop<C, T, F, Fut>(
+    span: Duration,
+    clients: Vec<C>,
+    turn: F,
+) -> Result<(Vec<T>, Duration)>
+where
+    C: Clone + Send + 'static,
+    T: Send + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T>> + Send,
+{
+    let started = Instant::now();
+    let until = started + span;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let turn = turn.clone();
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while Instant::now() < until {
+                    out.push(turn(client.clone(), out.len()).await?);
+                }
+                anyhow::Ok(out)
+            })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for task in tasks {
+        samples.extend(task.await??);
+    }
+    Ok((samples, started.elapsed()))
 }

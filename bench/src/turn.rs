@@ -1,18 +1,20 @@
 //! Turn overhead (the brain's added time to first text-delta and end to end, at several
 //! concurrencies) and the busy answer (the 409 on an agent with a running turn).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use futures_util::StreamExt;
 use scripted_provider::Reply;
 use serde_json::{Value, json};
 
-use crate::system::{Row, System, instant_ok, ms, pct, row, signed_ms, sorted, window};
+use crate::system::{
+    Row, System, closed_loop, instant_ok, ms, pct, row, signed_ms, sorted, window,
+};
 
 /// One turn read to its end: (first body byte, first text-delta, end), from the send.
-pub async fn timed_turn(system: &System, chat: &str) -> Result<(Duration, Duration, Duration)> {
+async fn timed_turn(system: &System, chat: &str) -> Result<(Duration, Duration, Duration)> {
     system.provider.push(instant_ok());
     let started = Instant::now();
     let response = system.send(chat, "hi").await?;
@@ -90,18 +92,55 @@ fn levels() -> Result<Vec<usize>> {
     }
 }
 
-/// Exchanges per chat in the turn-overhead loop; each client then opens a new chat.
-const TURNS_PER_CHAT: usize = 20;
+/// Exchanges per chat in a closed loop; each client then opens a new chat, since a loop
+/// on one chat would otherwise measure an ever longer history.
+pub const TURNS_PER_CHAT: usize = 20;
+
+/// One client of the brain: an agent of its own (an agent runs one turn at a time) and
+/// a chat with it, renewed every [`TURNS_PER_CHAT`] turns.
+pub struct ChatClient {
+    system: Arc<System>,
+    agent: String,
+    chat: Mutex<String>,
+}
+
+impl ChatClient {
+    pub async fn new(system: &Arc<System>) -> Result<Arc<Self>> {
+        let (agent, chat) = system.agent_and_chat(None).await?;
+        Ok(Arc::new(Self {
+            system: system.clone(),
+            agent,
+            chat: Mutex::new(chat),
+        }))
+    }
+
+    /// The client's turn number `n`, timed as [`timed_turn`] does.
+    pub async fn turn(&self, n: usize) -> Result<(Duration, Duration, Duration)> {
+        if n % TURNS_PER_CHAT == TURNS_PER_CHAT - 1 {
+            let fresh = self.system.new_chat(&self.agent).await?;
+            *self
+                .chat
+                .lock()
+                .map_err(|_| anyhow!("chat lock poisoned"))? = fresh;
+        }
+        let chat = self
+            .chat
+            .lock()
+            .map_err(|_| anyhow!("chat lock poisoned"))?
+            .clone();
+        timed_turn(&self.system, &chat).await
+    }
+}
 
 pub async fn turn_overhead(rows: &mut Vec<Row>) -> Result<()> {
     for concurrency in levels()? {
         let system = Arc::new(System::start(None).await?);
         let mut clients = Vec::new();
         for _ in 0..concurrency {
-            clients.push(system.agent_and_chat(None).await?);
+            clients.push(ChatClient::new(&system).await?);
         }
         // Warm-up: one turn per chat (connections, prepared statements), then the window.
-        let warm = clients.iter().map(|(_, chat)| timed_turn(&system, chat));
+        let warm = clients.iter().map(|client| client.turn(0));
         for result in futures_util::future::join_all(warm).await {
             result?;
         }
@@ -113,51 +152,17 @@ pub async fn turn_overhead(rows: &mut Vec<Row>) -> Result<()> {
             .pop()
             .context("the warm-up reached the provider")?
             .body;
-        let until = Instant::now() + window();
-        let started = Instant::now();
-        let tasks: Vec<_> = clients
-            .iter()
-            .cloned()
-            .map(|(agent, mut chat)| {
-                let system = system.clone();
-                tokio::spawn(async move {
-                    let mut out = Vec::new();
-                    while Instant::now() < until {
-                        // A chat of at most TURNS_PER_CHAT exchanges: a closed loop on
-                        // one chat would otherwise measure an ever longer history.
-                        if out.len() % TURNS_PER_CHAT == TURNS_PER_CHAT - 1 {
-                            chat = system.new_chat(&agent).await?;
-                        }
-                        out.push(timed_turn(&system, &chat).await?);
-                    }
-                    anyhow::Ok(out)
-                })
-            })
-            .collect();
-        let mut samples = Vec::new();
-        for task in tasks {
-            samples.extend(task.await??);
-        }
-        let elapsed = started.elapsed();
+        let (samples, elapsed) = closed_loop(window(), clients, |client, n| async move {
+            client.turn(n).await
+        })
+        .await?;
         // The provider alone at the same concurrency, same client, the brain's body.
-        let until = Instant::now() + window().min(Duration::from_secs(2));
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|_| {
-                let system = system.clone();
-                let body = brain_body.clone();
-                tokio::spawn(async move {
-                    let mut out = Vec::new();
-                    while Instant::now() < until {
-                        out.push(timed_provider_with(&system, &body).await?);
-                    }
-                    anyhow::Ok(out)
-                })
-            })
-            .collect();
-        let mut provider = Vec::new();
-        for task in tasks {
-            provider.extend(task.await??);
-        }
+        let provider_window = window().min(Duration::from_secs(2));
+        let bodies = vec![(system.clone(), brain_body); concurrency];
+        let (provider, _) = closed_loop(provider_window, bodies, |(system, body), _| async move {
+            timed_provider_with(&system, &body).await
+        })
+        .await?;
         let byte = sorted(samples.iter().map(|s| s.0).collect());
         let delta = sorted(samples.iter().map(|s| s.1).collect());
         let end = sorted(samples.iter().map(|s| s.2).collect());
