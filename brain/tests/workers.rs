@@ -613,6 +613,13 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let app = TestApp::start_with(move |c| c.workers.queue_namespace = namespace).await;
     let slot = protocol::SessionId::new();
+    // The slot is written before the worker starts, as the runtime-manager does: a worker
+    // that dials first finds no `starting` slot and is refused (4002).
+    sqlx::query("INSERT INTO worker_pool (id, profile, state) VALUES ($1, 'light', 'starting')")
+        .bind(slot.0)
+        .execute(app.store.pool())
+        .await
+        .unwrap();
     let workspace = tempdir::Dir::new();
     let mut worker = tokio::process::Command::new(bin("worker"))
         .env_clear()
@@ -630,7 +637,7 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    sqlx::query("INSERT INTO worker_pool (id, profile, state, worker_ref) VALUES ($1, 'light', 'starting', $2)")
+    sqlx::query("UPDATE worker_pool SET worker_ref = $2 WHERE id = $1")
         .bind(slot.0)
         .bind(format!("local:{}", worker.id().unwrap()))
         .execute(app.store.pool())
