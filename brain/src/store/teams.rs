@@ -116,3 +116,36 @@ impl Store {
         Ok(team)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_looked_up_key_is_trusted_for_its_ttl_only() {
+        let cache = KeyCache::default();
+        let (hash, team) = (key_hash("ar_one"), TeamId::new());
+        assert_eq!(cache.get(&hash), None);
+        cache.put(hash, team);
+        assert_eq!(cache.get(&hash), Some(team));
+        assert_eq!(cache.get(&key_hash("ar_two")), None);
+        // Looked up a TTL ago: the database is asked again.
+        let stale = Instant::now()
+            .checked_sub(KEY_CACHE_TTL)
+            .expect("the clock is past the TTL");
+        cache.0.lock().unwrap().insert(hash, (team, stale));
+        assert_eq!(cache.get(&hash), None);
+    }
+
+    #[test]
+    fn a_full_cache_starts_over() {
+        let cache = KeyCache::default();
+        for n in 0..KEY_CACHE_MAX {
+            cache.put(key_hash(&format!("ar_{n}")), TeamId::new());
+        }
+        let last = key_hash("ar_last");
+        cache.put(last, TeamId::new());
+        assert_eq!(cache.0.lock().unwrap().len(), 1);
+        assert!(cache.get(&last).is_some());
+    }
+}

@@ -267,6 +267,29 @@ mod tests {
     }
 
     #[test]
+    fn a_history_within_the_budget_has_nothing_to_fold() {
+        // The wrap-up skips the fold when the estimate fits the budget; that is sound only
+        // if such a history's window starts at its first message.
+        let history: Vec<_> = (1..=6)
+            .map(|i| {
+                row(
+                    i,
+                    if i % 2 == 1 { "user" } else { "assistant" },
+                    100 * i as usize,
+                )
+            })
+            .collect();
+        let used = history_tokens(&history);
+        assert_eq!(window_start(&history, used), 0);
+        assert!(window_start(&history, used - 1) > 0);
+        // The estimate counts the JSON text without building it.
+        assert_eq!(
+            estimate_tokens(&history[2].parts),
+            history[2].parts.to_string().len() / 4 + 4
+        );
+    }
+
+    #[test]
     fn the_window_keeps_the_newest_that_fit_and_opens_with_a_user_message() {
         let history: Vec<_> = (1..=6)
             .map(|i| row(i, if i % 2 == 1 { "user" } else { "assistant" }, 400))

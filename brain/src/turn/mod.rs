@@ -2,7 +2,8 @@
 //!
 //! `start` does the intake synchronously (SPEC T1, T3): it loads the chat and agent,
 //! handles a retried message id (T12), and writes the turn row with its frozen composition
-//! and the user message in one transaction, so a failed write means no provider call. It
+//! and the user message in one statement that also reads back the history, so a failed
+//! write means no provider call. It
 //! then spawns [`TurnTask::run`], which opens the model stream (trying the route's
 //! fallbacks in order while nothing has been shown, T10), relays it as UI chunks, and
 //! persists the end state (T7, T8).
