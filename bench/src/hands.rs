@@ -94,19 +94,14 @@ async fn timed_tool_turn(response: reqwest::Response, call: &str) -> Result<(Dur
         bail!("turn: {}", response.status());
     }
     let mut body = response.bytes_stream();
-    let mut buffer = String::new();
+    let mut sse = SseData::default();
     let (mut asked, mut answered, mut failed) = (None, None, false);
     while let Some(piece) = body.next().await {
-        buffer.push_str(&String::from_utf8_lossy(&piece?));
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let Some(data) = event.trim().strip_prefix("data: ") else {
-                continue;
-            };
+        for data in sse.push(&piece?) {
             if data == "[DONE]" {
                 continue;
             }
-            let chunk: Value = serde_json::from_str(data)?;
+            let chunk: Value = serde_json::from_str(&data)?;
             if chunk["toolCallId"] != call {
                 continue;
             }
