@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use scripted_provider::{Reply, ScriptedProvider};
 use tokio::sync::{Semaphore, watch};
 
-use crate::system::{Database, Row, SseData, bin, db_url, ms, pct, redis_url, row, sorted, window};
+use crate::system::{Database, Row, SseData, bin, brain_env, ms, pct, row, sorted, window};
 
 const LEVELS: [usize; 2] = [1_000, 10_000];
 /// Turns per HTTP/2 connection: under the 200 concurrent streams hyper's server allows
@@ -118,17 +118,12 @@ impl Brain {
         }
         // A free port, released for the brain to bind right after.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let artifacts = std::env::temp_dir().join(format!("brain-bench-artifacts-{}", db.name));
+        let env = brain_env(&db.name, provider);
+        let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
         let mut child = tokio::process::Command::new(binary)
             .arg("serve")
+            .envs(env)
             .env("BRAIN_ADDR", addr.to_string())
-            .env("DATABASE_URL", db_url(&db.name))
-            .env("REDIS_URL", redis_url())
-            .env("OPENAI_BASE_URL", provider.openai_base_url())
-            .env("OPENAI_API_KEY", "sk-bench-openai")
-            .env("ANTHROPIC_BASE_URL", provider.anthropic_base_url())
-            .env("ANTHROPIC_API_KEY", "sk-bench-anthropic")
-            .env("BRAIN_ARTIFACTS_DIR", &artifacts)
             // Its own provision queue, so no runtime-manager of another run sees it.
             .env(
                 "SESSION_QUEUE_NAMESPACE",

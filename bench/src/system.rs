@@ -124,6 +124,24 @@ pub struct System {
     pub shutdown: CancellationToken,
 }
 
+/// The brain's environment over database `db_name` and `provider`, in-process or as a
+/// child alike.
+pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, String> {
+    let artifacts = std::env::temp_dir().join(format!("brain-bench-artifacts-{db_name}"));
+    HashMap::from([
+        ("OPENAI_BASE_URL".into(), provider.openai_base_url()),
+        ("OPENAI_API_KEY".into(), "sk-bench-openai".into()),
+        ("ANTHROPIC_BASE_URL".into(), provider.anthropic_base_url()),
+        ("ANTHROPIC_API_KEY".into(), "sk-bench-anthropic".into()),
+        ("DATABASE_URL".into(), db_url(db_name)),
+        ("REDIS_URL".into(), redis_url()),
+        (
+            "BRAIN_ARTIFACTS_DIR".into(),
+            artifacts.to_string_lossy().into_owned(),
+        ),
+    ])
+}
+
 impl System {
     pub async fn start(queue_namespace: Option<String>) -> Result<Self> {
         let Database {
@@ -131,19 +149,8 @@ impl System {
             store,
         } = Database::create().await?;
         let provider = ScriptedProvider::start().await?;
-        let mut env: HashMap<String, String> = HashMap::new();
-        env.insert("OPENAI_BASE_URL".into(), provider.openai_base_url());
-        env.insert("OPENAI_API_KEY".into(), "sk-bench-openai".into());
-        env.insert("ANTHROPIC_BASE_URL".into(), provider.anthropic_base_url());
-        env.insert("ANTHROPIC_API_KEY".into(), "sk-bench-anthropic".into());
+        let mut env = brain_env(&db_name, &provider);
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
-        env.insert("DATABASE_URL".into(), db_url(&db_name));
-        env.insert("REDIS_URL".into(), redis_url());
-        let artifacts = std::env::temp_dir().join(format!("brain-bench-artifacts-{db_name}"));
-        env.insert(
-            "BRAIN_ARTIFACTS_DIR".into(),
-            artifacts.to_string_lossy().into_owned(),
-        );
         let mut config = Config::from_env(&env).map_err(|e| anyhow!("config: {e}"))?;
         if let Some(ns) = queue_namespace {
             config.workers.queue_namespace = ns;
