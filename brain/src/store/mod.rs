@@ -171,6 +171,11 @@ fn migrator() -> Migrator {
             "worker pool",
             include_str!("../../../migrations/0005_worker_pool.sql"),
         ),
+        (
+            6,
+            "replica leases",
+            include_str!("../../../migrations/0006_leases.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {
