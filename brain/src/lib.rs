@@ -48,6 +48,8 @@ use store::Store;
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
+    /// This process among the replicas, with a lease in Postgres (O3).
+    pub replica: protocol::ReplicaId,
     pub store: Store,
     pub redis: redis::Client,
     pub providers: Providers,
@@ -80,7 +82,9 @@ impl AppState {
                 "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
             );
         }
+        let replica = protocol::ReplicaId::new();
         let sessions = Sessions::new(
+            replica,
             store.clone(),
             config.redis_url.clone(),
             redis.clone(),
@@ -89,6 +93,7 @@ impl AppState {
         )?;
         Ok(Self {
             config: Arc::new(config),
+            replica,
             store,
             redis,
             providers,

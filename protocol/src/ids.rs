@@ -68,4 +68,7 @@ id_type! {
     MessageId,
     /// A worker session (AgentRuntimeSession), keyed by agent and chat.
     SessionId,
+    /// One brain or runtime-manager process, with its lease (O3). A restarted process is
+    /// a new replica.
+    ReplicaId,
 }

@@ -11,4 +11,4 @@ pub mod ids;
 pub mod ui;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
-pub use ids::{AgentId, ChatId, MessageId, SessionId, TeamId, TurnId};
+pub use ids::{AgentId, ChatId, MessageId, ReplicaId, SessionId, TeamId, TurnId};

@@ -106,6 +106,7 @@ impl std::ops::Deref for Sessions {
 
 impl Sessions {
     pub fn new(
+        replica: protocol::ReplicaId,
         store: Store,
         redis_url: String,
         redis_client: redis::Client,
@@ -117,7 +118,7 @@ impl Sessions {
             store,
             redis_url,
             redis_client,
-            replica: uuid::Uuid::new_v4().simple().to_string(),
+            replica: replica.0.simple().to_string(),
             config,
             keys,
             registry: Registry::default(),
