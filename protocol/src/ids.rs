@@ -68,7 +68,6 @@ id_type! {
     MessageId,
     /// A worker session (AgentRuntimeSession), keyed by agent and chat.
     SessionId,
-    /// One brain or runtime-manager process, with its lease (O3). A restarted process is
-    /// a new replica.
+    /// One brain or runtime-manager process with its lease (O3); a restart is a new one.
     ReplicaId,
 }
