@@ -7,7 +7,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use brain::AppState;
 use brain::config::Config;
@@ -18,54 +18,12 @@ use scripted_provider::ScriptedProvider;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub const ADMIN_URL_DEFAULT: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
-
-pub fn admin_url() -> String {
-    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| ADMIN_URL_DEFAULT.to_owned())
-}
-
-fn db_url(name: &str) -> String {
-    let admin = admin_url();
-    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-    format!("{base}/{name}")
-}
+use test_support::db::db_url;
 
 /// A migrated database of its own.
 pub async fn fresh_store() -> (Store, String) {
-    let admin = sqlx::PgPool::connect(&admin_url())
-        .await
-        .expect("Postgres must run (make test starts it)");
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    // Databases of runs that crashed: anything older than an hour.
-    let stale: Vec<(String,)> =
-        sqlx::query_as("SELECT datname FROM pg_database WHERE datname LIKE 'brain_test_%'")
-            .fetch_all(&admin)
-            .await
-            .unwrap();
-    for (name,) in stale {
-        let born: u64 = name
-            .split('_')
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(now);
-        if now.saturating_sub(born) > 3600 {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-            )))
-            .execute(&admin)
-            .await;
-        }
-    }
-    let name = format!("brain_test_{now}_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-        .execute(&admin)
-        .await
-        .unwrap();
-    let url = db_url(&name);
-    let store = Store::connect(&url, 10).await.unwrap();
+    let name = test_support::db::fresh_database("brain_test").await;
+    let store = Store::connect(&db_url(&name), 10).await.unwrap();
     store.migrate().await.unwrap();
     (store, name)
 }

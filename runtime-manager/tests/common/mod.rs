@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use protocol::channel::SessionTask;
 use protocol::{AgentId, ChatId, SessionId, TeamId};
@@ -23,7 +23,6 @@ use runtime_manager::Config;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-pub const ADMIN_URL_DEFAULT: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
 pub const BRAIN_URL: &str = "http://127.0.0.1:9";
 
 /// The fake worker: records its environment and pid, starts a grandchild in its process
@@ -36,53 +35,16 @@ echo "fake worker $$ up"
 wait
 "#;
 
-pub fn admin_url() -> String {
-    std::env::var("TEST_DATABASE_URL").unwrap_or_else(|_| ADMIN_URL_DEFAULT.to_owned())
-}
+pub use test_support::db::admin_url;
+use test_support::db::db_url;
 
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-fn db_url(name: &str) -> String {
-    let admin = admin_url();
-    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
-    format!("{base}/{name}")
-}
-
 /// A migrated database of its own: (pool, name).
 async fn fresh_database() -> (PgPool, String) {
-    let admin = PgPool::connect(&admin_url())
-        .await
-        .expect("Postgres must run (make test starts it)");
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let stale: Vec<(String,)> =
-        sqlx::query_as("SELECT datname FROM pg_database WHERE datname LIKE 'rm_test_%'")
-            .fetch_all(&admin)
-            .await
-            .unwrap();
-    for (name,) in stale {
-        let born: u64 = name
-            .split('_')
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(now);
-        if now.saturating_sub(born) > 3600 {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-            )))
-            .execute(&admin)
-            .await;
-        }
-    }
-    let name = format!("rm_test_{now}_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-        .execute(&admin)
-        .await
-        .unwrap();
+    let name = test_support::db::fresh_database("rm_test").await;
     let pool = PgPool::connect(&db_url(&name)).await.unwrap();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)

@@ -1,0 +1,217 @@
+//! A TCP proxy that injects network faults between a process under test and a real
+//! service (Redis, Postgres), on loopback.
+//!
+//! - [`Fault::Cut`]: every open connection is closed and new ones are refused (the
+//!   listening socket is closed): a service that went away.
+//! - [`Fault::Blackhole`]: connections are accepted, and nothing moves in either
+//!   direction while the fault lasts: a partition, or a peer that hangs. Bytes are held,
+//!   not lost, so a connection that outlives the fault carries on.
+//! - [`Fault::None`]: bytes flow; a cut proxy listens again on the same address.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    Cut,
+    Blackhole,
+}
+
+pub struct FaultProxy {
+    addr: SocketAddr,
+    fault: watch::Sender<Fault>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards to `upstream` (`host:port`).
+    pub async fn start(upstream: &str) -> Self {
+        let upstream: SocketAddr = tokio::net::lookup_host(upstream)
+            .await
+            .unwrap()
+            .next()
+            .expect("upstream address resolves");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (fault, rx) = watch::channel(Fault::None);
+        let task = tokio::spawn(accept_loop(listener, addr, upstream, rx));
+        Self { addr, fault, task }
+    }
+
+    /// Where clients connect instead of the upstream.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // The connection tasks end when the sender goes: `changed()` errors.
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    mut rx: watch::Receiver<Fault>,
+) {
+    let mut listener = Some(listener);
+    loop {
+        let fault = *rx.borrow_and_update();
+        match (fault, &listener) {
+            (Fault::Cut, Some(_)) => listener = None,
+            (Fault::Cut, None) => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+            (_, None) => listener = Some(rebind(addr).await),
+            (_, Some(l)) => {
+                tokio::select! {
+                    // The fault changed: re-read it.
+                    changed = rx.changed() => if changed.is_err() { return },
+                    // A client connected.
+                    accepted = l.accept() => if let Ok((client, _)) = accepted {
+                        let _ = client.set_nodelay(true);
+                        tokio::spawn(forward(client, upstream, rx.clone()));
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// The port was ours a moment ago; only a race with another bind could take it.
+async fn rebind(addr: SocketAddr) -> TcpListener {
+    for _ in 0..100 {
+        if let Ok(l) = TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("fault proxy could not listen on {addr} again");
+}
+
+async fn forward(client: TcpStream, upstream: SocketAddr, mut rx: watch::Receiver<Fault>) {
+    // A connection accepted during a blackhole reaches the upstream only once it lifts.
+    loop {
+        let fault = *rx.borrow_and_update();
+        match fault {
+            Fault::None => break,
+            Fault::Cut => return,
+            Fault::Blackhole => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = server.set_nodelay(true);
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let mut up = vec![0u8; 64 * 1024];
+    let mut down = vec![0u8; 64 * 1024];
+    loop {
+        let fault = *rx.borrow_and_update();
+        match fault {
+            // Dropping both halves closes both connections.
+            Fault::Cut => return,
+            Fault::Blackhole => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Fault::None => {}
+        }
+        tokio::select! {
+            // The fault changed: re-read it before moving another byte.
+            changed = rx.changed() => if changed.is_err() { return },
+            // The client sent something for the upstream.
+            n = client_read.read(&mut up) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => if server_write.write_all(&up[..n]).await.is_err() { return },
+            },
+            // The upstream answered.
+            n = server_read.read(&mut down) => match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => if client_write.write_all(&down[..n]).await.is_err() { return },
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    async fn echo_server() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn roundtrip(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+        s.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(Duration::from_millis(300), s.read_exact(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::other("timed out"))??;
+        Ok(buf.to_vec())
+    }
+
+    #[tokio::test]
+    async fn passes_cuts_blackholes_and_heals() {
+        let proxy = FaultProxy::start(&echo_server().await.to_string()).await;
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s).await.unwrap(), b"ping");
+
+        proxy.set(Fault::Blackhole);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(roundtrip(&mut s).await.is_err(), "a blackhole answers nothing");
+        let mut held = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.set(Fault::None);
+        // The echo of the blackholed ping was held, not lost.
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        assert_eq!(roundtrip(&mut held).await.unwrap(), b"ping");
+
+        proxy.set(Fault::Cut);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut buf = [0u8; 1];
+        assert_eq!(s.read(&mut buf).await.unwrap_or(0), 0, "a cut closes");
+        assert!(TcpStream::connect(proxy.addr()).await.is_err(), "a cut refuses");
+        proxy.set(Fault::None);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s).await.unwrap(), b"ping");
+    }
+}
