@@ -56,7 +56,11 @@ pub struct Config {
     pub context_tokens: usize,
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
-    pub shutdown_grace: Duration,
+    /// After SIGTERM, how long running turns may go on before they are cancelled (O3).
+    pub drain_timeout: Duration,
+    /// This replica's lease (O3): renewed every quarter of it; a replica silent for longer
+    /// is dead to the others, which end its running turns.
+    pub lease_ttl: Duration,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -257,7 +261,10 @@ impl Config {
             },
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
-            shutdown_grace: millis(env, "BRAIN_SHUTDOWN_GRACE_MS", 30_000)?,
+            // Fits Kubernetes' default 30 s grace period, with room for the close.
+            drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
+            lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 10_000, 400, 3_600_000)
+                .map(Duration::from_millis)?,
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,

@@ -40,6 +40,9 @@ pub enum ApiError {
     Storage(#[source] ArtifactError),
     #[error("internal error")]
     Internal(String),
+    /// This replica is draining (SIGTERM): it finishes its turns and starts none.
+    #[error("this server is shutting down; retry the request")]
+    ShuttingDown,
 }
 
 impl From<StoreError> for ApiError {
@@ -87,6 +90,7 @@ impl ApiError {
             Self::Store(_) => ErrorCode::StoreUnavailable,
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
+            Self::ShuttingDown => ErrorCode::ShuttingDown,
         }
     }
 
@@ -103,9 +107,11 @@ impl ApiError {
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
-            | ErrorCode::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | ErrorCode::StorageUnavailable
+            | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
-            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            // A turn's end state, never a request's answer.
+            ErrorCode::Internal | ErrorCode::ReplicaLost => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -150,6 +156,8 @@ impl IntoResponse for ApiError {
         }
         let retry_after = match &self {
             Self::Provider(ProviderError::RateLimited { retry_after }) => *retry_after,
+            // Another replica can take it at once.
+            Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
             _ => None,
         };
         let body = ErrorBody {

@@ -51,6 +51,16 @@ end
 return 0
 ";
 
+/// Deletes the key only while its value names the turn `ARGV[1]` (`{turn_id}:`): how a
+/// survivor frees the agent of a turn whose replica died, without knowing its token.
+const RELEASE_TURN: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// Attempts at releasing a hold (50 ms, 200 ms, 800 ms apart).
 const RELEASE_TRIES: u32 = 4;
 
@@ -95,6 +105,7 @@ struct Inner {
     acquire: redis::Script,
     extend: redis::Script,
     release: redis::Script,
+    release_turn: redis::Script,
 }
 
 /// The answer to `Holds::acquire`.
@@ -124,6 +135,7 @@ impl Holds {
                 acquire: redis::Script::new(ACQUIRE),
                 extend: redis::Script::new(EXTEND),
                 release: redis::Script::new(RELEASE),
+                release_turn: redis::Script::new(RELEASE_TURN),
             }),
         }
     }
@@ -172,6 +184,26 @@ impl Holds {
             "turn hold unavailable; running without it"
         );
         Acquired::Unavailable
+    }
+}
+
+impl Holds {
+    /// Frees `agent` if its hold still names `turn`, a turn that ended without its holder
+    /// (its replica died, O3). Bounded like every hold call; true if a hold was deleted.
+    pub async fn release_lost(&self, agent: AgentId, turn: TurnId) -> Result<bool, Class> {
+        let inner = &self.inner;
+        inner
+            .bounded(async {
+                let mut conn = inner.connection().await?;
+                inner
+                    .release_turn
+                    .key(hold_key(agent))
+                    .arg(format!("{turn}:"))
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            })
+            .await
+            .map(|n| n == 1)
     }
 }
 

@@ -21,6 +21,7 @@ pub mod connectors;
 pub mod demo;
 pub mod error;
 pub mod hold;
+pub mod lease;
 pub mod metrics;
 pub mod provider;
 pub mod sessions;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub sessions: Sessions,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
+    /// Cancelled at SIGTERM: `/readyz` answers 503 and no new turn starts (O3).
+    pub draining: CancellationToken,
     /// Running turns, so shutdown can wait for them.
     pub turn_tracker: TaskTracker,
 }
@@ -102,6 +105,7 @@ impl AppState {
             artifacts,
             sessions,
             turns_cancel: CancellationToken::new(),
+            draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
         })
     }
@@ -140,43 +144,54 @@ pub fn providers_from(config: &Config) -> Providers {
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): stop
-/// accepting, let running turns finish for the grace period, then cancel the rest (their
-/// streams then end with `finish: interrupted`, which lets the server close).
+/// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): `/readyz`
+/// answers 503 at once and new turns are refused with `shutting_down` while the server
+/// still accepts (so the load balancer learns it and requests in flight get an answer);
+/// running turns may finish for `BRAIN_DRAIN_TIMEOUT_MS`, then the rest are cancelled
+/// (stored `interrupted`, their streams end with `finish: interrupted`); then the server
+/// stops, the relay stops and the lease is given up.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    lease::take(&state).await;
+    let lease_stop = CancellationToken::new();
+    tokio::spawn(lease::keep(state.clone(), lease_stop.clone()));
     let app = api::router(state.clone());
-    // The grace period starts at the signal, not when the last connection closes: a live
-    // stream keeps its connection open until its turn ends.
-    let grace = state.config.shutdown_grace;
-    let turns_cancel = state.turns_cancel.clone();
-    let tracker = state.turn_tracker.clone();
-    let deadline = shutdown.clone();
-    tokio::spawn(async move {
-        deadline.cancelled().await;
-        tracker.close();
-        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-            tracing::warn!(
-                running = tracker.len(),
-                "grace period over; cancelling running turns"
-            );
-            turns_cancel.cancel();
-        }
-    });
-    tokio::spawn(state.sessions.clone().serve_relay(shutdown.clone()));
-    let stop = shutdown.clone();
+    // Relayed calls for the workers this replica holds keep working while it drains.
+    let stopped = CancellationToken::new();
+    tokio::spawn(state.sessions.clone().serve_relay(stopped.clone()));
     // Small frames (stream chunks, cancel notifications to workers) must not wait for
     // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await?;
-    state.turn_tracker.close();
-    state.turn_tracker.wait().await;
-    Ok(())
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped.clone().cancelled_owned())
+        .into_future();
+    let server = tokio::spawn(server);
+
+    shutdown.cancelled().await;
+    state.draining.cancel();
+    let tracker = &state.turn_tracker;
+    tracker.close();
+    // The drain starts at the signal, not when the last connection closes: a live stream
+    // keeps its connection open until its turn ends.
+    if tokio::time::timeout(state.config.drain_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            running = tracker.len(),
+            "drain timeout over; cancelling running turns"
+        );
+        state.turns_cancel.cancel();
+        tracker.wait().await;
+    }
+    stopped.cancel();
+    let served = server.await.unwrap_or(Ok(()));
+    lease_stop.cancel();
+    lease::give_up(&state).await;
+    served
 }

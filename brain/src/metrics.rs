@@ -19,6 +19,8 @@ pub struct Counters {
     pub hold_unavailable: IntCounter,
     /// Worker session failures by reason (SPEC W6).
     pub worker_failures: IntCounterVec,
+    /// Running turns of dead replicas that this replica ended `interrupted` (O3).
+    pub turns_reconciled: IntCounter,
 }
 
 impl Metrics {
@@ -39,10 +41,16 @@ impl Metrics {
             &["reason"],
         )?;
         registry.register(Box::new(worker_failures.clone()))?;
+        let turns_reconciled = counter(
+            &registry,
+            "brain_turns_reconciled_total",
+            "Running turns of brain replicas whose lease lapsed, ended interrupted by this replica.",
+        )?;
         Ok(Self(Arc::new(Counters {
             registry,
             hold_unavailable,
             worker_failures,
+            turns_reconciled,
         })))
     }
 

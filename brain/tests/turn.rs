@@ -493,7 +493,7 @@ async fn the_ai_sdk_client_reads_the_stream() {
 
 #[tokio::test]
 async fn shutdown_drains_then_interrupts_after_the_grace_period() {
-    let app = TestApp::start_with(|c| c.shutdown_grace = Duration::from_millis(200)).await;
+    let app = TestApp::start_with(|c| c.drain_timeout = Duration::from_millis(200)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let deltas: Vec<String> = (0..200).map(|i| format!("w{i} ")).collect();
     app.provider.push(Reply::Text {

@@ -38,6 +38,12 @@ pub enum ErrorCode {
     StorageUnavailable,
     /// A bug or an unexpected failure; details are in the server log, never in the body.
     Internal,
+    /// The brain replica running the turn died (its lease lapsed) before the turn ended;
+    /// another replica ended it `interrupted` (O3).
+    ReplicaLost,
+    /// This brain replica is shutting down and starts no new turn; retry, and the load
+    /// balancer sends the request to another replica (O3).
+    ShuttingDown,
 }
 
 impl ErrorCode {
@@ -58,6 +64,8 @@ impl ErrorCode {
             Self::StoreUnavailable => "store_unavailable",
             Self::StorageUnavailable => "storage_unavailable",
             Self::Internal => "internal",
+            Self::ReplicaLost => "replica_lost",
+            Self::ShuttingDown => "shutting_down",
         }
     }
 
@@ -107,6 +115,8 @@ mod tests {
             ErrorCode::StoreUnavailable,
             ErrorCode::StorageUnavailable,
             ErrorCode::Internal,
+            ErrorCode::ReplicaLost,
+            ErrorCode::ShuttingDown,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -195,7 +195,10 @@ mod tests {
 
         proxy.set(Fault::Blackhole);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(roundtrip(&mut s).await.is_err(), "a blackhole answers nothing");
+        assert!(
+            roundtrip(&mut s).await.is_err(),
+            "a blackhole answers nothing"
+        );
         let mut held = TcpStream::connect(proxy.addr()).await.unwrap();
         proxy.set(Fault::None);
         // The echo of the blackholed ping was held, not lost.
@@ -208,7 +211,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut buf = [0u8; 1];
         assert_eq!(s.read(&mut buf).await.unwrap_or(0), 0, "a cut closes");
-        assert!(TcpStream::connect(proxy.addr()).await.is_err(), "a cut refuses");
+        assert!(
+            TcpStream::connect(proxy.addr()).await.is_err(),
+            "a cut refuses"
+        );
         proxy.set(Fault::None);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();

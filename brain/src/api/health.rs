@@ -14,9 +14,16 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Postgres and Redis answer. Redis only degrades the brain (turns run without holds),
-/// but a replica that cannot see it should not take new traffic when others can.
+/// Postgres and Redis answer, and the replica is not draining. Redis only degrades the
+/// brain (turns run without holds), but a replica that cannot see it should not take new
+/// traffic when others can.
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if state.draining.is_cancelled() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "draining": true })),
+        );
+    }
     let timeout = Duration::from_secs(2);
     let postgres = matches!(
         tokio::time::timeout(timeout, state.store.ping()).await,

@@ -1,6 +1,6 @@
 //! Turns, their frozen composition, their end state and their usage events.
 
-use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
+use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -21,6 +21,9 @@ pub struct NewTurn<'a> {
     pub composition: &'a serde_json::Value,
     pub user_parts: &'a serde_json::Value,
     pub client_message_id: Option<&'a str>,
+    /// The brain replica running the turn: if its lease lapses, another replica ends the
+    /// turn (O3).
+    pub replica: ReplicaId,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,8 +108,8 @@ impl Store {
     ) -> Result<Vec<MessageRow>, StoreError> {
         let sql = format!(
             "WITH t AS ( \
-               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition) \
-               VALUES ($1, $2, $3, $4, $5, 'running', $6) RETURNING id), \
+               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition, replica_id) \
+               VALUES ($1, $2, $3, $4, $5, 'running', $6, $11) RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
                SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t \
@@ -126,6 +129,7 @@ impl Store {
             .bind(turn.user_parts)
             .bind(turn.client_message_id)
             .bind(history_after)
+            .bind(turn.replica.0)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;

@@ -91,6 +91,10 @@ pub async fn start(
     {
         return replay(existing);
     }
+    // A draining replica answers retries of finished turns (above) but starts nothing.
+    if state.draining.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
     // An archived agent keeps its transcripts readable but runs no new turn.
     if agent.archived {
         return Err(ApiError::NotFound("agent"));
@@ -164,6 +168,7 @@ pub async fn start(
                 composition: &composition_json,
                 user_parts: &user_parts,
                 client_message_id: input.client_message_id.as_deref(),
+                replica: state.replica,
             },
             composition.summary_through,
         )

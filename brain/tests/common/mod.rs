@@ -232,3 +232,59 @@ impl TestApp {
         db_url(&self.db_name)
     }
 }
+
+/// A brain as its own process (`brain serve`) over this app's database, Redis and scripted
+/// provider: a replica a test can SIGKILL.
+pub struct BrainProcess {
+    child: tokio::process::Child,
+    pub url: String,
+}
+
+impl TestApp {
+    /// Starts `brain serve` on a free port with this app's environment plus `extra`, and
+    /// waits until it answers `/healthz`.
+    pub async fn spawn_brain(&self, extra: &[(&str, &str)]) -> BrainProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"));
+        command
+            .arg("serve")
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("BRAIN_ADDR", format!("127.0.0.1:{port}"))
+            .env("DATABASE_URL", self.store_url())
+            .env("REDIS_URL", &self.config.redis_url)
+            .env("OPENAI_BASE_URL", self.provider.openai_base_url())
+            .env("OPENAI_API_KEY", "sk-test-openai")
+            .env("ANTHROPIC_BASE_URL", self.provider.anthropic_base_url())
+            .env("ANTHROPIC_API_KEY", "sk-test-anthropic")
+            .env(
+                "BRAIN_ARTIFACTS_DIR",
+                std::env::temp_dir().join(format!("brain-test-artifacts-{}", self.db_name)),
+            )
+            .env("BRAIN_LOG", "warn")
+            .envs(extra.iter().copied())
+            .kill_on_drop(true);
+        let child = command.spawn().unwrap();
+        for _ in 0..500 {
+            if let Ok(r) = self.http.get(format!("{url}/healthz")).send().await
+                && r.status() == 200
+            {
+                return BrainProcess { child, url };
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("brain process did not come up on {url}");
+    }
+}
+
+impl BrainProcess {
+    /// SIGKILL: no drain, no lease given up, sockets dropped by the kernel.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}

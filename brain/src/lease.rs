@@ -1,0 +1,122 @@
+//! This replica's lease, and the reconciliation of what dead replicas left running
+//! (SPEC O3).
+//!
+//! Every brain process is a replica (`AppState.replica`) with a row in `replicas` whose
+//! `lease_until` it pushes forward every quarter of `BRAIN_LEASE_TTL_MS`. Each turn row
+//! names the replica running it. On the same tick, every replica ends the running turns
+//! of replicas whose lease lapsed (`interrupted`, `replica_lost`) and frees their agents'
+//! holds, so an agent whose brain died takes a new message within one lease and one tick,
+//! not when its 5-minute hold expires. A restarted process is a new replica: its old
+//! turns are reconciled like anyone else's, by itself or by a survivor.
+//!
+//! A replica that cannot renew (Postgres unreachable) keeps running its turns; once the
+//! database is back, survivors may already have ended them `interrupted`, and the
+//! replica's own end-state write then overwrites that with the real end (the write is
+//! unconditional), so an answer is never lost to a slow lease. What can happen in that
+//! window: the agent's hold was freed, so a second turn of the agent may start alongside.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::AppState;
+use crate::store::BRAIN_REPLICA;
+
+/// A replica whose lease lapsed this long ago is forgotten: its turns were reconciled.
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
+/// Ticks between two sweeps of forgotten replicas.
+const FORGET_EVERY_TICKS: u64 = 1000;
+
+/// Takes the lease before the replica serves: turns it starts must be covered by it.
+/// A failure is logged, not fatal: the renewal loop tries again on its next tick.
+pub async fn take(state: &AppState) {
+    renew(state).await;
+}
+
+/// Renews the lease and reconciles dead replicas' turns until `stop`, then gives the lease
+/// up.
+pub async fn keep(state: AppState, stop: CancellationToken) {
+    let every = state.config.lease_ttl / 4;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            biased;
+            // Shutdown: `serve` gives the lease up once its turns have ended.
+            () = stop.cancelled() => return,
+            // Time to renew and reconcile.
+            _ = tick.tick() => {}
+        }
+        renew(&state).await;
+        reconcile(&state, every).await;
+        ticks += 1;
+        if ticks.is_multiple_of(FORGET_EVERY_TICKS) {
+            let forgotten = bounded(every, state.store.forget_lapsed_replicas(FORGET_AFTER)).await;
+            if let Err(class) = forgotten {
+                tracing::debug!(class, "could not forget lapsed replicas");
+            }
+        }
+    }
+}
+
+/// Gives the lease up at a clean shutdown, after the replica's turns ended.
+pub async fn give_up(state: &AppState) {
+    let every = state.config.lease_ttl / 4;
+    if let Err(class) = bounded(every, state.store.end_lease(state.replica)).await {
+        tracing::warn!(class, "could not give the replica lease up; it will lapse");
+    }
+}
+
+async fn renew(state: &AppState) {
+    let ttl = state.config.lease_ttl;
+    let renewed = bounded(
+        ttl / 4,
+        state.store.renew_lease(state.replica, BRAIN_REPLICA, ttl),
+    )
+    .await;
+    if let Err(class) = renewed {
+        tracing::warn!(replica = %state.replica, class, "could not renew the replica lease");
+    }
+}
+
+/// Ends the running turns of replicas whose lease lapsed and frees their agents.
+async fn reconcile(state: &AppState, bound: Duration) {
+    let ended = match bounded(bound, state.store.interrupt_orphaned_turns(state.replica)).await {
+        Ok(ended) => ended,
+        Err(class) => {
+            tracing::debug!(class, "could not reconcile turns of lapsed replicas");
+            return;
+        }
+    };
+    for (agent, turn) in ended {
+        state.metrics.turns_reconciled.inc();
+        match state.holds.release_lost(agent, turn).await {
+            Ok(freed) => tracing::info!(
+                turn = %turn,
+                agent = %agent,
+                hold_freed = freed,
+                "ended a turn whose replica was lost"
+            ),
+            // The hold then expires by itself (T9's 5 minutes at most).
+            Err(class) => tracing::warn!(
+                turn = %turn,
+                agent = %agent,
+                class,
+                "ended a turn whose replica was lost; could not free its hold"
+            ),
+        }
+    }
+}
+
+/// A store call under `bound`, with its failure as a class for the log.
+async fn bounded<T>(
+    bound: Duration,
+    call: impl Future<Output = Result<T, crate::store::StoreError>>,
+) -> Result<T, &'static str> {
+    match tokio::time::timeout(bound, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(err.metric_label()),
+        Err(_) => Err("timeout"),
+    }
+}
