@@ -1,6 +1,8 @@
 //! Crash reconciliation and drain (SPEC O3): replica leases, turns of a dead replica
 //! ended `interrupted` (`replica_lost`) with their holds freed, and SIGTERM's drain.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};
