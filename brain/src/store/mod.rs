@@ -99,9 +99,23 @@ impl Store {
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
-            // A ping before every checkout doubles each query's round trips; a dead
-            // connection fails its query instead, and the pool replaces it.
+            // A ping before every checkout doubles each query's round trips. A connection
+            // in steady use is not pinged: if it died, its query fails and the pool
+            // replaces it. One that sat idle through an outage is: otherwise each dead
+            // idle connection fails one request after the database is back.
             .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_IF_IDLE_FOR {
+                        return Ok(true);
+                    }
+                    // `false` drops the connection and the pool opens or takes another.
+                    Ok(matches!(
+                        tokio::time::timeout(PING_TIMEOUT, sqlx::Connection::ping(conn)).await,
+                        Ok(Ok(()))
+                    ))
+                })
+            })
             .connect_with(options)
             .await?;
         Ok(Self {
@@ -145,6 +159,11 @@ pub async fn create_database_if_missing(url: &str) -> Result<bool, sqlx::Error> 
     sqlx::Postgres::create_database(url).await?;
     Ok(true)
 }
+
+/// A pooled connection idle this long is pinged before it is used again.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+/// The bound on that ping: a connection that does not answer is replaced.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn migrator() -> Migrator {
     let migrations = [

@@ -71,7 +71,14 @@ impl TestApp {
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(config, store.clone(), redis).unwrap();
+        // A tweaked database URL (a fault proxy in front of the test's database) is the
+        // brain's; the test itself keeps the direct connection to look at rows.
+        let brain_store = if config.database_url == db_url(&db_name) {
+            store.clone()
+        } else {
+            Store::connect(&config.database_url, 10).await.unwrap()
+        };
+        let state = AppState::new(config, brain_store, redis).unwrap();
         let shutdown = CancellationToken::new();
         tokio::spawn(brain::serve(listener, state, shutdown.clone()));
         let created = store.create_team("test team").await.unwrap();
