@@ -25,6 +25,14 @@ pub fn validate_new_agent(
     if name.is_empty() || name.chars().count() > MAX_NAME {
         return Err(format!("name must have 1 to {MAX_NAME} characters"));
     }
+    // Postgres text cannot hold NUL: refused here rather than failing the write.
+    if std::iter::once(&name)
+        .chain([&model])
+        .chain(&fallback_models)
+        .any(|field| field.contains('\0'))
+    {
+        return Err("name and models must not contain NUL characters".into());
+    }
     validate_system_prompt(&system_prompt)?;
     if fallback_models.len() > MAX_FALLBACKS {
         return Err(format!("at most {MAX_FALLBACKS} fallback_models"));
@@ -55,6 +63,9 @@ pub fn validate_system_prompt(system_prompt: &str) -> Result<(), String> {
         return Err(format!(
             "system_prompt must have at most {MAX_PROMPT} characters"
         ));
+    }
+    if system_prompt.contains('\0') {
+        return Err("system_prompt must not contain NUL characters".into());
     }
     Ok(())
 }
