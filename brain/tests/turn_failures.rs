@@ -160,3 +160,50 @@ async fn a_failed_end_state_write_still_ends_the_turn() {
     let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
     assert_eq!(streamed_text(&chunks), "next");
 }
+
+/// A length-truncated answer on the last allowed iteration is not retried: the turn never
+/// makes more than `BRAIN_MAX_ITERATIONS` model calls.
+#[tokio::test]
+async fn a_truncated_call_at_the_ceiling_makes_no_extra_model_call() {
+    let app = TestApp::start_with(|c| c.limits.max_iterations = 2).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(calls(vec![call(
+        "s1",
+        "memory_search",
+        json!({"query": "a"}),
+    )]));
+    app.provider.push(Reply::TruncatedToolCall {
+        calls: vec![call(
+            "t1",
+            "memory_write",
+            json!({"content": "x".repeat(200)}),
+        )],
+        fragment: 16,
+    });
+    app.provider.push(text("a third call must not happen"));
+    let (chunks, done) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(done);
+    assert_eq!(app.provider.requests().len(), 2, "no third model call");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataNotice { data } if data.code == "iteration_ceiling")),
+        "{chunks:?}"
+    );
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Other
+        })
+    );
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+    // The cut-off call has a result, so the next turn's history is valid.
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "and now?"})).await).await;
+    assert_eq!(app.provider.requests().len(), 3);
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}

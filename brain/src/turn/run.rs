@@ -5,7 +5,8 @@
 //!   The first call's outcome decides the HTTP status; later failures become an `error`
 //!   chunk.
 //! - Tool calls run only after the provider finished its answer (T5). A length-truncated
-//!   call is retried once, then refused with a result the model can read.
+//!   call is retried once, then refused with a result the model can read; at the iteration
+//!   ceiling it is refused at once, so a turn never makes more than `max_iterations` calls.
 //! - Calls that do not write run concurrently; writes run in order, at most `max_writes`
 //!   per turn; the next one is answered "budget spent" (T6).
 //! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
@@ -189,33 +190,36 @@ impl TurnTask {
                 break End::Completed(finish_reason(reason));
             }
 
-            let mut refusal = None;
-            if reason == StopReason::Length {
-                if !truncation_retried {
-                    truncation_retried = true;
-                    self.notice(
-                        "truncated_tool_call",
-                        "a tool call was cut off by the output limit; asking again",
-                    )
-                    .await;
-                    self.send(UiChunk::FinishStep).await;
-                    // The cut-off call is not part of the history: the retry starts from
-                    // the same conversation.
-                    parts.pop_if(|p| p["type"] == "text");
-                    parts.pop_if(|p| p["type"] == "step-start");
-                    continue;
-                }
-                refusal = Some(
+            let truncated = reason == StopReason::Length;
+            let refusal = if truncated && truncation_retried {
+                Some(
                     "refused: this tool call was cut off by the output token limit twice; \
                      make its arguments shorter"
                         .to_owned(),
-                );
+                )
             } else if iteration >= self.limits.max_iterations {
-                refusal = Some(format!(
+                // A cut-off answer at the ceiling is refused, not retried: a retry would be
+                // one model call more than the ceiling allows.
+                Some(format!(
                     "not run: the turn reached its ceiling of {} model calls",
                     self.limits.max_iterations
-                ));
-            }
+                ))
+            } else if truncated {
+                truncation_retried = true;
+                self.notice(
+                    "truncated_tool_call",
+                    "a tool call was cut off by the output limit; asking again",
+                )
+                .await;
+                self.send(UiChunk::FinishStep).await;
+                // The cut-off call is not part of the history: the retry starts from
+                // the same conversation.
+                parts.pop_if(|p| p["type"] == "text");
+                parts.pop_if(|p| p["type"] == "step-start");
+                continue;
+            } else {
+                None
+            };
 
             let (results, cancelled) = match refusal {
                 Some(text) => {
