@@ -4,6 +4,7 @@
 //! - `api/`: the HTTP routes, authentication and request decoding;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
+//! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
 //! - `store/`: Postgres, the only place with SQL;
@@ -14,6 +15,7 @@
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
 
+pub mod agents;
 pub mod api;
 pub mod artifacts;
 pub mod config;

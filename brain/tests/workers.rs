@@ -339,6 +339,48 @@ async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     torn_down(&app, &agent, pid, Duration::from_secs(15)).await;
 }
 
+/// Issue 10: output with NUL bytes (binary on stdout) is stored with U+FFFD in their place,
+/// and the multi-step answer around it is kept, not lost with a refused write.
+#[tokio::test]
+async fn shell_output_with_nul_bytes_keeps_the_answer() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (_, chat) = light_agent(&app).await;
+    app.provider
+        .push(shell("bin", "printf 'a\\000b\\n'; head -c 64 /bin/ls"));
+    app.provider.push(text("It printed binary."));
+    let body = json!({"content": "show me binary", "message_id": "nul-worker"});
+    let (chunks, done) = read_stream(app.send(&chat, &body).await).await;
+    assert!(done);
+    assert!(
+        output_of(&chunks, "bin").contains("a\u{FFFD}b"),
+        "{chunks:?}"
+    );
+    assert_eq!(streamed_text(&chunks), "It printed binary.");
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: protocol::ui::FinishReason::Stop
+        }),
+        "{chunks:?}"
+    );
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+    let messages = app.messages(&chat).await;
+    let parts = messages[1]["parts"].to_string();
+    assert!(parts.contains("a\u{FFFD}b"), "{parts}");
+    assert!(parts.contains("It printed binary."), "{parts}");
+    // The model read the same text the store kept.
+    assert!(
+        app.provider.requests()[1]
+            .body
+            .to_string()
+            .contains("a\u{FFFD}b")
+    );
+    // A retry of the message id replays the stored answer.
+    let (replayed, _) = read_stream(app.send(&chat, &body).await).await;
+    assert_eq!(streamed_text(&replayed), "It printed binary.");
+    assert_eq!(app.provider.requests().len(), 2);
+}
+
 #[tokio::test]
 async fn closing_the_stream_kills_the_running_command_and_the_session_survives() {
     let (app, _manager) = system(60_000, |_| {}).await;

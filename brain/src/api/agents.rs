@@ -7,15 +7,9 @@ use serde::Deserialize;
 
 use super::{JsonBody, Team, parse_id};
 use crate::AppState;
+use crate::agents::validate_new_agent;
 use crate::error::ApiError;
-use crate::provider::ModelRoute;
 use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
-
-const MAX_NAME: usize = 200;
-const MAX_PROMPT: usize = 100_000;
-const MAX_FALLBACKS: usize = 5;
-/// SPEC R: the modes an agent may name.
-pub const RUNTIME_PROFILES: [&str; 5] = ["none", "light", "browser", "heavy", "warm"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,54 +38,6 @@ impl CreateAgent {
         )
         .map_err(ApiError::InvalidRequest)
     }
-}
-
-/// Checks a new agent's fields the same way wherever they come from (`POST /v1/agents`,
-/// the concierge's `agent_create` tool); the message says what is wrong.
-pub(crate) fn validate_new_agent(
-    name: String,
-    system_prompt: String,
-    model: String,
-    fallback_models: Vec<String>,
-    runtime_profile: Option<String>,
-    concierge: bool,
-) -> Result<NewAgent, String> {
-    let name = name.trim().to_owned();
-    if name.is_empty() || name.chars().count() > MAX_NAME {
-        return Err(format!("name must have 1 to {MAX_NAME} characters"));
-    }
-    validate_system_prompt(&system_prompt)?;
-    if fallback_models.len() > MAX_FALLBACKS {
-        return Err(format!("at most {MAX_FALLBACKS} fallback_models"));
-    }
-    for model in std::iter::once(&model).chain(&fallback_models) {
-        ModelRoute::parse(model)?;
-    }
-    let runtime_profile = runtime_profile.unwrap_or_else(|| "none".into());
-    if !RUNTIME_PROFILES.contains(&runtime_profile.as_str()) {
-        return Err(format!(
-            "runtime_profile must be one of {}",
-            RUNTIME_PROFILES.join(", ")
-        ));
-    }
-    Ok(NewAgent {
-        name,
-        system_prompt,
-        model,
-        fallback_models,
-        runtime_profile,
-        concierge,
-    })
-}
-
-/// Checks a system prompt, on creation and on change.
-pub(crate) fn validate_system_prompt(system_prompt: &str) -> Result<(), String> {
-    if system_prompt.chars().count() > MAX_PROMPT {
-        return Err(format!(
-            "system_prompt must have at most {MAX_PROMPT} characters"
-        ));
-    }
-    Ok(())
 }
 
 pub async fn create(

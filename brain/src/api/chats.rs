@@ -120,6 +120,12 @@ impl PostMessage {
         if content.trim().is_empty() {
             return Err(invalid("content is empty"));
         }
+        // Postgres text cannot hold NUL; refused here rather than failing the write.
+        if content.contains('\0') || message_id.as_deref().is_some_and(|id| id.contains('\0')) {
+            return Err(invalid(
+                "content and message_id must not contain NUL characters",
+            ));
+        }
         if content.chars().count() > max_chars {
             return Err(ApiError::InvalidRequest(format!(
                 "content must have at most {max_chars} characters"

@@ -22,9 +22,6 @@ use serde::de::DeserializeOwned;
 use crate::AppState;
 use crate::error::ApiError;
 
-/// Agent validation, shared with the concierge's agent tools.
-pub(crate) use agents::{validate_new_agent, validate_system_prompt};
-
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let v1 = Router::new()

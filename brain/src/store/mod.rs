@@ -38,7 +38,9 @@ pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use sessions::SessionRow;
 pub use teams::CreatedTeam;
-pub use turns::{AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus};
+pub use turns::{
+    AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
+};
 
 /// Semantic store failures; the HTTP layer maps them to status codes.
 #[derive(Debug, thiserror::Error)]
@@ -55,10 +57,27 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Every pooled connection stayed busy past the acquire timeout: the statement never
-    /// ran, so trying again is safe.
-    pub fn is_pool_exhausted(&self) -> bool {
-        matches!(self, Self::Database(sqlx::Error::PoolTimedOut))
+    /// A failure of the connection or of the server's state rather than of the statement
+    /// (every pooled connection busy, a dropped connection, a server shutting down,
+    /// out of resources, a serialization conflict): the same statement may succeed if
+    /// tried again. The end-state write (a statement that is one implicit transaction) is
+    /// retried on these; any other failure would fail again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(
+                sqlx::Error::PoolTimedOut
+                | sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::WorkerCrashed,
+            ) => true,
+            // SQLSTATE classes 08 (connection), 40 (rollback: serialization, deadlock),
+            // 53 (insufficient resources), 57 (operator intervention: shutdown, cancel).
+            Self::Database(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|code| ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))),
+            _ => false,
+        }
     }
 
     pub fn metric_label(&self) -> &'static str {

@@ -1,6 +1,15 @@
 //! Turns, their frozen composition, their end state and their usage events.
+//!
+//! Postgres `text` and `jsonb` cannot hold U+0000. What a turn stores that no one checked
+//! (model text, tool input and output) has every NUL replaced by U+FFFD, the replacement
+//! character, so a command that printed binary still has its answer stored. (Invalid
+//! UTF-8 never reaches the brain: the worker decodes output lossily, one U+FFFD per bad
+//! sequence, and everything else arrives as JSON text.)
+
+use std::borrow::Cow;
 
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
+use serde_json::Value;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -88,6 +97,50 @@ pub struct AssistantMessage {
     pub id: MessageId,
     pub parts: serde_json::Value,
     pub complete: bool,
+}
+
+/// `text` with each NUL replaced by U+FFFD: what Postgres can store.
+pub fn storable_text(text: &str) -> Cow<'_, str> {
+    if text.contains('\0') {
+        Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// `value` with each NUL of its strings and keys replaced by U+FFFD; copied only when it
+/// holds one.
+fn storable_json(value: &Value) -> Cow<'_, Value> {
+    fn has_nul(value: &Value) -> bool {
+        match value {
+            Value::String(s) => s.contains('\0'),
+            Value::Array(items) => items.iter().any(has_nul),
+            Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    fn replaced(value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(storable_text(s).into_owned()),
+            Value::Array(items) => Value::Array(items.iter().map(replaced).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (storable_text(k).into_owned(), replaced(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    if has_nul(value) {
+        Cow::Owned(replaced(value))
+    } else {
+        Cow::Borrowed(value)
+    }
+}
+
+/// E1: the billing key of a turn's model call, the same however its end is written.
+fn model_call_key(turn: TurnId, call_index: u32) -> String {
+    format!("turn:{turn}:model_call:{call_index}")
 }
 
 fn tokens(n: Option<u64>) -> Option<i64> {
@@ -189,6 +242,7 @@ impl Store {
         end: &TurnEnd,
     ) -> Result<(), StoreError> {
         let assistant = end.assistant.as_ref();
+        let parts = assistant.map(|m| storable_json(&m.parts));
         let mut ids = Vec::with_capacity(end.usage.len());
         let mut keys = Vec::with_capacity(end.usage.len());
         let mut models = Vec::with_capacity(end.usage.len());
@@ -196,7 +250,7 @@ impl Store {
         let mut outputs = Vec::with_capacity(end.usage.len());
         for usage in &end.usage {
             ids.push(Uuid::now_v7());
-            keys.push(format!("turn:{turn}:model_call:{}", usage.call_index));
+            keys.push(model_call_key(turn, usage.call_index));
             models.push(usage.model.as_str());
             inputs.push(tokens(usage.input_tokens));
             outputs.push(tokens(usage.output_tokens));
@@ -223,7 +277,7 @@ impl Store {
         .bind(end.error_code.map(ErrorCode::as_str))
         .bind(assistant.map(|m| m.id.0))
         .bind(chat.0)
-        .bind(assistant.map(|m| &m.parts))
+        .bind(parts.as_deref())
         .bind(assistant.map(|m| if m.complete { "complete" } else { "interrupted" }))
         .bind(agent.0)
         .bind(ids)
@@ -238,6 +292,44 @@ impl Store {
 }
 
 impl Store {
+    /// The least a turn's end can be: `failed` with `code`, nothing else, and only while
+    /// it is still `running`. Written when the whole end state cannot be, so no turn stays
+    /// `running` (and its message id answering `turn_in_progress`) while this process
+    /// lives. Answers whether the row changed.
+    pub async fn fail_turn(
+        &self,
+        team: TeamId,
+        turn: TurnId,
+        code: ErrorCode,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE turns SET status = 'failed', error_code = $3, finished_at = now() \
+             WHERE team_id = $1 AND id = $2 AND status = 'running'",
+        )
+        .bind(team.0)
+        .bind(turn.0)
+        .bind(code.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Bills a turn's model calls without its end state (which could not be written), under
+    /// the keys the end state would have used, so a later write of either bills once.
+    pub async fn record_model_calls(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        turn: TurnId,
+        usage: &[ModelCallUsage],
+    ) -> Result<(), StoreError> {
+        for call in usage {
+            let key = model_call_key(turn, call.call_index);
+            insert_usage(&self.pool, team, agent, turn, &key, call).await?;
+        }
+        Ok(())
+    }
+
     /// Records one model call made outside a turn's own loop (the summarizer), once per
     /// `event_key`.
     pub async fn record_usage(
@@ -278,4 +370,24 @@ async fn insert_usage(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn nul_becomes_the_replacement_character() {
+        assert_eq!(storable_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert!(matches!(storable_text("clean"), Cow::Borrowed(_)));
+        let parts = json!([{"type": "text", "text": "x\u{0}y", "n": 1, "k\u{0}": ["\u{0}"]}]);
+        assert_eq!(
+            storable_json(&parts).into_owned(),
+            json!([{"type": "text", "text": "x\u{FFFD}y", "n": 1, "k\u{FFFD}": ["\u{FFFD}"]}])
+        );
+        let clean = json!({"a": ["b", 1, null]});
+        assert!(matches!(storable_json(&clean), Cow::Borrowed(_)));
+    }
 }

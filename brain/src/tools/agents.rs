@@ -3,7 +3,7 @@
 //!
 //! Every call is scoped to the turn's team: another team's agent id is answered exactly
 //! like an unknown one ("no such agent"). Fields are checked by the same code as
-//! `POST /v1/agents`.
+//! `POST /v1/agents` (`crate::agents`).
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
-use crate::api::{validate_new_agent, validate_system_prompt};
+use crate::agents::{validate_new_agent, validate_system_prompt};
 use crate::provider::ToolSpec;
 use crate::store::StoreError;
 

@@ -5,14 +5,17 @@
 //!   The first call's outcome decides the HTTP status; later failures become an `error`
 //!   chunk.
 //! - Tool calls run only after the provider finished its answer (T5). A length-truncated
-//!   call is retried once, then refused with a result the model can read.
+//!   call is retried once, then refused with a result the model can read; at the iteration
+//!   ceiling it is refused at once, so a turn never makes more than `max_iterations` calls.
 //! - Calls that do not write run concurrently; writes run in order, at most `max_writes`
 //!   per turn; the next one is answered "budget spent" (T6).
 //! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
 //!   stream and running tools, stores a synthetic result for every call without one, and
 //!   starts no tool after the cancel (T8).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, OptionFuture};
@@ -33,7 +36,9 @@ use crate::provider::{
     EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
     StopReason, ToolCall, ToolResult, Unavailable, Usage,
 };
-use crate::store::{AssistantMessage, ModelCallUsage, Store, TurnEnd, TurnStatus};
+use crate::store::{
+    AssistantMessage, ModelCallUsage, Store, StoreError, TurnEnd, TurnStatus, storable_text,
+};
 use crate::tools::{ToolCtx, ToolOutput, Toolset};
 
 /// Everything the spawned part of a turn needs; owned, so the task outlives the request.
@@ -94,13 +99,26 @@ enum End {
     Failed(ProviderError),
 }
 
-/// How long a wrap-up waits for a pooled connection before the turn's end is given up.
+/// How long a wrap-up keeps trying to write the whole end state through transient store
+/// failures (every pooled connection busy in a burst of wrap-ups, a dropped connection)
+/// before it falls back to ending the turn `failed`.
 const WRAP_UP_PATIENCE: Duration = Duration::from_secs(60);
+/// How long the fallback keeps trying to end the turn `failed`.
+const FALLBACK_PATIENCE: Duration = Duration::from_secs(10);
+/// Bound on one write attempt: a statement that hangs (a blackholed database) is given up
+/// and tried again; a retry of a write that did land is harmless (see `persist`).
+const WRITE_ATTEMPT_BOUND: Duration = Duration::from_secs(10);
 
 const CANCELLED_RESULT: &str = "cancelled: the turn was stopped before this tool call finished";
 
 impl TurnTask {
     pub(super) async fn run(mut self, started: oneshot::Sender<Result<(), ApiError>>) {
+        // A task that stops without writing its end state (a panic) still ends the turn.
+        let mut unfinished = Unfinished {
+            store: Some(self.store.clone()),
+            team: self.team,
+            turn: self.turn,
+        };
         let assistant_id = MessageId::new();
         let mut started = Some(started);
         let mut usage_log = Vec::new();
@@ -125,6 +143,10 @@ impl TurnTask {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
                         self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
                             .await;
+                        unfinished.written();
+                        // Released before the client hears of the failure, so the retry
+                        // that a `Retry-After` invites does not find the agent busy.
+                        self.release_hold().await;
                         let _ = started.send(Err(err.into()));
                         return;
                     }
@@ -168,33 +190,36 @@ impl TurnTask {
                 break End::Completed(finish_reason(reason));
             }
 
-            let mut refusal = None;
-            if reason == StopReason::Length {
-                if !truncation_retried {
-                    truncation_retried = true;
-                    self.notice(
-                        "truncated_tool_call",
-                        "a tool call was cut off by the output limit; asking again",
-                    )
-                    .await;
-                    self.send(UiChunk::FinishStep).await;
-                    // The cut-off call is not part of the history: the retry starts from
-                    // the same conversation.
-                    parts.pop_if(|p| p["type"] == "text");
-                    parts.pop_if(|p| p["type"] == "step-start");
-                    continue;
-                }
-                refusal = Some(
+            let truncated = reason == StopReason::Length;
+            let refusal = if truncated && truncation_retried {
+                Some(
                     "refused: this tool call was cut off by the output token limit twice; \
                      make its arguments shorter"
                         .to_owned(),
-                );
+                )
             } else if iteration >= self.limits.max_iterations {
-                refusal = Some(format!(
+                // A cut-off answer at the ceiling is refused, not retried: a retry would be
+                // one model call more than the ceiling allows.
+                Some(format!(
                     "not run: the turn reached its ceiling of {} model calls",
                     self.limits.max_iterations
-                ));
-            }
+                ))
+            } else if truncated {
+                truncation_retried = true;
+                self.notice(
+                    "truncated_tool_call",
+                    "a tool call was cut off by the output limit; asking again",
+                )
+                .await;
+                self.send(UiChunk::FinishStep).await;
+                // The cut-off call is not part of the history: the retry starts from
+                // the same conversation.
+                parts.pop_if(|p| p["type"] == "text");
+                parts.pop_if(|p| p["type"] == "step-start");
+                continue;
+            } else {
+                None
+            };
 
             let (results, cancelled) = match refusal {
                 Some(text) => {
@@ -256,8 +281,13 @@ impl TurnTask {
             }
         };
         let answer_tokens = context::estimate_tokens(&parts);
-        let stored = self.finish(end, assistant_id, parts, usage_log).await;
+        let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
+        unfinished.written();
+        // The end state is written before the client is told (a client that saw `finish`
+        // finds the message), and the hold is released before too: a client that posts
+        // its next message on `finish` must not find the agent busy.
         self.release_hold().await;
+        self.send(last).await;
         if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
         }
@@ -269,20 +299,25 @@ impl TurnTask {
         }
     }
 
-    /// Persists the end state, then tells the client. Persisting first means a client
-    /// that saw `finish` finds the message stored. Returns whether an assistant message
-    /// was stored (the history grew).
+    /// Writes the end state and answers the chunk that ends the stream. Answers whether an
+    /// assistant message was stored (the history grew).
     async fn finish(
         &self,
         end: End,
         assistant_id: MessageId,
         parts: Vec<Value>,
         usage_log: Vec<ModelCallUsage>,
-    ) -> bool {
+    ) -> (bool, UiChunk) {
         let message = |complete| AssistantMessage {
             id: assistant_id,
             parts: Value::Array(parts.clone()),
             complete,
+        };
+        let lost = || {
+            UiChunk::error(
+                ErrorCode::StoreUnavailable,
+                "the answer could not be stored",
+            )
         };
         match end {
             End::Completed(reason) => {
@@ -294,13 +329,9 @@ impl TurnTask {
                         finish_reason: reason,
                     }
                 } else {
-                    UiChunk::error(
-                        ErrorCode::StoreUnavailable,
-                        "the answer could not be stored",
-                    )
+                    lost()
                 };
-                self.send(last).await;
-                stored
+                (stored, last)
             }
             End::Interrupted => {
                 tracing::info!(turn = %self.turn, "turn cancelled");
@@ -312,11 +343,14 @@ impl TurnTask {
                         usage_log,
                     )
                     .await;
-                self.send(UiChunk::Finish {
-                    finish_reason: FinishReason::Interrupted,
-                })
-                .await;
-                stored
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: FinishReason::Interrupted,
+                    }
+                } else {
+                    lost()
+                };
+                (stored, last)
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
@@ -324,8 +358,7 @@ impl TurnTask {
                     .await;
                 let code = err.code();
                 let text = ApiError::Provider(err).public_message();
-                self.send(UiChunk::error(code, &text)).await;
-                false
+                (false, UiChunk::error(code, &text))
             }
         }
     }
@@ -657,6 +690,17 @@ impl TurnTask {
         inputs: Vec<Value>,
         outputs: Vec<ToolOutput>,
     ) -> Vec<(Value, ToolOutput)> {
+        // Output as the store can keep it, so the stream, the stored message and the
+        // model's next request agree (a command that printed a NUL).
+        let outputs: Vec<ToolOutput> = outputs
+            .into_iter()
+            .map(|mut output| {
+                if let Cow::Owned(clean) = storable_text(&output.content) {
+                    output.content = clean;
+                }
+                output
+            })
+            .collect();
         for (call, output) in calls.iter().zip(&outputs) {
             let chunk = if output.is_error {
                 UiChunk::ToolOutputError {
@@ -689,7 +733,10 @@ impl TurnTask {
         self.tx.send(chunk).await.is_ok()
     }
 
-    /// Writes the end state; `false` (and a log line) when the store refused.
+    /// Writes the end state; `false` when it could not be written whole. Then the turn is
+    /// ended `failed` with `store_unavailable` and its model calls are billed on their
+    /// own, so it never stays `running`: only a store unreachable for the whole wrap-up
+    /// leaves it so, for the replica's lease to settle.
     pub(super) async fn persist(
         &self,
         status: TurnStatus,
@@ -703,27 +750,104 @@ impl TurnTask {
             assistant,
             usage,
         };
-        // The answer exists only in this task until the write lands: when a burst of
-        // wrap-ups has every connection busy, wait for one rather than lose the turn.
-        let deadline = tokio::time::Instant::now() + WRAP_UP_PATIENCE;
+        // The answer exists only in this task until the write lands, so transient failures
+        // are waited out. A retried attempt that had landed unseen fails on the assistant
+        // message's id, and the fallback then finds the turn no longer `running`.
+        let written = self
+            .retrying(WRAP_UP_PATIENCE, || {
+                self.store
+                    .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
+            })
+            .await;
+        let Err(class) = written else {
+            return true;
+        };
+        tracing::error!(turn = %self.turn, class, "could not write the turn's end state; ending it failed");
+        let team = self.team;
+        let turn = self.turn;
+        match self
+            .retrying(FALLBACK_PATIENCE, || {
+                self.store
+                    .fail_turn(team, turn, ErrorCode::StoreUnavailable)
+            })
+            .await
+        {
+            Ok(_) => {}
+            Err(class) => {
+                tracing::error!(turn = %self.turn, class, "could not end the turn; it stays running");
+            }
+        }
+        // The model calls were made: they are billed even though the answer is lost.
+        if let Err(class) = self
+            .retrying(FALLBACK_PATIENCE, || {
+                self.store
+                    .record_model_calls(team, self.agent, turn, &end.usage)
+            })
+            .await
+        {
+            tracing::error!(turn = %self.turn, class, "could not bill the turn's model calls");
+        }
+        false
+    }
+
+    /// Runs `write` (each attempt bounded) until it succeeds, fails for good, or
+    /// `patience` is spent; the error is its class, for the log.
+    async fn retrying<T, W, F>(&self, patience: Duration, mut write: W) -> Result<T, &'static str>
+    where
+        W: FnMut() -> F,
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let deadline = tokio::time::Instant::now() + patience;
         let mut pause = Duration::from_millis(20);
         loop {
-            match self
-                .store
-                .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
-                .await
-            {
-                Ok(()) => return true,
-                Err(err) if err.is_pool_exhausted() && tokio::time::Instant::now() < deadline => {
-                    tracing::info!(turn = %self.turn, "store busy at wrap-up; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
-                Err(err) => {
-                    tracing::error!(turn = %self.turn, class = err.metric_label(), error = %err, "could not persist the turn's end");
-                    return false;
-                }
+            let class = match tokio::time::timeout(WRITE_ATTEMPT_BOUND, write()).await {
+                Ok(Ok(done)) => return Ok(done),
+                Ok(Err(err)) if err.is_transient() => err.metric_label(),
+                Ok(Err(err)) => return Err(err.metric_label()),
+                Err(_) => "timeout",
+            };
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(class);
             }
+            tracing::info!(turn = %self.turn, class, "store failed at wrap-up; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Ends the turn `failed` (`internal`) if the task stops before its end state was written:
+/// a panic unwinds through it. Dropping it after [`Unfinished::written`] does nothing.
+struct Unfinished {
+    store: Option<Store>,
+    team: TeamId,
+    turn: TurnId,
+}
+
+impl Unfinished {
+    fn written(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        tracing::error!(turn = %self.turn, "turn task ended without an end state; ending it failed");
+        let (team, turn) = (self.team, self.turn);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let ended = tokio::time::timeout(
+                    WRITE_ATTEMPT_BOUND,
+                    store.fail_turn(team, turn, ErrorCode::Internal),
+                )
+                .await;
+                if !matches!(ended, Ok(Ok(_))) {
+                    tracing::error!(turn = %turn, "could not end the turn; it stays running");
+                }
+            });
         }
     }
 }

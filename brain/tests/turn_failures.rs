@@ -1,0 +1,209 @@
+//! How a turn fails: bad bytes, a lost end-state write, and the smaller failure modes of
+//! issue 10 (SPEC T5-T9, T12). Every turn ends in a terminal state; none stays `running`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestApp, read_stream, streamed_text};
+use protocol::ui::{FinishReason, UiChunk};
+use scripted_provider::{Reply, ToolCall};
+use serde_json::{Value, json};
+
+fn text(t: &str) -> Reply {
+    Reply::Text {
+        deltas: vec![t.to_owned()],
+        delay: Duration::from_millis(1),
+    }
+}
+
+fn calls(calls: Vec<ToolCall>) -> Reply {
+    Reply::ToolCalls {
+        text: None,
+        calls,
+        fragment: 7,
+    }
+}
+
+fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: arguments.to_string(),
+    }
+}
+
+/// The text of the stream's error chunk, if it ended with one.
+fn error_text(chunks: &[UiChunk]) -> Option<&str> {
+    match chunks.last() {
+        Some(UiChunk::Error { error_text }) => Some(error_text),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn a_message_with_nul_is_an_invalid_request() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for body in [
+        json!({"content": "a\u{0}b"}),
+        json!({"content": "fine", "message_id": "id\u{0}"}),
+        json!({"id": "c", "trigger": "submit-message",
+               "messages": [{"id": "m1", "role": "user", "parts": [{"type": "text", "text": "x\u{0}"}]}]}),
+    ] {
+        let response = app.send(&chat, &body).await;
+        assert_eq!(response.status(), 400, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "invalid_request");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains("NUL"),
+            "{error}"
+        );
+    }
+    // The same rule for what an agent is made of.
+    let response = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "a", "system_prompt": "be\u{0}terse", "model": "openai/gpt-test"}),
+        )
+        .await;
+    assert_eq!(response.status(), 400);
+    assert!(app.provider.requests().is_empty());
+    assert!(app.turns().await.is_empty(), "nothing was written");
+}
+
+#[tokio::test]
+async fn nul_in_model_output_and_tool_input_is_stored_as_a_replacement_character() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("anthropic/claude-test", &[]).await;
+    app.provider.push(calls(vec![call(
+        "s1",
+        "memory_search",
+        json!({"query": "a\u{0}b"}),
+    )]));
+    app.provider.push(text("bin\u{0}ary"));
+    let (chunks, done) = read_stream(
+        app.send(&chat, &json!({"content": "go", "message_id": "nul-1"}))
+            .await,
+    )
+    .await;
+    assert!(done);
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        }),
+        "{chunks:?}"
+    );
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages.len(), 2);
+    let parts = messages[1]["parts"].to_string();
+    assert!(parts.contains("bin\u{FFFD}ary"), "{parts}");
+    assert!(parts.contains("a\u{FFFD}b"), "{parts}");
+}
+
+/// The end-state write fails (here a trigger of this test's own database refuses the
+/// assistant message, as a constraint or a bad byte would): the turn still ends, failed
+/// with `store_unavailable`, and a retry of its message id replays that instead of
+/// answering `409 turn_in_progress` forever.
+#[tokio::test]
+async fn a_failed_end_state_write_still_ends_the_turn() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$;
+         CREATE TRIGGER refuse_answers BEFORE INSERT ON messages FOR EACH ROW
+           WHEN (NEW.role = 'assistant') EXECUTE FUNCTION refuse();",
+    )
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    app.provider.push(text("an answer that cannot be stored"));
+    let body = json!({"content": "hi", "message_id": "lost-1"});
+    let response = app.send(&chat, &body).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done);
+    assert!(
+        error_text(&chunks).is_some_and(|t| t.starts_with("store_unavailable")),
+        "{chunks:?}"
+    );
+    assert_eq!(
+        app.settled().await,
+        vec![("failed".to_owned(), Some("store_unavailable".to_owned()))]
+    );
+
+    let retry = app.send(&chat, &body).await;
+    assert_eq!(retry.status(), 200, "the retry replays, no 409");
+    let (replayed, done) = read_stream(retry).await;
+    assert!(done);
+    assert!(
+        error_text(&replayed).is_some_and(|t| t.starts_with("store_unavailable")),
+        "{replayed:?}"
+    );
+    assert_eq!(app.provider.requests().len(), 1, "the model ran once");
+    // The model call is billed even though the answer was lost.
+    let (billed,): (i64,) = sqlx::query_as("SELECT count(*) FROM billing_events")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(billed, 1);
+    // The agent is free for the next message.
+    app.provider.push(text("next"));
+    sqlx::raw_sql("DROP TRIGGER refuse_answers ON messages")
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert_eq!(streamed_text(&chunks), "next");
+}
+
+/// A length-truncated answer on the last allowed iteration is not retried: the turn never
+/// makes more than `BRAIN_MAX_ITERATIONS` model calls.
+#[tokio::test]
+async fn a_truncated_call_at_the_ceiling_makes_no_extra_model_call() {
+    let app = TestApp::start_with(|c| c.limits.max_iterations = 2).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(calls(vec![call(
+        "s1",
+        "memory_search",
+        json!({"query": "a"}),
+    )]));
+    app.provider.push(Reply::TruncatedToolCall {
+        calls: vec![call(
+            "t1",
+            "memory_write",
+            json!({"content": "x".repeat(200)}),
+        )],
+        fragment: 16,
+    });
+    app.provider.push(text("a third call must not happen"));
+    let (chunks, done) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(done);
+    assert_eq!(app.provider.requests().len(), 2, "no third model call");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataNotice { data } if data.code == "iteration_ceiling")),
+        "{chunks:?}"
+    );
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Other
+        })
+    );
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+    // The cut-off call has a result, so the next turn's history is valid.
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "and now?"})).await).await;
+    assert_eq!(app.provider.requests().len(), 3);
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}
