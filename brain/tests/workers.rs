@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{TestApp, read_stream, streamed_text};
+use common::{BrainProcess, TestApp, parse_events, read_stream, streamed_text};
 use futures_util::StreamExt;
 use protocol::channel::SessionState;
 use protocol::ui::UiChunk;
@@ -64,6 +64,22 @@ async fn system_with_profiles(
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
+    let (app, namespace) = app_with_namespace(tweak).await;
+    let manager = start_manager(&app, &namespace, &app.url, idle_window_ms, profiles);
+    (app, manager)
+}
+
+/// [`system`] whose workers dial a second brain replica, a real process the test can
+/// kill: the app's calls are relayed to it.
+async fn system_owned_by_process() -> (TestApp, BrainProcess, Manager) {
+    let (app, namespace) = app_with_namespace(|_| {}).await;
+    let owner = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    let manager = start_manager(&app, &namespace, &owner.url, 60_000, None);
+    (app, owner, manager)
+}
+
+/// A brain whose queue namespace is its own, and that namespace.
+async fn app_with_namespace(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {
@@ -71,6 +87,17 @@ async fn system_with_profiles(
         tweak(c);
     })
     .await;
+    (app, namespace)
+}
+
+/// A runtime-manager serving `namespace`, whose workers dial `public_url`.
+fn start_manager(
+    app: &TestApp,
+    namespace: &str,
+    public_url: &str,
+    idle_window_ms: u64,
+    profiles: Option<Value>,
+) -> Manager {
     let workspaces = tempdir::Dir::new();
     let mut command = tokio::process::Command::new(bin("runtime-manager"));
     if let Some(profiles) = profiles {
@@ -84,8 +111,8 @@ async fn system_with_profiles(
             "REDIS_URL",
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
         )
-        .env("SESSION_QUEUE_NAMESPACE", &namespace)
-        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_PUBLIC_URL", public_url)
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
         .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
         .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", idle_window_ms.to_string())
@@ -93,13 +120,10 @@ async fn system_with_profiles(
         .kill_on_drop(true)
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
-    (
-        app,
-        Manager {
-            child,
-            _workspaces: workspaces,
-        },
-    )
+    Manager {
+        child,
+        _workspaces: workspaces,
+    }
 }
 
 async fn light_agent(app: &TestApp) -> (String, String) {
@@ -537,6 +561,48 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
         "hang-up on replica B to command gone on A's worker: {:?}",
         hung_up.elapsed()
     );
+}
+
+/// Issue 10, 1.3: a call relayed to the replica holding the worker's socket ends with a
+/// tool error the model reads within seconds when that replica is SIGKILLed mid-call,
+/// instead of hanging the turn until the client leaves.
+#[tokio::test]
+async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
+    let (app, mut owner, _manager) = system_owned_by_process().await;
+    let (_, chat) = light_agent(&app).await;
+    app.provider.push(shell("k", "echo pid=$$; exec sleep 30"));
+    app.provider.push(text("the owner is gone"));
+    let response = app.send(&chat, &json!({"content": "sleep"})).await;
+    let mut body = response.bytes_stream();
+    let mut stream = String::new();
+    // The worker dialed the other replica: the command's live output came through the relay.
+    while !stream.contains("\"text\":\"pid=") {
+        stream.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    owner.kill().await;
+    let killed = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(piece) = body.next().await {
+            stream.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the turn still hangs 15 s after its owner died"
+    );
+    println!("owner killed to the turn's end: {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(6),
+        "noticed within a few seconds: {:?}",
+        killed.elapsed()
+    );
+    let (chunks, done) = parse_events(&stream);
+    assert!(done);
+    let output = output_of(&chunks, "k");
+    assert!(output.contains("stopped answering"), "{output}");
+    assert_eq!(streamed_text(&chunks), "the owner is gone");
+    assert_eq!(app.settled().await, vec![("completed".into(), None)]);
 }
 
 /// O3 / issue point 9: a session left `ready` by a replica that died (no replica holds its

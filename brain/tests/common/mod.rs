@@ -80,6 +80,8 @@ pub struct TestApp {
     pub db_name: String,
     shutdown: CancellationToken,
     config: Config,
+    /// The environment `config` was read from, for brain processes beside this one.
+    env: HashMap<String, String>,
 }
 
 impl TestApp {
@@ -108,6 +110,7 @@ impl TestApp {
             env.insert("REDIS_URL".into(), redis);
         }
         let mut config = Config::from_env(&env).unwrap();
+        let env_copy = env.clone();
         tweak(&mut config);
         let config_copy = config.clone();
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
@@ -127,6 +130,7 @@ impl TestApp {
             db_name,
             shutdown,
             config: config_copy,
+            env: env_copy,
         }
     }
 
@@ -272,5 +276,54 @@ impl TestApp {
     /// The DATABASE_URL of this app's database, for driving the binary.
     pub fn store_url(&self) -> String {
         db_url(&self.db_name)
+    }
+}
+
+/// A brain replica as a real process over the app's database and Redis (its environment,
+/// plus `extra`), for tests that kill a replica: SIGKILLed on drop.
+pub struct BrainProcess {
+    pub url: String,
+    child: tokio::process::Child,
+}
+
+impl BrainProcess {
+    pub async fn start(app: &TestApp, extra: &[(&str, &str)]) -> Self {
+        // A free port, released for the brain to bind right after.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
+            .arg("serve")
+            .envs(&app.env)
+            .envs(extra.iter().copied())
+            .env("BRAIN_ADDR", addr.to_string())
+            .env("BRAIN_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the brain binary is built with its tests");
+        let url = format!("http://{addr}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the brain process exited at start"
+            );
+            if let Ok(ready) = app.http.get(format!("{url}/readyz")).send().await
+                && ready.status() == 200
+            {
+                return Self { url, child };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the brain process was not ready within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: the replica stops at once, without a word to anyone.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.unwrap();
     }
 }
