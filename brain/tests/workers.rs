@@ -605,6 +605,62 @@ async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
     assert_eq!(app.settled().await, vec![("completed".into(), None)]);
 }
 
+/// Issue 10, 1.8: a cancel published right after a relayed call, before the owner can
+/// have subscribed to that call's cancel channel, still stops the call. The test plays
+/// the calling replica on Redis (the wire format of docs/protocol.md): the call and its
+/// cancel leave in one pipeline, so the cancel always precedes the owner's subscription.
+#[tokio::test]
+async fn a_cancel_sent_right_after_a_relayed_call_is_not_lost() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("s", "echo up"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "start"})).await).await;
+    let session = sessions(&app, &agent).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let redis = redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let owner: String = redis::AsyncCommands::get(&mut conn, format!("worker-owner:{session}"))
+        .await
+        .unwrap();
+    let key = uuid::Uuid::new_v4().simple().to_string();
+    let mut events = redis.get_async_pubsub().await.unwrap();
+    events.subscribe(format!("relay:call:{key}")).await.unwrap();
+    let call = json!({
+        "key": key, "session": session, "tool": "shell",
+        "arguments": {"command": "sleep 30"}, "call_id": "c",
+    });
+    let sent = Instant::now();
+    let _: () = redis::pipe()
+        .publish(format!("relay:{owner}"), call.to_string())
+        .ignore()
+        .pset_ex(format!("relay:cancelled:{key}"), 1, 60_000)
+        .ignore()
+        .publish(format!("relay:cancel:{key}"), "cancel")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut events = events.into_on_message();
+    let answer = loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("no answer within 5 s: the cancel was lost")
+            .unwrap();
+        let event: Value = serde_json::from_str(&message.get_payload::<String>().unwrap()).unwrap();
+        if event["kind"] != "log" && event["kind"] != "beat" {
+            break event;
+        }
+    };
+    println!("relayed call to its cancelled answer: {:?}", sent.elapsed());
+    assert_eq!(answer, json!({"kind": "error", "message": "cancelled"}));
+}
+
 /// O3 / issue point 9: a session left `ready` by a replica that died (no replica holds its
 /// channel any more) is failed and replaced by the next call, never waited on.
 #[tokio::test]

@@ -7,8 +7,11 @@
 //!   (its replica died or restarted): the next call fails it and provisions a new one.
 //! - A call is published on `relay:{owner}` as a [`RelayCall`]; the owner runs it and
 //!   publishes [`RelayEvent`]s (live output lines, then the answer) on `relay:call:{key}`.
-//!   The caller subscribes before publishing, so nothing is missed. A cancel is published
-//!   on `relay:cancel:{key}`; the owner then cancels the call, which reaches the worker.
+//!   The caller subscribes before publishing, so nothing is missed. A cancel sets
+//!   `relay:cancelled:{key}` and is published on `relay:cancel:{key}`; the owner then
+//!   cancels the call, which reaches the worker. The owner subscribes to the cancel
+//!   channel before it reads that key, and both before it starts the call: a cancel that
+//!   came before the subscription is found in the key, a later one arrives on the channel.
 //! - The owner publishes a beat on `relay:call:{key}` as soon as it takes the call and
 //!   every [`BEAT_EVERY`] while it runs: a caller that hears nothing for [`SILENCE`] (the
 //!   owner died, or its publishes fail) ends the call with a tool error instead of waiting
@@ -39,6 +42,9 @@ const REDIS_BOUND: Duration = Duration::from_millis(250);
 const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// Silence after which a caller gives its relayed call up: several beats missed.
 const SILENCE: Duration = Duration::from_secs(3);
+/// How long a cancel waits for an owner that has not yet taken the call: far longer
+/// than a caller waits for it to.
+const CANCEL_TTL: Duration = Duration::from_secs(60);
 
 const UNREACHABLE: &str = "the replica holding the worker is unreachable";
 const SILENT: &str = "the replica holding the worker stopped answering during the call \
@@ -58,6 +64,10 @@ fn events_channel(key: &str) -> String {
 
 fn cancel_channel(key: &str) -> String {
     format!("relay:cancel:{key}")
+}
+
+fn cancelled_key(key: &str) -> String {
+    format!("relay:cancelled:{key}")
 }
 
 /// A call forwarded to the replica that holds the worker's channel.
@@ -191,16 +201,21 @@ impl Sessions {
             return;
         };
         let events = events_channel(&call.key);
-        // Cancels from the caller.
+        // Cancels from the caller: subscribed first, then the key read, so a cancel sent
+        // before the subscription was live is not lost.
+        let Some(cancels) = subscribe(&self.redis_client, cancel_channel(&call.key)).await else {
+            let message = "the replica holding the worker could not take the call".to_owned();
+            publish(&mut conn, &events, &RelayEvent::Error { message }).await;
+            return;
+        };
+        let sent_before: Option<Option<String>> = bounded(conn.get(cancelled_key(&call.key))).await;
+        if matches!(sent_before, Some(Some(_))) {
+            cancel.cancel();
+        }
         let watch = {
-            let client = self.redis_client.clone();
-            let channel = cancel_channel(&call.key);
             let cancel = cancel.clone();
             tokio::spawn(async move {
-                let Some(pubsub) = subscribe(&client, channel).await else {
-                    return;
-                };
-                if pubsub.into_on_message().next().await.is_some() {
+                if cancels.into_on_message().next().await.is_some() {
                     cancel.cancel();
                 }
             })
@@ -314,7 +329,7 @@ pub(super) async fn call_remote(
     // still have reached the owner.
     let mut guard = CancelRemote {
         conn: Some(conn),
-        channel: cancel_channel(&key),
+        key,
     };
     if receivers.unwrap_or(0) == 0 {
         return Err(UNREACHABLE.into());
@@ -364,18 +379,31 @@ pub(super) async fn call_remote(
     }
 }
 
-/// Publishes the cancel of an unfinished relayed call when dropped.
+/// Sends the cancel of an unfinished relayed call when dropped.
 struct CancelRemote {
     conn: Option<redis::aio::MultiplexedConnection>,
-    channel: String,
+    key: String,
 }
 
 impl Drop for CancelRemote {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let channel = std::mem::take(&mut self.channel);
+            let key = std::mem::take(&mut self.key);
             tokio::spawn(async move {
-                let _: Option<i64> = bounded(conn.publish(channel, "cancel")).await;
+                let ttl = u64::try_from(CANCEL_TTL.as_millis()).unwrap_or(u64::MAX);
+                let sent: Option<()> = bounded(
+                    redis::pipe()
+                        .atomic()
+                        .pset_ex(cancelled_key(&key), 1, ttl)
+                        .ignore()
+                        .publish(cancel_channel(&key), "cancel")
+                        .ignore()
+                        .query_async(&mut conn),
+                )
+                .await;
+                if sent.is_none() {
+                    tracing::warn!("relay: cancel not sent");
+                }
             });
         }
     }
