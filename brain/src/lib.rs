@@ -166,7 +166,11 @@ pub async fn serve(
             turns_cancel.cancel();
         }
     });
-    tokio::spawn(state.sessions.clone().serve_relay(shutdown.clone()));
+    tokio::spawn(state.sessions.clone().serve_relay(
+        state.artifacts.clone(),
+        state.config.artifacts.max_bytes,
+        shutdown.clone(),
+    ));
     let stop = shutdown.clone();
     // Small frames (stream chunks, cancel notifications to workers) must not wait for
     // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.

@@ -28,30 +28,26 @@ async fn session(app: &TestApp, state: &str) -> (SessionId, AgentId) {
 
 /// A session row in `state` for a fresh agent/chat of `team` (whose API key is `key`).
 async fn session_of(app: &TestApp, team: TeamId, key: &str, state: &str) -> (SessionId, AgentId) {
-    let agent: Value = app
-        .http
-        .post(format!("{}/v1/agents", app.url))
-        .bearer_auth(key)
-        .json(&json!({"name": "a", "system_prompt": "s", "model": "openai/gpt-test"}))
-        .send()
+    let post = |path: String, body: Value| async move {
+        let created: Value = app
+            .http
+            .post(format!("{}{path}", app.url))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["id"].as_str().unwrap().to_owned()
+    };
+    let agent = json!({"name": "a", "system_prompt": "s", "model": "openai/gpt-test"});
+    let agent: AgentId = post("/v1/agents".into(), agent).await.parse().unwrap();
+    let chat: ChatId = post(format!("/v1/agents/{agent}/chats"), json!({}))
         .await
-        .unwrap()
-        .json()
-        .await
+        .parse()
         .unwrap();
-    let agent: AgentId = agent["id"].as_str().unwrap().parse().unwrap();
-    let chat: Value = app
-        .http
-        .post(format!("{}/v1/agents/{agent}/chats", app.url))
-        .bearer_auth(key)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let chat: ChatId = chat["id"].as_str().unwrap().parse().unwrap();
     let id = SessionId::new();
     sqlx::query(
         "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \

@@ -6,7 +6,10 @@
 //!   when the channel ends. A `ready` session with no owner key has lost its channel
 //!   (its replica died or restarted): the next call fails it and provisions a new one.
 //! - A call is published on `relay:{owner}` as a [`RelayCall`]; the owner runs it and
-//!   publishes [`RelayEvent`]s (live output lines, then the answer) on `relay:call:{key}`.
+//!   publishes [`RelayEvent`]s (live output lines, then what the model reads) on
+//!   `relay:call:{key}`. A file the worker answers with is stored by the owner, which has
+//!   the same artifact store: only its id travels, never its bytes (up to 25 MiB,
+//!   base64-encoded, over the 32 MiB a pub/sub subscriber may lag behind by default).
 //!   The caller subscribes before publishing, so nothing is missed. A cancel sets
 //!   `relay:cancelled:{key}` and is published on `relay:cancel:{key}`; the owner then
 //!   cancels the call, which reaches the worker. The owner subscribes to the cancel
@@ -21,11 +24,12 @@
 //! Architecture invariant: only this module knows these Redis key and channel names.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use protocol::SessionId;
 use protocol::ui::{UiChunk, WorkerLog};
+use protocol::{ChatId, SessionId, TurnId};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -33,7 +37,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Sessions;
-use super::tool::{Answer, call_worker};
+use super::tool::{Files, call_worker};
+use crate::artifacts::{ArtifactOwner, ArtifactStore};
+use crate::tools::{ToolCtx, ToolOutput};
 
 /// Bound on each Redis call of the relay, connecting included (as the hold's): a slow or
 /// blackholed Redis fails a relayed call fast rather than hanging it.
@@ -79,9 +85,13 @@ struct RelayCall {
     tool: String,
     arguments: serde_json::Map<String, Value>,
     call_id: String,
+    /// Where an artifact the call produces is filed (with the worker's team and agent).
+    chat: ChatId,
+    turn: TurnId,
 }
 
-/// What the owner sends back, in order: any number of logs, then one answer or error.
+/// What the owner sends back, in order: any number of logs, then one answer; beats
+/// anywhere in between.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum RelayEvent {
@@ -91,11 +101,10 @@ enum RelayEvent {
         stream: String,
         text: String,
     },
+    /// What the model reads, as the owner rendered it.
     Answer {
-        answer: Answer,
-    },
-    Error {
-        message: String,
+        content: String,
+        is_error: bool,
     },
 }
 
@@ -161,12 +170,19 @@ impl Sessions {
         bounded(conn.get(owner_key(session))).await.flatten()
     }
 
-    /// Serves calls other replicas forward to this one, until `shutdown`.
-    pub async fn serve_relay(self, shutdown: CancellationToken) {
+    /// Serves calls other replicas forward to this one, until `shutdown`. Files the
+    /// workers answer with go to `artifacts`.
+    pub async fn serve_relay(
+        self,
+        artifacts: Arc<dyn ArtifactStore>,
+        max_artifact_bytes: usize,
+        shutdown: CancellationToken,
+    ) {
+        let files = Files::new(self.store.clone(), artifacts, max_artifact_bytes);
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = self.relay_once(&shutdown) => {}
+                () = self.relay_once(&files, &shutdown) => {}
             }
             tracing::warn!("relay subscription lost; retrying");
             tokio::select! {
@@ -177,7 +193,7 @@ impl Sessions {
     }
 
     /// Serves calls until the subscription is lost (or cannot be made).
-    async fn relay_once(&self, shutdown: &CancellationToken) {
+    async fn relay_once(&self, files: &Files, shutdown: &CancellationToken) {
         let Some(pubsub) = subscribe(&self.redis_client, calls_channel(&self.replica)).await else {
             return;
         };
@@ -190,13 +206,16 @@ impl Sessions {
                 tracing::warn!("relay: undecodable call dropped");
                 continue;
             };
-            tokio::spawn(self.clone().run_relayed(call, shutdown.child_token()));
+            tokio::spawn(
+                self.clone()
+                    .run_relayed(files.clone(), call, shutdown.child_token()),
+            );
         }
     }
 
     /// Runs a forwarded call on a local worker and publishes its events. Without Redis
     /// nothing can be told to the caller, which gives the call up after [`SILENCE`].
-    async fn run_relayed(self, call: RelayCall, cancel: CancellationToken) {
+    async fn run_relayed(self, files: Files, call: RelayCall, cancel: CancellationToken) {
         let Some(mut conn) = self.redis().await else {
             return;
         };
@@ -204,8 +223,9 @@ impl Sessions {
         // Cancels from the caller: subscribed first, then the key read, so a cancel sent
         // before the subscription was live is not lost.
         let Some(cancels) = subscribe(&self.redis_client, cancel_channel(&call.key)).await else {
-            let message = "the replica holding the worker could not take the call".to_owned();
-            publish(&mut conn, &events, &RelayEvent::Error { message }).await;
+            let refused =
+                ToolOutput::error("the replica holding the worker could not take the call");
+            publish(&mut conn, &events, &answer(refused)).await;
             return;
         };
         let sent_before: Option<Option<String>> = bounded(conn.get(cancelled_key(&call.key))).await;
@@ -221,28 +241,34 @@ impl Sessions {
             })
         };
         let beats = tokio::spawn(beat(conn.clone(), events.clone()));
-        let event = match self.run_on_worker(call, &conn, &events, &cancel).await {
-            Ok(answer) => RelayEvent::Answer { answer },
-            Err(message) => RelayEvent::Error { message },
+        let output = if cancel.is_cancelled() {
+            ToolOutput::error("cancelled")
+        } else {
+            self.run_on_worker(&files, call, &conn, &events, &cancel)
+                .await
         };
         beats.abort();
         watch.abort();
-        publish(&mut conn, &events, &event).await;
+        publish(&mut conn, &events, &answer(output)).await;
     }
 
     /// Runs a forwarded call on the worker this replica holds, its live output published
-    /// on `events`.
+    /// on `events`; a file it answers with is stored here.
     async fn run_on_worker(
         &self,
+        files: &Files,
         call: RelayCall,
         conn: &redis::aio::MultiplexedConnection,
         events: &str,
         cancel: &CancellationToken,
-    ) -> Result<Answer, String> {
-        let worker = self
+    ) -> ToolOutput {
+        let Some((worker, binding)) = self
             .registry
             .get(call.session)
-            .ok_or_else(|| "the worker is no longer connected".to_owned())?;
+            .and_then(|worker| worker.binding().map(|binding| (worker, binding)))
+        else {
+            return ToolOutput::error("the worker is no longer connected");
+        };
         let (ui, mut lines) = mpsc::channel::<UiChunk>(64);
         let forward = {
             let mut conn = conn.clone();
@@ -274,7 +300,21 @@ impl Sessions {
         .await;
         drop(ui);
         let _ = forward.await;
-        answer
+        // The team and agent are the worker's own, as its token proved them.
+        let owner = ArtifactOwner {
+            team: binding.team,
+            agent: binding.agent,
+            chat: Some(call.chat),
+            turn: Some(call.turn),
+        };
+        files.output(&call.tool, owner, answer).await
+    }
+}
+
+fn answer(output: ToolOutput) -> RelayEvent {
+    RelayEvent::Answer {
+        content: output.content,
+        is_error: output.is_error,
     }
 }
 
@@ -297,31 +337,35 @@ async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, ev
     }
 }
 
-/// Runs `tool` on the worker `owner` holds, relaying its live output to `ui`.
-#[allow(clippy::too_many_arguments)]
+/// Runs `tool` on the worker `owner` holds, relaying its live output to the turn.
 pub(super) async fn call_remote(
     sessions: &Sessions,
     owner: &str,
     session: SessionId,
     tool: &str,
     arguments: serde_json::Map<String, Value>,
-    call_id: &str,
-    ui: Option<&mpsc::Sender<UiChunk>>,
-    cancel: &CancellationToken,
-) -> Result<Answer, String> {
+    ctx: &ToolCtx,
+) -> ToolOutput {
+    let unreachable = || ToolOutput::error(UNREACHABLE);
     let key = uuid::Uuid::new_v4().simple().to_string();
-    let pubsub = subscribe(&sessions.redis_client, events_channel(&key))
-        .await
-        .ok_or(UNREACHABLE)?;
-    let mut conn = sessions.redis().await.ok_or(UNREACHABLE)?;
+    let Some(pubsub) = subscribe(&sessions.redis_client, events_channel(&key)).await else {
+        return unreachable();
+    };
+    let Some(mut conn) = sessions.redis().await else {
+        return unreachable();
+    };
     let call = RelayCall {
         key: key.clone(),
         session,
         tool: tool.to_owned(),
         arguments,
-        call_id: call_id.to_owned(),
+        call_id: ctx.call_id.clone(),
+        chat: ctx.chat,
+        turn: ctx.turn,
     };
-    let payload = serde_json::to_string(&call).map_err(|_| UNREACHABLE)?;
+    let Ok(payload) = serde_json::to_string(&call) else {
+        return unreachable();
+    };
     let receivers: Option<i64> = bounded(conn.publish(calls_channel(owner), payload)).await;
     // The turn may drop this future without polling it again (its cancel races every
     // tool): the guard then tells the owner, as a local call's guard tells its worker. It
@@ -332,20 +376,20 @@ pub(super) async fn call_remote(
         key,
     };
     if receivers.unwrap_or(0) == 0 {
-        return Err(UNREACHABLE.into());
+        return unreachable();
     }
     let mut events = pubsub.into_on_message();
     loop {
         let message = tokio::select! {
-            () = cancel.cancelled() => return Err("cancelled".into()),
+            () = ctx.cancel.cancelled() => return ToolOutput::error("cancelled"),
             message = tokio::time::timeout(SILENCE, events.next()) => message,
         };
         let message = match message {
             Ok(Some(message)) => message,
-            Ok(None) => return Err(UNREACHABLE.into()),
+            Ok(None) => return unreachable(),
             // The guard stays armed: an owner that is only cut off stops the call when
             // the cancel reaches it.
-            Err(_) => return Err(SILENT.into()),
+            Err(_) => return ToolOutput::error(SILENT),
         };
         let Ok(payload) = message.get_payload::<String>() else {
             continue;
@@ -353,10 +397,10 @@ pub(super) async fn call_remote(
         match serde_json::from_str::<RelayEvent>(&payload) {
             Ok(RelayEvent::Beat) => {}
             Ok(RelayEvent::Log { stream, text }) => {
-                if let Some(ui) = ui {
+                if let Some(ui) = &ctx.ui {
                     let _ = ui.try_send(UiChunk::DataWorkerLog {
                         data: WorkerLog {
-                            tool_call_id: call_id.to_owned(),
+                            tool_call_id: ctx.call_id.clone(),
                             stream,
                             text,
                         },
@@ -364,16 +408,14 @@ pub(super) async fn call_remote(
                     });
                 }
             }
-            Ok(RelayEvent::Answer { answer }) => {
+            Ok(RelayEvent::Answer { content, is_error }) => {
                 guard.conn = None;
-                return Ok(answer);
-            }
-            Ok(RelayEvent::Error { message }) => {
-                guard.conn = None;
-                return Err(message);
+                return ToolOutput { content, is_error };
             }
             Err(_) => {
-                return Err("the replica holding the worker sent an undecodable answer".into());
+                return ToolOutput::error(
+                    "the replica holding the worker sent an undecodable answer",
+                );
             }
         }
     }
