@@ -163,7 +163,11 @@ pub async fn serve(
     let app = api::router(state.clone());
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
-    tokio::spawn(state.sessions.clone().serve_relay(stopped.clone()));
+    tokio::spawn(state.sessions.clone().serve_relay(
+        state.artifacts.clone(),
+        state.config.artifacts.max_bytes,
+        stopped.clone(),
+    ));
     // Small frames (stream chunks, cancel notifications to workers) must not wait for
     // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
     let listener = listener.tap_io(|tcp| {

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{TestApp, read_stream};
+use common::{BrainProcess, TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
@@ -69,7 +69,7 @@ async fn a_brain_killed_mid_turn_and_restarted_frees_its_agent_within_30_seconds
     // The in-process brain only hosts the database and the provider from here on; it must
     // not reconcile, so that the restarted process is shown to do it on its own.
     app.begin_shutdown();
-    let brain = app.spawn_brain(&[]).await;
+    let mut brain = BrainProcess::start(&app, &[]).await;
     app.provider.push(held());
     let response = post(
         &app,
@@ -84,7 +84,7 @@ async fn a_brain_killed_mid_turn_and_restarted_frees_its_agent_within_30_seconds
     drop(response);
     assert_eq!(turn_row(&app, "m-killed").await.0, "running");
 
-    let restarted = app.spawn_brain(&[]).await;
+    let mut restarted = BrainProcess::start(&app, &[]).await;
     let busy = post(&app, &restarted.url, &chat, &json!({"content": "hello?"})).await;
     assert_eq!(
         busy.status(),
@@ -150,7 +150,7 @@ async fn a_surviving_replica_reconciles_a_dead_replicas_turns_without_a_restart(
     // The survivor ticks every quarter of its lease; the victim's short lease lapses fast.
     let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    let victim = app.spawn_brain(&[("BRAIN_LEASE_TTL_MS", "800")]).await;
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
     app.provider.push(held());
     let response = post(
         &app,
@@ -194,7 +194,7 @@ async fn a_surviving_replica_reconciles_a_dead_replicas_turns_without_a_restart(
 async fn a_live_replicas_turns_are_left_alone() {
     let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    let other = app.spawn_brain(&[("BRAIN_LEASE_TTL_MS", "800")]).await;
+    let mut other = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
     app.provider.push(held());
     let response = post(
         &app,

@@ -13,7 +13,7 @@ use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
 use common::TestApp;
 use futures_util::{SinkExt, StreamExt};
 use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER};
-use protocol::{AgentId, ChatId, SessionId};
+use protocol::{AgentId, ChatId, SessionId, TeamId};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -23,16 +23,38 @@ type Ws =
 
 /// A session row in `state` for a fresh agent/chat of the app's team.
 async fn session(app: &TestApp, state: &str) -> (SessionId, AgentId) {
-    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    let agent: AgentId = agent.parse().unwrap();
-    let chat: ChatId = chat.parse().unwrap();
+    session_of(app, app.team, &app.key, state).await
+}
+
+/// A session row in `state` for a fresh agent/chat of `team` (whose API key is `key`).
+async fn session_of(app: &TestApp, team: TeamId, key: &str, state: &str) -> (SessionId, AgentId) {
+    let post = |path: String, body: Value| async move {
+        let created: Value = app
+            .http
+            .post(format!("{}{path}", app.url))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        created["id"].as_str().unwrap().to_owned()
+    };
+    let agent = json!({"name": "a", "system_prompt": "s", "model": "openai/gpt-test"});
+    let agent: AgentId = post("/v1/agents".into(), agent).await.parse().unwrap();
+    let chat: ChatId = post(format!("/v1/agents/{agent}/chats"), json!({}))
+        .await
+        .parse()
+        .unwrap();
     let id = SessionId::new();
     sqlx::query(
         "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \
          VALUES ($1, $2, $3, $4, 'light', $5)",
     )
     .bind(id.0)
-    .bind(app.team.0)
+    .bind(team.0)
     .bind(agent.0)
     .bind(chat.0)
     .bind(state)
@@ -131,29 +153,60 @@ async fn another_channel_version_is_refused_at_once() {
     assert!(metric(&app, "channel_version").await);
 }
 
+/// X2: only what the token proves may change a row. The session the unauthenticated
+/// header names is left alone; the token's own session, whose worker is evidently broken,
+/// fails while it still waits for a worker.
 #[tokio::test]
 async fn a_token_for_another_session_is_a_mismatch() {
     let app = TestApp::start().await;
-    let (mine, agent) = session(&app, "connecting").await;
-    let (other, other_agent) = session(&app, "connecting").await;
-    let mut ws = dial(
-        &app,
-        &token(&app, other, other_agent),
-        CHANNEL_VERSION,
-        mine,
-    )
-    .await;
+    let (named, _) = session(&app, "connecting").await;
+    let (tokens, agent) = session(&app, "connecting").await;
+    let mut ws = dial(&app, &token(&app, tokens, agent), CHANNEL_VERSION, named).await;
     assert_eq!(close_of(&mut ws).await, (4002, "session_mismatch".into()));
     assert_eq!(
-        row(&app, mine).await,
-        ("failed".into(), Some("session_mismatch".into()))
+        row(&app, named).await,
+        ("connecting".into(), None),
+        "the session the header names is untouched"
     );
     assert_eq!(
-        row(&app, other).await.0,
-        "connecting",
-        "the token's own session is untouched"
+        row(&app, tokens).await,
+        ("failed".into(), Some("session_mismatch".into()))
     );
-    let _ = agent;
+    assert!(metric(&app, "session_mismatch").await);
+}
+
+/// Issue 10, 1.5: a valid token for one session, dialing with a header that names a `ready`
+/// session of another team, changes nothing of that session, and nothing of the token's
+/// own live one.
+#[tokio::test]
+async fn a_mismatched_dial_leaves_a_ready_session_of_another_team_alone() {
+    let app = TestApp::start().await;
+    let other = app.store.create_team("other team").await.unwrap();
+    let (victim, _) = session_of(&app, other.team_id, &other.api_key, "ready").await;
+    let before = updated_at(&app, victim).await;
+    let (tokens, agent) = session(&app, "ready").await;
+    let mut ws = dial(&app, &token(&app, tokens, agent), CHANNEL_VERSION, victim).await;
+    assert_eq!(close_of(&mut ws).await, (4002, "session_mismatch".into()));
+    assert_eq!(row(&app, victim).await, ("ready".into(), None));
+    assert_eq!(
+        updated_at(&app, victim).await,
+        before,
+        "the row was not written"
+    );
+    assert_eq!(
+        row(&app, tokens).await,
+        ("ready".into(), None),
+        "a live session is not disturbed by a confused dial"
+    );
+}
+
+async fn updated_at(app: &TestApp, session: SessionId) -> chrono::DateTime<chrono::Utc> {
+    let (at,) = sqlx::query_as("SELECT updated_at FROM agent_runtime_sessions WHERE id = $1")
+        .bind(session.0)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    at
 }
 
 #[tokio::test]

@@ -9,12 +9,13 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{TestApp, read_stream, streamed_text};
+use common::{BrainProcess, TestApp, parse_events, read_stream, streamed_text};
 use futures_util::StreamExt;
 use protocol::channel::SessionState;
 use protocol::ui::UiChunk;
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
+use sha2::Digest;
 
 /// The workspace's binaries, next to this test's executable.
 fn bin(name: &str) -> PathBuf {
@@ -64,6 +65,22 @@ async fn system_with_profiles(
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
+    let (app, namespace) = app_with_namespace(tweak).await;
+    let manager = start_manager(&app, &namespace, &app.url, idle_window_ms, profiles);
+    (app, manager)
+}
+
+/// [`system`] whose workers dial a second brain replica, a real process the test can
+/// kill: the app's calls are relayed to it.
+async fn system_owned_by_process() -> (TestApp, BrainProcess, Manager) {
+    let (app, namespace) = app_with_namespace(|_| {}).await;
+    let owner = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    let manager = start_manager(&app, &namespace, &owner.url, 60_000, None);
+    (app, owner, manager)
+}
+
+/// A brain whose queue namespace is its own, and that namespace.
+async fn app_with_namespace(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {
@@ -71,6 +88,17 @@ async fn system_with_profiles(
         tweak(c);
     })
     .await;
+    (app, namespace)
+}
+
+/// A runtime-manager serving `namespace`, whose workers dial `public_url`.
+fn start_manager(
+    app: &TestApp,
+    namespace: &str,
+    public_url: &str,
+    idle_window_ms: u64,
+    profiles: Option<Value>,
+) -> Manager {
     let workspaces = tempdir::Dir::new();
     let mut command = tokio::process::Command::new(bin("runtime-manager"));
     if let Some(profiles) = profiles {
@@ -84,8 +112,8 @@ async fn system_with_profiles(
             "REDIS_URL",
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
         )
-        .env("SESSION_QUEUE_NAMESPACE", &namespace)
-        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_PUBLIC_URL", public_url)
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
         .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
         .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", idle_window_ms.to_string())
@@ -93,13 +121,10 @@ async fn system_with_profiles(
         .kill_on_drop(true)
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
-    (
-        app,
-        Manager {
-            child,
-            _workspaces: workspaces,
-        },
-    )
+    Manager {
+        child,
+        _workspaces: workspaces,
+    }
 }
 
 async fn light_agent(app: &TestApp) -> (String, String) {
@@ -121,6 +146,14 @@ async fn light_agent(app: &TestApp) -> (String, String) {
         .await
         .unwrap();
     (agent, chat["id"].as_str().unwrap().to_owned())
+}
+
+/// A first call, after which the chat's session is `ready` with its worker.
+async fn warm_up(app: &TestApp, chat: &str) {
+    app.provider.push(shell("warm", "echo ready"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(chat, &json!({"content": "warm up"})).await).await;
+    app.settled().await;
 }
 
 fn shell(id: &str, command: &str) -> Reply {
@@ -157,6 +190,17 @@ fn output_of(chunks: &[UiChunk], call: &str) -> String {
             _ => None,
         })
         .unwrap_or_else(|| panic!("no output for {call} in {chunks:?}"))
+}
+
+/// The artifact a `stored artifact <id> (…)` tool output names, downloaded.
+async fn download_stored(app: &TestApp, stored: &str) -> reqwest::Response {
+    let id = stored
+        .strip_prefix("stored artifact ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{stored}"));
+    let download = app.get(&format!("/v1/artifacts/{id}")).await;
+    assert_eq!(download.status(), 200);
+    download
 }
 
 fn worker_states(chunks: &[UiChunk]) -> Vec<SessionState> {
@@ -385,10 +429,7 @@ async fn shell_output_with_nul_bytes_keeps_the_answer() {
 async fn closing_the_stream_kills_the_running_command_and_the_session_survives() {
     let (app, _manager) = system(60_000, |_| {}).await;
     let (agent, chat) = light_agent(&app).await;
-    app.provider.push(shell("s1", "echo ready"));
-    app.provider.push(text("ok"));
-    read_stream(app.send(&chat, &json!({"content": "warm up"})).await).await;
-    app.settled().await;
+    warm_up(&app, &chat).await;
 
     app.provider
         .push(shell("long", "echo pid=$$; exec sleep 30"));
@@ -581,6 +622,164 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
     );
 }
 
+/// Issue 10, 1.3: a call relayed to the replica holding the worker's socket ends with a
+/// tool error the model reads within seconds when that replica is SIGKILLed mid-call,
+/// instead of hanging the turn until the client leaves.
+#[tokio::test]
+async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
+    let (app, mut owner, _manager) = system_owned_by_process().await;
+    let (_, chat) = light_agent(&app).await;
+    app.provider.push(shell("k", "echo pid=$$; exec sleep 30"));
+    app.provider.push(text("the owner is gone"));
+    let response = app.send(&chat, &json!({"content": "sleep"})).await;
+    let mut body = response.bytes_stream();
+    let mut stream = String::new();
+    // The worker dialed the other replica: the command's live output came through the relay.
+    while !stream.contains("\"text\":\"pid=") {
+        stream.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    owner.kill().await;
+    let killed = Instant::now();
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Some(piece) = body.next().await {
+            stream.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the turn still hangs 15 s after its owner died"
+    );
+    println!("owner killed to the turn's end: {:?}", killed.elapsed());
+    assert!(
+        killed.elapsed() < Duration::from_secs(6),
+        "noticed within a few seconds: {:?}",
+        killed.elapsed()
+    );
+    let (chunks, done) = parse_events(&stream);
+    assert!(done);
+    let output = output_of(&chunks, "k");
+    assert!(output.contains("stopped answering"), "{output}");
+    assert_eq!(streamed_text(&chunks), "the owner is gone");
+    assert_eq!(app.settled().await, vec![("completed".into(), None)]);
+}
+
+/// Issue 10, 1.8: a cancel published right after a relayed call, before the owner can
+/// have subscribed to that call's cancel channel, still stops the call. The test plays
+/// the calling replica on Redis (the wire format of docs/protocol.md): the call and its
+/// cancel leave in one pipeline, so the cancel always precedes the owner's subscription.
+#[tokio::test]
+async fn a_cancel_sent_right_after_a_relayed_call_is_not_lost() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+    let session = sessions(&app, &agent).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let redis = redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap();
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let owner: String = redis::AsyncCommands::get(&mut conn, format!("worker-owner:{session}"))
+        .await
+        .unwrap();
+    let key = uuid::Uuid::new_v4().simple().to_string();
+    let mut events = redis.get_async_pubsub().await.unwrap();
+    events.subscribe(format!("relay:call:{key}")).await.unwrap();
+    let (turn,): (uuid::Uuid,) = sqlx::query_as("SELECT id FROM turns LIMIT 1")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    let call = json!({
+        "key": key, "session": session, "tool": "shell",
+        "arguments": {"command": "sleep 30"}, "call_id": "c", "chat": chat, "turn": turn,
+    });
+    let sent = Instant::now();
+    let _: () = redis::pipe()
+        .publish(format!("relay:{owner}"), call.to_string())
+        .ignore()
+        .pset_ex(format!("relay:cancelled:{key}"), 1, 60_000)
+        .ignore()
+        .publish(format!("relay:cancel:{key}"), "cancel")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut events = events.into_on_message();
+    let answer = loop {
+        let message = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("no answer within 5 s: the cancel was lost")
+            .unwrap();
+        let event: Value = serde_json::from_str(&message.get_payload::<String>().unwrap()).unwrap();
+        if event["kind"] != "log" && event["kind"] != "beat" {
+            break event;
+        }
+    };
+    println!("relayed call to its cancelled answer: {:?}", sent.elapsed());
+    assert_eq!(
+        answer,
+        json!({"kind": "answer", "content": "cancelled", "is_error": true})
+    );
+}
+
+/// Issue 10, 1.8: a file near the artifact size limit, uploaded by a relayed call, is
+/// stored: its bytes never ride Redis pub/sub, whose output buffer for a subscriber (32 MiB
+/// hard limit by default) they would exceed base64-encoded. On several threads, as the
+/// brain runs: decoding and hashing 24 MiB in a debug build would otherwise stall the
+/// owner's beats past the caller's patience.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relayed_upload_near_the_size_limit_is_stored() {
+    const SIZE: usize = 24 << 20;
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (_, chat) = light_agent(&app).await;
+    app.provider.push(shell(
+        "m",
+        &format!("head -c {SIZE} /dev/urandom > big.bin && sha256sum big.bin"),
+    ));
+    app.provider.push(text("made"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "make"})).await).await;
+    let made = output_of(&chunks, "m");
+    let sha = made
+        .split_whitespace()
+        .find(|w| w.len() == 64 && w.chars().all(|c| c.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("{made}"))
+        .to_owned();
+    let b = app.second_replica().await;
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "u".into(),
+            name: "upload_artifact".into(),
+            arguments: json!({"path": "big.bin"}).to_string(),
+        }],
+        fragment: 32,
+    });
+    app.provider.push(text("uploaded"));
+    let response = app
+        .http
+        .post(format!("{b}/v1/chats/{chat}/messages"))
+        .bearer_auth(&app.key)
+        .json(&json!({"content": "upload it on B"}))
+        .send()
+        .await
+        .unwrap();
+    let (chunks, took) = timed_stream(response, "u").await;
+    println!("relayed upload of {SIZE} bytes: {took:?}");
+    let stored = output_of(&chunks, "u");
+    assert!(stored.contains(&format!("{SIZE} bytes")), "{stored}");
+    let download = download_stored(&app, &stored).await;
+    let bytes = download.bytes().await.unwrap();
+    assert_eq!(bytes.len(), SIZE);
+    let digest: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(digest, sha, "the stored bytes are the worker's file");
+}
+
 /// O3 / issue point 9: a session left `ready` by a replica that died (no replica holds its
 /// channel any more) is failed and replaced by the next call, never waited on.
 #[tokio::test]
@@ -638,12 +837,7 @@ async fn an_uploaded_artifact_is_stored_by_the_brain_and_downloadable() {
     let (chunks, _) =
         read_stream(app.send(&chat, &json!({"content": "make a report"})).await).await;
     let stored = output_of(&chunks, "u");
-    let id = stored
-        .strip_prefix("stored artifact ")
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("{stored}"));
-    let download = app.get(&format!("/v1/artifacts/{id}")).await;
-    assert_eq!(download.status(), 200);
+    let download = download_stored(&app, &stored).await;
     assert_eq!(download.text().await.unwrap(), "made in the worker");
 }
 

@@ -5,7 +5,8 @@
 //! reason's name and recording it on the session row:
 //! 1. the channel version header matches ([`CHANNEL_VERSION`]) — `channel_version`;
 //! 2. the token's session is the one the worker names and it is `connecting` —
-//!    `session_mismatch`;
+//!    `session_mismatch` (a mismatch with the unauthenticated header changes only the
+//!    token's session, and only while `connecting`);
 //! 3. MCP `initialize` completes within the handshake timeout — `handshake_timeout`;
 //! 4. `tools/list` answers within the ready timeout — `ready_timeout`.
 //!
@@ -210,12 +211,7 @@ impl Sessions {
             }
         };
         if named != session {
-            return refuse(
-                FailureReason::SessionMismatch,
-                CLOSE_SESSION_MISMATCH,
-                named,
-            )
-            .await;
+            return self.refuse_mismatch(session, &control).await;
         }
         match self.dialed_session(session).await {
             Ok(row) if row.state == SessionState::Connecting => {
@@ -271,6 +267,33 @@ impl Sessions {
         let worker = Arc::new(LiveWorker::new(Some(binding), None, service, control));
         self.registry.insert(session, worker.clone());
         self.serve_worker(&worker).await;
+    }
+
+    /// A dial whose header names another session than its token (X2). Only what the
+    /// token proves may change a row: the session the unauthenticated header names is
+    /// never touched, and the token's own only while it waits for its worker (the worker
+    /// launched for it is evidently broken), never a live one.
+    async fn refuse_mismatch(&self, session: SessionId, control: &channel::ws::Control) {
+        self.metrics_refused(FailureReason::SessionMismatch);
+        match self
+            .store
+            .fail_connecting_session(session, FailureReason::SessionMismatch)
+            .await
+        {
+            Ok(true) => {
+                tracing::warn!(session = %session, reason = "session_mismatch", "worker session failed")
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(session = %session, class = err.metric_label(), "could not record a session failure")
+            }
+        }
+        control
+            .close(
+                CLOSE_SESSION_MISMATCH,
+                FailureReason::SessionMismatch.as_str(),
+            )
+            .await;
     }
 
     /// The session a worker dialed for. A local worker can dial before the launcher has

@@ -6,17 +6,30 @@
 //!   when the channel ends. A `ready` session with no owner key has lost its channel
 //!   (its replica died or restarted): the next call fails it and provisions a new one.
 //! - A call is published on `relay:{owner}` as a [`RelayCall`]; the owner runs it and
-//!   publishes [`RelayEvent`]s (live output lines, then the answer) on `relay:call:{key}`.
-//!   The caller subscribes before publishing, so nothing is missed. A cancel is published
-//!   on `relay:cancel:{key}`; the owner then cancels the call, which reaches the worker.
+//!   publishes [`RelayEvent`]s (live output lines, then what the model reads) on
+//!   `relay:call:{key}`. A file the worker answers with is stored by the owner, which has
+//!   the same artifact store: only its id travels, never its bytes (up to 25 MiB,
+//!   base64-encoded, over the 32 MiB a pub/sub subscriber may lag behind by default).
+//!   The caller subscribes before publishing, so nothing is missed. A cancel sets
+//!   `relay:cancelled:{key}` and is published on `relay:cancel:{key}`; the owner then
+//!   cancels the call, which reaches the worker. The owner subscribes to the cancel
+//!   channel before it reads that key, and both before it starts the call: a cancel that
+//!   came before the subscription is found in the key, a later one arrives on the channel.
+//! - The owner publishes a beat on `relay:call:{key}` as soon as it takes the call and
+//!   every [`BEAT_EVERY`] while it runs: a caller that hears nothing for [`SILENCE`] (the
+//!   owner died, or its publishes fail) ends the call with a tool error instead of waiting
+//!   for an answer that cannot come.
+//! - Every Redis call is bounded by [`REDIS_BOUND`], connecting included.
 //!
 //! Architecture invariant: only this module knows these Redis key and channel names.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use protocol::SessionId;
 use protocol::ui::{UiChunk, WorkerLog};
+use protocol::{ChatId, SessionId, TurnId};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,7 +37,24 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Sessions;
-use super::tool::{Answer, call_worker};
+use super::tool::{Files, call_worker};
+use crate::artifacts::{ArtifactOwner, ArtifactStore};
+use crate::tools::{ToolCtx, ToolOutput};
+
+/// Bound on each Redis call of the relay, connecting included (as the hold's): a slow or
+/// blackholed Redis fails a relayed call fast rather than hanging it.
+const REDIS_BOUND: Duration = Duration::from_millis(250);
+/// How often the owner tells the caller that a relayed call still runs.
+const BEAT_EVERY: Duration = Duration::from_secs(1);
+/// Silence after which a caller gives its relayed call up: several beats missed.
+const SILENCE: Duration = Duration::from_secs(3);
+/// How long a cancel waits for an owner that has not yet taken the call: far longer
+/// than a caller waits for it to.
+const CANCEL_TTL: Duration = Duration::from_secs(60);
+
+const UNREACHABLE: &str = "the replica holding the worker is unreachable";
+const SILENT: &str = "the replica holding the worker stopped answering during the call \
+                      (it may have died); whether the call finished is unknown";
 
 fn owner_key(session: SessionId) -> String {
     format!("worker-owner:{session}")
@@ -42,6 +72,10 @@ fn cancel_channel(key: &str) -> String {
     format!("relay:cancel:{key}")
 }
 
+fn cancelled_key(key: &str) -> String {
+    format!("relay:cancelled:{key}")
+}
+
 /// A call forwarded to the replica that holds the worker's channel.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,15 +85,27 @@ struct RelayCall {
     tool: String,
     arguments: serde_json::Map<String, Value>,
     call_id: String,
+    /// Where an artifact the call produces is filed (with the worker's team and agent).
+    chat: ChatId,
+    turn: TurnId,
 }
 
-/// What the owner sends back, in order: any number of logs, then one answer or error.
+/// What the owner sends back, in order: any number of logs, then one answer; beats
+/// anywhere in between.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum RelayEvent {
-    Log { stream: String, text: String },
-    Answer { answer: Answer },
-    Error { message: String },
+    /// The owner runs the call: at once, then every [`BEAT_EVERY`].
+    Beat,
+    Log {
+        stream: String,
+        text: String,
+    },
+    /// What the model reads, as the owner rendered it.
+    Answer {
+        content: String,
+        is_error: bool,
+    },
 }
 
 /// Deletes the owner key only while it still names this replica.
@@ -70,29 +116,37 @@ end
 return 0
 ";
 
+/// Runs one Redis call under [`REDIS_BOUND`]; `None` if it failed or took longer.
+async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Option<T> {
+    match tokio::time::timeout(REDIS_BOUND, call).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
+/// A pub/sub connection subscribed to `channel`.
+async fn subscribe(client: &redis::Client, channel: String) -> Option<redis::aio::PubSub> {
+    let mut pubsub = bounded(client.get_async_pubsub()).await?;
+    bounded(pubsub.subscribe(channel)).await?;
+    Some(pubsub)
+}
+
 impl Sessions {
     async fn redis(&self) -> Option<redis::aio::MultiplexedConnection> {
-        match tokio::time::timeout(
-            Duration::from_secs(2),
-            self.redis_client.get_multiplexed_async_connection(),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => Some(conn),
-            _ => {
-                tracing::warn!("relay: Redis unreachable");
-                None
-            }
+        let conn = bounded(self.redis_client.get_multiplexed_async_connection()).await;
+        if conn.is_none() {
+            tracing::warn!("relay: Redis unreachable");
         }
+        conn
     }
 
     /// Marks this replica as the holder of `session`'s channel for `ttl`.
     pub(super) async fn claim_owner(&self, session: SessionId, ttl: Duration) {
         if let Some(mut conn) = self.redis().await {
             let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            let set: redis::RedisResult<()> =
-                conn.pset_ex(owner_key(session), &self.replica, ms).await;
-            if set.is_err() {
+            let set: Option<()> =
+                bounded(conn.pset_ex(owner_key(session), &self.replica, ms)).await;
+            if set.is_none() {
                 tracing::warn!(session = %session, "relay: owner key not written");
             }
         }
@@ -100,30 +154,37 @@ impl Sessions {
 
     pub(super) async fn release_owner(&self, session: SessionId) {
         if let Some(mut conn) = self.redis().await {
-            let _: redis::RedisResult<i64> = redis::Script::new(RELEASE_OWNER)
-                .key(owner_key(session))
-                .arg(&self.replica)
-                .invoke_async(&mut conn)
-                .await;
+            let _: Option<i64> = bounded(
+                redis::Script::new(RELEASE_OWNER)
+                    .key(owner_key(session))
+                    .arg(&self.replica)
+                    .invoke_async(&mut conn),
+            )
+            .await;
         }
     }
 
     /// The replica holding `session`'s channel, if any.
     pub(super) async fn owner(&self, session: SessionId) -> Option<String> {
         let mut conn = self.redis().await?;
-        conn.get(owner_key(session)).await.ok().flatten()
+        bounded(conn.get(owner_key(session))).await.flatten()
     }
 
-    /// Serves calls other replicas forward to this one, until `shutdown`.
-    pub async fn serve_relay(self, shutdown: CancellationToken) {
+    /// Serves calls other replicas forward to this one, until `shutdown`. Files the
+    /// workers answer with go to `artifacts`.
+    pub async fn serve_relay(
+        self,
+        artifacts: Arc<dyn ArtifactStore>,
+        max_artifact_bytes: usize,
+        shutdown: CancellationToken,
+    ) {
+        let files = Files::new(self.store.clone(), artifacts, max_artifact_bytes);
         loop {
-            let served = tokio::select! {
+            tokio::select! {
                 () = shutdown.cancelled() => return,
-                served = self.relay_once(&shutdown) => served,
-            };
-            if let Err(err) = served {
-                tracing::warn!(class = ?err.kind(), "relay subscription lost; retrying");
+                () = self.relay_once(&files, &shutdown) => {}
             }
+            tracing::warn!("relay subscription lost; retrying");
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -131,10 +192,12 @@ impl Sessions {
         }
     }
 
-    async fn relay_once(&self, shutdown: &CancellationToken) -> redis::RedisResult<()> {
-        let mut pubsub = self.redis_client.get_async_pubsub().await?;
-        pubsub.subscribe(calls_channel(&self.replica)).await?;
-        let mut messages = pubsub.on_message();
+    /// Serves calls until the subscription is lost (or cannot be made).
+    async fn relay_once(&self, files: &Files, shutdown: &CancellationToken) {
+        let Some(pubsub) = subscribe(&self.redis_client, calls_channel(&self.replica)).await else {
+            return;
+        };
+        let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
             let Ok(payload) = message.get_payload::<String>() else {
                 continue;
@@ -143,49 +206,73 @@ impl Sessions {
                 tracing::warn!("relay: undecodable call dropped");
                 continue;
             };
-            tokio::spawn(self.clone().run_relayed(call, shutdown.child_token()));
+            tokio::spawn(
+                self.clone()
+                    .run_relayed(files.clone(), call, shutdown.child_token()),
+            );
         }
-        Ok(())
     }
 
-    /// Runs a forwarded call on a local worker and publishes its events.
-    async fn run_relayed(self, call: RelayCall, cancel: CancellationToken) {
+    /// Runs a forwarded call on a local worker and publishes its events. Without Redis
+    /// nothing can be told to the caller, which gives the call up after [`SILENCE`].
+    async fn run_relayed(self, files: Files, call: RelayCall, cancel: CancellationToken) {
         let Some(mut conn) = self.redis().await else {
             return;
         };
         let events = events_channel(&call.key);
-        let Some(worker) = self.registry.get(call.session) else {
-            publish(
-                &mut conn,
-                &events,
-                &RelayEvent::Error {
-                    message: "the worker is no longer connected".into(),
-                },
-            )
-            .await;
+        // Cancels from the caller: subscribed first, then the key read, so a cancel sent
+        // before the subscription was live is not lost.
+        let Some(cancels) = subscribe(&self.redis_client, cancel_channel(&call.key)).await else {
+            let refused =
+                ToolOutput::error("the replica holding the worker could not take the call");
+            publish(&mut conn, &events, &answer(refused)).await;
             return;
         };
-        // Cancels from the caller, and live output to the caller.
+        let sent_before: Option<Option<String>> = bounded(conn.get(cancelled_key(&call.key))).await;
+        if matches!(sent_before, Some(Some(_))) {
+            cancel.cancel();
+        }
         let watch = {
-            let client = self.redis_client.clone();
-            let channel = cancel_channel(&call.key);
             let cancel = cancel.clone();
             tokio::spawn(async move {
-                let Ok(mut pubsub) = client.get_async_pubsub().await else {
-                    return;
-                };
-                if pubsub.subscribe(channel).await.is_err() {
-                    return;
-                }
-                if pubsub.on_message().next().await.is_some() {
+                if cancels.into_on_message().next().await.is_some() {
                     cancel.cancel();
                 }
             })
         };
+        let beats = tokio::spawn(beat(conn.clone(), events.clone()));
+        let output = if cancel.is_cancelled() {
+            ToolOutput::error("cancelled")
+        } else {
+            self.run_on_worker(&files, call, &conn, &events, &cancel)
+                .await
+        };
+        beats.abort();
+        watch.abort();
+        publish(&mut conn, &events, &answer(output)).await;
+    }
+
+    /// Runs a forwarded call on the worker this replica holds, its live output published
+    /// on `events`; a file it answers with is stored here.
+    async fn run_on_worker(
+        &self,
+        files: &Files,
+        call: RelayCall,
+        conn: &redis::aio::MultiplexedConnection,
+        events: &str,
+        cancel: &CancellationToken,
+    ) -> ToolOutput {
+        let Some((worker, binding)) = self
+            .registry
+            .get(call.session)
+            .and_then(|worker| worker.binding().map(|binding| (worker, binding)))
+        else {
+            return ToolOutput::error("the worker is no longer connected");
+        };
         let (ui, mut lines) = mpsc::channel::<UiChunk>(64);
         let forward = {
             let mut conn = conn.clone();
-            let events = events.clone();
+            let events = events.to_owned();
             tokio::spawn(async move {
                 while let Some(chunk) = lines.recv().await {
                     if let UiChunk::DataWorkerLog { data, .. } = chunk {
@@ -208,17 +295,35 @@ impl Sessions {
             call.arguments,
             &call.call_id,
             Some(&ui),
-            &cancel,
+            cancel,
         )
         .await;
         drop(ui);
         let _ = forward.await;
-        watch.abort();
-        let event = match answer {
-            Ok(answer) => RelayEvent::Answer { answer },
-            Err(message) => RelayEvent::Error { message },
+        // The team and agent are the worker's own, as its token proved them.
+        let owner = ArtifactOwner {
+            team: binding.team,
+            agent: binding.agent,
+            chat: Some(call.chat),
+            turn: Some(call.turn),
         };
-        publish(&mut conn, &events, &event).await;
+        files.output(&call.tool, owner, answer).await
+    }
+}
+
+fn answer(output: ToolOutput) -> RelayEvent {
+    RelayEvent::Answer {
+        content: output.content,
+        is_error: output.is_error,
+    }
+}
+
+/// Publishes a beat on `events` at once, then every [`BEAT_EVERY`], until aborted.
+async fn beat(mut conn: redis::aio::MultiplexedConnection, events: String) {
+    let mut every = tokio::time::interval(BEAT_EVERY);
+    loop {
+        every.tick().await;
+        publish(&mut conn, &events, &RelayEvent::Beat).await;
     }
 }
 
@@ -226,75 +331,76 @@ async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, ev
     let Ok(payload) = serde_json::to_string(event) else {
         return;
     };
-    let sent: redis::RedisResult<i64> = conn.publish(channel, payload).await;
-    if sent.is_err() {
+    let sent: Option<i64> = bounded(conn.publish(channel, payload)).await;
+    if sent.is_none() {
         tracing::warn!("relay: event not published");
     }
 }
 
-/// Runs `tool` on the worker `owner` holds, relaying its live output to `ui`.
-#[allow(clippy::too_many_arguments)]
+/// Runs `tool` on the worker `owner` holds, relaying its live output to the turn.
 pub(super) async fn call_remote(
     sessions: &Sessions,
     owner: &str,
     session: SessionId,
     tool: &str,
     arguments: serde_json::Map<String, Value>,
-    call_id: &str,
-    ui: Option<&mpsc::Sender<UiChunk>>,
-    cancel: &CancellationToken,
-) -> Result<Answer, String> {
-    let unreachable = || "the replica holding the worker is unreachable".to_owned();
+    ctx: &ToolCtx,
+) -> ToolOutput {
+    let unreachable = || ToolOutput::error(UNREACHABLE);
     let key = uuid::Uuid::new_v4().simple().to_string();
-    let mut pubsub = sessions
-        .redis_client
-        .get_async_pubsub()
-        .await
-        .map_err(|_| unreachable())?;
-    pubsub
-        .subscribe(events_channel(&key))
-        .await
-        .map_err(|_| unreachable())?;
-    let mut conn = sessions.redis().await.ok_or_else(unreachable)?;
+    let Some(pubsub) = subscribe(&sessions.redis_client, events_channel(&key)).await else {
+        return unreachable();
+    };
+    let Some(mut conn) = sessions.redis().await else {
+        return unreachable();
+    };
     let call = RelayCall {
         key: key.clone(),
         session,
         tool: tool.to_owned(),
         arguments,
-        call_id: call_id.to_owned(),
+        call_id: ctx.call_id.clone(),
+        chat: ctx.chat,
+        turn: ctx.turn,
     };
-    let payload = serde_json::to_string(&call).map_err(|_| unreachable())?;
-    let receivers: i64 = conn
-        .publish(calls_channel(owner), payload)
-        .await
-        .map_err(|_| unreachable())?;
-    if receivers == 0 {
-        return Err(unreachable());
-    }
+    let Ok(payload) = serde_json::to_string(&call) else {
+        return unreachable();
+    };
+    let receivers: Option<i64> = bounded(conn.publish(calls_channel(owner), payload)).await;
     // The turn may drop this future without polling it again (its cancel races every
-    // tool): the guard then tells the owner, as a local call's guard tells its worker.
+    // tool): the guard then tells the owner, as a local call's guard tells its worker. It
+    // is armed before the answer to the publish is known: a publish that timed out may
+    // still have reached the owner.
     let mut guard = CancelRemote {
         conn: Some(conn),
-        channel: cancel_channel(&key),
+        key,
     };
-    let mut events = pubsub.on_message();
+    if receivers.unwrap_or(0) == 0 {
+        return unreachable();
+    }
+    let mut events = pubsub.into_on_message();
     loop {
         let message = tokio::select! {
-            () = cancel.cancelled() => return Err("cancelled".into()),
-            message = events.next() => message,
+            () = ctx.cancel.cancelled() => return ToolOutput::error("cancelled"),
+            message = tokio::time::timeout(SILENCE, events.next()) => message,
         };
-        let Some(message) = message else {
-            return Err(unreachable());
+        let message = match message {
+            Ok(Some(message)) => message,
+            Ok(None) => return unreachable(),
+            // The guard stays armed: an owner that is only cut off stops the call when
+            // the cancel reaches it.
+            Err(_) => return ToolOutput::error(SILENT),
         };
         let Ok(payload) = message.get_payload::<String>() else {
             continue;
         };
         match serde_json::from_str::<RelayEvent>(&payload) {
+            Ok(RelayEvent::Beat) => {}
             Ok(RelayEvent::Log { stream, text }) => {
-                if let Some(ui) = ui {
+                if let Some(ui) = &ctx.ui {
                     let _ = ui.try_send(UiChunk::DataWorkerLog {
                         data: WorkerLog {
-                            tool_call_id: call_id.to_owned(),
+                            tool_call_id: ctx.call_id.clone(),
                             stream,
                             text,
                         },
@@ -302,33 +408,44 @@ pub(super) async fn call_remote(
                     });
                 }
             }
-            Ok(RelayEvent::Answer { answer }) => {
+            Ok(RelayEvent::Answer { content, is_error }) => {
                 guard.conn = None;
-                return Ok(answer);
-            }
-            Ok(RelayEvent::Error { message }) => {
-                guard.conn = None;
-                return Err(message);
+                return ToolOutput { content, is_error };
             }
             Err(_) => {
-                return Err("the replica holding the worker sent an undecodable answer".into());
+                return ToolOutput::error(
+                    "the replica holding the worker sent an undecodable answer",
+                );
             }
         }
     }
 }
 
-/// Publishes the cancel of an unfinished relayed call when dropped.
+/// Sends the cancel of an unfinished relayed call when dropped.
 struct CancelRemote {
     conn: Option<redis::aio::MultiplexedConnection>,
-    channel: String,
+    key: String,
 }
 
 impl Drop for CancelRemote {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let channel = std::mem::take(&mut self.channel);
+            let key = std::mem::take(&mut self.key);
             tokio::spawn(async move {
-                let _: redis::RedisResult<i64> = conn.publish(channel, "cancel").await;
+                let ttl = u64::try_from(CANCEL_TTL.as_millis()).unwrap_or(u64::MAX);
+                let sent: Option<()> = bounded(
+                    redis::pipe()
+                        .atomic()
+                        .pset_ex(cancelled_key(&key), 1, ttl)
+                        .ignore()
+                        .publish(cancel_channel(&key), "cancel")
+                        .ignore()
+                        .query_async(&mut conn),
+                )
+                .await;
+                if sent.is_none() {
+                    tracing::warn!("relay: cancel not sent");
+                }
             });
         }
     }

@@ -20,6 +20,7 @@ use super::registry::LiveWorker;
 use super::{Sessions, Target, relay};
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::provider::ToolSpec;
+use crate::store::Store;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
 use channel::catalog::{WorkerToolDecl, catalog_for, returns_file};
 
@@ -40,8 +41,11 @@ pub fn worker_tools(
                 decl,
                 profile: profile.to_owned(),
                 sessions: sessions.clone(),
-                artifacts: artifacts.clone(),
-                max_artifact_bytes,
+                files: Files::new(
+                    sessions.store.clone(),
+                    artifacts.clone(),
+                    max_artifact_bytes,
+                ),
             }) as Arc<dyn Tool>
         })
         .collect()
@@ -51,8 +55,7 @@ struct WorkerTool {
     decl: WorkerToolDecl,
     profile: String,
     sessions: Sessions,
-    artifacts: Arc<dyn ArtifactStore>,
-    max_artifact_bytes: usize,
+    files: Files,
 }
 
 /// Sends `notifications/cancelled` for a call whose future was dropped before its
@@ -113,7 +116,7 @@ impl Tool for WorkerTool {
             let call = async {
                 match target {
                     Target::Local { worker, .. } => {
-                        call_worker(
+                        let answer = call_worker(
                             &worker,
                             self.decl.name,
                             arguments,
@@ -121,7 +124,14 @@ impl Tool for WorkerTool {
                             ctx.ui.as_ref(),
                             &ctx.cancel,
                         )
-                        .await
+                        .await;
+                        let owner = ArtifactOwner {
+                            team: ctx.team,
+                            agent: ctx.agent,
+                            chat: Some(ctx.chat),
+                            turn: Some(ctx.turn),
+                        };
+                        self.files.output(self.decl.name, owner, answer).await
                     }
                     Target::Remote { owner, session } => {
                         relay::call_remote(
@@ -130,9 +140,7 @@ impl Tool for WorkerTool {
                             session,
                             self.decl.name,
                             arguments,
-                            &ctx.call_id,
-                            ctx.ui.as_ref(),
-                            &ctx.cancel,
+                            ctx,
                         )
                         .await
                     }
@@ -145,37 +153,22 @@ impl Tool for WorkerTool {
                 tokio::time::Instant::now() + IN_CALL_TOUCH,
                 IN_CALL_TOUCH,
             );
-            let answer = loop {
+            let output = loop {
                 tokio::select! {
-                    answer = &mut call => break answer,
+                    output = &mut call => break output,
                     _ = still_running.tick() => self.sessions.touched(session),
                 }
             };
             // A call longer than the idle window must not be torn down right after it.
             self.sessions.touched(session);
-            match answer {
-                // `upload_artifact`, `browser_screenshot`: the file is stored, the model
-                // gets its id.
-                Ok(answer) if returns_file(self.decl.name) && !answer.is_error => {
-                    self.store_artifact(ctx, &answer.content).await
-                }
-                Ok(answer) => {
-                    let text = content_text(&answer.content);
-                    if answer.is_error {
-                        ToolOutput::error(text)
-                    } else {
-                        ToolOutput::ok(text)
-                    }
-                }
-                Err(message) => ToolOutput::error(message),
-            }
+            output
         }
         .boxed()
     }
 }
 
 /// A worker's answer to one call: MCP content items as JSON, and the error flag.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug)]
 pub struct Answer {
     pub content: Value,
     pub is_error: bool,
@@ -233,10 +226,53 @@ pub(super) async fn call_worker(
     }
 }
 
-impl WorkerTool {
-    /// `upload_artifact`: the bytes came through the channel; the brain stores them (the
-    /// pod holds no storage credentials).
-    async fn store_artifact(&self, ctx: &ToolCtx, content: &Value) -> ToolOutput {
+/// Where the files that `FILE_RESULT_TOOLS` answer with are stored. The replica that
+/// receives a file's bytes from the worker stores them and they go no further: not
+/// through the relay either, where a 25 MiB file, base64-encoded, would exceed Redis'
+/// pub/sub output buffer.
+#[derive(Clone)]
+pub(super) struct Files {
+    store: Store,
+    artifacts: Arc<dyn ArtifactStore>,
+    max_bytes: usize,
+}
+
+impl Files {
+    pub(super) fn new(store: Store, artifacts: Arc<dyn ArtifactStore>, max_bytes: usize) -> Self {
+        Self {
+            store,
+            artifacts,
+            max_bytes,
+        }
+    }
+
+    /// What the model reads of a worker's answer to `tool`: for `upload_artifact` and
+    /// `browser_screenshot`, the file is stored and the model gets its id.
+    pub(super) async fn output(
+        &self,
+        tool: &str,
+        owner: ArtifactOwner,
+        answer: Result<Answer, String>,
+    ) -> ToolOutput {
+        match answer {
+            Ok(answer) if returns_file(tool) && !answer.is_error => {
+                self.store_artifact(owner, &answer.content).await
+            }
+            Ok(answer) => {
+                let text = content_text(&answer.content);
+                if answer.is_error {
+                    ToolOutput::error(text)
+                } else {
+                    ToolOutput::ok(text)
+                }
+            }
+            Err(message) => ToolOutput::error(message),
+        }
+    }
+
+    /// The bytes came through the channel; the brain stores them (the pod holds no
+    /// storage credentials).
+    async fn store_artifact(&self, owner: ArtifactOwner, content: &Value) -> ToolOutput {
         let Some(resource) = content
             .as_array()
             .into_iter()
@@ -259,16 +295,10 @@ impl WorkerTool {
         let content_type = resource["mimeType"]
             .as_str()
             .unwrap_or("application/octet-stream");
-        let owner = ArtifactOwner {
-            team: ctx.team,
-            agent: ctx.agent,
-            chat: Some(ctx.chat),
-            turn: Some(ctx.turn),
-        };
         match save_artifact(
-            &self.sessions.store,
+            &self.store,
             self.artifacts.as_ref(),
-            self.max_artifact_bytes,
+            self.max_bytes,
             owner,
             &name,
             content_type,

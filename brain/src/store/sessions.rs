@@ -130,10 +130,32 @@ impl Store {
         reason: FailureReason,
         detail: Option<&str>,
     ) -> Result<bool, StoreError> {
+        self.fail_session_in(id, LIVE, reason, detail).await
+    }
+
+    /// Fails a session only while it waits for its worker to dial (`connecting`); `false`
+    /// in any other state, a `ready` one included.
+    pub async fn fail_connecting_session(
+        &self,
+        id: SessionId,
+        reason: FailureReason,
+    ) -> Result<bool, StoreError> {
+        self.fail_session_in(id, "('connecting')", reason, None)
+            .await
+    }
+
+    /// `states`: a constant SQL list of states, never input.
+    async fn fail_session_in(
+        &self,
+        id: SessionId,
+        states: &'static str,
+        reason: FailureReason,
+        detail: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let sql = format!(
             "UPDATE agent_runtime_sessions \
              SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now() \
-             WHERE id = $1 AND state IN {LIVE}"
+             WHERE id = $1 AND state IN {states}"
         );
         let done = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id.0)

@@ -38,6 +38,8 @@ pub struct TestApp {
     pub db_name: String,
     shutdown: CancellationToken,
     config: Config,
+    /// The environment `config` was read from, for brain processes beside this one.
+    env: HashMap<String, String>,
 }
 
 impl TestApp {
@@ -66,6 +68,7 @@ impl TestApp {
             env.insert("REDIS_URL".into(), redis);
         }
         let mut config = Config::from_env(&env).unwrap();
+        let env_copy = env.clone();
         tweak(&mut config);
         let config_copy = config.clone();
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
@@ -92,6 +95,7 @@ impl TestApp {
             db_name,
             shutdown,
             config: config_copy,
+            env: env_copy,
         }
     }
 
@@ -240,58 +244,51 @@ impl TestApp {
     }
 }
 
-/// A brain as its own process (`brain serve`) over this app's database, Redis and scripted
-/// provider: a replica a test can SIGKILL.
+/// A brain replica as a real process over the app's database and Redis (its environment,
+/// plus `extra`), for tests that kill a replica: SIGKILLed on drop.
 pub struct BrainProcess {
-    child: tokio::process::Child,
     pub url: String,
-}
-
-impl TestApp {
-    /// Starts `brain serve` on a free port with this app's environment plus `extra`, and
-    /// waits until it answers `/healthz`.
-    pub async fn spawn_brain(&self, extra: &[(&str, &str)]) -> BrainProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let url = format!("http://127.0.0.1:{port}");
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"));
-        command
-            .arg("serve")
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("BRAIN_ADDR", format!("127.0.0.1:{port}"))
-            .env("DATABASE_URL", self.store_url())
-            .env("REDIS_URL", &self.config.redis_url)
-            .env("OPENAI_BASE_URL", self.provider.openai_base_url())
-            .env("OPENAI_API_KEY", "sk-test-openai")
-            .env("ANTHROPIC_BASE_URL", self.provider.anthropic_base_url())
-            .env("ANTHROPIC_API_KEY", "sk-test-anthropic")
-            .env(
-                "BRAIN_ARTIFACTS_DIR",
-                std::env::temp_dir().join(format!("brain-test-artifacts-{}", self.db_name)),
-            )
-            .env("BRAIN_LOG", "warn")
-            .envs(extra.iter().copied())
-            .kill_on_drop(true);
-        let child = command.spawn().unwrap();
-        for _ in 0..500 {
-            if let Ok(r) = self.http.get(format!("{url}/healthz")).send().await
-                && r.status() == 200
-            {
-                return BrainProcess { child, url };
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("brain process did not come up on {url}");
-    }
+    child: tokio::process::Child,
 }
 
 impl BrainProcess {
-    /// SIGKILL: no drain, no lease given up, sockets dropped by the kernel.
-    pub async fn kill(mut self) {
+    pub async fn start(app: &TestApp, extra: &[(&str, &str)]) -> Self {
+        // A free port, released for the brain to bind right after.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
+            .arg("serve")
+            .envs(&app.env)
+            .envs(extra.iter().copied())
+            .env("BRAIN_ADDR", addr.to_string())
+            .env("BRAIN_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the brain binary is built with its tests");
+        let url = format!("http://{addr}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "the brain process exited at start"
+            );
+            if let Ok(ready) = app.http.get(format!("{url}/readyz")).send().await
+                && ready.status() == 200
+            {
+                return Self { url, child };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the brain process was not ready within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: the replica stops at once, without a word to anyone.
+    pub async fn kill(&mut self) {
         self.child.kill().await.unwrap();
     }
 }
