@@ -221,15 +221,21 @@ impl Sessions {
         };
         let events = events_channel(&call.key);
         // Cancels from the caller: subscribed first, then the key read, so a cancel sent
-        // before the subscription was live is not lost.
-        let Some(cancels) = subscribe(&self.redis_client, cancel_channel(&call.key)).await else {
+        // before the subscription was live is not lost. Not knowing whether one was sent
+        // is not "none was": the call is refused, never run uncancellable.
+        let cancels = match subscribe(&self.redis_client, cancel_channel(&call.key)).await {
+            Some(cancels) => bounded(conn.get::<_, Option<String>>(cancelled_key(&call.key)))
+                .await
+                .map(|sent| (cancels, sent.is_some())),
+            None => None,
+        };
+        let Some((cancels, cancelled_before)) = cancels else {
             let refused =
                 ToolOutput::error("the replica holding the worker could not take the call");
             publish(&mut conn, &events, &answer(refused)).await;
             return;
         };
-        let sent_before: Option<Option<String>> = bounded(conn.get(cancelled_key(&call.key))).await;
-        if matches!(sent_before, Some(Some(_))) {
+        if cancelled_before {
             cancel.cancel();
         }
         let watch = {
