@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps fmt lint unit bench bench-peer
+.PHONY: dev test services test-deps fmt lint unit bench bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
@@ -47,3 +47,10 @@ bench: services
 # against the same scripted provider and prints the ratio. Not part of `test`.
 bench-peer: services
 	@scripts/bench-peer.sh
+
+# The soak (docs/PERFORMANCE.md): 1,000 chats x 10 turns at concurrency 64 over two brain
+# processes, with Redis blips and one replica SIGKILLed and restarted; prints what became
+# of every turn and fails if one was lost, duplicated or left running. Not part of `test`.
+bench-soak: services
+	cargo build --release --locked --bins
+	BENCH_ONLY=soak "$$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/bench"

@@ -10,8 +10,6 @@
 //! descriptors a process may have here.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +24,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use scripted_provider::{Reply, ScriptedProvider};
 use tokio::sync::{Semaphore, watch};
 
-use crate::system::{Database, Row, SseData, bin, brain_env, ms, pct, row, sorted, window};
+use crate::system::{
+    BrainProcess, Database, Row, SseData, free_addr, ms, pct, row, sorted, window,
+};
 
 const LEVELS: [usize; 2] = [1_000, 10_000];
 /// Turns per HTTP/2 connection: under the 200 concurrent streams hyper's server allows
@@ -97,81 +97,6 @@ fn usage(pid: u32, ticks_per_second: u64) -> Result<Usage> {
         cpu: Duration::from_secs_f64(ticks as f64 / ticks_per_second as f64),
         fds: std::fs::read_dir(format!("/proc/{pid}/fd"))?.count(),
     })
-}
-
-/// The release brain binary as a child process over `db`, with `provider` as OpenAI.
-struct Brain {
-    child: tokio::process::Child,
-    pid: u32,
-    addr: SocketAddr,
-    artifacts: PathBuf,
-}
-
-impl Brain {
-    async fn start(db: &Database, provider: &ScriptedProvider) -> Result<Self> {
-        let binary = bin("brain")?;
-        if !binary.exists() {
-            bail!(
-                "{} is missing: run `cargo build --release --bins` (make bench does)",
-                binary.display()
-            );
-        }
-        // A free port, released for the brain to bind right after.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let env = brain_env(&db.name, provider);
-        let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
-        let mut child = tokio::process::Command::new(binary)
-            .arg("serve")
-            .envs(env)
-            .env("BRAIN_ADDR", addr.to_string())
-            // Its own provision queue, so no runtime-manager of another run sees it.
-            .env(
-                "SESSION_QUEUE_NAMESPACE",
-                format!("bench-{}", uuid::Uuid::new_v4().simple()),
-            )
-            .env("BRAIN_LOG", "warn,rmcp=error")
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?;
-        let pid = child.id().context("the brain's pid")?;
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                bail!("the brain exited at start: {status}");
-            }
-            if let Ok(ready) = http.get(format!("http://{addr}/readyz")).send().await
-                && ready.status() == 200
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the brain was not ready within 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Self {
-            child,
-            pid,
-            addr,
-            artifacts,
-        })
-    }
-
-    /// SIGTERM (the brain drains), then SIGKILL after 10 s.
-    async fn stop(mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .status();
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.start_kill();
-            let _ = self.child.wait().await;
-        }
-        let _ = std::fs::remove_dir_all(&self.artifacts);
-    }
 }
 
 /// HTTP/2 connections to the brain, enough for `turns` streams.
@@ -343,7 +268,7 @@ struct Level {
 /// Opens `n` turns, holds them all open for the window, releases them and reads them to
 /// their end.
 async fn drive(
-    brain: &Brain,
+    brain: &BrainProcess,
     store: &Store,
     provider: &ScriptedProvider,
     key: &str,
@@ -451,7 +376,7 @@ async fn level(n: usize, ticks_per_second: u64) -> Result<Level> {
     let provider = ScriptedProvider::start().await?;
     let team = db.store.create_team("bench team").await?;
     let chats = chats(&db.store, &team, n).await?;
-    let brain = Brain::start(&db, &provider).await?;
+    let brain = BrainProcess::start(&db, &provider, free_addr()?, &[]).await?;
     let driven = drive(
         &brain,
         &db.store,

@@ -7,7 +7,11 @@
 //! (default redis://127.0.0.1:6379), `BENCH_SECONDS` (window per concurrency level,
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
-//! scenario names: turn, busy, relay, live, hands, hangup, peer; empty runs all but peer).
+//! scenario names: turn, busy, relay, live, hands, hangup, peer, soak; empty runs all but
+//! peer and soak).
+//!
+//! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
+//! Redis blips and one replica killed and restarted, and prints what became of every turn.
 //!
 //! `live` runs the release `brain` binary as a child, to read its RSS and CPU from `/proc`.
 //!
@@ -20,6 +24,7 @@ mod hands;
 mod live;
 mod peer;
 mod relay;
+mod soak;
 mod system;
 mod turn;
 
@@ -66,11 +71,12 @@ fn print_table(rows: &[Row]) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    // `peer` needs LangGraph installed, which plain `make bench` does not do: it runs only
-    // when named.
+    // `peer` needs LangGraph installed, which plain `make bench` does not do, and `soak`
+    // (make bench-soak) takes minutes and measures survival, not speed: they run only when
+    // named.
     let wants = |name: &str| {
         let named = only.split(',').any(|s| s.trim() == name);
-        named || (only.is_empty() && name != "peer")
+        named || (only.is_empty() && name != "peer" && name != "soak")
     };
     let mut rows = Vec::new();
     if wants("turn") {
@@ -93,6 +99,9 @@ async fn main() -> Result<()> {
     }
     if wants("peer") {
         peer::peer(&mut rows).await?;
+    }
+    if wants("soak") {
+        soak::soak(&mut rows).await?;
     }
     print_table(&rows);
     Ok(())

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -311,4 +313,95 @@ where
         samples.extend(task.await??);
     }
     Ok((samples, started.elapsed()))
+}
+
+/// A free loopback address, released for a child to bind right after.
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// The release brain binary as a child process over `db`, with `provider` as OpenAI, on
+/// `addr`, with `extra` variables over [`brain_env`].
+pub struct BrainProcess {
+    child: tokio::process::Child,
+    pub pid: u32,
+    pub addr: SocketAddr,
+    artifacts: PathBuf,
+}
+
+impl BrainProcess {
+    pub async fn start(
+        db: &Database,
+        provider: &ScriptedProvider,
+        addr: SocketAddr,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
+        let binary = bin("brain")?;
+        if !binary.exists() {
+            bail!(
+                "{} is missing: run `cargo build --release --bins` (make bench does)",
+                binary.display()
+            );
+        }
+        let env = brain_env(&db.name, provider);
+        let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
+        let mut child = tokio::process::Command::new(binary)
+            .arg("serve")
+            .envs(env)
+            .env("BRAIN_ADDR", addr.to_string())
+            // Its own provision queue, so no runtime-manager of another run sees it.
+            .env(
+                "SESSION_QUEUE_NAMESPACE",
+                format!("bench-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .env("BRAIN_LOG", "warn,rmcp=error")
+            .envs(extra.iter().copied())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().context("the brain's pid")?;
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("the brain exited at start: {status}");
+            }
+            if let Ok(ready) = http.get(format!("http://{addr}/readyz")).send().await
+                && ready.status() == 200
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the brain was not ready within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            child,
+            pid,
+            addr,
+            artifacts,
+        })
+    }
+
+    /// SIGTERM (the brain drains), then SIGKILL after 10 s.
+    pub async fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status();
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+        }
+        let _ = std::fs::remove_dir_all(&self.artifacts);
+    }
+
+    /// SIGKILL: no drain, no lease given up.
+    pub async fn kill(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
 }

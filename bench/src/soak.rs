@@ -1,0 +1,381 @@
+//! The soak (issue 10, part 5): 1,000 chats × 10 turns at concurrency 64 over two brain
+//! replicas (release binaries, one database, one scripted provider), with Redis blipping
+//! (blackholed, then cut, a few hundred ms at a time, through a fault proxy) and one
+//! replica SIGKILLed and restarted on the same address along the way. Clients behave as a
+//! careful frontend does: every message has a client id, and a request that fails (a
+//! refused connection, a stream cut by the kill, `503`, `409`) is retried with the same id
+//! on either replica, so a turn is never sent twice (T12). At the end the database is
+//! checked: every turn terminal, no user message lost or stored twice.
+//!
+//! `BENCH_SOAK_CHATS` shrinks the run (default 1,000).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures_util::StreamExt;
+use scripted_provider::ScriptedProvider;
+use serde_json::{Value, json};
+use test_support::proxy::{Fault, FaultProxy};
+use tokio::sync::Mutex;
+
+use crate::system::{BrainProcess, Database, Row, SseData, free_addr, redis_url, row};
+
+const TURNS_PER_CHAT: usize = 10;
+const CONCURRENCY: usize = 64;
+/// A client gives a turn up (and counts it lost) after this long.
+const TURN_DEADLINE: Duration = Duration::from_secs(120);
+/// The kill comes when this share of the turns has ended.
+const KILL_AT: f64 = 0.4;
+/// Short leases, so the killed replica's turns are reconciled within seconds.
+const LEASE_TTL_MS: &str = "2000";
+
+/// How one turn ended, as its client saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    Completed,
+    Interrupted,
+    Failed,
+    Lost,
+}
+
+#[derive(Default)]
+struct Counts {
+    completed: AtomicUsize,
+    interrupted: AtomicUsize,
+    failed: AtomicUsize,
+    lost: AtomicUsize,
+    retries: AtomicUsize,
+}
+
+impl Counts {
+    fn add(&self, seen: Seen) {
+        let counter = match seen {
+            Seen::Completed => &self.completed,
+            Seen::Interrupted => &self.interrupted,
+            Seen::Failed => &self.failed,
+            Seen::Lost => &self.lost,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn ended(&self) -> usize {
+        self.completed.load(Ordering::Relaxed)
+            + self.interrupted.load(Ordering::Relaxed)
+            + self.failed.load(Ordering::Relaxed)
+            + self.lost.load(Ordering::Relaxed)
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    key: String,
+    urls: [String; 2],
+}
+
+impl Client {
+    /// One turn, retried with the same message id until its end is known.
+    async fn turn(&self, chat: &str, message_id: &str, first: usize, counts: &Counts) -> Seen {
+        let deadline = Instant::now() + TURN_DEADLINE;
+        for attempt in 0.. {
+            if Instant::now() > deadline {
+                return Seen::Lost;
+            }
+            if attempt > 0 {
+                counts.retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let url = &self.urls[(first + attempt) % 2];
+            let sent = self
+                .http
+                .post(format!("{url}/v1/chats/{chat}/messages"))
+                .bearer_auth(&self.key)
+                .json(&json!({"content": "soak", "message_id": message_id}))
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            let Ok(response) = sent else { continue };
+            match response.status().as_u16() {
+                200 => {}
+                // Busy (a lost turn's hold not yet freed), in progress (its turn runs or
+                // awaits reconciliation), draining or a store blip: ask again.
+                409 | 503 | 500 | 502 => continue,
+                _ => return Seen::Failed,
+            }
+            match read_end(response).await {
+                Some(seen) => return seen,
+                // The stream broke (its replica was killed): the retry learns the end.
+                None => continue,
+            }
+        }
+        Seen::Lost
+    }
+}
+
+/// How a UI message stream ended: `None` if it broke before `finish` or `error`.
+async fn read_end(response: reqwest::Response) -> Option<Seen> {
+    let mut body = response.bytes_stream();
+    let mut sse = SseData::default();
+    let mut end = None;
+    while let Some(piece) = body.next().await {
+        let Ok(piece) = piece else { return None };
+        for data in sse.push(&piece) {
+            if data == "[DONE]" {
+                return end;
+            }
+            let Ok(chunk) = serde_json::from_str::<Value>(&data) else {
+                return None;
+            };
+            match chunk["type"].as_str() {
+                Some("finish") => {
+                    end = Some(match chunk["finishReason"].as_str() {
+                        Some("stop") => Seen::Completed,
+                        _ => Seen::Interrupted,
+                    });
+                }
+                Some("error") => end = Some(Seen::Failed),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+async fn create(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    path: &str,
+    body: Value,
+) -> Result<String> {
+    let response = http
+        .post(format!("{url}{path}"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await?;
+    if response.status() != 201 {
+        bail!("POST {path}: {}", response.status());
+    }
+    let created: Value = response.json().await?;
+    Ok(created["id"].as_str().context("id")?.to_owned())
+}
+
+pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
+    let chats_total: usize = std::env::var("BENCH_SOAK_CHATS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000);
+    let db = Database::create().await?;
+    let provider = ScriptedProvider::start().await?;
+    let redis_upstream = redis_url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let redis = FaultProxy::start(&redis_upstream).await;
+    let redis_via = format!("redis://{}", redis.addr());
+    let extra = [
+        ("REDIS_URL", redis_via.as_str()),
+        ("BRAIN_LEASE_TTL_MS", LEASE_TTL_MS),
+    ];
+    let (a_addr, b_addr) = (free_addr()?, free_addr()?);
+    let a = BrainProcess::start(&db, &provider, a_addr, &extra).await?;
+    let b = BrainProcess::start(&db, &provider, b_addr, &extra).await?;
+    let team = db.store.create_team("soak team").await?;
+    let http = reqwest::Client::new();
+    let urls = [format!("http://{a_addr}"), format!("http://{b_addr}")];
+
+    // One agent per client (one turn per agent at a time, T9), its chats in turn.
+    let mut plans: Vec<(String, Vec<String>)> = Vec::new();
+    for c in 0..CONCURRENCY {
+        let agent = create(
+            &http,
+            &urls[0],
+            &team.api_key,
+            "/v1/agents",
+            json!({"name": format!("soak-{c}"), "system_prompt": "Be brief.", "model": "openai/gpt-test"}),
+        )
+        .await?;
+        plans.push((agent, Vec::new()));
+    }
+    for i in 0..chats_total {
+        let (agent, chats) = &mut plans[i % CONCURRENCY];
+        let path = format!("/v1/agents/{agent}/chats");
+        chats.push(create(&http, &urls[0], &team.api_key, &path, json!({})).await?);
+    }
+
+    let counts = Arc::new(Counts::default());
+    let total = chats_total * TURNS_PER_CHAT;
+    let started = Instant::now();
+    let client = Arc::new(Client {
+        http: http.clone(),
+        key: team.api_key.clone(),
+        urls: urls.clone(),
+    });
+    let clients: Vec<_> = plans
+        .into_iter()
+        .enumerate()
+        .map(|(c, (_, chats))| {
+            let client = client.clone();
+            let counts = counts.clone();
+            tokio::spawn(async move {
+                for (k, chat) in chats.iter().enumerate() {
+                    for t in 0..TURNS_PER_CHAT {
+                        let id = format!("soak-{chat}-{t}");
+                        let seen = client.turn(chat, &id, c + k + t, &counts).await;
+                        counts.add(seen);
+                    }
+                }
+            })
+        })
+        .collect();
+
+    // Redis blips all along: 300 ms blackholed, 300 ms cut, every 2 s.
+    let done = tokio_util::sync::CancellationToken::new();
+    let blips = Arc::new(AtomicUsize::new(0));
+    let blipper = {
+        let done = done.clone();
+        let blips = blips.clone();
+        let redis = Arc::new(redis);
+        tokio::spawn(async move {
+            let mut next = Fault::Blackhole;
+            loop {
+                tokio::select! {
+                    () = done.cancelled() => break,
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                redis.set(next);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                redis.set(Fault::None);
+                blips.fetch_add(1, Ordering::Relaxed);
+                next = if next == Fault::Blackhole {
+                    Fault::Cut
+                } else {
+                    Fault::Blackhole
+                };
+            }
+            redis.set(Fault::None);
+        })
+    };
+
+    // One replica SIGKILLed at 40 %, restarted on its address a second later.
+    let b = Arc::new(Mutex::new(Some(b)));
+    let killer = {
+        let counts = counts.clone();
+        let b = b.clone();
+        tokio::spawn(async move {
+            while (counts.ended() as f64) < total as f64 * KILL_AT {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if let Some(victim) = b.lock().await.take() {
+                victim.kill().await;
+            }
+            Instant::now()
+        })
+    };
+    let killed_at = killer.await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *b.lock().await = Some(BrainProcess::start(&db, &provider, b_addr, &extra).await?);
+    let restarted_after = killed_at.elapsed();
+    for c in clients {
+        c.await?;
+    }
+    let took = started.elapsed();
+    done.cancel();
+    blipper.await?;
+
+    // Reconciliation of the killed replica's turns is at most a lease and a tick away.
+    let mut running = i64::MAX;
+    for _ in 0..100 {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM turns WHERE status = 'running'")
+            .fetch_one(db.store.pool())
+            .await?;
+        running = n;
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let by_status: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT status, error_code, count(*) FROM turns GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(db.store.pool())
+    .await?;
+    let (stored_ids,): (i64,) = sqlx::query_as(
+        "SELECT count(DISTINCT client_message_id) FROM messages \
+         WHERE role = 'user' AND client_message_id LIKE 'soak-%'",
+    )
+    .fetch_one(db.store.pool())
+    .await?;
+    let (duplicated,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT chat_id, client_message_id FROM messages \
+         WHERE role = 'user' GROUP BY 1, 2 HAVING count(*) > 1) d",
+    )
+    .fetch_one(db.store.pool())
+    .await?;
+    let (answers_twice,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' \
+         GROUP BY 1 HAVING count(*) > 1) d",
+    )
+    .fetch_one(db.store.pool())
+    .await?;
+    let lost_client = counts.lost.load(Ordering::Relaxed);
+    let lost_store = total as i64 - stored_ids;
+
+    a.stop().await;
+    if let Some(b) = b.lock().await.take() {
+        b.stop().await;
+    }
+    provider.shutdown();
+    db.drop().await;
+
+    let statuses: Vec<String> = by_status
+        .iter()
+        .map(|(s, code, n)| match code {
+            Some(code) => format!("{s} ({code}) {n}"),
+            None => format!("{s} {n}"),
+        })
+        .collect();
+    rows.push(row(
+        "soak",
+        "turns sent / seen by clients",
+        total.to_string(),
+        String::new(),
+        format!(
+            "completed {}, interrupted {}, failed {}, lost {}; {} retries with the same id; {:.0} s",
+            counts.completed.load(Ordering::Relaxed),
+            counts.interrupted.load(Ordering::Relaxed),
+            counts.failed.load(Ordering::Relaxed),
+            lost_client,
+            counts.retries.load(Ordering::Relaxed),
+            took.as_secs_f64()
+        ),
+    ));
+    rows.push(row(
+        "soak",
+        "turn rows in Postgres",
+        statuses.join(", "),
+        String::new(),
+        format!("running {running}"),
+    ));
+    rows.push(row(
+        "soak",
+        "user messages lost / duplicated",
+        format!("{lost_store} / {duplicated}"),
+        String::new(),
+        format!(
+            "{stored_ids} stored for {total} ids; turns answered twice {answers_twice}; {} Redis blips; replica B killed at 40 % and back {:.1} s later",
+            blips.load(Ordering::Relaxed),
+            restarted_after.as_secs_f64()
+        ),
+    ));
+    if running != 0 || lost_client != 0 || lost_store != 0 || duplicated != 0 || answers_twice != 0
+    {
+        for r in &rows[rows.len() - 3..] {
+            eprintln!("{}: {} {} {}", r.metric, r.p50, r.p99, r.other);
+        }
+        bail!("the soak lost, duplicated or left turns running");
+    }
+    Ok(())
+}
