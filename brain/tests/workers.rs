@@ -511,6 +511,57 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
 }
 
 #[tokio::test]
+async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_next_call_provisions()
+{
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("a", "echo first"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "start"})).await).await;
+    app.settled().await;
+    let pid = worker_pid(&app).await;
+
+    app.provider.push(shell("b", "sleep 30; echo never"));
+    app.provider.push(text("the worker died"));
+    let response = app.send(&chat, &json!({"content": "slow"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    let (chunks, done) = read_stream(response).await;
+    let ended = killed.elapsed();
+    assert!(done);
+    assert!(
+        ended < Duration::from_secs(15),
+        "the call ended {ended:?} after the kill"
+    );
+    assert!(output_of(&chunks, "b").starts_with("ERROR"), "{chunks:?}");
+    assert!(chunks.contains(&UiChunk::Finish {
+        finish_reason: protocol::ui::FinishReason::Stop
+    }));
+    assert_eq!(
+        app.settled().await.last(),
+        Some(&("completed".to_owned(), None)),
+        "a dead worker fails the call, never the turn"
+    );
+
+    // The next call provisions a fresh session, and the dead one says why it ended.
+    app.provider.push(shell("c", "echo fresh"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert!(output_of(&chunks, "c").contains("fresh"), "{chunks:?}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let dead = listed
+        .iter()
+        .find(|s| s["state"] == "failed")
+        .unwrap_or_else(|| panic!("the dead session is failed: {listed:?}"));
+    assert!(dead["failure_reason"].is_string(), "{dead}");
+}
+
+#[tokio::test]
 async fn a_worker_that_never_dials_is_a_dial_timeout() {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
