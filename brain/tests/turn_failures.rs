@@ -207,3 +207,109 @@ async fn a_truncated_call_at_the_ceiling_makes_no_extra_model_call() {
         app.provider.violations()
     );
 }
+
+/// A TCP proxy on loopback that delays everything it forwards by `delay` each way, in
+/// order: a Redis far away. Runs until the test's runtime ends.
+async fn slow_link(upstream: &str, delay: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        delay: Duration,
+    ) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                let bytes: Vec<u8> = bytes;
+                if to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = upstream.to_owned();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::spawn(pipe(client_read, server_write, delay));
+            tokio::spawn(pipe(server_read, client_write, delay));
+        }
+    });
+    format!("redis://{addr}")
+}
+
+/// A client that sends its next message the moment it reads `finish` (before `[DONE]`)
+/// finds the agent free, even on another replica and with the first replica's Redis far
+/// away: the hold is released before `finish` is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let far = slow_link(
+        redis.trim_start_matches("redis://").trim_end_matches('/'),
+        Duration::from_millis(60),
+    )
+    .await;
+    let app = TestApp::start_with(|c| c.redis_url = far).await;
+    let near = app
+        .second_replica_with(|c| c.redis_url = redis.clone())
+        .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A turn of another agent on the near replica first, so that its connections to
+    // Postgres and Redis are open and only the hold decides.
+    let (_, other) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(text("warm"));
+    let warm = app
+        .auth(app.http.post(format!("{near}/v1/chats/{other}/messages")))
+        .json(&json!({"content": "warm up"}))
+        .send()
+        .await
+        .unwrap();
+    read_stream(warm).await;
+    app.provider.push(text("first"));
+    app.provider.push(text("second"));
+    let response = app.send(&chat, &json!({"content": "one"})).await;
+    assert_eq!(response.status(), 200);
+    // The far replica did take the hold (so only its release can free the agent).
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("brain_hold_unavailable_total 0"),
+        "{metrics}"
+    );
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains(r#""type":"finish""#) {
+        let piece = futures_util::StreamExt::next(&mut body)
+            .await
+            .expect("the stream ended before finish")
+            .unwrap();
+        seen.push_str(std::str::from_utf8(&piece).unwrap());
+    }
+    // The next message goes out at once, to the other replica, the first stream still open.
+    let next = app
+        .auth(app.http.post(format!("{near}/v1/chats/{chat}/messages")))
+        .json(&json!({"content": "two"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200, "{:?}", next.text().await);
+    let (chunks, _) = read_stream(next).await;
+    assert_eq!(streamed_text(&chunks), "second");
+    drop(body);
+}
