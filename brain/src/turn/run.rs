@@ -241,10 +241,11 @@ impl TurnTask {
                 .iter()
                 .zip(&results)
                 .map(|(call, (input, _))| ToolCall {
-                    arguments: if input.is_string() {
-                        call.arguments.clone()
-                    } else {
-                        input.to_string()
+                    // Arguments that were not JSON are shown (and re-sent) as text: the raw
+                    // text, or what the tool's redaction left of it.
+                    arguments: match input {
+                        Value::String(shown) => shown.clone(),
+                        other => other.to_string(),
                     },
                     ..call.clone()
                 })
@@ -648,7 +649,8 @@ impl TurnTask {
 
     /// A call's arguments parsed, and as they may be shown, stored and sent back to the
     /// model: redacted by the tool (B1: `secret_set` blanks its value), or the raw text
-    /// when it is not JSON.
+    /// when it is not JSON. A tool that redacts gets the raw text to redact too: a call
+    /// cut off mid-value still holds the secret.
     fn parse_input(&self, call: &ToolCall) -> (Result<Value, serde_json::Error>, Value) {
         let raw = if call.arguments.trim().is_empty() {
             "{}"
@@ -659,6 +661,9 @@ impl TurnTask {
         let shown = match (&parsed, self.toolset.get(&call.name)) {
             (Ok(value), Some(tool)) => tool.redact_input(value.clone()),
             (Ok(value), None) => value.clone(),
+            (Err(_), Some(tool)) if tool.redacts_input() => {
+                tool.redact_input(Value::String(call.arguments.clone()))
+            }
             (Err(_), _) => Value::String(call.arguments.clone()),
         };
         (parsed, shown)
