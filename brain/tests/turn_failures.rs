@@ -313,3 +313,47 @@ async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
     assert_eq!(streamed_text(&chunks), "second");
     drop(body);
 }
+
+/// A turn that failed before any output (here the provider's 429) answered the POST with
+/// an error, so it binds nothing: the retry that `Retry-After` invites, with the same
+/// message id, runs and completes, and the transcript holds the message once.
+#[tokio::test]
+async fn a_retry_after_a_failure_before_output_runs_again() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(Reply::Status {
+        status: 429,
+        retry_after: Some(1),
+    });
+    app.provider.push(text("answered on retry"));
+    let body = json!({"content": "hi", "message_id": "retry-after-429"});
+    let first = app.send(&chat, &body).await;
+    assert_eq!(first.status(), 429);
+    assert_eq!(first.headers()["retry-after"], "1");
+    let retry = app.send(&chat, &body).await;
+    assert_eq!(retry.status(), 200);
+    let (chunks, done) = read_stream(retry).await;
+    assert!(done);
+    assert_eq!(streamed_text(&chunks), "answered on retry");
+    assert_eq!(
+        app.provider.requests().len(),
+        2,
+        "the retry called the model"
+    );
+    let turns = app.settled().await;
+    assert_eq!(
+        turns,
+        vec![
+            ("failed".to_owned(), Some("rate_limited".to_owned())),
+            ("completed".to_owned(), None)
+        ]
+    );
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["parts"][0]["text"], "hi");
+    assert_eq!(messages[1]["role"], "assistant");
+    // From now on the id is bound to the completed turn.
+    let (replayed, _) = read_stream(app.send(&chat, &body).await).await;
+    assert_eq!(streamed_text(&replayed), "answered on retry");
+    assert_eq!(app.provider.requests().len(), 2);
+}

@@ -141,8 +141,16 @@ impl TurnTask {
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
-                        self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
-                            .await;
+                        // The client gets an error status, not a stream: the user message
+                        // goes with the failure, so the same message id may be sent again.
+                        self.persist(TurnEnd {
+                            status: TurnStatus::Failed,
+                            error_code: Some(err.code()),
+                            assistant: None,
+                            usage: usage_log,
+                            withdraw_user_message: true,
+                        })
+                        .await;
                         unfinished.written();
                         // Released before the client hears of the failure, so the retry
                         // that a `Retry-After` invites does not find the agent busy.
@@ -314,6 +322,14 @@ impl TurnTask {
             parts: Value::Array(parts.clone()),
             complete,
         };
+        // The client has seen output: the user message stays, bound to this turn.
+        let ended = |status, error_code, assistant| TurnEnd {
+            status,
+            error_code,
+            assistant,
+            usage: usage_log,
+            withdraw_user_message: false,
+        };
         let lost = || {
             UiChunk::error(
                 ErrorCode::StoreUnavailable,
@@ -323,7 +339,7 @@ impl TurnTask {
         match end {
             End::Completed(reason) => {
                 let stored = self
-                    .persist(TurnStatus::Completed, None, Some(message(true)), usage_log)
+                    .persist(ended(TurnStatus::Completed, None, Some(message(true))))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -337,12 +353,7 @@ impl TurnTask {
             End::Interrupted => {
                 tracing::info!(turn = %self.turn, "turn cancelled");
                 let stored = self
-                    .persist(
-                        TurnStatus::Interrupted,
-                        None,
-                        Some(message(false)),
-                        usage_log,
-                    )
+                    .persist(ended(TurnStatus::Interrupted, None, Some(message(false))))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -355,7 +366,7 @@ impl TurnTask {
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
-                self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
+                self.persist(ended(TurnStatus::Failed, Some(err.code()), None))
                     .await;
                 let code = err.code();
                 let text = ApiError::Provider(err).public_message();
@@ -742,19 +753,7 @@ impl TurnTask {
     /// ended `failed` with `store_unavailable` and its model calls are billed on their
     /// own, so it never stays `running`: only a store unreachable for the whole wrap-up
     /// leaves it so, for the replica's lease to settle.
-    pub(super) async fn persist(
-        &self,
-        status: TurnStatus,
-        error_code: Option<ErrorCode>,
-        assistant: Option<AssistantMessage>,
-        usage: Vec<ModelCallUsage>,
-    ) -> bool {
-        let end = TurnEnd {
-            status,
-            error_code,
-            assistant,
-            usage,
-        };
+    pub(super) async fn persist(&self, end: TurnEnd) -> bool {
         // The answer exists only in this task until the write lands, so transient failures
         // are waited out. A retried attempt that had landed unseen fails on the assistant
         // message's id, and the fallback then finds the turn no longer `running`.
