@@ -57,6 +57,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
     pub shutdown_grace: Duration,
+    /// How long a turn waits for a client that stopped reading its stream (the chunk
+    /// channel full) before it cancels the turn.
+    pub client_stall_timeout: Duration,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -258,6 +261,7 @@ impl Config {
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             shutdown_grace: millis(env, "BRAIN_SHUTDOWN_GRACE_MS", 30_000)?,
+            client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,

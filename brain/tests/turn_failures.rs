@@ -357,3 +357,59 @@ async fn a_retry_after_a_failure_before_output_runs_again() {
     assert_eq!(streamed_text(&replayed), "answered on retry");
     assert_eq!(app.provider.requests().len(), 2);
 }
+
+/// A client that stays connected but stops reading cannot hold its turn forever: once the
+/// chunk channel stays full for `BRAIN_CLIENT_STALL_TIMEOUT_MS`, the turn is cancelled
+/// and stored `interrupted` with the text the channel took.
+#[tokio::test]
+async fn a_client_that_stops_reading_interrupts_its_turn() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // 12 MiB of text: more than the socket buffers, hyper's buffer and the chunk channel
+    // together hold (about 5 MiB here).
+    app.provider.push(Reply::Text {
+        deltas: (0..1536)
+            .map(|i| format!("{i:07} {}", "x".repeat(8184)))
+            .collect(),
+        delay: Duration::ZERO,
+    });
+    let address = app.url.trim_start_matches("http://").to_owned();
+    let body = json!({"content": "a long answer please"}).to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
+                 authorization: Bearer {}\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                app.key,
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // Never read; the connection stays open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let turns = loop {
+        let turns = app.turns().await;
+        if !turns.is_empty() && turns.iter().all(|(s, _)| s != "running") {
+            break turns;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn is still running behind a client that does not read: {turns:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(turns, vec![("interrupted".to_owned(), None)]);
+    let aborted = app.provider.wait_aborted(1, Duration::from_secs(2)).await;
+    assert_eq!(aborted.len(), 1, "the provider request was aborted");
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages[1]["status"], "interrupted");
+    let stored = messages[1]["parts"][1]["text"].as_str().unwrap();
+    assert!(stored.starts_with("0000000 x"), "the accepted text is kept");
+    assert!(!stored.contains("0001535 "), "not the whole answer");
+    drop(socket);
+}

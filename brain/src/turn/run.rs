@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, OptionFuture};
@@ -62,6 +63,10 @@ pub(super) struct TurnTask {
     pub fold: Fold,
     /// Shown once at the start of the stream (B2).
     pub connector_status: Vec<ConnectorStatus>,
+    /// How long a send waits for a client that stopped reading (`BRAIN_CLIENT_STALL_TIMEOUT_MS`).
+    pub stall_timeout: Duration,
+    /// Set once a send gave the client up; from then on nothing waits for it.
+    pub stalled: AtomicBool,
 }
 
 /// A stream that produced its first output, with what came before it.
@@ -744,9 +749,28 @@ impl TurnTask {
         .await;
     }
 
-    /// Sends a chunk to the client; `false` when the client is gone.
+    /// Sends a chunk to the client; `false` when the client is gone or has stopped
+    /// reading. A client that leaves the channel full for the stall timeout is given up:
+    /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
+    /// for, so a connected client that never reads cannot hold its turn, or a drain.
     async fn send(&self, chunk: UiChunk) -> bool {
-        self.tx.send(chunk).await.is_ok()
+        let chunk = match self.tx.try_send(chunk) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
+        };
+        if self.stalled.load(Ordering::Relaxed) {
+            return false;
+        }
+        match tokio::time::timeout(self.stall_timeout, self.tx.send(chunk)).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                tracing::info!(turn = %self.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
+                self.stalled.store(true, Ordering::Relaxed);
+                self.cancel.cancel();
+                false
+            }
+        }
     }
 
     /// Writes the end state; `false` when it could not be written whole. Then the turn is
