@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ use crate::provider::{
 use crate::store::{
     AssistantMessage, ModelCallUsage, Store, StoreError, TurnEnd, TurnStatus, storable_text,
 };
-use crate::tools::{ToolCtx, ToolOutput, Toolset};
+use crate::tools::{Tool, ToolCtx, ToolOutput, Toolset};
 
 /// Everything the spawned part of a turn needs; owned, so the task outlives the request.
 pub(super) struct TurnTask {
@@ -620,12 +621,12 @@ impl TurnTask {
                         )));
                     } else {
                         *writes_used += 1;
-                        writes.push_back((index, tool.call(&ctxs[index], args)));
+                        writes.push_back((index, self.start(tool, &ctxs[index], args)));
                     }
                 }
                 (Some(tool), Ok(args)) => {
                     reads.push(
-                        tool.call(&ctxs[index], args)
+                        self.start(tool, &ctxs[index], args)
                             .map(move |output| (index, output)),
                     );
                 }
@@ -661,6 +662,23 @@ impl TurnTask {
         let cancelled = cancelled || self.cancel.is_cancelled();
         let reported = self.report_outputs(calls, inputs, outputs).await;
         (reported, cancelled)
+    }
+
+    /// One tool call, which checks the turn's cancellation right before the tool starts:
+    /// no tool starts after a cancel (T8), however late in the batch it comes.
+    fn start<'a>(
+        &'a self,
+        tool: &'a Arc<dyn Tool>,
+        ctx: &'a ToolCtx,
+        args: Value,
+    ) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            if self.cancel.is_cancelled() {
+                return ToolOutput::error(CANCELLED_RESULT);
+            }
+            tool.call(ctx, args).await
+        }
+        .boxed()
     }
 
     /// A call's arguments parsed, and as they may be shown, stored and sent back to the
@@ -756,14 +774,23 @@ impl TurnTask {
     async fn send(&self, chunk: UiChunk) -> bool {
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
-            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                // The body is gone, and with it the client: that is a cancel (T8), whoever
+                // notices first.
+                self.cancel.cancel();
+                return false;
+            }
             Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
         };
         if self.stalled.load(Ordering::Relaxed) {
             return false;
         }
         match tokio::time::timeout(self.stall_timeout, self.tx.send(chunk)).await {
-            Ok(sent) => sent.is_ok(),
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => {
+                self.cancel.cancel();
+                false
+            }
             Err(_) => {
                 tracing::info!(turn = %self.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
                 self.stalled.store(true, Ordering::Relaxed);
