@@ -61,6 +61,9 @@ pub struct Config {
     /// This replica's lease (O3): renewed every quarter of it; a replica silent for longer
     /// is dead to the others, which end its running turns.
     pub lease_ttl: Duration,
+    /// How long a turn waits for a client that stopped reading its stream (the chunk
+    /// channel full) before it cancels the turn.
+    pub client_stall_timeout: Duration,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -265,6 +268,7 @@ impl Config {
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 10_000, 400, 3_600_000)
                 .map(Duration::from_millis)?,
+            client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,

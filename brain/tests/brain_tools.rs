@@ -303,6 +303,46 @@ async fn a_secret_value_never_reaches_a_later_request() {
     assert!(!Value::Array(messages).to_string().contains(VALUE));
 }
 
+/// Arguments that do not parse are redacted too: a cut-off `secret_set` call is neither
+/// stored, streamed nor sent back to the model as the model wrote it.
+#[tokio::test]
+async fn a_malformed_secret_set_argument_is_redacted_too() {
+    let app = TestApp::start_with(|c| c.secrets_key = Some(key(KEY_HEX))).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let streamed = turn(
+        &app,
+        &chat,
+        vec![vec![ToolCall {
+            id: "set".into(),
+            name: "secret_set".into(),
+            arguments: format!(r#"{{"name": "API_KEY", "value": "{VALUE}"#),
+        }]],
+    )
+    .await;
+    assert!(result_of(&streamed, "set").is_err());
+    let streamed = serde_json::to_string(&streamed).unwrap();
+    assert!(!streamed.contains(VALUE), "{streamed}");
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "next"})).await).await;
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 3);
+    for request in requests.iter().skip(1) {
+        let body = request.body.to_string();
+        assert!(
+            body.contains("secret_set"),
+            "the call is still in the history"
+        );
+        assert!(!body.contains(VALUE), "{body}");
+    }
+    let messages = app.messages(&chat).await;
+    assert!(!Value::Array(messages).to_string().contains(VALUE));
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM secrets")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing was stored");
+}
+
 #[tokio::test]
 async fn without_a_key_secret_set_is_a_tool_error() {
     let app = TestApp::start().await;

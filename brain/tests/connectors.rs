@@ -858,3 +858,64 @@ async fn a_cancel_mid_tool_leaves_a_valid_history() {
     );
     let _ = std::fs::remove_file(marker);
 }
+
+/// No tool starts after the client hung up (T8): a write queued behind a running one is
+/// answered "cancelled" and never runs.
+#[tokio::test]
+async fn no_tool_starts_after_the_client_hung_up() {
+    let app = stdio_app().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (status, body) = post(
+        &app,
+        json!({"name": "probe", "command": cancel_probe(), "agent_id": agent}),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let marker = std::env::temp_dir().join(format!("probe-{}", uuid::Uuid::new_v4()));
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![
+            ToolCall {
+                id: "wait_1".into(),
+                name: "probe_wait".into(),
+                arguments: json!({"marker": marker.to_string_lossy(), "seconds": 30}).to_string(),
+            },
+            ToolCall {
+                id: "note_1".into(),
+                name: "memory_write".into(),
+                arguments: json!({"content": "written after the hang-up"}).to_string(),
+            },
+        ],
+        fragment: 0,
+    });
+    let response = app
+        .send(&chat, &json!({"content": "wait, then note"}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while seen.matches("tool-input-available").count() < 2 {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(body);
+    assert_eq!(app.settled().await, vec![("interrupted".to_owned(), None)]);
+    let (notes,): (i64,) = sqlx::query_as("SELECT count(*) FROM memories")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(notes, 0, "the queued write never started");
+    let messages = app.messages(&chat).await;
+    let note = messages[1]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "tool-memory_write")
+        .unwrap()
+        .clone();
+    assert!(
+        note["errorText"].as_str().unwrap().starts_with("cancelled"),
+        "{note}"
+    );
+    let _ = std::fs::remove_file(marker);
+}

@@ -199,12 +199,9 @@ async fn fails_before_output(reply: Reply, status: u16, code: &str) -> TestApp {
         app.settled().await,
         vec![("failed".to_owned(), Some(code.to_owned()))]
     );
-    let messages = app.messages(&chat).await;
-    assert_eq!(
-        messages.len(),
-        1,
-        "a failed turn stores no assistant message"
-    );
+    // The POST was answered with an error: no assistant message, and the user message
+    // went with the failure (so the same message id may be sent again).
+    assert!(app.messages(&chat).await.is_empty());
     if let Some(value) = retry_after {
         assert_eq!(value, "7");
     }

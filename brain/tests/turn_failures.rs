@@ -207,3 +207,209 @@ async fn a_truncated_call_at_the_ceiling_makes_no_extra_model_call() {
         app.provider.violations()
     );
 }
+
+/// A TCP proxy on loopback that delays everything it forwards by `delay` each way, in
+/// order: a Redis far away. Runs until the test's runtime ends.
+async fn slow_link(upstream: &str, delay: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        delay: Duration,
+    ) {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                let bytes: Vec<u8> = bytes;
+                if to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0
+                || tx
+                    .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                return;
+            }
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = upstream.to_owned();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::spawn(pipe(client_read, server_write, delay));
+            tokio::spawn(pipe(server_read, client_write, delay));
+        }
+    });
+    format!("redis://{addr}")
+}
+
+/// A client that sends its next message the moment it reads `finish` (before `[DONE]`)
+/// finds the agent free, even on another replica and with the first replica's Redis far
+/// away: the hold is released before `finish` is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let far = slow_link(
+        redis.trim_start_matches("redis://").trim_end_matches('/'),
+        Duration::from_millis(60),
+    )
+    .await;
+    let app = TestApp::start_with(|c| c.redis_url = far).await;
+    let near = app
+        .second_replica_with(|c| c.redis_url = redis.clone())
+        .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A turn of another agent on the near replica first, so that its connections to
+    // Postgres and Redis are open and only the hold decides.
+    let (_, other) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(text("warm"));
+    let warm = app
+        .auth(app.http.post(format!("{near}/v1/chats/{other}/messages")))
+        .json(&json!({"content": "warm up"}))
+        .send()
+        .await
+        .unwrap();
+    read_stream(warm).await;
+    app.provider.push(text("first"));
+    app.provider.push(text("second"));
+    let response = app.send(&chat, &json!({"content": "one"})).await;
+    assert_eq!(response.status(), 200);
+    // The far replica did take the hold (so only its release can free the agent).
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("brain_hold_unavailable_total 0"),
+        "{metrics}"
+    );
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains(r#""type":"finish""#) {
+        let piece = futures_util::StreamExt::next(&mut body)
+            .await
+            .expect("the stream ended before finish")
+            .unwrap();
+        seen.push_str(std::str::from_utf8(&piece).unwrap());
+    }
+    // The next message goes out at once, to the other replica, the first stream still open.
+    let next = app
+        .auth(app.http.post(format!("{near}/v1/chats/{chat}/messages")))
+        .json(&json!({"content": "two"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200, "{:?}", next.text().await);
+    let (chunks, _) = read_stream(next).await;
+    assert_eq!(streamed_text(&chunks), "second");
+    drop(body);
+}
+
+/// A turn that failed before any output (here the provider's 429) answered the POST with
+/// an error, so it binds nothing: the retry that `Retry-After` invites, with the same
+/// message id, runs and completes, and the transcript holds the message once.
+#[tokio::test]
+async fn a_retry_after_a_failure_before_output_runs_again() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(Reply::Status {
+        status: 429,
+        retry_after: Some(1),
+    });
+    app.provider.push(text("answered on retry"));
+    let body = json!({"content": "hi", "message_id": "retry-after-429"});
+    let first = app.send(&chat, &body).await;
+    assert_eq!(first.status(), 429);
+    assert_eq!(first.headers()["retry-after"], "1");
+    let retry = app.send(&chat, &body).await;
+    assert_eq!(retry.status(), 200);
+    let (chunks, done) = read_stream(retry).await;
+    assert!(done);
+    assert_eq!(streamed_text(&chunks), "answered on retry");
+    assert_eq!(
+        app.provider.requests().len(),
+        2,
+        "the retry called the model"
+    );
+    let turns = app.settled().await;
+    assert_eq!(
+        turns,
+        vec![
+            ("failed".to_owned(), Some("rate_limited".to_owned())),
+            ("completed".to_owned(), None)
+        ]
+    );
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["parts"][0]["text"], "hi");
+    assert_eq!(messages[1]["role"], "assistant");
+    // From now on the id is bound to the completed turn.
+    let (replayed, _) = read_stream(app.send(&chat, &body).await).await;
+    assert_eq!(streamed_text(&replayed), "answered on retry");
+    assert_eq!(app.provider.requests().len(), 2);
+}
+
+/// A client that stays connected but stops reading cannot hold its turn forever: once the
+/// chunk channel stays full for `BRAIN_CLIENT_STALL_TIMEOUT_MS`, the turn is cancelled
+/// and stored `interrupted` with the text the channel took.
+#[tokio::test]
+async fn a_client_that_stops_reading_interrupts_its_turn() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // 12 MiB of text: more than the socket buffers, hyper's buffer and the chunk channel
+    // together hold (about 5 MiB here).
+    app.provider.push(Reply::Text {
+        deltas: (0..1536)
+            .map(|i| format!("{i:07} {}", "x".repeat(8184)))
+            .collect(),
+        delay: Duration::ZERO,
+    });
+    let address = app.url.trim_start_matches("http://").to_owned();
+    let body = json!({"content": "a long answer please"}).to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
+                 authorization: Bearer {}\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                app.key,
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // Never read; the connection stays open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let turns = loop {
+        let turns = app.turns().await;
+        if !turns.is_empty() && turns.iter().all(|(s, _)| s != "running") {
+            break turns;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the turn is still running behind a client that does not read: {turns:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(turns, vec![("interrupted".to_owned(), None)]);
+    let aborted = app.provider.wait_aborted(1, Duration::from_secs(2)).await;
+    assert_eq!(aborted.len(), 1, "the provider request was aborted");
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages[1]["status"], "interrupted");
+    let stored = messages[1]["parts"][1]["text"].as_str().unwrap();
+    assert!(stored.starts_with("0000000 x"), "the accepted text is kept");
+    assert!(!stored.contains("0001535 "), "not the whole answer");
+    drop(socket);
+}

@@ -90,6 +90,10 @@ pub struct TurnEnd {
     /// Absent for a failed turn (T8: a failed turn persists no assistant message).
     pub assistant: Option<AssistantMessage>,
     pub usage: Vec<ModelCallUsage>,
+    /// The turn failed before any output, so its POST was answered with an error: its
+    /// user message is deleted with the end state, which frees the client message id
+    /// for the retry (and keeps the retried message from appearing twice).
+    pub withdraw_user_message: bool,
 }
 
 #[derive(Debug)]
@@ -231,7 +235,8 @@ impl Store {
         }))
     }
 
-    /// Records how a turn ended: status, assistant message and usage, all or nothing. One
+    /// Records how a turn ended: status, assistant message and usage (or, for a turn that
+    /// failed before any output, the user message withdrawn), all or nothing. One
     /// statement (an implicit transaction, one round trip): it closes every turn.
     pub async fn finish_turn(
         &self,
@@ -268,7 +273,10 @@ impl Store {
                SELECT u.id, $1, $9, $2, u.key, 'model_call', u.model, u.input, u.output \
                FROM unnest($10::uuid[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
                  AS u(id, key, model, input, output) \
-               ON CONFLICT (event_key) DO NOTHING) \
+               ON CONFLICT (event_key) DO NOTHING), \
+             w AS ( \
+               DELETE FROM messages \
+               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15) \
              SELECT 1",
         )
         .bind(team.0)
@@ -285,6 +293,7 @@ impl Store {
         .bind(models)
         .bind(inputs)
         .bind(outputs)
+        .bind(end.withdraw_user_message)
         .execute(&self.pool)
         .await?;
         Ok(())

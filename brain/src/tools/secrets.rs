@@ -125,7 +125,8 @@ fn redact_value(mut input: Value) -> Value {
             }
             input
         }
-        // Not an object (unparsable arguments): keep nothing of it.
+        // Not an object (arguments that are not JSON arrive as their raw text, which may
+        // hold the value anywhere): keep nothing of it.
         None => json!(REDACTED),
     }
 }

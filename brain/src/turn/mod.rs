@@ -22,6 +22,8 @@ mod history;
 mod run;
 pub mod ui_stream;
 
+use std::sync::atomic::AtomicBool;
+
 use protocol::ui::{FinishReason, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TeamId, TurnId};
 use serde::Serialize;
@@ -232,6 +234,8 @@ pub async fn start(
         hold,
         fold,
         connector_status,
+        stall_timeout: state.config.client_stall_timeout,
+        stalled: AtomicBool::new(false),
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.

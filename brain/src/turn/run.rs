@@ -16,6 +16,8 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::{BoxFuture, OptionFuture};
@@ -39,7 +41,7 @@ use crate::provider::{
 use crate::store::{
     AssistantMessage, ModelCallUsage, Store, StoreError, TurnEnd, TurnStatus, storable_text,
 };
-use crate::tools::{ToolCtx, ToolOutput, Toolset};
+use crate::tools::{Tool, ToolCtx, ToolOutput, Toolset};
 
 /// Everything the spawned part of a turn needs; owned, so the task outlives the request.
 pub(super) struct TurnTask {
@@ -62,6 +64,10 @@ pub(super) struct TurnTask {
     pub fold: Fold,
     /// Shown once at the start of the stream (B2).
     pub connector_status: Vec<ConnectorStatus>,
+    /// How long a send waits for a client that stopped reading (`BRAIN_CLIENT_STALL_TIMEOUT_MS`).
+    pub stall_timeout: Duration,
+    /// Set once a send gave the client up; from then on nothing waits for it.
+    pub stalled: AtomicBool,
 }
 
 /// A stream that produced its first output, with what came before it.
@@ -141,8 +147,16 @@ impl TurnTask {
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
-                        self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
-                            .await;
+                        // The client gets an error status, not a stream: the user message
+                        // goes with the failure, so the same message id may be sent again.
+                        self.persist(TurnEnd {
+                            status: TurnStatus::Failed,
+                            error_code: Some(err.code()),
+                            assistant: None,
+                            usage: usage_log,
+                            withdraw_user_message: true,
+                        })
+                        .await;
                         unfinished.written();
                         // Released before the client hears of the failure, so the retry
                         // that a `Retry-After` invites does not find the agent busy.
@@ -241,10 +255,11 @@ impl TurnTask {
                 .iter()
                 .zip(&results)
                 .map(|(call, (input, _))| ToolCall {
-                    arguments: if input.is_string() {
-                        call.arguments.clone()
-                    } else {
-                        input.to_string()
+                    // Arguments that were not JSON are shown (and re-sent) as text: the raw
+                    // text, or what the tool's redaction left of it.
+                    arguments: match input {
+                        Value::String(shown) => shown.clone(),
+                        other => other.to_string(),
                     },
                     ..call.clone()
                 })
@@ -313,6 +328,14 @@ impl TurnTask {
             parts: Value::Array(parts.clone()),
             complete,
         };
+        // The client has seen output: the user message stays, bound to this turn.
+        let ended = |status, error_code, assistant| TurnEnd {
+            status,
+            error_code,
+            assistant,
+            usage: usage_log,
+            withdraw_user_message: false,
+        };
         let lost = || {
             UiChunk::error(
                 ErrorCode::StoreUnavailable,
@@ -322,7 +345,7 @@ impl TurnTask {
         match end {
             End::Completed(reason) => {
                 let stored = self
-                    .persist(TurnStatus::Completed, None, Some(message(true)), usage_log)
+                    .persist(ended(TurnStatus::Completed, None, Some(message(true))))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -336,12 +359,7 @@ impl TurnTask {
             End::Interrupted => {
                 tracing::info!(turn = %self.turn, "turn cancelled");
                 let stored = self
-                    .persist(
-                        TurnStatus::Interrupted,
-                        None,
-                        Some(message(false)),
-                        usage_log,
-                    )
+                    .persist(ended(TurnStatus::Interrupted, None, Some(message(false))))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -354,7 +372,7 @@ impl TurnTask {
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
-                self.persist(TurnStatus::Failed, Some(err.code()), None, usage_log)
+                self.persist(ended(TurnStatus::Failed, Some(err.code()), None))
                     .await;
                 let code = err.code();
                 let text = ApiError::Provider(err).public_message();
@@ -603,12 +621,12 @@ impl TurnTask {
                         )));
                     } else {
                         *writes_used += 1;
-                        writes.push_back((index, tool.call(&ctxs[index], args)));
+                        writes.push_back((index, self.start(tool, &ctxs[index], args)));
                     }
                 }
                 (Some(tool), Ok(args)) => {
                     reads.push(
-                        tool.call(&ctxs[index], args)
+                        self.start(tool, &ctxs[index], args)
                             .map(move |output| (index, output)),
                     );
                 }
@@ -646,9 +664,27 @@ impl TurnTask {
         (reported, cancelled)
     }
 
+    /// One tool call, which checks the turn's cancellation right before the tool starts:
+    /// no tool starts after a cancel (T8), however late in the batch it comes.
+    fn start<'a>(
+        &'a self,
+        tool: &'a Arc<dyn Tool>,
+        ctx: &'a ToolCtx,
+        args: Value,
+    ) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            if self.cancel.is_cancelled() {
+                return ToolOutput::error(CANCELLED_RESULT);
+            }
+            tool.call(ctx, args).await
+        }
+        .boxed()
+    }
+
     /// A call's arguments parsed, and as they may be shown, stored and sent back to the
     /// model: redacted by the tool (B1: `secret_set` blanks its value), or the raw text
-    /// when it is not JSON.
+    /// when it is not JSON. A tool that redacts gets the raw text to redact too: a call
+    /// cut off mid-value still holds the secret.
     fn parse_input(&self, call: &ToolCall) -> (Result<Value, serde_json::Error>, Value) {
         let raw = if call.arguments.trim().is_empty() {
             "{}"
@@ -659,6 +695,9 @@ impl TurnTask {
         let shown = match (&parsed, self.toolset.get(&call.name)) {
             (Ok(value), Some(tool)) => tool.redact_input(value.clone()),
             (Ok(value), None) => value.clone(),
+            (Err(_), Some(tool)) if tool.redacts_input() => {
+                tool.redact_input(Value::String(call.arguments.clone()))
+            }
             (Err(_), _) => Value::String(call.arguments.clone()),
         };
         (parsed, shown)
@@ -728,28 +767,44 @@ impl TurnTask {
         .await;
     }
 
-    /// Sends a chunk to the client; `false` when the client is gone.
+    /// Sends a chunk to the client; `false` when the client is gone or has stopped
+    /// reading. A client that leaves the channel full for the stall timeout is given up:
+    /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
+    /// for, so a connected client that never reads cannot hold its turn, or a drain.
     async fn send(&self, chunk: UiChunk) -> bool {
-        self.tx.send(chunk).await.is_ok()
+        let chunk = match self.tx.try_send(chunk) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                // The body is gone, and with it the client: that is a cancel (T8), whoever
+                // notices first.
+                self.cancel.cancel();
+                return false;
+            }
+            Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
+        };
+        if self.stalled.load(Ordering::Relaxed) {
+            return false;
+        }
+        match tokio::time::timeout(self.stall_timeout, self.tx.send(chunk)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => {
+                self.cancel.cancel();
+                false
+            }
+            Err(_) => {
+                tracing::info!(turn = %self.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
+                self.stalled.store(true, Ordering::Relaxed);
+                self.cancel.cancel();
+                false
+            }
+        }
     }
 
     /// Writes the end state; `false` when it could not be written whole. Then the turn is
     /// ended `failed` with `store_unavailable` and its model calls are billed on their
     /// own, so it never stays `running`: only a store unreachable for the whole wrap-up
     /// leaves it so, for the replica's lease to settle.
-    pub(super) async fn persist(
-        &self,
-        status: TurnStatus,
-        error_code: Option<ErrorCode>,
-        assistant: Option<AssistantMessage>,
-        usage: Vec<ModelCallUsage>,
-    ) -> bool {
-        let end = TurnEnd {
-            status,
-            error_code,
-            assistant,
-            usage,
-        };
+    pub(super) async fn persist(&self, end: TurnEnd) -> bool {
         // The answer exists only in this task until the write lands, so transient failures
         // are waited out. A retried attempt that had landed unseen fails on the assistant
         // message's id, and the fallback then finds the turn no longer `running`.

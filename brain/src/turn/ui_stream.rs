@@ -36,8 +36,11 @@ fn done() -> Bytes {
 enum Source {
     /// A running turn; `_guard` cancels it when the body is dropped.
     Live {
-        rx: mpsc::Receiver<UiChunk>,
+        /// Declared first, so dropped first: the turn is cancelled before its channel
+        /// closes, and a turn woken by the closed channel finds itself cancelled rather
+        /// than starting another tool (T8).
         _guard: DropGuard,
+        rx: mpsc::Receiver<UiChunk>,
     },
     /// A stored result replayed for a retried message id.
     Replay(std::vec::IntoIter<UiChunk>),
@@ -52,7 +55,7 @@ pub struct UiBody {
 impl UiBody {
     pub fn live(rx: mpsc::Receiver<UiChunk>, guard: DropGuard) -> Self {
         Self {
-            source: Source::Live { rx, _guard: guard },
+            source: Source::Live { _guard: guard, rx },
             done: false,
         }
     }
@@ -105,5 +108,54 @@ impl IntoResponse for UiBody {
         // Reverse proxies (nginx) would otherwise buffer the stream.
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+
+    use futures_util::task::{ArcWake, waker};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+
+    /// Records, at the moment a waiting sender is woken, whether the turn was cancelled.
+    struct Probe {
+        turn: CancellationToken,
+        cancelled_when_woken: Mutex<Option<bool>>,
+    }
+
+    impl ArcWake for Probe {
+        fn wake_by_ref(probe: &Arc<Self>) {
+            if let Ok(mut seen) = probe.cancelled_when_woken.lock() {
+                seen.get_or_insert(probe.turn.is_cancelled());
+            }
+        }
+    }
+
+    /// A turn that learns its client is gone (its send fails) is already cancelled, so it
+    /// can never start a tool in between (T8).
+    #[test]
+    fn the_turn_is_cancelled_before_its_channel_closes() {
+        let turn = CancellationToken::new();
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(UiChunk::StartStep).unwrap();
+        let body = UiBody::live(rx, turn.clone().drop_guard());
+        let probe = Arc::new(Probe {
+            turn: turn.clone(),
+            cancelled_when_woken: Mutex::new(None),
+        });
+        let waker = waker(probe.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut send = Box::pin(tx.send(UiChunk::FinishStep));
+        assert!(
+            send.as_mut().poll(&mut cx).is_pending(),
+            "the channel is full"
+        );
+        drop(body);
+        assert_eq!(*probe.cancelled_when_woken.lock().unwrap(), Some(true));
+        assert!(send.as_mut().poll(&mut cx).is_ready());
     }
 }

@@ -101,11 +101,18 @@ impl TestApp {
 
     /// A second brain replica over the same database and Redis (SPEC W4): its URL.
     pub async fn second_replica(&self) -> String {
+        self.second_replica_with(|_| {}).await
+    }
+
+    /// [`Self::second_replica`] with its configuration adjusted by `tweak`.
+    pub async fn second_replica_with(&self, tweak: impl FnOnce(&mut Config)) -> String {
+        let mut config = self.config.clone();
+        tweak(&mut config);
         let store = Store::connect(&self.store_url(), 10).await.unwrap();
-        let redis = redis::Client::open(self.config.redis_url.as_str()).unwrap();
+        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(self.config.clone(), store, redis).unwrap();
+        let state = AppState::new(config, store, redis).unwrap();
         tokio::spawn(brain::serve(listener, state, self.shutdown.child_token()));
         url
     }
