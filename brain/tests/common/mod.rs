@@ -132,13 +132,25 @@ impl TestApp {
 
     /// A second brain replica over the same database and Redis (SPEC W4): its URL.
     pub async fn second_replica(&self) -> String {
+        self.second_replica_with(|_| {}).await.0
+    }
+
+    /// A second replica whose configuration `tweak` adjusts (another Redis URL, say): its
+    /// URL and its state, for what a test drives directly (its sessions).
+    pub async fn second_replica_with(&self, tweak: impl FnOnce(&mut Config)) -> (String, AppState) {
+        let mut config = self.config.clone();
+        tweak(&mut config);
         let store = Store::connect(&self.store_url(), 10).await.unwrap();
-        let redis = redis::Client::open(self.config.redis_url.as_str()).unwrap();
+        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(self.config.clone(), store, redis).unwrap();
-        tokio::spawn(brain::serve(listener, state, self.shutdown.child_token()));
-        url
+        let state = AppState::new(config, store, redis).unwrap();
+        tokio::spawn(brain::serve(
+            listener,
+            state.clone(),
+            self.shutdown.child_token(),
+        ));
+        (url, state)
     }
 
     pub fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
