@@ -96,6 +96,9 @@ pub struct WorkerConfig {
     pub heartbeat_timeout: Duration,
     /// How long a tool call waits for its session to become ready, launch included.
     pub provision_timeout: Duration,
+    /// How long a call for a `ready` session whose channel no replica holds waits for its
+    /// worker to dial again before failing it `heartbeat_lost` (W9).
+    pub redial_grace: Duration,
     /// The provision queue's key prefix, shared with the runtime-manager
     /// (`SESSION_QUEUE_NAMESPACE`; tests give each run its own).
     pub queue_namespace: String,
@@ -110,6 +113,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("ping_interval", &self.ping_interval)
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("provision_timeout", &self.provision_timeout)
+            .field("redial_grace", &self.redial_grace)
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +141,7 @@ fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
         ping_interval: millis(env, "BRAIN_WORKER_PING_INTERVAL_MS", 12_000)?,
         heartbeat_timeout: millis(env, "BRAIN_WORKER_HEARTBEAT_TIMEOUT_MS", 30_000)?,
         provision_timeout: millis(env, "BRAIN_WORKER_PROVISION_TIMEOUT_MS", 60_000)?,
+        redial_grace: millis(env, "BRAIN_WORKER_REDIAL_GRACE_MS", 5_000)?,
         queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
             .unwrap_or_else(|| "agent-runtime".to_owned()),
     })

@@ -150,8 +150,9 @@ pub fn providers_from(config: &Config) -> Providers {
 /// answers 503 at once and new turns are refused with `shutting_down` while the server
 /// still accepts (so the load balancer learns it and requests in flight get an answer);
 /// running turns may finish for `BRAIN_DRAIN_TIMEOUT_MS`, then the rest are cancelled
-/// (stored `interrupted`, their streams end with `finish: interrupted`); then the server
-/// stops, the relay stops and the lease is given up.
+/// (stored `interrupted`, their streams end with `finish: interrupted`); then the worker
+/// channels are closed "going away" (the workers re-dial another replica), the server and
+/// the relay stop and the lease is given up.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
@@ -194,6 +195,11 @@ pub async fn serve(
         );
         state.turns_cancel.cancel();
         tracker.wait().await;
+    }
+    // The workers this replica holds dial again and another replica takes them (W9).
+    let closed = state.sessions.close_all_going_away().await;
+    if closed > 0 {
+        tracing::info!(closed, "worker channels closed going away");
     }
     stopped.cancel();
     let served = server.await.unwrap_or(Ok(()));

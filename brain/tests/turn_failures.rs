@@ -267,7 +267,7 @@ async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
     )
     .await;
     let app = TestApp::start_with(|c| c.redis_url = far).await;
-    let near = app
+    let (near, _) = app
         .second_replica_with(|c| c.redis_url = redis.clone())
         .await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;

@@ -270,3 +270,82 @@ async fn a_worker_that_never_lists_its_tools_is_a_ready_timeout() {
         ("failed".into(), Some("ready_timeout".into()))
     );
 }
+
+/// Plays a worker that works: answers `initialize` and `tools/list` like a real MCP
+/// server, then keeps reading (so pings are answered) until the channel ends. The task
+/// yields the close frame the brain sent, if any.
+fn serve_as_worker(mut ws: Ws) -> tokio::task::JoinHandle<Option<(u16, String)>> {
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = ws.next().await {
+            match message {
+                Message::Text(text) => {
+                    let request: Value = serde_json::from_str(text.as_str()).unwrap();
+                    let result = match request["method"].as_str() {
+                        Some("initialize") => json!({
+                            "protocolVersion": request["params"]["protocolVersion"],
+                            "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "fake", "version": "0"}
+                        }),
+                        Some("tools/list") => json!({"tools": []}),
+                        _ => continue,
+                    };
+                    let answer = json!({"jsonrpc": "2.0", "id": request["id"], "result": result});
+                    ws.send(Message::text(answer.to_string())).await.unwrap();
+                }
+                Message::Close(frame) => {
+                    return frame.map(|f| (u16::from(f.code), f.reason.to_string()));
+                }
+                _ => {}
+            }
+        }
+        None
+    })
+}
+
+/// `agent_runtime_sessions.owner_replica` of `session` is set (`true`) or not.
+async fn owned(app: &TestApp, session: SessionId) -> bool {
+    let (owned,): (bool,) = sqlx::query_as(
+        "SELECT owner_replica IS NOT NULL FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    owned
+}
+
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// W9, brain side: a second dial for a `ready` session is held off (4006, the live
+/// channel undisturbed); once that channel is gone the session stays `ready`, and the
+/// next dial with the same token takes the channel over.
+#[tokio::test]
+async fn a_redial_is_taken_only_once_the_live_channel_is_gone() {
+    let app = TestApp::start().await;
+    let (id, agent) = session(&app, "connecting").await;
+    let token = token(&app, id, agent);
+    let first = serve_as_worker(dial(&app, &token, CHANNEL_VERSION, id).await);
+    until("ready", async || row(&app, id).await.0 == "ready").await;
+    assert!(owned(&app, id).await);
+
+    let mut second = dial(&app, &token, CHANNEL_VERSION, id).await;
+    assert_eq!(close_of(&mut second).await, (4006, "channel_held".into()));
+    assert!(!first.is_finished(), "the live channel was not disturbed");
+    assert!(metric(&app, "session_mismatch").await);
+
+    // The socket just goes (no close frame): the session waits for its worker.
+    first.abort();
+    until("released", async || !owned(&app, id).await).await;
+    assert_eq!(row(&app, id).await, ("ready".into(), None));
+
+    let third = serve_as_worker(dial(&app, &token, CHANNEL_VERSION, id).await);
+    until("taken over", async || owned(&app, id).await).await;
+    assert_eq!(row(&app, id).await, ("ready".into(), None));
+    assert!(!third.is_finished(), "the re-dial is served");
+}

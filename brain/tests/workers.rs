@@ -65,22 +65,22 @@ async fn system_with_profiles(
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
-    let (app, namespace) = app_with_namespace(tweak).await;
-    let manager = start_manager(&app, &namespace, &app.url, idle_window_ms, profiles);
+    let (app, namespace) = app_with_own_queue(tweak).await;
+    let manager = start_manager(&app, &namespace, idle_window_ms, profiles, &app.url);
     (app, manager)
 }
 
 /// [`system`] whose workers dial a second brain replica, a real process the test can
 /// kill: the app's calls are relayed to it.
 async fn system_owned_by_process() -> (TestApp, BrainProcess, Manager) {
-    let (app, namespace) = app_with_namespace(|_| {}).await;
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
     let owner = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
-    let manager = start_manager(&app, &namespace, &owner.url, 60_000, None);
+    let manager = start_manager(&app, &namespace, 60_000, None, &owner.url);
     (app, owner, manager)
 }
 
-/// A brain whose queue namespace is its own, and that namespace.
-async fn app_with_namespace(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
+/// A brain whose queue namespace is its own: the app, and the namespace for its manager.
+async fn app_with_own_queue(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {
@@ -91,13 +91,14 @@ async fn app_with_namespace(tweak: impl FnOnce(&mut brain::config::Config)) -> (
     (app, namespace)
 }
 
-/// A runtime-manager serving `namespace`, whose workers dial `public_url`.
+/// A runtime-manager consuming `namespace` for `app`'s database, whose workers dial
+/// `public_url` (the app itself, or a [`Service`] in front of several replicas).
 fn start_manager(
     app: &TestApp,
     namespace: &str,
-    public_url: &str,
     idle_window_ms: u64,
     profiles: Option<Value>,
+    public_url: &str,
 ) -> Manager {
     let workspaces = tempdir::Dir::new();
     let mut command = tokio::process::Command::new(bin("runtime-manager"));
@@ -108,10 +109,7 @@ fn start_manager(
     }
     let child = command
         .env("DATABASE_URL", app.store_url())
-        .env(
-            "REDIS_URL",
-            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        )
+        .env("REDIS_URL", redis_url())
         .env("SESSION_QUEUE_NAMESPACE", namespace)
         .env("BRAIN_PUBLIC_URL", public_url)
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
@@ -125,6 +123,10 @@ fn start_manager(
         child,
         _workspaces: workspaces,
     }
+}
+
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
 async fn light_agent(app: &TestApp) -> (String, String) {
@@ -156,16 +158,21 @@ async fn warm_up(app: &TestApp, chat: &str) {
     app.settled().await;
 }
 
-fn shell(id: &str, command: &str) -> Reply {
+/// The model calls tool `name` with `arguments`.
+fn call(id: &str, name: &str, arguments: Value) -> Reply {
     Reply::ToolCalls {
         text: None,
         calls: vec![ToolCall {
             id: id.into(),
-            name: "shell".into(),
-            arguments: json!({ "command": command }).to_string(),
+            name: name.into(),
+            arguments: arguments.to_string(),
         }],
-        fragment: 16,
+        fragment: 32,
     }
+}
+
+fn shell(id: &str, command: &str) -> Reply {
+    call(id, "shell", json!({ "command": command }))
 }
 
 fn text(t: &str) -> Reply {
@@ -582,10 +589,7 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
     let _manager = Manager {
         child: tokio::process::Command::new(bin("runtime-manager"))
             .env("DATABASE_URL", app.store_url())
-            .env(
-                "REDIS_URL",
-                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-            )
+            .env("REDIS_URL", redis_url())
             .env("SESSION_QUEUE_NAMESPACE", &namespace)
             .env("BRAIN_PUBLIC_URL", &app.url)
             .env("RUNTIME_MANAGER_WORKER_BIN", &fake)
@@ -835,7 +839,11 @@ async fn a_relayed_upload_near_the_size_limit_is_stored() {
 /// channel any more) is failed and replaced by the next call, never waited on.
 #[tokio::test]
 async fn a_ready_session_whose_replica_died_is_replaced() {
-    let (app, _manager) = system(60_000, |_| {}).await;
+    // No worker will dial back: the call waits out the re-dial grace, then replaces it.
+    let (app, _manager) = system(60_000, |c| {
+        c.workers.redial_grace = Duration::from_millis(300)
+    })
+    .await;
     let (agent, chat) = light_agent(&app).await;
     let orphan = protocol::SessionId::new();
     sqlx::query(
@@ -860,7 +868,320 @@ async fn a_ready_session_whose_replica_died_is_replaced() {
         .find(|s| s["id"] == orphan.to_string())
         .unwrap();
     assert_eq!(old["state"], "failed");
-    assert_eq!(old["failure_detail"], "no replica holds its channel");
+    assert_eq!(old["failure_reason"], "heartbeat_lost");
+    // Whoever noticed first: the call, after the grace, or the runtime-manager, which
+    // finds no such worker running.
+    let detail = old["failure_detail"].as_str().unwrap();
+    assert!(
+        ["no replica holds its channel", "worker_gone_on_restart"].contains(&detail),
+        "{detail}"
+    );
+}
+
+/// A stand-in for the brain's Kubernetes Service: workers dial it, and it forwards each
+/// connection to the first of its backends that accepts, as a Service reaches any ready
+/// replica. `cut` drops every open connection at once, without a WebSocket close frame, as
+/// a network blip does. Which backend each connection reached is recorded, in order.
+struct Service {
+    url: String,
+    backends: std::sync::Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+    reached: std::sync::Arc<std::sync::Mutex<Vec<std::net::SocketAddr>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Service {
+    async fn start(backends: &[&str]) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let backends = std::sync::Arc::new(std::sync::Mutex::new(
+            backends.iter().map(|b| addr_of(b)).collect::<Vec<_>>(),
+        ));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let reached = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accept = tokio::spawn({
+            let (backends, open, reached) = (backends.clone(), open.clone(), reached.clone());
+            async move {
+                while let Ok((mut down, _)) = listener.accept().await {
+                    let _ = down.set_nodelay(true);
+                    let targets = backends.lock().unwrap().clone();
+                    let reached = reached.clone();
+                    let conn = tokio::spawn(async move {
+                        for target in targets {
+                            if let Ok(mut up) = tokio::net::TcpStream::connect(target).await {
+                                let _ = up.set_nodelay(true);
+                                reached.lock().unwrap().push(target);
+                                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                                return;
+                            }
+                        }
+                        // No backend up: the dial fails, and the worker tries again.
+                    });
+                    let mut open = open.lock().unwrap();
+                    open.retain(|h: &tokio::task::AbortHandle| !h.is_finished());
+                    open.push(conn.abort_handle());
+                }
+            }
+        });
+        Self {
+            url,
+            backends,
+            open,
+            reached,
+            accept,
+        }
+    }
+
+    /// Which backends new connections go to (a draining replica leaves the Service).
+    fn route_to(&self, backends: &[&str]) {
+        *self.backends.lock().unwrap() = backends.iter().map(|b| addr_of(b)).collect();
+    }
+
+    /// Drops every open connection: both sockets close, no close frame is sent.
+    fn cut(&self) {
+        for conn in self.open.lock().unwrap().drain(..) {
+            conn.abort();
+        }
+    }
+
+    /// The backend each connection reached, in order.
+    fn reached(&self) -> Vec<std::net::SocketAddr> {
+        self.reached.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// `http://host:port` → its socket address.
+fn addr_of(url: &str) -> std::net::SocketAddr {
+    url.trim_start_matches("http://").parse().unwrap()
+}
+
+/// Posts a message to `chat` on the replica at `url`. A hold is released just after the
+/// turn's `finish`, so a message sent right after a turn may still find it: retried on
+/// `409 agent_busy` for a moment, as a client honouring it would.
+async fn send_to(app: &TestApp, url: &str, chat: &str, body: &Value) -> reqwest::Response {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let response = app
+            .http
+            .post(format!("{url}/v1/chats/{chat}/messages"))
+            .bearer_auth(&app.key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        if response.status() != 409 || Instant::now() >= deadline {
+            return response;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// W9: the replica holding a worker's socket is SIGKILLed. The worker re-dials through
+/// the Service, reaches the surviving replica, and the next call, served there, finds the
+/// file an earlier call wrote: the same session, its workspace intact.
+#[tokio::test]
+async fn a_worker_redials_the_surviving_replica_when_its_replica_is_killed() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let mut doomed = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    let service = Service::start(&[&doomed.url, &app.url]).await;
+    let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
+    let (agent, chat) = light_agent(&app).await;
+
+    app.provider.push(call(
+        "w",
+        "write_file",
+        json!({"path": "notes/kept.txt", "content": "written before the crash"}),
+    ));
+    app.provider.push(text("written"));
+    let (chunks, _) =
+        read_stream(send_to(&app, &doomed.url, &chat, &json!({"content": "write it"})).await).await;
+    assert!(!output_of(&chunks, "w").starts_with("ERROR"), "{chunks:?}");
+    assert_eq!(
+        service.reached(),
+        vec![addr_of(&doomed.url)],
+        "the doomed replica holds it"
+    );
+    let before = sessions(&app, &agent).await;
+    assert_eq!(before.len(), 1);
+
+    doomed.kill().await;
+    app.provider
+        .push(call("r", "read_file", json!({"path": "notes/kept.txt"})));
+    app.provider.push(text("read"));
+    let (chunks, _) =
+        read_stream(send_to(&app, &app.url, &chat, &json!({"content": "read it"})).await).await;
+    assert_eq!(
+        output_of(&chunks, "r"),
+        "written before the crash",
+        "{chunks:?}"
+    );
+    let after = sessions(&app, &agent).await;
+    assert_eq!(after.len(), 1, "no new session: {after:?}");
+    assert_eq!(after[0]["id"], before[0]["id"]);
+    assert_eq!(after[0]["state"], "ready");
+    assert_eq!(
+        service.reached().last(),
+        Some(&addr_of(&app.url)),
+        "the re-dial reached the survivor"
+    );
+    assert!(app.provider.violations().is_empty());
+}
+
+/// W9: the channel drops (a network blip) while a command runs. The call fails with a
+/// tool error saying so, its command is stopped, and nothing runs it again: the worker
+/// re-dials, the next call reuses the session, and the line the command appended is in
+/// the file once.
+#[tokio::test]
+async fn a_call_in_flight_when_the_channel_drops_fails_and_is_never_run_twice() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let service = Service::start(&[&app.url]).await;
+    let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("warm", "echo ready"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "warm up"})).await).await;
+    app.settled().await;
+
+    app.provider.push(shell(
+        "inflight",
+        "echo appended-line >> runs.log; echo pid=$$; exec sleep 30",
+    ));
+    app.provider.push(shell("count", "cat runs.log"));
+    app.provider.push(text("done"));
+    let response = send_to(&app, &app.url, &chat, &json!({"content": "append"})).await;
+    let mut body = response.bytes_stream();
+    const MARK: &str = "\"text\":\"pid=";
+    let mut seen = String::new();
+    let pid: i32 = loop {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+        if let Some(at) = seen.find(MARK) {
+            let digits: String = seen[at + MARK.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if digits.len() < seen.len() - at - MARK.len() {
+                break digits.parse().unwrap();
+            }
+        }
+    };
+    assert!(alive(pid));
+    service.cut();
+    while let Some(piece) = body.next().await {
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    let (chunks, done) = common::parse_events(&seen);
+    assert!(done);
+    let failed = output_of(&chunks, "inflight");
+    assert!(
+        failed.starts_with("ERROR") && failed.contains("dropped"),
+        "a clear tool error: {failed}"
+    );
+    let count = output_of(&chunks, "count");
+    assert_eq!(
+        count.matches("appended-line").count(),
+        1,
+        "the command ran once: {count}"
+    );
+    assert!(!alive(pid), "the command stopped with its call");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the same session: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+    assert!(service.reached().len() >= 2, "the worker dialed again");
+    assert!(app.provider.violations().is_empty());
+}
+
+/// W9 and drain: a replica closes its worker channels with "going away" (1001) and leaves
+/// the Service; the worker re-dials the other replica at once, and its session goes on.
+#[tokio::test]
+async fn a_channel_closed_going_away_redials_another_replica() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let (draining, state) = app.second_replica_with(|_| {}).await;
+    let service = Service::start(&[&draining, &app.url]).await;
+    let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(call(
+        "w",
+        "write_file",
+        json!({"path": "kept.txt", "content": "before the drain"}),
+    ));
+    app.provider.push(text("written"));
+    read_stream(send_to(&app, &draining, &chat, &json!({"content": "write"})).await).await;
+    assert_eq!(service.reached(), vec![addr_of(&draining)]);
+
+    service.route_to(&[&app.url]);
+    let closed = Instant::now();
+    assert_eq!(state.sessions.close_all_going_away().await, 1);
+    app.provider
+        .push(call("r", "read_file", json!({"path": "kept.txt"})));
+    app.provider.push(text("read"));
+    let (chunks, _) =
+        read_stream(send_to(&app, &app.url, &chat, &json!({"content": "read"})).await).await;
+    println!(
+        "going away to the next call answered elsewhere: {:?}",
+        closed.elapsed()
+    );
+    assert_eq!(output_of(&chunks, "r"), "before the drain", "{chunks:?}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+    assert_eq!(service.reached().last(), Some(&addr_of(&app.url)));
+}
+
+/// Issue 10, 1.4: the caller replica cannot reach Redis (a listener that accepts and never
+/// answers), so it cannot tell who holds the session's socket. Unknown is not absent: the
+/// call fails as a tool error the model can retry, the healthy session (held by the other
+/// replica) stays `ready`, and no second session is provisioned.
+#[tokio::test]
+async fn an_owner_lookup_that_fails_leaves_a_session_held_elsewhere_alone() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("a", "echo held by A"));
+    app.provider.push(text("ok"));
+    read_stream(app.send(&chat, &json!({"content": "start"})).await).await;
+    app.settled().await;
+
+    let blackhole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hole = blackhole.local_addr().unwrap();
+    let _hole = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = blackhole.accept().await {
+            held.push(socket);
+        }
+    });
+    let (blind, _) = app
+        .second_replica_with(|c| c.redis_url = format!("redis://{hole}"))
+        .await;
+    app.provider.push(shell("b", "echo must not run here"));
+    app.provider.push(text("could not"));
+    let turn = tokio::time::timeout(
+        Duration::from_secs(30),
+        read_stream(send_to(&app, &blind, &chat, &json!({"content": "go"})).await),
+    )
+    .await;
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "no second session: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready", "{listed:?}");
+    let (chunks, _) = turn.expect("the turn ends");
+    let output = output_of(&chunks, "b");
+    assert!(
+        output.starts_with("ERROR") && output.contains("try again"),
+        "a retryable tool error: {output}"
+    );
+
+    // The session is still healthy on its own replica.
+    app.provider.push(shell("c", "echo still held"));
+    app.provider.push(text("ok"));
+    let (chunks, _) =
+        read_stream(send_to(&app, &app.url, &chat, &json!({"content": "again"})).await).await;
+    assert!(output_of(&chunks, "c").contains("still held"), "{chunks:?}");
+    assert_eq!(sessions(&app, &agent).await.len(), 1);
 }
 
 #[tokio::test]
@@ -1062,15 +1383,6 @@ async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
         .await
         .unwrap();
     let chat = chat["id"].as_str().unwrap().to_owned();
-    let call = |id: &str, name: &str, args: Value| Reply::ToolCalls {
-        text: None,
-        calls: vec![ToolCall {
-            id: id.into(),
-            name: name.into(),
-            arguments: args.to_string(),
-        }],
-        fragment: 64,
-    };
     app.provider
         .push(call("n", "browser_navigate", json!({ "url": page_url })));
     app.provider.push(call("s", "browser_snapshot", json!({})));

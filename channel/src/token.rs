@@ -114,6 +114,14 @@ impl TokenKeys {
     }
 }
 
+/// The claims of a token, read without checking its signature or its expiry. For the
+/// worker, which holds no key: it reads which session its token names and when it expires
+/// (to stop re-dialing then, W9). Never a proof of anything; the brain verifies.
+pub fn read_claims(token: &str) -> Result<SessionClaims, TokenError> {
+    jsonwebtoken::dangerous::insecure_decode_claims::<SessionClaims>(token)
+        .map_err(|_| TokenError::Invalid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +182,20 @@ mod tests {
         assert_eq!(keys.verify(&pool), Err(TokenError::Invalid));
         assert!(keys.verify_pool(&pool).is_ok());
         assert_eq!(keys.verify_pool(&token), Err(TokenError::Invalid));
+    }
+
+    #[test]
+    fn claims_are_readable_without_the_key() {
+        let keys = TokenKeys::new(SECRET).unwrap();
+        let slot = SessionId::new();
+        let pool = keys.mint_pool(slot, Duration::from_secs(60)).unwrap();
+        let claims = read_claims(&pool).unwrap();
+        assert_eq!((claims.sub, claims.aud.as_str()), (slot, POOL_AUDIENCE));
+        assert_eq!(claims.exp, claims.iat + 60);
+        assert_eq!(read_claims("not.a.jwt"), Err(TokenError::Invalid));
+        assert_eq!(
+            read_claims("header.payload.signature"),
+            Err(TokenError::Invalid)
+        );
     }
 }

@@ -31,13 +31,35 @@ pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
 pub const CONNECT_PATH: &str = "/v1/worker/connect";
 
 /// WebSocket close codes (private range 4000-4999) the brain sends when it refuses a
-/// channel; the close reason repeats the failure reason's name.
+/// channel; the close reason repeats the failure reason's name. 4001-4005 mean the
+/// session is over for this worker: it stops ([`ends_session`]).
 pub const CLOSE_CHANNEL_VERSION: u16 = 4001;
 pub const CLOSE_SESSION_MISMATCH: u16 = 4002;
 pub const CLOSE_HANDSHAKE_TIMEOUT: u16 = 4003;
 pub const CLOSE_READY_TIMEOUT: u16 = 4004;
 /// The session ended (idle teardown, or the session was replaced).
 pub const CLOSE_SESSION_ENDED: u16 = 4005;
+/// A re-dial refused for now: a live channel for the session exists, or where it is held
+/// cannot be told at the moment. The worker dials again after a backoff (W9).
+pub const CLOSE_CHANNEL_HELD: u16 = 4006;
+/// The standard "going away" (RFC 6455). From the brain: this replica is shutting down,
+/// dial again (another replica will take the channel, W9). From the worker: it is exiting
+/// for good (SIGTERM), so its session has lost its worker.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
+/// Whether a close code from the brain means the session is over for the worker (it
+/// stops) rather than "dial again". Any code not named here is dialed again: the brain
+/// decides at the next dial, refusing one for a session that is no longer live.
+pub fn ends_session(code: u16) -> bool {
+    matches!(
+        code,
+        CLOSE_CHANNEL_VERSION
+            | CLOSE_SESSION_MISMATCH
+            | CLOSE_HANDSHAKE_TIMEOUT
+            | CLOSE_READY_TIMEOUT
+            | CLOSE_SESSION_ENDED
+    )
+}
 
 /// The claims of a session token (a JWT signed by the runtime-manager or the brain with
 /// the shared signing key). Short-lived and scoped to exactly one session (SPEC X2).
@@ -168,5 +190,23 @@ mod tests {
         }
         let reason = serde_json::to_value(FailureReason::HeartbeatLost).unwrap();
         assert_eq!(reason, FailureReason::HeartbeatLost.as_str());
+    }
+
+    #[test]
+    fn refusals_end_the_session_and_everything_else_is_dialed_again() {
+        for code in 4001..=4005 {
+            assert!(ends_session(code), "{code}");
+        }
+        for code in [
+            CLOSE_CHANNEL_HELD,
+            CLOSE_GOING_AWAY,
+            1000,
+            1005,
+            1011,
+            4000,
+            4999,
+        ] {
+            assert!(!ends_session(code), "{code}");
+        }
     }
 }

@@ -154,6 +154,22 @@ impl Config {
                 "must be printable ASCII without spaces",
             ));
         }
+        // Its expiry bounds re-dialing (W9); what it names must be the session.
+        match channel::token::read_claims(&token) {
+            Ok(claims) if claims.sub == session => {}
+            Ok(_) => {
+                return Err(invalid(
+                    WORKER_SESSION_TOKEN,
+                    "names another session than WORKER_SESSION_ID",
+                ));
+            }
+            Err(_) => {
+                return Err(invalid(
+                    WORKER_SESSION_TOKEN,
+                    "is not a session or pool token (its claims cannot be read)",
+                ));
+            }
+        }
         let workspace = PathBuf::from(required(WORKER_WORKSPACE)?);
         std::fs::create_dir_all(&workspace)
             .map_err(|_| invalid(WORKER_WORKSPACE, "cannot be created"))?;
@@ -257,11 +273,25 @@ mod tests {
             .collect()
     }
 
+    const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
+
+    fn token_for(session: &str) -> String {
+        channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes())
+            .unwrap()
+            .mint(
+                session.parse().unwrap(),
+                protocol::TeamId::new(),
+                protocol::AgentId::new(),
+                Duration::from_secs(60),
+            )
+            .unwrap()
+    }
+
     fn good(workspace: &str) -> HashMap<String, String> {
         env(&[
             (BRAIN_PUBLIC_URL, "http://127.0.0.1:8080/"),
-            (WORKER_SESSION_ID, "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10"),
-            (WORKER_SESSION_TOKEN, "a.b.c"),
+            (WORKER_SESSION_ID, SESSION),
+            (WORKER_SESSION_TOKEN, &token_for(SESSION)),
             (WORKER_WORKSPACE, workspace),
         ])
     }
@@ -270,10 +300,11 @@ mod tests {
     fn a_complete_environment_parses_and_creates_the_workspace() {
         let dir = std::env::temp_dir().join(format!("worker-config-{}", std::process::id()));
         let ws = dir.join("nested/ws");
-        let config = Config::from_env(&good(ws.to_str().unwrap())).unwrap();
+        let vars = good(ws.to_str().unwrap());
+        let config = Config::from_env(&vars).unwrap();
         assert_eq!(config.connect_url, "ws://127.0.0.1:8080/v1/worker/connect");
         assert!(config.workspace.is_dir());
-        assert!(!format!("{config:?}").contains("a.b.c"));
+        assert!(!format!("{config:?}").contains(&vars[WORKER_SESSION_TOKEN]));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -287,6 +318,11 @@ mod tests {
             (WORKER_SESSION_ID, "not-a-uuid"),
             (WORKER_SESSION_TOKEN, "secret with space"),
             (WORKER_SESSION_TOKEN, ""),
+            (WORKER_SESSION_TOKEN, "not.a.token"),
+            (
+                WORKER_SESSION_TOKEN,
+                &token_for("0190b1b8-8a7e-7cc0-8f1e-000000000000"),
+            ),
             (WORKER_PROFILE, "none"),
             (WORKER_PROFILE, "gpu"),
             (WORKER_CHROMIUM, "/nonexistent/chromium"),

@@ -4,10 +4,12 @@
 //! is the MCP client, the worker the MCP server (SPEC W3, W8). The layout:
 //!
 //! - `config`: the environment, validated before anything else (exit code 2 on error).
-//! - `dial`: the WebSocket upgrade with the session headers, retried while the brain is
-//!   starting; a refused upgrade is final.
-//! - `session`: serves MCP over the dialed socket until the channel ends, pings the brain,
-//!   and turns the end reason into the exit code; nothing outlives it.
+//! - `dial`: the WebSocket upgrade with the session headers, retried with backoff while
+//!   the brain is starting (and, re-dialing, while the token is valid); a refused upgrade
+//!   is final.
+//! - `session`: serves MCP over the dialed socket, pings the brain, dials again when the
+//!   channel drops (W9), and turns the end of the session into the exit code; nothing a
+//!   command started outlives the session, nothing a dropped channel carried runs on.
 //! - `tools`: the workspace tools (`shell`, `read_file`, `write_file`, `list_dir`,
 //!   `edit_file`, `upload_artifact`) and, for profile `browser`, the `browser_*` tools,
 //!   with the argument types of `channel::catalog`.
@@ -36,9 +38,11 @@ pub mod exit {
     /// The brain refused the upgrade (HTTP 4xx): a bad token, another session, another
     /// channel version. Retrying cannot help.
     pub const REFUSED: u8 = 3;
-    /// The channel ended any other way: another close code, the socket lost, the brain
-    /// silent past the heartbeat window, or MCP failing.
+    /// The brain closed the channel with a refusal (4001-4004): another channel version,
+    /// a session that is no longer live, a handshake that timed out. (A lost socket, a
+    /// silent brain or any other close is dialed again.)
     pub const CHANNEL_LOST: u8 = 4;
-    /// The brain could not be reached within the dial window.
+    /// No brain could be reached within the dial window, or, re-dialing, before the
+    /// token expired.
     pub const UNREACHABLE: u8 = 5;
 }

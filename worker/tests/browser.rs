@@ -27,7 +27,18 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 
 const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
-const TOKEN: &str = "header.payload.signature-secret";
+/// A real session token: the worker reads its expiry.
+static TOKEN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes())
+        .unwrap()
+        .mint(
+            SESSION.parse().unwrap(),
+            protocol::TeamId::new(),
+            protocol::AgentId::new(),
+            Duration::from_secs(600),
+        )
+        .unwrap()
+});
 /// Chromium's first start on a busy two-core machine can take a few seconds.
 const WAIT: Duration = Duration::from_secs(45);
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
@@ -166,7 +177,7 @@ impl Session {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("BRAIN_PUBLIC_URL", &url)
             .env("WORKER_SESSION_ID", SESSION)
-            .env("WORKER_SESSION_TOKEN", TOKEN)
+            .env("WORKER_SESSION_TOKEN", TOKEN.as_str())
             .env("WORKER_WORKSPACE", workspace.path())
             .env("WORKER_PROFILE", profile)
             .env("WORKER_LOG", "debug")
@@ -530,7 +541,12 @@ async fn navigate_snapshot_type_click_and_screenshot() {
     let logs = s.logs();
     assert!(logs.contains("browser started"), "{logs}");
     assert!(logs.contains("tool=\"browser_click\"") || logs.contains("tool=browser_click"));
-    for secret in [site.as_str(), "Ada Lovelace", "Hello browser", TOKEN] {
+    for secret in [
+        site.as_str(),
+        "Ada Lovelace",
+        "Hello browser",
+        TOKEN.as_str(),
+    ] {
         assert!(!logs.contains(secret), "{secret} in logs:\n{logs}");
     }
 }

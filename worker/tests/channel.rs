@@ -13,8 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
 use channel::ws::{Control, split};
-use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_SESSION_ENDED};
+use protocol::channel::{
+    CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD, CLOSE_GOING_AWAY,
+    CLOSE_SESSION_ENDED,
+};
+use protocol::{AgentId, TeamId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientNotification, ClientRequest,
     CustomNotification, ProgressNotificationParam, ResourceContents,
@@ -30,8 +35,18 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::StatusCode;
 
 const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
-const TOKEN: &str = "header.payload.signature-secret";
+/// The session token the worker starts with: a real one, since the worker reads when it
+/// expires (it re-dials no longer than that).
+static TOKEN: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| session_token(SESSION, Duration::from_secs(600)));
 const WAIT: Duration = Duration::from_secs(10);
+
+/// A session token for `session`, signed with the development key.
+fn session_token(session: &str, ttl: Duration) -> String {
+    let keys = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap();
+    keys.mint(session.parse().unwrap(), TeamId::new(), AgentId::new(), ttl)
+        .unwrap()
+}
 
 /// The brain's MCP client: it forwards every progress notification to the test.
 #[derive(Clone)]
@@ -84,11 +99,15 @@ struct WorkerProcess {
 
 impl WorkerProcess {
     fn spawn(brain_url: &str, workspace: &Path, token: &str) -> Self {
+        Self::spawn_as(brain_url, workspace, SESSION, token)
+    }
+
+    fn spawn_as(brain_url: &str, workspace: &Path, session: &str, token: &str) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_worker"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("BRAIN_PUBLIC_URL", brain_url)
-            .env("WORKER_SESSION_ID", SESSION)
+            .env("WORKER_SESSION_ID", session)
             .env("WORKER_SESSION_TOKEN", token)
             .env("WORKER_WORKSPACE", workspace)
             .env("WORKER_LOG", "debug")
@@ -158,15 +177,40 @@ struct Session {
     headers: Headers,
     _workspace: Workspace,
     root: PathBuf,
+    /// Where the worker dials (again).
+    listener: TcpListener,
+    /// The accepted socket, to drop the connection without a close frame.
+    socket: std::net::TcpStream,
 }
 
 impl Session {
     async fn start(label: &str) -> Self {
+        Self::start_as(label, SESSION, &TOKEN).await
+    }
+
+    /// A worker started as `session` (a session's id, or a pool slot's) with `token`.
+    async fn start_as(label: &str, session: &str, token: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let workspace = Workspace::new(label);
-        let worker = WorkerProcess::spawn(&url, workspace.path(), TOKEN);
+        let worker = WorkerProcess::spawn_as(&url, workspace.path(), session, token);
         Self::accept(listener, worker, workspace).await
+    }
+
+    /// Cuts the connection the way a dead replica or a network blip does: no close frame.
+    fn cut(&self) {
+        self.socket.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+
+    /// The worker's next dial, on the same listener, by the same worker process.
+    async fn redialed(self) -> Self {
+        let Self {
+            worker,
+            _workspace,
+            listener,
+            ..
+        } = self;
+        Self::accept(listener, worker, _workspace).await
     }
 
     async fn accept(listener: TcpListener, worker: WorkerProcess, workspace: Workspace) -> Self {
@@ -175,6 +219,9 @@ impl Session {
             .expect("the worker dials")
             .unwrap();
         tcp.set_nodelay(true).unwrap();
+        let std_tcp = tcp.into_std().unwrap();
+        let socket = std_tcp.try_clone().unwrap();
+        let tcp = tokio::net::TcpStream::from_std(std_tcp).unwrap();
         let seen = Arc::new(Mutex::new(Headers::default()));
         let record = seen.clone();
         let callback = move |request: &Request, response: Response| {
@@ -205,7 +252,18 @@ impl Session {
             headers,
             _workspace: workspace,
             root,
+            listener,
+            socket,
         }
+    }
+
+    /// Sends the worker a custom notification, as the brain does (renewal, bind).
+    async fn notify(&self, method: &str, params: Value) {
+        let notification = CustomNotification::new(method.to_owned(), Some(params));
+        self.client
+            .send_notification(ClientNotification::CustomNotification(notification))
+            .await
+            .unwrap();
     }
 
     async fn call(&self, tool: &str, args: Value) -> CallToolResult {
@@ -267,7 +325,7 @@ async fn dial_headers_tools_and_streaming_shell() {
     let mut s = Session::start("basic").await;
     assert_eq!(
         s.headers.authorization.as_deref(),
-        Some(format!("Bearer {TOKEN}").as_str())
+        Some(format!("Bearer {}", *TOKEN).as_str())
     );
     assert_eq!(s.headers.version, Some(CHANNEL_VERSION.to_string()));
     assert_eq!(s.headers.session.as_deref(), Some(SESSION));
@@ -340,7 +398,7 @@ async fn dial_headers_tools_and_streaming_shell() {
 
     // Logs carry neither the token nor command text (X4).
     let logs = s.worker.logs();
-    assert!(!logs.contains(TOKEN), "{logs}");
+    assert!(!logs.contains(TOKEN.as_str()), "{logs}");
     assert!(!logs.contains("echo"), "{logs}");
     assert!(logs.contains("tool call"), "{logs}");
 }
@@ -536,15 +594,12 @@ async fn upload_artifact_returns_the_bytes_as_an_embedded_blob() {
 async fn session_ended_exits_zero_and_kills_running_commands() {
     let mut s = Session::start("close").await;
     // A renewed token is taken in-band (and never logged).
-    s.client
-        .send_notification(ClientNotification::CustomNotification(
-            CustomNotification::new(
-                "notifications/agent_runtime/token",
-                Some(json!({"token": "renewed.token.value"})),
-            ),
-        ))
-        .await
-        .unwrap();
+    let renewed = session_token(SESSION, Duration::from_secs(1200));
+    s.notify(
+        "notifications/agent_runtime/token",
+        json!({"token": renewed}),
+    )
+    .await;
     let params = CallToolRequestParams::new("shell")
         .with_arguments(json!({"command": SLEEPER}).as_object().cloned().unwrap());
     let client = s.client.peer().clone();
@@ -562,7 +617,7 @@ async fn session_ended_exits_zero_and_kills_running_commands() {
     gone_within(pid).await;
     let logs = s.worker.logs();
     assert!(logs.contains("session token renewed"), "{logs}");
-    assert!(!logs.contains("renewed.token.value"), "{logs}");
+    assert!(!logs.contains(&renewed), "{logs}");
     assert!(
         logs.contains("end=\"closed\"") || logs.contains("end=closed"),
         "{logs}"
@@ -570,20 +625,141 @@ async fn session_ended_exits_zero_and_kills_running_commands() {
 }
 
 #[tokio::test]
-async fn another_close_code_or_a_lost_socket_exits_four() {
+async fn a_close_code_that_ends_the_session_exits_four() {
     let mut s = Session::start("close-other").await;
     s.control.close(4002, "session_mismatch").await;
     assert_eq!(s.worker.exit_code().await, 4);
+}
 
-    // The brain accepts the upgrade, then the socket just goes (no close frame).
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let workspace = Workspace::new("socket-lost");
-    let mut worker = WorkerProcess::spawn(&url, workspace.path(), TOKEN);
-    let (tcp, _) = listener.accept().await.unwrap();
-    let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
-    drop(ws);
-    assert_eq!(worker.exit_code().await, 4);
+/// W9: a lost socket is dialed again with the newest token; what ran on the old channel
+/// stops with it, is not run again, and the workspace is the same.
+#[tokio::test]
+async fn a_lost_socket_is_redialed_with_the_renewed_token() {
+    let mut s = Session::start("redial").await;
+    let wrote = s
+        .call(
+            "write_file",
+            json!({"path": "kept.txt", "content": "still here"}),
+        )
+        .await;
+    assert_eq!(wrote.is_error, Some(false));
+    let renewed = session_token(SESSION, Duration::from_secs(1200));
+    assert_ne!(renewed, *TOKEN);
+    s.notify(
+        "notifications/agent_runtime/token",
+        json!({"token": renewed}),
+    )
+    .await;
+    let params = CallToolRequestParams::new("shell").with_arguments(
+        json!({"command": "echo once >> runs.log; echo $$; exec sleep 30"})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let client = s.client.peer().clone();
+    let _in_flight = tokio::spawn(async move { client.call_tool(params).await });
+    let pid = s.next_pid().await;
+
+    s.cut();
+    gone_within(pid).await;
+    let s = s.redialed().await;
+    assert_eq!(
+        s.headers.authorization.as_deref(),
+        Some(format!("Bearer {renewed}").as_str())
+    );
+    assert_eq!(s.headers.session.as_deref(), Some(SESSION));
+    let kept = s.call("read_file", json!({"path": "kept.txt"})).await;
+    assert_eq!(text_of(&kept), "still here");
+    let runs = s.call("read_file", json!({"path": "runs.log"})).await;
+    assert_eq!(text_of(&runs), "once\n", "nothing ran twice");
+    let logs = s.worker.logs();
+    assert!(logs.contains("re-dialing"), "{logs}");
+    assert!(!logs.contains(&renewed), "{logs}");
+}
+
+/// W9 and drain: "going away" (1001) and "channel held" (4006) mean dial again; the
+/// worker does, and serves the next channel.
+#[tokio::test]
+async fn going_away_and_channel_held_are_dialed_again() {
+    let s = Session::start("going-away").await;
+    s.control.close(CLOSE_GOING_AWAY, "going_away").await;
+    let s = s.redialed().await;
+    let hi = s.call("shell", json!({"command": "echo back"})).await;
+    assert!(text_of(&hi).contains("back"));
+    s.control.close(CLOSE_CHANNEL_HELD, "channel_held").await;
+    let mut s = s.redialed().await;
+    let hi = s.call("shell", json!({"command": "echo again"})).await;
+    assert!(text_of(&hi).contains("again"));
+    s.control.close(CLOSE_SESSION_ENDED, "session_ended").await;
+    assert_eq!(s.worker.exit_code().await, 0);
+}
+
+/// W9, R3: a pooled worker bound to a session dials again as that session, with the
+/// token the bind carried, not its pool token.
+#[tokio::test]
+async fn a_bound_pooled_worker_redials_as_its_session() {
+    let keys = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap();
+    let slot = protocol::SessionId::new();
+    let pool_token = keys.mint_pool(slot, Duration::from_secs(600)).unwrap();
+    let s = Session::start_as("pooled", &slot.to_string(), &pool_token).await;
+    let session = protocol::SessionId::new();
+    let token = keys
+        .mint(
+            session,
+            TeamId::new(),
+            AgentId::new(),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    s.notify(
+        "notifications/agent_runtime/bind",
+        json!({"session": session, "token": token}),
+    )
+    .await;
+    // The bind is a notification: a call answered after it was handled in order.
+    let hi = s.call("shell", json!({"command": "echo bound"})).await;
+    assert!(text_of(&hi).contains("bound"));
+    s.cut();
+    let s = s.redialed().await;
+    assert_eq!(s.headers.session, Some(session.to_string()));
+    assert_eq!(
+        s.headers.authorization.as_deref(),
+        Some(format!("Bearer {token}").as_str())
+    );
+}
+
+/// W9: re-dialing lasts as long as the token: a brain unreachable past its expiry ends the
+/// worker (exit 5), and SIGTERM ends it at once while it re-dials (exit 0).
+#[tokio::test]
+async fn redialing_stops_when_the_token_expires_or_on_sigterm() {
+    let short = session_token(SESSION, Duration::from_secs(2));
+    let s = Session::start_as("expiring", SESSION, &short).await;
+    s.cut();
+    let cut = Instant::now();
+    // Nothing listens any more: every dial is refused.
+    let Session {
+        mut worker,
+        listener,
+        ..
+    } = s;
+    drop(listener);
+    assert_eq!(worker.exit_code().await, 5);
+    assert!(
+        cut.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        cut.elapsed()
+    );
+
+    let mut s = Session::start("sigterm-redialing").await;
+    s.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = s.worker.child.id().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(s.worker.exit_code().await, 0);
 }
 
 #[tokio::test]
@@ -591,7 +767,7 @@ async fn a_refused_upgrade_exits_three_and_bad_config_exits_two() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let workspace = Workspace::new("refused");
-    let mut worker = WorkerProcess::spawn(&url, workspace.path(), TOKEN);
+    let mut worker = WorkerProcess::spawn(&url, workspace.path(), &TOKEN);
     let (tcp, _) = listener.accept().await.unwrap();
     let refuse = |_: &Request, _: Response| {
         let mut response = ErrorResponse::new(Some("session_mismatch".into()));
@@ -604,9 +780,9 @@ async fn a_refused_upgrade_exits_three_and_bad_config_exits_two() {
             .is_err()
     );
     assert_eq!(worker.exit_code().await, 3);
-    assert!(!worker.logs().contains(TOKEN));
+    assert!(!worker.logs().contains(TOKEN.as_str()));
 
-    let mut bad = WorkerProcess::spawn("ftp://nowhere", workspace.path(), TOKEN);
+    let mut bad = WorkerProcess::spawn("ftp://nowhere", workspace.path(), &TOKEN);
     assert_eq!(bad.exit_code().await, 2);
     let logs = bad.logs();
     assert!(logs.contains("BRAIN_PUBLIC_URL"), "{logs}");
@@ -623,7 +799,7 @@ async fn the_dial_is_retried_while_the_brain_starts() {
     let addr = probe.local_addr().unwrap();
     drop(probe);
     let workspace = Workspace::new("retry");
-    let worker = WorkerProcess::spawn(&format!("http://{addr}"), workspace.path(), TOKEN);
+    let worker = WorkerProcess::spawn(&format!("http://{addr}"), workspace.path(), &TOKEN);
     tokio::time::sleep(Duration::from_millis(700)).await;
     let listener = TcpListener::bind(addr).await.unwrap();
     let s = Session::accept(listener, worker, workspace).await;

@@ -4,18 +4,27 @@
 //! upgrade, in order, each refusal closing the socket with a code and the failure
 //! reason's name and recording it on the session row:
 //! 1. the channel version header matches ([`CHANNEL_VERSION`]) — `channel_version`;
-//! 2. the token's session is the one the worker names and it is `connecting` —
-//!    `session_mismatch` (a mismatch with the unauthenticated header changes only the
-//!    token's session, and only while `connecting`);
+//! 2. the token's session is the one the worker names and it is `connecting` (or `ready`,
+//!    for a re-dial) — `session_mismatch` (a mismatch with the unauthenticated header
+//!    changes only the token's session, and only while `connecting`);
 //! 3. MCP `initialize` completes within the handshake timeout — `handshake_timeout`;
 //! 4. `tools/list` answers within the ready timeout — `ready_timeout`.
 //!
 //! Then the session is `ready`, the worker joins this replica's registry, and a
 //! heartbeat task pings it until the channel ends; silence past the heartbeat timeout is
 //! `heartbeat_lost`.
+//!
+//! A re-dial (W9) is a dial for a `ready` session: its worker lost its channel and dials
+//! again, reaching any replica. It is taken when no live channel exists (none here, and
+//! the owner key absent or naming a replica that is gone): the same handshake, then the
+//! owner key is taken over (compare-and-set) and the session, still `ready`, is served
+//! here. While a live channel exists, or who holds it cannot be told, the dial is closed
+//! with 4006 `channel_held` (the live channel undisturbed) and the worker tries again. A
+//! channel that ends on its own leaves its session `ready` for the re-dial; only a worker
+//! that closes with "going away" (it is exiting) fails it `heartbeat_lost` at once.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -25,9 +34,10 @@ use channel::ws::{ChannelEnd, split};
 use hyper_util::rt::TokioIo;
 use protocol::SessionId;
 use protocol::channel::{
-    BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_VERSION,
-    CLOSE_HANDSHAKE_TIMEOUT, CLOSE_READY_TIMEOUT, CLOSE_SESSION_ENDED, CLOSE_SESSION_MISMATCH,
-    FailureReason, SESSION_HEADER, SessionClaims, SessionState, TOKEN_NOTIFICATION,
+    BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD,
+    CLOSE_CHANNEL_VERSION, CLOSE_GOING_AWAY, CLOSE_HANDSHAKE_TIMEOUT, CLOSE_READY_TIMEOUT,
+    CLOSE_SESSION_ENDED, CLOSE_SESSION_MISMATCH, FailureReason, SESSION_HEADER, SessionClaims,
+    SessionState, TOKEN_NOTIFICATION,
 };
 use rmcp::model::{ClientNotification, CustomNotification};
 use rmcp::service::RunningService;
@@ -39,9 +49,11 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 /// The largest channel message the brain accepts: a 25 MiB artifact, base64-encoded,
 /// with room to spare.
 const MAX_CHANNEL_MESSAGE: usize = 48 << 20;
+/// How long a re-dial waits for this replica to let go of the session's ending channel.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-use super::Sessions;
 use super::registry::{Binding, LiveWorker, WorkerClient};
+use super::{Owner, Sessions};
 use crate::AppState;
 use crate::error::ApiError;
 
@@ -98,7 +110,7 @@ pub async fn connect(
         }
         match dial {
             Dial::Session(claims) => sessions.run_session_channel(ws, claims, named).await,
-            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims.sub).await,
+            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims).await,
         }
     });
     let mut response = Response::new(Body::empty());
@@ -213,23 +225,18 @@ impl Sessions {
         if named != session {
             return self.refuse_mismatch(session, &control).await;
         }
-        match self.dialed_session(session).await {
+        let redial = match self.dialed_session(session).await {
             Ok(row) if row.state == SessionState::Connecting => {
                 if let Err(err) = self.store.session_dialed(session).await {
                     tracing::warn!(session = %session, class = err.metric_label(), "dial not recorded");
                 }
+                None
             }
-            Ok(row) if row.state == SessionState::Ready => {
-                // A second dial for a session that already has its worker: refuse it
-                // without disturbing the live one.
-                self.metrics_refused(FailureReason::SessionMismatch);
-                return control
-                    .close(
-                        CLOSE_SESSION_MISMATCH,
-                        FailureReason::SessionMismatch.as_str(),
-                    )
-                    .await;
-            }
+            // Its worker lost its channel and dials again (W9).
+            Ok(row) if row.state == SessionState::Ready => match self.redial_free(session).await {
+                Some(dead) => Some(dead),
+                None => return control.close(CLOSE_CHANNEL_HELD, "channel_held").await,
+            },
             _ => {
                 return refuse(
                     FailureReason::SessionMismatch,
@@ -238,33 +245,51 @@ impl Sessions {
                 )
                 .await;
             }
-        }
+        };
         let service = match self.handshake(sink, stream).await {
             Ok(service) => service,
             Err((reason, code)) => return refuse(reason, code, session).await,
         };
-        // The owner key exists before the row says `ready`: a ready session without one
-        // has lost its channel.
-        self.claim_owner(session, self.owner_ttl()).await;
-        match self
-            .store
-            .transition_session(session, SessionState::Connecting, SessionState::Ready)
-            .await
-        {
-            Ok(true) => {}
-            _ => {
-                // Failed meanwhile (dial timeout, torn down): this worker is not wanted.
-                self.release_owner(session).await;
-                return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
+        let taken = match &redial {
+            None => {
+                // The owner key exists before the row says `ready`: a ready session
+                // without one has lost its channel.
+                self.claim_owner(session, self.owner_ttl()).await;
+                self.store.session_ready(session, self.replica_id).await
             }
+            Some(dead) => match self
+                .take_owner(session, dead.as_deref(), self.owner_ttl())
+                .await
+            {
+                Ok(true) => self.store.session_redialed(session, self.replica_id).await,
+                // Another re-dial won, or Redis cannot tell: this worker tries again.
+                Ok(false) | Err(_) => {
+                    return control.close(CLOSE_CHANNEL_HELD, "channel_held").await;
+                }
+            },
+        };
+        if !matches!(taken, Ok(true)) {
+            // Ended meanwhile (dial timeout, torn down, replaced): this worker is not
+            // wanted.
+            self.release_owner(session).await;
+            return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
         }
-        tracing::info!(session = %session, "worker ready");
+        match &redial {
+            None => tracing::info!(session = %session, "worker ready"),
+            Some(dead) => tracing::info!(session = %session, from = ?dead, "worker re-dialed"),
+        }
         let binding = Binding {
             session,
             team: claims.team,
             agent: claims.agent,
         };
-        let worker = Arc::new(LiveWorker::new(Some(binding), None, service, control));
+        let worker = Arc::new(LiveWorker::new(
+            Some(binding),
+            None,
+            service,
+            control,
+            claims.exp,
+        ));
         self.registry.insert(session, worker.clone());
         self.serve_worker(&worker).await;
     }
@@ -296,6 +321,30 @@ impl Sessions {
             .await;
     }
 
+    /// Whether a re-dial may take `session`'s channel (W9): `Some(dead)` when no live
+    /// channel for it exists, `dead` naming the gone replica the owner key still names,
+    /// if any. `None` while a live channel exists (here, or on a replica that is alive) or
+    /// that cannot be told: the live one is left alone and the worker tries again.
+    async fn redial_free(&self, session: SessionId) -> Option<Option<String>> {
+        if let Some(old) = self.registry.entry(session) {
+            // Our channel for it is ending (the worker saw the drop first): wait for it to
+            // be let go of, briefly.
+            let released = tokio::time::timeout(RELEASE_WAIT, old.released.cancelled());
+            if old.is_up() || released.await.is_err() {
+                self.metrics_refused(FailureReason::SessionMismatch);
+                return None;
+            }
+        }
+        match self.live_owner(session).await {
+            Ok(Owner::Gone { dead }) => Some(dead),
+            Ok(Owner::Replica(_)) => {
+                self.metrics_refused(FailureReason::SessionMismatch);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
     /// The session a worker dialed for. A local worker can dial before the launcher has
     /// recorded the launch (`provisioning` → `connecting`): that short window is waited
     /// out, bounded by the handshake timeout, rather than refused.
@@ -315,10 +364,11 @@ impl Sessions {
 
     /// A pre-started worker dials in unassigned (R3); it waits in this replica's pool
     /// until a session claims it.
-    async fn run_pool_channel<S>(&self, ws: WebSocketStream<S>, slot: SessionId)
+    async fn run_pool_channel<S>(&self, ws: WebSocketStream<S>, claims: SessionClaims)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let slot = claims.sub;
         let (sink, stream, control) = split::<RoleClient, _>(ws);
         let profile = match self.store.starting_pool_slot(slot).await {
             Ok(Some(profile)) => profile,
@@ -343,7 +393,13 @@ impl Sessions {
             return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
         }
         tracing::info!(slot = %slot, profile, "pooled worker ready");
-        let worker = Arc::new(LiveWorker::new(None, Some(slot), service, control));
+        let worker = Arc::new(LiveWorker::new(
+            None,
+            Some(slot),
+            service,
+            control,
+            claims.exp,
+        ));
         self.pool.put(&profile, worker.clone());
         self.serve_worker(&worker).await;
     }
@@ -365,12 +421,22 @@ impl Sessions {
             }
         }
         if let Some(binding) = worker.binding() {
-            self.registry.remove(binding.session);
+            // Owner key and row first, the registry entry last: a re-dial reaching this
+            // replica waits for the entry to go, so it never finds the key still ours.
             self.release_owner(binding.session).await;
+            if let Err(err) = self
+                .store
+                .session_released(binding.session, self.replica_id)
+                .await
+            {
+                tracing::warn!(session = %binding.session, class = err.metric_label(), "channel release not recorded");
+            }
+            self.registry.remove(binding.session, worker);
         }
         // In-flight calls hold the worker too: ending the MCP session fails them now
         // instead of leaving them waiting for an answer that cannot come.
         worker.service.cancellation_token().cancel();
+        worker.released.cancel();
     }
 
     /// Binds a pooled worker to a new session: the session's token (and so its
@@ -387,6 +453,7 @@ impl Sessions {
         ) else {
             return false;
         };
+        worker.token_sent(unix_now() + self.config.token_ttl.as_secs());
         let params = serde_json::json!({ "session": binding.session, "token": token });
         let notification = CustomNotification::new(BIND_NOTIFICATION, Some(params));
         worker
@@ -397,11 +464,12 @@ impl Sessions {
             .is_ok()
     }
 
-    /// Pings until the channel ends or the worker falls silent; renews the token in-band.
+    /// Pings until the channel ends or the worker falls silent; keeps the owner key
+    /// (unless a re-dial took it elsewhere) and renews the token in-band while less than
+    /// half a token lifetime is left, so a re-dial always has a valid token.
     async fn heartbeat(&self, worker: &LiveWorker) {
         let mut ping = tokio::time::interval(self.config.ping_interval);
-        let renew_every = self.config.token_ttl / 2;
-        let mut renewed = Instant::now();
+        let renew_within = self.config.token_ttl.as_secs() / 2;
         loop {
             tokio::select! {
                 end = worker.control.ended() => {
@@ -419,9 +487,14 @@ impl Sessions {
                     }
                     let _ = worker.control.ping().await;
                     if let Some(binding) = worker.binding() {
-                        self.claim_owner(binding.session, self.owner_ttl()).await;
-                        if renewed.elapsed() >= renew_every {
-                            renewed = Instant::now();
+                        if let Ok(false) = self.take_owner(binding.session, None, self.owner_ttl()).await {
+                            // This channel was given up for dead and its worker's re-dial
+                            // taken elsewhere: whatever is still on it is not the session's.
+                            tracing::warn!(session = %binding.session, "channel superseded by a re-dial");
+                            worker.control.close(CLOSE_SESSION_ENDED, "session_ended").await;
+                            return;
+                        }
+                        if worker.token_expires() <= unix_now() + renew_within {
                             self.renew_token(worker, binding).await;
                         }
                     }
@@ -453,14 +526,18 @@ impl Sessions {
             .peer()
             .send_notification(ClientNotification::CustomNotification(notification))
             .await
-            .is_err()
+            .is_ok()
         {
+            worker.token_sent(unix_now() + self.config.token_ttl.as_secs());
+        } else {
             tracing::info!(session = %binding.session, "token renewal not delivered");
         }
     }
 
-    /// A channel ended on its own: unless its session already ended (teardown), the
-    /// worker that was ready is gone.
+    /// A channel ended on its own. A worker that closed with "going away" is exiting:
+    /// unless its session already ended (teardown), it has lost its worker. Any other end
+    /// leaves the session `ready`: its worker dials again (W9), and a call meanwhile waits
+    /// for that within the re-dial grace.
     async fn channel_ended(&self, worker: &LiveWorker, end: &ChannelEnd) {
         let class = match end {
             ChannelEnd::Closed { .. } => "closed",
@@ -470,9 +547,23 @@ impl Sessions {
             ChannelEnd::BinaryFrame => "binary_frame",
         };
         tracing::info!(slot = ?worker.slot, end = class, "worker channel ended");
-        if let Some(binding) = worker.binding() {
+        let Some(binding) = worker.binding() else {
+            return;
+        };
+        let leaving = matches!(end, ChannelEnd::Closed { code, .. } if *code == CLOSE_GOING_AWAY);
+        if leaving && !worker.sent_going_away() {
             self.fail(binding.session, FailureReason::HeartbeatLost, Some(class))
                 .await;
+        } else {
+            tracing::info!(session = %binding.session, end = class, "worker channel lost; awaiting its re-dial");
         }
     }
+}
+
+/// Seconds since the Unix epoch, the unit of a token's `exp`.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
 }

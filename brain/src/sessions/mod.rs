@@ -10,6 +10,12 @@
 //! is touched once per session, never per call (W1). The runtime-manager launches the
 //! worker and moves the row to `connecting`; this module moves it to `ready` or `failed`.
 //!
+//! A `ready` session outlives its channel (W9): when the socket drops, the worker dials
+//! again and any replica takes the re-dial, so the session, its workspace and its browser
+//! go on. A call that finds no live owner waits `BRAIN_WORKER_REDIAL_GRACE_MS` for the
+//! re-dial before failing the session `heartbeat_lost` and provisioning anew; a call that
+//! cannot tell who owns it (Redis down) fails as a tool error and leaves it alone.
+//!
 //! Architecture invariant: a replica holds a worker's socket and nothing else about it;
 //! every state is in Postgres, so any replica can tell where a session stands.
 
@@ -40,6 +46,10 @@ use crate::store::{Store, StoreError};
 
 /// How often a waiting call looks at its session's row.
 const WAIT_POLL: Duration = Duration::from_millis(20);
+/// How often a call waiting for a worker's re-dial looks for it.
+const REDIAL_POLL: Duration = Duration::from_millis(100);
+/// How long a replica shutting down waits for its worker channels to close.
+const GOING_AWAY_WAIT: Duration = Duration::from_secs(3);
 
 /// Why a worker tool could not get a worker; the model reads the message.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +64,22 @@ pub enum SessionError {
     Store(#[from] StoreError),
     #[error("cancelled")]
     Cancelled,
+    /// Who holds the worker's channel cannot be told (Redis does not answer): the session
+    /// is left as it is.
+    #[error("where the worker is connected cannot be looked up right now; try again shortly")]
+    OwnerUnknown,
+    /// The replica named as holding the channel is gone and the worker has not dialed
+    /// again yet; the session is left as it is.
+    #[error("the worker is reconnecting to the brain; try again shortly")]
+    Reconnecting,
+}
+
+/// Who holds a `ready` session's channel.
+enum Owner {
+    /// Another replica, alive.
+    Replica(String),
+    /// Nobody: no owner key, or one still naming `dead`, a replica that is gone.
+    Gone { dead: Option<String> },
 }
 
 /// Where a session's worker can be reached.
@@ -84,8 +110,10 @@ pub struct Inner {
     store: Store,
     redis_url: String,
     redis_client: redis::Client,
-    /// This process's identity among replicas (owner keys, relay channel).
+    /// This process's identity among replicas, as owner keys and relay channels spell it.
     replica: String,
+    /// The same, as the session rows record it (`owner_replica`).
+    replica_id: protocol::ReplicaId,
     config: WorkerConfig,
     keys: TokenKeys,
     registry: Registry,
@@ -119,6 +147,7 @@ impl Sessions {
             redis_url,
             redis_client,
             replica: replica.0.simple().to_string(),
+            replica_id: replica,
             config,
             keys,
             registry: Registry::default(),
@@ -239,6 +268,8 @@ impl Sessions {
         let deadline = Instant::now() + self.config.provision_timeout;
         let mut shown = None;
         let mut replaced = false;
+        // Since when this `ready` session has had no live channel.
+        let mut channel_gone = None;
         loop {
             if shown != Some(row.state) {
                 shown = Some(row.state);
@@ -255,6 +286,14 @@ impl Sessions {
                 }
             }
             match row.state {
+                // It failed while this call waited for its worker's re-dial (the
+                // runtime-manager found the worker gone, say): a new one is needed.
+                SessionState::Failed if channel_gone.is_some() && !replaced => {
+                    replaced = true;
+                    channel_gone = None;
+                    row = self.provision(team, agent, chat, profile).await?;
+                    continue;
+                }
                 SessionState::Failed => {
                     return Err(SessionError::Failed(
                         row.failure_reason.unwrap_or_else(|| "unknown".into()),
@@ -270,28 +309,38 @@ impl Sessions {
                             worker,
                         });
                     }
-                    match self.owner(row.id).await {
-                        Some(owner) if owner != self.replica => {
+                    match self.live_owner(row.id).await? {
+                        Owner::Replica(owner) => {
                             return Ok(Target::Remote {
                                 owner,
                                 session: row.id,
                             });
                         }
-                        Some(_) => {}
-                        None if !replaced => {
-                            // Ready, but no replica holds its channel (its replica died or
-                            // restarted): this session needs a new worker (O3).
-                            self.fail(
-                                row.id,
-                                FailureReason::HeartbeatLost,
-                                Some("no replica holds its channel"),
-                            )
-                            .await;
-                            replaced = true;
-                            row = self.provision(team, agent, chat, profile).await?;
-                            continue;
+                        // No live channel anywhere: the worker may be dialing again (W9).
+                        Owner::Gone { dead } => {
+                            let since = *channel_gone.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= self.config.redial_grace {
+                                if dead.is_some() {
+                                    // The key names a replica that seems gone, but the
+                                    // key lives on: too unsure to replace the session.
+                                    return Err(SessionError::Reconnecting);
+                                }
+                                if !replaced {
+                                    // No worker dialed back: it is gone, and so are its
+                                    // workspace and browser (O3).
+                                    self.fail(
+                                        row.id,
+                                        FailureReason::HeartbeatLost,
+                                        Some("no replica holds its channel"),
+                                    )
+                                    .await;
+                                    replaced = true;
+                                    channel_gone = None;
+                                    row = self.provision(team, agent, chat, profile).await?;
+                                    continue;
+                                }
+                            }
                         }
-                        None => {}
                     }
                 }
                 _ => {}
@@ -299,9 +348,15 @@ impl Sessions {
             if Instant::now() >= deadline {
                 return Err(SessionError::Timeout);
             }
+            // A re-dial is a reconnect and a handshake: no need to look every 20 ms.
+            let poll = if channel_gone.is_some() {
+                REDIAL_POLL
+            } else {
+                WAIT_POLL
+            };
             tokio::select! {
                 () = cancel.cancelled() => return Err(SessionError::Cancelled),
-                () = tokio::time::sleep(WAIT_POLL) => {}
+                () = tokio::time::sleep(poll) => {}
             }
             if let Some(worker) = self.registry.get(row.id) {
                 return Ok(Target::Local {
@@ -311,6 +366,54 @@ impl Sessions {
             }
             row = self.store.session(row.id).await?;
         }
+    }
+
+    /// Who holds `session`'s channel, as far as it can be told. The caller has checked
+    /// this replica's registry: an owner key naming this replica is stale (our channel
+    /// ended), and one naming a replica that does not listen on its relay channel any more
+    /// is a dead replica's.
+    async fn live_owner(&self, session: SessionId) -> Result<Owner, SessionError> {
+        match self.owner(session).await? {
+            None => Ok(Owner::Gone { dead: None }),
+            Some(owner) if owner == self.replica => Ok(Owner::Gone { dead: None }),
+            Some(owner) => {
+                if self.replica_listening(&owner).await? {
+                    Ok(Owner::Replica(owner))
+                } else {
+                    Ok(Owner::Gone { dead: Some(owner) })
+                }
+            }
+        }
+    }
+
+    /// Closes every worker channel this replica holds with "going away" (1001), for a
+    /// replica shutting down: each worker dials again and another replica takes it (W9).
+    /// Returns once each channel has ended and been let go of here (owner key released),
+    /// or after a few seconds; the count is of the channels closed.
+    pub async fn close_all_going_away(&self) -> usize {
+        let workers: Vec<Arc<LiveWorker>> = self
+            .registry
+            .all()
+            .into_iter()
+            .chain(self.pool.all())
+            .collect();
+        for worker in &workers {
+            worker.close_going_away().await;
+        }
+        let released = futures_util::future::join_all(
+            workers.iter().map(|worker| worker.released.cancelled()),
+        );
+        if tokio::time::timeout(GOING_AWAY_WAIT, released)
+            .await
+            .is_err()
+        {
+            tracing::warn!(workers = workers.len(), "worker channels still closing");
+        }
+        tracing::info!(
+            workers = workers.len(),
+            "worker channels closed: going away"
+        );
+        workers.len()
     }
 
     /// Claims a pooled worker of `profile` connected to this replica, if one waits: the
@@ -327,7 +430,7 @@ impl Sessions {
             let Some(slot) = worker.slot else { continue };
             match self
                 .store
-                .claim_pool_slot(slot, team, agent, chat, profile)
+                .claim_pool_slot(slot, team, agent, chat, profile, self.replica_id)
                 .await
             {
                 Ok(Some(row)) => {

@@ -1,18 +1,23 @@
 //! The workers whose channel this replica holds.
 //!
 //! A replica holds a worker's socket and nothing else about it: the session's state lives
-//! in Postgres. Entries leave the registry when the channel ends, whichever way it ends.
+//! in Postgres. Entries leave the registry when the channel ends, whichever way it ends;
+//! until then a lookup skips an entry whose channel has ended, so a hit names a channel
+//! that is up.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use channel::ws::Control;
+use protocol::channel::CLOSE_GOING_AWAY;
 use protocol::ui::{UiChunk, WorkerLog};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Where a running call's live output goes.
 struct Route {
@@ -101,6 +106,15 @@ pub struct LiveWorker {
     pub slot: Option<SessionId>,
     pub service: RunningService<RoleClient, WorkerClient>,
     pub control: Control,
+    /// Cancelled once the channel has ended and this replica has let go of the session
+    /// (owner key released, registry entry gone), so a re-dial can be taken anywhere.
+    pub released: CancellationToken,
+    /// When the worker's newest token expires (unix seconds): renewed in time, it lets
+    /// the worker dial again whenever its channel drops (W9).
+    token_expires: AtomicU64,
+    /// This replica closed the channel with "going away": the worker's echo of that close
+    /// is not the worker leaving.
+    sent_going_away: AtomicBool,
 }
 
 impl LiveWorker {
@@ -109,6 +123,7 @@ impl LiveWorker {
         slot: Option<SessionId>,
         service: RunningService<RoleClient, WorkerClient>,
         control: Control,
+        token_expires: u64,
     ) -> Self {
         let cell = OnceLock::new();
         if let Some(binding) = binding {
@@ -119,7 +134,34 @@ impl LiveWorker {
             slot,
             service,
             control,
+            released: CancellationToken::new(),
+            token_expires: AtomicU64::new(token_expires),
+            sent_going_away: AtomicBool::new(false),
         }
+    }
+
+    /// Closes the channel with "going away" (1001): the worker dials again elsewhere.
+    pub async fn close_going_away(&self) {
+        self.sent_going_away.store(true, Ordering::Relaxed);
+        self.control.close(CLOSE_GOING_AWAY, "going_away").await;
+    }
+
+    pub fn sent_going_away(&self) -> bool {
+        self.sent_going_away.load(Ordering::Relaxed)
+    }
+
+    pub fn token_expires(&self) -> u64 {
+        self.token_expires.load(Ordering::Relaxed)
+    }
+
+    /// The worker was sent a token expiring at `unix_secs`.
+    pub fn token_sent(&self, unix_secs: u64) {
+        self.token_expires.store(unix_secs, Ordering::Relaxed);
+    }
+
+    /// Whether its channel is still up.
+    pub fn is_up(&self) -> bool {
+        self.control.end().is_none()
     }
 
     pub fn client(&self) -> &WorkerClient {
@@ -151,7 +193,15 @@ struct Entries {
 }
 
 impl Registry {
+    /// The worker of `session`, if its channel is up.
     pub fn get(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
+        let worker = self.inner.lock().ok()?.workers.get(&session).cloned()?;
+        worker.is_up().then_some(worker)
+    }
+
+    /// The entry for `session`, its channel up or ending: a re-dial waits until an ending
+    /// one has been let go of.
+    pub fn entry(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
         self.inner.lock().ok()?.workers.get(&session).cloned()
     }
 
@@ -161,10 +211,25 @@ impl Registry {
         }
     }
 
-    pub fn remove(&self, session: SessionId) -> Option<Arc<LiveWorker>> {
-        let mut entries = self.inner.lock().ok()?;
-        entries.chats.retain(|_, s| *s != session);
-        entries.workers.remove(&session)
+    /// Forgets `session`'s entry if it is still `worker`'s (a re-dial may have replaced it).
+    pub fn remove(&self, session: SessionId, worker: &Arc<LiveWorker>) {
+        if let Ok(mut entries) = self.inner.lock()
+            && entries
+                .workers
+                .get(&session)
+                .is_some_and(|w| Arc::ptr_eq(w, worker))
+        {
+            entries.chats.retain(|_, s| *s != session);
+            entries.workers.remove(&session);
+        }
+    }
+
+    /// Every worker this replica holds a session's channel for.
+    pub fn all(&self) -> Vec<Arc<LiveWorker>> {
+        self.inner
+            .lock()
+            .map(|entries| entries.workers.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Remembers that (agent, chat)'s live session is `session`, if its worker is here.
@@ -180,7 +245,8 @@ impl Registry {
     pub fn for_chat(&self, agent: AgentId, chat: ChatId) -> Option<(SessionId, Arc<LiveWorker>)> {
         let entries = self.inner.lock().ok()?;
         let session = *entries.chats.get(&(agent, chat))?;
-        Some((session, entries.workers.get(&session)?.clone()))
+        let worker = entries.workers.get(&session)?.clone();
+        worker.is_up().then_some((session, worker))
     }
 }
 
@@ -202,6 +268,14 @@ impl Pool {
         let mut idle = self.idle.lock().ok()?;
         let workers = idle.get_mut(profile)?;
         (!workers.is_empty()).then(|| workers.remove(0))
+    }
+
+    /// Every pooled worker waiting here.
+    pub fn all(&self) -> Vec<Arc<LiveWorker>> {
+        self.idle
+            .lock()
+            .map(|idle| idle.values().flatten().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Forgets the worker of `slot` (its channel ended).

@@ -2,9 +2,12 @@
 //! replica holds travel through Redis pub/sub.
 //!
 //! - The replica holding a channel keeps `worker-owner:{session}` = its replica id, with
-//!   a short expiry refreshed by the heartbeat, and deletes it (only if still its own)
-//!   when the channel ends. A `ready` session with no owner key has lost its channel
-//!   (its replica died or restarted): the next call fails it and provisions a new one.
+//!   a short expiry refreshed by the heartbeat (only while the key is absent or its own),
+//!   and deletes it (only if still its own) when the channel ends. A `ready` session with
+//!   no owner key, or one naming a replica that no longer listens on its relay channel
+//!   (it died), has lost its channel: its worker is expected to dial again (W9), and a
+//!   re-dial takes the key over with a compare-and-set. A lookup that fails is an error,
+//!   never "no owner": unknown is not absent.
 //! - A call is published on `relay:{owner}` as a [`RelayCall`]; the owner runs it and
 //!   publishes [`RelayEvent`]s (live output lines, then what the model reads) on
 //!   `relay:call:{key}`. A file the worker answers with is stored by the owner, which has
@@ -36,8 +39,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::Sessions;
 use super::tool::{Files, call_worker};
+use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::tools::{ToolCtx, ToolOutput};
 
@@ -131,6 +134,17 @@ async fn subscribe(client: &redis::Client, channel: String) -> Option<redis::aio
     Some(pubsub)
 }
 
+/// Sets the owner key to ARGV[2] for ARGV[3] ms while it is absent, names ARGV[2]
+/// already, or names ARGV[1] (a dead owner being taken over; empty for none).
+const TAKE_OWNER: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current == false or current == ARGV[2] or (ARGV[1] ~= '' and current == ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
 impl Sessions {
     async fn redis(&self) -> Option<redis::aio::MultiplexedConnection> {
         let conn = bounded(self.redis_client.get_multiplexed_async_connection()).await;
@@ -164,10 +178,59 @@ impl Sessions {
         }
     }
 
-    /// The replica holding `session`'s channel, if any.
-    pub(super) async fn owner(&self, session: SessionId) -> Option<String> {
-        let mut conn = self.redis().await?;
-        bounded(conn.get(owner_key(session))).await.flatten()
+    /// The replica holding `session`'s channel, if any. `OwnerUnknown` when Redis does not
+    /// answer in time: that says nothing about the owner.
+    pub(super) async fn owner(&self, session: SessionId) -> Result<Option<String>, SessionError> {
+        let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
+        let got = tokio::time::timeout(REDIS_BOUND, conn.get(owner_key(session))).await;
+        match got {
+            Ok(Ok(owner)) => Ok(owner),
+            _ => {
+                tracing::warn!(session = %session, "relay: owner lookup failed");
+                Err(SessionError::OwnerUnknown)
+            }
+        }
+    }
+
+    /// Makes this replica `session`'s owner for `ttl` if the key is absent, already ours,
+    /// or names `dead` (a replica found gone). `false` when another replica holds it.
+    pub(super) async fn take_owner(
+        &self,
+        session: SessionId,
+        dead: Option<&str>,
+        ttl: Duration,
+    ) -> Result<bool, SessionError> {
+        let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let script = redis::Script::new(TAKE_OWNER);
+        let mut call = script.key(owner_key(session));
+        call.arg(dead.unwrap_or_default())
+            .arg(&self.replica)
+            .arg(ms);
+        match tokio::time::timeout(REDIS_BOUND, call.invoke_async::<i64>(&mut conn)).await {
+            Ok(Ok(taken)) => Ok(taken == 1),
+            _ => {
+                tracing::warn!(session = %session, "relay: owner key not written");
+                Err(SessionError::OwnerUnknown)
+            }
+        }
+    }
+
+    /// Whether replica `replica` is alive as far as the relay can tell: it listens on its
+    /// relay channel. A killed replica's subscription ends with its Redis connection.
+    pub(super) async fn replica_listening(&self, replica: &str) -> Result<bool, SessionError> {
+        let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(calls_channel(replica));
+        let counted = tokio::time::timeout(
+            REDIS_BOUND,
+            numsub.query_async::<Vec<(String, i64)>>(&mut conn),
+        )
+        .await;
+        match counted {
+            Ok(Ok(counts)) => Ok(counts.iter().any(|(_, n)| *n > 0)),
+            _ => Err(SessionError::OwnerUnknown),
+        }
     }
 
     /// Serves calls other replicas forward to this one, until `shutdown`. Files the

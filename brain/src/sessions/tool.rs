@@ -24,6 +24,11 @@ use crate::store::Store;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
 use channel::catalog::{WorkerToolDecl, catalog_for, returns_file};
 
+/// What the model reads when the channel drops under a call (W9). The worker stops what
+/// the call started and never runs it again; nothing resends it.
+const DROPPED_DURING_CALL: &str = "the worker's connection dropped during this call: the call \
+    was stopped and will not be run again (what it did before stays done)";
+
 /// How often a running call records use of its session.
 const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);
 
@@ -192,7 +197,9 @@ pub(super) async fn call_worker(
     let handle = peer
         .send_cancellable_request(request, PeerRequestOptions::no_options())
         .await
-        .map_err(|_| "the worker channel is closed".to_owned())?;
+        .map_err(|_| {
+            "the worker's connection dropped before the call started; try again".to_owned()
+        })?;
     let token = handle.progress_token.clone();
     if let Some(ui) = ui {
         worker
@@ -209,7 +216,7 @@ pub(super) async fn call_worker(
         _ = worker.control.ended() => {
             guard.peer = None;
             worker.client().unroute(&token);
-            return Err("the worker was lost during the call; the next call starts a new one".into());
+            return Err(DROPPED_DURING_CALL.into());
         }
     };
     worker.client().unroute(&token);
@@ -222,7 +229,7 @@ pub(super) async fn call_worker(
             content: serde_json::to_value(&result.content).unwrap_or_default(),
         }),
         Ok(_) => Err("the worker sent an unexpected answer".into()),
-        Err(_) => Err("the worker channel closed during the call".into()),
+        Err(_) => Err(DROPPED_DURING_CALL.into()),
     }
 }
 

@@ -5,7 +5,7 @@
 //! one statement that also writes the session row `ready` (so two claims never take one
 //! worker, and a chat never gets two live sessions).
 
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::Row;
 
 use super::sessions::SessionRow;
@@ -55,14 +55,16 @@ impl Store {
         agent: AgentId,
         chat: ChatId,
         profile: &str,
+        replica: ReplicaId,
     ) -> Result<Option<SessionRow>, StoreError> {
         let session = SessionId::new();
         let row = sqlx::query(
             "WITH slot AS ( \
                 UPDATE worker_pool SET state = 'claimed', session_id = $2, updated_at = now() \
                 WHERE id = $1 AND state = 'idle' RETURNING worker_ref) \
-             INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state, worker_ref) \
-             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref FROM slot \
+             INSERT INTO agent_runtime_sessions \
+                (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica) \
+             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref, $7 FROM slot \
              RETURNING id",
         )
         .bind(slot.0)
@@ -71,6 +73,7 @@ impl Store {
         .bind(agent.0)
         .bind(chat.0)
         .bind(profile)
+        .bind(replica.0)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use protocol::channel::{FailureReason, SessionState};
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::Row;
 
 use super::{Store, StoreError, unique_violation};
@@ -104,23 +104,59 @@ impl Store {
         from_row(&row)
     }
 
-    /// Moves a session from `from` to `to`; `false` when it was not in `from`.
-    pub async fn transition_session(
+    /// The handshake of a session's first worker is done: `connecting → ready`, held by
+    /// `replica`; `false` when it was not `connecting` (failed or torn down meanwhile).
+    pub async fn session_ready(
         &self,
         id: SessionId,
-        from: SessionState,
-        to: SessionState,
+        replica: ReplicaId,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE agent_runtime_sessions SET state = $3, updated_at = now() \
-             WHERE id = $1 AND state = $2",
+            "UPDATE agent_runtime_sessions \
+             SET state = 'ready', owner_replica = $2, updated_at = now() \
+             WHERE id = $1 AND state = 'connecting'",
         )
         .bind(id.0)
-        .bind(from.as_str())
-        .bind(to.as_str())
+        .bind(replica.0)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// A `ready` session's worker dialed again and `replica` took its channel (W9);
+    /// `false` when the session is no longer `ready`.
+    pub async fn session_redialed(
+        &self,
+        id: SessionId,
+        replica: ReplicaId,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET owner_replica = $2, updated_at = now() \
+             WHERE id = $1 AND state = 'ready'",
+        )
+        .bind(id.0)
+        .bind(replica.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `replica` no longer holds the session's channel (a re-dial may take it elsewhere).
+    /// A no-op when another replica holds it by now.
+    pub async fn session_released(
+        &self,
+        id: SessionId,
+        replica: ReplicaId,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE agent_runtime_sessions SET owner_replica = NULL \
+             WHERE id = $1 AND owner_replica = $2",
+        )
+        .bind(id.0)
+        .bind(replica.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Fails a live session with a reason (W6); `false` when it had already ended.

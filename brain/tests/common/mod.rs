@@ -101,11 +101,12 @@ impl TestApp {
 
     /// A second brain replica over the same database and Redis (SPEC W4): its URL.
     pub async fn second_replica(&self) -> String {
-        self.second_replica_with(|_| {}).await
+        self.second_replica_with(|_| {}).await.0
     }
 
-    /// [`Self::second_replica`] with its configuration adjusted by `tweak`.
-    pub async fn second_replica_with(&self, tweak: impl FnOnce(&mut Config)) -> String {
+    /// A second replica whose configuration `tweak` adjusts (another Redis URL, say): its
+    /// URL and its state, for what a test drives directly (its sessions).
+    pub async fn second_replica_with(&self, tweak: impl FnOnce(&mut Config)) -> (String, AppState) {
         let mut config = self.config.clone();
         tweak(&mut config);
         let store = Store::connect(&self.store_url(), 10).await.unwrap();
@@ -113,8 +114,12 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(config, store, redis).unwrap();
-        tokio::spawn(brain::serve(listener, state, self.shutdown.child_token()));
-        url
+        tokio::spawn(brain::serve(
+            listener,
+            state.clone(),
+            self.shutdown.child_token(),
+        ));
+        (url, state)
     }
 
     pub fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {

@@ -25,7 +25,7 @@ use crate::browser::{Browser, BrowserError};
 pub const SCREENSHOT_URI_PREFIX: &str = "browser:///";
 
 impl Worker {
-    /// Runs one browser call: stops when the brain cancels it or the session ends, logs
+    /// Runs one browser call: stops when the brain cancels it or its channel ends, logs
     /// the outcome class, maps errors to `isError` results.
     async fn browser_call<F, Fut>(
         &self,
@@ -43,15 +43,15 @@ impl Worker {
             tracing::info!(call, tool, outcome = "not_served", "tool call");
             return error("this worker does not serve the browser tools");
         };
-        let shutdown = self.shared.shutdown.clone();
+        let channel = self.channel.clone();
         let result = tokio::select! {
             result = run(browser) => result,
             () = context.ct.cancelled() => {
                 tracing::info!(call, tool, outcome = "cancelled", "tool call");
                 return error("cancelled");
             }
-            () = shutdown.cancelled() => {
-                return error("the session ended");
+            () = channel.cancelled() => {
+                return error("the channel ended");
             }
         };
         let outcome = match &result {

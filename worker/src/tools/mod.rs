@@ -1,5 +1,6 @@
 //! The MCP server the brain drives: the workspace tools of `channel::catalog`, decoded
-//! with exactly its argument types, plus the in-band token renewal (SPEC W3, W8).
+//! with exactly its argument types, plus the in-band token renewal and, for a pooled
+//! worker, the bind to a session (SPEC W3, W8, W9, R3).
 //!
 //! - `paths`: workspace confinement for the file tools.
 //! - `output`: head-and-tail capping with a truncation marker.
@@ -33,6 +34,8 @@ use std::time::Instant;
 use channel::catalog::{
     self, EditFileArgs, ListDirArgs, ReadFileArgs, ShellArgs, UploadArtifactArgs, WriteFileArgs,
 };
+use protocol::SessionId;
+use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolResult, ContentBlock, CustomNotification, Implementation, ServerCapabilities,
@@ -43,10 +46,8 @@ use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BrowserSettings, Token};
+use crate::dial::Identity;
 use crate::groups::Groups;
-
-/// The custom notification carrying a renewed session token (`params: {"token": "..."}`).
-pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
 
 /// The catalog's description of `name`, so the brain and the worker describe a tool alike.
 fn describe(name: &str) -> &'static str {
@@ -59,23 +60,24 @@ fn describe(name: &str) -> &'static str {
 struct Shared {
     workspace: PathBuf,
     groups: Groups,
-    /// The newest session token. Used only for a re-dial, which the worker does not do
-    /// today: a lost channel ends the session.
-    token: Mutex<Token>,
-    /// Cancelled when the session ends: every running call stops.
-    shutdown: CancellationToken,
+    /// Who the next dial proves to be: the newest token (renewed in-band), and for a
+    /// bound pooled worker its session (W9).
+    identity: Mutex<Identity>,
     calls: AtomicU64,
     /// The headless browser, when the profile serves the browser tools.
     #[cfg(feature = "browser")]
     browser: Option<crate::browser::Browser>,
 }
 
-/// The worker's MCP server.
+/// The worker's MCP server. The session's state is shared; each channel serves its own
+/// clone ([`Worker::on_channel`]).
 #[derive(Clone)]
 pub struct Worker {
     /// The tools of the profile; `#[tool_handler]` serves this one.
     tool_router: ToolRouter<Self>,
     shared: Arc<Shared>,
+    /// Cancelled when the channel this clone serves ends: the calls it carried stop.
+    channel: CancellationToken,
 }
 
 fn error(text: impl Into<String>) -> CallToolResult {
@@ -91,12 +93,12 @@ impl Worker {
     /// canonical.
     pub fn new(
         workspace: PathBuf,
-        token: Token,
+        identity: Identity,
         groups: Groups,
         shutdown: CancellationToken,
     ) -> Self {
         let browser = BrowserSettings::defaults(&workspace);
-        Self::for_profile("light", browser, workspace, token, groups, shutdown)
+        Self::for_profile("light", browser, workspace, identity, groups, shutdown)
     }
 
     /// A worker serving exactly `catalog_for(profile)`; a tool this build lacks (the
@@ -106,7 +108,7 @@ impl Worker {
         profile: &str,
         browser: BrowserSettings,
         workspace: PathBuf,
-        token: Token,
+        identity: Identity,
         groups: Groups,
         shutdown: CancellationToken,
     ) -> Self {
@@ -138,11 +140,11 @@ impl Worker {
         let _ = browser;
         Self {
             tool_router: router,
+            channel: shutdown.child_token(),
             shared: Arc::new(Shared {
                 workspace,
                 groups,
-                token: Mutex::new(token),
-                shutdown,
+                identity: Mutex::new(identity),
                 calls: AtomicU64::new(0),
                 #[cfg(feature = "browser")]
                 browser,
@@ -150,9 +152,36 @@ impl Worker {
         }
     }
 
-    /// The newest session token (the one from the environment, or a renewal).
-    pub fn token(&self) -> Option<Token> {
-        self.shared.token.lock().ok().map(|token| token.clone())
+    /// The same session, serving one channel: its calls stop when `calls` is cancelled.
+    pub fn on_channel(&self, calls: CancellationToken) -> Self {
+        Self {
+            channel: calls,
+            ..self.clone()
+        }
+    }
+
+    /// Who the worker is now: the session and its newest token (from the environment, a
+    /// renewal, or a bind).
+    pub fn identity(&self) -> Identity {
+        match self.shared.identity.lock() {
+            Ok(identity) => identity.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the identity when `update` accepts the current one and yields the next.
+    fn update_identity(&self, update: impl FnOnce(&Identity) -> Option<Identity>) -> bool {
+        let mut identity = match self.shared.identity.lock() {
+            Ok(identity) => identity,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match update(&identity) {
+            Some(next) => {
+                *identity = next;
+                true
+            }
+            None => false,
+        }
     }
 
     fn call_id(&self) -> u64 {
@@ -223,8 +252,8 @@ impl Worker {
             peer: context.peer.clone(),
             token,
         });
-        // Stops when the brain cancels this call (its `ct`) or the session ends.
-        let cancel = self.shared.shutdown.child_token();
+        // Stops when the brain cancels this call (its `ct`) or its channel ends.
+        let cancel = self.channel.child_token();
         let _forward = AbortOnDrop(tokio::spawn({
             let (call_ct, cancel) = (context.ct.clone(), cancel.clone());
             async move {
@@ -335,6 +364,19 @@ struct TokenRenewal {
     token: String,
 }
 
+/// A pooled worker claimed by a session (R3): from now on it is that session.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Bind {
+    session: SessionId,
+    token: String,
+}
+
+/// A token as it came over the channel, if it can travel in a header.
+fn usable(token: String) -> Option<Token> {
+    (!token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())).then(|| Token::new(token))
+}
+
 // The router of this worker's profile (rmcp's default would rebuild `Self::tool_router()`,
 // the workspace tools only, on every request).
 #[tool_handler(router = self.tool_router)]
@@ -350,23 +392,40 @@ impl ServerHandler for Worker {
         notification: CustomNotification,
         _context: NotificationContext<RoleServer>,
     ) {
-        if notification.method != TOKEN_NOTIFICATION {
-            tracing::debug!("unknown custom notification ignored");
-            return;
-        }
-        match notification.params_as::<TokenRenewal>() {
-            Ok(Some(renewal))
-                if !renewal.token.is_empty()
-                    && renewal.token.bytes().all(|b| b.is_ascii_graphic()) =>
-            {
-                if let Ok(mut token) = self.shared.token.lock() {
-                    *token = Token::new(renewal.token);
+        match notification.method.as_str() {
+            TOKEN_NOTIFICATION => {
+                let renewal = notification.params_as::<TokenRenewal>().ok().flatten();
+                if self.update_identity(|current| renewed(current, renewal?)) {
+                    tracing::info!("session token renewed");
+                } else {
+                    tracing::warn!("token renewal without a usable token ignored");
                 }
-                tracing::info!("session token renewed");
             }
-            _ => tracing::warn!("token renewal without a usable token ignored"),
+            BIND_NOTIFICATION => {
+                let bind = notification.params_as::<Bind>().ok().flatten();
+                if self.update_identity(|current| bound(current, bind?)) {
+                    tracing::info!(session = %self.identity().session, "bound to a session");
+                } else {
+                    tracing::warn!("bind ignored: not pooled, or no usable session and token");
+                }
+            }
+            _ => tracing::debug!("unknown custom notification ignored"),
         }
     }
+}
+
+/// The identity after a renewal: only a token for the session this worker is.
+fn renewed(current: &Identity, renewal: TokenRenewal) -> Option<Identity> {
+    Identity::new(current.session, usable(renewal.token)?)
+}
+
+/// The identity after a bind: only a pooled worker is bound (so only once), to the
+/// session its new token names.
+fn bound(current: &Identity, bind: Bind) -> Option<Identity> {
+    if !current.pooled {
+        return None;
+    }
+    Identity::new(bind.session, usable(bind.token)?)
 }
 
 #[cfg(test)]
@@ -408,15 +467,71 @@ mod tests {
 
     use super::*;
 
+    fn keys() -> channel::token::TokenKeys {
+        channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap()
+    }
+
+    fn session_token(session: SessionId) -> Token {
+        let ttl = std::time::Duration::from_secs(60);
+        let token = keys().mint(
+            session,
+            protocol::TeamId::new(),
+            protocol::AgentId::new(),
+            ttl,
+        );
+        Token::new(token.unwrap())
+    }
+
     fn worker(profile: &str) -> Worker {
+        let session = SessionId::new();
         Worker::for_profile(
             profile,
             BrowserSettings::defaults(std::path::Path::new("/")),
             PathBuf::from("/"),
-            Token::new("t".into()),
+            Identity::new(session, session_token(session)).unwrap(),
             Groups::default(),
             CancellationToken::new(),
         )
+    }
+
+    #[test]
+    fn a_renewal_is_taken_only_for_the_same_session() {
+        let session = SessionId::new();
+        let current = Identity::new(session, session_token(session)).unwrap();
+        let renewal = |token: Token| TokenRenewal {
+            token: token.expose().to_owned(),
+        };
+        let next = renewed(&current, renewal(session_token(session))).unwrap();
+        assert_eq!(next.session, session);
+        assert!(renewed(&current, renewal(session_token(SessionId::new()))).is_none());
+        let garbage = TokenRenewal {
+            token: "not a token".into(),
+        };
+        assert!(renewed(&current, garbage).is_none());
+    }
+
+    #[test]
+    fn only_a_pooled_worker_is_bound_and_only_once() {
+        let slot = SessionId::new();
+        let pool = keys()
+            .mint_pool(slot, std::time::Duration::from_secs(60))
+            .unwrap();
+        let pooled = Identity::new(slot, Token::new(pool)).unwrap();
+        assert!(pooled.pooled);
+        let session = SessionId::new();
+        let bind = |session, token: Token| Bind {
+            session,
+            token: token.expose().to_owned(),
+        };
+        let next = bound(&pooled, bind(session, session_token(session))).unwrap();
+        assert_eq!(next.session, session);
+        assert!(!next.pooled);
+        let other = SessionId::new();
+        assert!(
+            bound(&next, bind(other, session_token(other))).is_none(),
+            "bound once"
+        );
+        assert!(bound(&pooled, bind(other, session_token(session))).is_none());
     }
 
     #[test]
