@@ -214,6 +214,9 @@ pub struct Limits {
 pub struct ConnectorConfig {
     /// Whether a connector may be a local command (stdio); off, only URLs are accepted.
     pub allow_stdio: bool,
+    /// Whether a connector URL may reach loopback and private ranges (a cluster's own MCP
+    /// servers). Link-local and cloud metadata addresses are refused regardless.
+    pub allow_private_networks: bool,
     /// Connect, `initialize` and `tools/list`, per connector and turn.
     pub startup_timeout: Duration,
     /// One `tools/call`.
@@ -276,6 +279,11 @@ impl Config {
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
+                allow_private_networks: parse(
+                    env,
+                    "BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS",
+                    "false",
+                )?,
                 startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,
                 call_timeout: millis(env, "BRAIN_CONNECTOR_CALL_TIMEOUT_MS", 300_000)?,
             },

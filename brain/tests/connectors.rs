@@ -121,6 +121,8 @@ fn free_port() -> u16 {
 fn config(startup_ms: u64, call_ms: u64) -> ConnectorConfig {
     ConnectorConfig {
         allow_stdio: true,
+        // The test servers listen on loopback.
+        allow_private_networks: true,
         startup_timeout: Duration::from_millis(startup_ms),
         call_timeout: Duration::from_millis(call_ms),
     }
@@ -288,7 +290,8 @@ async fn create_list_and_delete() {
 
 #[tokio::test]
 async fn validation_codes() {
-    let app = TestApp::start().await; // stdio not allowed: the default
+    // stdio not allowed: the default; the URLs below are on loopback.
+    let app = TestApp::start_with(|c| c.connectors.allow_private_networks = true).await;
     let agent = new_agent(&app).await;
     let invalid = |(status, body): (u16, Value)| {
         assert_eq!(status, 400, "{body}");
@@ -366,6 +369,136 @@ async fn validation_codes() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "conflict");
     assert_eq!(list(&app).await.len(), 2);
+}
+
+/// SSRF: a connector URL may not point the brain at the cloud metadata service or a
+/// link-local address, ever; nor at loopback or private ranges unless the operator allows
+/// them (`BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS`).
+#[tokio::test]
+async fn connector_urls_may_not_point_at_metadata_or_private_addresses() {
+    let app = TestApp::start().await;
+    let refused = |(status, body): (u16, Value), url: &str| {
+        assert_eq!(status, 400, "{url}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        body["error"]["message"].as_str().unwrap().to_owned()
+    };
+    let always = [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://169.254.1.1:8080/mcp",
+        "http://[fe80::1]/mcp",
+        "http://[fd00:ec2::254]/",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://METADATA.google.internal./",
+        "http://[::ffff:169.254.169.254]/",
+        // Other spellings of 169.254.169.254 that the URL parser normalizes.
+        "http://2852039166/",
+        "http://0xa9.0xfe.0xa9.0xfe/",
+    ];
+    let private = [
+        "http://127.0.0.1:3001/mcp",
+        "http://127.1/mcp",
+        "http://localhost:3001/mcp",
+        "http://[::1]:3001/mcp",
+        "http://10.0.0.5/mcp",
+        "http://172.16.3.4/mcp",
+        "http://192.168.1.10/mcp",
+        "http://[fd12:3456::1]/mcp",
+        "http://0.0.0.0:3001/mcp",
+    ];
+    for url in always.iter().chain(&private) {
+        let message = refused(post(&app, json!({"name": "x", "url": url})).await, url);
+        assert!(message.contains("url must not point at"), "{message}");
+    }
+    assert!(list(&app).await.is_empty());
+    for url in ["https://mcp.example.com/mcp", "http://93.184.215.14/mcp"] {
+        let (status, body) = post(&app, json!({"name": "public", "url": url})).await;
+        assert_eq!(status, 201, "{url}: {body}");
+        assert_eq!(delete(&app, body["id"].as_str().unwrap()).await, 204);
+    }
+
+    // An operator who runs MCP servers on the cluster network allows private ranges, but
+    // the metadata service stays out of reach.
+    let app = TestApp::start_with(|c| c.connectors.allow_private_networks = true).await;
+    for url in always {
+        refused(post(&app, json!({"name": "x", "url": url})).await, url);
+    }
+    for (i, url) in private.iter().enumerate() {
+        let (status, body) = post(&app, json!({"name": format!("p{i}"), "url": url})).await;
+        assert_eq!(status, 201, "{url}: {body}");
+    }
+}
+
+/// The same rule at connect time, after DNS: a stored connector whose host name resolves
+/// to a refused address is down (`private_address`), and the turn goes on.
+#[tokio::test]
+async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
+    let server = HttpEverything::start();
+    let app = TestApp::start().await;
+    let agent = new_agent(&app).await;
+    // Stored directly: the API would refuse `localhost` already.
+    add(
+        &app,
+        None,
+        "named",
+        http(format!("http://localhost:{}/mcp", server.port)),
+    )
+    .await;
+    let refusing = ConnectorConfig {
+        allow_private_networks: false,
+        ..config(10_000, 30_000)
+    };
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &refusing,
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert!(tools.is_empty());
+    let named = status(&statuses, "named");
+    assert_eq!(named.state, ConnectorState::Down);
+    assert_eq!(named.error.as_deref(), Some("private_address"), "{named:?}");
+
+    // Allowed, the same connector works: it was the address rule, not the server.
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &config(10_000, 30_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&statuses, "named"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    assert!(!tools.is_empty());
+
+    // A turn with the refused connector goes on without its tools.
+    let app = TestApp::start().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    add(
+        &app,
+        Some(agent.parse().unwrap()),
+        "named",
+        http(format!("http://localhost:{}/mcp", server.port)),
+    )
+    .await;
+    app.provider.push(Reply::Text {
+        deltas: vec!["fine".into()],
+        delay: Duration::from_millis(1),
+    });
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "hi"})).await).await;
+    assert!(
+        chunks.iter().any(|c| matches!(c,
+        UiChunk::DataConnectorStatus { data } if data.error.as_deref() == Some("private_address")))
+    );
+    assert!(chunks.contains(&UiChunk::Finish {
+        finish_reason: protocol::ui::FinishReason::Stop
+    }));
+    drop(server);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,7 +625,8 @@ fn alive(pid: u32) -> bool {
 #[tokio::test]
 async fn server_everything_over_streamable_http() {
     let server = HttpEverything::start();
-    let app = TestApp::start().await;
+    // The server listens on loopback.
+    let app = TestApp::start_with(|c| c.connectors.allow_private_networks = true).await;
     let agent = new_agent(&app).await;
     let (status, body) = post(&app, json!({"name": "remote", "url": server.url()})).await;
     assert_eq!(status, 201, "{body}");

@@ -3,7 +3,9 @@
 //! A connector names an MCP server whose tools join the toolset of the team's turns: every
 //! agent's (no `agent_id`) or one agent's. Exactly one transport: `url` (streamable HTTP,
 //! `http` or `https`) or `command` (stdio: a program and its arguments, run by the brain;
-//! refused unless the operator set `BRAIN_CONNECTORS_ALLOW_STDIO=true`).
+//! refused unless the operator set `BRAIN_CONNECTORS_ALLOW_STDIO=true`). A URL may not
+//! point at a link-local or cloud metadata address, nor, unless the operator set
+//! `BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS=true`, at loopback or a private range.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -13,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{JsonBody, Team, parse_id};
 use crate::AppState;
+use crate::connectors::{ConnectorConfig, address};
 use crate::error::ApiError;
 use crate::store::{ConnectorRow, ConnectorTarget, NewConnector, StoreError};
 
@@ -43,7 +46,7 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl CreateConnector {
-    fn validate(self, allow_stdio: bool) -> Result<NewConnector, ApiError> {
+    fn validate(self, config: &ConnectorConfig) -> Result<NewConnector, ApiError> {
         let invalid = |m: &str| Err(ApiError::InvalidRequest(m.to_owned()));
         if !valid_name(&self.name) {
             return invalid("name must match ^[a-z0-9_]{1,32}$");
@@ -55,10 +58,10 @@ impl CreateConnector {
         };
         let target = match (self.url, self.command) {
             (Some(url), None) => ConnectorTarget::Http {
-                url: validate_url(&url)?,
+                url: validate_url(&url, config.allow_private_networks)?,
             },
             (None, Some(command)) => {
-                if !allow_stdio {
+                if !config.allow_stdio {
                     return invalid(
                         "stdio connectors (command) are disabled on this server; use a url",
                     );
@@ -88,8 +91,9 @@ impl CreateConnector {
 }
 
 /// An absolute `http(s)` URL with a host and no credentials (secrets do not belong in a
-/// URL that the API echoes back).
-fn validate_url(raw: &str) -> Result<String, ApiError> {
+/// URL that the API echoes back), whose host the address rule allows
+/// (`connectors::address`; checked again after DNS at every connect).
+fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
     let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
     let raw = raw.trim();
     if raw.len() > MAX_URL || raw.contains(char::is_whitespace) {
@@ -107,6 +111,7 @@ fn validate_url(raw: &str) -> Result<String, ApiError> {
     if !url.username().is_empty() || url.password().is_some() {
         return Err(invalid("url must not contain credentials"));
     }
+    address::check_url(&url, allow_private).map_err(|refused| invalid(refused.message()))?;
     Ok(url.to_string())
 }
 
@@ -115,7 +120,7 @@ pub async fn create(
     Team(team): Team,
     JsonBody(body): JsonBody<CreateConnector>,
 ) -> Result<(StatusCode, Json<ConnectorRow>), ApiError> {
-    let connector = body.validate(state.config.connectors.allow_stdio)?;
+    let connector = body.validate(&state.config.connectors)?;
     if let Some(agent) = connector.agent {
         match state.store.agent(team, agent).await {
             Ok(_) => {}
@@ -196,10 +201,12 @@ mod tests {
     #[test]
     fn urls() {
         assert_eq!(
-            validate_url(" http://127.0.0.1:3001/mcp ").unwrap(),
+            validate_url(" http://127.0.0.1:3001/mcp ", true).unwrap(),
             "http://127.0.0.1:3001/mcp"
         );
-        assert!(validate_url("https://mcp.example.com").is_ok());
+        assert!(validate_url("http://127.0.0.1:3001/mcp", false).is_err());
+        assert!(validate_url("http://169.254.169.254/", true).is_err());
+        assert!(validate_url("https://mcp.example.com", false).is_ok());
         for bad in [
             "ftp://x/",
             "file:///etc/passwd",
@@ -207,7 +214,7 @@ mod tests {
             "http://user:pw@x/",
             "http://x/a b",
         ] {
-            assert!(validate_url(bad).is_err(), "{bad}");
+            assert!(validate_url(bad, true).is_err(), "{bad}");
         }
     }
 }

@@ -6,8 +6,9 @@
 //! same name), connects to all of them concurrently as an MCP client (streamable HTTP, or
 //! a child process on stdio), and runs `initialize` and `tools/list`, all within
 //! `BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS` and the turn's cancellation. A connector that fails,
-//! times out or is not allowed (stdio while `BRAIN_CONNECTORS_ALLOW_STDIO` is off) adds no
-//! tool and is reported `down` with an error class; the turn goes on without it.
+//! times out or is not allowed (stdio while `BRAIN_CONNECTORS_ALLOW_STDIO` is off; a URL
+//! whose host is or resolves to an address [`address`] refuses) adds no tool and is
+//! reported `down` with an error class; the turn goes on without it.
 //!
 //! # Tool names
 //!
@@ -46,6 +47,7 @@
 //!
 //! [`Toolset`]: crate::tools::Toolset
 
+pub mod address;
 mod session;
 mod tool;
 

@@ -12,7 +12,7 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{Peer, RoleClient, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
-use super::ConnectorConfig;
+use super::{ConnectorConfig, address};
 use crate::store::{ConnectorRow, ConnectorTarget};
 
 /// The variables a stdio child may see; everything else of the brain's environment (keys,
@@ -85,8 +85,10 @@ async fn connect(
 ) -> Result<RunningService<RoleClient, ClientConfig>, &'static str> {
     match &row.target {
         ConnectorTarget::Http { url } => {
-            // rmcp's own reqwest client: no idle pooling, same-origin redirects only.
-            let transport = StreamableHttpClientTransport::from_config(
+            let url = reqwest::Url::parse(url).map_err(|_| "invalid_url")?;
+            let pinned = address::resolve(&url, config.allow_private_networks).await?;
+            let transport = StreamableHttpClientTransport::with_client(
+                http_client(pinned)?,
                 StreamableHttpClientTransportConfig::with_uri(url.as_str()),
             );
             client_info().serve(transport).await.map_err(init_class)
@@ -99,6 +101,40 @@ async fn connect(
             client_info().serve(transport).await.map_err(init_class)
         }
     }
+}
+
+/// The HTTP client of one connector session. Like rmcp's own: no idle pooling, and only
+/// same-origin 307 and 308 redirects (a POST keeps its body, and the session id and
+/// headers go to no other host). Unlike it: a host name connects only to the addresses
+/// that were checked (`pinned`), and no system proxy is used, because the address rule
+/// must judge the address actually connected to.
+fn http_client(
+    pinned: Option<(String, Vec<std::net::SocketAddr>)>,
+) -> Result<reqwest::Client, &'static str> {
+    const MAX_REDIRECTS: usize = 10;
+    let redirects = reqwest::redirect::Policy::custom(|attempt| {
+        let keeps_body = matches!(
+            attempt.status(),
+            reqwest::StatusCode::TEMPORARY_REDIRECT | reqwest::StatusCode::PERMANENT_REDIRECT
+        );
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if keeps_body && same_origin && attempt.previous().len() <= MAX_REDIRECTS {
+            attempt.follow()
+        } else {
+            attempt.stop()
+        }
+    });
+    let mut builder = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(redirects)
+        .no_proxy();
+    if let Some((host, addresses)) = pinned {
+        builder = builder.resolve_to_addrs(&host, &addresses);
+    }
+    builder.build().map_err(|_| "client_failed")
 }
 
 /// Starts `command` in a process group of its own (so stopping it also stops whatever it
