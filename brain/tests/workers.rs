@@ -707,7 +707,7 @@ async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
     );
     println!("owner killed to the turn's end: {:?}", killed.elapsed());
     assert!(
-        killed.elapsed() < Duration::from_secs(6),
+        killed.elapsed() < Duration::from_secs(10),
         "noticed within a few seconds: {:?}",
         killed.elapsed()
     );

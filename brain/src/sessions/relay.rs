@@ -50,7 +50,7 @@ const REDIS_BOUND: Duration = Duration::from_millis(250);
 /// How often the owner tells the caller that a relayed call still runs.
 const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// Silence after which a caller gives its relayed call up: several beats missed.
-const SILENCE: Duration = Duration::from_secs(3);
+const SILENCE: Duration = Duration::from_secs(5);
 /// How long a cancel waits for an owner that has not yet taken the call: far longer
 /// than a caller waits for it to.
 const CANCEL_TTL: Duration = Duration::from_secs(60);

@@ -291,7 +291,14 @@ impl Files {
         let Some(blob) = resource["blob"].as_str() else {
             return ToolOutput::error("the worker sent no file bytes");
         };
-        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(blob) else {
+        // Up to 25 MiB: decoded off the runtime's threads, so the relay's beats and
+        // other turns' chunks are not held up behind it.
+        let blob = blob.to_owned();
+        let decoded = tokio::task::spawn_blocking(move || {
+            base64::engine::general_purpose::STANDARD.decode(blob)
+        })
+        .await;
+        let Ok(Ok(bytes)) = decoded else {
             return ToolOutput::error("the worker sent undecodable bytes");
         };
         let name = resource["uri"]
