@@ -146,6 +146,9 @@ pub fn providers_from(config: &Config) -> Providers {
     }
 }
 
+/// How long the server waits for its connections to close once every turn has ended.
+const CONNECTIONS_CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): `/readyz`
 /// answers 503 at once and new turns are refused with `shutting_down` while the server
 /// still accepts (so the load balancer learns it and requests in flight get an answer);
@@ -202,7 +205,16 @@ pub async fn serve(
         tracing::info!(closed, "worker channels closed going away");
     }
     stopped.cancel();
-    let served = server.await.unwrap_or(Ok(()));
+    // Every turn has ended; a connection still open now belongs to a client that stopped
+    // reading (its turn was given up) or to an idle keep-alive: it gets a moment, then
+    // the process stops without it.
+    let served = match tokio::time::timeout(CONNECTIONS_CLOSE_WITHIN, server).await {
+        Ok(joined) => joined.unwrap_or(Ok(())),
+        Err(_) => {
+            tracing::warn!("connections still open after the drain; closing without them");
+            Ok(())
+        }
+    };
     lease_stop.cancel();
     lease::give_up(&state).await;
     served

@@ -730,13 +730,15 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
     // Stored while allowed; the operator has since turned stdio off.
     add(&app, Some(agent), "local", stdio(everything_stdio())).await;
 
-    let mut cfg = config(500, 30_000);
+    // Long enough for the live server to answer on a loaded machine; the silent one
+    // still times out and the whole startup is bounded by it.
+    let mut cfg = config(2_000, 30_000);
     cfg.allow_stdio = false;
     let started = Instant::now();
     let (tools, statuses) =
         connector_tools(&app.store, &cfg, app.team, agent, &CancellationToken::new()).await;
     let took = started.elapsed();
-    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(took < Duration::from_millis(4_000), "took {took:?}");
 
     assert_eq!(statuses.len(), 4, "{statuses:?}");
     let dead = status(&statuses, "dead");

@@ -273,16 +273,16 @@ impl Sessions {
         loop {
             if shown != Some(row.state) {
                 shown = Some(row.state);
+                // A progress part, never waited for: a client that stopped reading must
+                // not hold the call up (its turn gives it up by the stall timeout).
                 if let Some(ui) = ui {
-                    let _ = ui
-                        .send(UiChunk::DataWorkerStatus {
-                            data: WorkerStatus {
-                                session_id: row.id,
-                                state: row.state,
-                                reason: row.failure_reason.clone(),
-                            },
-                        })
-                        .await;
+                    let _ = ui.try_send(UiChunk::DataWorkerStatus {
+                        data: WorkerStatus {
+                            session_id: row.id,
+                            state: row.state,
+                            reason: row.failure_reason.clone(),
+                        },
+                    });
                 }
             }
             match row.state {
