@@ -64,6 +64,21 @@ async fn system_with_profiles(
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
+    let idle_window = idle_window_ms.to_string();
+    system_with(
+        profiles,
+        &[("RUNTIME_MANAGER_IDLE_WINDOW_MS", &idle_window)],
+        tweak,
+    )
+    .await
+}
+
+/// [`system`], with `env` added to (or replacing) the runtime-manager's variables.
+async fn system_with(
+    profiles: Option<Value>,
+    env: &[(&str, &str)],
+    tweak: impl FnOnce(&mut brain::config::Config),
+) -> (TestApp, Manager) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {
@@ -72,25 +87,14 @@ async fn system_with_profiles(
     })
     .await;
     let workspaces = tempdir::Dir::new();
-    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    let mut command = manager_command(&app, &namespace, &workspaces);
     if let Some(profiles) = profiles {
         let file = workspaces.0.join("profiles.json");
         std::fs::write(&file, profiles.to_string()).unwrap();
         command.env("RUNTIME_MANAGER_PROFILES", file);
     }
+    command.envs(env.iter().copied());
     let child = command
-        .env("DATABASE_URL", app.store_url())
-        .env(
-            "REDIS_URL",
-            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        )
-        .env("SESSION_QUEUE_NAMESPACE", &namespace)
-        .env("BRAIN_PUBLIC_URL", &app.url)
-        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
-        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
-        .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", idle_window_ms.to_string())
-        .env("RUNTIME_MANAGER_LOG", "warn")
-        .kill_on_drop(true)
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
     (
@@ -100,6 +104,38 @@ async fn system_with_profiles(
             _workspaces: workspaces,
         },
     )
+}
+
+/// The runtime-manager binary, configured to serve `app` over `namespace` with the real
+/// worker binary, its workspaces in `workspaces`.
+fn manager_command(
+    app: &TestApp,
+    namespace: &str,
+    workspaces: &tempdir::Dir,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    command
+        .env("DATABASE_URL", app.store_url())
+        .env(
+            "REDIS_URL",
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        )
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
+        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
+        .env("RUNTIME_MANAGER_LOG", "warn")
+        .kill_on_drop(true);
+    command
+}
+
+/// An executable script in `dir` that runs `body` (a POSIX shell script).
+fn script(dir: &tempdir::Dir, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.0.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }
 
 async fn light_agent(app: &TestApp) -> (String, String) {
@@ -427,42 +463,24 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
         .unwrap();
 }
 
+/// A worker that never dials ends `dial_timeout`, even with an idle window far shorter than
+/// the dial timeout: idle time counts from `ready` (issue 10, 1.2).
 #[tokio::test]
 async fn a_worker_that_never_dials_is_a_dial_timeout() {
-    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
-    let ns = namespace.clone();
-    let app = TestApp::start_with(move |c| {
-        c.workers.queue_namespace = ns;
-        c.workers.provision_timeout = Duration::from_secs(10);
-    })
-    .await;
-    let workspaces = tempdir::Dir::new();
+    let scripts = tempdir::Dir::new();
     // A "worker" that starts and never dials.
-    let fake = workspaces.0.join("silent-worker");
-    std::fs::write(&fake, "#!/bin/sh\nexec sleep 30\n").unwrap();
-    std::process::Command::new("chmod")
-        .args(["+x"])
-        .arg(&fake)
-        .status()
-        .unwrap();
-    let _manager = Manager {
-        child: tokio::process::Command::new(bin("runtime-manager"))
-            .env("DATABASE_URL", app.store_url())
-            .env(
-                "REDIS_URL",
-                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-            )
-            .env("SESSION_QUEUE_NAMESPACE", &namespace)
-            .env("BRAIN_PUBLIC_URL", &app.url)
-            .env("RUNTIME_MANAGER_WORKER_BIN", &fake)
-            .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
-            .env("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "800")
-            .env("RUNTIME_MANAGER_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-        _workspaces: tempdir::Dir::new(),
-    };
+    let silent = script(&scripts, "silent-worker", "exec sleep 30");
+    let silent = silent.to_str().unwrap();
+    let (app, _manager) = system_with(
+        None,
+        &[
+            ("RUNTIME_MANAGER_WORKER_BIN", silent),
+            ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "2500"),
+            ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "200"),
+        ],
+        |c| c.workers.provision_timeout = Duration::from_secs(10),
+    )
+    .await;
     let (agent, chat) = light_agent(&app).await;
     app.provider.push(shell("d", "echo never"));
     app.provider.push(text("no hands"));
@@ -473,8 +491,50 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
         "the model reads the reason: {output}"
     );
     let listed = sessions(&app, &agent).await;
+    assert_eq!(listed[0]["state"], "failed", "{listed:?}");
     assert_eq!(listed[0]["failure_reason"], "dial_timeout");
-    drop(workspaces);
+}
+
+/// Issue 10, 1.2: a worker that dials later than its idle window (an image pull, a cold
+/// node) becomes ready and serves the call; its idle time counts from `ready`, so it is
+/// torn down one window after its last use, not while it starts.
+#[tokio::test]
+async fn a_worker_slower_to_dial_than_its_idle_window_becomes_ready_and_serves() {
+    let scripts = tempdir::Dir::new();
+    let worker = bin("worker");
+    let slow = script(
+        &scripts,
+        "slow-worker",
+        &format!("sleep 3\nexec '{}' \"$@\"", worker.display()),
+    );
+    let (app, _manager) = system_with(
+        None,
+        &[
+            ("RUNTIME_MANAGER_WORKER_BIN", slow.to_str().unwrap()),
+            ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+        ],
+        |_| {},
+    )
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("s", "echo slow but here"));
+    app.provider.push(text("ok"));
+    let started = Instant::now();
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    let took = started.elapsed();
+    assert!(
+        output_of(&chunks, "s").contains("slow but here"),
+        "{chunks:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(3),
+        "the worker dialed late: {took:?}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "ready", "{listed:?}");
+    let pid = worker_pid(&app).await;
+    torn_down(&app, &agent, pid, Duration::from_secs(10)).await;
 }
 
 #[tokio::test]

@@ -9,6 +9,13 @@
 //! Times cross the process boundary as unix milliseconds of the database clock, so the
 //! idle check compares `last_used_at` (set by the brain with `now()`) with values from the
 //! same clock.
+//!
+//! Idle time counts from `ready` (W7): a session is idle since its last use or since it
+//! became ready, whichever is later. Nothing writes a `ready` row's `updated_at` but the
+//! transition into `ready` (the brain's touches set `last_used_at` only, and
+//! `idle_check_at` is not a transition), so `GREATEST(last_used_at, updated_at)` is that
+//! time. A write that moved `updated_at` of a `ready` row later would only postpone the
+//! teardown, never hasten it.
 
 use std::time::Duration;
 
@@ -32,9 +39,20 @@ pub struct SessionRow {
     pub state: Option<SessionState>,
     pub profile: String,
     pub worker_ref: Option<String>,
-    /// `last_used_at`, unix ms.
-    pub last_used_ms: i64,
+    /// For a `ready` row, when it was last used or became ready, whichever is later; unix
+    /// ms.
+    pub idle_since_ms: i64,
     /// The database's `now()`, unix ms.
+    pub now_ms: i64,
+}
+
+/// A `ready` session whose idle timer is not armed, or whose check is overdue.
+#[derive(Clone, Debug)]
+pub struct Unarmed {
+    pub session: SessionId,
+    pub profile: String,
+    /// As [`SessionRow::idle_since_ms`].
+    pub idle_since_ms: i64,
     pub now_ms: i64,
 }
 
@@ -54,6 +72,8 @@ pub struct Store {
 }
 
 const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
+/// Since when a `ready` row is idle (see the module doc).
+const IDLE_SINCE: &str = "GREATEST(last_used_at, updated_at)";
 
 fn ms(expr: &str) -> String {
     MS.replace("{}", expr)
@@ -98,25 +118,23 @@ impl Store {
         }))
     }
 
-    /// `provisioning` → `connecting` with its worker; the database time of the change, or
-    /// `None` when the row moved on meanwhile.
+    /// `provisioning` → `connecting` with its worker; `false` when the row moved on
+    /// meanwhile.
     pub async fn mark_connecting(
         &self,
         id: SessionId,
         worker_ref: &str,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
             "UPDATE agent_runtime_sessions
              SET state = 'connecting', worker_ref = $2, updated_at = now()
-             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL
-             RETURNING {}",
-            ms("now()")
-        )))
+             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL",
+        )
         .bind(id.0)
         .bind(worker_ref)
-        .fetch_optional(&self.pool)
+        .execute(&self.pool)
         .await?;
-        Ok(row.map(|(now,)| now))
+        Ok(done.rows_affected() == 1)
     }
 
     /// `provisioning` (no worker) → `failed`.
@@ -143,36 +161,76 @@ impl Store {
         let row: Option<(String, String, Option<String>, i64, i64)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT state, profile, worker_ref, {}, {} FROM agent_runtime_sessions WHERE id = $1",
-                ms("last_used_at"),
+                ms(IDLE_SINCE),
                 ms("now()")
             )))
             .bind(id.0)
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(
-            |(state, profile, worker_ref, last_used_ms, now_ms)| SessionRow {
+            |(state, profile, worker_ref, idle_since_ms, now_ms)| SessionRow {
                 state: SessionState::parse(&state),
                 profile,
                 worker_ref,
-                last_used_ms,
+                idle_since_ms,
                 now_ms,
             },
         ))
     }
 
-    /// `connecting`/`ready` → `terminating`, only if unused since `last_used_ms`.
+    /// `ready` → `terminating`, only if idle since `idle_since_ms` (unused since). A
+    /// session still starting is never torn down for idleness: its dial and start
+    /// deadlines govern it.
     pub async fn begin_terminating(
         &self,
         id: SessionId,
-        last_used_ms: i64,
+        idle_since_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now()
-             WHERE id = $1 AND state IN ('connecting', 'ready') AND {} <= $2",
-            ms("last_used_at")
+             WHERE id = $1 AND state = 'ready' AND {} <= $2",
+            ms(IDLE_SINCE)
         )))
         .bind(id.0)
-        .bind(last_used_ms)
+        .bind(idle_since_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `ready` sessions with no idle check armed.
+    pub async fn unarmed_idle_checks(&self) -> Result<Vec<Unarmed>, sqlx::Error> {
+        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, profile, {}, {} FROM agent_runtime_sessions
+             WHERE state = 'ready' AND idle_check_at IS NULL",
+            ms(IDLE_SINCE),
+            ms("now()")
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, profile, idle_since_ms, now_ms)| Unarmed {
+                session: SessionId(id),
+                profile,
+                idle_since_ms,
+                now_ms,
+            })
+            .collect())
+    }
+
+    /// Records the idle check of a `ready` session as due at `due_ms` (or now, if that
+    /// has passed), before it is pushed; `false` when another one is pending (its time is
+    /// still ahead) or the session is no longer `ready`.
+    pub async fn claim_idle_check(&self, id: SessionId, due_ms: i64) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions
+             SET idle_check_at = GREATEST(to_timestamp($2::double precision / 1000), now())
+             WHERE id = $1 AND state = 'ready'
+               AND (idle_check_at IS NULL OR idle_check_at <= now())",
+        )
+        .bind(id.0)
+        .bind(due_ms)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -400,29 +458,6 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
-    }
-
-    /// Sessions that claimed a slot and have no idle timer yet: (session, profile,
-    /// last used, now), both in database-clock milliseconds. Marks them armed.
-    pub async fn pool_arm_claimed(
-        &self,
-    ) -> Result<Vec<(SessionId, String, i64, i64)>, sqlx::Error> {
-        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
-            "WITH armed AS ( \
-                UPDATE worker_pool SET armed = true, updated_at = now() \
-                WHERE state = 'claimed' AND NOT armed AND session_id IS NOT NULL \
-                RETURNING session_id) \
-             SELECT s.id, s.profile, \
-                    (extract(epoch FROM s.last_used_at) * 1000)::bigint, \
-                    (extract(epoch FROM now()) * 1000)::bigint \
-             FROM agent_runtime_sessions s JOIN armed ON armed.session_id = s.id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, profile, used, now)| (SessionId(id), profile, used, now))
-            .collect())
     }
 
     /// The slots among `ids` (workers the launcher runs under a slot id, not a session id).

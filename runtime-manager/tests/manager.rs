@@ -156,6 +156,20 @@ async fn a_worker_that_never_dials_times_out_and_is_stopped() {
     h.finish().await;
 }
 
+/// What the brain does once the worker's `tools/list` is answered: `connecting → ready`.
+/// The database time of the change, unix ms.
+async fn mark_ready(h: &Harness, session: protocol::SessionId) -> i64 {
+    let (ready_ms,): (i64,) = sqlx::query_as(
+        "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1
+         RETURNING floor(extract(epoch from updated_at) * 1000)::bigint",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    ready_ms
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     let mut h = Harness::new().await;
@@ -165,27 +179,12 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     let row = h.wait_state(session, "connecting", SECONDS_5).await;
     let pid = row.pid();
     let grandchild = h.grandchild(session).await;
-    // The idle check carries the time the session went `connecting`.
-    let (launched_ms,): (i64,) = sqlx::query_as(
-        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
-         FROM agent_runtime_sessions WHERE id = $1",
-    )
-    .bind(session.0)
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
-    // The brain: the worker is ready.
-    sqlx::query(
-        "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1",
-    )
-    .bind(session.0)
-    .execute(&h.pool)
-    .await
-    .unwrap();
+    // Idle time counts from `ready`.
+    let ready_ms = mark_ready(&h, session).await;
 
     // Delays are whole seconds, rounded up: the first check fires at this second at the
     // earliest. Use the session just before it.
-    let first_check_ms = (launched_ms + 1500 + 999) / 1000 * 1000;
+    let first_check_ms = (ready_ms + 1500 + 999) / 1000 * 1000;
     sleep_until_unix_ms(first_check_ms - 300).await;
     let (bumped_ms,): (i64,) = sqlx::query_as(
         "UPDATE agent_runtime_sessions SET last_used_at = now() WHERE id = $1
@@ -223,6 +222,44 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
         ended_ms - last_used_ms >= 1500,
         "torn down only after a full idle window: {} ms",
         ended_ms - last_used_ms
+    );
+    h.finish().await;
+}
+
+/// Issue 10, 1.2: a worker still starting when its idle window has passed (an image pull
+/// longer than `heavy`'s 45 s) is left to its dial; the idle window counts from `ready`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_from_ready() {
+    let mut h = Harness::new().await;
+    h.start(&[("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")]);
+
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let pid = row.pid();
+    // Two windows and more (the first check fires within two seconds of the launch).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let row = h.row(session).await;
+    assert_eq!(
+        row.state, "connecting",
+        "not torn down while it starts: {row:?}"
+    );
+    assert!(alive(pid));
+
+    let ready_ms = mark_ready(&h, session).await;
+    h.wait_state(session, "terminated", SECONDS_5).await;
+    wait_gone(pid, SECONDS_5).await;
+    let (ended_ms,): (i64,) = sqlx::query_as(
+        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
+         FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(
+        ended_ms - ready_ms >= 1000,
+        "a full window after ready: {} ms",
+        ended_ms - ready_ms
     );
     h.finish().await;
 }

@@ -176,6 +176,11 @@ fn migrator() -> Migrator {
             "replica leases",
             include_str!("../../../migrations/0006_leases.sql"),
         ),
+        (
+            10,
+            "idle checks",
+            include_str!("../../../migrations/0010_idle_checks.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {
