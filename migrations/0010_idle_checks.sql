@@ -1,7 +1,9 @@
 -- W7 (issue 10): the idle timer of a worker session is the runtime-manager's, counted from
 -- `ready`. `idle_check_at` is when the session's pending IdleCheck task is due (database
--- clock), written before the task is pushed; NULL while none was armed: the reaper arms
--- the first check of every ready session that has none.
+-- clock), written before the task is pushed; NULL while none was armed. The reaper arms
+-- the first check of every ready session that has none, and a new one for a session whose
+-- check is overdue by more than its grace (the push failed, the manager died between the
+-- two, Redis restarted), so no session escapes its teardown.
 ALTER TABLE agent_runtime_sessions ADD COLUMN idle_check_at timestamptz;
 CREATE INDEX sessions_idle_check ON agent_runtime_sessions (idle_check_at) WHERE state = 'ready';
 

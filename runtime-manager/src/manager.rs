@@ -13,7 +13,9 @@
 //! Idle time counts from `ready` (W7): a session still starting (an image pull, a cold
 //! node) is governed by its dial and start deadlines only. The reaper arms the first
 //! `IdleCheck` of every `ready` session that has none, from the row, so neither a slow
-//! start nor a warm-pool claim depends on a handler remembering to arm it.
+//! start nor a warm-pool claim depends on a handler remembering to arm it; and it arms a
+//! new one for a session whose recorded check is overdue (a push that failed, a crash
+//! between recording and pushing, a Redis restart), so arming is recoverable (W7).
 //!
 //! Besides the brain's failures (W6), the launcher's watcher reports what it sees in a
 //! worker (R4: an image that cannot be pulled, an OOM kill, a pod stuck starting): the
@@ -186,6 +188,7 @@ impl Manager {
                     row.idle_since_ms,
                     row.idle_since_ms + window,
                     row.now_ms,
+                    Duration::ZERO,
                 )
                 .await;
         }
@@ -210,17 +213,22 @@ impl Manager {
 
     /// Arms the idle check of a `ready` session, due at `due_ms` (database clock): records
     /// its due time, then pushes it. Nothing is pushed when the session is no longer
-    /// `ready` or another check is pending, so a check delivered twice does not start a
-    /// second chain of checks.
+    /// `ready` or another check is pending (one due later than `stale_after` ago), so a
+    /// check delivered twice does not start a second chain of checks.
     async fn arm_idle_check(
         &self,
         session: SessionId,
         idle_since_ms: i64,
         due_ms: i64,
         now_ms: i64,
+        stale_after: Duration,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        if !inner.store.claim_idle_check(session, due_ms).await? {
+        if !inner
+            .store
+            .claim_idle_check(session, due_ms, stale_after)
+            .await?
+        {
             return Ok(());
         }
         let delay = Duration::from_millis((due_ms - now_ms).max(0) as u64);
@@ -237,12 +245,15 @@ impl Manager {
         Ok(())
     }
 
-    /// Arms the idle timer of every `ready` session that has none: it just became ready,
-    /// cold or claimed from a warm pool.
+    /// Arms the idle timer of every `ready` session that has none (it just became ready,
+    /// cold or claimed from a warm pool) or whose check is overdue by more than the grace
+    /// (lost to a failed push, a manager that died between recording and pushing it, a
+    /// Redis restart).
     async fn arm_idle_checks(&self) -> Result<(), Error> {
-        for row in self.inner.store.unarmed_idle_checks().await? {
+        let grace = self.inner.config.lost_idle_check_grace;
+        for row in self.inner.store.unarmed_idle_checks(grace).await? {
             let due_ms = row.idle_since_ms + self.window(&row.profile).as_millis() as i64;
-            self.arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms)
+            self.arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms, grace)
                 .await?;
         }
         Ok(())

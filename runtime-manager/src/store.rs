@@ -198,14 +198,17 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// `ready` sessions with no idle check armed.
-    pub async fn unarmed_idle_checks(&self) -> Result<Vec<Unarmed>, sqlx::Error> {
+    /// `ready` sessions with no idle check armed, or whose check was due more than
+    /// `grace` ago (lost: it would have fired by then).
+    pub async fn unarmed_idle_checks(&self, grace: Duration) -> Result<Vec<Unarmed>, sqlx::Error> {
         let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT id, profile, {}, {} FROM agent_runtime_sessions
-             WHERE state = 'ready' AND idle_check_at IS NULL",
+             WHERE state = 'ready'
+               AND (idle_check_at IS NULL OR idle_check_at < now() - make_interval(secs => $1))",
             ms(IDLE_SINCE),
             ms("now()")
         )))
+        .bind(grace.as_secs_f64())
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -220,17 +223,26 @@ impl Store {
     }
 
     /// Records the idle check of a `ready` session as due at `due_ms` (or now, if that
-    /// has passed), before it is pushed; `false` when another one is pending (its time is
-    /// still ahead) or the session is no longer `ready`.
-    pub async fn claim_idle_check(&self, id: SessionId, due_ms: i64) -> Result<bool, sqlx::Error> {
+    /// has passed), before it is pushed; `false` when another one is pending (one due
+    /// later than `stale_after` ago) or the session is no longer `ready`. Writing first
+    /// makes arming recoverable: a push that fails leaves a due time that passes, and the
+    /// reaper arms the session again once it is overdue by its grace.
+    pub async fn claim_idle_check(
+        &self,
+        id: SessionId,
+        due_ms: i64,
+        stale_after: Duration,
+    ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE agent_runtime_sessions
              SET idle_check_at = GREATEST(to_timestamp($2::double precision / 1000), now())
              WHERE id = $1 AND state = 'ready'
-               AND (idle_check_at IS NULL OR idle_check_at <= now())",
+               AND (idle_check_at IS NULL
+                    OR idle_check_at <= now() - make_interval(secs => $3))",
         )
         .bind(id.0)
         .bind(due_ms)
+        .bind(stale_after.as_secs_f64())
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)

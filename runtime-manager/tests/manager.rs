@@ -6,11 +6,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use channel::token::TokenKeys;
-use common::{BRAIN_URL, Harness, alive, wait_gone};
+use common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
+use protocol::SessionId;
+use queue::SessionQueue;
 use runtime_manager::DEV_SESSION_TOKEN_KEY;
+use runtime_manager::launcher::local::LocalProcessLauncher;
 
 const SECONDS_5: Duration = Duration::from_secs(5);
 
@@ -261,6 +265,73 @@ async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_f
         "a full window after ready: {} ms",
         ended_ms - ready_ms
     );
+    h.finish().await;
+}
+
+/// Issue 10, 1.6: a claimed warm session whose idle check could not be pushed (Redis gone
+/// at the arming step; a manager dying between recording and pushing it is the same) is
+/// torn down after its idle window anyway: the reaper arms a new check once the recorded
+/// one is overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() {
+    let mut h = Harness::new().await;
+    // A pooled worker that a brain replica claimed: the slot is `claimed`, the session
+    // `ready` with the slot's worker.
+    let (session, _) = h.insert_session("ready", "light").await;
+    let slot = SessionId::new();
+    let workspace = h.workspace(slot);
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut worker = tokio::process::Command::new(&h.worker_bin)
+        .env("WORKER_WORKSPACE", &workspace)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let worker_ref = format!("local:{}", worker.id().unwrap());
+    sqlx::query("UPDATE agent_runtime_sessions SET worker_ref = $2 WHERE id = $1")
+        .bind(session.0)
+        .bind(&worker_ref)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO worker_pool (id, profile, state, worker_ref, session_id)
+         VALUES ($1, 'light', 'claimed', $2, $3)",
+    )
+    .bind(slot.0)
+    .bind(&worker_ref)
+    .bind(session.0)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+
+    // A manager's reaper pass whose Redis is gone by the time it arms the idle check.
+    let idle = [("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")];
+    let redis = ThrowawayRedis::start().await;
+    let config = h.config(&idle);
+    let queue = SessionQueue::connect_with_namespace(&redis.url, &h.namespace)
+        .await
+        .unwrap();
+    let store = runtime_manager::store::Store::connect(&config.database_url)
+        .await
+        .unwrap();
+    let launcher = Arc::new(LocalProcessLauncher::new(
+        config.worker_bin.clone(),
+        config.workspaces.clone(),
+    ));
+    let blind = runtime_manager::Manager::new(config, store, queue, launcher).unwrap();
+    redis.kill().await;
+    assert!(blind.reap_once().await.is_err(), "the arming push failed");
+    drop(blind);
+
+    // A manager with a working queue: the session is torn down all the same.
+    h.start_with(&idle, |c| c.lost_idle_check_grace = Duration::from_secs(2));
+    let row = h
+        .wait_state(session, "terminated", Duration::from_secs(10))
+        .await;
+    assert_eq!(row.failure_reason, None);
+    let stopped = tokio::time::timeout(SECONDS_5, worker.wait()).await;
+    assert!(stopped.is_ok(), "the claimed worker was stopped");
     h.finish().await;
 }
 

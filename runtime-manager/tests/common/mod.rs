@@ -183,7 +183,13 @@ impl Harness {
 
     /// Starts the manager; `env` adds or overrides variables of the base configuration.
     pub fn start(&mut self, env: &[(&str, &str)]) {
-        let config = self.config(env);
+        self.start_with(env, |_| {});
+    }
+
+    /// [`Self::start`], with `tweak` adjusting what no variable sets.
+    pub fn start_with(&mut self, env: &[(&str, &str)], tweak: impl FnOnce(&mut Config)) {
+        let mut config = self.config(env);
+        tweak(&mut config);
         self.manager = Some(tokio::spawn(runtime_manager::run(
             config,
             self.shutdown.clone(),
@@ -381,6 +387,47 @@ impl Harness {
         }
         let _ = self.queue.clone().destroy().await;
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis server of a test's own (`redis-server` on a free loopback port, no
+/// persistence), for a manager whose Redis goes away.
+pub struct ThrowawayRedis {
+    pub url: String,
+    child: tokio::process::Child,
+}
+
+impl ThrowawayRedis {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed (scripts/services.sh)");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            url: format!("redis://127.0.0.1:{port}"),
+            child,
+        }
+    }
+
+    /// SIGKILL: every later call to it fails.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
     }
 }
 
