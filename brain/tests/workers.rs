@@ -887,3 +887,183 @@ async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
         .unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }
+
+/// A process started by a test: its stderr goes to `log`; SIGKILLed on drop.
+struct Child {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Child {
+    fn spawn(mut command: tokio::process::Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// SIGTERM, and the process is waited for (at most 15 s), so its log is complete.
+    async fn stop(&mut self) -> String {
+        let pid = self.child.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("the process stops on SIGTERM")
+            .unwrap();
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+/// The brain binary over `app`'s database and scripted provider, its own replica beside
+/// the in-process one: (the process, its URL).
+async fn brain_binary(
+    app: &TestApp,
+    namespace: &str,
+    dir: &tempdir::Dir,
+    log: &str,
+) -> (Child, String) {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"));
+    command
+        .arg("serve")
+        .env("BRAIN_ADDR", addr.to_string())
+        .env("DATABASE_URL", app.store_url())
+        .env(
+            "REDIS_URL",
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        )
+        .env("OPENAI_BASE_URL", app.provider.openai_base_url())
+        .env("OPENAI_API_KEY", "sk-test-openai")
+        .env("BRAIN_ARTIFACTS_DIR", dir.0.join("artifacts"))
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_LOG", log);
+    let brain = Child::spawn(command, dir.0.join("brain.log"));
+    let url = format!("http://{addr}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !app
+        .http
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the brain binary never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (brain, url)
+}
+
+/// X4 at every log level (issue 10, 1.7): the brain, the runtime-manager and the worker
+/// binaries at `trace` run a shell command; neither the user's message, the command, its
+/// output (which also travels as progress notifications) nor the answer reaches any of
+/// the three logs.
+#[tokio::test]
+async fn no_payload_reaches_the_logs_at_trace() {
+    let app = TestApp::start().await;
+    let dir = tempdir::Dir::new();
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let (mut brain, url) = brain_binary(&app, &namespace, &dir, "trace").await;
+    let workspaces = tempdir::Dir::new();
+    let worker = script(
+        &dir,
+        "worker-at-trace",
+        &format!("WORKER_LOG=trace exec '{}' \"$@\"", bin("worker").display()),
+    );
+    let mut command = manager_command(&app, &namespace, &workspaces);
+    command
+        .env("BRAIN_PUBLIC_URL", &url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", &worker)
+        .env("RUNTIME_MANAGER_LOG", "trace");
+    let mut manager = Child::spawn(command, dir.0.join("manager.log"));
+
+    let mark = uuid::Uuid::new_v4().simple().to_string();
+    let message = format!("msg-{mark}");
+    // The command names the marker in capitals; its output is the lowercase secret.
+    let secret = format!("sk-live-{mark}");
+    let command = format!("echo {} | tr A-Z a-z", secret.to_uppercase());
+    let answer = format!("ans-{mark}");
+    let post = |path: String, body: Value| {
+        app.http
+            .post(format!("{url}{path}"))
+            .bearer_auth(&app.key)
+            .json(&body)
+            .send()
+    };
+    let agent: Value = post(
+        "/v1/agents".into(),
+        json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
+               "runtime_profile": "light"}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let chat: Value = post(
+        format!("/v1/agents/{}/chats", agent["id"].as_str().unwrap()),
+        json!({}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    app.provider.push(shell("c", &command));
+    app.provider.push(text(&answer));
+    let response = post(
+        format!("/v1/chats/{}/messages", chat["id"].as_str().unwrap()),
+        json!({ "content": message }),
+    )
+    .await
+    .unwrap();
+    let (chunks, _) = read_stream(response).await;
+    assert!(output_of(&chunks, "c").contains(&secret), "{chunks:?}");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataWorkerLog { .. })),
+        "the output also travelled as progress notifications"
+    );
+    assert_eq!(streamed_text(&chunks), answer);
+
+    let (session,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT id FROM agent_runtime_sessions ORDER BY created_at DESC LIMIT 1")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let brain_log = brain.stop().await;
+    let manager_log = manager.stop().await;
+    let worker_log = std::fs::read_to_string(workspaces.0.join(format!("{session}.log"))).unwrap();
+    // The filters took: debug lines of the workspace's own crates are there.
+    assert!(brain_log.contains(" DEBUG brain::"), "{brain_log}");
+    assert!(manager_log.contains(" DEBUG queue"), "{manager_log}");
+    for (process, log, alive_line) in [
+        ("brain", &brain_log, "worker ready"),
+        ("runtime-manager", &manager_log, "worker launched"),
+        ("worker", &worker_log, "tool call"),
+    ] {
+        assert!(log.contains(alive_line), "{process} logged:\n{log}");
+        for payload in [&message, &secret, &secret.to_uppercase(), &answer] {
+            let at = log.find(payload.as_str());
+            assert!(
+                at.is_none(),
+                "{process} logged {payload}: …{}…",
+                at.map(|at| &log[at.saturating_sub(400)..(at + 200).min(log.len())])
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
