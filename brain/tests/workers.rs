@@ -1067,3 +1067,94 @@ async fn no_payload_reaches_the_logs_at_trace() {
         }
     }
 }
+
+/// Issue 10 part 5: the runtime-manager SIGKILLed with a provision in hand (its claim held
+/// in the database by a trigger, the process killed inside it): once a manager is back,
+/// the call completes. The task comes back from the dead consumer (after about 15 s), and
+/// the new manager takes the session over because the dead one's lease has lapsed.
+#[tokio::test]
+async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_next() {
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let ns = namespace.clone();
+    let app = TestApp::start_with(move |c| c.workers.queue_namespace = ns).await;
+    for ddl in [
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_sleep(3); RETURN NEW; END $$",
+        "CREATE TRIGGER slow_claim BEFORE UPDATE ON agent_runtime_sessions FOR EACH ROW
+         WHEN (OLD.state = 'pending' AND NEW.state = 'provisioning')
+         EXECUTE FUNCTION slow_claim()",
+    ] {
+        sqlx::query(ddl).execute(app.store.pool()).await.unwrap();
+    }
+    let workspaces = tempdir::Dir::new();
+    let mut first = manager_command(&app, &namespace, &workspaces)
+        .spawn()
+        .unwrap();
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("k", "echo after the takeover"));
+    app.provider.push(text("ok"));
+    let call = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&app.key)
+        .json(&json!({"content": "go"}))
+        .send();
+    let turn = tokio::spawn(async move { read_stream(call.await.unwrap()).await });
+
+    // The first manager is inside its claim.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (claiming,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event = 'PgSleep'",
+        )
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+        if claiming > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the manager never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let killed = Instant::now();
+    // The claim the dead manager sent still commits: the session is left `provisioning`,
+    // claimed by a replica that is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (state, claimer): (String, Option<uuid::Uuid>) =
+            sqlx::query_as("SELECT state, manager_replica FROM agent_runtime_sessions")
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        if state == "provisioning" && claimer.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state} by {claimer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let _second = Manager {
+        child: manager_command(&app, &namespace, &workspaces)
+            .spawn()
+            .unwrap(),
+        _workspaces: tempdir::Dir::new(),
+    };
+    let (chunks, _) = tokio::time::timeout(Duration::from_secs(50), turn)
+        .await
+        .expect("the call completes once a manager is back")
+        .unwrap();
+    println!(
+        "runtime-manager SIGKILLed in a claim to the call's answer: {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        output_of(&chunks, "k").contains("after the takeover"),
+        "{chunks:?}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the session was taken over: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+}

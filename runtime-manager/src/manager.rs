@@ -22,7 +22,9 @@
 //! session fails `launch_failed` with that detail, and the worker is stopped.
 //!
 //! Every handler is idempotent: a task may run twice (a consumer that died mid-task), and
-//! every transition is a compare-and-set in [`crate::store`]. No state is kept in memory
+//! every transition is a compare-and-set in [`crate::store`]. Each process is a replica
+//! with a lease it renews (O3); a provision claim names its replica, and a task that comes
+//! back takes a claim over only from a replica whose lease has lapsed. No state is kept in memory
 //! beyond the launcher's table of local children; the dial timeout and the arming of idle
 //! timers are sweeps over the rows, so they survive a restart.
 
@@ -32,7 +34,7 @@ use std::time::Duration;
 
 use channel::token::TokenKeys;
 use protocol::channel::{FailureReason, SessionState, SessionTask};
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use queue::{SessionQueue, TaskError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -40,12 +42,17 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
-use crate::store::{PoolSlot, Store};
+use crate::store::{PoolSlot, ProvisionClaim, Store};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
 /// A `terminating` row this old has lost its idle-check task: the reaper finishes it.
 const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
+/// How long this process's lease in `replicas` holds without a renewal (O3): once it has
+/// lapsed, another replica may take over the provisions this one claimed.
+pub const LEASE: Duration = Duration::from_secs(10);
+/// How often the lease is renewed: a few missed renewals before it lapses.
+pub const LEASE_RENEWAL: Duration = Duration::from_secs(2);
 
 /// The shared handles, one per process; cheap to clone.
 #[derive(Clone)]
@@ -54,6 +61,8 @@ pub struct Manager {
 }
 
 struct Inner {
+    /// This process (O3): a restart is a new replica.
+    replica: ReplicaId,
     config: Config,
     store: Store,
     queue: SessionQueue,
@@ -73,6 +82,7 @@ impl Manager {
         let tokens = TokenKeys::new(&config.session_token_key.bytes)?;
         Ok(Self {
             inner: Arc::new(Inner {
+                replica: ReplicaId::new(),
                 config,
                 store,
                 queue,
@@ -81,6 +91,45 @@ impl Manager {
                 failures: Mutex::default(),
             }),
         })
+    }
+
+    /// This process's replica id.
+    pub fn replica(&self) -> ReplicaId {
+        self.inner.replica
+    }
+
+    /// Records or renews this process's lease (O3).
+    pub async fn renew_lease(&self) -> Result<(), Error> {
+        Ok(self
+            .inner
+            .store
+            .renew_lease(self.inner.replica, LEASE)
+            .await?)
+    }
+
+    /// Renews the lease every [`LEASE_RENEWAL`] until `stop`, then removes it: a clean
+    /// shutdown leaves no lease for the survivors to wait out.
+    pub async fn keep_lease(self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LEASE_RENEWAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.renew_lease().await {
+                tracing::warn!(error_class = e.metric_label(), "renewing the lease failed");
+            }
+        }
+        if self
+            .inner
+            .store
+            .release_lease(self.inner.replica)
+            .await
+            .is_err()
+        {
+            tracing::warn!(error_class = "store", "removing the lease failed");
+        }
     }
 
     /// The queue handler.
@@ -97,14 +146,24 @@ impl Manager {
 
     async fn provision(&self, session: SessionId) -> Result<(), Error> {
         let inner = &self.inner;
-        let Some(claim) = inner.store.claim_for_provision(session).await? else {
+        let replica = inner.replica;
+        let claim = match inner.store.claim_for_provision(session, replica).await? {
+            ProvisionClaim::Claimed(claim) => claim,
             // Launched already (a repeated or retried task), or over.
-            return Ok(());
+            ProvisionClaim::Done => return Ok(()),
+            // Delivered twice while its claimer launches: the retry finds it launched, or
+            // takes it over once that claimer's lease has lapsed.
+            ProvisionClaim::Held => return Err(Error::ProvisionHeld),
         };
         if inner.config.profiles.idle_window(&claim.profile).is_none() {
             if inner
                 .store
-                .fail_provision(session, FailureReason::LaunchFailed, "unknown_profile")
+                .fail_provision(
+                    session,
+                    replica,
+                    FailureReason::LaunchFailed,
+                    "unknown_profile",
+                )
                 .await?
             {
                 self.count_failure(session, FailureReason::LaunchFailed, "unknown_profile");
@@ -129,7 +188,7 @@ impl Manager {
                 let detail = e.metric_label();
                 if inner
                     .store
-                    .fail_provision(session, FailureReason::LaunchFailed, detail)
+                    .fail_provision(session, replica, FailureReason::LaunchFailed, detail)
                     .await?
                 {
                     self.count_failure(session, FailureReason::LaunchFailed, detail);
@@ -137,8 +196,13 @@ impl Manager {
                 return Ok(());
             }
         };
-        if !inner.store.mark_connecting(session, &worker_ref).await? {
-            // The session ended (or another replica launched it) while we launched.
+        if !inner
+            .store
+            .mark_connecting(session, replica, &worker_ref)
+            .await?
+        {
+            // The session ended, or another replica took the provision over (this one's
+            // lease lapsed), while we launched.
             tracing::info!(session = %session.0, "session moved on during launch; stopping its worker");
             inner.launcher.stop(&worker_ref).await?;
         }

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use protocol::channel::{FailureReason, SessionState};
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -31,6 +31,17 @@ pub struct Claimed {
     pub agent: AgentId,
     pub chat: ChatId,
     pub profile: String,
+}
+
+/// What claiming a provision found.
+#[derive(Clone, Debug)]
+pub enum ProvisionClaim {
+    /// This replica holds it now.
+    Claimed(Claimed),
+    /// A live replica (its lease current) claimed it and is launching.
+    Held,
+    /// Launched already, or over.
+    Done,
 }
 
 /// A session row as the manager sees it.
@@ -89,6 +100,34 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// Records (or renews) this process's lease in `replicas` (O3): it holds until
+    /// `lease` from now. An upsert, so a row a reconciler removed comes back.
+    pub async fn renew_lease(
+        &self,
+        replica: ReplicaId,
+        lease: Duration,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO replicas (id, kind, lease_until)
+             VALUES ($1, 'runtime-manager', now() + make_interval(secs => $2))
+             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+        )
+        .bind(replica.0)
+        .bind(lease.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes this process's lease (clean shutdown).
+    pub async fn release_lease(&self, replica: ReplicaId) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM replicas WHERE id = $1")
+            .bind(replica.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Fails when the schema is missing (`brain migrate` has not run).
     pub async fn live_sessions(&self) -> Result<i64, sqlx::Error> {
         let (count,): (i64,) = sqlx::query_as(
@@ -99,57 +138,91 @@ impl Store {
         Ok(count)
     }
 
-    /// `pending` (or `provisioning` with no worker yet: a provision retried after a crash
-    /// between claim and launch) → `provisioning`.
-    pub async fn claim_for_provision(&self, id: SessionId) -> Result<Option<Claimed>, sqlx::Error> {
+    /// `pending` → `provisioning`, claimed by `replica`; or a `provisioning` row with no
+    /// worker yet taken over (a provision retried after a crash between claim and launch)
+    /// when it is `replica`'s own claim, or its claimer's lease has lapsed (O3). A live
+    /// claimer's row is [`ProvisionClaim::Held`].
+    pub async fn claim_for_provision(
+        &self,
+        id: SessionId,
+        replica: ReplicaId,
+    ) -> Result<ProvisionClaim, sqlx::Error> {
         let row: Option<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
-            "UPDATE agent_runtime_sessions SET state = 'provisioning', updated_at = now()
-             WHERE id = $1 AND state IN ('pending', 'provisioning') AND worker_ref IS NULL
+            "UPDATE agent_runtime_sessions s
+             SET state = 'provisioning', manager_replica = $2, updated_at = now()
+             WHERE id = $1 AND worker_ref IS NULL
+               AND (state = 'pending'
+                    OR (state = 'provisioning'
+                        AND (manager_replica IS NULL OR manager_replica = $2
+                             OR NOT EXISTS (SELECT 1 FROM replicas r
+                                            WHERE r.id = s.manager_replica
+                                              AND r.lease_until > now()))))
              RETURNING team_id, agent_id, chat_id, profile",
         )
         .bind(id.0)
+        .bind(replica.0)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(team, agent, chat, profile)| Claimed {
-            team: TeamId(team),
-            agent: AgentId(agent),
-            chat: ChatId(chat),
-            profile,
-        }))
+        if let Some((team, agent, chat, profile)) = row {
+            return Ok(ProvisionClaim::Claimed(Claimed {
+                team: TeamId(team),
+                agent: AgentId(agent),
+                chat: ChatId(chat),
+                profile,
+            }));
+        }
+        let (held,): (bool,) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM agent_runtime_sessions
+                            WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL)",
+        )
+        .bind(id.0)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(if held {
+            ProvisionClaim::Held
+        } else {
+            ProvisionClaim::Done
+        })
     }
 
-    /// `provisioning` → `connecting` with its worker; `false` when the row moved on
-    /// meanwhile.
+    /// `provisioning` (claimed by `replica`) → `connecting` with its worker; `false` when
+    /// the row moved on meanwhile, or another replica took the provision over.
     pub async fn mark_connecting(
         &self,
         id: SessionId,
+        replica: ReplicaId,
         worker_ref: &str,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE agent_runtime_sessions
-             SET state = 'connecting', worker_ref = $2, updated_at = now()
-             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL",
+             SET state = 'connecting', worker_ref = $3, updated_at = now()
+             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
+               AND worker_ref IS NULL",
         )
         .bind(id.0)
+        .bind(replica.0)
         .bind(worker_ref)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    /// `provisioning` (no worker) → `failed`.
+    /// `provisioning` (claimed by `replica`, no worker) → `failed`.
     pub async fn fail_provision(
         &self,
         id: SessionId,
+        replica: ReplicaId,
         reason: FailureReason,
         detail: &str,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE agent_runtime_sessions
-             SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now()
-             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL",
+             SET state = 'failed', failure_reason = $3, failure_detail = $4, updated_at = now()
+             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
+               AND worker_ref IS NULL",
         )
         .bind(id.0)
+        .bind(replica.0)
         .bind(reason.as_str())
         .bind(detail)
         .execute(&self.pool)

@@ -359,6 +359,62 @@ async fn a_provision_retried_after_a_crash_between_claim_and_launch_launches() {
     h.finish().await;
 }
 
+/// O3 (issue 10 part 2): a Provision delivered again while the live manager that claimed
+/// it still launches is left to that manager (no second worker); once that manager's
+/// lease has lapsed (it died mid-launch), the retried task takes the session over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_claimed_by_a_live_manager_is_taken_over_only_once_its_lease_lapses() {
+    let mut h = Harness::new().await;
+    let (session, chat) = h.insert_session("provisioning", "light").await;
+    let other = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO replicas (id, kind, lease_until)
+         VALUES ($1, 'runtime-manager', now() + interval '3 seconds')",
+    )
+    .bind(other)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE agent_runtime_sessions SET manager_replica = $2 WHERE id = $1")
+        .bind(session.0)
+        .bind(other)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    h.start(&[]);
+    h.push_provision(session, chat, "light").await;
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let row = h.row(session).await;
+    assert_eq!(row.state, "provisioning", "{row:?}");
+    assert_eq!(row.worker_ref, None);
+    assert!(
+        !h.workspace(session).join("env.txt").exists(),
+        "no second worker while the claimer lives"
+    );
+
+    // The claimer's lease lapses: the retried task takes the provision over.
+    let row = h
+        .wait_state(session, "connecting", Duration::from_secs(15))
+        .await;
+    assert!(alive(row.pid()));
+    let ours: Vec<uuid::Uuid> = h
+        .manager_leases()
+        .await
+        .into_iter()
+        .filter(|(id, live)| *id != other && *live)
+        .map(|(id, _)| id)
+        .collect();
+    let (claimer,): (Option<uuid::Uuid>,) =
+        sqlx::query_as("SELECT manager_replica FROM agent_runtime_sessions WHERE id = $1")
+            .bind(session.0)
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(claimer.map(|c| vec![c]), Some(ours));
+    h.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reaper_stops_the_worker_of_a_session_failed_elsewhere() {
     let mut h = Harness::new().await;

@@ -178,8 +178,8 @@ fn migrator() -> Migrator {
         ),
         (
             10,
-            "idle checks",
-            include_str!("../../../migrations/0010_idle_checks.sql"),
+            "runtime-manager: idle checks, provision claims",
+            include_str!("../../../migrations/0010_manager.sql"),
         ),
     ]
     .into_iter()

@@ -238,6 +238,16 @@ impl Harness {
         config
     }
 
+    /// The runtime-manager replicas with a lease row: (id, lease still current).
+    pub async fn manager_leases(&self) -> Vec<(uuid::Uuid, bool)> {
+        sqlx::query_as(
+            "SELECT id, lease_until > now() FROM replicas WHERE kind = 'runtime-manager'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
     /// A session row (in a chat of its own) in `state`, with no worker.
     pub async fn insert_session(&self, state: &str, profile: &str) -> (SessionId, ChatId) {
         let chat = ChatId::new();
@@ -360,11 +370,19 @@ impl Harness {
         }
     }
 
-    /// Stops the manager (as SIGTERM would) and waits for it; the harness can start another.
-    pub async fn stop_manager(&mut self) {
+    /// Asks the manager to stop (what its binary does on SIGTERM) and hands back its task,
+    /// for a test that acts while it stops; the harness can start another.
+    pub fn signal_stop(
+        &mut self,
+    ) -> Option<tokio::task::JoinHandle<Result<(), runtime_manager::Error>>> {
         self.shutdown.cancel();
         self.shutdown = CancellationToken::new();
-        if let Some(manager) = self.manager.take() {
+        self.manager.take()
+    }
+
+    /// Stops the manager (as SIGTERM would) and waits for it; the harness can start another.
+    pub async fn stop_manager(&mut self) {
+        if let Some(manager) = self.signal_stop() {
             tokio::time::timeout(Duration::from_secs(10), manager)
                 .await
                 .expect("the manager stops within 10 s")

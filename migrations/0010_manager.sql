@@ -10,3 +10,9 @@ CREATE INDEX sessions_idle_check ON agent_runtime_sessions (idle_check_at) WHERE
 -- The reaper arms every ready session's idle timer, claimed warm-pool sessions included:
 -- the slot's `armed` flag has no reader left.
 ALTER TABLE worker_pool DROP COLUMN armed;
+
+-- O3: the runtime-manager replica that claimed the session's provision (`pending →
+-- provisioning`). A re-delivered Provision task takes a `provisioning` row with no worker
+-- over only from a replica whose lease (`replicas`) has lapsed, so two live managers never
+-- launch workers for one session.
+ALTER TABLE agent_runtime_sessions ADD COLUMN manager_replica uuid;
