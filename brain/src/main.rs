@@ -104,16 +104,12 @@ async fn signal_shutdown(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
+/// `BRAIN_LOG` under the privacy cap (X4), which no filter lifts (`logging`).
 fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BRAIN_LOG")
-        // rmcp logs MCP payloads at info and warn; they may carry user data (X4).
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=error"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
+    let format = if json {
+        logging::Format::Json
     } else {
-        builder.init();
-    }
+        logging::Format::Text
+    };
+    logging::init("BRAIN_LOG", "info", format);
 }

@@ -65,8 +65,23 @@ async fn system_with_profiles(
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
+    let idle_window = idle_window_ms.to_string();
+    system_with(
+        profiles,
+        &[("RUNTIME_MANAGER_IDLE_WINDOW_MS", &idle_window)],
+        tweak,
+    )
+    .await
+}
+
+/// [`system`], with `env` added to (or replacing) the runtime-manager's variables.
+async fn system_with(
+    profiles: Option<Value>,
+    env: &[(&str, &str)],
+    tweak: impl FnOnce(&mut brain::config::Config),
+) -> (TestApp, Manager) {
     let (app, namespace) = app_with_own_queue(tweak).await;
-    let manager = start_manager(&app, &namespace, idle_window_ms, profiles, &app.url);
+    let manager = start_manager_with(&app, &namespace, profiles, &app.url, env);
     (app, manager)
 }
 
@@ -100,23 +115,33 @@ fn start_manager(
     profiles: Option<Value>,
     public_url: &str,
 ) -> Manager {
+    let idle_window = idle_window_ms.to_string();
+    start_manager_with(
+        app,
+        namespace,
+        profiles,
+        public_url,
+        &[("RUNTIME_MANAGER_IDLE_WINDOW_MS", &idle_window)],
+    )
+}
+
+/// [`start_manager`], with `env` added to (or replacing) the manager's variables.
+fn start_manager_with(
+    app: &TestApp,
+    namespace: &str,
+    profiles: Option<Value>,
+    public_url: &str,
+    env: &[(&str, &str)],
+) -> Manager {
     let workspaces = tempdir::Dir::new();
-    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    let mut command = manager_command(app, namespace, public_url, &workspaces);
     if let Some(profiles) = profiles {
         let file = workspaces.0.join("profiles.json");
         std::fs::write(&file, profiles.to_string()).unwrap();
         command.env("RUNTIME_MANAGER_PROFILES", file);
     }
+    command.envs(env.iter().copied());
     let child = command
-        .env("DATABASE_URL", app.store_url())
-        .env("REDIS_URL", redis_url())
-        .env("SESSION_QUEUE_NAMESPACE", namespace)
-        .env("BRAIN_PUBLIC_URL", public_url)
-        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
-        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
-        .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", idle_window_ms.to_string())
-        .env("RUNTIME_MANAGER_LOG", "warn")
-        .kill_on_drop(true)
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
     Manager {
@@ -127,6 +152,36 @@ fn start_manager(
 
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The runtime-manager binary, configured to serve `app` over `namespace` with the real
+/// worker binary, its workspaces in `workspaces`, its workers dialing `public_url`.
+fn manager_command(
+    app: &TestApp,
+    namespace: &str,
+    public_url: &str,
+    workspaces: &tempdir::Dir,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    command
+        .env("DATABASE_URL", app.store_url())
+        .env("REDIS_URL", redis_url())
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_PUBLIC_URL", public_url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
+        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
+        .env("RUNTIME_MANAGER_LOG", "warn")
+        .kill_on_drop(true);
+    command
+}
+
+/// An executable script in `dir` that runs `body` (a POSIX shell script).
+fn script(dir: &tempdir::Dir, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.0.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }
 
 async fn light_agent(app: &TestApp) -> (String, String) {
@@ -517,6 +572,8 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
         .unwrap();
 }
 
+/// A worker that never dials ends `dial_timeout`, even with an idle window far shorter than
+/// the dial timeout: idle time counts from `ready` (issue 10, 1.2).
 #[tokio::test]
 async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_next_call_provisions()
 {
@@ -570,37 +627,20 @@ async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_nex
 
 #[tokio::test]
 async fn a_worker_that_never_dials_is_a_dial_timeout() {
-    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
-    let ns = namespace.clone();
-    let app = TestApp::start_with(move |c| {
-        c.workers.queue_namespace = ns;
-        c.workers.provision_timeout = Duration::from_secs(10);
-    })
-    .await;
-    let workspaces = tempdir::Dir::new();
+    let scripts = tempdir::Dir::new();
     // A "worker" that starts and never dials.
-    let fake = workspaces.0.join("silent-worker");
-    std::fs::write(&fake, "#!/bin/sh\nexec sleep 30\n").unwrap();
-    std::process::Command::new("chmod")
-        .args(["+x"])
-        .arg(&fake)
-        .status()
-        .unwrap();
-    let _manager = Manager {
-        child: tokio::process::Command::new(bin("runtime-manager"))
-            .env("DATABASE_URL", app.store_url())
-            .env("REDIS_URL", redis_url())
-            .env("SESSION_QUEUE_NAMESPACE", &namespace)
-            .env("BRAIN_PUBLIC_URL", &app.url)
-            .env("RUNTIME_MANAGER_WORKER_BIN", &fake)
-            .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
-            .env("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "800")
-            .env("RUNTIME_MANAGER_LOG", "warn")
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-        _workspaces: tempdir::Dir::new(),
-    };
+    let silent = script(&scripts, "silent-worker", "exec sleep 30");
+    let silent = silent.to_str().unwrap();
+    let (app, _manager) = system_with(
+        None,
+        &[
+            ("RUNTIME_MANAGER_WORKER_BIN", silent),
+            ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "2500"),
+            ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "200"),
+        ],
+        |c| c.workers.provision_timeout = Duration::from_secs(10),
+    )
+    .await;
     let (agent, chat) = light_agent(&app).await;
     app.provider.push(shell("d", "echo never"));
     app.provider.push(text("no hands"));
@@ -611,8 +651,50 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
         "the model reads the reason: {output}"
     );
     let listed = sessions(&app, &agent).await;
+    assert_eq!(listed[0]["state"], "failed", "{listed:?}");
     assert_eq!(listed[0]["failure_reason"], "dial_timeout");
-    drop(workspaces);
+}
+
+/// Issue 10, 1.2: a worker that dials later than its idle window (an image pull, a cold
+/// node) becomes ready and serves the call; its idle time counts from `ready`, so it is
+/// torn down one window after its last use, not while it starts.
+#[tokio::test]
+async fn a_worker_slower_to_dial_than_its_idle_window_becomes_ready_and_serves() {
+    let scripts = tempdir::Dir::new();
+    let worker = bin("worker");
+    let slow = script(
+        &scripts,
+        "slow-worker",
+        &format!("sleep 3\nexec '{}' \"$@\"", worker.display()),
+    );
+    let (app, _manager) = system_with(
+        None,
+        &[
+            ("RUNTIME_MANAGER_WORKER_BIN", slow.to_str().unwrap()),
+            ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+        ],
+        |_| {},
+    )
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("s", "echo slow but here"));
+    app.provider.push(text("ok"));
+    let started = Instant::now();
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    let took = started.elapsed();
+    assert!(
+        output_of(&chunks, "s").contains("slow but here"),
+        "{chunks:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(3),
+        "the worker dialed late: {took:?}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "ready", "{listed:?}");
+    let pid = worker_pid(&app).await;
+    torn_down(&app, &agent, pid, Duration::from_secs(10)).await;
 }
 
 #[tokio::test]
@@ -1425,4 +1507,275 @@ async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
         .await
         .unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+/// A process started by a test: its stderr goes to `log`; SIGKILLed on drop.
+struct Child {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Child {
+    fn spawn(mut command: tokio::process::Command, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// SIGTERM, and the process is waited for (at most 15 s), so its log is complete.
+    async fn stop(&mut self) -> String {
+        let pid = self.child.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .expect("the process stops on SIGTERM")
+            .unwrap();
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+/// The brain binary over `app`'s database and scripted provider, its own replica beside
+/// the in-process one: (the process, its URL).
+async fn brain_binary(
+    app: &TestApp,
+    namespace: &str,
+    dir: &tempdir::Dir,
+    log: &str,
+) -> (Child, String) {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"));
+    command
+        .arg("serve")
+        .env("BRAIN_ADDR", addr.to_string())
+        .env("DATABASE_URL", app.store_url())
+        .env(
+            "REDIS_URL",
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        )
+        .env("OPENAI_BASE_URL", app.provider.openai_base_url())
+        .env("OPENAI_API_KEY", "sk-test-openai")
+        .env("BRAIN_ARTIFACTS_DIR", dir.0.join("artifacts"))
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_LOG", log);
+    let brain = Child::spawn(command, dir.0.join("brain.log"));
+    let url = format!("http://{addr}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !app
+        .http
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the brain binary never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (brain, url)
+}
+
+/// X4 at every log level (issue 10, 1.7): the brain, the runtime-manager and the worker
+/// binaries at `trace` run a shell command; neither the user's message, the command, its
+/// output (which also travels as progress notifications) nor the answer reaches any of
+/// the three logs.
+#[tokio::test]
+async fn no_payload_reaches_the_logs_at_trace() {
+    let app = TestApp::start().await;
+    let dir = tempdir::Dir::new();
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let (mut brain, url) = brain_binary(&app, &namespace, &dir, "trace").await;
+    let workspaces = tempdir::Dir::new();
+    let worker = script(
+        &dir,
+        "worker-at-trace",
+        &format!("WORKER_LOG=trace exec '{}' \"$@\"", bin("worker").display()),
+    );
+    let mut command = manager_command(&app, &namespace, &app.url, &workspaces);
+    command
+        .env("BRAIN_PUBLIC_URL", &url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", &worker)
+        .env("RUNTIME_MANAGER_LOG", "trace");
+    let mut manager = Child::spawn(command, dir.0.join("manager.log"));
+
+    let mark = uuid::Uuid::new_v4().simple().to_string();
+    let message = format!("msg-{mark}");
+    // The command names the marker in capitals; its output is the lowercase secret.
+    let secret = format!("sk-live-{mark}");
+    let command = format!("echo {} | tr A-Z a-z", secret.to_uppercase());
+    let answer = format!("ans-{mark}");
+    let post = |path: String, body: Value| {
+        app.http
+            .post(format!("{url}{path}"))
+            .bearer_auth(&app.key)
+            .json(&body)
+            .send()
+    };
+    let agent: Value = post(
+        "/v1/agents".into(),
+        json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
+               "runtime_profile": "light"}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let chat: Value = post(
+        format!("/v1/agents/{}/chats", agent["id"].as_str().unwrap()),
+        json!({}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    app.provider.push(shell("c", &command));
+    app.provider.push(text(&answer));
+    let response = post(
+        format!("/v1/chats/{}/messages", chat["id"].as_str().unwrap()),
+        json!({ "content": message }),
+    )
+    .await
+    .unwrap();
+    let (chunks, _) = read_stream(response).await;
+    assert!(output_of(&chunks, "c").contains(&secret), "{chunks:?}");
+    assert!(
+        chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::DataWorkerLog { .. })),
+        "the output also travelled as progress notifications"
+    );
+    assert_eq!(streamed_text(&chunks), answer);
+
+    let (session,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT id FROM agent_runtime_sessions ORDER BY created_at DESC LIMIT 1")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let brain_log = brain.stop().await;
+    let manager_log = manager.stop().await;
+    let worker_log = std::fs::read_to_string(workspaces.0.join(format!("{session}.log"))).unwrap();
+    // The filters took: debug lines of the workspace's own crates are there.
+    assert!(brain_log.contains(" DEBUG brain::"), "{brain_log}");
+    assert!(manager_log.contains(" DEBUG queue"), "{manager_log}");
+    for (process, log, alive_line) in [
+        ("brain", &brain_log, "worker ready"),
+        ("runtime-manager", &manager_log, "worker launched"),
+        ("worker", &worker_log, "tool call"),
+    ] {
+        assert!(log.contains(alive_line), "{process} logged:\n{log}");
+        for payload in [&message, &secret, &secret.to_uppercase(), &answer] {
+            let at = log.find(payload.as_str());
+            assert!(
+                at.is_none(),
+                "{process} logged {payload}: …{}…",
+                at.map(|at| &log[at.saturating_sub(400)..(at + 200).min(log.len())])
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Issue 10 part 5: the runtime-manager SIGKILLed with a provision in hand (its claim held
+/// in the database by a trigger, the process killed inside it): once a manager is back,
+/// the call completes. The task comes back from the dead consumer (after about 15 s), and
+/// the new manager takes the session over because the dead one's lease has lapsed.
+#[tokio::test]
+async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_next() {
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let ns = namespace.clone();
+    let app = TestApp::start_with(move |c| c.workers.queue_namespace = ns).await;
+    for ddl in [
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_sleep(3); RETURN NEW; END $$",
+        "CREATE TRIGGER slow_claim BEFORE UPDATE ON agent_runtime_sessions FOR EACH ROW
+         WHEN (OLD.state = 'pending' AND NEW.state = 'provisioning')
+         EXECUTE FUNCTION slow_claim()",
+    ] {
+        sqlx::query(ddl).execute(app.store.pool()).await.unwrap();
+    }
+    let workspaces = tempdir::Dir::new();
+    let mut first = manager_command(&app, &namespace, &app.url, &workspaces)
+        .spawn()
+        .unwrap();
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("k", "echo after the takeover"));
+    app.provider.push(text("ok"));
+    let call = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&app.key)
+        .json(&json!({"content": "go"}))
+        .send();
+    let turn = tokio::spawn(async move { read_stream(call.await.unwrap()).await });
+
+    // The first manager is inside its claim.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (claiming,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event = 'PgSleep'",
+        )
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+        if claiming > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the manager never claimed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let killed = Instant::now();
+    // The claim the dead manager sent still commits: the session is left `provisioning`,
+    // claimed by a replica that is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (state, claimer): (String, Option<uuid::Uuid>) =
+            sqlx::query_as("SELECT state, manager_replica FROM agent_runtime_sessions")
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        if state == "provisioning" && claimer.is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state} by {claimer:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let _second = Manager {
+        child: manager_command(&app, &namespace, &app.url, &workspaces)
+            .spawn()
+            .unwrap(),
+        _workspaces: tempdir::Dir::new(),
+    };
+    let (chunks, _) = tokio::time::timeout(Duration::from_secs(50), turn)
+        .await
+        .expect("the call completes once a manager is back")
+        .unwrap();
+    println!(
+        "runtime-manager SIGKILLed in a claim to the call's answer: {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        output_of(&chunks, "k").contains("after the takeover"),
+        "{chunks:?}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the session was taken over: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
 }

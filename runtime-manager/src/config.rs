@@ -116,6 +116,10 @@ pub struct Config {
     pub token_ttl: Duration,
     /// How often the reaper looks for timed-out dials and orphaned workers.
     pub reaper_interval: Duration,
+    /// An idle check this overdue was lost (a failed push, a crash, a Redis restart): the
+    /// reaper arms a new one. Checks fire about a second after they are due, and a failing
+    /// one is retried for about ten seconds.
+    pub lost_idle_check_grace: Duration,
 }
 
 impl Config {
@@ -230,6 +234,7 @@ impl Config {
             dial_timeout,
             token_ttl,
             reaper_interval: Duration::from_secs(1),
+            lost_idle_check_grace: Duration::from_secs(30),
         })
     }
 }

@@ -16,6 +16,10 @@ pub enum Error {
     Launch(#[from] LaunchError),
     #[error("session token: {0}")]
     Token(#[from] TokenError),
+    /// A live runtime-manager replica claimed the provision and is launching: the task is
+    /// retried, and taken over if that replica's lease lapses meanwhile.
+    #[error("another runtime-manager is launching this session")]
+    ProvisionHeld,
 }
 
 impl Error {
@@ -29,6 +33,7 @@ impl Error {
             },
             Self::Launch(e) => e.metric_label(),
             Self::Token(_) => "token",
+            Self::ProvisionHeld => "provision_held",
         }
     }
 }

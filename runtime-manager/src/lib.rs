@@ -66,9 +66,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     run_with_launcher(config, launcher, shutdown).await
 }
 
-/// Runs the manager over `launcher` until `shutdown` is cancelled: reconcile (O3), then
-/// consume tasks, reap and watch the workers; on shutdown stop consuming, wait for running
-/// handlers, and stop the workers that die with the manager.
+/// Runs the manager over `launcher` until `shutdown` is cancelled: record this replica's
+/// lease and reconcile (O3), then consume tasks, renew the lease, reap and watch the
+/// workers; on shutdown stop claiming, wait for the handlers in hand, stop the workers
+/// that die with the manager, and remove the lease.
 pub async fn run_with_launcher(
     config: Config,
     launcher: Arc<dyn Launcher>,
@@ -101,12 +102,20 @@ pub async fn run_with_launcher(
     let queue =
         SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;
     let manager = Manager::new(config, store, queue.clone(), launcher)?;
+    // Registered before anything is claimed: every claim names a replica with a lease.
+    manager.renew_lease().await?;
     manager.reconcile().await?;
 
+    let lease_stop = CancellationToken::new();
+    let lease = tokio::spawn(manager.clone().keep_lease(lease_stop.clone()));
     let reaper_stop = CancellationToken::new();
     let reaper = tokio::spawn(manager.clone().reaper(reaper_stop.clone()));
     let watcher = tokio::spawn(manager.clone().watch_workers(reaper_stop.clone()));
-    tracing::info!(live_sessions = live, "runtime-manager ready");
+    tracing::info!(
+        replica = %manager.replica().0,
+        live_sessions = live,
+        "runtime-manager ready"
+    );
 
     let handler = {
         let manager = manager.clone();
@@ -115,11 +124,15 @@ pub async fn run_with_launcher(
             async move { manager.handle(task).await }
         }
     };
+    // Stops claiming at `shutdown` and returns once the handlers in hand have finished.
     let consumed = queue::consume(queue, handler, shutdown.clone()).await;
     reaper_stop.cancel();
     let _ = reaper.await;
     let _ = watcher.await;
     manager.stop_workers().await;
+    // Last: the lease covers every provision in hand until it has finished.
+    lease_stop.cancel();
+    let _ = lease.await;
     consumed?;
     Ok(())
 }

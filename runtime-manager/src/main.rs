@@ -66,13 +66,8 @@ fn render_job(config: &Config, profile: &str) -> ExitCode {
 
 #[tokio::main]
 async fn serve(config: Config) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUNTIME_MANAGER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Under the privacy cap (X4): kube logs API bodies, which hold worker tokens.
+    logging::init("RUNTIME_MANAGER_LOG", "info", logging::Format::Text);
 
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();

@@ -7,17 +7,26 @@
 //!                             │                      │                      │
 //!                             └─ launch_failed ──►  failed ◄── dial_timeout │ (brain: W6)
 //!                                                    ▲                      │
-//!                    IdleCheck, unused for the window: terminating ──► terminated
+//!      IdleCheck, unused for the window since ready or last use: terminating ──► terminated
 //! ```
+//!
+//! Idle time counts from `ready` (W7): a session still starting (an image pull, a cold
+//! node) is governed by its dial and start deadlines only. The reaper arms the first
+//! `IdleCheck` of every `ready` session that has none, from the row, so neither a slow
+//! start nor a warm-pool claim depends on a handler remembering to arm it; and it arms a
+//! new one for a session whose recorded check is overdue (a push that failed, a crash
+//! between recording and pushing, a Redis restart), so arming is recoverable (W7).
 //!
 //! Besides the brain's failures (W6), the launcher's watcher reports what it sees in a
 //! worker (R4: an image that cannot be pulled, an OOM kill, a pod stuck starting): the
 //! session fails `launch_failed` with that detail, and the worker is stopped.
 //!
 //! Every handler is idempotent: a task may run twice (a consumer that died mid-task), and
-//! every transition is a compare-and-set in [`crate::store`]. No state is kept in memory
-//! beyond the launcher's table of local children; the dial timeout is a sweep over the
-//! rows, so it survives a restart.
+//! every transition is a compare-and-set in [`crate::store`]. Each process is a replica
+//! with a lease it renews (O3); a provision claim names its replica, and a task that comes
+//! back takes a claim over only from a replica whose lease has lapsed. No state is kept in memory
+//! beyond the launcher's table of local children; the dial timeout and the arming of idle
+//! timers are sweeps over the rows, so they survive a restart.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,7 +34,7 @@ use std::time::Duration;
 
 use channel::token::TokenKeys;
 use protocol::channel::{FailureReason, SessionState, SessionTask};
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use queue::{SessionQueue, TaskError};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,12 +42,17 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
-use crate::store::{PoolSlot, Store};
+use crate::store::{PoolSlot, ProvisionClaim, Store};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
 /// A `terminating` row this old has lost its idle-check task: the reaper finishes it.
 const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
+/// How long this process's lease in `replicas` holds without a renewal (O3): once it has
+/// lapsed, another replica may take over the provisions this one claimed.
+pub const LEASE: Duration = Duration::from_secs(10);
+/// How often the lease is renewed: a few missed renewals before it lapses.
+pub const LEASE_RENEWAL: Duration = Duration::from_secs(2);
 
 /// The shared handles, one per process; cheap to clone.
 #[derive(Clone)]
@@ -47,6 +61,8 @@ pub struct Manager {
 }
 
 struct Inner {
+    /// This process (O3): a restart is a new replica.
+    replica: ReplicaId,
     config: Config,
     store: Store,
     queue: SessionQueue,
@@ -66,6 +82,7 @@ impl Manager {
         let tokens = TokenKeys::new(&config.session_token_key.bytes)?;
         Ok(Self {
             inner: Arc::new(Inner {
+                replica: ReplicaId::new(),
                 config,
                 store,
                 queue,
@@ -74,6 +91,45 @@ impl Manager {
                 failures: Mutex::default(),
             }),
         })
+    }
+
+    /// This process's replica id.
+    pub fn replica(&self) -> ReplicaId {
+        self.inner.replica
+    }
+
+    /// Records or renews this process's lease (O3).
+    pub async fn renew_lease(&self) -> Result<(), Error> {
+        Ok(self
+            .inner
+            .store
+            .renew_lease(self.inner.replica, LEASE)
+            .await?)
+    }
+
+    /// Renews the lease every [`LEASE_RENEWAL`] until `stop`, then removes it: a clean
+    /// shutdown leaves no lease for the survivors to wait out.
+    pub async fn keep_lease(self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(LEASE_RENEWAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.renew_lease().await {
+                tracing::warn!(error_class = e.metric_label(), "renewing the lease failed");
+            }
+        }
+        if self
+            .inner
+            .store
+            .release_lease(self.inner.replica)
+            .await
+            .is_err()
+        {
+            tracing::warn!(error_class = "store", "removing the lease failed");
+        }
     }
 
     /// The queue handler.
@@ -90,32 +146,30 @@ impl Manager {
 
     async fn provision(&self, session: SessionId) -> Result<(), Error> {
         let inner = &self.inner;
-        let Some(claim) = inner.store.claim_for_provision(session).await? else {
-            // Launched already (a repeated or retried task), or over. A launched session
-            // whose idle timer could not be queued gets one now.
-            if let Some(row) = inner.store.session(session).await?
-                && matches!(
-                    row.state,
-                    Some(SessionState::Connecting | SessionState::Ready)
-                )
-            {
-                let window = self.window(&row.profile);
-                let due = row.last_used_ms + window.as_millis() as i64;
-                self.arm_idle_check(session, row.last_used_ms, due - row.now_ms)
-                    .await?;
-            }
-            return Ok(());
+        let replica = inner.replica;
+        let claim = match inner.store.claim_for_provision(session, replica).await? {
+            ProvisionClaim::Claimed(claim) => claim,
+            // Launched already (a repeated or retried task), or over.
+            ProvisionClaim::Done => return Ok(()),
+            // Delivered twice while its claimer launches: the retry finds it launched, or
+            // takes it over once that claimer's lease has lapsed.
+            ProvisionClaim::Held => return Err(Error::ProvisionHeld),
         };
-        let Some(window) = inner.config.profiles.idle_window(&claim.profile) else {
+        if inner.config.profiles.idle_window(&claim.profile).is_none() {
             if inner
                 .store
-                .fail_provision(session, FailureReason::LaunchFailed, "unknown_profile")
+                .fail_provision(
+                    session,
+                    replica,
+                    FailureReason::LaunchFailed,
+                    "unknown_profile",
+                )
                 .await?
             {
                 self.count_failure(session, FailureReason::LaunchFailed, "unknown_profile");
             }
             return Ok(());
-        };
+        }
         let token = inner
             .tokens
             .mint(session, claim.team, claim.agent, inner.config.token_ttl)?;
@@ -134,7 +188,7 @@ impl Manager {
                 let detail = e.metric_label();
                 if inner
                     .store
-                    .fail_provision(session, FailureReason::LaunchFailed, detail)
+                    .fail_provision(session, replica, FailureReason::LaunchFailed, detail)
                     .await?
                 {
                     self.count_failure(session, FailureReason::LaunchFailed, detail);
@@ -142,49 +196,63 @@ impl Manager {
                 return Ok(());
             }
         };
-        let Some(now_ms) = inner.store.mark_connecting(session, &worker_ref).await? else {
-            // The session ended (or another replica launched it) while we launched.
+        if !inner
+            .store
+            .mark_connecting(session, replica, &worker_ref)
+            .await?
+        {
+            // The session ended, or another replica took the provision over (this one's
+            // lease lapsed), while we launched.
             tracing::info!(session = %session.0, "session moved on during launch; stopping its worker");
             inner.launcher.stop(&worker_ref).await?;
-            return Ok(());
-        };
-        self.arm_idle_check(session, now_ms, window.as_millis() as i64)
-            .await
+        }
+        // Its idle timer is armed by the reaper once the session is `ready` (W7).
+        Ok(())
     }
 
-    async fn idle_check(&self, session: SessionId, last_used_ms: i64) -> Result<(), Error> {
+    /// Tears the session down if it has been idle for its profile's window since it was
+    /// last used or became ready; otherwise arms the next check for the end of that
+    /// window. `armed_for_ms` is the idle baseline the check was armed for (logged).
+    async fn idle_check(&self, session: SessionId, armed_for_ms: i64) -> Result<(), Error> {
         let inner = &self.inner;
         let Some(row) = inner.store.session(session).await? else {
             return Ok(());
         };
         match row.state {
-            Some(SessionState::Connecting | SessionState::Ready) => {}
+            Some(SessionState::Ready) => {}
             // A teardown that was interrupted: finish it.
             Some(SessionState::Terminating) => {
                 return self.finish_teardown(session, &row.worker_ref).await;
             }
+            // Still starting (its dial and start deadlines govern it; the reaper arms its
+            // first check once it is ready), or over.
             _ => return Ok(()),
         }
         let window = self.window(&row.profile).as_millis() as i64;
-        if row.last_used_ms > last_used_ms
-            || !inner.store.begin_terminating(session, last_used_ms).await?
+        tracing::debug!(
+            session = %session.0,
+            armed_for_ms,
+            idle_since_ms = row.idle_since_ms,
+            "idle check"
+        );
+        if row.idle_since_ms + window > row.now_ms
+            || !inner
+                .store
+                .begin_terminating(session, row.idle_since_ms)
+                .await?
         {
             // Used since: a new timer for the last use (read again: the compare-and-set
             // may have lost to a use that just happened).
             let Some(row) = inner.store.session(session).await? else {
                 return Ok(());
             };
-            if !matches!(
-                row.state,
-                Some(SessionState::Connecting | SessionState::Ready)
-            ) {
-                return Ok(());
-            }
             return self
                 .arm_idle_check(
                     session,
-                    row.last_used_ms,
-                    row.last_used_ms + window - row.now_ms,
+                    row.idle_since_ms,
+                    row.idle_since_ms + window,
+                    row.now_ms,
+                    Duration::ZERO,
                 )
                 .await;
         }
@@ -207,23 +275,51 @@ impl Manager {
         Ok(())
     }
 
+    /// Arms the idle check of a `ready` session, due at `due_ms` (database clock): records
+    /// its due time, then pushes it. Nothing is pushed when the session is no longer
+    /// `ready` or another check is pending (one due later than `stale_after` ago), so a
+    /// check delivered twice does not start a second chain of checks.
     async fn arm_idle_check(
         &self,
         session: SessionId,
-        last_used_ms: i64,
-        delay_ms: i64,
+        idle_since_ms: i64,
+        due_ms: i64,
+        now_ms: i64,
+        stale_after: Duration,
     ) -> Result<(), Error> {
-        let delay = Duration::from_millis(delay_ms.max(0) as u64);
-        self.inner
+        let inner = &self.inner;
+        if !inner
+            .store
+            .claim_idle_check(session, due_ms, stale_after)
+            .await?
+        {
+            return Ok(());
+        }
+        let delay = Duration::from_millis((due_ms - now_ms).max(0) as u64);
+        inner
             .queue
             .push_after(
                 SessionTask::IdleCheck {
                     session,
-                    last_used_ms,
+                    last_used_ms: idle_since_ms,
                 },
                 delay,
             )
             .await?;
+        Ok(())
+    }
+
+    /// Arms the idle timer of every `ready` session that has none (it just became ready,
+    /// cold or claimed from a warm pool) or whose check is overdue by more than the grace
+    /// (lost to a failed push, a manager that died between recording and pushing it, a
+    /// Redis restart).
+    async fn arm_idle_checks(&self) -> Result<(), Error> {
+        let grace = self.inner.config.lost_idle_check_grace;
+        for row in self.inner.store.unarmed_idle_checks(grace).await? {
+            let due_ms = row.idle_since_ms + self.window(&row.profile).as_millis() as i64;
+            self.arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms, grace)
+                .await?;
+        }
         Ok(())
     }
 
@@ -254,8 +350,8 @@ impl Manager {
         );
     }
 
-    /// One pass of the reaper: time out dials, and stop every local worker whose session
-    /// ended elsewhere (the brain records heartbeat_lost, session_mismatch and the
+    /// One pass of the reaper: time out dials, arm the idle timers of ready sessions that
+    /// have none, tend the pools, and stop every local worker whose session ended elsewhere (the brain records heartbeat_lost, session_mismatch and the
     /// handshake and ready timeouts), was replaced, or is gone.
     pub async fn reap_once(&self) -> Result<(), Error> {
         let inner = &self.inner;
@@ -270,6 +366,7 @@ impl Manager {
             }
         }
 
+        self.arm_idle_checks().await?;
         self.pool_once().await?;
 
         let running = inner.launcher.running().await?;
@@ -335,8 +432,9 @@ impl Manager {
     }
 
     /// Tends the warm pools (R3): tops each profile up to its `warmPoolSize` with workers
-    /// started under a pool token, retires slots whose worker never became ready, stops
-    /// the workers of retired slots, and arms the idle timer of sessions that claimed one.
+    /// started under a pool token, retires slots whose worker never became ready, and stops
+    /// the workers of retired slots. A session that claimed a slot is `ready`: its idle
+    /// timer is armed like any other's.
     async fn pool_once(&self) -> Result<(), Error> {
         let inner = &self.inner;
         for slot in inner
@@ -351,12 +449,6 @@ impl Manager {
                 self.stop_logged(slot, &worker_ref).await;
             }
             inner.store.pool_forget(slot).await?;
-        }
-        for (session, profile, last_used_ms, now_ms) in inner.store.pool_arm_claimed().await? {
-            let window = self.window(&profile);
-            let due = last_used_ms + window.as_millis() as i64;
-            self.arm_idle_check(session, last_used_ms, due - now_ms)
-                .await?;
         }
         for (profile, settings) in inner.config.profiles.iter() {
             let open = inner.store.pool_open(profile).await?;

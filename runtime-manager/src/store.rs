@@ -9,11 +9,18 @@
 //! Times cross the process boundary as unix milliseconds of the database clock, so the
 //! idle check compares `last_used_at` (set by the brain with `now()`) with values from the
 //! same clock.
+//!
+//! Idle time counts from `ready` (W7): a session is idle since its last use or since it
+//! became ready, whichever is later. Nothing writes a `ready` row's `updated_at` but the
+//! transition into `ready` (the brain's touches set `last_used_at` only, and
+//! `idle_check_at` is not a transition), so `GREATEST(last_used_at, updated_at)` is that
+//! time. A write that moved `updated_at` of a `ready` row later would only postpone the
+//! teardown, never hasten it.
 
 use std::time::Duration;
 
 use protocol::channel::{FailureReason, SessionState};
-use protocol::{AgentId, ChatId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -26,15 +33,37 @@ pub struct Claimed {
     pub profile: String,
 }
 
+/// What claiming a provision found.
+#[derive(Clone, Debug)]
+pub enum ProvisionClaim {
+    /// This replica holds it now.
+    Claimed(Claimed),
+    /// A live replica (its lease current) claimed it and is launching.
+    Held,
+    /// Launched already, or over.
+    Done,
+}
+
 /// A session row as the manager sees it.
 #[derive(Clone, Debug)]
 pub struct SessionRow {
     pub state: Option<SessionState>,
     pub profile: String,
     pub worker_ref: Option<String>,
-    /// `last_used_at`, unix ms.
-    pub last_used_ms: i64,
+    /// For a `ready` row, when it was last used or became ready, whichever is later; unix
+    /// ms.
+    pub idle_since_ms: i64,
     /// The database's `now()`, unix ms.
+    pub now_ms: i64,
+}
+
+/// A `ready` session whose idle timer is not armed, or whose check is overdue.
+#[derive(Clone, Debug)]
+pub struct Unarmed {
+    pub session: SessionId,
+    pub profile: String,
+    /// As [`SessionRow::idle_since_ms`].
+    pub idle_since_ms: i64,
     pub now_ms: i64,
 }
 
@@ -54,6 +83,8 @@ pub struct Store {
 }
 
 const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
+/// Since when a `ready` row is idle (see the module doc).
+const IDLE_SINCE: &str = "GREATEST(last_used_at, updated_at)";
 
 fn ms(expr: &str) -> String {
     MS.replace("{}", expr)
@@ -69,6 +100,34 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// Records (or renews) this process's lease in `replicas` (O3): it holds until
+    /// `lease` from now. An upsert, so a row a reconciler removed comes back.
+    pub async fn renew_lease(
+        &self,
+        replica: ReplicaId,
+        lease: Duration,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO replicas (id, kind, lease_until)
+             VALUES ($1, 'runtime-manager', now() + make_interval(secs => $2))
+             ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until",
+        )
+        .bind(replica.0)
+        .bind(lease.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Removes this process's lease (clean shutdown).
+    pub async fn release_lease(&self, replica: ReplicaId) -> Result<(), sqlx::Error> {
+        sqlx::query("DELETE FROM replicas WHERE id = $1")
+            .bind(replica.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Fails when the schema is missing (`brain migrate` has not run).
     pub async fn live_sessions(&self) -> Result<i64, sqlx::Error> {
         let (count,): (i64,) = sqlx::query_as(
@@ -79,59 +138,91 @@ impl Store {
         Ok(count)
     }
 
-    /// `pending` (or `provisioning` with no worker yet: a provision retried after a crash
-    /// between claim and launch) → `provisioning`.
-    pub async fn claim_for_provision(&self, id: SessionId) -> Result<Option<Claimed>, sqlx::Error> {
+    /// `pending` → `provisioning`, claimed by `replica`; or a `provisioning` row with no
+    /// worker yet taken over (a provision retried after a crash between claim and launch)
+    /// when it is `replica`'s own claim, or its claimer's lease has lapsed (O3). A live
+    /// claimer's row is [`ProvisionClaim::Held`].
+    pub async fn claim_for_provision(
+        &self,
+        id: SessionId,
+        replica: ReplicaId,
+    ) -> Result<ProvisionClaim, sqlx::Error> {
         let row: Option<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
-            "UPDATE agent_runtime_sessions SET state = 'provisioning', updated_at = now()
-             WHERE id = $1 AND state IN ('pending', 'provisioning') AND worker_ref IS NULL
+            "UPDATE agent_runtime_sessions s
+             SET state = 'provisioning', manager_replica = $2, updated_at = now()
+             WHERE id = $1 AND worker_ref IS NULL
+               AND (state = 'pending'
+                    OR (state = 'provisioning'
+                        AND (manager_replica IS NULL OR manager_replica = $2
+                             OR NOT EXISTS (SELECT 1 FROM replicas r
+                                            WHERE r.id = s.manager_replica
+                                              AND r.lease_until > now()))))
              RETURNING team_id, agent_id, chat_id, profile",
         )
         .bind(id.0)
+        .bind(replica.0)
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(team, agent, chat, profile)| Claimed {
-            team: TeamId(team),
-            agent: AgentId(agent),
-            chat: ChatId(chat),
-            profile,
-        }))
+        if let Some((team, agent, chat, profile)) = row {
+            return Ok(ProvisionClaim::Claimed(Claimed {
+                team: TeamId(team),
+                agent: AgentId(agent),
+                chat: ChatId(chat),
+                profile,
+            }));
+        }
+        let (held,): (bool,) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM agent_runtime_sessions
+                            WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL)",
+        )
+        .bind(id.0)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(if held {
+            ProvisionClaim::Held
+        } else {
+            ProvisionClaim::Done
+        })
     }
 
-    /// `provisioning` → `connecting` with its worker; the database time of the change, or
-    /// `None` when the row moved on meanwhile.
+    /// `provisioning` (claimed by `replica`) → `connecting` with its worker; `false` when
+    /// the row moved on meanwhile, or another replica took the provision over.
     pub async fn mark_connecting(
         &self,
         id: SessionId,
+        replica: ReplicaId,
         worker_ref: &str,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
             "UPDATE agent_runtime_sessions
-             SET state = 'connecting', worker_ref = $2, updated_at = now()
-             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL
-             RETURNING {}",
-            ms("now()")
-        )))
+             SET state = 'connecting', worker_ref = $3, updated_at = now()
+             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
+               AND worker_ref IS NULL",
+        )
         .bind(id.0)
+        .bind(replica.0)
         .bind(worker_ref)
-        .fetch_optional(&self.pool)
+        .execute(&self.pool)
         .await?;
-        Ok(row.map(|(now,)| now))
+        Ok(done.rows_affected() == 1)
     }
 
-    /// `provisioning` (no worker) → `failed`.
+    /// `provisioning` (claimed by `replica`, no worker) → `failed`.
     pub async fn fail_provision(
         &self,
         id: SessionId,
+        replica: ReplicaId,
         reason: FailureReason,
         detail: &str,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(
             "UPDATE agent_runtime_sessions
-             SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now()
-             WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL",
+             SET state = 'failed', failure_reason = $3, failure_detail = $4, updated_at = now()
+             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
+               AND worker_ref IS NULL",
         )
         .bind(id.0)
+        .bind(replica.0)
         .bind(reason.as_str())
         .bind(detail)
         .execute(&self.pool)
@@ -143,36 +234,88 @@ impl Store {
         let row: Option<(String, String, Option<String>, i64, i64)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT state, profile, worker_ref, {}, {} FROM agent_runtime_sessions WHERE id = $1",
-                ms("last_used_at"),
+                ms(IDLE_SINCE),
                 ms("now()")
             )))
             .bind(id.0)
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(
-            |(state, profile, worker_ref, last_used_ms, now_ms)| SessionRow {
+            |(state, profile, worker_ref, idle_since_ms, now_ms)| SessionRow {
                 state: SessionState::parse(&state),
                 profile,
                 worker_ref,
-                last_used_ms,
+                idle_since_ms,
                 now_ms,
             },
         ))
     }
 
-    /// `connecting`/`ready` → `terminating`, only if unused since `last_used_ms`.
+    /// `ready` → `terminating`, only if idle since `idle_since_ms` (unused since). A
+    /// session still starting is never torn down for idleness: its dial and start
+    /// deadlines govern it.
     pub async fn begin_terminating(
         &self,
         id: SessionId,
-        last_used_ms: i64,
+        idle_since_ms: i64,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now()
-             WHERE id = $1 AND state IN ('connecting', 'ready') AND {} <= $2",
-            ms("last_used_at")
+             WHERE id = $1 AND state = 'ready' AND {} <= $2",
+            ms(IDLE_SINCE)
         )))
         .bind(id.0)
-        .bind(last_used_ms)
+        .bind(idle_since_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `ready` sessions with no idle check armed, or whose check was due more than
+    /// `grace` ago (lost: it would have fired by then).
+    pub async fn unarmed_idle_checks(&self, grace: Duration) -> Result<Vec<Unarmed>, sqlx::Error> {
+        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, profile, {}, {} FROM agent_runtime_sessions
+             WHERE state = 'ready'
+               AND (idle_check_at IS NULL OR idle_check_at < now() - make_interval(secs => $1))",
+            ms(IDLE_SINCE),
+            ms("now()")
+        )))
+        .bind(grace.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, profile, idle_since_ms, now_ms)| Unarmed {
+                session: SessionId(id),
+                profile,
+                idle_since_ms,
+                now_ms,
+            })
+            .collect())
+    }
+
+    /// Records the idle check of a `ready` session as due at `due_ms` (or now, if that
+    /// has passed), before it is pushed; `false` when another one is pending (one due
+    /// later than `stale_after` ago) or the session is no longer `ready`. Writing first
+    /// makes arming recoverable: a push that fails leaves a due time that passes, and the
+    /// reaper arms the session again once it is overdue by its grace.
+    pub async fn claim_idle_check(
+        &self,
+        id: SessionId,
+        due_ms: i64,
+        stale_after: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions
+             SET idle_check_at = GREATEST(to_timestamp($2::double precision / 1000), now())
+             WHERE id = $1 AND state = 'ready'
+               AND (idle_check_at IS NULL
+                    OR idle_check_at <= now() - make_interval(secs => $3))",
+        )
+        .bind(id.0)
+        .bind(due_ms)
+        .bind(stale_after.as_secs_f64())
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -400,29 +543,6 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
-    }
-
-    /// Sessions that claimed a slot and have no idle timer yet: (session, profile,
-    /// last used, now), both in database-clock milliseconds. Marks them armed.
-    pub async fn pool_arm_claimed(
-        &self,
-    ) -> Result<Vec<(SessionId, String, i64, i64)>, sqlx::Error> {
-        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
-            "WITH armed AS ( \
-                UPDATE worker_pool SET armed = true, updated_at = now() \
-                WHERE state = 'claimed' AND NOT armed AND session_id IS NOT NULL \
-                RETURNING session_id) \
-             SELECT s.id, s.profile, \
-                    (extract(epoch FROM s.last_used_at) * 1000)::bigint, \
-                    (extract(epoch FROM now()) * 1000)::bigint \
-             FROM agent_runtime_sessions s JOIN armed ON armed.session_id = s.id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, profile, used, now)| (SessionId(id), profile, used, now))
-            .collect())
     }
 
     /// The slots among `ids` (workers the launcher runs under a slot id, not a session id).

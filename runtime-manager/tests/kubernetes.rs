@@ -9,7 +9,9 @@
 //! - image pull failure, OOM kill: the session fails with the detail, the Job is deleted;
 //! - deleted: an idle session's Job is deleted with background propagation;
 //! - stuck starting: a pod pending past the start timeout is force-deleted
-//!   (`start_timeout`, or `unschedulable`).
+//!   (`start_timeout`, or `unschedulable`);
+//! - drain: stopped (SIGTERM) during a slow Job create, the manager finishes that
+//!   provision, claims nothing more, and removes its lease.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -514,5 +516,60 @@ async fn an_unknown_profile_never_reaches_the_api_server() {
     let row = h.wait_state(session, "failed", WAIT).await;
     assert_eq!(row.failure_detail.as_deref(), Some("unknown_profile"));
     assert!(fake.requests_to(Method::POST, JOBS).is_empty());
+    finish(h, fake).await;
+}
+
+/// Issue 10 part 3: on SIGTERM the manager stops claiming tasks and finishes the one in
+/// hand. A provision whose Job create is slow (a busy API server) still ends `connecting`
+/// with its Job; a task pushed during the stop is left to the next manager; the lease row
+/// goes with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_a_stop_during_a_slow_launch_lets_that_provision_finish() {
+    let (mut h, fake) = start(&[]).await;
+    assert_eq!(
+        h.manager_leases().await.len(),
+        1,
+        "the manager holds a lease"
+    );
+    fake.delay_job_creates(Duration::from_secs(2));
+    let in_hand = h.provision("light").await;
+    fake.wait_for("the Job create", WAIT, |requests| {
+        requests
+            .iter()
+            .any(|r| r.method == Method::POST && r.path == JOBS)
+    })
+    .await;
+    let manager = h.signal_stop().unwrap();
+    let asked = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after_stop = h.provision("light").await;
+    tokio::time::timeout(WAIT, manager)
+        .await
+        .expect("the manager stops")
+        .unwrap()
+        .unwrap();
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "it waited for the launch in hand: {took:?}"
+    );
+    let row = h.row(in_hand).await;
+    assert_eq!(row.state, "connecting", "{row:?}");
+    assert_eq!(
+        row.worker_ref.as_deref(),
+        Some(format!("k8s:{}", job_name(in_hand)).as_str())
+    );
+    assert!(fake.job(NS, &job_name(in_hand)).is_some());
+    assert_eq!(
+        h.row(after_stop).await.state,
+        "pending",
+        "claimed nothing more"
+    );
+    assert_eq!(h.manager_leases().await, vec![], "the lease went with it");
+
+    // The next manager provisions what was left.
+    fake.delay_job_creates(Duration::ZERO);
+    h.start_kubernetes(fake.client(), &[]);
+    h.wait_state(after_stop, "connecting", WAIT).await;
     finish(h, fake).await;
 }

@@ -6,11 +6,15 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use channel::token::TokenKeys;
-use common::{BRAIN_URL, Harness, alive, wait_gone};
+use common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
+use protocol::SessionId;
+use queue::SessionQueue;
 use runtime_manager::DEV_SESSION_TOKEN_KEY;
+use runtime_manager::launcher::local::LocalProcessLauncher;
 
 const SECONDS_5: Duration = Duration::from_secs(5);
 
@@ -156,6 +160,20 @@ async fn a_worker_that_never_dials_times_out_and_is_stopped() {
     h.finish().await;
 }
 
+/// What the brain does once the worker's `tools/list` is answered: `connecting → ready`.
+/// The database time of the change, unix ms.
+async fn mark_ready(h: &Harness, session: protocol::SessionId) -> i64 {
+    let (ready_ms,): (i64,) = sqlx::query_as(
+        "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1
+         RETURNING floor(extract(epoch from updated_at) * 1000)::bigint",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    ready_ms
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     let mut h = Harness::new().await;
@@ -165,27 +183,12 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     let row = h.wait_state(session, "connecting", SECONDS_5).await;
     let pid = row.pid();
     let grandchild = h.grandchild(session).await;
-    // The idle check carries the time the session went `connecting`.
-    let (launched_ms,): (i64,) = sqlx::query_as(
-        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
-         FROM agent_runtime_sessions WHERE id = $1",
-    )
-    .bind(session.0)
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
-    // The brain: the worker is ready.
-    sqlx::query(
-        "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1",
-    )
-    .bind(session.0)
-    .execute(&h.pool)
-    .await
-    .unwrap();
+    // Idle time counts from `ready`.
+    let ready_ms = mark_ready(&h, session).await;
 
     // Delays are whole seconds, rounded up: the first check fires at this second at the
     // earliest. Use the session just before it.
-    let first_check_ms = (launched_ms + 1500 + 999) / 1000 * 1000;
+    let first_check_ms = (ready_ms + 1500 + 999) / 1000 * 1000;
     sleep_until_unix_ms(first_check_ms - 300).await;
     let (bumped_ms,): (i64,) = sqlx::query_as(
         "UPDATE agent_runtime_sessions SET last_used_at = now() WHERE id = $1
@@ -227,6 +230,111 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     h.finish().await;
 }
 
+/// Issue 10, 1.2: a worker still starting when its idle window has passed (an image pull
+/// longer than `heavy`'s 45 s) is left to its dial; the idle window counts from `ready`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_from_ready() {
+    let mut h = Harness::new().await;
+    h.start(&[("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")]);
+
+    let session = h.provision("light").await;
+    let row = h.wait_state(session, "connecting", SECONDS_5).await;
+    let pid = row.pid();
+    // Two windows and more (the first check fires within two seconds of the launch).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let row = h.row(session).await;
+    assert_eq!(
+        row.state, "connecting",
+        "not torn down while it starts: {row:?}"
+    );
+    assert!(alive(pid));
+
+    let ready_ms = mark_ready(&h, session).await;
+    h.wait_state(session, "terminated", SECONDS_5).await;
+    wait_gone(pid, SECONDS_5).await;
+    let (ended_ms,): (i64,) = sqlx::query_as(
+        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
+         FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap();
+    assert!(
+        ended_ms - ready_ms >= 1000,
+        "a full window after ready: {} ms",
+        ended_ms - ready_ms
+    );
+    h.finish().await;
+}
+
+/// Issue 10, 1.6: a claimed warm session whose idle check could not be pushed (Redis gone
+/// at the arming step; a manager dying between recording and pushing it is the same) is
+/// torn down after its idle window anyway: the reaper arms a new check once the recorded
+/// one is overdue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() {
+    let mut h = Harness::new().await;
+    // A pooled worker that a brain replica claimed: the slot is `claimed`, the session
+    // `ready` with the slot's worker.
+    let (session, _) = h.insert_session("ready", "light").await;
+    let slot = SessionId::new();
+    let workspace = h.workspace(slot);
+    std::fs::create_dir_all(&workspace).unwrap();
+    let mut worker = tokio::process::Command::new(&h.worker_bin)
+        .env("WORKER_WORKSPACE", &workspace)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let worker_ref = format!("local:{}", worker.id().unwrap());
+    sqlx::query("UPDATE agent_runtime_sessions SET worker_ref = $2 WHERE id = $1")
+        .bind(session.0)
+        .bind(&worker_ref)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO worker_pool (id, profile, state, worker_ref, session_id)
+         VALUES ($1, 'light', 'claimed', $2, $3)",
+    )
+    .bind(slot.0)
+    .bind(&worker_ref)
+    .bind(session.0)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+
+    // A manager's reaper pass whose Redis is gone by the time it arms the idle check.
+    let idle = [("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")];
+    let redis = ThrowawayRedis::start().await;
+    let config = h.config(&idle);
+    let queue = SessionQueue::connect_with_namespace(&redis.url, &h.namespace)
+        .await
+        .unwrap();
+    let store = runtime_manager::store::Store::connect(&config.database_url)
+        .await
+        .unwrap();
+    let launcher = Arc::new(LocalProcessLauncher::new(
+        config.worker_bin.clone(),
+        config.workspaces.clone(),
+    ));
+    let blind = runtime_manager::Manager::new(config, store, queue, launcher).unwrap();
+    redis.kill().await;
+    assert!(blind.reap_once().await.is_err(), "the arming push failed");
+    drop(blind);
+
+    // A manager with a working queue: the session is torn down all the same.
+    h.start_with(&idle, |c| c.lost_idle_check_grace = Duration::from_secs(2));
+    let row = h
+        .wait_state(session, "terminated", Duration::from_secs(10))
+        .await;
+    assert_eq!(row.failure_reason, None);
+    let stopped = tokio::time::timeout(SECONDS_5, worker.wait()).await;
+    assert!(stopped.is_ok(), "the claimed worker was stopped");
+    h.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provision_retried_after_a_crash_between_claim_and_launch_launches() {
     let mut h = Harness::new().await;
@@ -248,6 +356,62 @@ async fn a_provision_retried_after_a_crash_between_claim_and_launch_launches() {
     let again = h.row(session).await;
     assert_eq!(again.state, "connecting");
     assert_eq!(again.worker_ref, row.worker_ref);
+    h.finish().await;
+}
+
+/// O3 (issue 10 part 2): a Provision delivered again while the live manager that claimed
+/// it still launches is left to that manager (no second worker); once that manager's
+/// lease has lapsed (it died mid-launch), the retried task takes the session over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provision_claimed_by_a_live_manager_is_taken_over_only_once_its_lease_lapses() {
+    let mut h = Harness::new().await;
+    let (session, chat) = h.insert_session("provisioning", "light").await;
+    let other = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO replicas (id, kind, lease_until)
+         VALUES ($1, 'runtime-manager', now() + interval '3 seconds')",
+    )
+    .bind(other)
+    .execute(&h.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE agent_runtime_sessions SET manager_replica = $2 WHERE id = $1")
+        .bind(session.0)
+        .bind(other)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    h.start(&[]);
+    h.push_provision(session, chat, "light").await;
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let row = h.row(session).await;
+    assert_eq!(row.state, "provisioning", "{row:?}");
+    assert_eq!(row.worker_ref, None);
+    assert!(
+        !h.workspace(session).join("env.txt").exists(),
+        "no second worker while the claimer lives"
+    );
+
+    // The claimer's lease lapses: the retried task takes the provision over.
+    let row = h
+        .wait_state(session, "connecting", Duration::from_secs(15))
+        .await;
+    assert!(alive(row.pid()));
+    let ours: Vec<uuid::Uuid> = h
+        .manager_leases()
+        .await
+        .into_iter()
+        .filter(|(id, live)| *id != other && *live)
+        .map(|(id, _)| id)
+        .collect();
+    let (claimer,): (Option<uuid::Uuid>,) =
+        sqlx::query_as("SELECT manager_replica FROM agent_runtime_sessions WHERE id = $1")
+            .bind(session.0)
+            .fetch_one(&h.pool)
+            .await
+            .unwrap();
+    assert_eq!(claimer.map(|c| vec![c]), Some(ours));
     h.finish().await;
 }
 

@@ -35,8 +35,8 @@ pub const DEFAULT_BROWSER_IDLE: Duration = Duration::from_secs(120);
 /// Chromium's profile directory, under the workspace (the pod is the tenant's, the
 /// workspace the session's).
 pub const BROWSER_PROFILE_DIR: &str = ".browser-profile";
-/// Optional: a `tracing` filter (default `info`). rmcp and tungstenite are always capped
-/// at `error`/`warn` because they log message payloads (X4).
+/// Optional: a `tracing` filter (default `info`). Dependencies are always capped (rmcp
+/// and chromiumoxide at `error`, the others at `warn`) because they log payloads (X4).
 pub const WORKER_LOG: &str = "WORKER_LOG";
 
 /// A source of variables: the process environment, or a map in tests.

@@ -1,7 +1,6 @@
 //! The worker binary: configuration, logging, then [`worker::session::run`].
 //! See the library docs for the layout and `worker::exit` for the exit codes.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use worker::config::{Config, ProcessEnv, WORKER_LOG};
@@ -39,25 +38,9 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// `WORKER_LOG` under the privacy cap (X4), which no filter lifts (`logging`): rmcp logs
+/// whole MCP messages (arguments, results, the renewed token) and chromiumoxide CDP
+/// messages (page content, typed text).
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(WORKER_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // rmcp logs whole MCP messages (arguments, results, the renewed token), tungstenite
-    // may log the upgrade request, and chromiumoxide logs CDP messages (page content,
-    // typed text): capped whatever WORKER_LOG says (X4).
-    let filter = [
-        "rmcp=error",
-        "tungstenite=warn",
-        "tokio_tungstenite=warn",
-        "async_tungstenite=warn",
-        "chromiumoxide=error",
-    ]
-    .into_iter()
-    .filter_map(|directive| directive.parse().ok())
-    .fold(filter, |filter, directive| filter.add_directive(directive));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    logging::init(WORKER_LOG, "info", logging::Format::Text);
 }

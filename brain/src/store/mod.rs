@@ -216,6 +216,11 @@ fn migrator() -> Migrator {
             "replica leases",
             include_str!("../../../migrations/0006_leases.sql"),
         ),
+        (
+            10,
+            "runtime-manager: idle checks, provision claims",
+            include_str!("../../../migrations/0010_manager.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

@@ -13,7 +13,8 @@
 //! | `DELETE …/pods/{name}` | removes the pod (a `DELETED` event) |
 //!
 //! A test plays the kubelet with [`FakeApi::set_pod_status`] (the fixtures in
-//! [`status`]) and reads every request the launcher made with [`FakeApi::requests`].
+//! [`status`]), slows Job creates down with [`FakeApi::delay_job_creates`] (a busy API
+//! server), and reads every request the launcher made with [`FakeApi::requests`].
 //! Anything else is answered 404 and kept in [`FakeApi::unexpected`].
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -48,6 +49,8 @@ struct Inner {
     history: Vec<(u64, Value)>,
     requests: Vec<Recorded>,
     unexpected: Vec<Recorded>,
+    /// How long a Job create takes before it is answered (recorded at once).
+    create_delay: Duration,
 }
 
 impl Inner {
@@ -156,6 +159,11 @@ impl FakeApi {
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.shared.inner.lock().unwrap()
+    }
+
+    /// Answers every later Job create only after `delay`.
+    pub fn delay_job_creates(&self, delay: Duration) {
+        self.inner().create_delay = delay;
     }
 
     /// Every request so far, in order.
@@ -325,8 +333,24 @@ async fn handle(
         body: serde_json::from_slice(&body).ok(),
     };
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let creates_job = method == Method::POST
+        && matches!(
+            segments.as_slice(),
+            ["apis", "batch", "v1", "namespaces", _, "jobs"]
+        );
+    let delay = {
+        let mut inner = shared.inner.lock().unwrap();
+        inner.requests.push(recorded.clone());
+        if creates_job {
+            inner.create_delay
+        } else {
+            Duration::ZERO
+        }
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let mut inner = shared.inner.lock().unwrap();
-    inner.requests.push(recorded.clone());
     let selector = query.get("labelSelector");
     match (method.clone(), segments.as_slice()) {
         (Method::POST, ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => {

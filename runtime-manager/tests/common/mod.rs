@@ -145,7 +145,13 @@ impl Harness {
 
     /// Starts the manager; `env` adds or overrides variables of the base configuration.
     pub fn start(&mut self, env: &[(&str, &str)]) {
-        let config = self.config(env);
+        self.start_with(env, |_| {});
+    }
+
+    /// [`Self::start`], with `tweak` adjusting what no variable sets.
+    pub fn start_with(&mut self, env: &[(&str, &str)], tweak: impl FnOnce(&mut Config)) {
+        let mut config = self.config(env);
+        tweak(&mut config);
         self.manager = Some(tokio::spawn(runtime_manager::run(
             config,
             self.shutdown.clone(),
@@ -192,6 +198,16 @@ impl Harness {
         let mut config = Config::from_env(&vars).unwrap();
         config.queue_namespace = self.namespace.clone();
         config
+    }
+
+    /// The runtime-manager replicas with a lease row: (id, lease still current).
+    pub async fn manager_leases(&self) -> Vec<(uuid::Uuid, bool)> {
+        sqlx::query_as(
+            "SELECT id, lease_until > now() FROM replicas WHERE kind = 'runtime-manager'",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
     }
 
     /// A session row (in a chat of its own) in `state`, with no worker.
@@ -316,11 +332,19 @@ impl Harness {
         }
     }
 
-    /// Stops the manager (as SIGTERM would) and waits for it; the harness can start another.
-    pub async fn stop_manager(&mut self) {
+    /// Asks the manager to stop (what its binary does on SIGTERM) and hands back its task,
+    /// for a test that acts while it stops; the harness can start another.
+    pub fn signal_stop(
+        &mut self,
+    ) -> Option<tokio::task::JoinHandle<Result<(), runtime_manager::Error>>> {
         self.shutdown.cancel();
         self.shutdown = CancellationToken::new();
-        if let Some(manager) = self.manager.take() {
+        self.manager.take()
+    }
+
+    /// Stops the manager (as SIGTERM would) and waits for it; the harness can start another.
+    pub async fn stop_manager(&mut self) {
+        if let Some(manager) = self.signal_stop() {
             tokio::time::timeout(Duration::from_secs(10), manager)
                 .await
                 .expect("the manager stops within 10 s")
@@ -343,6 +367,47 @@ impl Harness {
         }
         let _ = self.queue.clone().destroy().await;
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis server of a test's own (`redis-server` on a free loopback port, no
+/// persistence), for a manager whose Redis goes away.
+pub struct ThrowawayRedis {
+    pub url: String,
+    child: tokio::process::Child,
+}
+
+impl ThrowawayRedis {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server is installed (scripts/services.sh)");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Self {
+            url: format!("redis://127.0.0.1:{port}"),
+            child,
+        }
+    }
+
+    /// SIGKILL: every later call to it fails.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
     }
 }
 
