@@ -348,16 +348,9 @@ fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use envcfg::vars as env;
 
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
 
     #[test]
     fn defaults_are_the_embedded_setup() {

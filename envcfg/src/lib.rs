@@ -31,6 +31,14 @@ impl Env for HashMap<String, String> {
     }
 }
 
+/// A map of variables from `(name, value)` pairs: what tests pass as [`Env`].
+pub fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
 /// A variable that is missing or unusable. The message names the variable, never its
 /// value (it may be a secret).
 #[derive(Debug, thiserror::Error)]
@@ -123,12 +131,7 @@ mod tests {
 
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use vars as env;
 
     #[test]
     fn blanks_are_unset_and_values_are_trimmed() {

@@ -215,14 +215,9 @@ mod tests {
 
     use std::collections::HashMap;
 
-    use super::*;
+    use envcfg::vars as env;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use super::*;
 
     fn good(workspace: &str) -> HashMap<String, String> {
         env(&[
