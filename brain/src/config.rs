@@ -3,39 +3,12 @@
 //! Every variable is documented in `docs/CONFIGURATION.md`; keep the two in step. Parsing
 //! goes through [`Env`] so tests can feed a map instead of the process environment.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// A source of variables: the process environment, or a map in tests.
-pub trait Env {
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
-impl Env for HashMap<String, String> {
-    fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name).cloned()
-    }
-}
-
-/// A variable that is set but unusable. The message names the variable, never its value
-/// (it may be a secret).
-#[derive(Debug, thiserror::Error)]
-#[error("configuration error: {name} {problem}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub problem: String,
-}
+pub use envcfg::{ConfigError, Env, ProcessEnv};
+use envcfg::{millis, non_empty, parse, ranged, trimmed, url_var};
 
 /// The brain's whole configuration.
 #[derive(Clone, Debug)]
@@ -324,8 +297,7 @@ fn artifacts(env: &dyn Env) -> Result<ArtifactsConfig, ConfigError> {
     let backend = match non_empty(env, "BRAIN_ARTIFACTS_BACKEND").as_deref() {
         None | Some("local") => ArtifactBackend::Local {
             dir: PathBuf::from(
-                non_empty(env, "BRAIN_ARTIFACTS_DIR")
-                    .map(|d| d.trim().to_owned())
+                trimmed(env, "BRAIN_ARTIFACTS_DIR")
                     .unwrap_or_else(|| "./.dev/artifacts".to_owned()),
             ),
         },
@@ -342,12 +314,10 @@ fn artifacts(env: &dyn Env) -> Result<ArtifactsConfig, ConfigError> {
 
 fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
     let required = |name: &'static str| {
-        non_empty(env, name)
-            .map(|v| v.trim().to_owned())
-            .ok_or(ConfigError {
-                name,
-                problem: "must be set when BRAIN_ARTIFACTS_BACKEND=s3".into(),
-            })
+        trimmed(env, name).ok_or(ConfigError {
+            name,
+            problem: "must be set when BRAIN_ARTIFACTS_BACKEND=s3".into(),
+        })
     };
     let bucket = required("BRAIN_S3_BUCKET")?;
     // S3's bucket naming rules, which also keep the name safe in a path or host name.
@@ -376,9 +346,7 @@ fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
             Some(url)
         }
     };
-    let region = non_empty(env, "BRAIN_S3_REGION")
-        .map(|r| r.trim().to_owned())
-        .unwrap_or_else(|| "us-east-1".to_owned());
+    let region = trimmed(env, "BRAIN_S3_REGION").unwrap_or_else(|| "us-east-1".to_owned());
     if region.len() > 64
         || !region
             .bytes()
@@ -397,83 +365,16 @@ fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
         credentials: S3Credentials {
             access_key_id: required("AWS_ACCESS_KEY_ID")?,
             secret_access_key: required("AWS_SECRET_ACCESS_KEY")?,
-            session_token: non_empty(env, "AWS_SESSION_TOKEN").map(|t| t.trim().to_owned()),
+            session_token: trimmed(env, "AWS_SESSION_TOKEN"),
         },
     })
 }
 
-fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
-    env.get(name).filter(|v| !v.trim().is_empty())
-}
-
-fn parse<T: std::str::FromStr>(
-    env: &dyn Env,
-    name: &'static str,
-    default: &str,
-) -> Result<T, ConfigError> {
-    let raw = non_empty(env, name).unwrap_or_else(|| default.to_owned());
-    raw.trim().parse().map_err(|_| ConfigError {
-        name,
-        problem: format!("is not valid (expected something like {default})"),
-    })
-}
-
-fn ranged<T>(
-    env: &dyn Env,
-    name: &'static str,
-    default: T,
-    min: T,
-    max: T,
-) -> Result<T, ConfigError>
-where
-    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
-{
-    let value: T = parse(env, name, &default.to_string())?;
-    if value < min || value > max {
-        return Err(ConfigError {
-            name,
-            problem: format!("must be between {min} and {max}"),
-        });
-    }
-    Ok(value)
-}
-
-fn millis(env: &dyn Env, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
-    ranged(env, name, default, 1, 24 * 3600 * 1000).map(Duration::from_millis)
-}
-
-fn url_var(env: &dyn Env, name: &'static str, default: &str) -> Result<String, ConfigError> {
-    let value = non_empty(env, name).unwrap_or_else(|| default.to_owned());
-    let value = value.trim().trim_end_matches('/').to_owned();
-    let scheme_ok = [
-        "http://",
-        "https://",
-        "postgres://",
-        "postgresql://",
-        "redis://",
-        "rediss://",
-    ]
-    .iter()
-    .any(|s| value.starts_with(s));
-    if !scheme_ok || value.contains(char::is_whitespace) {
-        return Err(ConfigError {
-            name,
-            problem: "is not a URL with a known scheme".into(),
-        });
-    }
-    Ok(value)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use envcfg::vars as env;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use super::*;
 
     #[test]
     fn defaults_are_the_embedded_setup() {

@@ -163,8 +163,9 @@ pub enum SessionTask {
         chat: ChatId,
         profile: String,
     },
-    /// Stop the session's worker if it has been idle since `last_used_ms` (unix ms); a
-    /// session used since then re-arms its timer instead (W7).
+    /// Stop the session's worker if it has been idle for its profile's window since it
+    /// was last used or became ready; a session used since re-arms its timer instead (W7).
+    /// `last_used_ms` (unix ms) is that idle baseline when the check was armed.
     IdleCheck {
         session: SessionId,
         last_used_ms: i64,

@@ -6,9 +6,11 @@
 //! The profiles file holds no secret: its errors name the field's path and quote the bad
 //! value. Parsing goes through [`Env`] so tests can feed a map.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub use envcfg::{ConfigError, Env, ProcessEnv};
+use envcfg::{millis, non_empty, ranged, trimmed, url_var};
 
 use crate::profiles::Profiles;
 
@@ -20,34 +22,6 @@ pub use channel::token::DEV_SESSION_TOKEN_KEY;
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/agent_runtime";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const DEFAULT_BRAIN_PUBLIC_URL: &str = "http://127.0.0.1:8080";
-
-/// A source of variables: the process environment, or a map in tests.
-pub trait Env {
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
-impl Env for HashMap<String, String> {
-    fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name).cloned()
-    }
-}
-
-/// A variable that is set but unusable.
-#[derive(Debug, thiserror::Error)]
-#[error("configuration error: {name} {problem}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub problem: String,
-}
 
 /// Which launcher runs workers (SPEC "Two launchers sit behind one interface").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,9 +215,8 @@ impl Config {
 
 /// `RUNTIME_MANAGER_NAMESPACE`: a DNS label (RFC 1123).
 fn namespace(env: &dyn Env) -> Result<String, ConfigError> {
-    let value = non_empty(env, "RUNTIME_MANAGER_NAMESPACE")
-        .map(|v| v.trim().to_owned())
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+    let value =
+        trimmed(env, "RUNTIME_MANAGER_NAMESPACE").unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
     let valid = value.len() <= 63
         && value
             .bytes()
@@ -289,67 +262,11 @@ fn absolute(cwd: &Path, path: &str) -> PathBuf {
     }
 }
 
-fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
-    env.get(name).filter(|v| !v.trim().is_empty())
-}
-
-fn ranged(
-    env: &dyn Env,
-    name: &'static str,
-    default: u64,
-    min: u64,
-    max: u64,
-) -> Result<u64, ConfigError> {
-    let raw = non_empty(env, name).unwrap_or_else(|| default.to_string());
-    let value: u64 = raw.trim().parse().map_err(|_| ConfigError {
-        name,
-        problem: format!("is not a whole number (expected something like {default})"),
-    })?;
-    if value < min || value > max {
-        return Err(ConfigError {
-            name,
-            problem: format!("must be between {min} and {max}"),
-        });
-    }
-    Ok(value)
-}
-
-fn millis(env: &dyn Env, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
-    ranged(env, name, default, 1, 24 * 3600 * 1000).map(Duration::from_millis)
-}
-
-fn url_var(env: &dyn Env, name: &'static str, default: &str) -> Result<String, ConfigError> {
-    let value = non_empty(env, name).unwrap_or_else(|| default.to_owned());
-    let value = value.trim().trim_end_matches('/').to_owned();
-    let scheme_ok = [
-        "http://",
-        "https://",
-        "postgres://",
-        "postgresql://",
-        "redis://",
-        "rediss://",
-    ]
-    .iter()
-    .any(|s| value.starts_with(s));
-    if !scheme_ok || value.contains(char::is_whitespace) {
-        return Err(ConfigError {
-            name,
-            problem: "is not a URL with a known scheme".into(),
-        });
-    }
-    Ok(value)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use envcfg::vars as env;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use super::*;
 
     #[test]
     fn defaults_are_the_embedded_setup() {

@@ -12,7 +12,7 @@
 //!
 //! **Architecture Invariant:** the manager keeps no session state in memory that another
 //! replica or the next process needs: rows are the truth, tasks are in Redis, and the
-//! dial timeout is a sweep over the rows. The exceptions are the local launcher's table
+//! dial timeout and the arming of idle checks are sweeps over the rows. The exceptions are the local launcher's table
 //! of its own child processes, which cannot outlive the process anyway, and the pod
 //! watcher's cache of worker pods, which every replica rebuilds from the API server.
 //!

@@ -110,17 +110,10 @@ impl Manager {
     /// Renews the lease every [`LEASE_RENEWAL`] until `stop`, then removes it: a clean
     /// shutdown leaves no lease for the survivors to wait out.
     pub async fn keep_lease(self, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(LEASE_RENEWAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = self.renew_lease().await {
-                tracing::warn!(error_class = e.metric_label(), "renewing the lease failed");
-            }
-        }
+        every(LEASE_RENEWAL, &stop, "renewing the lease failed", || {
+            self.renew_lease()
+        })
+        .await;
         if self
             .inner
             .store
@@ -496,17 +489,13 @@ impl Manager {
 
     /// Runs [`Self::reap_once`] every `reaper_interval` until `shutdown`.
     pub async fn reaper(self, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(self.inner.config.reaper_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = self.reap_once().await {
-                tracing::warn!(error_class = e.metric_label(), "reaper pass failed");
-            }
-        }
+        every(
+            self.inner.config.reaper_interval,
+            &shutdown,
+            "reaper pass failed",
+            || self.reap_once(),
+        )
+        .await;
     }
 
     /// Runs the launcher's watcher until `shutdown` and records every failure it reports
@@ -636,6 +625,30 @@ impl Manager {
         futures_util::future::join_all(stops).await;
         if !running.is_empty() {
             tracing::info!(stopped = running.len(), "local workers stopped");
+        }
+    }
+}
+
+/// Runs `pass` every `period` until `stop`; a failed pass is logged as `failed` with its
+/// error class, and the next one runs on time.
+async fn every<F, Fut>(
+    period: Duration,
+    stop: &CancellationToken,
+    failed: &'static str,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = pass().await {
+            tracing::warn!(error_class = e.metric_label(), "{failed}");
         }
     }
 }

@@ -162,7 +162,7 @@ async fn a_worker_that_never_dials_times_out_and_is_stopped() {
 
 /// What the brain does once the worker's `tools/list` is answered: `connecting → ready`.
 /// The database time of the change, unix ms.
-async fn mark_ready(h: &Harness, session: protocol::SessionId) -> i64 {
+async fn mark_ready(h: &Harness, session: SessionId) -> i64 {
     let (ready_ms,): (i64,) = sqlx::query_as(
         "UPDATE agent_runtime_sessions SET state = 'ready', updated_at = now() WHERE id = $1
          RETURNING floor(extract(epoch from updated_at) * 1000)::bigint",
@@ -172,6 +172,19 @@ async fn mark_ready(h: &Harness, session: protocol::SessionId) -> i64 {
     .await
     .unwrap();
     ready_ms
+}
+
+/// The session's `last_used_at` and `updated_at`, unix ms of the database clock.
+async fn used_and_updated_ms(h: &Harness, session: SessionId) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT floor(extract(epoch from last_used_at) * 1000)::bigint,
+                floor(extract(epoch from updated_at) * 1000)::bigint
+         FROM agent_runtime_sessions WHERE id = $1",
+    )
+    .bind(session.0)
+    .fetch_one(&h.pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,15 +225,7 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     assert_eq!(row.failure_reason, None);
     wait_gone(pid, SECONDS_5).await;
     wait_gone(grandchild, SECONDS_5).await;
-    let (last_used_ms, ended_ms): (i64, i64) = sqlx::query_as(
-        "SELECT floor(extract(epoch from last_used_at) * 1000)::bigint,
-                floor(extract(epoch from updated_at) * 1000)::bigint
-         FROM agent_runtime_sessions WHERE id = $1",
-    )
-    .bind(session.0)
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
+    let (last_used_ms, ended_ms) = used_and_updated_ms(&h, session).await;
     assert_eq!(last_used_ms, bumped_ms);
     assert!(
         ended_ms - last_used_ms >= 1500,
@@ -252,14 +257,7 @@ async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_f
     let ready_ms = mark_ready(&h, session).await;
     h.wait_state(session, "terminated", SECONDS_5).await;
     wait_gone(pid, SECONDS_5).await;
-    let (ended_ms,): (i64,) = sqlx::query_as(
-        "SELECT floor(extract(epoch from updated_at) * 1000)::bigint
-         FROM agent_runtime_sessions WHERE id = $1",
-    )
-    .bind(session.0)
-    .fetch_one(&h.pool)
-    .await
-    .unwrap();
+    let (_, ended_ms) = used_and_updated_ms(&h, session).await;
     assert!(
         ended_ms - ready_ms >= 1000,
         "a full window after ready: {} ms",

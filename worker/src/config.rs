@@ -5,10 +5,11 @@
 //! is a [`ConfigError`] that names the variable and never carries its value (the token is
 //! a secret); `main` turns it into exit code 2.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use envcfg::trimmed;
+pub use envcfg::{ConfigError, Env, ProcessEnv};
 use protocol::SessionId;
 use protocol::channel::CONNECT_PATH;
 
@@ -39,37 +40,11 @@ pub const BROWSER_PROFILE_DIR: &str = ".browser-profile";
 /// and chromiumoxide at `error`, the others at `warn`) because they log payloads (X4).
 pub const WORKER_LOG: &str = "WORKER_LOG";
 
-/// A source of variables: the process environment, or a map in tests.
-pub trait Env {
-    fn get(&self, name: &str) -> Option<String>;
-}
-
-/// The process environment.
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok()
-    }
-}
-
-impl Env for HashMap<String, String> {
-    fn get(&self, name: &str) -> Option<String> {
-        HashMap::get(self, name).cloned()
-    }
-}
-
-/// A variable that is missing or unusable. The message names the variable, never its
-/// value.
-#[derive(Debug, thiserror::Error)]
-#[error("configuration error: {name} {problem}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub problem: &'static str,
-}
-
 fn invalid(name: &'static str, problem: &'static str) -> ConfigError {
-    ConfigError { name, problem }
+    ConfigError {
+        name,
+        problem: problem.into(),
+    }
 }
 
 /// The session token. Its `Debug` never shows the value, so a config printed by mistake
@@ -136,12 +111,7 @@ impl BrowserSettings {
 impl Config {
     /// Reads and validates every variable; creates the workspace directory if missing.
     pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
-        let required = |name: &'static str| {
-            env.get(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-                .ok_or(invalid(name, "is not set"))
-        };
+        let required = |name: &'static str| trimmed(env, name).ok_or(invalid(name, "is not set"));
         let connect_url = connect_url(&required(BRAIN_PUBLIC_URL)?)?;
         let session = required(WORKER_SESSION_ID)?
             .parse::<SessionId>()
@@ -179,12 +149,7 @@ impl Config {
         if !workspace.is_dir() {
             return Err(invalid(WORKER_WORKSPACE, "is not a directory"));
         }
-        let optional = |name: &str| {
-            env.get(name)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let profile = optional(WORKER_PROFILE).unwrap_or_else(|| "light".to_owned());
+        let profile = trimmed(env, WORKER_PROFILE).unwrap_or_else(|| "light".to_owned());
         let tools = channel::catalog::catalog_for(&profile);
         if tools.is_empty() {
             return Err(invalid(
@@ -200,14 +165,14 @@ impl Config {
             ));
         }
         let mut browser = BrowserSettings::defaults(&workspace);
-        if let Some(path) = optional(WORKER_CHROMIUM) {
+        if let Some(path) = trimmed(env, WORKER_CHROMIUM) {
             let path = PathBuf::from(path);
             if !path.is_file() {
                 return Err(invalid(WORKER_CHROMIUM, "is not an existing file"));
             }
             browser.chromium = Some(path);
         }
-        if let Some(ms) = optional(WORKER_BROWSER_IDLE_MS) {
+        if let Some(ms) = trimmed(env, WORKER_BROWSER_IDLE_MS) {
             browser.idle = ms
                 .parse::<u64>()
                 .ok()
@@ -264,14 +229,11 @@ fn connect_url(base: &str) -> Result<String, ConfigError> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-    use super::*;
+    use std::collections::HashMap;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use envcfg::vars as env;
+
+    use super::*;
 
     const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
 

@@ -1,0 +1,173 @@
+//! Reading a binary's configuration from its environment: the source of variables
+//! ([`Env`]: the process environment, or a map in tests), the error that names a bad
+//! variable ([`ConfigError`]), and the parsing helpers the brain, the runtime-manager and
+//! the worker share. Each binary's `config.rs` says which variables it reads and what
+//! they mean; this crate only says how a value is read.
+//!
+//! **Architecture Invariant:** an error names the variable, never its value (it may be a
+//! secret): [`ConfigError`] has no field for it.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// A source of variables: the process environment, or a map in tests.
+pub trait Env {
+    fn get(&self, name: &str) -> Option<String>;
+}
+
+/// The process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+impl Env for HashMap<String, String> {
+    fn get(&self, name: &str) -> Option<String> {
+        HashMap::get(self, name).cloned()
+    }
+}
+
+/// A map of variables from `(name, value)` pairs: what tests pass as [`Env`].
+pub fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A variable that is missing or unusable. The message names the variable, never its
+/// value (it may be a secret).
+#[derive(Debug, thiserror::Error)]
+#[error("configuration error: {name} {problem}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub problem: String,
+}
+
+/// The variable's value, if it is set to something other than blanks (untrimmed).
+pub fn non_empty(env: &dyn Env, name: &str) -> Option<String> {
+    env.get(name).filter(|v| !v.trim().is_empty())
+}
+
+/// [`non_empty`], trimmed.
+pub fn trimmed(env: &dyn Env, name: &str) -> Option<String> {
+    non_empty(env, name).map(|v| v.trim().to_owned())
+}
+
+/// The variable parsed as `T`, or `default` (parsed the same way) when unset.
+pub fn parse<T: FromStr>(
+    env: &dyn Env,
+    name: &'static str,
+    default: &str,
+) -> Result<T, ConfigError> {
+    let raw = non_empty(env, name).unwrap_or_else(|| default.to_owned());
+    raw.trim().parse().map_err(|_| ConfigError {
+        name,
+        problem: format!("is not valid (expected something like {default})"),
+    })
+}
+
+/// A whole number between `min` and `max` (inclusive), or `default` when unset.
+pub fn ranged<T>(
+    env: &dyn Env,
+    name: &'static str,
+    default: T,
+    min: T,
+    max: T,
+) -> Result<T, ConfigError>
+where
+    T: FromStr + PartialOrd + std::fmt::Display + Copy,
+{
+    let raw = non_empty(env, name).unwrap_or_else(|| default.to_string());
+    let value: T = raw.trim().parse().map_err(|_| ConfigError {
+        name,
+        problem: format!("is not a whole number (expected something like {default})"),
+    })?;
+    if value < min || value > max {
+        return Err(ConfigError {
+            name,
+            problem: format!("must be between {min} and {max}"),
+        });
+    }
+    Ok(value)
+}
+
+/// A duration in milliseconds, from 1 ms to a day, or `default` ms when unset.
+pub fn millis(env: &dyn Env, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    ranged(env, name, default, 1, 24 * 3600 * 1000).map(Duration::from_millis)
+}
+
+/// A URL of a scheme the binaries speak (HTTP, Postgres, Redis), without a trailing `/`,
+/// or `default` when unset.
+pub fn url_var(env: &dyn Env, name: &'static str, default: &str) -> Result<String, ConfigError> {
+    let value = non_empty(env, name).unwrap_or_else(|| default.to_owned());
+    let value = value.trim().trim_end_matches('/').to_owned();
+    let scheme_ok = [
+        "http://",
+        "https://",
+        "postgres://",
+        "postgresql://",
+        "redis://",
+        "rediss://",
+    ]
+    .iter()
+    .any(|s| value.starts_with(s));
+    if !scheme_ok || value.contains(char::is_whitespace) {
+        return Err(ConfigError {
+            name,
+            problem: "is not a URL with a known scheme".into(),
+        });
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    use vars as env;
+
+    #[test]
+    fn blanks_are_unset_and_values_are_trimmed() {
+        let vars = env(&[("BLANK", "  "), ("SET", " x ")]);
+        assert_eq!(non_empty(&vars, "BLANK"), None);
+        assert_eq!(non_empty(&vars, "MISSING"), None);
+        assert_eq!(non_empty(&vars, "SET").as_deref(), Some(" x "));
+        assert_eq!(trimmed(&vars, "SET").as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn numbers_durations_and_urls_are_checked_and_never_echoed() {
+        let vars = env(&[
+            ("N", " 7 "),
+            ("BIG", "70"),
+            ("WORD", "secret-value"),
+            ("URL", "https://x.example/v1/"),
+            ("ODD", "ftp://secret-value"),
+        ]);
+        assert_eq!(ranged(&vars, "N", 1, 1, 10).unwrap(), 7);
+        assert_eq!(ranged(&vars, "UNSET", 3, 1, 10).unwrap(), 3);
+        let too_big = ranged(&vars, "BIG", 1, 1, 10).unwrap_err();
+        assert_eq!(
+            too_big.to_string(),
+            "configuration error: BIG must be between 1 and 10"
+        );
+        let word = millis(&vars, "WORD", 500).unwrap_err();
+        assert_eq!(word.name, "WORD");
+        assert!(!word.to_string().contains("secret-value"), "{word}");
+        assert_eq!(
+            millis(&vars, "UNSET", 500).unwrap(),
+            Duration::from_millis(500)
+        );
+        assert!(parse::<bool>(&vars, "WORD", "false").is_err());
+        assert_eq!(url_var(&vars, "URL", "").unwrap(), "https://x.example/v1");
+        let odd = url_var(&vars, "ODD", "").unwrap_err();
+        assert!(!odd.to_string().contains("secret-value"), "{odd}");
+    }
+}
