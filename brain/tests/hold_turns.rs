@@ -91,15 +91,7 @@ async fn turns_run_without_redis_and_the_metric_counts_them() {
     );
     let (chunks, _) = read_stream(response).await;
     assert_eq!(streamed_text(&chunks), "still answering");
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("brain_hold_unavailable_total 1"),
         "{metrics}"

@@ -175,15 +175,7 @@ async fn a_surviving_replica_reconciles_a_dead_replicas_turns_without_a_restart(
         turn_row(&app, "m-victim").await,
         ("interrupted".into(), Some("replica_lost".into()))
     );
-    let reconciled = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let reconciled = app.metrics().await;
     assert!(
         reconciled.contains("brain_turns_reconciled_total 1"),
         "{reconciled}"

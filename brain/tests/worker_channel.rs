@@ -109,16 +109,7 @@ async fn row(app: &TestApp, session: SessionId) -> (String, Option<String>) {
 }
 
 async fn metric(app: &TestApp, reason: &str) -> bool {
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.contains(&format!(
+    app.metrics().await.contains(&format!(
         "brain_worker_failures_total{{reason=\"{reason}\"}} 1"
     ))
 }

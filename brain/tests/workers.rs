@@ -1614,7 +1614,9 @@ async fn no_payload_reaches_the_logs_at_trace() {
     let message = format!("msg-{mark}");
     // The command names the marker in capitals; its output is the lowercase secret.
     let secret = format!("sk-live-{mark}");
-    let command = format!("echo {} | tr A-Z a-z", secret.to_uppercase());
+    // It keeps running after the line, so the line travels as a progress notification
+    // while the call runs, not only in the result of a command that already exited.
+    let command = format!("echo {} | tr A-Z a-z; sleep 0.5", secret.to_uppercase());
     let answer = format!("ans-{mark}");
     let post = |path: String, body: Value| {
         app.http

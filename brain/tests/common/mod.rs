@@ -172,6 +172,18 @@ impl TestApp {
         body["messages"].as_array().unwrap().clone()
     }
 
+    /// The Prometheus text of this app's `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// The turn rows of this app's database: (status, error_code).
     pub async fn turns(&self) -> Vec<(String, Option<String>)> {
         sqlx::query_as("SELECT status, error_code FROM turns ORDER BY started_at")
