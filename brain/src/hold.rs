@@ -2,7 +2,8 @@
 //!
 //! The hold is the key `hold:agent:{agent_id}`, set with `NX` and a short expiry; its value
 //! is `{turn_id}:{token}`, so a refused caller learns which turn is running and only the
-//! holder (who alone knows the random token) can extend or delete it. While the turn runs,
+//! holder (who alone knows the random token) can extend or delete it, besides a survivor
+//! freeing the hold of a turn whose replica died (`release_lost`, by the turn id). While the turn runs,
 //! a task pushes the expiry back to `ttl` every `extend_every`, never past `max_total` after
 //! acquisition; a turn that outlives its hold therefore cannot free or extend another's.
 //!
