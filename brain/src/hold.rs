@@ -3,9 +3,10 @@
 //! The hold is the key `hold:agent:{agent_id}`, set with `NX` and a short expiry; its value
 //! is `{turn_id}:{token}`, so a refused caller learns which turn is running and only the
 //! holder (who alone knows the random token) can extend or delete it, besides a survivor
-//! freeing the hold of a turn whose replica died (`release_lost`, by the turn id). While the turn runs,
-//! a task pushes the expiry back to `ttl` every `extend_every`, never past `max_total` after
-//! acquisition; a turn that outlives its hold therefore cannot free or extend another's.
+//! freeing the hold of a turn whose replica died (`release_lost`, by the turn id). While
+//! the turn runs, a task pushes the expiry back to `ttl` every `extend_every`, never past
+//! `max_total` after acquisition; a turn that outlives its hold therefore cannot free or
+//! extend another's.
 //!
 //! Best effort: every Redis call is bounded by `op_timeout`, and when Redis is unreachable
 //! or slow the turn runs without a hold (`Acquired::Unavailable`, counted in metrics)
