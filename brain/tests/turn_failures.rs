@@ -366,13 +366,16 @@ async fn a_client_that_stops_reading_interrupts_its_turn() {
     use tokio::io::AsyncWriteExt;
     let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    // 12 MiB of text: more than the socket buffers, hyper's buffer and the chunk channel
-    // together hold (about 5 MiB here).
+    // 48 MiB of text, 8 KiB a millisecond: the client side (socket buffers, hyper's
+    // buffer, the chunk channel; about 5 MiB) fills within a second, while the provider
+    // is still seconds from its end when the turn is cancelled. Sent at full speed, a
+    // fast machine's autotuned buffers took a whole 12 MiB answer and the provider saw a
+    // completed stream, not an abort.
     app.provider.push(Reply::Text {
-        deltas: (0..1536)
+        deltas: (0..6144)
             .map(|i| format!("{i:07} {}", "x".repeat(8184)))
             .collect(),
-        delay: Duration::ZERO,
+        delay: Duration::from_millis(1),
     });
     let address = app.url.trim_start_matches("http://").to_owned();
     let body = json!({"content": "a long answer please"}).to_string();
@@ -410,6 +413,6 @@ async fn a_client_that_stops_reading_interrupts_its_turn() {
     assert_eq!(messages[1]["status"], "interrupted");
     let stored = messages[1]["parts"][1]["text"].as_str().unwrap();
     assert!(stored.starts_with("0000000 x"), "the accepted text is kept");
-    assert!(!stored.contains("0001535 "), "not the whole answer");
+    assert!(!stored.contains("0006143 "), "not the whole answer");
     drop(socket);
 }
