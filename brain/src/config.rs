@@ -47,6 +47,9 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// Worker sessions and their channel (SPEC W).
     pub workers: WorkerConfig,
+    /// A new team's quotas, until it overrides them (`BRAIN_QUOTA_<FIELD>`; unset is
+    /// unlimited). SPEC T2, E2.
+    pub quotas: crate::quota::Limits,
 }
 
 /// Worker sessions: the channel's timeouts and the session token key.
@@ -118,6 +121,34 @@ fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
         queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
             .unwrap_or_else(|| "agent-runtime".to_owned()),
     })
+}
+
+/// `BRAIN_QUOTA_TOKENS_PER_DAY` and the other five: a count, or unset / `unlimited`.
+fn quotas(env: &dyn Env) -> Result<crate::quota::Limits, ConfigError> {
+    use crate::quota::{Field, Limits, MAX_LIMIT};
+    let mut limits = Limits::default();
+    for field in Field::ALL {
+        let name = match field {
+            Field::TokensPerDay => "BRAIN_QUOTA_TOKENS_PER_DAY",
+            Field::TokensPerMonth => "BRAIN_QUOTA_TOKENS_PER_MONTH",
+            Field::TurnsPerMinute => "BRAIN_QUOTA_TURNS_PER_MINUTE",
+            Field::ConcurrentTurns => "BRAIN_QUOTA_CONCURRENT_TURNS",
+            Field::ConcurrentSessions => "BRAIN_QUOTA_CONCURRENT_SESSIONS",
+            Field::WorkerSecondsPerDay => "BRAIN_QUOTA_WORKER_SECONDS_PER_DAY",
+        };
+        let value = match trimmed(env, name) {
+            None => None,
+            Some(v) if v.eq_ignore_ascii_case("unlimited") => None,
+            Some(v) => Some(v.parse::<u64>().ok().filter(|n| *n <= MAX_LIMIT).ok_or(
+                ConfigError {
+                    name,
+                    problem: format!("must be a count up to {MAX_LIMIT} or `unlimited`"),
+                },
+            )?),
+        };
+        limits.set(field, value);
+    }
+    Ok(limits)
 }
 
 /// The artifact store: its backend and the size limit of one artifact.
@@ -263,6 +294,7 @@ impl Config {
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
             workers: workers(env)?,
+            quotas: quotas(env)?,
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,

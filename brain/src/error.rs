@@ -10,6 +10,7 @@ use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
 
 use crate::artifacts::{ArtifactError, SaveError};
 use crate::provider::ProviderError;
+use crate::quota::Refusal;
 use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,9 @@ pub enum ApiError {
     /// This replica is draining (SIGTERM): it finishes its turns and starts none.
     #[error("this server is shutting down; retry the request")]
     ShuttingDown,
+    /// A team quota refuses the request before anything is spent (T2, E2).
+    #[error("{}", .0.message())]
+    Quota(Refusal),
 }
 
 impl From<StoreError> for ApiError {
@@ -91,6 +95,7 @@ impl ApiError {
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::Quota(refusal) => refusal.code(),
         }
     }
 
@@ -104,7 +109,8 @@ impl ApiError {
             ErrorCode::AgentBusy | ErrorCode::TurnInProgress | ErrorCode::Conflict => {
                 StatusCode::CONFLICT
             }
-            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
             | ErrorCode::StorageUnavailable
@@ -158,6 +164,7 @@ impl IntoResponse for ApiError {
             Self::Provider(ProviderError::RateLimited { retry_after }) => *retry_after,
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
+            Self::Quota(refusal) => Some(refusal.retry_after),
             _ => None,
         };
         let body = ErrorBody {
@@ -172,6 +179,9 @@ impl IntoResponse for ApiError {
             && let Ok(value) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if let Self::Quota(refusal) = &self {
+            refusal.headers.apply(response.headers_mut());
         }
         response
     }

@@ -12,14 +12,25 @@
 //! or slow the turn runs without a hold (`Acquired::Unavailable`, counted in metrics)
 //! rather than waiting or failing.
 //!
-//! Architecture invariant: only this module knows the hold's key name and value format.
+//! Quotas (SPEC T2, E2) ride on the same round trip: [`Holds::admit`] runs one script that
+//! answers busy, refuses for a team quota, or takes the hold and reserves the turn's
+//! tokens at once, and releasing the hold settles the reservation on the billed tokens.
+//! The team's counters (keys `quota:{team}:…`) are: the limits (a hash that expires, so
+//! a replica reloads them from Postgres every minute), the running turns (a sorted set
+//! scored by when each one's hold lapses, so a dead replica's turns leave it on their
+//! own), their reservations (a hash and its total), the turn starts of the last minute
+//! (a sorted set), and the billed tokens of the UTC day and month (rebuilt from Postgres'
+//! billing events when missing, and every hour, so drift heals).
+//!
+//! Architecture invariant: only this module knows the hold's and the counters' key names
+//! and value formats.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{AgentId, TurnId};
+use protocol::{AgentId, TeamId, TurnId};
 use redis::RedisError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
@@ -27,6 +38,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TurnCounts};
+use crate::store::StoreError;
 
 /// Sets the key if free and answers nil; otherwise answers the current value. One round
 /// trip, atomic: a refused caller learns the running turn at once.
@@ -62,6 +75,160 @@ if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
 end
 return 0
 ";
+
+/// The quota-aware `ACQUIRE` (see the module doc for the keys). Answers `{"busy", value}`,
+/// `{"limits"}` (none stored: the next call carries them, `ARGV[5]` = `1`, `ARGV[7..10]`),
+/// `{"rebuild"}` (a budget counter is missing: the next call carries the billed day and
+/// month, `ARGV[12]`/`ARGV[13]`), `{"refused", field, counts…, limits…}`, `{"ok"}` (the
+/// team has no turn limit) or `{"ok", counts…, limits…}`, where counts are the running
+/// turns, the turns of the last minute, ms until the oldest of them leaves the window,
+/// and billed + reserved tokens of the day and month, as the turn leaves them, and limits
+/// the four turn limits as stored (empty for unlimited). The refusal rule is
+/// `quota::fallback::decide`'s, in the same order.
+const ADMIT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then return {'busy', cur} end
+if ARGV[5] == '1' then
+  redis.call('HSET', KEYS[2], 'set', '1', 'tpd', ARGV[7], 'tpmo', ARGV[8], 'tpm', ARGV[9], 'ct', ARGV[10])
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+end
+local lim = redis.call('HMGET', KEYS[2], 'set', 'tpd', 'tpmo', 'tpm', 'ct')
+if not lim[1] then return {'limits'} end
+local function num(v) if not v or v == '' then return nil end return tonumber(v) end
+local tpd, tpmo, tpm, ct = num(lim[2]), num(lim[3]), num(lim[4]), num(lim[5])
+if not (tpd or tpmo or tpm or ct) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {'ok'}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, m in ipairs(gone) do
+  local r = redis.call('HGET', KEYS[4], m)
+  if r then
+    redis.call('DECRBY', KEYS[5], r)
+    redis.call('HDEL', KEYS[4], m)
+  end
+end
+if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now) end
+local running = redis.call('ZCARD', KEYS[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - 60000)
+local recent = redis.call('ZCARD', KEYS[6])
+local reset = 0
+if recent > 0 then
+  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
+  reset = tonumber(oldest[2]) + 60000 - now
+end
+local day, month = 0, 0
+if tpd or tpmo then
+  if ARGV[12] ~= '' then redis.call('SET', KEYS[7], ARGV[12], 'EX', ARGV[11], 'NX') end
+  if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[11], 'NX') end
+  local d, m = redis.call('GET', KEYS[7]), redis.call('GET', KEYS[8])
+  if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
+  local resv = tonumber(redis.call('GET', KEYS[5]) or '0')
+  day = tonumber(d or '0') + resv
+  month = tonumber(m or '0') + resv
+end
+local function answer(head, field)
+  local a = {head}
+  if field then a[#a + 1] = field end
+  for _, v in ipairs({running, recent, reset, day, month}) do
+    a[#a + 1] = string.format('%.0f', v)
+  end
+  for i = 2, 5 do a[#a + 1] = lim[i] or '' end
+  return a
+end
+if ct and running >= ct then return answer('refused', 'concurrent_turns') end
+if tpm and recent >= tpm then return answer('refused', 'turns_per_minute') end
+if tpd and day >= tpd then return answer('refused', 'tokens_per_day') end
+if tpmo and month >= tpmo then return answer('refused', 'tokens_per_month') end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local r = tonumber(ARGV[4])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[3], r)
+redis.call('INCRBY', KEYS[5], r)
+redis.call('ZADD', KEYS[6], now, ARGV[3])
+for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[14]) end
+redis.call('PEXPIRE', KEYS[6], 61000)
+running, recent, day, month = running + 1, recent + 1, day + r, month + r
+if reset == 0 then reset = 60000 end
+return answer('ok')
+";
+
+/// A further model call of an admitted turn (`ARGV[1]`) reserves its estimate (`ARGV[2]`)
+/// against the budgets `ARGV[3]`/`ARGV[4]` (day, month; empty for none); `ARGV[5..7]`
+/// rebuild missing counters like `ADMIT`'s. Keys: the reservations, their total, the
+/// day's and the month's counters. Answers `{"rebuild"}`,
+/// `{"refused", field, day, month}` or `{"ok", day, month}`. A turn that is not running
+/// in the counters (its entry lapsed) reserves nothing and is let through: it was admitted.
+const RESERVE: &str = r"
+local function num(v) if not v or v == '' then return nil end return tonumber(v) end
+local tpd, tpmo = num(ARGV[3]), num(ARGV[4])
+if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[7], 'NX') end
+if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[7], 'NX') end
+local d, m = redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])
+if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
+local resv = tonumber(redis.call('GET', KEYS[2]) or '0')
+local day, month = tonumber(d or '0') + resv, tonumber(m or '0') + resv
+local function f(v) return string.format('%.0f', v) end
+if tpd and day >= tpd then return {'refused', 'tokens_per_day', f(day), f(month)} end
+if tpmo and month >= tpmo then return {'refused', 'tokens_per_month', f(day), f(month)} end
+local r = tonumber(ARGV[2])
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], r)
+  redis.call('INCRBY', KEYS[2], r)
+  day, month = day + r, month + r
+end
+return {'ok', f(day), f(month)}
+";
+
+/// `RELEASE` that also settles the turn's quota counters: it leaves the running set, its
+/// reservation is returned, and the billed tokens `ARGV[3]` are added to the day and
+/// month counters that exist (a missing one is rebuilt from billing events, which hold
+/// this turn's already). Settles once: the billed tokens go in only with the reservation
+/// they replace, so a retried release adds nothing twice. 1 if the hold was ours.
+const SETTLE: &str = r"
+local ours = redis.call('GET', KEYS[1]) == ARGV[1]
+if ours then redis.call('DEL', KEYS[1]) end
+redis.call('ZREM', KEYS[2], ARGV[2])
+local r = redis.call('HGET', KEYS[3], ARGV[2])
+if r then
+  redis.call('HDEL', KEYS[3], ARGV[2])
+  redis.call('DECRBY', KEYS[4], r)
+  local b = tonumber(ARGV[3])
+  if b > 0 then
+    if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('INCRBY', KEYS[5], b) end
+    if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('INCRBY', KEYS[6], b) end
+  end
+end
+if ours then return 1 end
+return 0
+";
+
+/// Adds tokens billed outside a turn's reservation (a background summary) to the day's
+/// and the month's counters that exist.
+const BILL: &str = r"
+for i = 1, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], ARGV[1]) end
+end
+return 1
+";
+
+/// `EXTEND` that also pushes the turn's running entry back, so a live turn stays counted.
+const EXTEND_COUNTED: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[2]), ARGV[3])
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// How long a replica trusts the limits it wrote to Redis before reloading them.
+const LIMITS_TTL: Duration = Duration::from_secs(60);
+/// How long a budget counter lives before it is rebuilt from billing events.
+const COUNTER_TTL: Duration = Duration::from_secs(60 * 60);
 
 /// Attempts at releasing a hold (50 ms, 200 ms, 800 ms apart).
 const RELEASE_TRIES: u32 = 4;
@@ -108,6 +275,11 @@ struct Inner {
     extend: redis::Script,
     release: redis::Script,
     release_turn: redis::Script,
+    admit: redis::Script,
+    reserve: redis::Script,
+    settle: redis::Script,
+    extend_counted: redis::Script,
+    bill: redis::Script,
 }
 
 /// The answer to `Holds::acquire`.
@@ -119,6 +291,45 @@ pub enum Acquired {
     Busy { running: TurnId },
     /// Redis unreachable or slow: the turn runs without a hold (best effort) and metrics
     /// count it.
+    Unavailable,
+}
+
+/// A turn asking to start: its hold, and the tokens its first model call may spend.
+#[derive(Clone, Copy, Debug)]
+pub struct TurnAdmission {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub turn: TurnId,
+    /// The first call's input estimate plus its output cap.
+    pub reservation: u64,
+}
+
+/// The answer to `Holds::admit`.
+#[derive(Debug)]
+pub enum Admitted {
+    /// The agent is ours and the team's quotas let the turn start; `limits` are the turn
+    /// limits Redis enforces (all `None` for a team without any) and `counts` what the
+    /// turn leaves of them.
+    Held {
+        guard: HoldGuard,
+        limits: Limits,
+        counts: TurnCounts,
+    },
+    Busy {
+        running: TurnId,
+    },
+    /// A team quota refuses the turn; nothing was taken or counted.
+    Refused(Refusal),
+    /// Redis unreachable or slow: the caller enforces quotas from Postgres instead.
+    Unavailable,
+}
+
+/// The answer to `HoldGuard::reserve`.
+#[derive(Debug)]
+pub enum Reserved {
+    Ok,
+    Refused(Refusal),
+    /// Redis unreachable or slow: the caller decides from Postgres.
     Unavailable,
 }
 
@@ -138,6 +349,11 @@ impl Holds {
                 extend: redis::Script::new(EXTEND),
                 release: redis::Script::new(RELEASE),
                 release_turn: redis::Script::new(RELEASE_TURN),
+                admit: redis::Script::new(ADMIT),
+                reserve: redis::Script::new(RESERVE),
+                settle: redis::Script::new(SETTLE),
+                extend_counted: redis::Script::new(EXTEND_COUNTED),
+                bill: redis::Script::new(BILL),
             }),
         }
     }
@@ -160,10 +376,12 @@ impl Holds {
             })
             .await;
         let class = match answer {
-            Ok(None) => return Acquired::Held(HoldGuard::start(inner, key, value, acquired_at)),
+            Ok(None) => {
+                return Acquired::Held(HoldGuard::start(inner, key, value, acquired_at, None));
+            }
             // Our own value: the first try's SET landed but its answer was lost.
             Ok(Some(current)) if current == value => {
-                return Acquired::Held(HoldGuard::start(inner, key, value, acquired_at));
+                return Acquired::Held(HoldGuard::start(inner, key, value, acquired_at, None));
             }
             Ok(Some(current)) => match running_turn(&current) {
                 Some(running) => return Acquired::Busy { running },
@@ -173,7 +391,7 @@ impl Holds {
                 if class != "connection_refused" {
                     // The SET may have landed after all: take it back so the agent does
                     // not look busy for a whole `ttl`.
-                    spawn_release(inner.clone(), key, value);
+                    spawn_release(inner.clone(), key, value, None);
                 }
                 class
             }
@@ -207,6 +425,263 @@ impl Holds {
             .await
             .map(|n| n == 1)
     }
+}
+
+impl Holds {
+    /// T9 and T2 in one round trip: busy, refused by a team quota, or held with the
+    /// turn's tokens reserved. A missing limits hash or budget counter costs one Postgres
+    /// read and one more round trip (at most once a minute and once an hour per team).
+    /// Postgres failing while it is needed is an error: quotas are never skipped.
+    pub async fn admit(
+        &self,
+        quotas: &Quotas,
+        admission: TurnAdmission,
+    ) -> Result<Admitted, StoreError> {
+        let inner = &self.inner;
+        let acquired_at = Instant::now();
+        let periods = Periods::now();
+        let keys = TeamKeys::new(admission.team, &periods);
+        let hold = hold_key(admission.agent);
+        let value = format!("{}:{:032x}", admission.turn, rand::random::<u128>());
+        let expiry = inner.config.ttl.min(inner.config.max_total);
+        let mut limits: Option<Limits> = None;
+        let mut billed: Option<(u64, u64)> = None;
+        // At most: reload the limits, rebuild the counters, then decide.
+        for _ in 0..3 {
+            let call = || {
+                let mut invocation = inner.admit.prepare_invoke();
+                invocation
+                    .key(&hold)
+                    .key(&keys.limits)
+                    .key(&keys.running)
+                    .key(&keys.reserved)
+                    .key(&keys.reserved_total)
+                    .key(&keys.starts)
+                    .key(&keys.day)
+                    .key(&keys.month)
+                    .arg(&value)
+                    .arg(millis(expiry))
+                    .arg(admission.turn.to_string())
+                    .arg(admission.reservation)
+                    .arg(if limits.is_some() { "1" } else { "" })
+                    .arg(millis(LIMITS_TTL));
+                let l = limits.unwrap_or_default();
+                for field in [
+                    l.tokens_per_day,
+                    l.tokens_per_month,
+                    l.turns_per_minute,
+                    l.concurrent_turns,
+                ] {
+                    invocation.arg(field.map(|v| v.to_string()).unwrap_or_default());
+                }
+                invocation
+                    .arg(COUNTER_TTL.as_secs())
+                    .arg(billed.map(|b| b.0.to_string()).unwrap_or_default())
+                    .arg(billed.map(|b| b.1.to_string()).unwrap_or_default())
+                    .arg(millis(inner.config.max_total * 2));
+                invocation
+            };
+            let answer = inner
+                .bounded(async {
+                    let mut conn = inner.connection().await?;
+                    match call().invoke_async::<Vec<String>>(&mut conn).await {
+                        Err(err) if err.is_io_error() => {
+                            let mut conn = inner.connection().await?;
+                            call().invoke_async::<Vec<String>>(&mut conn).await
+                        }
+                        answer => answer,
+                    }
+                })
+                .await;
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(class) => {
+                    if class != "connection_refused" {
+                        spawn_release(inner.clone(), hold, value, None);
+                    }
+                    inner.metrics.hold_unavailable.inc();
+                    tracing::warn!(
+                        agent = %admission.agent,
+                        turn = %admission.turn,
+                        class,
+                        "turn hold and quota counters unavailable; enforcing from Postgres"
+                    );
+                    return Ok(Admitted::Unavailable);
+                }
+            };
+            let counted = || Counted {
+                team: admission.team,
+                turn: admission.turn,
+            };
+            match answer.first().map(String::as_str) {
+                Some("busy") => {
+                    let current = answer.get(1).map(String::as_str).unwrap_or_default();
+                    if current == value {
+                        // The first try landed but its answer was lost: held and counted.
+                        let guard =
+                            HoldGuard::start(inner, hold, value, acquired_at, Some(counted()));
+                        let limits = quotas.limits(admission.team).await?;
+                        return Ok(Admitted::Held {
+                            guard,
+                            limits: turn_limits(&limits),
+                            counts: TurnCounts::default(),
+                        });
+                    }
+                    return match running_turn(current) {
+                        Some(running) => Ok(Admitted::Busy { running }),
+                        None => Ok(Admitted::Unavailable),
+                    };
+                }
+                Some("limits") => limits = Some(quotas.limits(admission.team).await?),
+                Some("rebuild") => {
+                    billed = Some(quotas.billed_tokens(admission.team, &periods).await?);
+                }
+                Some("ok") if answer.len() == 1 => {
+                    let guard = HoldGuard::start(inner, hold, value, acquired_at, None);
+                    return Ok(Admitted::Held {
+                        guard,
+                        limits: Limits::default(),
+                        counts: TurnCounts::default(),
+                    });
+                }
+                Some("ok") => {
+                    let (counts, limits) = parse_counts(&answer[1..]);
+                    let guard = HoldGuard::start(inner, hold, value, acquired_at, Some(counted()));
+                    return Ok(Admitted::Held {
+                        guard,
+                        limits,
+                        counts,
+                    });
+                }
+                Some("refused") => {
+                    let field = answer.get(1).map(String::as_str).unwrap_or_default();
+                    let (counts, limits) = parse_counts(answer.get(2..).unwrap_or_default());
+                    if let Some(refusal) =
+                        crate::quota::fallback::decide(&limits, &counts, &periods)
+                            .filter(|r| r.field.name() == field)
+                    {
+                        return Ok(Admitted::Refused(refusal));
+                    }
+                    // The script and `decide` disagree: a bug, but refusing is the safe side.
+                    tracing::error!(
+                        field,
+                        "quota script refused for a reason decide() does not see"
+                    );
+                    return Ok(Admitted::Refused(Refusal {
+                        field: Field::ConcurrentTurns,
+                        limit: limits.concurrent_turns.unwrap_or_default(),
+                        retry_after: Duration::from_secs(1),
+                        headers: RateLimitHeaders::turns(&limits, &counts, &periods),
+                    }));
+                }
+                _ => break,
+            }
+        }
+        tracing::error!(turn = %admission.turn, "the admission script gave no decision");
+        Ok(Admitted::Unavailable)
+    }
+}
+
+/// The turn limits as the admission script stores them.
+fn turn_limits(limits: &Limits) -> Limits {
+    Limits {
+        tokens_per_day: limits.tokens_per_day,
+        tokens_per_month: limits.tokens_per_month,
+        turns_per_minute: limits.turns_per_minute,
+        concurrent_turns: limits.concurrent_turns,
+        ..Limits::default()
+    }
+}
+
+/// The counts and limits at the end of an `ADMIT` answer.
+fn parse_counts(fields: &[String]) -> (TurnCounts, Limits) {
+    let n = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    let counts = TurnCounts {
+        concurrent_turns: n(0).unwrap_or_default(),
+        turns_in_window: n(1).unwrap_or_default(),
+        window_reset: Duration::from_millis(n(2).unwrap_or_default()),
+        tokens_day: n(3).unwrap_or_default(),
+        tokens_month: n(4).unwrap_or_default(),
+    };
+    let limits = Limits {
+        tokens_per_day: n(5),
+        tokens_per_month: n(6),
+        turns_per_minute: n(7),
+        concurrent_turns: n(8),
+        ..Limits::default()
+    };
+    (counts, limits)
+}
+
+/// The team's counter keys; the budget counters are those of the UTC day and month of
+/// `periods`.
+struct TeamKeys {
+    limits: String,
+    running: String,
+    reserved: String,
+    reserved_total: String,
+    starts: String,
+    day: String,
+    month: String,
+}
+
+impl TeamKeys {
+    fn new(team: TeamId, periods: &Periods) -> Self {
+        let prefix = format!("quota:{team}:");
+        let key = |name: &str| format!("{prefix}{name}");
+        Self {
+            limits: key("limits"),
+            running: key("running"),
+            reserved: key("reserved"),
+            reserved_total: key("reserved_total"),
+            starts: key("starts"),
+            day: key(&format!("tokens:day:{}", periods.day_tag())),
+            month: key(&format!("tokens:month:{}", periods.month_tag())),
+        }
+    }
+}
+
+/// Counts `tokens` a turn's background work billed after its hold was released (the
+/// summary fold, M1) in the team's budgets: counted, though not reserved beforehand.
+/// Best effort: a counter that misses them is rebuilt from billing events within the hour.
+pub async fn bill(holds: &Holds, team: TeamId, tokens: u64) {
+    let inner = &holds.inner;
+    let keys = TeamKeys::new(team, &Periods::now());
+    let billed = inner
+        .bounded(async {
+            let mut conn = inner.connection().await?;
+            inner
+                .bill
+                .key(&keys.day)
+                .key(&keys.month)
+                .arg(tokens)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await;
+    if let Err(class) = billed {
+        tracing::warn!(team = %team, class, "summary tokens not counted in the quota counters");
+    }
+}
+
+/// Forgets the team's stored limits and budget counters, so the next turn reloads the
+/// limits and rebuilds the counters from Postgres (after `PUT /v1/quotas`). Bounded; if
+/// Redis cannot be reached the limits it holds lapse within `LIMITS_TTL` anyway.
+pub async fn forget_limits(holds: &Holds, team: TeamId) -> Result<(), Class> {
+    let inner = &holds.inner;
+    let keys = TeamKeys::new(team, &Periods::now());
+    inner
+        .bounded(async {
+            let mut conn = inner.connection().await?;
+            redis::cmd("DEL")
+                .arg(&keys.limits)
+                .arg(&keys.day)
+                .arg(&keys.month)
+                .query_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map(|_| ())
 }
 
 impl Inner {
@@ -274,13 +749,18 @@ impl Inner {
         .map(|n| n == 1)
     }
 
-    /// Compare-and-delete, tried again when Redis is slow (a burst of turn ends) or
-    /// reconnecting: until it lands, the agent answers `agent_busy` for up to the hold's
-    /// ttl. Trying again is safe, since a delete that did land leaves nothing ours.
-    async fn release(&self, key: &str, value: &str) {
+    /// Compare-and-delete (with the settlement of a counted turn), tried again when Redis
+    /// is slow (a burst of turn ends) or reconnecting: until it lands, the agent answers
+    /// `agent_busy` for up to the hold's ttl. Trying again is safe: a delete that did land
+    /// leaves nothing ours, and a settlement that did land adds nothing twice.
+    async fn release(&self, key: &str, value: &str, counted: Option<&Counted>, billed: u64) {
         let mut pause = Duration::from_millis(50);
         for attempt in 1..=RELEASE_TRIES {
-            match self.if_ours(&self.release, key, value, 0).await {
+            let released = match counted {
+                None => self.if_ours(&self.release, key, value, 0).await,
+                Some(counted) => self.settle(key, value, counted, billed).await,
+            };
+            match released {
                 Ok(true) => return,
                 Ok(false) => {
                     tracing::debug!(key, "turn hold already gone or taken over");
@@ -298,6 +778,59 @@ impl Inner {
             }
         }
     }
+
+    async fn settle(
+        &self,
+        key: &str,
+        value: &str,
+        counted: &Counted,
+        billed: u64,
+    ) -> Result<bool, Class> {
+        let keys = TeamKeys::new(counted.team, &Periods::now());
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            self.settle
+                .key(key)
+                .key(&keys.running)
+                .key(&keys.reserved)
+                .key(&keys.reserved_total)
+                .key(&keys.day)
+                .key(&keys.month)
+                .arg(value)
+                .arg(counted.turn.to_string())
+                .arg(billed)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map(|n| n == 1)
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        value: &str,
+        counted: Option<&Counted>,
+        expiry: u64,
+    ) -> Result<bool, Class> {
+        let Some(counted) = counted else {
+            return self.if_ours(&self.extend, key, value, expiry).await;
+        };
+        let keys = TeamKeys::new(counted.team, &Periods::now());
+        self.bounded(async {
+            let mut conn = self.connection().await?;
+            self.extend_counted
+                .key(key)
+                .key(&keys.running)
+                .arg(value)
+                .arg(expiry)
+                .arg(counted.turn.to_string())
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map(|n| n == 1)
+    }
 }
 
 /// The running turn's hold. Release it when the turn ends; dropping it also releases, in
@@ -311,17 +844,33 @@ struct Held {
     inner: Arc<Inner>,
     key: String,
     value: String,
+    /// Set when the team's quota counters count this turn.
+    counted: Option<Counted>,
     /// Stops the extension task.
     stop: CancellationToken,
 }
 
+/// A turn the team's quota counters count, settled at release.
+#[derive(Clone, Copy, Debug)]
+struct Counted {
+    team: TeamId,
+    turn: TurnId,
+}
+
 impl HoldGuard {
-    fn start(inner: &Arc<Inner>, key: String, value: String, acquired_at: Instant) -> Self {
+    fn start(
+        inner: &Arc<Inner>,
+        key: String,
+        value: String,
+        acquired_at: Instant,
+        counted: Option<Counted>,
+    ) -> Self {
         let stop = CancellationToken::new();
         tokio::spawn(extend_until_stopped(
             inner.clone(),
             key.clone(),
             value.clone(),
+            counted,
             acquired_at,
             stop.clone(),
         ));
@@ -330,6 +879,7 @@ impl HoldGuard {
                 inner: inner.clone(),
                 key,
                 value,
+                counted,
                 stop,
             }),
         }
@@ -337,11 +887,104 @@ impl HoldGuard {
 
     /// Stops extending and deletes the hold if it is still ours (compare-and-delete), so a
     /// turn that outlived its hold never frees another turn's.
-    pub async fn release(mut self) {
+    pub async fn release(self) {
+        self.release_billed(0).await;
+    }
+
+    /// `release`, settling a counted turn's reservations on the `billed` tokens (input +
+    /// output of every model call it made).
+    pub async fn release_billed(mut self, billed: u64) {
         if let Some(held) = self.held.take() {
             held.stop.cancel();
-            held.inner.release(&held.key, &held.value).await;
+            held.inner
+                .release(&held.key, &held.value, held.counted.as_ref(), billed)
+                .await;
         }
+    }
+
+    /// Reserves a further model call's tokens against the budgets in `limits`. A turn
+    /// the counters do not count (a team without turn limits) has nothing to reserve.
+    pub async fn reserve(
+        &self,
+        quotas: &Quotas,
+        limits: &Limits,
+        reservation: u64,
+    ) -> Result<Reserved, StoreError> {
+        let Some(held) = &self.held else {
+            return Ok(Reserved::Ok);
+        };
+        let Some(counted) = held.counted else {
+            return Ok(Reserved::Ok);
+        };
+        if limits.tokens_per_day.is_none() && limits.tokens_per_month.is_none() {
+            return Ok(Reserved::Ok);
+        }
+        let inner = &held.inner;
+        let periods = Periods::now();
+        let keys = TeamKeys::new(counted.team, &periods);
+        let limit = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
+        let mut billed: Option<(u64, u64)> = None;
+        for _ in 0..2 {
+            let answer = inner
+                .bounded(async {
+                    let mut conn = inner.connection().await?;
+                    inner
+                        .reserve
+                        .key(&keys.reserved)
+                        .key(&keys.reserved_total)
+                        .key(&keys.day)
+                        .key(&keys.month)
+                        .arg(counted.turn.to_string())
+                        .arg(reservation)
+                        .arg(limit(limits.tokens_per_day))
+                        .arg(limit(limits.tokens_per_month))
+                        .arg(billed.map(|b| b.0.to_string()).unwrap_or_default())
+                        .arg(billed.map(|b| b.1.to_string()).unwrap_or_default())
+                        .arg(COUNTER_TTL.as_secs())
+                        .invoke_async::<Vec<String>>(&mut conn)
+                        .await
+                })
+                .await;
+            let answer = match answer {
+                Ok(answer) => answer,
+                Err(class) => {
+                    tracing::warn!(turn = %counted.turn, class, "quota counters unavailable mid-turn");
+                    return Ok(Reserved::Unavailable);
+                }
+            };
+            let n = |i: usize| {
+                answer
+                    .get(i)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or_default()
+            };
+            match answer.first().map(String::as_str) {
+                Some("ok") => return Ok(Reserved::Ok),
+                Some("rebuild") => {
+                    billed = Some(quotas.billed_tokens(counted.team, &periods).await?);
+                }
+                Some("refused") => {
+                    let counts = TurnCounts {
+                        tokens_day: n(2),
+                        tokens_month: n(3),
+                        ..TurnCounts::default()
+                    };
+                    let budgets = Limits {
+                        tokens_per_day: limits.tokens_per_day,
+                        tokens_per_month: limits.tokens_per_month,
+                        ..Limits::default()
+                    };
+                    if let Some(refusal) =
+                        crate::quota::fallback::decide(&budgets, &counts, &periods)
+                    {
+                        return Ok(Reserved::Refused(refusal));
+                    }
+                    return Ok(Reserved::Ok);
+                }
+                _ => break,
+            }
+        }
+        Ok(Reserved::Unavailable)
     }
 }
 
@@ -349,7 +992,7 @@ impl Drop for HoldGuard {
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
             held.stop.cancel();
-            spawn_release(held.inner, held.key, held.value);
+            spawn_release(held.inner, held.key, held.value, held.counted);
         }
     }
 }
@@ -363,9 +1006,9 @@ impl fmt::Debug for HoldGuard {
 }
 
 /// Best-effort release in the background; without a runtime the hold simply expires.
-fn spawn_release(inner: Arc<Inner>, key: String, value: String) {
+fn spawn_release(inner: Arc<Inner>, key: String, value: String, counted: Option<Counted>) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { inner.release(&key, &value).await });
+        runtime.spawn(async move { inner.release(&key, &value, counted.as_ref(), 0).await });
     }
 }
 
@@ -375,6 +1018,7 @@ async fn extend_until_stopped(
     inner: Arc<Inner>,
     key: String,
     value: String,
+    counted: Option<Counted>,
     acquired_at: Instant,
     stop: CancellationToken,
 ) {
@@ -391,7 +1035,7 @@ async fn extend_until_stopped(
         // Never past `max_total`: the last extension only reaches the deadline.
         let expiry = inner.config.ttl.min(remaining);
         match inner
-            .if_ours(&inner.extend, &key, &value, millis(expiry))
+            .extend(&key, &value, counted.as_ref(), millis(expiry))
             .await
         {
             Ok(true) => {}

@@ -26,6 +26,7 @@ pub mod hold;
 pub mod lease;
 pub mod metrics;
 pub mod provider;
+pub mod quota;
 pub mod sessions;
 pub mod store;
 pub mod tools;
@@ -44,6 +45,7 @@ use metrics::Metrics;
 use provider::anthropic::AnthropicProvider;
 use provider::openai::OpenAiProvider;
 use provider::{Endpoint, Providers};
+use quota::Quotas;
 use sessions::Sessions;
 use store::Store;
 
@@ -58,6 +60,8 @@ pub struct AppState {
     pub providers: Providers,
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
+    /// Team quotas (T2, E2): their limits, usage and the session-path check.
+    pub quotas: Quotas,
     pub metrics: Metrics,
     /// Where artifact bytes live (SPEC "object storage"): the backend the configuration
     /// names, a local directory by default.
@@ -81,6 +85,7 @@ impl AppState {
         let store = store.with_secrets_key(config.secrets_key.clone());
         let metrics = Metrics::new()?;
         let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
+        let quotas = Quotas::new(store.clone(), config.quotas);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
         if config.workers.dev_token_key {
             tracing::warn!(
@@ -95,6 +100,7 @@ impl AppState {
             redis.clone(),
             config.workers.clone(),
             metrics.clone(),
+            quotas.clone(),
         )?;
         Ok(Self {
             config: Arc::new(config),
@@ -103,6 +109,7 @@ impl AppState {
             redis,
             providers,
             holds,
+            quotas,
             metrics,
             artifacts,
             sessions,

@@ -21,6 +21,8 @@ pub struct Counters {
     pub worker_failures: IntCounterVec,
     /// Running turns of dead replicas that this replica ended `interrupted` (O3).
     pub turns_reconciled: IntCounter,
+    /// Turns and worker sessions a team quota refused, by quota (E2).
+    pub quota_refusals: IntCounterVec,
 }
 
 impl Metrics {
@@ -46,12 +48,25 @@ impl Metrics {
             "brain_turns_reconciled_total",
             "Running turns of brain replicas whose lease lapsed, ended interrupted by this replica.",
         )?;
+        let quota_refusals = IntCounterVec::new(
+            Opts::new(
+                "brain_quota_refusals_total",
+                "Turns and worker sessions refused by a team quota, by quota.",
+            ),
+            &["quota"],
+        )?;
+        registry.register(Box::new(quota_refusals.clone()))?;
         Ok(Self(Arc::new(Counters {
             registry,
             hold_unavailable,
             worker_failures,
             turns_reconciled,
+            quota_refusals,
         })))
+    }
+
+    pub fn quota_refused(&self, field: crate::quota::Field) {
+        self.quota_refusals.with_label_values(&[field.name()]).inc();
     }
 
     /// Every registered metric in the Prometheus text exposition format.

@@ -44,6 +44,12 @@ pub enum ErrorCode {
     /// This brain replica is shutting down and starts no new turn; retry, and the load
     /// balancer sends the request to another replica (O3).
     ShuttingDown,
+    /// A rate or concurrency quota of the team (turns per minute, concurrent turns or
+    /// worker sessions) is reached; retry after `Retry-After` (SPEC E2).
+    QuotaExceeded,
+    /// A period budget of the team (model tokens per day or month, worker-seconds per
+    /// day) is spent; it resets at the time `Retry-After` says (SPEC E2).
+    QuotaExhausted,
 }
 
 impl ErrorCode {
@@ -66,6 +72,8 @@ impl ErrorCode {
             Self::Internal => "internal",
             Self::ReplicaLost => "replica_lost",
             Self::ShuttingDown => "shutting_down",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::QuotaExhausted => "quota_exhausted",
         }
     }
 
@@ -117,6 +125,8 @@ mod tests {
             ErrorCode::Internal,
             ErrorCode::ReplicaLost,
             ErrorCode::ShuttingDown,
+            ErrorCode::QuotaExceeded,
+            ErrorCode::QuotaExhausted,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -9,6 +9,7 @@ mod artifacts;
 mod chats;
 mod connectors;
 mod health;
+mod quotas;
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -41,6 +42,7 @@ pub fn router(state: AppState) -> Router {
             get(connectors::list).post(connectors::create),
         )
         .route("/connectors/{connector_id}", delete(connectors::delete))
+        .route("/quotas", get(quotas::get).put(quotas::put))
         .route(
             "/chats/{chat_id}/messages",
             get(chats::messages).post(chats::post_message),

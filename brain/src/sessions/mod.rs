@@ -42,6 +42,7 @@ pub use tool::worker_tools;
 
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
+use crate::quota::Quotas;
 use crate::store::{Store, StoreError};
 
 /// How often a waiting call looks at its session's row.
@@ -72,6 +73,10 @@ pub enum SessionError {
     /// again yet; the session is left as it is.
     #[error("the worker is reconnecting to the brain; try again shortly")]
     Reconnecting,
+    /// A team quota (concurrent worker sessions, worker-seconds per day) refuses a new
+    /// worker; the model reads why as the tool's error.
+    #[error("refused: {}", .0.message())]
+    Quota(crate::quota::Refusal),
 }
 
 /// Who holds a `ready` session's channel.
@@ -123,6 +128,8 @@ pub struct Inner {
     pool: Pool,
     queue: OnceCell<SessionQueue>,
     metrics: Metrics,
+    /// Checked before a session is provisioned or a pooled worker claimed (E2).
+    quotas: Quotas,
 }
 
 impl std::ops::Deref for Sessions {
@@ -140,6 +147,7 @@ impl Sessions {
         redis_client: redis::Client,
         config: WorkerConfig,
         metrics: Metrics,
+        quotas: Quotas,
     ) -> Result<Self, channel::token::TokenError> {
         let keys = TokenKeys::new(&config.token_key)?;
         Ok(Self(Arc::new(Inner {
@@ -155,6 +163,7 @@ impl Sessions {
             pool: Pool::default(),
             queue: OnceCell::new(),
             metrics,
+            quotas,
         })))
     }
 
@@ -252,6 +261,11 @@ impl Sessions {
         let mut row = match self.store.live_session(team, agent, chat).await? {
             Some(row) => row,
             None => {
+                // E2: before any worker is started or claimed for the team.
+                if let Some(refusal) = self.quotas.admit_session(team).await? {
+                    self.metrics.quota_refused(refusal.field);
+                    return Err(SessionError::Quota(refusal));
+                }
                 if let Some((session, worker)) = self.claim_warm(team, agent, chat, profile).await?
                 {
                     return Ok(Target::Local { session, worker });

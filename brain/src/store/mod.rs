@@ -15,6 +15,7 @@ mod connectors;
 mod cron;
 mod memories;
 mod pool;
+mod quotas;
 mod replicas;
 mod secrets;
 mod sessions;
@@ -34,6 +35,7 @@ pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::Autostart;
+pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use sessions::SessionRow;
@@ -220,6 +222,11 @@ fn migrator() -> Migrator {
             10,
             "runtime-manager: idle checks, provision claims",
             include_str!("../../../migrations/0010_manager.sql"),
+        ),
+        (
+            11,
+            "team quotas",
+            include_str!("../../../migrations/0011_quotas.sql"),
         ),
     ]
     .into_iter()

@@ -37,6 +37,32 @@ pub fn estimate_tokens(parts: &impl serde::Serialize) -> usize {
     count.0 / 4 + 4
 }
 
+/// The most a model call of `request` can bill, as a quota reserves it (E2): its input,
+/// estimated like history, plus its output cap.
+pub fn request_tokens(request: &ModelRequest) -> u64 {
+    let text: usize = request
+        .messages
+        .iter()
+        .map(|m| match m {
+            Message::User(text) => text.len(),
+            Message::Assistant { text, tool_calls } => {
+                text.len()
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.arguments.len())
+                        .sum::<usize>()
+            }
+            Message::ToolResults(results) => results.iter().map(|r| r.content.len()).sum(),
+        })
+        .sum();
+    let tools: usize = request
+        .tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + estimate_tokens(&t.input_schema) * 4)
+        .sum();
+    ((request.system.len() + text + tools) / 4) as u64 + u64::from(request.max_output_tokens)
+}
+
 /// The estimate of a whole history, which decides whether a wrap-up folds.
 pub fn history_tokens(history: &[MessageRow]) -> usize {
     history.iter().map(|row| estimate_tokens(&row.parts)).sum()
@@ -74,6 +100,8 @@ pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
 /// What a background fold needs; owned, so it outlives the turn.
 pub struct Fold {
     pub store: Store,
+    /// The team's quota counters, which count the fold's tokens too (E2).
+    pub holds: crate::hold::Holds,
     pub providers: Providers,
     pub team: TeamId,
     pub agent: AgentId,
@@ -137,7 +165,7 @@ impl Fold {
         let Some((summary, usage)) = self.ask(prompt).await else {
             return;
         };
-        if let Some(usage) = usage
+        if let Some(usage) = &usage
             && let Err(err) = self
                 .store
                 .record_usage(
@@ -145,11 +173,15 @@ impl Fold {
                     self.agent,
                     self.turn,
                     &format!("turn:{}:summary", self.turn),
-                    &usage,
+                    usage,
                 )
                 .await
         {
             tracing::warn!(turn = %self.turn, class = err.metric_label(), "summary: usage not recorded");
+        }
+        if let Some(usage) = &usage {
+            let tokens = usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0);
+            crate::hold::bill(&self.holds, self.team, tokens).await;
         }
         match self
             .store

@@ -32,8 +32,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::AppState;
 use crate::connectors;
 use crate::error::ApiError;
-use crate::hold::Acquired;
+use crate::hold::{Admitted, HoldGuard, TurnAdmission};
 use crate::provider::ModelRequest;
+use crate::quota::{Limits, Periods, RateLimitHeaders, fallback};
 use crate::store::{AgentRow, NewTurn, StoreError, TurnBasis, TurnRecord, TurnStatus};
 use crate::tools::Toolset;
 use history::model_messages;
@@ -102,14 +103,25 @@ pub async fn start(
         return Err(ApiError::NotFound("agent"));
     }
 
-    // T9: one turn per agent. Taken before anything is written, so a busy answer costs
-    // one Redis round trip and leaves no trace.
+    // T9 and T2: one turn per agent and the team's quotas, decided before anything is
+    // written or started, in one Redis round trip; a busy or refused answer leaves no
+    // trace. The first call's input is not known before the history is read (in the
+    // write below), so its reservation is the most the history can add: the prompt, the
+    // summary, the message, the whole history window, and the output cap. Settling on the
+    // billed tokens gives back what it did not use.
     let turn_id = TurnId::new();
-    let hold = match state.holds.acquire(agent.id, turn_id).await {
-        Acquired::Held(guard) => Some(guard),
-        Acquired::Busy { running } => return Err(ApiError::AgentBusy(running)),
-        Acquired::Unavailable => None,
+    let reservation = context::estimate_tokens(&agent.system_prompt)
+        + context::estimate_tokens(&chat_row.summary)
+        + context::estimate_tokens(&input.content)
+        + state.config.context_tokens
+        + state.config.max_output_tokens as usize;
+    let admission = TurnAdmission {
+        team,
+        agent: agent.id,
+        turn: turn_id,
+        reservation: reservation as u64,
     };
+    let (hold, quota) = admit(state, admission).await?;
 
     let cancel = state.turns_cancel.child_token();
     // The turn's guard exists from here: a client that leaves while connectors start
@@ -205,6 +217,7 @@ pub async fn start(
         .collect();
     let fold = context::Fold {
         store: state.store.clone(),
+        holds: state.holds.clone(),
         providers: state.providers.clone(),
         team,
         agent: agent.id,
@@ -232,6 +245,8 @@ pub async fn start(
         cancel: cancel.clone(),
         tx,
         hold,
+        quota: quota.clone(),
+        quotas: state.quotas.clone(),
         fold,
         connector_status,
         stall_timeout: state.config.client_stall_timeout,
@@ -241,11 +256,80 @@ pub async fn start(
     // client left while the model was still silent), the guard still cancels the turn.
     state.turn_tracker.spawn(task.run(started_tx));
     match started_rx.await {
-        Ok(Ok(())) => Ok(UiBody::live(rx, guard)),
+        Ok(Ok(())) => Ok(UiBody::live(rx, guard).with_rate_limit(quota.headers)),
         Ok(Err(err)) => Err(err),
         Err(_) => Err(ApiError::Internal(
             "turn task ended before reporting".into(),
         )),
+    }
+}
+
+/// How a running turn's further model calls are checked against the team's budgets.
+#[derive(Clone, Debug)]
+pub(crate) struct TurnQuota {
+    pub limits: Limits,
+    /// Counted in Redis (reserve through the hold) or, Redis being unreachable at intake,
+    /// from Postgres.
+    pub counted_in_redis: bool,
+    /// What the admission left of the team's limits, for the response's `RateLimit`.
+    pub headers: RateLimitHeaders,
+}
+
+/// The hold and the quota decision; a refusal or a busy agent is the request's answer.
+async fn admit(
+    state: &AppState,
+    admission: TurnAdmission,
+) -> Result<(Option<HoldGuard>, TurnQuota), ApiError> {
+    let periods = Periods::now();
+    match state.holds.admit(&state.quotas, admission).await? {
+        Admitted::Held {
+            guard,
+            limits,
+            counts,
+        } => Ok((
+            Some(guard),
+            TurnQuota {
+                limits,
+                counted_in_redis: true,
+                headers: RateLimitHeaders::turns(&limits, &counts, &periods),
+            },
+        )),
+        Admitted::Busy { running } => Err(ApiError::AgentBusy(running)),
+        Admitted::Refused(refusal) => {
+            state.metrics.quota_refused(refusal.field);
+            Err(ApiError::Quota(refusal))
+        }
+        // Never open: the team's limits and counts come from Postgres instead.
+        Admitted::Unavailable => {
+            let limits = state.quotas.limits(admission.team).await?;
+            let counts = if limits.limits_turns() {
+                match fallback::admit_turn(
+                    &state.store,
+                    admission.team,
+                    &limits,
+                    admission.reservation,
+                    &periods,
+                )
+                .await?
+                {
+                    Ok(counts) => counts,
+                    Err(refusal) => {
+                        state.metrics.quota_refused(refusal.field);
+                        return Err(ApiError::Quota(refusal));
+                    }
+                }
+            } else {
+                Default::default()
+            };
+            Ok((
+                None,
+                TurnQuota {
+                    limits,
+                    counted_in_redis: false,
+                    headers: RateLimitHeaders::turns(&limits, &counts, &periods),
+                },
+            ))
+        }
     }
 }
 

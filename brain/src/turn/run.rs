@@ -33,11 +33,12 @@ use super::context::{self, Fold};
 use super::history::{step_start, text_part, tool_part};
 use crate::config::Limits;
 use crate::error::ApiError;
-use crate::hold::HoldGuard;
+use crate::hold::{HoldGuard, Reserved};
 use crate::provider::{
     EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
     StopReason, ToolCall, ToolResult, Unavailable, Usage,
 };
+use crate::quota::{Periods, Quotas, Refusal, fallback};
 use crate::store::{
     AssistantMessage, ModelCallUsage, Store, StoreError, TurnEnd, TurnStatus, storable_text,
 };
@@ -60,6 +61,9 @@ pub(super) struct TurnTask {
     pub tx: mpsc::Sender<UiChunk>,
     /// Released at wrap-up (T7); `None` when Redis was unreachable at intake.
     pub hold: Option<HoldGuard>,
+    /// The team's budgets, checked again before every further model call (E2).
+    pub quota: super::TurnQuota,
+    pub quotas: Quotas,
     /// Run in the background after an answer is stored, when history outgrew the budget.
     pub fold: Fold,
     /// Shown once at the start of the stream (B2).
@@ -103,6 +107,11 @@ enum End {
     Completed(FinishReason),
     Interrupted,
     Failed(ProviderError),
+    /// A budget ran out before a further model call (E2); ends the turn `failed` like a
+    /// provider failure mid-turn.
+    Refused(Refusal),
+    /// Neither Redis nor Postgres could say whether a further model call fits the budget.
+    QuotaUnknown,
 }
 
 /// How long a wrap-up keeps trying to write the whole end state through transient store
@@ -141,12 +150,24 @@ impl TurnTask {
                 messages: conversation.clone(),
                 ..self.request.clone()
             };
+            // The first call was reserved at admission; every further one reserves its own.
+            if iteration > 1 {
+                match self.reserve(context::request_tokens(&request)).await {
+                    Ok(None) => {}
+                    Ok(Some(refusal)) => break End::Refused(refusal),
+                    Err(err) => {
+                        tracing::warn!(turn = %self.turn, class = err.metric_label(), "quota unknown mid-turn");
+                        break End::QuotaUnknown;
+                    }
+                }
+            }
             let opened = match self.open(&request, &mut calls_made, &mut usage_log).await {
                 OpenOutcome::Opened(opened) => opened,
                 OpenOutcome::Cancelled => break End::Interrupted,
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
+                        let billed = billed_tokens(&usage_log);
                         // The client gets an error status, not a stream: the user message
                         // goes with the failure, so the same message id may be sent again.
                         self.persist(TurnEnd {
@@ -160,7 +181,7 @@ impl TurnTask {
                         unfinished.written();
                         // Released before the client hears of the failure, so the retry
                         // that a `Retry-After` invites does not find the agent busy.
-                        self.release_hold().await;
+                        self.release_hold(billed).await;
                         let _ = started.send(Err(err.into()));
                         return;
                     }
@@ -296,22 +317,53 @@ impl TurnTask {
             }
         };
         let answer_tokens = context::estimate_tokens(&parts);
+        let billed = billed_tokens(&usage_log);
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
         // its next message on `finish` must not find the agent busy.
-        self.release_hold().await;
+        self.release_hold(billed).await;
         self.send(last).await;
         if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
         }
     }
 
-    async fn release_hold(&mut self) {
+    async fn release_hold(&mut self, billed: u64) {
         if let Some(hold) = self.hold.take() {
-            hold.release().await;
+            hold.release_billed(billed).await;
         }
+    }
+
+    /// Reserves a further model call against the team's token budgets: through the hold's
+    /// counters, or from Postgres when the turn was admitted without Redis or Redis went
+    /// away since. `Some` is a refusal.
+    async fn reserve(&self, tokens: u64) -> Result<Option<Refusal>, StoreError> {
+        let limits = &self.quota.limits;
+        if limits.tokens_per_day.is_none() && limits.tokens_per_month.is_none() {
+            return Ok(None);
+        }
+        if self.quota.counted_in_redis
+            && let Some(hold) = &self.hold
+        {
+            match hold.reserve(&self.quotas, limits, tokens).await? {
+                Reserved::Ok => return Ok(None),
+                Reserved::Refused(refusal) => return Ok(Some(refusal)),
+                Reserved::Unavailable => {}
+            }
+        }
+        let budgets = crate::quota::Limits {
+            tokens_per_day: limits.tokens_per_day,
+            tokens_per_month: limits.tokens_per_month,
+            ..Default::default()
+        };
+        // This turn is among the running ones Postgres counts, at one reservation each.
+        Ok(
+            fallback::admit_turn(&self.store, self.team, &budgets, tokens, &Periods::now())
+                .await?
+                .err(),
+        )
     }
 
     /// Writes the end state and answers the chunk that ends the stream. Answers whether an
@@ -369,6 +421,19 @@ impl TurnTask {
                     lost()
                 };
                 (stored, last)
+            }
+            End::Refused(refusal) => {
+                tracing::info!(turn = %self.turn, field = refusal.field.name(), "budget spent mid-turn");
+                self.persist(ended(TurnStatus::Failed, Some(refusal.code()), None))
+                    .await;
+                (false, UiChunk::error(refusal.code(), &refusal.message()))
+            }
+            End::QuotaUnknown => {
+                let code = ErrorCode::StoreUnavailable;
+                self.persist(ended(TurnStatus::Failed, Some(code), None))
+                    .await;
+                let text = "the team's budget could not be checked; the turn stopped";
+                (false, UiChunk::error(code, text))
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
@@ -905,6 +970,14 @@ impl Drop for Unfinished {
             });
         }
     }
+}
+
+/// Input + output tokens of every model call, as billed.
+fn billed_tokens(usage_log: &[ModelCallUsage]) -> u64 {
+    usage_log
+        .iter()
+        .map(|u| u.input_tokens.unwrap_or(0) + u.output_tokens.unwrap_or(0))
+        .sum()
 }
 
 fn call_usage(call_index: u32, model: &str, usage: Usage) -> ModelCallUsage {

@@ -16,6 +16,8 @@ use protocol::ui::{DONE_SENTINEL, UI_STREAM_HEADER, UI_STREAM_VERSION, UiChunk};
 use tokio::sync::mpsc;
 use tokio_util::sync::DropGuard;
 
+use crate::quota::RateLimitHeaders;
+
 /// One SSE event carrying `chunk`.
 pub fn encode(chunk: &UiChunk) -> Bytes {
     let mut buf = Vec::with_capacity(64);
@@ -50,6 +52,8 @@ enum Source {
 pub struct UiBody {
     source: Source,
     done: bool,
+    /// The team's `RateLimit` fields as the turn's admission left them (E2).
+    rate_limit: RateLimitHeaders,
 }
 
 impl UiBody {
@@ -57,13 +61,19 @@ impl UiBody {
         Self {
             source: Source::Live { _guard: guard, rx },
             done: false,
+            rate_limit: RateLimitHeaders::default(),
         }
+    }
+
+    pub fn with_rate_limit(self, rate_limit: RateLimitHeaders) -> Self {
+        Self { rate_limit, ..self }
     }
 
     pub fn replay(chunks: Vec<UiChunk>) -> Self {
         Self {
             source: Source::Replay(chunks.into_iter()),
             done: false,
+            rate_limit: RateLimitHeaders::default(),
         }
     }
 }
@@ -93,9 +103,11 @@ impl Stream for UiBody {
 }
 
 impl IntoResponse for UiBody {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        let rate_limit = std::mem::take(&mut self.rate_limit);
         let mut response = Body::from_stream(self).into_response();
         let headers = response.headers_mut();
+        rate_limit.apply(headers);
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),

@@ -1,0 +1,455 @@
+//! Team quotas (SPEC T2, E2): what a team may spend and how fast, checked before spend.
+//!
+//! Six limits per team, each a count or unlimited: model tokens per UTC day and per UTC
+//! month (input + output as billed), turns per minute (a sliding window over the last 60
+//! seconds: exact, no burst at a window edge), concurrent turns, concurrent worker
+//! sessions and worker-seconds per UTC day. The defaults come from `BRAIN_QUOTA_*`; a
+//! team's overrides (`PUT /v1/quotas`) replace them field by field.
+//!
+//! Where each is enforced:
+//! - turns: at intake, in the same Redis script as the agent's hold (`hold.rs`), before
+//!   anything is written; tokens again before every further model call of the turn. Token
+//!   budgets reserve the call's estimate (input estimate + output cap) and settle on the
+//!   billed usage when the hold is released, so concurrent turns of one team overshoot a
+//!   budget by at most one reservation. With Redis unreachable, [`fallback`] decides from
+//!   Postgres instead (never open).
+//! - worker sessions: before a session is provisioned or a pooled worker claimed
+//!   ([`Quotas::admit_session`]), from Postgres: provisioning is rare and slow, so exact
+//!   counts cost nothing that matters.
+//!
+//! Postgres is the truth: the Redis counters are rebuilt from its billing events when they
+//! are missing and expire hourly, so drift heals.
+
+pub mod fallback;
+mod headers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+use protocol::{ErrorCode, TeamId};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::store::{Store, StoreError};
+pub use headers::{RateLimitHeaders, TurnCounts};
+
+/// One quota, by its wire name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Field {
+    TokensPerDay,
+    TokensPerMonth,
+    TurnsPerMinute,
+    ConcurrentTurns,
+    ConcurrentSessions,
+    WorkerSecondsPerDay,
+}
+
+impl Field {
+    pub const ALL: [Self; 6] = [
+        Self::TokensPerDay,
+        Self::TokensPerMonth,
+        Self::TurnsPerMinute,
+        Self::ConcurrentTurns,
+        Self::ConcurrentSessions,
+        Self::WorkerSecondsPerDay,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TokensPerDay => "tokens_per_day",
+            Self::TokensPerMonth => "tokens_per_month",
+            Self::TurnsPerMinute => "turns_per_minute",
+            Self::ConcurrentTurns => "concurrent_turns",
+            Self::ConcurrentSessions => "concurrent_sessions",
+            Self::WorkerSecondsPerDay => "worker_seconds_per_day",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// A spent period budget is `quota_exhausted` (402: more time or money helps, a retry
+    /// soon does not); a rate or concurrency limit is `quota_exceeded` (429).
+    pub fn code(self) -> ErrorCode {
+        match self {
+            Self::TokensPerDay | Self::TokensPerMonth | Self::WorkerSecondsPerDay => {
+                ErrorCode::QuotaExhausted
+            }
+            Self::TurnsPerMinute | Self::ConcurrentTurns | Self::ConcurrentSessions => {
+                ErrorCode::QuotaExceeded
+            }
+        }
+    }
+}
+
+/// A team's effective limits; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_month: Option<u64>,
+    pub turns_per_minute: Option<u64>,
+    pub concurrent_turns: Option<u64>,
+    pub concurrent_sessions: Option<u64>,
+    pub worker_seconds_per_day: Option<u64>,
+}
+
+impl Limits {
+    pub fn get(&self, field: Field) -> Option<u64> {
+        match field {
+            Field::TokensPerDay => self.tokens_per_day,
+            Field::TokensPerMonth => self.tokens_per_month,
+            Field::TurnsPerMinute => self.turns_per_minute,
+            Field::ConcurrentTurns => self.concurrent_turns,
+            Field::ConcurrentSessions => self.concurrent_sessions,
+            Field::WorkerSecondsPerDay => self.worker_seconds_per_day,
+        }
+    }
+
+    pub fn set(&mut self, field: Field, value: Option<u64>) {
+        *self.slot(field) = value;
+    }
+
+    fn slot(&mut self, field: Field) -> &mut Option<u64> {
+        match field {
+            Field::TokensPerDay => &mut self.tokens_per_day,
+            Field::TokensPerMonth => &mut self.tokens_per_month,
+            Field::TurnsPerMinute => &mut self.turns_per_minute,
+            Field::ConcurrentTurns => &mut self.concurrent_turns,
+            Field::ConcurrentSessions => &mut self.concurrent_sessions,
+            Field::WorkerSecondsPerDay => &mut self.worker_seconds_per_day,
+        }
+    }
+
+    /// Whether a turn's admission has anything to count: with no turn or token limit the
+    /// hold's script skips the counters entirely.
+    pub fn limits_turns(&self) -> bool {
+        self.tokens_per_day.is_some()
+            || self.tokens_per_month.is_some()
+            || self.turns_per_minute.is_some()
+            || self.concurrent_turns.is_some()
+    }
+
+    /// The defaults with a team's stored overrides applied. A stored field that is not a
+    /// limit any more (or not a count) is ignored rather than failing every turn.
+    pub fn with_overrides(mut self, overrides: &serde_json::Value) -> Self {
+        if let Some(map) = overrides.as_object() {
+            for (name, value) in map {
+                if let Some(field) = Field::parse(name)
+                    && (value.is_null() || value.is_u64())
+                {
+                    *self.slot(field) = value.as_u64();
+                }
+            }
+        }
+        self
+    }
+}
+
+/// The body of `PUT /v1/quotas`: an absent field is left as it was, `null` makes it
+/// unlimited, an integer sets it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaUpdate {
+    #[serde(default, deserialize_with = "present")]
+    pub tokens_per_day: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub tokens_per_month: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub turns_per_minute: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub concurrent_turns: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub concurrent_sessions: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub worker_seconds_per_day: Option<Option<u64>>,
+}
+
+/// Tells a present `null` (`Some(None)`) from an absent field (`None`, by `default`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(d).map(Some)
+}
+
+/// Larger values are typos, and Redis counts in signed 64-bit integers.
+pub const MAX_LIMIT: u64 = 1 << 50;
+
+impl QuotaUpdate {
+    /// The fields to merge into the stored overrides, as a JSON object.
+    pub fn into_patch(self) -> Result<serde_json::Value, String> {
+        let fields = [
+            (Field::TokensPerDay, self.tokens_per_day),
+            (Field::TokensPerMonth, self.tokens_per_month),
+            (Field::TurnsPerMinute, self.turns_per_minute),
+            (Field::ConcurrentTurns, self.concurrent_turns),
+            (Field::ConcurrentSessions, self.concurrent_sessions),
+            (Field::WorkerSecondsPerDay, self.worker_seconds_per_day),
+        ];
+        let mut patch = serde_json::Map::new();
+        for (field, value) in fields {
+            let Some(value) = value else { continue };
+            if value.is_some_and(|v| v > MAX_LIMIT) {
+                return Err(format!("{} must be at most {MAX_LIMIT}", field.name()));
+            }
+            patch.insert(field.name().to_owned(), value.into());
+        }
+        Ok(serde_json::Value::Object(patch))
+    }
+}
+
+/// A refusal: which limit, its value, and when trying again can succeed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    pub field: Field,
+    pub limit: u64,
+    pub retry_after: Duration,
+    /// The team's policies and what is left of them, for the response headers.
+    pub headers: RateLimitHeaders,
+}
+
+impl Refusal {
+    pub fn code(&self) -> ErrorCode {
+        self.field.code()
+    }
+
+    pub fn message(&self) -> String {
+        let what = match self.field {
+            Field::TokensPerDay => "the team's model tokens for today are spent",
+            Field::TokensPerMonth => "the team's model tokens for this month are spent",
+            Field::TurnsPerMinute => "the team started its limit of turns in the last minute",
+            Field::ConcurrentTurns => "the team runs its limit of concurrent turns",
+            Field::ConcurrentSessions => "the team runs its limit of concurrent worker sessions",
+            Field::WorkerSecondsPerDay => "the team's worker-seconds for today are spent",
+        };
+        format!(
+            "{what} ({} = {}); retry after {} s",
+            self.field.name(),
+            self.limit,
+            self.retry_after.as_secs().max(1)
+        )
+    }
+}
+
+/// The UTC periods the budgets count in, at one instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Periods {
+    pub day_start: DateTime<Utc>,
+    pub day_end: DateTime<Utc>,
+    pub month_start: DateTime<Utc>,
+    pub month_end: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+}
+
+impl Periods {
+    pub fn at(now: DateTime<Utc>) -> Self {
+        let date = now.date_naive();
+        let midnight =
+            |d: chrono::NaiveDate| Utc.from_utc_datetime(&d.and_time(chrono::NaiveTime::MIN));
+        let day_start = midnight(date);
+        let day_end = midnight(date.succ_opt().unwrap_or(date));
+        let first = date.with_day(1).unwrap_or(date);
+        let next_month = if first.month() == 12 {
+            chrono::NaiveDate::from_ymd_opt(first.year() + 1, 1, 1)
+        } else {
+            chrono::NaiveDate::from_ymd_opt(first.year(), first.month() + 1, 1)
+        }
+        .unwrap_or(first);
+        Self {
+            day_start,
+            day_end,
+            month_start: midnight(first),
+            month_end: midnight(next_month),
+            now,
+        }
+    }
+
+    pub fn now() -> Self {
+        Self::at(Utc::now())
+    }
+
+    /// The Redis key suffixes of the day's and the month's counters.
+    pub fn day_tag(&self) -> String {
+        self.day_start.format("%Y%m%d").to_string()
+    }
+
+    pub fn month_tag(&self) -> String {
+        self.month_start.format("%Y%m").to_string()
+    }
+
+    pub fn until_day_end(&self) -> Duration {
+        (self.day_end - self.now).to_std().unwrap_or_default()
+    }
+
+    pub fn until_month_end(&self) -> Duration {
+        (self.month_end - self.now).to_std().unwrap_or_default()
+    }
+}
+
+/// What a team has used, as `GET /v1/quotas` shows it (from Postgres, the truth).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Used {
+    pub tokens_per_day: u64,
+    pub tokens_per_month: u64,
+    pub turns_per_minute: u64,
+    pub concurrent_turns: u64,
+    pub concurrent_sessions: u64,
+    pub worker_seconds_per_day: u64,
+}
+
+/// The team's limits and their defaults, shared by the turn path, the session path and
+/// the API.
+#[derive(Clone)]
+pub struct Quotas {
+    store: Store,
+    defaults: Arc<Limits>,
+}
+
+impl Quotas {
+    pub fn new(store: Store, defaults: Limits) -> Self {
+        Self {
+            store,
+            defaults: Arc::new(defaults),
+        }
+    }
+
+    pub fn defaults(&self) -> Limits {
+        *self.defaults
+    }
+
+    /// A team's effective limits, read from Postgres.
+    pub async fn limits(&self, team: TeamId) -> Result<Limits, StoreError> {
+        let overrides = self.store.quota_overrides(team).await?;
+        Ok(self.defaults.with_overrides(&overrides))
+    }
+
+    /// Merges `update` into the team's overrides; answers the new effective limits.
+    pub async fn update(&self, team: TeamId, update: QuotaUpdate) -> Result<Limits, UpdateError> {
+        let patch = update.into_patch().map_err(UpdateError::Invalid)?;
+        let overrides = self.store.merge_quota_overrides(team, &patch).await?;
+        Ok(self.defaults.with_overrides(&overrides))
+    }
+
+    /// Billed model tokens this UTC day and month, which the Redis counters are rebuilt
+    /// from.
+    pub async fn billed_tokens(
+        &self,
+        team: TeamId,
+        periods: &Periods,
+    ) -> Result<(u64, u64), StoreError> {
+        self.store.billed_tokens(team, periods).await
+    }
+
+    /// What the team has used in each quota's window, from Postgres.
+    pub async fn used(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
+        self.store.quota_usage(team, periods).await
+    }
+
+    /// W2/E2: may the team start one more worker session? Checked before a session is
+    /// provisioned or a pooled worker claimed; the refusal is a tool error for the model.
+    pub async fn admit_session(&self, team: TeamId) -> Result<Option<Refusal>, StoreError> {
+        let limits = self.limits(team).await?;
+        if limits.concurrent_sessions.is_none() && limits.worker_seconds_per_day.is_none() {
+            return Ok(None);
+        }
+        let periods = Periods::now();
+        let used = self.store.session_usage(team, &periods).await?;
+        let headers = RateLimitHeaders::sessions(&limits, &used, &periods);
+        if let Some(limit) = limits.concurrent_sessions
+            && used.concurrent_sessions >= limit
+        {
+            return Ok(Some(Refusal {
+                field: Field::ConcurrentSessions,
+                limit,
+                // A session ends when its chat goes idle; a minute is a fair first wait.
+                retry_after: Duration::from_secs(60),
+                headers,
+            }));
+        }
+        if let Some(limit) = limits.worker_seconds_per_day
+            && used.worker_seconds_per_day >= limit
+        {
+            return Ok(Some(Refusal {
+                field: Field::WorkerSecondsPerDay,
+                limit,
+                retry_after: periods.until_day_end(),
+                headers,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_replace_defaults_field_by_field() {
+        let defaults = Limits {
+            tokens_per_day: Some(1000),
+            turns_per_minute: Some(10),
+            ..Limits::default()
+        };
+        let limits = defaults.with_overrides(&serde_json::json!({
+            "tokens_per_day": null,
+            "concurrent_turns": 3,
+            "retired_field": 7,
+            "turns_per_minute": "ten"
+        }));
+        assert_eq!(limits.tokens_per_day, None, "null is unlimited");
+        assert_eq!(limits.concurrent_turns, Some(3));
+        assert_eq!(
+            limits.turns_per_minute,
+            Some(10),
+            "a bad value keeps the default"
+        );
+        assert!(limits.limits_turns());
+        assert!(!Limits::default().limits_turns());
+    }
+
+    #[test]
+    fn an_update_tells_null_from_absent_and_refuses_junk() {
+        let update: QuotaUpdate =
+            serde_json::from_str(r#"{"tokens_per_day": null, "concurrent_turns": 4}"#).unwrap();
+        assert_eq!(
+            update.into_patch().unwrap(),
+            serde_json::json!({"tokens_per_day": null, "concurrent_turns": 4})
+        );
+        assert!(serde_json::from_str::<QuotaUpdate>(r#"{"tokens": 1}"#).is_err());
+        assert!(serde_json::from_str::<QuotaUpdate>(r#"{"concurrent_turns": -1}"#).is_err());
+        assert!(serde_json::from_str::<QuotaUpdate>(r#"{"concurrent_turns": 1.5}"#).is_err());
+        let huge: QuotaUpdate =
+            serde_json::from_str(&format!(r#"{{"tokens_per_day": {}}}"#, MAX_LIMIT + 1)).unwrap();
+        assert!(huge.into_patch().is_err());
+    }
+
+    #[test]
+    fn periods_are_utc_days_and_months() {
+        let now = Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 30).unwrap();
+        let p = Periods::at(now);
+        assert_eq!(p.day_tag(), "20261231");
+        assert_eq!(p.month_tag(), "202612");
+        assert_eq!(p.until_day_end(), Duration::from_secs(30));
+        assert_eq!(p.until_month_end(), Duration::from_secs(30));
+        assert_eq!(
+            p.month_end,
+            Utc.with_ymd_and_hms(2027, 1, 1, 0, 0, 0).unwrap()
+        );
+        let p = Periods::at(Utc.with_ymd_and_hms(2026, 2, 10, 12, 0, 0).unwrap());
+        assert_eq!(
+            p.month_start,
+            Utc.with_ymd_and_hms(2026, 2, 1, 0, 0, 0).unwrap()
+        );
+        assert_eq!(
+            p.month_end,
+            Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap()
+        );
+    }
+}

@@ -1,0 +1,149 @@
+//! Team quota overrides and the counts quotas are checked against (T2, E2). Billing
+//! events are the truth every count is taken from.
+
+use std::time::Duration;
+
+use protocol::TeamId;
+use sqlx::Row;
+
+use super::{Store, StoreError};
+use crate::quota::{Periods, Used};
+
+/// A team's turn-path usage as Postgres sees it (Redis unreachable, or rebuilding).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TurnUsage {
+    pub running: u64,
+    /// Turns started in the last 60 seconds, and when the oldest of them leaves the window.
+    pub recent: u64,
+    pub window_reset: Duration,
+    /// Billed model tokens (input + output) this UTC day and month.
+    pub tokens_day: u64,
+    pub tokens_month: u64,
+}
+
+fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64, StoreError> {
+    let value: i64 = row.try_get(column)?;
+    Ok(u64::try_from(value).unwrap_or(0))
+}
+
+/// Billed tokens since `$2` (day) and `$3` (month): one scan of the month's model calls.
+const TOKENS: &str = "SELECT \
+       coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) \
+         FILTER (WHERE created_at >= $2), 0)::int8 AS tokens_day, \
+       coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::int8 \
+         AS tokens_month \
+     FROM billing_events \
+     WHERE team_id = $1 AND kind = 'model_call' AND created_at >= $3";
+
+impl Store {
+    /// The team's stored overrides (`{}` when it has none).
+    pub async fn quota_overrides(&self, team: TeamId) -> Result<serde_json::Value, StoreError> {
+        let row: Option<(serde_json::Value,)> =
+            sqlx::query_as("SELECT overrides FROM team_quotas WHERE team_id = $1")
+                .bind(team.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map_or_else(|| serde_json::json!({}), |(v,)| v))
+    }
+
+    /// Merges `patch` (field → count or null) into the overrides; answers the result.
+    pub async fn merge_quota_overrides(
+        &self,
+        team: TeamId,
+        patch: &serde_json::Value,
+    ) -> Result<serde_json::Value, StoreError> {
+        let (overrides,): (serde_json::Value,) = sqlx::query_as(
+            "INSERT INTO team_quotas (team_id, overrides) VALUES ($1, $2) \
+             ON CONFLICT (team_id) DO UPDATE \
+               SET overrides = team_quotas.overrides || EXCLUDED.overrides, updated_at = now() \
+             RETURNING overrides",
+        )
+        .bind(team.0)
+        .bind(patch)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(overrides)
+    }
+
+    /// Billed model tokens this UTC day and month: what a missing Redis counter is
+    /// rebuilt from.
+    pub async fn billed_tokens(
+        &self,
+        team: TeamId,
+        periods: &Periods,
+    ) -> Result<(u64, u64), StoreError> {
+        let row = sqlx::query(TOKENS)
+            .bind(team.0)
+            .bind(periods.day_start)
+            .bind(periods.month_start)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((count(&row, "tokens_day")?, count(&row, "tokens_month")?))
+    }
+
+    /// Everything the turn path counts, in one statement.
+    pub async fn turn_usage(
+        &self,
+        team: TeamId,
+        periods: &Periods,
+    ) -> Result<TurnUsage, StoreError> {
+        let sql = format!(
+            "WITH tokens AS ({TOKENS}) \
+             SELECT tokens.*, \
+               (SELECT count(*) FROM turns WHERE team_id = $1 AND status = 'running') AS running, \
+               recent.n AS recent, \
+               coalesce(extract(epoch FROM (recent.oldest + interval '60 seconds' - $4)) \
+                 * 1000, 0)::int8 AS reset_ms \
+             FROM tokens, \
+               (SELECT count(*) AS n, min(started_at) AS oldest FROM turns \
+                WHERE team_id = $1 AND started_at > $4 - interval '60 seconds') AS recent"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(periods.day_start)
+            .bind(periods.month_start)
+            .bind(periods.now)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(TurnUsage {
+            running: count(&row, "running")?,
+            recent: count(&row, "recent")?,
+            window_reset: Duration::from_millis(count(&row, "reset_ms")?),
+            tokens_day: count(&row, "tokens_day")?,
+            tokens_month: count(&row, "tokens_month")?,
+        })
+    }
+
+    /// Live worker sessions and today's billed worker-seconds.
+    pub async fn session_usage(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
+        let row = sqlx::query(
+            "SELECT \
+               (SELECT count(*) FROM agent_runtime_sessions \
+                WHERE team_id = $1 AND state NOT IN ('terminated', 'failed')) AS sessions, \
+               (SELECT coalesce(ceil(sum(seconds)), 0)::int8 FROM billing_events \
+                WHERE team_id = $1 AND kind = 'worker_seconds' AND created_at >= $2) AS seconds",
+        )
+        .bind(team.0)
+        .bind(periods.day_start)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Used {
+            concurrent_sessions: count(&row, "sessions")?,
+            worker_seconds_per_day: count(&row, "seconds")?,
+            ..Used::default()
+        })
+    }
+
+    /// Every quota's usage, for `GET /v1/quotas`.
+    pub async fn quota_usage(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
+        let turns = self.turn_usage(team, periods).await?;
+        let sessions = self.session_usage(team, periods).await?;
+        Ok(Used {
+            tokens_per_day: turns.tokens_day,
+            tokens_per_month: turns.tokens_month,
+            turns_per_minute: turns.recent,
+            concurrent_turns: turns.running,
+            ..sessions
+        })
+    }
+}
