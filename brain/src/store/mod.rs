@@ -20,6 +20,7 @@ mod secrets;
 mod sessions;
 mod teams;
 mod turns;
+mod usage;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -41,6 +42,7 @@ pub use teams::CreatedTeam;
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
 };
+pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
 /// Semantic store failures; the HTTP layer maps them to status codes.
 #[derive(Debug, thiserror::Error)]
