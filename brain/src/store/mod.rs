@@ -223,6 +223,11 @@ fn migrator() -> Migrator {
             "runtime-manager: idle checks, provision claims",
             include_str!("../../../migrations/0010_manager.sql"),
         ),
+        (
+            13,
+            "usage: worker-seconds billing",
+            include_str!("../../../migrations/0013_usage.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {
