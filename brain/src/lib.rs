@@ -5,6 +5,7 @@
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
+//! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
 //! - `store/`: Postgres, the only place with SQL;
@@ -31,6 +32,7 @@ pub mod sessions;
 pub mod store;
 pub mod tools;
 pub mod turn;
+pub mod usage;
 
 use std::sync::Arc;
 

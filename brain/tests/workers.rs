@@ -1781,3 +1781,128 @@ async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_
     assert_eq!(listed.len(), 1, "the session was taken over: {listed:?}");
     assert_eq!(listed[0]["state"], "ready");
 }
+
+/// E1: a worker session's lifetime, from its launch to its end, is billed as
+/// worker-seconds: one event per interval while it lives and a final one at teardown, each
+/// exactly once, though two managers sweep at once and one of them is SIGKILLed while the
+/// session lives. The events tile the lifetime, and `GET /v1/usage` shows their sum.
+#[tokio::test]
+async fn a_sessions_worker_seconds_tile_its_lifetime_through_racing_and_killed_managers() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let env = [
+        ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "4000"),
+        ("RUNTIME_MANAGER_BILLING_INTERVAL_MS", "500"),
+    ];
+    let mut first = start_manager_with(&app, &namespace, None, &app.url, &env);
+    let _second = start_manager_with(&app, &namespace, None, &app.url, &env);
+    let (agent, chat) = light_agent(&app).await;
+    let asked = Instant::now();
+    warm_up(&app, &chat).await;
+    // Both managers bill while the session lives; then one dies without a word.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    first.child.start_kill().unwrap();
+    first.child.wait().await.unwrap();
+
+    // Idle teardown by the survivor (or, if the worker died with its manager, the lost
+    // heartbeat): either way the session ends, and its final event follows.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let ended = loop {
+        let listed = sessions(&app, &agent).await;
+        if listed[0]["state"] == "terminated" || listed[0]["state"] == "failed" {
+            break Instant::now();
+        }
+        assert!(Instant::now() < deadline, "never ended: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let observed = ended.duration_since(asked).as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let events: Vec<(String, i64, f64, bool)> = loop {
+        let events = sqlx::query_as(
+            "SELECT e.event_key,
+                    round(extract(epoch FROM e.created_at - s.billing_from) * 1000)::int8,
+                    e.seconds, e.created_at = s.ended_at
+             FROM billing_events e JOIN agent_runtime_sessions s
+               ON e.event_key LIKE 'worker:' || s.id || ':%'
+             WHERE e.kind = 'worker_seconds' AND e.team_id = s.team_id
+               AND e.agent_id = s.agent_id AND e.model IS NULL AND e.turn_id IS NULL
+             ORDER BY e.created_at",
+        )
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap();
+        if events
+            .iter()
+            .any(|e: &(String, i64, f64, bool)| e.0.ends_with(":final"))
+        {
+            break events;
+        }
+        assert!(Instant::now() < deadline, "no final event: {events:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (lifetime,): (f64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM ended_at - billing_from)::float8 FROM agent_runtime_sessions",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    println!(
+        "a session of {lifetime:.3} s billed in {} events (the test saw {observed:.3} s)",
+        events.len()
+    );
+
+    let (last, intervals) = events.split_last().unwrap();
+    assert!(
+        last.0.ends_with(":final") && last.3,
+        "the final event ends at the end: {events:?}"
+    );
+    assert!(
+        intervals
+            .iter()
+            .all(|e| e.2 == 0.5 && !e.0.ends_with(":final"))
+    );
+    let mut reached_ms = 0.0;
+    for (key, end_ms, seconds, _) in &events {
+        let start_ms = *end_ms as f64 - seconds * 1000.0;
+        assert!(
+            (start_ms - reached_ms).abs() < 1.0,
+            "{key} starts at {start_ms} ms, the events before reach {reached_ms} ms: {events:?}"
+        );
+        reached_ms = *end_ms as f64;
+    }
+    let billed: f64 = events.iter().map(|e| e.2).sum();
+    assert!(
+        (billed - lifetime).abs() < 1e-3,
+        "{billed} s billed, {lifetime} s lived"
+    );
+    // The session lived at least its idle window, and no longer than the test watched it.
+    assert!(lifetime >= 4.0, "{lifetime}");
+    assert!(
+        lifetime <= observed + 0.05,
+        "{lifetime} s billed, {observed} s observed"
+    );
+    assert!(intervals.len() >= 8, "{events:?}");
+
+    let usage: Value = app
+        .get("/v1/usage?group_by=model")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let worker_row = usage["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"].is_null())
+        .unwrap_or_else(|| panic!("{usage}"))
+        .clone();
+    let shown = worker_row["worker_seconds"].as_f64().unwrap();
+    assert!((shown - billed).abs() < 1e-3, "{usage}");
+    assert_eq!(
+        usage["totals"]["worker_seconds"],
+        worker_row["worker_seconds"]
+    );
+    assert_eq!(
+        usage["totals"]["model_calls"], 2,
+        "the warm-up turn's two model calls"
+    );
+}

@@ -88,8 +88,12 @@ pub struct Config {
     pub dial_timeout: Duration,
     /// Lifetime of the session token a worker starts with (the brain renews it in-band).
     pub token_ttl: Duration,
-    /// How often the reaper looks for timed-out dials and orphaned workers.
+    /// How often the reaper looks for timed-out dials and orphaned workers, and the
+    /// billing sweep for worker-seconds due.
     pub reaper_interval: Duration,
+    /// E1: the length of a live session's worker-seconds events
+    /// (`RUNTIME_MANAGER_BILLING_INTERVAL_MS`, a minute by default).
+    pub billing_interval: Duration,
     /// An idle check this overdue was lost (a failed push, a crash, a Redis restart): the
     /// reaper arms a new one. Checks fire about a second after they are due, and a failing
     /// one is retried for about ten seconds.
@@ -208,6 +212,14 @@ impl Config {
             dial_timeout,
             token_ttl,
             reaper_interval: Duration::from_secs(1),
+            billing_interval: ranged(
+                env,
+                "RUNTIME_MANAGER_BILLING_INTERVAL_MS",
+                60_000,
+                100,
+                3_600_000,
+            )
+            .map(Duration::from_millis)?,
             lost_idle_check_grace: Duration::from_secs(30),
         })
     }

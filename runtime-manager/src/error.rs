@@ -10,6 +10,9 @@ use crate::launcher::LaunchError;
 pub enum Error {
     #[error("store: {0}")]
     Store(#[from] sqlx::Error),
+    /// A statement did not answer within its bound.
+    #[error("store: no answer in time")]
+    StoreTimeout,
     #[error("queue: {0}")]
     Queue(#[from] QueueError),
     #[error("launcher: {0}")]
@@ -27,6 +30,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Self::Store(_) => "store",
+            Self::StoreTimeout => "store_timeout",
             Self::Queue(e) => match e {
                 QueueError::Redis(_) => "queue_redis",
                 _ => "queue",

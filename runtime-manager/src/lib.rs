@@ -12,7 +12,8 @@
 //!
 //! **Architecture Invariant:** the manager keeps no session state in memory that another
 //! replica or the next process needs: rows are the truth, tasks are in Redis, and the
-//! dial timeout and the arming of idle checks are sweeps over the rows. The exceptions are the local launcher's table
+//! dial timeout, the arming of idle checks and the worker-seconds billing are sweeps over
+//! the rows. The exceptions are the local launcher's table
 //! of its own child processes, which cannot outlive the process anyway, and the pod
 //! watcher's cache of worker pods, which every replica rebuilds from the API server.
 //!
@@ -111,6 +112,7 @@ pub async fn run_with_launcher(
     let reaper_stop = CancellationToken::new();
     let reaper = tokio::spawn(manager.clone().reaper(reaper_stop.clone()));
     let watcher = tokio::spawn(manager.clone().watch_workers(reaper_stop.clone()));
+    let billing = tokio::spawn(manager.clone().billing(reaper_stop.clone()));
     tracing::info!(
         replica = %manager.replica().0,
         live_sessions = live,
@@ -129,7 +131,16 @@ pub async fn run_with_launcher(
     reaper_stop.cancel();
     let _ = reaper.await;
     let _ = watcher.await;
+    let _ = billing.await;
     manager.stop_workers().await;
+    // The sessions just ended get their final events now rather than from the next
+    // replica's sweep.
+    if let Err(e) = manager.bill_once().await {
+        tracing::warn!(
+            error_class = e.metric_label(),
+            "billing worker-seconds failed"
+        );
+    }
     // Last: the lease covers every provision in hand until it has finished.
     lease_stop.cancel();
     let _ = lease.await;

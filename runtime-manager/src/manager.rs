@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
-use crate::store::{PoolSlot, ProvisionClaim, Store};
+use crate::store::{Billed, PoolSlot, ProvisionClaim, Store};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
@@ -53,6 +53,11 @@ const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
 pub const LEASE: Duration = Duration::from_secs(10);
 /// How often the lease is renewed: a few missed renewals before it lapses.
 pub const LEASE_RENEWAL: Duration = Duration::from_secs(2);
+/// The most sessions one billing statement takes: a pass after a long outage catches up
+/// in several short statements rather than one long one.
+const BILLING_BATCH: i64 = 500;
+/// The bound on one billing statement.
+const BILLING_BOUND: Duration = Duration::from_secs(10);
 
 /// The shared handles, one per process; cheap to clone.
 #[derive(Clone)]
@@ -485,6 +490,52 @@ impl Manager {
         if let Err(e) = self.inner.launcher.stop(worker_ref).await {
             tracing::warn!(session = %session.0, error_class = e.metric_label(), "stopping a worker failed");
         }
+    }
+
+    /// E1: writes the worker-seconds events due now (see [`Store::bill_worker_seconds`]),
+    /// batch after batch until none is due. Every replica runs it; the row locks and the
+    /// event keys make each interval land once whichever replica (or retry) bills it, and
+    /// a live session goes on being billed as long as any replica runs, whoever launched
+    /// it.
+    pub async fn bill_once(&self) -> Result<Billed, Error> {
+        let inner = &self.inner;
+        let mut total = Billed::default();
+        loop {
+            let billed = tokio::time::timeout(
+                BILLING_BOUND,
+                inner
+                    .store
+                    .bill_worker_seconds(inner.config.billing_interval, BILLING_BATCH),
+            )
+            .await
+            .map_err(|_| Error::StoreTimeout)??;
+            total.sessions += billed.sessions;
+            total.events += billed.events;
+            total.closed += billed.closed;
+            if billed.sessions < BILLING_BATCH {
+                break;
+            }
+        }
+        if total.events > 0 {
+            tracing::debug!(
+                sessions = total.sessions,
+                events = total.events,
+                closed = total.closed,
+                "worker-seconds billed"
+            );
+        }
+        Ok(total)
+    }
+
+    /// Runs [`Self::bill_once`] every `reaper_interval` until `shutdown`.
+    pub async fn billing(self, shutdown: CancellationToken) {
+        every(
+            self.inner.config.reaper_interval,
+            &shutdown,
+            "billing worker-seconds failed",
+            || async { self.bill_once().await.map(drop) },
+        )
+        .await;
     }
 
     /// Runs [`Self::reap_once`] every `reaper_interval` until `shutdown`.

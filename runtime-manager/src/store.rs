@@ -447,6 +447,94 @@ impl Store {
     }
 }
 
+/// What one billing sweep wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Billed {
+    /// Sessions billed: each one due an event (a full interval, or its end).
+    pub sessions: i64,
+    /// `worker_seconds` events inserted.
+    pub events: i64,
+    /// Sessions whose billing is complete now (their final event written).
+    pub closed: i64,
+}
+
+impl Store {
+    /// E1: bills worker-seconds up to now for at most `batch` sessions, in one statement
+    /// (so one implicit transaction): for each session due an event (it ended, or a full
+    /// interval has passed since its events end), one event per full `interval` since `billed_until` (or `billing_from`),
+    /// ending at or before its end (`ended_at`, or now while it lives), then, once it has
+    /// ended, the `final` event for the rest, and `billed_until` moved to where the events
+    /// reach. Each event's `created_at` is the end of the interval it bills and `seconds`
+    /// its length, so a session's events tile its lifetime: they sum to `ended_at -
+    /// billing_from`. Rows another sweep holds are skipped (`SKIP LOCKED`) and billed
+    /// by the next pass; a key already written (`worker:<session>:<ms since
+    /// billing_from>` or `worker:<session>:final`) is not written again.
+    pub async fn bill_worker_seconds(
+        &self,
+        interval: Duration,
+        batch: i64,
+    ) -> Result<Billed, sqlx::Error> {
+        let (sessions, events, closed): (i64, i64, i64) = sqlx::query_as(
+            "WITH due AS (
+               SELECT id, team_id, agent_id, billing_from, ended_at,
+                      COALESCE(billed_until, billing_from) AS start
+               FROM agent_runtime_sessions
+               WHERE billing_from IS NOT NULL
+                 AND (ended_at IS NULL OR billed_until IS NULL OR billed_until < ended_at)
+                 AND (ended_at IS NOT NULL
+                      OR COALESCE(billed_until, billing_from)
+                         <= now() - make_interval(secs => $1::float8 / 1000))
+               ORDER BY billing_from
+               LIMIT $2
+               FOR UPDATE SKIP LOCKED),
+             n AS (
+               SELECT due.*, make_interval(secs => $1::float8 / 1000) AS step,
+                      GREATEST(floor(extract(epoch FROM COALESCE(ended_at, now()) - start)
+                                     * 1000 / $1), 0)::int8 AS full
+               FROM due),
+             ev AS (
+               SELECT n.id, n.team_id, n.agent_id, n.start + k * n.step AS at,
+                      $1::float8 / 1000 AS seconds,
+                      'worker:' || n.id || ':'
+                        || round(extract(epoch FROM n.start + k * n.step - n.billing_from)
+                                 * 1000)::int8 AS key
+               FROM n, generate_series(1::int8, n.full) AS k
+               UNION ALL
+               SELECT n.id, n.team_id, n.agent_id, n.ended_at,
+                      GREATEST(extract(epoch FROM n.ended_at - (n.start + n.full * n.step)),
+                               0)::float8,
+                      'worker:' || n.id || ':final'
+               FROM n WHERE n.ended_at IS NOT NULL),
+             ins AS (
+               INSERT INTO billing_events
+                 (id, team_id, agent_id, event_key, kind, seconds, created_at)
+               SELECT gen_random_uuid(), team_id, agent_id, key, 'worker_seconds', seconds, at
+               FROM ev
+               ON CONFLICT (event_key) DO NOTHING
+               RETURNING 1),
+             upd AS (
+               UPDATE agent_runtime_sessions s
+               SET billed_until = CASE WHEN n.ended_at IS NULL THEN n.start + n.full * n.step
+                                       ELSE GREATEST(n.ended_at, n.start + n.full * n.step) END
+               FROM n
+               WHERE s.id = n.id AND (n.full > 0 OR n.ended_at IS NOT NULL)
+               RETURNING n.ended_at IS NOT NULL AS closed)
+             SELECT (SELECT count(*) FROM due),
+                    (SELECT count(*) FROM ins),
+                    (SELECT count(*) FROM upd WHERE closed)",
+        )
+        .bind(interval.as_millis() as i64)
+        .bind(batch)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Billed {
+            sessions,
+            events,
+            closed,
+        })
+    }
+}
+
 fn worker_row((id, state, worker_ref, stale): (Uuid, String, Option<String>, bool)) -> WorkerRow {
     WorkerRow {
         session: SessionId(id),

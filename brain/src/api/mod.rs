@@ -10,6 +10,7 @@ mod chats;
 mod connectors;
 mod health;
 mod quotas;
+mod usage;
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -46,7 +47,8 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/chats/{chat_id}/messages",
             get(chats::messages).post(chats::post_message),
-        );
+        )
+        .route("/usage", get(usage::get));
     Router::new()
         .nest("/v1", v1)
         .route("/healthz", get(health::healthz))

@@ -21,6 +21,7 @@ mod secrets;
 mod sessions;
 mod teams;
 mod turns;
+mod usage;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ pub use teams::CreatedTeam;
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
 };
+pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
 /// Semantic store failures; the HTTP layer maps them to status codes.
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +229,11 @@ fn migrator() -> Migrator {
             11,
             "team quotas",
             include_str!("../../../migrations/0011_quotas.sql"),
+        ),
+        (
+            13,
+            "usage: worker-seconds billing",
+            include_str!("../../../migrations/0013_usage.sql"),
         ),
     ]
     .into_iter()

@@ -114,22 +114,30 @@ impl Store {
         })
     }
 
-    /// Live worker sessions and today's billed worker-seconds.
+    /// Live worker sessions and today's worker-seconds: the billed events, and what the
+    /// billing sweep has not reached yet (the running minute of each live session).
     pub async fn session_usage(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
         let row = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM agent_runtime_sessions \
                 WHERE team_id = $1 AND state NOT IN ('terminated', 'failed')) AS sessions, \
-               (SELECT coalesce(ceil(sum(seconds)), 0)::int8 FROM billing_events \
-                WHERE team_id = $1 AND kind = 'worker_seconds' AND created_at >= $2) AS seconds",
+               (SELECT coalesce(sum(seconds), 0) FROM billing_events \
+                WHERE team_id = $1 AND kind = 'worker_seconds' AND created_at >= $2) \
+               + (SELECT coalesce(sum(extract(epoch FROM coalesce(ended_at, now()) \
+                    - greatest(coalesce(billed_until, billing_from), $2))), 0) \
+                  FROM agent_runtime_sessions \
+                  WHERE team_id = $1 AND billing_from IS NOT NULL \
+                    AND (ended_at IS NULL OR billed_until IS NULL OR billed_until < ended_at)) \
+               AS seconds_raw",
         )
         .bind(team.0)
         .bind(periods.day_start)
         .fetch_one(&self.pool)
         .await?;
+        let seconds: f64 = row.try_get("seconds_raw")?;
         Ok(Used {
             concurrent_sessions: count(&row, "sessions")?,
-            worker_seconds_per_day: count(&row, "seconds")?,
+            worker_seconds_per_day: seconds.max(0.0).ceil() as u64,
             ..Used::default()
         })
     }

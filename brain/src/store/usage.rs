@@ -1,0 +1,140 @@
+//! A team's usage (SPEC E1): its billing events summed over a time range, grouped by day,
+//! agent or model. The events themselves are written where they happen: model calls with
+//! the turn's end state (`turns.rs`), worker-seconds by the runtime-manager's billing
+//! sweep.
+//!
+//! One statement answers the rows and the totals (`GROUPING SETS`), so the totals are the
+//! database's sums, never a second read that could see other events.
+
+use chrono::{DateTime, Utc};
+use protocol::TeamId;
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+/// What the events are grouped by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageGroup {
+    /// The UTC day of the event's `created_at` (the end of the interval it bills).
+    Day,
+    Agent,
+    /// The model of a model call; worker-seconds have none, so they form the row whose
+    /// key is `null`.
+    Model,
+}
+
+impl UsageGroup {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "day" => Some(Self::Day),
+            "agent" => Some(Self::Agent),
+            "model" => Some(Self::Model),
+            _ => None,
+        }
+    }
+
+    /// The group key as SQL text; a constant, never input.
+    fn key_sql(self) -> &'static str {
+        match self {
+            Self::Day => "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+            Self::Agent => "agent_id::text",
+            Self::Model => "model",
+        }
+    }
+}
+
+/// A validated usage question: `[from, to)`, grouped by `group_by`.
+#[derive(Clone, Copy, Debug)]
+pub struct UsageQuery {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: UsageGroup,
+}
+
+/// Sums over a set of billing events.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct UsageSums {
+    pub tokens_in: i64,
+    pub tokens_out: i64,
+    pub model_calls: i64,
+    /// Seconds of worker lifetime, to the millisecond.
+    pub worker_seconds: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UsageRow {
+    /// The day (`YYYY-MM-DD`), the agent id, or the model (`null` for worker-seconds).
+    pub key: Option<String>,
+    /// For `group_by=agent`: the agent's name, `null` once the agent was deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<Option<String>>,
+    #[serde(flatten)]
+    pub sums: UsageSums,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct UsageReport {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub group_by: UsageGroup,
+    /// Ordered by key (`null` last); only groups with events.
+    pub rows: Vec<UsageRow>,
+    pub totals: UsageSums,
+}
+
+impl Store {
+    /// The team's usage for `query`.
+    pub async fn usage(&self, team: TeamId, query: UsageQuery) -> Result<UsageReport, StoreError> {
+        let sql = format!(
+            "WITH g AS ( \
+               SELECT {key} AS k, GROUPING({key}) = 1 AS total, \
+                 COALESCE(sum(input_tokens) FILTER (WHERE kind = 'model_call'), 0)::int8 AS tokens_in, \
+                 COALESCE(sum(output_tokens) FILTER (WHERE kind = 'model_call'), 0)::int8 AS tokens_out, \
+                 count(*) FILTER (WHERE kind = 'model_call') AS model_calls, \
+                 round(COALESCE(sum(seconds) FILTER (WHERE kind = 'worker_seconds'), 0)::numeric, 3)::float8 \
+                   AS worker_seconds \
+               FROM billing_events \
+               WHERE team_id = $1 AND created_at >= $2 AND created_at < $3 \
+               GROUP BY GROUPING SETS (({key}), ())) \
+             SELECT g.*, a.name AS agent_name FROM g \
+             LEFT JOIN agents a ON $4 AND NOT g.total AND a.team_id = $1 AND a.id::text = g.k \
+             ORDER BY g.total, g.k NULLS LAST",
+            key = query.group_by.key_sql()
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(query.from)
+            .bind(query.to)
+            .bind(query.group_by == UsageGroup::Agent)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut report = UsageReport {
+            from: query.from,
+            to: query.to,
+            group_by: query.group_by,
+            rows: Vec::with_capacity(rows.len()),
+            totals: UsageSums::default(),
+        };
+        for row in &rows {
+            let sums = UsageSums {
+                tokens_in: row.try_get("tokens_in")?,
+                tokens_out: row.try_get("tokens_out")?,
+                model_calls: row.try_get("model_calls")?,
+                worker_seconds: row.try_get("worker_seconds")?,
+            };
+            if row.try_get("total")? {
+                report.totals = sums;
+                continue;
+            }
+            report.rows.push(UsageRow {
+                key: row.try_get("k")?,
+                agent_name: (query.group_by == UsageGroup::Agent)
+                    .then(|| row.try_get("agent_name"))
+                    .transpose()?,
+                sums,
+            });
+        }
+        Ok(report)
+    }
+}
