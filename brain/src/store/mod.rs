@@ -22,7 +22,6 @@ mod teams;
 mod turns;
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -37,7 +36,7 @@ pub use cron::Autostart;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use sessions::SessionRow;
-pub use teams::CreatedTeam;
+pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
 };
@@ -54,6 +53,9 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("stored data is malformed: {0}")]
     Corrupt(String),
+    /// The database did not answer within the caller's bound.
+    #[error("database timed out")]
+    TimedOut,
 }
 
 impl StoreError {
@@ -76,6 +78,7 @@ impl StoreError {
             Self::Database(sqlx::Error::Database(db)) => db
                 .code()
                 .is_some_and(|code| ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))),
+            Self::TimedOut => true,
             _ => false,
         }
     }
@@ -86,6 +89,7 @@ impl StoreError {
             Self::Conflict(_) => "conflict",
             Self::Database(_) => "database",
             Self::Corrupt(_) => "corrupt",
+            Self::TimedOut => "timeout",
         }
     }
 }
@@ -107,7 +111,6 @@ pub struct Store {
     pool: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
-    keys: Arc<teams::KeyCache>,
 }
 
 impl Store {
@@ -140,7 +143,6 @@ impl Store {
         Ok(Self {
             pool,
             secrets: None,
-            keys: Arc::default(),
         })
     }
 
@@ -148,7 +150,6 @@ impl Store {
         Self {
             pool,
             secrets: None,
-            keys: Arc::default(),
         }
     }
 
@@ -220,6 +221,11 @@ fn migrator() -> Migrator {
             10,
             "runtime-manager: idle checks, provision claims",
             include_str!("../../../migrations/0010_manager.sql"),
+        ),
+        (
+            12,
+            "auth: key names and scopes, chat users",
+            include_str!("../../../migrations/0012_auth.sql"),
         ),
     ]
     .into_iter()

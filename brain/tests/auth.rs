@@ -1,0 +1,457 @@
+//! Principals (SPEC X1): API keys with scopes, their revocation across replicas, JWTs from
+//! a JWKS served by the test itself, and the user isolation of chats.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::TestApp;
+use reqwest::{Method, StatusCode};
+use scripted_provider::Reply;
+use serde_json::{Value, json};
+
+/// `method path` with `bearer`, and a JSON body when given: (status, body or null).
+async fn call(
+    app: &TestApp,
+    base: &str,
+    bearer: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut request = app
+        .http
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(bearer);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn create_key(app: &TestApp, bearer: &str, name: &str, scope: &str) -> (String, String) {
+    let (status, body) = call(
+        app,
+        &app.url,
+        bearer,
+        Method::POST,
+        "/v1/keys",
+        Some(json!({"name": name, "scope": scope})),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    (
+        body["id"].as_str().unwrap().to_owned(),
+        body["api_key"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn keys_are_created_listed_and_revoked() {
+    let app = TestApp::start().await;
+    let (status, created) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::POST,
+        "/v1/keys",
+        Some(json!({"name": "frontend backend", "scope": "chat"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["name"], "frontend backend");
+    assert_eq!(created["scope"], "chat");
+    let secret = created["api_key"].as_str().unwrap();
+    assert!(secret.starts_with("ar_") && secret.len() == 67, "{secret}");
+    assert!(created["created_at"].is_string());
+
+    let (status, listed) = call(&app, &app.url, &app.key, Method::GET, "/v1/keys", None).await;
+    assert_eq!(status, 200);
+    let keys = listed["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{listed}");
+    assert_eq!(keys[0]["name"], "bootstrap");
+    assert_eq!(keys[0]["scope"], "admin", "the bootstrap key is admin");
+    assert_eq!(keys[1]["id"], created["id"]);
+    assert_eq!(keys[1]["prefix"], &secret[..9]);
+    assert!(
+        !listed.to_string().contains(secret) && keys.iter().all(|k| k.get("api_key").is_none()),
+        "no secret is listed"
+    );
+
+    // The new key works, and works as a chat key.
+    let (status, _) = call(&app, &app.url, secret, Method::GET, "/v1/agents", None).await;
+    assert_eq!(status, 200);
+
+    let id = created["id"].as_str().unwrap();
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, body) = call(&app, &app.url, secret, Method::GET, "/v1/agents", None).await;
+    assert_eq!(status, 401);
+    assert_eq!(code(&body), "unauthorized");
+    let (_, listed) = call(&app, &app.url, &app.key, Method::GET, "/v1/keys", None).await;
+    assert_eq!(
+        listed["keys"].as_array().unwrap().len(),
+        1,
+        "revoked keys are not listed"
+    );
+    // Deleting it again, an unknown id and a malformed one: all 404.
+    for path in [
+        format!("/v1/keys/{id}"),
+        format!("/v1/keys/{}", uuid::Uuid::now_v7()),
+        "/v1/keys/nope".to_owned(),
+    ] {
+        let (status, body) = call(&app, &app.url, &app.key, Method::DELETE, &path, None).await;
+        assert_eq!(status, 404, "{path}");
+        assert_eq!(code(&body), "not_found");
+    }
+}
+
+#[tokio::test]
+async fn another_teams_key_is_not_found() {
+    let app = TestApp::start().await;
+    let other = app.store.create_team("other").await.unwrap();
+    let (status, listed) = call(
+        &app,
+        &app.url,
+        &other.api_key,
+        Method::GET,
+        "/v1/keys",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let their_key = listed["keys"][0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{their_key}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &other.api_key,
+        Method::GET,
+        "/v1/agents",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "their key still works");
+}
+
+#[tokio::test]
+async fn key_bodies_are_validated() {
+    let app = TestApp::start().await;
+    for body in [
+        json!({"name": "", "scope": "chat"}),
+        json!({"name": "   ", "scope": "chat"}),
+        json!({"name": "a\u{0}b", "scope": "chat"}),
+        json!({"name": "x".repeat(201), "scope": "chat"}),
+        json!({"name": "x", "scope": "owner"}),
+        json!({"name": "x"}),
+        json!({"name": "x", "scope": "chat", "expires": 3}),
+    ] {
+        let (status, answer) = call(
+            &app,
+            &app.url,
+            &app.key,
+            Method::POST,
+            "/v1/keys",
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(status, 400, "{body} → {answer}");
+        assert_eq!(code(&answer), "invalid_request");
+    }
+    create_key(&app, &app.key, &"é".repeat(200), "admin").await;
+}
+
+#[tokio::test]
+async fn a_chat_key_cannot_administer() {
+    let app = TestApp::start().await;
+    let (agent, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let (_, chat_key) = create_key(&app, &app.key, "chat", "chat").await;
+    let forbidden = [
+        (
+            Method::POST,
+            "/v1/keys".to_owned(),
+            Some(json!({"name": "x", "scope": "admin"})),
+        ),
+        (Method::GET, "/v1/keys".to_owned(), None),
+        (
+            Method::DELETE,
+            format!("/v1/keys/{}", uuid::Uuid::now_v7()),
+            None,
+        ),
+        (
+            Method::POST,
+            "/v1/agents".to_owned(),
+            Some(json!({"name": "a", "system_prompt": "", "model": "openai/x"})),
+        ),
+        (
+            Method::POST,
+            "/v1/connectors".to_owned(),
+            Some(json!({"name": "gh", "url": "https://mcp.example.com"})),
+        ),
+        (Method::GET, "/v1/connectors".to_owned(), None),
+        (
+            Method::DELETE,
+            format!("/v1/connectors/{}", uuid::Uuid::now_v7()),
+            None,
+        ),
+    ];
+    for (method, path, body) in forbidden {
+        let (status, answer) = call(&app, &app.url, &chat_key, method.clone(), &path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {answer}");
+        assert_eq!(code(&answer), "forbidden");
+    }
+    // What a chat key may do.
+    for path in [
+        format!("/v1/agents/{agent}"),
+        "/v1/agents".to_owned(),
+        format!("/v1/agents/{agent}/chats"),
+        format!("/v1/agents/{agent}/sessions"),
+        format!("/v1/chats/{chat}/messages"),
+    ] {
+        let (status, answer) = call(&app, &app.url, &chat_key, Method::GET, &path, None).await;
+        assert_eq!(status, 200, "GET {path}: {answer}");
+    }
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &chat_key,
+        Method::POST,
+        &format!("/v1/agents/{agent}/chats"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    app.provider.push(Reply::Text {
+        deltas: vec!["hello from a chat key".into()],
+        delay: Duration::from_millis(1),
+    });
+    let response = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&chat_key)
+        .json(&json!({"content": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = common::read_stream(response).await;
+    assert!(done);
+    assert_eq!(common::streamed_text(&chunks), "hello from a chat key");
+}
+
+#[tokio::test]
+async fn the_last_admin_key_stays() {
+    let app = TestApp::start().await;
+    let (_, listed) = call(&app, &app.url, &app.key, Method::GET, "/v1/keys", None).await;
+    let bootstrap = listed["keys"][0]["id"].as_str().unwrap().to_owned();
+    let (chat_id, _) = create_key(&app, &app.key, "chat", "chat").await;
+    let (status, body) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{bootstrap}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "a chat key does not count: {body}");
+    assert_eq!(code(&body), "conflict");
+    // A chat key can always go.
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{chat_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    // With a second admin key the bootstrap key can go, revoked by the new one.
+    let (_, second) = create_key(&app, &app.key, "second admin", "admin").await;
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &second,
+        Method::DELETE,
+        &format!("/v1/keys/{bootstrap}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, listed) = call(&app, &app.url, &second, Method::GET, "/v1/keys", None).await;
+    let own = listed["keys"][0]["id"].as_str().unwrap().to_owned();
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &second,
+        Method::DELETE,
+        &format!("/v1/keys/{own}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 409, "nor can the last one revoke itself");
+}
+
+#[tokio::test]
+async fn two_concurrent_revocations_of_the_last_two_admin_keys_leave_one() {
+    let app = TestApp::start().await;
+    for round in 0..5 {
+        let (_, listed) = call(&app, &app.url, &app.key, Method::GET, "/v1/keys", None).await;
+        assert_eq!(listed["keys"].as_array().unwrap().len(), 1, "round {round}");
+        let first = listed["keys"][0]["id"].as_str().unwrap().to_owned();
+        let (second, second_secret) = create_key(&app, &app.key, "other admin", "admin").await;
+        let (second_path, first_path) = (format!("/v1/keys/{second}"), format!("/v1/keys/{first}"));
+        let (a, b) = tokio::join!(
+            call(&app, &app.url, &app.key, Method::DELETE, &second_path, None),
+            call(
+                &app,
+                &app.url,
+                &second_secret,
+                Method::DELETE,
+                &first_path,
+                None
+            ),
+        );
+        let mut statuses = [a.0.as_u16(), b.0.as_u16()];
+        statuses.sort_unstable();
+        assert_eq!(statuses, [204, 409], "round {round}: {a:?} {b:?}");
+        let (live,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM api_keys WHERE team_id = $1 AND revoked_at IS NULL AND scope = 'admin'",
+        )
+        .bind(app.team.0)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(live, 1, "round {round}");
+        if a.0 == 409 {
+            // The bootstrap key went; go on with the other.
+            return;
+        }
+    }
+}
+
+/// Revokes `key` in Postgres only (no message to any replica) while `check` runs, then
+/// restores it: whether the replica at `base` still took the key, i.e. served it from its
+/// cache.
+async fn served_from_cache(app: &TestApp, base: &str, key: &str) -> bool {
+    sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE key_hash = sha256($1::bytea)")
+        .bind(key.as_bytes())
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let (status, _) = call(app, base, key, Method::GET, "/v1/agents", None).await;
+    sqlx::query("UPDATE api_keys SET revoked_at = NULL WHERE key_hash = sha256($1::bytea)")
+        .bind(key.as_bytes())
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    status == 200
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_on_every_replica_within_a_second() {
+    let app = TestApp::start().await;
+    let replica_b = app.second_replica().await;
+    let (id, key) = create_key(&app, &app.key, "soon revoked", "chat").await;
+    // Replica B has the key cached (once its subscription is live, it caches).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = call(&app, &replica_b, &key, Method::GET, "/v1/agents", None).await;
+        assert_eq!(status, 200);
+        if served_from_cache(&app, &replica_b, &key).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "replica B never cached the key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let revoked = Instant::now();
+    loop {
+        let (status, _) = call(&app, &replica_b, &key, Method::GET, "/v1/agents", None).await;
+        if status == 401 {
+            break;
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(1),
+            "replica B still takes the key a second after its revocation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn without_its_subscription_a_replica_trusts_no_cached_key() {
+    let app = TestApp::start().await;
+    // Replica B's Redis is unreachable: its revocation subscription never comes up.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("redis://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let (replica_b, _) = app
+        .second_replica_with(|config| config.redis_url = dead_url)
+        .await;
+    let (_, key) = create_key(&app, &app.key, "k", "chat").await;
+    for _ in 0..5 {
+        let (status, _) = call(&app, &replica_b, &key, Method::GET, "/v1/agents", None).await;
+        assert_eq!(status, 200, "Postgres still answers");
+    }
+    assert!(
+        !served_from_cache(&app, &replica_b, &key).await,
+        "a replica without its subscription asked Postgres"
+    );
+}
+
+#[tokio::test]
+async fn bearers_that_are_neither_keys_nor_tokens_are_refused() {
+    let app = TestApp::start().await;
+    for bearer in [
+        "ar_unknown",
+        "nonsense",
+        "a.b",
+        "a.b.c.d",
+        &"x".repeat(9000),
+    ] {
+        let (status, body) = call(&app, &app.url, bearer, Method::GET, "/v1/agents", None).await;
+        assert_eq!(status, 401, "{bearer}");
+        assert_eq!(code(&body), "unauthorized");
+        assert!(
+            !body.to_string().contains(bearer),
+            "the bearer is not echoed"
+        );
+    }
+}
