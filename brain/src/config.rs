@@ -47,6 +47,8 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// Worker sessions and their channel (SPEC W).
     pub workers: WorkerConfig,
+    /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
+    pub jwt: Option<crate::auth::JwtConfig>,
 }
 
 /// Worker sessions: the channel's timeouts and the session token key.
@@ -263,6 +265,7 @@ impl Config {
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
             workers: workers(env)?,
+            jwt: crate::auth::JwtConfig::from_env(env)?,
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,

@@ -91,7 +91,7 @@ impl AppState {
                 "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
             );
         }
-        let auth = auth::Auth::new(store.clone(), redis.clone());
+        let auth = auth::Auth::new(store.clone(), redis.clone(), config.jwt.clone());
         let replica = protocol::ReplicaId::new();
         let sessions = Sessions::new(
             replica,

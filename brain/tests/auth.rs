@@ -455,3 +455,366 @@ async fn bearers_that_are_neither_keys_nor_tokens_are_refused() {
         );
     }
 }
+
+// ---- JWTs -------------------------------------------------------------------------
+
+mod jwt {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use jsonwebtoken::jwk::{Jwk, JwkSet};
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+
+    use super::*;
+
+    pub const ISSUER: &str = "https://id.test.example";
+    pub const AUDIENCE: &str = "agent-runtime";
+
+    pub fn rsa1() -> EncodingKey {
+        EncodingKey::from_rsa_der(include_bytes!("fixtures/jwt/rsa1.der"))
+    }
+    pub fn rsa2() -> EncodingKey {
+        EncodingKey::from_rsa_der(include_bytes!("fixtures/jwt/rsa2.der"))
+    }
+    pub fn ec() -> EncodingKey {
+        EncodingKey::from_ec_der(include_bytes!("fixtures/jwt/ec.p8.der"))
+    }
+    pub fn ed() -> EncodingKey {
+        EncodingKey::from_ed_der(include_bytes!("fixtures/jwt/ed.p8.der"))
+    }
+
+    pub fn jwk(key: &EncodingKey, alg: Algorithm, kid: &str) -> Jwk {
+        let mut jwk = Jwk::from_encoding_key(key, alg).unwrap();
+        jwk.common.key_id = Some(kid.to_owned());
+        jwk
+    }
+
+    pub fn now() -> i64 {
+        chrono::Utc::now().timestamp()
+    }
+
+    /// Standard claims for `team` and `user`, valid for a minute; `extra` overrides.
+    pub fn claims(team: protocol::TeamId, user: &str, extra: Value) -> Value {
+        let mut claims = json!({
+            "iss": ISSUER, "aud": AUDIENCE, "exp": now() + 60, "iat": now(),
+            "sub": user, "team_id": team.to_string(),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                claims.as_object_mut().unwrap().remove(k);
+            } else {
+                claims[k] = v.clone();
+            }
+        }
+        claims
+    }
+
+    pub fn sign(key: &EncodingKey, alg: Algorithm, kid: Option<&str>, claims: &Value) -> String {
+        let mut header = Header::new(alg);
+        header.kid = kid.map(str::to_owned);
+        jsonwebtoken::encode(&header, claims, key).unwrap()
+    }
+
+    /// A JWKS served on loopback: its URL, the set it serves, and how often it was fetched.
+    pub struct JwksServer {
+        pub url: String,
+        pub keys: Arc<Mutex<Vec<Jwk>>>,
+        pub fetches: Arc<AtomicUsize>,
+    }
+
+    impl JwksServer {
+        pub async fn start(keys: Vec<Jwk>) -> Self {
+            let keys = Arc::new(Mutex::new(keys));
+            let fetches = Arc::new(AtomicUsize::new(0));
+            let (k, f) = (keys.clone(), fetches.clone());
+            let app = axum::Router::new().route(
+                "/jwks.json",
+                axum::routing::get(move || {
+                    let (k, f) = (k.clone(), f.clone());
+                    async move {
+                        f.fetch_add(1, Ordering::SeqCst);
+                        let set = JwkSet {
+                            keys: k.lock().unwrap().clone(),
+                        };
+                        axum::Json(set)
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/jwks.json", listener.local_addr().unwrap());
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            Self { url, keys, fetches }
+        }
+
+        pub fn fetches(&self) -> usize {
+            self.fetches.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A brain accepting tokens of [`ISSUER`] with the `BRAIN_JWT_*` variables in `vars`.
+    pub async fn app_with(vars: &[(&str, &str)]) -> TestApp {
+        let mut all = vec![
+            ("BRAIN_JWT_ISSUER", ISSUER),
+            ("BRAIN_JWT_AUDIENCE", AUDIENCE),
+        ];
+        all.extend_from_slice(vars);
+        let config = brain::auth::JwtConfig::from_env(&envcfg::vars(&all))
+            .unwrap()
+            .unwrap();
+        TestApp::start_with(move |c| c.jwt = Some(config)).await
+    }
+}
+
+use jsonwebtoken::Algorithm;
+use jwt::{claims, sign};
+
+async fn status_of(app: &TestApp, token: &str) -> (StatusCode, Value) {
+    call(app, &app.url, token, Method::GET, "/v1/agents", None).await
+}
+
+#[tokio::test]
+async fn jwks_keys_of_each_algorithm_are_accepted_and_rotation_is_picked_up() {
+    let server = jwt::JwksServer::start(vec![
+        jwt::jwk(&jwt::rsa1(), Algorithm::RS256, "rsa-1"),
+        jwt::jwk(&jwt::ec(), Algorithm::ES256, "ec-1"),
+        jwt::jwk(&jwt::ed(), Algorithm::EdDSA, "ed-1"),
+    ])
+    .await;
+    let app = jwt::app_with(&[
+        ("BRAIN_JWT_JWKS_URL", &server.url),
+        ("BRAIN_JWT_JWKS_MIN_REFETCH_MS", "300"),
+    ])
+    .await;
+    let c = claims(app.team, "alice", json!({}));
+    for (key, alg, kid) in [
+        (jwt::rsa1(), Algorithm::RS256, "rsa-1"),
+        (jwt::ec(), Algorithm::ES256, "ec-1"),
+        (jwt::ed(), Algorithm::EdDSA, "ed-1"),
+    ] {
+        let (status, body) = status_of(&app, &sign(&key, alg, Some(kid), &c)).await;
+        assert_eq!(status, 200, "{alg:?}: {body}");
+    }
+    assert_eq!(server.fetches(), 1, "the set is cached");
+
+    // A new key the set does not have yet: refused, and a flood of such tokens fetches
+    // the set at most once per interval.
+    let rotated = sign(&jwt::rsa2(), Algorithm::RS256, Some("rsa-2"), &c);
+    let before = server.fetches();
+    for _ in 0..20 {
+        assert_eq!(status_of(&app, &rotated).await.0, 401);
+    }
+    assert!(
+        server.fetches() - before <= 1,
+        "{} fetches",
+        server.fetches() - before
+    );
+    // The issuer rotates: the new kid is accepted once the set is fetched again.
+    server
+        .keys
+        .lock()
+        .unwrap()
+        .push(jwt::jwk(&jwt::rsa2(), Algorithm::RS256, "rsa-2"));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let (status, body) = status_of(&app, &rotated).await;
+    assert_eq!(status, 200, "{body}");
+    // The old key's signature under the new kid is no signature of the new key.
+    let forged = sign(&jwt::rsa1(), Algorithm::RS256, Some("rsa-2"), &c);
+    assert_eq!(status_of(&app, &forged).await.0, 401);
+}
+
+#[tokio::test]
+async fn refused_tokens() {
+    let server =
+        jwt::JwksServer::start(vec![jwt::jwk(&jwt::rsa1(), Algorithm::RS256, "rsa-1")]).await;
+    let app = jwt::app_with(&[
+        ("BRAIN_JWT_JWKS_URL", &server.url),
+        ("BRAIN_JWT_LEEWAY_S", "2"),
+    ])
+    .await;
+    let key = jwt::rsa1();
+    let good = |extra: Value| {
+        sign(
+            &key,
+            Algorithm::RS256,
+            Some("rsa-1"),
+            &claims(app.team, "u", extra),
+        )
+    };
+    assert_eq!(status_of(&app, &good(json!({}))).await.0, 200);
+    // Within the leeway, then beyond it.
+    assert_eq!(
+        status_of(&app, &good(json!({"exp": jwt::now() - 1})))
+            .await
+            .0,
+        200
+    );
+    let other_team = app.store.create_team("other").await.unwrap().team_id;
+    let refused = [
+        (
+            "expired beyond the leeway",
+            good(json!({"exp": jwt::now() - 4})),
+            "token expired",
+        ),
+        (
+            "not valid yet",
+            good(json!({"nbf": jwt::now() + 60})),
+            "token not valid yet",
+        ),
+        (
+            "wrong audience",
+            good(json!({"aud": "someone-else"})),
+            "wrong audience",
+        ),
+        (
+            "wrong issuer",
+            good(json!({"iss": "https://evil.example"})),
+            "wrong issuer",
+        ),
+        (
+            "no exp",
+            good(json!({"exp": null})),
+            "token lacks exp, iss or aud",
+        ),
+        ("no aud", good(json!({"aud": null})), ""),
+        ("no iss", good(json!({"iss": null})), ""),
+        ("no team", good(json!({"team_id": null})), "team claim"),
+        (
+            "unknown team",
+            good(json!({"team_id": uuid::Uuid::now_v7().to_string()})),
+            "unknown team",
+        ),
+        (
+            "team not a uuid",
+            good(json!({"team_id": "acme"})),
+            "team claim",
+        ),
+        ("no user", good(json!({"sub": null})), "user claim"),
+        (
+            "user with NUL",
+            good(json!({"sub": "a\u{0}b"})),
+            "user claim",
+        ),
+        (
+            "admin not a boolean",
+            good(json!({"admin": "true"})),
+            "admin claim",
+        ),
+    ];
+    for (what, token, reason) in refused {
+        let (status, body) = status_of(&app, &token).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert_eq!(code(&body), "unauthorized", "{what}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(reason), "{what}: {message}");
+        assert!(!message.contains(&token), "the token is not echoed");
+    }
+    // Another team's existing id in a validly signed token is that team's, not ours.
+    let theirs = good(json!({"team_id": other_team.to_string()}));
+    assert_eq!(status_of(&app, &theirs).await.0, 200);
+
+    // `alg: none`, unsigned.
+    let b64 = |v: &Value| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let none = format!(
+        "{}.{}.",
+        b64(&json!({"alg": "none", "typ": "JWT"})),
+        b64(&claims(app.team, "u", json!({})))
+    );
+    assert_eq!(status_of(&app, &none).await.0, 401, "alg none");
+    // HS256 with the RSA public key (as PEM text and as a JWK's modulus) for the secret.
+    let public_pem = include_bytes!("fixtures/jwt/rsa1.pub.pem");
+    let confused = sign(
+        &jsonwebtoken::EncodingKey::from_secret(public_pem).unwrap(),
+        Algorithm::HS256,
+        Some("rsa-1"),
+        &claims(app.team, "u", json!({})),
+    );
+    assert_eq!(
+        status_of(&app, &confused).await.0,
+        401,
+        "HS256 with the public key"
+    );
+    // A key of the right type that is not the issuer's.
+    let stranger = sign(
+        &jwt::rsa2(),
+        Algorithm::RS256,
+        None,
+        &claims(app.team, "u", json!({})),
+    );
+    assert_eq!(status_of(&app, &stranger).await.0, 401);
+    // The RSA key offered for ES256 (a kid whose key is for another algorithm).
+    let wrong_alg = sign(
+        &jwt::ec(),
+        Algorithm::ES256,
+        Some("rsa-1"),
+        &claims(app.team, "u", json!({})),
+    );
+    assert_eq!(status_of(&app, &wrong_alg).await.0, 401);
+}
+
+#[tokio::test]
+async fn inline_pem_keys_and_an_explicit_hs256_secret() {
+    let pem = include_str!("fixtures/jwt/ed.pub.pem");
+    let secret = "an-explicit-hs256-secret-of-32-bytes-or-more";
+    let app = jwt::app_with(&[
+        ("BRAIN_JWT_PUBLIC_KEYS", pem),
+        ("BRAIN_JWT_HS256_SECRET", secret),
+    ])
+    .await;
+    let c = claims(app.team, "u", json!({}));
+    assert_eq!(
+        status_of(&app, &sign(&jwt::ed(), Algorithm::EdDSA, None, &c))
+            .await
+            .0,
+        200
+    );
+    let hs = sign(
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+        Algorithm::HS256,
+        None,
+        &c,
+    );
+    assert_eq!(status_of(&app, &hs).await.0, 200);
+    let other_secret = sign(
+        &jsonwebtoken::EncodingKey::from_secret(b"another-secret-of-thirty-two-bytes!!").unwrap(),
+        Algorithm::HS256,
+        None,
+        &c,
+    );
+    assert_eq!(status_of(&app, &other_secret).await.0, 401);
+    // The EdDSA public key as the HS256 secret is still refused.
+    let confused = sign(
+        &jsonwebtoken::EncodingKey::from_secret(pem.as_bytes()).unwrap(),
+        Algorithm::HS256,
+        None,
+        &c,
+    );
+    assert_eq!(status_of(&app, &confused).await.0, 401);
+    assert_eq!(
+        status_of(&app, &sign(&jwt::rsa1(), Algorithm::RS256, None, &c))
+            .await
+            .0,
+        401
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_jwks_is_unavailable_not_refused() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/jwks.json", dead.local_addr().unwrap());
+    drop(dead);
+    let app = jwt::app_with(&[("BRAIN_JWT_JWKS_URL", &url)]).await;
+    let token = sign(
+        &jwt::rsa1(),
+        Algorithm::RS256,
+        Some("rsa-1"),
+        &claims(app.team, "u", json!({})),
+    );
+    let (status, body) = status_of(&app, &token).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(code(&body), "auth_unavailable");
+    // API keys do not depend on the issuer.
+    assert_eq!(status_of(&app, &app.key.clone()).await.0, 200);
+}

@@ -9,6 +9,7 @@
 //! any, and whether it sees every chat of the team. The rules of what a principal may do
 //! live here, so a route asks (`require_admin`, `check_chat`) rather than decides.
 
+pub mod jwt;
 pub mod keys;
 
 use std::time::Duration;
@@ -17,6 +18,7 @@ use protocol::{ChatId, TeamId};
 
 use crate::store::{Store, StoreError};
 
+pub use jwt::{JwtConfig, JwtVerifier};
 pub use keys::Keys;
 
 /// How long a lookup the authentication of a request needs may take in Postgres.
@@ -147,12 +149,16 @@ impl Principal {
 #[derive(Clone)]
 pub struct Auth {
     pub keys: Keys,
+    jwt: Option<JwtVerifier>,
+    store: Store,
 }
 
 impl Auth {
-    pub fn new(store: Store, redis: redis::Client) -> Self {
+    pub fn new(store: Store, redis: redis::Client, jwt: Option<JwtConfig>) -> Self {
         Self {
-            keys: Keys::new(store, redis),
+            keys: Keys::new(store.clone(), redis),
+            jwt: jwt.map(JwtVerifier::new),
+            store,
         }
     }
 
@@ -162,7 +168,14 @@ impl Auth {
         if bearer.starts_with(crate::store::KEY_PREFIX) {
             return self.keys.principal(bearer).await;
         }
-        Err(AuthError::Refused("not an API key"))
+        if bearer.bytes().filter(|b| *b == b'.').count() != 2 {
+            return Err(AuthError::Refused("not an API key or a JWT"));
+        }
+        let jwt = self
+            .jwt
+            .as_ref()
+            .ok_or(AuthError::Refused("tokens are not accepted by this server"))?;
+        jwt.principal(bearer, &self.store).await
     }
 }
 
