@@ -50,6 +50,8 @@ pub struct Config {
     /// A new team's quotas, until it overrides them (`BRAIN_QUOTA_<FIELD>`; unset is
     /// unlimited). SPEC T2, E2.
     pub quotas: crate::quota::Limits,
+    /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
+    pub jwt: Option<crate::auth::JwtConfig>,
 }
 
 /// Worker sessions: the channel's timeouts and the session token key.
@@ -295,6 +297,7 @@ impl Config {
             artifacts: artifacts(env)?,
             workers: workers(env)?,
             quotas: quotas(env)?,
+            jwt: crate::auth::JwtConfig::from_env(env)?,
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
 
 use crate::artifacts::{ArtifactError, SaveError};
+use crate::auth::AuthError;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
 use crate::store::StoreError;
@@ -17,6 +18,14 @@ use crate::store::StoreError;
 pub enum ApiError {
     #[error("missing or unknown API key")]
     Unauthorized,
+    /// Credentials that were refused for the short reason given (never the credentials).
+    #[error("credentials refused: {0}")]
+    Refused(&'static str),
+    #[error("this operation needs an admin key or token")]
+    Forbidden,
+    /// The JWT issuer's keys could not be fetched.
+    #[error("the token issuer's signing keys are unavailable; retry")]
+    AuthUnavailable,
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("{0}")]
@@ -58,6 +67,18 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<AuthError> for ApiError {
+    fn from(err: AuthError) -> Self {
+        match err {
+            AuthError::Refused(reason) => Self::Refused(reason),
+            AuthError::Forbidden => Self::Forbidden,
+            AuthError::NotFound(what) => Self::NotFound(what),
+            AuthError::KeysUnavailable => Self::AuthUnavailable,
+            AuthError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<ArtifactError> for ApiError {
     fn from(err: ArtifactError) -> Self {
         match err {
@@ -82,7 +103,9 @@ impl From<SaveError> for ApiError {
 impl ApiError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Unauthorized => ErrorCode::Unauthorized,
+            Self::Unauthorized | Self::Refused(_) => ErrorCode::Unauthorized,
+            Self::Forbidden => ErrorCode::Forbidden,
+            Self::AuthUnavailable => ErrorCode::AuthUnavailable,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
@@ -102,6 +125,7 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self.code() {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -114,6 +138,7 @@ impl ApiError {
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
             | ErrorCode::StorageUnavailable
+            | ErrorCode::AuthUnavailable
             | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
             // A turn's end state, never a request's answer.
@@ -165,6 +190,8 @@ impl IntoResponse for ApiError {
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
             Self::Quota(refusal) => Some(refusal.retry_after),
+            // The keys are fetched again at most this often.
+            Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),
             _ => None,
         };
         let body = ErrorBody {

@@ -2,6 +2,7 @@
 //!
 //! Layout, outside in:
 //! - `api/`: the HTTP routes, authentication and request decoding;
+//! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
@@ -19,6 +20,7 @@
 pub mod agents;
 pub mod api;
 pub mod artifacts;
+pub mod auth;
 pub mod config;
 pub mod connectors;
 pub mod demo;
@@ -59,6 +61,8 @@ pub struct AppState {
     pub replica: protocol::ReplicaId,
     pub store: Store,
     pub redis: redis::Client,
+    /// API keys and JWTs (SPEC X1).
+    pub auth: auth::Auth,
     pub providers: Providers,
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
@@ -94,6 +98,7 @@ impl AppState {
                 "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
             );
         }
+        let auth = auth::Auth::new(store.clone(), redis.clone(), config.jwt.clone());
         let replica = protocol::ReplicaId::new();
         let sessions = Sessions::new(
             replica,
@@ -109,6 +114,7 @@ impl AppState {
             replica,
             store,
             redis,
+            auth,
             providers,
             holds,
             quotas,
@@ -176,6 +182,7 @@ pub async fn serve(
     let app = api::router(state.clone());
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
+    tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
     tokio::spawn(state.sessions.clone().serve_relay(
         state.artifacts.clone(),
         state.config.artifacts.max_bytes,

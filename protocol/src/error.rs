@@ -9,8 +9,14 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
-    /// No or an unknown API key.
+    /// No credentials, an unknown or revoked API key, or a refused JWT.
     Unauthorized,
+    /// The credentials are valid but their scope does not allow the operation (a `chat`
+    /// key or a user token on an admin-only route).
+    Forbidden,
+    /// The issuer's signing keys (the JWKS) could not be fetched, so a token could be
+    /// neither accepted nor refused; retry.
+    AuthUnavailable,
     /// The resource does not exist or belongs to another team.
     NotFound,
     /// The body or a parameter does not match the closed schema.
@@ -57,6 +63,8 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::AuthUnavailable => "auth_unavailable",
             Self::NotFound => "not_found",
             Self::InvalidRequest => "invalid_request",
             Self::MethodNotAllowed => "method_not_allowed",
@@ -110,6 +118,8 @@ mod tests {
     fn as_str_matches_serde() {
         for code in [
             ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
+            ErrorCode::AuthUnavailable,
             ErrorCode::NotFound,
             ErrorCode::InvalidRequest,
             ErrorCode::MethodNotAllowed,

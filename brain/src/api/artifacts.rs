@@ -14,36 +14,44 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use uuid::Uuid;
 
-use super::{Team, parse_id};
+use super::parse_id;
 use crate::AppState;
 use crate::artifacts::ArtifactError;
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{ArtifactRow, StoreError};
 
-async fn row(state: &AppState, team: protocol::TeamId, raw: &str) -> Result<ArtifactRow, ApiError> {
+/// The artifact, if the principal may see it: its team's, and for a user token without
+/// the admin claim, of one of the user's chats.
+async fn row(state: &AppState, principal: &Principal, raw: &str) -> Result<ArtifactRow, ApiError> {
     let id: Uuid = parse_id(raw, "artifact")?;
-    match state.store.artifact(team, id).await {
-        Ok(row) => Ok(row),
-        Err(StoreError::NotFound) => Err(ApiError::NotFound("artifact")),
-        Err(e) => Err(e.into()),
-    }
+    let row = match state.store.artifact(principal.team, id).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("artifact")),
+        Err(e) => return Err(e.into()),
+    };
+    principal
+        .check_artifact_chat(&state.store, row.chat_id)
+        .await?;
+    Ok(row)
 }
 
 pub async fn meta(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(artifact_id): Path<String>,
 ) -> Result<Json<ArtifactRow>, ApiError> {
-    Ok(Json(row(&state, team, &artifact_id).await?))
+    Ok(Json(row(&state, &principal, &artifact_id).await?))
 }
 
 pub async fn download(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(artifact_id): Path<String>,
     request_headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let row = row(&state, team, &artifact_id).await?;
+    let row = row(&state, &principal, &artifact_id).await?;
+    let team = principal.team;
     let etag = HeaderValue::from_str(&format!("\"{}\"", row.sha256))
         .map_err(|_| ApiError::Internal("stored sha256 is not a header value".into()))?;
     if if_none_match(&request_headers, &row.sha256) {

@@ -1,12 +1,17 @@
-//! `POST /v1/agents/{id}/chats`, `GET|POST /v1/chats/{id}/messages`.
+//! `POST|GET /v1/agents/{id}/chats`, `GET|POST /v1/chats/{id}/messages`.
+//!
+//! A chat records the JWT user who opened it; a user token without the admin claim sees
+//! only its user's chats (`crate::auth`), every other one is `404` like another team's.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::{JsonBody, Team, parse_id};
+use super::agents::ListParams;
+use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{ChatRow, MessageRow, StoreError};
 use crate::turn::{self, TurnInput, ui_stream::UiBody};
@@ -15,12 +20,42 @@ const MAX_CLIENT_ID: usize = 200;
 
 pub async fn create(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(agent_id): Path<String>,
 ) -> Result<(StatusCode, Json<ChatRow>), ApiError> {
     let agent = parse_id(&agent_id, "agent")?;
-    match state.store.create_chat(team, agent).await {
+    match state
+        .store
+        .create_chat(principal.team, agent, principal.user.as_deref())
+        .await
+    {
         Ok(chat) => Ok((StatusCode::CREATED, Json(chat))),
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Serialize)]
+pub struct Chats {
+    chats: Vec<ChatRow>,
+}
+
+/// `GET /v1/agents/{id}/chats`: the agent's chats, newest first; for a user token without
+/// the admin claim, its user's only.
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(agent_id): Path<String>,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Json<Chats>, ApiError> {
+    let agent = parse_id(&agent_id, "agent")?;
+    let limit = params.limit()?;
+    match state
+        .store
+        .chats(principal.team, agent, principal.only_chats_of(), limit)
+        .await
+    {
+        Ok(chats) => Ok(Json(Chats { chats })),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
         Err(e) => Err(e.into()),
     }
@@ -33,11 +68,12 @@ pub struct Messages {
 
 pub async fn messages(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(chat_id): Path<String>,
 ) -> Result<Json<Messages>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
-    match state.store.messages(team, chat).await {
+    principal.check_chat(&state.store, chat).await?;
+    match state.store.messages(principal.team, chat).await {
         Ok(messages) => Ok(Json(Messages { messages })),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
         Err(e) => Err(e.into()),
@@ -147,7 +183,7 @@ impl PostMessage {
 
 pub async fn post_message(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(chat_id): Path<String>,
     JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<UiBody, ApiError> {
@@ -162,5 +198,6 @@ pub async fn post_message(
     let input = parsed
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?
         .into_input(state.config.max_message_chars)?;
-    turn::start(&state, team, chat, input).await
+    principal.check_chat(&state.store, chat).await?;
+    turn::start(&state, principal.team, chat, input).await
 }

@@ -13,8 +13,9 @@ use axum::http::StatusCode;
 use protocol::AgentId;
 use serde::{Deserialize, Serialize};
 
-use super::{JsonBody, Team, parse_id};
+use super::{JsonBody, parse_id};
 use crate::AppState;
+use crate::auth::Principal;
 use crate::connectors::{ConnectorConfig, address};
 use crate::error::ApiError;
 use crate::store::{ConnectorRow, ConnectorTarget, NewConnector, StoreError};
@@ -117,9 +118,11 @@ fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
 
 pub async fn create(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     JsonBody(body): JsonBody<CreateConnector>,
 ) -> Result<(StatusCode, Json<ConnectorRow>), ApiError> {
+    principal.require_admin()?;
+    let team = principal.team;
     let connector = body.validate(&state.config.connectors)?;
     if let Some(agent) = connector.agent {
         match state.store.agent(team, agent).await {
@@ -162,17 +165,21 @@ pub struct ConnectorList {
 
 pub async fn list(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
 ) -> Result<Json<ConnectorList>, ApiError> {
+    principal.require_admin()?;
+    let team = principal.team;
     let connectors = state.store.connectors(team).await?;
     Ok(Json(ConnectorList { connectors }))
 }
 
 pub async fn delete(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     Path(connector_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    principal.require_admin()?;
+    let team = principal.team;
     let id = parse_id(&connector_id, "connector")?;
     match state.store.delete_connector(team, id).await {
         Ok(()) => {

@@ -9,6 +9,7 @@ mod artifacts;
 mod chats;
 mod connectors;
 mod health;
+mod keys;
 mod quotas;
 mod usage;
 
@@ -17,19 +18,22 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use axum::routing::{delete, get, post};
-use protocol::TeamId;
+use axum::routing::{delete, get};
 use serde::de::DeserializeOwned;
 
 use crate::AppState;
+use crate::auth::Principal;
 use crate::error::ApiError;
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let v1 = Router::new()
-        .route("/agents", post(agents::create))
+        .route("/agents", get(agents::list).post(agents::create))
         .route("/agents/{agent_id}", get(agents::get))
-        .route("/agents/{agent_id}/chats", post(chats::create))
+        .route(
+            "/agents/{agent_id}/chats",
+            get(chats::list).post(chats::create),
+        )
         .route("/agents/{agent_id}/sessions", get(agents::sessions))
         // Workers authenticate with their session token, not a team key.
         .route(
@@ -44,6 +48,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/connectors/{connector_id}", delete(connectors::delete))
         .route("/quotas", get(quotas::get).put(quotas::put))
+        .route("/keys", get(keys::list).post(keys::create))
+        .route("/keys/{key_id}", delete(keys::delete))
         .route(
             "/chats/{chat_id}/messages",
             get(chats::messages).post(chats::post_message),
@@ -60,29 +66,30 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The authenticated team of a `/v1` request (`Authorization: Bearer <api key>`).
-pub struct Team(pub TeamId);
-
-impl FromRequestParts<AppState> for Team {
+/// The authenticated caller of a `/v1` request (`Authorization: Bearer <API key or JWT>`);
+/// what it may do is decided in `crate::auth`.
+impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let key = parts
+        let bearer = parts
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
-            .filter(|k| !k.is_empty() && k.len() <= 200)
+            .filter(|k| !k.is_empty())
             .ok_or(ApiError::Unauthorized)?;
-        state
-            .store
-            .team_for_key(key)
-            .await?
-            .map(Team)
-            .ok_or(ApiError::Unauthorized)
+        // A JWT with a few claims is well under this; a bigger bearer is never parsed.
+        if bearer.len() > MAX_BEARER {
+            return Err(ApiError::Refused("the credentials are too long"));
+        }
+        Ok(state.auth.authenticate(bearer).await?)
     }
 }
+
+/// The longest bearer credential read.
+const MAX_BEARER: usize = 8192;
 
 /// A JSON body decoded into a closed type; failures become stable error codes.
 pub struct JsonBody<T>(pub T);
@@ -103,6 +110,20 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
             )),
             Err(e) => Err(ApiError::InvalidRequest(e.body_text())),
         }
+    }
+}
+
+/// Query parameters decoded into a closed type; failures are `invalid_request`.
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequestParts<AppState> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Self(value))
+            .map_err(|e| ApiError::InvalidRequest(e.body_text()))
     }
 }
 

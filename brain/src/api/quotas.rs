@@ -5,8 +5,9 @@ use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{JsonBody, Team};
+use super::JsonBody;
 use crate::AppState;
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::quota::{Limits, Periods, QuotaUpdate, UpdateError, Used};
 
@@ -55,8 +56,9 @@ async fn view(
 
 pub async fn get(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
 ) -> Result<Json<QuotaView>, ApiError> {
+    let team = principal.team;
     let limits = state.quotas.limits(team).await?;
     Ok(Json(view(&state, team, limits).await?))
 }
@@ -66,9 +68,11 @@ pub async fn get(
 /// here; if Redis cannot be reached they lapse within a minute).
 pub async fn put(
     State(state): State<AppState>,
-    Team(team): Team,
+    principal: Principal,
     JsonBody(update): JsonBody<QuotaUpdate>,
 ) -> Result<Json<QuotaView>, ApiError> {
+    principal.require_admin()?;
+    let team = principal.team;
     let limits = state
         .quotas
         .update(team, update)

@@ -1,12 +1,12 @@
 //! `GET /v1/usage`: the team's billing events summed (SPEC E1).
 
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 
-use super::Team;
+use super::QueryParams;
 use crate::AppState;
+use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::UsageReport;
 use crate::usage::usage_query;
@@ -22,10 +22,12 @@ pub struct UsageParams {
 
 pub async fn get(
     State(state): State<AppState>,
-    Team(team): Team,
-    params: Result<Query<UsageParams>, QueryRejection>,
+    principal: Principal,
+    QueryParams(params): QueryParams<UsageParams>,
 ) -> Result<Json<UsageReport>, ApiError> {
-    let Query(params) = params.map_err(|e| ApiError::InvalidRequest(e.body_text()))?;
+    // Billing covers every user of the team: a team's admins see it.
+    principal.require_admin()?;
+    let team = principal.team;
     let query = usage_query(
         params.from.as_deref(),
         params.to.as_deref(),

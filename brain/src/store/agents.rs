@@ -87,4 +87,20 @@ impl Store {
             .ok_or(StoreError::NotFound)?;
         Ok(agent_from_row(&row)?)
     }
+
+    /// The team's agents that are not archived, newest first, at most `limit`.
+    pub async fn agents(&self, team: TeamId, limit: i64) -> Result<Vec<AgentRow>, StoreError> {
+        let sql = format!(
+            "SELECT {AGENT_COLUMNS} FROM agents WHERE team_id = $1 AND archived_at IS NULL \
+             ORDER BY created_at DESC, id DESC LIMIT $2"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| agent_from_row(r).map_err(StoreError::from))
+            .collect()
+    }
 }

@@ -14,7 +14,22 @@ pub struct ChatRow {
     pub summary: String,
     /// The summary covers every message with `seq <= summary_through` (M1).
     pub summary_through: i64,
+    /// The JWT user who opened the chat; `None` when an API key did.
+    pub created_by: Option<String>,
     pub created_at: DateTime<Utc>,
+}
+
+const CHAT_COLUMNS: &str = "id, agent_id, summary, summary_through, created_by, created_at";
+
+fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
+    Ok(ChatRow {
+        id: ChatId(row.try_get("id")?),
+        agent_id: AgentId(row.try_get("agent_id")?),
+        summary: row.try_get("summary")?,
+        summary_through: row.try_get("summary_through")?,
+        created_by: row.try_get("created_by")?,
+        created_at: row.try_get("created_at")?,
+    })
 }
 
 /// What a turn's intake reads about its chat, in one round trip.
@@ -59,26 +74,56 @@ pub(super) const MESSAGE_COLUMNS: &str =
     "id, seq, turn_id, role, parts, status, client_message_id, created_at";
 
 impl Store {
-    pub async fn create_chat(&self, team: TeamId, agent: AgentId) -> Result<ChatRow, StoreError> {
+    /// A new chat with the team's agent, opened by `created_by` (a JWT user; `None` for
+    /// an API key).
+    pub async fn create_chat(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        created_by: Option<&str>,
+    ) -> Result<ChatRow, StoreError> {
         // The insert selects from agents so that another team's agent id finds nothing.
-        let row = sqlx::query(
-            "INSERT INTO chats (id, team_id, agent_id) \
-             SELECT $1, team_id, id FROM agents WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
-             RETURNING id, agent_id, summary, summary_through, created_at",
-        )
-        .bind(ChatId::new().0)
-        .bind(team.0)
-        .bind(agent.0)
-        .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::NotFound)?;
-        Ok(ChatRow {
-            id: ChatId(row.try_get("id")?),
-            agent_id: AgentId(row.try_get("agent_id")?),
-            summary: row.try_get("summary")?,
-            summary_through: row.try_get("summary_through")?,
-            created_at: row.try_get("created_at")?,
-        })
+        let sql = format!(
+            "INSERT INTO chats (id, team_id, agent_id, created_by) \
+             SELECT $1, team_id, id, $4 FROM agents WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
+             RETURNING {CHAT_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(ChatId::new().0)
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(created_by)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok(chat_from_row(&row)?)
+    }
+
+    /// The agent's chats, newest first, at most `limit`; with `created_by`, only that
+    /// user's. `NotFound` for an unknown or another team's agent.
+    pub async fn chats(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        created_by: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ChatRow>, StoreError> {
+        self.agent(team, agent).await?;
+        let sql = format!(
+            "SELECT {CHAT_COLUMNS} FROM chats \
+             WHERE team_id = $1 AND agent_id = $2 AND ($3::text IS NULL OR created_by = $3) \
+             ORDER BY created_at DESC, id DESC LIMIT $4"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(created_by)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| chat_from_row(r).map_err(StoreError::from))
+            .collect()
     }
 
     /// A chat with its agent, in one round trip (the turn's intake needs both).
@@ -88,7 +133,7 @@ impl Store {
         chat: ChatId,
     ) -> Result<TurnBasis, StoreError> {
         let row = sqlx::query(
-            "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_at AS chat_created_at, \
+            "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at, \
@@ -108,6 +153,7 @@ impl Store {
             agent_id: agent.id,
             summary: row.try_get("summary")?,
             summary_through: row.try_get("summary_through")?,
+            created_by: row.try_get("created_by")?,
             created_at: row.try_get("chat_created_at")?,
         };
         Ok(TurnBasis {
@@ -159,6 +205,22 @@ impl Store {
 }
 
 impl Store {
+    /// The user who opened the team's chat (`None`: an API key did); `NotFound` for an
+    /// unknown or another team's chat.
+    pub async fn chat_created_by(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<Option<String>, StoreError> {
+        let row: Option<(Option<String>,)> =
+            sqlx::query_as("SELECT created_by FROM chats WHERE team_id = $1 AND id = $2")
+                .bind(team.0)
+                .bind(chat.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|(by,)| by).ok_or(StoreError::NotFound)
+    }
+
     /// Folds messages up to `through` into the running summary, unless another writer
     /// moved the summary since `expected_through` was read (then nothing changes and the
     /// answer is `false`).

@@ -24,7 +24,6 @@ mod turns;
 mod usage;
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
@@ -40,7 +39,7 @@ pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use sessions::SessionRow;
-pub use teams::CreatedTeam;
+pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
 };
@@ -58,6 +57,9 @@ pub enum StoreError {
     Database(#[from] sqlx::Error),
     #[error("stored data is malformed: {0}")]
     Corrupt(String),
+    /// The database did not answer within the caller's bound.
+    #[error("database timed out")]
+    TimedOut,
 }
 
 impl StoreError {
@@ -80,6 +82,7 @@ impl StoreError {
             Self::Database(sqlx::Error::Database(db)) => db
                 .code()
                 .is_some_and(|code| ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))),
+            Self::TimedOut => true,
             _ => false,
         }
     }
@@ -90,6 +93,7 @@ impl StoreError {
             Self::Conflict(_) => "conflict",
             Self::Database(_) => "database",
             Self::Corrupt(_) => "corrupt",
+            Self::TimedOut => "timeout",
         }
     }
 }
@@ -111,7 +115,6 @@ pub struct Store {
     pool: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
-    keys: Arc<teams::KeyCache>,
 }
 
 impl Store {
@@ -144,7 +147,6 @@ impl Store {
         Ok(Self {
             pool,
             secrets: None,
-            keys: Arc::default(),
         })
     }
 
@@ -152,7 +154,6 @@ impl Store {
         Self {
             pool,
             secrets: None,
-            keys: Arc::default(),
         }
     }
 
@@ -229,6 +230,11 @@ fn migrator() -> Migrator {
             11,
             "team quotas",
             include_str!("../../../migrations/0011_quotas.sql"),
+        ),
+        (
+            12,
+            "auth: key names and scopes, chat users",
+            include_str!("../../../migrations/0012_auth.sql"),
         ),
         (
             13,

@@ -224,20 +224,26 @@ impl Store {
         Ok(())
     }
 
-    /// An agent's sessions, newest first. `NotFound` for another team's agent.
+    /// An agent's sessions, newest first; with `created_by`, only those of that user's
+    /// chats. `NotFound` for another team's agent.
     pub async fn agent_sessions(
         &self,
         team: TeamId,
         agent: AgentId,
+        created_by: Option<&str>,
     ) -> Result<Vec<SessionRow>, StoreError> {
         self.agent(team, agent).await?;
         let sql = format!(
-            "SELECT {COLUMNS} FROM agent_runtime_sessions \
-             WHERE team_id = $1 AND agent_id = $2 ORDER BY created_at DESC LIMIT 100"
+            "SELECT {COLUMNS} FROM agent_runtime_sessions s \
+             WHERE team_id = $1 AND agent_id = $2 \
+               AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM chats c \
+                    WHERE c.team_id = s.team_id AND c.id = s.chat_id AND c.created_by = $3)) \
+             ORDER BY created_at DESC LIMIT 100"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(agent.0)
+            .bind(created_by)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()

@@ -1,9 +1,6 @@
 //! Teams and their API keys.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
+use chrono::{DateTime, Utc};
 use protocol::TeamId;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -18,53 +15,37 @@ pub struct CreatedTeam {
     pub api_key: String,
 }
 
-const KEY_PREFIX: &str = "ar_";
+/// Every API key starts with it, so a bearer can be told from a JWT at a glance.
+pub const KEY_PREFIX: &str = "ar_";
+/// How much of a key `GET /v1/keys` shows (the prefix and 6 hex digits) to tell keys apart.
+const SHOWN_PREFIX: usize = KEY_PREFIX.len() + 6;
 
-/// How long a replica trusts a key it has looked up. A key revoked in the database stops
-/// working on every replica within this time; in exchange, a warm key's request costs no
-/// round trip to authenticate (every turn starts with one).
-const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
-/// Bounds the cache's memory; when full it starts over.
-const KEY_CACHE_MAX: usize = 10_000;
-
-/// Key hash → (team, when looked up). Only known keys are kept: an unknown key always asks
-/// the database, so a key created on another replica works at once.
-#[derive(Default)]
-pub(super) struct KeyCache(Mutex<HashMap<[u8; 32], (TeamId, Instant)>>);
-
-impl std::fmt::Debug for KeyCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let entries = self.0.lock().map(|c| c.len()).unwrap_or(0);
-        f.debug_struct("KeyCache")
-            .field("entries", &entries)
-            .finish()
-    }
+/// A live key as the team sees it: everything but the secret.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KeyRow {
+    pub id: Uuid,
+    pub name: String,
+    /// `admin` or `chat`, as stored (the `auth` module gives it meaning).
+    pub scope: String,
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
 }
 
-impl KeyCache {
-    fn get(&self, hash: &[u8; 32]) -> Option<TeamId> {
-        let cache = self.0.lock().ok()?;
-        let (team, at) = cache.get(hash)?;
-        (at.elapsed() < KEY_CACHE_TTL).then_some(*team)
-    }
-
-    fn put(&self, hash: [u8; 32], team: TeamId) {
-        if let Ok(mut cache) = self.0.lock() {
-            if cache.len() >= KEY_CACHE_MAX {
-                cache.clear();
-            }
-            cache.insert(hash, (team, Instant::now()));
-        }
-    }
+/// What authenticating a key needs.
+#[derive(Clone, Debug)]
+pub struct KeyAuth {
+    pub id: Uuid,
+    pub team: TeamId,
+    pub scope: String,
 }
 
 /// The stored form of a key. Keys carry 256 random bits, so SHA-256 leaves nothing to
 /// brute-force and lets the lookup be one indexed equality.
-pub(crate) fn key_hash(key: &str) -> [u8; 32] {
+pub fn key_hash(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-fn new_key() -> String {
+pub fn new_key() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     let mut key = String::with_capacity(KEY_PREFIX.len() + 64);
@@ -85,67 +66,144 @@ impl Store {
             .bind(name)
             .execute(&mut *tx)
             .await?;
-        sqlx::query("INSERT INTO api_keys (id, team_id, key_hash, prefix) VALUES ($1, $2, $3, $4)")
-            .bind(Uuid::now_v7())
-            .bind(team_id.0)
-            .bind(&key_hash(&api_key)[..])
-            .bind(&api_key[..KEY_PREFIX.len() + 6])
-            .execute(&mut *tx)
-            .await?;
+        // The bootstrap key manages the team, so it is `admin`.
+        sqlx::query(
+            "INSERT INTO api_keys (id, team_id, key_hash, prefix, name, scope) \
+             VALUES ($1, $2, $3, $4, 'bootstrap', 'admin')",
+        )
+        .bind(Uuid::now_v7())
+        .bind(team_id.0)
+        .bind(&key_hash(&api_key)[..])
+        .bind(&api_key[..SHOWN_PREFIX])
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(CreatedTeam { team_id, api_key })
     }
 
-    /// The team an API key belongs to, if the key is known and not revoked (as of at most
-    /// [`KEY_CACHE_TTL`] ago).
-    pub async fn team_for_key(&self, key: &str) -> Result<Option<TeamId>, StoreError> {
-        let hash = key_hash(key);
-        if let Some(team) = self.keys.get(&hash) {
-            return Ok(Some(team));
-        }
-        let row: Option<(Uuid,)> = sqlx::query_as(
-            "SELECT team_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+    /// The live key whose hash is `hash`, if any.
+    pub async fn key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<KeyAuth>, StoreError> {
+        let row: Option<(Uuid, Uuid, String)> = sqlx::query_as(
+            "SELECT id, team_id, scope FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
         )
         .bind(&hash[..])
         .fetch_optional(&self.pool)
         .await?;
-        let team = row.map(|(id,)| TeamId(id));
-        if let Some(team) = team {
-            self.keys.put(hash, team);
-        }
-        Ok(team)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_looked_up_key_is_trusted_for_its_ttl_only() {
-        let cache = KeyCache::default();
-        let (hash, team) = (key_hash("ar_one"), TeamId::new());
-        assert_eq!(cache.get(&hash), None);
-        cache.put(hash, team);
-        assert_eq!(cache.get(&hash), Some(team));
-        assert_eq!(cache.get(&key_hash("ar_two")), None);
-        // Looked up a TTL ago: the database is asked again.
-        let stale = Instant::now()
-            .checked_sub(KEY_CACHE_TTL)
-            .expect("the clock is past the TTL");
-        cache.0.lock().unwrap().insert(hash, (team, stale));
-        assert_eq!(cache.get(&hash), None);
+        Ok(row.map(|(id, team, scope)| KeyAuth {
+            id,
+            team: TeamId(team),
+            scope,
+        }))
     }
 
-    #[test]
-    fn a_full_cache_starts_over() {
-        let cache = KeyCache::default();
-        for n in 0..KEY_CACHE_MAX {
-            cache.put(key_hash(&format!("ar_{n}")), TeamId::new());
+    /// Stores a new key of `team` for `secret`, unless the team already has `max_live`
+    /// live keys (`Conflict("key_limit")`).
+    pub async fn create_key(
+        &self,
+        team: TeamId,
+        name: &str,
+        scope: &str,
+        secret: &str,
+        max_live: i64,
+    ) -> Result<KeyRow, StoreError> {
+        // A bound on growth, not an exact count: two creations racing at the limit may
+        // both pass (the count is read from the statement's snapshot).
+        let row: Option<(Uuid, String, String, String, DateTime<Utc>)> = sqlx::query_as(
+            "INSERT INTO api_keys (id, team_id, key_hash, prefix, name, scope) \
+             SELECT $1, id, $3, $4, $5, $6 FROM teams WHERE id = $2 AND (SELECT count(*) FROM api_keys WHERE team_id = $2 AND revoked_at IS NULL) < $7 \
+             RETURNING id, name, scope, prefix, created_at",
+        )
+        .bind(Uuid::now_v7())
+        .bind(team.0)
+        .bind(&key_hash(secret)[..])
+        .bind(&secret[..SHOWN_PREFIX.min(secret.len())])
+        .bind(name)
+        .bind(scope)
+        .bind(max_live)
+        .fetch_optional(&self.pool)
+        .await?;
+        let (id, name, scope, prefix, created_at) = row.ok_or(StoreError::Conflict("key_limit"))?;
+        Ok(KeyRow {
+            id,
+            name,
+            scope,
+            prefix,
+            created_at,
+        })
+    }
+
+    /// The team's live keys, oldest first.
+    pub async fn keys(&self, team: TeamId) -> Result<Vec<KeyRow>, StoreError> {
+        let rows: Vec<(Uuid, String, String, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, name, scope, prefix, created_at FROM api_keys \
+             WHERE team_id = $1 AND revoked_at IS NULL ORDER BY created_at, id",
+        )
+        .bind(team.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, name, scope, prefix, created_at)| KeyRow {
+                id,
+                name,
+                scope,
+                prefix,
+                created_at,
+            })
+            .collect())
+    }
+
+    /// Revokes the team's live key `id` and returns its hash. `NotFound` for an unknown,
+    /// revoked or other team's key; `Conflict("last_admin_key")` when it is the team's
+    /// last live `admin` key. The team row is locked first, so two revocations of a
+    /// team's last two admin keys run one after the other and the second sees one left.
+    pub async fn revoke_key(&self, team: TeamId, id: Uuid) -> Result<[u8; 32], StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let locked: Option<(Uuid,)> =
+            sqlx::query_as("SELECT id FROM teams WHERE id = $1 FOR UPDATE")
+                .bind(team.0)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if locked.is_none() {
+            return Err(StoreError::NotFound);
         }
-        let last = key_hash("ar_last");
-        cache.put(last, TeamId::new());
-        assert_eq!(cache.0.lock().unwrap().len(), 1);
-        assert!(cache.get(&last).is_some());
+        let key: Option<(Vec<u8>, String)> = sqlx::query_as(
+            "SELECT key_hash, scope FROM api_keys \
+             WHERE team_id = $1 AND id = $2 AND revoked_at IS NULL",
+        )
+        .bind(team.0)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let (hash, scope) = key.ok_or(StoreError::NotFound)?;
+        if scope == "admin" {
+            let (admins,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM api_keys \
+                 WHERE team_id = $1 AND scope = 'admin' AND revoked_at IS NULL",
+            )
+            .bind(team.0)
+            .fetch_one(&mut *tx)
+            .await?;
+            if admins <= 1 {
+                return Err(StoreError::Conflict("last_admin_key"));
+            }
+        }
+        sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        hash.try_into()
+            .map_err(|_| StoreError::Corrupt(format!("api key {id} has a malformed hash")))
+    }
+
+    /// Whether `team` exists (a JWT's team claim must name one).
+    pub async fn team_exists(&self, team: TeamId) -> Result<bool, StoreError> {
+        let (exists,): (bool,) =
+            sqlx::query_as("SELECT EXISTS (SELECT 1 FROM teams WHERE id = $1)")
+                .bind(team.0)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(exists)
     }
 }

@@ -1,0 +1,382 @@
+//! API keys: lookup, creation and revocation.
+//!
+//! A replica caches the keys it has looked up, so a warm key costs no round trip (every
+//! turn starts with one). A revocation must still reach every replica within a second,
+//! so the cache is invalidated through Redis: the revoking replica publishes the key's
+//! hash (hex, never the key) on [`REVOKED_CHANNEL`] and every replica evicts it.
+//!
+//! The cache is trusted only while this replica's subscription to that channel is live
+//! ([`Keys::watch`]): before the first subscription, while Redis is down and while it
+//! resubscribes, every request asks Postgres, and the cache starts empty whenever the
+//! subscription comes (back) up, so a revocation published while nobody listened is never
+//! missed. A subscription that died silently is found by a ping every [`PING_EVERY`].
+//! A lookup that raced an eviction is not cached (the cache's epoch moved meanwhile).
+//! [`KEY_CACHE_TTL`] is the backstop for a revocation whose publish failed on the
+//! revoking replica (its publish is retried meanwhile).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use protocol::TeamId;
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{AuthError, Principal, Scope, bounded};
+use crate::store::{KeyRow, Store, StoreError, key_hash, new_key};
+
+/// The pub/sub channel revoked keys' hashes are published on.
+const REVOKED_CHANNEL: &str = "auth:key-revoked";
+/// The longest a replica trusts a cached key; see the module doc for why it is a backstop.
+const KEY_CACHE_TTL: Duration = Duration::from_secs(30);
+/// Bounds the cache's memory; when full it starts over.
+const KEY_CACHE_MAX: usize = 10_000;
+/// Every Redis call, connecting included.
+const REDIS_BOUND: Duration = Duration::from_millis(500);
+/// How often the subscription is pinged to tell a live one from one that died silently.
+const PING_EVERY: Duration = Duration::from_secs(1);
+/// The pause before subscribing again after the subscription was lost.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(500);
+/// How often a failed publish of a revocation is tried again (until [`KEY_CACHE_TTL`]).
+const REPUBLISH_EVERY: Duration = Duration::from_millis(500);
+
+/// Live keys a team may hold.
+pub const MAX_KEYS_PER_TEAM: i64 = 100;
+const MAX_NAME_CHARS: usize = 200;
+
+/// A key name: 1 to 200 characters, not blank, no NUL (Postgres text cannot hold it).
+pub fn validate_name(name: &str) -> Result<(), &'static str> {
+    if name.trim().is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err("name must have 1 to 200 characters");
+    }
+    if name.contains('\0') {
+        return Err("name must not contain NUL characters");
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+struct Cached {
+    team: TeamId,
+    scope: Scope,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct CacheState {
+    entries: HashMap<[u8; 32], Cached>,
+    /// Moves on every eviction and every change of `live`, so a lookup that started
+    /// before one is not cached after it.
+    epoch: u64,
+    /// Whether the invalidation subscription is live; without it nothing is trusted.
+    live: bool,
+}
+
+/// Key hash → the key's team and scope, as of a lookup made while subscribed.
+#[derive(Default)]
+struct KeyCache(Mutex<CacheState>);
+
+impl KeyCache {
+    fn get(&self, hash: &[u8; 32]) -> Option<(TeamId, Scope)> {
+        let state = self.0.lock().ok()?;
+        if !state.live {
+            return None;
+        }
+        let cached = state.entries.get(hash)?;
+        (cached.at.elapsed() < KEY_CACHE_TTL).then_some((cached.team, cached.scope))
+    }
+
+    /// The epoch a lookup starts in; `None` when its result must not be cached.
+    fn epoch(&self) -> Option<u64> {
+        let state = self.0.lock().ok()?;
+        state.live.then_some(state.epoch)
+    }
+
+    fn put(&self, hash: [u8; 32], team: TeamId, scope: Scope, epoch: u64) {
+        if let Ok(mut state) = self.0.lock()
+            && state.live
+            && state.epoch == epoch
+        {
+            if state.entries.len() >= KEY_CACHE_MAX {
+                state.entries.clear();
+            }
+            let at = Instant::now();
+            state.entries.insert(hash, Cached { team, scope, at });
+        }
+    }
+
+    fn evict(&self, hash: Option<&[u8; 32]>) {
+        if let Ok(mut state) = self.0.lock() {
+            match hash {
+                Some(hash) => {
+                    state.entries.remove(hash);
+                }
+                // A message this build cannot read: forget everything rather than guess.
+                None => state.entries.clear(),
+            }
+            state.epoch += 1;
+        }
+    }
+
+    fn set_live(&self, live: bool) {
+        if let Ok(mut state) = self.0.lock() {
+            state.entries.clear();
+            state.epoch += 1;
+            state.live = live;
+        }
+    }
+}
+
+/// The keys of every team, as this replica sees them.
+#[derive(Clone)]
+pub struct Keys {
+    store: Store,
+    redis: redis::Client,
+    cache: Arc<KeyCache>,
+}
+
+impl Keys {
+    pub fn new(store: Store, redis: redis::Client) -> Self {
+        Self {
+            store,
+            redis,
+            cache: Arc::default(),
+        }
+    }
+
+    /// The principal of a live API key.
+    pub async fn principal(&self, key: &str) -> Result<Principal, AuthError> {
+        let hash = key_hash(key);
+        if let Some((team, scope)) = self.cache.get(&hash) {
+            return Ok(Principal::for_key(team, scope));
+        }
+        let epoch = self.cache.epoch();
+        let found = bounded(self.store.key_by_hash(&hash))
+            .await?
+            .ok_or(AuthError::Refused("unknown or revoked API key"))?;
+        let scope = Scope::parse(&found.scope).ok_or_else(|| {
+            AuthError::Store(StoreError::Corrupt(format!(
+                "api key {} has scope {:?}",
+                found.id, found.scope
+            )))
+        })?;
+        if let Some(epoch) = epoch {
+            self.cache.put(hash, found.team, scope, epoch);
+        }
+        Ok(Principal::for_key(found.team, scope))
+    }
+
+    /// A new key of `team` (its name already validated): the row and the only copy of the
+    /// secret.
+    pub async fn create(
+        &self,
+        team: TeamId,
+        name: &str,
+        scope: Scope,
+    ) -> Result<(KeyRow, String), StoreError> {
+        let secret = new_key();
+        let row = self
+            .store
+            .create_key(team, name, scope.as_str(), &secret, MAX_KEYS_PER_TEAM)
+            .await?;
+        Ok((row, secret))
+    }
+
+    pub async fn list(&self, team: TeamId) -> Result<Vec<KeyRow>, StoreError> {
+        self.store.keys(team).await
+    }
+
+    /// Revokes the key in Postgres, then tells every replica to forget it.
+    pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
+        let hash = self.store.revoke_key(team, id).await?;
+        self.cache.evict(Some(&hash));
+        if self.publish(&hash).await {
+            return Ok(());
+        }
+        tracing::warn!(team = %team, key = %id, "key revocation not published; retrying");
+        let keys = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            while started.elapsed() < KEY_CACHE_TTL {
+                tokio::time::sleep(REPUBLISH_EVERY).await;
+                if keys.publish(&hash).await {
+                    return;
+                }
+            }
+            tracing::warn!(key = %id, "key revocation never published; other replicas forget it by their cache TTL");
+        });
+        Ok(())
+    }
+
+    async fn publish(&self, hash: &[u8; 32]) -> bool {
+        let Ok(Ok(mut conn)) =
+            tokio::time::timeout(REDIS_BOUND, self.redis.get_multiplexed_async_connection()).await
+        else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(
+                REDIS_BOUND,
+                conn.publish::<_, _, i64>(REVOKED_CHANNEL, to_hex(hash))
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Keeps the invalidation subscription up until `shutdown`; the cache is trusted only
+    /// while it is.
+    pub async fn watch(self, shutdown: CancellationToken) {
+        loop {
+            self.watch_once(&shutdown).await;
+            self.cache.set_live(false);
+            if shutdown.is_cancelled() {
+                return;
+            }
+            tracing::warn!(
+                "key revocation subscription lost; API keys are checked in Postgres until it is back"
+            );
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
+            }
+        }
+    }
+
+    /// Serves one subscription until it is lost (or cannot be made).
+    async fn watch_once(&self, shutdown: &CancellationToken) {
+        let Ok(Ok(mut pubsub)) =
+            tokio::time::timeout(REDIS_BOUND, self.redis.get_async_pubsub()).await
+        else {
+            return;
+        };
+        if !matches!(
+            tokio::time::timeout(REDIS_BOUND, pubsub.subscribe(REVOKED_CHANNEL)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+        let (mut sink, mut messages) = pubsub.split();
+        // Starts empty: whatever was revoked while nobody listened is looked up again.
+        self.cache.set_live(true);
+        let mut ping = tokio::time::interval(PING_EVERY);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                message = messages.next() => {
+                    let Some(message) = message else { return };
+                    let hash = message.get_payload::<String>().ok().and_then(|hex| from_hex(&hex));
+                    self.cache.evict(hash.as_ref());
+                }
+                _ = ping.tick() => {
+                    let pong = tokio::time::timeout(REDIS_BOUND, sink.ping::<redis::Value>()).await;
+                    if !matches!(pong, Ok(Ok(_))) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn to_hex(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_trusted_only_while_live_and_for_its_ttl() {
+        let cache = KeyCache::default();
+        let (hash, team) = (key_hash("ar_one"), TeamId::new());
+        assert_eq!(cache.epoch(), None, "not subscribed: nothing is cached");
+        cache.put(hash, team, Scope::Chat, 0);
+        cache.set_live(true);
+        assert_eq!(cache.get(&hash), None);
+        let epoch = cache.epoch().unwrap();
+        cache.put(hash, team, Scope::Chat, epoch);
+        assert_eq!(cache.get(&hash), Some((team, Scope::Chat)));
+        assert_eq!(cache.get(&key_hash("ar_two")), None);
+        // Looked up a TTL ago: the database is asked again.
+        let stale = Instant::now().checked_sub(KEY_CACHE_TTL).unwrap();
+        cache.0.lock().unwrap().entries.get_mut(&hash).unwrap().at = stale;
+        assert_eq!(cache.get(&hash), None);
+        cache.put(hash, team, Scope::Chat, cache.epoch().unwrap());
+        cache.set_live(false);
+        assert_eq!(
+            cache.get(&hash),
+            None,
+            "a lost subscription forgets everything"
+        );
+    }
+
+    #[test]
+    fn a_lookup_that_raced_an_eviction_is_not_cached() {
+        let cache = KeyCache::default();
+        cache.set_live(true);
+        let hash = key_hash("ar_one");
+        let epoch = cache.epoch().unwrap();
+        cache.evict(Some(&hash));
+        cache.put(hash, TeamId::new(), Scope::Admin, epoch);
+        assert_eq!(cache.get(&hash), None);
+        let other = key_hash("ar_two");
+        cache.put(other, TeamId::new(), Scope::Admin, cache.epoch().unwrap());
+        cache.evict(None);
+        assert_eq!(
+            cache.get(&other),
+            None,
+            "an unreadable message evicts everything"
+        );
+    }
+
+    #[test]
+    fn a_full_cache_starts_over() {
+        let cache = KeyCache::default();
+        cache.set_live(true);
+        let epoch = cache.epoch().unwrap();
+        for n in 0..KEY_CACHE_MAX {
+            cache.put(
+                key_hash(&format!("ar_{n}")),
+                TeamId::new(),
+                Scope::Chat,
+                epoch,
+            );
+        }
+        let last = key_hash("ar_last");
+        cache.put(last, TeamId::new(), Scope::Chat, epoch);
+        assert_eq!(cache.0.lock().unwrap().entries.len(), 1);
+        assert!(cache.get(&last).is_some());
+    }
+
+    #[test]
+    fn hashes_round_trip_as_hex() {
+        let hash = key_hash("ar_x");
+        assert_eq!(from_hex(&to_hex(&hash)), Some(hash));
+        assert_eq!(from_hex("zz"), None);
+        assert_eq!(from_hex(&"é".repeat(32)), None);
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("ci").is_ok());
+        assert!(validate_name(&"é".repeat(200)).is_ok());
+        for bad in ["", "  ", "a\0b", &"x".repeat(201)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Who the caller is and what it may do (SPEC X1).
+//!
+//! - `keys.rs`: API keys: their lookup with a replica-local cache that is trusted only
+//!   while its invalidation subscription in Redis is live, creation and revocation.
+//! - `jwt.rs`: bearer JWTs from the configured issuer, verified against its JWKS (fetched
+//!   and cached) or inline public keys.
+//!
+//! A request's bearer becomes a [`Principal`]: its team, its [`Scope`], the JWT user if
+//! any, and whether it sees every chat of the team. The rules of what a principal may do
+//! live here, so a route asks (`require_admin`, `check_chat`) rather than decides.
+
+pub mod jwt;
+pub mod keys;
+
+use std::time::Duration;
+
+use protocol::{ChatId, TeamId};
+
+use crate::store::{Store, StoreError};
+
+pub use jwt::{JwtConfig, JwtVerifier};
+pub use keys::Keys;
+
+/// How long a lookup the authentication of a request needs may take in Postgres.
+const STORE_BOUND: Duration = Duration::from_secs(5);
+
+/// What a principal may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Everything a `chat` principal may, plus managing keys, agents, connectors and
+    /// quotas.
+    Admin,
+    /// Run turns, open and read chats (their messages, artifacts and worker sessions),
+    /// read agents.
+    Chat,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Chat => "chat",
+        }
+    }
+
+    fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "admin" => Some(Self::Admin),
+            "chat" => Some(Self::Chat),
+            _ => None,
+        }
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Principal {
+    pub team: TeamId,
+    pub scope: Scope,
+    /// The JWT's user claim; `None` for an API key.
+    pub user: Option<String>,
+    /// Whether every chat of the team is visible, or only the user's own.
+    pub sees_all_chats: bool,
+}
+
+/// Why a principal was not made or may not go on. The API maps each to a status.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No credentials, an unknown or revoked key, or a refused token; the reason is short
+    /// and never echoes the credentials.
+    #[error("credentials refused: {0}")]
+    Refused(&'static str),
+    #[error("this operation needs an admin key or token")]
+    Forbidden,
+    /// A chat (or what belongs to one) this principal may not see: exactly as absent as
+    /// another team's.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The issuer's keys could not be fetched, so the token can be neither accepted nor
+    /// refused.
+    #[error("the token issuer's keys are unavailable")]
+    KeysUnavailable,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Principal {
+    /// An API key's principal: the whole team, with the key's scope.
+    pub fn for_key(team: TeamId, scope: Scope) -> Self {
+        Self {
+            team,
+            scope,
+            user: None,
+            sees_all_chats: true,
+        }
+    }
+
+    /// Refuses a principal without the admin scope (`403 forbidden`).
+    pub fn require_admin(&self) -> Result<(), AuthError> {
+        match self.scope {
+            Scope::Admin => Ok(()),
+            Scope::Chat => Err(AuthError::Forbidden),
+        }
+    }
+
+    /// The user whose chats alone this principal sees; `None` when it sees the team's.
+    pub fn only_chats_of(&self) -> Option<&str> {
+        if self.sees_all_chats {
+            None
+        } else {
+            self.user.as_deref()
+        }
+    }
+
+    /// Refuses a chat this principal may not see as `NotFound`. Costs a query only for a
+    /// principal restricted to its user's chats; the caller still reads the chat under
+    /// the team, so an unknown or another team's id stays `NotFound` there.
+    pub async fn check_chat(&self, store: &Store, chat: ChatId) -> Result<(), AuthError> {
+        let Some(user) = self.only_chats_of() else {
+            return Ok(());
+        };
+        match bounded(store.chat_created_by(self.team, chat)).await {
+            Ok(Some(owner)) if owner == user => Ok(()),
+            Ok(_) | Err(AuthError::Store(StoreError::NotFound)) => Err(AuthError::NotFound("chat")),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuses an artifact this principal may not see: for a user restricted to its own
+    /// chats, an artifact of another user's chat or of no chat.
+    pub async fn check_artifact_chat(
+        &self,
+        store: &Store,
+        chat: Option<ChatId>,
+    ) -> Result<(), AuthError> {
+        if self.only_chats_of().is_none() {
+            return Ok(());
+        }
+        let chat = chat.ok_or(AuthError::NotFound("artifact"))?;
+        self.check_chat(store, chat).await.map_err(|e| match e {
+            AuthError::NotFound(_) => AuthError::NotFound("artifact"),
+            other => other,
+        })
+    }
+}
+
+/// Authenticates bearers: API keys, and JWTs when an issuer is configured.
+#[derive(Clone)]
+pub struct Auth {
+    pub keys: Keys,
+    jwt: Option<JwtVerifier>,
+    store: Store,
+}
+
+impl Auth {
+    pub fn new(store: Store, redis: redis::Client, jwt: Option<JwtConfig>) -> Self {
+        Self {
+            keys: Keys::new(store.clone(), redis),
+            jwt: jwt.map(JwtVerifier::new),
+            store,
+        }
+    }
+
+    /// The principal of a bearer credential. One that starts with `ar_` is an API key;
+    /// anything else of three dot-separated parts is a JWT.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Principal, AuthError> {
+        if bearer.starts_with(crate::store::KEY_PREFIX) {
+            return self.keys.principal(bearer).await;
+        }
+        if bearer.bytes().filter(|b| *b == b'.').count() != 2 {
+            return Err(AuthError::Refused("not an API key or a JWT"));
+        }
+        let jwt = self
+            .jwt
+            .as_ref()
+            .ok_or(AuthError::Refused("tokens are not accepted by this server"))?;
+        jwt.principal(bearer, &self.store).await
+    }
+}
+
+/// Runs a store call under [`STORE_BOUND`].
+async fn bounded<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, AuthError> {
+    match tokio::time::timeout(STORE_BOUND, call).await {
+        Ok(result) => result.map_err(AuthError::from),
+        Err(_) => Err(AuthError::Store(StoreError::TimedOut)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_and_views() {
+        let team = TeamId::new();
+        let admin = Principal::for_key(team, Scope::Admin);
+        let chat = Principal::for_key(team, Scope::Chat);
+        assert!(admin.require_admin().is_ok());
+        assert!(matches!(chat.require_admin(), Err(AuthError::Forbidden)));
+        assert_eq!(chat.only_chats_of(), None, "a key sees the whole team");
+        let user = Principal {
+            team,
+            scope: Scope::Chat,
+            user: Some("u1".into()),
+            sees_all_chats: false,
+        };
+        assert_eq!(user.only_chats_of(), Some("u1"));
+        assert_eq!(Scope::parse("chat"), Some(Scope::Chat));
+        assert_eq!(Scope::parse("owner"), None);
+    }
+}
