@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The machine-readable reason a request or a turn failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// No or an unknown API key.
@@ -77,6 +78,7 @@ impl ErrorCode {
 
 /// `{"error": {...}}`, the body of every non-2xx answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
@@ -84,6 +86,7 @@ pub struct ErrorBody {
 
 /// The inside of an [`ErrorBody`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorDetail {
     pub code: ErrorCode,

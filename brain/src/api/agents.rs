@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use protocol::ErrorBody;
 use serde::Deserialize;
 
 use super::{JsonBody, Team, parse_id};
@@ -11,7 +12,7 @@ use crate::agents::validate_new_agent;
 use crate::error::ApiError;
 use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgent {
     name: String,
@@ -40,6 +41,18 @@ impl CreateAgent {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/agents",
+    operation_id = "create_agent",
+    tag = "agents",
+    request_body = CreateAgent,
+    responses(
+        (status = 201, description = "The agent.", body = AgentRow),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     Team(team): Team,
@@ -51,6 +64,17 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(row)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}",
+    operation_id = "get_agent",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    responses(
+        (status = 200, description = "The agent.", body = AgentRow),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn get(
     State(state): State<AppState>,
     Team(team): Team,
@@ -64,13 +88,24 @@ pub async fn get(
     }
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Sessions {
     sessions: Vec<SessionRow>,
 }
 
 /// `GET /v1/agents/{id}/sessions`: the agent's worker sessions, newest first, with
 /// state and failure reason (SPEC W6).
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}/sessions",
+    operation_id = "list_agent_sessions",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    responses(
+        (status = 200, description = "The agent's worker sessions, newest first.", body = Sessions),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn sessions(
     State(state): State<AppState>,
     Team(team): Team,
