@@ -3,12 +3,20 @@
 //! no answer that breaks its schema, and every operation with a path parameter answers
 //! `404` to another team's ids.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
+use brain::artifacts::{ArtifactOwner, LocalDirStore, save_artifact};
+use brain::config::ArtifactBackend;
+use bytes::Bytes;
 use common::TestApp;
-use serde_json::Value;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 fn committed_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json")
@@ -64,4 +72,192 @@ fn operation_ids_are_unique() {
             assert!(seen.insert(id.to_owned()), "operationId {id} twice");
         }
     }
+}
+
+/// A team's real resources, by the name of the path parameter that takes each id.
+type Ids = BTreeMap<&'static str, String>;
+
+/// An artifact directory of the test's own, removed when it ends.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("contract-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn start(artifacts: &TempDir) -> TestApp {
+    let dir = artifacts.0.clone();
+    TestApp::start_with(|c| c.artifacts.backend = ArtifactBackend::Local { dir }).await
+}
+
+/// Gives the team behind `key` one of everything a path can name: an agent, a chat with
+/// a finished turn, an artifact of that chat and a connector of that agent (agent-scoped,
+/// so that other agents' turns never dial it).
+async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
+    let post = |path: &str, body: Value| {
+        app.http
+            .post(format!("{}{path}", app.url))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+    };
+    let created = |response: reqwest::Response| async move {
+        assert_eq!(response.status(), 201);
+        let row: Value = response.json().await.unwrap();
+        row["id"].as_str().unwrap().to_owned()
+    };
+    let agent = created(
+        post(
+            "/v1/agents",
+            json!({"name": "a", "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    let chat = created(
+        post(&format!("/v1/agents/{agent}/chats"), json!({}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let turn = post(
+        &format!("/v1/chats/{chat}/messages"),
+        json!({"content": "hello", "message_id": "m1"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(turn.status(), 200);
+    turn.bytes().await.unwrap();
+    let connector = created(
+        post(
+            "/v1/connectors",
+            json!({"name": "tools", "url": "https://mcp.example.com/mcp", "agent_id": agent}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    let row: Value = app
+        .http
+        .get(format!("{}/v1/agents/{agent}", app.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let owner = ArtifactOwner {
+        team: row["team_id"].as_str().unwrap().parse().unwrap(),
+        agent: agent.parse().unwrap(),
+        chat: Some(chat.parse().unwrap()),
+        turn: None,
+    };
+    let artifact = save_artifact(
+        &app.store,
+        &LocalDirStore::new(&artifacts.0),
+        1 << 20,
+        owner,
+        "report.txt",
+        "text/plain",
+        Bytes::from_static(b"quarterly numbers"),
+    )
+    .await
+    .unwrap();
+    Ids::from([
+        ("agent_id", agent),
+        ("chat_id", chat),
+        ("artifact_id", artifact.id.to_string()),
+        ("connector_id", connector),
+    ])
+}
+
+/// The schemathesis that `scripts/test-deps.sh` installed from
+/// `tests/contract/requirements.txt`: its virtualenv is named by that file's hash.
+fn schemathesis() -> PathBuf {
+    let requirements =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/contract/requirements.txt");
+    let pins = std::fs::read(&requirements).unwrap();
+    let hash: String = Sha256::digest(&pins)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let bin = PathBuf::from(format!(
+        "/var/tmp/agent-runtime-tools/schemathesis-{hash}/bin/schemathesis"
+    ));
+    assert!(
+        bin.exists(),
+        "{} is missing: run scripts/test-deps.sh (or make test-deps)",
+        bin.display()
+    );
+    bin
+}
+
+/// A schemathesis configuration that draws each path id from the team's real ones most of
+/// the time, so operations reach real resources, and generates the rest.
+fn schemathesis_config(dir: &Path, ids: &Ids) -> PathBuf {
+    let mut toml = String::new();
+    for (param, id) in ids {
+        toml.push_str(&format!("[dictionaries.{param}]\nvalues = [\"{id}\"]\n\n"));
+    }
+    toml.push_str("[parameters]\n");
+    for param in ids.keys() {
+        toml.push_str(&format!(
+            "\"path.{param}\" = {{ dictionary = \"{param}\", probability = 0.8 }}\n"
+        ));
+    }
+    let path = dir.join("schemathesis.toml");
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// schemathesis over the served contract, with the team's key and its real ids: no
+/// server error, no answer outside its schema. The worker's WebSocket upgrade is skipped
+/// (schemathesis speaks plain HTTP).
+#[tokio::test(flavor = "multi_thread")]
+async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
+    let bin = schemathesis();
+    let artifacts = TempDir::new();
+    let app = start(&artifacts).await;
+    let ids = populate(&app, &artifacts, &app.key).await;
+    let work = TempDir::new();
+    let config = schemathesis_config(&work.0, &ids);
+    let mut command = Command::new(bin);
+    command
+        .current_dir(&work.0)
+        .arg("--config-file")
+        .arg(&config)
+        .arg("run")
+        .arg(format!("{}/openapi.json", app.url))
+        .args(["-H", &format!("Authorization: Bearer {}", app.key)])
+        .args(["--checks", "not_a_server_error,response_schema_conformance"])
+        .args(["--exclude-path", protocol::channel::CONNECT_PATH])
+        .args(["--max-examples", "25", "--workers", "1"])
+        .args(["--request-timeout", "20", "--generation-database", "none"])
+        .args(["--no-color", "--max-failures", "20"])
+        .env("SCHEMATHESIS_TELEMETRY", "false");
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{report}");
+    assert!(output.status.success(), "schemathesis failed:\n{report}");
+    // A run that tested nothing would pass too.
+    assert!(report.contains("passed"), "{report}");
 }

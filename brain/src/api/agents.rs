@@ -14,6 +14,7 @@ use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "support", "system_prompt": "You are terse.", "model": "openai/gpt-4o-mini"}))]
 pub struct CreateAgent {
     name: String,
     system_prompt: String,

@@ -9,6 +9,7 @@ use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
+use super::openapi::UiStreamEvent;
 use super::{JsonBody, Team, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
@@ -80,6 +81,7 @@ pub enum PostMessage {
 /// `{"content": "...", "message_id": "..."}`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"content": "What changed since yesterday?"}))]
 pub struct PlainMessage {
     content: String,
     #[serde(default)]
@@ -201,9 +203,9 @@ impl PostMessage {
     request_body = PostMessage,
     responses(
         (status = 200, description = "The turn as the AI SDK UI message stream: one \
-            `data: <UiChunk>` event per chunk (schema `UiChunk`), then `data: [DONE]`. A retry \
-            with the `message_id` of a finished turn replays it.",
-            content_type = "text/event-stream", body = String,
+            `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
+            `message_id` of a finished turn replays it.",
+            content_type = "text/event-stream", body = UiStreamEvent,
             headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
         (status = 400, description = "The body matches neither form, or its content is \
             empty, too long or holds NUL (`invalid_request`).", body = ErrorBody),

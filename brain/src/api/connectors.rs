@@ -28,6 +28,7 @@ const MAX_ARG_BYTES: usize = 4096;
 /// Exactly one of `url` and `command`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "github", "url": "https://mcp.example.com/mcp"}))]
 pub struct CreateConnector {
     /// Prefixes the connector's tool names.
     #[schema(pattern = "^[a-z0-9_]{1,32}$")]

@@ -12,9 +12,11 @@ use std::sync::LazyLock;
 
 use axum::http::header;
 use protocol::{ErrorBody, ErrorCode, ErrorDetail, ui};
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
-use utoipa::{Modify, OpenApi};
+use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 /// The security scheme of a team's API key (`Authorization: Bearer <key>`).
 pub const TEAM_KEY: &str = "team_key";
@@ -103,6 +105,7 @@ pub fn document() -> Document {
             }
         }
     }
+    inline_chunk_schema(&mut doc);
     doc
 }
 
@@ -117,6 +120,86 @@ pub fn error(description: &str) -> utoipa::openapi::Response {
                 .build(),
         )
         .build()
+}
+
+/// One event of the UI message stream, as OpenAPI 3.1 describes an event of a
+/// `text/event-stream` body: its `data` is a JSON [`ui::UiChunk`] (`contentSchema`), or
+/// the closing `[DONE]`.
+pub enum UiStreamEvent {}
+
+impl UiStreamEvent {
+    fn with_chunk_schema(chunk_schema: serde_json::Value) -> RefOr<Schema> {
+        let mut content = Extensions::default();
+        content.insert("contentSchema".into(), chunk_schema);
+        let chunk = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .content_media_type("application/json")
+            .extensions(Some(content));
+        let done = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([ui::DONE_SENTINEL]));
+        ObjectBuilder::new()
+            .property("data", AnyOfBuilder::new().item(chunk).item(done))
+            .required("data")
+            .property("event", ObjectBuilder::new().schema_type(Type::String))
+            .into()
+    }
+}
+
+impl PartialSchema for UiStreamEvent {
+    /// The reference form; [`document`] replaces it with the inlined one.
+    fn schema() -> RefOr<Schema> {
+        Self::with_chunk_schema(serde_json::json!({ "$ref": "#/components/schemas/UiChunk" }))
+    }
+}
+
+impl ToSchema for UiStreamEvent {}
+
+/// Validators (schemathesis among them) resolve no `$ref` inside a `contentSchema`, and a
+/// schema they cannot resolve goes unchecked; so the stream's event carries the chunk
+/// schema inlined, every reference replaced by its component.
+fn inline_chunk_schema(doc: &mut Document) {
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    let Ok(schemas) = serde_json::to_value(&components.schemas) else {
+        return;
+    };
+    fn inline(value: &serde_json::Value, schemas: &serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref")
+                    && let Some(name) = target.strip_prefix("#/components/schemas/")
+                    && let Some(schema) = schemas.get(name)
+                {
+                    let mut resolved = inline(schema, schemas);
+                    // A `$ref`'s siblings (its description) stay with it.
+                    if let Value::Object(resolved_map) = &mut resolved {
+                        for (key, sibling) in map.iter().filter(|(k, _)| *k != "$ref") {
+                            resolved_map.insert(key.clone(), sibling.clone());
+                        }
+                    }
+                    return resolved;
+                }
+                Value::Object(
+                    map.iter()
+                        .map(|(k, v)| (k.clone(), inline(v, schemas)))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(|v| inline(v, schemas)).collect()),
+            other => other.clone(),
+        }
+    }
+    let chunk = inline(
+        &serde_json::json!({ "$ref": "#/components/schemas/UiChunk" }),
+        &schemas,
+    );
+    components.schemas.insert(
+        UiStreamEvent::name().into_owned(),
+        UiStreamEvent::with_chunk_schema(chunk),
+    );
 }
 
 /// The rendered contract, as `docs/openapi.json` holds it.
