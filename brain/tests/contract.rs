@@ -261,3 +261,188 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     // A run that tested nothing would pass too.
     assert!(report.contains("passed"), "{report}");
 }
+
+/// Follows a `#/components/schemas/…` reference.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema["$ref"].as_str() {
+        Some(target) => {
+            let name = target.trim_start_matches("#/components/schemas/");
+            resolve(doc, &doc["components"]["schemas"][name])
+        }
+        None => schema,
+    }
+}
+
+/// A body that decodes for the operation: its schema's `example`, or the first of its
+/// `oneOf` forms that has one.
+fn example_body(doc: &Value, schema: &Value) -> Option<Value> {
+    let schema = resolve(doc, schema);
+    if let Some(example) = schema.get("example") {
+        return Some(example.clone());
+    }
+    schema["oneOf"]
+        .as_array()?
+        .iter()
+        .find_map(|form| example_body(doc, form))
+}
+
+/// Who calls, and with whose ids. Each path parameter, and each body field of the same
+/// name the body's schema allows, takes the `foreign` id, or else the caller's `own`
+/// (when there is no `own`, a parameter without a foreign id fails the test). An
+/// operation that ends up with no foreign id is not part of the matrix.
+struct Probe<'a> {
+    key: &'a str,
+    foreign: &'a Ids,
+    own: Option<&'a Ids>,
+}
+
+/// Calls every operation of the contract that takes an id with `probe`'s ids and checks
+/// that each answers `404 not_found`; returns the operations it called.
+async fn assert_foreign_ids_not_found(
+    app: &TestApp,
+    doc: &Value,
+    probe: &Probe<'_>,
+) -> Vec<String> {
+    let mut called = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let label = format!("{} {path}", method.to_uppercase());
+            let mut foreign_ids = 0;
+            let mut id_for = |param: &str| -> String {
+                if let Some(id) = probe.foreign.get(param) {
+                    foreign_ids += 1;
+                    return id.clone();
+                }
+                match probe.own.and_then(|own| own.get(param)) {
+                    Some(id) => id.clone(),
+                    None => panic!(
+                        "{label}: no id of a real resource for `{param}`; create one in \
+                         `populate` so the cross-tenant matrix covers it"
+                    ),
+                }
+            };
+            let mut url = path.clone();
+            for param in op["parameters"].as_array().into_iter().flatten() {
+                if param["in"] == "path" {
+                    let name = param["name"].as_str().unwrap();
+                    url = url.replace(&format!("{{{name}}}"), &id_for(name));
+                }
+            }
+            let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+            let body = if schema.is_null() {
+                None
+            } else {
+                let mut body = example_body(doc, schema).unwrap_or_else(|| {
+                    panic!("{label}: its request body schema needs an `example`")
+                });
+                let allowed = &resolve(doc, schema)["properties"];
+                for name in probe.foreign.keys() {
+                    if allowed.get(*name).is_some() {
+                        body[*name] = Value::String(id_for(name));
+                    }
+                }
+                Some(body)
+            };
+            if foreign_ids == 0 {
+                continue;
+            }
+            let method = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let mut request = app
+                .http
+                .request(method, format!("{}{url}", app.url))
+                .bearer_auth(probe.key);
+            if let Some(body) = &body {
+                request = request.json(body);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap();
+            let code = serde_json::from_str::<Value>(&text)
+                .ok()
+                .map(|b| b["error"]["code"].clone());
+            assert_eq!(
+                (status, code),
+                (404, Some(json!("not_found"))),
+                "{label} with another team's ids ({url}, body {body:?}) answered {text}"
+            );
+            called.push(label);
+        }
+    }
+    called
+}
+
+/// Every operation that takes an id, generated from the contract: team A's key with team
+/// B's real ids answers `404 not_found` (never `403`, which would confirm the id exists),
+/// and B's resources are untouched afterwards.
+#[tokio::test]
+async fn another_teams_ids_are_not_found_on_every_operation() {
+    let artifacts = TempDir::new();
+    let app = start(&artifacts).await;
+    let other = app.store.create_team("b").await.unwrap();
+    let theirs = populate(&app, &artifacts, &other.api_key).await;
+    let doc: Value = serde_json::from_str(&brain::api::openapi::render()).unwrap();
+
+    let called = assert_foreign_ids_not_found(
+        &app,
+        &doc,
+        &Probe {
+            key: &app.key,
+            foreign: &theirs,
+            own: None,
+        },
+    )
+    .await;
+    // Every operation with a path parameter is in the matrix, and so is one that takes an
+    // id in its body (a connector for another team's agent).
+    let with_path_ids = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| item.as_object().unwrap().keys().map(move |m| (path, m)))
+        .filter(|(path, _)| path.contains('{'))
+        .count();
+    assert!(called.len() > with_path_ids, "{called:?}");
+    assert!(
+        called.contains(&"POST /v1/connectors".to_owned()),
+        "{called:?}"
+    );
+
+    // The owner still has everything, and the foreign calls wrote nothing.
+    let as_owner = |path: String| {
+        app.http
+            .get(format!("{}{path}", app.url))
+            .bearer_auth(&other.api_key)
+            .send()
+    };
+    for path in [
+        format!("/v1/agents/{}", theirs["agent_id"]),
+        format!("/v1/artifacts/{}/meta", theirs["artifact_id"]),
+        format!("/v1/artifacts/{}", theirs["artifact_id"]),
+    ] {
+        assert_eq!(
+            as_owner(path.clone()).await.unwrap().status(),
+            200,
+            "{path}"
+        );
+    }
+    let messages: Value = as_owner(format!("/v1/chats/{}/messages", theirs["chat_id"]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(messages["messages"].as_array().unwrap().len(), 2);
+    let connectors: Value = as_owner("/v1/connectors".into())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = connectors["connectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [theirs["connector_id"].as_str()]);
+}
