@@ -2,9 +2,9 @@
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
 # brain's UI message stream, and the real MCP servers the connector tests talk to
 # (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), and the
-# S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone), and
-# Debian's Chromium for the worker's browser tests. Idempotent and offline-friendly once
-# installed.
+# S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
+# Debian's Chromium for the worker's browser tests, and schemathesis for the API contract
+# test (cached outside the clone). Idempotent and offline-friendly once installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,4 +77,24 @@ if [ ! -f tests/k8s/.venv/.installed ] \
   [ -x tests/k8s/.venv/bin/pip ] || python3 -m venv tests/k8s/.venv
   tests/k8s/.venv/bin/pip install -q --disable-pip-version-check -r tests/k8s/requirements.txt
   touch tests/k8s/.venv/.installed
+fi
+
+# schemathesis (PyPI) for brain/tests/contract.rs, which fuzzes the live brain through its
+# OpenAPI contract and fails rather than skips without it. The virtualenv sits outside the
+# clone, named by the hash of the pinned requirements, so CI's fresh clone reuses it and a
+# change of pins installs a new one beside it. The test derives the same path.
+st_requirements=tests/contract/requirements.txt
+st_venv="$tools_root/schemathesis-$(sha256sum "$st_requirements" | cut -c1-16)"
+if [ ! -f "$st_venv/.installed" ]; then
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "test-deps: installing python3-venv from Debian packages"
+    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+    $sudo_ apt-get update -qq
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+  echo "test-deps: schemathesis into $st_venv"
+  rm -rf "$st_venv"
+  python3 -m venv "$st_venv"
+  "$st_venv/bin/pip" install -q --disable-pip-version-check -r "$st_requirements"
+  touch "$st_venv/.installed"
 fi

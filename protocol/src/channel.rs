@@ -78,6 +78,7 @@ pub struct SessionClaims {
 
 /// An AgentRuntimeSession's lifecycle, as stored in `agent_runtime_sessions.state`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionState {
     /// Row written, provision task queued.

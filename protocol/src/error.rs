@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The machine-readable reason a request or a turn failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// No credentials, an unknown or revoked API key, or a refused JWT.
@@ -93,6 +94,7 @@ impl ErrorCode {
 
 /// `{"error": {...}}`, the body of every non-2xx answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
@@ -100,6 +102,7 @@ pub struct ErrorBody {
 
 /// The inside of an [`ErrorBody`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorDetail {
     pub code: ErrorCode,

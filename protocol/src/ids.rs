@@ -13,6 +13,7 @@ macro_rules! id_type {
         #[$doc]
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(transparent)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         pub struct $name(pub Uuid);
 
         impl $name {

@@ -18,6 +18,7 @@ pub const DONE_SENTINEL: &str = "[DONE]";
 
 /// One event of the UI message stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum UiChunk {
     /// Opens the assistant message; its id is the stored message's id.
@@ -94,6 +95,7 @@ pub enum UiChunk {
 
 /// The payload of a `data-connector-status` chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ConnectorStatus {
     pub name: String,
@@ -107,6 +109,7 @@ pub struct ConnectorStatus {
 
 /// The payload of a `data-worker-status` chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerStatus {
     pub session_id: crate::SessionId,
@@ -118,6 +121,7 @@ pub struct WorkerStatus {
 
 /// The payload of a `data-worker-log` chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkerLog {
     pub tool_call_id: String,
@@ -128,6 +132,7 @@ pub struct WorkerLog {
 
 /// Whether a connector's tools joined the turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ConnectorState {
     Ready,
@@ -136,6 +141,7 @@ pub enum ConnectorState {
 
 /// The payload of a `data-notice` chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Notice {
     /// Stable: `iteration_ceiling`, `write_budget_spent`, `truncated_tool_call`.
@@ -145,6 +151,7 @@ pub struct Notice {
 
 /// Why the assistant message ended, in the AI SDK's vocabulary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum FinishReason {
     Stop,
@@ -157,6 +164,7 @@ pub enum FinishReason {
 
 /// The payload of a `data-turn` chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TurnInfo {
     pub turn_id: TurnId,

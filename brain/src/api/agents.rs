@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use protocol::ErrorBody;
 use serde::Deserialize;
 
 use super::{JsonBody, QueryParams, parse_id};
@@ -12,8 +13,9 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "support", "system_prompt": "You are terse.", "model": "openai/gpt-4o-mini"}))]
 pub struct CreateAgent {
     name: String,
     system_prompt: String,
@@ -41,6 +43,19 @@ impl CreateAgent {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/agents",
+    operation_id = "create_agent",
+    tag = "agents",
+    request_body = CreateAgent,
+    responses(
+        (status = 201, description = "The agent.", body = AgentRow),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -54,6 +69,17 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(row)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}",
+    operation_id = "get_agent",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    responses(
+        (status = 200, description = "The agent.", body = AgentRow),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
@@ -67,7 +93,7 @@ pub async fn get(
     }
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Sessions {
     sessions: Vec<SessionRow>,
 }
@@ -75,6 +101,17 @@ pub struct Sessions {
 /// `GET /v1/agents/{id}/sessions`: the agent's worker sessions, newest first, with
 /// state and failure reason (SPEC W6); for a user token without the admin claim, those
 /// of the user's chats only.
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}/sessions",
+    operation_id = "list_agent_sessions",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    responses(
+        (status = 200, description = "The agent's worker sessions, newest first.", body = Sessions),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn sessions(
     State(state): State<AppState>,
     principal: Principal,
@@ -93,10 +130,13 @@ pub async fn sessions(
 }
 
 /// `?limit=` of the listings: at most [`MAX_LIST`], [`DEFAULT_LIST`] when absent.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
+    /// How many, newest first: 1 to 200, 50 when absent.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<u32>,
 }
 
@@ -115,12 +155,23 @@ impl ListParams {
     }
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Agents {
     agents: Vec<AgentRow>,
 }
 
 /// `GET /v1/agents`: the team's agents that are not archived, newest first.
+#[utoipa::path(
+    get,
+    path = "/agents",
+    operation_id = "list_agents",
+    tag = "agents",
+    params(ListParams),
+    responses(
+        (status = 200, description = "The team's agents, newest first.", body = Agents),
+        (status = 400, description = "`limit` is out of range (`invalid_request`).", body = ErrorBody),
+    ),
+)]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,

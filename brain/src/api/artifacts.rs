@@ -12,6 +12,9 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use protocol::ErrorBody;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use uuid::Uuid;
 
 use super::parse_id;
@@ -36,6 +39,17 @@ async fn row(state: &AppState, principal: &Principal, raw: &str) -> Result<Artif
     Ok(row)
 }
 
+#[utoipa::path(
+    get,
+    path = "/artifacts/{artifact_id}/meta",
+    operation_id = "get_artifact",
+    tag = "artifacts",
+    params(("artifact_id" = Uuid, Path, description = "The artifact.")),
+    responses(
+        (status = 200, description = "The artifact's row.", body = ArtifactRow),
+        (status = 404, description = "No such artifact in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn meta(
     State(state): State<AppState>,
     principal: Principal,
@@ -44,6 +58,30 @@ pub async fn meta(
     Ok(Json(row(&state, &principal, &artifact_id).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/artifacts/{artifact_id}",
+    operation_id = "download_artifact",
+    tag = "artifacts",
+    params(
+        ("artifact_id" = Uuid, Path, description = "The artifact."),
+        ("If-None-Match" = Option<String>, Header, description = "ETags (or `*`) the client holds."),
+    ),
+    responses(
+        (status = 200, description = "The bytes, as an attachment with the stored content type.",
+            content_type = "*/*", body = Binary,
+            headers(
+                ("ETag" = String, description = "The quoted SHA-256 of the bytes."),
+                ("Content-Disposition" = String, description = "`attachment` with a sanitized file name."),
+            )),
+        (status = 304, description = "`If-None-Match` names this artifact's ETag.",
+            headers(("ETag" = String, description = "The quoted SHA-256 of the bytes."))),
+        (status = 404, description = "No such artifact in the team, or its bytes are gone (`not_found`).",
+            body = ErrorBody),
+        (status = 503, description = "The object storage (`storage_unavailable`) or Postgres \
+            (`store_unavailable`) is unavailable.", body = ErrorBody),
+    ),
+)]
 pub async fn download(
     State(state): State<AppState>,
     principal: Principal,
@@ -93,6 +131,20 @@ pub async fn download(
     tracing::debug!(team = %team, artifact = %row.id, size = body.size, "artifact download");
     Ok(response)
 }
+
+/// A download's body in the contract: any bytes.
+enum Binary {}
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Binary {}
 
 /// Whether `If-None-Match` names this artifact's ETag (or `*`).
 fn if_none_match(headers: &HeaderMap, sha256: &str) -> bool {

@@ -6,9 +6,14 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::agents::ListParams;
+use super::openapi::UiStreamEvent;
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
@@ -18,6 +23,17 @@ use crate::turn::{self, TurnInput, ui_stream::UiBody};
 
 const MAX_CLIENT_ID: usize = 200;
 
+#[utoipa::path(
+    post,
+    path = "/agents/{agent_id}/chats",
+    operation_id = "create_chat",
+    tag = "chats",
+    params(("agent_id" = Uuid, Path, description = "The agent the chat talks to.")),
+    responses(
+        (status = 201, description = "The new, empty chat.", body = ChatRow),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -35,13 +51,25 @@ pub async fn create(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Chats {
     chats: Vec<ChatRow>,
 }
 
 /// `GET /v1/agents/{id}/chats`: the agent's chats, newest first; for a user token without
 /// the admin claim, its user's only.
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}/chats",
+    operation_id = "list_chats",
+    tag = "chats",
+    params(("agent_id" = Uuid, Path, description = "The agent."), ListParams),
+    responses(
+        (status = 200, description = "The agent's chats the caller may see, newest first.", body = Chats),
+        (status = 400, description = "`limit` is out of range (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
@@ -61,11 +89,22 @@ pub async fn list(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct Messages {
     messages: Vec<MessageRow>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/chats/{chat_id}/messages",
+    operation_id = "list_messages",
+    tag = "chats",
+    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    responses(
+        (status = 200, description = "The chat's transcript, oldest first.", body = Messages),
+        (status = 404, description = "No such chat in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn messages(
     State(state): State<AppState>,
     principal: Principal,
@@ -88,8 +127,9 @@ pub enum PostMessage {
 }
 
 /// `{"content": "...", "message_id": "..."}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"content": "What changed since yesterday?"}))]
 pub struct PlainMessage {
     content: String,
     #[serde(default)]
@@ -98,20 +138,22 @@ pub struct PlainMessage {
 
 /// What the AI SDK's `DefaultChatTransport` sends: the whole client-side transcript. Only
 /// the last message is new; the history the model sees comes from the server.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AiSdkRequest {
     /// The client's chat id; the chat is the one in the path.
     #[serde(rename = "id")]
+    #[schema(value_type = Value)]
     _id: serde::de::IgnoredAny,
     messages: Vec<UiMessageIn>,
     trigger: String,
     /// Set by the client only for `regenerate-message`, which is refused.
     #[serde(default, rename = "messageId")]
+    #[schema(value_type = Value)]
     _message_id: serde::de::IgnoredAny,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UiMessageIn {
     id: String,
@@ -120,7 +162,26 @@ pub struct UiMessageIn {
     /// re-validated; the new message's parts are checked in `into_input`.
     parts: Vec<serde_json::Value>,
     #[serde(default, rename = "metadata")]
+    #[schema(value_type = Value)]
     _metadata: serde::de::IgnoredAny,
+}
+
+/// `oneOf` the two forms; `into_input` tells them apart by the `messages` field.
+impl utoipa::PartialSchema for PostMessage {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name(PlainMessage::name()))
+            .item(Ref::from_schema_name(AiSdkRequest::name()))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for PostMessage {
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((PlainMessage::name().into(), PlainMessage::schema()));
+        schemas.push((AiSdkRequest::name().into(), AiSdkRequest::schema()));
+        schemas.push((UiMessageIn::name().into(), UiMessageIn::schema()));
+    }
 }
 
 impl PostMessage {
@@ -181,6 +242,48 @@ impl PostMessage {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/chats/{chat_id}/messages",
+    operation_id = "post_message",
+    tag = "chats",
+    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    request_body = PostMessage,
+    responses(
+        (status = 200, description = "The turn as the AI SDK UI message stream: one \
+            `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
+            `message_id` of a finished turn replays it.",
+            content_type = "text/event-stream", body = UiStreamEvent,
+            headers(
+                ("x-vercel-ai-ui-message-stream" = String, description = "`v1`"),
+                ("ratelimit-policy" = String, description = "The team's turn quotas \
+                    (draft-ietf-httpapi-ratelimit-headers), when it has any."),
+                ("ratelimit" = String, description = "What is left of each of them."),
+            )),
+        (status = 402, description = "A period budget of the team is spent: model tokens per \
+            day or month (`quota_exhausted`, with `Retry-After` until it resets and the \
+            `RateLimit-Policy` / `RateLimit` fields). Nothing was written or sent.",
+            body = ErrorBody),
+        (status = 400, description = "The body matches neither form, or its content is \
+            empty, too long or holds NUL (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such chat in the team, or its agent is archived \
+            (`not_found`).", body = ErrorBody),
+        (status = 409, description = "The agent is running another turn (`agent_busy`), or \
+            this `message_id`'s turn is still running (`turn_in_progress`); `turn_id` names it.",
+            body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+        (status = 429, description = "The team's turns per minute or concurrent turns are \
+            reached (`quota_exceeded`, with `Retry-After` and the `RateLimit-Policy` / \
+            `RateLimit` fields; nothing was written or sent), or every model route was \
+            rate-limited before any output (`rate_limited`, with `Retry-After` when the \
+            provider gave one).", body = ErrorBody),
+        (status = 502, description = "The provider refused the request (`provider_rejected`).",
+            body = ErrorBody),
+        (status = 503, description = "Every model route failed before any output \
+            (`provider_unavailable`), a store is unavailable (`store_unavailable`), or this \
+            replica is draining (`shutting_down`, with `Retry-After`).", body = ErrorBody),
+    ),
+)]
 pub async fn post_message(
     State(state): State<AppState>,
     principal: Principal,

@@ -10,7 +10,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use protocol::AgentId;
+use protocol::{AgentId, ErrorBody};
 use serde::{Deserialize, Serialize};
 
 use super::{JsonBody, parse_id};
@@ -26,15 +26,21 @@ const MAX_URL: usize = 2000;
 const MAX_ARGS: usize = 64;
 const MAX_ARG_BYTES: usize = 4096;
 
-#[derive(Debug, Deserialize)]
+/// Exactly one of `url` and `command`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "github", "url": "https://mcp.example.com/mcp"}))]
 pub struct CreateConnector {
+    /// Prefixes the connector's tool names.
+    #[schema(pattern = "^[a-z0-9_]{1,32}$")]
     name: String,
     #[serde(default)]
     url: Option<String>,
     #[serde(default)]
     command: Option<Vec<String>>,
+    /// Only this agent's turns get the tools; absent for every agent of the team.
     #[serde(default)]
+    #[schema(value_type = Option<Uuid>)]
     agent_id: Option<String>,
 }
 
@@ -116,6 +122,24 @@ fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
     Ok(url.to_string())
 }
 
+#[utoipa::path(
+    post,
+    path = "/connectors",
+    operation_id = "create_connector",
+    tag = "connectors",
+    request_body = CreateConnector,
+    responses(
+        (status = 201, description = "The connector.", body = ConnectorRow),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 400, description = "A field is missing, unknown or invalid, the transport is \
+            refused, or the team has too many connectors (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "`agent_id` names no agent of the team (`not_found`).",
+            body = ErrorBody),
+        (status = 409, description = "The name is taken for this agent or team (`conflict`).",
+            body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -158,11 +182,21 @@ pub async fn create(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ConnectorList {
     connectors: Vec<ConnectorRow>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/connectors",
+    operation_id = "list_connectors",
+    tag = "connectors",
+    responses(
+        (status = 200, description = "The team's connectors.", body = ConnectorList),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+    ),
+)]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
@@ -173,6 +207,18 @@ pub async fn list(
     Ok(Json(ConnectorList { connectors }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/connectors/{connector_id}",
+    operation_id = "delete_connector",
+    tag = "connectors",
+    params(("connector_id" = Uuid, Path, description = "The connector.")),
+    responses(
+        (status = 204, description = "Deleted; later turns no longer get its tools."),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 404, description = "No such connector in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,

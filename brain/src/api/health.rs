@@ -5,11 +5,18 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::AppState;
 
 /// The process is up.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    tag = "probes",
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String)),
+)]
 pub async fn healthz() -> &'static str {
     "ok"
 }
@@ -17,11 +24,22 @@ pub async fn healthz() -> &'static str {
 /// Postgres and Redis answer, and the replica is not draining. Redis only degrades the
 /// brain (turns run without holds), but a replica that cannot see it should not take new
 /// traffic when others can.
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    tag = "probes",
+    responses(
+        (status = 200, description = "Postgres and Redis answer.", body = Readiness),
+        (status = 503, description = "A store does not answer, or the replica is draining.",
+            body = Readiness),
+    ),
+)]
+pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
     if state.draining.is_cancelled() {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "draining": true })),
+            Json(Readiness::Draining { draining: true }),
         );
     }
     let timeout = Duration::from_secs(2);
@@ -38,10 +56,17 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Value>) 
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        Json(json!({ "postgres": postgres, "redis": redis })),
-    )
+    (status, Json(Readiness::Checked { postgres, redis }))
+}
+
+/// What `/readyz` found.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Readiness {
+    /// Whether each store answered within 2 s.
+    Checked { postgres: bool, redis: bool },
+    /// The replica is draining (SIGTERM); the stores were not asked.
+    Draining { draining: bool },
 }
 
 async fn redis_ping(client: &redis::Client) -> redis::RedisResult<()> {
@@ -53,6 +78,14 @@ async fn redis_ping(client: &redis::Client) -> redis::RedisResult<()> {
 }
 
 /// Prometheus text format (SPEC O2). Counts and ids only (X4).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    tag = "probes",
+    responses((status = 200, description = "Prometheus text exposition format 0.0.4.",
+        content_type = "text/plain; version=0.0.4", body = String)),
+)]
 pub async fn metrics(
     State(state): State<AppState>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {

@@ -17,16 +17,18 @@ use crate::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::store::{KeyRow, StoreError};
+use protocol::ErrorBody;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "ci", "scope": "chat"}))]
 pub struct CreateKey {
     name: String,
     scope: Scope,
 }
 
 /// The answer to a creation: the only time the secret is shown.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct CreatedKey {
     id: Uuid,
     name: String,
@@ -35,6 +37,20 @@ pub struct CreatedKey {
     created_at: DateTime<Utc>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/keys",
+    operation_id = "create_key",
+    tag = "keys",
+    request_body = CreateKey,
+    responses(
+        (status = 201, description = "The key; `api_key` is shown this once.", body = CreatedKey),
+        (status = 400, description = "A field is missing, unknown or invalid, or the team has \
+            too many keys (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
@@ -64,11 +80,21 @@ pub async fn create(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct KeyList {
     keys: Vec<KeyRow>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/keys",
+    operation_id = "list_keys",
+    tag = "keys",
+    responses(
+        (status = 200, description = "The team's live keys, without their secrets.", body = KeyList),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+    ),
+)]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
@@ -78,6 +104,19 @@ pub async fn list(
     Ok(Json(KeyList { keys }))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/keys/{key_id}",
+    operation_id = "delete_key",
+    tag = "keys",
+    params(("key_id" = Uuid, Path, description = "The key.")),
+    responses(
+        (status = 204, description = "Revoked, on every replica within a second."),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 404, description = "No such live key in the team (`not_found`).", body = ErrorBody),
+        (status = 409, description = "The team's last admin key (`conflict`).", body = ErrorBody),
+    ),
+)]
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,

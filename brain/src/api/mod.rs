@@ -10,6 +10,7 @@ mod chats;
 mod connectors;
 mod health;
 mod keys;
+pub mod openapi;
 mod quotas;
 mod usage;
 
@@ -18,8 +19,9 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use axum::routing::{delete, get};
 use serde::de::DeserializeOwned;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Principal;
@@ -27,43 +29,40 @@ use crate::error::ApiError;
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
-    let v1 = Router::new()
-        .route("/agents", get(agents::list).post(agents::create))
-        .route("/agents/{agent_id}", get(agents::get))
-        .route(
-            "/agents/{agent_id}/chats",
-            get(chats::list).post(chats::create),
-        )
-        .route("/agents/{agent_id}/sessions", get(agents::sessions))
-        // Workers authenticate with their session token, not a team key.
-        .route(
-            protocol::channel::CONNECT_PATH.trim_start_matches("/v1"),
-            get(crate::sessions::connect),
-        )
-        .route("/artifacts/{artifact_id}", get(artifacts::download))
-        .route("/artifacts/{artifact_id}/meta", get(artifacts::meta))
-        .route(
-            "/connectors",
-            get(connectors::list).post(connectors::create),
-        )
-        .route("/connectors/{connector_id}", delete(connectors::delete))
-        .route("/quotas", get(quotas::get).put(quotas::put))
-        .route("/keys", get(keys::list).post(keys::create))
-        .route("/keys/{key_id}", delete(keys::delete))
-        .route(
-            "/chats/{chat_id}/messages",
-            get(chats::messages).post(chats::post_message),
-        )
-        .route("/usage", get(usage::get));
-    Router::new()
-        .nest("/v1", v1)
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/metrics", get(health::metrics))
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(state)
+}
+
+/// Every route with its operation. A route's path and method are written once, in the
+/// handler's `#[utoipa::path]`, so the router and the contract cannot disagree: adding an
+/// operation is that annotation plus one `routes!` line here.
+fn routes() -> OpenApiRouter<AppState> {
+    let v1 = OpenApiRouter::new()
+        .routes(routes!(agents::list, agents::create))
+        .routes(routes!(agents::get))
+        .routes(routes!(chats::list, chats::create))
+        .routes(routes!(agents::sessions))
+        .routes(routes!(artifacts::download))
+        .routes(routes!(artifacts::meta))
+        .routes(routes!(connectors::list, connectors::create))
+        .routes(routes!(connectors::delete))
+        .routes(routes!(chats::messages, chats::post_message))
+        .routes(routes!(keys::list, keys::create))
+        .routes(routes!(keys::delete))
+        .routes(routes!(quotas::get, quotas::put))
+        .routes(routes!(usage::get));
+    OpenApiRouter::with_openapi(openapi::base())
+        .nest("/v1", v1)
+        // Workers authenticate with their session token, not a team key.
+        .routes(routes!(crate::sessions::connect))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
+        .routes(routes!(openapi::serve))
 }
 
 /// The authenticated caller of a `/v1` request (`Authorization: Bearer <API key or JWT>`);

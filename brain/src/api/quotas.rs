@@ -10,8 +10,9 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::quota::{Limits, Periods, QuotaUpdate, UpdateError, Used};
+use protocol::{ErrorBody, TeamId};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct QuotaView {
     /// `null` is unlimited.
     limits: Limits,
@@ -21,7 +22,7 @@ pub struct QuotaView {
     resets: Resets,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct Resets {
     tokens_per_day: DateTime<Utc>,
     tokens_per_month: DateTime<Utc>,
@@ -31,11 +32,7 @@ struct Resets {
     worker_seconds_per_day: DateTime<Utc>,
 }
 
-async fn view(
-    state: &AppState,
-    team: protocol::TeamId,
-    limits: Limits,
-) -> Result<QuotaView, ApiError> {
+async fn view(state: &AppState, team: TeamId, limits: Limits) -> Result<QuotaView, ApiError> {
     let periods = Periods::now();
     let used = state.quotas.used(team, &periods).await?;
     Ok(QuotaView {
@@ -54,6 +51,14 @@ async fn view(
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/quotas",
+    operation_id = "get_quotas",
+    tag = "quotas",
+    responses((status = 200, description = "The team's limits, what it used, and when each \
+        period starts over.", body = QuotaView)),
+)]
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
@@ -66,6 +71,20 @@ pub async fn get(
 /// Merges the given fields into the team's overrides; answers the new view. Every replica
 /// enforces the new limits from its next turn on (the limits Redis holds are forgotten
 /// here; if Redis cannot be reached they lapse within a minute).
+#[utoipa::path(
+    put,
+    path = "/quotas",
+    operation_id = "put_quotas",
+    tag = "quotas",
+    request_body = QuotaUpdate,
+    responses(
+        (status = 200, description = "The team's limits after the update.", body = QuotaView),
+        (status = 400, description = "An unknown field, or a value that is not a count up to \
+            2^50 or `null` (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
 pub async fn put(
     State(state): State<AppState>,
     principal: Principal,

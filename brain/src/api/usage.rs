@@ -10,16 +10,36 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::UsageReport;
 use crate::usage::usage_query;
+use protocol::ErrorBody;
 
 /// The query string, closed like a request body: an unknown parameter is refused.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct UsageParams {
+    /// Inclusive: an RFC 3339 time or a date (midnight UTC); the current UTC month's start
+    /// when absent.
     from: Option<String>,
+    /// Exclusive, like `from`; now when absent. At most 400 days after `from`.
     to: Option<String>,
+    /// `day` (the default), `agent` or `model`.
     group_by: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/usage",
+    operation_id = "get_usage",
+    tag = "usage",
+    params(UsageParams),
+    responses(
+        (status = 200, description = "The team's billing events summed per group, and in total.",
+            body = UsageReport),
+        (status = 400, description = "A bad time, a range backwards or over 400 days, an \
+            unknown `group_by` or parameter (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+    ),
+)]
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,

@@ -25,7 +25,9 @@ pub use keys::Keys;
 const STORE_BOUND: Duration = Duration::from_secs(5);
 
 /// What a principal may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// Everything a `chat` principal may, plus managing keys, agents, connectors and

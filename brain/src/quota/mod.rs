@@ -84,7 +84,7 @@ impl Field {
 }
 
 /// A team's effective limits; `None` is unlimited.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Limits {
     pub tokens_per_day: Option<u64>,
     pub tokens_per_month: Option<u64>,
@@ -148,20 +148,27 @@ impl Limits {
 
 /// The body of `PUT /v1/quotas`: an absent field is left as it was, `null` makes it
 /// unlimited, an integer sets it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"turns_per_minute": 60, "tokens_per_day": null}))]
 pub struct QuotaUpdate {
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub tokens_per_day: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub tokens_per_month: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub turns_per_minute: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub concurrent_turns: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub concurrent_sessions: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub worker_seconds_per_day: Option<Option<u64>>,
 }
 
@@ -285,7 +292,7 @@ impl Periods {
 }
 
 /// What a team has used, as `GET /v1/quotas` shows it (from Postgres, the truth).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Used {
     pub tokens_per_day: u64,
     pub tokens_per_month: u64,

@@ -57,6 +57,21 @@ use super::{Owner, Sessions};
 use crate::AppState;
 use crate::error::ApiError;
 
+/// The worker channel's WebSocket upgrade (MCP over WebSocket, docs/protocol.md).
+#[utoipa::path(
+    get,
+    path = protocol::channel::CONNECT_PATH,
+    operation_id = "connect_worker",
+    tag = "workers",
+    security(("worker_token" = [])),
+    responses(
+        (status = 101, description = "Switching to the worker channel."),
+        (status = 400, description = "Not a WebSocket upgrade (`invalid_request`).",
+            body = protocol::ErrorBody),
+        (status = 401, description = "No token, or one that is neither a valid session nor a \
+            valid pool token (`unauthorized`).", body = protocol::ErrorBody),
+    ),
+)]
 pub async fn connect(
     State(state): State<AppState>,
     mut request: Request,

@@ -36,7 +36,8 @@ use queue::SessionQueue;
 use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
 
-pub use connect::connect;
+// `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
+pub use connect::{__path_connect, connect};
 use registry::{Binding, LiveWorker, Pool, Registry};
 pub use tool::worker_tools;
 

@@ -17,7 +17,7 @@ pub struct NewAgent {
     pub concierge: bool,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct AgentRow {
     pub id: AgentId,
     pub team_id: TeamId,

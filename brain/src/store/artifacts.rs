@@ -26,7 +26,7 @@ pub struct NewArtifact<'a> {
 
 /// An artifact's metadata. Serialized as the API's `GET /v1/artifacts/{id}/meta`; the
 /// storage key is internal and never serialized.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ArtifactRow {
     pub id: Uuid,
     pub team_id: TeamId,

@@ -7,7 +7,7 @@ use sqlx::Row;
 use super::agents::agent_from_row;
 use super::{AgentRow, Store, StoreError};
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ChatRow {
     pub id: ChatId,
     pub agent_id: AgentId,
@@ -43,7 +43,7 @@ pub struct TurnBasis {
 }
 
 /// A stored message. `parts` are UI message parts as the AI SDK shapes them.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct MessageRow {
     pub id: MessageId,
     #[serde(skip)]

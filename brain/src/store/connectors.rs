@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 
 /// How the brain reaches a connector's MCP server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "transport", rename_all = "snake_case")]
 pub enum ConnectorTarget {
     /// Streamable HTTP at this `http(s)://` URL.
@@ -26,7 +26,7 @@ pub struct NewConnector {
     pub target: ConnectorTarget,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct ConnectorRow {
     pub id: Uuid,
     /// `null` for a team-wide connector.

@@ -10,7 +10,7 @@ use sqlx::Row;
 
 use super::{Store, StoreError, unique_violation};
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct SessionRow {
     pub id: SessionId,
     pub agent_id: AgentId,

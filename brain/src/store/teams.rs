@@ -21,7 +21,7 @@ pub const KEY_PREFIX: &str = "ar_";
 const SHOWN_PREFIX: usize = KEY_PREFIX.len() + 6;
 
 /// A live key as the team sees it: everything but the secret.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct KeyRow {
     pub id: Uuid,
     pub name: String,

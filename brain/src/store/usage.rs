@@ -13,7 +13,7 @@ use sqlx::Row;
 use super::{Store, StoreError};
 
 /// What the events are grouped by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UsageGroup {
     /// The UTC day of the event's `created_at` (the end of the interval it bills).
@@ -53,7 +53,7 @@ pub struct UsageQuery {
 }
 
 /// Sums over a set of billing events.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageSums {
     pub tokens_in: i64,
     pub tokens_out: i64,
@@ -62,18 +62,19 @@ pub struct UsageSums {
     pub worker_seconds: f64,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageRow {
     /// The day (`YYYY-MM-DD`), the agent id, or the model (`null` for worker-seconds).
     pub key: Option<String>,
     /// For `group_by=agent`: the agent's name, `null` once the agent was deleted.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub agent_name: Option<Option<String>>,
     #[serde(flatten)]
     pub sums: UsageSums,
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageReport {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
