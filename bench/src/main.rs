@@ -7,7 +7,7 @@
 //! (default redis://127.0.0.1:6379), `BENCH_SECONDS` (window per concurrency level,
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
-//! scenario names: turn, busy, relay, live, hands, hangup, peer, soak; empty runs all but
+//! scenario names: turn, quota, busy, relay, live, hands, hangup, peer, soak; empty runs all but
 //! peer and soak).
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
@@ -81,6 +81,9 @@ async fn main() -> Result<()> {
     let mut rows = Vec::new();
     if wants("turn") {
         turn::turn_overhead(&mut rows).await?;
+    }
+    if wants("quota") {
+        turn::quota_overhead(&mut rows).await?;
     }
     if wants("busy") {
         turn::busy_answer(&mut rows).await?;

@@ -260,3 +260,77 @@ pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
     system.close().await;
     Ok(())
 }
+
+/// What the quota check (T2, E2) adds to a turn: one client, turns alternating in blocks
+/// between the team without quotas and with all four turn quotas set (high enough never to
+/// refuse), so both sides see the same machine. The check itself runs in the hold's
+/// script either way; with quotas it also counts, reserves and settles.
+pub async fn quota_overhead(rows: &mut Vec<Row>) -> Result<()> {
+    let system = Arc::new(System::start(None).await?);
+    let client = ChatClient::new(&system).await?;
+    let set = |limits: Value| {
+        let system = system.clone();
+        async move {
+            let response = system
+                .http
+                .put(format!("{}/v1/quotas", system.url))
+                .bearer_auth(&system.key)
+                .json(&limits)
+                .send()
+                .await?;
+            if response.status() != 200 {
+                bail!("PUT /v1/quotas: {}", response.status());
+            }
+            Ok(())
+        }
+    };
+    let unlimited = json!({"tokens_per_day": null, "tokens_per_month": null,
+                           "turns_per_minute": null, "concurrent_turns": null});
+    let limited = json!({"tokens_per_day": 1u64 << 40, "tokens_per_month": 1u64 << 40,
+                         "turns_per_minute": 1u64 << 30, "concurrent_turns": 1000});
+    for n in 0..20 {
+        client.turn(n).await?;
+    }
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    let mut n = 20;
+    for _ in 0..8 {
+        for (limits, samples) in [(&unlimited, &mut without), (&limited, &mut with)] {
+            set(limits.clone()).await?;
+            // The first turn after a change reloads the limits (one more round trip).
+            client.turn(n).await?;
+            n += 1;
+            for _ in 0..40 {
+                samples.push(client.turn(n).await?.1);
+                n += 1;
+            }
+        }
+    }
+    let (without, with) = (sorted(without), sorted(with));
+    let scenario = "quota check c=1";
+    rows.push(row(
+        scenario,
+        "first text-delta, no quotas",
+        ms(pct(&without, 50.0)),
+        ms(pct(&without, 99.0)),
+        format!("{} turns", without.len()),
+    ));
+    rows.push(row(
+        scenario,
+        "first text-delta, four turn quotas",
+        ms(pct(&with, 50.0)),
+        ms(pct(&with, 99.0)),
+        format!("{} turns", with.len()),
+    ));
+    rows.push(row(
+        scenario,
+        "added by counting and reserving",
+        signed_ms(pct(&with, 50.0), pct(&without, 50.0)),
+        signed_ms(pct(&with, 99.0), pct(&without, 99.0)),
+        "difference of percentiles".into(),
+    ));
+    eprintln!("bench: quota check done");
+    if let Ok(system) = Arc::try_unwrap(system) {
+        system.close().await;
+    }
+    Ok(())
+}
