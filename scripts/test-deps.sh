@@ -15,6 +15,16 @@ if ! command -v npm >/dev/null; then
   $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
 
+# Debian's python3 lacks venv until python3-venv is installed.
+ensure_venv_module() {
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "test-deps: installing python3-venv from Debian packages"
+    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+    $sudo_ apt-get update -qq
+    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+  fi
+}
+
 if [ ! -f tests/ai-sdk/node_modules/.package-lock.json ] \
    || [ tests/ai-sdk/package-lock.json -nt tests/ai-sdk/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/ai-sdk"
@@ -29,12 +39,7 @@ fi
 
 if [ ! -f tests/mcp/.venv/.installed ] \
    || [ tests/mcp/requirements.txt -nt tests/mcp/.venv/.installed ]; then
-  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    echo "test-deps: installing python3-venv from Debian packages"
-    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
-    $sudo_ apt-get update -qq
-    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  fi
+  ensure_venv_module
   echo "test-deps: Python MCP servers in tests/mcp/.venv"
   python3 -m venv tests/mcp/.venv
   tests/mcp/.venv/bin/pip install -q --disable-pip-version-check -r tests/mcp/requirements.txt
@@ -67,12 +72,7 @@ fi
 # rather than skips without it.
 if [ ! -f tests/k8s/.venv/.installed ] \
    || [ tests/k8s/requirements.txt -nt tests/k8s/.venv/.installed ]; then
-  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    echo "test-deps: installing python3-venv from Debian packages"
-    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
-    $sudo_ apt-get update -qq
-    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  fi
+  ensure_venv_module
   echo "test-deps: kubernetes-validate in tests/k8s/.venv"
   [ -x tests/k8s/.venv/bin/pip ] || python3 -m venv tests/k8s/.venv
   tests/k8s/.venv/bin/pip install -q --disable-pip-version-check -r tests/k8s/requirements.txt
@@ -86,12 +86,7 @@ fi
 st_requirements=tests/contract/requirements.txt
 st_venv="$tools_root/schemathesis-$(sha256sum "$st_requirements" | cut -c1-16)"
 if [ ! -f "$st_venv/.installed" ]; then
-  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    echo "test-deps: installing python3-venv from Debian packages"
-    if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
-    $sudo_ apt-get update -qq
-    $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-  fi
+  ensure_venv_module
   echo "test-deps: schemathesis into $st_venv"
   rm -rf "$st_venv"
   python3 -m venv "$st_venv"

@@ -641,47 +641,50 @@ impl TeamKeys {
     }
 }
 
-/// Counts `tokens` a turn's background work billed after its hold was released (the
-/// summary fold, M1) in the team's budgets: counted, though not reserved beforehand.
-/// Best effort: a counter that misses them is rebuilt from billing events within the hour.
-pub async fn bill(holds: &Holds, team: TeamId, tokens: u64) {
-    let inner = &holds.inner;
-    let keys = TeamKeys::new(team, &Periods::now());
-    let billed = inner
-        .bounded(async {
-            let mut conn = inner.connection().await?;
-            inner
-                .bill
-                .key(&keys.day)
-                .key(&keys.month)
-                .arg(tokens)
-                .invoke_async::<i64>(&mut conn)
-                .await
-        })
-        .await;
-    if let Err(class) = billed {
-        tracing::warn!(team = %team, class, "summary tokens not counted in the quota counters");
+impl Holds {
+    /// Counts `tokens` a turn's background work billed after its hold was released (the
+    /// summary fold, M1) in the team's budgets: counted, though not reserved beforehand.
+    /// Best effort: a counter that misses them is rebuilt from billing events within the
+    /// hour.
+    pub async fn bill(&self, team: TeamId, tokens: u64) {
+        let inner = &self.inner;
+        let keys = TeamKeys::new(team, &Periods::now());
+        let billed = inner
+            .bounded(async {
+                let mut conn = inner.connection().await?;
+                inner
+                    .bill
+                    .key(&keys.day)
+                    .key(&keys.month)
+                    .arg(tokens)
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            })
+            .await;
+        if let Err(class) = billed {
+            tracing::warn!(team = %team, class, "summary tokens not counted in the quota counters");
+        }
     }
-}
 
-/// Forgets the team's stored limits and budget counters, so the next turn reloads the
-/// limits and rebuilds the counters from Postgres (after `PUT /v1/quotas`). Bounded; if
-/// Redis cannot be reached the limits it holds lapse within `LIMITS_TTL` anyway.
-pub async fn forget_limits(holds: &Holds, team: TeamId) -> Result<(), Class> {
-    let inner = &holds.inner;
-    let keys = TeamKeys::new(team, &Periods::now());
-    inner
-        .bounded(async {
-            let mut conn = inner.connection().await?;
-            redis::cmd("DEL")
-                .arg(&keys.limits)
-                .arg(&keys.day)
-                .arg(&keys.month)
-                .query_async::<i64>(&mut conn)
-                .await
-        })
-        .await
-        .map(|_| ())
+    /// Forgets the team's stored limits and budget counters, so the next turn reloads the
+    /// limits and rebuilds the counters from Postgres (after `PUT /v1/quotas`). Bounded; if
+    /// Redis cannot be reached the limits it holds lapse within `LIMITS_TTL` anyway.
+    pub async fn forget_limits(&self, team: TeamId) -> Result<(), Class> {
+        let inner = &self.inner;
+        let keys = TeamKeys::new(team, &Periods::now());
+        inner
+            .bounded(async {
+                let mut conn = inner.connection().await?;
+                redis::cmd("DEL")
+                    .arg(&keys.limits)
+                    .arg(&keys.day)
+                    .arg(&keys.month)
+                    .query_async::<i64>(&mut conn)
+                    .await
+            })
+            .await
+            .map(|_| ())
+    }
 }
 
 impl Inner {

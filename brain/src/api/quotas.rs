@@ -100,7 +100,7 @@ pub async fn put(
             UpdateError::Invalid(problem) => ApiError::InvalidRequest(problem),
             UpdateError::Store(e) => e.into(),
         })?;
-    if let Err(class) = crate::hold::forget_limits(&state.holds, team).await {
+    if let Err(class) = state.holds.forget_limits(team).await {
         tracing::warn!(team = %team, class, "quota limits not forgotten in Redis; they lapse within a minute");
     }
     Ok(Json(view(&state, team, limits).await?))

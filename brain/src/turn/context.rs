@@ -181,7 +181,7 @@ impl Fold {
         }
         if let Some(usage) = &usage {
             let tokens = usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0);
-            crate::hold::bill(&self.holds, self.team, tokens).await;
+            self.holds.bill(self.team, tokens).await;
         }
         match self
             .store
