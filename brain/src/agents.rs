@@ -3,6 +3,7 @@
 //! would refuse (SPEC B1). The messages say what is wrong and are shown to the API client
 //! or to the model.
 
+use crate::approvals::ApprovalPolicy;
 use crate::provider::ModelRoute;
 use crate::store::NewAgent;
 
@@ -54,6 +55,7 @@ pub fn validate_new_agent(
         fallback_models,
         runtime_profile,
         concierge,
+        approval_policy: ApprovalPolicy::default(),
     })
 }
 

@@ -37,6 +37,9 @@ pub struct Config {
     /// How long a turn waits for a client that stopped reading its stream (the chunk
     /// channel full) before it cancels the turn.
     pub client_stall_timeout: Duration,
+    /// How long a tool call waits for a person's answer before it is denied as `expired`
+    /// (A4).
+    pub approval_ttl: Duration,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -283,6 +286,8 @@ impl Config {
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 10_000, 400, 3_600_000)
                 .map(Duration::from_millis)?,
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
+            approval_ttl: ranged(env, "BRAIN_APPROVAL_TTL_MS", 86_400_000, 1, 31_536_000_000)
+                .map(Duration::from_millis)?,
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 allow_private_networks: parse(

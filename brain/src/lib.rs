@@ -19,6 +19,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod approvals;
 pub mod artifacts;
 pub mod auth;
 pub mod config;

@@ -655,6 +655,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 fallback_models: vec![],
                 runtime_profile: "none".into(),
                 concierge: false,
+                approval_policy: Default::default(),
             },
         )
         .await

@@ -118,12 +118,23 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     let agent = created(
         post(
             "/v1/agents",
-            json!({"name": "a", "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
+            json!({"name": "a", "system_prompt": "You are terse.", "model": "openai/gpt-test",
+                   "approval_policy": {"ask": ["write"]}}),
         )
         .await
         .unwrap(),
     )
     .await;
+    // The turn's model call asks for a write, which waits for approval.
+    app.provider.push(scripted_provider::Reply::ToolCalls {
+        text: None,
+        calls: vec![scripted_provider::ToolCall {
+            id: "call-1".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": "a note"}).to_string(),
+        }],
+        fragment: 16,
+    });
     let chat = created(
         post(&format!("/v1/agents/{agent}/chats"), json!({}))
             .await
@@ -181,8 +192,20 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     )
     .await
     .unwrap();
+    let approvals: Value = app
+        .http
+        .get(format!("{}/v1/chats/{chat}/approvals", app.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let approval = approvals["approvals"][0]["id"].as_str().unwrap().to_owned();
     Ids::from([
         ("agent_id", agent),
+        ("approval_id", approval),
         ("chat_id", chat),
         ("artifact_id", artifact.id.to_string()),
         ("connector_id", connector),

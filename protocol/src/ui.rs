@@ -63,6 +63,16 @@ pub enum UiChunk {
         tool_call_id: String,
         error_text: String,
     },
+    /// The call waits for a person's answer (SPEC A3); `approvalId` is what
+    /// `addToolApprovalResponse` and `POST /v1/approvals/{id}` name.
+    #[serde(rename_all = "camelCase")]
+    ToolApprovalRequest {
+        approval_id: String,
+        tool_call_id: String,
+    },
+    /// The call was denied and never ran (SPEC A3, A4).
+    #[serde(rename_all = "camelCase")]
+    ToolOutputDenied { tool_call_id: String },
     /// Closes the model call opened by the last `start-step`.
     FinishStep,
     /// Ends the assistant message.
@@ -205,6 +215,19 @@ mod tests {
                     finish_reason: FinishReason::ToolCalls,
                 },
                 r#"{"type":"finish","finishReason":"tool-calls"}"#,
+            ),
+            (
+                UiChunk::ToolApprovalRequest {
+                    approval_id: "a1".into(),
+                    tool_call_id: "c1".into(),
+                },
+                r#"{"type":"tool-approval-request","approvalId":"a1","toolCallId":"c1"}"#,
+            ),
+            (
+                UiChunk::ToolOutputDenied {
+                    tool_call_id: "c1".into(),
+                },
+                r#"{"type":"tool-output-denied","toolCallId":"c1"}"#,
             ),
             (
                 UiChunk::error(crate::ErrorCode::RateLimited, "slow down"),

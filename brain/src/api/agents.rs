@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::agents::validate_new_agent;
+use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
@@ -27,10 +28,17 @@ pub struct CreateAgent {
     /// Offer this agent the agent tools (create, archive, change prompt) for its team.
     #[serde(default)]
     concierge: bool,
+    /// Which calls ask a person first and which tools never run; by default nothing asks.
+    #[serde(default)]
+    approval_policy: ApprovalPolicy,
 }
 
 impl CreateAgent {
     fn validate(self) -> Result<NewAgent, ApiError> {
+        self.approval_policy
+            .validate()
+            .map_err(ApiError::InvalidRequest)?;
+        let approval_policy = self.approval_policy;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -39,6 +47,10 @@ impl CreateAgent {
             self.runtime_profile,
             self.concierge,
         )
+        .map(|agent| NewAgent {
+            approval_policy,
+            ..agent
+        })
         .map_err(ApiError::InvalidRequest)
     }
 }

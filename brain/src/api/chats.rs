@@ -16,10 +16,13 @@ use super::agents::ListParams;
 use super::openapi::UiStreamEvent;
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
+use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
+use crate::store::Answer;
 use crate::store::{ChatRow, MessageRow, StoreError};
-use crate::turn::{self, TurnInput, ui_stream::UiBody};
+use crate::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
+use protocol::ui::{FinishReason, UiChunk};
 
 const MAX_CLIENT_ID: usize = 200;
 
@@ -184,8 +187,41 @@ impl utoipa::ToSchema for PostMessage {
     }
 }
 
+/// A3: the answers a `useChat` client re-posts after `addToolApprovalResponse`: the tool
+/// parts of its last (assistant) message in state `approval-responded`.
+fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
+    let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
+    let mut answers = Vec::new();
+    for part in &last.parts {
+        if part.get("state").and_then(|s| s.as_str()) != Some("approval-responded") {
+            continue;
+        }
+        let approval = &part["approval"];
+        let id = approval["id"]
+            .as_str()
+            .and_then(|id| id.parse().ok())
+            .ok_or_else(|| invalid("an approval response names no known approval id"))?;
+        let approved = approval["approved"]
+            .as_bool()
+            .ok_or_else(|| invalid("an approval response needs `approved`"))?;
+        let reason = approval["reason"].as_str().map(str::to_owned);
+        validate_reason(reason.as_deref()).map_err(ApiError::InvalidRequest)?;
+        answers.push(Answer {
+            id,
+            approved,
+            reason,
+        });
+    }
+    if answers.is_empty() {
+        return Err(invalid(
+            "the last message must have role `user`, or be the assistant's with approval responses",
+        ));
+    }
+    Ok(answers)
+}
+
 impl PostMessage {
-    fn into_input(self, max_chars: usize) -> Result<TurnInput, ApiError> {
+    fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
             Self::Plain(plain) => (plain.content, plain.message_id),
@@ -198,6 +234,9 @@ impl PostMessage {
                     .into_iter()
                     .next_back()
                     .ok_or_else(|| invalid("messages is empty"))?;
+                if last.role == "assistant" {
+                    return approval_answers(&last).map(Trigger::Approval);
+                }
                 if last.role != "user" {
                     return Err(invalid("the last message must have role `user`"));
                 }
@@ -235,10 +274,10 @@ impl PostMessage {
                 "message_id must have 1 to {MAX_CLIENT_ID} bytes"
             )));
         }
-        Ok(TurnInput {
+        Ok(Trigger::User(TurnInput {
             content,
             client_message_id: message_id,
-        })
+        }))
     }
 }
 
@@ -298,9 +337,15 @@ pub async fn post_message(
     } else {
         serde_json::from_value(body).map(PostMessage::Plain)
     };
-    let input = parsed
+    let trigger = parsed
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?
-        .into_input(state.config.max_message_chars)?;
+        .into_trigger(state.config.max_message_chars)?;
     principal.check_chat(&state.store, chat).await?;
-    turn::start(&state, principal.team, chat, input).await
+    let launched = turn::launch(&state, principal.team, chat, trigger, false).await?;
+    // Answers that leave other approvals of the turn waiting start nothing yet.
+    Ok(launched.body.unwrap_or_else(|| {
+        UiBody::replay(vec![UiChunk::Finish {
+            finish_reason: FinishReason::ToolCalls,
+        }])
+    }))
 }

@@ -5,6 +5,7 @@
 //! `payload_too_large`; status codes themselves are chosen in `error.rs` only.
 
 mod agents;
+mod approvals;
 mod artifacts;
 mod chats;
 mod connectors;
@@ -54,7 +55,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
-        .routes(routes!(usage::get));
+        .routes(routes!(usage::get))
+        .routes(routes!(approvals::list))
+        .routes(routes!(approvals::answer));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.

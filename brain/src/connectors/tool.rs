@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::session::Session;
 use crate::provider::ToolSpec;
-use crate::tools::{Tool, ToolCtx, ToolOutput};
+use crate::tools::{RiskClass, Tool, ToolCtx, ToolOutput};
 
 /// The longest description offered to the model.
 const MAX_DESCRIPTION: usize = 4096;
@@ -25,6 +25,7 @@ pub(super) struct ConnectorTool {
     /// The tool's name on the MCP server.
     remote_name: String,
     writes: bool,
+    risk: RiskClass,
     call_timeout: Duration,
 }
 
@@ -39,6 +40,7 @@ impl ConnectorTool {
             .annotations
             .as_ref()
             .is_none_or(|a| a.read_only_hint != Some(true));
+        let risk = risk_of(remote.annotations.as_ref());
         let description = remote
             .description
             .as_deref()
@@ -60,9 +62,32 @@ impl ConnectorTool {
             },
             remote_name: remote.name.into_owned(),
             writes,
+            risk,
             call_timeout,
             session,
         }
+    }
+}
+
+/// A1: a connector tool's class from its MCP annotations, the strongest claim first; a
+/// server that says nothing is taken to act outside (the hints are only hints, and an
+/// unannotated tool is the one a policy most needs to catch).
+fn risk_of(annotations: Option<&rmcp::model::ToolAnnotations>) -> RiskClass {
+    let Some(a) = annotations else {
+        return RiskClass::External;
+    };
+    if a.read_only_hint == Some(true) {
+        RiskClass::Read
+    } else if a.destructive_hint == Some(true) {
+        RiskClass::Irreversible
+    } else if a.open_world_hint == Some(true)
+        || (a.read_only_hint.is_none()
+            && a.destructive_hint.is_none()
+            && a.open_world_hint.is_none())
+    {
+        RiskClass::External
+    } else {
+        RiskClass::Write
     }
 }
 
@@ -73,6 +98,10 @@ impl Tool for ConnectorTool {
 
     fn writes(&self) -> bool {
         self.writes
+    }
+
+    fn risk(&self) -> RiskClass {
+        self.risk
     }
 
     fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
@@ -200,6 +229,35 @@ fn truncate(mut text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn annotations_give_the_risk_class() {
+        use rmcp::model::ToolAnnotations;
+        let hints = |read, destructive, open| {
+            ToolAnnotations::from_raw(None, read, destructive, None, open)
+        };
+        let cases = [
+            (None, RiskClass::External),
+            (Some(hints(None, None, None)), RiskClass::External),
+            (Some(hints(Some(true), None, Some(true))), RiskClass::Read),
+            (
+                Some(hints(Some(false), Some(true), Some(true))),
+                RiskClass::Irreversible,
+            ),
+            (
+                Some(hints(Some(false), Some(false), Some(true))),
+                RiskClass::External,
+            ),
+            (
+                Some(hints(Some(false), Some(false), Some(false))),
+                RiskClass::Write,
+            ),
+            (Some(hints(None, Some(false), None)), RiskClass::Write),
+        ];
+        for (annotations, class) in cases {
+            assert_eq!(risk_of(annotations.as_ref()), class, "{annotations:?}");
+        }
+    }
 
     #[test]
     fn truncates_on_char_boundaries() {

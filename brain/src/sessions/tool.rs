@@ -21,7 +21,7 @@ use super::{Sessions, Target, relay};
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::provider::ToolSpec;
 use crate::store::Store;
-use crate::tools::{Tool, ToolCtx, ToolOutput};
+use crate::tools::{RiskClass, Tool, ToolCtx, ToolOutput};
 use channel::catalog::{WorkerToolDecl, catalog_for, returns_file};
 
 /// What the model reads when the channel drops under a call (W9). The worker stops what
@@ -94,6 +94,10 @@ impl Tool for WorkerTool {
 
     fn writes(&self) -> bool {
         self.decl.writes
+    }
+
+    fn risk(&self) -> RiskClass {
+        worker_risk(self.decl.name)
     }
 
     fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
@@ -340,4 +344,17 @@ fn content_text(content: &Value) -> String {
         }
     }
     out.join("\n")
+}
+
+/// A1: the worker's tools act on its workspace, except what reaches beyond the pod: a
+/// shell command may call anything on the network, and the browser drives real sites.
+fn worker_risk(tool: &str) -> RiskClass {
+    use channel::catalog::{
+        BROWSER_CLICK, BROWSER_NAVIGATE, BROWSER_SNAPSHOT, BROWSER_TYPE, LIST_DIR, READ_FILE, SHELL,
+    };
+    match tool {
+        READ_FILE | LIST_DIR | BROWSER_SNAPSHOT => RiskClass::Read,
+        SHELL | BROWSER_NAVIGATE | BROWSER_CLICK | BROWSER_TYPE => RiskClass::External,
+        _ => RiskClass::Write,
+    }
 }

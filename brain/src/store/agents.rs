@@ -5,6 +5,7 @@ use protocol::{AgentId, TeamId};
 use sqlx::Row;
 
 use super::{Store, StoreError};
+use crate::approvals::ApprovalPolicy;
 
 #[derive(Clone, Debug)]
 pub struct NewAgent {
@@ -15,6 +16,8 @@ pub struct NewAgent {
     pub runtime_profile: String,
     /// Offered the agent tools (create, archive, change prompt) for its team (B1).
     pub concierge: bool,
+    /// Validated by `ApprovalPolicy::validate` (A2).
+    pub approval_policy: ApprovalPolicy,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
@@ -30,11 +33,13 @@ pub struct AgentRow {
     pub autostart_prompt: Option<String>,
     pub archived: bool,
     pub concierge: bool,
+    /// Which calls ask a person first and which tools never run (A2).
+    pub approval_policy: ApprovalPolicy,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, concierge, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, concierge, approval_policy, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -49,6 +54,9 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
         autostart_prompt: row.try_get("autostart_prompt")?,
         archived: row.try_get("archived")?,
         concierge: row.try_get("concierge")?,
+        approval_policy: row
+            .try_get::<sqlx::types::Json<ApprovalPolicy>, _>("approval_policy")?
+            .0,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -60,8 +68,8 @@ impl Store {
         agent: &NewAgent,
     ) -> Result<AgentRow, StoreError> {
         let sql = format!(
-            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {AGENT_COLUMNS}"
+            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(AgentId::new().0)
@@ -72,6 +80,7 @@ impl Store {
             .bind(&agent.fallback_models)
             .bind(&agent.runtime_profile)
             .bind(agent.concierge)
+            .bind(sqlx::types::Json(&agent.approval_policy))
             .fetch_one(&self.pool)
             .await?;
         Ok(agent_from_row(&row)?)

@@ -40,6 +40,8 @@ pub struct TurnBasis {
     /// Whether any connector applies to the agent; when none does, the turn skips
     /// reading them.
     pub has_connectors: bool,
+    /// Whether a tool call of the chat waits for a person (A4: a new message denies it).
+    pub has_pending_approvals: bool,
 }
 
 /// A stored message. `parts` are UI message parts as the AI SDK shapes them.
@@ -136,7 +138,9 @@ impl Store {
             "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
-                    a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at, \
+                    a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, a.created_at, \
+                    EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
+                            AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \
                     EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \
                             AND (k.agent_id IS NULL OR k.agent_id = a.id)) AS has_connectors \
              FROM chats c JOIN agents a ON a.team_id = c.team_id AND a.id = c.agent_id \
@@ -160,6 +164,7 @@ impl Store {
             chat,
             agent,
             has_connectors: row.try_get("has_connectors")?,
+            has_pending_approvals: row.try_get("has_pending_approvals")?,
         })
     }
 

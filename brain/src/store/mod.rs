@@ -9,6 +9,7 @@
 
 mod agent_admin;
 mod agents;
+mod approvals;
 mod artifacts;
 mod chats;
 mod connectors;
@@ -31,6 +32,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, NewAgent};
+pub use approvals::{Answer, Answered, ApprovalRow, Close, NewApproval, requested_part};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
@@ -240,6 +242,11 @@ fn migrator() -> Migrator {
             13,
             "usage: worker-seconds billing",
             include_str!("../../../migrations/0013_usage.sql"),
+        ),
+        (
+            15,
+            "approvals: agent policies, pending tool calls",
+            include_str!("../../../migrations/0015_approvals.sql"),
         ),
     ]
     .into_iter()

@@ -28,7 +28,8 @@ pub struct NewTurn<'a> {
     /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
     /// it cannot be written, and then no provider is called.
     pub composition: &'a serde_json::Value,
-    pub user_parts: &'a serde_json::Value,
+    /// `None` for a continuation after an approval (A3), which has no user message.
+    pub user_parts: Option<&'a serde_json::Value>,
     pub client_message_id: Option<&'a str>,
     /// The brain replica running the turn: if its lease lapses, another replica ends the
     /// turn (O3).
@@ -94,6 +95,8 @@ pub struct TurnEnd {
     /// user message is deleted with the end state, which frees the client message id
     /// for the retry (and keeps the retried message from appearing twice).
     pub withdraw_user_message: bool,
+    /// The calls that wait for a person (A3), written with the message they point into.
+    pub approvals: Vec<super::NewApproval>,
 }
 
 #[derive(Debug)]
@@ -169,7 +172,7 @@ impl Store {
                VALUES ($1, $2, $3, $4, $5, 'running', $6, $11) RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
-               SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t \
+               SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
                RETURNING {MESSAGE_COLUMNS}) \
              SELECT {MESSAGE_COLUMNS} FROM messages WHERE team_id = $2 AND chat_id = $4 AND seq > $10 \
              UNION ALL SELECT {MESSAGE_COLUMNS} FROM m \
@@ -276,7 +279,13 @@ impl Store {
                ON CONFLICT (event_key) DO NOTHING), \
              w AS ( \
                DELETE FROM messages \
-               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15) \
+               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15), \
+             a AS ( \
+               INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
+                 part_index, tool_call_id, tool, input, state, expires_at) \
+               SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
+               FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
+                 $21::timestamptz[]) AS a(id, idx, call, tool, input, exp)) \
              SELECT 1",
         )
         .bind(team.0)
@@ -294,6 +303,22 @@ impl Store {
         .bind(inputs)
         .bind(outputs)
         .bind(end.withdraw_user_message)
+        .bind(end.approvals.iter().map(|a| a.id).collect::<Vec<_>>())
+        .bind(end.approvals.iter().map(|a| a.part_index).collect::<Vec<_>>())
+        .bind(
+            end.approvals
+                .iter()
+                .map(|a| a.tool_call_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(end.approvals.iter().map(|a| a.tool.as_str()).collect::<Vec<_>>())
+        .bind(
+            end.approvals
+                .iter()
+                .map(|a| storable_json(&a.input).into_owned())
+                .collect::<Vec<_>>(),
+        )
+        .bind(end.approvals.iter().map(|a| a.expires_at).collect::<Vec<_>>())
         .execute(&self.pool)
         .await?;
         Ok(())

@@ -58,6 +58,10 @@ impl Tool for AgentCreate {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -113,6 +117,10 @@ impl Tool for AgentArchive {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Irreversible
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -162,6 +170,10 @@ impl Tool for AgentSetPrompt {
                 .into(),
             input_schema: schema_of::<SetPromptArgs>(),
         }
+    }
+
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
     }
 
     fn writes(&self) -> bool {

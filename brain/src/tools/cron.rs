@@ -98,6 +98,10 @@ impl Tool for CronSet {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -161,6 +165,10 @@ impl Tool for CronList {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Read
+    }
+
     fn writes(&self) -> bool {
         false
     }
@@ -206,6 +214,10 @@ impl Tool for CronRemove {
             description: "Stop this agent's autostart schedule.".into(),
             input_schema: schema_of::<NoArgs>(),
         }
+    }
+
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
     }
 
     fn writes(&self) -> bool {

@@ -39,6 +39,10 @@ impl Tool for MemoryWrite {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -87,6 +91,10 @@ impl Tool for MemorySearch {
                 .into(),
             input_schema: schema_of::<SearchArgs>(),
         }
+    }
+
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Read
     }
 
     fn writes(&self) -> bool {

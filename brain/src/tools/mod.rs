@@ -68,11 +68,44 @@ impl ToolOutput {
     }
 }
 
+/// What a call can do (SPEC A1), which an agent's approval policy names (A2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RiskClass {
+    /// No side effects.
+    Read,
+    /// Changes the workspace or the agent's own state.
+    Write,
+    /// Acts on systems outside.
+    External,
+    /// Cannot be undone.
+    Irreversible,
+}
+
+impl RiskClass {
+    pub const ALL: [RiskClass; 4] = [Self::Read, Self::Write, Self::External, Self::Irreversible];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::External => "external",
+            Self::Irreversible => "irreversible",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
 /// One tool of any source.
 pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
     /// Whether a call changes data (counted against the turn's write budget).
     fn writes(&self) -> bool;
+    /// The tool's risk class (SPEC A1); every tool says, there is no default.
+    fn risk(&self) -> RiskClass;
     fn call<'a>(
         &'a self,
         ctx: &'a ToolCtx,

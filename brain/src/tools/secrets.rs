@@ -61,6 +61,10 @@ impl Tool for SecretSet {
         }
     }
 
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -147,6 +151,10 @@ impl Tool for SecretList {
                 .into(),
             input_schema: schema_of::<ListArgs>(),
         }
+    }
+
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Read
     }
 
     fn writes(&self) -> bool {

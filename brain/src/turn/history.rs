@@ -13,6 +13,23 @@ use crate::provider::{Message, ToolCall, ToolResult};
 use crate::store::MessageRow;
 use crate::tools::ToolOutput;
 
+/// What the model reads for a call that still waits for a person's answer.
+pub const AWAITING_APPROVAL: &str = "not run yet: waiting for a person's approval";
+
+/// Puts `output` in place of the waiting result of call `call_id` (A3: an answered
+/// approval's call, run or denied by the continuation).
+pub fn answer_call(conversation: &mut [Message], call_id: &str, output: &ToolOutput) {
+    for message in conversation.iter_mut().rev() {
+        if let Message::ToolResults(results) = message
+            && let Some(result) = results.iter_mut().find(|r| r.call_id == call_id)
+        {
+            result.content = output.content.clone();
+            result.is_error = output.is_error;
+            return;
+        }
+    }
+}
+
 /// The text of a message's text parts.
 pub fn parts_text(parts: &Value) -> String {
     let mut text = String::new();
@@ -102,6 +119,18 @@ fn assistant_messages(parts: &Value, out: &mut Vec<Message>) {
                     part["errorText"].as_str().unwrap_or_default().to_owned(),
                     true,
                 ),
+                Some("output-denied") => (
+                    part["approval"]["reason"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    true,
+                ),
+                // A3: the history stays valid while a call waits; a continuation puts
+                // the real result in its place (`answer_call`).
+                Some("approval-requested" | "approval-responded") => {
+                    (AWAITING_APPROVAL.to_owned(), true)
+                }
                 _ => match &part["output"] {
                     Value::String(s) => (s.clone(), false),
                     other => (other.to_string(), false),
@@ -144,6 +173,24 @@ pub fn replay_chunks(parts: &Value) -> Vec<UiChunk> {
                 tool_name: name.to_owned(),
                 input: part["input"].clone(),
             });
+            match part["state"].as_str() {
+                Some("approval-requested") => {
+                    chunks.push(UiChunk::ToolApprovalRequest {
+                        approval_id: part["approval"]["id"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        tool_call_id,
+                    });
+                    continue;
+                }
+                Some("output-denied") => {
+                    chunks.push(UiChunk::ToolOutputDenied { tool_call_id });
+                    continue;
+                }
+                Some("approval-responded") => continue,
+                _ => {}
+            }
             chunks.push(if part["state"] == "output-error" {
                 UiChunk::ToolOutputError {
                     tool_call_id,

@@ -35,7 +35,10 @@ use crate::error::ApiError;
 use crate::hold::{Admitted, HoldGuard, TurnAdmission};
 use crate::provider::ModelRequest;
 use crate::quota::{Limits, Periods, RateLimitHeaders, fallback};
-use crate::store::{AgentRow, NewTurn, StoreError, TurnBasis, TurnRecord, TurnStatus};
+use crate::store::{
+    AgentRow, Answer, Answered, ApprovalRow, Close, NewTurn, StoreError, TurnBasis, TurnRecord,
+    TurnStatus,
+};
 use crate::tools::Toolset;
 use history::model_messages;
 use run::TurnTask;
@@ -67,17 +70,39 @@ pub struct Composition<'a> {
     pub summary_through: i64,
 }
 
-/// Starts a turn for `input` in `chat`, or replays the turn a retried message id started.
-pub async fn start(
+/// What starts a turn.
+#[derive(Debug)]
+pub enum Trigger {
+    /// A new user message.
+    User(TurnInput),
+    /// Answers to a turn's approvals (A3); the last one resumes the loop.
+    Approval(Vec<Answer>),
+}
+
+/// A started turn, or answers that resumed nothing yet.
+pub struct Launched {
+    /// The stream, unless the turn was started detached or nothing started.
+    pub body: Option<UiBody>,
+    /// The turn that runs, if one does.
+    pub turn: Option<TurnId>,
+    /// The approvals the answers closed, as they now are.
+    pub answered: Vec<ApprovalRow>,
+}
+
+/// Starts a turn for `trigger`, or replays the turn a retried message id started. A `detached` turn has no client: its chunks reach only the
+/// events stream, and nobody leaving cancels it.
+pub async fn launch(
     state: &AppState,
     team: TeamId,
     chat: ChatId,
-    input: TurnInput,
-) -> Result<UiBody, ApiError> {
+    trigger: Trigger,
+    detached: bool,
+) -> Result<Launched, ApiError> {
     let TurnBasis {
         chat: chat_row,
         agent,
         has_connectors,
+        has_pending_approvals,
     } = state
         .store
         .chat_with_agent(team, chat)
@@ -86,13 +111,19 @@ pub async fn start(
             StoreError::NotFound => ApiError::NotFound("chat"),
             other => other.into(),
         })?;
-    if let Some(client_id) = input.client_message_id.as_deref()
+    let replayed = |body| Launched {
+        body: Some(body),
+        turn: None,
+        answered: Vec::new(),
+    };
+    if let Trigger::User(input) = &trigger
+        && let Some(client_id) = input.client_message_id.as_deref()
         && let Some(existing) = state
             .store
             .turn_for_client_message(team, chat, client_id)
             .await?
     {
-        return replay(existing);
+        return replay(existing).map(replayed);
     }
     // A draining replica answers retries of finished turns (above) but starts nothing.
     if state.draining.is_cancelled() {
@@ -112,7 +143,10 @@ pub async fn start(
     let turn_id = TurnId::new();
     let reservation = context::estimate_tokens(&agent.system_prompt)
         + context::estimate_tokens(&chat_row.summary)
-        + context::estimate_tokens(&input.content)
+        + match &trigger {
+            Trigger::User(input) => context::estimate_tokens(&input.content),
+            Trigger::Approval(_) => 0,
+        }
         + state.config.context_tokens
         + state.config.max_output_tokens as usize;
     let admission = TurnAdmission {
@@ -121,12 +155,74 @@ pub async fn start(
         turn: turn_id,
         reservation: reservation as u64,
     };
-    let (hold, quota) = admit(state, admission).await?;
+    let (mut hold, quota) = admit(state, admission).await?;
+
+    // A3, A4, under the hold (so no continuation runs meanwhile): a new message denies
+    // what waits; an answer is recorded at most once, and the last of its turn resumes it.
+    let (content, client_message_id, resume, answered) = match trigger {
+        Trigger::User(input) => {
+            if has_pending_approvals {
+                state
+                    .store
+                    .close_approvals(team, chat, Close::Superseded)
+                    .await?;
+            }
+            (
+                Some(input.content),
+                input.client_message_id,
+                Vec::new(),
+                Vec::new(),
+            )
+        }
+        Trigger::Approval(answers) => {
+            let outcome = state
+                .store
+                .answer_approvals(team, chat, &answers, turn_id)
+                .await;
+            let release = async |hold: &mut Option<HoldGuard>| {
+                if let Some(hold) = hold.take() {
+                    hold.release().await;
+                }
+            };
+            match outcome {
+                Ok(Answered::Done {
+                    answered,
+                    resume: Some(resume),
+                }) => (None, None, resume, answered),
+                Ok(Answered::Done {
+                    answered,
+                    resume: None,
+                }) => {
+                    release(&mut hold).await;
+                    return Ok(Launched {
+                        body: None,
+                        turn: None,
+                        answered,
+                    });
+                }
+                Ok(Answered::Closed(row)) => {
+                    release(&mut hold).await;
+                    return Err(ApiError::Conflict(format!(
+                        "this approval is {} already",
+                        row.state.as_str()
+                    )));
+                }
+                Err(StoreError::NotFound) => {
+                    release(&mut hold).await;
+                    return Err(ApiError::NotFound("approval"));
+                }
+                Err(e) => {
+                    release(&mut hold).await;
+                    return Err(e.into());
+                }
+            }
+        }
+    };
 
     let cancel = state.turns_cancel.child_token();
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
-    let guard = cancel.clone().drop_guard();
+    let guard = (!detached).then(|| cancel.clone().drop_guard());
     let mut toolset = Toolset::brain(agent.concierge);
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
@@ -169,7 +265,7 @@ pub async fn start(
     };
     let composition_json = serde_json::to_value(&composition)
         .map_err(|e| ApiError::Internal(format!("composition: {e}")))?;
-    let user_parts = serde_json::json!([{ "type": "text", "text": input.content }]);
+    let user_parts = content.map(|text| serde_json::json!([{ "type": "text", "text": text }]));
     let begun = state
         .store
         .begin_turn(
@@ -178,10 +274,14 @@ pub async fn start(
                 team,
                 agent: agent.id,
                 chat,
-                trigger: "user",
+                trigger: if resume.is_empty() {
+                    "user"
+                } else {
+                    "approval"
+                },
                 composition: &composition_json,
-                user_parts: &user_parts,
-                client_message_id: input.client_message_id.as_deref(),
+                user_parts: user_parts.as_ref(),
+                client_message_id: client_message_id.as_deref(),
                 replica: state.replica,
             },
             composition.summary_through,
@@ -191,13 +291,13 @@ pub async fn start(
         Ok(history) => history,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
         Err(StoreError::Conflict("message_id")) => {
-            let client_id = input.client_message_id.as_deref().unwrap_or_default();
+            let client_id = client_message_id.as_deref().unwrap_or_default();
             let existing = state
                 .store
                 .turn_for_client_message(team, chat, client_id)
                 .await?
                 .ok_or(ApiError::Internal("conflicting message id vanished".into()))?;
-            return replay(existing);
+            return replay(existing).map(replayed);
         }
         Err(e) => return Err(e.into()),
     };
@@ -251,12 +351,28 @@ pub async fn start(
         connector_status,
         stall_timeout: state.config.client_stall_timeout,
         stalled: AtomicBool::new(false),
+        policy: agent.approval_policy.clone(),
+        approval_ttl: state.config.approval_ttl,
+        resume,
+        detached,
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
     state.turn_tracker.spawn(task.run(started_tx));
+    let launched = |body| Launched {
+        body,
+        turn: Some(turn_id),
+        answered: answered.clone(),
+    };
+    let Some(guard) = guard else {
+        // Nobody reads a detached turn's stream: its chunks go to the events stream only.
+        drop(rx);
+        return Ok(launched(None));
+    };
     match started_rx.await {
-        Ok(Ok(())) => Ok(UiBody::live(rx, guard).with_rate_limit(quota.headers)),
+        Ok(Ok(())) => Ok(launched(Some(
+            UiBody::live(rx, guard).with_rate_limit(quota.headers),
+        ))),
         Ok(Err(err)) => Err(err),
         Err(_) => Err(ApiError::Internal(
             "turn task ended before reporting".into(),

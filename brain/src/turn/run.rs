@@ -30,7 +30,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{self, Fold};
-use super::history::{step_start, text_part, tool_part};
+use super::history::{AWAITING_APPROVAL, answer_call, step_start, text_part, tool_part};
+use crate::approvals::{ApprovalPolicy, ApprovalState, Decision};
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::hold::{HoldGuard, Reserved};
@@ -40,7 +41,8 @@ use crate::provider::{
 };
 use crate::quota::{Periods, Quotas, Refusal, fallback};
 use crate::store::{
-    AssistantMessage, ModelCallUsage, Store, StoreError, TurnEnd, TurnStatus, storable_text,
+    ApprovalRow, AssistantMessage, ModelCallUsage, NewApproval, Store, StoreError, TurnEnd,
+    TurnStatus, requested_part, storable_text,
 };
 use crate::tools::{Tool, ToolCtx, ToolOutput, Toolset};
 
@@ -72,6 +74,24 @@ pub(super) struct TurnTask {
     pub stall_timeout: Duration,
     /// Set once a send gave the client up; from then on nothing waits for it.
     pub stalled: AtomicBool,
+    /// The agent's approval policy (A2), applied to every call.
+    pub policy: ApprovalPolicy,
+    /// How long a call that asks waits for its answer (A4).
+    pub approval_ttl: Duration,
+    /// A continuation (A3): the approvals of the turn it continues, all answered; the
+    /// approved calls run before the first model call.
+    pub resume: Vec<ApprovalRow>,
+    /// No client reads the stream (an approval answered by `POST /v1/approvals`): a
+    /// dropped receiver is not a cancel.
+    pub detached: bool,
+}
+
+/// The outcome of one answer's tool calls.
+struct Executed {
+    results: Vec<(Value, ToolOutput)>,
+    /// The indexes of the calls that wait for a person (A3).
+    held: Vec<usize>,
+    cancelled: bool,
 }
 
 /// A stream that produced its first output, with what came before it.
@@ -112,6 +132,8 @@ enum End {
     Refused(Refusal),
     /// Neither Redis nor Postgres could say whether a further model call fits the budget.
     QuotaUnknown,
+    /// Calls wait for a person (A3): the turn ends here with them stored pending.
+    AwaitingApproval(Vec<NewApproval>),
 }
 
 /// How long a wrap-up keeps trying to write the whole end state through transient store
@@ -143,6 +165,18 @@ impl TurnTask {
         let mut writes_used = 0u32;
         let mut truncation_retried = false;
         let mut iteration = 0u32;
+        if !self.resume.is_empty() {
+            // A continuation has its status decided already (its answer was accepted):
+            // the stream opens at once, with the answered calls' outcomes first.
+            if let Some(started) = started.take()
+                && started.send(Ok(())).is_err()
+                && !self.detached
+            {
+                self.cancel.cancel();
+            }
+            self.open_stream(assistant_id).await;
+            self.run_answered(&mut conversation, &mut writes_used).await;
+        }
 
         let end = loop {
             iteration += 1;
@@ -176,6 +210,7 @@ impl TurnTask {
                             assistant: None,
                             usage: usage_log,
                             withdraw_user_message: true,
+                            approvals: Vec::new(),
                         })
                         .await;
                         unfinished.written();
@@ -189,25 +224,11 @@ impl TurnTask {
                 },
             };
             if let Some(started) = started.take() {
-                if started.send(Ok(())).is_err() {
+                if started.send(Ok(())).is_err() && !self.detached {
                     // The handler is gone: nobody will read this stream.
                     self.cancel.cancel();
                 }
-                self.send(UiChunk::Start {
-                    message_id: assistant_id.to_string(),
-                })
-                .await;
-                self.send(UiChunk::DataTurn {
-                    data: TurnInfo { turn_id: self.turn },
-                    transient: true,
-                })
-                .await;
-                for status in &self.connector_status {
-                    self.send(UiChunk::DataConnectorStatus {
-                        data: status.clone(),
-                    })
-                    .await;
-                }
+                self.open_stream(assistant_id).await;
             }
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
@@ -256,19 +277,46 @@ impl TurnTask {
                 None
             };
 
-            let (results, cancelled) = match refusal {
+            let Executed {
+                results,
+                held,
+                cancelled,
+            } = match refusal {
                 Some(text) => {
                     let refused = step
                         .calls
                         .iter()
                         .map(|_| ToolOutput::error(text.clone()))
                         .collect();
-                    (self.report(&step.calls, refused).await, false)
+                    Executed {
+                        results: self.report(&step.calls, refused).await,
+                        held: Vec::new(),
+                        cancelled: false,
+                    }
                 }
                 None => self.execute(&step.calls, &mut writes_used).await,
             };
-            for (call, (input, output)) in step.calls.iter().zip(&results) {
-                parts.push(tool_part(call, input, output));
+            let mut waiting = Vec::new();
+            let expires_at = chrono::Utc::now()
+                + chrono::Duration::from_std(self.approval_ttl).unwrap_or(chrono::Duration::MAX);
+            for (index, (call, (input, output))) in step.calls.iter().zip(&results).enumerate() {
+                if held.contains(&index) && !cancelled {
+                    let id = uuid::Uuid::now_v7();
+                    waiting.push(NewApproval {
+                        id,
+                        part_index: i32::try_from(parts.len()).unwrap_or(i32::MAX),
+                        tool_call_id: call.id.clone(),
+                        tool: call.name.clone(),
+                        input: input.clone(),
+                        expires_at,
+                    });
+                    parts.push(requested_part(&call.name, &call.id, input, id));
+                } else {
+                    parts.push(tool_part(call, input, output));
+                }
+            }
+            if !waiting.is_empty() {
+                break End::AwaitingApproval(waiting);
             }
             // Later requests carry the calls as shown (redacted), not as the model wrote them.
             let shown_calls = step
@@ -318,12 +366,30 @@ impl TurnTask {
         };
         let answer_tokens = context::estimate_tokens(&parts);
         let billed = billed_tokens(&usage_log);
+        // A3: the request parts go out once the approvals exist, so an answer that
+        // follows them at once finds its row.
+        let requests: Vec<UiChunk> = match &end {
+            End::AwaitingApproval(waiting) => waiting
+                .iter()
+                .map(|a| UiChunk::ToolApprovalRequest {
+                    approval_id: a.id.to_string(),
+                    tool_call_id: a.tool_call_id.clone(),
+                })
+                .chain([UiChunk::FinishStep])
+                .collect(),
+            _ => Vec::new(),
+        };
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
         // its next message on `finish` must not find the agent busy.
         self.release_hold(billed).await;
+        if stored {
+            for chunk in requests {
+                self.send(chunk).await;
+            }
+        }
         self.send(last).await;
         if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
@@ -381,12 +447,13 @@ impl TurnTask {
             complete,
         };
         // The client has seen output: the user message stays, bound to this turn.
-        let ended = |status, error_code, assistant| TurnEnd {
+        let ended = |status, error_code, assistant, approvals| TurnEnd {
             status,
             error_code,
             assistant,
             usage: usage_log,
             withdraw_user_message: false,
+            approvals,
         };
         let lost = || {
             UiChunk::error(
@@ -395,9 +462,33 @@ impl TurnTask {
             )
         };
         match end {
+            End::AwaitingApproval(waiting) => {
+                tracing::info!(turn = %self.turn, approvals = waiting.len(), "turn awaits approval");
+                let stored = self
+                    .persist(ended(
+                        TurnStatus::Completed,
+                        None,
+                        Some(message(true)),
+                        waiting,
+                    ))
+                    .await;
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: FinishReason::ToolCalls,
+                    }
+                } else {
+                    lost()
+                };
+                (stored, last)
+            }
             End::Completed(reason) => {
                 let stored = self
-                    .persist(ended(TurnStatus::Completed, None, Some(message(true))))
+                    .persist(ended(
+                        TurnStatus::Completed,
+                        None,
+                        Some(message(true)),
+                        Vec::new(),
+                    ))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -411,7 +502,12 @@ impl TurnTask {
             End::Interrupted => {
                 tracing::info!(turn = %self.turn, "turn cancelled");
                 let stored = self
-                    .persist(ended(TurnStatus::Interrupted, None, Some(message(false))))
+                    .persist(ended(
+                        TurnStatus::Interrupted,
+                        None,
+                        Some(message(false)),
+                        Vec::new(),
+                    ))
                     .await;
                 let last = if stored {
                     UiChunk::Finish {
@@ -424,21 +520,31 @@ impl TurnTask {
             }
             End::Refused(refusal) => {
                 tracing::info!(turn = %self.turn, field = refusal.field.name(), "budget spent mid-turn");
-                self.persist(ended(TurnStatus::Failed, Some(refusal.code()), None))
-                    .await;
+                self.persist(ended(
+                    TurnStatus::Failed,
+                    Some(refusal.code()),
+                    None,
+                    Vec::new(),
+                ))
+                .await;
                 (false, UiChunk::error(refusal.code(), &refusal.message()))
             }
             End::QuotaUnknown => {
                 let code = ErrorCode::StoreUnavailable;
-                self.persist(ended(TurnStatus::Failed, Some(code), None))
+                self.persist(ended(TurnStatus::Failed, Some(code), None, Vec::new()))
                     .await;
                 let text = "the team's budget could not be checked; the turn stopped";
                 (false, UiChunk::error(code, text))
             }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.turn, class = err.metric_label(), "model call failed mid-turn");
-                self.persist(ended(TurnStatus::Failed, Some(err.code()), None))
-                    .await;
+                self.persist(ended(
+                    TurnStatus::Failed,
+                    Some(err.code()),
+                    None,
+                    Vec::new(),
+                ))
+                .await;
                 let code = err.code();
                 let text = ApiError::Provider(err).public_message();
                 (false, UiChunk::error(code, &text))
@@ -634,11 +740,7 @@ impl TurnTask {
 
     /// Runs the calls of one model answer; returns (input, output) per call in call order
     /// and whether the turn was cancelled meanwhile.
-    async fn execute(
-        &self,
-        calls: &[ToolCall],
-        writes_used: &mut u32,
-    ) -> (Vec<(Value, ToolOutput)>, bool) {
+    async fn execute(&self, calls: &[ToolCall], writes_used: &mut u32) -> Executed {
         let cancel = self.cancel.child_token();
         let ctxs: Vec<ToolCtx> = calls
             .iter()
@@ -657,6 +759,7 @@ impl TurnTask {
         let mut outputs: Vec<Option<ToolOutput>> = vec![None; calls.len()];
         let mut reads = FuturesUnordered::new();
         let mut writes: VecDeque<(usize, BoxFuture<'_, ToolOutput>)> = VecDeque::new();
+        let mut held = Vec::new();
         for (index, call) in calls.iter().enumerate() {
             let (input, input_shown) = self.parse_input(call);
             self.send(UiChunk::ToolInputAvailable {
@@ -667,6 +770,32 @@ impl TurnTask {
             .await;
             inputs.push(input_shown);
             let tool = self.toolset.get(&call.name);
+            let decision = tool.map(|t| self.policy.decide(&call.name, t.as_ref()));
+            match decision {
+                Some(Decision::Deny) => {
+                    outputs[index] = Some(ToolOutput::error(format!(
+                        "refused: this agent's policy never runs `{}`; do without it",
+                        call.name
+                    )));
+                    continue;
+                }
+                // The arguments of a tool that redacts them (a secret's value) are not
+                // stored, so such a call cannot wait for an answer: it is refused.
+                Some(Decision::Ask) if tool.is_some_and(|t| t.redacts_input()) => {
+                    outputs[index] = Some(ToolOutput::error(format!(
+                        "refused: `{}` needs approval and its arguments cannot be kept \
+                         while it waits; ask the user to do it themselves",
+                        call.name
+                    )));
+                    continue;
+                }
+                Some(Decision::Ask) if input.is_ok() => {
+                    held.push(index);
+                    outputs[index] = Some(ToolOutput::error(AWAITING_APPROVAL));
+                    continue;
+                }
+                _ => {}
+            }
             match (tool, input) {
                 (None, _) => {
                     outputs[index] =
@@ -725,8 +854,105 @@ impl TurnTask {
             .map(|o| o.unwrap_or_else(|| ToolOutput::error(CANCELLED_RESULT)))
             .collect();
         let cancelled = cancelled || self.cancel.is_cancelled();
-        let reported = self.report_outputs(calls, inputs, outputs).await;
-        (reported, cancelled)
+        let reported = self.report_outputs(calls, inputs, outputs, &held).await;
+        Executed {
+            results: reported,
+            held,
+            cancelled,
+        }
+    }
+
+    /// Opens the client's stream: the message id, the turn, and the connectors' status.
+    async fn open_stream(&self, assistant_id: MessageId) {
+        self.send(UiChunk::Start {
+            message_id: assistant_id.to_string(),
+        })
+        .await;
+        self.send(UiChunk::DataTurn {
+            data: TurnInfo { turn_id: self.turn },
+            transient: true,
+        })
+        .await;
+        for status in &self.connector_status {
+            self.send(UiChunk::DataConnectorStatus {
+                data: status.clone(),
+            })
+            .await;
+        }
+    }
+
+    /// A3: a continuation's answered calls. The denied ones were written as denials
+    /// when they were answered, and only their outcome is shown; the approved ones run
+    /// now (in call order, writes counted against the turn's budget), their results go
+    /// into their stored parts and in place of the waiting results the model would read.
+    async fn run_answered(&self, conversation: &mut [Message], writes_used: &mut u32) {
+        for approval in &self.resume {
+            if approval.state != ApprovalState::Approved {
+                self.send(UiChunk::ToolOutputDenied {
+                    tool_call_id: approval.tool_call_id.clone(),
+                })
+                .await;
+                continue;
+            }
+            let call = ToolCall {
+                id: approval.tool_call_id.clone(),
+                name: approval.tool.clone(),
+                arguments: approval.input.to_string(),
+            };
+            let output = match self.toolset.get(&approval.tool) {
+                None => ToolOutput::error(format!(
+                    "not run: the tool `{}` is not available any more",
+                    approval.tool
+                )),
+                Some(_) if self.cancel.is_cancelled() => ToolOutput::error(CANCELLED_RESULT),
+                Some(tool) if tool.writes() && *writes_used >= self.limits.max_writes => {
+                    ToolOutput::error(format!(
+                        "budget spent: this turn already made {} data-changing calls",
+                        self.limits.max_writes
+                    ))
+                }
+                Some(tool) => {
+                    if tool.writes() {
+                        *writes_used += 1;
+                    }
+                    let ctx = ToolCtx {
+                        store: self.store.clone(),
+                        team: self.team,
+                        agent: self.agent,
+                        chat: self.chat,
+                        turn: self.turn,
+                        call_id: call.id.clone(),
+                        ui: Some(self.tx.clone()),
+                        cancel: self.cancel.child_token(),
+                    };
+                    tokio::select! {
+                        biased;
+                        () = self.cancel.cancelled() => ToolOutput::error(CANCELLED_RESULT),
+                        output = tool.call(&ctx, approval.input.clone()) => output,
+                    }
+                }
+            };
+            let mut reported = self
+                .report_outputs(
+                    std::slice::from_ref(&call),
+                    vec![approval.input.clone()],
+                    vec![output],
+                    &[],
+                )
+                .await;
+            let (input, output) = reported.remove(0);
+            let mut part = tool_part(&call, &input, &output);
+            part["approval"] = serde_json::json!({"id": approval.id.to_string(), "approved": true});
+            if let Err(class) = self
+                .retrying(WRAP_UP_PATIENCE, || {
+                    self.store.resolve_approval_part(self.team, approval, &part)
+                })
+                .await
+            {
+                tracing::error!(turn = %self.turn, class, "could not store an approved call's result");
+            }
+            answer_call(conversation, &call.id, &output);
+        }
     }
 
     /// One tool call, which checks the turn's cancellation right before the tool starts:
@@ -785,14 +1011,16 @@ impl TurnTask {
             .await;
             inputs.push(input);
         }
-        self.report_outputs(calls, inputs, outputs).await
+        self.report_outputs(calls, inputs, outputs, &[]).await
     }
 
+    /// Streams the outputs, except of the `held` calls, which wait for a person.
     async fn report_outputs(
         &self,
         calls: &[ToolCall],
         inputs: Vec<Value>,
         outputs: Vec<ToolOutput>,
+        held: &[usize],
     ) -> Vec<(Value, ToolOutput)> {
         // Output as the store can keep it, so the stream, the stored message and the
         // model's next request agree (a command that printed a NUL).
@@ -805,7 +1033,10 @@ impl TurnTask {
                 output
             })
             .collect();
-        for (call, output) in calls.iter().zip(&outputs) {
+        for (index, (call, output)) in calls.iter().zip(&outputs).enumerate() {
+            if held.contains(&index) {
+                continue;
+            }
             let chunk = if output.is_error {
                 UiChunk::ToolOutputError {
                     tool_call_id: call.id.clone(),
@@ -839,6 +1070,8 @@ impl TurnTask {
     async fn send(&self, chunk: UiChunk) -> bool {
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
+            // Nobody was meant to read it: the chunk is dropped, the turn goes on.
+            Err(mpsc::error::TrySendError::Closed(_)) if self.detached => return true,
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 // The body is gone, and with it the client: that is a cancel (T8), whoever
                 // notices first.

@@ -1,0 +1,136 @@
+//! `GET /v1/chats/{id}/approvals`, `POST /v1/approvals/{id}` (SPEC A3, A4).
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use protocol::{ErrorBody, TurnId};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::{JsonBody, parse_id};
+use crate::AppState;
+use crate::approvals::validate_reason;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::store::{Answer, ApprovalRow, StoreError};
+use crate::turn::{self, Trigger};
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Approvals {
+    approvals: Vec<ApprovalRow>,
+}
+
+/// `GET /v1/chats/{id}/approvals`: the chat's approvals, oldest first; the expired ones
+/// are denied `expired` first.
+#[utoipa::path(
+    get,
+    path = "/chats/{chat_id}/approvals",
+    operation_id = "list_approvals",
+    tag = "approvals",
+    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    responses(
+        (status = 200, description = "The chat's approvals, oldest first.", body = Approvals),
+        (status = 404, description = "No such chat in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(chat_id): Path<String>,
+) -> Result<Json<Approvals>, ApiError> {
+    let chat = parse_id(&chat_id, "chat")?;
+    principal.check_chat(&state.store, chat).await?;
+    match state.store.chat_created_by(principal.team, chat).await {
+        Ok(_) => {}
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
+        Err(e) => return Err(e.into()),
+    }
+    let approvals = state.store.chat_approvals(principal.team, chat).await?;
+    Ok(Json(Approvals { approvals }))
+}
+
+/// A person's answer.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"approved": false, "reason": "not on a Friday"}))]
+pub struct AnswerBody {
+    approved: bool,
+    /// Shown to the model with a denial.
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Answered {
+    approval: ApprovalRow,
+    /// The continuation, running with no client attached (its chunks reach the chat's
+    /// events stream); `null` while other approvals of the same turn still wait.
+    turn_id: Option<TurnId>,
+}
+
+/// `POST /v1/approvals/{id}`: answers a pending approval, at most once.
+#[utoipa::path(
+    post,
+    path = "/approvals/{approval_id}",
+    operation_id = "answer_approval",
+    tag = "approvals",
+    params(("approval_id" = Uuid, Path, description = "The approval (the stream's `approvalId`).")),
+    request_body = AnswerBody,
+    responses(
+        (status = 202, description = "Answered; the continuation runs (the tool, or the \
+            model reading the denial) with no client attached.", body = Answered),
+        (status = 400, description = "The body is invalid (`invalid_request`).", body = ErrorBody),
+        (status = 402, description = "A period budget of the team is spent (`quota_exhausted`); \
+            the approval still waits.", body = ErrorBody),
+        (status = 404, description = "No such approval in the team (`not_found`).", body = ErrorBody),
+        (status = 409, description = "The approval was answered already, expired or was \
+            superseded (`conflict`), or the agent is running another turn (`agent_busy`).",
+            body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+        (status = 429, description = "The team's turn quotas are reached (`quota_exceeded`); \
+            the approval still waits.", body = ErrorBody),
+        (status = 503, description = "A store is unavailable (`store_unavailable`) or this \
+            replica is draining (`shutting_down`).", body = ErrorBody),
+    ),
+)]
+pub async fn answer(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(approval_id): Path<String>,
+    JsonBody(body): JsonBody<AnswerBody>,
+) -> Result<(StatusCode, Json<Answered>), ApiError> {
+    let id: Uuid = parse_id(&approval_id, "approval")?;
+    validate_reason(body.reason.as_deref()).map_err(ApiError::InvalidRequest)?;
+    let approval = match state.store.approval(principal.team, id).await {
+        Ok(approval) => approval,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("approval")),
+        Err(e) => return Err(e.into()),
+    };
+    principal.check_chat(&state.store, approval.chat).await?;
+    let answers = vec![Answer {
+        id,
+        approved: body.approved,
+        reason: body.reason,
+    }];
+    let launched = turn::launch(
+        &state,
+        principal.team,
+        approval.chat,
+        Trigger::Approval(answers),
+        true,
+    )
+    .await?;
+    let approval = launched
+        .answered
+        .into_iter()
+        .find(|a| a.id == id)
+        .ok_or(ApiError::Internal("the answered approval vanished".into()))?;
+    tracing::info!(team = %principal.team, approval = %id, turn = ?launched.turn, "approval answered");
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Answered {
+            approval,
+            turn_id: launched.turn,
+        }),
+    ))
+}

@@ -1,0 +1,332 @@
+//! Approvals (SPEC A3, A4): the pending tool calls of a chat and their answers.
+//!
+//! An approval leaves `pending` once: every change is a conditional UPDATE on
+//! `state = 'pending'` inside a transaction that also rewrites the stored tool part the
+//! approval names, so the transcript and the approval never disagree and every call in
+//! the history has a result (a denial, or the output the continuation writes).
+
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
+use serde_json::{Value, json};
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::{Store, StoreError};
+use crate::approvals::{ApprovalState, denial_text};
+
+/// A pending approval as the turn that asks writes it, with its end state.
+#[derive(Clone, Debug)]
+pub struct NewApproval {
+    pub id: Uuid,
+    /// The index of the tool part in the assistant message's parts.
+    pub part_index: i32,
+    pub tool_call_id: String,
+    pub tool: String,
+    /// As stored for history (and run with, once approved).
+    pub input: Value,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// An approval as `GET /v1/chats/{id}/approvals` lists it.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ApprovalRow {
+    #[schema(value_type = Uuid)]
+    pub id: Uuid,
+    pub tool_call_id: String,
+    pub tool: String,
+    pub input: Value,
+    pub state: ApprovalState,
+    /// The person's reason, or why it was denied without one.
+    pub reason: Option<String>,
+    pub expires_at: DateTime<Utc>,
+    #[serde(skip)]
+    pub chat: ChatId,
+    #[serde(skip)]
+    pub agent: AgentId,
+    #[serde(skip)]
+    pub turn: TurnId,
+    #[serde(skip)]
+    pub message: MessageId,
+    #[serde(skip)]
+    pub part_index: i32,
+}
+
+const COLUMNS: &str = "id, tool_call_id, tool, input, state, reason, expires_at, chat_id, \
+    agent_id, turn_id, message_id, part_index";
+
+fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
+    let state: String = row.try_get("state")?;
+    Ok(ApprovalRow {
+        id: row.try_get("id")?,
+        tool_call_id: row.try_get("tool_call_id")?,
+        tool: row.try_get("tool")?,
+        input: row.try_get("input")?,
+        state: ApprovalState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("approval state {state}")))?,
+        reason: row.try_get("reason")?,
+        expires_at: row.try_get("expires_at")?,
+        chat: ChatId(row.try_get("chat_id")?),
+        agent: AgentId(row.try_get("agent_id")?),
+        turn: TurnId(row.try_get("turn_id")?),
+        message: MessageId(row.try_get("message_id")?),
+        part_index: row.try_get("part_index")?,
+    })
+}
+
+/// The stored part of a call that waits: the AI SDK's `approval-requested` state.
+pub fn requested_part(tool: &str, call_id: &str, input: &Value, approval: Uuid) -> Value {
+    json!({
+        "type": format!("tool-{tool}"),
+        "toolCallId": call_id,
+        "input": input,
+        "state": "approval-requested",
+        "approval": {"id": approval.to_string()},
+    })
+}
+
+/// The stored part of an approved call until its output is written.
+fn responded_part(row: &ApprovalRow, reason: Option<&str>) -> Value {
+    let mut part = requested_part(&row.tool, &row.tool_call_id, &row.input, row.id);
+    part["state"] = json!("approval-responded");
+    part["approval"]["approved"] = json!(true);
+    if let Some(reason) = reason {
+        part["approval"]["reason"] = json!(reason);
+    }
+    part
+}
+
+/// The stored part of a call that never ran: `approval.reason` is what the model reads.
+fn denied_part(row: &ApprovalRow, state: ApprovalState, reason: Option<&str>) -> Value {
+    let mut part = requested_part(&row.tool, &row.tool_call_id, &row.input, row.id);
+    part["state"] = json!("output-denied");
+    part["approval"]["approved"] = json!(false);
+    part["approval"]["reason"] = json!(denial_text(state, reason));
+    part
+}
+
+/// One answer to an approval.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub id: Uuid,
+    pub approved: bool,
+    pub reason: Option<String>,
+}
+
+/// What answering did.
+#[derive(Debug)]
+pub enum Answered {
+    /// Every answer landed. `resume` is `Some` when no approval of the turn is left
+    /// pending: all of them, whose approved calls the continuation (`turn`) runs.
+    Done {
+        answered: Vec<ApprovalRow>,
+        resume: Option<Vec<ApprovalRow>>,
+    },
+    /// An approval was answered already (its state now), or had expired: nothing changed
+    /// but the expiry.
+    Closed(ApprovalRow),
+}
+
+/// Which pending approvals of a chat a new event denies.
+#[derive(Clone, Copy, Debug)]
+pub enum Close {
+    /// Those past their expiry.
+    Expired,
+    /// All of them: the user sent a new message.
+    Superseded,
+}
+
+impl Store {
+    /// One approval of the team.
+    pub async fn approval(&self, team: TeamId, id: Uuid) -> Result<ApprovalRow, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        from_row(&row)
+    }
+
+    /// The chat's approvals, oldest first, after denying the expired ones.
+    pub async fn chat_approvals(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<Vec<ApprovalRow>, StoreError> {
+        self.close_approvals(team, chat, Close::Expired).await?;
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND chat_id = $2 \
+             ORDER BY created_at, id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(from_row).collect()
+    }
+
+    /// Denies the chat's pending approvals that `which` names, each with its tool part
+    /// rewritten, in one transaction; answers how many.
+    pub async fn close_approvals(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        which: Close,
+    ) -> Result<usize, StoreError> {
+        let (state, due) = match which {
+            Close::Expired => (ApprovalState::Expired, "AND expires_at <= now()"),
+            Close::Superseded => (ApprovalState::Superseded, ""),
+        };
+        let mut tx = self.pool.begin().await?;
+        let sql = format!(
+            "UPDATE approvals SET state = $3, answered_at = now() \
+             WHERE team_id = $1 AND chat_id = $2 AND state = 'pending' {due} \
+             RETURNING {COLUMNS}"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(state.as_str())
+            .fetch_all(&mut *tx)
+            .await?;
+        for row in &rows {
+            let row = from_row(row)?;
+            set_part(&mut tx, team, &row, &denied_part(&row, state, None)).await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// Records the answers (to approvals of one turn of `chat`), at most once each: the turn's
+    /// approvals are locked, so two answers race on the lock and the second finds the
+    /// state already changed. An expired approval is denied `expired` instead.
+    pub async fn answer_approvals(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        answers: &[Answer],
+        continuation: TurnId,
+    ) -> Result<Answered, StoreError> {
+        let first = answers.first().ok_or(StoreError::NotFound)?;
+        let mut tx = self.pool.begin().await?;
+        let sql = format!(
+            "SELECT {COLUMNS}, expires_at <= now() AS expired FROM approvals \
+             WHERE team_id = $1 AND chat_id = $3 AND turn_id = \
+               (SELECT turn_id FROM approvals WHERE team_id = $1 AND id = $2) \
+             ORDER BY part_index FOR UPDATE"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(first.id)
+            .bind(chat.0)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut turn_rows = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let expired: bool = row.try_get("expired")?;
+            turn_rows.push((from_row(row)?, expired));
+        }
+        let mut answered = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let Some((row, expired)) = turn_rows.iter_mut().find(|(r, _)| r.id == answer.id) else {
+                return Err(StoreError::NotFound);
+            };
+            if row.state != ApprovalState::Pending {
+                return Ok(Answered::Closed(row.clone()));
+            }
+            if *expired {
+                // The expiry is written even though the answer is refused.
+                close_one(&mut tx, team, row, ApprovalState::Expired, None).await?;
+                row.state = ApprovalState::Expired;
+                let closed = row.clone();
+                tx.commit().await?;
+                return Ok(Answered::Closed(closed));
+            }
+            let state = if answer.approved {
+                ApprovalState::Approved
+            } else {
+                ApprovalState::Denied
+            };
+            close_one(&mut tx, team, row, state, answer.reason.as_deref()).await?;
+            row.state = state;
+            row.reason = answer.reason.clone();
+            answered.push(row.clone());
+        }
+        let resume = if turn_rows
+            .iter()
+            .all(|(r, _)| r.state != ApprovalState::Pending)
+        {
+            let ids: Vec<Uuid> = answered.iter().map(|r| r.id).collect();
+            sqlx::query(
+                "UPDATE approvals SET continuation_turn = $3 WHERE team_id = $1 AND id = ANY($2)",
+            )
+            .bind(team.0)
+            .bind(&ids)
+            .bind(continuation.0)
+            .execute(&mut *tx)
+            .await?;
+            Some(turn_rows.into_iter().map(|(r, _)| r).collect())
+        } else {
+            None
+        };
+        tx.commit().await?;
+        Ok(Answered::Done { answered, resume })
+    }
+
+    /// Writes an approved call's result into its stored tool part.
+    pub async fn resolve_approval_part(
+        &self,
+        team: TeamId,
+        approval: &ApprovalRow,
+        part: &Value,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        set_part(&mut conn, team, approval, part).await
+    }
+}
+
+async fn close_one(
+    tx: &mut sqlx::PgConnection,
+    team: TeamId,
+    row: &ApprovalRow,
+    state: ApprovalState,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE approvals SET state = $3, reason = $4, answered_at = now() \
+         WHERE team_id = $1 AND id = $2 AND state = 'pending'",
+    )
+    .bind(team.0)
+    .bind(row.id)
+    .bind(state.as_str())
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?;
+    let part = if state == ApprovalState::Approved {
+        responded_part(row, reason)
+    } else {
+        denied_part(row, state, reason)
+    };
+    set_part(tx, team, row, &part).await
+}
+
+async fn set_part(
+    conn: &mut sqlx::PgConnection,
+    team: TeamId,
+    row: &ApprovalRow,
+    part: &Value,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE messages SET parts = jsonb_set(parts, ARRAY[$3::text], $4) \
+         WHERE team_id = $1 AND id = $2",
+    )
+    .bind(team.0)
+    .bind(row.message.0)
+    .bind(row.part_index.to_string())
+    .bind(part)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
