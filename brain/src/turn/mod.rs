@@ -247,6 +247,7 @@ pub async fn start(
         hold,
         quota: quota.clone(),
         quotas: state.quotas.clone(),
+        events: state.events.clone(),
         fold,
         connector_status,
         stall_timeout: state.config.client_stall_timeout,

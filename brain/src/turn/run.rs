@@ -64,6 +64,8 @@ pub(super) struct TurnTask {
     /// The team's budgets, checked again before every further model call (E2).
     pub quota: super::TurnQuota,
     pub quotas: Quotas,
+    /// The chat's events stream: every chunk sent to the client goes there too (S2).
+    pub events: crate::events::Events,
     /// Run in the background after an answer is stored, when history outgrew the budget.
     pub fold: Fold,
     /// Shown once at the start of the stream (B2).
@@ -837,6 +839,8 @@ impl TurnTask {
     /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
     /// for, so a connected client that never reads cannot hold its turn, or a drain.
     async fn send(&self, chunk: UiChunk) -> bool {
+        // Observers see every chunk, also those of a turn whose client left.
+        self.events.publish(self.chat, self.turn, &chunk);
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
             Err(mpsc::error::TrySendError::Closed(_)) => {
