@@ -42,7 +42,7 @@ use run::TurnTask;
 use ui_stream::UiBody;
 
 /// Room for chunks between the turn and a slow client; beyond it the turn waits.
-const CHUNK_BUFFER: usize = 64;
+pub(super) const CHUNK_BUFFER: usize = 64;
 
 /// A new user message.
 #[derive(Debug)]

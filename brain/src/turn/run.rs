@@ -642,6 +642,7 @@ impl TurnTask {
         writes_used: &mut u32,
     ) -> (Vec<(Value, ToolOutput)>, bool) {
         let cancel = self.cancel.child_token();
+        let ui = self.tool_ui();
         let ctxs: Vec<ToolCtx> = calls
             .iter()
             .map(|call| ToolCtx {
@@ -651,7 +652,7 @@ impl TurnTask {
                 chat: self.chat,
                 turn: self.turn,
                 call_id: call.id.clone(),
-                ui: Some(self.tx.clone()),
+                ui: Some(ui.clone()),
                 cancel: cancel.clone(),
             })
             .collect();
@@ -832,6 +833,28 @@ impl TurnTask {
             },
         })
         .await;
+    }
+
+    /// The sender tools get for their live chunks (worker status and logs): they reach the
+    /// client as before, and the chat's events stream too. Tools only `try_send` (a live
+    /// log is dropped rather than waited for), so the forwarder waits for the client at
+    /// most as long as a send of the turn does; it ends when the tools drop their senders.
+    fn tool_ui(&self) -> mpsc::Sender<UiChunk> {
+        let (ui, mut from_tools) = mpsc::channel::<UiChunk>(super::CHUNK_BUFFER);
+        let (events, chat, turn, tx) = (self.events.clone(), self.chat, self.turn, self.tx.clone());
+        let stall = self.stall_timeout;
+        tokio::spawn(async move {
+            while let Some(chunk) = from_tools.recv().await {
+                events.publish(chat, turn, &chunk);
+                if !matches!(
+                    tokio::time::timeout(stall, tx.send(chunk)).await,
+                    Ok(Ok(()))
+                ) {
+                    return;
+                }
+            }
+        });
+        ui
     }
 
     /// Sends a chunk to the client; `false` when the client is gone or has stopped
