@@ -55,6 +55,28 @@ pub struct Config {
     pub quotas: crate::quota::Limits,
     /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
     pub jwt: Option<crate::auth::JwtConfig>,
+    /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
+    pub events: EventsConfig,
+}
+
+/// The chat events stream (S2): its window in Redis and the bounds that keep a turn from
+/// ever waiting for it.
+#[derive(Clone, Debug)]
+pub struct EventsConfig {
+    /// Events kept per chat (approximately: Redis trims whole nodes).
+    pub max_len: u64,
+    /// How long an event stays replayable.
+    pub window: Duration,
+    /// A `: keep-alive` comment after this long without an event.
+    pub keepalive: Duration,
+    /// Chunks waiting for this replica's publisher; beyond it they are dropped (counted)
+    /// and the chat's observers get a `data-resync`.
+    pub publish_buffer: usize,
+    /// Events an observer may fall behind before it is disconnected.
+    pub observer_buffer: usize,
+    /// Bound on every Redis call of the events stream but the blocking read, which is
+    /// bounded by its block time plus this.
+    pub redis_timeout: Duration,
 }
 
 /// Worker sessions: the channel's timeouts and the session token key.
@@ -303,6 +325,14 @@ impl Config {
             workers: workers(env)?,
             quotas: quotas(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
+            events: EventsConfig {
+                max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
+                window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,
+                keepalive: millis(env, "BRAIN_EVENTS_KEEPALIVE_MS", 15_000)?,
+                publish_buffer: ranged(env, "BRAIN_EVENTS_PUBLISH_BUFFER", 8192, 1, 1 << 24)?,
+                observer_buffer: ranged(env, "BRAIN_EVENTS_OBSERVER_BUFFER", 512, 1, 1 << 20)?,
+                redis_timeout: millis(env, "BRAIN_EVENTS_REDIS_TIMEOUT_MS", 1_000)?,
+            },
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,
                 Some("json") => true,

@@ -53,6 +53,9 @@ pub enum ApiError {
     /// This replica is draining (SIGTERM): it finishes its turns and starts none.
     #[error("this server is shutting down; retry the request")]
     ShuttingDown,
+    /// The chat's events stream could not be read from Redis (S2).
+    #[error("the chat's events stream is unavailable; retry")]
+    EventsUnavailable,
     /// A team quota refuses the request before anything is spent (T2, E2).
     #[error("{}", .0.message())]
     Quota(Refusal),
@@ -118,6 +121,7 @@ impl ApiError {
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
         }
     }
@@ -139,6 +143,7 @@ impl ApiError {
             | ErrorCode::StoreUnavailable
             | ErrorCode::StorageUnavailable
             | ErrorCode::AuthUnavailable
+            | ErrorCode::EventsUnavailable
             | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
             // A turn's end state, never a request's answer.
@@ -189,6 +194,7 @@ impl IntoResponse for ApiError {
             Self::Provider(ProviderError::RateLimited { retry_after }) => *retry_after,
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
+            Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
             Self::Quota(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),

@@ -5,6 +5,7 @@
 //! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
+//! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
@@ -26,6 +27,7 @@ pub mod config;
 pub mod connectors;
 pub mod demo;
 pub mod error;
+pub mod events;
 pub mod hold;
 pub mod lease;
 pub mod metrics;
@@ -69,6 +71,9 @@ pub struct AppState {
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
     pub quotas: Quotas,
+    /// The chat events streams (S2): the publisher every turn feeds, the readers observers
+    /// share.
+    pub events: events::Events,
     pub metrics: Metrics,
     /// Where artifact bytes live (SPEC "object storage"): the backend the configuration
     /// names, a local directory by default.
@@ -100,6 +105,7 @@ impl AppState {
             );
         }
         let auth = auth::Auth::new(store.clone(), redis.clone(), config.jwt.clone());
+        let events = events::Events::new(redis.clone(), config.events.clone(), metrics.clone());
         let replica = protocol::ReplicaId::new();
         let sessions = Sessions::new(
             replica,
@@ -119,6 +125,7 @@ impl AppState {
             providers,
             holds,
             quotas,
+            events,
             metrics,
             artifacts,
             sessions,
@@ -184,6 +191,8 @@ pub async fn serve(
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
+    // Stopped after the drain, so the chunks of the last turns are still published.
+    tokio::spawn(state.events.clone().run_publisher(stopped.clone()));
     tokio::spawn(state.sessions.clone().serve_relay(
         state.artifacts.clone(),
         state.config.artifacts.max_bytes,

@@ -23,6 +23,11 @@ pub struct Counters {
     pub turns_reconciled: IntCounter,
     /// Turns and worker sessions a team quota refused, by quota (E2).
     pub quota_refusals: IntCounterVec,
+    /// Chunks the events publisher could not write (its channel full, or Redis failed);
+    /// each gap reaches the chat's observers as a `data-resync` (S2).
+    pub events_dropped: IntCounter,
+    /// Observers of the events stream disconnected because they fell behind (S2).
+    pub observers_too_slow: IntCounter,
 }
 
 impl Metrics {
@@ -56,12 +61,24 @@ impl Metrics {
             &["quota"],
         )?;
         registry.register(Box::new(quota_refusals.clone()))?;
+        let events_dropped = counter(
+            &registry,
+            "brain_events_dropped_total",
+            "Turn chunks not published to the chat events stream (publisher full or Redis failing).",
+        )?;
+        let observers_too_slow = counter(
+            &registry,
+            "brain_event_observers_too_slow_total",
+            "Events stream observers disconnected because their buffer filled.",
+        )?;
         Ok(Self(Arc::new(Counters {
             registry,
             hold_unavailable,
             worker_failures,
             turns_reconciled,
             quota_refusals,
+            events_dropped,
+            observers_too_slow,
         })))
     }
 

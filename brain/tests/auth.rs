@@ -1122,3 +1122,43 @@ async fn agents_are_listed_newest_first_without_archived_ones() {
     .await;
     assert_eq!(status, 404, "another team's agent has no chats to list");
 }
+
+#[tokio::test]
+async fn a_user_observes_only_their_own_chats_events() {
+    let (app, token) = users_app().await;
+    let (alice, bob, boss) = (
+        token("alice", false),
+        token("bob", false),
+        token("boss", true),
+    );
+    let (agent, key_chat) = app.agent_and_chat("openai/test", &[]).await;
+    let (status, chat) = call(
+        &app,
+        &app.url,
+        &alice,
+        Method::POST,
+        &format!("/v1/agents/{agent}/chats"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let alices = chat["id"].as_str().unwrap().to_owned();
+    // Only the status: an events stream never ends by itself.
+    let status = |who: String, chat: String| {
+        let app = &app;
+        async move {
+            app.http
+                .get(format!("{}/v1/chats/{chat}/events", app.url))
+                .bearer_auth(who)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    for who in [&alice, &boss, &app.key] {
+        assert_eq!(status(who.clone(), alices.clone()).await, 200);
+    }
+    assert_eq!(status(bob.clone(), alices.clone()).await, 404);
+    assert_eq!(status(alice.clone(), key_chat.clone()).await, 404);
+}

@@ -57,6 +57,8 @@ pub enum ErrorCode {
     /// A period budget of the team (model tokens per day or month, worker-seconds per
     /// day) is spent; it resets at the time `Retry-After` says (SPEC E2).
     QuotaExhausted,
+    /// The chat's events stream (Redis) could not be read; retry with `Last-Event-ID`.
+    EventsUnavailable,
 }
 
 impl ErrorCode {
@@ -83,6 +85,7 @@ impl ErrorCode {
             Self::ShuttingDown => "shutting_down",
             Self::QuotaExceeded => "quota_exceeded",
             Self::QuotaExhausted => "quota_exhausted",
+            Self::EventsUnavailable => "events_unavailable",
         }
     }
 
@@ -140,6 +143,7 @@ mod tests {
             ErrorCode::ShuttingDown,
             ErrorCode::QuotaExceeded,
             ErrorCode::QuotaExhausted,
+            ErrorCode::EventsUnavailable,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

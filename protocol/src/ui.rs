@@ -101,6 +101,22 @@ pub enum UiChunk {
     /// ceiling that was hit (SPEC T6).
     #[serde(rename = "data-notice")]
     DataNotice { data: Notice },
+    /// Only on the events stream (S2): events this observer asked for are no longer in the
+    /// window (trimmed, or dropped by a publisher under load); reload the transcript
+    /// (`GET /v1/chats/{id}/messages`), then follow the live events after this one.
+    /// Transient: it is never part of a message.
+    #[serde(rename = "data-resync")]
+    DataResync { data: Resync, transient: bool },
+}
+
+/// The payload of a `data-resync` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Resync {
+    /// Stable: `trimmed` (the id fell out of the window), `dropped` (events were not
+    /// published while a replica was overloaded).
+    pub reason: String,
 }
 
 /// The payload of a `data-connector-status` chunk.
@@ -154,7 +170,8 @@ pub enum ConnectorState {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Notice {
-    /// Stable: `iteration_ceiling`, `write_budget_spent`, `truncated_tool_call`.
+    /// Stable: `iteration_ceiling`, `write_budget_spent`, `truncated_tool_call`; on the
+    /// events stream, `observer_too_slow` (its last event: the observer's buffer filled).
     pub code: String,
     pub message: String,
 }
@@ -238,6 +255,19 @@ mod tests {
             assert_eq!(serde_json::to_string(&chunk).unwrap(), wire);
             assert_eq!(serde_json::from_str::<UiChunk>(wire).unwrap(), chunk);
         }
+    }
+
+    #[test]
+    fn resync_is_a_transient_data_part() {
+        let chunk = UiChunk::DataResync {
+            data: Resync {
+                reason: "trimmed".into(),
+            },
+            transient: true,
+        };
+        let wire = r#"{"type":"data-resync","data":{"reason":"trimmed"},"transient":true}"#;
+        assert_eq!(serde_json::to_string(&chunk).unwrap(), wire);
+        assert_eq!(serde_json::from_str::<UiChunk>(wire).unwrap(), chunk);
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod approvals;
 mod artifacts;
 mod chats;
 mod connectors;
+mod events;
 mod health;
 mod keys;
 pub mod openapi;
@@ -52,6 +53,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(connectors::list, connectors::create))
         .routes(routes!(connectors::delete))
         .routes(routes!(chats::messages, chats::post_message))
+        .routes(routes!(events::events))
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))

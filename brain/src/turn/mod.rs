@@ -45,7 +45,7 @@ use run::TurnTask;
 use ui_stream::UiBody;
 
 /// Room for chunks between the turn and a slow client; beyond it the turn waits.
-const CHUNK_BUFFER: usize = 64;
+pub(super) const CHUNK_BUFFER: usize = 64;
 
 /// A new user message.
 #[derive(Debug)]
@@ -347,6 +347,7 @@ pub async fn launch(
         hold,
         quota: quota.clone(),
         quotas: state.quotas.clone(),
+        events: state.events.clone(),
         fold,
         connector_status,
         stall_timeout: state.config.client_stall_timeout,

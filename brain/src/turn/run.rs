@@ -66,6 +66,8 @@ pub(super) struct TurnTask {
     /// The team's budgets, checked again before every further model call (E2).
     pub quota: super::TurnQuota,
     pub quotas: Quotas,
+    /// The chat's events stream: every chunk sent to the client goes there too (S2).
+    pub events: crate::events::Events,
     /// Run in the background after an answer is stored, when history outgrew the budget.
     pub fold: Fold,
     /// Shown once at the start of the stream (B2).
@@ -742,6 +744,7 @@ impl TurnTask {
     /// and whether the turn was cancelled meanwhile.
     async fn execute(&self, calls: &[ToolCall], writes_used: &mut u32) -> Executed {
         let cancel = self.cancel.child_token();
+        let ui = self.tool_ui();
         let ctxs: Vec<ToolCtx> = calls
             .iter()
             .map(|call| ToolCtx {
@@ -751,7 +754,7 @@ impl TurnTask {
                 chat: self.chat,
                 turn: self.turn,
                 call_id: call.id.clone(),
-                ui: Some(self.tx.clone()),
+                ui: Some(ui.clone()),
                 cancel: cancel.clone(),
             })
             .collect();
@@ -1063,11 +1066,35 @@ impl TurnTask {
         .await;
     }
 
+    /// The sender tools get for their live chunks (worker status and logs): they reach the
+    /// client as before, and the chat's events stream too. Tools only `try_send` (a live
+    /// log is dropped rather than waited for), so the forwarder waits for the client at
+    /// most as long as a send of the turn does; it ends when the tools drop their senders.
+    fn tool_ui(&self) -> mpsc::Sender<UiChunk> {
+        let (ui, mut from_tools) = mpsc::channel::<UiChunk>(super::CHUNK_BUFFER);
+        let (events, chat, turn, tx) = (self.events.clone(), self.chat, self.turn, self.tx.clone());
+        let stall = self.stall_timeout;
+        tokio::spawn(async move {
+            while let Some(chunk) = from_tools.recv().await {
+                events.publish(chat, turn, &chunk);
+                if !matches!(
+                    tokio::time::timeout(stall, tx.send(chunk)).await,
+                    Ok(Ok(()))
+                ) {
+                    return;
+                }
+            }
+        });
+        ui
+    }
+
     /// Sends a chunk to the client; `false` when the client is gone or has stopped
     /// reading. A client that leaves the channel full for the stall timeout is given up:
     /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
     /// for, so a connected client that never reads cannot hold its turn, or a drain.
     async fn send(&self, chunk: UiChunk) -> bool {
+        // Observers see every chunk, also those of a turn whose client left.
+        self.events.publish(self.chat, self.turn, &chunk);
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
             // Nobody was meant to read it: the chunk is dropped, the turn goes on.
