@@ -37,6 +37,8 @@ pub struct Config {
     /// How long a turn waits for a client that stopped reading its stream (the chunk
     /// channel full) before it cancels the turn.
     pub client_stall_timeout: Duration,
+    /// The autostart scheduler (T11).
+    pub autostart: AutostartConfig,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -215,6 +217,15 @@ pub struct Limits {
     pub max_writes: u32,
 }
 
+/// The autostart scheduler (SPEC T11).
+#[derive(Clone, Copy, Debug)]
+pub struct AutostartConfig {
+    /// How often every replica looks for due agents (one indexed query).
+    pub poll: Duration,
+    /// The shortest interval between two firings a cadence may have.
+    pub min_interval_secs: u32,
+}
+
 /// How the brain runs connectors (SPEC B2).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectorConfig {
@@ -283,6 +294,11 @@ impl Config {
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 10_000, 400, 3_600_000)
                 .map(Duration::from_millis)?,
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
+            autostart: AutostartConfig {
+                poll: ranged(env, "BRAIN_AUTOSTART_POLL_MS", 1_000, 50, 60_000)
+                    .map(Duration::from_millis)?,
+                min_interval_secs: ranged(env, "BRAIN_AUTOSTART_MIN_INTERVAL_SECS", 60, 1, 86_400)?,
+            },
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 allow_private_networks: parse(

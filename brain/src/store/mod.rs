@@ -34,7 +34,7 @@ pub use agents::{AgentRow, NewAgent};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
-pub use cron::Autostart;
+pub use cron::{Autostart, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
@@ -240,6 +240,11 @@ fn migrator() -> Migrator {
             13,
             "usage: worker-seconds billing",
             include_str!("../../../migrations/0013_usage.sql"),
+        ),
+        (
+            14,
+            "autostart: next fire, time zone, autostart chat, fire outcomes",
+            include_str!("../../../migrations/0014_autostart.sql"),
         ),
     ]
     .into_iter()

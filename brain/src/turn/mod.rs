@@ -16,6 +16,10 @@
 //! response body holds its drop guard, so a client that goes away cancels the turn; the
 //! task races every provider await against it and drops the provider stream, which aborts
 //! the HTTP request upstream.
+//!
+//! A turn with no client attached ([`start_detached`]: an autostart, T11) is the same
+//! turn, admitted the same way (hold and quotas); its guard is disarmed and its chunks are
+//! drained, so it runs to completion and is cancelled only by the drain's timeout.
 
 mod context;
 mod history;
@@ -28,6 +32,7 @@ use protocol::ui::{FinishReason, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TeamId, TurnId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::DropGuard;
 
 use crate::AppState;
 use crate::connectors;
@@ -67,6 +72,38 @@ pub struct Composition<'a> {
     pub summary_through: i64,
 }
 
+/// What started a turn, as its row records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// A client's message.
+    User,
+    /// The agent's autostart cadence (T11).
+    Autostart,
+}
+
+impl Trigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Autostart => "autostart",
+        }
+    }
+}
+
+/// A turn whose task reported its first model output.
+struct Launched {
+    turn: TurnId,
+    rx: mpsc::Receiver<UiChunk>,
+    guard: DropGuard,
+    quota: TurnQuota,
+}
+
+/// What intake produced: a running turn, or the stored turn a retried message id names.
+enum Intake {
+    Live(Launched),
+    Replay(TurnRecord),
+}
+
 /// Starts a turn for `input` in `chat`, or replays the turn a retried message id started.
 pub async fn start(
     state: &AppState,
@@ -74,6 +111,53 @@ pub async fn start(
     chat: ChatId,
     input: TurnInput,
 ) -> Result<UiBody, ApiError> {
+    match launch(state, team, chat, input, Trigger::User).await? {
+        Intake::Live(live) => {
+            Ok(UiBody::live(live.rx, live.guard).with_rate_limit(live.quota.headers))
+        }
+        Intake::Replay(existing) => replay(existing),
+    }
+}
+
+/// Starts a turn with no client attached (an autostart): admitted like any other, run to
+/// completion, its chunks read by nobody. Answers once the turn's first model output
+/// came, with the errors [`start`] would answer (`agent_busy`, a quota, every route
+/// failed).
+pub async fn start_detached(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+    content: String,
+    trigger: Trigger,
+) -> Result<TurnId, ApiError> {
+    let input = TurnInput {
+        content,
+        client_message_id: None,
+    };
+    match launch(state, team, chat, input, trigger).await? {
+        Intake::Live(Launched {
+            turn,
+            mut rx,
+            guard,
+            ..
+        }) => {
+            // No client can go away: only the drain's cancel (the token's parent) stops it.
+            guard.disarm();
+            tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            Ok(turn)
+        }
+        // Only a client message id can name an earlier turn.
+        Intake::Replay(existing) => Err(ApiError::TurnInProgress(existing.id)),
+    }
+}
+
+async fn launch(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+    input: TurnInput,
+    trigger: Trigger,
+) -> Result<Intake, ApiError> {
     let TurnBasis {
         chat: chat_row,
         agent,
@@ -92,7 +176,7 @@ pub async fn start(
             .turn_for_client_message(team, chat, client_id)
             .await?
     {
-        return replay(existing);
+        return Ok(Intake::Replay(existing));
     }
     // A draining replica answers retries of finished turns (above) but starts nothing.
     if state.draining.is_cancelled() {
@@ -127,7 +211,7 @@ pub async fn start(
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     let guard = cancel.clone().drop_guard();
-    let mut toolset = Toolset::brain(agent.concierge);
+    let mut toolset = Toolset::brain(agent.concierge, state.config.autostart.min_interval_secs);
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
             &state.store,
@@ -178,7 +262,7 @@ pub async fn start(
                 team,
                 agent: agent.id,
                 chat,
-                trigger: "user",
+                trigger: trigger.as_str(),
                 composition: &composition_json,
                 user_parts: &user_parts,
                 client_message_id: input.client_message_id.as_deref(),
@@ -197,7 +281,7 @@ pub async fn start(
                 .turn_for_client_message(team, chat, client_id)
                 .await?
                 .ok_or(ApiError::Internal("conflicting message id vanished".into()))?;
-            return replay(existing);
+            return Ok(Intake::Replay(existing));
         }
         Err(e) => return Err(e.into()),
     };
@@ -256,7 +340,12 @@ pub async fn start(
     // client left while the model was still silent), the guard still cancels the turn.
     state.turn_tracker.spawn(task.run(started_tx));
     match started_rx.await {
-        Ok(Ok(())) => Ok(UiBody::live(rx, guard).with_rate_limit(quota.headers)),
+        Ok(Ok(())) => Ok(Intake::Live(Launched {
+            turn: turn_id,
+            rx,
+            guard,
+            quota,
+        })),
         Ok(Err(err)) => Err(err),
         Err(_) => Err(ApiError::Internal(
             "turn task ended before reporting".into(),
