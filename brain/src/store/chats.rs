@@ -135,7 +135,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
-                    a.runtime_profile, a.autostart_cron, a.autostart_prompt, \
+                    a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.created_at, \
                     EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \
                             AND (k.agent_id IS NULL OR k.agent_id = a.id)) AS has_connectors \

@@ -30,7 +30,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
-pub use agents::{AgentRow, NewAgent};
+pub use agents::{AgentRow, AgentUpdate, NewAgent};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};

@@ -13,11 +13,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
+use crate::agents::validate_autostart_prompt;
 use crate::provider::ToolSpec;
 use crate::schedule::Cadence;
 use crate::store::{Autostart, StoreError};
-
-const MAX_PROMPT: usize = 4000;
 
 /// The cron tools; `min_interval_secs` is the operator's shortest allowed cadence.
 pub fn tools(min_interval_secs: u32) -> Vec<Arc<dyn Tool>> {
@@ -77,13 +76,13 @@ impl Tool for CronSet {
                 Ok(cadence) => cadence,
                 Err(problem) => return ToolOutput::error(problem),
             };
-            let prompt = args.prompt.trim();
-            if prompt.is_empty() || prompt.chars().count() > MAX_PROMPT {
-                return ToolOutput::error(format!("prompt must have 1 to {MAX_PROMPT} characters"));
-            }
+            let prompt = match validate_autostart_prompt(&args.prompt) {
+                Ok(prompt) => prompt,
+                Err(problem) => return ToolOutput::error(problem),
+            };
             let autostart = Autostart {
                 cron: args.cron.trim().to_owned(),
-                prompt: prompt.to_owned(),
+                prompt,
                 timezone: timezone.map(str::to_owned),
             };
             let next = cadence.next_after(Utc::now());
