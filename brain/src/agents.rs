@@ -3,11 +3,11 @@
 //! cannot make an agent the API would refuse (SPEC B1). The messages say what is wrong and
 //! are shown to the API client or to the model.
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 
 use crate::provider::ModelRoute;
 use crate::schedule::{Cadence, parse_timezone};
-use crate::store::{AgentRow, AgentUpdate, Autostart, NewAgent};
+use crate::store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -167,7 +167,7 @@ fn changed_autostart(
     prompt: Option<String>,
     timezone: Option<Option<String>>,
     min_interval_secs: u32,
-) -> Result<Option<(Autostart, Option<DateTime<Utc>>)>, String> {
+) -> Result<Option<AutostartAt>, String> {
     let Some(cron) = cron.unwrap_or_else(|| current.autostart_cron.clone()) else {
         return match prompt {
             Some(_) => Err("autostart_prompt needs an autostart_cron".into()),

@@ -136,6 +136,26 @@ async fn a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat() 
     assert_eq!(messages[0]["role"], "user");
     assert_eq!(messages[0]["parts"][0]["text"], "time to check");
     assert_eq!(messages[1]["role"], "assistant");
+    // The schedule shows the same fires, newest first.
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["cron"], Value::Null);
+    assert_eq!(schedule["timezone"], "UTC");
+    let shown = schedule["fires"].as_array().unwrap();
+    let recorded: Vec<Fire> = fires(&app, &agent).await;
+    assert_eq!(shown.len(), recorded.len());
+    for (shown, stored) in shown.iter().zip(recorded.iter().rev()) {
+        assert_eq!(shown["outcome"], "fired");
+        assert_eq!(shown["turn_id"].as_str(), stored.2.as_deref());
+        assert_eq!(shown["chat_id"].as_str(), Some(chat.as_str()));
+        let at: chrono::DateTime<chrono::Utc> =
+            shown["scheduled_for"].as_str().unwrap().parse().unwrap();
+        assert_eq!(at.timestamp() as f64, stored.0);
+    }
     // Off means off: no tick after the cadence was cleared.
     let count = fires(&app, &agent).await.len();
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -286,4 +306,120 @@ async fn a_quota_refusal_is_recorded_failed_with_its_code() {
         assert!(refused.2.is_none());
     }
     assert_eq!(autostart_turns(&app, &agent).await.len(), 1);
+}
+
+#[tokio::test]
+async fn patch_changes_only_the_fields_given_and_refuses_bad_ones() {
+    let app = TestApp::start().await;
+    let agent = agent(&app).await;
+    let changed = patch(
+        &app,
+        &agent,
+        &json!({
+            "system_prompt": "You are brief.",
+            "autostart_cron": "0 9 * * MON-FRI",
+            "autostart_prompt": "morning report",
+            "autostart_timezone": "Europe/Paris",
+        }),
+    )
+    .await;
+    assert_eq!(changed.status(), 200);
+    let row: Value = changed.json().await.unwrap();
+    assert_eq!(row["system_prompt"], "You are brief.");
+    assert_eq!(
+        row["model"], "openai/gpt-test",
+        "an absent field is left as is"
+    );
+    assert_eq!(row["autostart_timezone"], "Europe/Paris");
+
+    // The schedule: the cadence, its zone, and a next tick at 09:00 Paris time.
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["cron"], "0 9 * * MON-FRI");
+    assert_eq!(schedule["timezone"], "Europe/Paris");
+    assert_eq!(schedule["fires"], json!([]));
+    let next: chrono::DateTime<chrono::Utc> =
+        schedule["next_fire_at"].as_str().unwrap().parse().unwrap();
+    let local = next.with_timezone(&chrono_tz::Europe::Paris);
+    assert_eq!(local.format("%H:%M:%S").to_string(), "09:00:00");
+    assert!(next > chrono::Utc::now());
+
+    let bad = [
+        json!({"autostart_cron": "61 * * * *"}),
+        json!({"autostart_cron": "* * *"}),
+        json!({"autostart_cron": "* * * * * *"}),
+        json!({"autostart_timezone": "Mars/Olympus"}),
+        json!({"autostart_prompt": ""}),
+        json!({"autostart_cron": null, "autostart_prompt": "no cadence"}),
+        json!({"model": "nobody/none"}),
+        json!({"fallback_models": ["a", "b", "c", "d", "e", "f"]}),
+        json!({"runtime_profile": "huge"}),
+        json!({"system_prompt": "nul \u{0}"}),
+        json!({"approval": true}),
+        json!({"name": "renamed"}),
+        json!({"system_prompt": 5}),
+    ];
+    for body in bad {
+        let response = patch(&app, &agent, &body).await;
+        assert_eq!(response.status(), 400, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "invalid_request", "{body}");
+    }
+    // Nothing of the refused changes was written.
+    let row: Value = app
+        .get(&format!("/v1/agents/{agent}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(row["autostart_cron"], "0 9 * * MON-FRI");
+    assert_eq!(row["autostart_timezone"], "Europe/Paris");
+
+    // A new zone alone re-reads the stored cadence in it; `null` is UTC.
+    let utc: Value = patch(&app, &agent, &json!({"autostart_timezone": null}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(utc["autostart_timezone"], Value::Null);
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["timezone"], "UTC");
+    assert!(
+        schedule["next_fire_at"]
+            .as_str()
+            .unwrap()
+            .contains("T09:00:00")
+    );
+
+    // Off: no cadence, no next tick.
+    let off: Value = patch(&app, &agent, &json!({"autostart_cron": null}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(off["autostart_cron"], Value::Null);
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["next_fire_at"], Value::Null);
+
+    let unknown = patch(
+        &app,
+        "0190a1b2-0000-7000-8000-000000000000",
+        &json!({"model": "openai/gpt-test"}),
+    )
+    .await;
+    assert_eq!(unknown.status(), 404);
 }

@@ -5,7 +5,7 @@ use protocol::{AgentId, TeamId};
 use sqlx::Row;
 
 use super::cron::drop_pending_firings;
-use super::{Autostart, Store, StoreError};
+use super::{AutostartAt, Store, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct NewAgent {
@@ -27,7 +27,7 @@ pub struct AgentUpdate {
     pub runtime_profile: String,
     /// `None`: the autostart is left as it is; `Some(None)`: off; otherwise the new one
     /// with its next tick.
-    pub autostart: Option<Option<(Autostart, Option<DateTime<Utc>>)>>,
+    pub autostart: Option<Option<AutostartAt>>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]

@@ -28,6 +28,9 @@ pub struct Autostart {
     pub timezone: Option<String>,
 }
 
+/// An autostart with its next tick (`None`: it never fires again).
+pub type AutostartAt = (Autostart, Option<DateTime<Utc>>);
+
 /// An agent whose next tick is due, as a poll read it.
 #[derive(Clone, Debug)]
 pub struct DueAutostart {
@@ -98,7 +101,7 @@ impl Store {
         &self,
         team: TeamId,
         agent: AgentId,
-        autostart: Option<(&Autostart, Option<DateTime<Utc>>)>,
+        autostart: Option<&AutostartAt>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
@@ -111,7 +114,7 @@ impl Store {
         .bind(autostart.map(|(a, _)| a.cron.as_str()))
         .bind(autostart.map(|(a, _)| a.prompt.as_str()))
         .bind(autostart.and_then(|(a, _)| a.timezone.as_deref()))
-        .bind(autostart.and_then(|(_, next)| next))
+        .bind(autostart.and_then(|(_, next)| *next))
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {

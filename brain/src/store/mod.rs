@@ -34,7 +34,7 @@ pub use agents::{AgentRow, AgentUpdate, NewAgent};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
-pub use cron::{Autostart, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
+pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::validate_autostart_prompt;
 use crate::provider::ToolSpec;
-use crate::schedule::Cadence;
+use crate::schedule::{Cadence, parse_timezone};
 use crate::store::{Autostart, StoreError};
 
 /// The cron tools; `min_interval_secs` is the operator's shortest allowed cadence.
@@ -80,24 +80,24 @@ impl Tool for CronSet {
                 Ok(prompt) => prompt,
                 Err(problem) => return ToolOutput::error(problem),
             };
+            let cron = args.cron.trim().to_owned();
             let autostart = Autostart {
-                cron: args.cron.trim().to_owned(),
+                cron: cron.clone(),
                 prompt,
-                timezone: timezone.map(str::to_owned),
+                // Stored under its canonical name, as `PATCH` stores it.
+                timezone: timezone
+                    .and_then(|name| parse_timezone(name).ok())
+                    .map(|tz| tz.name().to_owned()),
             };
             let next = cadence.next_after(Utc::now());
             match ctx
                 .store
-                .set_autostart(ctx.team, ctx.agent, Some((&autostart, next)))
+                .set_autostart(ctx.team, ctx.agent, Some(&(autostart, next)))
                 .await
             {
                 Ok(()) => ToolOutput::ok(match next {
-                    Some(t) => format!(
-                        "autostart set: `{}`, next at {}",
-                        autostart.cron,
-                        rfc3339(&t)
-                    ),
-                    None => format!("autostart set: `{}`", autostart.cron),
+                    Some(t) => format!("autostart set: `{cron}`, next at {}", rfc3339(&t)),
+                    None => format!("autostart set: `{cron}`"),
                 }),
                 Err(e) => store_failure(ctx, "cron_set", &e),
             }
