@@ -99,7 +99,18 @@ pub fn validate_autostart_prompt(prompt: &str) -> Result<String, String> {
     Ok(prompt.to_owned())
 }
 
-/// A change to an agent (`PATCH /v1/agents/{id}`): an absent field is left as it is.
+/// For a field of a change that may be `null`: `Some(None)` for `null`, while an absent
+/// field stays `None` through `#[serde(default)]`.
+pub fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// A change to an agent (`PATCH /v1/agents/{id}`, the `agent_update` tool): an absent
+/// field is left as it is.
 #[derive(Debug, Default)]
 pub struct AgentChange {
     pub system_prompt: Option<String>,

@@ -109,26 +109,16 @@ pub struct PatchAgent {
     runtime_profile: Option<String>,
     /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first;
     /// `null` turns autostart off.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::agents::present")]
     #[schema(value_type = Option<String>)]
     autostart_cron: Option<Option<String>>,
     /// The message each autostart turn begins with (1 to 4000 characters).
     #[serde(default)]
     autostart_prompt: Option<String>,
     /// The IANA time zone the cron is read in; `null` is UTC.
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::agents::present")]
     #[schema(value_type = Option<String>)]
     autostart_timezone: Option<Option<String>>,
-}
-
-/// A field that is present, `null` included: `Some(None)` for `null`, while an absent
-/// field stays `None` through `#[serde(default)]`.
-fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 impl From<PatchAgent> for AgentChange {

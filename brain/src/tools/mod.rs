@@ -113,8 +113,8 @@ pub struct Toolset {
 
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
-    /// agent tools (create, archive, change prompt) for its team. `min_interval_secs`
-    /// bounds the cron tools' cadences.
+    /// agent tools (create, archive, change prompt, update) for its team.
+    /// `min_interval_secs` bounds the cadences the cron and agent tools set.
     pub fn brain(concierge: bool, min_interval_secs: u32) -> Self {
         let mut set = Self::default();
         for tool in memory::tools() {
@@ -127,7 +127,7 @@ impl Toolset {
             set.add(tool);
         }
         if concierge {
-            for tool in agents::tools() {
+            for tool in agents::tools(min_interval_secs) {
                 set.add(tool);
             }
         }
