@@ -1,15 +1,19 @@
-//! What makes an agent valid, whoever writes it: `POST /v1/agents` and the concierge's
-//! agent tools check fields with the same code, so a tool cannot create an agent the API
-//! would refuse (SPEC B1). The messages say what is wrong and are shown to the API client
-//! or to the model.
+//! What makes an agent valid, whoever writes it: `POST /v1/agents`, `PATCH /v1/agents/{id}`
+//! and the concierge's agent and cron tools check fields with the same code, so a tool
+//! cannot make an agent the API would refuse (SPEC B1). The messages say what is wrong and
+//! are shown to the API client or to the model.
+
+use chrono::Utc;
 
 use crate::approvals::ApprovalPolicy;
 use crate::provider::ModelRoute;
-use crate::store::NewAgent;
+use crate::schedule::{Cadence, parse_timezone};
+use crate::store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
 const MAX_FALLBACKS: usize = 5;
+const MAX_AUTOSTART_PROMPT: usize = 4000;
 /// SPEC R: the modes an agent may name.
 pub const RUNTIME_PROFILES: [&str; 5] = ["none", "light", "browser", "heavy", "warm"];
 
@@ -27,27 +31,13 @@ pub fn validate_new_agent(
         return Err(format!("name must have 1 to {MAX_NAME} characters"));
     }
     // Postgres text cannot hold NUL: refused here rather than failing the write.
-    if std::iter::once(&name)
-        .chain([&model])
-        .chain(&fallback_models)
-        .any(|field| field.contains('\0'))
-    {
-        return Err("name and models must not contain NUL characters".into());
+    if name.contains('\0') {
+        return Err("name must not contain NUL characters".into());
     }
     validate_system_prompt(&system_prompt)?;
-    if fallback_models.len() > MAX_FALLBACKS {
-        return Err(format!("at most {MAX_FALLBACKS} fallback_models"));
-    }
-    for model in std::iter::once(&model).chain(&fallback_models) {
-        ModelRoute::parse(model)?;
-    }
+    validate_route(&model, &fallback_models)?;
     let runtime_profile = runtime_profile.unwrap_or_else(|| "none".into());
-    if !RUNTIME_PROFILES.contains(&runtime_profile.as_str()) {
-        return Err(format!(
-            "runtime_profile must be one of {}",
-            RUNTIME_PROFILES.join(", ")
-        ));
-    }
+    validate_runtime_profile(&runtime_profile)?;
     Ok(NewAgent {
         name,
         system_prompt,
@@ -70,4 +60,162 @@ pub fn validate_system_prompt(system_prompt: &str) -> Result<(), String> {
         return Err("system_prompt must not contain NUL characters".into());
     }
     Ok(())
+}
+
+fn validate_route(model: &str, fallback_models: &[String]) -> Result<(), String> {
+    if fallback_models.len() > MAX_FALLBACKS {
+        return Err(format!("at most {MAX_FALLBACKS} fallback_models"));
+    }
+    for model in std::iter::once(model).chain(fallback_models.iter().map(String::as_str)) {
+        // Postgres text cannot hold NUL.
+        if model.contains('\0') {
+            return Err("models must not contain NUL characters".into());
+        }
+        ModelRoute::parse(model)?;
+    }
+    Ok(())
+}
+
+fn validate_runtime_profile(profile: &str) -> Result<(), String> {
+    if RUNTIME_PROFILES.contains(&profile) {
+        Ok(())
+    } else {
+        Err(format!(
+            "runtime_profile must be one of {}",
+            RUNTIME_PROFILES.join(", ")
+        ))
+    }
+}
+
+/// Checks an autostart prompt; the trimmed prompt.
+pub fn validate_autostart_prompt(prompt: &str) -> Result<String, String> {
+    let prompt = prompt.trim();
+    if prompt.is_empty() || prompt.chars().count() > MAX_AUTOSTART_PROMPT {
+        return Err(format!(
+            "autostart_prompt must have 1 to {MAX_AUTOSTART_PROMPT} characters"
+        ));
+    }
+    if prompt.contains('\0') {
+        return Err("autostart_prompt must not contain NUL characters".into());
+    }
+    Ok(prompt.to_owned())
+}
+
+/// For a field of a change that may be `null`: `Some(None)` for `null`, while an absent
+/// field stays `None` through `#[serde(default)]`.
+pub fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// A change to an agent (`PATCH /v1/agents/{id}`, the `agent_update` tool): an absent
+/// field is left as it is.
+#[derive(Debug, Default)]
+pub struct AgentChange {
+    pub system_prompt: Option<String>,
+    pub model: Option<String>,
+    pub fallback_models: Option<Vec<String>>,
+    pub runtime_profile: Option<String>,
+    /// `Some(None)` turns autostart off.
+    pub autostart_cron: Option<Option<String>>,
+    pub autostart_prompt: Option<String>,
+    /// `Some(None)` is UTC.
+    pub autostart_timezone: Option<Option<String>>,
+    pub approval_policy: Option<crate::approvals::ApprovalPolicy>,
+}
+
+/// Applies `change` to `current` and checks the result as a whole (a new time zone is
+/// checked with the cadence it applies to); the agent as it will be stored. A changed
+/// cadence gets its next tick from now.
+pub fn apply_change(
+    current: &AgentRow,
+    change: AgentChange,
+    min_interval_secs: u32,
+) -> Result<AgentUpdate, String> {
+    let system_prompt = change
+        .system_prompt
+        .unwrap_or_else(|| current.system_prompt.clone());
+    validate_system_prompt(&system_prompt)?;
+    let model = change.model.unwrap_or_else(|| current.model.clone());
+    let fallback_models = change
+        .fallback_models
+        .unwrap_or_else(|| current.fallback_models.clone());
+    validate_route(&model, &fallback_models)?;
+    let runtime_profile = change
+        .runtime_profile
+        .unwrap_or_else(|| current.runtime_profile.clone());
+    validate_runtime_profile(&runtime_profile)?;
+    let approval_policy = change
+        .approval_policy
+        .unwrap_or_else(|| current.approval_policy.clone());
+    approval_policy.validate()?;
+
+    let autostart_changed = change.autostart_cron.is_some()
+        || change.autostart_prompt.is_some()
+        || change.autostart_timezone.is_some();
+    // The stored autostart is checked only when the change touches it: a cadence set
+    // under a smaller minimum interval does not block a new system prompt.
+    let autostart = if autostart_changed {
+        Some(changed_autostart(
+            current,
+            change.autostart_cron,
+            change.autostart_prompt,
+            change.autostart_timezone,
+            min_interval_secs,
+        )?)
+    } else {
+        None
+    };
+    Ok(AgentUpdate {
+        system_prompt,
+        model,
+        fallback_models,
+        runtime_profile,
+        autostart,
+        approval_policy,
+    })
+}
+
+/// The autostart after a change that touches it, with its next tick; `None` is off.
+fn changed_autostart(
+    current: &AgentRow,
+    cron: Option<Option<String>>,
+    prompt: Option<String>,
+    timezone: Option<Option<String>>,
+    min_interval_secs: u32,
+) -> Result<Option<AutostartAt>, String> {
+    let Some(cron) = cron.unwrap_or_else(|| current.autostart_cron.clone()) else {
+        return match prompt {
+            Some(_) => Err("autostart_prompt needs an autostart_cron".into()),
+            None => Ok(None),
+        };
+    };
+    // Stored under its canonical name, so what is read back is what is evaluated.
+    let timezone = match timezone
+        .unwrap_or_else(|| current.autostart_timezone.clone())
+        .as_deref()
+        .map(str::trim)
+    {
+        None => None,
+        Some(name) => Some(
+            parse_timezone(name)
+                .map_err(|problem| format!("autostart_timezone: {problem}"))?
+                .name()
+                .to_owned(),
+        ),
+    };
+    let cadence = Cadence::parse(&cron, timezone.as_deref(), min_interval_secs)
+        .map_err(|problem| format!("autostart_cron: {problem}"))?;
+    let prompt = prompt
+        .or_else(|| current.autostart_prompt.clone())
+        .ok_or("autostart_cron needs an autostart_prompt")?;
+    let autostart = Autostart {
+        cron: cron.trim().to_owned(),
+        prompt: validate_autostart_prompt(&prompt)?,
+        timezone,
+    };
+    Ok(Some((autostart, cadence.next_after(Utc::now()))))
 }

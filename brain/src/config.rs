@@ -40,6 +40,8 @@ pub struct Config {
     /// How long a tool call waits for a person's answer before it is denied as `expired`
     /// (A4).
     pub approval_ttl: Duration,
+    /// The autostart scheduler (T11).
+    pub autostart: AutostartConfig,
     pub log_json: bool,
     /// MCP connectors (SPEC B2).
     pub connectors: ConnectorConfig,
@@ -240,6 +242,15 @@ pub struct Limits {
     pub max_writes: u32,
 }
 
+/// The autostart scheduler (SPEC T11).
+#[derive(Clone, Copy, Debug)]
+pub struct AutostartConfig {
+    /// How often every replica looks for due agents (one indexed query).
+    pub poll: Duration,
+    /// The shortest interval between two firings a cadence may have.
+    pub min_interval_secs: u32,
+}
+
 /// How the brain runs connectors (SPEC B2).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectorConfig {
@@ -310,6 +321,11 @@ impl Config {
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             approval_ttl: ranged(env, "BRAIN_APPROVAL_TTL_MS", 86_400_000, 1, 31_536_000_000)
                 .map(Duration::from_millis)?,
+            autostart: AutostartConfig {
+                poll: ranged(env, "BRAIN_AUTOSTART_POLL_MS", 1_000, 50, 60_000)
+                    .map(Duration::from_millis)?,
+                min_interval_secs: ranged(env, "BRAIN_AUTOSTART_MIN_INTERVAL_SECS", 60, 1, 86_400)?,
+            },
             connectors: ConnectorConfig {
                 allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
                 allow_private_networks: parse(

@@ -110,7 +110,7 @@ async fn reconcile(state: &AppState, bound: Duration) {
 }
 
 /// A store call under `bound`, with its failure as a class for the log.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     bound: Duration,
     call: impl Future<Output = Result<T, crate::store::StoreError>>,
 ) -> Result<T, &'static str> {

@@ -7,6 +7,8 @@
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
+//! - `schedule.rs`: what makes an autostart cadence valid and when it fires;
+//! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
@@ -33,6 +35,8 @@ pub mod lease;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
+pub mod schedule;
+pub mod scheduler;
 pub mod sessions;
 pub mod store;
 pub mod tools;
@@ -188,6 +192,8 @@ pub async fn serve(
     let lease_stop = CancellationToken::new();
     tokio::spawn(lease::keep(state.clone(), lease_stop.clone()));
     let app = api::router(state.clone());
+    // Claims ticks until the drain begins.
+    tokio::spawn(scheduler::run(state.clone()));
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));

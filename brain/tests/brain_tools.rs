@@ -536,7 +536,12 @@ async fn a_concierge_creates_changes_and_archives_team_agents() {
     )
     .await;
     let offered = tool_names_offered(&app, &concierge).await;
-    for name in ["agent_create", "agent_archive", "agent_set_prompt"] {
+    for name in [
+        "agent_create",
+        "agent_archive",
+        "agent_set_prompt",
+        "agent_update",
+    ] {
         assert!(offered.iter().any(|n| n == name), "{name} in {offered:?}");
     }
     let created: Value = serde_json::from_str(&result_of(&chunks, "create").unwrap()).unwrap();
@@ -598,6 +603,46 @@ async fn a_concierge_creates_changes_and_archives_team_agents() {
         .await
         .unwrap();
     assert_eq!(me["archived"], false);
+
+    // `agent_update` changes many fields as one write (T6): with three writes per turn,
+    // one call changing five fields is within the ceiling. A bad time zone changes nothing.
+    let chunks = turn(
+        &app,
+        &chat,
+        vec![vec![
+            call(
+                "update",
+                "agent_update",
+                json!({"agent_id": new_id, "model": "openai/gpt-test", "fallback_models": [],
+                       "runtime_profile": "none", "autostart_cron": "0 9 * * *",
+                       "autostart_prompt": "daily sources", "autostart_timezone": "Asia/Tokyo"}),
+            ),
+            call(
+                "bad_zone",
+                "agent_update",
+                json!({"agent_id": new_id, "autostart_timezone": "Asia/Atlantis"}),
+            ),
+        ]],
+    )
+    .await;
+    assert_eq!(
+        result_of(&chunks, "update"),
+        Ok(format!("agent {new_id} changed"))
+    );
+    let bad_zone = result_of(&chunks, "bad_zone").unwrap_err();
+    assert!(bad_zone.contains("autostart_timezone"), "{bad_zone}");
+    let row: Value = app
+        .get(&format!("/v1/agents/{new_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(row["model"], "openai/gpt-test");
+    assert_eq!(row["fallback_models"], json!([]));
+    assert_eq!(row["runtime_profile"], "none");
+    assert_eq!(row["autostart_cron"], "0 9 * * *");
+    assert_eq!(row["autostart_timezone"], "Asia/Tokyo");
+    assert_eq!(row["system_prompt"], "Find primary sources only.");
 
     // Archive: no chat can be created for it any more, and its prompt is frozen.
     let chunks = turn(
@@ -674,7 +719,21 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
         ]],
     )
     .await;
-    for id in ["prompt", "archive", "garbage"] {
+    // A turn of its own: the three calls above spent the turn's writes.
+    let mut chunks = chunks;
+    chunks.extend(
+        turn(
+            &app,
+            &chat,
+            vec![vec![call(
+                "update",
+                "agent_update",
+                json!({"agent_id": theirs.id, "system_prompt": "Hijacked."}),
+            )]],
+        )
+        .await,
+    );
+    for id in ["prompt", "archive", "garbage", "update"] {
         assert_eq!(
             result_of(&chunks, id),
             Err("no such agent".to_owned()),

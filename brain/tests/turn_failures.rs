@@ -271,26 +271,41 @@ async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
         .second_replica_with(|c| c.redis_url = redis.clone())
         .await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    // A turn of another agent on the near replica first, so that its connections to
-    // Postgres and Redis are open and only the hold decides.
+    // A turn of another agent on each replica first, so that their connections to
+    // Postgres and Redis are open and the team's quota limits loaded (one more round trip
+    // over the far link otherwise), and only the hold decides.
     let (_, other) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    app.provider.push(text("warm"));
-    let warm = app
-        .auth(app.http.post(format!("{near}/v1/chats/{other}/messages")))
-        .json(&json!({"content": "warm up"}))
-        .send()
-        .await
-        .unwrap();
-    read_stream(warm).await;
+    for replica in [&near, &app.url] {
+        app.provider.push(text("warm"));
+        let warm = app
+            .auth(
+                app.http
+                    .post(format!("{replica}/v1/chats/{other}/messages")),
+            )
+            .json(&json!({"content": "warm up"}))
+            .send()
+            .await
+            .unwrap();
+        read_stream(warm).await;
+    }
+    let unavailable = || async {
+        let metrics = app.get("/metrics").await.text().await.unwrap();
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("brain_hold_unavailable_total "))
+            .map(|n| n.trim().parse::<u64>().unwrap())
+            .unwrap()
+    };
+    let before = unavailable().await;
     app.provider.push(text("first"));
     app.provider.push(text("second"));
     let response = app.send(&chat, &json!({"content": "one"})).await;
     assert_eq!(response.status(), 200);
     // The far replica did take the hold (so only its release can free the agent).
-    let metrics = app.get("/metrics").await.text().await.unwrap();
-    assert!(
-        metrics.contains("brain_hold_unavailable_total 0"),
-        "{metrics}"
+    assert_eq!(
+        unavailable().await,
+        before,
+        "the far replica ran without its hold"
     );
     let mut body = response.bytes_stream();
     let mut seen = String::new();

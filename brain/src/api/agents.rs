@@ -1,4 +1,5 @@
-//! `POST|GET /v1/agents`, `GET /v1/agents/{id}`, `GET /v1/agents/{id}/sessions`.
+//! `POST|GET /v1/agents`, `GET|PATCH /v1/agents/{id}`, `GET /v1/agents/{id}/sessions`,
+//! `GET /v1/agents/{id}/schedule`.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -8,11 +9,11 @@ use serde::Deserialize;
 
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::agents::validate_new_agent;
+use crate::agents::{AgentChange, apply_change, validate_new_agent};
 use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{AgentRow, NewAgent, SessionRow, StoreError};
+use crate::store::{AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, StoreError};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +104,175 @@ pub async fn get(
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `PATCH /v1/agents/{id}`: any of the fields; an absent one is left as it is.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"autostart_cron": "0 9 * * MON-FRI", "autostart_prompt": "Summarize yesterday's tickets.", "autostart_timezone": "Europe/Paris"}))]
+pub struct PatchAgent {
+    #[serde(default)]
+    system_prompt: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    fallback_models: Option<Vec<String>>,
+    #[serde(default)]
+    runtime_profile: Option<String>,
+    /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first;
+    /// `null` turns autostart off.
+    #[serde(default, deserialize_with = "crate::agents::present")]
+    #[schema(value_type = Option<String>)]
+    autostart_cron: Option<Option<String>>,
+    /// The message each autostart turn begins with (1 to 4000 characters).
+    #[serde(default)]
+    autostart_prompt: Option<String>,
+    /// The IANA time zone the cron is read in; `null` is UTC.
+    #[serde(default, deserialize_with = "crate::agents::present")]
+    #[schema(value_type = Option<String>)]
+    autostart_timezone: Option<Option<String>>,
+    /// Replaces the agent's approval policy (A2) as a whole.
+    #[serde(default)]
+    approval_policy: Option<ApprovalPolicy>,
+}
+
+impl From<PatchAgent> for AgentChange {
+    fn from(patch: PatchAgent) -> Self {
+        Self {
+            system_prompt: patch.system_prompt,
+            model: patch.model,
+            fallback_models: patch.fallback_models,
+            runtime_profile: patch.runtime_profile,
+            autostart_cron: patch.autostart_cron,
+            approval_policy: patch.approval_policy,
+            autostart_prompt: patch.autostart_prompt,
+            autostart_timezone: patch.autostart_timezone,
+        }
+    }
+}
+
+/// `PATCH /v1/agents/{id}` (admin): changes any of the agent's fields, checked by the
+/// rules `POST /v1/agents` and the agent tools use. A changed cadence gets its next tick
+/// from now and drops the firings planned under the old one.
+#[utoipa::path(
+    patch,
+    path = "/agents/{agent_id}",
+    operation_id = "update_agent",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    request_body = PatchAgent,
+    responses(
+        (status = 200, description = "The agent as changed.", body = AgentRow),
+        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say.", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 404, description = "No such live agent in the team (`not_found`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+    ),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(agent_id): Path<String>,
+    JsonBody(body): JsonBody<PatchAgent>,
+) -> Result<Json<AgentRow>, ApiError> {
+    principal.require_admin()?;
+    let id = parse_id(&agent_id, "agent")?;
+    let not_found = |e| match e {
+        StoreError::NotFound => ApiError::NotFound("agent"),
+        other => other.into(),
+    };
+    let current = state
+        .store
+        .agent(principal.team, id)
+        .await
+        .map_err(not_found)?;
+    if current.archived {
+        return Err(ApiError::NotFound("agent"));
+    }
+    let update = apply_change(
+        &current,
+        body.into(),
+        state.config.autostart.min_interval_secs,
+    )
+    .map_err(ApiError::InvalidRequest)?;
+    let row = state
+        .store
+        .update_agent(principal.team, id, &update)
+        .await
+        .map_err(not_found)?;
+    tracing::info!(team = %principal.team, agent = %id, "agent changed");
+    Ok(Json(row))
+}
+
+/// `GET /v1/agents/{id}/schedule`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Schedule {
+    /// `null` when no autostart is set.
+    cron: Option<String>,
+    /// The IANA time zone the cron is read in.
+    timezone: String,
+    next_fire_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The latest fires, newest first.
+    fires: Vec<Fire>,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Fire {
+    scheduled_for: chrono::DateTime<chrono::Utc>,
+    #[schema(value_type = String, example = "fired")]
+    /// `fired`, `skipped_busy` (the agent was running another turn) or `failed`.
+    outcome: String,
+    turn_id: Option<protocol::TurnId>,
+    chat_id: Option<protocol::ChatId>,
+    /// Why a `failed` fire failed: a stable error code (`quota_exceeded`, ...).
+    error_code: Option<String>,
+}
+
+impl From<FireRow> for Fire {
+    fn from(row: FireRow) -> Self {
+        Self {
+            scheduled_for: row.scheduled_for,
+            outcome: row.outcome,
+            turn_id: row.turn_id,
+            chat_id: row.chat_id,
+            error_code: row.error_code,
+        }
+    }
+}
+
+/// `GET /v1/agents/{id}/schedule`: the autostart cadence, its next tick and the latest
+/// fires (SPEC T11), newest first; `?limit=` as the listings (50 by default).
+#[utoipa::path(
+    get,
+    path = "/agents/{agent_id}/schedule",
+    operation_id = "get_agent_schedule",
+    tag = "agents",
+    params(("agent_id" = Uuid, Path, description = "The agent."), ListParams),
+    responses(
+        (status = 200, description = "The cadence, the next tick and the latest fires.", body = Schedule),
+        (status = 400, description = "`limit` is out of range (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn schedule(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(agent_id): Path<String>,
+    QueryParams(params): QueryParams<ListParams>,
+) -> Result<Json<Schedule>, ApiError> {
+    let id = parse_id(&agent_id, "agent")?;
+    let limit = params.limit()?;
+    let view: ScheduleView = match state.store.schedule(principal.team, id, limit).await {
+        Ok(view) => view,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("agent")),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Json(Schedule {
+        cron: view.cron,
+        timezone: view.timezone.unwrap_or_else(|| "UTC".into()),
+        next_fire_at: view.next_fire_at,
+        fires: view.fires.into_iter().map(Fire::from).collect(),
+    }))
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

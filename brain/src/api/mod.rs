@@ -45,7 +45,8 @@ pub fn router(state: AppState) -> Router {
 fn routes() -> OpenApiRouter<AppState> {
     let v1 = OpenApiRouter::new()
         .routes(routes!(agents::list, agents::create))
-        .routes(routes!(agents::get))
+        .routes(routes!(agents::get, agents::update))
+        .routes(routes!(agents::schedule))
         .routes(routes!(chats::list, chats::create))
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))

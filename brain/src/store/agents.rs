@@ -4,7 +4,8 @@ use chrono::{DateTime, Utc};
 use protocol::{AgentId, TeamId};
 use sqlx::Row;
 
-use super::{Store, StoreError};
+use super::cron::drop_pending_firings;
+use super::{AutostartAt, Store, StoreError};
 use crate::approvals::ApprovalPolicy;
 
 #[derive(Clone, Debug)]
@@ -20,6 +21,19 @@ pub struct NewAgent {
     pub approval_policy: ApprovalPolicy,
 }
 
+/// An agent's changeable fields after a change (`crate::agents::apply_change`).
+#[derive(Clone, Debug)]
+pub struct AgentUpdate {
+    pub system_prompt: String,
+    pub model: String,
+    pub fallback_models: Vec<String>,
+    pub runtime_profile: String,
+    /// `None`: the autostart is left as it is; `Some(None)`: off; otherwise the new one
+    /// with its next tick.
+    pub autostart: Option<Option<AutostartAt>>,
+    pub approval_policy: ApprovalPolicy,
+}
+
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct AgentRow {
     pub id: AgentId,
@@ -31,6 +45,8 @@ pub struct AgentRow {
     pub runtime_profile: String,
     pub autostart_cron: Option<String>,
     pub autostart_prompt: Option<String>,
+    /// The IANA time zone of `autostart_cron`; `null` is UTC.
+    pub autostart_timezone: Option<String>,
     pub archived: bool,
     pub concierge: bool,
     /// Which calls ask a person first and which tools never run (A2).
@@ -39,7 +55,7 @@ pub struct AgentRow {
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, archived_at IS NOT NULL AS archived, concierge, approval_policy, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -52,6 +68,7 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
         runtime_profile: row.try_get("runtime_profile")?,
         autostart_cron: row.try_get("autostart_cron")?,
         autostart_prompt: row.try_get("autostart_prompt")?,
+        autostart_timezone: row.try_get("autostart_timezone")?,
         archived: row.try_get("archived")?,
         concierge: row.try_get("concierge")?,
         approval_policy: row
@@ -111,5 +128,52 @@ impl Store {
         rows.iter()
             .map(|r| agent_from_row(r).map_err(StoreError::from))
             .collect()
+    }
+
+    /// Writes `update` to a live agent in one transaction; a changed autostart drops the
+    /// pending firings of the old one. `NotFound` for an unknown, archived or other team's
+    /// agent.
+    pub async fn update_agent(
+        &self,
+        team: TeamId,
+        id: AgentId,
+        update: &AgentUpdate,
+    ) -> Result<AgentRow, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let autostart = update.autostart.as_ref();
+        let next = autostart.and_then(|a| a.as_ref().and_then(|(_, next)| *next));
+        let set = autostart.and_then(Option::as_ref).map(|(a, _)| a);
+        // $7 says whether the autostart columns change at all.
+        let sql = format!(
+            "UPDATE agents SET system_prompt = $3, model = $4, fallback_models = $5, \
+             runtime_profile = $6, \
+             autostart_cron = CASE WHEN $7 THEN $8 ELSE autostart_cron END, \
+             autostart_prompt = CASE WHEN $7 THEN $9 ELSE autostart_prompt END, \
+             autostart_timezone = CASE WHEN $7 THEN $10 ELSE autostart_timezone END, \
+             autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
+             approval_policy = $12, updated_at = now() \
+             WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id.0)
+            .bind(&update.system_prompt)
+            .bind(&update.model)
+            .bind(&update.fallback_models)
+            .bind(&update.runtime_profile)
+            .bind(autostart.is_some())
+            .bind(set.map(|a| a.cron.as_str()))
+            .bind(set.map(|a| a.prompt.as_str()))
+            .bind(set.and_then(|a| a.timezone.as_deref()))
+            .bind(next)
+            .bind(sqlx::types::Json(&update.approval_policy))
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        if autostart.is_some() {
+            drop_pending_firings(&mut tx, team, id).await?;
+        }
+        tx.commit().await?;
+        Ok(agent_from_row(&row)?)
     }
 }

@@ -1,50 +1,126 @@
-//! An agent's autostart cadence and prompt (SPEC T11), as the cron tools change them.
+//! An agent's autostart (SPEC T11): its cadence and prompt, as the cron tools and
+//! `PATCH /v1/agents/{id}` change them, and the scheduler's claims and fire records.
 //!
 //! Changing or clearing the cadence also drops the agent's pending autostart firings: a
 //! firing planned under the old cadence must not run under the new one.
+//!
+//! **Exactly once:** a tick is claimed by one statement that moves the agent's
+//! `autostart_next_fire_at` forward only if it still holds the value the poll read (and
+//! the cadence is the one the poll read), and inserts the tick's `scheduled_tasks` row in
+//! the same statement. Two replicas that saw the same tick race on the agent's row: the
+//! second finds it moved and claims nothing. The row's unique `(agent, kind, due_at)` is
+//! the backstop.
 
-use protocol::{AgentId, TeamId};
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
+use sqlx::Row;
+use uuid::Uuid;
 
 use super::{Store, StoreError};
 
-/// An agent's autostart: its cron expression and the prompt each firing sends.
+/// An agent's autostart: its cron expression, its time zone and the prompt each firing
+/// sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Autostart {
     pub cron: String,
     pub prompt: String,
+    /// IANA name; `None` is UTC.
+    pub timezone: Option<String>,
+}
+
+/// An autostart with its next tick (`None`: it never fires again).
+pub type AutostartAt = (Autostart, Option<DateTime<Utc>>);
+
+/// An agent whose next tick is due, as a poll read it.
+#[derive(Clone, Debug)]
+pub struct DueAutostart {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub cron: String,
+    pub timezone: Option<String>,
+    pub prompt: String,
+    /// The value the claim compares against; `None` for a cadence set before the
+    /// scheduler existed, never computed.
+    pub next_fire_at: Option<DateTime<Utc>>,
+}
+
+/// A claimed tick: its row and the chat its turn runs in.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimed {
+    pub task: Uuid,
+    pub chat: ChatId,
+}
+
+/// What a claimed tick became.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FireOutcome {
+    Fired(TurnId),
+    /// The agent was running another turn, which went on undisturbed.
+    SkippedBusy,
+    /// The turn could not start (a quota, the store, every model route): its code.
+    Failed(ErrorCode),
+}
+
+/// `GET /v1/agents/{id}/schedule`'s content.
+#[derive(Clone, Debug)]
+pub struct ScheduleView {
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+    pub next_fire_at: Option<DateTime<Utc>>,
+    pub fires: Vec<FireRow>,
+}
+
+#[derive(Clone, Debug)]
+pub struct FireRow {
+    pub scheduled_for: DateTime<Utc>,
+    /// `fired`, `skipped_busy` or `failed`.
+    pub outcome: String,
+    pub turn_id: Option<TurnId>,
+    pub chat_id: Option<ChatId>,
+    pub error_code: Option<String>,
+}
+
+const DUE_COLUMNS: &str =
+    "team_id, id, autostart_cron, autostart_timezone, autostart_prompt, autostart_next_fire_at";
+
+fn due_from_row(row: &sqlx::postgres::PgRow) -> Result<DueAutostart, sqlx::Error> {
+    Ok(DueAutostart {
+        team: TeamId(row.try_get("team_id")?),
+        agent: AgentId(row.try_get("id")?),
+        cron: row.try_get("autostart_cron")?,
+        timezone: row.try_get("autostart_timezone")?,
+        prompt: row.try_get("autostart_prompt")?,
+        next_fire_at: row.try_get("autostart_next_fire_at")?,
+    })
 }
 
 impl Store {
-    /// Sets (`Some`) or clears (`None`) the agent's autostart. `NotFound` for an unknown
-    /// or archived agent, or another team's.
+    /// Sets (`Some`, with its next tick) or clears (`None`) the agent's autostart.
+    /// `NotFound` for an unknown or archived agent, or another team's.
     pub async fn set_autostart(
         &self,
         team: TeamId,
         agent: AgentId,
-        autostart: Option<&Autostart>,
+        autostart: Option<&AutostartAt>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
-            "UPDATE agents SET autostart_cron = $3, autostart_prompt = $4, updated_at = now() \
+            "UPDATE agents SET autostart_cron = $3, autostart_prompt = $4, \
+             autostart_timezone = $5, autostart_next_fire_at = $6, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL",
         )
         .bind(team.0)
         .bind(agent.0)
-        .bind(autostart.map(|a| a.cron.as_str()))
-        .bind(autostart.map(|a| a.prompt.as_str()))
+        .bind(autostart.map(|(a, _)| a.cron.as_str()))
+        .bind(autostart.map(|(a, _)| a.prompt.as_str()))
+        .bind(autostart.and_then(|(a, _)| a.timezone.as_deref()))
+        .bind(autostart.and_then(|(_, next)| *next))
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
             return Err(StoreError::NotFound);
         }
-        sqlx::query(
-            "DELETE FROM scheduled_tasks \
-             WHERE team_id = $1 AND agent_id = $2 AND kind = 'autostart' AND state = 'pending'",
-        )
-        .bind(team.0)
-        .bind(agent.0)
-        .execute(&mut *tx)
-        .await?;
+        drop_pending_firings(&mut tx, team, agent).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -55,8 +131,9 @@ impl Store {
         team: TeamId,
         agent: AgentId,
     ) -> Result<Option<Autostart>, StoreError> {
-        let row: (Option<String>, Option<String>) = sqlx::query_as(
-            "SELECT autostart_cron, autostart_prompt FROM agents WHERE team_id = $1 AND id = $2",
+        let row: (Option<String>, Option<String>, Option<String>) = sqlx::query_as(
+            "SELECT autostart_cron, autostart_prompt, autostart_timezone \
+             FROM agents WHERE team_id = $1 AND id = $2",
         )
         .bind(team.0)
         .bind(agent.0)
@@ -64,8 +141,205 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         Ok(match row {
-            (Some(cron), Some(prompt)) => Some(Autostart { cron, prompt }),
+            (Some(cron), Some(prompt), timezone) => Some(Autostart {
+                cron,
+                prompt,
+                timezone,
+            }),
             _ => None,
         })
     }
+
+    /// Up to `limit` agents whose next tick is at or before now, earliest first: one read
+    /// of the partial index `agents_autostart_due`.
+    pub async fn due_autostarts(&self, limit: i64) -> Result<Vec<DueAutostart>, StoreError> {
+        let sql = format!(
+            "SELECT {DUE_COLUMNS} FROM agents \
+             WHERE autostart_next_fire_at <= now() AND archived_at IS NULL \
+               AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL \
+             ORDER BY autostart_next_fire_at LIMIT $1"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| due_from_row(r).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// Agents with a cadence but no next tick: set before the scheduler existed. Read once
+    /// when a scheduler starts (no index: it is a one-off scan).
+    pub async fn unscheduled_autostarts(&self) -> Result<Vec<DueAutostart>, StoreError> {
+        let sql = format!(
+            "SELECT {DUE_COLUMNS} FROM agents \
+             WHERE autostart_next_fire_at IS NULL AND archived_at IS NULL \
+               AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| due_from_row(r).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// Moves the agent's next tick from what `due` read to `next` without a firing (a
+    /// cadence that no longer parses is switched off with `None`); `false` when another
+    /// writer moved it first.
+    pub async fn reschedule_autostart(
+        &self,
+        due: &DueAutostart,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<bool, StoreError> {
+        let moved = sqlx::query(
+            "UPDATE agents SET autostart_next_fire_at = $4 \
+             WHERE team_id = $1 AND id = $2 AND autostart_cron = $3 \
+               AND autostart_next_fire_at IS NOT DISTINCT FROM $5 \
+               AND autostart_timezone IS NOT DISTINCT FROM $6",
+        )
+        .bind(due.team.0)
+        .bind(due.agent.0)
+        .bind(&due.cron)
+        .bind(next)
+        .bind(due.next_fire_at)
+        .bind(due.timezone.as_deref())
+        .execute(&self.pool)
+        .await?;
+        Ok(moved.rows_affected() == 1)
+    }
+
+    /// Claims the tick `scheduled_for` of `due` and moves the agent's next tick to `next`,
+    /// in one statement (see the module doc); creates the agent's autostart chat on its
+    /// first claim. `None` when another replica claimed it, or the cadence changed since
+    /// the poll.
+    pub async fn claim_autostart(
+        &self,
+        due: &DueAutostart,
+        scheduled_for: DateTime<Utc>,
+        next: Option<DateTime<Utc>>,
+    ) -> Result<Option<Claimed>, StoreError> {
+        let new_chat = ChatId::new();
+        // The chat row and the agent's pointer to it are written by one statement, so an
+        // agent never names a chat that does not exist.
+        let row = sqlx::query(
+            "WITH moved AS ( \
+                 UPDATE agents SET autostart_next_fire_at = $4, \
+                        autostart_chat_id = COALESCE(autostart_chat_id, $7) \
+                 WHERE team_id = $1 AND id = $2 AND autostart_cron = $3 \
+                   AND autostart_next_fire_at = $5 AND archived_at IS NULL \
+                   AND autostart_timezone IS NOT DISTINCT FROM $9 \
+                 RETURNING team_id, id, autostart_chat_id), \
+             created AS ( \
+                 INSERT INTO chats (id, team_id, agent_id, title) \
+                 SELECT autostart_chat_id, team_id, id, 'autostart' FROM moved \
+                 WHERE autostart_chat_id = $7) \
+             INSERT INTO scheduled_tasks (id, team_id, agent_id, kind, due_at, state, chat_id) \
+             SELECT $6, team_id, id, 'autostart', $8, 'running', autostart_chat_id FROM moved \
+             ON CONFLICT (agent_id, kind, due_at) DO NOTHING \
+             RETURNING id, chat_id",
+        )
+        .bind(due.team.0)
+        .bind(due.agent.0)
+        .bind(&due.cron)
+        .bind(next)
+        .bind(due.next_fire_at)
+        .bind(Uuid::now_v7())
+        .bind(new_chat.0)
+        .bind(scheduled_for)
+        .bind(due.timezone.as_deref())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(Claimed {
+                task: r.try_get("id")?,
+                chat: ChatId(r.try_get("chat_id")?),
+            })
+        })
+        .transpose()
+    }
+
+    /// Records what the claimed tick `task` became.
+    pub async fn record_fire(&self, task: Uuid, outcome: FireOutcome) -> Result<(), StoreError> {
+        let (state, turn, code) = match outcome {
+            FireOutcome::Fired(turn) => ("fired", Some(turn.0), None),
+            FireOutcome::SkippedBusy => ("skipped_busy", None, None),
+            FireOutcome::Failed(code) => ("failed", None, Some(code.as_str())),
+        };
+        sqlx::query(
+            "UPDATE scheduled_tasks SET state = $2, turn_id = $3, error_code = $4 WHERE id = $1",
+        )
+        .bind(task)
+        .bind(state)
+        .bind(turn)
+        .bind(code)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The agent's cadence and its latest `limit` recorded fires, newest first; a tick
+    /// still starting (`running`) is not shown yet. `NotFound` for another team's agent.
+    pub async fn schedule(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        limit: i64,
+    ) -> Result<ScheduleView, StoreError> {
+        let head: (Option<String>, Option<String>, Option<DateTime<Utc>>) = sqlx::query_as(
+            "SELECT autostart_cron, autostart_timezone, autostart_next_fire_at \
+             FROM agents WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team.0)
+        .bind(agent.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let rows = sqlx::query(
+            "SELECT due_at, state, turn_id, chat_id, error_code FROM scheduled_tasks \
+             WHERE agent_id = $1 AND team_id = $2 AND kind = 'autostart' \
+               AND state IN ('fired', 'skipped_busy', 'failed') \
+             ORDER BY due_at DESC LIMIT $3",
+        )
+        .bind(agent.0)
+        .bind(team.0)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let fires = rows
+            .iter()
+            .map(|r| {
+                Ok(FireRow {
+                    scheduled_for: r.try_get("due_at")?,
+                    outcome: r.try_get("state")?,
+                    turn_id: r.try_get::<Option<Uuid>, _>("turn_id")?.map(TurnId),
+                    chat_id: r.try_get::<Option<Uuid>, _>("chat_id")?.map(ChatId),
+                    error_code: r.try_get("error_code")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(ScheduleView {
+            cron: head.0,
+            timezone: head.1,
+            next_fire_at: head.2,
+            fires,
+        })
+    }
+}
+
+/// Firings planned under a cadence that just changed.
+pub(super) async fn drop_pending_firings(
+    tx: &mut sqlx::PgConnection,
+    team: TeamId,
+    agent: AgentId,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM scheduled_tasks \
+         WHERE team_id = $1 AND agent_id = $2 AND kind = 'autostart' AND state = 'pending'",
+    )
+    .bind(team.0)
+    .bind(agent.0)
+    .execute(tx)
+    .await?;
+    Ok(())
 }

@@ -31,12 +31,12 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
-pub use agents::{AgentRow, NewAgent};
+pub use agents::{AgentRow, AgentUpdate, NewAgent};
 pub use approvals::{Answer, Answered, ApprovalRow, Close, NewApproval, requested_part};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
-pub use cron::Autostart;
+pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
@@ -242,6 +242,11 @@ fn migrator() -> Migrator {
             13,
             "usage: worker-seconds billing",
             include_str!("../../../migrations/0013_usage.sql"),
+        ),
+        (
+            14,
+            "autostart: next fire, time zone, autostart chat, fire outcomes",
+            include_str!("../../../migrations/0014_autostart.sql"),
         ),
         (
             15,

@@ -1,5 +1,6 @@
-//! `agent_create` / `agent_archive` / `agent_set_prompt`: a concierge agent manages its
-//! team's agents (SPEC B1). Offered only to agents created with `"concierge": true`.
+//! `agent_create` / `agent_archive` / `agent_set_prompt` / `agent_update`: a concierge
+//! agent manages its team's agents (SPEC B1). Offered only to agents created with
+//! `"concierge": true`. Each call is one write (T6), however many fields it changes.
 //!
 //! Every call is scoped to the turn's team: another team's agent id is answered exactly
 //! like an unknown one ("no such agent"). Fields are checked by the same code as
@@ -15,17 +16,19 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
-use crate::agents::{validate_new_agent, validate_system_prompt};
+use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
 use crate::provider::ToolSpec;
 use crate::store::StoreError;
 
 const NO_SUCH_AGENT: &str = "no such agent";
 
-pub fn tools() -> Vec<Arc<dyn Tool>> {
+/// The agent tools; `min_interval_secs` bounds the cadences `agent_update` sets.
+pub fn tools(min_interval_secs: u32) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(AgentCreate),
         Arc::new(AgentArchive),
         Arc::new(AgentSetPrompt),
+        Arc::new(AgentUpdate { min_interval_secs }),
     ]
 }
 
@@ -204,6 +207,101 @@ impl Tool for AgentSetPrompt {
                     _ => ToolOutput::error(NO_SUCH_AGENT),
                 },
                 Err(e) => store_failure(ctx, "agent_set_prompt", &e),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// Arguments of `agent_update`: the fields of `PATCH /v1/agents/{id}`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct UpdateArgs {
+    /// The id of the agent to change.
+    agent_id: String,
+    /// A new system prompt.
+    #[serde(default)]
+    system_prompt: Option<String>,
+    /// A new model, as provider/model.
+    #[serde(default)]
+    model: Option<String>,
+    /// New fallback models, tried in order (at most 5).
+    #[serde(default)]
+    fallback_models: Option<Vec<String>>,
+    /// New hands: none, light, browser, heavy or warm.
+    #[serde(default)]
+    runtime_profile: Option<String>,
+    /// A cron expression (5 fields, or 6 with seconds first) the agent starts by itself on; null turns it off.
+    #[serde(default, deserialize_with = "crate::agents::present")]
+    autostart_cron: Option<Option<String>>,
+    /// The message each autostart turn begins with.
+    #[serde(default)]
+    autostart_prompt: Option<String>,
+    /// The IANA time zone of the cron expression (e.g. "Europe/Paris"); null is UTC.
+    #[serde(default, deserialize_with = "crate::agents::present")]
+    autostart_timezone: Option<Option<String>>,
+}
+
+struct AgentUpdate {
+    min_interval_secs: u32,
+}
+
+impl Tool for AgentUpdate {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "agent_update".into(),
+            description: "Change any of an agent's system prompt, models, hands and autostart \
+                          schedule (fields left out stay as they are); takes effect from its \
+                          next turn."
+                .into(),
+            input_schema: schema_of::<UpdateArgs>(),
+        }
+    }
+
+    fn risk(&self) -> super::RiskClass {
+        super::RiskClass::Write
+    }
+
+    fn writes(&self) -> bool {
+        true
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
+        async move {
+            let args: UpdateArgs = match parse_args(arguments) {
+                Ok(args) => args,
+                Err(e) => return e,
+            };
+            let Ok(id) = args.agent_id.trim().parse::<AgentId>() else {
+                return ToolOutput::error(NO_SUCH_AGENT);
+            };
+            let current = match ctx.store.agent(ctx.team, id).await {
+                Ok(row) if row.archived => return ToolOutput::error(format!("agent {id} is archived")),
+                Ok(row) => row,
+                Err(e) => return store_failure(ctx, "agent_update", &e),
+            };
+            let change = AgentChange {
+                system_prompt: args.system_prompt,
+                model: args.model,
+                fallback_models: args.fallback_models,
+                runtime_profile: args.runtime_profile,
+                autostart_cron: args.autostart_cron,
+                autostart_prompt: args.autostart_prompt,
+                autostart_timezone: args.autostart_timezone,
+                // Approval policies are a person's (the API's) to set: an agent that could
+                // loosen them would approve itself.
+                approval_policy: None,
+            };
+            let update = match apply_change(&current, change, self.min_interval_secs) {
+                Ok(update) => update,
+                Err(problem) => return ToolOutput::error(problem),
+            };
+            match ctx.store.update_agent(ctx.team, id, &update).await {
+                Ok(_) => {
+                    tracing::info!(team = %ctx.team, agent = %id, by = %ctx.agent, "agent changed by tool");
+                    ToolOutput::ok(format!("agent {id} changed"))
+                }
+                Err(e) => store_failure(ctx, "agent_update", &e),
             }
         }
         .boxed()

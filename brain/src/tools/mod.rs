@@ -146,17 +146,21 @@ pub struct Toolset {
 
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
-    /// agent tools (create, archive, change prompt) for its team.
-    pub fn brain(concierge: bool) -> Self {
+    /// agent tools (create, archive, change prompt, update) for its team.
+    /// `min_interval_secs` bounds the cadences the cron and agent tools set.
+    pub fn brain(concierge: bool, min_interval_secs: u32) -> Self {
         let mut set = Self::default();
         for tool in memory::tools() {
             set.add(tool);
         }
-        for tool in secrets::tools().into_iter().chain(cron::tools()) {
+        for tool in secrets::tools()
+            .into_iter()
+            .chain(cron::tools(min_interval_secs))
+        {
             set.add(tool);
         }
         if concierge {
-            for tool in agents::tools() {
+            for tool in agents::tools(min_interval_secs) {
                 set.add(tool);
             }
         }

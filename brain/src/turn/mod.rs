@@ -16,6 +16,11 @@
 //! response body holds its drop guard, so a client that goes away cancels the turn; the
 //! task races every provider await against it and drops the provider stream, which aborts
 //! the HTTP request upstream.
+//!
+//! A turn with no client attached ([`launch`] `detached`: an autostart, T11, or an
+//! approval's continuation, A3) is the same turn, admitted the same way (hold and
+//! quotas); it has no drop guard and nobody reads its chunks (they reach the events
+//! stream), so it runs to completion and is cancelled only by the drain's timeout.
 
 mod context;
 mod history;
@@ -77,6 +82,8 @@ pub enum Trigger {
     User(TurnInput),
     /// Answers to a turn's approvals (A3); the last one resumes the loop.
     Approval(Vec<Answer>),
+    /// The agent's autostart cadence (T11): its prompt, with no client attached.
+    Autostart(TurnInput),
 }
 
 /// A started turn, or answers that resumed nothing yet.
@@ -144,7 +151,9 @@ pub async fn launch(
     let reservation = context::estimate_tokens(&agent.system_prompt)
         + context::estimate_tokens(&chat_row.summary)
         + match &trigger {
-            Trigger::User(input) => context::estimate_tokens(&input.content),
+            Trigger::User(input) | Trigger::Autostart(input) => {
+                context::estimate_tokens(&input.content)
+            }
             Trigger::Approval(_) => 0,
         }
         + state.config.context_tokens
@@ -159,8 +168,9 @@ pub async fn launch(
 
     // A3, A4, under the hold (so no continuation runs meanwhile): a new message denies
     // what waits; an answer is recorded at most once, and the last of its turn resumes it.
+    let autostart = matches!(trigger, Trigger::Autostart(_));
     let (content, client_message_id, resume, answered) = match trigger {
-        Trigger::User(input) => {
+        Trigger::User(input) | Trigger::Autostart(input) => {
             if has_pending_approvals {
                 state
                     .store
@@ -223,7 +233,7 @@ pub async fn launch(
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     let guard = (!detached).then(|| cancel.clone().drop_guard());
-    let mut toolset = Toolset::brain(agent.concierge);
+    let mut toolset = Toolset::brain(agent.concierge, state.config.autostart.min_interval_secs);
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
             &state.store,
@@ -274,10 +284,12 @@ pub async fn launch(
                 team,
                 agent: agent.id,
                 chat,
-                trigger: if resume.is_empty() {
-                    "user"
-                } else {
+                trigger: if !resume.is_empty() {
                     "approval"
+                } else if autostart {
+                    "autostart"
+                } else {
+                    "user"
                 },
                 composition: &composition_json,
                 user_parts: user_parts.as_ref(),
@@ -368,6 +380,11 @@ pub async fn launch(
     let Some(guard) = guard else {
         // Nobody reads a detached turn's stream: its chunks go to the events stream only.
         drop(rx);
+        // The scheduler records whether a fire's turn got going; an approval's answer is
+        // given back at once (its continuation's failure is the turn's own).
+        if autostart && let Ok(Err(err)) = started_rx.await {
+            return Err(err);
+        }
         return Ok(launched(None));
     };
     match started_rx.await {

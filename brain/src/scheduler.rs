@@ -1,0 +1,155 @@
+//! The autostart scheduler (SPEC T11): every replica runs it; each tick fires once.
+//!
+//! Every `BRAIN_AUTOSTART_POLL_MS` the replica reads the agents whose
+//! `autostart_next_fire_at` is due (one read of a partial index). For each it computes,
+//! from the cadence in its time zone, the latest tick at or before now (after downtime the
+//! ticks missed fire once, as that one) and the first tick after now, and claims the
+//! first while moving the agent to the second in one statement (`Store::claim_autostart`:
+//! a compare-and-set on the value the poll read, so of any number of replicas one claims
+//! it). The claim's turn then starts with no client attached (`turn::launch`, detached), in
+//! the agent's autostart chat, with the autostart prompt, admitted like any other turn:
+//! a busy agent is recorded `skipped_busy` and its running turn goes on, a quota refusal
+//! or any other failure is recorded `failed` with its code.
+//!
+//! The scheduler stops claiming when the replica starts draining; a claimed tick's turn
+//! is tracked like every other turn, so the drain waits for it.
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::lease::bounded;
+use crate::schedule::Cadence;
+use crate::store::{Claimed, DueAutostart, FireOutcome};
+use crate::turn::{self, Trigger, TurnInput};
+
+/// The bound on each of the scheduler's statements.
+const STORE_BOUND: Duration = Duration::from_secs(5);
+/// Due agents read per poll; more wait for the next poll.
+const BATCH: i64 = 64;
+/// Stored cadences were checked against the configured minimum when they were set; one
+/// set under a smaller minimum still runs.
+const ANY_INTERVAL: u32 = 1;
+
+/// Polls and fires until the replica drains.
+pub async fn run(state: AppState) {
+    schedule_unscheduled(&state).await;
+    let mut tick = tokio::time::interval(state.config.autostart.poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            // A draining replica starts no turn.
+            () = state.draining.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        poll(&state).await;
+    }
+}
+
+/// Gives a next tick to cadences set before the scheduler existed.
+async fn schedule_unscheduled(state: &AppState) {
+    let agents = match bounded(STORE_BOUND, state.store.unscheduled_autostarts()).await {
+        Ok(agents) => agents,
+        Err(class) => {
+            tracing::warn!(class, "could not read unscheduled autostarts");
+            return;
+        }
+    };
+    let now = Utc::now();
+    for due in agents {
+        let next = cadence(&due).and_then(|c| c.next_after(now));
+        if let Err(class) = bounded(STORE_BOUND, state.store.reschedule_autostart(&due, next)).await
+        {
+            tracing::warn!(agent = %due.agent, class, "could not schedule an autostart");
+        }
+    }
+}
+
+async fn poll(state: &AppState) {
+    let due = match bounded(STORE_BOUND, state.store.due_autostarts(BATCH)).await {
+        Ok(due) => due,
+        Err(class) => {
+            tracing::warn!(class, "could not read due autostarts");
+            return;
+        }
+    };
+    for due in due {
+        let Some(seen) = due.next_fire_at else {
+            continue;
+        };
+        let Some(cadence) = cadence(&due) else {
+            // Unreadable now (cannot happen to a cadence the API checked): switched off
+            // rather than read again at every poll.
+            let _ = bounded(STORE_BOUND, state.store.reschedule_autostart(&due, None)).await;
+            continue;
+        };
+        // Never before the stored tick, whatever this replica's clock says: each claim
+        // moves the agent strictly forward, so two claims never cover one tick.
+        let now = Utc::now().max(seen);
+        let scheduled_for = cadence.latest_until(now).unwrap_or(seen).max(seen);
+        let next = cadence.next_after(now);
+        let claimed = bounded(
+            STORE_BOUND,
+            state.store.claim_autostart(&due, scheduled_for, next),
+        )
+        .await;
+        match claimed {
+            Ok(Some(claimed)) => {
+                let fire = fire(state.clone(), due, claimed);
+                state.turn_tracker.spawn(fire);
+            }
+            // Another replica claimed it, or the cadence changed since the read.
+            Ok(None) => {}
+            Err(class) => tracing::warn!(agent = %due.agent, class, "could not claim an autostart"),
+        }
+    }
+}
+
+fn cadence(due: &DueAutostart) -> Option<Cadence> {
+    match Cadence::parse(&due.cron, due.timezone.as_deref(), ANY_INTERVAL) {
+        Ok(cadence) => Some(cadence),
+        Err(_) => {
+            tracing::warn!(agent = %due.agent, "stored autostart cadence no longer parses; switched off");
+            None
+        }
+    }
+}
+
+/// Starts the claimed tick's turn and records what it became.
+async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
+    let input = TurnInput {
+        content: due.prompt,
+        client_message_id: None,
+    };
+    let started = turn::launch(
+        &state,
+        due.team,
+        claimed.chat,
+        Trigger::Autostart(input),
+        true,
+    )
+    .await
+    .and_then(|launched| {
+        launched.turn.ok_or(ApiError::Internal(
+            "an autostart fire started no turn".into(),
+        ))
+    });
+    let outcome = match started {
+        Ok(turn) => FireOutcome::Fired(turn),
+        Err(ApiError::AgentBusy(_)) => FireOutcome::SkippedBusy,
+        Err(err) => FireOutcome::Failed(err.code()),
+    };
+    tracing::info!(
+        team = %due.team,
+        agent = %due.agent,
+        chat = %claimed.chat,
+        outcome = ?outcome,
+        "autostart tick"
+    );
+    if let Err(class) = bounded(STORE_BOUND, state.store.record_fire(claimed.task, outcome)).await {
+        tracing::warn!(agent = %due.agent, class, "could not record an autostart tick");
+    }
+}
