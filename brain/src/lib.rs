@@ -80,6 +80,8 @@ pub struct AppState {
     pub draining: CancellationToken,
     /// Running turns, so shutdown can wait for them.
     pub turn_tracker: TaskTracker,
+    /// The turns this replica runs, and stops of any replica's (SPEC T8).
+    pub stops: turn::stop::Stops,
 }
 
 impl AppState {
@@ -113,7 +115,7 @@ impl AppState {
             config: Arc::new(config),
             replica,
             store,
-            redis,
+            redis: redis.clone(),
             auth,
             providers,
             holds,
@@ -124,6 +126,7 @@ impl AppState {
             turns_cancel: CancellationToken::new(),
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
+            stops: turn::stop::Stops::new(replica, redis),
         })
     }
 }
@@ -183,6 +186,8 @@ pub async fn serve(
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
+    // Stops keep reaching this replica's turns while it drains.
+    tokio::spawn(state.stops.clone().listen(stopped.clone()));
     tokio::spawn(state.sessions.clone().serve_relay(
         state.artifacts.clone(),
         state.config.artifacts.max_bytes,

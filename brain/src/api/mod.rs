@@ -12,6 +12,7 @@ mod health;
 mod keys;
 pub mod openapi;
 mod quotas;
+mod turns;
 mod usage;
 
 use axum::Router;
@@ -54,7 +55,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
-        .routes(routes!(usage::get));
+        .routes(routes!(usage::get))
+        .routes(routes!(turns::stop_turn))
+        .routes(routes!(turns::stop_chat));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.

@@ -20,6 +20,7 @@
 mod context;
 mod history;
 mod run;
+pub mod stop;
 pub mod ui_stream;
 
 use std::sync::atomic::AtomicBool;
@@ -127,6 +128,9 @@ pub async fn start(
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     let guard = cancel.clone().drop_guard();
+    // Stoppable from here, before its row exists: a stop that reads the row finds it
+    // registered (T8).
+    let running = state.stops.register(turn_id, cancel.clone());
     let mut toolset = Toolset::brain(agent.concierge);
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
@@ -251,6 +255,7 @@ pub async fn start(
         connector_status,
         stall_timeout: state.config.client_stall_timeout,
         stalled: AtomicBool::new(false),
+        _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.

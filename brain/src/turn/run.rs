@@ -72,6 +72,8 @@ pub(super) struct TurnTask {
     pub stall_timeout: Duration,
     /// Set once a send gave the client up; from then on nothing waits for it.
     pub stalled: AtomicBool,
+    /// Keeps the turn stoppable from any replica until the task ends (T8).
+    pub _running: super::stop::Registration,
 }
 
 /// A stream that produced its first output, with what came before it.
@@ -163,7 +165,14 @@ impl TurnTask {
             }
             let opened = match self.open(&request, &mut calls_made, &mut usage_log).await {
                 OpenOutcome::Opened(opened) => opened,
-                OpenOutcome::Cancelled => break End::Interrupted,
+                OpenOutcome::Cancelled => {
+                    // Stopped while the model was still silent (T8): a client still
+                    // attached gets a stream that ends `interrupted`, not an error.
+                    if let Some(started) = started.take() {
+                        self.begin_stream(started, assistant_id).await;
+                    }
+                    break End::Interrupted;
+                }
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
@@ -189,25 +198,7 @@ impl TurnTask {
                 },
             };
             if let Some(started) = started.take() {
-                if started.send(Ok(())).is_err() {
-                    // The handler is gone: nobody will read this stream.
-                    self.cancel.cancel();
-                }
-                self.send(UiChunk::Start {
-                    message_id: assistant_id.to_string(),
-                })
-                .await;
-                self.send(UiChunk::DataTurn {
-                    data: TurnInfo { turn_id: self.turn },
-                    transient: true,
-                })
-                .await;
-                for status in &self.connector_status {
-                    self.send(UiChunk::DataConnectorStatus {
-                        data: status.clone(),
-                    })
-                    .await;
-                }
+                self.begin_stream(started, assistant_id).await;
             }
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
@@ -327,6 +318,33 @@ impl TurnTask {
         self.send(last).await;
         if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
+        }
+    }
+
+    /// Tells the handler to answer `200` with the stream, and opens it.
+    async fn begin_stream(
+        &self,
+        started: oneshot::Sender<Result<(), ApiError>>,
+        assistant_id: MessageId,
+    ) {
+        if started.send(Ok(())).is_err() {
+            // The handler is gone: nobody will read this stream.
+            self.cancel.cancel();
+        }
+        self.send(UiChunk::Start {
+            message_id: assistant_id.to_string(),
+        })
+        .await;
+        self.send(UiChunk::DataTurn {
+            data: TurnInfo { turn_id: self.turn },
+            transient: true,
+        })
+        .await;
+        for status in &self.connector_status {
+            self.send(UiChunk::DataConnectorStatus {
+                data: status.clone(),
+            })
+            .await;
         }
     }
 
