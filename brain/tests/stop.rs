@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
+use test_support::proxy::{Fault, FaultProxy};
 
 fn long_answer() -> Reply {
     Reply::Text {
@@ -295,4 +296,55 @@ async fn without_redis_a_stop_for_another_replica_is_refused_not_pretended() {
     assert_eq!(status, 202);
     let (chunks, _) = read_rest(body, seen).await;
     assert_eq!(finish_reason(&chunks), Some(FinishReason::Interrupted));
+}
+
+/// A stop published while the owner was not subscribed (its Redis connection cut) is not
+/// lost: the owner finds the stop's key when it subscribes again, and stops the turn.
+#[tokio::test]
+async fn a_stop_published_while_the_owner_was_not_listening_is_found_on_resubscribing() {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let upstream = redis
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let proxy = FaultProxy::start(&upstream).await;
+    // The turn runs on `app`, whose Redis goes through the proxy; the stop comes through
+    // `other`, whose Redis is direct.
+    let app = TestApp::start_with(|c| c.redis_url = format!("redis://{}", proxy.addr())).await;
+    let (other, _) = app
+        .second_replica_with(|c| c.redis_url = redis.clone())
+        .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(Reply::Text {
+        deltas: (0..400).map(|i| format!("w{i} ")).collect(),
+        delay: Duration::from_millis(20),
+    });
+    let response = app.send(&chat, &json!({"content": "long"})).await;
+    let mut body = response.bytes_stream();
+    let (turn, seen) = read_until(&mut body, "w1 ").await;
+
+    proxy.set(Fault::Cut);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, answer) = post(&app, &other, &app.key, &format!("/v1/turns/{turn}/stop")).await;
+    assert_eq!(status, 202, "{answer}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        app.turns().await[0].0,
+        "running",
+        "no subscription heard the stop"
+    );
+
+    proxy.set(Fault::None);
+    let restored = Instant::now();
+    let (chunks, done) = tokio::time::timeout(Duration::from_secs(5), read_rest(body, seen))
+        .await
+        .expect("the turn was stopped once its replica subscribed again");
+    println!("Redis back to the turn stopped: {:?}", restored.elapsed());
+    assert!(done);
+    assert_eq!(finish_reason(&chunks), Some(FinishReason::Interrupted));
+    assert!(
+        !streamed_text(&chunks).contains("w399 "),
+        "the answer was cut"
+    );
+    assert_eq!(app.settled().await, vec![("interrupted".to_owned(), None)]);
 }
