@@ -185,11 +185,14 @@ impl Stops {
     /// `shutdown`.
     pub async fn listen(self, shutdown: CancellationToken) {
         loop {
-            self.listen_once(&shutdown).await;
+            let was_live = self.listen_once(&shutdown).await;
             if shutdown.is_cancelled() {
                 return;
             }
-            tracing::warn!("turn stop subscription lost; subscribing again");
+            // Once per loss, not once per failed attempt while Redis stays down.
+            if was_live {
+                tracing::warn!("turn stop subscription lost; subscribing again");
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
@@ -197,28 +200,28 @@ impl Stops {
         }
     }
 
-    /// Serves one subscription until it is lost (or cannot be made).
-    async fn listen_once(&self, shutdown: &CancellationToken) {
+    /// Serves one subscription until it is lost (`true`) or cannot be made (`false`).
+    async fn listen_once(&self, shutdown: &CancellationToken) -> bool {
         let Some(mut pubsub) = bounded(self.redis.get_async_pubsub()).await else {
-            return;
+            return false;
         };
         if bounded(pubsub.subscribe(stop_channel(self.replica)))
             .await
             .is_none()
         {
-            return;
+            return false;
         }
         // Subscribed: what was published before is in the keys.
         if !self.sweep().await {
-            return;
+            return false;
         }
         let (mut sink, mut messages) = pubsub.split();
         let mut ping = tokio::time::interval(PING_EVERY);
         loop {
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => return true,
                 message = messages.next() => {
-                    let Some(message) = message else { return };
+                    let Some(message) = message else { return true };
                     let turn = message.get_payload::<String>().ok().and_then(|id| id.parse().ok());
                     if let Some(turn) = turn
                         && self.running.cancel(turn)
@@ -228,7 +231,7 @@ impl Stops {
                 }
                 _ = ping.tick() => {
                     if bounded(sink.ping::<redis::Value>()).await.is_none() {
-                        return;
+                        return true;
                     }
                 }
             }
