@@ -15,7 +15,8 @@
 //! Cancellation: each turn has a `CancellationToken`, a child of the process's. The
 //! response body holds its drop guard, so a client that goes away cancels the turn; the
 //! task races every provider await against it and drops the provider stream, which aborts
-//! the HTTP request upstream.
+//! the HTTP request upstream. A stop from any client on any replica cancels the same token
+//! (`stop.rs`), so it does exactly what a hang-up does.
 
 mod context;
 mod history;
