@@ -13,6 +13,7 @@ use crate::auth::AuthError;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
 use crate::store::StoreError;
+use crate::turn::stop::StopError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -59,6 +60,12 @@ pub enum ApiError {
     /// A team quota refuses the request before anything is spent (T2, E2).
     #[error("{}", .0.message())]
     Quota(Refusal),
+    /// The turn runs on another replica and Redis did not take the stop there (T8).
+    #[error(
+        "the turn runs on another replica and the stop could not be handed to it \
+         (Redis unavailable); nothing was stopped, retry"
+    )]
+    StopUndeliverable,
 }
 
 impl From<StoreError> for ApiError {
@@ -66,6 +73,14 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::NotFound => Self::NotFound("resource"),
             other => Self::Store(other),
+        }
+    }
+}
+
+impl From<StopError> for ApiError {
+    fn from(err: StopError) -> Self {
+        match err {
+            StopError::Undeliverable => Self::StopUndeliverable,
         }
     }
 }
@@ -117,7 +132,7 @@ impl ApiError {
             Self::Conflict(_) => ErrorCode::Conflict,
             Self::AgentBusy(_) => ErrorCode::AgentBusy,
             Self::Provider(e) => e.code(),
-            Self::Store(_) => ErrorCode::StoreUnavailable,
+            Self::Store(_) | Self::StopUndeliverable => ErrorCode::StoreUnavailable,
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
@@ -187,6 +202,7 @@ impl IntoResponse for ApiError {
                 }
                 Self::Internal(detail) => tracing::error!(detail, "internal error"),
                 Self::Provider(e) => tracing::warn!(class = e.metric_label(), "provider failure"),
+                Self::StopUndeliverable => tracing::warn!("stop undeliverable: Redis unavailable"),
                 _ => {}
             }
         }

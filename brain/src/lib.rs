@@ -90,6 +90,8 @@ pub struct AppState {
     pub draining: CancellationToken,
     /// Running turns, so shutdown can wait for them.
     pub turn_tracker: TaskTracker,
+    /// The turns this replica runs, and stops of any replica's (SPEC T8).
+    pub stops: turn::stop::Stops,
 }
 
 impl AppState {
@@ -124,7 +126,7 @@ impl AppState {
             config: Arc::new(config),
             replica,
             store,
-            redis,
+            redis: redis.clone(),
             auth,
             providers,
             holds,
@@ -136,6 +138,7 @@ impl AppState {
             turns_cancel: CancellationToken::new(),
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
+            stops: turn::stop::Stops::new(replica, redis),
         })
     }
 }
@@ -199,6 +202,8 @@ pub async fn serve(
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
     // Stopped after the drain, so the chunks of the last turns are still published.
     tokio::spawn(state.events.clone().run_publisher(stopped.clone()));
+    // Stops keep reaching this replica's turns while it drains.
+    tokio::spawn(state.stops.clone().listen(stopped.clone()));
     tokio::spawn(state.sessions.clone().serve_relay(
         state.artifacts.clone(),
         state.config.artifacts.max_bytes,

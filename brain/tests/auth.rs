@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::TestApp;
+use protocol::ui::UiChunk;
 use reqwest::{Method, StatusCode};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
@@ -939,6 +940,23 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
         1,
         "bob's turns never reached a model"
     );
+    // Nor may Bob stop Alice's turn (T8): 404, while Alice may (a no-op once it ended).
+    let alices_turn = chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::DataTurn { data, .. } => Some(data.turn_id.to_string()),
+            _ => None,
+        })
+        .unwrap();
+    for path in [
+        format!("/v1/turns/{alices_turn}/stop"),
+        format!("/v1/chats/{alices}/stop"),
+    ] {
+        let (status, body) = call(&app, &app.url, &bob, Method::POST, &path, None).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let (status, body) = call(&app, &app.url, &alice, Method::POST, &path, None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+    }
 
     // Alice, the admin claim and an API key read her transcript.
     for who in [&alice, &boss, &app.key] {

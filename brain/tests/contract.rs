@@ -148,7 +148,16 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     .await
     .unwrap();
     assert_eq!(turn.status(), 200);
-    turn.bytes().await.unwrap();
+    let streamed = String::from_utf8(turn.bytes().await.unwrap().to_vec()).unwrap();
+    // The stream's `data-turn` part names the turn.
+    let (chunks, _) = common::parse_events(&streamed);
+    let turn = chunks
+        .iter()
+        .find_map(|c| match c {
+            protocol::ui::UiChunk::DataTurn { data, .. } => Some(data.turn_id.to_string()),
+            _ => None,
+        })
+        .unwrap();
     let connector = created(
         post(
             "/v1/connectors",
@@ -210,6 +219,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("artifact_id", artifact.id.to_string()),
         ("connector_id", connector),
         ("key_id", key_id),
+        ("turn_id", turn),
     ])
 }
 

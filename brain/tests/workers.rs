@@ -527,6 +527,98 @@ async fn closing_the_stream_kills_the_running_command_and_the_session_survives()
     );
 }
 
+/// T8: a stop from another replica, with the client still attached, kills the running
+/// command exactly as a hang-up does; the client reads `finish` (interrupted), the call
+/// keeps its synthetic result, and the session serves the next turn.
+#[tokio::test]
+async fn a_stop_from_another_replica_kills_the_running_command() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let other = app.second_replica().await;
+    let (agent, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+
+    app.provider
+        .push(shell("long", "echo pid=$$; exec sleep 30"));
+    let response = app.send(&chat, &json!({"content": "sleep"})).await;
+    let mut body = response.bytes_stream();
+    let pid = pid_from_live_output(&mut body).await;
+    assert!(alive(pid));
+    let stopped = Instant::now();
+    let answer = app
+        .auth(app.http.post(format!("{other}/v1/chats/{chat}/stop")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202);
+    while alive(pid) {
+        assert!(
+            stopped.elapsed() < Duration::from_millis(500),
+            "pid {pid} still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "stop from another replica to command gone: {:?}",
+        stopped.elapsed()
+    );
+    let mut rest = String::new();
+    while let Some(piece) = body.next().await {
+        rest.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    // The stream was read from an event boundary on: the rest starts at one too.
+    let events = rest
+        .get(rest.find("data: ").unwrap_or(0)..)
+        .unwrap_or_default();
+    let (chunks, done) = parse_events(events);
+    // The stream ends with the turn: no clone of its sender (a progress route of the
+    // dropped call) holds it open after `finish`.
+    let ended = stopped.elapsed();
+    println!("stop from another replica to the end of the stream: {ended:?}");
+    assert!(
+        ended < Duration::from_secs(1),
+        "the stream ended after {ended:?}"
+    );
+    assert!(done);
+    assert!(
+        matches!(
+            chunks.last(),
+            Some(UiChunk::Finish {
+                finish_reason: protocol::ui::FinishReason::Interrupted
+            })
+        ),
+        "{chunks:?}"
+    );
+    assert_eq!(app.settled().await.last().unwrap().0, "interrupted");
+    let messages = app.messages(&chat).await;
+    let answer = messages.last().unwrap();
+    assert_eq!(answer["status"], "interrupted");
+    let part = answer["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["toolCallId"] == "long")
+        .expect("the cut-off call is in the history");
+    assert!(
+        part.to_string().contains("cancelled: the turn was stopped"),
+        "{part}"
+    );
+
+    app.provider.push(shell("after", "echo still here"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "again"})).await).await;
+    assert!(output_of(&chunks, "after").contains("still here"));
+    assert_eq!(
+        sessions(&app, &agent).await.len(),
+        1,
+        "the same session served it"
+    );
+    assert!(
+        app.provider.violations().is_empty(),
+        "{:?}",
+        app.provider.violations()
+    );
+}
+
 #[tokio::test]
 async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
     let (app, _manager) = system(60_000, |c| {

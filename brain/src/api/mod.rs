@@ -14,6 +14,7 @@ mod health;
 mod keys;
 pub mod openapi;
 mod quotas;
+mod turns;
 mod usage;
 
 use axum::Router;
@@ -60,7 +61,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(quotas::get, quotas::put))
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))
-        .routes(routes!(approvals::answer));
+        .routes(routes!(approvals::answer))
+        .routes(routes!(turns::stop_turn))
+        .routes(routes!(turns::stop_chat));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.

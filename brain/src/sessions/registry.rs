@@ -33,15 +33,36 @@ pub struct WorkerClient {
 }
 
 impl WorkerClient {
-    pub fn route(&self, token: ProgressToken, call_id: String, ui: mpsc::Sender<UiChunk>) {
+    /// Routes the progress of `token` to `ui` until the answer is dropped. A guard, so a
+    /// call future dropped mid-call (its turn cancelled) does not leave a clone of the
+    /// turn's sender behind: that would hold the client's stream open, after `finish`,
+    /// until the channel ends.
+    pub fn route(
+        &self,
+        token: ProgressToken,
+        call_id: String,
+        ui: mpsc::Sender<UiChunk>,
+    ) -> Routed {
         if let Ok(mut routes) = self.routes.lock() {
-            routes.insert(token, Route { call_id, ui });
+            routes.insert(token.clone(), Route { call_id, ui });
+        }
+        Routed {
+            client: self.clone(),
+            token,
         }
     }
+}
 
-    pub fn unroute(&self, token: &ProgressToken) {
-        if let Ok(mut routes) = self.routes.lock() {
-            routes.remove(token);
+/// A call's progress route; dropping it removes the route.
+pub struct Routed {
+    client: WorkerClient,
+    token: ProgressToken,
+}
+
+impl Drop for Routed {
+    fn drop(&mut self) {
+        if let Ok(mut routes) = self.client.routes.lock() {
+            routes.remove(&self.token);
         }
     }
 }

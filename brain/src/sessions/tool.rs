@@ -204,12 +204,13 @@ pub(super) async fn call_worker(
         .map_err(|_| {
             "the worker's connection dropped before the call started; try again".to_owned()
         })?;
-    let token = handle.progress_token.clone();
-    if let Some(ui) = ui {
-        worker
-            .client()
-            .route(token.clone(), call_id.to_owned(), ui.clone());
-    }
+    let routed = ui.map(|ui| {
+        worker.client().route(
+            handle.progress_token.clone(),
+            call_id.to_owned(),
+            ui.clone(),
+        )
+    });
     let mut guard = CancelOnDrop {
         peer: Some(peer),
         request_id: handle.id.clone(),
@@ -219,11 +220,10 @@ pub(super) async fn call_worker(
         answer = handle.await_response() => Some(answer),
         _ = worker.control.ended() => {
             guard.peer = None;
-            worker.client().unroute(&token);
             return Err(DROPPED_DURING_CALL.into());
         }
     };
-    worker.client().unroute(&token);
+    drop(routed);
     // On cancel the guard tells the worker; the turn stores the synthetic result.
     let answer = answer.ok_or_else(|| "cancelled".to_owned())?;
     guard.peer = None;

@@ -43,7 +43,8 @@ pub use secrets::{SecretInfo, SecretsError, SecretsKey};
 pub use sessions::SessionRow;
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
-    AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnStatus, storable_text,
+    AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
+    storable_text,
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 

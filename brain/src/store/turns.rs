@@ -74,6 +74,26 @@ pub struct TurnRecord {
     pub assistant: Option<MessageRow>,
 }
 
+/// Where a turn runs and how far it got, as a stop finds it (T8).
+#[derive(Clone, Copy, Debug)]
+pub struct TurnState {
+    pub id: TurnId,
+    pub chat: ChatId,
+    pub status: TurnStatus,
+    /// The brain replica running it; `None` for turns written before leases existed.
+    pub replica: Option<ReplicaId>,
+}
+
+fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreError> {
+    let replica: Option<Uuid> = row.try_get("replica_id")?;
+    Ok(TurnState {
+        id: TurnId(row.try_get("id")?),
+        chat: ChatId(row.try_get("chat_id")?),
+        status: TurnStatus::parse(row.try_get("status")?)?,
+        replica: replica.map(ReplicaId),
+    })
+}
+
 /// One model call's usage, billed once (E1).
 #[derive(Clone, Debug)]
 pub struct ModelCallUsage {
@@ -196,6 +216,46 @@ impl Store {
         rows.iter()
             .map(|r| message_from_row(r).map_err(StoreError::from))
             .collect()
+    }
+
+    /// A turn of `team` by id; `NotFound` for an unknown one or another team's.
+    pub async fn turn_state(&self, team: TeamId, turn: TurnId) -> Result<TurnState, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, chat_id, status, replica_id FROM turns WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team.0)
+        .bind(turn.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        turn_state_from_row(&row)
+    }
+
+    /// The newest running turn of a chat of `team`, `None` when none runs; `NotFound` for
+    /// an unknown chat or another team's. One query: the chat and its running turn.
+    pub async fn running_turn_of_chat(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<Option<TurnState>, StoreError> {
+        let row = sqlx::query(
+            "SELECT c.id AS chat_id, t.id, t.status, t.replica_id FROM chats c \
+             LEFT JOIN LATERAL ( \
+               SELECT id, status, replica_id FROM turns \
+               WHERE team_id = c.team_id AND chat_id = c.id AND status = 'running' \
+               ORDER BY started_at DESC LIMIT 1) t ON true \
+             WHERE c.team_id = $1 AND c.id = $2",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let turn: Option<Uuid> = row.try_get("id")?;
+        match turn {
+            Some(_) => turn_state_from_row(&row).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The turn a client message id started, with its assistant message if any.

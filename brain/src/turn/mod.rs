@@ -15,16 +15,19 @@
 //! Cancellation: each turn has a `CancellationToken`, a child of the process's. The
 //! response body holds its drop guard, so a client that goes away cancels the turn; the
 //! task races every provider await against it and drops the provider stream, which aborts
-//! the HTTP request upstream.
+//! the HTTP request upstream. A stop from any client on any replica cancels the same token
+//! (`stop.rs`), so it does exactly what a hang-up does.
 //!
 //! A turn with no client attached ([`launch`] `detached`: an autostart, T11, or an
 //! approval's continuation, A3) is the same turn, admitted the same way (hold and
 //! quotas); it has no drop guard and nobody reads its chunks (they reach the events
-//! stream), so it runs to completion and is cancelled only by the drain's timeout.
+//! stream), so it runs to completion and is cancelled only by a stop or the drain's
+//! timeout.
 
 mod context;
 mod history;
 mod run;
+pub mod stop;
 pub mod ui_stream;
 
 use std::sync::atomic::AtomicBool;
@@ -233,6 +236,9 @@ pub async fn launch(
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     let guard = (!detached).then(|| cancel.clone().drop_guard());
+    // Stoppable from here, before its row exists: a stop that reads the row finds it
+    // registered (T8).
+    let running = state.stops.register(turn_id, cancel.clone());
     let mut toolset = Toolset::brain(agent.concierge, state.config.autostart.min_interval_secs);
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
@@ -368,6 +374,7 @@ pub async fn launch(
         approval_ttl: state.config.approval_ttl,
         resume,
         detached,
+        _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.

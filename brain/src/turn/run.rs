@@ -86,6 +86,8 @@ pub(super) struct TurnTask {
     /// No client reads the stream (an approval answered by `POST /v1/approvals`): a
     /// dropped receiver is not a cancel.
     pub detached: bool,
+    /// Keeps the turn stoppable from any replica until the task ends (T8).
+    pub _running: super::stop::Registration,
 }
 
 /// The outcome of one answer's tool calls.
@@ -170,13 +172,9 @@ impl TurnTask {
         if !self.resume.is_empty() {
             // A continuation has its status decided already (its answer was accepted):
             // the stream opens at once, with the answered calls' outcomes first.
-            if let Some(started) = started.take()
-                && started.send(Ok(())).is_err()
-                && !self.detached
-            {
-                self.cancel.cancel();
+            if let Some(started) = started.take() {
+                self.begin_stream(started, assistant_id).await;
             }
-            self.open_stream(assistant_id).await;
             self.run_answered(&mut conversation, &mut writes_used).await;
         }
 
@@ -199,7 +197,14 @@ impl TurnTask {
             }
             let opened = match self.open(&request, &mut calls_made, &mut usage_log).await {
                 OpenOutcome::Opened(opened) => opened,
-                OpenOutcome::Cancelled => break End::Interrupted,
+                OpenOutcome::Cancelled => {
+                    // Stopped while the model was still silent (T8): a client still
+                    // attached gets a stream that ends `interrupted`, not an error.
+                    if let Some(started) = started.take() {
+                        self.begin_stream(started, assistant_id).await;
+                    }
+                    break End::Interrupted;
+                }
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
@@ -226,11 +231,7 @@ impl TurnTask {
                 },
             };
             if let Some(started) = started.take() {
-                if started.send(Ok(())).is_err() && !self.detached {
-                    // The handler is gone: nobody will read this stream.
-                    self.cancel.cancel();
-                }
-                self.open_stream(assistant_id).await;
+                self.begin_stream(started, assistant_id).await;
             }
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
@@ -395,6 +396,33 @@ impl TurnTask {
         self.send(last).await;
         if stored && self.fold.needed(answer_tokens) {
             tokio::spawn(self.fold.run());
+        }
+    }
+
+    /// Tells the handler to answer `200` with the stream, and opens it.
+    async fn begin_stream(
+        &self,
+        started: oneshot::Sender<Result<(), ApiError>>,
+        assistant_id: MessageId,
+    ) {
+        if started.send(Ok(())).is_err() && !self.detached {
+            // The handler is gone: nobody will read this stream.
+            self.cancel.cancel();
+        }
+        self.send(UiChunk::Start {
+            message_id: assistant_id.to_string(),
+        })
+        .await;
+        self.send(UiChunk::DataTurn {
+            data: TurnInfo { turn_id: self.turn },
+            transient: true,
+        })
+        .await;
+        for status in &self.connector_status {
+            self.send(UiChunk::DataConnectorStatus {
+                data: status.clone(),
+            })
+            .await;
         }
     }
 
@@ -866,24 +894,6 @@ impl TurnTask {
     }
 
     /// Opens the client's stream: the message id, the turn, and the connectors' status.
-    async fn open_stream(&self, assistant_id: MessageId) {
-        self.send(UiChunk::Start {
-            message_id: assistant_id.to_string(),
-        })
-        .await;
-        self.send(UiChunk::DataTurn {
-            data: TurnInfo { turn_id: self.turn },
-            transient: true,
-        })
-        .await;
-        for status in &self.connector_status {
-            self.send(UiChunk::DataConnectorStatus {
-                data: status.clone(),
-            })
-            .await;
-        }
-    }
-
     /// A3: a continuation's answered calls. The denied ones were written as denials
     /// when they were answered, and only their outcome is shown; the approved ones run
     /// now (in call order, writes counted against the turn's budget), their results go

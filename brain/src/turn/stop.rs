@@ -1,0 +1,360 @@
+//! Stopping a running turn from any client on any replica (SPEC T8).
+//!
+//! A stop is a hang-up: it cancels the turn's own `CancellationToken`, so the provider
+//! request is aborted, a running worker command is killed, the text already streamed is
+//! kept as `interrupted` and every cut-off tool call gets its synthetic result, all by the
+//! code a client that goes away already runs. The client that started the turn, if still
+//! attached, reads `finish` (`interrupted`) and `[DONE]`.
+//!
+//! - Each replica keeps [`Running`]: the turns it runs, by id, with their tokens;
+//!   `turn::start` registers a turn before it writes its row and the entry goes when the
+//!   turn task ends (its [`Registration`] is dropped), after the end state is written.
+//! - The replica that receives a stop reads the turn's row, which names the replica
+//!   running it (`turns.replica_id`). Its own turn it cancels at once. Another replica's
+//!   it hands over Redis: it sets `turn-stop:turn:{turn}` (for [`STOP_TTL`]) and publishes
+//!   the turn id on `turn-stop:replica:{replica}`, in one transaction. Each replica listens on its own
+//!   channel ([`Stops::listen`]) and cancels the turn on the message, within
+//!   milliseconds. Whenever the subscription is (re)made, the listener then reads the keys
+//!   of every turn it runs: a stop published while it was not subscribed (a Redis blip,
+//!   a subscription that died silently, found by a ping every second) is found there.
+//! - Redis unreachable (or slower than [`REDIS_BOUND`]) while the turn runs elsewhere is
+//!   [`StopError::Undeliverable`]: the stop is refused, never reported as done.
+//!
+//! The stop is answered as soon as it is delivered (the cancel issued, or the message
+//! handed to Redis), without waiting for the turn's end state: the stream (`finish`) and
+//! the turn's row say when it ended.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use protocol::{ReplicaId, TeamId, TurnId};
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::AppState;
+use crate::error::ApiError;
+use crate::store::{Store, StoreError, TurnState, TurnStatus};
+
+/// Bound on each Redis call of a stop, connecting included.
+const REDIS_BOUND: Duration = Duration::from_millis(500);
+/// Bound on each store call of a stop.
+const STORE_BOUND: Duration = Duration::from_secs(5);
+/// How long a stop waits in Redis for an owner that is not subscribed (re-subscribing
+/// after a blip): far longer than a re-subscription takes.
+const STOP_TTL: Duration = Duration::from_secs(300);
+/// Pause before the listener subscribes again after losing its subscription.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(250);
+/// How often the listener checks that its subscription is alive.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
+fn stop_key(turn: TurnId) -> String {
+    format!("turn-stop:turn:{turn}")
+}
+
+fn stop_channel(replica: ReplicaId) -> String {
+    format!("turn-stop:replica:{replica}")
+}
+
+/// The turns this replica runs, with their cancellation tokens.
+#[derive(Clone, Default)]
+struct Running {
+    turns: Arc<Mutex<HashMap<TurnId, CancellationToken>>>,
+}
+
+impl Running {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TurnId, CancellationToken>> {
+        // The map is consistent after any panic (single inserts and removes).
+        self.turns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cancel(&self, turn: TurnId) -> bool {
+        match self.lock().get(&turn) {
+            Some(token) => {
+                token.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn ids(&self) -> Vec<TurnId> {
+        self.lock().keys().copied().collect()
+    }
+}
+
+/// A turn's place in [`Running`]; dropping it (when the turn task ends) removes the turn.
+pub struct Registration {
+    running: Running,
+    turn: TurnId,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.running.lock().remove(&self.turn);
+    }
+}
+
+/// Why a stop was not delivered.
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    /// The turn runs on another replica and Redis, which carries the stop there, did not
+    /// take it.
+    #[error("the stop could not be handed to the replica running the turn")]
+    Undeliverable,
+}
+
+/// Stops of this replica's turns and of other replicas'.
+#[derive(Clone)]
+pub struct Stops {
+    replica: ReplicaId,
+    redis: redis::Client,
+    running: Running,
+}
+
+/// How a stop was delivered.
+enum Delivered {
+    /// This replica runs the turn: its token is cancelled.
+    Here,
+    /// Handed to the turn's replica through Redis.
+    Sent,
+    /// The row names this replica, but its task is gone: the turn has just ended.
+    Ended,
+}
+
+impl Stops {
+    pub fn new(replica: ReplicaId, redis: redis::Client) -> Self {
+        Self {
+            replica,
+            redis,
+            running: Running::default(),
+        }
+    }
+
+    /// Makes `turn` stoppable through `cancel` until the registration is dropped.
+    pub fn register(&self, turn: TurnId, cancel: CancellationToken) -> Registration {
+        self.running.lock().insert(turn, cancel);
+        Registration {
+            running: self.running.clone(),
+            turn,
+        }
+    }
+
+    async fn deliver(
+        &self,
+        turn: TurnId,
+        owner: Option<ReplicaId>,
+    ) -> Result<Delivered, StopError> {
+        if self.running.cancel(turn) {
+            return Ok(Delivered::Here);
+        }
+        // Turns written before leases name no replica: nothing can reach them.
+        let owner = owner.ok_or(StopError::Undeliverable)?;
+        if owner == self.replica {
+            return Ok(Delivered::Ended);
+        }
+        let mut conn = bounded(self.redis.get_multiplexed_async_connection())
+            .await
+            .ok_or(StopError::Undeliverable)?;
+        let ttl = u64::try_from(STOP_TTL.as_millis()).unwrap_or(u64::MAX);
+        // The key first: an owner that subscribes after the publish still finds it.
+        let sent: Option<((), i64)> = bounded(
+            redis::pipe()
+                .atomic()
+                .pset_ex(stop_key(turn), 1, ttl)
+                .publish(stop_channel(owner), turn.to_string())
+                .query_async(&mut conn),
+        )
+        .await;
+        match sent {
+            Some((_, listeners)) => {
+                // No listener: the owner is re-subscribing (it finds the key) or dead (its
+                // lease lapses and a survivor ends the turn `interrupted`).
+                tracing::info!(turn = %turn, owner = %owner, listeners, "stop handed to the turn's replica");
+                Ok(Delivered::Sent)
+            }
+            None => {
+                tracing::warn!(turn = %turn, owner = %owner, "stop not delivered: Redis unreachable");
+                Err(StopError::Undeliverable)
+            }
+        }
+    }
+
+    /// Cancels this replica's turns that other replicas were asked to stop, until
+    /// `shutdown`.
+    pub async fn listen(self, shutdown: CancellationToken) {
+        loop {
+            let was_live = self.listen_once(&shutdown).await;
+            if shutdown.is_cancelled() {
+                return;
+            }
+            // Once per loss, not once per failed attempt while Redis stays down.
+            if was_live {
+                tracing::warn!("turn stop subscription lost; subscribing again");
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(RESUBSCRIBE_AFTER) => {}
+            }
+        }
+    }
+
+    /// Serves one subscription until it is lost (`true`) or cannot be made (`false`).
+    async fn listen_once(&self, shutdown: &CancellationToken) -> bool {
+        let Some(mut pubsub) = bounded(self.redis.get_async_pubsub()).await else {
+            return false;
+        };
+        if bounded(pubsub.subscribe(stop_channel(self.replica)))
+            .await
+            .is_none()
+        {
+            return false;
+        }
+        // Subscribed: what was published before is in the keys.
+        if !self.sweep().await {
+            return false;
+        }
+        let (mut sink, mut messages) = pubsub.split();
+        let mut ping = tokio::time::interval(PING_EVERY);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return true,
+                message = messages.next() => {
+                    let Some(message) = message else { return true };
+                    let turn = message.get_payload::<String>().ok().and_then(|id| id.parse().ok());
+                    if let Some(turn) = turn
+                        && self.running.cancel(turn)
+                    {
+                        tracing::info!(turn = %turn, "turn stopped from another replica");
+                    }
+                }
+                _ = ping.tick() => {
+                    if bounded(sink.ping::<redis::Value>()).await.is_none() {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels the turns of this replica whose stop key is set; `false` if Redis did not
+    /// answer (then the subscription is made again, and the sweep with it).
+    async fn sweep(&self) -> bool {
+        let turns = self.running.ids();
+        if turns.is_empty() {
+            return true;
+        }
+        let Some(mut conn) = bounded(self.redis.get_multiplexed_async_connection()).await else {
+            return false;
+        };
+        let keys: Vec<String> = turns.iter().map(|t| stop_key(*t)).collect();
+        let Some(found) = bounded(conn.mget::<_, Vec<Option<i64>>>(keys)).await else {
+            return false;
+        };
+        for (turn, found) in turns.into_iter().zip(found) {
+            if found.is_some() && self.running.cancel(turn) {
+                tracing::info!(turn = %turn, "turn stopped from another replica (found on subscribing)");
+            }
+        }
+        true
+    }
+}
+
+/// What a stop answers: the turn (none when a chat had no running turn) and where it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"turn_id": "0190f5c2-7d1e-7a3b-9c4d-5e6f70819203", "status": "stopping"}))]
+pub struct StopAnswer {
+    pub turn_id: Option<TurnId>,
+    pub status: StopStatus,
+}
+
+/// `stopping`: the turn was running and its cancel is delivered (`202`). A terminal
+/// status: the turn had already ended, nothing was done (`200`). `idle`: the chat had no
+/// running turn (`200`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StopStatus {
+    Stopping,
+    Completed,
+    Interrupted,
+    Failed,
+    Idle,
+}
+
+impl StopAnswer {
+    fn ended(turn: &TurnState) -> Self {
+        let status = match turn.status {
+            TurnStatus::Running => StopStatus::Stopping,
+            TurnStatus::Completed => StopStatus::Completed,
+            TurnStatus::Interrupted => StopStatus::Interrupted,
+            TurnStatus::Failed => StopStatus::Failed,
+        };
+        Self {
+            turn_id: Some(turn.id),
+            status,
+        }
+    }
+
+    /// A chat with no running turn.
+    pub fn idle() -> Self {
+        Self {
+            turn_id: None,
+            status: StopStatus::Idle,
+        }
+    }
+
+    /// Whether a cancel went out (`202`) rather than finding nothing to stop (`200`).
+    pub fn stopping(&self) -> bool {
+        self.status == StopStatus::Stopping
+    }
+}
+
+/// A turn of `team`; `NotFound` for an unknown one or another team's.
+pub async fn find(store: &Store, team: TeamId, turn: TurnId) -> Result<TurnState, ApiError> {
+    match bounded_store(store.turn_state(team, turn)).await {
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("turn")),
+        other => Ok(other?),
+    }
+}
+
+/// The running turn of a chat of `team`, if any; `NotFound` for an unknown chat.
+pub async fn running_in_chat(
+    store: &Store,
+    team: TeamId,
+    chat: protocol::ChatId,
+) -> Result<Option<TurnState>, ApiError> {
+    match bounded_store(store.running_turn_of_chat(team, chat)).await {
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
+        other => Ok(other?),
+    }
+}
+
+/// Stops `turn` (of `team`, as the store found it) wherever it runs; stopping a turn that
+/// already ended is a no-op that answers its status.
+pub async fn stop(state: &AppState, team: TeamId, turn: TurnState) -> Result<StopAnswer, ApiError> {
+    if turn.status != TurnStatus::Running {
+        return Ok(StopAnswer::ended(&turn));
+    }
+    match state.stops.deliver(turn.id, turn.replica).await? {
+        Delivered::Here | Delivered::Sent => Ok(StopAnswer::ended(&turn)),
+        // Ended between the read and the cancel: its row says how (or, still `running`,
+        // that its end state is being written).
+        Delivered::Ended => Ok(StopAnswer::ended(&find(&state.store, team, turn.id).await?)),
+    }
+}
+
+async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Option<T> {
+    match tokio::time::timeout(REDIS_BOUND, call).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(_)) | Err(_) => None,
+    }
+}
+
+async fn bounded_store<T>(
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(STORE_BOUND, call)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut))
+}
