@@ -224,6 +224,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         fallback_models: Vec::new(),
         runtime_profile: "none".into(),
         concierge: false,
+        approval_policy: Default::default(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {
