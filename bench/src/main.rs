@@ -7,7 +7,7 @@
 //! (default redis://127.0.0.1:6379), `BENCH_SECONDS` (window per concurrency level,
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
-//! scenario names: turn, quota, busy, relay, live, hands, hangup, peer, soak; empty runs all but
+//! scenario names: turn, quota, observers, busy, relay, live, hands, hangup, peer, soak; empty runs all but
 //! peer and soak).
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
@@ -22,6 +22,7 @@
 
 mod hands;
 mod live;
+mod observers;
 mod peer;
 mod relay;
 mod soak;
@@ -84,6 +85,9 @@ async fn main() -> Result<()> {
     }
     if wants("quota") {
         turn::quota_overhead(&mut rows).await?;
+    }
+    if wants("observers") {
+        observers::observers(&mut rows).await?;
     }
     if wants("busy") {
         turn::busy_answer(&mut rows).await?;
