@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use scripted_provider::Reply;
 use serde_json::Value;
 
+use crate::relay::in_flight;
 use crate::system::{Row, SseData, System, instant_ok, ms, pct, row, signed_ms, sorted};
 
 const OBSERVERS: usize = 1000;
@@ -34,13 +35,10 @@ async fn read_deltas(response: reqwest::Response, epoch: Instant) -> Result<Vec<
             let chunk: Value = serde_json::from_str(&data)?;
             match chunk["type"].as_str() {
                 Some("text-delta") => {
-                    let sent: u64 = chunk["delta"]
+                    let stamp = chunk["delta"]
                         .as_str()
-                        .context("text-delta without delta")?
-                        .trim()
-                        .parse()?;
-                    let read = u64::try_from(read.duration_since(epoch).as_micros())?;
-                    out.push(Duration::from_micros(read.saturating_sub(sent)));
+                        .context("text-delta without delta")?;
+                    out.push(in_flight(stamp, read, epoch)?);
                 }
                 Some("finish") => return Ok(out),
                 Some("data-notice") => bail!("an observer was cut off: {data}"),

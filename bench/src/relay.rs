@@ -33,7 +33,7 @@ fn stamped() -> Reply {
 
 /// How long ago, on the provider's clock, a stamp was taken, seen at `read` (the instant
 /// the client read the piece holding it).
-fn in_flight(stamp: &str, read: Instant, epoch: Instant) -> Result<Duration> {
+pub fn in_flight(stamp: &str, read: Instant, epoch: Instant) -> Result<Duration> {
     let sent: u64 = stamp
         .trim()
         .parse()

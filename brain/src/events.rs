@@ -25,11 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
-use protocol::ui::{Notice, Resync, TurnInfo, UI_STREAM_HEADER, UI_STREAM_VERSION, UiChunk};
+use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TurnId};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError};
@@ -690,20 +689,7 @@ impl Observer {
 
 impl IntoResponse for Observer {
     fn into_response(self) -> Response {
-        let mut response = Body::from_stream(self.into_stream()).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(
-            UI_STREAM_HEADER,
-            HeaderValue::from_static(UI_STREAM_VERSION),
-        );
-        // Reverse proxies (nginx) would otherwise buffer the stream.
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        response
+        crate::turn::ui_stream::sse_response(Body::from_stream(self.into_stream()))
     }
 }
 

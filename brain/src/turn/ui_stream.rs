@@ -105,22 +105,29 @@ impl Stream for UiBody {
 impl IntoResponse for UiBody {
     fn into_response(mut self) -> Response {
         let rate_limit = std::mem::take(&mut self.rate_limit);
-        let mut response = Body::from_stream(self).into_response();
-        let headers = response.headers_mut();
-        rate_limit.apply(headers);
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(
-            UI_STREAM_HEADER,
-            HeaderValue::from_static(UI_STREAM_VERSION),
-        );
-        // Reverse proxies (nginx) would otherwise buffer the stream.
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        let mut response = sse_response(Body::from_stream(self));
+        rate_limit.apply(response.headers_mut());
         response
     }
+}
+
+/// A UI message stream's response (the turn's, or an observer's of the events stream):
+/// its content type, no caching, the stream's version, and no proxy buffering.
+pub fn sse_response(body: Body) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        UI_STREAM_HEADER,
+        HeaderValue::from_static(UI_STREAM_VERSION),
+    );
+    // Reverse proxies (nginx) would otherwise buffer the stream.
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 #[cfg(test)]
