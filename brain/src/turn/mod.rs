@@ -99,8 +99,9 @@ pub struct Launched {
     pub answered: Vec<ApprovalRow>,
 }
 
-/// Starts a turn for `trigger`, or replays the turn a retried message id started. A `detached` turn has no client: its chunks reach only the
-/// events stream, and nobody leaving cancels it.
+/// Starts a turn for `trigger`, or replays the turn a retried message id started. A
+/// `detached` turn has no client: its chunks reach only the events stream, and nobody
+/// leaving cancels it.
 pub async fn launch(
     state: &AppState,
     team: TeamId,
