@@ -178,8 +178,22 @@ async fn two_replicas_fire_each_tick_exactly_once() {
         set_cadence(&app, &id, Some("* * * * * *")).await;
         agents.push(id);
     }
+    let claimers = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(DISTINCT replica_id) FROM turns WHERE trigger = 'autostart'",
+        )
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+    };
     for id in &agents {
         wait_fires(&app, id, |f| f.len() >= 5).await;
+    }
+    // Which replica's poll comes first after a tick is up to the machine: go on until
+    // both have claimed some, so the test shows two claimers never fire one tick twice.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while claimers().await < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for id in &agents {
         set_cadence(&app, id, None).await;
@@ -187,22 +201,24 @@ async fn two_replicas_fire_each_tick_exactly_once() {
     app.settled().await;
     for id in &agents {
         let all = fires(&app, id).await;
-        // Every tick once: consecutive seconds, none missed, none twice, all fired (a
-        // tick fired twice would have found the agent busy with its first turn).
+        // No tick twice: whole seconds, strictly apart. On a loaded machine a poll can
+        // come after the next tick too, and then the ticks it missed fire once, as after
+        // downtime: a gap, never a repeat; and a turn slower than a second makes the next
+        // tick `skipped_busy`. Every fire has an outcome, and each `fired` one turn.
         for pair in all.windows(2) {
-            assert_eq!(pair[1].0 - pair[0].0, 1.0, "{all:?}");
+            let gap = pair[1].0 - pair[0].0;
+            assert!(gap >= 1.0 && gap.fract() == 0.0, "{all:?}");
         }
-        assert!(all.iter().all(|f| f.1 == "fired"), "{all:?}");
-        assert_eq!(autostart_turns(&app, id).await.len(), all.len());
+        assert!(
+            all.iter().all(|f| f.1 == "fired" || f.1 == "skipped_busy"),
+            "{all:?}"
+        );
+        let fired = all.iter().filter(|f| f.1 == "fired").count();
+        assert!(fired >= 3, "{all:?}");
+        assert_eq!(autostart_turns(&app, id).await.len(), fired);
     }
     // Both replicas took part in the claims.
-    let replicas: i64 = sqlx::query_scalar(
-        "SELECT count(DISTINCT replica_id) FROM turns WHERE trigger = 'autostart'",
-    )
-    .fetch_one(app.store.pool())
-    .await
-    .unwrap();
-    assert_eq!(replicas, 2);
+    assert_eq!(claimers().await, 2);
 }
 
 #[tokio::test]

@@ -12,17 +12,12 @@
 pub mod jwt;
 pub mod keys;
 
-use std::time::Duration;
-
 use protocol::{ChatId, TeamId};
 
 use crate::store::{Store, StoreError};
 
 pub use jwt::{JwtConfig, JwtVerifier};
 pub use keys::Keys;
-
-/// How long a lookup the authentication of a request needs may take in Postgres.
-const STORE_BOUND: Duration = Duration::from_secs(5);
 
 /// What a principal may do.
 #[derive(
@@ -181,12 +176,9 @@ impl Auth {
     }
 }
 
-/// Runs a store call under [`STORE_BOUND`].
+/// Runs a store call under the store's bound.
 async fn bounded<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, AuthError> {
-    match tokio::time::timeout(STORE_BOUND, call).await {
-        Ok(result) => result.map_err(AuthError::from),
-        Err(_) => Err(AuthError::Store(StoreError::TimedOut)),
-    }
+    crate::store::bounded(call).await.map_err(AuthError::from)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use protocol::TeamId;
 
 use super::headers::TurnCounts;
 use super::{Field, Limits, Periods, RateLimitHeaders, Refusal};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, bounded};
 
 /// Admits a turn that would reserve `reservation` tokens, or refuses it.
 pub async fn admit_turn(
@@ -22,7 +22,7 @@ pub async fn admit_turn(
     reservation: u64,
     periods: &Periods,
 ) -> Result<Result<TurnCounts, Refusal>, StoreError> {
-    let seen = store.turn_usage(team, periods).await?;
+    let seen = bounded(store.turn_usage(team, periods)).await?;
     let in_flight = seen.running.saturating_mul(reservation);
     let counts = TurnCounts {
         concurrent_turns: seen.running,

@@ -30,7 +30,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, bounded};
 pub use headers::{RateLimitHeaders, TurnCounts};
 
 /// One quota, by its wire name.
@@ -324,14 +324,14 @@ impl Quotas {
 
     /// A team's effective limits, read from Postgres.
     pub async fn limits(&self, team: TeamId) -> Result<Limits, StoreError> {
-        let overrides = self.store.quota_overrides(team).await?;
+        let overrides = bounded(self.store.quota_overrides(team)).await?;
         Ok(self.defaults.with_overrides(&overrides))
     }
 
     /// Merges `update` into the team's overrides; answers the new effective limits.
     pub async fn update(&self, team: TeamId, update: QuotaUpdate) -> Result<Limits, UpdateError> {
         let patch = update.into_patch().map_err(UpdateError::Invalid)?;
-        let overrides = self.store.merge_quota_overrides(team, &patch).await?;
+        let overrides = bounded(self.store.merge_quota_overrides(team, &patch)).await?;
         Ok(self.defaults.with_overrides(&overrides))
     }
 
@@ -342,12 +342,12 @@ impl Quotas {
         team: TeamId,
         periods: &Periods,
     ) -> Result<(u64, u64), StoreError> {
-        self.store.billed_tokens(team, periods).await
+        bounded(self.store.billed_tokens(team, periods)).await
     }
 
     /// What the team has used in each quota's window, from Postgres.
     pub async fn used(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
-        self.store.quota_usage(team, periods).await
+        bounded(self.store.quota_usage(team, periods)).await
     }
 
     /// W2/E2: may the team start one more worker session? Checked before a session is
@@ -358,7 +358,7 @@ impl Quotas {
             return Ok(None);
         }
         let periods = Periods::now();
-        let used = self.store.session_usage(team, &periods).await?;
+        let used = bounded(self.store.session_usage(team, &periods)).await?;
         let headers = RateLimitHeaders::sessions(&limits, &used, &periods);
         if let Some(limit) = limits.concurrent_sessions
             && used.concurrent_sessions >= limit

@@ -187,6 +187,19 @@ pub async fn create_database_if_missing(url: &str) -> Result<bool, sqlx::Error> 
     Ok(true)
 }
 
+/// The bound on one store call of a request's path (auth, quotas): a database that does
+/// not answer makes the request fail `store_unavailable` rather than hang.
+pub const CALL_BOUND: Duration = Duration::from_secs(5);
+
+/// Runs a store call under [`CALL_BOUND`]; past it, [`StoreError::TimedOut`].
+pub async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(CALL_BOUND, call)
+        .await
+        .unwrap_or(Err(StoreError::TimedOut))
+}
+
 /// A pooled connection idle this long is pinged before it is used again.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// The bound on that ping: a connection that does not answer is replaced.

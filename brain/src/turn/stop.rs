@@ -39,8 +39,6 @@ use crate::store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Bound on each Redis call of a stop, connecting included.
 const REDIS_BOUND: Duration = Duration::from_millis(500);
-/// Bound on each store call of a stop.
-const STORE_BOUND: Duration = Duration::from_secs(5);
 /// How long a stop waits in Redis for an owner that is not subscribed (re-subscribing
 /// after a blip): far longer than a re-subscription takes.
 const STOP_TTL: Duration = Duration::from_secs(300);
@@ -312,7 +310,7 @@ impl StopAnswer {
 
 /// A turn of `team`; `NotFound` for an unknown one or another team's.
 pub async fn find(store: &Store, team: TeamId, turn: TurnId) -> Result<TurnState, ApiError> {
-    match bounded_store(store.turn_state(team, turn)).await {
+    match crate::store::bounded(store.turn_state(team, turn)).await {
         Err(StoreError::NotFound) => Err(ApiError::NotFound("turn")),
         other => Ok(other?),
     }
@@ -324,7 +322,7 @@ pub async fn running_in_chat(
     team: TeamId,
     chat: protocol::ChatId,
 ) -> Result<Option<TurnState>, ApiError> {
-    match bounded_store(store.running_turn_of_chat(team, chat)).await {
+    match crate::store::bounded(store.running_turn_of_chat(team, chat)).await {
         Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
         other => Ok(other?),
     }
@@ -349,12 +347,4 @@ async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Option
         Ok(Ok(value)) => Some(value),
         Ok(Err(_)) | Err(_) => None,
     }
-}
-
-async fn bounded_store<T>(
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(STORE_BOUND, call)
-        .await
-        .unwrap_or(Err(StoreError::TimedOut))
 }
