@@ -66,6 +66,9 @@ pub enum ApiError {
          (Redis unavailable); nothing was stopped, retry"
     )]
     StopUndeliverable,
+    /// The operation needs configuration this server lacks (the message names it).
+    #[error("{0}")]
+    NotConfigured(&'static str),
 }
 
 impl From<StoreError> for ApiError {
@@ -138,6 +141,7 @@ impl ApiError {
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
+            Self::NotConfigured(_) => ErrorCode::NotConfigured,
         }
     }
 
@@ -161,6 +165,7 @@ impl ApiError {
             | ErrorCode::EventsUnavailable
             | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
+            ErrorCode::NotConfigured => StatusCode::NOT_IMPLEMENTED,
             // A turn's end state, never a request's answer.
             ErrorCode::Internal | ErrorCode::ReplicaLost => StatusCode::INTERNAL_SERVER_ERROR,
         }

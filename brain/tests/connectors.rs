@@ -8,6 +8,7 @@
 mod common;
 
 use futures_util::StreamExt;
+use std::collections::BTreeMap;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -145,6 +146,7 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
                 agent,
                 name: name.into(),
                 target,
+                call_timeout_ms: None,
             },
             50,
         )
@@ -153,11 +155,17 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
 }
 
 fn http(url: String) -> ConnectorTarget {
-    ConnectorTarget::Http { url }
+    ConnectorTarget::Http {
+        url,
+        headers: BTreeMap::new(),
+    }
 }
 
 fn stdio(command: Vec<String>) -> ConnectorTarget {
-    ConnectorTarget::Stdio { command }
+    ConnectorTarget::Stdio {
+        command,
+        env: BTreeMap::new(),
+    }
 }
 
 fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
@@ -1054,4 +1062,378 @@ async fn no_tool_starts_after_the_client_hung_up() {
         "{note}"
     );
     let _ = std::fs::remove_file(marker);
+}
+
+// ---------------------------------------------------------------------------------------
+// Static credentials (B1): `{{secret:NAME}}` templates in headers and env.
+
+const SECRETS_KEY: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
+const TOKEN: &str = "s3cr3t-probe-token-0451";
+
+fn secrets_key() -> brain::store::SecretsKey {
+    brain::store::SecretsKey::parse(SECRETS_KEY).unwrap()
+}
+
+async fn keyed_app() -> TestApp {
+    TestApp::start_with(|c| {
+        c.connectors.allow_stdio = true;
+        c.connectors.allow_private_networks = true;
+        c.secrets_key = Some(secrets_key());
+    })
+    .await
+}
+
+fn probe_script() -> String {
+    installed(mcp_dir().join("credential_probe.py"))
+}
+
+/// `credential_probe.py http`: a real MCP server (Python SDK) that answers 401 unless the
+/// request's Authorization header is exactly `expected`.
+struct HttpProbe {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpProbe {
+    fn start(expected: &str) -> Self {
+        let port = free_port();
+        let child = std::process::Command::new(venv_python())
+            .arg(probe_script())
+            .arg("http")
+            .arg(port.to_string())
+            .env("EXPECTED_AUTHORIZATION", expected)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut probe = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                probe.child.try_wait().unwrap().is_none(),
+                "credential_probe.py exited before listening"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "credential_probe.py never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        probe
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for HttpProbe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn put_secret(app: &TestApp, name: &str, value: &str) -> u16 {
+    app.auth(app.http.put(format!("{}/v1/secrets/{name}", app.url)))
+        .json(&json!({ "value": value }))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
+    let probe = HttpProbe::start(&format!("Bearer {TOKEN}"));
+    let app = keyed_app().await;
+    let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
+    let agent = new_agent(&app).await;
+    let stranger = new_agent(&app).await;
+    keyed
+        .set_secret(app.team, agent, "PROBE_TOKEN", TOKEN, 10)
+        .await
+        .unwrap();
+    assert_eq!(put_secret(&app, "TEAM_NAME", "acme").await, 201);
+
+    let (code, created) = post(
+        &app,
+        json!({
+            "name": "probe",
+            "url": probe.url(),
+            "headers": {
+                "Authorization": "Bearer {{secret:PROBE_TOKEN}}",
+                "X-Team": "{{secret:TEAM_NAME}}",
+            },
+        }),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    // The API shows the templates, never a value.
+    assert_eq!(
+        created["headers"]["Authorization"],
+        "Bearer {{secret:PROBE_TOKEN}}"
+    );
+    let listed = app.get("/v1/connectors").await.text().await.unwrap();
+    assert!(
+        !listed.contains(TOKEN) && !listed.contains("acme"),
+        "{listed}"
+    );
+
+    // The agent's own secret fills the Authorization header; the team's fills X-Team.
+    let config = config(30_000, 30_000);
+    let cancel = CancellationToken::new();
+    let (tools, statuses) = connector_tools(&keyed, &config, app.team, agent, &cancel).await;
+    assert_eq!(
+        status_of(&statuses, "probe"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    let out = find(&tools, "probe_whoami")
+        .call(&ctx(&app, agent), json!({}))
+        .await;
+    assert_eq!(out, ToolOutput::ok("team=acme"));
+    drop(tools);
+
+    // Another agent holds no PROBE_TOKEN and the team none either: the connector is down
+    // with a class that says why, and nothing was sent.
+    let (tools, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    assert!(tools.is_empty());
+    assert_eq!(
+        status(&statuses, "probe").error.as_deref(),
+        Some("secret_missing")
+    );
+
+    // A team secret of the name serves every agent, and the agent's own still wins: the
+    // team's value is wrong, so the stranger is refused by the server (401) while the
+    // agent is let in.
+    assert_eq!(
+        put_secret(&app, "PROBE_TOKEN", "wrong-team-value").await,
+        201
+    );
+    let (_, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    let refused = status(&statuses, "probe");
+    assert_eq!(refused.state, ConnectorState::Down, "{refused:?}");
+    assert_ne!(refused.error.as_deref(), Some("secret_missing"));
+    let (_, statuses) = connector_tools(&keyed, &config, app.team, agent, &cancel).await;
+    assert_eq!(
+        status_of(&statuses, "probe"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    // The team's value put right, the stranger gets in too.
+    assert_eq!(put_secret(&app, "PROBE_TOKEN", TOKEN).await, 204);
+    let (_, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    assert_eq!(
+        status_of(&statuses, "probe"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+
+    // Without the secrets key the brain cannot open a secret: the connector says so.
+    let (_, statuses) = connector_tools(&app.store, &config, app.team, agent, &cancel).await;
+    assert_eq!(
+        status(&statuses, "probe").error.as_deref(),
+        Some("secrets_not_configured")
+    );
+    drop(probe);
+}
+
+#[tokio::test]
+async fn env_credentials_reach_a_stdio_child_and_nothing_else_does() {
+    let app = keyed_app().await;
+    let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
+    let agent = new_agent(&app).await;
+    assert_eq!(put_secret(&app, "PROBE_TOKEN", TOKEN).await, 201);
+    let (status, created) = post(
+        &app,
+        json!({
+            "name": "probe",
+            "command": [venv_python(), probe_script(), "stdio"],
+            "env": {"PROBE_TOKEN": "{{secret:PROBE_TOKEN}}", "PROBE_MODE": "test"},
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["env"]["PROBE_MODE"], "test");
+
+    let (tools, statuses) = connector_tools(
+        &keyed,
+        &config(60_000, 30_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        status_of(&statuses, "probe"),
+        ConnectorState::Ready,
+        "{statuses:?}"
+    );
+    let digest = |name: &str| {
+        let tool = find(&tools, "probe_env_sha256").clone();
+        let ctx = ctx(&app, agent);
+        let name = name.to_owned();
+        async move { tool.call(&ctx, json!({ "name": name })).await.content }
+    };
+    let expected: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(TOKEN.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    assert_eq!(digest("PROBE_TOKEN").await, expected);
+    assert_eq!(digest("PROBE_MODE").await.len(), 64);
+    // The brain's own environment stays out.
+    assert_eq!(digest("DATABASE_URL").await, "unset");
+    assert_eq!(digest("BRAIN_SECRETS_KEY").await, "unset");
+}
+
+#[tokio::test]
+async fn credentials_are_validated_when_a_connector_is_created() {
+    let app = keyed_app().await;
+    for (body, why) in [
+        (
+            json!({"name": "a", "url": "https://mcp.example.com/", "headers": {"Authorization": "Bearer lit3ral"}}),
+            "take it from a secret",
+        ),
+        (
+            json!({"name": "a", "url": "https://mcp.example.com/", "headers": {"Mcp-Session-Id": "x"}}),
+            "set by the MCP transport",
+        ),
+        (
+            json!({"name": "a", "url": "https://mcp.example.com/", "headers": {"X-A": "{{secret:lower}}"}}),
+            "does not name a secret",
+        ),
+        (
+            json!({"name": "a", "url": "https://mcp.example.com/", "env": {"A": "b"}}),
+            "env applies to a command",
+        ),
+        (
+            json!({"name": "a", "command": ["true"], "headers": {"X-A": "b"}}),
+            "headers apply to a url",
+        ),
+        (
+            json!({"name": "a", "command": ["true"], "env": {"API_KEY": "plain"}}),
+            "take it from a secret",
+        ),
+        (
+            json!({"name": "a", "url": "https://mcp.example.com/", "headers": {"X-A": 1}}),
+            "",
+        ),
+    ] {
+        let (status, answer) = post(&app, body.clone()).await;
+        assert_eq!(status, 400, "{body} → {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{body} → {message}");
+        assert!(
+            !message.contains("lit3ral"),
+            "the value is not echoed: {message}"
+        );
+    }
+    assert!(list(&app).await.is_empty(), "nothing was stored");
+}
+
+#[tokio::test]
+async fn team_secrets_api() {
+    let app = keyed_app().await;
+    assert_eq!(put_secret(&app, "LINEAR_TOKEN", "lin_1").await, 201);
+    assert_eq!(put_secret(&app, "LINEAR_TOKEN", "lin_2").await, 204);
+    assert_eq!(put_secret(&app, "lower", "x").await, 400);
+    assert_eq!(put_secret(&app, "EMPTY", "").await, 400);
+    let listed = app.get("/v1/secrets").await;
+    assert_eq!(listed.status(), 200);
+    let body = listed.text().await.unwrap();
+    assert!(!body.contains("lin_"), "no value is listed: {body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["secrets"][0]["name"], "LINEAR_TOKEN");
+    assert!(body["secrets"][0]["updated_at"].is_string());
+    // The value that is kept is the last one.
+    let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
+    let values = keyed
+        .resolve_secrets(app.team, AgentId::new(), &["LINEAR_TOKEN".into()])
+        .await
+        .unwrap();
+    assert_eq!(values["LINEAR_TOKEN"], "lin_2");
+
+    let delete_secret = |name: &str| {
+        app.auth(app.http.delete(format!("{}/v1/secrets/{name}", app.url)))
+            .send()
+    };
+    assert_eq!(delete_secret("LINEAR_TOKEN").await.unwrap().status(), 204);
+    assert_eq!(delete_secret("LINEAR_TOKEN").await.unwrap().status(), 404);
+
+    // Another team sees none of it.
+    assert_eq!(put_secret(&app, "MINE", "v").await, 201);
+    let other = app.store.create_team("other").await.unwrap();
+    let theirs: Value = app
+        .http
+        .get(format!("{}/v1/secrets", app.url))
+        .bearer_auth(&other.api_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(theirs["secrets"], json!([]));
+
+    // A server without a secrets key says what is missing.
+    let unkeyed = TestApp::start().await;
+    let response = unkeyed
+        .auth(unkeyed.http.put(format!("{}/v1/secrets/A", unkeyed.url)))
+        .json(&json!({"value": "v"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 501);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_configured");
+}
+
+#[tokio::test]
+async fn a_connectors_own_call_timeout_overrides_the_servers() {
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+    let (status, created) = post(
+        &app,
+        json!({"name": "probe", "command": cancel_probe(), "call_timeout_ms": 400}),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["call_timeout_ms"], 400);
+    for bad in [0, 99, 3_600_001] {
+        let (status, _) = post(
+            &app,
+            json!({"name": "other", "command": cancel_probe(), "call_timeout_ms": bad}),
+        )
+        .await;
+        assert_eq!(status, 400, "{bad}");
+    }
+    let (tools, _) = connector_tools(
+        &app.store,
+        &config(30_000, 60_000),
+        app.team,
+        agent,
+        &CancellationToken::new(),
+    )
+    .await;
+    let marker = std::env::temp_dir().join(format!("brain-cancel-{}", uuid::Uuid::new_v4()));
+    let started = Instant::now();
+    let out = find(&tools, "probe_wait")
+        .call(
+            &ctx(&app, agent),
+            json!({"marker": marker.to_str().unwrap()}),
+        )
+        .await;
+    assert!(
+        out.content.contains("did not answer within 400 ms"),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    saw_cancel(&marker).await;
 }

@@ -59,6 +59,9 @@ pub enum ErrorCode {
     QuotaExhausted,
     /// The chat's events stream (Redis) could not be read; retry with `Last-Event-ID`.
     EventsUnavailable,
+    /// The operation needs something this server's operator has not configured (such as
+    /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
+    NotConfigured,
 }
 
 impl ErrorCode {
@@ -86,6 +89,7 @@ impl ErrorCode {
             Self::QuotaExceeded => "quota_exceeded",
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
+            Self::NotConfigured => "not_configured",
         }
     }
 
@@ -144,6 +148,7 @@ mod tests {
             ErrorCode::QuotaExceeded,
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,
+            ErrorCode::NotConfigured,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -6,6 +6,10 @@
 //! refused unless the operator set `BRAIN_CONNECTORS_ALLOW_STDIO=true`). A URL may not
 //! point at a link-local or cloud metadata address, nor, unless the operator set
 //! `BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS=true`, at loopback or a private range.
+//! Credentials go in `headers` (HTTP) or `env` (stdio) as `{{secret:NAME}}` templates
+//! (`connectors::credentials`); the API echoes the templates, never a secret's value.
+
+use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -16,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
-use crate::connectors::{ConnectorConfig, address};
+use crate::connectors::{ConnectorConfig, address, credentials};
 use crate::error::ApiError;
 use crate::store::{ConnectorRow, ConnectorTarget, NewConnector, StoreError};
 
@@ -25,11 +29,17 @@ const MAX_NAME: usize = 32;
 const MAX_URL: usize = 2000;
 const MAX_ARGS: usize = 64;
 const MAX_ARG_BYTES: usize = 4096;
+const MIN_CALL_TIMEOUT_MS: u32 = 100;
+const MAX_CALL_TIMEOUT_MS: u32 = 3_600_000;
 
 /// Exactly one of `url` and `command`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "github", "url": "https://mcp.example.com/mcp"}))]
+#[schema(example = json!({
+    "name": "linear",
+    "url": "https://mcp.linear.app/mcp",
+    "headers": {"Authorization": "Bearer {{secret:LINEAR_TOKEN}}"}
+}))]
 pub struct CreateConnector {
     /// Prefixes the connector's tool names.
     #[schema(pattern = "^[a-z0-9_]{1,32}$")]
@@ -38,6 +48,20 @@ pub struct CreateConnector {
     url: Option<String>,
     #[serde(default)]
     command: Option<Vec<String>>,
+    /// With `url`: request headers, each value a template whose `{{secret:NAME}}`
+    /// references name a secret of the agent or the team, resolved only when the brain
+    /// connects. Credential-bearing headers (`Authorization`, anything naming a token or
+    /// key) must take their value from a secret.
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    /// With `command`: environment variables of the child, values templated like `headers`.
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    /// The bound on one of its tool calls, 100 to 3,600,000 ms; absent: the server's
+    /// `BRAIN_CONNECTOR_CALL_TIMEOUT_MS`.
+    #[serde(default)]
+    #[schema(minimum = 100, maximum = 3_600_000)]
+    call_timeout_ms: Option<u32>,
     /// Only this agent's turns get the tools; absent for every agent of the team.
     #[serde(default)]
     #[schema(value_type = Option<Uuid>)]
@@ -64,9 +88,17 @@ impl CreateConnector {
             None => None,
         };
         let target = match (self.url, self.command) {
-            (Some(url), None) => ConnectorTarget::Http {
-                url: validate_url(&url, config.allow_private_networks)?,
-            },
+            (Some(url), None) => {
+                if self.env.is_some() {
+                    return invalid("env applies to a command; give headers with a url");
+                }
+                let headers = self.headers.unwrap_or_default();
+                credentials::check_headers(&headers).map_err(ApiError::InvalidRequest)?;
+                ConnectorTarget::Http {
+                    url: validate_url(&url, config.allow_private_networks)?,
+                    headers,
+                }
+            }
             (None, Some(command)) => {
                 if !config.allow_stdio {
                     return invalid(
@@ -85,14 +117,26 @@ impl CreateConnector {
                 {
                     return invalid("each command entry must have at most 4096 bytes and no NUL");
                 }
-                ConnectorTarget::Stdio { command }
+                if self.headers.is_some() {
+                    return invalid("headers apply to a url; give env with a command");
+                }
+                let env = self.env.unwrap_or_default();
+                credentials::check_env(&env).map_err(ApiError::InvalidRequest)?;
+                ConnectorTarget::Stdio { command, env }
             }
             _ => return invalid("give exactly one of url or command"),
         };
+        if self
+            .call_timeout_ms
+            .is_some_and(|ms| !(MIN_CALL_TIMEOUT_MS..=MAX_CALL_TIMEOUT_MS).contains(&ms))
+        {
+            return invalid("call_timeout_ms must be 100 to 3600000");
+        }
         Ok(NewConnector {
             agent,
             name: self.name,
             target,
+            call_timeout_ms: self.call_timeout_ms,
         })
     }
 }

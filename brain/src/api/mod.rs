@@ -14,6 +14,7 @@ mod health;
 mod keys;
 pub mod openapi;
 mod quotas;
+mod secrets;
 mod turns;
 mod usage;
 
@@ -59,6 +60,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
+        .routes(routes!(secrets::list))
+        .routes(routes!(secrets::put, secrets::delete))
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::answer))

@@ -42,17 +42,21 @@
 //! # What a connector is not given
 //!
 //! A stdio child starts with an empty environment except `PATH`, `HOME`, `LANG`, `LC_ALL`,
-//! `TZ` and `TMPDIR`: the brain's own variables (database URL, provider keys) never reach
-//! it. Its stderr is discarded. Logs name the connector and an error class only (SPEC X4).
+//! `TZ`, `TMPDIR` and the connector's own `env`: the brain's own variables (database URL,
+//! provider keys) never reach it. Its stderr is discarded. Logs name the connector and an
+//! error class only (SPEC X4). Credentials ([`credentials`]) are resolved from secrets at
+//! connect time and go into the connection only.
 //!
 //! [`Toolset`]: crate::tools::Toolset
 
 pub mod address;
+pub mod credentials;
 mod session;
 mod tool;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use protocol::{AgentId, TeamId};
@@ -91,7 +95,11 @@ pub async fn connector_tools(
     if rows.is_empty() {
         return (Vec::new(), Vec::new());
     }
-    let started = join_all(rows.iter().map(|row| Session::start(row, config, cancel))).await;
+    let started = join_all(
+        rows.iter()
+            .map(|row| Session::start(row, config, (store, team, agent), cancel)),
+    )
+    .await;
 
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut statuses = Vec::with_capacity(rows.len());
@@ -116,7 +124,8 @@ pub async fn connector_tools(
                         session.clone(),
                         name,
                         remote,
-                        config.call_timeout,
+                        row.call_timeout_ms
+                            .map_or(config.call_timeout, |ms| Duration::from_millis(ms.into())),
                     )));
                     added += 1;
                 }

@@ -1,8 +1,10 @@
 //! One MCP client session with a connector's server, for one turn.
 
+use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+use protocol::{AgentId, TeamId};
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::TokioChildProcess;
@@ -12,8 +14,9 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{Peer, RoleClient, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
+use super::credentials::{self, Resolved};
 use super::{ConnectorConfig, address};
-use crate::store::{ConnectorRow, ConnectorTarget};
+use crate::store::{ConnectorRow, ConnectorTarget, Store};
 
 /// The variables a stdio child may see; everything else of the brain's environment (keys,
 /// database URL) stays out.
@@ -36,10 +39,18 @@ impl Session {
     pub async fn start(
         row: &ConnectorRow,
         config: &ConnectorConfig,
+        owner: (&Store, TeamId, AgentId),
         cancel: &CancellationToken,
     ) -> Result<(Self, Vec<rmcp::model::Tool>), &'static str> {
         let started = async {
-            let client = connect(row, config).await?;
+            let (store, team, agent) = owner;
+            let none = BTreeMap::new();
+            let (headers, env) = match &row.target {
+                ConnectorTarget::Http { headers, .. } => (headers, &none),
+                ConnectorTarget::Stdio { env, .. } => (&none, env),
+            };
+            let resolved = credentials::resolve(store, team, agent, headers, env).await?;
+            let client = connect(row, config, resolved).await?;
             let tools = client
                 .peer()
                 .list_all_tools()
@@ -82,22 +93,23 @@ fn client_info() -> ClientConfig {
 async fn connect(
     row: &ConnectorRow,
     config: &ConnectorConfig,
+    credentials: Resolved,
 ) -> Result<RunningService<RoleClient, ClientConfig>, &'static str> {
     match &row.target {
-        ConnectorTarget::Http { url } => {
+        ConnectorTarget::Http { url, .. } => {
             let url = reqwest::Url::parse(url).map_err(|_| "invalid_url")?;
             let pinned = address::resolve(&url, config.allow_private_networks).await?;
-            let transport = StreamableHttpClientTransport::with_client(
-                http_client(pinned)?,
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()),
-            );
+            let mut transport_config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+            transport_config.custom_headers = credentials.headers.into_iter().collect();
+            let transport =
+                StreamableHttpClientTransport::with_client(http_client(pinned)?, transport_config);
             client_info().serve(transport).await.map_err(init_class)
         }
-        ConnectorTarget::Stdio { command } => {
+        ConnectorTarget::Stdio { command, .. } => {
             if !config.allow_stdio {
                 return Err("stdio_disabled");
             }
-            let transport = spawn(command).map_err(|_| "spawn_failed")?;
+            let transport = spawn(command, &credentials.env).map_err(|_| "spawn_failed")?;
             client_info().serve(transport).await.map_err(init_class)
         }
     }
@@ -138,8 +150,8 @@ fn http_client(
 }
 
 /// Starts `command` in a process group of its own (so stopping it also stops whatever it
-/// started) with a scrubbed environment and no stderr.
-fn spawn(command: &[String]) -> std::io::Result<TokioChildProcess> {
+/// started) with a scrubbed environment plus the connector's own `env`, and no stderr.
+fn spawn(command: &[String], env: &[(String, String)]) -> std::io::Result<TokioChildProcess> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
@@ -150,6 +162,7 @@ fn spawn(command: &[String]) -> std::io::Result<TokioChildProcess> {
             cmd.env(name, value);
         }
     }
+    cmd.envs(env.iter().map(|(name, value)| (name, value)));
     let mut wrapped = CommandWrap::from(cmd);
     wrapped.wrap(ProcessGroup::leader()).wrap(KillOnDrop);
     let (transport, _stderr) = TokioChildProcess::builder(wrapped)

@@ -1,5 +1,7 @@
 //! Connectors: MCP servers per team or per agent (SPEC B2).
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use protocol::{AgentId, TeamId};
 use serde::Serialize;
@@ -12,10 +14,18 @@ use super::{Store, StoreError};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "transport", rename_all = "snake_case")]
 pub enum ConnectorTarget {
-    /// Streamable HTTP at this `http(s)://` URL.
-    Http { url: String },
-    /// A child process speaking MCP on stdin/stdout: program and arguments.
-    Stdio { command: Vec<String> },
+    /// Streamable HTTP at this `http(s)://` URL, with extra request headers whose values
+    /// are templates (`connectors::credentials`).
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+    },
+    /// A child process speaking MCP on stdin/stdout: program and arguments, with extra
+    /// environment variables whose values are templates.
+    Stdio {
+        command: Vec<String>,
+        env: BTreeMap<String, String>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -24,6 +34,8 @@ pub struct NewConnector {
     pub agent: Option<AgentId>,
     pub name: String,
     pub target: ConnectorTarget,
+    /// The bound on one tool call; `None`: the server's default.
+    pub call_timeout_ms: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -34,17 +46,31 @@ pub struct ConnectorRow {
     pub name: String,
     #[serde(flatten)]
     pub target: ConnectorTarget,
+    /// The bound on one of its tool calls; `null`: the server's
+    /// `BRAIN_CONNECTOR_CALL_TIMEOUT_MS`.
+    pub call_timeout_ms: Option<u32>,
     pub created_at: DateTime<Utc>,
 }
 
-const CONNECTOR_COLUMNS: &str = "id, agent_id, name, url, command, created_at";
+const CONNECTOR_COLUMNS: &str =
+    "id, agent_id, name, url, command, headers, env, call_timeout_ms, created_at";
 
 fn connector_from_row(row: &sqlx::postgres::PgRow) -> Result<ConnectorRow, StoreError> {
     let url: Option<String> = row.try_get("url")?;
     let command: Option<Vec<String>> = row.try_get("command")?;
+    let templates = |column: &str| -> Result<BTreeMap<String, String>, StoreError> {
+        let sqlx::types::Json(map) = row.try_get(column)?;
+        Ok(map)
+    };
     let target = match (url, command) {
-        (Some(url), None) => ConnectorTarget::Http { url },
-        (None, Some(command)) => ConnectorTarget::Stdio { command },
+        (Some(url), None) => ConnectorTarget::Http {
+            url,
+            headers: templates("headers")?,
+        },
+        (None, Some(command)) => ConnectorTarget::Stdio {
+            command,
+            env: templates("env")?,
+        },
         _ => {
             return Err(StoreError::Corrupt(
                 "connector has not exactly one transport".into(),
@@ -56,6 +82,9 @@ fn connector_from_row(row: &sqlx::postgres::PgRow) -> Result<ConnectorRow, Store
         agent_id: row.try_get::<Option<Uuid>, _>("agent_id")?.map(AgentId),
         name: row.try_get("name")?,
         target,
+        call_timeout_ms: row
+            .try_get::<Option<i32>, _>("call_timeout_ms")?
+            .map(|ms| u32::try_from(ms).unwrap_or(u32::MAX)),
         created_at: row.try_get("created_at")?,
     })
 }
@@ -88,14 +117,16 @@ impl Store {
         connector: &NewConnector,
         max_per_team: i64,
     ) -> Result<ConnectorRow, StoreError> {
-        let (url, command) = match &connector.target {
-            ConnectorTarget::Http { url } => (Some(url.as_str()), None),
-            ConnectorTarget::Stdio { command } => (None, Some(command.as_slice())),
+        let none = BTreeMap::new();
+        let (url, command, headers, env) = match &connector.target {
+            ConnectorTarget::Http { url, headers } => (Some(url.as_str()), None, headers, &none),
+            ConnectorTarget::Stdio { command, env } => (None, Some(command.as_slice()), &none, env),
         };
         // The count is a soft cap: two concurrent creates may both pass it by one.
         let sql = format!(
-            "INSERT INTO connectors (id, team_id, agent_id, name, url, command) \
-             SELECT $1, $2, $3, $4, $5, $6 \
+            "INSERT INTO connectors \
+               (id, team_id, agent_id, name, url, command, headers, env, call_timeout_ms) \
+             SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10 \
              WHERE (SELECT count(*) FROM connectors WHERE team_id = $2) < $7 \
              RETURNING {CONNECTOR_COLUMNS}"
         );
@@ -107,6 +138,13 @@ impl Store {
             .bind(url)
             .bind(command)
             .bind(max_per_team)
+            .bind(sqlx::types::Json(headers))
+            .bind(sqlx::types::Json(env))
+            .bind(
+                connector
+                    .call_timeout_ms
+                    .map(|ms| i32::try_from(ms).unwrap_or(i32::MAX)),
+            )
             .fetch_optional(&self.pool)
             .await
             .map_err(insert_error)?

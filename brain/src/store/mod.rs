@@ -267,6 +267,11 @@ fn migrator() -> Migrator {
             "approvals: agent policies, pending tool calls",
             include_str!("../../../migrations/0015_approvals.sql"),
         ),
+        (
+            16,
+            "connector credentials: header and env templates, team secrets",
+            include_str!("../../../migrations/0016_connector_credentials.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

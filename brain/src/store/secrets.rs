@@ -5,6 +5,7 @@
 //! (team, agent, name) as associated data, so a row copied to another agent or renamed
 //! no longer decrypts. Values never appear in logs, errors or `Debug` output (X4).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
@@ -51,58 +52,47 @@ impl SecretsKey {
         })
     }
 
-    /// Encrypts `value` for (team, agent, name): (nonce, ciphertext with tag).
-    fn seal(
+    /// Encrypts `value` bound to `aad` (what owns it): (nonce, ciphertext with tag).
+    pub(crate) fn seal(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        name: &str,
+        aad: &[u8],
         value: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), SecretsError> {
         let nonce = Nonce::generate();
-        let aad = associated_data(team, agent, name);
         let ciphertext = self
             .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: value,
-                    aad: &aad,
-                },
-            )
+            .encrypt(&nonce, Payload { msg: value, aad })
             .map_err(|_| SecretsError::Crypto)?;
         Ok((nonce.to_vec(), ciphertext))
     }
 
-    /// Decrypts a stored value; fails on a wrong key, a wrong (team, agent, name), or a
-    /// tampered row.
-    fn open(
+    /// Decrypts a stored value; fails on a wrong key, another owner (`aad`), or a tampered
+    /// row.
+    pub(crate) fn open(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        name: &str,
+        aad: &[u8],
         nonce: &[u8],
         ciphertext: &[u8],
     ) -> Result<Vec<u8>, SecretsError> {
         let nonce = Nonce::try_from(nonce).map_err(|_| SecretsError::Crypto)?;
-        let aad = associated_data(team, agent, name);
         self.cipher
             .decrypt(
                 &nonce,
                 Payload {
                     msg: ciphertext,
-                    aad: &aad,
+                    aad,
                 },
             )
             .map_err(|_| SecretsError::Crypto)
     }
 }
 
-/// team id (16 bytes) ‖ agent id (16 bytes) ‖ name: fixed-width ids keep it unambiguous.
-fn associated_data(team: TeamId, agent: AgentId, name: &str) -> Vec<u8> {
+/// team id (16 bytes) ‖ agent id (16 bytes, all zero for a team secret: agent ids are
+/// UUIDv7, never nil) ‖ name: fixed-width ids keep it unambiguous.
+fn associated_data(team: TeamId, agent: Option<AgentId>, name: &str) -> Vec<u8> {
     let mut aad = Vec::with_capacity(32 + name.len());
     aad.extend_from_slice(team.0.as_bytes());
-    aad.extend_from_slice(agent.0.as_bytes());
+    aad.extend_from_slice(agent.map_or(Uuid::nil(), |a| a.0).as_bytes());
     aad.extend_from_slice(name.as_bytes());
     aad
 }
@@ -148,7 +138,7 @@ impl SecretsError {
 }
 
 /// A stored secret as anyone but its injector may see it: no value.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct SecretInfo {
     pub name: String,
     pub updated_at: DateTime<Utc>,
@@ -176,7 +166,8 @@ impl Store {
         max_per_agent: i64,
     ) -> Result<(), SecretsError> {
         let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
-        let (nonce, ciphertext) = key.seal(team, agent, name, value.as_bytes())?;
+        let aad = associated_data(team, Some(agent), name);
+        let (nonce, ciphertext) = key.seal(&aad, value.as_bytes())?;
         // The insert selects from agents so that another team's agent id finds nothing,
         // and counts so that a new name past the limit inserts nothing.
         let written = sqlx::query(
@@ -254,8 +245,112 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?
         .ok_or(StoreError::NotFound)?;
-        let plain = key.open(team, agent, name, &nonce, &ciphertext)?;
+        let plain = key.open(
+            &associated_data(team, Some(agent), name),
+            &nonce,
+            &ciphertext,
+        )?;
         String::from_utf8(plain).map_err(|_| SecretsError::Crypto)
+    }
+
+    /// Stores a team secret (`PUT /v1/secrets/{secret_name}`), replacing an older value of that
+    /// name; a new name beyond `max_per_team` is refused with `TooMany`. `true` when the
+    /// name is new.
+    pub async fn set_team_secret(
+        &self,
+        team: TeamId,
+        name: &str,
+        value: &str,
+        max_per_team: i64,
+    ) -> Result<bool, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        let (nonce, ciphertext) = key.seal(&associated_data(team, None, name), value.as_bytes())?;
+        // `xmax = 0` tells an insert from an update of the conflicting row.
+        let written: Option<(bool,)> = sqlx::query_as(
+            "INSERT INTO team_secrets (team_id, name, nonce, ciphertext) \
+             SELECT $1, $2, $3, $4 \
+             WHERE (SELECT count(*) FROM team_secrets WHERE team_id = $1) < $5 \
+                OR EXISTS (SELECT 1 FROM team_secrets WHERE team_id = $1 AND name = $2) \
+             ON CONFLICT (team_id, name) DO UPDATE \
+               SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, updated_at = now() \
+             RETURNING xmax = 0",
+        )
+        .bind(team.0)
+        .bind(name)
+        .bind(&nonce)
+        .bind(&ciphertext)
+        .bind(max_per_team)
+        .fetch_optional(&self.pool)
+        .await?;
+        written
+            .map(|(created,)| created)
+            .ok_or(SecretsError::TooMany)
+    }
+
+    /// The team's secret names, without values, by name.
+    pub async fn list_team_secrets(&self, team: TeamId) -> Result<Vec<SecretInfo>, StoreError> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT name, updated_at FROM team_secrets WHERE team_id = $1 ORDER BY name",
+        )
+        .bind(team.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, updated_at)| SecretInfo { name, updated_at })
+            .collect())
+    }
+
+    pub async fn delete_team_secret(&self, team: TeamId, name: &str) -> Result<(), StoreError> {
+        let done = sqlx::query("DELETE FROM team_secrets WHERE team_id = $1 AND name = $2")
+            .bind(team.0)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// The decrypted values of `names` for a connector of `agent`'s turn: the agent's own
+    /// secret of a name, else the team's. A name neither holds is absent from the answer.
+    ///
+    /// **Who may call this:** the same as [`Store::secret_value`]: only code that injects
+    /// the values into a connection (connector credentials), never the model path.
+    pub async fn resolve_secrets(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        names: &[String],
+    ) -> Result<HashMap<String, String>, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        // The agent's rows sort first, so the team's row of a name the agent also holds is
+        // skipped below.
+        let rows: Vec<(bool, String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+            "SELECT true, name, nonce, ciphertext FROM secrets \
+               WHERE team_id = $1 AND agent_id = $2 AND name = ANY($3) \
+             UNION ALL \
+             SELECT false, name, nonce, ciphertext FROM team_secrets \
+               WHERE team_id = $1 AND name = ANY($3) \
+             ORDER BY 1 DESC",
+        )
+        .bind(team.0)
+        .bind(agent.0)
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut values = HashMap::with_capacity(rows.len());
+        for (own, name, nonce, ciphertext) in rows {
+            if values.contains_key(&name) {
+                continue;
+            }
+            let aad = associated_data(team, own.then_some(agent), &name);
+            let plain = key.open(&aad, &nonce, &ciphertext)?;
+            let value = String::from_utf8(plain).map_err(|_| SecretsError::Crypto)?;
+            values.insert(name, value);
+        }
+        Ok(values)
     }
 }
 
@@ -288,19 +383,29 @@ mod tests {
     fn sealing_binds_the_owner_and_uses_a_fresh_nonce() {
         let key = SecretsKey::parse(HEX).unwrap();
         let (team, agent) = (TeamId::new(), AgentId::new());
-        let (n1, c1) = key.seal(team, agent, "TOKEN", b"hunter2").unwrap();
-        let (n2, c2) = key.seal(team, agent, "TOKEN", b"hunter2").unwrap();
+        let aad = |team, agent, name| associated_data(team, agent, name);
+        let own = aad(team, Some(agent), "TOKEN");
+        let (n1, c1) = key.seal(&own, b"hunter2").unwrap();
+        let (n2, c2) = key.seal(&own, b"hunter2").unwrap();
         assert_eq!(n1.len(), 12);
         assert_ne!(n1, n2);
         assert_ne!(c1, c2);
-        assert_eq!(
-            key.open(team, agent, "TOKEN", &n1, &c1).unwrap(),
-            b"hunter2"
+        assert_eq!(key.open(&own, &n1, &c1).unwrap(), b"hunter2");
+        assert!(
+            key.open(&aad(team, Some(agent), "OTHER"), &n1, &c1)
+                .is_err()
         );
-        assert!(key.open(team, agent, "OTHER", &n1, &c1).is_err());
-        assert!(key.open(team, AgentId::new(), "TOKEN", &n1, &c1).is_err());
-        assert!(key.open(TeamId::new(), agent, "TOKEN", &n1, &c1).is_err());
+        assert!(
+            key.open(&aad(team, Some(AgentId::new()), "TOKEN"), &n1, &c1)
+                .is_err()
+        );
+        assert!(
+            key.open(&aad(TeamId::new(), Some(agent), "TOKEN"), &n1, &c1)
+                .is_err()
+        );
+        // A team secret of the same name is another owner.
+        assert!(key.open(&aad(team, None, "TOKEN"), &n1, &c1).is_err());
         let other = SecretsKey::parse(&"ab".repeat(32)).unwrap();
-        assert!(other.open(team, agent, "TOKEN", &n1, &c1).is_err());
+        assert!(other.open(&own, &n1, &c1).is_err());
     }
 }
