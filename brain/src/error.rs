@@ -66,6 +66,22 @@ pub enum ApiError {
          (Redis unavailable); nothing was stopped, retry"
     )]
     StopUndeliverable,
+    /// Connector OAuth needs `BRAIN_SECRETS_KEY`.
+    #[error(
+        "connector OAuth needs BRAIN_SECRETS_KEY (tokens are stored encrypted), which this \
+         server does not have"
+    )]
+    OauthNotConfigured,
+    /// The connector's server let the brain in without authorization.
+    #[error("the connector's MCP server does not ask for authorization")]
+    AuthorizationNotRequired,
+    /// A step of the OAuth flow failed at the MCP or authorization server: the step and an
+    /// error class, never a server's message.
+    #[error("authorization failed at {step}: {class}")]
+    AuthorizationFailed {
+        step: &'static str,
+        class: &'static str,
+    },
 }
 
 impl From<StoreError> for ApiError {
@@ -138,6 +154,9 @@ impl ApiError {
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
+            Self::OauthNotConfigured => ErrorCode::OauthNotConfigured,
+            Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
+            Self::AuthorizationFailed { .. } => ErrorCode::AuthorizationFailed,
         }
     }
 
@@ -146,10 +165,13 @@ impl ApiError {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest | ErrorCode::OauthNotConfigured => StatusCode::BAD_REQUEST,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::AgentBusy | ErrorCode::TurnInProgress | ErrorCode::Conflict => {
+            ErrorCode::AgentBusy
+            | ErrorCode::TurnInProgress
+            | ErrorCode::Conflict
+            | ErrorCode::AuthorizationNotRequired => {
                 StatusCode::CONFLICT
             }
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
@@ -160,7 +182,7 @@ impl ApiError {
             | ErrorCode::AuthUnavailable
             | ErrorCode::EventsUnavailable
             | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
+            ErrorCode::ProviderRejected | ErrorCode::AuthorizationFailed => StatusCode::BAD_GATEWAY,
             // A turn's end state, never a request's answer.
             ErrorCode::Internal | ErrorCode::ReplicaLost => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -59,6 +59,16 @@ pub enum ErrorCode {
     QuotaExhausted,
     /// The chat's events stream (Redis) could not be read; retry with `Last-Event-ID`.
     EventsUnavailable,
+    /// Connector OAuth needs `BRAIN_SECRETS_KEY` (tokens are stored encrypted), which this
+    /// server does not have.
+    OauthNotConfigured,
+    /// The connector's MCP server answered without asking for authorization: there is
+    /// nothing to authorize.
+    AuthorizationNotRequired,
+    /// The connector's MCP server or its authorization server failed or refused a step of
+    /// the flow (discovery, registration, the token exchange); the message names the step
+    /// and an error class.
+    AuthorizationFailed,
 }
 
 impl ErrorCode {
@@ -86,6 +96,9 @@ impl ErrorCode {
             Self::QuotaExceeded => "quota_exceeded",
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
+            Self::OauthNotConfigured => "oauth_not_configured",
+            Self::AuthorizationNotRequired => "authorization_not_required",
+            Self::AuthorizationFailed => "authorization_failed",
         }
     }
 
@@ -144,6 +157,9 @@ mod tests {
             ErrorCode::QuotaExceeded,
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,
+            ErrorCode::OauthNotConfigured,
+            ErrorCode::AuthorizationNotRequired,
+            ErrorCode::AuthorizationFailed,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

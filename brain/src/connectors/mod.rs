@@ -48,6 +48,7 @@
 //! [`Toolset`]: crate::tools::Toolset
 
 pub mod address;
+pub mod authorization;
 mod session;
 mod tool;
 
@@ -63,7 +64,7 @@ pub use crate::config::ConnectorConfig;
 use crate::store::{ConnectorRow, Store};
 use crate::tools::Tool;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
-use session::Session;
+use authorization::Started;
 use tool::ConnectorTool;
 
 /// The longest tool name every provider accepts.
@@ -73,11 +74,14 @@ pub const MAX_TOOLS_PER_CONNECTOR: usize = 128;
 
 /// The tools of every connector that applies to `agent`, and what became of each
 /// connector. Never fails: a store failure yields no connectors (and a log line).
+/// `user` is the chat's creator, whose own OAuth grants come first.
 pub async fn connector_tools(
     store: &Store,
     config: &ConnectorConfig,
+    oauth: &authorization::OAuth,
     team: TeamId,
     agent: AgentId,
+    user: Option<&str>,
     cancel: &CancellationToken,
 ) -> (Vec<Arc<dyn Tool>>, Vec<ConnectorStatus>) {
     let rows = match store.connectors_for_agent(team, agent).await {
@@ -91,14 +95,18 @@ pub async fn connector_tools(
     if rows.is_empty() {
         return (Vec::new(), Vec::new());
     }
-    let started = join_all(rows.iter().map(|row| Session::start(row, config, cancel))).await;
+    let started = join_all(
+        rows.iter()
+            .map(|row| authorization::start(oauth, store, team, row, user, config, cancel)),
+    )
+    .await;
 
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut statuses = Vec::with_capacity(rows.len());
     let mut taken = HashSet::new();
     for (row, result) in rows.iter().zip(started) {
         match result {
-            Ok((session, listed)) => {
+            Started::Ready(session, listed) => {
                 let session = Arc::new(session);
                 let mut added = 0;
                 if listed.len() > MAX_TOOLS_PER_CONNECTOR {
@@ -125,15 +133,27 @@ pub async fn connector_tools(
                     state: ConnectorState::Ready,
                     tools: added,
                     error: None,
+                    authorize: None,
                 });
             }
-            Err(class) => {
+            Started::NeedsAuthorization(link) => {
+                tracing::info!(team = %team, agent = %agent, connector = %row.name, "connector needs authorization; its tools are left out of this turn");
+                statuses.push(ConnectorStatus {
+                    name: row.name.clone(),
+                    state: ConnectorState::NeedsAuthorization,
+                    tools: 0,
+                    error: None,
+                    authorize: Some(link),
+                });
+            }
+            Started::Down(class) => {
                 tracing::warn!(team = %team, agent = %agent, connector = %row.name, class, "connector is down; its tools are left out of this turn");
                 statuses.push(ConnectorStatus {
                     name: row.name.clone(),
                     state: ConnectorState::Down,
                     tools: 0,
                     error: Some(class.to_owned()),
+                    authorize: None,
                 });
             }
         }
@@ -226,6 +246,7 @@ mod tests {
             state: ConnectorState::Down,
             tools: 0,
             error: Some("timeout".into()),
+            authorize: None,
         };
         assert_eq!(
             serde_json::to_value(&status).unwrap(),

@@ -59,19 +59,7 @@ impl SecretsKey {
         name: &str,
         value: &[u8],
     ) -> Result<(Vec<u8>, Vec<u8>), SecretsError> {
-        let nonce = Nonce::generate();
-        let aad = associated_data(team, agent, name);
-        let ciphertext = self
-            .cipher
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: value,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| SecretsError::Crypto)?;
-        Ok((nonce.to_vec(), ciphertext))
+        self.seal_bound(&associated_data(team, agent, name), value)
     }
 
     /// Decrypts a stored value; fails on a wrong key, a wrong (team, agent, name), or a
@@ -84,14 +72,40 @@ impl SecretsKey {
         nonce: &[u8],
         ciphertext: &[u8],
     ) -> Result<Vec<u8>, SecretsError> {
+        self.open_bound(&associated_data(team, agent, name), nonce, ciphertext)
+    }
+
+    /// Encrypts `value` bound to `aad` (what the row belongs to, in a fixed-width or
+    /// otherwise unambiguous encoding the caller chooses): (fresh nonce, ciphertext with
+    /// tag).
+    pub(crate) fn seal_bound(
+        &self,
+        aad: &[u8],
+        value: &[u8],
+    ) -> Result<(Vec<u8>, Vec<u8>), SecretsError> {
+        let nonce = Nonce::generate();
+        let ciphertext = self
+            .cipher
+            .encrypt(&nonce, Payload { msg: value, aad })
+            .map_err(|_| SecretsError::Crypto)?;
+        Ok((nonce.to_vec(), ciphertext))
+    }
+
+    /// Decrypts what [`Self::seal_bound`] sealed; fails on a wrong key, other associated
+    /// data, or a tampered row.
+    pub(crate) fn open_bound(
+        &self,
+        aad: &[u8],
+        nonce: &[u8],
+        ciphertext: &[u8],
+    ) -> Result<Vec<u8>, SecretsError> {
         let nonce = Nonce::try_from(nonce).map_err(|_| SecretsError::Crypto)?;
-        let aad = associated_data(team, agent, name);
         self.cipher
             .decrypt(
                 &nonce,
                 Payload {
                     msg: ciphertext,
-                    aad: &aad,
+                    aad,
                 },
             )
             .map_err(|_| SecretsError::Crypto)
