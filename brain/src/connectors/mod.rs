@@ -48,7 +48,8 @@
 //! [`Toolset`]: crate::tools::Toolset
 
 pub mod address;
-mod session;
+pub mod oauth;
+pub mod session;
 mod tool;
 
 use std::collections::HashSet;
@@ -91,7 +92,11 @@ pub async fn connector_tools(
     if rows.is_empty() {
         return (Vec::new(), Vec::new());
     }
-    let started = join_all(rows.iter().map(|row| Session::start(row, config, cancel))).await;
+    let started = join_all(
+        rows.iter()
+            .map(|row| Session::start(row, config, None, cancel)),
+    )
+    .await;
 
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut statuses = Vec::with_capacity(rows.len());
@@ -127,7 +132,8 @@ pub async fn connector_tools(
                     error: None,
                 });
             }
-            Err(class) => {
+            Err(error) => {
+                let class = error.class();
                 tracing::warn!(team = %team, agent = %agent, connector = %row.name, class, "connector is down; its tools are left out of this turn");
                 statuses.push(ConnectorStatus {
                     name: row.name.clone(),
