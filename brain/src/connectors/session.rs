@@ -8,7 +8,7 @@
 use std::process::Stdio;
 
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::{
@@ -149,11 +149,15 @@ impl Drop for Session {
     }
 }
 
+/// The brain runs the `initialize` handshake, so it asks for the newest revision that has
+/// one (2025-11-25, the one the official conformance suite checks); rmcp's default is a
+/// later revision without it.
 fn client_info() -> ClientConfig {
     ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("agent-runtime-brain", env!("CARGO_PKG_VERSION")),
     )
+    .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
 }
 
 async fn connect(
