@@ -49,7 +49,8 @@
 
 pub mod address;
 pub mod authorization;
-mod session;
+pub mod oauth;
+pub mod session;
 mod tool;
 
 use std::collections::HashSet;
