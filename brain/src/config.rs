@@ -92,7 +92,10 @@ impl OAuthConfig {
     /// origin.
     pub fn client_for(&self, url: &str) -> Option<&OAuthClient> {
         self.clients.get(url).or_else(|| {
-            let origin = reqwest::Url::parse(url).ok()?.origin().ascii_serialization();
+            let origin = reqwest::Url::parse(url)
+                .ok()?
+                .origin()
+                .ascii_serialization();
             self.clients.get(&origin)
         })
     }

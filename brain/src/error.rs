@@ -171,9 +171,7 @@ impl ApiError {
             ErrorCode::AgentBusy
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict
-            | ErrorCode::AuthorizationNotRequired => {
-                StatusCode::CONFLICT
-            }
+            | ErrorCode::AuthorizationNotRequired => StatusCode::CONFLICT,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable

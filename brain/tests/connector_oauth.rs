@@ -235,7 +235,11 @@ async fn consent(app: &TestApp, url: &str) -> (String, reqwest::Response) {
         .build()
         .unwrap();
     let at_server = person.get(url).send().await.unwrap();
-    assert_eq!(at_server.status(), 302, "the authorization server redirects back");
+    assert_eq!(
+        at_server.status(),
+        302,
+        "the authorization server redirects back"
+    );
     let back = at_server.headers()["location"].to_str().unwrap().to_owned();
     assert!(
         back.starts_with(&format!("{}/v1/oauth/callback?", app.url)),
@@ -298,7 +302,10 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
         "{link}"
     );
     assert_eq!(w.app.settled().await.last().unwrap().0, "completed");
-    assert!(w.auth.ledger().registrations >= 1, "the brain registered a client");
+    assert!(
+        w.auth.ledger().registrations >= 1,
+        "the brain registered a client"
+    );
 
     let listed: Value = w.app.get("/v1/connectors").await.json().await.unwrap();
     assert_eq!(listed["connectors"][0]["authorization"], "needed");
@@ -338,7 +345,10 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
     assert!(!w.auth.ledger().accepted.is_empty());
 
     let listed = w.app.get("/v1/connectors").await.text().await.unwrap();
-    assert!(listed.contains("\"authorization\":\"authorized\""), "{listed}");
+    assert!(
+        listed.contains("\"authorization\":\"authorized\""),
+        "{listed}"
+    );
 
     // Nothing secret in what the API answered or what the brain logged.
     let messages = serde_json::to_string(&w.app.messages(&chat).await).unwrap();
@@ -463,15 +473,16 @@ async fn two_replicas_refresh_a_grant_once() {
             .unwrap_or_else(|| panic!("no status in {chunks:?}"));
         assert_eq!(status.state, ConnectorState::Ready, "{status:?}");
     }
-    let ledger = w.auth.ledger();
-    assert_eq!(ledger.refreshes, 1, "one refresh for both replicas");
-    assert_eq!(ledger.refresh_replays, 0);
-    let refreshed = ledger.issued_access.last().unwrap().clone();
-    assert!(
-        ledger.accepted.iter().all(|t| t == &refreshed),
-        "both replicas connected with the refreshed token"
-    );
-    drop(ledger);
+    {
+        let ledger = w.auth.ledger();
+        assert_eq!(ledger.refreshes, 1, "one refresh for both replicas");
+        assert_eq!(ledger.refresh_replays, 0);
+        let refreshed = ledger.issued_access.last().unwrap();
+        assert!(
+            ledger.accepted.iter().all(|t| t == refreshed),
+            "both replicas connected with the refreshed token"
+        );
+    }
     assert_eq!(w.grants().await, vec![(None, 2)]);
 }
 
@@ -557,15 +568,16 @@ async fn deleting_the_connector_revokes_its_grants() {
         .await
         .unwrap();
     assert_eq!(deleted.status(), 204);
-    let ledger = w.auth.ledger();
-    for refresh in &ledger.issued_refresh {
-        assert!(
-            ledger.revoked.contains(refresh),
-            "refresh token revoked: {:?}",
-            ledger.revoked
-        );
+    {
+        let ledger = w.auth.ledger();
+        for refresh in &ledger.issued_refresh {
+            assert!(
+                ledger.revoked.contains(refresh),
+                "refresh token revoked: {:?}",
+                ledger.revoked
+            );
+        }
     }
-    drop(ledger);
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM connector_grants")
         .fetch_one(w.app.store.pool())
         .await

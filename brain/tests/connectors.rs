@@ -683,17 +683,16 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
     let mut cfg = config(2_000, 30_000);
     cfg.allow_stdio = false;
     let started = Instant::now();
-    let (tools, statuses) =
-        connector_tools(
-            &app.store,
-            &cfg,
-            &oauth(),
-            app.team,
-            agent,
-            None,
-            &CancellationToken::new(),
-        )
-        .await;
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &cfg,
+        &oauth(),
+        app.team,
+        agent,
+        None,
+        &CancellationToken::new(),
+    )
+    .await;
     let took = started.elapsed();
     assert!(took < Duration::from_millis(4_000), "took {took:?}");
 

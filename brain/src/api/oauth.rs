@@ -179,7 +179,11 @@ pub async fn callback(
         // The flow is spent either way, so the link cannot be retried by someone else.
         let known = authorization::abandon(&state.store, &flow_state).await;
         let denied = error == "access_denied";
-        tracing::info!(known = matches!(known, Ok(true)), denied, "connector authorization refused at the authorization server");
+        tracing::info!(
+            known = matches!(known, Ok(true)),
+            denied,
+            "connector authorization refused at the authorization server"
+        );
         return if denied {
             page(
                 StatusCode::FORBIDDEN,
@@ -231,7 +235,10 @@ pub async fn callback(
             "This authorization link has expired. Start the authorization again.",
         ),
         Err(e) => {
-            tracing::warn!(class = e.class(), "connector authorization could not finish");
+            tracing::warn!(
+                class = e.class(),
+                "connector authorization could not finish"
+            );
             let status = match &e {
                 FlowError::OAuth(_) | FlowError::Probe(_) => StatusCode::BAD_GATEWAY,
                 FlowError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -256,7 +263,10 @@ fn page(status: StatusCode, title: &'static str, text: &'static str) -> Response
     let mut response = (status, Html(body)).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static("default-src 'none'"),

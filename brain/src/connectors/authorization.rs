@@ -227,7 +227,10 @@ pub async fn finish(
 /// The callback with an `error` (the person refused, or the server did): the flow is
 /// spent all the same. Whether there was one.
 pub async fn abandon(store: &Store, state: &str) -> Result<bool, FlowError> {
-    Ok(matches!(take(store, state).await?, Some(TakenFlow::Live(..))))
+    Ok(matches!(
+        take(store, state).await?,
+        Some(TakenFlow::Live(..))
+    ))
 }
 
 async fn take(store: &Store, state: &str) -> Result<Option<TakenFlow<PendingFlow>>, FlowError> {
@@ -278,11 +281,20 @@ async fn probe(url: &str, allow_private: bool) -> Result<String, FlowError> {
     });
     let response = client
         .post(parsed)
-        .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
+        .header(
+            reqwest::header::ACCEPT,
+            "application/json, text/event-stream",
+        )
         .json(&initialize)
         .send()
         .await
-        .map_err(|e| FlowError::Probe(if e.is_timeout() { "timeout" } else { "unreachable" }))?;
+        .map_err(|e| {
+            FlowError::Probe(if e.is_timeout() {
+                "timeout"
+            } else {
+                "unreachable"
+            })
+        })?;
     match response.status() {
         reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => Ok(response
             .headers()

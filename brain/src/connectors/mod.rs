@@ -64,8 +64,8 @@ use tokio_util::sync::CancellationToken;
 pub use crate::config::ConnectorConfig;
 use crate::store::{ConnectorRow, Store};
 use crate::tools::Tool;
-pub use protocol::ui::{ConnectorState, ConnectorStatus};
 use authorization::Started;
+pub use protocol::ui::{ConnectorState, ConnectorStatus};
 use tool::ConnectorTool;
 
 /// The longest tool name every provider accepts.

@@ -312,8 +312,7 @@ impl Store {
         .bind(owner.user.as_deref())
         .fetch_optional(&mut *tx)
         .await?;
-        let (nonce, ciphertext, version) =
-            row.ok_or(SecretsError::Store(StoreError::NotFound))?;
+        let (nonce, ciphertext, version) = row.ok_or(SecretsError::Store(StoreError::NotFound))?;
         let current: T = open(key, &aad, &nonce, &ciphertext)?;
         let Some(new) = step(&current, version).await.map_err(LockedError::Step)? else {
             return Ok((current, version));

@@ -216,10 +216,7 @@ async fn register(State(s): State<AsState>, axum::Json(body): axum::Json<Value>)
 
 /// An auto-consenting person: checks the request as a real server would, then redirects
 /// back with a code at once.
-async fn authorize(
-    State(s): State<AsState>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
+async fn authorize(State(s): State<AsState>, Query(q): Query<HashMap<String, String>>) -> Response {
     let get = |k: &str| q.get(k).cloned().unwrap_or_default();
     let mut ledger = s.ledger.lock().unwrap();
     let Some(uris) = ledger.clients.get(&get("client_id")) else {
@@ -383,7 +380,10 @@ impl ResourceServer {
                 "/.well-known/oauth-protected-resource/mcp",
                 get(resource_metadata),
             )
-            .route("/.well-known/oauth-protected-resource", get(resource_metadata))
+            .route(
+                "/.well-known/oauth-protected-resource",
+                get(resource_metadata),
+            )
             .route("/mcp", any(proxy))
             .with_state(state);
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -443,8 +443,7 @@ async fn proxy(
     }
     let mut request = s.http.request(method, &s.upstream).body(body);
     for (name, value) in &headers {
-        if name != header::HOST && name != header::AUTHORIZATION && name != header::CONTENT_LENGTH
-        {
+        if name != header::HOST && name != header::AUTHORIZATION && name != header::CONTENT_LENGTH {
             request = request.header(name, value);
         }
     }
