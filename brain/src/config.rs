@@ -575,6 +575,54 @@ mod tests {
     }
 
     #[test]
+    fn oauth_public_url_and_clients() {
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.oauth.public_url, "http://127.0.0.1:8080");
+        assert_eq!(
+            config.oauth.redirect_uri(),
+            "http://127.0.0.1:8080/v1/oauth/callback"
+        );
+        assert_eq!(config.oauth.client_metadata_url(), None, "not over http");
+        let anywhere = Config::from_env(&env(&[("BRAIN_ADDR", "0.0.0.0:9000")])).unwrap();
+        assert_eq!(anywhere.oauth.public_url, "http://localhost:9000");
+
+        let config = Config::from_env(&env(&[
+            ("BRAIN_PUBLIC_URL", "https://brain.example.com/"),
+            (
+                "BRAIN_OAUTH_CLIENTS",
+                r#"{"https://mcp.example.com": {"client_id": "c1", "client_secret": "s3cret"},
+                    "https://other.example/mcp": {"client_id": "c2"}}"#,
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.oauth.client_metadata_url().as_deref(),
+            Some("https://brain.example.com/v1/oauth/client-metadata.json")
+        );
+        let by_origin = config.oauth.client_for("https://mcp.example.com/a/mcp").unwrap();
+        assert_eq!(by_origin.client_id, "c1");
+        assert!(!format!("{config:?}").contains("s3cret"), "the secret is redacted");
+        assert_eq!(
+            config
+                .oauth
+                .client_for("https://other.example/mcp")
+                .unwrap()
+                .client_id,
+            "c2"
+        );
+        assert!(config.oauth.client_for("https://other.example/x").is_none());
+
+        for (name, value) in [
+            ("BRAIN_PUBLIC_URL", "ftp://x"),
+            ("BRAIN_OAUTH_CLIENTS", r#"{"u": {"client_id": "c", "secret": "s3cret"}}"#),
+        ] {
+            let err = Config::from_env(&env(&[(name, value)])).unwrap_err();
+            assert_eq!(err.name, name);
+            assert!(!err.problem.contains("s3cret"));
+        }
+    }
+
+    #[test]
     fn artifact_backends() {
         let config = Config::from_env(&env(&[])).unwrap();
         assert_eq!(config.artifacts.max_bytes, 25 << 20);
