@@ -599,9 +599,15 @@ mod tests {
             config.oauth.client_metadata_url().as_deref(),
             Some("https://brain.example.com/v1/oauth/client-metadata.json")
         );
-        let by_origin = config.oauth.client_for("https://mcp.example.com/a/mcp").unwrap();
+        let by_origin = config
+            .oauth
+            .client_for("https://mcp.example.com/a/mcp")
+            .unwrap();
         assert_eq!(by_origin.client_id, "c1");
-        assert!(!format!("{config:?}").contains("s3cret"), "the secret is redacted");
+        assert!(
+            !format!("{config:?}").contains("s3cret"),
+            "the secret is redacted"
+        );
         assert_eq!(
             config
                 .oauth
@@ -614,7 +620,10 @@ mod tests {
 
         for (name, value) in [
             ("BRAIN_PUBLIC_URL", "ftp://x"),
-            ("BRAIN_OAUTH_CLIENTS", r#"{"u": {"client_id": "c", "secret": "s3cret"}}"#),
+            (
+                "BRAIN_OAUTH_CLIENTS",
+                r#"{"u": {"client_id": "c", "secret": "s3cret"}}"#,
+            ),
         ] {
             let err = Config::from_env(&env(&[(name, value)])).unwrap_err();
             assert_eq!(err.name, name);

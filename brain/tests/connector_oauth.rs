@@ -302,10 +302,14 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
         "{link}"
     );
     assert_eq!(w.app.settled().await.last().unwrap().0, "completed");
-    assert!(
-        w.auth.ledger().registrations >= 1,
-        "the brain registered a client"
-    );
+    let registrations = w.auth.ledger().registrations;
+    assert_eq!(registrations, 1, "the brain registered a client");
+
+    // The next turn, while the person has not come yet, hands out the same flow.
+    let (again, _) = w.turn(&w.app.key, &chat).await;
+    assert_eq!(again.state, ConnectorState::NeedsAuthorization);
+    assert_eq!(again.authorize.as_deref(), Some(link.as_str()));
+    assert_eq!(w.auth.ledger().registrations, registrations);
 
     let listed: Value = w.app.get("/v1/connectors").await.json().await.unwrap();
     assert_eq!(listed["connectors"][0]["authorization"], "needed");

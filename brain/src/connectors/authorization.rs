@@ -16,8 +16,9 @@
 //! that rotates refresh tokens may revoke the whole grant on a reuse) and the second one
 //! connects with the first one's new tokens. A server that still answers `401` (no grant,
 //! or a revoked one that cannot be refreshed) makes the connector `needs_authorization`:
-//! a flow is begun for the chat's creator (else the connector) and its authorization URL
-//! is the status's `authorize`. The turn goes on without the connector's tools.
+//! a flow is begun for the chat's creator (else the connector), or a live one of theirs
+//! handed out again, and its authorization URL is the status's `authorize`. The turn goes
+//! on without the connector's tools.
 //!
 //! # Flows
 //!
@@ -49,8 +50,10 @@ use crate::store::{StoreError, TakenFlow};
 
 /// How long a person has between the authorization URL and the callback.
 pub const FLOW_TTL: Duration = Duration::from_secs(600);
-/// Unfinished flows per connector; each turn that meets a `401` begins one.
+/// Unfinished flows per connector.
 pub const MAX_LIVE_FLOWS: i64 = 50;
+/// A turn hands out a pending flow's link again while it has this long to live.
+pub const REUSE_LEFT: Duration = Duration::from_secs(300);
 /// A grant whose access token expires within this is refreshed before a connect.
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(60);
 /// The probe of an MCP server for its challenge.
@@ -171,9 +174,18 @@ pub async fn authorize(
     begin(oauth, store, row, owner, Some(&challenge)).await
 }
 
+/// A pending flow as stored: the protocol's state, and what a later turn needs to hand the
+/// same flow out again (its link, and the challenge it answered).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredFlow {
+    flow: PendingFlow,
+    authorization_url: String,
+    challenge: Option<String>,
+}
+
 /// Begins a flow on `row`'s server for `owner` and stores it: the authorization URL and
 /// when the flow expires.
-pub async fn begin(
+async fn begin(
     oauth: &OAuth,
     store: &Store,
     row: &ConnectorRow,
@@ -183,15 +195,15 @@ pub async fn begin(
     let url = http_url(row)?;
     let (authorization_url, flow) =
         oauth::begin(&oauth.http, url, challenge, &oauth.options(url)).await?;
-    let expires_at = bounded(store.put_flow(
-        owner,
-        oauth::state_of(&flow),
-        &flow,
-        FLOW_TTL,
-        MAX_LIVE_FLOWS,
-    ))
-    .await?;
-    Ok((authorization_url, expires_at))
+    let state = oauth::state_of(&flow).to_owned();
+    let stored = StoredFlow {
+        flow,
+        authorization_url,
+        challenge: challenge.map(str::to_owned),
+    };
+    let expires_at =
+        bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS)).await?;
+    Ok((stored.authorization_url, expires_at))
 }
 
 /// What the callback found.
@@ -214,12 +226,12 @@ pub async fn finish(
     state: &str,
     iss: Option<&str>,
 ) -> Result<Finished, FlowError> {
-    let (owner, flow) = match take(store, state).await? {
-        Some(TakenFlow::Live(owner, flow)) => (owner, flow),
+    let (owner, stored) = match take(store, state).await? {
+        Some(TakenFlow::Live(owner, stored)) => (owner, stored),
         Some(TakenFlow::Expired) => return Ok(Finished::Expired),
         None => return Ok(Finished::Unknown),
     };
-    let grant = oauth::finish(&oauth.http, flow, code, state, iss).await?;
+    let grant = oauth::finish(&oauth.http, stored.flow, code, state, iss).await?;
     bounded(store.put_grant(&owner, &grant)).await?;
     Ok(Finished::Connected(owner))
 }
@@ -233,7 +245,7 @@ pub async fn abandon(store: &Store, state: &str) -> Result<bool, FlowError> {
     ))
 }
 
-async fn take(store: &Store, state: &str) -> Result<Option<TakenFlow<PendingFlow>>, FlowError> {
+async fn take(store: &Store, state: &str) -> Result<Option<TakenFlow<StoredFlow>>, FlowError> {
     if !store.secrets_configured() {
         return Err(FlowError::NotConfigured);
     }
@@ -365,8 +377,10 @@ pub(super) async fn start(
     }
 }
 
-/// Begins a flow for the chat's creator (an API key's chat: for the connector) and
-/// answers its link. A chat's user never gets to authorize for the whole connector.
+/// The link of a flow for the chat's creator (an API key's chat: for the connector): a
+/// live one begun earlier for the same challenge, with at least [`REUSE_LEFT`] to go
+/// (so that turns of a chat waiting for its person do not each register and begin
+/// anew), else a new one. A chat's user never gets to authorize for the whole connector.
 async fn ask(
     oauth: &OAuth,
     store: &Store,
@@ -383,6 +397,20 @@ async fn ask(
         connector: row.id,
         user: user.map(str::to_owned),
     };
+    match bounded(store.live_flows::<StoredFlow>(&owner, REUSE_LEFT)).await {
+        Ok(flows) => {
+            if let Some(live) = flows
+                .into_iter()
+                .find(|f| f.challenge.as_deref() == challenge)
+            {
+                return Started::NeedsAuthorization(live.authorization_url);
+            }
+        }
+        // A flow that cannot be read is no reason not to begin another.
+        Err(e) => {
+            tracing::warn!(connector = %row.id, class = e.metric_label(), "could not read the connector's pending flows")
+        }
+    }
     match begin(oauth, store, row, &owner, challenge).await {
         Ok((url, _)) => Started::NeedsAuthorization(url),
         Err(e) => Started::Down(e.class()),

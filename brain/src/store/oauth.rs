@@ -212,6 +212,39 @@ impl Store {
         Ok(TakenFlow::Live(owner, flow))
     }
 
+    /// The pending flows of `owner` with more than `left` to live, the newest first (at
+    /// most a few: the newest five).
+    pub async fn live_flows<T: DeserializeOwned>(
+        &self,
+        owner: &GrantOwner,
+        left: Duration,
+    ) -> Result<Vec<T>, SecretsError> {
+        let key = self.secrets_key()?;
+        let left = chrono::Duration::from_std(left).map_err(|_| SecretsError::Crypto)?;
+        let rows: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+            "SELECT state_hash, nonce, ciphertext FROM oauth_flows \
+             WHERE team_id = $1 AND connector_id = $2 AND user_id IS NOT DISTINCT FROM $3 \
+               AND expires_at > $4 \
+             ORDER BY expires_at DESC LIMIT 5",
+        )
+        .bind(owner.team.0)
+        .bind(owner.connector)
+        .bind(owner.user.as_deref())
+        .bind(Utc::now() + left)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|(hash, nonce, ciphertext)| {
+                open(
+                    key,
+                    &associated_data(FLOW_TAG, owner, hash),
+                    nonce,
+                    ciphertext,
+                )
+            })
+            .collect()
+    }
+
     /// Stores the grant of `owner`, replacing an older one. A connector that is gone (or
     /// another team's) → `NotFound`.
     pub async fn put_grant<T: Serialize>(
