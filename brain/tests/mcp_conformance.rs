@@ -12,6 +12,8 @@
 //! The suite's mock servers listen on every interface, so it runs in a network namespace
 //! of its own (`unshare -n`, loopback only).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

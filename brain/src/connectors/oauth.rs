@@ -461,6 +461,7 @@ pub async fn begin(
     options: &ClientOptions,
 ) -> Result<(String, PendingFlow), OAuthError> {
     let base = parse_http_url(server_url)?;
+    http.check(&base)?;
     let transport = Transport::new(http);
     let mut manager =
         AuthorizationManager::new_with_oauth_http_client(base.clone(), transport.clone())
@@ -474,7 +475,8 @@ pub async fn begin(
         .await
         .map_err(|e| transport.error(discovery_error(&e)))?;
     if resolution.source == AuthorizationMetadataSource::LegacyEndpointFallback {
-        return Err(OAuthError::DiscoveryFailed);
+        // rmcp falls back when every discovery request failed, too: say why.
+        return Err(transport.error(OAuthError::DiscoveryFailed));
     }
     let metadata = resolution.metadata;
     // The spec: no S256 listed means no PKCE, and the client must not go on (rmcp only
@@ -870,4 +872,198 @@ pub async fn revoke(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration() -> Registration {
+        Registration {
+            client_id: "client-1".into(),
+            client_secret: Some("secret-s3cr3t".into()),
+            auth_method: "client_secret_basic".into(),
+        }
+    }
+
+    fn flow(created_at: i64) -> PendingFlow {
+        let state: StoredAuthorizationState = serde_json::from_value(serde_json::json!({
+            "pkce_verifier": "verifier-v3r1f13r",
+            "csrf_token": "state-123",
+            "expected_issuer": "https://as.example",
+            "require_issuer": false,
+            "created_at": created_at,
+            "requested_scopes": ["read"],
+        }))
+        .unwrap();
+        let metadata: AuthorizationMetadata = serde_json::from_value(serde_json::json!({
+            "issuer": "https://as.example",
+            "authorization_endpoint": "https://as.example/authorize",
+            "token_endpoint": "https://as.example/token",
+            "revocation_endpoint": "https://as.example/revoke",
+            "code_challenge_methods_supported": ["S256"],
+        }))
+        .unwrap();
+        PendingFlow {
+            server_url: "https://mcp.example/mcp".into(),
+            resource: "https://mcp.example/mcp".into(),
+            redirect_uri: "https://brain.example/v1/oauth/callback".into(),
+            metadata,
+            registration: registration(),
+            scopes: vec!["read".into()],
+            state,
+        }
+    }
+
+    fn grant(expires_at: Option<DateTime<Utc>>) -> Grant {
+        Grant {
+            access_token: "access-4cc355".into(),
+            refresh_token: Some("refresh-r3fr35h".into()),
+            expires_at,
+            scopes: vec!["read".into()],
+            registration: registration(),
+            authorization_endpoint: "https://as.example/authorize".into(),
+            token_endpoint: "https://as.example/token".into(),
+            revocation_endpoint: None,
+            issuer: Some("https://as.example".into()),
+            resource: "https://mcp.example/mcp".into(),
+            server_url: "https://mcp.example/mcp".into(),
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let shown = format!("{:?} {:?}", flow(0), grant(None));
+        for secret in [
+            "secret-s3cr3t",
+            "verifier-v3r1f13r",
+            "state-123",
+            "access-4cc355",
+            "refresh-r3fr35h",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("client-1") && shown.contains("https://as.example"));
+        let options = ClientOptions {
+            redirect_uri: "https://brain.example/cb".into(),
+            client_name: "brain".into(),
+            client_metadata_url: None,
+            preregistered: Some(PreRegistered {
+                client_id: "pre".into(),
+                client_secret: Some("secret-s3cr3t".into()),
+            }),
+            scopes: Vec::new(),
+        };
+        assert!(!format!("{options:?}").contains("secret-s3cr3t"));
+    }
+
+    /// A flow begun on one replica finishes on another: both survive their stored form.
+    #[test]
+    fn flow_and_grant_survive_json() {
+        let flow = flow(1_700_000_000);
+        let back: PendingFlow =
+            serde_json::from_str(&serde_json::to_string(&flow).unwrap()).unwrap();
+        assert_eq!(state_of(&back), "state-123");
+        assert_eq!(back.state.pkce_verifier, "verifier-v3r1f13r");
+        assert_eq!(back.registration, flow.registration);
+        assert_eq!(
+            back.metadata.additional_fields.get("revocation_endpoint"),
+            Some(&serde_json::json!("https://as.example/revoke"))
+        );
+        let at = Utc::now();
+        let grant = grant(Some(at));
+        let back: Grant = serde_json::from_str(&serde_json::to_string(&grant).unwrap()).unwrap();
+        assert_eq!(access_token(&back), "access-4cc355");
+        assert_eq!(back.refresh_token.as_deref(), Some("refresh-r3fr35h"));
+        assert_eq!(back.expires_at, Some(at));
+        assert_eq!(back.scopes(), ["read"]);
+        assert!(serde_json::from_str::<Grant>(r#"{"access_token": "x"}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_callback_must_match_its_flow_and_come_in_time() {
+        let http = Http::new(false).unwrap();
+        let now = Utc::now().timestamp();
+        let err = finish(&http, flow(now), "code", "state-124", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), "state_mismatch");
+        let stale = now - FLOW_TTL.as_secs() as i64 - 1;
+        let err = finish(&http, flow(stale), "code", "state-123", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), "flow_expired");
+    }
+
+    #[test]
+    fn expiry_is_absolute() {
+        let minute = Duration::from_secs(60);
+        assert!(!expires_soon(&grant(None), minute));
+        assert!(expires_soon(
+            &grant(Some(Utc::now() + chrono::Duration::seconds(30))),
+            minute
+        ));
+        assert!(!expires_soon(
+            &grant(Some(Utc::now() + chrono::Duration::seconds(300))),
+            minute
+        ));
+        assert!(expires_soon(&grant(Some(Utc::now())), Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn refused_addresses_are_never_asked() {
+        let http = Http::new(false).unwrap();
+        let options = ClientOptions {
+            redirect_uri: "https://brain.example/cb".into(),
+            client_name: "brain".into(),
+            client_metadata_url: None,
+            preregistered: None,
+            scopes: Vec::new(),
+        };
+        for (url, class) in [
+            ("http://127.0.0.1:9/mcp", "private_address"),
+            ("http://localhost:9/mcp", "private_address"),
+            ("http://169.254.169.254/mcp", "metadata_address"),
+            ("ftp://example.com/mcp", "invalid_url"),
+        ] {
+            let err = begin(&http, url, None, &options).await.unwrap_err();
+            assert_eq!(err.class(), class, "{url}");
+        }
+        let mut refused = grant(None);
+        refused.revocation_endpoint = Some("http://10.0.0.1/revoke".into());
+        assert_eq!(
+            revoke(&http, &refused).await.unwrap_err().class(),
+            "private_address"
+        );
+        // Nothing to call: no revocation endpoint.
+        revoke(&http, &grant(None)).await.unwrap();
+        let mut no_refresh = grant(None);
+        no_refresh.refresh_token = None;
+        let err = refresh(&http, &no_refresh).await.unwrap_err();
+        assert_eq!(err.class(), "no_refresh_token");
+        assert!(err.needs_authorization());
+    }
+
+    #[test]
+    fn the_auth_method_follows_the_metadata() {
+        let with = |methods: serde_json::Value| {
+            let mut metadata = AuthorizationMetadata::default();
+            metadata
+                .additional_fields
+                .insert("token_endpoint_auth_methods_supported".into(), methods);
+            metadata
+        };
+        let post = with(serde_json::json!(["client_secret_post"]));
+        assert_eq!(auth_method(&post, true), "client_secret_post");
+        assert_eq!(auth_method(&post, false), "none");
+        let both = with(serde_json::json!([
+            "client_secret_basic",
+            "client_secret_post"
+        ]));
+        assert_eq!(auth_method(&both, true), "client_secret_basic");
+        assert_eq!(
+            auth_method(&AuthorizationMetadata::default(), true),
+            "client_secret_basic"
+        );
+    }
 }
