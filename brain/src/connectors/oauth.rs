@@ -378,6 +378,14 @@ impl Transport {
         text.into()
     }
 
+    /// Forgets failures rmcp got past (a discovery candidate that did not answer while
+    /// another did), so a later error is not blamed on them.
+    fn forget(&self) {
+        if let Ok(mut slot) = self.failure.lock() {
+            slot.take();
+        }
+    }
+
     /// The network cause of a failure, if a request failed at all; `otherwise` else.
     fn error(&self, otherwise: OAuthError) -> OAuthError {
         self.failure
@@ -478,6 +486,7 @@ pub async fn begin(
         // rmcp falls back when every discovery request failed, too: say why.
         return Err(transport.error(OAuthError::DiscoveryFailed));
     }
+    transport.forget();
     let metadata = resolution.metadata;
     // The spec: no S256 listed means no PKCE, and the client must not go on (rmcp only
     // refuses a list without S256).
