@@ -61,13 +61,16 @@ use super::address::{self, Refused};
 
 /// One request to an authorization server or a metadata URL.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// One whole step ([`begin`], [`finish`], [`refresh`], [`revoke`]): discovery alone may
+/// try a dozen URLs.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a begun flow may wait for its callback.
 pub const FLOW_TTL: Duration = Duration::from_secs(15 * 60);
 /// The longest authorization server answer read (rmcp caps its own reads at 1 MiB too).
 const MAX_BODY: usize = 1024 * 1024;
 
 /// How the brain presents itself to an authorization server.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ClientOptions {
     /// Where the authorization server sends the person back (the brain's callback URL).
     pub redirect_uri: String,
@@ -80,18 +83,6 @@ pub struct ClientOptions {
     pub preregistered: Option<PreRegistered>,
     /// Scopes to ask for beyond the challenge's; empty: the spec's selection alone.
     pub scopes: Vec<String>,
-}
-
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("redirect_uri", &self.redirect_uri)
-            .field("client_name", &self.client_name)
-            .field("client_metadata_url", &self.client_metadata_url)
-            .field("preregistered", &self.preregistered)
-            .field("scopes", &self.scopes)
-            .finish()
-    }
 }
 
 /// A client registered with the authorization server out of band.
@@ -258,6 +249,8 @@ pub enum OAuthError {
     RevocationFailed,
     #[error("the OAuth client could not be built")]
     ClientFailed,
+    #[error("the authorization server did not answer in time")]
+    Timeout,
 }
 
 impl OAuthError {
@@ -279,6 +272,7 @@ impl OAuthError {
             Self::TokenFailed => "token_failed",
             Self::RevocationFailed => "revocation_failed",
             Self::ClientFailed => "client_failed",
+            Self::Timeout => "timeout",
         }
     }
 
@@ -468,6 +462,21 @@ pub async fn begin(
     challenge: Option<&str>,
     options: &ClientOptions,
 ) -> Result<(String, PendingFlow), OAuthError> {
+    bounded(begin_unbounded(http, server_url, challenge, options)).await
+}
+
+async fn bounded<T>(step: impl Future<Output = Result<T, OAuthError>>) -> Result<T, OAuthError> {
+    tokio::time::timeout(STEP_TIMEOUT, step)
+        .await
+        .unwrap_or(Err(OAuthError::Timeout))
+}
+
+async fn begin_unbounded(
+    http: &Http,
+    server_url: &str,
+    challenge: Option<&str>,
+    options: &ClientOptions,
+) -> Result<(String, PendingFlow), OAuthError> {
     let base = parse_http_url(server_url)?;
     http.check(&base)?;
     let transport = Transport::new(http);
@@ -499,7 +508,7 @@ pub async fn begin(
     }
     manager.set_metadata(metadata.clone());
 
-    let scopes = select_scopes(&manager, &base, challenge, &options.scopes).await;
+    let scopes = select_scopes(&manager, &metadata, &base, challenge, &options.scopes).await;
     let scope_refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
 
     let supports_cimd = metadata
@@ -519,6 +528,16 @@ pub async fn begin(
     {
         OAuthClientConfig::new(url.clone(), options.redirect_uri.clone())
     } else if metadata.registration_endpoint.is_some() {
+        // The brain is a web application (an https callback, not a loopback or custom
+        // scheme): OpenID registration's `application_type` says so (rmcp's default is
+        // `native`). rmcp takes it from a configured client only, so one is configured
+        // first and replaced below.
+        manager
+            .configure_client(
+                OAuthClientConfig::new(String::new(), options.redirect_uri.clone())
+                    .with_application_type("web"),
+            )
+            .map_err(|_| OAuthError::ClientFailed)?;
         manager
             .register_client(&options.client_name, &options.redirect_uri, &scope_refs)
             .await
@@ -574,9 +593,10 @@ pub async fn begin(
 /// `scope`, else the resource metadata's `scopes_supported`, else none; the configured
 /// scopes are always added (a step-up passes the grant's scopes there, so it asks for
 /// the union). `offline_access` is added when the authorization server lists it, so a
-/// refresh token comes back (rmcp's rule).
+/// refresh token comes back (SEP-2207).
 async fn select_scopes(
     manager: &AuthorizationManager,
+    metadata: &AuthorizationMetadata,
     base: &reqwest::Url,
     challenge: Option<&str>,
     configured: &[String],
@@ -585,11 +605,15 @@ async fn select_scopes(
         .map(|c| WWWAuthenticateParams::parse(c, base))
         .and_then(|p| p.scope)
         .is_some_and(|s| !s.trim().is_empty());
-    let discovered = manager.select_initial_scopes(&[]).await;
     let mut scopes: Vec<String> = configured.to_vec();
     if challenged || scopes.is_empty() {
-        scopes.extend(discovered);
-    } else if discovered.iter().any(|s| s == "offline_access") {
+        scopes.extend(manager.select_initial_scopes(&[]).await);
+    }
+    let offline = metadata
+        .scopes_supported
+        .as_ref()
+        .is_some_and(|s| s.iter().any(|s| s == "offline_access"));
+    if offline && !scopes.is_empty() {
         scopes.push("offline_access".into());
     }
     let mut seen = std::collections::HashSet::new();
@@ -678,6 +702,16 @@ pub async fn finish(
     state: &str,
     iss: Option<&str>,
 ) -> Result<Grant, OAuthError> {
+    bounded(finish_unbounded(http, flow, code, state, iss)).await
+}
+
+async fn finish_unbounded(
+    http: &Http,
+    flow: PendingFlow,
+    code: &str,
+    state: &str,
+    iss: Option<&str>,
+) -> Result<Grant, OAuthError> {
     if !constant_time_eq(state.as_bytes(), flow.state.csrf_token.as_bytes()) {
         return Err(OAuthError::StateMismatch);
     }
@@ -753,6 +787,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// A new grant from `grant`'s refresh token. The old refresh token is kept when the
 /// response has none (RFC 6749 §6); the scopes stay those of the original grant.
 pub async fn refresh(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
+    bounded(refresh_unbounded(http, grant)).await
+}
+
+async fn refresh_unbounded(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
     let Some(refresh_token) = grant.refresh_token.as_ref() else {
         return Err(OAuthError::NoRefreshToken);
     };
@@ -768,6 +806,7 @@ pub async fn refresh(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
         &grant.resource,
         metadata,
         &grant.registration,
+        // A refresh sends no redirect URI; rmcp's client wants one all the same.
         &grant.server_url,
     )
     .await?;
@@ -832,6 +871,10 @@ pub fn access_token(grant: &Grant) -> &str {
 /// issued from it at most servers), then the access token. `Ok` when the authorization
 /// server has no `revocation_endpoint`: there is nothing to call.
 pub async fn revoke(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
+    bounded(revoke_unbounded(http, grant)).await
+}
+
+async fn revoke_unbounded(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
     let Some(endpoint) = grant.revocation_endpoint.as_deref() else {
         return Ok(());
     };
