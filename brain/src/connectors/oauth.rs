@@ -61,13 +61,16 @@ use super::address::{self, Refused};
 
 /// One request to an authorization server or a metadata URL.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// One whole step ([`begin`], [`finish`], [`refresh`], [`revoke`]): discovery alone may
+/// try a dozen URLs.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a begun flow may wait for its callback.
 pub const FLOW_TTL: Duration = Duration::from_secs(15 * 60);
 /// The longest authorization server answer read (rmcp caps its own reads at 1 MiB too).
 const MAX_BODY: usize = 1024 * 1024;
 
 /// How the brain presents itself to an authorization server.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct ClientOptions {
     /// Where the authorization server sends the person back (the brain's callback URL).
     pub redirect_uri: String,
@@ -80,18 +83,6 @@ pub struct ClientOptions {
     pub preregistered: Option<PreRegistered>,
     /// Scopes to ask for beyond the challenge's; empty: the spec's selection alone.
     pub scopes: Vec<String>,
-}
-
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("redirect_uri", &self.redirect_uri)
-            .field("client_name", &self.client_name)
-            .field("client_metadata_url", &self.client_metadata_url)
-            .field("preregistered", &self.preregistered)
-            .field("scopes", &self.scopes)
-            .finish()
-    }
 }
 
 /// A client registered with the authorization server out of band.
@@ -258,6 +249,8 @@ pub enum OAuthError {
     RevocationFailed,
     #[error("the OAuth client could not be built")]
     ClientFailed,
+    #[error("the authorization server did not answer in time")]
+    Timeout,
 }
 
 impl OAuthError {
@@ -279,6 +272,7 @@ impl OAuthError {
             Self::TokenFailed => "token_failed",
             Self::RevocationFailed => "revocation_failed",
             Self::ClientFailed => "client_failed",
+            Self::Timeout => "timeout",
         }
     }
 
@@ -378,6 +372,14 @@ impl Transport {
         text.into()
     }
 
+    /// Forgets failures rmcp got past (a discovery candidate that did not answer while
+    /// another did), so a later error is not blamed on them.
+    fn forget(&self) {
+        if let Ok(mut slot) = self.failure.lock() {
+            slot.take();
+        }
+    }
+
     /// The network cause of a failure, if a request failed at all; `otherwise` else.
     fn error(&self, otherwise: OAuthError) -> OAuthError {
         self.failure
@@ -460,7 +462,23 @@ pub async fn begin(
     challenge: Option<&str>,
     options: &ClientOptions,
 ) -> Result<(String, PendingFlow), OAuthError> {
+    bounded(begin_unbounded(http, server_url, challenge, options)).await
+}
+
+async fn bounded<T>(step: impl Future<Output = Result<T, OAuthError>>) -> Result<T, OAuthError> {
+    tokio::time::timeout(STEP_TIMEOUT, step)
+        .await
+        .unwrap_or(Err(OAuthError::Timeout))
+}
+
+async fn begin_unbounded(
+    http: &Http,
+    server_url: &str,
+    challenge: Option<&str>,
+    options: &ClientOptions,
+) -> Result<(String, PendingFlow), OAuthError> {
     let base = parse_http_url(server_url)?;
+    http.check(&base)?;
     let transport = Transport::new(http);
     let mut manager =
         AuthorizationManager::new_with_oauth_http_client(base.clone(), transport.clone())
@@ -474,8 +492,10 @@ pub async fn begin(
         .await
         .map_err(|e| transport.error(discovery_error(&e)))?;
     if resolution.source == AuthorizationMetadataSource::LegacyEndpointFallback {
-        return Err(OAuthError::DiscoveryFailed);
+        // rmcp falls back when every discovery request failed, too: say why.
+        return Err(transport.error(OAuthError::DiscoveryFailed));
     }
+    transport.forget();
     let metadata = resolution.metadata;
     // The spec: no S256 listed means no PKCE, and the client must not go on (rmcp only
     // refuses a list without S256).
@@ -488,7 +508,7 @@ pub async fn begin(
     }
     manager.set_metadata(metadata.clone());
 
-    let scopes = select_scopes(&manager, &base, challenge, &options.scopes).await;
+    let scopes = select_scopes(&manager, &metadata, &base, challenge, &options.scopes).await;
     let scope_refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
 
     let supports_cimd = metadata
@@ -508,6 +528,16 @@ pub async fn begin(
     {
         OAuthClientConfig::new(url.clone(), options.redirect_uri.clone())
     } else if metadata.registration_endpoint.is_some() {
+        // The brain is a web application (an https callback, not a loopback or custom
+        // scheme): OpenID registration's `application_type` says so (rmcp's default is
+        // `native`). rmcp takes it from a configured client only, so one is configured
+        // first and replaced below.
+        manager
+            .configure_client(
+                OAuthClientConfig::new(String::new(), options.redirect_uri.clone())
+                    .with_application_type("web"),
+            )
+            .map_err(|_| OAuthError::ClientFailed)?;
         manager
             .register_client(&options.client_name, &options.redirect_uri, &scope_refs)
             .await
@@ -563,9 +593,10 @@ pub async fn begin(
 /// `scope`, else the resource metadata's `scopes_supported`, else none; the configured
 /// scopes are always added (a step-up passes the grant's scopes there, so it asks for
 /// the union). `offline_access` is added when the authorization server lists it, so a
-/// refresh token comes back (rmcp's rule).
+/// refresh token comes back (SEP-2207).
 async fn select_scopes(
     manager: &AuthorizationManager,
+    metadata: &AuthorizationMetadata,
     base: &reqwest::Url,
     challenge: Option<&str>,
     configured: &[String],
@@ -574,11 +605,15 @@ async fn select_scopes(
         .map(|c| WWWAuthenticateParams::parse(c, base))
         .and_then(|p| p.scope)
         .is_some_and(|s| !s.trim().is_empty());
-    let discovered = manager.select_initial_scopes(&[]).await;
     let mut scopes: Vec<String> = configured.to_vec();
     if challenged || scopes.is_empty() {
-        scopes.extend(discovered);
-    } else if discovered.iter().any(|s| s == "offline_access") {
+        scopes.extend(manager.select_initial_scopes(&[]).await);
+    }
+    let offline = metadata
+        .scopes_supported
+        .as_ref()
+        .is_some_and(|s| s.iter().any(|s| s == "offline_access"));
+    if offline && !scopes.is_empty() {
         scopes.push("offline_access".into());
     }
     let mut seen = std::collections::HashSet::new();
@@ -667,6 +702,16 @@ pub async fn finish(
     state: &str,
     iss: Option<&str>,
 ) -> Result<Grant, OAuthError> {
+    bounded(finish_unbounded(http, flow, code, state, iss)).await
+}
+
+async fn finish_unbounded(
+    http: &Http,
+    flow: PendingFlow,
+    code: &str,
+    state: &str,
+    iss: Option<&str>,
+) -> Result<Grant, OAuthError> {
     if !constant_time_eq(state.as_bytes(), flow.state.csrf_token.as_bytes()) {
         return Err(OAuthError::StateMismatch);
     }
@@ -742,6 +787,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// A new grant from `grant`'s refresh token. The old refresh token is kept when the
 /// response has none (RFC 6749 §6); the scopes stay those of the original grant.
 pub async fn refresh(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
+    bounded(refresh_unbounded(http, grant)).await
+}
+
+async fn refresh_unbounded(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
     let Some(refresh_token) = grant.refresh_token.as_ref() else {
         return Err(OAuthError::NoRefreshToken);
     };
@@ -757,6 +806,7 @@ pub async fn refresh(http: &Http, grant: &Grant) -> Result<Grant, OAuthError> {
         &grant.resource,
         metadata,
         &grant.registration,
+        // A refresh sends no redirect URI; rmcp's client wants one all the same.
         &grant.server_url,
     )
     .await?;
@@ -821,6 +871,10 @@ pub fn access_token(grant: &Grant) -> &str {
 /// issued from it at most servers), then the access token. `Ok` when the authorization
 /// server has no `revocation_endpoint`: there is nothing to call.
 pub async fn revoke(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
+    bounded(revoke_unbounded(http, grant)).await
+}
+
+async fn revoke_unbounded(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
     let Some(endpoint) = grant.revocation_endpoint.as_deref() else {
         return Ok(());
     };
@@ -870,4 +924,198 @@ pub async fn revoke(http: &Http, grant: &Grant) -> Result<(), OAuthError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration() -> Registration {
+        Registration {
+            client_id: "client-1".into(),
+            client_secret: Some("secret-s3cr3t".into()),
+            auth_method: "client_secret_basic".into(),
+        }
+    }
+
+    fn flow(created_at: i64) -> PendingFlow {
+        let state: StoredAuthorizationState = serde_json::from_value(serde_json::json!({
+            "pkce_verifier": "verifier-v3r1f13r",
+            "csrf_token": "state-123",
+            "expected_issuer": "https://as.example",
+            "require_issuer": false,
+            "created_at": created_at,
+            "requested_scopes": ["read"],
+        }))
+        .unwrap();
+        let metadata: AuthorizationMetadata = serde_json::from_value(serde_json::json!({
+            "issuer": "https://as.example",
+            "authorization_endpoint": "https://as.example/authorize",
+            "token_endpoint": "https://as.example/token",
+            "revocation_endpoint": "https://as.example/revoke",
+            "code_challenge_methods_supported": ["S256"],
+        }))
+        .unwrap();
+        PendingFlow {
+            server_url: "https://mcp.example/mcp".into(),
+            resource: "https://mcp.example/mcp".into(),
+            redirect_uri: "https://brain.example/v1/oauth/callback".into(),
+            metadata,
+            registration: registration(),
+            scopes: vec!["read".into()],
+            state,
+        }
+    }
+
+    fn grant(expires_at: Option<DateTime<Utc>>) -> Grant {
+        Grant {
+            access_token: "access-4cc355".into(),
+            refresh_token: Some("refresh-r3fr35h".into()),
+            expires_at,
+            scopes: vec!["read".into()],
+            registration: registration(),
+            authorization_endpoint: "https://as.example/authorize".into(),
+            token_endpoint: "https://as.example/token".into(),
+            revocation_endpoint: None,
+            issuer: Some("https://as.example".into()),
+            resource: "https://mcp.example/mcp".into(),
+            server_url: "https://mcp.example/mcp".into(),
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let shown = format!("{:?} {:?}", flow(0), grant(None));
+        for secret in [
+            "secret-s3cr3t",
+            "verifier-v3r1f13r",
+            "state-123",
+            "access-4cc355",
+            "refresh-r3fr35h",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("client-1") && shown.contains("https://as.example"));
+        let options = ClientOptions {
+            redirect_uri: "https://brain.example/cb".into(),
+            client_name: "brain".into(),
+            client_metadata_url: None,
+            preregistered: Some(PreRegistered {
+                client_id: "pre".into(),
+                client_secret: Some("secret-s3cr3t".into()),
+            }),
+            scopes: Vec::new(),
+        };
+        assert!(!format!("{options:?}").contains("secret-s3cr3t"));
+    }
+
+    /// A flow begun on one replica finishes on another: both survive their stored form.
+    #[test]
+    fn flow_and_grant_survive_json() {
+        let flow = flow(1_700_000_000);
+        let back: PendingFlow =
+            serde_json::from_str(&serde_json::to_string(&flow).unwrap()).unwrap();
+        assert_eq!(state_of(&back), "state-123");
+        assert_eq!(back.state.pkce_verifier, "verifier-v3r1f13r");
+        assert_eq!(back.registration, flow.registration);
+        assert_eq!(
+            back.metadata.additional_fields.get("revocation_endpoint"),
+            Some(&serde_json::json!("https://as.example/revoke"))
+        );
+        let at = Utc::now();
+        let grant = grant(Some(at));
+        let back: Grant = serde_json::from_str(&serde_json::to_string(&grant).unwrap()).unwrap();
+        assert_eq!(access_token(&back), "access-4cc355");
+        assert_eq!(back.refresh_token.as_deref(), Some("refresh-r3fr35h"));
+        assert_eq!(back.expires_at, Some(at));
+        assert_eq!(back.scopes(), ["read"]);
+        assert!(serde_json::from_str::<Grant>(r#"{"access_token": "x"}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_callback_must_match_its_flow_and_come_in_time() {
+        let http = Http::new(false).unwrap();
+        let now = Utc::now().timestamp();
+        let err = finish(&http, flow(now), "code", "state-124", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), "state_mismatch");
+        let stale = now - FLOW_TTL.as_secs() as i64 - 1;
+        let err = finish(&http, flow(stale), "code", "state-123", None)
+            .await
+            .unwrap_err();
+        assert_eq!(err.class(), "flow_expired");
+    }
+
+    #[test]
+    fn expiry_is_absolute() {
+        let minute = Duration::from_secs(60);
+        assert!(!expires_soon(&grant(None), minute));
+        assert!(expires_soon(
+            &grant(Some(Utc::now() + chrono::Duration::seconds(30))),
+            minute
+        ));
+        assert!(!expires_soon(
+            &grant(Some(Utc::now() + chrono::Duration::seconds(300))),
+            minute
+        ));
+        assert!(expires_soon(&grant(Some(Utc::now())), Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn refused_addresses_are_never_asked() {
+        let http = Http::new(false).unwrap();
+        let options = ClientOptions {
+            redirect_uri: "https://brain.example/cb".into(),
+            client_name: "brain".into(),
+            client_metadata_url: None,
+            preregistered: None,
+            scopes: Vec::new(),
+        };
+        for (url, class) in [
+            ("http://127.0.0.1:9/mcp", "private_address"),
+            ("http://localhost:9/mcp", "private_address"),
+            ("http://169.254.169.254/mcp", "metadata_address"),
+            ("ftp://example.com/mcp", "invalid_url"),
+        ] {
+            let err = begin(&http, url, None, &options).await.unwrap_err();
+            assert_eq!(err.class(), class, "{url}");
+        }
+        let mut refused = grant(None);
+        refused.revocation_endpoint = Some("http://10.0.0.1/revoke".into());
+        assert_eq!(
+            revoke(&http, &refused).await.unwrap_err().class(),
+            "private_address"
+        );
+        // Nothing to call: no revocation endpoint.
+        revoke(&http, &grant(None)).await.unwrap();
+        let mut no_refresh = grant(None);
+        no_refresh.refresh_token = None;
+        let err = refresh(&http, &no_refresh).await.unwrap_err();
+        assert_eq!(err.class(), "no_refresh_token");
+        assert!(err.needs_authorization());
+    }
+
+    #[test]
+    fn the_auth_method_follows_the_metadata() {
+        let with = |methods: serde_json::Value| {
+            let mut metadata = AuthorizationMetadata::default();
+            metadata
+                .additional_fields
+                .insert("token_endpoint_auth_methods_supported".into(), methods);
+            metadata
+        };
+        let post = with(serde_json::json!(["client_secret_post"]));
+        assert_eq!(auth_method(&post, true), "client_secret_post");
+        assert_eq!(auth_method(&post, false), "none");
+        let both = with(serde_json::json!([
+            "client_secret_basic",
+            "client_secret_post"
+        ]));
+        assert_eq!(auth_method(&both, true), "client_secret_basic");
+        assert_eq!(
+            auth_method(&AuthorizationMetadata::default(), true),
+            "client_secret_basic"
+        );
+    }
 }
