@@ -2,14 +2,18 @@
 //! both on loopback, for the brain's side of connector OAuth (`connector_oauth.rs`).
 //!
 //! Why a double: no authorization server in the registries here can be driven headlessly
-//! (a person's consent included) within a test. The client's conformance to the spec is
-//! checked elsewhere, by the official MCP conformance suite against its own mock servers
-//! (`mcp-conformance-client`); what these two check is the brain's handling around the
-//! client: storage, single-use flows, refresh before connect, revocation on delete, and a
-//! real MCP server (server-everything) reached with the token. They are strict where a
-//! real server would be: PKCE S256 and its verifier, the `resource` parameter (RFC 8707)
-//! and the token's audience, registered redirect URIs, single-use codes, rotating refresh
-//! tokens whose reuse is refused, and revoked tokens.
+//! the way these tests need. The client's conformance to the spec is checked elsewhere:
+//! by the official MCP conformance suite against its own mock servers
+//! (`mcp-conformance-client`, `brain/tests/mcp_conformance.rs`) and against
+//! oauth2-mock-server (`brain/tests/oauth_client.rs`). What these two check is the brain's
+//! handling around the client (storage, single-use flows, refresh before connect, the
+//! refresh race between replicas, revocation on delete, a real MCP server reached with the
+//! token), which needs what a packaged mock does not give: refresh tokens that rotate and
+//! refuse their reuse, a resource server that checks each token's audience against the
+//! same ledger, a refresh that can be slowed so two replicas overlap, and the record of
+//! what was issued, accepted and revoked that the assertions read. They are strict where
+//! a real server would be: PKCE S256 and its verifier, the `resource` parameter (RFC 8707),
+//! registered redirect URIs, single-use codes, revoked tokens.
 //!
 //! The resource server is a reverse proxy in front of server-everything (streamable
 //! HTTP): every `/mcp` request needs a live access token for its URL, else it answers
