@@ -10,6 +10,11 @@
 //! whose host is or resolves to an address [`address`] refuses) adds no tool and is
 //! reported `down` with an error class; the turn goes on without it.
 //!
+//! A server that demands OAuth is connected with a stored grant (the chat creator's, else
+//! the connector's), refreshed first when it expires soon; one that answers `401` without
+//! a usable grant is reported `needs_authorization` with the link a person opens
+//! ([`authorization`]), and the turn goes on without it too.
+//!
 //! # Tool names
 //!
 //! A connector tool is named `{connector}_{tool}`, where `connector` is the connector's
