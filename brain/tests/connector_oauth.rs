@@ -424,6 +424,36 @@ async fn an_expiring_token_is_refreshed_before_connect() {
     assert_eq!(w.grants().await, vec![(None, 3)]);
 }
 
+/// A token the server refuses before its stated expiry gets one refresh and the connect
+/// is tried again; when the refresh is refused too, the turn asks a person.
+#[tokio::test]
+async fn a_token_refused_early_is_refreshed_once_then_authorization_is_asked() {
+    let w = world().await;
+    let (_, body) = w.authorize(&w.app.key).await;
+    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+    let chat = w.chat(&w.app.key).await;
+
+    w.auth.expire_access_tokens();
+    let (status, _) = w.turn(&w.app.key, &chat).await;
+    assert_eq!(status.state, ConnectorState::Ready, "{status:?}");
+    assert_eq!(w.auth.ledger().refreshes, 1);
+    assert_eq!(w.grants().await, vec![(None, 2)]);
+
+    // Revoked at the server: the refresh is refused, and a person is asked.
+    let refresh = w.auth.ledger().issued_refresh.last().unwrap().clone();
+    w.auth.revoke(&refresh);
+    w.auth.expire_access_tokens();
+    let (status, _) = w.turn(&w.app.key, &chat).await;
+    assert_eq!(
+        status.state,
+        ConnectorState::NeedsAuthorization,
+        "{status:?}"
+    );
+    assert!(status.authorize.is_some());
+    assert_eq!(w.auth.ledger().refreshes, 1);
+}
+
 /// Two replicas starting turns at once with an expiring grant refresh it once: the second
 /// waits for the first's lock and connects with its tokens, never spending the rotated
 /// refresh token again.
