@@ -235,7 +235,7 @@ pub async fn list(
     principal.require_admin()?;
     let team = principal.team;
     let connectors = state.store.connectors(team).await?;
-    let authorizations = state.store.connector_authorizations(team).await?;
+    let authorizations = crate::store::bounded(state.store.connector_authorizations(team)).await?;
     let connectors = connectors
         .into_iter()
         .map(|row| ConnectorView {
