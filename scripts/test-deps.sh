@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
 # brain's UI message stream, and the real MCP servers the connector tests talk to
-# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), and the
+# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), the official
+# MCP conformance suite (npm, tests/mcp-conformance), an OAuth authorization server (npm,
+# tests/oauth), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's Chromium for the worker's browser tests, and schemathesis for the API contract
 # test (cached outside the clone). Idempotent and offline-friendly once installed.
@@ -35,6 +37,22 @@ if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
    || [ tests/mcp/package-lock.json -nt tests/mcp/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/mcp"
   (cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The official MCP conformance suite and the Node 22 it needs (Debian's Node is older), as
+# npm packages, for brain/tests/mcp_conformance.rs.
+if [ ! -f tests/mcp-conformance/node_modules/.package-lock.json ] \
+   || [ tests/mcp-conformance/package-lock.json -nt tests/mcp-conformance/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/mcp-conformance"
+  (cd tests/mcp-conformance && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# A real OAuth authorization server (npm) for brain/tests/oauth_client.rs, run with the
+# Node 22 above.
+if [ ! -f tests/oauth/node_modules/.package-lock.json ] \
+   || [ tests/oauth/package-lock.json -nt tests/oauth/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/oauth"
+  (cd tests/oauth && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 if [ ! -f tests/mcp/.venv/.installed ] \

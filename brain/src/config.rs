@@ -59,6 +59,100 @@ pub struct Config {
     pub jwt: Option<crate::auth::JwtConfig>,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
+    /// OAuth for connectors (B2): the brain's public URL and pre-registered clients.
+    pub oauth: OAuthConfig,
+}
+
+/// OAuth for connectors (SPEC B2): where the authorization server sends a person back, and
+/// the clients an operator registered by hand at servers without dynamic registration.
+#[derive(Clone, Debug)]
+pub struct OAuthConfig {
+    /// The brain's external base URL (`BRAIN_PUBLIC_URL`), without a trailing `/`.
+    pub public_url: String,
+    /// Pre-registered clients (`BRAIN_OAUTH_CLIENTS`), by connector URL or by its origin.
+    pub clients: std::collections::HashMap<String, OAuthClient>,
+}
+
+impl OAuthConfig {
+    /// Where the authorization server redirects a person after consent.
+    pub fn redirect_uri(&self) -> String {
+        format!("{}/v1/oauth/callback", self.public_url)
+    }
+
+    /// The URL of the brain's client ID metadata document, which is its client ID at
+    /// authorization servers that accept those; they must fetch it, so only an `https`
+    /// public URL offers one.
+    pub fn client_metadata_url(&self) -> Option<String> {
+        self.public_url
+            .starts_with("https://")
+            .then(|| format!("{}/v1/oauth/client-metadata.json", self.public_url))
+    }
+
+    /// The pre-registered client for a connector at `url`: by the exact URL, else by its
+    /// origin.
+    pub fn client_for(&self, url: &str) -> Option<&OAuthClient> {
+        self.clients.get(url).or_else(|| {
+            let origin = reqwest::Url::parse(url)
+                .ok()?
+                .origin()
+                .ascii_serialization();
+            self.clients.get(&origin)
+        })
+    }
+}
+
+/// A client registered at an authorization server by the operator. `Debug` redacts the
+/// secret.
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthClient {
+    pub client_id: String,
+    #[serde(default)]
+    pub client_secret: Option<String>,
+}
+
+impl std::fmt::Debug for OAuthClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthClient")
+            .field("client_id", &self.client_id)
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// `BRAIN_PUBLIC_URL`, by default `http://` and the listen address (an unspecified address
+/// becomes `localhost`); `BRAIN_OAUTH_CLIENTS`, a JSON object from connector URL or origin
+/// to `{"client_id", "client_secret"?}`.
+fn oauth(env: &dyn Env, addr: SocketAddr) -> Result<OAuthConfig, ConfigError> {
+    let default = if addr.ip().is_unspecified() {
+        format!("http://localhost:{}", addr.port())
+    } else {
+        format!("http://{addr}")
+    };
+    let public_url = url_var(env, "BRAIN_PUBLIC_URL", &default)?;
+    if !public_url.starts_with("http://") && !public_url.starts_with("https://") {
+        return Err(ConfigError {
+            name: "BRAIN_PUBLIC_URL",
+            problem: "must be an http or https URL".into(),
+        });
+    }
+    let clients = match non_empty(env, "BRAIN_OAUTH_CLIENTS") {
+        None => Default::default(),
+        // The error names the variable only: its text holds client secrets.
+        Some(raw) => serde_json::from_str(&raw).map_err(|_| ConfigError {
+            name: "BRAIN_OAUTH_CLIENTS",
+            problem: "must be a JSON object from connector URL (or origin) to \
+                      {\"client_id\", \"client_secret\"?}"
+                .into(),
+        })?,
+    };
+    Ok(OAuthConfig {
+        public_url,
+        clients,
+    })
 }
 
 /// The chat events stream (S2): its window in Redis and the bounds that keep a turn from
@@ -296,8 +390,9 @@ impl Config {
                 });
             }
         };
+        let addr = parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?;
         let config = Self {
-            addr: parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?,
+            addr,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
@@ -341,6 +436,7 @@ impl Config {
             workers: workers(env)?,
             quotas: quotas(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
+            oauth: oauth(env, addr)?,
             events: EventsConfig {
                 max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
                 window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,
@@ -476,6 +572,63 @@ mod tests {
         let err = Config::from_env(&env(&[("BRAIN_CONNECTORS_ALLOW_STDIO", "yes")])).unwrap_err();
         assert_eq!(err.name, "BRAIN_CONNECTORS_ALLOW_STDIO");
         assert!(config.secrets_key.is_none(), "no key is generated");
+    }
+
+    #[test]
+    fn oauth_public_url_and_clients() {
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.oauth.public_url, "http://127.0.0.1:8080");
+        assert_eq!(
+            config.oauth.redirect_uri(),
+            "http://127.0.0.1:8080/v1/oauth/callback"
+        );
+        assert_eq!(config.oauth.client_metadata_url(), None, "not over http");
+        let anywhere = Config::from_env(&env(&[("BRAIN_ADDR", "0.0.0.0:9000")])).unwrap();
+        assert_eq!(anywhere.oauth.public_url, "http://localhost:9000");
+
+        let config = Config::from_env(&env(&[
+            ("BRAIN_PUBLIC_URL", "https://brain.example.com/"),
+            (
+                "BRAIN_OAUTH_CLIENTS",
+                r#"{"https://mcp.example.com": {"client_id": "c1", "client_secret": "s3cret"},
+                    "https://other.example/mcp": {"client_id": "c2"}}"#,
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(
+            config.oauth.client_metadata_url().as_deref(),
+            Some("https://brain.example.com/v1/oauth/client-metadata.json")
+        );
+        let by_origin = config
+            .oauth
+            .client_for("https://mcp.example.com/a/mcp")
+            .unwrap();
+        assert_eq!(by_origin.client_id, "c1");
+        assert!(
+            !format!("{config:?}").contains("s3cret"),
+            "the secret is redacted"
+        );
+        assert_eq!(
+            config
+                .oauth
+                .client_for("https://other.example/mcp")
+                .unwrap()
+                .client_id,
+            "c2"
+        );
+        assert!(config.oauth.client_for("https://other.example/x").is_none());
+
+        for (name, value) in [
+            ("BRAIN_PUBLIC_URL", "ftp://x"),
+            (
+                "BRAIN_OAUTH_CLIENTS",
+                r#"{"u": {"client_id": "c", "secret": "s3cret"}}"#,
+            ),
+        ] {
+            let err = Config::from_env(&env(&[(name, value)])).unwrap_err();
+            assert_eq!(err.name, name);
+            assert!(!err.problem.contains("s3cret"));
+        }
     }
 
     #[test]

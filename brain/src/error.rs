@@ -69,6 +69,16 @@ pub enum ApiError {
     /// The operation needs configuration this server lacks (the message names it).
     #[error("{0}")]
     NotConfigured(&'static str),
+    /// The connector's server let the brain in without authorization.
+    #[error("the connector's MCP server does not ask for authorization")]
+    AuthorizationNotRequired,
+    /// A step of the OAuth flow failed at the MCP or authorization server: the step and an
+    /// error class, never a server's message.
+    #[error("authorization failed at {step}: {class}")]
+    AuthorizationFailed {
+        step: &'static str,
+        class: &'static str,
+    },
 }
 
 impl From<StoreError> for ApiError {
@@ -142,6 +152,8 @@ impl ApiError {
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
+            Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
+            Self::AuthorizationFailed { .. } => ErrorCode::AuthorizationFailed,
         }
     }
 
@@ -153,9 +165,10 @@ impl ApiError {
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::AgentBusy | ErrorCode::TurnInProgress | ErrorCode::Conflict => {
-                StatusCode::CONFLICT
-            }
+            ErrorCode::AgentBusy
+            | ErrorCode::TurnInProgress
+            | ErrorCode::Conflict
+            | ErrorCode::AuthorizationNotRequired => StatusCode::CONFLICT,
             ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
@@ -164,7 +177,7 @@ impl ApiError {
             | ErrorCode::AuthUnavailable
             | ErrorCode::EventsUnavailable
             | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::ProviderRejected => StatusCode::BAD_GATEWAY,
+            ErrorCode::ProviderRejected | ErrorCode::AuthorizationFailed => StatusCode::BAD_GATEWAY,
             ErrorCode::NotConfigured => StatusCode::NOT_IMPLEMENTED,
             // A turn's end state, never a request's answer.
             ErrorCode::Internal | ErrorCode::ReplicaLost => StatusCode::INTERNAL_SERVER_ERROR,

@@ -92,6 +92,8 @@ pub struct AppState {
     pub turn_tracker: TaskTracker,
     /// The turns this replica runs, and stops of any replica's (SPEC T8).
     pub stops: turn::stop::Stops,
+    /// Connector OAuth: its HTTP client and configuration (SPEC B2).
+    pub oauth: connectors::authorization::OAuth,
 }
 
 impl AppState {
@@ -122,6 +124,10 @@ impl AppState {
             metrics.clone(),
             quotas.clone(),
         )?;
+        let oauth = connectors::authorization::OAuth::new(
+            &config.oauth,
+            config.connectors.allow_private_networks,
+        )?;
         Ok(Self {
             config: Arc::new(config),
             replica,
@@ -139,6 +145,7 @@ impl AppState {
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
             stops: turn::stop::Stops::new(replica, redis),
+            oauth,
         })
     }
 }
@@ -150,6 +157,9 @@ pub enum StateError {
     Metrics(#[from] prometheus::Error),
     #[error("session token key: {0}")]
     TokenKey(#[from] channel::token::TokenError),
+    /// The OAuth HTTP client could not be built.
+    #[error("oauth http client: {}", .0.class())]
+    OAuthClient(#[from] connectors::oauth::OAuthError),
 }
 
 /// Both adapters over one HTTP client (one connection pool per provider host).

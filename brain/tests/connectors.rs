@@ -10,14 +10,16 @@ mod common;
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brain::config::ConnectorConfig;
+use brain::connectors::authorization::OAuth;
 use brain::connectors::{ConnectorState, ConnectorStatus, connector_tools};
 use brain::store::{ConnectorTarget, NewConnector};
 use brain::tools::{Tool, ToolCtx, ToolOutput};
+use common::mcp::{HttpEverything, everything_js, free_port, installed, mcp_dir};
 use common::{TestApp, read_stream};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TurnId};
@@ -27,26 +29,6 @@ use tokio_util::sync::CancellationToken;
 
 // ---------------------------------------------------------------------------------------
 // The real servers.
-
-fn mcp_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/mcp")
-        .canonicalize()
-        .expect("tests/mcp exists")
-}
-
-fn installed(path: PathBuf) -> String {
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test-deps.sh",
-        path.display()
-    );
-    path.to_str().unwrap().to_owned()
-}
-
-fn everything_js() -> String {
-    installed(mcp_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
-}
 
 fn venv_python() -> String {
     installed(mcp_dir().join(".venv/bin/python"))
@@ -62,58 +44,6 @@ fn time_stdio() -> Vec<String> {
 
 fn cancel_probe() -> Vec<String> {
     vec![venv_python(), installed(mcp_dir().join("cancel_probe.py"))]
-}
-
-/// server-everything in streamable HTTP mode on a port of its own; killed by pid on drop.
-struct HttpEverything {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl HttpEverything {
-    fn start() -> Self {
-        let port = free_port();
-        let child = std::process::Command::new("node")
-            .arg(everything_js())
-            .arg("streamableHttp")
-            .env("PORT", port.to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("node runs (scripts/test-deps.sh installs it)");
-        let mut server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                server.child.try_wait().unwrap().is_none(),
-                "server-everything (streamableHttp) exited before listening"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "server-everything never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-}
-
-impl Drop for HttpEverything {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port nothing listens on (bound, then released).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -152,6 +82,15 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
         )
         .await
         .unwrap();
+}
+
+/// Connector OAuth as a brain without `BRAIN_SECRETS_KEY` has it: no grant is ever found.
+fn oauth() -> OAuth {
+    let config = brain::config::OAuthConfig {
+        public_url: "http://127.0.0.1:8080".into(),
+        clients: Default::default(),
+    };
+    OAuth::new(&config, true).unwrap()
 }
 
 fn http(url: String) -> ConnectorTarget {
@@ -458,8 +397,10 @@ async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &refusing,
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -472,8 +413,10 @@ async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(10_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -542,8 +485,10 @@ async fn server_everything_over_stdio() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(30_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -642,8 +587,10 @@ async fn server_everything_over_streamable_http() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(30_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -685,8 +632,10 @@ async fn mcp_server_time_over_stdio() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(30_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -743,8 +692,16 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
     let mut cfg = config(2_000, 30_000);
     cfg.allow_stdio = false;
     let started = Instant::now();
-    let (tools, statuses) =
-        connector_tools(&app.store, &cfg, app.team, agent, &CancellationToken::new()).await;
+    let (tools, statuses) = connector_tools(
+        &app.store,
+        &cfg,
+        &oauth(),
+        app.team,
+        agent,
+        None,
+        &CancellationToken::new(),
+    )
+    .await;
     let took = started.elapsed();
     assert!(took < Duration::from_millis(4_000), "took {took:?}");
 
@@ -781,8 +738,10 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(10_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &cancel,
     )
     .await;
@@ -821,8 +780,10 @@ async fn call_timeout_and_cancellation_reach_the_server() {
     let (tools, statuses) = connector_tools(
         &app.store,
         &config(30_000, 700),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -1185,7 +1146,8 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     // The agent's own secret fills the Authorization header; the team's fills X-Team.
     let config = config(30_000, 30_000);
     let cancel = CancellationToken::new();
-    let (tools, statuses) = connector_tools(&keyed, &config, app.team, agent, &cancel).await;
+    let (tools, statuses) =
+        connector_tools(&keyed, &config, &oauth(), app.team, agent, None, &cancel).await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1199,7 +1161,8 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
 
     // Another agent holds no PROBE_TOKEN and the team none either: the connector is down
     // with a class that says why, and nothing was sent.
-    let (tools, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    let (tools, statuses) =
+        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
     assert!(tools.is_empty());
     assert_eq!(
         status(&statuses, "probe").error.as_deref(),
@@ -1213,11 +1176,13 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
         put_secret(&app, "PROBE_TOKEN", "wrong-team-value").await,
         201
     );
-    let (_, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    let (_, statuses) =
+        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
     let refused = status(&statuses, "probe");
     assert_eq!(refused.state, ConnectorState::Down, "{refused:?}");
     assert_ne!(refused.error.as_deref(), Some("secret_missing"));
-    let (_, statuses) = connector_tools(&keyed, &config, app.team, agent, &cancel).await;
+    let (_, statuses) =
+        connector_tools(&keyed, &config, &oauth(), app.team, agent, None, &cancel).await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1225,7 +1190,8 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     );
     // The team's value put right, the stranger gets in too.
     assert_eq!(put_secret(&app, "PROBE_TOKEN", TOKEN).await, 204);
-    let (_, statuses) = connector_tools(&keyed, &config, app.team, stranger, &cancel).await;
+    let (_, statuses) =
+        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1233,7 +1199,16 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     );
 
     // Without the secrets key the brain cannot open a secret: the connector says so.
-    let (_, statuses) = connector_tools(&app.store, &config, app.team, agent, &cancel).await;
+    let (_, statuses) = connector_tools(
+        &app.store,
+        &config,
+        &oauth(),
+        app.team,
+        agent,
+        None,
+        &cancel,
+    )
+    .await;
     assert_eq!(
         status(&statuses, "probe").error.as_deref(),
         Some("secrets_not_configured")
@@ -1262,8 +1237,10 @@ async fn env_credentials_reach_a_stdio_child_and_nothing_else_does() {
     let (tools, statuses) = connector_tools(
         &keyed,
         &config(60_000, 30_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;
@@ -1417,8 +1394,10 @@ async fn a_connectors_own_call_timeout_overrides_the_servers() {
     let (tools, _) = connector_tools(
         &app.store,
         &config(30_000, 60_000),
+        &oauth(),
         app.team,
         agent,
+        None,
         &CancellationToken::new(),
     )
     .await;

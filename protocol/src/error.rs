@@ -62,6 +62,13 @@ pub enum ErrorCode {
     /// The operation needs something this server's operator has not configured (such as
     /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
     NotConfigured,
+    /// The connector's MCP server answered without asking for authorization: there is
+    /// nothing to authorize.
+    AuthorizationNotRequired,
+    /// The connector's MCP server or its authorization server failed or refused a step of
+    /// the flow (discovery, registration, the token exchange); the message names the step
+    /// and an error class.
+    AuthorizationFailed,
 }
 
 impl ErrorCode {
@@ -90,6 +97,8 @@ impl ErrorCode {
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
             Self::NotConfigured => "not_configured",
+            Self::AuthorizationNotRequired => "authorization_not_required",
+            Self::AuthorizationFailed => "authorization_failed",
         }
     }
 
@@ -149,6 +158,8 @@ mod tests {
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,
             ErrorCode::NotConfigured,
+            ErrorCode::AuthorizationNotRequired,
+            ErrorCode::AuthorizationFailed,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -131,6 +131,10 @@ pub struct ConnectorStatus {
     /// Why it is down: an error class such as `timeout` or `unreachable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// With `needs_authorization`: the URL a person opens to authorize the connector (the
+    /// authorization server's page; it leads back to the brain's callback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorize: Option<String>,
 }
 
 /// The payload of a `data-worker-status` chunk.
@@ -159,10 +163,14 @@ pub struct WorkerLog {
 /// Whether a connector's tools joined the turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ConnectorState {
     Ready,
     Down,
+    /// The server demands an OAuth authorization the brain does not hold (none yet, or one
+    /// that was revoked or can no longer be refreshed): `authorize` says where a person
+    /// grants it; the turn goes on without the connector's tools.
+    NeedsAuthorization,
 }
 
 /// The payload of a `data-notice` chunk.

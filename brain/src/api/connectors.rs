@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
-use crate::connectors::{ConnectorConfig, address, credentials};
+use crate::connectors::{ConnectorConfig, address, authorization, credentials};
 use crate::error::ApiError;
-use crate::store::{ConnectorRow, ConnectorTarget, NewConnector, StoreError};
+use crate::store::{AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError};
 
 pub const MAX_CONNECTORS_PER_TEAM: i64 = 50;
 const MAX_NAME: usize = 32;
@@ -228,7 +228,38 @@ pub async fn create(
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ConnectorList {
-    connectors: Vec<ConnectorRow>,
+    connectors: Vec<ConnectorView>,
+}
+
+/// A connector as listed: its row and where its OAuth stands (never a token).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ConnectorView {
+    #[serde(flatten)]
+    row: ConnectorRow,
+    authorization: Authorization,
+}
+
+/// Where a connector's OAuth stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Authorization {
+    /// No grant and no flow: the server never asked, or nobody began one yet.
+    None,
+    /// The connector holds its own grant (every chat without a user's grant uses it).
+    Authorized,
+    /// Only users' grants, or flows begun and not finished: chats without a user's grant
+    /// connect without a token.
+    Needed,
+}
+
+impl Authorization {
+    fn of(counts: Option<&AuthorizationCounts>) -> Self {
+        match counts {
+            Some(c) if c.connector_grant => Self::Authorized,
+            Some(c) if c.user_grants > 0 || c.pending_flows > 0 => Self::Needed,
+            _ => Self::None,
+        }
+    }
 }
 
 #[utoipa::path(
@@ -248,6 +279,14 @@ pub async fn list(
     principal.require_admin()?;
     let team = principal.team;
     let connectors = state.store.connectors(team).await?;
+    let authorizations = crate::store::bounded(state.store.connector_authorizations(team)).await?;
+    let connectors = connectors
+        .into_iter()
+        .map(|row| ConnectorView {
+            authorization: Authorization::of(authorizations.get(&row.id)),
+            row,
+        })
+        .collect();
     Ok(Json(ConnectorList { connectors }))
 }
 
@@ -258,7 +297,9 @@ pub async fn list(
     tag = "connectors",
     params(("connector_id" = Uuid, Path, description = "The connector.")),
     responses(
-        (status = 204, description = "Deleted; later turns no longer get its tools."),
+        (status = 204, description = "Deleted; later turns no longer get its tools. Its OAuth \
+            grants are revoked at their authorization servers (best effort, within 5 s) and \
+            deleted."),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such connector in the team (`not_found`).", body = ErrorBody),
     ),
@@ -271,9 +312,13 @@ pub async fn delete(
     principal.require_admin()?;
     let team = principal.team;
     let id = parse_id(&connector_id, "connector")?;
+    // Read before the delete, which takes them with the connector; revoked after it, so a
+    // slow authorization server never keeps a connector alive.
+    let grants = authorization::grants_to_revoke(&state.store, team, id).await;
     match state.store.delete_connector(team, id).await {
         Ok(()) => {
-            tracing::info!(team = %team, connector = %id, "connector deleted");
+            tracing::info!(team = %team, connector = %id, grants = grants.len(), "connector deleted");
+            authorization::revoke_all(&state.oauth, id, grants).await;
             Ok(StatusCode::NO_CONTENT)
         }
         Err(StoreError::NotFound) => Err(ApiError::NotFound("connector")),

@@ -12,6 +12,7 @@ mod connectors;
 mod events;
 mod health;
 mod keys;
+mod oauth;
 pub mod openapi;
 mod quotas;
 mod secrets;
@@ -55,6 +56,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(artifacts::meta))
         .routes(routes!(connectors::list, connectors::create))
         .routes(routes!(connectors::delete))
+        .routes(routes!(oauth::authorize))
+        .routes(routes!(oauth::callback))
+        .routes(routes!(oauth::client_metadata))
         .routes(routes!(chats::messages, chats::post_message))
         .routes(routes!(events::events))
         .routes(routes!(keys::list, keys::create))

@@ -22,6 +22,9 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 pub const TEAM_KEY: &str = "team_key";
 /// The security scheme of a worker's session or pool token, on the channel upgrade only.
 pub const WORKER_TOKEN: &str = "worker_token";
+/// The routes a browser reaches without credentials: the OAuth callback and the client
+/// metadata document.
+pub const OAUTH_PUBLIC: &str = "/v1/oauth/";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -69,11 +72,15 @@ pub(super) fn base() -> Document {
 }
 
 /// The whole contract: the routes' operations on [`base`], each `/v1` operation but the
-/// worker's upgrade made to require the team key and to answer its failures.
+/// worker's upgrade and the OAuth callback's (whose `state` is its credential) made to
+/// require the team key and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
-        if !path.starts_with("/v1/") || path == protocol::channel::CONNECT_PATH {
+        if !path.starts_with("/v1/")
+            || path == protocol::channel::CONNECT_PATH
+            || path.starts_with(OAUTH_PUBLIC)
+        {
             continue;
         }
         for op in [

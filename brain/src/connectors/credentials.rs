@@ -211,6 +211,16 @@ pub struct Resolved {
     pub env: Vec<(String, String)>,
 }
 
+impl Resolved {
+    /// Whether the connector sends its own `Authorization` header (then no OAuth grant is
+    /// used).
+    pub fn has_authorization(&self) -> bool {
+        self.headers
+            .iter()
+            .any(|(name, _)| name == reqwest::header::AUTHORIZATION)
+    }
+}
+
 impl std::fmt::Debug for Resolved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Resolved")

@@ -10,6 +10,11 @@
 //! whose host is or resolves to an address [`address`] refuses) adds no tool and is
 //! reported `down` with an error class; the turn goes on without it.
 //!
+//! A server that demands OAuth is connected with a stored grant (the chat creator's, else
+//! the connector's), refreshed first when it expires soon; one that answers `401` without
+//! a usable grant is reported `needs_authorization` with the link a person opens
+//! ([`authorization`]), and the turn goes on without it too.
+//!
 //! # Tool names
 //!
 //! A connector tool is named `{connector}_{tool}`, where `connector` is the connector's
@@ -50,8 +55,10 @@
 //! [`Toolset`]: crate::tools::Toolset
 
 pub mod address;
+pub mod authorization;
 pub mod credentials;
-mod session;
+pub mod oauth;
+pub mod session;
 mod tool;
 
 use std::collections::HashSet;
@@ -66,8 +73,8 @@ use tokio_util::sync::CancellationToken;
 pub use crate::config::ConnectorConfig;
 use crate::store::{ConnectorRow, Store};
 use crate::tools::Tool;
+use authorization::Started;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
-use session::Session;
 use tool::ConnectorTool;
 
 /// The longest tool name every provider accepts.
@@ -77,11 +84,14 @@ pub const MAX_TOOLS_PER_CONNECTOR: usize = 128;
 
 /// The tools of every connector that applies to `agent`, and what became of each
 /// connector. Never fails: a store failure yields no connectors (and a log line).
+/// `user` is the chat's creator, whose own OAuth grants come first.
 pub async fn connector_tools(
     store: &Store,
     config: &ConnectorConfig,
+    oauth: &authorization::OAuth,
     team: TeamId,
     agent: AgentId,
+    user: Option<&str>,
     cancel: &CancellationToken,
 ) -> (Vec<Arc<dyn Tool>>, Vec<ConnectorStatus>) {
     let rows = match store.connectors_for_agent(team, agent).await {
@@ -95,18 +105,23 @@ pub async fn connector_tools(
     if rows.is_empty() {
         return (Vec::new(), Vec::new());
     }
-    let started = join_all(
-        rows.iter()
-            .map(|row| Session::start(row, config, (store, team, agent), cancel)),
-    )
-    .await;
+    let turn = authorization::Turn {
+        oauth,
+        store,
+        team,
+        agent,
+        user,
+        config,
+        cancel,
+    };
+    let started = join_all(rows.iter().map(|row| authorization::start(&turn, row))).await;
 
     let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
     let mut statuses = Vec::with_capacity(rows.len());
     let mut taken = HashSet::new();
     for (row, result) in rows.iter().zip(started) {
         match result {
-            Ok((session, listed)) => {
+            Started::Ready(session, listed) => {
                 let session = Arc::new(session);
                 let mut added = 0;
                 if listed.len() > MAX_TOOLS_PER_CONNECTOR {
@@ -134,15 +149,27 @@ pub async fn connector_tools(
                     state: ConnectorState::Ready,
                     tools: added,
                     error: None,
+                    authorize: None,
                 });
             }
-            Err(class) => {
+            Started::NeedsAuthorization(link) => {
+                tracing::info!(team = %team, agent = %agent, connector = %row.name, "connector needs authorization; its tools are left out of this turn");
+                statuses.push(ConnectorStatus {
+                    name: row.name.clone(),
+                    state: ConnectorState::NeedsAuthorization,
+                    tools: 0,
+                    error: None,
+                    authorize: Some(link),
+                });
+            }
+            Started::Down(class) => {
                 tracing::warn!(team = %team, agent = %agent, connector = %row.name, class, "connector is down; its tools are left out of this turn");
                 statuses.push(ConnectorStatus {
                     name: row.name.clone(),
                     state: ConnectorState::Down,
                     tools: 0,
                     error: Some(class.to_owned()),
+                    authorize: None,
                 });
             }
         }
@@ -235,6 +262,7 @@ mod tests {
             state: ConnectorState::Down,
             tools: 0,
             error: Some("timeout".into()),
+            authorize: None,
         };
         assert_eq!(
             serde_json::to_value(&status).unwrap(),

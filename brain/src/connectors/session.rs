@@ -1,30 +1,105 @@
 //! One MCP client session with a connector's server, for one turn.
+//!
+//! An HTTP session may carry a bearer token (an OAuth grant's, [`super::oauth`]); a server
+//! that answers `401` or `403 insufficient_scope` is reported as such
+//! ([`ConnectError::NeedsAuthorization`], [`ConnectError::InsufficientScope`]) with its
+//! `WWW-Authenticate` challenge, which [`super::oauth::begin`] takes.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-use protocol::{AgentId, TeamId};
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
+use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::{
-    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+    AuthRequiredError, InsufficientScopeError, StreamableHttpClientTransport,
+    StreamableHttpClientTransportConfig,
 };
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::{Peer, RoleClient, ServiceError, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
-use super::credentials::{self, Resolved};
+use super::credentials::Resolved;
 use super::{ConnectorConfig, address};
-use crate::store::{ConnectorRow, ConnectorTarget, Store};
+use crate::store::{ConnectorRow, ConnectorTarget};
 
 /// The variables a stdio child may see; everything else of the brain's environment (keys,
 /// database URL) stays out.
 const PASSED_ENV: [&str; 6] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 
+/// Why a session could not start.
+pub enum ConnectError {
+    /// The server answered `401`: it wants a token, or the one sent is no longer good.
+    NeedsAuthorization { challenge: String },
+    /// The server answered `403` with `insufficient_scope`: the token lacks scopes the
+    /// challenge names (a step-up authorization asks for them).
+    InsufficientScope { challenge: String },
+    /// Anything else, as an error class.
+    Other(&'static str),
+}
+
+impl ConnectError {
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::NeedsAuthorization { .. } => "needs_authorization",
+            Self::InsufficientScope { .. } => "insufficient_scope",
+            Self::Other(class) => class,
+        }
+    }
+
+    /// The challenge when the server asked for authorization, else `None`.
+    pub fn challenge(&self) -> Option<&str> {
+        match self {
+            Self::NeedsAuthorization { challenge } | Self::InsufficientScope { challenge } => {
+                Some(challenge)
+            }
+            Self::Other(_) => None,
+        }
+    }
+}
+
+/// Header values stay out of logs (SPEC X4): the class only.
+impl std::fmt::Debug for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.class())
+    }
+}
+
+impl From<&'static str> for ConnectError {
+    fn from(class: &'static str) -> Self {
+        Self::Other(class)
+    }
+}
+
+/// The authorization challenge behind a failed request (a token that expired or lacks a
+/// scope in the middle of a session), if that is why it failed.
+pub fn auth_challenge(error: &ServiceError) -> Option<ConnectError> {
+    let ServiceError::TransportSend(error) = error else {
+        return None;
+    };
+    challenge_in(error.error.as_ref())
+}
+
+fn challenge_in(error: &(dyn std::error::Error + 'static)) -> Option<ConnectError> {
+    let mut source = Some(error);
+    while let Some(current) = source {
+        if let Some(e) = current.downcast_ref::<AuthRequiredError>() {
+            return Some(ConnectError::NeedsAuthorization {
+                challenge: e.www_authenticate_header.clone(),
+            });
+        }
+        if let Some(e) = current.downcast_ref::<InsufficientScopeError>() {
+            return Some(ConnectError::InsufficientScope {
+                challenge: e.www_authenticate_header.clone(),
+            });
+        }
+        source = current.source();
+    }
+    None
+}
+
 /// A running client session. Dropping it cancels the session's task, which closes the
 /// transport (ends the HTTP session, or stops the child process).
-pub(super) struct Session {
+pub struct Session {
     pub name: String,
     client: RunningService<RoleClient, ClientConfig>,
 }
@@ -34,28 +109,21 @@ impl Session {
         self.client.peer()
     }
 
-    /// Connects, initializes and lists the tools within the startup timeout and `cancel`.
-    /// The error is a class for logs and the status (never a message from the server).
+    /// Connects, initializes and lists the tools within the startup timeout and `cancel`;
+    /// an HTTP session sends `bearer` as its `Authorization`. The error is a class for
+    /// logs and the status (never a message from the server), or the server's challenge.
     pub async fn start(
         row: &ConnectorRow,
         config: &ConnectorConfig,
-        owner: (&Store, TeamId, AgentId),
+        credentials: &Resolved,
+        bearer: Option<&str>,
         cancel: &CancellationToken,
-    ) -> Result<(Self, Vec<rmcp::model::Tool>), &'static str> {
+    ) -> Result<(Self, Vec<rmcp::model::Tool>), ConnectError> {
         let started = async {
-            let (store, team, agent) = owner;
-            let none = BTreeMap::new();
-            let (headers, env) = match &row.target {
-                ConnectorTarget::Http { headers, .. } => (headers, &none),
-                ConnectorTarget::Stdio { env, .. } => (&none, env),
-            };
-            let resolved = credentials::resolve(store, team, agent, headers, env).await?;
-            let client = connect(row, config, resolved).await?;
-            let tools = client
-                .peer()
-                .list_all_tools()
-                .await
-                .map_err(|_| "list_tools_failed")?;
+            let client = connect(row, config, credentials, bearer).await?;
+            let tools = client.peer().list_all_tools().await.map_err(|e| {
+                auth_challenge(&e).unwrap_or(ConnectError::Other("list_tools_failed"))
+            })?;
             Ok((
                 Self {
                     name: row.name.clone(),
@@ -68,10 +136,10 @@ impl Session {
         // connection or kills the child.
         tokio::select! {
             biased;
-            () = cancel.cancelled() => Err("cancelled"),
+            () = cancel.cancelled() => Err("cancelled".into()),
             timed = tokio::time::timeout(config.startup_timeout, started) => match timed {
                 Ok(result) => result,
-                Err(_) => Err("timeout"),
+                Err(_) => Err("timeout".into()),
             },
         }
     }
@@ -83,31 +151,38 @@ impl Drop for Session {
     }
 }
 
+/// The brain runs the `initialize` handshake, so it asks for the newest revision that has
+/// one (2025-11-25, the one the official conformance suite checks); rmcp's default is a
+/// later revision without it.
 fn client_info() -> ClientConfig {
     ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("agent-runtime-brain", env!("CARGO_PKG_VERSION")),
     )
+    .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
 }
 
 async fn connect(
     row: &ConnectorRow,
     config: &ConnectorConfig,
-    credentials: Resolved,
-) -> Result<RunningService<RoleClient, ClientConfig>, &'static str> {
+    credentials: &Resolved,
+    bearer: Option<&str>,
+) -> Result<RunningService<RoleClient, ClientConfig>, ConnectError> {
     match &row.target {
         ConnectorTarget::Http { url, .. } => {
             let url = reqwest::Url::parse(url).map_err(|_| "invalid_url")?;
             let pinned = address::resolve(&url, config.allow_private_networks).await?;
             let mut transport_config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
-            transport_config.custom_headers = credentials.headers.into_iter().collect();
+            transport_config.custom_headers = credentials.headers.iter().cloned().collect();
+            // rmcp adds the `Bearer ` prefix.
+            transport_config.auth_header = bearer.map(str::to_owned);
             let transport =
                 StreamableHttpClientTransport::with_client(http_client(pinned)?, transport_config);
             client_info().serve(transport).await.map_err(init_class)
         }
         ConnectorTarget::Stdio { command, .. } => {
             if !config.allow_stdio {
-                return Err("stdio_disabled");
+                return Err("stdio_disabled".into());
             }
             let transport = spawn(command, &credentials.env).map_err(|_| "spawn_failed")?;
             client_info().serve(transport).await.map_err(init_class)
@@ -171,12 +246,14 @@ fn spawn(command: &[String], env: &[(String, String)]) -> std::io::Result<TokioC
     Ok(transport)
 }
 
-fn init_class(err: ClientInitializeError) -> &'static str {
+fn init_class(err: ClientInitializeError) -> ConnectError {
     match err {
-        ClientInitializeError::TransportError { .. } => "unreachable",
-        ClientInitializeError::ConnectionClosed(_) => "connection_closed",
-        ClientInitializeError::JsonRpcError(_) => "initialize_rejected",
-        ClientInitializeError::Cancelled => "cancelled",
-        _ => "initialize_failed",
+        ClientInitializeError::TransportError { error, .. } => {
+            challenge_in(error.error.as_ref()).unwrap_or(ConnectError::Other("unreachable"))
+        }
+        ClientInitializeError::ConnectionClosed(_) => "connection_closed".into(),
+        ClientInitializeError::JsonRpcError(_) => "initialize_rejected".into(),
+        ClientInitializeError::Cancelled => "cancelled".into(),
+        _ => "initialize_failed".into(),
     }
 }

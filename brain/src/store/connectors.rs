@@ -28,6 +28,17 @@ pub enum ConnectorTarget {
     },
 }
 
+impl ConnectorTarget {
+    /// Its credential templates, `(headers, env)`; the other transport's is empty.
+    pub fn templates(&self) -> (&BTreeMap<String, String>, &BTreeMap<String, String>) {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        match self {
+            Self::Http { headers, .. } => (headers, &NONE),
+            Self::Stdio { env, .. } => (&NONE, env),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NewConnector {
     /// `None`: every agent of the team.

@@ -15,6 +15,7 @@ mod chats;
 mod connectors;
 mod cron;
 mod memories;
+mod oauth;
 mod pool;
 mod quotas;
 mod replicas;
@@ -37,6 +38,7 @@ pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
+pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
@@ -271,6 +273,11 @@ fn migrator() -> Migrator {
             16,
             "connector credentials: header and env templates, team secrets",
             include_str!("../../../migrations/0016_connector_credentials.sql"),
+        ),
+        (
+            17,
+            "connector OAuth: grants, pending flows",
+            include_str!("../../../migrations/0017_connector_oauth.sql"),
         ),
     ]
     .into_iter()

@@ -52,7 +52,9 @@ impl SecretsKey {
         })
     }
 
-    /// Encrypts `value` bound to `aad` (what owns it): (nonce, ciphertext with tag).
+    /// Encrypts `value` bound to `aad` (what the row belongs to, in a fixed-width or
+    /// otherwise unambiguous encoding the caller chooses): (fresh nonce, ciphertext with
+    /// tag).
     pub(crate) fn seal(
         &self,
         aad: &[u8],

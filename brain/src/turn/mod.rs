@@ -245,8 +245,10 @@ pub async fn launch(
         connectors::connector_tools(
             &state.store,
             &state.config.connectors,
+            &state.oauth,
             team,
             agent.id,
+            chat_row.created_by.as_deref(),
             &cancel,
         )
         .await

@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 use test_support::db::db_url;
 
+pub mod mcp;
+
 /// A migrated database of its own.
 pub async fn fresh_store() -> (Store, String) {
     let name = test_support::db::fresh_database("brain_test").await;
@@ -70,10 +72,16 @@ impl TestApp {
         let mut config = Config::from_env(&env).unwrap();
         let env_copy = env.clone();
         tweak(&mut config);
-        let config_copy = config.clone();
+        let mut config_copy = config.clone();
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
+        // The public URL defaults to BRAIN_ADDR, whose port 0 only the bind resolves; a
+        // test that set its own keeps it.
+        if config.oauth.public_url == "http://127.0.0.1:0" {
+            config.oauth.public_url = url.clone();
+            config_copy.oauth.public_url = url.clone();
+        }
         // A tweaked database URL (a fault proxy in front of the test's database) is the
         // brain's; the test itself keeps the direct connection to look at rows.
         let brain_store = if config.database_url == db_url(&db_name) {

@@ -1,0 +1,556 @@
+//! Connector OAuth on the brain's side (SPEC B2): where flows begin and grants are kept,
+//! refreshed and revoked. The protocol itself (discovery, registration, PKCE, the token
+//! endpoint) is [`super::oauth`]'s.
+//!
+//! # Who holds a grant
+//!
+//! A grant belongs to a connector (opened by an admin key or an admin without a user) or
+//! to one JWT user of it. A turn connects with the grant of the chat's creator if there is
+//! one, else with the connector's, else without a token.
+//!
+//! # A turn
+//!
+//! Within the connector's startup timeout: the grant is read; if its access token expires
+//! within [`REFRESH_MARGIN`], it is refreshed first, under a row lock (`SELECT … FOR
+//! UPDATE`), so two replicas never spend the same refresh token (an authorization server
+//! that rotates refresh tokens may revoke the whole grant on a reuse) and the second one
+//! connects with the first one's new tokens. A server that still answers `401` (no grant,
+//! or a revoked one that cannot be refreshed) makes the connector `needs_authorization`:
+//! a flow is begun for the chat's creator (else the connector), or a live one of theirs
+//! handed out again, and its authorization URL is the status's `authorize`. The turn goes
+//! on without the connector's tools.
+//!
+//! # Flows
+//!
+//! A flow lives [`FLOW_TTL`], at most [`MAX_LIVE_FLOWS`] per connector, stored sealed
+//! and keyed by the hash of its `state`; the callback takes it once.
+//!
+//! # HTTP
+//!
+//! OAuth requests go through [`oauth::Http`] (no proxy, no redirects, the connector
+//! address rule on every URL and resolved address, each request bounded); the probe of
+//! the MCP server for its challenge, through a client pinned to the addresses checked,
+//! like a session's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::join_all;
+use protocol::{AgentId, TeamId};
+use tokio_util::sync::CancellationToken;
+
+use super::oauth::{self, ClientOptions, Grant, OAuthError, PendingFlow, PreRegistered};
+use super::session::Session;
+use super::{address, credentials};
+use crate::config::{ConnectorConfig, OAuthConfig};
+use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};
+use crate::store::{StoreError, TakenFlow};
+
+/// How long a person has between the authorization URL and the callback.
+pub const FLOW_TTL: Duration = Duration::from_secs(600);
+/// Unfinished flows per connector.
+pub const MAX_LIVE_FLOWS: i64 = 50;
+/// A turn hands out a pending flow's link again while it has this long to live.
+pub const REUSE_LEFT: Duration = Duration::from_secs(300);
+/// A grant whose access token expires within this is refreshed before a connect.
+pub const REFRESH_MARGIN: Duration = Duration::from_secs(60);
+/// The probe of an MCP server for its challenge.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// All revocations of a deleted connector together.
+pub const REVOKE_BOUND: Duration = Duration::from_secs(5);
+/// The client name shown to a person at consent.
+const CLIENT_NAME: &str = "agent-runtime";
+
+/// What connector OAuth needs at hand: its HTTP client and configuration.
+#[derive(Clone)]
+pub struct OAuth {
+    http: oauth::Http,
+    config: Arc<OAuthConfig>,
+}
+
+impl OAuth {
+    pub fn new(config: &OAuthConfig, allow_private: bool) -> Result<Self, OAuthError> {
+        Ok(Self {
+            http: oauth::Http::new(allow_private)?,
+            config: Arc::new(config.clone()),
+        })
+    }
+
+    pub fn config(&self) -> &OAuthConfig {
+        &self.config
+    }
+
+    fn options(&self, connector_url: &str) -> ClientOptions {
+        ClientOptions {
+            redirect_uri: self.config.redirect_uri(),
+            client_name: CLIENT_NAME.to_owned(),
+            client_metadata_url: self.config.client_metadata_url(),
+            preregistered: self
+                .config
+                .client_for(connector_url)
+                .map(|c| PreRegistered {
+                    client_id: c.client_id.clone(),
+                    client_secret: c.client_secret.clone(),
+                }),
+            scopes: Vec::new(),
+        }
+    }
+}
+
+/// Why a flow could not begin or finish. Classes only: never a server's words.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    /// No `BRAIN_SECRETS_KEY`: tokens could not be stored.
+    #[error("oauth is not configured")]
+    NotConfigured,
+    /// A stdio connector: nothing to authorize over HTTP.
+    #[error("not an http connector")]
+    NotHttp,
+    /// The server let the brain in without a token.
+    #[error("authorization not required")]
+    NotRequired,
+    /// The probe of the MCP server failed (a class).
+    #[error("mcp server: {0}")]
+    Probe(&'static str),
+    #[error("oauth: {}", .0.class())]
+    OAuth(#[from] OAuthError),
+    #[error("too many pending authorizations")]
+    TooMany,
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<SecretsError> for FlowError {
+    fn from(e: SecretsError) -> Self {
+        match e {
+            SecretsError::NotConfigured => Self::NotConfigured,
+            SecretsError::Store(StoreError::Conflict("too_many_flows")) => Self::TooMany,
+            SecretsError::Store(e) => Self::Store(e),
+            // A sealing failure or a row that does not open is the store's problem.
+            SecretsError::Crypto | SecretsError::TooMany => {
+                Self::Store(StoreError::Corrupt("a sealed oauth row".into()))
+            }
+        }
+    }
+}
+
+impl FlowError {
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::NotConfigured => "oauth_not_configured",
+            Self::NotHttp => "not_http",
+            Self::NotRequired => "authorization_not_required",
+            Self::Probe(class) => class,
+            Self::OAuth(e) => e.class(),
+            Self::TooMany => "too_many_flows",
+            Self::Store(e) => e.metric_label(),
+        }
+    }
+}
+
+fn http_url(row: &ConnectorRow) -> Result<&str, FlowError> {
+    match &row.target {
+        ConnectorTarget::Http { url, .. } => Ok(url),
+        ConnectorTarget::Stdio { .. } => Err(FlowError::NotHttp),
+    }
+}
+
+/// `POST /v1/connectors/{id}/authorize`: asks the server whether it wants a token (its
+/// `401` challenge names its metadata), then begins a flow for `owner`.
+pub async fn authorize(
+    oauth: &OAuth,
+    store: &Store,
+    allow_private: bool,
+    row: &ConnectorRow,
+    owner: &GrantOwner,
+) -> Result<(String, DateTime<Utc>), FlowError> {
+    if !store.secrets_configured() {
+        return Err(FlowError::NotConfigured);
+    }
+    let url = http_url(row)?;
+    let challenge = probe(url, allow_private).await?;
+    begin(oauth, store, row, owner, Some(&challenge)).await
+}
+
+/// A pending flow as stored: the protocol's state, and what a later turn needs to hand the
+/// same flow out again (its link, and the challenge it answered).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredFlow {
+    flow: PendingFlow,
+    authorization_url: String,
+    challenge: Option<String>,
+}
+
+/// Begins a flow on `row`'s server for `owner` and stores it: the authorization URL and
+/// when the flow expires.
+async fn begin(
+    oauth: &OAuth,
+    store: &Store,
+    row: &ConnectorRow,
+    owner: &GrantOwner,
+    challenge: Option<&str>,
+) -> Result<(String, DateTime<Utc>), FlowError> {
+    let url = http_url(row)?;
+    let (authorization_url, flow) =
+        oauth::begin(&oauth.http, url, challenge, &oauth.options(url)).await?;
+    let state = oauth::state_of(&flow).to_owned();
+    let stored = StoredFlow {
+        flow,
+        authorization_url,
+        challenge: challenge.map(str::to_owned),
+    };
+    let expires_at =
+        bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS)).await?;
+    Ok((stored.authorization_url, expires_at))
+}
+
+/// What the callback found.
+#[derive(Debug)]
+pub enum Finished {
+    /// The grant is stored for this owner.
+    Connected(GrantOwner),
+    /// No flow has this state: never issued, or already used.
+    Unknown,
+    /// The flow's time was up.
+    Expired,
+}
+
+/// `GET /v1/oauth/callback` with a code: takes the flow of `state` (whatever happens
+/// next, it cannot be used again), exchanges the code and stores the grant.
+pub async fn finish(
+    oauth: &OAuth,
+    store: &Store,
+    code: &str,
+    state: &str,
+    iss: Option<&str>,
+) -> Result<Finished, FlowError> {
+    let (owner, stored) = match take(store, state).await? {
+        Some(TakenFlow::Live(owner, stored)) => (owner, stored),
+        Some(TakenFlow::Expired) => return Ok(Finished::Expired),
+        None => return Ok(Finished::Unknown),
+    };
+    let grant = oauth::finish(&oauth.http, stored.flow, code, state, iss).await?;
+    bounded(store.put_grant(&owner, &grant)).await?;
+    Ok(Finished::Connected(owner))
+}
+
+/// The callback with an `error` (the person refused, or the server did): the flow is
+/// spent all the same. Whether there was one.
+pub async fn abandon(store: &Store, state: &str) -> Result<bool, FlowError> {
+    Ok(matches!(
+        take(store, state).await?,
+        Some(TakenFlow::Live(..))
+    ))
+}
+
+async fn take(store: &Store, state: &str) -> Result<Option<TakenFlow<StoredFlow>>, FlowError> {
+    if !store.secrets_configured() {
+        return Err(FlowError::NotConfigured);
+    }
+    match bounded(store.take_flow(state)).await {
+        Ok(taken) => Ok(Some(taken)),
+        Err(SecretsError::Store(StoreError::NotFound)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A store call of the OAuth path under [`crate::store::CALL_BOUND`].
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, SecretsError>>,
+) -> Result<T, SecretsError> {
+    tokio::time::timeout(crate::store::CALL_BOUND, call)
+        .await
+        .unwrap_or(Err(SecretsError::Store(StoreError::TimedOut)))
+}
+
+/// Asks the MCP server for `initialize` without a token: its `401` challenge
+/// (`WWW-Authenticate`) is what discovery starts from. A server that answers anything
+/// else successfully needs no authorization.
+async fn probe(url: &str, allow_private: bool) -> Result<String, FlowError> {
+    let parsed = reqwest::Url::parse(url).map_err(|_| FlowError::Probe("invalid_url"))?;
+    let pinned = address::resolve(&parsed, allow_private)
+        .await
+        .map_err(FlowError::Probe)?;
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(PROBE_TIMEOUT);
+    if let Some((host, addresses)) = pinned {
+        builder = builder.resolve_to_addrs(&host, &addresses);
+    }
+    let client = builder
+        .build()
+        .map_err(|_| FlowError::Probe("client_failed"))?;
+    let initialize = serde_json::json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION")},
+        },
+    });
+    let response = client
+        .post(parsed)
+        .header(
+            reqwest::header::ACCEPT,
+            "application/json, text/event-stream",
+        )
+        .json(&initialize)
+        .send()
+        .await
+        .map_err(|e| {
+            FlowError::Probe(if e.is_timeout() {
+                "timeout"
+            } else {
+                "unreachable"
+            })
+        })?;
+    match response.status() {
+        reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN => Ok(response
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("Bearer")
+            .to_owned()),
+        status if status.is_success() => Err(FlowError::NotRequired),
+        _ => Err(FlowError::Probe("unexpected_status")),
+    }
+}
+
+/// What became of one connector at a turn's start.
+pub(super) enum Started {
+    Ready(Session, Vec<rmcp::model::Tool>),
+    /// A person must authorize: the URL to send them to.
+    NeedsAuthorization(String),
+    /// An error class.
+    Down(&'static str),
+}
+
+/// What a turn starts its connectors with.
+pub(super) struct Turn<'a> {
+    pub oauth: &'a OAuth,
+    pub store: &'a Store,
+    pub team: TeamId,
+    /// Whose secrets fill the connector's credential templates.
+    pub agent: AgentId,
+    /// The chat's creator, whose own grants come first.
+    pub user: Option<&'a str>,
+    pub config: &'a ConnectorConfig,
+    pub cancel: &'a CancellationToken,
+}
+
+/// Starts `row`'s session for a turn (see the module docs): its static credentials filled
+/// from secrets, then its OAuth grant, all within the startup timeout and the turn's
+/// cancellation. A connector with a static `Authorization` header does not use OAuth: a
+/// server that refuses it is `down` with `credentials_refused`.
+pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
+    let Turn {
+        oauth,
+        store,
+        team,
+        agent,
+        user,
+        config,
+        cancel,
+    } = *turn;
+    let attempt = async {
+        let (headers, env) = row.target.templates();
+        let credentials = match credentials::resolve(store, team, agent, headers, env).await {
+            Ok(credentials) => credentials,
+            Err(class) => return Started::Down(class),
+        };
+        if credentials.has_authorization() {
+            return match Session::start(row, config, &credentials, None, cancel).await {
+                Ok((session, tools)) => Started::Ready(session, tools),
+                Err(e) if e.challenge().is_some() => Started::Down("credentials_refused"),
+                Err(e) => Started::Down(e.class()),
+            };
+        }
+        let grant = match grant_token(oauth, store, team, row, user).await {
+            Ok(grant) => grant,
+            Err(Refresh::Rejected) => return ask(oauth, store, team, row, user, None).await,
+            Err(Refresh::Failed(class)) => return Started::Down(class),
+        };
+        let bearer = grant.as_ref().map(|(_, token, _)| token.as_str());
+        let challenge = match Session::start(row, config, &credentials, bearer, cancel).await {
+            Ok((session, tools)) => return Started::Ready(session, tools),
+            Err(e) => match e.challenge() {
+                Some(challenge) => challenge.to_owned(),
+                None => return Started::Down(e.class()),
+            },
+        };
+        // A token the server refused before its time (revoked, or shorter-lived than it
+        // said): one refresh, then one more try, before asking a person.
+        if let Some((owner, _, version)) = grant {
+            match locked_refresh(oauth, store, &owner, version).await {
+                Ok((token, _)) => {
+                    match Session::start(row, config, &credentials, Some(&token), cancel).await {
+                        Ok((session, tools)) => return Started::Ready(session, tools),
+                        Err(e) if e.challenge().is_none() => return Started::Down(e.class()),
+                        Err(_) => {}
+                    }
+                }
+                Err(Refresh::Rejected) => {}
+                Err(Refresh::Failed(class)) => return Started::Down(class),
+            }
+        }
+        ask(oauth, store, team, row, user, Some(&challenge)).await
+    };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => Started::Down("cancelled"),
+        timed = tokio::time::timeout(config.startup_timeout, attempt) => {
+            timed.unwrap_or(Started::Down("timeout"))
+        }
+    }
+}
+
+/// The link of a flow for the chat's creator (an API key's chat: for the connector): a
+/// live one begun earlier for the same challenge, with at least [`REUSE_LEFT`] to go
+/// (so that turns of a chat waiting for its person do not each register and begin
+/// anew), else a new one. A chat's user never gets to authorize for the whole connector.
+async fn ask(
+    oauth: &OAuth,
+    store: &Store,
+    team: TeamId,
+    row: &ConnectorRow,
+    user: Option<&str>,
+    challenge: Option<&str>,
+) -> Started {
+    if !store.secrets_configured() {
+        return Started::Down("oauth_not_configured");
+    }
+    let owner = GrantOwner {
+        team,
+        connector: row.id,
+        user: user.map(str::to_owned),
+    };
+    match bounded(store.live_flows::<StoredFlow>(&owner, REUSE_LEFT)).await {
+        Ok(flows) => {
+            if let Some(live) = flows
+                .into_iter()
+                .find(|f| f.challenge.as_deref() == challenge)
+            {
+                return Started::NeedsAuthorization(live.authorization_url);
+            }
+        }
+        // A flow that cannot be read is no reason not to begin another.
+        Err(e) => {
+            tracing::warn!(connector = %row.id, class = e.metric_label(), "could not read the connector's pending flows")
+        }
+    }
+    match begin(oauth, store, row, &owner, challenge).await {
+        Ok((url, _)) => Started::NeedsAuthorization(url),
+        Err(e) => Started::Down(e.class()),
+    }
+}
+
+/// Why no token came of a refresh.
+enum Refresh {
+    /// The authorization server refused it (revoked, expired, none): a person must
+    /// authorize again.
+    Rejected,
+    /// An error class: the connector is down for this turn.
+    Failed(&'static str),
+}
+
+/// The grant a turn of `user`'s chat connects `row` with, refreshed first when it expires
+/// soon: its owner, access token and version. `None` without a grant (or without the
+/// secrets key).
+async fn grant_token(
+    oauth: &OAuth,
+    store: &Store,
+    team: TeamId,
+    row: &ConnectorRow,
+    user: Option<&str>,
+) -> Result<Option<(GrantOwner, String, i64)>, Refresh> {
+    if !store.secrets_configured() || !matches!(row.target, ConnectorTarget::Http { .. }) {
+        return Ok(None);
+    }
+    let found = bounded(store.grant_for::<Grant>(team, row.id, user))
+        .await
+        .map_err(|e| Refresh::Failed(e.metric_label()))?;
+    let Some((owner, grant, version)) = found else {
+        return Ok(None);
+    };
+    if !oauth::expires_soon(&grant, REFRESH_MARGIN) {
+        let token = oauth::access_token(&grant).to_owned();
+        return Ok(Some((owner, token, version)));
+    }
+    let (token, version) = locked_refresh(oauth, store, &owner, version).await?;
+    Ok(Some((owner, token, version)))
+}
+
+/// Refreshes `owner`'s grant, read at version `seen`, under its row lock, unless another
+/// replica wrote a newer version while this one waited (then that one's tokens serve).
+/// The access token in force afterwards, and its version.
+async fn locked_refresh(
+    oauth: &OAuth,
+    store: &Store,
+    owner: &GrantOwner,
+    seen: i64,
+) -> Result<(String, i64), Refresh> {
+    let http = oauth.http.clone();
+    let refreshed = store
+        .with_locked_grant(owner, |current: &Grant, version| {
+            let current = current.clone();
+            async move {
+                if version != seen {
+                    return Ok(None);
+                }
+                oauth::refresh(&http, &current).await.map(Some)
+            }
+        })
+        .await;
+    match refreshed {
+        Ok((grant, version)) => {
+            tracing::debug!(connector = %owner.connector, user_grant = owner.user.is_some(), version, "connector grant current");
+            Ok((oauth::access_token(&grant).to_owned(), version))
+        }
+        Err(LockedError::Step(e)) if e.needs_authorization() => {
+            tracing::info!(connector = %owner.connector, class = e.class(), "connector grant can no longer be refreshed");
+            Err(Refresh::Rejected)
+        }
+        Err(LockedError::Step(e)) => Err(Refresh::Failed(e.class())),
+        // The grant was deleted meanwhile (its connector went): nothing to refresh.
+        Err(LockedError::Store(SecretsError::Store(StoreError::NotFound))) => {
+            Err(Refresh::Rejected)
+        }
+        Err(LockedError::Store(e)) => Err(Refresh::Failed(e.metric_label())),
+    }
+}
+
+/// The grants of a connector about to be deleted, to revoke after the delete. Best
+/// effort: grants that cannot be read (no key, a store failure) are deleted unrevoked,
+/// with a log line.
+pub async fn grants_to_revoke(store: &Store, team: TeamId, connector: uuid::Uuid) -> Vec<Grant> {
+    if !store.secrets_configured() {
+        return Vec::new();
+    }
+    bounded(store.connector_grants::<Grant>(team, connector))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(team = %team, connector = %connector, class = e.metric_label(), "could not read the connector's grants; they are deleted unrevoked");
+            Vec::new()
+        })
+}
+
+/// Revokes `grants` at their authorization servers, concurrently, within
+/// [`REVOKE_BOUND`]; best effort: a failure is logged by class.
+pub async fn revoke_all(oauth: &OAuth, connector: uuid::Uuid, grants: Vec<Grant>) {
+    if grants.is_empty() {
+        return;
+    }
+    let all = join_all(grants.iter().map(|g| oauth::revoke(&oauth.http, g)));
+    match tokio::time::timeout(REVOKE_BOUND, all).await {
+        Ok(results) => {
+            for e in results.into_iter().filter_map(Result::err) {
+                tracing::warn!(connector = %connector, class = e.class(), "revoking a connector grant failed; it was deleted all the same");
+            }
+        }
+        Err(_) => {
+            tracing::warn!(connector = %connector, class = "timeout", "revoking a connector's grants timed out; they were deleted all the same")
+        }
+    }
+}
