@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use brain::store::SecretsKey;
-use common::mcp::HttpEverything;
+use common::mcp::HttpServer;
 use common::{TestApp, read_stream};
 use oauth_servers::{AuthServer, ResourceServer};
 use protocol::ui::{ConnectorState, ConnectorStatus, UiChunk};
@@ -78,7 +78,7 @@ struct World {
     app: TestApp,
     auth: AuthServer,
     resource: ResourceServer,
-    _everything: HttpEverything,
+    _everything: HttpServer,
     agent: String,
     connector: String,
 }
@@ -88,7 +88,7 @@ async fn world() -> World {
 }
 
 async fn world_with(tweak: impl FnOnce(&mut brain::config::Config)) -> World {
-    let everything = HttpEverything::start();
+    let everything = HttpServer::everything();
     let auth = AuthServer::start().await;
     let resource = ResourceServer::start(&auth, everything.url()).await;
     let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
@@ -687,7 +687,7 @@ async fn authorize_refuses_what_it_cannot_do() {
     let (status, body) = w.authorize(chat_key["api_key"].as_str().unwrap()).await;
     assert_eq!(status, 403, "{body}");
 
-    let open = HttpEverything::start();
+    let open = HttpServer::everything();
     for (name, target, status, code) in [
         (
             "open",
@@ -748,4 +748,68 @@ async fn authorize_refuses_what_it_cannot_do() {
     assert_eq!(response.status(), 501);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "not_configured");
+}
+
+/// A token the server stops accepting in the middle of a turn (after the session started
+/// with it): the tool call is an error that tells the model what the person must do, not
+/// a bare transport failure.
+#[tokio::test]
+async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
+    use brain::connectors::authorization::OAuth;
+    use brain::tools::ToolCtx;
+    let w = world().await;
+    let (code, started) = w.authorize(&w.app.key).await;
+    assert_eq!(code, 200, "{started}");
+    let (_, connected) = consent(&w.app, started["authorization_url"].as_str().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+
+    let keyed = w
+        .app
+        .store
+        .clone()
+        .with_secrets_key(Some(SecretsKey::parse(SECRETS_KEY).unwrap()));
+    let oauth = OAuth::new(
+        &brain::config::OAuthConfig {
+            public_url: w.app.url.clone(),
+            clients: Default::default(),
+        },
+        true,
+    )
+    .unwrap();
+    let config = brain::config::ConnectorConfig {
+        allow_stdio: false,
+        allow_private_networks: true,
+        startup_timeout: Duration::from_secs(10),
+        call_timeout: Duration::from_secs(30),
+    };
+    let agent: protocol::AgentId = w.agent.parse().unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (tools, statuses) = brain::connectors::connector_tools(
+        &keyed, &config, &oauth, w.app.team, agent, None, &cancel,
+    )
+    .await;
+    assert_eq!(statuses[0].state, ConnectorState::Ready, "{statuses:?}");
+    let echo = tools
+        .iter()
+        .find(|t| t.spec().name == "everything_echo")
+        .unwrap();
+    let ctx = ToolCtx {
+        store: keyed.clone(),
+        team: w.app.team,
+        agent,
+        chat: protocol::ChatId::new(),
+        turn: protocol::TurnId::new(),
+        call_id: "call".into(),
+        ui: None,
+        cancel,
+    };
+    let before = echo.call(&ctx, json!({"message": "hi"})).await;
+    assert!(!before.is_error, "{before:?}");
+
+    w.auth.expire_access_tokens();
+    let after = echo.call(&ctx, json!({"message": "hi"})).await;
+    assert!(
+        after.is_error && after.content.contains("must be authorized again"),
+        "{after:?}"
+    );
 }

@@ -9,7 +9,6 @@ mod common;
 
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use brain::connectors::authorization::OAuth;
 use brain::connectors::{ConnectorState, ConnectorStatus, connector_tools};
 use brain::store::{ConnectorTarget, NewConnector};
 use brain::tools::{Tool, ToolCtx, ToolOutput};
-use common::mcp::{HttpEverything, everything_js, free_port, installed, mcp_dir};
+use common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};
 use common::{TestApp, read_stream};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TurnId};
@@ -379,7 +378,7 @@ async fn connector_urls_may_not_point_at_metadata_or_private_addresses() {
 /// to a refused address is down (`private_address`), and the turn goes on.
 #[tokio::test]
 async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
-    let server = HttpEverything::start();
+    let server = HttpServer::everything();
     let app = TestApp::start().await;
     let agent = new_agent(&app).await;
     // Stored directly: the API would refuse `localhost` already.
@@ -577,7 +576,7 @@ fn alive(pid: u32) -> bool {
 
 #[tokio::test]
 async fn server_everything_over_streamable_http() {
-    let server = HttpEverything::start();
+    let server = HttpServer::everything();
     // The server listens on loopback.
     let app = TestApp::start_with(|c| c.connectors.allow_private_networks = true).await;
     let agent = new_agent(&app).await;
@@ -662,7 +661,7 @@ async fn mcp_server_time_over_stdio() {
 
 #[tokio::test]
 async fn down_connectors_are_reported_and_the_rest_still_work() {
-    let server = HttpEverything::start();
+    let server = HttpServer::everything();
     let app = TestApp::start().await;
     let agent = new_agent(&app).await;
 
@@ -1050,50 +1049,15 @@ fn probe_script() -> String {
 
 /// `credential_probe.py http`: a real MCP server (Python SDK) that answers 401 unless the
 /// request's Authorization header is exactly `expected`.
-struct HttpProbe {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl HttpProbe {
-    fn start(expected: &str) -> Self {
-        let port = free_port();
-        let child = std::process::Command::new(venv_python())
-            .arg(probe_script())
-            .arg("http")
-            .arg(port.to_string())
-            .env("EXPECTED_AUTHORIZATION", expected)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut probe = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                probe.child.try_wait().unwrap().is_none(),
-                "credential_probe.py exited before listening"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "credential_probe.py never listened"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        probe
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-}
-
-impl Drop for HttpProbe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn http_probe(expected: &str) -> HttpServer {
+    let port = free_port();
+    let mut command = std::process::Command::new(venv_python());
+    command
+        .arg(probe_script())
+        .arg("http")
+        .arg(port.to_string())
+        .env("EXPECTED_AUTHORIZATION", expected);
+    HttpServer::spawn(command, port, "credential_probe.py")
 }
 
 async fn put_secret(app: &TestApp, name: &str, value: &str) -> u16 {
@@ -1108,7 +1072,7 @@ async fn put_secret(app: &TestApp, name: &str, value: &str) -> u16 {
 
 #[tokio::test]
 async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
-    let probe = HttpProbe::start(&format!("Bearer {TOKEN}"));
+    let probe = http_probe(&format!("Bearer {TOKEN}"));
     let app = keyed_app().await;
     let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
     let agent = new_agent(&app).await;

@@ -9,7 +9,7 @@ use rmcp::ServiceError;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceContents};
 use serde_json::Value;
 
-use super::session::Session;
+use super::session::{ConnectError, Session, auth_challenge};
 use crate::provider::ToolSpec;
 use crate::tools::{RiskClass, Tool, ToolCtx, ToolOutput};
 
@@ -143,6 +143,11 @@ impl Tool for ConnectorTool {
 }
 
 fn error_class(err: &ServiceError) -> &'static str {
+    match auth_challenge(err) {
+        Some(ConnectError::NeedsAuthorization { .. }) => return "needs_authorization",
+        Some(ConnectError::InsufficientScope { .. }) => return "insufficient_scope",
+        _ => {}
+    }
     match err {
         ServiceError::McpError(_) => "mcp_error",
         ServiceError::TransportSend(_) | ServiceError::TransportClosed => "unreachable",
@@ -154,6 +159,24 @@ fn error_class(err: &ServiceError) -> &'static str {
 
 /// What the model reads when the call itself failed.
 fn error_text(connector: &str, err: &ServiceError) -> String {
+    // A token refused in the middle of a turn (revoked, expired early, or short of a scope
+    // this tool needs): the model can tell the person what to do; the next turn asks for
+    // authorization again where the server refuses the grant outright.
+    match auth_challenge(err) {
+        Some(ConnectError::NeedsAuthorization { .. }) => {
+            return format!(
+                "the connector `{connector}` refused the call: its authorization is no longer \
+                 accepted; the connector must be authorized again"
+            );
+        }
+        Some(ConnectError::InsufficientScope { .. }) => {
+            return format!(
+                "the connector `{connector}` refused the call: the authorization lacks a scope \
+                 this tool needs; authorize the connector again to grant it"
+            );
+        }
+        _ => {}
+    }
     match err {
         ServiceError::McpError(e) => {
             format!(

@@ -139,6 +139,12 @@ impl SecretsError {
     }
 }
 
+fn infos(rows: Vec<(String, DateTime<Utc>)>) -> Vec<SecretInfo> {
+    rows.into_iter()
+        .map(|(name, updated_at)| SecretInfo { name, updated_at })
+        .collect()
+}
+
 /// A stored secret as anyone but its injector may see it: no value.
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct SecretInfo {
@@ -220,10 +226,7 @@ impl Store {
         .bind(agent.0)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, updated_at)| SecretInfo { name, updated_at })
-            .collect())
+        Ok(infos(rows))
     }
 
     /// The decrypted value of one secret.
@@ -297,10 +300,7 @@ impl Store {
         .bind(team.0)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, updated_at)| SecretInfo { name, updated_at })
-            .collect())
+        Ok(infos(rows))
     }
 
     pub async fn delete_team_secret(&self, team: TeamId, name: &str) -> Result<(), StoreError> {

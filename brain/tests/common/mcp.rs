@@ -25,35 +25,42 @@ pub fn everything_js() -> String {
     installed(mcp_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
 }
 
-/// server-everything in streamable HTTP mode on a port of its own; killed by pid on drop.
-pub struct HttpEverything {
+/// An MCP server over streamable HTTP on a loopback port of its own (at `/mcp`); killed
+/// by pid on drop.
+pub struct HttpServer {
     child: std::process::Child,
     pub port: u16,
 }
 
-impl HttpEverything {
-    pub fn start() -> Self {
+impl HttpServer {
+    /// server-everything in streamable HTTP mode.
+    pub fn everything() -> Self {
         let port = free_port();
-        let child = std::process::Command::new("node")
+        let mut command = std::process::Command::new("node");
+        command
             .arg(everything_js())
             .arg("streamableHttp")
-            .env("PORT", port.to_string())
+            .env("PORT", port.to_string());
+        Self::spawn(command, port, "server-everything (streamableHttp)")
+    }
+
+    /// Runs `command` (which must listen on `port`), its output discarded, and waits until
+    /// the port accepts; `what` names it in a failure.
+    pub fn spawn(mut command: std::process::Command, port: u16, what: &str) -> Self {
+        let child = command
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("node runs (scripts/test-deps.sh installs it)");
+            .unwrap_or_else(|e| panic!("{what} does not start ({e}): run scripts/test-deps.sh"));
         let mut server = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 server.child.try_wait().unwrap().is_none(),
-                "server-everything (streamableHttp) exited before listening"
+                "{what} exited before listening"
             );
-            assert!(
-                Instant::now() < deadline,
-                "server-everything never listened"
-            );
+            assert!(Instant::now() < deadline, "{what} never listened");
             std::thread::sleep(Duration::from_millis(50));
         }
         server
@@ -64,7 +71,7 @@ impl HttpEverything {
     }
 }
 
-impl Drop for HttpEverything {
+impl Drop for HttpServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
