@@ -81,7 +81,15 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
 
   useEffect(() => {
     api.agents().then(setAgents, (e) => setProblem(message(e)));
+    // A reload reopens the chat named in the address (#agent/chat).
+    const [a, c] = location.hash.slice(1).split("/");
+    if (a) setAgentId(a);
+    if (a && c) void openChat(c);
   }, [api]);
+
+  useEffect(() => {
+    history.replaceState(null, "", agentId ? `#${agentId}${chatId ? `/${chatId}` : ""}` : location.pathname);
+  }, [agentId, chatId]);
 
   useEffect(() => {
     setChats([]);

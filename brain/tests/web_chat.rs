@@ -1,0 +1,131 @@
+//! The web chat in a real browser (issue 14): the brain serves the embedded page, and
+//! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
+//! create an agent, a streamed reply, a tool card, a stop, a reload, a phone-width
+//! window, axe-core on each screen). Only the model is scripted. Screenshots go to
+//! `$CARGO_TARGET_TMPDIR/web-chat/`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::TestApp;
+use scripted_provider::{Reply, ToolCall};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn the_page_is_served_with_its_security_headers() {
+    let app = TestApp::start().await;
+    let page = app.http.get(format!("{}/", app.url)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let headers = page.headers().clone();
+    assert_eq!(headers["content-type"], "text/html; charset=utf-8");
+    assert_eq!(headers["cache-control"], "no-cache");
+    let csp = headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self';"), "{csp}");
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    let html = page.text().await.unwrap();
+    let script = html
+        .split('"')
+        .find(|s| s.starts_with("/assets/") && s.ends_with(".js"))
+        .expect("the page loads its bundle");
+
+    let asset = app.http.get(format!("{}{script}", app.url)).send().await.unwrap();
+    assert_eq!(asset.status(), 200);
+    assert_eq!(asset.headers()["content-type"], "text/javascript; charset=utf-8");
+    assert_eq!(
+        asset.headers()["cache-control"],
+        "public, max-age=31536000, immutable"
+    );
+    assert_eq!(asset.headers()["x-content-type-options"], "nosniff");
+
+    let missing = app
+        .http
+        .get(format!("{}/assets/nope.js", app.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let body: Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found");
+}
+
+#[tokio::test]
+async fn a_user_chats_in_a_real_browser() {
+    let app = TestApp::start().await;
+    // The script's turns, in order: a streamed reply with Markdown and raw HTML, a tool
+    // call and the answer after it, and a slow reply the user stops.
+    app.provider.push(Reply::Text {
+        deltas: [
+            "Hello! I am ",
+            "**streaming** ",
+            "word by word. ",
+            "<img src=x onerror=alert(1)> ",
+            "all done",
+        ]
+        .map(String::from)
+        .to_vec(),
+        delay: Duration::from_millis(300),
+    });
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_memo".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": "the sky is blue"}).to_string(),
+        }],
+        fragment: 8,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Noted.".into()],
+        delay: Duration::from_millis(5),
+    });
+    app.provider.push(Reply::Text {
+        deltas: (0..200).map(|i| format!("one{i} ")).collect(),
+        delay: Duration::from_millis(150),
+    });
+
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/chat.mjs");
+    let run = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .arg(&app.url)
+            .arg(&app.key)
+            .arg(&out)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser test ends within two minutes")
+    .expect("node runs (scripts/test-deps.sh installs tests/web)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "the browser test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    // What the browser showed is what the store holds.
+    let ids: Value = serde_json::from_str(&stdout).unwrap();
+    let chat = ids["chatId"].as_str().unwrap();
+    let messages = app.messages(chat).await;
+    let assistant: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+    assert_eq!(assistant.len(), 3, "{messages:#?}");
+    assert_eq!(assistant[0]["status"], "complete");
+    assert!(assistant[1]["parts"].to_string().contains("tool-memory_write"));
+    assert_eq!(assistant[2]["status"], "interrupted");
+    let agent: Value = app
+        .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(agent["name"], "helper");
+    for shot in ["1-sign-in", "2-chat", "3-stopped", "4-phone"] {
+        assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
+    }
+}

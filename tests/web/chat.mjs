@@ -1,0 +1,116 @@
+// Drives the web chat in Debian's chromium against a live brain whose scripted model has
+// its replies queued by brain/tests/web_chat.rs. Usage: node chat.mjs URL API_KEY OUT_DIR
+// Prints {"agentId","chatId"} on success; any failed expectation throws (exit code 1).
+import { readFileSync, mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
+import { chromium } from "playwright-core";
+
+const [url, apiKey, outDir] = process.argv.slice(2);
+mkdirSync(outDir, { recursive: true });
+const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+const TIMEOUT = 20_000;
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu"],
+});
+const problems = [];
+try {
+  const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  // A CSP violation or an uncaught error is a failure, not noise.
+  page.on("console", (m) => {
+    if (m.type() === "error" && !/Failed to load resource/.test(m.text())) problems.push(m.text());
+  });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+
+  const shot = (name) => page.screenshot({ path: `${outDir}/${name}.png`, fullPage: true });
+  // axe-core is evaluated through the DevTools protocol, so the page's CSP stays in force.
+  async function accessible(screen) {
+    await page.evaluate(axeSource);
+    const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
+    const bad = result.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
+    if (bad.length) {
+      throw new Error(
+        `${screen}: accessibility violations: ${bad.map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target).join(", ")}`).join("; ")}`,
+      );
+    }
+  }
+
+  // Sign in: a wrong key is refused with a message, the real one gets in.
+  await page.goto(url);
+  await accessible("sign-in");
+  await shot("1-sign-in");
+  await page.getByLabel("API key or frontend token").fill("ar_not_a_key");
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByRole("alert").filter({ hasText: "The key was refused" }).waitFor();
+  await page.getByLabel("API key or frontend token").fill(apiKey);
+  await page.getByRole("button", { name: "Sign in" }).click();
+
+  // Create an agent, open a new chat.
+  await page.getByRole("button", { name: "New agent" }).click();
+  await page.getByLabel("Name", { exact: true }).fill("helper");
+  await page.getByLabel("Model").fill("openai/gpt-test");
+  await page.getByLabel("Runtime profile (hands)").selectOption("none");
+  await accessible("new agent");
+  await page.getByRole("button", { name: "Create agent" }).click();
+  await page.getByRole("button", { name: "New chat" }).click();
+  const composer = page.getByLabel("Message", { exact: true });
+  await composer.waitFor();
+
+  // A reply streams in: its first words are on screen before the last ones arrive.
+  await composer.fill("Hello there");
+  await page.getByRole("button", { name: "Send" }).click();
+  const assistant = page.locator(".message.assistant");
+  await assistant.first().getByText("Hello!", { exact: false }).waitFor();
+  const early = await assistant.first().innerText();
+  if (early.includes("all done")) throw new Error(`the reply arrived whole, not streamed: ${early}`);
+  await assistant.first().getByText("all done").waitFor();
+  // Markdown is rendered, raw HTML from the model is shown as text.
+  await assistant.first().locator("strong", { hasText: "streaming" }).waitFor();
+  if ((await page.locator(".md img").count()) !== 0) throw new Error("the model's <img> became an element");
+  await assistant.first().getByText("<img src=x onerror=alert(1)>").waitFor();
+
+  // A tool call: a card with its input and its result.
+  await composer.fill("Remember that the sky is blue");
+  await page.getByRole("button", { name: "Send" }).click();
+  const card = page.locator("details.tool").first();
+  await card.locator(".tool-name", { hasText: "memory_write" }).waitFor();
+  await card.locator(".tool-input", { hasText: "the sky is blue" }).waitFor();
+  await card.locator(".tool-state", { hasText: "done" }).waitFor();
+  await card.locator(".tool-output").waitFor();
+  await assistant.nth(1).getByText("Noted.").waitFor();
+  await accessible("chat");
+  await shot("2-chat");
+
+  // A slow turn, stopped mid-stream: marked interrupted, the text so far kept.
+  await composer.fill("Count slowly");
+  await page.getByRole("button", { name: "Send" }).click();
+  await assistant.nth(2).getByText("one", { exact: false }).waitFor();
+  await page.getByRole("button", { name: "Stop" }).click();
+  await assistant.nth(2).getByText("Interrupted").waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor();
+  await shot("3-stopped");
+
+  // A reload shows the same transcript, from the store.
+  const before = await page.locator(".messages").innerText();
+  await page.reload();
+  await assistant.nth(2).getByText("Interrupted").waitFor();
+  const after = await page.locator(".messages").innerText();
+  if (after !== before) throw new Error(`the transcript changed on reload:\n${before}\n---\n${after}`);
+
+  // Phone width: the chat is usable, nothing wider than the screen.
+  await page.setViewportSize({ width: 390, height: 780 });
+  await composer.waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 0) throw new Error(`the page is ${overflow}px wider than a phone`);
+  await accessible("phone");
+  await shot("4-phone");
+
+  if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
+  const [agentId, chatId] = new URL(page.url()).hash.slice(1).split("/");
+  process.stdout.write(JSON.stringify({ agentId, chatId }));
+} finally {
+  await browser.close();
+}
