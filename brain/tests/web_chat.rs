@@ -1,14 +1,15 @@
 //! The web chat in a real browser (issue 14): the brain serves the embedded page, and
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
-//! create an agent, a streamed reply, a tool card, a stop, a reload, a phone-width
-//! window, axe-core on each screen). Only the model is scripted. Screenshots go to
+//! create an agent with hands, a streamed reply, a shell command in a real worker with its
+//! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each
+//! screen). A real runtime-manager launches the worker; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::TestApp;
@@ -52,11 +53,37 @@ async fn the_page_is_served_with_its_security_headers() {
     assert_eq!(body["error"]["code"], "not_found");
 }
 
+/// The workspace's binaries, next to this test's executable.
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
 #[tokio::test]
 async fn a_user_chats_in_a_real_browser() {
-    let app = TestApp::start().await;
-    // The script's turns, in order: a streamed reply with Markdown and raw HTML, a tool
-    // call and the answer after it, and a slow reply the user stops.
+    // A queue namespace of its own, so only this test's runtime-manager serves it.
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let ns = namespace.clone();
+    let app = TestApp::start_with(move |c| c.workers.queue_namespace = ns).await;
+    let workspaces = std::env::temp_dir().join(format!("web-chat-{namespace}"));
+    std::fs::create_dir_all(&workspaces).unwrap();
+    let _manager = tokio::process::Command::new(bin("runtime-manager"))
+        .env("DATABASE_URL", app.store_url())
+        .env(
+            "REDIS_URL",
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        )
+        .env("SESSION_QUEUE_NAMESPACE", &namespace)
+        .env("BRAIN_PUBLIC_URL", &app.url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
+        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces)
+        .env("RUNTIME_MANAGER_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the runtime-manager binary is built with the workspace");
+    // The script's turns, in order: a streamed reply with Markdown and raw HTML, a shell
+    // command in the worker and the answer after it, a brain tool call and the answer
+    // after it, and a slow reply the user stops.
     app.provider.push(Reply::Text {
         deltas: [
             "Hello! I am ",
@@ -68,6 +95,20 @@ async fn a_user_chats_in_a_real_browser() {
         .map(String::from)
         .to_vec(),
         delay: Duration::from_millis(300),
+    });
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_shell".into(),
+            name: "shell".into(),
+            arguments: json!({"command": "for i in 1 2 3; do echo line$i; sleep 0.3; done"})
+                .to_string(),
+        }],
+        fragment: 16,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Ran it.".into()],
+        delay: Duration::from_millis(5),
     });
     app.provider.push(Reply::ToolCalls {
         text: None,
@@ -114,10 +155,11 @@ async fn a_user_chats_in_a_real_browser() {
     let chat = ids["chatId"].as_str().unwrap();
     let messages = app.messages(chat).await;
     let assistant: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
-    assert_eq!(assistant.len(), 3, "{messages:#?}");
+    assert_eq!(assistant.len(), 4, "{messages:#?}");
     assert_eq!(assistant[0]["status"], "complete");
-    assert!(assistant[1]["parts"].to_string().contains("tool-memory_write"));
-    assert_eq!(assistant[2]["status"], "interrupted");
+    assert!(assistant[1]["parts"].to_string().contains("line3"));
+    assert!(assistant[2]["parts"].to_string().contains("tool-memory_write"));
+    assert_eq!(assistant[3]["status"], "interrupted");
     let agent: Value = app
         .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))
         .await
@@ -128,4 +170,5 @@ async fn a_user_chats_in_a_real_browser() {
     for shot in ["1-sign-in", "2-chat", "3-stopped", "4-phone"] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }
+    let _ = std::fs::remove_dir_all(&workspaces);
 }

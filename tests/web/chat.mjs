@@ -52,7 +52,7 @@ try {
   await page.getByRole("button", { name: "New agent" }).click();
   await page.getByLabel("Name", { exact: true }).fill("helper");
   await page.getByLabel("Model").fill("openai/gpt-test");
-  await page.getByLabel("Runtime profile (hands)").selectOption("none");
+  await page.getByLabel("Runtime profile (hands)").selectOption("light");
   await accessible("new agent");
   await page.getByRole("button", { name: "Create agent" }).click();
   await page.getByRole("button", { name: "New chat" }).click();
@@ -72,32 +72,51 @@ try {
   if ((await page.locator(".md img").count()) !== 0) throw new Error("the model's <img> became an element");
   await assistant.first().getByText("<img src=x onerror=alert(1)>").waitFor();
 
-  // A tool call: a card with its input and its result.
+  // Hands: the first shell call starts a worker; its output shows live, then the result.
+  await composer.fill("Run a loop");
+  await page.getByRole("button", { name: "Send" }).click();
+  const shell = page.locator("details.tool").first();
+  await shell.locator(".tool-name", { hasText: "shell" }).waitFor();
+  await page.locator(".message.assistant .status", { hasText: "Worker:" }).first().waitFor();
+  await shell.locator(".tool-log", { hasText: "line1" }).waitFor({ timeout: 60_000 });
+  await shell.locator(".tool-log", { hasText: "line3" }).waitFor();
+  await shell.locator(".tool-state", { hasText: "done" }).waitFor();
+  await shell.locator(".tool-output", { hasText: "line3" }).waitFor();
+  await assistant.nth(1).getByText("Ran it.").waitFor();
+
+  // A brain tool call: a card with its input and its result.
   await composer.fill("Remember that the sky is blue");
   await page.getByRole("button", { name: "Send" }).click();
-  const card = page.locator("details.tool").first();
+  const card = page.locator("details.tool").nth(1);
   await card.locator(".tool-name", { hasText: "memory_write" }).waitFor();
   await card.locator(".tool-input", { hasText: "the sky is blue" }).waitFor();
   await card.locator(".tool-state", { hasText: "done" }).waitFor();
   await card.locator(".tool-output").waitFor();
-  await assistant.nth(1).getByText("Noted.").waitFor();
+  await assistant.nth(2).getByText("Noted.").waitFor();
   await accessible("chat");
   await shot("2-chat");
 
   // A slow turn, stopped mid-stream: marked interrupted, the text so far kept.
   await composer.fill("Count slowly");
   await page.getByRole("button", { name: "Send" }).click();
-  await assistant.nth(2).getByText("one", { exact: false }).waitFor();
+  await assistant.nth(3).getByText("one", { exact: false }).waitFor();
   await page.getByRole("button", { name: "Stop" }).click();
-  await assistant.nth(2).getByText("Interrupted").waitFor();
+  await assistant.nth(3).getByText("Interrupted").waitFor();
   await page.getByRole("button", { name: "Send" }).waitFor();
   await shot("3-stopped");
 
-  // A reload shows the same transcript, from the store.
-  const before = await page.locator(".messages").innerText();
+  // A reload shows the same transcript, from the store (less the live output lines,
+  // which are transient: the stored result has the whole text).
+  const transcript = () =>
+    page.evaluate(() => {
+      const copy = document.querySelector(".messages").cloneNode(true);
+      copy.querySelectorAll(".live").forEach((e) => e.remove());
+      return copy.textContent;
+    });
+  const before = await transcript();
   await page.reload();
-  await assistant.nth(2).getByText("Interrupted").waitFor();
-  const after = await page.locator(".messages").innerText();
+  await assistant.nth(3).getByText("Interrupted").waitFor();
+  const after = await transcript();
   if (after !== before) throw new Error(`the transcript changed on reload:\n${before}\n---\n${after}`);
 
   // Phone width: the chat is usable, nothing wider than the screen.

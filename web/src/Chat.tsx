@@ -281,8 +281,9 @@ function ToolCard({
           <pre className="tool-input">{pretty(part.input)}</pre>
         </>
       )}
+      {/* Transient: the live lines of this tab's stream; the result has the whole text. */}
       {logs.length > 0 && (
-        <>
+        <div className="live">
           <h4>Live output</h4>
           <pre className="tool-log">
             {logs.map((l, i) => (
@@ -292,7 +293,7 @@ function ToolCard({
               </span>
             ))}
           </pre>
-        </>
+        </div>
       )}
       {state === "approval-requested" && part.approval && (
         <div className="approval">
