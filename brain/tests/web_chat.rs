@@ -33,9 +33,17 @@ async fn the_page_is_served_with_its_security_headers() {
         .find(|s| s.starts_with("/assets/") && s.ends_with(".js"))
         .expect("the page loads its bundle");
 
-    let asset = app.http.get(format!("{}{script}", app.url)).send().await.unwrap();
+    let asset = app
+        .http
+        .get(format!("{}{script}", app.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(asset.status(), 200);
-    assert_eq!(asset.headers()["content-type"], "text/javascript; charset=utf-8");
+    assert_eq!(
+        asset.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
     assert_eq!(
         asset.headers()["cache-control"],
         "public, max-age=31536000, immutable"
@@ -154,11 +162,18 @@ async fn a_user_chats_in_a_real_browser() {
     let ids: Value = serde_json::from_str(&stdout).unwrap();
     let chat = ids["chatId"].as_str().unwrap();
     let messages = app.messages(chat).await;
-    let assistant: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+    let assistant: Vec<&Value> = messages
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .collect();
     assert_eq!(assistant.len(), 4, "{messages:#?}");
     assert_eq!(assistant[0]["status"], "complete");
     assert!(assistant[1]["parts"].to_string().contains("line3"));
-    assert!(assistant[2]["parts"].to_string().contains("tool-memory_write"));
+    assert!(
+        assistant[2]["parts"]
+            .to_string()
+            .contains("tool-memory_write")
+    );
     assert_eq!(assistant[3]["status"], "interrupted");
     let agent: Value = app
         .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))

@@ -27,7 +27,10 @@ pub async fn index() -> Result<Response, ApiError> {
     let body = file("index.html").ok_or(ApiError::NotFound("page"))?;
     Ok((
         [
-            (CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8")),
+            (
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
             (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
             (
                 HeaderName::from_static("content-security-policy"),
@@ -63,7 +66,10 @@ pub async fn asset(Path(name): Path<String>) -> Result<Response, ApiError> {
 }
 
 fn file(path: &str) -> Option<&'static [u8]> {
-    FILES.iter().find(|(p, _)| *p == path).map(|(_, body)| *body)
+    FILES
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, body)| *body)
 }
 
 fn content_type(name: &str) -> &'static str {
@@ -88,9 +94,15 @@ mod tests {
             .split('"')
             .filter_map(|s| s.strip_prefix("/assets/"))
             .collect();
-        assert!(named.len() >= 2, "the page names its script and style: {page}");
+        assert!(
+            named.len() >= 2,
+            "the page names its script and style: {page}"
+        );
         for name in named {
-            assert!(file(&format!("assets/{name}")).is_some(), "{name} is embedded");
+            assert!(
+                file(&format!("assets/{name}")).is_some(),
+                "{name} is embedded"
+            );
             assert_ne!(content_type(name), "application/octet-stream", "{name}");
         }
         assert!(!page.contains("<script>"), "no inline script under the CSP");
