@@ -33,5 +33,12 @@ export default defineConfig({
     // The page is served under a strict CSP (no inline scripts or styles).
     assetsInlineLimit: 0,
     modulePreload: { polyfill: false },
+    rollupOptions: {
+      // swr's "use client" marks a React Server Components boundary, which a plain
+      // client bundle has no use for.
+      onwarn(warning, warn) {
+        if (warning.code !== "MODULE_LEVEL_DIRECTIVE") warn(warning);
+      },
+    },
   },
 });

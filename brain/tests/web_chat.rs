@@ -61,6 +61,9 @@ async fn the_page_is_served_with_its_security_headers() {
     assert_eq!(body["error"]["code"], "not_found");
 }
 
+/// A 1x1 PNG, which the worker's shell writes and `upload_artifact` stores.
+const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+
 /// The workspace's binaries, next to this test's executable.
 fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
@@ -90,8 +93,8 @@ async fn a_user_chats_in_a_real_browser() {
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
     // The script's turns, in order: a streamed reply with Markdown and raw HTML, a shell
-    // command in the worker and the answer after it, a brain tool call and the answer
-    // after it, and a slow reply the user stops.
+    // command in the worker, the upload of the image it wrote and the answer after them,
+    // a brain tool call and the answer after it, and a slow reply the user stops.
     app.provider.push(Reply::Text {
         deltas: [
             "Hello! I am ",
@@ -109,10 +112,21 @@ async fn a_user_chats_in_a_real_browser() {
         calls: vec![ToolCall {
             id: "call_shell".into(),
             name: "shell".into(),
-            arguments: json!({"command": "for i in 1 2 3; do echo line$i; sleep 0.3; done"})
-                .to_string(),
+            arguments: json!({"command": format!(
+                "for i in 1 2 3; do echo line$i; sleep 0.3; done; echo {PNG} | base64 -d > dot.png"
+            )})
+            .to_string(),
         }],
         fragment: 16,
+    });
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_upload".into(),
+            name: "upload_artifact".into(),
+            arguments: json!({"path": "dot.png"}).to_string(),
+        }],
+        fragment: 0,
     });
     app.provider.push(Reply::Text {
         deltas: vec!["Ran it.".into()],
@@ -134,6 +148,11 @@ async fn a_user_chats_in_a_real_browser() {
     app.provider.push(Reply::Text {
         deltas: (0..200).map(|i| format!("one{i} ")).collect(),
         delay: Duration::from_millis(150),
+    });
+    // After the reload: a turn the provider refuses, shown as what to do.
+    app.provider.push(Reply::Status {
+        status: 429,
+        retry_after: Some(3),
     });
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
@@ -170,6 +189,11 @@ async fn a_user_chats_in_a_real_browser() {
     assert_eq!(assistant[0]["status"], "complete");
     assert!(assistant[1]["parts"].to_string().contains("line3"));
     assert!(
+        assistant[1]["parts"]
+            .to_string()
+            .contains("tool-upload_artifact")
+    );
+    assert!(
         assistant[2]["parts"]
             .to_string()
             .contains("tool-memory_write")
@@ -182,7 +206,7 @@ async fn a_user_chats_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(agent["name"], "helper");
-    for shot in ["1-sign-in", "2-chat", "3-stopped", "4-phone"] {
+    for shot in ["1-sign-in", "2-chat", "3-stopped", "4-error", "5-phone"] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }
     let _ = std::fs::remove_dir_all(&workspaces);

@@ -82,12 +82,19 @@ try {
   await shell.locator(".tool-log", { hasText: "line3" }).waitFor();
   await shell.locator(".tool-state", { hasText: "done" }).waitFor();
   await shell.locator(".tool-output", { hasText: "line3" }).waitFor();
+  // The image it wrote, uploaded: shown inline from the artifact's bytes.
+  const upload = page.locator("details.tool").nth(1);
+  await upload.locator(".tool-name", { hasText: "upload_artifact" }).waitFor();
+  const image = upload.locator(".artifact img");
+  await image.waitFor();
+  await page.waitForFunction((img) => img.complete && img.naturalWidth === 1, await image.elementHandle());
+  await upload.getByRole("link", { name: "Download dot.png" }).waitFor();
   await assistant.nth(1).getByText("Ran it.").waitFor();
 
   // A brain tool call: a card with its input and its result.
   await composer.fill("Remember that the sky is blue");
   await page.getByRole("button", { name: "Send" }).click();
-  const card = page.locator("details.tool").nth(1);
+  const card = page.locator("details.tool").nth(2);
   await card.locator(".tool-name", { hasText: "memory_write" }).waitFor();
   await card.locator(".tool-input", { hasText: "the sky is blue" }).waitFor();
   await card.locator(".tool-state", { hasText: "done" }).waitFor();
@@ -119,13 +126,20 @@ try {
   const after = await transcript();
   if (after !== before) throw new Error(`the transcript changed on reload:\n${before}\n---\n${after}`);
 
+  // A refused turn says what happened and what to do.
+  await composer.fill("Are you there?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.getByRole("alert").filter({ hasText: "rate_limited" }).filter({ hasText: "Wait a moment" }).waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor({ state: "attached" });
+  await shot("4-error");
+
   // Phone width: the chat is usable, nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 780 });
   await composer.waitFor();
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   if (overflow > 0) throw new Error(`the page is ${overflow}px wider than a phone`);
   await accessible("phone");
-  await shot("4-phone");
+  await shot("5-phone");
 
   if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
   const [agentId, chatId] = new URL(page.url()).hash.slice(1).split("/");

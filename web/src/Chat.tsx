@@ -63,10 +63,10 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
       },
     });
   const busy = status === "submitted" || status === "streaming";
-  const bottom = useRef<HTMLDivElement>(null);
+  const list = useRef<HTMLOListElement>(null);
   useEffect(() => {
-    bottom.current?.scrollIntoView?.({ block: "end" });
-  }, [messages]);
+    if (list.current) list.current.scrollTop = list.current.scrollHeight;
+  }, [messages, logs]);
 
   async function onStop() {
     setStopping(true);
@@ -104,7 +104,7 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
 
   return (
     <section className="chat" aria-label="Chat">
-      <ol className="messages" aria-live="polite">
+      <ol className="messages" aria-live="polite" ref={list}>
         {messages.map((m) => (
           <li key={m.id} className={`message ${m.role}`} data-status={statuses[m.id] ?? ""}>
             <span className="who">{m.role === "user" ? "You" : "Agent"}</span>
@@ -130,7 +130,6 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
           </li>
         )}
       </ol>
-      <div ref={bottom} />
       {problem && (
         <div className="error" role="alert">
           <strong>{problem.code === "unknown" ? "Error" : problem.code}</strong>: {explain(problem)}
