@@ -2,7 +2,8 @@
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
 //! create an agent with hands, a streamed reply, a shell command in a real worker with its
 //! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each
-//! screen). A real runtime-manager launches the worker; only the model is scripted. Screenshots go to
+//! screen, and the offline demo model running a command). A real runtime-manager launches
+//! the worker; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -149,7 +150,8 @@ async fn a_user_chats_in_a_real_browser() {
         deltas: (0..200).map(|i| format!("one{i} ")).collect(),
         delay: Duration::from_millis(150),
     });
-    // After the reload: a turn the provider refuses, shown as what to do.
+    // After the reload: a turn the provider refuses, shown as what to do. Then the queue
+    // is empty and the offline demo model answers.
     app.provider.push(Reply::Status {
         status: 429,
         retry_after: Some(3),
@@ -185,7 +187,7 @@ async fn a_user_chats_in_a_real_browser() {
         .iter()
         .filter(|m| m["role"] == "assistant")
         .collect();
-    assert_eq!(assistant.len(), 4, "{messages:#?}");
+    assert_eq!(assistant.len(), 5, "{messages:#?}");
     assert_eq!(assistant[0]["status"], "complete");
     assert!(assistant[1]["parts"].to_string().contains("line3"));
     assert!(
@@ -199,6 +201,8 @@ async fn a_user_chats_in_a_real_browser() {
             .contains("tool-memory_write")
     );
     assert_eq!(assistant[3]["status"], "interrupted");
+    // The demo model's turn (nothing left scripted) ran the command it was asked for.
+    assert!(assistant[4]["parts"].to_string().contains("demo-hands"));
     let agent: Value = app
         .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))
         .await

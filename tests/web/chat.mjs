@@ -123,6 +123,7 @@ try {
   const before = await transcript();
   await page.reload();
   await assistant.nth(3).getByText("Interrupted").waitFor();
+  await page.getByRole("link", { name: "Download dot.png" }).waitFor();
   const after = await transcript();
   if (after !== before) throw new Error(`the transcript changed on reload:\n${before}\n---\n${after}`);
 
@@ -132,6 +133,14 @@ try {
   await page.getByRole("alert").filter({ hasText: "rate_limited" }).filter({ hasText: "Wait a moment" }).waitFor();
   await page.getByRole("button", { name: "Send" }).waitFor({ state: "attached" });
   await shot("4-error");
+
+  // With nothing scripted, the offline demo model answers: a plain request runs a real
+  // command in the worker, and the demo quotes its result.
+  await composer.fill("run `echo demo-hands`");
+  await page.getByRole("button", { name: "Send" }).click();
+  const demo = page.locator("details.tool").nth(3);
+  await demo.locator(".tool-output", { hasText: "demo-hands" }).waitFor();
+  await assistant.nth(4).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
 
   // Phone width: the chat is usable, nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 780 });
