@@ -26,7 +26,11 @@ pub(crate) fn reply(body: &Value) -> Reply {
     let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
     if let Some((tool, output)) = last_tool_result(messages) {
         // A page opened for a screenshot: take it.
-        if tool == "browser_navigate" && offers(body, "browser_screenshot") {
+        let screenshot = last_user_text(body)
+            .trim()
+            .to_lowercase()
+            .starts_with("screenshot ");
+        if tool == "browser_navigate" && screenshot && offers(body, "browser_screenshot") {
             return call(
                 messages.len(),
                 "browser_screenshot",
@@ -82,8 +86,7 @@ fn request(said: &str) -> Option<(&'static str, Value)> {
         return Some(("read_file", json!({ "path": first? })));
     }
     if lower.starts_with("remember ") {
-        let note = first.unwrap_or_else(|| said.trim()[9..].trim().to_owned());
-        return Some(("memory_write", json!({ "content": note })));
+        return Some(("memory_write", json!({ "content": first? })));
     }
     if lower.starts_with("screenshot ") || lower.starts_with("open ") {
         let url = said
@@ -237,9 +240,11 @@ mod tests {
             ("read_file".into(), json!({"path": "notes.txt"}))
         );
         assert_eq!(
-            called(&ask("remember the sky is blue")),
+            called(&ask("remember `the sky is blue`")),
             ("memory_write".into(), json!({"content": "the sky is blue"}))
         );
+        // Without the backticks, nothing is called.
+        assert!(said(&ask("remember it")).contains("You said: \"remember it\""));
         let help = said(&ask("what can you do?"));
         assert!(help.starts_with("Offline demo model here. You said: \"what can you do?\""));
         assert!(help.contains("run `ls -la`"), "{help}");
