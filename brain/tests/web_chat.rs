@@ -2,7 +2,8 @@
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
 //! create an agent with hands, a streamed reply, a shell command in a real worker with its
 //! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each
-//! screen, and the offline demo model running a command). A real runtime-manager launches
+//! screen, a second tab following a turn live and refused as agent_busy, and the offline
+//! demo model running a command). A real runtime-manager launches
 //! the worker; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
@@ -150,11 +151,15 @@ async fn a_user_chats_in_a_real_browser() {
         deltas: (0..200).map(|i| format!("one{i} ")).collect(),
         delay: Duration::from_millis(150),
     });
-    // After the reload: a turn the provider refuses, shown as what to do. Then the queue
-    // is empty and the offline demo model answers.
+    // After the reload: a turn the provider refuses, shown as what to do; a turn a second
+    // tab follows live. Then the queue is empty and the offline demo model answers.
     app.provider.push(Reply::Status {
         status: 429,
         retry_after: Some(3),
+    });
+    app.provider.push(Reply::Text {
+        deltas: (0..10).map(|i| format!("watch{i} ")).collect(),
+        delay: Duration::from_millis(250),
     });
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
@@ -187,7 +192,7 @@ async fn a_user_chats_in_a_real_browser() {
         .iter()
         .filter(|m| m["role"] == "assistant")
         .collect();
-    assert_eq!(assistant.len(), 5, "{messages:#?}");
+    assert_eq!(assistant.len(), 6, "{messages:#?}");
     assert_eq!(assistant[0]["status"], "complete");
     assert!(assistant[1]["parts"].to_string().contains("line3"));
     assert!(
@@ -202,7 +207,8 @@ async fn a_user_chats_in_a_real_browser() {
     );
     assert_eq!(assistant[3]["status"], "interrupted");
     // The demo model's turn (nothing left scripted) ran the command it was asked for.
-    assert!(assistant[4]["parts"].to_string().contains("demo-hands"));
+    assert!(assistant[4]["parts"].to_string().contains("watch9"));
+    assert!(assistant[5]["parts"].to_string().contains("demo-hands"));
     let agent: Value = app
         .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))
         .await
@@ -210,7 +216,14 @@ async fn a_user_chats_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(agent["name"], "helper");
-    for shot in ["1-sign-in", "2-chat", "3-stopped", "4-error", "5-phone"] {
+    for shot in [
+        "1-sign-in",
+        "2-chat",
+        "3-stopped",
+        "4-error",
+        "4-second-tab",
+        "5-phone",
+    ] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }
     let _ = std::fs::remove_dir_all(&workspaces);

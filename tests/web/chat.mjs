@@ -134,13 +134,39 @@ try {
   await page.getByRole("button", { name: "Send" }).waitFor({ state: "attached" });
   await shot("4-error");
 
+  // A second tab on the same chat follows a turn the first one runs, live, through the
+  // events stream; a message sent there meanwhile is refused as agent_busy.
+  const tab2 = await context.newPage();
+  tab2.setDefaultTimeout(TIMEOUT);
+  tab2.on("pageerror", (e) => problems.push(`tab 2 page error: ${e.message}`));
+  await tab2.goto(url);
+  await tab2.getByLabel("API key or frontend token").fill(apiKey);
+  await tab2.getByRole("button", { name: "Sign in" }).click();
+  await tab2.goto(page.url());
+  await tab2.locator(".message.assistant").nth(3).getByText("Interrupted").waitFor();
+  await tab2.waitForTimeout(500); // its events stream connects
+  await composer.fill("Watch this");
+  await page.getByRole("button", { name: "Send" }).click();
+  const followed = tab2.locator(".message.assistant").nth(4);
+  await followed.getByText("watch2", { exact: false }).waitFor();
+  const partial = await followed.innerText();
+  if (partial.includes("watch9")) throw new Error(`tab 2 saw the turn only once it ended: ${partial}`);
+  await tab2.getByLabel("Message", { exact: true }).fill("Are you busy?");
+  await tab2.getByRole("button", { name: "Send" }).click();
+  await tab2.getByRole("alert").filter({ hasText: "agent_busy" }).filter({ hasText: "already running a turn" }).waitFor();
+  await followed.getByText("watch9", { exact: false }).waitFor();
+  await tab2.screenshot({ path: `${outDir}/4-second-tab.png`, fullPage: true });
+  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor();
+  await tab2.close();
+
   // With nothing scripted, the offline demo model answers: a plain request runs a real
   // command in the worker, and the demo quotes its result.
   await composer.fill("run `echo demo-hands`");
   await page.getByRole("button", { name: "Send" }).click();
   const demo = page.locator("details.tool").nth(3);
   await demo.locator(".tool-output", { hasText: "demo-hands" }).waitFor();
-  await assistant.nth(4).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
+  await assistant.nth(5).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
 
   // Phone width: the chat is usable, nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 780 });

@@ -12,6 +12,7 @@ import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
 import { type Api, type ApiError, explain, parseError } from "./api";
 import { Markdown } from "./markdown";
 import { Artifact, artifactIds } from "./artifact";
+import { follow } from "./follow";
 
 type LogLine = { stream: string; text: string };
 
@@ -29,6 +30,8 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
   const [logs, setLogs] = useState<Record<string, LogLine[]>>({});
   const [stopping, setStopping] = useState(false);
   const [input, setInput] = useState("");
+  // This tab's own turns, which its POST streams: the events stream skips them.
+  const own = useRef(new Set<string>());
   const transport = useMemo(
     () =>
       new DefaultChatTransport({
@@ -49,6 +52,7 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
       transport,
       sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
       onData: (part) => {
+        if (part.type === "data-turn") own.current.add((part.data as { turnId: string }).turnId);
         if (part.type === "data-worker-log") {
           const d = part.data as { toolCallId: string; stream: string; text: string };
           setLogs((all) => ({
@@ -63,6 +67,30 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
       },
     });
   const busy = status === "submitted" || status === "streaming";
+  const busyRef = useRef(busy);
+  busyRef.current = busy;
+  const reloadRef = useRef(reload);
+  reloadRef.current = reload;
+  const setMessagesRef = useRef(setMessages);
+  setMessagesRef.current = setMessages;
+
+  // Turns started elsewhere (another tab, autostart) stream in through the events stream.
+  useEffect(
+    () =>
+      follow(api, chatId, {
+        isOwn: (turnId) => busyRef.current || own.current.has(turnId),
+        onMessage: (message) =>
+          setMessagesRef.current((all) =>
+            all.some((m) => m.id === message.id)
+              ? all.map((m) => (m.id === message.id ? message : m))
+              : [...all, message],
+          ),
+        onTurnEnd: () => {
+          if (!busyRef.current) void reloadRef.current().then(setMessagesRef.current);
+        },
+      }),
+    [api, chatId],
+  );
   const list = useRef<HTMLOListElement>(null);
   useEffect(() => {
     if (list.current) list.current.scrollTop = list.current.scrollHeight;
