@@ -2,8 +2,8 @@
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
 //! create an agent with hands, a streamed reply, a shell command in a real worker with its
 //! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each
-//! screen, a second tab following a turn live and refused as agent_busy, and the offline
-//! demo model running a command). A real runtime-manager launches
+//! screen, a second tab following a turn live and refused as agent_busy, a call approved
+//! with its button, and the offline demo model running a command). A real runtime-manager launches
 //! the worker; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
@@ -160,6 +160,29 @@ async fn a_user_chats_in_a_real_browser() {
     app.provider.push(Reply::Text {
         deltas: (0..10).map(|i| format!("watch{i} ")).collect(),
         delay: Duration::from_millis(250),
+    });
+    // The agent `careful` asks before memory_write: its call waits for the Approve button,
+    // then runs, and the model answers.
+    let careful = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "Ask first.", "model": "openai/gpt-test",
+                    "approval_policy": {"ask": ["memory_write"]}}),
+        )
+        .await;
+    assert_eq!(careful.status(), 201);
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_careful".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": "approved note"}).to_string(),
+        }],
+        fragment: 0,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Saved.".into()],
+        delay: Duration::from_millis(5),
     });
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");

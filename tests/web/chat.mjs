@@ -160,6 +160,24 @@ try {
   await page.getByRole("button", { name: "Send" }).waitFor();
   await tab2.close();
 
+  // An agent whose policy asks before memory_write (created by the test): the call waits
+  // with Approve/Deny buttons; approving runs it and the turn goes on.
+  const firstChat = new URL(page.url()).hash;
+  await page.getByRole("button", { name: /^careful/ }).click();
+  await page.getByRole("button", { name: "New chat" }).click();
+  await composer.fill("Remember this, carefully");
+  await page.getByRole("button", { name: "Send" }).click();
+  const asking = page.locator("details.tool.approval-requested");
+  await asking.locator(".tool-name", { hasText: "memory_write" }).waitFor();
+  await accessible("approval");
+  await asking.getByRole("button", { name: "Approve" }).click();
+  await page.locator("details.tool .tool-state", { hasText: "done" }).waitFor();
+  await page.locator(".message.assistant").getByText("Saved.").waitFor();
+  // Back to the first chat (a new address only in its hash: reloaded to open it).
+  await page.goto(`${url}/${firstChat}`);
+  await page.reload();
+  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+
   // With nothing scripted, the offline demo model answers: a plain request runs a real
   // command in the worker, and the demo quotes its result.
   await composer.fill("run `echo demo-hands`");
@@ -177,7 +195,7 @@ try {
   await shot("5-phone");
 
   if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
-  const [agentId, chatId] = new URL(page.url()).hash.slice(1).split("/");
+  const [agentId, chatId] = firstChat.slice(1).split("/");
   process.stdout.write(JSON.stringify({ agentId, chatId }));
 } finally {
   await browser.close();
