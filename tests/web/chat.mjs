@@ -142,7 +142,10 @@ try {
   await tab2.goto(url);
   await tab2.getByLabel("API key or frontend token").fill(apiKey);
   await tab2.getByRole("button", { name: "Sign in" }).click();
+  await tab2.getByRole("button", { name: "Sign out" }).waitFor();
+  // The chat's address differs only in its hash: reloaded to open it.
   await tab2.goto(page.url());
+  await tab2.reload();
   await tab2.locator(".message.assistant").nth(3).getByText("Interrupted").waitFor();
   await tab2.waitForTimeout(500); // its events stream connects
   await composer.fill("Watch this");
