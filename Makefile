@@ -7,18 +7,25 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps fmt lint unit bench bench-peer bench-soak
+.PHONY: dev test services test-deps web fmt lint unit bench bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
 
-test: services test-deps lint unit
+test: services test-deps web lint unit
 
 services:
 	@scripts/services.sh
 
 test-deps:
 	@scripts/test-deps.sh
+
+# Rebuilds the web chat (web/) and fails if the committed build in web/dist, which the brain
+# embeds, differs from what the sources give.
+web:
+	cd web && npm run build --silent >/dev/null
+	@git diff --exit-code --stat -- web/dist && test -z "$$(git status --porcelain -- web/dist)" \
+	  || { echo "web/dist is out of date: run 'cd web && npm run build' and commit it"; exit 1; }
 
 fmt:
 	cargo fmt --all

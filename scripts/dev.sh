@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make dev`: builds, migrates, and runs the runtime-manager and the brain with the
-# embedded defaults on http://127.0.0.1:8080. Ctrl-C stops both.
+# embedded defaults on http://127.0.0.1:8080, then makes sure a demo team, its key and an
+# agent with hands exist (idempotent: the key is kept in .dev/demo-key, which only this
+# machine reads) and prints the web chat's link. Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,20 +14,51 @@ bin="$target_dir/debug"
 
 "$bin/runtime-manager" &
 manager=$!
-trap 'kill $manager 2>/dev/null || true' EXIT
+"$bin/brain" serve &
+brain=$!
+trap 'kill $manager $brain 2>/dev/null || true' EXIT
 
 addr=${BRAIN_ADDR:-127.0.0.1:8080}
+api="http://$addr"
+for _ in $(seq 1 100); do
+  curl -sf --max-time 1 "$api/healthz" >/dev/null && break
+  kill -0 $brain 2>/dev/null || { echo "dev: the brain exited"; exit 1; }
+  sleep 0.1
+done
+
+# The demo team's key: the one kept from an earlier start if the brain still accepts it
+# (the database may have been reset since), else a new team's.
+mkdir -p .dev
+key_file=.dev/demo-key
+key=""
+if [ -s "$key_file" ]; then
+  key=$(cat "$key_file")
+  status=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$api/v1/agents" -H "Authorization: Bearer $key")
+  [ "$status" = 200 ] || key=""
+fi
+if [ -z "$key" ]; then
+  key=$("$bin/brain" admin create-team demo | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
+  (umask 077 && printf '%s' "$key" > "$key_file")
+fi
+
+# An agent with hands, once.
+agents=$(curl -sf --max-time 5 "$api/v1/agents" -H "Authorization: Bearer $key")
+if ! printf '%s' "$agents" | python3 -c 'import json,sys; sys.exit(0 if any(a["name"]=="demo" for a in json.load(sys.stdin)["agents"]) else 1)'; then
+  curl -sf --max-time 5 "$api/v1/agents" -H "Authorization: Bearer $key" -H 'content-type: application/json' \
+    -d '{"name":"demo","system_prompt":"You are a helpful agent with a shell and files.","model":"openai/gpt-4o-mini","runtime_profile":"light"}' >/dev/null
+fi
+
+demo=$( [ -z "${OPENAI_API_KEY:-}${ANTHROPIC_API_KEY:-}" ] && echo " (offline demo model: no provider key is set)" )
 cat <<MSG
 
-  The brain is starting on http://$addr$( [ -z "${OPENAI_API_KEY:-}${ANTHROPIC_API_KEY:-}" ] && echo " with the offline demo model" ).
-  In another terminal:
+  The web chat is ready$demo:
 
-    KEY=\$($bin/brain admin create-team demo | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
-    AGENT=\$(curl -s http://$addr/v1/agents -H "Authorization: Bearer \$KEY" -H 'content-type: application/json' \\
-      -d '{"name":"helper","system_prompt":"You are helpful.","model":"openai/gpt-4o-mini"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    CHAT=\$(curl -s -X POST http://$addr/v1/agents/\$AGENT/chats -H "Authorization: Bearer \$KEY" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-    curl -N http://$addr/v1/chats/\$CHAT/messages -H "Authorization: Bearer \$KEY" -H 'content-type: application/json' \\
-      -d '{"content":"Hello!"}'
+    http://$addr/
+
+  Sign in with the key $key
+  pick the agent "demo", press "New chat" and type:  run \`ls -la\`
+
+  The API tour with curl (same key) is in README.md ("Quick tour").
 
 MSG
-"$bin/brain" serve
+wait $brain

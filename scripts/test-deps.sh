@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
-# brain's UI message stream, and the real MCP servers the connector tests talk to
-# (server-everything from npm, mcp-server-time from PyPI in tests/mcp/.venv), the official
-# MCP conformance suite (npm, tests/mcp-conformance), an OAuth authorization server (npm,
-# tests/oauth), and the
+# brain's UI message stream, the web chat's build and browser-test packages (npm), the real
+# MCP servers the connector tests talk to (server-everything from npm, mcp-server-time from
+# PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
+# an OAuth authorization server (npm, tests/oauth), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's Chromium for the worker's browser tests, and schemathesis for the API contract
 # test (cached outside the clone). Idempotent and offline-friendly once installed.
@@ -32,6 +32,16 @@ if [ ! -f tests/ai-sdk/node_modules/.package-lock.json ] \
   echo "test-deps: npm ci in tests/ai-sdk"
   (cd tests/ai-sdk && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# The web chat's build (web/, Vite) and its browser test's driver (tests/web/:
+# playwright-core for Debian's chromium, axe-core).
+for dir in web tests/web; do
+  if [ ! -f "$dir/node_modules/.package-lock.json" ] \
+     || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    echo "test-deps: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+done
 
 if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
    || [ tests/mcp/package-lock.json -nt tests/mcp/node_modules/.package-lock.json ]; then

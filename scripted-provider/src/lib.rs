@@ -9,10 +9,11 @@
 //! exercised unchanged. Tests script the replies (text, tool calls, truncation, errors,
 //! stalls, cut streams), then assert on what the brain sent ([`ScriptedProvider::requests`],
 //! [`ScriptedProvider::violations`]) and on whether it hung up in time
-//! ([`ScriptedProvider::wait_aborted`]). With nothing scripted it answers with a fixed demo
-//! reply, which makes it the brain's offline demo model when no API key is configured.
+//! ([`ScriptedProvider::wait_aborted`]). With nothing scripted it answers as the demo model
+//! (`demo.rs`), which makes it the brain's offline demo model when no API key is configured.
 
 mod anthropic;
+mod demo;
 mod history;
 mod openai;
 mod plan;
@@ -94,7 +95,7 @@ impl Shared {
         let reply = if request.body.is_object() {
             Some(match state.queue.pop_front() {
                 Some(reply) => reply,
-                None => plan::demo_reply(&request.body),
+                None => demo::reply(&request.body),
             })
         } else {
             None
@@ -162,9 +163,11 @@ impl ScriptedProvider {
     }
 
     /// Queue a reply; requests of either wire format pop replies in FIFO order.
-    /// When the queue is empty a request gets the demo reply: the text
-    /// `Offline demo model here. You said: "<last user text>". Set OPENAI_API_KEY or
-    /// ANTHROPIC_API_KEY to talk to a real model.` streamed word by word, 15 ms apart.
+    /// When the queue is empty a request gets the demo reply (`demo.rs`): a call of the
+    /// tool a plain request names (``run `ls -la` ``, …) when the request offers it, the
+    /// tool's result quoted back after a call, or else
+    /// `Offline demo model here. You said: "<last user text>". I can …` streamed word by
+    /// word, 15 ms apart.
     pub fn push(&self, reply: Reply) {
         self.handle.shared.lock().queue.push_back(reply);
     }

@@ -325,19 +325,6 @@ pub(crate) fn last_user_text(body: &Value) -> String {
     String::new()
 }
 
-pub(crate) const DEMO_DELAY: Duration = Duration::from_millis(15);
-
-pub(crate) fn demo_reply(body: &Value) -> Reply {
-    let said: String = last_user_text(body).chars().take(200).collect();
-    let text = format!(
-        "Offline demo model here. You said: \"{said}\". Set OPENAI_API_KEY or ANTHROPIC_API_KEY to talk to a real model."
-    );
-    Reply::Text {
-        deltas: text.split_inclusive(' ').map(str::to_string).collect(),
-        delay: DEMO_DELAY,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

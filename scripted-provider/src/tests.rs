@@ -667,7 +667,7 @@ async fn demo_reply_echoes_the_user_text_on_both_wires() {
     assert_eq!(
         text,
         format!(
-            "Offline demo model here. You said: \"{}\". Set OPENAI_API_KEY or ANTHROPIC_API_KEY to talk to a real model.",
+            "Offline demo model here. You said: \"{}\". I can run a command (run `ls -la`), write a file (write `hello` to `notes.txt`), read it back (read `notes.txt`), remember a note (remember `the sky is blue`) and, on an agent with the `browser` profile, take a screenshot of a page (screenshot https://example.com). Set OPENAI_API_KEY or ANTHROPIC_API_KEY to talk to a real model.",
             "x".repeat(200)
         )
     );

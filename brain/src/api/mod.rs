@@ -18,6 +18,7 @@ mod quotas;
 mod secrets;
 mod turns;
 mod usage;
+mod web;
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
@@ -36,6 +37,9 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
     let (router, _) = routes().split_for_parts();
     router
+        // The web chat: a client of the API, so outside the OpenAPI document.
+        .route("/", axum::routing::get(web::index))
+        .route("/assets/{file}", axum::routing::get(web::asset))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))

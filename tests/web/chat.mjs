@@ -1,0 +1,205 @@
+// Drives the web chat in Debian's chromium against a live brain whose scripted model has
+// its replies queued by brain/tests/web_chat.rs. Usage: node chat.mjs URL API_KEY OUT_DIR
+// Prints {"agentId","chatId"} on success; any failed expectation throws (exit code 1).
+import { readFileSync, mkdirSync } from "node:fs";
+import { createRequire } from "node:module";
+import { chromium } from "playwright-core";
+
+const [url, apiKey, outDir] = process.argv.slice(2);
+mkdirSync(outDir, { recursive: true });
+const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+const TIMEOUT = 20_000;
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu"],
+});
+const problems = [];
+try {
+  const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  // A CSP violation or an uncaught error is a failure, not noise.
+  page.on("console", (m) => {
+    if (m.type() === "error" && !/Failed to load resource/.test(m.text())) problems.push(m.text());
+  });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+
+  const shot = (name) => page.screenshot({ path: `${outDir}/${name}.png`, fullPage: true });
+  // axe-core is evaluated through the DevTools protocol, so the page's CSP stays in force.
+  async function accessible(screen) {
+    await page.evaluate(axeSource);
+    const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
+    const bad = result.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
+    if (bad.length) {
+      throw new Error(
+        `${screen}: accessibility violations: ${bad.map((v) => `${v.id} (${v.impact}): ${v.nodes.map((n) => n.target).join(", ")}`).join("; ")}`,
+      );
+    }
+  }
+
+  // Sign in: a wrong key is refused with a message, the real one gets in.
+  await page.goto(url);
+  await accessible("sign-in");
+  await shot("1-sign-in");
+  await page.getByLabel("API key or frontend token").fill("ar_not_a_key");
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.getByRole("alert").filter({ hasText: "The key was refused" }).waitFor();
+  await page.getByLabel("API key or frontend token").fill(apiKey);
+  await page.getByRole("button", { name: "Sign in" }).click();
+
+  // Create an agent, open a new chat.
+  await page.getByRole("button", { name: "New agent" }).click();
+  await page.getByLabel("Name", { exact: true }).fill("helper");
+  await page.getByLabel("Model").fill("openai/gpt-test");
+  await page.getByLabel("Runtime profile (hands)").selectOption("light");
+  await accessible("new agent");
+  await page.getByRole("button", { name: "Create agent" }).click();
+  await page.getByRole("button", { name: "New chat" }).click();
+  const composer = page.getByLabel("Message", { exact: true });
+  await composer.waitFor();
+
+  // A reply streams in: its first words are on screen before the last ones arrive.
+  await composer.fill("Hello there");
+  await page.getByRole("button", { name: "Send" }).click();
+  const assistant = page.locator(".message.assistant");
+  await assistant.first().getByText("Hello!", { exact: false }).waitFor();
+  const early = await assistant.first().innerText();
+  if (early.includes("all done")) throw new Error(`the reply arrived whole, not streamed: ${early}`);
+  await assistant.first().getByText("all done").waitFor();
+  // Markdown is rendered, raw HTML from the model is shown as text.
+  await assistant.first().locator("strong", { hasText: "streaming" }).waitFor();
+  if ((await page.locator(".md img").count()) !== 0) throw new Error("the model's <img> became an element");
+  await assistant.first().getByText("<img src=x onerror=alert(1)>").waitFor();
+
+  // Hands: the first shell call starts a worker; its output shows live, then the result.
+  await composer.fill("Run a loop");
+  await page.getByRole("button", { name: "Send" }).click();
+  const shell = page.locator("details.tool").first();
+  await shell.locator(".tool-name", { hasText: "shell" }).waitFor();
+  await page.locator(".message.assistant .status", { hasText: "Worker:" }).first().waitFor();
+  await shell.locator(".tool-log", { hasText: "line1" }).waitFor({ timeout: 60_000 });
+  await shell.locator(".tool-log", { hasText: "line3" }).waitFor();
+  await shell.locator(".tool-state", { hasText: "done" }).waitFor();
+  await shell.locator(".tool-output", { hasText: "line3" }).waitFor();
+  // The image it wrote, uploaded: shown inline from the artifact's bytes.
+  const upload = page.locator("details.tool").nth(1);
+  await upload.locator(".tool-name", { hasText: "upload_artifact" }).waitFor();
+  const image = upload.locator(".artifact img");
+  await image.waitFor();
+  await page.waitForFunction((img) => img.complete && img.naturalWidth === 1, await image.elementHandle());
+  await upload.getByRole("link", { name: "Download dot.png" }).waitFor();
+  await assistant.nth(1).getByText("Ran it.").waitFor();
+
+  // A brain tool call: a card with its input and its result.
+  await composer.fill("Remember that the sky is blue");
+  await page.getByRole("button", { name: "Send" }).click();
+  const card = page.locator("details.tool").nth(2);
+  await card.locator(".tool-name", { hasText: "memory_write" }).waitFor();
+  await card.locator(".tool-input", { hasText: "the sky is blue" }).waitFor();
+  await card.locator(".tool-state", { hasText: "done" }).waitFor();
+  await card.locator(".tool-output").waitFor();
+  await assistant.nth(2).getByText("Noted.").waitFor();
+  await accessible("chat");
+  await shot("2-chat");
+
+  // A slow turn, stopped mid-stream: marked interrupted, the text so far kept.
+  await composer.fill("Count slowly");
+  await page.getByRole("button", { name: "Send" }).click();
+  await assistant.nth(3).getByText("one", { exact: false }).waitFor();
+  await page.getByRole("button", { name: "Stop" }).click();
+  await assistant.nth(3).getByText("Interrupted").waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor();
+  await shot("3-stopped");
+
+  // A reload shows the same transcript, from the store (less the live output lines,
+  // which are transient: the stored result has the whole text).
+  const transcript = () =>
+    page.evaluate(() => {
+      const copy = document.querySelector(".messages").cloneNode(true);
+      copy.querySelectorAll(".live").forEach((e) => e.remove());
+      return copy.textContent;
+    });
+  const before = await transcript();
+  await page.reload();
+  await assistant.nth(3).getByText("Interrupted").waitFor();
+  await page.getByRole("link", { name: "Download dot.png" }).waitFor();
+  const after = await transcript();
+  if (after !== before) throw new Error(`the transcript changed on reload:\n${before}\n---\n${after}`);
+
+  // A refused turn says what happened and what to do.
+  await composer.fill("Are you there?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.getByRole("alert").filter({ hasText: "rate_limited" }).filter({ hasText: "Wait a moment" }).waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor({ state: "attached" });
+  await shot("4-error");
+
+  // A second tab on the same chat follows a turn the first one runs, live, through the
+  // events stream; a message sent there meanwhile is refused as agent_busy.
+  const tab2 = await context.newPage();
+  tab2.setDefaultTimeout(TIMEOUT);
+  tab2.on("pageerror", (e) => problems.push(`tab 2 page error: ${e.message}`));
+  await tab2.goto(url);
+  await tab2.getByLabel("API key or frontend token").fill(apiKey);
+  await tab2.getByRole("button", { name: "Sign in" }).click();
+  await tab2.getByRole("button", { name: "Sign out" }).waitFor();
+  // The chat's address differs only in its hash: reloaded to open it.
+  await tab2.goto(page.url());
+  await tab2.reload();
+  await tab2.locator(".message.assistant").nth(3).getByText("Interrupted").waitFor();
+  await tab2.waitForTimeout(500); // its events stream connects
+  await composer.fill("Watch this");
+  await page.getByRole("button", { name: "Send" }).click();
+  const followed = tab2.locator(".message.assistant").nth(4);
+  await followed.getByText("watch2", { exact: false }).waitFor();
+  const partial = await followed.innerText();
+  if (partial.includes("watch9")) throw new Error(`tab 2 saw the turn only once it ended: ${partial}`);
+  await tab2.getByLabel("Message", { exact: true }).fill("Are you busy?");
+  await tab2.getByRole("button", { name: "Send" }).click();
+  await tab2.getByRole("alert").filter({ hasText: "agent_busy" }).filter({ hasText: "already running a turn" }).waitFor();
+  await followed.getByText("watch9", { exact: false }).waitFor();
+  await tab2.screenshot({ path: `${outDir}/4-second-tab.png`, fullPage: true });
+  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+  await page.getByRole("button", { name: "Send" }).waitFor();
+  await tab2.close();
+
+  // An agent whose policy asks before memory_write (created by the test): the call waits
+  // with Approve/Deny buttons; approving runs it and the turn goes on.
+  const firstChat = new URL(page.url()).hash;
+  await page.getByRole("button", { name: /^careful/ }).click();
+  await page.getByRole("button", { name: "New chat" }).click();
+  await composer.fill("Remember this, carefully");
+  await page.getByRole("button", { name: "Send" }).click();
+  const asking = page.locator("details.tool.approval-requested");
+  await asking.locator(".tool-name", { hasText: "memory_write" }).waitFor();
+  await accessible("approval");
+  await asking.getByRole("button", { name: "Approve" }).click();
+  await page.locator("details.tool .tool-state", { hasText: "done" }).waitFor();
+  await page.locator(".message.assistant").getByText("Saved.").waitFor();
+  // Back to the first chat (a new address only in its hash: reloaded to open it).
+  await page.goto(`${url}/${firstChat}`);
+  await page.reload();
+  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+
+  // With nothing scripted, the offline demo model answers: a plain request runs a real
+  // command in the worker, and the demo quotes its result.
+  await composer.fill("run `echo demo-hands`");
+  await page.getByRole("button", { name: "Send" }).click();
+  const demo = page.locator("details.tool").nth(3);
+  await demo.locator(".tool-output", { hasText: "demo-hands" }).waitFor();
+  await assistant.nth(5).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
+
+  // Phone width: the chat is usable, nothing wider than the screen.
+  await page.setViewportSize({ width: 390, height: 780 });
+  await composer.waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  if (overflow > 0) throw new Error(`the page is ${overflow}px wider than a phone`);
+  await accessible("phone");
+  await shot("5-phone");
+
+  if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
+  const [agentId, chatId] = firstChat.slice(1).split("/");
+  process.stdout.write(JSON.stringify({ agentId, chatId }));
+} finally {
+  await browser.close();
+}

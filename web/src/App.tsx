@@ -1,0 +1,291 @@
+import type { UIMessage } from "ai";
+import { useCallback, useEffect, useState, type FormEvent } from "react";
+import { Api, ApiError, type Agent, type Chat, explain, storedKey, storeKey } from "./api";
+import { ChatView } from "./Chat";
+
+const PROFILES = ["none", "light", "browser", "heavy", "warm"];
+
+function message(e: unknown): string {
+  return e instanceof ApiError ? explain(e) : "Something went wrong. Try again.";
+}
+
+export function App() {
+  const [api, setApi] = useState<Api | null>(() => {
+    const key = storedKey();
+    return key ? new Api(key) : null;
+  });
+  if (!api) return <SignIn onSignedIn={setApi} />;
+  return (
+    <Workspace
+      api={api}
+      onSignOut={() => {
+        storeKey(null);
+        setApi(null);
+      }}
+    />
+  );
+}
+
+function SignIn({ onSignedIn }: { onSignedIn: (api: Api) => void }) {
+  const [key, setKey] = useState("");
+  const [problem, setProblem] = useState<string>();
+  async function submit(e: FormEvent) {
+    e.preventDefault();
+    const api = new Api(key.trim());
+    try {
+      await api.agents();
+      storeKey(api.key);
+      onSignedIn(api);
+    } catch (err) {
+      setProblem(message(err));
+    }
+  }
+  return (
+    <main className="signin">
+      <h1>agent-runtime</h1>
+      <form onSubmit={submit}>
+        <label htmlFor="key">API key or frontend token</label>
+        <input
+          id="key"
+          type="password"
+          autoComplete="off"
+          value={key}
+          placeholder="ar_…"
+          onChange={(e) => setKey(e.target.value)}
+        />
+        <button type="submit" disabled={!key.trim()}>
+          Sign in
+        </button>
+        <p className="hint">
+          The key stays in this tab (sessionStorage). Create one with <code>brain admin create-team NAME</code>.
+        </p>
+        {problem && (
+          <p className="error" role="alert">
+            {problem}
+          </p>
+        )}
+      </form>
+    </main>
+  );
+}
+
+function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
+  const [agents, setAgents] = useState<Agent[]>([]);
+  const [agentId, setAgentId] = useState<string>();
+  const [chats, setChats] = useState<Chat[]>([]);
+  const [chatId, setChatId] = useState<string>();
+  const [opened, setOpened] = useState<{ messages: UIMessage[] }>();
+  const [creating, setCreating] = useState(false);
+  const [menuOpen, setMenuOpen] = useState(true);
+  const [problem, setProblem] = useState<string>();
+
+  useEffect(() => {
+    api.agents().then(setAgents, (e) => setProblem(message(e)));
+    // A reload reopens the chat named in the address (#agent/chat).
+    const [a, c] = location.hash.slice(1).split("/");
+    if (a) setAgentId(a);
+    if (a && c) void openChat(c);
+  }, [api]);
+
+  useEffect(() => {
+    history.replaceState(null, "", agentId ? `#${agentId}${chatId ? `/${chatId}` : ""}` : location.pathname);
+  }, [agentId, chatId]);
+
+  useEffect(() => {
+    setChats([]);
+    if (agentId) api.chats(agentId).then(setChats, (e) => setProblem(message(e)));
+  }, [api, agentId]);
+
+  const [statuses, setStatuses] = useState<Record<string, string>>({});
+  const load = useCallback(
+    async (id: string) => {
+      const stored = await api.messages(id);
+      const next: Record<string, string> = {};
+      for (const m of stored) next[m.id] = m.status;
+      setStatuses(next);
+      return stored.map((m) => ({ id: m.id, role: m.role, parts: m.parts }) as UIMessage);
+    },
+    [api],
+  );
+
+  async function openChat(id: string) {
+    setProblem(undefined);
+    try {
+      const messages = await load(id);
+      setOpened({ messages });
+      setChatId(id);
+      setMenuOpen(false);
+    } catch (e) {
+      setProblem(message(e));
+    }
+  }
+
+  async function newChat() {
+    if (!agentId) return;
+    try {
+      const chat = await api.createChat(agentId);
+      setChats((c) => [chat, ...c]);
+      setOpened({ messages: [] });
+      setStatuses({});
+      setChatId(chat.id);
+      setMenuOpen(false);
+    } catch (e) {
+      setProblem(message(e));
+    }
+  }
+
+  const agent = agents.find((a) => a.id === agentId);
+  return (
+    <div className="workspace">
+      <header className="top">
+        <button
+          type="button"
+          className="menu"
+          aria-expanded={menuOpen}
+          aria-controls="sidebar"
+          onClick={() => setMenuOpen((o) => !o)}
+        >
+          Menu
+        </button>
+        <h1>{agent ? agent.name : "agent-runtime"}</h1>
+        <button type="button" onClick={onSignOut}>
+          Sign out
+        </button>
+      </header>
+      <nav id="sidebar" className={menuOpen ? "sidebar open" : "sidebar"} aria-label="Agents and chats">
+        <h2>Agents</h2>
+        <ul className="list">
+          {agents.map((a) => (
+            <li key={a.id}>
+              <button
+                type="button"
+                aria-current={a.id === agentId}
+                onClick={() => {
+                  setAgentId(a.id);
+                  setChatId(undefined);
+                }}
+              >
+                {a.name} <small>{a.runtime_profile}</small>
+              </button>
+            </li>
+          ))}
+        </ul>
+        {creating ? (
+          <CreateAgent
+            api={api}
+            onCreated={(a) => {
+              setAgents((all) => [a, ...all]);
+              setAgentId(a.id);
+              setChatId(undefined);
+              setCreating(false);
+            }}
+            onCancel={() => setCreating(false)}
+          />
+        ) : (
+          <button type="button" onClick={() => setCreating(true)}>
+            New agent
+          </button>
+        )}
+        {agent && (
+          <>
+            <h2>Chats with {agent.name}</h2>
+            <button type="button" onClick={newChat}>
+              New chat
+            </button>
+            <ul className="list">
+              {chats.map((c) => (
+                <li key={c.id}>
+                  <button type="button" aria-current={c.id === chatId} onClick={() => openChat(c.id)}>
+                    {c.summary ? c.summary.slice(0, 60) : new Date(c.created_at).toLocaleString()}
+                  </button>
+                </li>
+              ))}
+            </ul>
+          </>
+        )}
+      </nav>
+      <main className="main">
+        {problem && (
+          <p className="error" role="alert">
+            {problem}
+          </p>
+        )}
+        {chatId && opened ? (
+          <ChatView
+            key={chatId}
+            api={api}
+            chatId={chatId}
+            initial={opened.messages}
+            statuses={statuses}
+            reload={() => load(chatId)}
+          />
+        ) : (
+          <p className="empty">
+            {agents.length === 0
+              ? "Create an agent to start."
+              : agent
+                ? "Open a chat or start a new one."
+                : "Pick an agent."}
+          </p>
+        )}
+      </main>
+    </div>
+  );
+}
+
+function CreateAgent({
+  api,
+  onCreated,
+  onCancel,
+}: {
+  api: Api;
+  onCreated: (a: Agent) => void;
+  onCancel: () => void;
+}) {
+  const [name, setName] = useState("");
+  const [prompt, setPrompt] = useState("You are a helpful assistant.");
+  const [model, setModel] = useState("openai/gpt-4o-mini");
+  const [profile, setProfile] = useState("light");
+  const [problem, setProblem] = useState<string>();
+  async function submit(e: FormEvent) {
+    e.preventDefault();
+    try {
+      onCreated(
+        await api.createAgent({ name: name.trim(), system_prompt: prompt, model: model.trim(), runtime_profile: profile }),
+      );
+    } catch (err) {
+      setProblem(message(err));
+    }
+  }
+  return (
+    <form className="create-agent" onSubmit={submit} aria-label="New agent">
+      <label htmlFor="agent-name">Name</label>
+      <input id="agent-name" value={name} onChange={(e) => setName(e.target.value)} required />
+      <label htmlFor="agent-prompt">System prompt</label>
+      <textarea id="agent-prompt" value={prompt} rows={3} onChange={(e) => setPrompt(e.target.value)} />
+      <label htmlFor="agent-model">Model</label>
+      <input id="agent-model" value={model} onChange={(e) => setModel(e.target.value)} required />
+      <label htmlFor="agent-profile">Runtime profile (hands)</label>
+      <select id="agent-profile" value={profile} onChange={(e) => setProfile(e.target.value)}>
+        {PROFILES.map((p) => (
+          <option key={p} value={p}>
+            {p}
+          </option>
+        ))}
+      </select>
+      <div className="row">
+        <button type="submit" disabled={!name.trim()}>
+          Create agent
+        </button>
+        <button type="button" onClick={onCancel}>
+          Cancel
+        </button>
+      </div>
+      {problem && (
+        <p className="error" role="alert">
+          {problem}
+        </p>
+      )}
+    </form>
+  );
+}

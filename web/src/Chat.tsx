@@ -1,0 +1,352 @@
+// One chat: `useChat` from @ai-sdk/react over the brain's own stream, unchanged. The
+// transcript comes from GET /v1/chats/{id}/messages; new turns stream from POST to the
+// same path.
+
+import { useChat } from "@ai-sdk/react";
+import {
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  type UIMessage,
+} from "ai";
+import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
+import { type Api, type ApiError, explain, parseError } from "./api";
+import { Markdown } from "./markdown";
+import { Artifact, artifactIds } from "./artifact";
+import { follow } from "./follow";
+
+type LogLine = { stream: string; text: string };
+
+interface Props {
+  api: Api;
+  chatId: string;
+  initial: UIMessage[];
+  /** Stored status of each message id (`complete` or `interrupted`). */
+  statuses: Record<string, string>;
+  /** Reloads the transcript from the store (after a stop, or when a turn ends). */
+  reload: () => Promise<UIMessage[]>;
+}
+
+export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
+  const [logs, setLogs] = useState<Record<string, LogLine[]>>({});
+  const [stopping, setStopping] = useState(false);
+  const [input, setInput] = useState("");
+  // This tab's own turns, which its POST streams: the events stream skips them.
+  const own = useRef(new Set<string>());
+  const transport = useMemo(
+    () =>
+      new DefaultChatTransport({
+        api: `/v1/chats/${chatId}/messages`,
+        headers: api.authHeaders,
+        // The brain builds the model's history from its own store and reads only the last
+        // message, so the page sends just that one.
+        prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
+          body: { id, messages: messages.slice(-1), trigger, messageId },
+        }),
+      }),
+    [api, chatId],
+  );
+  const { messages, sendMessage, status, error, stop, setMessages, addToolApprovalResponse, clearError } =
+    useChat({
+      id: chatId,
+      messages: initial,
+      transport,
+      sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+      onData: (part) => {
+        if (part.type === "data-turn") own.current.add((part.data as { turnId: string }).turnId);
+        if (part.type === "data-worker-log") {
+          const d = part.data as { toolCallId: string; stream: string; text: string };
+          setLogs((all) => ({
+            ...all,
+            [d.toolCallId]: [...(all[d.toolCallId] ?? []), { stream: d.stream, text: d.text }],
+          }));
+        }
+      },
+      onFinish: ({ isAbort }) => {
+        // The stored transcript is the truth (statuses, the turn's final parts).
+        if (!isAbort) void reload().then(setMessages);
+      },
+    });
+  const busy = status === "submitted" || status === "streaming";
+  const busyRef = useRef(busy);
+  busyRef.current = busy;
+  const reloadRef = useRef(reload);
+  reloadRef.current = reload;
+  const setMessagesRef = useRef(setMessages);
+  setMessagesRef.current = setMessages;
+
+  // Turns started elsewhere (another tab, autostart) stream in through the events stream.
+  useEffect(
+    () =>
+      follow(api, chatId, {
+        isOwn: (turnId) => busyRef.current || own.current.has(turnId),
+        onMessage: (message) =>
+          setMessagesRef.current((all) =>
+            all.some((m) => m.id === message.id)
+              ? all.map((m) => (m.id === message.id ? message : m))
+              : [...all, message],
+          ),
+        onTurnEnd: () => {
+          if (!busyRef.current) void reloadRef.current().then(setMessagesRef.current);
+        },
+      }),
+    [api, chatId],
+  );
+  const list = useRef<HTMLOListElement>(null);
+  useEffect(() => {
+    if (list.current) list.current.scrollTop = list.current.scrollHeight;
+  }, [messages, logs]);
+
+  async function onStop() {
+    setStopping(true);
+    // Aborting the request stops the turn; the explicit stop also reaches a turn this tab
+    // is not attached to (another tab, another replica).
+    await stop();
+    try {
+      await api.stopChat(chatId);
+    } catch {
+      // The abort alone stops the turn; the stored state below says what happened.
+    }
+    // The turn is stored as interrupted milliseconds after the stop.
+    for (let i = 0; i < 20; i++) {
+      const loaded = await reload();
+      const last = loaded[loaded.length - 1];
+      if (last?.role === "assistant") {
+        setMessages(loaded);
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 150));
+    }
+    setStopping(false);
+  }
+
+  function onSubmit(e: FormEvent) {
+    e.preventDefault();
+    const text = input.trim();
+    if (!text || busy) return;
+    clearError();
+    setInput("");
+    void sendMessage({ text });
+  }
+
+  const problem: ApiError | undefined = error ? parseError(error.message) : undefined;
+
+  return (
+    <section className="chat" aria-label="Chat">
+      <ol className="messages" aria-live="polite" ref={list}>
+        {messages.map((m) => (
+          <li key={m.id} className={`message ${m.role}`} data-status={statuses[m.id] ?? ""}>
+            <span className="who">{m.role === "user" ? "You" : "Agent"}</span>
+            {m.parts.map((part, i) => (
+              <Part
+                key={i}
+                api={api}
+                part={part as AnyPart}
+                logs={logs}
+                onApprove={(id, approved) => addToolApprovalResponse({ id, approved })}
+              />
+            ))}
+            {statuses[m.id] === "interrupted" && (
+              <p className="interrupted" role="status">
+                Interrupted: the turn was stopped before it finished.
+              </p>
+            )}
+          </li>
+        ))}
+        {status === "submitted" && (
+          <li className="message assistant pending" role="status">
+            Thinking…
+          </li>
+        )}
+      </ol>
+      {problem && (
+        <div className="error" role="alert">
+          <strong>{problem.code === "unknown" ? "Error" : problem.code}</strong>: {explain(problem)}
+        </div>
+      )}
+      <form className="composer" onSubmit={onSubmit}>
+        <label htmlFor="composer-input" className="visually-hidden">
+          Message
+        </label>
+        <textarea
+          id="composer-input"
+          value={input}
+          rows={2}
+          placeholder="Message the agent…"
+          onChange={(e) => setInput(e.target.value)}
+          onKeyDown={(e) => {
+            if (e.key === "Enter" && !e.shiftKey) onSubmit(e);
+          }}
+        />
+        {busy ? (
+          <button type="button" className="stop" onClick={onStop} disabled={stopping}>
+            Stop
+          </button>
+        ) : (
+          <button type="submit" disabled={!input.trim()}>
+            Send
+          </button>
+        )}
+      </form>
+    </section>
+  );
+}
+
+type AnyPart = {
+  type: string;
+  text?: string;
+  data?: Record<string, unknown>;
+  toolName?: string;
+  toolCallId?: string;
+  state?: string;
+  input?: unknown;
+  output?: unknown;
+  errorText?: string;
+  approval?: { id: string; approved?: boolean; reason?: string };
+};
+
+function Part({
+  api,
+  part,
+  logs,
+  onApprove,
+}: {
+  api: Api;
+  part: AnyPart;
+  logs: Record<string, LogLine[]>;
+  onApprove: (id: string, approved: boolean) => void;
+}) {
+  if (part.type === "text") return <Markdown text={part.text ?? ""} />;
+  if (part.type === "data-worker-status") {
+    const d = part.data as { state: string; reason?: string };
+    return (
+      <p className="status">
+        Worker: {d.state}
+        {d.reason ? ` (${d.reason})` : ""}
+      </p>
+    );
+  }
+  if (part.type === "data-notice") {
+    const d = part.data as { code: string; message: string };
+    return (
+      <p className="notice">
+        Notice ({d.code}): {d.message}
+      </p>
+    );
+  }
+  if (part.type === "data-connector-status") return <ConnectorStatus data={part.data ?? {}} />;
+  if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
+    return <ToolCard api={api} part={part} logs={logs[part.toolCallId ?? ""] ?? []} onApprove={onApprove} />;
+  }
+  return null;
+}
+
+function ConnectorStatus({ data }: { data: Record<string, unknown> }) {
+  const name = String(data.name ?? "");
+  const state = String(data.state ?? "");
+  const auth = data.authorize;
+  const link = typeof auth === "string" ? auth : (auth as { url?: unknown } | undefined)?.url;
+  const href = typeof link === "string" && /^https?:\/\//i.test(link) ? link : undefined;
+  if (state === "needs_authorization") {
+    return (
+      <p className="status connector">
+        Connector {name} needs authorization.{" "}
+        {href ? (
+          <a href={href} target="_blank" rel="noopener noreferrer">
+            Authorize {name}
+          </a>
+        ) : (
+          "Ask an admin to connect it."
+        )}
+      </p>
+    );
+  }
+  return (
+    <p className="status connector">
+      Connector {name}: {state}
+      {state === "ready" ? ` (${String(data.tools ?? 0)} tools)` : ""}
+      {data.error ? ` (${String(data.error)})` : ""}
+    </p>
+  );
+}
+
+function pretty(value: unknown): string {
+  return typeof value === "string" ? value : JSON.stringify(value, null, 2);
+}
+
+function ToolCard({
+  api,
+  part,
+  logs,
+  onApprove,
+}: {
+  api: Api;
+  part: AnyPart;
+  logs: LogLine[];
+  onApprove: (id: string, approved: boolean) => void;
+}) {
+  const name = part.type === "dynamic-tool" ? (part.toolName ?? "tool") : part.type.slice(5);
+  const state = part.state ?? "";
+  const label =
+    {
+      "input-streaming": "preparing",
+      "input-available": "running",
+      "approval-requested": "waiting for approval",
+      "approval-responded": "answered",
+      "output-available": "done",
+      "output-error": "failed",
+      "output-denied": "denied",
+    }[state] ?? state;
+  const output = state === "output-available" ? pretty(part.output) : undefined;
+  return (
+    <details className={`tool ${state}`} open>
+      <summary>
+        <span className="tool-name">{name}</span> <span className="tool-state">{label}</span>
+      </summary>
+      {part.input !== undefined && (
+        <>
+          <h4>Input</h4>
+          <pre className="tool-input">{pretty(part.input)}</pre>
+        </>
+      )}
+      {/* Transient: the live lines of this tab's stream; the result has the whole text. */}
+      {logs.length > 0 && (
+        <div className="live">
+          <h4>Live output</h4>
+          <pre className="tool-log">
+            {logs.map((l, i) => (
+              <span key={i} className={l.stream}>
+                {l.text}
+                {l.text.endsWith("\n") ? "" : "\n"}
+              </span>
+            ))}
+          </pre>
+        </div>
+      )}
+      {state === "approval-requested" && part.approval && (
+        <div className="approval">
+          <button type="button" onClick={() => onApprove(part.approval!.id, true)}>
+            Approve
+          </button>
+          <button type="button" onClick={() => onApprove(part.approval!.id, false)}>
+            Deny
+          </button>
+        </div>
+      )}
+      {output !== undefined && (
+        <>
+          <h4>Result</h4>
+          <pre className="tool-output">{output}</pre>
+          {artifactIds(output).map((id) => (
+            <Artifact key={id} api={api} id={id} />
+          ))}
+        </>
+      )}
+      {state === "output-error" && (
+        <>
+          <h4>Error</h4>
+          <pre className="tool-error">{part.errorText}</pre>
+        </>
+      )}
+    </details>
+  );
+}

@@ -1,0 +1,175 @@
+// The brain's REST API as the page uses it. Every call carries the key the user signed in
+// with; the key lives in sessionStorage only (gone when the tab closes).
+
+const KEY_STORAGE = "agent-runtime.key";
+
+export function storedKey(): string | null {
+  return sessionStorage.getItem(KEY_STORAGE);
+}
+
+export function storeKey(key: string | null) {
+  if (key === null) sessionStorage.removeItem(KEY_STORAGE);
+  else sessionStorage.setItem(KEY_STORAGE, key);
+}
+
+export interface Agent {
+  id: string;
+  name: string;
+  system_prompt: string;
+  model: string;
+  runtime_profile: string;
+  created_at: string;
+}
+
+export interface Chat {
+  id: string;
+  agent_id: string;
+  summary: string | null;
+  created_at: string;
+}
+
+export interface StoredMessage {
+  id: string;
+  turn_id: string | null;
+  role: "user" | "assistant" | "system";
+  parts: unknown[];
+  status: "complete" | "interrupted";
+  created_at: string;
+}
+
+export interface ArtifactMeta {
+  id: string;
+  name: string;
+  content_type: string;
+  size_bytes: number;
+}
+
+/** An error answer of the API, or an `error` chunk of a stream, by its stable code. */
+export class ApiError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly status?: number,
+  ) {
+    super(message);
+  }
+}
+
+/** Reads `{"error":{"code","message"}}` (an HTTP error body) or `"<code>: <message>"`
+ * (a stream's `errorText`); anything else keeps its text under `unknown`. */
+export function parseError(raw: string, status?: number): ApiError {
+  try {
+    const body = JSON.parse(raw);
+    if (body && typeof body.error?.code === "string") {
+      return new ApiError(body.error.code, String(body.error.message ?? ""), status);
+    }
+  } catch {
+    // Not JSON: a stream's errorText.
+  }
+  const m = /^([a-z_]+): ([\s\S]*)$/.exec(raw);
+  if (m) return new ApiError(m[1], m[2], status);
+  return new ApiError("unknown", raw, status);
+}
+
+/** What to tell the user for each code: what happened and what to do. */
+export function explain(err: ApiError): string {
+  switch (err.code) {
+    case "agent_busy":
+      return "This agent is already running a turn (in this chat or another). Wait for it to finish, or stop it, then send again.";
+    case "turn_in_progress":
+      return "This message is still being answered. Wait for it to finish.";
+    case "rate_limited":
+      return "The model provider is rate limiting requests. Wait a moment, then send again.";
+    case "quota_exceeded":
+      return "Your team reached a rate or concurrency quota. Wait a minute and send again, or ask an admin to raise it.";
+    case "quota_exhausted":
+      return "Your team's model budget for this period is spent. It resets later; an admin can raise the quota.";
+    case "provider_unavailable":
+      return "The model provider cannot be reached right now. Try again in a moment.";
+    case "provider_rejected":
+      return "The model provider refused the request. Check the agent's model name and the brain's provider key.";
+    case "unauthorized":
+      return "The key was refused. Sign out and sign in with a valid API key.";
+    case "forbidden":
+      return "This key may not do that: it needs the admin scope.";
+    case "not_found":
+      return "Not found: it may have been archived or belongs to another team. Reload the list.";
+    case "store_unavailable":
+    case "storage_unavailable":
+    case "auth_unavailable":
+      return "The server's storage is unavailable. Nothing was done; try again shortly.";
+    case "invalid_request":
+      return `The request was refused: ${err.message}`;
+    case "network":
+      return "The server could not be reached. Check your connection and try again.";
+    default:
+      return err.message || "Something went wrong. Try again.";
+  }
+}
+
+export class Api {
+  constructor(readonly key: string) {}
+
+  get authHeaders(): Record<string, string> {
+    return { Authorization: `Bearer ${this.key}` };
+  }
+
+  private async request<T>(method: string, path: string, body?: unknown): Promise<T> {
+    let response: Response;
+    try {
+      response = await fetch(path, {
+        method,
+        headers: {
+          ...this.authHeaders,
+          ...(body === undefined ? {} : { "Content-Type": "application/json" }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+    } catch {
+      throw new ApiError("network", "network error");
+    }
+    if (!response.ok) throw parseError(await response.text(), response.status);
+    return (await response.json()) as T;
+  }
+
+  async agents(): Promise<Agent[]> {
+    return (await this.request<{ agents: Agent[] }>("GET", "/v1/agents?limit=200")).agents;
+  }
+
+  createAgent(agent: {
+    name: string;
+    system_prompt: string;
+    model: string;
+    runtime_profile: string;
+  }): Promise<Agent> {
+    return this.request("POST", "/v1/agents", agent);
+  }
+
+  async chats(agentId: string): Promise<Chat[]> {
+    return (await this.request<{ chats: Chat[] }>("GET", `/v1/agents/${agentId}/chats?limit=200`))
+      .chats;
+  }
+
+  createChat(agentId: string): Promise<Chat> {
+    return this.request("POST", `/v1/agents/${agentId}/chats`);
+  }
+
+  async messages(chatId: string): Promise<StoredMessage[]> {
+    return (await this.request<{ messages: StoredMessage[] }>("GET", `/v1/chats/${chatId}/messages`))
+      .messages;
+  }
+
+  stopChat(chatId: string): Promise<unknown> {
+    return this.request("POST", `/v1/chats/${chatId}/stop`);
+  }
+
+  artifactMeta(id: string): Promise<ArtifactMeta> {
+    return this.request("GET", `/v1/artifacts/${id}/meta`);
+  }
+
+  async artifactBlob(id: string): Promise<Blob> {
+    const response = await fetch(`/v1/artifacts/${id}`, { headers: this.authHeaders });
+    if (!response.ok) throw parseError(await response.text(), response.status);
+    return response.blob();
+  }
+}
