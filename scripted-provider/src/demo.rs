@@ -166,9 +166,17 @@ fn content_text(content: &Value) -> String {
     }
 }
 
+/// Words per streamed delta: the help text is some 70 words, and a turn of the demo should
+/// stream visibly yet end well within a second (autostart ticks each second in the tests).
+const WORDS_PER_DELTA: usize = 4;
+
 fn text(text: String) -> Reply {
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
     Reply::Text {
-        deltas: text.split_inclusive(' ').map(str::to_string).collect(),
+        deltas: words
+            .chunks(WORDS_PER_DELTA)
+            .map(|chunk| chunk.concat())
+            .collect(),
         delay: DEMO_DELAY,
     }
 }

@@ -166,8 +166,8 @@ impl ScriptedProvider {
     /// When the queue is empty a request gets the demo reply (`demo.rs`): a call of the
     /// tool a plain request names (``run `ls -la` ``, …) when the request offers it, the
     /// tool's result quoted back after a call, or else
-    /// `Offline demo model here. You said: "<last user text>". I can …` streamed word by
-    /// word, 15 ms apart.
+    /// `Offline demo model here. You said: "<last user text>". I can …` streamed four words
+    /// at a time, 15 ms apart.
     pub fn push(&self, reply: Reply) {
         self.handle.shared.lock().queue.push_back(reply);
     }

@@ -661,7 +661,7 @@ async fn demo_reply_echoes_the_user_text_on_both_wires() {
         })
         .filter(|s| !s.is_empty())
         .collect();
-    assert_eq!(deltas[0], "Offline ");
+    assert_eq!(deltas[0], "Offline demo model here. ", "four words a delta");
     assert!(deltas[..deltas.len() - 1].iter().all(|d| d.ends_with(' ')));
     let text = deltas.concat();
     assert_eq!(
