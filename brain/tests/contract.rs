@@ -15,6 +15,7 @@ use brain::artifacts::{ArtifactOwner, LocalDirStore, save_artifact};
 use brain::config::ArtifactBackend;
 use bytes::Bytes;
 use common::TestApp;
+use common::manager::TempDir;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -76,23 +77,6 @@ fn operation_ids_are_unique() {
 
 /// A team's real resources, by the name of the path parameter that takes each id.
 type Ids = BTreeMap<&'static str, String>;
-
-/// An artifact directory of the test's own, removed when it ends.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("contract-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 async fn start(artifacts: &TempDir) -> TestApp {
     let dir = artifacts.0.clone();

@@ -11,10 +11,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::TestApp;
+use common::manager::{TempDir, manager_command};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
 
@@ -66,32 +67,14 @@ async fn the_page_is_served_with_its_security_headers() {
 /// A 1x1 PNG, which the worker's shell writes and `upload_artifact` stores.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
 
-/// The workspace's binaries, next to this test's executable.
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
-}
-
 #[tokio::test]
 async fn a_user_chats_in_a_real_browser() {
     // A queue namespace of its own, so only this test's runtime-manager serves it.
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| c.workers.queue_namespace = ns).await;
-    let workspaces = std::env::temp_dir().join(format!("web-chat-{namespace}"));
-    std::fs::create_dir_all(&workspaces).unwrap();
-    let _manager = tokio::process::Command::new(bin("runtime-manager"))
-        .env("DATABASE_URL", app.store_url())
-        .env(
-            "REDIS_URL",
-            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        )
-        .env("SESSION_QUEUE_NAMESPACE", &namespace)
-        .env("BRAIN_PUBLIC_URL", &app.url)
-        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
-        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces)
-        .env("RUNTIME_MANAGER_LOG", "warn")
-        .kill_on_drop(true)
+    let workspaces = TempDir::new();
+    let _manager = manager_command(&app, &namespace, &app.url, &workspaces)
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
     // The script's turns, in order: a streamed reply with Markdown and raw HTML, a shell
@@ -249,5 +232,4 @@ async fn a_user_chats_in_a_real_browser() {
     ] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }
-    let _ = std::fs::remove_dir_all(&workspaces);
 }

@@ -9,6 +9,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::manager::{TempDir, bin, manager_command};
 use common::{BrainProcess, TestApp, parse_events, read_stream, streamed_text};
 use futures_util::StreamExt;
 use protocol::channel::SessionState;
@@ -17,32 +18,9 @@ use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-/// The workspace's binaries, next to this test's executable.
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
-}
-
 struct Manager {
     child: tokio::process::Child,
-    _workspaces: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new() -> Self {
-            let dir = std::env::temp_dir().join(format!("rm-test-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    _workspaces: TempDir,
 }
 
 impl Drop for Manager {
@@ -133,7 +111,7 @@ fn start_manager_with(
     public_url: &str,
     env: &[(&str, &str)],
 ) -> Manager {
-    let workspaces = tempdir::Dir::new();
+    let workspaces = TempDir::new();
     let mut command = manager_command(app, namespace, public_url, &workspaces);
     if let Some(profiles) = profiles {
         let file = workspaces.0.join("profiles.json");
@@ -150,33 +128,8 @@ fn start_manager_with(
     }
 }
 
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// The runtime-manager binary, configured to serve `app` over `namespace` with the real
-/// worker binary, its workspaces in `workspaces`, its workers dialing `public_url`.
-fn manager_command(
-    app: &TestApp,
-    namespace: &str,
-    public_url: &str,
-    workspaces: &tempdir::Dir,
-) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(bin("runtime-manager"));
-    command
-        .env("DATABASE_URL", app.store_url())
-        .env("REDIS_URL", redis_url())
-        .env("SESSION_QUEUE_NAMESPACE", namespace)
-        .env("BRAIN_PUBLIC_URL", public_url)
-        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
-        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
-        .env("RUNTIME_MANAGER_LOG", "warn")
-        .kill_on_drop(true);
-    command
-}
-
 /// An executable script in `dir` that runs `body` (a POSIX shell script).
-fn script(dir: &tempdir::Dir, name: &str, body: &str) -> PathBuf {
+fn script(dir: &TempDir, name: &str, body: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.0.join(name);
     std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -719,7 +672,7 @@ async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_nex
 
 #[tokio::test]
 async fn a_worker_that_never_dials_is_a_dial_timeout() {
-    let scripts = tempdir::Dir::new();
+    let scripts = TempDir::new();
     // A "worker" that starts and never dials.
     let silent = script(&scripts, "silent-worker", "exec sleep 30");
     let silent = silent.to_str().unwrap();
@@ -752,7 +705,7 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
 /// torn down one window after its last use, not while it starts.
 #[tokio::test]
 async fn a_worker_slower_to_dial_than_its_idle_window_becomes_ready_and_serves() {
-    let scripts = tempdir::Dir::new();
+    let scripts = TempDir::new();
     let worker = bin("worker");
     let slow = script(
         &scripts,
@@ -1402,7 +1355,7 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
         .execute(app.store.pool())
         .await
         .unwrap();
-    let workspace = tempdir::Dir::new();
+    let workspace = TempDir::new();
     let mut worker = tokio::process::Command::new(bin("worker"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -1636,12 +1589,7 @@ impl Child {
 
 /// The brain binary over `app`'s database and scripted provider, its own replica beside
 /// the in-process one: (the process, its URL).
-async fn brain_binary(
-    app: &TestApp,
-    namespace: &str,
-    dir: &tempdir::Dir,
-    log: &str,
-) -> (Child, String) {
+async fn brain_binary(app: &TestApp, namespace: &str, dir: &TempDir, log: &str) -> (Child, String) {
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1686,10 +1634,10 @@ async fn brain_binary(
 #[tokio::test]
 async fn no_payload_reaches_the_logs_at_trace() {
     let app = TestApp::start().await;
-    let dir = tempdir::Dir::new();
+    let dir = TempDir::new();
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let (mut brain, url) = brain_binary(&app, &namespace, &dir, "trace").await;
-    let workspaces = tempdir::Dir::new();
+    let workspaces = TempDir::new();
     let worker = script(
         &dir,
         "worker-at-trace",
@@ -1801,7 +1749,7 @@ async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_
     ] {
         sqlx::query(ddl).execute(app.store.pool()).await.unwrap();
     }
-    let workspaces = tempdir::Dir::new();
+    let workspaces = TempDir::new();
     let mut first = manager_command(&app, &namespace, &app.url, &workspaces)
         .spawn()
         .unwrap();
@@ -1855,7 +1803,7 @@ async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_
         child: manager_command(&app, &namespace, &app.url, &workspaces)
             .spawn()
             .unwrap(),
-        _workspaces: tempdir::Dir::new(),
+        _workspaces: TempDir::new(),
     };
     let (chunks, _) = tokio::time::timeout(Duration::from_secs(50), turn)
         .await

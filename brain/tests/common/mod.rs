@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use test_support::db::db_url;
 
+pub mod manager;
 pub mod mcp;
 
 /// A migrated database of its own.

@@ -1,0 +1,54 @@
+//! The workspace's own binaries beside a test's brain: the runtime-manager that launches
+//! real workers, and the directories they work in.
+
+use std::path::PathBuf;
+
+use super::TestApp;
+
+/// A directory of the test's own, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("brain-test-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A binary of the workspace, next to the test's executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join(name)
+}
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The runtime-manager binary, configured to serve `app` over `namespace` with the real
+/// worker binary, its workspaces in `workspaces`, its workers dialing `public_url`.
+pub fn manager_command(
+    app: &TestApp,
+    namespace: &str,
+    public_url: &str,
+    workspaces: &TempDir,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(bin("runtime-manager"));
+    command
+        .env("DATABASE_URL", app.store_url())
+        .env("REDIS_URL", redis_url())
+        .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("BRAIN_PUBLIC_URL", public_url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
+        .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
+        .env("RUNTIME_MANAGER_LOG", "warn")
+        .kill_on_drop(true);
+    command
+}
