@@ -6,9 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --bins
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bin="$target_dir/debug"
+# DEV_BIN names a directory of binaries already built, used instead of building: the test
+# of this script (brain/tests/web_chat.rs) runs it with the binaries the tests built.
+if [ -n "${DEV_BIN:-}" ]; then
+  bin=$DEV_BIN
+else
+  cargo build --bins
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  bin="$target_dir/debug"
+fi
 
 "$bin/brain" migrate
 

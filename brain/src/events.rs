@@ -45,6 +45,9 @@ const MAX_BATCH: usize = 512;
 const READ_BLOCK: Duration = Duration::from_secs(2);
 /// Entries per `XRANGE` page of a replay, and per `XREAD` of a reader.
 const PAGE: usize = 1000;
+/// How far before a turn's start (by Postgres' clock) a resumed stream looks for its
+/// entries, whose ids Redis stamps with its own clock.
+const CLOCK_SKEW: Duration = Duration::from_secs(30);
 
 /// Whether the entry `ARGV[1]` is still in the stream, the stream's first and last ids,
 /// and the first page after `ARGV[1]`, in one atomic step: a trim between the check and
@@ -357,6 +360,73 @@ impl Events {
             self.replay(chat, after, &mut observer).await?;
         }
         Ok(observer)
+    }
+
+    /// The chunks of `turn`, a running turn of `chat` whose row was written at `started`
+    /// (ms, Postgres' clock), from its `start` on, then live until it ends: the AI SDK's
+    /// resumable stream. `None` when its beginning is no longer in the window (trimmed, or
+    /// dropped by the publisher): a client could not build its message on the rest.
+    pub async fn follow_turn(
+        &self,
+        chat: ChatId,
+        turn: TurnId,
+        started: u64,
+        stop: CancellationToken,
+    ) -> Result<Option<TurnStream>, EventsError> {
+        type Page = Vec<(String, Vec<String>)>;
+        // Subscribed first, as `observe` is: the cursor drops what replay and broadcast
+        // both carry.
+        let rx = self.subscribe(chat).await?;
+        let mut stream = TurnStream {
+            replay: VecDeque::new(),
+            rx,
+            cursor: EventId::default(),
+            turn,
+            begun: false,
+            keepalive: self.0.config.keepalive,
+            stop,
+            ended: false,
+        };
+        let limit = self.0.config.redis_timeout;
+        let key = stream_key(chat);
+        let mut conn = self.connection().await?;
+        // Entry ids are Redis' clock, which may run behind Postgres'.
+        let mut from = EventId {
+            ms: started.saturating_sub(CLOCK_SKEW.as_millis() as u64),
+            seq: 0,
+        }
+        .to_string();
+        loop {
+            let page: Page = bounded(
+                limit,
+                redis::cmd("XRANGE")
+                    .arg(&key)
+                    .arg(&from)
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(PAGE)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            let full = page.len() == PAGE;
+            for (id, fields) in page {
+                let Some(entry) = Entry::parse(&id, fields) else {
+                    continue;
+                };
+                match stream.take(&entry) {
+                    Taken::Broken => return Ok(None),
+                    Taken::Frame(frame) => stream.replay.push_back(frame),
+                    Taken::Skipped => {}
+                }
+                if stream.ended {
+                    return Ok(Some(stream));
+                }
+            }
+            if !full {
+                return Ok(Some(stream));
+            }
+            from = format!("({}", stream.cursor);
+        }
     }
 
     async fn replay(
@@ -691,6 +761,121 @@ impl IntoResponse for Observer {
     fn into_response(self) -> Response {
         crate::turn::ui_stream::sse_response(Body::from_stream(self.into_stream()))
     }
+}
+
+/// What a resumed turn stream makes of one entry of its chat.
+enum Taken {
+    /// Another turn's, or already given.
+    Skipped,
+    /// The SSE bytes of one of its chunks (with `[DONE]` after the last).
+    Frame(Bytes),
+    /// Its beginning, or a chunk after it, is missing: what follows cannot be built on.
+    Broken,
+}
+
+/// One turn's stream, resumed (`GET /v1/chats/{id}/stream`): its chunks from `start`, then
+/// live ones until its last, then `[DONE]`, like the stream of the request that started it.
+pub struct TurnStream {
+    replay: VecDeque<Bytes>,
+    rx: broadcast::Receiver<Arc<Event>>,
+    cursor: EventId,
+    turn: TurnId,
+    /// Whether its `start` was given.
+    begun: bool,
+    keepalive: Duration,
+    stop: CancellationToken,
+    ended: bool,
+}
+
+/// The next step of a resumed turn stream.
+pub enum Resumed {
+    Bytes(Bytes),
+    /// Nothing came for a keep-alive interval: the caller checks that the turn still
+    /// runs (one that ended without its last chunk reaching the stream would otherwise be
+    /// followed forever) and sends a keep-alive.
+    Idle,
+}
+
+impl TurnStream {
+    fn take(&mut self, entry: &Entry) -> Taken {
+        if entry.id <= self.cursor {
+            return Taken::Skipped;
+        }
+        self.cursor = entry.id;
+        let Some(json) = &entry.chunk else {
+            // A gap in the chat: once the turn began, some of its chunks may be in it.
+            return if self.begun {
+                Taken::Broken
+            } else {
+                Taken::Skipped
+            };
+        };
+        if entry.turn != Some(self.turn) {
+            return Taken::Skipped;
+        }
+        let kind = chunk_kind(json);
+        if !self.begun {
+            if kind != "start" {
+                return Taken::Broken;
+            }
+            self.begun = true;
+        }
+        // No `id:`: the stream is the turn's own, as its POST carried it.
+        let mut out = frame(None, json).to_vec();
+        if matches!(kind, "finish" | "error" | "abort") {
+            self.ended = true;
+            out.extend_from_slice(&crate::turn::ui_stream::done_frame());
+        }
+        Taken::Frame(Bytes::from(out))
+    }
+
+    /// The next step; `None` once the turn ended, its stream broke, or the replica drains.
+    pub async fn next(&mut self) -> Option<Resumed> {
+        if let Some(replayed) = self.replay.pop_front() {
+            return Some(Resumed::Bytes(replayed));
+        }
+        if self.ended {
+            return None;
+        }
+        loop {
+            let received = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => None,
+                received = self.rx.recv() => Some(received),
+                () = tokio::time::sleep(self.keepalive) => return Some(Resumed::Idle),
+            };
+            // Draining, a failed reader or a lagging one: the stream ends without `[DONE]`
+            // and the client reads the transcript (or resumes again).
+            let Some(Ok(event)) = received else {
+                self.ended = true;
+                return None;
+            };
+            let Event::Entry(entry) = &*event else {
+                self.ended = true;
+                return None;
+            };
+            match self.take(entry) {
+                Taken::Skipped => {}
+                Taken::Frame(bytes) => return Some(Resumed::Bytes(bytes)),
+                Taken::Broken => {
+                    self.ended = true;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// The `type` of a published chunk's JSON (`""` when it has none).
+fn chunk_kind(json: &str) -> &str {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: &'a str,
+    }
+    serde_json::from_str::<Kind<'_>>(json)
+        .map(|k| k.kind)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -413,3 +413,48 @@ async fn without_redis_the_endpoint_answers_503_and_turns_still_run() {
     assert!(done);
     assert_eq!(common::streamed_text(&chunks), "still here");
 }
+
+/// `GET /v1/chats/{id}/stream` (the AI SDK's `resume`): on another replica than the
+/// turn's, a turn joined halfway comes whole from its `start`, exactly as its own client got
+/// it, then `[DONE]`; with no turn running there is nothing to resume.
+#[tokio::test]
+async fn a_running_turn_is_resumed_from_its_start_on_another_replica() {
+    let app = TestApp::start().await;
+    let replica_b = app.second_replica().await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let resume = || {
+        app.auth(app.http.get(format!("{replica_b}/v1/chats/{chat}/stream")))
+            .send()
+    };
+    assert_eq!(resume().await.unwrap().status(), 204, "no turn runs yet");
+
+    app.provider.push(Reply::Text {
+        deltas: (0..8).map(|i| format!("part{i} ")).collect(),
+        delay: Duration::from_millis(150),
+    });
+    let own = app.send(&chat, &json!({"content": "go"})).await;
+    assert_eq!(own.status(), 200);
+    let own = tokio::spawn(read_stream(own));
+    // Some chunks are out before the resume opens.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let resumed = resume().await.unwrap();
+    assert_eq!(resumed.status(), 200);
+    assert_eq!(resumed.headers()["content-type"], "text/event-stream");
+    assert_eq!(resumed.headers()["x-vercel-ai-ui-message-stream"], "v1");
+    let (resumed, done) = read_stream(resumed).await;
+    let (own, own_done) = own.await.unwrap();
+    assert!(done && own_done, "both end with [DONE]");
+    assert_eq!(resumed, own, "the resumed stream is the turn's own");
+    assert!(matches!(resumed.first(), Some(UiChunk::Start { .. })));
+    assert_eq!(resume().await.unwrap().status(), 204, "the turn ended");
+
+    let other = app.store.create_team("other team").await.unwrap();
+    let response = app
+        .http
+        .get(format!("{replica_b}/v1/chats/{chat}/stream"))
+        .bearer_auth(other.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}

@@ -2,9 +2,12 @@
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
 //! create an agent with hands, a streamed reply, a shell command in a real worker with its
 //! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each
-//! screen, a second tab following a turn live and refused as agent_busy, a call approved
-//! with its button, and the offline demo model running a command). A real runtime-manager launches
-//! the worker; only the model is scripted. Screenshots go to
+//! screen, a second tab following a turn live with its worker's output and refused as
+//! agent_busy, a third tab opened mid-turn resuming it from its start, a call approved and
+//! one denied with their buttons, a connector that is down, the offline demo model running a
+//! command and taking a real Chromium screenshot, a quota refusal, and sign-in with a
+//! frontend token handed over in the address, then expired). A real runtime-manager
+//! launches the workers; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -64,6 +67,10 @@ async fn the_page_is_served_with_its_security_headers() {
     assert_eq!(body["error"]["code"], "not_found");
 }
 
+const ISSUER: &str = "https://id.web-chat.test";
+const AUDIENCE: &str = "agent-runtime";
+const JWT_SECRET: &str = "a-secret-of-the-test-issuer-at-least-32-bytes";
+
 /// A 1x1 PNG, which the worker's shell writes and `upload_artifact` stores.
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
 
@@ -72,7 +79,21 @@ async fn a_user_chats_in_a_real_browser() {
     // A queue namespace of its own, so only this test's runtime-manager serves it.
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
-    let app = TestApp::start_with(move |c| c.workers.queue_namespace = ns).await;
+    // Frontend tokens of an issuer of the test's own (HS256: the test signs them).
+    let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+        ("BRAIN_JWT_ISSUER", ISSUER),
+        ("BRAIN_JWT_AUDIENCE", AUDIENCE),
+        ("BRAIN_JWT_HS256_SECRET", JWT_SECRET),
+    ]))
+    .unwrap()
+    .unwrap();
+    let app = TestApp::start_with(move |c| {
+        c.workers.queue_namespace = ns;
+        c.jwt = Some(jwt);
+        // The connector that is down points at loopback.
+        c.connectors.allow_private_networks = true;
+    })
+    .await;
     let workspaces = TempDir::new();
     let _manager = manager_command(&app, &namespace, &app.url, &workspaces)
         .spawn()
@@ -140,12 +161,23 @@ async fn a_user_chats_in_a_real_browser() {
         status: 429,
         retry_after: Some(3),
     });
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_ticks".into(),
+            name: "shell".into(),
+            arguments: json!({"command": "for i in 1 2 3 4; do echo tick$i; sleep 0.5; done"})
+                .to_string(),
+        }],
+        fragment: 0,
+    });
     app.provider.push(Reply::Text {
         deltas: (0..10).map(|i| format!("watch{i} ")).collect(),
-        delay: Duration::from_millis(250),
+        delay: Duration::from_millis(400),
     });
     // The agent `careful` asks before memory_write: its call waits for the Approve button,
-    // then runs, and the model answers.
+    // then runs, and the model answers; the next one is denied. Its connector is down (no
+    // server at that port).
     let careful = app
         .post_json(
             "/v1/agents",
@@ -154,6 +186,14 @@ async fn a_user_chats_in_a_real_browser() {
         )
         .await;
     assert_eq!(careful.status(), 201);
+    let careful: Value = careful.json().await.unwrap();
+    let connector = app
+        .post_json(
+            "/v1/connectors",
+            &json!({"name": "tracker", "url": "http://127.0.0.1:1/mcp", "agent_id": careful["id"]}),
+        )
+        .await;
+    assert_eq!(connector.status(), 201);
     app.provider.push(Reply::ToolCalls {
         text: None,
         calls: vec![ToolCall {
@@ -167,21 +207,47 @@ async fn a_user_chats_in_a_real_browser() {
         deltas: vec!["Saved.".into()],
         delay: Duration::from_millis(5),
     });
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_denied".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": "a note the user refuses"}).to_string(),
+        }],
+        fragment: 0,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Not saved.".into()],
+        delay: Duration::from_millis(5),
+    });
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/chat.mjs");
+    let now = chrono::Utc::now().timestamp();
+    let token = |exp: i64| {
+        let claims = json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "web-user", "iat": now,
+                            "exp": exp, "team_id": app.team.to_string()});
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes()).unwrap(),
+        )
+        .unwrap()
+    };
     let run = tokio::time::timeout(
-        Duration::from_secs(120),
+        Duration::from_secs(240),
         tokio::process::Command::new("node")
             .arg(&script)
             .arg(&app.url)
             .arg(&app.key)
             .arg(&out)
+            .arg(token(now + 600))
+            .arg(token(now - 600))
             .kill_on_drop(true)
             .output(),
     )
     .await
-    .expect("the browser test ends within two minutes")
+    .expect("the browser test ends within four minutes")
     .expect("node runs (scripts/test-deps.sh installs tests/web)");
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
@@ -213,6 +279,7 @@ async fn a_user_chats_in_a_real_browser() {
     );
     assert_eq!(assistant[3]["status"], "interrupted");
     // The demo model's turn (nothing left scripted) ran the command it was asked for.
+    assert!(assistant[4]["parts"].to_string().contains("tick4"));
     assert!(assistant[4]["parts"].to_string().contains("watch9"));
     assert!(assistant[5]["parts"].to_string().contains("demo-hands"));
     let agent: Value = app
@@ -228,8 +295,128 @@ async fn a_user_chats_in_a_real_browser() {
         "3-stopped",
         "4-error",
         "4-second-tab",
+        "4-third-tab",
         "5-phone",
+        "6-screenshot",
     ] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
+    }
+}
+
+/// `make dev`'s own script (scripts/dev.sh, copied to a directory of the test's own so its
+/// `.dev/` lands there), with the binaries the tests built instead of a build of its own:
+/// it prints one link and a key, and in Chromium that key and the agent "demo" it made give
+/// a chat where the offline demo model runs a command in a real worker. A second start
+/// reuses the key and the agent.
+#[tokio::test]
+async fn make_dev_prints_a_link_to_a_chat_where_the_demo_runs_a_command() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let root = TempDir::new();
+    std::fs::create_dir_all(root.0.join("scripts")).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/dev.sh"),
+        root.0.join("scripts/dev.sh"),
+    )
+    .unwrap();
+    let (_store, db) = common::fresh_store().await;
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{addr}");
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let http = reqwest::Client::new();
+    let mut first_key = None;
+    for start in 0..2 {
+        let mut dev = tokio::process::Command::new("bash")
+            .arg(root.0.join("scripts/dev.sh"))
+            .env("DEV_BIN", common::manager::bin_dir())
+            .env("DATABASE_URL", test_support::db::db_url(&db))
+            .env("REDIS_URL", common::manager::redis_url())
+            .env("BRAIN_ADDR", addr.to_string())
+            .env("BRAIN_PUBLIC_URL", &url)
+            .env("SESSION_QUEUE_NAMESPACE", &namespace)
+            .env("BRAIN_LOG", "warn")
+            .env("RUNTIME_MANAGER_LOG", "warn")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let group = dev.id().unwrap();
+        let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
+        let mut printed = String::new();
+        let key = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                printed.push_str(&line);
+                printed.push('\n');
+                if let Some(key) = line.trim().strip_prefix("Sign in with the key ") {
+                    // And the line that says what to type.
+                    printed.push_str(&lines.next_line().await.unwrap().unwrap_or_default());
+                    return key.to_owned();
+                }
+            }
+            panic!("make dev ended before printing a key:\n{printed}");
+        })
+        .await
+        .expect("make dev prints its link within a minute");
+        assert!(printed.contains(&format!("{url}/")), "{printed}");
+        assert!(printed.contains("offline demo model"), "{printed}");
+        assert!(printed.contains("run `ls -la`"), "{printed}");
+
+        if start == 0 {
+            let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/dev.mjs");
+            let run = tokio::time::timeout(
+                Duration::from_secs(120),
+                tokio::process::Command::new("node")
+                    .arg(&script)
+                    .arg(&url)
+                    .arg(&key)
+                    .arg(&out)
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .expect("the browser ends within two minutes")
+            .unwrap();
+            assert!(
+                run.status.success(),
+                "the first five minutes failed:\n{}",
+                String::from_utf8_lossy(&run.stderr)
+            );
+            first_key = Some(key);
+        } else {
+            assert_eq!(Some(&key), first_key.as_ref(), "the key is kept");
+            let agents: Value = http
+                .get(format!("{url}/v1/agents"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let demos = agents["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| a["name"] == "demo")
+                .count();
+            assert_eq!(demos, 1, "one demo agent: {agents}");
+        }
+        // Ctrl-C, as a user stops it: the whole process group.
+        let stopped = std::process::Command::new("kill")
+            .args(["-INT", "--", &format!("-{group}")])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        tokio::time::timeout(Duration::from_secs(30), dev.wait())
+            .await
+            .expect("make dev stops on Ctrl-C")
+            .unwrap();
     }
 }

@@ -1,11 +1,13 @@
 // Drives the web chat in Debian's chromium against a live brain whose scripted model has
-// its replies queued by brain/tests/web_chat.rs. Usage: node chat.mjs URL API_KEY OUT_DIR
+// its replies queued by brain/tests/web_chat.rs.
+// Usage: node chat.mjs URL API_KEY OUT_DIR USER_TOKEN EXPIRED_TOKEN (the tokens: JWTs of the
+// brain's issuer, one valid, one expired).
 // Prints {"agentId","chatId"} on success; any failed expectation throws (exit code 1).
 import { readFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { chromium } from "playwright-core";
 
-const [url, apiKey, outDir] = process.argv.slice(2);
+const [url, apiKey, outDir, userToken, expiredToken] = process.argv.slice(2);
 mkdirSync(outDir, { recursive: true });
 const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 const TIMEOUT = 20_000;
@@ -44,7 +46,7 @@ try {
   await shot("1-sign-in");
   await page.getByLabel("API key or frontend token").fill("ar_not_a_key");
   await page.getByRole("button", { name: "Sign in" }).click();
-  await page.getByRole("alert").filter({ hasText: "The key was refused" }).waitFor();
+  await page.getByRole("alert").filter({ hasText: "The key or token was refused" }).waitFor();
   await page.getByLabel("API key or frontend token").fill(apiKey);
   await page.getByRole("button", { name: "Sign in" }).click();
 
@@ -112,12 +114,12 @@ try {
   await page.getByRole("button", { name: "Send" }).waitFor();
   await shot("3-stopped");
 
-  // A reload shows the same transcript, from the store (less the live output lines,
-  // which are transient: the stored result has the whole text).
+  // A reload shows the same transcript, from the store (less the live output and status
+  // lines, which only the stream carries: the stored result has the whole text).
   const transcript = () =>
     page.evaluate(() => {
       const copy = document.querySelector(".messages").cloneNode(true);
-      copy.querySelectorAll(".live").forEach((e) => e.remove());
+      copy.querySelectorAll(".live, .status, .notice").forEach((e) => e.remove());
       return copy.textContent;
     });
   const before = await transcript();
@@ -135,7 +137,8 @@ try {
   await shot("4-error");
 
   // A second tab on the same chat follows a turn the first one runs, live, through the
-  // events stream; a message sent there meanwhile is refused as agent_busy.
+  // events stream (its worker's output too); a message sent there meanwhile is refused as
+  // agent_busy. A third tab opened mid-turn picks the turn up from its start.
   const tab2 = await context.newPage();
   tab2.setDefaultTimeout(TIMEOUT);
   tab2.on("pageerror", (e) => problems.push(`tab 2 page error: ${e.message}`));
@@ -151,20 +154,40 @@ try {
   await composer.fill("Watch this");
   await page.getByRole("button", { name: "Send" }).click();
   const followed = tab2.locator(".message.assistant").nth(4);
+  await followed.locator(".tool-log", { hasText: "tick2" }).waitFor();
+  const ticking = await followed.innerText();
+  if (ticking.includes("tick4")) throw new Error(`tab 2 saw the command only once it ended: ${ticking}`);
   await followed.getByText("watch2", { exact: false }).waitFor();
   const partial = await followed.innerText();
   if (partial.includes("watch9")) throw new Error(`tab 2 saw the turn only once it ended: ${partial}`);
+  // Signed in by the address (`#token=`, which leaves it at once) straight into the chat.
+  const tab3 = await context.newPage();
+  tab3.setDefaultTimeout(TIMEOUT);
+  tab3.on("pageerror", (e) => problems.push(`tab 3 page error: ${e.message}`));
+  await tab3.goto(`${url}/#token=${encodeURIComponent(apiKey)}&chat=${new URL(page.url()).hash.slice(1)}`);
+  const resumed = tab3.locator(".message.assistant").nth(4);
+  await resumed.locator(".tool-output", { hasText: "tick4" }).waitFor();
+  await resumed.getByText("watch", { exact: false }).first().waitFor();
+  const joined = await resumed.innerText();
+  if (joined.includes("watch9")) throw new Error(`tab 3 saw the turn only once it ended: ${joined}`);
+  if (tab3.url().includes("token")) throw new Error(`the token stayed in the address: ${tab3.url()}`);
+  await tab3.getByRole("button", { name: "Stop" }).waitFor();
   await tab2.getByLabel("Message", { exact: true }).fill("Are you busy?");
   await tab2.getByRole("button", { name: "Send" }).click();
   await tab2.getByRole("alert").filter({ hasText: "agent_busy" }).filter({ hasText: "already running a turn" }).waitFor();
   await followed.getByText("watch9", { exact: false }).waitFor();
   await tab2.screenshot({ path: `${outDir}/4-second-tab.png`, fullPage: true });
+  await resumed.getByText("watch9", { exact: false }).waitFor();
+  await tab3.getByRole("button", { name: "Send" }).waitFor();
+  await tab3.screenshot({ path: `${outDir}/4-third-tab.png`, fullPage: true });
   await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
   await page.getByRole("button", { name: "Send" }).waitFor();
   await tab2.close();
+  await tab3.close();
 
   // An agent whose policy asks before memory_write (created by the test): the call waits
-  // with Approve/Deny buttons; approving runs it and the turn goes on.
+  // with Approve/Deny buttons; approving runs it and the turn goes on, denying tells the
+  // model so. Its connector is down, which each turn says plainly.
   const firstChat = new URL(page.url()).hash;
   await page.getByRole("button", { name: /^careful/ }).click();
   await page.getByRole("button", { name: "New chat" }).click();
@@ -172,10 +195,16 @@ try {
   await page.getByRole("button", { name: "Send" }).click();
   const asking = page.locator("details.tool.approval-requested");
   await asking.locator(".tool-name", { hasText: "memory_write" }).waitFor();
+  await page.locator(".status.connector", { hasText: "Connector tracker: down" }).first().waitFor();
   await accessible("approval");
   await asking.getByRole("button", { name: "Approve" }).click();
   await page.locator("details.tool .tool-state", { hasText: "done" }).waitFor();
   await page.locator(".message.assistant").getByText("Saved.").waitFor();
+  await composer.fill("And this one too");
+  await page.getByRole("button", { name: "Send" }).click();
+  await asking.getByRole("button", { name: "Deny" }).click();
+  await page.locator("details.tool .tool-state", { hasText: "denied" }).waitFor();
+  await page.locator(".message.assistant").getByText("Not saved.").waitFor();
   // Back to the first chat (a new address only in its hash: reloaded to open it).
   await page.goto(`${url}/${firstChat}`);
   await page.reload();
@@ -185,9 +214,37 @@ try {
   // command in the worker, and the demo quotes its result.
   await composer.fill("run `echo demo-hands`");
   await page.getByRole("button", { name: "Send" }).click();
-  const demo = page.locator("details.tool").nth(3);
+  const demo = page.locator("details.tool").nth(4);
   await demo.locator(".tool-output", { hasText: "demo-hands" }).waitFor();
   await assistant.nth(5).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
+
+  // A browser agent, offline demo model: a real Chromium in the worker opens a page, and
+  // its screenshot, stored as an artifact, shows inline.
+  await page.getByRole("button", { name: "New agent" }).click();
+  await page.getByLabel("Name", { exact: true }).fill("surfer");
+  await page.getByLabel("Model").fill("openai/gpt-test");
+  await page.getByLabel("Runtime profile (hands)").selectOption("browser");
+  await page.getByRole("button", { name: "Create agent" }).click();
+  await page.getByRole("button", { name: "New chat" }).click();
+  await composer.fill(`screenshot ${url}/healthz`);
+  await page.getByRole("button", { name: "Send" }).click();
+  const shotCard = page.locator("details.tool", { has: page.locator(".tool-name", { hasText: "browser_screenshot" }) });
+  const screenshot = shotCard.locator(".artifact img");
+  await screenshot.waitFor({ timeout: 90_000 });
+  await page.waitForFunction((img) => img.complete && img.naturalWidth > 100, await screenshot.elementHandle());
+  await page.locator(".message.assistant").getByText("Offline demo model", { exact: false }).last().waitFor();
+  await shot("6-screenshot");
+
+  // A team quota refuses the next turn, and the page says what to do.
+  const quota = await fetch(`${url}/v1/quotas`, {
+    method: "PUT",
+    headers: { Authorization: `Bearer ${apiKey}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ turns_per_minute: 0 }),
+  });
+  if (!quota.ok) throw new Error(`setting the quota: ${quota.status} ${await quota.text()}`);
+  await composer.fill("One more?");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.getByRole("alert").filter({ hasText: "quota_exceeded" }).filter({ hasText: "ask an admin" }).waitFor();
 
   // Phone width: the chat is usable, nothing wider than the screen.
   await page.setViewportSize({ width: 390, height: 780 });
@@ -197,9 +254,34 @@ try {
   await accessible("phone");
   await shot("5-phone");
 
+  // A frontend token of the brain's issuer, handed over in the address: signed in as its
+  // user; once expired, back to sign-in with a message that says so.
+  const viaToken = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const user = await viaToken.newPage();
+  user.setDefaultTimeout(TIMEOUT);
+  user.on("pageerror", (e) => problems.push(`token page error: ${e.message}`));
+  await user.goto(`${url}/#token=${userToken}`);
+  await user.getByRole("button", { name: "Sign out" }).waitFor();
+  await user.getByRole("button", { name: /^helper/ }).click();
+  await user.getByRole("button", { name: "New chat" }).waitFor();
+  if (user.url().includes("token")) throw new Error(`the token stayed in the address: ${user.url()}`);
+  // A new address only in its hash: reloaded to take it.
+  await user.goto(`${url}/#token=${expiredToken}`);
+  await user.reload();
+  await user.getByRole("alert").filter({ hasText: "expired or was revoked" }).waitFor();
+  await user.getByLabel("API key or frontend token").waitFor();
+  await viaToken.close();
+
   if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
   const [agentId, chatId] = firstChat.slice(1).split("/");
   process.stdout.write(JSON.stringify({ agentId, chatId }));
+} catch (e) {
+  // What the first tab showed when it failed, for the test's report.
+  for (const open of browser.contexts().flatMap((c) => c.pages())) {
+    const text = await open.evaluate(() => document.body.innerText).catch(() => "(closed)");
+    process.stderr.write(`--- ${open.url()}\n${text}\n`);
+  }
+  throw e;
 } finally {
   await browser.close();
 }

@@ -1,6 +1,6 @@
 import type { UIMessage } from "ai";
 import { useCallback, useEffect, useState, type FormEvent } from "react";
-import { Api, ApiError, type Agent, type Chat, explain, storedKey, storeKey } from "./api";
+import { Api, ApiError, type Agent, type Chat, explain, storedKey, storeKey, takeHandedToken } from "./api";
 import { ChatView } from "./Chat";
 
 const PROFILES = ["none", "light", "browser", "heavy", "warm"];
@@ -10,11 +10,23 @@ function message(e: unknown): string {
 }
 
 export function App() {
+  const [refused, setRefused] = useState<string>();
+  const signIn = useCallback((key: string) => {
+    storeKey(key);
+    setRefused(undefined);
+    // A key revoked, or a token expired, while the page is open: back to sign-in, saying so.
+    return new Api(key, () => {
+      storeKey(null);
+      setApi(null);
+      setRefused("Your key or token was refused: it expired or was revoked. Sign in again.");
+    });
+  }, []);
   const [api, setApi] = useState<Api | null>(() => {
-    const key = storedKey();
-    return key ? new Api(key) : null;
+    const handed = takeHandedToken();
+    const key = handed?.token ?? storedKey();
+    return key ? signIn(key) : null;
   });
-  if (!api) return <SignIn onSignedIn={setApi} />;
+  if (!api) return <SignIn notice={refused} onSignedIn={(key) => setApi(signIn(key))} />;
   return (
     <Workspace
       api={api}
@@ -26,16 +38,15 @@ export function App() {
   );
 }
 
-function SignIn({ onSignedIn }: { onSignedIn: (api: Api) => void }) {
+function SignIn({ notice, onSignedIn }: { notice?: string; onSignedIn: (key: string) => void }) {
   const [key, setKey] = useState("");
   const [problem, setProblem] = useState<string>();
   async function submit(e: FormEvent) {
     e.preventDefault();
-    const api = new Api(key.trim());
+    const tried = new Api(key.trim());
     try {
-      await api.agents();
-      storeKey(api.key);
-      onSignedIn(api);
+      await tried.agents();
+      onSignedIn(tried.key);
     } catch (err) {
       setProblem(message(err));
     }
@@ -44,6 +55,11 @@ function SignIn({ onSignedIn }: { onSignedIn: (api: Api) => void }) {
     <main className="signin">
       <h1>agent-runtime</h1>
       <form onSubmit={submit}>
+        {notice && !problem && (
+          <p className="error" role="alert">
+            {notice}
+          </p>
+        )}
         <label htmlFor="key">API key or frontend token</label>
         <input
           id="key"
@@ -58,6 +74,7 @@ function SignIn({ onSignedIn }: { onSignedIn: (api: Api) => void }) {
         </button>
         <p className="hint">
           The key stays in this tab (sessionStorage). Create one with <code>brain admin create-team NAME</code>.
+          An app that signs its users&apos; tokens opens this page at <code>/#token=…</code>.
         </p>
         {problem && (
           <p className="error" role="alert">

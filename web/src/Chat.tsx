@@ -1,6 +1,7 @@
 // One chat: `useChat` from @ai-sdk/react over the brain's own stream, unchanged. The
 // transcript comes from GET /v1/chats/{id}/messages; new turns stream from POST to the
-// same path.
+// same path; a turn already running when the chat opens is resumed from its start
+// (`resume`, GET /v1/chats/{id}/stream).
 
 import { useChat } from "@ai-sdk/react";
 import {
@@ -42,28 +43,37 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
         prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
           body: { id, messages: messages.slice(-1), trigger, messageId },
         }),
+        prepareReconnectToStreamRequest: () => ({
+          api: `/v1/chats/${chatId}/stream`,
+          headers: api.authHeaders,
+        }),
       }),
     [api, chatId],
   );
+  const onLog = (part: { type: string; data?: unknown }) => {
+    if (part.type !== "data-worker-log") return;
+    const d = part.data as { toolCallId: string; stream: string; text: string };
+    setLogs((all) => ({
+      ...all,
+      [d.toolCallId]: [...(all[d.toolCallId] ?? []), { stream: d.stream, text: d.text }],
+    }));
+  };
   const { messages, sendMessage, status, error, stop, setMessages, addToolApprovalResponse, clearError } =
     useChat({
       id: chatId,
       messages: initial,
       transport,
+      // A turn that runs as the chat opens (another tab's, an autostart) streams in from
+      // its start, like this tab's own would.
+      resume: true,
       sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
       onData: (part) => {
         if (part.type === "data-turn") own.current.add((part.data as { turnId: string }).turnId);
-        if (part.type === "data-worker-log") {
-          const d = part.data as { toolCallId: string; stream: string; text: string };
-          setLogs((all) => ({
-            ...all,
-            [d.toolCallId]: [...(all[d.toolCallId] ?? []), { stream: d.stream, text: d.text }],
-          }));
-        }
+        onLog(part);
       },
       onFinish: ({ isAbort }) => {
         // The stored transcript is the truth (statuses, the turn's final parts).
-        if (!isAbort) void reload().then(setMessages);
+        if (!isAbort) void reload().then((stored) => setMessages((live) => keepLiveStatus(stored, live)));
       },
     });
   const busy = status === "submitted" || status === "streaming";
@@ -73,6 +83,8 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
   reloadRef.current = reload;
   const setMessagesRef = useRef(setMessages);
   setMessagesRef.current = setMessages;
+  const onLogRef = useRef(onLog);
+  onLogRef.current = onLog;
 
   // Turns started elsewhere (another tab, autostart) stream in through the events stream.
   useEffect(
@@ -85,8 +97,10 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
               ? all.map((m) => (m.id === message.id ? message : m))
               : [...all, message],
           ),
+        onData: (part) => onLogRef.current(part),
         onTurnEnd: () => {
-          if (!busyRef.current) void reloadRef.current().then(setMessagesRef.current);
+          if (!busyRef.current)
+            void reloadRef.current().then((stored) => setMessagesRef.current((live) => keepLiveStatus(stored, live)));
         },
       }),
     [api, chatId],
@@ -111,7 +125,7 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
       const loaded = await reload();
       const last = loaded[loaded.length - 1];
       if (last?.role === "assistant") {
-        setMessages(loaded);
+        setMessages((live) => keepLiveStatus(loaded, live));
         break;
       }
       await new Promise((r) => setTimeout(r, 150));
@@ -189,6 +203,19 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
       </form>
     </section>
   );
+}
+
+/** The status lines of a turn (worker, connectors, notices) are parts of its stream only:
+ * the stored transcript keeps its text, tool calls and results. When the transcript is
+ * reloaded at a turn's end, the lines this page saw stay in front of that message. */
+const LIVE_ONLY = new Set(["data-worker-status", "data-connector-status", "data-notice"]);
+
+function keepLiveStatus(stored: UIMessage[], live: UIMessage[]): UIMessage[] {
+  const seen = new Map(live.map((m) => [m.id, m]));
+  return stored.map((m) => {
+    const lines = seen.get(m.id)?.parts.filter((p) => LIVE_ONLY.has(p.type)) ?? [];
+    return lines.length ? { ...m, parts: [...lines, ...m.parts.filter((p) => !LIVE_ONLY.has(p.type))] } : m;
+  });
 }
 
 type AnyPart = {

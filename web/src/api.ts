@@ -89,7 +89,7 @@ export function explain(err: ApiError): string {
     case "provider_rejected":
       return "The model provider refused the request. Check the agent's model name and the brain's provider key.";
     case "unauthorized":
-      return "The key was refused. Sign out and sign in with a valid API key.";
+      return "The key or token was refused (wrong, revoked or expired). Sign in again with a valid one.";
     case "forbidden":
       return "This key may not do that: it needs the admin scope.";
     case "not_found":
@@ -107,8 +107,25 @@ export function explain(err: ApiError): string {
   }
 }
 
+/** A frontend token handed over in the address (`#token=<jwt>`, optionally
+ * `&chat=<agent id>/<chat id>`), as an app that signs its users' tokens opens the chat: the
+ * token goes to sessionStorage and leaves the address (and the history) at once. */
+export function takeHandedToken(): { token: string; open?: string } | null {
+  if (!location.hash.startsWith("#token=")) return null;
+  const params = new URLSearchParams(location.hash.slice(1));
+  const token = params.get("token")?.trim();
+  const open = params.get("chat") ?? undefined;
+  history.replaceState(null, "", open ? `#${open}` : location.pathname);
+  return token ? { token, open } : null;
+}
+
 export class Api {
-  constructor(readonly key: string) {}
+  /** `onRefused` runs when the server refuses the key or token (`401`): revoked, or a
+   * token that expired. */
+  constructor(
+    readonly key: string,
+    private readonly onRefused?: () => void,
+  ) {}
 
   get authHeaders(): Record<string, string> {
     return { Authorization: `Bearer ${this.key}` };
@@ -128,6 +145,7 @@ export class Api {
     } catch {
       throw new ApiError("network", "network error");
     }
+    if (response.status === 401) this.onRefused?.();
     if (!response.ok) throw parseError(await response.text(), response.status);
     return (await response.json()) as T;
   }

@@ -10,6 +10,8 @@ export interface FollowHandlers {
   isOwn: (turnId: string) => boolean;
   /** The message of a followed turn, as it grows. */
   onMessage: (message: UIMessage) => void;
+  /** A transient part of a followed turn (live worker output), which no message keeps. */
+  onData: (part: UIMessageChunk) => void;
   /** A turn ended (whether or not it was followed from its start). */
   onTurnEnd: () => void;
 }
@@ -84,6 +86,7 @@ async function read(
       }
       // Joined mid-turn (no `start` seen): nothing to build on; the end reloads.
       turn.sink?.enqueue(chunk);
+      if (chunk.type.startsWith("data-")) handlers.onData(chunk);
       if (chunk.type === "finish" || chunk.type === "error" || chunk.type === "abort") {
         turn.sink?.close();
         turn = undefined;

@@ -1,8 +1,14 @@
 //! `GET /v1/chats/{id}/events`: the chat's events stream (SPEC S2), what `crate::events`
-//! publishes, with `Last-Event-ID` replay.
+//! publishes, with `Last-Event-ID` replay; and `GET /v1/chats/{id}/stream`, the running
+//! turn's own stream resumed from its start (what `useChat({ resume: true })` asks for).
 
+use std::convert::Infallible;
+
+use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use protocol::ErrorBody;
 use serde::Deserialize;
 
@@ -11,8 +17,9 @@ use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::events::{EventId, EventsError, Observer};
-use crate::store::StoreError;
+use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream};
+use crate::store::{Store, StoreError, TurnStatus};
+use protocol::{ChatId, TeamId};
 
 /// Where to resume, for clients that cannot set the `Last-Event-ID` header.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -76,21 +83,122 @@ pub async fn events(
         .map_err(|()| {
             ApiError::InvalidRequest("Last-Event-ID is not a stream id like 1700000000000-0".into())
         })?;
+    visible(&state, &principal, chat).await?;
+    state
+        .events
+        .observe(chat, after, state.draining.clone())
+        .await
+        .map_err(|e| unavailable(chat, e))
+}
+
+/// A chat the principal may observe: a user's own (the check finds it), any chat of the
+/// caller's team otherwise.
+async fn visible(state: &AppState, principal: &Principal, chat: ChatId) -> Result<(), ApiError> {
     principal.check_chat(&state.store, chat).await?;
     if principal.only_chats_of().is_none() {
-        // A user's chat was found by the check; any other caller's must exist in its team.
         match state.store.chat_created_by(principal.team, chat).await {
             Ok(_) => {}
             Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
             Err(e) => return Err(e.into()),
         }
     }
-    state
+    Ok(())
+}
+
+fn unavailable(chat: ChatId, EventsError::Unavailable(class): EventsError) -> ApiError {
+    tracing::warn!(%chat, class, "events stream unavailable");
+    ApiError::EventsUnavailable
+}
+
+#[utoipa::path(
+    get,
+    path = "/chats/{chat_id}/stream",
+    operation_id = "resume_turn_stream",
+    tag = "chats",
+    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    responses(
+        (status = 200, description = "The chat's running turn as its own stream would have \
+            carried it: every chunk from its `start` (replayed from the events stream), \
+            then live ones until its `finish` or `error`, then `data: [DONE]`. Reading it \
+            does not control the turn: closing it stops nothing (`POST \
+            /v1/chats/{chat_id}/stop` does). The stream ends early, without `[DONE]`, when \
+            the replica drains or the events stream fails; the transcript then says how the \
+            turn ended.",
+            content_type = "text/event-stream", body = UiStreamEvent,
+            headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
+        (status = 204, description = "No turn of the chat runs, or the start of the one \
+            that runs is no longer in the events window: nothing to resume."),
+        (status = 404, description = "No such chat in the team, or a user token's chat of \
+            another user (`not_found`).", body = ErrorBody),
+        (status = 503, description = "The events stream (Redis) cannot be read \
+            (`events_unavailable`, with `Retry-After`), or the store is unavailable \
+            (`store_unavailable`).", body = ErrorBody),
+    ),
+)]
+pub async fn resume(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(chat_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let chat = parse_id(&chat_id, "chat")?;
+    visible(&state, &principal, chat).await?;
+    let running =
+        match crate::store::bounded(state.store.running_turn_of_chat(principal.team, chat)).await {
+            Ok(running) => running,
+            Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
+            Err(e) => return Err(e.into()),
+        };
+    let Some(turn) = running else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let started = u64::try_from(turn.started_at.timestamp_millis()).unwrap_or_default();
+    let stream = state
         .events
-        .observe(chat, after, state.draining.clone())
+        .follow_turn(chat, turn.id, started, state.draining.clone())
         .await
-        .map_err(|EventsError::Unavailable(class)| {
-            tracing::warn!(%chat, class, "events stream unavailable");
-            ApiError::EventsUnavailable
+        .map_err(|e| unavailable(chat, e))?;
+    let Some(stream) = stream else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let watched = Watched {
+        stream,
+        store: state.store.clone(),
+        team: principal.team,
+        turn: turn.id,
+    };
+    Ok(crate::turn::ui_stream::sse_response(Body::from_stream(
+        watched.into_stream(),
+    )))
+}
+
+/// A resumed turn stream that also asks the store, whenever the stream is idle, whether the
+/// turn still runs: one whose last chunk never reached the events stream (its replica died,
+/// the publisher dropped it) ends here instead of being followed forever.
+struct Watched {
+    stream: TurnStream,
+    store: Store,
+    team: TeamId,
+    turn: protocol::TurnId,
+}
+
+impl Watched {
+    fn into_stream(self) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
+        futures_util::stream::unfold(self, |mut watched| async move {
+            let bytes = match watched.stream.next().await? {
+                Resumed::Bytes(bytes) => bytes,
+                Resumed::Idle => {
+                    let state =
+                        crate::store::bounded(watched.store.turn_state(watched.team, watched.turn))
+                            .await;
+                    match state {
+                        Ok(turn) if turn.status != TurnStatus::Running => return None,
+                        Err(StoreError::NotFound) => return None,
+                        // Running, or unknown (the store did not answer): still followed.
+                        _ => Bytes::from_static(b": keep-alive\n\n"),
+                    }
+                }
+            };
+            Some((Ok(bytes), watched))
         })
+    }
 }

@@ -65,6 +65,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(oauth::client_metadata))
         .routes(routes!(chats::messages, chats::post_message))
         .routes(routes!(events::events))
+        .routes(routes!(events::resume))
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))

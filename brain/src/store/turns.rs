@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 
+use chrono::{DateTime, Utc};
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
 use sqlx::Row;
@@ -74,7 +75,7 @@ pub struct TurnRecord {
     pub assistant: Option<MessageRow>,
 }
 
-/// Where a turn runs and how far it got, as a stop finds it (T8).
+/// Where a turn runs and how far it got, as a stop or a resumed stream finds it (T8, S2).
 #[derive(Clone, Copy, Debug)]
 pub struct TurnState {
     pub id: TurnId,
@@ -82,6 +83,8 @@ pub struct TurnState {
     pub status: TurnStatus,
     /// The brain replica running it; `None` for turns written before leases existed.
     pub replica: Option<ReplicaId>,
+    /// When its row was written, by Postgres' clock.
+    pub started_at: DateTime<Utc>,
 }
 
 fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreError> {
@@ -91,6 +94,7 @@ fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreEr
         chat: ChatId(row.try_get("chat_id")?),
         status: TurnStatus::parse(row.try_get("status")?)?,
         replica: replica.map(ReplicaId),
+        started_at: row.try_get("started_at")?,
     })
 }
 
@@ -221,7 +225,8 @@ impl Store {
     /// A turn of `team` by id; `NotFound` for an unknown one or another team's.
     pub async fn turn_state(&self, team: TeamId, turn: TurnId) -> Result<TurnState, StoreError> {
         let row = sqlx::query(
-            "SELECT id, chat_id, status, replica_id FROM turns WHERE team_id = $1 AND id = $2",
+            "SELECT id, chat_id, status, replica_id, started_at FROM turns \
+             WHERE team_id = $1 AND id = $2",
         )
         .bind(team.0)
         .bind(turn.0)
@@ -239,9 +244,9 @@ impl Store {
         chat: ChatId,
     ) -> Result<Option<TurnState>, StoreError> {
         let row = sqlx::query(
-            "SELECT c.id AS chat_id, t.id, t.status, t.replica_id FROM chats c \
+            "SELECT c.id AS chat_id, t.id, t.status, t.replica_id, t.started_at FROM chats c \
              LEFT JOIN LATERAL ( \
-               SELECT id, status, replica_id FROM turns \
+               SELECT id, status, replica_id, started_at FROM turns \
                WHERE team_id = c.team_id AND chat_id = c.id AND status = 'running' \
                ORDER BY started_at DESC LIMIT 1) t ON true \
              WHERE c.team_id = $1 AND c.id = $2",

@@ -30,7 +30,8 @@ pub fn encode(chunk: &UiChunk) -> Bytes {
     Bytes::from(buf)
 }
 
-fn done() -> Bytes {
+/// `data: [DONE]`, the end of a turn's stream (also of a resumed one).
+pub fn done_frame() -> Bytes {
     Bytes::from(format!("data: {DONE_SENTINEL}\n\n"))
 }
 
@@ -96,7 +97,7 @@ impl Stream for UiBody {
             Some(chunk) => encode(&chunk),
             None => {
                 self.done = true;
-                done()
+                done_frame()
             }
         })))
     }

@@ -22,10 +22,15 @@ impl Drop for TempDir {
     }
 }
 
-/// A binary of the workspace, next to the test's executable.
-pub fn bin(name: &str) -> PathBuf {
+/// Where the workspace's binaries are: above the test's executable.
+pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join(name)
+    exe.parent().unwrap().parent().unwrap().to_owned()
+}
+
+/// A binary of the workspace.
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
 }
 
 pub fn redis_url() -> String {
