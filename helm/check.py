@@ -17,6 +17,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,35 @@ FORBIDDEN_ADDRESSES = [
     "100.64.0.1",
     "127.0.0.1",
 ]
+
+# The figures the dashboard shows, by the names the brain's and the manager's /metrics
+# serve (histograms without their _bucket suffix): it queries these and no other.
+DASHBOARD_METRICS = {
+    "brain_turns_total",
+    "brain_turn_duration_seconds",
+    "brain_time_to_first_token_seconds",
+    "brain_provider_errors_total",
+    "brain_tool_calls_total",
+    "brain_holds_total",
+    "brain_quota_refusals_total",
+    "brain_live_turns",
+    "brain_event_observers",
+    "brain_http_requests_total",
+    "brain_worker_failures_total",
+    "runtime_manager_queue_depth",
+    "runtime_manager_launches_total",
+    "runtime_manager_launch_to_ready_seconds",
+    "runtime_manager_sessions",
+    "runtime_manager_pool_size",
+    "runtime_manager_pool_idle",
+    "runtime_manager_reaper_actions_total",
+    "runtime_manager_failures_total",
+}
+HISTOGRAMS = {
+    "brain_turn_duration_seconds",
+    "brain_time_to_first_token_seconds",
+    "runtime_manager_launch_to_ready_seconds",
+}
 
 # Value sets that must not install: the schema or a template refuses each.
 REFUSED = {
@@ -376,9 +406,23 @@ def check_service_monitors(docs: list[dict]) -> None:
 def check_dashboard(docs: list[dict]) -> None:
     dashboard = json.loads((CHART / "dashboards" / "agent-runtime.json").read_text())
     expect(dashboard.get("panels"), "the dashboard has panels")
+    queried = set()
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
-            expect(target.get("expr"), f"panel {panel.get('title')} has a query")
+            expr = target.get("expr", "")
+            expect(expr, f"panel {panel.get('title')} has a query")
+            for metric in re.findall(r"\b(?:brain|runtime_manager)_[a-z_]+", expr):
+                base = metric.removesuffix("_bucket")
+                expect(
+                    (metric != base) == (base in HISTOGRAMS),
+                    f"{metric}: histograms are queried by their buckets, other metrics never",
+                )
+                queried.add(base)
+    expect(
+        queried == DASHBOARD_METRICS,
+        f"dashboard metrics: missing {sorted(DASHBOARD_METRICS - queried)}, "
+        f"unknown {sorted(queried - DASHBOARD_METRICS)}",
+    )
     for cm in (d for d in docs if d["kind"] == "ConfigMap" and "agent-runtime.json" in d["data"]):
         expect(json.loads(cm["data"]["agent-runtime.json"]) == dashboard, "the shipped dashboard")
 
