@@ -111,6 +111,13 @@ REFUSED = {
     "local artifacts on several replicas": {"artifacts": {"backend": "local"}},
     "no runtime-manager": {"runtimeManager": {"replicas": 0}},
     "a drain longer than a day": {"brain": {"drainTimeoutMs": 86400001}},
+    "a credential as a plain variable": {
+        "runtimeManager": {"extraEnv": [{"name": "SESSION_TOKEN_KEY", "value": "k" * 32}]}
+    },
+    "workers in the release namespace": {"workers": {"namespace": NAMESPACE}},
+    "an autoscaler whose maximum is below its minimum": {
+        "brain": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}
+    },
 }
 
 

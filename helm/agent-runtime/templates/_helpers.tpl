@@ -131,7 +131,7 @@ app.kubernetes.io/component: worker
 {{- end }}
 {{- end }}
 {{- with .Values.brain.extraEnv }}
-{{ toYaml . }}
+{{ include "agent-runtime.extraEnv" . }}
 {{- end }}
 {{- end -}}
 
@@ -181,4 +181,16 @@ seccompProfile:
     matchLabels:
 {{ $labels | indent 6 }}
   matchLabelKeys: [pod-template-hash]
+{{- end -}}
+
+{{/* Plain variables the operator adds: never one that carries a credential, which must
+     come from the Secret (and is wired above). */}}
+{{- define "agent-runtime.extraEnv" -}}
+{{- $secretNames := list "DATABASE_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" -}}
+{{- range . }}
+{{- if has .name $secretNames }}
+{{- fail (printf "%s is a credential: give it through the Secret (secrets.*), not extraEnv" .name) }}
+{{- end }}
+{{- end }}
+{{- toYaml . }}
 {{- end -}}
