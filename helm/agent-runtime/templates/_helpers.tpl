@@ -117,6 +117,7 @@ app.kubernetes.io/component: worker
 {{ include "agent-runtime.secretEnv" (list "BRAIN_SECRETS_KEY" $s .Values.secrets.keys.secretsKey true) }}
 {{ include "agent-runtime.secretEnv" (list "OPENAI_API_KEY" $s .Values.secrets.keys.openaiApiKey true) }}
 {{ include "agent-runtime.secretEnv" (list "ANTHROPIC_API_KEY" $s .Values.secrets.keys.anthropicApiKey true) }}
+{{ include "agent-runtime.secretEnv" (list "BRAIN_OAUTH_CLIENTS" $s .Values.secrets.keys.oauthClients true) }}
 {{- with .Values.brain.jwt }}
 {{- if .issuer }}
 - name: BRAIN_JWT_ISSUER
@@ -186,7 +187,7 @@ seccompProfile:
 {{/* Plain variables the operator adds: never one that carries a credential, which must
      come from the Secret (and is wired above). */}}
 {{- define "agent-runtime.extraEnv" -}}
-{{- $secretNames := list "DATABASE_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" -}}
+{{- $secretNames := list "DATABASE_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" "BRAIN_OAUTH_CLIENTS" -}}
 {{- range . }}
 {{- if has .name $secretNames }}
 {{- fail (printf "%s is a credential: give it through the Secret (secrets.*), not extraEnv" .name) }}
