@@ -456,6 +456,41 @@ def check_dashboard(docs: list[dict]) -> None:
         expect(json.loads(cm["data"]["agent-runtime.json"]) == dashboard, "the shipped dashboard")
 
 
+def rust_fields(source: str, struct: str) -> set[str]:
+    """The camelCase field names of a `struct` in runtime-manager/src/profiles.rs."""
+    body = re.search(r"struct " + struct + r" \{(.*?)\n\}", source, re.S)
+    expect(body is not None, f"runtime-manager/src/profiles.rs defines {struct}")
+    names = re.findall(r"^\s*(?:pub )?(\w+): ", body.group(1), re.M)
+    return {re.sub(r"_([a-z])", lambda m: m.group(1).upper(), n) for n in names}
+
+
+def check_profiles_schema() -> None:
+    """values.schema.json's profiles are the fields the manager's profiles file takes, so a
+    field added there (or here) cannot go unchecked at install time or be refused by a
+    manager that starts with it."""
+    source = (ROOT / "runtime-manager" / "src" / "profiles.rs").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    profiles = schema["properties"]["profiles"]["properties"]
+
+    def same(schema_fields, struct: str, where: str) -> None:
+        rust = rust_fields(source, struct)
+        expect(
+            set(schema_fields) == rust,
+            f"{where}: the manager's {struct} has {sorted(rust - set(schema_fields))} that "
+            f"values.schema.json lacks, the schema {sorted(set(schema_fields) - rust)} it lacks",
+        )
+
+    same(profiles, "FileProfiles", "profiles")
+    for name, profile in profiles.items():
+        fields = profile["properties"]
+        same(fields, "FileProfile", f"profiles.{name}")
+        same(fields["tolerations"]["items"]["properties"], "Toleration", f"profiles.{name}.tolerations")
+        resources = fields["resources"]["properties"]
+        same(resources, "FileResources", f"profiles.{name}.resources")
+        for part, limits in resources.items():
+            same(limits["properties"], "FileCpuMemory", f"profiles.{name}.resources.{part}")
+
+
 def write_manifests(directory: Path, files: dict[str, str]) -> list[Path]:
     """One file per object, so kubernetes-validate and checkov name it in their reports."""
     directory.mkdir(parents=True)
@@ -525,6 +560,7 @@ def main() -> int:
                 continue
             raise CheckFailed(f"the chart installs with {what}: {values}")
         print(f"helm-check: {len(REFUSED)} value sets refused, each for its reason")
+        check_profiles_schema()
 
         with tempfile.TemporaryDirectory(prefix="helm-check-") as tmp:
             validate, default_files = [], None
