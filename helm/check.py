@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import ipaddress
 import json
 import math
@@ -263,7 +264,9 @@ def check_manager(docs: list[dict], values: dict) -> None:
     service = one(docs, "Service", "brain")
     url = env["BRAIN_PUBLIC_URL"]["value"]
     expect(
-        url.startswith(f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.")
+        url.startswith(
+            f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc."
+        )
         and url.endswith(f":{service['spec']['ports'][0]['port']}"),
         f"the manager's BRAIN_PUBLIC_URL {url} is the brain's Service",
     )
@@ -335,7 +338,8 @@ def peer_addresses(peer: dict) -> list[ipaddress.IPv4Address]:
     return [
         ipaddress.ip_address(a)
         for a in FORBIDDEN_ADDRESSES
-        if ipaddress.ip_address(a) in cidr and not any(ipaddress.ip_address(a) in e for e in excepted)
+        if ipaddress.ip_address(a) in cidr
+        and not any(ipaddress.ip_address(a) in e for e in excepted)
     ]
 
 
@@ -424,11 +428,15 @@ def check_service_monitors(docs: list[dict]) -> None:
     for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
         expect(monitor["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
         selector = monitor["spec"]["selector"]["matchLabels"]
-        matches = [s for s in services.values() if selector.items() <= s["metadata"]["labels"].items()]
+        matches = [
+            s for s in services.values() if selector.items() <= s["metadata"]["labels"].items()
+        ]
         expect(len(matches) == 1, f"{monitor['metadata']['name']} selects one Service")
         names = {p["name"] for p in matches[0]["spec"]["ports"]}
         for endpoint in monitor["spec"]["endpoints"]:
-            expect(endpoint["port"] in names, f"{monitor['metadata']['name']}: port {endpoint['port']}")
+            expect(
+                endpoint["port"] in names, f"{monitor['metadata']['name']}: port {endpoint['port']}"
+            )
             expect(endpoint["path"] == "/metrics", "scrapes /metrics")
 
 
@@ -454,6 +462,46 @@ def check_dashboard(docs: list[dict]) -> None:
     )
     for cm in (d for d in docs if d["kind"] == "ConfigMap" and "agent-runtime.json" in d["data"]):
         expect(json.loads(cm["data"]["agent-runtime.json"]) == dashboard, "the shipped dashboard")
+
+
+# Where each binary reads its variables (string literals in its sources and the shared
+# crates'), by the component label of the pods that run it.
+READERS = {
+    "brain": ["brain/src", "envcfg/src", "logging/src"],
+    "migrate": ["brain/src", "envcfg/src", "logging/src"],
+    "runtime-manager": ["runtime-manager/src", "envcfg/src", "logging/src"],
+}
+# Variables the chart sets that another branch is adding to the binary right now
+# (issue 15, metrics): remove each here once its reader is merged (the check says when).
+PENDING = {"RUNTIME_MANAGER_METRICS_ADDR"}
+
+
+@functools.cache
+def sources_of(component: str) -> str:
+    return "".join(
+        path.read_text() for d in READERS[component] for path in sorted((ROOT / d).rglob("*.rs"))
+    )
+
+
+def check_env_names(docs: list[dict]) -> None:
+    """Every variable the chart sets is one its binary reads: a misspelled name would
+    otherwise be ignored and the default used, silently."""
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            for name in env_of(container):
+                found = f'"{name}"' in sources_of(component)
+                if name in PENDING:
+                    expect(
+                        not found, f"{name} is read now: remove it from PENDING in helm/check.py"
+                    )
+                else:
+                    expect(
+                        found,
+                        f"{doc['metadata']['name']} sets {name}, which {component} never reads",
+                    )
 
 
 def rust_fields(source: str, struct: str) -> set[str]:
@@ -484,7 +532,11 @@ def check_profiles_schema() -> None:
     for name, profile in profiles.items():
         fields = profile["properties"]
         same(fields, "FileProfile", f"profiles.{name}")
-        same(fields["tolerations"]["items"]["properties"], "Toleration", f"profiles.{name}.tolerations")
+        same(
+            fields["tolerations"]["items"]["properties"],
+            "Toleration",
+            f"profiles.{name}.tolerations",
+        )
         resources = fields["resources"]["properties"]
         same(resources, "FileResources", f"profiles.{name}.resources")
         for part, limits in resources.items():
@@ -571,6 +623,7 @@ def main() -> int:
                 check_brain(docs)
                 check_manager(docs, values)
                 check_secrets(docs)
+                check_env_names(docs)
                 check_network(docs, values)
                 check_service_monitors(docs)
                 check_dashboard(docs)
