@@ -31,6 +31,9 @@ CHART = ROOT / "helm" / "agent-runtime"
 K8S = ROOT / "k8s"
 RELEASE = "agent-runtime"
 NAMESPACE = "agent-runtime"
+# The default values are also rendered under another release name and namespace, so that
+# no template takes the names k8s/ happens to use for granted.
+OTHER_RELEASE = ("prod", "agents")
 # The chart's kubeVersion floor (native preStop sleep) and kubernetes-validate's newest.
 KUBE_VERSIONS = ["1.30.0", "1.37.0"]
 # Kinds of CRDs kubernetes-validate has no schema for; checked by check_service_monitors.
@@ -152,16 +155,17 @@ def expect(condition: bool, what: str) -> None:
         raise CheckFailed(what)
 
 
-def value_sets() -> dict[str, dict]:
-    sets = {"default": {}}
+def value_sets() -> dict[str, tuple[dict, str, str]]:
+    """Name -> (values, release name, namespace)."""
+    sets = {"default": ({}, RELEASE, NAMESPACE), "default-as-prod": ({}, *OTHER_RELEASE)}
     for path in sorted((CHART / "ci").glob("*.yaml")):
-        sets[path.stem] = yaml.safe_load(path.read_text()) or {}
+        sets[path.stem] = (yaml.safe_load(path.read_text()) or {}, RELEASE, NAMESPACE)
     return sets
 
 
-def render(chart: helm.Chart, values: dict) -> dict[str, str]:
+def render(chart: helm.Chart, values: dict, release: str, namespace: str) -> dict[str, str]:
     """Template file name -> its rendered text, empty templates and NOTES.txt left out."""
-    out = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    out = chart.render(values, name=release, namespace=namespace, is_install=True)
     files = {}
     for path, text in out.items():
         name = Path(path).name
@@ -342,7 +346,7 @@ def peer_addresses(peer: dict) -> list[ipaddress.IPv4Address]:
     ]
 
 
-def check_network(docs: list[dict], values: dict) -> None:
+def check_network(docs: list[dict], values: dict, namespace: str) -> None:
     manager = one(docs, "Deployment", "runtime-manager")
     workers_ns = env_of(manager["spec"]["template"]["spec"]["containers"][0])[
         "RUNTIME_MANAGER_NAMESPACE"
@@ -377,7 +381,7 @@ def check_network(docs: list[dict], values: dict) -> None:
                 else:
                     ns = peer.get("namespaceSelector", {}).get("matchLabels", {})
                     expect(
-                        ns.get("kubernetes.io/metadata.name") in (NAMESPACE, "kube-system")
+                        ns.get("kubernetes.io/metadata.name") in (namespace, "kube-system")
                         and "podSelector" in peer,
                         f"{policy['metadata']['name']}: a worker peer is the brain or DNS: {peer}",
                     )
@@ -562,8 +566,8 @@ def run(cmd: list[str], what: str) -> None:
         raise CheckFailed(f"{what} failed (exit {result.returncode})")
 
 
-def lint(values: dict, name: str) -> None:
-    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+def lint(values: dict, name: str, namespace: str) -> None:
+    report = helm.lint(CHART, values, strict=True, namespace=namespace)
     problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
     problems += report.get("errors") or []
     expect(not problems, f"lint of {name}: {problems}")
@@ -615,15 +619,15 @@ def main() -> int:
 
         with tempfile.TemporaryDirectory(prefix="helm-check-") as tmp:
             validate, default_files = [], None
-            for name, values in value_sets().items():
-                lint(values, name)
-                files = render(chart, values)
+            for name, (values, release, namespace) in value_sets().items():
+                lint(values, name, namespace)
+                files = render(chart, values, release, namespace)
                 docs = documents(files)
                 check_brain(docs)
                 check_manager(docs, values)
                 check_secrets(docs)
                 check_env_names(docs)
-                check_network(docs, values)
+                check_network(docs, values, namespace)
                 check_service_monitors(docs)
                 check_dashboard(docs)
                 paths = write_manifests(Path(tmp) / name, files)
