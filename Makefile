@@ -7,12 +7,12 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web fmt lint unit bench bench-peer bench-soak
+.PHONY: dev test services test-deps web helm fmt lint unit bench bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
 
-test: services test-deps web lint unit
+test: services test-deps web helm lint unit
 
 services:
 	@scripts/services.sh
@@ -26,6 +26,12 @@ web:
 	cd web && npm run build --silent >/dev/null
 	@git diff --exit-code --stat -- web/dist && test -z "$$(git status --porcelain -- web/dist)" \
 	  || { echo "web/dist is out of date: run 'cd web && npm run build' and commit it"; exit 1; }
+
+# Renders the Helm chart (helm/agent-runtime) with its default values and every value set in
+# helm/agent-runtime/ci/, lints it, validates every manifest (kubernetes-validate --strict,
+# checkov), and fails if the committed default render in k8s/ differs from the chart's.
+helm:
+	@scripts/helm-check.sh
 
 fmt:
 	cargo fmt --all
