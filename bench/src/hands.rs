@@ -137,6 +137,62 @@ async fn first_call(system: &System, n: usize) -> Result<Duration> {
     Ok(took)
 }
 
+/// One fresh agent's first worker tool call whose arguments stream for about 1.5 s (a
+/// model writing a longer command): input complete → output, the wait speculative
+/// provisioning shortens (W11).
+async fn first_slow_call(system: &System, n: usize) -> Result<Duration> {
+    let (_, chat) = system.agent_and_chat(Some("light")).await?;
+    let id = format!("slow{n}");
+    let arguments = json!({"command": format!("true # {}", "x".repeat(110))}).to_string();
+    let fragment = 8;
+    let pieces = arguments.len().div_ceil(fragment) as u32;
+    system.provider.push(Reply::PacedToolCalls {
+        calls: vec![ToolCall {
+            id: id.clone(),
+            name: "shell".into(),
+            arguments,
+        }],
+        fragment,
+        delay: Duration::from_millis(1500) / pieces,
+    });
+    system.provider.push(instant_ok());
+    let (took, failed) = timed_tool_turn(system.send(&chat, "go").await?, &id).await?;
+    if failed {
+        bail!("the first tool call failed");
+    }
+    Ok(took)
+}
+
+/// The first call's wait with and without speculative provisioning, back to back.
+pub async fn speculation(rows: &mut Vec<Row>) -> Result<()> {
+    for (label, grace) in [("on", "10000"), ("off", "0")] {
+        let namespace = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let system = System::start_with(
+            Some(namespace.clone()),
+            &[("BRAIN_WORKER_SPECULATION_GRACE_MS", grace)],
+        )
+        .await?;
+        let manager = Manager::start(&system, &namespace, None).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut waits = Vec::new();
+        for n in 0..8 {
+            waits.push(first_slow_call(&system, n).await?);
+        }
+        let waits = sorted(waits);
+        rows.push(row(
+            &format!("hands: first call, speculation {label}"),
+            "args stream 1.5 s; input complete->output",
+            ms(pct(&waits, 50.0)),
+            ms(pct(&waits, 99.0)),
+            format!("{} fresh agents, local launcher", waits.len()),
+        ));
+        eprintln!("bench: speculation {label} done");
+        manager.stop().await;
+        system.close().await;
+    }
+    Ok(())
+}
+
 async fn idle_pool_slots(system: &System) -> Result<i64> {
     let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'idle'")
         .fetch_one(system.store.pool())

@@ -146,6 +146,14 @@ pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, 
 
 impl System {
     pub async fn start(queue_namespace: Option<String>) -> Result<Self> {
+        Self::start_with(queue_namespace, &[]).await
+    }
+
+    /// [`System::start`] with `extra` variables in the brain's environment.
+    pub async fn start_with(
+        queue_namespace: Option<String>,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
         let Database {
             name: db_name,
             store,
@@ -153,6 +161,11 @@ impl System {
         let provider = ScriptedProvider::start().await?;
         let mut env = brain_env(&db_name, &provider);
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         let mut config = Config::from_env(&env).map_err(|e| anyhow!("config: {e}"))?;
         if let Some(ns) = queue_namespace {
             config.workers.queue_namespace = ns;

@@ -201,6 +201,9 @@ pub struct WorkerConfig {
     /// The provision queue's key prefix, shared with the runtime-manager
     /// (`SESSION_QUEUE_NAMESPACE`; tests give each run its own).
     pub queue_namespace: String,
+    /// How long a session started speculatively (W11) and left unused when its turn
+    /// ended is kept for a call; `None` turns speculation off.
+    pub speculation_grace: Option<Duration>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -213,6 +216,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("heartbeat_timeout", &self.heartbeat_timeout)
             .field("provision_timeout", &self.provision_timeout)
             .field("redial_grace", &self.redial_grace)
+            .field("speculation_grace", &self.speculation_grace)
             .finish_non_exhaustive()
     }
 }
@@ -243,6 +247,14 @@ fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
         redial_grace: millis(env, "BRAIN_WORKER_REDIAL_GRACE_MS", 5_000)?,
         queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
             .unwrap_or_else(|| "agent-runtime".to_owned()),
+        speculation_grace: Some(Duration::from_millis(ranged(
+            env,
+            "BRAIN_WORKER_SPECULATION_GRACE_MS",
+            10_000,
+            0,
+            600_000,
+        )?))
+        .filter(|grace| !grace.is_zero()),
     })
 }
 

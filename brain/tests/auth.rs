@@ -1027,12 +1027,13 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
         .await
         .unwrap();
     app.store
-        .create_session(
-            app.team,
-            agent.parse().unwrap(),
-            alices.parse().unwrap(),
-            "light",
-        )
+        .create_session(&brain::store::NewSession {
+            team: app.team,
+            agent: agent.parse().unwrap(),
+            chat: alices.parse().unwrap(),
+            profile: "light",
+            speculative: false,
+        })
         .await
         .unwrap();
     let meta = format!("/v1/artifacts/{artifact}/meta");

@@ -1946,3 +1946,136 @@ async fn a_sessions_worker_seconds_tile_its_lifetime_through_racing_and_killed_m
         "the warm-up turn's two model calls"
     );
 }
+
+/// A shell call whose arguments stream for about `secs` seconds (a model writing a long
+/// command): named at once, complete only at the end.
+fn slow_shell(id: &str, command: &str, secs: u64) -> Reply {
+    let arguments = json!({ "command": command }).to_string();
+    let fragment = 4;
+    let pieces = arguments.len().div_ceil(fragment) as u32;
+    Reply::PacedToolCalls {
+        calls: vec![ToolCall {
+            id: id.into(),
+            name: "shell".into(),
+            arguments,
+        }],
+        fragment,
+        delay: Duration::from_secs(secs) / pieces,
+    }
+}
+
+/// Reads `body` up to the `tool-input-start` of `call`; returns what it read.
+async fn until_tool_input_start(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    call: &str,
+) -> String {
+    let mark = format!("\"type\":\"tool-input-start\",\"toolCallId\":\"{call}\"");
+    let mut seen = String::new();
+    while !seen.contains(&mark) {
+        let piece = tokio::time::timeout(Duration::from_secs(20), body.next())
+            .await
+            .expect("the call is named in time")
+            .expect("the stream goes on")
+            .unwrap();
+        seen.push_str(std::str::from_utf8(&piece).unwrap());
+    }
+    seen
+}
+
+/// W11: the worker of a call the model is still writing starts while it writes: the
+/// session exists before the call's arguments are complete, and the call then uses that
+/// session (one session for the chat, W1). With speculation off, nothing starts until the
+/// call does.
+#[tokio::test]
+async fn a_worker_starts_while_the_model_still_streams_its_call() {
+    for speculating in [true, false] {
+        let (app, _manager) = system(60_000, |c| {
+            if !speculating {
+                c.workers.speculation_grace = None;
+            }
+        })
+        .await;
+        let (agent, chat) = light_agent(&app).await;
+        let padding = "x".repeat(60);
+        app.provider
+            .push(slow_shell("c1", &format!("echo started # {padding}"), 3));
+        app.provider.push(text("Done."));
+        let response = app.send(&chat, &json!({"content": "run it"})).await;
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        let mut seen = until_tool_input_start(&mut body, "c1").await;
+        // The arguments go on streaming for about three seconds from here.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let early = sessions(&app, &agent).await;
+        assert!(
+            !seen.contains("tool-input-available"),
+            "still streaming its arguments: {seen}"
+        );
+        if speculating {
+            assert_eq!(early.len(), 1, "started while the call streams: {early:?}");
+        } else {
+            assert!(
+                early.is_empty(),
+                "nothing starts before the call: {early:?}"
+            );
+        }
+        while let Some(piece) = body.next().await {
+            seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        }
+        let (chunks, done) = parse_events(&seen);
+        assert!(done);
+        assert!(output_of(&chunks, "c1").contains("started"), "{chunks:?}");
+        let listed = sessions(&app, &agent).await;
+        assert_eq!(listed.len(), 1, "one session for the chat: {listed:?}");
+        assert_eq!(listed[0]["state"], "ready");
+        let (speculative,): (bool,) =
+            sqlx::query_as("SELECT speculative FROM agent_runtime_sessions")
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        assert!(!speculative, "the call used it");
+    }
+}
+
+/// W11: a speculation the model does not follow through (here the turn is stopped while
+/// the call streams) is torn down after its grace, not after the profile's idle window
+/// (a minute here); the next call starts afresh.
+#[tokio::test]
+async fn an_unused_speculative_worker_is_torn_down_after_its_grace() {
+    let (app, _manager) = system(60_000, |c| {
+        c.workers.speculation_grace = Some(Duration::from_secs(1));
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(slow_shell(
+        "c1",
+        &format!("echo never # {}", "y".repeat(80)),
+        20,
+    ));
+    let response = app.send(&chat, &json!({"content": "run it"})).await;
+    let mut body = response.bytes_stream();
+    until_tool_input_start(&mut body, "c1").await;
+    // Let it become ready, then stop the turn before the call is complete.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = sessions(&app, &agent).await;
+        if listed.first().is_some_and(|s| s["state"] == "ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = worker_pid(&app).await;
+    let stopped = app
+        .post_json(&format!("/v1/chats/{chat}/stop"), &json!({}))
+        .await;
+    assert_eq!(stopped.status(), 202);
+    while body.next().await.is_some() {}
+    torn_down(&app, &agent, pid, Duration::from_secs(15)).await;
+
+    app.provider.push(shell("c2", "echo fresh"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "now"})).await).await;
+    assert!(output_of(&chunks, "c2").contains("fresh"), "{chunks:?}");
+    assert_eq!(sessions(&app, &agent).await.len(), 2);
+}

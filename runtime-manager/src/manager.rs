@@ -226,14 +226,13 @@ impl Manager {
             // first check once it is ready), or over.
             _ => return Ok(()),
         }
-        let window = self.window(&row.profile).as_millis() as i64;
         tracing::debug!(
             session = %session.0,
             armed_for_ms,
             idle_since_ms = row.idle_since_ms,
             "idle check"
         );
-        if row.idle_since_ms + window > row.now_ms
+        if self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms) > row.now_ms
             || !inner
                 .store
                 .begin_terminating(session, row.idle_since_ms)
@@ -244,14 +243,9 @@ impl Manager {
             let Some(row) = inner.store.session(session).await? else {
                 return Ok(());
             };
+            let due = self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms);
             return self
-                .arm_idle_check(
-                    session,
-                    row.idle_since_ms,
-                    row.idle_since_ms + window,
-                    row.now_ms,
-                    Duration::ZERO,
-                )
+                .arm_idle_check(session, row.idle_since_ms, due, row.now_ms, Duration::ZERO)
                 .await;
         }
         tracing::info!(session = %session.0, "session idle; tearing it down");
@@ -314,11 +308,19 @@ impl Manager {
     async fn arm_idle_checks(&self) -> Result<(), Error> {
         let grace = self.inner.config.lost_idle_check_grace;
         for row in self.inner.store.unarmed_idle_checks(grace).await? {
-            let due_ms = row.idle_since_ms + self.window(&row.profile).as_millis() as i64;
+            let due_ms = self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms);
             self.arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms, grace)
                 .await?;
         }
         Ok(())
+    }
+
+    /// When a `ready` session idle since `idle_since_ms` is torn down: its profile's idle
+    /// window after that, or, for a speculative start its turn left unused (W11), at the
+    /// end of the grace it was given.
+    fn idle_due(&self, profile: &str, idle_since_ms: i64, speculation_due_ms: Option<i64>) -> i64 {
+        speculation_due_ms
+            .unwrap_or_else(|| idle_since_ms + self.window(profile).as_millis() as i64)
     }
 
     fn window(&self, profile: &str) -> Duration {

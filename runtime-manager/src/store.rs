@@ -53,6 +53,9 @@ pub struct SessionRow {
     /// For a `ready` row, when it was last used or became ready, whichever is later; unix
     /// ms.
     pub idle_since_ms: i64,
+    /// When a session started speculatively and left unused by its turn is torn down
+    /// (W11), unix ms; `None` for any other session.
+    pub speculation_due_ms: Option<i64>,
     /// The database's `now()`, unix ms.
     pub now_ms: i64,
 }
@@ -64,6 +67,8 @@ pub struct Unarmed {
     pub profile: String,
     /// As [`SessionRow::idle_since_ms`].
     pub idle_since_ms: i64,
+    /// As [`SessionRow::speculation_due_ms`].
+    pub speculation_due_ms: Option<i64>,
     pub now_ms: i64,
 }
 
@@ -85,6 +90,11 @@ pub struct Store {
 const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
 /// Since when a `ready` row is idle (see the module doc).
 const IDLE_SINCE: &str = "GREATEST(last_used_at, updated_at)";
+/// When a speculative session its turn left unused is due for teardown (W11): the end of
+/// its grace, or when it became ready if that came later; NULL for any other session (one
+/// whose turn still runs included: GREATEST would skip the NULL).
+const SPECULATION_DUE: &str = "CASE WHEN speculative AND speculation_expires_at IS NOT NULL \
+     THEN GREATEST(speculation_expires_at, updated_at) END";
 
 fn ms(expr: &str) -> String {
     MS.replace("{}", expr)
@@ -231,21 +241,23 @@ impl Store {
     }
 
     pub async fn session(&self, id: SessionId) -> Result<Option<SessionRow>, sqlx::Error> {
-        let row: Option<(String, String, Option<String>, i64, i64)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT state, profile, worker_ref, {}, {} FROM agent_runtime_sessions WHERE id = $1",
-                ms(IDLE_SINCE),
-                ms("now()")
-            )))
-            .bind(id.0)
-            .fetch_optional(&self.pool)
-            .await?;
+        type Row = (String, String, Option<String>, i64, Option<i64>, i64);
+        let row: Option<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT state, profile, worker_ref, {}, {}, {} FROM agent_runtime_sessions WHERE id = $1",
+            ms(IDLE_SINCE),
+            ms(SPECULATION_DUE),
+            ms("now()")
+        )))
+        .bind(id.0)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.map(
-            |(state, profile, worker_ref, idle_since_ms, now_ms)| SessionRow {
+            |(state, profile, worker_ref, idle_since_ms, speculation_due_ms, now_ms)| SessionRow {
                 state: SessionState::parse(&state),
                 profile,
                 worker_ref,
                 idle_since_ms,
+                speculation_due_ms,
                 now_ms,
             },
         ))
@@ -274,24 +286,29 @@ impl Store {
     /// `ready` sessions with no idle check armed, or whose check was due more than
     /// `grace` ago (lost: it would have fired by then).
     pub async fn unarmed_idle_checks(&self, grace: Duration) -> Result<Vec<Unarmed>, sqlx::Error> {
-        let rows: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT id, profile, {}, {} FROM agent_runtime_sessions
+        let rows: Vec<(Uuid, String, i64, Option<i64>, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT id, profile, {}, {}, {} FROM agent_runtime_sessions
              WHERE state = 'ready'
                AND (idle_check_at IS NULL OR idle_check_at < now() - make_interval(secs => $1))",
-            ms(IDLE_SINCE),
-            ms("now()")
-        )))
-        .bind(grace.as_secs_f64())
-        .fetch_all(&self.pool)
-        .await?;
+                ms(IDLE_SINCE),
+                ms(SPECULATION_DUE),
+                ms("now()")
+            )))
+            .bind(grace.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows
             .into_iter()
-            .map(|(id, profile, idle_since_ms, now_ms)| Unarmed {
-                session: SessionId(id),
-                profile,
-                idle_since_ms,
-                now_ms,
-            })
+            .map(
+                |(id, profile, idle_since_ms, speculation_due_ms, now_ms)| Unarmed {
+                    session: SessionId(id),
+                    profile,
+                    idle_since_ms,
+                    speculation_due_ms,
+                    now_ms,
+                },
+            )
             .collect())
     }
 

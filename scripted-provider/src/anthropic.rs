@@ -1,5 +1,7 @@
 //! Anthropic Messages wire format.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 use crate::plan::{self, Ending, Finish, Plan};
@@ -90,13 +92,17 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
         }
         // The real API opens every tool input with an empty partial_json.
         let pieces = std::iter::once("").chain(call.fragments.iter().map(String::as_str));
-        for piece in pieces {
-            events.push(Event::now(sse(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": index, "delta": {
-                    "type": "input_json_delta", "partial_json": piece,
-                }}),
-            )));
+        for (i, piece) in pieces.enumerate() {
+            let delay = if i == 0 { Duration::ZERO } else { call.delay };
+            events.push(Event::after(
+                delay,
+                sse(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": index, "delta": {
+                        "type": "input_json_delta", "partial_json": piece,
+                    }}),
+                ),
+            ));
         }
         events.push(block_stop(index));
         index += 1;

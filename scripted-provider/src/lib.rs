@@ -241,6 +241,14 @@ pub enum Reply {
         calls: Vec<ToolCall>,
         fragment: usize,
     },
+    /// Like ToolCalls, but each argument fragment comes `delay` after the one before it
+    /// (the first one too): a model writing a long argument, whose call is named well
+    /// before it is complete.
+    PacedToolCalls {
+        calls: Vec<ToolCall>,
+        fragment: usize,
+        delay: Duration,
+    },
     /// Like ToolCalls but ends with finish_reason "length" / stop_reason "max_tokens"
     /// after sending only the first half of the last call's arguments (a length-truncated
     /// tool call).

@@ -75,10 +75,13 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
         }
         events.push(Event::now(chunk(head, None)));
         for piece in &call.fragments {
-            events.push(Event::now(chunk(
-                json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
-                None,
-            )));
+            events.push(Event::after(
+                call.delay,
+                chunk(
+                    json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
+                    None,
+                ),
+            ));
         }
     }
     match plan.ending {

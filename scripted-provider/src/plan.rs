@@ -38,6 +38,8 @@ pub(crate) struct PlannedCall {
     pub name: String,
     /// The argument pieces actually sent (for a truncated call, only a prefix).
     pub fragments: Vec<String>,
+    /// Before each piece.
+    pub delay: Duration,
 }
 
 impl PlannedCall {
@@ -110,11 +112,18 @@ impl Plan {
     /// The delays a non-streamed answer waits out. A held piece's delay is its tick
     /// period, not a wait: such an answer waits for the release instead ([`Plan::held`]).
     pub fn total_delay(&self) -> Duration {
-        self.text
+        let text: Duration = self
+            .text
             .iter()
             .filter(|(_, piece)| !matches!(piece, Piece::Held(_)))
             .map(|(d, _)| *d)
-            .sum()
+            .sum();
+        let calls: Duration = self
+            .calls
+            .iter()
+            .map(|c| c.delay * c.fragments.len() as u32)
+            .sum();
+        text + calls
     }
 
     /// Whether the plan waits for [`crate::ScriptedProvider::release_held`].
@@ -155,6 +164,21 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             calls: calls.into_iter().map(|c| planned(c, fragment)).collect(),
             ending: Ending::Finish(Finish::ToolCalls),
         }),
+        Reply::PacedToolCalls {
+            calls,
+            fragment,
+            delay,
+        } => play(Plan {
+            text: Vec::new(),
+            calls: calls
+                .into_iter()
+                .map(|c| PlannedCall {
+                    delay,
+                    ..planned(c, fragment)
+                })
+                .collect(),
+            ending: Ending::Finish(Finish::ToolCalls),
+        }),
         Reply::TruncatedToolCall { calls, fragment } => {
             let mut planned_calls: Vec<PlannedCall> = Vec::with_capacity(calls.len());
             let last = calls.len().saturating_sub(1);
@@ -165,6 +189,7 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
                         fragments: fragments(&call.arguments[..cut], fragment),
                         id: call.id,
                         name: call.name,
+                        delay: Duration::ZERO,
                     });
                 } else {
                     planned_calls.push(planned(call, fragment));
@@ -222,6 +247,7 @@ fn planned(call: ToolCall, fragment: usize) -> PlannedCall {
         fragments: fragments(&call.arguments, fragment),
         id: call.id,
         name: call.name,
+        delay: Duration::ZERO,
     }
 }
 

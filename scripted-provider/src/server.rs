@@ -102,8 +102,12 @@ pub(crate) enum Data {
 
 impl Event {
     pub fn now(data: String) -> Event {
+        Self::after(Duration::ZERO, data)
+    }
+
+    pub fn after(delay: Duration, data: String) -> Event {
         Event {
-            delay: Duration::ZERO,
+            delay,
             data: Data::Fixed(Bytes::from(data)),
         }
     }

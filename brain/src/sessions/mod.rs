@@ -44,7 +44,7 @@ pub use tool::worker_tools;
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
-use crate::store::{Store, StoreError};
+use crate::store::{NewSession, Store, StoreError};
 
 /// How often a waiting call looks at its session's row.
 const WAIT_POLL: Duration = Duration::from_millis(20);
@@ -267,11 +267,12 @@ impl Sessions {
                     self.metrics.quota_refused(refusal.field);
                     return Err(SessionError::Quota(refusal));
                 }
-                if let Some((session, worker)) = self.claim_warm(team, agent, chat, profile).await?
+                if let Some((session, worker)) =
+                    self.claim_warm(team, agent, chat, profile, false).await?
                 {
                     return Ok(Target::Local { session, worker });
                 }
-                self.provision(team, agent, chat, profile).await?
+                self.provision(team, agent, chat, profile, false).await?
             }
         };
         if let Some(worker) = self.registry.get(row.id) {
@@ -306,7 +307,7 @@ impl Sessions {
                 SessionState::Failed if channel_gone.is_some() && !replaced => {
                     replaced = true;
                     channel_gone = None;
-                    row = self.provision(team, agent, chat, profile).await?;
+                    row = self.provision(team, agent, chat, profile, false).await?;
                     continue;
                 }
                 SessionState::Failed => {
@@ -351,7 +352,7 @@ impl Sessions {
                                     .await;
                                     replaced = true;
                                     channel_gone = None;
-                                    row = self.provision(team, agent, chat, profile).await?;
+                                    row = self.provision(team, agent, chat, profile, false).await?;
                                     continue;
                                 }
                             }
@@ -401,6 +402,77 @@ impl Sessions {
         }
     }
 
+    /// Starts the worker of (agent, chat) ahead of a call the model is still streaming
+    /// (W11): claims a pooled worker or queues a provision, marked speculative, and does
+    /// not wait for it. `None` when nothing was started: the chat has a live session, a
+    /// quota refuses, or the store or queue failed (the call itself finds out and says
+    /// so).
+    pub async fn speculate(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        profile: &str,
+    ) -> Option<SessionId> {
+        if self.registry.for_chat(agent, chat).is_some() {
+            return None;
+        }
+        // The same steps, and bounds, as a call's own start (`locate`); not raced against
+        // a timeout of its own, which could leave a row written and its task unqueued.
+        let started: Result<Option<SessionId>, SessionError> = async {
+            if self.store.live_session(team, agent, chat).await?.is_some()
+                || self.quotas.admit_session(team).await?.is_some()
+            {
+                return Ok(None);
+            }
+            if let Some((session, _)) = self.claim_warm(team, agent, chat, profile, true).await? {
+                return Ok(Some(session));
+            }
+            self.provision(team, agent, chat, profile, true)
+                .await
+                .map(|row| Some(row.id))
+        }
+        .await;
+        match started {
+            Ok(Some(session)) => {
+                tracing::info!(session = %session, profile, "worker started speculatively");
+                Some(session)
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::debug!(error = %err, "no speculative start; the call will start its worker");
+                None
+            }
+        }
+    }
+
+    /// The turn that started `session` speculatively ended: unless a call used it, it is
+    /// torn down `grace` from now (W11). The runtime-manager does it, on an idle check
+    /// pushed for then; a push that fails is caught up by its reaper, which arms checks
+    /// from the rows.
+    pub async fn abandon_speculation(&self, session: SessionId, grace: Duration) {
+        match crate::store::bounded(self.store.abandon_speculation(session, grace)).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                tracing::warn!(session = %session, class = err.metric_label(), "unused speculative session left to its idle window");
+                return;
+            }
+        }
+        tracing::info!(session = %session, grace_ms = grace.as_millis() as u64, "speculative session unused");
+        let task = SessionTask::IdleCheck {
+            session,
+            last_used_ms: chrono::Utc::now().timestamp_millis(),
+        };
+        let pushed = match self.queue().await {
+            Ok(queue) => queue.push_after(task, grace).await.is_ok(),
+            Err(_) => false,
+        };
+        if !pushed {
+            tracing::warn!(session = %session, "idle check of an unused speculative session not queued; the reaper arms it");
+        }
+    }
+
     /// Closes every worker channel this replica holds with "going away" (1001), for a
     /// replica shutting down: each worker dials again and another replica takes it (W9).
     /// Returns once each channel has ended and been let go of here (owner key released),
@@ -440,12 +512,23 @@ impl Sessions {
         agent: AgentId,
         chat: ChatId,
         profile: &str,
+        speculative: bool,
     ) -> Result<Option<(SessionId, Arc<LiveWorker>)>, SessionError> {
         while let Some(worker) = self.pool.take(profile) {
             let Some(slot) = worker.slot else { continue };
             match self
                 .store
-                .claim_pool_slot(slot, team, agent, chat, profile, self.replica_id)
+                .claim_pool_slot(
+                    slot,
+                    &NewSession {
+                        team,
+                        agent,
+                        chat,
+                        profile,
+                        speculative,
+                    },
+                    self.replica_id,
+                )
                 .await
             {
                 Ok(Some(row)) => {
@@ -492,8 +575,19 @@ impl Sessions {
         agent: AgentId,
         chat: ChatId,
         profile: &str,
+        speculative: bool,
     ) -> Result<crate::store::SessionRow, SessionError> {
-        let row = match self.store.create_session(team, agent, chat, profile).await {
+        let row = match self
+            .store
+            .create_session(&NewSession {
+                team,
+                agent,
+                chat,
+                profile,
+                speculative,
+            })
+            .await
+        {
             Ok(row) => row,
             // Another call of this chat won the race; its task is queued.
             Err(StoreError::Conflict(_)) => {

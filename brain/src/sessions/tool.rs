@@ -100,6 +100,10 @@ impl Tool for WorkerTool {
         worker_risk(self.decl.name)
     }
 
+    fn worker_profile(&self) -> Option<&str> {
+        Some(&self.profile)
+    }
+
     fn call<'a>(&'a self, ctx: &'a ToolCtx, arguments: Value) -> BoxFuture<'a, ToolOutput> {
         async move {
             let Value::Object(arguments) = arguments else {

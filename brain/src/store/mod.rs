@@ -42,7 +42,7 @@ pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_h
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{SecretInfo, SecretsError, SecretsKey};
-pub use sessions::SessionRow;
+pub use sessions::{NewSession, SessionRow};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
@@ -278,6 +278,11 @@ fn migrator() -> Migrator {
             17,
             "connector OAuth: grants, pending flows",
             include_str!("../../../migrations/0017_connector_oauth.sql"),
+        ),
+        (
+            19,
+            "speculative sessions",
+            include_str!("../../../migrations/0019_speculative_sessions.sql"),
         ),
     ]
     .into_iter()

@@ -5,11 +5,11 @@
 //! one statement that also writes the session row `ready` (so two claims never take one
 //! worker, and a chat never gets two live sessions).
 
-use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
+use protocol::{ReplicaId, SessionId};
 use sqlx::Row;
 
 use super::sessions::SessionRow;
-use super::{Store, StoreError, unique_violation};
+use super::{NewSession, Store, StoreError, unique_violation};
 
 impl Store {
     /// The profile of a slot still `starting` (its worker may dial in).
@@ -51,10 +51,7 @@ impl Store {
     pub async fn claim_pool_slot(
         &self,
         slot: SessionId,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
+        new: &NewSession<'_>,
         replica: ReplicaId,
     ) -> Result<Option<SessionRow>, StoreError> {
         let session = SessionId::new();
@@ -63,17 +60,19 @@ impl Store {
                 UPDATE worker_pool SET state = 'claimed', session_id = $2, updated_at = now() \
                 WHERE id = $1 AND state = 'idle' RETURNING worker_ref) \
              INSERT INTO agent_runtime_sessions \
-                (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica) \
-             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref, $7 FROM slot \
+                (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica, \
+                 speculative) \
+             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref, $7, $8 FROM slot \
              RETURNING id",
         )
         .bind(slot.0)
         .bind(session.0)
-        .bind(team.0)
-        .bind(agent.0)
-        .bind(chat.0)
-        .bind(profile)
+        .bind(new.team.0)
+        .bind(new.agent.0)
+        .bind(new.chat.0)
+        .bind(new.profile)
         .bind(replica.0)
+        .bind(new.speculative)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;

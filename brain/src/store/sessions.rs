@@ -44,6 +44,17 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<SessionRow, StoreError> {
     })
 }
 
+/// A session about to be written: whose, on which profile, and whether it is started
+/// ahead of its call (W11).
+#[derive(Clone, Copy, Debug)]
+pub struct NewSession<'a> {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub profile: &'a str,
+    pub speculative: bool,
+}
+
 /// The states from which a session is reused rather than replaced (W1).
 const LIVE: &str = "('pending', 'provisioning', 'connecting', 'ready')";
 
@@ -70,23 +81,19 @@ impl Store {
 
     /// Writes a `pending` session; `Conflict("live_session")` when (agent, chat) already
     /// has a live one (another call won the race and queued the provision task).
-    pub async fn create_session(
-        &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
-    ) -> Result<SessionRow, StoreError> {
+    pub async fn create_session(&self, new: &NewSession<'_>) -> Result<SessionRow, StoreError> {
         let sql = format!(
-            "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \
-             VALUES ($1, $2, $3, $4, $5, 'pending') RETURNING {COLUMNS}"
+            "INSERT INTO agent_runtime_sessions \
+                (id, team_id, agent_id, chat_id, profile, state, speculative) \
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6) RETURNING {COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(SessionId::new().0)
-            .bind(team.0)
-            .bind(agent.0)
-            .bind(chat.0)
-            .bind(profile)
+            .bind(new.team.0)
+            .bind(new.agent.0)
+            .bind(new.chat.0)
+            .bind(new.profile)
+            .bind(new.speculative)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;
@@ -217,11 +224,35 @@ impl Store {
 
     /// Records use, which pushes the idle teardown back (W7).
     pub async fn touch_session(&self, id: SessionId) -> Result<(), StoreError> {
-        sqlx::query("UPDATE agent_runtime_sessions SET last_used_at = now() WHERE id = $1")
-            .bind(id.0)
-            .execute(&self.pool)
-            .await?;
+        // A call uses it: a speculative start was followed through (W11).
+        sqlx::query(
+            "UPDATE agent_runtime_sessions SET last_used_at = now(), speculative = false \
+             WHERE id = $1",
+        )
+        .bind(id.0)
+        .execute(&self.pool)
+        .await?;
         Ok(())
+    }
+
+    /// The turn that started `id` speculatively ended without a call using it: unless one
+    /// does within `grace`, the runtime-manager tears it down then (W11). `false` when it
+    /// was used, or is over.
+    pub async fn abandon_speculation(
+        &self,
+        id: SessionId,
+        grace: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE agent_runtime_sessions \
+             SET speculation_expires_at = now() + make_interval(secs => $2) \
+             WHERE id = $1 AND speculative AND state IN {LIVE}"
+        )))
+        .bind(id.0)
+        .bind(grace.as_secs_f64())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// An agent's sessions, newest first; with `created_by`, only those of that user's

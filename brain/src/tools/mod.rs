@@ -123,6 +123,12 @@ pub trait Tool: Send + Sync {
     fn redacts_input(&self) -> bool {
         false
     }
+
+    /// The RuntimeProfile of the worker that runs it, for the worker tools: the turn
+    /// starts that worker as soon as the model begins streaming a call (W11).
+    fn worker_profile(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// The JSON Schema of a parameter type, as providers expect it: one rule for brain,

@@ -27,6 +27,7 @@
 mod context;
 mod history;
 mod run;
+mod speculation;
 pub mod stop;
 pub mod ui_stream;
 
@@ -377,6 +378,13 @@ pub async fn launch(
         approval_ttl: state.config.approval_ttl,
         resume,
         detached,
+        speculation: speculation::Speculation::new(
+            &state.sessions,
+            state.config.workers.speculation_grace,
+            team,
+            agent.id,
+            chat,
+        ),
         _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the

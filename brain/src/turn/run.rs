@@ -86,6 +86,9 @@ pub(super) struct TurnTask {
     /// No client reads the stream (an approval answered by `POST /v1/approvals`): a
     /// dropped receiver is not a cancel.
     pub detached: bool,
+    /// Starts the worker of a worker tool call the model is still streaming (W11); `None`
+    /// when that is off.
+    pub speculation: Option<super::speculation::Speculation>,
     /// Keeps the turn stoppable from any replica until the task ends (T8).
     pub _running: super::stop::Registration,
 }
@@ -710,12 +713,15 @@ impl TurnTask {
                     continue;
                 }
                 Some(Ok(ProviderEvent::ToolInputStart { id, name })) => {
-                    if self
-                        .toolset
-                        .get(&name)
-                        .is_some_and(|tool| tool.redacts_input())
-                    {
+                    let tool = self.toolset.get(&name);
+                    if tool.is_some_and(|tool| tool.redacts_input()) {
                         hidden_inputs.insert(id.clone());
+                    }
+                    if let (Some(speculation), Some(profile)) = (
+                        &self.speculation,
+                        tool.and_then(|tool| tool.worker_profile()),
+                    ) {
+                        speculation.begin(profile);
                     }
                     UiChunk::ToolInputStart {
                         tool_call_id: id,
