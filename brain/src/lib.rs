@@ -103,7 +103,7 @@ impl AppState {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
-        let metrics = Metrics::new()?;
+        let metrics = Metrics::new(config.demo_model)?;
         let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
         let quotas = Quotas::new(store.clone(), config.quotas);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);

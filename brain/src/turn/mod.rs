@@ -352,6 +352,9 @@ pub async fn launch(
 
     let (tx, rx) = mpsc::channel(CHUNK_BUFFER);
     let (started_tx, started_rx) = oneshot::channel();
+    let metrics = state
+        .metrics
+        .turn_started(route.first().map_or("", String::as_str));
     let task = TurnTask {
         store: state.store.clone(),
         providers: state.providers.clone(),
@@ -377,6 +380,7 @@ pub async fn launch(
         approval_ttl: state.config.approval_ttl,
         resume,
         detached,
+        metrics,
         _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the
