@@ -64,8 +64,26 @@ async fn launches_readiness_timeouts_sessions_and_pools_are_counted_and_pass_pro
     h.start(&[
         ("RUNTIME_MANAGER_METRICS_ADDR", &addr),
         ("RUNTIME_MANAGER_PROFILES", profiles.to_str().unwrap()),
-        ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "2000"),
+        ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "3000"),
     ]);
+
+    // The pooled worker (a fake that never dials) is marked ready as the brain would, at
+    // once: a slot still `starting` after the dial timeout is retired and started again.
+    let deadline = Instant::now() + SECONDS_10;
+    loop {
+        let marked = sqlx::query(
+            "UPDATE worker_pool SET state = 'idle' WHERE profile = 'warm' AND state = 'starting' \
+             AND worker_ref IS NOT NULL",
+        )
+        .execute(&h.pool)
+        .await
+        .unwrap();
+        if marked.rows_affected() == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no pooled worker was launched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // A cold session that becomes ready the way the brain moves it.
     let ready = h.provision("light").await;
@@ -82,23 +100,6 @@ async fn launches_readiness_timeouts_sessions_and_pools_are_counted_and_pass_pro
     let unknown = h.provision("made-up").await;
     h.wait_state(silent, "failed", SECONDS_10).await;
     h.wait_state(unknown, "failed", SECONDS_10).await;
-
-    // The pooled worker (a fake that never dials) is marked ready as the brain would.
-    let deadline = Instant::now() + SECONDS_10;
-    loop {
-        let marked = sqlx::query(
-            "UPDATE worker_pool SET state = 'idle' WHERE profile = 'warm' AND state = 'starting' \
-             AND worker_ref IS NOT NULL",
-        )
-        .execute(&h.pool)
-        .await
-        .unwrap();
-        if marked.rows_affected() == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no pooled worker was launched");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 
     let text = wait_value(
         &addr,
