@@ -15,6 +15,7 @@
 //! - `store/`: Postgres, the only place with SQL;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
+//! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
