@@ -77,6 +77,14 @@ pub enum TurnOutcome {
 }
 
 impl TurnOutcome {
+    pub const ALL: [Self; 5] = [
+        Self::Completed,
+        Self::AwaitingApproval,
+        Self::Interrupted,
+        Self::Failed,
+        Self::Refused,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Completed => "completed",
@@ -106,6 +114,18 @@ pub enum HoldResult {
     Unavailable,
 }
 
+impl HoldResult {
+    pub const ALL: [Self; 3] = [Self::Acquired, Self::Busy, Self::Unavailable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Busy => "busy",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
 impl Metrics {
     /// Registers every series in a fresh registry. Fails only on an invalid or duplicate
     /// metric name, which is a programming error caught by the tests. `demo`: the
@@ -113,7 +133,7 @@ impl Metrics {
     pub fn new(demo: bool) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let r = &registry;
-        Ok(Self(Arc::new(Counters {
+        let metrics = Self(Arc::new(Counters {
             demo,
             hold_unavailable: counter(
                 r,
@@ -200,7 +220,16 @@ impl Metrics {
                 &["route", "status"],
             )?,
             registry,
-        })))
+        }));
+        // The closed label sets start at 0, so a rate over them exists from the first
+        // scrape rather than from the first event.
+        for outcome in TurnOutcome::ALL {
+            metrics.turns.with_label_values(&[outcome.as_str()]);
+        }
+        for result in HoldResult::ALL {
+            metrics.holds.with_label_values(&[result.as_str()]);
+        }
+        Ok(metrics)
     }
 
     pub fn quota_refused(&self, field: crate::quota::Field) {
@@ -208,12 +237,7 @@ impl Metrics {
     }
 
     pub fn hold(&self, result: HoldResult) {
-        let label = match result {
-            HoldResult::Acquired => "acquired",
-            HoldResult::Busy => "busy",
-            HoldResult::Unavailable => "unavailable",
-        };
-        self.holds.with_label_values(&[label]).inc();
+        self.holds.with_label_values(&[result.as_str()]).inc();
     }
 
     /// A turn task begins; `route` is its primary model route (`openai/<model>`).

@@ -153,10 +153,8 @@ async fn turns_tools_errors_holds_and_requests_are_counted_and_pass_promtool() {
     let holds = |result| value(&scrape, "brain_holds_total", &[("result", result)]);
     assert_eq!(holds("acquired"), 5.0);
     assert_eq!(holds("busy"), 1.0);
-    assert_eq!(
-        sample(&scrape, "brain_holds_total", &[("result", "unavailable")]),
-        None
-    );
+    assert_eq!(holds("unavailable"), 0.0, "known label values start at 0");
+    assert_eq!(turns("refused"), 0.0);
     let requests = |route, status| {
         value(
             &scrape,
