@@ -99,6 +99,17 @@ pub enum ReaperAction {
 }
 
 impl ReaperAction {
+    const ALL: [Self; 8] = [
+        Self::DialTimeout,
+        Self::IdleCheckArmed,
+        Self::IdleTeardown,
+        Self::WorkerStopped,
+        Self::TeardownFinished,
+        Self::PoolStarted,
+        Self::PoolRetired,
+        Self::PoolStopped,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             Self::DialTimeout => "dial_timeout",
@@ -128,7 +139,7 @@ impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         let r = &registry;
-        Ok(Self(Arc::new(Series {
+        let metrics = Self(Arc::new(Series {
             queue_depth: gauge_vec(
                 r,
                 "runtime_manager_queue_depth",
@@ -187,7 +198,26 @@ impl Metrics {
                 &["sample"],
             )?,
             registry,
-        })))
+        }));
+        // The closed label sets start at 0, so a rate over them exists from the first
+        // scrape rather than from the first event.
+        let s = &metrics.0;
+        for profile in WITH_HANDS {
+            for outcome in ["launched", "failed"] {
+                s.launches.with_label_values(&[profile, outcome]);
+            }
+        }
+        for action in ReaperAction::ALL {
+            s.reaper_actions.with_label_values(&[action.as_str()]);
+        }
+        for reason in [
+            FailureReason::DialTimeout,
+            FailureReason::LaunchFailed,
+            FailureReason::HeartbeatLost,
+        ] {
+            s.failures.with_label_values(&[reason.as_str()]);
+        }
+        Ok(metrics)
     }
 
     pub fn launched(&self, profile: &str, outcome: LaunchOutcome) {
