@@ -34,8 +34,11 @@ RUN groupadd --gid 10001 manager \
       --shell /usr/sbin/nologin manager \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/runtime-manager
 COPY --from=build /out/runtime-manager /usr/local/bin/runtime-manager
+# Metrics on every interface of the pod: the default (loopback) is for a laptop.
 ENV RUNTIME_MANAGER_LAUNCHER=kubernetes \
+    RUNTIME_MANAGER_METRICS_ADDR=0.0.0.0:9464 \
     HOME=/var/lib/runtime-manager
 WORKDIR /var/lib/runtime-manager
 USER 10001:10001
+EXPOSE 9464
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/runtime-manager"]

@@ -474,11 +474,6 @@ READERS = {
     "migrate": ["brain/src", "envcfg/src", "logging/src"],
     "runtime-manager": ["runtime-manager/src", "envcfg/src", "logging/src"],
 }
-# Variables the chart sets that another branch is adding to the binary right now
-# (issue 15, metrics): remove each here once its reader is merged (the check says when).
-PENDING = {"RUNTIME_MANAGER_METRICS_ADDR"}
-
-
 @functools.cache
 def sources_of(component: str) -> str:
     return "".join(
@@ -495,16 +490,10 @@ def check_env_names(docs: list[dict]) -> None:
         component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
         for container in doc["spec"]["template"]["spec"]["containers"]:
             for name in env_of(container):
-                found = f'"{name}"' in sources_of(component)
-                if name in PENDING:
-                    expect(
-                        not found, f"{name} is read now: remove it from PENDING in helm/check.py"
-                    )
-                else:
-                    expect(
-                        found,
-                        f"{doc['metadata']['name']} sets {name}, which {component} never reads",
-                    )
+                expect(
+                    f'"{name}"' in sources_of(component),
+                    f"{doc['metadata']['name']} sets {name}, which {component} never reads",
+                )
 
 
 def rust_fields(source: str, struct: str) -> set[str]:

@@ -5,8 +5,9 @@
 # PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
-# Debian's Chromium for the worker's browser tests, and schemathesis for the API contract
-# test (cached outside the clone). Idempotent and offline-friendly once installed.
+# Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
+# schemathesis for the API contract test (cached outside the clone). Idempotent and
+# offline-friendly once installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +94,20 @@ if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
   $sudo_ apt-get update -qq
   $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+# promtool (Debian's prometheus package) for the metrics tests (brain/tests/metrics.rs,
+# runtime-manager/tests/metrics.rs), which pipe each scrape through `promtool check metrics`
+# and fail rather than skip without it. Only promtool is wanted: where apt would start the
+# package's daemon (a host with systemd), it is stopped and disabled again. About 20 MB, once.
+if ! command -v promtool >/dev/null; then
+  echo "test-deps: installing prometheus (for promtool) from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+  if [ -d /run/systemd/system ]; then
+    $sudo_ systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
 
 # kubernetes-validate (PyPI, schemas bundled, offline) for runtime-manager/tests/render_job.rs,

@@ -52,6 +52,7 @@ impl Manager {
             .env("RUNTIME_MANAGER_WORKSPACES", &workspaces)
             .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", "60000")
             .env("RUNTIME_MANAGER_LOG", "warn")
+            .env("RUNTIME_MANAGER_METRICS_ADDR", "off")
             .kill_on_drop(true)
             .spawn()?;
         Ok(Self { child, workspaces })

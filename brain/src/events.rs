@@ -355,6 +355,7 @@ impl Events {
             stop,
             metrics: self.0.metrics.clone(),
             ended: false,
+            _observing: self.0.metrics.observing(),
         };
         if let Some(after) = after {
             self.replay(chat, after, &mut observer).await?;
@@ -656,6 +657,8 @@ pub struct Observer {
     stop: CancellationToken,
     metrics: Metrics,
     ended: bool,
+    /// `brain_event_observers` counts this stream until its body is dropped.
+    _observing: crate::metrics::Gauged,
 }
 
 impl Observer {

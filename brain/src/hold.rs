@@ -37,7 +37,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::metrics::{HoldResult, Metrics};
 use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TurnCounts};
 use crate::store::StoreError;
 
@@ -433,6 +433,25 @@ impl Holds {
     /// read and one more round trip (at most once a minute and once an hour per team).
     /// Postgres failing while it is needed is an error: quotas are never skipped.
     pub async fn admit(
+        &self,
+        quotas: &Quotas,
+        admission: TurnAdmission,
+    ) -> Result<Admitted, StoreError> {
+        let admitted = self.decide(quotas, admission).await;
+        let result = match &admitted {
+            Ok(Admitted::Held { .. }) => Some(HoldResult::Acquired),
+            Ok(Admitted::Busy { .. }) => Some(HoldResult::Busy),
+            Ok(Admitted::Unavailable) => Some(HoldResult::Unavailable),
+            // A quota refusal is counted by quota; a store failure fails the request.
+            Ok(Admitted::Refused(_)) | Err(_) => None,
+        };
+        if let Some(result) = result {
+            self.inner.metrics.hold(result);
+        }
+        admitted
+    }
+
+    async fn decide(
         &self,
         quotas: &Quotas,
         admission: TurnAdmission,

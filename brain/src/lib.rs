@@ -15,6 +15,7 @@
 //! - `store/`: Postgres, the only place with SQL;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
+//! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
@@ -103,7 +104,7 @@ impl AppState {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
-        let metrics = Metrics::new()?;
+        let metrics = Metrics::new(config.demo_model)?;
         let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
         let quotas = Quotas::new(store.clone(), config.quotas);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);

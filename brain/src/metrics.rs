@@ -1,20 +1,36 @@
-//! The brain's Prometheus metrics: one registry and the counters registered in it.
+//! The brain's Prometheus metrics (SPEC O2): one registry, the series registered in it, and
+//! the small guards the hot paths hold.
 //!
-//! `Metrics` is built once in `main` and cloned into whatever counts something; a clone is
-//! one `Arc` bump. `render` produces the Prometheus text format for the scrape endpoint.
+//! `Metrics` is built once in `AppState::new` and cloned into whatever counts something; a
+//! clone is one `Arc` bump. `render` produces the Prometheus text format for the scrape
+//! endpoint.
+//!
+//! **Architecture Invariant:** every label value is one of a closed set of `&'static str`
+//! (an outcome, a route kind, an error class, a built-in tool name, an axum path template);
+//! never an id, a model name, a connector's tool name or any text of a turn (X4). A label
+//! set that can grow with traffic would make every series a liability.
 
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
-/// Cheap to clone handle to the registry and its counters (`metrics.hold_unavailable.inc()`).
+use crate::provider::{ModelRoute, ProviderError, ProviderKind};
+use crate::tools::{Tool, ToolOutput};
+
+/// Cheap to clone handle to the registry and its series (`metrics.hold_unavailable.inc()`).
 #[derive(Clone)]
 pub struct Metrics(Arc<Counters>);
 
-/// The counters themselves, reached through `Metrics`.
+/// The series themselves, reached through `Metrics`.
 pub struct Counters {
     registry: Registry,
+    /// Both adapters point at the offline demo model (`make dev` without a key): routes are
+    /// labelled `demo`, so a dashboard never mistakes it for a provider.
+    demo: bool,
     /// Turns that ran without their per-agent hold because Redis was unreachable (T9).
     pub hold_unavailable: IntCounter,
     /// Worker session failures by reason (SPEC W6).
@@ -28,62 +44,235 @@ pub struct Counters {
     pub events_dropped: IntCounter,
     /// Observers of the events stream disconnected because they fell behind (S2).
     pub observers_too_slow: IntCounter,
+    /// Turns that ran, by how they ended ([`TurnOutcome`]).
+    turns: IntCounterVec,
+    /// From the turn task's start to its end state written, by the primary route's kind.
+    turn_duration: HistogramVec,
+    /// From a model request sent to its first output, per model call, by route kind.
+    time_to_first_token: HistogramVec,
+    /// Failed model calls, by error code and class (fallbacks that then succeeded count).
+    provider_errors: IntCounterVec,
+    /// Tool calls of turns, by tool (built-in names; `connector` for every connector tool)
+    /// and outcome.
+    tool_calls: IntCounterVec,
+    /// Turn admissions by what the per-agent hold answered.
+    holds: IntCounterVec,
+    live_turns: IntGauge,
+    event_observers: IntGauge,
+    /// Responses by the matched route template and status code.
+    http_requests: IntCounterVec,
+}
+
+/// How a turn ended, as `brain_turns_total{outcome}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnOutcome {
+    Completed,
+    /// Calls wait for a person (A3); the continuation is a turn of its own.
+    AwaitingApproval,
+    Interrupted,
+    /// A provider failure, a store that lost the answer, a panic.
+    Failed,
+    /// A team budget ran out before a further model call (E2).
+    Refused,
+}
+
+impl TurnOutcome {
+    pub const ALL: [Self; 5] = [
+        Self::Completed,
+        Self::AwaitingApproval,
+        Self::Interrupted,
+        Self::Failed,
+        Self::Refused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::Interrupted => "interrupted",
+            Self::Failed => "failed",
+            Self::Refused => "refused",
+        }
+    }
+
+    /// An outcome whose answer should have been stored, and was not: the turn ends
+    /// `failed` (`store_unavailable`) instead.
+    pub fn unless_lost(self, stored: bool) -> Self {
+        match self {
+            Self::Completed | Self::AwaitingApproval | Self::Interrupted if !stored => Self::Failed,
+            other => other,
+        }
+    }
+}
+
+/// What the per-agent hold answered an admission (`brain_holds_total{result}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldResult {
+    Acquired,
+    Busy,
+    /// Redis unreachable or slow: the turn runs without a hold.
+    Unavailable,
+}
+
+impl HoldResult {
+    pub const ALL: [Self; 3] = [Self::Acquired, Self::Busy, Self::Unavailable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::Busy => "busy",
+            Self::Unavailable => "unavailable",
+        }
+    }
 }
 
 impl Metrics {
-    /// Registers every counter in a fresh registry. Fails only on an invalid or duplicate
-    /// metric name, which is a programming error caught by the tests.
-    pub fn new() -> Result<Self, prometheus::Error> {
+    /// Registers every series in a fresh registry. Fails only on an invalid or duplicate
+    /// metric name, which is a programming error caught by the tests. `demo`: the
+    /// adapters serve the offline demo model.
+    pub fn new(demo: bool) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let hold_unavailable = counter(
-            &registry,
-            "brain_hold_unavailable_total",
-            "Turns that ran without the per-agent turn hold because Redis was unreachable or slow.",
-        )?;
-        let worker_failures = IntCounterVec::new(
-            Opts::new(
+        let r = &registry;
+        let metrics = Self(Arc::new(Counters {
+            demo,
+            hold_unavailable: counter(
+                r,
+                "brain_hold_unavailable_total",
+                "Turns that ran without the per-agent turn hold because Redis was unreachable or slow.",
+            )?,
+            worker_failures: counter_vec(
+                r,
                 "brain_worker_failures_total",
                 "Worker sessions that failed or were refused, by failure reason.",
-            ),
-            &["reason"],
-        )?;
-        registry.register(Box::new(worker_failures.clone()))?;
-        let turns_reconciled = counter(
-            &registry,
-            "brain_turns_reconciled_total",
-            "Running turns of brain replicas whose lease lapsed, ended interrupted by this replica.",
-        )?;
-        let quota_refusals = IntCounterVec::new(
-            Opts::new(
+                &["reason"],
+            )?,
+            turns_reconciled: counter(
+                r,
+                "brain_turns_reconciled_total",
+                "Running turns of brain replicas whose lease lapsed, ended interrupted by this replica.",
+            )?,
+            quota_refusals: counter_vec(
+                r,
                 "brain_quota_refusals_total",
                 "Turns and worker sessions refused by a team quota, by quota.",
-            ),
-            &["quota"],
-        )?;
-        registry.register(Box::new(quota_refusals.clone()))?;
-        let events_dropped = counter(
-            &registry,
-            "brain_events_dropped_total",
-            "Turn chunks not published to the chat events stream (publisher full or Redis failing).",
-        )?;
-        let observers_too_slow = counter(
-            &registry,
-            "brain_event_observers_too_slow_total",
-            "Events stream observers disconnected because their buffer filled.",
-        )?;
-        Ok(Self(Arc::new(Counters {
+                &["quota"],
+            )?,
+            events_dropped: counter(
+                r,
+                "brain_events_dropped_total",
+                "Turn chunks not published to the chat events stream (publisher full or Redis failing).",
+            )?,
+            observers_too_slow: counter(
+                r,
+                "brain_event_observers_too_slow_total",
+                "Events stream observers disconnected because their buffer filled.",
+            )?,
+            turns: counter_vec(
+                r,
+                "brain_turns_total",
+                "Turns that ran, by outcome.",
+                &["outcome"],
+            )?,
+            turn_duration: histogram_vec(
+                r,
+                "brain_turn_duration_seconds",
+                "Turn duration from start to end state written, by the primary model route's provider.",
+                &["route"],
+                &[
+                    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                ],
+            )?,
+            time_to_first_token: histogram_vec(
+                r,
+                "brain_time_to_first_token_seconds",
+                "Time from a model request to its first output, per model call, by route provider.",
+                &["route"],
+                &[0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0],
+            )?,
+            provider_errors: counter_vec(
+                r,
+                "brain_provider_errors_total",
+                "Failed model calls (fallbacks included), by error code and class.",
+                &["code", "class"],
+            )?,
+            tool_calls: counter_vec(
+                r,
+                "brain_tool_calls_total",
+                "Tool calls by tool (connector tools as `connector`) and outcome.",
+                &["tool", "outcome"],
+            )?,
+            holds: counter_vec(
+                r,
+                "brain_holds_total",
+                "Turn admissions by what the per-agent hold answered.",
+                &["result"],
+            )?,
+            live_turns: gauge(r, "brain_live_turns", "Turns this replica is running.")?,
+            event_observers: gauge(
+                r,
+                "brain_event_observers",
+                "Clients following a chat's events stream on this replica.",
+            )?,
+            http_requests: counter_vec(
+                r,
+                "brain_http_requests_total",
+                "HTTP responses by matched route template (`unmatched` for none) and status code.",
+                &["route", "status"],
+            )?,
             registry,
-            hold_unavailable,
-            worker_failures,
-            turns_reconciled,
-            quota_refusals,
-            events_dropped,
-            observers_too_slow,
-        })))
+        }));
+        // The closed label sets start at 0, so a rate over them exists from the first
+        // scrape rather than from the first event.
+        for outcome in TurnOutcome::ALL {
+            metrics.turns.with_label_values(&[outcome.as_str()]);
+        }
+        for result in HoldResult::ALL {
+            metrics.holds.with_label_values(&[result.as_str()]);
+        }
+        Ok(metrics)
     }
 
     pub fn quota_refused(&self, field: crate::quota::Field) {
         self.quota_refusals.with_label_values(&[field.name()]).inc();
+    }
+
+    pub fn hold(&self, result: HoldResult) {
+        self.holds.with_label_values(&[result.as_str()]).inc();
+    }
+
+    /// A turn task begins; `route` is its primary model route (`openai/<model>`).
+    pub fn turn_started(&self, route: &str) -> TurnMetrics {
+        self.live_turns.inc();
+        TurnMetrics {
+            route: ModelRoute::parse(route)
+                .map(|r| self.route(r.provider))
+                .unwrap_or("unknown"),
+            metrics: self.clone(),
+            started: Instant::now(),
+            ended: false,
+        }
+    }
+
+    /// The label of a route kind.
+    pub fn route(&self, kind: ProviderKind) -> &'static str {
+        match kind {
+            _ if self.demo => "demo",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// Counts one observer of the events stream for as long as the guard lives.
+    pub fn observing(&self) -> Gauged {
+        self.event_observers.inc();
+        Gauged(self.event_observers.clone())
+    }
+
+    /// One response of the API; `route` is the matched path template.
+    pub fn http_response(&self, route: Option<&str>, status: http::StatusCode) {
+        self.http_requests
+            .with_label_values(&[route.unwrap_or("unmatched"), status.as_str()])
+            .inc();
     }
 
     /// Every registered metric in the Prometheus text exposition format.
@@ -106,8 +295,188 @@ impl Deref for Metrics {
     }
 }
 
+/// What one turn task measures. Counts the turn live while it exists; dropped without
+/// [`TurnMetrics::ended`] (the task panicked or answered an error before any output), the
+/// turn counts as `failed`, which is what its row says.
+pub struct TurnMetrics {
+    metrics: Metrics,
+    route: &'static str,
+    started: Instant,
+    ended: bool,
+}
+
+impl TurnMetrics {
+    pub fn ended(&mut self, outcome: TurnOutcome) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        let metrics = &self.metrics;
+        metrics.turns.with_label_values(&[outcome.as_str()]).inc();
+        metrics
+            .turn_duration
+            .with_label_values(&[self.route])
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+
+    /// A model call of `kind` produced its first output `elapsed` after it was sent.
+    pub fn first_output(&self, kind: ProviderKind, elapsed: Duration) {
+        self.metrics
+            .time_to_first_token
+            .with_label_values(&[self.metrics.route(kind)])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A model call failed (before or after its first output).
+    pub fn provider_error(&self, err: &ProviderError) {
+        self.metrics
+            .provider_errors
+            .with_label_values(&[err.code().as_str(), err.metric_label()])
+            .inc();
+    }
+
+    /// A call that never ran: `outcome` is `refused` (policy, budget, ceiling, unknown tool,
+    /// arguments that are not JSON) or `denied` (a person said no).
+    pub fn tool_not_run(&self, tool: Option<&Arc<dyn Tool>>, outcome: &'static str) {
+        self.metrics
+            .tool_calls
+            .with_label_values(&[tool_label(tool), outcome])
+            .inc();
+    }
+
+    /// A call about to run: counted `ok` or `error` by [`CountedCall::answered`], `cancelled`
+    /// if the guard is dropped first (the turn was stopped).
+    pub fn tool_call(&self, tool: &Arc<dyn Tool>) -> CountedCall {
+        CountedCall {
+            counter: Some((self.metrics.tool_calls.clone(), tool.metric_label())),
+        }
+    }
+}
+
+impl Drop for TurnMetrics {
+    fn drop(&mut self) {
+        self.ended(TurnOutcome::Failed);
+        self.metrics.live_turns.dec();
+    }
+}
+
+/// One running tool call; see [`TurnMetrics::tool_call`].
+pub struct CountedCall {
+    counter: Option<(IntCounterVec, &'static str)>,
+}
+
+impl CountedCall {
+    pub fn answered(mut self, output: &ToolOutput) {
+        if let Some((counter, tool)) = self.counter.take() {
+            let outcome = if output.is_error { "error" } else { "ok" };
+            counter.with_label_values(&[tool, outcome]).inc();
+        }
+    }
+}
+
+impl Drop for CountedCall {
+    fn drop(&mut self) {
+        if let Some((counter, tool)) = self.counter.take() {
+            counter.with_label_values(&[tool, "cancelled"]).inc();
+        }
+    }
+}
+
+/// Holds a gauge up by one while it lives.
+pub struct Gauged(IntGauge);
+
+impl Drop for Gauged {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The bounded label of a tool: its own for built-in tools, `connector` for connector
+/// tools, `unknown` for a name the model made up.
+fn tool_label(tool: Option<&Arc<dyn Tool>>) -> &'static str {
+    tool.map_or("unknown", |t| t.metric_label())
+}
+
 fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
     let counter = IntCounter::with_opts(Opts::new(name, help))?;
     registry.register(Box::new(counter.clone()))?;
     Ok(counter)
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    let counter = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(counter.clone()))?;
+    Ok(counter)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
+    let gauge = IntGauge::with_opts(Opts::new(name, help))?;
+    registry.register(Box::new(gauge.clone()))?;
+    Ok(gauge)
+}
+
+fn histogram_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> Result<HistogramVec, prometheus::Error> {
+    let histogram = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )?;
+    registry.register(Box::new(histogram.clone()))?;
+    Ok(histogram)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_dropped_unended_counts_failed_once_and_leaves_the_live_gauge() {
+        let metrics = Metrics::new(false).unwrap();
+        let mut turn = metrics.turn_started("anthropic/claude");
+        assert_eq!(metrics.live_turns.get(), 1);
+        turn.ended(TurnOutcome::Completed);
+        drop(turn);
+        drop(metrics.turn_started("openai/gpt"));
+        assert_eq!(metrics.live_turns.get(), 0);
+        let turns = |o: &str| metrics.turns.with_label_values(&[o]).get();
+        assert_eq!((turns("completed"), turns("failed")), (1, 1));
+        let observed = |route: &str| {
+            metrics
+                .turn_duration
+                .with_label_values(&[route])
+                .get_sample_count()
+        };
+        assert_eq!((observed("anthropic"), observed("openai")), (1, 1));
+    }
+
+    #[test]
+    fn the_demo_model_is_its_own_route_and_a_lost_answer_is_a_failure() {
+        let demo = Metrics::new(true).unwrap();
+        assert_eq!(demo.route(ProviderKind::OpenAi), "demo");
+        assert_eq!(
+            Metrics::new(false).unwrap().route(ProviderKind::Anthropic),
+            "anthropic"
+        );
+        assert_eq!(
+            TurnOutcome::Completed.unless_lost(false),
+            TurnOutcome::Failed
+        );
+        assert_eq!(
+            TurnOutcome::Refused.unless_lost(false),
+            TurnOutcome::Refused
+        );
+        assert_eq!(
+            TurnOutcome::Interrupted.unless_lost(true),
+            TurnOutcome::Interrupted
+        );
+    }
 }

@@ -16,7 +16,7 @@ fn redis_url() -> String {
 }
 
 fn holds_at(url: &str, config: HoldConfig) -> (Holds, Metrics) {
-    let metrics = Metrics::new().unwrap();
+    let metrics = Metrics::new(false).unwrap();
     let client = redis::Client::open(url).unwrap();
     (Holds::new(client, config, metrics.clone()), metrics)
 }

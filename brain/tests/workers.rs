@@ -393,6 +393,13 @@ async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     );
     assert_eq!(sessions(&app, &agent).await.len(), 1);
     assert!(app.provider.violations().is_empty());
+    // O2: a worker tool is counted under its own name.
+    let calls = test_support::promtool::sample(
+        &app.metrics().await,
+        "brain_tool_calls_total",
+        &[("tool", "shell"), ("outcome", "ok")],
+    );
+    assert_eq!(calls, Some(2.0));
 
     // Idle teardown: the window passes with no use; the worker is stopped.
     torn_down(&app, &agent, pid, Duration::from_secs(15)).await;

@@ -239,6 +239,24 @@ impl SessionQueue {
         Ok(())
     }
 
+    /// The tasks due and not yet claimed by any consumer: the ready list, and the delayed
+    /// tasks whose time has come (a consumer's poll moves them to the list). Delayed idle
+    /// checks not yet due are not counted. Two O(log n) reads in one round trip; the
+    /// caller bounds it.
+    pub async fn depth(&self) -> Result<u64, QueueError> {
+        let mut conn = self.conn.clone();
+        let (ready, due): (u64, u64) = redis::pipe()
+            .cmd("LLEN")
+            .arg(self.config.active_jobs_list())
+            .cmd("ZCOUNT")
+            .arg(self.config.scheduled_jobs_set())
+            .arg(0)
+            .arg(unix_millis() / 1000)
+            .query_async(&mut conn)
+            .await?;
+        Ok(ready + due)
+    }
+
     /// Deletes every key of this queue, and its entry in apalis' global queue registry
     /// (`core:apalis:queues:list`, the one key apalis writes outside the namespace). For
     /// tests, which use a namespace each.

@@ -6,6 +6,7 @@
 //! The profiles file holds no secret: its errors name the field's path and quote the bad
 //! value. Parsing goes through [`Env`] so tests can feed a map.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ pub use channel::token::DEV_SESSION_TOKEN_KEY;
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/agent_runtime";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 pub const DEFAULT_BRAIN_PUBLIC_URL: &str = "http://127.0.0.1:8080";
+/// Where `GET /metrics` is served when `RUNTIME_MANAGER_METRICS_ADDR` is unset: loopback,
+/// so a laptop exposes nothing; the Helm chart sets `0.0.0.0:9464`.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 
 /// Which launcher runs workers (SPEC "Two launchers sit behind one interface").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +102,9 @@ pub struct Config {
     /// reaper arms a new one. Checks fire about a second after they are due, and a failing
     /// one is retried for about ten seconds.
     pub lost_idle_check_grace: Duration,
+    /// Where `GET /metrics` listens (`RUNTIME_MANAGER_METRICS_ADDR`); `None` (`off`): no
+    /// listener.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Config {
@@ -221,7 +228,16 @@ impl Config {
             )
             .map(Duration::from_millis)?,
             lost_idle_check_grace: Duration::from_secs(30),
+            metrics_addr: metrics_addr(env)?,
         })
+    }
+}
+
+/// `RUNTIME_MANAGER_METRICS_ADDR`: `host:port`, or `off`.
+fn metrics_addr(env: &dyn Env) -> Result<Option<SocketAddr>, ConfigError> {
+    match trimmed(env, "RUNTIME_MANAGER_METRICS_ADDR").as_deref() {
+        Some("off") => Ok(None),
+        _ => envcfg::parse(env, "RUNTIME_MANAGER_METRICS_ADDR", DEFAULT_METRICS_ADDR).map(Some),
     }
 }
 
@@ -309,6 +325,10 @@ mod tests {
         assert_eq!(profiles.idle_window("none"), None);
         assert_eq!(config.kubernetes.namespace, DEFAULT_NAMESPACE);
         assert_eq!(config.kubernetes.start_timeout, Duration::from_secs(120));
+        assert_eq!(
+            config.metrics_addr,
+            Some(DEFAULT_METRICS_ADDR.parse().unwrap())
+        );
         assert!(!format!("{config:?}").contains(DEV_SESSION_TOKEN_KEY));
     }
 
@@ -324,6 +344,7 @@ mod tests {
             ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "soon"),
             ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "0"),
             ("RUNTIME_MANAGER_TOKEN_TTL_MS", "10"),
+            ("RUNTIME_MANAGER_METRICS_ADDR", "9464"),
             ("DATABASE_URL", "not a url"),
         ] {
             let err = Config::from_env(&env(&[(name, value)])).unwrap_err();
@@ -352,6 +373,16 @@ mod tests {
         );
         assert_eq!(config.worker_bin, PathBuf::from("/opt/worker"));
         assert_eq!(config.workspaces, PathBuf::from("/tmp/ws"));
+        let metrics = |value| {
+            Config::from_env(&env(&[("RUNTIME_MANAGER_METRICS_ADDR", value)]))
+                .unwrap()
+                .metrics_addr
+        };
+        assert_eq!(
+            metrics("0.0.0.0:9464"),
+            Some("0.0.0.0:9464".parse().unwrap())
+        );
+        assert_eq!(metrics(" off "), None);
     }
 
     #[test]

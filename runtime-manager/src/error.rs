@@ -23,6 +23,12 @@ pub enum Error {
     /// retried, and taken over if that replica's lease lapses meanwhile.
     #[error("another runtime-manager is launching this session")]
     ProvisionHeld,
+    /// A metric registered twice or misnamed: a programming error.
+    #[error("metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// `RUNTIME_MANAGER_METRICS_ADDR` could not be bound.
+    #[error("metrics listener: {0}")]
+    MetricsListener(std::io::Error),
 }
 
 impl Error {
@@ -38,6 +44,8 @@ impl Error {
             Self::Launch(e) => e.metric_label(),
             Self::Token(_) => "token",
             Self::ProvisionHeld => "provision_held",
+            Self::Metrics(_) => "metrics",
+            Self::MetricsListener(_) => "metrics_listener",
         }
     }
 }

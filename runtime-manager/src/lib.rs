@@ -7,6 +7,7 @@
 //! - `queue` (crate): the Redis task queue the brain pushes to.
 //! - `manager.rs`: the task handlers, the reaper and the start-up reconciliation.
 //! - `store.rs`: every SQL statement (compare-and-set transitions of session rows).
+//! - `metrics.rs`: the Prometheus series and the `GET /metrics` listener (O2).
 //! - `launcher/`: the `Launcher` interface, the local process launcher and the Kubernetes
 //!   launcher (a Job per session, its pod watcher, `render-job`).
 //!
@@ -28,6 +29,7 @@ pub mod config;
 pub mod error;
 pub mod launcher;
 pub mod manager;
+pub mod metrics;
 pub mod profiles;
 pub mod store;
 
@@ -98,11 +100,33 @@ pub async fn run_with_launcher(
         dial_timeout_ms = config.dial_timeout.as_millis() as u64,
         "runtime-manager starting"
     );
+    // Bound first: a taken port fails the start before anything is claimed.
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(Error::MetricsListener)?,
+        ),
+        None => None,
+    };
     let store = Store::connect(&config.database_url).await?;
     let live = store.live_sessions().await?;
     let queue =
         SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;
-    let manager = Manager::new(config, store, queue.clone(), launcher)?;
+    let manager = Manager::new(config, store.clone(), queue.clone(), launcher)?;
+    let metrics_stop = CancellationToken::new();
+    let metrics_server = metrics_listener.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "metrics serving at /metrics");
+        }
+        tokio::spawn(metrics::serve(
+            listener,
+            manager.metrics().clone(),
+            store,
+            queue.clone(),
+            metrics_stop.clone(),
+        ))
+    });
     // Registered before anything is claimed: every claim names a replica with a lease.
     manager.renew_lease().await?;
     manager.reconcile().await?;
@@ -144,6 +168,10 @@ pub async fn run_with_launcher(
     // Last: the lease covers every provision in hand until it has finished.
     lease_stop.cancel();
     let _ = lease.await;
+    metrics_stop.cancel();
+    if let Some(server) = metrics_server {
+        let _ = server.await;
+    }
     consumed?;
     Ok(())
 }

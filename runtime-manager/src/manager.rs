@@ -29,7 +29,7 @@
 //! timers are sweeps over the rows, so they survive a restart.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use channel::token::TokenKeys;
@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
+use crate::metrics::{LaunchOutcome, Metrics, ReaperAction};
 use crate::store::{Billed, PoolSlot, ProvisionClaim, Store};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
@@ -73,8 +74,8 @@ struct Inner {
     queue: SessionQueue,
     launcher: Arc<dyn Launcher>,
     tokens: TokenKeys,
-    /// Failures recorded by this process, per reason (logged as they happen).
-    failures: Mutex<HashMap<&'static str, u64>>,
+    /// What this process counts (O2), served by `metrics::serve`.
+    metrics: Metrics,
 }
 
 impl Manager {
@@ -93,7 +94,7 @@ impl Manager {
                 queue,
                 launcher,
                 tokens,
-                failures: Mutex::default(),
+                metrics: Metrics::new()?,
             }),
         })
     }
@@ -101,6 +102,10 @@ impl Manager {
     /// This process's replica id.
     pub fn replica(&self) -> ReplicaId {
         self.inner.replica
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
     }
 
     /// Records or renews this process's lease (O3).
@@ -166,6 +171,9 @@ impl Manager {
             {
                 self.count_failure(session, FailureReason::LaunchFailed, "unknown_profile");
             }
+            inner
+                .metrics
+                .launched(&claim.profile, LaunchOutcome::Failed);
             return Ok(());
         }
         let token = inner
@@ -180,7 +188,12 @@ impl Manager {
             token,
             brain_public_url: inner.config.brain_public_url.clone(),
         };
-        let worker_ref = match inner.launcher.launch(spec).await {
+        let profile = spec.profile.clone();
+        let launched = inner.launcher.launch(spec).await;
+        inner
+            .metrics
+            .launched(&profile, LaunchOutcome::of(&launched));
+        let worker_ref = match launched {
             Ok(worker_ref) => worker_ref,
             Err(e) => {
                 let detail = e.metric_label();
@@ -246,9 +259,11 @@ impl Manager {
             let due = self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms);
             return self
                 .arm_idle_check(session, row.idle_since_ms, due, row.now_ms, Duration::ZERO)
-                .await;
+                .await
+                .map(drop);
         }
         tracing::info!(session = %session.0, "session idle; tearing it down");
+        inner.metrics.reaper(ReaperAction::IdleTeardown);
         self.finish_teardown(session, &row.worker_ref).await
     }
 
@@ -270,7 +285,8 @@ impl Manager {
     /// Arms the idle check of a `ready` session, due at `due_ms` (database clock): records
     /// its due time, then pushes it. Nothing is pushed when the session is no longer
     /// `ready` or another check is pending (one due later than `stale_after` ago), so a
-    /// check delivered twice does not start a second chain of checks.
+    /// check delivered twice does not start a second chain of checks. `true` when this
+    /// call armed it.
     async fn arm_idle_check(
         &self,
         session: SessionId,
@@ -278,14 +294,14 @@ impl Manager {
         due_ms: i64,
         now_ms: i64,
         stale_after: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let inner = &self.inner;
         if !inner
             .store
             .claim_idle_check(session, due_ms, stale_after)
             .await?
         {
-            return Ok(());
+            return Ok(false);
         }
         let delay = Duration::from_millis((due_ms - now_ms).max(0) as u64);
         inner
@@ -298,7 +314,7 @@ impl Manager {
                 delay,
             )
             .await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Arms the idle timer of every `ready` session that has none (it just became ready,
@@ -307,10 +323,19 @@ impl Manager {
     /// Redis restart).
     async fn arm_idle_checks(&self) -> Result<(), Error> {
         let grace = self.inner.config.lost_idle_check_grace;
+        let metrics = &self.inner.metrics;
         for row in self.inner.store.unarmed_idle_checks(grace).await? {
             let due_ms = self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms);
-            self.arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms, grace)
-                .await?;
+            if self
+                .arm_idle_check(row.session, row.idle_since_ms, due_ms, row.now_ms, grace)
+                .await?
+            {
+                metrics.reaper(ReaperAction::IdleCheckArmed);
+                // The first arming is won by one replica only: observed once per session.
+                if let Some(ms) = row.launch_to_ready_ms {
+                    metrics.became_ready(&row.profile, Duration::from_millis(ms.max(0) as u64));
+                }
+            }
         }
         Ok(())
     }
@@ -331,16 +356,7 @@ impl Manager {
     }
 
     fn count_failure(&self, session: SessionId, reason: FailureReason, detail: &str) {
-        let total = {
-            let mut failures = self
-                .inner
-                .failures
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let count = failures.entry(reason.as_str()).or_default();
-            *count += 1;
-            *count
-        };
+        let total = self.inner.metrics.failed(reason);
         tracing::info!(
             session = %session.0,
             reason = reason.as_str(),
@@ -361,6 +377,7 @@ impl Manager {
             .await?
         {
             self.count_failure(session, FailureReason::DialTimeout, "");
+            inner.metrics.reaper(ReaperAction::DialTimeout);
             if let Some(worker_ref) = worker_ref {
                 self.stop_logged(session, &worker_ref).await;
             }
@@ -405,6 +422,7 @@ impl Manager {
             }
             let Some(row) = rows.get(&worker.session) else {
                 tracing::info!(session = %worker.session.0, "session row gone; stopping its worker");
+                inner.metrics.reaper(ReaperAction::WorkerStopped);
                 self.stop_logged(worker.session, &worker.worker_ref).await;
                 continue;
             };
@@ -415,14 +433,17 @@ impl Manager {
             match row.state {
                 Some(SessionState::Failed | SessionState::Terminated) => {
                     tracing::info!(session = %worker.session.0, "session ended; stopping its worker");
+                    inner.metrics.reaper(ReaperAction::WorkerStopped);
                     self.stop_logged(worker.session, &worker.worker_ref).await;
                 }
                 Some(SessionState::Terminating) if row.stale => {
+                    inner.metrics.reaper(ReaperAction::TeardownFinished);
                     self.finish_teardown(worker.session, &Some(worker.worker_ref.clone()))
                         .await?;
                 }
                 _ if replaced => {
                     tracing::info!(session = %worker.session.0, "worker replaced; stopping the old one");
+                    inner.metrics.reaper(ReaperAction::WorkerStopped);
                     self.stop_logged(worker.session, &worker.worker_ref).await;
                 }
                 _ => {}
@@ -443,12 +464,14 @@ impl Manager {
             .await?
         {
             tracing::info!(slot = %slot.0, "pooled worker never became ready; retiring it");
+            inner.metrics.reaper(ReaperAction::PoolRetired);
         }
         for (slot, worker_ref) in inner.store.pool_gone_workers().await? {
             if let Some(worker_ref) = worker_ref {
                 self.stop_logged(slot, &worker_ref).await;
             }
             inner.store.pool_forget(slot).await?;
+            inner.metrics.reaper(ReaperAction::PoolStopped);
         }
         for (profile, settings) in inner.config.profiles.iter() {
             let open = inner.store.pool_open(profile).await?;
@@ -474,8 +497,15 @@ impl Manager {
             token: inner.tokens.mint_pool(slot, inner.config.token_ttl)?,
             brain_public_url: inner.config.brain_public_url.clone(),
         };
-        match inner.launcher.launch(spec).await {
-            Ok(worker_ref) => inner.store.pool_launched(slot, &worker_ref).await?,
+        let launched = inner.launcher.launch(spec).await;
+        inner
+            .metrics
+            .launched(profile, LaunchOutcome::of(&launched));
+        match launched {
+            Ok(worker_ref) => {
+                inner.metrics.reaper(ReaperAction::PoolStarted);
+                inner.store.pool_launched(slot, &worker_ref).await?
+            }
             Err(e) => {
                 tracing::warn!(
                     profile,

@@ -70,6 +70,11 @@ pub struct Unarmed {
     /// As [`SessionRow::speculation_due_ms`].
     pub speculation_due_ms: Option<i64>,
     pub now_ms: i64,
+    /// For a cold session never armed before (it just became ready): from its worker's
+    /// launch (`billing_from`, set with `worker_ref`) to `ready`. `None` once armed, and
+    /// for a session that claimed a warm-pool worker (no `manager_replica`: no manager
+    /// provisioned it; it was ready at once).
+    pub launch_to_ready_ms: Option<i64>,
 }
 
 /// A row whose worker the reaper or the start-up reconciliation looks at.
@@ -146,6 +151,18 @@ impl Store {
         .fetch_one(&self.pool)
         .await?;
         Ok(count)
+    }
+
+    /// Live sessions (not `terminated` or `failed`) per state, for the metrics. The
+    /// predicate is the one of the `sessions_live` partial index, so the count reads that
+    /// index rather than every session that ever was.
+    pub async fn live_sessions_by_state(&self) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT state, count(*) FROM agent_runtime_sessions
+             WHERE state NOT IN ('terminated', 'failed') GROUP BY state",
+        )
+        .fetch_all(&self.pool)
+        .await
     }
 
     /// `pending` → `provisioning`, claimed by `replica`; or a `provisioning` row with no
@@ -286,14 +303,20 @@ impl Store {
     /// `ready` sessions with no idle check armed, or whose check was due more than
     /// `grace` ago (lost: it would have fired by then).
     pub async fn unarmed_idle_checks(&self, grace: Duration) -> Result<Vec<Unarmed>, sqlx::Error> {
-        let rows: Vec<(Uuid, String, i64, Option<i64>, i64)> =
+        type Row = (Uuid, String, i64, Option<i64>, i64, Option<i64>);
+        let rows: Vec<Row> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT id, profile, {}, {}, {} FROM agent_runtime_sessions
-             WHERE state = 'ready'
-               AND (idle_check_at IS NULL OR idle_check_at < now() - make_interval(secs => $1))",
+                "SELECT id, profile, {}, {}, {},
+                        CASE WHEN idle_check_at IS NULL AND billing_from IS NOT NULL
+                                  AND manager_replica IS NOT NULL
+                             THEN {} END
+                 FROM agent_runtime_sessions
+                 WHERE state = 'ready'
+                   AND (idle_check_at IS NULL OR idle_check_at < now() - make_interval(secs => $1))",
                 ms(IDLE_SINCE),
                 ms(SPECULATION_DUE),
-                ms("now()")
+                ms("now()"),
+                ms("(updated_at - billing_from)"),
             )))
             .bind(grace.as_secs_f64())
             .fetch_all(&self.pool)
@@ -301,12 +324,15 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(
-                |(id, profile, idle_since_ms, speculation_due_ms, now_ms)| Unarmed {
-                    session: SessionId(id),
-                    profile,
-                    idle_since_ms,
-                    speculation_due_ms,
-                    now_ms,
+                |(id, profile, idle_since_ms, speculation_due_ms, now_ms, launch_to_ready_ms)| {
+                    Unarmed {
+                        session: SessionId(id),
+                        profile,
+                        idle_since_ms,
+                        speculation_due_ms,
+                        now_ms,
+                        launch_to_ready_ms,
+                    }
                 },
             )
             .collect())
@@ -572,6 +598,17 @@ pub struct PoolSlot {
 }
 
 impl Store {
+    /// Per profile: the slots starting or idle (the pool's size), and the idle ones
+    /// (ready to be claimed), for the metrics. Reads the `worker_pool_open` index.
+    pub async fn pool_counts(&self) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT profile, count(*), count(*) FILTER (WHERE state = 'idle') FROM worker_pool
+             WHERE state IN ('starting', 'idle') GROUP BY profile",
+        )
+        .fetch_all(&self.pool)
+        .await
+    }
+
     /// Slots of `profile` starting or waiting: the pool's current size.
     pub async fn pool_open(&self, profile: &str) -> Result<i64, sqlx::Error> {
         let (n,): (i64,) = sqlx::query_as(

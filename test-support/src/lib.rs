@@ -4,7 +4,8 @@
 //! - `db.rs`: a fresh Postgres database per test, so tests run in parallel and may
 //!   install triggers freely;
 //! - `proxy.rs`: a TCP proxy that injects the faults an operator meets (a cut link, a
-//!   peer that accepts and never answers) between a process and Redis or Postgres.
+//!   peer that accepts and never answers) between a process and Redis or Postgres;
+//! - `promtool.rs`: `promtool check metrics` over a scrape, and reading a sample from it.
 //!
 //! Only tests and the bench depend on this crate, so it may panic on set-up failures: a
 //! run that cannot set up must fail loudly.
@@ -12,4 +13,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod db;
+pub mod promtool;
 pub mod proxy;

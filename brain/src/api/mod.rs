@@ -43,7 +43,27 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            state.metrics.clone(),
+            count_response,
+        ))
         .with_state(state)
+}
+
+/// `brain_http_requests_total{route,status}`: the route is the matched path template
+/// (`/v1/chats/{chat_id}/messages`), never the path itself, which holds ids (X4).
+async fn count_response(
+    axum::extract::State(metrics): axum::extract::State<crate::metrics::Metrics>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .cloned();
+    let response = next.run(request).await;
+    metrics.http_response(route.as_ref().map(|r| r.as_str()), response.status());
+    response
 }
 
 /// Every route with its operation. A route's path and method are written once, in the

@@ -92,6 +92,10 @@ fn risk_of(annotations: Option<&rmcp::model::ToolAnnotations>) -> RiskClass {
 }
 
 impl Tool for ConnectorTool {
+    fn metric_label(&self) -> &'static str {
+        "connector"
+    }
+
     fn spec(&self) -> ToolSpec {
         self.spec.clone()
     }

@@ -84,6 +84,10 @@ impl Drop for CancelOnDrop {
 }
 
 impl Tool for WorkerTool {
+    fn metric_label(&self) -> &'static str {
+        self.decl.name
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.decl.name.to_owned(),

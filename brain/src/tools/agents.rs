@@ -53,6 +53,10 @@ struct CreateArgs {
 struct AgentCreate;
 
 impl Tool for AgentCreate {
+    fn metric_label(&self) -> &'static str {
+        "agent_create"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "agent_create".into(),
@@ -110,6 +114,10 @@ struct ArchiveArgs {
 struct AgentArchive;
 
 impl Tool for AgentArchive {
+    fn metric_label(&self) -> &'static str {
+        "agent_archive"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "agent_archive".into(),
@@ -165,6 +173,10 @@ struct SetPromptArgs {
 struct AgentSetPrompt;
 
 impl Tool for AgentSetPrompt {
+    fn metric_label(&self) -> &'static str {
+        "agent_set_prompt"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "agent_set_prompt".into(),
@@ -247,6 +259,10 @@ struct AgentUpdate {
 }
 
 impl Tool for AgentUpdate {
+    fn metric_label(&self) -> &'static str {
+        "agent_update"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "agent_update".into(),

@@ -49,6 +49,10 @@ struct CronSet {
 }
 
 impl Tool for CronSet {
+    fn metric_label(&self) -> &'static str {
+        "cron_set"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "cron_set".into(),
@@ -120,6 +124,10 @@ struct CronList {
 }
 
 impl Tool for CronList {
+    fn metric_label(&self) -> &'static str {
+        "cron_list"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "cron_list".into(),
@@ -180,6 +188,10 @@ impl Tool for CronList {
 struct CronRemove;
 
 impl Tool for CronRemove {
+    fn metric_label(&self) -> &'static str {
+        "cron_remove"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "cron_remove".into(),

@@ -29,6 +29,10 @@ struct WriteArgs {
 struct MemoryWrite;
 
 impl Tool for MemoryWrite {
+    fn metric_label(&self) -> &'static str {
+        "memory_write"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "memory_write".into(),
@@ -84,6 +88,10 @@ struct SearchArgs {
 struct MemorySearch;
 
 impl Tool for MemorySearch {
+    fn metric_label(&self) -> &'static str {
+        "memory_search"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "memory_search".into(),

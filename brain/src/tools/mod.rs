@@ -102,6 +102,9 @@ impl RiskClass {
 /// One tool of any source.
 pub trait Tool: Send + Sync {
     fn spec(&self) -> ToolSpec;
+    /// The tool's label in metrics: a built-in tool's own name, `connector` for every
+    /// connector tool (their names are the servers' and unbounded, X4).
+    fn metric_label(&self) -> &'static str;
     /// Whether a call changes data (counted against the turn's write budget).
     fn writes(&self) -> bool;
     /// The tool's risk class (SPEC A1); every tool says, there is no default.
@@ -191,5 +194,19 @@ impl Toolset {
 
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.specs.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {
+        let set = Toolset::brain(true, 60);
+        assert!(set.tools.len() >= 11);
+        for (tool, spec) in set.tools.iter().zip(&set.specs) {
+            assert_eq!(tool.metric_label(), spec.name);
+        }
     }
 }

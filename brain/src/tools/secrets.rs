@@ -50,6 +50,10 @@ pub fn valid_name(name: &str) -> bool {
 struct SecretSet;
 
 impl Tool for SecretSet {
+    fn metric_label(&self) -> &'static str {
+        "secret_set"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "secret_set".into(),
@@ -143,6 +147,10 @@ struct ListArgs {}
 struct SecretList;
 
 impl Tool for SecretList {
+    fn metric_label(&self) -> &'static str {
+        "secret_list"
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "secret_list".into(),

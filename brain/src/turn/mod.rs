@@ -353,6 +353,9 @@ pub async fn launch(
 
     let (tx, rx) = mpsc::channel(CHUNK_BUFFER);
     let (started_tx, started_rx) = oneshot::channel();
+    let metrics = state
+        .metrics
+        .turn_started(route.first().map_or("", String::as_str));
     let task = TurnTask {
         store: state.store.clone(),
         providers: state.providers.clone(),
@@ -385,6 +388,7 @@ pub async fn launch(
             agent.id,
             chat,
         ),
+        metrics,
         _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the

@@ -35,6 +35,7 @@ use crate::approvals::{ApprovalPolicy, ApprovalState, Decision};
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::hold::{HoldGuard, Reserved};
+use crate::metrics::{TurnMetrics, TurnOutcome};
 use crate::provider::{
     EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
     StopReason, ToolCall, ToolResult, Unavailable, Usage,
@@ -91,6 +92,8 @@ pub(super) struct TurnTask {
     pub speculation: Option<super::speculation::Speculation>,
     /// Keeps the turn stoppable from any replica until the task ends (T8).
     pub _running: super::stop::Registration,
+    /// Counts the turn live until the task ends, then by outcome (O2).
+    pub metrics: TurnMetrics,
 }
 
 /// The outcome of one answer's tool calls.
@@ -141,6 +144,18 @@ enum End {
     QuotaUnknown,
     /// Calls wait for a person (A3): the turn ends here with them stored pending.
     AwaitingApproval(Vec<NewApproval>),
+}
+
+impl End {
+    fn outcome(&self) -> TurnOutcome {
+        match self {
+            Self::Completed(_) => TurnOutcome::Completed,
+            Self::AwaitingApproval(_) => TurnOutcome::AwaitingApproval,
+            Self::Interrupted => TurnOutcome::Interrupted,
+            Self::Failed(_) | Self::QuotaUnknown => TurnOutcome::Failed,
+            Self::Refused(_) => TurnOutcome::Refused,
+        }
+    }
 }
 
 /// How long a wrap-up keeps trying to write the whole end state through transient store
@@ -385,7 +400,9 @@ impl TurnTask {
                 .collect(),
             _ => Vec::new(),
         };
+        let outcome = end.outcome();
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
+        self.metrics.ended(outcome.unless_lost(stored));
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
@@ -605,6 +622,7 @@ impl TurnTask {
                 model: parsed.model.to_owned(),
                 ..request.clone()
             };
+            let asked = std::time::Instant::now();
             let connected = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return OpenOutcome::Cancelled,
@@ -613,6 +631,7 @@ impl TurnTask {
             let mut stream = match connected {
                 Ok(stream) => stream,
                 Err(err) => {
+                    self.metrics.provider_error(&err);
                     tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
                     continue;
@@ -631,6 +650,7 @@ impl TurnTask {
                 match next {
                     Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
                     Some(Ok(first_output)) => {
+                        self.metrics.first_output(parsed.provider, asked.elapsed());
                         return OpenOutcome::Opened(Opened {
                             stream,
                             pending: VecDeque::from([first_output]),
@@ -640,6 +660,7 @@ impl TurnTask {
                         });
                     }
                     Some(Err(err)) => {
+                        self.metrics.provider_error(&err);
                         tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model stream failed before output");
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = err;
@@ -648,6 +669,7 @@ impl TurnTask {
                     None => {
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = ProviderError::Unavailable(Unavailable::Incomplete);
+                        self.metrics.provider_error(&last_error);
                         break;
                     }
                 }
@@ -759,6 +781,9 @@ impl TurnTask {
         };
         // Dropping the stream closes the provider connection: the abort of T8.
         drop(stream);
+        if let StepOutcome::Failed(err) = &outcome {
+            self.metrics.provider_error(err);
+        }
         usage_log.push(call_usage(call_index, &model, usage));
         if text_open {
             self.send(UiChunk::TextEnd { id: text_id }).await;
@@ -863,6 +888,13 @@ impl TurnTask {
                 }
             }
         }
+        // What has an output before anything ran was refused (or waits for a person).
+        for (index, call) in calls.iter().enumerate() {
+            if outputs[index].is_some() && !held.contains(&index) {
+                self.metrics
+                    .tool_not_run(self.toolset.get(&call.name), "refused");
+            }
+        }
         let mut current_write = writes.pop_front();
         let mut cancelled = false;
         while !reads.is_empty() || current_write.is_some() {
@@ -907,6 +939,8 @@ impl TurnTask {
     async fn run_answered(&self, conversation: &mut [Message], writes_used: &mut u32) {
         for approval in &self.resume {
             if approval.state != ApprovalState::Approved {
+                self.metrics
+                    .tool_not_run(self.toolset.get(&approval.tool), "denied");
                 self.send(UiChunk::ToolOutputDenied {
                     tool_call_id: approval.tool_call_id.clone(),
                 })
@@ -947,7 +981,7 @@ impl TurnTask {
                     tokio::select! {
                         biased;
                         () = self.cancel.cancelled() => ToolOutput::error(CANCELLED_RESULT),
-                        output = tool.call(&ctx, approval.input.clone()) => output,
+                        output = self.start(tool, &ctx, approval.input.clone()) => output,
                     }
                 }
             };
@@ -982,11 +1016,15 @@ impl TurnTask {
         ctx: &'a ToolCtx,
         args: Value,
     ) -> BoxFuture<'a, ToolOutput> {
+        // Counted `cancelled` when the call is dropped unanswered, started or not.
+        let counted = self.metrics.tool_call(tool);
         async move {
             if self.cancel.is_cancelled() {
                 return ToolOutput::error(CANCELLED_RESULT);
             }
-            tool.call(ctx, args).await
+            let output = tool.call(ctx, args).await;
+            counted.answered(&output);
+            output
         }
         .boxed()
     }
@@ -1021,6 +1059,8 @@ impl TurnTask {
     ) -> Vec<(Value, ToolOutput)> {
         let mut inputs = Vec::with_capacity(calls.len());
         for call in calls {
+            self.metrics
+                .tool_not_run(self.toolset.get(&call.name), "refused");
             let (_, input) = self.parse_input(call);
             self.send(UiChunk::ToolInputAvailable {
                 tool_call_id: call.id.clone(),

@@ -54,6 +54,8 @@ pub fn manager_command(
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
         .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)
         .env("RUNTIME_MANAGER_LOG", "warn")
+        // Tests run many managers at once: none takes the metrics port.
+        .env("RUNTIME_MANAGER_METRICS_ADDR", "off")
         .kill_on_drop(true);
     command
 }

@@ -192,6 +192,8 @@ impl Harness {
             "RUNTIME_MANAGER_WORKSPACES".into(),
             self.workspaces().display().to_string(),
         );
+        // Tests run many managers at once: none takes the metrics port unless it asks.
+        vars.insert("RUNTIME_MANAGER_METRICS_ADDR".into(), "off".into());
         for (k, v) in env {
             vars.insert((*k).to_owned(), (*v).to_owned());
         }
