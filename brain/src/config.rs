@@ -183,6 +183,9 @@ pub struct WorkerConfig {
     pub token_key: Vec<u8>,
     /// Whether `token_key` is the development key (logged as a warning at start).
     pub dev_token_key: bool,
+    /// A second key whose tokens are accepted, never used to sign: the key being rotated
+    /// in or out (`SESSION_TOKEN_KEY_ACCEPTED`, docs/OPERATIONS.md).
+    pub token_key_accepted: Option<Vec<u8>>,
     /// Lifetime of tokens the brain mints when renewing in-band.
     pub token_ttl: Duration,
     /// Upgrade to MCP `initialize` done (W6 `handshake_timeout`).
@@ -235,9 +238,20 @@ fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
             true,
         ),
     };
+    let token_key_accepted = match non_empty(env, "SESSION_TOKEN_KEY_ACCEPTED") {
+        Some(key) if key.len() >= 32 => Some(key.into_bytes()),
+        Some(_) => {
+            return Err(ConfigError {
+                name: "SESSION_TOKEN_KEY_ACCEPTED",
+                problem: "must have at least 32 bytes".into(),
+            });
+        }
+        None => None,
+    };
     Ok(WorkerConfig {
         token_key,
         dev_token_key,
+        token_key_accepted,
         token_ttl: millis(env, "BRAIN_WORKER_TOKEN_TTL_MS", 10 * 60_000)?,
         handshake_timeout: millis(env, "BRAIN_WORKER_HANDSHAKE_TIMEOUT_MS", 10_000)?,
         ready_timeout: millis(env, "BRAIN_WORKER_READY_TIMEOUT_MS", 10_000)?,

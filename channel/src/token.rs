@@ -22,11 +22,14 @@ pub enum TokenError {
     Invalid,
 }
 
-/// Mints and checks session tokens with one shared secret.
+/// Mints session tokens with one shared secret, and checks them against it and, while the
+/// secret is rotated, one more (`accepted`): tokens signed with either are valid, new ones
+/// are signed with the first only.
 #[derive(Clone)]
 pub struct TokenKeys {
     encoding: EncodingKey,
     decoding: DecodingKey,
+    accepted: Option<DecodingKey>,
 }
 
 impl std::fmt::Debug for TokenKeys {
@@ -50,7 +53,18 @@ impl TokenKeys {
         Ok(Self {
             encoding: EncodingKey::from_secret(secret).map_err(|_| TokenError::WeakKey)?,
             decoding: DecodingKey::from_secret(secret).map_err(|_| TokenError::WeakKey)?,
+            accepted: None,
         })
+    }
+
+    /// Also accepts tokens signed with `accepted` (never signs with it): the key being
+    /// rotated in or out (`SESSION_TOKEN_KEY_ACCEPTED`).
+    pub fn also_accepting(mut self, accepted: &[u8]) -> Result<Self, TokenError> {
+        if accepted.len() < 32 {
+            return Err(TokenError::WeakKey);
+        }
+        self.accepted = Some(DecodingKey::from_secret(accepted).map_err(|_| TokenError::WeakKey)?);
+        Ok(self)
     }
 
     /// A token for `session`, valid for `ttl`.
@@ -105,12 +119,19 @@ impl TokenKeys {
         validation.set_audience(&[audience]);
         validation.leeway = 0;
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
-        jsonwebtoken::decode::<SessionClaims>(token, &self.decoding, &validation)
-            .map(|data| data.claims)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
-                _ => TokenError::Invalid,
-            })
+        let decode = |key: &DecodingKey| {
+            jsonwebtoken::decode::<SessionClaims>(token, key, &validation)
+                .map(|data| data.claims)
+                .map_err(|e| match e.kind() {
+                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => TokenError::Expired,
+                    _ => TokenError::Invalid,
+                })
+        };
+        match (decode(&self.decoding), &self.accepted) {
+            // Not this key's signature: maybe the other one's.
+            (Err(TokenError::Invalid), Some(accepted)) => decode(accepted),
+            (verified, _) => verified,
+        }
     }
 }
 
@@ -182,6 +203,53 @@ mod tests {
         assert_eq!(keys.verify(&pool), Err(TokenError::Invalid));
         assert!(keys.verify_pool(&pool).is_ok());
         assert_eq!(keys.verify_pool(&token), Err(TokenError::Invalid));
+    }
+
+    #[test]
+    fn while_a_key_is_rotated_tokens_of_both_are_valid_and_new_ones_use_the_current() {
+        const NEXT: &[u8] = b"the next secret, also long enough!!";
+        let old = TokenKeys::new(SECRET).unwrap();
+        let mint = |keys: &TokenKeys| {
+            keys.mint(
+                SessionId::new(),
+                TeamId::new(),
+                AgentId::new(),
+                Duration::from_secs(60),
+            )
+            .unwrap()
+        };
+        // Phase one: signing with the old key, accepting the next one too.
+        let first = TokenKeys::new(SECRET)
+            .unwrap()
+            .also_accepting(NEXT)
+            .unwrap();
+        // Phase two: signing with the next key, accepting the old one.
+        let second = TokenKeys::new(NEXT)
+            .unwrap()
+            .also_accepting(SECRET)
+            .unwrap();
+        let next_only = TokenKeys::new(NEXT).unwrap();
+        let by_first = mint(&first);
+        let by_second = mint(&second);
+        assert!(first.verify(&by_second).is_ok());
+        assert!(second.verify(&by_first).is_ok());
+        assert!(
+            old.verify(&by_first).is_ok(),
+            "phase one still signs with the old key"
+        );
+        assert_eq!(old.verify(&by_second), Err(TokenError::Invalid));
+        assert!(next_only.verify(&by_second).is_ok());
+        assert_eq!(
+            next_only.verify(&by_first),
+            Err(TokenError::Invalid),
+            "phase three"
+        );
+        assert!(
+            TokenKeys::new(SECRET)
+                .unwrap()
+                .also_accepting(b"short")
+                .is_err()
+        );
     }
 
     #[test]

@@ -150,7 +150,10 @@ impl Sessions {
         metrics: Metrics,
         quotas: Quotas,
     ) -> Result<Self, channel::token::TokenError> {
-        let keys = TokenKeys::new(&config.token_key)?;
+        let mut keys = TokenKeys::new(&config.token_key)?;
+        if let Some(accepted) = &config.token_key_accepted {
+            keys = keys.also_accepting(accepted)?;
+        }
         Ok(Self(Arc::new(Inner {
             store,
             redis_url,
