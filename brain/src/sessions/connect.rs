@@ -32,6 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use channel::ws::{ChannelEnd, split};
 use hyper_util::rt::TokioIo;
+use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{
     BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD,
@@ -102,6 +103,9 @@ pub async fn connect(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<SessionId>().ok())
         .unwrap_or(claims.sub);
+    // A worker that carries a trace context (the provisioning that launched it) has its
+    // handshake joined to that trace.
+    let parent = crate::api::trace_parent(headers);
     let upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         let upgraded = match upgrade.await {
@@ -123,9 +127,14 @@ pub async fn connect(
             sessions.refuse_version(ws, &dial).await;
             return;
         }
+        let parent = parent.as_ref();
         match dial {
-            Dial::Session(claims) => sessions.run_session_channel(ws, claims, named).await,
-            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims).await,
+            Dial::Session(claims) => {
+                sessions
+                    .run_session_channel(ws, claims, named, parent)
+                    .await
+            }
+            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims, parent).await,
         }
     });
     let mut response = Response::new(Body::empty());
@@ -187,11 +196,14 @@ impl Sessions {
             .await;
     }
 
-    /// MCP `initialize`, then `tools/list`, each within its timeout.
+    /// MCP `initialize`, then `tools/list`, each within its timeout; in a
+    /// `channel_handshake` span (O2) for `session` (or pool slot).
     async fn handshake<Si, St>(
         &self,
         sink: Si,
         stream: St,
+        session: SessionId,
+        parent: Option<&TraceContext>,
     ) -> Result<RunningService<RoleClient, WorkerClient>, (FailureReason, u16)>
     where
         Si: futures_util::Sink<
@@ -205,18 +217,37 @@ impl Sessions {
             + Unpin
             + 'static,
     {
-        let served = tokio::time::timeout(
-            self.config.handshake_timeout,
-            WorkerClient::default().serve((sink, stream)),
-        )
-        .await;
-        let Ok(Ok(service)) = served else {
-            return Err((FailureReason::HandshakeTimeout, CLOSE_HANDSHAKE_TIMEOUT));
-        };
-        match tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await {
-            Ok(Ok(_)) => Ok(service),
-            _ => Err((FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT)),
+        let span = tracing::info_span!(
+            "channel_handshake",
+            session.id = %session,
+            outcome = tracing::field::Empty,
+        );
+        logging::traces::continue_from(&span, parent);
+        let done = async {
+            let served = tokio::time::timeout(
+                self.config.handshake_timeout,
+                WorkerClient::default().serve((sink, stream)),
+            )
+            .await;
+            let Ok(Ok(service)) = served else {
+                return Err((FailureReason::HandshakeTimeout, CLOSE_HANDSHAKE_TIMEOUT));
+            };
+            match tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await {
+                Ok(Ok(_)) => Ok(service),
+                _ => Err((FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT)),
+            }
         }
+        // Not entered: rmcp's service task would take it as its own span and keep it open
+        // for the channel's life.
+        .await;
+        span.record(
+            "outcome",
+            match &done {
+                Ok(_) => "ready",
+                Err((reason, _)) => reason.as_str(),
+            },
+        );
+        done
     }
 
     /// A worker launched for one session dials in (W3).
@@ -225,6 +256,7 @@ impl Sessions {
         ws: WebSocketStream<S>,
         claims: SessionClaims,
         named: SessionId,
+        parent: Option<&TraceContext>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -261,7 +293,7 @@ impl Sessions {
                 .await;
             }
         };
-        let service = match self.handshake(sink, stream).await {
+        let service = match self.handshake(sink, stream, session, parent).await {
             Ok(service) => service,
             Err((reason, code)) => return refuse(reason, code, session).await,
         };
@@ -379,8 +411,12 @@ impl Sessions {
 
     /// A pre-started worker dials in unassigned (R3); it waits in this replica's pool
     /// until a session claims it.
-    async fn run_pool_channel<S>(&self, ws: WebSocketStream<S>, claims: SessionClaims)
-    where
+    async fn run_pool_channel<S>(
+        &self,
+        ws: WebSocketStream<S>,
+        claims: SessionClaims,
+        parent: Option<&TraceContext>,
+    ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let slot = claims.sub;
@@ -397,7 +433,7 @@ impl Sessions {
                     .await;
             }
         };
-        let service = match self.handshake(sink, stream).await {
+        let service = match self.handshake(sink, stream, slot, parent).await {
             Ok(service) => service,
             Err((reason, code)) => {
                 self.slot_gone(slot, reason).await;

@@ -35,6 +35,7 @@ use protocol::{AgentId, ChatId, SessionId, TeamId};
 use queue::SessionQueue;
 use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 // `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
 pub use connect::{__path_connect, connect};
@@ -78,6 +79,22 @@ pub enum SessionError {
     /// worker; the model reads why as the tool's error.
     #[error("refused: {}", .0.message())]
     Quota(crate::quota::Refusal),
+}
+
+impl SessionError {
+    /// A stable class for traces and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Failed(_) => "failed",
+            Self::Timeout => "timeout",
+            Self::Queue => "queue_unavailable",
+            Self::Store(_) => "store_unavailable",
+            Self::Cancelled => "cancelled",
+            Self::OwnerUnknown => "owner_unknown",
+            Self::Reconnecting => "reconnecting",
+            Self::Quota(_) => "quota",
+        }
+    }
 }
 
 /// Who holds a `ready` session's channel.
@@ -243,7 +260,32 @@ impl Sessions {
         if let Some((session, worker)) = self.registry.for_chat(agent, chat) {
             return Ok(Target::Local { session, worker });
         }
-        let target = self.locate(team, agent, chat, profile, ui, cancel).await?;
+        // O2: finding, claiming or provisioning the chat's worker, and waiting for it.
+        let span = tracing::info_span!(
+            "provision",
+            profile = %profile,
+            session.id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let located = self
+            .locate(team, agent, chat, profile, ui, cancel)
+            .instrument(span.clone())
+            .await;
+        let target = match located {
+            Ok(target) => target,
+            Err(err) => {
+                span.record("outcome", err.metric_label());
+                return Err(err);
+            }
+        };
+        span.record("session.id", tracing::field::display(target.session()));
+        span.record(
+            "outcome",
+            match &target {
+                Target::Local { .. } => "local",
+                Target::Remote { .. } => "remote",
+            },
+        );
         if let Target::Local { session, .. } = &target {
             self.registry.remember_chat(agent, chat, *session);
         }

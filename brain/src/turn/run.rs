@@ -12,13 +12,17 @@
 //! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
 //!   stream and running tools, stores a synthetic result for every call without one, and
 //!   starts no tool after the cancel (T8).
+//! - Traces (O2): the task runs in its `turn` span; each model route tried is a
+//!   `model_call` span (route, adapter, token counts, time to first output, outcome) and
+//!   each tool run a `tool_call` span (tool, outcome), children of the turn. A worker
+//!   call carries the `tool_call` span's context to the worker (`sessions/tool.rs`).
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
@@ -28,6 +32,8 @@ use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::context::{self, Fold};
 use super::history::{AWAITING_APPROVAL, answer_call, step_start, text_part, tool_part};
@@ -105,6 +111,8 @@ struct Opened {
     usage: Usage,
     call_index: u32,
     model: String,
+    /// The call's `model_call` span, ended when the call is.
+    span: tracing::Span,
 }
 
 enum OpenOutcome {
@@ -140,6 +148,20 @@ enum End {
     AwaitingApproval(Vec<NewApproval>),
 }
 
+impl End {
+    /// The turn span's `outcome`.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Completed(_) => "completed",
+            Self::Interrupted => "interrupted",
+            Self::Failed(_) => "failed",
+            Self::Refused(_) => "budget_spent",
+            Self::QuotaUnknown => "quota_unknown",
+            Self::AwaitingApproval(_) => "awaiting_approval",
+        }
+    }
+}
+
 /// How long a wrap-up keeps trying to write the whole end state through transient store
 /// failures (every pooled connection busy in a burst of wrap-ups, a dropped connection)
 /// before it falls back to ending the turn `failed`.
@@ -166,6 +188,7 @@ impl TurnTask {
         let mut parts: Vec<Value> = Vec::new();
         let mut conversation = self.request.messages.clone();
         let mut calls_made = 0u32;
+        let mut tool_calls = 0usize;
         let mut writes_used = 0u32;
         let mut truncation_retried = false;
         let mut iteration = 0u32;
@@ -208,6 +231,7 @@ impl TurnTask {
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
+                        record_turn(calls_made, tool_calls, "failed");
                         let billed = billed_tokens(&usage_log);
                         // The client gets an error status, not a stream: the user message
                         // goes with the failure, so the same message id may be sent again.
@@ -236,6 +260,7 @@ impl TurnTask {
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
             let step = self.relay(opened, iteration, &mut usage_log).await;
+            tool_calls += step.calls.len();
             if !step.text.is_empty() {
                 parts.push(text_part(&step.text));
             }
@@ -382,6 +407,7 @@ impl TurnTask {
                 .collect(),
             _ => Vec::new(),
         };
+        record_turn(calls_made, tool_calls, end.label());
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
@@ -597,6 +623,17 @@ impl TurnTask {
             };
             let call_index = *calls_made;
             *calls_made += 1;
+            let span = tracing::info_span!(
+                "model_call",
+                route = %route,
+                adapter = parsed.provider.as_str(),
+                call_index,
+                input_tokens = Empty,
+                output_tokens = Empty,
+                ttft_ms = Empty,
+                outcome = Empty,
+            );
+            let asked = Instant::now();
             let provider = self.providers.get(parsed.provider).clone();
             let request = ModelRequest {
                 model: parsed.model.to_owned(),
@@ -604,12 +641,16 @@ impl TurnTask {
             };
             let connected = tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => return OpenOutcome::Cancelled,
-                result = provider.stream(&request) => result,
+                () = self.cancel.cancelled() => {
+                    span.record("outcome", "cancelled");
+                    return OpenOutcome::Cancelled;
+                }
+                result = provider.stream(&request).instrument(span.clone()) => result,
             };
             let mut stream = match connected {
                 Ok(stream) => stream,
                 Err(err) => {
+                    span.record("outcome", err.metric_label());
                     tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
                     continue;
@@ -620,6 +661,7 @@ impl TurnTask {
                 let next = tokio::select! {
                     biased;
                     () = self.cancel.cancelled() => {
+                        record_call(&span, usage, "cancelled");
                         usage_log.push(call_usage(call_index, route, usage));
                         return OpenOutcome::Cancelled;
                     }
@@ -628,21 +670,28 @@ impl TurnTask {
                 match next {
                     Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
                     Some(Ok(first_output)) => {
+                        span.record(
+                            "ttft_ms",
+                            u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        );
                         return OpenOutcome::Opened(Opened {
                             stream,
                             pending: VecDeque::from([first_output]),
                             usage,
                             call_index,
                             model: route.clone(),
+                            span,
                         });
                     }
                     Some(Err(err)) => {
                         tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model stream failed before output");
+                        record_call(&span, usage, err.metric_label());
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = err;
                         break;
                     }
                     None => {
+                        record_call(&span, usage, "incomplete");
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = ProviderError::Unavailable(Unavailable::Incomplete);
                         break;
@@ -666,6 +715,7 @@ impl TurnTask {
             mut usage,
             call_index,
             model,
+            span,
         } = opened;
         let text_id = format!("text-{iteration}");
         let mut text = String::new();
@@ -753,6 +803,13 @@ impl TurnTask {
         };
         // Dropping the stream closes the provider connection: the abort of T8.
         drop(stream);
+        let label = match &outcome {
+            StepOutcome::Finished(_) => "ok",
+            StepOutcome::Cancelled => "cancelled",
+            StepOutcome::Failed(err) => err.metric_label(),
+        };
+        record_call(&span, usage, label);
+        drop(span);
         usage_log.push(call_usage(call_index, &model, usage));
         if text_open {
             self.send(UiChunk::TextEnd { id: text_id }).await;
@@ -846,12 +903,12 @@ impl TurnTask {
                         )));
                     } else {
                         *writes_used += 1;
-                        writes.push_back((index, self.start(tool, &ctxs[index], args)));
+                        writes.push_back((index, self.start(tool, &call.name, &ctxs[index], args)));
                     }
                 }
                 (Some(tool), Ok(args)) => {
                     reads.push(
-                        self.start(tool, &ctxs[index], args)
+                        self.start(tool, &call.name, &ctxs[index], args)
                             .map(move |output| (index, output)),
                     );
                 }
@@ -938,11 +995,17 @@ impl TurnTask {
                         ui: Some(self.tx.clone()),
                         cancel: self.cancel.child_token(),
                     };
-                    tokio::select! {
+                    let span = tool_span(&call.name);
+                    let output = tokio::select! {
                         biased;
-                        () = self.cancel.cancelled() => ToolOutput::error(CANCELLED_RESULT),
-                        output = tool.call(&ctx, approval.input.clone()) => output,
-                    }
+                        () = self.cancel.cancelled() => {
+                            span.record("outcome", "cancelled");
+                            ToolOutput::error(CANCELLED_RESULT)
+                        }
+                        output = tool.call(&ctx, approval.input.clone()).instrument(span.clone()) => output,
+                    };
+                    record_tool(&span, &output);
+                    output
                 }
             };
             let mut reported = self
@@ -973,14 +1036,19 @@ impl TurnTask {
     fn start<'a>(
         &'a self,
         tool: &'a Arc<dyn Tool>,
+        name: &str,
         ctx: &'a ToolCtx,
         args: Value,
     ) -> BoxFuture<'a, ToolOutput> {
+        let span = tool_span(name);
         async move {
             if self.cancel.is_cancelled() {
                 return ToolOutput::error(CANCELLED_RESULT);
             }
-            tool.call(ctx, args).await
+            // A call dropped by a cancel ends its span with no `outcome`.
+            let output = tool.call(ctx, args).instrument(span.clone()).await;
+            record_tool(&span, &output);
+            output
         }
         .boxed()
     }
@@ -1248,6 +1316,34 @@ fn billed_tokens(usage_log: &[ModelCallUsage]) -> u64 {
         .iter()
         .map(|u| u.input_tokens.unwrap_or(0) + u.output_tokens.unwrap_or(0))
         .sum()
+}
+
+/// A `tool_call` span: the tool's name only, never its arguments (X4).
+fn tool_span(name: &str) -> tracing::Span {
+    tracing::info_span!("tool_call", tool = %name, outcome = Empty)
+}
+
+fn record_tool(span: &tracing::Span, output: &ToolOutput) {
+    span.record("outcome", if output.is_error { "error" } else { "ok" });
+}
+
+/// What a `model_call` span ends with: the token counts the provider reported.
+fn record_call(span: &tracing::Span, usage: Usage, outcome: &str) {
+    if let Some(tokens) = usage.input_tokens {
+        span.record("input_tokens", tokens);
+    }
+    if let Some(tokens) = usage.output_tokens {
+        span.record("output_tokens", tokens);
+    }
+    span.record("outcome", outcome);
+}
+
+/// What the `turn` span (the task's current span) ends with.
+fn record_turn(model_calls: u32, tool_calls: usize, outcome: &'static str) {
+    let span = tracing::Span::current();
+    span.record("model_calls", model_calls);
+    span.record("tool_calls", tool_calls);
+    span.record("outcome", outcome);
 }
 
 fn call_usage(call_index: u32, model: &str, usage: Usage) -> ModelCallUsage {
