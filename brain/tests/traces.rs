@@ -4,9 +4,9 @@
 //!
 //! One turn with a worker call, under a client's `traceparent`, must be one trace: the
 //! turn a child of the client's span, its model calls and tool calls children of the
-//! turn, the provisioning a child of the worker tool's call, and the worker's own span for
-//! the call a child of the brain's `tool_call` (the context crossed the channel in the MCP
-//! request's `_meta`). And no span, attribute or event anywhere may carry the message, the
+//! turn, the provisioning a child of the worker tool's call and the worker's handshake a
+//! child of the provisioning, and the worker's own span for the call a child of the
+//! brain's `tool_call` (the context crossed the channel in the MCP request's `_meta`). And no span, attribute or event anywhere may carry the message, the
 //! model's answer, the tool's output, a secret or a token.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -395,15 +395,14 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
     );
     assert_eq!(provision.attr("outcome").as_deref(), Some("local"));
     assert_eq!(provision.attr("profile").as_deref(), Some("light"));
-    let session = provision.attr("session.id").unwrap();
+    // The worker dialing in, while the provisioning waited for it on this replica.
     let handshakes = named(&spans, "brain", "channel_handshake");
-    assert!(
-        handshakes.iter().any(
-            |h| h.attr("session.id").as_deref() == Some(session.as_str())
-                && h.attr("outcome").as_deref() == Some("ready")
-        ),
-        "{handshakes:#?}"
-    );
+    assert_eq!(handshakes.len(), 1, "{handshakes:#?}");
+    let handshake = handshakes[0];
+    assert_eq!(hex(&handshake.span.trace_id), client_trace);
+    assert_eq!(parent(handshake), id(provision));
+    assert_eq!(handshake.attr("session.id"), provision.attr("session.id"));
+    assert_eq!(handshake.attr("outcome").as_deref(), Some("ready"));
 
     // The worker's span for the call: the trace crossed the channel in `_meta`.
     let worker_call = named(&spans, "worker", "tool_call")[0];

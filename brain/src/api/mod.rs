@@ -151,12 +151,9 @@ fn parse_id<T: std::str::FromStr>(raw: &str, what: &'static str) -> Result<T, Ap
     raw.parse().map_err(|_| ApiError::NotFound(what))
 }
 
-/// The W3C trace context of a request (O2): a turn continues the client's trace, a
-/// worker's handshake the provisioning's. `None`
+/// The W3C trace context of a request (O2): its turn continues the client's trace. `None`
 /// without a `traceparent`, or when this process exports no traces.
-pub(crate) fn trace_parent(
-    headers: &axum::http::HeaderMap,
-) -> Option<logging::traces::TraceContext> {
+fn trace_parent(headers: &axum::http::HeaderMap) -> Option<logging::traces::TraceContext> {
     let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
     logging::traces::TraceContext::received(
         value(logging::traces::TRACEPARENT),

@@ -103,9 +103,6 @@ pub async fn connect(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<SessionId>().ok())
         .unwrap_or(claims.sub);
-    // A worker that carries a trace context (the provisioning that launched it) has its
-    // handshake joined to that trace.
-    let parent = crate::api::trace_parent(headers);
     let upgrade = hyper::upgrade::on(&mut request);
     tokio::spawn(async move {
         let upgraded = match upgrade.await {
@@ -127,14 +124,9 @@ pub async fn connect(
             sessions.refuse_version(ws, &dial).await;
             return;
         }
-        let parent = parent.as_ref();
         match dial {
-            Dial::Session(claims) => {
-                sessions
-                    .run_session_channel(ws, claims, named, parent)
-                    .await
-            }
-            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims, parent).await,
+            Dial::Session(claims) => sessions.run_session_channel(ws, claims, named).await,
+            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims).await,
         }
     });
     let mut response = Response::new(Body::empty());
@@ -256,7 +248,6 @@ impl Sessions {
         ws: WebSocketStream<S>,
         claims: SessionClaims,
         named: SessionId,
-        parent: Option<&TraceContext>,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -293,7 +284,9 @@ impl Sessions {
                 .await;
             }
         };
-        let service = match self.handshake(sink, stream, session, parent).await {
+        // The provisioning that waits for this worker, when it waits on this replica.
+        let parent = self.awaited_trace(session);
+        let service = match self.handshake(sink, stream, session, parent.as_ref()).await {
             Ok(service) => service,
             Err((reason, code)) => return refuse(reason, code, session).await,
         };
@@ -411,12 +404,8 @@ impl Sessions {
 
     /// A pre-started worker dials in unassigned (R3); it waits in this replica's pool
     /// until a session claims it.
-    async fn run_pool_channel<S>(
-        &self,
-        ws: WebSocketStream<S>,
-        claims: SessionClaims,
-        parent: Option<&TraceContext>,
-    ) where
+    async fn run_pool_channel<S>(&self, ws: WebSocketStream<S>, claims: SessionClaims)
+    where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let slot = claims.sub;
@@ -433,7 +422,8 @@ impl Sessions {
                     .await;
             }
         };
-        let service = match self.handshake(sink, stream, slot, parent).await {
+        // A pooled worker starts ahead of any turn: its handshake is a trace of its own.
+        let service = match self.handshake(sink, stream, slot, None).await {
             Ok(service) => service,
             Err((reason, code)) => {
                 self.slot_gone(slot, reason).await;

@@ -24,11 +24,12 @@ mod registry;
 mod relay;
 mod tool;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use channel::token::TokenKeys;
+use logging::traces::TraceContext;
 use protocol::channel::{FailureReason, SessionState, SessionTask};
 use protocol::ui::{UiChunk, WorkerStatus};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
@@ -148,6 +149,10 @@ pub struct Inner {
     metrics: Metrics,
     /// Checked before a session is provisioned or a pooled worker claimed (E2).
     quotas: Quotas,
+    /// The `provision` span of each session this replica queued and waits for, so its
+    /// worker's handshake here joins the turn's trace (O2); best effort, kept no longer
+    /// than the provision timeout. Empty when no traces are exported.
+    awaited: Mutex<HashMap<SessionId, (TraceContext, Instant)>>,
 }
 
 impl std::ops::Deref for Sessions {
@@ -182,6 +187,7 @@ impl Sessions {
             queue: OnceCell::new(),
             metrics,
             quotas,
+            awaited: Mutex::default(),
         })))
     }
 
@@ -571,6 +577,20 @@ impl Sessions {
             return Err(err);
         }
         tracing::info!(session = %row.id, profile, "provision task queued");
+        // Called in the `provision` span: the worker's handshake is to continue it.
+        if let Some(trace) = logging::traces::context_of(&tracing::Span::current())
+            && let Ok(mut awaited) = self.awaited.lock()
+        {
+            let window = self.config.provision_timeout;
+            awaited.retain(|_, (_, since)| since.elapsed() < window);
+            awaited.insert(row.id, (trace, Instant::now()));
+        }
         Ok(row)
+    }
+
+    /// The trace context of the provisioning that waits for `session`'s worker here.
+    fn awaited_trace(&self, session: SessionId) -> Option<TraceContext> {
+        let mut awaited = self.awaited.lock().ok()?;
+        awaited.remove(&session).map(|(trace, _)| trace)
     }
 }
