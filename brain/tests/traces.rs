@@ -234,6 +234,55 @@ fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
     }
 }
 
+/// A chat with an agent of the `light` profile (the worker tools): its id.
+async fn light_chat(app: &TestApp) -> String {
+    let agent: Value = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "hands", "system_prompt": "Use your shell.",
+                    "model": "openai/gpt-test", "runtime_profile": "light"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let agent = agent["id"].as_str().unwrap();
+    let chat: Value = app
+        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    chat["id"].as_str().unwrap().to_owned()
+}
+
+/// Posts `content` to `chat` on the brain at `url` under the client span
+/// `00-{trace}-{span}-01`, and reads the whole stream.
+async fn send_traced(
+    app: &TestApp,
+    url: &str,
+    chat: &str,
+    content: &str,
+    trace: &str,
+    span: &str,
+) -> Vec<UiChunk> {
+    let response = app
+        .auth(
+            app.http
+                .post(format!("{url}/v1/chats/{chat}/messages"))
+                .header("traceparent", format!("00-{trace}-{span}-01"))
+                .header("tracestate", "client=1"),
+        )
+        .json(&json!({ "content": content }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done);
+    chunks
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
     let receiver = Receiver::start().await;
@@ -265,24 +314,8 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         .spawn()
         .unwrap();
 
-    let agent: Value = app
-        .post_json(
-            "/v1/agents",
-            &json!({"name": "hands", "system_prompt": "Use your shell.",
-                    "model": "openai/gpt-test", "runtime_profile": "light"}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let agent = agent["id"].as_str().unwrap();
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let chat = chat["id"].as_str().unwrap();
+    let chat = light_chat(&app).await;
+    let chat = chat.as_str();
 
     // The command prints the output marker without holding it in its own text.
     let half = output_marker.len() / 2;
@@ -310,20 +343,15 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
 
     let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let client_span = "00f067aa0ba902b7";
-    let response = app
-        .auth(
-            app.http
-                .post(format!("{}/v1/chats/{chat}/messages", brain.url))
-                .header("traceparent", format!("00-{client_trace}-{client_span}-01"))
-                .header("tracestate", "client=1"),
-        )
-        .json(&json!({ "content": format!("please run it {user_marker}") }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let (chunks, done) = read_stream(response).await;
-    assert!(done);
+    let chunks = send_traced(
+        &app,
+        &brain.url,
+        chat,
+        &format!("please run it {user_marker}"),
+        client_trace,
+        client_span,
+    )
+    .await;
     // The markers really went through the turn: the shell printed one, the model said one.
     let outputs: Vec<String> = chunks
         .iter()
@@ -452,4 +480,79 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         );
         assert!(received.span.events.is_empty(), "events are log text");
     }
+}
+
+/// A call relayed between replicas (W4) stays in the trace: the caller's `tool_call` span
+/// travels in the relay message, and the owner puts it in the worker's `_meta`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relayed_worker_call_continues_the_callers_trace() {
+    let receiver = Receiver::start().await;
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let app = TestApp::start().await;
+    let namespace = format!("test-{run}");
+    let otel = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("SESSION_QUEUE_NAMESPACE", namespace.as_str()),
+    ];
+    let with_name = |name: &'static str| {
+        let mut env = otel.to_vec();
+        env.push(("OTEL_SERVICE_NAME", name));
+        env
+    };
+    // The client talks to `caller`; the worker dials `owner`.
+    let caller = BrainProcess::start(&app, &with_name("brain-caller")).await;
+    let owner = BrainProcess::start(&app, &with_name("brain-owner")).await;
+    let workspaces = TempDir::new();
+    let _manager = manager_command(&app, &namespace, &owner.url, &workspaces)
+        .envs(otel)
+        .spawn()
+        .unwrap();
+    let chat = light_chat(&app).await;
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![call(
+            "call_shell",
+            "shell",
+            json!({"command": "echo relayed"}),
+        )],
+        fragment: 32,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["done".into()],
+        delay: Duration::from_millis(1),
+    });
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let chunks = send_traced(
+        &app,
+        &caller.url,
+        &chat,
+        "run it",
+        trace,
+        "b7ad6b7169203331",
+    )
+    .await;
+    assert!(
+        chunks.iter().any(|c| matches!(c,
+            UiChunk::ToolOutputAvailable { output, .. } if output.to_string().contains("relayed"))),
+        "{chunks:?}"
+    );
+
+    let spans = receiver
+        .until("the relayed call's spans", |spans| {
+            named(spans, "brain-caller", "provision").len() == 1
+                && named(spans, "brain-caller", "tool_call").len() == 1
+                && named(spans, "worker", "tool_call").len() == 1
+        })
+        .await;
+    let provision = named(&spans, "brain-caller", "provision")[0];
+    assert_eq!(provision.attr("outcome").as_deref(), Some("remote"));
+    let shell = named(&spans, "brain-caller", "tool_call")[0];
+    let worker_call = named(&spans, "worker", "tool_call")[0];
+    assert_eq!(hex(&worker_call.span.trace_id), trace);
+    assert_eq!(
+        hex(&worker_call.span.parent_span_id),
+        hex(&shell.span.span_id),
+        "the worker's span continues the caller's tool call, through the owner"
+    );
 }
