@@ -514,7 +514,8 @@ async fn a_relayed_worker_call_continues_the_callers_trace() {
         calls: vec![call(
             "call_shell",
             "shell",
-            json!({"command": "echo relayed"}),
+            // The worker has the collector's settings; the commands it runs do not.
+            json!({"command": "echo relayed; env | grep '^OTEL_' || echo no-telemetry-env"}),
         )],
         fragment: 32,
     });
@@ -534,7 +535,9 @@ async fn a_relayed_worker_call_continues_the_callers_trace() {
     .await;
     assert!(
         chunks.iter().any(|c| matches!(c,
-            UiChunk::ToolOutputAvailable { output, .. } if output.to_string().contains("relayed"))),
+            UiChunk::ToolOutputAvailable { output, .. }
+                if output.to_string().contains("relayed")
+                    && output.to_string().contains("no-telemetry-env"))),
         "{chunks:?}"
     );
 
