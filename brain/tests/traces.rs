@@ -559,3 +559,40 @@ async fn a_relayed_worker_call_continues_the_callers_trace() {
         "the worker's span continues the caller's tool call, through the owner"
     );
 }
+
+/// The spans still buffered at a graceful stop are posted before the process exits: with a
+/// batch delay far longer than the test, the turn's span arrives only through the flush.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_graceful_stop_posts_the_last_spans() {
+    let receiver = Receiver::start().await;
+    let app = TestApp::start().await;
+    let mut brain = BrainProcess::start(
+        &app,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+        ],
+    )
+    .await;
+    let (_agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(Reply::Text {
+        deltas: vec!["hello".into()],
+        delay: Duration::from_millis(1),
+    });
+    let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    send_traced(&app, &brain.url, &chat, "hi", trace, "051581bf3cb55c13").await;
+    app.settled().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        receiver.spans().is_empty(),
+        "nothing is posted before the batch delay"
+    );
+    assert!(brain.terminate().await.success());
+    let spans = receiver
+        .until("the flushed turn", |spans| {
+            named(spans, "brain", "turn").len() == 1
+                && named(spans, "brain", "model_call").len() == 1
+        })
+        .await;
+    assert_eq!(hex(&named(&spans, "brain", "turn")[0].span.trace_id), trace);
+}

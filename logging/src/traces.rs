@@ -49,19 +49,14 @@ const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 /// exporter never builds a context to carry.
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
-/// The exporter of a process that exports traces; flushed and stopped by
-/// [`Telemetry::shutdown`] at a graceful exit.
+/// What [`crate::init`] set up for traces: the exporter, if any, which
+/// [`Telemetry::shutdown`] flushes and stops at a graceful exit.
 #[must_use = "keep it until the process exits and call `shutdown` then, or the last spans are lost"]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
 }
 
 impl Telemetry {
-    /// Whether this process exports spans.
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
     /// Posts the spans still buffered and stops the exporter, within a bound: a collector
     /// that is down must not hold up the exit. Call it inside the Tokio runtime, after the
     /// work whose spans should be seen has ended.
