@@ -17,14 +17,21 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
-    init_tracing(config.log_json);
+    let telemetry = init_tracing(config.log_json);
+    let outcome = run(&args, &mut config).await;
+    // After the drain: the spans of the last turns are posted before the exit.
+    telemetry.shutdown().await;
+    outcome
+}
+
+async fn run(args: &[String], config: &mut Config) -> anyhow::Result<()> {
     match args
         .iter()
         .map(String::as_str)
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["serve"] => serve(&mut config).await,
+        ["serve"] => serve(config).await,
         ["migrate"] => {
             if store::create_database_if_missing(&config.database_url)
                 .await
@@ -104,12 +111,13 @@ async fn signal_shutdown(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-/// `BRAIN_LOG` under the privacy cap (X4), which no filter lifts (`logging`).
-fn init_tracing(json: bool) {
+/// `BRAIN_LOG` under the privacy cap (X4), which no filter lifts, and the OTLP exporter
+/// when the `OTEL_*` variables configure one (`logging`).
+fn init_tracing(json: bool) -> logging::Telemetry {
     let format = if json {
         logging::Format::Json
     } else {
         logging::Format::Text
     };
-    logging::init("BRAIN_LOG", "info", format);
+    logging::init("BRAIN_LOG", "info", format, "brain")
 }

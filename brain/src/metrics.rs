@@ -255,11 +255,7 @@ impl Metrics {
 
     /// The label of a route kind.
     pub fn route(&self, kind: ProviderKind) -> &'static str {
-        match kind {
-            _ if self.demo => "demo",
-            ProviderKind::OpenAi => "openai",
-            ProviderKind::Anthropic => "anthropic",
-        }
+        if self.demo { "demo" } else { kind.as_str() }
     }
 
     /// Counts one observer of the events stream for as long as the guard lives.

@@ -130,6 +130,7 @@ async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
         claimed.chat,
         Trigger::Autostart(input),
         true,
+        None,
     )
     .await
     .and_then(|launched| {

@@ -16,13 +16,26 @@
 //! above, known to put payloads in warnings, at `error`. The cap is a filter layer of its
 //! own, not directives added to the operator's filter, so no directive of theirs (however
 //! specific: `rmcp::service=trace`) lifts it.
+//!
+//! The same subscriber exports the workspace's spans as OpenTelemetry traces when the
+//! operator configures an OTLP endpoint ([`traces`]). The log lines take events only, and
+//! the operator's filter applies to them alone: `BRAIN_LOG=warn` quiets the logs, not the
+//! traces.
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+use tracing::Metadata;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, filter_fn};
 use tracing_subscriber::fmt;
+use tracing_subscriber::layer::Filter;
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
+
+pub mod traces;
+
+pub use traces::Telemetry;
 
 /// The workspace's crates (as `tracing` targets, which start with the crate's name): their
 /// events pass the cap at every level.
@@ -50,6 +63,26 @@ pub fn privacy_cap() -> Targets {
         .with_targets(ERROR_ONLY_TARGETS.map(|target| (target, LevelFilter::ERROR)))
 }
 
+/// Whether `target` is one of [`OWN_TARGETS`] or a module of one.
+pub(crate) fn is_own_target(target: &str) -> bool {
+    OWN_TARGETS.iter().any(|own| {
+        target
+            .strip_prefix(own)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
+}
+
+/// What the log lines take: events (spans go to traces only, and a span no layer wants
+/// costs nothing), under the cap, then the operator's filter.
+fn line_filter<S>(operator: EnvFilter) -> impl Filter<S>
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
+    filter_fn(|meta: &Metadata<'_>| meta.is_event())
+        .and(privacy_cap())
+        .and(operator)
+}
+
 /// The line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -60,24 +93,25 @@ pub enum Format {
 }
 
 /// Installs the process's subscriber: stderr in `format`, the `EnvFilter` in the variable
-/// `filter_var` (`default` when it is unset or does not parse), under [`privacy_cap`].
-pub fn init(filter_var: &str, default: &str, format: Format) {
-    let filter = EnvFilter::try_from_env(filter_var).unwrap_or_else(|_| EnvFilter::new(default));
-    let capped = tracing_subscriber::registry()
-        .with(privacy_cap())
-        .with(filter);
-    match format {
-        Format::Text => capped
-            .with(
-                fmt::layer()
-                    .with_writer(std::io::stderr)
-                    .with_ansi(std::io::stderr().is_terminal()),
-            )
-            .init(),
-        Format::Json => capped
-            .with(fmt::layer().json().with_writer(std::io::stderr))
-            .init(),
-    }
+/// `filter_var` (`default` when it is unset or does not parse), under [`privacy_cap`]; and
+/// the OTLP trace exporter when the `OTEL_*` variables ask for one, with `service` as the
+/// default service name. Call it inside the Tokio runtime (the exporter's task runs
+/// there), and [`Telemetry::shutdown`] at a graceful exit.
+pub fn init(filter_var: &str, default: &str, format: Format, service: &str) -> Telemetry {
+    let operator = EnvFilter::try_from_env(filter_var).unwrap_or_else(|_| EnvFilter::new(default));
+    let lines = match format {
+        Format::Text => fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .boxed(),
+        Format::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
+    };
+    let (exporter, telemetry) = traces::layer(service);
+    tracing_subscriber::registry()
+        .with(lines.with_filter(line_filter(operator)))
+        .with(exporter)
+        .init();
+    telemetry
 }
 
 #[cfg(test)]
@@ -95,10 +129,12 @@ mod tests {
             let lines = lines.clone();
             move || Sink(lines.clone())
         };
-        let subscriber = tracing_subscriber::registry()
-            .with(privacy_cap())
-            .with(EnvFilter::new(filter))
-            .with(fmt::layer().with_writer(writer).with_ansi(false));
+        let subscriber = tracing_subscriber::registry().with(
+            fmt::layer()
+                .with_writer(writer)
+                .with_ansi(false)
+                .with_filter(line_filter(EnvFilter::new(filter))),
+        );
         tracing::subscriber::with_default(subscriber, emit);
         String::from_utf8(lines.lock().unwrap().clone()).unwrap()
     }
@@ -131,6 +167,20 @@ mod tests {
         assert!(out.contains("h2-warn"), "{out}");
         assert!(!out.contains("kube-warn"), "{out}");
         assert!(!out.contains("cdp-info"), "{out}");
+    }
+
+    #[test]
+    fn without_an_exporter_no_layer_wants_a_span() {
+        let subscriber = tracing_subscriber::registry().with(
+            fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(line_filter(EnvFilter::new("trace"))),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            // Disabled at the callsite: creating it records nothing, formats nothing.
+            assert!(tracing::info_span!(target: "brain::turn", "turn", turn = 1).is_disabled());
+            assert!(tracing::event_enabled!(target: "brain::turn", tracing::Level::INFO));
+        });
     }
 
     #[test]

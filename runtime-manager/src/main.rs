@@ -67,7 +67,12 @@ fn render_job(config: &Config, profile: &str) -> ExitCode {
 #[tokio::main]
 async fn serve(config: Config) -> ExitCode {
     // Under the privacy cap (X4): kube logs API bodies, which hold worker tokens.
-    logging::init("RUNTIME_MANAGER_LOG", "info", logging::Format::Text);
+    let telemetry = logging::init(
+        "RUNTIME_MANAGER_LOG",
+        "info",
+        logging::Format::Text,
+        "runtime-manager",
+    );
 
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
@@ -76,7 +81,7 @@ async fn serve(config: Config) -> ExitCode {
         tracing::info!("shutdown requested");
         signal.cancel();
     });
-    match runtime_manager::run(config, shutdown).await {
+    let code = match runtime_manager::run(config, shutdown).await {
         Ok(()) => {
             tracing::info!("runtime-manager stopped");
             ExitCode::SUCCESS
@@ -86,7 +91,9 @@ async fn serve(config: Config) -> ExitCode {
             eprintln!("runtime-manager: {}", e.metric_label());
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }
 
 /// SIGTERM (Kubernetes) or Ctrl-C.

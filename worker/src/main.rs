@@ -18,7 +18,6 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::CONFIG);
         }
     };
-    init_tracing();
     // wss:// uses rustls; pin its crypto provider so a build that links two never panics.
     #[cfg(feature = "tls")]
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -32,7 +31,14 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::CHANNEL_LOST);
         }
     };
-    let code = runtime.block_on(worker::session::run(config));
+    let code = runtime.block_on(async {
+        // Inside the runtime: the trace exporter's task runs there.
+        let telemetry = init_tracing();
+        let code = worker::session::run(config).await;
+        // The spans of the last calls are posted before the exit.
+        telemetry.shutdown().await;
+        code
+    });
     // Handler tasks may still be parked on a pipe; the process groups are already dead.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     ExitCode::from(code)
@@ -40,7 +46,7 @@ fn main() -> ExitCode {
 
 /// `WORKER_LOG` under the privacy cap (X4), which no filter lifts (`logging`): rmcp logs
 /// whole MCP messages (arguments, results, the renewed token) and chromiumoxide CDP
-/// messages (page content, typed text).
-fn init_tracing() {
-    logging::init(WORKER_LOG, "info", logging::Format::Text);
+/// messages (page content, typed text). Traces when the `OTEL_*` variables ask for them.
+fn init_tracing() -> logging::Telemetry {
+    logging::init(WORKER_LOG, "info", logging::Format::Text, "worker")
 }

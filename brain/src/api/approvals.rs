@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use protocol::{ErrorBody, TurnId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -97,6 +97,7 @@ pub async fn answer(
     State(state): State<AppState>,
     principal: Principal,
     Path(approval_id): Path<String>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<AnswerBody>,
 ) -> Result<(StatusCode, Json<Answered>), ApiError> {
     let id: Uuid = parse_id(&approval_id, "approval")?;
@@ -118,6 +119,7 @@ pub async fn answer(
         approval.chat,
         Trigger::Approval(answers),
         true,
+        super::trace_parent(&headers).as_ref(),
     )
     .await?;
     let approval = launched

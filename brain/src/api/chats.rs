@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{OneOfBuilder, Schema};
@@ -327,6 +327,7 @@ pub async fn post_message(
     State(state): State<AppState>,
     principal: Principal,
     Path(chat_id): Path<String>,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<serde_json::Value>,
 ) -> Result<UiBody, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
@@ -341,7 +342,16 @@ pub async fn post_message(
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?
         .into_trigger(state.config.max_message_chars)?;
     principal.check_chat(&state.store, chat).await?;
-    let launched = turn::launch(&state, principal.team, chat, trigger, false).await?;
+    let parent = super::trace_parent(&headers);
+    let launched = turn::launch(
+        &state,
+        principal.team,
+        chat,
+        trigger,
+        false,
+        parent.as_ref(),
+    )
+    .await?;
     // Answers that leave other approvals of the turn waiting start nothing yet.
     Ok(launched.body.unwrap_or_else(|| {
         UiBody::replay(vec![UiChunk::Finish {

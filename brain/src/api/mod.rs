@@ -171,3 +171,13 @@ impl<T: DeserializeOwned> FromRequestParts<AppState> for QueryParams<T> {
 fn parse_id<T: std::str::FromStr>(raw: &str, what: &'static str) -> Result<T, ApiError> {
     raw.parse().map_err(|_| ApiError::NotFound(what))
 }
+
+/// The W3C trace context of a request (O2): its turn continues the client's trace. `None`
+/// without a `traceparent`, or when this process exports no traces.
+fn trace_parent(headers: &axum::http::HeaderMap) -> Option<logging::traces::TraceContext> {
+    let value = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    logging::traces::TraceContext::received(
+        value(logging::traces::TRACEPARENT),
+        value(logging::traces::TRACESTATE),
+    )
+}

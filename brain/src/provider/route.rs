@@ -41,6 +41,16 @@ impl<'a> ModelRoute<'a> {
     }
 }
 
+impl ProviderKind {
+    /// The adapter's name, as a route's prefix spells it (a trace attribute).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+}
+
 /// Both adapters, shared by every turn.
 #[derive(Clone)]
 pub struct Providers {

@@ -32,6 +32,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use channel::ws::{ChannelEnd, split};
 use hyper_util::rt::TokioIo;
+use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{
     BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD,
@@ -187,11 +188,14 @@ impl Sessions {
             .await;
     }
 
-    /// MCP `initialize`, then `tools/list`, each within its timeout.
+    /// MCP `initialize`, then `tools/list`, each within its timeout; in a
+    /// `channel_handshake` span (O2) for `session` (or pool slot).
     async fn handshake<Si, St>(
         &self,
         sink: Si,
         stream: St,
+        session: SessionId,
+        parent: Option<&TraceContext>,
     ) -> Result<RunningService<RoleClient, WorkerClient>, (FailureReason, u16)>
     where
         Si: futures_util::Sink<
@@ -205,18 +209,37 @@ impl Sessions {
             + Unpin
             + 'static,
     {
-        let served = tokio::time::timeout(
-            self.config.handshake_timeout,
-            WorkerClient::default().serve((sink, stream)),
-        )
-        .await;
-        let Ok(Ok(service)) = served else {
-            return Err((FailureReason::HandshakeTimeout, CLOSE_HANDSHAKE_TIMEOUT));
-        };
-        match tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await {
-            Ok(Ok(_)) => Ok(service),
-            _ => Err((FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT)),
+        let span = tracing::info_span!(
+            "channel_handshake",
+            session.id = %session,
+            outcome = tracing::field::Empty,
+        );
+        logging::traces::continue_from(&span, parent);
+        let done = async {
+            let served = tokio::time::timeout(
+                self.config.handshake_timeout,
+                WorkerClient::default().serve((sink, stream)),
+            )
+            .await;
+            let Ok(Ok(service)) = served else {
+                return Err((FailureReason::HandshakeTimeout, CLOSE_HANDSHAKE_TIMEOUT));
+            };
+            match tokio::time::timeout(self.config.ready_timeout, service.list_all_tools()).await {
+                Ok(Ok(_)) => Ok(service),
+                _ => Err((FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT)),
+            }
         }
+        // Not entered: rmcp's service task would take it as its own span and keep it open
+        // for the channel's life.
+        .await;
+        span.record(
+            "outcome",
+            match &done {
+                Ok(_) => "ready",
+                Err((reason, _)) => reason.as_str(),
+            },
+        );
+        done
     }
 
     /// A worker launched for one session dials in (W3).
@@ -261,7 +284,9 @@ impl Sessions {
                 .await;
             }
         };
-        let service = match self.handshake(sink, stream).await {
+        // The provisioning that waits for this worker, when it waits on this replica.
+        let parent = self.awaited_trace(session);
+        let service = match self.handshake(sink, stream, session, parent.as_ref()).await {
             Ok(service) => service,
             Err((reason, code)) => return refuse(reason, code, session).await,
         };
@@ -397,7 +422,8 @@ impl Sessions {
                     .await;
             }
         };
-        let service = match self.handshake(sink, stream).await {
+        // A pooled worker starts ahead of any turn: its handshake is a trace of its own.
+        let service = match self.handshake(sink, stream, slot, None).await {
             Ok(service) => service,
             Err((reason, code)) => {
                 self.slot_gone(slot, reason).await;

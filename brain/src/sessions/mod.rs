@@ -24,17 +24,19 @@ mod registry;
 mod relay;
 mod tool;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use channel::token::TokenKeys;
+use logging::traces::TraceContext;
 use protocol::channel::{FailureReason, SessionState, SessionTask};
 use protocol::ui::{UiChunk, WorkerStatus};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
 use queue::SessionQueue;
 use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 // `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
 pub use connect::{__path_connect, connect};
@@ -78,6 +80,22 @@ pub enum SessionError {
     /// worker; the model reads why as the tool's error.
     #[error("refused: {}", .0.message())]
     Quota(crate::quota::Refusal),
+}
+
+impl SessionError {
+    /// A stable class for traces and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Failed(_) => "failed",
+            Self::Timeout => "timeout",
+            Self::Queue => "queue_unavailable",
+            Self::Store(_) => "store_unavailable",
+            Self::Cancelled => "cancelled",
+            Self::OwnerUnknown => "owner_unknown",
+            Self::Reconnecting => "reconnecting",
+            Self::Quota(_) => "quota",
+        }
+    }
 }
 
 /// Who holds a `ready` session's channel.
@@ -131,6 +149,10 @@ pub struct Inner {
     metrics: Metrics,
     /// Checked before a session is provisioned or a pooled worker claimed (E2).
     quotas: Quotas,
+    /// The `provision` span of each session this replica queued and waits for, so its
+    /// worker's handshake here joins the turn's trace (O2); best effort, kept no longer
+    /// than the provision timeout. Empty when no traces are exported.
+    awaited: Mutex<HashMap<SessionId, (TraceContext, Instant)>>,
 }
 
 impl std::ops::Deref for Sessions {
@@ -168,6 +190,7 @@ impl Sessions {
             queue: OnceCell::new(),
             metrics,
             quotas,
+            awaited: Mutex::default(),
         })))
     }
 
@@ -246,7 +269,32 @@ impl Sessions {
         if let Some((session, worker)) = self.registry.for_chat(agent, chat) {
             return Ok(Target::Local { session, worker });
         }
-        let target = self.locate(team, agent, chat, profile, ui, cancel).await?;
+        // O2: finding, claiming or provisioning the chat's worker, and waiting for it.
+        let span = tracing::info_span!(
+            "provision",
+            profile = %profile,
+            session.id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let located = self
+            .locate(team, agent, chat, profile, ui, cancel)
+            .instrument(span.clone())
+            .await;
+        let target = match located {
+            Ok(target) => target,
+            Err(err) => {
+                span.record("outcome", err.metric_label());
+                return Err(err);
+            }
+        };
+        span.record("session.id", tracing::field::display(target.session()));
+        span.record(
+            "outcome",
+            match &target {
+                Target::Local { .. } => "local",
+                Target::Remote { .. } => "remote",
+            },
+        );
         if let Target::Local { session, .. } = &target {
             self.registry.remember_chat(agent, chat, *session);
         }
@@ -626,6 +674,20 @@ impl Sessions {
             return Err(err);
         }
         tracing::info!(session = %row.id, profile, "provision task queued");
+        // Called in the `provision` span: the worker's handshake is to continue it.
+        if let Some(trace) = logging::traces::context_of(&tracing::Span::current())
+            && let Ok(mut awaited) = self.awaited.lock()
+        {
+            let window = self.config.provision_timeout;
+            awaited.retain(|_, (_, since)| since.elapsed() < window);
+            awaited.insert(row.id, (trace, Instant::now()));
+        }
         Ok(row)
+    }
+
+    /// The trace context of the provisioning that waits for `session`'s worker here.
+    fn awaited_trace(&self, session: SessionId) -> Option<TraceContext> {
+        let mut awaited = self.awaited.lock().ok()?;
+        awaited.remove(&session).map(|(trace, _)| trace)
     }
 }

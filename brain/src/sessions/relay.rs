@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use logging::traces::TraceContext;
 use protocol::ui::{UiChunk, WorkerLog};
 use protocol::{ChatId, SessionId, TurnId};
 use redis::AsyncCommands;
@@ -91,6 +92,13 @@ struct RelayCall {
     /// Where an artifact the call produces is filed (with the worker's team and agent).
     chat: ChatId,
     turn: TurnId,
+    /// The caller's `tool_call` span (O2), so the worker's spans join its trace. Absent
+    /// when the caller exports no traces; a replica of a release before it refuses a call
+    /// that carries one (closed type), so mixed releases relay untraced or not at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tracestate: Option<String>,
 }
 
 /// What the owner sends back, in order: any number of logs, then one answer; beats
@@ -358,6 +366,7 @@ impl Sessions {
                 }
             })
         };
+        let trace = TraceContext::received(call.traceparent.as_deref(), call.tracestate.as_deref());
         let answer = call_worker(
             &worker,
             &call.tool,
@@ -365,6 +374,7 @@ impl Sessions {
             &call.call_id,
             Some(&ui),
             cancel,
+            trace.as_ref(),
         )
         .await;
         drop(ui);
@@ -423,6 +433,11 @@ pub(super) async fn call_remote(
     let Some(mut conn) = sessions.redis().await else {
         return unreachable();
     };
+    let trace = logging::traces::context_of(&tracing::Span::current());
+    let (traceparent, tracestate) = match trace {
+        Some(trace) => (Some(trace.traceparent), trace.tracestate),
+        None => (None, None),
+    };
     let call = RelayCall {
         key: key.clone(),
         session,
@@ -431,6 +446,8 @@ pub(super) async fn call_remote(
         call_id: ctx.call_id.clone(),
         chat: ctx.chat,
         turn: ctx.turn,
+        traceparent,
+        tracestate,
     };
     let Ok(payload) = serde_json::to_string(&call) else {
         return unreachable();

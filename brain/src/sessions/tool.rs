@@ -6,6 +6,7 @@ use std::sync::Arc;
 use base64::Engine;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use logging::traces::TraceContext;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ServerResult,
 };
@@ -133,6 +134,8 @@ impl Tool for WorkerTool {
             let call = async {
                 match target {
                     Target::Local { worker, .. } => {
+                        // The current span is the turn's `tool_call`.
+                        let trace = logging::traces::context_of(&tracing::Span::current());
                         let answer = call_worker(
                             &worker,
                             self.decl.name,
@@ -140,6 +143,7 @@ impl Tool for WorkerTool {
                             &ctx.call_id,
                             ctx.ui.as_ref(),
                             &ctx.cancel,
+                            trace.as_ref(),
                         )
                         .await;
                         let owner = ArtifactOwner {
@@ -193,7 +197,9 @@ pub struct Answer {
 
 /// Runs `tool` on a worker whose channel this replica holds. Live output goes to `ui`
 /// tagged with `call_id`; a cancel sends `notifications/cancelled` so the worker kills
-/// what it runs (T8). The error string is for the model.
+/// what it runs (T8). `trace`, the caller's `tool_call` span, goes in the request's
+/// `_meta` (`traceparent`, `tracestate`: MCP's SEP-414), so the worker's spans for the call
+/// are its children (O2). The error string is for the model.
 pub(super) async fn call_worker(
     worker: &LiveWorker,
     tool: &str,
@@ -201,10 +207,17 @@ pub(super) async fn call_worker(
     call_id: &str,
     ui: Option<&mpsc::Sender<UiChunk>>,
     cancel: &CancellationToken,
+    trace: Option<&TraceContext>,
 ) -> Result<Answer, String> {
-    let request = ClientRequest::CallToolRequest(CallToolRequest::new(
-        CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments),
-    ));
+    let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+    if let Some(trace) = trace {
+        let meta = params.meta.get_or_insert_default();
+        meta.set_traceparent(trace.traceparent.clone());
+        if let Some(tracestate) = &trace.tracestate {
+            meta.set_tracestate(tracestate.clone());
+        }
+    }
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let peer = worker.service.peer().clone();
     let handle = peer
         .send_cancellable_request(request, PeerRequestOptions::no_options())

@@ -23,6 +23,10 @@
 //! quotas); it has no drop guard and nobody reads its chunks (they reach the events
 //! stream), so it runs to completion and is cancelled only by a stop or the drain's
 //! timeout.
+//!
+//! Traces (O2): each turn is one `turn` span, a child of the client's `traceparent` when
+//! its request carried one; its model calls and tool calls are child spans
+//! (`run.rs`). Its fields are ids, counts and the outcome class, never text (X4).
 
 mod context;
 mod history;
@@ -33,10 +37,12 @@ pub mod ui_stream;
 
 use std::sync::atomic::AtomicBool;
 
+use logging::traces::TraceContext;
 use protocol::ui::{FinishReason, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TeamId, TurnId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use crate::AppState;
 use crate::connectors;
@@ -102,13 +108,14 @@ pub struct Launched {
 
 /// Starts a turn for `trigger`, or replays the turn a retried message id started. A
 /// `detached` turn has no client: its chunks reach only the events stream, and nobody
-/// leaving cancels it.
+/// leaving cancels it. `parent` is the trace context the request carried.
 pub async fn launch(
     state: &AppState,
     team: TeamId,
     chat: ChatId,
     trigger: Trigger,
     detached: bool,
+    parent: Option<&TraceContext>,
 ) -> Result<Launched, ApiError> {
     let TurnBasis {
         chat: chat_row,
@@ -153,6 +160,20 @@ pub async fn launch(
     // summary, the message, the whole history window, and the output cap. Settling on the
     // billed tokens gives back what it did not use.
     let turn_id = TurnId::new();
+    // From admission to wrap-up; a turn refused at intake (busy, quota) ends here with no
+    // `outcome`, its HTTP answer says why.
+    let span = tracing::info_span!(
+        "turn",
+        turn.id = %turn_id,
+        chat.id = %chat,
+        agent.id = %agent.id,
+        team.id = %team,
+        detached,
+        outcome = tracing::field::Empty,
+        model_calls = tracing::field::Empty,
+        tool_calls = tracing::field::Empty,
+    );
+    logging::traces::continue_from(&span, parent);
     let reservation = context::estimate_tokens(&agent.system_prompt)
         + context::estimate_tokens(&chat_row.summary)
         + match &trigger {
@@ -393,7 +414,9 @@ pub async fn launch(
     };
     // The guard travels with the response body; if this handler is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
-    state.turn_tracker.spawn(task.run(started_tx));
+    state
+        .turn_tracker
+        .spawn(task.run(started_tx).instrument(span));
     let launched = |body| Launched {
         body,
         turn: Some(turn_id),

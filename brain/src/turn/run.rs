@@ -12,13 +12,17 @@
 //! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
 //!   stream and running tools, stores a synthetic result for every call without one, and
 //!   starts no tool after the cancel (T8).
+//! - Traces (O2): the task runs in its `turn` span; each model route tried is a
+//!   `model_call` span (route, adapter, token counts, time to first output, outcome) and
+//!   each tool run a `tool_call` span (tool, outcome), children of the turn. A worker
+//!   call carries the `tool_call` span's context to the worker (`sessions/tool.rs`).
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
@@ -28,6 +32,8 @@ use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::context::{self, Fold};
 use super::history::{AWAITING_APPROVAL, answer_call, step_start, text_part, tool_part};
@@ -111,6 +117,8 @@ struct Opened {
     usage: Usage,
     call_index: u32,
     model: String,
+    /// The call's `model_call` span, ended when the call is.
+    span: tracing::Span,
 }
 
 enum OpenOutcome {
@@ -184,6 +192,7 @@ impl TurnTask {
         let mut parts: Vec<Value> = Vec::new();
         let mut conversation = self.request.messages.clone();
         let mut calls_made = 0u32;
+        let mut tool_calls = 0usize;
         let mut writes_used = 0u32;
         let mut truncation_retried = false;
         let mut iteration = 0u32;
@@ -226,6 +235,7 @@ impl TurnTask {
                 OpenOutcome::Failed(err) => match started.take() {
                     Some(started) => {
                         tracing::warn!(turn = %self.turn, class = err.metric_label(), "every model route failed");
+                        record_turn(calls_made, tool_calls, "failed");
                         let billed = billed_tokens(&usage_log);
                         // The client gets an error status, not a stream: the user message
                         // goes with the failure, so the same message id may be sent again.
@@ -254,6 +264,7 @@ impl TurnTask {
             self.send(UiChunk::StartStep).await;
             parts.push(step_start());
             let step = self.relay(opened, iteration, &mut usage_log).await;
+            tool_calls += step.calls.len();
             if !step.text.is_empty() {
                 parts.push(text_part(&step.text));
             }
@@ -402,7 +413,9 @@ impl TurnTask {
         };
         let outcome = end.outcome();
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
-        self.metrics.ended(outcome.unless_lost(stored));
+        let outcome = outcome.unless_lost(stored);
+        self.metrics.ended(outcome);
+        record_turn(calls_made, tool_calls, outcome.as_str());
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
@@ -617,21 +630,35 @@ impl TurnTask {
             };
             let call_index = *calls_made;
             *calls_made += 1;
+            let span = tracing::info_span!(
+                "model_call",
+                route = %route,
+                adapter = parsed.provider.as_str(),
+                call_index,
+                input_tokens = Empty,
+                output_tokens = Empty,
+                ttft_ms = Empty,
+                outcome = Empty,
+            );
             let provider = self.providers.get(parsed.provider).clone();
             let request = ModelRequest {
                 model: parsed.model.to_owned(),
                 ..request.clone()
             };
-            let asked = std::time::Instant::now();
+            let asked = Instant::now();
             let connected = tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => return OpenOutcome::Cancelled,
-                result = provider.stream(&request) => result,
+                () = self.cancel.cancelled() => {
+                    span.record("outcome", "cancelled");
+                    return OpenOutcome::Cancelled;
+                }
+                result = provider.stream(&request).instrument(span.clone()) => result,
             };
             let mut stream = match connected {
                 Ok(stream) => stream,
                 Err(err) => {
                     self.metrics.provider_error(&err);
+                    span.record("outcome", err.metric_label());
                     tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
                     continue;
@@ -642,6 +669,7 @@ impl TurnTask {
                 let next = tokio::select! {
                     biased;
                     () = self.cancel.cancelled() => {
+                        record_call(&span, usage, "cancelled");
                         usage_log.push(call_usage(call_index, route, usage));
                         return OpenOutcome::Cancelled;
                     }
@@ -651,22 +679,29 @@ impl TurnTask {
                     Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
                     Some(Ok(first_output)) => {
                         self.metrics.first_output(parsed.provider, asked.elapsed());
+                        span.record(
+                            "ttft_ms",
+                            u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        );
                         return OpenOutcome::Opened(Opened {
                             stream,
                             pending: VecDeque::from([first_output]),
                             usage,
                             call_index,
                             model: route.clone(),
+                            span,
                         });
                     }
                     Some(Err(err)) => {
                         self.metrics.provider_error(&err);
                         tracing::info!(turn = %self.turn, call_index, class = err.metric_label(), "model stream failed before output");
+                        record_call(&span, usage, err.metric_label());
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = err;
                         break;
                     }
                     None => {
+                        record_call(&span, usage, "incomplete");
                         usage_log.push(call_usage(call_index, route, usage));
                         last_error = ProviderError::Unavailable(Unavailable::Incomplete);
                         self.metrics.provider_error(&last_error);
@@ -691,6 +726,7 @@ impl TurnTask {
             mut usage,
             call_index,
             model,
+            span,
         } = opened;
         let text_id = format!("text-{iteration}");
         let mut text = String::new();
@@ -784,6 +820,13 @@ impl TurnTask {
         if let StepOutcome::Failed(err) = &outcome {
             self.metrics.provider_error(err);
         }
+        let label = match &outcome {
+            StepOutcome::Finished(_) => "ok",
+            StepOutcome::Cancelled => "cancelled",
+            StepOutcome::Failed(err) => err.metric_label(),
+        };
+        record_call(&span, usage, label);
+        drop(span);
         usage_log.push(call_usage(call_index, &model, usage));
         if text_open {
             self.send(UiChunk::TextEnd { id: text_id }).await;
@@ -877,12 +920,12 @@ impl TurnTask {
                         )));
                     } else {
                         *writes_used += 1;
-                        writes.push_back((index, self.start(tool, &ctxs[index], args)));
+                        writes.push_back((index, self.start(tool, &call.name, &ctxs[index], args)));
                     }
                 }
                 (Some(tool), Ok(args)) => {
                     reads.push(
-                        self.start(tool, &ctxs[index], args)
+                        self.start(tool, &call.name, &ctxs[index], args)
                             .map(move |output| (index, output)),
                     );
                 }
@@ -981,7 +1024,7 @@ impl TurnTask {
                     tokio::select! {
                         biased;
                         () = self.cancel.cancelled() => ToolOutput::error(CANCELLED_RESULT),
-                        output = self.start(tool, &ctx, approval.input.clone()) => output,
+                        output = self.start(tool, &call.name, &ctx, approval.input.clone()) => output,
                     }
                 }
             };
@@ -1013,16 +1056,21 @@ impl TurnTask {
     fn start<'a>(
         &'a self,
         tool: &'a Arc<dyn Tool>,
+        name: &str,
         ctx: &'a ToolCtx,
         args: Value,
     ) -> BoxFuture<'a, ToolOutput> {
         // Counted `cancelled` when the call is dropped unanswered, started or not.
         let counted = self.metrics.tool_call(tool);
+        let span = tool_span(name);
         async move {
             if self.cancel.is_cancelled() {
                 return ToolOutput::error(CANCELLED_RESULT);
             }
-            let output = tool.call(ctx, args).await;
+            // A call dropped by a cancel ends its span with no `outcome` and is counted
+            // `cancelled`.
+            let output = tool.call(ctx, args).instrument(span.clone()).await;
+            record_tool(&span, &output);
             counted.answered(&output);
             output
         }
@@ -1294,6 +1342,34 @@ fn billed_tokens(usage_log: &[ModelCallUsage]) -> u64 {
         .iter()
         .map(|u| u.input_tokens.unwrap_or(0) + u.output_tokens.unwrap_or(0))
         .sum()
+}
+
+/// A `tool_call` span: the tool's name only, never its arguments (X4).
+fn tool_span(name: &str) -> tracing::Span {
+    tracing::info_span!("tool_call", tool = %name, outcome = Empty)
+}
+
+fn record_tool(span: &tracing::Span, output: &ToolOutput) {
+    span.record("outcome", if output.is_error { "error" } else { "ok" });
+}
+
+/// What a `model_call` span ends with: the token counts the provider reported.
+fn record_call(span: &tracing::Span, usage: Usage, outcome: &str) {
+    if let Some(tokens) = usage.input_tokens {
+        span.record("input_tokens", tokens);
+    }
+    if let Some(tokens) = usage.output_tokens {
+        span.record("output_tokens", tokens);
+    }
+    span.record("outcome", outcome);
+}
+
+/// What the `turn` span (the task's current span) ends with.
+fn record_turn(model_calls: u32, tool_calls: usize, outcome: &'static str) {
+    let span = tracing::Span::current();
+    span.record("model_calls", model_calls);
+    span.record("tool_calls", tool_calls);
+    span.record("outcome", outcome);
 }
 
 fn call_usage(call_index: u32, model: &str, usage: Usage) -> ModelCallUsage {

@@ -320,6 +320,20 @@ impl BrainProcess {
         }
     }
 
+    /// SIGTERM, then waits for the process to exit: the drain, as Kubernetes starts it.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("the brain process is running");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the brain process did not stop within 30 s of SIGTERM")
+            .unwrap()
+    }
+
     /// SIGKILL: the replica stops at once, without a word to anyone.
     pub async fn kill(&mut self) {
         self.child.kill().await.unwrap();

@@ -16,7 +16,8 @@
 //!
 //! The worker gets a clean environment: `PATH`, `HOME`, `LANG` and `TMPDIR` from the
 //! manager (when set) and the four `WORKER_*`/`BRAIN_PUBLIC_URL` variables, nothing else,
-//! so no database URL or key of the manager ever reaches a worker.
+//! so no database URL or key of the manager ever reaches a worker; besides those, only
+//! the telemetry settings of [`super::telemetry_env`].
 //!
 //! A pid is only signalled when it is a child of this launcher or, for a worker left by a
 //! previous manager process, when `/proc/<pid>/cmdline` shows the worker executable: a pid
@@ -63,6 +64,7 @@ impl LocalProcessLauncher {
         let inherited_env = INHERITED_ENV
             .iter()
             .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)))
+            .chain(super::telemetry_env())
             .collect();
         Self {
             worker_bin,

@@ -20,6 +20,36 @@ use tokio_util::sync::CancellationToken;
 pub mod kubernetes;
 pub mod local;
 
+/// The manager's telemetry configuration a worker shares, whichever launcher starts it
+/// (O2): its `OTEL_*` variables, since the collector of its traces is the workers' too,
+/// except `OTEL_SERVICE_NAME` (a worker names itself `worker`) and the `…_HEADERS` ones,
+/// which may hold a collector's credentials while a worker runs model-chosen commands.
+pub fn telemetry_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(name, _)| passes_telemetry(name))
+        .collect()
+}
+
+fn passes_telemetry(name: &str) -> bool {
+    name.starts_with("OTEL_") && name != "OTEL_SERVICE_NAME" && !name.ends_with("_HEADERS")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_shares_the_collector_but_not_its_credentials_or_name() {
+        assert!(passes_telemetry("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        assert!(passes_telemetry("OTEL_BSP_SCHEDULE_DELAY"));
+        assert!(passes_telemetry("OTEL_RESOURCE_ATTRIBUTES"));
+        assert!(!passes_telemetry("OTEL_EXPORTER_OTLP_HEADERS"));
+        assert!(!passes_telemetry("OTEL_EXPORTER_OTLP_TRACES_HEADERS"));
+        assert!(!passes_telemetry("OTEL_SERVICE_NAME"));
+        assert!(!passes_telemetry("DATABASE_URL"));
+    }
+}
+
 /// Everything a launcher needs to start one session's worker.
 #[derive(Clone)]
 pub struct LaunchSpec {

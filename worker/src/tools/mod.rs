@@ -34,16 +34,20 @@ use std::time::Instant;
 use channel::catalog::{
     self, EditFileArgs, ListDirArgs, ReadFileArgs, ShellArgs, UploadArtifactArgs, WriteFileArgs,
 };
+use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
+use rmcp::ErrorData;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
-    CallToolResult, ContentBlock, CustomNotification, Implementation, ServerCapabilities,
-    ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
+    Implementation, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::{BrowserSettings, Token};
 use crate::dial::Identity;
@@ -385,6 +389,40 @@ impl ServerHandler for Worker {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
             Implementation::new("agent-runtime-worker", env!("CARGO_PKG_VERSION")),
         )
+    }
+
+    /// The router's dispatch, in a `tool_call` span (O2) that continues the brain's
+    /// `tool_call` span, whose context the request's `_meta` carries (MCP SEP-414). Its
+    /// fields are the tool's name and the outcome class, never arguments or output (X4).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %request.name,
+            outcome = tracing::field::Empty,
+        );
+        let parent = TraceContext::received(
+            context.meta.get_traceparent(),
+            context.meta.get_tracestate(),
+        );
+        logging::traces::continue_from(&span, parent.as_ref());
+        let answer = self
+            .tool_router
+            .call(ToolCallContext::new(self, request, context))
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &answer {
+                Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => "error",
+                Ok(_) => "ok",
+                Err(_) => "refused",
+            },
+        );
+        answer
     }
 
     async fn on_custom_notification(

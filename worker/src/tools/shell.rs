@@ -124,6 +124,13 @@ pub async fn run(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    // Nor its telemetry settings: a command's own OpenTelemetry SDK would export into the
+    // runtime's traces under the worker's name.
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(b"OTEL_") {
+            command.env_remove(name);
+        }
+    }
     let mut child = command.spawn()?;
     let Some(pid) = child.id() else {
         return Err(std::io::Error::other(

@@ -9,13 +9,14 @@
 //!    │                            the profile's nodeSelector and tolerations
 //!    └─ container worker          read-only root, no privilege escalation, no capabilities,
 //!         /workspace  emptyDir    the profile's requests and limits; env: the brain's URL,
-//!         /tmp        emptyDir    the session id, its short-lived token, the workspace
-//!         /dev/shm    emptyDir (Memory), browser profile only
+//!         /tmp        emptyDir    the session id, its short-lived token, the workspace,
+//!         /dev/shm    emptyDir (Memory), browser profile only; and the manager's `OTEL_*`
+//!                                 settings (not its service name, never `…_HEADERS`)
 //! ```
 //!
 //! The session token is the only credential in the Job. It is short-lived
 //! (`RUNTIME_MANAGER_TOKEN_TTL_MS`), scoped to one session (X2) and renewed in-band; no
-//! database, Redis, storage or provider secret ever reaches a worker.
+//! database, Redis, storage, provider or collector secret ever reaches a worker.
 
 use std::collections::BTreeMap;
 
@@ -70,6 +71,8 @@ pub struct JobParams<'a> {
     pub profile: &'a RuntimeProfile,
     pub token: &'a str,
     pub brain_public_url: &'a str,
+    /// `OTEL_*` settings for the worker's traces (`launcher::telemetry_env`).
+    pub telemetry_env: &'a [(String, String)],
 }
 
 /// `worker-<session id>`: 43 characters, a valid Job name and `job-name` label value.
@@ -105,8 +108,10 @@ pub fn build(p: &JobParams<'_>) -> Job {
         ("WORKER_PROFILE", p.profile_name.to_owned()),
     ]
     .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .chain(p.telemetry_env.iter().cloned())
     .map(|(name, value)| EnvVar {
-        name: name.to_owned(),
+        name,
         value: Some(value),
         ..EnvVar::default()
     })
@@ -245,6 +250,8 @@ pub fn sample(config: &crate::Config, profile_name: &str) -> Option<Job> {
         profile,
         token: TOKEN_PLACEHOLDER,
         brain_public_url: &config.brain_public_url,
+        // The rendered sample is the same wherever it is rendered.
+        telemetry_env: &[],
     }))
 }
 
@@ -281,6 +288,7 @@ mod tests {
             profile: &profiles.heavy,
             token: "t",
             brain_public_url: "http://brain:8080",
+            telemetry_env: &[],
         };
         for (k, v) in labels(&p) {
             assert!(crate::profiles::is_label_key(&k), "{k}");
@@ -297,6 +305,36 @@ mod tests {
                 .iter()
                 .all(|v| v["name"] != "dshm"),
             "/dev/shm only for the browser"
+        );
+    }
+
+    #[test]
+    fn the_worker_gets_the_telemetry_settings_it_is_given() {
+        let profiles = Profiles::builtin();
+        let telemetry = [(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            "http://collector:4318".to_owned(),
+        )];
+        let job = serde_json::to_value(build(&JobParams {
+            namespace: "agent-workers",
+            session: SessionId::new(),
+            team: TeamId::new(),
+            agent: AgentId::new(),
+            profile_name: "light",
+            profile: &profiles.light,
+            token: "t",
+            brain_public_url: "http://brain:8080",
+            telemetry_env: &telemetry,
+        }))
+        .unwrap();
+        let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];
+        assert!(
+            env.as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v["name"] == "OTEL_EXPORTER_OTLP_ENDPOINT"
+                    && v["value"] == "http://collector:4318"),
+            "{env}"
         );
     }
 }

@@ -53,6 +53,8 @@ pub struct KubernetesLauncher {
     jobs: Api<Job>,
     pods: Api<Pod>,
     settings: KubernetesSettings,
+    /// The manager's telemetry settings, passed to every worker (`super::telemetry_env`).
+    telemetry_env: Vec<(String, String)>,
 }
 
 /// `k8s:<job name>`.
@@ -107,6 +109,7 @@ impl KubernetesLauncher {
             jobs: Api::namespaced(client.clone(), &settings.namespace),
             pods: Api::namespaced(client, &settings.namespace),
             settings,
+            telemetry_env: super::telemetry_env(),
         }
     }
 
@@ -126,6 +129,7 @@ impl KubernetesLauncher {
             profile,
             token: &spec.token,
             brain_public_url: &spec.brain_public_url,
+            telemetry_env: &self.telemetry_env,
         });
         for attempt in 0..CREATE_ATTEMPTS {
             match self.jobs.create(&PostParams::default(), &job).await {
