@@ -340,3 +340,38 @@ async fn a_redial_is_taken_only_once_the_live_channel_is_gone() {
     assert_eq!(row(&app, id).await, ("ready".into(), None));
     assert!(!third.is_finished(), "the re-dial is served");
 }
+
+/// Rotating `SESSION_TOKEN_KEY` (docs/OPERATIONS.md): a token signed with the key named in
+/// `SESSION_TOKEN_KEY_ACCEPTED` passes the upgrade (the dial goes on to the version check,
+/// refused here on purpose), where a brain without that key refuses it with 401.
+#[tokio::test]
+async fn a_token_of_the_accepted_key_passes_while_the_key_is_rotated() {
+    const NEXT: &[u8] = b"the next session token key, 32 bytes or more";
+    let rotating =
+        TestApp::start_with(|c| c.workers.token_key_accepted = Some(NEXT.to_vec())).await;
+    let plain = TestApp::start().await;
+    for app in [&rotating, &plain] {
+        let (id, agent) = session(app, "connecting").await;
+        let token = TokenKeys::new(NEXT)
+            .unwrap()
+            .mint(id, app.team, agent, Duration::from_secs(60))
+            .unwrap();
+        let url = format!("{}/v1/worker/connect", app.url.replace("http://", "ws://"));
+        let mut request = url.into_client_request().unwrap();
+        let headers = request.headers_mut();
+        headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        headers.insert(
+            CHANNEL_VERSION_HEADER,
+            (CHANNEL_VERSION + 1).to_string().parse().unwrap(),
+        );
+        headers.insert("x-agent-session-id", id.to_string().parse().unwrap());
+        let dialed = tokio_tungstenite::connect_async(request).await;
+        if std::ptr::eq(app, &rotating) {
+            let (mut ws, _) = dialed.expect("the accepted key's token passes the upgrade");
+            assert_eq!(close_of(&mut ws).await, (4001, "channel_version".into()));
+        } else {
+            let err = dialed.unwrap_err();
+            assert!(err.to_string().contains("401"), "{err}");
+        }
+    }
+}
