@@ -1993,6 +1993,37 @@ async fn a_pooled_worker_gets_the_secrets_at_bind() {
     assert_eq!(claimed, 1);
 }
 
+/// W12 mid-chat: a secret the agent stores with `secret_set` while its session is live
+/// reaches that session before `secret_set` answers, so the next command of the same turn
+/// sees it, on the same worker.
+#[tokio::test]
+async fn a_secret_set_mid_chat_reaches_the_live_session() {
+    let (app, _manager) = system(60_000, |c| c.secrets_key = Some(secrets_key())).await;
+    let (agent, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+    let secret = format!("mid-{}", uuid::Uuid::new_v4().simple());
+    app.provider.push(call(
+        "set",
+        "secret_set",
+        json!({"name": "MY_TOKEN", "value": secret}),
+    ));
+    app.provider
+        .push(shell("s2", "printenv MY_TOKEN | wc -c; echo $MY_TOKEN"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "keep it"})).await).await;
+    assert_eq!(output_of(&chunks, "set"), "stored secret MY_TOKEN");
+    assert_eq!(
+        output_of(&chunks, "s2"),
+        format!(
+            "exit code: 0\n--- stdout ---\n{}\n[secret:MY_TOKEN]\n",
+            secret.len() + 1
+        )
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the same session: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+}
+
 /// Issue 10 part 5: the runtime-manager SIGKILLed with a provision in hand (its claim held
 /// in the database by a trigger, the process killed inside it): once a manager is back,
 /// the call completes. The task comes back from the dead consumer (after about 15 s), and

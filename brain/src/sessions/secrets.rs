@@ -6,6 +6,11 @@
 //! request `agent_runtime/env`; the worker answers once it holds them, so the first
 //! command already sees them. Only then may calls run.
 //!
+//! A secret stored during a session (`secret_set`) is sent again, the whole set, to every
+//! worker of the agent whose channel this replica holds, before `secret_set` answers: a
+//! later command of the chat sees it. A worker held by another replica gets it at its
+//! next re-dial or in the chat's next session.
+//!
 //! The same values mask what this replica receives from the worker: live output and
 //! answers ([`super::registry::WorkerClient`]), so a value the worker failed to mask still
 //! never reaches the model, the stream, the store or a log.
@@ -19,8 +24,11 @@ use rmcp::RoleClient;
 use rmcp::model::{ClientRequest, CustomRequest};
 use rmcp::service::RunningService;
 
+use futures_util::FutureExt;
+
 use super::Sessions;
 use super::registry::WorkerClient;
+use crate::tools::secrets::OnSecretSet;
 
 /// Why a session's environment did not reach its worker.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +49,30 @@ impl EnvError {
 }
 
 impl Sessions {
+    /// What `secret_set` runs once it stored a secret: [`Sessions::refresh_env`].
+    pub fn on_secret_set(&self) -> OnSecretSet {
+        let sessions = self.clone();
+        Arc::new(move |team, agent| {
+            let sessions = sessions.clone();
+            async move { sessions.refresh_env(team, agent).await }.boxed()
+        })
+    }
+
+    /// Sends the agent's secrets again to each of its workers this replica holds.
+    async fn refresh_env(&self, team: TeamId, agent: AgentId) {
+        let workers = self.registry.all().into_iter().filter(|worker| {
+            worker
+                .binding()
+                .is_some_and(|b| b.team == team && b.agent == agent)
+        });
+        for worker in workers {
+            if let Err(err) = self.send_env(&worker.service, team, agent).await {
+                // The worker keeps the set it had; the next session gets the new one.
+                tracing::warn!(session = ?worker.binding().map(|b| b.session), class = err.metric_label(), "session environment update not delivered");
+            }
+        }
+    }
+
     /// Sends the agent's secrets to the worker on `service` and masks their values in
     /// what it answers from now on; within the ready timeout.
     pub(super) async fn send_env(

@@ -147,13 +147,18 @@ pub struct Toolset {
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
     /// agent tools (create, archive, change prompt, update) for its team.
-    /// `min_interval_secs` bounds the cadences the cron and agent tools set.
-    pub fn brain(concierge: bool, min_interval_secs: u32) -> Self {
+    /// `min_interval_secs` bounds the cadences the cron and agent tools set; `on_secret_set`
+    /// runs after `secret_set` stored a secret.
+    pub fn brain(
+        concierge: bool,
+        min_interval_secs: u32,
+        on_secret_set: Option<secrets::OnSecretSet>,
+    ) -> Self {
         let mut set = Self::default();
         for tool in memory::tools() {
             set.add(tool);
         }
-        for tool in secrets::tools()
+        for tool in secrets::tools(on_secret_set)
             .into_iter()
             .chain(cron::tools(min_interval_secs))
         {
