@@ -262,10 +262,20 @@ async fn a_worker_that_never_lists_its_tools_is_a_ready_timeout() {
     );
 }
 
-/// Plays a worker that works: answers `initialize` and `tools/list` like a real MCP
-/// server, then keeps reading (so pings are answered) until the channel ends. The task
-/// yields the close frame the brain sent, if any.
-fn serve_as_worker(mut ws: Ws) -> tokio::task::JoinHandle<Option<(u16, String)>> {
+/// Plays a worker that works: answers `initialize`, `tools/list` and the session's
+/// environment (`agent_runtime/env`) like a real worker, then keeps reading (so pings are
+/// answered) until the channel ends. The task yields the close frame the brain sent, if
+/// any.
+fn serve_as_worker(ws: Ws) -> tokio::task::JoinHandle<Option<(u16, String)>> {
+    serve_as_worker_with(ws, true)
+}
+
+/// [`serve_as_worker`]; with `takes_env` false, it refuses the environment as a worker
+/// refuses one outside the limits.
+fn serve_as_worker_with(
+    mut ws: Ws,
+    takes_env: bool,
+) -> tokio::task::JoinHandle<Option<(u16, String)>> {
     tokio::spawn(async move {
         while let Some(Ok(message)) = ws.next().await {
             match message {
@@ -278,6 +288,15 @@ fn serve_as_worker(mut ws: Ws) -> tokio::task::JoinHandle<Option<(u16, String)>>
                             "serverInfo": {"name": "fake", "version": "0"}
                         }),
                         Some("tools/list") => json!({"tools": []}),
+                        Some("agent_runtime/env") if takes_env => {
+                            json!({"vars": request["params"]["vars"].as_object().unwrap().len()})
+                        }
+                        Some("agent_runtime/env") => {
+                            let refusal = json!({"jsonrpc": "2.0", "id": request["id"],
+                                "error": {"code": -32602, "message": "session environment refused: bad_name"}});
+                            ws.send(Message::text(refusal.to_string())).await.unwrap();
+                            continue;
+                        }
                         _ => continue,
                     };
                     let answer = json!({"jsonrpc": "2.0", "id": request["id"], "result": result});
@@ -291,6 +310,29 @@ fn serve_as_worker(mut ws: Ws) -> tokio::task::JoinHandle<Option<(u16, String)>>
         }
         None
     })
+}
+
+/// W12: the session's environment is part of being ready. A worker that refuses it never
+/// serves the session: `4004 ready_timeout`, at once rather than after the timeout.
+#[tokio::test]
+async fn a_worker_that_refuses_the_sessions_environment_is_a_ready_timeout() {
+    let app = TestApp::start().await;
+    let (id, agent) = session(&app, "connecting").await;
+    let started = Instant::now();
+    let worker = serve_as_worker_with(
+        dial(&app, &token(&app, id, agent), CHANNEL_VERSION, id).await,
+        false,
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(5), worker)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(closed, Some((4004, "ready_timeout".into())));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        row(&app, id).await,
+        ("failed".into(), Some("ready_timeout".into()))
+    );
 }
 
 /// `agent_runtime_sessions.owner_replica` of `session` is set (`true`) or not.

@@ -1597,6 +1597,17 @@ impl Child {
 /// The brain binary over `app`'s database and scripted provider, its own replica beside
 /// the in-process one: (the process, its URL).
 async fn brain_binary(app: &TestApp, namespace: &str, dir: &TempDir, log: &str) -> (Child, String) {
+    brain_binary_with(app, namespace, dir, log, &[]).await
+}
+
+/// [`brain_binary`], with `env` added to the brain's variables.
+async fn brain_binary_with(
+    app: &TestApp,
+    namespace: &str,
+    dir: &TempDir,
+    log: &str,
+    env: &[(&str, &str)],
+) -> (Child, String) {
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1614,7 +1625,8 @@ async fn brain_binary(app: &TestApp, namespace: &str, dir: &TempDir, log: &str) 
         .env("OPENAI_API_KEY", "sk-test-openai")
         .env("BRAIN_ARTIFACTS_DIR", dir.0.join("artifacts"))
         .env("SESSION_QUEUE_NAMESPACE", namespace)
-        .env("BRAIN_LOG", log);
+        .env("BRAIN_LOG", log)
+        .envs(env.iter().copied());
     let brain = Child::spawn(command, dir.0.join("brain.log"));
     let url = format!("http://{addr}");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1736,6 +1748,287 @@ async fn no_payload_reaches_the_logs_at_trace() {
             );
         }
     }
+}
+
+/// `BRAIN_SECRETS_KEY` of the secrets tests, and the store that writes under it.
+const SECRETS_KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
+
+fn secrets_key() -> brain::store::SecretsKey {
+    brain::store::SecretsKey::parse(SECRETS_KEY_HEX).unwrap()
+}
+
+async fn set_secret(app: &TestApp, agent: &str, name: &str, value: &str) {
+    let agent = protocol::AgentId(agent.parse().unwrap());
+    app.store
+        .clone()
+        .with_secrets_key(Some(secrets_key()))
+        .set_secret(app.team, agent, name, value, 100)
+        .await
+        .unwrap();
+}
+
+/// Every row of `messages` and `turns` as JSON text, for grepping.
+async fn message_and_turn_rows(app: &TestApp) -> String {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "SELECT row_to_json(m)::text FROM messages m \
+         UNION ALL SELECT row_to_json(t)::text FROM turns t",
+    )
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    rows.into_iter()
+        .map(|(row,)| row)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// W12 end to end, cold start: an agent's secret becomes its `shell` commands'
+/// environment (the command sees its length), and its value is masked everywhere it
+/// could go: the live output and the result (even written in two pieces), so none of the
+/// model's requests, the UI stream, the stored messages and turns, or the brain's, the
+/// runtime-manager's and the worker's logs at `debug` holds it.
+#[tokio::test]
+async fn secrets_reach_the_commands_and_no_sink_sees_their_values() {
+    let app = TestApp::start().await;
+    let dir = TempDir::new();
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    let (mut brain, url) = brain_binary_with(
+        &app,
+        &namespace,
+        &dir,
+        "debug",
+        &[("BRAIN_SECRETS_KEY", SECRETS_KEY_HEX)],
+    )
+    .await;
+    let workspaces = TempDir::new();
+    let worker = script(
+        &dir,
+        "worker-at-debug",
+        &format!("WORKER_LOG=debug exec '{}' \"$@\"", bin("worker").display()),
+    );
+    let mut command = manager_command(&app, &namespace, &app.url, &workspaces);
+    command
+        .env("BRAIN_PUBLIC_URL", &url)
+        .env("RUNTIME_MANAGER_WORKER_BIN", &worker)
+        .env("RUNTIME_MANAGER_LOG", "debug");
+    let mut manager = Child::spawn(command, dir.0.join("manager.log"));
+    let post = |path: String, body: Value| {
+        app.http
+            .post(format!("{url}{path}"))
+            .bearer_auth(&app.key)
+            .json(&body)
+            .send()
+    };
+    let agent: Value = post(
+        "/v1/agents".into(),
+        json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
+               "runtime_profile": "light"}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat: Value = post(format!("/v1/agents/{agent}/chats"), json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let chat = chat["id"].as_str().unwrap().to_owned();
+    let secret = format!("tok-{}", uuid::Uuid::new_v4().simple());
+    set_secret(&app, &agent, "MY_TOKEN", &secret).await;
+    // A reserved name is not passed: the shell keeps its own PATH.
+    set_secret(&app, &agent, "PATH", "/nowhere-at-all").await;
+
+    // The value leaves the command whole, then in two writes 0.2 s apart (two reads of
+    // the pipe, two progress notifications were it not held back), then on stderr; the
+    // command runs on so its lines travel live.
+    let command = "echo $MY_TOKEN; printenv MY_TOKEN | wc -c; \
+                   printf %s \"${MY_TOKEN%%-*}\"; sleep 0.2; echo \"-${MY_TOKEN#*-}\"; \
+                   echo \"$MY_TOKEN\" >&2; sleep 0.3";
+    app.provider.push(shell("s1", command));
+    app.provider.push(text("done"));
+    let response = post(
+        format!("/v1/chats/{chat}/messages"),
+        json!({"content": "go"}),
+    )
+    .await
+    .unwrap();
+    let stream = response.text().await.unwrap();
+    let (chunks, _) = parse_events(&stream);
+    let output = output_of(&chunks, "s1");
+    assert_eq!(
+        output,
+        format!(
+            "exit code: 0\n--- stdout ---\n[secret:MY_TOKEN]\n{}\n[secret:MY_TOKEN]\n\
+             --- stderr ---\n[secret:MY_TOKEN]\n",
+            secret.len() + 1
+        ),
+        "the command saw the value (its length) and printed it masked"
+    );
+    let live: String = chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::DataWorkerLog { data, .. } => Some(data.text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(live.contains("[secret:MY_TOKEN]"), "live output: {live:?}");
+
+    // What the model read next: the masked output, never the value.
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 2);
+    let to_model = requests
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(requests[1].body.to_string().contains("[secret:MY_TOKEN]"));
+    let stored = app
+        .http
+        .get(format!("{url}/v1/chats/{chat}/messages"))
+        .bearer_auth(&app.key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(stored.contains("[secret:MY_TOKEN]"), "{stored}");
+    let rows = message_and_turn_rows(&app).await;
+    assert!(rows.contains("[secret:MY_TOKEN]"));
+
+    let (session,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT id FROM agent_runtime_sessions ORDER BY created_at DESC LIMIT 1")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let brain_log = brain.stop().await;
+    let manager_log = manager.stop().await;
+    let worker_log = std::fs::read_to_string(workspaces.0.join(format!("{session}.log"))).unwrap();
+    assert!(
+        brain_log.contains("session environment sent"),
+        "{brain_log}"
+    );
+    assert!(
+        worker_log.contains("session environment set"),
+        "{worker_log}"
+    );
+    assert!(manager_log.contains(" DEBUG "), "{manager_log}");
+    for (sink, text) in [
+        ("the model's requests", &to_model),
+        ("the UI stream", &stream),
+        ("GET messages", &stored),
+        ("the messages and turns rows", &rows),
+        ("the brain's log", &brain_log),
+        ("the runtime-manager's log", &manager_log),
+        ("the worker's log", &worker_log),
+    ] {
+        let at = text.find(secret.as_str());
+        assert!(
+            at.is_none(),
+            "{sink} holds the value: …{}…",
+            at.map(|at| &text[at.saturating_sub(300)..(at + 100).min(text.len())])
+                .unwrap_or_default()
+        );
+    }
+    // Nor did it reach the worker any other way than the channel: not its launch
+    // environment, not a file in its workspace.
+    for entry in std::fs::read_dir(&workspaces.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{path:?}"
+            );
+        }
+    }
+}
+
+/// W12 with a warm pool: the pooled worker, started before the agent had any secret, gets
+/// them at bind, so the first call is served by the claimed worker (no cold start) and its
+/// command already sees them.
+#[tokio::test]
+async fn a_pooled_worker_gets_the_secrets_at_bind() {
+    let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
+    let (app, _manager) = system_with_profiles(60_000, Some(profiles), |c| {
+        c.secrets_key = Some(secrets_key())
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (idle,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'idle'")
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        if idle == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pool never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (agent, chat) = light_agent(&app).await;
+    let secret = format!("pool-{}", uuid::Uuid::new_v4().simple());
+    set_secret(&app, &agent, "MY_TOKEN", &secret).await;
+    app.provider
+        .push(shell("p1", "echo $MY_TOKEN; printenv MY_TOKEN | wc -c"));
+    app.provider.push(text("ok"));
+    let response = app.send(&chat, &json!({"content": "go"})).await;
+    let stream = response.text().await.unwrap();
+    let (chunks, _) = parse_events(&stream);
+    assert!(
+        worker_states(&chunks).is_empty(),
+        "claimed, not provisioned"
+    );
+    assert_eq!(
+        output_of(&chunks, "p1"),
+        format!(
+            "exit code: 0\n--- stdout ---\n[secret:MY_TOKEN]\n{}\n",
+            secret.len() + 1
+        )
+    );
+    assert!(!stream.contains(&secret));
+    let (claimed,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'claimed'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(claimed, 1);
+}
+
+/// W12 mid-chat: a secret the agent stores with `secret_set` while its session is live
+/// reaches that session before `secret_set` answers, so the next command of the same turn
+/// sees it, on the same worker.
+#[tokio::test]
+async fn a_secret_set_mid_chat_reaches_the_live_session() {
+    let (app, _manager) = system(60_000, |c| c.secrets_key = Some(secrets_key())).await;
+    let (agent, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+    let secret = format!("mid-{}", uuid::Uuid::new_v4().simple());
+    app.provider.push(call(
+        "set",
+        "secret_set",
+        json!({"name": "MY_TOKEN", "value": secret}),
+    ));
+    app.provider
+        .push(shell("s2", "printenv MY_TOKEN | wc -c; echo $MY_TOKEN"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "keep it"})).await).await;
+    assert_eq!(output_of(&chunks, "set"), "stored secret MY_TOKEN");
+    assert_eq!(
+        output_of(&chunks, "s2"),
+        format!(
+            "exit code: 0\n--- stdout ---\n{}\n[secret:MY_TOKEN]\n",
+            secret.len() + 1
+        )
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the same session: {listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
 }
 
 /// Issue 10 part 5: the runtime-manager SIGKILLed with a provision in hand (its claim held

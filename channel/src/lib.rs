@@ -8,7 +8,9 @@
 //! - `token`: session tokens (JWT, HS256), scoped to one session (SPEC X2).
 //! - `catalog`: the worker tools each RuntimeProfile offers, with JSON Schemas derived
 //!   from their argument types, known to the brain before any worker exists (SPEC T4).
+//! - `mask`: a session's secret values masked in tool output, whole or streamed (W12).
 
 pub mod catalog;
+pub mod mask;
 pub mod token;
 pub mod ws;

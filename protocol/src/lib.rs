@@ -6,6 +6,7 @@
 //! the runtime-manager can all speak it without pulling each other's dependencies.
 
 pub mod channel;
+pub mod env;
 pub mod error;
 pub mod ids;
 pub mod ui;

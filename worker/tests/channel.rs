@@ -22,7 +22,7 @@ use protocol::channel::{
 use protocol::{AgentId, TeamId};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientNotification, ClientRequest,
-    CustomNotification, ProgressNotificationParam, ResourceContents,
+    CustomNotification, CustomRequest, ProgressNotificationParam, ResourceContents,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -401,6 +401,68 @@ async fn dial_headers_tools_and_streaming_shell() {
     assert!(!logs.contains(TOKEN.as_str()), "{logs}");
     assert!(!logs.contains("echo"), "{logs}");
     assert!(logs.contains("tool call"), "{logs}");
+}
+
+/// W12, worker side: `agent_runtime/env` is answered once held; its variables are each
+/// command's environment (not the worker's own), and their values are masked in the live
+/// lines, the result and the file tools' answers. A set outside the limits is refused
+/// whole and the one held stays.
+#[tokio::test]
+async fn the_sessions_environment_is_set_masked_and_refused_outside_its_limits() {
+    let mut s = Session::start("env").await;
+    let value = "tok-4f1c9a-secret-value";
+    let peer = s.client.peer().clone();
+    let send = |vars: Value| {
+        let peer = peer.clone();
+        async move {
+            let request = ClientRequest::CustomRequest(CustomRequest::new(
+                protocol::env::ENV_REQUEST,
+                Some(json!({ "vars": vars })),
+            ));
+            tokio::time::timeout(WAIT, peer.send_request(request))
+                .await
+                .unwrap()
+        }
+    };
+    send(json!({"MY_TOKEN": value})).await.unwrap();
+
+    let shell = s
+        .call(
+            "shell",
+            json!({"command": "echo $MY_TOKEN; printenv MY_TOKEN | wc -c; echo \"$MY_TOKEN\" > f.txt"}),
+        )
+        .await;
+    let expected = format!("[secret:MY_TOKEN]\n{}\n", value.len() + 1);
+    assert!(
+        text_of(&shell).ends_with(&format!("--- stdout ---\n{expected}")),
+        "{shell:?}"
+    );
+    let mut live = String::new();
+    while !live.ends_with(&expected) {
+        live.push_str(s.next_live().await["text"].as_str().unwrap());
+    }
+    let read = s.call("read_file", json!({"path": "f.txt"})).await;
+    assert_eq!(text_of(&read), "[secret:MY_TOKEN]\n");
+    assert_eq!(
+        std::fs::read_to_string(s.root.join("f.txt")).unwrap(),
+        format!("{value}\n"),
+        "the file itself is the command's business"
+    );
+    let own = std::fs::read(format!("/proc/{}/environ", s.worker.child.id().unwrap())).unwrap();
+    assert!(!String::from_utf8_lossy(&own).contains(value));
+
+    for refused in [
+        json!({"PATH": "/nowhere"}),
+        json!({"LD_PRELOAD": "/x.so"}),
+        json!({"SHORT": "abc"}),
+        json!({"lower": "abcd"}),
+    ] {
+        assert!(send(refused.clone()).await.is_err(), "{refused}");
+    }
+    let still = s.call("shell", json!({"command": "echo $MY_TOKEN"})).await;
+    assert!(text_of(&still).contains("[secret:MY_TOKEN]"));
+    assert!(!s.worker.logs().contains(value));
+    assert!(s.worker.logs().contains("session environment refused"));
 }
 
 #[tokio::test]

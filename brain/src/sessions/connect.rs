@@ -290,6 +290,11 @@ impl Sessions {
             Ok(service) => service,
             Err((reason, code)) => return refuse(reason, code, session).await,
         };
+        // The secrets are part of being ready: the first call already has them (W12).
+        if let Err(err) = self.send_env(&service, claims.team, claims.agent).await {
+            tracing::warn!(session = %session, class = err.metric_label(), "session environment not delivered");
+            return refuse(FailureReason::ReadyTimeout, CLOSE_READY_TIMEOUT, session).await;
+        }
         let taken = match &redial {
             None => {
                 // The owner key exists before the row says `ready`: a ready session
@@ -480,8 +485,8 @@ impl Sessions {
         worker.released.cancel();
     }
 
-    /// Binds a pooled worker to a new session: the session's token (and so its
-    /// settings) travel over the channel, so no cold start is needed.
+    /// Binds a pooled worker to a new session: the session's token and then its secrets
+    /// travel over the channel, so no cold start is needed.
     pub(super) async fn bind(&self, worker: &LiveWorker, binding: Binding) -> bool {
         if !worker.bind(binding) {
             return false;
@@ -497,12 +502,32 @@ impl Sessions {
         worker.token_sent(unix_now() + self.config.token_ttl.as_secs());
         let params = serde_json::json!({ "session": binding.session, "token": token });
         let notification = CustomNotification::new(BIND_NOTIFICATION, Some(params));
-        worker
+        if worker
             .service
             .peer()
             .send_notification(ClientNotification::CustomNotification(notification))
             .await
-            .is_ok()
+            .is_err()
+        {
+            return false;
+        }
+        // The session's secrets follow the bind and are held before the claim returns, so
+        // a pooled worker never needs a cold start for them (W12).
+        match self
+            .send_env(&worker.service, binding.team, binding.agent)
+            .await
+        {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(session = %binding.session, class = err.metric_label(), "session environment not delivered");
+                // Bound to a session that now fails: this worker serves nothing more.
+                worker
+                    .control
+                    .close(CLOSE_SESSION_ENDED, "session_ended")
+                    .await;
+                false
+            }
+        }
     }
 
     /// Pings until the channel ends or the worker falls silent; keeps the owner key

@@ -5,6 +5,8 @@
 //! - `connect.rs`: the endpoint workers dial, the MCP handshake, heartbeats.
 //! - `registry.rs`: the workers whose socket this replica holds.
 //! - `relay.rs`: calls for a worker another replica holds, through Redis (W4).
+//! - `secrets.rs`: the agent's secrets sent as the session's environment, and masked in
+//!   what the worker answers (W12).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -22,6 +24,7 @@
 mod connect;
 mod registry;
 mod relay;
+mod secrets;
 mod tool;
 
 use std::collections::{HashMap, HashSet};

@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+use channel::mask::Masks;
 use channel::ws::Control;
 use protocol::channel::CLOSE_GOING_AWAY;
 use protocol::ui::{UiChunk, WorkerLog};
@@ -26,13 +27,30 @@ struct Route {
 }
 
 /// The brain's side of the MCP session: relays a call's progress notifications (the
-/// worker's stdout/stderr lines) to the turn that made the call.
+/// worker's stdout/stderr lines) to the turn that made the call, with the session's
+/// secret values masked (W12).
 #[derive(Clone, Default)]
 pub struct WorkerClient {
     routes: Arc<Mutex<HashMap<ProgressToken, Route>>>,
+    masks: Arc<RwLock<Arc<Masks>>>,
 }
 
 impl WorkerClient {
+    /// The values masked in what this worker sends from now on (its session's secrets).
+    pub fn set_masks(&self, masks: Arc<Masks>) {
+        match self.masks.write() {
+            Ok(mut held) => *held = masks,
+            Err(poisoned) => *poisoned.into_inner() = masks,
+        }
+    }
+
+    pub fn masks(&self) -> Arc<Masks> {
+        match self.masks.read() {
+            Ok(masks) => masks.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// Routes the progress of `token` to `ui` until the answer is dropped. A guard, so a
     /// call future dropped mid-call (its turn cancelled) does not leave a clone of the
     /// turn's sender behind: that would hold the client's stream open, after `finish`,
@@ -85,6 +103,7 @@ impl ClientHandler for WorkerClient {
                 .get(&params.progress_token)
                 .map(|r| (r.call_id.clone(), r.ui.clone()))
         });
+        let masks = self.masks();
         async move {
             let Some((tool_call_id, ui)) = target else {
                 return;
@@ -102,7 +121,7 @@ impl ClientHandler for WorkerClient {
                 data: WorkerLog {
                     tool_call_id,
                     stream: line.stream,
-                    text: line.text,
+                    text: masks.mask(&line.text),
                 },
                 transient: true,
             });

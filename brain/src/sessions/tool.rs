@@ -249,10 +249,15 @@ pub(super) async fn call_worker(
     let answer = answer.ok_or_else(|| "cancelled".to_owned())?;
     guard.peer = None;
     match answer {
-        Ok(ServerResult::CallToolResult(result)) => Ok(Answer {
-            is_error: result.is_error.unwrap_or(false),
-            content: serde_json::to_value(&result.content).unwrap_or_default(),
-        }),
+        Ok(ServerResult::CallToolResult(result)) => {
+            let mut content = serde_json::to_value(&result.content).unwrap_or_default();
+            // The worker masked its output already; a value it missed stops here (W12).
+            worker.client().masks().mask_json(&mut content);
+            Ok(Answer {
+                is_error: result.is_error.unwrap_or(false),
+                content,
+            })
+        }
         Ok(_) => Err("the worker sent an unexpected answer".into()),
         Err(_) => Err(DROPPED_DURING_CALL.into()),
     }

@@ -41,7 +41,7 @@ pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireR
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
-pub use secrets::{SecretInfo, SecretsError, SecretsKey};
+pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{

@@ -145,6 +145,27 @@ fn infos(rows: Vec<(String, DateTime<Utc>)>) -> Vec<SecretInfo> {
         .collect()
 }
 
+/// An agent's secrets, decrypted (name, value), for its worker sessions. `Debug` shows
+/// the names only.
+#[derive(Default)]
+pub struct AgentSecrets {
+    pub values: Vec<(String, String)>,
+    /// Rows that did not decrypt (another key, a tampered row): left out.
+    pub unreadable: usize,
+}
+
+impl std::fmt::Debug for AgentSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSecrets")
+            .field(
+                "names",
+                &self.values.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("unreadable", &self.unreadable)
+            .finish()
+    }
+}
+
 /// A stored secret as anyone but its injector may see it: no value.
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct SecretInfo {
@@ -256,6 +277,42 @@ impl Store {
             &ciphertext,
         )?;
         String::from_utf8(plain).map_err(|_| SecretsError::Crypto)
+    }
+
+    /// Every secret of the agent, decrypted, by name: the environment of its sessions'
+    /// commands (W12). A row that does not decrypt under this key is left out and
+    /// counted. Secrets off (no key): none.
+    ///
+    /// **Who may call this:** as [`Store::secret_value`], only the worker channel.
+    pub async fn agent_secrets(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+    ) -> Result<AgentSecrets, StoreError> {
+        let Some(key) = self.secrets.as_ref() else {
+            return Ok(AgentSecrets::default());
+        };
+        let rows: Vec<(String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+            "SELECT name, nonce, ciphertext FROM secrets \
+             WHERE team_id = $1 AND agent_id = $2 ORDER BY name",
+        )
+        .bind(team.0)
+        .bind(agent.0)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut secrets = AgentSecrets::default();
+        for (name, nonce, ciphertext) in rows {
+            let aad = associated_data(team, Some(agent), &name);
+            match key
+                .open(&aad, &nonce, &ciphertext)
+                .ok()
+                .and_then(|plain| String::from_utf8(plain).ok())
+            {
+                Some(value) => secrets.values.push((name, value)),
+                None => secrets.unreadable += 1,
+            }
+        }
+        Ok(secrets)
     }
 
     /// Stores a team secret (`PUT /v1/secrets/{secret_name}`), replacing an older value of that

@@ -156,13 +156,18 @@ pub struct Toolset {
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
     /// agent tools (create, archive, change prompt, update) for its team.
-    /// `min_interval_secs` bounds the cadences the cron and agent tools set.
-    pub fn brain(concierge: bool, min_interval_secs: u32) -> Self {
+    /// `min_interval_secs` bounds the cadences the cron and agent tools set; `on_secret_set`
+    /// runs after `secret_set` stored a secret.
+    pub fn brain(
+        concierge: bool,
+        min_interval_secs: u32,
+        on_secret_set: Option<secrets::OnSecretSet>,
+    ) -> Self {
         let mut set = Self::default();
         for tool in memory::tools() {
             set.add(tool);
         }
-        for tool in secrets::tools()
+        for tool in secrets::tools(on_secret_set)
             .into_iter()
             .chain(cron::tools(min_interval_secs))
         {
@@ -203,7 +208,7 @@ mod tests {
 
     #[test]
     fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {
-        let set = Toolset::brain(true, 60);
+        let set = Toolset::brain(true, 60, None);
         assert!(set.tools.len() >= 11);
         for (tool, spec) in set.tools.iter().zip(&set.specs) {
             assert_eq!(tool.metric_label(), spec.name);

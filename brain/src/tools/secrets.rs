@@ -2,7 +2,9 @@
 //!
 //! A value goes in and never comes back out on this path: `secret_list` answers names and
 //! times only, and no answer, error or log line carries a value (X4). The value is read
-//! back only by code that injects it into a tool's execution (`Store::secret_value`).
+//! back only by code that injects it into a tool's execution (`Store::secret_value`,
+//! `Store::agent_secrets`). A secret stored while the agent has live worker sessions is
+//! pushed to them before `secret_set` answers ([`OnSecretSet`], W12).
 
 use std::sync::Arc;
 
@@ -11,6 +13,8 @@ use futures_util::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use protocol::{AgentId, TeamId};
 
 use super::{Tool, ToolCtx, ToolOutput, schema_of};
 use crate::provider::ToolSpec;
@@ -24,8 +28,12 @@ pub const MAX_PER_AGENT: i64 = 100;
 /// What replaces a value wherever a call's input is kept or shown.
 pub const REDACTED: &str = "[redacted]";
 
-pub fn tools() -> Vec<Arc<dyn Tool>> {
-    vec![Arc::new(SecretSet), Arc::new(SecretList)]
+/// Run after a secret of (team, agent) was stored: brings the agent's live worker
+/// sessions up to date (W12), so a command later in the same chat already sees it.
+pub type OnSecretSet = Arc<dyn Fn(TeamId, AgentId) -> BoxFuture<'static, ()> + Send + Sync>;
+
+pub fn tools(on_set: Option<OnSecretSet>) -> Vec<Arc<dyn Tool>> {
+    vec![Arc::new(SecretSet { on_set }), Arc::new(SecretList)]
 }
 
 /// Arguments of `secret_set`.
@@ -47,7 +55,9 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
-struct SecretSet;
+struct SecretSet {
+    on_set: Option<OnSecretSet>,
+}
 
 impl Tool for SecretSet {
     fn metric_label(&self) -> &'static str {
@@ -107,7 +117,12 @@ impl Tool for SecretSet {
                 .set_secret(ctx.team, ctx.agent, &args.name, &args.value, MAX_PER_AGENT)
                 .await;
             match stored {
-                Ok(()) => ToolOutput::ok(format!("stored secret {}", args.name)),
+                Ok(()) => {
+                    if let Some(on_set) = &self.on_set {
+                        on_set(ctx.team, ctx.agent).await;
+                    }
+                    ToolOutput::ok(format!("stored secret {}", args.name))
+                }
                 Err(SecretsError::NotConfigured) => {
                     ToolOutput::error("secrets are not configured on this server")
                 }

@@ -262,7 +262,11 @@ pub async fn launch(
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
-    let mut toolset = Toolset::brain(agent.concierge, state.config.autostart.min_interval_secs);
+    let mut toolset = Toolset::brain(
+        agent.concierge,
+        state.config.autostart.min_interval_secs,
+        Some(state.sessions.on_secret_set()),
+    );
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
             &state.store,

@@ -1,6 +1,7 @@
 //! The MCP server the brain drives: the workspace tools of `channel::catalog`, decoded
 //! with exactly its argument types, plus the in-band token renewal and, for a pooled
-//! worker, the bind to a session (SPEC W3, W8, W9, R3).
+//! worker, the bind to a session (SPEC W3, W8, W9, R3), and the session's secrets
+//! (W12).
 //!
 //! - `paths`: workspace confinement for the file tools.
 //! - `output`: head-and-tail capping with a truncation marker.
@@ -17,6 +18,11 @@
 //! not start) answers with an `isError` result the model reads; a command that exits
 //! non-zero is a normal result. Protocol errors are left to rmcp (unknown tool, arguments
 //! that do not decode).
+//!
+//! The session's secrets arrive in the custom request `agent_runtime/env`
+//! (`protocol::env`), answered once they are held: in this process's memory only, never
+//! in its own environment or a file. `shell` sets them for each command and masks their
+//! values in its output; the file tools mask them in what they answer.
 
 pub mod artifact;
 #[cfg(feature = "browser")]
@@ -28,7 +34,7 @@ pub mod shell;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use channel::catalog::{
@@ -37,12 +43,13 @@ use channel::catalog::{
 use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
+use protocol::env::{ENV_REQUEST, SessionEnv};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    Implementation, ServerCapabilities, ServerConfig,
+    CustomRequest, CustomResult, ErrorCode, Implementation, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -67,6 +74,8 @@ struct Shared {
     /// Who the next dial proves to be: the newest token (renewed in-band), and for a
     /// bound pooled worker its session (W9).
     identity: Mutex<Identity>,
+    /// The session's secrets (W12): replaced whole by each `agent_runtime/env`.
+    secrets: RwLock<Arc<shell::Secrets>>,
     calls: AtomicU64,
     /// The headless browser, when the profile serves the browser tools.
     #[cfg(feature = "browser")]
@@ -149,6 +158,7 @@ impl Worker {
                 workspace,
                 groups,
                 identity: Mutex::new(identity),
+                secrets: RwLock::default(),
                 calls: AtomicU64::new(0),
                 #[cfg(feature = "browser")]
                 browser,
@@ -188,6 +198,35 @@ impl Worker {
         }
     }
 
+    fn secrets(&self) -> Arc<shell::Secrets> {
+        match self.shared.secrets.read() {
+            Ok(secrets) => secrets.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_secrets(&self, env: SessionEnv) {
+        let secrets = Arc::new(shell::Secrets::new(env));
+        match self.shared.secrets.write() {
+            Ok(mut held) => *held = secrets,
+            Err(poisoned) => *poisoned.into_inner() = secrets,
+        }
+    }
+
+    /// `result` with the session's secret values masked in its text.
+    fn masked(&self, mut result: CallToolResult) -> CallToolResult {
+        let secrets = self.secrets();
+        if secrets.masks.is_empty() {
+            return result;
+        }
+        for block in &mut result.content {
+            if let ContentBlock::Text(text) = block {
+                text.text = secrets.masks.mask(&text.text);
+            }
+        }
+        result
+    }
+
     fn call_id(&self) -> u64 {
         self.shared.calls.fetch_add(1, Ordering::Relaxed) + 1
     }
@@ -223,7 +262,7 @@ impl Worker {
             ms = started.elapsed().as_millis() as u64,
             "tool call"
         );
-        result.unwrap_or_else(|err| error(err.to_string()))
+        self.masked(result.unwrap_or_else(|err| error(err.to_string())))
     }
 }
 
@@ -269,6 +308,7 @@ impl Worker {
             command: args.command,
             cwd,
             timeout,
+            secrets: self.secrets(),
         };
         match shell::run(run, &self.shared.groups, &cancel, live).await {
             Ok(outcome) => {
@@ -449,6 +489,39 @@ impl ServerHandler for Worker {
             }
             _ => tracing::debug!("unknown custom notification ignored"),
         }
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method != ENV_REQUEST {
+            return Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        }
+        // serde's message may quote what it could not decode: a value. The text is ours.
+        let Some(env) = request.params_as::<SessionEnv>().ok().flatten() else {
+            tracing::warn!(refusal = "undecodable", "session environment refused");
+            return Err(ErrorData::invalid_params(
+                "expected {\"vars\": {NAME: value}}",
+                None,
+            ));
+        };
+        if let Err(refusal) = env.check() {
+            tracing::warn!(refusal = refusal.as_str(), "session environment refused");
+            return Err(ErrorData::invalid_params(
+                format!("session environment refused: {}", refusal.as_str()),
+                None,
+            ));
+        }
+        let vars = env.vars.len();
+        self.set_secrets(env);
+        tracing::info!(vars, "session environment set");
+        Ok(CustomResult::new(serde_json::json!({ "vars": vars })))
     }
 }
 

@@ -7,13 +7,20 @@
 //! `{"stream":"stdout"|"stderr","text":"..."}` ([`LiveLine`]). Complete lines are sent at
 //! once; a partial line waits at most [`FLUSH_EVERY`].
 //!
+//! The session's secrets (W12) are set in the command's environment by name, and every
+//! value is masked in both streams as they are read ([`StreamMask`]), before anything
+//! goes to the result or the brain.
+//!
 //! Cancellation (the brain's `notifications/cancelled`, or the channel ending) and the
 //! timeout kill the whole group with one SIGKILL; so does dropping the call future, through
 //! the group's drop guard.
 
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use channel::mask::{Masks, StreamMask};
+use protocol::env::SessionEnv;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use serde::Serialize;
@@ -68,6 +75,22 @@ pub struct ShellCall {
     pub command: String,
     pub cwd: std::path::PathBuf,
     pub timeout: Duration,
+    pub secrets: Arc<Secrets>,
+}
+
+/// The session's secrets, held in memory only: the command's environment, and the values
+/// masked in everything it prints. `Debug` shows no value.
+#[derive(Debug, Default)]
+pub struct Secrets {
+    pub env: SessionEnv,
+    pub masks: Arc<Masks>,
+}
+
+impl Secrets {
+    pub fn new(env: SessionEnv) -> Self {
+        let masks = Arc::new(Masks::new(&env));
+        Self { env, masks }
+    }
 }
 
 /// How the command ended.
@@ -119,6 +142,7 @@ pub async fn run(
         .current_dir(&call.cwd)
         // The session token is the worker's, never the command's.
         .env_remove(WORKER_SESSION_TOKEN)
+        .envs(&call.secrets.env.vars)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -151,6 +175,10 @@ pub async fn run(
 
     let mut stdout = Capped::new(OUTPUT_CAP);
     let mut stderr = Capped::new(OUTPUT_CAP);
+    let mut masks = [
+        StreamMask::new(call.secrets.masks.clone()),
+        StreamMask::new(call.secrets.masks.clone()),
+    ];
     let mut streamer = Streamer::new(live);
     let deadline = tokio::time::sleep(call.timeout);
     let grace = tokio::time::sleep(Duration::from_secs(u64::from(u32::MAX)));
@@ -188,6 +216,7 @@ pub async fn run(
             }
             chunk = rx.recv(), if pipes_open => match chunk {
                 Some((stream, bytes)) => {
+                    let bytes = masks[Streamer::slot(stream)].push(&bytes);
                     match stream {
                         StreamName::Stdout => stdout.push(&bytes),
                         StreamName::Stderr => stderr.push(&bytes),
@@ -219,8 +248,8 @@ pub async fn run(
                 tokio::select! {
                     () = &mut drain => break,
                     chunk = rx.recv() => match chunk {
-                        Some((StreamName::Stdout, bytes)) => stdout.push(&bytes),
-                        Some((StreamName::Stderr, bytes)) => stderr.push(&bytes),
+                        Some((StreamName::Stdout, bytes)) => stdout.push(&masks[0].push(&bytes)),
+                        Some((StreamName::Stderr, bytes)) => stderr.push(&masks[1].push(&bytes)),
                         None => pipes_open = false,
                     },
                 }
@@ -232,6 +261,15 @@ pub async fn run(
         }
     }
     if !matches!(ending, Ending::Cancelled) {
+        // What each mask held back (a possible start of a value) ends its stream.
+        for stream in [StreamName::Stdout, StreamName::Stderr] {
+            let rest = masks[Streamer::slot(stream)].finish();
+            match stream {
+                StreamName::Stdout => stdout.push(&rest),
+                StreamName::Stderr => stderr.push(&rest),
+            }
+            streamer.push(stream, &rest, cancel).await;
+        }
         streamer.flush_all(cancel).await;
     }
     readers.abort_all();
@@ -467,6 +505,7 @@ mod tests {
             command: "echo out; echo err >&2; exit 3".into(),
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(5),
+            secrets: Arc::default(),
         };
         let outcome = run(call, &groups, &CancellationToken::new(), None)
             .await
@@ -486,11 +525,37 @@ mod tests {
             command: format!("echo \"[${WORKER_SESSION_TOKEN}]\""),
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(5),
+            secrets: Arc::default(),
         };
         let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)
             .await
             .unwrap();
         assert!(render(outcome, Duration::from_secs(5)).contains("[]"));
+    }
+
+    #[tokio::test]
+    async fn secrets_are_the_commands_environment_and_masked_in_its_output() {
+        let dir = crate::tools::test_support::TempDir::new("shell-secrets");
+        let env = SessionEnv {
+            vars: [("MY_TOKEN".to_owned(), "tok-1234-abcd".to_owned())].into(),
+        };
+        // The value leaves the command cut in two writes, on both streams.
+        let call = ShellCall {
+            command: "printf %s \"${MY_TOKEN%%-*}\"; sleep 0.1; echo \"-${MY_TOKEN#*-}\"; \
+                      echo \"$MY_TOKEN\" >&2; printenv MY_TOKEN | wc -c"
+                .into(),
+            cwd: dir.path().to_path_buf(),
+            timeout: Duration::from_secs(5),
+            secrets: Arc::new(Secrets::new(env)),
+        };
+        let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)
+            .await
+            .unwrap();
+        let text = render(outcome, Duration::from_secs(5));
+        assert_eq!(
+            text,
+            "exit code: 0\n--- stdout ---\n[secret:MY_TOKEN]\n14\n--- stderr ---\n[secret:MY_TOKEN]\n"
+        );
     }
 
     #[tokio::test]
@@ -500,6 +565,7 @@ mod tests {
             command: "echo started; sleep 30 & sleep 30".into(),
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(1),
+            secrets: Arc::default(),
         };
         let started = Instant::now();
         let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)
