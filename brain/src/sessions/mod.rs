@@ -156,6 +156,10 @@ pub struct Inner {
     /// worker's handshake here joins the turn's trace (O2); best effort, kept no longer
     /// than the provision timeout. Empty when no traces are exported.
     awaited: Mutex<HashMap<SessionId, (TraceContext, Instant)>>,
+    /// The chats whose worker a speculation (W11) is starting on this replica, each with a
+    /// gate the speculation holds until it is done: a call of that chat waits at the gate
+    /// before it looks, or it would provision while the speculation still claims.
+    starting: Mutex<HashMap<(AgentId, ChatId), Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::ops::Deref for Sessions {
@@ -194,6 +198,7 @@ impl Sessions {
             metrics,
             quotas,
             awaited: Mutex::default(),
+            starting: Mutex::default(),
         })))
     }
 
@@ -269,6 +274,17 @@ impl Sessions {
         ui: Option<&mpsc::Sender<UiChunk>>,
         cancel: &CancellationToken,
     ) -> Result<Target, SessionError> {
+        let gate = self
+            .starting
+            .lock()
+            .ok()
+            .and_then(|starting| starting.get(&(agent, chat)).cloned());
+        if let Some(gate) = gate {
+            tokio::select! {
+                _ = gate.lock() => {}
+                () = cancel.cancelled() => return Err(SessionError::Cancelled),
+            }
+        }
         if let Some((session, worker)) = self.registry.for_chat(agent, chat) {
             return Ok(Target::Local { session, worker });
         }
@@ -471,6 +487,11 @@ impl Sessions {
         if self.registry.for_chat(agent, chat).is_some() {
             return None;
         }
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held = gate.clone().lock_owned().await;
+        if let Ok(mut starting) = self.starting.lock() {
+            starting.insert((agent, chat), gate.clone());
+        }
         // The same steps, and bounds, as a call's own start (`locate`); not raced against
         // a timeout of its own, which could leave a row written and its task unqueued.
         let started: Result<Option<SessionId>, SessionError> = async {
@@ -487,6 +508,16 @@ impl Sessions {
                 .map(|row| Some(row.id))
         }
         .await;
+        // Out of the map first, then open: a call that found the gate waits for this
+        // start; one that comes later finds its session.
+        if let Ok(mut starting) = self.starting.lock()
+            && starting
+                .get(&(agent, chat))
+                .is_some_and(|g| Arc::ptr_eq(g, &gate))
+        {
+            starting.remove(&(agent, chat));
+        }
+        drop(held);
         match started {
             Ok(Some(session)) => {
                 tracing::info!(session = %session, profile, "worker started speculatively");
