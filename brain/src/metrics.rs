@@ -28,6 +28,9 @@ pub struct Counters {
     pub events_dropped: IntCounter,
     /// Observers of the events stream disconnected because they fell behind (S2).
     pub observers_too_slow: IntCounter,
+    /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
+    /// `refused`), and restores (`restored`) (W10).
+    pub snapshots: IntCounterVec,
 }
 
 impl Metrics {
@@ -71,8 +74,17 @@ impl Metrics {
             "brain_event_observers_too_slow_total",
             "Events stream observers disconnected because their buffer filled.",
         )?;
+        let snapshots = IntCounterVec::new(
+            Opts::new(
+                "brain_snapshots_total",
+                "Workspace snapshots of idle teardowns by outcome, and restores.",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(snapshots.clone()))?;
         Ok(Self(Arc::new(Counters {
             registry,
+            snapshots,
             hold_unavailable,
             worker_failures,
             turns_reconciled,

@@ -1946,3 +1946,158 @@ async fn a_sessions_worker_seconds_tile_its_lifetime_through_racing_and_killed_m
         "the warm-up turn's two model calls"
     );
 }
+
+/// W10: the newest workspace snapshot row of `agent`, with its storage key.
+async fn snapshot_row(app: &TestApp, agent: &str) -> Option<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT storage_key, size_bytes, session_id::text FROM workspace_snapshots
+         WHERE agent_id = $1::uuid",
+    )
+    .bind(agent)
+    .fetch_optional(app.store.pool())
+    .await
+    .unwrap()
+}
+
+/// The file a stored snapshot's bytes are in (the test's local artifact directory).
+fn snapshot_blob(app: &TestApp, storage_key: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!("brain-test-artifacts-{}", app.db_name))
+        .join(storage_key)
+}
+
+/// The snapshot outcome recorded on the agent's newest session.
+async fn newest_snapshot_state(app: &TestApp, agent: &str) -> Value {
+    sessions(app, agent).await[0]["snapshot_state"].clone()
+}
+
+/// One turn whose shell call runs `command`; returns the call's output.
+async fn shell_turn(app: &TestApp, chat: &str, id: &str, command: &str) -> String {
+    app.provider.push(shell(id, command));
+    app.provider.push(text("done"));
+    let (chunks, _) = read_stream(app.send(chat, &json!({"content": "go"})).await).await;
+    app.settled().await;
+    output_of(&chunks, id)
+}
+
+/// Waits for the agent's newest session to be `terminated`.
+async fn terminated(app: &TestApp, agent: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let listed = sessions(app, agent).await;
+        if listed[0]["state"] == "terminated" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_workspace_survives_idle_teardown_into_the_chats_next_session() {
+    let (app, _manager) = system(1_500, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    let out = shell_turn(
+        &app,
+        &chat,
+        "w1",
+        "mkdir -p src && echo remember-me > src/notes.txt && ln -s src/notes.txt link && echo written",
+    )
+    .await;
+    assert!(out.contains("written"), "{out}");
+    let first = sessions(&app, &agent).await[0]["id"].clone();
+
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+    let (key, size, taken_by) = snapshot_row(&app, &agent).await.expect("a snapshot row");
+    assert_eq!(json!(taken_by), first);
+    let blob = std::fs::metadata(snapshot_blob(&app, &key)).expect("the bytes are stored");
+    assert_eq!(blob.len() as i64, size);
+    // Listed on the session API, counted in usage.
+    let listed: Value = app
+        .get(&format!("/v1/agents/{agent}/sessions"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["snapshots"][0]["size_bytes"], json!(size));
+    assert_eq!(listed["snapshots"][0]["chat_id"], json!(chat));
+    assert!(listed["snapshots"][0]["created_at"].is_string());
+    let usage: Value = app.get("/v1/usage").await.json().await.unwrap();
+    assert_eq!(usage["snapshot_bytes"], json!(size), "{usage}");
+
+    // The next turn gets a new session whose worker restored the files before it was
+    // ready: the first call already finds them.
+    let out = shell_turn(&app, &chat, "w2", "cat src/notes.txt link").await;
+    assert_eq!(out.matches("remember-me").count(), 2, "{out}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 2);
+    assert_ne!(listed[0]["id"], first, "a new session");
+    assert_eq!(listed[0]["state"], "ready");
+    assert!(app.provider.violations().is_empty());
+}
+
+#[tokio::test]
+async fn a_workspace_over_the_cap_drops_the_chats_snapshot() {
+    let profiles = json!({"profiles": {"light": {"snapshotMaxBytes": 16384}}});
+    let (app, _manager) = system_with_profiles(1_500, Some(profiles), |c| {
+        c.artifacts.snapshot_sweep_interval = Duration::from_millis(200);
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "o1", "echo small > small.txt").await;
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+    let (key, _, _) = snapshot_row(&app, &agent)
+        .await
+        .expect("the small one is kept");
+
+    // The next session restores it, then the workspace grows past the cap.
+    let out = shell_turn(
+        &app,
+        &chat,
+        "o2",
+        "cat small.txt && head -c 65536 /dev/urandom > big.bin && echo grown",
+    )
+    .await;
+    assert!(out.contains("small") && out.contains("grown"), "{out}");
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "over_cap");
+    // No snapshot is taken and the older one is dropped, bytes included: a restore never
+    // brings back an older state than the one the chat left.
+    assert!(snapshot_row(&app, &agent).await.is_none());
+    let blob = snapshot_blob(&app, &key);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blob.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped snapshot's bytes are swept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let usage: Value = app.get("/v1/usage").await.json().await.unwrap();
+    assert_eq!(usage["snapshot_bytes"], json!(0));
+    let out = shell_turn(&app, &chat, "o3", "ls").await;
+    assert!(
+        !out.contains("small.txt"),
+        "the third session starts empty: {out}"
+    );
+}
+
+#[tokio::test]
+async fn a_profile_with_snapshots_off_tears_down_without_one() {
+    let profiles = json!({"profiles": {"light": {"snapshots": false}}});
+    let (app, _manager) = system_with_profiles(1_500, Some(profiles), |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "f1", "echo gone > notes.txt").await;
+    let started = Instant::now();
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    println!(
+        "idle teardown without a snapshot: {:?} after the turn",
+        started.elapsed()
+    );
+    assert_eq!(newest_snapshot_state(&app, &agent).await, Value::Null);
+    assert!(snapshot_row(&app, &agent).await.is_none());
+    let out = shell_turn(&app, &chat, "f2", "cat notes.txt || echo missing").await;
+    assert!(out.contains("missing"), "{out}");
+}

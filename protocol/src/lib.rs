@@ -8,6 +8,7 @@
 pub mod channel;
 pub mod error;
 pub mod ids;
+pub mod snapshot;
 pub mod ui;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

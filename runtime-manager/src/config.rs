@@ -98,6 +98,9 @@ pub struct Config {
     /// reaper arms a new one. Checks fire about a second after they are due, and a failing
     /// one is retried for about ten seconds.
     pub lost_idle_check_grace: Duration,
+    /// How long an idle teardown waits for the worker's workspace snapshot to be stored
+    /// before it stops the worker anyway (W10, `RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS`).
+    pub snapshot_timeout: Duration,
 }
 
 impl Config {
@@ -221,6 +224,7 @@ impl Config {
             )
             .map(Duration::from_millis)?,
             lost_idle_check_grace: Duration::from_secs(30),
+            snapshot_timeout: millis(env, "RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS", 120_000)?,
         })
     }
 }

@@ -42,11 +42,14 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
-use crate::store::{Billed, PoolSlot, ProvisionClaim, Store};
+use crate::store::{Billed, PoolSlot, ProvisionClaim, SnapshotAsk, Store, Teardown};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
-/// A `terminating` row this old has lost its idle-check task: the reaper finishes it.
+/// How often an idle teardown looks whether the snapshot it asked for has arrived (W10).
+const SNAPSHOT_POLL: Duration = Duration::from_millis(100);
+/// A `terminating` row this old (and past its snapshot's deadline, if one was asked for)
+/// has lost its idle-check task: the reaper finishes it.
 const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
 /// How long this process's lease in `replicas` holds without a renewal (O3): once it has
 /// lapsed, another replica may take over the provisions this one claimed.
@@ -171,6 +174,11 @@ impl Manager {
         let token = inner
             .tokens
             .mint(session, claim.team, claim.agent, inner.config.token_ttl)?;
+        let restore = inner
+            .config
+            .profiles
+            .get(&claim.profile)
+            .is_some_and(|p| p.snapshots);
         let spec = LaunchSpec {
             session,
             team: claim.team,
@@ -179,6 +187,7 @@ impl Manager {
             profile: claim.profile,
             token,
             brain_public_url: inner.config.brain_public_url.clone(),
+            restore,
         };
         let worker_ref = match inner.launcher.launch(spec).await {
             Ok(worker_ref) => worker_ref,
@@ -233,11 +242,13 @@ impl Manager {
             idle_since_ms = row.idle_since_ms,
             "idle check"
         );
+        let snapshot = self.snapshot_ask(&row.profile);
         if row.idle_since_ms + window > row.now_ms
-            || !inner
+            || inner
                 .store
-                .begin_terminating(session, row.idle_since_ms)
+                .begin_terminating(session, row.idle_since_ms, snapshot)
                 .await?
+                == Teardown::NotIdle
         {
             // Used since: a new timer for the last use (read again: the compare-and-set
             // may have lost to a use that just happened).
@@ -258,12 +269,46 @@ impl Manager {
         self.finish_teardown(session, &row.worker_ref).await
     }
 
-    /// `terminating`: stop the worker, then `terminated`.
+    /// What an idle teardown of `profile` asks of its worker: a workspace snapshot, unless
+    /// the profile turns them off (W10).
+    fn snapshot_ask(&self, profile: &str) -> Option<SnapshotAsk> {
+        let profile = self.inner.config.profiles.get(profile)?;
+        profile.snapshots.then(|| SnapshotAsk {
+            max_bytes: profile.snapshot_max_bytes,
+            timeout: self.inner.config.snapshot_timeout,
+        })
+    }
+
+    /// Waits while the session's snapshot is `requested` and before its deadline (the
+    /// worker packs and uploads it through the brain), then records a miss as `timed_out`.
+    async fn await_snapshot(&self, session: SessionId) -> Result<(), Error> {
+        let store = &self.inner.store;
+        let started = std::time::Instant::now();
+        let mut waited = false;
+        while store.awaits_snapshot(session).await? {
+            waited = true;
+            tokio::time::sleep(SNAPSHOT_POLL).await;
+        }
+        if store.snapshot_timed_out(session).await? {
+            tracing::warn!(session = %session.0, "workspace snapshot not stored in time; tearing down without it");
+        } else if waited {
+            tracing::info!(
+                session = %session.0,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "workspace snapshot answered"
+            );
+        }
+        Ok(())
+    }
+
+    /// `terminating`: wait for a requested snapshot (bounded), stop the worker, then
+    /// `terminated`.
     async fn finish_teardown(
         &self,
         session: SessionId,
         worker_ref: &Option<String>,
     ) -> Result<(), Error> {
+        self.await_snapshot(session).await?;
         if let Some(worker_ref) = worker_ref {
             self.inner.launcher.stop(worker_ref).await?;
         }
@@ -471,6 +516,7 @@ impl Manager {
             profile: profile.to_owned(),
             token: inner.tokens.mint_pool(slot, inner.config.token_ttl)?,
             brain_public_url: inner.config.brain_public_url.clone(),
+            restore: false,
         };
         match inner.launcher.launch(spec).await {
             Ok(worker_ref) => inner.store.pool_launched(slot, &worker_ref).await?,

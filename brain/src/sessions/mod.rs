@@ -5,6 +5,7 @@
 //! - `connect.rs`: the endpoint workers dial, the MCP handshake, heartbeats.
 //! - `registry.rs`: the workers whose socket this replica holds.
 //! - `relay.rs`: calls for a worker another replica holds, through Redis (W4).
+//! - `snapshot.rs`: workspace snapshots at idle teardown and their restore (W10).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -22,6 +23,7 @@
 mod connect;
 mod registry;
 mod relay;
+mod snapshot;
 mod tool;
 
 use std::collections::HashSet;
@@ -39,6 +41,10 @@ use tokio_util::sync::CancellationToken;
 // `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
 pub use connect::{__path_connect, connect};
 use registry::{Binding, LiveWorker, Pool, Registry};
+pub use snapshot::{
+    __path_get_snapshot, __path_put_snapshot, __path_snapshot_skipped, get_snapshot, put_snapshot,
+    snapshot_skipped, sweep as sweep_snapshots,
+};
 pub use tool::worker_tools;
 
 use crate::config::WorkerConfig;
@@ -441,6 +447,11 @@ impl Sessions {
         chat: ChatId,
         profile: &str,
     ) -> Result<Option<(SessionId, Arc<LiveWorker>)>, SessionError> {
+        // A chat with a workspace snapshot starts cold (W10): a pooled worker has already
+        // dialed, and the restore happens before the dial.
+        if self.pool.has(profile) && self.store.chat_has_snapshot(team, agent, chat).await? {
+            return Ok(None);
+        }
         while let Some(worker) = self.pool.take(profile) {
             let Some(slot) = worker.slot else { continue };
             match self

@@ -34,6 +34,10 @@ pub struct LaunchSpec {
     pub token: String,
     /// Where the worker dials (`BRAIN_PUBLIC_URL`).
     pub brain_public_url: String,
+    /// Whether the worker restores its chat's workspace snapshot before it dials
+    /// (`WORKER_RESTORE`: the profile's `snapshots`, W10; never for a pooled worker, which
+    /// has no chat yet). The Kubernetes launcher reads it from its own copy of the profile.
+    pub restore: bool,
 }
 
 impl std::fmt::Debug for LaunchSpec {

@@ -103,6 +103,8 @@ pub fn build(p: &JobParams<'_>) -> Job {
         ("WORKER_WORKSPACE", WORKSPACE.to_owned()),
         // Which tool catalog the worker serves (the browser tools only in `browser`).
         ("WORKER_PROFILE", p.profile_name.to_owned()),
+        // W10: restore the chat's workspace snapshot before dialing.
+        ("WORKER_RESTORE", profile.snapshots.to_string()),
     ]
     .into_iter()
     .map(|(name, value)| EnvVar {
