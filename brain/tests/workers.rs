@@ -2101,3 +2101,68 @@ async fn a_profile_with_snapshots_off_tears_down_without_one() {
     let out = shell_turn(&app, &chat, "f2", "cat notes.txt || echo missing").await;
     assert!(out.contains("missing"), "{out}");
 }
+
+/// The `key=<number>` fields of the worker log lines that contain `message`, from every
+/// worker log in the manager's workspace root.
+fn worker_log_field(manager: &Manager, message: &str, key: &str) -> Vec<u64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&manager._workspaces.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            if !line.contains(message) {
+                continue;
+            }
+            let marker = format!("{key}=");
+            if let Some(rest) = line.split(&marker).nth(1) {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                found.push(digits.parse().unwrap());
+            }
+        }
+    }
+    found
+}
+
+/// W10's figures (docs/PERFORMANCE.md): the time to pack and upload a workspace of 10 and
+/// 200 MiB of random bytes (incompressible: the worst case) through the brain to the local
+/// artifact store, and to download and unpack it in the chat's next session.
+#[tokio::test]
+#[ignore = "a measurement: cargo nextest run -p brain --test workers snapshot_and_restore_times --run-ignored only --no-capture"]
+async fn snapshot_and_restore_times() {
+    for mib in [10u64, 200] {
+        let (app, manager) = system_with(
+            None,
+            &[
+                ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+                // The restore runs before the dial, so the dial timeout must cover it.
+                ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "120000"),
+            ],
+            |_| {},
+        )
+        .await;
+        let (agent, chat) = light_agent(&app).await;
+        let out = shell_turn(
+            &app,
+            &chat,
+            "m1",
+            &format!("head -c {mib}M /dev/urandom > data.bin && echo written"),
+        )
+        .await;
+        assert!(out.contains("written"), "{out}");
+        terminated(&app, &agent, Duration::from_secs(120)).await;
+        assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+        let started = Instant::now();
+        let out = shell_turn(&app, &chat, "m2", "wc -c < data.bin").await;
+        let first_call = started.elapsed();
+        assert!(out.contains(&(mib << 20).to_string()), "{out}");
+        let pack = worker_log_field(&manager, "workspace snapshot uploaded", "pack_ms");
+        let total = worker_log_field(&manager, "workspace snapshot uploaded", "total_ms");
+        let restore = worker_log_field(&manager, "workspace restored", "restore_ms");
+        println!(
+            "snapshot {mib} MiB: pack {pack:?} ms, pack+upload+store {total:?} ms; \
+             restore (download+unpack) {restore:?} ms; next turn's first call {first_call:?}"
+        );
+    }
+}

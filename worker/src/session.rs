@@ -127,11 +127,11 @@ pub async fn run(config: Config) -> u8 {
     // W10: the chat's workspace is back before the first dial, so the session is ready
     // only once it is. A pooled worker has no chat yet (the brain cold-starts a chat that
     // has a snapshot). A failed restore starts the session empty rather than not at all.
-    if config.restore && !identity.pooled {
-        if let Err(err) = snapshot::restore(&config.connect_url, &identity, &config.workspace).await
-        {
-            tracing::warn!(session = %config.session, class = err.class(), "workspace not restored");
-        }
+    if config.restore
+        && !identity.pooled
+        && let Err(err) = snapshot::restore(&config.connect_url, &identity, &config.workspace).await
+    {
+        tracing::warn!(session = %config.session, class = err.class(), "workspace not restored");
     }
     let mut deadline = (Instant::now() + DIAL_WINDOW).min(identity.expiry());
     let groups = Groups::default();
