@@ -46,6 +46,7 @@ pub struct SnapshotRequest {
 
 /// Why a worker sends no snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SkipReason {
     /// The workspace is larger than the profile's `snapshotMaxBytes`.
@@ -56,6 +57,8 @@ pub enum SkipReason {
 
 /// The body of [`SNAPSHOT_SKIPPED_PATH`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"reason": "over_cap"})))]
 pub struct SnapshotSkipped {
     pub reason: SkipReason,
 }

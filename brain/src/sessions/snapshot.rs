@@ -174,7 +174,7 @@ pub async fn put_snapshot(
     operation_id = "skip_worker_snapshot",
     tag = "workers",
     security(("worker_token" = [])),
-    request_body(content = Object, description = "`{\"reason\": \"over_cap\" | \"failed\"}`"),
+    request_body(content = SnapshotSkipped),
     responses(
         (status = 204, description = "Recorded on the session row."),
         (status = 401, description = "No valid session token (`unauthorized`).",
