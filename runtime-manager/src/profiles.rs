@@ -871,6 +871,16 @@ mod tests {
         assert_eq!(p.heavy.tolerations, builtin.heavy.tolerations);
         assert_eq!(p.light.warm_pool_size, 2);
         assert_eq!(p.browser, builtin.browser);
+        assert!(
+            builtin.light.snapshots,
+            "W10 is on unless a profile turns it off"
+        );
+        assert_eq!(builtin.light.snapshot_max_bytes, DEFAULT_SNAPSHOT_MAX_BYTES);
+        let off = yaml("profiles:\n  warm:\n    snapshots: false\n    snapshotMaxBytes: 1048576\n")
+            .unwrap();
+        assert!(!off.warm.snapshots);
+        assert_eq!(off.warm.snapshot_max_bytes, 1 << 20);
+        assert_eq!(off.light, builtin.light);
         assert_eq!(yaml("profiles: {}\n").unwrap(), builtin);
 
         let json = Profiles::parse(
@@ -950,6 +960,11 @@ mod tests {
                 "profiles:\n  light:\n    image: \"\"\n",
                 "profiles.light.image",
                 "image reference",
+            ),
+            (
+                "profiles:\n  light:\n    snapshotMaxBytes: 0\n",
+                "profiles.light.snapshotMaxBytes",
+                "between 1 and",
             ),
             ("", "(file)", "empty"),
         ] {
