@@ -2085,6 +2085,35 @@ async fn a_workspace_over_the_cap_drops_the_chats_snapshot() {
 }
 
 #[tokio::test]
+async fn a_snapshot_past_retention_is_deleted_with_its_bytes() {
+    let (app, _manager) = system(1_500, |c| {
+        c.artifacts.snapshot_sweep_interval = Duration::from_millis(200);
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "r1", "echo old > old.txt").await;
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    let (key, _, _) = snapshot_row(&app, &agent).await.expect("stored");
+    let blob = snapshot_blob(&app, &key);
+    assert!(blob.exists());
+    // Older than the default retention (168 h).
+    sqlx::query("UPDATE workspace_snapshots SET created_at = now() - interval '169 hours'")
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snapshot_row(&app, &agent).await.is_some() || blob.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the expired snapshot and its bytes are swept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = shell_turn(&app, &chat, "r2", "cat old.txt || echo missing").await;
+    assert!(out.contains("missing"), "{out}");
+}
+
+#[tokio::test]
 async fn a_profile_with_snapshots_off_tears_down_without_one() {
     let profiles = json!({"profiles": {"light": {"snapshots": false}}});
     let (app, _manager) = system_with_profiles(1_500, Some(profiles), |_| {}).await;
