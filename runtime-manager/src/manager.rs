@@ -174,11 +174,16 @@ impl Manager {
         let token = inner
             .tokens
             .mint(session, claim.team, claim.agent, inner.config.token_ttl)?;
+        // Only a chat with a snapshot costs its worker a request before the dial (W10).
         let restore = inner
             .config
             .profiles
             .get(&claim.profile)
-            .is_some_and(|p| p.snapshots);
+            .is_some_and(|p| p.snapshots)
+            && inner
+                .store
+                .chat_has_snapshot(claim.agent, claim.chat)
+                .await?;
         let spec = LaunchSpec {
             session,
             team: claim.team,

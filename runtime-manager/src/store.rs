@@ -317,6 +317,21 @@ impl Store {
         })
     }
 
+    /// Whether (agent, chat) has a workspace snapshot to restore (W10).
+    pub async fn chat_has_snapshot(
+        &self,
+        agent: AgentId,
+        chat: ChatId,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM workspace_snapshots WHERE agent_id = $1 AND chat_id = $2)",
+        )
+        .bind(agent.0)
+        .bind(chat.0)
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// Whether the teardown of `id` still waits for its snapshot: `requested`, and its
     /// deadline not passed.
     pub async fn awaits_snapshot(&self, id: SessionId) -> Result<bool, sqlx::Error> {

@@ -35,8 +35,8 @@ pub struct LaunchSpec {
     /// Where the worker dials (`BRAIN_PUBLIC_URL`).
     pub brain_public_url: String,
     /// Whether the worker restores its chat's workspace snapshot before it dials
-    /// (`WORKER_RESTORE`: the profile's `snapshots`, W10; never for a pooled worker, which
-    /// has no chat yet). The Kubernetes launcher reads it from its own copy of the profile.
+    /// (`WORKER_RESTORE`, W10): the profile keeps snapshots and the chat has one; never for
+    /// a pooled worker, which has no chat yet.
     pub restore: bool,
 }
 

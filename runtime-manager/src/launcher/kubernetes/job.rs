@@ -70,6 +70,8 @@ pub struct JobParams<'a> {
     pub profile: &'a RuntimeProfile,
     pub token: &'a str,
     pub brain_public_url: &'a str,
+    /// `LaunchSpec::restore` (W10).
+    pub restore: bool,
 }
 
 /// `worker-<session id>`: 43 characters, a valid Job name and `job-name` label value.
@@ -104,7 +106,7 @@ pub fn build(p: &JobParams<'_>) -> Job {
         // Which tool catalog the worker serves (the browser tools only in `browser`).
         ("WORKER_PROFILE", p.profile_name.to_owned()),
         // W10: restore the chat's workspace snapshot before dialing.
-        ("WORKER_RESTORE", profile.snapshots.to_string()),
+        ("WORKER_RESTORE", p.restore.to_string()),
     ]
     .into_iter()
     .map(|(name, value)| EnvVar {
@@ -247,6 +249,7 @@ pub fn sample(config: &crate::Config, profile_name: &str) -> Option<Job> {
         profile,
         token: TOKEN_PLACEHOLDER,
         brain_public_url: &config.brain_public_url,
+        restore: profile.snapshots,
     }))
 }
 
@@ -283,6 +286,7 @@ mod tests {
             profile: &profiles.heavy,
             token: "t",
             brain_public_url: "http://brain:8080",
+            restore: false,
         };
         for (k, v) in labels(&p) {
             assert!(crate::profiles::is_label_key(&k), "{k}");

@@ -126,6 +126,7 @@ impl KubernetesLauncher {
             profile,
             token: &spec.token,
             brain_public_url: &spec.brain_public_url,
+            restore: spec.restore,
         });
         for attempt in 0..CREATE_ATTEMPTS {
             match self.jobs.create(&PostParams::default(), &job).await {
