@@ -306,6 +306,12 @@ pub struct ArtifactsConfig {
     pub backend: ArtifactBackend,
     /// The largest artifact `save_artifact` accepts (`BRAIN_ARTIFACT_MAX_BYTES`).
     pub max_bytes: usize,
+    /// How long a workspace snapshot is kept after it was taken
+    /// (`BRAIN_SNAPSHOT_RETENTION_HOURS`, W10).
+    pub snapshot_retention: Duration,
+    /// How often this replica deletes expired snapshots and the bytes of deleted ones
+    /// (`BRAIN_SNAPSHOT_SWEEP_INTERVAL_MS`).
+    pub snapshot_sweep_interval: Duration,
 }
 
 /// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
@@ -517,7 +523,13 @@ fn artifacts(env: &dyn Env) -> Result<ArtifactsConfig, ConfigError> {
             });
         }
     };
-    Ok(ArtifactsConfig { backend, max_bytes })
+    let retention_hours: u64 = ranged(env, "BRAIN_SNAPSHOT_RETENTION_HOURS", 168, 1, 87_600)?;
+    Ok(ArtifactsConfig {
+        backend,
+        max_bytes,
+        snapshot_retention: Duration::from_secs(retention_hours * 3600),
+        snapshot_sweep_interval: millis(env, "BRAIN_SNAPSHOT_SWEEP_INTERVAL_MS", 60_000)?,
+    })
 }
 
 fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {

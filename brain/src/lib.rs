@@ -215,6 +215,15 @@ pub async fn serve(
     tokio::spawn(state.events.clone().run_publisher(stopped.clone()));
     // Stops keep reaching this replica's turns while it drains.
     tokio::spawn(state.stops.clone().listen(stopped.clone()));
+    // Snapshot requests keep reaching this replica's workers while it drains (W10).
+    tokio::spawn(state.sessions.clone().listen_snapshots(stopped.clone()));
+    tokio::spawn(sessions::sweep_snapshots(
+        state.store.clone(),
+        state.artifacts.clone(),
+        state.config.artifacts.snapshot_retention,
+        state.config.artifacts.snapshot_sweep_interval,
+        stopped.clone(),
+    ));
     tokio::spawn(state.sessions.clone().serve_relay(
         state.artifacts.clone(),
         state.config.artifacts.max_bytes,

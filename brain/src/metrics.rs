@@ -44,6 +44,9 @@ pub struct Counters {
     pub events_dropped: IntCounter,
     /// Observers of the events stream disconnected because they fell behind (S2).
     pub observers_too_slow: IntCounter,
+    /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
+    /// `refused`), and restores (`restored`) (W10).
+    pub snapshots: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,
     /// From the turn task's start to its end state written, by the primary route's kind.
@@ -218,6 +221,12 @@ impl Metrics {
                 "brain_http_requests_total",
                 "HTTP responses by matched route template (`unmatched` for none) and status code.",
                 &["route", "status"],
+            )?,
+            snapshots: counter_vec(
+                r,
+                "brain_snapshots_total",
+                "Workspace snapshots of idle teardowns by outcome, and restores.",
+                &["outcome"],
             )?,
             registry,
         }));

@@ -2379,3 +2379,252 @@ async fn an_unused_speculative_worker_is_torn_down_after_its_grace() {
     assert!(output_of(&chunks, "c2").contains("fresh"), "{chunks:?}");
     assert_eq!(sessions(&app, &agent).await.len(), 2);
 }
+
+/// W10: the newest workspace snapshot row of `agent`, with its storage key.
+async fn snapshot_row(app: &TestApp, agent: &str) -> Option<(String, i64, String)> {
+    sqlx::query_as(
+        "SELECT storage_key, size_bytes, session_id::text FROM workspace_snapshots
+         WHERE agent_id = $1::uuid",
+    )
+    .bind(agent)
+    .fetch_optional(app.store.pool())
+    .await
+    .unwrap()
+}
+
+/// The file a stored snapshot's bytes are in (the test's local artifact directory).
+fn snapshot_blob(app: &TestApp, storage_key: &str) -> PathBuf {
+    std::env::temp_dir()
+        .join(format!("brain-test-artifacts-{}", app.db_name))
+        .join(storage_key)
+}
+
+/// The snapshot outcome recorded on the agent's newest session.
+async fn newest_snapshot_state(app: &TestApp, agent: &str) -> Value {
+    sessions(app, agent).await[0]["snapshot_state"].clone()
+}
+
+/// One turn whose shell call runs `command`; returns the call's output.
+async fn shell_turn(app: &TestApp, chat: &str, id: &str, command: &str) -> String {
+    app.provider.push(shell(id, command));
+    app.provider.push(text("done"));
+    let (chunks, _) = read_stream(app.send(chat, &json!({"content": "go"})).await).await;
+    app.settled().await;
+    output_of(&chunks, id)
+}
+
+/// Waits for the agent's newest session to be `terminated`.
+async fn terminated(app: &TestApp, agent: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let listed = sessions(app, agent).await;
+        if listed[0]["state"] == "terminated" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never torn down: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_workspace_survives_idle_teardown_into_the_chats_next_session() {
+    let (app, _manager) = system(1_500, |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    let out = shell_turn(
+        &app,
+        &chat,
+        "w1",
+        "mkdir -p src && echo remember-me > src/notes.txt && ln -s src/notes.txt link && echo written",
+    )
+    .await;
+    assert!(out.contains("written"), "{out}");
+    let first = sessions(&app, &agent).await[0]["id"].clone();
+
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+    let (key, size, taken_by) = snapshot_row(&app, &agent).await.expect("a snapshot row");
+    assert_eq!(json!(taken_by), first);
+    let blob = std::fs::metadata(snapshot_blob(&app, &key)).expect("the bytes are stored");
+    assert_eq!(blob.len() as i64, size);
+    // Listed on the session API, counted in usage.
+    let listed: Value = app
+        .get(&format!("/v1/agents/{agent}/sessions"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["snapshots"][0]["size_bytes"], json!(size));
+    assert_eq!(listed["snapshots"][0]["chat_id"], json!(chat));
+    assert!(listed["snapshots"][0]["created_at"].is_string());
+    let usage: Value = app.get("/v1/usage").await.json().await.unwrap();
+    assert_eq!(usage["snapshot_bytes"], json!(size), "{usage}");
+
+    // The next turn gets a new session whose worker restored the files before it was
+    // ready: the first call already finds them.
+    let out = shell_turn(&app, &chat, "w2", "cat src/notes.txt link").await;
+    assert_eq!(out.matches("remember-me").count(), 2, "{out}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 2);
+    assert_ne!(listed[0]["id"], first, "a new session");
+    assert_eq!(listed[0]["state"], "ready");
+    assert!(app.provider.violations().is_empty());
+}
+
+#[tokio::test]
+async fn a_workspace_over_the_cap_drops_the_chats_snapshot() {
+    let profiles = json!({"profiles": {"light": {"snapshotMaxBytes": 16384}}});
+    let (app, _manager) = system_with_profiles(1_500, Some(profiles), |c| {
+        c.artifacts.snapshot_sweep_interval = Duration::from_millis(200);
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "o1", "echo small > small.txt").await;
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+    let (key, _, _) = snapshot_row(&app, &agent)
+        .await
+        .expect("the small one is kept");
+
+    // The next session restores it, then the workspace grows past the cap.
+    let out = shell_turn(
+        &app,
+        &chat,
+        "o2",
+        "cat small.txt && head -c 65536 /dev/urandom > big.bin && echo grown",
+    )
+    .await;
+    assert!(out.contains("small") && out.contains("grown"), "{out}");
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "over_cap");
+    // No snapshot is taken and the older one is dropped, bytes included: a restore never
+    // brings back an older state than the one the chat left.
+    assert!(snapshot_row(&app, &agent).await.is_none());
+    let blob = snapshot_blob(&app, &key);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blob.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped snapshot's bytes are swept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let usage: Value = app.get("/v1/usage").await.json().await.unwrap();
+    assert_eq!(usage["snapshot_bytes"], json!(0));
+    let out = shell_turn(&app, &chat, "o3", "ls").await;
+    assert!(
+        !out.contains("small.txt"),
+        "the third session starts empty: {out}"
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_past_retention_is_deleted_with_its_bytes() {
+    let (app, _manager) = system(1_500, |c| {
+        c.artifacts.snapshot_sweep_interval = Duration::from_millis(200);
+    })
+    .await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "r1", "echo old > old.txt").await;
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    let (key, _, _) = snapshot_row(&app, &agent).await.expect("stored");
+    let blob = snapshot_blob(&app, &key);
+    assert!(blob.exists());
+    // Older than the default retention (168 h).
+    sqlx::query("UPDATE workspace_snapshots SET created_at = now() - interval '169 hours'")
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snapshot_row(&app, &agent).await.is_some() || blob.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the expired snapshot and its bytes are swept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = shell_turn(&app, &chat, "r2", "cat old.txt || echo missing").await;
+    assert!(out.contains("missing"), "{out}");
+}
+
+#[tokio::test]
+async fn a_profile_with_snapshots_off_tears_down_without_one() {
+    let profiles = json!({"profiles": {"light": {"snapshots": false}}});
+    let (app, _manager) = system_with_profiles(1_500, Some(profiles), |_| {}).await;
+    let (agent, chat) = light_agent(&app).await;
+    shell_turn(&app, &chat, "f1", "echo gone > notes.txt").await;
+    let started = Instant::now();
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    println!(
+        "idle teardown without a snapshot: {:?} after the turn",
+        started.elapsed()
+    );
+    assert_eq!(newest_snapshot_state(&app, &agent).await, Value::Null);
+    assert!(snapshot_row(&app, &agent).await.is_none());
+    let out = shell_turn(&app, &chat, "f2", "cat notes.txt || echo missing").await;
+    assert!(out.contains("missing"), "{out}");
+}
+
+/// The `key=<number>` fields of the worker log lines that contain `message`, from every
+/// worker log in the manager's workspace root.
+fn worker_log_field(manager: &Manager, message: &str, key: &str) -> Vec<u64> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&manager._workspaces.0).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            if !line.contains(message) {
+                continue;
+            }
+            let marker = format!("{key}=");
+            if let Some(rest) = line.split(&marker).nth(1) {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                found.push(digits.parse().unwrap());
+            }
+        }
+    }
+    found
+}
+
+/// W10's figures (docs/PERFORMANCE.md): the time to pack and upload a workspace of 10 and
+/// 200 MiB of random bytes (incompressible: the worst case) through the brain to the local
+/// artifact store, and to download and unpack it in the chat's next session.
+#[tokio::test]
+#[ignore = "a measurement: cargo nextest run -p brain --test workers snapshot_and_restore_times --run-ignored only --no-capture"]
+async fn snapshot_and_restore_times() {
+    for mib in [10u64, 200] {
+        let (app, manager) = system_with(
+            None,
+            &[
+                ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+                // The restore runs before the dial, so the dial timeout must cover it.
+                ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "120000"),
+            ],
+            |_| {},
+        )
+        .await;
+        let (agent, chat) = light_agent(&app).await;
+        let out = shell_turn(
+            &app,
+            &chat,
+            "m1",
+            &format!("head -c {mib}M /dev/urandom > data.bin && echo written"),
+        )
+        .await;
+        assert!(out.contains("written"), "{out}");
+        terminated(&app, &agent, Duration::from_secs(120)).await;
+        assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+        let started = Instant::now();
+        let out = shell_turn(&app, &chat, "m2", "wc -c < data.bin").await;
+        let first_call = started.elapsed();
+        assert!(out.contains(&(mib << 20).to_string()), "{out}");
+        let pack = worker_log_field(&manager, "workspace snapshot uploaded", "pack_ms");
+        let total = worker_log_field(&manager, "workspace snapshot uploaded", "total_ms");
+        let restore = worker_log_field(&manager, "workspace restored", "restore_ms");
+        println!(
+            "snapshot {mib} MiB: pack {pack:?} ms, pack+upload+store {total:?} ms; \
+             restore (download+unpack) {restore:?} ms; next turn's first call {first_call:?}"
+        );
+    }
+}

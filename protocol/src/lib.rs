@@ -9,6 +9,7 @@ pub mod channel;
 pub mod env;
 pub mod error;
 pub mod ids;
+pub mod snapshot;
 pub mod ui;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

@@ -105,6 +105,9 @@ pub struct Config {
     /// Where `GET /metrics` listens (`RUNTIME_MANAGER_METRICS_ADDR`); `None` (`off`): no
     /// listener.
     pub metrics_addr: Option<SocketAddr>,
+    /// How long an idle teardown waits for the worker's workspace snapshot to be stored
+    /// before it stops the worker anyway (W10, `RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS`).
+    pub snapshot_timeout: Duration,
 }
 
 impl Config {
@@ -229,6 +232,7 @@ impl Config {
             .map(Duration::from_millis)?,
             lost_idle_check_grace: Duration::from_secs(30),
             metrics_addr: metrics_addr(env)?,
+            snapshot_timeout: millis(env, "RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS", 120_000)?,
         })
     }
 }

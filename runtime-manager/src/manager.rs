@@ -43,11 +43,14 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::launcher::{LaunchSpec, Launcher, WorkerFailure};
 use crate::metrics::{LaunchOutcome, Metrics, ReaperAction};
-use crate::store::{Billed, PoolSlot, ProvisionClaim, Store};
+use crate::store::{Billed, PoolSlot, ProvisionClaim, SnapshotAsk, Store, Teardown};
 
 /// `failure_detail` of sessions whose worker vanished while no manager ran (O3).
 pub const WORKER_GONE_ON_RESTART: &str = "worker_gone_on_restart";
-/// A `terminating` row this old has lost its idle-check task: the reaper finishes it.
+/// How often an idle teardown looks whether the snapshot it asked for has arrived (W10).
+const SNAPSHOT_POLL: Duration = Duration::from_millis(100);
+/// A `terminating` row this old (and past its snapshot's deadline, if one was asked for)
+/// has lost its idle-check task: the reaper finishes it.
 const TERMINATING_PATIENCE: Duration = Duration::from_secs(30);
 /// How long this process's lease in `replicas` holds without a renewal (O3): once it has
 /// lapsed, another replica may take over the provisions this one claimed.
@@ -179,6 +182,16 @@ impl Manager {
         let token = inner
             .tokens
             .mint(session, claim.team, claim.agent, inner.config.token_ttl)?;
+        // Only a chat with a snapshot costs its worker a request before the dial (W10).
+        let restore = inner
+            .config
+            .profiles
+            .get(&claim.profile)
+            .is_some_and(|p| p.snapshots)
+            && inner
+                .store
+                .chat_has_snapshot(claim.agent, claim.chat)
+                .await?;
         let spec = LaunchSpec {
             session,
             team: claim.team,
@@ -187,6 +200,7 @@ impl Manager {
             profile: claim.profile,
             token,
             brain_public_url: inner.config.brain_public_url.clone(),
+            restore,
         };
         let profile = spec.profile.clone();
         let launched = inner.launcher.launch(spec).await;
@@ -245,11 +259,13 @@ impl Manager {
             idle_since_ms = row.idle_since_ms,
             "idle check"
         );
+        let snapshot = self.snapshot_ask(&row.profile);
         if self.idle_due(&row.profile, row.idle_since_ms, row.speculation_due_ms) > row.now_ms
-            || !inner
+            || inner
                 .store
-                .begin_terminating(session, row.idle_since_ms)
+                .begin_terminating(session, row.idle_since_ms, snapshot)
                 .await?
+                == Teardown::NotIdle
         {
             // Used since: a new timer for the last use (read again: the compare-and-set
             // may have lost to a use that just happened).
@@ -267,12 +283,46 @@ impl Manager {
         self.finish_teardown(session, &row.worker_ref).await
     }
 
-    /// `terminating`: stop the worker, then `terminated`.
+    /// What an idle teardown of `profile` asks of its worker: a workspace snapshot, unless
+    /// the profile turns them off (W10).
+    fn snapshot_ask(&self, profile: &str) -> Option<SnapshotAsk> {
+        let profile = self.inner.config.profiles.get(profile)?;
+        profile.snapshots.then(|| SnapshotAsk {
+            max_bytes: profile.snapshot_max_bytes,
+            timeout: self.inner.config.snapshot_timeout,
+        })
+    }
+
+    /// Waits while the session's snapshot is `requested` and before its deadline (the
+    /// worker packs and uploads it through the brain), then records a miss as `timed_out`.
+    async fn await_snapshot(&self, session: SessionId) -> Result<(), Error> {
+        let store = &self.inner.store;
+        let started = std::time::Instant::now();
+        let mut waited = false;
+        while store.awaits_snapshot(session).await? {
+            waited = true;
+            tokio::time::sleep(SNAPSHOT_POLL).await;
+        }
+        if store.snapshot_timed_out(session).await? {
+            tracing::warn!(session = %session.0, "workspace snapshot not stored in time; tearing down without it");
+        } else if waited {
+            tracing::info!(
+                session = %session.0,
+                waited_ms = started.elapsed().as_millis() as u64,
+                "workspace snapshot answered"
+            );
+        }
+        Ok(())
+    }
+
+    /// `terminating`: wait for a requested snapshot (bounded), stop the worker, then
+    /// `terminated`.
     async fn finish_teardown(
         &self,
         session: SessionId,
         worker_ref: &Option<String>,
     ) -> Result<(), Error> {
+        self.await_snapshot(session).await?;
         if let Some(worker_ref) = worker_ref {
             self.inner.launcher.stop(worker_ref).await?;
         }
@@ -496,6 +546,7 @@ impl Manager {
             profile: profile.to_owned(),
             token: inner.tokens.mint_pool(slot, inner.config.token_ttl)?,
             brain_public_url: inner.config.brain_public_url.clone(),
+            restore: false,
         };
         let launched = inner.launcher.launch(spec).await;
         inner

@@ -45,6 +45,11 @@ const MAX_IDLE_WINDOW_S: u64 = 24 * 3600;
 const MIN_ACTIVE_DEADLINE_S: u64 = 60;
 const MAX_ACTIVE_DEADLINE_S: u64 = 7 * 24 * 3600;
 const MAX_WARM_POOL: u32 = 100;
+/// The largest workspace snapshot a profile may allow (W10): it passes through the brain's
+/// memory on its way to storage.
+const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
+/// The default cap of a workspace snapshot.
+pub const DEFAULT_SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
 /// One mode's settings, complete and checked.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +72,12 @@ pub struct RuntimeProfile {
     pub warm_pool_size: u32,
     /// The `channel::catalog` name whose worker tools the profile offers.
     pub tool_catalog: String,
+    /// Whether a session torn down for idleness packs its workspace for the chat's next
+    /// session (W10).
+    pub snapshots: bool,
+    /// The largest workspace (as a tar stream) a snapshot is taken of; above it, none is
+    /// taken and the chat's previous one is dropped.
+    pub snapshot_max_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -307,6 +318,8 @@ impl Profiles {
             active_deadline: Duration::from_secs(3600),
             warm_pool_size: 0,
             tool_catalog: "light".into(),
+            snapshots: true,
+            snapshot_max_bytes: DEFAULT_SNAPSHOT_MAX_BYTES,
         };
         Self {
             browser: RuntimeProfile {
@@ -504,6 +517,10 @@ struct FileProfile {
     warm_pool_size: Option<u32>,
     #[serde(default)]
     tool_catalog: Option<String>,
+    #[serde(default)]
+    snapshots: Option<bool>,
+    #[serde(default)]
+    snapshot_max_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -574,6 +591,12 @@ impl FileProfile {
         }
         if let Some(v) = self.tool_catalog {
             to.tool_catalog = v;
+        }
+        if let Some(v) = self.snapshots {
+            to.snapshots = v;
+        }
+        if let Some(v) = self.snapshot_max_bytes {
+            to.snapshot_max_bytes = v;
         }
     }
 }
@@ -716,6 +739,12 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
             format!("must be at most {MAX_WARM_POOL}"),
         ));
     }
+    if !(1..=MAX_SNAPSHOT_BYTES).contains(&p.snapshot_max_bytes) {
+        return Err(ProfileError::at(
+            at("snapshotMaxBytes"),
+            format!("must be between 1 and {MAX_SNAPSHOT_BYTES}"),
+        ));
+    }
     if channel::catalog::catalog_for(&p.tool_catalog).is_empty() {
         return Err(ProfileError::at(
             at("toolCatalog"),
@@ -842,6 +871,16 @@ mod tests {
         assert_eq!(p.heavy.tolerations, builtin.heavy.tolerations);
         assert_eq!(p.light.warm_pool_size, 2);
         assert_eq!(p.browser, builtin.browser);
+        assert!(
+            builtin.light.snapshots,
+            "W10 is on unless a profile turns it off"
+        );
+        assert_eq!(builtin.light.snapshot_max_bytes, DEFAULT_SNAPSHOT_MAX_BYTES);
+        let off = yaml("profiles:\n  warm:\n    snapshots: false\n    snapshotMaxBytes: 1048576\n")
+            .unwrap();
+        assert!(!off.warm.snapshots);
+        assert_eq!(off.warm.snapshot_max_bytes, 1 << 20);
+        assert_eq!(off.light, builtin.light);
         assert_eq!(yaml("profiles: {}\n").unwrap(), builtin);
 
         let json = Profiles::parse(
@@ -921,6 +960,11 @@ mod tests {
                 "profiles:\n  light:\n    image: \"\"\n",
                 "profiles.light.image",
                 "image reference",
+            ),
+            (
+                "profiles:\n  light:\n    snapshotMaxBytes: 0\n",
+                "profiles.light.snapshotMaxBytes",
+                "between 1 and",
             ),
             ("", "(file)", "empty"),
         ] {

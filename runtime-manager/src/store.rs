@@ -20,6 +20,7 @@
 use std::time::Duration;
 
 use protocol::channel::{FailureReason, SessionState};
+use protocol::snapshot::SNAPSHOT_PG_CHANNEL;
 use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -83,8 +84,29 @@ pub struct WorkerRow {
     pub session: SessionId,
     pub state: Option<SessionState>,
     pub worker_ref: Option<String>,
-    /// `terminating` for longer than the reaper's patience.
+    /// `terminating` for longer than the reaper's patience (and not waiting for its
+    /// snapshot within its deadline).
     pub stale: bool,
+}
+
+/// What an idle teardown asks of the worker before it is stopped (W10).
+#[derive(Clone, Copy, Debug)]
+pub struct SnapshotAsk {
+    pub max_bytes: u64,
+    /// How long the teardown waits for the upload.
+    pub timeout: Duration,
+}
+
+/// The outcome of [`Store::begin_terminating`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Teardown {
+    /// Used since, or no longer `ready`: nothing changed.
+    NotIdle,
+    /// `terminating`, no snapshot asked (off for the profile, or no replica holds the
+    /// worker's channel).
+    Begun,
+    /// `terminating`, and the worker's snapshot is asked for.
+    SnapshotRequested,
 }
 
 #[derive(Clone)]
@@ -282,19 +304,83 @@ impl Store {
 
     /// `ready` → `terminating`, only if idle since `idle_since_ms` (unused since). A
     /// session still starting is never torn down for idleness: its dial and start
-    /// deadlines govern it.
+    /// deadlines govern it. With `snapshot`, and while a brain replica holds the worker's
+    /// channel (nobody else could ask the worker), the workspace snapshot is requested in
+    /// the same statement (W10): `snapshot_state = requested`, due by `now() + timeout`,
+    /// and a `NOTIFY` on [`SNAPSHOT_PG_CHANNEL`], sent when the statement commits.
     pub async fn begin_terminating(
         &self,
         id: SessionId,
         idle_since_ms: i64,
+        snapshot: Option<SnapshotAsk>,
+    ) -> Result<Teardown, sqlx::Error> {
+        let row: Option<(Option<String>, Option<String>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "WITH t AS (
+                   UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now(),
+                     snapshot_state = CASE WHEN $3 AND owner_replica IS NOT NULL
+                                           THEN 'requested' END,
+                     snapshot_max_bytes = CASE WHEN $3 AND owner_replica IS NOT NULL THEN $4 END,
+                     snapshot_deadline = CASE WHEN $3 AND owner_replica IS NOT NULL
+                                              THEN now() + make_interval(secs => $5) END
+                   WHERE id = $1 AND state = 'ready' AND {} <= $2
+                   RETURNING id, snapshot_state)
+                 SELECT snapshot_state,
+                        (CASE WHEN snapshot_state = 'requested' THEN pg_notify($6,
+                            json_build_object('session', id, 'max_bytes', $4)::text) END)::text
+                 FROM t",
+                ms(IDLE_SINCE)
+            )))
+            .bind(id.0)
+            .bind(idle_since_ms)
+            .bind(snapshot.is_some())
+            .bind(snapshot.map_or(0, |s| i64::try_from(s.max_bytes).unwrap_or(i64::MAX)))
+            .bind(snapshot.map_or(0.0, |s| s.timeout.as_secs_f64()))
+            .bind(SNAPSHOT_PG_CHANNEL)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            None => Teardown::NotIdle,
+            Some((Some(_), _)) => Teardown::SnapshotRequested,
+            Some((None, _)) => Teardown::Begun,
+        })
+    }
+
+    /// Whether (agent, chat) has a workspace snapshot to restore (W10).
+    pub async fn chat_has_snapshot(
+        &self,
+        agent: AgentId,
+        chat: ChatId,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now()
-             WHERE id = $1 AND state = 'ready' AND {} <= $2",
-            ms(IDLE_SINCE)
-        )))
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM workspace_snapshots WHERE agent_id = $1 AND chat_id = $2)",
+        )
+        .bind(agent.0)
+        .bind(chat.0)
+        .fetch_one(&self.pool)
+        .await
+    }
+
+    /// Whether the teardown of `id` still waits for its snapshot: `requested`, and its
+    /// deadline not passed.
+    pub async fn awaits_snapshot(&self, id: SessionId) -> Result<bool, sqlx::Error> {
+        let waiting: Option<bool> = sqlx::query_scalar(
+            "SELECT COALESCE(snapshot_state = 'requested' AND snapshot_deadline > now(), false)
+             FROM agent_runtime_sessions WHERE id = $1",
+        )
         .bind(id.0)
-        .bind(idle_since_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(waiting.unwrap_or(false))
+    }
+
+    /// `requested` → `timed_out`: the teardown goes on without the snapshot.
+    pub async fn snapshot_timed_out(&self, id: SessionId) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE agent_runtime_sessions SET snapshot_state = 'timed_out'
+             WHERE id = $1 AND snapshot_state = 'requested'",
+        )
+        .bind(id.0)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -409,6 +495,8 @@ impl Store {
         let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
             "SELECT id, state, worker_ref,
                     state = 'terminating' AND updated_at <= now() - make_interval(secs => $2)
+                      AND (snapshot_state IS DISTINCT FROM 'requested'
+                           OR snapshot_deadline <= now())
              FROM agent_runtime_sessions WHERE id = ANY($1)",
         )
         .bind(&ids)

@@ -186,7 +186,8 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
             "WORKER_SESSION_ID",
             "WORKER_SESSION_TOKEN",
             "WORKER_WORKSPACE",
-            "WORKER_PROFILE"
+            "WORKER_PROFILE",
+            "WORKER_RESTORE"
         ]
     );
     assert_eq!(env[0].1, BRAIN_URL);

@@ -70,6 +70,7 @@ async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
         "WORKER_SESSION_TOKEN",
         "WORKER_WORKSPACE",
         "WORKER_PROFILE",
+        "WORKER_RESTORE",
         "PATH",
         "HOME",
         "LANG",

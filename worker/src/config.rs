@@ -20,6 +20,9 @@ pub const WORKER_WORKSPACE: &str = "WORKER_WORKSPACE";
 /// Optional: the tool catalog to serve, a profile name of `channel::catalog` (default
 /// `light`). `browser` adds the browser tools (it needs the `browser` feature).
 pub const WORKER_PROFILE: &str = "WORKER_PROFILE";
+/// Optional: `true` to restore the chat's workspace snapshot before the first dial (the
+/// runtime-manager sets it when the profile keeps snapshots, W10); default `false`.
+pub const WORKER_RESTORE: &str = "WORKER_RESTORE";
 /// Optional: the Chromium executable for the browser tools (default: the first of
 /// [`CHROMIUM_CANDIDATES`] that exists).
 pub const WORKER_CHROMIUM: &str = "WORKER_CHROMIUM";
@@ -81,6 +84,8 @@ pub struct Config {
     pub profile: String,
     /// The browser tools' settings (used only when the profile serves them).
     pub browser: BrowserSettings,
+    /// Restore the chat's workspace snapshot before the first dial (`WORKER_RESTORE`, W10).
+    pub restore: bool,
 }
 
 /// How the browser tools run Chromium.
@@ -183,7 +188,13 @@ impl Config {
                     "must be a positive number of milliseconds",
                 ))?;
         }
+        let restore = match trimmed(env, WORKER_RESTORE).as_deref() {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(_) => return Err(invalid(WORKER_RESTORE, "must be true or false")),
+        };
         Ok(Self {
+            restore,
             connect_url,
             session,
             token: Token::new(token),

@@ -15,6 +15,8 @@
 //!   with the argument types of `channel::catalog`.
 //! - `browser` (cargo feature `browser`, on by default): headless Chromium over CDP,
 //!   started lazily, stopped when idle.
+//! - `snapshot`: workspace snapshots (W10): packed and uploaded through the brain when it
+//!   asks at an idle teardown, downloaded and unpacked (safely) before the first dial.
 //! - `groups`: the process groups `shell` (and the browser) started, so cancellation,
 //!   timeouts and the end of the session kill whole process trees at once.
 //!
@@ -27,6 +29,7 @@ pub mod config;
 pub mod dial;
 pub mod groups;
 pub mod session;
+pub mod snapshot;
 pub mod tools;
 
 /// Exit codes; the launcher reads them.

@@ -38,6 +38,7 @@ use crate::config::Config;
 use crate::dial::{Backoff, DIAL_WINDOW, DialError, Identity, Socket, dial};
 use crate::exit;
 use crate::groups::Groups;
+use crate::snapshot;
 use crate::tools::Worker;
 
 pub const PING_EVERY: Duration = Duration::from_secs(15);
@@ -123,6 +124,15 @@ pub async fn run(config: Config) -> u8 {
         tracing::error!(session = %config.session, "the session token names another session");
         return exit::CONFIG;
     };
+    // W10: the chat's workspace is back before the first dial, so the session is ready
+    // only once it is. A pooled worker has no chat yet (the brain cold-starts a chat that
+    // has a snapshot). A failed restore starts the session empty rather than not at all.
+    if config.restore
+        && !identity.pooled
+        && let Err(err) = snapshot::restore(&config.connect_url, &identity, &config.workspace).await
+    {
+        tracing::warn!(session = %config.session, class = err.class(), "workspace not restored");
+    }
     let mut deadline = (Instant::now() + DIAL_WINDOW).min(identity.expiry());
     let groups = Groups::default();
     let shutdown = CancellationToken::new();
@@ -134,6 +144,7 @@ pub async fn run(config: Config) -> u8 {
         groups.clone(),
         shutdown.clone(),
     );
+    worker.enable_snapshots(config.connect_url.clone());
     let mut backoff = Backoff::default();
     let mut channels = 0u32;
     let (end, last) = loop {

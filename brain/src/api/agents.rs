@@ -13,7 +13,9 @@ use crate::agents::{AgentChange, apply_change, validate_new_agent};
 use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, StoreError};
+use crate::store::{
+    AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError,
+};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -278,11 +280,14 @@ pub async fn schedule(
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Sessions {
     sessions: Vec<SessionRow>,
+    /// The agent's workspace snapshots (W10), newest first: at most one per chat, restored
+    /// by that chat's next session.
+    snapshots: Vec<SnapshotRow>,
 }
 
 /// `GET /v1/agents/{id}/sessions`: the agent's worker sessions, newest first, with
-/// state and failure reason (SPEC W6); for a user token without the admin claim, those
-/// of the user's chats only.
+/// state and failure reason (SPEC W6), and its workspace snapshots with their size and
+/// time (W10); for a user token without the admin claim, those of the user's chats only.
 #[utoipa::path(
     get,
     path = "/agents/{agent_id}/sessions",
@@ -300,12 +305,20 @@ pub async fn sessions(
     Path(agent_id): Path<String>,
 ) -> Result<Json<Sessions>, ApiError> {
     let id = parse_id(&agent_id, "agent")?;
-    match state
-        .store
-        .agent_sessions(principal.team, id, principal.only_chats_of())
-        .await
-    {
-        Ok(sessions) => Ok(Json(Sessions { sessions })),
+    let only = principal.only_chats_of();
+    let listed = match state.store.agent_sessions(principal.team, id, only).await {
+        Ok(sessions) => state
+            .store
+            .agent_snapshots(principal.team, id, only)
+            .await
+            .map(|snapshots| Sessions {
+                sessions,
+                snapshots,
+            }),
+        Err(e) => Err(e),
+    };
+    match listed {
+        Ok(listed) => Ok(Json(listed)),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
         Err(e) => Err(e.into()),
     }

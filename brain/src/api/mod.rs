@@ -100,6 +100,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.
         .routes(routes!(crate::sessions::connect))
+        .routes(routes!(
+            crate::sessions::put_snapshot,
+            crate::sessions::get_snapshot
+        ))
+        .routes(routes!(crate::sessions::snapshot_skipped))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))

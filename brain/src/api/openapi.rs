@@ -72,13 +72,14 @@ pub(super) fn base() -> Document {
 }
 
 /// The whole contract: the routes' operations on [`base`], each `/v1` operation but the
-/// worker's upgrade and the OAuth callback's (whose `state` is its credential) made to
+/// worker's (its upgrade and its snapshots, on the session token) and the OAuth callback's (whose `state` is its credential) made to
 /// require the team key and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
         if !path.starts_with("/v1/")
             || path == protocol::channel::CONNECT_PATH
+            || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
             || path.starts_with(OAUTH_PUBLIC)
         {
             continue;

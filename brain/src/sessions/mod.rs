@@ -7,6 +7,7 @@
 //! - `relay.rs`: calls for a worker another replica holds, through Redis (W4).
 //! - `secrets.rs`: the agent's secrets sent as the session's environment, and masked in
 //!   what the worker answers (W12).
+//! - `snapshot.rs`: workspace snapshots at idle teardown and their restore (W10).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -25,6 +26,7 @@ mod connect;
 mod registry;
 mod relay;
 mod secrets;
+mod snapshot;
 mod tool;
 
 use std::collections::{HashMap, HashSet};
@@ -44,12 +46,19 @@ use tracing::Instrument;
 // `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
 pub use connect::{__path_connect, connect};
 use registry::{Binding, LiveWorker, Pool, Registry};
+pub use snapshot::{
+    __path_get_snapshot, __path_put_snapshot, __path_snapshot_skipped, get_snapshot, put_snapshot,
+    snapshot_skipped, sweep as sweep_snapshots,
+};
 pub use tool::worker_tools;
 
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
 use crate::store::{NewSession, Store, StoreError};
+
+/// What a speculative start (W11) holds while it runs; a call of its chat waits on it.
+type Gate = Arc<tokio::sync::Mutex<()>>;
 
 /// How often a waiting call looks at its session's row.
 const WAIT_POLL: Duration = Duration::from_millis(20);
@@ -159,7 +168,7 @@ pub struct Inner {
     /// The chats whose worker a speculation (W11) is starting on this replica, each with a
     /// gate the speculation holds until it is done: a call of that chat waits at the gate
     /// before it looks, or it would provision while the speculation still claims.
-    starting: Mutex<HashMap<(AgentId, ChatId), Arc<tokio::sync::Mutex<()>>>>,
+    starting: Mutex<HashMap<(AgentId, ChatId), Gate>>,
 }
 
 impl std::ops::Deref for Sessions {
@@ -599,6 +608,11 @@ impl Sessions {
         profile: &str,
         speculative: bool,
     ) -> Result<Option<(SessionId, Arc<LiveWorker>)>, SessionError> {
+        // A chat with a workspace snapshot starts cold (W10): a pooled worker has already
+        // dialed, and the restore happens before the dial.
+        if self.pool.has(profile) && self.store.chat_has_snapshot(team, agent, chat).await? {
+            return Ok(None);
+        }
         while let Some(worker) = self.pool.take(profile) {
             let Some(slot) = worker.slot else { continue };
             match self

@@ -310,6 +310,13 @@ impl Pool {
         (!workers.is_empty()).then(|| workers.remove(0))
     }
 
+    /// Whether an idle worker of `profile` waits here.
+    pub fn has(&self, profile: &str) -> bool {
+        self.idle
+            .lock()
+            .is_ok_and(|idle| idle.get(profile).is_some_and(|w| !w.is_empty()))
+    }
+
     /// Every pooled worker waiting here.
     pub fn all(&self) -> Vec<Arc<LiveWorker>> {
         self.idle

@@ -21,6 +21,7 @@ mod quotas;
 mod replicas;
 mod secrets;
 mod sessions;
+mod snapshots;
 mod teams;
 mod turns;
 mod usage;
@@ -43,6 +44,7 @@ pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
+pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
@@ -278,6 +280,11 @@ fn migrator() -> Migrator {
             17,
             "connector OAuth: grants, pending flows",
             include_str!("../../../migrations/0017_connector_oauth.sql"),
+        ),
+        (
+            18,
+            "workspace snapshots",
+            include_str!("../../../migrations/0018_workspace_snapshots.sql"),
         ),
         (
             19,

@@ -5,6 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use protocol::channel::{FailureReason, SessionState};
+use protocol::snapshot::SnapshotState;
 use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
 use sqlx::Row;
 
@@ -22,10 +23,12 @@ pub struct SessionRow {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub last_used_at: DateTime<Utc>,
+    /// For a session torn down for idleness, where its workspace snapshot stands (W10).
+    pub snapshot_state: Option<SnapshotState>,
 }
 
 const COLUMNS: &str = "id, agent_id, chat_id, profile, state, failure_reason, failure_detail, \
-    created_at, updated_at, last_used_at";
+    created_at, updated_at, last_used_at, snapshot_state";
 
 fn from_row(row: &sqlx::postgres::PgRow) -> Result<SessionRow, StoreError> {
     let state: String = row.try_get("state")?;
@@ -41,6 +44,13 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<SessionRow, StoreError> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         last_used_at: row.try_get("last_used_at")?,
+        snapshot_state: row
+            .try_get::<Option<String>, _>("snapshot_state")?
+            .map(|s| {
+                SnapshotState::parse(&s)
+                    .ok_or_else(|| StoreError::Corrupt(format!("snapshot state {s}")))
+            })
+            .transpose()?,
     })
 }
 

@@ -82,6 +82,8 @@ pub struct UsageReport {
     /// Ordered by key (`null` last); only groups with events.
     pub rows: Vec<UsageRow>,
     pub totals: UsageSums,
+    /// Bytes the team's workspace snapshots (W10) hold in storage now, whatever the range.
+    pub snapshot_bytes: i64,
 }
 
 impl Store {
@@ -116,6 +118,7 @@ impl Store {
             group_by: query.group_by,
             rows: Vec::with_capacity(rows.len()),
             totals: UsageSums::default(),
+            snapshot_bytes: self.snapshot_bytes(team).await?,
         };
         for row in &rows {
             let sums = UsageSums {

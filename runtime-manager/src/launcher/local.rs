@@ -140,6 +140,10 @@ impl LocalProcessLauncher {
             .env("WORKER_WORKSPACE", &workspace)
             // Which tool catalog the worker serves (the browser tools only in `browser`).
             .env("WORKER_PROFILE", &spec.profile)
+            .env(
+                "WORKER_RESTORE",
+                if spec.restore { "true" } else { "false" },
+            )
             .current_dir(&workspace)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))

@@ -64,6 +64,10 @@ pub struct LaunchSpec {
     pub token: String,
     /// Where the worker dials (`BRAIN_PUBLIC_URL`).
     pub brain_public_url: String,
+    /// Whether the worker restores its chat's workspace snapshot before it dials
+    /// (`WORKER_RESTORE`, W10): the profile keeps snapshots and the chat has one; never for
+    /// a pooled worker, which has no chat yet.
+    pub restore: bool,
 }
 
 impl std::fmt::Debug for LaunchSpec {

@@ -44,6 +44,7 @@ use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
 use protocol::env::{ENV_REQUEST, SessionEnv};
+use protocol::snapshot::{SNAPSHOT_NOTIFICATION, SnapshotRequest};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
@@ -77,6 +78,8 @@ struct Shared {
     /// The session's secrets (W12): replaced whole by each `agent_runtime/env`.
     secrets: RwLock<Arc<shell::Secrets>>,
     calls: AtomicU64,
+    /// The channel endpoint, once snapshots are enabled: uploads go beside it (W10).
+    snapshot_brain: std::sync::OnceLock<String>,
     /// The headless browser, when the profile serves the browser tools.
     #[cfg(feature = "browser")]
     browser: Option<crate::browser::Browser>,
@@ -160,10 +163,31 @@ impl Worker {
                 identity: Mutex::new(identity),
                 secrets: RwLock::default(),
                 calls: AtomicU64::new(0),
+                snapshot_brain: std::sync::OnceLock::new(),
                 #[cfg(feature = "browser")]
                 browser,
             }),
         }
+    }
+
+    /// Lets the brain's snapshot requests be answered, uploading beside `connect_url` (W10).
+    pub fn enable_snapshots(&self, connect_url: String) {
+        let _ = self.shared.snapshot_brain.set(connect_url);
+    }
+
+    /// Packs and uploads the workspace in the background, as the brain asked at an idle
+    /// teardown; the runtime-manager waits for the outcome before it stops this worker.
+    fn take_snapshot(&self, request: Option<SnapshotRequest>) {
+        let (Some(request), Some(url)) = (request, self.shared.snapshot_brain.get().cloned())
+        else {
+            tracing::warn!("snapshot request ignored: snapshots not enabled or no cap given");
+            return;
+        };
+        let identity = self.identity();
+        let workspace = self.shared.workspace.clone();
+        tokio::spawn(async move {
+            crate::snapshot::take(&url, &identity, workspace, request.max_bytes).await;
+        });
     }
 
     /// The same session, serving one channel: its calls stop when `calls` is cancelled.
@@ -486,6 +510,9 @@ impl ServerHandler for Worker {
                 } else {
                     tracing::warn!("bind ignored: not pooled, or no usable session and token");
                 }
+            }
+            SNAPSHOT_NOTIFICATION => {
+                self.take_snapshot(notification.params_as::<SnapshotRequest>().ok().flatten());
             }
             _ => tracing::debug!("unknown custom notification ignored"),
         }

@@ -73,6 +73,8 @@ pub struct JobParams<'a> {
     pub brain_public_url: &'a str,
     /// `OTEL_*` settings for the worker's traces (`launcher::telemetry_env`).
     pub telemetry_env: &'a [(String, String)],
+    /// `LaunchSpec::restore` (W10).
+    pub restore: bool,
 }
 
 /// `worker-<session id>`: 43 characters, a valid Job name and `job-name` label value.
@@ -106,6 +108,8 @@ pub fn build(p: &JobParams<'_>) -> Job {
         ("WORKER_WORKSPACE", WORKSPACE.to_owned()),
         // Which tool catalog the worker serves (the browser tools only in `browser`).
         ("WORKER_PROFILE", p.profile_name.to_owned()),
+        // W10: restore the chat's workspace snapshot before dialing.
+        ("WORKER_RESTORE", p.restore.to_string()),
     ]
     .into_iter()
     .map(|(name, value)| (name.to_owned(), value))
@@ -252,6 +256,7 @@ pub fn sample(config: &crate::Config, profile_name: &str) -> Option<Job> {
         brain_public_url: &config.brain_public_url,
         // The rendered sample is the same wherever it is rendered.
         telemetry_env: &[],
+        restore: profile.snapshots,
     }))
 }
 
@@ -289,6 +294,7 @@ mod tests {
             token: "t",
             brain_public_url: "http://brain:8080",
             telemetry_env: &[],
+            restore: false,
         };
         for (k, v) in labels(&p) {
             assert!(crate::profiles::is_label_key(&k), "{k}");
@@ -325,6 +331,7 @@ mod tests {
             token: "t",
             brain_public_url: "http://brain:8080",
             telemetry_env: &telemetry,
+            restore: false,
         }))
         .unwrap();
         let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];

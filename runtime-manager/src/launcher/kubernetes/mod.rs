@@ -130,6 +130,7 @@ impl KubernetesLauncher {
             token: &spec.token,
             brain_public_url: &spec.brain_public_url,
             telemetry_env: &self.telemetry_env,
+            restore: spec.restore,
         });
         for attempt in 0..CREATE_ATTEMPTS {
             match self.jobs.create(&PostParams::default(), &job).await {

@@ -1,0 +1,367 @@
+//! Workspace snapshots through the brain (SPEC W10): the worker holds no storage
+//! credentials, so its packed workspace comes here and goes on to the artifact store.
+//!
+//! - The runtime-manager asks for a snapshot when it tears a session down for idleness:
+//!   the row becomes `terminating` with `snapshot_state = requested`, and a Postgres
+//!   `NOTIFY` on [`SNAPSHOT_PG_CHANNEL`] names it. Every replica listens
+//!   ([`Sessions::listen_snapshots`]); the one holding the worker's channel sends it
+//!   [`SNAPSHOT_NOTIFICATION`]. A notice nobody acts on (no replica holds the channel, or a
+//!   listener was reconnecting) ends in `timed_out` on the manager's side.
+//! - `PUT /v1/worker/snapshot` ([`put_snapshot`]): the bytes (zstd of a tar stream), taken
+//!   only while the snapshot is `requested` and no larger than the row's
+//!   `snapshot_max_bytes`; stored first, then recorded (replacing the chat's previous
+//!   snapshot) in one transaction, else removed again.
+//! - `POST /v1/worker/snapshot/skipped` ([`snapshot_skipped`]): no snapshot comes, over the
+//!   cap (the chat's previous snapshot is dropped) or failed (it is kept).
+//! - `GET /v1/worker/snapshot` ([`get_snapshot`]): the worker of a live session downloads
+//!   its chat's snapshot before it dials, so the session is ready only once restored.
+//! - [`sweep`]: deletes snapshots past `BRAIN_SNAPSHOT_RETENTION_HOURS`, then the bytes of
+//!   every deleted row (queued by a trigger, so a cascade from an agent is covered too).
+//!
+//! Every route authenticates with the session token, and acts only on the session it names.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use protocol::SessionId;
+use protocol::channel::SessionClaims;
+use protocol::snapshot::{
+    SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest, SnapshotSkipped,
+    SnapshotState, UNPACKED_BYTES_HEADER,
+};
+use rmcp::model::{ClientNotification, CustomNotification};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::Sessions;
+use super::connect::bearer;
+use crate::AppState;
+use crate::api::JsonBody;
+use crate::artifacts::ArtifactStore;
+use crate::error::ApiError;
+use crate::store::{NewSnapshot, Store, StoreError, bounded};
+
+/// The content type snapshots are stored under.
+const CONTENT_TYPE: &str = "application/zstd";
+/// How long one upload may take to arrive; the manager's own bound is usually shorter.
+const UPLOAD_BOUND: Duration = Duration::from_secs(300);
+/// Rows and objects one sweep pass takes: a backlog drains over several passes.
+const SWEEP_BATCH: i64 = 100;
+/// The bound on one object deletion.
+const DELETE_BOUND: Duration = Duration::from_secs(10);
+/// How long a listener waits before listening again after its connection failed.
+const RELISTEN_AFTER: Duration = Duration::from_secs(1);
+
+fn claims(state: &AppState, headers: &HeaderMap) -> Result<SessionClaims, ApiError> {
+    let token = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    state
+        .sessions
+        .keys
+        .verify(token)
+        .map_err(|_| ApiError::Unauthorized)
+}
+
+fn count(state: &AppState, outcome: &str) {
+    state.metrics.snapshots.with_label_values(&[outcome]).inc();
+}
+
+/// The most compressed bytes taken for a workspace of `max_bytes`: zstd never grows its
+/// input by more than a small fraction.
+fn upload_limit(max_bytes: u64) -> usize {
+    usize::try_from(max_bytes + max_bytes / 128 + (64 << 10)).unwrap_or(usize::MAX)
+}
+
+/// The worker's packed workspace, at an idle teardown.
+#[utoipa::path(
+    put,
+    path = protocol::snapshot::SNAPSHOT_PATH,
+    operation_id = "put_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    request_body(content = Vec<u8>, content_type = "application/zstd",
+        description = "A zstd-compressed tar stream of the workspace; header \
+            `x-snapshot-unpacked-bytes` gives the tar stream's size."),
+    responses(
+        (status = 204, description = "Stored: the chat's next session restores it."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
+            body = protocol::ErrorBody),
+        (status = 413, description = "Over the profile's cap (`payload_too_large`).",
+            body = protocol::ErrorBody),
+    ),
+)]
+pub async fn put_snapshot(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let started = Instant::now();
+    let claims = claims(&state, &headers)?;
+    let session = claims.sub;
+    let target = bounded(state.store.snapshot_target(session))
+        .await?
+        .filter(|target| target.team == claims.team)
+        .ok_or_else(|| ApiError::Conflict("no snapshot is asked of this session".into()))?;
+    let unpacked: u64 = headers
+        .get(UNPACKED_BYTES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| ApiError::InvalidRequest(format!("expected {UNPACKED_BYTES_HEADER}")))?;
+    let limit = upload_limit(target.max_bytes);
+    if unpacked > target.max_bytes {
+        count(&state, "refused");
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    let bytes = match tokio::time::timeout(UPLOAD_BOUND, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) | Err(_) => {
+            count(&state, "refused");
+            tracing::warn!(%session, "snapshot upload cut short or over its limit");
+            return Err(ApiError::PayloadTooLarge(limit));
+        }
+    };
+    let id = Uuid::now_v7();
+    let storage_key = format!("{}/{id}", target.team.0);
+    let size = bytes.len() as u64;
+    state
+        .artifacts
+        .put(&storage_key, bytes, CONTENT_TYPE)
+        .await
+        .map_err(ApiError::Storage)?;
+    let recorded = bounded(state.store.record_snapshot(
+        session,
+        NewSnapshot {
+            id,
+            storage_key: storage_key.clone(),
+            size_bytes: size,
+            unpacked_bytes: unpacked,
+        },
+    ))
+    .await;
+    if let Err(err) = recorded {
+        // Bytes without a row are never left behind.
+        if let Err(e) = state.artifacts.delete(&storage_key).await {
+            tracing::warn!(%session, class = e.metric_label(), "unrecorded snapshot bytes not removed");
+        }
+        count(&state, "refused");
+        return Err(match err {
+            StoreError::Conflict(_) => {
+                ApiError::Conflict("the teardown stopped waiting for this snapshot".into())
+            }
+            other => other.into(),
+        });
+    }
+    count(&state, SnapshotState::Stored.as_str());
+    tracing::info!(
+        %session,
+        snapshot = %id,
+        bytes = size,
+        unpacked_bytes = unpacked,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "workspace snapshot stored"
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The worker sends no snapshot: over the cap, or it could not pack or upload one.
+#[utoipa::path(
+    post,
+    path = protocol::snapshot::SNAPSHOT_SKIPPED_PATH,
+    operation_id = "skip_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    request_body(content = SnapshotSkipped),
+    responses(
+        (status = 204, description = "Recorded on the session row."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
+            body = protocol::ErrorBody),
+    ),
+)]
+pub async fn snapshot_skipped(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(skipped): JsonBody<SnapshotSkipped>,
+) -> Result<StatusCode, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let outcome = SnapshotState::from(skipped.reason);
+    if !bounded(state.store.skip_snapshot(claims.sub, outcome)).await? {
+        return Err(ApiError::Conflict(
+            "no snapshot is asked of this session".into(),
+        ));
+    }
+    count(&state, outcome.as_str());
+    tracing::info!(session = %claims.sub, outcome = outcome.as_str(), "workspace snapshot skipped");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The snapshot a new session's worker restores before it dials.
+#[utoipa::path(
+    get,
+    path = protocol::snapshot::SNAPSHOT_PATH,
+    operation_id = "get_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    responses(
+        (status = 200, description = "The chat's snapshot, a zstd-compressed tar stream; \
+            header `x-snapshot-unpacked-bytes` bounds what it unpacks to.",
+            content_type = "application/zstd"),
+        (status = 204, description = "Nothing to restore."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+    ),
+)]
+pub async fn get_snapshot(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let session = claims.sub;
+    let Some(found) = bounded(state.store.restorable_snapshot(session)).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let body = match state.artifacts.get(&found.storage_key).await {
+        Ok(body) => body,
+        Err(crate::artifacts::ArtifactError::NotFound) => {
+            // Its row outlived its bytes (someone emptied the store): start empty.
+            tracing::warn!(%session, "snapshot bytes missing; nothing restored");
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        Err(err) => return Err(ApiError::Storage(err)),
+    };
+    count(&state, "restored");
+    tracing::info!(%session, bytes = body.size, "workspace snapshot sent for restore");
+    let mut response = Body::from_stream(body.stream).into_response();
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.size));
+    h.insert(
+        UNPACKED_BYTES_HEADER,
+        HeaderValue::from(found.unpacked_bytes),
+    );
+    Ok(response)
+}
+
+impl Sessions {
+    /// Listens for the manager's snapshot requests until `stop`, and passes each to the
+    /// worker whose channel this replica holds (the others ignore it).
+    pub async fn listen_snapshots(self, stop: CancellationToken) {
+        loop {
+            let listener = async {
+                let mut listener =
+                    sqlx::postgres::PgListener::connect_with(self.store.pool()).await?;
+                listener.listen(SNAPSHOT_PG_CHANNEL).await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            let mut listener = tokio::select! {
+                () = stop.cancelled() => return,
+                listener = tokio::time::timeout(Duration::from_secs(5), listener) => match listener {
+                    Ok(Ok(listener)) => listener,
+                    _ => {
+                        tracing::warn!(error_class = "store", "snapshot listener not connected");
+                        tokio::time::sleep(RELISTEN_AFTER).await;
+                        continue;
+                    }
+                },
+            };
+            loop {
+                let notice = tokio::select! {
+                    () = stop.cancelled() => return,
+                    notice = listener.recv() => notice,
+                };
+                match notice {
+                    Ok(notice) => match serde_json::from_str::<SnapshotNotice>(notice.payload()) {
+                        Ok(notice) => self.ask_snapshot(notice).await,
+                        Err(_) => tracing::warn!("undecodable snapshot notice ignored"),
+                    },
+                    Err(_) => {
+                        tracing::warn!(
+                            error_class = "store",
+                            "snapshot listener lost its connection"
+                        );
+                        tokio::time::sleep(RELISTEN_AFTER).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells the worker of `notice.session` to pack its workspace, if its channel is here.
+    async fn ask_snapshot(&self, notice: SnapshotNotice) {
+        let session: SessionId = notice.session;
+        let Some(worker) = self.registry.get(session) else {
+            return;
+        };
+        let params = serde_json::to_value(SnapshotRequest {
+            max_bytes: notice.max_bytes,
+        })
+        .ok();
+        let notification = CustomNotification::new(SNAPSHOT_NOTIFICATION, params);
+        let sent = tokio::time::timeout(
+            Duration::from_secs(5),
+            worker
+                .service
+                .peer()
+                .send_notification(ClientNotification::CustomNotification(notification)),
+        )
+        .await;
+        match sent {
+            Ok(Ok(())) => tracing::info!(%session, "workspace snapshot asked of the worker"),
+            _ => tracing::warn!(%session, "snapshot request not delivered"),
+        }
+    }
+}
+
+/// Deletes expired snapshots and the bytes of deleted ones, every `interval` until `stop`.
+/// Every replica sweeps: a row is deleted once (`SKIP LOCKED`), and deleting an object
+/// twice is harmless.
+pub async fn sweep(
+    store: Store,
+    artifacts: std::sync::Arc<dyn ArtifactStore>,
+    retention: Duration,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        match bounded(store.expire_snapshots(retention, SWEEP_BATCH)).await {
+            Ok(0) => {}
+            Ok(expired) => tracing::info!(expired, "workspace snapshots past retention deleted"),
+            Err(err) => tracing::warn!(class = err.metric_label(), "snapshot expiry failed"),
+        }
+        let keys = match bounded(store.snapshot_garbage(SWEEP_BATCH)).await {
+            Ok(keys) => keys,
+            Err(err) => {
+                tracing::warn!(class = err.metric_label(), "snapshot garbage not read");
+                continue;
+            }
+        };
+        for key in keys {
+            match tokio::time::timeout(DELETE_BOUND, artifacts.delete(&key)).await {
+                Ok(Ok(())) => {
+                    if let Err(err) = bounded(store.forget_snapshot_garbage(&key)).await {
+                        tracing::warn!(
+                            class = err.metric_label(),
+                            "snapshot garbage not forgotten"
+                        );
+                    }
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(class = err.metric_label(), "snapshot bytes not deleted")
+                }
+                Err(_) => tracing::warn!(class = "timeout", "snapshot bytes not deleted"),
+            }
+        }
+    }
+}
