@@ -14,9 +14,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
-};
+use logging::metrics::{counter, counter_vec, gauge, histogram_vec};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry, TextEncoder};
 
 use crate::provider::{ModelRoute, ProviderError, ProviderKind};
 use crate::tools::{Tool, ToolOutput};
@@ -399,44 +398,6 @@ impl Drop for Gauged {
 /// tools, `unknown` for a name the model made up.
 fn tool_label(tool: Option<&Arc<dyn Tool>>) -> &'static str {
     tool.map_or("unknown", |t| t.metric_label())
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, prometheus::Error> {
-    let counter = IntCounter::with_opts(Opts::new(name, help))?;
-    registry.register(Box::new(counter.clone()))?;
-    Ok(counter)
-}
-
-fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> Result<IntCounterVec, prometheus::Error> {
-    let counter = IntCounterVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(counter.clone()))?;
-    Ok(counter)
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge, prometheus::Error> {
-    let gauge = IntGauge::with_opts(Opts::new(name, help))?;
-    registry.register(Box::new(gauge.clone()))?;
-    Ok(gauge)
-}
-
-fn histogram_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> Result<HistogramVec, prometheus::Error> {
-    let histogram = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )?;
-    registry.register(Box::new(histogram.clone()))?;
-    Ok(histogram)
 }
 
 #[cfg(test)]

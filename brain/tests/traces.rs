@@ -304,6 +304,9 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
     let mut brain_env = vec![
         ("SESSION_QUEUE_NAMESPACE", namespace.as_str()),
         ("BRAIN_SECRETS_KEY", secrets_key.as_str()),
+        // The shell call provisions its worker itself, so `provision` is its child; a
+        // speculative start (W11) would hang it under the model call instead.
+        ("BRAIN_WORKER_SPECULATION_GRACE_MS", "0"),
     ];
     brain_env.extend(otel);
     let brain = BrainProcess::start(&app, &brain_env).await;

@@ -33,6 +33,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod traces;
 
 pub use traces::Telemetry;

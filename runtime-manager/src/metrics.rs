@@ -18,9 +18,8 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use logging::metrics::{counter_vec, gauge_vec, histogram_vec};
+use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry, TextEncoder};
 use protocol::channel::{FailureReason, SessionState};
 use queue::SessionQueue;
 use tokio_util::sync::CancellationToken;
@@ -351,43 +350,6 @@ async fn get_metrics(
         [(CONTENT_TYPE, "text/plain; version=0.0.4")],
         at.metrics.scrape(&at.store, &at.queue).await,
     )
-}
-
-fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> Result<IntCounterVec, prometheus::Error> {
-    let counter = IntCounterVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(counter.clone()))?;
-    Ok(counter)
-}
-
-fn gauge_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> Result<IntGaugeVec, prometheus::Error> {
-    let gauge = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    registry.register(Box::new(gauge.clone()))?;
-    Ok(gauge)
-}
-
-fn histogram_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> Result<HistogramVec, prometheus::Error> {
-    let histogram = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )?;
-    registry.register(Box::new(histogram.clone()))?;
-    Ok(histogram)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use protocol::{AgentId, ChatId, SessionId, TeamId};
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::sessions::Sessions;
 
@@ -58,9 +59,12 @@ impl Speculation {
         }
         let (sessions, profile) = (self.sessions.clone(), profile.to_owned());
         let (team, agent, chat) = (self.team, self.agent, self.chat);
-        *started = Some(tokio::spawn(async move {
-            sessions.speculate(team, agent, chat, &profile).await
-        }));
+        // In the turn's trace: its `provision` span, and the worker's handshake under it,
+        // belong to the turn that started them.
+        let span = tracing::Span::current();
+        *started = Some(tokio::spawn(
+            async move { sessions.speculate(team, agent, chat, &profile).await }.instrument(span),
+        ));
     }
 }
 

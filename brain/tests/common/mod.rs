@@ -286,7 +286,18 @@ pub struct BrainProcess {
 
 impl BrainProcess {
     pub async fn start(app: &TestApp, extra: &[(&str, &str)]) -> Self {
-        // A free port, released for the brain to bind right after.
+        // A free port, released for the brain to bind right after: another process of the
+        // parallel tests may take it in between, so a start that fails is tried again on
+        // another port (any other failure fails every attempt the same way).
+        for _ in 0..3 {
+            if let Some(started) = Self::try_start(app, extra).await {
+                return started;
+            }
+        }
+        panic!("the brain process exited at start, three times");
+    }
+
+    async fn try_start(app: &TestApp, extra: &[(&str, &str)]) -> Option<Self> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -303,14 +314,13 @@ impl BrainProcess {
         let url = format!("http://{addr}");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "the brain process exited at start"
-            );
+            if child.try_wait().unwrap().is_some() {
+                return None;
+            }
             if let Ok(ready) = app.http.get(format!("{url}/readyz")).send().await
                 && ready.status() == 200
             {
-                return Self { url, child };
+                return Some(Self { url, child });
             }
             assert!(
                 std::time::Instant::now() < deadline,
