@@ -1,5 +1,5 @@
 //! Hands: a worker's first tool call on a cold session and on a warm pool, tool calls on
-//! a reused session, and how soon a client's hang-up kills the command a call runs; with
+//! a reused session, workspace snapshots and their restore, and how soon a client's hang-up kills the command a call runs; with
 //! a release runtime-manager child on the local launcher.
 
 use std::path::PathBuf;
@@ -27,6 +27,16 @@ struct Manager {
 
 impl Manager {
     async fn start(system: &System, namespace: &str, profiles: Option<Value>) -> Result<Self> {
+        Self::start_with(system, namespace, profiles, &[]).await
+    }
+
+    /// [`Manager::start`] with `extra` variables added to (or replacing) the manager's.
+    async fn start_with(
+        system: &System,
+        namespace: &str,
+        profiles: Option<Value>,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
         let workspaces =
             std::env::temp_dir().join(format!("rm-bench-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&workspaces)?;
@@ -53,6 +63,7 @@ impl Manager {
             .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", "60000")
             .env("RUNTIME_MANAGER_LOG", "warn")
             .env("RUNTIME_MANAGER_METRICS_ADDR", "off")
+            .envs(extra.iter().copied())
             .kill_on_drop(true)
             .spawn()?;
         Ok(Self { child, workspaces })
@@ -188,6 +199,98 @@ pub async fn speculation(rows: &mut Vec<Row>) -> Result<()> {
             format!("{} fresh agents, local launcher", waits.len()),
         ));
         eprintln!("bench: speculation {label} done");
+        manager.stop().await;
+        system.close().await;
+    }
+    Ok(())
+}
+
+/// Polls `query` (one row, one boolean, `$1` bound to `bind`) every 20 ms until it holds;
+/// the instant it did.
+async fn when(system: &System, query: &str, bind: &str, within: Duration) -> Result<Instant> {
+    let deadline = Instant::now() + within;
+    loop {
+        let (holds,): (bool,) = sqlx::query_as(sqlx::AssertSqlSafe(query.to_owned()))
+            .bind(bind)
+            .fetch_one(system.store.pool())
+            .await?;
+        if holds {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("not within {within:?}: {query}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Workspace snapshots (W10): a workspace of random bytes (incompressible, the worst case)
+/// torn down idle; the time from the snapshot asked (the session row `requested`) to it
+/// stored (its row written: packed, uploaded through the brain, stored), then the chat's
+/// next call, whose new worker restores the workspace before it dials.
+pub async fn snapshots(rows: &mut Vec<Row>) -> Result<()> {
+    for mib in [10u64, 200] {
+        let namespace = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let system = System::start(Some(namespace.clone())).await?;
+        let manager = Manager::start_with(
+            &system,
+            &namespace,
+            None,
+            &[
+                ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+                // The restore runs before the dial: the dial timeout covers it.
+                ("RUNTIME_MANAGER_DIAL_TIMEOUT_MS", "120000"),
+            ],
+        )
+        .await?;
+        let (agent, chat) = system.agent_and_chat(Some("light")).await?;
+        let command = format!("head -c {mib}M /dev/urandom > data.bin");
+        system
+            .provider
+            .push(tool_call("write", "shell", json!({ "command": command })));
+        system.provider.push(instant_ok());
+        timed_tool_turn(system.send(&chat, "write").await?, "write").await?;
+        let asked = when(
+            &system,
+            "SELECT EXISTS (SELECT 1 FROM agent_runtime_sessions \
+             WHERE agent_id = $1::uuid AND snapshot_state = 'requested')",
+            &agent,
+            Duration::from_secs(60),
+        )
+        .await?;
+        let stored = when(
+            &system,
+            "SELECT EXISTS (SELECT 1 FROM workspace_snapshots WHERE agent_id = $1::uuid)",
+            &agent,
+            Duration::from_secs(120),
+        )
+        .await?;
+        when(
+            &system,
+            "SELECT NOT EXISTS (SELECT 1 FROM agent_runtime_sessions \
+             WHERE agent_id = $1::uuid AND state NOT IN ('terminated', 'failed'))",
+            &agent,
+            Duration::from_secs(60),
+        )
+        .await?;
+        system.provider.push(tool_call(
+            "read",
+            "shell",
+            json!({"command": "wc -c < data.bin"}),
+        ));
+        system.provider.push(instant_ok());
+        let (restored, failed) = timed_tool_turn(system.send(&chat, "read").await?, "read").await?;
+        if failed {
+            bail!("the call after the restore failed");
+        }
+        rows.push(row(
+            &format!("snapshots: {mib} MiB workspace"),
+            "asked->stored; next call, restore incl.",
+            ms(stored.duration_since(asked)),
+            ms(restored),
+            "one sample each: p50 column the snapshot, p99 column the next call".to_owned(),
+        ));
+        eprintln!("bench: snapshots {mib} MiB done");
         manager.stop().await;
         system.close().await;
     }

@@ -7,7 +7,7 @@
 //! (default redis://127.0.0.1:6379), `BENCH_SECONDS` (window per concurrency level,
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
-//! scenario names: turn, quota, observers, busy, relay, live, hands, speculation, hangup,
+//! scenario names: turn, quota, observers, busy, relay, live, hands, snapshots, speculation, hangup,
 //! peer, soak; empty runs all but peer and soak).
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
@@ -100,6 +100,9 @@ async fn main() -> Result<()> {
     }
     if wants("hands") {
         hands::hands(&mut rows).await?;
+    }
+    if wants("snapshots") {
+        hands::snapshots(&mut rows).await?;
     }
     if wants("speculation") {
         hands::speculation(&mut rows).await?;
