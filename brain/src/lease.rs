@@ -6,7 +6,9 @@
 //! names the replica running it. On the same tick, every replica ends the running turns
 //! of replicas whose lease lapsed (`interrupted`, `replica_lost`) and frees their agents'
 //! holds, so an agent whose brain died takes a new message within one lease and one tick,
-//! not when its 5-minute hold expires. A restarted process is a new replica: its old
+//! not when its 5-minute hold expires. The idle warm-pool slots whose channel such a
+//! replica held are retired on the same tick (R3: nobody can bind them; the
+//! runtime-manager stops their workers). A restarted process is a new replica: its old
 //! turns are reconciled like anyone else's, by itself or by a survivor.
 //!
 //! A replica that cannot renew (Postgres unreachable) keeps running its turns; once the
@@ -82,6 +84,11 @@ async fn renew(state: &AppState) {
 
 /// Ends the running turns of replicas whose lease lapsed and frees their agents.
 async fn reconcile(state: &AppState, bound: Duration) {
+    match bounded(bound, state.store.retire_orphaned_slots(state.replica)).await {
+        Ok(0) => {}
+        Ok(slots) => tracing::info!(slots, "retired warm-pool slots of a lost replica"),
+        Err(class) => tracing::debug!(class, "could not retire slots of lapsed replicas"),
+    }
     let ended = match bounded(bound, state.store.interrupt_orphaned_turns(state.replica)).await {
         Ok(ended) => ended,
         Err(class) => {

@@ -1437,19 +1437,7 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
 async fn the_runtime_manager_keeps_a_warm_pool_that_a_first_call_claims() {
     let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
     let (app, _manager) = system_with_profiles(3_000, Some(profiles), |_| {}).await;
-    let pool = app.store.pool().clone();
-    let idle_slots = || async {
-        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'idle'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        n
-    };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while idle_slots().await < 1 {
-        assert!(Instant::now() < deadline, "the pool never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pool_filled(&app).await;
     let (agent, chat) = light_agent(&app).await;
     app.provider.push(shell("p1", "echo pooled"));
     app.provider.push(text("ok"));
@@ -1464,13 +1452,168 @@ async fn the_runtime_manager_keeps_a_warm_pool_that_a_first_call_claims() {
     let pid = worker_pid(&app).await;
 
     // The pool refills behind the claim.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while idle_slots().await < 1 {
-        assert!(Instant::now() < deadline, "the pool never refilled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pool_filled(&app).await;
     // The claimed session ends after its idle window, and its worker with it.
     torn_down(&app, &agent, pid, Duration::from_secs(20)).await;
+}
+
+/// Waits (up to 15 s) for an idle warm-pool slot.
+async fn pool_filled(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'idle'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+        if n >= 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no pooled worker became idle");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// R3 across replicas: the pooled worker dialed another replica (a real brain process).
+/// The first call here claims its slot in Postgres, the holder binds the worker when asked
+/// over the relay, and the calls go to it through the relay (W4): no cold start, though
+/// this replica's own pool is empty.
+#[tokio::test]
+async fn a_warm_worker_another_replica_holds_is_claimed_through_it() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let holder = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
+    let _manager = start_manager_with(&app, &namespace, Some(profiles), &holder.url, &[]);
+    pool_filled(&app).await;
+
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("r1", "echo held elsewhere"));
+    app.provider.push(shell("r2", "echo and again"));
+    app.provider.push(text("ok"));
+    let (chunks, first_call) =
+        timed_stream(app.send(&chat, &json!({"content": "go"})).await, "r1").await;
+    println!("first worker tool call, warm worker on another replica: {first_call:?}");
+    assert!(
+        output_of(&chunks, "r1").contains("held elsewhere"),
+        "{chunks:?}"
+    );
+    assert!(output_of(&chunks, "r2").contains("and again"), "{chunks:?}");
+    // A session found ready on another replica is shown as such; nothing was provisioned.
+    assert!(
+        worker_states(&chunks)
+            .iter()
+            .all(|state| *state == SessionState::Ready),
+        "claimed, not provisioned: {chunks:?}"
+    );
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["state"], "ready");
+    // The session is the holder's, and so was the slot.
+    let (state, claimed_for, holder_replica, owner_replica): (
+        String,
+        Option<uuid::Uuid>,
+        Option<uuid::Uuid>,
+        Option<uuid::Uuid>,
+    ) = sqlx::query_as(
+        "SELECT p.state, p.session_id, p.holder_replica, s.owner_replica
+         FROM worker_pool p JOIN agent_runtime_sessions s ON s.id = p.session_id",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(state, "claimed");
+    assert_eq!(
+        claimed_for.unwrap().to_string(),
+        listed[0]["id"].as_str().unwrap()
+    );
+    assert!(holder_replica.is_some());
+    assert_eq!(owner_replica, holder_replica);
+    assert!(app.provider.violations().is_empty());
+    drop(holder);
+}
+
+/// R3, the holder dies: a slot claimed from a replica that was SIGKILLed (its lease not yet
+/// lapsed, so the slot still looks claimable) is not left `ready` without a worker: the
+/// bind finds nobody listening, the session fails `heartbeat_lost` ("bind not delivered"),
+/// and the call goes on to a worker of its own.
+#[tokio::test]
+async fn a_warm_claim_whose_holder_died_fails_that_session_and_the_call_goes_on() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let mut holder = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    // Workers reach whichever replica is up, as through a Kubernetes Service.
+    let service = Service::start(&[&holder.url, &app.url]).await;
+    let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
+    let _manager = start_manager_with(&app, &namespace, Some(profiles), &service.url, &[]);
+    pool_filled(&app).await;
+    holder.kill().await;
+
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell("d1", "echo still served"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(
+        output_of(&chunks, "d1").contains("still served"),
+        "{chunks:?}"
+    );
+    let failed: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT state, failure_reason, failure_detail FROM agent_runtime_sessions
+         WHERE state = 'failed'",
+    )
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        failed,
+        vec![(
+            "failed".to_owned(),
+            Some("heartbeat_lost".to_owned()),
+            Some("bind not delivered".to_owned())
+        )],
+        "the claim of the dead holder's slot"
+    );
+    let live = sessions(&app, &agent).await;
+    assert!(live.iter().any(|s| s["state"] == "ready"), "{live:?}");
+    assert!(app.provider.violations().is_empty());
+}
+
+/// W10 with a warm pool: a chat whose workspace was snapshotted at an idle teardown claims
+/// a pooled worker for its next session (no cold start), and the worker restores the
+/// snapshot when bound, before the first call runs.
+#[tokio::test]
+async fn a_chat_with_a_snapshot_claims_a_warm_worker_that_restores_it() {
+    let profiles = json!({"profiles": {"light": {"warmPoolSize": 1}}});
+    let (app, _manager) = system_with_profiles(1_500, Some(profiles), |_| {}).await;
+    pool_filled(&app).await;
+    let (agent, chat) = light_agent(&app).await;
+    let out = shell_turn(
+        &app,
+        &chat,
+        "w1",
+        "echo remember-me > notes.txt && echo written",
+    )
+    .await;
+    assert!(out.contains("written"), "{out}");
+    terminated(&app, &agent, Duration::from_secs(20)).await;
+    assert_eq!(newest_snapshot_state(&app, &agent).await, "stored");
+
+    pool_filled(&app).await;
+    app.provider.push(shell("w2", "cat notes.txt"));
+    app.provider.push(text("done"));
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "go on"})).await).await;
+    assert!(
+        output_of(&chunks, "w2").contains("remember-me"),
+        "{chunks:?}"
+    );
+    assert!(
+        worker_states(&chunks).is_empty(),
+        "a pooled worker, not a cold start: {chunks:?}"
+    );
+    let (claimed,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM worker_pool WHERE state = 'claimed'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(claimed, 2, "both sessions were pooled workers");
+    assert!(app.provider.violations().is_empty());
 }
 
 /// Browser mode end to end (W8): an agent on profile `browser` navigates a page served on

@@ -9,6 +9,7 @@
 //!         (or POST SNAPSHOT_SKIPPED_PATH: over the cap, or packing failed)
 //! manager: snapshot_state no longer requested (or its deadline passed) ─► stop the worker
 //! next session's worker: GET SNAPSHOT_PATH (session token) ─► unpack ─► dial ─► ready
+//! (a pooled worker bound to the next session: bind ─► RESTORE_REQUEST ─► GET ─► unpack)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -17,6 +18,10 @@ use crate::SessionId;
 
 /// Brain → worker, over the channel: pack the workspace and upload it.
 pub const SNAPSHOT_NOTIFICATION: &str = "notifications/agent_runtime/snapshot";
+/// Brain → a pooled worker just bound to a session whose chat has a snapshot (R3): restore
+/// it now (a request; its answer is a [`Restored`]). A session's own worker restores
+/// before its first dial instead.
+pub const RESTORE_REQUEST: &str = "agent_runtime/restore";
 /// `PUT`: the worker uploads its packed workspace (body `application/zstd`, a zstd-compressed
 /// tar stream). `GET`: the worker of a new session downloads the snapshot of its chat
 /// (`204` when there is none). Both authenticated with the session token.
@@ -42,6 +47,14 @@ pub struct SnapshotNotice {
 pub struct SnapshotRequest {
     /// The most the workspace may hold, as a tar stream, for a snapshot to be taken.
     pub max_bytes: u64,
+}
+
+/// The answer to [`RESTORE_REQUEST`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Restored {
+    /// The workspace entries restored: 0 when the chat had no snapshot after all.
+    pub entries: u64,
 }
 
 /// Why a worker sends no snapshot.

@@ -503,8 +503,9 @@ impl Manager {
     }
 
     /// Tends the warm pools (R3): tops each profile up to its `warmPoolSize` with workers
-    /// started under a pool token, retires slots whose worker never became ready, and stops
-    /// the workers of retired slots. A session that claimed a slot is `ready`: its idle
+    /// started under a pool token, retires slots whose worker never became ready or that
+    /// waited past `warmPoolMaxAgeSeconds`, and stops the workers of retired slots, in
+    /// that order, so a retired worker is replaced in the same pass. A session that claimed a slot is `ready`: its idle
     /// timer is armed like any other's.
     async fn pool_once(&self) -> Result<(), Error> {
         let inner = &self.inner;
@@ -516,6 +517,23 @@ impl Manager {
             tracing::info!(slot = %slot.0, "pooled worker never became ready; retiring it");
             inner.metrics.reaper(ReaperAction::PoolRetired);
         }
+        let pooled = || {
+            inner
+                .config
+                .profiles
+                .iter()
+                .filter(|(_, settings)| settings.warm_pool_size > 0)
+        };
+        for (profile, settings) in pooled() {
+            for slot in inner
+                .store
+                .pool_retire_aged(profile, settings.warm_pool_max_age)
+                .await?
+            {
+                tracing::info!(slot = %slot.0, profile, "pooled worker past its maximum age; retiring it");
+                inner.metrics.reaper(ReaperAction::PoolAged);
+            }
+        }
         for (slot, worker_ref) in inner.store.pool_gone_workers().await? {
             if let Some(worker_ref) = worker_ref {
                 self.stop_logged(slot, &worker_ref).await;
@@ -523,21 +541,22 @@ impl Manager {
             inner.store.pool_forget(slot).await?;
             inner.metrics.reaper(ReaperAction::PoolStopped);
         }
-        for (profile, settings) in inner.config.profiles.iter() {
-            let open = inner.store.pool_open(profile).await?;
-            for _ in open..i64::from(settings.warm_pool_size) {
-                self.start_pooled(profile).await?;
+        for (profile, settings) in pooled() {
+            for slot in inner
+                .store
+                .pool_top_up(profile, settings.warm_pool_size)
+                .await?
+            {
+                self.start_pooled(slot, profile).await?;
             }
         }
         Ok(())
     }
 
-    /// Starts one pooled worker: it dials in with a pool token and waits, unassigned,
-    /// for a session to claim it.
-    async fn start_pooled(&self, profile: &str) -> Result<(), Error> {
+    /// Starts the worker of slot `slot`, just opened: it dials in with a pool token and
+    /// waits, unassigned, for a session to claim it.
+    async fn start_pooled(&self, slot: SessionId, profile: &str) -> Result<(), Error> {
         let inner = &self.inner;
-        let slot = SessionId::new();
-        inner.store.pool_insert(slot, profile).await?;
         let spec = LaunchSpec {
             session: slot,
             team: TeamId::nil(),

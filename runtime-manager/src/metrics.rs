@@ -93,12 +93,14 @@ pub enum ReaperAction {
     PoolStarted,
     /// A warm-pool slot that never became ready was retired.
     PoolRetired,
+    /// An idle warm-pool slot past its profile's maximum age was retired.
+    PoolAged,
     /// The worker of a retired warm-pool slot was stopped and its row removed.
     PoolStopped,
 }
 
 impl ReaperAction {
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 9] = [
         Self::DialTimeout,
         Self::IdleCheckArmed,
         Self::IdleTeardown,
@@ -106,6 +108,7 @@ impl ReaperAction {
         Self::TeardownFinished,
         Self::PoolStarted,
         Self::PoolRetired,
+        Self::PoolAged,
         Self::PoolStopped,
     ];
 
@@ -118,6 +121,7 @@ impl ReaperAction {
             Self::TeardownFinished => "teardown_finished",
             Self::PoolStarted => "pool_started",
             Self::PoolRetired => "pool_retired",
+            Self::PoolAged => "pool_aged",
             Self::PoolStopped => "pool_stopped",
         }
     }

@@ -48,6 +48,8 @@ const MAX_WARM_POOL: u32 = 100;
 /// The largest workspace snapshot a profile may allow (W10): it passes through the brain's
 /// memory on its way to storage.
 const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
+/// How long a pooled worker waits unclaimed before it is replaced, by default.
+pub const DEFAULT_WARM_POOL_MAX_AGE: Duration = Duration::from_secs(1800);
 /// The default cap of a workspace snapshot.
 pub const DEFAULT_SNAPSHOT_MAX_BYTES: u64 = 256 << 20;
 
@@ -70,6 +72,10 @@ pub struct RuntimeProfile {
     pub active_deadline: Duration,
     /// How many pre-started workers of this profile wait unassigned (R3).
     pub warm_pool_size: u32,
+    /// A pooled worker still unclaimed this long after its start is retired and replaced
+    /// (R3): pools pick up a new image or settings, and a claimed worker always has most
+    /// of its Job's `activeDeadlineSeconds` left.
+    pub warm_pool_max_age: Duration,
     /// The `channel::catalog` name whose worker tools the profile offers.
     pub tool_catalog: String,
     /// Whether a session torn down for idleness packs its workspace for the chat's next
@@ -317,6 +323,7 @@ impl Profiles {
             idle_window: Duration::from_secs(90),
             active_deadline: Duration::from_secs(3600),
             warm_pool_size: 0,
+            warm_pool_max_age: DEFAULT_WARM_POOL_MAX_AGE,
             tool_catalog: "light".into(),
             snapshots: true,
             snapshot_max_bytes: DEFAULT_SNAPSHOT_MAX_BYTES,
@@ -516,6 +523,8 @@ struct FileProfile {
     #[serde(default)]
     warm_pool_size: Option<u32>,
     #[serde(default)]
+    warm_pool_max_age_seconds: Option<u64>,
+    #[serde(default)]
     tool_catalog: Option<String>,
     #[serde(default)]
     snapshots: Option<bool>,
@@ -589,6 +598,13 @@ impl FileProfile {
         if let Some(v) = self.warm_pool_size {
             to.warm_pool_size = v;
         }
+        to.warm_pool_max_age = match self.warm_pool_max_age_seconds {
+            Some(v) => Duration::from_secs(v),
+            // Unset: the default, or less when the Job's deadline leaves less.
+            None => DEFAULT_WARM_POOL_MAX_AGE
+                .min(to.active_deadline.saturating_sub(to.idle_window))
+                .max(Duration::from_secs(1)),
+        };
         if let Some(v) = self.tool_catalog {
             to.tool_catalog = v;
         }
@@ -737,6 +753,18 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
         return Err(ProfileError::at(
             at("warmPoolSize"),
             format!("must be at most {MAX_WARM_POOL}"),
+        ));
+    }
+    let max_age = p.warm_pool_max_age.as_secs();
+    if max_age == 0 || max_age + idle > deadline {
+        return Err(ProfileError::at(
+            at("warmPoolMaxAgeSeconds"),
+            format!(
+                "must be at least 1 and at most {} (activeDeadlineSeconds less the idle \
+                 window): a worker claimed just before it is retired must still be able to \
+                 serve its idle window before the Job's deadline",
+                deadline.saturating_sub(idle)
+            ),
         ));
     }
     if !(1..=MAX_SNAPSHOT_BYTES).contains(&p.snapshot_max_bytes) {

@@ -697,24 +697,54 @@ impl Store {
         .await
     }
 
-    /// Slots of `profile` starting or waiting: the pool's current size.
-    pub async fn pool_open(&self, profile: &str) -> Result<i64, sqlx::Error> {
-        let (n,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM worker_pool WHERE profile = $1 AND state IN ('starting', 'idle')",
+    /// Opens slots of `profile` up to `size` (starting or idle), and returns the new
+    /// ones, written `starting`: their workers are to be launched. The count and the
+    /// inserts run under a transaction-scoped advisory lock per profile, so managers
+    /// topping up the same pool at once never open more than `size` between them (R3).
+    pub async fn pool_top_up(
+        &self,
+        profile: &str,
+        size: u32,
+    ) -> Result<Vec<SessionId>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('worker_pool:' || $1, 0))")
+            .bind(profile)
+            .execute(&mut *tx)
+            .await?;
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "INSERT INTO worker_pool (id, profile, state) \
+             SELECT gen_random_uuid(), $1, 'starting' \
+             FROM generate_series(1, $2 - (SELECT count(*) FROM worker_pool \
+                                           WHERE profile = $1 AND state IN ('starting', 'idle'))) \
+             RETURNING id",
         )
         .bind(profile)
-        .fetch_one(&self.pool)
+        .bind(i64::from(size))
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(n)
+        tx.commit().await?;
+        Ok(rows.into_iter().map(|(id,)| SessionId(id)).collect())
     }
 
-    pub async fn pool_insert(&self, slot: SessionId, profile: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO worker_pool (id, profile, state) VALUES ($1, $2, 'starting')")
-            .bind(slot.0)
-            .bind(profile)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+    /// Idle slots of `profile` started more than `max_age` ago, now `gone`: their workers
+    /// are stopped and replaced (R3). An idle slot only: a claim of the same slot and
+    /// this retirement are both compare-and-set on `state = 'idle'`, so one of them wins.
+    pub async fn pool_retire_aged(
+        &self,
+        profile: &str,
+        max_age: Duration,
+    ) -> Result<Vec<SessionId>, sqlx::Error> {
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "UPDATE worker_pool SET state = 'gone', updated_at = now() \
+             WHERE profile = $1 AND state = 'idle' \
+               AND created_at <= now() - make_interval(secs => $2) \
+             RETURNING id",
+        )
+        .bind(profile)
+        .bind(max_age.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| SessionId(id)).collect())
     }
 
     pub async fn pool_launched(

@@ -311,14 +311,7 @@ async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() 
     let queue = SessionQueue::connect_with_namespace(&redis.url, &h.namespace)
         .await
         .unwrap();
-    let store = runtime_manager::store::Store::connect(&config.database_url)
-        .await
-        .unwrap();
-    let launcher = Arc::new(LocalProcessLauncher::new(
-        config.worker_bin.clone(),
-        config.workspaces.clone(),
-    ));
-    let blind = runtime_manager::Manager::new(config, store, queue, launcher).unwrap();
+    let blind = in_process(config, queue).await;
     redis.kill().await;
     assert!(blind.reap_once().await.is_err(), "the arming push failed");
     drop(blind);
@@ -331,6 +324,132 @@ async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() 
     assert_eq!(row.failure_reason, None);
     let stopped = tokio::time::timeout(SECONDS_5, worker.wait()).await;
     assert!(stopped.is_ok(), "the claimed worker was stopped");
+    h.finish().await;
+}
+
+/// A manager whose passes the test drives (`reap_once`), with the local launcher.
+async fn in_process(
+    config: runtime_manager::config::Config,
+    queue: SessionQueue,
+) -> runtime_manager::Manager {
+    let store = runtime_manager::store::Store::connect(&config.database_url)
+        .await
+        .unwrap();
+    let launcher = Arc::new(LocalProcessLauncher::new(
+        config.worker_bin.clone(),
+        config.workspaces.clone(),
+    ));
+    runtime_manager::Manager::new(config, store, queue, launcher).unwrap()
+}
+
+/// Every slot: its id, state and worker.
+async fn pool_rows(h: &Harness) -> Vec<(uuid::Uuid, String, Option<String>)> {
+    sqlx::query_as("SELECT id, state, worker_ref FROM worker_pool ORDER BY created_at")
+        .fetch_all(&h.pool)
+        .await
+        .unwrap()
+}
+
+fn pid_of(worker_ref: &Option<String>) -> u32 {
+    worker_ref
+        .as_deref()
+        .and_then(|r| r.strip_prefix("local:"))
+        .and_then(|p| p.parse().ok())
+        .unwrap()
+}
+
+/// R3 with several manager replicas: three managers tending one pool at the same moment,
+/// pass after pass, never open more slots than its `warmPoolSize` between them (each used
+/// to count, then insert, on its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_tending_one_pool_at_once_never_overfill_it() {
+    let h = Harness::new().await;
+    let mut managers = Vec::new();
+    for _ in 0..3 {
+        let mut config = h.config(&[]);
+        config.profiles.light.warm_pool_size = 2;
+        managers.push(in_process(config, h.queue.clone()).await);
+    }
+    for _ in 0..5 {
+        let passes = futures_util::future::join_all(managers.iter().map(|m| m.reap_once())).await;
+        assert!(passes.iter().all(Result::is_ok), "{passes:?}");
+        let open = pool_rows(&h)
+            .await
+            .into_iter()
+            .filter(|(_, state, _)| state == "starting" || state == "idle")
+            .count();
+        assert_eq!(open, 2, "the pool holds exactly its size");
+    }
+    let rows = pool_rows(&h).await;
+    assert_eq!(rows.len(), 2, "no slot was opened and retired: {rows:?}");
+    stop_pool(&h).await;
+    h.finish().await;
+}
+
+/// Retires every slot and lets a manager without pools stop their workers.
+async fn stop_pool(h: &Harness) {
+    sqlx::query("UPDATE worker_pool SET state = 'gone'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let rows = pool_rows(h).await;
+    in_process(h.config(&[]), h.queue.clone())
+        .await
+        .reap_once()
+        .await
+        .unwrap();
+    for (_, _, worker_ref) in &rows {
+        wait_gone(pid_of(worker_ref), SECONDS_5).await;
+    }
+}
+
+/// R3: an idle pooled worker that waited past its profile's `warmPoolMaxAgeSeconds` is
+/// retired, its worker stopped and a fresh one started in the same pass; a younger one
+/// waits on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_worker_past_its_maximum_age_is_replaced() {
+    let h = Harness::new().await;
+    let mut config = h.config(&[]);
+    config.profiles.light.warm_pool_size = 2;
+    config.profiles.light.warm_pool_max_age = Duration::from_secs(60);
+    let manager = in_process(config, h.queue.clone()).await;
+    manager.reap_once().await.unwrap();
+    let started = pool_rows(&h).await;
+    assert_eq!(started.len(), 2);
+    // The brain's part: both workers dialed in and wait; one of them since over a minute.
+    sqlx::query("UPDATE worker_pool SET state = 'idle'")
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let (old, _, old_ref) = &started[0];
+    let (young, _, young_ref) = &started[1];
+    sqlx::query("UPDATE worker_pool SET created_at = now() - interval '61 seconds' WHERE id = $1")
+        .bind(old)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+
+    manager.reap_once().await.unwrap();
+    wait_gone(pid_of(old_ref), SECONDS_5).await;
+    assert!(
+        alive(pid_of(young_ref)),
+        "the younger pooled worker waits on"
+    );
+    let rows = pool_rows(&h).await;
+    assert!(
+        rows.iter().all(|(id, _, _)| id != old),
+        "the retired slot's row is removed once its worker is stopped: {rows:?}"
+    );
+    let states: Vec<(&uuid::Uuid, &str)> = rows.iter().map(|(id, s, _)| (id, s.as_str())).collect();
+    assert_eq!(states.len(), 2, "{states:?}");
+    assert!(states.contains(&(young, "idle")), "{states:?}");
+    assert!(
+        states
+            .iter()
+            .any(|(id, s)| *id != young && *s == "starting"),
+        "a replacement was started in the same pass: {states:?}"
+    );
+    stop_pool(&h).await;
     h.finish().await;
 }
 

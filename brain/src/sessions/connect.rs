@@ -435,7 +435,10 @@ impl Sessions {
                 return control.close(code, reason.as_str()).await;
             }
         };
-        if !matches!(self.store.pool_slot_idle(slot).await, Ok(true)) {
+        if !matches!(
+            self.store.pool_slot_idle(slot, self.replica_id).await,
+            Ok(true)
+        ) {
             return control.close(CLOSE_SESSION_ENDED, "session_ended").await;
         }
         tracing::info!(slot = %slot, profile, "pooled worker ready");
@@ -485,9 +488,10 @@ impl Sessions {
         worker.released.cancel();
     }
 
-    /// Binds a pooled worker to a new session: the session's token and then its secrets
-    /// travel over the channel, so no cold start is needed.
-    pub(super) async fn bind(&self, worker: &LiveWorker, binding: Binding) -> bool {
+    /// Binds a pooled worker to a new session: the session's token, then its secrets,
+    /// then (when the chat has one) the restore of its workspace snapshot travel over the
+    /// channel, so no cold start is needed.
+    pub(super) async fn bind(&self, worker: &LiveWorker, binding: Binding, restore: bool) -> bool {
         if !worker.bind(binding) {
             return false;
         }
@@ -517,7 +521,12 @@ impl Sessions {
             .send_env(&worker.service, binding.team, binding.agent)
             .await
         {
-            Ok(()) => true,
+            Ok(()) => {
+                if restore {
+                    self.restore_at_bind(worker, binding.session).await;
+                }
+                true
+            }
             Err(err) => {
                 tracing::warn!(session = %binding.session, class = err.metric_label(), "session environment not delivered");
                 // Bound to a session that now fails: this worker serves nothing more.

@@ -64,6 +64,9 @@ type Gate = Arc<tokio::sync::Mutex<()>>;
 const WAIT_POLL: Duration = Duration::from_millis(20);
 /// How often a call waiting for a worker's re-dial looks for it.
 const REDIAL_POLL: Duration = Duration::from_millis(100);
+/// Idle slots of other replicas a claim tries before it falls back to a cold start: each
+/// one whose bind fails (its holder died, say) costs a bound wait.
+const REMOTE_CLAIM_TRIES: usize = 2;
 /// How long a replica shutting down waits for its worker channels to close.
 const GOING_AWAY_WAIT: Duration = Duration::from_secs(3);
 
@@ -346,10 +349,8 @@ impl Sessions {
                     self.metrics.quota_refused(refusal.field);
                     return Err(SessionError::Quota(refusal));
                 }
-                if let Some((session, worker)) =
-                    self.claim_warm(team, agent, chat, profile, false).await?
-                {
-                    return Ok(Target::Local { session, worker });
+                if let Some(target) = self.claim_warm(team, agent, chat, profile, false).await? {
+                    return Ok(target);
                 }
                 self.provision(team, agent, chat, profile, false).await?
             }
@@ -509,8 +510,8 @@ impl Sessions {
             {
                 return Ok(None);
             }
-            if let Some((session, _)) = self.claim_warm(team, agent, chat, profile, true).await? {
-                return Ok(Some(session));
+            if let Some(target) = self.claim_warm(team, agent, chat, profile, true).await? {
+                return Ok(Some(target.session()));
             }
             self.provision(team, agent, chat, profile, true)
                 .await
@@ -597,9 +598,12 @@ impl Sessions {
         workers.len()
     }
 
-    /// Claims a pooled worker of `profile` connected to this replica, if one waits: the
-    /// session is `ready` at once, no launch and no queue (R3). An empty pool answers
-    /// `None` and the caller falls back to a cold start.
+    /// Claims a pooled worker of `profile`, if one waits anywhere: the session is `ready`
+    /// at once, no launch and no queue (R3). One connected to this replica first; else one
+    /// another replica holds, which binds it when asked over the relay and then serves the
+    /// session's calls through it (W4). No idle slot answers `None` and the caller falls
+    /// back to a cold start. A chat with a workspace snapshot (W10) has it restored by the
+    /// bound worker before the claim returns.
     async fn claim_warm(
         &self,
         team: TeamId,
@@ -607,27 +611,20 @@ impl Sessions {
         chat: ChatId,
         profile: &str,
         speculative: bool,
-    ) -> Result<Option<(SessionId, Arc<LiveWorker>)>, SessionError> {
-        // A chat with a workspace snapshot starts cold (W10): a pooled worker has already
-        // dialed, and the restore happens before the dial.
-        if self.pool.has(profile) && self.store.chat_has_snapshot(team, agent, chat).await? {
-            return Ok(None);
-        }
+    ) -> Result<Option<Target>, SessionError> {
+        let restore = self.store.chat_has_snapshot(team, agent, chat).await?;
+        let new = NewSession {
+            team,
+            agent,
+            chat,
+            profile,
+            speculative,
+        };
         while let Some(worker) = self.pool.take(profile) {
             let Some(slot) = worker.slot else { continue };
             match self
                 .store
-                .claim_pool_slot(
-                    slot,
-                    &NewSession {
-                        team,
-                        agent,
-                        chat,
-                        profile,
-                        speculative,
-                    },
-                    self.replica_id,
-                )
+                .claim_pool_slot(slot, &new, self.replica_id)
                 .await
             {
                 Ok(Some(row)) => {
@@ -636,23 +633,18 @@ impl Sessions {
                         team,
                         agent,
                     };
-                    self.claim_owner(row.id, self.config.ping_interval * 3)
-                        .await;
-                    if !self.bind(&worker, binding).await {
-                        self.fail(
-                            row.id,
-                            FailureReason::HeartbeatLost,
-                            Some("bind not delivered"),
-                        )
-                        .await;
+                    if !self.bind_claimed(&worker, binding, restore).await {
                         continue;
                     }
-                    self.registry.insert(row.id, worker.clone());
                     tracing::info!(session = %row.id, slot = %slot, profile, "warm worker claimed");
-                    return Ok(Some((row.id, worker)));
+                    return Ok(Some(Target::Local {
+                        session: row.id,
+                        worker,
+                    }));
                 }
-                // Taken or gone meanwhile: try the next one.
-                Ok(None) => continue,
+                // Claimed by another replica (its bind is on its way here), or retired:
+                // kept findable by its slot until its channel ends.
+                Ok(None) => self.pool.park(worker),
                 Err(StoreError::Conflict(_)) => {
                     // The chat got a live session meanwhile: it will be reused.
                     self.pool.put(profile, worker);
@@ -664,7 +656,75 @@ impl Sessions {
                 }
             }
         }
+        for _ in 0..REMOTE_CLAIM_TRIES {
+            let claimed = match self
+                .store
+                .claim_remote_pool_slot(&new, self.replica_id)
+                .await
+            {
+                Ok(Some(claimed)) => claimed,
+                Ok(None) | Err(StoreError::Conflict(_)) => return Ok(None),
+                Err(err) => return Err(err.into()),
+            };
+            let session = claimed.session.id;
+            let holder = claimed.holder.0.simple().to_string();
+            let bound = relay::bind_remote(
+                self,
+                &holder,
+                relay::RemoteBind {
+                    slot: claimed.slot,
+                    session,
+                    team,
+                    agent,
+                    chat,
+                    restore,
+                },
+            )
+            .await;
+            match bound {
+                Ok(()) => {
+                    tracing::info!(session = %session, slot = %claimed.slot, profile, "warm worker of another replica claimed");
+                    return Ok(Some(Target::Remote {
+                        owner: holder,
+                        session,
+                    }));
+                }
+                Err(why) => {
+                    tracing::warn!(session = %session, slot = %claimed.slot, why, "remote warm claim not bound");
+                    self.fail(
+                        session,
+                        FailureReason::HeartbeatLost,
+                        Some("bind not delivered"),
+                    )
+                    .await;
+                }
+            }
+        }
         Ok(None)
+    }
+
+    /// Binds a pooled worker this replica holds to the session just claimed with its slot,
+    /// and makes it the session's: owner key, registry. A bind that cannot be delivered
+    /// fails the session (`heartbeat_lost`, "bind not delivered").
+    async fn bind_claimed(
+        &self,
+        worker: &Arc<LiveWorker>,
+        binding: Binding,
+        restore: bool,
+    ) -> bool {
+        self.claim_owner(binding.session, self.config.ping_interval * 3)
+            .await;
+        if !self.bind(worker, binding, restore).await {
+            self.fail(
+                binding.session,
+                FailureReason::HeartbeatLost,
+                Some("bind not delivered"),
+            )
+            .await;
+            return false;
+        }
+        self.registry.insert(binding.session, worker.clone());
+        true
     }
 
     /// Writes a `pending` session and queues its provision task (once per session).

@@ -290,45 +290,77 @@ impl Registry {
     }
 }
 
-/// Pooled workers of this replica, ready and unclaimed, by profile (R3).
+/// Pooled workers of this replica, ready and unclaimed, by profile (R3). A worker taken
+/// for a local claim that found its slot claimed already (by another replica, whose bind
+/// is on its way here through the relay) is parked: out of the idle lists, still found
+/// by its slot.
 #[derive(Clone, Default)]
 pub struct Pool {
-    idle: Arc<Mutex<HashMap<String, Vec<Arc<LiveWorker>>>>>,
+    inner: Arc<Mutex<PoolEntries>>,
+}
+
+#[derive(Default)]
+struct PoolEntries {
+    idle: HashMap<String, Vec<Arc<LiveWorker>>>,
+    parked: HashMap<SessionId, Arc<LiveWorker>>,
 }
 
 impl Pool {
     pub fn put(&self, profile: &str, worker: Arc<LiveWorker>) {
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.entry(profile.to_owned()).or_default().push(worker);
+        if let Ok(mut pool) = self.inner.lock() {
+            pool.idle
+                .entry(profile.to_owned())
+                .or_default()
+                .push(worker);
         }
     }
 
     /// The oldest idle worker of `profile`.
     pub fn take(&self, profile: &str) -> Option<Arc<LiveWorker>> {
-        let mut idle = self.idle.lock().ok()?;
-        let workers = idle.get_mut(profile)?;
+        let mut pool = self.inner.lock().ok()?;
+        let workers = pool.idle.get_mut(profile)?;
         (!workers.is_empty()).then(|| workers.remove(0))
     }
 
-    /// Whether an idle worker of `profile` waits here.
-    pub fn has(&self, profile: &str) -> bool {
-        self.idle
-            .lock()
-            .is_ok_and(|idle| idle.get(profile).is_some_and(|w| !w.is_empty()))
+    /// Keeps a taken worker findable by its slot only.
+    pub fn park(&self, worker: Arc<LiveWorker>) {
+        if let (Some(slot), Ok(mut pool)) = (worker.slot, self.inner.lock()) {
+            pool.parked.insert(slot, worker);
+        }
     }
 
-    /// Every pooled worker waiting here.
+    /// The worker of `slot`, idle or parked, taken out of the pool.
+    pub fn take_slot(&self, slot: SessionId) -> Option<Arc<LiveWorker>> {
+        let mut pool = self.inner.lock().ok()?;
+        if let Some(worker) = pool.parked.remove(&slot) {
+            return Some(worker);
+        }
+        pool.idle.values_mut().find_map(|workers| {
+            let at = workers.iter().position(|w| w.slot == Some(slot))?;
+            Some(workers.remove(at))
+        })
+    }
+
+    /// Every pooled worker here, idle or parked.
     pub fn all(&self) -> Vec<Arc<LiveWorker>> {
-        self.idle
+        self.inner
             .lock()
-            .map(|idle| idle.values().flatten().cloned().collect())
+            .map(|pool| {
+                pool.idle
+                    .values()
+                    .flatten()
+                    .chain(pool.parked.values())
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
     /// Forgets the worker of `slot` (its channel ended).
     pub fn remove(&self, slot: SessionId) {
-        if let Ok(mut idle) = self.idle.lock() {
-            for workers in idle.values_mut() {
+        if let Ok(mut pool) = self.inner.lock() {
+            pool.parked.remove(&slot);
+            for workers in pool.idle.values_mut() {
                 workers.retain(|w| w.slot != Some(slot));
             }
         }

@@ -22,6 +22,10 @@
 //!   every [`BEAT_EVERY`] while it runs: a caller that hears nothing for [`SILENCE`] (the
 //!   owner died, or its publishes fail) ends the call with a tool error instead of waiting
 //!   for an answer that cannot come.
+//! - A replica that claimed a pooled worker another replica holds (R3) publishes a
+//!   [`RemoteBind`] on `relay:{holder}:bind`; the holder binds the worker and answers on
+//!   `relay:call:{key}` like a call (beats, then an answer), and the session's calls are
+//!   relayed to it from then on.
 //! - Every Redis call is bounded by [`REDIS_BOUND`], connecting included.
 //!
 //! Architecture invariant: only this module knows these Redis key and channel names.
@@ -33,7 +37,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use logging::traces::TraceContext;
 use protocol::ui::{UiChunk, WorkerLog};
-use protocol::{ChatId, SessionId, TurnId};
+use protocol::{AgentId, ChatId, SessionId, TeamId, TurnId};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -68,6 +72,10 @@ fn calls_channel(replica: &str) -> String {
     format!("relay:{replica}")
 }
 
+fn binds_channel(replica: &str) -> String {
+    format!("relay:{replica}:bind")
+}
+
 fn events_channel(key: &str) -> String {
     format!("relay:call:{key}")
 }
@@ -99,6 +107,30 @@ struct RelayCall {
     traceparent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tracestate: Option<String>,
+}
+
+/// A claim of a pooled worker another replica holds (R3): the claimer has written the
+/// session row (`ready`, owned by the holder) and asks the holder to bind the worker. The
+/// holder answers on `relay:call:{key}` like a call: beats while it binds, then an
+/// [`RelayEvent::Answer`] whose `is_error` says whether it did.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RemoteBind {
+    pub slot: SessionId,
+    pub session: SessionId,
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    /// The chat has a workspace snapshot for the worker to restore (W10).
+    pub restore: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BindRequest {
+    key: String,
+    #[serde(flatten)]
+    bind: RemoteBind,
 }
 
 /// What the owner sends back, in order: any number of logs, then one answer; beats
@@ -263,16 +295,30 @@ impl Sessions {
         }
     }
 
-    /// Serves calls until the subscription is lost (or cannot be made).
+    /// Serves calls and binds until the subscription is lost (or cannot be made).
     async fn relay_once(&self, files: &Files, shutdown: &CancellationToken) {
-        let Some(pubsub) = subscribe(&self.redis_client, calls_channel(&self.replica)).await else {
+        let binds = binds_channel(&self.replica);
+        let Some(mut pubsub) = subscribe(&self.redis_client, calls_channel(&self.replica)).await
+        else {
             return;
         };
+        if bounded(pubsub.subscribe(&binds)).await.is_none() {
+            return;
+        }
         let mut messages = pubsub.into_on_message();
         while let Some(message) = messages.next().await {
             let Ok(payload) = message.get_payload::<String>() else {
                 continue;
             };
+            if message.get_channel_name() == binds {
+                match serde_json::from_str::<BindRequest>(&payload) {
+                    Ok(request) => {
+                        tokio::spawn(self.clone().run_bind(request));
+                    }
+                    Err(_) => tracing::warn!("relay: undecodable bind dropped"),
+                }
+                continue;
+            }
             let Ok(call) = serde_json::from_str::<RelayCall>(&payload) else {
                 tracing::warn!("relay: undecodable call dropped");
                 continue;
@@ -327,6 +373,41 @@ impl Sessions {
         beats.abort();
         watch.abort();
         publish(&mut conn, &events, &answer(output)).await;
+    }
+
+    /// Binds a pooled worker this replica holds to a session another replica claimed its
+    /// slot for, and answers whether it did; beats while it binds (a restore can take
+    /// seconds).
+    async fn run_bind(self, request: BindRequest) {
+        let Some(mut conn) = self.redis().await else {
+            return;
+        };
+        let events = events_channel(&request.key);
+        let beats = tokio::spawn(beat(conn.clone(), events.clone()));
+        let bind = request.bind;
+        let bound = match self.pool.take_slot(bind.slot) {
+            Some(worker) => {
+                let binding = super::registry::Binding {
+                    session: bind.session,
+                    team: bind.team,
+                    agent: bind.agent,
+                };
+                // The claimer fails the session when told it was not bound.
+                if self.bind_claimed(&worker, binding, bind.restore).await {
+                    self.registry
+                        .remember_chat(bind.agent, bind.chat, bind.session);
+                    ToolOutput::ok("bound")
+                } else {
+                    ToolOutput::error("the bind was not delivered to the worker")
+                }
+            }
+            None => ToolOutput::error("the pooled worker is no longer connected here"),
+        };
+        beats.abort();
+        if !bound.is_error {
+            tracing::info!(session = %bind.session, slot = %bind.slot, "warm worker bound for another replica");
+        }
+        publish(&mut conn, &events, &answer(bound)).await;
     }
 
     /// Runs a forwarded call on the worker this replica holds, its live output published
@@ -503,6 +584,45 @@ pub(super) async fn call_remote(
                     "the replica holding the worker sent an undecodable answer",
                 );
             }
+        }
+    }
+}
+
+/// Asks replica `holder` to bind the pooled worker of `bind.slot` (R3) and waits for its
+/// answer; `Err` says why it was not bound: the holder is unreachable or fell silent, or
+/// the worker is gone.
+pub(super) async fn bind_remote(
+    sessions: &Sessions,
+    holder: &str,
+    bind: RemoteBind,
+) -> Result<(), &'static str> {
+    let key = uuid::Uuid::new_v4().simple().to_string();
+    let pubsub = subscribe(&sessions.redis_client, events_channel(&key))
+        .await
+        .ok_or("redis_unreachable")?;
+    let mut conn = sessions.redis().await.ok_or("redis_unreachable")?;
+    let payload = serde_json::to_string(&BindRequest { key, bind }).map_err(|_| "undecodable")?;
+    let receivers: Option<i64> = bounded(conn.publish(binds_channel(holder), payload)).await;
+    if receivers.unwrap_or(0) == 0 {
+        return Err("holder_unreachable");
+    }
+    let mut events = pubsub.into_on_message();
+    loop {
+        let message = match tokio::time::timeout(SILENCE, events.next()).await {
+            Ok(Some(message)) => message,
+            Ok(None) => return Err("holder_unreachable"),
+            Err(_) => return Err("holder_silent"),
+        };
+        let Ok(payload) = message.get_payload::<String>() else {
+            continue;
+        };
+        match serde_json::from_str::<RelayEvent>(&payload) {
+            Ok(RelayEvent::Beat | RelayEvent::Log { .. }) => {}
+            Ok(RelayEvent::Answer {
+                is_error: false, ..
+            }) => return Ok(()),
+            Ok(RelayEvent::Answer { is_error: true, .. }) => return Err("worker_gone"),
+            Err(_) => return Err("undecodable"),
         }
     }
 }

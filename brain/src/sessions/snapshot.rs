@@ -14,7 +14,10 @@
 //! - `POST /v1/worker/snapshot/skipped` ([`snapshot_skipped`]): no snapshot comes, over the
 //!   cap (the chat's previous snapshot is dropped) or failed (it is kept).
 //! - `GET /v1/worker/snapshot` ([`get_snapshot`]): the worker of a live session downloads
-//!   its chat's snapshot before it dials, so the session is ready only once restored.
+//!   its chat's snapshot before it dials, so the session is ready only once restored. A
+//!   pooled worker has dialed long before: the replica binding it to a session whose chat
+//!   has a snapshot sends it [`RESTORE_REQUEST`] ([`Sessions::restore_at_bind`]) and the
+//!   claim returns once it answered, so the first call finds the files too.
 //! - [`sweep`]: deletes snapshots past `BRAIN_SNAPSHOT_RETENTION_HOURS`, then the bytes of
 //!   every deleted row (queued by a trigger, so a cascade from an agent is covered too).
 //!
@@ -29,15 +32,16 @@ use axum::response::{IntoResponse, Response};
 use protocol::SessionId;
 use protocol::channel::SessionClaims;
 use protocol::snapshot::{
-    SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest, SnapshotSkipped,
-    SnapshotState, UNPACKED_BYTES_HEADER,
+    RESTORE_REQUEST, SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest,
+    SnapshotSkipped, SnapshotState, UNPACKED_BYTES_HEADER,
 };
-use rmcp::model::{ClientNotification, CustomNotification};
+use rmcp::model::{ClientNotification, ClientRequest, CustomNotification, CustomRequest};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Sessions;
 use super::connect::bearer;
+use super::registry::LiveWorker;
 use crate::AppState;
 use crate::api::JsonBody;
 use crate::artifacts::ArtifactStore;
@@ -248,6 +252,31 @@ pub async fn get_snapshot(
 }
 
 impl Sessions {
+    /// Has a pooled worker just bound to `session` restore its chat's snapshot, and waits
+    /// for it, within the provision timeout (a restore moves up to the profile's cap). A
+    /// restore that fails or takes longer leaves the session as a cold start's failed
+    /// restore does: it goes on, its workspace as the worker left it (empty on failure).
+    pub(super) async fn restore_at_bind(&self, worker: &LiveWorker, session: SessionId) {
+        let started = Instant::now();
+        let request = ClientRequest::CustomRequest(CustomRequest::new(RESTORE_REQUEST, None));
+        let answer = tokio::time::timeout(
+            self.config.provision_timeout,
+            worker.service.peer().send_request(request),
+        )
+        .await;
+        let outcome = match answer {
+            Ok(Ok(_)) => "restored",
+            Ok(Err(_)) => "failed",
+            Err(_) => "timed_out",
+        };
+        tracing::info!(
+            session = %session,
+            outcome,
+            restore_ms = started.elapsed().as_millis() as u64,
+            "pooled worker's workspace restore"
+        );
+    }
+
     /// Listens for the manager's snapshot requests until `stop`, and passes each to the
     /// worker whose channel this replica holds (the others ignore it).
     pub async fn listen_snapshots(self, stop: CancellationToken) {

@@ -40,6 +40,7 @@ pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
+pub use pool::RemoteClaim;
 pub use quotas::TurnUsage;
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
@@ -290,6 +291,11 @@ fn migrator() -> Migrator {
             19,
             "speculative sessions",
             include_str!("../../../migrations/0019_speculative_sessions.sql"),
+        ),
+        (
+            20,
+            "warm-pool slot holders",
+            include_str!("../../../migrations/0020_pool_holder.sql"),
         ),
     ]
     .into_iter()

@@ -22,12 +22,19 @@ impl Store {
         Ok(row.map(|r| r.try_get("profile")).transpose()?)
     }
 
-    /// `starting` → `idle`: the slot's worker is ready to be claimed.
-    pub async fn pool_slot_idle(&self, slot: SessionId) -> Result<bool, StoreError> {
+    /// `starting` → `idle`: the slot's worker is ready to be claimed, its channel held by
+    /// `holder`.
+    pub async fn pool_slot_idle(
+        &self,
+        slot: SessionId,
+        holder: ReplicaId,
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE worker_pool SET state = 'idle', updated_at = now() WHERE id = $1 AND state = 'starting'",
+            "UPDATE worker_pool SET state = 'idle', holder_replica = $2, updated_at = now() \
+             WHERE id = $1 AND state = 'starting'",
         )
         .bind(slot.0)
+        .bind(holder.0)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
@@ -43,6 +50,22 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Retires the idle slots whose holder's lease lapsed (O3): the replica died with
+    /// their channels, so nobody can bind them. The runtime-manager stops their workers.
+    /// Slots of `me` are never touched, as for turns.
+    pub async fn retire_orphaned_slots(&self, me: ReplicaId) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE worker_pool w SET state = 'gone', updated_at = now() \
+             WHERE w.state = 'idle' AND w.holder_replica <> $1 \
+               AND NOT EXISTS (SELECT 1 FROM replicas r \
+                               WHERE r.id = w.holder_replica AND r.lease_until > now())",
+        )
+        .bind(me.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// Claims idle slot `slot` for a new `ready` session of (agent, chat). `None` when
@@ -81,4 +104,61 @@ impl Store {
             None => Ok(None),
         }
     }
+
+    /// Claims the oldest idle slot of `profile` whose channel another live replica than
+    /// `not` holds (its lease current), for a new `ready` session of (agent, chat) owned by that holder (R3): the
+    /// claimer then asks the holder to bind the worker. `None` when no such slot is idle;
+    /// `Conflict("live_session")` as for [`Store::claim_pool_slot`].
+    pub async fn claim_remote_pool_slot(
+        &self,
+        new: &NewSession<'_>,
+        not: ReplicaId,
+    ) -> Result<Option<RemoteClaim>, StoreError> {
+        let session = SessionId::new();
+        let row = sqlx::query(
+            "WITH pick AS ( \
+                SELECT id FROM worker_pool \
+                WHERE profile = $1 AND state = 'idle' AND holder_replica <> $7 \
+                  AND EXISTS (SELECT 1 FROM replicas r \
+                              WHERE r.id = holder_replica AND r.lease_until > now()) \
+                ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED), \
+             slot AS ( \
+                UPDATE worker_pool w SET state = 'claimed', session_id = $2, updated_at = now() \
+                FROM pick WHERE w.id = pick.id AND w.state = 'idle' \
+                RETURNING w.id, w.worker_ref, w.holder_replica), \
+             session AS ( \
+                INSERT INTO agent_runtime_sessions \
+                   (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica, \
+                    speculative) \
+                SELECT $2, $3, $4, $5, $1, 'ready', worker_ref, holder_replica, $6 FROM slot \
+                RETURNING id) \
+             SELECT slot.id AS slot, slot.holder_replica AS holder FROM slot, session",
+        )
+        .bind(new.profile)
+        .bind(session.0)
+        .bind(new.team.0)
+        .bind(new.agent.0)
+        .bind(new.chat.0)
+        .bind(new.speculative)
+        .bind(not.0)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        Ok(Some(RemoteClaim {
+            slot: SessionId(row.try_get("slot")?),
+            holder: ReplicaId(row.try_get("holder")?),
+            session: self.session(session).await?,
+        }))
+    }
+}
+
+/// A slot claimed by [`Store::claim_remote_pool_slot`].
+pub struct RemoteClaim {
+    pub slot: SessionId,
+    /// The replica holding the slot's channel, now the session's owner.
+    pub holder: ReplicaId,
+    pub session: SessionRow,
 }

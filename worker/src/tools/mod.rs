@@ -22,7 +22,9 @@
 //! The session's secrets arrive in the custom request `agent_runtime/env`
 //! (`protocol::env`), answered once they are held: in this process's memory only, never
 //! in its own environment or a file. `shell` sets them for each command and masks their
-//! values in its output; the file tools mask them in what they answer.
+//! values in its output; the file tools mask them in what they answer. A pooled worker
+//! bound to a session whose chat has a workspace snapshot is asked to restore it in the
+//! custom request `agent_runtime/restore` (`protocol::snapshot`), answered once restored.
 
 pub mod artifact;
 #[cfg(feature = "browser")]
@@ -44,7 +46,7 @@ use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
 use protocol::env::{ENV_REQUEST, SessionEnv};
-use protocol::snapshot::{SNAPSHOT_NOTIFICATION, SnapshotRequest};
+use protocol::snapshot::{RESTORE_REQUEST, Restored, SNAPSHOT_NOTIFICATION, SnapshotRequest};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
@@ -188,6 +190,34 @@ impl Worker {
         tokio::spawn(async move {
             crate::snapshot::take(&url, &identity, workspace, request.max_bytes).await;
         });
+    }
+
+    /// Restores the chat's workspace snapshot into the workspace, as the brain asks of a
+    /// pooled worker right after binding it (R3, W10): its session's token proves the
+    /// chat. A worker started for its session restored before its first dial instead.
+    async fn restore_at_bind(&self) -> Result<CustomResult, ErrorData> {
+        let identity = self.identity();
+        let Some(url) = self.shared.snapshot_brain.get().cloned() else {
+            return Err(ErrorData::invalid_request(
+                "snapshots are not enabled",
+                None,
+            ));
+        };
+        if identity.pooled {
+            return Err(ErrorData::invalid_request("not bound to a session", None));
+        }
+        match crate::snapshot::restore(&url, &identity, &self.shared.workspace).await {
+            Ok(entries) => Ok(CustomResult::new(
+                serde_json::to_value(Restored { entries }).unwrap_or_default(),
+            )),
+            Err(err) => {
+                tracing::warn!(session = %identity.session, class = err.class(), "workspace not restored");
+                Err(ErrorData::internal_error(
+                    format!("workspace not restored: {}", err.class()),
+                    None,
+                ))
+            }
+        }
     }
 
     /// The same session, serving one channel: its calls stop when `calls` is cancelled.
@@ -523,6 +553,9 @@ impl ServerHandler for Worker {
         request: CustomRequest,
         _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
+        if request.method == RESTORE_REQUEST {
+            return self.restore_at_bind().await;
+        }
         if request.method != ENV_REQUEST {
             return Err(ErrorData::new(
                 ErrorCode::METHOD_NOT_FOUND,
