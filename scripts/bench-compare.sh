@@ -7,6 +7,8 @@
 # its own, both kept for the next run (a first run seeds that target directory with a copy
 # of this checkout's release build, so only what differs is compiled). BENCH_ONLY
 # (default cpu,turn), BENCH_SECONDS and the bench's other variables reach both runs alike.
+# Only the packages the scenarios need are built (the bench and the brain; the
+# runtime-manager and the worker for hands, snapshots, speculation, hangup).
 #
 # A scenario <rev>'s bench does not know (cpu, before it existed) is run by this checkout's
 # bench against <rev>'s binaries (brain, runtime-manager, worker): the harness is the same
@@ -32,8 +34,15 @@ target_of() { # the target directory cargo uses in directory $1
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 }
 
+# What the scenarios run: the bench and the brain, and the hands' runtime-manager and worker
+# only when a hands scenario is asked for (k8s-openapi alone is minutes of a release build).
+packages=(-p bench -p brain)
+case ",$only," in
+  *,hands,* | *,snapshots,* | *,speculation,* | *,hangup,*) packages+=(-p runtime-manager -p worker) ;;
+esac
+
 echo "bench-compare: building this checkout ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ', with uncommitted changes'))"
-cargo build --release --locked --bins
+cargo build --release --locked "${packages[@]}"
 new_bin=$(target_of .)/release
 
 echo "bench-compare: building $base ($(git rev-parse --short "$base_sha")) in $worktree"
@@ -48,8 +57,6 @@ if [ ! -d "$base_target/release" ]; then
   mkdir -p "$base_target"
   cp -a "$new_bin" "$base_target/"
 fi
-(cd "$worktree" && CARGO_TARGET_DIR=$base_target cargo build --release --locked --bins)
-base_bin=$base_target/release
 
 # Which of the scenarios asked for the base's own bench knows.
 known=() unknown=()
@@ -62,6 +69,12 @@ for s in ${only//,/ }; do
 done
 join() { local IFS=,; echo "$*"; }
 
+# The base's bench only when it runs a scenario itself.
+base_packages=("${packages[@]}")
+if [ ${#known[@]} -eq 0 ]; then base_packages=("${packages[@]/bench/brain}"); fi
+(cd "$worktree" && CARGO_TARGET_DIR=$base_target cargo build --release --locked "${base_packages[@]}")
+base_bin=$base_target/release
+
 base_tables=()
 if [ ${#known[@]} -gt 0 ]; then
   echo "bench-compare: base bench, BENCH_ONLY=$(join "${known[@]}")"
@@ -73,7 +86,9 @@ if [ ${#unknown[@]} -gt 0 ]; then
   echo "bench-compare: this bench against the base's binaries, BENCH_ONLY=$(join "${unknown[@]}")"
   harness=$out/base-bin
   mkdir -p "$harness"
-  cp "$base_bin/brain" "$base_bin/runtime-manager" "$base_bin/worker" "$harness/"
+  for b in brain runtime-manager worker; do
+    if [ -e "$base_bin/$b" ]; then cp "$base_bin/$b" "$harness/"; fi
+  done
   cp "$new_bin/bench" "$harness/"
   BENCH_ONLY=$(join "${unknown[@]}") BENCH_TSV=$out/base-harness.tsv "$harness/bench" |
     tee "$out/base-harness.md"
