@@ -69,10 +69,9 @@ for s in ${only//,/ }; do
 done
 join() { local IFS=,; echo "$*"; }
 
-# The base's bench only when it runs a scenario itself.
-base_packages=("${packages[@]}")
-if [ ${#known[@]} -eq 0 ]; then base_packages=("${packages[@]/bench/brain}"); fi
-(cd "$worktree" && CARGO_TARGET_DIR=$base_target cargo build --release --locked "${base_packages[@]}")
+# The same packages on both sides: a different selection would resolve the dependencies'
+# features differently and rebuild them.
+(cd "$worktree" && CARGO_TARGET_DIR=$base_target cargo build --release --locked "${packages[@]}")
 base_bin=$base_target/release
 
 base_tables=()
