@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web helm fmt lint unit bench bench-peer bench-soak
+.PHONY: dev test services test-deps web helm fmt lint unit bench bench-compare bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
@@ -54,6 +54,13 @@ endif
 bench: services
 	cargo build --release --locked --bins
 	"$$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/bench"
+
+# Before and after on one machine (docs/PERFORMANCE.md): builds BASE in release in a worktree
+# under /var/tmp (its own target directory, kept), builds this checkout, runs both benches
+# back to back (BENCH_ONLY, default cpu,turn, and BENCH_SECONDS reach both) and prints both
+# tables side by side with the ratio new/base per cell. Not part of `test`.
+bench-compare: services
+	@BASE="$(BASE)" scripts/bench-compare.sh
 
 # The peer side by side (docs/PERFORMANCE.md): installs LangGraph's dev server into a
 # virtualenv outside the clone, then measures its turn overhead and the brain's in one run

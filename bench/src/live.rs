@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use brain::store::{CreatedTeam, NewAgent, Store};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full};
@@ -25,7 +25,8 @@ use scripted_provider::{Reply, ScriptedProvider};
 use tokio::sync::{Semaphore, watch};
 
 use crate::system::{
-    BrainProcess, Database, Row, SseData, free_addr, ms, pct, row, sorted, window,
+    BrainProcess, Database, Row, SseData, Usage, clock_ticks_per_second, free_addr, ms, pct, row,
+    sorted, usage, window,
 };
 
 const LEVELS: [usize; 2] = [1_000, 10_000];
@@ -42,62 +43,6 @@ const TICK: Duration = Duration::from_secs(1);
 /// gives up on the missing ones (and fails).
 const OPEN_LIMIT: Duration = Duration::from_secs(600);
 const END_LIMIT: Duration = Duration::from_secs(300);
-
-/// What `/proc` says about a process.
-#[derive(Clone, Copy)]
-struct Usage {
-    /// VmRSS, bytes.
-    rss: u64,
-    /// VmHWM: the peak RSS so far, bytes.
-    peak: u64,
-    /// utime + stime.
-    cpu: Duration,
-    /// Open file descriptors: each live turn holds a provider socket in the brain and
-    /// in this process, against a limit of 20,000 per process here.
-    fds: usize,
-}
-
-/// `/proc/<pid>/stat` counts CPU time in clock ticks.
-fn clock_ticks_per_second() -> Result<u64> {
-    let out = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .context("getconf CLK_TCK")?;
-    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
-}
-
-fn usage(pid: u32, ticks_per_second: u64) -> Result<Usage> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> Result<u64> {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(key))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .with_context(|| format!("{key} in /proc/{pid}/status"))
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name is in parentheses and may hold spaces; after it, the state is the
-    // first field and utime, stime the 12th and 13th (fields 14 and 15 in proc(5)).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .context("/proc/<pid>/stat")?
-        .1
-        .split_whitespace()
-        .collect();
-    let field = |i: usize| -> Result<u64> {
-        Ok(fields
-            .get(i)
-            .context("a field of /proc/<pid>/stat")?
-            .parse()?)
-    };
-    let ticks = field(11)? + field(12)?;
-    Ok(Usage {
-        rss: kib("VmRSS:")? * 1024,
-        peak: kib("VmHWM:")? * 1024,
-        cpu: Duration::from_secs_f64(ticks as f64 / ticks_per_second as f64),
-        fds: std::fs::read_dir(format!("/proc/{pid}/fd"))?.count(),
-    })
-}
 
 /// HTTP/2 connections to the brain, enough for `turns` streams.
 async fn connect(addr: SocketAddr, turns: usize) -> Result<Vec<SendRequest<Full<Bytes>>>> {

@@ -7,8 +7,12 @@
 //! (default redis://127.0.0.1:6379), `BENCH_SECONDS` (window per concurrency level,
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
-//! scenario names: turn, quota, observers, busy, relay, live, hands, snapshots, speculation, hangup,
-//! peer, soak; empty runs all but peer and soak).
+//! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
+//! speculation, hangup, peer, soak; empty runs all but peer and soak), `BENCH_TSV` (a
+//! file to write the table's rows to as tab-separated values, for make bench-compare).
+//!
+//! `cpu` runs the release `brain` binary as a child and reports its CPU, Postgres' and
+//! Redis' per no-tool turn (bench/src/cpu.rs).
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
 //! Redis blips and one replica killed and restarted, and prints what became of every turn.
@@ -20,6 +24,7 @@
 //! default `langgraph` on PATH), `BENCH_PEER_DIR` (where `langgraph.json` and `graph.py`
 //! are, default the `bench/peer` this binary was built from).
 
+mod cpu;
 mod hands;
 mod live;
 mod observers;
@@ -29,7 +34,7 @@ mod soak;
 mod system;
 mod turn;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use system::Row;
 
@@ -80,6 +85,9 @@ async fn main() -> Result<()> {
         named || (only.is_empty() && name != "peer" && name != "soak")
     };
     let mut rows = Vec::new();
+    if wants("cpu") {
+        cpu::cpu(&mut rows).await?;
+    }
     if wants("turn") {
         turn::turn_overhead(&mut rows).await?;
     }
@@ -117,5 +125,21 @@ async fn main() -> Result<()> {
         soak::soak(&mut rows).await?;
     }
     print_table(&rows);
+    if let Ok(path) = std::env::var("BENCH_TSV") {
+        write_tsv(&path, &rows)?;
+    }
     Ok(())
+}
+
+/// The table's rows as tab-separated values, for scripts (scripts/bench-compare.sh): a
+/// header line, then one line per row; a tab or newline inside a cell becomes a space.
+fn write_tsv(path: &str, rows: &[Row]) -> Result<()> {
+    let clean = |cell: &str| cell.replace(['\t', '\n'], " ");
+    let mut out = String::from("scenario\tmetric\tp50\tp99\tother\n");
+    for r in rows {
+        let cells = [&r.scenario, &r.metric, &r.p50, &r.p99, &r.other].map(|c| clean(c));
+        out.push_str(&cells.join("\t"));
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("BENCH_TSV: writing {path}"))
 }

@@ -88,6 +88,13 @@ pub struct Database {
 
 impl Database {
     pub async fn create() -> Result<Self> {
+        let db = Self::create_empty().await?;
+        db.store.migrate().await?;
+        Ok(db)
+    }
+
+    /// [`Database::create`] without the migrations, for a brain binary to apply its own.
+    pub async fn create_empty() -> Result<Self> {
         let admin = sqlx::PgPool::connect(&admin_url())
             .await
             .context("Postgres must run (make services starts it)")?;
@@ -98,7 +105,6 @@ impl Database {
             .await?;
         admin.close().await;
         let store = Store::connect(&db_url(&name), 20).await?;
-        store.migrate().await?;
         Ok(Self { name, store })
     }
 
@@ -186,6 +192,35 @@ impl System {
             db_name,
             shutdown,
         })
+    }
+
+    /// A system whose brain is the release binary as its own process, with `extra` in its
+    /// environment; the client and the provider stay in this process. The binary migrates
+    /// the database and creates the team itself, so a brain of another revision (make
+    /// bench-compare) runs on its own schema. Stop the brain before closing the system.
+    pub async fn start_process(extra: &[(&str, &str)]) -> Result<(Self, BrainProcess)> {
+        let db = Database::create_empty().await?;
+        let provider = ScriptedProvider::start().await?;
+        BrainProcess::run(&db, &provider, &["migrate"]).await?;
+        let team =
+            BrainProcess::run(&db, &provider, &["admin", "create-team", "bench team"]).await?;
+        let team: Value = serde_json::from_slice(&team).context("create-team's output")?;
+        let key = team["api_key"]
+            .as_str()
+            .context("create-team: api_key")?
+            .to_owned();
+        let brain = BrainProcess::start(&db, &provider, free_addr()?, extra).await?;
+        let Database { name, store } = db;
+        let system = Self {
+            url: format!("http://{}", brain.addr),
+            store,
+            provider,
+            key,
+            http: reqwest::Client::new(),
+            db_name: name,
+            shutdown: CancellationToken::new(),
+        };
+        Ok((system, brain))
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
@@ -306,15 +341,42 @@ where
     F: Fn(C, usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<T>> + Send,
 {
+    let until = Instant::now() + span;
+    run_loop(clients, turn, move |_| Instant::now() < until).await
+}
+
+/// [`closed_loop`] for a fixed number of turns: `turns_each` on every client.
+pub async fn counted_loop<C, T, F, Fut>(
+    turns_each: usize,
+    clients: Vec<C>,
+    turn: F,
+) -> Result<(Vec<T>, Duration)>
+where
+    C: Clone + Send + 'static,
+    T: Send + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T>> + Send,
+{
+    run_loop(clients, turn, move |done| done < turns_each).await
+}
+
+/// Each client in a task of its own, sending its next turn while `more(turns it ran)`.
+async fn run_loop<C, T, F, Fut, M>(clients: Vec<C>, turn: F, more: M) -> Result<(Vec<T>, Duration)>
+where
+    C: Clone + Send + 'static,
+    T: Send + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T>> + Send,
+    M: Fn(usize) -> bool + Clone + Send + 'static,
+{
     let started = Instant::now();
-    let until = started + span;
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|client| {
-            let turn = turn.clone();
+            let (turn, more) = (turn.clone(), more.clone());
             tokio::spawn(async move {
                 let mut out = Vec::new();
-                while Instant::now() < until {
+                while more(out.len()) {
                     out.push(turn(client.clone(), out.len()).await?);
                 }
                 anyhow::Ok(out)
@@ -342,20 +404,48 @@ pub struct BrainProcess {
     artifacts: PathBuf,
 }
 
+/// The release brain binary next to this one.
+fn brain_binary() -> Result<PathBuf> {
+    let binary = bin("brain")?;
+    if !binary.exists() {
+        bail!(
+            "{} is missing: run `cargo build --release --bins` (make bench does)",
+            binary.display()
+        );
+    }
+    Ok(binary)
+}
+
 impl BrainProcess {
+    /// Runs `brain <args>` to its end over `db` (`migrate`, `admin create-team`): its
+    /// stdout.
+    pub async fn run(db: &Database, provider: &ScriptedProvider, args: &[&str]) -> Result<Vec<u8>> {
+        let run = tokio::process::Command::new(brain_binary()?)
+            .args(args)
+            .envs(brain_env(&db.name, provider))
+            .env("BRAIN_LOG", "warn")
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .with_context(|| format!("brain {args:?} took over 60 s"))??;
+        if !out.status.success() {
+            bail!(
+                "brain {args:?}: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(out.stdout)
+    }
+
     pub async fn start(
         db: &Database,
         provider: &ScriptedProvider,
         addr: SocketAddr,
         extra: &[(&str, &str)],
     ) -> Result<Self> {
-        let binary = bin("brain")?;
-        if !binary.exists() {
-            bail!(
-                "{} is missing: run `cargo build --release --bins` (make bench does)",
-                binary.display()
-            );
-        }
+        let binary = brain_binary()?;
         let env = brain_env(&db.name, provider);
         let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
         let mut child = tokio::process::Command::new(binary)
@@ -417,4 +507,79 @@ impl BrainProcess {
         let _ = self.child.start_kill();
         let _ = self.child.wait().await;
     }
+}
+
+/// What `/proc` says about a process.
+#[derive(Clone, Copy)]
+pub struct Usage {
+    /// VmRSS, bytes.
+    pub rss: u64,
+    /// VmHWM: the peak RSS so far, bytes.
+    pub peak: u64,
+    /// utime + stime.
+    pub cpu: Duration,
+    /// Open file descriptors: each live turn holds a provider socket in the brain and
+    /// in this process, against a limit of 20,000 per process here.
+    pub fds: usize,
+}
+
+/// `/proc/<pid>/stat` counts CPU time in clock ticks.
+pub fn clock_ticks_per_second() -> Result<u64> {
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .context("getconf CLK_TCK")?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+}
+
+/// `/proc/<pid>/stat`: the command name and utime + stime, all threads, living and ended.
+pub fn proc_stat(pid: u32, ticks_per_second: u64) -> Result<(String, Duration)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name is in parentheses and may hold spaces; after it, the state is the
+    // first field and utime, stime the 12th and 13th (fields 14 and 15 in proc(5)).
+    let (head, rest) = stat.rsplit_once(')').context("/proc/<pid>/stat")?;
+    let comm = head.split_once('(').map(|(_, c)| c).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| -> Result<u64> {
+        Ok(fields
+            .get(i)
+            .context("a field of /proc/<pid>/stat")?
+            .parse()?)
+    };
+    let ticks = field(11)? + field(12)?;
+    Ok((
+        comm.to_owned(),
+        Duration::from_secs_f64(ticks as f64 / ticks_per_second as f64),
+    ))
+}
+
+/// The time a single-threaded process has spent on a CPU, to the nanosecond
+/// (`/proc/<pid>/schedstat`), where [`proc_stat`] rounds to clock ticks (10 ms): summed
+/// over twenty Postgres backends, the ticks' rounding would be a fifth of what a bench
+/// measures. Only the main thread's: [`proc_stat`] for a threaded process.
+pub fn on_cpu(pid: u32) -> Result<Duration> {
+    let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))?;
+    let ns: u64 = schedstat
+        .split_whitespace()
+        .next()
+        .context("/proc/<pid>/schedstat")?
+        .parse()?;
+    Ok(Duration::from_nanos(ns))
+}
+
+pub fn usage(pid: u32, ticks_per_second: u64) -> Result<Usage> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |key: &str| -> Result<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .with_context(|| format!("{key} in /proc/{pid}/status"))
+    };
+    Ok(Usage {
+        rss: kib("VmRSS:")? * 1024,
+        peak: kib("VmHWM:")? * 1024,
+        cpu: proc_stat(pid, ticks_per_second)?.1,
+        fds: std::fs::read_dir(format!("/proc/{pid}/fd"))?.count(),
+    })
 }

@@ -261,6 +261,28 @@ pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
+/// All four turn quotas, set high enough never to refuse: with them a turn counts,
+/// reserves and settles, as a team's turn does in production.
+pub fn high_quotas() -> Value {
+    json!({"tokens_per_day": 1u64 << 40, "tokens_per_month": 1u64 << 40,
+           "turns_per_minute": 1u64 << 30, "concurrent_turns": 1000})
+}
+
+/// `PUT /v1/quotas` of the system's team.
+pub async fn put_quotas(system: &System, limits: &Value) -> Result<()> {
+    let response = system
+        .http
+        .put(format!("{}/v1/quotas", system.url))
+        .bearer_auth(&system.key)
+        .json(limits)
+        .send()
+        .await?;
+    if response.status() != 200 {
+        bail!("PUT /v1/quotas: {}", response.status());
+    }
+    Ok(())
+}
+
 /// What the quota check (T2, E2) adds to a turn: one client, turns alternating in blocks
 /// between the team without quotas and with all four turn quotas set (high enough never to
 /// refuse), so both sides see the same machine. The check itself runs in the hold's
@@ -268,26 +290,9 @@ pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
 pub async fn quota_overhead(rows: &mut Vec<Row>) -> Result<()> {
     let system = Arc::new(System::start(None).await?);
     let client = ChatClient::new(&system).await?;
-    let set = |limits: Value| {
-        let system = system.clone();
-        async move {
-            let response = system
-                .http
-                .put(format!("{}/v1/quotas", system.url))
-                .bearer_auth(&system.key)
-                .json(&limits)
-                .send()
-                .await?;
-            if response.status() != 200 {
-                bail!("PUT /v1/quotas: {}", response.status());
-            }
-            Ok(())
-        }
-    };
     let unlimited = json!({"tokens_per_day": null, "tokens_per_month": null,
                            "turns_per_minute": null, "concurrent_turns": null});
-    let limited = json!({"tokens_per_day": 1u64 << 40, "tokens_per_month": 1u64 << 40,
-                         "turns_per_minute": 1u64 << 30, "concurrent_turns": 1000});
+    let limited = high_quotas();
     for n in 0..20 {
         client.turn(n).await?;
     }
@@ -295,7 +300,7 @@ pub async fn quota_overhead(rows: &mut Vec<Row>) -> Result<()> {
     let mut n = 20;
     for _ in 0..8 {
         for (limits, samples) in [(&unlimited, &mut without), (&limited, &mut with)] {
-            set(limits.clone()).await?;
+            put_quotas(&system, limits).await?;
             // The first turn after a change reloads the limits (one more round trip).
             client.turn(n).await?;
             n += 1;
