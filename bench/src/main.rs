@@ -8,7 +8,7 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: turn, quota, observers, busy, relay, live, hands, snapshots, speculation, hangup,
-//! peer, soak; empty runs all but peer and soak).
+//! openloop, peer, soak; empty runs all but peer and soak).
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
 //! Redis blips and one replica killed and restarted, and prints what became of every turn.
@@ -23,6 +23,7 @@
 mod hands;
 mod live;
 mod observers;
+mod openloop;
 mod peer;
 mod relay;
 mod soak;
@@ -109,6 +110,9 @@ async fn main() -> Result<()> {
     }
     if wants("hangup") {
         hands::hangup(&mut rows).await?;
+    }
+    if wants("openloop") {
+        openloop::openloop(&mut rows).await?;
     }
     if wants("peer") {
         peer::peer(&mut rows).await?;

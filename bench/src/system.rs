@@ -86,17 +86,34 @@ pub struct Database {
     pub store: Store,
 }
 
+/// A new empty database named `brain_test_<secs>_<what><uuid>`: its name.
+pub async fn create_database(what: &str) -> Result<String> {
+    let admin = sqlx::PgPool::connect(&admin_url())
+        .await
+        .context("Postgres must run (make services starts it)")?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let name = format!("brain_test_{now}_{what}{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&admin)
+        .await?;
+    admin.close().await;
+    Ok(name)
+}
+
+/// Drops database `name`, whoever is still connected to it; best effort.
+pub async fn drop_database(name: &str) {
+    if let Ok(admin) = sqlx::PgPool::connect(&admin_url()).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await;
+    }
+}
+
 impl Database {
     pub async fn create() -> Result<Self> {
-        let admin = sqlx::PgPool::connect(&admin_url())
-            .await
-            .context("Postgres must run (make services starts it)")?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let name = format!("brain_test_{now}_bench{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+        let name = create_database("bench").await?;
         let store = Store::connect(&db_url(&name), 20).await?;
         store.migrate().await?;
         Ok(Self { name, store })
@@ -104,18 +121,12 @@ impl Database {
 
     pub async fn drop(self) {
         self.store.pool().close().await;
-        if let Ok(admin) = sqlx::PgPool::connect(&admin_url()).await {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            )))
-            .execute(&admin)
-            .await;
-        }
+        drop_database(&self.name).await;
     }
 }
 
-/// A brain in this process, its database, its scripted provider, and a team.
+/// A brain (in this process, or a child: [`System::start_process`]), its database, its
+/// scripted provider, and a team.
 pub struct System {
     pub url: String,
     pub store: Store,
@@ -124,6 +135,8 @@ pub struct System {
     pub http: reqwest::Client,
     pub db_name: String,
     pub shutdown: CancellationToken,
+    /// The brain's process when it runs as a child; `None` when it runs in this one.
+    process: Option<BrainProcess>,
 }
 
 /// The brain's environment over database `db_name` and `provider`, in-process or as a
@@ -185,6 +198,27 @@ impl System {
             http: reqwest::Client::new(),
             db_name,
             shutdown,
+            process: None,
+        })
+    }
+
+    /// The same system with the brain as its own process (the release binary,
+    /// [`BrainProcess`]), so that the client and the provider in this process do not share
+    /// its runtime.
+    pub async fn start_process(extra: &[(&str, &str)]) -> Result<Self> {
+        let db = Database::create().await?;
+        let provider = ScriptedProvider::start().await?;
+        let process = BrainProcess::start(&db, &provider, free_addr()?, extra).await?;
+        let created = db.store.create_team("bench team").await?;
+        Ok(Self {
+            url: format!("http://{}", process.addr),
+            store: db.store,
+            provider,
+            key: created.api_key,
+            http: reqwest::Client::new(),
+            db_name: db.name,
+            shutdown: CancellationToken::new(),
+            process: Some(process),
         })
     }
 
@@ -237,6 +271,9 @@ impl System {
 
     pub async fn close(self) {
         self.shutdown.cancel();
+        if let Some(process) = self.process {
+            process.stop().await;
+        }
         self.provider.shutdown();
         Database {
             name: self.db_name,
@@ -326,6 +363,81 @@ where
         samples.extend(task.await??);
     }
     Ok((samples, started.elapsed()))
+}
+
+/// How long one turn of an open loop is waited for: far past any latency worth a figure,
+/// short of hanging the bench on a server that fell behind the rate. A turn cut off there
+/// is counted ([`OpenLoop::cut_off`]), not dropped from the figures.
+pub const OPEN_LOOP_TURN_LIMIT: Duration = Duration::from_secs(60);
+
+/// What an open loop measured.
+pub struct OpenLoop<T> {
+    /// One per scheduled send that ended within [`OPEN_LOOP_TURN_LIMIT`].
+    pub samples: Vec<T>,
+    /// The sends that did not: the server did not sustain the rate.
+    pub cut_off: usize,
+    /// How late each send left against its instant on the schedule, sorted: the load
+    /// generator's own error, already inside every sample.
+    pub lateness: Vec<Duration>,
+}
+
+/// Sends `turn(intended)` at `rate` per second for `span`: an open loop, as wrk2 does.
+/// Each send leaves at its instant on the schedule whether or not the earlier ones have
+/// ended, and `turn` times itself from `intended`, that instant, not from when it left:
+/// a stall is charged to every request it held up (no coordinated omission). The schedule
+/// is kept by a thread of its own sleeping to each instant, since tokio's timer ticks in
+/// whole milliseconds, coarser than what is measured.
+pub async fn open_loop<T, F, Fut>(rate: f64, span: Duration, turn: F) -> Result<OpenLoop<T>>
+where
+    T: Send + 'static,
+    F: Fn(Instant) -> Fut,
+    Fut: Future<Output = Result<T>> + Send + 'static,
+{
+    if rate.is_nan() || rate <= 0.0 {
+        bail!("open loop: a rate of {rate} per second");
+    }
+    let sends = (rate * span.as_secs_f64()).round() as u64;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let start = Instant::now() + Duration::from_millis(10);
+    let scheduler = std::thread::spawn(move || {
+        for i in 0..sends {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if tx.send(due).is_err() {
+                return;
+            }
+        }
+    });
+    let mut tasks = Vec::new();
+    let mut lateness = Vec::new();
+    while let Some(due) = rx.recv().await {
+        lateness.push(due.elapsed());
+        let sent = turn(due);
+        tasks.push(tokio::spawn(async move {
+            match tokio::time::timeout(OPEN_LOOP_TURN_LIMIT, sent).await {
+                Ok(sample) => sample.map(Some),
+                Err(_) => Ok(None),
+            }
+        }));
+    }
+    scheduler
+        .join()
+        .map_err(|_| anyhow!("the open loop's scheduler panicked"))?;
+    let mut samples = Vec::with_capacity(tasks.len());
+    let mut cut_off = 0;
+    for task in tasks {
+        match task.await?? {
+            Some(sample) => samples.push(sample),
+            None => cut_off += 1,
+        }
+    }
+    Ok(OpenLoop {
+        samples,
+        cut_off,
+        lateness: sorted(lateness),
+    })
 }
 
 /// A free loopback address, released for a child to bind right after.
