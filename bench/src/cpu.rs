@@ -38,8 +38,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::system::{
-    BrainProcess, Row, System, clock_ticks_per_second, counted_loop, free_addr, ms, on_cpu, pct,
-    proc_stat, redis_url, row, sorted, window,
+    Row, System, clock_ticks_per_second, counted_loop, free_addr, ms, on_cpu, pct, proc_stat,
+    redis_url, row, sorted, window,
 };
 use crate::turn::{ChatClient, high_quotas, put_quotas};
 
@@ -276,11 +276,12 @@ pub async fn cpu(rows: &mut Vec<Row>) -> Result<()> {
     let redis = PrivateRedis::start().await?;
     let redis_url = redis.as_ref().map_or_else(redis_url, |r| r.url.clone());
     // The binary's own default level: what production runs (BrainProcess quiets it).
-    let (system, brain) =
-        System::start_process(&[("REDIS_URL", &redis_url), ("BRAIN_LOG", "info")]).await?;
-    let system = Arc::new(system);
-    let measured = measure(&system, &brain, &redis, &redis_url).await;
-    brain.stop().await;
+    let system =
+        Arc::new(System::start_process(&[("REDIS_URL", &redis_url), ("BRAIN_LOG", "info")]).await?);
+    let brain_pid = system
+        .brain_pid()
+        .context("the brain runs as its own process")?;
+    let measured = measure(&system, brain_pid, &redis, &redis_url).await;
     // The clients, which hold the other references, ended with `measure`.
     if let Ok(system) = Arc::try_unwrap(system) {
         system.close().await;
@@ -295,7 +296,7 @@ pub async fn cpu(rows: &mut Vec<Row>) -> Result<()> {
 
 async fn measure(
     system: &Arc<System>,
-    brain: &BrainProcess,
+    brain_pid: u32,
     redis: &Option<PrivateRedis>,
     redis_url: &str,
 ) -> Result<Vec<Row>> {
@@ -311,7 +312,7 @@ async fn measure(
             .get_multiplexed_async_connection()
             .await?,
         redis_pid: redis.as_ref().map(|r| r.pid),
-        brain_pid: brain.pid,
+        brain_pid,
         ticks_per_second: clock_ticks_per_second()?,
     };
     let few: Vec<_> = clients[..CONCURRENCY].to_vec();
@@ -321,7 +322,7 @@ async fn measure(
     .await?;
 
     let before = probe.snapshot().await?;
-    let perf = start_perf(brain.pid)?;
+    let perf = start_perf(brain_pid)?;
     let perf_started = Instant::now();
     let (samples, _) = counted_loop(TURNS / CONCURRENCY, few, |client, n| async move {
         client.turn(WARM_UP_EACH + n).await

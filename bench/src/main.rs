@@ -8,8 +8,9 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, peer, soak; empty runs all but peer and soak), `BENCH_TSV` (a
-//! file to write the table's rows to as tab-separated values, for make bench-compare).
+//! speculation, hangup, openloop, peer, soak; empty runs all but peer and soak),
+//! `BENCH_TSV` (a file to write the table's rows to as tab-separated values, for make
+//! bench-compare).
 //!
 //! `cpu` runs the release `brain` binary as a child and reports its CPU, Postgres' and
 //! Redis' per no-tool turn (bench/src/cpu.rs).
@@ -28,6 +29,7 @@ mod cpu;
 mod hands;
 mod live;
 mod observers;
+mod openloop;
 mod peer;
 mod relay;
 mod soak;
@@ -117,6 +119,9 @@ async fn main() -> Result<()> {
     }
     if wants("hangup") {
         hands::hangup(&mut rows).await?;
+    }
+    if wants("openloop") {
+        openloop::openloop(&mut rows).await?;
     }
     if wants("peer") {
         peer::peer(&mut rows).await?;

@@ -86,6 +86,31 @@ pub struct Database {
     pub store: Store,
 }
 
+/// A new empty database named `brain_test_<secs>_<what><uuid>`: its name.
+pub async fn create_database(what: &str) -> Result<String> {
+    let admin = sqlx::PgPool::connect(&admin_url())
+        .await
+        .context("Postgres must run (make services starts it)")?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let name = format!("brain_test_{now}_{what}{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&admin)
+        .await?;
+    admin.close().await;
+    Ok(name)
+}
+
+/// Drops database `name`, whoever is still connected to it; best effort.
+pub async fn drop_database(name: &str) {
+    if let Ok(admin) = sqlx::PgPool::connect(&admin_url()).await {
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&admin)
+        .await;
+    }
+}
+
 impl Database {
     pub async fn create() -> Result<Self> {
         let db = Self::create_empty().await?;
@@ -95,33 +120,19 @@ impl Database {
 
     /// [`Database::create`] without the migrations, for a brain binary to apply its own.
     pub async fn create_empty() -> Result<Self> {
-        let admin = sqlx::PgPool::connect(&admin_url())
-            .await
-            .context("Postgres must run (make services starts it)")?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let name = format!("brain_test_{now}_bench{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
-            .execute(&admin)
-            .await?;
-        admin.close().await;
+        let name = create_database("bench").await?;
         let store = Store::connect(&db_url(&name), 20).await?;
         Ok(Self { name, store })
     }
 
     pub async fn drop(self) {
         self.store.pool().close().await;
-        if let Ok(admin) = sqlx::PgPool::connect(&admin_url()).await {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            )))
-            .execute(&admin)
-            .await;
-        }
+        drop_database(&self.name).await;
     }
 }
 
-/// A brain in this process, its database, its scripted provider, and a team.
+/// A brain (in this process, or a child: [`System::start_process`]), its database, its
+/// scripted provider, and a team.
 pub struct System {
     pub url: String,
     pub store: Store,
@@ -130,6 +141,8 @@ pub struct System {
     pub http: reqwest::Client,
     pub db_name: String,
     pub shutdown: CancellationToken,
+    /// The brain's process when it runs as a child; `None` when it runs in this one.
+    process: Option<BrainProcess>,
 }
 
 /// The brain's environment over database `db_name` and `provider`, in-process or as a
@@ -191,14 +204,15 @@ impl System {
             http: reqwest::Client::new(),
             db_name,
             shutdown,
+            process: None,
         })
     }
 
     /// A system whose brain is the release binary as its own process, with `extra` in its
     /// environment; the client and the provider stay in this process. The binary migrates
     /// the database and creates the team itself, so a brain of another revision (make
-    /// bench-compare) runs on its own schema. Stop the brain before closing the system.
-    pub async fn start_process(extra: &[(&str, &str)]) -> Result<(Self, BrainProcess)> {
+    /// bench-compare) runs on its own schema; `close` stops it.
+    pub async fn start_process(extra: &[(&str, &str)]) -> Result<Self> {
         let db = Database::create_empty().await?;
         let provider = ScriptedProvider::start().await?;
         BrainProcess::run(&db, &provider, &["migrate"]).await?;
@@ -211,7 +225,7 @@ impl System {
             .to_owned();
         let brain = BrainProcess::start(&db, &provider, free_addr()?, extra).await?;
         let Database { name, store } = db;
-        let system = Self {
+        Ok(Self {
             url: format!("http://{}", brain.addr),
             store,
             provider,
@@ -219,8 +233,13 @@ impl System {
             http: reqwest::Client::new(),
             db_name: name,
             shutdown: CancellationToken::new(),
-        };
-        Ok((system, brain))
+            process: Some(brain),
+        })
+    }
+
+    /// The brain's pid when it runs as its own process ([`System::start_process`]).
+    pub fn brain_pid(&self) -> Option<u32> {
+        self.process.as_ref().map(|p| p.pid)
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
@@ -272,6 +291,9 @@ impl System {
 
     pub async fn close(self) {
         self.shutdown.cancel();
+        if let Some(process) = self.process {
+            process.stop().await;
+        }
         self.provider.shutdown();
         Database {
             name: self.db_name,
@@ -388,6 +410,81 @@ where
         samples.extend(task.await??);
     }
     Ok((samples, started.elapsed()))
+}
+
+/// How long one turn of an open loop is waited for: far past any latency worth a figure,
+/// short of hanging the bench on a server that fell behind the rate. A turn cut off there
+/// is counted ([`OpenLoop::cut_off`]), not dropped from the figures.
+pub const OPEN_LOOP_TURN_LIMIT: Duration = Duration::from_secs(60);
+
+/// What an open loop measured.
+pub struct OpenLoop<T> {
+    /// One per scheduled send that ended within [`OPEN_LOOP_TURN_LIMIT`].
+    pub samples: Vec<T>,
+    /// The sends that did not: the server did not sustain the rate.
+    pub cut_off: usize,
+    /// How late each send left against its instant on the schedule, sorted: the load
+    /// generator's own error, already inside every sample.
+    pub lateness: Vec<Duration>,
+}
+
+/// Sends `turn(intended)` at `rate` per second for `span`: an open loop, as wrk2 does.
+/// Each send leaves at its instant on the schedule whether or not the earlier ones have
+/// ended, and `turn` times itself from `intended`, that instant, not from when it left:
+/// a stall is charged to every request it held up (no coordinated omission). The schedule
+/// is kept by a thread of its own sleeping to each instant, since tokio's timer ticks in
+/// whole milliseconds, coarser than what is measured.
+pub async fn open_loop<T, F, Fut>(rate: f64, span: Duration, turn: F) -> Result<OpenLoop<T>>
+where
+    T: Send + 'static,
+    F: Fn(Instant) -> Fut,
+    Fut: Future<Output = Result<T>> + Send + 'static,
+{
+    if rate.is_nan() || rate <= 0.0 {
+        bail!("open loop: a rate of {rate} per second");
+    }
+    let sends = (rate * span.as_secs_f64()).round() as u64;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let start = Instant::now() + Duration::from_millis(10);
+    let scheduler = std::thread::spawn(move || {
+        for i in 0..sends {
+            let due = start + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if tx.send(due).is_err() {
+                return;
+            }
+        }
+    });
+    let mut tasks = Vec::new();
+    let mut lateness = Vec::new();
+    while let Some(due) = rx.recv().await {
+        lateness.push(due.elapsed());
+        let sent = turn(due);
+        tasks.push(tokio::spawn(async move {
+            match tokio::time::timeout(OPEN_LOOP_TURN_LIMIT, sent).await {
+                Ok(sample) => sample.map(Some),
+                Err(_) => Ok(None),
+            }
+        }));
+    }
+    scheduler
+        .join()
+        .map_err(|_| anyhow!("the open loop's scheduler panicked"))?;
+    let mut samples = Vec::with_capacity(tasks.len());
+    let mut cut_off = 0;
+    for task in tasks {
+        match task.await?? {
+            Some(sample) => samples.push(sample),
+            None => cut_off += 1,
+        }
+    }
+    Ok(OpenLoop {
+        samples,
+        cut_off,
+        lateness: sorted(lateness),
+    })
 }
 
 /// A free loopback address, released for a child to bind right after.

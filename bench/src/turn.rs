@@ -13,10 +13,14 @@ use crate::system::{
     Row, System, closed_loop, instant_ok, ms, pct, row, signed_ms, sorted, window,
 };
 
-/// One turn read to its end: (first body byte, first text-delta, end), from the send.
-async fn timed_turn(system: &System, chat: &str) -> Result<(Duration, Duration, Duration)> {
+/// One turn read to its end: (first body byte, first text-delta, end), from `started`
+/// (the send, or its instant on an open loop's schedule).
+async fn timed_turn(
+    system: &System,
+    chat: &str,
+    started: Instant,
+) -> Result<(Duration, Duration, Duration)> {
     system.provider.push(instant_ok());
-    let started = Instant::now();
     let response = system.send(chat, "hi").await?;
     if response.status() != 200 {
         bail!("turn: {} {}", response.status(), response.text().await?);
@@ -42,10 +46,9 @@ async fn timed_turn(system: &System, chat: &str) -> Result<(Duration, Duration, 
     Ok((first_byte.unwrap_or(end), first_delta.unwrap_or(end), end))
 }
 
-/// A request straight to the scripted provider with a minimal body: (first body byte,
-/// end).
-pub async fn timed_provider(system: &System) -> Result<(Duration, Duration)> {
-    let body = json!({
+/// A minimal chat-completions body: a system prompt and one user message.
+pub fn minimal_body() -> Value {
+    json!({
         "model": "gpt-test",
         "stream": true,
         "stream_options": {"include_usage": true},
@@ -53,14 +56,23 @@ pub async fn timed_provider(system: &System) -> Result<(Duration, Duration)> {
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": "hi"}
         ]
-    });
-    timed_provider_with(system, &body).await
+    })
 }
 
-/// A request straight to the scripted provider with `body`: (first body byte, end).
-pub async fn timed_provider_with(system: &System, body: &Value) -> Result<(Duration, Duration)> {
+/// A request straight to the scripted provider with [`minimal_body`]: (first body byte,
+/// end).
+pub async fn timed_provider(system: &System) -> Result<(Duration, Duration)> {
+    timed_provider_with(system, &minimal_body(), Instant::now()).await
+}
+
+/// A request straight to the scripted provider with `body`: (first body byte, end), from
+/// `started` (the send, or its instant on an open loop's schedule).
+pub async fn timed_provider_with(
+    system: &System,
+    body: &Value,
+    started: Instant,
+) -> Result<(Duration, Duration)> {
     system.provider.push(instant_ok());
-    let started = Instant::now();
     let response = system
         .http
         .post(format!(
@@ -116,6 +128,12 @@ impl ChatClient {
 
     /// The client's turn number `n`, timed as [`timed_turn`] does.
     pub async fn turn(&self, n: usize) -> Result<(Duration, Duration, Duration)> {
+        self.renew_if_due(n).await?;
+        self.timed(Instant::now()).await
+    }
+
+    /// Before turn number `n`: a new chat when this one has had its turns.
+    pub async fn renew_if_due(&self, n: usize) -> Result<()> {
         if n % TURNS_PER_CHAT == TURNS_PER_CHAT - 1 {
             let fresh = self.system.new_chat(&self.agent).await?;
             *self
@@ -123,12 +141,17 @@ impl ChatClient {
                 .lock()
                 .map_err(|_| anyhow!("chat lock poisoned"))? = fresh;
         }
+        Ok(())
+    }
+
+    /// A turn on the current chat, timed from `started` as [`timed_turn`] does.
+    pub async fn timed(&self, started: Instant) -> Result<(Duration, Duration, Duration)> {
         let chat = self
             .chat
             .lock()
             .map_err(|_| anyhow!("chat lock poisoned"))?
             .clone();
-        timed_turn(&self.system, &chat).await
+        timed_turn(&self.system, &chat, started).await
     }
 }
 
@@ -160,7 +183,7 @@ pub async fn turn_overhead(rows: &mut Vec<Row>) -> Result<()> {
         let provider_window = window().min(Duration::from_secs(2));
         let bodies = vec![(system.clone(), brain_body); concurrency];
         let (provider, _) = closed_loop(provider_window, bodies, |(system, body), _| async move {
-            timed_provider_with(&system, &body).await
+            timed_provider_with(&system, &body, Instant::now()).await
         })
         .await?;
         let byte = sorted(samples.iter().map(|s| s.0).collect());
