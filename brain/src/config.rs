@@ -16,6 +16,8 @@ pub struct Config {
     pub addr: SocketAddr,
     pub database_url: String,
     pub database_max_connections: u32,
+    /// The queue of turn intakes in front of the pool (`BRAIN_INTAKE_QUEUE*`).
+    pub intake: crate::intake::IntakeConfig,
     pub redis_url: String,
     pub openai: ProviderConfig,
     pub anthropic: ProviderConfig,
@@ -427,6 +429,10 @@ impl Config {
             addr,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
+            intake: crate::intake::IntakeConfig {
+                queue: ranged(env, "BRAIN_INTAKE_QUEUE", 10_000, 0, 1_000_000)?,
+                wait: millis(env, "BRAIN_INTAKE_QUEUE_WAIT_MS", 30_000)?,
+            },
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
             openai,
             anthropic,

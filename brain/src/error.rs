@@ -10,6 +10,7 @@ use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
 
 use crate::artifacts::{ArtifactError, SaveError};
 use crate::auth::AuthError;
+use crate::intake::Overloaded;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
 use crate::store::StoreError;
@@ -54,6 +55,9 @@ pub enum ApiError {
     /// This replica is draining (SIGTERM): it finishes its turns and starts none.
     #[error("this server is shutting down; retry the request")]
     ShuttingDown,
+    /// The queue of turn intakes is past its bound; nothing was written (`crate::intake`).
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
     /// The chat's events stream could not be read from Redis (S2).
     #[error("the chat's events stream is unavailable; retry")]
     EventsUnavailable,
@@ -149,6 +153,7 @@ impl ApiError {
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
+            Self::Overloaded(_) => ErrorCode::Overloaded,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
@@ -176,7 +181,8 @@ impl ApiError {
             | ErrorCode::StorageUnavailable
             | ErrorCode::AuthUnavailable
             | ErrorCode::EventsUnavailable
-            | ErrorCode::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            | ErrorCode::ShuttingDown
+            | ErrorCode::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected | ErrorCode::AuthorizationFailed => StatusCode::BAD_GATEWAY,
             ErrorCode::NotConfigured => StatusCode::NOT_IMPLEMENTED,
             // A turn's end state, never a request's answer.
@@ -229,6 +235,7 @@ impl IntoResponse for ApiError {
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
             Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
+            Self::Overloaded(refused) => Some(refused.retry_after),
             Self::Quota(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),

@@ -4,6 +4,8 @@
 //! - `api/`: the HTTP routes, authentication and request decoding;
 //! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
+//! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
+//!   of the Postgres pool;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
@@ -32,6 +34,7 @@ pub mod demo;
 pub mod error;
 pub mod events;
 pub mod hold;
+pub mod intake;
 pub mod lease;
 pub mod metrics;
 pub mod provider;
@@ -72,6 +75,8 @@ pub struct AppState {
     /// API keys and JWTs (SPEC X1).
     pub auth: auth::Auth,
     pub providers: Providers,
+    /// Turn intakes wait here, in arrival order, for a share of the Postgres pool.
+    pub intakes: intake::Intakes,
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
@@ -106,6 +111,9 @@ impl AppState {
         let store = store.with_secrets_key(config.secrets_key.clone());
         let metrics = Metrics::new(config.demo_model)?;
         let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
+        // Sized from the pool the store really has (a test's may differ from the
+        // configured size).
+        let intakes = intake::Intakes::new(store.max_connections(), config.intake, metrics.clone());
         let quotas = Quotas::new(store.clone(), config.quotas);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
         if config.workers.dev_token_key {
@@ -136,6 +144,7 @@ impl AppState {
             redis: redis.clone(),
             auth,
             providers,
+            intakes,
             holds,
             quotas,
             events,

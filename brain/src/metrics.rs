@@ -43,6 +43,12 @@ pub struct Counters {
     pub events_dropped: IntCounter,
     /// Observers of the events stream disconnected because they fell behind (S2).
     pub observers_too_slow: IntCounter,
+    /// Turn intakes waiting for a slot in front of the Postgres pool, and the most that
+    /// ever waited at once since the process started (`crate::intake`).
+    pub intake_queued: IntGauge,
+    pub intake_queued_peak: IntGauge,
+    /// Turn intakes refused by the queue's bounds, by [`crate::intake::Refused`].
+    pub intake_refusals: IntCounterVec,
     /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
     /// `refused`), and restores (`restored`) (W10).
     pub snapshots: IntCounterVec,
@@ -221,6 +227,22 @@ impl Metrics {
                 "HTTP responses by matched route template (`unmatched` for none) and status code.",
                 &["route", "status"],
             )?,
+            intake_queued: gauge(
+                r,
+                "brain_intake_queued",
+                "Turn intakes waiting for a slot in front of the Postgres pool.",
+            )?,
+            intake_queued_peak: gauge(
+                r,
+                "brain_intake_queued_peak",
+                "The most turn intakes that waited for a slot at once since the process started.",
+            )?,
+            intake_refusals: counter_vec(
+                r,
+                "brain_intake_refusals_total",
+                "Turn intakes refused with 503 overloaded, by reason (queue_full, wait_timeout).",
+                &["reason"],
+            )?,
             snapshots: counter_vec(
                 r,
                 "brain_snapshots_total",
@@ -236,6 +258,11 @@ impl Metrics {
         }
         for result in HoldResult::ALL {
             metrics.holds.with_label_values(&[result.as_str()]);
+        }
+        for reason in crate::intake::Refused::ALL {
+            metrics
+                .intake_refusals
+                .with_label_values(&[reason.as_str()]);
         }
         Ok(metrics)
     }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
@@ -23,19 +23,6 @@ fn text(t: &str) -> Reply {
 
 fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     sample(scrape, name, labels).unwrap_or_else(|| panic!("no {name}{labels:?} in\n{scrape}"))
-}
-
-/// Scrapes until `name` (no labels) reads `want`, or fails after 5 s.
-async fn wait_gauge(app: &TestApp, name: &str, want: f64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let scrape = app.metrics().await;
-        if sample(&scrape, name, &[]) == Some(want) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} is not {want}:\n{scrape}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,8 +96,8 @@ async fn turns_tools_errors_holds_and_requests_are_counted_and_pass_promtool() {
     app.provider.release_held();
     app.settled().await;
     drop(observer);
-    wait_gauge(&app, "brain_live_turns", 0.0).await;
-    wait_gauge(&app, "brain_event_observers", 0.0).await;
+    app.wait_gauge("brain_live_turns", 0.0).await;
+    app.wait_gauge("brain_event_observers", 0.0).await;
 
     let missing = app.get("/v1/no/such/route").await;
     assert_eq!(missing.status(), 404);

@@ -51,6 +51,9 @@ pub enum ErrorCode {
     /// This brain replica is shutting down and starts no new turn; retry, and the load
     /// balancer sends the request to another replica (O3).
     ShuttingDown,
+    /// This brain replica's queue of turn intakes is full, or the request waited its
+    /// longest in it; nothing was written or sent to a model. Retry after `Retry-After`.
+    Overloaded,
     /// A rate or concurrency quota of the team (turns per minute, concurrent turns or
     /// worker sessions) is reached; retry after `Retry-After` (SPEC E2).
     QuotaExceeded,
@@ -93,6 +96,7 @@ impl ErrorCode {
             Self::Internal => "internal",
             Self::ReplicaLost => "replica_lost",
             Self::ShuttingDown => "shutting_down",
+            Self::Overloaded => "overloaded",
             Self::QuotaExceeded => "quota_exceeded",
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
@@ -154,6 +158,7 @@ mod tests {
             ErrorCode::Internal,
             ErrorCode::ReplicaLost,
             ErrorCode::ShuttingDown,
+            ErrorCode::Overloaded,
             ErrorCode::QuotaExceeded,
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,

@@ -89,8 +89,10 @@ pub struct Answered {
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
         (status = 429, description = "The team's turn quotas are reached (`quota_exceeded`); \
             the approval still waits.", body = ErrorBody),
-        (status = 503, description = "A store is unavailable (`store_unavailable`) or this \
-            replica is draining (`shutting_down`).", body = ErrorBody),
+        (status = 503, description = "A store is unavailable (`store_unavailable`), this \
+            replica's queue of new turns is full or the continuation waited too long in it \
+            (`overloaded`, with `Retry-After`; nothing was recorded), or this replica is \
+            draining (`shutting_down`).", body = ErrorBody),
     ),
 )]
 pub async fn answer(

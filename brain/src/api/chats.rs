@@ -319,8 +319,10 @@ impl PostMessage {
         (status = 502, description = "The provider refused the request (`provider_rejected`).",
             body = ErrorBody),
         (status = 503, description = "Every model route failed before any output \
-            (`provider_unavailable`), a store is unavailable (`store_unavailable`), or this \
-            replica is draining (`shutting_down`, with `Retry-After`).", body = ErrorBody),
+            (`provider_unavailable`), a store is unavailable (`store_unavailable`), this \
+            replica's queue of new turns is full or the turn waited too long in it \
+            (`overloaded`, with `Retry-After`; nothing was written), or this replica is \
+            draining (`shutting_down`, with `Retry-After`).", body = ErrorBody),
     ),
 )]
 pub async fn post_message(

@@ -169,6 +169,11 @@ impl Store {
         &self.pool
     }
 
+    /// The pool's size: what the intake queue shares out (`crate::intake`).
+    pub fn max_connections(&self) -> u32 {
+        self.pool.options().get_max_connections()
+    }
+
     /// Applies every migration not yet applied. Migrations are compiled into the binary so
     /// a container needs no files beside it.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {

@@ -117,6 +117,8 @@ pub async fn launch(
     detached: bool,
     parent: Option<&TraceContext>,
 ) -> Result<Launched, ApiError> {
+    // In line for a share of the Postgres pool until the turn row is written.
+    let intake = state.intakes.enter().await?;
     let TurnBasis {
         chat: chat_row,
         agent,
@@ -348,6 +350,8 @@ pub async fn launch(
         }
         Err(e) => return Err(e.into()),
     };
+    // The intake's writes are done; the model call that follows holds no slot.
+    drop(intake);
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&agent.system_prompt, &chat_row.summary),

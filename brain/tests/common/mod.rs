@@ -72,6 +72,7 @@ impl TestApp {
         }
         let mut config = Config::from_env(&env).unwrap();
         let env_copy = env.clone();
+        let configured_pool = config.database_max_connections;
         tweak(&mut config);
         let mut config_copy = config.clone();
         let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
@@ -83,12 +84,19 @@ impl TestApp {
             config.oauth.public_url = url.clone();
             config_copy.oauth.public_url = url.clone();
         }
-        // A tweaked database URL (a fault proxy in front of the test's database) is the
-        // brain's; the test itself keeps the direct connection to look at rows.
-        let brain_store = if config.database_url == db_url(&db_name) {
+        // A tweaked database URL (a fault proxy in front of the test's database) or pool
+        // size is the brain's; the test itself keeps the direct connection to look at rows.
+        let pool_size = if config.database_max_connections == configured_pool {
+            10
+        } else {
+            config.database_max_connections
+        };
+        let brain_store = if config.database_url == db_url(&db_name) && pool_size == 10 {
             store.clone()
         } else {
-            Store::connect(&config.database_url, 10).await.unwrap()
+            Store::connect(&config.database_url, pool_size)
+                .await
+                .unwrap()
         };
         let state = AppState::new(config, brain_store, redis).unwrap();
         let shutdown = CancellationToken::new();
@@ -191,6 +199,22 @@ impl TestApp {
             .text()
             .await
             .unwrap()
+    }
+
+    /// Scrapes until the series `name` (no labels) reads `want`, or fails after 5 s.
+    pub async fn wait_gauge(&self, name: &str, want: f64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let scrape = self.metrics().await;
+            if test_support::promtool::sample(&scrape, name, &[]) == Some(want) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name} is not {want}:\n{scrape}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The turn rows of this app's database: (status, error_code).
