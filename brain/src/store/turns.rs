@@ -28,7 +28,7 @@ pub struct NewTurn<'a> {
     pub trigger: &'static str,
     /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
     /// it cannot be written, and then no provider is called.
-    pub composition: &'a serde_json::Value,
+    pub composition: &'a serde_json::value::RawValue,
     /// `None` for a continuation after an approval (A3), which has no user message.
     pub user_parts: Option<&'a serde_json::Value>,
     pub client_message_id: Option<&'a str>,
