@@ -291,6 +291,11 @@ fn migrator() -> Migrator {
             "speculative sessions",
             include_str!("../../../migrations/0019_speculative_sessions.sql"),
         ),
+        (
+            20,
+            "compositions stored once per content",
+            include_str!("../../../migrations/0020_compositions.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {
