@@ -68,9 +68,12 @@ impl Offered {
     }
 }
 
-/// The shared tool sets of this process, by (concierge, runtime profile).
+/// A kind of agent, as far as its tools go: (concierge, runtime profile).
+type Kind = (bool, String);
+
+/// The shared tool sets of this process, by kind of agent.
 #[derive(Clone, Default)]
-pub struct Toolsets(Arc<Mutex<HashMap<(bool, String), Arc<Offered>>>>);
+pub struct Toolsets(Arc<Mutex<HashMap<Kind, Arc<Offered>>>>);
 
 impl Toolsets {
     /// The brain tools, then the worker tools of `profile`.
