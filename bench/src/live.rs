@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use brain::store::{CreatedTeam, NewAgent, Store};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full};

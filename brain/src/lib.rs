@@ -98,6 +98,8 @@ pub struct AppState {
     pub turn_tracker: TaskTracker,
     /// The turns this replica runs, and stops of any replica's (SPEC T8).
     pub stops: turn::stop::Stops,
+    /// The tools turns offer, built once per kind of agent.
+    pub toolsets: turn::Toolsets,
     /// Connector OAuth: its HTTP client and configuration (SPEC B2).
     pub oauth: connectors::authorization::OAuth,
 }
@@ -155,6 +157,7 @@ impl AppState {
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
             stops: turn::stop::Stops::new(replica, redis),
+            toolsets: turn::Toolsets::default(),
             oauth,
         })
     }

@@ -103,7 +103,8 @@ fn tool_messages(body: &Value) -> Vec<String> {
 
 async fn tool_names_offered(app: &TestApp, agent: &str) -> Vec<String> {
     let (composition,): (Value,) = sqlx::query_as(
-        "SELECT composition FROM turns WHERE agent_id = $1::uuid ORDER BY started_at DESC LIMIT 1",
+        "SELECT c.body FROM turns t JOIN compositions c ON c.team_id = t.team_id AND c.hash = t.composition_hash \
+         WHERE t.agent_id = $1::uuid ORDER BY t.started_at DESC LIMIT 1",
     )
     .bind(agent)
     .fetch_one(app.store.pool())
@@ -791,7 +792,9 @@ async fn an_ordinary_agent_is_not_offered_the_agent_tools() {
     assert_eq!(n, 1);
 
     // Every brain tool's schema is closed.
-    let (composition,): (Value,) = sqlx::query_as("SELECT composition FROM turns LIMIT 1")
+    let (composition,): (Value,) = sqlx::query_as(
+        "SELECT c.body FROM turns t JOIN compositions c ON c.team_id = t.team_id AND c.hash = t.composition_hash LIMIT 1",
+    )
         .fetch_one(app.store.pool())
         .await
         .unwrap();

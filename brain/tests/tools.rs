@@ -129,7 +129,9 @@ async fn tool_turn_round_trip(model: &str) {
         app.provider.violations()
     );
     // The composition froze the exact catalog offered.
-    let (composition,): (Value,) = sqlx::query_as("SELECT composition FROM turns LIMIT 1")
+    let (composition,): (Value,) = sqlx::query_as(
+        "SELECT c.body FROM turns t JOIN compositions c ON c.team_id = t.team_id AND c.hash = t.composition_hash LIMIT 1",
+    )
         .fetch_one(app.store.pool())
         .await
         .unwrap();

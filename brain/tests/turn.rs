@@ -79,9 +79,10 @@ async fn a_streamed_turn_is_persisted(model: &str, wire: Wire) {
         "the stream's message id is the stored one"
     );
 
-    // T3: the composition was frozen on the turn row; E1: one usage event for the call.
+    // T3: the composition was frozen with the turn (stored once per content, by hash);
+    // E1: one usage event for the call.
     let (status, composition): (String, Value) =
-        sqlx::query_as("SELECT status, composition FROM turns")
+        sqlx::query_as("SELECT t.status, c.body FROM turns t JOIN compositions c ON c.team_id = t.team_id AND c.hash = t.composition_hash")
             .fetch_one(app.store.pool())
             .await
             .unwrap();
@@ -400,6 +401,61 @@ async fn no_provider_call_when_the_composition_cannot_be_written() {
         app.messages(&chat).await.is_empty(),
         "the user message went with the failed transaction"
     );
+}
+
+/// T3: a composition is stored once per distinct content: turns of agents alike share
+/// one row, an agent with another prompt gets its own.
+#[tokio::test]
+async fn turns_of_agents_alike_share_one_stored_composition() {
+    let app = TestApp::start().await;
+    let (_, first) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (_, second) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for chat in [&first, &first, &second] {
+        app.provider.push(text(&["ok"]));
+        let response = app.send(chat, &json!({"content": "hi"})).await;
+        assert_eq!(response.status(), 200);
+        assert!(read_stream(response).await.1);
+    }
+    let pool = app.store.pool().clone();
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&pool).await.unwrap();
+            n
+        }
+    };
+    assert_eq!(count("SELECT count(*) FROM turns").await, 3);
+    assert_eq!(count("SELECT count(*) FROM compositions").await, 1);
+
+    let other = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "b", "system_prompt": "You are verbose.", "model": "openai/gpt-test"}),
+        )
+        .await;
+    let other: Value = other.json().await.unwrap();
+    let chat = app
+        .post_json(
+            &format!("/v1/agents/{}/chats", other["id"].as_str().unwrap()),
+            &json!({}),
+        )
+        .await;
+    let chat: Value = chat.json().await.unwrap();
+    let chat = chat["id"].as_str().unwrap().to_owned();
+    app.provider.push(text(&["ok"]));
+    let response = app.send(&chat, &json!({"content": "hi"})).await;
+    assert!(read_stream(response).await.1);
+    assert_eq!(count("SELECT count(*) FROM compositions").await, 2);
+    let (prompt,): (String,) = sqlx::query_as(
+        "SELECT c.body->>'system_prompt' FROM turns t \
+         JOIN compositions c ON c.team_id = t.team_id AND c.hash = t.composition_hash \
+         WHERE t.chat_id = $1::uuid",
+    )
+    .bind(&chat)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(prompt, "You are verbose.");
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::sse::{self, Decoder};
 use super::{
     Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
-    StopReason, ToolCall, ToolSpec, Unavailable, Usage,
+    ProviderKind, StopReason, ToolCall, ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "anthropic";
@@ -65,8 +65,9 @@ struct MessagesRequest<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     system: &'a str,
     messages: Vec<WireMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
+    /// Rendered once per catalog; left out when empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a serde_json::value::RawValue>,
     max_tokens: u32,
     stream: bool,
 }
@@ -121,7 +122,11 @@ impl<'a> MessagesRequest<'a> {
             model: &request.model,
             system: &request.system,
             messages: request.messages.iter().map(WireMessage::new).collect(),
-            tools: request.tools.iter().map(WireTool::new).collect(),
+            tools: request.tools.rendered(ProviderKind::Anthropic, |specs| {
+                serde_json::value::to_raw_value(
+                    &specs.iter().map(WireTool::new).collect::<Vec<_>>(),
+                )
+            }),
             max_tokens: request.max_output_tokens,
             stream: true,
         }
@@ -439,8 +444,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::provider::ToolResult;
     use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
+    use crate::provider::{Catalog, ToolResult};
 
     async fn decode(body: &str) -> Items {
         decode_all_ways::<MessagesDecoder>(body.as_bytes()).await
@@ -458,7 +463,7 @@ mod tests {
                 },
                 Message::User("Grüß dich".into()),
             ],
-            tools: Vec::new(),
+            tools: Default::default(),
             max_output_tokens: 1024,
         }
     }
@@ -513,7 +518,7 @@ mod tests {
                     },
                 ]),
             ],
-            tools: vec![
+            tools: std::sync::Arc::new(Catalog::new(vec![
                 ToolSpec {
                     name: "get_weather".into(),
                     description: "Current weather at a place.".into(),
@@ -528,7 +533,7 @@ mod tests {
                     description: "The time in a zone.".into(),
                     input_schema: json!({"type": "object", "properties": {"tz": {"type": "string"}}}),
                 },
-            ],
+            ])),
             max_output_tokens: 512,
         }
     }

@@ -23,6 +23,7 @@ mod sse;
 pub use route::{ModelRoute, ProviderKind, Providers};
 
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -30,15 +31,73 @@ use futures_util::future::BoxFuture;
 use protocol::ErrorCode;
 
 /// What the turn asks a model for. Provider-neutral; adapters translate it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelRequest {
     /// The model's name at the provider, without our `openai/` or `anthropic/` prefix.
     pub model: String,
     pub system: String,
     pub messages: Vec<Message>,
     /// The merged toolset offered for this call; empty means no tools field is sent.
-    pub tools: Vec<ToolSpec>,
+    /// Shared: every turn of an agent kind offers the same catalog (`turn::Toolsets`).
+    pub tools: Arc<Catalog>,
     pub max_output_tokens: u32,
+}
+
+/// The tools offered to a model, with each adapter's wire form of them rendered once: a
+/// catalog is shared by every turn that offers the same tools, and its rendering is most
+/// of a provider request's bytes.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    specs: Vec<ToolSpec>,
+    /// The `tools` array of each adapter's request.
+    openai: OnceLock<Box<serde_json::value::RawValue>>,
+    anthropic: OnceLock<Box<serde_json::value::RawValue>>,
+}
+
+impl Catalog {
+    pub fn new(specs: Vec<ToolSpec>) -> Self {
+        Self {
+            specs,
+            ..Self::default()
+        }
+    }
+
+    pub fn specs(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+
+    /// `provider`'s rendering of the specs, made by `render` on first use; `None` for an
+    /// empty catalog (no tools field is sent).
+    fn rendered(
+        &self,
+        provider: ProviderKind,
+        render: impl FnOnce(&[ToolSpec]) -> serde_json::Result<Box<serde_json::value::RawValue>>,
+    ) -> Option<&serde_json::value::RawValue> {
+        if self.specs.is_empty() {
+            return None;
+        }
+        let slot = match provider {
+            ProviderKind::OpenAi => &self.openai,
+            ProviderKind::Anthropic => &self.anthropic,
+        };
+        let raw = slot.get_or_init(|| {
+            // Serializing our own closed types into memory cannot fail.
+            render(&self.specs).unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned())
+        });
+        Some(raw)
+    }
+}
+
+impl PartialEq for Catalog {
+    fn eq(&self, other: &Self) -> bool {
+        self.specs == other.specs
+    }
+}
+
+impl From<Vec<ToolSpec>> for Catalog {
+    fn from(specs: Vec<ToolSpec>) -> Self {
+        Self::new(specs)
+    }
 }
 
 /// One message of the conversation sent to the model.

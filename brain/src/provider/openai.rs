@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::sse::{self, Decoder};
 use super::{
     Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
-    StopReason, ToolCall, ToolSpec, Unavailable, Usage,
+    ProviderKind, StopReason, ToolCall, ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "openai";
@@ -64,9 +64,9 @@ impl ModelProvider for OpenAiProvider {
 struct ChatRequest<'a> {
     model: &'a str,
     messages: Vec<ChatMessage<'a>>,
-    /// Left out when empty: some servers reject `"tools": []`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<ChatTool<'a>>,
+    /// Left out when empty: some servers reject `"tools": []`. Rendered once per catalog.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a serde_json::value::RawValue>,
     max_tokens: u32,
     stream: bool,
     /// Without it the stream carries no token counts at all.
@@ -141,7 +141,11 @@ impl<'a> ChatRequest<'a> {
         Self {
             model: &request.model,
             messages,
-            tools: request.tools.iter().map(ChatTool::new).collect(),
+            tools: request.tools.rendered(ProviderKind::OpenAi, |specs| {
+                serde_json::value::to_raw_value(
+                    &specs.iter().map(ChatTool::new).collect::<Vec<_>>(),
+                )
+            }),
             max_tokens: request.max_output_tokens,
             stream: true,
             stream_options: StreamOptions {
@@ -413,7 +417,7 @@ mod tests {
 
     use super::*;
     use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
-    use crate::provider::{Message, ToolResult};
+    use crate::provider::{Catalog, Message, ToolResult};
 
     async fn decode(body: &str) -> Items {
         decode_all_ways::<ChatDecoder>(body.as_bytes()).await
@@ -431,7 +435,7 @@ mod tests {
                 },
                 Message::User("Grüß dich".into()),
             ],
-            tools: Vec::new(),
+            tools: Default::default(),
             max_output_tokens: 1024,
         }
     }
@@ -486,7 +490,7 @@ mod tests {
                     },
                 ]),
             ],
-            tools: vec![
+            tools: std::sync::Arc::new(Catalog::new(vec![
                 ToolSpec {
                     name: "get_weather".into(),
                     description: "Current weather at a place.".into(),
@@ -501,7 +505,7 @@ mod tests {
                     description: String::new(),
                     input_schema: json!({"type": "object", "properties": {}}),
                 },
-            ],
+            ])),
             max_output_tokens: 512,
         }
     }

@@ -302,6 +302,11 @@ fn migrator() -> Migrator {
             "warm-pool slot holders",
             include_str!("../../../migrations/0020_pool_holder.sql"),
         ),
+        (
+            21,
+            "compositions stored once per content",
+            include_str!("../../../migrations/0021_compositions.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use chrono::{DateTime, Utc};
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -27,8 +28,9 @@ pub struct NewTurn<'a> {
     pub chat: ChatId,
     pub trigger: &'static str,
     /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
-    /// it cannot be written, and then no provider is called.
-    pub composition: &'a serde_json::Value,
+    /// it cannot be written, and then no provider is called. Stored once per distinct
+    /// text of a team (`compositions`, keyed by its SHA-256).
+    pub composition: &'a serde_json::value::RawValue,
     /// `None` for a continuation after an approval (A3), which has no user message.
     pub user_parts: Option<&'a serde_json::Value>,
     pub client_message_id: Option<&'a str>,
@@ -185,15 +187,24 @@ impl Store {
     /// history scan runs on the statement's snapshot, which cannot see the rows it inserts;
     /// the new message joins it from `RETURNING`. A reused client message id answers
     /// `Conflict("message_id")` and writes nothing.
+    ///
+    /// The composition is the team's row of its hash, inserted only when missing: the
+    /// text is sent as `text` and cast only for an insert, so a known composition costs
+    /// Postgres one index probe, no JSON parse and no TOAST write.
     pub async fn begin_turn(
         &self,
         turn: NewTurn<'_>,
         history_after: i64,
     ) -> Result<Vec<MessageRow>, StoreError> {
         let sql = format!(
-            "WITH t AS ( \
-               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition, replica_id) \
-               VALUES ($1, $2, $3, $4, $5, 'running', $6, $11) RETURNING id), \
+            "WITH c AS ( \
+               INSERT INTO compositions (team_id, hash, body) \
+               SELECT $2, $12, $6::text::jsonb \
+               WHERE NOT EXISTS (SELECT 1 FROM compositions WHERE team_id = $2 AND hash = $12) \
+               ON CONFLICT DO NOTHING), \
+             t AS ( \
+               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, replica_id) \
+               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11) RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
                SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
@@ -202,18 +213,20 @@ impl Store {
              UNION ALL SELECT {MESSAGE_COLUMNS} FROM m \
              ORDER BY seq"
         );
+        let composition_hash: [u8; 32] = Sha256::digest(turn.composition.get().as_bytes()).into();
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(turn.id.0)
             .bind(turn.team.0)
             .bind(turn.agent.0)
             .bind(turn.chat.0)
             .bind(turn.trigger)
-            .bind(turn.composition)
+            .bind(turn.composition.get())
             .bind(MessageId::new().0)
             .bind(turn.user_parts)
             .bind(turn.client_message_id)
             .bind(history_after)
             .bind(turn.replica.0)
+            .bind(&composition_hash[..])
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;

@@ -57,6 +57,7 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
         .sum();
     let tools: usize = request
         .tools
+        .specs()
         .iter()
         .map(|t| t.name.len() + t.description.len() + estimate_tokens(&t.input_schema) * 4)
         .sum();
@@ -212,7 +213,7 @@ impl Fold {
                 model: parsed.model.to_owned(),
                 system: SUMMARY_INSTRUCTIONS.to_owned(),
                 messages: vec![Message::User(prompt.clone())],
-                tools: Vec::new(),
+                tools: Default::default(),
                 max_output_tokens: self.max_output_tokens,
             };
             let mut stream = match self.providers.get(parsed.provider).stream(&request).await {

@@ -30,11 +30,13 @@
 
 mod context;
 mod history;
+mod offered;
 mod run;
 mod speculation;
 pub mod stop;
 pub mod ui_stream;
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use logging::traces::TraceContext;
@@ -54,8 +56,8 @@ use crate::store::{
     AgentRow, Answer, Answered, ApprovalRow, Close, NewTurn, StoreError, TurnBasis, TurnRecord,
     TurnStatus,
 };
-use crate::tools::Toolset;
 use history::model_messages;
+pub use offered::Toolsets;
 use run::TurnTask;
 use ui_stream::UiBody;
 
@@ -76,8 +78,9 @@ pub struct Composition<'a> {
     pub system_prompt: &'a str,
     /// The primary model first, then the fallbacks in the order they are tried.
     pub model_route: Vec<&'a str>,
-    /// The exact tool catalog offered to the model (name, description, schema).
-    pub tools: Vec<serde_json::Value>,
+    /// The exact tool catalog offered to the model (name, description, schema), as
+    /// rendered once for the tool set (`offered.rs`).
+    pub tools: &'a serde_json::value::RawValue,
     pub max_iterations: u32,
     pub max_writes: u32,
     pub max_output_tokens: u32,
@@ -264,11 +267,6 @@ pub async fn launch(
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
-    let mut toolset = Toolset::brain(
-        agent.concierge,
-        state.config.autostart.min_interval_secs,
-        Some(state.sessions.on_secret_set()),
-    );
     let (connector_tools, connector_status) = if has_connectors {
         connectors::connector_tools(
             &state.store,
@@ -283,34 +281,26 @@ pub async fn launch(
     } else {
         (Vec::new(), Vec::new())
     };
-    // Worker tools are declared by the profile before any worker exists (T4); brain
-    // tools keep their names, then the worker's, then connectors'.
-    for tool in crate::sessions::worker_tools(
-        &state.sessions,
-        &state.artifacts,
-        state.config.artifacts.max_bytes,
-        &agent.runtime_profile,
-    ) {
-        toolset.add(tool);
-    }
-    for tool in connector_tools {
-        toolset.add(tool);
-    }
-    let specs = toolset.specs();
+    // Brain tools keep their names, then the worker's, then connectors'.
+    let shared = state
+        .toolsets
+        .get(state, agent.concierge, &agent.runtime_profile);
+    let offered = if connector_tools.is_empty() {
+        shared
+    } else {
+        Arc::new(shared.with(connector_tools))
+    };
     let composition = Composition {
         version: 1,
         system_prompt: &agent.system_prompt,
         model_route: model_route(&agent),
-        tools: specs
-            .iter()
-            .map(|t| serde_json::json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
-            .collect(),
+        tools: &offered.composition_tools,
         max_iterations: state.config.limits.max_iterations,
         max_writes: state.config.limits.max_writes,
         max_output_tokens: state.config.max_output_tokens,
         summary_through: chat_row.summary_through,
     };
-    let composition_json = serde_json::to_value(&composition)
+    let composition_json = serde_json::value::to_raw_value(&composition)
         .map_err(|e| ApiError::Internal(format!("composition: {e}")))?;
     let user_parts = content.map(|text| serde_json::json!([{ "type": "text", "text": text }]));
     let begun = state
@@ -358,7 +348,7 @@ pub async fn launch(
         messages: model_messages(
             &history[context::window_start(&history, state.config.context_tokens)..],
         ),
-        tools: specs,
+        tools: offered.catalog.clone(),
         max_output_tokens: state.config.max_output_tokens,
     };
     let route: Vec<String> = composition
@@ -388,7 +378,7 @@ pub async fn launch(
     let task = TurnTask {
         store: state.store.clone(),
         providers: state.providers.clone(),
-        toolset,
+        toolset: offered.toolset.clone(),
         team,
         agent: agent.id,
         chat,

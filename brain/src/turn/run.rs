@@ -57,7 +57,7 @@ use crate::tools::{Tool, ToolCtx, ToolOutput, Toolset};
 pub(super) struct TurnTask {
     pub store: Store,
     pub providers: Providers,
-    pub toolset: Toolset,
+    pub toolset: Arc<Toolset>,
     pub team: TeamId,
     pub agent: AgentId,
     pub chat: ChatId,
@@ -190,7 +190,8 @@ impl TurnTask {
         let mut started = Some(started);
         let mut usage_log = Vec::new();
         let mut parts: Vec<Value> = Vec::new();
-        let mut conversation = self.request.messages.clone();
+        // One request for the whole turn: each model call sends its messages so far.
+        let mut request = std::mem::take(&mut self.request);
         let mut calls_made = 0u32;
         let mut tool_calls = 0usize;
         let mut writes_used = 0u32;
@@ -202,15 +203,12 @@ impl TurnTask {
             if let Some(started) = started.take() {
                 self.begin_stream(started, assistant_id).await;
             }
-            self.run_answered(&mut conversation, &mut writes_used).await;
+            self.run_answered(&mut request.messages, &mut writes_used)
+                .await;
         }
 
         let end = loop {
             iteration += 1;
-            let request = ModelRequest {
-                messages: conversation.clone(),
-                ..self.request.clone()
-            };
             // The first call was reserved at admission; every further one reserves its own.
             if iteration > 1 {
                 match self.reserve(context::request_tokens(&request)).await {
@@ -222,7 +220,10 @@ impl TurnTask {
                     }
                 }
             }
-            let opened = match self.open(&request, &mut calls_made, &mut usage_log).await {
+            let opened = match self
+                .open(&mut request, &mut calls_made, &mut usage_log)
+                .await
+            {
                 OpenOutcome::Opened(opened) => opened,
                 OpenOutcome::Cancelled => {
                     // Stopped while the model was still silent (T8): a client still
@@ -365,11 +366,11 @@ impl TurnTask {
                     ..call.clone()
                 })
                 .collect();
-            conversation.push(Message::Assistant {
+            request.messages.push(Message::Assistant {
                 text: step.text,
                 tool_calls: shown_calls,
             });
-            conversation.push(Message::ToolResults(
+            request.messages.push(Message::ToolResults(
                 step.calls
                     .iter()
                     .zip(&results)
@@ -618,7 +619,7 @@ impl TurnTask {
     /// Tries each model of the route until one produces output (T10 fallbacks).
     async fn open(
         &self,
-        request: &ModelRequest,
+        request: &mut ModelRequest,
         calls_made: &mut u32,
         usage_log: &mut Vec<ModelCallUsage>,
     ) -> OpenOutcome {
@@ -641,10 +642,7 @@ impl TurnTask {
                 outcome = Empty,
             );
             let provider = self.providers.get(parsed.provider).clone();
-            let request = ModelRequest {
-                model: parsed.model.to_owned(),
-                ..request.clone()
-            };
+            parsed.model.clone_into(&mut request.model);
             let asked = Instant::now();
             let connected = tokio::select! {
                 biased;
@@ -652,7 +650,7 @@ impl TurnTask {
                     span.record("outcome", "cancelled");
                     return OpenOutcome::Cancelled;
                 }
-                result = provider.stream(&request).instrument(span.clone()) => result,
+                result = provider.stream(request).instrument(span.clone()) => result,
             };
             let mut stream = match connected {
                 Ok(stream) => stream,
