@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -20,7 +20,7 @@ use crate::system::{
     OPEN_LOOP_TURN_LIMIT, OpenLoop, Row, System, closed_loop, ms, open_loop, pct, row, signed_ms,
     sorted, window,
 };
-use crate::turn::{ChatClient, timed_provider_with};
+use crate::turn::{ChatClient, timed_provider_with, warmed_clients};
 
 /// The closed loop that measures capacity: the turn scenario's throughput has levelled off
 /// by this concurrency.
@@ -259,22 +259,9 @@ pub async fn openloop(rows: &mut Vec<Row>) -> Result<()> {
 }
 
 async fn levels(system: &Arc<System>, rows: &mut Vec<Row>) -> Result<()> {
-    let mut clients = Vec::new();
-    for _ in 0..CAPACITY_CONCURRENCY {
-        clients.push(ChatClient::new(system).await?);
-    }
-    let warm = clients.iter().map(|client| client.turn(0));
-    for result in futures_util::future::join_all(warm).await {
-        result?;
-    }
     // The provider baseline replays what the brain sent for a warm-up turn, as the turn
     // scenario's does.
-    let brain_body = system
-        .provider
-        .requests()
-        .pop()
-        .context("the warm-up reached the provider")?
-        .body;
+    let (clients, brain_body) = warmed_clients(system, CAPACITY_CONCURRENCY).await?;
     let (samples, took) = closed_loop(window(), clients, |client, n| async move {
         client.turn(n).await
     })

@@ -155,26 +155,34 @@ impl ChatClient {
     }
 }
 
+/// `n` chat clients, each warmed up by one turn (connections, prepared statements), and
+/// the body the brain sent the provider for a warm-up turn (system prompt, history, the
+/// tool catalog): a provider baseline that replays it leaves the brain's share.
+pub async fn warmed_clients(
+    system: &Arc<System>,
+    n: usize,
+) -> Result<(Vec<Arc<ChatClient>>, Value)> {
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        clients.push(ChatClient::new(system).await?);
+    }
+    let warm = clients.iter().map(|client| client.turn(0));
+    for result in futures_util::future::join_all(warm).await {
+        result?;
+    }
+    let brain_body = system
+        .provider
+        .requests()
+        .pop()
+        .context("the warm-up reached the provider")?
+        .body;
+    Ok((clients, brain_body))
+}
+
 pub async fn turn_overhead(rows: &mut Vec<Row>) -> Result<()> {
     for concurrency in levels()? {
         let system = Arc::new(System::start(None).await?);
-        let mut clients = Vec::new();
-        for _ in 0..concurrency {
-            clients.push(ChatClient::new(&system).await?);
-        }
-        // Warm-up: one turn per chat (connections, prepared statements), then the window.
-        let warm = clients.iter().map(|client| client.turn(0));
-        for result in futures_util::future::join_all(warm).await {
-            result?;
-        }
-        // The provider baseline below replays what the brain sent for a warm-up turn
-        // (system prompt, history, the tool catalog), so the difference is the brain's.
-        let brain_body = system
-            .provider
-            .requests()
-            .pop()
-            .context("the warm-up reached the provider")?
-            .body;
+        let (clients, brain_body) = warmed_clients(&system, concurrency).await?;
         let (samples, elapsed) = closed_loop(window(), clients, |client, n| async move {
             client.turn(n).await
         })
