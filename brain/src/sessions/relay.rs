@@ -129,7 +129,6 @@ pub(super) struct RemoteBind {
 #[serde(deny_unknown_fields)]
 struct BindRequest {
     key: String,
-    #[serde(flatten)]
     bind: RemoteBind,
 }
 
@@ -654,5 +653,40 @@ impl Drop for CancelRemote {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bind is a closed type, inside and out: a field this release does not know is
+    /// refused rather than dropped.
+    #[test]
+    fn a_bind_request_refuses_unknown_fields() {
+        let request = BindRequest {
+            key: "k".into(),
+            bind: RemoteBind {
+                slot: SessionId::new(),
+                session: SessionId::new(),
+                team: TeamId::new(),
+                agent: AgentId::new(),
+                chat: ChatId::new(),
+                restore: true,
+            },
+        };
+        let mut json = serde_json::to_value(&request).unwrap_or_default();
+        let back = serde_json::from_value::<BindRequest>(json.clone()).ok();
+        assert_eq!(
+            back.map(|b| (b.bind.slot, b.bind.restore)),
+            Some((request.bind.slot, true))
+        );
+        json["bind"]["extra"] = Value::Bool(true);
+        assert!(serde_json::from_value::<BindRequest>(json.clone()).is_err());
+        if let Some(bind) = json["bind"].as_object_mut() {
+            bind.remove("extra");
+        }
+        json["extra"] = Value::Bool(true);
+        assert!(serde_json::from_value::<BindRequest>(json).is_err());
     }
 }
