@@ -2,12 +2,18 @@
 //!
 //! Every handler returns `Result<_, ApiError>`; this file turns an `ApiError` into a
 //! status and the `{"error":{"code","message"}}` body. Details of 5xx failures are logged
-//! here with their class and never returned.
+//! here with their class and never returned. [`JsonBody`] is the other way in: it turns
+//! every failure to decode a request body into `invalid_request` or `payload_too_large`,
+//! for the API's handlers and the worker-facing ones in `sessions/` alike.
 
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
+use serde::de::DeserializeOwned;
 
+use crate::AppState;
 use crate::artifacts::{ArtifactError, SaveError};
 use crate::auth::AuthError;
 use crate::intake::Overloaded;
@@ -258,5 +264,27 @@ impl IntoResponse for ApiError {
             refusal.headers.apply(response.headers_mut());
         }
         response
+    }
+}
+
+/// A JSON body decoded into a closed type; failures become stable error codes.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(value)) => Ok(Self(value)),
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::PayloadTooLarge(state.config.max_body_bytes))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::InvalidRequest(
+                "expected Content-Type: application/json".into(),
+            )),
+            Err(e) => Err(ApiError::InvalidRequest(e.body_text())),
+        }
     }
 }

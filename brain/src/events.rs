@@ -4,8 +4,9 @@
 //! Publishing: [`Events::publish`], called by the turn for each chunk it emits, only puts
 //! the chunk on a bounded channel, so a turn never waits for Redis. One publisher task per
 //! replica writes what the channel holds in one pipeline to the chat's Redis Stream
-//! (`XADD MAXLEN ~`, then `XTRIM MINID ~` and `PEXPIRE` for each chat of the batch: the
-//! window is both a count and an age). A full channel or a failed batch drops chunks:
+//! (`XADD MAXLEN ~`; then `XTRIM MINID ~` and `PEXPIRE` for each chat of the batch not
+//! already kept up in the last tenth of the window, at most 5 s: the window is both a count
+//! and an age, and a chat in a run of turns is trimmed a few times a window, not per chunk). A full channel or a failed batch drops chunks:
 //! they are counted, and the chat gets a `resync` entry, so its observers learn of the gap
 //! instead of missing events silently.
 //!
@@ -22,7 +23,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -40,6 +41,8 @@ use crate::metrics::Metrics;
 
 /// Chunks written in one pipeline at most.
 const MAX_BATCH: usize = 512;
+/// Chats remembered as kept up before the ones no longer due are forgotten.
+const MAX_KEPT_UP: usize = 4096;
 /// How long a reader blocks in one `XREAD`; a reader whose observers all left stops
 /// within this.
 const READ_BLOCK: Duration = Duration::from_secs(2);
@@ -188,6 +191,12 @@ async fn bounded<T>(
     }
 }
 
+/// How often a chat's stream is trimmed by age and its expiry pushed back: a tenth of the
+/// window, at most 5 s.
+fn keep_up_every(window: Duration) -> Duration {
+    (window / 10).min(Duration::from_secs(5))
+}
+
 fn now_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,6 +241,7 @@ impl Events {
         let Some(mut rx) = self.0.rx.lock().ok().and_then(|mut rx| rx.take()) else {
             return;
         };
+        let mut kept_up = HashMap::new();
         loop {
             let first = tokio::select! {
                 next = rx.recv() => next,
@@ -245,11 +255,12 @@ impl Events {
                     Err(_) => break,
                 }
             }
-            self.write(batch).await;
+            self.write(batch, &mut kept_up).await;
         }
     }
 
-    async fn write(&self, batch: Vec<Published>) {
+    /// `kept_up`: when each chat's stream was last trimmed and its expiry pushed back.
+    async fn write(&self, batch: Vec<Published>, kept_up: &mut HashMap<ChatId, Instant>) {
         let config = &self.0.config;
         let gaps: Vec<ChatId> = self
             .0
@@ -287,9 +298,25 @@ impl Events {
                 .arg("dropped")
                 .ignore();
         }
-        let window = config.window.as_millis() as u64;
-        let oldest = now_millis().saturating_sub(window);
-        for chat in &chats {
+        let every = keep_up_every(config.window);
+        let now = Instant::now();
+        if kept_up.len() > MAX_KEPT_UP {
+            kept_up.retain(|_, at| now.duration_since(*at) < every);
+        }
+        let due: Vec<ChatId> = chats
+            .iter()
+            .copied()
+            .filter(|chat| {
+                kept_up
+                    .get(chat)
+                    .is_none_or(|at| now.duration_since(*at) >= every)
+            })
+            .collect();
+        let oldest = now_millis().saturating_sub(config.window.as_millis() as u64);
+        // Pushed back by the window and the interval, so a chunk written just after this
+        // (with no trim of its own) still outlives the window.
+        let expiry = (config.window + every).as_millis() as u64;
+        for chat in &due {
             pipe.cmd("XTRIM")
                 .arg(stream_key(*chat))
                 .arg("MINID")
@@ -299,13 +326,16 @@ impl Events {
             // A chat silent for the whole window has nothing left to replay.
             pipe.cmd("PEXPIRE")
                 .arg(stream_key(*chat))
-                .arg(window)
+                .arg(expiry)
                 .ignore();
         }
         let written = match self.connection().await {
             Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn)).await,
             Err(err) => Err(err),
         };
+        if written.is_ok() {
+            kept_up.extend(due.into_iter().map(|chat| (chat, now)));
+        }
         if let Err(EventsError::Unavailable(class)) = written {
             tracing::warn!(
                 class,

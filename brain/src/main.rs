@@ -5,6 +5,12 @@ use brain::config::{Config, ProcessEnv};
 use brain::store::{self, Store};
 use tokio_util::sync::CancellationToken;
 
+// A turn allocates many small, short-lived objects on every runtime thread (rows, JSON,
+// chunks, keys); with glibc's allocator that was a fifth of the brain's CPU per turn
+// (docs/PERFORMANCE.md, issue 17).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const USAGE: &str = "usage: brain serve | brain migrate | brain admin create-team NAME";
 
 #[tokio::main]

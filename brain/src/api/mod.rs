@@ -1,7 +1,7 @@
 //! The HTTP API: routes, authentication and request decoding.
 //!
 //! One file per resource. Handlers take typed, closed request bodies (`deny_unknown_fields`)
-//! through [`JsonBody`], which turns every decoding failure into `invalid_request` or
+//! through [`JsonBody`] (in `error.rs`), which turns every decoding failure into `invalid_request` or
 //! `payload_too_large`; status codes themselves are chosen in `error.rs` only.
 
 mod agents;
@@ -21,8 +21,7 @@ mod usage;
 mod web;
 
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::extract::{DefaultBodyLimit, FromRequestParts};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -31,7 +30,7 @@ use utoipa_axum::routes;
 
 use crate::AppState;
 use crate::auth::Principal;
-use crate::error::ApiError;
+use crate::error::{ApiError, JsonBody};
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
@@ -135,28 +134,6 @@ impl FromRequestParts<AppState> for Principal {
 
 /// The longest bearer credential read.
 const MAX_BEARER: usize = 8192;
-
-/// A JSON body decoded into a closed type; failures become stable error codes.
-pub struct JsonBody<T>(pub T);
-
-impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(value)) => Ok(Self(value)),
-            Err(JsonRejection::BytesRejection(e))
-                if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
-            {
-                Err(ApiError::PayloadTooLarge(state.config.max_body_bytes))
-            }
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::InvalidRequest(
-                "expected Content-Type: application/json".into(),
-            )),
-            Err(e) => Err(ApiError::InvalidRequest(e.body_text())),
-        }
-    }
-}
 
 /// Query parameters decoded into a closed type; failures are `invalid_request`.
 pub struct QueryParams<T>(pub T);

@@ -43,9 +43,8 @@ use super::Sessions;
 use super::connect::bearer;
 use super::registry::LiveWorker;
 use crate::AppState;
-use crate::api::JsonBody;
 use crate::artifacts::ArtifactStore;
-use crate::error::ApiError;
+use crate::error::{ApiError, JsonBody};
 use crate::store::{NewSnapshot, Store, StoreError, bounded};
 
 /// The content type snapshots are stored under.

@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, AgentUpdate, NewAgent};
@@ -117,6 +117,34 @@ fn unique_violation(err: sqlx::Error, constraint: &str, label: &'static str) -> 
     StoreError::Database(err)
 }
 
+/// TLS to a loopback address encrypts traffic that never leaves the machine, and against a
+/// local Postgres with `ssl = on` it was a sixth of the brain's CPU per turn
+/// (docs/PERFORMANCE.md, issue 17). So when the URL names no `sslmode` and `PGSSLMODE` asks
+/// for nothing but `prefer`, a loopback host is reached in the clear, as libpq reaches a Unix
+/// socket. A mode named in the URL, and every other host, keeps sqlx's rule (`prefer`: TLS
+/// when the server offers it).
+fn loopback_in_the_clear(url: &str, options: PgConnectOptions) -> PgConnectOptions {
+    let named_in_url = url::Url::parse(url).map_or(true, |url| {
+        url.query_pairs()
+            .any(|(key, _)| key == "sslmode" || key == "ssl-mode")
+    });
+    if named_in_url || !matches!(options.get_ssl_mode(), PgSslMode::Prefer) {
+        return options;
+    }
+    let host = options.get_host();
+    let loopback = host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        options.ssl_mode(PgSslMode::Disable)
+    } else {
+        options
+    }
+}
+
 /// The handle every request clones: a connection pool.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -127,7 +155,7 @@ pub struct Store {
 
 impl Store {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url.parse()?;
+        let options = loopback_in_the_clear(url, url.parse()?);
         let options =
             options.log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
         let pool = PgPoolOptions::new()
@@ -320,4 +348,46 @@ fn migrator() -> Migrator {
     })
     .collect();
     Migrator::with_migrations(migrations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(url: &str) -> PgSslMode {
+        let options: PgConnectOptions = url.parse().unwrap();
+        loopback_in_the_clear(url, options).get_ssl_mode()
+    }
+
+    #[test]
+    fn only_an_unnamed_mode_to_a_loopback_host_drops_tls() {
+        assert!(matches!(
+            mode("postgres://u@127.0.0.1:5432/db"),
+            PgSslMode::Disable
+        ));
+        assert!(matches!(
+            mode("postgres://u@localhost/db"),
+            PgSslMode::Disable
+        ));
+        assert!(matches!(
+            mode("postgres://u@[::1]:5432/db"),
+            PgSslMode::Disable
+        ));
+        assert!(matches!(
+            mode("postgres://u@127.0.0.1/db?sslmode=prefer"),
+            PgSslMode::Prefer
+        ));
+        assert!(matches!(
+            mode("postgres://u@127.0.0.1/db?sslmode=require"),
+            PgSslMode::Require
+        ));
+        assert!(matches!(
+            mode("postgres://u@db.internal:5432/db"),
+            PgSslMode::Prefer
+        ));
+        assert!(matches!(
+            mode("postgres://u@10.0.0.7/db"),
+            PgSslMode::Prefer
+        ));
+    }
 }
