@@ -4,15 +4,16 @@
 
 use std::path::Path;
 
-fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
+fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
         if path.is_dir() {
-            sources(&path, found);
+            sources(&path, found)?;
         } else if path.extension().is_some_and(|e| e == "rs") {
             found.push(path);
         }
     }
+    Ok(())
 }
 
 /// Whether `source` reaches into `api`: a `crate::api` path, or `api` inside a
@@ -40,7 +41,7 @@ fn reaches_api(source: &str) -> bool {
 fn nothing_below_the_api_depends_on_it() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    sources(&src, &mut files);
+    sources(&src, &mut files).unwrap();
     let api = src.join("api");
     let offenders: Vec<String> = files
         .iter()
