@@ -33,13 +33,14 @@ const AEGRA_PORT: u16 = 2125;
 const GRAPH: &str = "agent";
 /// 8 is the level the issue quotes for the peer; 1 shows the cost without queueing.
 const CONCURRENCY: [usize; 2] = [1, 8];
-/// The open loop's arrival rate (`BENCH_PEER_RATE`, turns per second), by default one every
-/// side sustains on a quiet machine (LangGraph's dev server tops out near 26 runs/s at
-/// concurrency 8 there).
-fn open_rate() -> Result<f64> {
+/// The open loop's arrival rate (`BENCH_PEER_RATE`, turns per second). By default 20 (the
+/// rate the issue names), lowered to 70 % of the slowest side's closed-loop throughput at
+/// concurrency 8 when that is less: a rate a side cannot sustain grows its queue without
+/// bound and measures the queue, not the side (Aegra here tops out near 10 runs/s).
+fn open_rate(slowest: f64) -> Result<f64> {
     match std::env::var("BENCH_PEER_RATE") {
         Ok(rate) => rate.trim().parse().context("BENCH_PEER_RATE: a number"),
-        Err(_) => Ok(20.0),
+        Err(_) => Ok((slowest * 0.7).clamp(1.0, 20.0).round()),
     }
 }
 /// The target (issue 17): the brain's added time at least this many times lower than each
@@ -121,6 +122,9 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
     // Every timed call below queues exactly one scripted reply; counted to show at the
     // end whether any request went unscripted.
     let mut scripted = 0;
+    // Runs per second of the slowest peer at the highest concurrency: what bounds the
+    // open loop's rate.
+    let mut slowest = f64::INFINITY;
     for concurrency in CONCURRENCY {
         let mut chats = Vec::new();
         for _ in 0..concurrency {
@@ -202,6 +206,9 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
             ),
         ));
         for (name, graph, took) in &sides {
+            if concurrency == CONCURRENCY[CONCURRENCY.len() - 1] {
+                slowest = slowest.min(per_second(graph.len(), *took));
+            }
             let g_first = sorted(graph.iter().map(|s| s.0).collect());
             let g_end = sorted(graph.iter().map(|s| s.1).collect());
             rows.push(row(
@@ -241,7 +248,7 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
                 .join(", ")
         );
     }
-    scripted += open_loop(system, &peers, rows).await?;
+    scripted += open_loop(system, &peers, slowest, rows).await?;
 
     let requests = system.provider.requests().len();
     let violations = system.provider.violations();
@@ -265,17 +272,19 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
     Ok(())
 }
 
-/// Every side at [`open_rate`] in an open loop (`openloop`'s), one after the other, and
+/// Every side at [`open_rate`] (of `slowest`, the slowest peer's runs per second) in an
+/// open loop (`openloop`'s), one after the other, and
 /// the provider alone at the same rate: the added time at equal load. Returns the number
 /// of scripted replies it queued.
 async fn open_loop(
     system: &Arc<System>,
     peers: &[(&'static str, Arc<Peer>)],
+    slowest: f64,
     rows: &mut Vec<Row>,
 ) -> Result<usize> {
     // 300 turns a side at the default window and rate: a p99 off the maximum.
     let span = window() * 3;
-    let rate = open_rate()?;
+    let rate = open_rate(slowest)?;
     let size = pool_size(rate);
     let chats = chat_pool(system, size).await?;
     let brain = openloop::measure(&chats, rate, span).await?;
