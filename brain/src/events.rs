@@ -6,9 +6,10 @@
 //! replica writes what the channel holds in one pipeline to the chat's Redis Stream
 //! (`XADD MAXLEN ~`; then `XTRIM MINID ~` and `PEXPIRE` for each chat of the batch not
 //! already kept up in the last tenth of the window, at most 5 s: the window is both a count
-//! and an age, and a chat in a run of turns is trimmed a few times a window, not per chunk). A full channel or a failed batch drops chunks:
-//! they are counted, and the chat gets a `resync` entry, so its observers learn of the gap
-//! instead of missing events silently.
+//! and an age, and a chat in a run of turns is trimmed a few times a window, not per
+//! batch). A full channel or a failed batch drops chunks: they are counted, and the chat
+//! gets a `resync` entry, so its observers learn of the gap instead of missing events
+//! silently.
 //!
 //! Observing: one reader task per chat per replica (`XREAD BLOCK` on a connection of its
 //! own) broadcasts entries to every local observer of the chat. An observer subscribes

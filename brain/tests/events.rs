@@ -229,6 +229,50 @@ async fn a_reconnect_gets_exactly_the_missed_events_then_live() {
     assert_eq!(replayed, expected, "no gap, no duplicate");
 }
 
+/// The publisher trims a chat's stream and pushes back its expiry once per tenth of the
+/// window, not in every batch: a chunk written between two of those must still outlive
+/// the window (an expiry of the bare window, set before that chunk, would not).
+#[tokio::test]
+async fn a_stream_outlives_the_window_after_its_last_chunk() {
+    let window = Duration::from_secs(10);
+    let app = TestApp::start_with(|c| c.events.window = window).await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    turn(&app, &chat, text(&["one"])).await;
+    turn(&app, &chat, text(&["two"])).await;
+    // The second turn's chunks were handed to the publisher before its stream ended.
+    let last_write_at_most = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut redis = redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+    let key = format!("events:chat:{chat}");
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(len > 0, "both turns' chunks are in the stream");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let since = last_write_at_most.elapsed().as_millis() as i64;
+    assert!(
+        pttl + since >= window.as_millis() as i64,
+        "the stream lives at least the window after its last chunk: {pttl} ms left, {since} ms after"
+    );
+    assert!(
+        pttl <= (window + window / 10).as_millis() as i64,
+        "and not beyond the window and its tenth: {pttl} ms"
+    );
+}
+
 #[tokio::test]
 async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
     let app = TestApp::start_with(|c| c.events.max_len = 10).await;
