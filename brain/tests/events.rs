@@ -229,6 +229,17 @@ async fn a_reconnect_gets_exactly_the_missed_events_then_live() {
     assert_eq!(replayed, expected, "no gap, no duplicate");
 }
 
+/// A connection of the test's own to the Redis the app uses.
+async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap()
+}
+
 /// The publisher trims a chat's stream and pushes back its expiry once per tenth of the
 /// window, not in every batch: a chunk written between two of those must still outlive
 /// the window (an expiry of the bare window, set before that chunk, would not).
@@ -243,13 +254,7 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     let last_write_at_most = Instant::now();
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let mut redis = redis::Client::open(
-        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-    )
-    .unwrap()
-    .get_multiplexed_async_connection()
-    .await
-    .unwrap();
+    let mut redis = redis().await;
     let key = format!("events:chat:{chat}");
     let len: u64 = redis::cmd("XLEN")
         .arg(&key)
@@ -285,13 +290,7 @@ async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
     let (oldest, _) = first.chunk().await;
     drop(first);
 
-    let mut redis = redis::Client::open(
-        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-    )
-    .unwrap()
-    .get_multiplexed_async_connection()
-    .await
-    .unwrap();
+    let mut redis = redis().await;
     let len: u64 = redis::cmd("XLEN")
         .arg(format!("events:chat:{chat}"))
         .query_async(&mut redis)

@@ -361,33 +361,23 @@ mod tests {
 
     #[test]
     fn only_an_unnamed_mode_to_a_loopback_host_drops_tls() {
-        assert!(matches!(
-            mode("postgres://u@127.0.0.1:5432/db"),
-            PgSslMode::Disable
-        ));
-        assert!(matches!(
-            mode("postgres://u@localhost/db"),
-            PgSslMode::Disable
-        ));
-        assert!(matches!(
-            mode("postgres://u@[::1]:5432/db"),
-            PgSslMode::Disable
-        ));
-        assert!(matches!(
-            mode("postgres://u@127.0.0.1/db?sslmode=prefer"),
-            PgSslMode::Prefer
-        ));
-        assert!(matches!(
-            mode("postgres://u@127.0.0.1/db?sslmode=require"),
-            PgSslMode::Require
-        ));
-        assert!(matches!(
-            mode("postgres://u@db.internal:5432/db"),
-            PgSslMode::Prefer
-        ));
-        assert!(matches!(
-            mode("postgres://u@10.0.0.7/db"),
-            PgSslMode::Prefer
-        ));
+        let cases = [
+            ("postgres://u@127.0.0.1:5432/db", "disable"),
+            ("postgres://u@localhost/db", "disable"),
+            ("postgres://u@[::1]:5432/db", "disable"),
+            ("postgres://u@127.0.0.1/db?sslmode=prefer", "prefer"),
+            ("postgres://u@127.0.0.1/db?sslmode=require", "require"),
+            ("postgres://u@db.internal:5432/db", "prefer"),
+            ("postgres://u@10.0.0.7/db", "prefer"),
+        ];
+        for (url, expected) in cases {
+            let got = match mode(url) {
+                PgSslMode::Disable => "disable",
+                PgSslMode::Prefer => "prefer",
+                PgSslMode::Require => "require",
+                _ => "other",
+            };
+            assert_eq!(got, expected, "{url}");
+        }
     }
 }
