@@ -273,9 +273,8 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
 }
 
 /// Every side at [`open_rate`] (of `slowest`, the slowest peer's runs per second) in an
-/// open loop (`openloop`'s), one after the other, and
-/// the provider alone at the same rate: the added time at equal load. Returns the number
-/// of scripted replies it queued.
+/// open loop (`openloop`'s), one after the other, and the provider alone at the same
+/// rate: the added time at equal load. Returns the number of scripted replies it queued.
 async fn open_loop(
     system: &Arc<System>,
     peers: &[(&'static str, Arc<Peer>)],

@@ -1,8 +1,9 @@
 //! The HTTP API: routes, authentication and request decoding.
 //!
 //! One file per resource. Handlers take typed, closed request bodies (`deny_unknown_fields`)
-//! through [`JsonBody`] (in `error.rs`), which turns every decoding failure into `invalid_request` or
-//! `payload_too_large`; status codes themselves are chosen in `error.rs` only.
+//! through [`JsonBody`] (in `error.rs`), which turns every decoding failure into
+//! `invalid_request` or `payload_too_large`; status codes themselves are chosen in
+//! `error.rs` only.
 
 mod agents;
 mod approvals;
