@@ -129,11 +129,12 @@ pub struct AgentChange {
 
 /// Applies `change` to `current` and checks the result as a whole (a new time zone is
 /// checked with the cadence it applies to); the agent as it will be stored. A changed
-/// cadence gets its next tick from now.
+/// cadence gets its next tick from now and records `actor` as who set it.
 pub fn apply_change(
     current: &AgentRow,
     change: AgentChange,
     min_interval_secs: u32,
+    actor: &str,
 ) -> Result<AgentUpdate, String> {
     let system_prompt = change
         .system_prompt
@@ -165,6 +166,7 @@ pub fn apply_change(
             change.autostart_prompt,
             change.autostart_timezone,
             min_interval_secs,
+            actor,
         )?)
     } else {
         None
@@ -186,6 +188,7 @@ fn changed_autostart(
     prompt: Option<String>,
     timezone: Option<Option<String>>,
     min_interval_secs: u32,
+    actor: &str,
 ) -> Result<Option<AutostartAt>, String> {
     let Some(cron) = cron.unwrap_or_else(|| current.autostart_cron.clone()) else {
         return match prompt {
@@ -216,6 +219,7 @@ fn changed_autostart(
         cron: cron.trim().to_owned(),
         prompt: validate_autostart_prompt(&prompt)?,
         timezone,
+        set_by: Some(actor.to_owned()),
     };
     Ok(Some((autostart, cadence.next_after(Utc::now()))))
 }

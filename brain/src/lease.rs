@@ -11,6 +11,9 @@
 //! runtime-manager stops their workers). A restarted process is a new replica: its old
 //! turns are reconciled like anyone else's, by itself or by a survivor.
 //!
+//! Every twelfth tick, a replica also starts again the approval continuations whose turn
+//! row was never written (A3, [`restart_stranded`]).
+//!
 //! A replica that cannot renew (Postgres unreachable) keeps running its turns; once the
 //! database is back, survivors may already have ended them `interrupted`, and the
 //! replica's own end-state write then overwrites that with the real end (the write is
@@ -22,12 +25,18 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
+use crate::auth::{Authority, Scope};
 use crate::store::BRAIN_REPLICA;
+use crate::turn::{self, Trigger};
 
 /// A replica whose lease lapsed this long ago is forgotten: its turns were reconciled.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
 /// Ticks between two sweeps of forgotten replicas.
 const FORGET_EVERY_TICKS: u64 = 1000;
+/// Ticks between two sweeps of stranded continuations (30 s at the default lease).
+const STRANDED_EVERY_TICKS: u64 = 12;
+/// Stranded continuations started again per sweep.
+const STRANDED_PER_SWEEP: i64 = 16;
 
 /// Takes the lease before the replica serves: turns it starts must be covered by it.
 /// A failure is logged, not fatal: the renewal loop tries again on its next tick.
@@ -52,6 +61,9 @@ pub async fn keep(state: AppState, stop: CancellationToken) {
         }
         renew(&state).await;
         reconcile(&state, every).await;
+        if ticks.is_multiple_of(STRANDED_EVERY_TICKS) {
+            restart_stranded(&state, every).await;
+        }
         ticks += 1;
         if ticks.is_multiple_of(FORGET_EVERY_TICKS) {
             let forgotten = bounded(every, state.store.forget_lapsed_replicas(FORGET_AFTER)).await;
@@ -113,6 +125,66 @@ async fn reconcile(state: &AppState, bound: Duration) {
                 "ended a turn whose replica was lost; could not free its hold"
             ),
         }
+    }
+}
+
+/// A3: starts again the continuations whose turn row was never written (their replica
+/// died, or a store call failed, between the answer and the turn). One is stranded once
+/// it is older than the longest a continuation's start can take (the connectors' startup
+/// and the lease); the claim (`Store::reclaim_continuation`) lets one replica take it.
+async fn restart_stranded(state: &AppState, bound: Duration) {
+    let after = state.config.connectors.startup_timeout + state.config.lease_ttl;
+    let stranded = match bounded(
+        bound,
+        state
+            .store
+            .stranded_continuations(after, STRANDED_PER_SWEEP),
+    )
+    .await
+    {
+        Ok(stranded) => stranded,
+        Err(class) => {
+            tracing::debug!(class, "could not look for stranded continuations");
+            return;
+        }
+    };
+    for found in stranded {
+        let owned = state.clone();
+        let task = async move {
+            // Who answered: a continuation that changes the agent needs an admin's answer.
+            let authority = Authority {
+                scope: if found.answered_admin {
+                    Scope::Admin
+                } else {
+                    Scope::Chat
+                },
+                actor: found.answered_by.unwrap_or_else(|| "unknown".to_owned()),
+            };
+            let started = turn::launch(
+                &owned,
+                found.team,
+                found.chat,
+                Trigger::Stranded(found.continuation),
+                authority,
+                true,
+                None,
+            )
+            .await;
+            match started {
+                Ok(launched) => tracing::info!(
+                    chat = %found.chat,
+                    turn = ?launched.turn,
+                    "started a stranded continuation again"
+                ),
+                // The agent is busy, a store is down: the next sweep tries again.
+                Err(err) => tracing::info!(
+                    chat = %found.chat,
+                    code = err.code().as_str(),
+                    "could not start a stranded continuation yet"
+                ),
+            }
+        };
+        state.turn_tracker.spawn(task);
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use crate::AppState;
+use crate::auth::{Authority, Scope};
 use crate::error::ApiError;
 use crate::lease::bounded;
 use crate::schedule::Cadence;
@@ -118,17 +119,35 @@ fn cadence(due: &DueAutostart) -> Option<Cadence> {
     }
 }
 
+/// X1: an autostart's turns act with the authority of who set it: an admin, since only an
+/// admin may set one (over the API or through a tool). A cadence from before the setter
+/// was recorded gets a chat principal's authority, which changes nothing of the agent.
+fn autostart_authority(set_by: Option<String>) -> Authority {
+    match set_by {
+        Some(actor) => Authority {
+            scope: Scope::Admin,
+            actor,
+        },
+        None => Authority {
+            scope: Scope::Chat,
+            actor: "autostart".to_owned(),
+        },
+    }
+}
+
 /// Starts the claimed tick's turn and records what it became.
 async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
     let input = TurnInput {
         content: due.prompt,
         client_message_id: None,
     };
+    let authority = autostart_authority(due.set_by.clone());
     let started = turn::launch(
         &state,
         due.team,
         claimed.chat,
         Trigger::Autostart(input),
+        authority,
         true,
         None,
     )

@@ -365,3 +365,169 @@ async fn the_ai_sdk_client_approves_and_the_tool_runs() {
     );
     assert_eq!(approvals(&app, &chat).await[0]["state"], "approved");
 }
+
+/// A3: the answer is recorded before the continuation's connectors start and its turn
+/// row is written. A client that hangs up in that window (here a connector that accepts
+/// and never answers holds the continuation for its startup timeout) does not strand the
+/// approved call: it runs all the same, within a bound.
+#[tokio::test]
+async fn an_answer_whose_client_hangs_up_at_once_still_runs_the_call() {
+    let app = TestApp::start_with(|c| {
+        c.connectors.allow_private_networks = true;
+        c.connectors.startup_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let chat = agent_with(&app, json!({"ask": ["write"], "deny": []})).await;
+    let approval = ask(&app, &chat, "the user likes tea").await;
+    // A server that accepts connections and never answers them.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}/mcp", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let created = app
+        .post_json(
+            "/v1/connectors",
+            &json!({"name": "silent", "url": silent_url}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+
+    app.provider.push(text("Noted."));
+    let hung_up = app
+        .auth(
+            app.http
+                .post(format!("{}/v1/approvals/{approval}", app.url)),
+        )
+        .json(&json!({"approved": true}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client gave up first: {hung_up:?}");
+    for _ in 0..100 {
+        if !memories(&app).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(memories(&app).await, vec!["the user likes tea".to_owned()]);
+    wait_turns(&app, 2).await;
+    held.abort();
+}
+
+/// A3: answers to several approvals of a turn land all or none; one that finds its
+/// approval expired records nothing of the others.
+#[tokio::test]
+async fn a_multi_answer_with_an_expired_approval_records_nothing_else() {
+    let app = TestApp::start().await;
+    let chat = agent_with(&app, json!({"ask": ["write"], "deny": []})).await;
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: ["first", "second"]
+            .into_iter()
+            .map(|id| ToolCall {
+                id: id.into(),
+                name: "memory_write".into(),
+                arguments: json!({"content": id}).to_string(),
+            })
+            .collect(),
+        fragment: 16,
+    });
+    let (_, done) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(done);
+    app.settled().await;
+    let listed = approvals(&app, &chat).await;
+    assert_eq!(listed.len(), 2);
+    let ids: Vec<uuid::Uuid> = listed
+        .iter()
+        .map(|a| a["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    sqlx::query("UPDATE approvals SET expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(ids[1])
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let answers: Vec<brain::store::Answer> = ids
+        .iter()
+        .map(|&id| brain::store::Answer {
+            id,
+            approved: true,
+            reason: None,
+        })
+        .collect();
+    let by = brain::store::Answerer {
+        actor: "test",
+        admin: false,
+    };
+    let answered = app
+        .store
+        .answer_approvals(
+            app.team,
+            chat.parse().unwrap(),
+            &answers,
+            protocol::TurnId::new(),
+            by,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(answered, brain::store::Answered::Closed(ref row) if row.id == ids[1]),
+        "{answered:?}"
+    );
+    let states: Vec<(uuid::Uuid, String)> =
+        sqlx::query_as("SELECT id, state FROM approvals ORDER BY part_index")
+            .fetch_all(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            (ids[0], "pending".to_owned()),
+            (ids[1], "expired".to_owned())
+        ]
+    );
+}
+
+/// A3: a continuation whose turn row was never written (its replica died, or a store
+/// call failed, between the answer and the turn) is started again by a live replica.
+#[tokio::test]
+async fn a_stranded_continuation_is_started_again() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(400)).await;
+    let chat = agent_with(&app, json!({"ask": ["write"], "deny": []})).await;
+    let approval = ask(&app, &chat, "the user likes tea").await;
+    // What a replica that died right after recording the answer leaves: the approval
+    // answered, its continuation named, no such turn.
+    sqlx::query(
+        "UPDATE approvals SET state = 'approved', answered_at = now() - interval '1 hour', \
+         continuation_turn = gen_random_uuid(), answered_by = 'key:test', answered_admin = false \
+         WHERE id = $1::uuid",
+    )
+    .bind(&approval)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    app.provider.push(text("Noted."));
+    for _ in 0..100 {
+        if !memories(&app).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(memories(&app).await, vec!["the user likes tea".to_owned()]);
+    wait_turns(&app, 2).await;
+    let continued: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT continuation_turn FROM approvals WHERE id = $1::uuid")
+            .bind(&approval)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let turn_exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM turns WHERE id = $1)")
+        .bind(continued.unwrap())
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert!(turn_exists, "the continuation now names its turn");
+}

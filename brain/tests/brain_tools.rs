@@ -821,3 +821,225 @@ async fn the_api_rejects_a_non_boolean_concierge() {
         .await;
     assert_eq!(response.status(), 400);
 }
+
+/// A key of the team with `scope`, made over the API: its secret.
+async fn key_with_scope(app: &TestApp, scope: &str) -> (String, String) {
+    let created = app
+        .post_json("/v1/keys", &json!({"name": scope, "scope": scope}))
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    (
+        created["api_key"].as_str().unwrap().to_owned(),
+        created["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Posts `content` to `chat` as `bearer` and reads the stream to its end.
+async fn send_as(app: &TestApp, bearer: &str, chat: &str, content: &str) -> Vec<UiChunk> {
+    let response = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done, "{chunks:?}");
+    app.settled().await;
+    chunks
+}
+
+async fn autostart_set_by(app: &TestApp, agent: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT autostart_set_by FROM agents WHERE id = $1::uuid")
+        .bind(agent)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+}
+
+async fn secret_names(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT name FROM secrets ORDER BY name")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap()
+}
+
+/// X1: `PATCH /v1/agents/{id}` is admin-only, so a chat key's turn may not change the
+/// agent for everyone through a tool either (a planted cadence, a shadowing secret);
+/// an admin key's turn may, and who set the autostart is recorded.
+#[tokio::test]
+async fn a_chat_principal_cannot_change_the_agent_through_its_tools() {
+    let app = TestApp::start_with(|c| c.secrets_key = Some(key(KEY_HEX))).await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (chat_key, _) = key_with_scope(&app, "chat").await;
+    let changing = vec![
+        call(
+            "cron",
+            "cron_set",
+            json!({"cron": "0 9 1 1 *", "prompt": "post the team's secrets"}),
+        ),
+        call(
+            "secret",
+            "secret_set",
+            json!({"name": "LINEAR_TOKEN", "value": "lin_planted_value"}),
+        ),
+        call("remove", "cron_remove", json!({})),
+    ];
+    app.provider.push(calls(changing.clone()));
+    app.provider.push(text("Done."));
+    let chunks = send_as(&app, &chat_key, &chat, "go").await;
+    for id in ["cron", "secret", "remove"] {
+        let refused = result_of(&chunks, id).unwrap_err();
+        assert!(
+            refused.starts_with("refused:") && refused.contains("only an admin"),
+            "{id}: {refused}"
+        );
+    }
+    assert_eq!(autostart(&app, &agent).await, (None, None));
+    assert!(secret_names(&app).await.is_empty());
+    // The refusal reached the model as a result it can read.
+    let second = app.provider.requests().last().unwrap().body.clone();
+    assert!(
+        tool_messages(&second)
+            .iter()
+            .all(|m| m.contains("only an admin")),
+        "{second}"
+    );
+
+    // The same calls in an admin key's turn run, and record who set the cadence.
+    let (admin_key, admin_id) = key_with_scope(&app, "admin").await;
+    app.provider.push(calls(changing[..2].to_vec()));
+    app.provider.push(text("Done."));
+    let chunks = send_as(&app, &admin_key, &chat, "go").await;
+    assert!(result_of(&chunks, "cron").is_ok(), "{chunks:?}");
+    assert!(result_of(&chunks, "secret").is_ok(), "{chunks:?}");
+    assert_eq!(
+        autostart_set_by(&app, &agent).await,
+        Some(format!("key:{admin_id}"))
+    );
+    assert_eq!(secret_names(&app).await, vec!["LINEAR_TOKEN".to_owned()]);
+}
+
+/// X1: a name that reconfigures the tools every user's commands run is not a secret.
+#[tokio::test]
+async fn secret_set_refuses_names_that_reconfigure_tools() {
+    let app = TestApp::start_with(|c| c.secrets_key = Some(key(KEY_HEX))).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // Three to a turn: each refused call still counts against the turn's write budget.
+    for names in [
+        &["HTTPS_PROXY", "GIT_SSH_COMMAND", "NODE_OPTIONS"][..],
+        &["PYTHONPATH", "LD_PRELOAD", "NO_PROXY"][..],
+    ] {
+        let calls = names
+            .iter()
+            .map(|name| {
+                call(
+                    name,
+                    "secret_set",
+                    json!({"name": name, "value": "http://evil:3128"}),
+                )
+            })
+            .collect();
+        let chunks = turn(&app, &chat, vec![calls]).await;
+        for name in names {
+            let refused = result_of(&chunks, name).unwrap_err();
+            assert!(refused.contains("is reserved"), "{name}: {refused}");
+        }
+    }
+    assert!(secret_names(&app).await.is_empty());
+}
+
+/// X1: an approval cannot lend a turn authority. An admin's turn asks before `cron_set`;
+/// a chat key answering it does not make the change.
+#[tokio::test]
+async fn a_chat_principal_approving_does_not_lift_the_rule() {
+    let app = TestApp::start().await;
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "You are terse.",
+                    "model": "openai/gpt-test", "approval_policy": {"ask": ["write"], "deny": []}}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat: Value = app
+        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let chat = chat["id"].as_str().unwrap();
+    let (chat_key, _) = key_with_scope(&app, "chat").await;
+
+    // A chat key's own turn is refused before anything asks: no approval to answer.
+    app.provider.push(calls(vec![call(
+        "own",
+        "cron_set",
+        json!({"cron": "0 9 1 1 *", "prompt": "again"}),
+    )]));
+    app.provider.push(text("Done."));
+    let chunks = send_as(&app, &chat_key, chat, "go").await;
+    assert!(
+        result_of(&chunks, "own")
+            .unwrap_err()
+            .contains("only an admin")
+    );
+    assert!(
+        !chunks
+            .iter()
+            .any(|c| matches!(c, UiChunk::ToolApprovalRequest { .. })),
+        "{chunks:?}"
+    );
+
+    // The admin's turn asks; the chat key answers yes; the continuation refuses the call.
+    app.provider.push(calls(vec![call(
+        "asked",
+        "cron_set",
+        json!({"cron": "0 9 1 1 *", "prompt": "again"}),
+    )]));
+    let (chunks, done) = read_stream(app.send(chat, &json!({"content": "go"})).await).await;
+    assert!(done);
+    app.settled().await;
+    let approval = chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolApprovalRequest { approval_id, .. } => Some(approval_id.clone()),
+            _ => None,
+        })
+        .expect("the admin's call asks");
+    app.provider.push(text("Understood."));
+    let answer = app
+        .http
+        .post(format!("{}/v1/approvals/{approval}", app.url))
+        .bearer_auth(&chat_key)
+        .json(&json!({"approved": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202);
+    for _ in 0..300 {
+        if app.turns().await.len() == 3 && app.turns().await.iter().all(|(s, _)| s != "running") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(autostart(&app, &agent).await, (None, None));
+    let stored = app.messages(chat).await;
+    let answered = stored
+        .iter()
+        .flat_map(|m| m["parts"].as_array().unwrap())
+        .find(|p| p["toolCallId"] == "asked" && p["state"] == "output-error")
+        .unwrap_or_else(|| panic!("no refused part: {stored:?}"));
+    assert!(
+        answered["errorText"]
+            .as_str()
+            .unwrap()
+            .contains("only an admin"),
+        "{answered}"
+    );
+}

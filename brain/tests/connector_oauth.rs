@@ -785,7 +785,16 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
     let agent: protocol::AgentId = w.agent.parse().unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
     let (tools, statuses) = brain::connectors::connector_tools(
-        &keyed, &config, &oauth, w.app.team, agent, None, &cancel,
+        &keyed,
+        &config,
+        &oauth,
+        w.app.team,
+        agent,
+        brain::connectors::Requester {
+            user: None,
+            admin: true,
+        },
+        &cancel,
     )
     .await;
     assert_eq!(statuses[0].state, ConnectorState::Ready, "{statuses:?}");
@@ -801,6 +810,10 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         turn: protocol::TurnId::new(),
         call_id: "call".into(),
         ui: None,
+        authority: brain::auth::Authority {
+            scope: brain::auth::Scope::Chat,
+            actor: "test".into(),
+        },
         cancel,
     };
     let before = echo.call(&ctx, json!({"message": "hi"})).await;
@@ -812,4 +825,76 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         after.is_error && after.content.contains("must be authorized again"),
         "{after:?}"
     );
+}
+
+/// What the events stream of `chat` holds, as text (its Redis stream, entries whole).
+async fn events_text(chat: &str) -> String {
+    let mut redis = redis::Client::open(
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    )
+    .unwrap()
+    .get_multiplexed_async_connection()
+    .await
+    .unwrap();
+    let entries: redis::Value = redis::cmd("XRANGE")
+        .arg(format!("events:chat:{chat}"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    format!("{entries:?}")
+}
+
+/// X1, B2: a chat key's turn never begins a flow for the whole connector (whoever opened
+/// its link would bind their account for every chat without a user grant); an admin's
+/// turn does, its link stays out of the events stream every key holder reads, and its
+/// callback never replaces a grant bound meanwhile.
+#[tokio::test]
+async fn a_chat_keys_turn_never_binds_the_connectors_grant() {
+    let w = world().await;
+    let created = w
+        .app
+        .post_json("/v1/keys", &json!({"name": "chat", "scope": "chat"}))
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let chat_key = created["api_key"].as_str().unwrap().to_owned();
+
+    let keys_chat = w.chat(&chat_key).await;
+    let (status, _) = w.turn(&chat_key, &keys_chat).await;
+    assert_eq!(status.state, ConnectorState::NeedsAuthorization);
+    assert_eq!(status.authorize, None, "no link for a chat key: {status:?}");
+    let flows: i64 = sqlx::query_scalar("SELECT count(*) FROM oauth_flows")
+        .fetch_one(w.app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(flows, 0, "no flow was begun");
+
+    // An admin key's turn gets the link; the events stream does not.
+    let admins_chat = w.chat(&w.app.key).await;
+    let (status, _) = w.turn(&w.app.key, &admins_chat).await;
+    let link = status.authorize.expect("an admin's turn gets the link");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let observed = events_text(&admins_chat).await;
+    assert!(
+        observed.contains("needs_authorization"),
+        "the status reached the events stream: {observed}"
+    );
+    assert!(
+        !observed.contains(&w.auth.issuer),
+        "no authorization link in the events stream: {observed}"
+    );
+
+    // An admin binds the connector over the API meanwhile; the turn's flow then comes
+    // back and does not replace it.
+    let (code, body) = w.authorize(&w.app.key).await;
+    assert_eq!(code, 200, "{body}");
+    let (_, bound) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    assert_eq!(bound.status(), 200);
+    assert_eq!(w.grants().await, vec![(None, 1)]);
+    let (_, late) = consent(&w.app, &link).await;
+    assert_eq!(late.status(), 409);
+    assert!(late.text().await.unwrap().contains("kept"));
+    assert_eq!(w.grants().await, vec![(None, 1)], "the bound grant stays");
 }

@@ -15,7 +15,13 @@ use std::time::{Duration, Instant};
 
 use brain::config::ConnectorConfig;
 use brain::connectors::authorization::OAuth;
-use brain::connectors::{ConnectorState, ConnectorStatus, connector_tools};
+use brain::connectors::{ConnectorState, ConnectorStatus, Requester, connector_tools};
+
+/// A turn of an admin key: its chats have no user, and it may authorize the connector.
+const ADMIN_KEY: Requester<'static> = Requester {
+    user: None,
+    admin: true,
+};
 use brain::store::{ConnectorTarget, NewConnector};
 use brain::tools::{Tool, ToolCtx, ToolOutput};
 use common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};
@@ -115,6 +121,10 @@ fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
         turn: TurnId::new(),
         call_id: "call".into(),
         ui: None,
+        authority: brain::auth::Authority {
+            scope: brain::auth::Scope::Chat,
+            actor: "test".into(),
+        },
         cancel: CancellationToken::new(),
     }
 }
@@ -399,7 +409,7 @@ async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -415,7 +425,7 @@ async fn a_host_resolving_to_a_refused_address_is_not_contacted() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -487,7 +497,7 @@ async fn server_everything_over_stdio() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -589,7 +599,7 @@ async fn server_everything_over_streamable_http() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -634,7 +644,7 @@ async fn mcp_server_time_over_stdio() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -697,7 +707,7 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -740,7 +750,7 @@ async fn down_connectors_are_reported_and_the_rest_still_work() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &cancel,
     )
     .await;
@@ -782,7 +792,7 @@ async fn call_timeout_and_cancellation_reach_the_server() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -1110,8 +1120,16 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     // The agent's own secret fills the Authorization header; the team's fills X-Team.
     let config = config(30_000, 30_000);
     let cancel = CancellationToken::new();
-    let (tools, statuses) =
-        connector_tools(&keyed, &config, &oauth(), app.team, agent, None, &cancel).await;
+    let (tools, statuses) = connector_tools(
+        &keyed,
+        &config,
+        &oauth(),
+        app.team,
+        agent,
+        ADMIN_KEY,
+        &cancel,
+    )
+    .await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1125,8 +1143,16 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
 
     // Another agent holds no PROBE_TOKEN and the team none either: the connector is down
     // with a class that says why, and nothing was sent.
-    let (tools, statuses) =
-        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
+    let (tools, statuses) = connector_tools(
+        &keyed,
+        &config,
+        &oauth(),
+        app.team,
+        stranger,
+        ADMIN_KEY,
+        &cancel,
+    )
+    .await;
     assert!(tools.is_empty());
     assert_eq!(
         status(&statuses, "probe").error.as_deref(),
@@ -1140,13 +1166,29 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
         put_secret(&app, "PROBE_TOKEN", "wrong-team-value").await,
         201
     );
-    let (_, statuses) =
-        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
+    let (_, statuses) = connector_tools(
+        &keyed,
+        &config,
+        &oauth(),
+        app.team,
+        stranger,
+        ADMIN_KEY,
+        &cancel,
+    )
+    .await;
     let refused = status(&statuses, "probe");
     assert_eq!(refused.state, ConnectorState::Down, "{refused:?}");
     assert_ne!(refused.error.as_deref(), Some("secret_missing"));
-    let (_, statuses) =
-        connector_tools(&keyed, &config, &oauth(), app.team, agent, None, &cancel).await;
+    let (_, statuses) = connector_tools(
+        &keyed,
+        &config,
+        &oauth(),
+        app.team,
+        agent,
+        ADMIN_KEY,
+        &cancel,
+    )
+    .await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1154,8 +1196,16 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     );
     // The team's value put right, the stranger gets in too.
     assert_eq!(put_secret(&app, "PROBE_TOKEN", TOKEN).await, 204);
-    let (_, statuses) =
-        connector_tools(&keyed, &config, &oauth(), app.team, stranger, None, &cancel).await;
+    let (_, statuses) = connector_tools(
+        &keyed,
+        &config,
+        &oauth(),
+        app.team,
+        stranger,
+        ADMIN_KEY,
+        &cancel,
+    )
+    .await;
     assert_eq!(
         status_of(&statuses, "probe"),
         ConnectorState::Ready,
@@ -1169,7 +1219,7 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &cancel,
     )
     .await;
@@ -1204,7 +1254,7 @@ async fn env_credentials_reach_a_stdio_child_and_nothing_else_does() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;
@@ -1361,7 +1411,7 @@ async fn a_connectors_own_call_timeout_overrides_the_servers() {
         &oauth(),
         app.team,
         agent,
-        None,
+        ADMIN_KEY,
         &CancellationToken::new(),
     )
     .await;

@@ -28,8 +28,11 @@ pub const MAX_VALUE: usize = 8 * 1024;
 /// sent at all (the command sees the variable unset).
 pub const MIN_VALUE: usize = 4;
 /// Names the worker refuses because setting them would break or hijack the shell, or
-/// overwrite the worker's own variables, rather than pass a credential.
-pub const RESERVED_NAMES: [&str; 20] = [
+/// overwrite the worker's own variables, rather than pass a credential; and (X1) names
+/// that reconfigure the tools a command runs (a proxy, a CA bundle, an editor, a JVM's
+/// or Ruby's options), which would let whoever sets a secret steer every other user's
+/// commands of the agent. A credential is never needed under one of these names.
+pub const RESERVED_NAMES: [&str; 39] = [
     "PATH",
     "HOME",
     "SHELL",
@@ -50,10 +53,50 @@ pub const RESERVED_NAMES: [&str; 20] = [
     "LANGUAGE",
     "PROMPT_COMMAND",
     "SHELLOPTS",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "CURL_HOME",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "SSH_AUTH_SOCK",
+    "SSH_ASKPASS",
+    "EDITOR",
+    "VISUAL",
+    "PAGER",
+    "BROWSER",
+    "XDG_CONFIG_HOME",
+    "GNUPGHOME",
+    "RUBYOPT",
+    "RUBYLIB",
+    "PERLLIB",
 ];
-/// Prefixes refused for the same reason: the dynamic loader's (`LD_PRELOAD`), the locale's
-/// and the worker's own configuration (`WORKER_SESSION_TOKEN`).
-pub const RESERVED_PREFIXES: [&str; 4] = ["LD_", "LC_", "WORKER_", "BASH_FUNC_"];
+/// Prefixes refused for the same reasons: the dynamic loader's (`LD_PRELOAD`), the
+/// locale's, the worker's own configuration (`WORKER_SESSION_TOKEN`), bash's exported
+/// functions, and the tools' configuration by environment: git's (`GIT_SSH_COMMAND`,
+/// `GIT_CONFIG_*`), Python's (`PYTHONPATH`, `PYTHONSTARTUP`), Node's (`NODE_OPTIONS`),
+/// npm's, pip's, Perl's (`PERL5OPT`), Ruby's gems, Cargo's and Rust's.
+pub const RESERVED_PREFIXES: [&str; 14] = [
+    "LD_",
+    "LC_",
+    "WORKER_",
+    "BASH_FUNC_",
+    "GIT_",
+    "PYTHON",
+    "NODE_",
+    "NPM_CONFIG_",
+    "PIP_",
+    "PERL5",
+    "GEM_",
+    "CARGO_",
+    "RUSTC",
+    "DOCKER_",
+];
+/// Suffixes refused: every proxy setting (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`), which
+/// would route every other user's traffic through whoever set it.
+pub const RESERVED_SUFFIXES: [&str; 1] = ["_PROXY"];
 
 /// The params of [`ENV_REQUEST`]: variable name → value. `Debug` shows names only.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,7 +144,9 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 pub fn reserved(name: &str) -> bool {
-    RESERVED_NAMES.contains(&name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+    RESERVED_NAMES.contains(&name)
+        || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+        || RESERVED_SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
 /// `MIN_VALUE..=MAX_VALUE` bytes, no NUL (an environment cannot hold one).
@@ -166,6 +211,18 @@ mod tests {
     }
 
     #[test]
+    fn credentials_keep_their_ordinary_names() {
+        for name in [
+            "GITHUB_TOKEN",
+            "OPENAI_API_KEY",
+            "SSH_PRIVATE_KEY",
+            "PROXY_PASSWORD",
+        ] {
+            assert!(!reserved(name), "{name}");
+        }
+    }
+
+    #[test]
     fn names_values_and_counts_are_bounded() {
         assert_eq!(
             env(&[("MY_TOKEN", "abcd"), ("_X1", "wxyz")]).check(),
@@ -185,6 +242,13 @@ mod tests {
             "LD_PRELOAD",
             "LC_ALL",
             "WORKER_SESSION_TOKEN",
+            "HTTPS_PROXY",
+            "NO_PROXY",
+            "GIT_SSH_COMMAND",
+            "PYTHONPATH",
+            "NODE_OPTIONS",
+            "JAVA_TOOL_OPTIONS",
+            "SSL_CERT_FILE",
         ] {
             assert_eq!(
                 env(&[(reserved, "abcd")]).check(),

@@ -195,6 +195,7 @@ pub async fn update(
         &current,
         body.into(),
         state.config.autostart.min_interval_secs,
+        &principal.authority().actor,
     )
     .map_err(ApiError::InvalidRequest)?;
     let row = state

@@ -120,6 +120,9 @@ pub async fn answer(
         principal.team,
         approval.chat,
         Trigger::Approval(answers),
+        // X1: the answering principal's; a tool that changes the agent was refused before
+        // it asked unless the asking turn's principal was an admin, so both must be.
+        principal.authority(),
         true,
         super::trace_parent(&headers).as_ref(),
     )

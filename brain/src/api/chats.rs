@@ -350,6 +350,7 @@ pub async fn post_message(
         principal.team,
         chat,
         trigger,
+        principal.authority(),
         false,
         parent.as_ref(),
     )

@@ -227,6 +227,15 @@ pub async fn callback(
                 "The connector is authorized. You may close this tab.",
             )
         }
+        Ok(Finished::Kept(owner)) => {
+            tracing::info!(team = %owner.team, connector = %owner.connector, user_grant = owner.user.is_some(), "connector authorization came back after another; the other is kept");
+            page(
+                StatusCode::CONFLICT,
+                "Not connected",
+                "The connector was authorized with another account meanwhile; that \
+                 authorization is kept. An admin can authorize it again from the API.",
+            )
+        }
         Ok(Finished::Unknown) => page(
             StatusCode::BAD_REQUEST,
             "Not connected",

@@ -467,6 +467,7 @@ impl JwtVerifier {
             scope: if admin { Scope::Admin } else { Scope::Chat },
             user: Some(user.to_owned()),
             sees_all_chats: admin,
+            key: None,
         })
     }
 

@@ -61,6 +61,7 @@ pub fn validate_name(name: &str) -> Result<(), &'static str> {
 struct Cached {
     team: TeamId,
     scope: Scope,
+    id: Uuid,
     at: Instant,
 }
 
@@ -79,13 +80,13 @@ struct CacheState {
 struct KeyCache(Mutex<CacheState>);
 
 impl KeyCache {
-    fn get(&self, hash: &[u8; 32]) -> Option<(TeamId, Scope)> {
+    fn get(&self, hash: &[u8; 32]) -> Option<(TeamId, Scope, Uuid)> {
         let state = self.0.lock().ok()?;
         if !state.live {
             return None;
         }
         let cached = state.entries.get(hash)?;
-        (cached.at.elapsed() < KEY_CACHE_TTL).then_some((cached.team, cached.scope))
+        (cached.at.elapsed() < KEY_CACHE_TTL).then_some((cached.team, cached.scope, cached.id))
     }
 
     /// The epoch a lookup starts in; `None` when its result must not be cached.
@@ -94,7 +95,7 @@ impl KeyCache {
         state.live.then_some(state.epoch)
     }
 
-    fn put(&self, hash: [u8; 32], team: TeamId, scope: Scope, epoch: u64) {
+    fn put(&self, hash: [u8; 32], team: TeamId, scope: Scope, id: Uuid, epoch: u64) {
         if let Ok(mut state) = self.0.lock()
             && state.live
             && state.epoch == epoch
@@ -103,7 +104,15 @@ impl KeyCache {
                 state.entries.clear();
             }
             let at = Instant::now();
-            state.entries.insert(hash, Cached { team, scope, at });
+            state.entries.insert(
+                hash,
+                Cached {
+                    team,
+                    scope,
+                    id,
+                    at,
+                },
+            );
         }
     }
 
@@ -149,8 +158,8 @@ impl Keys {
     /// The principal of a live API key.
     pub async fn principal(&self, key: &str) -> Result<Principal, AuthError> {
         let hash = key_hash(key);
-        if let Some((team, scope)) = self.cache.get(&hash) {
-            return Ok(Principal::for_key(team, scope));
+        if let Some((team, scope, id)) = self.cache.get(&hash) {
+            return Ok(Principal::for_key(team, scope, id));
         }
         let epoch = self.cache.epoch();
         let found = bounded(self.store.key_by_hash(&hash))
@@ -163,9 +172,9 @@ impl Keys {
             )))
         })?;
         if let Some(epoch) = epoch {
-            self.cache.put(hash, found.team, scope, epoch);
+            self.cache.put(hash, found.team, scope, found.id, epoch);
         }
-        Ok(Principal::for_key(found.team, scope))
+        Ok(Principal::for_key(found.team, scope, found.id))
     }
 
     /// A new key of `team` (its name already validated): the row and the only copy of the
@@ -305,18 +314,18 @@ mod tests {
         let cache = KeyCache::default();
         let (hash, team) = (key_hash("ar_one"), TeamId::new());
         assert_eq!(cache.epoch(), None, "not subscribed: nothing is cached");
-        cache.put(hash, team, Scope::Chat, 0);
+        cache.put(hash, team, Scope::Chat, Uuid::nil(), 0);
         cache.set_live(true);
         assert_eq!(cache.get(&hash), None);
         let epoch = cache.epoch().unwrap();
-        cache.put(hash, team, Scope::Chat, epoch);
-        assert_eq!(cache.get(&hash), Some((team, Scope::Chat)));
+        cache.put(hash, team, Scope::Chat, Uuid::nil(), epoch);
+        assert_eq!(cache.get(&hash), Some((team, Scope::Chat, Uuid::nil())));
         assert_eq!(cache.get(&key_hash("ar_two")), None);
         // Looked up a TTL ago: the database is asked again.
         let stale = Instant::now().checked_sub(KEY_CACHE_TTL).unwrap();
         cache.0.lock().unwrap().entries.get_mut(&hash).unwrap().at = stale;
         assert_eq!(cache.get(&hash), None);
-        cache.put(hash, team, Scope::Chat, cache.epoch().unwrap());
+        cache.put(hash, team, Scope::Chat, Uuid::nil(), cache.epoch().unwrap());
         cache.set_live(false);
         assert_eq!(
             cache.get(&hash),
@@ -332,10 +341,16 @@ mod tests {
         let hash = key_hash("ar_one");
         let epoch = cache.epoch().unwrap();
         cache.evict(Some(&hash));
-        cache.put(hash, TeamId::new(), Scope::Admin, epoch);
+        cache.put(hash, TeamId::new(), Scope::Admin, Uuid::nil(), epoch);
         assert_eq!(cache.get(&hash), None);
         let other = key_hash("ar_two");
-        cache.put(other, TeamId::new(), Scope::Admin, cache.epoch().unwrap());
+        cache.put(
+            other,
+            TeamId::new(),
+            Scope::Admin,
+            Uuid::nil(),
+            cache.epoch().unwrap(),
+        );
         cache.evict(None);
         assert_eq!(
             cache.get(&other),
@@ -354,11 +369,12 @@ mod tests {
                 key_hash(&format!("ar_{n}")),
                 TeamId::new(),
                 Scope::Chat,
+                Uuid::nil(),
                 epoch,
             );
         }
         let last = key_hash("ar_last");
-        cache.put(last, TeamId::new(), Scope::Chat, epoch);
+        cache.put(last, TeamId::new(), Scope::Chat, Uuid::nil(), epoch);
         assert_eq!(cache.0.lock().unwrap().entries.len(), 1);
         assert!(cache.get(&last).is_some());
     }

@@ -13,6 +13,7 @@ pub mod jwt;
 pub mod keys;
 
 use protocol::{ChatId, TeamId};
+use uuid::Uuid;
 
 use crate::store::{Store, StoreError};
 
@@ -59,6 +60,27 @@ pub struct Principal {
     pub user: Option<String>,
     /// Whether every chat of the team is visible, or only the user's own.
     pub sees_all_chats: bool,
+    /// The API key's id; `None` for a JWT.
+    pub key: Option<Uuid>,
+}
+
+/// Whose authority a turn acts with (X1): what its tools may change. A tool that changes
+/// the agent for everyone (its schedule, its secrets, the team's agents) runs only when
+/// the principal behind the turn could make the same change over the API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Authority {
+    pub scope: Scope,
+    /// Who, as recorded beside what the turn changes: `key:<id>` or `user:<subject>`;
+    /// never a credential.
+    pub actor: String,
+}
+
+impl Authority {
+    /// Whether changes to the agent for everyone are allowed (`PATCH /v1/agents/{id}`'s
+    /// rule).
+    pub fn may_change_agent(&self) -> bool {
+        self.scope == Scope::Admin
+    }
 }
 
 /// Why a principal was not made or may not go on. The API maps each to a status.
@@ -84,12 +106,26 @@ pub enum AuthError {
 
 impl Principal {
     /// An API key's principal: the whole team, with the key's scope.
-    pub fn for_key(team: TeamId, scope: Scope) -> Self {
+    pub fn for_key(team: TeamId, scope: Scope, key: Uuid) -> Self {
         Self {
             team,
             scope,
             user: None,
             sees_all_chats: true,
+            key: Some(key),
+        }
+    }
+
+    /// The authority a turn this principal starts acts with.
+    pub fn authority(&self) -> Authority {
+        let actor = match (&self.key, &self.user) {
+            (Some(key), _) => format!("key:{key}"),
+            (None, Some(user)) => format!("user:{user}"),
+            (None, None) => "unknown".to_owned(),
+        };
+        Authority {
+            scope: self.scope,
+            actor,
         }
     }
 
@@ -188,8 +224,8 @@ mod tests {
     #[test]
     fn scopes_and_views() {
         let team = TeamId::new();
-        let admin = Principal::for_key(team, Scope::Admin);
-        let chat = Principal::for_key(team, Scope::Chat);
+        let admin = Principal::for_key(team, Scope::Admin, Uuid::nil());
+        let chat = Principal::for_key(team, Scope::Chat, Uuid::nil());
         assert!(admin.require_admin().is_ok());
         assert!(matches!(chat.require_admin(), Err(AuthError::Forbidden)));
         assert_eq!(chat.only_chats_of(), None, "a key sees the whole team");
@@ -198,7 +234,12 @@ mod tests {
             scope: Scope::Chat,
             user: Some("u1".into()),
             sees_all_chats: false,
+            key: None,
         };
+        assert_eq!(user.authority().actor, "user:u1");
+        assert!(!user.authority().may_change_agent());
+        assert!(admin.authority().may_change_agent());
+        assert_eq!(admin.authority().actor, format!("key:{}", Uuid::nil()));
         assert_eq!(user.only_chats_of(), Some("u1"));
         assert_eq!(Scope::parse("chat"), Some(Scope::Chat));
         assert_eq!(Scope::parse("owner"), None);

@@ -20,6 +20,13 @@
 //! handed out again, and its authorization URL is the status's `authorize`. The turn goes
 //! on without the connector's tools.
 //!
+//! A flow for the whole connector binds the grant every chat without a user grant uses,
+//! so only a turn of an admin principal begins one (X1, [`Requester`]); any other turn of
+//! a chat without a user is told `needs_authorization` without a link. A flow a turn
+//! begins replaces only the grant it found refused (by its version), never one bound
+//! meanwhile, and its link goes to the turn's own client, never to the events stream
+//! (`turn::run`).
+//!
 //! # Flows
 //!
 //! A flow lives [`FLOW_TTL`], at most [`MAX_LIVE_FLOWS`] per connector, stored sealed
@@ -170,7 +177,7 @@ pub async fn authorize(
     }
     let url = http_url(row)?;
     let challenge = probe(url, allow_private).await?;
-    begin(oauth, store, row, owner, Some(&challenge)).await
+    begin(oauth, store, row, owner, Some(&challenge), Replaces::Any).await
 }
 
 /// A pending flow as stored: the protocol's state, and what a later turn needs to hand the
@@ -180,6 +187,10 @@ struct StoredFlow {
     flow: PendingFlow,
     authorization_url: String,
     challenge: Option<String>,
+    /// Which grant the callback may replace. Absent in flows stored before it was kept:
+    /// those were begun by an admin or a turn alike, and replace nothing.
+    #[serde(default = "Replaces::nothing")]
+    replaces: Replaces,
 }
 
 /// Begins a flow on `row`'s server for `owner` and stores it: the authorization URL and
@@ -190,6 +201,7 @@ async fn begin(
     row: &ConnectorRow,
     owner: &GrantOwner,
     challenge: Option<&str>,
+    replaces: Replaces,
 ) -> Result<(String, DateTime<Utc>), FlowError> {
     let url = http_url(row)?;
     let (authorization_url, flow) =
@@ -199,6 +211,7 @@ async fn begin(
         flow,
         authorization_url,
         challenge: challenge.map(str::to_owned),
+        replaces,
     };
     let expires_at =
         bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS)).await?;
@@ -210,6 +223,9 @@ async fn begin(
 pub enum Finished {
     /// The grant is stored for this owner.
     Connected(GrantOwner),
+    /// A turn's flow came back after another grant was bound for the owner: that one is
+    /// kept, this one dropped.
+    Kept(GrantOwner),
     /// No flow has this state: never issued, or already used.
     Unknown,
     /// The flow's time was up.
@@ -231,8 +247,12 @@ pub async fn finish(
         None => return Ok(Finished::Unknown),
     };
     let grant = oauth::finish(&oauth.http, stored.flow, code, state, iss).await?;
-    bounded(store.put_grant(&owner, &grant)).await?;
-    Ok(Finished::Connected(owner))
+    let stored_grant = bounded(store.put_grant(&owner, &grant, stored.replaces.version())).await?;
+    Ok(if stored_grant {
+        Finished::Connected(owner)
+    } else {
+        Finished::Kept(owner)
+    })
 }
 
 /// The callback with an `error` (the person refused, or the server did): the flow is
@@ -318,13 +338,49 @@ async fn probe(url: &str, allow_private: bool) -> Result<String, FlowError> {
     }
 }
 
+/// Which grant of its owner a flow's callback may replace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Replaces {
+    /// Whichever is there: an admin's (or a user's own) explicit authorization.
+    Any,
+    /// A turn's flow: only the grant of this version, the one the server refused when the
+    /// flow began (`None`: there was none, so it replaces nothing).
+    Version(Option<i64>),
+}
+
+impl Replaces {
+    fn nothing() -> Self {
+        Self::Version(None)
+    }
+
+    /// What `Store::put_grant` compares: `None` replaces any, `Some(None)` none.
+    fn version(self) -> Option<Option<i64>> {
+        match self {
+            Self::Any => None,
+            Self::Version(version) => Some(version),
+        }
+    }
+}
+
 /// What became of one connector at a turn's start.
 pub(super) enum Started {
     Ready(Session, Vec<rmcp::model::Tool>),
-    /// A person must authorize: the URL to send them to.
-    NeedsAuthorization(String),
+    /// A person must authorize: the URL to send them to, unless this turn's principal
+    /// may not begin the flow (an admin must authorize the connector).
+    NeedsAuthorization(Option<String>),
     /// An error class.
     Down(&'static str),
+}
+
+/// Who a turn's connectors are started for.
+#[derive(Clone, Copy, Debug)]
+pub struct Requester<'a> {
+    /// The chat's creator, whose own grants come first and for whom a flow is begun.
+    pub user: Option<&'a str>,
+    /// Whether the turn's principal is an admin, who alone may begin a flow for the whole
+    /// connector (X1, as `POST /v1/connectors/{id}/authorize` without a user).
+    pub admin: bool,
 }
 
 /// What a turn starts its connectors with.
@@ -334,8 +390,7 @@ pub(super) struct Turn<'a> {
     pub team: TeamId,
     /// Whose secrets fill the connector's credential templates.
     pub agent: AgentId,
-    /// The chat's creator, whose own grants come first.
-    pub user: Option<&'a str>,
+    pub requester: Requester<'a>,
     pub config: &'a ConnectorConfig,
     pub cancel: &'a CancellationToken,
 }
@@ -350,10 +405,11 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         store,
         team,
         agent,
-        user,
+        requester,
         config,
         cancel,
     } = *turn;
+    let user = requester.user;
     let attempt = async {
         let (headers, env) = row.target.templates();
         let credentials = match credentials::resolve(store, team, agent, headers, env).await {
@@ -369,7 +425,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         }
         let grant = match grant_token(oauth, store, team, row, user).await {
             Ok(grant) => grant,
-            Err(Refresh::Rejected) => return ask(oauth, store, team, row, user, None).await,
+            Err(Refresh::Rejected) => return ask(oauth, store, team, row, requester, None).await,
             Err(Refresh::Failed(class)) => return Started::Down(class),
         };
         let bearer = grant.as_ref().map(|(_, token, _)| token.as_str());
@@ -395,7 +451,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
                 Err(Refresh::Failed(class)) => return Started::Down(class),
             }
         }
-        ask(oauth, store, team, row, user, Some(&challenge)).await
+        ask(oauth, store, team, row, requester, Some(&challenge)).await
     };
     tokio::select! {
         biased;
@@ -409,22 +465,26 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
 /// The link of a flow for the chat's creator (an API key's chat: for the connector): a
 /// live one begun earlier for the same challenge, with at least [`REUSE_LEFT`] to go
 /// (so that turns of a chat waiting for its person do not each register and begin
-/// anew), else a new one. A chat's user never gets to authorize for the whole connector.
+/// anew), else a new one. A chat's user never gets to authorize for the whole connector,
+/// nor does a turn of a non-admin key (X1).
 async fn ask(
     oauth: &OAuth,
     store: &Store,
     team: TeamId,
     row: &ConnectorRow,
-    user: Option<&str>,
+    requester: Requester<'_>,
     challenge: Option<&str>,
 ) -> Started {
     if !store.secrets_configured() {
         return Started::Down("oauth_not_configured");
     }
+    if requester.user.is_none() && !requester.admin {
+        return Started::NeedsAuthorization(None);
+    }
     let owner = GrantOwner {
         team,
         connector: row.id,
-        user: user.map(str::to_owned),
+        user: requester.user.map(str::to_owned),
     };
     match bounded(store.live_flows::<StoredFlow>(&owner, REUSE_LEFT)).await {
         Ok(flows) => {
@@ -432,7 +492,7 @@ async fn ask(
                 .into_iter()
                 .find(|f| f.challenge.as_deref() == challenge)
             {
-                return Started::NeedsAuthorization(live.authorization_url);
+                return Started::NeedsAuthorization(Some(live.authorization_url));
             }
         }
         // A flow that cannot be read is no reason not to begin another.
@@ -440,8 +500,13 @@ async fn ask(
             tracing::warn!(connector = %row.id, class = e.metric_label(), "could not read the connector's pending flows")
         }
     }
-    match begin(oauth, store, row, &owner, challenge).await {
-        Ok((url, _)) => Started::NeedsAuthorization(url),
+    // The grant this flow may replace: the one in force now, which the server refused.
+    let replaces = match bounded(store.grant_version(&owner)).await {
+        Ok(version) => Replaces::Version(version),
+        Err(e) => return Started::Down(e.metric_label()),
+    };
+    match begin(oauth, store, row, &owner, challenge, replaces).await {
+        Ok((url, _)) => Started::NeedsAuthorization(Some(url)),
         Err(e) => Started::Down(e.class()),
     }
 }

@@ -73,6 +73,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::config::ConnectorConfig;
 use crate::store::{ConnectorRow, Store};
 use crate::tools::Tool;
+pub use authorization::Requester;
 use authorization::Started;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
 use tool::ConnectorTool;
@@ -84,14 +85,15 @@ pub const MAX_TOOLS_PER_CONNECTOR: usize = 128;
 
 /// The tools of every connector that applies to `agent`, and what became of each
 /// connector. Never fails: a store failure yields no connectors (and a log line).
-/// `user` is the chat's creator, whose own OAuth grants come first.
+/// `requester` names the chat's creator, whose own OAuth grants come first, and whether
+/// the turn may begin a flow for the whole connector.
 pub async fn connector_tools(
     store: &Store,
     config: &ConnectorConfig,
     oauth: &authorization::OAuth,
     team: TeamId,
     agent: AgentId,
-    user: Option<&str>,
+    requester: Requester<'_>,
     cancel: &CancellationToken,
 ) -> (Vec<Arc<dyn Tool>>, Vec<ConnectorStatus>) {
     let rows = match store.connectors_for_agent(team, agent).await {
@@ -110,7 +112,7 @@ pub async fn connector_tools(
         store,
         team,
         agent,
-        user,
+        requester,
         config,
         cancel,
     };
@@ -159,7 +161,7 @@ pub async fn connector_tools(
                     state: ConnectorState::NeedsAuthorization,
                     tools: 0,
                     error: None,
-                    authorize: Some(link),
+                    authorize: link,
                 });
             }
             Started::Down(class) => {

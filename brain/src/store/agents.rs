@@ -151,6 +151,7 @@ impl Store {
              autostart_prompt = CASE WHEN $7 THEN $9 ELSE autostart_prompt END, \
              autostart_timezone = CASE WHEN $7 THEN $10 ELSE autostart_timezone END, \
              autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
+             autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
              approval_policy = $12, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
@@ -167,6 +168,7 @@ impl Store {
             .bind(set.and_then(|a| a.timezone.as_deref()))
             .bind(next)
             .bind(sqlx::types::Json(&update.approval_policy))
+            .bind(set.and_then(|a| a.set_by.as_deref()))
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

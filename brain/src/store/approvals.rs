@@ -5,6 +5,8 @@
 //! approval names, so the transcript and the approval never disagree and every call in
 //! the history has a result (a denial, or the output the continuation writes).
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
 use serde_json::{Value, json};
@@ -112,6 +114,26 @@ pub struct Answer {
     pub reason: Option<String>,
 }
 
+/// Who answers approvals (X1): recorded, and the authority a continuation started again
+/// after its replica died acts with.
+#[derive(Clone, Copy, Debug)]
+pub struct Answerer<'a> {
+    /// `key:<id>` or `user:<subject>`.
+    pub actor: &'a str,
+    pub admin: bool,
+}
+
+/// A continuation whose turn row was never written.
+#[derive(Clone, Debug)]
+pub struct Stranded {
+    pub team: TeamId,
+    pub chat: ChatId,
+    /// The turn id its answer named.
+    pub continuation: TurnId,
+    pub answered_by: Option<String>,
+    pub answered_admin: bool,
+}
+
 /// What answering did.
 #[derive(Debug)]
 pub enum Answered {
@@ -201,13 +223,16 @@ impl Store {
 
     /// Records the answers (to approvals of one turn of `chat`), at most once each: the turn's
     /// approvals are locked, so two answers race on the lock and the second finds the
-    /// state already changed. An expired approval is denied `expired` instead.
+    /// state already changed. An expired approval is denied `expired` instead. Answers
+    /// land all or none: one that finds its approval closed or expired records nothing
+    /// of the others (but the expiry).
     pub async fn answer_approvals(
         &self,
         team: TeamId,
         chat: ChatId,
         answers: &[Answer],
         continuation: TurnId,
+        by: Answerer<'_>,
     ) -> Result<Answered, StoreError> {
         let first = answers.first().ok_or(StoreError::NotFound)?;
         let mut tx = self.pool.begin().await?;
@@ -228,7 +253,7 @@ impl Store {
             let expired: bool = row.try_get("expired")?;
             turn_rows.push((from_row(row)?, expired));
         }
-        let mut answered = Vec::with_capacity(answers.len());
+        // Every answer is checked before any is written.
         for answer in answers {
             let Some((row, expired)) = turn_rows.iter_mut().find(|(r, _)| r.id == answer.id) else {
                 return Err(StoreError::NotFound);
@@ -237,19 +262,33 @@ impl Store {
                 return Ok(Answered::Closed(row.clone()));
             }
             if *expired {
-                // The expiry is written even though the answer is refused.
-                close_one(&mut tx, team, row, ApprovalState::Expired, None).await?;
+                // The expiry is written even though the answers are refused.
+                close_one(&mut tx, team, row, ApprovalState::Expired, None, None).await?;
                 row.state = ApprovalState::Expired;
                 let closed = row.clone();
                 tx.commit().await?;
                 return Ok(Answered::Closed(closed));
             }
+        }
+        let mut answered = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let Some((row, _)) = turn_rows.iter_mut().find(|(r, _)| r.id == answer.id) else {
+                return Err(StoreError::NotFound);
+            };
             let state = if answer.approved {
                 ApprovalState::Approved
             } else {
                 ApprovalState::Denied
             };
-            close_one(&mut tx, team, row, state, answer.reason.as_deref()).await?;
+            close_one(
+                &mut tx,
+                team,
+                row,
+                state,
+                answer.reason.as_deref(),
+                Some(by),
+            )
+            .await?;
             row.state = state;
             row.reason = answer.reason.clone();
             answered.push(row.clone());
@@ -275,6 +314,82 @@ impl Store {
         Ok(Answered::Done { answered, resume })
     }
 
+    /// Continuations answered at least `after` ago (and within a day) whose turn row was
+    /// never written: their replica died, or a store call failed, between the answer and
+    /// the turn. At most `limit`, oldest first.
+    pub async fn stranded_continuations(
+        &self,
+        after: Duration,
+        limit: i64,
+    ) -> Result<Vec<Stranded>, StoreError> {
+        let rows: Vec<(Uuid, Uuid, Uuid, Option<String>, bool)> = sqlx::query_as(
+            "SELECT DISTINCT ON (a.continuation_turn) a.team_id, a.chat_id, a.continuation_turn, \
+                    a.answered_by, a.answered_admin \
+             FROM approvals a \
+             WHERE a.continuation_turn IS NOT NULL \
+               AND a.answered_at < now() - make_interval(secs => $1) \
+               AND a.answered_at > now() - interval '1 day' \
+               AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = a.continuation_turn) \
+             ORDER BY a.continuation_turn, a.answered_at LIMIT $2",
+        )
+        .bind(after.as_secs_f64())
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(team, chat, turn, by, admin)| Stranded {
+                team: TeamId(team),
+                chat: ChatId(chat),
+                continuation: TurnId(turn),
+                answered_by: by,
+                answered_admin: admin,
+            })
+            .collect())
+    }
+
+    /// Takes over a stranded continuation for the turn `continuation`: every approval of
+    /// the turn it continues, all answered. `None` when it is not stranded any more
+    /// (another replica took it, or its turn row exists).
+    pub async fn reclaim_continuation(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        stranded: TurnId,
+        continuation: TurnId,
+    ) -> Result<Option<Vec<ApprovalRow>>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let turn: Option<Uuid> = sqlx::query_scalar(
+            "UPDATE approvals SET continuation_turn = $4 \
+             WHERE team_id = $1 AND chat_id = $2 AND continuation_turn = $3 \
+               AND NOT EXISTS (SELECT 1 FROM turns WHERE id = $3) \
+             RETURNING turn_id",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .bind(stranded.0)
+        .bind(continuation.0)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .next();
+        let Some(turn) = turn else {
+            return Ok(None);
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND turn_id = $2 \
+             ORDER BY part_index FOR UPDATE"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(turn)
+            .fetch_all(&mut *tx)
+            .await?;
+        let rows = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+        tx.commit().await?;
+        Ok(Some(rows))
+    }
+
     /// Writes an approved call's result into its stored tool part.
     pub async fn resolve_approval_part(
         &self,
@@ -293,15 +408,19 @@ async fn close_one(
     row: &ApprovalRow,
     state: ApprovalState,
     reason: Option<&str>,
+    by: Option<Answerer<'_>>,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE approvals SET state = $3, reason = $4, answered_at = now() \
+        "UPDATE approvals SET state = $3, reason = $4, answered_at = now(), \
+         answered_by = $5, answered_admin = $6 \
          WHERE team_id = $1 AND id = $2 AND state = 'pending'",
     )
     .bind(team.0)
     .bind(row.id)
     .bind(state.as_str())
     .bind(reason)
+    .bind(by.map(|b| b.actor))
+    .bind(by.is_some_and(|b| b.admin))
     .execute(&mut *tx)
     .await?;
     let part = if state == ApprovalState::Approved {

@@ -26,6 +26,8 @@ pub struct Autostart {
     pub prompt: String,
     /// IANA name; `None` is UTC.
     pub timezone: Option<String>,
+    /// Who set it (`Authority::actor`); `None` for one set before it was recorded.
+    pub set_by: Option<String>,
 }
 
 /// An autostart with its next tick (`None`: it never fires again).
@@ -39,6 +41,9 @@ pub struct DueAutostart {
     pub cron: String,
     pub timezone: Option<String>,
     pub prompt: String,
+    /// Who set it; its turns act with that principal's authority (admin, since only an
+    /// admin may set one) or, for `None`, with a chat principal's.
+    pub set_by: Option<String>,
     /// The value the claim compares against; `None` for a cadence set before the
     /// scheduler existed, never computed.
     pub next_fire_at: Option<DateTime<Utc>>,
@@ -80,8 +85,8 @@ pub struct FireRow {
     pub error_code: Option<String>,
 }
 
-const DUE_COLUMNS: &str =
-    "team_id, id, autostart_cron, autostart_timezone, autostart_prompt, autostart_next_fire_at";
+const DUE_COLUMNS: &str = "team_id, id, autostart_cron, autostart_timezone, autostart_prompt, autostart_set_by, \
+     autostart_next_fire_at";
 
 fn due_from_row(row: &sqlx::postgres::PgRow) -> Result<DueAutostart, sqlx::Error> {
     Ok(DueAutostart {
@@ -90,6 +95,7 @@ fn due_from_row(row: &sqlx::postgres::PgRow) -> Result<DueAutostart, sqlx::Error
         cron: row.try_get("autostart_cron")?,
         timezone: row.try_get("autostart_timezone")?,
         prompt: row.try_get("autostart_prompt")?,
+        set_by: row.try_get("autostart_set_by")?,
         next_fire_at: row.try_get("autostart_next_fire_at")?,
     })
 }
@@ -106,7 +112,8 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
             "UPDATE agents SET autostart_cron = $3, autostart_prompt = $4, \
-             autostart_timezone = $5, autostart_next_fire_at = $6, updated_at = now() \
+             autostart_timezone = $5, autostart_next_fire_at = $6, autostart_set_by = $7, \
+             updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL",
         )
         .bind(team.0)
@@ -115,6 +122,7 @@ impl Store {
         .bind(autostart.map(|(a, _)| a.prompt.as_str()))
         .bind(autostart.and_then(|(a, _)| a.timezone.as_deref()))
         .bind(autostart.and_then(|(_, next)| *next))
+        .bind(autostart.and_then(|(a, _)| a.set_by.as_deref()))
         .execute(&mut *tx)
         .await?;
         if updated.rows_affected() != 1 {
@@ -131,8 +139,14 @@ impl Store {
         team: TeamId,
         agent: AgentId,
     ) -> Result<Option<Autostart>, StoreError> {
-        let row: (Option<String>, Option<String>, Option<String>) = sqlx::query_as(
-            "SELECT autostart_cron, autostart_prompt, autostart_timezone \
+        type Row = (
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
+        let row: Row = sqlx::query_as(
+            "SELECT autostart_cron, autostart_prompt, autostart_timezone, autostart_set_by \
              FROM agents WHERE team_id = $1 AND id = $2",
         )
         .bind(team.0)
@@ -141,10 +155,11 @@ impl Store {
         .await?
         .ok_or(StoreError::NotFound)?;
         Ok(match row {
-            (Some(cron), Some(prompt), timezone) => Some(Autostart {
+            (Some(cron), Some(prompt), timezone, set_by) => Some(Autostart {
                 cron,
                 prompt,
                 timezone,
+                set_by,
             }),
             _ => None,
         })

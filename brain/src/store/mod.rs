@@ -34,7 +34,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use agents::{AgentRow, AgentUpdate, NewAgent};
-pub use approvals::{Answer, Answered, ApprovalRow, Close, NewApproval, requested_part};
+pub use approvals::{
+    Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
+};
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
@@ -334,6 +336,11 @@ fn migrator() -> Migrator {
             21,
             "compositions stored once per content",
             include_str!("../../../migrations/0021_compositions.sql"),
+        ),
+        (
+            22,
+            "who set an autostart, who answered an approval",
+            include_str!("../../../migrations/0022_authority.sql"),
         ),
     ]
     .into_iter()

@@ -245,22 +245,29 @@ impl Store {
             .collect()
     }
 
-    /// Stores the grant of `owner`, replacing an older one. A connector that is gone (or
-    /// another team's) → `NotFound`.
+    /// Stores the grant of `owner`. `replaces` says which existing grant it may replace:
+    /// `None` any, `Some(Some(v))` only the one at version `v`, `Some(None)` none. `false`
+    /// when an existing grant was kept. A connector that is gone (or another team's) →
+    /// `NotFound`.
     pub async fn put_grant<T: Serialize>(
         &self,
         owner: &GrantOwner,
         grant: &T,
-    ) -> Result<(), SecretsError> {
+        replaces: Option<Option<i64>>,
+    ) -> Result<bool, SecretsError> {
         let key = self.secrets_key()?;
         let (nonce, ciphertext) = seal(key, &associated_data(GRANT_TAG, owner, &[]), grant)?;
-        let written = sqlx::query(
-            "INSERT INTO connector_grants (id, team_id, connector_id, user_id, nonce, ciphertext) \
-             SELECT $1, c.team_id, c.id, $4, $5, $6 FROM connectors c \
-             WHERE c.team_id = $2 AND c.id = $3 \
-             ON CONFLICT ON CONSTRAINT connector_grants_owner DO UPDATE \
-               SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, \
-                   version = connector_grants.version + 1, updated_at = now()",
+        let (connectors, written): (i64, i64) = sqlx::query_as(
+            "WITH c AS (SELECT team_id, id FROM connectors WHERE team_id = $2 AND id = $3), \
+             w AS ( \
+               INSERT INTO connector_grants (id, team_id, connector_id, user_id, nonce, ciphertext) \
+               SELECT $1, c.team_id, c.id, $4, $5, $6 FROM c \
+               ON CONFLICT ON CONSTRAINT connector_grants_owner DO UPDATE \
+                 SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, \
+                     version = connector_grants.version + 1, updated_at = now() \
+                 WHERE NOT $7 OR connector_grants.version = $8 \
+               RETURNING 1) \
+             SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM w)",
         )
         .bind(Uuid::now_v7())
         .bind(owner.team.0)
@@ -268,12 +275,27 @@ impl Store {
         .bind(owner.user.as_deref())
         .bind(&nonce)
         .bind(&ciphertext)
-        .execute(&self.pool)
+        .bind(replaces.is_some())
+        .bind(replaces.flatten())
+        .fetch_one(&self.pool)
         .await?;
-        if written.rows_affected() == 0 {
+        if connectors == 0 {
             return Err(StoreError::NotFound.into());
         }
-        Ok(())
+        Ok(written == 1)
+    }
+
+    /// The version of `owner`'s own grant, if it has one.
+    pub async fn grant_version(&self, owner: &GrantOwner) -> Result<Option<i64>, SecretsError> {
+        Ok(sqlx::query_scalar(
+            "SELECT version FROM connector_grants \
+             WHERE team_id = $1 AND connector_id = $2 AND user_id IS NOT DISTINCT FROM $3",
+        )
+        .bind(owner.team.0)
+        .bind(owner.connector)
+        .bind(owner.user.as_deref())
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     /// The grant a turn uses for `connector`: `user`'s own first, else the connector's,

@@ -69,6 +69,10 @@ impl Tool for AgentCreate {
         super::RiskClass::Write
     }
 
+    fn changes_agent(&self) -> bool {
+        true
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -132,6 +136,10 @@ impl Tool for AgentArchive {
         super::RiskClass::Irreversible
     }
 
+    fn changes_agent(&self) -> bool {
+        true
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -189,6 +197,10 @@ impl Tool for AgentSetPrompt {
 
     fn risk(&self) -> super::RiskClass {
         super::RiskClass::Write
+    }
+
+    fn changes_agent(&self) -> bool {
+        true
     }
 
     fn writes(&self) -> bool {
@@ -278,6 +290,10 @@ impl Tool for AgentUpdate {
         super::RiskClass::Write
     }
 
+    fn changes_agent(&self) -> bool {
+        true
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -308,7 +324,12 @@ impl Tool for AgentUpdate {
                 // loosen them would approve itself.
                 approval_policy: None,
             };
-            let update = match apply_change(&current, change, self.min_interval_secs) {
+            let update = match apply_change(
+                &current,
+                change,
+                self.min_interval_secs,
+                &ctx.authority.actor,
+            ) {
                 Ok(update) => update,
                 Err(problem) => return ToolOutput::error(problem),
             };

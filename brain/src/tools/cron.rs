@@ -69,6 +69,10 @@ impl Tool for CronSet {
         super::RiskClass::Write
     }
 
+    fn changes_agent(&self) -> bool {
+        true
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -96,6 +100,7 @@ impl Tool for CronSet {
                 timezone: timezone
                     .and_then(|name| parse_timezone(name).ok())
                     .map(|tz| tz.name().to_owned()),
+                set_by: Some(ctx.authority.actor.clone()),
             };
             let next = cadence.next_after(Utc::now());
             match ctx
@@ -202,6 +207,10 @@ impl Tool for CronRemove {
 
     fn risk(&self) -> super::RiskClass {
         super::RiskClass::Write
+    }
+
+    fn changes_agent(&self) -> bool {
+        true
     }
 
     fn writes(&self) -> bool {

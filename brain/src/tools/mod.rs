@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Authority;
 use crate::provider::ToolSpec;
 use crate::store::Store;
 
@@ -43,6 +44,9 @@ pub struct ToolCtx {
     pub ui: Option<mpsc::Sender<UiChunk>>,
     /// A child of the turn's token: a cancelled turn cancels its running tools.
     pub cancel: CancellationToken,
+    /// Whose authority the turn acts with (X1); a tool that records who changed something
+    /// records its `actor`.
+    pub authority: Authority,
 }
 
 /// A tool's answer, as the model will read it.
@@ -127,6 +131,13 @@ pub trait Tool: Send + Sync {
         false
     }
 
+    /// Whether a call changes the agent for everyone (its schedule, its secrets, the
+    /// team's agents): then it runs only in a turn whose principal could make the same
+    /// change over the API (X1, [`Authority::may_change_agent`]).
+    fn changes_agent(&self) -> bool {
+        false
+    }
+
     /// The RuntimeProfile of the worker that runs it, for the worker tools: the turn
     /// starts that worker as soon as the model begins streaming a call (W11).
     fn worker_profile(&self) -> Option<&str> {
@@ -205,6 +216,31 @@ impl Toolset {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tools_that_change_the_agent_for_everyone_say_so() {
+        let set = Toolset::brain(true, 60, None);
+        let changing: Vec<&str> = set
+            .tools
+            .iter()
+            .zip(&set.specs)
+            .filter(|(tool, _)| tool.changes_agent())
+            .map(|(_, spec)| spec.name.as_str())
+            .collect();
+        for name in [
+            "secret_set",
+            "cron_set",
+            "cron_remove",
+            "agent_create",
+            "agent_update",
+            "agent_archive",
+        ] {
+            assert!(changing.contains(&name), "{name}: {changing:?}");
+        }
+        for name in ["secret_list", "cron_list", "memory_write"] {
+            assert!(!changing.contains(&name), "{name}: {changing:?}");
+        }
+    }
 
     #[test]
     fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {

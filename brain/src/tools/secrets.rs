@@ -79,6 +79,10 @@ impl Tool for SecretSet {
         super::RiskClass::Write
     }
 
+    fn changes_agent(&self) -> bool {
+        true
+    }
+
     fn writes(&self) -> bool {
         true
     }
@@ -105,6 +109,15 @@ impl Tool for SecretSet {
             if !valid_name(&args.name) {
                 return ToolOutput::error(format!(
                     "name must be 1 to {MAX_NAME} characters of A-Z, 0-9 and _"
+                ));
+            }
+            // X1: a secret becomes a variable of every command the agent's workers run;
+            // one that reconfigures a tool (a proxy, git's ssh command) is never a credential.
+            if protocol::env::reserved(&args.name) {
+                return ToolOutput::error(format!(
+                    "`{}` is reserved: it would reconfigure the tools every user's commands \
+                     run, not pass a credential; choose another name",
+                    args.name
                 ));
             }
             if args.value.is_empty() || args.value.len() > MAX_VALUE_BYTES {

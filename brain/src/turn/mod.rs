@@ -47,14 +47,15 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::AppState;
+use crate::auth::Authority;
 use crate::connectors;
 use crate::error::ApiError;
 use crate::hold::{Admitted, HoldGuard, TurnAdmission};
 use crate::provider::ModelRequest;
 use crate::quota::{Limits, Periods, RateLimitHeaders, fallback};
 use crate::store::{
-    AgentRow, Answer, Answered, ApprovalRow, Close, NewTurn, StoreError, TurnBasis, TurnRecord,
-    TurnStatus,
+    AgentRow, Answer, Answered, Answerer, ApprovalRow, Close, NewTurn, StoreError, TurnBasis,
+    TurnRecord, TurnStatus,
 };
 use history::model_messages;
 pub use offered::Toolsets;
@@ -97,6 +98,9 @@ pub enum Trigger {
     Approval(Vec<Answer>),
     /// The agent's autostart cadence (T11): its prompt, with no client attached.
     Autostart(TurnInput),
+    /// A continuation whose turn row was never written (A3): the answers are recorded
+    /// under this turn id, which names no turn; it is started again under a new one.
+    Stranded(TurnId),
 }
 
 /// A started turn, or answers that resumed nothing yet.
@@ -111,12 +115,49 @@ pub struct Launched {
 
 /// Starts a turn for `trigger`, or replays the turn a retried message id started. A
 /// `detached` turn has no client: its chunks reach only the events stream, and nobody
-/// leaving cancels it. `parent` is the trace context the request carried.
+/// leaving cancels it. `parent` is the trace context the request carried. `authority` is
+/// whose the turn's tool calls are (X1): the posting principal, the one answering an
+/// approval, or the one who set the autostart.
+///
+/// Answers run in a task of their own (A3): once recorded, their continuation's turn row
+/// is written even when the caller goes away meanwhile (a client hanging up while a
+/// slow connector starts), so an approved call is never left without its turn.
 pub async fn launch(
     state: &AppState,
     team: TeamId,
     chat: ChatId,
     trigger: Trigger,
+    authority: Authority,
+    detached: bool,
+    parent: Option<&TraceContext>,
+) -> Result<Launched, ApiError> {
+    if !matches!(trigger, Trigger::Approval(_)) {
+        return start(state, team, chat, trigger, authority, detached, parent).await;
+    }
+    let owned = state.clone();
+    let parent = parent.cloned();
+    let task = state.turn_tracker.spawn(async move {
+        start(
+            &owned,
+            team,
+            chat,
+            trigger,
+            authority,
+            detached,
+            parent.as_ref(),
+        )
+        .await
+    });
+    task.await
+        .map_err(|_| ApiError::Internal("a continuation's start panicked".into()))?
+}
+
+async fn start(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+    trigger: Trigger,
+    authority: Authority,
     detached: bool,
     parent: Option<&TraceContext>,
 ) -> Result<Launched, ApiError> {
@@ -185,7 +226,7 @@ pub async fn launch(
             Trigger::User(input) | Trigger::Autostart(input) => {
                 context::estimate_tokens(&input.content)
             }
-            Trigger::Approval(_) => 0,
+            Trigger::Approval(_) | Trigger::Stranded(_) => 0,
         }
         + state.config.context_tokens
         + state.config.max_output_tokens as usize;
@@ -215,10 +256,35 @@ pub async fn launch(
                 Vec::new(),
             )
         }
+        Trigger::Stranded(stranded) => {
+            match state
+                .store
+                .reclaim_continuation(team, chat, stranded, turn_id)
+                .await
+            {
+                Ok(Some(resume)) => (None, None, resume, Vec::new()),
+                other => {
+                    if let Some(hold) = hold.take() {
+                        hold.release().await;
+                    }
+                    // Taken by another replica meanwhile, or its turn row exists after all.
+                    other?;
+                    return Ok(Launched {
+                        body: None,
+                        turn: None,
+                        answered: Vec::new(),
+                    });
+                }
+            }
+        }
         Trigger::Approval(answers) => {
+            let by = Answerer {
+                actor: &authority.actor,
+                admin: authority.may_change_agent(),
+            };
             let outcome = state
                 .store
-                .answer_approvals(team, chat, &answers, turn_id)
+                .answer_approvals(team, chat, &answers, turn_id, by)
                 .await;
             let release = async |hold: &mut Option<HoldGuard>| {
                 if let Some(hold) = hold.take() {
@@ -274,7 +340,10 @@ pub async fn launch(
             &state.oauth,
             team,
             agent.id,
-            chat_row.created_by.as_deref(),
+            connectors::Requester {
+                user: chat_row.created_by.as_deref(),
+                admin: authority.may_change_agent(),
+            },
             &cancel,
         )
         .await
@@ -408,6 +477,7 @@ pub async fn launch(
             chat,
         ),
         metrics,
+        authority,
         _running: running,
     };
     // The guard travels with the response body; if this handler is dropped first (the

@@ -38,6 +38,7 @@ use tracing::field::Empty;
 use super::context::{self, Fold};
 use super::history::{AWAITING_APPROVAL, answer_call, step_start, text_part, tool_part};
 use crate::approvals::{ApprovalPolicy, ApprovalState, Decision};
+use crate::auth::Authority;
 use crate::config::Limits;
 use crate::error::ApiError;
 use crate::hold::{HoldGuard, Reserved};
@@ -100,6 +101,8 @@ pub(super) struct TurnTask {
     pub _running: super::stop::Registration,
     /// Counts the turn live until the task ends, then by outcome (O2).
     pub metrics: TurnMetrics,
+    /// Whose authority the turn's tool calls act with (X1).
+    pub authority: Authority,
 }
 
 /// The outcome of one answer's tool calls.
@@ -856,6 +859,7 @@ impl TurnTask {
                 call_id: call.id.clone(),
                 ui: Some(ui.clone()),
                 cancel: cancel.clone(),
+                authority: self.authority.clone(),
             })
             .collect();
         let mut inputs = Vec::with_capacity(calls.len());
@@ -873,6 +877,13 @@ impl TurnTask {
             .await;
             inputs.push(input_shown);
             let tool = self.toolset.get(&call.name);
+            // X1, before any approval is asked: an answer (even the turn's own principal's)
+            // cannot lend the turn an authority its principal lacks.
+            if let Some(refusal) = tool.and_then(|t| self.beyond_authority(t.as_ref(), &call.name))
+            {
+                outputs[index] = Some(refusal);
+                continue;
+            }
             let decision = tool.map(|t| self.policy.decide(&call.name, t.as_ref()));
             match decision {
                 Some(Decision::Deny) => {
@@ -1018,6 +1029,7 @@ impl TurnTask {
                         call_id: call.id.clone(),
                         ui: Some(self.tx.clone()),
                         cancel: self.cancel.child_token(),
+                        authority: self.authority.clone(),
                     };
                     tokio::select! {
                         biased;
@@ -1061,9 +1073,15 @@ impl TurnTask {
         // Counted `cancelled` when the call is dropped unanswered, started or not.
         let counted = self.metrics.tool_call(tool);
         let span = tool_span(name);
+        // Every call passes here, a continuation's approved ones included.
+        let refused = self.beyond_authority(tool.as_ref(), name);
         async move {
             if self.cancel.is_cancelled() {
                 return ToolOutput::error(CANCELLED_RESULT);
+            }
+            if let Some(refusal) = refused {
+                counted.answered(&refusal);
+                return refusal;
             }
             // A call dropped by a cancel ends its span with no `outcome` and is counted
             // `cancelled`.
@@ -1073,6 +1091,17 @@ impl TurnTask {
             output
         }
         .boxed()
+    }
+
+    /// X1: the answer to a call of a tool that changes the agent for everyone, in a turn
+    /// whose principal may not make that change over the API; `None` when it may run.
+    fn beyond_authority(&self, tool: &dyn Tool, name: &str) -> Option<ToolOutput> {
+        (tool.changes_agent() && !self.authority.may_change_agent()).then(|| {
+            ToolOutput::error(format!(
+                "refused: `{name}` changes this agent for everyone, and only an admin may \
+                 do that; ask an admin of the team to make the change"
+            ))
+        })
     }
 
     /// A call's arguments parsed, and as they may be shown, stored and sent back to the
@@ -1195,8 +1224,20 @@ impl TurnTask {
     /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
     /// for, so a connected client that never reads cannot hold its turn, or a drain.
     async fn send(&self, chunk: UiChunk) -> bool {
-        // Observers see every chunk, also those of a turn whose client left.
-        self.events.publish(self.chat, self.turn, &chunk);
+        // Observers see every chunk, also those of a turn whose client left; but an
+        // authorization link is for the turn's own client only (B2, X1): every key holder
+        // of the team may read the events stream.
+        match &chunk {
+            UiChunk::DataConnectorStatus { data } if data.authorize.is_some() => {
+                let data = ConnectorStatus {
+                    authorize: None,
+                    ..data.clone()
+                };
+                self.events
+                    .publish(self.chat, self.turn, &UiChunk::DataConnectorStatus { data });
+            }
+            _ => self.events.publish(self.chat, self.turn, &chunk),
+        }
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
             // Nobody was meant to read it: the chunk is dropped, the turn goes on.
