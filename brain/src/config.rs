@@ -16,6 +16,9 @@ pub struct Config {
     pub addr: SocketAddr,
     pub database_url: String,
     pub database_max_connections: u32,
+    /// Postgres cancels a statement of the brain's pool past this
+    /// (`BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`).
+    pub database_statement_timeout: Duration,
     /// The queue of turn intakes in front of the pool (`BRAIN_INTAKE_QUEUE*`).
     pub intake: crate::intake::IntakeConfig,
     pub redis_url: String,
@@ -429,6 +432,14 @@ impl Config {
             addr,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
+            database_statement_timeout: ranged(
+                env,
+                "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS",
+                crate::store::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64,
+                100,
+                600_000,
+            )
+            .map(Duration::from_millis)?,
             intake: crate::intake::IntakeConfig {
                 queue: ranged(env, "BRAIN_INTAKE_QUEUE", 10_000, 0, 1_000_000)?,
                 wait: millis(env, "BRAIN_INTAKE_QUEUE_WAIT_MS", 30_000)?,
