@@ -383,6 +383,7 @@ pub async fn launch(
         connector_status,
         stall_timeout: state.config.client_stall_timeout,
         stalled: AtomicBool::new(false),
+        billed_at: std::sync::OnceLock::new(),
         policy: agent.approval_policy.clone(),
         approval_ttl: state.config.approval_ttl,
         resume,
