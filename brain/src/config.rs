@@ -437,7 +437,7 @@ impl Config {
                 "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS",
                 crate::store::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64,
                 100,
-                600_000,
+                60_000,
             )
             .map(Duration::from_millis)?,
             intake: crate::intake::IntakeConfig {
@@ -618,6 +618,11 @@ mod tests {
         let config = Config::from_env(&env(&[])).unwrap();
         assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
         assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
+        // Under the 5 s request bound, and within the quota rebuild's 2 min margin.
+        assert_eq!(config.database_statement_timeout, Duration::from_secs(4));
+        let err = Config::from_env(&env(&[("BRAIN_DATABASE_STATEMENT_TIMEOUT_MS", "60001")]))
+            .unwrap_err();
+        assert_eq!(err.name, "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS");
         assert!(config.demo_model, "no key means the offline demo model");
         assert!(
             !config.connectors.allow_stdio,
