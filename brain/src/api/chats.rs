@@ -37,8 +37,6 @@ const MAX_CLIENT_ID: usize = 200;
     responses(
         (status = 201, description = "The new, empty chat.", body = ChatRow),
         (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
-        (status = 503, description = "The database did not answer in time \
-            (`store_unavailable`).", body = ErrorBody),
     ),
 )]
 pub async fn create(
@@ -157,8 +155,6 @@ fn seq_of(cursor: &str) -> Result<i64, ApiError> {
         (status = 400, description = "`limit` is out of range or `before` is not a cursor \
             (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team (`not_found`).", body = ErrorBody),
-        (status = 503, description = "The database did not answer in time \
-            (`store_unavailable`).", body = ErrorBody),
     ),
 )]
 pub async fn messages(
