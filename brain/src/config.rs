@@ -16,6 +16,9 @@ pub struct Config {
     pub addr: SocketAddr,
     pub database_url: String,
     pub database_max_connections: u32,
+    /// Postgres cancels a statement of the brain's pool past this
+    /// (`BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`).
+    pub database_statement_timeout: Duration,
     /// The queue of turn intakes in front of the pool (`BRAIN_INTAKE_QUEUE*`).
     pub intake: crate::intake::IntakeConfig,
     pub redis_url: String,
@@ -429,6 +432,14 @@ impl Config {
             addr,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
+            database_statement_timeout: ranged(
+                env,
+                "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS",
+                crate::store::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64,
+                100,
+                60_000,
+            )
+            .map(Duration::from_millis)?,
             intake: crate::intake::IntakeConfig {
                 queue: ranged(env, "BRAIN_INTAKE_QUEUE", 10_000, 0, 1_000_000)?,
                 wait: millis(env, "BRAIN_INTAKE_QUEUE_WAIT_MS", 30_000)?,
@@ -607,6 +618,11 @@ mod tests {
         let config = Config::from_env(&env(&[])).unwrap();
         assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
         assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
+        // Under the 5 s request bound, and within the quota rebuild's 2 min margin.
+        assert_eq!(config.database_statement_timeout, Duration::from_secs(4));
+        let err = Config::from_env(&env(&[("BRAIN_DATABASE_STATEMENT_TIMEOUT_MS", "60001")]))
+            .unwrap_err();
+        assert_eq!(err.name, "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS");
         assert!(config.demo_model, "no key means the offline demo model");
         assert!(
             !config.connectors.allow_stdio,

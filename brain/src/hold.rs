@@ -20,7 +20,10 @@
 //! scored by when each one's hold lapses, so a dead replica's turns leave it on their
 //! own), their reservations (a hash and its total), the turn starts of the last minute
 //! (a sorted set), and the billed tokens of the UTC day and month (rebuilt from Postgres'
-//! billing events when missing, and every hour, so drift heals).
+//! billing events when missing, and every hour, so drift heals). A turn's billed tokens
+//! are added once, keyed by the turn, through a short ledger of settled turns: whether
+//! or not its reservation was reaped meanwhile, and whichever of its settlement and a
+//! rebuild of the counters comes first (`SETTLE`, `REBUILD`).
 //!
 //! Architecture invariant: only this module knows the hold's and the counters' key names
 //! and value formats.
@@ -78,8 +81,8 @@ return 0
 
 /// The quota-aware `ACQUIRE` (see the module doc for the keys). Answers `{"busy", value}`,
 /// `{"limits"}` (none stored: the next call carries them, `ARGV[5]` = `1`, `ARGV[7..10]`),
-/// `{"rebuild"}` (a budget counter is missing: the next call carries the billed day and
-/// month, `ARGV[12]`/`ARGV[13]`), `{"refused", field, counts…, limits…}`, `{"ok"}` (the
+/// `{"rebuild"}` (a budget counter is missing: `REBUILD` it, then call again),
+/// `{"refused", field, counts…, limits…}`, `{"ok"}` (the
 /// team has no turn limit) or `{"ok", counts…, limits…}`, where counts are the running
 /// turns, the turns of the last minute, ms until the oldest of them leaves the window,
 /// and billed + reserved tokens of the day and month, as the turn leaves them, and limits
@@ -121,8 +124,6 @@ if recent > 0 then
 end
 local day, month = 0, 0
 if tpd or tpmo then
-  if ARGV[12] ~= '' then redis.call('SET', KEYS[7], ARGV[12], 'EX', ARGV[11], 'NX') end
-  if ARGV[13] ~= '' then redis.call('SET', KEYS[8], ARGV[13], 'EX', ARGV[11], 'NX') end
   local d, m = redis.call('GET', KEYS[7]), redis.call('GET', KEYS[8])
   if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
   local resv = tonumber(redis.call('GET', KEYS[5]) or '0')
@@ -148,7 +149,7 @@ redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[3], r)
 redis.call('INCRBY', KEYS[5], r)
 redis.call('ZADD', KEYS[6], now, ARGV[3])
-for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[14]) end
+for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[11]) end
 redis.call('PEXPIRE', KEYS[6], 61000)
 running, recent, day, month = running + 1, recent + 1, day + r, month + r
 if reset == 0 then reset = 60000 end
@@ -156,16 +157,14 @@ return answer('ok')
 ";
 
 /// A further model call of an admitted turn (`ARGV[1]`) reserves its estimate (`ARGV[2]`)
-/// against the budgets `ARGV[3]`/`ARGV[4]` (day, month; empty for none); `ARGV[5..7]`
-/// rebuild missing counters like `ADMIT`'s. Keys: the reservations, their total, the
-/// day's and the month's counters. Answers `{"rebuild"}`,
+/// against the budgets `ARGV[3]`/`ARGV[4]` (day, month; empty for none). Keys: the
+/// reservations, their total, the day's and the month's counters. Answers `{"rebuild"}`
+/// (as `ADMIT`'s),
 /// `{"refused", field, day, month}` or `{"ok", day, month}`. A turn that is not running
 /// in the counters (its entry lapsed) reserves nothing and is let through: it was admitted.
 const RESERVE: &str = r"
 local function num(v) if not v or v == '' then return nil end return tonumber(v) end
 local tpd, tpmo = num(ARGV[3]), num(ARGV[4])
-if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5], 'EX', ARGV[7], 'NX') end
-if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'EX', ARGV[7], 'NX') end
 local d, m = redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])
 if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
 local resv = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -182,11 +181,14 @@ end
 return {'ok', f(day), f(month)}
 ";
 
-/// `RELEASE` that also settles the turn's quota counters: it leaves the running set, its
-/// reservation is returned, and the billed tokens `ARGV[3]` are added to the day and
-/// month counters that exist (a missing one is rebuilt from billing events, which hold
-/// this turn's already). Settles once: the billed tokens go in only with the reservation
-/// they replace, so a retried release adds nothing twice. 1 if the hold was ours.
+/// `RELEASE` that also settles the turn's quota counters: it leaves the running set and
+/// its reservation (if not reaped already) is returned. Its billed tokens `ARGV[3]`, billed
+/// at `ARGV[4]` (ms, Postgres' clock; empty: unknown, Redis' now), go into the ledger of
+/// settled turns (keys 7 and 8) once per turn, and with it into each day and month
+/// counter that exists and was rebuilt from billing events before they were billed (its
+/// `since`, keys 9 and 10): a counter rebuilt later holds them already. A retried
+/// settlement, or one of a turn whose reservation was reaped, adds nothing twice and
+/// loses nothing. `ARGV[5]`: how long the ledger keeps a turn (ms). 1 if the hold was ours.
 const SETTLE: &str = r"
 local ours = redis.call('GET', KEYS[1]) == ARGV[1]
 if ours then redis.call('DEL', KEYS[1]) end
@@ -195,14 +197,55 @@ local r = redis.call('HGET', KEYS[3], ARGV[2])
 if r then
   redis.call('HDEL', KEYS[3], ARGV[2])
   redis.call('DECRBY', KEYS[4], r)
-  local b = tonumber(ARGV[3])
-  if b > 0 then
-    if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('INCRBY', KEYS[5], b) end
-    if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('INCRBY', KEYS[6], b) end
+end
+local b = tonumber(ARGV[3])
+if b > 0 then
+  local at = tonumber(ARGV[4])
+  if not at then
+    local t = redis.call('TIME')
+    at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  if redis.call('ZADD', KEYS[7], 'NX', at, ARGV[2]) == 1 then
+    redis.call('HSET', KEYS[8], ARGV[2], b)
+    for i = 5, 6 do
+      if redis.call('EXISTS', KEYS[i]) == 1
+        and at >= tonumber(redis.call('GET', KEYS[i + 4]) or '0') then
+        redis.call('INCRBY', KEYS[i], b)
+      end
+    end
+    local keep = tonumber(ARGV[5])
+    local old = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', at - keep)
+    if #old > 0 then
+      redis.call('HDEL', KEYS[8], unpack(old))
+      redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', at - keep)
+    end
+    redis.call('PEXPIRE', KEYS[7], keep)
+    redis.call('PEXPIRE', KEYS[8], keep)
   end
 end
 if ours then return 1 end
 return 0
+";
+
+/// Sets a missing day (key 1) or month (key 2) counter: the tokens billed before the
+/// cutoff `ARGV[3]` (ms, Postgres' clock) as Postgres summed them (`ARGV[1]`/`ARGV[2]`),
+/// plus the ledger's turns billed since the cutoff and within the
+/// period (`ARGV[4]`/`ARGV[5]`: from when). The cutoff is kept as the counter's `since`
+/// (keys 3 and 4): turns settling later add to it only if billed at or after it. Keys 5
+/// and 6 are the ledger. `ARGV[6]`: the counters' lifetime (s). Set with `NX`: a counter
+/// another replica rebuilt meanwhile stays.
+const REBUILD: &str = r"
+for i = 1, 2 do
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    local total = tonumber(ARGV[i])
+    for _, turn in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], ARGV[3 + i], '+inf')) do
+      total = total + tonumber(redis.call('HGET', KEYS[6], turn) or '0')
+    end
+    redis.call('SET', KEYS[i], string.format('%.0f', total), 'EX', ARGV[6])
+    redis.call('SET', KEYS[i + 2], ARGV[3], 'EX', ARGV[6])
+  end
+end
+return 1
 ";
 
 /// Adds tokens billed outside a turn's reservation (a background summary) to the day's
@@ -229,6 +272,14 @@ return 0
 const LIMITS_TTL: Duration = Duration::from_secs(60);
 /// How long a budget counter lives before it is rebuilt from billing events.
 const COUNTER_TTL: Duration = Duration::from_secs(60 * 60);
+/// A rebuild takes from Postgres the billing events older than this, which have all
+/// committed (a brain statement is cancelled within `BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`,
+/// at most a minute), and the newer ones from the ledger of settled turns; so a turn that
+/// ends while a counter is rebuilt is counted once, whichever lands first.
+const REBUILD_MARGIN: Duration = Duration::from_secs(2 * 60);
+/// How long the ledger of settled turns keeps one: well past [`REBUILD_MARGIN`] and a
+/// rebuild's round trips.
+const LEDGER_KEEP: Duration = Duration::from_secs(10 * 60);
 
 /// Attempts at releasing a hold (50 ms, 200 ms, 800 ms apart).
 const RELEASE_TRIES: u32 = 4;
@@ -278,6 +329,7 @@ struct Inner {
     admit: redis::Script,
     reserve: redis::Script,
     settle: redis::Script,
+    rebuild: redis::Script,
     extend_counted: redis::Script,
     bill: redis::Script,
 }
@@ -352,6 +404,7 @@ impl Holds {
                 admit: redis::Script::new(ADMIT),
                 reserve: redis::Script::new(RESERVE),
                 settle: redis::Script::new(SETTLE),
+                rebuild: redis::Script::new(REBUILD),
                 extend_counted: redis::Script::new(EXTEND_COUNTED),
                 bill: redis::Script::new(BILL),
             }),
@@ -464,7 +517,6 @@ impl Holds {
         let value = format!("{}:{:032x}", admission.turn, rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let mut limits: Option<Limits> = None;
-        let mut billed: Option<(u64, u64)> = None;
         // At most: reload the limits, rebuild the counters, then decide.
         for _ in 0..3 {
             let call = || {
@@ -493,11 +545,7 @@ impl Holds {
                 ] {
                     invocation.arg(field.map(|v| v.to_string()).unwrap_or_default());
                 }
-                invocation
-                    .arg(COUNTER_TTL.as_secs())
-                    .arg(billed.map(|b| b.0.to_string()).unwrap_or_default())
-                    .arg(billed.map(|b| b.1.to_string()).unwrap_or_default())
-                    .arg(millis(inner.config.max_total * 2));
+                invocation.arg(millis(inner.config.max_total * 2));
                 invocation
             };
             let answer = inner
@@ -553,7 +601,17 @@ impl Holds {
                 }
                 Some("limits") => limits = Some(quotas.limits(admission.team).await?),
                 Some("rebuild") => {
-                    billed = Some(quotas.billed_tokens(admission.team, &periods).await?);
+                    // Nothing was taken yet: the script answers this before the hold.
+                    if let Err(class) = inner.rebuild(quotas, admission.team, &periods).await? {
+                        inner.metrics.hold_unavailable.inc();
+                        tracing::warn!(
+                            agent = %admission.agent,
+                            turn = %admission.turn,
+                            class,
+                            "quota counters could not be rebuilt; enforcing from Postgres"
+                        );
+                        return Ok(Admitted::Unavailable);
+                    }
                 }
                 Some("ok") if answer.len() == 1 => {
                     let guard = HoldGuard::start(inner, hold, value, acquired_at, None);
@@ -642,20 +700,32 @@ struct TeamKeys {
     starts: String,
     day: String,
     month: String,
+    /// The cutoff each counter was rebuilt at (`REBUILD`).
+    day_since: String,
+    month_since: String,
+    /// The ledger of settled turns: when each was billed, and its tokens.
+    settled: String,
+    settled_tokens: String,
 }
 
 impl TeamKeys {
     fn new(team: TeamId, periods: &Periods) -> Self {
         let prefix = format!("quota:{team}:");
         let key = |name: &str| format!("{prefix}{name}");
+        let day = key(&format!("tokens:day:{}", periods.day_tag()));
+        let month = key(&format!("tokens:month:{}", periods.month_tag()));
         Self {
             limits: key("limits"),
             running: key("running"),
             reserved: key("reserved"),
             reserved_total: key("reserved_total"),
             starts: key("starts"),
-            day: key(&format!("tokens:day:{}", periods.day_tag())),
-            month: key(&format!("tokens:month:{}", periods.month_tag())),
+            day_since: format!("{day}:since"),
+            month_since: format!("{month}:since"),
+            day,
+            month,
+            settled: key("settled"),
+            settled_tokens: key("settled_tokens"),
         }
     }
 }
@@ -698,6 +768,8 @@ impl Holds {
                     .arg(&keys.limits)
                     .arg(&keys.day)
                     .arg(&keys.month)
+                    .arg(&keys.day_since)
+                    .arg(&keys.month_since)
                     .query_async::<i64>(&mut conn)
                     .await
             })
@@ -775,7 +847,7 @@ impl Inner {
     /// is slow (a burst of turn ends) or reconnecting: until it lands, the agent answers
     /// `agent_busy` for up to the hold's ttl. Trying again is safe: a delete that did land
     /// leaves nothing ours, and a settlement that did land adds nothing twice.
-    async fn release(&self, key: &str, value: &str, counted: Option<&Counted>, billed: u64) {
+    async fn release(&self, key: &str, value: &str, counted: Option<&Counted>, billed: Billed) {
         let mut pause = Duration::from_millis(50);
         for attempt in 1..=RELEASE_TRIES {
             let released = match counted {
@@ -806,9 +878,13 @@ impl Inner {
         key: &str,
         value: &str,
         counted: &Counted,
-        billed: u64,
+        billed: Billed,
     ) -> Result<bool, Class> {
         let keys = TeamKeys::new(counted.team, &Periods::now());
+        let at = billed
+            .at
+            .map(|at| at.timestamp_millis().to_string())
+            .unwrap_or_default();
         self.bounded(async {
             let mut conn = self.connection().await?;
             self.settle
@@ -818,14 +894,57 @@ impl Inner {
                 .key(&keys.reserved_total)
                 .key(&keys.day)
                 .key(&keys.month)
+                .key(&keys.settled)
+                .key(&keys.settled_tokens)
+                .key(&keys.day_since)
+                .key(&keys.month_since)
                 .arg(value)
                 .arg(counted.turn.to_string())
-                .arg(billed)
+                .arg(billed.tokens)
+                .arg(&at)
+                .arg(millis(LEDGER_KEEP))
                 .invoke_async::<i64>(&mut conn)
                 .await
         })
         .await
         .map(|n| n == 1)
+    }
+
+    /// Sets the team's missing budget counters from billing events (`REBUILD`). A
+    /// Postgres failure is the caller's error (quotas are never skipped); a Redis one its
+    /// class.
+    async fn rebuild(
+        &self,
+        quotas: &Quotas,
+        team: TeamId,
+        periods: &Periods,
+    ) -> Result<Result<(), Class>, StoreError> {
+        let base = quotas.billed_tokens(team, periods, REBUILD_MARGIN).await?;
+        let keys = TeamKeys::new(team, periods);
+        let from = |start: chrono::DateTime<chrono::Utc>| {
+            base.cutoff.max(start).timestamp_millis().to_string()
+        };
+        Ok(self
+            .bounded(async {
+                let mut conn = self.connection().await?;
+                self.rebuild
+                    .key(&keys.day)
+                    .key(&keys.month)
+                    .key(&keys.day_since)
+                    .key(&keys.month_since)
+                    .key(&keys.settled)
+                    .key(&keys.settled_tokens)
+                    .arg(base.tokens_day)
+                    .arg(base.tokens_month)
+                    .arg(base.cutoff.timestamp_millis())
+                    .arg(from(periods.day_start))
+                    .arg(from(periods.month_start))
+                    .arg(COUNTER_TTL.as_secs())
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+            })
+            .await
+            .map(|_| ()))
     }
 
     async fn extend(
@@ -872,6 +991,15 @@ struct Held {
     stop: CancellationToken,
 }
 
+/// What a turn billed, settled into the budget counters at its release.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Billed {
+    /// Input + output tokens of every model call it made.
+    pub tokens: u64,
+    /// When its billing events were written (Postgres' clock); `None` if they were not.
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// A turn the team's quota counters count, settled at release.
 #[derive(Clone, Copy, Debug)]
 struct Counted {
@@ -910,12 +1038,11 @@ impl HoldGuard {
     /// Stops extending and deletes the hold if it is still ours (compare-and-delete), so a
     /// turn that outlived its hold never frees another turn's.
     pub async fn release(self) {
-        self.release_billed(0).await;
+        self.release_billed(Billed::default()).await;
     }
 
-    /// `release`, settling a counted turn's reservations on the `billed` tokens (input +
-    /// output of every model call it made).
-    pub async fn release_billed(mut self, billed: u64) {
+    /// `release`, settling a counted turn's reservations on what it `billed`.
+    pub async fn release_billed(mut self, billed: Billed) {
         if let Some(held) = self.held.take() {
             held.stop.cancel();
             held.inner
@@ -945,7 +1072,6 @@ impl HoldGuard {
         let periods = Periods::now();
         let keys = TeamKeys::new(counted.team, &periods);
         let limit = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-        let mut billed: Option<(u64, u64)> = None;
         for _ in 0..2 {
             let answer = inner
                 .bounded(async {
@@ -960,9 +1086,6 @@ impl HoldGuard {
                         .arg(reservation)
                         .arg(limit(limits.tokens_per_day))
                         .arg(limit(limits.tokens_per_month))
-                        .arg(billed.map(|b| b.0.to_string()).unwrap_or_default())
-                        .arg(billed.map(|b| b.1.to_string()).unwrap_or_default())
-                        .arg(COUNTER_TTL.as_secs())
                         .invoke_async::<Vec<String>>(&mut conn)
                         .await
                 })
@@ -983,7 +1106,10 @@ impl HoldGuard {
             match answer.first().map(String::as_str) {
                 Some("ok") => return Ok(Reserved::Ok),
                 Some("rebuild") => {
-                    billed = Some(quotas.billed_tokens(counted.team, &periods).await?);
+                    if let Err(class) = inner.rebuild(quotas, counted.team, &periods).await? {
+                        tracing::warn!(turn = %counted.turn, class, "quota counters unavailable mid-turn");
+                        return Ok(Reserved::Unavailable);
+                    }
                 }
                 Some("refused") => {
                     let counts = TurnCounts {
@@ -1030,7 +1156,11 @@ impl fmt::Debug for HoldGuard {
 /// Best-effort release in the background; without a runtime the hold simply expires.
 fn spawn_release(inner: Arc<Inner>, key: String, value: String, counted: Option<Counted>) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { inner.release(&key, &value, counted.as_ref(), 0).await });
+        runtime.spawn(async move {
+            inner
+                .release(&key, &value, counted.as_ref(), Billed::default())
+                .await
+        });
     }
 }
 

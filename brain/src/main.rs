@@ -78,9 +78,13 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let store = Store::connect(&config.database_url, config.database_max_connections)
-        .await
-        .context("connecting to Postgres (DATABASE_URL)")?;
+    let store = Store::connect_with(
+        &config.database_url,
+        config.database_max_connections,
+        config.database_statement_timeout,
+    )
+    .await
+    .context("connecting to Postgres (DATABASE_URL)")?;
     let redis = redis::Client::open(config.redis_url.as_str()).context("REDIS_URL")?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

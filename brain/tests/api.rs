@@ -280,3 +280,72 @@ async fn unknown_routes_and_methods_answer_json_errors() {
         (405, "method_not_allowed".into())
     );
 }
+
+/// Issue 24 (8): the transcript is read a page at a time, from the newest page back, on a
+/// keyset: a message written between two reads neither repeats nor skips one, and a
+/// chat shorter than a page reads whole in one answer, as the web chat reads it.
+#[tokio::test]
+async fn the_transcript_pages_from_the_newest_back_without_gaps() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let turn = async |text: &str| {
+        app.provider.push(scripted_provider::Reply::Text {
+            deltas: vec![format!("re {text}")],
+            delay: std::time::Duration::ZERO,
+        });
+        let response = app.send(&chat, &json!({ "content": text })).await;
+        assert_eq!(response.status(), 200);
+        common::read_stream(response).await;
+    };
+    for i in 0..4 {
+        turn(&format!("m{i}")).await;
+    }
+    // An assistant message opens with a `step-start` part.
+    let text = |m: &Value| -> String {
+        let parts = m["parts"].as_array().unwrap();
+        parts.iter().filter_map(|p| p["text"].as_str()).collect()
+    };
+    let page = async |query: &str| -> (Vec<String>, Option<String>) {
+        let response = app.get(&format!("/v1/chats/{chat}/messages{query}")).await;
+        assert_eq!(response.status(), 200, "{query}");
+        let body: Value = response.json().await.unwrap();
+        let texts = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(text)
+            .collect();
+        (texts, body["next_cursor"].as_str().map(str::to_owned))
+    };
+    let whole: Vec<String> = (0..4)
+        .flat_map(|i| [format!("m{i}"), format!("re m{i}")])
+        .collect();
+    assert_eq!(page("").await, (whole.clone(), None));
+
+    let (newest, cursor) = page("?limit=3").await;
+    assert_eq!(newest, ["re m2", "m3", "re m3"]);
+    // Written after the first page was read: the next pages go on from where it ended.
+    turn("m4").await;
+    let cursor = cursor.unwrap();
+    let (middle, cursor) = page(&format!("?limit=3&before={cursor}")).await;
+    assert_eq!(middle, ["m1", "re m1", "m2"]);
+    let (oldest, cursor) = page(&format!("?limit=3&before={}", cursor.unwrap())).await;
+    assert_eq!(oldest, ["m0", "re m0"]);
+    assert_eq!(cursor, None, "the oldest page has no cursor");
+    assert_eq!(page("?limit=2").await.0, ["m4", "re m4"]);
+
+    for query in [
+        "?limit=0",
+        "?limit=201",
+        "?before=bm90IGEgY3Vyc29y",
+        "?before=",
+        "?offset=2",
+    ] {
+        let response = app.get(&format!("/v1/chats/{chat}/messages{query}")).await;
+        assert_eq!(
+            error_code(response).await,
+            (400, "invalid_request".into()),
+            "{query}"
+        );
+    }
+}

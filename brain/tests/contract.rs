@@ -495,6 +495,26 @@ async fn another_teams_ids_are_not_found_on_every_operation() {
         .await
         .unwrap();
     assert_eq!(messages["messages"].as_array().unwrap().len(), 2);
+    // The transcript's pages as the contract describes them: newest first, `next_cursor`
+    // to the older one, none on the oldest; the caller's key with the owner's cursor finds
+    // nothing either.
+    let newest: Value = as_owner(format!("/v1/chats/{}/messages?limit=1", theirs["chat_id"]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(newest["messages"][0], messages["messages"][1]);
+    let cursor = newest["next_cursor"].as_str().unwrap();
+    let older = format!(
+        "/v1/chats/{}/messages?limit=1&before={cursor}",
+        theirs["chat_id"]
+    );
+    let oldest: Value = as_owner(older.clone()).await.unwrap().json().await.unwrap();
+    assert_eq!(oldest["messages"][0], messages["messages"][0]);
+    assert_eq!(oldest.get("next_cursor"), None);
+    let foreign = app.get(&older).await;
+    assert_eq!(foreign.status(), 404);
     let connectors: Value = as_owner("/v1/connectors".into())
         .await
         .unwrap()

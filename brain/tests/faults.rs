@@ -141,3 +141,159 @@ async fn a_cut_postgres_fails_turns_fast_and_they_work_again_without_a_restart()
         "the refused turn wrote nothing"
     );
 }
+
+/// The request's bound on a store call (`brain::store::CALL_BOUND`), with the slack a
+/// loaded CI machine adds.
+const STORE_BOUND: Duration = Duration::from_secs(5);
+
+/// Issue 24 (8): a Postgres that takes statements and does not answer them (here its
+/// tables locked by another session, so every statement on them waits) costs a request
+/// its bound, not forever: posting a message, reading the transcript, opening a chat and
+/// creating a key each answer `503 store_unavailable` within it, and a posted message
+/// gives its intake slot and its agent's hold back.
+#[tokio::test]
+async fn statements_that_never_answer_fail_within_the_bound_and_free_their_slots() {
+    // Three intake slots and no queue: an intake that finds no free slot is refused
+    // `overloaded` at once, so a slot kept by a failed intake shows.
+    let app = TestApp::start_with(|c| {
+        c.database_max_connections = 4;
+        c.intake.queue = 0;
+    })
+    .await;
+    let mut chats = Vec::new();
+    for _ in 0..3 {
+        chats.push(app.agent_and_chat("openai/gpt-test", &[]).await);
+    }
+    for (_, chat) in &chats {
+        turn(&app, chat, "before").await;
+    }
+    let client = reqwest::Client::builder()
+        .timeout(STORE_BOUND * 3)
+        .build()
+        .unwrap();
+    let request = |method: reqwest::Method, path: String, body: Value| {
+        let mut req = client
+            .request(method, format!("{}{path}", app.url))
+            .bearer_auth(&app.key);
+        if !body.is_null() {
+            req = req.json(&body);
+        }
+        async move {
+            let started = Instant::now();
+            let response = req.send().await;
+            let took = started.elapsed();
+            let response = response.unwrap_or_else(|e| panic!("{path}: no answer ({e})"));
+            (path, error_code(response).await, took)
+        }
+    };
+    let all_unavailable = async |round: &str, calls| {
+        let answers: Vec<(String, (u16, String), Duration)> =
+            futures_util::future::join_all(calls).await;
+        for (path, answer, took) in answers {
+            assert_eq!(answer, (503, "store_unavailable".into()), "{round}: {path}");
+            assert!(
+                took < STORE_BOUND + SLACK,
+                "{round}: {path} took {took:?}, more than the bound"
+            );
+        }
+    };
+
+    // Reads of chats and key lookups go on; what writes a message, a chat or a key, or
+    // reads messages, waits for the lock.
+    let mut locker = app.store.pool().begin().await.unwrap();
+    sqlx::query("LOCK TABLE messages IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    sqlx::query("LOCK TABLE chats, api_keys IN SHARE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    for round in ["every slot taken", "every slot given back"] {
+        let posts = chats.iter().map(|(_, chat)| {
+            request(
+                reqwest::Method::POST,
+                format!("/v1/chats/{chat}/messages"),
+                json!({"content": "during"}),
+            )
+        });
+        all_unavailable(round, posts.collect::<Vec<_>>()).await;
+    }
+    let others = vec![
+        request(
+            reqwest::Method::GET,
+            format!("/v1/chats/{}/messages", chats[0].1),
+            Value::Null,
+        ),
+        request(
+            reqwest::Method::POST,
+            format!("/v1/agents/{}/chats", chats[0].0),
+            json!({}),
+        ),
+        request(
+            reqwest::Method::POST,
+            "/v1/keys".into(),
+            json!({"name": "during", "scope": "chat"}),
+        ),
+    ];
+    all_unavailable("reads and other writes", others).await;
+    locker.rollback().await.unwrap();
+
+    // Nothing was written, and every agent takes a turn again.
+    for (_, chat) in &chats {
+        app.provider.push(Reply::Text {
+            deltas: vec!["after".into()],
+            delay: Duration::ZERO,
+        });
+        let mut status = 0;
+        for _ in 0..20 {
+            let response = app.send(chat, &json!({"content": "after"})).await;
+            status = response.status().as_u16();
+            if status == 200 {
+                read_stream(response).await;
+                break;
+            }
+            // The failed intake's hold is released in the background.
+            assert_eq!(status, 409);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, 200);
+        assert_eq!(app.messages(chat).await.len(), 4);
+    }
+    let statuses = app.settled().await;
+    assert_eq!(statuses.len(), 6, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|(s, _)| s == "completed"),
+        "{statuses:?}"
+    );
+}
+
+/// The pool's connections carry the statement timeout: Postgres itself cancels a
+/// statement past it.
+#[tokio::test]
+async fn postgres_cancels_a_statement_of_the_pool_past_its_timeout() {
+    let (_, db) = common::fresh_store().await;
+    let store = brain::store::Store::connect_with(
+        &test_support::db::db_url(&db),
+        1,
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap();
+    let (timeout,): (String,) = sqlx::query_as("SHOW statement_timeout")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(timeout, "300ms");
+    let started = Instant::now();
+    let err = sqlx::query("SELECT pg_sleep(5)")
+        .execute(store.pool())
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let code = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("57014"), "{err}");
+}

@@ -174,10 +174,12 @@ async fn fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservat
     let budget = 3 * reservation;
     put_quotas(&app, json!({"tokens_per_day": budget})).await;
     // A thousand output tokens an answer (the scripted model ignores the output cap, as
-    // a real one would not), so a few turns spend the budget.
+    // a real one would not), so a few turns spend the budget. The answer takes long
+    // enough that no turn settles (giving back its reservation) before all 50 were
+    // admitted or refused, even on a loaded machine.
     let long = || Reply::Text {
         deltas: vec!["x".repeat(4000)],
-        delay: Duration::from_millis(200),
+        delay: Duration::from_millis(2000),
     };
     for _ in 0..50 {
         app.provider.push(long());
@@ -482,4 +484,173 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
     assert_eq!(refusal.code(), protocol::ErrorCode::QuotaExhausted);
     assert!(refusal.retry_after <= Duration::from_secs(86_400));
     assert_eq!(quotas(&app).await["used"]["worker_seconds_per_day"], 51);
+}
+
+mod settle {
+    //! Issue 24 (9): settling a turn adds its billed tokens to the budget counters exactly
+    //! once, keyed by the turn, whatever became of its reservation and however a rebuild
+    //! of the counters from billing events interleaves with its end.
+
+    use std::time::Duration;
+
+    use brain::hold::{Admitted, Billed, HoldConfig, HoldGuard, Holds, TurnAdmission};
+    use brain::metrics::Metrics;
+    use brain::quota::{Limits, Periods, Quotas};
+    use brain::store::Store;
+    use protocol::{AgentId, TeamId, TurnId};
+    use redis::AsyncCommands;
+
+    struct Counters {
+        store: Store,
+        quotas: Quotas,
+        holds: Holds,
+        team: TeamId,
+        redis: redis::aio::MultiplexedConnection,
+    }
+
+    impl Counters {
+        async fn start(config: HoldConfig) -> Self {
+            let (store, _) = super::common::fresh_store().await;
+            let team = store.create_team("settle").await.unwrap().team_id;
+            let budget = Limits {
+                tokens_per_day: Some(1_000_000),
+                ..Limits::default()
+            };
+            let url = super::common::manager::redis_url();
+            let client = redis::Client::open(url.as_str()).unwrap();
+            let redis = client.get_multiplexed_async_connection().await.unwrap();
+            Self {
+                quotas: Quotas::new(store.clone(), budget),
+                holds: Holds::new(client, config, Metrics::new(false).unwrap()),
+                store,
+                team,
+                redis,
+            }
+        }
+
+        /// A counted turn of a fresh agent.
+        async fn admit(&self, turn: TurnId) -> HoldGuard {
+            let admission = TurnAdmission {
+                team: self.team,
+                agent: AgentId::new(),
+                turn,
+                reservation: 100,
+            };
+            match self.holds.admit(&self.quotas, admission).await.unwrap() {
+                Admitted::Held { guard, .. } => guard,
+                other => panic!("expected the hold, got {other:?} (is Redis running?)"),
+            }
+        }
+
+        /// The tokens the day's counter holds (what admissions are decided on).
+        async fn day(&self) -> i64 {
+            let key = format!(
+                "quota:{}:tokens:day:{}",
+                self.team,
+                Periods::now().day_tag()
+            );
+            let value: Option<i64> = self.redis.clone().get(key).await.unwrap();
+            value.expect("the day's counter exists")
+        }
+
+        /// A turn's end written to Postgres: its model call billed `tokens`. What its
+        /// settlement carries.
+        async fn bill(&self, turn: TurnId, tokens: u64) -> Billed {
+            let (at,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as(
+                "INSERT INTO billing_events \
+                   (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, \
+                    output_tokens) \
+                 VALUES ($1, $2, $3, $4, $5, 'model_call', 'openai/x', $6, 0) \
+                 RETURNING created_at",
+            )
+            .bind(uuid::Uuid::now_v7())
+            .bind(self.team.0)
+            .bind(AgentId::new().0)
+            .bind(turn.0)
+            .bind(format!("test:{turn}"))
+            .bind(tokens as i64)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap();
+            Billed {
+                tokens,
+                at: Some(at),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_turn_whose_reservation_was_reaped_still_counts_its_tokens_once() {
+        // A short ceiling: the turn outlives its hold, and the next admission reaps its
+        // reservation as a dead replica's.
+        let counters = Counters::start(HoldConfig {
+            ttl: Duration::from_millis(300),
+            max_total: Duration::from_millis(300),
+            ..HoldConfig::default()
+        })
+        .await;
+        let turn = TurnId::new();
+        let long = counters.admit(turn).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let next = counters.admit(TurnId::new()).await;
+        // Its billing events were not written (the wrap-up could not reach Postgres).
+        let billed = |tokens| Billed { tokens, at: None };
+        long.release_billed(billed(1000)).await;
+        assert_eq!(
+            counters.day().await,
+            1000,
+            "the reaped turn's tokens were lost"
+        );
+        // Its settlement runs again (a retried release whose first answer was lost).
+        counters
+            .admit(turn)
+            .await
+            .release_billed(billed(1000))
+            .await;
+        assert_eq!(
+            counters.day().await,
+            1000,
+            "a second settlement added them again"
+        );
+        next.release_billed(billed(500)).await;
+        assert_eq!(counters.day().await, 1500);
+    }
+
+    #[tokio::test]
+    async fn a_rebuild_racing_turn_ends_neither_loses_nor_doubles_their_tokens() {
+        let counters = Counters::start(HoldConfig::default()).await;
+        // Billed long before: the rebuild reads it from Postgres.
+        let old = TurnId::new();
+        counters.bill(old, 50).await;
+        sqlx::query("UPDATE billing_events SET created_at = now() - interval '5 minutes'")
+            .execute(counters.store.pool())
+            .await
+            .unwrap();
+
+        // A turn's end lands in Postgres while the counters are due for their rebuild, and
+        // another admission rebuilds them before the turn settles.
+        let ending = TurnId::new();
+        let guard = counters.admit(ending).await;
+        counters.holds.forget_limits(counters.team).await.unwrap();
+        let billed = counters.bill(ending, 700).await;
+        let other = counters.admit(TurnId::new()).await;
+        guard.release_billed(billed).await;
+        assert_eq!(
+            counters.day().await,
+            750,
+            "the turn's tokens were counted twice"
+        );
+
+        // A turn that settles while the counters are missing, rebuilt afterwards.
+        let ending = TurnId::new();
+        let guard = counters.admit(ending).await;
+        counters.holds.forget_limits(counters.team).await.unwrap();
+        let billed = counters.bill(ending, 300).await;
+        guard.release_billed(billed).await;
+        let last = counters.admit(TurnId::new()).await;
+        assert_eq!(counters.day().await, 1050, "the turn's tokens were lost");
+        other.release().await;
+        last.release().await;
+        assert_eq!(counters.day().await, 1050);
+    }
 }

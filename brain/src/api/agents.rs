@@ -341,7 +341,12 @@ pub const MAX_LIST: u32 = 200;
 
 impl ListParams {
     pub fn limit(&self) -> Result<i64, ApiError> {
-        match self.limit {
+        Self::checked(self.limit)
+    }
+
+    /// A `?limit=` of any listing, checked against the listings' bounds.
+    pub fn checked(limit: Option<u32>) -> Result<i64, ApiError> {
+        match limit {
             None => Ok(i64::from(DEFAULT_LIST)),
             Some(n) if (1..=MAX_LIST).contains(&n) => Ok(i64::from(n)),
             Some(_) => Err(ApiError::InvalidRequest(format!(

@@ -12,7 +12,7 @@ use crate::AppState;
 use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{Answer, ApprovalRow, StoreError};
+use crate::store::{Answer, ApprovalRow, StoreError, bounded};
 use crate::turn::{self, Trigger};
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -40,12 +40,12 @@ pub async fn list(
 ) -> Result<Json<Approvals>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
     principal.check_chat(&state.store, chat).await?;
-    match state.store.chat_created_by(principal.team, chat).await {
+    match bounded(state.store.chat_created_by(principal.team, chat)).await {
         Ok(_) => {}
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
         Err(e) => return Err(e.into()),
     }
-    let approvals = state.store.chat_approvals(principal.team, chat).await?;
+    let approvals = bounded(state.store.chat_approvals(principal.team, chat)).await?;
     Ok(Json(Approvals { approvals }))
 }
 
@@ -104,7 +104,7 @@ pub async fn answer(
 ) -> Result<(StatusCode, Json<Answered>), ApiError> {
     let id: Uuid = parse_id(&approval_id, "approval")?;
     validate_reason(body.reason.as_deref()).map_err(ApiError::InvalidRequest)?;
-    let approval = match state.store.approval(principal.team, id).await {
+    let approval = match bounded(state.store.approval(principal.team, id)).await {
         Ok(approval) => approval,
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("approval")),
         Err(e) => return Err(e.into()),

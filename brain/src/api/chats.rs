@@ -6,6 +6,8 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{OneOfBuilder, Schema};
@@ -20,7 +22,7 @@ use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::Answer;
-use crate::store::{ChatRow, MessageRow, StoreError};
+use crate::store::{ChatRow, MessageRow, StoreError, bounded};
 use crate::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 
@@ -43,10 +45,12 @@ pub async fn create(
     Path(agent_id): Path<String>,
 ) -> Result<(StatusCode, Json<ChatRow>), ApiError> {
     let agent = parse_id(&agent_id, "agent")?;
-    match state
-        .store
-        .create_chat(principal.team, agent, principal.user.as_deref())
-        .await
+    match bounded(
+        state
+            .store
+            .create_chat(principal.team, agent, principal.user.as_deref()),
+    )
+    .await
     {
         Ok(chat) => Ok((StatusCode::CREATED, Json(chat))),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
@@ -81,10 +85,12 @@ pub async fn list(
 ) -> Result<Json<Chats>, ApiError> {
     let agent = parse_id(&agent_id, "agent")?;
     let limit = params.limit()?;
-    match state
-        .store
-        .chats(principal.team, agent, principal.only_chats_of(), limit)
-        .await
+    match bounded(
+        state
+            .store
+            .chats(principal.team, agent, principal.only_chats_of(), limit),
+    )
+    .await
     {
         Ok(chats) => Ok(Json(Chats { chats })),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
@@ -92,19 +98,62 @@ pub async fn list(
     }
 }
 
+/// A page of the transcript. Without `next_cursor` it reaches the chat's first message.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Messages {
+    /// Oldest first, as the chat reads.
     messages: Vec<MessageRow>,
+    /// `before` for the page of older messages; absent on the oldest page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
+/// `?limit=&before=` of the transcript.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MessageParams {
+    /// How many messages, the newest before `before`: 1 to 200, 50 when absent.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// A `next_cursor` of an earlier page: the page of messages older than that one.
+    #[serde(default)]
+    before: Option<String>,
+}
+
+/// What a cursor names, behind its opaque form: clients only hand it back, so the key
+/// (the transcript's `seq`) may change without breaking them.
+const CURSOR_TAG: &str = "m1:";
+
+fn cursor_of(seq: i64) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{CURSOR_TAG}{seq}"))
+}
+
+fn seq_of(cursor: &str) -> Result<i64, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|raw| String::from_utf8(raw).ok())
+        .and_then(|raw| raw.strip_prefix(CURSOR_TAG)?.parse::<i64>().ok())
+        .ok_or_else(|| {
+            ApiError::InvalidRequest("before must be a next_cursor this API returned".into())
+        })
+}
+
+/// `GET /v1/chats/{id}/messages`: the transcript a page at a time, newest page first.
 #[utoipa::path(
     get,
     path = "/chats/{chat_id}/messages",
     operation_id = "list_messages",
     tag = "chats",
-    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    params(("chat_id" = Uuid, Path, description = "The chat."), MessageParams),
     responses(
-        (status = 200, description = "The chat's transcript, oldest first.", body = Messages),
+        (status = 200, description = "The newest `limit` messages before `before` (the \
+            newest of the chat without it), oldest first; `next_cursor` pages to older ones.",
+            body = Messages),
+        (status = 400, description = "`limit` is out of range or `before` is not a cursor \
+            (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -112,11 +161,28 @@ pub async fn messages(
     State(state): State<AppState>,
     principal: Principal,
     Path(chat_id): Path<String>,
+    QueryParams(params): QueryParams<MessageParams>,
 ) -> Result<Json<Messages>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
+    let limit = ListParams::checked(params.limit)?;
+    let before = params.before.as_deref().map(seq_of).transpose()?;
     principal.check_chat(&state.store, chat).await?;
-    match state.store.messages(principal.team, chat).await {
-        Ok(messages) => Ok(Json(Messages { messages })),
+    match bounded(
+        state
+            .store
+            .message_page(principal.team, chat, before, limit),
+    )
+    .await
+    {
+        Ok((messages, more)) => {
+            let next_cursor = more
+                .then(|| messages.first().map(|m| cursor_of(m.seq)))
+                .flatten();
+            Ok(Json(Messages {
+                messages,
+                next_cursor,
+            }))
+        }
         Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
         Err(e) => Err(e.into()),
     }

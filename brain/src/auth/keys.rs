@@ -186,20 +186,24 @@ impl Keys {
         scope: Scope,
     ) -> Result<(KeyRow, String), StoreError> {
         let secret = new_key();
-        let row = self
-            .store
-            .create_key(team, name, scope.as_str(), &secret, MAX_KEYS_PER_TEAM)
-            .await?;
+        let row = crate::store::bounded(self.store.create_key(
+            team,
+            name,
+            scope.as_str(),
+            &secret,
+            MAX_KEYS_PER_TEAM,
+        ))
+        .await?;
         Ok((row, secret))
     }
 
     pub async fn list(&self, team: TeamId) -> Result<Vec<KeyRow>, StoreError> {
-        self.store.keys(team).await
+        crate::store::bounded(self.store.keys(team)).await
     }
 
     /// Revokes the key in Postgres, then tells every replica to forget it.
     pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
-        let hash = self.store.revoke_key(team, id).await?;
+        let hash = crate::store::bounded(self.store.revoke_key(team, id)).await?;
         self.cache.evict(Some(&hash));
         if self.publish(&hash).await {
             return Ok(());

@@ -30,7 +30,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{Store, StoreError, bounded};
+use crate::store::{BilledBefore, Store, StoreError, bounded};
 pub use headers::{RateLimitHeaders, TurnCounts};
 
 /// One quota, by its wire name.
@@ -335,14 +335,15 @@ impl Quotas {
         Ok(self.defaults.with_overrides(&overrides))
     }
 
-    /// Billed model tokens this UTC day and month, which the Redis counters are rebuilt
-    /// from.
+    /// Billed model tokens this UTC day and month written more than `settled_for` ago,
+    /// which the Redis counters are rebuilt from.
     pub async fn billed_tokens(
         &self,
         team: TeamId,
         periods: &Periods,
-    ) -> Result<(u64, u64), StoreError> {
-        bounded(self.store.billed_tokens(team, periods)).await
+        settled_for: Duration,
+    ) -> Result<BilledBefore, StoreError> {
+        bounded(self.store.billed_tokens(team, periods, settled_for)).await
     }
 
     /// What the team has used in each quota's window, from Postgres.

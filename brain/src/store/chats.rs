@@ -168,22 +168,47 @@ impl Store {
         })
     }
 
-    /// Every message of a chat, oldest first. Returns `NotFound` for another team's chat.
-    pub async fn messages(
+    /// A page of a chat's transcript: the newest `limit` messages with `seq < before`
+    /// (all of them without `before`), in transcript order, and whether older ones
+    /// remain. A keyset on `seq` (the `messages_seq` index), so a page costs the same at
+    /// any depth. One round trip; `NotFound` for another team's chat.
+    pub async fn message_page(
         &self,
         team: TeamId,
         chat: ChatId,
-    ) -> Result<Vec<MessageRow>, StoreError> {
-        let exists: Option<(i32,)> =
-            sqlx::query_as("SELECT 1 FROM chats WHERE team_id = $1 AND id = $2")
-                .bind(team.0)
-                .bind(chat.0)
-                .fetch_optional(&self.pool)
-                .await?;
-        if exists.is_none() {
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<(Vec<MessageRow>, bool), StoreError> {
+        // The chat row comes first so that an empty chat answers one row of NULLs and a
+        // missing one none; one extra message tells whether older ones remain.
+        let sql = format!(
+            "SELECT m.* FROM chats c LEFT JOIN LATERAL ( \
+               SELECT {MESSAGE_COLUMNS} FROM messages \
+               WHERE team_id = c.team_id AND chat_id = c.id \
+                 AND ($3::int8 IS NULL OR seq < $3) \
+               ORDER BY seq DESC LIMIT $4 + 1) m ON true \
+             WHERE c.team_id = $1 AND c.id = $2"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        if rows.is_empty() {
             return Err(StoreError::NotFound);
         }
-        self.messages_after(team, chat, 0).await
+        let mut page = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.try_get::<Option<uuid::Uuid>, _>("id")?.is_some() {
+                page.push(message_from_row(row)?);
+            }
+        }
+        let more = page.len() as i64 > limit;
+        page.truncate(usize::try_from(limit).unwrap_or(0));
+        page.reverse();
+        Ok((page, more))
     }
 
     /// Messages with `seq > after`, oldest first: the tail a turn sends to the model.

@@ -43,7 +43,7 @@ pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
-pub use quotas::TurnUsage;
+pub use quotas::{BilledBefore, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
@@ -155,11 +155,46 @@ pub struct Store {
     secrets: Option<SecretsKey>,
 }
 
+/// The default of `BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`: under [`CALL_BOUND`], so a
+/// statement stuck behind a lock is cancelled by Postgres (its locks and its connection
+/// freed) by the time the request that waited for it gives up.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// What Postgres is asked to do about each of the pool's connections, as startup
+/// parameters (so they hold from the first statement, with no round trip of their own):
+/// cancel a statement past `statement_timeout`, and probe an idle link with TCP
+/// keepalives so a brain that vanished (node lost, partition) stops holding a backend
+/// and its locks within about a minute rather than the kernel's two hours. sqlx has no
+/// client-side keepalive; the brain's side is bounded by [`bounded`] instead.
+fn session_settings(statement_timeout: Duration) -> [(&'static str, String); 4] {
+    [
+        (
+            "statement_timeout",
+            format!("{}ms", statement_timeout.as_millis()),
+        ),
+        ("tcp_keepalives_idle", "30".into()),
+        ("tcp_keepalives_interval", "10".into()),
+        ("tcp_keepalives_count", "3".into()),
+    ]
+}
+
 impl Store {
+    /// A pool under [`DEFAULT_STATEMENT_TIMEOUT`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        Self::connect_with(url, max_connections, DEFAULT_STATEMENT_TIMEOUT).await
+    }
+
+    /// A pool of at most `max_connections` whose statements Postgres cancels past
+    /// `statement_timeout` (`BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`).
+    pub async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        statement_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let options = loopback_in_the_clear(url, url.parse()?);
-        let options =
-            options.log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        let options = options
+            .options(session_settings(statement_timeout))
+            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(5))
@@ -207,7 +242,15 @@ impl Store {
     /// Applies every migration not yet applied. Migrations are compiled into the binary so
     /// a container needs no files beside it.
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
-        migrator().run(&self.pool).await
+        // A migration may rewrite a large table: it runs on a connection of its own without
+        // the pool's statement timeout, and that connection is closed afterwards rather
+        // than returned to the pool with the timeout lifted.
+        let mut conn = self.pool.acquire().await?;
+        conn.close_on_drop();
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
+        migrator().run(&mut *conn).await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use protocol::TeamId;
 use sqlx::Row;
 
@@ -19,6 +20,14 @@ pub struct TurnUsage {
     /// Billed model tokens (input + output) this UTC day and month.
     pub tokens_day: u64,
     pub tokens_month: u64,
+}
+
+/// Billed tokens of the UTC day and month before `cutoff` (`Store::billed_tokens`).
+#[derive(Clone, Copy, Debug)]
+pub struct BilledBefore {
+    pub tokens_day: u64,
+    pub tokens_month: u64,
+    pub cutoff: DateTime<Utc>,
 }
 
 fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64, StoreError> {
@@ -65,20 +74,33 @@ impl Store {
         Ok(overrides)
     }
 
-    /// Billed model tokens this UTC day and month: what a missing Redis counter is
-    /// rebuilt from.
+    /// Billed model tokens this UTC day and month, of the events written more than
+    /// `settled_for` ago by Postgres' clock, and that cutoff: what a missing Redis counter
+    /// is rebuilt from (`crate::hold`). Events younger than the cutoff may still be
+    /// committing; the counters take those from the turns' own settlements.
     pub async fn billed_tokens(
         &self,
         team: TeamId,
         periods: &Periods,
-    ) -> Result<(u64, u64), StoreError> {
-        let row = sqlx::query(TOKENS)
+        settled_for: Duration,
+    ) -> Result<BilledBefore, StoreError> {
+        let sql = format!(
+            "SELECT t.*, c.at AS cutoff \
+             FROM (SELECT now() - make_interval(secs => $4) AS at) c, \
+             LATERAL ({TOKENS} AND created_at < c.at) t"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(periods.day_start)
             .bind(periods.month_start)
+            .bind(settled_for.as_secs_f64())
             .fetch_one(&self.pool)
             .await?;
-        Ok((count(&row, "tokens_day")?, count(&row, "tokens_month")?))
+        Ok(BilledBefore {
+            tokens_day: count(&row, "tokens_day")?,
+            tokens_month: count(&row, "tokens_month")?,
+            cutoff: row.try_get("cutoff")?,
+        })
     }
 
     /// Everything the turn path counts, in one statement.

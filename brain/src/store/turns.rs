@@ -318,7 +318,8 @@ impl Store {
 
     /// Records how a turn ended: status, assistant message and usage (or, for a turn that
     /// failed before any output, the user message withdrawn), all or nothing. One
-    /// statement (an implicit transaction, one round trip): it closes every turn.
+    /// statement (an implicit transaction, one round trip): it closes every turn. Answers
+    /// when its billing events were written (their `created_at`).
     pub async fn finish_turn(
         &self,
         team: TeamId,
@@ -326,7 +327,7 @@ impl Store {
         chat: ChatId,
         turn: TurnId,
         end: &TurnEnd,
-    ) -> Result<(), StoreError> {
+    ) -> Result<DateTime<Utc>, StoreError> {
         let assistant = end.assistant.as_ref();
         let parts = assistant.map(|m| storable_json(&m.parts));
         let mut ids = Vec::with_capacity(end.usage.len());
@@ -341,7 +342,7 @@ impl Store {
             inputs.push(tokens(usage.input_tokens));
             outputs.push(tokens(usage.output_tokens));
         }
-        sqlx::query(
+        let (billed_at,): (DateTime<Utc>,) = sqlx::query_as(
             "WITH t AS ( \
                UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
                WHERE team_id = $1 AND id = $2), \
@@ -364,7 +365,7 @@ impl Store {
                SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
                FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
                  $21::timestamptz[]) AS a(id, idx, call, tool, input, exp)) \
-             SELECT 1",
+             SELECT now()",
         )
         .bind(team.0)
         .bind(turn.0)
@@ -397,9 +398,9 @@ impl Store {
                 .collect::<Vec<_>>(),
         )
         .bind(end.approvals.iter().map(|a| a.expires_at).collect::<Vec<_>>())
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        Ok(())
+        Ok(billed_at)
     }
 }
 
@@ -428,18 +429,20 @@ impl Store {
 
     /// Bills a turn's model calls without its end state (which could not be written), under
     /// the keys the end state would have used, so a later write of either bills once.
+    /// Answers when the last was written (`None`: there was none).
     pub async fn record_model_calls(
         &self,
         team: TeamId,
         agent: AgentId,
         turn: TurnId,
         usage: &[ModelCallUsage],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let mut billed_at = None;
         for call in usage {
             let key = model_call_key(turn, call.call_index);
-            insert_usage(&self.pool, team, agent, turn, &key, call).await?;
+            billed_at = Some(insert_usage(&self.pool, team, agent, turn, &key, call).await?);
         }
-        Ok(())
+        Ok(billed_at)
     }
 
     /// Records one model call made outside a turn's own loop (the summarizer), once per
@@ -452,11 +455,13 @@ impl Store {
         event_key: &str,
         usage: &ModelCallUsage,
     ) -> Result<(), StoreError> {
-        insert_usage(&self.pool, team, agent, turn, event_key, usage).await
+        insert_usage(&self.pool, team, agent, turn, event_key, usage).await?;
+        Ok(())
     }
 }
 
 /// E1: a usage event lands once per `event_key`, however often the write is retried.
+/// Answers when it was written (now, for a retry).
 async fn insert_usage(
     pool: &sqlx::PgPool,
     team: TeamId,
@@ -464,12 +469,15 @@ async fn insert_usage(
     turn: TurnId,
     event_key: &str,
     usage: &ModelCallUsage,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO billing_events \
-           (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
-         VALUES ($1, $2, $3, $4, $5, 'model_call', $6, $7, $8) \
-         ON CONFLICT (event_key) DO NOTHING",
+) -> Result<DateTime<Utc>, StoreError> {
+    let (at,): (DateTime<Utc>,) = sqlx::query_as(
+        "WITH i AS ( \
+           INSERT INTO billing_events \
+             (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, \
+              output_tokens) \
+           VALUES ($1, $2, $3, $4, $5, 'model_call', $6, $7, $8) \
+           ON CONFLICT (event_key) DO NOTHING) \
+         SELECT now()",
     )
     .bind(Uuid::now_v7())
     .bind(team.0)
@@ -479,9 +487,9 @@ async fn insert_usage(
     .bind(&usage.model)
     .bind(tokens(usage.input_tokens))
     .bind(tokens(usage.output_tokens))
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(())
+    Ok(at)
 }
 
 #[cfg(test)]

@@ -55,7 +55,7 @@ use crate::provider::ModelRequest;
 use crate::quota::{Limits, Periods, RateLimitHeaders, fallback};
 use crate::store::{
     AgentRow, Answer, Answered, Answerer, ApprovalRow, Close, NewTurn, StoreError, TurnBasis,
-    TurnRecord, TurnStatus,
+    TurnRecord, TurnStatus, bounded,
 };
 use history::model_messages;
 pub use offered::Toolsets;
@@ -168,9 +168,7 @@ async fn start(
         agent,
         has_connectors,
         has_pending_approvals,
-    } = state
-        .store
-        .chat_with_agent(team, chat)
+    } = bounded(state.store.chat_with_agent(team, chat))
         .await
         .map_err(|e| match e {
             StoreError::NotFound => ApiError::NotFound("chat"),
@@ -183,10 +181,8 @@ async fn start(
     };
     if let Trigger::User(input) = &trigger
         && let Some(client_id) = input.client_message_id.as_deref()
-        && let Some(existing) = state
-            .store
-            .turn_for_client_message(team, chat, client_id)
-            .await?
+        && let Some(existing) =
+            bounded(state.store.turn_for_client_message(team, chat, client_id)).await?
     {
         return replay(existing).map(replayed);
     }
@@ -244,10 +240,7 @@ async fn start(
     let (content, client_message_id, resume, answered) = match trigger {
         Trigger::User(input) | Trigger::Autostart(input) => {
             if has_pending_approvals {
-                state
-                    .store
-                    .close_approvals(team, chat, Close::Superseded)
-                    .await?;
+                bounded(state.store.close_approvals(team, chat, Close::Superseded)).await?;
             }
             (
                 Some(input.content),
@@ -257,10 +250,12 @@ async fn start(
             )
         }
         Trigger::Stranded(stranded) => {
-            match state
-                .store
-                .reclaim_continuation(team, chat, stranded, turn_id)
-                .await
+            match bounded(
+                state
+                    .store
+                    .reclaim_continuation(team, chat, stranded, turn_id),
+            )
+            .await
             {
                 Ok(Some(resume)) => (None, None, resume, Vec::new()),
                 other => {
@@ -282,10 +277,12 @@ async fn start(
                 actor: &authority.actor,
                 admin: authority.may_change_agent(),
             };
-            let outcome = state
-                .store
-                .answer_approvals(team, chat, &answers, turn_id, by)
-                .await;
+            let outcome = bounded(
+                state
+                    .store
+                    .answer_approvals(team, chat, &answers, turn_id, by),
+            )
+            .await;
             let release = async |hold: &mut Option<HoldGuard>| {
                 if let Some(hold) = hold.take() {
                     hold.release().await;
@@ -372,37 +369,33 @@ async fn start(
     let composition_json = serde_json::value::to_raw_value(&composition)
         .map_err(|e| ApiError::Internal(format!("composition: {e}")))?;
     let user_parts = content.map(|text| serde_json::json!([{ "type": "text", "text": text }]));
-    let begun = state
-        .store
-        .begin_turn(
-            NewTurn {
-                id: turn_id,
-                team,
-                agent: agent.id,
-                chat,
-                trigger: if !resume.is_empty() {
-                    "approval"
-                } else if autostart {
-                    "autostart"
-                } else {
-                    "user"
-                },
-                composition: &composition_json,
-                user_parts: user_parts.as_ref(),
-                client_message_id: client_message_id.as_deref(),
-                replica: state.replica,
+    let begun = bounded(state.store.begin_turn(
+        NewTurn {
+            id: turn_id,
+            team,
+            agent: agent.id,
+            chat,
+            trigger: if !resume.is_empty() {
+                "approval"
+            } else if autostart {
+                "autostart"
+            } else {
+                "user"
             },
-            composition.summary_through,
-        )
-        .await;
+            composition: &composition_json,
+            user_parts: user_parts.as_ref(),
+            client_message_id: client_message_id.as_deref(),
+            replica: state.replica,
+        },
+        composition.summary_through,
+    ))
+    .await;
     let history = match begun {
         Ok(history) => history,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
         Err(StoreError::Conflict("message_id")) => {
             let client_id = client_message_id.as_deref().unwrap_or_default();
-            let existing = state
-                .store
-                .turn_for_client_message(team, chat, client_id)
+            let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
                 .await?
                 .ok_or(ApiError::Internal("conflicting message id vanished".into()))?;
             return replay(existing).map(replayed);
@@ -465,6 +458,7 @@ async fn start(
         connector_status,
         stall_timeout: state.config.client_stall_timeout,
         stalled: AtomicBool::new(false),
+        billed_at: std::sync::OnceLock::new(),
         policy: agent.approval_policy.clone(),
         approval_ttl: state.config.approval_ttl,
         resume,

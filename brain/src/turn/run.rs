@@ -20,10 +20,11 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -41,7 +42,7 @@ use crate::approvals::{ApprovalPolicy, ApprovalState, Decision};
 use crate::auth::Authority;
 use crate::config::Limits;
 use crate::error::ApiError;
-use crate::hold::{HoldGuard, Reserved};
+use crate::hold::{Billed, HoldGuard, Reserved};
 use crate::metrics::{TurnMetrics, TurnOutcome};
 use crate::provider::{
     EventStream, Message, ModelRequest, ModelRoute, ProviderError, ProviderEvent, Providers,
@@ -84,6 +85,9 @@ pub(super) struct TurnTask {
     pub stall_timeout: Duration,
     /// Set once a send gave the client up; from then on nothing waits for it.
     pub stalled: AtomicBool,
+    /// When the wrap-up wrote the turn's billing events (Postgres' clock), for its
+    /// settlement in the budget counters.
+    pub billed_at: OnceLock<DateTime<Utc>>,
     /// The agent's approval policy (A2), applied to every call.
     pub policy: ApprovalPolicy,
     /// How long a call that asks waits for its answer (A4).
@@ -463,8 +467,12 @@ impl TurnTask {
         }
     }
 
-    async fn release_hold(&mut self, billed: u64) {
+    async fn release_hold(&mut self, tokens: u64) {
         if let Some(hold) = self.hold.take() {
+            let billed = Billed {
+                tokens,
+                at: self.billed_at.get().copied(),
+            };
             hold.release_billed(billed).await;
         }
     }
@@ -1282,8 +1290,12 @@ impl TurnTask {
                     .finish_turn(self.team, self.agent, self.chat, self.turn, &end)
             })
             .await;
-        let Err(class) = written else {
-            return true;
+        let class = match written {
+            Ok(billed_at) => {
+                let _ = self.billed_at.set(billed_at);
+                return true;
+            }
+            Err(class) => class,
         };
         tracing::error!(turn = %self.turn, class, "could not write the turn's end state; ending it failed");
         let team = self.team;
@@ -1301,14 +1313,21 @@ impl TurnTask {
             }
         }
         // The model calls were made: they are billed even though the answer is lost.
-        if let Err(class) = self
+        match self
             .retrying(FALLBACK_PATIENCE, || {
                 self.store
                     .record_model_calls(team, self.agent, turn, &end.usage)
             })
             .await
         {
-            tracing::error!(turn = %self.turn, class, "could not bill the turn's model calls");
+            Ok(billed_at) => {
+                if let Some(billed_at) = billed_at {
+                    let _ = self.billed_at.set(billed_at);
+                }
+            }
+            Err(class) => {
+                tracing::error!(turn = %self.turn, class, "could not bill the turn's model calls");
+            }
         }
         false
     }
