@@ -155,7 +155,7 @@ struct Published {
 }
 
 /// This replica's side of the chat events streams: the publisher's channel and the
-/// readers of the chats observed here. Cheap to clone.
+/// reader of the chats observed here. Cheap to clone.
 #[derive(Clone)]
 pub struct Events(Arc<Inner>);
 
