@@ -178,6 +178,11 @@ pub struct EventsConfig {
     /// Bound on every Redis call of the events stream but the blocking read, which is
     /// bounded by its block time plus this.
     pub redis_timeout: Duration,
+    /// Open observer streams (events and resumed turn streams) on this replica.
+    pub max_observers: usize,
+    /// Open observer streams of one principal (an API key, a token's user) on this
+    /// replica.
+    pub max_observers_per_principal: usize,
 }
 
 /// Worker sessions: the channel's timeouts and the session token key.
@@ -493,6 +498,14 @@ impl Config {
                 publish_buffer: ranged(env, "BRAIN_EVENTS_PUBLISH_BUFFER", 8192, 1, 1 << 24)?,
                 observer_buffer: ranged(env, "BRAIN_EVENTS_OBSERVER_BUFFER", 512, 1, 1 << 20)?,
                 redis_timeout: millis(env, "BRAIN_EVENTS_REDIS_TIMEOUT_MS", 1_000)?,
+                max_observers: ranged(env, "BRAIN_EVENTS_MAX_OBSERVERS", 10_000, 1, 1 << 20)?,
+                max_observers_per_principal: ranged(
+                    env,
+                    "BRAIN_EVENTS_MAX_OBSERVERS_PER_PRINCIPAL",
+                    100,
+                    1,
+                    1 << 20,
+                )?,
             },
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,

@@ -67,6 +67,9 @@ pub enum ApiError {
     /// The chat's events stream could not be read from Redis (S2).
     #[error("the chat's events stream is unavailable; retry")]
     EventsUnavailable,
+    /// The principal's or the replica's cap on open observer streams is reached (S2).
+    #[error("too many observer streams open; close one or retry later")]
+    TooManyObservers,
     /// A team quota refuses the request before anything is spent (T2, E2).
     #[error("{}", .0.message())]
     Quota(Refusal),
@@ -161,6 +164,7 @@ impl ApiError {
             Self::ShuttingDown => ErrorCode::ShuttingDown,
             Self::Overloaded(_) => ErrorCode::Overloaded,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
+            Self::TooManyObservers => ErrorCode::TooManyObservers,
             Self::Quota(refusal) => refusal.code(),
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
             Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
@@ -180,7 +184,9 @@ impl ApiError {
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict
             | ErrorCode::AuthorizationNotRequired => StatusCode::CONFLICT,
-            ErrorCode::RateLimited | ErrorCode::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::RateLimited | ErrorCode::QuotaExceeded | ErrorCode::TooManyObservers => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
@@ -241,6 +247,8 @@ impl IntoResponse for ApiError {
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
             Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
+            // Places free only as other streams close, which nothing here can foresee.
+            Self::TooManyObservers => Some(std::time::Duration::from_secs(5)),
             Self::Overloaded(refused) => Some(refused.retry_after),
             Self::Quota(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.

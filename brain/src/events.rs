@@ -11,8 +11,13 @@
 //! gets a `resync` entry, so its observers learn of the gap instead of missing events
 //! silently.
 //!
-//! Observing: one reader task per chat per replica (`XREAD BLOCK` on a connection of its
-//! own) broadcasts entries to every local observer of the chat. An observer subscribes
+//! Observing: one reader task per replica reads every chat observed here in one `XREAD
+//! BLOCK` over all their keys, on the one connection of its own, and broadcasts each
+//! chat's entries to the chat's local observers; so observed chats cost Redis no
+//! connection each. A chat newly observed wakes the blocked read through the replica's
+//! wake key (`XADD` to it, which the read also watches), so it is read at once. Observers
+//! are capped per principal and per replica (`too_many_observers`), and each stream ends
+//! with its principal's authority (`crate::auth::Authority`). An observer subscribes
 //! first, then replays what it missed (`XRANGE` after its `Last-Event-ID`, in a script that
 //! also tells whether anything after that id was trimmed), then follows the broadcast,
 //! skipping what the replay already gave: no gap, no duplicate. The broadcast ring is the
@@ -23,20 +28,22 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream};
 use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TurnId};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, RedisError};
-use tokio::sync::{OnceCell, broadcast, mpsc};
+use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Authority;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
 
@@ -44,8 +51,8 @@ use crate::metrics::Metrics;
 const MAX_BATCH: usize = 512;
 /// Chats remembered as kept up before the ones no longer due are forgotten.
 const MAX_KEPT_UP: usize = 4096;
-/// How long a reader blocks in one `XREAD`; a reader whose observers all left stops
-/// within this.
+/// How long the reader blocks in one `XREAD`; a chat whose observers all left is read no
+/// more within this.
 const READ_BLOCK: Duration = Duration::from_secs(2);
 /// Entries per `XRANGE` page of a replay, and per `XREAD` of a reader.
 const PAGE: usize = 1000;
@@ -72,6 +79,9 @@ pub enum EventsError {
     /// Redis refused, failed or timed out; the class names which.
     #[error("events stream unavailable ({0})")]
     Unavailable(&'static str),
+    /// The principal, or this replica, has as many observer streams open as allowed.
+    #[error("too many observer streams open")]
+    TooManyObservers,
 }
 
 /// A Redis stream entry id, `<ms>-<seq>`: the SSE `id:` of an event and what
@@ -100,7 +110,7 @@ impl fmt::Display for EventId {
     }
 }
 
-/// What a reader broadcasts to the observers of its chat.
+/// What the reader broadcasts to the observers of a chat.
 #[derive(Debug)]
 enum Event {
     Entry(Entry),
@@ -145,7 +155,7 @@ struct Published {
 }
 
 /// This replica's side of the chat events streams: the publisher's channel and the
-/// readers of the chats observed here. Cheap to clone.
+/// reader of the chats observed here. Cheap to clone.
 #[derive(Clone)]
 pub struct Events(Arc<Inner>);
 
@@ -160,12 +170,66 @@ struct Inner {
     rx: Mutex<Option<mpsc::Receiver<Published>>>,
     /// Chats that lost chunks since the last batch; each gets a resync entry.
     gaps: Mutex<HashSet<ChatId>>,
-    /// One broadcast per observed chat, fed by that chat's reader task.
-    readers: Mutex<HashMap<ChatId, broadcast::Sender<Arc<Event>>>>,
+    /// The chats observed here, which the reader reads.
+    observed: Mutex<HashMap<ChatId, Observed>>,
+    /// Whether the reader task was started.
+    reading: AtomicBool,
+    /// Wakes the reader when it waits for a first chat to read.
+    wake: Notify,
+    /// This replica's wake key: an entry added there ends the reader's blocked `XREAD`.
+    wake_key: String,
+    /// Open observer streams, per principal and in all.
+    observers: Arc<Mutex<Counts>>,
 }
 
+/// A chat observed on this replica: its broadcast, and the last entry read for it.
+struct Observed {
+    tx: broadcast::Sender<Arc<Event>>,
+    last: EventId,
+}
+
+/// Who opens an observer stream: the principal's identity, for the caps, and its
+/// authority, which the stream ends with.
+pub struct Viewer {
+    pub identity: String,
+    pub authority: Authority,
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_principal: HashMap<String, usize>,
+}
+
+/// An observer stream's place under the caps; given back when dropped.
+struct Slot {
+    counts: Arc<Mutex<Counts>>,
+    identity: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.counts.lock() {
+            counts.total = counts.total.saturating_sub(1);
+            if let Some(open) = counts.per_principal.get_mut(&self.identity) {
+                *open -= 1;
+                if *open == 0 {
+                    counts.per_principal.remove(&self.identity);
+                }
+            }
+        }
+    }
+}
+
+const STREAM_PREFIX: &str = "events:chat:";
+/// How long a replica's wake key outlives its last use.
+const WAKE_KEY_TTL_MS: u64 = 60_000;
+
+/// What one `XREAD` brings: each stream's key, with its entries (id and flat fields).
+type Streams = Vec<(String, Vec<(String, Vec<String>)>)>;
+
 fn stream_key(chat: ChatId) -> String {
-    format!("events:chat:{chat}")
+    format!("{STREAM_PREFIX}{chat}")
 }
 
 fn error_class(err: &RedisError) -> &'static str {
@@ -217,8 +281,33 @@ impl Events {
             tx,
             rx: Mutex::new(Some(rx)),
             gaps: Mutex::new(HashSet::new()),
-            readers: Mutex::new(HashMap::new()),
+            observed: Mutex::new(HashMap::new()),
+            reading: AtomicBool::new(false),
+            wake: Notify::new(),
+            wake_key: format!("events:wake:{}", uuid::Uuid::new_v4()),
+            observers: Arc::default(),
         }))
+    }
+
+    /// A place for one more observer stream of `identity`, within both caps.
+    fn admit(&self, identity: String) -> Result<Slot, EventsError> {
+        let config = &self.0.config;
+        let mut counts = self
+            .0
+            .observers
+            .lock()
+            .map_err(|_| EventsError::Unavailable("poisoned"))?;
+        let open = counts.per_principal.get(&identity).copied().unwrap_or(0);
+        if counts.total >= config.max_observers || open >= config.max_observers_per_principal {
+            self.0.metrics.observers_refused.inc();
+            return Err(EventsError::TooManyObservers);
+        }
+        counts.total += 1;
+        *counts.per_principal.entry(identity.clone()).or_default() += 1;
+        Ok(Slot {
+            counts: self.0.observers.clone(),
+            identity,
+        })
     }
 
     /// Queues `chunk` of `turn` for the chat's stream; never waits. A full queue drops it
@@ -373,7 +462,9 @@ impl Events {
         chat: ChatId,
         after: Option<EventId>,
         stop: CancellationToken,
+        viewer: Viewer,
     ) -> Result<Observer, EventsError> {
+        let slot = self.admit(viewer.identity)?;
         // Subscribed before the replay is read: whatever the replay misses, the broadcast
         // carries, and the cursor drops what both carry.
         let rx = self.subscribe(chat).await?;
@@ -384,9 +475,11 @@ impl Events {
             turn: None,
             keepalive: self.0.config.keepalive,
             stop,
+            authority: viewer.authority,
             metrics: self.0.metrics.clone(),
             ended: false,
             _observing: self.0.metrics.observing(),
+            _slot: slot,
         };
         if let Some(after) = after {
             self.replay(chat, after, &mut observer).await?;
@@ -404,8 +497,10 @@ impl Events {
         turn: TurnId,
         started: u64,
         stop: CancellationToken,
+        viewer: Viewer,
     ) -> Result<Option<TurnStream>, EventsError> {
         type Page = Vec<(String, Vec<String>)>;
+        let slot = self.admit(viewer.identity)?;
         // Subscribed first, as `observe` is: the cursor drops what replay and broadcast
         // both carry.
         let rx = self.subscribe(chat).await?;
@@ -417,7 +512,9 @@ impl Events {
             begun: false,
             keepalive: self.0.config.keepalive,
             stop,
+            authority: viewer.authority,
             ended: false,
+            _slot: slot,
         };
         let limit = self.0.config.redis_timeout;
         let key = stream_key(chat);
@@ -528,8 +625,8 @@ impl Events {
         }
     }
 
-    /// A receiver of the chat's broadcast, starting this replica's reader of the chat if
-    /// none runs.
+    /// A receiver of the chat's broadcast, adding the chat to what this replica's reader
+    /// reads if it is not observed here yet.
     async fn subscribe(
         &self,
         chat: ChatId,
@@ -538,18 +635,9 @@ impl Events {
             return Ok(rx);
         }
         let limit = self.0.config.redis_timeout;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(limit))
-            .set_response_timeout(Some(READ_BLOCK + limit));
-        let mut conn = bounded(
-            limit,
-            self.0
-                .client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await?;
-        // The reader starts at the stream's end as it is now, before the caller reads its
-        // replay; starting at `$` would lose what is written before the first `XREAD`.
+        let mut conn = self.connection().await?;
+        // The chat is read from the stream's end as it is now, before the caller reads its
+        // replay; starting at `$` would lose what is written before the next `XREAD`.
         let last: Vec<(String, Vec<String>)> = bounded(
             limit,
             redis::cmd("XREVRANGE")
@@ -565,95 +653,183 @@ impl Events {
             .first()
             .and_then(|(id, _)| id.parse().ok())
             .unwrap_or_default();
-        let mut readers = self
-            .0
-            .readers
-            .lock()
-            .map_err(|_| EventsError::Unavailable("poisoned"))?;
-        if let Some(tx) = readers.get(&chat) {
-            return Ok(tx.subscribe());
+        let rx = {
+            let mut observed = self
+                .0
+                .observed
+                .lock()
+                .map_err(|_| EventsError::Unavailable("poisoned"))?;
+            if let Some(known) = observed.get(&chat) {
+                return Ok(known.tx.subscribe());
+            }
+            let (tx, rx) = broadcast::channel(self.0.config.observer_buffer);
+            observed.insert(chat, Observed { tx, last: start });
+            rx
+        };
+        if !self.0.reading.swap(true, Ordering::SeqCst) {
+            tokio::spawn(self.clone().read());
         }
-        let (tx, rx) = broadcast::channel(self.0.config.observer_buffer);
-        readers.insert(chat, tx.clone());
-        tokio::spawn(self.clone().read(chat, tx, conn, start));
+        self.0.wake.notify_one();
+        let woken = bounded(
+            limit,
+            redis::pipe()
+                .cmd("XADD")
+                .arg(&self.0.wake_key)
+                .arg("MAXLEN")
+                .arg(1)
+                .arg("*")
+                .arg("w")
+                .arg(1)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&self.0.wake_key)
+                .arg(WAKE_KEY_TTL_MS)
+                .ignore()
+                .query_async::<()>(&mut conn),
+        )
+        .await;
+        if let Err(EventsError::Unavailable(class)) = woken {
+            // Not lost: the reader takes the chat into its next read, within its block time.
+            tracing::debug!(class, "events reader not woken");
+        }
         Ok(rx)
     }
 
     fn existing(&self, chat: ChatId) -> Option<broadcast::Receiver<Arc<Event>>> {
-        let readers = self.0.readers.lock().ok()?;
-        readers.get(&chat).map(broadcast::Sender::subscribe)
+        let observed = self.0.observed.lock().ok()?;
+        observed.get(&chat).map(|known| known.tx.subscribe())
     }
 
-    /// The reader of one chat: broadcasts every entry after `last` until no observer is
-    /// left or Redis fails.
-    async fn read(
-        self,
-        chat: ChatId,
-        tx: broadcast::Sender<Arc<Event>>,
-        mut conn: MultiplexedConnection,
-        mut last: EventId,
-    ) {
-        type Reply = Option<Vec<(String, Vec<(String, Vec<String>)>)>>;
-        let key = stream_key(chat);
+    /// The reader: reads every chat observed here (and the wake key) in one blocking
+    /// `XREAD`, again and again; with no chat observed it holds no connection.
+    async fn read(self) {
+        let limit = self.0.config.redis_timeout;
         // A read never brings more than the ring holds: the broadcast is sent in one go,
         // and a burst beyond the ring would lag observers that keep up.
         let count = PAGE.min(self.0.config.observer_buffer);
+        let mut conn: Option<MultiplexedConnection> = None;
+        let mut woken = EventId::default();
         loop {
-            if self.leave_if_unobserved(chat, &tx) {
-                return;
+            let chats = self.still_observed();
+            if chats.is_empty() {
+                conn = None;
+                self.0.wake.notified().await;
+                continue;
             }
-            let reply: Result<Reply, _> = bounded(
-                READ_BLOCK + self.0.config.redis_timeout,
-                redis::cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(count)
-                    .arg("BLOCK")
-                    .arg(READ_BLOCK.as_millis() as u64)
-                    .arg("STREAMS")
-                    .arg(&key)
-                    .arg(last.to_string())
-                    .query_async(&mut conn),
-            )
-            .await;
-            match reply {
-                Ok(streams) => {
-                    for (_, entries) in streams.unwrap_or_default() {
-                        for (id, fields) in entries {
-                            if let Some(entry) = Entry::parse(&id, fields) {
-                                last = entry.id;
-                                // No receiver left is fine: the next loop notices.
-                                let _ = tx.send(Arc::new(Event::Entry(entry)));
-                            }
-                        }
+            if conn.is_none() {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(limit))
+                    .set_response_timeout(Some(READ_BLOCK + limit));
+                match bounded(
+                    limit,
+                    self.0
+                        .client
+                        .get_multiplexed_async_connection_with_config(&config),
+                )
+                .await
+                {
+                    Ok(dialed) => conn = Some(dialed),
+                    Err(err) => {
+                        self.fail(&chats, err);
+                        continue;
                     }
                 }
-                Err(EventsError::Unavailable(class)) => {
-                    tracing::warn!(%chat, class, "events reader failed");
-                    if let Ok(mut readers) = self.0.readers.lock()
-                        && readers.get(&chat).is_some_and(|t| t.same_channel(&tx))
-                    {
-                        readers.remove(&chat);
-                    }
-                    let _ = tx.send(Arc::new(Event::Failed));
-                    return;
+            }
+            let Some(reading) = conn.as_mut() else {
+                continue;
+            };
+            let mut xread = redis::cmd("XREAD");
+            xread
+                .arg("COUNT")
+                .arg(count)
+                .arg("BLOCK")
+                .arg(READ_BLOCK.as_millis() as u64)
+                .arg("STREAMS");
+            for (chat, _, _) in &chats {
+                xread.arg(stream_key(*chat));
+            }
+            xread.arg(&self.0.wake_key);
+            for (_, last, _) in &chats {
+                xread.arg(last.to_string());
+            }
+            xread.arg(woken.to_string());
+            match bounded(
+                READ_BLOCK + limit,
+                xread.query_async::<Option<Streams>>(reading),
+            )
+            .await
+            {
+                Ok(streams) => self.deliver(streams.unwrap_or_default(), &mut woken),
+                Err(err) => {
+                    conn = None;
+                    self.fail(&chats, err);
                 }
             }
         }
     }
 
-    /// Removes the reader when its chat has no observer; under the lock, so a new
-    /// observer either finds this reader running or starts another.
-    fn leave_if_unobserved(&self, chat: ChatId, tx: &broadcast::Sender<Arc<Event>>) -> bool {
-        let Ok(mut readers) = self.0.readers.lock() else {
-            return true;
+    /// The chats still observed, with where each is read from; chats without an observer
+    /// are dropped here, under the lock, so a new observer either finds its chat still
+    /// read or adds it again.
+    fn still_observed(&self) -> Vec<(ChatId, EventId, broadcast::Sender<Arc<Event>>)> {
+        let Ok(mut observed) = self.0.observed.lock() else {
+            return Vec::new();
         };
-        if tx.receiver_count() > 0 {
-            return false;
+        observed.retain(|_, known| known.tx.receiver_count() > 0);
+        observed
+            .iter()
+            .map(|(chat, known)| (*chat, known.last, known.tx.clone()))
+            .collect()
+    }
+
+    /// Broadcasts what one read brought to each chat's observers.
+    fn deliver(&self, streams: Streams, woken: &mut EventId) {
+        let Ok(mut observed) = self.0.observed.lock() else {
+            return;
+        };
+        for (key, entries) in streams {
+            if key == self.0.wake_key {
+                if let Some(id) = entries.last().and_then(|(id, _)| id.parse().ok()) {
+                    *woken = id;
+                }
+                continue;
+            }
+            let Some(known) = key
+                .strip_prefix(STREAM_PREFIX)
+                .and_then(|chat| chat.parse::<ChatId>().ok())
+                .and_then(|chat| observed.get_mut(&chat))
+            else {
+                continue;
+            };
+            for (id, fields) in entries {
+                // A chat observed again since the read began starts after these.
+                if let Some(entry) = Entry::parse(&id, fields)
+                    && entry.id > known.last
+                {
+                    known.last = entry.id;
+                    // No receiver left is fine: the next read drops the chat.
+                    let _ = known.tx.send(Arc::new(Event::Entry(entry)));
+                }
+            }
         }
-        if readers.get(&chat).is_some_and(|t| t.same_channel(tx)) {
-            readers.remove(&chat);
+    }
+
+    /// Ends the streams of the chats a failed read was for; their observers reconnect.
+    fn fail(&self, chats: &[(ChatId, EventId, broadcast::Sender<Arc<Event>>)], err: EventsError) {
+        tracing::warn!(chats = chats.len(), error = %err, "events reader failed");
+        if let Ok(mut observed) = self.0.observed.lock() {
+            for (chat, _, tx) in chats {
+                if observed
+                    .get(chat)
+                    .is_some_and(|known| known.tx.same_channel(tx))
+                {
+                    observed.remove(chat);
+                }
+            }
         }
-        true
+        for (_, _, tx) in chats {
+            let _ = tx.send(Arc::new(Event::Failed));
+        }
     }
 }
 
@@ -686,10 +862,12 @@ pub struct Observer {
     turn: Option<TurnId>,
     keepalive: Duration,
     stop: CancellationToken,
+    authority: Authority,
     metrics: Metrics,
     ended: bool,
     /// `brain_event_observers` counts this stream until its body is dropped.
     _observing: crate::metrics::Gauged,
+    _slot: Slot,
 }
 
 impl Observer {
@@ -730,6 +908,9 @@ impl Observer {
         if self.ended {
             return None;
         }
+        if self.authority.lost().now_or_never().is_some() {
+            return Some(self.end_unauthorized());
+        }
         if let Some(replayed) = self.replay.pop_front() {
             return Some(replayed);
         }
@@ -741,6 +922,7 @@ impl Observer {
                     self.ended = true;
                     return None;
                 }
+                () = self.authority.lost() => return Some(self.end_unauthorized()),
                 received = self.rx.recv() => received,
                 () = tokio::time::sleep(self.keepalive) => {
                     return Some(Bytes::from_static(b": keep-alive\n\n"));
@@ -770,6 +952,18 @@ impl Observer {
                 Err(broadcast::error::RecvError::Closed) => self.end_unavailable(),
             });
         }
+    }
+
+    /// The key was revoked or the token expired: a reconnect is refused too.
+    fn end_unauthorized(&mut self) -> Bytes {
+        self.ended = true;
+        encode(
+            None,
+            &UiChunk::error(
+                ErrorCode::Unauthorized,
+                "the credentials of this stream were revoked or expired",
+            ),
+        )
     }
 
     fn end_unavailable(&mut self) -> Bytes {
@@ -818,7 +1012,9 @@ pub struct TurnStream {
     begun: bool,
     keepalive: Duration,
     stop: CancellationToken,
+    authority: Authority,
     ended: bool,
+    _slot: Slot,
 }
 
 /// The next step of a resumed turn stream.
@@ -863,8 +1059,12 @@ impl TurnStream {
         Taken::Frame(Bytes::from(out))
     }
 
-    /// The next step; `None` once the turn ended, its stream broke, or the replica drains.
+    /// The next step; `None` once the turn ended, its stream broke, the replica drains or
+    /// the principal's authority ended.
     pub async fn next(&mut self) -> Option<Resumed> {
+        if self.authority.lost().now_or_never().is_some() {
+            return None;
+        }
         if let Some(replayed) = self.replay.pop_front() {
             return Some(Resumed::Bytes(replayed));
         }
@@ -875,11 +1075,12 @@ impl TurnStream {
             let received = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => None,
+                () = self.authority.lost() => None,
                 received = self.rx.recv() => Some(received),
                 () = tokio::time::sleep(self.keepalive) => return Some(Resumed::Idle),
             };
-            // Draining, a failed reader or a lagging one: the stream ends without `[DONE]`
-            // and the client reads the transcript (or resumes again).
+            // Draining, a lost authority, a failed reader or a lagging one: the stream ends
+            // without `[DONE]` and the client reads the transcript (or resumes again).
             let Some(Ok(event)) = received else {
                 self.ended = true;
                 return None;

@@ -81,7 +81,7 @@ pub struct AppState {
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
     pub quotas: Quotas,
-    /// The chat events streams (S2): the publisher every turn feeds, the readers observers
+    /// The chat events streams (S2): the publisher every turn feeds, the reader observers
     /// share.
     pub events: events::Events,
     pub metrics: Metrics,

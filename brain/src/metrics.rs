@@ -43,6 +43,8 @@ pub struct Counters {
     pub events_dropped: IntCounter,
     /// Observers of the events stream disconnected because they fell behind (S2).
     pub observers_too_slow: IntCounter,
+    /// Observer streams refused past the per-principal or per-replica cap (S2).
+    pub observers_refused: IntCounter,
     /// Turn intakes waiting for a slot in front of the Postgres pool, and the most that
     /// ever waited at once since the process started (`crate::intake`).
     pub intake_queued: IntGauge,
@@ -174,6 +176,11 @@ impl Metrics {
                 r,
                 "brain_event_observers_too_slow_total",
                 "Events stream observers disconnected because their buffer filled.",
+            )?,
+            observers_refused: counter(
+                r,
+                "brain_event_observers_refused_total",
+                "Observer streams refused past the per-principal or per-replica cap.",
             )?,
             turns: counter_vec(
                 r,

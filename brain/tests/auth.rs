@@ -1181,3 +1181,181 @@ async fn a_user_observes_only_their_own_chats_events() {
     assert_eq!(status(bob.clone(), alices.clone()).await, 404);
     assert_eq!(status(alice.clone(), key_chat.clone()).await, 404);
 }
+
+// ---- Long-lived responses end with their principal's authority --------------------
+
+/// An open streaming response, read piece by piece.
+struct Open {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    seen: String,
+}
+
+impl Open {
+    async fn get(app: &TestApp, base: &str, bearer: &str, path: &str) -> Self {
+        let response = app
+            .http
+            .get(format!("{base}{path}"))
+            .bearer_auth(bearer)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        Self::from(response)
+    }
+
+    fn from(response: reqwest::Response) -> Self {
+        use futures_util::StreamExt;
+        Self {
+            body: response.bytes_stream().boxed(),
+            seen: String::new(),
+        }
+    }
+
+    /// Reads until `seen` holds `what`; panics after `within`.
+    async fn wait_for(&mut self, what: &str, within: Duration) {
+        use futures_util::StreamExt;
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.seen.contains(what) {
+            let piece = tokio::time::timeout_at(deadline, self.body.next())
+                .await
+                .unwrap_or_else(|_| panic!("no {what:?} in time"))
+                .unwrap_or_else(|| panic!("the stream ended before {what:?}"));
+            self.seen
+                .push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        }
+    }
+
+    /// Reads until the body ends: whether it did before `deadline`.
+    async fn ends_by(&mut self, deadline: tokio::time::Instant) -> bool {
+        use futures_util::StreamExt;
+        loop {
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Err(_) => return false,
+                Ok(None | Some(Err(_))) => return true,
+                Ok(Some(Ok(piece))) => self.seen.push_str(&String::from_utf8_lossy(&piece)),
+            }
+        }
+    }
+
+    /// The `id:` of the last event read.
+    fn last_id(&self) -> Option<String> {
+        self.seen
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("id: "))
+            .map(str::to_owned)
+    }
+}
+
+/// A key's turn stream, its events streams on two replicas and its resumed turn stream all
+/// close within a second of its revocation; a reconnect with `Last-Event-ID` is refused.
+#[tokio::test]
+async fn a_revoked_keys_open_streams_close_on_every_replica_within_a_second() {
+    let app = TestApp::start().await;
+    let replica_b = app.second_replica().await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let (id, key) = create_key(&app, &app.key, "streams", "chat").await;
+    let events = format!("/v1/chats/{chat}/events");
+    let mut on_a = Open::get(&app, &app.url, &key, &events).await;
+    let mut on_b = Open::get(&app, &replica_b, &key, &events).await;
+    // A long turn of the key's, streaming to its client.
+    app.provider.push(Reply::Text {
+        deltas: vec!["tick ".into(); 300],
+        delay: Duration::from_millis(50),
+    });
+    let response = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&key)
+        .json(&json!({"content": "go"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut turn = Open::from(response);
+    let mut resumed = Open::get(&app, &replica_b, &key, &format!("/v1/chats/{chat}/stream")).await;
+    for open in [&mut turn, &mut on_a, &mut on_b, &mut resumed] {
+        open.wait_for("tick", Duration::from_secs(10)).await;
+    }
+
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &app.key,
+        Method::DELETE,
+        &format!("/v1/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    for (what, open) in [
+        ("the turn's stream", &mut turn),
+        ("the events stream on A", &mut on_a),
+        ("the events stream on B", &mut on_b),
+        ("the resumed turn stream on B", &mut resumed),
+    ] {
+        assert!(
+            open.ends_by(deadline).await,
+            "{what} still open a second after the revocation"
+        );
+    }
+    assert!(
+        on_b.seen.contains("unauthorized: "),
+        "the events stream says why it ended"
+    );
+    let last = on_b.last_id().unwrap();
+    let response = app
+        .http
+        .get(format!("{replica_b}{events}"))
+        .bearer_auth(&key)
+        .header("Last-Event-ID", last)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401, "the reconnect is refused");
+}
+
+/// A user token's events stream ends when the token expires, and its reconnect is refused.
+#[tokio::test]
+async fn a_user_tokens_events_stream_ends_at_its_expiry() {
+    let app = jwt::app_with(&[
+        (
+            "BRAIN_JWT_PUBLIC_KEYS",
+            include_str!("fixtures/jwt/ed.pub.pem"),
+        ),
+        ("BRAIN_JWT_LEEWAY_S", "0"),
+    ])
+    .await;
+    let (agent, _) = app.agent_and_chat("openai/test", &[]).await;
+    let expires = jwt::now() + 3;
+    let token = sign(
+        &jwt::ed(),
+        Algorithm::EdDSA,
+        None,
+        &claims(app.team, "alice", json!({"exp": expires})),
+    );
+    let (status, chat) = call(
+        &app,
+        &app.url,
+        &token,
+        Method::POST,
+        &format!("/v1/agents/{agent}/chats"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let chat = chat["id"].as_str().unwrap().to_owned();
+    let events = format!("/v1/chats/{chat}/events");
+    let mut open = Open::get(&app, &app.url, &token, &events).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    assert!(
+        open.ends_by(deadline).await,
+        "the stream outlived its token"
+    );
+    let left = jwt::now() - expires;
+    assert!(left >= -1, "ended {}s before the token's expiry", -left);
+    assert!(open.seen.contains("unauthorized: "));
+    let (status, _) = call(&app, &app.url, &token, Method::GET, &events, None).await;
+    assert_eq!(status, 401, "the reconnect is refused");
+}

@@ -501,3 +501,191 @@ async fn a_running_turn_is_resumed_from_its_start_on_another_replica() {
         .unwrap();
     assert_eq!(response.status(), 404);
 }
+
+/// A Redis server of the test's own, so that the brains' connections to it can be counted
+/// without other tests' in the list; stopped when dropped.
+struct PrivateRedis {
+    url: String,
+    server: std::process::Child,
+}
+
+impl PrivateRedis {
+    async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        // Owned at once, so that the server is stopped on every path, a failed start too.
+        let redis = Self {
+            url: format!("redis://127.0.0.1:{port}"),
+            server,
+        };
+        let client = redis::Client::open(redis.url.as_str()).unwrap();
+        for _ in 0..100 {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .is_ok()
+            {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    /// Connections to this server but the one asking.
+    async fn clients(&self) -> usize {
+        let client = redis::Client::open(self.url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        list.lines().count() - 1
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// Chats of a new agent: their ids.
+async fn chats(app: &TestApp, n: usize) -> Vec<String> {
+    let (agent, first) = app.agent_and_chat("openai/test", &[]).await;
+    let mut chats = vec![first];
+    while chats.len() < n {
+        let response = app
+            .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
+            .await;
+        assert_eq!(response.status(), 201);
+        let chat: serde_json::Value = response.json().await.unwrap();
+        chats.push(chat["id"].as_str().unwrap().to_owned());
+    }
+    chats
+}
+
+/// Observers of 60 chats on one replica share its Redis connections: a handful at most,
+/// not one per chat; and every observer still gets every chunk of its own chat.
+#[tokio::test]
+async fn sixty_observed_chats_add_a_handful_of_redis_connections() {
+    let redis = PrivateRedis::start().await;
+    let url = redis.url.clone();
+    let app = TestApp::start_with(|c| c.redis_url = url).await;
+    let replica_b = app.second_replica().await;
+    let chats = chats(&app, 60).await;
+    let mut observers = vec![Observer::open(&app, &replica_b, &chats[0], None).await];
+    let before = redis.clients().await;
+    for chat in &chats[1..] {
+        observers.push(Observer::open(&app, &replica_b, chat, None).await);
+    }
+    // A second observer of one chat.
+    let mut again = Observer::open(&app, &replica_b, &chats[30], None).await;
+    let after = redis.clients().await;
+    assert!(
+        after <= before + 2,
+        "60 observed chats took {} Redis connections",
+        after - before
+    );
+
+    for n in [0, 30, 59] {
+        let chunks = turn(&app, &chats[n], text(&["one ", "of ", "sixty"])).await;
+        let seen: Vec<UiChunk> = observers[n]
+            .until_finish()
+            .await
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        assert_eq!(seen, observed(&chunks), "chat {n}");
+        if n == 30 {
+            let seen: Vec<UiChunk> = again
+                .until_finish()
+                .await
+                .into_iter()
+                .map(|(_, c)| c)
+                .collect();
+            assert_eq!(seen, observed(&chunks), "the second observer of chat 30");
+        }
+    }
+    // Chat 1's observer got nothing of those turns: its first turn is its own.
+    let chunks = turn(&app, &chats[1], text(&["mine"])).await;
+    let seen: Vec<UiChunk> = observers[1]
+        .until_finish()
+        .await
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(seen, observed(&chunks));
+}
+
+/// Observers are capped per principal and per replica: past either cap, `429
+/// too_many_observers` with `Retry-After`; a closed stream frees its place.
+#[tokio::test]
+async fn observers_past_their_caps_are_refused_with_429() {
+    let app = TestApp::start_with(|c| {
+        c.events.max_observers_per_principal = 2;
+        c.events.max_observers = 3;
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let other = app
+        .post_json("/v1/keys", &json!({"name": "other", "scope": "chat"}))
+        .await;
+    assert_eq!(other.status(), 201);
+    let other: serde_json::Value = other.json().await.unwrap();
+    let other = other["api_key"].as_str().unwrap().to_owned();
+    let open = |key: String| {
+        app.http
+            .get(format!("{}/v1/chats/{chat}/events", app.url))
+            .bearer_auth(key)
+            .send()
+    };
+    let refused = |response: reqwest::Response| async move {
+        assert_eq!(response.status(), 429);
+        let after: u64 = response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(after >= 1);
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "too_many_observers");
+    };
+    let first = open(app.key.clone()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let second = open(app.key.clone()).await.unwrap();
+    assert_eq!(second.status(), 200);
+    refused(open(app.key.clone()).await.unwrap()).await;
+    // Another principal has places of its own, up to the replica's.
+    let third = open(other.clone()).await.unwrap();
+    assert_eq!(third.status(), 200);
+    refused(open(other.clone()).await.unwrap()).await;
+
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let response = open(other.clone()).await.unwrap();
+        if response.status() == 200 {
+            break;
+        }
+        refused(response).await;
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream never freed its place"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop((second, third));
+}

@@ -62,6 +62,9 @@ pub enum ErrorCode {
     QuotaExhausted,
     /// The chat's events stream (Redis) could not be read; retry with `Last-Event-ID`.
     EventsUnavailable,
+    /// The principal, or the replica, has as many observer streams (events, resumed turn
+    /// streams) open as allowed; close one, or retry after `Retry-After`.
+    TooManyObservers,
     /// The operation needs something this server's operator has not configured (such as
     /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
     NotConfigured,
@@ -100,6 +103,7 @@ impl ErrorCode {
             Self::QuotaExceeded => "quota_exceeded",
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
+            Self::TooManyObservers => "too_many_observers",
             Self::NotConfigured => "not_configured",
             Self::AuthorizationNotRequired => "authorization_not_required",
             Self::AuthorizationFailed => "authorization_failed",
@@ -162,6 +166,7 @@ mod tests {
             ErrorCode::QuotaExceeded,
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,
+            ErrorCode::TooManyObservers,
             ErrorCode::NotConfigured,
             ErrorCode::AuthorizationNotRequired,
             ErrorCode::AuthorizationFailed,

@@ -422,9 +422,10 @@ pub async fn post_message(
     )
     .await?;
     // Answers that leave other approvals of the turn waiting start nothing yet.
-    Ok(launched.body.unwrap_or_else(|| {
+    let body = launched.body.unwrap_or_else(|| {
         UiBody::replay(vec![UiChunk::Finish {
             finish_reason: FinishReason::ToolCalls,
         }])
-    }))
+    });
+    Ok(body.until(state.auth.authority(&principal)))
 }

@@ -1,6 +1,8 @@
 //! `GET /v1/chats/{id}/events`: the chat's events stream (SPEC S2), what `crate::events`
 //! publishes, with `Last-Event-ID` replay; and `GET /v1/chats/{id}/stream`, the running
 //! turn's own stream resumed from its start (what `useChat({ resume: true })` asks for).
+//! Both are observer streams: capped per principal and per replica, and ended when the
+//! principal's key is revoked or its token expires.
 
 use std::convert::Infallible;
 
@@ -17,7 +19,7 @@ use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream};
+use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream, Viewer};
 use crate::store::{Store, StoreError, TurnStatus};
 use protocol::{ChatId, TeamId};
 
@@ -50,13 +52,17 @@ pub struct EventsParams {
             `: keep-alive` comments when idle. With `Last-Event-ID` the events after it come \
             first, or a `data-resync` part when some fell out of the window. An observer \
             that falls behind gets a `data-notice` (`observer_too_slow`) and the stream \
-            ends; a Redis failure ends it with an `events_unavailable` error part.",
+            ends; a Redis failure ends it with an `events_unavailable` error part; the \
+            revocation of its key or the expiry of its token with an `unauthorized` one.",
             content_type = "text/event-stream", body = UiStreamEvent,
             headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
         (status = 400, description = "`Last-Event-ID` is not a stream id \
             (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team, or a user token's chat of \
             another user (`not_found`).", body = ErrorBody),
+        (status = 429, description = "The principal, or this replica, has as many observer \
+            streams open as allowed (`too_many_observers`, with `Retry-After`).",
+            body = ErrorBody),
         (status = 503, description = "The events stream (Redis) cannot be read \
             (`events_unavailable`, with `Retry-After`), or the store is unavailable \
             (`store_unavailable`).", body = ErrorBody),
@@ -86,9 +92,21 @@ pub async fn events(
     visible(&state, &principal, chat).await?;
     state
         .events
-        .observe(chat, after, state.draining.clone())
+        .observe(
+            chat,
+            after,
+            state.draining.clone(),
+            viewer(&state, &principal),
+        )
         .await
         .map_err(|e| unavailable(chat, e))
+}
+
+fn viewer(state: &AppState, principal: &Principal) -> Viewer {
+    Viewer {
+        identity: principal.identity(),
+        authority: state.auth.authority(principal),
+    }
 }
 
 /// A chat the principal may observe: a user's own (the check finds it), any chat of the
@@ -105,9 +123,14 @@ async fn visible(state: &AppState, principal: &Principal, chat: ChatId) -> Resul
     Ok(())
 }
 
-fn unavailable(chat: ChatId, EventsError::Unavailable(class): EventsError) -> ApiError {
-    tracing::warn!(%chat, class, "events stream unavailable");
-    ApiError::EventsUnavailable
+fn unavailable(chat: ChatId, err: EventsError) -> ApiError {
+    match err {
+        EventsError::Unavailable(class) => {
+            tracing::warn!(%chat, class, "events stream unavailable");
+            ApiError::EventsUnavailable
+        }
+        EventsError::TooManyObservers => ApiError::TooManyObservers,
+    }
 }
 
 #[utoipa::path(
@@ -122,14 +145,17 @@ fn unavailable(chat: ChatId, EventsError::Unavailable(class): EventsError) -> Ap
             then live ones until its `finish` or `error`, then `data: [DONE]`. Reading it \
             does not control the turn: closing it stops nothing (`POST \
             /v1/chats/{chat_id}/stop` does). The stream ends early, without `[DONE]`, when \
-            the replica drains or the events stream fails; the transcript then says how the \
-            turn ended.",
+            the replica drains, the events stream fails, or the caller's key is revoked or \
+            token expires; the transcript then says how the turn ended.",
             content_type = "text/event-stream", body = UiStreamEvent,
             headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
         (status = 204, description = "No turn of the chat runs, or the start of the one \
             that runs is no longer in the events window: nothing to resume."),
         (status = 404, description = "No such chat in the team, or a user token's chat of \
             another user (`not_found`).", body = ErrorBody),
+        (status = 429, description = "The principal, or this replica, has as many observer \
+            streams open as allowed (`too_many_observers`, with `Retry-After`).",
+            body = ErrorBody),
         (status = 503, description = "The events stream (Redis) cannot be read \
             (`events_unavailable`, with `Retry-After`), or the store is unavailable \
             (`store_unavailable`).", body = ErrorBody),
@@ -154,7 +180,13 @@ pub async fn resume(
     let started = u64::try_from(turn.started_at.timestamp_millis()).unwrap_or_default();
     let stream = state
         .events
-        .follow_turn(chat, turn.id, started, state.draining.clone())
+        .follow_turn(
+            chat,
+            turn.id,
+            started,
+            state.draining.clone(),
+            viewer(&state, &principal),
+        )
         .await
         .map_err(|e| unavailable(chat, e))?;
     let Some(stream) = stream else {

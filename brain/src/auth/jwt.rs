@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use base64::Engine;
 use envcfg::{ConfigError, Env, non_empty, ranged, url_var};
@@ -461,13 +461,22 @@ impl JwtVerifier {
             Some(Value::Bool(admin)) => *admin,
             Some(_) => return Err(AuthError::Refused("admin claim is not a boolean")),
         };
+        // Validation required `exp`, and takes the token through the whole second of
+        // `exp` plus the leeway (it compares whole seconds): its authority ends after it.
+        let expires = claims
+            .get("exp")
+            .and_then(Value::as_f64)
+            .map(|exp| exp.max(0.0) as u64 + config.leeway_s + 1)
+            .map(|at| UNIX_EPOCH + Duration::from_secs(at));
         self.check_team(team, store).await?;
         Ok(Principal {
             team,
             scope: if admin { Scope::Admin } else { Scope::Chat },
             user: Some(user.to_owned()),
             sees_all_chats: admin,
+            key_id: None,
             key: None,
+            expires,
         })
     }
 

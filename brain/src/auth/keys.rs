@@ -13,6 +13,12 @@
 //! A lookup that raced an eviction is not cached (the cache's epoch moved meanwhile).
 //! [`KEY_CACHE_TTL`] is the backstop for a revocation whose publish failed on the
 //! revoking replica (its publish is retried meanwhile).
+//!
+//! The same message ends what the key holds open here ([`Keys::hold`]: events streams,
+//! turn streams). Keys revoked in the last [`KEY_CACHE_TTL`] are remembered, so a stream
+//! whose key was checked just before its revocation arrived still ends; and whenever the
+//! subscription comes (back) up, the keys of open streams are looked up again, so a
+//! revocation published while nobody listened ends them too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -138,12 +144,40 @@ impl KeyCache {
     }
 }
 
+/// The long-lived responses open under each key on this replica, and the keys revoked
+/// lately.
+#[derive(Default)]
+struct Holders {
+    open: HashMap<[u8; 32], (CancellationToken, usize)>,
+    revoked: HashMap<[u8; 32], Instant>,
+}
+
+/// A key's place among the responses its revocation ends; given up when dropped.
+pub struct Held {
+    holders: Arc<Mutex<Holders>>,
+    hash: [u8; 32],
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Ok(mut holders) = self.holders.lock()
+            && let Some((_, count)) = holders.open.get_mut(&self.hash)
+        {
+            *count -= 1;
+            if *count == 0 {
+                holders.open.remove(&self.hash);
+            }
+        }
+    }
+}
+
 /// The keys of every team, as this replica sees them.
 #[derive(Clone)]
 pub struct Keys {
     store: Store,
     redis: redis::Client,
     cache: Arc<KeyCache>,
+    holders: Arc<Mutex<Holders>>,
 }
 
 impl Keys {
@@ -152,6 +186,66 @@ impl Keys {
             store,
             redis,
             cache: Arc::default(),
+            holders: Arc::default(),
+        }
+    }
+
+    /// A token cancelled when the key (by its hash) is revoked, already cancelled when it
+    /// was lately; the key is held until the guard is dropped.
+    pub fn hold(&self, hash: [u8; 32]) -> (CancellationToken, Option<Held>) {
+        let Ok(mut holders) = self.holders.lock() else {
+            // Nothing could be registered: the stream ends rather than outlive a revocation.
+            let token = CancellationToken::new();
+            token.cancel();
+            return (token, None);
+        };
+        if holders
+            .revoked
+            .get(&hash)
+            .is_some_and(|at| at.elapsed() < KEY_CACHE_TTL)
+        {
+            let token = CancellationToken::new();
+            token.cancel();
+            return (token, None);
+        }
+        let (parent, count) = holders
+            .open
+            .entry(hash)
+            .or_insert_with(|| (CancellationToken::new(), 0));
+        *count += 1;
+        let held = Held {
+            holders: self.holders.clone(),
+            hash,
+        };
+        (parent.child_token(), Some(held))
+    }
+
+    /// Forgets a revoked key here and ends what it holds open.
+    fn revoked(&self, hash: &[u8; 32]) {
+        self.cache.evict(Some(hash));
+        if let Ok(mut holders) = self.holders.lock() {
+            if let Some((token, _)) = holders.open.get(hash) {
+                token.cancel();
+            }
+            if holders.revoked.len() >= KEY_CACHE_MAX {
+                holders.revoked.retain(|_, at| at.elapsed() < KEY_CACHE_TTL);
+            }
+            holders.revoked.insert(*hash, Instant::now());
+        }
+    }
+
+    /// Looks up again the keys of open responses, ending those of keys revoked meanwhile:
+    /// for revocations this replica may not have heard of.
+    async fn recheck_held(&self) {
+        let held: Vec<[u8; 32]> = self
+            .holders
+            .lock()
+            .map(|holders| holders.open.keys().copied().collect())
+            .unwrap_or_default();
+        for hash in held {
+            if let Ok(None) = bounded(self.store.key_by_hash(&hash)).await {
+                self.revoked(&hash);
+            }
         }
     }
 
@@ -159,7 +253,7 @@ impl Keys {
     pub async fn principal(&self, key: &str) -> Result<Principal, AuthError> {
         let hash = key_hash(key);
         if let Some((team, scope, id)) = self.cache.get(&hash) {
-            return Ok(Principal::for_key(team, scope, id));
+            return Ok(Principal::for_key(team, scope, id, hash));
         }
         let epoch = self.cache.epoch();
         let found = bounded(self.store.key_by_hash(&hash))
@@ -174,7 +268,7 @@ impl Keys {
         if let Some(epoch) = epoch {
             self.cache.put(hash, found.team, scope, found.id, epoch);
         }
-        Ok(Principal::for_key(found.team, scope, found.id))
+        Ok(Principal::for_key(found.team, scope, found.id, hash))
     }
 
     /// A new key of `team` (its name already validated): the row and the only copy of the
@@ -204,7 +298,7 @@ impl Keys {
     /// Revokes the key in Postgres, then tells every replica to forget it.
     pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
         let hash = crate::store::bounded(self.store.revoke_key(team, id)).await?;
-        self.cache.evict(Some(&hash));
+        self.revoked(&hash);
         if self.publish(&hash).await {
             return Ok(());
         }
@@ -274,6 +368,10 @@ impl Keys {
         let (mut sink, mut messages) = pubsub.split();
         // Starts empty: whatever was revoked while nobody listened is looked up again.
         self.cache.set_live(true);
+        tokio::spawn({
+            let keys = self.clone();
+            async move { keys.recheck_held().await }
+        });
         let mut ping = tokio::time::interval(PING_EVERY);
         loop {
             tokio::select! {
@@ -281,7 +379,14 @@ impl Keys {
                 message = messages.next() => {
                     let Some(message) = message else { return };
                     let hash = message.get_payload::<String>().ok().and_then(|hex| from_hex(&hex));
-                    self.cache.evict(hash.as_ref());
+                    match hash {
+                        Some(hash) => self.revoked(&hash),
+                        None => {
+                            self.cache.evict(None);
+                            let keys = self.clone();
+                            tokio::spawn(async move { keys.recheck_held().await });
+                        }
+                    }
                 }
                 _ = ping.tick() => {
                     let pong = tokio::time::timeout(REDIS_BOUND, sink.ping::<redis::Value>()).await;
@@ -294,7 +399,7 @@ impl Keys {
     }
 }
 
-fn to_hex(hash: &[u8; 32]) -> String {
+pub(super) fn to_hex(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 

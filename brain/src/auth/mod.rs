@@ -8,11 +8,18 @@
 //! A request's bearer becomes a [`Principal`]: its team, its [`Scope`], the JWT user if
 //! any, and whether it sees every chat of the team. The rules of what a principal may do
 //! live here, so a route asks (`require_admin`, `check_chat`) rather than decides.
+//!
+//! A route checks the credential once; a response that outlives its request (an events
+//! stream, a turn's stream) also runs under the principal's [`Authority`], which ends when
+//! its key is revoked on any replica or its token expires.
 
 pub mod jwt;
 pub mod keys;
 
+use std::time::SystemTime;
+
 use protocol::{ChatId, TeamId};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::store::{Store, StoreError};
@@ -61,7 +68,11 @@ pub struct Principal {
     /// Whether every chat of the team is visible, or only the user's own.
     pub sees_all_chats: bool,
     /// The API key's id; `None` for a JWT.
-    pub key: Option<Uuid>,
+    pub key_id: Option<Uuid>,
+    /// The API key's hash (never the key), so its revocation reaches what it holds open.
+    pub key: Option<[u8; 32]>,
+    /// When a token stops being accepted (its `exp` plus the leeway); `None` for a key.
+    pub expires: Option<SystemTime>,
 }
 
 /// Whose authority a turn acts with (X1): what its tools may change. A tool that changes
@@ -106,26 +117,36 @@ pub enum AuthError {
 
 impl Principal {
     /// An API key's principal: the whole team, with the key's scope.
-    pub fn for_key(team: TeamId, scope: Scope, key: Uuid) -> Self {
+    pub fn for_key(team: TeamId, scope: Scope, id: Uuid, key: [u8; 32]) -> Self {
         Self {
             team,
             scope,
             user: None,
             sees_all_chats: true,
+            key_id: Some(id),
             key: Some(key),
+            expires: None,
         }
     }
 
     /// The authority a turn this principal starts acts with.
     pub fn authority(&self) -> Authority {
-        let actor = match (&self.key, &self.user) {
-            (Some(key), _) => format!("key:{key}"),
+        let actor = match (&self.key_id, &self.user) {
+            (Some(id), _) => format!("key:{id}"),
             (None, Some(user)) => format!("user:{user}"),
             (None, None) => "unknown".to_owned(),
         };
         Authority {
             scope: self.scope,
             actor,
+        }
+    }
+
+    /// Who this is, for limits per principal: its key, or its token's team and user.
+    pub fn identity(&self) -> String {
+        match (&self.key, &self.user) {
+            (Some(hash), _) => format!("key:{}", keys::to_hex(hash)),
+            (None, user) => format!("user:{}:{}", self.team, user.as_deref().unwrap_or("")),
         }
     }
 
@@ -178,6 +199,28 @@ impl Principal {
     }
 }
 
+/// What a response that outlives its request runs under: its principal's authority, which
+/// ends when the key is revoked (on any replica: [`Keys`] hears every revocation) or the
+/// token expires. Holding one keeps the key's place among what its revocation must end.
+pub struct Authority {
+    revoked: CancellationToken,
+    expires: Option<tokio::time::Instant>,
+    _held: Option<keys::Held>,
+}
+
+impl Authority {
+    /// Returns once the authority has ended.
+    pub async fn lost(&self) {
+        match self.expires {
+            Some(at) => tokio::select! {
+                () = self.revoked.cancelled() => {}
+                () = tokio::time::sleep_until(at) => {}
+            },
+            None => self.revoked.cancelled().await,
+        }
+    }
+}
+
 /// Authenticates bearers: API keys, and JWTs when an issuer is configured.
 #[derive(Clone)]
 pub struct Auth {
@@ -210,6 +253,23 @@ impl Auth {
             .ok_or(AuthError::Refused("tokens are not accepted by this server"))?;
         jwt.principal(bearer, &self.store).await
     }
+
+    /// The authority `principal` holds from now on, for a long-lived response.
+    pub fn authority(&self, principal: &Principal) -> Authority {
+        let (revoked, held) = match principal.key {
+            Some(hash) => self.keys.hold(hash),
+            None => (CancellationToken::new(), None),
+        };
+        let expires = principal.expires.map(|at| {
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::Instant::now() + left
+        });
+        Authority {
+            revoked,
+            expires,
+            _held: held,
+        }
+    }
 }
 
 /// Runs a store call under the store's bound.
@@ -224,8 +284,8 @@ mod tests {
     #[test]
     fn scopes_and_views() {
         let team = TeamId::new();
-        let admin = Principal::for_key(team, Scope::Admin, Uuid::nil());
-        let chat = Principal::for_key(team, Scope::Chat, Uuid::nil());
+        let admin = Principal::for_key(team, Scope::Admin, Uuid::nil(), [1; 32]);
+        let chat = Principal::for_key(team, Scope::Chat, Uuid::nil(), [2; 32]);
         assert!(admin.require_admin().is_ok());
         assert!(matches!(chat.require_admin(), Err(AuthError::Forbidden)));
         assert_eq!(chat.only_chats_of(), None, "a key sees the whole team");
@@ -234,7 +294,9 @@ mod tests {
             scope: Scope::Chat,
             user: Some("u1".into()),
             sees_all_chats: false,
+            key_id: None,
             key: None,
+            expires: None,
         };
         assert_eq!(user.authority().actor, "user:u1");
         assert!(!user.authority().may_change_agent());

@@ -1,9 +1,12 @@
 //! Encodes UI message stream chunks as a Server-Sent Events response (SPEC S1).
 //!
 //! The body owns the turn's cancellation guard: when the client goes away, hyper drops the
-//! body, the guard cancels the turn, and the turn aborts its provider request.
+//! body, the guard cancels the turn, and the turn aborts its provider request. The turn is
+//! its principal's: when the key is revoked or the token expires, the body ends with an
+//! `unauthorized` error part, and the turn stops as if its client had gone.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -12,10 +15,12 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
+use protocol::ErrorCode;
 use protocol::ui::{DONE_SENTINEL, UI_STREAM_HEADER, UI_STREAM_VERSION, UiChunk};
 use tokio::sync::mpsc;
 use tokio_util::sync::DropGuard;
 
+use crate::auth::Authority;
 use crate::quota::RateLimitHeaders;
 
 /// One SSE event carrying `chunk`.
@@ -55,6 +60,8 @@ pub struct UiBody {
     done: bool,
     /// The team's `RateLimit` fields as the turn's admission left them (E2).
     rate_limit: RateLimitHeaders,
+    /// Ready once the principal's authority ended.
+    lost: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 impl UiBody {
@@ -63,6 +70,15 @@ impl UiBody {
             source: Source::Live { _guard: guard, rx },
             done: false,
             rate_limit: RateLimitHeaders::default(),
+            lost: None,
+        }
+    }
+
+    /// Ends the stream when `authority` ends.
+    pub fn until(self, authority: Authority) -> Self {
+        Self {
+            lost: Some(Box::pin(async move { authority.lost().await })),
+            ..self
         }
     }
 
@@ -75,6 +91,7 @@ impl UiBody {
             source: Source::Replay(chunks.into_iter()),
             done: false,
             rate_limit: RateLimitHeaders::default(),
+            lost: None,
         }
     }
 }
@@ -85,6 +102,15 @@ impl Stream for UiBody {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.done {
             return Poll::Ready(None);
+        }
+        if let Some(lost) = &mut self.lost
+            && lost.as_mut().poll(cx).is_ready()
+        {
+            self.done = true;
+            return Poll::Ready(Some(Ok(encode(&UiChunk::error(
+                ErrorCode::Unauthorized,
+                "the credentials of this stream were revoked or expired",
+            )))));
         }
         let next = match &mut self.source {
             Source::Live { rx, .. } => match rx.poll_recv(cx) {
