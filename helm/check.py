@@ -65,7 +65,8 @@ MANAGER_RULES = {
     ("", "pods"): {"delete", "list", "watch"},
 }
 
-# Addresses no worker may reach through an ipBlock: the metadata service, private ranges.
+# Addresses no worker may reach through an ipBlock: the metadata service, private ranges,
+# "this network", 192.0.0.0/24, benchmarking, multicast, reserved and broadcast.
 FORBIDDEN_ADDRESSES = [
     "169.254.169.254",
     "10.0.0.1",
@@ -73,6 +74,12 @@ FORBIDDEN_ADDRESSES = [
     "192.168.0.1",
     "100.64.0.1",
     "127.0.0.1",
+    "0.0.0.1",
+    "192.0.0.192",
+    "198.18.0.1",
+    "224.0.0.1",
+    "240.0.0.1",
+    "255.255.255.255",
 ]
 
 # The figures the dashboard shows, by the names the brain's and the manager's /metrics
