@@ -107,7 +107,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(crate::sessions::snapshot_skipped))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
-        .routes(routes!(health::metrics))
         .routes(routes!(openapi::serve))
 }
 
