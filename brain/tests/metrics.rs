@@ -193,8 +193,11 @@ async fn metrics_are_served_on_their_own_port_never_on_the_api_port() {
     let scrape = scrape.text().await.unwrap();
     // The readiness polls of the start were counted on the API port.
     assert!(
-        value(&scrape, "brain_http_requests_total", &[("route", "/readyz"), ("status", "200")])
-            >= 1.0,
+        value(
+            &scrape,
+            "brain_http_requests_total",
+            &[("route", "/readyz"), ("status", "200")]
+        ) >= 1.0,
         "{scrape}"
     );
     check_metrics(&scrape);
