@@ -33,13 +33,15 @@ RUN groupadd --gid 10001 brain \
       --shell /usr/sbin/nologin brain \
  && install -d -o 10001 -g 10001 -m 0750 /var/lib/brain
 COPY --from=build /out/brain /usr/local/bin/brain
-# Listen on every interface in a container. The local artifact directory is for a single
-# replica only; set BRAIN_ARTIFACTS_BACKEND=s3 for more (docs/CONFIGURATION.md).
+# Listen on every interface in a container (the API, and /metrics on a port of its own).
+# The local artifact directory is for a single replica only; set
+# BRAIN_ARTIFACTS_BACKEND=s3 for more (docs/CONFIGURATION.md).
 ENV BRAIN_ADDR=0.0.0.0:8080 \
+    BRAIN_METRICS_ADDR=0.0.0.0:9465 \
     BRAIN_ARTIFACTS_DIR=/var/lib/brain/artifacts \
     HOME=/var/lib/brain
 WORKDIR /var/lib/brain
 USER 10001:10001
-EXPOSE 8080
+EXPOSE 8080 9465
 ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/brain"]
 CMD ["serve"]

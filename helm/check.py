@@ -65,7 +65,8 @@ MANAGER_RULES = {
     ("", "pods"): {"delete", "list", "watch"},
 }
 
-# Addresses no worker may reach through an ipBlock: the metadata service, private ranges.
+# Addresses no worker may reach through an ipBlock: the metadata service, private ranges,
+# "this network", 192.0.0.0/24, benchmarking, multicast, reserved and broadcast.
 FORBIDDEN_ADDRESSES = [
     "169.254.169.254",
     "10.0.0.1",
@@ -73,6 +74,12 @@ FORBIDDEN_ADDRESSES = [
     "192.168.0.1",
     "100.64.0.1",
     "127.0.0.1",
+    "0.0.0.1",
+    "192.0.0.192",
+    "198.18.0.1",
+    "224.0.0.1",
+    "240.0.0.1",
+    "255.255.255.255",
 ]
 
 # The figures the dashboard shows, by the names the brain's and the manager's /metrics
@@ -227,8 +234,24 @@ def check_brain(docs: list[dict]) -> None:
     for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         for subject in binding.get("subjects", []):
             expect(subject["name"] != sa_name, f"{binding['metadata']['name']} binds the brain")
-    port = brain["ports"][0]["containerPort"]
-    expect(env["BRAIN_ADDR"]["value"] == f"0.0.0.0:{port}", "the brain listens on its port")
+    ports = {p["name"]: p["containerPort"] for p in brain["ports"]}
+    expect(set(ports) == {"http", "metrics"}, "the brain serves the API and metrics ports")
+    expect(ports["http"] != ports["metrics"], "metrics have a port of their own")
+    expect(env["BRAIN_ADDR"]["value"] == f"0.0.0.0:{ports['http']}", "the brain listens on its port")
+    expect(
+        env["BRAIN_METRICS_ADDR"]["value"] == f"0.0.0.0:{ports['metrics']}",
+        "the brain serves /metrics on its metrics port",
+    )
+    scrape = deploy["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/port")
+    expect(scrape in (None, str(ports["metrics"])), "Prometheus scrapes the metrics port")
+    # Whatever publishes the API publishes the API port only, never /metrics.
+    for ingress in (d for d in docs if d["kind"] == "Ingress"):
+        for rule in ingress["spec"]["rules"]:
+            for path in rule["http"]["paths"]:
+                expect(
+                    path["backend"]["service"]["port"] == {"name": "http"},
+                    "the Ingress routes to the API port only",
+                )
     hpa = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
     if hpa:
         expect("replicas" not in deploy["spec"], "replicas are the autoscaler's")
@@ -411,15 +434,13 @@ def check_network(docs: list[dict], values: dict, namespace: str) -> None:
     else:
         expect(not internet_policies, "no internet egress unless asked")
 
-    # The brain and the manager admit only the ports they serve.
-    for component, port_name in (("brain", "http"), ("runtime-manager", "metrics")):
+    # The brain and the manager admit only the ports they serve, each in a rule of its own.
+    for component, port_names in (("brain", ("http", "metrics")), ("runtime-manager", ("metrics",))):
         policy = one(policies, "NetworkPolicy", component)
         expect(policy["spec"]["policyTypes"] == ["Ingress"], f"{component}: ingress policy")
         for rule in policy["spec"]["ingress"]:
-            expect(
-                [p["port"] for p in rule["ports"]] == [port_name],
-                f"{component}: only its {port_name} port",
-            )
+            ports = [p["port"] for p in rule["ports"]]
+            expect(ports in ([n] for n in port_names), f"{component}: only its {port_names}")
 
 
 def check_service_monitors(docs: list[dict]) -> None:

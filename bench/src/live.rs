@@ -266,7 +266,7 @@ async fn drive(
         eprintln!("bench: live {n}: not every turn opened within {OPEN_LIMIT:?}");
     }
     let at_open = usage(brain.pid, ticks_per_second)?;
-    let queue_peak = intake_queue_peak(brain.addr).await?;
+    let queue_peak = intake_queue_peak(brain.metrics_addr).await?;
     // All open for the window: the steady cost of N open turns.
     let hold = window();
     tokio::time::sleep(hold).await;
@@ -312,7 +312,8 @@ async fn drive(
     })
 }
 
-/// The brain's `brain_intake_queued_peak`, from its `/metrics`.
+/// The brain's `brain_intake_queued_peak`, from its `/metrics` at `addr` (its metrics
+/// port).
 async fn intake_queue_peak(addr: SocketAddr) -> Result<f64> {
     let scrape = reqwest::get(format!("http://{addr}/metrics"))
         .await?

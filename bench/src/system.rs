@@ -498,6 +498,8 @@ pub struct BrainProcess {
     child: tokio::process::Child,
     pub pid: u32,
     pub addr: SocketAddr,
+    /// Where it serves `/metrics` (`BRAIN_METRICS_ADDR`), a port of its own.
+    pub metrics_addr: SocketAddr,
     artifacts: PathBuf,
 }
 
@@ -545,10 +547,12 @@ impl BrainProcess {
         let binary = brain_binary()?;
         let env = brain_env(&db.name, provider);
         let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
+        let metrics_addr = free_addr()?;
         let mut child = tokio::process::Command::new(binary)
             .arg("serve")
             .envs(env)
             .env("BRAIN_ADDR", addr.to_string())
+            .env("BRAIN_METRICS_ADDR", metrics_addr.to_string())
             // Its own provision queue, so no runtime-manager of another run sees it.
             .env(
                 "SESSION_QUEUE_NAMESPACE",
@@ -580,6 +584,7 @@ impl BrainProcess {
             child,
             pid,
             addr,
+            metrics_addr,
             artifacts,
         })
     }

@@ -14,6 +14,9 @@ use envcfg::{millis, non_empty, parse, ranged, trimmed, url_var};
 #[derive(Clone, Debug)]
 pub struct Config {
     pub addr: SocketAddr,
+    /// Where `GET /metrics` listens (`BRAIN_METRICS_ADDR`), apart from the API so that
+    /// whatever publishes the API does not publish the metrics; `None` (`off`): nowhere.
+    pub metrics_addr: Option<SocketAddr>,
     pub database_url: String,
     pub database_max_connections: u32,
     /// Postgres cancels a statement of the brain's pool past this
@@ -125,6 +128,15 @@ impl std::fmt::Debug for OAuthClient {
                 &self.client_secret.as_ref().map(|_| "<redacted>"),
             )
             .finish()
+    }
+}
+
+/// `BRAIN_METRICS_ADDR`: `IP:port`, or `off`. Loopback by default, so a laptop exposes
+/// nothing; the Helm chart sets `0.0.0.0:9465`.
+fn metrics_addr(env: &dyn Env) -> Result<Option<SocketAddr>, ConfigError> {
+    match trimmed(env, "BRAIN_METRICS_ADDR").as_deref() {
+        Some("off") => Ok(None),
+        _ => parse(env, "BRAIN_METRICS_ADDR", "127.0.0.1:9465").map(Some),
     }
 }
 
@@ -435,6 +447,7 @@ impl Config {
         let addr = parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?;
         let config = Self {
             addr,
+            metrics_addr: metrics_addr(env)?,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
             database_statement_timeout: ranged(
@@ -630,6 +643,14 @@ mod tests {
     fn defaults_are_the_embedded_setup() {
         let config = Config::from_env(&env(&[])).unwrap();
         assert_eq!(config.addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(
+            config.metrics_addr.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.1:9465")
+        );
+        let off = Config::from_env(&env(&[("BRAIN_METRICS_ADDR", "off")])).unwrap();
+        assert_eq!(off.metrics_addr, None);
+        let err = Config::from_env(&env(&[("BRAIN_METRICS_ADDR", "metrics:1")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_METRICS_ADDR");
         assert_eq!(config.database_url, DEFAULT_DATABASE_URL);
         // Under the 5 s request bound, and within the quota rebuild's 2 min margin.
         assert_eq!(config.database_statement_timeout, Duration::from_secs(4));

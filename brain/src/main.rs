@@ -90,11 +90,33 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;
     tracing::info!(addr = %config.addr, "brain listening");
+    // Bound before anything runs: a taken metrics port fails the start, not a scrape later.
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding BRAIN_METRICS_ADDR {addr}"))?,
+        ),
+        None => None,
+    };
     let state =
         brain::AppState::new(config.clone(), store, redis).context("building the shared state")?;
+    // Scraped through the drain; stopped once the API has stopped.
+    let metrics_stop = CancellationToken::new();
+    if let Some(listener) = metrics_listener {
+        tracing::info!(addr = ?config.metrics_addr, "metrics serving at /metrics");
+        let served = brain::metrics::serve(listener, state.metrics.clone(), metrics_stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                tracing::warn!(error_class = "metrics_listener", error = %e, "metrics listener ended");
+            }
+        });
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(signal_shutdown(shutdown.clone()));
-    brain::serve(listener, state, shutdown).await?;
+    let served = brain::serve(listener, state, shutdown).await;
+    metrics_stop.cancel();
+    served?;
     tracing::info!("brain stopped");
     Ok(())
 }

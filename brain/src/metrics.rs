@@ -2,8 +2,9 @@
 //! the small guards the hot paths hold.
 //!
 //! `Metrics` is built once in `AppState::new` and cloned into whatever counts something; a
-//! clone is one `Arc` bump. `render` produces the Prometheus text format for the scrape
-//! endpoint.
+//! clone is one `Arc` bump. [`serve`] answers the scrape on a port of its own
+//! (`BRAIN_METRICS_ADDR`), never the API's: an Ingress or load balancer that publishes the
+//! API cannot publish the metrics with it.
 //!
 //! **Architecture Invariant:** every label value is one of a closed set of `&'static str`
 //! (an outcome, a route kind, an error class, a built-in tool name, an axum path template);
@@ -323,6 +324,30 @@ impl Metrics {
             }
         }
     }
+}
+
+/// Serves `GET /metrics` (and nothing else) on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(scrape))
+        .with_state(metrics);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Prometheus text format 0.0.4 (SPEC O2). Counts and closed labels only (X4).
+async fn scrape(
+    axum::extract::State(metrics): axum::extract::State<Metrics>,
+) -> ([(http::HeaderName, &'static str); 1], String) {
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics.render(),
+    )
 }
 
 impl Deref for Metrics {

@@ -346,6 +346,13 @@ async fn connector_urls_may_not_point_at_metadata_or_private_addresses() {
         "http://metadata.google.internal/computeMetadata/v1/",
         "http://METADATA.google.internal./",
         "http://[::ffff:169.254.169.254]/",
+        // Alibaba's and Oracle's metadata services, Azure's host endpoint, and the metadata
+        // address wrapped in IPv4-translated and 6to4 IPv6 forms.
+        "http://100.100.100.200/latest/meta-data/",
+        "http://192.0.0.192/latest/",
+        "http://168.63.129.16/metadata/",
+        "http://[::ffff:0:a9fe:a9fe]/",
+        "http://[2002:a9fe:a9fe::1]/",
         // Other spellings of 169.254.169.254 that the URL parser normalizes.
         "http://2852039166/",
         "http://0xa9.0xfe.0xa9.0xfe/",
@@ -360,6 +367,18 @@ async fn connector_urls_may_not_point_at_metadata_or_private_addresses() {
         "http://192.168.1.10/mcp",
         "http://[fd12:3456::1]/mcp",
         "http://0.0.0.0:3001/mcp",
+        // Not global unicast: IPv4-translated, local-use NAT64 and 6to4 forms of a private
+        // address, multicast, reserved, benchmarking, IETF protocol assignments, site-local.
+        "http://[::ffff:0:a00:5]/mcp",
+        "http://[64:ff9b:1::a00:5]/mcp",
+        "http://[2002:a00:5::1]/mcp",
+        "http://224.0.0.1/mcp",
+        "http://[ff02::1]/mcp",
+        "http://240.0.0.1/mcp",
+        "http://255.255.255.255/mcp",
+        "http://198.18.0.1/mcp",
+        "http://192.0.0.8/mcp",
+        "http://[fec0::1]/mcp",
     ];
     for url in always.iter().chain(&private) {
         let message = refused(post(&app, json!({"name": "x", "url": url})).await, url);

@@ -1,6 +1,7 @@
 //! The brain's Prometheus endpoint after real turns (SPEC O2, X4): every series a dashboard
 //! reads is there with the counts the turns imply, no label carries an id, and the scrape
-//! passes `promtool check metrics`.
+//! passes `promtool check metrics`; and the scrape is served on a port of its own, never
+//! on the API port an Ingress publishes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{TestApp, read_stream};
+use common::{BrainProcess, TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::json;
@@ -155,7 +156,6 @@ async fn turns_tools_errors_holds_and_requests_are_counted_and_pass_promtool() {
     assert_eq!(requests("/v1/agents", "201"), 2.0);
     assert_eq!(requests("/v1/chats/{chat_id}/events", "200"), 1.0);
     assert_eq!(requests("unmatched", "404"), 1.0);
-    assert!(requests("/metrics", "200") >= 1.0);
 
     // X4: no id of anything reaches a label.
     for id in [&agent, &chat, &other_agent, &other_chat] {
@@ -163,4 +163,50 @@ async fn turns_tools_errors_holds_and_requests_are_counted_and_pass_promtool() {
     }
     assert!(!scrape.contains("no_such_tool") && !scrape.contains("test-model"));
     check_metrics(&scrape);
+}
+
+/// Issue 24: the default Ingress routes `/` to the API port, so `/metrics` there would be
+/// public. The brain binary answers it with 404 on the API port and serves it on
+/// `BRAIN_METRICS_ADDR`, which serves nothing else.
+#[tokio::test]
+async fn metrics_are_served_on_their_own_port_never_on_the_api_port() {
+    let app = TestApp::start().await;
+    let brain = BrainProcess::start(&app, &[]).await;
+    for api in [&brain.url, &app.url] {
+        let public = app.http.get(format!("{api}/metrics")).send().await.unwrap();
+        assert_eq!(public.status(), 404, "{api}/metrics");
+        let body: serde_json::Value = public.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "not_found", "{body}");
+    }
+
+    let scrape = app
+        .http
+        .get(format!("{}/metrics", brain.metrics_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    assert_eq!(
+        scrape.headers()["content-type"],
+        "text/plain; version=0.0.4"
+    );
+    let scrape = scrape.text().await.unwrap();
+    // The readiness polls of the start were counted on the API port.
+    assert!(
+        value(
+            &scrape,
+            "brain_http_requests_total",
+            &[("route", "/readyz"), ("status", "200")]
+        ) >= 1.0,
+        "{scrape}"
+    );
+    check_metrics(&scrape);
+
+    // The metrics port is not a second door to the API.
+    let api_on_metrics = app
+        .auth(app.http.get(format!("{}/v1/agents", brain.metrics_url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api_on_metrics.status(), 404);
 }

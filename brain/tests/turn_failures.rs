@@ -289,7 +289,7 @@ async fn a_message_posted_on_finish_does_not_find_the_agent_busy() {
         read_stream(warm).await;
     }
     let unavailable = || async {
-        let metrics = app.get("/metrics").await.text().await.unwrap();
+        let metrics = app.metrics().await;
         metrics
             .lines()
             .find_map(|l| l.strip_prefix("brain_hold_unavailable_total "))

@@ -6,7 +6,9 @@
 //! agent_busy, a third tab opened mid-turn resuming it from its start, a call approved and
 //! one denied with their buttons, a connector that is down, the offline demo model running a
 //! command and taking a real Chromium screenshot, a quota refusal, and sign-in with a
-//! frontend token handed over in the address, then expired). A real runtime-manager
+//! frontend token handed over in the address, then expired; the page shows the team and
+//! user signed in, and a link with another team's token replaces a tab's credential only
+//! when the person agrees, issue 24). A real runtime-manager
 //! launches the workers; only the model is scripted. Screenshots go to
 //! `$CARGO_TARGET_TMPDIR/web-chat/`.
 
@@ -224,9 +226,11 @@ async fn a_user_chats_in_a_real_browser() {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/chat.mjs");
     let now = chrono::Utc::now().timestamp();
-    let token = |exp: i64| {
-        let claims = json!({"iss": ISSUER, "aud": AUDIENCE, "sub": "web-user", "iat": now,
-                            "exp": exp, "team_id": app.team.to_string()});
+    // Another team's user, whose token a link may try to slip into a signed-in tab.
+    let other = app.store.create_team("other team").await.unwrap();
+    let token = |team: protocol::TeamId, user: &str, exp: i64| {
+        let claims = json!({"iss": ISSUER, "aud": AUDIENCE, "sub": user, "iat": now,
+                            "exp": exp, "team_id": team.to_string()});
         jsonwebtoken::encode(
             &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
             &claims,
@@ -241,8 +245,9 @@ async fn a_user_chats_in_a_real_browser() {
             .arg(&app.url)
             .arg(&app.key)
             .arg(&out)
-            .arg(token(now + 600))
-            .arg(token(now - 600))
+            .arg(token(app.team, "web-user", now + 600))
+            .arg(token(app.team, "web-user", now - 600))
+            .arg(token(other.team_id, "mallory", now + 600))
             .kill_on_drop(true)
             .output(),
     )
@@ -298,6 +303,7 @@ async fn a_user_chats_in_a_real_browser() {
         "4-third-tab",
         "5-phone",
         "6-screenshot",
+        "7-switch-accounts",
     ] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }

@@ -1759,6 +1759,7 @@ async fn brain_binary_with(
     command
         .arg("serve")
         .env("BRAIN_ADDR", addr.to_string())
+        .env("BRAIN_METRICS_ADDR", "off")
         .env("DATABASE_URL", app.store_url())
         .env(
             "REDIS_URL",

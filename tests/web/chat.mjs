@@ -1,13 +1,14 @@
 // Drives the web chat in Debian's chromium against a live brain whose scripted model has
 // its replies queued by brain/tests/web_chat.rs.
-// Usage: node chat.mjs URL API_KEY OUT_DIR USER_TOKEN EXPIRED_TOKEN (the tokens: JWTs of the
-// brain's issuer, one valid, one expired).
+// Usage: node chat.mjs URL API_KEY OUT_DIR USER_TOKEN EXPIRED_TOKEN OTHER_TOKEN (the tokens:
+// JWTs of the brain's issuer: one valid and one expired for API_KEY's team "test team" and
+// its user web-user, one valid for user mallory of another team, "other team").
 // Prints {"agentId","chatId"} on success; any failed expectation throws (exit code 1).
 import { readFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { chromium } from "playwright-core";
 
-const [url, apiKey, outDir, userToken, expiredToken] = process.argv.slice(2);
+const [url, apiKey, outDir, userToken, expiredToken, otherToken] = process.argv.slice(2);
 mkdirSync(outDir, { recursive: true });
 const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 const TIMEOUT = 20_000;
@@ -29,9 +30,9 @@ try {
 
   const shot = (name) => page.screenshot({ path: `${outDir}/${name}.png`, fullPage: true });
   // axe-core is evaluated through the DevTools protocol, so the page's CSP stays in force.
-  async function accessible(screen) {
-    await page.evaluate(axeSource);
-    const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
+  async function accessible(screen, on = page) {
+    await on.evaluate(axeSource);
+    const result = await on.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
     const bad = result.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
     if (bad.length) {
       throw new Error(
@@ -49,6 +50,8 @@ try {
   await page.getByRole("alert").filter({ hasText: "The key or token was refused" }).waitFor();
   await page.getByLabel("API key or frontend token").fill(apiKey);
   await page.getByRole("button", { name: "Sign in" }).click();
+  // The page says who is signed in: the team, and an API key rather than a user.
+  await page.locator(".signed-in", { hasText: "test team" }).filter({ hasText: "API key" }).waitFor();
 
   // Create an agent, open a new chat.
   await page.getByRole("button", { name: "New agent" }).click();
@@ -254,23 +257,70 @@ try {
   await accessible("phone");
   await shot("5-phone");
 
-  // A frontend token of the brain's issuer, handed over in the address: signed in as its
-  // user; once expired, back to sign-in with a message that says so.
+  // A frontend token of the brain's issuer, handed over in the address of a tab with no
+  // credential: signed in as its user, and the page says who that is.
   const viaToken = await browser.newContext({ viewport: { width: 1100, height: 760 } });
   const user = await viaToken.newPage();
   user.setDefaultTimeout(TIMEOUT);
   user.on("pageerror", (e) => problems.push(`token page error: ${e.message}`));
+  const held = () => user.evaluate(() => sessionStorage.getItem("agent-runtime.key"));
   await user.goto(`${url}/#token=${userToken}`);
   await user.getByRole("button", { name: "Sign out" }).waitFor();
+  await user.locator(".signed-in", { hasText: "test team" }).filter({ hasText: "web-user" }).waitFor();
   await user.getByRole("button", { name: /^helper/ }).click();
   await user.getByRole("button", { name: "New chat" }).waitFor();
   if (user.url().includes("token")) throw new Error(`the token stayed in the address: ${user.url()}`);
-  // A new address only in its hash: reloaded to take it.
-  await user.goto(`${url}/#token=${expiredToken}`);
-  await user.reload();
-  await user.getByRole("alert").filter({ hasText: "expired or was revoked" }).waitFor();
-  await user.getByLabel("API key or frontend token").waitFor();
+
+  // Login CSRF: a link carrying another team's token does not replace the tab's credential
+  // without asking. The page shows who the tab is signed in as and who the link would make
+  // it; keeping the sign-in changes nothing. (A new address only in its hash: reloaded.)
+  const offer = async (token) => {
+    await user.goto(`${url}/#token=${token}`);
+    await user.reload();
+    await user.getByRole("heading", { name: "Switch accounts?" }).waitFor();
+    if (user.url().includes("token")) throw new Error(`the token stayed in the address: ${user.url()}`);
+    if ((await held()) === token) throw new Error("the link's token was stored before the person agreed");
+    return user.locator(".switch");
+  };
+  let asked = await offer(otherToken);
+  for (const who of ["test team", "web-user", "other team", "mallory"]) {
+    await asked.getByText(who, { exact: false }).first().waitFor();
+  }
+  if ((await user.getByRole("button", { name: "Sign out" }).count()) !== 0) {
+    throw new Error("the workspace showed before the person answered");
+  }
+  await accessible("switch accounts", user);
+  await user.screenshot({ path: `${outDir}/7-switch-accounts.png`, fullPage: true });
+  await user.getByRole("button", { name: "Keep current sign-in" }).click();
+  await user.locator(".signed-in", { hasText: "test team" }).filter({ hasText: "web-user" }).waitFor();
+  if ((await held()) !== userToken) throw new Error("keeping the sign-in changed the credential");
+
+  // With the person's consent the link switches the tab to the other team and its user.
+  asked = await offer(otherToken);
+  await user.getByRole("button", { name: "Switch account" }).click();
+  await user.locator(".signed-in", { hasText: "other team" }).filter({ hasText: "mallory" }).waitFor();
+  if ((await held()) !== otherToken) throw new Error("switching did not take the link's token");
+
+  // A link whose token is refused (expired) says so and leaves the sign-in as it is.
+  asked = await offer(expiredToken);
+  await asked.getByRole("alert").filter({ hasText: "The link's token was refused" }).waitFor();
+  if ((await user.getByRole("button", { name: "Switch account" }).count()) !== 0) {
+    throw new Error("a refused token was offered as an account to switch to");
+  }
+  await user.getByRole("button", { name: "Keep current sign-in" }).click();
+  await user.locator(".signed-in", { hasText: "other team" }).waitFor();
   await viaToken.close();
+
+  // An expired token in a tab with no credential: back to sign-in with a message that
+  // says so.
+  const late = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+  const expired = await late.newPage();
+  expired.setDefaultTimeout(TIMEOUT);
+  expired.on("pageerror", (e) => problems.push(`expired token page error: ${e.message}`));
+  await expired.goto(`${url}/#token=${expiredToken}`);
+  await expired.getByRole("alert").filter({ hasText: "expired or was revoked" }).waitFor();
+  await expired.getByLabel("API key or frontend token").waitFor();
+  await late.close();
 
   if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
   const [agentId, chatId] = firstChat.slice(1).split("/");

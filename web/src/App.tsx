@@ -1,6 +1,17 @@
 import type { UIMessage } from "ai";
 import { useCallback, useEffect, useState, type FormEvent } from "react";
-import { Api, ApiError, type Agent, type Chat, explain, storedKey, storeKey, takeHandedToken } from "./api";
+import {
+  Api,
+  ApiError,
+  type Agent,
+  type Chat,
+  describe,
+  explain,
+  storedKey,
+  storeKey,
+  takeHandedToken,
+  type WhoAmI,
+} from "./api";
 import { ChatView } from "./Chat";
 
 const PROFILES = ["none", "light", "browser", "heavy", "warm"];
@@ -21,12 +32,33 @@ export function App() {
       setRefused("Your key or token was refused: it expired or was revoked. Sign in again.");
     });
   }, []);
-  const [api, setApi] = useState<Api | null>(() => {
-    const handed = takeHandedToken();
-    const key = handed?.token ?? storedKey();
-    return key ? signIn(key) : null;
+  const [start] = useState(() => {
+    const handed = takeHandedToken()?.token;
+    const stored = storedKey();
+    // A link must not silently sign a signed-in tab into another team (login CSRF): its
+    // token is only offered, and the person decides.
+    return handed && stored && handed !== stored ? { key: stored, offered: handed } : { key: handed ?? stored };
   });
+  const [offered, setOffered] = useState(start.offered);
+  const [api, setApi] = useState<Api | null>(() => (start.key ? signIn(start.key) : null));
   if (!api) return <SignIn notice={refused} onSignedIn={(key) => setApi(signIn(key))} />;
+  if (offered) {
+    return (
+      <SwitchAccount
+        current={api.key}
+        offered={offered}
+        onSwitch={() => {
+          setOffered(undefined);
+          setApi(signIn(offered));
+        }}
+        onKeep={() => {
+          // The chat the link named belongs to the other sign-in.
+          history.replaceState(null, "", location.pathname);
+          setOffered(undefined);
+        }}
+      />
+    );
+  }
   return (
     <Workspace
       api={api}
@@ -86,7 +118,71 @@ function SignIn({ notice, onSignedIn }: { notice?: string; onSignedIn: (key: str
   );
 }
 
+/** Who a key or token signs in as; or `refused` (`401`), or what else went wrong. */
+type Known = WhoAmI | { problem: "refused" | string };
+
+/** A plain `Api` (no sign-out on `401`): asking must not end the tab's sign-in. */
+function useWhoAmI(key: string): Known | undefined {
+  const [known, setKnown] = useState<Known>();
+  useEffect(() => {
+    new Api(key).whoami().then(setKnown, (e) =>
+      setKnown({ problem: e instanceof ApiError && e.code === "unauthorized" ? "refused" : message(e) }),
+    );
+  }, [key]);
+  return known;
+}
+
+function SwitchAccount({
+  current,
+  offered,
+  onSwitch,
+  onKeep,
+}: {
+  current: string;
+  offered: string;
+  onSwitch: () => void;
+  onKeep: () => void;
+}) {
+  const now = useWhoAmI(current);
+  const next = useWhoAmI(offered);
+  return (
+    <main className="signin switch">
+      <h1>agent-runtime</h1>
+      <h2>Switch accounts?</h2>
+      <p>
+        This tab is signed in as{" "}
+        <strong>{now === undefined ? "…" : "problem" in now ? "a key or token that was refused" : describe(now)}</strong>.
+      </p>
+      {next !== undefined &&
+        ("problem" in next ? (
+          <p className="error" role="alert">
+            {next.problem === "refused"
+              ? "The link's token was refused: it is wrong, expired or revoked."
+              : `The link's token could not be checked: ${next.problem}`}{" "}
+            You stay signed in as before.
+          </p>
+        ) : (
+          <p>
+            The link you opened would sign this tab in as <strong>{describe(next)}</strong> instead. Switch only if you
+            meant to: a link from someone else can sign you into their team, where what you type is theirs to read.
+          </p>
+        ))}
+      <div className="row">
+        <button type="button" onClick={onKeep}>
+          Keep current sign-in
+        </button>
+        {next !== undefined && !("problem" in next) && (
+          <button type="button" onClick={onSwitch}>
+            Switch account
+          </button>
+        )}
+      </div>
+    </main>
+  );
+}
+
 function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
+  const who = useWhoAmI(api.key);
   const [agents, setAgents] = useState<Agent[]>([]);
   const [agentId, setAgentId] = useState<string>();
   const [chats, setChats] = useState<Chat[]>([]);
@@ -165,6 +261,11 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
           Menu
         </button>
         <h1>{agent ? agent.name : "agent-runtime"}</h1>
+        {who && (
+          <p className="signed-in">
+            {"problem" in who ? "Signed in (who could not be checked)" : `Signed in: ${describe(who)}`}
+          </p>
+        )}
         <button type="button" onClick={onSignOut}>
           Sign out
         </button>

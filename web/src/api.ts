@@ -37,6 +37,20 @@ export interface StoredMessage {
   created_at: string;
 }
 
+/** Who a key or token signs in as (`GET /v1/whoami`). */
+export interface WhoAmI {
+  team_id: string;
+  team_name: string;
+  /** The token's user; `null` for an API key. */
+  user: string | null;
+  scope: "admin" | "chat";
+}
+
+/** "team …, user …" (or "API key" for a key), as the page shows who is signed in. */
+export function describe(who: WhoAmI): string {
+  return `team ${who.team_name}, ${who.user === null ? "API key" : `user ${who.user}`} (${who.scope})`;
+}
+
 export interface ArtifactMeta {
   id: string;
   name: string;
@@ -109,7 +123,9 @@ export function explain(err: ApiError): string {
 
 /** A frontend token handed over in the address (`#token=<jwt>`, optionally
  * `&chat=<agent id>/<chat id>`), as an app that signs its users' tokens opens the chat: the
- * token goes to sessionStorage and leaves the address (and the history) at once. */
+ * token leaves the address (and the history) at once. It is stored only in a tab that holds
+ * no credential yet, or once the person agrees to switch (a link must not silently sign a
+ * tab into another team: login CSRF). */
 export function takeHandedToken(): { token: string; open?: string } | null {
   if (!location.hash.startsWith("#token=")) return null;
   const params = new URLSearchParams(location.hash.slice(1));
@@ -148,6 +164,10 @@ export class Api {
     if (response.status === 401) this.onRefused?.();
     if (!response.ok) throw parseError(await response.text(), response.status);
     return (await response.json()) as T;
+  }
+
+  whoami(): Promise<WhoAmI> {
+    return this.request("GET", "/v1/whoami");
   }
 
   async agents(): Promise<Agent[]> {

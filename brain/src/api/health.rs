@@ -76,24 +76,3 @@ async fn redis_ping(client: &redis::Client) -> redis::RedisResult<()> {
         .await
         .map(|_| ())
 }
-
-/// Prometheus text format (SPEC O2). Counts and ids only (X4).
-#[utoipa::path(
-    get,
-    path = "/metrics",
-    operation_id = "metrics",
-    tag = "probes",
-    responses((status = 200, description = "Prometheus text exposition format 0.0.4.",
-        content_type = "text/plain; version=0.0.4", body = String)),
-)]
-pub async fn metrics(
-    State(state): State<AppState>,
-) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        state.metrics.render(),
-    )
-}

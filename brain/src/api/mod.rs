@@ -20,6 +20,7 @@ mod secrets;
 mod turns;
 mod usage;
 mod web;
+mod whoami;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Request};
@@ -95,7 +96,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::answer))
         .routes(routes!(turns::stop_turn))
-        .routes(routes!(turns::stop_chat));
+        .routes(routes!(turns::stop_chat))
+        .routes(routes!(whoami::get));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.
@@ -107,7 +109,6 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(crate::sessions::snapshot_skipped))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
-        .routes(routes!(health::metrics))
         .routes(routes!(openapi::serve))
 }
 

@@ -1,33 +1,79 @@
 //! Where a connector URL may point the brain (SSRF). A connector makes the brain open HTTP
 //! connections to a URL an API key holder chose, from inside the cluster, so:
 //!
-//! - **always refused** (`metadata_address`): link-local addresses (169.254.0.0/16, which
-//!   holds the cloud metadata service 169.254.169.254, and fe80::/10), AWS's IPv6 metadata
-//!   address fd00:ec2::254, and the name `metadata.google.internal`;
+//! - **always refused** (`metadata_address`), whatever the operator allows: the cloud
+//!   metadata services and host endpoints, named one by one (link-local 169.254.0.0/16
+//!   and fe80::/10, which hold 169.254.169.254; Alibaba's 100.100.100.200; Oracle's
+//!   192.0.0.192; Azure's 168.63.129.16; AWS's fd00:ec2::254; the name
+//!   `metadata.google.internal`);
 //! - **refused unless `BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS`** (`private_address`):
-//!   loopback (127.0.0.0/8, ::1, the name `localhost`), private ranges (10.0.0.0/8,
-//!   172.16.0.0/12, 192.168.0.0/16, fc00::/7), shared address space (100.64.0.0/10) and
-//!   the unspecified addresses (0.0.0.0/8, ::), which reach the local host.
+//!   every address that is not global unicast: loopback (and the name `localhost`),
+//!   unspecified, private and shared ranges, and every other special-purpose block of the
+//!   IANA registries (benchmarking, documentation, protocol assignments, site-local,
+//!   multicast, reserved, broadcast).
 //!
-//! IPv6 forms that carry an IPv4 address (IPv4-mapped, IPv4-compatible, NAT64) are judged
-//! by that address. The URL parser has already normalized other spellings of an IPv4
-//! address (`http://2852039166/`, `0xa9.0xfe.…`). The rule applies twice: to the URL when a
-//! connector is created ([`check_url`]), and to every address its host name resolves to
-//! when a turn connects ([`resolve`]); the connection then goes only to the addresses that
-//! were checked, so a name cannot resolve to another address in between.
+//! The rule is an allow-list: an address is public only outside every listed block, so a
+//! block left off errs towards refusing. IPv6 forms that carry an IPv4 address
+//! (IPv4-mapped, IPv4-translated, IPv4-compatible, NAT64, 6to4, Teredo) are judged by that
+//! address too, and are never more public than their own block. The URL parser has
+//! already normalized other spellings of an IPv4 address (`http://2852039166/`,
+//! `0xa9.0xfe.…`). The rule applies twice: to the URL when a connector is created
+//! ([`check_url`]), and to every address its host name resolves to when a turn connects
+//! ([`resolve`]); the connection then goes only to the addresses that were checked, so a
+//! name cannot resolve to another address in between.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 const METADATA_HOSTS: [&str; 1] = ["metadata.google.internal"];
+
+/// Metadata services and host endpoints outside link-local, which the operator's
+/// private-networks setting must not open (Azure's is not even private).
+const METADATA_V4: [Ipv4Addr; 3] = [
+    // Alibaba Cloud's metadata service, inside the shared address space.
+    Ipv4Addr::new(100, 100, 100, 200),
+    // Oracle Cloud's metadata service.
+    Ipv4Addr::new(192, 0, 0, 192),
+    // Azure's WireServer: a public address that answers only the VM's own host.
+    Ipv4Addr::new(168, 63, 129, 16),
+];
 const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254);
 
+/// The IPv4 blocks that are not global unicast, other than link-local: (network, prefix
+/// length). IANA's special-purpose blocks (192.0.0.0/24 holds two global anycast
+/// services, but nothing a connector would be served from; the deprecated 6to4 relay
+/// anycast 192.88.99.0/24), then multicast, the reserved 240/4 and broadcast as one /3.
+const NOT_GLOBAL_V4: [(Ipv4Addr, u8); 13] = [
+    (Ipv4Addr::new(0, 0, 0, 0), 8),
+    (Ipv4Addr::new(10, 0, 0, 0), 8),
+    (Ipv4Addr::new(100, 64, 0, 0), 10),
+    (Ipv4Addr::new(127, 0, 0, 0), 8),
+    (Ipv4Addr::new(172, 16, 0, 0), 12),
+    (Ipv4Addr::new(192, 0, 0, 0), 24),
+    (Ipv4Addr::new(192, 0, 2, 0), 24),
+    (Ipv4Addr::new(192, 88, 99, 0), 24),
+    (Ipv4Addr::new(192, 168, 0, 0), 16),
+    (Ipv4Addr::new(198, 18, 0, 0), 15),
+    (Ipv4Addr::new(198, 51, 100, 0), 24),
+    (Ipv4Addr::new(203, 0, 113, 0), 24),
+    (Ipv4Addr::new(224, 0, 0, 0), 3),
+];
+
+/// The blocks inside 2000::/3 that are not global: IETF protocol assignments (Teredo
+/// included) and the two documentation blocks.
+const NOT_GLOBAL_V6: [(Ipv6Addr, u8); 3] = [
+    (Ipv6Addr::new(0x2001, 0, 0, 0, 0, 0, 0, 0), 23),
+    (Ipv6Addr::new(0x2001, 0x0db8, 0, 0, 0, 0, 0, 0), 32),
+    (Ipv6Addr::new(0x3fff, 0, 0, 0, 0, 0, 0, 0), 20),
+];
+
 /// Why an address or host is refused: a class for logs and the connector status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Refused {
+    /// Not global unicast (loopback, private, special-purpose), while the operator has
+    /// not allowed private networks.
+    Private,
     /// Link-local or a cloud metadata address: never allowed.
     Metadata,
-    /// Loopback, private or unspecified, while the operator has not allowed them.
-    Private,
 }
 
 impl Refused {
@@ -43,8 +89,8 @@ impl Refused {
         match self {
             Self::Metadata => "url must not point at a link-local or cloud metadata address",
             Self::Private => {
-                "url must not point at a loopback or private network address on this server \
-                 (BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS is off)"
+                "url must not point at a loopback, private or other non-public address on \
+                 this server (BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS is off)"
             }
         }
     }
@@ -52,35 +98,25 @@ impl Refused {
 
 /// Judges one address.
 pub fn check_ip(ip: IpAddr, allow_private: bool) -> Result<(), Refused> {
-    let private = match ip {
-        IpAddr::V4(v4) => match v4_class(v4) {
-            Some(Refused::Metadata) => return Err(Refused::Metadata),
-            Some(Refused::Private) => true,
-            None => false,
-        },
-        IpAddr::V6(v6) => {
-            if let Some(v4) = embedded_v4(v6) {
-                return check_ip(IpAddr::V4(v4), allow_private);
-            }
-            let first = v6.segments()[0];
-            if first & 0xffc0 == 0xfe80 || v6 == AWS_METADATA_V6 {
-                return Err(Refused::Metadata);
-            }
-            v6.is_loopback() || v6.is_unspecified() || first & 0xfe00 == 0xfc00
-        }
+    let class = match ip {
+        IpAddr::V4(v4) => v4_class(v4),
+        IpAddr::V6(v6) => v6_class(v6),
     };
-    if private && !allow_private {
-        return Err(Refused::Private);
+    match class {
+        Some(Refused::Private) if allow_private => Ok(()),
+        Some(refused) => Err(refused),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-/// `None` for a public IPv4 address; `Some(Private)` is refused only when not allowed.
+/// `None` for a global unicast IPv4 address; `Some(Private)` is refused only when not
+/// allowed.
 fn v4_class(v4: Ipv4Addr) -> Option<Refused> {
-    let [a, b, ..] = v4.octets();
-    if v4.is_link_local() {
+    if v4.is_link_local() || METADATA_V4.contains(&v4) {
         Some(Refused::Metadata)
-    } else if v4.is_loopback() || v4.is_private() || a == 0 || (a == 100 && (64..128).contains(&b))
+    } else if NOT_GLOBAL_V4
+        .iter()
+        .any(|&(net, len)| u32::from(v4) >> (32 - len) == u32::from(net) >> (32 - len))
     {
         Some(Refused::Private)
     } else {
@@ -88,17 +124,42 @@ fn v4_class(v4: Ipv4Addr) -> Option<Refused> {
     }
 }
 
-/// The IPv4 address an IPv6 address stands for: IPv4-mapped (`::ffff:a.b.c.d`),
-/// IPv4-compatible (`::a.b.c.d`) or NAT64 (`64:ff9b::a.b.c.d`).
-fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(v4);
+/// As [`v4_class`]. Outside 2000::/3 nothing is global unicast (loopback, unspecified,
+/// unique local, site-local, link-local, multicast, the discard and SRv6 blocks).
+fn v6_class(v6: Ipv6Addr) -> Option<Refused> {
+    if v6.segments()[0] & 0xffc0 == 0xfe80 || v6 == AWS_METADATA_V6 {
+        return Some(Refused::Metadata);
     }
+    if let Some((v4, global)) = embedded_v4(v6) {
+        // The embedded address decides, but a non-global wrapper stays at least private.
+        return v4_class(v4).max((!global).then_some(Refused::Private));
+    }
+    let bits = u128::from(v6);
+    let within = |net: Ipv6Addr, len: u8| bits >> (128 - len) == u128::from(net) >> (128 - len);
+    let global = within(Ipv6Addr::new(0x2000, 0, 0, 0, 0, 0, 0, 0), 3)
+        && !NOT_GLOBAL_V6.iter().any(|&(net, len)| within(net, len));
+    (!global).then_some(Refused::Private)
+}
+
+/// The IPv4 address an IPv6 address stands for, and whether its IPv6 block is itself
+/// global: IPv4-mapped (`::ffff:a.b.c.d`, the IPv4 address itself on a dual-stack
+/// socket), IPv4-translated (`::ffff:0:a.b.c.d`), IPv4-compatible (`::a.b.c.d`),
+/// well-known NAT64 (`64:ff9b::a.b.c.d`), local-use NAT64 (`64:ff9b:1::/48`, read at the
+/// /96 position), 6to4 (`2002:aabb:ccdd::…`) and Teredo (`2001::/32`, the client's address
+/// inverted in the last 32 bits).
+fn embedded_v4(v6: Ipv6Addr) -> Option<(Ipv4Addr, bool)> {
     let s = v6.segments();
-    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-    let compatible = s[..6] == [0; 6] && !v6.is_loopback() && !v6.is_unspecified();
-    let nat64 = s[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
-    (compatible || nat64).then_some(low)
+    let v4 = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    let low = v4(s[6], s[7]);
+    match s[..6] {
+        [0, 0, 0, 0, 0, 0xffff] | [0x64, 0xff9b, 0, 0, 0, 0] => Some((low, true)),
+        [0, 0, 0, 0, 0xffff, 0] | [0x64, 0xff9b, 0x0001, ..] => Some((low, false)),
+        // :: and ::1 are judged as themselves.
+        [0, 0, 0, 0, 0, 0] if !v6.is_loopback() && !v6.is_unspecified() => Some((low, false)),
+        [0x2002, ..] => Some((v4(s[1], s[2]), true)),
+        [0x2001, 0, ..] => Some((v4(!s[6], !s[7]), false)),
+        _ => None,
+    }
 }
 
 /// Judges a host name before any lookup: the names that are known without DNS.
@@ -176,6 +237,16 @@ mod tests {
             "fd00:ec2::254",
             "::ffff:169.254.169.254",
             "64:ff9b::a9fe:a9fe",
+            // Named metadata services outside link-local, and the metadata address in
+            // every IPv6 wrapping.
+            "100.100.100.200",
+            "192.0.0.192",
+            "168.63.129.16",
+            "::ffff:0:a9fe:a9fe",
+            "::a9fe:a9fe",
+            "64:ff9b:1::a9fe:a9fe",
+            "2002:a9fe:a9fe::1",
+            "2001:0:4136:e378:8000:63bf:5601:5601",
         ] {
             assert_eq!(check_ip(ip(s), true), Err(Refused::Metadata), "{s}");
         }
@@ -198,6 +269,38 @@ mod tests {
             "fd12::1",
             "::ffff:10.0.0.1",
             "::127.0.0.1",
+            // Special-purpose IPv4: reserved, benchmarking, documentation, 6to4 relays.
+            "192.0.0.8",
+            "192.0.2.1",
+            "192.88.99.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.1",
+            "203.0.113.1",
+            // Multicast, reserved and broadcast.
+            "224.0.0.1",
+            "239.255.255.250",
+            "240.0.0.1",
+            "255.255.255.255",
+            // IPv6 wrappings of private or public addresses in non-global blocks.
+            "::ffff:0:a00:1",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1::808:808",
+            "2002:a00:1::1",
+            "2002:7f00:1::",
+            "::808:808",
+            "2001::1",
+            // Non-global IPv6 blocks: site-local, multicast, discard, SRv6, protocol
+            // assignments, documentation.
+            "fec0::1",
+            "feff::1",
+            "ff02::1",
+            "ff0e::1",
+            "100::1",
+            "5f00::1",
+            "2001:2::1",
+            "2001:db8::1",
+            "3fff::1",
         ] {
             assert_eq!(check_ip(ip(s), false), Err(Refused::Private), "{s}");
             assert_eq!(check_ip(ip(s), true), Ok(()), "{s}");
@@ -212,7 +315,14 @@ mod tests {
             "100.128.0.1",
             "8.8.8.8",
             "2606:4700::1111",
-            "fec0::1",
+            "1.1.1.1",
+            "192.0.1.1",
+            "198.20.0.1",
+            "223.255.255.1",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+            "2a00:1450::1",
         ] {
             assert_eq!(check_ip(ip(s), false), Ok(()), "{s}");
         }

@@ -197,6 +197,15 @@ impl Store {
             .map_err(|_| StoreError::Corrupt(format!("api key {id} has a malformed hash")))
     }
 
+    /// The name `team` was created with; `None` for no such team.
+    pub async fn team_name(&self, team: TeamId) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as("SELECT name FROM teams WHERE id = $1")
+            .bind(team.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(name,)| name))
+    }
+
     /// Whether `team` exists (a JWT's team claim must name one).
     pub async fn team_exists(&self, team: TeamId) -> Result<bool, StoreError> {
         let (exists,): (bool,) =

@@ -33,6 +33,8 @@ pub async fn fresh_store() -> (Store, String) {
 
 pub struct TestApp {
     pub url: String,
+    /// The metrics listener's base URL (`BRAIN_METRICS_ADDR`, apart from the API).
+    pub metrics_url: String,
     pub store: Store,
     pub provider: ScriptedProvider,
     pub team: protocol::TeamId,
@@ -100,10 +102,19 @@ impl TestApp {
         };
         let state = AppState::new(config, brain_store, redis).unwrap();
         let shutdown = CancellationToken::new();
+        let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_url = format!("http://{}", metrics_listener.local_addr().unwrap());
+        // Not stopped by `shutdown`: a test scrapes through the drain, as Prometheus does.
+        tokio::spawn(brain::metrics::serve(
+            metrics_listener,
+            state.metrics.clone(),
+            CancellationToken::new(),
+        ));
         tokio::spawn(brain::serve(listener, state, shutdown.clone()));
         let created = store.create_team("test team").await.unwrap();
         Self {
             url,
+            metrics_url,
             store,
             provider,
             team: created.team_id,
@@ -192,7 +203,7 @@ impl TestApp {
     /// The Prometheus text of this app's `/metrics`.
     pub async fn metrics(&self) -> String {
         self.http
-            .get(format!("{}/metrics", self.url))
+            .get(format!("{}/metrics", self.metrics_url))
             .send()
             .await
             .unwrap()
@@ -305,6 +316,8 @@ impl TestApp {
 /// plus `extra`), for tests that kill a replica: SIGKILLed on drop.
 pub struct BrainProcess {
     pub url: String,
+    /// Its metrics listener's base URL (`BRAIN_METRICS_ADDR`).
+    pub metrics_url: String,
     child: tokio::process::Child,
 }
 
@@ -322,15 +335,17 @@ impl BrainProcess {
     }
 
     async fn try_start(app: &TestApp, extra: &[(&str, &str)]) -> Option<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        // Both held until both are known, so they differ.
+        let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let scrape = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (addr, metrics_addr) = (api.local_addr().unwrap(), scrape.local_addr().unwrap());
+        drop((api, scrape));
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
             .arg("serve")
             .envs(&app.env)
             .envs(extra.iter().copied())
             .env("BRAIN_ADDR", addr.to_string())
+            .env("BRAIN_METRICS_ADDR", metrics_addr.to_string())
             .env("BRAIN_LOG", "warn")
             .kill_on_drop(true)
             .spawn()
@@ -344,7 +359,11 @@ impl BrainProcess {
             if let Ok(ready) = app.http.get(format!("{url}/readyz")).send().await
                 && ready.status() == 200
             {
-                return Some(Self { url, child });
+                return Some(Self {
+                    url,
+                    metrics_url: format!("http://{metrics_addr}"),
+                    child,
+                });
             }
             assert!(
                 std::time::Instant::now() < deadline,

@@ -73,6 +73,8 @@ app.kubernetes.io/component: worker
 {{ include "agent-runtime.sharedEnv" . }}
 - name: BRAIN_ADDR
   value: "0.0.0.0:{{ .Values.brain.service.port }}"
+- name: BRAIN_METRICS_ADDR
+  value: "0.0.0.0:{{ .Values.brain.metricsPort }}"
 - name: BRAIN_DATABASE_MAX_CONNECTIONS
   value: {{ .Values.database.maxConnections | int64 | quote }}
 - name: BRAIN_DRAIN_TIMEOUT_MS
