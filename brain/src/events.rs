@@ -17,7 +17,7 @@
 //! connection each. A chat newly observed wakes the blocked read through the replica's
 //! wake key (`XADD` to it, which the read also watches), so it is read at once. Observers
 //! are capped per principal and per replica (`too_many_observers`), and each stream ends
-//! with its principal's authority (`crate::auth::Authority`). An observer subscribes
+//! with its principal's authority (`crate::auth::Standing`). An observer subscribes
 //! first, then replays what it missed (`XRANGE` after its `Last-Event-ID`, in a script that
 //! also tells whether anything after that id was trimmed), then follows the broadcast,
 //! skipping what the replay already gave: no gap, no duplicate. The broadcast ring is the
@@ -43,7 +43,7 @@ use redis::{AsyncConnectionConfig, RedisError};
 use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::Authority;
+use crate::auth::Standing;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
 
@@ -192,7 +192,7 @@ struct Observed {
 /// authority, which the stream ends with.
 pub struct Viewer {
     pub identity: String,
-    pub authority: Authority,
+    pub authority: Standing,
 }
 
 #[derive(Default)]
@@ -862,7 +862,7 @@ pub struct Observer {
     turn: Option<TurnId>,
     keepalive: Duration,
     stop: CancellationToken,
-    authority: Authority,
+    authority: Standing,
     metrics: Metrics,
     ended: bool,
     /// `brain_event_observers` counts this stream until its body is dropped.
@@ -1012,7 +1012,7 @@ pub struct TurnStream {
     begun: bool,
     keepalive: Duration,
     stop: CancellationToken,
-    authority: Authority,
+    authority: Standing,
     ended: bool,
     _slot: Slot,
 }

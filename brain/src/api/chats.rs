@@ -427,5 +427,5 @@ pub async fn post_message(
             finish_reason: FinishReason::ToolCalls,
         }])
     });
-    Ok(body.until(state.auth.authority(&principal)))
+    Ok(body.until(state.auth.standing(&principal)))
 }

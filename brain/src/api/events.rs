@@ -105,7 +105,7 @@ pub async fn events(
 fn viewer(state: &AppState, principal: &Principal) -> Viewer {
     Viewer {
         identity: principal.identity(),
-        authority: state.auth.authority(principal),
+        authority: state.auth.standing(principal),
     }
 }
 

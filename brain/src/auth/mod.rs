@@ -10,7 +10,7 @@
 //! live here, so a route asks (`require_admin`, `check_chat`) rather than decides.
 //!
 //! A route checks the credential once; a response that outlives its request (an events
-//! stream, a turn's stream) also runs under the principal's [`Authority`], which ends when
+//! stream, a turn's stream) also runs under the principal's [`Standing`], which ends when
 //! its key is revoked on any replica or its token expires.
 
 pub mod jwt;
@@ -202,13 +202,13 @@ impl Principal {
 /// What a response that outlives its request runs under: its principal's authority, which
 /// ends when the key is revoked (on any replica: [`Keys`] hears every revocation) or the
 /// token expires. Holding one keeps the key's place among what its revocation must end.
-pub struct Authority {
+pub struct Standing {
     revoked: CancellationToken,
     expires: Option<tokio::time::Instant>,
     _held: Option<keys::Held>,
 }
 
-impl Authority {
+impl Standing {
     /// Returns once the authority has ended.
     pub async fn lost(&self) {
         match self.expires {
@@ -254,8 +254,8 @@ impl Auth {
         jwt.principal(bearer, &self.store).await
     }
 
-    /// The authority `principal` holds from now on, for a long-lived response.
-    pub fn authority(&self, principal: &Principal) -> Authority {
+    /// The standing `principal` holds from now on, for a long-lived response.
+    pub fn standing(&self, principal: &Principal) -> Standing {
         let (revoked, held) = match principal.key {
             Some(hash) => self.keys.hold(hash),
             None => (CancellationToken::new(), None),
@@ -264,7 +264,7 @@ impl Auth {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::Instant::now() + left
         });
-        Authority {
+        Standing {
             revoked,
             expires,
             _held: held,

@@ -20,7 +20,7 @@ use protocol::ui::{DONE_SENTINEL, UI_STREAM_HEADER, UI_STREAM_VERSION, UiChunk};
 use tokio::sync::mpsc;
 use tokio_util::sync::DropGuard;
 
-use crate::auth::Authority;
+use crate::auth::Standing;
 use crate::quota::RateLimitHeaders;
 
 /// One SSE event carrying `chunk`.
@@ -75,7 +75,7 @@ impl UiBody {
     }
 
     /// Ends the stream when `authority` ends.
-    pub fn until(self, authority: Authority) -> Self {
+    pub fn until(self, authority: Standing) -> Self {
         Self {
             lost: Some(Box::pin(async move { authority.lost().await })),
             ..self
