@@ -64,6 +64,10 @@ pub enum ApiError {
     /// The queue of turn intakes is past its bound; nothing was written (`crate::intake`).
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
+    /// This replica, or the team's share of it, is taking as many snapshot uploads as it
+    /// may hold at once; nothing was read.
+    #[error("too many workspace snapshots are uploading at once; retry after Retry-After")]
+    UploadsBusy(std::time::Duration),
     /// The chat's events stream could not be read from Redis (S2).
     #[error("the chat's events stream is unavailable; retry")]
     EventsUnavailable,
@@ -159,7 +163,7 @@ impl ApiError {
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
-            Self::Overloaded(_) => ErrorCode::Overloaded,
+            Self::Overloaded(_) | Self::UploadsBusy(_) => ErrorCode::Overloaded,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::Quota(refusal) => refusal.code(),
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
@@ -242,6 +246,7 @@ impl IntoResponse for ApiError {
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
             Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
             Self::Overloaded(refused) => Some(refused.retry_after),
+            Self::UploadsBusy(after) => Some(*after),
             Self::Quota(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),
