@@ -5,7 +5,9 @@
 //! through the brain with the session token (the worker holds no storage credentials):
 //! `PUT /v1/worker/snapshot` when the brain asks (`notifications/agent_runtime/snapshot`),
 //! `GET /v1/worker/snapshot` at start. The cap is on the tar stream (about the workspace's
-//! size): a workspace over it is reported `over_cap` and nothing is uploaded.
+//! size): a workspace over it is reported `over_cap` and nothing is uploaded. An upload
+//! the brain refuses as busy (`503`, its replica's bound on uploads at once) is tried
+//! again after its `Retry-After`.
 //!
 //! Packing keeps regular files, directories and symlinks whose target stays inside the
 //! workspace; it leaves out what a restore would refuse (a symlink to an absolute path or
@@ -39,6 +41,11 @@ const LEVEL: i32 = 3;
 const TRANSFER_BOUND: Duration = Duration::from_secs(300);
 /// The bound on connecting to the brain.
 const CONNECT_BOUND: Duration = Duration::from_secs(5);
+/// How long an upload is tried again after the brain refused it as busy or could not be
+/// reached: within the runtime-manager's wait for the snapshot (120 s by default).
+const UPLOAD_RETRY_FOR: Duration = Duration::from_secs(90);
+/// The longest wait between two tries, whatever `Retry-After` says.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(15);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -443,14 +450,56 @@ pub async fn take(connect_url: &str, identity: &Identity, workspace: PathBuf, ma
     }
 }
 
+/// Uploads `packed`, trying again while the brain answers `503` (its replica takes as
+/// many uploads as it may: it says when to come back in `Retry-After`) or cannot be
+/// reached, for up to [`UPLOAD_RETRY_FOR`]. Any other answer is final.
 async fn upload(
     connect_url: &str,
     identity: &Identity,
     packed: &Packed,
 ) -> Result<(), SnapshotError> {
+    let give_up = Instant::now() + UPLOAD_RETRY_FOR;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let (failure, wait) = match upload_once(connect_url, identity, packed).await {
+            Ok(response) if response.status().is_success() => return Ok(()),
+            Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                let after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse().ok())
+                    .map_or(backoff, Duration::from_secs);
+                (SnapshotError::Status(503), after)
+            }
+            Ok(response) => return Err(SnapshotError::Status(response.status().as_u16())),
+            Err(err) => (err, backoff),
+        };
+        // Jitter, so uploads refused together do not come back together.
+        let wait = wait.min(MAX_RETRY_WAIT)
+            + Duration::from_millis(rand::random::<u64>() % (wait.as_millis() as u64 / 4 + 1));
+        if Instant::now() + wait > give_up {
+            return Err(failure);
+        }
+        tracing::info!(
+            session = %identity.session,
+            class = failure.class(),
+            wait_ms = wait.as_millis() as u64,
+            "workspace snapshot upload to be tried again"
+        );
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(MAX_RETRY_WAIT);
+    }
+}
+
+async fn upload_once(
+    connect_url: &str,
+    identity: &Identity,
+    packed: &Packed,
+) -> Result<reqwest::Response, SnapshotError> {
     let file = tokio::fs::File::open(&packed.path).await?;
     let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-    let response = client()?
+    client()?
         .put(brain_url(connect_url, SNAPSHOT_PATH))
         .bearer_auth(identity.token.expose())
         .header(reqwest::header::CONTENT_TYPE, "application/zstd")
@@ -459,8 +508,7 @@ async fn upload(
         .body(body)
         .send()
         .await
-        .map_err(|_| SnapshotError::Unreachable)?;
-    checked(response).map(|_| ())
+        .map_err(|_| SnapshotError::Unreachable)
 }
 
 /// Downloads the chat's snapshot, if any, and unpacks it into the workspace. Returns the
