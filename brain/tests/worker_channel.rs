@@ -633,6 +633,10 @@ async fn six_large_snapshot_uploads_at_once_stay_within_a_memory_bound() {
         peak / 1024,
         before / 1024
     );
+    // Six large files are no test's business to leave behind.
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("brain-test-artifacts-{}", app.db_name)),
+    );
     // Holding the bodies would take 6 x mib MiB; streaming takes a buffer per upload.
     assert!(
         growth_mib < 100,
