@@ -334,6 +334,11 @@ pub struct ArtifactsConfig {
     /// How often this replica deletes expired snapshots and the bytes of deleted ones
     /// (`BRAIN_SNAPSHOT_SWEEP_INTERVAL_MS`).
     pub snapshot_sweep_interval: Duration,
+    /// The most snapshot uploads this replica takes at once (`BRAIN_SNAPSHOT_UPLOADS`);
+    /// one more is refused `503` with `Retry-After`.
+    pub snapshot_uploads: usize,
+    /// The most of them one team holds (`BRAIN_SNAPSHOT_UPLOADS_PER_TEAM`).
+    pub snapshot_uploads_per_team: usize,
 }
 
 /// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
@@ -572,6 +577,8 @@ fn artifacts(env: &dyn Env) -> Result<ArtifactsConfig, ConfigError> {
         max_bytes,
         snapshot_retention: Duration::from_secs(retention_hours * 3600),
         snapshot_sweep_interval: millis(env, "BRAIN_SNAPSHOT_SWEEP_INTERVAL_MS", 60_000)?,
+        snapshot_uploads: ranged(env, "BRAIN_SNAPSHOT_UPLOADS", 8, 1, 1024)?,
+        snapshot_uploads_per_team: ranged(env, "BRAIN_SNAPSHOT_UPLOADS_PER_TEAM", 4, 1, 1024)?,
     })
 }
 

@@ -64,6 +64,10 @@ pub enum ApiError {
     /// The queue of turn intakes is past its bound; nothing was written (`crate::intake`).
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
+    /// This replica, or the team's share of it, is taking as many snapshot uploads as it
+    /// may hold at once; nothing was read.
+    #[error("too many workspace snapshots are uploading at once; retry after Retry-After")]
+    UploadsBusy(std::time::Duration),
     /// The chat's events stream could not be read from Redis (S2).
     #[error("the chat's events stream is unavailable; retry")]
     EventsUnavailable,
@@ -162,7 +166,7 @@ impl ApiError {
             Self::Storage(_) => ErrorCode::StorageUnavailable,
             Self::Internal(_) => ErrorCode::Internal,
             Self::ShuttingDown => ErrorCode::ShuttingDown,
-            Self::Overloaded(_) => ErrorCode::Overloaded,
+            Self::Overloaded(_) | Self::UploadsBusy(_) => ErrorCode::Overloaded,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::TooManyObservers => ErrorCode::TooManyObservers,
             Self::Quota(refusal) => refusal.code(),
@@ -250,6 +254,7 @@ impl IntoResponse for ApiError {
             // Places free only as other streams close, which nothing here can foresee.
             Self::TooManyObservers => Some(std::time::Duration::from_secs(5)),
             Self::Overloaded(refused) => Some(refused.retry_after),
+            Self::UploadsBusy(after) => Some(*after),
             Self::Quota(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),

@@ -90,6 +90,8 @@ pub struct AppState {
     pub artifacts: Arc<dyn ArtifactStore>,
     /// Worker sessions and the channels this replica holds (SPEC W).
     pub sessions: Sessions,
+    /// The snapshot uploads this replica takes at once, in all and per team.
+    pub snapshot_uploads: sessions::UploadSlots,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
     /// Cancelled at SIGTERM: `/readyz` answers 503 and no new turn starts (O3).
@@ -139,6 +141,10 @@ impl AppState {
             &config.oauth,
             config.connectors.allow_private_networks,
         )?;
+        let snapshot_uploads = sessions::UploadSlots::new(
+            config.artifacts.snapshot_uploads,
+            config.artifacts.snapshot_uploads_per_team,
+        );
         Ok(Self {
             config: Arc::new(config),
             replica,
@@ -153,6 +159,7 @@ impl AppState {
             metrics,
             artifacts,
             sessions,
+            snapshot_uploads,
             turns_cancel: CancellationToken::new(),
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),

@@ -53,7 +53,8 @@ pub struct Counters {
     /// Turn intakes refused by the queue's bounds, by [`crate::intake::Refused`].
     pub intake_refusals: IntCounterVec,
     /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
-    /// `refused`), and restores (`restored`) (W10).
+    /// `refused`; `busy`: an upload sent back to retry later), and restores (`restored`)
+    /// (W10).
     pub snapshots: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,

@@ -396,6 +396,64 @@ impl Drop for S3sFs {
     }
 }
 
+/// A body of `len` bytes of [`payload`] in pieces of `piece` bytes, failing after
+/// `fail_after` pieces when given.
+fn pieces(len: usize, piece: usize, fail_after: Option<usize>) -> brain::artifacts::ByteStream {
+    let all = payload(len);
+    let items: Vec<_> = (0..len)
+        .step_by(piece)
+        .map(|at| Ok(all.slice(at..(at + piece).min(len))))
+        .enumerate()
+        .map(|(n, item)| match fail_after {
+            Some(after) if n >= after => Err(ArtifactError::Source("broke off")),
+            _ => item,
+        })
+        .collect();
+    Box::pin(futures_util::stream::iter(items))
+}
+
+/// A body larger than a part goes up as a multipart upload, part by part; one that breaks
+/// off half-way stores nothing, and its upload is aborted.
+#[tokio::test]
+async fn s3_backend_streams_a_large_body_in_parts() {
+    let server = S3sFs::start();
+    let store = S3Store::new(&server.config(SECRET_KEY));
+    let bucket = server.root.0.join(BUCKET);
+    let key = format!("{}/{}", uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let len = (20 << 20) + 12_345;
+    let stored = store
+        .put_stream(&key, pieces(len, 1 << 20, None), "application/zstd")
+        .await
+        .unwrap();
+    assert_eq!(stored, len as u64);
+    assert!(std::fs::read(bucket.join(&key)).unwrap() == payload(len)[..]);
+    assert!(store.get(&key).await.unwrap().collect().await.unwrap() == payload(len));
+    // The server's files for the stored object (its bytes and metadata).
+    let kept = files_under(&server.root.0);
+
+    let broken = format!("{}/{}", uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let err = store
+        .put_stream(&broken, pieces(len, 1 << 20, Some(12)), "application/zstd")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ArtifactError::Source(_)), "{err:?}");
+    assert!(matches!(
+        store.get(&broken).await.err(),
+        Some(ArtifactError::NotFound)
+    ));
+    // The aborted upload's parts are gone from the server: only the stored object's files
+    // are left.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while files_under(&server.root.0) != kept {
+        assert!(
+            Instant::now() < deadline,
+            "the broken upload was not aborted: {:?}",
+            files_under(&server.root.0)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn s3_backend_round_trip_against_s3s_fs() {
     let server = S3sFs::start();

@@ -1,7 +1,8 @@
 //! The worker channel's refusals and failure reasons (SPEC W3, W6), each produced by a
-//! misbehaving client speaking real WebSocket (and, for the handshake, real JSON-RPC).
-//! The test plays the runtime-manager's part: it writes the session row as `connecting`
-//! and mints the session token.
+//! misbehaving client speaking real WebSocket (and, for the handshake, real JSON-RPC),
+//! and the worker's snapshot uploads (W10) under load. The test plays the
+//! runtime-manager's part: it writes the session row (`connecting`, or `terminating` with
+//! a snapshot requested) and mints the session token.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,8 +10,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
-use common::TestApp;
+use common::{BrainProcess, TestApp};
 use futures_util::{SinkExt, StreamExt};
 use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
@@ -65,9 +67,13 @@ async fn session_of(app: &TestApp, team: TeamId, key: &str, state: &str) -> (Ses
 }
 
 fn token(app: &TestApp, session: SessionId, agent: AgentId) -> String {
+    token_of(session, app.team, agent)
+}
+
+fn token_of(session: SessionId, team: TeamId, agent: AgentId) -> String {
     TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
-        .mint(session, app.team, agent, Duration::from_secs(60))
+        .mint(session, team, agent, Duration::from_secs(600))
         .unwrap()
 }
 
@@ -416,4 +422,224 @@ async fn a_token_of_the_accepted_key_passes_while_the_key_is_rotated() {
             assert!(err.to_string().contains("401"), "{err}");
         }
     }
+}
+
+/// A session of `team` at an idle teardown that asks for a snapshot of at most
+/// `max_bytes`, as the manager leaves it: its session token.
+async fn snapshot_requested(app: &TestApp, team: TeamId, key: &str, max_bytes: u64) -> String {
+    let (session, agent) = session_of(app, team, key, "terminating").await;
+    sqlx::query(
+        "UPDATE agent_runtime_sessions SET snapshot_state = 'requested', snapshot_max_bytes = $2 \
+         WHERE id = $1",
+    )
+    .bind(session.0)
+    .bind(i64::try_from(max_bytes).unwrap())
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    token_of(session, team, agent)
+}
+
+/// `PUT /v1/worker/snapshot` of `body` (`size` bytes when known) to the brain at `url`.
+async fn put_snapshot(
+    url: &str,
+    token: &str,
+    body: reqwest::Body,
+    size: Option<u64>,
+) -> reqwest::Result<reqwest::Response> {
+    let mut request = reqwest::Client::new()
+        .put(format!("{url}{}", protocol::snapshot::SNAPSHOT_PATH))
+        .bearer_auth(token)
+        .header("content-type", "application/zstd")
+        .header(
+            protocol::snapshot::UNPACKED_BYTES_HEADER,
+            size.unwrap_or(1 << 20),
+        );
+    if let Some(size) = size {
+        request = request.header("content-length", size);
+    }
+    request.body(body).send().await
+}
+
+/// A body of `pieces` copies of `piece`, made as it is sent.
+fn repeated(piece: Bytes, pieces: usize) -> reqwest::Body {
+    reqwest::Body::wrap_stream(futures_util::stream::iter(
+        (0..pieces).map(move |_| Ok::<_, std::io::Error>(piece.clone())),
+    ))
+}
+
+/// The files under `dir` whose names start with `.tmp-`: writes under way.
+fn temporary_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            })
+            .count()
+    })
+}
+
+/// A team's share of a replica's snapshot uploads: one more is refused `503 overloaded`
+/// with `Retry-After` before its body is read; another team's upload goes on; an upload
+/// that breaks off leaves no bytes behind and gives its place back.
+#[tokio::test]
+async fn snapshot_uploads_past_the_teams_share_are_refused_with_retry_after() {
+    let app = TestApp::start_with(|c| c.artifacts.snapshot_uploads_per_team = 1).await;
+    let other = app.store.create_team("other team").await.unwrap();
+    let holding = snapshot_requested(&app, app.team, &app.key, 1 << 20).await;
+    let waiting = snapshot_requested(&app, app.team, &app.key, 1 << 20).await;
+    let others = snapshot_requested(&app, other.team_id, &other.api_key, 1 << 20).await;
+
+    // The first upload sends a piece, then holds its place.
+    let (pieces, received) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(1);
+    pieces.send(Ok(Bytes::from(vec![1u8; 4096]))).await.unwrap();
+    let body = futures_util::stream::unfold(received, |mut received| async move {
+        received.recv().await.map(|piece| (piece, received))
+    });
+    let url = app.url.clone();
+    let first = tokio::spawn(async move {
+        put_snapshot(&url, &holding, reqwest::Body::wrap_stream(body), None).await
+    });
+    let artifacts = std::env::temp_dir()
+        .join(format!("brain-test-artifacts-{}", app.db_name))
+        .join(app.team.0.to_string());
+    until("the first upload is being written", async || {
+        temporary_files(&artifacts) == 1
+    })
+    .await;
+
+    let refused = put_snapshot(
+        &app.url,
+        &waiting,
+        repeated(Bytes::from(vec![2u8; 4096]), 1),
+        Some(4096),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.status(), 503);
+    let after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&after), "{after}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+
+    let another_team = put_snapshot(
+        &app.url,
+        &others,
+        repeated(Bytes::from(vec![3u8; 4096]), 1),
+        Some(4096),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        another_team.status(),
+        204,
+        "another team's share is its own"
+    );
+
+    // The first upload breaks off: its bytes are removed and its place is free again.
+    pieces
+        .send(Err(std::io::Error::other("cut")))
+        .await
+        .unwrap();
+    let cut = first.await.unwrap();
+    assert!(cut.as_ref().map_or(true, |r| r.status() != 204), "{cut:?}");
+    until("the broken upload's file is gone", async || {
+        temporary_files(&artifacts) == 0
+    })
+    .await;
+    let retried = put_snapshot(
+        &app.url,
+        &waiting,
+        repeated(Bytes::from(vec![2u8; 4096]), 1),
+        Some(4096),
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried.status(), 204);
+    let stored: Vec<i64> = sqlx::query_scalar("SELECT size_bytes FROM workspace_snapshots")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        [4096, 4096],
+        "the two whole uploads, and nothing of the cut one"
+    );
+}
+
+/// A brain process's memory, in KiB, as `/proc/<pid>/status` reports `field` (`VmHWM`: the
+/// peak resident set).
+fn memory_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Six large snapshots upload to one brain process at once: each streams to the artifact
+/// store as it arrives, so the process's peak memory grows by far less than the bytes in
+/// flight. `SNAPSHOT_UPLOAD_MIB` sets each upload's size (40 MiB here; docs/PERFORMANCE.md
+/// has the 200 MiB figure).
+#[tokio::test]
+async fn six_large_snapshot_uploads_at_once_stay_within_a_memory_bound() {
+    let mib: u64 = std::env::var("SNAPSHOT_UPLOAD_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let app = TestApp::start().await;
+    let brain = BrainProcess::start(
+        &app,
+        &[
+            ("BRAIN_SNAPSHOT_UPLOADS", "6"),
+            ("BRAIN_SNAPSHOT_UPLOADS_PER_TEAM", "6"),
+        ],
+    )
+    .await;
+    let mut tokens = Vec::new();
+    for _ in 0..6 {
+        tokens.push(snapshot_requested(&app, app.team, &app.key, (mib + 1) << 20).await);
+    }
+    let before = memory_kib(brain.pid(), "VmHWM");
+    let piece = Bytes::from(vec![7u8; 1 << 20]);
+    let uploads = tokens.iter().map(|token| {
+        put_snapshot(
+            &brain.url,
+            token,
+            repeated(piece.clone(), mib as usize),
+            Some(mib << 20),
+        )
+    });
+    let started = Instant::now();
+    for response in futures_util::future::join_all(uploads).await {
+        assert_eq!(response.unwrap().status(), 204);
+    }
+    let elapsed = started.elapsed();
+    let peak = memory_kib(brain.pid(), "VmHWM");
+    let stored: Vec<i64> = sqlx::query_scalar("SELECT size_bytes FROM workspace_snapshots")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored, vec![i64::try_from(mib << 20).unwrap(); 6]);
+    let growth_mib = peak.saturating_sub(before) / 1024;
+    eprintln!(
+        "six {mib} MiB snapshot uploads in {elapsed:?}: peak RSS {} MiB (from {} MiB)",
+        peak / 1024,
+        before / 1024
+    );
+    // Six large files are no test's business to leave behind.
+    let _ = std::fs::remove_dir_all(
+        std::env::temp_dir().join(format!("brain-test-artifacts-{}", app.db_name)),
+    );
+    // Holding the bodies would take 6 x mib MiB; streaming takes a buffer per upload.
+    assert!(
+        growth_mib < 100,
+        "the brain's peak RSS grew by {growth_mib} MiB for six {mib} MiB uploads"
+    );
 }

@@ -5,16 +5,24 @@
 //! through the brain with the session token (the worker holds no storage credentials):
 //! `PUT /v1/worker/snapshot` when the brain asks (`notifications/agent_runtime/snapshot`),
 //! `GET /v1/worker/snapshot` at start. The cap is on the tar stream (about the workspace's
-//! size): a workspace over it is reported `over_cap` and nothing is uploaded.
+//! size): a workspace over it is reported `over_cap` and nothing is uploaded. An upload
+//! the brain refuses as busy (`503`, its replica's bound on uploads at once) is tried
+//! again after its `Retry-After`.
 //!
 //! Packing keeps regular files, directories and symlinks whose target stays inside the
 //! workspace; it leaves out what a restore would refuse (a symlink to an absolute path or
 //! out of the workspace, such as Chromium's lock links) and what cannot be archived
 //! meaningfully (sockets, FIFOs, devices). Unpacking refuses the whole archive at the
-//! first entry that is absolute, climbs with `..`, is a hard link, a symlink leaving the
-//! workspace or a special file, or when the tar stream grows past the size the brain
-//! recorded: a refused archive leaves the workspace empty of it rather than half-trusted.
+//! first entry that is absolute, climbs with `..`, lies beneath a symlink, is a hard link,
+//! a symlink leaving the workspace or a special file, or when the tar stream grows past
+//! the size the brain recorded: a refused archive leaves the workspace empty of it rather
+//! than half-trusted. Where a symlink leads is judged against the tree as restored, links
+//! on the way followed (`p -> .` makes `p/q -> ..` the workspace's parent), and every link
+//! is judged again once the whole archive is in, since a later link can move an earlier
+//! one's target.
 
+use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -33,6 +41,11 @@ const LEVEL: i32 = 3;
 const TRANSFER_BOUND: Duration = Duration::from_secs(300);
 /// The bound on connecting to the brain.
 const CONNECT_BOUND: Duration = Duration::from_secs(5);
+/// How long an upload is tried again after the brain refused it as busy or could not be
+/// reached: within the runtime-manager's wait for the snapshot (120 s by default).
+const UPLOAD_RETRY_FOR: Duration = Duration::from_secs(90);
+/// The longest wait between two tries, whatever `Retry-After` says.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(15);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -147,27 +160,78 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
-/// Whether a symlink at `link` (relative to the workspace) pointing at `target` resolves
-/// inside the workspace, judged on the names alone (no absolute target, never above the
-/// root).
-fn link_stays_inside(link: &Path, target: &Path) -> bool {
-    let mut depth: usize = link.parent().map_or(0, |p| {
-        p.components()
-            .filter(|c| matches!(c, Component::Normal(_)))
-            .count()
-    });
-    for component in target.components() {
+/// How many links one resolution may pass through, as Linux allows (`ELOOP` past it).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Whether a symlink in `dir` (relative to `root`) pointing at `target` resolves inside
+/// `root`, judged against the tree as it stands: every name on the way that is a symlink
+/// on disk is followed, as the kernel would, so a chain of links that each look harmless
+/// on their own (`p -> .` and then `p/q -> ..`) is caught. Names that do not exist yet are
+/// taken as plain directories. A loop counts as leaving.
+fn resolves_inside(root: &Path, dir: &Path, target: &Path) -> bool {
+    // The names still to walk, nearest first; `None` is a `..`.
+    let mut pending = VecDeque::new();
+    if !steps(dir, &mut pending) || !steps(target, &mut pending) {
+        return false;
+    }
+    let mut at = PathBuf::new();
+    let mut hops = 0;
+    while let Some(step) = pending.pop_front() {
+        let Some(name) = step else {
+            if !at.pop() {
+                return false;
+            }
+            continue;
+        };
+        let next = at.join(name);
+        let is_link =
+            std::fs::symlink_metadata(root.join(&next)).is_ok_and(|m| m.file_type().is_symlink());
+        if !is_link {
+            at = next;
+            continue;
+        }
+        hops += 1;
+        let Ok(link) = std::fs::read_link(root.join(&next)) else {
+            return false;
+        };
+        let mut followed = VecDeque::new();
+        if hops > MAX_LINK_HOPS || !steps(&link, &mut followed) {
+            return false;
+        }
+        followed.append(&mut pending);
+        pending = followed;
+    }
+    true
+}
+
+/// Appends the names and `..`s of the relative `path` to `steps`; false for an absolute
+/// path.
+fn steps(path: &Path, steps: &mut VecDeque<Option<OsString>>) -> bool {
+    for component in path.components() {
         match component {
-            Component::Normal(_) => depth += 1,
+            Component::Normal(name) => steps.push_back(Some(name.to_owned())),
+            Component::ParentDir => steps.push_back(None),
             Component::CurDir => {}
-            Component::ParentDir => match depth.checked_sub(1) {
-                Some(d) => depth = d,
-                None => return false,
-            },
             Component::RootDir | Component::Prefix(_) => return false,
         }
     }
     true
+}
+
+/// Whether a name on the way to `path` (relative to `root`) is a symlink on disk.
+fn under_a_link(root: &Path, path: &Path) -> bool {
+    let mut at = root.to_owned();
+    let mut components = path.components().peekable();
+    while let Some(component) = components.next() {
+        if components.peek().is_none() {
+            return false;
+        }
+        at.push(component);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return true;
+        }
+    }
+    false
 }
 
 /// A relative path of plain names (`.` allowed): no root, no `..`.
@@ -228,7 +292,7 @@ fn add_dir<W: Write>(
             builder.append_path_with_name(&full, &name)?;
         } else if kind.is_symlink() {
             let target = std::fs::read_link(&full)?;
-            if link_stays_inside(&name, &target) {
+            if resolves_inside(root, name.parent().unwrap_or(Path::new("")), &target) {
                 let mut header = tar::Header::new_gnu();
                 header.set_entry_type(tar::EntryType::Symlink);
                 header.set_size(0);
@@ -249,12 +313,17 @@ pub fn unpack(reader: impl Read, workspace: &Path, max_bytes: u64) -> Result<u64
     archive.set_overwrite(true);
     archive.set_preserve_permissions(false);
     let mut written = 0;
+    let mut links = Vec::new();
     let entries = archive.entries().map_err(capped_error)?;
     for entry in entries {
         let mut entry = entry.map_err(capped_error)?;
         let path = entry.path().map_err(capped_error)?.into_owned();
         if !plain(&path) {
             return Err(SnapshotError::Unsafe("path"));
+        }
+        // Packing never descends into a link, so nothing of ours lies beneath one.
+        if under_a_link(workspace, &path) {
+            return Err(SnapshotError::Unsafe("under_symlink"));
         }
         match entry.header().entry_type() {
             tar::EntryType::Regular | tar::EntryType::Directory => {}
@@ -263,9 +332,11 @@ pub fn unpack(reader: impl Read, workspace: &Path, max_bytes: u64) -> Result<u64
                     .link_name()
                     .map_err(capped_error)?
                     .ok_or(SnapshotError::Unsafe("symlink"))?;
-                if !link_stays_inside(&path, &target) {
+                let dir = path.parent().unwrap_or(Path::new(""));
+                if !resolves_inside(workspace, dir, &target) {
                     return Err(SnapshotError::Unsafe("symlink"));
                 }
+                links.push((dir.to_owned(), target.into_owned()));
             }
             tar::EntryType::Link => return Err(SnapshotError::Unsafe("hard_link")),
             _ => return Err(SnapshotError::Unsafe("special_file")),
@@ -275,6 +346,14 @@ pub fn unpack(reader: impl Read, workspace: &Path, max_bytes: u64) -> Result<u64
             return Err(SnapshotError::Unsafe("path"));
         }
         written += 1;
+    }
+    // A link restored later can change where an earlier one leads (`q -> p/..` before
+    // `p -> .`): each is judged again against the whole restored tree.
+    if links
+        .iter()
+        .any(|(dir, target)| !resolves_inside(workspace, dir, target))
+    {
+        return Err(SnapshotError::Unsafe("symlink"));
     }
     Ok(written)
 }
@@ -371,14 +450,56 @@ pub async fn take(connect_url: &str, identity: &Identity, workspace: PathBuf, ma
     }
 }
 
+/// Uploads `packed`, trying again while the brain answers `503` (its replica takes as
+/// many uploads as it may: it says when to come back in `Retry-After`) or cannot be
+/// reached, for up to [`UPLOAD_RETRY_FOR`]. Any other answer is final.
 async fn upload(
     connect_url: &str,
     identity: &Identity,
     packed: &Packed,
 ) -> Result<(), SnapshotError> {
+    let give_up = Instant::now() + UPLOAD_RETRY_FOR;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let (failure, wait) = match upload_once(connect_url, identity, packed).await {
+            Ok(response) if response.status().is_success() => return Ok(()),
+            Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                let after = response
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse().ok())
+                    .map_or(backoff, Duration::from_secs);
+                (SnapshotError::Status(503), after)
+            }
+            Ok(response) => return Err(SnapshotError::Status(response.status().as_u16())),
+            Err(err) => (err, backoff),
+        };
+        // Jitter, so uploads refused together do not come back together.
+        let wait = wait.min(MAX_RETRY_WAIT)
+            + Duration::from_millis(rand::random::<u64>() % (wait.as_millis() as u64 / 4 + 1));
+        if Instant::now() + wait > give_up {
+            return Err(failure);
+        }
+        tracing::info!(
+            session = %identity.session,
+            class = failure.class(),
+            wait_ms = wait.as_millis() as u64,
+            "workspace snapshot upload to be tried again"
+        );
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(MAX_RETRY_WAIT);
+    }
+}
+
+async fn upload_once(
+    connect_url: &str,
+    identity: &Identity,
+    packed: &Packed,
+) -> Result<reqwest::Response, SnapshotError> {
     let file = tokio::fs::File::open(&packed.path).await?;
     let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-    let response = client()?
+    client()?
         .put(brain_url(connect_url, SNAPSHOT_PATH))
         .bearer_auth(identity.token.expose())
         .header(reqwest::header::CONTENT_TYPE, "application/zstd")
@@ -387,8 +508,7 @@ async fn upload(
         .body(body)
         .send()
         .await
-        .map_err(|_| SnapshotError::Unreachable)?;
-    checked(response).map(|_| ())
+        .map_err(|_| SnapshotError::Unreachable)
 }
 
 /// Downloads the chat's snapshot, if any, and unpacks it into the workspace. Returns the
@@ -518,7 +638,11 @@ mod tests {
         }
         header.set_entry_type(kind);
         header.set_size(data.len() as u64);
-        header.set_mode(0o644);
+        header.set_mode(if kind == tar::EntryType::Directory {
+            0o755
+        } else {
+            0o644
+        });
         header.set_cksum();
         builder.append(&header, data).unwrap();
     }
@@ -530,8 +654,10 @@ mod tests {
         std::fs::write(from.path().join("notes.txt"), "remember me").unwrap();
         std::fs::write(from.path().join("src/deep/main.rs"), "fn main() {}").unwrap();
         std::os::unix::fs::symlink("src/deep/main.rs", from.path().join("link")).unwrap();
-        // Left out: it would be refused at restore.
+        // Left out: they would be refused at restore.
         std::os::unix::fs::symlink("/etc/passwd", from.path().join("outside")).unwrap();
+        std::os::unix::fs::symlink(".", from.path().join("here")).unwrap();
+        std::os::unix::fs::symlink("here/..", from.path().join("above")).unwrap();
         let tmp = TempDir::new("snap-tmp");
         let packed = pack(from.path(), tmp.path(), 1 << 20).unwrap();
         assert!(packed.unpacked_bytes > 0 && packed.bytes > 0);
@@ -552,6 +678,8 @@ mod tests {
             Path::new("src/deep/main.rs")
         );
         assert!(std::fs::symlink_metadata(to.path().join("outside")).is_err());
+        assert!(std::fs::symlink_metadata(to.path().join("above")).is_err());
+        assert!(std::fs::symlink_metadata(to.path().join("here")).is_ok());
         let path = packed.path.clone();
         drop(packed);
         assert!(!path.exists(), "the temporary archive is removed");
@@ -598,6 +726,88 @@ mod tests {
         }
     }
 
+    /// Whether anything under `workspace` resolves outside it (the kernel's own answer).
+    fn escapes(workspace: &Path) -> bool {
+        let root = workspace.canonicalize().unwrap();
+        let mut stack = vec![workspace.to_owned()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if let Ok(real) = path.canonicalize()
+                    && !real.starts_with(&root)
+                {
+                    return true;
+                }
+                if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                    stack.push(path);
+                }
+            }
+        }
+        false
+    }
+
+    /// Links judged each on its own names can still escape once another link they pass
+    /// through is restored: `p -> .` makes `p/q -> ..` the workspace's parent.
+    #[test]
+    fn unpack_refuses_links_that_escape_through_other_links() {
+        use tar::EntryType::{Directory as D, Regular as F, Symlink as L};
+        let cases: [&[(&str, tar::EntryType, Option<&str>)]; 6] = [
+            &[("p", L, Some(".")), ("p/q", L, Some(".."))],
+            &[
+                ("a", L, Some(".")),
+                ("b", L, Some("a")),
+                ("b/c", L, Some("..")),
+            ],
+            &[
+                ("d", D, None),
+                ("d/l", L, Some("..")),
+                ("d/l/m", L, Some("..")),
+            ],
+            &[("p", L, Some(".")), ("q", L, Some("p/.."))],
+            // The link it passes through comes later in the archive.
+            &[("q", L, Some("p/../etc")), ("p", L, Some("."))],
+            // A regular file written through a link to a directory.
+            &[
+                ("sub", D, None),
+                ("l", L, Some("sub")),
+                ("l/f.txt", F, None),
+            ],
+        ];
+        for entries in cases {
+            let bytes = archive(|b| {
+                for (path, kind, link) in entries {
+                    raw_entry(b, path, *kind, *link, b"");
+                }
+            });
+            let parent = TempDir::new("snap-chain");
+            let workspace = parent.path().join("ws");
+            std::fs::create_dir(&workspace).unwrap();
+            let result = unpack(&bytes[..], &workspace, 1 << 20);
+            assert!(
+                matches!(result, Err(SnapshotError::Unsafe(_))),
+                "{entries:?} must be refused, got {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unpack_keeps_links_through_links_that_stay_inside() {
+        use tar::EntryType::{Directory as D, Symlink as L};
+        let bytes = archive(|b| {
+            for (path, kind, link) in [
+                ("sub", D, None),
+                ("sub/up", L, Some("..")),
+                ("here", L, Some(".")),
+                ("again", L, Some("sub/up/sub")),
+            ] {
+                raw_entry(b, path, kind, link, b"");
+            }
+        });
+        let workspace = TempDir::new("snap-inside");
+        assert_eq!(unpack(&bytes[..], workspace.path(), 1 << 20).unwrap(), 4);
+        assert!(!escapes(workspace.path()));
+    }
+
     #[test]
     fn unpack_stops_at_the_recorded_size() {
         let bytes = archive(|b| {
@@ -616,10 +826,17 @@ mod tests {
 
     #[test]
     fn a_symlink_is_judged_from_where_it_sits() {
-        assert!(link_stays_inside(Path::new("a/b/link"), Path::new("../c")));
-        assert!(link_stays_inside(Path::new("a/link"), Path::new("../c")));
-        assert!(!link_stays_inside(Path::new("link"), Path::new("../c")));
-        assert!(!link_stays_inside(Path::new("a/link"), Path::new("/a")));
+        let root = TempDir::new("snap-judge");
+        let root = root.path();
+        assert!(resolves_inside(root, Path::new("a/b"), Path::new("../c")));
+        assert!(resolves_inside(root, Path::new("a"), Path::new("../c")));
+        assert!(!resolves_inside(root, Path::new(""), Path::new("../c")));
+        assert!(!resolves_inside(root, Path::new("a"), Path::new("/a")));
+        std::os::unix::fs::symlink(".", root.join("p")).unwrap();
+        assert!(!resolves_inside(root, Path::new("p"), Path::new("..")));
+        assert!(!resolves_inside(root, Path::new(""), Path::new("p/..")));
+        std::os::unix::fs::symlink("loop", root.join("loop")).unwrap();
+        assert!(!resolves_inside(root, Path::new(""), Path::new("loop")));
     }
 
     #[test]

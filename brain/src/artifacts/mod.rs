@@ -56,6 +56,10 @@ pub enum ArtifactError {
     /// A key not built by this module (a programming error, refused before any I/O).
     #[error("malformed storage key")]
     InvalidKey,
+    /// The bytes being stored stopped coming (the sender's body broke off, passed its
+    /// limit or its deadline); nothing was stored.
+    #[error("the bytes to store broke off: {0}")]
+    Source(&'static str),
 }
 
 impl ArtifactError {
@@ -68,16 +72,20 @@ impl ArtifactError {
             Self::Unavailable(_) => "unavailable",
             Self::Io(_) => "io",
             Self::InvalidKey => "invalid_key",
+            Self::Source(_) => "source",
         }
     }
 }
+
+/// Bytes arriving or leaving piece by piece.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>;
 
 /// The bytes of one stored object, as a stream (a download never holds a whole artifact
 /// in memory).
 pub struct ArtifactBody {
     /// The object's size as the backend reports it.
     pub size: u64,
-    pub stream: Pin<Box<dyn Stream<Item = Result<Bytes, ArtifactError>> + Send>>,
+    pub stream: ByteStream,
 }
 
 impl ArtifactBody {
@@ -92,16 +100,30 @@ impl ArtifactBody {
     }
 }
 
-/// A place to keep artifact bytes under keys. Implementations must make a `put` atomic to
+/// A place to keep artifact bytes under keys. Implementations must make a write atomic to
 /// readers: a `get` sees the whole object or none of it.
 pub trait ArtifactStore: Send + Sync {
+    /// Stores what `body` yields under `key`, replacing any object there, and returns the
+    /// bytes stored. The body is never held whole: a backend keeps at most one part in
+    /// memory (S3, [`S3Store`]) or writes each piece to a temporary file (local). A body
+    /// that fails ends the write with its error and leaves nothing new under the key.
+    fn put_stream<'a>(
+        &'a self,
+        key: &'a str,
+        body: ByteStream,
+        content_type: &'a str,
+    ) -> BoxFuture<'a, Result<u64, ArtifactError>>;
+
     /// Stores `bytes` under `key`, replacing any object there.
     fn put<'a>(
         &'a self,
         key: &'a str,
         bytes: Bytes,
         content_type: &'a str,
-    ) -> BoxFuture<'a, Result<(), ArtifactError>>;
+    ) -> BoxFuture<'a, Result<(), ArtifactError>> {
+        let body = Box::pin(futures_util::stream::once(std::future::ready(Ok(bytes))));
+        Box::pin(async move { self.put_stream(key, body, content_type).await.map(drop) })
+    }
 
     /// Opens the object under `key`; [`ArtifactError::NotFound`] when there is none.
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ArtifactBody, ArtifactError>>;

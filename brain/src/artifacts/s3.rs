@@ -3,7 +3,9 @@
 //!
 //! The client is configured by hand from `BRAIN_S3_*` and the static `AWS_*` credentials
 //! (no `aws-config`: no profile files, no instance metadata lookups at start-up). A
-//! `PutObject` is atomic on S3, so a reader never sees half an object. Errors are reduced
+//! `PutObject` is atomic on S3, and so is a multipart upload (its object appears at
+//! `CompleteMultipartUpload`), so a reader never sees half an object. A body larger than a
+//! part goes up in parts as it arrives, never held whole. Errors are reduced
 //! to their class, HTTP status and S3 error code; the SDK's messages are not kept.
 
 use std::time::Duration;
@@ -15,12 +17,19 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
-use bytes::Bytes;
-use futures_util::FutureExt;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
 
-use super::{ArtifactBody, ArtifactError, ArtifactStore, valid_key};
+use super::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream as Source, valid_key};
 use crate::config::S3Config;
+
+/// The size of one part of a multipart upload, and the largest object sent in one
+/// `PutObject`: S3 takes parts of 5 MiB and more (the last one excepted).
+const PART_BYTES: usize = 8 << 20;
+/// S3's most parts in one upload: 80 GB at 8 MiB a part, far above any cap here.
+const MAX_PARTS: i32 = 10_000;
 
 /// One bucket.
 #[derive(Clone, Debug)]
@@ -62,26 +71,101 @@ impl S3Store {
         }
     }
 
+    /// One `PutObject` when the body fits in a part, else a multipart upload whose parts
+    /// are sent as they fill: one part in memory at a time.
     async fn put_object(
         &self,
         key: &str,
-        bytes: Bytes,
+        mut body: Source,
         content_type: &str,
-    ) -> Result<(), ArtifactError> {
+    ) -> Result<u64, ArtifactError> {
         if !valid_key(key) {
             return Err(ArtifactError::InvalidKey);
         }
-        self.client
-            .put_object()
+        let (first, mut ended) = fill(&mut body).await?;
+        let mut size = first.len() as u64;
+        if ended {
+            self.client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .content_type(content_type)
+                .content_length(i64::try_from(first.len()).unwrap_or(i64::MAX))
+                .body(ByteStream::from(first))
+                .send()
+                .await
+                .map_err(classify)?;
+            return Ok(size);
+        }
+        let created = self
+            .client
+            .create_multipart_upload()
             .bucket(&self.bucket)
             .key(key)
             .content_type(content_type)
-            .content_length(i64::try_from(bytes.len()).unwrap_or(i64::MAX))
-            .body(ByteStream::from(bytes))
             .send()
             .await
             .map_err(classify)?;
-        Ok(())
+        let upload = Multipart {
+            client: self.client.clone(),
+            bucket: self.bucket.clone(),
+            key: key.to_owned(),
+            id: created
+                .upload_id()
+                .ok_or(ArtifactError::Unavailable("no upload id"))?
+                .to_owned(),
+        };
+        let mut parts = Vec::new();
+        let mut part = first;
+        loop {
+            let number = i32::try_from(parts.len() + 1)
+                .ok()
+                .filter(|n| *n <= MAX_PARTS)
+                .ok_or(ArtifactError::Rejected("too many parts".into()))?;
+            let sent = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(&upload.id)
+                .part_number(number)
+                .content_length(i64::try_from(part.len()).unwrap_or(i64::MAX))
+                .body(ByteStream::from(part))
+                .send()
+                .await
+                .map_err(classify)?;
+            parts.push(
+                CompletedPart::builder()
+                    .set_e_tag(sent.e_tag().map(str::to_owned))
+                    .part_number(number)
+                    .build(),
+            );
+            if ended {
+                break;
+            }
+            let next;
+            (next, ended) = fill(&mut body).await?;
+            if next.is_empty() {
+                break;
+            }
+            size += next.len() as u64;
+            part = next;
+        }
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(&upload.id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(classify)?;
+        upload.completed();
+        Ok(size)
     }
 
     async fn get_object(&self, key: &str) -> Result<ArtifactBody, ArtifactError> {
@@ -130,6 +214,56 @@ impl S3Store {
     }
 }
 
+/// Reads `body` until a part is full or the body ends: the part, and whether it ended.
+async fn fill(body: &mut Source) -> Result<(Bytes, bool), ArtifactError> {
+    let mut part = BytesMut::new();
+    while part.len() < PART_BYTES {
+        match body.next().await {
+            Some(piece) => part.extend_from_slice(&piece?),
+            None => return Ok((part.freeze(), true)),
+        }
+    }
+    Ok((part.freeze(), false))
+}
+
+/// A multipart upload under way, aborted when dropped before it completed (a failed part,
+/// a body that broke off, a request whose future was dropped): S3 keeps the parts of an
+/// upload neither completed nor aborted, and bills them, until a lifecycle rule removes
+/// them.
+struct Multipart {
+    client: Client,
+    bucket: String,
+    key: String,
+    id: String,
+}
+
+impl Multipart {
+    fn completed(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Multipart {
+    fn drop(&mut self) {
+        let abort = self
+            .client
+            .abort_multipart_upload()
+            .bucket(std::mem::take(&mut self.bucket))
+            .key(std::mem::take(&mut self.key))
+            .upload_id(std::mem::take(&mut self.id));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = abort.send().await {
+                    tracing::warn!(
+                        class = classify(err).metric_label(),
+                        "multipart upload not aborted"
+                    );
+                }
+            });
+        }
+    }
+}
+
 /// Reduces an SDK error to its class; nothing of the request or the credentials is kept.
 fn classify<E: ProvideErrorMetadata>(
     err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
@@ -166,13 +300,13 @@ fn classify<E: ProvideErrorMetadata>(
 }
 
 impl ArtifactStore for S3Store {
-    fn put<'a>(
+    fn put_stream<'a>(
         &'a self,
         key: &'a str,
-        bytes: Bytes,
+        body: Source,
         content_type: &'a str,
-    ) -> BoxFuture<'a, Result<(), ArtifactError>> {
-        self.put_object(key, bytes, content_type).boxed()
+    ) -> BoxFuture<'a, Result<u64, ArtifactError>> {
+        self.put_object(key, body, content_type).boxed()
     }
 
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<ArtifactBody, ArtifactError>> {

@@ -47,8 +47,8 @@ use tracing::Instrument;
 pub use connect::{__path_connect, connect};
 use registry::{Binding, LiveWorker, Pool, Registry};
 pub use snapshot::{
-    __path_get_snapshot, __path_put_snapshot, __path_snapshot_skipped, get_snapshot, put_snapshot,
-    snapshot_skipped, sweep as sweep_snapshots,
+    __path_get_snapshot, __path_put_snapshot, __path_snapshot_skipped, UploadSlots, get_snapshot,
+    put_snapshot, snapshot_skipped, sweep as sweep_snapshots,
 };
 pub use tool::worker_tools;
 

@@ -9,8 +9,10 @@
 //!   listener was reconnecting) ends in `timed_out` on the manager's side.
 //! - `PUT /v1/worker/snapshot` ([`put_snapshot`]): the bytes (zstd of a tar stream), taken
 //!   only while the snapshot is `requested` and no larger than the row's
-//!   `snapshot_max_bytes`; stored first, then recorded (replacing the chat's previous
-//!   snapshot) in one transaction, else removed again.
+//!   `snapshot_max_bytes`; streamed to the artifact store as they arrive (never held
+//!   whole), then recorded (replacing the chat's previous snapshot) in one transaction,
+//!   else removed again. [`UploadSlots`] bounds how many run at once on a replica and per
+//!   team; one more is refused `503` with `Retry-After` before its body is read.
 //! - `POST /v1/worker/snapshot/skipped` ([`snapshot_skipped`]): no snapshot comes, over the
 //!   cap (the chat's previous snapshot is dropped) or failed (it is kept).
 //! - `GET /v1/worker/snapshot` ([`get_snapshot`]): the worker of a live session downloads
@@ -23,18 +25,21 @@
 //!
 //! Every route authenticates with the session token, and acts only on the session it names.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use protocol::SessionId;
+use futures_util::StreamExt;
 use protocol::channel::SessionClaims;
 use protocol::snapshot::{
     RESTORE_REQUEST, SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest,
     SnapshotSkipped, SnapshotState, UNPACKED_BYTES_HEADER,
 };
+use protocol::{SessionId, TeamId};
 use rmcp::model::{ClientNotification, ClientRequest, CustomNotification, CustomRequest};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -43,7 +48,7 @@ use super::Sessions;
 use super::connect::bearer;
 use super::registry::LiveWorker;
 use crate::AppState;
-use crate::artifacts::ArtifactStore;
+use crate::artifacts::{ArtifactError, ArtifactStore, ByteStream};
 use crate::error::{ApiError, JsonBody};
 use crate::store::{NewSnapshot, Store, StoreError, bounded};
 
@@ -51,6 +56,8 @@ use crate::store::{NewSnapshot, Store, StoreError, bounded};
 const CONTENT_TYPE: &str = "application/zstd";
 /// How long one upload may take to arrive; the manager's own bound is usually shorter.
 const UPLOAD_BOUND: Duration = Duration::from_secs(300);
+/// How soon a refused upload is worth trying again: about the time one upload takes.
+const BUSY_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Rows and objects one sweep pass takes: a backlog drains over several passes.
 const SWEEP_BATCH: i64 = 100;
 /// The bound on one object deletion.
@@ -77,6 +84,109 @@ fn upload_limit(max_bytes: u64) -> usize {
     usize::try_from(max_bytes + max_bytes / 128 + (64 << 10)).unwrap_or(usize::MAX)
 }
 
+/// Why an upload's body was cut off ([`ArtifactError::Source`]).
+const OVER_LIMIT: &str = "passed its limit";
+const BROKE_OFF: &str = "broke off";
+const PAST_DEADLINE: &str = "passed its deadline";
+
+/// The request's body as the artifact store reads it, piece by piece: it fails once more
+/// than `limit` bytes came, or at `deadline`, so a store never waits on a stalled sender
+/// past the upload's bound and cleans up after itself.
+fn bounded_body(body: Body, limit: usize, deadline: tokio::time::Instant) -> ByteStream {
+    let pieces = body.into_data_stream();
+    Box::pin(futures_util::stream::unfold(
+        (pieces, 0usize, false),
+        move |(mut pieces, mut seen, failed)| async move {
+            if failed {
+                return None;
+            }
+            let item = match tokio::time::timeout_at(deadline, pieces.next()).await {
+                Ok(None) => return None,
+                Ok(Some(Ok(piece))) => {
+                    seen += piece.len();
+                    if seen > limit {
+                        Err(ArtifactError::Source(OVER_LIMIT))
+                    } else {
+                        Ok(piece)
+                    }
+                }
+                Ok(Some(Err(_))) => Err(ArtifactError::Source(BROKE_OFF)),
+                Err(_) => Err(ArtifactError::Source(PAST_DEADLINE)),
+            };
+            let failed = item.is_err();
+            Some((item, (pieces, seen, failed)))
+        },
+    ))
+}
+
+/// The snapshot uploads one replica takes at once: each streams to the artifact store with
+/// at most a part in memory, and these bounds keep their sum, disk and bandwidth within
+/// the replica's share, and a team from taking all of it. Per replica, held in memory: a
+/// refused worker retries, and may reach another replica.
+#[derive(Clone)]
+pub struct UploadSlots(Arc<SlotsInner>);
+
+struct SlotsInner {
+    replica: usize,
+    per_team: usize,
+    /// Uploads under way: in all, and per team (a team with none has no entry).
+    held: Mutex<(usize, HashMap<TeamId, usize>)>,
+}
+
+impl UploadSlots {
+    pub fn new(replica: usize, per_team: usize) -> Self {
+        Self(Arc::new(SlotsInner {
+            replica,
+            per_team,
+            held: Mutex::new((0, HashMap::new())),
+        }))
+    }
+
+    /// A slot for one upload of `team`, or none when the replica or the team is full.
+    fn try_take(&self, team: TeamId) -> Option<UploadSlot> {
+        let mut held = self.0.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let (total, teams) = &mut *held;
+        let of_team = teams.entry(team).or_default();
+        if *total >= self.0.replica || *of_team >= self.0.per_team {
+            if *of_team == 0 {
+                teams.remove(&team);
+            }
+            return None;
+        }
+        *of_team += 1;
+        *total += 1;
+        Some(UploadSlot {
+            slots: self.clone(),
+            team,
+        })
+    }
+}
+
+/// One upload's place, given back when dropped (the upload ended, or its request did).
+struct UploadSlot {
+    slots: UploadSlots,
+    team: TeamId,
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .slots
+            .0
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (total, teams) = &mut *held;
+        *total -= 1;
+        if let Some(of_team) = teams.get_mut(&self.team) {
+            *of_team -= 1;
+            if *of_team == 0 {
+                teams.remove(&self.team);
+            }
+        }
+    }
+}
+
 /// The worker's packed workspace, at an idle teardown.
 #[utoipa::path(
     put,
@@ -95,6 +205,9 @@ fn upload_limit(max_bytes: u64) -> usize {
             body = protocol::ErrorBody),
         (status = 413, description = "Over the profile's cap (`payload_too_large`).",
             body = protocol::ErrorBody),
+        (status = 503, description = "This replica, or the team's share of it, takes as many \
+            uploads as it may at once (`overloaded`): nothing was read; retry after \
+            `Retry-After`.", body = protocol::ErrorBody),
     ),
 )]
 pub async fn put_snapshot(
@@ -115,26 +228,38 @@ pub async fn put_snapshot(
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| ApiError::InvalidRequest(format!("expected {UNPACKED_BYTES_HEADER}")))?;
     let limit = upload_limit(target.max_bytes);
-    if unpacked > target.max_bytes {
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if unpacked > target.max_bytes || announced.is_some_and(|n| n > limit as u64) {
         count(&state, "refused");
         return Err(ApiError::PayloadTooLarge(limit));
     }
-    let bytes = match tokio::time::timeout(UPLOAD_BOUND, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) | Err(_) => {
-            count(&state, "refused");
-            tracing::warn!(%session, "snapshot upload cut short or over its limit");
-            return Err(ApiError::PayloadTooLarge(limit));
-        }
+    let Some(_slot) = state.snapshot_uploads.try_take(target.team) else {
+        count(&state, "busy");
+        return Err(ApiError::UploadsBusy(BUSY_RETRY_AFTER));
     };
     let id = Uuid::now_v7();
     let storage_key = format!("{}/{id}", target.team.0);
-    let size = bytes.len() as u64;
-    state
+    let body = bounded_body(body, limit, tokio::time::Instant::now() + UPLOAD_BOUND);
+    let size = match state
         .artifacts
-        .put(&storage_key, bytes, CONTENT_TYPE)
+        .put_stream(&storage_key, body, CONTENT_TYPE)
         .await
-        .map_err(ApiError::Storage)?;
+    {
+        Ok(size) => size,
+        Err(ArtifactError::Source(why)) => {
+            count(&state, "refused");
+            tracing::warn!(%session, why, "snapshot upload not stored");
+            return Err(if why == OVER_LIMIT {
+                ApiError::PayloadTooLarge(limit)
+            } else {
+                ApiError::InvalidRequest(format!("the snapshot upload {why}"))
+            });
+        }
+        Err(err) => return Err(ApiError::Storage(err)),
+    };
     let recorded = bounded(state.store.record_snapshot(
         session,
         NewSnapshot {
@@ -391,5 +516,34 @@ pub async fn sweep(
                 Err(_) => tracing::warn!(class = "timeout", "snapshot bytes not deleted"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_slots_bound_the_replica_and_each_team() {
+        let slots = UploadSlots::new(3, 2);
+        let (a, b, c) = (TeamId::new(), TeamId::new(), TeamId::new());
+        let a1 = slots.try_take(a).expect("a's first");
+        let a2 = slots.try_take(a).expect("a's second");
+        assert!(slots.try_take(a).is_none(), "a team holds at most two");
+        let b1 = slots.try_take(b).expect("b's first");
+        assert!(
+            slots.try_take(c).is_none(),
+            "the replica holds at most three"
+        );
+        drop(a1);
+        let c1 = slots.try_take(c).expect("a released slot is taken again");
+        assert!(slots.try_take(b).is_none());
+        drop((a2, b1, c1));
+        let held = slots.0.held.lock().unwrap_or_else(PoisonError::into_inner);
+        assert_eq!(held.0, 0);
+        assert!(
+            held.1.is_empty(),
+            "no team is remembered once it holds none"
+        );
     }
 }

@@ -387,6 +387,11 @@ impl BrainProcess {
             .unwrap()
     }
 
+    /// The process id, to read its memory in `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the brain process is running")
+    }
+
     /// SIGKILL: the replica stops at once, without a word to anyone.
     pub async fn kill(&mut self) {
         self.child.kill().await.unwrap();
