@@ -192,9 +192,23 @@ export class Api {
     return this.request("POST", `/v1/agents/${agentId}/chats`);
   }
 
+  // The transcript comes a page at a time, newest first (each page oldest first inside);
+  // the chat shows it whole, so pages are read back to the first message. The bound keeps a
+  // runaway cursor from looping.
   async messages(chatId: string): Promise<StoredMessage[]> {
-    return (await this.request<{ messages: StoredMessage[] }>("GET", `/v1/chats/${chatId}/messages`))
-      .messages;
+    const pages: StoredMessage[][] = [];
+    let before: string | undefined;
+    for (let page = 0; page < 100; page++) {
+      const query = before === undefined ? "?limit=200" : `?limit=200&before=${encodeURIComponent(before)}`;
+      const body = await this.request<{ messages: StoredMessage[]; next_cursor?: string }>(
+        "GET",
+        `/v1/chats/${chatId}/messages${query}`,
+      );
+      pages.unshift(body.messages);
+      if (body.next_cursor === undefined) break;
+      before = body.next_cursor;
+    }
+    return pages.flat();
   }
 
   stopChat(chatId: string): Promise<unknown> {
