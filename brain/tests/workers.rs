@@ -2189,7 +2189,7 @@ async fn a_secrets_base64_and_a_cut_off_tail_are_masked() {
         assert!(!sink.contains(&secret[..secret.len() - 1]), "{sink}");
         for prefix in ["", "a", "ab"] {
             let encoded = STANDARD.encode(format!("{prefix}{secret}"));
-            for window in encoded[4..encoded.len() - 4].as_bytes().windows(8) {
+            for window in encoded.as_bytes()[4..encoded.len() - 4].windows(8) {
                 let window = std::str::from_utf8(window).unwrap();
                 let url_safe = window.replace('+', "-").replace('/', "_");
                 assert!(

@@ -6,6 +6,7 @@
 //! `WWW-Authenticate` challenge, which [`super::oauth::begin`] takes.
 
 use std::process::Stdio;
+use std::sync::Arc;
 
 use channel::mask::Masks;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
@@ -103,7 +104,7 @@ fn challenge_in(error: &(dyn std::error::Error + 'static)) -> Option<ConnectErro
 pub struct Session {
     pub name: String,
     /// The credentials this session sent, masked in whatever the server answers.
-    pub masks: Masks,
+    pub masks: Arc<Masks>,
     client: RunningService<RoleClient, ClientConfig>,
 }
 
@@ -130,7 +131,7 @@ impl Session {
             Ok((
                 Self {
                     name: row.name.clone(),
-                    masks: credentials.masks(bearer),
+                    masks: Arc::new(credentials.masks(bearer)),
                     client,
                 },
                 tools,
