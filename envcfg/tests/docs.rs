@@ -47,7 +47,11 @@ fn rust_files() -> Vec<(String, String)> {
     paths
         .into_iter()
         .map(|p| {
-            let rel = p.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+            let rel = p
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
             (rel, fs::read_to_string(&p).unwrap())
         })
         .collect()
@@ -69,7 +73,9 @@ fn is_word(c: char) -> bool {
 /// The id families: the SPEC's (T, S, W, R, A, M, B, E, X, O) and those the open issues
 /// add (D, P, L). An id is a family letter and a number from 1 to 99 without a leading
 /// zero, standing alone (`T8`, `(W11)`, `SPEC X4:`; not `T09:00`, `S3Store`, `IpAddr::V4`).
-const FAMILIES: &[char] = &['T', 'S', 'W', 'R', 'A', 'M', 'B', 'E', 'X', 'O', 'D', 'P', 'L'];
+const FAMILIES: &[char] = &[
+    'T', 'S', 'W', 'R', 'A', 'M', 'B', 'E', 'X', 'O', 'D', 'P', 'L',
+];
 
 /// The comment of a line: what follows the first `//` outside a string literal (a line
 /// with an even number of unescaped `"` before it), or `None`.
@@ -108,27 +114,28 @@ fn cited_ids(comment: &str) -> Vec<String> {
     while i < chars.len() {
         let c = chars[i];
         let starts_word = i == 0 || !is_word(chars[i - 1]);
-        if starts_word && FAMILIES.contains(&c) {
-            if let Some((first, end)) = number_at(i + 1) {
-                let mut last = first;
-                let mut next = end;
-                // A range: `-` or `–`, the same letter (optional), a larger number.
-                if matches!(chars.get(end), Some('-' | '–')) {
-                    let mut j = end + 1;
-                    if chars.get(j) == Some(&c) {
-                        j += 1;
-                    }
-                    if let Some((upper, after)) = number_at(j)
-                        && upper > first
-                    {
-                        last = upper;
-                        next = after;
-                    }
+        if starts_word
+            && FAMILIES.contains(&c)
+            && let Some((first, end)) = number_at(i + 1)
+        {
+            let mut last = first;
+            let mut next = end;
+            // A range: `-` or `–`, the same letter (optional), a larger number.
+            if matches!(chars.get(end), Some('-' | '–')) {
+                let mut j = end + 1;
+                if chars.get(j) == Some(&c) {
+                    j += 1;
                 }
-                ids.extend((first..=last).map(|n| format!("{c}{n}")));
-                i = next;
-                continue;
+                if let Some((upper, after)) = number_at(j)
+                    && upper > first
+                {
+                    last = upper;
+                    next = after;
+                }
             }
+            ids.extend((first..=last).map(|n| format!("{c}{n}")));
+            i = next;
+            continue;
         }
         i += 1;
     }
@@ -152,7 +159,9 @@ fn ids_cited_in_code() -> BTreeMap<String, String> {
                 continue;
             };
             for id in cited_ids(comment) {
-                cited.entry(id).or_insert_with(|| format!("{path}:{}", n + 1));
+                cited
+                    .entry(id)
+                    .or_insert_with(|| format!("{path}:{}", n + 1));
             }
         }
     }
@@ -175,7 +184,10 @@ fn the_citation_pattern_finds_ids_and_nothing_else() {
 #[test]
 fn every_requirement_id_the_code_cites_is_defined() {
     let defined = defined_ids(&read_doc("requirements.md"));
-    assert!(defined.len() > 40, "found only {defined:?} in docs/requirements.md");
+    assert!(
+        defined.len() > 40,
+        "found only {defined:?} in docs/requirements.md"
+    );
     let cited = ids_cited_in_code();
     let missing: Vec<String> = cited
         .iter()
@@ -250,7 +262,10 @@ fn string_literals(text: &str) -> Vec<(usize, String)> {
             i = end + 1;
         } else if bytes[i] == b'\'' && bytes.get(i + 2) == Some(&b'\'') {
             i += 3; // a char literal like '"'
-        } else if bytes[i] == b'\'' && bytes.get(i + 1) == Some(&b'\\') && bytes.get(i + 3) == Some(&b'\'') {
+        } else if bytes[i] == b'\''
+            && bytes.get(i + 1) == Some(&b'\\')
+            && bytes.get(i + 3) == Some(&b'\'')
+        {
             i += 4; // an escaped one like '\"'
         } else if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'/') {
             // A comment: skip to the end of the line.
@@ -269,8 +284,7 @@ fn direct_reads(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for (at, lit) in string_literals(text) {
         let before = text[..at].trim_end();
-        if (before.ends_with("env::var(") || before.ends_with("var_os("))
-            && is_var_name(&lit, true)
+        if (before.ends_with("env::var(") || before.ends_with("var_os(")) && is_var_name(&lit, true)
         {
             out.insert(lit);
         }
