@@ -424,6 +424,70 @@ async fn an_expiring_token_is_refreshed_before_connect() {
     assert_eq!(w.grants().await, vec![(None, 3)]);
 }
 
+/// W12 for OAuth: a server that quotes the access token back hands it to the brain (here
+/// server-everything's `echo`, handed the token by the model, stands in for a server that
+/// echoes its request or quotes it in an error). The result carries the mask wherever it
+/// goes: the client's stream, the transcript and the events stream.
+#[tokio::test]
+async fn an_access_token_the_server_quotes_back_is_masked() {
+    let w = world().await;
+    let (status, body) = w.authorize(&w.app.key).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+    let token = w.auth.ledger().issued_access.last().unwrap().clone();
+    let chat = w.chat(&w.app.key).await;
+    w.app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_1".into(),
+            name: "everything_echo".into(),
+            arguments: json!({"message": format!("sent {token}")}).to_string(),
+        }],
+        fragment: 0,
+    });
+    w.app.provider.push(Reply::Text {
+        deltas: vec!["Done.".into()],
+        delay: Duration::from_millis(1),
+    });
+    let events = w.app.observe(&chat).await;
+    let (status, chunks) = w.turn_as_scripted(&w.app.key, &chat).await;
+    assert_eq!(status.state, ConnectorState::Ready, "{status:?}");
+    assert_eq!(
+        w.auth.ledger().accepted.last(),
+        Some(&token),
+        "the session sent this token"
+    );
+    let masked = "Echo: sent [secret:oauth_token]";
+    assert_eq!(tool_output(&chunks), json!(masked).to_string());
+    let messages = w.app.messages(&chat).await;
+    let part = messages[1]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "tool-everything_echo")
+        .unwrap()
+        .clone();
+    assert_eq!(part["output"], masked, "{part}");
+    let to_model = w.app.provider.requests()[1].body.clone();
+    let results = to_model["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(Value::to_string)
+        .collect::<String>();
+    assert!(results.contains("[secret:oauth_token]"), "{to_model}");
+    assert!(!results.contains(&token), "{results}");
+    let events = events.await.unwrap();
+    let output_events: String = events
+        .lines()
+        .filter(|line| line.contains("tool-output"))
+        .collect();
+    assert!(output_events.contains(masked), "{events}");
+    assert!(!output_events.contains(&token), "{output_events}");
+}
+
 /// A token the server refuses before its stated expiry gets one refresh and the connect
 /// is tried again; when the refresh is refused too, the turn asks a person.
 #[tokio::test]

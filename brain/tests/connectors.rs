@@ -1157,7 +1157,8 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     let out = find(&tools, "probe_whoami")
         .call(&ctx(&app, agent), json!({}))
         .await;
-    assert_eq!(out, ToolOutput::ok("team=acme"));
+    // The value reached the server; what it says back is masked.
+    assert_eq!(out, ToolOutput::ok("team=[secret:TEAM_NAME]"));
     drop(tools);
 
     // Another agent holds no PROBE_TOKEN and the team none either: the connector is down
@@ -1247,6 +1248,89 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
         Some("secrets_not_configured")
     );
     drop(probe);
+}
+
+/// B1 with W12's masking: a server that quotes the request back (`echo_request`, as an
+/// echo or an error page does) hands the connector's credentials, team secrets in
+/// `Authorization` and `X-Team`, back to the brain. The tool result is
+/// masked before the client's stream, the model, the transcript and the events stream.
+#[tokio::test]
+async fn credentials_a_server_echoes_back_are_masked_everywhere() {
+    let team_value = format!("team-{}", uuid::Uuid::new_v4().simple());
+    let probe = http_probe(&format!("Bearer {TOKEN}"));
+    let app = keyed_app().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    assert_eq!(put_secret(&app, "PROBE_TOKEN", TOKEN).await, 201);
+    assert_eq!(put_secret(&app, "TEAM_NAME", &team_value).await, 201);
+    let (code, created) = post(
+        &app,
+        json!({
+            "name": "probe",
+            "url": probe.url(),
+            "agent_id": agent,
+            "headers": {
+                "Authorization": "Bearer {{secret:PROBE_TOKEN}}",
+                "X-Team": "{{secret:TEAM_NAME}}",
+            },
+        }),
+    )
+    .await;
+    assert_eq!(code, 201, "{created}");
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_1".into(),
+            name: "probe_echo_request".into(),
+            arguments: "{}".into(),
+        }],
+        fragment: 0,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Done.".into()],
+        delay: Duration::from_millis(1),
+    });
+    let events = app.observe(&chat).await;
+    let stream = app
+        .send(&chat, &json!({"content": "what did you send?"}))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let (chunks, done) = common::parse_events(&stream);
+    assert!(done);
+    let output = chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolOutputAvailable {
+                tool_call_id,
+                output,
+            } if tool_call_id == "call_1" => Some(output.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no tool output in {chunks:?}"));
+    assert_eq!(
+        output,
+        json!("authorization=Bearer [secret:PROBE_TOKEN] team=[secret:TEAM_NAME]")
+    );
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 2);
+    let to_model = requests[1].body.to_string();
+    assert!(to_model.contains("[secret:PROBE_TOKEN]"), "{to_model}");
+    let transcript = serde_json::to_string(&app.messages(&chat).await).unwrap();
+    assert!(transcript.contains("[secret:TEAM_NAME]"), "{transcript}");
+    let events = events.await.unwrap();
+    assert!(events.contains("[secret:TEAM_NAME]"), "{events}");
+    for (sink, text) in [
+        ("the client's stream", &stream),
+        ("the model's next request", &to_model),
+        ("the transcript", &transcript),
+        ("the events stream", &events),
+    ] {
+        assert!(
+            !text.contains(TOKEN) && !text.contains(&team_value),
+            "{sink} holds a credential: {text}"
+        );
+    }
 }
 
 #[tokio::test]

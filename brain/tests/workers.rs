@@ -2144,6 +2144,64 @@ async fn a_pooled_worker_gets_the_secrets_at_bind() {
     assert_eq!(claimed, 1);
 }
 
+/// W12, what masking can still catch: a secret printed in base64 (alone, and one and two
+/// bytes into longer data, in the standard and the URL-safe alphabet), and printed short of
+/// its last byte at the very end of the output, through a real worker's shell. None of it
+/// reaches the client's stream (live lines and result) or the model.
+#[tokio::test]
+async fn a_secrets_base64_and_a_cut_off_tail_are_masked() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    let (app, _manager) = system(60_000, |c| c.secrets_key = Some(secrets_key())).await;
+    let (agent, chat) = light_agent(&app).await;
+    let secret = format!("b64-{}", uuid::Uuid::new_v4().simple());
+    set_secret(&app, &agent, "MY_TOKEN", &secret).await;
+    let command = "printf %s \"$MY_TOKEN\" | base64; printf a%s \"$MY_TOKEN\" | base64; \
+                   printf ab%s \"$MY_TOKEN\" | base64 | tr '+/' '-_'; sleep 0.2; \
+                   printf %s \"${MY_TOKEN%?}\"";
+    app.provider.push(shell("b1", command));
+    app.provider.push(text("ok"));
+    let stream = app
+        .send(&chat, &json!({"content": "go"}))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let (chunks, _) = parse_events(&stream);
+    let output = output_of(&chunks, "b1");
+    let stdout: Vec<&str> = output
+        .strip_prefix("exit code: 0\n--- stdout ---\n")
+        .unwrap_or_else(|| panic!("{output}"))
+        .lines()
+        .collect();
+    assert_eq!(stdout.len(), 4, "{output}");
+    assert_eq!(stdout[0], "[secret:MY_TOKEN]", "encoded alone");
+    for line in &stdout[1..3] {
+        // Beside the mask, only the characters that also carry the prefix's bits.
+        let (left, right) = line
+            .split_once("[secret:MY_TOKEN]")
+            .unwrap_or_else(|| panic!("{output}"));
+        assert!(left.len() <= 3 && right.len() <= 4, "{output}");
+    }
+    assert_eq!(stdout[3], "[secret:MY_TOKEN]", "cut off at the end");
+    let to_model = app.provider.requests()[1].body.to_string();
+    assert!(to_model.contains("[secret:MY_TOKEN]"));
+    for sink in [&stream, &to_model] {
+        assert!(!sink.contains(&secret[..secret.len() - 1]), "{sink}");
+        for prefix in ["", "a", "ab"] {
+            let encoded = STANDARD.encode(format!("{prefix}{secret}"));
+            for window in encoded.as_bytes()[4..encoded.len() - 4].windows(8) {
+                let window = std::str::from_utf8(window).unwrap();
+                let url_safe = window.replace('+', "-").replace('/', "_");
+                assert!(
+                    !sink.contains(window) && !sink.contains(&url_safe),
+                    "{window} of {prefix:?}: {sink}"
+                );
+            }
+        }
+    }
+}
+
 /// W12 mid-chat: a secret the agent stores with `secret_set` while its session is live
 /// reaches that session before `secret_set` answers, so the next command of the same turn
 /// sees it, on the same worker.

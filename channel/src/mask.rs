@@ -3,33 +3,52 @@
 //! Every occurrence of a value of the session's [`SessionEnv`] becomes `[secret:NAME]`.
 //! The worker masks before output leaves it (streamed lines and results), the brain masks
 //! again what it receives (defense in depth), so a value never reaches the model, the UI
-//! stream, the store or a log even if one side misses it.
+//! stream, the store or a log even if one side misses it. The brain masks a connector's
+//! results the same way, with the values its credentials were filled with.
+//!
+//! A value is also recognised in base64 (standard and URL-safe): encoded alone, and inside
+//! longer encoded data at each of its three possible offsets, where the characters that
+//! carry only the value's bits are always the same (the one or two at each edge that also
+//! carry a neighbour's bits stay). Values shorter than `protocol::env::MIN_VALUE` are never
+//! masked (nor sent), nor is an encoded form that short.
 //!
 //! Output that is streamed arrives in arbitrary pieces: [`StreamMask`] holds back the end
 //! of what it was given while that end could still be the start of a value (at most the
 //! longest value's length minus one byte), so a value cut across two reads is masked
-//! too. Output that does not end in a possible start of a value is never held.
+//! too. Output that does not end in a possible start of a value is never held. Where a
+//! text or a stream ends in the beginning of a value (a command cut off, a value printed
+//! short of its end), that beginning is masked as the value when it has at least
+//! `MIN_VALUE` bytes.
 //!
-//! Where values overlap, the longest match at the leftmost position wins. Values shorter
-//! than `protocol::env::MIN_VALUE` are never masked (nor sent).
+//! Where values overlap, the longest match at the leftmost position wins.
+//!
+//! What masking does not promise (it is hygiene, not a boundary): a value transformed in
+//! any other way (hex, reversed, split by the command's own output, quoted with escapes) or
+//! only a piece of it inside the output passes as it is; a resource's base64 `blob` is not
+//! masked, since replacing text there would corrupt the file; nor are the bytes of a file a
+//! tool uploads as an artifact.
 
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use protocol::env::{MIN_VALUE, SessionEnv};
 use serde_json::Value;
 
-/// The values to mask and what replaces each. `Debug` shows the count only.
+/// The values to mask and what replaces each. `Debug` shows the count of secrets only.
 pub struct Masks {
-    /// (value, replacement), longest value first.
+    /// (value or encoded form, replacement), longest first.
     values: Vec<(Vec<u8>, Vec<u8>)>,
     /// For each first byte, the indexes into `values` that start with it, longest first.
     by_first: Vec<Vec<usize>>,
     longest: usize,
+    /// Distinct values masked (their encoded forms not counted).
+    secrets: usize,
 }
 
 impl std::fmt::Debug for Masks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Masks({} values)", self.values.len())
+        write!(f, "Masks({} values)", self.secrets)
     }
 }
 
@@ -39,16 +58,58 @@ impl Default for Masks {
     }
 }
 
+/// The base64 text `value` always becomes, in both alphabets: encoded alone (padded), and
+/// for each offset it may have in longer data (0, 1 or 2 bytes into a 3-byte group) the
+/// characters that carry the value's bits only.
+fn base64_forms(value: &[u8]) -> Vec<Vec<u8>> {
+    let mut forms = Vec::with_capacity(8);
+    for (padded, unpadded) in [(&STANDARD, &STANDARD_NO_PAD), (&URL_SAFE, &URL_SAFE_NO_PAD)] {
+        forms.push(padded.encode(value).into_bytes());
+        for offset in 0..3 {
+            let mut placed = vec![0u8; offset];
+            placed.extend_from_slice(value);
+            let encoded = unpadded.encode(&placed).into_bytes();
+            // Character i carries bits 6i..6i+6; the value's are 8·offset..8·(offset+len).
+            let first = (8 * offset).div_ceil(6);
+            let end = 8 * placed.len() / 6;
+            forms.push(encoded[first..end].to_vec());
+        }
+    }
+    forms
+}
+
 impl Masks {
     pub fn new(env: &SessionEnv) -> Self {
+        Self::of(
+            env.vars
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str())),
+        )
+    }
+
+    /// The masks of `(name, value)` pairs: by name, so of two holding the same value the
+    /// first name is shown; a value's own text wins over another's encoded form.
+    pub fn of<'a>(secrets: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let secrets: Vec<(&str, &str)> = secrets
+            .into_iter()
+            .filter(|(_, value)| value.len() >= MIN_VALUE)
+            .collect();
         let mut values: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        // By name: of two secrets holding the same value, the first name is shown.
-        for (name, value) in &env.vars {
-            if value.len() >= MIN_VALUE && !values.iter().any(|(v, _)| v == value.as_bytes()) {
-                values.push((
-                    value.as_bytes().to_vec(),
-                    format!("[secret:{name}]").into_bytes(),
-                ));
+        let mut add = |value: Vec<u8>, name: &str| {
+            if value.len() >= MIN_VALUE && !values.iter().any(|(v, _)| *v == value) {
+                values.push((value, format!("[secret:{name}]").into_bytes()));
+                true
+            } else {
+                false
+            }
+        };
+        let mut count = 0;
+        for (name, value) in &secrets {
+            count += usize::from(add(value.as_bytes().to_vec(), name));
+        }
+        for (name, value) in &secrets {
+            for form in base64_forms(value.as_bytes()) {
+                add(form, name);
             }
         }
         values.sort_by_key(|(value, _)| std::cmp::Reverse(value.len()));
@@ -61,6 +122,7 @@ impl Masks {
             values,
             by_first,
             longest,
+            secrets: count,
         }
     }
 
@@ -68,54 +130,75 @@ impl Masks {
         self.values.is_empty()
     }
 
+    /// The values starting with `rest`'s first byte, longest first.
+    fn starting_like(&self, rest: &[u8]) -> impl Iterator<Item = &(Vec<u8>, Vec<u8>)> {
+        let indexes = match rest.first() {
+            Some(first) => self.by_first[usize::from(*first)].as_slice(),
+            None => &[],
+        };
+        indexes.iter().map(|&i| &self.values[i])
+    }
+
     /// The longest value that starts `rest`, if any.
     fn match_at(&self, rest: &[u8]) -> Option<&(Vec<u8>, Vec<u8>)> {
-        let first = usize::from(*rest.first()?);
-        self.by_first[first]
-            .iter()
-            .map(|&i| &self.values[i])
+        self.starting_like(rest)
             .find(|(value, _)| rest.starts_with(value))
+    }
+
+    /// The replacement of the value that `rest`, the end of the output, begins: a value cut
+    /// off by the end. Fewer than `MIN_VALUE` bytes are not told apart from other text.
+    fn cut_off(&self, rest: &[u8]) -> Option<&[u8]> {
+        if rest.len() < MIN_VALUE {
+            return None;
+        }
+        self.starting_like(rest)
+            .find(|(value, _)| value.starts_with(rest))
+            .map(|(_, replacement)| replacement.as_slice())
     }
 
     /// Whether a value could still begin at the start of `rest`, the end of what arrived
     /// so far: `rest` is the beginning of a value, or holds one that a longer value may
     /// extend.
     fn undecided(&self, rest: &[u8]) -> bool {
-        let Some(first) = rest.first() else {
-            return false;
-        };
-        self.by_first[usize::from(*first)].iter().any(|&i| {
-            let value = &self.values[i].0;
-            value.starts_with(rest) || rest.starts_with(value)
-        })
+        self.starting_like(rest)
+            .any(|(value, _)| value.starts_with(rest) || rest.starts_with(value))
     }
 
     /// The values starting in the first `until` bytes of `bytes` masked, appended to
     /// `out`; returns where it stopped: `until`, or past it when a match runs past it.
-    fn mask_into(&self, bytes: &[u8], until: usize, out: &mut Vec<u8>) -> usize {
+    /// When `bytes` is the end of the output, a value it ends in the middle of is masked.
+    fn mask_into(&self, bytes: &[u8], until: usize, ends: bool, out: &mut Vec<u8>) -> usize {
         let mut at = 0;
         while at < until {
-            match self.match_at(&bytes[at..]) {
-                Some((value, replacement)) => {
-                    out.extend_from_slice(replacement);
-                    at += value.len();
-                }
-                None => {
-                    out.push(bytes[at]);
-                    at += 1;
-                }
+            let rest = &bytes[at..];
+            let found = self.match_at(rest);
+            // At the end, a longer value cut off wins over a shorter one that is whole.
+            let cut_off = match found {
+                Some((value, _)) if value.len() == rest.len() => None,
+                _ if ends => self.cut_off(rest),
+                _ => None,
+            };
+            if let Some(replacement) = cut_off {
+                out.extend_from_slice(replacement);
+                at = bytes.len();
+            } else if let Some((value, replacement)) = found {
+                out.extend_from_slice(replacement);
+                at += value.len();
+            } else {
+                out.push(bytes[at]);
+                at += 1;
             }
         }
         at
     }
 
-    /// `bytes`, whole, with every value masked.
+    /// `bytes`, a whole output, with every value masked.
     pub fn mask_bytes(&self, bytes: &[u8]) -> Vec<u8> {
         if self.is_empty() {
             return bytes.to_vec();
         }
         let mut out = Vec::with_capacity(bytes.len());
-        self.mask_into(bytes, bytes.len(), &mut out);
+        self.mask_into(bytes, bytes.len(), true, &mut out);
         out
     }
 
@@ -177,7 +260,7 @@ impl StreamMask {
         // A value starting before `settled` lies wholly in `buf`: a match there is final.
         let settled = buf.len().saturating_sub(self.masks.longest - 1);
         let mut out = Vec::with_capacity(buf.len());
-        let at = self.masks.mask_into(&buf, settled, &mut out);
+        let at = self.masks.mask_into(&buf, settled, false, &mut out);
         let hold_from = (at..buf.len())
             .find(|&i| self.masks.undecided(&buf[i..]))
             .unwrap_or(buf.len());
@@ -186,7 +269,8 @@ impl StreamMask {
         out
     }
 
-    /// The end of the stream: what was held, masked.
+    /// The end of the stream: what was held, masked (a value it ends in the middle of
+    /// too).
     pub fn finish(&mut self) -> Vec<u8> {
         let held = std::mem::take(&mut self.held);
         self.masks.mask_bytes(&held)
@@ -261,8 +345,8 @@ mod tests {
         assert_eq!(stream.push(b"valu"), b"");
         assert_eq!(stream.push(b"e and on"), b"[secret:T] and on");
         assert_eq!(stream.push(b" secret-val"), b" ");
-        // The stream ends on a value's beginning: it goes out as it is.
-        assert_eq!(stream.finish(), b"secret-val");
+        // The stream ends on a value's beginning: it goes out masked.
+        assert_eq!(stream.finish(), b"[secret:T]");
         // Nothing to mask: every piece passes as it is.
         let mut none = StreamMask::new(masks(&[]));
         assert_eq!(none.push(b"abc"), b"abc");
@@ -276,5 +360,58 @@ mod tests {
             "x [secret:LONG] y [secret:SHORT] z"
         );
         assert_eq!(streamed(&m, "abcd", &[]), "[secret:SHORT]");
+        assert_eq!(streamed(&m, "x abcdef", &[4]), "x [secret:LONG]");
+    }
+
+    #[test]
+    fn base64_forms_of_a_value_are_masked_at_every_alignment() {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+        let secret = "tok-s3cr3t-value?>~";
+        let m = masks(&[("T", secret)]);
+        assert_eq!(m.mask(&STANDARD.encode(secret)), "[secret:T]");
+        // The value after 0, 1 or 2 other bytes and before 0 to 2 more: what is left
+        // beside the mask are the few characters that also carry bits of the neighbours.
+        for before in ["", "a", "ab"] {
+            for after in ["", "y", "yz"] {
+                let text = format!("{before}{secret}{after}");
+                for encoded in [STANDARD.encode(&text), URL_SAFE_NO_PAD.encode(&text)] {
+                    let masked = m.mask(&format!("data: {encoded}\n"));
+                    let inner = masked
+                        .strip_prefix("data: ")
+                        .and_then(|rest| rest.strip_suffix('\n'))
+                        .unwrap();
+                    let (left, right) = inner
+                        .split_once("[secret:T]")
+                        .unwrap_or_else(|| panic!("{before:?} {after:?}: {masked}"));
+                    assert!(left.len() <= 3 && right.len() <= 6, "{masked}");
+                    // Cut anywhere while streamed, the same.
+                    let streamed_text = format!("data: {encoded}\n");
+                    for cut in 0..=streamed_text.len() {
+                        assert_eq!(streamed(&m, &streamed_text, &[cut]), masked);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            format!("{m:?}"),
+            "Masks(1 values)",
+            "the count is of values"
+        );
+    }
+
+    #[test]
+    fn a_value_cut_off_at_the_end_of_a_stream_is_masked() {
+        let m = masks(&[("T", "secret-value")]);
+        // The command printed a value short of its end, and the stream ended there.
+        assert_eq!(
+            streamed(&m, "token: secret-valu", &[9]),
+            "token: [secret:T]"
+        );
+        assert_eq!(streamed(&m, "token: secr", &[]), "token: [secret:T]");
+        // Fewer bytes than a value may have are not recognised as one.
+        assert_eq!(streamed(&m, "token: sec", &[]), "token: sec");
+        // Within the stream, a piece of a value is not a value.
+        assert_eq!(streamed(&m, "secret-val\n", &[3]), "secret-val\n");
     }
 }

@@ -6,7 +6,9 @@ the value passing through the tool's output.
 
 `python credential_probe.py http PORT`: streamable HTTP on 127.0.0.1:PORT at /mcp, refusing
 every request whose Authorization header is not exactly $EXPECTED_AUTHORIZATION with 401 (as
-a server guarding its tools with a static token does); `whoami` answers the X-Team header.
+a server guarding its tools with a static token does); `whoami` answers the X-Team header,
+and `echo_request` quotes the request's Authorization and X-Team headers back (as a server
+that echoes requests, or quotes them in an error, does).
 """
 
 import hashlib
@@ -31,6 +33,16 @@ async def whoami(ctx: Context) -> str:
     """The X-Team header of the request."""
     headers = ctx.headers or {}
     return f"team={headers.get('x-team', '')}"
+
+
+@server.tool()
+async def echo_request(ctx: Context) -> str:
+    """The Authorization and X-Team headers of the request, quoted."""
+    headers = ctx.headers or {}
+    return (
+        f"authorization={headers.get('authorization', '')} "
+        f"team={headers.get('x-team', '')}"
+    )
 
 
 class RequireAuthorization:

@@ -7,7 +7,8 @@
 //! /v1/secrets/{secret_name}`). The connector row keeps the template only; [`resolve`] replaces the
 //! references when the brain connects, and what it returns goes into the connection and
 //! nowhere else: not into the API, a log line, an error, a status or the model's context
-//! (X4). A reference that resolves to nothing makes the connector `down` with the class
+//! (X4). The values also mask the connection's results ([`Resolved::masks`]), so a server
+//! that echoes a credential back does not put it in the model's context either. A reference that resolves to nothing makes the connector `down` with the class
 //! `secret_missing`; the turn goes on without it.
 //!
 //! Credential-bearing names (`Authorization`, `Cookie`, anything that says token, key,
@@ -16,6 +17,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use channel::mask::Masks;
 use protocol::{AgentId, TeamId};
 use reqwest::header::{HeaderName, HeaderValue};
 
@@ -209,9 +211,28 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
 pub struct Resolved {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub env: Vec<(String, String)>,
+    /// The secrets the templates named, by name: what the connection's results are
+    /// masked with.
+    secrets: BTreeMap<String, String>,
 }
 
+/// The name an OAuth access token is masked as: lower case, so no secret can hold it.
+const BEARER_MASK: &str = "oauth_token";
+
 impl Resolved {
+    /// What a session's results are masked with (SPEC W12, B1): every secret filled into
+    /// its headers or environment, and the OAuth access token it sends, if any. A server
+    /// that echoes a request or quotes it in an error must not hand a credential to the
+    /// model, the transcript or the events stream.
+    pub fn masks(&self, bearer: Option<&str>) -> Masks {
+        Masks::of(
+            self.secrets
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .chain(bearer.map(|token| (BEARER_MASK, token))),
+        )
+    }
+
     /// Whether the connector sends its own `Authorization` header (then no OAuth grant is
     /// used).
     pub fn has_authorization(&self) -> bool {
@@ -262,12 +283,17 @@ pub async fn resolve(
                 SecretsError::TooMany | SecretsError::Store(_) => "secrets_unavailable",
             })?
     };
-    let fill = |template: &str| -> Result<String, &'static str> {
+    let mut secrets = BTreeMap::new();
+    let mut fill = |template: &str| -> Result<String, &'static str> {
         let mut out = String::with_capacity(template.len());
         for piece in pieces(template).map_err(|_| "invalid_template")? {
             match piece {
                 Piece::Text(text) => out.push_str(text),
-                Piece::Secret(name) => out.push_str(values.get(name).ok_or("secret_missing")?),
+                Piece::Secret(name) => {
+                    let value = values.get(name).ok_or("secret_missing")?;
+                    secrets.insert(name.to_owned(), value.clone());
+                    out.push_str(value);
+                }
             }
         }
         Ok(out)
@@ -287,6 +313,7 @@ pub async fn resolve(
         }
         resolved.env.push((name.clone(), value));
     }
+    resolved.secrets = secrets;
     Ok(resolved)
 }
 
@@ -372,6 +399,7 @@ mod tests {
         let resolved = Resolved {
             headers: vec![(HeaderName::from_static("authorization"), value)],
             env: vec![("TOKEN".into(), "hunter2".into())],
+            secrets: [("TOKEN".to_owned(), "hunter2".to_owned())].into(),
         };
         let shown = format!("{resolved:?}");
         assert!(!shown.contains("hunter2"), "{shown}");

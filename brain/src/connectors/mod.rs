@@ -35,6 +35,8 @@
 //! cancellation. The loser is dropped, and rmcp then sends `notifications/cancelled` for the
 //! request, so the server can stop working on it. The text content of the result becomes
 //! the tool output; other content is summarized by type; `isError` makes an error output.
+//! Everything the server answers is masked with the credentials its session sent
+//! (`[secret:NAME]`, `[secret:oauth_token]`, SPEC W12), as a worker's output is.
 //! A tool writes (SPEC T6) unless its annotations say `readOnlyHint: true`.
 //!
 //! # Lifetime

@@ -6,7 +6,9 @@
 //! `WWW-Authenticate` challenge, which [`super::oauth::begin`] takes.
 
 use std::process::Stdio;
+use std::sync::Arc;
 
+use channel::mask::Masks;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{ClientInitializeError, RunningService};
@@ -101,6 +103,8 @@ fn challenge_in(error: &(dyn std::error::Error + 'static)) -> Option<ConnectErro
 /// transport (ends the HTTP session, or stops the child process).
 pub struct Session {
     pub name: String,
+    /// The credentials this session sent, masked in whatever the server answers.
+    pub masks: Arc<Masks>,
     client: RunningService<RoleClient, ClientConfig>,
 }
 
@@ -127,6 +131,7 @@ impl Session {
             Ok((
                 Self {
                     name: row.name.clone(),
+                    masks: Arc::new(credentials.masks(bearer)),
                     client,
                 },
                 tools,

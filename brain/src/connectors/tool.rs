@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use channel::mask::Masks;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use rmcp::ServiceError;
@@ -54,11 +55,14 @@ impl ConnectorTool {
         input_schema
             .entry("type")
             .or_insert_with(|| Value::String("object".into()));
+        // What the server lists reaches the model too.
+        let mut input_schema = Value::Object(input_schema);
+        session.masks.mask_json(&mut input_schema);
         Self {
             spec: ToolSpec {
                 name,
-                description: truncate(description, MAX_DESCRIPTION),
-                input_schema: Value::Object(input_schema),
+                description: truncate(session.masks.mask(&description), MAX_DESCRIPTION),
+                input_schema,
             },
             remote_name: remote.name.into_owned(),
             writes,
@@ -134,10 +138,11 @@ impl Tool for ConnectorTool {
                     ))
                 }
                 answered = request => match answered {
-                    Ok(result) => render(result),
+                    Ok(result) => render(result, &self.session.masks),
                     Err(err) => {
                         tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = error_class(&err), "connector tool call failed");
-                        ToolOutput::error(error_text(connector, &err))
+                        // A server's error message may quote the request.
+                        ToolOutput::error(self.session.masks.mask(&error_text(connector, &err)))
                     }
                 },
             }
@@ -201,15 +206,16 @@ fn error_text(connector: &str, err: &ServiceError) -> String {
     }
 }
 
-/// The tool result as text: text content as is, other content summarized by type.
-fn render(result: CallToolResult) -> ToolOutput {
+/// The tool result as text: text content as is, other content summarized by type, the
+/// session's credentials masked (before the cut, which could leave half a value).
+fn render(result: CallToolResult, masks: &Masks) -> ToolOutput {
     let mut parts: Vec<String> = result.content.iter().map(describe).collect();
     if parts.is_empty()
         && let Some(structured) = &result.structured_content
     {
         parts.push(structured.to_string());
     }
-    let text = truncate(parts.join("\n"), MAX_OUTPUT);
+    let text = truncate(masks.mask(&parts.join("\n")), MAX_OUTPUT);
     if result.is_error == Some(true) {
         if text.is_empty() {
             return ToolOutput::error("the tool reported an error without details");
@@ -302,7 +308,7 @@ mod tests {
             ]
         }))
         .unwrap();
-        let out = render(result);
+        let out = render(result, &Masks::default());
         assert!(!out.is_error);
         assert_eq!(
             out.content,
@@ -312,11 +318,17 @@ mod tests {
             serde_json::json!({"content": [{"type": "text", "text": "bad zone"}], "isError": true}),
         )
         .unwrap();
-        assert_eq!(render(failed), ToolOutput::error("bad zone"));
+        assert_eq!(
+            render(failed, &Masks::of([("ZONE", "zone")])),
+            ToolOutput::error("bad [secret:ZONE]")
+        );
         let structured: CallToolResult = serde_json::from_value(
             serde_json::json!({"content": [], "structuredContent": {"a": 1}}),
         )
         .unwrap();
-        assert_eq!(render(structured), ToolOutput::ok(r#"{"a":1}"#));
+        assert_eq!(
+            render(structured, &Masks::default()),
+            ToolOutput::ok(r#"{"a":1}"#)
+        );
     }
 }

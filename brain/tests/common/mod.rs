@@ -301,6 +301,31 @@ pub fn words(text: &str) -> Vec<String> {
 }
 
 impl TestApp {
+    /// The chat's events stream (S2), opened now and read until a turn's `finish`: its
+    /// raw text.
+    pub async fn observe(&self, chat: &str) -> tokio::task::JoinHandle<String> {
+        let response = self
+            .auth(
+                self.http
+                    .get(format!("{}/v1/chats/{chat}/events", self.url)),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        tokio::spawn(async move {
+            let mut body = response.bytes_stream();
+            let mut seen = String::new();
+            while !seen.contains(r#""type":"finish""#) {
+                match tokio::time::timeout(Duration::from_secs(30), body.next()).await {
+                    Ok(Some(Ok(piece))) => seen.push_str(&String::from_utf8_lossy(&piece)),
+                    _ => panic!("the events stream ended before the turn's finish: {seen}"),
+                }
+            }
+            seen
+        })
+    }
+
     /// SIGTERM, as far as the server is concerned.
     pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
