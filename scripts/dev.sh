@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # DEV_BIN names a directory of binaries already built, used instead of building: the test
-# of this script (brain/tests/web_chat.rs) runs it with the binaries the tests built.
+# of this script (brain/tests/all/web_chat.rs) runs it with the binaries the tests built.
 if [ -n "${DEV_BIN:-}" ]; then
   bin=$DEV_BIN
 else

@@ -51,14 +51,14 @@ if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
 fi
 
 # The official MCP conformance suite and the Node 22 it needs (Debian's Node is older), as
-# npm packages, for brain/tests/mcp_conformance.rs.
+# npm packages, for brain/tests/all/mcp_conformance.rs.
 if [ ! -f tests/mcp-conformance/node_modules/.package-lock.json ] \
    || [ tests/mcp-conformance/package-lock.json -nt tests/mcp-conformance/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/mcp-conformance"
   (cd tests/mcp-conformance && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
-# A real OAuth authorization server (npm) for brain/tests/oauth_client.rs, run with the
+# A real OAuth authorization server (npm) for brain/tests/all/oauth_client.rs, run with the
 # Node 22 above.
 if [ ! -f tests/oauth/node_modules/.package-lock.json ] \
    || [ tests/oauth/package-lock.json -nt tests/oauth/node_modules/.package-lock.json ]; then
@@ -75,7 +75,7 @@ if [ ! -f tests/mcp/.venv/.installed ] \
   touch tests/mcp/.venv/.installed
 fi
 
-# s3s-fs: a real S3-protocol server (checks SigV4 signatures) for brain/tests/artifacts.rs.
+# s3s-fs: a real S3-protocol server (checks SigV4 signatures) for brain/tests/all/artifacts.rs.
 # Cached outside the clone so CI's fresh clone reuses it. 0.15+ needs a newer rustc.
 tools_root=/var/tmp/agent-runtime-tools
 if [ ! -x "$tools_root/bin/s3s-fs" ]; then
@@ -96,7 +96,7 @@ if [ ! -x /usr/bin/chromium ]; then
   $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
-# promtool (Debian's prometheus package) for the metrics tests (brain/tests/metrics.rs,
+# promtool (Debian's prometheus package) for the metrics tests (brain/tests/all/metrics.rs,
 # runtime-manager/tests/metrics.rs), which pipe each scrape through `promtool check metrics`
 # and fail rather than skip without it. Only promtool is wanted: where apt would start the
 # package's daemon (a host with systemd), it is stopped and disabled again. About 20 MB, once.
@@ -122,7 +122,7 @@ if [ ! -f tests/k8s/.venv/.installed ] \
   touch tests/k8s/.venv/.installed
 fi
 
-# schemathesis (PyPI) for brain/tests/contract.rs, which fuzzes the live brain through its
+# schemathesis (PyPI) for brain/tests/all/contract.rs, which fuzzes the live brain through its
 # OpenAPI contract and fails rather than skips without it. The virtualenv sits outside the
 # clone, named by the hash of the pinned requirements, so CI's fresh clone reuses it and a
 # change of pins installs a new one beside it. The test derives the same path.

@@ -1,7 +1,7 @@
 //! Worker-seconds billing (SPEC E1) at the statement: sweeps racing over the same rows,
 //! a sweep that fails, and the events of a session tiling its lifetime exactly. The end to
 //! end version (real workers, a manager killed, idle teardown) is in
-//! `brain/tests/workers.rs`.
+//! `brain/tests/all/workers.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

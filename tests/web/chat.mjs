@@ -1,5 +1,5 @@
 // Drives the web chat in Debian's chromium against a live brain whose scripted model has
-// its replies queued by brain/tests/web_chat.rs.
+// its replies queued by brain/tests/all/web_chat.rs.
 // Usage: node chat.mjs URL API_KEY OUT_DIR USER_TOKEN EXPIRED_TOKEN OTHER_TOKEN (the tokens:
 // JWTs of the brain's issuer: one valid and one expired for API_KEY's team "test team" and
 // its user web-user, one valid for user mallory of another team, "other team").

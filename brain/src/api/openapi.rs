@@ -5,7 +5,7 @@
 //! authenticated operation shares is added here once, by [`document`]: the bearer
 //! requirement and the `401`/`503` answers of the key check. The rendered document is
 //! served at `GET /openapi.json` and committed as `docs/openapi.json`;
-//! `brain/tests/contract.rs` fails when the two differ, and drives schemathesis and the
+//! `brain/tests/all/contract.rs` fails when the two differ, and drives schemathesis and the
 //! cross-tenant matrix from it.
 
 use std::sync::LazyLock;

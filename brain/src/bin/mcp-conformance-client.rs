@@ -1,5 +1,5 @@
 //! The brain's connector client under the official MCP conformance suite
-//! (`@modelcontextprotocol/conformance`, run by `brain/tests/mcp_conformance.rs`).
+//! (`@modelcontextprotocol/conformance`, run by `brain/tests/all/mcp_conformance.rs`).
 //!
 //! Like the suite's example clients: the scenario is `MCP_CONFORMANCE_SCENARIO`, its
 //! context (a pre-registered client) `MCP_CONFORMANCE_CONTEXT`, the server URL the last

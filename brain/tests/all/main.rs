@@ -1,0 +1,37 @@
+//! The brain's integration tests, one binary (each module was a binary of its own, and
+//! linking 29 copies of the brain was most of a fresh clone's `make test`). nextest still
+//! runs every test in a process of its own, so a test may install a global (a log
+//! capture, a tracing subscriber) as before. Run one module with
+//! `cargo nextest run -p brain --test all -E 'test(/^events::/)'`.
+
+mod common;
+
+mod api;
+mod approvals;
+mod architecture;
+mod artifacts;
+mod auth;
+mod autostart;
+mod brain_tools;
+mod connector_oauth;
+mod connectors;
+mod contract;
+mod events;
+mod faults;
+mod hold;
+mod hold_turns;
+mod intake;
+mod mcp_conformance;
+mod metrics;
+mod oauth_client;
+mod quotas;
+mod recovery;
+mod stop;
+mod tools;
+mod traces;
+mod turn;
+mod turn_failures;
+mod usage;
+mod web_chat;
+mod worker_channel;
+mod workers;
