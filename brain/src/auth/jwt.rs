@@ -565,9 +565,9 @@ mod tests {
 
     use super::*;
 
-    const RSA_PUB: &str = include_str!("../../tests/fixtures/jwt/rsa1.pub.pem");
-    const EC_PUB: &str = include_str!("../../tests/fixtures/jwt/ec.pub.pem");
-    const ED_PUB: &str = include_str!("../../tests/fixtures/jwt/ed.pub.pem");
+    const RSA_PUB: &str = include_str!("../../tests/all/fixtures/jwt/rsa1.pub.pem");
+    const EC_PUB: &str = include_str!("../../tests/all/fixtures/jwt/ec.pub.pem");
+    const ED_PUB: &str = include_str!("../../tests/all/fixtures/jwt/ed.pub.pem");
 
     #[test]
     fn pem_public_keys_of_each_type() {

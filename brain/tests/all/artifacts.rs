@@ -8,20 +8,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::TestApp;
 use brain::artifacts::{
     ArtifactError, ArtifactOwner, ArtifactStore, LocalDirStore, S3Store, SaveError, save_artifact,
 };
 use brain::config::{ArtifactBackend, S3Config, S3Credentials};
 use brain::error::ApiError;
 use bytes::Bytes;
-use crate::common::TestApp;
 use protocol::{AgentId, ChatId, ErrorCode};
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -5,12 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 
 use std::time::Duration;
 
-use brain::config::Config;
 use crate::common::{TestApp, read_stream};
+use brain::config::Config;
 use scripted_provider::Reply;
 use serde_json::{Value, json};
 

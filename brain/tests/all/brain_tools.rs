@@ -3,12 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 
 use std::time::Duration;
 
-use brain::store::{NewAgent, SecretsError, SecretsKey};
 use crate::common::{TestApp, read_stream};
+use brain::store::{NewAgent, SecretsError, SecretsKey};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, TeamId};
 use scripted_provider::{Reply, ToolCall};

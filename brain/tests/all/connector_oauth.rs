@@ -5,16 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 use crate::common::oauth_servers;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use brain::store::SecretsKey;
 use crate::common::mcp::HttpServer;
 use crate::common::{TestApp, read_stream};
+use brain::store::SecretsKey;
 use oauth_servers::{AuthServer, ResourceServer};
 use protocol::ui::{ConnectorState, ConnectorStatus, UiChunk};
 use scripted_provider::{Reply, ToolCall};

@@ -22,10 +22,10 @@ const ADMIN_KEY: Requester<'static> = Requester {
     user: None,
     admin: true,
 };
-use brain::store::{ConnectorTarget, NewConnector};
-use brain::tools::{Tool, ToolCtx, ToolOutput};
 use crate::common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};
 use crate::common::{TestApp, read_stream};
+use brain::store::{ConnectorTarget, NewConnector};
+use brain::tools::{Tool, ToolCtx, ToolOutput};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TurnId};
 use scripted_provider::{Reply, ToolCall};

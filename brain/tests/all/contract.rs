@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::TestApp;
+use crate::common::manager::TempDir;
 use brain::artifacts::{ArtifactOwner, LocalDirStore, save_artifact};
 use brain::config::ArtifactBackend;
 use bytes::Bytes;
-use crate::common::TestApp;
-use crate::common::manager::TempDir;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 

@@ -10,13 +10,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::common::{TestApp, read_stream};
 use brain::config::Config;
 use brain::store::NewAgent;
-use crate::common::{TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
 use serde_json::json;
 use test_support::promtool::sample;

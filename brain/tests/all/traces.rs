@@ -17,12 +17,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::manager::{TempDir, manager_command};
+use crate::common::{BrainProcess, TestApp, read_stream};
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::post;
-use crate::common::manager::{TempDir, manager_command};
-use crate::common::{BrainProcess, TestApp, read_stream};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };

@@ -6,13 +6,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::common::{BrainProcess, TestApp};
 use bytes::Bytes;
 use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
-use crate::common::{BrainProcess, TestApp};
 use futures_util::{SinkExt, StreamExt};
 use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
