@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::Duration;
 
 use crate::common::{TestApp, read_stream};

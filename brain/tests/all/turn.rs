@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::{TestApp, read_stream, streamed_text, words};
