@@ -7,6 +7,15 @@
 //! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
 //!   of the Postgres pool;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
+//! - `hold.rs`: the one-turn-per-agent hold and the quota counters, admitted in one Redis
+//!   round trip (T9, T2);
+//! - `quota/`: the team's limits, their refusals and `RateLimit` headers, and the
+//!   Postgres answer when Redis cannot give one;
+//! - `lease.rs`: this replica's lease, and what dead replicas (and stranded approval
+//!   continuations) left behind (O3, A3);
+//! - `tools/`: the brain's own tools and the one toolset a turn offers (T4, B1);
+//! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
+//! - `approvals.rs`: the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `schedule.rs`: what makes an autostart cadence valid and when it fires;

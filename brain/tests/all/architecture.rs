@@ -65,3 +65,27 @@ fn the_check_sees_both_spellings() {
         "use crate::{AppState, store};\nlet api_key = 1;"
     ));
 }
+
+/// The crate root's module doc is the brain's map: every module it declares is on it.
+#[test]
+fn the_crate_map_names_every_module() {
+    let root = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
+        .expect("brain/src/lib.rs");
+    let map: String = root
+        .lines()
+        .filter_map(|line| line.strip_prefix("//!"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let missing: Vec<&str> = root
+        .lines()
+        .filter_map(|line| line.strip_prefix("pub mod "))
+        .map(|rest| rest.trim_end_matches(';'))
+        .filter(|module| {
+            !map.contains(&format!("`{module}/`")) && !map.contains(&format!("`{module}.rs`"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "brain/src/lib.rs's map omits {missing:?}"
+    );
+}
