@@ -937,8 +937,15 @@ async fn a_chat_keys_turn_never_binds_the_connectors_grant() {
     let admins_chat = w.chat(&w.app.key).await;
     let (status, _) = w.turn(&w.app.key, &admins_chat).await;
     let link = status.authorize.expect("an admin's turn gets the link");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let observed = events_text(&admins_chat).await;
+    // The publisher writes in batches: wait until the status is in the stream.
+    let mut observed = events_text(&admins_chat).await;
+    for _ in 0..100 {
+        if observed.contains("needs_authorization") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        observed = events_text(&admins_chat).await;
+    }
     assert!(
         observed.contains("needs_authorization"),
         "the status reached the events stream: {observed}"
