@@ -20,6 +20,7 @@ use crate::intake::Overloaded;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
 use crate::store::StoreError;
+use crate::turn::TurnError;
 use crate::turn::stop::StopError;
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +112,25 @@ impl From<StopError> for ApiError {
     fn from(err: StopError) -> Self {
         match err {
             StopError::Undeliverable => Self::StopUndeliverable,
+            StopError::NotFound(what) => Self::NotFound(what),
+            StopError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(err: TurnError) -> Self {
+        match err {
+            TurnError::NotFound(what) => Self::NotFound(what),
+            TurnError::Busy(running) => Self::AgentBusy(running),
+            TurnError::InProgress(turn) => Self::TurnInProgress(turn),
+            TurnError::Quota(refusal) => Self::Quota(refusal),
+            TurnError::Overloaded(overloaded) => Self::Overloaded(overloaded),
+            TurnError::ShuttingDown => Self::ShuttingDown,
+            TurnError::Provider(e) => Self::Provider(e),
+            TurnError::Store(e) => e.into(),
+            TurnError::Conflict(message) => Self::Conflict(message),
+            TurnError::Internal(message) => Self::Internal(message),
         }
     }
 }
@@ -214,9 +234,7 @@ impl ApiError {
             }
             Self::Storage(_) => "the object storage that holds artifacts is unavailable".into(),
             Self::Internal(_) => "internal error".into(),
-            Self::Provider(ProviderError::Unavailable(_)) => {
-                "the model provider is unavailable (outage, timeout or broken stream)".into()
-            }
+            Self::Provider(err) => err.public_message(),
             other => other.to_string(),
         }
     }

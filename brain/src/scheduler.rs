@@ -20,11 +20,10 @@ use chrono::Utc;
 
 use crate::AppState;
 use crate::auth::{Authority, Scope};
-use crate::error::ApiError;
 use crate::lease::bounded;
 use crate::schedule::Cadence;
 use crate::store::{Claimed, DueAutostart, FireOutcome};
-use crate::turn::{self, Trigger, TurnInput};
+use crate::turn::{self, Trigger, TurnError, TurnInput};
 
 /// The bound on each of the scheduler's statements.
 const STORE_BOUND: Duration = Duration::from_secs(5);
@@ -153,13 +152,13 @@ async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
     )
     .await
     .and_then(|launched| {
-        launched.turn.ok_or(ApiError::Internal(
+        launched.turn.ok_or(TurnError::Internal(
             "an autostart fire started no turn".into(),
         ))
     });
     let outcome = match started {
         Ok(turn) => FireOutcome::Fired(turn),
-        Err(ApiError::AgentBusy(_)) => FireOutcome::SkippedBusy,
+        Err(TurnError::Busy(_)) => FireOutcome::SkippedBusy,
         Err(err) => FireOutcome::Failed(err.code()),
     };
     tracing::info!(

@@ -229,6 +229,16 @@ pub enum Unavailable {
 }
 
 impl ProviderError {
+    /// The message a client may see: what kind of failure, never the provider's text.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Unavailable(_) => {
+                "the model provider is unavailable (outage, timeout or broken stream)".into()
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// The stable code the client sees.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -34,7 +34,6 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::error::ApiError;
 use crate::store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Bound on each Redis call of a stop, connecting included.
@@ -101,6 +100,11 @@ pub enum StopError {
     /// take it.
     #[error("the stop could not be handed to the replica running the turn")]
     Undeliverable,
+    /// The turn or chat (the word says which) does not exist for the team.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("store unavailable")]
+    Store(#[from] StoreError),
 }
 
 /// Stops of this replica's turns and of other replicas'.
@@ -309,9 +313,9 @@ impl StopAnswer {
 }
 
 /// A turn of `team`; `NotFound` for an unknown one or another team's.
-pub async fn find(store: &Store, team: TeamId, turn: TurnId) -> Result<TurnState, ApiError> {
+pub async fn find(store: &Store, team: TeamId, turn: TurnId) -> Result<TurnState, StopError> {
     match crate::store::bounded(store.turn_state(team, turn)).await {
-        Err(StoreError::NotFound) => Err(ApiError::NotFound("turn")),
+        Err(StoreError::NotFound) => Err(StopError::NotFound("turn")),
         other => Ok(other?),
     }
 }
@@ -321,16 +325,20 @@ pub async fn running_in_chat(
     store: &Store,
     team: TeamId,
     chat: protocol::ChatId,
-) -> Result<Option<TurnState>, ApiError> {
+) -> Result<Option<TurnState>, StopError> {
     match crate::store::bounded(store.running_turn_of_chat(team, chat)).await {
-        Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
+        Err(StoreError::NotFound) => Err(StopError::NotFound("chat")),
         other => Ok(other?),
     }
 }
 
 /// Stops `turn` (of `team`, as the store found it) wherever it runs; stopping a turn that
 /// already ended is a no-op that answers its status.
-pub async fn stop(state: &AppState, team: TeamId, turn: TurnState) -> Result<StopAnswer, ApiError> {
+pub async fn stop(
+    state: &AppState,
+    team: TeamId,
+    turn: TurnState,
+) -> Result<StopAnswer, StopError> {
     if turn.status != TurnStatus::Running {
         return Ok(StopAnswer::ended(&turn));
     }

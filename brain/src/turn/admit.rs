@@ -1,0 +1,144 @@
+//! Admission (T9, T2): one turn per agent and the team's budgets, decided before anything
+//! is written or started, and the turn's [`Budget`] from then on.
+//!
+//! The Redis-or-Postgres choice is made here, once: a turn admitted through the hold's
+//! script is counted in Redis for its whole life (its further model calls reserve through
+//! the hold); a turn admitted while Redis was unreachable is counted from Postgres
+//! (`quota::fallback`), and so is every further call of a turn whose Redis went away.
+
+use std::sync::OnceLock;
+
+use chrono::{DateTime, Utc};
+use protocol::{AgentId, TeamId, TurnId};
+
+use super::TurnError;
+use crate::AppState;
+use crate::hold::{Admitted, Billed, HoldGuard, Reserved, TurnAdmission};
+use crate::quota::{Limits, Periods, Quotas, RateLimitHeaders, Refusal, fallback};
+use crate::store::{Store, StoreError};
+
+/// A turn's standing against the agent's hold and the team's budgets, from admission to
+/// wrap-up.
+pub(super) struct Budget {
+    store: Store,
+    quotas: Quotas,
+    team: TeamId,
+    /// Released at wrap-up (T7); `None` when Redis was unreachable at intake.
+    hold: Option<HoldGuard>,
+    limits: Limits,
+    /// Counted in Redis (reserve through the hold) or, Redis being unreachable at intake,
+    /// from Postgres.
+    counted_in_redis: bool,
+    /// What the admission left of the team's limits, for the response's `RateLimit`.
+    pub headers: RateLimitHeaders,
+    /// When the wrap-up wrote the turn's billing events (Postgres' clock), for its
+    /// settlement in the budget counters.
+    billed_at: OnceLock<DateTime<Utc>>,
+}
+
+/// The hold and the quota decision; a refusal or a busy agent is the caller's answer.
+/// `reservation` is the most the first model call can spend.
+pub(super) async fn admit(
+    state: &AppState,
+    team: TeamId,
+    agent: AgentId,
+    turn: TurnId,
+    reservation: u64,
+) -> Result<Budget, TurnError> {
+    let admission = TurnAdmission {
+        team,
+        agent,
+        turn,
+        reservation,
+    };
+    let periods = Periods::now();
+    let budget = |hold, limits, counts: &_, counted_in_redis| Budget {
+        store: state.store.clone(),
+        quotas: state.quotas.clone(),
+        team,
+        hold,
+        limits,
+        counted_in_redis,
+        headers: RateLimitHeaders::turns(&limits, counts, &periods),
+        billed_at: OnceLock::new(),
+    };
+    match state.holds.admit(&state.quotas, admission).await? {
+        Admitted::Held {
+            guard,
+            limits,
+            counts,
+        } => Ok(budget(Some(guard), limits, &counts, true)),
+        Admitted::Busy { running } => Err(TurnError::Busy(running)),
+        Admitted::Refused(refusal) => {
+            state.metrics.quota_refused(refusal.field);
+            Err(TurnError::Quota(refusal))
+        }
+        // Never open: the team's limits and counts come from Postgres instead.
+        Admitted::Unavailable => {
+            let limits = state.quotas.limits(team).await?;
+            let counts = if limits.limits_turns() {
+                match fallback::admit_turn(&state.store, team, &limits, reservation, &periods)
+                    .await?
+                {
+                    Ok(counts) => counts,
+                    Err(refusal) => {
+                        state.metrics.quota_refused(refusal.field);
+                        return Err(TurnError::Quota(refusal));
+                    }
+                }
+            } else {
+                Default::default()
+            };
+            Ok(budget(None, limits, &counts, false))
+        }
+    }
+}
+
+impl Budget {
+    /// Reserves a further model call against the team's token budgets: through the hold's
+    /// counters, or from Postgres when the turn was admitted without Redis or Redis went
+    /// away since. `Some` is a refusal.
+    pub async fn reserve(&self, tokens: u64) -> Result<Option<Refusal>, StoreError> {
+        let limits = &self.limits;
+        if limits.tokens_per_day.is_none() && limits.tokens_per_month.is_none() {
+            return Ok(None);
+        }
+        if self.counted_in_redis
+            && let Some(hold) = &self.hold
+        {
+            match hold.reserve(&self.quotas, limits, tokens).await? {
+                Reserved::Ok => return Ok(None),
+                Reserved::Refused(refusal) => return Ok(Some(refusal)),
+                Reserved::Unavailable => {}
+            }
+        }
+        let budgets = Limits {
+            tokens_per_day: limits.tokens_per_day,
+            tokens_per_month: limits.tokens_per_month,
+            ..Default::default()
+        };
+        // This turn is among the running ones Postgres counts, at one reservation each.
+        Ok(
+            fallback::admit_turn(&self.store, self.team, &budgets, tokens, &Periods::now())
+                .await?
+                .err(),
+        )
+    }
+
+    /// Remembers when the turn's billing events were written.
+    pub fn billed_at(&self, at: DateTime<Utc>) {
+        let _ = self.billed_at.set(at);
+    }
+
+    /// Gives the hold back, settling the reservations on the `tokens` billed. Also for a
+    /// turn that ends before it was written (nothing billed).
+    pub async fn release(&mut self, tokens: u64) {
+        if let Some(hold) = self.hold.take() {
+            let billed = Billed {
+                tokens,
+                at: self.billed_at.get().copied(),
+            };
+            hold.release_billed(billed).await;
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Compose (T3, A3): what the trigger asks, the tools the turn is offered, the frozen
+//! composition, and the turn row with its user message, then the first model request
+//! built from the history that write read back.
+
+use std::sync::Arc;
+
+use protocol::TurnId;
+use protocol::ui::ConnectorStatus;
+use tokio_util::sync::CancellationToken;
+
+use super::context::{self, Fold};
+use super::history::model_messages;
+use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
+use crate::AppState;
+use crate::connectors;
+use crate::provider::ModelRequest;
+use crate::store::{
+    AgentRow, Answered, Answerer, ApprovalRow, Close, NewTurn, StoreError, TurnBasis, bounded,
+};
+use crate::tools::Toolset;
+
+/// What the trigger asks of the turn, once answers are recorded.
+pub(super) struct Asked {
+    /// The user message (or autostart prompt); `None` for a continuation.
+    content: Option<String>,
+    client_message_id: Option<String>,
+    /// A continuation's answered approvals, whose approved calls run first (A3).
+    resume: Vec<ApprovalRow>,
+    /// The approvals these answers closed, as they now are.
+    answered: Vec<ApprovalRow>,
+    autostart: bool,
+}
+
+pub(super) enum Resolved {
+    Run(Asked),
+    /// Nothing runs (answers that do not complete their turn's set, or a stranded
+    /// continuation another replica took): the approvals answered.
+    Nothing(Vec<ApprovalRow>),
+}
+
+/// The trigger's effects under the hold: a new message denies what waits (A4); an answer
+/// is recorded at most once, and the last of its turn resumes it (A3).
+pub(super) async fn resolve(
+    state: &AppState,
+    launch: &Launch,
+    basis: &TurnBasis,
+    trigger: Trigger,
+    turn: TurnId,
+) -> Result<Resolved, TurnError> {
+    let (team, chat) = (launch.team, launch.chat);
+    let asked = |content, client_message_id, resume, answered, autostart| {
+        Resolved::Run(Asked {
+            content,
+            client_message_id,
+            resume,
+            answered,
+            autostart,
+        })
+    };
+    let autostart = matches!(trigger, Trigger::Autostart(_));
+    match trigger {
+        Trigger::User(input) | Trigger::Autostart(input) => {
+            deny_waiting(state, launch, basis).await?;
+            Ok(asked(
+                Some(input.content),
+                input.client_message_id,
+                Vec::new(),
+                Vec::new(),
+                autostart,
+            ))
+        }
+        Trigger::Stranded(stranded) => {
+            let reclaimed =
+                bounded(state.store.reclaim_continuation(team, chat, stranded, turn)).await?;
+            // `None`: taken by another replica meanwhile, or its turn row exists after all.
+            Ok(reclaimed.map_or(Resolved::Nothing(Vec::new()), |resume| {
+                asked(None, None, resume, Vec::new(), false)
+            }))
+        }
+        Trigger::Approval(answers) => {
+            let by = Answerer {
+                actor: &launch.authority.actor,
+                admin: launch.authority.may_change_agent(),
+            };
+            let outcome =
+                bounded(state.store.answer_approvals(team, chat, &answers, turn, by)).await;
+            match outcome {
+                Ok(Answered::Done {
+                    answered,
+                    resume: Some(resume),
+                }) => Ok(asked(None, None, resume, answered, false)),
+                Ok(Answered::Done {
+                    answered,
+                    resume: None,
+                }) => Ok(Resolved::Nothing(answered)),
+                Ok(Answered::Closed(row)) => Err(TurnError::Conflict(format!(
+                    "this approval is {} already",
+                    row.state.as_str()
+                ))),
+                Err(StoreError::NotFound) => Err(TurnError::NotFound("approval")),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A4: a new message denies the chat's calls that wait for a person.
+async fn deny_waiting(
+    state: &AppState,
+    launch: &Launch,
+    basis: &TurnBasis,
+) -> Result<(), TurnError> {
+    if basis.has_pending_approvals {
+        bounded(
+            state
+                .store
+                .close_approvals(launch.team, launch.chat, Close::Superseded),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Everything the loop starts from.
+pub(super) struct Ready {
+    pub request: ModelRequest,
+    pub route: Vec<String>,
+    pub toolset: Arc<Toolset>,
+    pub connector_status: Vec<ConnectorStatus>,
+    pub fold: Fold,
+    pub resume: Vec<ApprovalRow>,
+    pub answered: Vec<ApprovalRow>,
+    pub autostart: bool,
+}
+
+pub(super) enum Composed {
+    Ready(Box<Ready>),
+    /// Another request with the same message id wrote its turn first: its replay.
+    Replayed(Launched),
+}
+
+/// Starts the connectors, renders the composition, and writes the turn row with the user
+/// message; a failed write means no provider call.
+pub(super) async fn compose(
+    state: &AppState,
+    launch: &Launch,
+    basis: &TurnBasis,
+    asked: Asked,
+    turn: TurnId,
+    cancel: &CancellationToken,
+) -> Result<Composed, TurnError> {
+    let (team, chat) = (launch.team, launch.chat);
+    let TurnBasis {
+        chat: chat_row,
+        agent,
+        has_connectors,
+        ..
+    } = basis;
+    let (connector_tools, connector_status) = if *has_connectors {
+        connectors::connector_tools(
+            &state.store,
+            &state.config.connectors,
+            &state.oauth,
+            team,
+            agent.id,
+            connectors::Requester {
+                user: chat_row.created_by.as_deref(),
+                admin: launch.authority.may_change_agent(),
+            },
+            cancel,
+        )
+        .await
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    // Brain tools keep their names, then the worker's, then connectors'.
+    let shared = state
+        .toolsets
+        .get(state, agent.concierge, &agent.runtime_profile);
+    let offered = if connector_tools.is_empty() {
+        shared
+    } else {
+        Arc::new(shared.with(connector_tools))
+    };
+    let composition = Composition {
+        version: 1,
+        system_prompt: &agent.system_prompt,
+        model_route: model_route(agent),
+        tools: &offered.composition_tools,
+        max_iterations: state.config.limits.max_iterations,
+        max_writes: state.config.limits.max_writes,
+        max_output_tokens: state.config.max_output_tokens,
+        summary_through: chat_row.summary_through,
+    };
+    let composition_json = serde_json::value::to_raw_value(&composition)
+        .map_err(|e| TurnError::Internal(format!("composition: {e}")))?;
+    let user_parts = asked
+        .content
+        .map(|text| serde_json::json!([{ "type": "text", "text": text }]));
+    let begun = bounded(state.store.begin_turn(
+        NewTurn {
+            id: turn,
+            team,
+            agent: agent.id,
+            chat,
+            trigger: if !asked.resume.is_empty() {
+                "approval"
+            } else if asked.autostart {
+                "autostart"
+            } else {
+                "user"
+            },
+            composition: &composition_json,
+            user_parts: user_parts.as_ref(),
+            client_message_id: asked.client_message_id.as_deref(),
+            replica: state.replica,
+        },
+        composition.summary_through,
+    ))
+    .await;
+    let history = match begun {
+        Ok(history) => history,
+        Err(StoreError::Conflict("message_id")) => {
+            let client_id = asked.client_message_id.as_deref().unwrap_or_default();
+            let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
+                .await?
+                .ok_or(TurnError::Internal(
+                    "conflicting message id vanished".into(),
+                ))?;
+            return replay::replay(existing).map(Composed::Replayed);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let request = ModelRequest {
+        model: String::new(),
+        system: system_text(&agent.system_prompt, &chat_row.summary),
+        messages: model_messages(
+            &history[context::window_start(&history, state.config.context_tokens)..],
+        ),
+        tools: offered.catalog.clone(),
+        max_output_tokens: state.config.max_output_tokens,
+    };
+    let route: Vec<String> = composition
+        .model_route
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let fold = Fold {
+        store: state.store.clone(),
+        holds: state.holds.clone(),
+        providers: state.providers.clone(),
+        team,
+        agent: agent.id,
+        chat,
+        turn,
+        // The models that fold history into the summary: the agent's own route for now.
+        route: route.clone(),
+        budget: state.config.context_tokens,
+        max_output_tokens: state.config.max_output_tokens,
+        unsummarized: context::history_tokens(&history),
+    };
+    Ok(Composed::Ready(Box::new(Ready {
+        request,
+        route,
+        toolset: offered.toolset.clone(),
+        connector_status,
+        fold,
+        resume: asked.resume,
+        answered: asked.answered,
+        autostart: asked.autostart,
+    })))
+}
+
+fn system_text(prompt: &str, summary: &str) -> String {
+    if summary.is_empty() {
+        prompt.to_owned()
+    } else {
+        format!("{prompt}\n\nSummary of the earlier conversation:\n{summary}")
+    }
+}
+
+/// The primary model, then the fallbacks in order.
+fn model_route(agent: &AgentRow) -> Vec<&str> {
+    std::iter::once(agent.model.as_str())
+        .chain(agent.fallback_models.iter().map(String::as_str))
+        .collect()
+}

@@ -1,0 +1,298 @@
+//! One model call of a step (T10, T5): each model of the route is tried in order until one
+//! produces output (`open`), then its output is relayed to the client as UI chunks and its
+//! tool calls collected (`relay`). Calls of a stream that did not finish are discarded,
+//! never run. Each route tried is a `model_call` span (route, adapter, token counts, time
+//! to first output, outcome).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use protocol::ui::UiChunk;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use super::task::{Progress, TurnTask};
+use crate::provider::{
+    EventStream, ModelRoute, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
+};
+use crate::store::ModelCallUsage;
+
+/// A stream that produced its first output, with what came before it.
+pub(super) struct Opened {
+    stream: EventStream,
+    pending: VecDeque<ProviderEvent>,
+    usage: Usage,
+    call_index: u32,
+    model: String,
+    /// The call's `model_call` span, ended when the call is.
+    span: tracing::Span,
+}
+
+pub(super) enum OpenOutcome {
+    Opened(Opened),
+    Failed(ProviderError),
+    Cancelled,
+}
+
+pub(super) enum StepOutcome {
+    Finished(StopReason),
+    Failed(ProviderError),
+    Cancelled,
+}
+
+/// One model call as relayed to the client.
+pub(super) struct Step {
+    pub text: String,
+    pub calls: Vec<ToolCall>,
+    pub outcome: StepOutcome,
+}
+
+impl TurnTask {
+    /// Tries each model of the route until one produces output (T10 fallbacks).
+    pub(super) async fn open(&self, progress: &mut Progress) -> OpenOutcome {
+        let Progress {
+            request,
+            calls_made,
+            usage_log,
+            ..
+        } = progress;
+        let mut last_error = ProviderError::Unavailable(Unavailable::Connect);
+        for route in &self.rules.route {
+            let Ok(parsed) = ModelRoute::parse(route) else {
+                // Routes are validated when the agent is written; a bad one is skipped.
+                continue;
+            };
+            let call_index = *calls_made;
+            *calls_made += 1;
+            let span = tracing::info_span!(
+                "model_call",
+                route = %route,
+                adapter = parsed.provider.as_str(),
+                call_index,
+                input_tokens = Empty,
+                output_tokens = Empty,
+                ttft_ms = Empty,
+                outcome = Empty,
+            );
+            let provider = self.deps.providers.get(parsed.provider).clone();
+            parsed.model.clone_into(&mut request.model);
+            let asked = Instant::now();
+            let connected = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => {
+                    span.record("outcome", "cancelled");
+                    return OpenOutcome::Cancelled;
+                }
+                result = provider.stream(request).instrument(span.clone()) => result,
+            };
+            let mut stream = match connected {
+                Ok(stream) => stream,
+                Err(err) => {
+                    self.metrics.provider_error(&err);
+                    span.record("outcome", err.metric_label());
+                    tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model route failed before output");
+                    last_error = err;
+                    continue;
+                }
+            };
+            let mut usage = Usage::default();
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => {
+                        record_call(&span, usage, "cancelled");
+                        usage_log.push(call_usage(call_index, route, usage));
+                        return OpenOutcome::Cancelled;
+                    }
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
+                    Some(Ok(first_output)) => {
+                        self.metrics.first_output(parsed.provider, asked.elapsed());
+                        span.record(
+                            "ttft_ms",
+                            u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        );
+                        return OpenOutcome::Opened(Opened {
+                            stream,
+                            pending: VecDeque::from([first_output]),
+                            usage,
+                            call_index,
+                            model: route.clone(),
+                            span,
+                        });
+                    }
+                    Some(Err(err)) => {
+                        self.metrics.provider_error(&err);
+                        tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model stream failed before output");
+                        record_call(&span, usage, err.metric_label());
+                        usage_log.push(call_usage(call_index, route, usage));
+                        last_error = err;
+                        break;
+                    }
+                    None => {
+                        record_call(&span, usage, "incomplete");
+                        usage_log.push(call_usage(call_index, route, usage));
+                        last_error = ProviderError::Unavailable(Unavailable::Incomplete);
+                        self.metrics.provider_error(&last_error);
+                        break;
+                    }
+                }
+            }
+        }
+        OpenOutcome::Failed(last_error)
+    }
+
+    /// Relays one model call to the client; collects its tool calls.
+    pub(super) async fn relay(
+        &self,
+        opened: Opened,
+        iteration: u32,
+        usage_log: &mut Vec<ModelCallUsage>,
+    ) -> Step {
+        let Opened {
+            mut stream,
+            mut pending,
+            mut usage,
+            call_index,
+            model,
+            span,
+        } = opened;
+        let text_id = format!("text-{iteration}");
+        let mut text = String::new();
+        let mut text_open = false;
+        let mut calls = Vec::new();
+        let mut hidden_inputs = std::collections::HashSet::new();
+        let outcome = loop {
+            let next = match pending.pop_front() {
+                Some(event) => Some(Ok(event)),
+                None => tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => break StepOutcome::Cancelled,
+                    next = stream.next() => next,
+                },
+            };
+            let chunk = match next {
+                Some(Ok(ProviderEvent::TextDelta(delta))) => {
+                    if !text_open {
+                        text_open = true;
+                        if !self
+                            .client
+                            .send(UiChunk::TextStart {
+                                id: text_id.clone(),
+                            })
+                            .await
+                        {
+                            break StepOutcome::Cancelled;
+                        }
+                    }
+                    // Only text the client accepted counts as delivered (T8).
+                    let len = text.len();
+                    text.push_str(&delta);
+                    if !self
+                        .client
+                        .send(UiChunk::TextDelta {
+                            id: text_id.clone(),
+                            delta,
+                        })
+                        .await
+                    {
+                        text.truncate(len);
+                        break StepOutcome::Cancelled;
+                    }
+                    continue;
+                }
+                Some(Ok(ProviderEvent::ToolInputStart { id, name })) => {
+                    let tool = self.deps.toolset.get(&name);
+                    if tool.is_some_and(|tool| tool.redacts_input()) {
+                        hidden_inputs.insert(id.clone());
+                    }
+                    if let (Some(speculation), Some(profile)) = (
+                        &self.speculation,
+                        tool.and_then(|tool| tool.worker_profile()),
+                    ) {
+                        speculation.begin(profile);
+                    }
+                    UiChunk::ToolInputStart {
+                        tool_call_id: id,
+                        tool_name: name,
+                    }
+                }
+                // The raw fragments of a tool whose input is redacted (a secret's value)
+                // are not streamed; its redacted input follows in `tool-input-available`.
+                Some(Ok(ProviderEvent::ToolInputDelta { id, .. }))
+                    if hidden_inputs.contains(&id) =>
+                {
+                    continue;
+                }
+                Some(Ok(ProviderEvent::ToolInputDelta { id, delta })) => UiChunk::ToolInputDelta {
+                    tool_call_id: id,
+                    input_text_delta: delta,
+                },
+                Some(Ok(ProviderEvent::ToolCall(call))) => {
+                    calls.push(call);
+                    continue;
+                }
+                Some(Ok(ProviderEvent::Usage(u))) => {
+                    usage.merge(u);
+                    continue;
+                }
+                Some(Ok(ProviderEvent::Finished(reason))) => break StepOutcome::Finished(reason),
+                Some(Err(err)) => break StepOutcome::Failed(err),
+                None => {
+                    break StepOutcome::Failed(ProviderError::Unavailable(Unavailable::Incomplete));
+                }
+            };
+            if !self.client.send(chunk).await {
+                break StepOutcome::Cancelled;
+            }
+        };
+        // Dropping the stream closes the provider connection: the abort of T8.
+        drop(stream);
+        if let StepOutcome::Failed(err) = &outcome {
+            self.metrics.provider_error(err);
+        }
+        let label = match &outcome {
+            StepOutcome::Finished(_) => "ok",
+            StepOutcome::Cancelled => "cancelled",
+            StepOutcome::Failed(err) => err.metric_label(),
+        };
+        record_call(&span, usage, label);
+        drop(span);
+        usage_log.push(call_usage(call_index, &model, usage));
+        if text_open {
+            self.client.send(UiChunk::TextEnd { id: text_id }).await;
+        }
+        // T5: calls of a stream that did not finish are discarded, never run.
+        if !matches!(outcome, StepOutcome::Finished(_)) {
+            calls.clear();
+        }
+        Step {
+            text,
+            calls,
+            outcome,
+        }
+    }
+}
+
+/// What a `model_call` span ends with: the token counts the provider reported.
+fn record_call(span: &tracing::Span, usage: Usage, outcome: &str) {
+    if let Some(tokens) = usage.input_tokens {
+        span.record("input_tokens", tokens);
+    }
+    if let Some(tokens) = usage.output_tokens {
+        span.record("output_tokens", tokens);
+    }
+    span.record("outcome", outcome);
+}
+
+fn call_usage(call_index: u32, model: &str, usage: Usage) -> ModelCallUsage {
+    ModelCallUsage {
+        call_index,
+        model: model.to_owned(),
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+    }
+}

@@ -1,0 +1,433 @@
+//! The loop of one turn (SPEC T4-T8): model call, tool calls, model call, ... until the
+//! model answers without tools or a ceiling is hit. One step at a time: a step is a model
+//! call (`model_call.rs`) and then the tool calls it asked for (`tool_calls.rs`); what the
+//! next step needs is [`Progress`], the whole state of the loop between steps.
+//!
+//! - A length-truncated call is retried once, then refused with a result the model can
+//!   read; at the iteration ceiling it is refused at once, so a turn never makes more than
+//!   `max_iterations` calls.
+//! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
+//!   stream and running tools, stores a synthetic result for every call without one, and
+//!   starts no tool after the cancel (T8).
+//! - Traces (O2): the task runs in its `turn` span; each model route tried is a
+//!   `model_call` span and each tool run a `tool_call` span, children of the turn.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::ui::{FinishReason, UiChunk};
+use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::admit::Budget;
+use super::compose::Ready;
+use super::context::{self, Fold};
+use super::history::{step_start, text_part, tool_part};
+use super::model_call::{OpenOutcome, Step, StepOutcome};
+use super::output::Client;
+use super::tool_calls::Executed;
+use super::wrap_up::{End, Unfinished};
+use super::{Launch, TurnError, speculation, stop};
+use crate::AppState;
+use crate::approvals::ApprovalPolicy;
+use crate::auth::Authority;
+use crate::config::Limits;
+use crate::metrics::TurnMetrics;
+use crate::provider::{Message, ModelRequest, Providers, StopReason, ToolCall, ToolResult};
+use crate::store::{ApprovalRow, ModelCallUsage, NewApproval, Store, TurnBasis, requested_part};
+use crate::tools::{ToolOutput, Toolset};
+
+/// Which turn this is.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ids {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub turn: TurnId,
+}
+
+/// What the turn calls.
+pub(super) struct Deps {
+    pub store: Store,
+    pub providers: Providers,
+    pub toolset: Arc<Toolset>,
+}
+
+/// The rules the turn runs under, fixed when it was composed.
+pub(super) struct Rules {
+    /// The route's models, tried in order (T10).
+    pub route: Vec<String>,
+    pub limits: Limits,
+    /// The agent's approval policy (A2), applied to every call.
+    pub policy: ApprovalPolicy,
+    /// How long a call that asks waits for its answer (A4).
+    pub approval_ttl: Duration,
+}
+
+/// An admitted turn: its id, its budget, and its stop handle.
+pub(super) struct Running {
+    pub turn: TurnId,
+    pub budget: Budget,
+    pub cancel: CancellationToken,
+    /// Keeps the turn stoppable from any replica until the task ends (T8).
+    pub registration: stop::Registration,
+}
+
+/// Everything the spawned part of a turn needs; owned, so the task outlives the request.
+pub(super) struct TurnTask {
+    pub ids: Ids,
+    pub deps: Deps,
+    pub rules: Rules,
+    pub cancel: CancellationToken,
+    /// The stream to the client and the chat's events stream.
+    pub client: Client,
+    pub budget: Budget,
+    /// Run in the background after an answer is stored, when history outgrew the budget.
+    pub fold: Option<Fold>,
+    /// A continuation (A3): the approvals of the turn it continues, all answered; the
+    /// approved calls run before the first model call.
+    pub resume: Vec<ApprovalRow>,
+    /// Starts the worker of a worker tool call the model is still streaming (W11); `None`
+    /// when that is off.
+    pub speculation: Option<speculation::Speculation>,
+    /// Counts the turn live until the task ends, then by outcome (O2).
+    pub metrics: TurnMetrics,
+    /// Whose authority the turn's tool calls act with (X1).
+    pub authority: Authority,
+    /// The loop's state when it starts: the first request.
+    first: Option<Progress>,
+    _running: stop::Registration,
+}
+
+/// The loop's state between steps: what the next step needs.
+pub(super) struct Progress {
+    /// One request for the whole turn: each model call sends its messages so far.
+    pub request: ModelRequest,
+    /// The assistant message's parts so far.
+    pub parts: Vec<Value>,
+    pub usage_log: Vec<ModelCallUsage>,
+    pub assistant_id: MessageId,
+    /// Model calls made, every route tried counted.
+    pub calls_made: u32,
+    pub tool_calls: usize,
+    /// Data-changing calls made (T6).
+    pub writes_used: u32,
+    pub truncation_retried: bool,
+    /// Steps begun.
+    pub iteration: u32,
+}
+
+/// What a step leads to.
+enum Flow {
+    Next,
+    End(End),
+    /// Every route failed before any output, and the client still waits for its answer:
+    /// the turn ends with the request's error instead of a stream.
+    Unanswered(crate::provider::ProviderError),
+}
+
+impl TurnTask {
+    pub(super) fn new(
+        state: &AppState,
+        launch: Launch,
+        basis: &TurnBasis,
+        ready: Ready,
+        running: Running,
+        tx: mpsc::Sender<UiChunk>,
+    ) -> Self {
+        let ids = Ids {
+            team: launch.team,
+            agent: basis.agent.id,
+            chat: launch.chat,
+            turn: running.turn,
+        };
+        let metrics = state
+            .metrics
+            .turn_started(ready.route.first().map_or("", String::as_str));
+        Self {
+            ids,
+            deps: Deps {
+                store: state.store.clone(),
+                providers: state.providers.clone(),
+                toolset: ready.toolset,
+            },
+            rules: Rules {
+                route: ready.route,
+                limits: state.config.limits,
+                policy: basis.agent.approval_policy.clone(),
+                approval_ttl: state.config.approval_ttl,
+            },
+            client: Client::new(
+                ids,
+                tx,
+                state.events.clone(),
+                running.cancel.clone(),
+                launch.detached,
+                state.config.client_stall_timeout,
+                ready.connector_status,
+            ),
+            cancel: running.cancel,
+            budget: running.budget,
+            fold: Some(ready.fold),
+            resume: ready.resume,
+            speculation: speculation::Speculation::new(
+                &state.sessions,
+                state.config.workers.speculation_grace,
+                ids.team,
+                ids.agent,
+                ids.chat,
+            ),
+            metrics,
+            authority: launch.authority,
+            first: Some(Progress {
+                request: ready.request,
+                parts: Vec::new(),
+                usage_log: Vec::new(),
+                assistant_id: MessageId::new(),
+                calls_made: 0,
+                tool_calls: 0,
+                writes_used: 0,
+                truncation_retried: false,
+                iteration: 0,
+            }),
+            _running: running.registration,
+        }
+    }
+
+    /// Runs the turn to its end; `started` hears whether the stream opened or why not.
+    pub(super) async fn run(mut self, started: oneshot::Sender<Result<(), TurnError>>) {
+        // A task that stops without writing its end state (a panic) still ends the turn.
+        let mut unfinished = Unfinished::new(&self.deps.store, self.ids);
+        self.client.started = Some(started);
+        let Some(mut progress) = self.first.take() else {
+            return;
+        };
+        if !self.resume.is_empty() {
+            // A continuation has its status decided already (its answer was accepted):
+            // the stream opens at once, with the answered calls' outcomes first.
+            self.client.begin(progress.assistant_id).await;
+            self.run_answered(&mut progress).await;
+        }
+        let end = loop {
+            match self.step(&mut progress).await {
+                Flow::Next => {}
+                Flow::End(end) => break end,
+                Flow::Unanswered(err) => {
+                    self.unanswered(err, progress, &mut unfinished).await;
+                    return;
+                }
+            }
+        };
+        self.wrap_up(end, progress, &mut unfinished).await;
+    }
+
+    /// One step: a model call, then the tool calls it asked for.
+    async fn step(&mut self, progress: &mut Progress) -> Flow {
+        progress.iteration += 1;
+        // The first call was reserved at admission; every further one reserves its own.
+        if progress.iteration > 1 {
+            match self
+                .budget
+                .reserve(context::request_tokens(&progress.request))
+                .await
+            {
+                Ok(None) => {}
+                Ok(Some(refusal)) => return Flow::End(End::Refused(refusal)),
+                Err(err) => {
+                    tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "quota unknown mid-turn");
+                    return Flow::End(End::QuotaUnknown);
+                }
+            }
+        }
+        let opened = match self.open(progress).await {
+            OpenOutcome::Opened(opened) => opened,
+            OpenOutcome::Cancelled => {
+                // Stopped while the model was still silent (T8): a client still attached
+                // gets a stream that ends `interrupted`, not an error.
+                self.client.begin(progress.assistant_id).await;
+                return Flow::End(End::Interrupted);
+            }
+            OpenOutcome::Failed(err) if self.client.started.is_some() => {
+                return Flow::Unanswered(err);
+            }
+            OpenOutcome::Failed(err) => return Flow::End(End::Failed(err)),
+        };
+        self.client.begin(progress.assistant_id).await;
+        self.client.send(UiChunk::StartStep).await;
+        progress.parts.push(step_start());
+        let step = self
+            .relay(opened, progress.iteration, &mut progress.usage_log)
+            .await;
+        progress.tool_calls += step.calls.len();
+        if !step.text.is_empty() {
+            progress.parts.push(text_part(&step.text));
+        }
+        let reason = match step.outcome {
+            StepOutcome::Cancelled => return Flow::End(End::Interrupted),
+            StepOutcome::Failed(err) => return Flow::End(End::Failed(err)),
+            StepOutcome::Finished(reason) => reason,
+        };
+        if step.calls.is_empty() {
+            self.client.send(UiChunk::FinishStep).await;
+            return Flow::End(End::Completed(finish_reason(reason)));
+        }
+        self.tool_step(step, reason, progress).await
+    }
+
+    /// The second half of a step: the answer's tool calls, run or refused, and their
+    /// results appended to the request for the next step.
+    async fn tool_step(&self, step: Step, reason: StopReason, progress: &mut Progress) -> Flow {
+        let truncated = reason == StopReason::Length;
+        let limits = &self.rules.limits;
+        let refusal = if truncated && progress.truncation_retried {
+            Some(
+                "refused: this tool call was cut off by the output token limit twice; \
+                 make its arguments shorter"
+                    .to_owned(),
+            )
+        } else if progress.iteration >= limits.max_iterations {
+            // A cut-off answer at the ceiling is refused, not retried: a retry would be
+            // one model call more than the ceiling allows.
+            Some(format!(
+                "not run: the turn reached its ceiling of {} model calls",
+                limits.max_iterations
+            ))
+        } else if truncated {
+            progress.truncation_retried = true;
+            self.client
+                .notice(
+                    "truncated_tool_call",
+                    "a tool call was cut off by the output limit; asking again",
+                )
+                .await;
+            self.client.send(UiChunk::FinishStep).await;
+            // The cut-off call is not part of the history: the retry starts from the
+            // same conversation.
+            progress.parts.pop_if(|p| p["type"] == "text");
+            progress.parts.pop_if(|p| p["type"] == "step-start");
+            return Flow::Next;
+        } else {
+            None
+        };
+        let Executed {
+            results,
+            held,
+            cancelled,
+        } = match refusal {
+            Some(text) => {
+                let refused = step
+                    .calls
+                    .iter()
+                    .map(|_| ToolOutput::error(text.clone()))
+                    .collect();
+                Executed {
+                    results: self.report(&step.calls, refused).await,
+                    held: Vec::new(),
+                    cancelled: false,
+                }
+            }
+            None => self.execute(&step.calls, &mut progress.writes_used).await,
+        };
+        let waiting = self.record_results(&step.calls, &results, &held, cancelled, progress);
+        if !waiting.is_empty() {
+            return Flow::End(End::AwaitingApproval(waiting));
+        }
+        append_results(&mut progress.request, step, &results);
+        self.client.send(UiChunk::FinishStep).await;
+        if cancelled {
+            return Flow::End(End::Interrupted);
+        }
+        if progress.iteration >= limits.max_iterations {
+            self.client
+                .notice(
+                    "iteration_ceiling",
+                    &format!(
+                        "the turn stopped at its ceiling of {} model calls",
+                        limits.max_iterations
+                    ),
+                )
+                .await;
+            return Flow::End(End::Completed(FinishReason::Other));
+        }
+        Flow::Next
+    }
+
+    /// Adds the calls' parts to the answer: a result, or a request for approval (A3) for
+    /// the `held` ones, which are returned to be stored with the turn's end.
+    fn record_results(
+        &self,
+        calls: &[ToolCall],
+        results: &[(Value, ToolOutput)],
+        held: &[usize],
+        cancelled: bool,
+        progress: &mut Progress,
+    ) -> Vec<NewApproval> {
+        let mut waiting = Vec::new();
+        let expires_at = chrono::Utc::now()
+            + chrono::Duration::from_std(self.rules.approval_ttl).unwrap_or(chrono::Duration::MAX);
+        for (index, (call, (input, output))) in calls.iter().zip(results).enumerate() {
+            if held.contains(&index) && !cancelled {
+                let id = uuid::Uuid::now_v7();
+                waiting.push(NewApproval {
+                    id,
+                    part_index: i32::try_from(progress.parts.len()).unwrap_or(i32::MAX),
+                    tool_call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    input: input.clone(),
+                    expires_at,
+                });
+                progress
+                    .parts
+                    .push(requested_part(&call.name, &call.id, input, id));
+            } else {
+                progress.parts.push(tool_part(call, input, output));
+            }
+        }
+        waiting
+    }
+}
+
+/// The answer and its results, as the next model call reads them. Later requests carry
+/// the calls as shown (redacted), not as the model wrote them.
+fn append_results(request: &mut ModelRequest, step: Step, results: &[(Value, ToolOutput)]) {
+    let shown_calls = step
+        .calls
+        .iter()
+        .zip(results)
+        .map(|(call, (input, _))| ToolCall {
+            // Arguments that were not JSON are shown (and re-sent) as text: the raw text,
+            // or what the tool's redaction left of it.
+            arguments: match input {
+                Value::String(shown) => shown.clone(),
+                other => other.to_string(),
+            },
+            ..call.clone()
+        })
+        .collect();
+    request.messages.push(Message::Assistant {
+        text: step.text,
+        tool_calls: shown_calls,
+    });
+    request.messages.push(Message::ToolResults(
+        step.calls
+            .iter()
+            .zip(results)
+            .map(|(call, (_, output))| ToolResult {
+                call_id: call.id.clone(),
+                content: output.content.clone(),
+                is_error: output.is_error,
+            })
+            .collect(),
+    ));
+}
+
+fn finish_reason(reason: StopReason) -> FinishReason {
+    match reason {
+        StopReason::Stop => FinishReason::Stop,
+        StopReason::Length => FinishReason::Length,
+        StopReason::ToolCalls => FinishReason::ToolCalls,
+        StopReason::Other => FinishReason::Other,
+    }
+}

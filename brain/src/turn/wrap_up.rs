@@ -1,0 +1,412 @@
+//! Wrap-up (T7, T8): the end state written whole (the assistant message, the usage, the
+//! approvals that wait), the hold released, and the stream's last chunk, in that order:
+//! a client that saw `finish` finds the message, and one that posts its next message on
+//! `finish` does not find the agent busy. A write that fails for good ends the turn
+//! `failed`, so no turn stays `running` because a write failed.
+
+use std::future::Future;
+use std::time::Duration;
+
+use protocol::ui::{FinishReason, UiChunk};
+use protocol::{ErrorCode, MessageId, TeamId, TurnId};
+use serde_json::Value;
+
+use super::context;
+use super::task::{Ids, Progress, TurnTask};
+use crate::metrics::TurnOutcome;
+use crate::provider::ProviderError;
+use crate::quota::Refusal;
+use crate::store::{
+    AssistantMessage, ModelCallUsage, NewApproval, Store, StoreError, TurnEnd, TurnStatus,
+};
+
+/// How the whole turn ended.
+pub(super) enum End {
+    Completed(FinishReason),
+    Interrupted,
+    Failed(ProviderError),
+    /// A budget ran out before a further model call (E2); ends the turn `failed` like a
+    /// provider failure mid-turn.
+    Refused(Refusal),
+    /// Neither Redis nor Postgres could say whether a further model call fits the budget.
+    QuotaUnknown,
+    /// Calls wait for a person (A3): the turn ends here with them stored pending.
+    AwaitingApproval(Vec<NewApproval>),
+}
+
+impl End {
+    fn outcome(&self) -> TurnOutcome {
+        match self {
+            Self::Completed(_) => TurnOutcome::Completed,
+            Self::AwaitingApproval(_) => TurnOutcome::AwaitingApproval,
+            Self::Interrupted => TurnOutcome::Interrupted,
+            Self::Failed(_) | Self::QuotaUnknown => TurnOutcome::Failed,
+            Self::Refused(_) => TurnOutcome::Refused,
+        }
+    }
+}
+
+/// How long a wrap-up keeps trying to write the whole end state through transient store
+/// failures (every pooled connection busy in a burst of wrap-ups, a dropped connection)
+/// before it falls back to ending the turn `failed`.
+pub(super) const WRAP_UP_PATIENCE: Duration = Duration::from_secs(60);
+/// How long the fallback keeps trying to end the turn `failed`.
+const FALLBACK_PATIENCE: Duration = Duration::from_secs(10);
+/// Bound on one write attempt: a statement that hangs (a blackholed database) is given up
+/// and tried again; a retry of a write that did land is harmless (see `persist`).
+const WRITE_ATTEMPT_BOUND: Duration = Duration::from_secs(10);
+
+impl TurnTask {
+    /// Ends the turn as `end` says: writes it, releases the hold, tells the client.
+    pub(super) async fn wrap_up(
+        &mut self,
+        end: End,
+        progress: Progress,
+        unfinished: &mut Unfinished,
+    ) {
+        let Progress {
+            parts,
+            usage_log,
+            assistant_id,
+            calls_made,
+            tool_calls,
+            ..
+        } = progress;
+        let answer_tokens = context::estimate_tokens(&parts);
+        let billed = billed_tokens(&usage_log);
+        // A3: the request parts go out once the approvals exist, so an answer that
+        // follows them at once finds its row.
+        let requests: Vec<UiChunk> = match &end {
+            End::AwaitingApproval(waiting) => waiting
+                .iter()
+                .map(|a| UiChunk::ToolApprovalRequest {
+                    approval_id: a.id.to_string(),
+                    tool_call_id: a.tool_call_id.clone(),
+                })
+                .chain([UiChunk::FinishStep])
+                .collect(),
+            _ => Vec::new(),
+        };
+        let outcome = end.outcome();
+        let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
+        let outcome = outcome.unless_lost(stored);
+        self.metrics.ended(outcome);
+        record_turn(calls_made, tool_calls, outcome.as_str());
+        unfinished.written();
+        // The end state is written before the client is told (a client that saw `finish`
+        // finds the message), and the hold is released before too: a client that posts
+        // its next message on `finish` must not find the agent busy.
+        self.budget.release(billed).await;
+        if stored {
+            for chunk in requests {
+                self.client.send(chunk).await;
+            }
+        }
+        self.client.send(last).await;
+        if stored
+            && let Some(fold) = self.fold.take()
+            && fold.needed(answer_tokens)
+        {
+            tokio::spawn(fold.run());
+        }
+    }
+
+    /// Every route failed before any output while the client waits for its answer: the
+    /// client gets an error status, not a stream, and the user message goes with the
+    /// failure, so the same message id may be sent again.
+    pub(super) async fn unanswered(
+        &mut self,
+        err: ProviderError,
+        progress: Progress,
+        unfinished: &mut Unfinished,
+    ) {
+        tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "every model route failed");
+        record_turn(progress.calls_made, progress.tool_calls, "failed");
+        let billed = billed_tokens(&progress.usage_log);
+        self.persist(TurnEnd {
+            status: TurnStatus::Failed,
+            error_code: Some(err.code()),
+            assistant: None,
+            usage: progress.usage_log,
+            withdraw_user_message: true,
+            approvals: Vec::new(),
+        })
+        .await;
+        unfinished.written();
+        // Released before the client hears of the failure, so the retry that a
+        // `Retry-After` invites does not find the agent busy.
+        self.budget.release(billed).await;
+        if let Some(started) = self.client.started.take() {
+            let _ = started.send(Err(err.into()));
+        }
+    }
+
+    /// Writes the end state and answers the chunk that ends the stream. Answers whether an
+    /// assistant message was stored (the history grew).
+    async fn finish(
+        &self,
+        end: End,
+        assistant_id: MessageId,
+        parts: Vec<Value>,
+        usage_log: Vec<ModelCallUsage>,
+    ) -> (bool, UiChunk) {
+        let message = |complete| AssistantMessage {
+            id: assistant_id,
+            parts: Value::Array(parts.clone()),
+            complete,
+        };
+        // The client has seen output: the user message stays, bound to this turn.
+        let ended = |status, error_code, assistant, approvals| TurnEnd {
+            status,
+            error_code,
+            assistant,
+            usage: usage_log,
+            withdraw_user_message: false,
+            approvals,
+        };
+        let lost = || {
+            UiChunk::error(
+                ErrorCode::StoreUnavailable,
+                "the answer could not be stored",
+            )
+        };
+        match end {
+            End::AwaitingApproval(waiting) => {
+                tracing::info!(turn = %self.ids.turn, approvals = waiting.len(), "turn awaits approval");
+                let stored = self
+                    .persist(ended(
+                        TurnStatus::Completed,
+                        None,
+                        Some(message(true)),
+                        waiting,
+                    ))
+                    .await;
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: FinishReason::ToolCalls,
+                    }
+                } else {
+                    lost()
+                };
+                (stored, last)
+            }
+            End::Completed(reason) => {
+                let stored = self
+                    .persist(ended(
+                        TurnStatus::Completed,
+                        None,
+                        Some(message(true)),
+                        Vec::new(),
+                    ))
+                    .await;
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: reason,
+                    }
+                } else {
+                    lost()
+                };
+                (stored, last)
+            }
+            End::Interrupted => {
+                tracing::info!(turn = %self.ids.turn, "turn cancelled");
+                let stored = self
+                    .persist(ended(
+                        TurnStatus::Interrupted,
+                        None,
+                        Some(message(false)),
+                        Vec::new(),
+                    ))
+                    .await;
+                let last = if stored {
+                    UiChunk::Finish {
+                        finish_reason: FinishReason::Interrupted,
+                    }
+                } else {
+                    lost()
+                };
+                (stored, last)
+            }
+            End::Refused(refusal) => {
+                tracing::info!(turn = %self.ids.turn, field = refusal.field.name(), "budget spent mid-turn");
+                self.persist(ended(
+                    TurnStatus::Failed,
+                    Some(refusal.code()),
+                    None,
+                    Vec::new(),
+                ))
+                .await;
+                (false, UiChunk::error(refusal.code(), &refusal.message()))
+            }
+            End::QuotaUnknown => {
+                let code = ErrorCode::StoreUnavailable;
+                self.persist(ended(TurnStatus::Failed, Some(code), None, Vec::new()))
+                    .await;
+                let text = "the team's budget could not be checked; the turn stopped";
+                (false, UiChunk::error(code, text))
+            }
+            End::Failed(err) => {
+                tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "model call failed mid-turn");
+                self.persist(ended(
+                    TurnStatus::Failed,
+                    Some(err.code()),
+                    None,
+                    Vec::new(),
+                ))
+                .await;
+                let code = err.code();
+                let text = err.public_message();
+                (false, UiChunk::error(code, &text))
+            }
+        }
+    }
+
+    /// Writes the end state; `false` when it could not be written whole. Then the turn is
+    /// ended `failed` with `store_unavailable` and its model calls are billed on their
+    /// own, so it never stays `running`: only a store unreachable for the whole wrap-up
+    /// leaves it so, for the replica's lease to settle.
+    async fn persist(&self, end: TurnEnd) -> bool {
+        // The answer exists only in this task until the write lands, so transient failures
+        // are waited out. A retried attempt that had landed unseen fails on the assistant
+        // message's id, and the fallback then finds the turn no longer `running`.
+        let written = retrying(self.ids.turn, WRAP_UP_PATIENCE, || {
+            self.deps.store.finish_turn(
+                self.ids.team,
+                self.ids.agent,
+                self.ids.chat,
+                self.ids.turn,
+                &end,
+            )
+        })
+        .await;
+        let class = match written {
+            Ok(billed_at) => {
+                self.budget.billed_at(billed_at);
+                return true;
+            }
+            Err(class) => class,
+        };
+        tracing::error!(turn = %self.ids.turn, class, "could not write the turn's end state; ending it failed");
+        let team = self.ids.team;
+        let turn = self.ids.turn;
+        match retrying(self.ids.turn, FALLBACK_PATIENCE, || {
+            self.deps
+                .store
+                .fail_turn(team, turn, ErrorCode::StoreUnavailable)
+        })
+        .await
+        {
+            Ok(_) => {}
+            Err(class) => {
+                tracing::error!(turn = %self.ids.turn, class, "could not end the turn; it stays running");
+            }
+        }
+        // The model calls were made: they are billed even though the answer is lost.
+        match retrying(self.ids.turn, FALLBACK_PATIENCE, || {
+            self.deps
+                .store
+                .record_model_calls(team, self.ids.agent, turn, &end.usage)
+        })
+        .await
+        {
+            Ok(billed_at) => {
+                if let Some(billed_at) = billed_at {
+                    self.budget.billed_at(billed_at);
+                }
+            }
+            Err(class) => {
+                tracing::error!(turn = %self.ids.turn, class, "could not bill the turn's model calls");
+            }
+        }
+        false
+    }
+}
+
+/// Runs `write` (each attempt bounded) until it succeeds, fails for good, or
+/// `patience` is spent; the error is its class, for the log.
+pub(super) async fn retrying<T, W, F>(
+    turn: TurnId,
+    patience: Duration,
+    mut write: W,
+) -> Result<T, &'static str>
+where
+    W: FnMut() -> F,
+    F: Future<Output = Result<T, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        let class = match tokio::time::timeout(WRITE_ATTEMPT_BOUND, write()).await {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(err)) if err.is_transient() => err.metric_label(),
+            Ok(Err(err)) => return Err(err.metric_label()),
+            Err(_) => "timeout",
+        };
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(class);
+        }
+        tracing::info!(turn = %turn, class, "store failed at wrap-up; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Ends the turn `failed` (`internal`) if the task stops before its end state was written:
+/// a panic unwinds through it. Dropping it after [`Unfinished::written`] does nothing.
+pub(super) struct Unfinished {
+    store: Option<Store>,
+    team: TeamId,
+    turn: TurnId,
+}
+
+impl Unfinished {
+    pub fn new(store: &Store, ids: Ids) -> Self {
+        Self {
+            store: Some(store.clone()),
+            team: ids.team,
+            turn: ids.turn,
+        }
+    }
+
+    fn written(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        tracing::error!(turn = %self.turn, "turn task ended without an end state; ending it failed");
+        let (team, turn) = (self.team, self.turn);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let ended = tokio::time::timeout(
+                    WRITE_ATTEMPT_BOUND,
+                    store.fail_turn(team, turn, ErrorCode::Internal),
+                )
+                .await;
+                if !matches!(ended, Ok(Ok(_))) {
+                    tracing::error!(turn = %turn, "could not end the turn; it stays running");
+                }
+            });
+        }
+    }
+}
+
+/// Input + output tokens of every model call, as billed.
+fn billed_tokens(usage_log: &[ModelCallUsage]) -> u64 {
+    usage_log
+        .iter()
+        .map(|u| u.input_tokens.unwrap_or(0) + u.output_tokens.unwrap_or(0))
+        .sum()
+}
+
+/// What the `turn` span (the task's current span) ends with.
+fn record_turn(model_calls: u32, tool_calls: usize, outcome: &'static str) {
+    let span = tracing::Span::current();
+    span.record("model_calls", model_calls);
+    span.record("tool_calls", tool_calls);
+    span.record("outcome", outcome);
+}
