@@ -222,7 +222,9 @@ impl ApiError {
             ErrorCode::ProviderRejected | ErrorCode::AuthorizationFailed => StatusCode::BAD_GATEWAY,
             ErrorCode::NotConfigured => StatusCode::NOT_IMPLEMENTED,
             // A turn's end state, never a request's answer.
-            ErrorCode::Internal | ErrorCode::ReplicaLost => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal | ErrorCode::ReplicaLost | ErrorCode::TakeoverLimit => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 

@@ -69,6 +69,18 @@ end
 return 0
 ";
 
+/// Takes the key over for the turn `ARGV[1]` (`{turn_id}:`) with the new value `ARGV[2]`
+/// while it is free or still names that turn: how a replica that took a turn over (D3)
+/// holds its agent on. Answers nil when adopted, else the value of the turn that holds it.
+const ADOPT: &str = r"
+local v = redis.call('GET', KEYS[1])
+if (not v) or string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return false
+end
+return v
+";
+
 /// Deletes the key only while its value names the turn `ARGV[1]` (`{turn_id}:`): how a
 /// survivor frees the agent of a turn whose replica died, without knowing its token.
 const RELEASE_TURN: &str = r"
@@ -326,6 +338,7 @@ struct Inner {
     extend: redis::Script,
     release: redis::Script,
     release_turn: redis::Script,
+    adopt: redis::Script,
     admit: redis::Script,
     reserve: redis::Script,
     settle: redis::Script,
@@ -401,6 +414,7 @@ impl Holds {
                 extend: redis::Script::new(EXTEND),
                 release: redis::Script::new(RELEASE),
                 release_turn: redis::Script::new(RELEASE_TURN),
+                adopt: redis::Script::new(ADOPT),
                 admit: redis::Script::new(ADMIT),
                 reserve: redis::Script::new(RESERVE),
                 settle: redis::Script::new(SETTLE),
@@ -477,6 +491,50 @@ impl Holds {
             })
             .await
             .map(|n| n == 1)
+    }
+}
+
+impl Holds {
+    /// D3: holds `agent` on for `turn`, taken over from a dead replica, with a token of
+    /// this replica's; `counted` when the team's counters count the turn (its release then
+    /// settles its reservation). `Ok(None)`: another turn holds the agent (the dead turn's
+    /// hold lapsed and a new turn started meanwhile).
+    pub async fn adopt(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        turn: TurnId,
+        counted: bool,
+    ) -> Result<Option<HoldGuard>, Class> {
+        let inner = &self.inner;
+        let acquired_at = Instant::now();
+        let key = hold_key(agent);
+        let value = format!("{turn}:{:032x}", rand::random::<u128>());
+        let expiry = inner.config.ttl.min(inner.config.max_total);
+        let current = inner
+            .bounded(async {
+                let mut conn = inner.connection().await?;
+                inner
+                    .adopt
+                    .key(&key)
+                    .arg(format!("{turn}:"))
+                    .arg(&value)
+                    .arg(millis(expiry))
+                    .invoke_async::<Option<String>>(&mut conn)
+                    .await
+            })
+            .await?;
+        if current.is_some() {
+            return Ok(None);
+        }
+        let counted = counted.then_some(Counted { team, turn });
+        Ok(Some(HoldGuard::start(
+            inner,
+            key,
+            value,
+            acquired_at,
+            counted,
+        )))
     }
 }
 
@@ -1039,6 +1097,14 @@ impl HoldGuard {
     /// turn that outlived its hold never frees another turn's.
     pub async fn release(self) {
         self.release_billed(Billed::default()).await;
+    }
+
+    /// Stops extending the hold without releasing it: the turn moved to another replica
+    /// (D3), which holds the agent (and settles the turn's reservation) now.
+    pub fn abandon(mut self) {
+        if let Some(held) = self.held.take() {
+            held.stop.cancel();
+        }
     }
 
     /// `release`, settling a counted turn's reservations on what it `billed`.

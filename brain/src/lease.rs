@@ -3,10 +3,11 @@
 //!
 //! Every brain process is a replica (`AppState.replica`) with a row in `replicas` whose
 //! `lease_until` it pushes forward every quarter of `BRAIN_LEASE_TTL_MS`. Each turn row
-//! names the replica running it. On the same tick, every replica ends the running turns
-//! of replicas whose lease lapsed (`interrupted`, `replica_lost`) and frees their agents'
-//! holds, so an agent whose brain died takes a new message within one lease and one tick,
-//! not when its 5-minute hold expires. The idle warm-pool slots whose channel such a
+//! names the replica running it: the replica's lease is the lease of each of its turns.
+//! On the same tick, every replica takes over the running turns of replicas whose lease
+//! lapsed and continues them from their last completed step (D3, `turn::take_over`), so
+//! a turn whose brain died goes on within one lease and one tick; a turn taken over too
+//! often ends `failed` (`takeover_limit`) and its agent's hold is freed. The idle warm-pool slots whose channel such a
 //! replica held are retired on the same tick (R3: nobody can bind them; the
 //! runtime-manager stops their workers). A restarted process is a new replica: its old
 //! turns are reconciled like anyone else's, by itself or by a survivor.
@@ -15,10 +16,11 @@
 //! row was never written (A3, [`restart_stranded`]).
 //!
 //! A replica that cannot renew (Postgres unreachable) keeps running its turns; once the
-//! database is back, survivors may already have ended them `interrupted`, and the
-//! replica's own end-state write then overwrites that with the real end (the write is
-//! unconditional), so an answer is never lost to a slow lease. What can happen in that
-//! window: the agent's hold was freed, so a second turn of the agent may start alongside.
+//! database is back, survivors may already have taken them over. Every write of a turn is
+//! fenced by the replica that runs it (`store::takeover`): the cut-off replica's next
+//! step write or end-state write is refused and it stops that turn, so a turn runs on one
+//! replica past any step boundary. What can happen in that window: the step in flight on
+//! the cut-off replica (a model call, a tool call) overlaps the survivor's re-issue.
 
 use std::time::Duration;
 
@@ -35,6 +37,8 @@ const FORGET_AFTER: Duration = Duration::from_secs(3600);
 const FORGET_EVERY_TICKS: u64 = 1000;
 /// Ticks between two sweeps of stranded continuations (30 s at the default lease).
 const STRANDED_EVERY_TICKS: u64 = 12;
+/// Turns of lapsed replicas taken over per sweep (D3); more wait for the next tick.
+const TAKEOVERS_PER_SWEEP: i64 = 32;
 /// Stranded continuations started again per sweep.
 const STRANDED_PER_SWEEP: i64 = 16;
 
@@ -94,35 +98,50 @@ async fn renew(state: &AppState) {
     }
 }
 
-/// Ends the running turns of replicas whose lease lapsed and frees their agents.
+/// Takes over the running turns of replicas whose lease lapsed (D3), or ends those taken
+/// over too often and frees their agents.
 async fn reconcile(state: &AppState, bound: Duration) {
     match bounded(bound, state.store.retire_orphaned_slots(state.replica)).await {
         Ok(0) => {}
         Ok(slots) => tracing::info!(slots, "retired warm-pool slots of a lost replica"),
         Err(class) => tracing::debug!(class, "could not retire slots of lapsed replicas"),
     }
-    let ended = match bounded(bound, state.store.interrupt_orphaned_turns(state.replica)).await {
-        Ok(ended) => ended,
+    let taken = bounded(
+        bound,
+        state.store.take_over_orphaned_turns(
+            state.replica,
+            TAKEOVERS_PER_SWEEP,
+            turn::MAX_TAKEOVERS,
+        ),
+    )
+    .await;
+    let taken = match taken {
+        Ok(taken) => taken,
         Err(class) => {
             tracing::debug!(class, "could not reconcile turns of lapsed replicas");
             return;
         }
     };
-    for (agent, turn) in ended {
+    for turn in taken {
+        if turn.runs {
+            tracing::info!(turn = %turn.turn, agent = %turn.agent, "taking over a turn whose replica was lost");
+            turn::take_over(state, turn).await;
+            continue;
+        }
         state.metrics.turns_reconciled.inc();
-        match state.holds.release_lost(agent, turn).await {
+        match state.holds.release_lost(turn.agent, turn.turn).await {
             Ok(freed) => tracing::info!(
-                turn = %turn,
-                agent = %agent,
+                turn = %turn.turn,
+                agent = %turn.agent,
                 hold_freed = freed,
-                "ended a turn whose replica was lost"
+                "ended a turn taken over too often"
             ),
             // The hold then expires by itself (T9's 5 minutes at most).
             Err(class) => tracing::warn!(
-                turn = %turn,
-                agent = %agent,
+                turn = %turn.turn,
+                agent = %turn.agent,
                 class,
-                "ended a turn whose replica was lost; could not free its hold"
+                "ended a turn taken over too often; could not free its hold"
             ),
         }
     }

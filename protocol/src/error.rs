@@ -48,6 +48,10 @@ pub enum ErrorCode {
     /// The brain replica running the turn died (its lease lapsed) before the turn ended;
     /// another replica ended it `interrupted` (O3).
     ReplicaLost,
+    /// The turn's replica died once too often: live replicas took it over (D3) as many
+    /// times as a turn may be, so it ended `failed` instead of being taken over again (a
+    /// turn that kills its replica must not kill the fleet one replica at a time).
+    TakeoverLimit,
     /// This brain replica is shutting down and starts no new turn; retry, and the load
     /// balancer sends the request to another replica (O3).
     ShuttingDown,
@@ -98,6 +102,7 @@ impl ErrorCode {
             Self::StorageUnavailable => "storage_unavailable",
             Self::Internal => "internal",
             Self::ReplicaLost => "replica_lost",
+            Self::TakeoverLimit => "takeover_limit",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded => "overloaded",
             Self::QuotaExceeded => "quota_exceeded",
@@ -161,6 +166,7 @@ mod tests {
             ErrorCode::StorageUnavailable,
             ErrorCode::Internal,
             ErrorCode::ReplicaLost,
+            ErrorCode::TakeoverLimit,
             ErrorCode::ShuttingDown,
             ErrorCode::Overloaded,
             ErrorCode::QuotaExceeded,

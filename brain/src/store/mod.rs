@@ -22,6 +22,7 @@ mod replicas;
 mod secrets;
 mod sessions;
 mod snapshots;
+mod takeover;
 mod teams;
 mod turns;
 mod usage;
@@ -48,6 +49,7 @@ pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
+pub use takeover::{Resumable, TakenOver};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
@@ -384,6 +386,11 @@ fn migrator() -> Migrator {
             22,
             "who set an autostart, who answered an approval",
             include_str!("../../../migrations/0022_authority.sql"),
+        ),
+        (
+            23,
+            "durable turns: progress, takeovers, the turn's authority",
+            include_str!("../../../migrations/0023_durable_turns.sql"),
         ),
     ]
     .into_iter()

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use protocol::{AgentId, ReplicaId, TurnId};
+use protocol::ReplicaId;
 
 use super::{Store, StoreError};
 
@@ -40,32 +40,6 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(())
-    }
-
-    /// Ends every running turn whose replica holds no live lease (a lapsed lease or a row
-    /// already gone): `interrupted` with `replica_lost`. Answers the turns it ended, so
-    /// the caller releases their holds. Turns of this replica are never touched, even if
-    /// its own lease lapsed while the database was unreachable: it is alive and will end
-    /// them itself.
-    pub async fn interrupt_orphaned_turns(
-        &self,
-        me: ReplicaId,
-    ) -> Result<Vec<(AgentId, TurnId)>, StoreError> {
-        let rows: Vec<(uuid::Uuid, uuid::Uuid)> = sqlx::query_as(
-            "UPDATE turns t SET status = 'interrupted', error_code = 'replica_lost', \
-               finished_at = now() \
-             WHERE t.status = 'running' AND t.replica_id IS NOT NULL AND t.replica_id <> $1 \
-               AND NOT EXISTS (SELECT 1 FROM replicas r \
-                               WHERE r.id = t.replica_id AND r.lease_until > now()) \
-             RETURNING t.agent_id, t.id",
-        )
-        .bind(me.0)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(agent, turn)| (AgentId(agent), TurnId(turn)))
-            .collect())
     }
 
     /// Forgets replicas whose lease lapsed more than `after` ago: nothing can refer to

@@ -34,9 +34,12 @@ pub struct NewTurn<'a> {
     /// `None` for a continuation after an approval (A3), which has no user message.
     pub user_parts: Option<&'a serde_json::Value>,
     pub client_message_id: Option<&'a str>,
-    /// The brain replica running the turn: if its lease lapses, another replica ends the
-    /// turn (O3).
+    /// The brain replica running the turn: if its lease lapses, another replica takes the
+    /// turn over (D3).
     pub replica: ReplicaId,
+    /// Whose authority the turn's tools act with (X1), kept for a takeover.
+    pub actor: &'a str,
+    pub actor_admin: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,8 +103,9 @@ fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreEr
     })
 }
 
-/// One model call's usage, billed once (E1).
-#[derive(Clone, Debug)]
+/// One model call's usage, billed once (E1). Kept in a turn's progress (D2) until then.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelCallUsage {
     pub call_index: u32,
     pub model: String,
@@ -203,8 +207,9 @@ impl Store {
                WHERE NOT EXISTS (SELECT 1 FROM compositions WHERE team_id = $2 AND hash = $12) \
                ON CONFLICT DO NOTHING), \
              t AS ( \
-               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, replica_id) \
-               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11) RETURNING id), \
+               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, \
+                 replica_id, actor, actor_admin) \
+               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11, $13, $14) RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
                SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
@@ -227,6 +232,8 @@ impl Store {
             .bind(history_after)
             .bind(turn.replica.0)
             .bind(&composition_hash[..])
+            .bind(turn.actor)
+            .bind(turn.actor_admin)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
@@ -319,15 +326,16 @@ impl Store {
     /// Records how a turn ended: status, assistant message and usage (or, for a turn that
     /// failed before any output, the user message withdrawn), all or nothing. One
     /// statement (an implicit transaction, one round trip): it closes every turn. Answers
-    /// when its billing events were written (their `created_at`).
+    /// when its billing events were written (their `created_at`). Written only while `me`
+    /// runs the turn (D3's fence): `Conflict("turn_taken_over")` when another replica took
+    /// it over, and then nothing is written.
     pub async fn finish_turn(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        turn: TurnId,
+        ids: (TeamId, AgentId, ChatId, TurnId),
+        me: ReplicaId,
         end: &TurnEnd,
     ) -> Result<DateTime<Utc>, StoreError> {
+        let (team, agent, chat, turn) = ids;
         let assistant = end.assistant.as_ref();
         let parts = assistant.map(|m| storable_json(&m.parts));
         let mut ids = Vec::with_capacity(end.usage.len());
@@ -342,30 +350,33 @@ impl Store {
             inputs.push(tokens(usage.input_tokens));
             outputs.push(tokens(usage.output_tokens));
         }
-        let (billed_at,): (DateTime<Utc>,) = sqlx::query_as(
+        let (billed_at, written): (DateTime<Utc>, bool) = sqlx::query_as(
             "WITH t AS ( \
                UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
-               WHERE team_id = $1 AND id = $2), \
+               WHERE team_id = $1 AND id = $2 AND replica_id = $22 RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
-               SELECT $5, $1, $6, $2, 'assistant', $7, $8 WHERE $5::uuid IS NOT NULL), \
+               SELECT $5, $1, $6, $2, 'assistant', $7, $8 FROM t WHERE $5::uuid IS NOT NULL), \
              u AS ( \
                INSERT INTO billing_events \
                  (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
                SELECT u.id, $1, $9, $2, u.key, 'model_call', u.model, u.input, u.output \
                FROM unnest($10::uuid[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
                  AS u(id, key, model, input, output) \
+               WHERE EXISTS (SELECT 1 FROM t) \
                ON CONFLICT (event_key) DO NOTHING), \
              w AS ( \
                DELETE FROM messages \
-               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15), \
+               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15 \
+                 AND EXISTS (SELECT 1 FROM t)), \
              a AS ( \
                INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
                  part_index, tool_call_id, tool, input, state, expires_at) \
                SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
                FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
-                 $21::timestamptz[]) AS a(id, idx, call, tool, input, exp)) \
-             SELECT now()",
+                 $21::timestamptz[]) AS a(id, idx, call, tool, input, exp) \
+               WHERE EXISTS (SELECT 1 FROM t)) \
+             SELECT now(), EXISTS (SELECT 1 FROM t)",
         )
         .bind(team.0)
         .bind(turn.0)
@@ -398,8 +409,12 @@ impl Store {
                 .collect::<Vec<_>>(),
         )
         .bind(end.approvals.iter().map(|a| a.expires_at).collect::<Vec<_>>())
+        .bind(me.0)
         .fetch_one(&self.pool)
         .await?;
+        if !written {
+            return Err(StoreError::Conflict("turn_taken_over"));
+        }
         Ok(billed_at)
     }
 }
@@ -408,20 +423,22 @@ impl Store {
     /// The least a turn's end can be: `failed` with `code`, nothing else, and only while
     /// it is still `running`. Written when the whole end state cannot be, so no turn stays
     /// `running` (and its message id answering `turn_in_progress`) while this process
-    /// lives. Answers whether the row changed.
+    /// lives. Only while `me` runs it (D3's fence). Answers whether the row changed.
     pub async fn fail_turn(
         &self,
         team: TeamId,
         turn: TurnId,
+        me: ReplicaId,
         code: ErrorCode,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE turns SET status = 'failed', error_code = $3, finished_at = now() \
-             WHERE team_id = $1 AND id = $2 AND status = 'running'",
+             WHERE team_id = $1 AND id = $2 AND status = 'running' AND replica_id = $4",
         )
         .bind(team.0)
         .bind(turn.0)
         .bind(code.as_str())
+        .bind(me.0)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)

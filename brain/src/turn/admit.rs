@@ -130,6 +130,13 @@ impl Budget {
         let _ = self.billed_at.set(at);
     }
 
+    /// Lets the hold go without releasing it: another replica took the turn over (D3).
+    pub fn abandon(&mut self) {
+        if let Some(hold) = self.hold.take() {
+            hold.abandon();
+        }
+    }
+
     /// Gives the hold back, settling the reservations on the `tokens` billed. Also for a
     /// turn that ends before it was written (nothing billed).
     pub async fn release(&mut self, tokens: u64) {
@@ -141,4 +148,41 @@ impl Budget {
             hold.release_billed(billed).await;
         }
     }
+}
+
+/// D3: the budget of a turn taken over from a dead replica: its agent's hold adopted (by
+/// the turn's id), counted in Redis as its admission was. Redis unreachable, or another
+/// turn holding the agent already, leaves it without a hold, counted from Postgres.
+pub(super) async fn adopt(
+    state: &AppState,
+    team: TeamId,
+    agent: AgentId,
+    turn: TurnId,
+) -> Result<Budget, TurnError> {
+    let limits = state.quotas.limits(team).await?;
+    let counted = limits.limits_turns()
+        || limits.tokens_per_day.is_some()
+        || limits.tokens_per_month.is_some();
+    let hold = match state.holds.adopt(team, agent, turn, counted).await {
+        Ok(Some(hold)) => Some(hold),
+        Ok(None) => {
+            tracing::warn!(turn = %turn, agent = %agent, "a taken-over turn's agent is held by another turn");
+            None
+        }
+        Err(class) => {
+            tracing::warn!(turn = %turn, class, "could not adopt a taken-over turn's hold");
+            None
+        }
+    };
+    let counted_in_redis = counted && hold.is_some();
+    Ok(Budget {
+        store: state.store.clone(),
+        quotas: state.quotas.clone(),
+        team,
+        hold,
+        limits,
+        counted_in_redis,
+        headers: RateLimitHeaders::turns(&limits, &Default::default(), &Periods::now()),
+        billed_at: OnceLock::new(),
+    })
 }

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{self, Fold};
 use super::history::model_messages;
+use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
 use crate::AppState;
 use crate::connectors;
@@ -153,35 +154,9 @@ pub(super) async fn compose(
     let TurnBasis {
         chat: chat_row,
         agent,
-        has_connectors,
         ..
     } = basis;
-    let (connector_tools, connector_status) = if *has_connectors {
-        connectors::connector_tools(
-            &state.store,
-            &state.config.connectors,
-            &state.oauth,
-            team,
-            agent.id,
-            connectors::Requester {
-                user: chat_row.created_by.as_deref(),
-                admin: launch.authority.may_change_agent(),
-            },
-            cancel,
-        )
-        .await
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    // Brain tools keep their names, then the worker's, then connectors'.
-    let shared = state
-        .toolsets
-        .get(state, agent.concierge, &agent.runtime_profile);
-    let offered = if connector_tools.is_empty() {
-        shared
-    } else {
-        Arc::new(shared.with(connector_tools))
-    };
+    let (offered, connector_status) = offer(state, launch, basis, cancel).await;
     let composition = Composition {
         version: 1,
         system_prompt: &agent.system_prompt,
@@ -214,6 +189,8 @@ pub(super) async fn compose(
             user_parts: user_parts.as_ref(),
             client_message_id: asked.client_message_id.as_deref(),
             replica: state.replica,
+            actor: &launch.authority.actor,
+            actor_admin: launch.authority.may_change_agent(),
         },
         composition.summary_through,
     ))
@@ -271,7 +248,43 @@ pub(super) async fn compose(
     })))
 }
 
-fn system_text(prompt: &str, summary: &str) -> String {
+/// The tools the turn is offered: the brain's, then the worker's, then the connectors'
+/// (started here, each within its bound), with the connectors' status for the stream.
+pub(super) async fn offer(
+    state: &AppState,
+    launch: &Launch,
+    basis: &TurnBasis,
+    cancel: &CancellationToken,
+) -> (Arc<Offered>, Vec<ConnectorStatus>) {
+    let (connector_tools, connector_status) = if basis.has_connectors {
+        connectors::connector_tools(
+            &state.store,
+            &state.config.connectors,
+            &state.oauth,
+            launch.team,
+            basis.agent.id,
+            connectors::Requester {
+                user: basis.chat.created_by.as_deref(),
+                admin: launch.authority.may_change_agent(),
+            },
+            cancel,
+        )
+        .await
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let shared = state
+        .toolsets
+        .get(state, basis.agent.concierge, &basis.agent.runtime_profile);
+    let offered = if connector_tools.is_empty() {
+        shared
+    } else {
+        Arc::new(shared.with(connector_tools))
+    };
+    (offered, connector_status)
+}
+
+pub(super) fn system_text(prompt: &str, summary: &str) -> String {
     if summary.is_empty() {
         prompt.to_owned()
     } else {

@@ -85,7 +85,7 @@ pub fn model_messages(history: &[MessageRow]) -> Vec<Message> {
     messages
 }
 
-fn assistant_messages(parts: &Value, out: &mut Vec<Message>) {
+pub fn assistant_messages(parts: &Value, out: &mut Vec<Message>) {
     let mut text = String::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();

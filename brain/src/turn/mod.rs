@@ -48,6 +48,7 @@ mod output;
 mod replay;
 mod speculation;
 pub mod stop;
+mod takeover;
 mod task;
 mod tool_calls;
 pub mod ui_stream;
@@ -64,6 +65,7 @@ use crate::auth::Authority;
 use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use error::TurnError;
 pub use offered::Toolsets;
+pub use takeover::{MAX_TAKEOVERS, take_over};
 use ui_stream::UiBody;
 
 /// Room for chunks between the turn and a slow client; beyond it the turn waits.

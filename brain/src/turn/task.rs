@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::ui::{FinishReason, UiChunk};
-use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
+use protocol::{AgentId, ChatId, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -24,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 use super::admit::Budget;
 use super::compose::Ready;
 use super::context::{self, Fold};
-use super::history::{step_start, text_part, tool_part};
+use super::history::{assistant_messages, step_start, text_part, tool_part};
 use super::model_call::{OpenOutcome, Step, StepOutcome};
 use super::output::Client;
+use super::takeover::{Restored, Saving};
 use super::tool_calls::Executed;
 use super::wrap_up::{End, Unfinished};
 use super::{Launch, TurnError, speculation, stop};
@@ -46,6 +47,8 @@ pub(super) struct Ids {
     pub agent: AgentId,
     pub chat: ChatId,
     pub turn: TurnId,
+    /// The replica running it: every write of the turn is fenced by it (D3).
+    pub replica: ReplicaId,
 }
 
 /// What the turn calls.
@@ -98,6 +101,8 @@ pub(super) struct TurnTask {
     pub authority: Authority,
     /// The loop's state when it starts: the first request.
     first: Option<Progress>,
+    /// Taken over from a dead replica (D3): the stream says so first.
+    resumed: bool,
     _running: stop::Registration,
 }
 
@@ -142,6 +147,7 @@ impl TurnTask {
             agent: basis.agent.id,
             chat: launch.chat,
             turn: running.turn,
+            replica: state.replica,
         };
         let metrics = state
             .metrics
@@ -192,8 +198,30 @@ impl TurnTask {
                 truncation_retried: false,
                 iteration: 0,
             }),
+            resumed: false,
             _running: running.registration,
         }
+    }
+
+    /// D3: continues from a taken-over turn's last completed step (`None`: it died in its
+    /// first), its completed steps appended to the request as the model saw them.
+    pub(super) fn resume_from(&mut self, restored: Option<Restored>) {
+        self.resumed = true;
+        let (Some(progress), Some(restored)) = (self.first.as_mut(), restored) else {
+            return;
+        };
+        assistant_messages(
+            &Value::Array(restored.parts.clone()),
+            &mut progress.request.messages,
+        );
+        progress.parts = restored.parts;
+        progress.usage_log = restored.usage_log;
+        progress.assistant_id = restored.assistant_id;
+        progress.calls_made = restored.calls_made;
+        progress.tool_calls = restored.tool_calls;
+        progress.writes_used = restored.writes_used;
+        progress.truncation_retried = restored.truncation_retried;
+        progress.iteration = restored.iteration;
     }
 
     /// Runs the turn to its end; `started` hears whether the stream opened or why not.
@@ -204,6 +232,12 @@ impl TurnTask {
         let Some(mut progress) = self.first.take() else {
             return;
         };
+        if self.resumed {
+            self.client.begin(progress.assistant_id).await;
+            self.client
+                .notice("resumed", "the replica running this turn stopped; another one continues it from its last completed step")
+                .await;
+        }
         if !self.resume.is_empty() {
             // A continuation has its status decided already (its answer was accepted):
             // the stream opens at once, with the answered calls' outcomes first.
@@ -225,6 +259,10 @@ impl TurnTask {
 
     /// One step: a model call, then the tool calls it asked for.
     async fn step(&mut self, progress: &mut Progress) -> Flow {
+        // Only a turn taken over at its ceiling gets here with no call left to make.
+        if progress.iteration >= self.rules.limits.max_iterations {
+            return Flow::End(End::Completed(FinishReason::Other));
+        }
         progress.iteration += 1;
         // The first call was reserved at admission; every further one reserves its own.
         if progress.iteration > 1 {
@@ -328,7 +366,14 @@ impl TurnTask {
                     cancelled: false,
                 }
             }
-            None => self.execute(&step.calls, &mut progress.writes_used).await,
+            None => {
+                // D2: the model's answer is durable before its calls run; taken over from
+                // here, they answer `outcome_unknown` instead of running twice.
+                if let Saving::TakenOver = self.save(progress, &step.calls).await {
+                    return Flow::End(End::TakenOver);
+                }
+                self.execute(&step.calls, &mut progress.writes_used).await
+            }
         };
         let waiting = self.record_results(&step.calls, &results, &held, cancelled, progress);
         if !waiting.is_empty() {
@@ -338,6 +383,10 @@ impl TurnTask {
         self.client.send(UiChunk::FinishStep).await;
         if cancelled {
             return Flow::End(End::Interrupted);
+        }
+        // D2: the step is complete and durable before the next one begins.
+        if let Saving::TakenOver = self.save(progress, &[]).await {
+            return Flow::End(End::TakenOver);
         }
         if progress.iteration >= limits.max_iterations {
             self.client

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use protocol::ui::{FinishReason, UiChunk};
-use protocol::{ErrorCode, MessageId, TeamId, TurnId};
+use protocol::{ErrorCode, MessageId, TurnId};
 use serde_json::Value;
 
 use super::context;
@@ -32,6 +32,8 @@ pub(super) enum End {
     QuotaUnknown,
     /// Calls wait for a person (A3): the turn ends here with them stored pending.
     AwaitingApproval(Vec<NewApproval>),
+    /// Another replica took the turn over (D3): it writes the end, not this one.
+    TakenOver,
 }
 
 impl End {
@@ -39,7 +41,7 @@ impl End {
         match self {
             Self::Completed(_) => TurnOutcome::Completed,
             Self::AwaitingApproval(_) => TurnOutcome::AwaitingApproval,
-            Self::Interrupted => TurnOutcome::Interrupted,
+            Self::Interrupted | Self::TakenOver => TurnOutcome::Interrupted,
             Self::Failed(_) | Self::QuotaUnknown => TurnOutcome::Failed,
             Self::Refused(_) => TurnOutcome::Refused,
         }
@@ -49,6 +51,8 @@ impl End {
 /// How long a wrap-up keeps trying to write the whole end state through transient store
 /// failures (every pooled connection busy in a burst of wrap-ups, a dropped connection)
 /// before it falls back to ending the turn `failed`.
+/// The class of a write refused because another replica took the turn over (D3).
+pub(super) const TAKEN_OVER: &str = "turn_taken_over";
 pub(super) const WRAP_UP_PATIENCE: Duration = Duration::from_secs(60);
 /// How long the fallback keeps trying to end the turn `failed`.
 const FALLBACK_PATIENCE: Duration = Duration::from_secs(10);
@@ -72,6 +76,19 @@ impl TurnTask {
             tool_calls,
             ..
         } = progress;
+        if matches!(end, End::TakenOver) {
+            // Nothing of it is this replica's to write, release or bill any more.
+            unfinished.written();
+            self.budget.abandon();
+            record_turn(calls_made, tool_calls, "taken_over");
+            self.client
+                .send(UiChunk::error(
+                    ErrorCode::ReplicaLost,
+                    "this turn continues on another replica; follow it on the chat's stream",
+                ))
+                .await;
+            return;
+        }
         let answer_tokens = context::estimate_tokens(&parts);
         let billed = billed_tokens(&usage_log);
         // A3: the request parts go out once the approvals exist, so an answer that
@@ -171,6 +188,8 @@ impl TurnTask {
             )
         };
         match end {
+            // `wrap_up` writes nothing of a turn taken over.
+            End::TakenOver => (false, lost()),
             End::AwaitingApproval(waiting) => {
                 tracing::info!(turn = %self.ids.turn, approvals = waiting.len(), "turn awaits approval");
                 let stored = self
@@ -269,20 +288,21 @@ impl TurnTask {
         // The answer exists only in this task until the write lands, so transient failures
         // are waited out. A retried attempt that had landed unseen fails on the assistant
         // message's id, and the fallback then finds the turn no longer `running`.
+        let ids = (self.ids.team, self.ids.agent, self.ids.chat, self.ids.turn);
         let written = retrying(self.ids.turn, WRAP_UP_PATIENCE, || {
-            self.deps.store.finish_turn(
-                self.ids.team,
-                self.ids.agent,
-                self.ids.chat,
-                self.ids.turn,
-                &end,
-            )
+            self.deps.store.finish_turn(ids, self.ids.replica, &end)
         })
         .await;
         let class = match written {
             Ok(billed_at) => {
                 self.budget.billed_at(billed_at);
                 return true;
+            }
+            // D3: the turn runs on another replica now, which writes its end (and bills
+            // its model calls, recorded in its progress).
+            Err(TAKEN_OVER) => {
+                tracing::info!(turn = %self.ids.turn, "turn taken over by another replica; its end is theirs");
+                return false;
             }
             Err(class) => class,
         };
@@ -292,7 +312,7 @@ impl TurnTask {
         match retrying(self.ids.turn, FALLBACK_PATIENCE, || {
             self.deps
                 .store
-                .fail_turn(team, turn, ErrorCode::StoreUnavailable)
+                .fail_turn(team, turn, self.ids.replica, ErrorCode::StoreUnavailable)
         })
         .await
         {
@@ -355,20 +375,18 @@ where
 /// a panic unwinds through it. Dropping it after [`Unfinished::written`] does nothing.
 pub(super) struct Unfinished {
     store: Option<Store>,
-    team: TeamId,
-    turn: TurnId,
+    ids: Ids,
 }
 
 impl Unfinished {
     pub fn new(store: &Store, ids: Ids) -> Self {
         Self {
             store: Some(store.clone()),
-            team: ids.team,
-            turn: ids.turn,
+            ids,
         }
     }
 
-    fn written(&mut self) {
+    pub fn written(&mut self) {
         self.store = None;
     }
 }
@@ -378,13 +396,18 @@ impl Drop for Unfinished {
         let Some(store) = self.store.take() else {
             return;
         };
-        tracing::error!(turn = %self.turn, "turn task ended without an end state; ending it failed");
-        let (team, turn) = (self.team, self.turn);
+        tracing::error!(turn = %self.ids.turn, "turn task ended without an end state; ending it failed");
+        let Ids {
+            team,
+            turn,
+            replica,
+            ..
+        } = self.ids;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let ended = tokio::time::timeout(
                     WRITE_ATTEMPT_BOUND,
-                    store.fail_turn(team, turn, ErrorCode::Internal),
+                    store.fail_turn(team, turn, replica, ErrorCode::Internal),
                 )
                 .await;
                 if !matches!(ended, Ok(Ok(_))) {

@@ -1,0 +1,302 @@
+//! Durable turns (D2, D3): a turn's progress written at each step boundary, and the
+//! takeover of a turn whose replica died by a live one, which continues it from its last
+//! completed step.
+//!
+//! What is written (`Saved`, in `turns.progress`): the assistant parts so far, the usage
+//! of the model calls made, and the loop's counters. A step with tool calls writes twice:
+//! once the model's answer is complete (its calls marked pending), and once their results
+//! are in. A step without tool calls is the turn's last, and its end state is the write
+//! (`wrap_up.rs`): the no-tool turn costs no write more than before.
+//!
+//! Taken over, a turn:
+//! - issues again the model call that was in flight (its partial output is dropped, never
+//!   stored: only completed steps are);
+//! - answers each call that was pending `outcome_unknown` (the model reads that the tool
+//!   may or may not have run and was not run again; the transcript shows the same), so no
+//!   call ever runs twice;
+//! - holds its agent on (the hold is adopted by the turn's id), keeps its budget (its
+//!   further calls reserve as any turn's do, its billed usage includes the dead replica's
+//!   completed calls), and its tools act with the authority it started with (X1);
+//! - has no client: it is detached, its chunks reach the chat's events stream (`GET
+//!   /v1/chats/{id}/stream` follows it), which first gets a `data-notice` `resumed`.
+//!
+//! A turn taken over [`MAX_TAKEOVERS`] times ends `failed` (`takeover_limit`) instead.
+
+use protocol::ui::UiChunk;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use super::admit;
+use super::compose::{offer, system_text};
+use super::context::{self, Fold};
+use super::history::model_messages;
+use super::task::{Progress, Running, TurnTask};
+use super::{Launch, TurnError};
+use crate::AppState;
+use crate::auth::{Authority, Scope};
+use crate::provider::{ModelRequest, ToolCall};
+use crate::store::{ModelCallUsage, StoreError, TakenOver, bounded};
+
+/// Takeovers a turn may have; the next lapse of its replica ends it `failed`.
+pub const MAX_TAKEOVERS: i32 = 3;
+
+/// What a tool call in flight at its replica's death answers, for the model and the
+/// transcript.
+pub(super) const OUTCOME_UNKNOWN: &str = "outcome_unknown: the replica running this tool \
+     call stopped before its result was recorded; the tool may or may not have run, and it \
+     was not run again. Check its effect before relying on it or calling it again.";
+
+/// The loop's state as `turns.progress` keeps it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    /// The assistant message's id: the same across takeovers.
+    assistant_id: protocol::MessageId,
+    /// Completed parts; a pending call's part has the state `input-available`.
+    parts: Vec<Value>,
+    usage: Vec<ModelCallUsage>,
+    calls_made: u32,
+    tool_calls: usize,
+    writes_used: u32,
+    iteration: u32,
+    truncation_retried: bool,
+}
+
+/// The frozen composition's fields a takeover runs under (T3).
+#[derive(Deserialize)]
+struct Frozen {
+    model_route: Vec<String>,
+    max_iterations: u32,
+    max_writes: u32,
+    max_output_tokens: u32,
+    summary_through: i64,
+}
+
+/// Whether a step write landed.
+pub(super) enum Saving {
+    Saved,
+    /// Another replica took the turn over: this one must stop.
+    TakenOver,
+    /// The store failed: the turn goes on, less durable until its next write.
+    Failed,
+}
+
+impl TurnTask {
+    /// D2: writes `progress`, with `pending` calls (the model asked for them, they have
+    /// not answered yet) marked so, fenced by this replica.
+    pub(super) async fn save(&self, progress: &Progress, pending: &[ToolCall]) -> Saving {
+        let mut parts = progress.parts.clone();
+        parts.extend(pending.iter().map(|call| {
+            json!({
+                "type": format!("tool-{}", call.name),
+                "toolCallId": call.id,
+                "state": "input-available",
+                "input": serde_json::from_str::<Value>(&call.arguments)
+                    .unwrap_or_else(|_| Value::String(call.arguments.clone())),
+            })
+        }));
+        let saved = Saved {
+            assistant_id: progress.assistant_id,
+            parts,
+            usage: progress.usage_log.clone(),
+            calls_made: progress.calls_made,
+            tool_calls: progress.tool_calls,
+            writes_used: progress.writes_used,
+            iteration: progress.iteration,
+            truncation_retried: progress.truncation_retried,
+        };
+        let Ok(saved) = serde_json::to_value(&saved) else {
+            return Saving::Failed;
+        };
+        let ids = self.ids;
+        match bounded(
+            self.deps
+                .store
+                .save_progress(ids.team, ids.turn, ids.replica, &saved),
+        )
+        .await
+        {
+            Ok(true) => Saving::Saved,
+            Ok(false) => {
+                tracing::info!(turn = %ids.turn, "turn taken over by another replica; stopping here");
+                Saving::TakenOver
+            }
+            Err(err) => {
+                tracing::warn!(turn = %ids.turn, class = err.metric_label(), "could not save the turn's progress");
+                Saving::Failed
+            }
+        }
+    }
+}
+
+/// D3: continues `taken`, a turn this replica took over, from its last completed step, in
+/// the background. A turn that cannot be continued (its chat or agent is gone, a store
+/// failed) is ended `failed` so it does not stay `running` on this replica.
+pub async fn take_over(state: &AppState, taken: TakenOver) {
+    let span = tracing::info_span!(
+        "turn",
+        turn.id = %taken.turn,
+        chat.id = %taken.chat,
+        agent.id = %taken.agent,
+        team.id = %taken.team,
+        detached = true,
+        resumed = true,
+        outcome = tracing::field::Empty,
+        model_calls = tracing::field::Empty,
+        tool_calls = tracing::field::Empty,
+    );
+    match resume(state, taken).await {
+        Ok(task) => {
+            state.metrics.turns_reconciled.inc();
+            let (started, _) = tokio::sync::oneshot::channel();
+            state.turn_tracker.spawn(task.run(started).instrument(span));
+        }
+        Err(err) => {
+            tracing::warn!(turn = %taken.turn, code = err.code().as_str(), "could not continue a taken-over turn; ending it");
+            let ended = bounded(state.store.fail_turn(
+                taken.team,
+                taken.turn,
+                state.replica,
+                err.code(),
+            ))
+            .await;
+            if let Err(err) = ended {
+                tracing::warn!(turn = %taken.turn, class = err.metric_label(), "could not end a taken-over turn");
+            }
+            let _ = state.holds.release_lost(taken.agent, taken.turn).await;
+        }
+    }
+}
+
+/// The task of a taken-over turn, rebuilt from the store.
+async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnError> {
+    let TakenOver {
+        team,
+        agent,
+        chat,
+        turn,
+        ..
+    } = taken;
+    let basis = bounded(state.store.chat_with_agent(team, chat))
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound => TurnError::NotFound("chat"),
+            other => other.into(),
+        })?;
+    let stored = bounded(state.store.resumable(team, turn, state.replica)).await?;
+    let frozen: Frozen = serde_json::from_value(stored.composition)
+        .map_err(|e| TurnError::Internal(format!("stored composition: {e}")))?;
+    let saved: Option<Saved> = stored
+        .progress
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| TurnError::Internal(format!("stored progress: {e}")))?;
+    let history = bounded(
+        state
+            .store
+            .history_after(team, chat, frozen.summary_through),
+    )
+    .await?;
+    let launch = Launch {
+        team,
+        chat,
+        authority: Authority {
+            scope: if stored.actor_admin {
+                Scope::Admin
+            } else {
+                Scope::Chat
+            },
+            actor: stored.actor.unwrap_or_else(|| "unknown".to_owned()),
+        },
+        detached: true,
+    };
+    let budget = admit::adopt(state, team, agent, turn).await?;
+    let cancel = state.turns_cancel.child_token();
+    let registration = state.stops.register(turn, cancel.clone());
+    let (offered, connector_status) = offer(state, &launch, &basis, &cancel).await;
+    let request = ModelRequest {
+        model: String::new(),
+        system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
+        messages: model_messages(
+            &history[context::window_start(&history, state.config.context_tokens)..],
+        ),
+        tools: offered.catalog.clone(),
+        max_output_tokens: frozen.max_output_tokens,
+    };
+    let fold = Fold {
+        store: state.store.clone(),
+        holds: state.holds.clone(),
+        providers: state.providers.clone(),
+        team,
+        agent,
+        chat,
+        turn,
+        route: frozen.model_route.clone(),
+        budget: state.config.context_tokens,
+        max_output_tokens: frozen.max_output_tokens,
+        unsummarized: context::history_tokens(&history),
+    };
+    let mut limits = state.config.limits;
+    limits.max_iterations = frozen.max_iterations;
+    limits.max_writes = frozen.max_writes;
+    let ready = super::compose::Ready {
+        request,
+        route: frozen.model_route,
+        toolset: offered.toolset.clone(),
+        connector_status,
+        fold,
+        resume: Vec::new(),
+        answered: Vec::new(),
+        autostart: false,
+    };
+    let running = Running {
+        turn,
+        budget,
+        cancel,
+        registration,
+    };
+    // Nobody reads a taken-over turn's stream but the events stream.
+    let (tx, _) = mpsc::channel::<UiChunk>(1);
+    let mut task = TurnTask::new(state, launch, &basis, ready, running, tx);
+    task.rules.limits = limits;
+    task.resume_from(saved.map(Into::into));
+    Ok(task)
+}
+
+impl From<Saved> for Restored {
+    fn from(saved: Saved) -> Self {
+        Self {
+            parts: saved.parts.into_iter().map(settle_pending).collect(),
+            usage_log: saved.usage,
+            assistant_id: saved.assistant_id,
+            calls_made: saved.calls_made,
+            tool_calls: saved.tool_calls,
+            writes_used: saved.writes_used,
+            truncation_retried: saved.truncation_retried,
+            iteration: saved.iteration,
+        }
+    }
+}
+
+/// The part of [`Progress`] a takeover restores; the request is rebuilt around it.
+pub(super) struct Restored {
+    pub parts: Vec<Value>,
+    pub usage_log: Vec<ModelCallUsage>,
+    pub assistant_id: protocol::MessageId,
+    pub calls_made: u32,
+    pub tool_calls: usize,
+    pub writes_used: u32,
+    pub truncation_retried: bool,
+    pub iteration: u32,
+}
+
+/// A pending call's part, answered `outcome_unknown`; other parts as they are.
+fn settle_pending(mut part: Value) -> Value {
+    if part["state"] == "input-available" {
+        part["state"] = json!("output-error");
+        part["errorText"] = json!(OUTCOME_UNKNOWN);
+    }
+    part
+}
