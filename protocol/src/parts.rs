@@ -129,10 +129,12 @@ impl Part {
                         }))
                     })
             }
-            Some(_) => Fixed::<String>::deserialize(&value).ok().map(|fixed| match fixed {
-                Fixed::StepStart {} => Part::StepStart,
-                Fixed::Text { text } => Part::Text { text },
-            }),
+            Some(_) => Fixed::<String>::deserialize(&value)
+                .ok()
+                .map(|fixed| match fixed {
+                    Fixed::StepStart {} => Part::StepStart,
+                    Fixed::Text { text } => Part::Text { text },
+                }),
             None => None,
         };
         known.unwrap_or(Part::Other(value))
@@ -143,7 +145,10 @@ impl Serialize for Part {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Part::StepStart => Fixed::<&str>::StepStart {}.serialize(serializer),
-            Part::Text { text } => Fixed::Text { text: text.as_str() }.serialize(serializer),
+            Part::Text { text } => Fixed::Text {
+                text: text.as_str(),
+            }
+            .serialize(serializer),
             Part::Tool(tool) => ToolWire {
                 kind: format!("{TOOL_PREFIX}{}", tool.tool),
                 tool_call_id: tool.tool_call_id.as_str(),

@@ -368,7 +368,7 @@ async fn start(
     };
     let composition_json = serde_json::value::to_raw_value(&composition)
         .map_err(|e| ApiError::Internal(format!("composition: {e}")))?;
-    let user_parts = content.map(|text| serde_json::json!([{ "type": "text", "text": text }]));
+    let user_parts = content.map(|text| vec![protocol::parts::Part::Text { text }]);
     let begun = bounded(state.store.begin_turn(
         NewTurn {
             id: turn_id,
@@ -383,7 +383,7 @@ async fn start(
                 "user"
             },
             composition: &composition_json,
-            user_parts: user_parts.as_ref(),
+            user_parts: user_parts.as_deref(),
             client_message_id: client_message_id.as_deref(),
             replica: state.replica,
         },

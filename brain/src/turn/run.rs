@@ -28,6 +28,7 @@ use chrono::{DateTime, Utc};
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
+use protocol::parts::{Approval, Part};
 use protocol::ui::{ConnectorStatus, FinishReason, Notice, TurnInfo, UiChunk};
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, TeamId, TurnId};
 use serde_json::Value;
@@ -37,7 +38,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::context::{self, Fold};
-use super::history::{AWAITING_APPROVAL, answer_call, step_start, text_part, tool_part};
+use super::history::{AWAITING_APPROVAL, answer_call, tool_part};
 use crate::approvals::{ApprovalPolicy, ApprovalState, Decision};
 use crate::auth::Authority;
 use crate::config::Limits;
@@ -196,7 +197,7 @@ impl TurnTask {
         let assistant_id = MessageId::new();
         let mut started = Some(started);
         let mut usage_log = Vec::new();
-        let mut parts: Vec<Value> = Vec::new();
+        let mut parts: Vec<Part> = Vec::new();
         // One request for the whole turn: each model call sends its messages so far.
         let mut request = std::mem::take(&mut self.request);
         let mut calls_made = 0u32;
@@ -270,11 +271,13 @@ impl TurnTask {
                 self.begin_stream(started, assistant_id).await;
             }
             self.send(UiChunk::StartStep).await;
-            parts.push(step_start());
+            parts.push(Part::StepStart);
             let step = self.relay(opened, iteration, &mut usage_log).await;
             tool_calls += step.calls.len();
             if !step.text.is_empty() {
-                parts.push(text_part(&step.text));
+                parts.push(Part::Text {
+                    text: step.text.clone(),
+                });
             }
             let reason = match step.outcome {
                 StepOutcome::Cancelled => break End::Interrupted,
@@ -310,8 +313,8 @@ impl TurnTask {
                 self.send(UiChunk::FinishStep).await;
                 // The cut-off call is not part of the history: the retry starts from
                 // the same conversation.
-                parts.pop_if(|p| p["type"] == "text");
-                parts.pop_if(|p| p["type"] == "step-start");
+                parts.pop_if(|p| matches!(p, Part::Text { .. }));
+                parts.pop_if(|p| matches!(p, Part::StepStart));
                 continue;
             } else {
                 None
@@ -352,7 +355,7 @@ impl TurnTask {
                     });
                     parts.push(requested_part(&call.name, &call.id, input, id));
                 } else {
-                    parts.push(tool_part(call, input, output));
+                    parts.push(tool_part(call, input, output, None));
                 }
             }
             if !waiting.is_empty() {
@@ -513,12 +516,12 @@ impl TurnTask {
         &self,
         end: End,
         assistant_id: MessageId,
-        parts: Vec<Value>,
+        parts: Vec<Part>,
         usage_log: Vec<ModelCallUsage>,
     ) -> (bool, UiChunk) {
         let message = |complete| AssistantMessage {
             id: assistant_id,
-            parts: Value::Array(parts.clone()),
+            parts: parts.clone(),
             complete,
         };
         // The client has seen output: the user message stays, bound to this turn.
@@ -1055,8 +1058,12 @@ impl TurnTask {
                 )
                 .await;
             let (input, output) = reported.remove(0);
-            let mut part = tool_part(&call, &input, &output);
-            part["approval"] = serde_json::json!({"id": approval.id.to_string(), "approved": true});
+            let approved = Approval {
+                id: approval.id,
+                approved: true,
+                reason: None,
+            };
+            let part = tool_part(&call, &input, &output, Some(approved));
             if let Err(class) = self
                 .retrying(WRAP_UP_PATIENCE, || {
                     self.store.resolve_approval_part(self.team, approval, &part)
