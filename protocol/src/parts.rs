@@ -25,7 +25,10 @@ const TOOL_PREFIX: &str = "tool-";
 /// the live stream, text parts with a `state`) that are not re-validated, and a history
 /// written by a later brain may hold part types this one does not know. Refusing them would
 /// make a chat unreadable; ignoring them keeps the history as valid as the parts this brain
-/// does know.
+/// does know. The known shapes stay closed (unknown fields make a part `Other`), so what is
+/// read is served back exactly; a field the brain starts to write must therefore be known
+/// (optional) to every running brain first, or an older one leaves the part out of the
+/// model's history.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Part {
     /// Opens one model call: `{"type":"step-start"}`.
