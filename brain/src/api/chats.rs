@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use protocol::ErrorBody;
+use protocol::parts::{Part, ToolPart, ToolState};
 use serde::{Deserialize, Serialize};
 use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
@@ -229,7 +230,8 @@ pub struct UiMessageIn {
     role: String,
     /// Parts of earlier messages are the client's copy of server output and are not
     /// re-validated; the new message's parts are checked in `into_input`.
-    parts: Vec<serde_json::Value>,
+    #[schema(value_type = Vec<Value>)]
+    parts: Vec<Part>,
     #[serde(default, rename = "metadata")]
     #[schema(value_type = Value)]
     _metadata: serde::de::IgnoredAny,
@@ -254,33 +256,29 @@ impl utoipa::ToSchema for PostMessage {
 }
 
 /// A3: the answers a `useChat` client re-posts after `addToolApprovalResponse`: the tool
-/// parts of its last (assistant) message in state `approval-responded`.
+/// parts of its last (assistant) message whose approval was answered. A part that is not
+/// one in the shape the brain writes (no approval id, no `approved`) is not an answer.
 fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
-    let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
     let mut answers = Vec::new();
     for part in &last.parts {
-        if part.get("state").and_then(|s| s.as_str()) != Some("approval-responded") {
+        let Part::Tool(ToolPart {
+            state: ToolState::ApprovalResponded { approval },
+            ..
+        }) = part
+        else {
             continue;
-        }
-        let approval = &part["approval"];
-        let id = approval["id"]
-            .as_str()
-            .and_then(|id| id.parse().ok())
-            .ok_or_else(|| invalid("an approval response names no known approval id"))?;
-        let approved = approval["approved"]
-            .as_bool()
-            .ok_or_else(|| invalid("an approval response needs `approved`"))?;
-        let reason = approval["reason"].as_str().map(str::to_owned);
-        validate_reason(reason.as_deref()).map_err(ApiError::InvalidRequest)?;
+        };
+        validate_reason(approval.reason.as_deref()).map_err(ApiError::InvalidRequest)?;
         answers.push(Answer {
-            id,
-            approved,
-            reason,
+            id: approval.id,
+            approved: approval.approved,
+            reason: approval.reason.clone(),
         });
     }
     if answers.is_empty() {
-        return Err(invalid(
-            "the last message must have role `user`, or be the assistant's with approval responses",
+        return Err(ApiError::InvalidRequest(
+            "the last message must have role `user`, or be the assistant's with approval responses"
+                .to_owned(),
         ));
     }
     Ok(answers)
@@ -308,11 +306,8 @@ impl PostMessage {
                 }
                 let mut text = String::new();
                 for part in &last.parts {
-                    match (
-                        part.get("type").and_then(|t| t.as_str()),
-                        part.get("text").and_then(|t| t.as_str()),
-                    ) {
-                        (Some("text"), Some(t)) => text.push_str(t),
+                    match part {
+                        Part::Text { text: t } => text.push_str(t),
                         _ => return Err(invalid("the new message may only have text parts")),
                     }
                 }

@@ -8,9 +8,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use protocol::parts::{Approval, ApprovalRequest, Part, ToolPart, ToolState};
 use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::Row;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -75,35 +77,46 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
     })
 }
 
-/// The stored part of a call that waits: the AI SDK's `approval-requested` state.
-pub fn requested_part(tool: &str, call_id: &str, input: &Value, approval: Uuid) -> Value {
-    json!({
-        "type": format!("tool-{tool}"),
-        "toolCallId": call_id,
-        "input": input,
-        "state": "approval-requested",
-        "approval": {"id": approval.to_string()},
+/// The stored part of a call that waits for a person's answer.
+pub fn requested_part(tool: &str, call_id: &str, input: &Value, approval: Uuid) -> Part {
+    Part::Tool(ToolPart {
+        tool: tool.to_owned(),
+        tool_call_id: call_id.to_owned(),
+        input: input.clone(),
+        state: ToolState::ApprovalRequested {
+            approval: ApprovalRequest { id: approval },
+        },
+    })
+}
+
+/// The stored part of the call `row` waits on, now in `state`.
+fn answered_part(row: &ApprovalRow, state: ToolState) -> Part {
+    Part::Tool(ToolPart {
+        tool: row.tool.clone(),
+        tool_call_id: row.tool_call_id.clone(),
+        input: row.input.clone(),
+        state,
     })
 }
 
 /// The stored part of an approved call until its output is written.
-fn responded_part(row: &ApprovalRow, reason: Option<&str>) -> Value {
-    let mut part = requested_part(&row.tool, &row.tool_call_id, &row.input, row.id);
-    part["state"] = json!("approval-responded");
-    part["approval"]["approved"] = json!(true);
-    if let Some(reason) = reason {
-        part["approval"]["reason"] = json!(reason);
-    }
-    part
+fn responded_part(row: &ApprovalRow, reason: Option<&str>) -> Part {
+    let approval = Approval {
+        id: row.id,
+        approved: true,
+        reason: reason.map(str::to_owned),
+    };
+    answered_part(row, ToolState::ApprovalResponded { approval })
 }
 
 /// The stored part of a call that never ran: `approval.reason` is what the model reads.
-fn denied_part(row: &ApprovalRow, state: ApprovalState, reason: Option<&str>) -> Value {
-    let mut part = requested_part(&row.tool, &row.tool_call_id, &row.input, row.id);
-    part["state"] = json!("output-denied");
-    part["approval"]["approved"] = json!(false);
-    part["approval"]["reason"] = json!(denial_text(state, reason));
-    part
+fn denied_part(row: &ApprovalRow, state: ApprovalState, reason: Option<&str>) -> Part {
+    let approval = Approval {
+        id: row.id,
+        approved: false,
+        reason: Some(denial_text(state, reason)),
+    };
+    answered_part(row, ToolState::OutputDenied { approval })
 }
 
 /// One answer to an approval.
@@ -395,7 +408,7 @@ impl Store {
         &self,
         team: TeamId,
         approval: &ApprovalRow,
-        part: &Value,
+        part: &Part,
     ) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
         set_part(&mut conn, team, approval, part).await
@@ -435,7 +448,7 @@ async fn set_part(
     conn: &mut sqlx::PgConnection,
     team: TeamId,
     row: &ApprovalRow,
-    part: &Value,
+    part: &Part,
 ) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE messages SET parts = jsonb_set(parts, ARRAY[$3::text], $4) \
@@ -444,7 +457,7 @@ async fn set_part(
     .bind(team.0)
     .bind(row.message.0)
     .bind(row.part_index.to_string())
-    .bind(part)
+    .bind(Json(part))
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -1,8 +1,10 @@
 //! Chats and their messages.
 
 use chrono::{DateTime, Utc};
+use protocol::parts::Part;
 use protocol::{AgentId, ChatId, MessageId, TeamId, TurnId};
 use sqlx::Row;
+use sqlx::types::Json;
 
 use super::agents::agent_from_row;
 use super::{AgentRow, Store, StoreError};
@@ -52,7 +54,8 @@ pub struct MessageRow {
     pub seq: i64,
     pub turn_id: TurnId,
     pub role: String,
-    pub parts: serde_json::Value,
+    #[schema(value_type = Value)]
+    pub parts: Vec<Part>,
     pub status: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_message_id: Option<String>,
@@ -65,7 +68,7 @@ pub(super) fn message_from_row(row: &sqlx::postgres::PgRow) -> Result<MessageRow
         seq: row.try_get("seq")?,
         turn_id: TurnId(row.try_get("turn_id")?),
         role: row.try_get("role")?,
-        parts: row.try_get("parts")?,
+        parts: row.try_get::<Json<Vec<Part>>, _>("parts")?.0,
         status: row.try_get("status")?,
         client_message_id: row.try_get("client_message_id")?,
         created_at: row.try_get("created_at")?,

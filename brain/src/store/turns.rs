@@ -9,10 +9,12 @@
 use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
+use protocol::parts::Part;
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
@@ -32,7 +34,7 @@ pub struct NewTurn<'a> {
     /// text of a team (`compositions`, keyed by its SHA-256).
     pub composition: &'a serde_json::value::RawValue,
     /// `None` for a continuation after an approval (A3), which has no user message.
-    pub user_parts: Option<&'a serde_json::Value>,
+    pub user_parts: Option<&'a [Part]>,
     pub client_message_id: Option<&'a str>,
     /// The brain replica running the turn: if its lease lapses, another replica takes the
     /// turn over (D3).
@@ -132,7 +134,7 @@ pub struct TurnEnd {
 #[derive(Debug)]
 pub struct AssistantMessage {
     pub id: MessageId,
-    pub parts: serde_json::Value,
+    pub parts: Vec<Part>,
     pub complete: bool,
 }
 
@@ -227,7 +229,7 @@ impl Store {
             .bind(turn.trigger)
             .bind(turn.composition.get())
             .bind(MessageId::new().0)
-            .bind(turn.user_parts)
+            .bind(turn.user_parts.map(Json))
             .bind(turn.client_message_id)
             .bind(history_after)
             .bind(turn.replica.0)
@@ -337,7 +339,11 @@ impl Store {
     ) -> Result<DateTime<Utc>, StoreError> {
         let (team, agent, chat, turn) = ids;
         let assistant = end.assistant.as_ref();
-        let parts = assistant.map(|m| storable_json(&m.parts));
+        let parts = assistant
+            .map(|m| serde_json::to_value(&m.parts))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("message parts: {e}")))?;
+        let parts = parts.as_ref().map(storable_json);
         let mut ids = Vec::with_capacity(end.usage.len());
         let mut keys = Vec::with_capacity(end.usage.len());
         let mut models = Vec::with_capacity(end.usage.len());
@@ -519,10 +525,10 @@ mod tests {
     fn nul_becomes_the_replacement_character() {
         assert_eq!(storable_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
         assert!(matches!(storable_text("clean"), Cow::Borrowed(_)));
-        let parts = json!([{"type": "text", "text": "x\u{0}y", "n": 1, "k\u{0}": ["\u{0}"]}]);
+        let parts = json!([{"note": "x\u{0}y", "n": 1, "k\u{0}": ["\u{0}"]}]);
         assert_eq!(
             storable_json(&parts).into_owned(),
-            json!([{"type": "text", "text": "x\u{FFFD}y", "n": 1, "k\u{FFFD}": ["\u{FFFD}"]}])
+            json!([{"note": "x\u{FFFD}y", "n": 1, "k\u{FFFD}": ["\u{FFFD}"]}])
         );
         let clean = json!({"a": ["b", 1, null]});
         assert!(matches!(storable_json(&clean), Cow::Borrowed(_)));

@@ -171,7 +171,7 @@ pub(super) async fn compose(
         .map_err(|e| TurnError::Internal(format!("composition: {e}")))?;
     let user_parts = asked
         .content
-        .map(|text| serde_json::json!([{ "type": "text", "text": text }]));
+        .map(|text| vec![protocol::parts::Part::Text { text }]);
     let begun = bounded(state.store.begin_turn(
         NewTurn {
             id: turn,
@@ -186,7 +186,7 @@ pub(super) async fn compose(
                 "user"
             },
             composition: &composition_json,
-            user_parts: user_parts.as_ref(),
+            user_parts: user_parts.as_deref(),
             client_message_id: asked.client_message_id.as_deref(),
             replica: state.replica,
             actor: &launch.authority.actor,

@@ -283,8 +283,8 @@ fn transcript(messages: &[Message]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protocol::parts::Part;
     use protocol::{MessageId, TurnId};
-    use serde_json::json;
 
     fn row(seq: i64, role: &str, chars: usize) -> MessageRow {
         MessageRow {
@@ -292,7 +292,9 @@ mod tests {
             seq,
             turn_id: TurnId::new(),
             role: role.into(),
-            parts: json!([{"type": "text", "text": "x".repeat(chars)}]),
+            parts: vec![Part::Text {
+                text: "x".repeat(chars),
+            }],
             status: "complete".into(),
             client_message_id: None,
             created_at: chrono::Utc::now(),
@@ -318,7 +320,7 @@ mod tests {
         // The estimate counts the JSON text without building it.
         assert_eq!(
             estimate_tokens(&history[2].parts),
-            history[2].parts.to_string().len() / 4 + 4
+            serde_json::to_string(&history[2].parts).unwrap().len() / 4 + 4
         );
     }
 

@@ -1,13 +1,14 @@
 //! Stored messages ↔ what the model sees.
 //!
-//! An assistant message is stored as AI SDK UI parts: per model call a `step-start`, its
-//! text, and one `tool-<name>` part per call holding the input and the result. Rebuilding
+//! An assistant message is stored as AI SDK UI parts (`protocol::parts::Part`): per model
+//! call a step start, its text, and one tool part per call holding the input and the result. Rebuilding
 //! the model's view walks those parts step by step, so every tool call sent back to a
 //! provider carries exactly one result (the turn stores a synthetic one for calls it
 //! could not finish, SPEC T8).
 
+use protocol::parts::{Approval, Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::provider::{Message, ToolCall, ToolResult};
 use crate::store::MessageRow;
@@ -31,41 +32,40 @@ pub fn answer_call(conversation: &mut [Message], call_id: &str, output: &ToolOut
 }
 
 /// The text of a message's text parts.
-pub fn parts_text(parts: &Value) -> String {
+pub fn parts_text(parts: &[Part]) -> String {
     let mut text = String::new();
-    for part in parts.as_array().into_iter().flatten() {
-        if part["type"] == "text"
-            && let Some(t) = part["text"].as_str()
-        {
+    for part in parts {
+        if let Part::Text { text: t } = part {
             text.push_str(t);
         }
     }
     text
 }
 
-pub fn step_start() -> Value {
-    json!({ "type": "step-start" })
-}
-
-pub fn text_part(text: &str) -> Value {
-    json!({ "type": "text", "text": text })
-}
-
-/// The stored form of one finished tool call.
-pub fn tool_part(call: &ToolCall, input: &Value, output: &ToolOutput) -> Value {
-    let mut part = json!({
-        "type": format!("tool-{}", call.name),
-        "toolCallId": call.id,
-        "input": input,
-    });
-    if output.is_error {
-        part["state"] = json!("output-error");
-        part["errorText"] = json!(output.content);
+/// The stored form of one finished tool call; `approval` when it ran after one (A3).
+pub fn tool_part(
+    call: &ToolCall,
+    input: &Value,
+    output: &ToolOutput,
+    approval: Option<Approval>,
+) -> Part {
+    let state = if output.is_error {
+        ToolState::OutputError {
+            error_text: output.content.clone(),
+            approval,
+        }
     } else {
-        part["state"] = json!("output-available");
-        part["output"] = json!(output.content);
-    }
-    part
+        ToolState::OutputAvailable {
+            output: Value::String(output.content.clone()),
+            approval,
+        }
+    };
+    Part::Tool(ToolPart {
+        tool: call.name.clone(),
+        tool_call_id: call.id.clone(),
+        input: input.clone(),
+        state,
+    })
 }
 
 /// Stored messages as the model sees them. Empty messages (an answer interrupted before
@@ -85,7 +85,7 @@ pub fn model_messages(history: &[MessageRow]) -> Vec<Message> {
     messages
 }
 
-pub fn assistant_messages(parts: &Value, out: &mut Vec<Message>) {
+pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
     let mut text = String::new();
     let mut calls = Vec::new();
     let mut results = Vec::new();
@@ -101,111 +101,259 @@ pub fn assistant_messages(parts: &Value, out: &mut Vec<Message>) {
                 out.push(Message::ToolResults(std::mem::take(results)));
             }
         };
-    for part in parts.as_array().into_iter().flatten() {
-        let kind = part["type"].as_str().unwrap_or_default();
-        if kind == "step-start" {
-            flush(&mut text, &mut calls, &mut results);
-        } else if kind == "text" {
-            text.push_str(part["text"].as_str().unwrap_or_default());
-        } else if let Some(name) = kind.strip_prefix("tool-") {
-            let id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
-            calls.push(ToolCall {
-                id: id.clone(),
-                name: name.to_owned(),
-                arguments: part["input"].to_string(),
-            });
-            let (content, is_error) = match part["state"].as_str() {
-                Some("output-error") => (
-                    part["errorText"].as_str().unwrap_or_default().to_owned(),
-                    true,
-                ),
-                Some("output-denied") => (
-                    part["approval"]["reason"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                    true,
-                ),
-                // A3: the history stays valid while a call waits; a continuation puts
-                // the real result in its place (`answer_call`).
-                Some("approval-requested" | "approval-responded") => {
-                    (AWAITING_APPROVAL.to_owned(), true)
-                }
-                _ => match &part["output"] {
-                    Value::String(s) => (s.clone(), false),
-                    other => (other.to_string(), false),
-                },
-            };
-            results.push(ToolResult {
-                call_id: id,
-                content,
-                is_error,
-            });
+    for part in parts {
+        match part {
+            Part::StepStart => flush(&mut text, &mut calls, &mut results),
+            Part::Text { text: t } => text.push_str(t),
+            Part::Tool(tool) => {
+                calls.push(ToolCall {
+                    id: tool.tool_call_id.clone(),
+                    name: tool.tool.clone(),
+                    arguments: tool.input.to_string(),
+                });
+                let (content, is_error) = match &tool.state {
+                    ToolState::OutputError { error_text, .. } => (error_text.clone(), true),
+                    ToolState::OutputDenied { approval } => {
+                        (approval.reason.clone().unwrap_or_default(), true)
+                    }
+                    // A3: the history stays valid while a call waits; a continuation puts
+                    // the real result in its place (`answer_call`).
+                    ToolState::ApprovalRequested { .. } | ToolState::ApprovalResponded { .. } => {
+                        (AWAITING_APPROVAL.to_owned(), true)
+                    }
+                    ToolState::OutputAvailable { output, .. } => match output {
+                        Value::String(s) => (s.clone(), false),
+                        other => (other.to_string(), false),
+                    },
+                };
+                results.push(ToolResult {
+                    call_id: tool.tool_call_id.clone(),
+                    content,
+                    is_error,
+                });
+            }
+            // Parts the brain does not write carry nothing the model reads.
+            Part::Other(_) => {}
         }
     }
     flush(&mut text, &mut calls, &mut results);
 }
 
 /// The UI chunks that rebuild a stored assistant message (a replayed turn, T12).
-pub fn replay_chunks(parts: &Value) -> Vec<UiChunk> {
+pub fn replay_chunks(parts: &[Part]) -> Vec<UiChunk> {
     let mut chunks = Vec::new();
     let mut step = 0;
-    for part in parts.as_array().into_iter().flatten() {
-        let kind = part["type"].as_str().unwrap_or_default();
-        if kind == "step-start" {
-            if step > 0 {
-                chunks.push(UiChunk::FinishStep);
+    for part in parts {
+        match part {
+            Part::StepStart => {
+                if step > 0 {
+                    chunks.push(UiChunk::FinishStep);
+                }
+                step += 1;
+                chunks.push(UiChunk::StartStep);
             }
-            step += 1;
-            chunks.push(UiChunk::StartStep);
-        } else if kind == "text" {
-            let id = format!("text-{step}");
-            chunks.push(UiChunk::TextStart { id: id.clone() });
-            chunks.push(UiChunk::TextDelta {
-                id: id.clone(),
-                delta: part["text"].as_str().unwrap_or_default().to_owned(),
-            });
-            chunks.push(UiChunk::TextEnd { id });
-        } else if let Some(name) = kind.strip_prefix("tool-") {
-            let tool_call_id = part["toolCallId"].as_str().unwrap_or_default().to_owned();
-            chunks.push(UiChunk::ToolInputAvailable {
-                tool_call_id: tool_call_id.clone(),
-                tool_name: name.to_owned(),
-                input: part["input"].clone(),
-            });
-            match part["state"].as_str() {
-                Some("approval-requested") => {
-                    chunks.push(UiChunk::ToolApprovalRequest {
-                        approval_id: part["approval"]["id"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_owned(),
-                        tool_call_id,
-                    });
-                    continue;
-                }
-                Some("output-denied") => {
-                    chunks.push(UiChunk::ToolOutputDenied { tool_call_id });
-                    continue;
-                }
-                Some("approval-responded") => continue,
-                _ => {}
+            Part::Text { text } => {
+                let id = format!("text-{step}");
+                chunks.push(UiChunk::TextStart { id: id.clone() });
+                chunks.push(UiChunk::TextDelta {
+                    id: id.clone(),
+                    delta: text.clone(),
+                });
+                chunks.push(UiChunk::TextEnd { id });
             }
-            chunks.push(if part["state"] == "output-error" {
-                UiChunk::ToolOutputError {
-                    tool_call_id,
-                    error_text: part["errorText"].as_str().unwrap_or_default().to_owned(),
+            Part::Tool(tool) => {
+                let tool_call_id = tool.tool_call_id.clone();
+                chunks.push(UiChunk::ToolInputAvailable {
+                    tool_call_id: tool_call_id.clone(),
+                    tool_name: tool.tool.clone(),
+                    input: tool.input.clone(),
+                });
+                match &tool.state {
+                    ToolState::ApprovalRequested { approval } => {
+                        chunks.push(UiChunk::ToolApprovalRequest {
+                            approval_id: approval.id.to_string(),
+                            tool_call_id,
+                        });
+                    }
+                    ToolState::OutputDenied { .. } => {
+                        chunks.push(UiChunk::ToolOutputDenied { tool_call_id });
+                    }
+                    ToolState::ApprovalResponded { .. } => {}
+                    ToolState::OutputError { error_text, .. } => {
+                        chunks.push(UiChunk::ToolOutputError {
+                            tool_call_id,
+                            error_text: error_text.clone(),
+                        });
+                    }
+                    ToolState::OutputAvailable { output, .. } => {
+                        chunks.push(UiChunk::ToolOutputAvailable {
+                            tool_call_id,
+                            output: output.clone(),
+                        });
+                    }
                 }
-            } else {
-                UiChunk::ToolOutputAvailable {
-                    tool_call_id,
-                    output: part["output"].clone(),
-                }
-            });
+            }
+            Part::Other(_) => {}
         }
     }
     if step > 0 {
         chunks.push(UiChunk::FinishStep);
     }
     chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::parts::ApprovalRequest;
+    use protocol::{MessageId, TurnId};
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(role: &str, parts: Vec<Part>) -> MessageRow {
+        MessageRow {
+            id: MessageId::new(),
+            seq: 1,
+            turn_id: TurnId::new(),
+            role: role.into(),
+            parts,
+            status: "complete".into(),
+            client_message_id: None,
+            created_at: chrono::Utc::now(),
+        }
+    }
+
+    fn text(t: &str) -> Part {
+        Part::Text { text: t.into() }
+    }
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": id}).to_string(),
+        }
+    }
+
+    fn tool(id: &str, state: ToolState) -> Part {
+        Part::Tool(ToolPart {
+            tool: "memory_write".into(),
+            tool_call_id: id.into(),
+            input: json!({"content": id}),
+            state,
+        })
+    }
+
+    /// A part this brain does not write (a later brain's, or a client's) is neither read
+    /// by the model nor replayed, and does not break the history around it.
+    fn foreign() -> Part {
+        Part::Other(json!({"type": "a-later-kind", "text": "not for the model"}))
+    }
+
+    fn result(id: &str, content: &str, is_error: bool) -> ToolResult {
+        ToolResult {
+            call_id: id.into(),
+            content: content.into(),
+            is_error,
+        }
+    }
+
+    #[test]
+    fn every_stored_call_reads_with_one_result() {
+        let approval = uuid::Uuid::now_v7();
+        let denied = Approval {
+            id: uuid::Uuid::now_v7(),
+            approved: false,
+            reason: Some("denied: not now".into()),
+        };
+        let history = [
+            row("user", vec![text("remember "), foreign(), text("both")]),
+            row(
+                "assistant",
+                vec![
+                    Part::StepStart,
+                    text("On it."),
+                    tool_part(
+                        &call("c1"),
+                        &json!({"content": "c1"}),
+                        &ToolOutput::error("budget spent"),
+                        None,
+                    ),
+                    tool("c2", ToolState::OutputDenied { approval: denied }),
+                    foreign(),
+                    Part::StepStart,
+                    tool(
+                        "c3",
+                        ToolState::ApprovalRequested {
+                            approval: ApprovalRequest { id: approval },
+                        },
+                    ),
+                ],
+            ),
+        ];
+        assert_eq!(
+            model_messages(&history),
+            vec![
+                Message::User("remember both".into()),
+                Message::Assistant {
+                    text: "On it.".into(),
+                    tool_calls: vec![call("c1"), call("c2")],
+                },
+                Message::ToolResults(vec![
+                    result("c1", "budget spent", true),
+                    result("c2", "denied: not now", true),
+                ]),
+                Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![call("c3")],
+                },
+                Message::ToolResults(vec![result("c3", AWAITING_APPROVAL, true)]),
+            ]
+        );
+        assert_eq!(
+            replay_chunks(&history[1].parts),
+            vec![
+                UiChunk::StartStep,
+                UiChunk::TextStart {
+                    id: "text-1".into()
+                },
+                UiChunk::TextDelta {
+                    id: "text-1".into(),
+                    delta: "On it.".into(),
+                },
+                UiChunk::TextEnd {
+                    id: "text-1".into()
+                },
+                UiChunk::ToolInputAvailable {
+                    tool_call_id: "c1".into(),
+                    tool_name: "memory_write".into(),
+                    input: json!({"content": "c1"}),
+                },
+                UiChunk::ToolOutputError {
+                    tool_call_id: "c1".into(),
+                    error_text: "budget spent".into(),
+                },
+                UiChunk::ToolInputAvailable {
+                    tool_call_id: "c2".into(),
+                    tool_name: "memory_write".into(),
+                    input: json!({"content": "c2"}),
+                },
+                UiChunk::ToolOutputDenied {
+                    tool_call_id: "c2".into(),
+                },
+                UiChunk::FinishStep,
+                UiChunk::StartStep,
+                UiChunk::ToolInputAvailable {
+                    tool_call_id: "c3".into(),
+                    tool_name: "memory_write".into(),
+                    input: json!({"content": "c3"}),
+                },
+                UiChunk::ToolApprovalRequest {
+                    approval_id: approval.to_string(),
+                    tool_call_id: "c3".into(),
+                },
+                UiChunk::FinishStep,
+            ]
+        );
+    }
 }

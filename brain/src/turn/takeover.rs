@@ -22,9 +22,10 @@
 //!
 //! A turn taken over [`MAX_TAKEOVERS`] times ends `failed` (`takeover_limit`) instead.
 
+use protocol::parts::{Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -54,14 +55,26 @@ pub(super) const OUTCOME_UNKNOWN: &str = "outcome_unknown: the replica running t
 struct Saved {
     /// The assistant message's id: the same across takeovers.
     assistant_id: protocol::MessageId,
-    /// Completed parts; a pending call's part has the state `input-available`.
-    parts: Vec<Value>,
+    /// Completed parts.
+    parts: Vec<Part>,
+    /// Calls the model asked for whose results are not in yet.
+    pending: Vec<Pending>,
     usage: Vec<ModelCallUsage>,
     calls_made: u32,
     tool_calls: usize,
     writes_used: u32,
     iteration: u32,
     truncation_retried: bool,
+}
+
+/// A call in flight when its step was written.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pending {
+    id: String,
+    name: String,
+    /// As shown (redacted by its tool), like every stored input.
+    input: Value,
 }
 
 /// The frozen composition's fields a takeover runs under (T3).
@@ -87,19 +100,18 @@ impl TurnTask {
     /// D2: writes `progress`, with `pending` calls (the model asked for them, they have
     /// not answered yet) marked so, fenced by this replica.
     pub(super) async fn save(&self, progress: &Progress, pending: &[ToolCall]) -> Saving {
-        let mut parts = progress.parts.clone();
-        parts.extend(pending.iter().map(|call| {
-            json!({
-                "type": format!("tool-{}", call.name),
-                "toolCallId": call.id,
-                "state": "input-available",
-                "input": serde_json::from_str::<Value>(&call.arguments)
-                    .unwrap_or_else(|_| Value::String(call.arguments.clone())),
+        let pending = pending
+            .iter()
+            .map(|call| Pending {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                input: self.parse_input(call).1,
             })
-        }));
+            .collect();
         let saved = Saved {
             assistant_id: progress.assistant_id,
-            parts,
+            parts: progress.parts.clone(),
+            pending,
             usage: progress.usage_log.clone(),
             calls_made: progress.calls_made,
             tool_calls: progress.tool_calls,
@@ -268,7 +280,11 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
 impl From<Saved> for Restored {
     fn from(saved: Saved) -> Self {
         Self {
-            parts: saved.parts.into_iter().map(settle_pending).collect(),
+            parts: saved
+                .parts
+                .into_iter()
+                .chain(saved.pending.into_iter().map(outcome_unknown))
+                .collect(),
             usage_log: saved.usage,
             assistant_id: saved.assistant_id,
             calls_made: saved.calls_made,
@@ -282,7 +298,7 @@ impl From<Saved> for Restored {
 
 /// The part of [`Progress`] a takeover restores; the request is rebuilt around it.
 pub(super) struct Restored {
-    pub parts: Vec<Value>,
+    pub parts: Vec<Part>,
     pub usage_log: Vec<ModelCallUsage>,
     pub assistant_id: protocol::MessageId,
     pub calls_made: u32,
@@ -292,11 +308,15 @@ pub(super) struct Restored {
     pub iteration: u32,
 }
 
-/// A pending call's part, answered `outcome_unknown`; other parts as they are.
-fn settle_pending(mut part: Value) -> Value {
-    if part["state"] == "input-available" {
-        part["state"] = json!("output-error");
-        part["errorText"] = json!(OUTCOME_UNKNOWN);
-    }
-    part
+/// A pending call's part, answered `outcome_unknown`: it is never run again.
+fn outcome_unknown(call: Pending) -> Part {
+    Part::Tool(ToolPart {
+        tool: call.name,
+        tool_call_id: call.id,
+        input: call.input,
+        state: ToolState::OutputError {
+            error_text: OUTCOME_UNKNOWN.to_owned(),
+            approval: None,
+        },
+    })
 }

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{AgentId, ChatId, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::admit::Budget;
 use super::compose::Ready;
 use super::context::{self, Fold};
-use super::history::{assistant_messages, step_start, text_part, tool_part};
+use super::history::{assistant_messages, tool_part};
 use super::model_call::{OpenOutcome, Step, StepOutcome};
 use super::output::Client;
 use super::takeover::{Restored, Saving};
@@ -111,7 +112,7 @@ pub(super) struct Progress {
     /// One request for the whole turn: each model call sends its messages so far.
     pub request: ModelRequest,
     /// The assistant message's parts so far.
-    pub parts: Vec<Value>,
+    pub parts: Vec<Part>,
     pub usage_log: Vec<ModelCallUsage>,
     pub assistant_id: MessageId,
     /// Model calls made, every route tried counted.
@@ -210,10 +211,7 @@ impl TurnTask {
         let (Some(progress), Some(restored)) = (self.first.as_mut(), restored) else {
             return;
         };
-        assistant_messages(
-            &Value::Array(restored.parts.clone()),
-            &mut progress.request.messages,
-        );
+        assistant_messages(&restored.parts, &mut progress.request.messages);
         progress.parts = restored.parts;
         progress.usage_log = restored.usage_log;
         progress.assistant_id = restored.assistant_id;
@@ -294,13 +292,15 @@ impl TurnTask {
         };
         self.client.begin(progress.assistant_id).await;
         self.client.send(UiChunk::StartStep).await;
-        progress.parts.push(step_start());
+        progress.parts.push(Part::StepStart);
         let step = self
             .relay(opened, progress.iteration, &mut progress.usage_log)
             .await;
         progress.tool_calls += step.calls.len();
         if !step.text.is_empty() {
-            progress.parts.push(text_part(&step.text));
+            progress.parts.push(Part::Text {
+                text: step.text.clone(),
+            });
         }
         let reason = match step.outcome {
             StepOutcome::Cancelled => return Flow::End(End::Interrupted),
@@ -343,8 +343,8 @@ impl TurnTask {
             self.client.send(UiChunk::FinishStep).await;
             // The cut-off call is not part of the history: the retry starts from the
             // same conversation.
-            progress.parts.pop_if(|p| p["type"] == "text");
-            progress.parts.pop_if(|p| p["type"] == "step-start");
+            progress.parts.pop_if(|p| matches!(p, Part::Text { .. }));
+            progress.parts.pop_if(|p| matches!(p, Part::StepStart));
             return Flow::Next;
         } else {
             None
@@ -431,7 +431,7 @@ impl TurnTask {
                     .parts
                     .push(requested_part(&call.name, &call.id, input, id));
             } else {
-                progress.parts.push(tool_part(call, input, output));
+                progress.parts.push(tool_part(call, input, output, None));
             }
         }
         waiting

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use futures_util::future::{BoxFuture, OptionFuture};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
+use protocol::parts::Approval;
 use protocol::ui::UiChunk;
 use serde_json::Value;
 use tracing::Instrument;
@@ -248,8 +249,12 @@ impl TurnTask {
                 )
                 .await;
             let (input, output) = reported.remove(0);
-            let mut part = tool_part(&call, &input, &output);
-            part["approval"] = serde_json::json!({"id": approval.id.to_string(), "approved": true});
+            let approved = Approval {
+                id: approval.id,
+                approved: true,
+                reason: None,
+            };
+            let part = tool_part(&call, &input, &output, Some(approved));
             if let Err(class) = super::wrap_up::retrying(self.ids.turn, WRAP_UP_PATIENCE, || {
                 self.deps
                     .store
@@ -310,7 +315,7 @@ impl TurnTask {
     /// model: redacted by the tool (B1: `secret_set` blanks its value), or the raw text
     /// when it is not JSON. A tool that redacts gets the raw text to redact too: a call
     /// cut off mid-value still holds the secret.
-    fn parse_input(&self, call: &ToolCall) -> (Result<Value, serde_json::Error>, Value) {
+    pub(super) fn parse_input(&self, call: &ToolCall) -> (Result<Value, serde_json::Error>, Value) {
         let raw = if call.arguments.trim().is_empty() {
             "{}"
         } else {

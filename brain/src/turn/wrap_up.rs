@@ -7,9 +7,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
-use serde_json::Value;
 
 use super::context;
 use super::task::{Ids, Progress, TurnTask};
@@ -164,12 +164,12 @@ impl TurnTask {
         &self,
         end: End,
         assistant_id: MessageId,
-        parts: Vec<Value>,
+        parts: Vec<Part>,
         usage_log: Vec<ModelCallUsage>,
     ) -> (bool, UiChunk) {
         let message = |complete| AssistantMessage {
             id: assistant_id,
-            parts: Value::Array(parts.clone()),
+            parts: parts.clone(),
             complete,
         };
         // The client has seen output: the user message stays, bound to this turn.

@@ -149,6 +149,48 @@ async fn the_next_turn_sees_the_history() {
     );
 }
 
+/// A stored part the brain does not write (another brain's, a later AI SDK's) is served
+/// back unchanged and left out of what the model reads: the history stays readable.
+#[tokio::test]
+async fn a_part_of_an_unknown_type_is_kept_and_not_sent_to_the_model() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("anthropic/claude-test", &[]).await;
+    app.provider.push(text(&["First answer."]));
+    read_stream(app.send(&chat, &json!({"content": "first question"})).await).await;
+    app.settled().await;
+    let foreign = json!([
+        {"type": "reasoning", "text": "private musings", "state": "done"},
+        {"type": "data-connector-status", "data": {"name": "crm", "state": "ready", "tools": 1}},
+    ]);
+    sqlx::query("UPDATE messages SET parts = parts || $1 WHERE role = 'assistant'")
+        .bind(&foreign)
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let stored = app.messages(&chat).await;
+    assert_eq!(
+        stored[1]["parts"].as_array().unwrap()[2..],
+        foreign.as_array().unwrap()[..]
+    );
+
+    app.provider.push(text(&["Second answer."]));
+    let (_, done) = read_stream(
+        app.send(&chat, &json!({"content": "second question"}))
+            .await,
+    )
+    .await;
+    assert!(done);
+    let requests = app.provider.requests();
+    assert_eq!(
+        requests[1].body["messages"],
+        json!([
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": [{"type": "text", "text": "First answer."}]},
+            {"role": "user", "content": "second question"},
+        ])
+    );
+}
+
 #[tokio::test]
 async fn a_repeated_message_id_returns_the_same_turn() {
     let app = TestApp::start().await;
