@@ -483,7 +483,7 @@ impl Config {
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             // Fits Kubernetes' default 30 s grace period, with room for the close.
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
-            lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 10_000, 400, 3_600_000)
+            lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 6_000, 400, 3_600_000)
                 .map(Duration::from_millis)?,
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             approval_ttl: ranged(env, "BRAIN_APPROVAL_TTL_MS", 86_400_000, 1, 31_536_000_000)

@@ -27,6 +27,7 @@ mod oauth_client;
 mod quotas;
 mod recovery;
 mod stop;
+mod takeover;
 mod tools;
 mod traces;
 mod turn;

@@ -1,0 +1,270 @@
+//! Durable turns (D2, D3): a turn whose replica dies is taken over by a live replica and
+//! continued from its last completed step; a call in flight answers `outcome_unknown`; a
+//! turn taken over too often ends `failed` (`takeover_limit`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use crate::common::{BrainProcess, TestApp, read_stream};
+use crate::recovery::{held, post, turn_row, until_taken};
+use protocol::ui::{FinishReason, UiChunk};
+use scripted_provider::Reply;
+use serde_json::{Value, json};
+
+fn text(answer: &str) -> Reply {
+    Reply::Text {
+        deltas: vec![answer.into()],
+        delay: Duration::ZERO,
+    }
+}
+
+/// Waits until the turn of `client_id` is no longer running, for at most `within`;
+/// answers its row and how long it took.
+async fn until_ended(
+    app: &TestApp,
+    client_id: &str,
+    within: Duration,
+) -> ((String, Option<String>), Duration) {
+    let started = Instant::now();
+    loop {
+        let row = turn_row(app, client_id).await;
+        if row.0 != "running" {
+            return (row, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < within,
+            "the turn was still running after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The assistant messages' parts of `chat`, as the API serves them.
+async fn assistant_parts(app: &TestApp, base: &str, chat: &str) -> Vec<Value> {
+    let response = app
+        .auth(app.http.get(format!("{base}/v1/chats/{chat}/messages")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(|m| m["parts"].as_array().unwrap().clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_surviving_replica_takes_a_dead_replicas_turn_over_and_finishes_it() {
+    // The survivor ticks every quarter of its lease; the victim's short lease lapses fast.
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &victim.url,
+        &chat,
+        &json!({"content": "long", "message_id": "m-victim"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // What the model answers the replica that takes over.
+    app.provider.push(text("The whole answer."));
+    let observer = app.observe(&chat).await;
+    victim.kill().await;
+    drop(response);
+
+    let (row, waited) = until_ended(&app, "m-victim", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None), "after {waited:?}");
+    // The model call in flight was issued again; its partial output is nowhere.
+    let parts = assistant_parts(&app, &app.url, &chat).await;
+    assert_eq!(
+        parts,
+        [json!({"type": "step-start"}), json!({"type": "text", "text": "The whole answer."})]
+    );
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 2, "one call by each replica");
+    assert_eq!(requests[0].body["messages"], requests[1].body["messages"]);
+    // Observers of the chat hear that the turn resumed, then its answer.
+    let seen = tokio::time::timeout(Duration::from_secs(5), observer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seen.contains("\"code\":\"resumed\""), "{seen}");
+    assert!(seen.contains("The whole answer."), "{seen}");
+    let reconciled = app.metrics().await;
+    assert!(
+        reconciled.contains("brain_turns_reconciled_total 1"),
+        "{reconciled}"
+    );
+    // A retry of the message id replays the finished answer; the agent is free.
+    let retry = post(
+        &app,
+        &app.url,
+        &chat,
+        &json!({"content": "long", "message_id": "m-victim"}),
+    )
+    .await;
+    assert_eq!(retry.status(), 200);
+    let (chunks, _) = read_stream(retry).await;
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        })
+    );
+    app.provider.push(text("Free."));
+    let (_, next) = until_taken(&app, &app.url, &chat, Duration::from_secs(5)).await;
+    assert_eq!(next.status(), 200);
+    read_stream(next).await;
+}
+
+#[tokio::test]
+async fn the_only_replica_killed_and_restarted_takes_its_own_turn_over() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // The in-process brain only hosts the database and the provider from here on: the
+    // restarted process is shown to take the turn over on its own.
+    app.begin_shutdown();
+    let lease = [("BRAIN_LEASE_TTL_MS", "2000")];
+    let mut brain = BrainProcess::start(&app, &lease).await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &brain.url,
+        &chat,
+        &json!({"content": "a long answer please", "message_id": "m-killed"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    brain.kill().await;
+    drop(response);
+    app.provider.push(text("Done after all."));
+    let mut restarted = BrainProcess::start(&app, &lease).await;
+    let (row, waited) = until_ended(&app, "m-killed", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None), "after {waited:?}");
+    assert_eq!(
+        assistant_parts(&app, &restarted.url, &chat).await,
+        [json!({"type": "step-start"}), json!({"type": "text", "text": "Done after all."})]
+    );
+    restarted.kill().await;
+}
+
+#[tokio::test]
+async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_again() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A lease long enough to write the victim's last step before the survivor looks.
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &victim.url,
+        &chat,
+        &json!({"content": "save it", "message_id": "m-tool"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    victim.kill().await;
+    drop(response);
+    // The step the victim had made durable (D2) when it died: an answer whose call was
+    // running. Written as the victim writes it, under its fence.
+    let progress = json!({
+        "assistant_id": uuid::Uuid::now_v7(),
+        "parts": [{"type": "step-start"}, {"type": "text", "text": "Saving. "}],
+        "pending": [{"id": "call_1", "name": "memory_write", "input": {"content": "x"}}],
+        "usage": [{"call_index": 0, "model": "openai/gpt-test", "input_tokens": 10, "output_tokens": 5}],
+        "calls_made": 1,
+        "tool_calls": 1,
+        "writes_used": 1,
+        "iteration": 1,
+        "truncation_retried": false,
+    });
+    let written = sqlx::query(
+        "UPDATE turns SET progress = $1 WHERE id = \
+         (SELECT turn_id FROM messages WHERE client_message_id = 'm-tool')",
+    )
+    .bind(&progress)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(written.rows_affected(), 1);
+    app.provider.push(text("It may not be saved."));
+
+    let (row, _) = until_ended(&app, "m-tool", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None));
+    let parts = assistant_parts(&app, &app.url, &chat).await;
+    assert_eq!(parts.len(), 5, "{parts:?}");
+    assert_eq!(parts[1], json!({"type": "text", "text": "Saving. "}));
+    assert_eq!(parts[2]["type"], "tool-memory_write");
+    assert_eq!(parts[2]["state"], "output-error");
+    assert!(
+        parts[2]["errorText"]
+            .as_str()
+            .unwrap()
+            .starts_with("outcome_unknown"),
+        "{parts:?}"
+    );
+    assert_eq!(parts[4], json!({"type": "text", "text": "It may not be saved."}));
+    // The model read the unknown outcome; the tool was not run again.
+    let last = app.provider.requests().pop().unwrap();
+    let said = last.body["messages"].to_string();
+    assert!(said.contains("outcome_unknown"), "{said}");
+    let memories: i64 = sqlx::query_scalar("SELECT count(*) FROM memories")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(memories, 0);
+    // The dead replica's model call is billed with the survivor's, once each.
+    let billed: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT b.event_key, b.input_tokens FROM billing_events b JOIN messages m \
+         ON m.turn_id = b.turn_id WHERE m.client_message_id = 'm-tool' ORDER BY b.event_key",
+    )
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(billed.len(), 2, "{billed:?}");
+    assert_eq!(billed[0].1, Some(10));
+}
+
+#[tokio::test]
+async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &victim.url,
+        &chat,
+        &json!({"content": "poison", "message_id": "m-poison"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    victim.kill().await;
+    drop(response);
+    sqlx::query(
+        "UPDATE turns SET takeovers = $1 WHERE id = \
+         (SELECT turn_id FROM messages WHERE client_message_id = 'm-poison')",
+    )
+    .bind(brain::turn::MAX_TAKEOVERS)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    let (row, _) = until_ended(&app, "m-poison", Duration::from_secs(10)).await;
+    assert_eq!(row, ("failed".into(), Some("takeover_limit".into())));
+    assert_eq!(app.provider.requests().len(), 1, "no model call after the limit");
+    app.provider.push(text("Fresh."));
+    let (_, next) = until_taken(&app, &app.url, &chat, Duration::from_secs(5)).await;
+    assert_eq!(next.status(), 200);
+    read_stream(next).await;
+}
