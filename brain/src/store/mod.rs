@@ -388,9 +388,9 @@ fn migrator() -> Migrator {
             include_str!("../../../migrations/0022_authority.sql"),
         ),
         (
-            23,
+            24,
             "durable turns: progress, takeovers, the turn's authority",
-            include_str!("../../../migrations/0023_durable_turns.sql"),
+            include_str!("../../../migrations/0024_durable_turns.sql"),
         ),
     ]
     .into_iter()
