@@ -50,8 +50,8 @@ pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
-    AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
-    storable_text,
+    AssistantMessage, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord, TurnRow,
+    TurnState, TurnStatus, TurnTrigger, storable_text,
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
@@ -384,6 +384,11 @@ fn migrator() -> Migrator {
             22,
             "who set an autostart, who answered an approval",
             include_str!("../../../migrations/0022_authority.sql"),
+        ),
+        (
+            23,
+            "background turns, agents' disconnect policy",
+            include_str!("../../../migrations/0023_background_turns.sql"),
         ),
     ]
     .into_iter()

@@ -47,6 +47,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::AppState;
+use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 use crate::connectors;
 use crate::error::ApiError;
@@ -326,7 +327,9 @@ async fn start(
     let cancel = state.turns_cancel.child_token();
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
-    let guard = (!detached).then(|| cancel.clone().drop_guard());
+    // D1: nor does it when the agent lets its turns outlive their client.
+    let guard = (!detached && agent.disconnect_policy == DisconnectPolicy::Cancel)
+        .then(|| cancel.clone().drop_guard());
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
@@ -375,6 +378,7 @@ async fn start(
             team,
             agent: agent.id,
             chat,
+            background: detached,
             trigger: if !resume.is_empty() {
                 "approval"
             } else if autostart {
@@ -462,7 +466,7 @@ async fn start(
         policy: agent.approval_policy.clone(),
         approval_ttl: state.config.approval_ttl,
         resume,
-        detached,
+        detached: guard.is_none(),
         speculation: speculation::Speculation::new(
             &state.sessions,
             state.config.workers.speculation_grace,
@@ -484,7 +488,7 @@ async fn start(
         turn: Some(turn_id),
         answered: answered.clone(),
     };
-    let Some(guard) = guard else {
+    if detached {
         // Nobody reads a detached turn's stream: its chunks go to the events stream only.
         drop(rx);
         // The scheduler records whether a fire's turn got going; an approval's answer is
@@ -493,7 +497,7 @@ async fn start(
             return Err(err);
         }
         return Ok(launched(None));
-    };
+    }
     match started_rx.await {
         Ok(Ok(())) => Ok(launched(Some(
             UiBody::live(rx, guard).with_rate_limit(quota.headers),

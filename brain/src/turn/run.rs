@@ -95,8 +95,8 @@ pub(super) struct TurnTask {
     /// A continuation (A3): the approvals of the turn it continues, all answered; the
     /// approved calls run before the first model call.
     pub resume: Vec<ApprovalRow>,
-    /// No client reads the stream (an approval answered by `POST /v1/approvals`): a
-    /// dropped receiver is not a cancel.
+    /// No client reads the stream (an approval answered by `POST /v1/approvals`), or its
+    /// agent lets it outlive its client (D1): a dropped or stalled receiver is not a cancel.
     pub detached: bool,
     /// Starts the worker of a worker tool call the model is still streaming (W11); `None`
     /// when that is off.
@@ -1259,10 +1259,11 @@ impl TurnTask {
             Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
         };
         if self.stalled.load(Ordering::Relaxed) {
-            return false;
+            return self.detached;
         }
         match tokio::time::timeout(self.stall_timeout, self.tx.send(chunk)).await {
             Ok(Ok(())) => true,
+            Ok(Err(_)) if self.detached => true,
             Ok(Err(_)) => {
                 self.cancel.cancel();
                 false
@@ -1270,6 +1271,9 @@ impl TurnTask {
             Err(_) => {
                 tracing::info!(turn = %self.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
                 self.stalled.store(true, Ordering::Relaxed);
+                if self.detached {
+                    return true;
+                }
                 self.cancel.cancel();
                 false
             }
