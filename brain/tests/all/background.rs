@@ -399,3 +399,61 @@ async fn the_stream_follows_a_background_turn_from_another_replica_then_answers_
     turn_until(&app, &turn, "completed").await;
     assert_eq!(resume().await.unwrap().status(), 204, "the turn ended");
 }
+
+/// D1: with `continue`, a client that stays connected but stops reading is given up, not
+/// its turn: past the stall timeout the turn goes on without it and completes.
+#[tokio::test]
+async fn an_agent_that_continues_keeps_its_turn_running_past_a_stalled_client() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    assert_eq!(set_disconnect_policy(&app, &agent, "continue").await.0, 200);
+    // 24 MiB, 8 KiB a millisecond: far more than the socket buffers, hyper's and the
+    // chunk channel take (about 5 MiB, 12 MiB on a fast machine's autotuned buffers).
+    let deltas = 3072;
+    app.provider.push(Reply::Text {
+        deltas: (0..deltas)
+            .map(|i| format!("{i:07} {}", "x".repeat(8184)))
+            .collect(),
+        delay: Duration::from_millis(1),
+    });
+    let address = app.url.trim_start_matches("http://").to_owned();
+    let body = json!({"content": "a long answer please"}).to_string();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    socket
+        .write_all(
+            format!(
+                "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
+                 authorization: Bearer {}\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                app.key,
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    // Never read; the connection stays open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let turns = loop {
+        let turns = app.turns().await;
+        if !turns.is_empty() && turns.iter().all(|(s, _)| s != "running") {
+            break turns;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running: {turns:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(turns, vec![("completed".to_owned(), None)]);
+    assert!(app.provider.aborted_streams().is_empty());
+    let stored: i32 = sqlx::query_scalar(
+        "SELECT length(parts->1->>'text') FROM messages WHERE role = 'assistant'",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(stored, deltas * 8192, "the whole answer is kept");
+    drop(socket);
+}
