@@ -167,6 +167,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         runtime_profile: "none".into(),
         concierge: false,
         approval_policy: Default::default(),
+        disconnect_policy: Default::default(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

@@ -17,6 +17,47 @@ const MAX_AUTOSTART_PROMPT: usize = 4000;
 /// SPEC R: the modes an agent may name.
 pub const RUNTIME_PROFILES: [&str; 5] = ["none", "light", "browser", "heavy", "warm"];
 
+/// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
+/// (`"background": true`, autostarts, approval continuations) have no client to lose.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DisconnectPolicy {
+    /// The turn stops as an explicit stop would (T8): closing the tab stops the spend.
+    #[default]
+    Cancel,
+    /// The turn runs to its end and is stored; the transcript, `GET /v1/turns/{id}` and
+    /// the chat's streams show it.
+    Continue,
+}
+
+impl DisconnectPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cancel => "cancel",
+            Self::Continue => "continue",
+        }
+    }
+
+    /// The stored form; `None` for anything else (the column's check allows nothing else).
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "cancel" => Some(Self::Cancel),
+            "continue" => Some(Self::Continue),
+            _ => None,
+        }
+    }
+}
+
 /// Checks a new agent's fields; the message says what is wrong.
 pub fn validate_new_agent(
     name: String,
@@ -46,6 +87,7 @@ pub fn validate_new_agent(
         runtime_profile,
         concierge,
         approval_policy: ApprovalPolicy::default(),
+        disconnect_policy: DisconnectPolicy::default(),
     })
 }
 
@@ -125,6 +167,7 @@ pub struct AgentChange {
     /// `Some(None)` is UTC.
     pub autostart_timezone: Option<Option<String>>,
     pub approval_policy: Option<crate::approvals::ApprovalPolicy>,
+    pub disconnect_policy: Option<DisconnectPolicy>,
 }
 
 /// Applies `change` to `current` and checks the result as a whole (a new time zone is
@@ -153,6 +196,9 @@ pub fn apply_change(
         .approval_policy
         .unwrap_or_else(|| current.approval_policy.clone());
     approval_policy.validate()?;
+    let disconnect_policy = change
+        .disconnect_policy
+        .unwrap_or(current.disconnect_policy);
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -178,6 +224,7 @@ pub fn apply_change(
         runtime_profile,
         autostart,
         approval_policy,
+        disconnect_policy,
     })
 }
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::agents::{AgentChange, apply_change, validate_new_agent};
+use crate::agents::{AgentChange, DisconnectPolicy, apply_change, validate_new_agent};
 use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -34,6 +34,10 @@ pub struct CreateAgent {
     /// Which calls ask a person first and which tools never run; by default nothing asks.
     #[serde(default)]
     approval_policy: ApprovalPolicy,
+    /// What a hang-up of an interactive turn's client does (D1): `cancel` (the default)
+    /// stops the turn, `continue` lets it run to its end.
+    #[serde(default)]
+    disconnect_policy: DisconnectPolicy,
 }
 
 impl CreateAgent {
@@ -41,7 +45,7 @@ impl CreateAgent {
         self.approval_policy
             .validate()
             .map_err(ApiError::InvalidRequest)?;
-        let approval_policy = self.approval_policy;
+        let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -52,6 +56,7 @@ impl CreateAgent {
         )
         .map(|agent| NewAgent {
             approval_policy,
+            disconnect_policy,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -136,6 +141,9 @@ pub struct PatchAgent {
     /// Replaces the agent's approval policy (A2) as a whole.
     #[serde(default)]
     approval_policy: Option<ApprovalPolicy>,
+    /// `cancel` or `continue` (D1).
+    #[serde(default)]
+    disconnect_policy: Option<DisconnectPolicy>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -147,6 +155,7 @@ impl From<PatchAgent> for AgentChange {
             runtime_profile: patch.runtime_profile,
             autostart_cron: patch.autostart_cron,
             approval_policy: patch.approval_policy,
+            disconnect_policy: patch.disconnect_policy,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }

@@ -1,4 +1,5 @@
-//! `POST|GET /v1/agents/{id}/chats`, `GET|POST /v1/chats/{id}/messages`.
+//! `POST|GET /v1/agents/{id}/chats`, `GET|POST /v1/chats/{id}/messages`: a posted message
+//! starts a turn streamed to its client, or in the background (D1), answered `202`.
 //!
 //! A chat records the JWT user who opened it; a user token without the admin claim sees
 //! only its user's chats (`crate::auth`), every other one is `404` like another team's.
@@ -6,8 +7,8 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use axum::response::{IntoResponse, Response};
+use logging::traces::TraceContext;
 use protocol::ErrorBody;
 use protocol::parts::{Part, ToolPart, ToolState};
 use serde::{Deserialize, Serialize};
@@ -17,15 +18,16 @@ use utoipa::{PartialSchema, ToSchema};
 
 use super::agents::ListParams;
 use super::openapi::UiStreamEvent;
-use super::{JsonBody, QueryParams, parse_id};
+use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::Answer;
-use crate::store::{ChatRow, MessageRow, StoreError, bounded};
-use crate::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
+use crate::store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, bounded};
+use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
+use protocol::{ChatId, MessageId, TurnId};
 
 const MAX_CLIENT_ID: usize = 200;
 
@@ -123,24 +125,8 @@ pub struct MessageParams {
     before: Option<String>,
 }
 
-/// What a cursor names, behind its opaque form: clients only hand it back, so the key
-/// (the transcript's `seq`) may change without breaking them.
-const CURSOR_TAG: &str = "m1:";
-
-fn cursor_of(seq: i64) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{CURSOR_TAG}{seq}"))
-}
-
-fn seq_of(cursor: &str) -> Result<i64, ApiError> {
-    URL_SAFE_NO_PAD
-        .decode(cursor)
-        .ok()
-        .and_then(|raw| String::from_utf8(raw).ok())
-        .and_then(|raw| raw.strip_prefix(CURSOR_TAG)?.parse::<i64>().ok())
-        .ok_or_else(|| {
-            ApiError::InvalidRequest("before must be a next_cursor this API returned".into())
-        })
-}
+/// The transcript's cursors name a message's `seq`.
+const MESSAGES_CURSOR: &str = "m1:";
 
 /// `GET /v1/chats/{id}/messages`: the transcript a page at a time, newest page first.
 #[utoipa::path(
@@ -166,7 +152,11 @@ pub async fn messages(
 ) -> Result<Json<Messages>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
     let limit = ListParams::checked(params.limit)?;
-    let before = params.before.as_deref().map(seq_of).transpose()?;
+    let before = params
+        .before
+        .as_deref()
+        .map(|c| paging::key_of(MESSAGES_CURSOR, c, "before"))
+        .transpose()?;
     principal.check_chat(&state.store, chat).await?;
     match bounded(
         state
@@ -177,7 +167,11 @@ pub async fn messages(
     {
         Ok((messages, more)) => {
             let next_cursor = more
-                .then(|| messages.first().map(|m| cursor_of(m.seq)))
+                .then(|| {
+                    messages
+                        .first()
+                        .map(|m| paging::cursor_of(MESSAGES_CURSOR, m.seq))
+                })
                 .flatten();
             Ok(Json(Messages {
                 messages,
@@ -204,6 +198,10 @@ pub struct PlainMessage {
     content: String,
     #[serde(default)]
     message_id: Option<String>,
+    /// Run the turn in the background (D1): answered `202` at once, it runs to its end
+    /// whatever the client does.
+    #[serde(default)]
+    background: bool,
 }
 
 /// What the AI SDK's `DefaultChatTransport` sends: the whole client-side transcript. Only
@@ -221,6 +219,11 @@ pub struct AiSdkRequest {
     #[serde(default, rename = "messageId")]
     #[schema(value_type = Value)]
     _message_id: serde::de::IgnoredAny,
+    /// As in the plain form (D1); a `useChat` client sets it through the transport's
+    /// `body`. Not with approval responses, whose continuation `POST
+    /// /v1/approvals/{id}` runs in the background.
+    #[serde(default)]
+    background: bool,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -285,6 +288,14 @@ fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
 }
 
 impl PostMessage {
+    /// Whether the turn is to run in the background (D1).
+    fn background(&self) -> bool {
+        match self {
+            Self::Plain(plain) => plain.background,
+            Self::AiSdk(request) => request.background,
+        }
+    }
+
     fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
@@ -342,6 +353,19 @@ impl PostMessage {
     }
 }
 
+/// `202` to a background POST (D1): the turn it started, or the one an earlier POST of
+/// its `message_id` did (T12).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BackgroundTurn {
+    turn_id: TurnId,
+    chat_id: ChatId,
+    /// The user message, as the transcript lists it; `null` when the turn failed before
+    /// any output and withdrew it (its `message_id` may then be sent again).
+    message_id: Option<MessageId>,
+    /// `running`, or how far the turn already got (`GET /v1/turns/{id}`'s `status`).
+    status: TurnProgress,
+}
+
 #[utoipa::path(
     post,
     path = "/chats/{chat_id}/messages",
@@ -352,7 +376,9 @@ impl PostMessage {
     responses(
         (status = 200, description = "The turn as the AI SDK UI message stream: one \
             `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
-            `message_id` of a finished turn replays it.",
+            `message_id` of a finished turn replays it. Closing the stream stops the turn \
+            (T8), unless the agent's `disconnect_policy` is `continue` (D1): then the turn \
+            runs to its end.",
             content_type = "text/event-stream", body = UiStreamEvent,
             headers(
                 ("x-vercel-ai-ui-message-stream" = String, description = "`v1`"),
@@ -360,27 +386,38 @@ impl PostMessage {
                     (draft-ietf-httpapi-ratelimit-headers), when it has any."),
                 ("ratelimit" = String, description = "What is left of each of them."),
             )),
+        (status = 202, description = "`\"background\": true` (D1): the turn was started and \
+            runs to its end whatever the client does; follow it with `GET \
+            /v1/chats/{chat_id}/stream`, `GET /v1/chats/{chat_id}/events` or `GET \
+            /v1/turns/{turn_id}`. A retry with the same `message_id` answers the same turn \
+            (its `status` says how far it got) and starts nothing.",
+            body = BackgroundTurn),
         (status = 402, description = "A period budget of the team is spent: model tokens per \
             day or month (`quota_exhausted`, with `Retry-After` until it resets and the \
             `RateLimit-Policy` / `RateLimit` fields). Nothing was written or sent.",
             body = ErrorBody),
         (status = 400, description = "The body matches neither form, or its content is \
-            empty, too long or holds NUL (`invalid_request`).", body = ErrorBody),
+            empty, too long or holds NUL, or `background` comes with approval responses \
+            (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
         (status = 409, description = "The agent is running another turn (`agent_busy`), or \
-            this `message_id`'s turn is still running (`turn_in_progress`); `turn_id` names it.",
+            this `message_id`'s turn is still running (`turn_in_progress`; a background \
+            POST answers `202` instead); `turn_id` names it.",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
         (status = 429, description = "The team's turns per minute or concurrent turns are \
             reached (`quota_exceeded`, with `Retry-After` and the `RateLimit-Policy` / \
             `RateLimit` fields; nothing was written or sent), or every model route was \
             rate-limited before any output (`rate_limited`, with `Retry-After` when the \
-            provider gave one).", body = ErrorBody),
-        (status = 502, description = "The provider refused the request (`provider_rejected`).",
+            provider gave one; never for a background turn, whose failure is its own).",
+            body = ErrorBody),
+        (status = 502, description = "The provider refused the request (`provider_rejected`; \
+            a background turn's is its own).",
             body = ErrorBody),
         (status = 503, description = "Every model route failed before any output \
-            (`provider_unavailable`), a store is unavailable (`store_unavailable`), this \
+            (`provider_unavailable`; a background turn's failure is its own), a store is \
+            unavailable (`store_unavailable`), this \
             replica's queue of new turns is full or the turn waited too long in it \
             (`overloaded`, with `Retry-After`; nothing was written), or this replica is \
             draining (`shutting_down`, with `Retry-After`).", body = ErrorBody),
@@ -392,7 +429,7 @@ pub async fn post_message(
     Path(chat_id): Path<String>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<serde_json::Value>,
-) -> Result<UiBody, ApiError> {
+) -> Result<Response, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
     // Decided by shape so that each variant reports its own unknown-field errors
     // (an untagged enum would only say "did not match any variant").
@@ -400,12 +437,23 @@ pub async fn post_message(
         serde_json::from_value(body).map(PostMessage::AiSdk)
     } else {
         serde_json::from_value(body).map(PostMessage::Plain)
-    };
-    let trigger = parsed
-        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?
-        .into_trigger(state.config.max_message_chars)?;
+    }
+    .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let background = parsed.background();
+    let trigger = parsed.into_trigger(state.config.max_message_chars)?;
+    if background && matches!(trigger, Trigger::Approval(_)) {
+        return Err(ApiError::InvalidRequest(
+            "background is for a new user message; answer approvals with POST \
+             /v1/approvals/{id} for a continuation in the background"
+                .into(),
+        ));
+    }
     principal.check_chat(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
+    if background {
+        let accepted = start_background(&state, &principal, chat, trigger, parent.as_ref()).await?;
+        return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
+    }
     let launched = turn::launch(
         &state,
         principal.team,
@@ -422,5 +470,65 @@ pub async fn post_message(
             finish_reason: FinishReason::ToolCalls,
         }])
     });
-    Ok(body.until(state.auth.standing(&principal)))
+    Ok(body.until(state.auth.standing(&principal)).into_response())
+}
+
+/// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
+/// POST of its message id started (T12), running or ended: a retry starts nothing.
+async fn start_background(
+    state: &AppState,
+    principal: &Principal,
+    chat: ChatId,
+    trigger: Trigger,
+    parent: Option<&TraceContext>,
+) -> Result<BackgroundTurn, ApiError> {
+    let client_id = match &trigger {
+        Trigger::User(input) => input.client_message_id.clone(),
+        _ => None,
+    };
+    let store = &state.store;
+    if let Some(id) = client_id.as_deref()
+        && let Some(earlier) =
+            bounded(store.started_turn(principal.team, chat, Started::ClientMessage(id))).await?
+    {
+        return Ok(BackgroundTurn::of(chat, earlier));
+    }
+    let launched = turn::launch(
+        state,
+        principal.team,
+        chat,
+        trigger,
+        principal.authority(),
+        true,
+        parent,
+    )
+    .await;
+    let which = match (launched, client_id.as_deref()) {
+        (
+            Ok(Launched {
+                turn: Some(turn), ..
+            }),
+            _,
+        ) => Started::Turn(turn),
+        // A POST of the same message id got there first (the intake replays, or finds
+        // running, its turn): that turn is the answer.
+        (Ok(_) | Err(TurnError::InProgress(_)), Some(id)) => Started::ClientMessage(id),
+        (Ok(_), None) => return Err(ApiError::Internal("a background turn did not start".into())),
+        (Err(err), _) => return Err(err.into()),
+    };
+    let started = bounded(store.started_turn(principal.team, chat, which))
+        .await?
+        .ok_or_else(|| ApiError::Internal("a started background turn vanished".into()))?;
+    Ok(BackgroundTurn::of(chat, started))
+}
+
+impl BackgroundTurn {
+    fn of(chat: ChatId, (turn, message): (TurnRow, Option<MessageId>)) -> Self {
+        Self {
+            turn_id: turn.id,
+            chat_id: chat,
+            message_id: message,
+            status: turn.status,
+        }
+    }
 }

@@ -15,6 +15,7 @@ mod health;
 mod keys;
 mod oauth;
 pub mod openapi;
+mod paging;
 mod quotas;
 mod secrets;
 mod turns;
@@ -95,6 +96,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::answer))
+        .routes(routes!(turns::get_turn))
+        .routes(routes!(turns::list_turns))
         .routes(routes!(turns::stop_turn))
         .routes(routes!(turns::stop_chat))
         .routes(routes!(whoami::get));

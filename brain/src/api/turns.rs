@@ -1,19 +1,143 @@
-//! `POST /v1/turns/{id}/stop`, `POST /v1/chats/{id}/stop` (SPEC T8): stop a running turn
-//! from any client on any replica, exactly as a hang-up stops it (`crate::turn::stop`).
+//! `GET /v1/turns/{id}`, `GET /v1/chats/{id}/turns` (D1): where a turn is, however it was
+//! started; `POST /v1/turns/{id}/stop`, `POST /v1/chats/{id}/stop` (SPEC T8): stop a
+//! running turn from any client on any replica, exactly as a hang-up stops it
+//! (`crate::turn::stop`).
 //!
-//! Either key scope may stop a turn (a `chat` key runs turns); a user token without the
-//! admin claim only its own chats' turns: another user's is `404`, like another team's.
+//! Either key scope may read or stop a turn (a `chat` key runs turns, of its chat only); a
+//! user token without the admin claim only its own chats' turns: another user's is `404`,
+//! like another team's.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use protocol::ErrorBody;
+use protocol::{ChatId, ErrorBody, TurnId};
+use serde::{Deserialize, Serialize};
 
-use super::parse_id;
+use super::agents::ListParams;
+use super::{QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::error::ApiError;
+use crate::store::{StoreError, TurnRow, bounded};
 use crate::turn::stop::{self, StopAnswer};
+
+#[utoipa::path(
+    get,
+    path = "/turns/{turn_id}",
+    operation_id = "get_turn",
+    tag = "turns",
+    params(("turn_id" = Uuid, Path, description = "The turn, as the stream's `data-turn` \
+        part or a background POST's `202` names it.")),
+    responses(
+        (status = 200, description = "The turn: `status` is `running`, `completed`, \
+            `awaiting_approval` (it ended with calls waiting for a person; answering them \
+            starts its continuation, a turn with `trigger` `approval`), `interrupted` or \
+            `failed` (with `error`, a stable error code).", body = TurnRow),
+        (status = 404, description = "No such turn in the team, or one of a chat the caller \
+            may not see (`not_found`).", body = ErrorBody),
+        (status = 503, description = "The store is unavailable (`store_unavailable`).",
+            body = ErrorBody),
+    ),
+)]
+pub async fn get_turn(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(turn_id): Path<String>,
+) -> Result<Json<TurnRow>, ApiError> {
+    let turn = parse_id(&turn_id, "turn")?;
+    let row = match bounded(state.store.turn_row(principal.team, turn)).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("turn")),
+        Err(e) => return Err(e.into()),
+    };
+    visible_turn(&state, &principal, row.chat_id).await?;
+    Ok(Json(row))
+}
+
+/// A turn's chat the principal may see; any other is `404 turn`.
+async fn visible_turn(
+    state: &AppState,
+    principal: &Principal,
+    chat: ChatId,
+) -> Result<(), ApiError> {
+    principal
+        .check_chat(&state.store, chat)
+        .await
+        .map_err(|e| match e {
+            AuthError::NotFound(_) => ApiError::NotFound("turn"),
+            other => other.into(),
+        })
+}
+
+/// A page of a chat's turns. Without `next_cursor` it reaches the chat's first turn.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Turns {
+    /// Newest first.
+    turns: Vec<TurnRow>,
+    /// `cursor` for the page of older turns; absent on the oldest page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
+}
+
+/// `?limit=&cursor=` of a chat's turns.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TurnParams {
+    /// How many turns: 1 to 200, 50 when absent.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// A `next_cursor` of an earlier page: the page of turns older than that one.
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+/// The turn listing's cursors name the last turn of a page.
+const TURNS_CURSOR: &str = "t1:";
+
+#[utoipa::path(
+    get,
+    path = "/chats/{chat_id}/turns",
+    operation_id = "list_turns",
+    tag = "turns",
+    params(("chat_id" = Uuid, Path, description = "The chat."), TurnParams),
+    responses(
+        (status = 200, description = "The chat's turns, newest first, `limit` at most, older \
+            than `cursor`'s page when given; `next_cursor` pages to older ones.", body = Turns),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor \
+            (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such chat in the team, or one the caller may not \
+            see (`not_found`).", body = ErrorBody),
+        (status = 503, description = "The store is unavailable (`store_unavailable`).",
+            body = ErrorBody),
+    ),
+)]
+pub async fn list_turns(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(chat_id): Path<String>,
+    QueryParams(params): QueryParams<TurnParams>,
+) -> Result<Json<Turns>, ApiError> {
+    let chat = parse_id(&chat_id, "chat")?;
+    let limit = ListParams::checked(params.limit)?;
+    let before: Option<TurnId> = params
+        .cursor
+        .as_deref()
+        .map(|c| paging::key_of(TURNS_CURSOR, c, "cursor"))
+        .transpose()?;
+    principal.check_chat(&state.store, chat).await?;
+    match bounded(state.store.turn_page(principal.team, chat, before, limit)).await {
+        Ok((turns, more)) => {
+            let next_cursor = more
+                .then(|| turns.last().map(|t| paging::cursor_of(TURNS_CURSOR, t.id)))
+                .flatten();
+            Ok(Json(Turns { turns, next_cursor }))
+        }
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
+        Err(e) => Err(e.into()),
+    }
+}
 
 #[utoipa::path(
     post,
@@ -41,13 +165,7 @@ pub async fn stop_turn(
 ) -> Result<(StatusCode, Json<StopAnswer>), ApiError> {
     let turn = parse_id(&turn_id, "turn")?;
     let found = stop::find(&state.store, principal.team, turn).await?;
-    principal
-        .check_chat(&state.store, found.chat)
-        .await
-        .map_err(|e| match e {
-            AuthError::NotFound(_) => ApiError::NotFound("turn"),
-            other => other.into(),
-        })?;
+    visible_turn(&state, &principal, found.chat).await?;
     Ok(answer(stop::stop(&state, principal.team, found).await?))
 }
 

@@ -6,6 +6,7 @@ use sqlx::Row;
 
 use super::cron::drop_pending_firings;
 use super::{AutostartAt, Store, StoreError};
+use crate::agents::DisconnectPolicy;
 use crate::approvals::ApprovalPolicy;
 
 #[derive(Clone, Debug)]
@@ -19,6 +20,7 @@ pub struct NewAgent {
     pub concierge: bool,
     /// Validated by `ApprovalPolicy::validate` (A2).
     pub approval_policy: ApprovalPolicy,
+    pub disconnect_policy: DisconnectPolicy,
 }
 
 /// An agent's changeable fields after a change (`crate::agents::apply_change`).
@@ -32,6 +34,7 @@ pub struct AgentUpdate {
     /// with its next tick.
     pub autostart: Option<Option<AutostartAt>>,
     pub approval_policy: ApprovalPolicy,
+    pub disconnect_policy: DisconnectPolicy,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
@@ -51,11 +54,13 @@ pub struct AgentRow {
     pub concierge: bool,
     /// Which calls ask a person first and which tools never run (A2).
     pub approval_policy: ApprovalPolicy,
+    /// What a hang-up of an interactive turn's client does to the turn (D1).
+    pub disconnect_policy: DisconnectPolicy,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -74,6 +79,13 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
         approval_policy: row
             .try_get::<sqlx::types::Json<ApprovalPolicy>, _>("approval_policy")?
             .0,
+        disconnect_policy: {
+            let raw: String = row.try_get("disconnect_policy")?;
+            DisconnectPolicy::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "disconnect_policy".into(),
+                source: format!("unknown disconnect policy {raw}").into(),
+            })?
+        },
         created_at: row.try_get("created_at")?,
     })
 }
@@ -85,8 +97,8 @@ impl Store {
         agent: &NewAgent,
     ) -> Result<AgentRow, StoreError> {
         let sql = format!(
-            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {AGENT_COLUMNS}"
+            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(AgentId::new().0)
@@ -98,6 +110,7 @@ impl Store {
             .bind(&agent.runtime_profile)
             .bind(agent.concierge)
             .bind(sqlx::types::Json(&agent.approval_policy))
+            .bind(agent.disconnect_policy.as_str())
             .fetch_one(&self.pool)
             .await?;
         Ok(agent_from_row(&row)?)
@@ -152,7 +165,7 @@ impl Store {
              autostart_timezone = CASE WHEN $7 THEN $10 ELSE autostart_timezone END, \
              autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
-             approval_policy = $12, updated_at = now() \
+             approval_policy = $12, disconnect_policy = $14, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -169,6 +182,7 @@ impl Store {
             .bind(next)
             .bind(sqlx::types::Json(&update.approval_policy))
             .bind(set.and_then(|a| a.set_by.as_deref()))
+            .bind(update.disconnect_policy.as_str())
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

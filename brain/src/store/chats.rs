@@ -141,7 +141,8 @@ impl Store {
             "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
-                    a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, a.created_at, \
+                    a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
+                    a.disconnect_policy, a.created_at, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \
                     EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \

@@ -52,8 +52,8 @@ pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use takeover::{Resumable, TakenOver};
 pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
 pub use turns::{
-    AssistantMessage, ModelCallUsage, NewTurn, TurnEnd, TurnRecord, TurnState, TurnStatus,
-    storable_text,
+    AssistantMessage, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord, TurnRow,
+    TurnState, TurnStatus, TurnTrigger, storable_text,
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
@@ -386,6 +386,11 @@ fn migrator() -> Migrator {
             22,
             "who set an autostart, who answered an approval",
             include_str!("../../../migrations/0022_authority.sql"),
+        ),
+        (
+            23,
+            "background turns, agents' disconnect policy",
+            include_str!("../../../migrations/0023_background_turns.sql"),
         ),
         (
             24,

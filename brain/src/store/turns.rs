@@ -29,6 +29,8 @@ pub struct NewTurn<'a> {
     pub agent: AgentId,
     pub chat: ChatId,
     pub trigger: &'static str,
+    /// Started for no client (D1): a hang-up has nothing to cancel.
+    pub background: bool,
     /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
     /// it cannot be written, and then no provider is called. Stored once per distinct
     /// text of a team (`compositions`, keyed by its SHA-256).
@@ -103,6 +105,94 @@ fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreEr
         replica: replica.map(ReplicaId),
         started_at: row.try_get("started_at")?,
     })
+}
+
+/// How far a turn got, as `GET /v1/turns/{id}` shows it (D1): the stored status, except
+/// that a turn stored `completed` while calls of it wait for a person is
+/// `awaiting_approval` (answering them starts its continuation, a turn of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnProgress {
+    Running,
+    Completed,
+    AwaitingApproval,
+    Interrupted,
+    Failed,
+}
+
+/// What started a turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnTrigger {
+    /// A message posted to the chat.
+    User,
+    /// The agent's cadence (T11).
+    Autostart,
+    /// The answers to a turn's approvals (A3): it continues that turn.
+    Approval,
+}
+
+/// A turn of a chat (D1).
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TurnRow {
+    pub id: TurnId,
+    pub chat_id: ChatId,
+    pub agent_id: AgentId,
+    pub status: TurnProgress,
+    pub trigger: TurnTrigger,
+    /// Run with no client to end it: `"background": true`, an autostart, or an approval
+    /// answered through `POST /v1/approvals/{id}`.
+    pub background: bool,
+    pub started_at: DateTime<Utc>,
+    /// `null` while it runs.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// Why a `failed` turn failed.
+    pub error: Option<ErrorCode>,
+}
+
+/// The columns [`turn_row_from_row`] reads, of `turns t`.
+const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.trigger, t.background, \
+    t.started_at, t.finished_at, t.error_code, \
+    EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = t.team_id AND p.chat_id = t.chat_id \
+            AND p.turn_id = t.id AND p.state = 'pending') AS awaiting_approval";
+
+fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError> {
+    let status = match TurnStatus::parse(row.try_get("status")?)? {
+        TurnStatus::Completed if row.try_get("awaiting_approval")? => {
+            TurnProgress::AwaitingApproval
+        }
+        TurnStatus::Completed => TurnProgress::Completed,
+        TurnStatus::Running => TurnProgress::Running,
+        TurnStatus::Interrupted => TurnProgress::Interrupted,
+        TurnStatus::Failed => TurnProgress::Failed,
+    };
+    let trigger = match row.try_get::<&str, _>("trigger")? {
+        "user" => TurnTrigger::User,
+        "autostart" => TurnTrigger::Autostart,
+        "approval" => TurnTrigger::Approval,
+        other => return Err(StoreError::Corrupt(format!("turn trigger {other}"))),
+    };
+    let error: Option<&str> = row.try_get("error_code")?;
+    Ok(TurnRow {
+        id: TurnId(row.try_get("id")?),
+        chat_id: ChatId(row.try_get("chat_id")?),
+        agent_id: AgentId(row.try_get("agent_id")?),
+        status,
+        trigger,
+        background: row.try_get("background")?,
+        started_at: row.try_get("started_at")?,
+        ended_at: row.try_get("finished_at")?,
+        error: error.and_then(ErrorCode::parse),
+    })
+}
+
+/// Which turn a background POST's answer names (D1).
+#[derive(Clone, Copy, Debug)]
+pub enum Started<'a> {
+    /// The turn it just started.
+    Turn(TurnId),
+    /// The turn an earlier POST of this client message id started (T12).
+    ClientMessage(&'a str),
 }
 
 /// One model call's usage, billed once (E1). Kept in a turn's progress (D2) until then.
@@ -210,8 +300,8 @@ impl Store {
                ON CONFLICT DO NOTHING), \
              t AS ( \
                INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, \
-                 replica_id, actor, actor_admin) \
-               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11, $13, $14) RETURNING id), \
+                 replica_id, background, actor, actor_admin) \
+               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11, $13, $14, $15) RETURNING id), \
              m AS ( \
                INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
                SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
@@ -234,6 +324,7 @@ impl Store {
             .bind(history_after)
             .bind(turn.replica.0)
             .bind(&composition_hash[..])
+            .bind(turn.background)
             .bind(turn.actor)
             .bind(turn.actor_admin)
             .fetch_all(&self.pool)
@@ -283,6 +374,95 @@ impl Store {
             Some(_) => turn_state_from_row(&row).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// A turn of `team` as `GET /v1/turns/{id}` shows it; `NotFound` for an unknown one or
+    /// another team's.
+    pub async fn turn_row(&self, team: TeamId, turn: TurnId) -> Result<TurnRow, StoreError> {
+        let sql = format!("SELECT {TURN_COLUMNS} FROM turns t WHERE t.team_id = $1 AND t.id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(turn.0)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        turn_row_from_row(&row)
+    }
+
+    /// A page of a chat's turns, newest first: at most `limit` started before the turn
+    /// `before` (a cursor: the last turn of the previous page), and whether older ones
+    /// remain. `NotFound` for an unknown chat or another team's.
+    pub async fn turn_page(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        before: Option<TurnId>,
+        limit: i64,
+    ) -> Result<(Vec<TurnRow>, bool), StoreError> {
+        // As `message_page`: the chat row first, so that a chat without turns answers one
+        // row of NULLs and a missing one none; one extra turn tells whether more remain.
+        let sql = format!(
+            "SELECT c.id AS chat, page.* FROM chats c LEFT JOIN LATERAL ( \
+               SELECT {TURN_COLUMNS} FROM turns t \
+               WHERE t.team_id = c.team_id AND t.chat_id = c.id \
+                 AND ($3::uuid IS NULL OR (t.started_at, t.id) < \
+                      (SELECT started_at, id FROM turns WHERE team_id = c.team_id AND id = $3)) \
+               ORDER BY t.started_at DESC, t.id DESC LIMIT $4 + 1) page ON true \
+             WHERE c.team_id = $1 AND c.id = $2"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(before.map(|t| t.0))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        if rows.is_empty() {
+            return Err(StoreError::NotFound);
+        }
+        let mut page = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
+                page.push(turn_row_from_row(row)?);
+            }
+        }
+        let more = page.len() as i64 > limit;
+        page.truncate(usize::try_from(limit).unwrap_or(0));
+        Ok((page, more))
+    }
+
+    /// The turn a background POST names (D1) with its user message's id (`None` for a
+    /// turn that withdrew it, failing before any output); `None` when there is no such
+    /// turn in the chat.
+    pub async fn started_turn(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        which: Started<'_>,
+    ) -> Result<Option<(TurnRow, Option<MessageId>)>, StoreError> {
+        let base = format!(
+            "SELECT {TURN_COLUMNS}, m.id AS message_id FROM turns t \
+             LEFT JOIN messages m ON m.team_id = t.team_id AND m.turn_id = t.id AND m.role = 'user'"
+        );
+        let query = match which {
+            Started::Turn(turn) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "{base} WHERE t.team_id = $1 AND t.chat_id = $2 AND t.id = $3"
+            )))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(turn.0),
+            Started::ClientMessage(client_id) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "{base} WHERE t.team_id = $1 AND t.chat_id = $2 AND m.client_message_id = $3"
+            )))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(client_id),
+        };
+        let Some(row) = query.fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        let message: Option<Uuid> = row.try_get("message_id")?;
+        Ok(Some((turn_row_from_row(&row)?, message.map(MessageId))))
     }
 
     /// The turn a client message id started, with its assistant message if any.

@@ -323,6 +323,8 @@ impl Tool for AgentUpdate {
                 // Approval policies are a person's (the API's) to set: an agent that could
                 // loosen them would approve itself.
                 approval_policy: None,
+                // What a client's hang-up does is the API's to set, like the policy above.
+                disconnect_policy: None,
             };
             let update = match apply_change(
                 &current,

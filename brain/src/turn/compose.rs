@@ -178,6 +178,7 @@ pub(super) async fn compose(
             team,
             agent: agent.id,
             chat,
+            background: launch.detached,
             trigger: if !asked.resume.is_empty() {
                 "approval"
             } else if asked.autostart {

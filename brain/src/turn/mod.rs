@@ -61,6 +61,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::AppState;
+use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use error::TurnError;
@@ -236,7 +237,9 @@ async fn start(
     let cancel = state.turns_cancel.child_token();
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
-    let guard = (!launch.detached).then(|| cancel.clone().drop_guard());
+    // D1: nor does it when the agent lets its turns outlive their client.
+    let guard = (!launch.detached && basis.agent.disconnect_policy == DisconnectPolicy::Cancel)
+        .then(|| cancel.clone().drop_guard());
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
@@ -259,7 +262,8 @@ async fn start(
         cancel,
         registration: running,
     };
-    let task = task::TurnTask::new(state, launch, &basis, *composed, running, tx);
+    let (detached, attached) = (launch.detached, guard.is_some());
+    let task = task::TurnTask::new(state, launch, &basis, *composed, running, tx, attached);
     // The guard travels with the response body; if this caller is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
     state
@@ -270,7 +274,7 @@ async fn start(
         turn: Some(turn_id),
         answered,
     };
-    let Some(guard) = guard else {
+    if detached {
         // Nobody reads a detached turn's stream: its chunks go to the events stream only.
         drop(rx);
         // The scheduler records whether a fire's turn got going; an approval's answer is
@@ -279,7 +283,7 @@ async fn start(
             return Err(err);
         }
         return Ok(launched(None));
-    };
+    }
     match started_rx.await {
         Ok(Ok(())) => Ok(launched(Some(
             UiBody::live(rx, guard).with_rate_limit(headers),

@@ -21,8 +21,9 @@ pub(super) struct Client {
     /// The chat's events stream: every chunk sent to the client goes there too (S2).
     events: Events,
     cancel: CancellationToken,
-    /// No client reads the stream (an approval answered by `POST /v1/approvals`): a
-    /// dropped receiver is not a cancel.
+    /// No client reads the stream (an approval answered by `POST /v1/approvals`, a
+    /// background turn), or its agent lets it outlive its client (D1): a dropped or
+    /// stalled receiver is not a cancel.
     detached: bool,
     /// How long a send waits for a client that stopped reading (`BRAIN_CLIENT_STALL_TIMEOUT_MS`).
     stall_timeout: Duration,
@@ -109,14 +110,16 @@ impl Client {
         );
         let stall = self.stall_timeout;
         tokio::spawn(async move {
+            // Once the client is gone or stalled, the events stream still gets every chunk
+            // (a background turn's observers follow it there).
+            let mut client = true;
             while let Some(chunk) = from_tools.recv().await {
                 events.publish(chat, turn, &chunk);
-                if !matches!(
-                    tokio::time::timeout(stall, tx.send(chunk)).await,
-                    Ok(Ok(()))
-                ) {
-                    return;
-                }
+                client = client
+                    && matches!(
+                        tokio::time::timeout(stall, tx.send(chunk)).await,
+                        Ok(Ok(()))
+                    );
             }
         });
         ui
@@ -157,10 +160,11 @@ impl Client {
             Err(mpsc::error::TrySendError::Full(chunk)) => chunk,
         };
         if self.stalled.load(Ordering::Relaxed) {
-            return false;
+            return self.detached;
         }
         match tokio::time::timeout(self.stall_timeout, self.tx.send(chunk)).await {
             Ok(Ok(())) => true,
+            Ok(Err(_)) if self.detached => true,
             Ok(Err(_)) => {
                 self.cancel.cancel();
                 false
@@ -168,6 +172,9 @@ impl Client {
             Err(_) => {
                 tracing::info!(turn = %self.ids.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
                 self.stalled.store(true, Ordering::Relaxed);
+                if self.detached {
+                    return true;
+                }
                 self.cancel.cancel();
                 false
             }

@@ -271,7 +271,7 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     };
     // Nobody reads a taken-over turn's stream but the events stream.
     let (tx, _) = mpsc::channel::<UiChunk>(1);
-    let mut task = TurnTask::new(state, launch, &basis, ready, running, tx);
+    let mut task = TurnTask::new(state, launch, &basis, ready, running, tx, false);
     task.rules.limits = limits;
     task.resume_from(saved.map(Into::into));
     Ok(task)

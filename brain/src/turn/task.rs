@@ -142,6 +142,7 @@ impl TurnTask {
         ready: Ready,
         running: Running,
         tx: mpsc::Sender<UiChunk>,
+        attached: bool,
     ) -> Self {
         let ids = Ids {
             team: launch.team,
@@ -171,7 +172,7 @@ impl TurnTask {
                 tx,
                 state.events.clone(),
                 running.cancel.clone(),
-                launch.detached,
+                !attached,
                 state.config.client_stall_timeout,
                 ready.connector_status,
             ),

@@ -1,7 +1,8 @@
 //! Encodes UI message stream chunks as a Server-Sent Events response (SPEC S1).
 //!
 //! The body owns the turn's cancellation guard: when the client goes away, hyper drops the
-//! body, the guard cancels the turn, and the turn aborts its provider request. The turn is
+//! body, the guard cancels the turn, and the turn aborts its provider request (unless the
+//! agent's `disconnect_policy` is `continue`, D1: then there is no guard). The turn is
 //! its principal's: when the key is revoked or the token expires, the body ends with an
 //! `unauthorized` error part, and the turn stops as if its client had gone.
 
@@ -42,12 +43,13 @@ pub fn done_frame() -> Bytes {
 
 /// Where a stream's chunks come from.
 enum Source {
-    /// A running turn; `_guard` cancels it when the body is dropped.
+    /// A running turn; `_guard` cancels it when the body is dropped, unless its agent
+    /// lets it outlive its client (D1: no guard).
     Live {
         /// Declared first, so dropped first: the turn is cancelled before its channel
         /// closes, and a turn woken by the closed channel finds itself cancelled rather
         /// than starting another tool (T8).
-        _guard: DropGuard,
+        _guard: Option<DropGuard>,
         rx: mpsc::Receiver<UiChunk>,
     },
     /// A stored result replayed for a retried message id.
@@ -65,7 +67,7 @@ pub struct UiBody {
 }
 
 impl UiBody {
-    pub fn live(rx: mpsc::Receiver<UiChunk>, guard: DropGuard) -> Self {
+    pub fn live(rx: mpsc::Receiver<UiChunk>, guard: Option<DropGuard>) -> Self {
         Self {
             source: Source::Live { _guard: guard, rx },
             done: false,
@@ -188,7 +190,7 @@ mod tests {
         let turn = CancellationToken::new();
         let (tx, rx) = mpsc::channel(1);
         tx.try_send(UiChunk::StartStep).unwrap();
-        let body = UiBody::live(rx, turn.clone().drop_guard());
+        let body = UiBody::live(rx, Some(turn.clone().drop_guard()));
         let probe = Arc::new(Probe {
             turn: turn.clone(),
             cancelled_when_woken: Mutex::new(None),

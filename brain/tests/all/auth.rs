@@ -1064,6 +1064,70 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
     }
 }
 
+/// D1: a turn is read like its chat: a user's own, or any with the admin claim or a key.
+#[tokio::test]
+async fn a_user_reads_only_their_own_chats_turns() {
+    let (app, token) = users_app().await;
+    let (alice, bob, boss) = (
+        token("alice", false),
+        token("bob", false),
+        token("boss", true),
+    );
+    let (agent, _) = app.agent_and_chat("openai/test", &[]).await;
+    let (status, chat) = call(
+        &app,
+        &app.url,
+        &alice,
+        Method::POST,
+        &format!("/v1/agents/{agent}/chats"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let alices = chat["id"].as_str().unwrap().to_owned();
+    app.provider.push(Reply::Text {
+        deltas: vec!["hi alice".into()],
+        delay: Duration::from_millis(1),
+    });
+    let (status, accepted) = call(
+        &app,
+        &app.url,
+        &alice,
+        Method::POST,
+        &format!("/v1/chats/{alices}/messages"),
+        Some(json!({"content": "hello", "background": true})),
+    )
+    .await;
+    assert_eq!(status, 202, "{accepted}");
+    let turn = accepted["turn_id"].as_str().unwrap().to_owned();
+    app.settled().await;
+
+    let turn_path = format!("/v1/turns/{turn}");
+    let list_path = format!("/v1/chats/{alices}/turns");
+    for (who, want) in [(&bob, 404), (&alice, 200), (&boss, 200), (&app.key, 200)] {
+        let (status, body) = call(&app, &app.url, who, Method::GET, &turn_path, None).await;
+        assert_eq!(status, want, "{body}");
+        let (status, body) = call(&app, &app.url, who, Method::GET, &list_path, None).await;
+        assert_eq!(status, want, "{body}");
+        if want == 200 {
+            assert_eq!(body["turns"][0]["id"], turn.as_str());
+        } else {
+            assert_eq!(code(&body), "not_found");
+        }
+    }
+    let (status, _) = call(
+        &app,
+        &app.url,
+        &bob,
+        Method::POST,
+        &format!("/v1/chats/{alices}/messages"),
+        Some(json!({"content": "let me in", "background": true})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    assert_eq!(app.provider.requests().len(), 1, "bob started nothing");
+}
+
 #[tokio::test]
 async fn agents_are_listed_newest_first_without_archived_ones() {
     let app = TestApp::start().await;

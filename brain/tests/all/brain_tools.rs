@@ -700,6 +700,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 runtime_profile: "none".into(),
                 concierge: false,
                 approval_policy: Default::default(),
+                disconnect_policy: Default::default(),
             },
         )
         .await

@@ -37,6 +37,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         runtime_profile: "none".into(),
         concierge: false,
         approval_policy: Default::default(),
+        disconnect_policy: Default::default(),
     };
     let mut chats = Vec::new();
     for _ in 0..n {

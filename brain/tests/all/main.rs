@@ -12,6 +12,7 @@ mod architecture;
 mod artifacts;
 mod auth;
 mod autostart;
+mod background;
 mod brain_tools;
 mod connector_oauth;
 mod connectors;

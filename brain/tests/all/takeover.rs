@@ -86,7 +86,10 @@ async fn a_surviving_replica_takes_a_dead_replicas_turn_over_and_finishes_it() {
     let parts = assistant_parts(&app, &app.url, &chat).await;
     assert_eq!(
         parts,
-        [json!({"type": "step-start"}), json!({"type": "text", "text": "The whole answer."})]
+        [
+            json!({"type": "step-start"}),
+            json!({"type": "text", "text": "The whole answer."})
+        ]
     );
     let requests = app.provider.requests();
     assert_eq!(requests.len(), 2, "one call by each replica");
@@ -152,7 +155,10 @@ async fn the_only_replica_killed_and_restarted_takes_its_own_turn_over() {
     assert_eq!(row, ("completed".into(), None), "after {waited:?}");
     assert_eq!(
         assistant_parts(&app, &restarted.url, &chat).await,
-        [json!({"type": "step-start"}), json!({"type": "text", "text": "Done after all."})]
+        [
+            json!({"type": "step-start"}),
+            json!({"type": "text", "text": "Done after all."})
+        ]
     );
     restarted.kill().await;
 }
@@ -213,7 +219,10 @@ async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_ag
             .starts_with("outcome_unknown"),
         "{parts:?}"
     );
-    assert_eq!(parts[4], json!({"type": "text", "text": "It may not be saved."}));
+    assert_eq!(
+        parts[4],
+        json!({"type": "text", "text": "It may not be saved."})
+    );
     // The model read the unknown outcome; the tool was not run again.
     let last = app.provider.requests().pop().unwrap();
     let said = last.body["messages"].to_string();
@@ -262,7 +271,11 @@ async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
     .unwrap();
     let (row, _) = until_ended(&app, "m-poison", Duration::from_secs(10)).await;
     assert_eq!(row, ("failed".into(), Some("takeover_limit".into())));
-    assert_eq!(app.provider.requests().len(), 1, "no model call after the limit");
+    assert_eq!(
+        app.provider.requests().len(),
+        1,
+        "no model call after the limit"
+    );
     app.provider.push(text("Fresh."));
     let (_, next) = until_taken(&app, &app.url, &chat, Duration::from_secs(5)).await;
     assert_eq!(next.status(), 200);
