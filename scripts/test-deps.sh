@@ -87,7 +87,7 @@ if [ ! -x "$tools_root/bin/s3s-fs" ]; then
     s3s-fs@0.14.1 --locked --features binary --quiet
 fi
 
-# Debian's Chromium for the worker's browser tests (worker/tests/browser.rs), which fail
+# Debian's Chromium for the worker's browser tests (worker/tests/all/browser.rs), which fail
 # rather than skip without it. About 30 s, once.
 if [ ! -x /usr/bin/chromium ]; then
   echo "test-deps: installing chromium from Debian packages"
@@ -97,7 +97,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 
 # promtool (Debian's prometheus package) for the metrics tests (brain/tests/all/metrics.rs,
-# runtime-manager/tests/metrics.rs), which pipe each scrape through `promtool check metrics`
+# runtime-manager/tests/all/metrics.rs), which pipe each scrape through `promtool check metrics`
 # and fail rather than skip without it. Only promtool is wanted: where apt would start the
 # package's daemon (a host with systemd), it is stopped and disabled again. About 20 MB, once.
 if ! command -v promtool >/dev/null; then
@@ -110,7 +110,7 @@ if ! command -v promtool >/dev/null; then
   fi
 fi
 
-# kubernetes-validate (PyPI, schemas bundled, offline) for runtime-manager/tests/render_job.rs,
+# kubernetes-validate (PyPI, schemas bundled, offline) for runtime-manager/tests/all/render_job.rs,
 # which checks every rendered worker Job against the Kubernetes OpenAPI schema and fails
 # rather than skips without it.
 if [ ! -f tests/k8s/.venv/.installed ] \

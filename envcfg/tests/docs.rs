@@ -2,9 +2,13 @@
 //!
 //! - every requirement id a comment cites is defined in `docs/requirements.md`;
 //! - every environment variable the code reads is documented in `docs/CONFIGURATION.md`,
-//!   and every variable documented there is read somewhere.
+//!   and every variable documented there is read somewhere;
+//! - `docs/ARCHITECTURE.md` stays a map (at most 60 KB; the explanations live in
+//!   `docs/design/`), every relative link of a page under `docs/` names a file that exists,
+//!   and every test the architecture pages cite as `module::test_name` is a function of a
+//!   file `module.rs` or `module/mod.rs`.
 //!
-//! Both walk the workspace's `*.rs` files (skipping `target`, `node_modules` and hidden
+//! The code checks walk the workspace's `*.rs` files (skipping `target`, `node_modules` and hidden
 //! directories such as `.git`), so they need no build of the crates they look at. They
 //! live here because `envcfg` is the cheapest crate to build.
 
@@ -41,9 +45,14 @@ fn rust_files() -> Vec<(String, String)> {
             }
         }
     }
-    let root = root();
     let mut paths = Vec::new();
-    walk(&root, &mut paths);
+    walk(&root(), &mut paths);
+    with_texts(paths)
+}
+
+/// Each file as (path relative to the workspace root, with `/`, and its text).
+fn with_texts(paths: Vec<PathBuf>) -> Vec<(String, String)> {
+    let root = root();
     paths
         .into_iter()
         .map(|p| {
@@ -427,5 +436,162 @@ fn the_variable_scanners_see_what_they_should() {
     assert_eq!(
         documented_vars(doc),
         BTreeSet::from(["A_B".to_owned(), "HOSTNAME".to_owned()])
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The architecture map and the links between the docs
+// ---------------------------------------------------------------------------------------
+
+/// Every Markdown page under `docs/`, as (path relative to the root, text), sorted.
+fn doc_pages() -> Vec<(String, String)> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let mut paths = Vec::new();
+    walk(&root().join("docs"), &mut paths);
+    paths.sort();
+    with_texts(paths)
+}
+
+/// The targets of the Markdown links `[text](target)` of a page, outside fenced code.
+fn link_targets(page: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    let mut fenced = false;
+    for line in page.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            targets.push(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    targets
+}
+
+/// Whether a link target points inside the repository (not a URL, not an anchor alone).
+fn is_relative(target: &str) -> bool {
+    !(target.is_empty()
+        || target.starts_with('#')
+        || target.contains("://")
+        || target.starts_with("mailto:"))
+}
+
+/// The backticked `module::test_name` citations of a page whose name has at least two
+/// underscores, the shape of a test's name (`turn::start` or `store::bounded` are not).
+fn cited_tests(page: &str) -> BTreeSet<(String, String)> {
+    page.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|code| code.split_once("::"))
+        .filter(|(module, name)| {
+            let words = |s: &str| {
+                !s.is_empty()
+                    && s.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            };
+            words(module) && words(name) && name.matches('_').count() >= 2
+        })
+        .map(|(module, name)| (module.to_owned(), name.to_owned()))
+        .collect()
+}
+
+#[test]
+fn architecture_md_is_a_map_of_at_most_60_kb() {
+    let size = read_doc("ARCHITECTURE.md").len();
+    assert!(
+        size <= 60 * 1024,
+        "docs/ARCHITECTURE.md is {size} bytes, over 60 KB: move the explanation into docs/design/ \
+         and leave a line and a link"
+    );
+}
+
+#[test]
+fn every_relative_link_in_docs_names_a_file_that_exists() {
+    let root = root();
+    let pages = doc_pages();
+    assert!(
+        pages.len() > 10,
+        "the walk found the pages: {}",
+        pages.len()
+    );
+    let mut broken = Vec::new();
+    for (page, text) in &pages {
+        let dir = root.join(page).parent().unwrap().to_path_buf();
+        for target in link_targets(text).into_iter().filter(|t| is_relative(t)) {
+            let file = target.split('#').next().unwrap();
+            if !dir.join(file).exists() {
+                broken.push(format!("{page}: {target}"));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "links to nothing:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn every_test_the_architecture_pages_cite_exists() {
+    let files = rust_files();
+    let pages: Vec<(String, String)> = doc_pages()
+        .into_iter()
+        .filter(|(page, _)| page == "docs/ARCHITECTURE.md" || page.starts_with("docs/design/"))
+        .collect();
+    let mut missing = Vec::new();
+    let mut cited = 0;
+    for (page, text) in &pages {
+        for (module, name) in cited_tests(text) {
+            cited += 1;
+            let stems = [format!("/{module}.rs"), format!("/{module}/mod.rs")];
+            let found = files.iter().any(|(path, source)| {
+                stems
+                    .iter()
+                    .any(|stem| format!("/{path}").ends_with(stem.as_str()))
+                    && source.contains(&format!("fn {name}("))
+            });
+            if !found {
+                missing.push(format!("{page}: {module}::{name}"));
+            }
+        }
+    }
+    assert!(cited > 100, "the citations were found: {cited}");
+    assert!(
+        missing.is_empty(),
+        "cited tests that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_link_and_citation_scanners_see_what_they_should() {
+    let page =
+        "See [a](design/a.md#x), [b](https://x.y) and [c](#here).\n```\n[d](nowhere.md)\n```\n";
+    let targets = link_targets(page);
+    assert_eq!(targets, ["design/a.md#x", "https://x.y", "#here"]);
+    let relative: Vec<_> = targets.iter().filter(|t| is_relative(t)).collect();
+    assert_eq!(relative, ["design/a.md#x"]);
+    let cited = cited_tests(
+        "`turn::start`, `faults::a_cut_postgres_fails`, `Store::fail_the_turn`, `a::b::c_d_e`",
+    );
+    assert_eq!(
+        cited.into_iter().collect::<Vec<_>>(),
+        [("faults".to_owned(), "a_cut_postgres_fails".to_owned())]
     );
 }

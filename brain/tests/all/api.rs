@@ -5,13 +5,8 @@
 use crate::common;
 
 use crate::common::TestApp;
+use crate::common::error_code;
 use serde_json::{Value, json};
-
-async fn error_code(response: reqwest::Response) -> (u16, String) {
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    (status, body["error"]["code"].as_str().unwrap().to_owned())
-}
 
 #[tokio::test]
 async fn every_v1_call_needs_a_known_key() {

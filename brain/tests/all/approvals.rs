@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::common::replies::text;
 use crate::common::{TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, ToolCall};
@@ -21,13 +22,6 @@ fn remember(id: &str, note: &str) -> Reply {
             arguments: json!({"content": note}).to_string(),
         }],
         fragment: 16,
-    }
-}
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
     }
 }
 

@@ -89,3 +89,22 @@ fn the_crate_map_names_every_module() {
         "brain/src/lib.rs's map omits {missing:?}"
     );
 }
+
+/// The turn engine answers `TurnError`s; only `crate::error` turns them into HTTP. Its
+/// files name neither the HTTP error type nor the module that holds it.
+#[test]
+fn the_turn_engine_answers_turn_errors() {
+    let turn = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/turn");
+    let mut files = Vec::new();
+    sources(&turn, &mut files).unwrap();
+    assert!(files.len() > 10, "the walk found the engine: {}", files.len());
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let source = std::fs::read_to_string(f).unwrap();
+            source.contains("ApiError") || source.contains("crate::error")
+        })
+        .map(|f| f.strip_prefix(&turn).unwrap().display().to_string())
+        .collect();
+    assert!(offenders.is_empty(), "these speak HTTP: {offenders:?}");
+}

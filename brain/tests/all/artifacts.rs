@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::TestApp;
+use crate::common::error_code;
 use brain::artifacts::{
     ArtifactError, ArtifactOwner, ArtifactStore, LocalDirStore, S3Store, SaveError, save_artifact,
 };
@@ -85,12 +86,6 @@ async fn owner_of(app: &TestApp) -> ArtifactOwner {
         chat: Some(chat.parse::<ChatId>().unwrap()),
         turn: None,
     }
-}
-
-async fn error_code(response: reqwest::Response) -> (u16, String) {
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    (status, body["error"]["code"].as_str().unwrap().to_owned())
 }
 
 /// Downloads `id` and checks every header against what was saved.

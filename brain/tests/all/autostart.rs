@@ -234,13 +234,7 @@ async fn two_replicas_fire_each_tick_exactly_once() {
 async fn a_busy_agent_is_skipped_and_its_turn_goes_on() {
     let app = TestApp::start_with(fast).await;
     let agent = agent(&app).await;
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let chat = chat["id"].as_str().unwrap().to_owned();
+    let chat = app.new_chat(&agent).await;
     app.provider.push(Reply::Held {
         delta: "working ".into(),
         every: Duration::from_millis(50),

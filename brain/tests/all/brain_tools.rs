@@ -5,39 +5,17 @@
 
 use std::time::Duration;
 
+use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, read_stream};
 use brain::store::{NewAgent, SecretsError, SecretsKey};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, TeamId};
-use scripted_provider::{Reply, ToolCall};
+use scripted_provider::ToolCall;
 use serde_json::{Value, json};
 
 const KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
 const OTHER_KEY_HEX: &str = "00112233445566778899aabbccddeeff8f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const VALUE: &str = "ghp_Sup3rS3cretValue-do-not-leak";
-
-fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: arguments.to_string(),
-    }
-}
-
-fn calls(calls: Vec<ToolCall>) -> Reply {
-    Reply::ToolCalls {
-        text: None,
-        calls,
-        fragment: 16,
-    }
-}
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
-}
 
 /// Tool results of one turn's stream, by call id: Ok(output text) or Err(error text).
 fn results(chunks: &[UiChunk]) -> Vec<(String, Result<String, String>)> {
@@ -966,13 +944,7 @@ async fn a_chat_principal_approving_does_not_lift_the_rule() {
     assert_eq!(created.status(), 201);
     let agent: Value = created.json().await.unwrap();
     let agent = agent["id"].as_str().unwrap().to_owned();
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let chat = chat["id"].as_str().unwrap();
+    let chat = &app.new_chat(&agent).await;
     let (chat_key, _) = key_with_scope(&app, "chat").await;
 
     // A chat key's own turn is refused before anything asks: no approval to answer.

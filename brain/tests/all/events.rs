@@ -7,19 +7,13 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::common::replies::deltas;
 use crate::common::{TestApp, read_stream};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use protocol::ui::{FinishReason, Notice, UiChunk};
 use scripted_provider::Reply;
 use serde_json::json;
-
-fn text(deltas: &[&str]) -> Reply {
-    Reply::Text {
-        deltas: deltas.iter().map(|d| (*d).to_owned()).collect(),
-        delay: Duration::from_millis(1),
-    }
-}
 
 /// One SSE event of the events stream.
 #[derive(Debug)]
@@ -169,7 +163,7 @@ async fn an_observer_on_another_replica_sees_every_chunk_of_a_turn_in_order() {
     let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
     let mut observer = Observer::open(&app, &replica_b, &chat, None).await;
 
-    let chunks = turn(&app, &chat, text(&["Hello", ", ", "world."])).await;
+    let chunks = turn(&app, &chat, deltas(&["Hello", ", ", "world."])).await;
     let seen = observer.until_finish().await;
     ids_increase(&seen);
     assert!(
@@ -193,7 +187,7 @@ async fn a_reconnect_gets_exactly_the_missed_events_then_live() {
     let replica_b = app.second_replica().await;
     let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
     let mut first = Observer::open(&app, &replica_b, &chat, None).await;
-    let one = turn(&app, &chat, text(&["a", "b", "c", "d"])).await;
+    let one = turn(&app, &chat, deltas(&["a", "b", "c", "d"])).await;
     // The observer reads the data-turn part and three chunks, then goes away.
     let mut last = None;
     for _ in 0..4 {
@@ -201,7 +195,7 @@ async fn a_reconnect_gets_exactly_the_missed_events_then_live() {
         last = id.or(last);
     }
     drop(first);
-    let two = turn(&app, &chat, text(&["e", "f"])).await;
+    let two = turn(&app, &chat, deltas(&["e", "f"])).await;
 
     // On the turn's replica this time, through the query parameter.
     let response = app
@@ -217,7 +211,7 @@ async fn a_reconnect_gets_exactly_the_missed_events_then_live() {
     let mut again = Observer::from(response);
     let mut replayed = again.until_finish().await;
     replayed.extend(again.until_finish().await);
-    let three = turn(&app, &chat, text(&["g"])).await;
+    let three = turn(&app, &chat, deltas(&["g"])).await;
     replayed.extend(again.until_finish().await);
     ids_increase(&replayed);
 
@@ -248,8 +242,8 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     let window = Duration::from_secs(10);
     let app = TestApp::start_with(|c| c.events.window = window).await;
     let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
-    turn(&app, &chat, text(&["one"])).await;
-    turn(&app, &chat, text(&["two"])).await;
+    turn(&app, &chat, deltas(&["one"])).await;
+    turn(&app, &chat, deltas(&["two"])).await;
     // The second turn's chunks were handed to the publisher before its stream ended.
     let last_write_at_most = Instant::now();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -285,7 +279,7 @@ async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
     let mut first = Observer::open(&app, &app.url, &chat, None).await;
     let many: Vec<String> = (0..400).map(|i| format!("{i} ")).collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
-    turn(&app, &chat, text(&many)).await;
+    turn(&app, &chat, deltas(&many)).await;
     first.chunk().await;
     let (oldest, _) = first.chunk().await;
     drop(first);
@@ -309,7 +303,7 @@ async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
         "{chunk:?}"
     );
     // Then live, and only live.
-    let next = turn(&app, &chat, text(&["fresh"])).await;
+    let next = turn(&app, &chat, deltas(&["fresh"])).await;
     let seen: Vec<UiChunk> = again
         .until_finish()
         .await
@@ -443,7 +437,7 @@ async fn without_redis_the_endpoint_answers_503_and_turns_still_run() {
     assert_eq!(body["error"]["code"], "events_unavailable");
 
     // A turn on that replica streams to its client; its chunks are dropped and counted.
-    app.provider.push(text(&["still ", "here"]));
+    app.provider.push(deltas(&["still ", "here"]));
     let response = app
         .auth(
             app.http
@@ -569,12 +563,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
     let (agent, first) = app.agent_and_chat("openai/test", &[]).await;
     let mut chats = vec![first];
     while chats.len() < n {
-        let response = app
-            .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-            .await;
-        assert_eq!(response.status(), 201);
-        let chat: serde_json::Value = response.json().await.unwrap();
-        chats.push(chat["id"].as_str().unwrap().to_owned());
+        chats.push(app.new_chat(&agent).await);
     }
     chats
 }
@@ -603,7 +592,7 @@ async fn sixty_observed_chats_add_a_handful_of_redis_connections() {
     );
 
     for n in [0, 30, 59] {
-        let chunks = turn(&app, &chats[n], text(&["one ", "of ", "sixty"])).await;
+        let chunks = turn(&app, &chats[n], deltas(&["one ", "of ", "sixty"])).await;
         let seen: Vec<UiChunk> = observers[n]
             .until_finish()
             .await
@@ -622,7 +611,7 @@ async fn sixty_observed_chats_add_a_handful_of_redis_connections() {
         }
     }
     // Chat 1's observer got nothing of those turns: its first turn is its own.
-    let chunks = turn(&app, &chats[1], text(&["mine"])).await;
+    let chunks = turn(&app, &chats[1], deltas(&["mine"])).await;
     let seen: Vec<UiChunk> = observers[1]
         .until_finish()
         .await

@@ -10,6 +10,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use crate::common::error_code;
 use crate::common::{TestApp, read_stream, streamed_text};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::Reply;
@@ -101,12 +102,6 @@ async fn no_tool_turns_complete_with_redis_blackholed_or_refusing() {
         statuses.iter().all(|(s, _)| s == "completed"),
         "{statuses:?}"
     );
-}
-
-async fn error_code(response: reqwest::Response) -> (u16, String) {
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap();
-    (status, body["error"]["code"].as_str().unwrap().to_owned())
 }
 
 #[tokio::test]

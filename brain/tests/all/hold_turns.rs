@@ -12,13 +12,7 @@ use serde_json::{Value, json};
 async fn a_second_turn_for_a_busy_agent_gets_agent_busy_at_once() {
     let app = TestApp::start().await;
     let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    let other_chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let other_chat = other_chat["id"].as_str().unwrap().to_owned();
+    let other_chat = app.new_chat(&agent).await;
     app.provider.push(Reply::Text {
         deltas: words("a slow answer of several words"),
         delay: Duration::from_millis(100),

@@ -7,18 +7,12 @@
 
 use std::time::Duration;
 
+use crate::common::replies::text;
 use crate::common::{BrainProcess, TestApp, read_stream};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::json;
 use test_support::promtool::{check_metrics, sample};
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
-}
 
 fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     sample(scrape, name, labels).unwrap_or_else(|| panic!("no {name}{labels:?} in\n{scrape}"))

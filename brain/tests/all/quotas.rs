@@ -9,18 +9,13 @@ use crate::common;
 
 use std::time::Duration;
 
+use crate::common::error_code;
+use crate::common::replies::text;
 use crate::common::{TestApp, read_stream, streamed_text};
 use futures_util::future::join_all;
 use protocol::ui::UiChunk;
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
-}
 
 /// Small windows, so a turn's reservation is a few hundred tokens.
 fn small_context(c: &mut brain::config::Config) {
@@ -70,11 +65,6 @@ fn header<'a>(response: &'a reqwest::Response, name: &str) -> &'a str {
         .unwrap()
 }
 
-async fn error_code(response: reqwest::Response) -> String {
-    let body: Value = response.json().await.unwrap();
-    body["error"]["code"].as_str().unwrap().to_owned()
-}
-
 #[tokio::test]
 async fn turns_per_minute_refuses_the_next_turn_before_anything_is_written() {
     let app = TestApp::start().await;
@@ -115,7 +105,7 @@ async fn turns_per_minute_refuses_the_next_turn_before_anything_is_written() {
         "\"turns_per_minute\";q=2;w=60"
     );
     assert!(header(&response, "ratelimit").starts_with("\"turns_per_minute\";r=0;t="));
-    assert_eq!(error_code(response).await, "quota_exceeded");
+    assert_eq!(error_code(response).await.1, "quota_exceeded");
     assert_eq!(app.provider.requests().len(), requests, "no model call");
     assert_eq!(turn_rows(&app).await, rows, "no turn row");
     assert_eq!(app.messages(&chat).await.len(), 4, "no user message");
@@ -141,7 +131,7 @@ async fn concurrent_turns_refuses_a_second_agent_while_the_first_runs() {
     let refused = app.send(&second, &json!({"content": "meanwhile"})).await;
     assert_eq!(refused.status(), 429);
     assert_eq!(header(&refused, "retry-after"), "1");
-    assert_eq!(error_code(refused).await, "quota_exceeded");
+    assert_eq!(error_code(refused).await.1, "quota_exceeded");
     read_stream(running).await;
     app.settled().await;
     // The first turn's end gave its place back.
@@ -191,7 +181,7 @@ async fn fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservat
             read_stream(response).await;
         } else {
             assert_eq!(status, 402);
-            assert_eq!(error_code(response).await, "quota_exhausted");
+            assert_eq!(error_code(response).await.1, "quota_exhausted");
         }
         status
     });
@@ -319,7 +309,7 @@ async fn without_redis_quotas_are_enforced_from_postgres() {
     app.settled().await;
     let second = app.send(&chat, &json!({"content": "two"})).await;
     assert_eq!(second.status(), 429);
-    assert_eq!(error_code(second).await, "quota_exceeded");
+    assert_eq!(error_code(second).await.1, "quota_exceeded");
     assert_eq!(app.provider.requests().len(), 1);
     assert_eq!(turn_rows(&app).await, 1);
 }
@@ -371,7 +361,7 @@ async fn the_quota_api_merges_overrides_over_the_defaults() {
     ] {
         let response = put_quotas(&app, bad.clone()).await;
         assert_eq!(response.status(), 400, "{bad}");
-        assert_eq!(error_code(response).await, "invalid_request");
+        assert_eq!(error_code(response).await.1, "invalid_request");
     }
     assert_eq!(quotas(&app).await["limits"]["turns_per_minute"], 30);
     // Another team sees its own defaults, not this team's overrides.

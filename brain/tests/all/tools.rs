@@ -5,33 +5,11 @@
 
 use std::time::Duration;
 
+use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, read_stream, streamed_text};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
-
-fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: arguments.to_string(),
-    }
-}
-
-fn calls(calls: Vec<ToolCall>) -> Reply {
-    Reply::ToolCalls {
-        text: None,
-        calls,
-        fragment: 7,
-    }
-}
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
-}
 
 async fn memory_count(app: &TestApp) -> i64 {
     let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM memories")

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::manager::{TempDir, manager_command};
-use crate::common::{BrainProcess, TestApp, read_stream};
+use crate::common::replies::call;
+use crate::common::{BrainProcess, TestApp, light_agent, read_stream};
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -30,8 +31,8 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use protocol::ui::UiChunk;
-use scripted_provider::{Reply, ToolCall};
-use serde_json::{Value, json};
+use scripted_provider::Reply;
+use serde_json::json;
 
 /// A span as received, with the service that exported it.
 #[derive(Clone, Debug)]
@@ -226,36 +227,6 @@ fn every_text(span: &Span) -> Vec<String> {
     out
 }
 
-fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: arguments.to_string(),
-    }
-}
-
-/// A chat with an agent of the `light` profile (the worker tools): its id.
-async fn light_chat(app: &TestApp) -> String {
-    let agent: Value = app
-        .post_json(
-            "/v1/agents",
-            &json!({"name": "hands", "system_prompt": "Use your shell.",
-                    "model": "openai/gpt-test", "runtime_profile": "light"}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let agent = agent["id"].as_str().unwrap();
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    chat["id"].as_str().unwrap().to_owned()
-}
-
 /// Posts `content` to `chat` on the brain at `url` under the client span
 /// `00-{trace}-{span}-01`, and reads the whole stream.
 async fn send_traced(
@@ -317,7 +288,7 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         .spawn()
         .unwrap();
 
-    let chat = light_chat(&app).await;
+    let chat = light_agent(&app).await.1;
     let chat = chat.as_str();
 
     // The command prints the output marker without holding it in its own text.
@@ -511,7 +482,7 @@ async fn a_relayed_worker_call_continues_the_callers_trace() {
         .envs(otel)
         .spawn()
         .unwrap();
-    let chat = light_chat(&app).await;
+    let chat = light_agent(&app).await.1;
     app.provider.push(Reply::ToolCalls {
         text: None,
         calls: vec![call(

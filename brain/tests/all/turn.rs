@@ -5,23 +5,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::replies::deltas;
 use crate::common::{TestApp, read_stream, streamed_text, words};
 use futures_util::StreamExt;
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, Wire};
 use serde_json::{Value, json};
 
-fn text(deltas: &[&str]) -> Reply {
-    Reply::Text {
-        deltas: deltas.iter().map(|d| (*d).to_owned()).collect(),
-        delay: Duration::from_millis(1),
-    }
-}
-
 async fn a_streamed_turn_is_persisted(model: &str, wire: Wire) {
     let app = TestApp::start().await;
     let (agent, chat) = app.agent_and_chat(model, &[]).await;
-    app.provider.push(text(&["Hello", ", ", "world."]));
+    app.provider.push(deltas(&["Hello", ", ", "world."]));
 
     let response = app
         .send(&chat, &json!({"content": "Say hello", "message_id": "m-1"}))
@@ -128,10 +122,10 @@ async fn an_anthropic_turn_streams_and_persists() {
 async fn the_next_turn_sees_the_history() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("anthropic/claude-test", &[]).await;
-    app.provider.push(text(&["First answer."]));
+    app.provider.push(deltas(&["First answer."]));
     read_stream(app.send(&chat, &json!({"content": "first question"})).await).await;
     app.settled().await;
-    app.provider.push(text(&["Second answer."]));
+    app.provider.push(deltas(&["Second answer."]));
     read_stream(
         app.send(&chat, &json!({"content": "second question"}))
             .await,
@@ -195,7 +189,7 @@ async fn a_part_of_an_unknown_type_is_kept_and_not_sent_to_the_model() {
 async fn a_repeated_message_id_returns_the_same_turn() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    app.provider.push(text(&["Only ", "once."]));
+    app.provider.push(deltas(&["Only ", "once."]));
     let body = json!({"content": "hi", "message_id": "retry-me"});
     let (first, _) = read_stream(app.send(&chat, &body).await).await;
     app.settled().await;
@@ -355,7 +349,7 @@ async fn fallbacks_are_tried_in_order_until_one_answers() {
         status: 429,
         retry_after: None,
     });
-    app.provider.push(text(&["from ", "the third"]));
+    app.provider.push(deltas(&["from ", "the third"]));
     let response = app.send(&chat, &json!({"content": "hi"})).await;
     assert_eq!(response.status(), 200);
     let (chunks, _) = read_stream(response).await;
@@ -451,7 +445,7 @@ async fn turns_of_agents_alike_share_one_stored_composition() {
     let (_, first) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let (_, second) = app.agent_and_chat("openai/gpt-test", &[]).await;
     for chat in [&first, &first, &second] {
-        app.provider.push(text(&["ok"]));
+        app.provider.push(deltas(&["ok"]));
         let response = app.send(chat, &json!({"content": "hi"})).await;
         assert_eq!(response.status(), 200);
         assert!(read_stream(response).await.1);
@@ -482,7 +476,7 @@ async fn turns_of_agents_alike_share_one_stored_composition() {
         .await;
     let chat: Value = chat.json().await.unwrap();
     let chat = chat["id"].as_str().unwrap().to_owned();
-    app.provider.push(text(&["ok"]));
+    app.provider.push(deltas(&["ok"]));
     let response = app.send(&chat, &json!({"content": "hi"})).await;
     assert!(read_stream(response).await.1);
     assert_eq!(count("SELECT count(*) FROM compositions").await, 2);
@@ -546,7 +540,8 @@ async fn closing_the_stream_aborts_the_provider_and_keeps_the_delivered_text() {
 async fn the_ai_sdk_client_reads_the_stream() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    app.provider.push(text(&["Parsed ", "by the ", "AI SDK."]));
+    app.provider
+        .push(deltas(&["Parsed ", "by the ", "AI SDK."]));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/ai-sdk/chat.mjs");
     let output = tokio::process::Command::new("node")
         .arg(script)

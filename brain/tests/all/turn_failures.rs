@@ -5,33 +5,11 @@
 
 use std::time::Duration;
 
+use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, read_stream, streamed_text};
 use protocol::ui::{FinishReason, UiChunk};
-use scripted_provider::{Reply, ToolCall};
+use scripted_provider::Reply;
 use serde_json::{Value, json};
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
-}
-
-fn calls(calls: Vec<ToolCall>) -> Reply {
-    Reply::ToolCalls {
-        text: None,
-        calls,
-        fragment: 7,
-    }
-}
-
-fn call(id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: arguments.to_string(),
-    }
-}
 
 /// The text of the stream's error chunk, if it ended with one.
 fn error_text(chunks: &[UiChunk]) -> Option<&str> {

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::common::manager::{TempDir, bin, manager_command};
-use crate::common::{BrainProcess, TestApp, parse_events, read_stream, streamed_text};
+use crate::common::replies::text;
+use crate::common::{BrainProcess, TestApp, light_agent, parse_events, read_stream, streamed_text};
 use futures_util::StreamExt;
 use protocol::channel::SessionState;
 use protocol::ui::UiChunk;
@@ -137,27 +138,6 @@ fn script(dir: &TempDir, name: &str, body: &str) -> PathBuf {
     path
 }
 
-async fn light_agent(app: &TestApp) -> (String, String) {
-    let agent: Value = app
-        .post_json(
-            "/v1/agents",
-            &json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
-                    "runtime_profile": "light"}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let agent = agent["id"].as_str().unwrap().to_owned();
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    (agent, chat["id"].as_str().unwrap().to_owned())
-}
-
 /// A first call, after which the chat's session is `ready` with its worker.
 async fn warm_up(app: &TestApp, chat: &str) {
     app.provider.push(shell("warm", "echo ready"));
@@ -181,13 +161,6 @@ fn call(id: &str, name: &str, arguments: Value) -> Reply {
 
 fn shell(id: &str, command: &str) -> Reply {
     call(id, "shell", json!({ "command": command }))
-}
-
-fn text(t: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![t.to_owned()],
-        delay: Duration::from_millis(1),
-    }
 }
 
 fn output_of(chunks: &[UiChunk], call: &str) -> String {
@@ -1653,13 +1626,7 @@ async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
         .await
         .unwrap();
     let agent = agent["id"].as_str().unwrap().to_owned();
-    let chat: Value = app
-        .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let chat = chat["id"].as_str().unwrap().to_owned();
+    let chat = app.new_chat(&agent).await;
     app.provider
         .push(call("n", "browser_navigate", json!({ "url": page_url })));
     app.provider.push(call("s", "browser_snapshot", json!({})));

@@ -23,6 +23,7 @@ use test_support::db::db_url;
 pub mod manager;
 pub mod mcp;
 pub mod oauth_servers;
+pub mod replies;
 
 /// A migrated database of its own.
 pub async fn fresh_store() -> (Store, String) {
@@ -181,12 +182,18 @@ impl TestApp {
         assert_eq!(agent.status(), 201);
         let agent: Value = agent.json().await.unwrap();
         let agent_id = agent["id"].as_str().unwrap().to_owned();
+        let chat = self.new_chat(&agent_id).await;
+        (agent_id, chat)
+    }
+
+    /// A new chat with `agent`: its id.
+    pub async fn new_chat(&self, agent: &str) -> String {
         let chat = self
-            .post_json(&format!("/v1/agents/{agent_id}/chats"), &json!({}))
+            .post_json(&format!("/v1/agents/{agent}/chats"), &json!({}))
             .await;
         assert_eq!(chat.status(), 201);
         let chat: Value = chat.json().await.unwrap();
-        (agent_id, chat["id"].as_str().unwrap().to_owned())
+        chat["id"].as_str().unwrap().to_owned()
     }
 
     pub async fn send(&self, chat: &str, body: &Value) -> reqwest::Response {
@@ -255,6 +262,30 @@ impl Drop for TestApp {
         self.shutdown.cancel();
         self.provider.shutdown();
     }
+}
+
+/// An agent of the `light` profile (the worker tools) and a chat with it: their ids.
+pub async fn light_agent(app: &TestApp) -> (String, String) {
+    let agent: Value = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "hands", "system_prompt": "Use your shell.", "model": "openai/gpt-test",
+                    "runtime_profile": "light"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat = app.new_chat(&agent).await;
+    (agent, chat)
+}
+
+/// An error answer's status and `error.code`.
+pub async fn error_code(response: reqwest::Response) -> (u16, String) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.unwrap();
+    (status, body["error"]["code"].as_str().unwrap().to_owned())
 }
 
 /// Reads a whole UI message stream: the chunks, and whether `[DONE]` ended it.

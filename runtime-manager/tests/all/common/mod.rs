@@ -6,9 +6,7 @@
 //! files of `migrations/` in order, dropped at the end; leftovers of crashed runs are
 //! dropped after an hour) and its own directory for workspaces.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
-
-pub mod fake_api;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;

@@ -1,5 +1,5 @@
 //! The Kubernetes launcher, scenario by scenario, against a fake API server speaking the
-//! real REST calls over HTTP (`common/fake_api.rs`), with the whole manager running over
+//! real REST calls over HTTP (`kubernetes/fake_api.rs`), with the whole manager running over
 //! real Postgres and Redis (SPEC R1, R2, R4, W2, W7, O3):
 //!
 //! - created: the Job posted carries exactly the lockdown of R2 and the profile's settings;
@@ -15,14 +15,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+mod fake_api;
 
 use std::time::{Duration, Instant};
 
+use crate::common::{BRAIN_URL, Harness};
 use axum::http::Method;
 use channel::token::TokenKeys;
-use common::fake_api::{FakeApi, Recorded, status};
-use common::{BRAIN_URL, Harness};
+use fake_api::{FakeApi, Recorded, status};
 use protocol::SessionId;
 use runtime_manager::DEV_SESSION_TOKEN_KEY;
 use serde_json::json;

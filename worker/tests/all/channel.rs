@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{
+    SESSION, TOKEN, Workspace, call, collect_stderr, session_token, text_of, worker_command,
+};
 use base64::Engine;
 use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
 use channel::ws::{Control, split};
@@ -27,26 +28,13 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 
-const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
-/// The session token the worker starts with: a real one, since the worker reads when it
-/// expires (it re-dials no longer than that).
-static TOKEN: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| session_token(SESSION, Duration::from_secs(600)));
 const WAIT: Duration = Duration::from_secs(10);
-
-/// A session token for `session`, signed with the development key.
-fn session_token(session: &str, ttl: Duration) -> String {
-    let keys = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap();
-    keys.mint(session.parse().unwrap(), TeamId::new(), AgentId::new(), ttl)
-        .unwrap()
-}
 
 /// The brain's MCP client: it forwards every progress notification to the test.
 #[derive(Clone)]
@@ -64,32 +52,6 @@ impl ClientHandler for Brain {
     }
 }
 
-/// A workspace directory, removed on drop.
-struct Workspace(PathBuf);
-
-impl Workspace {
-    fn new(label: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "worker-it-{label}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The worker process, with its stderr collected.
 struct WorkerProcess {
     child: Child,
@@ -103,31 +65,10 @@ impl WorkerProcess {
     }
 
     fn spawn_as(brain_url: &str, workspace: &Path, session: &str, token: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_worker"))
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("BRAIN_PUBLIC_URL", brain_url)
-            .env("WORKER_SESSION_ID", session)
-            .env("WORKER_SESSION_TOKEN", token)
-            .env("WORKER_WORKSPACE", workspace)
-            .env("WORKER_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+        let mut child = worker_command(brain_url, workspace, session, token)
             .spawn()
             .unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        let reader = tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(pipe).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut all = sink.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
+        let (stderr, reader) = collect_stderr(&mut child);
         Self {
             child,
             stderr,
@@ -267,12 +208,7 @@ impl Session {
     }
 
     async fn call(&self, tool: &str, args: Value) -> CallToolResult {
-        let params = CallToolRequestParams::new(tool.to_owned())
-            .with_arguments(args.as_object().cloned().unwrap());
-        tokio::time::timeout(WAIT, self.client.call_tool(params))
-            .await
-            .expect("the call answers")
-            .unwrap()
+        call(&self.client, WAIT, tool, args).await
     }
 
     /// The next progress message, decoded from its JSON text.
@@ -290,15 +226,6 @@ impl Session {
         assert_eq!(live["stream"], "stdout", "{live}");
         live["text"].as_str().unwrap().trim().parse().unwrap()
     }
-}
-
-fn text_of(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn alive(pid: u32) -> bool {

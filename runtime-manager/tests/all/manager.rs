@@ -4,13 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
 use channel::token::TokenKeys;
-use common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
 use protocol::SessionId;
 use queue::SessionQueue;
 use runtime_manager::DEV_SESSION_TOKEN_KEY;

@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Harness, ThrowawayRedis};
+use crate::common::{Harness, ThrowawayRedis};
 use protocol::channel::SessionTask;
 use protocol::{AgentId, ChatId, SessionId, TeamId};
 use queue::SessionQueue;

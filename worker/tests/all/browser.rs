@@ -1,20 +1,18 @@
 //! The browser tools (profile `browser`) against real Chromium from Debian and pages
 //! served on 127.0.0.1 by the test, through the worker binary over a real channel (the
-//! fake brain of `tests/channel.rs`: it accepts the upgrade and drives MCP as the brain
+//! fake brain of the `channel` module: it accepts the upgrade and drives MCP as the brain
 //! does).
 //!
 //! Chromium is required: these tests fail, not skip, without it (`scripts/test-deps.sh`
 //! installs Debian's `chromium`).
 
-#![cfg(feature = "browser")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{SESSION, TOKEN, Workspace, call, collect_stderr, text_of, worker_command};
 use base64::Engine;
 use channel::ws::{Control, split};
 use protocol::channel::CLOSE_SESSION_ENDED;
@@ -22,23 +20,10 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, ResourceContents};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
-/// A real session token: the worker reads its expiry.
-static TOKEN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes())
-        .unwrap()
-        .mint(
-            SESSION.parse().unwrap(),
-            protocol::TeamId::new(),
-            protocol::AgentId::new(),
-            Duration::from_secs(600),
-        )
-        .unwrap()
-});
 /// Chromium's first start on a busy two-core machine can take a few seconds.
 const WAIT: Duration = Duration::from_secs(45);
 const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A];
@@ -119,42 +104,11 @@ async fn serve_pages() -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// The fake brain and the worker process (as in tests/channel.rs).
+// The fake brain and the worker process (as in the `channel` module).
 
-struct Workspace(PathBuf);
-
-impl Workspace {
-    fn new(label: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "worker-browser-{label}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path.canonicalize().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-
-    fn profile(&self) -> PathBuf {
-        self.0.join(".browser-profile")
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        // Chromium may still be writing its profile for a moment after the kill.
-        for _ in 0..10 {
-            if std::fs::remove_dir_all(&self.0).is_ok() || !self.0.exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+/// The browser's profile directory in a session's workspace.
+fn profile_of(workspace: &Workspace) -> PathBuf {
+    workspace.path().join(".browser-profile")
 }
 
 struct Session {
@@ -171,35 +125,13 @@ impl Session {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let workspace = Workspace::new(label);
-        let mut command = Command::new(env!("CARGO_BIN_EXE_worker"));
-        command
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("BRAIN_PUBLIC_URL", &url)
-            .env("WORKER_SESSION_ID", SESSION)
-            .env("WORKER_SESSION_TOKEN", TOKEN.as_str())
-            .env("WORKER_WORKSPACE", workspace.path())
-            .env("WORKER_PROFILE", profile)
-            .env("WORKER_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut command = worker_command(&url, workspace.path(), SESSION, &TOKEN);
+        command.env("WORKER_PROFILE", profile);
         for (name, value) in env {
             command.env(name, value);
         }
         let mut child = command.spawn().unwrap();
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(pipe).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut all = sink.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
+        let (stderr, _) = collect_stderr(&mut child);
         let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
             .await
             .expect("the worker dials")
@@ -228,12 +160,7 @@ impl Session {
     }
 
     async fn call(&self, tool: &str, args: Value) -> CallToolResult {
-        let params = CallToolRequestParams::new(tool.to_owned())
-            .with_arguments(args.as_object().cloned().unwrap());
-        tokio::time::timeout(WAIT, self.client.call_tool(params))
-            .await
-            .expect("the call answers")
-            .unwrap()
+        call(&self.client, WAIT, tool, args).await
     }
 
     /// Calls `tool` and returns its text, asserting it succeeded.
@@ -271,20 +198,11 @@ impl Session {
 
     /// The main Chromium process using this session's profile, if one runs.
     fn chromium_pid(&self) -> Option<u32> {
-        chromium_processes(&self.workspace.profile())
+        chromium_processes(&profile_of(&self.workspace))
             .into_iter()
             .find(|(_, cmdline)| !cmdline.contains("--type=") && !cmdline.contains("crashpad"))
             .map(|(pid, _)| pid)
     }
-}
-
-fn text_of(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// Every live (non-zombie) process whose command line names `profile`: the browser, its
@@ -380,7 +298,7 @@ async fn navigate_snapshot_type_click_and_screenshot() {
     );
     assert!(s.chromium_pid().is_some());
     assert!(
-        s.workspace.profile().is_dir(),
+        profile_of(&s.workspace).is_dir(),
         "the profile is in the workspace"
     );
 
@@ -562,9 +480,9 @@ async fn the_browser_stops_when_idle_and_starts_again() {
     let first = s.chromium_pid().expect("Chromium runs");
 
     // Idle for 300 ms: the whole process group goes; the profile stays.
-    let took = all_gone(&s.workspace.profile(), Duration::from_secs(10)).await;
+    let took = all_gone(&profile_of(&s.workspace), Duration::from_secs(10)).await;
     eprintln!("stopped {took:?} after the last call");
-    assert!(s.workspace.profile().join("Default").is_dir());
+    assert!(profile_of(&s.workspace).join("Default").is_dir());
     s.wait_for_log("browser stopped").await;
     let logs = s.logs();
     assert!(
@@ -605,7 +523,7 @@ async fn the_end_of_the_session_or_of_the_worker_kills_chromium() {
         .await;
     assert!(s.chromium_pid().is_some());
     assert!(
-        chromium_processes(&s.workspace.profile()).len() > 1,
+        chromium_processes(&profile_of(&s.workspace)).len() > 1,
         "helpers too"
     );
     s.control.close(CLOSE_SESSION_ENDED, "session_ended").await;
@@ -614,7 +532,7 @@ async fn the_end_of_the_session_or_of_the_worker_kills_chromium() {
         .unwrap()
         .unwrap();
     assert_eq!(status.code(), Some(0));
-    all_gone(&s.workspace.profile(), Duration::from_secs(2)).await;
+    all_gone(&profile_of(&s.workspace), Duration::from_secs(2)).await;
 
     // A worker killed outright (SIGKILL) takes Chromium with it (parent-death signal).
     let mut s = Session::browser("killed", &[]).await;
@@ -623,7 +541,7 @@ async fn the_end_of_the_session_or_of_the_worker_kills_chromium() {
     assert!(s.chromium_pid().is_some());
     s.child.start_kill().unwrap();
     s.child.wait().await.unwrap();
-    let took = all_gone(&s.workspace.profile(), Duration::from_secs(5)).await;
+    let took = all_gone(&profile_of(&s.workspace), Duration::from_secs(5)).await;
     eprintln!("worker SIGKILLed -> Chromium gone in {took:?}");
 }
 

@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::Harness;
+use crate::common::Harness;
 use protocol::SessionId;
 use runtime_manager::store::Store;
 

@@ -17,7 +17,7 @@
 //! server), and reads every request the launcher made with [`FakeApi::requests`].
 //! Anything else is answered 404 and kept in [`FakeApi::unexpected`].
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
