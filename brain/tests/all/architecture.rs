@@ -97,7 +97,11 @@ fn the_turn_engine_answers_turn_errors() {
     let turn = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/turn");
     let mut files = Vec::new();
     sources(&turn, &mut files).unwrap();
-    assert!(files.len() > 10, "the walk found the engine: {}", files.len());
+    assert!(
+        files.len() > 10,
+        "the walk found the engine: {}",
+        files.len()
+    );
     let offenders: Vec<String> = files
         .iter()
         .filter(|f| {

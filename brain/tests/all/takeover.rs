@@ -6,18 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::common::replies::text;
 use crate::common::{BrainProcess, TestApp, read_stream};
 use crate::recovery::{held, post, turn_row, until_taken};
 use protocol::ui::{FinishReason, UiChunk};
-use scripted_provider::Reply;
 use serde_json::{Value, json};
-
-fn text(answer: &str) -> Reply {
-    Reply::Text {
-        deltas: vec![answer.into()],
-        delay: Duration::ZERO,
-    }
-}
 
 /// Waits until the turn of `client_id` is no longer running, for at most `within`;
 /// answers its row and how long it took.

@@ -149,7 +149,7 @@ async fn the_next_turn_sees_the_history() {
 async fn a_part_of_an_unknown_type_is_kept_and_not_sent_to_the_model() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("anthropic/claude-test", &[]).await;
-    app.provider.push(text(&["First answer."]));
+    app.provider.push(deltas(&["First answer."]));
     read_stream(app.send(&chat, &json!({"content": "first question"})).await).await;
     app.settled().await;
     let foreign = json!([
@@ -167,7 +167,7 @@ async fn a_part_of_an_unknown_type_is_kept_and_not_sent_to_the_model() {
         foreign.as_array().unwrap()[..]
     );
 
-    app.provider.push(text(&["Second answer."]));
+    app.provider.push(deltas(&["Second answer."]));
     let (_, done) = read_stream(
         app.send(&chat, &json!({"content": "second question"}))
             .await,
