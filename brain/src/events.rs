@@ -38,14 +38,15 @@ use bytes::Bytes;
 use futures_util::{FutureExt, Stream};
 use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TurnId};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, RedisError};
-use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
+use redis::AsyncConnectionConfig;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Standing;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
+use crate::redis::{Shared, Unavailable, bounded};
 
 /// Chunks written in one pipeline at most.
 const MAX_BATCH: usize = 512;
@@ -82,6 +83,12 @@ pub enum EventsError {
     /// The principal, or this replica, has as many observer streams open as allowed.
     #[error("too many observer streams open")]
     TooManyObservers,
+}
+
+impl From<Unavailable> for EventsError {
+    fn from(Unavailable(class): Unavailable) -> Self {
+        Self::Unavailable(class)
+    }
 }
 
 /// A Redis stream entry id, `<ms>-<seq>`: the SSE `id:` of an event and what
@@ -161,8 +168,8 @@ pub struct Events(Arc<Inner>);
 
 struct Inner {
     config: EventsConfig,
-    client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    /// The publisher's and the replays' connection (the reader has its own).
+    redis: Shared,
     replay: redis::Script,
     metrics: Metrics,
     tx: mpsc::Sender<Published>,
@@ -232,30 +239,6 @@ fn stream_key(chat: ChatId) -> String {
     format!("{STREAM_PREFIX}{chat}")
 }
 
-fn error_class(err: &RedisError) -> &'static str {
-    if err.is_connection_refusal() {
-        "connection_refused"
-    } else if err.is_timeout() {
-        "timeout"
-    } else if err.is_io_error() {
-        "io"
-    } else {
-        "redis"
-    }
-}
-
-/// Runs one Redis call under `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, RedisError>>,
-) -> Result<T, EventsError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(err)) => Err(EventsError::Unavailable(error_class(&err))),
-        Err(_) => Err(EventsError::Unavailable("timeout")),
-    }
-}
-
 /// How often a chat's stream is trimmed by age and its expiry pushed back: a tenth of the
 /// window, at most 5 s.
 fn keep_up_every(window: Duration) -> Duration {
@@ -273,9 +256,8 @@ impl Events {
     pub fn new(client: redis::Client, config: EventsConfig, metrics: Metrics) -> Self {
         let (tx, rx) = mpsc::channel(config.publish_buffer);
         Self(Arc::new(Inner {
+            redis: Shared::new(client, config.redis_timeout),
             config,
-            client,
-            connection: OnceCell::new(),
             replay: redis::Script::new(REPLAY_SCRIPT),
             metrics,
             tx,
@@ -420,7 +402,9 @@ impl Events {
                 .ignore();
         }
         let written = match self.connection().await {
-            Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn)).await,
+            Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
+                .await
+                .map_err(EventsError::from),
             Err(err) => Err(err),
         };
         if written.is_ok() {
@@ -440,19 +424,11 @@ impl Events {
     }
 
     async fn connection(&self) -> Result<ConnectionManager, EventsError> {
-        let timeout = self.0.config.redis_timeout;
         self.0
-            .connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(self.0.client.clone(), config)
-            })
+            .redis
+            .get()
             .await
-            .cloned()
-            .map_err(|e| EventsError::Unavailable(error_class(&e)))
+            .map_err(|e| Unavailable::from(e).into())
     }
 
     /// An observer of `chat`: with `after`, what followed that event in the window (or a
@@ -688,7 +664,7 @@ impl Events {
                 .query_async::<()>(&mut conn),
         )
         .await;
-        if let Err(EventsError::Unavailable(class)) = woken {
+        if let Err(Unavailable(class)) = woken {
             // Not lost: the reader takes the chat into its next read, within its block time.
             tracing::debug!(class, "events reader not woken");
         }
@@ -723,14 +699,15 @@ impl Events {
                 match bounded(
                     limit,
                     self.0
-                        .client
+                        .redis
+                        .client()
                         .get_multiplexed_async_connection_with_config(&config),
                 )
                 .await
                 {
                     Ok(dialed) => conn = Some(dialed),
                     Err(err) => {
-                        self.fail(&chats, err);
+                        self.fail(&chats, err.into());
                         continue;
                     }
                 }
@@ -762,7 +739,7 @@ impl Events {
                 Ok(streams) => self.deliver(streams.unwrap_or_default(), &mut woken),
                 Err(err) => {
                     conn = None;
-                    self.fail(&chats, err);
+                    self.fail(&chats, err.into());
                 }
             }
         }

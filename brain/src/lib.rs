@@ -17,6 +17,8 @@
 //! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
 //! - `approvals.rs`: the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
+//! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
+//!   keeps its own keys);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `schedule.rs`: what makes an autostart cadence valid and when it fires;
 //! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
@@ -48,6 +50,7 @@ pub mod lease;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
+pub mod redis;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
@@ -80,7 +83,7 @@ pub struct AppState {
     /// This process among the replicas, with a lease in Postgres (O3).
     pub replica: protocol::ReplicaId,
     pub store: Store,
-    pub redis: redis::Client,
+    pub redis: ::redis::Client,
     /// API keys and JWTs (SPEC X1).
     pub auth: auth::Auth,
     pub providers: Providers,
@@ -118,7 +121,7 @@ pub struct AppState {
 impl AppState {
     /// Builds the state from configuration. Fails only on a programming error caught by
     /// every test (a metric registered twice) or a token key the configuration let pass.
-    pub fn new(config: Config, store: Store, redis: redis::Client) -> Result<Self, StateError> {
+    pub fn new(config: Config, store: Store, redis: ::redis::Client) -> Result<Self, StateError> {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
