@@ -1,14 +1,15 @@
 //! The wire vocabulary shared by every process of the runtime.
 //!
 //! Anything serialized across a process boundary lives here: typed ids, the stable error
-//! codes of the HTTP API, and the chunks of the UI message stream that the brain sends to a
-//! web chat. This crate does no I/O and depends on serde alone, so the brain, the worker and
+//! codes of the HTTP API, the runtime profiles' names, and the chunks of the UI message
+//! stream that the brain sends to a web chat. This crate does no I/O and depends on serde alone, so the brain, the worker and
 //! the runtime-manager can all speak it without pulling each other's dependencies.
 
 pub mod channel;
 pub mod env;
 pub mod error;
 pub mod ids;
+pub mod profile;
 pub mod snapshot;
 pub mod ui;
 
