@@ -47,6 +47,7 @@ use crate::auth::Standing;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
 use crate::redis::{Shared, Unavailable, bounded};
+use crate::sse;
 
 /// Chunks written in one pipeline at most.
 const MAX_BATCH: usize = 512;
@@ -565,7 +566,7 @@ impl Events {
         };
         if trimmed {
             observer.cursor = last.parse().unwrap_or(after);
-            observer.replay.push_back(encode(
+            observer.replay.push_back(sse::chunk(
                 None,
                 &UiChunk::DataResync {
                     data: Resync {
@@ -810,25 +811,6 @@ impl Events {
     }
 }
 
-/// One SSE event: `id:` when it has one, then `data:` with the chunk's JSON.
-fn encode(id: Option<EventId>, chunk: &UiChunk) -> Bytes {
-    let json = serde_json::to_string(chunk).unwrap_or_else(|_| "{}".into());
-    frame(id, &json)
-}
-
-fn frame(id: Option<EventId>, json: &str) -> Bytes {
-    let mut out = String::with_capacity(json.len() + 40);
-    if let Some(id) = id {
-        out.push_str("id: ");
-        out.push_str(&id.to_string());
-        out.push('\n');
-    }
-    out.push_str("data: ");
-    out.push_str(json);
-    out.push_str("\n\n");
-    Bytes::from(out)
-}
-
 /// One observer's stream: its replay, then the chat's broadcast.
 pub struct Observer {
     replay: VecDeque<Bytes>,
@@ -853,8 +835,8 @@ impl Observer {
     fn frame(&mut self, entry: &Entry) -> Bytes {
         self.cursor = entry.id;
         let Some(json) = &entry.chunk else {
-            return encode(
-                Some(entry.id),
+            return sse::chunk(
+                Some(&entry.id),
                 &UiChunk::DataResync {
                     data: Resync {
                         reason: "dropped".into(),
@@ -868,7 +850,7 @@ impl Observer {
             && self.turn != Some(turn)
         {
             self.turn = Some(turn);
-            out.extend_from_slice(&encode(
+            out.extend_from_slice(&sse::chunk(
                 None,
                 &UiChunk::DataTurn {
                     data: TurnInfo { turn_id: turn },
@@ -876,7 +858,7 @@ impl Observer {
                 },
             ));
         }
-        out.extend_from_slice(&frame(Some(entry.id), json));
+        out.extend_from_slice(&sse::event(Some(&entry.id), json));
         Bytes::from(out)
     }
 
@@ -902,7 +884,7 @@ impl Observer {
                 () = self.authority.lost() => return Some(self.end_unauthorized()),
                 received = self.rx.recv() => received,
                 () = tokio::time::sleep(self.keepalive) => {
-                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+                    return Some(sse::keep_alive());
                 }
             };
             return Some(match received {
@@ -914,7 +896,7 @@ impl Observer {
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     self.ended = true;
                     self.metrics.observers_too_slow.inc();
-                    encode(
+                    sse::chunk(
                         None,
                         &UiChunk::DataNotice {
                             data: Notice {
@@ -934,7 +916,7 @@ impl Observer {
     /// The key was revoked or the token expired: a reconnect is refused too.
     fn end_unauthorized(&mut self) -> Bytes {
         self.ended = true;
-        encode(
+        sse::chunk(
             None,
             &UiChunk::error(
                 ErrorCode::Unauthorized,
@@ -945,7 +927,7 @@ impl Observer {
 
     fn end_unavailable(&mut self) -> Bytes {
         self.ended = true;
-        encode(
+        sse::chunk(
             None,
             &UiChunk::error(
                 ErrorCode::EventsUnavailable,
@@ -964,7 +946,7 @@ impl Observer {
 
 impl IntoResponse for Observer {
     fn into_response(self) -> Response {
-        crate::turn::ui_stream::sse_response(Body::from_stream(self.into_stream()))
+        sse::response(Body::from_stream(self.into_stream()))
     }
 }
 
@@ -1028,10 +1010,10 @@ impl TurnStream {
             self.begun = true;
         }
         // No `id:`: the stream is the turn's own, as its POST carried it.
-        let mut out = frame(None, json).to_vec();
+        let mut out = sse::event(None, json).to_vec();
         if matches!(kind, "finish" | "error" | "abort") {
             self.ended = true;
-            out.extend_from_slice(&crate::turn::ui_stream::done_frame());
+            out.extend_from_slice(&sse::done());
         }
         Taken::Frame(Bytes::from(out))
     }

@@ -24,6 +24,7 @@
 //! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
+//! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
 //! - `store/`: Postgres, the only place with SQL;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
@@ -54,6 +55,7 @@ pub mod redis;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
+pub mod sse;
 pub mod store;
 pub mod tools;
 pub mod turn;
