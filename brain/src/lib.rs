@@ -15,7 +15,7 @@
 //!   continuations) left behind (O3, A3);
 //! - `tools/`: the brain's own tools and the one toolset a turn offers (T4, B1);
 //! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
-//! - `approvals.rs`: the approval policy and states (A1-A4);
+//! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
 //!   keeps its own keys);

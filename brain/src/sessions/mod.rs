@@ -2,6 +2,7 @@
 //!
 //! - `tool.rs`: the worker tools of an agent's RuntimeProfile, offered before any worker
 //!   exists; the first call asks for a session and waits for it.
+//! - `call.rs`: one call on a worker this replica holds, for the tools and the relay.
 //! - `connect.rs`: the channel workers dial (its route is `api/worker.rs`), the MCP
 //!   handshake, heartbeats.
 //! - `registry.rs`: the workers whose socket this replica holds.
@@ -24,6 +25,7 @@
 //! Architecture invariant: a replica holds a worker's socket and nothing else about it;
 //! every state is in Postgres, so any replica can tell where a session stands.
 
+mod call;
 mod connect;
 mod registry;
 mod relay;
@@ -48,8 +50,8 @@ use tracing::Instrument;
 pub use connect::Dial;
 use registry::{Binding, LiveWorker, Pool, Registry};
 pub use snapshot::{
-    CONTENT_TYPE as SNAPSHOT_CONTENT_TYPE, Restore, Upload, UploadSlots, record_skip,
-    restorable, store_upload, sweep as sweep_snapshots,
+    CONTENT_TYPE as SNAPSHOT_CONTENT_TYPE, Restore, Upload, UploadSlots, record_skip, restorable,
+    store_upload, sweep as sweep_snapshots,
 };
 pub use tool::worker_tools;
 

@@ -43,7 +43,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::tool::{Files, call_worker};
+use super::call::{Files, call_worker};
 use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::redis::bounded;
@@ -178,7 +178,12 @@ return 0
 
 impl Sessions {
     async fn redis(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let conn = bounded(REDIS_BOUND, self.redis_client.get_multiplexed_async_connection()).await.ok();
+        let conn = bounded(
+            REDIS_BOUND,
+            self.redis_client.get_multiplexed_async_connection(),
+        )
+        .await
+        .ok();
         if conn.is_none() {
             tracing::warn!("relay: Redis unreachable");
         }
@@ -189,8 +194,12 @@ impl Sessions {
     pub(super) async fn claim_owner(&self, session: SessionId, ttl: Duration) {
         if let Some(mut conn) = self.redis().await {
             let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            let set: Option<()> =
-                bounded(REDIS_BOUND, conn.pset_ex(owner_key(session), &self.replica, ms)).await.ok();
+            let set: Option<()> = bounded(
+                REDIS_BOUND,
+                conn.pset_ex(owner_key(session), &self.replica, ms),
+            )
+            .await
+            .ok();
             if set.is_none() {
                 tracing::warn!(session = %session, "relay: owner key not written");
             }
@@ -199,13 +208,15 @@ impl Sessions {
 
     pub(super) async fn release_owner(&self, session: SessionId) {
         if let Some(mut conn) = self.redis().await {
-            let _: Option<i64> = bounded(REDIS_BOUND, 
+            let _: Option<i64> = bounded(
+                REDIS_BOUND,
                 redis::Script::new(RELEASE_OWNER)
                     .key(owner_key(session))
                     .arg(&self.replica)
                     .invoke_async(&mut conn),
             )
-            .await.ok();
+            .await
+            .ok();
         }
     }
 
@@ -293,7 +304,11 @@ impl Sessions {
         else {
             return;
         };
-        if bounded(REDIS_BOUND, pubsub.subscribe(&binds)).await.ok().is_none() {
+        if bounded(REDIS_BOUND, pubsub.subscribe(&binds))
+            .await
+            .ok()
+            .is_none()
+        {
             return;
         }
         let mut messages = pubsub.into_on_message();
@@ -332,9 +347,13 @@ impl Sessions {
         // before the subscription was live is not lost. Not knowing whether one was sent
         // is not "none was": the call is refused, never run uncancellable.
         let cancels = match subscribe(&self.redis_client, cancel_channel(&call.key)).await {
-            Some(cancels) => bounded(REDIS_BOUND, conn.get::<_, Option<String>>(cancelled_key(&call.key)))
-                .await.ok()
-                .map(|sent| (cancels, sent.is_some())),
+            Some(cancels) => bounded(
+                REDIS_BOUND,
+                conn.get::<_, Option<String>>(cancelled_key(&call.key)),
+            )
+            .await
+            .ok()
+            .map(|sent| (cancels, sent.is_some())),
             None => None,
         };
         let Some((cancels, cancelled_before)) = cancels else {
@@ -482,7 +501,9 @@ async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, ev
     let Ok(payload) = serde_json::to_string(event) else {
         return;
     };
-    let sent: Option<i64> = bounded(REDIS_BOUND, conn.publish(channel, payload)).await.ok();
+    let sent: Option<i64> = bounded(REDIS_BOUND, conn.publish(channel, payload))
+        .await
+        .ok();
     if sent.is_none() {
         tracing::warn!("relay: event not published");
     }
@@ -524,7 +545,9 @@ pub(super) async fn call_remote(
     let Ok(payload) = serde_json::to_string(&call) else {
         return unreachable();
     };
-    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(calls_channel(owner), payload)).await.ok();
+    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(calls_channel(owner), payload))
+        .await
+        .ok();
     // The turn may drop this future without polling it again (its cancel races every
     // tool): the guard then tells the owner, as a local call's guard tells its worker. It
     // is armed before the answer to the publish is known: a publish that timed out may
@@ -593,7 +616,9 @@ pub(super) async fn bind_remote(
         .ok_or("redis_unreachable")?;
     let mut conn = sessions.redis().await.ok_or("redis_unreachable")?;
     let payload = serde_json::to_string(&BindRequest { key, bind }).map_err(|_| "undecodable")?;
-    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(binds_channel(holder), payload)).await.ok();
+    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(binds_channel(holder), payload))
+        .await
+        .ok();
     if receivers.unwrap_or(0) == 0 {
         return Err("holder_unreachable");
     }
@@ -630,7 +655,8 @@ impl Drop for CancelRemote {
             let key = std::mem::take(&mut self.key);
             tokio::spawn(async move {
                 let ttl = u64::try_from(CANCEL_TTL.as_millis()).unwrap_or(u64::MAX);
-                let sent: Option<()> = bounded(REDIS_BOUND, 
+                let sent: Option<()> = bounded(
+                    REDIS_BOUND,
                     redis::pipe()
                         .atomic()
                         .pset_ex(cancelled_key(&key), 1, ttl)
@@ -639,7 +665,8 @@ impl Drop for CancelRemote {
                         .ignore()
                         .query_async(&mut conn),
                 )
-                .await.ok();
+                .await
+                .ok();
                 if sent.is_none() {
                     tracing::warn!("relay: cancel not sent");
                 }
