@@ -4,6 +4,7 @@
 //! are shown to the API client or to the model.
 
 use chrono::Utc;
+use protocol::profile;
 
 use crate::approvals::ApprovalPolicy;
 use crate::provider::ModelRoute;
@@ -14,8 +15,6 @@ const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
 const MAX_FALLBACKS: usize = 5;
 const MAX_AUTOSTART_PROMPT: usize = 4000;
-/// SPEC R: the modes an agent may name.
-pub const RUNTIME_PROFILES: [&str; 5] = ["none", "light", "browser", "heavy", "warm"];
 
 /// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
 /// (`"background": true`, autostarts, approval continuations) have no client to lose.
@@ -77,7 +76,7 @@ pub fn validate_new_agent(
     }
     validate_system_prompt(&system_prompt)?;
     validate_route(&model, &fallback_models)?;
-    let runtime_profile = runtime_profile.unwrap_or_else(|| "none".into());
+    let runtime_profile = runtime_profile.unwrap_or_else(|| profile::NONE.into());
     validate_runtime_profile(&runtime_profile)?;
     Ok(NewAgent {
         name,
@@ -119,12 +118,12 @@ fn validate_route(model: &str, fallback_models: &[String]) -> Result<(), String>
 }
 
 fn validate_runtime_profile(profile: &str) -> Result<(), String> {
-    if RUNTIME_PROFILES.contains(&profile) {
+    if profile::ALL.contains(&profile) {
         Ok(())
     } else {
         Err(format!(
             "runtime_profile must be one of {}",
-            RUNTIME_PROFILES.join(", ")
+            profile::ALL.join(", ")
         ))
     }
 }

@@ -1,5 +1,5 @@
-//! A human in the loop (SPEC A1-A4): an agent's approval policy, and what it decides for
-//! one tool call.
+//! A human in the loop (SPEC A1-A4): the risk classes of tool calls, an agent's approval
+//! policy, and what it decides for one call (of a tool of that name and class).
 //!
 //! The policy is `{"ask": [classes or tool names], "deny": [tool names]}`. A denied tool
 //! never runs and never becomes an approval: the model reads a refusal. A call that asks
@@ -10,7 +10,36 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::tools::{RiskClass, Tool};
+/// What a call can do (SPEC A1), which an agent's approval policy names (A2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RiskClass {
+    /// No side effects.
+    Read,
+    /// Changes the workspace or the agent's own state.
+    Write,
+    /// Acts on systems outside.
+    External,
+    /// Cannot be undone.
+    Irreversible,
+}
+
+impl RiskClass {
+    pub const ALL: [RiskClass; 4] = [Self::Read, Self::Write, Self::External, Self::Irreversible];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::External => "external",
+            Self::Irreversible => "irreversible",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
 
 /// The most entries either list may hold.
 pub const MAX_ENTRIES: usize = 100;
@@ -68,14 +97,10 @@ impl ApprovalPolicy {
     }
 
     /// The deny list wins over the ask list: a denied tool never becomes an approval.
-    pub fn decide(&self, name: &str, tool: &dyn Tool) -> Decision {
+    pub fn decide(&self, name: &str, risk: RiskClass) -> Decision {
         if self.deny.iter().any(|d| d == name) {
             Decision::Deny
-        } else if self
-            .ask
-            .iter()
-            .any(|a| a == name || a == tool.risk().as_str())
-        {
+        } else if self.ask.iter().any(|a| a == name || a == risk.as_str()) {
             Decision::Ask
         } else {
             Decision::Run

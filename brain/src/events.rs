@@ -38,14 +38,16 @@ use bytes::Bytes;
 use futures_util::{FutureExt, Stream};
 use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TurnId};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, RedisError};
-use tokio::sync::{Notify, OnceCell, broadcast, mpsc};
+use redis::AsyncConnectionConfig;
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Standing;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
+use crate::redis::{Shared, Unavailable, bounded};
+use crate::sse;
 
 /// Chunks written in one pipeline at most.
 const MAX_BATCH: usize = 512;
@@ -82,6 +84,12 @@ pub enum EventsError {
     /// The principal, or this replica, has as many observer streams open as allowed.
     #[error("too many observer streams open")]
     TooManyObservers,
+}
+
+impl From<Unavailable> for EventsError {
+    fn from(Unavailable(class): Unavailable) -> Self {
+        Self::Unavailable(class)
+    }
 }
 
 /// A Redis stream entry id, `<ms>-<seq>`: the SSE `id:` of an event and what
@@ -161,8 +169,8 @@ pub struct Events(Arc<Inner>);
 
 struct Inner {
     config: EventsConfig,
-    client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    /// The publisher's and the replays' connection (the reader has its own).
+    redis: Shared,
     replay: redis::Script,
     metrics: Metrics,
     tx: mpsc::Sender<Published>,
@@ -232,30 +240,6 @@ fn stream_key(chat: ChatId) -> String {
     format!("{STREAM_PREFIX}{chat}")
 }
 
-fn error_class(err: &RedisError) -> &'static str {
-    if err.is_connection_refusal() {
-        "connection_refused"
-    } else if err.is_timeout() {
-        "timeout"
-    } else if err.is_io_error() {
-        "io"
-    } else {
-        "redis"
-    }
-}
-
-/// Runs one Redis call under `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, RedisError>>,
-) -> Result<T, EventsError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(err)) => Err(EventsError::Unavailable(error_class(&err))),
-        Err(_) => Err(EventsError::Unavailable("timeout")),
-    }
-}
-
 /// How often a chat's stream is trimmed by age and its expiry pushed back: a tenth of the
 /// window, at most 5 s.
 fn keep_up_every(window: Duration) -> Duration {
@@ -273,9 +257,8 @@ impl Events {
     pub fn new(client: redis::Client, config: EventsConfig, metrics: Metrics) -> Self {
         let (tx, rx) = mpsc::channel(config.publish_buffer);
         Self(Arc::new(Inner {
+            redis: Shared::new(client, config.redis_timeout),
             config,
-            client,
-            connection: OnceCell::new(),
             replay: redis::Script::new(REPLAY_SCRIPT),
             metrics,
             tx,
@@ -420,7 +403,9 @@ impl Events {
                 .ignore();
         }
         let written = match self.connection().await {
-            Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn)).await,
+            Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
+                .await
+                .map_err(EventsError::from),
             Err(err) => Err(err),
         };
         if written.is_ok() {
@@ -440,19 +425,11 @@ impl Events {
     }
 
     async fn connection(&self) -> Result<ConnectionManager, EventsError> {
-        let timeout = self.0.config.redis_timeout;
         self.0
-            .connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(self.0.client.clone(), config)
-            })
+            .redis
+            .get()
             .await
-            .cloned()
-            .map_err(|e| EventsError::Unavailable(error_class(&e)))
+            .map_err(|e| Unavailable::from(e).into())
     }
 
     /// An observer of `chat`: with `after`, what followed that event in the window (or a
@@ -589,7 +566,7 @@ impl Events {
         };
         if trimmed {
             observer.cursor = last.parse().unwrap_or(after);
-            observer.replay.push_back(encode(
+            observer.replay.push_back(sse::chunk(
                 None,
                 &UiChunk::DataResync {
                     data: Resync {
@@ -688,7 +665,7 @@ impl Events {
                 .query_async::<()>(&mut conn),
         )
         .await;
-        if let Err(EventsError::Unavailable(class)) = woken {
+        if let Err(Unavailable(class)) = woken {
             // Not lost: the reader takes the chat into its next read, within its block time.
             tracing::debug!(class, "events reader not woken");
         }
@@ -723,14 +700,15 @@ impl Events {
                 match bounded(
                     limit,
                     self.0
-                        .client
+                        .redis
+                        .client()
                         .get_multiplexed_async_connection_with_config(&config),
                 )
                 .await
                 {
                     Ok(dialed) => conn = Some(dialed),
                     Err(err) => {
-                        self.fail(&chats, err);
+                        self.fail(&chats, err.into());
                         continue;
                     }
                 }
@@ -762,7 +740,7 @@ impl Events {
                 Ok(streams) => self.deliver(streams.unwrap_or_default(), &mut woken),
                 Err(err) => {
                     conn = None;
-                    self.fail(&chats, err);
+                    self.fail(&chats, err.into());
                 }
             }
         }
@@ -833,25 +811,6 @@ impl Events {
     }
 }
 
-/// One SSE event: `id:` when it has one, then `data:` with the chunk's JSON.
-fn encode(id: Option<EventId>, chunk: &UiChunk) -> Bytes {
-    let json = serde_json::to_string(chunk).unwrap_or_else(|_| "{}".into());
-    frame(id, &json)
-}
-
-fn frame(id: Option<EventId>, json: &str) -> Bytes {
-    let mut out = String::with_capacity(json.len() + 40);
-    if let Some(id) = id {
-        out.push_str("id: ");
-        out.push_str(&id.to_string());
-        out.push('\n');
-    }
-    out.push_str("data: ");
-    out.push_str(json);
-    out.push_str("\n\n");
-    Bytes::from(out)
-}
-
 /// One observer's stream: its replay, then the chat's broadcast.
 pub struct Observer {
     replay: VecDeque<Bytes>,
@@ -876,8 +835,8 @@ impl Observer {
     fn frame(&mut self, entry: &Entry) -> Bytes {
         self.cursor = entry.id;
         let Some(json) = &entry.chunk else {
-            return encode(
-                Some(entry.id),
+            return sse::chunk(
+                Some(&entry.id),
                 &UiChunk::DataResync {
                     data: Resync {
                         reason: "dropped".into(),
@@ -891,7 +850,7 @@ impl Observer {
             && self.turn != Some(turn)
         {
             self.turn = Some(turn);
-            out.extend_from_slice(&encode(
+            out.extend_from_slice(&sse::chunk(
                 None,
                 &UiChunk::DataTurn {
                     data: TurnInfo { turn_id: turn },
@@ -899,7 +858,7 @@ impl Observer {
                 },
             ));
         }
-        out.extend_from_slice(&frame(Some(entry.id), json));
+        out.extend_from_slice(&sse::event(Some(&entry.id), json));
         Bytes::from(out)
     }
 
@@ -925,7 +884,7 @@ impl Observer {
                 () = self.authority.lost() => return Some(self.end_unauthorized()),
                 received = self.rx.recv() => received,
                 () = tokio::time::sleep(self.keepalive) => {
-                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+                    return Some(sse::keep_alive());
                 }
             };
             return Some(match received {
@@ -937,7 +896,7 @@ impl Observer {
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     self.ended = true;
                     self.metrics.observers_too_slow.inc();
-                    encode(
+                    sse::chunk(
                         None,
                         &UiChunk::DataNotice {
                             data: Notice {
@@ -957,7 +916,7 @@ impl Observer {
     /// The key was revoked or the token expired: a reconnect is refused too.
     fn end_unauthorized(&mut self) -> Bytes {
         self.ended = true;
-        encode(
+        sse::chunk(
             None,
             &UiChunk::error(
                 ErrorCode::Unauthorized,
@@ -968,7 +927,7 @@ impl Observer {
 
     fn end_unavailable(&mut self) -> Bytes {
         self.ended = true;
-        encode(
+        sse::chunk(
             None,
             &UiChunk::error(
                 ErrorCode::EventsUnavailable,
@@ -987,7 +946,7 @@ impl Observer {
 
 impl IntoResponse for Observer {
     fn into_response(self) -> Response {
-        crate::turn::ui_stream::sse_response(Body::from_stream(self.into_stream()))
+        sse::response(Body::from_stream(self.into_stream()))
     }
 }
 
@@ -1051,10 +1010,10 @@ impl TurnStream {
             self.begun = true;
         }
         // No `id:`: the stream is the turn's own, as its POST carried it.
-        let mut out = frame(None, json).to_vec();
+        let mut out = sse::event(None, json).to_vec();
         if matches!(kind, "finish" | "error" | "abort") {
             self.ended = true;
-            out.extend_from_slice(&crate::turn::ui_stream::done_frame());
+            out.extend_from_slice(&sse::done());
         }
         Taken::Frame(Bytes::from(out))
     }

@@ -29,19 +29,17 @@
 //! and value formats.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{AgentId, TeamId, TurnId};
 use redis::RedisError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{HoldResult, Metrics};
 use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TurnCounts};
+use crate::redis::{Shared, bounded};
 use crate::store::StoreError;
 
 /// Sets the key if free and answers nil; otherwise answers the current value. One round
@@ -328,12 +326,10 @@ pub struct Holds {
 }
 
 struct Inner {
-    client: redis::Client,
     config: HoldConfig,
     metrics: Metrics,
-    /// Created on first use, inside the runtime; it connects lazily and reconnects by
-    /// itself, so Redis being down at start only makes the first acquires `Unavailable`.
-    connection: OnceCell<ConnectionManager>,
+    /// Redis being down at start only makes the first acquires `Unavailable`.
+    redis: Shared,
     acquire: redis::Script,
     extend: redis::Script,
     release: redis::Script,
@@ -406,10 +402,9 @@ impl Holds {
     pub fn new(redis: redis::Client, config: HoldConfig, metrics: Metrics) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client: redis,
+                redis: Shared::new(redis, config.op_timeout),
                 config,
                 metrics,
-                connection: OnceCell::new(),
                 acquire: redis::Script::new(ACQUIRE),
                 extend: redis::Script::new(EXTEND),
                 release: redis::Script::new(RELEASE),
@@ -432,16 +427,16 @@ impl Holds {
         let key = hold_key(agent);
         let value = format!("{turn}:{:032x}", rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
-        let answer = inner
-            .bounded(async {
-                match inner.try_acquire(&key, &value, expiry).await {
-                    // A connection that failed earlier is replaced on that failure: one
-                    // more try uses the fresh one, so a Redis that came back is used at once.
-                    Err(err) if err.is_io_error() => inner.try_acquire(&key, &value, expiry).await,
-                    answer => answer,
-                }
-            })
-            .await;
+        let answer = bounded(inner.config.op_timeout, async {
+            match inner.try_acquire(&key, &value, expiry).await {
+                // A connection that failed earlier is replaced on that failure: one
+                // more try uses the fresh one, so a Redis that came back is used at once.
+                Err(err) if err.is_io_error() => inner.try_acquire(&key, &value, expiry).await,
+                answer => answer,
+            }
+        })
+        .await
+        .map_err(|u| u.0);
         let class = match answer {
             Ok(None) => {
                 return Acquired::Held(HoldGuard::start(inner, key, value, acquired_at, None));
@@ -479,18 +474,18 @@ impl Holds {
     /// (its replica died, O3). Bounded like every hold call; true if a hold was deleted.
     pub async fn release_lost(&self, agent: AgentId, turn: TurnId) -> Result<bool, Class> {
         let inner = &self.inner;
-        inner
-            .bounded(async {
-                let mut conn = inner.connection().await?;
-                inner
-                    .release_turn
-                    .key(hold_key(agent))
-                    .arg(format!("{turn}:"))
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            })
-            .await
-            .map(|n| n == 1)
+        bounded(inner.config.op_timeout, async {
+            let mut conn = inner.redis.get().await?;
+            inner
+                .release_turn
+                .key(hold_key(agent))
+                .arg(format!("{turn}:"))
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map_err(|u| u.0)
+        .map(|n| n == 1)
     }
 }
 
@@ -511,19 +506,19 @@ impl Holds {
         let key = hold_key(agent);
         let value = format!("{turn}:{:032x}", rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
-        let current = inner
-            .bounded(async {
-                let mut conn = inner.connection().await?;
-                inner
-                    .adopt
-                    .key(&key)
-                    .arg(format!("{turn}:"))
-                    .arg(&value)
-                    .arg(millis(expiry))
-                    .invoke_async::<Option<String>>(&mut conn)
-                    .await
-            })
-            .await?;
+        let current = bounded(inner.config.op_timeout, async {
+            let mut conn = inner.redis.get().await?;
+            inner
+                .adopt
+                .key(&key)
+                .arg(format!("{turn}:"))
+                .arg(&value)
+                .arg(millis(expiry))
+                .invoke_async::<Option<String>>(&mut conn)
+                .await
+        })
+        .await
+        .map_err(|u| u.0)?;
         if current.is_some() {
             return Ok(None);
         }
@@ -606,18 +601,18 @@ impl Holds {
                 invocation.arg(millis(inner.config.max_total * 2));
                 invocation
             };
-            let answer = inner
-                .bounded(async {
-                    let mut conn = inner.connection().await?;
-                    match call().invoke_async::<Vec<String>>(&mut conn).await {
-                        Err(err) if err.is_io_error() => {
-                            let mut conn = inner.connection().await?;
-                            call().invoke_async::<Vec<String>>(&mut conn).await
-                        }
-                        answer => answer,
+            let answer = bounded(inner.config.op_timeout, async {
+                let mut conn = inner.redis.get().await?;
+                match call().invoke_async::<Vec<String>>(&mut conn).await {
+                    Err(err) if err.is_io_error() => {
+                        let mut conn = inner.redis.get().await?;
+                        call().invoke_async::<Vec<String>>(&mut conn).await
                     }
-                })
-                .await;
+                    answer => answer,
+                }
+            })
+            .await
+            .map_err(|u| u.0);
             let answer = match answer {
                 Ok(answer) => answer,
                 Err(class) => {
@@ -796,18 +791,18 @@ impl Holds {
     pub async fn bill(&self, team: TeamId, tokens: u64) {
         let inner = &self.inner;
         let keys = TeamKeys::new(team, &Periods::now());
-        let billed = inner
-            .bounded(async {
-                let mut conn = inner.connection().await?;
-                inner
-                    .bill
-                    .key(&keys.day)
-                    .key(&keys.month)
-                    .arg(tokens)
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            })
-            .await;
+        let billed = bounded(inner.config.op_timeout, async {
+            let mut conn = inner.redis.get().await?;
+            inner
+                .bill
+                .key(&keys.day)
+                .key(&keys.month)
+                .arg(tokens)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map_err(|u| u.0);
         if let Err(class) = billed {
             tracing::warn!(team = %team, class, "summary tokens not counted in the quota counters");
         }
@@ -819,39 +814,24 @@ impl Holds {
     pub async fn forget_limits(&self, team: TeamId) -> Result<(), Class> {
         let inner = &self.inner;
         let keys = TeamKeys::new(team, &Periods::now());
-        inner
-            .bounded(async {
-                let mut conn = inner.connection().await?;
-                redis::cmd("DEL")
-                    .arg(&keys.limits)
-                    .arg(&keys.day)
-                    .arg(&keys.month)
-                    .arg(&keys.day_since)
-                    .arg(&keys.month_since)
-                    .query_async::<i64>(&mut conn)
-                    .await
-            })
-            .await
-            .map(|_| ())
+        bounded(inner.config.op_timeout, async {
+            let mut conn = inner.redis.get().await?;
+            redis::cmd("DEL")
+                .arg(&keys.limits)
+                .arg(&keys.day)
+                .arg(&keys.month)
+                .arg(&keys.day_since)
+                .arg(&keys.month_since)
+                .query_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map_err(|u| u.0)
+        .map(|_| ())
     }
 }
 
 impl Inner {
-    async fn connection(&self) -> Result<ConnectionManager, RedisError> {
-        self.connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.config.op_timeout))
-                    .set_response_timeout(Some(self.config.op_timeout))
-                    // No backoff inside the manager: a failed connection is retried by the
-                    // next call, so a Redis that comes back is used at once.
-                    .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await
-            .cloned()
-    }
-
     /// The `ACQUIRE` script: `None` if the hold is now ours, else the current value.
     async fn try_acquire(
         &self,
@@ -859,25 +839,13 @@ impl Inner {
         value: &str,
         expiry: Duration,
     ) -> Result<Option<String>, RedisError> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.redis.get().await?;
         self.acquire
             .key(key)
             .arg(value)
             .arg(millis(expiry))
             .invoke_async(&mut conn)
             .await
-    }
-
-    /// Runs one Redis call under `op_timeout`.
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, Class> {
-        match tokio::time::timeout(self.config.op_timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(error_class(&err)),
-            Err(_) => Err("timeout"),
-        }
     }
 
     /// Runs a compare-and-act script (`EXTEND` or `RELEASE`): true if the value was ours.
@@ -888,8 +856,8 @@ impl Inner {
         value: &str,
         arg: u64,
     ) -> Result<bool, Class> {
-        self.bounded(async {
-            let mut conn = self.connection().await?;
+        bounded(self.config.op_timeout, async {
+            let mut conn = self.redis.get().await?;
             script
                 .key(key)
                 .arg(value)
@@ -898,6 +866,7 @@ impl Inner {
                 .await
         })
         .await
+        .map_err(|u| u.0)
         .map(|n| n == 1)
     }
 
@@ -943,8 +912,8 @@ impl Inner {
             .at
             .map(|at| at.timestamp_millis().to_string())
             .unwrap_or_default();
-        self.bounded(async {
-            let mut conn = self.connection().await?;
+        bounded(self.config.op_timeout, async {
+            let mut conn = self.redis.get().await?;
             self.settle
                 .key(key)
                 .key(&keys.running)
@@ -965,6 +934,7 @@ impl Inner {
                 .await
         })
         .await
+        .map_err(|u| u.0)
         .map(|n| n == 1)
     }
 
@@ -982,27 +952,27 @@ impl Inner {
         let from = |start: chrono::DateTime<chrono::Utc>| {
             base.cutoff.max(start).timestamp_millis().to_string()
         };
-        Ok(self
-            .bounded(async {
-                let mut conn = self.connection().await?;
-                self.rebuild
-                    .key(&keys.day)
-                    .key(&keys.month)
-                    .key(&keys.day_since)
-                    .key(&keys.month_since)
-                    .key(&keys.settled)
-                    .key(&keys.settled_tokens)
-                    .arg(base.tokens_day)
-                    .arg(base.tokens_month)
-                    .arg(base.cutoff.timestamp_millis())
-                    .arg(from(periods.day_start))
-                    .arg(from(periods.month_start))
-                    .arg(COUNTER_TTL.as_secs())
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-            })
-            .await
-            .map(|_| ()))
+        Ok(bounded(self.config.op_timeout, async {
+            let mut conn = self.redis.get().await?;
+            self.rebuild
+                .key(&keys.day)
+                .key(&keys.month)
+                .key(&keys.day_since)
+                .key(&keys.month_since)
+                .key(&keys.settled)
+                .key(&keys.settled_tokens)
+                .arg(base.tokens_day)
+                .arg(base.tokens_month)
+                .arg(base.cutoff.timestamp_millis())
+                .arg(from(periods.day_start))
+                .arg(from(periods.month_start))
+                .arg(COUNTER_TTL.as_secs())
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await
+        .map_err(|u| u.0)
+        .map(|_| ()))
     }
 
     async fn extend(
@@ -1016,8 +986,8 @@ impl Inner {
             return self.if_ours(&self.extend, key, value, expiry).await;
         };
         let keys = TeamKeys::new(counted.team, &Periods::now());
-        self.bounded(async {
-            let mut conn = self.connection().await?;
+        bounded(self.config.op_timeout, async {
+            let mut conn = self.redis.get().await?;
             self.extend_counted
                 .key(key)
                 .key(&keys.running)
@@ -1028,6 +998,7 @@ impl Inner {
                 .await
         })
         .await
+        .map_err(|u| u.0)
         .map(|n| n == 1)
     }
 }
@@ -1139,23 +1110,23 @@ impl HoldGuard {
         let keys = TeamKeys::new(counted.team, &periods);
         let limit = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
         for _ in 0..2 {
-            let answer = inner
-                .bounded(async {
-                    let mut conn = inner.connection().await?;
-                    inner
-                        .reserve
-                        .key(&keys.reserved)
-                        .key(&keys.reserved_total)
-                        .key(&keys.day)
-                        .key(&keys.month)
-                        .arg(counted.turn.to_string())
-                        .arg(reservation)
-                        .arg(limit(limits.tokens_per_day))
-                        .arg(limit(limits.tokens_per_month))
-                        .invoke_async::<Vec<String>>(&mut conn)
-                        .await
-                })
-                .await;
+            let answer = bounded(inner.config.op_timeout, async {
+                let mut conn = inner.redis.get().await?;
+                inner
+                    .reserve
+                    .key(&keys.reserved)
+                    .key(&keys.reserved_total)
+                    .key(&keys.day)
+                    .key(&keys.month)
+                    .arg(counted.turn.to_string())
+                    .arg(reservation)
+                    .arg(limit(limits.tokens_per_day))
+                    .arg(limit(limits.tokens_per_month))
+                    .invoke_async::<Vec<String>>(&mut conn)
+                    .await
+            })
+            .await
+            .map_err(|u| u.0);
             let answer = match answer {
                 Ok(answer) => answer,
                 Err(class) => {
@@ -1291,16 +1262,4 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
-}
-
-fn error_class(err: &RedisError) -> Class {
-    if err.is_connection_refusal() {
-        "connection_refused"
-    } else if err.is_timeout() {
-        "timeout"
-    } else if err.is_io_error() {
-        "io"
-    } else {
-        "redis"
-    }
 }

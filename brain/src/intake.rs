@@ -95,6 +95,12 @@ pub fn slots_for(pool_size: u32) -> usize {
 impl Intakes {
     pub fn new(pool_size: u32, config: IntakeConfig, metrics: Metrics) -> Self {
         let slot_count = slots_for(pool_size);
+        // The closed label set starts at 0, so a rate over it exists from the first scrape.
+        for reason in Refused::ALL {
+            metrics
+                .intake_refusals
+                .with_label_values(&[reason.as_str()]);
+        }
         Self(Arc::new(Inner {
             slots: Arc::new(Semaphore::new(slot_count)),
             slot_count,
@@ -242,6 +248,19 @@ mod tests {
             wait: Duration::from_millis(wait_ms),
         };
         (Intakes::new(pool, config, metrics.clone()), metrics)
+    }
+
+    #[test]
+    fn every_refusal_reason_is_counted_from_zero() {
+        let (_intakes, metrics) = intakes(4, 3, 1_000);
+        let scraped = metrics.render();
+        for reason in Refused::ALL {
+            let series = format!(
+                "brain_intake_refusals_total{{reason=\"{}\"}} 0",
+                reason.as_str()
+            );
+            assert!(scraped.contains(&series), "{series} in {scraped}");
+        }
     }
 
     #[test]

@@ -15,13 +15,16 @@
 //!   continuations) left behind (O3, A3);
 //! - `tools/`: the brain's own tools and the one toolset a turn offers (T4, B1);
 //! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
-//! - `approvals.rs`: the approval policy and states (A1-A4);
+//! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
+//! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
+//!   keeps its own keys);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `schedule.rs`: what makes an autostart cadence valid and when it fires;
 //! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
+//! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
 //! - `provider/`: the model providers' wire formats, turned into typed events;
 //! - `store/`: Postgres, the only place with SQL;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
@@ -48,9 +51,11 @@ pub mod lease;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
+pub mod redis;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
+pub mod sse;
 pub mod store;
 pub mod tools;
 pub mod turn;
@@ -80,7 +85,7 @@ pub struct AppState {
     /// This process among the replicas, with a lease in Postgres (O3).
     pub replica: protocol::ReplicaId,
     pub store: Store,
-    pub redis: redis::Client,
+    pub redis: ::redis::Client,
     /// API keys and JWTs (SPEC X1).
     pub auth: auth::Auth,
     pub providers: Providers,
@@ -118,7 +123,7 @@ pub struct AppState {
 impl AppState {
     /// Builds the state from configuration. Fails only on a programming error caught by
     /// every test (a metric registered twice) or a token key the configuration let pass.
-    pub fn new(config: Config, store: Store, redis: redis::Client) -> Result<Self, StateError> {
+    pub fn new(config: Config, store: Store, redis: ::redis::Client) -> Result<Self, StateError> {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());

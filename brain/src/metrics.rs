@@ -50,7 +50,8 @@ pub struct Counters {
     /// ever waited at once since the process started (`crate::intake`).
     pub intake_queued: IntGauge,
     pub intake_queued_peak: IntGauge,
-    /// Turn intakes refused by the queue's bounds, by [`crate::intake::Refused`].
+    /// Turn intakes refused by the queue's bounds, by reason (`crate::intake` starts each
+    /// of its reasons at 0).
     pub intake_refusals: IntCounterVec,
     /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
     /// `refused`; `busy`: an upload sent back to retry later), and restores (`restored`)
@@ -267,11 +268,6 @@ impl Metrics {
         }
         for result in HoldResult::ALL {
             metrics.holds.with_label_values(&[result.as_str()]);
-        }
-        for reason in crate::intake::Refused::ALL {
-            metrics
-                .intake_refusals
-                .with_label_values(&[reason.as_str()]);
         }
         Ok(metrics)
     }

@@ -10,7 +10,6 @@ use std::process::ExitCode;
 
 use runtime_manager::config::{Config, ProcessEnv};
 use runtime_manager::launcher::kubernetes::job;
-use runtime_manager::profiles;
 use tokio_util::sync::CancellationToken;
 
 const USAGE: &str = "usage: runtime-manager [render-job --profile light|browser|heavy|warm]";
@@ -48,7 +47,7 @@ fn render_job(config: &Config, profile: &str) -> ExitCode {
     let Some(sample) = job::sample(config, profile) else {
         eprintln!(
             "runtime-manager: render-job: no profile {profile:?} launches workers (one of {})",
-            profiles::WITH_HANDS.join(", ")
+            protocol::profile::WITH_HANDS.join(", ")
         );
         return ExitCode::from(2);
     };

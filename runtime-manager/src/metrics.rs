@@ -10,7 +10,7 @@
 //! `runtime_manager_sample_errors_total{sample}`: an unknown value is never shown as 0.
 //!
 //! **Architecture Invariant:** label values are closed sets: a profile of
-//! [`crate::profiles::WITH_HANDS`] (anything else is `unknown`), a session state, a
+//! [`protocol::profile::WITH_HANDS`] (anything else is `unknown`), a session state, a
 //! failure reason, an outcome, a reaper action. Never an id or a worker reference (X4).
 
 use std::sync::Arc;
@@ -21,10 +21,10 @@ use axum::http::header::CONTENT_TYPE;
 use logging::metrics::{counter_vec, gauge_vec, histogram_vec};
 use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec, Registry, TextEncoder};
 use protocol::channel::{FailureReason, SessionState};
+use protocol::profile::WITH_HANDS;
 use queue::SessionQueue;
 use tokio_util::sync::CancellationToken;
 
-use crate::profiles::WITH_HANDS;
 use crate::store::Store;
 
 /// The bound on each read a scrape makes.

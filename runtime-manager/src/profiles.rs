@@ -23,12 +23,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use protocol::profile::{BROWSER, HEAVY, LIGHT, WARM, WITH_HANDS};
 use serde::Deserialize;
-
-/// The mode without hands: nothing is ever launched for it.
-pub const NONE: &str = "none";
-/// The modes with hands, in the order they are listed and rendered.
-pub const WITH_HANDS: [&str; 4] = ["light", "browser", "heavy", "warm"];
 
 /// The image every profile but `browser` runs unless configured (what
 /// `docker/worker.Dockerfile` builds; see `docs/kubernetes.md`).
@@ -369,10 +365,10 @@ impl Profiles {
     /// The profile of a mode with hands; `None` for `none` and unknown names.
     pub fn get(&self, name: &str) -> Option<&RuntimeProfile> {
         match name {
-            "light" => Some(&self.light),
-            "browser" => Some(&self.browser),
-            "heavy" => Some(&self.heavy),
-            "warm" => Some(&self.warm),
+            LIGHT => Some(&self.light),
+            BROWSER => Some(&self.browser),
+            HEAVY => Some(&self.heavy),
+            WARM => Some(&self.warm),
             _ => None,
         }
     }
@@ -380,10 +376,10 @@ impl Profiles {
     /// `(name, profile)` for each mode with hands.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &RuntimeProfile)> {
         [
-            ("light", &self.light),
-            ("browser", &self.browser),
-            ("heavy", &self.heavy),
-            ("warm", &self.warm),
+            (LIGHT, &self.light),
+            (BROWSER, &self.browser),
+            (HEAVY, &self.heavy),
+            (WARM, &self.warm),
         ]
         .into_iter()
     }
@@ -450,10 +446,10 @@ impl Profiles {
         })?;
         let mut profiles = Self::builtin();
         let overrides = [
-            ("light", &mut profiles.light, file.profiles.light),
-            ("browser", &mut profiles.browser, file.profiles.browser),
-            ("heavy", &mut profiles.heavy, file.profiles.heavy),
-            ("warm", &mut profiles.warm, file.profiles.warm),
+            (LIGHT, &mut profiles.light, file.profiles.light),
+            (BROWSER, &mut profiles.browser, file.profiles.browser),
+            (HEAVY, &mut profiles.heavy, file.profiles.heavy),
+            (WARM, &mut profiles.warm, file.profiles.warm),
         ];
         for (name, profile, over) in overrides {
             if let Some(over) = over {
@@ -867,7 +863,7 @@ mod tests {
         assert!((60..=120).contains(&idle("light")));
         assert!((30..=60).contains(&idle("heavy")));
         assert!((600..=1800).contains(&idle("warm")));
-        assert_eq!(p.idle_window(NONE), None);
+        assert_eq!(p.idle_window(protocol::profile::NONE), None);
         assert_eq!(
             p.heavy.node_selector[WORKERS_POOL_LABEL],
             WORKERS_POOL_VALUE

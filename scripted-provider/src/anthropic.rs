@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::plan::{self, Ending, Finish, Plan};
-use crate::server::{Ctx, Event};
+use crate::stream::{Ctx, Event};
 
 fn stop_reason(ending: Ending) -> &'static str {
     match ending {

@@ -18,6 +18,7 @@ mod history;
 mod openai;
 mod plan;
 mod server;
+mod stream;
 
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use crate::plan::{self, Ending, Finish, Plan};
-use crate::server::{Ctx, Event};
+use crate::stream::{Ctx, Event};
 
 fn finish_reason(ending: Ending) -> &'static str {
     match ending {

@@ -20,6 +20,7 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream, Viewer};
+use crate::sse;
 use crate::store::{Store, StoreError, TurnStatus};
 use protocol::{ChatId, TeamId};
 
@@ -198,9 +199,7 @@ pub async fn resume(
         team: principal.team,
         turn: turn.id,
     };
-    Ok(crate::turn::ui_stream::sse_response(Body::from_stream(
-        watched.into_stream(),
-    )))
+    Ok(sse::response(Body::from_stream(watched.into_stream())))
 }
 
 /// A resumed turn stream that also asks the store, whenever the stream is idle, whether the
@@ -226,7 +225,7 @@ impl Watched {
                         Ok(turn) if turn.status != TurnStatus::Running => return None,
                         Err(StoreError::NotFound) => return None,
                         // Running, or unknown (the store did not answer): still followed.
-                        _ => Bytes::from_static(b": keep-alive\n\n"),
+                        _ => sse::keep_alive(),
                     }
                 }
             };

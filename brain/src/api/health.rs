@@ -47,10 +47,9 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
         tokio::time::timeout(timeout, state.store.ping()).await,
         Ok(Ok(()))
     );
-    let redis = matches!(
-        tokio::time::timeout(timeout, redis_ping(&state.redis)).await,
-        Ok(Ok(()))
-    );
+    let redis = crate::redis::bounded(timeout, redis_ping(&state.redis))
+        .await
+        .is_ok();
     let status = if postgres && redis {
         StatusCode::OK
     } else {

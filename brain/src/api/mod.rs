@@ -22,6 +22,7 @@ mod turns;
 mod usage;
 mod web;
 mod whoami;
+mod worker;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Request};
@@ -104,12 +105,9 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.
-        .routes(routes!(crate::sessions::connect))
-        .routes(routes!(
-            crate::sessions::put_snapshot,
-            crate::sessions::get_snapshot
-        ))
-        .routes(routes!(crate::sessions::snapshot_skipped))
+        .routes(routes!(worker::connect))
+        .routes(routes!(worker::put_snapshot, worker::get_snapshot))
+        .routes(routes!(worker::snapshot_skipped))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(openapi::serve))

@@ -318,19 +318,17 @@ impl Keys {
     }
 
     async fn publish(&self, hash: &[u8; 32]) -> bool {
-        let Ok(Ok(mut conn)) =
-            tokio::time::timeout(REDIS_BOUND, self.redis.get_multiplexed_async_connection()).await
+        let Ok(mut conn) =
+            crate::redis::bounded(REDIS_BOUND, self.redis.get_multiplexed_async_connection()).await
         else {
             return false;
         };
-        matches!(
-            tokio::time::timeout(
-                REDIS_BOUND,
-                conn.publish::<_, _, i64>(REVOKED_CHANNEL, to_hex(hash))
-            )
-            .await,
-            Ok(Ok(_))
+        crate::redis::bounded(
+            REDIS_BOUND,
+            conn.publish::<_, _, i64>(REVOKED_CHANNEL, to_hex(hash)),
         )
+        .await
+        .is_ok()
     }
 
     /// Keeps the invalidation subscription up until `shutdown`; the cache is trusted only
@@ -354,15 +352,15 @@ impl Keys {
 
     /// Serves one subscription until it is lost (or cannot be made).
     async fn watch_once(&self, shutdown: &CancellationToken) {
-        let Ok(Ok(mut pubsub)) =
-            tokio::time::timeout(REDIS_BOUND, self.redis.get_async_pubsub()).await
+        let Ok(mut pubsub) =
+            crate::redis::bounded(REDIS_BOUND, self.redis.get_async_pubsub()).await
         else {
             return;
         };
-        if !matches!(
-            tokio::time::timeout(REDIS_BOUND, pubsub.subscribe(REVOKED_CHANNEL)).await,
-            Ok(Ok(()))
-        ) {
+        if crate::redis::bounded(REDIS_BOUND, pubsub.subscribe(REVOKED_CHANNEL))
+            .await
+            .is_err()
+        {
             return;
         }
         let (mut sink, mut messages) = pubsub.split();
@@ -389,8 +387,7 @@ impl Keys {
                     }
                 }
                 _ = ping.tick() => {
-                    let pong = tokio::time::timeout(REDIS_BOUND, sink.ping::<redis::Value>()).await;
-                    if !matches!(pong, Ok(Ok(_))) {
+                    if crate::redis::bounded(REDIS_BOUND, sink.ping::<redis::Value>()).await.is_err() {
                         return;
                     }
                 }

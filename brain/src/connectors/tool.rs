@@ -11,8 +11,9 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceC
 use serde_json::Value;
 
 use super::session::{ConnectError, Session, auth_challenge};
+use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
-use crate::tools::{RiskClass, Tool, ToolCtx, ToolOutput};
+use crate::tools::{Tool, ToolCtx, ToolOutput};
 
 /// The longest description offered to the model.
 const MAX_DESCRIPTION: usize = 4096;

@@ -22,7 +22,7 @@ pub async fn admit_turn(
     reservation: u64,
     periods: &Periods,
 ) -> Result<Result<TurnCounts, Refusal>, StoreError> {
-    let seen = bounded(store.turn_usage(team, periods)).await?;
+    let seen = bounded(store.turn_usage(team, &periods.since())).await?;
     let in_flight = seen.running.saturating_mul(reservation);
     let counts = TurnCounts {
         concurrent_turns: seen.running,

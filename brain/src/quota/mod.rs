@@ -30,7 +30,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{BilledBefore, Store, StoreError, bounded};
+use crate::store::{BilledBefore, SessionUsage, Since, Store, StoreError, bounded};
 pub use headers::{RateLimitHeaders, TurnCounts};
 
 /// One quota, by its wire name.
@@ -282,6 +282,15 @@ impl Periods {
         self.month_start.format("%Y%m").to_string()
     }
 
+    /// Where the store counts these periods' usage from.
+    pub fn since(&self) -> Since {
+        Since {
+            day: self.day_start,
+            month: self.month_start,
+            now: self.now,
+        }
+    }
+
     pub fn until_day_end(&self) -> Duration {
         (self.day_end - self.now).to_std().unwrap_or_default()
     }
@@ -300,6 +309,16 @@ pub struct Used {
     pub concurrent_turns: u64,
     pub concurrent_sessions: u64,
     pub worker_seconds_per_day: u64,
+}
+
+impl From<SessionUsage> for Used {
+    fn from(sessions: SessionUsage) -> Self {
+        Self {
+            concurrent_sessions: sessions.live,
+            worker_seconds_per_day: sessions.worker_seconds_day,
+            ..Self::default()
+        }
+    }
 }
 
 /// The team's limits and their defaults, shared by the turn path, the session path and
@@ -343,12 +362,28 @@ impl Quotas {
         periods: &Periods,
         settled_for: Duration,
     ) -> Result<BilledBefore, StoreError> {
-        bounded(self.store.billed_tokens(team, periods, settled_for)).await
+        bounded(
+            self.store
+                .billed_tokens(team, &periods.since(), settled_for),
+        )
+        .await
     }
 
     /// What the team has used in each quota's window, from Postgres.
     pub async fn used(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
-        bounded(self.store.quota_usage(team, periods)).await
+        let since = periods.since();
+        let (turns, sessions) = bounded(async {
+            let turns = self.store.turn_usage(team, &since).await?;
+            Ok((turns, self.store.session_usage(team, &since).await?))
+        })
+        .await?;
+        Ok(Used {
+            tokens_per_day: turns.tokens_day,
+            tokens_per_month: turns.tokens_month,
+            turns_per_minute: turns.recent,
+            concurrent_turns: turns.running,
+            ..Used::from(sessions)
+        })
     }
 
     /// W2/E2: may the team start one more worker session? Checked before a session is
@@ -359,7 +394,7 @@ impl Quotas {
             return Ok(None);
         }
         let periods = Periods::now();
-        let used = bounded(self.store.session_usage(team, &periods)).await?;
+        let used = Used::from(bounded(self.store.session_usage(team, &periods.since())).await?);
         let headers = RateLimitHeaders::sessions(&limits, &used, &periods);
         if let Some(limit) = limits.concurrent_sessions
             && used.concurrent_sessions >= limit

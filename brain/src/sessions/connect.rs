@@ -1,7 +1,8 @@
-//! `GET /v1/worker/connect`: a worker dials in (SPEC W3, W6).
+//! The worker channel (SPEC W3, W6): what follows once a worker dialed
+//! `GET /v1/worker/connect` (the route is `api/worker.rs`, which checks the token before
+//! the upgrade: 401, no upgrade, for one that is neither a session's nor a pool's).
 //!
-//! Checks before the upgrade: a valid session token (else 401, no upgrade). After the
-//! upgrade, in order, each refusal closing the socket with a code and the failure
+//! After the upgrade, in order, each refusal closing the socket with a code and the failure
 //! reason's name and recording it on the session row:
 //! 1. the channel version header matches ([`CHANNEL_VERSION`]) — `channel_version`;
 //! 2. the token's session is the one the worker names and it is `connecting` (or `ready`,
@@ -26,25 +27,20 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use channel::ws::{ChannelEnd, split};
+use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use logging::traces::TraceContext;
 use protocol::SessionId;
 use protocol::channel::{
-    BIND_NOTIFICATION, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD,
-    CLOSE_CHANNEL_VERSION, CLOSE_GOING_AWAY, CLOSE_HANDSHAKE_TIMEOUT, CLOSE_READY_TIMEOUT,
-    CLOSE_SESSION_ENDED, CLOSE_SESSION_MISMATCH, FailureReason, SESSION_HEADER, SessionClaims,
-    SessionState, TOKEN_NOTIFICATION,
+    BIND_NOTIFICATION, CHANNEL_VERSION, CLOSE_CHANNEL_HELD, CLOSE_CHANNEL_VERSION,
+    CLOSE_GOING_AWAY, CLOSE_HANDSHAKE_TIMEOUT, CLOSE_READY_TIMEOUT, CLOSE_SESSION_ENDED,
+    CLOSE_SESSION_MISMATCH, FailureReason, SessionClaims, SessionState, TOKEN_NOTIFICATION,
 };
 use rmcp::model::{ClientNotification, CustomNotification};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
 /// The largest channel message the brain accepts: a 25 MiB artifact, base64-encoded,
@@ -55,63 +51,46 @@ const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 use super::registry::{Binding, LiveWorker, WorkerClient};
 use super::{Owner, Sessions};
-use crate::AppState;
-use crate::error::ApiError;
 
-/// The worker channel's WebSocket upgrade (MCP over WebSocket, docs/protocol.md).
-#[utoipa::path(
-    get,
-    path = protocol::channel::CONNECT_PATH,
-    operation_id = "connect_worker",
-    tag = "workers",
-    security(("worker_token" = [])),
-    responses(
-        (status = 101, description = "Switching to the worker channel."),
-        (status = 400, description = "Not a WebSocket upgrade (`invalid_request`).",
-            body = protocol::ErrorBody),
-        (status = 401, description = "No token, or one that is neither a valid session nor a \
-            valid pool token (`unauthorized`).", body = protocol::ErrorBody),
-    ),
-)]
-pub async fn connect(
-    State(state): State<AppState>,
-    mut request: Request,
-) -> Result<Response, ApiError> {
-    let sessions = state.sessions.clone();
-    let headers = request.headers();
-    let token = bearer(headers).ok_or(ApiError::Unauthorized)?;
-    let dial = match sessions.keys.verify(token) {
-        Ok(claims) => Dial::Session(claims),
-        Err(_) => Dial::Pool(
-            sessions
-                .keys
-                .verify_pool(token)
-                .map_err(|_| ApiError::Unauthorized)?,
-        ),
-    };
-    let claims = dial.claims().clone();
-    let key = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .ok_or_else(|| ApiError::InvalidRequest("expected a WebSocket upgrade".into()))?;
-    let accept = derive_accept_key(key.as_bytes());
-    let version = headers
-        .get(CHANNEL_VERSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u32>().ok());
-    let named = headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<SessionId>().ok())
-        .unwrap_or(claims.sub);
-    let upgrade = hyper::upgrade::on(&mut request);
-    tokio::spawn(async move {
-        let upgraded = match upgrade.await {
-            Ok(upgraded) => upgraded,
-            Err(_) => {
-                tracing::info!(session = %claims.sub, "worker upgrade failed");
-                return;
-            }
-        };
+/// Who is dialing: a worker launched for a session, or a pooled worker (R3).
+pub enum Dial {
+    Session(SessionClaims),
+    Pool(SessionClaims),
+}
+
+impl Dial {
+    pub fn claims(&self) -> &SessionClaims {
+        match self {
+            Self::Session(claims) | Self::Pool(claims) => claims,
+        }
+    }
+}
+
+impl Sessions {
+    /// Who a worker's bearer token says is dialing: a session's worker, else a pooled one;
+    /// `None` for a token that is neither.
+    pub fn dialer(&self, token: &str) -> Option<Dial> {
+        match self.keys.verify(token) {
+            Ok(claims) => Some(Dial::Session(claims)),
+            Err(_) => self.keys.verify_pool(token).ok().map(Dial::Pool),
+        }
+    }
+
+    /// A session token's claims; `None` for anything else, a pool token included.
+    pub fn session_claims(&self, token: &str) -> Option<SessionClaims> {
+        self.keys.verify(token).ok()
+    }
+
+    /// Serves the channel of a worker whose upgrade was accepted, until it ends: refused
+    /// at once for another channel `version`, else the handshake. `named` is the session
+    /// the worker's header names (its token's, when it named none).
+    pub async fn serve_dial(
+        &self,
+        upgraded: Upgraded,
+        dial: Dial,
+        version: Option<u32>,
+        named: SessionId,
+    ) {
         // Artifacts come through the channel base64-encoded in one message: allow more
         // than tungstenite's 16 MiB frame default (BRAIN_ARTIFACT_MAX_BYTES is 25 MiB).
         let limits = WebSocketConfig::default()
@@ -121,49 +100,15 @@ pub async fn connect(
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(limits))
                 .await;
         if version != Some(CHANNEL_VERSION) {
-            sessions.refuse_version(ws, &dial).await;
+            self.refuse_version(ws, &dial).await;
             return;
         }
         match dial {
-            Dial::Session(claims) => sessions.run_session_channel(ws, claims, named).await,
-            Dial::Pool(claims) => sessions.run_pool_channel(ws, claims).await,
-        }
-    });
-    let mut response = Response::new(Body::empty());
-    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = response.headers_mut();
-    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(accept) = HeaderValue::from_str(&accept) {
-        h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
-    }
-    Ok(response.into_response())
-}
-
-/// Who is dialing: a worker launched for a session, or a pooled worker (R3).
-enum Dial {
-    Session(SessionClaims),
-    Pool(SessionClaims),
-}
-
-impl Dial {
-    fn claims(&self) -> &SessionClaims {
-        match self {
-            Self::Session(claims) | Self::Pool(claims) => claims,
+            Dial::Session(claims) => self.run_session_channel(ws, claims, named).await,
+            Dial::Pool(claims) => self.run_pool_channel(ws, claims).await,
         }
     }
-}
 
-pub(super) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-}
-
-impl Sessions {
     /// Another channel version: refused at once with a close reason, never a hang.
     async fn refuse_version<S>(&self, ws: WebSocketStream<S>, dial: &Dial)
     where

@@ -2,12 +2,15 @@
 //!
 //! - `tool.rs`: the worker tools of an agent's RuntimeProfile, offered before any worker
 //!   exists; the first call asks for a session and waits for it.
-//! - `connect.rs`: the endpoint workers dial, the MCP handshake, heartbeats.
+//! - `call.rs`: one call on a worker this replica holds, for the tools and the relay.
+//! - `connect.rs`: the channel workers dial (its route is `api/worker.rs`), the MCP
+//!   handshake, heartbeats.
 //! - `registry.rs`: the workers whose socket this replica holds.
 //! - `relay.rs`: calls for a worker another replica holds, through Redis (W4).
 //! - `secrets.rs`: the agent's secrets sent as the session's environment, and masked in
 //!   what the worker answers (W12).
-//! - `snapshot.rs`: workspace snapshots at idle teardown and their restore (W10).
+//! - `snapshot.rs`: workspace snapshots at idle teardown and their restore (W10; the
+//!   routes are `api/worker.rs`).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -22,6 +25,7 @@
 //! Architecture invariant: a replica holds a worker's socket and nothing else about it;
 //! every state is in Postgres, so any replica can tell where a session stands.
 
+mod call;
 mod connect;
 mod registry;
 mod relay;
@@ -43,12 +47,11 @@ use tokio::sync::{OnceCell, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-// `__path_connect` is the operation `#[utoipa::path]` generated beside the handler.
-pub use connect::{__path_connect, connect};
+pub use connect::Dial;
 use registry::{Binding, LiveWorker, Pool, Registry};
 pub use snapshot::{
-    __path_get_snapshot, __path_put_snapshot, __path_snapshot_skipped, UploadSlots, get_snapshot,
-    put_snapshot, snapshot_skipped, sweep as sweep_snapshots,
+    CONTENT_TYPE as SNAPSHOT_CONTENT_TYPE, Restore, Upload, UploadSlots, record_skip, restorable,
+    store_upload, sweep as sweep_snapshots,
 };
 pub use tool::worker_tools;
 

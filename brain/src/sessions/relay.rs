@@ -30,7 +30,6 @@
 //!
 //! Architecture invariant: only this module knows these Redis key and channel names.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,9 +43,10 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::tool::{Files, call_worker};
+use super::call::{Files, call_worker};
 use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
+use crate::redis::bounded;
 use crate::tools::{ToolCtx, ToolOutput};
 
 /// Bound on each Redis call of the relay, connecting included (as the hold's): a slow or
@@ -158,18 +158,10 @@ end
 return 0
 ";
 
-/// Runs one Redis call under [`REDIS_BOUND`]; `None` if it failed or took longer.
-async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Option<T> {
-    match tokio::time::timeout(REDIS_BOUND, call).await {
-        Ok(Ok(value)) => Some(value),
-        Ok(Err(_)) | Err(_) => None,
-    }
-}
-
 /// A pub/sub connection subscribed to `channel`.
 async fn subscribe(client: &redis::Client, channel: String) -> Option<redis::aio::PubSub> {
-    let mut pubsub = bounded(client.get_async_pubsub()).await?;
-    bounded(pubsub.subscribe(channel)).await?;
+    let mut pubsub = bounded(REDIS_BOUND, client.get_async_pubsub()).await.ok()?;
+    bounded(REDIS_BOUND, pubsub.subscribe(channel)).await.ok()?;
     Some(pubsub)
 }
 
@@ -186,7 +178,12 @@ return 0
 
 impl Sessions {
     async fn redis(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let conn = bounded(self.redis_client.get_multiplexed_async_connection()).await;
+        let conn = bounded(
+            REDIS_BOUND,
+            self.redis_client.get_multiplexed_async_connection(),
+        )
+        .await
+        .ok();
         if conn.is_none() {
             tracing::warn!("relay: Redis unreachable");
         }
@@ -197,8 +194,12 @@ impl Sessions {
     pub(super) async fn claim_owner(&self, session: SessionId, ttl: Duration) {
         if let Some(mut conn) = self.redis().await {
             let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-            let set: Option<()> =
-                bounded(conn.pset_ex(owner_key(session), &self.replica, ms)).await;
+            let set: Option<()> = bounded(
+                REDIS_BOUND,
+                conn.pset_ex(owner_key(session), &self.replica, ms),
+            )
+            .await
+            .ok();
             if set.is_none() {
                 tracing::warn!(session = %session, "relay: owner key not written");
             }
@@ -208,12 +209,14 @@ impl Sessions {
     pub(super) async fn release_owner(&self, session: SessionId) {
         if let Some(mut conn) = self.redis().await {
             let _: Option<i64> = bounded(
+                REDIS_BOUND,
                 redis::Script::new(RELEASE_OWNER)
                     .key(owner_key(session))
                     .arg(&self.replica)
                     .invoke_async(&mut conn),
             )
-            .await;
+            .await
+            .ok();
         }
     }
 
@@ -221,9 +224,9 @@ impl Sessions {
     /// answer in time: that says nothing about the owner.
     pub(super) async fn owner(&self, session: SessionId) -> Result<Option<String>, SessionError> {
         let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
-        let got = tokio::time::timeout(REDIS_BOUND, conn.get(owner_key(session))).await;
+        let got = bounded(REDIS_BOUND, conn.get(owner_key(session))).await;
         match got {
-            Ok(Ok(owner)) => Ok(owner),
+            Ok(owner) => Ok(owner),
             _ => {
                 tracing::warn!(session = %session, "relay: owner lookup failed");
                 Err(SessionError::OwnerUnknown)
@@ -246,8 +249,8 @@ impl Sessions {
         call.arg(dead.unwrap_or_default())
             .arg(&self.replica)
             .arg(ms);
-        match tokio::time::timeout(REDIS_BOUND, call.invoke_async::<i64>(&mut conn)).await {
-            Ok(Ok(taken)) => Ok(taken == 1),
+        match bounded(REDIS_BOUND, call.invoke_async::<i64>(&mut conn)).await {
+            Ok(taken) => Ok(taken == 1),
             _ => {
                 tracing::warn!(session = %session, "relay: owner key not written");
                 Err(SessionError::OwnerUnknown)
@@ -261,13 +264,13 @@ impl Sessions {
         let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
         let mut numsub = redis::cmd("PUBSUB");
         numsub.arg("NUMSUB").arg(calls_channel(replica));
-        let counted = tokio::time::timeout(
+        let counted = bounded(
             REDIS_BOUND,
             numsub.query_async::<Vec<(String, i64)>>(&mut conn),
         )
         .await;
         match counted {
-            Ok(Ok(counts)) => Ok(counts.iter().any(|(_, n)| *n > 0)),
+            Ok(counts) => Ok(counts.iter().any(|(_, n)| *n > 0)),
             _ => Err(SessionError::OwnerUnknown),
         }
     }
@@ -301,7 +304,11 @@ impl Sessions {
         else {
             return;
         };
-        if bounded(pubsub.subscribe(&binds)).await.is_none() {
+        if bounded(REDIS_BOUND, pubsub.subscribe(&binds))
+            .await
+            .ok()
+            .is_none()
+        {
             return;
         }
         let mut messages = pubsub.into_on_message();
@@ -340,9 +347,13 @@ impl Sessions {
         // before the subscription was live is not lost. Not knowing whether one was sent
         // is not "none was": the call is refused, never run uncancellable.
         let cancels = match subscribe(&self.redis_client, cancel_channel(&call.key)).await {
-            Some(cancels) => bounded(conn.get::<_, Option<String>>(cancelled_key(&call.key)))
-                .await
-                .map(|sent| (cancels, sent.is_some())),
+            Some(cancels) => bounded(
+                REDIS_BOUND,
+                conn.get::<_, Option<String>>(cancelled_key(&call.key)),
+            )
+            .await
+            .ok()
+            .map(|sent| (cancels, sent.is_some())),
             None => None,
         };
         let Some((cancels, cancelled_before)) = cancels else {
@@ -490,7 +501,9 @@ async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, ev
     let Ok(payload) = serde_json::to_string(event) else {
         return;
     };
-    let sent: Option<i64> = bounded(conn.publish(channel, payload)).await;
+    let sent: Option<i64> = bounded(REDIS_BOUND, conn.publish(channel, payload))
+        .await
+        .ok();
     if sent.is_none() {
         tracing::warn!("relay: event not published");
     }
@@ -532,7 +545,9 @@ pub(super) async fn call_remote(
     let Ok(payload) = serde_json::to_string(&call) else {
         return unreachable();
     };
-    let receivers: Option<i64> = bounded(conn.publish(calls_channel(owner), payload)).await;
+    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(calls_channel(owner), payload))
+        .await
+        .ok();
     // The turn may drop this future without polling it again (its cancel races every
     // tool): the guard then tells the owner, as a local call's guard tells its worker. It
     // is armed before the answer to the publish is known: a publish that timed out may
@@ -601,7 +616,9 @@ pub(super) async fn bind_remote(
         .ok_or("redis_unreachable")?;
     let mut conn = sessions.redis().await.ok_or("redis_unreachable")?;
     let payload = serde_json::to_string(&BindRequest { key, bind }).map_err(|_| "undecodable")?;
-    let receivers: Option<i64> = bounded(conn.publish(binds_channel(holder), payload)).await;
+    let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(binds_channel(holder), payload))
+        .await
+        .ok();
     if receivers.unwrap_or(0) == 0 {
         return Err("holder_unreachable");
     }
@@ -639,6 +656,7 @@ impl Drop for CancelRemote {
             tokio::spawn(async move {
                 let ttl = u64::try_from(CANCEL_TTL.as_millis()).unwrap_or(u64::MAX);
                 let sent: Option<()> = bounded(
+                    REDIS_BOUND,
                     redis::pipe()
                         .atomic()
                         .pset_ex(cancelled_key(&key), 1, ttl)
@@ -647,7 +665,8 @@ impl Drop for CancelRemote {
                         .ignore()
                         .query_async(&mut conn),
                 )
-                .await;
+                .await
+                .ok();
                 if sent.is_none() {
                     tracing::warn!("relay: cancel not sent");
                 }

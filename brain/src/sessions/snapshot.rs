@@ -7,15 +7,15 @@
 //!   ([`Sessions::listen_snapshots`]); the one holding the worker's channel sends it
 //!   [`SNAPSHOT_NOTIFICATION`]. A notice nobody acts on (no replica holds the channel, or a
 //!   listener was reconnecting) ends in `timed_out` on the manager's side.
-//! - `PUT /v1/worker/snapshot` ([`put_snapshot`]): the bytes (zstd of a tar stream), taken
+//! - `PUT /v1/worker/snapshot` ([`store_upload`]): the bytes (zstd of a tar stream), taken
 //!   only while the snapshot is `requested` and no larger than the row's
 //!   `snapshot_max_bytes`; streamed to the artifact store as they arrive (never held
 //!   whole), then recorded (replacing the chat's previous snapshot) in one transaction,
 //!   else removed again. [`UploadSlots`] bounds how many run at once on a replica and per
 //!   team; one more is refused `503` with `Retry-After` before its body is read.
-//! - `POST /v1/worker/snapshot/skipped` ([`snapshot_skipped`]): no snapshot comes, over the
+//! - `POST /v1/worker/snapshot/skipped` ([`record_skip`]): no snapshot comes, over the
 //!   cap (the chat's previous snapshot is dropped) or failed (it is kept).
-//! - `GET /v1/worker/snapshot` ([`get_snapshot`]): the worker of a live session downloads
+//! - `GET /v1/worker/snapshot` ([`restorable`]): the worker of a live session downloads
 //!   its chat's snapshot before it dials, so the session is ready only once restored. A
 //!   pooled worker has dialed long before: the replica binding it to a session whose chat
 //!   has a snapshot sends it [`RESTORE_REQUEST`] ([`Sessions::restore_at_bind`]) and the
@@ -23,16 +23,14 @@
 //! - [`sweep`]: deletes snapshots past `BRAIN_SNAPSHOT_RETENTION_HOURS`, then the bytes of
 //!   every deleted row (queued by a trigger, so a cascade from an agent is covered too).
 //!
-//! Every route authenticates with the session token, and acts only on the session it names.
+//! The routes are `api/worker.rs`'s: each authenticates with the session token, and what is
+//! here acts only on the session the token names.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use protocol::channel::SessionClaims;
 use protocol::snapshot::{
@@ -45,15 +43,14 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::Sessions;
-use super::connect::bearer;
 use super::registry::LiveWorker;
 use crate::AppState;
-use crate::artifacts::{ArtifactError, ArtifactStore, ByteStream};
-use crate::error::{ApiError, JsonBody};
+use crate::artifacts::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream};
+use crate::error::ApiError;
 use crate::store::{NewSnapshot, Store, StoreError, bounded};
 
-/// The content type snapshots are stored under.
-const CONTENT_TYPE: &str = "application/zstd";
+/// The content type snapshots are stored and sent under.
+pub const CONTENT_TYPE: &str = "application/zstd";
 /// How long one upload may take to arrive; the manager's own bound is usually shorter.
 const UPLOAD_BOUND: Duration = Duration::from_secs(300);
 /// How soon a refused upload is worth trying again: about the time one upload takes.
@@ -64,15 +61,6 @@ const SWEEP_BATCH: i64 = 100;
 const DELETE_BOUND: Duration = Duration::from_secs(10);
 /// How long a listener waits before listening again after its connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
-
-fn claims(state: &AppState, headers: &HeaderMap) -> Result<SessionClaims, ApiError> {
-    let token = bearer(headers).ok_or(ApiError::Unauthorized)?;
-    state
-        .sessions
-        .keys
-        .verify(token)
-        .map_err(|_| ApiError::Unauthorized)
-}
 
 fn count(state: &AppState, outcome: &str) {
     state.metrics.snapshots.with_label_values(&[outcome]).inc();
@@ -187,57 +175,40 @@ impl Drop for UploadSlot {
     }
 }
 
-/// The worker's packed workspace, at an idle teardown.
-#[utoipa::path(
-    put,
-    path = protocol::snapshot::SNAPSHOT_PATH,
-    operation_id = "put_worker_snapshot",
-    tag = "workers",
-    security(("worker_token" = [])),
-    request_body(content = Vec<u8>, content_type = "application/zstd",
-        description = "A zstd-compressed tar stream of the workspace; header \
-            `x-snapshot-unpacked-bytes` gives the tar stream's size."),
-    responses(
-        (status = 204, description = "Stored: the chat's next session restores it."),
-        (status = 401, description = "No valid session token (`unauthorized`).",
-            body = protocol::ErrorBody),
-        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
-            body = protocol::ErrorBody),
-        (status = 413, description = "Over the profile's cap (`payload_too_large`).",
-            body = protocol::ErrorBody),
-        (status = 503, description = "This replica, or the team's share of it, takes as many \
-            uploads as it may at once (`overloaded`): nothing was read; retry after \
-            `Retry-After`.", body = protocol::ErrorBody),
-    ),
-)]
-pub async fn put_snapshot(
-    State(state): State<AppState>,
-    headers: HeaderMap,
+/// What the worker announces of a snapshot upload: the size of the tar stream it packed
+/// (`x-snapshot-unpacked-bytes`, required), and the request's `Content-Length` when it gave
+/// one.
+pub struct Upload {
+    pub unpacked: Option<u64>,
+    pub announced: Option<u64>,
+}
+
+/// Stores the worker's packed workspace, at an idle teardown: taken only while a snapshot
+/// is asked of its session and within the row's cap, streamed to the artifact store, then
+/// recorded (replacing the chat's previous snapshot), else removed again.
+pub async fn store_upload(
+    state: &AppState,
+    claims: &SessionClaims,
+    upload: Upload,
     body: Body,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(), ApiError> {
     let started = Instant::now();
-    let claims = claims(&state, &headers)?;
     let session = claims.sub;
     let target = bounded(state.store.snapshot_target(session))
         .await?
         .filter(|target| target.team == claims.team)
         .ok_or_else(|| ApiError::Conflict("no snapshot is asked of this session".into()))?;
-    let unpacked: u64 = headers
-        .get(UNPACKED_BYTES_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
+    // Asked after the lookup, so a session asked for nothing is told so first.
+    let unpacked = upload
+        .unpacked
         .ok_or_else(|| ApiError::InvalidRequest(format!("expected {UNPACKED_BYTES_HEADER}")))?;
     let limit = upload_limit(target.max_bytes);
-    let announced = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if unpacked > target.max_bytes || announced.is_some_and(|n| n > limit as u64) {
-        count(&state, "refused");
+    if unpacked > target.max_bytes || upload.announced.is_some_and(|n| n > limit as u64) {
+        count(state, "refused");
         return Err(ApiError::PayloadTooLarge(limit));
     }
     let Some(_slot) = state.snapshot_uploads.try_take(target.team) else {
-        count(&state, "busy");
+        count(state, "busy");
         return Err(ApiError::UploadsBusy(BUSY_RETRY_AFTER));
     };
     let id = Uuid::now_v7();
@@ -250,7 +221,7 @@ pub async fn put_snapshot(
     {
         Ok(size) => size,
         Err(ArtifactError::Source(why)) => {
-            count(&state, "refused");
+            count(state, "refused");
             tracing::warn!(%session, why, "snapshot upload not stored");
             return Err(if why == OVER_LIMIT {
                 ApiError::PayloadTooLarge(limit)
@@ -275,7 +246,7 @@ pub async fn put_snapshot(
         if let Err(e) = state.artifacts.delete(&storage_key).await {
             tracing::warn!(%session, class = e.metric_label(), "unrecorded snapshot bytes not removed");
         }
-        count(&state, "refused");
+        count(state, "refused");
         return Err(match err {
             StoreError::Conflict(_) => {
                 ApiError::Conflict("the teardown stopped waiting for this snapshot".into())
@@ -283,7 +254,7 @@ pub async fn put_snapshot(
             other => other.into(),
         });
     }
-    count(&state, SnapshotState::Stored.as_str());
+    count(state, SnapshotState::Stored.as_str());
     tracing::info!(
         %session,
         snapshot = %id,
@@ -292,87 +263,58 @@ pub async fn put_snapshot(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "workspace snapshot stored"
     );
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
-/// The worker sends no snapshot: over the cap, or it could not pack or upload one.
-#[utoipa::path(
-    post,
-    path = protocol::snapshot::SNAPSHOT_SKIPPED_PATH,
-    operation_id = "skip_worker_snapshot",
-    tag = "workers",
-    security(("worker_token" = [])),
-    request_body(content = SnapshotSkipped),
-    responses(
-        (status = 204, description = "Recorded on the session row."),
-        (status = 401, description = "No valid session token (`unauthorized`).",
-            body = protocol::ErrorBody),
-        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
-            body = protocol::ErrorBody),
-    ),
-)]
-pub async fn snapshot_skipped(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    JsonBody(skipped): JsonBody<SnapshotSkipped>,
-) -> Result<StatusCode, ApiError> {
-    let claims = claims(&state, &headers)?;
+/// Records that the worker sends no snapshot: over the cap, or it could not pack or upload
+/// one.
+pub async fn record_skip(
+    state: &AppState,
+    claims: &SessionClaims,
+    skipped: SnapshotSkipped,
+) -> Result<(), ApiError> {
     let outcome = SnapshotState::from(skipped.reason);
     if !bounded(state.store.skip_snapshot(claims.sub, outcome)).await? {
         return Err(ApiError::Conflict(
             "no snapshot is asked of this session".into(),
         ));
     }
-    count(&state, outcome.as_str());
+    count(state, outcome.as_str());
     tracing::info!(session = %claims.sub, outcome = outcome.as_str(), "workspace snapshot skipped");
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
-/// The snapshot a new session's worker restores before it dials.
-#[utoipa::path(
-    get,
-    path = protocol::snapshot::SNAPSHOT_PATH,
-    operation_id = "get_worker_snapshot",
-    tag = "workers",
-    security(("worker_token" = [])),
-    responses(
-        (status = 200, description = "The chat's snapshot, a zstd-compressed tar stream; \
-            header `x-snapshot-unpacked-bytes` bounds what it unpacks to.",
-            content_type = "application/zstd"),
-        (status = 204, description = "Nothing to restore."),
-        (status = 401, description = "No valid session token (`unauthorized`).",
-            body = protocol::ErrorBody),
-    ),
-)]
-pub async fn get_snapshot(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let claims = claims(&state, &headers)?;
+/// A snapshot for a new session's worker to restore before it dials.
+pub struct Restore {
+    pub body: ArtifactBody,
+    /// What the tar stream unpacks to, which bounds the worker's unpacking.
+    pub unpacked_bytes: u64,
+}
+
+/// The snapshot of the session's chat, if there is one to restore.
+pub async fn restorable(
+    state: &AppState,
+    claims: &SessionClaims,
+) -> Result<Option<Restore>, ApiError> {
     let session = claims.sub;
     let Some(found) = bounded(state.store.restorable_snapshot(session)).await? else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        return Ok(None);
     };
     let body = match state.artifacts.get(&found.storage_key).await {
         Ok(body) => body,
-        Err(crate::artifacts::ArtifactError::NotFound) => {
+        Err(ArtifactError::NotFound) => {
             // Its row outlived its bytes (someone emptied the store): start empty.
             tracing::warn!(%session, "snapshot bytes missing; nothing restored");
-            return Ok(StatusCode::NO_CONTENT.into_response());
+            return Ok(None);
         }
         Err(err) => return Err(ApiError::Storage(err)),
     };
-    count(&state, "restored");
+    count(state, "restored");
     tracing::info!(%session, bytes = body.size, "workspace snapshot sent for restore");
-    let mut response = Body::from_stream(body.stream).into_response();
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.size));
-    h.insert(
-        UNPACKED_BYTES_HEADER,
-        HeaderValue::from(found.unpacked_bytes),
-    );
-    Ok(response)
+    Ok(Some(Restore {
+        body,
+        unpacked_bytes: found.unpacked_bytes,
+    }))
 }
 
 impl Sessions {

@@ -8,7 +8,24 @@ use protocol::TeamId;
 use sqlx::Row;
 
 use super::{Store, StoreError};
-use crate::quota::{Periods, Used};
+
+/// Where a team's usage is counted from: the starts of the UTC day and month the quotas
+/// count in, and the instant they are taken at.
+#[derive(Clone, Copy, Debug)]
+pub struct Since {
+    pub day: DateTime<Utc>,
+    pub month: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+}
+
+/// A team's worker sessions as Postgres sees them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionUsage {
+    /// Sessions neither terminated nor failed.
+    pub live: u64,
+    /// Worker-seconds this UTC day.
+    pub worker_seconds_day: u64,
+}
 
 /// A team's turn-path usage as Postgres sees it (Redis unreachable, or rebuilding).
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,7 +98,7 @@ impl Store {
     pub async fn billed_tokens(
         &self,
         team: TeamId,
-        periods: &Periods,
+        since: &Since,
         settled_for: Duration,
     ) -> Result<BilledBefore, StoreError> {
         let sql = format!(
@@ -91,8 +108,8 @@ impl Store {
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
-            .bind(periods.day_start)
-            .bind(periods.month_start)
+            .bind(since.day)
+            .bind(since.month)
             .bind(settled_for.as_secs_f64())
             .fetch_one(&self.pool)
             .await?;
@@ -104,11 +121,7 @@ impl Store {
     }
 
     /// Everything the turn path counts, in one statement.
-    pub async fn turn_usage(
-        &self,
-        team: TeamId,
-        periods: &Periods,
-    ) -> Result<TurnUsage, StoreError> {
+    pub async fn turn_usage(&self, team: TeamId, since: &Since) -> Result<TurnUsage, StoreError> {
         let sql = format!(
             "WITH tokens AS ({TOKENS}) \
              SELECT tokens.*, \
@@ -122,9 +135,9 @@ impl Store {
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
-            .bind(periods.day_start)
-            .bind(periods.month_start)
-            .bind(periods.now)
+            .bind(since.day)
+            .bind(since.month)
+            .bind(since.now)
             .fetch_one(&self.pool)
             .await?;
         Ok(TurnUsage {
@@ -138,7 +151,11 @@ impl Store {
 
     /// Live worker sessions and today's worker-seconds: the billed events, and what the
     /// billing sweep has not reached yet (the running minute of each live session).
-    pub async fn session_usage(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
+    pub async fn session_usage(
+        &self,
+        team: TeamId,
+        since: &Since,
+    ) -> Result<SessionUsage, StoreError> {
         let row = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM agent_runtime_sessions \
@@ -153,27 +170,13 @@ impl Store {
                AS seconds_raw",
         )
         .bind(team.0)
-        .bind(periods.day_start)
+        .bind(since.day)
         .fetch_one(&self.pool)
         .await?;
         let seconds: f64 = row.try_get("seconds_raw")?;
-        Ok(Used {
-            concurrent_sessions: count(&row, "sessions")?,
-            worker_seconds_per_day: seconds.max(0.0).ceil() as u64,
-            ..Used::default()
-        })
-    }
-
-    /// Every quota's usage, for `GET /v1/quotas`.
-    pub async fn quota_usage(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
-        let turns = self.turn_usage(team, periods).await?;
-        let sessions = self.session_usage(team, periods).await?;
-        Ok(Used {
-            tokens_per_day: turns.tokens_day,
-            tokens_per_month: turns.tokens_month,
-            turns_per_minute: turns.recent,
-            concurrent_turns: turns.running,
-            ..sessions
+        Ok(SessionUsage {
+            live: count(&row, "sessions")?,
+            worker_seconds_day: seconds.max(0.0).ceil() as u64,
         })
     }
 }

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
+use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
 use crate::store::StoreError;
 
@@ -65,8 +66,8 @@ impl Tool for AgentCreate {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {
@@ -132,8 +133,8 @@ impl Tool for AgentArchive {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Irreversible
+    fn risk(&self) -> RiskClass {
+        RiskClass::Irreversible
     }
 
     fn changes_agent(&self) -> bool {
@@ -195,8 +196,8 @@ impl Tool for AgentSetPrompt {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {
@@ -286,8 +287,8 @@ impl Tool for AgentUpdate {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::validate_autostart_prompt;
+use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
 use crate::schedule::{Cadence, parse_timezone};
 use crate::store::{Autostart, StoreError};
@@ -65,8 +66,8 @@ impl Tool for CronSet {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {
@@ -143,8 +144,8 @@ impl Tool for CronList {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Read
+    fn risk(&self) -> RiskClass {
+        RiskClass::Read
     }
 
     fn writes(&self) -> bool {
@@ -205,8 +206,8 @@ impl Tool for CronRemove {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {

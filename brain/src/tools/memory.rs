@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
+use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
 
 const MAX_NOTE: usize = 10_000;
@@ -43,8 +44,8 @@ impl Tool for MemoryWrite {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn writes(&self) -> bool {
@@ -101,8 +102,8 @@ impl Tool for MemorySearch {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Read
+    fn risk(&self) -> RiskClass {
+        RiskClass::Read
     }
 
     fn writes(&self) -> bool {

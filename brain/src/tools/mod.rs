@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::approvals::RiskClass;
 use crate::auth::Authority;
 use crate::provider::ToolSpec;
 use crate::store::Store;
@@ -69,37 +70,6 @@ impl ToolOutput {
             content: content.into(),
             is_error: true,
         }
-    }
-}
-
-/// What a call can do (SPEC A1), which an agent's approval policy names (A2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RiskClass {
-    /// No side effects.
-    Read,
-    /// Changes the workspace or the agent's own state.
-    Write,
-    /// Acts on systems outside.
-    External,
-    /// Cannot be undone.
-    Irreversible,
-}
-
-impl RiskClass {
-    pub const ALL: [RiskClass; 4] = [Self::Read, Self::Write, Self::External, Self::Irreversible];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::External => "external",
-            Self::Irreversible => "irreversible",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 }
 

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use protocol::{AgentId, TeamId};
 
 use super::{Tool, ToolCtx, ToolOutput, schema_of};
+use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
 use crate::store::SecretsError;
 
@@ -75,8 +76,8 @@ impl Tool for SecretSet {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Write
+    fn risk(&self) -> RiskClass {
+        RiskClass::Write
     }
 
     fn changes_agent(&self) -> bool {
@@ -189,8 +190,8 @@ impl Tool for SecretList {
         }
     }
 
-    fn risk(&self) -> super::RiskClass {
-        super::RiskClass::Read
+    fn risk(&self) -> RiskClass {
+        RiskClass::Read
     }
 
     fn writes(&self) -> bool {

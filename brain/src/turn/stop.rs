@@ -351,8 +351,5 @@ pub async fn stop(
 }
 
 async fn bounded<T>(call: impl Future<Output = redis::RedisResult<T>>) -> Option<T> {
-    match tokio::time::timeout(REDIS_BOUND, call).await {
-        Ok(Ok(value)) => Some(value),
-        Ok(Err(_)) | Err(_) => None,
-    }
+    crate::redis::bounded(REDIS_BOUND, call).await.ok()
 }

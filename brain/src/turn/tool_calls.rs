@@ -80,7 +80,7 @@ impl TurnTask {
                 outputs[index] = Some(refusal);
                 continue;
             }
-            let decision = tool.map(|t| self.rules.policy.decide(&call.name, t.as_ref()));
+            let decision = tool.map(|t| self.rules.policy.decide(&call.name, t.risk()));
             match decision {
                 Some(Decision::Deny) => {
                     outputs[index] = Some(ToolOutput::error(format!(

@@ -1,4 +1,5 @@
-//! Encodes UI message stream chunks as a Server-Sent Events response (SPEC S1).
+//! The turn's UI message stream as a Server-Sent Events response body (SPEC S1), framed
+//! by `crate::sse` as the events stream is.
 //!
 //! The body owns the turn's cancellation guard: when the client goes away, hyper drops the
 //! body, the guard cancels the turn, and the turn aborts its provider request (unless the
@@ -12,34 +13,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
 use protocol::ErrorCode;
-use protocol::ui::{DONE_SENTINEL, UI_STREAM_HEADER, UI_STREAM_VERSION, UiChunk};
+use protocol::ui::UiChunk;
 use tokio::sync::mpsc;
 use tokio_util::sync::DropGuard;
 
 use crate::auth::Standing;
 use crate::quota::RateLimitHeaders;
-
-/// One SSE event carrying `chunk`.
-pub fn encode(chunk: &UiChunk) -> Bytes {
-    let mut buf = Vec::with_capacity(64);
-    buf.extend_from_slice(b"data: ");
-    // Serializing our own closed types cannot fail; an empty object would still be valid SSE.
-    if serde_json::to_writer(&mut buf, chunk).is_err() {
-        buf.extend_from_slice(b"{}");
-    }
-    buf.extend_from_slice(b"\n\n");
-    Bytes::from(buf)
-}
-
-/// `data: [DONE]`, the end of a turn's stream (also of a resumed one).
-pub fn done_frame() -> Bytes {
-    Bytes::from(format!("data: {DONE_SENTINEL}\n\n"))
-}
+use crate::sse;
 
 /// Where a stream's chunks come from.
 enum Source {
@@ -109,10 +93,13 @@ impl Stream for UiBody {
             && lost.as_mut().poll(cx).is_ready()
         {
             self.done = true;
-            return Poll::Ready(Some(Ok(encode(&UiChunk::error(
-                ErrorCode::Unauthorized,
-                "the credentials of this stream were revoked or expired",
-            )))));
+            return Poll::Ready(Some(Ok(sse::chunk(
+                None,
+                &UiChunk::error(
+                    ErrorCode::Unauthorized,
+                    "the credentials of this stream were revoked or expired",
+                ),
+            ))));
         }
         let next = match &mut self.source {
             Source::Live { rx, .. } => match rx.poll_recv(cx) {
@@ -122,10 +109,10 @@ impl Stream for UiBody {
             Source::Replay(chunks) => chunks.next(),
         };
         Poll::Ready(Some(Ok(match next {
-            Some(chunk) => encode(&chunk),
+            Some(chunk) => sse::chunk(None, &chunk),
             None => {
                 self.done = true;
-                done_frame()
+                sse::done()
             }
         })))
     }
@@ -134,29 +121,10 @@ impl Stream for UiBody {
 impl IntoResponse for UiBody {
     fn into_response(mut self) -> Response {
         let rate_limit = std::mem::take(&mut self.rate_limit);
-        let mut response = sse_response(Body::from_stream(self));
+        let mut response = sse::response(Body::from_stream(self));
         rate_limit.apply(response.headers_mut());
         response
     }
-}
-
-/// A UI message stream's response (the turn's, or an observer's of the events stream):
-/// its content type, no caching, the stream's version, and no proxy buffering.
-pub fn sse_response(body: Body) -> Response {
-    let mut response = body.into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(
-        UI_STREAM_HEADER,
-        HeaderValue::from_static(UI_STREAM_VERSION),
-    );
-    // Reverse proxies (nginx) would otherwise buffer the stream.
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
 }
 
 #[cfg(test)]

@@ -1,10 +1,26 @@
-//! The module graph's one-way rule (docs/ARCHITECTURE.md): nothing in the brain depends on
-//! `api/`, so a rule a route and a tool both apply cannot hide behind HTTP. Only the crate
-//! root, which mounts the router, names it.
+//! The module graph's rules (docs/ARCHITECTURE.md), read from the sources as the compiler
+//! parses them (`syn`), not as text: every path a module names (`use` trees, paths in code
+//! and types, in macro input, and in attribute strings such as serde's `with`) is resolved
+//! from `crate`, `super` and `self` to the module it reaches, however it is written.
+//!
+//! - Nothing in the brain depends on `api/`, so a rule a route and a tool both apply cannot
+//!   hide behind HTTP. Only the crate root, which mounts the router, names it.
+//! - No circle of imports between modules (a module and its own submodules aside): in a
+//!   circle, neither module can be understood, tested or changed without the other, and
+//!   the rule each owns stops having one home.
 
-use std::path::Path;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use proc_macro2::{TokenStream, TokenTree};
+use syn::visit::Visit;
+
+/// A module's path from its crate's root (`[]` for the root itself).
+type Module = Vec<String>;
+
+fn sources(dir: &Path, found: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {
@@ -16,54 +32,457 @@ fn sources(dir: &Path, found: &mut Vec<std::path::PathBuf>) -> std::io::Result<(
     Ok(())
 }
 
-/// Whether `source` reaches into `api`: a `crate::api` path, or `api` inside a
-/// `use crate::{...}` group.
-fn reaches_api(source: &str) -> bool {
-    if source.contains("crate::api") {
-        return true;
-    }
-    let mut rest = source;
-    while let Some(at) = rest.find("use crate::{") {
-        let group = &rest[at..];
-        let end = group.find("};").unwrap_or(group.len());
-        if group[..end]
-            .split(|c: char| !c.is_alphanumeric() && c != '_')
-            .any(|word| word == "api")
-        {
-            return true;
+/// The library's modules and their sources, by the file layout the compiler follows
+/// (`x.rs` or `x/mod.rs` is `x`); binaries (`main.rs`, `bin/`) are crates of their own.
+fn library(src: &Path) -> Vec<(Module, String)> {
+    let mut files = Vec::new();
+    sources(src, &mut files).unwrap();
+    files
+        .into_iter()
+        .filter_map(|file| {
+            let relative = file.strip_prefix(src).unwrap();
+            let mut module: Module = relative
+                .with_extension("")
+                .iter()
+                .map(|part| part.to_string_lossy().into_owned())
+                .collect();
+            match module.first().map(String::as_str) {
+                Some("main" | "bin") => return None,
+                Some("lib") if module.len() == 1 => module.clear(),
+                _ => {}
+            }
+            if module.last().is_some_and(|last| last == "mod") {
+                module.pop();
+            }
+            Some((module, std::fs::read_to_string(&file).unwrap()))
+        })
+        .collect()
+}
+
+/// Every module path a file names, resolved to absolute paths (the items' names included).
+struct Named<'m> {
+    /// The file's module, then the inline modules (`mod tests { … }`) the visit is in.
+    at: Module,
+    modules: &'m BTreeSet<Module>,
+    found: Vec<Module>,
+}
+
+impl Named<'_> {
+    /// `segments` from the current module; `None` for a path that starts elsewhere (an
+    /// extern crate, a local item, a generic), which cannot reach another module of this
+    /// crate except through a `use`, which is resolved itself.
+    fn resolve(&self, segments: &[String]) -> Option<Module> {
+        let (first, rest) = segments.split_first()?;
+        let mut base = match first.as_str() {
+            "crate" => Vec::new(),
+            "self" => self.at.clone(),
+            "super" => {
+                let mut base = self.at.clone();
+                base.pop()?;
+                base
+            }
+            // A child module named without `self::`.
+            _ => {
+                let mut child = self.at.clone();
+                child.push(first.clone());
+                if !self.modules.contains(&child) {
+                    return None;
+                }
+                child
+            }
+        };
+        let mut rest = rest;
+        while let Some(("super", tail)) = rest.split_first().map(|(s, t)| (s.as_str(), t)) {
+            base.pop()?;
+            rest = tail;
         }
-        rest = &group[end..];
+        base.extend(rest.iter().cloned());
+        Some(base)
     }
-    false
+
+    fn record(&mut self, segments: &[String]) {
+        if let Some(path) = self.resolve(segments) {
+            self.found.push(path);
+        }
+    }
+
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(path) => {
+                prefix.push(path.ident.to_string());
+                self.use_tree(prefix, &path.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(name) if name.ident == "self" => self.record(prefix),
+            syn::UseTree::Name(name) => {
+                prefix.push(name.ident.to_string());
+                self.record(prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Rename(rename) => {
+                prefix.push(rename.ident.to_string());
+                self.record(prefix);
+                prefix.pop();
+            }
+            syn::UseTree::Glob(_) => self.record(prefix),
+            syn::UseTree::Group(group) => {
+                for tree in &group.items {
+                    self.use_tree(prefix, tree);
+                }
+            }
+        }
+    }
+
+    /// Paths inside a macro's input (`routes!(crate::api::x)`), which are tokens until the
+    /// macro expands: each `crate`, `self` or `super` followed by `::` and names.
+    fn tokens(&mut self, tokens: TokenStream) {
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut i = 0;
+        while i < tokens.len() {
+            match &tokens[i] {
+                TokenTree::Group(group) => self.tokens(group.stream()),
+                TokenTree::Ident(ident)
+                    if ["crate", "self", "super"].contains(&&*ident.to_string()) =>
+                {
+                    let mut segments = vec![ident.to_string()];
+                    let mut j = i + 1;
+                    while let (
+                        Some(TokenTree::Punct(a)),
+                        Some(TokenTree::Punct(b)),
+                        Some(TokenTree::Ident(next)),
+                    ) = (tokens.get(j), tokens.get(j + 1), tokens.get(j + 2))
+                    {
+                        if a.as_char() != ':' || b.as_char() != ':' {
+                            break;
+                        }
+                        segments.push(next.to_string());
+                        j += 3;
+                    }
+                    if segments.len() > 1 {
+                        self.record(&segments);
+                    }
+                    i = j;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Named<'_> {
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        // `mod x;` declares a child; only an inline module's body is read here.
+        if item.content.is_some() {
+            self.at.push(item.ident.to_string());
+            syn::visit::visit_item_mod(self, item);
+            self.at.pop();
+        }
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        // `use ::x` names an extern crate.
+        if item.leading_colon.is_none() {
+            self.use_tree(&mut Vec::new(), &item.tree);
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        if path.leading_colon.is_none() {
+            let segments: Vec<String> = path.segments.iter().map(|s| s.ident.to_string()).collect();
+            self.record(&segments);
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
+    }
+
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        // Doc comments are `Meta::NameValue`: their text names nothing.
+        if let syn::Meta::List(list) = &attr.meta {
+            self.attribute_strings(list.tokens.clone());
+        }
+        syn::visit::visit_attribute(self, attr);
+    }
+}
+
+impl Named<'_> {
+    /// Strings in an attribute's input that are paths: `#[serde(with = "crate::x")]`.
+    fn attribute_strings(&mut self, tokens: TokenStream) {
+        for token in tokens {
+            match token {
+                TokenTree::Group(group) => self.attribute_strings(group.stream()),
+                TokenTree::Literal(literal) => {
+                    if let Ok(lit) = syn::parse_str::<syn::LitStr>(&literal.to_string())
+                        && let Ok(path) = lit.parse::<syn::Path>()
+                    {
+                        self.visit_path(&path);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Which modules each module names (the longest module prefix of each path it names).
+fn graph(files: &[(Module, String)]) -> BTreeMap<Module, BTreeSet<Module>> {
+    let modules: BTreeSet<Module> = files.iter().map(|(m, _)| m.clone()).collect();
+    files
+        .iter()
+        .map(|(module, source)| {
+            let file = syn::parse_file(source).unwrap_or_else(|e| panic!("{module:?}: {e}"));
+            let mut named = Named {
+                at: module.clone(),
+                modules: &modules,
+                found: Vec::new(),
+            };
+            named.visit_file(&file);
+            let reached = named
+                .found
+                .into_iter()
+                .filter_map(|path| {
+                    (0..=path.len())
+                        .rev()
+                        .map(|n| path[..n].to_vec())
+                        .find(|prefix| modules.contains(prefix))
+                })
+                .collect();
+            (module.clone(), reached)
+        })
+        .collect()
+}
+
+fn name(module: &Module) -> String {
+    if module.is_empty() {
+        "crate".into()
+    } else {
+        module.join("::")
+    }
+}
+
+/// Whether one module contains the other (or is it).
+fn nested(a: &Module, b: &Module) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// The circles of the graph, seen at every depth: between single files (`sessions::relay`
+/// and `sessions::tool`), and between whole modules, each with its submodules
+/// (`agents`, `approvals` and all of `tools/`). Each is a strongly connected component of
+/// more than one module, sorted; edges between a module and its own submodules are left
+/// out.
+fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> BTreeSet<Vec<String>> {
+    let deepest = graph.keys().map(Vec::len).max().unwrap_or(0);
+    (1..=deepest)
+        .flat_map(|depth| {
+            let cut = |m: &Module| m[..m.len().min(depth)].to_vec();
+            let mut collapsed: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+            for (from, to) in graph {
+                let from = cut(from);
+                let reached: Vec<Module> =
+                    to.iter().map(cut).filter(|t| !nested(&from, t)).collect();
+                collapsed.entry(from).or_default().extend(reached);
+            }
+            components(&collapsed)
+        })
+        .collect()
+}
+
+/// The strongly connected components of more than one module.
+fn components(graph: &BTreeMap<Module, BTreeSet<Module>>) -> BTreeSet<Vec<String>> {
+    let edges: BTreeMap<&Module, Vec<&Module>> = graph
+        .iter()
+        .map(|(from, to)| (from, to.iter().collect()))
+        .collect();
+    // Tarjan's algorithm; the graphs are small enough for recursion.
+    struct State<'g> {
+        edges: &'g BTreeMap<&'g Module, Vec<&'g Module>>,
+        index: BTreeMap<&'g Module, (usize, usize)>,
+        stack: Vec<&'g Module>,
+        on_stack: BTreeSet<&'g Module>,
+        found: BTreeSet<Vec<String>>,
+    }
+    fn visit<'g>(s: &mut State<'g>, v: &'g Module) {
+        let n = s.index.len();
+        s.index.insert(v, (n, n));
+        s.stack.push(v);
+        s.on_stack.insert(v);
+        let edges = s.edges;
+        for &w in edges.get(v).into_iter().flatten() {
+            if !s.index.contains_key(w) {
+                visit(s, w);
+                let low = s.index[w].1.min(s.index[v].1);
+                s.index.get_mut(v).unwrap().1 = low;
+            } else if s.on_stack.contains(w) {
+                let low = s.index[w].0.min(s.index[v].1);
+                s.index.get_mut(v).unwrap().1 = low;
+            }
+        }
+        if s.index[v].0 == s.index[v].1 {
+            let mut component = Vec::new();
+            while let Some(w) = s.stack.pop() {
+                s.on_stack.remove(w);
+                component.push(name(w));
+                if w == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                component.sort();
+                s.found.insert(component);
+            }
+        }
+    }
+    let mut state = State {
+        edges: &edges,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: BTreeSet::new(),
+    };
+    for &v in edges.keys() {
+        if !state.index.contains_key(v) {
+            visit(&mut state, v);
+        }
+    }
+    state.found
+}
+
+fn crate_src(krate: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("src")
+}
+
+/// The modules outside `api/` (the crate root aside) that name `api` or one of its
+/// modules.
+fn reaching_api(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    graph
+        .iter()
+        .filter(|(from, _)| !from.is_empty() && from[0] != "api")
+        .filter(|(_, to)| to.iter().any(|t| t.first().is_some_and(|m| m == "api")))
+        .map(|(from, _)| name(from))
+        .collect()
 }
 
 #[test]
 fn nothing_below_the_api_depends_on_it() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files).unwrap();
-    let api = src.join("api");
-    let offenders: Vec<String> = files
-        .iter()
-        .filter(|f| !f.starts_with(&api) && *f != &src.join("lib.rs"))
-        .filter(|f| reaches_api(&std::fs::read_to_string(f).unwrap()))
-        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
-        .collect();
+    let files = library(&crate_src("brain"));
     assert!(
         files.len() > 50,
         "the walk found the sources: {}",
         files.len()
     );
+    let offenders = reaching_api(&graph(&files));
     assert!(offenders.is_empty(), "these reach into api/: {offenders:?}");
 }
 
 #[test]
-fn the_check_sees_both_spellings() {
-    assert!(reaches_api("use crate::api::JsonBody;"));
-    assert!(reaches_api("use crate::{AppState, api, store};"));
-    assert!(!reaches_api(
-        "use crate::{AppState, store};\nlet api_key = 1;"
+fn the_brain_has_no_import_circles() {
+    let found = circles(&graph(&library(&crate_src("brain"))));
+    assert!(
+        found.is_empty(),
+        "import circles between modules: {found:?}"
+    );
+}
+
+#[test]
+fn the_scripted_provider_has_no_import_circles() {
+    let found = circles(&graph(&library(&crate_src("scripted-provider"))));
+    assert!(
+        found.is_empty(),
+        "import circles between modules: {found:?}"
+    );
+}
+
+fn module(path: &str) -> Module {
+    path.split("::")
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn sample(files: &[(&str, &str)]) -> BTreeMap<Module, BTreeSet<Module>> {
+    let files: Vec<(Module, String)> = files
+        .iter()
+        .map(|(m, source)| (module(m), source.to_string()))
+        .collect();
+    graph(&files)
+}
+
+#[test]
+fn the_check_sees_every_spelling_of_a_path_into_api() {
+    let reaches = |source: &str| {
+        let graph = sample(&[
+            ("", ""),
+            ("api", ""),
+            ("api::x", ""),
+            ("turn", ""),
+            ("turn::stop", source),
+        ]);
+        !reaching_api(&graph).is_empty()
+    };
+    assert!(reaches("use crate::api::JsonBody;"));
+    assert!(reaches("use crate::{AppState, api, store};"));
+    assert!(reaches(
+        "use crate::{\n    store,\n    api::{\n        self,\n    },\n};"
     ));
+    assert!(reaches("use super::super::api::x::Y;"));
+    assert!(reaches("fn f() { crate :: api :: router(); }"));
+    assert!(reaches("fn f() -> crate::api::x::Body { todo() }"));
+    assert!(reaches("fn f() { routes!(crate::api::x::get); }"));
+    assert!(reaches(
+        "#[derive(Deserialize)] struct S { #[serde(with = \"crate::api::x\")] a: u8 }"
+    ));
+    assert!(reaches("mod tests { use super::super::super::api; }"));
+    assert!(!reaches(
+        "use crate::{AppState, store};\nfn f() { let api_key = 1; }"
+    ));
+    assert!(!reaches(
+        "// crate::api\n/// [`crate::api`]\nconst S: &str = \"use crate::api\";"
+    ));
+}
+
+#[test]
+fn the_check_finds_circles_of_any_length_and_spelling() {
+    let found = circles(&sample(&[
+        ("", ""),
+        ("agents", "use crate::approvals::ApprovalPolicy;"),
+        ("approvals", "use crate::{tools::{RiskClass, Tool}};"),
+        ("tools", ""),
+        ("tools::cron", "fn f() { crate::agents::validate(); }"),
+        ("sessions", "use relay::X;"),
+        ("sessions::relay", "use super::tool::{Files, call_worker};"),
+        ("sessions::tool", "use super::{Sessions, relay};"),
+        (
+            "metrics",
+            "fn f() { for r in crate::intake::Refused::ALL {} }",
+        ),
+        ("intake", "use crate::metrics::Metrics;"),
+    ]));
+    let expected: BTreeSet<Vec<String>> = [
+        vec!["agents", "approvals", "tools"],
+        vec!["intake", "metrics"],
+        vec!["sessions::relay", "sessions::tool"],
+    ]
+    .into_iter()
+    .map(|c| c.into_iter().map(str::to_owned).collect())
+    .collect();
+    assert_eq!(found, expected);
+    // A module and its own submodules name each other without making a circle.
+    assert!(
+        circles(&sample(&[
+            ("", "use sessions::Sessions;"),
+            ("sessions", "use tool::worker_tools;"),
+            ("sessions::tool", "use crate::sessions::Sessions;"),
+        ]))
+        .is_empty()
+    );
 }
 
 /// The crate root's module doc is the brain's map: every module it declares is on it.

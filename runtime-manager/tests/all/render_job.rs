@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use k8s_openapi::api::batch::v1::Job;
+use protocol::profile::WITH_HANDS;
 use runtime_manager::launcher::kubernetes::job;
-use runtime_manager::profiles::WITH_HANDS;
 
 /// The oldest and the newest Kubernetes versions checked: the client's feature (`v1_33`)
 /// and the newest schema `kubernetes-validate` bundles.

@@ -1,0 +1,199 @@
+//! The routes workers call (SPEC W3, W10): the channel's WebSocket upgrade and the
+//! workspace snapshot's upload, skip and download. They authenticate with the worker's
+//! session token (the upgrade also with a pool token), never a team key; what follows is
+//! `crate::sessions`' (`connect.rs`, `snapshot.rs`).
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use protocol::SessionId;
+use protocol::channel::{CHANNEL_VERSION_HEADER, SESSION_HEADER, SessionClaims};
+use protocol::snapshot::{SnapshotSkipped, UNPACKED_BYTES_HEADER};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+
+use crate::AppState;
+use crate::error::{ApiError, JsonBody};
+use crate::sessions::{Restore, SNAPSHOT_CONTENT_TYPE, Upload};
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// The claims of the request's session token.
+fn claims(state: &AppState, headers: &HeaderMap) -> Result<SessionClaims, ApiError> {
+    bearer(headers)
+        .and_then(|token| state.sessions.session_claims(token))
+        .ok_or(ApiError::Unauthorized)
+}
+
+/// The worker channel's WebSocket upgrade (MCP over WebSocket, docs/protocol.md).
+#[utoipa::path(
+    get,
+    path = protocol::channel::CONNECT_PATH,
+    operation_id = "connect_worker",
+    tag = "workers",
+    security(("worker_token" = [])),
+    responses(
+        (status = 101, description = "Switching to the worker channel."),
+        (status = 400, description = "Not a WebSocket upgrade (`invalid_request`).",
+            body = protocol::ErrorBody),
+        (status = 401, description = "No token, or one that is neither a valid session nor a \
+            valid pool token (`unauthorized`).", body = protocol::ErrorBody),
+    ),
+)]
+pub async fn connect(
+    State(state): State<AppState>,
+    mut request: Request,
+) -> Result<Response, ApiError> {
+    let sessions = state.sessions.clone();
+    let headers = request.headers();
+    let token = bearer(headers).ok_or(ApiError::Unauthorized)?;
+    let dial = sessions.dialer(token).ok_or(ApiError::Unauthorized)?;
+    let session = dial.claims().sub;
+    let key = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .ok_or_else(|| ApiError::InvalidRequest("expected a WebSocket upgrade".into()))?;
+    let accept = derive_accept_key(key.as_bytes());
+    let version = headers
+        .get(CHANNEL_VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok());
+    let named = headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<SessionId>().ok())
+        .unwrap_or(session);
+    let upgrade = hyper::upgrade::on(&mut request);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(upgraded) => sessions.serve_dial(upgraded, dial, version, named).await,
+            Err(_) => tracing::info!(session = %session, "worker upgrade failed"),
+        }
+    });
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = response.headers_mut();
+    h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    Ok(response.into_response())
+}
+
+/// The worker's packed workspace, at an idle teardown.
+#[utoipa::path(
+    put,
+    path = protocol::snapshot::SNAPSHOT_PATH,
+    operation_id = "put_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    request_body(content = Vec<u8>, content_type = "application/zstd",
+        description = "A zstd-compressed tar stream of the workspace; header \
+            `x-snapshot-unpacked-bytes` gives the tar stream's size."),
+    responses(
+        (status = 204, description = "Stored: the chat's next session restores it."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
+            body = protocol::ErrorBody),
+        (status = 413, description = "Over the profile's cap (`payload_too_large`).",
+            body = protocol::ErrorBody),
+        (status = 503, description = "This replica, or the team's share of it, takes as many \
+            uploads as it may at once (`overloaded`): nothing was read; retry after \
+            `Retry-After`.", body = protocol::ErrorBody),
+    ),
+)]
+pub async fn put_snapshot(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let unpacked = headers
+        .get(UNPACKED_BYTES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let upload = Upload {
+        unpacked,
+        announced,
+    };
+    crate::sessions::store_upload(&state, &claims, upload, body).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The worker sends no snapshot: over the cap, or it could not pack or upload one.
+#[utoipa::path(
+    post,
+    path = protocol::snapshot::SNAPSHOT_SKIPPED_PATH,
+    operation_id = "skip_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    request_body(content = SnapshotSkipped),
+    responses(
+        (status = 204, description = "Recorded on the session row."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 409, description = "No snapshot is asked of this session (`conflict`).",
+            body = protocol::ErrorBody),
+    ),
+)]
+pub async fn snapshot_skipped(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    JsonBody(skipped): JsonBody<SnapshotSkipped>,
+) -> Result<StatusCode, ApiError> {
+    let claims = claims(&state, &headers)?;
+    crate::sessions::record_skip(&state, &claims, skipped).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The snapshot a new session's worker restores before it dials.
+#[utoipa::path(
+    get,
+    path = protocol::snapshot::SNAPSHOT_PATH,
+    operation_id = "get_worker_snapshot",
+    tag = "workers",
+    security(("worker_token" = [])),
+    responses(
+        (status = 200, description = "The chat's snapshot, a zstd-compressed tar stream; \
+            header `x-snapshot-unpacked-bytes` bounds what it unpacks to.",
+            content_type = "application/zstd"),
+        (status = 204, description = "Nothing to restore."),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+    ),
+)]
+pub async fn get_snapshot(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let Some(Restore {
+        body,
+        unpacked_bytes,
+    }) = crate::sessions::restorable(&state, &claims).await?
+    else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let size = body.size;
+    let mut response = Body::from_stream(body.stream).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(SNAPSHOT_CONTENT_TYPE),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    h.insert(UNPACKED_BYTES_HEADER, HeaderValue::from(unpacked_bytes));
+    Ok(response)
+}
