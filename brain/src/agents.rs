@@ -9,53 +9,13 @@ use protocol::profile;
 use crate::approvals::ApprovalPolicy;
 use crate::provider::ModelRoute;
 use crate::schedule::{Cadence, parse_timezone};
+pub use crate::store::DisconnectPolicy;
 use crate::store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
 const MAX_FALLBACKS: usize = 5;
 const MAX_AUTOSTART_PROMPT: usize = 4000;
-
-/// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
-/// (`"background": true`, autostarts, approval continuations) have no client to lose.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum DisconnectPolicy {
-    /// The turn stops as an explicit stop would (T8): closing the tab stops the spend.
-    #[default]
-    Cancel,
-    /// The turn runs to its end and is stored; the transcript, `GET /v1/turns/{id}` and
-    /// the chat's streams show it.
-    Continue,
-}
-
-impl DisconnectPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cancel => "cancel",
-            Self::Continue => "continue",
-        }
-    }
-
-    /// The stored form; `None` for anything else (the column's check allows nothing else).
-    pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "cancel" => Some(Self::Cancel),
-            "continue" => Some(Self::Continue),
-            _ => None,
-        }
-    }
-}
 
 /// Checks a new agent's fields; the message says what is wrong.
 pub fn validate_new_agent(

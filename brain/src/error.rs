@@ -19,6 +19,7 @@ use crate::auth::AuthError;
 use crate::intake::Overloaded;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
+use crate::sessions::SnapshotError;
 use crate::store::StoreError;
 use crate::turn::TurnError;
 use crate::turn::stop::StopError;
@@ -114,6 +115,19 @@ impl From<StopError> for ApiError {
             StopError::Undeliverable => Self::StopUndeliverable,
             StopError::NotFound(what) => Self::NotFound(what),
             StopError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<SnapshotError> for ApiError {
+    fn from(err: SnapshotError) -> Self {
+        match err {
+            SnapshotError::Conflict(message) => Self::Conflict(message.into()),
+            SnapshotError::Invalid(problem) => Self::InvalidRequest(problem),
+            SnapshotError::TooLarge(limit) => Self::PayloadTooLarge(limit),
+            SnapshotError::Busy(retry) => Self::UploadsBusy(retry),
+            SnapshotError::Storage(e) => Self::Storage(e),
+            SnapshotError::Store(e) => e.into(),
         }
     }
 }

@@ -106,6 +106,10 @@ async fn reconcile(state: &AppState, bound: Duration) {
         Ok(slots) => tracing::info!(slots, "retired warm-pool slots of a lost replica"),
         Err(class) => tracing::debug!(class, "could not retire slots of lapsed replicas"),
     }
+    // A draining replica hands its turns over; it takes none.
+    if state.draining.is_cancelled() {
+        return;
+    }
     let taken = bounded(
         bound,
         state.store.take_over_orphaned_turns(

@@ -108,6 +108,9 @@ pub struct AppState {
     pub snapshot_uploads: sessions::UploadSlots,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
+    /// Cancelled when the drain's time is over (D4): running turns stop at their next step
+    /// boundary (a model call in flight is cut) and are handed over to another replica.
+    pub handover: CancellationToken,
     /// Cancelled at SIGTERM: `/readyz` answers 503 and no new turn starts (O3).
     pub draining: CancellationToken,
     /// Running turns, so shutdown can wait for them.
@@ -175,6 +178,7 @@ impl AppState {
             sessions,
             snapshot_uploads,
             turns_cancel: CancellationToken::new(),
+            handover: CancellationToken::new(),
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
             stops: turn::stop::Stops::new(replica, redis),
@@ -226,7 +230,10 @@ const CONNECTIONS_CLOSE_WITHIN: std::time::Duration = std::time::Duration::from_
 /// Serves `state` on `listener` until `shutdown` fires, then drains (SPEC O3): `/readyz`
 /// answers 503 at once and new turns are refused with `shutting_down` while the server
 /// still accepts (so the load balancer learns it and requests in flight get an answer);
-/// running turns may finish for `BRAIN_DRAIN_TIMEOUT_MS`, then the rest are cancelled
+/// running turns may finish for `BRAIN_DRAIN_TIMEOUT_MS`, then the rest are handed over
+/// (D4): each stops at its next step boundary (a model call in flight is cut, a tool call
+/// finishes) and is left for another replica to take over once this one's lease is given
+/// up. Turns that reach no boundary within another `BRAIN_DRAIN_TIMEOUT_MS` are cancelled
 /// (stored `interrupted`, their streams end with `finish: interrupted`); then the worker
 /// channels are closed "going away" (the workers re-dial another replica), the server and
 /// the relay stop and the lease is given up.
@@ -282,12 +289,22 @@ pub async fn serve(
         .await
         .is_err()
     {
-        tracing::warn!(
+        tracing::info!(
             running = tracker.len(),
-            "drain timeout over; cancelling running turns"
+            "drain timeout over; handing running turns over"
         );
-        state.turns_cancel.cancel();
-        tracker.wait().await;
+        state.handover.cancel();
+        if tokio::time::timeout(state.config.drain_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = tracker.len(),
+                "turns reached no step boundary; cancelling them"
+            );
+            state.turns_cancel.cancel();
+            tracker.wait().await;
+        }
     }
     // The workers this replica holds dial again and another replica takes them (W9).
     let closed = state.sessions.close_all_going_away().await;

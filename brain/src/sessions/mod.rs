@@ -50,8 +50,8 @@ use tracing::Instrument;
 pub use connect::Dial;
 use registry::{Binding, LiveWorker, Pool, Registry};
 pub use snapshot::{
-    CONTENT_TYPE as SNAPSHOT_CONTENT_TYPE, Restore, Upload, UploadSlots, record_skip, restorable,
-    store_upload, sweep as sweep_snapshots,
+    CONTENT_TYPE as SNAPSHOT_CONTENT_TYPE, Restore, SnapshotError, Upload, UploadSlots,
+    record_skip, restorable, store_upload, sweep as sweep_snapshots,
 };
 pub use tool::worker_tools;
 

@@ -46,7 +46,6 @@ use super::Sessions;
 use super::registry::LiveWorker;
 use crate::AppState;
 use crate::artifacts::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream};
-use crate::error::ApiError;
 use crate::store::{NewSnapshot, Store, StoreError, bounded};
 
 /// The content type snapshots are stored and sent under.
@@ -183,6 +182,27 @@ pub struct Upload {
     pub announced: Option<u64>,
 }
 
+/// Why a worker's snapshot call was refused; `crate::error` maps it to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The session is not in the state the call needs (the message says which).
+    #[error("{0}")]
+    Conflict(&'static str),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the snapshot is larger than {0} bytes")]
+    TooLarge(usize),
+    /// This replica, or the team's share of it, takes as many uploads as it may.
+    #[error("too many workspace snapshots are uploading at once")]
+    Busy(Duration),
+    #[error("object storage unavailable")]
+    Storage(#[source] ArtifactError),
+    #[error("store unavailable")]
+    Store(#[from] StoreError),
+}
+
+const NOT_ASKED: &str = "no snapshot is asked of this session";
+
 /// Stores the worker's packed workspace, at an idle teardown: taken only while a snapshot
 /// is asked of its session and within the row's cap, streamed to the artifact store, then
 /// recorded (replacing the chat's previous snapshot), else removed again.
@@ -191,25 +211,25 @@ pub async fn store_upload(
     claims: &SessionClaims,
     upload: Upload,
     body: Body,
-) -> Result<(), ApiError> {
+) -> Result<(), SnapshotError> {
     let started = Instant::now();
     let session = claims.sub;
     let target = bounded(state.store.snapshot_target(session))
         .await?
         .filter(|target| target.team == claims.team)
-        .ok_or_else(|| ApiError::Conflict("no snapshot is asked of this session".into()))?;
+        .ok_or(SnapshotError::Conflict(NOT_ASKED))?;
     // Asked after the lookup, so a session asked for nothing is told so first.
     let unpacked = upload
         .unpacked
-        .ok_or_else(|| ApiError::InvalidRequest(format!("expected {UNPACKED_BYTES_HEADER}")))?;
+        .ok_or_else(|| SnapshotError::Invalid(format!("expected {UNPACKED_BYTES_HEADER}")))?;
     let limit = upload_limit(target.max_bytes);
     if unpacked > target.max_bytes || upload.announced.is_some_and(|n| n > limit as u64) {
         count(state, "refused");
-        return Err(ApiError::PayloadTooLarge(limit));
+        return Err(SnapshotError::TooLarge(limit));
     }
     let Some(_slot) = state.snapshot_uploads.try_take(target.team) else {
         count(state, "busy");
-        return Err(ApiError::UploadsBusy(BUSY_RETRY_AFTER));
+        return Err(SnapshotError::Busy(BUSY_RETRY_AFTER));
     };
     let id = Uuid::now_v7();
     let storage_key = format!("{}/{id}", target.team.0);
@@ -224,12 +244,12 @@ pub async fn store_upload(
             count(state, "refused");
             tracing::warn!(%session, why, "snapshot upload not stored");
             return Err(if why == OVER_LIMIT {
-                ApiError::PayloadTooLarge(limit)
+                SnapshotError::TooLarge(limit)
             } else {
-                ApiError::InvalidRequest(format!("the snapshot upload {why}"))
+                SnapshotError::Invalid(format!("the snapshot upload {why}"))
             });
         }
-        Err(err) => return Err(ApiError::Storage(err)),
+        Err(err) => return Err(SnapshotError::Storage(err)),
     };
     let recorded = bounded(state.store.record_snapshot(
         session,
@@ -249,7 +269,7 @@ pub async fn store_upload(
         count(state, "refused");
         return Err(match err {
             StoreError::Conflict(_) => {
-                ApiError::Conflict("the teardown stopped waiting for this snapshot".into())
+                SnapshotError::Conflict("the teardown stopped waiting for this snapshot")
             }
             other => other.into(),
         });
@@ -272,12 +292,10 @@ pub async fn record_skip(
     state: &AppState,
     claims: &SessionClaims,
     skipped: SnapshotSkipped,
-) -> Result<(), ApiError> {
+) -> Result<(), SnapshotError> {
     let outcome = SnapshotState::from(skipped.reason);
     if !bounded(state.store.skip_snapshot(claims.sub, outcome)).await? {
-        return Err(ApiError::Conflict(
-            "no snapshot is asked of this session".into(),
-        ));
+        return Err(SnapshotError::Conflict(NOT_ASKED));
     }
     count(state, outcome.as_str());
     tracing::info!(session = %claims.sub, outcome = outcome.as_str(), "workspace snapshot skipped");
@@ -295,7 +313,7 @@ pub struct Restore {
 pub async fn restorable(
     state: &AppState,
     claims: &SessionClaims,
-) -> Result<Option<Restore>, ApiError> {
+) -> Result<Option<Restore>, SnapshotError> {
     let session = claims.sub;
     let Some(found) = bounded(state.store.restorable_snapshot(session)).await? else {
         return Ok(None);
@@ -307,7 +325,7 @@ pub async fn restorable(
             tracing::warn!(%session, "snapshot bytes missing; nothing restored");
             return Ok(None);
         }
-        Err(err) => return Err(ApiError::Storage(err)),
+        Err(err) => return Err(SnapshotError::Storage(err)),
     };
     count(state, "restored");
     tracing::info!(%session, bytes = body.size, "workspace snapshot sent for restore");

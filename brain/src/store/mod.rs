@@ -34,7 +34,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
-pub use agents::{AgentRow, AgentUpdate, NewAgent};
+pub use agents::{AgentRow, AgentUpdate, DisconnectPolicy, NewAgent};
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
 };

@@ -24,6 +24,9 @@ pub struct TakenOver {
     /// False when the turn had been taken over as often as it may be: it was ended
     /// `failed` (`takeover_limit`) instead, and only its hold is left to free.
     pub runs: bool,
+    /// Handed over by a draining replica (D4) rather than left by a dead one: it does
+    /// not count toward the limit.
+    pub handed_over: bool,
 }
 
 /// What a taken-over turn continues from.
@@ -63,7 +66,8 @@ impl Store {
     }
 
     /// D3: takes over up to `limit` running turns whose replica holds no live lease (a
-    /// lapsed lease, or a row already gone), oldest first; a turn taken over `max` times
+    /// lapsed lease, or a row already gone) or that a draining replica handed over (D4),
+    /// oldest first; a turn taken over `max` times
     /// already is ended `failed` (`takeover_limit`) instead. `SKIP LOCKED`: two replicas
     /// sweeping at once take disjoint turns. Turns of this replica are never taken, even
     /// if its own lease lapsed while the database was unreachable: it is alive and runs
@@ -76,18 +80,23 @@ impl Store {
     ) -> Result<Vec<TakenOver>, StoreError> {
         let rows = sqlx::query(
             "WITH orphans AS ( \
-               SELECT t.id FROM turns t \
-               WHERE t.status = 'running' AND t.replica_id IS NOT NULL AND t.replica_id <> $1 \
-                 AND NOT EXISTS (SELECT 1 FROM replicas r \
-                                 WHERE r.id = t.replica_id AND r.lease_until > now()) \
+               SELECT t.id, t.replica_id IS NULL AS handed FROM turns t \
+               WHERE t.status = 'running' \
+                 AND (t.replica_id IS NULL OR (t.replica_id <> $1 \
+                   AND NOT EXISTS (SELECT 1 FROM replicas r \
+                                   WHERE r.id = t.replica_id AND r.lease_until > now()))) \
                ORDER BY t.started_at LIMIT $2 \
-               FOR UPDATE OF t SKIP LOCKED) \
-             UPDATE turns t SET replica_id = $1, takeovers = t.takeovers + 1, \
-               status = CASE WHEN t.takeovers >= $3 THEN 'failed' ELSE 'running' END, \
-               error_code = CASE WHEN t.takeovers >= $3 THEN 'takeover_limit' END, \
-               finished_at = CASE WHEN t.takeovers >= $3 THEN now() END \
-             FROM orphans o WHERE t.id = o.id \
-             RETURNING t.team_id, t.agent_id, t.chat_id, t.id, t.status",
+               FOR UPDATE OF t SKIP LOCKED), \
+             judged AS ( \
+               SELECT o.id, o.handed, NOT o.handed AND t.takeovers >= $3 AS spent \
+               FROM orphans o JOIN turns t ON t.id = o.id) \
+             UPDATE turns t SET replica_id = $1, \
+               takeovers = t.takeovers + CASE WHEN j.handed THEN 0 ELSE 1 END, \
+               status = CASE WHEN j.spent THEN 'failed' ELSE 'running' END, \
+               error_code = CASE WHEN j.spent THEN 'takeover_limit' END, \
+               finished_at = CASE WHEN j.spent THEN now() END \
+             FROM judged j WHERE t.id = j.id \
+             RETURNING t.team_id, t.agent_id, t.chat_id, t.id, t.status, j.handed",
         )
         .bind(me.0)
         .bind(limit)
@@ -102,10 +111,31 @@ impl Store {
                     chat: ChatId(row.try_get(2)?),
                     turn: TurnId(row.try_get(3)?),
                     runs: row.try_get::<String, _>(4)? == "running",
+                    handed_over: row.try_get(5)?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(StoreError::from)
+    }
+
+    /// D4: leaves the turn for another replica to take over (a draining replica at a step
+    /// boundary), only while `me` runs it. Answers whether it was handed over.
+    pub async fn hand_over(
+        &self,
+        team: TeamId,
+        turn: TurnId,
+        me: ReplicaId,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE turns SET replica_id = NULL \
+             WHERE team_id = $1 AND id = $2 AND replica_id = $3 AND status = 'running'",
+        )
+        .bind(team.0)
+        .bind(turn.0)
+        .bind(me.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// The stored basis of a turn `me` took over: its composition, progress and authority.

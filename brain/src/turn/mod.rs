@@ -12,7 +12,7 @@
 //!    (`replay.rs`, T12).
 //! 3. **The loop** (`task.rs`): one step at a time, each a model call (`model_call.rs`:
 //!    the route's fallbacks while nothing has been shown, T10) and then its tool calls
-//!    (`tool_calls.rs`, T4-T6). What the next step needs is [`task::Progress`].
+//!    (`tool_calls.rs`, T4-T6). What the next step needs is [`state::Progress`].
 //! 4. **Wrap-up** (`wrap_up.rs`): the end state written (T7, T8), the hold released, the
 //!    stream's last chunk.
 //!
@@ -47,6 +47,7 @@ mod offered;
 mod output;
 mod replay;
 mod speculation;
+mod state;
 pub mod stop;
 mod takeover;
 mod task;
@@ -256,14 +257,14 @@ async fn start(
     let headers = budget.headers.clone();
     let autostart = composed.autostart;
     let answered = composed.answered.clone();
-    let running = task::Running {
+    let running = state::Running {
         turn: turn_id,
         budget,
         cancel,
         registration: running,
     };
     let (detached, attached) = (launch.detached, guard.is_some());
-    let task = task::TurnTask::new(state, launch, &basis, *composed, running, tx, attached);
+    let task = state::TurnTask::new(state, launch, &basis, *composed, running, tx, attached);
     // The guard travels with the response body; if this caller is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
     state

@@ -12,7 +12,7 @@ use protocol::ui::UiChunk;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::task::{Progress, TurnTask};
+use super::state::{Progress, TurnTask};
 use crate::provider::{
     EventStream, ModelRoute, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
 };
@@ -80,7 +80,7 @@ impl TurnTask {
             let asked = Instant::now();
             let connected = tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => {
+                () = self.cut() => {
                     span.record("outcome", "cancelled");
                     return OpenOutcome::Cancelled;
                 }
@@ -100,7 +100,7 @@ impl TurnTask {
             loop {
                 let next = tokio::select! {
                     biased;
-                    () = self.cancel.cancelled() => {
+                    () = self.cut() => {
                         record_call(&span, usage, "cancelled");
                         usage_log.push(call_usage(call_index, route, usage));
                         return OpenOutcome::Cancelled;
@@ -170,7 +170,7 @@ impl TurnTask {
                 Some(event) => Some(Ok(event)),
                 None => tokio::select! {
                     biased;
-                    () = self.cancel.cancelled() => break StepOutcome::Cancelled,
+                    () = self.cut() => break StepOutcome::Cancelled,
                     next = stream.next() => next,
                 },
             };

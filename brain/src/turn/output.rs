@@ -11,12 +11,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::TurnError;
-use super::task::Ids;
 use crate::events::Events;
+use protocol::{ChatId, TurnId};
 
 /// Where a turn's chunks go.
 pub(super) struct Client {
-    ids: Ids,
+    chat: ChatId,
+    turn: TurnId,
     pub tx: mpsc::Sender<UiChunk>,
     /// The chat's events stream: every chunk sent to the client goes there too (S2).
     events: Events,
@@ -37,7 +38,7 @@ pub(super) struct Client {
 
 impl Client {
     pub fn new(
-        ids: Ids,
+        (chat, turn): (ChatId, TurnId),
         tx: mpsc::Sender<UiChunk>,
         events: Events,
         cancel: CancellationToken,
@@ -46,7 +47,8 @@ impl Client {
         connector_status: Vec<ConnectorStatus>,
     ) -> Self {
         Self {
-            ids,
+            chat,
+            turn,
             tx,
             events,
             cancel,
@@ -72,9 +74,7 @@ impl Client {
         })
         .await;
         self.send(UiChunk::DataTurn {
-            data: TurnInfo {
-                turn_id: self.ids.turn,
-            },
+            data: TurnInfo { turn_id: self.turn },
             transient: true,
         })
         .await;
@@ -102,12 +102,7 @@ impl Client {
     /// most as long as a send of the turn does; it ends when the tools drop their senders.
     pub fn tool_ui(&self) -> mpsc::Sender<UiChunk> {
         let (ui, mut from_tools) = mpsc::channel::<UiChunk>(super::CHUNK_BUFFER);
-        let (events, chat, turn, tx) = (
-            self.events.clone(),
-            self.ids.chat,
-            self.ids.turn,
-            self.tx.clone(),
-        );
+        let (events, chat, turn, tx) = (self.events.clone(), self.chat, self.turn, self.tx.clone());
         let stall = self.stall_timeout;
         tokio::spawn(async move {
             // Once the client is gone or stalled, the events stream still gets every chunk
@@ -139,13 +134,10 @@ impl Client {
                     authorize: None,
                     ..data.clone()
                 };
-                self.events.publish(
-                    self.ids.chat,
-                    self.ids.turn,
-                    &UiChunk::DataConnectorStatus { data },
-                );
+                self.events
+                    .publish(self.chat, self.turn, &UiChunk::DataConnectorStatus { data });
             }
-            _ => self.events.publish(self.ids.chat, self.ids.turn, &chunk),
+            _ => self.events.publish(self.chat, self.turn, &chunk),
         }
         let chunk = match self.tx.try_send(chunk) {
             Ok(()) => return true,
@@ -170,7 +162,7 @@ impl Client {
                 false
             }
             Err(_) => {
-                tracing::info!(turn = %self.ids.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
+                tracing::info!(turn = %self.turn, timeout_ms = self.stall_timeout.as_millis(), "client stopped reading; cancelling the turn");
                 self.stalled.store(true, Ordering::Relaxed);
                 if self.detached {
                     return true;

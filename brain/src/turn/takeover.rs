@@ -33,7 +33,7 @@ use super::admit;
 use super::compose::{offer, system_text};
 use super::context::{self, Fold};
 use super::history::model_messages;
-use super::task::{Progress, Running, TurnTask};
+use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
 use crate::AppState;
 use crate::auth::{Authority, Scope};

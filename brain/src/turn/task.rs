@@ -12,118 +12,26 @@
 //! - Traces (O2): the task runs in its `turn` span; each model route tried is a
 //!   `model_call` span and each tool run a `tool_call` span, children of the turn.
 
-use std::sync::Arc;
-use std::time::Duration;
-
+use protocol::MessageId;
 use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
-use protocol::{AgentId, ChatId, MessageId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 
-use super::admit::Budget;
 use super::compose::Ready;
-use super::context::{self, Fold};
+use super::context;
 use super::history::{assistant_messages, tool_part};
 use super::model_call::{OpenOutcome, Step, StepOutcome};
 use super::output::Client;
+use super::state::{Deps, Ids, Progress, Rules, Running, TurnTask};
 use super::takeover::{Restored, Saving};
 use super::tool_calls::Executed;
 use super::wrap_up::{End, Unfinished};
-use super::{Launch, TurnError, speculation, stop};
+use super::{Launch, TurnError, speculation};
 use crate::AppState;
-use crate::approvals::ApprovalPolicy;
-use crate::auth::Authority;
-use crate::config::Limits;
-use crate::metrics::TurnMetrics;
-use crate::provider::{Message, ModelRequest, Providers, StopReason, ToolCall, ToolResult};
-use crate::store::{ApprovalRow, ModelCallUsage, NewApproval, Store, TurnBasis, requested_part};
-use crate::tools::{ToolOutput, Toolset};
-
-/// Which turn this is.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Ids {
-    pub team: TeamId,
-    pub agent: AgentId,
-    pub chat: ChatId,
-    pub turn: TurnId,
-    /// The replica running it: every write of the turn is fenced by it (D3).
-    pub replica: ReplicaId,
-}
-
-/// What the turn calls.
-pub(super) struct Deps {
-    pub store: Store,
-    pub providers: Providers,
-    pub toolset: Arc<Toolset>,
-}
-
-/// The rules the turn runs under, fixed when it was composed.
-pub(super) struct Rules {
-    /// The route's models, tried in order (T10).
-    pub route: Vec<String>,
-    pub limits: Limits,
-    /// The agent's approval policy (A2), applied to every call.
-    pub policy: ApprovalPolicy,
-    /// How long a call that asks waits for its answer (A4).
-    pub approval_ttl: Duration,
-}
-
-/// An admitted turn: its id, its budget, and its stop handle.
-pub(super) struct Running {
-    pub turn: TurnId,
-    pub budget: Budget,
-    pub cancel: CancellationToken,
-    /// Keeps the turn stoppable from any replica until the task ends (T8).
-    pub registration: stop::Registration,
-}
-
-/// Everything the spawned part of a turn needs; owned, so the task outlives the request.
-pub(super) struct TurnTask {
-    pub ids: Ids,
-    pub deps: Deps,
-    pub rules: Rules,
-    pub cancel: CancellationToken,
-    /// The stream to the client and the chat's events stream.
-    pub client: Client,
-    pub budget: Budget,
-    /// Run in the background after an answer is stored, when history outgrew the budget.
-    pub fold: Option<Fold>,
-    /// A continuation (A3): the approvals of the turn it continues, all answered; the
-    /// approved calls run before the first model call.
-    pub resume: Vec<ApprovalRow>,
-    /// Starts the worker of a worker tool call the model is still streaming (W11); `None`
-    /// when that is off.
-    pub speculation: Option<speculation::Speculation>,
-    /// Counts the turn live until the task ends, then by outcome (O2).
-    pub metrics: TurnMetrics,
-    /// Whose authority the turn's tool calls act with (X1).
-    pub authority: Authority,
-    /// The loop's state when it starts: the first request.
-    first: Option<Progress>,
-    /// Taken over from a dead replica (D3): the stream says so first.
-    resumed: bool,
-    _running: stop::Registration,
-}
-
-/// The loop's state between steps: what the next step needs.
-pub(super) struct Progress {
-    /// One request for the whole turn: each model call sends its messages so far.
-    pub request: ModelRequest,
-    /// The assistant message's parts so far.
-    pub parts: Vec<Part>,
-    pub usage_log: Vec<ModelCallUsage>,
-    pub assistant_id: MessageId,
-    /// Model calls made, every route tried counted.
-    pub calls_made: u32,
-    pub tool_calls: usize,
-    /// Data-changing calls made (T6).
-    pub writes_used: u32,
-    pub truncation_retried: bool,
-    /// Steps begun.
-    pub iteration: u32,
-}
+use crate::provider::{Message, ModelRequest, StopReason, ToolCall, ToolResult};
+use crate::store::{NewApproval, TurnBasis, requested_part};
+use crate::tools::ToolOutput;
 
 /// What a step leads to.
 enum Flow {
@@ -168,7 +76,7 @@ impl TurnTask {
                 approval_ttl: state.config.approval_ttl,
             },
             client: Client::new(
-                ids,
+                (ids.chat, ids.turn),
                 tx,
                 state.events.clone(),
                 running.cancel.clone(),
@@ -189,6 +97,7 @@ impl TurnTask {
             ),
             metrics,
             authority: launch.authority,
+            handover: state.handover.clone(),
             first: Some(Progress {
                 request: ready.request,
                 parts: Vec::new(),
@@ -258,6 +167,10 @@ impl TurnTask {
 
     /// One step: a model call, then the tool calls it asked for.
     async fn step(&mut self, progress: &mut Progress) -> Flow {
+        // D4: the drain's time is over; this boundary is where another replica goes on.
+        if self.handover.is_cancelled() {
+            return Flow::End(End::HandedOver);
+        }
         // Only a turn taken over at its ceiling gets here with no call left to make.
         if progress.iteration >= self.rules.limits.max_iterations {
             return Flow::End(End::Completed(FinishReason::Other));
@@ -284,7 +197,7 @@ impl TurnTask {
                 // Stopped while the model was still silent (T8): a client still attached
                 // gets a stream that ends `interrupted`, not an error.
                 self.client.begin(progress.assistant_id).await;
-                return Flow::End(End::Interrupted);
+                return Flow::End(self.cut_short());
             }
             OpenOutcome::Failed(err) if self.client.started.is_some() => {
                 return Flow::Unanswered(err);
@@ -304,7 +217,7 @@ impl TurnTask {
             });
         }
         let reason = match step.outcome {
-            StepOutcome::Cancelled => return Flow::End(End::Interrupted),
+            StepOutcome::Cancelled => return Flow::End(self.cut_short()),
             StepOutcome::Failed(err) => return Flow::End(End::Failed(err)),
             StepOutcome::Finished(reason) => reason,
         };
@@ -313,6 +226,25 @@ impl TurnTask {
             return Flow::End(End::Completed(finish_reason(reason)));
         }
         self.tool_step(step, reason, progress).await
+    }
+
+    /// How a model call cut short ends the turn: handed over when the drain cut it (D4),
+    /// else interrupted (a stop, a hang-up).
+    fn cut_short(&self) -> End {
+        if self.handover.is_cancelled() && !self.cancel.is_cancelled() {
+            End::HandedOver
+        } else {
+            End::Interrupted
+        }
+    }
+
+    /// A model call is cut by the turn's cancel (a stop, a hang-up) or by the drain's
+    /// handover (D4); a tool call only by the cancel, so a handover waits for it.
+    pub(super) async fn cut(&self) {
+        tokio::select! {
+            () = self.cancel.cancelled() => {}
+            () = self.handover.cancelled() => {}
+        }
     }
 
     /// The second half of a step: the answer's tool calls, run or refused, and their

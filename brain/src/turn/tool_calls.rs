@@ -19,7 +19,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::history::{AWAITING_APPROVAL, answer_call, tool_part};
-use super::task::{Progress, TurnTask};
+use super::state::{Progress, TurnTask};
 use super::wrap_up::WRAP_UP_PATIENCE;
 use crate::approvals::{ApprovalState, Decision};
 use crate::provider::ToolCall;

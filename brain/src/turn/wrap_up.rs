@@ -12,7 +12,7 @@ use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
 
 use super::context;
-use super::task::{Ids, Progress, TurnTask};
+use super::state::{Ids, Progress, TurnTask};
 use crate::metrics::TurnOutcome;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
@@ -34,6 +34,8 @@ pub(super) enum End {
     AwaitingApproval(Vec<NewApproval>),
     /// Another replica took the turn over (D3): it writes the end, not this one.
     TakenOver,
+    /// The drain handed the turn over at a step boundary (D4): another replica goes on.
+    HandedOver,
 }
 
 impl End {
@@ -41,7 +43,7 @@ impl End {
         match self {
             Self::Completed(_) => TurnOutcome::Completed,
             Self::AwaitingApproval(_) => TurnOutcome::AwaitingApproval,
-            Self::Interrupted | Self::TakenOver => TurnOutcome::Interrupted,
+            Self::Interrupted | Self::TakenOver | Self::HandedOver => TurnOutcome::Interrupted,
             Self::Failed(_) | Self::QuotaUnknown => TurnOutcome::Failed,
             Self::Refused(_) => TurnOutcome::Refused,
         }
@@ -76,11 +78,15 @@ impl TurnTask {
             tool_calls,
             ..
         } = progress;
-        if matches!(end, End::TakenOver) {
-            // Nothing of it is this replica's to write, release or bill any more.
+        if matches!(end, End::TakenOver | End::HandedOver) {
+            if matches!(end, End::HandedOver) {
+                self.hand_over().await;
+            }
+            // Nothing of it is this replica's to write, release or bill any more: the
+            // replica that takes it over adopts its hold and bills its calls.
             unfinished.written();
             self.budget.abandon();
-            record_turn(calls_made, tool_calls, "taken_over");
+            record_turn(calls_made, tool_calls, "moved");
             self.client
                 .send(UiChunk::error(
                     ErrorCode::ReplicaLost,
@@ -125,6 +131,27 @@ impl TurnTask {
             && fold.needed(answer_tokens)
         {
             tokio::spawn(fold.run());
+        }
+    }
+
+    /// D4: leaves the turn to another replica. A failed write leaves it this replica's,
+    /// and it is taken over all the same once the lease is given up (counted as a
+    /// takeover then).
+    async fn hand_over(&self) {
+        let ids = self.ids;
+        let handed = tokio::time::timeout(
+            WRITE_ATTEMPT_BOUND,
+            self.deps.store.hand_over(ids.team, ids.turn, ids.replica),
+        )
+        .await;
+        match handed {
+            Ok(Ok(_)) => tracing::info!(turn = %ids.turn, "turn handed over at a step boundary"),
+            Ok(Err(err)) => {
+                tracing::warn!(turn = %ids.turn, class = err.metric_label(), "could not hand the turn over")
+            }
+            Err(_) => {
+                tracing::warn!(turn = %ids.turn, class = "timeout", "could not hand the turn over")
+            }
         }
     }
 
@@ -188,8 +215,8 @@ impl TurnTask {
             )
         };
         match end {
-            // `wrap_up` writes nothing of a turn taken over.
-            End::TakenOver => (false, lost()),
+            // `wrap_up` writes nothing of a turn taken over or handed over.
+            End::TakenOver | End::HandedOver => (false, lost()),
             End::AwaitingApproval(waiting) => {
                 tracing::info!(turn = %self.ids.turn, approvals = waiting.len(), "turn awaits approval");
                 let stored = self

@@ -1,6 +1,7 @@
 //! Durable turns (D2, D3): a turn whose replica dies is taken over by a live replica and
 //! continued from its last completed step; a call in flight answers `outcome_unknown`; a
-//! turn taken over too often ends `failed` (`takeover_limit`).
+//! turn taken over too often ends `failed` (`takeover_limit`); a draining replica hands its
+//! turns over (D4).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -273,4 +274,56 @@ async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
     let (_, next) = until_taken(&app, &app.url, &chat, Duration::from_secs(5)).await;
     assert_eq!(next.status(), 200);
     read_stream(next).await;
+}
+
+#[tokio::test]
+async fn a_draining_replica_hands_its_turn_over_and_another_finishes_it() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let mut leaving = BrainProcess::start(
+        &app,
+        &[
+            ("BRAIN_LEASE_TTL_MS", "800"),
+            ("BRAIN_DRAIN_TIMEOUT_MS", "300"),
+        ],
+    )
+    .await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &leaving.url,
+        &chat,
+        &json!({"content": "long", "message_id": "m-rollout"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    app.provider.push(text("Finished elsewhere."));
+    // A rollout: SIGTERM, the drain's time runs out while the model still talks.
+    assert!(leaving.terminate().await.success());
+    let (chunks, _) = read_stream(response).await;
+    assert!(
+        !chunks.contains(&UiChunk::Finish {
+            finish_reason: FinishReason::Interrupted
+        }),
+        "the turn was handed over, not interrupted: {chunks:?}"
+    );
+    let (row, waited) = until_ended(&app, "m-rollout", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None), "after {waited:?}");
+    assert_eq!(
+        assistant_parts(&app, &app.url, &chat).await,
+        [
+            json!({"type": "step-start"}),
+            json!({"type": "text", "text": "Finished elsewhere."})
+        ]
+    );
+    // A handover is not a crash: it does not count toward the takeover limit.
+    let takeovers: i32 = sqlx::query_scalar(
+        "SELECT takeovers FROM turns WHERE id = \
+         (SELECT turn_id FROM messages WHERE client_message_id = 'm-rollout')",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(takeovers, 0);
 }
