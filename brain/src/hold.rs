@@ -684,31 +684,36 @@ impl Holds {
                     });
                 }
                 Some("refused") => {
-                    let field = answer.get(1).map(String::as_str).unwrap_or_default();
-                    let (counts, limits) = parse_counts(answer.get(2..).unwrap_or_default());
-                    if let Some(refusal) =
-                        crate::quota::fallback::decide(&limits, &counts, &periods)
-                            .filter(|r| r.field.name() == field)
-                    {
-                        return Ok(Admitted::Refused(refusal));
-                    }
-                    // The script and `decide` disagree: a bug, but refusing is the safe side.
-                    tracing::error!(
-                        field,
-                        "quota script refused for a reason decide() does not see"
-                    );
-                    return Ok(Admitted::Refused(Refusal {
-                        field: Field::ConcurrentTurns,
-                        limit: limits.concurrent_turns.unwrap_or_default(),
-                        retry_after: Duration::from_secs(1),
-                        headers: RateLimitHeaders::turns(&limits, &counts, &periods),
-                    }));
+                    return Ok(Admitted::Refused(refusal(&answer[1..], &periods)));
                 }
                 _ => break,
             }
         }
         tracing::error!(turn = %admission.turn, "the admission script gave no decision");
         Ok(Admitted::Unavailable)
+    }
+}
+
+/// The refusal the admission script answered (`field`, then the counts and limits), as
+/// `quota::fallback::decide` words it.
+fn refusal(answer: &[String], periods: &Periods) -> Refusal {
+    let field = answer.first().map(String::as_str).unwrap_or_default();
+    let (counts, limits) = parse_counts(answer.get(1..).unwrap_or_default());
+    if let Some(refusal) = crate::quota::fallback::decide(&limits, &counts, periods)
+        .filter(|r| r.field.name() == field)
+    {
+        return refusal;
+    }
+    // The script and `decide` disagree: a bug, but refusing is the safe side.
+    tracing::error!(
+        field,
+        "quota script refused for a reason decide() does not see"
+    );
+    Refusal {
+        field: Field::ConcurrentTurns,
+        limit: limits.concurrent_turns.unwrap_or_default(),
+        retry_after: Duration::from_secs(1),
+        headers: RateLimitHeaders::turns(&limits, &counts, periods),
     }
 }
 
