@@ -396,7 +396,9 @@ pub struct BackgroundTurn {
     request_body = PostMessage,
     responses(
         (status = 200, description = "The turn as the AI SDK UI message stream: one \
-            `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
+            `data: <UiChunk>` event per chunk, then `data: [DONE]`. With `interrupt` (T13) \
+            the agent's running turn was stopped first (it ends `interrupted`, its partial \
+            kept) and this is the new message's turn. A retry with the \
             `message_id` of a finished turn replays it. Closing the stream stops the turn \
             (T8), unless the agent's `disconnect_policy` is `continue` (D1): then the turn \
             runs to its end.",
@@ -411,7 +413,11 @@ pub struct BackgroundTurn {
             runs to its end whatever the client does; follow it with `GET \
             /v1/chats/{chat_id}/stream`, `GET /v1/chats/{chat_id}/events` or `GET \
             /v1/turns/{turn_id}`. A retry with the same `message_id` answers the same turn \
-            (its `status` says how far it got) and starts nothing.",
+            (its `status` says how far it got) and starts nothing. Also the answer to a \
+            message queued behind the busy agent's running turn (T13: `if_busy` or the \
+            agent's `busy_policy` is `enqueue`): `status` `queued` with its `position` \
+            (1 = next); it starts when the agent is free, in the order accepted, and streams \
+            on `GET /v1/chats/{chat_id}/stream` then.",
             body = BackgroundTurn),
         (status = 402, description = "A period budget of the team is spent: model tokens per \
             day or month (`quota_exhausted`, with `Retry-After` until it resets and the \
@@ -422,12 +428,16 @@ pub struct BackgroundTurn {
             (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
-        (status = 409, description = "The agent is running another turn (`agent_busy`), or \
+        (status = 409, description = "The agent is running another turn (`agent_busy`: its \
+            `busy_policy` or the message's `if_busy` is `reject`, or `interrupt` of a turn in \
+            a chat the caller may not see), or \
             this `message_id`'s turn is still running (`turn_in_progress`; a background \
             POST answers `202` instead); `turn_id` names it.",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
-        (status = 429, description = "The team's turns per minute or concurrent turns are \
+        (status = 429, description = "The agent's queue of waiting messages is full \
+            (`queue_full`, with `Retry-After`; `BRAIN_QUEUE_MAX_PER_AGENT`), or the team's \
+            turns per minute or concurrent turns are \
             reached (`quota_exceeded`, with `Retry-After` and the `RateLimit-Policy` / \
             `RateLimit` fields; nothing was written or sent), or every model route was \
             rate-limited before any output (`rate_limited`, with `Retry-After` when the \
