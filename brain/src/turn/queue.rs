@@ -43,12 +43,15 @@ fn interrupt_key(agent: AgentId) -> String {
     format!("turn-interrupt:agent:{agent}")
 }
 
+/// Agents freed on this replica, as [`run`] reads them.
+type Kicks = mpsc::UnboundedReceiver<(TeamId, AgentId)>;
+
 /// The kicks of agents that were freed on this replica, for [`run`] to start their next
 /// queued turn.
 #[derive(Clone)]
 pub struct Queue {
     tx: mpsc::UnboundedSender<(TeamId, AgentId)>,
-    rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<(TeamId, AgentId)>>>>,
+    rx: Arc<Mutex<Option<Kicks>>>,
 }
 
 impl Default for Queue {
@@ -111,7 +114,7 @@ pub async fn start_waiting(state: &AppState) {
 
 /// Starts the agent's next queued turn if the agent is free.
 async fn start_next(state: &AppState, team: TeamId, agent: AgentId) {
-    if state.draining.is_cancelled() || interrupting(state, agent).await {
+    if state.draining.is_cancelled() {
         return;
     }
     for _ in 0..STARTS_PER_KICK {
@@ -123,6 +126,10 @@ async fn start_next(state: &AppState, team: TeamId, agent: AgentId) {
                 return;
             }
         };
+        // Asked only when something waits: most turns end with an empty queue.
+        if interrupting(state, agent).await {
+            return;
+        }
         let turn = next.turn;
         match start_queued(state, next).await {
             Ok(_) => {
