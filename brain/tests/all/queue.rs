@@ -305,6 +305,21 @@ async fn an_interrupt_keeps_the_partial_answer_and_streams_the_new_turn() {
             .await
             .unwrap();
     assert_eq!(statuses, ["interrupted", "completed", "completed"]);
+    // The new turn was written within 100 ms of the stopped one's end (Postgres' clock).
+    let gap: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM n.started_at - o.finished_at)::float8 FROM turns o, turns n \
+         WHERE o.chat_id = $1::uuid AND o.status = 'interrupted' \
+           AND n.chat_id = o.chat_id AND n.started_at > o.started_at \
+         ORDER BY n.started_at LIMIT 1",
+    )
+    .bind(&chat)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert!(
+        gap < 0.1,
+        "the new turn started {gap} s after the stopped one ended"
+    );
 }
 
 #[tokio::test]
