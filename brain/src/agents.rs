@@ -9,8 +9,8 @@ use protocol::profile;
 use crate::approvals::ApprovalPolicy;
 use crate::provider::ModelRoute;
 use crate::schedule::{Cadence, parse_timezone};
-pub use crate::store::DisconnectPolicy;
 use crate::store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
+pub use crate::store::{BusyPolicy, DisconnectPolicy};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -127,6 +127,7 @@ pub struct AgentChange {
     pub autostart_timezone: Option<Option<String>>,
     pub approval_policy: Option<crate::approvals::ApprovalPolicy>,
     pub disconnect_policy: Option<DisconnectPolicy>,
+    pub busy_policy: Option<BusyPolicy>,
 }
 
 /// Applies `change` to `current` and checks the result as a whole (a new time zone is
@@ -158,6 +159,7 @@ pub fn apply_change(
     let disconnect_policy = change
         .disconnect_policy
         .unwrap_or(current.disconnect_policy);
+    let busy_policy = change.busy_policy.unwrap_or(current.busy_policy);
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -184,6 +186,7 @@ pub fn apply_change(
         autostart,
         approval_policy,
         disconnect_policy,
+        busy_policy,
     })
 }
 

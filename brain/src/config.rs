@@ -37,6 +37,8 @@ pub struct Config {
     pub context_tokens: usize,
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
+    /// The most queued turns an agent may have (`BRAIN_QUEUE_MAX_PER_AGENT`, T13).
+    pub queue_max_per_agent: u32,
     /// After SIGTERM, how long running turns may go on before they are cancelled (O3).
     pub drain_timeout: Duration,
     /// This replica's lease (O3): renewed every quarter of it; a replica silent for longer
@@ -481,6 +483,7 @@ impl Config {
             },
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
+            queue_max_per_agent: ranged(env, "BRAIN_QUEUE_MAX_PER_AGENT", 16, 0, 10_000)?,
             // Fits Kubernetes' default 30 s grace period, with room for the close.
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 6_000, 400, 3_600_000)

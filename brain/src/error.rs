@@ -51,6 +51,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("the agent is running another turn")]
     AgentBusy(TurnId),
+    /// T13: the agent's queue of waiting messages is full.
+    #[error("the agent is busy and its queue of waiting messages is full; retry later")]
+    QueueFull,
     #[error(transparent)]
     Provider(#[from] ProviderError),
     #[error("store unavailable")]
@@ -137,6 +140,7 @@ impl From<TurnError> for ApiError {
         match err {
             TurnError::NotFound(what) => Self::NotFound(what),
             TurnError::Busy(running) => Self::AgentBusy(running),
+            TurnError::QueueFull => Self::QueueFull,
             TurnError::InProgress(turn) => Self::TurnInProgress(turn),
             TurnError::Quota(refusal) => Self::Quota(refusal),
             TurnError::Overloaded(overloaded) => Self::Overloaded(overloaded),
@@ -195,6 +199,7 @@ impl ApiError {
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
             Self::AgentBusy(_) => ErrorCode::AgentBusy,
+            Self::QueueFull => ErrorCode::QueueFull,
             Self::Provider(e) => e.code(),
             Self::Store(_) | Self::StopUndeliverable => ErrorCode::StoreUnavailable,
             Self::Storage(_) => ErrorCode::StorageUnavailable,
@@ -222,9 +227,10 @@ impl ApiError {
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict
             | ErrorCode::AuthorizationNotRequired => StatusCode::CONFLICT,
-            ErrorCode::RateLimited | ErrorCode::QuotaExceeded | ErrorCode::TooManyObservers => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ErrorCode::RateLimited
+            | ErrorCode::QuotaExceeded
+            | ErrorCode::TooManyObservers
+            | ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
@@ -287,6 +293,8 @@ impl IntoResponse for ApiError {
             Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
             // Places free only as other streams close, which nothing here can foresee.
             Self::TooManyObservers => Some(std::time::Duration::from_secs(5)),
+            // A place frees when the agent's running turn ends, which nothing here foresees.
+            Self::QueueFull => Some(std::time::Duration::from_secs(10)),
             Self::Overloaded(refused) => Some(refused.retry_after),
             Self::UploadsBusy(after) => Some(*after),
             Self::Quota(refusal) => Some(refusal.retry_after),

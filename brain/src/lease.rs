@@ -65,6 +65,8 @@ pub async fn keep(state: AppState, stop: CancellationToken) {
         }
         renew(&state).await;
         reconcile(&state, every).await;
+        // T13: queued turns of free agents that no wrap-up started (their replica died).
+        turn::start_waiting(&state).await;
         if ticks.is_multiple_of(STRANDED_EVERY_TICKS) {
             restart_stranded(&state, every).await;
         }

@@ -117,6 +117,8 @@ pub struct AppState {
     pub turn_tracker: TaskTracker,
     /// The turns this replica runs, and stops of any replica's (SPEC T8).
     pub stops: turn::stop::Stops,
+    /// Agents freed on this replica, whose next queued turn may start (T13).
+    pub queue: turn::Queue,
     /// The tools turns offer, built once per kind of agent.
     pub toolsets: turn::Toolsets,
     /// Connector OAuth: its HTTP client and configuration (SPEC B2).
@@ -182,6 +184,7 @@ impl AppState {
             draining: CancellationToken::new(),
             turn_tracker: TaskTracker::new(),
             stops: turn::stop::Stops::new(replica, redis),
+            queue: turn::Queue::default(),
             toolsets: turn::Toolsets::default(),
             oauth,
         })
@@ -248,6 +251,8 @@ pub async fn serve(
     let app = api::router(state.clone());
     // Claims ticks until the drain begins.
     tokio::spawn(scheduler::run(state.clone()));
+    // Queued turns (T13) start until the drain begins.
+    tokio::spawn(turn::run_queue(state.clone(), state.draining.clone()));
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));

@@ -30,6 +30,9 @@ pub enum ErrorCode {
     AgentBusy,
     /// The message id was already used and its turn is still running.
     TurnInProgress,
+    /// The agent is busy and as many queued turns wait for it as allowed (T13); retry
+    /// after `Retry-After`.
+    QueueFull,
     /// The request collides with an existing resource (a name already taken).
     Conflict,
     /// The model provider answered 429.
@@ -94,6 +97,7 @@ impl ErrorCode {
             Self::PayloadTooLarge => "payload_too_large",
             Self::AgentBusy => "agent_busy",
             Self::TurnInProgress => "turn_in_progress",
+            Self::QueueFull => "queue_full",
             Self::Conflict => "conflict",
             Self::RateLimited => "rate_limited",
             Self::ProviderUnavailable => "provider_unavailable",
@@ -158,6 +162,7 @@ mod tests {
             ErrorCode::PayloadTooLarge,
             ErrorCode::AgentBusy,
             ErrorCode::TurnInProgress,
+            ErrorCode::QueueFull,
             ErrorCode::Conflict,
             ErrorCode::RateLimited,
             ErrorCode::ProviderUnavailable,

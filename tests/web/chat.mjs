@@ -108,13 +108,29 @@ try {
   await accessible("chat");
   await shot("2-chat");
 
-  // A slow turn, stopped mid-stream: marked interrupted, the text so far kept.
+  // A slow turn. While it streams a message may wait its turn (T13): it shows as queued.
   await composer.fill("Count slowly");
   await page.getByRole("button", { name: "Send" }).click();
   await assistant.nth(3).getByText("one", { exact: false }).waitFor();
-  await page.getByRole("button", { name: "Stop" }).click();
+  await composer.fill("Then wave");
+  await page.getByRole("button", { name: "Queue" }).click();
+  await page.getByText("Queued: it runs when the agent is free.").waitFor();
+  await accessible("queued");
+  await shot("3-queued");
+  // "Stop and send": the slow turn is interrupted (its text kept), the new one streams.
+  await composer.fill("Say hi instead");
+  await page.getByRole("button", { name: "Stop and send" }).click();
   await assistant.nth(3).getByText("Interrupted").waitFor();
+  await page.getByText("Hi there.").waitFor();
+  // Then the queued message runs, and the transcript puts it after the answer before it.
+  await page.getByText("Waved.").waitFor();
+  await page.getByText("Queued: it runs when the agent is free.").waitFor({ state: "detached" });
   await page.getByRole("button", { name: "Send" }).waitFor();
+  const order = await page.locator(".message").evaluateAll((all) => all.slice(-6).map((m) => m.textContent));
+  const expected = ["Count slowly", "one", "Say hi instead", "Hi there.", "Then wave", "Waved."];
+  expected.forEach((text, i) => {
+    if (!order[i]?.includes(text)) throw new Error(`message ${i} of the queue's end is not "${text}": ${order}`);
+  });
   await shot("3-stopped");
 
   // A reload shows the same transcript, from the store (less the live output and status
@@ -156,7 +172,7 @@ try {
   await tab2.waitForTimeout(500); // its events stream connects
   await composer.fill("Watch this");
   await page.getByRole("button", { name: "Send" }).click();
-  const followed = tab2.locator(".message.assistant").nth(4);
+  const followed = tab2.locator(".message.assistant").nth(6);
   await followed.locator(".tool-log", { hasText: "tick2" }).waitFor();
   const ticking = await followed.innerText();
   if (ticking.includes("tick4")) throw new Error(`tab 2 saw the command only once it ended: ${ticking}`);
@@ -168,13 +184,13 @@ try {
   tab3.setDefaultTimeout(TIMEOUT);
   tab3.on("pageerror", (e) => problems.push(`tab 3 page error: ${e.message}`));
   await tab3.goto(`${url}/#token=${encodeURIComponent(apiKey)}&chat=${new URL(page.url()).hash.slice(1)}`);
-  const resumed = tab3.locator(".message.assistant").nth(4);
+  const resumed = tab3.locator(".message.assistant").nth(6);
   await resumed.locator(".tool-output", { hasText: "tick4" }).waitFor();
   await resumed.getByText("watch", { exact: false }).first().waitFor();
   const joined = await resumed.innerText();
   if (joined.includes("watch9")) throw new Error(`tab 3 saw the turn only once it ended: ${joined}`);
   if (tab3.url().includes("token")) throw new Error(`the token stayed in the address: ${tab3.url()}`);
-  await tab3.getByRole("button", { name: "Stop" }).waitFor();
+  await tab3.getByRole("button", { name: "Stop", exact: true }).waitFor();
   await tab2.getByLabel("Message", { exact: true }).fill("Are you busy?");
   await tab2.getByRole("button", { name: "Send" }).click();
   await tab2.getByRole("alert").filter({ hasText: "agent_busy" }).filter({ hasText: "already running a turn" }).waitFor();
@@ -183,7 +199,7 @@ try {
   await resumed.getByText("watch9", { exact: false }).waitFor();
   await tab3.getByRole("button", { name: "Send" }).waitFor();
   await tab3.screenshot({ path: `${outDir}/4-third-tab.png`, fullPage: true });
-  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+  await assistant.nth(6).getByText("watch9", { exact: false }).waitFor();
   await page.getByRole("button", { name: "Send" }).waitFor();
   await tab2.close();
   await tab3.close();
@@ -211,7 +227,7 @@ try {
   // Back to the first chat (a new address only in its hash: reloaded to open it).
   await page.goto(`${url}/${firstChat}`);
   await page.reload();
-  await assistant.nth(4).getByText("watch9", { exact: false }).waitFor();
+  await assistant.nth(6).getByText("watch9", { exact: false }).waitFor();
 
   // With nothing scripted, the offline demo model answers: a plain request runs a real
   // command in the worker, and the demo quotes its result.
@@ -219,7 +235,7 @@ try {
   await page.getByRole("button", { name: "Send" }).click();
   const demo = page.locator("details.tool").nth(4);
   await demo.locator(".tool-output", { hasText: "demo-hands" }).waitFor();
-  await assistant.nth(5).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
+  await assistant.nth(7).getByText("Offline demo model: shell answered", { exact: false }).waitFor();
 
   // A browser agent, offline demo model: a real Chromium in the worker opens a page, and
   // its screenshot, stored as an artifact, shows inline.

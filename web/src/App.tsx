@@ -210,12 +210,18 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
   }, [api, agentId]);
 
   const [statuses, setStatuses] = useState<Record<string, string>>({});
+  const [turns, setTurns] = useState<Record<string, string>>({});
   const load = useCallback(
     async (id: string) => {
       const stored = await api.messages(id);
       const next: Record<string, string> = {};
-      for (const m of stored) next[m.id] = m.status;
+      const byTurn: Record<string, string> = {};
+      for (const m of stored) {
+        next[m.id] = m.status;
+        if (m.turn_id) byTurn[m.id] = m.turn_id;
+      }
       setStatuses(next);
+      setTurns(byTurn);
       return stored.map((m) => ({ id: m.id, role: m.role, parts: m.parts }) as UIMessage);
     },
     [api],
@@ -335,6 +341,7 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
             chatId={chatId}
             initial={opened.messages}
             statuses={statuses}
+            turns={turns}
             reload={() => load(chatId)}
           />
         ) : (

@@ -1,7 +1,9 @@
 // One chat: `useChat` from @ai-sdk/react over the brain's own stream, unchanged. The
 // transcript comes from GET /v1/chats/{id}/messages; new turns stream from POST to the
 // same path; a turn already running when the chat opens is resumed from its start
-// (`resume`, GET /v1/chats/{id}/stream).
+// (`resume`, GET /v1/chats/{id}/stream). While a turn runs, a message may still be typed:
+// "Queue" stores it to run after the turn (T13, `if_busy: enqueue`), "Stop and send"
+// interrupts the turn and streams the new one (`if_busy: interrupt`).
 
 import { useChat } from "@ai-sdk/react";
 import {
@@ -21,18 +23,29 @@ interface Props {
   api: Api;
   chatId: string;
   initial: UIMessage[];
-  /** Stored status of each message id (`complete` or `interrupted`). */
+  /** Stored status of each message id (`complete`, `interrupted`, `queued`, `withdrawn`). */
   statuses: Record<string, string>;
   /** Reloads the transcript from the store (after a stop, or when a turn ends). */
   reload: () => Promise<UIMessage[]>;
+  /** Each stored message's turn, for withdrawing a queued one. */
+  turns: Record<string, string>;
 }
 
-export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
+export function ChatView({ api, chatId, initial, statuses, reload, turns }: Props) {
   const [logs, setLogs] = useState<Record<string, LogLine[]>>({});
   const [stopping, setStopping] = useState(false);
   const [input, setInput] = useState("");
   // This tab's own turns, which its POST streams: the events stream skips them.
   const own = useRef(new Set<string>());
+  const [queueError, setQueueError] = useState<ApiError | undefined>();
+  // Messages this tab queued, until the stored transcript has them: status and turn.
+  const [queued, setQueued] = useState<Record<string, string>>({});
+  // Their turns run after this tab's: the events stream brings them even while it streams.
+  const queuedTurns = useRef(new Set<string>());
+  const [withdrawn, setWithdrawn] = useState<Record<string, boolean>>({});
+  const statusOf = (id: string) =>
+    withdrawn[id] ? "withdrawn" : (statuses[id] ?? (queued[id] ? "queued" : ""));
+
   const transport = useMemo(
     () =>
       new DefaultChatTransport({
@@ -40,8 +53,8 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
         headers: api.authHeaders,
         // The brain builds the model's history from its own store and reads only the last
         // message, so the page sends just that one.
-        prepareSendMessagesRequest: ({ id, messages, trigger, messageId }) => ({
-          body: { id, messages: messages.slice(-1), trigger, messageId },
+        prepareSendMessagesRequest: ({ id, messages, trigger, messageId, body }) => ({
+          body: { ...body, id, messages: messages.slice(-1), trigger, messageId },
         }),
         prepareReconnectToStreamRequest: () => ({
           api: `/v1/chats/${chatId}/stream`,
@@ -90,7 +103,8 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
   useEffect(
     () =>
       follow(api, chatId, {
-        isOwn: (turnId) => busyRef.current || own.current.has(turnId),
+        isOwn: (turnId) =>
+          !queuedTurns.current.has(turnId) && (busyRef.current || own.current.has(turnId)),
         onMessage: (message) =>
           setMessagesRef.current((all) =>
             all.some((m) => m.id === message.id)
@@ -136,19 +150,81 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
   function onSubmit(e: FormEvent) {
     e.preventDefault();
     const text = input.trim();
-    if (!text || busy) return;
+    if (!text) return;
+    if (busy) {
+      void onQueue();
+      return;
+    }
     clearError();
+    setQueueError(undefined);
     setInput("");
     void sendMessage({ text });
   }
 
-  const problem: ApiError | undefined = error ? parseError(error.message) : undefined;
+  /** T13: the message waits its turn; it shows as queued, then runs (the events stream
+   * brings its answer). */
+  async function onQueue() {
+    const text = input.trim();
+    if (!text) return;
+    setInput("");
+    setQueueError(undefined);
+    let accepted: { turn_id: string; message_id: string; status: string };
+    try {
+      accepted = await api.enqueue(chatId, text);
+    } catch (err) {
+      setQueueError(err as ApiError);
+      setInput(text);
+      return;
+    }
+    if (accepted.status !== "queued") return; // The agent was free: the events stream shows it.
+    queuedTurns.current.add(accepted.turn_id);
+    setQueued((all) => ({ ...all, [accepted.message_id]: accepted.turn_id }));
+    // After the running turn's message: its stream updates that one by id.
+    setMessages((all) => [
+      ...all,
+      { id: accepted.message_id, role: "user", parts: [{ type: "text", text }] } as UIMessage,
+    ]);
+  }
+
+  /** T13: the running turn is stopped (its partial answer kept) and this message's turn
+   * streams here. */
+  async function onInterrupt() {
+    const text = input.trim();
+    if (!text) return;
+    setInput("");
+    setQueueError(undefined);
+    // This tab's own stream ends here; the server stops the turn wherever it runs.
+    await stop();
+    clearError();
+    void sendMessage({ text }, { body: { if_busy: "interrupt" } });
+  }
+
+  async function onWithdraw(messageId: string) {
+    const turn = turns[messageId] ?? queued[messageId];
+    if (!turn) return;
+    try {
+      await api.stopTurn(turn);
+    } catch (err) {
+      setQueueError(err as ApiError);
+      return;
+    }
+    // The transcript keeps it, marked withdrawn; this tab's turn, if any, goes on.
+    if (!busy) {
+      const stored = await reload();
+      setMessages((live) => keepLiveStatus(stored, live));
+    } else {
+      setQueued((all) => Object.fromEntries(Object.entries(all).filter(([id]) => id !== messageId)));
+      setWithdrawn((all) => ({ ...all, [messageId]: true }));
+    }
+  }
+
+  const problem: ApiError | undefined = queueError ?? (error ? parseError(error.message) : undefined);
 
   return (
     <section className="chat" aria-label="Chat">
       <ol className="messages" aria-live="polite" ref={list}>
         {messages.map((m) => (
-          <li key={m.id} className={`message ${m.role}`} data-status={statuses[m.id] ?? ""}>
+          <li key={m.id} className={`message ${m.role}`} data-status={statusOf(m.id)}>
             <span className="who">{m.role === "user" ? "You" : "Agent"}</span>
             {m.parts.map((part, i) => (
               <Part
@@ -159,9 +235,22 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
                 onApprove={(id, approved) => addToolApprovalResponse({ id, approved })}
               />
             ))}
-            {statuses[m.id] === "interrupted" && (
+            {statusOf(m.id) === "interrupted" && (
               <p className="interrupted" role="status">
                 Interrupted: the turn was stopped before it finished.
+              </p>
+            )}
+            {statusOf(m.id) === "queued" && (
+              <p className="queued" role="status">
+                Queued: it runs when the agent is free.{" "}
+                <button type="button" className="link" onClick={() => void onWithdraw(m.id)}>
+                  Withdraw
+                </button>
+              </p>
+            )}
+            {statusOf(m.id) === "withdrawn" && (
+              <p className="withdrawn" role="status">
+                Withdrawn: never sent to the agent.
               </p>
             )}
           </li>
@@ -192,9 +281,17 @@ export function ChatView({ api, chatId, initial, statuses, reload }: Props) {
           }}
         />
         {busy ? (
-          <button type="button" className="stop" onClick={onStop} disabled={stopping}>
-            Stop
-          </button>
+          <>
+            <button type="submit" className="queue" disabled={!input.trim()}>
+              Queue
+            </button>
+            <button type="button" className="interrupt" onClick={() => void onInterrupt()} disabled={!input.trim()}>
+              Stop and send
+            </button>
+            <button type="button" className="stop" onClick={onStop} disabled={stopping}>
+              Stop
+            </button>
+          </>
         ) : (
           <button type="submit" disabled={!input.trim()}>
             Send

@@ -33,7 +33,9 @@ export interface StoredMessage {
   turn_id: string | null;
   role: "user" | "assistant" | "system";
   parts: unknown[];
-  status: "complete" | "interrupted";
+  /** `queued`: waiting for the busy agent; `withdrawn`: stopped while queued, never sent
+   * to the model (T13). */
+  status: "complete" | "interrupted" | "queued" | "withdrawn";
   created_at: string;
 }
 
@@ -90,6 +92,8 @@ export function explain(err: ApiError): string {
   switch (err.code) {
     case "agent_busy":
       return "This agent is already running a turn (in this chat or another). Wait for it to finish, or stop it, then send again.";
+    case "queue_full":
+      return "Too many messages already wait for this agent. Wait for it to answer some, then send again.";
     case "turn_in_progress":
       return "This message is still being answered. Wait for it to finish.";
     case "rate_limited":
@@ -209,6 +213,24 @@ export class Api {
       before = body.next_cursor;
     }
     return pages.flat();
+  }
+
+  /** Sends a message that waits its turn (T13): it runs now in the background if the agent
+   * is free, else it is queued behind the running turn. Either way the chat's events
+   * stream shows it when it runs. */
+  enqueue(
+    chatId: string,
+    content: string,
+  ): Promise<{ turn_id: string; message_id: string; status: string; position?: number }> {
+    return this.request("POST", `/v1/chats/${chatId}/messages`, {
+      content,
+      background: true,
+      if_busy: "enqueue",
+    });
+  }
+
+  stopTurn(turnId: string): Promise<unknown> {
+    return this.request("POST", `/v1/turns/${turnId}/stop`);
   }
 
   stopChat(chatId: string): Promise<unknown> {

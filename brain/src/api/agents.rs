@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::agents::{AgentChange, DisconnectPolicy, apply_change, validate_new_agent};
+use crate::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
 use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -144,6 +144,10 @@ pub struct PatchAgent {
     /// `cancel` or `continue` (D1).
     #[serde(default)]
     disconnect_policy: Option<DisconnectPolicy>,
+    /// `reject`, `enqueue` or `interrupt` (T13): what a message does while the agent runs
+    /// another turn.
+    #[serde(default)]
+    busy_policy: Option<BusyPolicy>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -156,6 +160,7 @@ impl From<PatchAgent> for AgentChange {
             autostart_cron: patch.autostart_cron,
             approval_policy: patch.approval_policy,
             disconnect_policy: patch.disconnect_policy,
+            busy_policy: patch.busy_policy,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }

@@ -20,12 +20,13 @@ use super::agents::ListParams;
 use super::openapi::UiStreamEvent;
 use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
+use crate::agents::BusyPolicy;
 use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::Answer;
 use crate::store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, bounded};
-use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, ui_stream::UiBody};
+use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
 
@@ -202,6 +203,10 @@ pub struct PlainMessage {
     /// whatever the client does.
     #[serde(default)]
     background: bool,
+    /// What this message does if the agent is busy (T13), instead of the agent's
+    /// `busy_policy`: `reject`, `enqueue` or `interrupt`.
+    #[serde(default)]
+    if_busy: Option<BusyPolicy>,
 }
 
 /// What the AI SDK's `DefaultChatTransport` sends: the whole client-side transcript. Only
@@ -224,6 +229,10 @@ pub struct AiSdkRequest {
     /// /v1/approvals/{id}` runs in the background.
     #[serde(default)]
     background: bool,
+    /// As in the plain form (T13); a `useChat` client sets it through the request's
+    /// `body`.
+    #[serde(default)]
+    if_busy: Option<BusyPolicy>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -296,6 +305,14 @@ impl PostMessage {
         }
     }
 
+    /// What the message does if the agent is busy, when it says (T13).
+    fn if_busy(&self) -> Option<BusyPolicy> {
+        match self {
+            Self::Plain(plain) => plain.if_busy,
+            Self::AiSdk(request) => request.if_busy,
+        }
+    }
+
     fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
@@ -362,8 +379,12 @@ pub struct BackgroundTurn {
     /// The user message, as the transcript lists it; `null` when the turn failed before
     /// any output and withdrew it (its `message_id` may then be sent again).
     message_id: Option<MessageId>,
-    /// `running`, or how far the turn already got (`GET /v1/turns/{id}`'s `status`).
+    /// `running`, `queued` (T13), or how far the turn already got (`GET /v1/turns/{id}`'s
+    /// `status`).
     status: TurnProgress,
+    /// A `queued` turn's place among its agent's (1 = next).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<u32>,
 }
 
 #[utoipa::path(
@@ -375,7 +396,9 @@ pub struct BackgroundTurn {
     request_body = PostMessage,
     responses(
         (status = 200, description = "The turn as the AI SDK UI message stream: one \
-            `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
+            `data: <UiChunk>` event per chunk, then `data: [DONE]`. With `interrupt` (T13) \
+            the agent's running turn was stopped first (it ends `interrupted`, its partial \
+            kept) and this is the new message's turn. A retry with the \
             `message_id` of a finished turn replays it. Closing the stream stops the turn \
             (T8), unless the agent's `disconnect_policy` is `continue` (D1): then the turn \
             runs to its end.",
@@ -390,7 +413,11 @@ pub struct BackgroundTurn {
             runs to its end whatever the client does; follow it with `GET \
             /v1/chats/{chat_id}/stream`, `GET /v1/chats/{chat_id}/events` or `GET \
             /v1/turns/{turn_id}`. A retry with the same `message_id` answers the same turn \
-            (its `status` says how far it got) and starts nothing.",
+            (its `status` says how far it got) and starts nothing. Also the answer to a \
+            message queued behind the busy agent's running turn (T13: `if_busy` or the \
+            agent's `busy_policy` is `enqueue`): `status` `queued` with its `position` \
+            (1 = next); it starts when the agent is free, in the order accepted, and streams \
+            on `GET /v1/chats/{chat_id}/stream` then.",
             body = BackgroundTurn),
         (status = 402, description = "A period budget of the team is spent: model tokens per \
             day or month (`quota_exhausted`, with `Retry-After` until it resets and the \
@@ -401,12 +428,16 @@ pub struct BackgroundTurn {
             (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
-        (status = 409, description = "The agent is running another turn (`agent_busy`), or \
+        (status = 409, description = "The agent is running another turn (`agent_busy`: its \
+            `busy_policy` or the message's `if_busy` is `reject`, or `interrupt` of a turn in \
+            a chat the caller may not see), or \
             this `message_id`'s turn is still running (`turn_in_progress`; a background \
             POST answers `202` instead); `turn_id` names it.",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
-        (status = 429, description = "The team's turns per minute or concurrent turns are \
+        (status = 429, description = "The agent's queue of waiting messages is full \
+            (`queue_full`, with `Retry-After`; `BRAIN_QUEUE_MAX_PER_AGENT`), or the team's \
+            turns per minute or concurrent turns are \
             reached (`quota_exceeded`, with `Retry-After` and the `RateLimit-Policy` / \
             `RateLimit` fields; nothing was written or sent), or every model route was \
             rate-limited before any output (`rate_limited`, with `Retry-After` when the \
@@ -440,6 +471,7 @@ pub async fn post_message(
     }
     .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let background = parsed.background();
+    let if_busy = parsed.if_busy();
     let trigger = parsed.into_trigger(state.config.max_message_chars)?;
     if background && matches!(trigger, Trigger::Approval(_)) {
         return Err(ApiError::InvalidRequest(
@@ -451,19 +483,27 @@ pub async fn post_message(
     principal.check_chat(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
     if background {
-        let accepted = start_background(&state, &principal, chat, trigger, parent.as_ref()).await?;
+        let accepted =
+            start_background(&state, &principal, chat, trigger, if_busy, parent.as_ref()).await?;
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let launched = turn::launch(
+    let launched = match launch(
         &state,
-        principal.team,
+        &principal,
         chat,
         trigger,
-        principal.authority(),
+        if_busy,
         false,
         parent.as_ref(),
     )
-    .await?;
+    .await?
+    {
+        Posted::Launched(launched) => launched,
+        Posted::Queued(queued) => {
+            let accepted = BackgroundTurn::queued(chat, queued);
+            return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
+        }
+    };
     // Answers that leave other approvals of the turn waiting start nothing yet.
     let body = launched.body.unwrap_or_else(|| {
         UiBody::replay(vec![UiChunk::Finish {
@@ -473,6 +513,81 @@ pub async fn post_message(
     Ok(body.until(state.auth.standing(&principal)).into_response())
 }
 
+/// What a posted message became.
+enum Posted {
+    Launched(Launched),
+    /// T13: queued behind the agent's running turn.
+    Queued(turn::Queued),
+}
+
+/// Launches `trigger`; a user message that finds the agent busy does what `if_busy` (else
+/// the agent's `busy_policy`) says (T13). Interrupting a turn follows the stop rule (T8):
+/// the principal must see the running turn's chat, else the agent is busy to it.
+async fn launch(
+    state: &AppState,
+    principal: &Principal,
+    chat: ChatId,
+    trigger: Trigger,
+    if_busy: Option<BusyPolicy>,
+    detached: bool,
+    parent: Option<&TraceContext>,
+) -> Result<Posted, ApiError> {
+    let team = principal.team;
+    let input = match &trigger {
+        Trigger::User(input) => Some(input.clone()),
+        _ => None,
+    };
+    let running = match turn::launch(
+        state,
+        team,
+        chat,
+        trigger,
+        principal.authority(),
+        detached,
+        parent,
+    )
+    .await
+    {
+        Err(TurnError::Busy(running)) => running,
+        other => return Ok(Posted::Launched(other?)),
+    };
+    let Some(input) = input else {
+        return Err(ApiError::AgentBusy(running));
+    };
+    let (agent, policy) = turn::busy_policy(state, team, chat).await?;
+    match if_busy.unwrap_or(policy) {
+        BusyPolicy::Reject => Err(ApiError::AgentBusy(running)),
+        BusyPolicy::Enqueue => {
+            let queued =
+                turn::enqueue(state, team, agent, chat, input, &principal.authority()).await?;
+            Ok(Posted::Queued(queued))
+        }
+        BusyPolicy::Interrupt => {
+            let found = stop::find(&state.store, team, running).await?;
+            if principal
+                .check_chat(&state.store, found.chat)
+                .await
+                .is_err()
+            {
+                return Err(ApiError::AgentBusy(running));
+            }
+            let launched = turn::interrupt(
+                state,
+                team,
+                agent,
+                chat,
+                found,
+                input,
+                principal.authority(),
+                detached,
+                parent,
+            )
+            .await?;
+            Ok(Posted::Launched(launched))
+        }
+    }
+}
+
 /// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
 /// POST of its message id started (T12), running or ended: a retry starts nothing.
 async fn start_background(
@@ -480,6 +595,7 @@ async fn start_background(
     principal: &Principal,
     chat: ChatId,
     trigger: Trigger,
+    if_busy: Option<BusyPolicy>,
     parent: Option<&TraceContext>,
 ) -> Result<BackgroundTurn, ApiError> {
     let client_id = match &trigger {
@@ -493,16 +609,12 @@ async fn start_background(
     {
         return Ok(BackgroundTurn::of(chat, earlier));
     }
-    let launched = turn::launch(
-        state,
-        principal.team,
-        chat,
-        trigger,
-        principal.authority(),
-        true,
-        parent,
-    )
-    .await;
+    let launched = match launch(state, principal, chat, trigger, if_busy, true, parent).await {
+        Ok(Posted::Queued(queued)) => return Ok(BackgroundTurn::queued(chat, queued)),
+        Ok(Posted::Launched(launched)) => Ok(launched),
+        Err(ApiError::TurnInProgress(turn)) => Err(TurnError::InProgress(turn)),
+        Err(err) => return Err(err),
+    };
     let which = match (launched, client_id.as_deref()) {
         (
             Ok(Launched {
@@ -529,6 +641,17 @@ impl BackgroundTurn {
             chat_id: chat,
             message_id: message,
             status: turn.status,
+            position: turn.position,
+        }
+    }
+
+    fn queued(chat: ChatId, queued: turn::Queued) -> Self {
+        Self {
+            turn_id: queued.turn,
+            chat_id: chat,
+            message_id: Some(queued.message),
+            status: TurnProgress::Queued,
+            position: Some(queued.position),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `GET /v1/turns/{id}`, `GET /v1/chats/{id}/turns` (D1): where a turn is, however it was
 //! started; `POST /v1/turns/{id}/stop`, `POST /v1/chats/{id}/stop` (SPEC T8): stop a
 //! running turn from any client on any replica, exactly as a hang-up stops it
-//! (`crate::turn::stop`).
+//! (`crate::turn::stop`), or withdraw a queued one (T13).
 //!
 //! Either key scope may read or stop a turn (a `chat` key runs turns, of its chat only); a
 //! user token without the admin claim only its own chats' turns: another user's is `404`,
@@ -29,10 +29,13 @@ use crate::turn::stop::{self, StopAnswer};
     params(("turn_id" = Uuid, Path, description = "The turn, as the stream's `data-turn` \
         part or a background POST's `202` names it.")),
     responses(
-        (status = 200, description = "The turn: `status` is `running`, `completed`, \
+        (status = 200, description = "The turn: `status` is `queued` (T13: waiting for \
+            its busy agent, `position` 1 = next), `running`, `completed`, \
             `awaiting_approval` (it ended with calls waiting for a person; answering them \
             starts its continuation, a turn with `trigger` `approval`), `interrupted` or \
-            `failed` (with `error`, a stable error code).", body = TurnRow),
+            `failed` (with `error`, a stable error code; a queued turn refused by a quota at \
+            its start has the quota's), or `withdrawn` (stopped while queued: it never \
+            ran).", body = TurnRow),
         (status = 404, description = "No such turn in the team, or one of a chat the caller \
             may not see (`not_found`).", body = ErrorBody),
         (status = 503, description = "The store is unavailable (`store_unavailable`).",
@@ -149,8 +152,11 @@ pub async fn list_turns(
         (status = 202, description = "The turn was running and is being stopped \
             (`status`: `stopping`): its stream ends with `finish` (`interrupted`) and its \
             row becomes `interrupted`, with the text streamed so far kept.", body = StopAnswer),
-        (status = 200, description = "The turn had already ended; nothing was done \
-            (`status`: `completed`, `interrupted` or `failed`).", body = StopAnswer),
+        (status = 200, description = "The turn was queued (T13) and is now withdrawn \
+            (`status`: `withdrawn`): it never reaches the model, its user message stays in \
+            the transcript with `status` `withdrawn`. Or the turn had already ended; nothing \
+            was done (`status`: `completed`, `interrupted`, `failed` or `withdrawn`).",
+            body = StopAnswer),
         (status = 404, description = "No such turn in the team, or one of another user's \
             chat (`not_found`).", body = ErrorBody),
         (status = 503, description = "The turn runs on another replica and Redis, which \

@@ -49,6 +49,50 @@ impl DisconnectPolicy {
     }
 }
 
+/// T13: what a message to the agent does while it runs another turn. A message's own
+/// `if_busy` overrides it.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BusyPolicy {
+    /// `409 agent_busy`: the client sends it again later.
+    #[default]
+    Reject,
+    /// A queued turn (`202`), started when the agent is free, in the order accepted.
+    Enqueue,
+    /// The running turn is stopped (T8) and the message's turn starts.
+    Interrupt,
+}
+
+impl BusyPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Enqueue => "enqueue",
+            Self::Interrupt => "interrupt",
+        }
+    }
+
+    /// The stored form; `None` for anything else (the column's check allows nothing else).
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "reject" => Some(Self::Reject),
+            "enqueue" => Some(Self::Enqueue),
+            "interrupt" => Some(Self::Interrupt),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NewAgent {
     pub name: String,
@@ -75,6 +119,7 @@ pub struct AgentUpdate {
     pub autostart: Option<Option<AutostartAt>>,
     pub approval_policy: ApprovalPolicy,
     pub disconnect_policy: DisconnectPolicy,
+    pub busy_policy: BusyPolicy,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
@@ -96,11 +141,13 @@ pub struct AgentRow {
     pub approval_policy: ApprovalPolicy,
     /// What a hang-up of an interactive turn's client does to the turn (D1).
     pub disconnect_policy: DisconnectPolicy,
+    /// What a message does while the agent runs another turn (T13).
+    pub busy_policy: BusyPolicy,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -124,6 +171,13 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
             DisconnectPolicy::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
                 index: "disconnect_policy".into(),
                 source: format!("unknown disconnect policy {raw}").into(),
+            })?
+        },
+        busy_policy: {
+            let raw: String = row.try_get("busy_policy")?;
+            BusyPolicy::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "busy_policy".into(),
+                source: format!("unknown busy policy {raw}").into(),
             })?
         },
         created_at: row.try_get("created_at")?,
@@ -205,7 +259,7 @@ impl Store {
              autostart_timezone = CASE WHEN $7 THEN $10 ELSE autostart_timezone END, \
              autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
-             approval_policy = $12, disconnect_policy = $14, updated_at = now() \
+             approval_policy = $12, disconnect_policy = $14, busy_policy = $15, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -223,6 +277,7 @@ impl Store {
             .bind(sqlx::types::Json(&update.approval_policy))
             .bind(set.and_then(|a| a.set_by.as_deref()))
             .bind(update.disconnect_policy.as_str())
+            .bind(update.busy_policy.as_str())
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

@@ -142,7 +142,7 @@ impl Store {
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
-                    a.disconnect_policy, a.created_at, \
+                    a.disconnect_policy, a.busy_policy, a.created_at, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \
                     EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \
@@ -224,7 +224,8 @@ impl Store {
     ) -> Result<Vec<MessageRow>, StoreError> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages \
-             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 ORDER BY seq"
+             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 \
+               AND status IN ('complete', 'interrupted') ORDER BY seq"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)

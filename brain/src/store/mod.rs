@@ -17,6 +17,7 @@ mod cron;
 mod memories;
 mod oauth;
 mod pool;
+mod queue;
 mod quotas;
 mod replicas;
 mod secrets;
@@ -34,7 +35,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
-pub use agents::{AgentRow, AgentUpdate, DisconnectPolicy, NewAgent};
+pub use agents::{AgentRow, AgentUpdate, BusyPolicy, DisconnectPolicy, NewAgent};
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
 };
@@ -44,6 +45,7 @@ pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
+pub use queue::{Enqueued, NewQueued, QueuedTurn};
 pub use quotas::{BilledBefore, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
@@ -396,6 +398,11 @@ fn migrator() -> Migrator {
             24,
             "durable turns: progress, takeovers, the turn's authority",
             include_str!("../../../migrations/0024_durable_turns.sql"),
+        ),
+        (
+            25,
+            "busy policy: queued turns and their messages",
+            include_str!("../../../migrations/0025_busy_policy.sql"),
         ),
     ]
     .into_iter()

@@ -176,7 +176,8 @@ impl Store {
     ) -> Result<Vec<MessageRow>, StoreError> {
         let sql = format!(
             "SELECT {MESSAGE_COLUMNS} FROM messages \
-             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 ORDER BY seq"
+             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 \
+               AND status IN ('complete', 'interrupted') ORDER BY seq"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)

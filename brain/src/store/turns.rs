@@ -48,28 +48,36 @@ pub struct NewTurn<'a> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TurnStatus {
+    /// T13: accepted while its agent was busy; not started yet.
+    Queued,
     Running,
     Completed,
     Interrupted,
     Failed,
+    /// T13: stopped while queued; it never ran.
+    Withdrawn,
 }
 
 impl TurnStatus {
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Queued => "queued",
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Interrupted => "interrupted",
             Self::Failed => "failed",
+            Self::Withdrawn => "withdrawn",
         }
     }
 
     fn parse(s: &str) -> Result<Self, StoreError> {
         Ok(match s {
+            "queued" => Self::Queued,
             "running" => Self::Running,
             "completed" => Self::Completed,
             "interrupted" => Self::Interrupted,
             "failed" => Self::Failed,
+            "withdrawn" => Self::Withdrawn,
             other => return Err(StoreError::Corrupt(format!("turn status {other}"))),
         })
     }
@@ -113,11 +121,15 @@ fn turn_state_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnState, StoreEr
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnProgress {
+    /// Waiting for its agent (T13); `position` says where.
+    Queued,
     Running,
     Completed,
     AwaitingApproval,
     Interrupted,
     Failed,
+    /// Stopped while queued (T13): it never ran.
+    Withdrawn,
 }
 
 /// What started a turn.
@@ -148,13 +160,19 @@ pub struct TurnRow {
     pub ended_at: Option<DateTime<Utc>>,
     /// Why a `failed` turn failed.
     pub error: Option<ErrorCode>,
+    /// A `queued` turn's place among its agent's (1 = next, T13); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
 }
 
 /// The columns [`turn_row_from_row`] reads, of `turns t`.
 const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.trigger, t.background, \
     t.started_at, t.finished_at, t.error_code, \
     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = t.team_id AND p.chat_id = t.chat_id \
-            AND p.turn_id = t.id AND p.state = 'pending') AS awaiting_approval";
+            AND p.turn_id = t.id AND p.state = 'pending') AS awaiting_approval, \
+    CASE WHEN t.status = 'queued' THEN (SELECT count(*) FROM turns q \
+      WHERE q.agent_id = t.agent_id AND q.status = 'queued' \
+        AND (q.queued_at, q.id) <= (t.queued_at, t.id)) END AS position";
 
 fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError> {
     let status = match TurnStatus::parse(row.try_get("status")?)? {
@@ -165,6 +183,8 @@ fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError>
         TurnStatus::Running => TurnProgress::Running,
         TurnStatus::Interrupted => TurnProgress::Interrupted,
         TurnStatus::Failed => TurnProgress::Failed,
+        TurnStatus::Queued => TurnProgress::Queued,
+        TurnStatus::Withdrawn => TurnProgress::Withdrawn,
     };
     let trigger = match row.try_get::<&str, _>("trigger")? {
         "user" => TurnTrigger::User,
@@ -183,6 +203,9 @@ fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError>
         started_at: row.try_get("started_at")?,
         ended_at: row.try_get("finished_at")?,
         error: error.and_then(ErrorCode::parse),
+        position: row
+            .try_get::<Option<i64>, _>("position")?
+            .map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
     })
 }
 
@@ -307,6 +330,7 @@ impl Store {
                SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
                RETURNING {MESSAGE_COLUMNS}) \
              SELECT {MESSAGE_COLUMNS} FROM messages WHERE team_id = $2 AND chat_id = $4 AND seq > $10 \
+               AND status IN ('complete', 'interrupted') \
              UNION ALL SELECT {MESSAGE_COLUMNS} FROM m \
              ORDER BY seq"
         );

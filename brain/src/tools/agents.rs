@@ -326,6 +326,7 @@ impl Tool for AgentUpdate {
                 approval_policy: None,
                 // What a client's hang-up does is the API's to set, like the policy above.
                 disconnect_policy: None,
+                busy_policy: None,
             };
             let update = match apply_change(
                 &current,

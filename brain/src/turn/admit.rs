@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use protocol::{AgentId, TeamId, TurnId};
 
 use super::TurnError;
+use super::queue::Queue;
 use crate::AppState;
 use crate::hold::{Admitted, Billed, HoldGuard, Reserved, TurnAdmission};
 use crate::quota::{Limits, Periods, Quotas, RateLimitHeaders, Refusal, fallback};
@@ -23,6 +24,9 @@ pub(super) struct Budget {
     store: Store,
     quotas: Quotas,
     team: TeamId,
+    agent: AgentId,
+    /// Told when the hold is given back: the agent's next queued turn may start (T13).
+    queue: Queue,
     /// Released at wrap-up (T7); `None` when Redis was unreachable at intake.
     hold: Option<HoldGuard>,
     limits: Limits,
@@ -56,6 +60,8 @@ pub(super) async fn admit(
         store: state.store.clone(),
         quotas: state.quotas.clone(),
         team,
+        agent,
+        queue: state.queue.clone(),
         hold,
         limits,
         counted_in_redis,
@@ -147,6 +153,7 @@ impl Budget {
             };
             hold.release_billed(billed).await;
         }
+        self.queue.kick(self.team, self.agent);
     }
 }
 
@@ -179,6 +186,8 @@ pub(super) async fn adopt(
         store: state.store.clone(),
         quotas: state.quotas.clone(),
         team,
+        agent,
+        queue: state.queue.clone(),
         hold,
         limits,
         counted_in_redis,

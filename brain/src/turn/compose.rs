@@ -30,6 +30,8 @@ pub(super) struct Asked {
     /// The approvals these answers closed, as they now are.
     answered: Vec<ApprovalRow>,
     autostart: bool,
+    /// A queued turn (T13): its row and user message exist; starting it writes neither.
+    queued: bool,
 }
 
 pub(super) enum Resolved {
@@ -56,6 +58,7 @@ pub(super) async fn resolve(
             resume,
             answered,
             autostart,
+            queued: false,
         })
     };
     let autostart = matches!(trigger, Trigger::Autostart(_));
@@ -69,6 +72,17 @@ pub(super) async fn resolve(
                 Vec::new(),
                 autostart,
             ))
+        }
+        Trigger::Queued(_) => {
+            deny_waiting(state, launch, basis).await?;
+            Ok(Resolved::Run(Asked {
+                content: None,
+                client_message_id: None,
+                resume: Vec::new(),
+                answered: Vec::new(),
+                autostart: false,
+                queued: true,
+            }))
         }
         Trigger::Stranded(stranded) => {
             let reclaimed =
@@ -169,45 +183,58 @@ pub(super) async fn compose(
     };
     let composition_json = serde_json::value::to_raw_value(&composition)
         .map_err(|e| TurnError::Internal(format!("composition: {e}")))?;
-    let user_parts = asked
-        .content
-        .map(|text| vec![protocol::parts::Part::Text { text }]);
-    let begun = bounded(state.store.begin_turn(
-        NewTurn {
-            id: turn,
+    let history = if asked.queued {
+        let begun = bounded(state.store.begin_queued_turn(
             team,
-            agent: agent.id,
-            chat,
-            background: launch.detached,
-            trigger: if !asked.resume.is_empty() {
-                "approval"
-            } else if asked.autostart {
-                "autostart"
-            } else {
-                "user"
+            turn,
+            state.replica,
+            &composition_json,
+            composition.summary_through,
+        ))
+        .await?;
+        // Withdrawn, or started by another replica, since it was read.
+        begun.ok_or(TurnError::NotFound("turn"))?
+    } else {
+        let user_parts = asked
+            .content
+            .map(|text| vec![protocol::parts::Part::Text { text }]);
+        let begun = bounded(state.store.begin_turn(
+            NewTurn {
+                id: turn,
+                team,
+                agent: agent.id,
+                chat,
+                background: launch.detached,
+                trigger: if !asked.resume.is_empty() {
+                    "approval"
+                } else if asked.autostart {
+                    "autostart"
+                } else {
+                    "user"
+                },
+                composition: &composition_json,
+                user_parts: user_parts.as_deref(),
+                client_message_id: asked.client_message_id.as_deref(),
+                replica: state.replica,
+                actor: &launch.authority.actor,
+                actor_admin: launch.authority.may_change_agent(),
             },
-            composition: &composition_json,
-            user_parts: user_parts.as_deref(),
-            client_message_id: asked.client_message_id.as_deref(),
-            replica: state.replica,
-            actor: &launch.authority.actor,
-            actor_admin: launch.authority.may_change_agent(),
-        },
-        composition.summary_through,
-    ))
-    .await;
-    let history = match begun {
-        Ok(history) => history,
-        Err(StoreError::Conflict("message_id")) => {
-            let client_id = asked.client_message_id.as_deref().unwrap_or_default();
-            let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
-                .await?
-                .ok_or(TurnError::Internal(
-                    "conflicting message id vanished".into(),
-                ))?;
-            return replay::replay(existing).map(Composed::Replayed);
+            composition.summary_through,
+        ))
+        .await;
+        match begun {
+            Ok(history) => history,
+            Err(StoreError::Conflict("message_id")) => {
+                let client_id = asked.client_message_id.as_deref().unwrap_or_default();
+                let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
+                    .await?
+                    .ok_or(TurnError::Internal(
+                        "conflicting message id vanished".into(),
+                    ))?;
+                return replay::replay(existing).map(Composed::Replayed);
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     };
     let request = ModelRequest {
         model: String::new(),

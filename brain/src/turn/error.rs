@@ -19,6 +19,9 @@ pub enum TurnError {
     /// T9: the agent runs another turn (its id).
     #[error("the agent is running another turn")]
     Busy(TurnId),
+    /// T13: the agent is busy and its queue holds as many turns as allowed.
+    #[error("the agent is busy and its queue of waiting messages is full")]
+    QueueFull,
     /// A retried message id whose turn still runs (its id).
     #[error("this message id's turn is still running")]
     InProgress(TurnId),
@@ -56,6 +59,7 @@ impl TurnError {
         match self {
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::Busy(_) => ErrorCode::AgentBusy,
+            Self::QueueFull => ErrorCode::QueueFull,
             Self::InProgress(_) => ErrorCode::TurnInProgress,
             Self::Quota(refusal) => refusal.code(),
             Self::Overloaded(_) => ErrorCode::Overloaded,

@@ -45,6 +45,7 @@ mod history;
 mod model_call;
 mod offered;
 mod output;
+mod queue;
 mod replay;
 mod speculation;
 mod state;
@@ -67,6 +68,7 @@ use crate::auth::Authority;
 use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use error::TurnError;
 pub use offered::Toolsets;
+pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
 pub use takeover::{MAX_TAKEOVERS, take_over};
 use ui_stream::UiBody;
 
@@ -74,7 +76,7 @@ use ui_stream::UiBody;
 pub(super) const CHUNK_BUFFER: usize = 64;
 
 /// A new user message.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct TurnInput {
     pub content: String,
     pub client_message_id: Option<String>,
@@ -109,6 +111,9 @@ pub enum Trigger {
     /// A continuation whose turn row was never written (A3): the answers are recorded
     /// under this turn id, which names no turn; it is started again under a new one.
     Stranded(TurnId),
+    /// A message queued while its agent was busy (T13): its turn row and user message
+    /// exist (`queued`); the turn starts under that row's id.
+    Queued(crate::store::QueuedTurn),
 }
 
 /// A started turn, or answers that resumed nothing yet.
@@ -204,7 +209,10 @@ async fn start(
         return Err(TurnError::NotFound("agent"));
     }
 
-    let turn_id = TurnId::new();
+    let turn_id = match &trigger {
+        Trigger::Queued(queued) => queued.turn,
+        _ => TurnId::new(),
+    };
     // From admission to wrap-up; a turn refused at intake (busy, quota) ends here with no
     // `outcome`, its HTTP answer says why.
     let span = tracing::info_span!(
@@ -307,6 +315,7 @@ fn reservation(state: &AppState, basis: &TurnBasis, trigger: &Trigger) -> u64 {
             Trigger::User(input) | Trigger::Autostart(input) => {
                 context::estimate_tokens(&input.content)
             }
+            Trigger::Queued(queued) => context::estimate_tokens(&queued.content),
             Trigger::Approval(_) | Trigger::Stranded(_) => 0,
         }
         + state.config.context_tokens

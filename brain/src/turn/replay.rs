@@ -40,7 +40,13 @@ pub(super) fn replay(turn: TurnRecord) -> Result<Launched, TurnError> {
         },
     ];
     match turn.status {
-        TurnStatus::Running => return Err(TurnError::InProgress(turn.id)),
+        TurnStatus::Running | TurnStatus::Queued => return Err(TurnError::InProgress(turn.id)),
+        TurnStatus::Withdrawn => {
+            chunks.push(UiChunk::error(
+                ErrorCode::Conflict,
+                "this message was withdrawn before its turn started",
+            ));
+        }
         TurnStatus::Failed => {
             let code = turn.error_code.unwrap_or(ErrorCode::Internal);
             chunks.push(UiChunk::error(code, "this message's turn failed"));

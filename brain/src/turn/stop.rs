@@ -281,13 +281,17 @@ pub enum StopStatus {
     Completed,
     Interrupted,
     Failed,
+    /// A queued turn withdrawn by this stop (T13), or earlier: it never ran.
+    Withdrawn,
     Idle,
 }
 
 impl StopAnswer {
     fn ended(turn: &TurnState) -> Self {
         let status = match turn.status {
-            TurnStatus::Running => StopStatus::Stopping,
+            // A queued turn is withdrawn, never "stopping" (see `stop`).
+            TurnStatus::Running | TurnStatus::Queued => StopStatus::Stopping,
+            TurnStatus::Withdrawn => StopStatus::Withdrawn,
             TurnStatus::Completed => StopStatus::Completed,
             TurnStatus::Interrupted => StopStatus::Interrupted,
             TurnStatus::Failed => StopStatus::Failed,
@@ -339,6 +343,18 @@ pub async fn stop(
     team: TeamId,
     turn: TurnState,
 ) -> Result<StopAnswer, StopError> {
+    if turn.status == TurnStatus::Queued {
+        // T13: withdrawn, unless it started meanwhile (then it is stopped as it runs).
+        if crate::store::bounded(state.store.end_queued(team, turn.id, None)).await? {
+            tracing::info!(turn = %turn.id, "queued turn withdrawn");
+            return Ok(StopAnswer {
+                turn_id: Some(turn.id),
+                status: StopStatus::Withdrawn,
+            });
+        }
+        let now = find(&state.store, team, turn.id).await?;
+        return Box::pin(stop(state, team, now)).await;
+    }
     if turn.status != TurnStatus::Running {
         return Ok(StopAnswer::ended(&turn));
     }

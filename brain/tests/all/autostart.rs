@@ -241,8 +241,20 @@ async fn a_busy_agent_is_skipped_and_its_turn_goes_on() {
     });
     let running = app.send(&chat, &json!({"content": "a long job"})).await;
     assert_eq!(running.status(), 200);
+    // T13: a tick is skipped whatever the agent's busy policy: never queued, never
+    // interrupting.
+    let policy = patch(&app, &agent, &json!({"busy_policy": "interrupt"})).await;
+    assert_eq!(policy.status(), 200);
     set_cadence(&app, &agent, Some("* * * * * *")).await;
     let skipped = wait_fires(&app, &agent, |f| f.len() >= 2).await;
+    let queued: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM turns WHERE agent_id = $1::uuid AND status = 'queued'",
+    )
+    .bind(&agent)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(queued, 0, "no tick is queued");
     assert!(
         skipped
             .iter()

@@ -25,6 +25,7 @@ mod intake;
 mod mcp_conformance;
 mod metrics;
 mod oauth_client;
+mod queue;
 mod quotas;
 mod recovery;
 mod stop;

@@ -157,6 +157,15 @@ async fn a_user_chats_in_a_real_browser() {
         deltas: (0..200).map(|i| format!("one{i} ")).collect(),
         delay: Duration::from_millis(150),
     });
+    // T13: "Stop and send" interrupts the slow turn, then the message queued meanwhile runs.
+    app.provider.push(Reply::Text {
+        deltas: vec!["Hi there.".into()],
+        delay: Duration::from_millis(5),
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Waved.".into()],
+        delay: Duration::from_millis(5),
+    });
     // After the reload: a turn the provider refuses, shown as what to do; a turn a second
     // tab follows live. Then the queue is empty and the offline demo model answers.
     app.provider.push(Reply::Status {
@@ -269,7 +278,7 @@ async fn a_user_chats_in_a_real_browser() {
         .iter()
         .filter(|m| m["role"] == "assistant")
         .collect();
-    assert_eq!(assistant.len(), 6, "{messages:#?}");
+    assert_eq!(assistant.len(), 8, "{messages:#?}");
     assert_eq!(assistant[0]["status"], "complete");
     assert!(assistant[1]["parts"].to_string().contains("line3"));
     assert!(
@@ -283,10 +292,12 @@ async fn a_user_chats_in_a_real_browser() {
             .contains("tool-memory_write")
     );
     assert_eq!(assistant[3]["status"], "interrupted");
+    assert!(assistant[4]["parts"].to_string().contains("Hi there."));
+    assert!(assistant[5]["parts"].to_string().contains("Waved."));
     // The demo model's turn (nothing left scripted) ran the command it was asked for.
-    assert!(assistant[4]["parts"].to_string().contains("tick4"));
-    assert!(assistant[4]["parts"].to_string().contains("watch9"));
-    assert!(assistant[5]["parts"].to_string().contains("demo-hands"));
+    assert!(assistant[6]["parts"].to_string().contains("tick4"));
+    assert!(assistant[6]["parts"].to_string().contains("watch9"));
+    assert!(assistant[7]["parts"].to_string().contains("demo-hands"));
     let agent: Value = app
         .get(&format!("/v1/agents/{}", ids["agentId"].as_str().unwrap()))
         .await
@@ -297,6 +308,7 @@ async fn a_user_chats_in_a_real_browser() {
     for shot in [
         "1-sign-in",
         "2-chat",
+        "3-queued",
         "3-stopped",
         "4-error",
         "4-second-tab",
