@@ -24,7 +24,9 @@ use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::Answer;
-use crate::store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, bounded};
+use crate::store::{
+    ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, TurnStatus, bounded,
+};
 use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
@@ -376,7 +378,8 @@ pub struct BackgroundTurn {
     responses(
         (status = 200, description = "The turn as the AI SDK UI message stream: one \
             `data: <UiChunk>` event per chunk, then `data: [DONE]`. A retry with the \
-            `message_id` of a finished turn replays it. Closing the stream stops the turn \
+            `message_id` of a finished turn replays it; of a running turn, it follows that turn \
+            from its start (D5; closing that stream stops nothing). Closing the stream stops the turn \
             (T8), unless the agent's `disconnect_policy` is `continue` (D1): then the turn \
             runs to its end.",
             content_type = "text/event-stream", body = UiStreamEvent,
@@ -402,8 +405,10 @@ pub struct BackgroundTurn {
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
         (status = 409, description = "The agent is running another turn (`agent_busy`), or \
-            this `message_id`'s turn is still running (`turn_in_progress`; a background \
-            POST answers `202` instead); `turn_id` names it.",
+            this `message_id`'s turn is still running and its start is no longer in the \
+            events window (`turn_in_progress`; a retry of a running turn otherwise gets \
+            `200` with that turn's stream from its start, D5, and a background POST \
+            answers `202`); `turn_id` names it.",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
         (status = 429, description = "The team's turns per minute or concurrent turns are \
@@ -463,7 +468,11 @@ pub async fn post_message(
         false,
         parent.as_ref(),
     )
-    .await?;
+    .await;
+    let launched = match launched {
+        Err(TurnError::InProgress(running)) => return attach(&state, &principal, running).await,
+        other => other?,
+    };
     // Answers that leave other approvals of the turn waiting start nothing yet.
     let body = launched.body.unwrap_or_else(|| {
         UiBody::replay(vec![UiChunk::Finish {
@@ -471,6 +480,24 @@ pub async fn post_message(
         }])
     });
     Ok(body.until(state.auth.standing(&principal)).into_response())
+}
+
+/// D5: a retried message id whose turn still runs (its client's replica died, its
+/// connection dropped) gets that turn's stream, from its start, like `GET
+/// /v1/chats/{id}/stream`; `turn_in_progress` only when the turn's beginning is no longer
+/// in the events window (or it ended meanwhile: the next retry replays it).
+async fn attach(
+    state: &AppState,
+    principal: &Principal,
+    running: TurnId,
+) -> Result<Response, ApiError> {
+    let turn = bounded(state.store.turn_state(principal.team, running)).await?;
+    let followed = if turn.status == TurnStatus::Running {
+        super::events::follow(state, principal, &turn).await?
+    } else {
+        None
+    };
+    followed.ok_or(ApiError::TurnInProgress(running))
 }
 
 /// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
