@@ -405,8 +405,9 @@ pub struct BackgroundTurn {
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
         (status = 409, description = "The agent is running another turn (`agent_busy`), or \
-            this `message_id`'s turn is still running and its start is no longer in the \
-            events window (`turn_in_progress`; a retry of a running turn otherwise gets \
+            this `message_id`'s turn is still running and cannot be followed: its start is no \
+            longer in the events window, or the events stream cannot be read \
+            (`turn_in_progress`; a retry of a running turn otherwise gets \
             `200` with that turn's stream from its start, D5, and a background POST \
             answers `202`); `turn_id` names it.",
             body = ErrorBody),
@@ -484,8 +485,10 @@ pub async fn post_message(
 
 /// D5: a retried message id whose turn still runs (its client's replica died, its
 /// connection dropped) gets that turn's stream, from its start, like `GET
-/// /v1/chats/{id}/stream`; `turn_in_progress` only when the turn's beginning is no longer
-/// in the events window (or it ended meanwhile: the next retry replays it).
+/// /v1/chats/{id}/stream`; `turn_in_progress` as before when it cannot be followed (its
+/// beginning is no longer in the events window, the events stream is unavailable or the
+/// caller has as many streams open as allowed) or it ended meanwhile (the next retry
+/// replays it).
 async fn attach(
     state: &AppState,
     principal: &Principal,
@@ -493,7 +496,10 @@ async fn attach(
 ) -> Result<Response, ApiError> {
     let turn = bounded(state.store.turn_state(principal.team, running)).await?;
     let followed = if turn.status == TurnStatus::Running {
-        super::events::follow(state, principal, &turn).await?
+        super::events::follow(state, principal, &turn)
+            .await
+            .ok()
+            .flatten()
     } else {
         None
     };
