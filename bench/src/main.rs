@@ -8,7 +8,7 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, peer, soak; empty runs all but peer and soak),
+//! speculation, hangup, openloop, takeover, peer, soak; empty runs all but peer and soak),
 //! `BENCH_TSV` (a file to write the table's rows to as tab-separated values, for make
 //! bench-compare).
 //!
@@ -17,6 +17,9 @@
 //!
 //! `soak` (`make bench-soak`) runs 1,000 chats × 10 turns over two brain processes with
 //! Redis blips and one replica killed and restarted, and prints what became of every turn.
+//!
+//! `takeover` SIGKILLs a replica running 16 turns and times each turn's resumption on the
+//! other (bench/src/takeover.rs).
 //!
 //! `live` runs the release `brain` binary as a child, to read its RSS and CPU from `/proc`.
 //!
@@ -34,6 +37,7 @@ mod peer;
 mod relay;
 mod soak;
 mod system;
+mod takeover;
 mod turn;
 
 use anyhow::{Context, Result};
@@ -122,6 +126,9 @@ async fn main() -> Result<()> {
     }
     if wants("openloop") {
         openloop::openloop(&mut rows).await?;
+    }
+    if wants("takeover") {
+        takeover::takeover(&mut rows).await?;
     }
     if wants("peer") {
         peer::peer(&mut rows).await?;

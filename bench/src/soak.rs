@@ -7,7 +7,11 @@
 //! on either replica, so a turn is never sent twice (T12). At the end the database is
 //! checked: every turn terminal, no user message lost or stored twice.
 //!
-//! `BENCH_SOAK_CHATS` shrinks the run (default 1,000).
+//! `BENCH_SOAK_CHATS` shrinks the run (default 1,000). `BENCH_SOAK_KILL_EVERY_S` (D6)
+//! replaces the one kill by a SIGKILL every that many seconds, of each replica in turn,
+//! each restarted a second later: the turns of the killed one are taken over by the other
+//! (D3) and their clients' retries follow them there (D5), so the run then also fails when
+//! a single turn ends `interrupted`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -179,9 +183,15 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         ("REDIS_URL", redis_via.as_str()),
         ("BRAIN_LEASE_TTL_MS", LEASE_TTL_MS),
     ];
+    let kill_every = std::env::var("BENCH_SOAK_KILL_EVERY_S")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs);
     let (a_addr, b_addr) = (free_addr()?, free_addr()?);
     let a = BrainProcess::start(&db, &provider, a_addr, &extra).await?;
     let b = BrainProcess::start(&db, &provider, b_addr, &extra).await?;
+    let addrs = [a_addr, b_addr];
     let team = db.store.create_team("soak team").await?;
     let http = reqwest::Client::new();
     let urls = [format!("http://{a_addr}"), format!("http://{b_addr}")];
@@ -259,29 +269,65 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         })
     };
 
-    // One replica SIGKILLed at 40 %, restarted on its address a second later.
-    let b = Arc::new(Mutex::new(Some(b)));
+    // One replica SIGKILLed at 40 %, restarted on its address a second later; or, with
+    // `kill_every`, each replica in turn at that interval until the clients are done.
+    let replicas = Arc::new(Mutex::new([Some(a), Some(b)]));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let clients_done = tokio_util::sync::CancellationToken::new();
     let killer = {
-        let counts = counts.clone();
-        let b = b.clone();
+        let (counts, replicas, kills) = (counts.clone(), replicas.clone(), kills.clone());
+        let stop = clients_done.clone();
+        // The same database for the restarted replicas (the original is dropped at the end).
+        let db = Database {
+            name: db.name.clone(),
+            store: db.store.clone(),
+        };
+        let provider = provider.clone();
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         tokio::spawn(async move {
-            while (counts.ended() as f64) < total as f64 * KILL_AT {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if let Some(victim) = b.lock().await.take() {
+            let extra: Vec<(&str, &str)> = extra
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let mut back_after = Duration::ZERO;
+            for k in 0.. {
+                match kill_every {
+                    None if k > 0 => break,
+                    None => {
+                        while (counts.ended() as f64) < total as f64 * KILL_AT {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                    Some(every) => tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = tokio::time::sleep(every) => {}
+                    },
+                }
+                // The one kill is of replica B; the periodic ones alternate.
+                let which = if kill_every.is_some() { k % 2 } else { 1 };
+                let Some(victim) = replicas.lock().await[which].take() else {
+                    continue;
+                };
+                let killed_at = Instant::now();
                 victim.kill().await;
+                kills.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let restarted = BrainProcess::start(&db, &provider, addrs[which], &extra).await?;
+                replicas.lock().await[which] = Some(restarted);
+                back_after = killed_at.elapsed();
             }
-            Instant::now()
+            anyhow::Ok(back_after)
         })
     };
-    let killed_at = killer.await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    *b.lock().await = Some(BrainProcess::start(&db, &provider, b_addr, &extra).await?);
-    let restarted_after = killed_at.elapsed();
     for c in clients {
         c.await?;
     }
     let took = started.elapsed();
+    clients_done.cancel();
+    let restarted_after = killer.await??;
     done.cancel();
     blipper.await?;
 
@@ -323,9 +369,10 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
     let lost_client = counts.lost.load(Ordering::Relaxed);
     let lost_store = total as i64 - stored_ids;
 
-    a.stop().await;
-    if let Some(b) = b.lock().await.take() {
-        b.stop().await;
+    for replica in replicas.lock().await.iter_mut() {
+        if let Some(replica) = replica.take() {
+            replica.stop().await;
+        }
     }
     provider.shutdown();
     db.drop().await;
@@ -365,17 +412,37 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         format!("{lost_store} / {duplicated}"),
         String::new(),
         format!(
-            "{stored_ids} stored for {total} ids; turns answered twice {answers_twice}; {} Redis blips; replica B killed at 40 % and back {:.1} s later",
+            "{stored_ids} stored for {total} ids; turns answered twice {answers_twice}; {} Redis blips; {}",
             blips.load(Ordering::Relaxed),
-            restarted_after.as_secs_f64()
+            match kill_every {
+                None => format!(
+                    "replica B killed at 40 % and back {:.1} s later",
+                    restarted_after.as_secs_f64()
+                ),
+                Some(every) => format!(
+                    "{} SIGKILLs, one every {} s, each replica back {:.1} s later",
+                    kills.load(Ordering::Relaxed),
+                    every.as_secs(),
+                    restarted_after.as_secs_f64()
+                ),
+            }
         ),
     ));
-    if running != 0 || lost_client != 0 || lost_store != 0 || duplicated != 0 || answers_twice != 0
+    // With takeover (D3), a killed replica's turns go on elsewhere: none is interrupted.
+    let interrupted = kill_every.is_some()
+        && (counts.interrupted.load(Ordering::Relaxed) != 0
+            || by_status.iter().any(|(s, _, _)| s == "interrupted"));
+    if running != 0
+        || lost_client != 0
+        || lost_store != 0
+        || duplicated != 0
+        || answers_twice != 0
+        || interrupted
     {
         for r in &rows[rows.len() - 3..] {
             eprintln!("{}: {} {} {}", r.metric, r.p50, r.p99, r.other);
         }
-        bail!("the soak lost, duplicated or left turns running");
+        bail!("the soak lost, duplicated, interrupted or left turns running");
     }
     Ok(())
 }

@@ -487,6 +487,9 @@ impl Events {
             cursor: EventId::default(),
             turn,
             begun: false,
+            live: false,
+            steps: 0,
+            restart: None,
             keepalive: self.0.config.keepalive,
             stop,
             authority: viewer.authority,
@@ -962,6 +965,13 @@ enum Taken {
 
 /// One turn's stream, resumed (`GET /v1/chats/{id}/stream`): its chunks from `start`, then
 /// live ones until its last, then `[DONE]`, like the stream of the request that started it.
+///
+/// A turn taken over (D3, D5) starts its chunks over in the events stream: a second `start`,
+/// the durable steps, a `data-notice` `resumed`, then the re-issued step live. Read before
+/// the stream goes live, that restart replaces what was gathered (the dead replica's
+/// partial step is never given); read live, the client already has the dead replica's
+/// chunks, so it gets a `reset-step` (dropping the step that was lost) and only the durable
+/// chunks past the steps it has.
 pub struct TurnStream {
     replay: VecDeque<Bytes>,
     rx: broadcast::Receiver<Arc<Event>>,
@@ -969,6 +979,12 @@ pub struct TurnStream {
     turn: TurnId,
     /// Whether its `start` was given.
     begun: bool,
+    /// Whether the replay was handed out and entries now come live.
+    live: bool,
+    /// The `start-step` chunks given since the last `start`.
+    steps: usize,
+    /// A restart read live, gathered until its `resumed` notice.
+    restart: Option<Vec<(String, bool)>>,
     keepalive: Duration,
     stop: CancellationToken,
     authority: Standing,
@@ -1008,6 +1024,26 @@ impl TurnStream {
                 return Taken::Broken;
             }
             self.begun = true;
+        } else if kind == "start" {
+            // A takeover starts the turn's stream over.
+            if self.live {
+                self.restart = Some(Vec::new());
+                return Taken::Skipped;
+            }
+            self.replay.clear();
+            self.steps = 0;
+        }
+        if let Some(gathered) = &mut self.restart {
+            if kind != "data-notice" {
+                gathered.push((json.clone(), kind == "start-step"));
+                return Taken::Skipped;
+            }
+            let gathered = std::mem::take(gathered);
+            self.restart = None;
+            return Taken::Frame(self.rebuilt(gathered, json));
+        }
+        if kind == "start-step" {
+            self.steps += 1;
         }
         // No `id:`: the stream is the turn's own, as its POST carried it.
         let mut out = sse::event(None, json).to_vec();
@@ -1016,6 +1052,27 @@ impl TurnStream {
             out.extend_from_slice(&sse::done());
         }
         Taken::Frame(Bytes::from(out))
+    }
+
+    /// What a client that got the dead replica's chunks needs of a restart (`gathered`,
+    /// each chunk with whether it opens a step, and its `notice`): the lost step dropped,
+    /// then the durable chunks past the steps it already has (those are the same steps),
+    /// then the notice.
+    fn rebuilt(&mut self, gathered: Vec<(String, bool)>, notice: &str) -> Bytes {
+        let had = self.steps;
+        let mut out = sse::chunk(None, &UiChunk::ResetStep).to_vec();
+        let mut steps = 0;
+        for (json, opens) in gathered {
+            if opens {
+                steps += 1;
+            }
+            if had == 0 || steps > had {
+                out.extend_from_slice(&sse::event(None, &json));
+            }
+        }
+        self.steps = had.max(steps);
+        out.extend_from_slice(&sse::event(None, notice));
+        Bytes::from(out)
     }
 
     /// The next step; `None` once the turn ended, its stream broke, the replica drains or
@@ -1030,6 +1087,7 @@ impl TurnStream {
         if self.ended {
             return None;
         }
+        self.live = true;
         loop {
             let received = tokio::select! {
                 biased;

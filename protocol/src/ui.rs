@@ -75,6 +75,10 @@ pub enum UiChunk {
     ToolOutputDenied { tool_call_id: String },
     /// Closes the model call opened by the last `start-step`.
     FinishStep,
+    /// Drops what the client holds of the current step (the parts after its last
+    /// `start-step`): sent by a resumed turn stream (D5) when a takeover re-issues a step
+    /// whose partial output the client already got, so that output never shows twice.
+    ResetStep,
     /// Ends the assistant message.
     #[serde(rename_all = "camelCase")]
     Finish { finish_reason: FinishReason },
@@ -228,6 +232,7 @@ mod tests {
                 r#"{"type":"start","messageId":"m1"}"#,
             ),
             (UiChunk::StartStep, r#"{"type":"start-step"}"#),
+            (UiChunk::ResetStep, r#"{"type":"reset-step"}"#),
             (
                 UiChunk::TextDelta {
                     id: "t".into(),

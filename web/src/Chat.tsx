@@ -1,9 +1,10 @@
 // One chat: `useChat` from @ai-sdk/react over the brain's own stream, unchanged. The
 // transcript comes from GET /v1/chats/{id}/messages; new turns stream from POST to the
 // same path; a turn already running when the chat opens is resumed from its start
-// (`resume`, GET /v1/chats/{id}/stream). While a turn runs, a message may still be typed:
-// "Queue" stores it to run after the turn (T13, `if_busy: enqueue`), "Stop and send"
-// interrupts the turn and streams the new one (`if_busy: interrupt`).
+// (`resume`, GET /v1/chats/{id}/stream), and so is one whose stream broke mid-turn (its
+// replica died and another took the turn over, D5). While a turn runs, a message may still
+// be typed: "Queue" stores it to run after the turn (T13, `if_busy: enqueue`), "Stop and
+// send" interrupts the turn and streams the new one (`if_busy: interrupt`).
 
 import { useChat } from "@ai-sdk/react";
 import {
@@ -71,7 +72,17 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
       [d.toolCallId]: [...(all[d.toolCallId] ?? []), { stream: d.stream, text: d.text }],
     }));
   };
-  const { messages, sendMessage, status, error, stop, setMessages, addToolApprovalResponse, clearError } =
+  const {
+    messages,
+    sendMessage,
+    status,
+    error,
+    stop,
+    setMessages,
+    addToolApprovalResponse,
+    clearError,
+    resumeStream,
+  } =
     useChat({
       id: chatId,
       messages: initial,
@@ -84,11 +95,35 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
         if (part.type === "data-turn") own.current.add((part.data as { turnId: string }).turnId);
         onLog(part);
       },
-      onFinish: ({ isAbort }) => {
+      onFinish: ({ isAbort, isDisconnect }) => {
+        // The connection broke (its replica died): the turn goes on elsewhere (D3), so the
+        // page follows it again instead of waiting for a reload (D5).
+        if (isDisconnect) {
+          void followAgain();
+          return;
+        }
         // The stored transcript is the truth (statuses, the turn's final parts).
         if (!isAbort) void reload().then((stored) => setMessages((live) => keepLiveStatus(stored, live)));
       },
     });
+  const statusRef = useRef(status);
+  statusRef.current = status;
+  const resumeRef = useRef(resumeStream);
+  resumeRef.current = resumeStream;
+  // GET /v1/chats/{id}/stream from its start: the AI SDK rebuilds the message from the
+  // replayed `start` (a taken-over turn's stream is its durable steps, then the rest), or
+  // finds nothing to resume (204: the turn ended). A refused connection (no replica took
+  // the request yet) is tried again for a while; the transcript then says how it ended.
+  async function followAgain() {
+    for (let attempt = 0; attempt < 10; attempt++) {
+      await new Promise((r) => setTimeout(r, attempt === 0 ? 200 : 1000));
+      await resumeRef.current();
+      await new Promise((r) => setTimeout(r, 0));
+      if (statusRef.current !== "error") break;
+    }
+    const stored = await reloadRef.current();
+    setMessagesRef.current((live) => keepLiveStatus(stored, live));
+  }
   const busy = status === "submitted" || status === "streaming";
   const busyRef = useRef(busy);
   busyRef.current = busy;

@@ -74,7 +74,10 @@ async function read(
         continue;
       }
       if (!turn || turn.own) continue;
-      if (chunk.type === "start" && !turn.sink) {
+      // A second `start` of the turn: it was taken over by another replica (D5) and its
+      // stream starts over from its durable steps, so its message is built anew.
+      if (chunk.type === "start") {
+        turn.sink?.close();
         const stream = new ReadableStream<UIMessageChunk>({ start: (c) => void (turn!.sink = c) });
         void (async () => {
           try {

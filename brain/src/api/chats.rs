@@ -25,7 +25,9 @@ use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::Answer;
-use crate::store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, bounded};
+use crate::store::{
+    ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, TurnStatus, bounded,
+};
 use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
@@ -399,7 +401,8 @@ pub struct BackgroundTurn {
             `data: <UiChunk>` event per chunk, then `data: [DONE]`. With `interrupt` (T13) \
             the agent's running turn was stopped first (it ends `interrupted`, its partial \
             kept) and this is the new message's turn. A retry with the \
-            `message_id` of a finished turn replays it. Closing the stream stops the turn \
+            `message_id` of a finished turn replays it; of a running turn, it follows that turn \
+            from its start (D5; closing that stream stops nothing). Closing the stream stops the turn \
             (T8), unless the agent's `disconnect_policy` is `continue` (D1): then the turn \
             runs to its end.",
             content_type = "text/event-stream", body = UiStreamEvent,
@@ -431,8 +434,11 @@ pub struct BackgroundTurn {
         (status = 409, description = "The agent is running another turn (`agent_busy`: its \
             `busy_policy` or the message's `if_busy` is `reject`, or `interrupt` of a turn in \
             a chat the caller may not see), or \
-            this `message_id`'s turn is still running (`turn_in_progress`; a background \
-            POST answers `202` instead); `turn_id` names it.",
+            this `message_id`'s turn is still running and cannot be followed: its start is no \
+            longer in the events window, or the events stream cannot be read \
+            (`turn_in_progress`; a retry of a running turn otherwise gets \
+            `200` with that turn's stream from its start, D5, and a background POST \
+            answers `202`); `turn_id` names it.",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
         (status = 429, description = "The agent's queue of waiting messages is full \
@@ -496,13 +502,18 @@ pub async fn post_message(
         false,
         parent.as_ref(),
     )
-    .await?
+    .await
     {
-        Posted::Launched(launched) => launched,
-        Posted::Queued(queued) => {
+        Ok(Posted::Launched(launched)) => launched,
+        Ok(Posted::Queued(queued)) => {
             let accepted = BackgroundTurn::queued(chat, queued);
             return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
         }
+        // D5: a retry of a running turn's message id follows that turn.
+        Err(ApiError::TurnInProgress(running)) => {
+            return attach(&state, &principal, running).await;
+        }
+        Err(err) => return Err(err),
     };
     // Answers that leave other approvals of the turn waiting start nothing yet.
     let body = launched.body.unwrap_or_else(|| {
@@ -586,6 +597,29 @@ async fn launch(
             Ok(Posted::Launched(launched))
         }
     }
+}
+
+/// D5: a retried message id whose turn still runs (its client's replica died, its
+/// connection dropped) gets that turn's stream, from its start, like `GET
+/// /v1/chats/{id}/stream`; `turn_in_progress` as before when it cannot be followed (its
+/// beginning is no longer in the events window, the events stream is unavailable or the
+/// caller has as many streams open as allowed) or it ended meanwhile (the next retry
+/// replays it).
+async fn attach(
+    state: &AppState,
+    principal: &Principal,
+    running: TurnId,
+) -> Result<Response, ApiError> {
+    let turn = bounded(state.store.turn_state(principal.team, running)).await?;
+    let followed = if turn.status == TurnStatus::Running {
+        super::events::follow(state, principal, &turn)
+            .await
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    followed.ok_or(ApiError::TurnInProgress(running))
 }
 
 /// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier

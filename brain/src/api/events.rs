@@ -21,7 +21,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream, Viewer};
 use crate::sse;
-use crate::store::{Store, StoreError, TurnStatus};
+use crate::store::{Store, StoreError, TurnState, TurnStatus};
 use protocol::{ChatId, TeamId};
 
 /// Where to resume, for clients that cannot set the `Last-Event-ID` header.
@@ -143,7 +143,10 @@ fn unavailable(chat: ChatId, err: EventsError) -> ApiError {
     responses(
         (status = 200, description = "The chat's running turn as its own stream would have \
             carried it: every chunk from its `start` (replayed from the events stream), \
-            then live ones until its `finish` or `error`, then `data: [DONE]`. Reading it \
+            then live ones until its `finish` or `error`, then `data: [DONE]`. A turn taken \
+            over by another replica (D5) is one stream: its durable steps, a `data-notice` \
+            `resumed`, then the rest live, the lost step's partial output dropped (a client \
+            that already got it live gets a `reset-step` first). Reading it \
             does not control the turn: closing it stops nothing (`POST \
             /v1/chats/{chat_id}/stop` does). The stream ends early, without `[DONE]`, when \
             the replica drains, the events stream fails, or the caller's key is revoked or \
@@ -178,28 +181,40 @@ pub async fn resume(
     let Some(turn) = running else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
+    Ok(follow(&state, &principal, &turn)
+        .await?
+        .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response()))
+}
+
+/// The stream of `turn`, a running turn of a chat the principal may see, from its `start`
+/// (rebuilt after a takeover, D5) and then live; `None` when its beginning is no longer in
+/// the events window. Also what a retried message id of a running turn attaches to.
+pub(super) async fn follow(
+    state: &AppState,
+    principal: &Principal,
+    turn: &TurnState,
+) -> Result<Option<Response>, ApiError> {
     let started = u64::try_from(turn.started_at.timestamp_millis()).unwrap_or_default();
     let stream = state
         .events
         .follow_turn(
-            chat,
+            turn.chat,
             turn.id,
             started,
             state.draining.clone(),
-            viewer(&state, &principal),
+            viewer(state, principal),
         )
         .await
-        .map_err(|e| unavailable(chat, e))?;
-    let Some(stream) = stream else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    };
-    let watched = Watched {
-        stream,
-        store: state.store.clone(),
-        team: principal.team,
-        turn: turn.id,
-    };
-    Ok(sse::response(Body::from_stream(watched.into_stream())))
+        .map_err(|e| unavailable(turn.chat, e))?;
+    Ok(stream.map(|stream| {
+        let watched = Watched {
+            stream,
+            store: state.store.clone(),
+            team: principal.team,
+            turn: turn.id,
+        };
+        sse::response(Body::from_stream(watched.into_stream()))
+    }))
 }
 
 /// A resumed turn stream that also asks the store, whenever the stream is idle, whether the

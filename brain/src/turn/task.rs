@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::compose::Ready;
 use super::context;
-use super::history::{assistant_messages, tool_part};
+use super::history::{assistant_messages, replay_chunks, tool_part};
 use super::model_call::{OpenOutcome, Step, StepOutcome};
 use super::output::Client;
 use super::state::{Deps, Ids, Progress, Rules, Running, TurnTask};
@@ -141,7 +141,12 @@ impl TurnTask {
             return;
         };
         if self.resumed {
+            // D5: the stream starts over with the durable steps (not the dead replica's
+            // partial chunks), so a reader rebuilds the message from this `start` alone.
             self.client.begin(progress.assistant_id).await;
+            for chunk in replay_chunks(&progress.parts) {
+                self.client.send(chunk).await;
+            }
             self.client
                 .notice("resumed", "the replica running this turn stopped; another one continues it from its last completed step")
                 .await;

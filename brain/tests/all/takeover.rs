@@ -1,16 +1,18 @@
 //! Durable turns (D2, D3): a turn whose replica dies is taken over by a live replica and
 //! continued from its last completed step; a call in flight answers `outcome_unknown`; a
 //! turn taken over too often ends `failed` (`takeover_limit`); a draining replica hands its
-//! turns over (D4).
+//! turns over (D4); clients follow a turn across its takeover, by a retry of its message id
+//! or by its resumable stream, and see its lost step's text never (D5).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
 use crate::common::replies::text;
-use crate::common::{BrainProcess, TestApp, read_stream};
+use crate::common::{BrainProcess, TestApp, read_stream, streamed_text, words};
 use crate::recovery::{held, post, turn_row, until_taken};
 use protocol::ui::{FinishReason, UiChunk};
+use scripted_provider::Reply;
 use serde_json::{Value, json};
 
 /// Waits until the turn of `client_id` is no longer running, for at most `within`;
@@ -326,4 +328,169 @@ async fn a_draining_replica_hands_its_turn_over_and_another_finishes_it() {
     .await
     .unwrap();
     assert_eq!(takeovers, 0);
+}
+
+/// The text a client (the AI SDK's message builder) shows after `chunks`: a `reset-step`
+/// drops what the current step showed.
+fn shown_text(chunks: &[UiChunk]) -> String {
+    let mut steps: Vec<String> = vec![String::new()];
+    for chunk in chunks {
+        match chunk {
+            UiChunk::StartStep => steps.push(String::new()),
+            UiChunk::ResetStep => steps.last_mut().unwrap().clear(),
+            UiChunk::TextDelta { delta, .. } => steps.last_mut().unwrap().push_str(delta),
+            _ => {}
+        }
+    }
+    steps.concat()
+}
+
+fn resumed_notices(chunks: &[UiChunk]) -> usize {
+    chunks
+        .iter()
+        .filter(|c| matches!(c, UiChunk::DataNotice { data } if data.code == "resumed"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_retry_of_a_running_turns_message_id_follows_it_across_its_takeover() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
+    app.provider.push(held());
+    let body = json!({"content": "long", "message_id": "m-retried"});
+    let response = post(&app, &victim.url, &chat, &body).await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    app.provider.push(text("The whole answer."));
+    victim.kill().await;
+    drop(response);
+
+    // The client whose replica died posts again, before the survivor took the turn over:
+    // it gets the turn's stream, not `409 turn_in_progress`.
+    let retry = post(&app, &app.url, &chat, &body).await;
+    assert_eq!(retry.status(), 200);
+    let (chunks, done) = tokio::time::timeout(Duration::from_secs(10), read_stream(retry))
+        .await
+        .expect("the attached stream ends with the turn");
+    assert!(done, "{chunks:?}");
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        })
+    );
+    // It had the dead replica's partial step, which the takeover's `reset-step` drops.
+    assert!(
+        streamed_text(&chunks).contains("still talking"),
+        "{chunks:?}"
+    );
+    assert!(chunks.contains(&UiChunk::ResetStep), "{chunks:?}");
+    assert_eq!(shown_text(&chunks), "The whole answer.");
+    assert_eq!(resumed_notices(&chunks), 1, "{chunks:?}");
+    let (row, _) = until_ended(&app, "m-retried", Duration::from_secs(5)).await;
+    assert_eq!(row, ("completed".into(), None));
+    assert_eq!(
+        app.provider.requests().len(),
+        2,
+        "the retry started nothing"
+    );
+}
+
+#[tokio::test]
+async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A lease long enough to write the victim's last step before the survivor looks.
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
+    app.provider.push(held());
+    let response = post(
+        &app,
+        &victim.url,
+        &chat,
+        &json!({"content": "save it", "message_id": "m-rebuilt"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    victim.kill().await;
+    drop(response);
+    // The step the victim had made durable (D2): an answer whose call was running.
+    let progress = json!({
+        "assistant_id": uuid::Uuid::now_v7(),
+        "parts": [{"type": "step-start"}, {"type": "text", "text": "Saving. "}],
+        "pending": [{"id": "call_1", "name": "memory_write", "input": {"content": "x"}}],
+        "usage": [{"call_index": 0, "model": "openai/gpt-test", "input_tokens": 10, "output_tokens": 5}],
+        "calls_made": 1,
+        "tool_calls": 1,
+        "writes_used": 1,
+        "iteration": 1,
+        "truncation_retried": false,
+    });
+    sqlx::query(
+        "UPDATE turns SET progress = $1 WHERE id = \
+         (SELECT turn_id FROM messages WHERE client_message_id = 'm-rebuilt')",
+    )
+    .bind(&progress)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    // Slow enough that the turn still runs when the client connects after the takeover.
+    app.provider.push(Reply::Text {
+        deltas: words("It may not be saved, sorry."),
+        delay: Duration::from_millis(150),
+    });
+    let started = Instant::now();
+    loop {
+        let takeovers: i32 = sqlx::query_scalar(
+            "SELECT takeovers FROM turns WHERE id = \
+             (SELECT turn_id FROM messages WHERE client_message_id = 'm-rebuilt')",
+        )
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+        if takeovers > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never taken over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let resumed = app
+        .auth(app.http.get(format!("{}/v1/chats/{chat}/stream", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let (chunks, done) = tokio::time::timeout(Duration::from_secs(10), read_stream(resumed))
+        .await
+        .unwrap();
+    assert!(done, "{chunks:?}");
+    // One coherent stream: the durable step, the notice, the rest live; the dead
+    // replica's partial text nowhere.
+    let text = streamed_text(&chunks);
+    assert!(!text.contains("still talking"), "{chunks:?}");
+    assert_eq!(text, "Saving. It may not be saved, sorry.");
+    assert!(!chunks.contains(&UiChunk::ResetStep), "{chunks:?}");
+    assert!(matches!(chunks[0], UiChunk::Start { .. }), "{chunks:?}");
+    let notice = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::DataNotice { data } if data.code == "resumed"))
+        .expect("a resumed notice");
+    let unknown = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::ToolOutputError { error_text, .. } if error_text.starts_with("outcome_unknown")))
+        .expect("the pending call's outcome");
+    assert!(unknown < notice, "{chunks:?}");
+    assert_eq!(resumed_notices(&chunks), 1);
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        })
+    );
 }

@@ -202,7 +202,7 @@ async fn a_repeated_message_id_returns_the_same_turn() {
 }
 
 #[tokio::test]
-async fn a_repeated_message_id_of_a_running_turn_is_a_conflict() {
+async fn a_repeated_message_id_of_a_running_turn_follows_that_turn() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     app.provider.push(Reply::Text {
@@ -212,13 +212,20 @@ async fn a_repeated_message_id_of_a_running_turn_is_a_conflict() {
     let body = json!({"content": "hi", "message_id": "busy"});
     let first = app.send(&chat, &body).await;
     assert_eq!(first.status(), 200);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // D5: the retry gets the running turn's stream from its start; it starts nothing.
     let second = app.send(&chat, &body).await;
-    assert_eq!(second.status(), 409);
-    let error: Value = second.json().await.unwrap();
-    assert_eq!(error["error"]["code"], "turn_in_progress");
-    assert!(error["error"]["turn_id"].is_string());
+    assert_eq!(second.status(), 200);
+    let (again, done) = read_stream(second).await;
+    assert!(done);
     let (chunks, _) = read_stream(first).await;
-    assert!(streamed_text(&chunks).starts_with("a slow answer"));
+    assert_eq!(
+        streamed_text(&again),
+        "a slow answer that takes a while to stream"
+    );
+    assert_eq!(streamed_text(&again), streamed_text(&chunks));
+    assert_eq!(again.first(), chunks.first(), "the same assistant message");
+    assert_eq!(app.provider.requests().len(), 1, "the model ran once");
 }
 
 async fn fails_before_output(reply: Reply, status: u16, code: &str) -> TestApp {
