@@ -11,8 +11,7 @@ use protocol::{AgentId, ChatId, ReplicaId, TeamId, TurnId};
 use serde_json::Value;
 use sqlx::Row;
 
-use super::chats::{MESSAGE_COLUMNS, message_from_row};
-use super::{MessageRow, Store, StoreError};
+use super::{Store, StoreError};
 
 /// A turn this replica took over.
 #[derive(Clone, Copy, Debug)]
@@ -164,29 +163,5 @@ impl Store {
             actor_admin: row.try_get(3)?,
             takeovers: row.try_get(4)?,
         })
-    }
-
-    /// The chat's messages after `after` (the summary's end), in order: a taken-over
-    /// turn's history, as its intake read it.
-    pub async fn history_after(
-        &self,
-        team: TeamId,
-        chat: ChatId,
-        after: i64,
-    ) -> Result<Vec<MessageRow>, StoreError> {
-        let sql = format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages \
-             WHERE team_id = $1 AND chat_id = $2 AND seq > $3 \
-               AND status IN ('complete', 'interrupted') ORDER BY seq"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(team.0)
-            .bind(chat.0)
-            .bind(after)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| message_from_row(r).map_err(StoreError::from))
-            .collect()
     }
 }

@@ -208,7 +208,7 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     let history = bounded(
         state
             .store
-            .history_after(team, chat, frozen.summary_through),
+            .messages_after(team, chat, frozen.summary_through),
     )
     .await?;
     let launch = Launch {
