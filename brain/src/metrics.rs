@@ -366,6 +366,12 @@ pub struct TurnMetrics {
 }
 
 impl TurnMetrics {
+    /// The turn moved to another replica (D3, D4), which counts its outcome: this replica
+    /// counts none.
+    pub fn moved(&mut self) {
+        self.ended = true;
+    }
+
     pub fn ended(&mut self, outcome: TurnOutcome) {
         if std::mem::replace(&mut self.ended, true) {
             return;

@@ -86,6 +86,7 @@ impl TurnTask {
             // replica that takes it over adopts its hold and bills its calls.
             unfinished.written();
             self.budget.abandon();
+            self.metrics.moved();
             record_turn(calls_made, tool_calls, "moved");
             self.client
                 .send(UiChunk::error(
