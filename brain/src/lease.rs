@@ -131,7 +131,12 @@ async fn reconcile(state: &AppState, bound: Duration) {
     for turn in taken {
         if turn.runs {
             tracing::info!(turn = %turn.turn, agent = %turn.agent, "taking over a turn whose replica was lost");
-            turn::take_over(state, turn).await;
+            // In a task of its own: rebuilding a turn starts its connectors, which must
+            // not hold up this loop's next renewal of the lease.
+            let owned = state.clone();
+            state
+                .turn_tracker
+                .spawn(async move { turn::take_over(&owned, turn).await });
             continue;
         }
         state.metrics.turns_reconciled.inc();
