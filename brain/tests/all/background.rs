@@ -404,7 +404,6 @@ async fn the_stream_follows_a_background_turn_from_another_replica_then_answers_
 /// its turn: past the stall timeout the turn goes on without it and completes.
 #[tokio::test]
 async fn an_agent_that_continues_keeps_its_turn_running_past_a_stalled_client() {
-    use tokio::io::AsyncWriteExt;
     let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
     let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     assert_eq!(set_disconnect_policy(&app, &agent, "continue").await.0, 200);
@@ -417,22 +416,7 @@ async fn an_agent_that_continues_keeps_its_turn_running_past_a_stalled_client() 
             .collect(),
         delay: Duration::from_millis(1),
     });
-    let address = app.url.trim_start_matches("http://").to_owned();
-    let body = json!({"content": "a long answer please"}).to_string();
-    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
-    socket
-        .write_all(
-            format!(
-                "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
-                 authorization: Bearer {}\r\ncontent-type: application/json\r\n\
-                 content-length: {}\r\n\r\n{body}",
-                app.key,
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+    let socket = app.post_unread(&chat, "a long answer please").await;
     // Never read; the connection stays open.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let turns = loop {

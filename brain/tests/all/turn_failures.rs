@@ -354,7 +354,6 @@ async fn a_retry_after_a_failure_before_output_runs_again() {
 /// and stored `interrupted` with the text the channel took.
 #[tokio::test]
 async fn a_client_that_stops_reading_interrupts_its_turn() {
-    use tokio::io::AsyncWriteExt;
     let app = TestApp::start_with(|c| c.client_stall_timeout = Duration::from_millis(300)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     // 48 MiB of text, 8 KiB a millisecond: the client side (socket buffers, hyper's
@@ -368,22 +367,7 @@ async fn a_client_that_stops_reading_interrupts_its_turn() {
             .collect(),
         delay: Duration::from_millis(1),
     });
-    let address = app.url.trim_start_matches("http://").to_owned();
-    let body = json!({"content": "a long answer please"}).to_string();
-    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
-    socket
-        .write_all(
-            format!(
-                "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
-                 authorization: Bearer {}\r\ncontent-type: application/json\r\n\
-                 content-length: {}\r\n\r\n{body}",
-                app.key,
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+    let socket = app.post_unread(&chat, "a long answer please").await;
     // Never read; the connection stays open.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let turns = loop {

@@ -201,6 +201,29 @@ impl TestApp {
             .await
     }
 
+    /// Posts `content` to the chat on a raw connection that never reads its answer: a
+    /// client that stopped reading, held open while the caller keeps the socket.
+    pub async fn post_unread(&self, chat: &str, content: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let address = self.url.trim_start_matches("http://").to_owned();
+        let body = serde_json::json!({ "content": content }).to_string();
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        socket
+            .write_all(
+                format!(
+                    "POST /v1/chats/{chat}/messages HTTP/1.1\r\nhost: {address}\r\n\
+                     authorization: Bearer {}\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    self.key,
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        socket
+    }
+
     pub async fn messages(&self, chat: &str) -> Vec<Value> {
         let response = self.get(&format!("/v1/chats/{chat}/messages")).await;
         assert_eq!(response.status(), 200);
