@@ -27,6 +27,7 @@ mod takeover;
 mod teams;
 mod turns;
 mod usage;
+pub mod webhooks;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -403,6 +404,11 @@ fn migrator() -> Migrator {
             25,
             "busy policy: queued turns and their messages",
             include_str!("../../../migrations/0025_busy_policy.sql"),
+        ),
+        (
+            27,
+            "webhooks: subscriptions, the outbox, attempts",
+            include_str!("../../../migrations/0027_webhooks.sql"),
         ),
     ]
     .into_iter()
