@@ -613,7 +613,8 @@ impl Store {
     /// Records attempt `attempt` of a delivery and what comes next: delivered, retried
     /// after `retry_after`, or (`None`, or past the 24-hour horizon) failed for good. Only
     /// while the attempt is the row's latest claim: a replica whose claim lapsed and was
-    /// taken again records its attempt but decides nothing.
+    /// taken again records its attempt but decides nothing. A delivery deleted meanwhile
+    /// (its webhook was) records nothing.
     pub async fn record_attempt(
         &self,
         id: Uuid,
@@ -625,7 +626,8 @@ impl Store {
         sqlx::query(
             "WITH a AS ( \
                INSERT INTO webhook_attempts (delivery_id, attempt, status, error, duration_ms) \
-               VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING) \
+               SELECT $1, $2, $3, $4, $5 FROM webhook_deliveries WHERE id = $1 \
+               ON CONFLICT DO NOTHING) \
              UPDATE webhook_deliveries SET \
                state = CASE WHEN $6 THEN 'delivered' \
                  WHEN $7::float8 IS NULL \

@@ -471,7 +471,7 @@ async fn deliveries_are_listed_newest_first_in_pages() {
 }
 
 #[tokio::test]
-async fn a_direct_target_gets_its_headers_unsigned_or_signed() {
+async fn a_direct_target_gets_its_headers_once_its_transaction_commits() {
     let app = TestApp::start_with(fast).await;
     let key = SecretsKey::parse(KEY_HEX).unwrap();
     let mut receiver = Receiver::start(&[]).await;
@@ -569,4 +569,61 @@ async fn a_failed_turn_and_a_spent_quota_reach_the_webhook() {
     assert_eq!(exhausted["payload"]["data"]["quota"], "tokens_per_day");
     assert_eq!(exhausted["payload"]["data"]["agent_id"], agent);
     receiver.none_within(Duration::from_millis(600)).await;
+}
+
+#[tokio::test]
+async fn a_call_that_waits_for_a_person_is_an_approval_requested_event() {
+    let app = TestApp::start_with(fast).await;
+    let mut receiver = Receiver::start(&[]).await;
+    subscribe(
+        &app,
+        &mut receiver,
+        &["approval.requested", "turn.completed"],
+    )
+    .await;
+    let agent = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "You are terse.",
+                    "model": "openai/gpt-test", "approval_policy": {"ask": ["write"], "deny": []}}),
+        )
+        .await;
+    assert_eq!(agent.status(), 201);
+    let agent: Value = agent.json().await.unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat = app.new_chat(&agent).await;
+    app.provider.push(scripted_provider::Reply::ToolCalls {
+        text: None,
+        calls: vec![scripted_provider::ToolCall {
+            id: "call-1".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": "the user likes tea"}).to_string(),
+        }],
+        fragment: 16,
+    });
+    let response = app.send(&chat, &json!({"content": "remember it"})).await;
+    read_stream(response).await;
+    let listed: Value = app
+        .get(&format!("/v1/chats/{chat}/approvals"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let approval = listed["approvals"][0]["id"].clone();
+    let mut got = [
+        receiver.next(Duration::from_secs(20)).await,
+        receiver.next(Duration::from_secs(20)).await,
+    ];
+    got.sort_by_key(|r| r["payload"]["type"].as_str().unwrap().to_owned());
+    let (requested, ended) = (&got[0], &got[1]);
+    assert_eq!(requested["verified"], true);
+    assert_eq!(requested["payload"]["type"], "approval.requested");
+    let data = &requested["payload"]["data"];
+    assert_eq!(data["approval_id"], approval);
+    assert_eq!(data["tool"], "memory_write");
+    assert_eq!(data["agent_id"], agent);
+    assert_eq!(data["chat_id"], chat);
+    assert!(data.get("input").is_none(), "no tool input leaves (X4)");
+    assert_eq!(ended["payload"]["type"], "turn.completed");
+    assert_eq!(ended["payload"]["data"]["turn_id"], data["turn_id"]);
 }
