@@ -627,3 +627,57 @@ async fn a_call_that_waits_for_a_person_is_an_approval_requested_event() {
     assert_eq!(ended["payload"]["type"], "turn.completed");
     assert_eq!(ended["payload"]["data"]["turn_id"], data["turn_id"]);
 }
+
+#[tokio::test]
+async fn an_autostart_tick_that_cannot_start_is_an_autostart_failed_event() {
+    let app = TestApp::start_with(|c| {
+        fast(c);
+        c.autostart.min_interval_secs = 1;
+        c.autostart.poll = Duration::from_millis(50);
+    })
+    .await;
+    let mut receiver = Receiver::start(&[]).await;
+    subscribe(&app, &mut receiver, &["autostart.failed"]).await;
+    let put = app
+        .auth(app.http.put(format!("{}/v1/quotas", app.url)))
+        .json(&json!({"turns_per_minute": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let agent = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "cron", "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
+        )
+        .await;
+    let agent: Value = agent.json().await.unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let cadence = |cron: Value| {
+        let body = if cron.is_null() {
+            json!({"autostart_cron": null})
+        } else {
+            json!({"autostart_cron": cron, "autostart_prompt": "time to check"})
+        };
+        app.auth(app.http.patch(format!("{}/v1/agents/{agent}", app.url)))
+            .json(&body)
+            .send()
+    };
+    assert_eq!(cadence(json!("* * * * * *")).await.unwrap().status(), 200);
+    // The first tick fires; a later one is refused by turns_per_minute.
+    let failed = receiver.next(Duration::from_secs(20)).await;
+    assert_eq!(cadence(Value::Null).await.unwrap().status(), 200);
+    assert_eq!(failed["verified"], true);
+    assert_eq!(failed["payload"]["type"], "autostart.failed");
+    assert_eq!(failed["payload"]["data"]["agent_id"], agent);
+    assert_eq!(failed["payload"]["data"]["error_code"], "quota_exceeded");
+    let (state,): (String,) = sqlx::query_as(
+        "SELECT state FROM scheduled_tasks WHERE id = (SELECT d.event_key::uuid \
+         FROM webhook_deliveries d WHERE d.event = 'autostart.failed' ORDER BY seq LIMIT 1)",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(state, "failed");
+    app.settled().await;
+}
