@@ -265,6 +265,7 @@ pub async fn serve(
     tokio::spawn(webhooks::run(
         state.store.clone(),
         state.config.webhooks,
+        state.metrics.clone(),
         stopped.clone(),
     ));
     // Stops keep reaching this replica's turns while it drains.

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::WebhooksConfig;
 use crate::connectors::address;
+use crate::metrics::Metrics;
 use crate::store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
 use crate::store::{Store, bounded};
 
@@ -33,7 +34,7 @@ const LEASE_MARGIN: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// Runs until `stop`. With `max_in_flight` 0 this replica delivers nothing (others do).
-pub async fn run(store: Store, config: WebhooksConfig, stop: CancellationToken) {
+pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: CancellationToken) {
     if config.max_in_flight == 0 {
         return;
     }
@@ -57,9 +58,10 @@ pub async fn run(store: Store, config: WebhooksConfig, stop: CancellationToken) 
                         let Ok(permit) = slots.clone().try_acquire_owned() else {
                             break;
                         };
-                        let (store, client, config) = (store.clone(), client.clone(), config);
+                        let (store, client) = (store.clone(), client.clone());
+                        let metrics = metrics.clone();
                         tokio::spawn(async move {
-                            attempt(&store, &client, &config, delivery).await;
+                            attempt(&store, &client, &config, &metrics, delivery).await;
                             drop(permit);
                         });
                     }
@@ -98,10 +100,15 @@ async fn attempt(
     store: &Store,
     client: &reqwest::Client,
     config: &WebhooksConfig,
+    metrics: &Metrics,
     delivery: ClaimedDelivery,
 ) {
     let started = Instant::now();
     let (status, error) = send(client, config, &delivery).await;
+    metrics
+        .webhook_attempts
+        .with_label_values(&[error.unwrap_or("delivered")])
+        .inc();
     let outcome = AttemptOutcome {
         status,
         error,

@@ -203,6 +203,13 @@ async fn a_receiver_that_fails_twice_gets_the_event_once_verified() {
     assert_eq!(statuses, [&json!(500), &json!(500), &json!(204)]);
     assert_eq!(delivery["attempts"][0]["error"], "status");
     assert!(delivery["attempts"][2]["error"].is_null());
+    let metrics = app.metrics().await;
+    for line in [
+        "brain_webhook_attempts_total{outcome=\"status\"} 2",
+        "brain_webhook_attempts_total{outcome=\"delivered\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
 }
 
 #[tokio::test]
