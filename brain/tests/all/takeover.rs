@@ -315,11 +315,8 @@ async fn a_taken_over_turn_stops_when_its_key_is_revoked_and_one_revoked_before_
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     for (message_id, revoke_after_takeover) in [("m-after", true), ("m-before", false)] {
         let created: Value = app
-            .auth(app.http.post(format!("{}/v1/keys", app.url)))
-            .json(&json!({"name": message_id, "scope": "chat"}))
-            .send()
+            .post_json("/v1/keys", &json!({"name": message_id, "scope": "chat"}))
             .await
-            .unwrap()
             .json()
             .await
             .unwrap();
