@@ -2,7 +2,8 @@
 // HttpAgent), which checks the event order and shapes as it reads them. Prints
 // {events, messages, result, error, status, payload} as JSON.
 // Usage: node run.mjs URL API_KEY THREAD_ID INPUT_JSON
-// INPUT_JSON: {"text": "...", "messageId": "...", "resume": [...]} (resume optional).
+// INPUT_JSON: {"text": "...", "messageId": "...", "history": [...], "resume": [...]}: the
+// client's earlier messages (`history`), then its new user message; all but text optional.
 import { HttpAgent } from "@ag-ui/client";
 
 const [url, apiKey, threadId, inputJson] = process.argv.slice(2);
@@ -11,9 +12,12 @@ const agent = new HttpAgent({
   url,
   headers: { Authorization: `Bearer ${apiKey}` },
   threadId,
-  initialMessages: input.text
-    ? [{ id: input.messageId ?? `msg-${Date.now()}`, role: "user", content: input.text }]
-    : [],
+  initialMessages: [
+    ...(input.history ?? []),
+    ...(input.text
+      ? [{ id: input.messageId ?? `msg-${Date.now()}`, role: "user", content: input.text }]
+      : []),
+  ],
 });
 const events = [];
 const out = { events };
