@@ -1,13 +1,16 @@
 //! AG-UI (issue 28, P3) through real turns, read by the official client (`@ag-ui/client`'s
 //! `HttpAgent`, tests/agui/run.mjs), which checks every event's shape and order: a text
 //! run, a tool call of a brain tool, an approval that ends the run as an interrupt and a
-//! resume that answers it, a wrong key, a chat-scoped key held to its scope, and a team
-//! over quota refused as a `RUN_ERROR` with our code.
+//! resume that answers it, a wrong key, a chat-scoped key held to its scope, a busy agent's
+//! policy, and a team over quota refused as a `RUN_ERROR` with our code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::time::Duration;
+
 use crate::common::TestApp;
 use crate::common::replies::{call, calls, deltas, text};
+use scripted_provider::Reply;
 use serde_json::{Value, json};
 
 /// One run with the official client: its report (events, messages, result or error).
@@ -406,4 +409,89 @@ async fn a_team_over_quota_gets_a_run_error_with_our_code() {
     assert!(raw.headers().contains_key("retry-after"));
     let body = raw.text().await.unwrap();
     assert!(body.starts_with("data: {\"type\":\"RUN_ERROR\""), "{body}");
+}
+
+/// Waits until one of the team's turns is running.
+async fn until_running(app: &TestApp) {
+    for _ in 0..100 {
+        if app
+            .turns()
+            .await
+            .iter()
+            .any(|(status, _)| status == "running")
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no turn started running: {:?}", app.turns().await);
+}
+
+/// T13 through AG-UI: the agent's busy policy decides a run that finds it busy. `reject`
+/// is a `RUN_ERROR agent_busy`; `enqueue` ends the run at once with the queued turn in
+/// `result`, and that turn answers in the chat once the agent is free.
+#[tokio::test]
+async fn a_busy_agent_refuses_or_queues_the_run_by_its_policy() {
+    let app = TestApp::start().await;
+    let agent = plain_agent(&app).await;
+    let thread = thread();
+    for policy in ["reject", "enqueue"] {
+        let patched = app
+            .auth(app.http.patch(format!("{}/v1/agents/{agent}", app.url)))
+            .json(&json!({"busy_policy": policy}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(patched.status(), 200);
+        app.provider.push(Reply::Text {
+            deltas: vec!["slow ".into(), "answer".into()],
+            delay: Duration::from_millis(1500),
+        });
+        if policy == "enqueue" {
+            app.provider.push(text("Queued answer."));
+        }
+        let (first, second) = tokio::join!(
+            run(&app, &app.key, &agent, &thread, json!({"text": "first"})),
+            async {
+                until_running(&app).await;
+                run(&app, &app.key, &agent, &thread, json!({"text": "second"})).await
+            }
+        );
+        assert!(first["error"].is_null(), "{first}");
+        assert_eq!(
+            events_of(&first, "RUN_FINISHED")[0]["outcome"]["type"],
+            "success"
+        );
+        if policy == "reject" {
+            assert_eq!(types(&second), ["RUN_ERROR"], "{second}");
+            assert_eq!(second["events"][0]["code"], "agent_busy");
+        } else {
+            assert!(second["error"].is_null(), "{second}");
+            let finished = events_of(&second, "RUN_FINISHED")[0];
+            assert_eq!(finished["result"]["queued"]["position"], 1, "{finished}");
+            assert!(finished["result"]["queued"]["turnId"].is_string());
+        }
+        app.settled().await;
+    }
+    // The queued turn starts once the first one ends.
+    for _ in 0..100 {
+        let turns = app.turns().await;
+        if turns
+            .iter()
+            .all(|(status, _)| status != "queued" && status != "running")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stored: Vec<String> = app
+        .messages(&thread)
+        .await
+        .iter()
+        .map(|m| m["parts"].to_string())
+        .collect();
+    assert!(
+        stored.last().unwrap().contains("Queued answer."),
+        "{stored:?}"
+    );
 }
