@@ -151,17 +151,18 @@ impl TurnTask {
 /// the background. A turn that cannot be continued (its chat or agent is gone, a store
 /// failed) is ended `failed` so it does not stay `running` on this replica.
 pub async fn take_over(state: &AppState, taken: TakenOver) {
-    let span = tracing::info_span!(
-        "turn",
-        turn.id = %taken.turn,
-        chat.id = %taken.chat,
-        agent.id = %taken.agent,
-        team.id = %taken.team,
-        detached = true,
-        resumed = true,
-        outcome = tracing::field::Empty,
-        model_calls = tracing::field::Empty,
-        tool_calls = tracing::field::Empty,
+    // The agent's name is not read before the turn resumes: the span is named by its
+    // operation alone, as the GenAI conventions allow.
+    let span = super::spans::turn_span(
+        super::spans::TurnSpan {
+            turn: taken.turn,
+            chat: taken.chat,
+            agent: taken.agent,
+            team: taken.team,
+            detached: true,
+            resumed: true,
+        },
+        None,
     );
     match resume(state, taken).await {
         Ok(task) => {
