@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
-# brain's UI message stream, the web chat's build and browser-test packages (npm), the real
-# MCP servers the connector tests talk to (server-everything from npm, mcp-server-time from
+# brain's UI message stream, the AG-UI client (npm, tests/agui), the web chat's build and
+# browser-test packages (npm), the real MCP servers the connector tests talk to
+# (server-everything from npm, mcp-server-time from
 # PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), the Standard Webhooks library (PyPI,
 # tests/webhooks/.venv), and the
@@ -49,6 +50,13 @@ if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
    || [ tests/mcp/package-lock.json -nt tests/mcp/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/mcp"
   (cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The official AG-UI client (npm @ag-ui/client's HttpAgent) for brain/tests/all/agui.rs.
+if [ ! -f tests/agui/node_modules/.package-lock.json ] \
+   || [ tests/agui/package-lock.json -nt tests/agui/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/agui"
+  (cd tests/agui && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 # The official MCP conformance suite and the Node 22 it needs (Debian's Node is older), as

@@ -148,6 +148,7 @@ impl From<TurnError> for ApiError {
             TurnError::Provider(e) => Self::Provider(e),
             TurnError::Store(e) => e.into(),
             TurnError::Conflict(message) => Self::Conflict(message),
+            TurnError::Revoked => Self::Refused("revoked"),
             TurnError::Internal(message) => Self::Internal(message),
         }
     }

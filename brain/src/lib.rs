@@ -2,6 +2,7 @@
 //!
 //! Layout, outside in:
 //! - `api/`: the HTTP routes, authentication and request decoding;
+//! - `agui/`: a turn's UI stream as AG-UI events (issue 28, P3);
 //! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
@@ -37,6 +38,7 @@
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
 
 pub mod agents;
+pub mod agui;
 pub mod api;
 pub mod approvals;
 pub mod artifacts;

@@ -46,6 +46,17 @@ pub fn done() -> Bytes {
 /// A UI message stream's response (the turn's, or an observer's of the events stream):
 /// its content type, no caching, the stream's version, and no proxy buffering.
 pub fn response(body: Body) -> Response {
+    let mut response = event_stream(body);
+    response.headers_mut().insert(
+        UI_STREAM_HEADER,
+        HeaderValue::from_static(UI_STREAM_VERSION),
+    );
+    response
+}
+
+/// Any event stream's response (also AG-UI's, `crate::agui`): its content type, no
+/// caching, and no proxy buffering.
+pub fn event_stream(body: Body) -> Response {
     let mut response = body.into_response();
     let headers = response.headers_mut();
     headers.insert(
@@ -53,10 +64,6 @@ pub fn response(body: Body) -> Response {
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert(
-        UI_STREAM_HEADER,
-        HeaderValue::from_static(UI_STREAM_VERSION),
-    );
     // Reverse proxies (nginx) would otherwise buffer the stream.
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response

@@ -27,6 +27,18 @@ pub const POOL_AUDIENCE: &str = "agent-runtime/worker-pool";
 pub const BIND_NOTIFICATION: &str = "notifications/agent_runtime/bind";
 /// The custom notification that carries a renewed session token; params `{"token"}`.
 pub const TOKEN_NOTIFICATION: &str = "notifications/agent_runtime/token";
+/// Kept calls (D3): the `tools/call` `_meta` key carrying the call's key (the brain's
+/// turn and call ids). A keyed call outlives the channel that carried it, its outcome is
+/// kept for a while, and a call repeating a known key never runs again: it attaches.
+pub const CALL_KEY_META: &str = "agent_runtime/call";
+/// `_meta` flag of a keyed call that only asks for an earlier call's outcome (after a
+/// re-dial or a takeover); it never starts one.
+pub const ATTACH_META: &str = "agent_runtime/attach";
+/// The JSON-RPC error code of an attach whose key the worker does not know (it
+/// restarted, or the outcome expired): whether the call ran is unknown.
+pub const UNKNOWN_CALL: i32 = -32010;
+/// The experimental server capability a worker that keeps calls announces.
+pub const KEPT_CALLS_CAPABILITY: &str = "agent_runtime/kept_calls";
 /// The path workers dial, under the brain's public URL.
 pub const CONNECT_PATH: &str = "/v1/worker/connect";
 

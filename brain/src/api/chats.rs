@@ -299,6 +299,22 @@ fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
 }
 
 impl PostMessage {
+    /// A user message another front end (AG-UI) posts, checked as this route checks its
+    /// plain form.
+    pub(super) fn user_trigger(
+        content: String,
+        message_id: Option<String>,
+        max_chars: usize,
+    ) -> Result<Trigger, ApiError> {
+        Self::Plain(PlainMessage {
+            content,
+            message_id,
+            background: false,
+            if_busy: None,
+        })
+        .into_trigger(max_chars)
+    }
+
     /// Whether the turn is to run in the background (D1).
     fn background(&self) -> bool {
         match self {
@@ -525,7 +541,7 @@ pub async fn post_message(
 }
 
 /// What a posted message became.
-enum Posted {
+pub(super) enum Posted {
     Launched(Launched),
     /// T13: queued behind the agent's running turn.
     Queued(turn::Queued),
@@ -534,7 +550,7 @@ enum Posted {
 /// Launches `trigger`; a user message that finds the agent busy does what `if_busy` (else
 /// the agent's `busy_policy`) says (T13). Interrupting a turn follows the stop rule (T8):
 /// the principal must see the running turn's chat, else the agent is busy to it.
-async fn launch(
+pub(super) async fn launch(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,

@@ -6,6 +6,7 @@
 //! `error.rs` only.
 
 mod agents;
+mod agui;
 mod approvals;
 mod artifacts;
 mod chats;
@@ -109,6 +110,8 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.
+        // AG-UI (issue 28, P3): a front end of the same posting path.
+        .routes(routes!(agui::run))
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))

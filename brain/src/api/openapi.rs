@@ -25,6 +25,8 @@ pub const WORKER_TOKEN: &str = "worker_token";
 /// The routes a browser reaches without credentials: the OAuth callback and the client
 /// metadata document.
 pub const OAUTH_PUBLIC: &str = "/v1/oauth/";
+/// The AG-UI runs (issue 28, P3): outside `/v1`, on the same credentials.
+const AGUI: &str = "/agui/";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -71,13 +73,13 @@ pub(super) fn base() -> Document {
     ApiDoc::openapi()
 }
 
-/// The whole contract: the routes' operations on [`base`], each `/v1` operation but the
+/// The whole contract: the routes' operations on [`base`], each `/v1` and AG-UI operation but the
 /// worker's (its upgrade and its snapshots, on the session token) and the OAuth callback's (whose `state` is its credential) made to
 /// require the team key and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
-        if !path.starts_with("/v1/")
+        if !(path.starts_with("/v1/") || path.starts_with(AGUI))
             || path == protocol::channel::CONNECT_PATH
             || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
             || path.starts_with(OAUTH_PUBLIC)

@@ -7,11 +7,14 @@ use std::sync::Arc;
 use base64::Engine;
 use channel::catalog::returns_file;
 use logging::traces::TraceContext;
+use protocol::TurnId;
+use protocol::channel::{ATTACH_META, CALL_KEY_META, KEPT_CALLS_CAPABILITY, UNKNOWN_CALL};
 use protocol::ui::UiChunk;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ServerResult,
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest, ErrorCode,
+    ServerResult,
 };
-use rmcp::service::PeerRequestOptions;
+use rmcp::service::{PeerRequestOptions, ServiceError};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -21,10 +24,57 @@ use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::store::Store;
 use crate::tools::ToolOutput;
 
-/// What the model reads when the channel drops under a call (W9). The worker stops what
-/// the call started and never runs it again; nothing resends it.
+/// What the model reads when the channel drops under a call to a worker that does not keep
+/// calls (W9): it stops what the call started and never runs it again.
 const DROPPED_DURING_CALL: &str = "the worker's connection dropped during this call: the call \
     was stopped and will not be run again (what it did before stays done)";
+/// What the model reads when a kept call's outcome could not be had back (D3).
+const LOST_DURING_CALL: &str = "outcome_unknown: the worker's connection dropped during this \
+    call and its outcome could not be recovered; the tool may or may not have run, and it was \
+    not run again. Check its effect before relying on it or calling it again.";
+
+/// One call of a worker tool.
+pub(super) struct WorkerCall<'a> {
+    pub tool: &'a str,
+    pub arguments: serde_json::Map<String, Value>,
+    /// The model's id of the call: live output is tagged with it, and with `turn` it keys
+    /// the call on a worker that keeps calls (D3).
+    pub call_id: &'a str,
+    pub turn: TurnId,
+    /// Asks only for the outcome of the call, made earlier under the same key (D3).
+    pub attach: bool,
+}
+
+/// Why a worker call has no answer.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// The channel, or the replica holding it, went away during a kept call: the worker
+    /// may still run it, and an attach may get its outcome (D3).
+    Dropped,
+    /// The worker does not know the call an attach asked for: whether it ran is unknown.
+    Unknown,
+    /// Anything else: the text is for the model.
+    Other(String),
+}
+
+impl Failure {
+    /// A stable class for logs.
+    pub(super) fn class(&self) -> &'static str {
+        match self {
+            Self::Dropped => "dropped",
+            Self::Unknown => "unknown",
+            Self::Other(_) => "other",
+        }
+    }
+
+    /// What the model reads.
+    pub(super) fn into_message(self) -> String {
+        match self {
+            Self::Dropped | Self::Unknown => LOST_DURING_CALL.to_owned(),
+            Self::Other(message) => message,
+        }
+    }
+}
 
 /// Sends `notifications/cancelled` for a call whose future was dropped before its
 /// answer (the turn was cancelled), so the worker kills what it runs (T8).
@@ -53,21 +103,25 @@ pub struct Answer {
     pub is_error: bool,
 }
 
-/// Runs `tool` on a worker whose channel this replica holds. Live output goes to `ui`
-/// tagged with `call_id`; a cancel sends `notifications/cancelled` so the worker kills
+/// Runs `call` on a worker whose channel this replica holds. Live output goes to `ui`
+/// tagged with its call id; a cancel sends `notifications/cancelled` so the worker kills
 /// what it runs (T8). `trace`, the caller's `tool_call` span, goes in the request's
 /// `_meta` (`traceparent`, `tracestate`: MCP's SEP-414), so the worker's spans for the call
-/// are its children (O2). The error string is for the model.
+/// are its children (O2). A worker that keeps calls (D3) gets the call's key in `_meta`
+/// too, so a call whose channel drops goes on and can be attached to after the re-dial.
 pub(super) async fn call_worker(
     worker: &LiveWorker,
-    tool: &str,
-    arguments: serde_json::Map<String, Value>,
-    call_id: &str,
+    call: WorkerCall<'_>,
     ui: Option<&mpsc::Sender<UiChunk>>,
     cancel: &CancellationToken,
     trace: Option<&TraceContext>,
-) -> Result<Answer, String> {
-    let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+) -> Result<Answer, Failure> {
+    let kept = keeps_calls(worker);
+    if call.attach && !kept {
+        return Err(Failure::Unknown);
+    }
+    let mut params =
+        CallToolRequestParams::new(call.tool.to_owned()).with_arguments(call.arguments);
     if let Some(trace) = trace {
         let meta = params.meta.get_or_insert_default();
         meta.set_traceparent(trace.traceparent.clone());
@@ -75,18 +129,41 @@ pub(super) async fn call_worker(
             meta.set_tracestate(tracestate.clone());
         }
     }
+    if kept {
+        let meta = params.meta.get_or_insert_default();
+        meta.insert(
+            CALL_KEY_META.into(),
+            format!("{}:{}", call.turn, call.call_id).into(),
+        );
+        if call.attach {
+            meta.insert(ATTACH_META.into(), true.into());
+        }
+    }
+    // What a channel that drops under the call means: a kept call may be attached to.
+    let dropped = || {
+        if kept {
+            Failure::Dropped
+        } else {
+            Failure::Other(DROPPED_DURING_CALL.into())
+        }
+    };
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let peer = worker.service.peer().clone();
-    let handle = peer
+    let Ok(handle) = peer
         .send_cancellable_request(request, PeerRequestOptions::no_options())
         .await
-        .map_err(|_| {
-            "the worker's connection dropped before the call started; try again".to_owned()
-        })?;
+    else {
+        if call.attach {
+            return Err(Failure::Dropped);
+        }
+        return Err(Failure::Other(
+            "the worker's connection dropped before the call started; try again".to_owned(),
+        ));
+    };
     let routed = ui.map(|ui| {
         worker.client().route(
             handle.progress_token.clone(),
-            call_id.to_owned(),
+            call.call_id.to_owned(),
             ui.clone(),
         )
     });
@@ -99,12 +176,12 @@ pub(super) async fn call_worker(
         answer = handle.await_response() => Some(answer),
         _ = worker.control.ended() => {
             guard.peer = None;
-            return Err(DROPPED_DURING_CALL.into());
+            return Err(dropped());
         }
     };
     drop(routed);
     // On cancel the guard tells the worker; the turn stores the synthetic result.
-    let answer = answer.ok_or_else(|| "cancelled".to_owned())?;
+    let answer = answer.ok_or_else(|| Failure::Other("cancelled".to_owned()))?;
     guard.peer = None;
     match answer {
         Ok(ServerResult::CallToolResult(result)) => {
@@ -116,9 +193,24 @@ pub(super) async fn call_worker(
                 content,
             })
         }
-        Ok(_) => Err("the worker sent an unexpected answer".into()),
-        Err(_) => Err(DROPPED_DURING_CALL.into()),
+        Ok(_) => Err(Failure::Other(
+            "the worker sent an unexpected answer".into(),
+        )),
+        Err(ServiceError::McpError(error)) if error.code == ErrorCode(UNKNOWN_CALL) => {
+            Err(Failure::Unknown)
+        }
+        Err(_) => Err(dropped()),
     }
+}
+
+/// Whether the worker announced that it keeps calls (D3); one of an earlier release does not.
+fn keeps_calls(worker: &LiveWorker) -> bool {
+    worker.service.peer().peer_info().is_some_and(|info| {
+        info.capabilities
+            .experimental
+            .as_ref()
+            .is_some_and(|experimental| experimental.contains_key(KEPT_CALLS_CAPABILITY))
+    })
 }
 
 /// Where the files that `FILE_RESULT_TOOLS` answer with are stored. The replica that
@@ -147,21 +239,16 @@ impl Files {
         &self,
         tool: &str,
         owner: ArtifactOwner,
-        answer: Result<Answer, String>,
+        answer: Answer,
     ) -> ToolOutput {
-        match answer {
-            Ok(answer) if returns_file(tool) && !answer.is_error => {
-                self.store_artifact(owner, &answer.content).await
-            }
-            Ok(answer) => {
-                let text = content_text(&answer.content);
-                if answer.is_error {
-                    ToolOutput::error(text)
-                } else {
-                    ToolOutput::ok(text)
-                }
-            }
-            Err(message) => ToolOutput::error(message),
+        if returns_file(tool) && !answer.is_error {
+            return self.store_artifact(owner, &answer.content).await;
+        }
+        let text = content_text(&answer.content);
+        if answer.is_error {
+            ToolOutput::error(text)
+        } else {
+            ToolOutput::ok(text)
         }
     }
 

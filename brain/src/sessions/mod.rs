@@ -467,6 +467,53 @@ impl Sessions {
         }
     }
 
+    /// The chat's `ready` session, if it has one: where a call in flight at a takeover
+    /// ran (D3). Not knowing is `None`: the call is then `outcome_unknown`.
+    pub(super) async fn chat_session(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+    ) -> Option<SessionId> {
+        match crate::store::bounded(self.store.live_session(team, agent, chat)).await {
+            Ok(Some(row)) if row.state == SessionState::Ready => Some(row.id),
+            _ => None,
+        }
+    }
+
+    /// D3: the worker of `session` once it is connected again (W9) after its channel
+    /// dropped under a call, waiting up to the re-dial grace; never provisions. `None` when
+    /// the session ended or no worker came back in time.
+    pub(super) async fn rejoin(
+        &self,
+        session: SessionId,
+        cancel: &CancellationToken,
+    ) -> Option<Target> {
+        let deadline = Instant::now() + self.config.redial_grace;
+        loop {
+            if let Some(worker) = self.registry.get(session).filter(|worker| worker.is_up()) {
+                return Some(Target::Local { session, worker });
+            }
+            match crate::store::bounded(self.store.session(session)).await {
+                Ok(row) if row.state == SessionState::Ready => {
+                    if let Ok(Owner::Replica(owner)) = self.live_owner(session).await {
+                        return Some(Target::Remote { owner, session });
+                    }
+                }
+                Ok(_) => return None,
+                // Unknown is not "ended": look again.
+                Err(_) => {}
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return None,
+                () = tokio::time::sleep(REDIAL_POLL) => {}
+            }
+        }
+    }
+
     /// Who holds `session`'s channel, as far as it can be told. The caller has checked
     /// this replica's registry: an owner key naming this replica is stale (our channel
     /// ended), and one naming a replica that does not listen on its relay channel any more

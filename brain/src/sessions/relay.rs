@@ -20,8 +20,10 @@
 //!   came before the subscription is found in the key, a later one arrives on the channel.
 //! - The owner publishes a beat on `relay:call:{key}` as soon as it takes the call and
 //!   every [`BEAT_EVERY`] while it runs: a caller that hears nothing for [`SILENCE`] (the
-//!   owner died, or its publishes fail) ends the call with a tool error instead of waiting
-//!   for an answer that cannot come.
+//!   owner died, or its publishes fail) stops waiting for an answer that cannot come; the
+//!   call is then lost like one whose channel dropped, and attached to on the worker once
+//!   it has dialed again (D3). An owner whose own channel to the worker drops under the
+//!   call says so ([`RelayEvent::Lost`]).
 //! - A replica that claimed a pooled worker another replica holds (R3) publishes a
 //!   [`RemoteBind`] on `relay:{holder}:bind`; the holder binds the worker and answers on
 //!   `relay:call:{key}` like a call (beats, then an answer), and the session's calls are
@@ -43,7 +45,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::call::{Files, call_worker};
+use super::call::{Failure, Files, WorkerCall, call_worker};
 use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::redis::bounded;
@@ -61,8 +63,6 @@ const SILENCE: Duration = Duration::from_secs(5);
 const CANCEL_TTL: Duration = Duration::from_secs(60);
 
 const UNREACHABLE: &str = "the replica holding the worker is unreachable";
-const SILENT: &str = "the replica holding the worker stopped answering during the call \
-                      (it may have died); whether the call finished is unknown";
 
 fn owner_key(session: SessionId) -> String {
     format!("worker-owner:{session}")
@@ -107,6 +107,10 @@ struct RelayCall {
     traceparent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tracestate: Option<String>,
+    /// Asks only for the outcome of the call made earlier under the same turn and call id
+    /// (D3). Sent only when set, so a release before it still takes every other call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    attach: bool,
 }
 
 /// A claim of a pooled worker another replica holds (R3): the claimer has written the
@@ -147,6 +151,11 @@ enum RelayEvent {
     Answer {
         content: String,
         is_error: bool,
+    },
+    /// The owner's channel to the worker dropped under the call (`unknown`: the worker
+    /// does not know the call an attach asked for), D3.
+    Lost {
+        unknown: bool,
     },
 }
 
@@ -375,14 +384,20 @@ impl Sessions {
         };
         let beats = tokio::spawn(beat(conn.clone(), events.clone()));
         let output = if cancel.is_cancelled() {
-            ToolOutput::error("cancelled")
+            Ok(ToolOutput::error("cancelled"))
         } else {
             self.run_on_worker(&files, call, &conn, &events, &cancel)
                 .await
         };
         beats.abort();
         watch.abort();
-        publish(&mut conn, &events, &answer(output)).await;
+        let event = match output {
+            Ok(output) => answer(output),
+            Err(Failure::Dropped) => RelayEvent::Lost { unknown: false },
+            Err(Failure::Unknown) => RelayEvent::Lost { unknown: true },
+            Err(Failure::Other(message)) => answer(ToolOutput::error(message)),
+        };
+        publish(&mut conn, &events, &event).await;
     }
 
     /// Binds a pooled worker this replica holds to a session another replica claimed its
@@ -429,13 +444,19 @@ impl Sessions {
         conn: &redis::aio::MultiplexedConnection,
         events: &str,
         cancel: &CancellationToken,
-    ) -> ToolOutput {
+    ) -> Result<ToolOutput, Failure> {
         let Some((worker, binding)) = self
             .registry
             .get(call.session)
             .and_then(|worker| worker.binding().map(|binding| (worker, binding)))
         else {
-            return ToolOutput::error("the worker is no longer connected");
+            // Nothing was sent: a call never started; an attach looks again where the
+            // worker dialed (a re-dial elsewhere).
+            return Err(if call.attach {
+                Failure::Dropped
+            } else {
+                Failure::Other("the worker is no longer connected".into())
+            });
         };
         let (ui, mut lines) = mpsc::channel::<UiChunk>(64);
         let forward = {
@@ -460,9 +481,13 @@ impl Sessions {
         let trace = TraceContext::received(call.traceparent.as_deref(), call.tracestate.as_deref());
         let answer = call_worker(
             &worker,
-            &call.tool,
-            call.arguments,
-            &call.call_id,
+            WorkerCall {
+                tool: &call.tool,
+                arguments: call.arguments,
+                call_id: &call.call_id,
+                turn: call.turn,
+                attach: call.attach,
+            },
             Some(&ui),
             cancel,
             trace.as_ref(),
@@ -477,7 +502,7 @@ impl Sessions {
             chat: Some(call.chat),
             turn: Some(call.turn),
         };
-        files.output(&call.tool, owner, answer).await
+        Ok(files.output(&call.tool, owner, answer?).await)
     }
 }
 
@@ -509,7 +534,8 @@ async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, ev
     }
 }
 
-/// Runs `tool` on the worker `owner` holds, relaying its live output to the turn.
+/// Runs `tool` on the worker `owner` holds, relaying its live output to the turn; with
+/// `attach`, asks only for the outcome of the call made earlier under `ctx`'s ids (D3).
 pub(super) async fn call_remote(
     sessions: &Sessions,
     owner: &str,
@@ -517,8 +543,9 @@ pub(super) async fn call_remote(
     tool: &str,
     arguments: serde_json::Map<String, Value>,
     ctx: &ToolCtx,
-) -> ToolOutput {
-    let unreachable = || ToolOutput::error(UNREACHABLE);
+    attach: bool,
+) -> Result<ToolOutput, Failure> {
+    let unreachable = || Err(Failure::Other(UNREACHABLE.into()));
     let key = uuid::Uuid::new_v4().simple().to_string();
     let Some(pubsub) = subscribe(&sessions.redis_client, events_channel(&key)).await else {
         return unreachable();
@@ -541,6 +568,7 @@ pub(super) async fn call_remote(
         turn: ctx.turn,
         traceparent,
         tracestate,
+        attach,
     };
     let Ok(payload) = serde_json::to_string(&call) else {
         return unreachable();
@@ -562,15 +590,18 @@ pub(super) async fn call_remote(
     let mut events = pubsub.into_on_message();
     loop {
         let message = tokio::select! {
-            () = ctx.cancel.cancelled() => return ToolOutput::error("cancelled"),
+            () = ctx.cancel.cancelled() => return Ok(ToolOutput::error("cancelled")),
             message = tokio::time::timeout(SILENCE, events.next()) => message,
         };
         let message = match message {
             Ok(Some(message)) => message,
             Ok(None) => return unreachable(),
-            // The guard stays armed: an owner that is only cut off stops the call when
-            // the cancel reaches it.
-            Err(_) => return ToolOutput::error(SILENT),
+            // The owner may have died: the worker dials again elsewhere and still runs
+            // the call (D3), which the caller attaches to there; no cancel is sent.
+            Err(_) => {
+                guard.conn = None;
+                return Err(Failure::Dropped);
+            }
         };
         let Ok(payload) = message.get_payload::<String>() else {
             continue;
@@ -591,12 +622,20 @@ pub(super) async fn call_remote(
             }
             Ok(RelayEvent::Answer { content, is_error }) => {
                 guard.conn = None;
-                return ToolOutput { content, is_error };
+                return Ok(ToolOutput { content, is_error });
+            }
+            Ok(RelayEvent::Lost { unknown }) => {
+                guard.conn = None;
+                return Err(if unknown {
+                    Failure::Unknown
+                } else {
+                    Failure::Dropped
+                });
             }
             Err(_) => {
-                return ToolOutput::error(
-                    "the replica holding the worker sent an undecodable answer",
-                );
+                return Err(Failure::Other(
+                    "the replica holding the worker sent an undecodable answer".into(),
+                ));
             }
         }
     }
@@ -634,6 +673,7 @@ pub(super) async fn bind_remote(
         };
         match serde_json::from_str::<RelayEvent>(&payload) {
             Ok(RelayEvent::Beat | RelayEvent::Log { .. }) => {}
+            Ok(RelayEvent::Lost { .. }) => return Err("worker_gone"),
             Ok(RelayEvent::Answer {
                 is_error: false, ..
             }) => return Ok(()),

@@ -1,5 +1,10 @@
 //! The worker tools (SPEC T4, W8): declared from the agent's RuntimeProfile, so the model
 //! can call one before any worker exists; the first call provisions.
+//!
+//! A call whose channel drops under it (the worker's socket, or the replica holding it)
+//! is not lost: the worker keeps running it, and once the worker has dialed again (W9)
+//! the call is attached to by its key and answers what the worker kept (D3). A turn taken
+//! over does the same for the calls that were in flight at its replica's death.
 
 use std::sync::Arc;
 
@@ -7,7 +12,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
-use super::call::{Files, call_worker};
+use super::call::{Failure, Files, WorkerCall, call_worker};
 use super::{Sessions, Target, relay};
 use crate::approvals::RiskClass;
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
@@ -17,6 +22,8 @@ use channel::catalog::{WorkerToolDecl, catalog_for};
 
 /// How often a running call records use of its session.
 const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);
+/// Attaches a call makes after its channel dropped: each waits for a re-dial (W9).
+const MAX_REATTACH: usize = 3;
 
 /// The worker tools `profile` offers, bound to this turn's sessions.
 pub fn worker_tools(
@@ -97,40 +104,8 @@ impl Tool for WorkerTool {
             let session = target.session();
             self.sessions.touched(session);
             let call = async {
-                match target {
-                    Target::Local { worker, .. } => {
-                        // The current span is the turn's `tool_call`.
-                        let trace = logging::traces::context_of(&tracing::Span::current());
-                        let answer = call_worker(
-                            &worker,
-                            self.decl.name,
-                            arguments,
-                            &ctx.call_id,
-                            ctx.ui.as_ref(),
-                            &ctx.cancel,
-                            trace.as_ref(),
-                        )
-                        .await;
-                        let owner = ArtifactOwner {
-                            team: ctx.team,
-                            agent: ctx.agent,
-                            chat: Some(ctx.chat),
-                            turn: Some(ctx.turn),
-                        };
-                        self.files.output(self.decl.name, owner, answer).await
-                    }
-                    Target::Remote { owner, session } => {
-                        relay::call_remote(
-                            &self.sessions,
-                            &owner,
-                            session,
-                            self.decl.name,
-                            arguments,
-                            ctx,
-                        )
-                        .await
-                    }
-                }
+                let first = self.once(ctx, target, arguments, false).await;
+                self.attach_after(ctx, session, first).await
             };
             tokio::pin!(call);
             // A running call is use: keep pushing the idle teardown back while it runs,
@@ -147,9 +122,99 @@ impl Tool for WorkerTool {
             };
             // A call longer than the idle window must not be torn down right after it.
             self.sessions.touched(session);
-            output
+            output.unwrap_or_else(|failure| ToolOutput::error(failure.into_message()))
         }
         .boxed()
+    }
+
+    /// The worker kept the call's outcome, or still runs it (D3): attached to by its key
+    /// once the chat's worker is connected again; the input is not needed for that.
+    fn reattach<'a>(
+        &'a self,
+        ctx: &'a ToolCtx,
+        _input: Value,
+    ) -> BoxFuture<'a, Option<ToolOutput>> {
+        async move {
+            let session = self
+                .sessions
+                .chat_session(ctx.team, ctx.agent, ctx.chat)
+                .await?;
+            self.attach_after(ctx, session, Err(Failure::Dropped))
+                .await
+                .ok()
+        }
+        .boxed()
+    }
+}
+
+impl WorkerTool {
+    /// One call (or, with `attach`, one attach: `arguments` are then not looked at) on the
+    /// worker at `target`.
+    async fn once(
+        &self,
+        ctx: &ToolCtx,
+        target: Target,
+        arguments: serde_json::Map<String, Value>,
+        attach: bool,
+    ) -> Result<ToolOutput, Failure> {
+        match target {
+            Target::Local { worker, .. } => {
+                // The current span is the turn's `tool_call`.
+                let trace = logging::traces::context_of(&tracing::Span::current());
+                let call = WorkerCall {
+                    tool: self.decl.name,
+                    arguments,
+                    call_id: &ctx.call_id,
+                    turn: ctx.turn,
+                    attach,
+                };
+                let answer =
+                    call_worker(&worker, call, ctx.ui.as_ref(), &ctx.cancel, trace.as_ref())
+                        .await?;
+                let owner = ArtifactOwner {
+                    team: ctx.team,
+                    agent: ctx.agent,
+                    chat: Some(ctx.chat),
+                    turn: Some(ctx.turn),
+                };
+                Ok(self.files.output(self.decl.name, owner, answer).await)
+            }
+            Target::Remote { owner, session } => {
+                relay::call_remote(
+                    &self.sessions,
+                    &owner,
+                    session,
+                    self.decl.name,
+                    arguments,
+                    ctx,
+                    attach,
+                )
+                .await
+            }
+        }
+    }
+
+    /// D3: while `outcome` says the channel dropped under the call, waits for the worker
+    /// of `session` to dial again and attaches to the call there.
+    async fn attach_after(
+        &self,
+        ctx: &ToolCtx,
+        session: protocol::SessionId,
+        mut outcome: Result<ToolOutput, Failure>,
+    ) -> Result<ToolOutput, Failure> {
+        for _ in 0..MAX_REATTACH {
+            if !matches!(outcome, Err(Failure::Dropped)) {
+                break;
+            }
+            let Some(target) = self.sessions.rejoin(session, &ctx.cancel).await else {
+                break;
+            };
+            outcome = self.once(ctx, target, serde_json::Map::new(), true).await;
+        }
+        if let Err(failure) = &outcome {
+            tracing::info!(session = %session, class = failure.class(), "worker call lost");
+        }
+        outcome
     }
 }
 

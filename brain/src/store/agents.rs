@@ -5,7 +5,7 @@ use protocol::{AgentId, TeamId};
 use sqlx::Row;
 
 use super::cron::drop_pending_firings;
-use super::{AutostartAt, Store, StoreError};
+use super::{AutostartAt, CallKey, Store, StoreError};
 use crate::approvals::ApprovalPolicy;
 
 /// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
@@ -190,9 +190,38 @@ impl Store {
         team: TeamId,
         agent: &NewAgent,
     ) -> Result<AgentRow, StoreError> {
+        self.insert_agent(team, agent, None).await
+    }
+
+    /// Creates the agent `call` asks for, or answers the one an earlier run of `call`
+    /// created (D3: a taken-over turn runs the call again).
+    pub async fn create_agent_by_call(
+        &self,
+        team: TeamId,
+        agent: &NewAgent,
+        call: CallKey<'_>,
+    ) -> Result<AgentRow, StoreError> {
+        self.insert_agent(team, agent, Some(call)).await
+    }
+
+    async fn insert_agent(
+        &self,
+        team: TeamId,
+        agent: &NewAgent,
+        call: Option<CallKey<'_>>,
+    ) -> Result<AgentRow, StoreError> {
+        // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
-            "INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING {AGENT_COLUMNS}"
+            "WITH made AS ( \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+               ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
+               RETURNING *) \
+             SELECT {AGENT_COLUMNS} FROM made \
+             UNION ALL \
+             SELECT {AGENT_COLUMNS} FROM agents \
+             WHERE team_id = $2 AND created_by_turn = $11 AND created_by_call = $12 \
+             LIMIT 1"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(AgentId::new().0)
@@ -205,6 +234,8 @@ impl Store {
             .bind(agent.concierge)
             .bind(sqlx::types::Json(&agent.approval_policy))
             .bind(agent.disconnect_policy.as_str())
+            .bind(call.map(|call| call.turn.0))
+            .bind(call.map(|call| call.call))
             .fetch_one(&self.pool)
             .await?;
         Ok(agent_from_row(&row)?)

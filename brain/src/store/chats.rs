@@ -104,6 +104,38 @@ impl Store {
         Ok(chat_from_row(&row)?)
     }
 
+    /// The team's chat `chat`, created for `agent` when no chat has that id (an AG-UI
+    /// thread, issue 28 P3: the client names it). Answers the chat as it is, whichever
+    /// agent it belongs to: the caller checks that. `NotFound` when the id is free and
+    /// the agent unknown or archived, or when the id is another team's chat.
+    pub async fn open_chat(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        chat: ChatId,
+        created_by: Option<&str>,
+    ) -> Result<ChatRow, StoreError> {
+        // The statement's snapshot does not see its own insert: the union is the new row
+        // or the one that was there, never both.
+        let sql = format!(
+            "WITH new AS (INSERT INTO chats (id, team_id, agent_id, created_by) \
+               SELECT $1, team_id, id, $4 FROM agents \
+               WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
+               ON CONFLICT (id) DO NOTHING RETURNING {CHAT_COLUMNS}) \
+             SELECT {CHAT_COLUMNS} FROM new \
+             UNION ALL SELECT {CHAT_COLUMNS} FROM chats WHERE team_id = $2 AND id = $1"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(chat.0)
+            .bind(team.0)
+            .bind(agent.0)
+            .bind(created_by)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok(chat_from_row(&row)?)
+    }
+
     /// The agent's chats, newest first, at most `limit`; with `created_by`, only that
     /// user's. `NotFound` for an unknown or another team's agent.
     pub async fn chats(

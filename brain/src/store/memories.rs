@@ -1,26 +1,47 @@
 //! Durable notes per agent (SPEC M2).
 
-use protocol::{AgentId, TeamId};
+use protocol::{AgentId, TeamId, TurnId};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
 
+/// The tool call that writes a row (D3): a brain tool's write is a transaction keyed by
+/// it, so running the call again after a takeover finds the first run's row.
+#[derive(Clone, Copy, Debug)]
+pub struct CallKey<'a> {
+    pub turn: TurnId,
+    pub call: &'a str,
+}
+
 impl Store {
+    /// Stores a note made by `call`, or answers the note an earlier run of `call` made.
     pub async fn write_memory(
         &self,
         team: TeamId,
         agent: AgentId,
         content: &str,
+        call: CallKey<'_>,
     ) -> Result<Uuid, StoreError> {
-        let id = Uuid::now_v7();
-        sqlx::query(
-            "INSERT INTO memories (id, team_id, agent_id, content) VALUES ($1, $2, $3, $4)",
+        // The select reads the statement's snapshot, so it sees only an earlier run's row
+        // and the insert's own `RETURNING` answers a new one: exactly one of them is there.
+        let (id,): (Uuid,) = sqlx::query_as(
+            "WITH made AS ( \
+               INSERT INTO memories (id, team_id, agent_id, content, turn_id, call_id) \
+               VALUES ($1, $2, $3, $4, $5, $6) \
+               ON CONFLICT (turn_id, call_id) WHERE turn_id IS NOT NULL DO NOTHING \
+               RETURNING id) \
+             SELECT id FROM made \
+             UNION ALL \
+             SELECT id FROM memories WHERE turn_id = $5 AND call_id = $6 AND team_id = $2 \
+             LIMIT 1",
         )
-        .bind(id)
+        .bind(Uuid::now_v7())
         .bind(team.0)
         .bind(agent.0)
         .bind(content)
-        .execute(&self.pool)
+        .bind(call.turn.0)
+        .bind(call.call)
+        .fetch_one(&self.pool)
         .await?;
         Ok(id)
     }

@@ -44,6 +44,7 @@ pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
+pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
@@ -404,6 +405,11 @@ fn migrator() -> Migrator {
             25,
             "busy policy: queued turns and their messages",
             include_str!("../../../migrations/0025_busy_policy.sql"),
+        ),
+        (
+            26,
+            "keyed brain tools: memories and agents made by a tool call",
+            include_str!("../../../migrations/0026_keyed_brain_tools.sql"),
         ),
         (
             27,

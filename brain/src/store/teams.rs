@@ -96,6 +96,22 @@ impl Store {
         }))
     }
 
+    /// The hash of `team`'s key `id` while it is live (not revoked).
+    pub async fn live_key_hash(
+        &self,
+        team: TeamId,
+        id: Uuid,
+    ) -> Result<Option<[u8; 32]>, StoreError> {
+        let row: Option<(Vec<u8>,)> = sqlx::query_as(
+            "SELECT key_hash FROM api_keys WHERE team_id = $1 AND id = $2 AND revoked_at IS NULL",
+        )
+        .bind(team.0)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.and_then(|(hash,)| hash.try_into().ok()))
+    }
+
     /// Stores a new key of `team` for `secret`, unless the team already has `max_live`
     /// live keys (`Conflict("key_limit")`).
     pub async fn create_key(

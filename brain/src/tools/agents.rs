@@ -58,6 +58,11 @@ impl Tool for AgentCreate {
         "agent_create"
     }
 
+    /// D3: keyed by its call: run again, it answers the agent the first run created.
+    fn repeatable(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "agent_create".into(),
@@ -96,7 +101,7 @@ impl Tool for AgentCreate {
                 Ok(new) => new,
                 Err(problem) => return ToolOutput::error(problem),
             };
-            match ctx.store.create_agent(ctx.team, &new).await {
+            match ctx.store.create_agent_by_call(ctx.team, &new, ctx.call_key()).await {
                 Ok(row) => {
                     tracing::info!(team = %ctx.team, agent = %row.id, by = %ctx.agent, "agent created by tool");
                     ToolOutput::ok(json!({"agent_id": row.id, "name": row.name}).to_string())
@@ -121,6 +126,11 @@ struct AgentArchive;
 impl Tool for AgentArchive {
     fn metric_label(&self) -> &'static str {
         "agent_archive"
+    }
+
+    /// D3: archiving an archived agent changes nothing.
+    fn repeatable(&self) -> bool {
+        true
     }
 
     fn spec(&self) -> ToolSpec {
@@ -184,6 +194,11 @@ struct AgentSetPrompt;
 impl Tool for AgentSetPrompt {
     fn metric_label(&self) -> &'static str {
         "agent_set_prompt"
+    }
+
+    /// D3: setting the same prompt again changes nothing.
+    fn repeatable(&self) -> bool {
+        true
     }
 
     fn spec(&self) -> ToolSpec {
@@ -274,6 +289,11 @@ struct AgentUpdate {
 impl Tool for AgentUpdate {
     fn metric_label(&self) -> &'static str {
         "agent_update"
+    }
+
+    /// D3: setting the same fields again changes nothing.
+    fn repeatable(&self) -> bool {
+        true
     }
 
     fn spec(&self) -> ToolSpec {

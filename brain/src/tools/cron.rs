@@ -54,6 +54,11 @@ impl Tool for CronSet {
         "cron_set"
     }
 
+    /// D3: setting the same schedule again changes nothing.
+    fn repeatable(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "cron_set".into(),
@@ -134,6 +139,11 @@ impl Tool for CronList {
         "cron_list"
     }
 
+    /// D3: it only reads.
+    fn repeatable(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "cron_list".into(),
@@ -196,6 +206,11 @@ struct CronRemove;
 impl Tool for CronRemove {
     fn metric_label(&self) -> &'static str {
         "cron_remove"
+    }
+
+    /// D3: removing a removed schedule changes nothing.
+    fn repeatable(&self) -> bool {
+        true
     }
 
     fn spec(&self) -> ToolSpec {

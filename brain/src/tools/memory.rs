@@ -34,6 +34,11 @@ impl Tool for MemoryWrite {
         "memory_write"
     }
 
+    /// D3: keyed by its call: run again, it answers the note the first run stored.
+    fn repeatable(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "memory_write".into(),
@@ -66,7 +71,7 @@ impl Tool for MemoryWrite {
             if content.is_empty() || content.chars().count() > MAX_NOTE {
                 return ToolOutput::error(format!("content must have 1 to {MAX_NOTE} characters"));
             }
-            match ctx.store.write_memory(ctx.team, ctx.agent, content).await {
+            match ctx.store.write_memory(ctx.team, ctx.agent, content, ctx.call_key()).await {
                 Ok(id) => ToolOutput::ok(format!("remembered (note {id})")),
                 Err(e) => {
                     tracing::warn!(turn = %ctx.turn, class = e.metric_label(), "memory_write failed");
@@ -91,6 +96,11 @@ struct MemorySearch;
 impl Tool for MemorySearch {
     fn metric_label(&self) -> &'static str {
         "memory_search"
+    }
+
+    /// D3: it only reads.
+    fn repeatable(&self) -> bool {
+        true
     }
 
     fn spec(&self) -> ToolSpec {

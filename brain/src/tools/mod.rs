@@ -18,7 +18,8 @@ pub mod secrets;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, ready};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use serde::de::DeserializeOwned;
@@ -28,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::approvals::RiskClass;
 use crate::auth::Authority;
 use crate::provider::ToolSpec;
-use crate::store::Store;
+use crate::store::{CallKey, Store};
 
 /// What a tool call may use: the turn's identity and stores, and its cancellation.
 #[derive(Clone)]
@@ -48,6 +49,16 @@ pub struct ToolCtx {
     /// Whose authority the turn acts with (X1); a tool that records who changed something
     /// records its `actor`.
     pub authority: Authority,
+}
+
+impl ToolCtx {
+    /// What keys this call's writes (D3).
+    pub fn call_key(&self) -> CallKey<'_> {
+        CallKey {
+            turn: self.turn,
+            call: &self.call_id,
+        }
+    }
 }
 
 /// A tool's answer, as the model will read it.
@@ -112,6 +123,29 @@ pub trait Tool: Send + Sync {
     /// starts that worker as soon as the model begins streaming a call (W11).
     fn worker_profile(&self) -> Option<&str> {
         None
+    }
+
+    /// Whether a call may run again after its turn was taken over mid-call (D3) without
+    /// its effect happening twice: it only reads, repeating it changes nothing, or it is a
+    /// transaction keyed by its call id. The default is no: such a call answers
+    /// `outcome_unknown`.
+    fn repeatable(&self) -> bool {
+        false
+    }
+
+    /// The outcome of a call that was in flight when its turn's replica died (D3), with
+    /// its input as stored: a repeatable tool runs it again; a worker tool asks its worker
+    /// for the call's kept outcome. `None` when it cannot be known.
+    fn reattach<'a>(
+        &'a self,
+        ctx: &'a ToolCtx,
+        arguments: serde_json::Value,
+    ) -> BoxFuture<'a, Option<ToolOutput>> {
+        if self.repeatable() {
+            self.call(ctx, arguments).map(Some).boxed()
+        } else {
+            ready(None).boxed()
+        }
     }
 }
 

@@ -180,6 +180,11 @@ impl Tool for SecretList {
         "secret_list"
     }
 
+    /// D3: it only reads.
+    fn repeatable(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "secret_list".into(),

@@ -43,6 +43,9 @@ pub enum TurnError {
     /// An approval answered already (the message says how it ended).
     #[error("{0}")]
     Conflict(String),
+    /// The key the turn acts for was revoked: a taken-over turn is not continued (X1).
+    #[error("the key this turn acts for was revoked")]
+    Revoked,
     #[error("internal error")]
     Internal(String),
 }
@@ -67,6 +70,7 @@ impl TurnError {
             Self::Provider(e) => e.code(),
             Self::Store(_) => ErrorCode::StoreUnavailable,
             Self::Conflict(_) => ErrorCode::Conflict,
+            Self::Revoked => ErrorCode::Unauthorized,
             Self::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -47,6 +47,7 @@ mod offered;
 mod output;
 mod queue;
 mod replay;
+mod spans;
 mod speculation;
 mod state;
 pub mod stop;
@@ -69,6 +70,7 @@ use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
+use spans::{TurnSpan, turn_span};
 pub use takeover::{MAX_TAKEOVERS, take_over};
 use ui_stream::UiBody;
 
@@ -215,16 +217,16 @@ async fn start(
     };
     // From admission to wrap-up; a turn refused at intake (busy, quota) ends here with no
     // `outcome`, its HTTP answer says why.
-    let span = tracing::info_span!(
-        "turn",
-        turn.id = %turn_id,
-        chat.id = %chat,
-        agent.id = %basis.agent.id,
-        team.id = %team,
-        detached = launch.detached,
-        outcome = tracing::field::Empty,
-        model_calls = tracing::field::Empty,
-        tool_calls = tracing::field::Empty,
+    let span = turn_span(
+        TurnSpan {
+            turn: turn_id,
+            chat,
+            agent: basis.agent.id,
+            team,
+            detached: launch.detached,
+            resumed: false,
+        },
+        Some(&basis.agent.name),
     );
     logging::traces::continue_from(&span, parent);
     let reservation = reservation(state, &basis, &trigger);

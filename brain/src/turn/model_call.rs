@@ -10,7 +10,6 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use protocol::ui::UiChunk;
 use tracing::Instrument;
-use tracing::field::Empty;
 
 use super::state::{Progress, TurnTask};
 use crate::provider::{
@@ -65,16 +64,7 @@ impl TurnTask {
             };
             let call_index = *calls_made;
             *calls_made += 1;
-            let span = tracing::info_span!(
-                "model_call",
-                route = %route,
-                adapter = parsed.provider.as_str(),
-                call_index,
-                input_tokens = Empty,
-                output_tokens = Empty,
-                ttft_ms = Empty,
-                outcome = Empty,
-            );
+            let span = super::spans::model_call_span(route, &parsed, self.ids.chat, call_index);
             let provider = self.deps.providers.get(parsed.provider).clone();
             parsed.model.clone_into(&mut request.model);
             let asked = Instant::now();
@@ -279,12 +269,7 @@ impl TurnTask {
 
 /// What a `model_call` span ends with: the token counts the provider reported.
 fn record_call(span: &tracing::Span, usage: Usage, outcome: &str) {
-    if let Some(tokens) = usage.input_tokens {
-        span.record("input_tokens", tokens);
-    }
-    if let Some(tokens) = usage.output_tokens {
-        span.record("output_tokens", tokens);
-    }
+    super::spans::record_model_usage(span, usage.input_tokens, usage.output_tokens);
     span.record("outcome", outcome);
 }
 

@@ -85,6 +85,17 @@ impl Running {
 pub struct Registration {
     running: Running,
     turn: TurnId,
+    /// Cancelled with the registration: what watches the turn from outside stops then.
+    ended: Option<tokio_util::sync::DropGuard>,
+}
+
+impl Registration {
+    /// A token cancelled when the turn task ends.
+    pub fn ended(&mut self) -> CancellationToken {
+        let ended = CancellationToken::new();
+        self.ended = Some(ended.clone().drop_guard());
+        ended
+    }
 }
 
 impl Drop for Registration {
@@ -140,6 +151,7 @@ impl Stops {
         Registration {
             running: self.running.clone(),
             turn,
+            ended: None,
         }
     }
 

@@ -11,9 +11,12 @@
 //! Taken over, a turn:
 //! - issues again the model call that was in flight (its partial output is dropped, never
 //!   stored: only completed steps are);
-//! - answers each call that was pending `outcome_unknown` (the model reads that the tool
-//!   may or may not have run and was not run again; the transcript shows the same), so no
-//!   call ever runs twice;
+//! - gets the outcome of each call that was pending where it can be had without running
+//!   the call twice (`Tool::reattach`): a worker call is re-attached on its worker, which
+//!   kept its outcome (or still runs it); a repeatable brain tool (a read, a set, or a
+//!   write keyed by its call id) runs again. Any other call answers `outcome_unknown`
+//!   (the model reads that the tool may or may not have run and was not run again; the
+//!   transcript shows the same), so no call ever runs twice;
 //! - holds its agent on (the hold is adopted by the turn's id), keeps its budget (its
 //!   further calls reserve as any turn's do, its billed usage includes the dead replica's
 //!   completed calls), and its tools act with the authority it started with (X1);
@@ -22,7 +25,7 @@
 //!
 //! A turn taken over [`MAX_TAKEOVERS`] times ends `failed` (`takeover_limit`) instead.
 
-use protocol::parts::{Part, ToolPart, ToolState};
+use protocol::parts::Part;
 use protocol::ui::UiChunk;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -32,13 +35,14 @@ use tracing::Instrument;
 use super::admit;
 use super::compose::{offer, system_text};
 use super::context::{self, Fold};
-use super::history::model_messages;
+use super::history::{model_messages, tool_part};
 use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
 use crate::AppState;
 use crate::auth::{Authority, Scope};
 use crate::provider::{ModelRequest, ToolCall};
-use crate::store::{ModelCallUsage, StoreError, TakenOver, bounded};
+use crate::store::{ModelCallUsage, StoreError, TakenOver, bounded, storable_text};
+use crate::tools::{ToolCtx, ToolOutput, Toolset};
 
 /// Takeovers a turn may have; the next lapse of its replica ends it `failed`.
 pub const MAX_TAKEOVERS: i32 = 3;
@@ -147,17 +151,18 @@ impl TurnTask {
 /// the background. A turn that cannot be continued (its chat or agent is gone, a store
 /// failed) is ended `failed` so it does not stay `running` on this replica.
 pub async fn take_over(state: &AppState, taken: TakenOver) {
-    let span = tracing::info_span!(
-        "turn",
-        turn.id = %taken.turn,
-        chat.id = %taken.chat,
-        agent.id = %taken.agent,
-        team.id = %taken.team,
-        detached = true,
-        resumed = true,
-        outcome = tracing::field::Empty,
-        model_calls = tracing::field::Empty,
-        tool_calls = tracing::field::Empty,
+    // The agent's name is not read before the turn resumes: the span is named by its
+    // operation alone, as the GenAI conventions allow.
+    let span = super::spans::turn_span(
+        super::spans::TurnSpan {
+            turn: taken.turn,
+            chat: taken.chat,
+            agent: taken.agent,
+            team: taken.team,
+            detached: true,
+            resumed: true,
+        },
+        None,
     );
     match resume(state, taken).await {
         Ok(task) => {
@@ -224,9 +229,22 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
         },
         detached: true,
     };
+    let revoked = key_standing(state, team, &launch.authority).await?;
     let budget = admit::adopt(state, team, agent, turn).await?;
     let cancel = state.turns_cancel.child_token();
-    let registration = state.stops.register(turn, cancel.clone());
+    let mut registration = state.stops.register(turn, cancel.clone());
+    if let Some((revoked, held)) = revoked {
+        // X1: the key's revocation, on any replica, stops the turn as it would have
+        // ended the stream of the turn it started.
+        let (ended, cancel) = (registration.ended(), cancel.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = revoked.cancelled() => cancel.cancel(),
+                () = ended.cancelled() => {}
+            }
+            drop(held);
+        });
+    }
     let (offered, connector_status) = offer(state, &launch, &basis, &cancel).await;
     let request = ModelRequest {
         model: String::new(),
@@ -271,20 +289,99 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     };
     // Nobody reads a taken-over turn's stream but the events stream.
     let (tx, _) = mpsc::channel::<UiChunk>(1);
+    let restored = match saved {
+        Some(mut saved) => {
+            let pending = std::mem::take(&mut saved.pending);
+            let ctx = ToolCtx {
+                store: state.store.clone(),
+                team,
+                agent,
+                chat,
+                turn,
+                call_id: String::new(),
+                ui: None,
+                cancel: running.cancel.child_token(),
+                authority: launch.authority.clone(),
+            };
+            let answered = answer_pending(&offered.toolset, pending, &ctx).await;
+            Some(Restored::from_saved(saved, answered))
+        }
+        None => None,
+    };
     let mut task = TurnTask::new(state, launch, &basis, ready, running, tx, false);
     task.rules.limits = limits;
-    task.resume_from(saved.map(Into::into));
+    task.resume_from(restored);
     Ok(task)
 }
 
-impl From<Saved> for Restored {
-    fn from(saved: Saved) -> Self {
+/// What a turn acting for an API key runs under: a token cancelled when the key is
+/// revoked, and the hold on it. `Revoked` when the key is revoked already; nothing to
+/// watch for a user's turn (its token's expiry ended only its stream) or a schedule's.
+async fn key_standing(
+    state: &AppState,
+    team: protocol::TeamId,
+    authority: &Authority,
+) -> Result<
+    Option<(
+        tokio_util::sync::CancellationToken,
+        Option<crate::auth::keys::Held>,
+    )>,
+    TurnError,
+> {
+    let Some(id) = authority
+        .actor
+        .strip_prefix("key:")
+        .and_then(|id| id.parse::<uuid::Uuid>().ok())
+    else {
+        return Ok(None);
+    };
+    let hash = bounded(state.store.live_key_hash(team, id))
+        .await?
+        .ok_or(TurnError::Revoked)?;
+    let (revoked, held) = state.auth.keys.hold(hash);
+    if revoked.is_cancelled() {
+        return Err(TurnError::Revoked);
+    }
+    Ok(Some((revoked, held)))
+}
+
+/// D3: the parts of the calls pending at the death, each with its outcome where
+/// [`crate::tools::Tool::reattach`] can have it, else `outcome_unknown`.
+async fn answer_pending(toolset: &Toolset, pending: Vec<Pending>, ctx: &ToolCtx) -> Vec<Part> {
+    let answers = pending.into_iter().map(|call| async move {
+        let ctx = ToolCtx {
+            call_id: call.id.clone(),
+            ..ctx.clone()
+        };
+        let output = match toolset.get(&call.name) {
+            Some(tool) => tool.reattach(&ctx, call.input.clone()).await,
+            None => None,
+        };
+        let outcome = if output.is_some() {
+            "reattached"
+        } else {
+            "outcome_unknown"
+        };
+        let mut output = output.unwrap_or_else(|| ToolOutput::error(OUTCOME_UNKNOWN));
+        if let std::borrow::Cow::Owned(clean) = storable_text(&output.content) {
+            output.content = clean;
+        }
+        tracing::info!(tool = %call.name, outcome, "pending call answered after a takeover");
+        let shown = ToolCall {
+            id: call.id,
+            name: call.name,
+            arguments: String::new(),
+        };
+        tool_part(&shown, &call.input, &output, None)
+    });
+    futures_util::future::join_all(answers).await
+}
+
+impl Restored {
+    /// What `saved` restores, its pending calls' parts replaced by `answered`.
+    fn from_saved(saved: Saved, answered: Vec<Part>) -> Self {
         Self {
-            parts: saved
-                .parts
-                .into_iter()
-                .chain(saved.pending.into_iter().map(outcome_unknown))
-                .collect(),
+            parts: saved.parts.into_iter().chain(answered).collect(),
             usage_log: saved.usage,
             assistant_id: saved.assistant_id,
             calls_made: saved.calls_made,
@@ -306,17 +403,4 @@ pub(super) struct Restored {
     pub writes_used: u32,
     pub truncation_retried: bool,
     pub iteration: u32,
-}
-
-/// A pending call's part, answered `outcome_unknown`: it is never run again.
-fn outcome_unknown(call: Pending) -> Part {
-    Part::Tool(ToolPart {
-        tool: call.name,
-        tool_call_id: call.id,
-        input: call.input,
-        state: ToolState::OutputError {
-            error_text: OUTCOME_UNKNOWN.to_owned(),
-            approval: None,
-        },
-    })
 }

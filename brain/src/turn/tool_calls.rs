@@ -16,7 +16,6 @@ use protocol::parts::Approval;
 use protocol::ui::UiChunk;
 use serde_json::Value;
 use tracing::Instrument;
-use tracing::field::Empty;
 
 use super::history::{AWAITING_APPROVAL, answer_call, tool_part};
 use super::state::{Progress, TurnTask};
@@ -279,7 +278,7 @@ impl TurnTask {
     ) -> BoxFuture<'a, ToolOutput> {
         // Counted `cancelled` when the call is dropped unanswered, started or not.
         let counted = self.metrics.tool_call(tool);
-        let span = tool_span(name);
+        let span = super::spans::tool_span(name, &ctx.call_id);
         // Every call passes here, a continuation's approved ones included.
         let refused = self.beyond_authority(tool.as_ref(), name);
         async move {
@@ -394,11 +393,6 @@ impl TurnTask {
         }
         inputs.into_iter().zip(outputs).collect()
     }
-}
-
-/// A `tool_call` span: the tool's name only, never its arguments (X4).
-fn tool_span(name: &str) -> tracing::Span {
-    tracing::info_span!("tool_call", tool = %name, outcome = Empty)
 }
 
 fn record_tool(span: &tracing::Span, output: &ToolOutput) {

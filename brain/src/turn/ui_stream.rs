@@ -43,7 +43,12 @@ enum Source {
 /// The response body: chunks, then `data: [DONE]`.
 pub struct UiBody {
     source: Source,
+    /// No chunk follows.
     done: bool,
+    /// The principal's authority ended the stream (no `[DONE]` then).
+    revoked: bool,
+    /// The SSE framing sent its last event.
+    closed: bool,
     /// The team's `RateLimit` fields as the turn's admission left them (E2).
     rate_limit: RateLimitHeaders,
     /// Ready once the principal's authority ended.
@@ -55,6 +60,8 @@ impl UiBody {
         Self {
             source: Source::Live { _guard: guard, rx },
             done: false,
+            revoked: false,
+            closed: false,
             rate_limit: RateLimitHeaders::default(),
             lost: None,
         }
@@ -76,16 +83,18 @@ impl UiBody {
         Self {
             source: Source::Replay(chunks.into_iter()),
             done: false,
+            revoked: false,
+            closed: false,
             rate_limit: RateLimitHeaders::default(),
             lost: None,
         }
     }
 }
 
-impl Stream for UiBody {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+impl UiBody {
+    /// The next chunk; once the principal's authority ended, an `unauthorized` error
+    /// chunk, then `None`. Other front ends (`crate::agui`) translate these.
+    pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<UiChunk>> {
         if self.done {
             return Poll::Ready(None);
         }
@@ -93,13 +102,11 @@ impl Stream for UiBody {
             && lost.as_mut().poll(cx).is_ready()
         {
             self.done = true;
-            return Poll::Ready(Some(Ok(sse::chunk(
-                None,
-                &UiChunk::error(
-                    ErrorCode::Unauthorized,
-                    "the credentials of this stream were revoked or expired",
-                ),
-            ))));
+            self.revoked = true;
+            return Poll::Ready(Some(UiChunk::error(
+                ErrorCode::Unauthorized,
+                "the credentials of this stream were revoked or expired",
+            )));
         }
         let next = match &mut self.source {
             Source::Live { rx, .. } => match rx.poll_recv(cx) {
@@ -108,19 +115,41 @@ impl Stream for UiBody {
             },
             Source::Replay(chunks) => chunks.next(),
         };
-        Poll::Ready(Some(Ok(match next {
-            Some(chunk) => sse::chunk(None, &chunk),
-            None => {
-                self.done = true;
-                sse::done()
+        if next.is_none() {
+            self.done = true;
+        }
+        Poll::Ready(next)
+    }
+
+    /// The team's `RateLimit` fields, for a front end that writes its own response.
+    pub fn take_rate_limit(&mut self) -> RateLimitHeaders {
+        std::mem::take(&mut self.rate_limit)
+    }
+}
+
+impl Stream for UiBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.closed {
+            return Poll::Ready(None);
+        }
+        match this.poll_chunk(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(chunk)) => Poll::Ready(Some(Ok(sse::chunk(None, &chunk)))),
+            // A stream whose credentials ended stops at its error, without `[DONE]`.
+            Poll::Ready(None) => {
+                this.closed = true;
+                Poll::Ready((!this.revoked).then(|| Ok(sse::done())))
             }
-        })))
+        }
     }
 }
 
 impl IntoResponse for UiBody {
     fn into_response(mut self) -> Response {
-        let rate_limit = std::mem::take(&mut self.rate_limit);
+        let rate_limit = self.take_rate_limit();
         let mut response = sse::response(Body::from_stream(self));
         rate_limit.apply(response.headers_mut());
         response

@@ -87,6 +87,7 @@ impl TurnTask {
             unfinished.written();
             self.budget.abandon();
             self.metrics.moved();
+            record_usage(&usage_log);
             record_turn(calls_made, tool_calls, "moved");
             self.client
                 .send(UiChunk::error(
@@ -112,6 +113,7 @@ impl TurnTask {
             _ => Vec::new(),
         };
         let outcome = end.outcome();
+        record_usage(&usage_log);
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
         let outcome = outcome.unless_lost(stored);
         self.metrics.ended(outcome);
@@ -166,6 +168,7 @@ impl TurnTask {
         unfinished: &mut Unfinished,
     ) {
         tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "every model route failed");
+        record_usage(&progress.usage_log);
         record_turn(progress.calls_made, progress.tool_calls, "failed");
         let billed = billed_tokens(&progress.usage_log);
         self.persist(TurnEnd {
@@ -460,4 +463,22 @@ fn record_turn(model_calls: u32, tool_calls: usize, outcome: &'static str) {
     span.record("model_calls", model_calls);
     span.record("tool_calls", tool_calls);
     span.record("outcome", outcome);
+}
+
+/// The GenAI usage of the `turn` span (`invoke_agent`): the tokens of its model calls,
+/// each total only when some call reported it.
+fn record_usage(usage_log: &[ModelCallUsage]) {
+    let span = tracing::Span::current();
+    let total = |of: fn(&ModelCallUsage) -> Option<u64>| {
+        usage_log
+            .iter()
+            .filter_map(of)
+            .reduce(|a, b| a.saturating_add(b))
+    };
+    if let Some(tokens) = total(|u| u.input_tokens) {
+        span.record("gen_ai.usage.input_tokens", tokens);
+    }
+    if let Some(tokens) = total(|u| u.output_tokens) {
+        span.record("gen_ai.usage.output_tokens", tokens);
+    }
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod agui;
 mod api;
 mod approvals;
 mod architecture;

@@ -1,7 +1,8 @@
 //! Durable turns (D2, D3): a turn whose replica dies is taken over by a live replica and
 //! continued from its last completed step; a call in flight answers `outcome_unknown`; a
 //! turn taken over too often ends `failed` (`takeover_limit`); a draining replica hands its
-//! turns over (D4); clients follow a turn across its takeover, by a retry of its message id
+//! turns over (D4); a keyed brain tool in flight is made once; a key revoked stops a
+//! taken-over turn, or keeps it from being continued (X1); clients follow a turn across its takeover, by a retry of its message id
 //! or by its resumable stream, and see its lost step's text never (D5).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 
 /// Waits until the turn of `client_id` is no longer running, for at most `within`;
 /// answers its row and how long it took.
-async fn until_ended(
+pub(crate) async fn until_ended(
     app: &TestApp,
     client_id: &str,
     within: Duration,
@@ -37,7 +38,7 @@ async fn until_ended(
 }
 
 /// The assistant messages' parts of `chat`, as the API serves them.
-async fn assistant_parts(app: &TestApp, base: &str, chat: &str) -> Vec<Value> {
+pub(crate) async fn assistant_parts(app: &TestApp, base: &str, chat: &str) -> Vec<Value> {
     let response = app
         .auth(app.http.get(format!("{base}/v1/chats/{chat}/messages")))
         .send()
@@ -159,54 +160,64 @@ async fn the_only_replica_killed_and_restarted_takes_its_own_turn_over() {
     restarted.kill().await;
 }
 
-#[tokio::test]
-async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_again() {
-    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
-    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+/// Starts the turn of `message_id` on a victim replica, kills it mid-model-call, then
+/// writes the step the victim had made durable (D2) when it died: an answer whose `pending`
+/// calls were running, as the victim writes it. The model answers the survivor `then`.
+async fn die_with_pending(app: &TestApp, chat: &str, message_id: &str, pending: Value, then: &str) {
     // A lease long enough to write the victim's last step before the survivor looks.
-    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
+    let mut victim = BrainProcess::start(app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
     app.provider.push(held());
     let response = post(
-        &app,
+        app,
         &victim.url,
-        &chat,
-        &json!({"content": "save it", "message_id": "m-tool"}),
+        chat,
+        &json!({"content": "save it", "message_id": message_id}),
     )
     .await;
     assert_eq!(response.status(), 200);
     tokio::time::sleep(Duration::from_millis(100)).await;
     victim.kill().await;
     drop(response);
-    // The step the victim had made durable (D2) when it died: an answer whose call was
-    // running. Written as the victim writes it, under its fence.
+    let calls = pending.as_array().unwrap().len();
     let progress = json!({
         "assistant_id": uuid::Uuid::now_v7(),
         "parts": [{"type": "step-start"}, {"type": "text", "text": "Saving. "}],
-        "pending": [{"id": "call_1", "name": "memory_write", "input": {"content": "x"}}],
+        "pending": pending,
         "usage": [{"call_index": 0, "model": "openai/gpt-test", "input_tokens": 10, "output_tokens": 5}],
         "calls_made": 1,
-        "tool_calls": 1,
-        "writes_used": 1,
+        "tool_calls": calls,
+        "writes_used": calls,
         "iteration": 1,
         "truncation_retried": false,
     });
     let written = sqlx::query(
         "UPDATE turns SET progress = $1 WHERE id = \
-         (SELECT turn_id FROM messages WHERE client_message_id = 'm-tool')",
+         (SELECT turn_id FROM messages WHERE client_message_id = $2)",
     )
     .bind(&progress)
+    .bind(message_id)
     .execute(app.store.pool())
     .await
     .unwrap();
     assert_eq!(written.rows_affected(), 1);
-    app.provider.push(text("It may not be saved."));
+    app.provider.push(text(then));
+}
+
+#[tokio::test]
+async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_again() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // `secret_set` cannot be run again: its stored input has no value (B1).
+    let pending = json!([{"id": "call_1", "name": "secret_set",
+        "input": {"name": "API_TOKEN", "value": "[redacted]"}}]);
+    die_with_pending(&app, &chat, "m-tool", pending, "It may not be saved.").await;
 
     let (row, _) = until_ended(&app, "m-tool", Duration::from_secs(10)).await;
     assert_eq!(row, ("completed".into(), None));
     let parts = assistant_parts(&app, &app.url, &chat).await;
     assert_eq!(parts.len(), 5, "{parts:?}");
     assert_eq!(parts[1], json!({"type": "text", "text": "Saving. "}));
-    assert_eq!(parts[2]["type"], "tool-memory_write");
+    assert_eq!(parts[2]["type"], "tool-secret_set");
     assert_eq!(parts[2]["state"], "output-error");
     assert!(
         parts[2]["errorText"]
@@ -223,11 +234,11 @@ async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_ag
     let last = app.provider.requests().pop().unwrap();
     let said = last.body["messages"].to_string();
     assert!(said.contains("outcome_unknown"), "{said}");
-    let memories: i64 = sqlx::query_scalar("SELECT count(*) FROM memories")
+    let secrets: i64 = sqlx::query_scalar("SELECT count(*) FROM secrets")
         .fetch_one(app.store.pool())
         .await
         .unwrap();
-    assert_eq!(memories, 0);
+    assert_eq!(secrets, 0);
     // The dead replica's model call is billed with the survivor's, once each.
     let billed: Vec<(String, Option<i64>)> = sqlx::query_as(
         "SELECT b.event_key, b.input_tokens FROM billing_events b JOIN messages m \
@@ -238,6 +249,126 @@ async fn a_call_in_flight_at_the_death_answers_outcome_unknown_and_never_runs_ag
     .unwrap();
     assert_eq!(billed.len(), 2, "{billed:?}");
     assert_eq!(billed[0].1, Some(10));
+}
+
+#[tokio::test]
+async fn a_keyed_brain_tool_in_flight_at_the_death_is_made_once() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // Two notes were being written at the death: the victim's transaction of the first
+    // committed, the second's did not.
+    let pending = json!([
+        {"id": "call_1", "name": "memory_write", "input": {"content": "the first note"}},
+        {"id": "call_2", "name": "memory_write", "input": {"content": "the second note"}},
+    ]);
+    die_with_pending(&app, &chat, "m-notes", pending, "Both kept.").await;
+    let turn: uuid::Uuid =
+        sqlx::query_scalar("SELECT turn_id FROM messages WHERE client_message_id = 'm-notes'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let first = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO memories (id, team_id, agent_id, content, turn_id, call_id) \
+         VALUES ($1, $2, $3, 'the first note', $4, 'call_1')",
+    )
+    .bind(first)
+    .bind(app.team.0)
+    .bind(uuid::Uuid::parse_str(&agent).unwrap())
+    .bind(turn)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+
+    let (row, _) = until_ended(&app, "m-notes", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None));
+    // Each note exists once: the first as the victim made it, the second made now.
+    let notes: Vec<(uuid::Uuid, String, String)> = sqlx::query_as(
+        "SELECT id, content, call_id FROM memories WHERE turn_id = $1 ORDER BY call_id",
+    )
+    .bind(turn)
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert_eq!(notes[0].0, first);
+    assert_eq!(notes[1].1, "the second note");
+    let parts = assistant_parts(&app, &app.url, &chat).await;
+    let outputs: Vec<&Value> = parts
+        .iter()
+        .filter(|p| p["type"] == "tool-memory_write")
+        .map(|p| &p["output"])
+        .collect();
+    assert_eq!(
+        outputs,
+        [
+            &json!(format!("remembered (note {first})")),
+            &json!(format!("remembered (note {})", notes[1].0)),
+        ],
+        "{parts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_taken_over_turn_stops_when_its_key_is_revoked_and_one_revoked_before_is_not_continued() {
+    let app = TestApp::start_with(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for (message_id, revoke_after_takeover) in [("m-after", true), ("m-before", false)] {
+        let created: Value = app
+            .post_json("/v1/keys", &json!({"name": message_id, "scope": "chat"}))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let (key_id, key) = (
+            created["id"].as_str().unwrap(),
+            created["api_key"].as_str().unwrap(),
+        );
+        let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
+        app.provider.push(held());
+        let response = app
+            .http
+            .post(format!("{}/v1/chats/{chat}/messages", victim.url))
+            .bearer_auth(key)
+            .json(&json!({"content": "go on", "message_id": message_id}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let requests = app.provider.requests().len();
+        // The survivor's model call is held too: the turn runs until something stops it.
+        app.provider.push(held());
+        victim.kill().await;
+        drop(response);
+        let revoke = || async {
+            let revoked = app
+                .auth(app.http.delete(format!("{}/v1/keys/{key_id}", app.url)))
+                .send()
+                .await
+                .unwrap();
+            assert!(revoked.status().is_success(), "{}", revoked.status());
+        };
+        if revoke_after_takeover {
+            let started = Instant::now();
+            while app.provider.requests().len() == requests {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "never taken over"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(turn_row(&app, message_id).await.0, "running");
+            revoke().await;
+            let (row, waited) = until_ended(&app, message_id, Duration::from_secs(5)).await;
+            assert_eq!(row.0, "interrupted", "{row:?} after {waited:?}");
+        } else {
+            revoke().await;
+            let (row, _) = until_ended(&app, message_id, Duration::from_secs(10)).await;
+            assert_eq!(row, ("failed".into(), Some("unauthorized".into())));
+            assert_eq!(app.provider.requests().len(), requests, "not continued");
+        }
+    }
 }
 
 #[tokio::test]
@@ -415,11 +546,12 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     victim.kill().await;
     drop(response);
-    // The step the victim had made durable (D2): an answer whose call was running.
+    // The step the victim had made durable (D2): an answer whose call was running, of a
+    // tool that cannot be run again.
     let progress = json!({
         "assistant_id": uuid::Uuid::now_v7(),
         "parts": [{"type": "step-start"}, {"type": "text", "text": "Saving. "}],
-        "pending": [{"id": "call_1", "name": "memory_write", "input": {"content": "x"}}],
+        "pending": [{"id": "call_1", "name": "secret_set", "input": {"name": "K", "value": "[redacted]"}}],
         "usage": [{"call_index": 0, "model": "openai/gpt-test", "input_tokens": 10, "output_tokens": 5}],
         "calls_made": 1,
         "tool_calls": 1,

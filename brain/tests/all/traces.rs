@@ -6,8 +6,11 @@
 //! turn a child of the client's span, its model calls and tool calls children of the
 //! turn, the provisioning a child of the worker tool's call and the worker's handshake a
 //! child of the provisioning, and the worker's own span for the call a child of the
-//! brain's `tool_call` (the context crossed the channel in the MCP request's `_meta`). And no span, attribute or event anywhere may carry the message, the
-//! model's answer, the tool's output, a secret or a token.
+//! brain's `tool_call` (the context crossed the channel in the MCP request's `_meta`). The
+//! brain's spans follow the OpenTelemetry GenAI conventions (P6): `invoke_agent {agent}`,
+//! `chat {model}`, `execute_tool {tool}` with their `gen_ai.*` attributes. And no span,
+//! attribute or event anywhere may carry the message, the system prompt, the model's
+//! answer, the tool's arguments or output, a secret or a token.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -29,6 +32,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message;
 use protocol::ui::UiChunk;
 use scripted_provider::Reply;
@@ -202,6 +206,17 @@ fn named<'a>(spans: &'a [Received], service: &str, name: &str) -> Vec<&'a Receiv
         .collect()
 }
 
+/// The brain's spans of one GenAI operation (`gen_ai.operation.name`): their exported
+/// names carry the agent, model or tool (P6).
+fn operation<'a>(spans: &'a [Received], service: &str, operation: &str) -> Vec<&'a Received> {
+    spans
+        .iter()
+        .filter(|r| {
+            r.service == service && r.attr("gen_ai.operation.name").as_deref() == Some(operation)
+        })
+        .collect()
+}
+
 /// Everything a span could leak through: its name, attributes (resource ones included),
 /// events, links and status.
 fn every_text(span: &Span) -> Vec<String> {
@@ -288,7 +303,7 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         .spawn()
         .unwrap();
 
-    let chat = light_agent(&app).await.1;
+    let (agent, chat) = light_agent(&app).await;
     let chat = chat.as_str();
 
     // The command prints the output marker without holding it in its own text.
@@ -343,9 +358,9 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
 
     let spans = receiver
         .until("whole trace", |spans| {
-            named(spans, "brain", "turn").len() == 1
-                && named(spans, "brain", "model_call").len() == 2
-                && named(spans, "brain", "tool_call").len() == 2
+            operation(spans, "brain", "invoke_agent").len() == 1
+                && operation(spans, "brain", "chat").len() == 2
+                && operation(spans, "brain", "execute_tool").len() == 2
                 && named(spans, "brain", "provision").len() == 1
                 && !named(spans, "brain", "channel_handshake").is_empty()
                 && named(spans, "worker", "tool_call").len() == 1
@@ -354,7 +369,7 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
 
     let id = |r: &Received| hex(&r.span.span_id);
     let parent = |r: &Received| hex(&r.span.parent_span_id);
-    let turn = named(&spans, "brain", "turn")[0];
+    let turn = operation(&spans, "brain", "invoke_agent")[0];
     assert_eq!(hex(&turn.span.trace_id), client_trace, "the client's trace");
     assert_eq!(
         parent(turn),
@@ -365,9 +380,37 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
     assert_eq!(turn.attr("model_calls").as_deref(), Some("2"));
     assert_eq!(turn.attr("tool_calls").as_deref(), Some("2"));
     assert_eq!(turn.attr("chat.id").as_deref(), Some(chat));
+    // P6: the GenAI conventions on the agent invocation.
+    assert_eq!(turn.span.name, "invoke_agent hands");
+    assert_eq!(turn.attr("gen_ai.agent.name").as_deref(), Some("hands"));
+    assert_eq!(
+        turn.attr("gen_ai.agent.id").as_deref(),
+        Some(agent.as_str())
+    );
+    assert_eq!(turn.attr("gen_ai.conversation.id").as_deref(), Some(chat));
 
-    for model_call in named(&spans, "brain", "model_call") {
+    let mut summed = [0_u64; 2];
+    for model_call in operation(&spans, "brain", "chat") {
         assert_eq!(parent(model_call), id(turn));
+        assert_eq!(model_call.span.name, "chat gpt-test");
+        assert_eq!(model_call.span.kind, SpanKind::Client as i32);
+        assert_eq!(
+            model_call.attr("gen_ai.provider.name").as_deref(),
+            Some("openai")
+        );
+        assert_eq!(
+            model_call.attr("gen_ai.request.model").as_deref(),
+            Some("gpt-test")
+        );
+        assert_eq!(
+            model_call.attr("gen_ai.conversation.id").as_deref(),
+            Some(chat)
+        );
+        for (i, counted) in ["input_tokens", "output_tokens"].iter().enumerate() {
+            let genai = model_call.attr(&format!("gen_ai.usage.{counted}"));
+            assert_eq!(genai, model_call.attr(counted), "{counted}");
+            summed[i] += genai.unwrap().parse::<u64>().unwrap();
+        }
         assert_eq!(model_call.attr("route").as_deref(), Some("openai/gpt-test"));
         assert_eq!(model_call.attr("adapter").as_deref(), Some("openai"));
         assert_eq!(model_call.attr("outcome").as_deref(), Some("ok"));
@@ -377,14 +420,32 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         }
     }
 
-    let tool_calls = named(&spans, "brain", "tool_call");
+    for (i, counted) in ["input_tokens", "output_tokens"].iter().enumerate() {
+        let total: u64 = turn
+            .attr(&format!("gen_ai.usage.{counted}"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(total, summed[i], "the turn's {counted} are its calls' sum");
+    }
+
+    let tool_calls = operation(&spans, "brain", "execute_tool");
     let by_tool: HashMap<String, &Received> = tool_calls
         .iter()
         .map(|r| (r.attr("tool").unwrap(), *r))
         .collect();
     let shell = by_tool["shell"];
     let secret = by_tool["secret_set"];
-    for tool_call in [shell, secret] {
+    for (tool_call, name, call_id) in [
+        (shell, "shell", "call_shell"),
+        (secret, "secret_set", "call_secret"),
+    ] {
+        assert_eq!(tool_call.span.name, format!("execute_tool {name}"));
+        assert_eq!(tool_call.attr("gen_ai.tool.name").as_deref(), Some(name));
+        assert_eq!(
+            tool_call.attr("gen_ai.tool.call.id").as_deref(),
+            Some(call_id)
+        );
         assert_eq!(parent(tool_call), id(turn));
         assert_eq!(tool_call.attr("outcome").as_deref(), Some("ok"));
     }
@@ -427,6 +488,8 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         &output_marker[..half],
         &output_marker[half..],
         secret_marker.as_str(),
+        // The agent's system prompt.
+        "Use your shell.",
         app.key.as_str(),
         "sk-test-openai",
         "printf",
@@ -453,6 +516,21 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
             "a span of {target:?}"
         );
         assert!(received.span.events.is_empty(), "events are log text");
+        // The GenAI conventions' opt-in content attributes are never recorded (X4).
+        for content in [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.system_instructions",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+            "gen_ai.tool.definitions",
+        ] {
+            assert!(
+                received.attr(content).is_none(),
+                "{} carries {content}",
+                received.span.name
+            );
+        }
     }
 }
 
@@ -518,13 +596,13 @@ async fn a_relayed_worker_call_continues_the_callers_trace() {
     let spans = receiver
         .until("the relayed call's spans", |spans| {
             named(spans, "brain-caller", "provision").len() == 1
-                && named(spans, "brain-caller", "tool_call").len() == 1
+                && operation(spans, "brain-caller", "execute_tool").len() == 1
                 && named(spans, "worker", "tool_call").len() == 1
         })
         .await;
     let provision = named(&spans, "brain-caller", "provision")[0];
     assert_eq!(provision.attr("outcome").as_deref(), Some("remote"));
-    let shell = named(&spans, "brain-caller", "tool_call")[0];
+    let shell = operation(&spans, "brain-caller", "execute_tool")[0];
     let worker_call = named(&spans, "worker", "tool_call")[0];
     assert_eq!(hex(&worker_call.span.trace_id), trace);
     assert_eq!(
@@ -564,9 +642,12 @@ async fn a_graceful_stop_posts_the_last_spans() {
     assert!(brain.terminate().await.success());
     let spans = receiver
         .until("the flushed turn", |spans| {
-            named(spans, "brain", "turn").len() == 1
-                && named(spans, "brain", "model_call").len() == 1
+            operation(spans, "brain", "invoke_agent").len() == 1
+                && operation(spans, "brain", "chat").len() == 1
         })
         .await;
-    assert_eq!(hex(&named(&spans, "brain", "turn")[0].span.trace_id), trace);
+    assert_eq!(
+        hex(&operation(&spans, "brain", "invoke_agent")[0].span.trace_id),
+        trace
+    );
 }

@@ -64,15 +64,6 @@ async fn system_with(
     (app, manager)
 }
 
-/// [`system`] whose workers dial a second brain replica, a real process the test can
-/// kill: the app's calls are relayed to it.
-async fn system_owned_by_process() -> (TestApp, BrainProcess, Manager) {
-    let (app, namespace) = app_with_own_queue(|_| {}).await;
-    let owner = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
-    let manager = start_manager(&app, &namespace, 60_000, None, &owner.url);
-    (app, owner, manager)
-}
-
 /// A brain whose queue namespace is its own: the app, and the namespace for its manager.
 async fn app_with_own_queue(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
@@ -787,12 +778,23 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
 /// Issue 10, 1.3: a call relayed to the replica holding the worker's socket ends with a
 /// tool error the model reads within seconds when that replica is SIGKILLed mid-call,
 /// instead of hanging the turn until the client leaves.
+/// D3: the replica holding the worker's socket dies while a relayed call runs. The caller
+/// hears the owner fall silent; the worker goes on with the call and dials the survivor
+/// (W9), where the call is attached to by its key: its answer is the command's own, the
+/// command ran once, and the session (one row) and its workspace go on.
 #[tokio::test]
-async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
-    let (app, mut owner, _manager) = system_owned_by_process().await;
-    let (_, chat) = light_agent(&app).await;
-    app.provider.push(shell("k", "echo pid=$$; exec sleep 30"));
-    app.provider.push(text("the owner is gone"));
+async fn a_relayed_call_is_reattached_when_its_owner_replica_is_killed() {
+    let (app, namespace) = app_with_own_queue(|_| {}).await;
+    let mut owner = BrainProcess::start(&app, &[("SESSION_QUEUE_NAMESPACE", &namespace)]).await;
+    let service = Service::start(&[&owner.url, &app.url]).await;
+    let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell(
+        "k",
+        "echo ran >> runs.log; echo pid=$$; sleep 8; echo slept-through",
+    ));
+    app.provider.push(shell("count", "cat runs.log"));
+    app.provider.push(text("the call survived"));
     let response = app.send(&chat, &json!({"content": "sleep"})).await;
     let mut body = response.bytes_stream();
     let mut stream = String::new();
@@ -800,9 +802,10 @@ async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
     while !stream.contains("\"text\":\"pid=") {
         stream.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
     }
+    assert_eq!(service.reached(), vec![addr_of(&owner.url)]);
     owner.kill().await;
     let killed = Instant::now();
-    let read = tokio::time::timeout(Duration::from_secs(15), async {
+    let read = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(piece) = body.next().await {
             stream.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
         }
@@ -810,20 +813,26 @@ async fn a_relayed_call_fails_soon_when_its_owner_replica_is_killed() {
     .await;
     assert!(
         read.is_ok(),
-        "the turn still hangs 15 s after its owner died"
+        "the turn still hangs 30 s after its owner died"
     );
     println!("owner killed to the turn's end: {:?}", killed.elapsed());
-    assert!(
-        killed.elapsed() < Duration::from_secs(10),
-        "noticed within a few seconds: {:?}",
-        killed.elapsed()
-    );
     let (chunks, done) = parse_events(&stream);
     assert!(done);
     let output = output_of(&chunks, "k");
-    assert!(output.contains("stopped answering"), "{output}");
-    assert_eq!(streamed_text(&chunks), "the owner is gone");
+    assert!(
+        output.contains("slept-through"),
+        "the command's own answer: {output}"
+    );
+    assert_eq!(output_of(&chunks, "count").matches("ran").count(), 1);
+    assert_eq!(streamed_text(&chunks), "the call survived");
     assert_eq!(app.settled().await, vec![("completed".into(), None)]);
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the same session: {listed:?}");
+    assert_eq!(
+        service.reached().last(),
+        Some(&addr_of(&app.url)),
+        "the worker dialed the survivor"
+    );
 }
 
 /// Issue 10, 1.8: a cancel published right after a relayed call, before the owner can
@@ -1141,12 +1150,12 @@ async fn a_worker_redials_the_surviving_replica_when_its_replica_is_killed() {
     assert!(app.provider.violations().is_empty());
 }
 
-/// W9: the channel drops (a network blip) while a command runs. The call fails with a
-/// tool error saying so, its command is stopped, and nothing runs it again: the worker
-/// re-dials, the next call reuses the session, and the line the command appended is in
-/// the file once.
+/// W9, D3: the channel drops (a network blip) while a command runs. The worker goes on
+/// with the call, dials again, and the brain attaches to the call by its key: the answer is
+/// the command's own, the line it appended is in the file once, and the session is the
+/// same one.
 #[tokio::test]
-async fn a_call_in_flight_when_the_channel_drops_fails_and_is_never_run_twice() {
+async fn a_call_in_flight_when_the_channel_drops_is_reattached_and_never_run_twice() {
     let (app, namespace) = app_with_own_queue(|_| {}).await;
     let service = Service::start(&[&app.url]).await;
     let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
@@ -1158,37 +1167,26 @@ async fn a_call_in_flight_when_the_channel_drops_fails_and_is_never_run_twice() 
 
     app.provider.push(shell(
         "inflight",
-        "echo appended-line >> runs.log; echo pid=$$; exec sleep 30",
+        "echo appended-line >> runs.log; echo pid=$$; sleep 2; echo slept-through",
     ));
     app.provider.push(shell("count", "cat runs.log"));
     app.provider.push(text("done"));
     let response = send_to(&app, &app.url, &chat, &json!({"content": "append"})).await;
     let mut body = response.bytes_stream();
-    const MARK: &str = "\"text\":\"pid=";
     let mut seen = String::new();
-    let pid: i32 = loop {
+    while !seen.contains("\"text\":\"pid=") {
         seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-        if let Some(at) = seen.find(MARK) {
-            let digits: String = seen[at + MARK.len()..]
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            if digits.len() < seen.len() - at - MARK.len() {
-                break digits.parse().unwrap();
-            }
-        }
-    };
-    assert!(alive(pid));
+    }
     service.cut();
     while let Some(piece) = body.next().await {
         seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
     }
     let (chunks, done) = common::parse_events(&seen);
     assert!(done);
-    let failed = output_of(&chunks, "inflight");
+    let answered = output_of(&chunks, "inflight");
     assert!(
-        failed.starts_with("ERROR") && failed.contains("dropped"),
-        "a clear tool error: {failed}"
+        answered.contains("slept-through"),
+        "the command's own answer: {answered}"
     );
     let count = output_of(&chunks, "count");
     assert_eq!(
@@ -1196,12 +1194,67 @@ async fn a_call_in_flight_when_the_channel_drops_fails_and_is_never_run_twice() 
         1,
         "the command ran once: {count}"
     );
-    assert!(!alive(pid), "the command stopped with its call");
     let listed = sessions(&app, &agent).await;
     assert_eq!(listed.len(), 1, "the same session: {listed:?}");
     assert_eq!(listed[0]["state"], "ready");
     assert!(service.reached().len() >= 2, "the worker dialed again");
     assert!(app.provider.violations().is_empty());
+}
+
+/// D3: the replica running a turn dies while its worker call runs, and it held the
+/// worker's socket too. The worker dials the survivor, the survivor takes the turn over,
+/// and the call in flight is attached to on the worker: its answer is the command's own,
+/// the command ran once, and the turn completes.
+#[tokio::test]
+async fn a_taken_over_turn_reattaches_its_worker_call() {
+    let (app, namespace) = app_with_own_queue(|c| c.lease_ttl = Duration::from_millis(800)).await;
+    let mut victim = BrainProcess::start(
+        &app,
+        &[
+            ("SESSION_QUEUE_NAMESPACE", &namespace),
+            ("BRAIN_LEASE_TTL_MS", "800"),
+        ],
+    )
+    .await;
+    let service = Service::start(&[&victim.url, &app.url]).await;
+    let _manager = start_manager(&app, &namespace, 60_000, None, &service.url);
+    let (agent, chat) = light_agent(&app).await;
+    app.provider.push(shell(
+        "inflight",
+        "echo ran >> runs.log; echo pid=$$; sleep 5; echo slept-through",
+    ));
+    app.provider.push(shell("count", "cat runs.log"));
+    app.provider.push(text("taken over"));
+    let response = send_to(
+        &app,
+        &victim.url,
+        &chat,
+        &json!({"content": "run it", "message_id": "m-worker"}),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\"text\":\"pid=") {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    victim.kill().await;
+    drop(body);
+    let (row, waited) =
+        crate::takeover::until_ended(&app, "m-worker", Duration::from_secs(30)).await;
+    assert_eq!(row, ("completed".into(), None), "after {waited:?}");
+    let parts = crate::takeover::assistant_parts(&app, &app.url, &chat).await;
+    let output = |id: &str| {
+        parts
+            .iter()
+            .find(|p| p["toolCallId"] == id)
+            .map(|p| p["output"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    };
+    assert!(output("inflight").contains("slept-through"), "{parts:?}");
+    assert_eq!(output("count").matches("ran").count(), 1, "{parts:?}");
+    let listed = sessions(&app, &agent).await;
+    assert_eq!(listed.len(), 1, "the same session: {listed:?}");
 }
 
 /// W9 and drain: a replica closes its worker channels with "going away" (1001) and leaves

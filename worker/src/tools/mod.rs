@@ -25,15 +25,20 @@
 //! values in its output; the file tools mask them in what they answer. A pooled worker
 //! bound to a session whose chat has a workspace snapshot is asked to restore it in the
 //! custom request `agent_runtime/restore` (`protocol::snapshot`), answered once restored.
+//!
+//! - `kept`: calls the brain keys outlive their channel, and their outcomes wait for
+//!   the brain to attach after a re-dial (D3).
 
 pub mod artifact;
 #[cfg(feature = "browser")]
 pub mod browser;
 pub mod files;
+pub mod kept;
 pub mod output;
 pub mod paths;
 pub mod shell;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -44,15 +49,16 @@ use channel::catalog::{
 };
 use logging::traces::TraceContext;
 use protocol::SessionId;
-use protocol::channel::{BIND_NOTIFICATION, TOKEN_NOTIFICATION};
+use protocol::channel::{BIND_NOTIFICATION, KEPT_CALLS_CAPABILITY, TOKEN_NOTIFICATION};
 use protocol::env::{ENV_REQUEST, SessionEnv};
 use protocol::snapshot::{RESTORE_REQUEST, Restored, SNAPSHOT_NOTIFICATION, SnapshotRequest};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomNotification,
-    CustomRequest, CustomResult, ErrorCode, Implementation, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ContentBlock, CustomNotification, CustomRequest, CustomResult, ErrorCode, Implementation,
+    RequestId, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -80,6 +86,10 @@ struct Shared {
     /// The session's secrets (W12): replaced whole by each `agent_runtime/env`.
     secrets: RwLock<Arc<shell::Secrets>>,
     calls: AtomicU64,
+    /// Keyed calls, running or kept for an attach (D3).
+    kept: kept::Kept,
+    /// Cancelled when the session ends: what a kept call stops with.
+    session: CancellationToken,
     /// The channel endpoint, once snapshots are enabled: uploads go beside it (W10).
     snapshot_brain: std::sync::OnceLock<String>,
     /// The headless browser, when the profile serves the browser tools.
@@ -96,6 +106,9 @@ pub struct Worker {
     shared: Arc<Shared>,
     /// Cancelled when the channel this clone serves ends: the calls it carried stop.
     channel: CancellationToken,
+    /// This channel's keyed requests in flight, so a cancel of one stops its call (the
+    /// call itself runs under the kept call's token, not the request's).
+    keyed: Arc<Mutex<HashMap<RequestId, CancellationToken>>>,
 }
 
 fn error(text: impl Into<String>) -> CallToolResult {
@@ -159,12 +172,15 @@ impl Worker {
         Self {
             tool_router: router,
             channel: shutdown.child_token(),
+            keyed: Arc::default(),
             shared: Arc::new(Shared {
                 workspace,
                 groups,
                 identity: Mutex::new(identity),
                 secrets: RwLock::default(),
                 calls: AtomicU64::new(0),
+                kept: kept::Kept::default(),
+                session: shutdown,
                 snapshot_brain: std::sync::OnceLock::new(),
                 #[cfg(feature = "browser")]
                 browser,
@@ -224,7 +240,76 @@ impl Worker {
     pub fn on_channel(&self, calls: CancellationToken) -> Self {
         Self {
             channel: calls,
+            keyed: Arc::default(),
             ..self.clone()
+        }
+    }
+
+    /// A keyed call (D3): run once under its key, apart from this channel, or attached
+    /// to when the key is known; an attach for an unknown key is [`kept::UNKNOWN_CALL`].
+    async fn keyed(
+        &self,
+        keyed: kept::Keyed,
+        request: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let request_ct = context.ct.clone();
+        let id = context.id.clone();
+        let (cancel, mut done) = match self.shared.kept.begin(&keyed, &self.shared.session) {
+            kept::Begin::Run { cancel, done } => {
+                let receiver = done.subscribe();
+                // Serves on no channel: the session's token, not this channel's, stops it.
+                let worker = Self {
+                    channel: self.shared.session.child_token(),
+                    ..self.clone()
+                };
+                context.ct = cancel.clone();
+                let key = keyed.key.clone();
+                tokio::spawn(
+                    async move {
+                        let answer = worker
+                            .tool_router
+                            .call(ToolCallContext::new(&worker, request, context))
+                            .await;
+                        worker.shared.kept.finish(&key, Arc::new(answer), &done);
+                    }
+                    .in_current_span(),
+                );
+                (cancel, receiver)
+            }
+            kept::Begin::Attach { cancel, done } => (cancel, done),
+            kept::Begin::Unknown => {
+                return Err(ErrorData::new(
+                    ErrorCode(kept::UNKNOWN_CALL),
+                    "no call with this key is known to this worker",
+                    None,
+                ));
+            }
+            kept::Begin::Full => {
+                return self
+                    .tool_router
+                    .call(ToolCallContext::new(self, request, context))
+                    .await;
+            }
+        };
+        self.keyed_requests().insert(id.clone(), cancel);
+        let answer = tokio::select! {
+            waited = done.wait_for(Option::is_some) => waited
+                .ok()
+                .and_then(|outcome| outcome.clone())
+                .map(|outcome| outcome.as_ref().clone())
+                .unwrap_or_else(|| Err(ErrorData::internal_error("the call was lost", None))),
+            // The request was cancelled or its channel ended: the call goes on, kept.
+            () = request_ct.cancelled() => Err(ErrorData::internal_error("cancelled", None)),
+        };
+        self.keyed_requests().remove(&id);
+        answer
+    }
+
+    fn keyed_requests(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, CancellationToken>> {
+        match self.keyed.lock() {
+            Ok(keyed) => keyed,
+            Err(poisoned) => poisoned.into_inner(),
         }
     }
 
@@ -480,9 +565,14 @@ fn usable(token: String) -> Option<Token> {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Worker {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
-            Implementation::new("agent-runtime-worker", env!("CARGO_PKG_VERSION")),
-        )
+        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        // D3: the brain keys its calls only with a worker that keeps them.
+        let kept = [(KEPT_CALLS_CAPABILITY.to_owned(), serde_json::Map::new())];
+        capabilities.experimental = Some(kept.into_iter().collect());
+        ServerConfig::new(capabilities).with_server_info(Implementation::new(
+            "agent-runtime-worker",
+            env!("CARGO_PKG_VERSION"),
+        ))
     }
 
     /// The router's dispatch, in a `tool_call` span (O2) that continues the brain's
@@ -503,11 +593,19 @@ impl ServerHandler for Worker {
             context.meta.get_tracestate(),
         );
         logging::traces::continue_from(&span, parent.as_ref());
-        let answer = self
-            .tool_router
-            .call(ToolCallContext::new(self, request, context))
-            .instrument(span.clone())
-            .await;
+        let answer = match kept::Keyed::of(&context.meta) {
+            Some(keyed) => {
+                self.keyed(keyed, request, context)
+                    .instrument(span.clone())
+                    .await
+            }
+            None => {
+                self.tool_router
+                    .call(ToolCallContext::new(self, request, context))
+                    .instrument(span.clone())
+                    .await
+            }
+        };
         span.record(
             "outcome",
             match &answer {
@@ -517,6 +615,20 @@ impl ServerHandler for Worker {
             },
         );
         answer
+    }
+
+    /// A cancel of a keyed request stops its call, which runs under its own token (D3).
+    async fn on_cancelled(
+        &self,
+        notification: CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        let cancel = notification
+            .request_id
+            .and_then(|id| self.keyed_requests().remove(&id));
+        if let Some(cancel) = cancel {
+            cancel.cancel();
+        }
     }
 
     async fn on_custom_notification(
