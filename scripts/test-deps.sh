@@ -4,7 +4,8 @@
 # browser-test packages (npm), the real MCP servers the connector tests talk to
 # (server-everything from npm, mcp-server-time from
 # PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
-# an OAuth authorization server (npm, tests/oauth), and the
+# an OAuth authorization server (npm, tests/oauth), the Standard Webhooks library (PyPI,
+# tests/webhooks/.venv), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
@@ -81,6 +82,19 @@ if [ ! -f tests/mcp/.venv/.installed ] \
   python3 -m venv tests/mcp/.venv
   tests/mcp/.venv/bin/pip install -q --disable-pip-version-check -r tests/mcp/requirements.txt
   touch tests/mcp/.venv/.installed
+fi
+
+# The official Standard Webhooks library (PyPI) behind the receiver of
+# brain/tests/all/webhooks.rs, in tests/webhooks/.venv; pip's downloads cached under
+# /var/tmp so a fresh clone installs offline.
+if [ ! -f tests/webhooks/.venv/.installed ] \
+   || [ tests/webhooks/requirements.txt -nt tests/webhooks/.venv/.installed ]; then
+  ensure_venv_module
+  echo "test-deps: standardwebhooks in tests/webhooks/.venv"
+  python3 -m venv tests/webhooks/.venv
+  PIP_CACHE_DIR=/var/tmp/agent-runtime-tools/pip-cache \
+    tests/webhooks/.venv/bin/pip install -q --disable-pip-version-check -r tests/webhooks/requirements.txt
+  touch tests/webhooks/.venv/.installed
 fi
 
 # s3s-fs: a real S3-protocol server (checks SigV4 signatures) for brain/tests/all/artifacts.rs.

@@ -71,6 +71,8 @@ pub struct Config {
     pub events: EventsConfig,
     /// OAuth for connectors (B2): the brain's public URL and pre-registered clients.
     pub oauth: OAuthConfig,
+    /// Webhook deliveries (P4, `BRAIN_WEBHOOKS_*`).
+    pub webhooks: WebhooksConfig,
 }
 
 /// OAuth for connectors (SPEC B2): where the authorization server sends a person back, and
@@ -420,6 +422,22 @@ pub struct ConnectorConfig {
     pub call_timeout: Duration,
 }
 
+/// How this replica delivers webhooks (P4).
+#[derive(Clone, Copy, Debug)]
+pub struct WebhooksConfig {
+    /// Whether a webhook URL may reach loopback and private ranges. Link-local and cloud
+    /// metadata addresses are refused regardless.
+    pub allow_private_networks: bool,
+    /// The wait after a first failed attempt, doubled after each (at most an hour).
+    pub retry_base: Duration,
+    /// One attempt: connect, send, and the response's status and headers.
+    pub timeout: Duration,
+    /// Attempts this replica makes at once; 0: it delivers nothing (other replicas do).
+    pub max_in_flight: usize,
+    /// How often this replica looks for due deliveries.
+    pub poll: Duration,
+}
+
 #[derive(Clone, Debug)]
 pub struct ProviderConfig {
     pub base_url: String,
@@ -512,6 +530,20 @@ impl Config {
             quotas: quotas(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
             oauth: oauth(env, addr)?,
+            webhooks: WebhooksConfig {
+                allow_private_networks: parse(
+                    env,
+                    "BRAIN_WEBHOOKS_ALLOW_PRIVATE_NETWORKS",
+                    "false",
+                )?,
+                retry_base: ranged(env, "BRAIN_WEBHOOKS_RETRY_BASE_MS", 5_000, 10, 3_600_000)
+                    .map(Duration::from_millis)?,
+                timeout: ranged(env, "BRAIN_WEBHOOKS_TIMEOUT_MS", 10_000, 100, 60_000)
+                    .map(Duration::from_millis)?,
+                max_in_flight: ranged(env, "BRAIN_WEBHOOKS_MAX_IN_FLIGHT", 16, 0, 1_000)?,
+                poll: ranged(env, "BRAIN_WEBHOOKS_POLL_MS", 1_000, 50, 60_000)
+                    .map(Duration::from_millis)?,
+            },
             events: EventsConfig {
                 max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
                 window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,

@@ -31,6 +31,7 @@
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
+//! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
@@ -62,6 +63,7 @@ pub mod store;
 pub mod tools;
 pub mod turn;
 pub mod usage;
+pub mod webhooks;
 
 use std::sync::Arc;
 
@@ -260,6 +262,14 @@ pub async fn serve(
     tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
     // Stopped after the drain, so the chunks of the last turns are still published.
     tokio::spawn(state.events.clone().run_publisher(stopped.clone()));
+    // Webhook deliveries go on through the drain; a claim cut off by the exit lapses and
+    // another replica sends it (P4).
+    tokio::spawn(webhooks::run(
+        state.store.clone(),
+        state.config.webhooks,
+        state.metrics.clone(),
+        stopped.clone(),
+    ));
     // Stops keep reaching this replica's turns while it drains.
     tokio::spawn(state.stops.clone().listen(stopped.clone()));
     // Snapshot requests keep reaching this replica's workers while it drains (W10).

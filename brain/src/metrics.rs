@@ -57,6 +57,8 @@ pub struct Counters {
     /// `refused`; `busy`: an upload sent back to retry later), and restores (`restored`)
     /// (W10).
     pub snapshots: IntCounterVec,
+    /// Webhook delivery attempts by outcome: `delivered`, or the failure's class (P4).
+    pub webhook_attempts: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,
     /// From the turn task's start to its end state written, by the primary route's kind.
@@ -257,6 +259,12 @@ impl Metrics {
                 r,
                 "brain_snapshots_total",
                 "Workspace snapshots of idle teardowns by outcome, and restores.",
+                &["outcome"],
+            )?,
+            webhook_attempts: counter_vec(
+                r,
+                "brain_webhook_attempts_total",
+                "Webhook delivery attempts by outcome: delivered, or the failure's class.",
                 &["outcome"],
             )?,
             registry,

@@ -26,7 +26,6 @@ use crate::store::{AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnec
 
 pub const MAX_CONNECTORS_PER_TEAM: i64 = 50;
 const MAX_NAME: usize = 32;
-const MAX_URL: usize = 2000;
 const MAX_ARGS: usize = 64;
 const MAX_ARG_BYTES: usize = 4096;
 const MIN_CALL_TIMEOUT_MS: u32 = 100;
@@ -141,29 +140,16 @@ impl CreateConnector {
     }
 }
 
-/// An absolute `http(s)` URL with a host and no credentials (secrets do not belong in a
-/// URL that the API echoes back), whose host the address rule allows
-/// (`connectors::address`; checked again after DNS at every connect).
+/// A URL the address rule allows (`connectors::address::valid_url`; checked again after
+/// DNS at every connect).
 fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
-    let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
-    let raw = raw.trim();
-    if raw.len() > MAX_URL || raw.contains(char::is_whitespace) {
-        return Err(invalid(
-            "url must be at most 2000 characters, without spaces",
-        ));
-    }
-    let url = reqwest::Url::parse(raw).map_err(|_| invalid("url is not a valid URL"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(invalid("url must use http or https"));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(invalid("url must name a host"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(invalid("url must not contain credentials"));
-    }
-    address::check_url(&url, allow_private).map_err(|refused| invalid(refused.message()))?;
-    Ok(url.to_string())
+    address::valid_url(
+        raw,
+        allow_private,
+        "BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS",
+    )
+    .map(|url| url.to_string())
+    .map_err(ApiError::InvalidRequest)
 }
 
 #[utoipa::path(

@@ -22,6 +22,7 @@ mod secrets;
 mod turns;
 mod usage;
 mod web;
+mod webhooks;
 mod whoami;
 mod worker;
 
@@ -102,6 +103,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(turns::list_turns))
         .routes(routes!(turns::stop_turn))
         .routes(routes!(turns::stop_chat))
+        .routes(routes!(webhooks::list, webhooks::create))
+        .routes(routes!(webhooks::delete))
+        .routes(routes!(webhooks::deliveries))
         .routes(routes!(whoami::get));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)

@@ -84,14 +84,17 @@ impl Refused {
         }
     }
 
-    /// What an API client is told.
-    pub fn message(self) -> &'static str {
+    /// What an API client is told, naming the operator's `setting` that would allow
+    /// private networks.
+    pub fn message_naming(self, setting: &str) -> String {
         match self {
-            Self::Metadata => "url must not point at a link-local or cloud metadata address",
-            Self::Private => {
-                "url must not point at a loopback, private or other non-public address on \
-                 this server (BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS is off)"
+            Self::Metadata => {
+                "url must not point at a link-local or cloud metadata address".to_owned()
             }
+            Self::Private => format!(
+                "url must not point at a loopback, private or other non-public address on \
+                 this server ({setting} is off)"
+            ),
         }
     }
 }
@@ -193,6 +196,33 @@ pub fn check_url(url: &reqwest::Url, allow_private: bool) -> Result<(), Refused>
     }
 }
 
+/// The longest URL an API caller may give (a connector, a webhook).
+pub const MAX_URL: usize = 2000;
+
+/// An absolute `http(s)` URL with a host and no credentials (secrets do not belong in a
+/// URL that the API echoes back), whose host the address rule allows; the problem, for the
+/// caller, names the operator's `setting` that allows private networks.
+pub fn valid_url(raw: &str, allow_private: bool, setting: &str) -> Result<reqwest::Url, String> {
+    let raw = raw.trim();
+    if raw.len() > MAX_URL || raw.contains(char::is_whitespace) {
+        return Err(format!(
+            "url must be at most {MAX_URL} characters, without spaces"
+        ));
+    }
+    let url = reqwest::Url::parse(raw).map_err(|_| "url is not a valid URL".to_owned())?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("url must use http or https".into());
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("url must name a host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("url must not contain credentials".into());
+    }
+    check_url(&url, allow_private).map_err(|refused| refused.message_naming(setting))?;
+    Ok(url)
+}
+
 /// What a connection to `url` may use: for a host name, the addresses it resolves to,
 /// each checked (any refused one refuses the whole name, since a client would try them
 /// all); for an address literal, nothing to resolve. The error is a class.
@@ -217,6 +247,51 @@ pub async fn resolve(
         check_ip(address.ip(), allow_private).map_err(Refused::class)?;
     }
     Ok(Some((host, addresses)))
+}
+
+/// A reqwest resolver that refuses a name when any of its addresses is refused, so a
+/// connection goes only to judged addresses (as [`resolve`] does for an MCP server). Used
+/// by every client whose URLs an API caller chose: connector OAuth, webhook deliveries.
+/// An address literal never reaches a resolver: judge it with [`check_url`] as well.
+pub struct CheckedResolver {
+    pub allow_private_networks: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("address refused: {}", .0.class())]
+struct RefusedAddress(Refused);
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow = self.allow_private_networks;
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            type BoxError = Box<dyn std::error::Error + Send + Sync>;
+            let url = reqwest::Url::parse(&format!("http://{host}/"))
+                .map_err(|e| Box::new(e) as BoxError)?;
+            check_url(&url, allow).map_err(|r| Box::new(RefusedAddress(r)) as BoxError)?;
+            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await
+                .map_err(|e| Box::new(e) as BoxError)?
+                .collect();
+            for a in &addresses {
+                check_ip(a.ip(), allow).map_err(|r| Box::new(RefusedAddress(r)) as BoxError)?;
+            }
+            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The refusal of [`CheckedResolver`] behind a failed request, if that is why it failed.
+pub fn refused_in(error: &reqwest::Error) -> Option<Refused> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(RefusedAddress(refused)) = current.downcast_ref::<RefusedAddress>() {
+            return Some(*refused);
+        }
+        source = current.source();
+    }
+    None
 }
 
 #[cfg(test)]

@@ -39,7 +39,6 @@
 //! the flow and the grant redacts every secret.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -298,7 +297,7 @@ impl Http {
             .connect_timeout(REQUEST_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
-            .dns_resolver(CheckedResolver {
+            .dns_resolver(address::CheckedResolver {
                 allow_private_networks,
             })
             .build()
@@ -314,38 +313,6 @@ impl Http {
             return Err(OAuthError::InvalidUrl);
         }
         address::check_url(url, self.allow_private_networks).map_err(OAuthError::Refused)
-    }
-}
-
-/// Resolves a name and refuses it when any of its addresses is refused, so a connection
-/// goes only to judged addresses (as [`address::resolve`] does for the MCP server).
-struct CheckedResolver {
-    allow_private_networks: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("address refused: {}", .0.class())]
-struct RefusedAddress(Refused);
-
-impl reqwest::dns::Resolve for CheckedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow = self.allow_private_networks;
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            type BoxError = Box<dyn std::error::Error + Send + Sync>;
-            let url = reqwest::Url::parse(&format!("http://{host}/"))
-                .map_err(|e| Box::new(e) as BoxError)?;
-            address::check_url(&url, allow).map_err(|r| Box::new(RefusedAddress(r)) as BoxError)?;
-            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await
-                .map_err(|e| Box::new(e) as BoxError)?
-                .collect();
-            for a in &addresses {
-                address::check_ip(a.ip(), allow)
-                    .map_err(|r| Box::new(RefusedAddress(r)) as BoxError)?;
-            }
-            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
-        })
     }
 }
 
@@ -401,7 +368,7 @@ impl OAuthHttpClient for Transport {
                 .map_err(|_| self.fail(OAuthError::InvalidUrl))?;
             self.http.check(request.url()).map_err(|e| self.fail(e))?;
             let response = self.http.client.execute(request).await.map_err(|e| {
-                self.fail(match refused_in(&e) {
+                self.fail(match address::refused_in(&e) {
                     Some(refused) => OAuthError::Refused(refused),
                     None => OAuthError::Unreachable,
                 })
@@ -418,17 +385,6 @@ impl OAuthHttpClient for Transport {
                 .map_err(|_| self.fail(OAuthError::Unreachable))
         })
     }
-}
-
-fn refused_in(error: &reqwest::Error) -> Option<Refused> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if let Some(RefusedAddress(refused)) = current.downcast_ref::<RefusedAddress>() {
-            return Some(*refused);
-        }
-        source = current.source();
-    }
-    None
 }
 
 async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, OAuthError> {
@@ -917,7 +873,9 @@ async fn revoke_unbounded(http: &Http, grant: &Grant) -> Result<(), OAuthError> 
             .body(body)
             .send()
             .await
-            .map_err(|e| refused_in(&e).map_or(OAuthError::Unreachable, OAuthError::Refused))?;
+            .map_err(|e| {
+                address::refused_in(&e).map_or(OAuthError::Unreachable, OAuthError::Refused)
+            })?;
         // RFC 7009 §2.2: 200 also for a token that was already invalid.
         if !response.status().is_success() {
             return Err(OAuthError::RevocationFailed);

@@ -274,22 +274,42 @@ impl Store {
         .transpose()
     }
 
-    /// Records what the claimed tick `task` became.
+    /// Records what the claimed tick `task` became. A failed tick is also the team's
+    /// `autostart.failed` webhook event (P4), written in the same transaction.
     pub async fn record_fire(&self, task: Uuid, outcome: FireOutcome) -> Result<(), StoreError> {
         let (state, turn, code) = match outcome {
             FireOutcome::Fired(turn) => ("fired", Some(turn.0), None),
             FireOutcome::SkippedBusy => ("skipped_busy", None, None),
             FireOutcome::Failed(code) => ("failed", None, Some(code.as_str())),
         };
-        sqlx::query(
-            "UPDATE scheduled_tasks SET state = $2, turn_id = $3, error_code = $4 WHERE id = $1",
+        let mut tx = self.pool.begin().await?;
+        let recorded: Option<(Uuid, Uuid, Option<Uuid>, DateTime<Utc>)> = sqlx::query_as(
+            "UPDATE scheduled_tasks SET state = $2, turn_id = $3, error_code = $4 WHERE id = $1 \
+             RETURNING team_id, agent_id, chat_id, due_at",
         )
         .bind(task)
         .bind(state)
         .bind(turn)
         .bind(code)
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
+        if let (Some((team, agent, chat, due_at)), Some(code)) = (recorded, code) {
+            let data = serde_json::json!({
+                "agent_id": agent,
+                "chat_id": chat,
+                "scheduled_for": due_at,
+                "error_code": code,
+            });
+            super::webhooks::enqueue(
+                &mut *tx,
+                TeamId(team),
+                super::webhooks::WebhookEvent::AutostartFailed,
+                &task.to_string(),
+                &data,
+            )
+            .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

@@ -27,6 +27,7 @@ mod takeover;
 mod teams;
 mod turns;
 mod usage;
+pub mod webhooks;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -409,6 +410,11 @@ fn migrator() -> Migrator {
             26,
             "keyed brain tools: memories and agents made by a tool call",
             include_str!("../../../migrations/0026_keyed_brain_tools.sql"),
+        ),
+        (
+            27,
+            "webhooks: subscriptions, the outbox, attempts",
+            include_str!("../../../migrations/0027_webhooks.sql"),
         ),
     ]
     .into_iter()

@@ -128,10 +128,6 @@ fn owner_from_row(row: &sqlx::postgres::PgRow) -> Result<GrantOwner, sqlx::Error
 }
 
 impl Store {
-    fn secrets_key(&self) -> Result<&SecretsKey, SecretsError> {
-        self.secrets.as_ref().ok_or(SecretsError::NotConfigured)
-    }
-
     /// Stores a pending flow under the hash of its `state` for `ttl`; at most `max_live`
     /// unexpired flows per connector (`Conflict("too_many_flows")`), and the connector's
     /// expired flows are cleaned on the way. A connector not of the team → `NotFound`.

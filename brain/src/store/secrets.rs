@@ -184,6 +184,12 @@ impl Store {
         self.secrets.is_some()
     }
 
+    /// The key values are sealed under (connector OAuth, and a caller that seals in its
+    /// own transaction: `store::webhooks::enqueue_direct`).
+    pub fn secrets_key(&self) -> Result<&SecretsKey, SecretsError> {
+        self.secrets.as_ref().ok_or(SecretsError::NotConfigured)
+    }
+
     /// Stores `value` under `name` for the agent, replacing an older value of that name.
     /// A new name beyond `max_per_agent` is refused with `TooMany`.
     pub async fn set_secret(

@@ -560,74 +560,108 @@ impl Store {
             inputs.push(tokens(usage.input_tokens));
             outputs.push(tokens(usage.output_tokens));
         }
-        let (billed_at, written): (DateTime<Utc>, bool) = sqlx::query_as(
-            "WITH t AS ( \
-               UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
-               WHERE team_id = $1 AND id = $2 AND replica_id = $22 RETURNING id), \
-             m AS ( \
-               INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
-               SELECT $5, $1, $6, $2, 'assistant', $7, $8 FROM t WHERE $5::uuid IS NOT NULL), \
-             u AS ( \
-               INSERT INTO billing_events \
-                 (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
-               SELECT u.id, $1, $9, $2, u.key, 'model_call', u.model, u.input, u.output \
-               FROM unnest($10::uuid[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
-                 AS u(id, key, model, input, output) \
-               WHERE EXISTS (SELECT 1 FROM t) \
-               ON CONFLICT (event_key) DO NOTHING), \
-             w AS ( \
-               DELETE FROM messages \
-               WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15 \
-                 AND EXISTS (SELECT 1 FROM t)), \
-             a AS ( \
-               INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
-                 part_index, tool_call_id, tool, input, state, expires_at) \
-               SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
-               FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
-                 $21::timestamptz[]) AS a(id, idx, call, tool, input, exp) \
-               WHERE EXISTS (SELECT 1 FROM t)) \
-             SELECT now(), EXISTS (SELECT 1 FROM t)",
-        )
-        .bind(team.0)
-        .bind(turn.0)
-        .bind(end.status.as_str())
-        .bind(end.error_code.map(ErrorCode::as_str))
-        .bind(assistant.map(|m| m.id.0))
-        .bind(chat.0)
-        .bind(parts.as_deref())
-        .bind(assistant.map(|m| if m.complete { "complete" } else { "interrupted" }))
-        .bind(agent.0)
-        .bind(ids)
-        .bind(keys)
-        .bind(models)
-        .bind(inputs)
-        .bind(outputs)
-        .bind(end.withdraw_user_message)
-        .bind(end.approvals.iter().map(|a| a.id).collect::<Vec<_>>())
-        .bind(end.approvals.iter().map(|a| a.part_index).collect::<Vec<_>>())
-        .bind(
-            end.approvals
-                .iter()
-                .map(|a| a.tool_call_id.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(end.approvals.iter().map(|a| a.tool.as_str()).collect::<Vec<_>>())
-        .bind(
-            end.approvals
-                .iter()
-                .map(|a| storable_json(&a.input).into_owned())
-                .collect::<Vec<_>>(),
-        )
-        .bind(end.approvals.iter().map(|a| a.expires_at).collect::<Vec<_>>())
-        .bind(me.0)
-        .fetch_one(&self.pool)
-        .await?;
+        let events = super::webhooks::turn_end_events((team, agent, chat, turn), end);
+        let (event_names, event_keys, payloads) = super::webhooks::columns(&events);
+        let (billed_at, written): (DateTime<Utc>, bool) = sqlx::query_as(FINISH_TURN.as_str())
+            .bind(team.0)
+            .bind(turn.0)
+            .bind(end.status.as_str())
+            .bind(end.error_code.map(ErrorCode::as_str))
+            .bind(assistant.map(|m| m.id.0))
+            .bind(chat.0)
+            .bind(parts.as_deref())
+            .bind(assistant.map(|m| {
+                if m.complete {
+                    "complete"
+                } else {
+                    "interrupted"
+                }
+            }))
+            .bind(agent.0)
+            .bind(ids)
+            .bind(keys)
+            .bind(models)
+            .bind(inputs)
+            .bind(outputs)
+            .bind(end.withdraw_user_message)
+            .bind(end.approvals.iter().map(|a| a.id).collect::<Vec<_>>())
+            .bind(
+                end.approvals
+                    .iter()
+                    .map(|a| a.part_index)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                end.approvals
+                    .iter()
+                    .map(|a| a.tool_call_id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                end.approvals
+                    .iter()
+                    .map(|a| a.tool.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                end.approvals
+                    .iter()
+                    .map(|a| storable_json(&a.input).into_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                end.approvals
+                    .iter()
+                    .map(|a| a.expires_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(me.0)
+            .bind(event_names)
+            .bind(event_keys)
+            .bind(payloads)
+            .fetch_one(&self.pool)
+            .await?;
         if !written {
             return Err(StoreError::Conflict("turn_taken_over"));
         }
         Ok(billed_at)
     }
 }
+
+/// The end state of a turn in one statement (see [`Store::finish_turn`]), its webhook
+/// events (P4) written by the last CTE, in the same transaction as the row they tell about.
+static FINISH_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH t AS ( \
+           UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
+           WHERE team_id = $1 AND id = $2 AND replica_id = $22 RETURNING id), \
+         m AS ( \
+           INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) \
+           SELECT $5, $1, $6, $2, 'assistant', $7, $8 FROM t WHERE $5::uuid IS NOT NULL), \
+         u AS ( \
+           INSERT INTO billing_events \
+             (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, output_tokens) \
+           SELECT u.id, $1, $9, $2, u.key, 'model_call', u.model, u.input, u.output \
+           FROM unnest($10::uuid[], $11::text[], $12::text[], $13::int8[], $14::int8[]) \
+             AS u(id, key, model, input, output) \
+           WHERE EXISTS (SELECT 1 FROM t) \
+           ON CONFLICT (event_key) DO NOTHING), \
+         w AS ( \
+           DELETE FROM messages \
+           WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15 \
+             AND EXISTS (SELECT 1 FROM t)), \
+         a AS ( \
+           INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
+             part_index, tool_call_id, tool, input, state, expires_at) \
+           SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
+           FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
+             $21::timestamptz[]) AS a(id, idx, call, tool, input, exp) \
+           WHERE EXISTS (SELECT 1 FROM t)), \
+         o AS ({}) \
+         SELECT now(), EXISTS (SELECT 1 FROM t)",
+        super::webhooks::subscribed_insert("$1", "$23", "$24", "$25", "EXISTS (SELECT 1 FROM t)")
+    )
+});
 
 impl Store {
     /// The least a turn's end can be: `failed` with `code`, nothing else, and only while
@@ -641,17 +675,32 @@ impl Store {
         me: ReplicaId,
         code: ErrorCode,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        // Its `turn.failed` webhook event (P4) commits with it or not at all.
+        let mut tx = self.pool.begin().await?;
+        let failed: Option<(Uuid, Uuid)> = sqlx::query_as(
             "UPDATE turns SET status = 'failed', error_code = $3, finished_at = now() \
-             WHERE team_id = $1 AND id = $2 AND status = 'running' AND replica_id = $4",
+             WHERE team_id = $1 AND id = $2 AND status = 'running' AND replica_id = $4 \
+             RETURNING agent_id, chat_id",
         )
         .bind(team.0)
         .bind(turn.0)
         .bind(code.as_str())
         .bind(me.0)
-        .execute(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        let Some((agent, chat)) = failed else {
+            return Ok(false);
+        };
+        let event = super::webhooks::turn_event(
+            (team, AgentId(agent), ChatId(chat), turn),
+            TurnStatus::Failed,
+            Some(code),
+        );
+        if let Some(event) = event {
+            super::webhooks::enqueue(&mut *tx, team, event.event, &event.key, &event.data).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Bills a turn's model calls without its end state (which could not be written), under

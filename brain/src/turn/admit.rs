@@ -9,14 +9,15 @@
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
-use protocol::{AgentId, TeamId, TurnId};
+use protocol::{AgentId, ErrorCode, TeamId, TurnId};
 
 use super::TurnError;
 use super::queue::Queue;
 use crate::AppState;
 use crate::hold::{Admitted, Billed, HoldGuard, Reserved, TurnAdmission};
-use crate::quota::{Limits, Periods, Quotas, RateLimitHeaders, Refusal, fallback};
-use crate::store::{Store, StoreError};
+use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, fallback};
+use crate::store::webhooks::{self, WebhookEvent};
+use crate::store::{Store, StoreError, bounded};
 
 /// A turn's standing against the agent's hold and the team's budgets, from admission to
 /// wrap-up.
@@ -75,10 +76,7 @@ pub(super) async fn admit(
             counts,
         } => Ok(budget(Some(guard), limits, &counts, true)),
         Admitted::Busy { running } => Err(TurnError::Busy(running)),
-        Admitted::Refused(refusal) => {
-            state.metrics.quota_refused(refusal.field);
-            Err(TurnError::Quota(refusal))
-        }
+        Admitted::Refused(refusal) => Err(refused(state, team, agent, refusal, &periods).await),
         // Never open: the team's limits and counts come from Postgres instead.
         Admitted::Unavailable => {
             let limits = state.quotas.limits(team).await?;
@@ -88,8 +86,7 @@ pub(super) async fn admit(
                 {
                     Ok(counts) => counts,
                     Err(refusal) => {
-                        state.metrics.quota_refused(refusal.field);
-                        return Err(TurnError::Quota(refusal));
+                        return Err(refused(state, team, agent, refusal, &periods).await);
                     }
                 }
             } else {
@@ -98,6 +95,46 @@ pub(super) async fn admit(
             Ok(budget(None, limits, &counts, false))
         }
     }
+}
+
+/// A refused admission, counted; a spent period budget is also the team's
+/// `quota.exhausted` webhook event (P4), once per quota and period (its key). Nothing else
+/// is written with a refusal, so the event is its own write: when Postgres does not take
+/// it the refusal is still answered and the event is lost (docs/design/webhooks.md).
+async fn refused(
+    state: &AppState,
+    team: TeamId,
+    agent: AgentId,
+    refusal: Refusal,
+    periods: &Periods,
+) -> TurnError {
+    state.metrics.quota_refused(refusal.field);
+    if refusal.code() == ErrorCode::QuotaExhausted {
+        let period = match refusal.field {
+            Field::TokensPerMonth => periods.month_tag(),
+            _ => periods.day_tag(),
+        };
+        let data = serde_json::json!({
+            "quota": refusal.field.name(),
+            "limit": refusal.limit,
+            "period": period,
+            "agent_id": agent,
+            "retry_after_secs": refusal.retry_after.as_secs(),
+        });
+        let key = format!("{}:{period}", refusal.field.name());
+        let written = bounded(webhooks::enqueue(
+            state.store.pool(),
+            team,
+            WebhookEvent::QuotaExhausted,
+            &key,
+            &data,
+        ))
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(team = %team, class = e.metric_label(), "quota.exhausted event not recorded");
+        }
+    }
+    TurnError::Quota(refusal)
 }
 
 impl Budget {

@@ -215,6 +215,15 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .await
         .unwrap();
     assert_eq!(secret.status(), 201);
+    let webhook = created(
+        post(
+            "/v1/webhooks",
+            json!({"url": "https://hooks.example.com/a", "events": ["turn.completed"]}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
@@ -224,6 +233,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("key_id", key_id),
         ("secret_name", "THEIRS".to_owned()),
         ("turn_id", turn),
+        ("webhook_id", webhook),
     ])
 }
 

@@ -37,5 +37,6 @@ mod turn;
 mod turn_failures;
 mod usage;
 mod web_chat;
+mod webhooks;
 mod worker_channel;
 mod workers;

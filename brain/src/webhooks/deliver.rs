@@ -1,0 +1,216 @@
+//! The delivery loop every replica runs (P4): claim due deliveries from the outbox
+//! (`FOR UPDATE SKIP LOCKED`, hidden from other replicas for one attempt's bound), send
+//! each once, record the attempt and when to try again.
+//!
+//! At least once: a delivery leaves the outbox only when a receiver answered 2xx. A replica
+//! killed between its claim and its record leaves the row hidden only until the claim's
+//! lease passes; any replica then claims it again, with the same `webhook-id`. A receiver
+//! therefore dedupes on `webhook-id`.
+//!
+//! Bounds: at most `max_in_flight` attempts at once per replica; each attempt within
+//! `timeout` (connect, send, headers); the response body is never read (so never logged);
+//! no redirects; no proxy; the URL is judged by the connectors' address rule at every
+//! attempt, its host name's addresses by [`address::CheckedResolver`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WebhooksConfig;
+use crate::connectors::address;
+use crate::metrics::Metrics;
+use crate::store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
+use crate::store::{Store, bounded};
+
+use super::sign;
+
+/// A claim outlives the attempt's bound by this much, so a live replica records its
+/// attempt before another may take the row.
+const LEASE_MARGIN: Duration = Duration::from_secs(2);
+/// The longest wait between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// Runs until `stop`. With `max_in_flight` 0 this replica delivers nothing (others do).
+pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: CancellationToken) {
+    if config.max_in_flight == 0 {
+        return;
+    }
+    let client = match client(&config) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %e, "webhooks: no HTTP client; this replica delivers nothing");
+            return;
+        }
+    };
+    let slots = Arc::new(Semaphore::new(config.max_in_flight));
+    let lease = config.timeout + LEASE_MARGIN;
+    loop {
+        let free = slots.available_permits();
+        let mut full_batch = false;
+        if free > 0 {
+            match bounded(store.claim_deliveries(free as i64, lease)).await {
+                Ok(claimed) => {
+                    full_batch = claimed.len() == free;
+                    for delivery in claimed {
+                        let Ok(permit) = slots.clone().try_acquire_owned() else {
+                            break;
+                        };
+                        let (store, client) = (store.clone(), client.clone());
+                        let metrics = metrics.clone();
+                        tokio::spawn(async move {
+                            attempt(&store, &client, &config, &metrics, delivery).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => tracing::warn!(class = e.metric_label(), "webhooks: claim failed"),
+            }
+        }
+        if full_batch {
+            continue;
+        }
+        tokio::select! {
+            // The drain is over: attempts in flight end with the process; their claims
+            // lapse and another replica sends them.
+            () = stop.cancelled() => return,
+            // The next look for due deliveries.
+            () = tokio::time::sleep(config.poll) => {}
+        }
+    }
+}
+
+fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(config.timeout)
+        .connect_timeout(config.timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(address::CheckedResolver {
+            allow_private_networks: config.allow_private_networks,
+        })
+        .build()
+}
+
+/// One attempt of one delivery, recorded. A record that fails leaves the claim to lapse:
+/// the delivery is sent again (at least once).
+async fn attempt(
+    store: &Store,
+    client: &reqwest::Client,
+    config: &WebhooksConfig,
+    metrics: &Metrics,
+    delivery: ClaimedDelivery,
+) {
+    let started = Instant::now();
+    let (status, error) = send(client, config, &delivery).await;
+    metrics
+        .webhook_attempts
+        .with_label_values(&[error.unwrap_or("delivered")])
+        .inc();
+    let outcome = AttemptOutcome {
+        status,
+        error,
+        duration: started.elapsed(),
+    };
+    let retry_after = error.map(|_| backoff(config.retry_base, delivery.attempt));
+    tracing::info!(
+        delivery = %delivery.id,
+        team = %delivery.team,
+        event = %delivery.event,
+        attempt = delivery.attempt,
+        status = status.unwrap_or(0),
+        error = error.unwrap_or("none"),
+        "webhook attempt"
+    );
+    if let Err(e) =
+        bounded(store.record_attempt(delivery.id, delivery.attempt, &outcome, retry_after)).await
+    {
+        tracing::warn!(class = e.metric_label(), delivery = %delivery.id, "webhooks: attempt not recorded");
+    }
+}
+
+/// Sends one attempt: the status answered, and `None` or the class of failure.
+async fn send(
+    client: &reqwest::Client,
+    config: &WebhooksConfig,
+    delivery: &ClaimedDelivery,
+) -> (Option<u16>, Option<&'static str>) {
+    let Ok(url) = reqwest::Url::parse(&delivery.url) else {
+        return (None, Some("invalid_url"));
+    };
+    // An address literal never reaches the resolver.
+    if let Err(refused) = address::check_url(&url, config.allow_private_networks) {
+        return (None, Some(refused.class()));
+    }
+    let Ok(body) = serde_json::to_vec(&delivery.body) else {
+        return (None, Some("invalid_body"));
+    };
+    let id = message_id(delivery.id);
+    let timestamp = chrono::Utc::now().timestamp();
+    let mut request = client
+        .post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string());
+    if let Some(secret) = &delivery.secret {
+        let Some(signature) = sign::signature(secret, &id, timestamp, &body) else {
+            return (None, Some("unreadable_secret"));
+        };
+        request = request.header("webhook-signature", signature);
+    }
+    for (name, value) in &delivery.headers {
+        request = request.header(name, value);
+    }
+    // The client's timeout bounds the whole exchange; this one also bounds a resolver
+    // that never answers.
+    match tokio::time::timeout(config.timeout, request.body(body).send()).await {
+        Err(_) => (None, Some("timeout")),
+        Ok(Err(e)) => (None, Some(request_class(&e))),
+        // The body is dropped unread: nothing a receiver writes reaches a log.
+        Ok(Ok(response)) if response.status().is_success() => {
+            (Some(response.status().as_u16()), None)
+        }
+        Ok(Ok(response)) => (Some(response.status().as_u16()), Some("status")),
+    }
+}
+
+fn request_class(error: &reqwest::Error) -> &'static str {
+    if let Some(refused) = address::refused_in(error) {
+        refused.class()
+    } else if error.is_timeout() {
+        "timeout"
+    } else if error.is_connect() {
+        "connect"
+    } else if error.is_builder() {
+        "invalid_request"
+    } else {
+        "request"
+    }
+}
+
+/// The wait after failed attempt `attempt` (from 1): `base` doubled per attempt, at most
+/// an hour, less up to a fifth at random so a receiver back from an outage is not met by
+/// every delivery at once.
+pub fn backoff(base: Duration, attempt: i32) -> Duration {
+    let doubled = base.saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1));
+    let capped = doubled.min(MAX_BACKOFF);
+    capped.mul_f64(rand::rng().random_range(0.8..=1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_an_hour() {
+        let base = Duration::from_secs(5);
+        let b1 = backoff(base, 1);
+        assert!(b1 >= Duration::from_secs(4) && b1 <= base);
+        let b4 = backoff(base, 4);
+        assert!(b4 >= Duration::from_secs(32) && b4 <= Duration::from_secs(40));
+        let late = backoff(base, 40);
+        assert!(late <= MAX_BACKOFF && late >= MAX_BACKOFF.mul_f64(0.8));
+    }
+}

@@ -1,0 +1,14 @@
+//! Signed webhooks, delivered at least once (P4).
+//!
+//! - `sign.rs`: signing secrets (`whsec_…`) and the Standard Webhooks signature;
+//! - `deliver.rs`: the delivery loop every replica runs: claim due deliveries from the
+//!   Postgres outbox, send each once, record the attempt and when to retry.
+//!
+//! Events enter the outbox in the transaction of the write that makes them
+//! (`store::webhooks::enqueue`, `enqueue_direct`, and the turn's end state); nothing here
+//! is on a turn's path. docs/design/webhooks.md is the design.
+
+pub mod deliver;
+pub mod sign;
+
+pub use deliver::run;
