@@ -2,7 +2,7 @@
 # Installs what the tests drive besides Rust: the AI SDK client (npm) that parses the
 # brain's UI message stream, the web chat's build and browser-test packages (npm), the real
 # MCP servers the connector tests talk to (server-everything from npm, mcp-server-time from
-# PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
+# PyPI in tests/mcp/.venv), the official TypeScript MCP client (npm, tests/mcp-client), the official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
@@ -48,6 +48,14 @@ if [ ! -f tests/mcp/node_modules/.package-lock.json ] \
    || [ tests/mcp/package-lock.json -nt tests/mcp/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/mcp"
   (cd tests/mcp && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The official TypeScript MCP client (npm @modelcontextprotocol/sdk) that talks to the
+# brain's own MCP server in brain/tests/all/mcp_server.rs.
+if [ ! -f tests/mcp-client/node_modules/.package-lock.json ] \
+   || [ tests/mcp-client/package-lock.json -nt tests/mcp-client/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/mcp-client"
+  (cd tests/mcp-client && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 # The official MCP conformance suite and the Node 22 it needs (Debian's Node is older), as

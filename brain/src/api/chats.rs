@@ -298,6 +298,18 @@ fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
     Ok(answers)
 }
 
+impl PlainMessage {
+    /// A message of `content` alone, as another front end (MCP, P2) posts it.
+    pub(super) fn of(content: String) -> Self {
+        Self {
+            content,
+            message_id: None,
+            background: false,
+            if_busy: None,
+        }
+    }
+}
+
 impl PostMessage {
     /// Whether the turn is to run in the background (D1).
     fn background(&self) -> bool {
@@ -315,7 +327,7 @@ impl PostMessage {
         }
     }
 
-    fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
+    pub(super) fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
             Self::Plain(plain) => (plain.content, plain.message_id),
@@ -525,7 +537,7 @@ pub async fn post_message(
 }
 
 /// What a posted message became.
-enum Posted {
+pub(super) enum Posted {
     Launched(Launched),
     /// T13: queued behind the agent's running turn.
     Queued(turn::Queued),
@@ -534,7 +546,7 @@ enum Posted {
 /// Launches `trigger`; a user message that finds the agent busy does what `if_busy` (else
 /// the agent's `busy_policy`) says (T13). Interrupting a turn follows the stop rule (T8):
 /// the principal must see the running turn's chat, else the agent is busy to it.
-async fn launch(
+pub(super) async fn launch(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,
