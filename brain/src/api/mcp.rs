@@ -98,15 +98,16 @@ pub async fn post(
     let session = header_str(&headers, SESSION_HEADER)
         .ok_or_else(|| ApiError::InvalidRequest("Mcp-Session-Id is required".into()))?
         .to_owned();
-    let version = state
-        .mcp
-        .touch(&session, &owner)
-        .ok_or(ApiError::NotFound("MCP session"))?;
+    if !state.mcp.touch(&session, &owner) {
+        return Err(ApiError::NotFound("MCP session"));
+    }
+    // The transport's rule: an unsupported version is refused; clients of the SDKs send
+    // any version they support, not always the negotiated one.
     if let Some(asked) = header_str(&headers, VERSION_HEADER)
-        && asked != version
+        && !PROTOCOL_VERSIONS.contains(&asked)
     {
         return Err(ApiError::InvalidRequest(format!(
-            "MCP-Protocol-Version {asked} is not this session's ({version})"
+            "MCP-Protocol-Version {asked} is not supported"
         )));
     }
     match message {
@@ -227,7 +228,7 @@ fn initialize(
         .find(|v| Some(**v) == asked)
         .copied()
         .unwrap_or(PROTOCOL_VERSIONS[0]);
-    let session = state.mcp.open(owner, version)?;
+    let session = state.mcp.open(owner)?;
     let mut response = answer(rpc::result(
         id,
         json!({

