@@ -178,7 +178,7 @@ pub async fn delete(
             (`method_not_allowed`).", body = protocol::ErrorBody),
     ),
 )]
-pub async fn get() -> ApiError {
+pub async fn get(_principal: Principal) -> ApiError {
     ApiError::MethodNotAllowed
 }
 
