@@ -52,6 +52,28 @@ const MAX_REPLY_BYTES: usize = 1 << 20;
 /// Room for events between a call and a slow client; beyond it the call waits.
 const EVENT_BUFFER: usize = 64;
 
+/// A JSON-RPC message as MCP's streamable HTTP transport posts it; MCP defines the rest.
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub struct JsonRpcMessage(Value);
+
+impl utoipa::PartialSchema for JsonRpcMessage {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        // `example`, as the derived schemas of the other bodies carry it (the contract's
+        // tests call each operation with its body's example).
+        #[allow(deprecated)]
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .description(Some(
+                "A JSON-RPC message as MCP's streamable HTTP transport posts it; MCP \
+                 defines the rest.",
+            ))
+            .example(Some(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for JsonRpcMessage {}
+
 #[utoipa::path(
     post,
     path = "/mcp",
@@ -61,8 +83,7 @@ const EVENT_BUFFER: usize = 64;
         2025-11-25): one JSON-RPC message per request, described by the MCP specification \
         (https://modelcontextprotocol.io/specification/2025-11-25/basic/transports), not \
         here. See docs/design/mcp-server.md.",
-    request_body(content = Object, content_type = "application/json",
-        description = "A JSON-RPC message as MCP's streamable HTTP transport posts it."),
+    request_body = JsonRpcMessage,
     responses(
         (status = 200, description = "The JSON-RPC answer, as `application/json` or, for a \
             `tools/call` of a client that accepts it, `text/event-stream`."),
@@ -85,7 +106,7 @@ pub async fn post(
     State(state): State<AppState>,
     principal: Principal,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<Value>,
+    JsonBody(JsonRpcMessage(body)): JsonBody<JsonRpcMessage>,
 ) -> Result<Response, ApiError> {
     check_origin(&headers)?;
     let message = rpc::parse(body).map_err(|bad| ApiError::InvalidRequest(bad.message.into()))?;
