@@ -3,7 +3,8 @@
 # brain's UI message stream, the AG-UI client (npm, tests/agui), the web chat's build and
 # browser-test packages (npm), the real MCP servers the connector tests talk to
 # (server-everything from npm, mcp-server-time from
-# PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
+# PyPI in tests/mcp/.venv), the official TypeScript MCP client (npm, tests/mcp-client), the
+# official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), the Standard Webhooks library (PyPI,
 # tests/webhooks/.venv), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
@@ -57,6 +58,14 @@ if [ ! -f tests/agui/node_modules/.package-lock.json ] \
    || [ tests/agui/package-lock.json -nt tests/agui/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/agui"
   (cd tests/agui && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The official TypeScript MCP client (npm @modelcontextprotocol/sdk) that talks to the
+# brain's own MCP server in brain/tests/all/mcp_server.rs.
+if [ ! -f tests/mcp-client/node_modules/.package-lock.json ] \
+   || [ tests/mcp-client/package-lock.json -nt tests/mcp-client/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/mcp-client"
+  (cd tests/mcp-client && npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 # The official MCP conformance suite and the Node 22 it needs (Debian's Node is older), as

@@ -69,6 +69,8 @@ pub struct Config {
     pub jwt: Option<crate::auth::JwtConfig>,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
+    /// The MCP server's sessions (P2): `BRAIN_MCP_MAX_SESSIONS*`, `BRAIN_MCP_SESSION_IDLE_MS`.
+    pub mcp_server: crate::mcp_server::SessionLimits,
     /// OAuth for connectors (B2): the brain's public URL and pre-registered clients.
     pub oauth: OAuthConfig,
     /// Webhook deliveries (P4, `BRAIN_WEBHOOKS_*`).
@@ -559,6 +561,17 @@ impl Config {
                     1,
                     1 << 20,
                 )?,
+            },
+            mcp_server: crate::mcp_server::SessionLimits {
+                max: ranged(env, "BRAIN_MCP_MAX_SESSIONS", 10_000, 1, 1 << 20)?,
+                max_per_principal: ranged(
+                    env,
+                    "BRAIN_MCP_MAX_SESSIONS_PER_PRINCIPAL",
+                    20,
+                    1,
+                    1 << 20,
+                )?,
+                idle: millis(env, "BRAIN_MCP_SESSION_IDLE_MS", 30 * 60_000)?,
             },
             log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
                 None | Some("text") => false,

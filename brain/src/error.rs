@@ -79,6 +79,13 @@ pub enum ApiError {
     /// The principal's or the replica's cap on open observer streams is reached (S2).
     #[error("too many observer streams open; close one or retry later")]
     TooManyObservers,
+    /// The principal's or the replica's cap on MCP sessions is reached (P2).
+    #[error(transparent)]
+    TooManySessions(#[from] crate::mcp_server::SessionsFull),
+    /// A browser's `Origin` names another host than the request's (MCP's transport rule
+    /// against DNS rebinding).
+    #[error("the Origin header names another host than this server")]
+    OriginRefused,
     /// A team quota refuses the request before anything is spent (T2, E2).
     #[error("{}", .0.message())]
     Quota(Refusal),
@@ -209,6 +216,8 @@ impl ApiError {
             Self::Overloaded(_) | Self::UploadsBusy(_) => ErrorCode::Overloaded,
             Self::EventsUnavailable => ErrorCode::EventsUnavailable,
             Self::TooManyObservers => ErrorCode::TooManyObservers,
+            Self::TooManySessions(_) => ErrorCode::TooManySessions,
+            Self::OriginRefused => ErrorCode::Forbidden,
             Self::Quota(refusal) => refusal.code(),
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
             Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
@@ -231,6 +240,7 @@ impl ApiError {
             ErrorCode::RateLimited
             | ErrorCode::QuotaExceeded
             | ErrorCode::TooManyObservers
+            | ErrorCode::TooManySessions
             | ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
@@ -294,6 +304,8 @@ impl IntoResponse for ApiError {
             Self::EventsUnavailable => Some(std::time::Duration::from_secs(1)),
             // Places free only as other streams close, which nothing here can foresee.
             Self::TooManyObservers => Some(std::time::Duration::from_secs(5)),
+            // Places free as sessions end or idle out.
+            Self::TooManySessions(_) => Some(std::time::Duration::from_secs(5)),
             // A place frees when the agent's running turn ends, which nothing here foresees.
             Self::QueueFull => Some(std::time::Duration::from_secs(10)),
             Self::Overloaded(refused) => Some(refused.retry_after),

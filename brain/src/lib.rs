@@ -18,6 +18,7 @@
 //! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
 //! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
+//! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
 //!   keeps its own keys);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
@@ -51,6 +52,7 @@ pub mod events;
 pub mod hold;
 pub mod intake;
 pub mod lease;
+pub mod mcp_server;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
@@ -127,6 +129,8 @@ pub struct AppState {
     pub toolsets: turn::Toolsets,
     /// Connector OAuth: its HTTP client and configuration (SPEC B2).
     pub oauth: connectors::authorization::OAuth,
+    /// The MCP sessions this replica holds (P2).
+    pub mcp: mcp_server::McpSessions,
 }
 
 impl AppState {
@@ -168,6 +172,7 @@ impl AppState {
             config.artifacts.snapshot_uploads,
             config.artifacts.snapshot_uploads_per_team,
         );
+        let mcp = mcp_server::McpSessions::new(config.mcp_server);
         Ok(Self {
             config: Arc::new(config),
             replica,
@@ -191,6 +196,7 @@ impl AppState {
             queue: turn::Queue::default(),
             toolsets: turn::Toolsets::default(),
             oauth,
+            mcp,
         })
     }
 }

@@ -72,6 +72,9 @@ pub enum ErrorCode {
     /// The principal, or the replica, has as many observer streams (events, resumed turn
     /// streams) open as allowed; close one, or retry after `Retry-After`.
     TooManyObservers,
+    /// The principal, or the replica, has as many MCP sessions open as allowed (P2); end
+    /// one (`DELETE /mcp`), or retry after `Retry-After`.
+    TooManySessions,
     /// The operation needs something this server's operator has not configured (such as
     /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
     NotConfigured,
@@ -113,6 +116,7 @@ impl ErrorCode {
             Self::QuotaExhausted => "quota_exhausted",
             Self::EventsUnavailable => "events_unavailable",
             Self::TooManyObservers => "too_many_observers",
+            Self::TooManySessions => "too_many_sessions",
             Self::NotConfigured => "not_configured",
             Self::AuthorizationNotRequired => "authorization_not_required",
             Self::AuthorizationFailed => "authorization_failed",
@@ -178,6 +182,7 @@ mod tests {
             ErrorCode::QuotaExhausted,
             ErrorCode::EventsUnavailable,
             ErrorCode::TooManyObservers,
+            ErrorCode::TooManySessions,
             ErrorCode::NotConfigured,
             ErrorCode::AuthorizationNotRequired,
             ErrorCode::AuthorizationFailed,

@@ -298,6 +298,18 @@ fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
     Ok(answers)
 }
 
+impl PlainMessage {
+    /// A message of `content` alone, as another front end (MCP, P2) posts it.
+    pub(super) fn of(content: String) -> Self {
+        Self {
+            content,
+            message_id: None,
+            background: false,
+            if_busy: None,
+        }
+    }
+}
+
 impl PostMessage {
     /// A user message another front end (AG-UI) posts, checked as this route checks its
     /// plain form.
@@ -331,7 +343,7 @@ impl PostMessage {
         }
     }
 
-    fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
+    pub(super) fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
             Self::Plain(plain) => (plain.content, plain.message_id),

@@ -14,6 +14,7 @@ mod connectors;
 mod events;
 mod health;
 mod keys;
+mod mcp;
 mod oauth;
 pub mod openapi;
 mod paging;
@@ -115,6 +116,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))
+        // MCP (P2): the same credentials as `/v1`, described by MCP itself.
+        .routes(routes!(mcp::post, mcp::delete, mcp::get))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(openapi::serve))

@@ -34,7 +34,10 @@ const AGUI: &str = "/agui/";
         title = "agent-runtime brain",
         description = "The brain's HTTP API: agents, chats and their turns (the AI SDK UI \
             message stream), artifacts, connectors, probes. Every error is \
-            `{\"error\":{\"code\",\"message\",\"turn_id\"?}}` with a stable `code`.",
+            `{\"error\":{\"code\",\"message\",\"turn_id\"?}}` with a stable `code`. \
+            `/mcp` is an MCP server (streamable HTTP) whose messages the MCP specification \
+            describes: https://modelcontextprotocol.io/specification/2025-11-25 (see \
+            docs/design/mcp-server.md).",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode, ui::UiChunk)),
@@ -73,13 +76,14 @@ pub(super) fn base() -> Document {
     ApiDoc::openapi()
 }
 
-/// The whole contract: the routes' operations on [`base`], each `/v1` and AG-UI operation but the
+/// The whole contract: the routes' operations on [`base`], each `/v1`, AG-UI and `/mcp` operation but the
 /// worker's (its upgrade and its snapshots, on the session token) and the OAuth callback's (whose `state` is its credential) made to
 /// require the team key and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
-        if !(path.starts_with("/v1/") || path.starts_with(AGUI))
+        // `/mcp` and AG-UI take the same credentials as `/v1`.
+        if !(path.starts_with("/v1/") || path.starts_with(AGUI) || path == "/mcp")
             || path == protocol::channel::CONNECT_PATH
             || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
             || path.starts_with(OAUTH_PUBLIC)

@@ -155,7 +155,15 @@ impl Client {
         loop {
             let bearer = grant.as_ref().map(oauth::access_token);
             let credentials = Resolved::default();
-            match Session::start(&self.row, &self.config, &credentials, bearer, &self.cancel).await
+            match Session::start(
+                &self.row,
+                &self.config,
+                &credentials,
+                bearer,
+                session::Answerer::Defaults,
+                &self.cancel,
+            )
+            .await
             {
                 Ok(started) => return Ok(started),
                 Err(ConnectError::Other(class)) => bail!("connect failed: {class}"),

@@ -48,7 +48,7 @@ use protocol::{AgentId, TeamId};
 use tokio_util::sync::CancellationToken;
 
 use super::oauth::{self, ClientOptions, Grant, OAuthError, PendingFlow, PreRegistered};
-use super::session::Session;
+use super::session::{Answerer, Session};
 use super::{address, credentials};
 use crate::config::{ConnectorConfig, OAuthConfig};
 use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};
@@ -417,7 +417,9 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
             Err(class) => return Started::Down(class),
         };
         if credentials.has_authorization() {
-            return match Session::start(row, config, &credentials, None, cancel).await {
+            return match Session::start(row, config, &credentials, None, Answerer::Nobody, cancel)
+                .await
+            {
                 Ok((session, tools)) => Started::Ready(session, tools),
                 Err(e) if e.challenge().is_some() => Started::Down("credentials_refused"),
                 Err(e) => Started::Down(e.class()),
@@ -429,19 +431,30 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
             Err(Refresh::Failed(class)) => return Started::Down(class),
         };
         let bearer = grant.as_ref().map(|(_, token, _)| token.as_str());
-        let challenge = match Session::start(row, config, &credentials, bearer, cancel).await {
-            Ok((session, tools)) => return Started::Ready(session, tools),
-            Err(e) => match e.challenge() {
-                Some(challenge) => challenge.to_owned(),
-                None => return Started::Down(e.class()),
-            },
-        };
+        let challenge =
+            match Session::start(row, config, &credentials, bearer, Answerer::Nobody, cancel).await
+            {
+                Ok((session, tools)) => return Started::Ready(session, tools),
+                Err(e) => match e.challenge() {
+                    Some(challenge) => challenge.to_owned(),
+                    None => return Started::Down(e.class()),
+                },
+            };
         // A token the server refused before its time (revoked, or shorter-lived than it
         // said): one refresh, then one more try, before asking a person.
         if let Some((owner, _, version)) = grant {
             match locked_refresh(oauth, store, &owner, version).await {
                 Ok((token, _)) => {
-                    match Session::start(row, config, &credentials, Some(&token), cancel).await {
+                    match Session::start(
+                        row,
+                        config,
+                        &credentials,
+                        Some(&token),
+                        Answerer::Nobody,
+                        cancel,
+                    )
+                    .await
+                    {
                         Ok((session, tools)) => return Started::Ready(session, tools),
                         Err(e) if e.challenge().is_none() => return Started::Down(e.class()),
                         Err(_) => {}

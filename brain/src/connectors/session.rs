@@ -10,14 +10,18 @@ use std::sync::Arc;
 
 use channel::mask::Masks;
 use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ElicitationCapability, FormElicitationCapability, Implementation, ProtocolVersion,
+};
+use rmcp::service::RequestContext;
 use rmcp::service::{ClientInitializeError, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, InsufficientScopeError, StreamableHttpClientTransport,
     StreamableHttpClientTransportConfig,
 };
-use rmcp::{Peer, RoleClient, ServiceError, ServiceExt};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceError, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::Resolved;
@@ -105,7 +109,7 @@ pub struct Session {
     pub name: String,
     /// The credentials this session sent, masked in whatever the server answers.
     pub masks: Arc<Masks>,
-    client: RunningService<RoleClient, ClientConfig>,
+    client: RunningService<RoleClient, Client>,
 }
 
 impl Session {
@@ -121,10 +125,11 @@ impl Session {
         config: &ConnectorConfig,
         credentials: &Resolved,
         bearer: Option<&str>,
+        answerer: Answerer,
         cancel: &CancellationToken,
     ) -> Result<(Self, Vec<rmcp::model::Tool>), ConnectError> {
         let started = async {
-            let client = connect(row, config, credentials, bearer).await?;
+            let client = connect(row, config, credentials, bearer, answerer).await?;
             let tools = client.peer().list_all_tools().await.map_err(|e| {
                 auth_challenge(&e).unwrap_or(ConnectError::Other("list_tools_failed"))
             })?;
@@ -156,12 +161,72 @@ impl Drop for Session {
     }
 }
 
+/// Who answers a server's `elicitation/create` during a session (P5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answerer {
+    /// No person can be asked: declined at once, so the server knows and goes on. Every
+    /// turn's session today: the form in the chat is not built (docs/protocol.md,
+    /// "Elicitation (P5)").
+    Nobody,
+    /// A person who submits the form as it is pre-filled: the requested schema's
+    /// defaults. The conformance client's stand-in for the person.
+    Defaults,
+}
+
+/// The client side of a connector session: what it declares and how it answers the
+/// server's requests.
+pub struct Client {
+    answerer: Answerer,
+}
+
+impl ClientHandler for Client {
+    fn get_info(&self) -> ClientConfig {
+        client_info()
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let schema = match (&request, self.answerer) {
+            (
+                ElicitRequestParams::FormElicitationParams {
+                    requested_schema, ..
+                },
+                Answerer::Defaults,
+            ) => serde_json::to_value(requested_schema).unwrap_or_default(),
+            // A URL elicitation needs a person to open it; nobody can here.
+            _ => return Ok(ElicitResult::new(ElicitationAction::Decline)),
+        };
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(form_defaults(&schema)))
+    }
+}
+
+/// The form a requested schema pre-fills: each property's `default`, where it has one
+/// (SEP-1034).
+pub fn form_defaults(schema: &serde_json::Value) -> serde_json::Value {
+    let filled: serde_json::Map<String, serde_json::Value> = schema["properties"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(name, property)| Some((name.clone(), property.get("default")?.clone())))
+        .collect();
+    serde_json::Value::Object(filled)
+}
+
 /// The brain runs the `initialize` handshake, so it asks for the newest revision that has
 /// one (2025-11-25, the one the official conformance suite checks); rmcp's default is a
-/// later revision without it.
+/// later revision without it. It declares form elicitation (P5): a server may ask, and a
+/// session that cannot ask a person declines (say so to the server) rather than leaving
+/// the server to guess.
 fn client_info() -> ClientConfig {
+    let mut elicitation = ElicitationCapability::new();
+    elicitation.form = Some(FormElicitationCapability::new());
+    let mut capabilities = ClientCapabilities::default();
+    capabilities.elicitation = Some(elicitation);
     ClientConfig::new(
-        ClientCapabilities::default(),
+        capabilities,
         Implementation::new("agent-runtime-brain", env!("CARGO_PKG_VERSION")),
     )
     .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
@@ -172,7 +237,9 @@ async fn connect(
     config: &ConnectorConfig,
     credentials: &Resolved,
     bearer: Option<&str>,
-) -> Result<RunningService<RoleClient, ClientConfig>, ConnectError> {
+    answerer: Answerer,
+) -> Result<RunningService<RoleClient, Client>, ConnectError> {
+    let client = Client { answerer };
     match &row.target {
         ConnectorTarget::Http { url, .. } => {
             let url = reqwest::Url::parse(url).map_err(|_| "invalid_url")?;
@@ -183,14 +250,14 @@ async fn connect(
             transport_config.auth_header = bearer.map(str::to_owned);
             let transport =
                 StreamableHttpClientTransport::with_client(http_client(pinned)?, transport_config);
-            client_info().serve(transport).await.map_err(init_class)
+            client.serve(transport).await.map_err(init_class)
         }
         ConnectorTarget::Stdio { command, .. } => {
             if !config.allow_stdio {
                 return Err("stdio_disabled".into());
             }
             let transport = spawn(command, &credentials.env).map_err(|_| "spawn_failed")?;
-            client_info().serve(transport).await.map_err(init_class)
+            client.serve(transport).await.map_err(init_class)
         }
     }
 }
@@ -260,5 +327,27 @@ fn init_class(err: ClientInitializeError) -> ConnectError {
         ClientInitializeError::JsonRpcError(_) => "initialize_rejected".into(),
         ClientInitializeError::Cancelled => "cancelled".into(),
         _ => "initialize_failed".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::form_defaults;
+
+    #[test]
+    fn the_form_is_pre_filled_with_the_schema_defaults() {
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "Ada"},
+            "age": {"type": "integer", "default": 36},
+            "plan": {"type": "string", "enum": ["a", "b"], "default": "b"},
+            "note": {"type": "string"},
+        }});
+        assert_eq!(
+            form_defaults(&schema),
+            json!({"name": "Ada", "age": 36, "plan": "b"})
+        );
+        assert_eq!(form_defaults(&json!({})), json!({}));
     }
 }

@@ -79,6 +79,15 @@ impl UiBody {
         Self { rate_limit, ..self }
     }
 
+    /// The next chunk, for a front end that frames chunks its own way (the MCP server,
+    /// P2); `None` after the last. Watching the principal's standing is then the caller's.
+    pub async fn next_chunk(&mut self) -> Option<UiChunk> {
+        match &mut self.source {
+            Source::Live { rx, .. } => rx.recv().await,
+            Source::Replay(chunks) => chunks.next(),
+        }
+    }
+
     pub fn replay(chunks: Vec<UiChunk>) -> Self {
         Self {
             source: Source::Replay(chunks.into_iter()),

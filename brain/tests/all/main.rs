@@ -24,6 +24,7 @@ mod hold;
 mod hold_turns;
 mod intake;
 mod mcp_conformance;
+mod mcp_server;
 mod metrics;
 mod oauth_client;
 mod queue;
