@@ -20,9 +20,9 @@ const POLL: Duration = Duration::from_micros(200);
 /// errno "no such process".
 const ESRCH: i32 = 3;
 
-struct Manager {
+pub(crate) struct Manager {
     child: tokio::process::Child,
-    workspaces: PathBuf,
+    pub(crate) workspaces: PathBuf,
 }
 
 impl Manager {
@@ -33,6 +33,17 @@ impl Manager {
     /// [`Manager::start`] with `extra` variables added to (or replacing) the manager's.
     async fn start_with(
         system: &System,
+        namespace: &str,
+        profiles: Option<Value>,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
+        Self::launch(&system.db_name, &system.url, namespace, profiles, extra)
+    }
+
+    /// A manager over database `db_name` whose workers dial `public_url`.
+    pub(crate) fn launch(
+        db_name: &str,
+        public_url: &str,
         namespace: &str,
         profiles: Option<Value>,
         extra: &[(&str, &str)],
@@ -54,10 +65,10 @@ impl Manager {
             command.env("RUNTIME_MANAGER_PROFILES", file);
         }
         let child = command
-            .env("DATABASE_URL", db_url(&system.db_name))
+            .env("DATABASE_URL", db_url(db_name))
             .env("REDIS_URL", redis_url())
             .env("SESSION_QUEUE_NAMESPACE", namespace)
-            .env("BRAIN_PUBLIC_URL", &system.url)
+            .env("BRAIN_PUBLIC_URL", public_url)
             .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker")?)
             .env("RUNTIME_MANAGER_WORKSPACES", &workspaces)
             .env("RUNTIME_MANAGER_IDLE_WINDOW_MS", "60000")
@@ -70,7 +81,7 @@ impl Manager {
     }
 
     /// SIGTERM (the manager stops its workers), then SIGKILL after 5 s.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
             let _ = std::process::Command::new("kill")
                 .args(["-TERM", &pid.to_string()])

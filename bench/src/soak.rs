@@ -11,7 +11,18 @@
 //! replaces the one kill by a SIGKILL every that many seconds, of each replica in turn,
 //! each restarted a second later: the turns of the killed one are taken over by the other
 //! (D3) and their clients' retries follow them there (D5), so the run then also fails when
-//! a single turn ends `interrupted`.
+//! a single turn ends `interrupted`. `BENCH_SOAK_ROLLING=1` (D6) replaces the kills by a
+//! rolling restart: replica A is SIGTERMed at 30 % of the turns (with a 500 ms drain, so
+//! its longer turns are handed over, D4) and started again, then replica B at 60 %; the run
+//! also fails when a turn ends `interrupted`.
+//!
+//! `BENCH_SOAK_TOOLS=1` (D6) puts worker tool calls in the mix: the agents get the `light`
+//! profile and a release runtime-manager starts their workers (which dial replica A, and
+//! dial it again across its restarts, W9); every other turn asks the offline demo model to
+//! run `sleep 0.3; echo <message id> >> calls.log` in the chat's workspace. At the end each
+//! such id must be in the workspaces' `calls.log` files exactly once: a call in flight at a
+//! kill is re-attached on its worker, never run twice (D3). Keep `BENCH_SOAK_CHATS` near
+//! the concurrency (64) in this mode: each chat has a worker process of its own.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,6 +35,7 @@ use serde_json::{Value, json};
 use test_support::proxy::{Fault, FaultProxy};
 use tokio::sync::Mutex;
 
+use crate::hands::Manager;
 use crate::system::{BrainProcess, Database, Row, SseData, free_addr, redis_url, row};
 
 const TURNS_PER_CHAT: usize = 10;
@@ -34,6 +46,48 @@ const TURN_DEADLINE: Duration = Duration::from_secs(120);
 const KILL_AT: f64 = 0.4;
 /// Short leases, so the killed replica's turns are reconciled within seconds.
 const LEASE_TTL_MS: &str = "2000";
+/// The rolling restart's drain: shorter than a tool turn, so those are handed over.
+const ROLLING_DRAIN_MS: &str = "500";
+/// When the rolling restart stops each replica, as a share of the turns ended.
+const ROLLING_AT: [f64; 2] = [0.3, 0.6];
+
+/// What disrupts the replicas along the run.
+#[derive(Clone, Copy)]
+enum Disruption {
+    /// Replica B SIGKILLed once, at [`KILL_AT`].
+    KillOnce,
+    /// Each replica in turn SIGKILLed at this interval.
+    KillEvery(Duration),
+    /// Each replica SIGTERMed once, at [`ROLLING_AT`], and started again.
+    Rolling,
+}
+
+/// The message of turn `t` whose id is `id`: with tools, every other one runs a command
+/// that appends its id to the workspace's `calls.log`.
+fn content(tools: bool, t: usize, id: &str) -> String {
+    if tools && t % 2 == 1 {
+        format!("run `sleep 0.3; echo {id} >> calls.log`")
+    } else {
+        "soak".to_owned()
+    }
+}
+
+/// How many times each line appears in the `calls.log` files under `dir`.
+fn logged_calls(dir: &std::path::Path, counts: &mut std::collections::HashMap<String, usize>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            logged_calls(&path, counts);
+        } else if path.file_name().is_some_and(|name| name == "calls.log") {
+            for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+                *counts.entry(line.to_owned()).or_default() += 1;
+            }
+        }
+    }
+}
 
 /// How one turn ended, as its client saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +134,14 @@ struct Client {
 
 impl Client {
     /// One turn, retried with the same message id until its end is known.
-    async fn turn(&self, chat: &str, message_id: &str, first: usize, counts: &Counts) -> Seen {
+    async fn turn(
+        &self,
+        chat: &str,
+        message_id: &str,
+        content: &str,
+        first: usize,
+        counts: &Counts,
+    ) -> Seen {
         let deadline = Instant::now() + TURN_DEADLINE;
         for attempt in 0.. {
             if Instant::now() > deadline {
@@ -95,7 +156,7 @@ impl Client {
                 .http
                 .post(format!("{url}/v1/chats/{chat}/messages"))
                 .bearer_auth(&self.key)
-                .json(&json!({"content": "soak", "message_id": message_id}))
+                .json(&json!({"content": content, "message_id": message_id}))
                 .timeout(Duration::from_secs(30))
                 .send()
                 .await;
@@ -183,11 +244,24 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         ("REDIS_URL", redis_via.as_str()),
         ("BRAIN_LEASE_TTL_MS", LEASE_TTL_MS),
     ];
+    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+    let (tools, rolling) = (flag("BENCH_SOAK_TOOLS"), flag("BENCH_SOAK_ROLLING"));
     let kill_every = std::env::var("BENCH_SOAK_KILL_EVERY_S")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|s| *s > 0)
         .map(Duration::from_secs);
+    let disruption = match (rolling, kill_every) {
+        (true, _) => Disruption::Rolling,
+        (false, Some(every)) => Disruption::KillEvery(every),
+        (false, None) => Disruption::KillOnce,
+    };
+    let namespace = format!("soak-{}", uuid::Uuid::new_v4().simple());
+    let mut extra = extra.to_vec();
+    extra.push(("SESSION_QUEUE_NAMESPACE", namespace.as_str()));
+    if rolling {
+        extra.push(("BRAIN_DRAIN_TIMEOUT_MS", ROLLING_DRAIN_MS));
+    }
     let (a_addr, b_addr) = (free_addr()?, free_addr()?);
     let a = BrainProcess::start(&db, &provider, a_addr, &extra).await?;
     let b = BrainProcess::start(&db, &provider, b_addr, &extra).await?;
@@ -195,6 +269,13 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
     let team = db.store.create_team("soak team").await?;
     let http = reqwest::Client::new();
     let urls = [format!("http://{a_addr}"), format!("http://{b_addr}")];
+    // The workers dial replica A, and dial it again once it is back (W9).
+    let manager = if tools {
+        Some(Manager::launch(&db.name, &urls[0], &namespace, None, &[])?)
+    } else {
+        None
+    };
+    let profile = if tools { "light" } else { "none" };
 
     // One agent per client (one turn per agent at a time, T9), its chats in turn.
     let mut plans: Vec<(String, Vec<String>)> = Vec::new();
@@ -204,15 +285,19 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
             &urls[0],
             &team.api_key,
             "/v1/agents",
-            json!({"name": format!("soak-{c}"), "system_prompt": "Be brief.", "model": "openai/gpt-test"}),
+            json!({"name": format!("soak-{c}"), "system_prompt": "Be brief.", "model": "openai/gpt-test",
+                   "runtime_profile": profile}),
         )
         .await?;
         plans.push((agent, Vec::new()));
     }
+    let mut all_chats = Vec::with_capacity(chats_total);
     for i in 0..chats_total {
         let (agent, chats) = &mut plans[i % CONCURRENCY];
         let path = format!("/v1/agents/{agent}/chats");
-        chats.push(create(&http, &urls[0], &team.api_key, &path, json!({})).await?);
+        let chat = create(&http, &urls[0], &team.api_key, &path, json!({})).await?;
+        all_chats.push(chat.clone());
+        chats.push(chat);
     }
 
     let counts = Arc::new(Counts::default());
@@ -233,7 +318,8 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
                 for (k, chat) in chats.iter().enumerate() {
                     for t in 0..TURNS_PER_CHAT {
                         let id = format!("soak-{chat}-{t}");
-                        let seen = client.turn(chat, &id, c + k + t, &counts).await;
+                        let said = content(tools, t, &id);
+                        let seen = client.turn(chat, &id, &said, c + k + t, &counts).await;
                         counts.add(seen);
                     }
                 }
@@ -293,26 +379,47 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
             let mut back_after = Duration::ZERO;
+            let reached = |share: f64| {
+                let counts = counts.clone();
+                async move {
+                    while (counts.ended() as f64) < total as f64 * share {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            };
             for k in 0.. {
-                match kill_every {
-                    None if k > 0 => break,
-                    None => {
-                        while (counts.ended() as f64) < total as f64 * KILL_AT {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
+                match disruption {
+                    Disruption::KillOnce if k > 0 => break,
+                    Disruption::KillOnce => reached(KILL_AT).await,
+                    Disruption::Rolling => {
+                        let Some(&share) = ROLLING_AT.get(k) else {
+                            break;
+                        };
+                        tokio::select! {
+                            () = stop.cancelled() => break,
+                            () = reached(share) => {}
                         }
                     }
-                    Some(every) => tokio::select! {
+                    Disruption::KillEvery(every) => tokio::select! {
                         () = stop.cancelled() => break,
                         () = tokio::time::sleep(every) => {}
                     },
                 }
-                // The one kill is of replica B; the periodic ones alternate.
-                let which = if kill_every.is_some() { k % 2 } else { 1 };
+                // The one kill is of replica B; the periodic ones and the rolling restart
+                // go through both.
+                let which = match disruption {
+                    Disruption::KillOnce => 1,
+                    Disruption::KillEvery(_) | Disruption::Rolling => k % 2,
+                };
                 let Some(victim) = replicas.lock().await[which].take() else {
                     continue;
                 };
                 let killed_at = Instant::now();
-                victim.kill().await;
+                if matches!(disruption, Disruption::Rolling) {
+                    victim.stop().await;
+                } else {
+                    victim.kill().await;
+                }
                 kills.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let restarted = BrainProcess::start(&db, &provider, addrs[which], &extra).await?;
@@ -368,6 +475,23 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
     .await?;
     let lost_client = counts.lost.load(Ordering::Relaxed);
     let lost_store = total as i64 - stored_ids;
+    // Every tool turn's command ran exactly once.
+    let (mut ran_twice, mut never_ran, mut tool_turns) = (0usize, 0usize, 0usize);
+    if let Some(manager) = manager {
+        let mut logged = std::collections::HashMap::new();
+        logged_calls(&manager.workspaces, &mut logged);
+        manager.stop().await;
+        for chat in &all_chats {
+            for t in (1..TURNS_PER_CHAT).step_by(2) {
+                tool_turns += 1;
+                match logged.get(&format!("soak-{chat}-{t}")).copied().unwrap_or(0) {
+                    0 => never_ran += 1,
+                    1 => {}
+                    _ => ran_twice += 1,
+                }
+            }
+        }
+    }
 
     for replica in replicas.lock().await.iter_mut() {
         if let Some(replica) = replica.take() {
@@ -414,22 +538,37 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         format!(
             "{stored_ids} stored for {total} ids; turns answered twice {answers_twice}; {} Redis blips; {}",
             blips.load(Ordering::Relaxed),
-            match kill_every {
-                None => format!(
+            match disruption {
+                Disruption::KillOnce => format!(
                     "replica B killed at 40 % and back {:.1} s later",
                     restarted_after.as_secs_f64()
                 ),
-                Some(every) => format!(
+                Disruption::KillEvery(every) => format!(
                     "{} SIGKILLs, one every {} s, each replica back {:.1} s later",
                     kills.load(Ordering::Relaxed),
                     every.as_secs(),
                     restarted_after.as_secs_f64()
                 ),
+                Disruption::Rolling => format!(
+                    "{} replicas SIGTERMed in turn ({ROLLING_DRAIN_MS} ms drain), each back {:.1} s later",
+                    kills.load(Ordering::Relaxed),
+                    restarted_after.as_secs_f64()
+                ),
             }
         ),
     ));
-    // With takeover (D3), a killed replica's turns go on elsewhere: none is interrupted.
-    let interrupted = kill_every.is_some()
+    if tools {
+        rows.push(row(
+            "soak",
+            "tool calls run twice / never",
+            format!("{ran_twice} / {never_ran}"),
+            String::new(),
+            format!("{tool_turns} tool turns, each appending its id to the workspace's calls.log"),
+        ));
+    }
+    // With takeover (D3) and handover (D4), a stopped replica's turns go on elsewhere:
+    // none is interrupted.
+    let interrupted = !matches!(disruption, Disruption::KillOnce)
         && (counts.interrupted.load(Ordering::Relaxed) != 0
             || by_status.iter().any(|(s, _, _)| s == "interrupted"));
     if running != 0
@@ -438,6 +577,8 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         || duplicated != 0
         || answers_twice != 0
         || interrupted
+        || ran_twice != 0
+        || never_ran != 0
     {
         for r in &rows[rows.len() - 3..] {
             eprintln!("{}: {} {} {}", r.metric, r.p50, r.p99, r.other);
