@@ -3,8 +3,27 @@
 # brain's UI message stream, the web chat's build and browser-test packages (npm), the real
 # MCP servers the connector tests talk to (server-everything from npm, mcp-server-time from
 # PyPI in tests/mcp/.venv), the official MCP conformance suite (npm, tests/mcp-conformance),
-# an OAuth authorization server (npm, tests/oauth), and the
+# an OAuth authorization server (npm, tests/oauth), the official A2A clients (PyPI
+# a2a-sdk in tests/a2a/.venv, npm @a2a-js/sdk in tests/a2a), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
+# The official A2A clients for brain/tests/all/a2a.rs: a2a-sdk (PyPI) in tests/a2a/.venv and
+# @a2a-js/sdk (npm) in tests/a2a/node_modules. Their downloads are cached under $tools_root,
+# so CI's fresh clone installs them without the registries' round trips.
+if [ ! -f tests/a2a/.venv/.installed ] \
+   || [ tests/a2a/requirements.txt -nt tests/a2a/.venv/.installed ]; then
+  ensure_venv_module
+  echo "test-deps: a2a-sdk in tests/a2a/.venv"
+  [ -x tests/a2a/.venv/bin/pip ] || python3 -m venv tests/a2a/.venv
+  tests/a2a/.venv/bin/pip install -q --disable-pip-version-check \
+    --cache-dir "$tools_root/pip-cache" -r tests/a2a/requirements.txt
+  touch tests/a2a/.venv/.installed
+fi
+if [ ! -f tests/a2a/node_modules/.package-lock.json ] \
+   || [ tests/a2a/package-lock.json -nt tests/a2a/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/a2a"
+  (cd tests/a2a && npm ci --no-audit --no-fund --loglevel=error --cache "$tools_root/npm-cache")
+fi
+
 # Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
 # offline-friendly once installed.

@@ -315,7 +315,7 @@ impl PostMessage {
         }
     }
 
-    fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
+    pub(super) fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
         let (content, message_id) = match self {
             Self::Plain(plain) => (plain.content, plain.message_id),
@@ -376,14 +376,14 @@ impl PostMessage {
 /// its `message_id` did (T12).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BackgroundTurn {
-    turn_id: TurnId,
-    chat_id: ChatId,
+    pub(super) turn_id: TurnId,
+    pub(super) chat_id: ChatId,
     /// The user message, as the transcript lists it; `null` when the turn failed before
     /// any output and withdrew it (its `message_id` may then be sent again).
     message_id: Option<MessageId>,
     /// `running`, `queued` (T13), or how far the turn already got (`GET /v1/turns/{id}`'s
     /// `status`).
-    status: TurnProgress,
+    pub(super) status: TurnProgress,
     /// A `queued` turn's place among its agent's (1 = next).
     #[serde(skip_serializing_if = "Option::is_none")]
     position: Option<u32>,
@@ -525,7 +525,7 @@ pub async fn post_message(
 }
 
 /// What a posted message became.
-enum Posted {
+pub(super) enum Posted {
     Launched(Launched),
     /// T13: queued behind the agent's running turn.
     Queued(turn::Queued),
@@ -534,7 +534,7 @@ enum Posted {
 /// Launches `trigger`; a user message that finds the agent busy does what `if_busy` (else
 /// the agent's `busy_policy`) says (T13). Interrupting a turn follows the stop rule (T8):
 /// the principal must see the running turn's chat, else the agent is busy to it.
-async fn launch(
+pub(super) async fn launch(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,
@@ -624,7 +624,7 @@ async fn attach(
 
 /// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
 /// POST of its message id started (T12), running or ended: a retry starts nothing.
-async fn start_background(
+pub(super) async fn start_background(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,

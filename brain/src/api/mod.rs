@@ -5,6 +5,7 @@
 //! `invalid_request` or `payload_too_large`; status codes themselves are chosen in
 //! `error.rs` only.
 
+mod a2a;
 mod agents;
 mod approvals;
 mod artifacts;
@@ -43,6 +44,9 @@ pub fn router(state: AppState) -> Router {
         // The web chat: a client of the API, so outside the OpenAPI document.
         .route("/", axum::routing::get(web::index))
         .route("/assets/{file}", axum::routing::get(web::asset))
+        // A2A's JSON-RPC interface: described by the A2A specification, not OpenAPI (the
+        // document's description links it); the agent card's route is in the document.
+        .route("/a2a/{agent_id}", axum::routing::post(a2a::rpc_endpoint))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
@@ -105,6 +109,7 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
         // Workers authenticate with their session token, not a team key.
+        .routes(routes!(a2a::agent_card))
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))

@@ -32,7 +32,11 @@ pub const OAUTH_PUBLIC: &str = "/v1/oauth/";
         title = "agent-runtime brain",
         description = "The brain's HTTP API: agents, chats and their turns (the AI SDK UI \
             message stream), artifacts, connectors, probes. Every error is \
-            `{\"error\":{\"code\",\"message\",\"turn_id\"?}}` with a stable `code`.",
+            `{\"error\":{\"code\",\"message\",\"turn_id\"?}}` with a stable `code`. \
+            Each agent is also an A2A 1.0 server: its card is `GET \
+            /a2a/{agent_id}/.well-known/agent-card.json` (below), its JSON-RPC interface \
+            `POST /a2a/{agent_id}` is described by the A2A specification \
+            (https://a2a-protocol.org/latest/specification/), not by this document.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode, ui::UiChunk)),
