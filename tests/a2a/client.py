@@ -24,6 +24,7 @@ from a2a.types import (
     Part,
     Role,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     TaskPushNotificationConfig,
     ListTaskPushNotificationConfigsRequest,
 )
@@ -100,6 +101,12 @@ async def run(scenario, base_url, bearer, args):
         return await send(base_url, bearer, True, *args)
     if scenario == "cancel":
         return await cancel_while_streaming(base_url, bearer, *args)
+    if scenario == "subscribe":
+        client = await client_for(base_url, bearer, True)
+        events = []
+        async for event in client.subscribe(SubscribeToTaskRequest(id=args[0])):
+            events.append(as_dict(event))
+        return {"events": events}
     client = await client_for(base_url, bearer, False)
     if scenario == "get":
         return as_dict(await client.get_task(GetTaskRequest(id=args[0])))

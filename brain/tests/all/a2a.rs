@@ -255,12 +255,101 @@ async fn the_javascript_client_streams_a_send() {
     assert_eq!(last["value"]["status"]["state"], 3, "{last}");
 }
 
+/// `returnImmediately` runs the turn in the background (D1); `SubscribeToTask` then follows
+/// it from its start through the chat's events stream, whatever it already streamed.
+#[tokio::test]
+async fn a_background_send_is_followed_by_subscribe_from_its_start() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    // Long enough (12 s) that the client, however slow to start on a loaded machine,
+    // subscribes while the turn runs; the reply is checked whole, so what streamed before
+    // the subscription is replayed.
+    let words: Vec<String> = (0..300).map(|i| format!("w{i} ")).collect();
+    app.provider.push(Reply::Text {
+        deltas: words.clone(),
+        delay: Duration::from_millis(40),
+    });
+    let mut params = user_message("in the background");
+    params["configuration"] = json!({"returnImmediately": true});
+    let (status, sent) = rpc(&app, &app.key, &base, "SendMessage", params).await;
+    assert_eq!(status, 200);
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_WORKING", "{sent}");
+    let task_id = task["id"].as_str().unwrap().to_owned();
+    let followed = python(&base, &app.key, "subscribe", &[&task_id]).await;
+    let events = followed["events"].as_array().unwrap();
+    assert_eq!(events[0]["task"]["id"], task_id.as_str(), "{followed}");
+    assert_eq!(streamed_text(events), words.concat(), "from its start");
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{followed}"
+    );
+    app.settled().await;
+    // An ended task has nothing to subscribe to.
+    let ended = python(&base, &app.key, "subscribe", &[&task_id]).await;
+    assert_eq!(ended["error"], "UnsupportedOperationError", "{ended}");
+}
+
+/// A3 on this wire: a call that waits for a person leaves the task `input-required`, as
+/// `GET /v1/turns/{id}` shows it `awaiting_approval`; the approval is the HTTP API's.
+#[tokio::test]
+async fn a_pending_approval_is_input_required() {
+    let app = TestApp::start().await;
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "You are careful.",
+                    "model": "openai/gpt-test",
+                    "approval_policy": {"ask": ["write"], "deny": []}}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let base = format!("{}/a2a/{}", app.url, created["id"].as_str().unwrap());
+    app.provider.push(calls(vec![call(
+        "call-1",
+        "memory_write",
+        json!({"content": "likes tea"}),
+    )]));
+    let streamed = python(&base, &app.key, "stream", &["remember that I like tea"]).await;
+    let events = streamed["events"].as_array().unwrap();
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED",
+        "{streamed}"
+    );
+    app.settled().await;
+    let task_id = events[0]["task"]["id"].as_str().unwrap();
+    let got = python(&base, &app.key, "get", &[task_id]).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{got}");
+    let context = events[0]["task"]["contextId"].as_str().unwrap();
+    let pending: Value = app
+        .get(&format!("/v1/chats/{context}/approvals"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        pending["approvals"].as_array().unwrap().len(),
+        1,
+        "{pending}"
+    );
+    let listed = python(&base, &app.key, "list", &[context]).await;
+    assert_eq!(
+        listed["tasks"][0]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{listed}"
+    );
+}
+
 #[tokio::test]
 async fn cancel_stops_the_running_task() {
     let app = TestApp::start().await;
     let (_, base) = agent(&app).await;
     app.provider.push(Reply::Text {
-        deltas: (0..400).map(|i| format!("w{i} ")).collect(),
+        // 15 s if never cancelled: the cancel goes out on the first text, whenever the
+        // client gets it.
+        deltas: (0..600).map(|i| format!("w{i} ")).collect(),
         delay: Duration::from_millis(25),
     });
     let result = python(&base, &app.key, "cancel", &["a long answer"]).await;
