@@ -6,7 +6,8 @@
 # PyPI in tests/mcp/.venv), the official TypeScript MCP client (npm, tests/mcp-client), the
 # official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), the Standard Webhooks library (PyPI,
-# tests/webhooks/.venv), and the
+# tests/webhooks/.venv), the official A2A clients (PyPI a2a-sdk in tests/a2a/.venv, npm
+# @a2a-js/sdk in tests/a2a), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
@@ -104,6 +105,25 @@ if [ ! -f tests/webhooks/.venv/.installed ] \
   PIP_CACHE_DIR=/var/tmp/agent-runtime-tools/pip-cache \
     tests/webhooks/.venv/bin/pip install -q --disable-pip-version-check -r tests/webhooks/requirements.txt
   touch tests/webhooks/.venv/.installed
+fi
+
+# The official A2A clients for brain/tests/all/a2a.rs: a2a-sdk (PyPI) in tests/a2a/.venv and
+# @a2a-js/sdk (npm) in tests/a2a/node_modules; downloads cached under /var/tmp so a fresh
+# clone installs them without the registries' round trips.
+if [ ! -f tests/a2a/.venv/.installed ] \
+   || [ tests/a2a/requirements.txt -nt tests/a2a/.venv/.installed ]; then
+  ensure_venv_module
+  echo "test-deps: a2a-sdk in tests/a2a/.venv"
+  [ -x tests/a2a/.venv/bin/pip ] || python3 -m venv tests/a2a/.venv
+  tests/a2a/.venv/bin/pip install -q --disable-pip-version-check \
+    --cache-dir /var/tmp/agent-runtime-tools/pip-cache -r tests/a2a/requirements.txt
+  touch tests/a2a/.venv/.installed
+fi
+if [ ! -f tests/a2a/node_modules/.package-lock.json ] \
+   || [ tests/a2a/package-lock.json -nt tests/a2a/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/a2a"
+  (cd tests/a2a && npm ci --no-audit --no-fund --loglevel=error \
+    --cache /var/tmp/agent-runtime-tools/npm-cache)
 fi
 
 # s3s-fs: a real S3-protocol server (checks SigV4 signatures) for brain/tests/all/artifacts.rs.

@@ -272,32 +272,10 @@ impl ApiError {
         }
     }
 
-    fn turn_id(&self) -> Option<TurnId> {
+    /// How long a client should wait before trying again (`Retry-After`), when that is
+    /// known.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
-            Self::TurnInProgress(id) | Self::AgentBusy(id) => Some(*id),
-            _ => None,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            match &self {
-                Self::Store(e) => {
-                    tracing::error!(class = e.metric_label(), error = %e, "store failure")
-                }
-                Self::Storage(e) => {
-                    tracing::error!(class = e.metric_label(), error = %e, "object storage failure")
-                }
-                Self::Internal(detail) => tracing::error!(detail, "internal error"),
-                Self::Provider(e) => tracing::warn!(class = e.metric_label(), "provider failure"),
-                Self::StopUndeliverable => tracing::warn!("stop undeliverable: Redis unavailable"),
-                _ => {}
-            }
-        }
-        let retry_after = match &self {
             Self::Provider(ProviderError::RateLimited { retry_after }) => *retry_after,
             // Another replica can take it at once.
             Self::ShuttingDown => Some(std::time::Duration::from_secs(1)),
@@ -314,7 +292,40 @@ impl IntoResponse for ApiError {
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),
             _ => None,
-        };
+        }
+    }
+
+    /// Logs what a 5xx answer hides from its client (classes, never message text).
+    pub fn log_server_error(&self) {
+        if self.status().is_server_error() {
+            match self {
+                Self::Store(e) => {
+                    tracing::error!(class = e.metric_label(), error = %e, "store failure")
+                }
+                Self::Storage(e) => {
+                    tracing::error!(class = e.metric_label(), error = %e, "object storage failure")
+                }
+                Self::Internal(detail) => tracing::error!(detail, "internal error"),
+                Self::Provider(e) => tracing::warn!(class = e.metric_label(), "provider failure"),
+                Self::StopUndeliverable => tracing::warn!("stop undeliverable: Redis unavailable"),
+                _ => {}
+            }
+        }
+    }
+
+    pub fn turn_id(&self) -> Option<TurnId> {
+        match self {
+            Self::TurnInProgress(id) | Self::AgentBusy(id) => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        self.log_server_error();
+        let retry_after = self.retry_after();
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code(),

@@ -3,6 +3,7 @@
 //! Layout, outside in:
 //! - `api/`: the HTTP routes, authentication and request decoding;
 //! - `agui/`: a turn's UI stream as AG-UI events (issue 28, P3);
+//! - `a2a/`: A2A 1.0 (P1): cards, JSON-RPC objects, turns as tasks and their streams;
 //! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
@@ -38,6 +39,7 @@
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
 
+pub mod a2a;
 pub mod agents;
 pub mod agui;
 pub mod api;

@@ -234,6 +234,10 @@ const NOT_READS: &[(&str, &str)] = &[
         "the names an agent secret may not take",
     ),
     ("brain/src/agui/events.rs", "the AG-UI event types' case"),
+    (
+        "brain/src/a2a/wire.rs",
+        "A2A's protobuf enum values (`TASK_STATE_…`, `ROLE_…`)",
+    ),
 ];
 
 fn is_var_name(s: &str, single_word: bool) -> bool {

@@ -404,14 +404,14 @@ impl PostMessage {
 /// its `message_id` did (T12).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct BackgroundTurn {
-    turn_id: TurnId,
-    chat_id: ChatId,
+    pub(super) turn_id: TurnId,
+    pub(super) chat_id: ChatId,
     /// The user message, as the transcript lists it; `null` when the turn failed before
     /// any output and withdrew it (its `message_id` may then be sent again).
     message_id: Option<MessageId>,
     /// `running`, `queued` (T13), or how far the turn already got (`GET /v1/turns/{id}`'s
     /// `status`).
-    status: TurnProgress,
+    pub(super) status: TurnProgress,
     /// A `queued` turn's place among its agent's (1 = next).
     #[serde(skip_serializing_if = "Option::is_none")]
     position: Option<u32>,
@@ -652,7 +652,7 @@ async fn attach(
 
 /// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
 /// POST of its message id started (T12), running or ended: a retry starts nothing.
-async fn start_background(
+pub(super) async fn start_background(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,

@@ -5,6 +5,7 @@
 //! `invalid_request` or `payload_too_large`; status codes themselves are chosen in
 //! `error.rs` only.
 
+mod a2a;
 mod agents;
 mod agui;
 mod approvals;
@@ -46,6 +47,9 @@ pub fn router(state: AppState) -> Router {
         // The web chat: a client of the API, so outside the OpenAPI document.
         .route("/", axum::routing::get(web::index))
         .route("/assets/{file}", axum::routing::get(web::asset))
+        // A2A's JSON-RPC interface: described by the A2A specification, not OpenAPI (the
+        // document's description links it); the agent card's route is in the document.
+        .route("/a2a/{agent_id}", axum::routing::post(a2a::rpc_endpoint))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
@@ -113,6 +117,7 @@ fn routes() -> OpenApiRouter<AppState> {
         // Workers authenticate with their session token, not a team key.
         // AG-UI (issue 28, P3): a front end of the same posting path.
         .routes(routes!(agui::run))
+        .routes(routes!(a2a::agent_card))
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))

@@ -37,7 +37,11 @@ const AGUI: &str = "/agui/";
             `{\"error\":{\"code\",\"message\",\"turn_id\"?}}` with a stable `code`. \
             `/mcp` is an MCP server (streamable HTTP) whose messages the MCP specification \
             describes: https://modelcontextprotocol.io/specification/2025-11-25 (see \
-            docs/design/mcp-server.md).",
+            docs/design/mcp-server.md). \
+            Each agent is also an A2A 1.0 server: its card is `GET \
+            /a2a/{agent_id}/.well-known/agent-card.json` (below), its JSON-RPC interface \
+            `POST /a2a/{agent_id}` is described by the A2A specification \
+            (https://a2a-protocol.org/latest/specification/), not by this document.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     components(schemas(ErrorBody, ErrorDetail, ErrorCode, ui::UiChunk)),

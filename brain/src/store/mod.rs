@@ -7,6 +7,7 @@
 //! Architecture invariant: SQL lives in this module only; the rest of the brain sees typed
 //! rows and semantic errors.
 
+mod a2a;
 mod agent_admin;
 mod agents;
 mod approvals;
@@ -36,6 +37,7 @@ use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
+pub use a2a::{PushConfig, TaskFilter};
 pub use agents::{AgentRow, AgentUpdate, BusyPolicy, DisconnectPolicy, NewAgent};
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
@@ -415,6 +417,11 @@ fn migrator() -> Migrator {
             27,
             "webhooks: subscriptions, the outbox, attempts",
             include_str!("../../../migrations/0027_webhooks.sql"),
+        ),
+        (
+            28,
+            "a2a: push notification configs of tasks",
+            include_str!("../../../migrations/0028_a2a.sql"),
         ),
     ]
     .into_iter()

@@ -166,7 +166,7 @@ pub struct TurnRow {
 }
 
 /// The columns [`turn_row_from_row`] reads, of `turns t`.
-const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.trigger, t.background, \
+pub(super) const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.trigger, t.background, \
     t.started_at, t.finished_at, t.error_code, \
     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = t.team_id AND p.chat_id = t.chat_id \
             AND p.turn_id = t.id AND p.state = 'pending') AS awaiting_approval, \
@@ -174,7 +174,7 @@ const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.trigger, t.
       WHERE q.agent_id = t.agent_id AND q.status = 'queued' \
         AND (q.queued_at, q.id) <= (t.queued_at, t.id)) END AS position";
 
-fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError> {
+pub(super) fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError> {
     let status = match TurnStatus::parse(row.try_get("status")?)? {
         TurnStatus::Completed if row.try_get("awaiting_approval")? => {
             TurnProgress::AwaitingApproval

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod a2a;
 mod agui;
 mod api;
 mod approvals;

@@ -1,0 +1,559 @@
+//! A2A 1.0 (P1) with the official clients: the Python SDK (PyPI `a2a-sdk`, in
+//! `tests/a2a/.venv`) for the card, blocking and streamed sends, get, list, cancel and the
+//! refusals; the JavaScript SDK (npm `@a2a-js/sdk`, `tests/a2a/node_modules`) for one
+//! streamed send. Raw JSON-RPC where a test looks at the wire itself (the error's data).
+//! Every client has generous timeouts: these machines are shared.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::common::replies::{call, calls, deltas, text};
+use crate::common::{TestApp, error_code};
+use scripted_provider::Reply;
+use serde_json::{Value, json};
+
+fn a2a_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/a2a")
+}
+
+/// Runs `tests/a2a/client.py SCENARIO BASE BEARER ARGS...` and answers what it printed.
+async fn python(base: &str, bearer: &str, scenario: &str, args: &[&str]) -> Value {
+    let dir = a2a_dir();
+    let python = dir.join(".venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/test-deps.sh installs a2a-sdk there",
+        python.display()
+    );
+    let output = tokio::process::Command::new(python)
+        .arg(dir.join("client.py"))
+        .arg(scenario)
+        .arg(base)
+        .arg(bearer)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "client.py {scenario}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "client.py {scenario} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// An agent (its system prompt is the card's description) and its A2A base URL.
+async fn agent(app: &TestApp) -> (String, String) {
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "helper", "system_prompt": "You answer briefly.\n\nNever guess.",
+                    "model": "openai/gpt-test"}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let base = format!("{}/a2a/{id}", app.url);
+    (id, base)
+}
+
+/// One JSON-RPC request as `bearer`: the HTTP status and the body.
+async fn rpc(app: &TestApp, bearer: &str, base: &str, method: &str, params: Value) -> (u16, Value) {
+    let response = app
+        .http
+        .post(base)
+        .bearer_auth(bearer)
+        .header("A2A-Version", "1.0")
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+fn user_message(text: &str) -> Value {
+    json!({"message": {"messageId": uuid::Uuid::new_v4().to_string(), "role": "ROLE_USER",
+                       "parts": [{"text": text}]}})
+}
+
+async fn chat_key(app: &TestApp) -> String {
+    let created = app
+        .post_json("/v1/keys", &json!({"name": "chat", "scope": "chat"}))
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    created["api_key"].as_str().unwrap().to_owned()
+}
+
+/// The text of every artifact update, in order.
+fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e.get("artifactUpdate"))
+        .flat_map(|u| u["artifact"]["parts"].as_array().unwrap().clone())
+        .filter_map(|p| p["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_python_client_resolves_the_agents_card() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    let card = python(&base, &app.key, "card", &[]).await;
+    assert_eq!(card["name"], "helper", "{card}");
+    assert_eq!(card["description"], "You answer briefly.");
+    let interface = &card["supportedInterfaces"][0];
+    assert_eq!(interface["url"], base.as_str());
+    assert_eq!(interface["protocolBinding"], "JSONRPC");
+    assert_eq!(interface["protocolVersion"], "1.0");
+    assert_eq!(card["capabilities"]["streaming"], true);
+    assert_eq!(
+        card["securitySchemes"]["bearer"]["httpAuthSecurityScheme"]["scheme"],
+        "Bearer"
+    );
+    assert_eq!(card["skills"][0]["id"], "chat");
+    // The card is the team's: without credentials, or for another team, there is none.
+    let anonymous = app
+        .http
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(anonymous).await, (401, "unauthorized".into()));
+    let other = app.store.create_team("other team").await.unwrap();
+    let foreign = app
+        .http
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .bearer_auth(&other.api_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(foreign).await, (404, "not_found".into()));
+}
+
+#[tokio::test]
+async fn a_blocking_send_answers_the_ended_task_and_get_and_list_find_it() {
+    let app = TestApp::start().await;
+    let (agent_id, base) = agent(&app).await;
+    app.provider.push(text("Hello from A2A."));
+    let sent = python(&base, &app.key, "send", &["hi there"]).await;
+    let task = &sent["events"][0]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    assert_eq!(task["artifacts"][0]["parts"][0]["text"], "Hello from A2A.");
+    let (task_id, context) = (
+        task["id"].as_str().unwrap().to_owned(),
+        task["contextId"].as_str().unwrap().to_owned(),
+    );
+    app.settled().await;
+    // The context is a chat of the agent, written as the HTTP API writes one.
+    let messages = app.messages(&context).await;
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["parts"][0]["text"], "hi there");
+    let turn: Value = app
+        .get(&format!("/v1/turns/{task_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(turn["agent_id"], agent_id.as_str());
+    assert_eq!(turn["chat_id"], context.as_str());
+
+    let got = python(&base, &app.key, "get", &[&task_id]).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+    assert_eq!(got["history"].as_array().unwrap().len(), 2);
+    assert_eq!(got["history"][0]["role"], "ROLE_USER");
+    assert_eq!(got["artifacts"][0]["parts"][0]["text"], "Hello from A2A.");
+
+    // A second message in the same context continues the chat: the model sees the first.
+    app.provider.push(text("Still here."));
+    let again = python(&base, &app.key, "send", &["and now?", &context]).await;
+    assert_eq!(again["events"][0]["task"]["contextId"], context.as_str());
+    app.settled().await;
+    assert_eq!(app.messages(&context).await.len(), 4);
+    let second = app.provider.requests().last().unwrap().body.to_string();
+    assert!(second.contains("Hello from A2A."), "{second}");
+
+    let listed = python(&base, &app.key, "list", &[&context]).await;
+    let tasks = listed["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 2, "{listed}");
+    assert_eq!(listed["totalSize"], 2);
+    assert_eq!(tasks[1]["id"], task_id.as_str(), "newest first");
+    // Another agent of the team does not know the task.
+    let (_, other_base) = agent(&app).await;
+    let missing = python(&other_base, &app.key, "get", &[&task_id]).await;
+    assert_eq!(missing["error"], "TaskNotFoundError", "{missing}");
+}
+
+#[tokio::test]
+async fn a_streamed_send_follows_the_turn_with_the_python_client() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    app.provider.push(deltas(&["Str", "eamed ", "reply."]));
+    let streamed = python(&base, &app.key, "stream", &["stream it"]).await;
+    let events = streamed["events"].as_array().unwrap();
+    assert_eq!(
+        events[0]["task"]["status"]["state"], "TASK_STATE_WORKING",
+        "{streamed}"
+    );
+    assert_eq!(streamed_text(events), "Streamed reply.");
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{streamed}"
+    );
+    let task_id = events[0]["task"]["id"].as_str().unwrap();
+    assert_eq!(last["statusUpdate"]["taskId"], task_id);
+    app.settled().await;
+    let got = python(&base, &app.key, "get", &[task_id]).await;
+    assert_eq!(got["artifacts"][0]["parts"][0]["text"], "Streamed reply.");
+}
+
+#[tokio::test]
+async fn the_javascript_client_streams_a_send() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    app.provider.push(deltas(&["From ", "the JS ", "SDK."]));
+    let dir = a2a_dir();
+    assert!(
+        dir.join("node_modules/@a2a-js/sdk").exists(),
+        "scripts/test-deps.sh installs @a2a-js/sdk in tests/a2a"
+    );
+    let output = tokio::process::Command::new("node")
+        .arg(dir.join("stream.mjs"))
+        .arg(&base)
+        .arg(&app.key)
+        .arg("hello from js")
+        .output()
+        .await
+        .expect("node must be installed (make test installs it)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let events: Vec<Value> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(events[0]["kind"], "task", "{events:?}");
+    let text: String = events
+        .iter()
+        .filter(|e| e["kind"] == "artifactUpdate")
+        .flat_map(|e| e["value"]["artifact"]["parts"].as_array().unwrap().clone())
+        .filter_map(|p| p["content"]["value"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, "From the JS SDK.");
+    let last = events.last().unwrap();
+    assert_eq!(last["kind"], "statusUpdate");
+    // The SDK's TaskState enum: 3 is TASK_STATE_COMPLETED.
+    assert_eq!(last["value"]["status"]["state"], 3, "{last}");
+}
+
+/// `returnImmediately` runs the turn in the background (D1); `SubscribeToTask` then follows
+/// it from its start through the chat's events stream, whatever it already streamed.
+#[tokio::test]
+async fn a_background_send_is_followed_by_subscribe_from_its_start() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    // Long enough (12 s) that the client, however slow to start on a loaded machine,
+    // subscribes while the turn runs; the reply is checked whole, so what streamed before
+    // the subscription is replayed.
+    let words: Vec<String> = (0..300).map(|i| format!("w{i} ")).collect();
+    app.provider.push(Reply::Text {
+        deltas: words.clone(),
+        delay: Duration::from_millis(40),
+    });
+    let mut params = user_message("in the background");
+    params["configuration"] = json!({"returnImmediately": true});
+    let (status, sent) = rpc(&app, &app.key, &base, "SendMessage", params).await;
+    assert_eq!(status, 200);
+    let task = &sent["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_WORKING", "{sent}");
+    let task_id = task["id"].as_str().unwrap().to_owned();
+    let followed = python(&base, &app.key, "subscribe", &[&task_id]).await;
+    let events = followed["events"].as_array().unwrap();
+    assert_eq!(events[0]["task"]["id"], task_id.as_str(), "{followed}");
+    assert_eq!(streamed_text(events), words.concat(), "from its start");
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{followed}"
+    );
+    app.settled().await;
+    // An ended task has nothing to subscribe to.
+    let ended = python(&base, &app.key, "subscribe", &[&task_id]).await;
+    assert_eq!(ended["error"], "UnsupportedOperationError", "{ended}");
+}
+
+/// A3 on this wire: a call that waits for a person leaves the task `input-required`, as
+/// `GET /v1/turns/{id}` shows it `awaiting_approval`; the approval is the HTTP API's.
+#[tokio::test]
+async fn a_pending_approval_is_input_required() {
+    let app = TestApp::start().await;
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "You are careful.",
+                    "model": "openai/gpt-test",
+                    "approval_policy": {"ask": ["write"], "deny": []}}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let base = format!("{}/a2a/{}", app.url, created["id"].as_str().unwrap());
+    app.provider.push(calls(vec![call(
+        "call-1",
+        "memory_write",
+        json!({"content": "likes tea"}),
+    )]));
+    let streamed = python(&base, &app.key, "stream", &["remember that I like tea"]).await;
+    let events = streamed["events"].as_array().unwrap();
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_INPUT_REQUIRED",
+        "{streamed}"
+    );
+    app.settled().await;
+    let task_id = events[0]["task"]["id"].as_str().unwrap();
+    let got = python(&base, &app.key, "get", &[task_id]).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{got}");
+    let context = events[0]["task"]["contextId"].as_str().unwrap();
+    let pending: Value = app
+        .get(&format!("/v1/chats/{context}/approvals"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        pending["approvals"].as_array().unwrap().len(),
+        1,
+        "{pending}"
+    );
+    let listed = python(&base, &app.key, "list", &[context]).await;
+    assert_eq!(
+        listed["tasks"][0]["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{listed}"
+    );
+}
+
+#[tokio::test]
+async fn cancel_stops_the_running_task() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    app.provider.push(Reply::Text {
+        // 15 s if never cancelled: the cancel goes out on the first text, whenever the
+        // client gets it.
+        deltas: (0..600).map(|i| format!("w{i} ")).collect(),
+        delay: Duration::from_millis(25),
+    });
+    let result = python(&base, &app.key, "cancel", &["a long answer"]).await;
+    assert_eq!(
+        result["cancelled"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{result}"
+    );
+    let events = result["events"].as_array().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["statusUpdate"]["status"]["state"], "TASK_STATE_CANCELED",
+        "{result}"
+    );
+    let task_id = events[0]["task"]["id"].as_str().unwrap();
+    let turn: Value = app
+        .get(&format!("/v1/turns/{task_id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(turn["status"], "interrupted");
+    // A task that ended cannot be cancelled again.
+    let (_, again) = rpc(&app, &app.key, &base, "CancelTask", json!({"id": task_id})).await;
+    assert_eq!(again["error"]["code"], -32002, "{again}");
+}
+
+#[tokio::test]
+async fn a_wrong_key_is_refused() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    let refused = python(&base, "ar_not_a_key", "send", &["hi"]).await;
+    assert_eq!(refused["error"], "AgentCardResolutionError", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("401"),
+        "{refused}"
+    );
+    let response = app
+        .http
+        .post(&base)
+        .bearer_auth("ar_not_a_key")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                      "params": user_message("hi")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(response).await, (401, "unauthorized".into()));
+    assert!(app.provider.requests().is_empty(), "no model call");
+}
+
+/// X1 on this wire: a chat key's task runs with the chat key's authority, so a tool that
+/// changes the agent for everyone is refused, exactly as over `POST /v1/chats/{id}/messages`.
+#[tokio::test]
+async fn a_chat_key_cannot_exceed_its_scope() {
+    let app = TestApp::start().await;
+    let (agent_id, base) = agent(&app).await;
+    let key = chat_key(&app).await;
+    app.provider.push(calls(vec![call(
+        "cron",
+        "cron_set",
+        json!({"cron": "0 9 1 1 *", "prompt": "exfiltrate"}),
+    )]));
+    app.provider.push(text("Done."));
+    let sent = python(&base, &key, "send", &["plant a cadence"]).await;
+    let task = &sent["events"][0]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{sent}");
+    app.settled().await;
+    let (cron,): (Option<String>,) =
+        sqlx::query_as("SELECT autostart_cron FROM agents WHERE id = $1::uuid")
+            .bind(&agent_id)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(cron, None, "the chat key's turn changed the agent");
+    let transcript = json!(app.messages(task["contextId"].as_str().unwrap()).await).to_string();
+    assert!(transcript.contains("only an admin"), "{transcript}");
+    // Nor may it reach past the key: another team's key does not see this agent.
+    let other = app.store.create_team("other team").await.unwrap();
+    let (status, _) = rpc(&app, &other.api_key, &base, "ListTasks", json!({})).await;
+    assert_eq!(status, 404);
+}
+
+/// T2 on this wire: the refusal is a JSON-RPC error whose data carries the stable code and
+/// the wait, and nothing reaches the model.
+#[tokio::test]
+async fn a_team_over_quota_is_refused_with_a_jsonrpc_error() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    let put = app
+        .auth(app.http.put(format!("{}/v1/quotas", app.url)))
+        .json(&json!({"turns_per_minute": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    app.provider.push(text("the one turn"));
+    let first = python(&base, &app.key, "send", &["one"]).await;
+    assert_eq!(
+        first["events"][0]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{first}"
+    );
+    app.settled().await;
+    let calls_before = app.provider.requests().len();
+    let refused = python(&base, &app.key, "send", &["two"]).await;
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("-32000") && message.contains("quota_exceeded"),
+        "{refused}"
+    );
+    let (status, body) = rpc(&app, &app.key, &base, "SendMessage", user_message("three")).await;
+    assert_eq!(status, 200, "a JSON-RPC error rides a 200: {body}");
+    assert_eq!(body["id"], 7);
+    assert_eq!(body["error"]["code"], -32000);
+    let info = &body["error"]["data"][0];
+    assert_eq!(info["@type"], "type.googleapis.com/google.rpc.ErrorInfo");
+    assert_eq!(info["metadata"]["code"], "quota_exceeded");
+    let wait: u64 = info["metadata"]["retryAfterSeconds"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert_eq!(app.provider.requests().len(), calls_before, "no model call");
+}
+
+#[tokio::test]
+async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
+    let app = TestApp::start().await;
+    let (_, base) = agent(&app).await;
+    app.provider.push(text("ok"));
+    let sent = python(&base, &app.key, "send", &["hi"]).await;
+    let task_id = sent["events"][0]["task"]["id"].as_str().unwrap().to_owned();
+    let kept = python(
+        &base,
+        &app.key,
+        "push",
+        &[&task_id, "https://hooks.example.com/a2a"],
+    )
+    .await;
+    assert_eq!(
+        kept["created"]["url"], "https://hooks.example.com/a2a",
+        "{kept}"
+    );
+    assert_eq!(kept["created"]["taskId"], task_id.as_str());
+    assert_eq!(kept["listed"]["configs"].as_array().unwrap().len(), 1);
+    let config_id = kept["created"]["id"].as_str().unwrap();
+    let (_, got) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": config_id}),
+    )
+    .await;
+    assert_eq!(got["result"]["token"], "t0k", "{got}");
+    let (_, deleted) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": task_id, "id": config_id}),
+    )
+    .await;
+    assert!(deleted.get("result").is_some(), "{deleted}");
+    let (_, bad_url) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": task_id, "url": "file:///etc/passwd"}),
+    )
+    .await;
+    assert_eq!(bad_url["error"]["code"], -32602, "{bad_url}");
+
+    let (_, unknown) = rpc(&app, &app.key, &base, "message/send", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    let not_json = app
+        .http
+        .post(&base)
+        .bearer_auth(&app.key)
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    let not_json: Value = not_json.json().await.unwrap();
+    assert_eq!(not_json["error"]["code"], -32700);
+    let old = app
+        .http
+        .post(&base)
+        .bearer_auth(&app.key)
+        .header("A2A-Version", "0.3")
+        .json(&json!({"jsonrpc": "2.0", "id": "x", "method": "GetTask", "params": {"id": task_id}}))
+        .send()
+        .await
+        .unwrap();
+    let old: Value = old.json().await.unwrap();
+    assert_eq!(old["error"]["code"], -32009, "{old}");
+    let (_, file) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "SendMessage",
+        json!({"message": {"messageId": "m", "role": "ROLE_USER",
+                           "parts": [{"url": "https://example.com/x.pdf"}]}}),
+    )
+    .await;
+    assert_eq!(file["error"]["code"], -32005, "{file}");
+}
