@@ -16,8 +16,8 @@ CREATE TABLE webhooks (
 CREATE INDEX webhooks_team ON webhooks (team_id, created_at, id);
 
 -- The outbox: one row per (event, destination), written in the transaction of the event.
--- A destination is a subscription (`webhook_id`) or a target of its own (`target_*`: a URL
--- and headers sealed like the secret, for A2A push notification configs). `next_attempt_at`
+-- A destination is a subscription (`webhook_id`) or a URL of its own (`target_url`: an A2A
+-- push notification config, which 0028 references). `next_attempt_at`
 -- is also the claim's visibility timeout: a replica that claims a row moves it past the
 -- attempt's bound, so a replica killed mid-attempt leaves it to be claimed again.
 CREATE TABLE webhook_deliveries (
@@ -26,8 +26,6 @@ CREATE TABLE webhook_deliveries (
     team_id         uuid NOT NULL REFERENCES teams (id) ON DELETE CASCADE,
     webhook_id      uuid REFERENCES webhooks (id) ON DELETE CASCADE,
     target_url      text CHECK (length(target_url) BETWEEN 1 AND 2048),
-    target_nonce    bytea,
-    target_sealed   bytea,
     event           text NOT NULL,
     -- What makes an event the same event: a second write of it is not a second delivery.
     event_key       text NOT NULL,
@@ -46,8 +44,6 @@ CREATE UNIQUE INDEX webhook_deliveries_once
 CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_pending ON webhook_deliveries (webhook_id) WHERE state = 'pending';
 CREATE INDEX webhook_deliveries_listing ON webhook_deliveries (webhook_id, seq);
-CREATE INDEX webhook_deliveries_direct_pending ON webhook_deliveries (team_id)
-    WHERE state = 'pending' AND webhook_id IS NULL;
 
 -- Each attempt of a delivery: when, the status answered (none: the request failed), an
 -- error class, how long it took. Never the response body.

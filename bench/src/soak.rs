@@ -484,7 +484,11 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         for chat in &all_chats {
             for t in (1..TURNS_PER_CHAT).step_by(2) {
                 tool_turns += 1;
-                match logged.get(&format!("soak-{chat}-{t}")).copied().unwrap_or(0) {
+                match logged
+                    .get(&format!("soak-{chat}-{t}"))
+                    .copied()
+                    .unwrap_or(0)
+                {
                     0 => never_ran += 1,
                     1 => {}
                     _ => ran_twice += 1,

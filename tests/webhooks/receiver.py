@@ -63,6 +63,7 @@ class Handler(BaseHTTPRequestHandler):
             "signed": "webhook-signature" in headers,
             "verified": verified,
             "token": headers.get("x-a2a-notification-token"),
+            "authorization": headers.get("authorization"),
             "answer": answer,
             "payload": payload,
         })

@@ -30,9 +30,8 @@ pub fn description(agent: &AgentRow) -> String {
     cut
 }
 
-/// The card of `agent`, whose JSON-RPC interface is at `url`; `push` says whether push
-/// notifications are delivered.
-pub fn card(agent: &AgentRow, url: &str, provider_url: &str, push: bool) -> Value {
+/// The card of `agent`, whose JSON-RPC interface is at `url`.
+pub fn card(agent: &AgentRow, url: &str, provider_url: &str) -> Value {
     let description = description(agent);
     json!({
         "name": agent.name,
@@ -46,7 +45,7 @@ pub fn card(agent: &AgentRow, url: &str, provider_url: &str, push: bool) -> Valu
         "version": agent.created_at.format("%Y%m%d%H%M%S").to_string(),
         "capabilities": {
             "streaming": true,
-            "pushNotifications": push,
+            "pushNotifications": true,
             "extendedAgentCard": false,
         },
         "securitySchemes": {

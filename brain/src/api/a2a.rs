@@ -39,10 +39,6 @@ use crate::sse;
 use crate::store::{AgentRow, StoreError, TaskFilter, TurnRow, TurnStatus, bounded};
 use crate::turn::{Trigger, stop};
 
-/// Whether push notifications are delivered (the card's `pushNotifications`): configs are
-/// kept, delivery waits for the signed-webhooks outbox (P4).
-const PUSH_DELIVERED: bool = false;
-
 /// How long `CancelTask` waits for the stopped turn to end before answering it as it is.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -85,7 +81,7 @@ pub async fn agent_card(
     let agent = agent_of(&state, &principal, &agent_id).await?;
     let base = state.config.oauth.public_url.trim_end_matches('/');
     let url = format!("{base}/a2a/{}", agent.id);
-    Ok(Json(card::card(&agent, &url, base, PUSH_DELIVERED)))
+    Ok(Json(card::card(&agent, &url, base)))
 }
 
 /// The principal's team's agent `raw`, not archived.

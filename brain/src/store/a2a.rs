@@ -128,13 +128,22 @@ impl Store {
     }
 
     /// Creates or replaces the task's config `config.id`; `Conflict` when the task already
-    /// has `cap` others.
+    /// has `cap` others. A task that has already ended is notified of its state at once.
     pub async fn put_push_config(
         &self,
         team: TeamId,
         config: &PushConfig,
         cap: i64,
     ) -> Result<PushConfig, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // The turn's row first: a turn ending now either waits for this config (and its
+        // trigger then sees it) or has ended when `a2a_notify` below reads it (0028).
+        sqlx::query("SELECT 1 FROM turns WHERE team_id = $1 AND id = $2 FOR NO KEY UPDATE")
+            .bind(team.0)
+            .bind(config.turn.0)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
         let sql = format!(
             "INSERT INTO a2a_push_configs \
                (team_id, turn_id, id, url, token, auth_scheme, auth_credentials) \
@@ -155,9 +164,16 @@ impl Store {
             .bind(config.auth_scheme.as_deref())
             .bind(config.auth_credentials.as_deref())
             .bind(cap)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::Conflict("push_configs_per_task"))?;
+        sqlx::query("SELECT a2a_notify($1, $2, $3)")
+            .bind(team.0)
+            .bind(config.turn.0)
+            .bind(&config.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         push_from_row(&row)
     }
 

@@ -184,8 +184,7 @@ impl Store {
         self.secrets.is_some()
     }
 
-    /// The key values are sealed under (connector OAuth, and a caller that seals in its
-    /// own transaction: `store::webhooks::enqueue_direct`).
+    /// The key values are sealed under (connector OAuth).
     pub fn secrets_key(&self) -> Result<&SecretsKey, SecretsError> {
         self.secrets.as_ref().ok_or(SecretsError::NotConfigured)
     }

@@ -1,13 +1,15 @@
 //! Webhooks (P4): a team's subscriptions, the outbox of deliveries and their attempts.
 //!
-//! The outbox is written in the transaction of the event it tells about: [`enqueue`] and
-//! [`enqueue_direct`] take any executor (a pool, a connection, `&mut *tx` of a caller's
-//! transaction), and the turn's end state writes its events in its own statement
-//! ([`subscribed_insert`] as one more CTE). Deliveries are claimed by any replica with
+//! The outbox is written in the transaction of the event it tells about: [`enqueue`] takes
+//! any executor (a pool, a connection, `&mut *tx` of a caller's transaction), the turn's
+//! end state writes its events in its own statement ([`subscribed_insert`] as one more
+//! CTE), and an A2A task's push notifications are written by the turn's row itself
+//! (`a2a_notify`, migration 0028). Deliveries are claimed by any replica with
 //! `FOR UPDATE SKIP LOCKED`; a claim moves `next_attempt_at` past the attempt's bound, so
 //! the row of a replica killed mid-attempt is claimed again when that passes (the visibility
-//! timeout). Secrets and a direct target's headers are sealed under `BRAIN_SECRETS_KEY`
-//! (AES-256-GCM, bound to their team and row), as team secrets are (B1).
+//! timeout). Secrets are sealed under `BRAIN_SECRETS_KEY` (AES-256-GCM, bound to their team
+//! and row), as team secrets are (B1); a push config's token and credentials are read from
+//! its row when a delivery is claimed.
 
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::secrets::{SecretsError, SecretsKey};
+use super::secrets::SecretsError;
 use super::{Store, StoreError, TurnEnd, TurnStatus, unique_violation};
 
 /// The events a webhook may subscribe to.
@@ -197,79 +199,7 @@ pub async fn enqueue<'e>(
     Ok(done.rows_affected())
 }
 
-/// A destination of its own (an A2A push notification config): a URL the client gave,
-/// the headers to send (its token), and optionally a Standard Webhooks secret to sign
-/// with. Sealed at rest; `Debug` shows the URL only.
-#[derive(Clone, serde::Serialize, serde::Deserialize)]
-pub struct DirectTarget {
-    pub url: String,
-    pub headers: Vec<(String, String)>,
-    pub secret: Option<String>,
-}
-
-impl std::fmt::Debug for DirectTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectTarget")
-            .field("url", &self.url)
-            .field("headers", &self.headers.len())
-            .finish_non_exhaustive()
-    }
-}
-
-/// What [`enqueue_direct`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Enqueued {
-    Recorded,
-    /// The same (team, event, key) was recorded before.
-    Duplicate,
-    /// The team's direct deliveries are at [`MAX_PENDING`].
-    Full,
-}
-
-/// Records `event` for one `target` (not a subscription), in the caller's transaction
-/// when `executor` is one. The target's URL must have passed
-/// `connectors::address::check_url` when it was given; it is judged again at each attempt.
-pub async fn enqueue_direct<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
-    key: &SecretsKey,
-    team: TeamId,
-    event: WebhookEvent,
-    event_key: &str,
-    data: &Value,
-    target: &DirectTarget,
-) -> Result<Enqueued, SecretsError> {
-    let id = Uuid::now_v7();
-    let sealed = serde_json::to_vec(target).map_err(|_| SecretsError::Crypto)?;
-    let (nonce, ciphertext) = key.seal(&associated_data(team, id, TARGET), &sealed)?;
-    let recorded: Option<(bool,)> = sqlx::query_as(
-        "WITH room AS (SELECT count(*) < $9 AS ok FROM (SELECT 1 FROM webhook_deliveries \
-             WHERE team_id = $2 AND webhook_id IS NULL AND state = 'pending' LIMIT $9) n), \
-         i AS (INSERT INTO webhook_deliveries \
-             (id, team_id, target_url, target_nonce, target_sealed, event, event_key, payload) \
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8 FROM room WHERE ok \
-           ON CONFLICT DO NOTHING RETURNING 1) \
-         SELECT EXISTS (SELECT 1 FROM i) FROM room WHERE ok",
-    )
-    .bind(id)
-    .bind(team.0)
-    .bind(&target.url)
-    .bind(&nonce)
-    .bind(&ciphertext)
-    .bind(event.as_str())
-    .bind(event_key)
-    .bind(payload(event, data))
-    .bind(MAX_PENDING)
-    .fetch_optional(executor)
-    .await?;
-    Ok(match recorded {
-        None => Enqueued::Full,
-        Some((true,)) => Enqueued::Recorded,
-        Some((false,)) => Enqueued::Duplicate,
-    })
-}
-
 const SECRET: &[u8] = b"webhook-secret";
-const TARGET: &[u8] = b"webhook-target";
 
 /// team id ‖ row id (16 bytes each) ‖ what the value is: a sealed value copied to another
 /// row, team or use no longer opens.
@@ -371,8 +301,12 @@ type ClaimRow = (
     String,
     Option<Vec<u8>>,
     Option<Vec<u8>>,
-    Option<Vec<u8>>,
-    Option<Vec<u8>>,
+    // A push config's (migration 0028): whether there is one, its token, its
+    // authentication scheme and credentials.
+    bool,
+    Option<String>,
+    Option<String>,
+    Option<String>,
 );
 
 impl Store {
@@ -543,11 +477,13 @@ impl Store {
                    next_attempt_at = now() + $2 * interval '1 millisecond' \
                FROM c WHERE d.id = c.id \
                RETURNING d.id, d.team_id, d.webhook_id, d.event, d.payload, d.attempts, \
-                 d.target_url, d.target_nonce, d.target_sealed) \
+                 d.target_url, d.push_turn, d.push_config) \
              SELECT u.id, u.team_id, u.webhook_id, u.event, u.payload, u.attempts, \
                coalesce(w.url, u.target_url), w.secret_nonce, w.secret_sealed, \
-               u.target_nonce, u.target_sealed \
-             FROM u LEFT JOIN webhooks w ON w.id = u.webhook_id",
+               p.id IS NOT NULL, p.token, p.auth_scheme, p.auth_credentials \
+             FROM u LEFT JOIN webhooks w ON w.id = u.webhook_id \
+             LEFT JOIN a2a_push_configs p ON p.team_id = u.team_id \
+               AND p.turn_id = u.push_turn AND p.id = u.push_config",
         )
         .bind(limit)
         .bind(lease.as_millis() as f64)
@@ -555,7 +491,7 @@ impl Store {
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in rows {
-            let opened = self.open_destination(TeamId(row.1), row.0, row.2, &row);
+            let opened = self.open_destination(TeamId(row.1), row.2, &row);
             let (id, team, webhook, event, body, attempt, url) =
                 (row.0, TeamId(row.1), row.2, row.3, row.4, row.5, row.6);
             match opened {
@@ -584,27 +520,36 @@ impl Store {
     }
 
     /// The headers and secret of a claimed row, decrypted; `None` when they do not open.
+    /// A push notification (A2A) is unsigned: its receiver knows it by the config's token
+    /// and the `Authorization` it asked for.
     fn open_destination(
         &self,
         team: TeamId,
-        id: Uuid,
         webhook: Option<Uuid>,
         row: &ClaimRow,
     ) -> Option<Destination> {
-        let key = self.secrets.as_ref()?;
-        match (webhook, &row.7, &row.8, &row.9, &row.10) {
-            (Some(webhook), Some(nonce), Some(sealed), _, _) => {
-                let plain = key
+        match (webhook, &row.7, &row.8, row.9) {
+            (Some(webhook), Some(nonce), Some(sealed), false) => {
+                let plain = self
+                    .secrets
+                    .as_ref()?
                     .open(&associated_data(team, webhook, SECRET), nonce, sealed)
                     .ok()?;
                 Some((Vec::new(), Some(String::from_utf8(plain).ok()?)))
             }
-            (None, _, _, Some(nonce), Some(sealed)) => {
-                let plain = key
-                    .open(&associated_data(team, id, TARGET), nonce, sealed)
-                    .ok()?;
-                let target: DirectTarget = serde_json::from_slice(&plain).ok()?;
-                Some((target.headers, target.secret))
+            (None, _, _, true) => {
+                let (token, scheme, credentials) = (&row.10, &row.11, &row.12);
+                let mut headers = Vec::new();
+                if let Some(token) = token {
+                    headers.push(("X-A2A-Notification-Token".to_owned(), token.clone()));
+                }
+                if let (Some(scheme), Some(credentials)) = (scheme, credentials) {
+                    headers.push((
+                        "Authorization".to_owned(),
+                        format!("{scheme} {credentials}"),
+                    ));
+                }
+                Some((headers, None))
             }
             _ => None,
         }

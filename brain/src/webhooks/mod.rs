@@ -5,7 +5,8 @@
 //!   Postgres outbox, send each once, record the attempt and when to retry.
 //!
 //! Events enter the outbox in the transaction of the write that makes them
-//! (`store::webhooks::enqueue`, `enqueue_direct`, and the turn's end state); nothing here
+//! (`store::webhooks::enqueue`, the turn's end state, and the `a2a_turn_ended` trigger for
+//! A2A push notifications); nothing here
 //! is on a turn's path. docs/design/webhooks.md is the design.
 
 pub mod deliver;

@@ -557,3 +557,124 @@ async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
     .await;
     assert_eq!(file["error"]["code"], -32005, "{file}");
 }
+
+/// Loopback receivers allowed and quick polls: push notifications go through the webhooks
+/// outbox (P4). No secrets key: a push is not signed, so none is needed.
+fn pushes(c: &mut brain::config::Config) {
+    c.webhooks.allow_private_networks = true;
+    c.webhooks.poll = Duration::from_millis(50);
+    c.webhooks.retry_base = Duration::from_millis(100);
+}
+
+/// A background `SendMessage` that carries a push config for its task.
+fn sent_with_push(text: &str, config: Value) -> Value {
+    let mut params = user_message(text);
+    params["configuration"] = json!({"returnImmediately": true,
+                                     "taskPushNotificationConfig": config});
+    params
+}
+
+#[tokio::test]
+async fn each_push_config_hears_the_tasks_end_once_with_its_credentials() {
+    let app = TestApp::start_with(pushes).await;
+    let (_, base) = agent(&app).await;
+    let mut receiver = crate::webhooks::Receiver::start(&[]).await;
+    receiver.verify_with("-").await;
+    app.provider.push(text("Done in the background."));
+    let config = json!({"url": receiver.url(), "token": "tok-1",
+                        "authentication": {"scheme": "Bearer", "credentials": "cred-1"}});
+    let (status, sent) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "SendMessage",
+        sent_with_push("work on it", config),
+    )
+    .await;
+    assert_eq!(status, 200, "{sent}");
+    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let context = sent["result"]["task"]["contextId"].as_str().unwrap();
+
+    let got = receiver.next(Duration::from_secs(30)).await;
+    let update = &got["payload"]["statusUpdate"];
+    assert_eq!(update["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+    assert_eq!(update["taskId"], task.as_str());
+    assert_eq!(update["contextId"], context);
+    assert_eq!(got["token"], "tok-1");
+    assert_eq!(got["authorization"], "Bearer cred-1");
+    assert_eq!(got["signed"], false);
+    assert!(
+        !got["payload"].to_string().contains("background"),
+        "a push carries ids and state, never the reply: {got}"
+    );
+
+    // A config kept after the end hears the state it ended in, once; keeping it again
+    // (the same id) is not a second notification.
+    let late = json!({"taskId": task, "id": "late", "url": receiver.url(), "token": "tok-2"});
+    let (_, kept) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "CreateTaskPushNotificationConfig",
+        late.clone(),
+    )
+    .await;
+    assert_eq!(kept["result"]["id"], "late", "{kept}");
+    let got = receiver.next(Duration::from_secs(30)).await;
+    assert_eq!(got["token"], "tok-2", "{got}");
+    assert_eq!(
+        got["payload"]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    let (_, again) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "CreateTaskPushNotificationConfig",
+        late,
+    )
+    .await;
+    assert_eq!(again["result"]["id"], "late", "{again}");
+    receiver.none_within(Duration::from_millis(800)).await;
+}
+
+#[tokio::test]
+async fn a_task_that_waits_for_a_person_is_pushed_as_input_required() {
+    let app = TestApp::start_with(pushes).await;
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "careful", "system_prompt": "You are careful.",
+                    "model": "openai/gpt-test",
+                    "approval_policy": {"ask": ["write"], "deny": []}}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let base = format!("{}/a2a/{}", app.url, created["id"].as_str().unwrap());
+    let mut receiver = crate::webhooks::Receiver::start(&[]).await;
+    receiver.verify_with("-").await;
+    app.provider.push(calls(vec![call(
+        "call-1",
+        "memory_write",
+        json!({"content": "likes tea"}),
+    )]));
+    let (_, sent) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "SendMessage",
+        sent_with_push("remember that I like tea", json!({"url": receiver.url()})),
+    )
+    .await;
+    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let got = receiver.next(Duration::from_secs(30)).await;
+    let update = &got["payload"]["statusUpdate"];
+    assert_eq!(update["taskId"], task.as_str(), "{got}");
+    assert_eq!(
+        update["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{got}"
+    );
+    assert_eq!(got["token"], Value::Null);
+    assert_eq!(got["authorization"], Value::Null);
+}

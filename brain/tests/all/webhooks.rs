@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use brain::config::Config;
 use brain::store::SecretsKey;
-use brain::store::webhooks::{DirectTarget, Enqueued, WebhookEvent, enqueue_direct};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
@@ -40,14 +39,14 @@ fn fast(c: &mut Config) {
 }
 
 /// The receiver process: its port, and its report lines.
-struct Receiver {
+pub(crate) struct Receiver {
     port: u16,
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Receiver {
-    async fn start(args: &[&str]) -> Self {
+    pub(crate) async fn start(args: &[&str]) -> Self {
         let python = webhooks_dir().join(".venv/bin/python");
         assert!(
             python.exists(),
@@ -72,12 +71,12 @@ impl Receiver {
         Self { port, child, lines }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/hook", self.port)
     }
 
     /// Hands the receiver the secret it verifies with (`-`: none).
-    async fn verify_with(&mut self, secret: &str) {
+    pub(crate) async fn verify_with(&mut self, secret: &str) {
         let stdin = self.child.stdin.as_mut().unwrap();
         stdin
             .write_all(format!("{secret}\n").as_bytes())
@@ -87,7 +86,7 @@ impl Receiver {
     }
 
     /// The next request's report, within `within`.
-    async fn next(&mut self, within: Duration) -> Value {
+    pub(crate) async fn next(&mut self, within: Duration) -> Value {
         let line = tokio::time::timeout(within, self.lines.next_line())
             .await
             .expect("a delivery within the bound")
@@ -97,7 +96,7 @@ impl Receiver {
     }
 
     /// Asserts no request arrives within `quiet`.
-    async fn none_within(&mut self, quiet: Duration) {
+    pub(crate) async fn none_within(&mut self, quiet: Duration) {
         if let Ok(line) = tokio::time::timeout(quiet, self.lines.next_line()).await {
             panic!("an unexpected request: {line:?}");
         }
@@ -475,55 +474,6 @@ async fn deliveries_are_listed_newest_first_in_pages() {
             "{query}"
         );
     }
-}
-
-#[tokio::test]
-async fn a_direct_target_gets_its_headers_once_its_transaction_commits() {
-    let app = TestApp::start_with(fast).await;
-    let key = SecretsKey::parse(KEY_HEX).unwrap();
-    let mut receiver = Receiver::start(&[]).await;
-    receiver.verify_with("-").await;
-    let target = DirectTarget {
-        url: receiver.url(),
-        headers: vec![("X-A2A-Notification-Token".into(), "tok-1".into())],
-        secret: None,
-    };
-    let data = json!({"task_id": "t1", "state": "completed"});
-    let mut tx = app.store.pool().begin().await.unwrap();
-    let recorded = enqueue_direct(
-        &mut *tx,
-        &key,
-        app.team,
-        WebhookEvent::A2aTask,
-        "t1:completed",
-        &data,
-        &target,
-    )
-    .await
-    .unwrap();
-    assert_eq!(recorded, Enqueued::Recorded);
-    // Not committed: nothing is sent.
-    receiver.none_within(Duration::from_millis(400)).await;
-    tx.commit().await.unwrap();
-    let got = receiver.next(Duration::from_secs(20)).await;
-    assert_eq!(got["token"], "tok-1");
-    assert_eq!(got["signed"], false);
-    assert_eq!(got["payload"]["type"], "a2a.task");
-    assert_eq!(got["payload"]["data"], data);
-    // The same event again is a duplicate, never a second delivery.
-    let again = enqueue_direct(
-        app.store.pool(),
-        &key,
-        app.team,
-        WebhookEvent::A2aTask,
-        "t1:completed",
-        &data,
-        &target,
-    )
-    .await
-    .unwrap();
-    assert_eq!(again, Enqueued::Duplicate);
-    receiver.none_within(Duration::from_millis(400)).await;
 }
 
 #[tokio::test]
