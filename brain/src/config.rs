@@ -65,6 +65,9 @@ pub struct Config {
     /// A new team's quotas, until it overrides them (`BRAIN_QUOTA_<FIELD>`; unset is
     /// unlimited). SPEC T2, E2.
     pub quotas: crate::quota::Limits,
+    /// The platform operator's bearer for the team API (`BRAIN_OPERATOR_TOKEN`, L1);
+    /// `None`: the team API answers `404`.
+    pub operator_token: Option<crate::auth::OperatorToken>,
     /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
     pub jwt: Option<crate::auth::JwtConfig>,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
@@ -530,6 +533,7 @@ impl Config {
             artifacts: artifacts(env)?,
             workers: workers(env)?,
             quotas: quotas(env)?,
+            operator_token: crate::auth::OperatorToken::from_env(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
             oauth: oauth(env, addr)?,
             webhooks: WebhooksConfig {

@@ -33,6 +33,8 @@ pub enum ApiError {
     Refused(&'static str),
     #[error("this operation needs an admin key or token")]
     Forbidden,
+    #[error("this team is disabled; its platform operator can enable it again")]
+    TeamDisabled,
     /// The JWT issuer's keys could not be fetched.
     #[error("the token issuer's signing keys are unavailable; retry")]
     AuthUnavailable,
@@ -166,6 +168,7 @@ impl From<AuthError> for ApiError {
         match err {
             AuthError::Refused(reason) => Self::Refused(reason),
             AuthError::Forbidden => Self::Forbidden,
+            AuthError::TeamDisabled => Self::TeamDisabled,
             AuthError::NotFound(what) => Self::NotFound(what),
             AuthError::KeysUnavailable => Self::AuthUnavailable,
             AuthError::Store(e) => e.into(),
@@ -199,6 +202,7 @@ impl ApiError {
         match self {
             Self::Unauthorized | Self::Refused(_) => ErrorCode::Unauthorized,
             Self::Forbidden => ErrorCode::Forbidden,
+            Self::TeamDisabled => ErrorCode::TeamDisabled,
             Self::AuthUnavailable => ErrorCode::AuthUnavailable,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
@@ -228,7 +232,7 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self.code() {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+            ErrorCode::Forbidden | ErrorCode::TeamDisabled => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

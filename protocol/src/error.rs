@@ -15,6 +15,8 @@ pub enum ErrorCode {
     /// The credentials are valid but their scope does not allow the operation (a `chat`
     /// key or a user token on an admin-only route).
     Forbidden,
+    /// The credentials' team was disabled by the platform operator (L1).
+    TeamDisabled,
     /// The issuer's signing keys (the JWKS) could not be fetched, so a token could be
     /// neither accepted nor refused; retry.
     AuthUnavailable,
@@ -93,6 +95,7 @@ impl ErrorCode {
         match self {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
+            Self::TeamDisabled => "team_disabled",
             Self::AuthUnavailable => "auth_unavailable",
             Self::NotFound => "not_found",
             Self::InvalidRequest => "invalid_request",
@@ -159,6 +162,7 @@ mod tests {
         for code in [
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
+            ErrorCode::TeamDisabled,
             ErrorCode::AuthUnavailable,
             ErrorCode::NotFound,
             ErrorCode::InvalidRequest,

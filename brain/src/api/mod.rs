@@ -21,6 +21,7 @@ pub mod openapi;
 mod paging;
 mod quotas;
 mod secrets;
+mod teams;
 mod turns;
 mod usage;
 mod web;
@@ -101,6 +102,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(quotas::get, quotas::put))
         .routes(routes!(secrets::list))
         .routes(routes!(secrets::put, secrets::delete))
+        .routes(routes!(teams::list, teams::create))
+        .routes(routes!(teams::get, teams::update))
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::answer))
@@ -114,10 +117,10 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(whoami::get));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
-        // Workers authenticate with their session token, not a team key.
         // AG-UI (issue 28, P3): a front end of the same posting path.
         .routes(routes!(agui::run))
         .routes(routes!(a2a::agent_card))
+        // Workers authenticate with their session token, not a team key.
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))
@@ -151,7 +154,7 @@ impl FromRequestParts<AppState> for Principal {
 }
 
 /// The longest bearer credential read.
-const MAX_BEARER: usize = 8192;
+pub(super) const MAX_BEARER: usize = 8192;
 
 /// Query parameters decoded into a closed type; failures are `invalid_request`.
 pub struct QueryParams<T>(pub T);

@@ -20,6 +20,11 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 /// The security scheme of a team's API key (`Authorization: Bearer <key>`).
 pub const TEAM_KEY: &str = "team_key";
+/// The security scheme of the platform operator's token (`BRAIN_OPERATOR_TOKEN`), on the
+/// team API only (L1).
+pub const OPERATOR_TOKEN: &str = "operator_token";
+/// The team API's routes, on the operator's token rather than a team's credentials.
+const TEAMS: &str = "/v1/teams";
 /// The security scheme of a worker's session or pool token, on the channel upgrade only.
 pub const WORKER_TOKEN: &str = "worker_token";
 /// The routes a browser reaches without credentials: the OAuth callback and the client
@@ -55,7 +60,15 @@ impl Modify for Schemes {
     fn modify(&self, doc: &mut Document) {
         let components = doc.components.get_or_insert_with(Default::default);
         for (name, what) in [
-            (TEAM_KEY, "A team's API key (`brain admin create-team`)."),
+            (
+                TEAM_KEY,
+                "A team's API key (`POST /v1/teams`, `brain admin create-team`), or a \
+                 user's JWT.",
+            ),
+            (
+                OPERATOR_TOKEN,
+                "The platform operator's token (`BRAIN_OPERATOR_TOKEN`), for `/v1/teams` only.",
+            ),
             (
                 WORKER_TOKEN,
                 "A worker's session or pool token, minted by the runtime-manager.",
@@ -82,7 +95,7 @@ pub(super) fn base() -> Document {
 
 /// The whole contract: the routes' operations on [`base`], each `/v1`, AG-UI and `/mcp` operation but the
 /// worker's (its upgrade and its snapshots, on the session token) and the OAuth callback's (whose `state` is its credential) made to
-/// require the team key and to answer its failures.
+/// require the team key (the operator's token for the team API) and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
@@ -104,8 +117,13 @@ pub fn document() -> Document {
         .into_iter()
         .flatten()
         {
+            let scheme = if path.starts_with(TEAMS) {
+                OPERATOR_TOKEN
+            } else {
+                TEAM_KEY
+            };
             op.security = Some(vec![SecurityRequirement::new::<_, [&str; 0], &str>(
-                TEAM_KEY,
+                scheme,
                 [],
             )]);
             for (status, what) in [

@@ -4,7 +4,8 @@
 //! that key is for (RS256 for RSA, ES256 for P-256, EdDSA for Ed25519; HS256 only with
 //! `BRAIN_JWT_HS256_SECRET`, never with a public key as the secret), names the configured
 //! issuer and audience, has not expired (give or take `BRAIN_JWT_LEEWAY_S`), and its team
-//! claim names an existing team. Its user claim becomes the principal's user; a `true`
+//! claim names an existing, enabled team (`Keys::check_team`, which hears of a team
+//! disabled as of a key revoked). Its user claim becomes the principal's user; a `true`
 //! admin claim grants the admin scope and the whole team's chats, otherwise the scope is
 //! `chat` and the user sees its own chats only.
 //!
@@ -15,8 +16,7 @@
 //! `kid`s cannot make the brain hammer the issuer. While the set has never been fetched,
 //! a token can be neither accepted nor refused: `503 auth_unavailable`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use base64::Engine;
@@ -27,8 +27,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
 use protocol::TeamId;
 use serde_json::{Map, Value};
 
-use super::{AuthError, Principal, Scope, bounded};
-use crate::store::Store;
+use super::{AuthError, Principal, Scope};
 
 /// One JWKS fetch, connecting included.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,9 +36,6 @@ const MAX_JWKS_BYTES: usize = 1 << 20;
 /// A fetched JWKS is fetched again after this long, so a key the issuer dropped stops
 /// working.
 const JWKS_MAX_AGE: Duration = Duration::from_secs(300);
-/// Teams are never deleted through the API, so a team found once is trusted this long.
-const TEAM_CACHE_TTL: Duration = Duration::from_secs(60);
-const TEAM_CACHE_MAX: usize = 10_000;
 const MAX_USER_CHARS: usize = 200;
 
 /// A public key and the one algorithm it verifies.
@@ -388,8 +384,6 @@ pub struct JwtVerifier(Arc<Inner>);
 struct Inner {
     config: JwtConfig,
     jwks: Option<Jwks>,
-    /// Teams a token named that exist, and when that was read.
-    teams: Mutex<HashMap<TeamId, Instant>>,
 }
 
 impl JwtVerifier {
@@ -405,15 +399,11 @@ impl JwtVerifier {
             keys: RwLock::new(None),
             attempt: tokio::sync::Mutex::new(None),
         });
-        Self(Arc::new(Inner {
-            config,
-            jwks,
-            teams: Mutex::default(),
-        }))
+        Self(Arc::new(Inner { config, jwks }))
     }
 
     /// The principal of a token; see the module doc for what is accepted.
-    pub async fn principal(&self, token: &str, store: &Store) -> Result<Principal, AuthError> {
+    pub async fn principal(&self, token: &str) -> Result<Principal, AuthError> {
         let config = &self.0.config;
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| AuthError::Refused("malformed token"))?;
@@ -468,7 +458,6 @@ impl JwtVerifier {
             .and_then(Value::as_f64)
             .map(|exp| exp.max(0.0) as u64 + config.leeway_s + 1)
             .map(|at| UNIX_EPOCH + Duration::from_secs(at));
-        self.check_team(team, store).await?;
         Ok(Principal {
             team,
             scope: if admin { Scope::Admin } else { Scope::Chat },
@@ -532,30 +521,6 @@ impl JwtVerifier {
             ));
         }
         Ok(keys)
-    }
-
-    /// Refuses a token whose team does not exist.
-    async fn check_team(&self, team: TeamId, store: &Store) -> Result<(), AuthError> {
-        let known = self
-            .0
-            .teams
-            .lock()
-            .ok()
-            .and_then(|teams| teams.get(&team).copied())
-            .is_some_and(|at| at.elapsed() < TEAM_CACHE_TTL);
-        if known {
-            return Ok(());
-        }
-        if !bounded(store.team_exists(team)).await? {
-            return Err(AuthError::Refused("unknown team"));
-        }
-        if let Ok(mut teams) = self.0.teams.lock() {
-            if teams.len() >= TEAM_CACHE_MAX {
-                teams.clear();
-            }
-            teams.insert(team, Instant::now());
-        }
-        Ok(())
     }
 }
 

@@ -1,4 +1,5 @@
-//! API keys: lookup, creation and revocation.
+//! API keys: lookup, creation and revocation; and whether a team is disabled (L1), which
+//! travels the same way.
 //!
 //! A replica caches the keys it has looked up, so a warm key costs no round trip (every
 //! turn starts with one). A revocation must still reach every replica within a second,
@@ -19,6 +20,10 @@
 //! whose key was checked just before its revocation arrived still ends; and whenever the
 //! subscription comes (back) up, the keys of open streams are looked up again, so a
 //! revocation published while nobody listened ends them too.
+//!
+//! A team the operator disables is published on the same channel (`team:<id>`): every
+//! replica forgets its cached keys and its cached standing for tokens, and ends what any
+//! of its principals holds open. A lookup then finds the team disabled in Postgres.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -74,6 +79,8 @@ struct Cached {
 #[derive(Default)]
 struct CacheState {
     entries: HashMap<[u8; 32], Cached>,
+    /// Teams found existing and enabled, for tokens (whose claims name a team).
+    teams: HashMap<TeamId, Instant>,
     /// Moves on every eviction and every change of `live`, so a lookup that started
     /// before one is not cached after it.
     epoch: u64,
@@ -81,7 +88,8 @@ struct CacheState {
     live: bool,
 }
 
-/// Key hash → the key's team and scope, as of a lookup made while subscribed.
+/// Key hash → the key's team and scope, and the teams known enabled (for tokens), as of
+/// lookups made while subscribed.
 #[derive(Default)]
 struct KeyCache(Mutex<CacheState>);
 
@@ -129,46 +137,118 @@ impl KeyCache {
                     state.entries.remove(hash);
                 }
                 // A message this build cannot read: forget everything rather than guess.
-                None => state.entries.clear(),
+                None => {
+                    state.entries.clear();
+                    state.teams.clear();
+                }
             }
             state.epoch += 1;
+        }
+    }
+
+    fn evict_team(&self, team: TeamId) {
+        if let Ok(mut state) = self.0.lock() {
+            state.entries.retain(|_, cached| cached.team != team);
+            state.teams.remove(&team);
+            state.epoch += 1;
+        }
+    }
+
+    fn team_known(&self, team: TeamId) -> bool {
+        self.0.lock().is_ok_and(|state| {
+            state.live
+                && state
+                    .teams
+                    .get(&team)
+                    .is_some_and(|at| at.elapsed() < KEY_CACHE_TTL)
+        })
+    }
+
+    fn put_team(&self, team: TeamId, epoch: u64) {
+        if let Ok(mut state) = self.0.lock()
+            && state.live
+            && state.epoch == epoch
+        {
+            if state.teams.len() >= KEY_CACHE_MAX {
+                state.teams.clear();
+            }
+            state.teams.insert(team, Instant::now());
         }
     }
 
     fn set_live(&self, live: bool) {
         if let Ok(mut state) = self.0.lock() {
             state.entries.clear();
+            state.teams.clear();
             state.epoch += 1;
             state.live = live;
         }
     }
 }
 
-/// The long-lived responses open under each key on this replica, and the keys revoked
-/// lately.
+/// The long-lived responses open under each key and each team on this replica, and the
+/// keys revoked and teams disabled lately. A key's token is a child of its team's, so
+/// disabling the team ends what its keys hold too.
 #[derive(Default)]
 struct Holders {
     open: HashMap<[u8; 32], (CancellationToken, usize)>,
+    teams: HashMap<TeamId, (CancellationToken, usize)>,
     revoked: HashMap<[u8; 32], Instant>,
+    disabled: HashMap<TeamId, Instant>,
 }
 
-/// A key's place among the responses its revocation ends; given up when dropped.
+/// Counts one more holder of `id`, making its token with `make` for the first.
+fn enter<K: std::hash::Hash + Eq>(
+    open: &mut HashMap<K, (CancellationToken, usize)>,
+    id: K,
+    make: impl FnOnce() -> CancellationToken,
+) -> CancellationToken {
+    let (token, count) = open.entry(id).or_insert_with(|| (make(), 0));
+    *count += 1;
+    token.clone()
+}
+
+/// Counts one holder of `id` less, forgetting it with the last.
+fn leave<K: std::hash::Hash + Eq>(open: &mut HashMap<K, (CancellationToken, usize)>, id: &K) {
+    if let Some((_, count)) = open.get_mut(id) {
+        *count -= 1;
+        if *count == 0 {
+            open.remove(id);
+        }
+    }
+}
+
+/// A principal's place among the responses its key's revocation or its team's disabling
+/// ends; given up when dropped.
 pub struct Held {
     holders: Arc<Mutex<Holders>>,
-    hash: [u8; 32],
+    team: TeamId,
+    hash: Option<[u8; 32]>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Ok(mut holders) = self.holders.lock()
-            && let Some((_, count)) = holders.open.get_mut(&self.hash)
-        {
-            *count -= 1;
-            if *count == 0 {
-                holders.open.remove(&self.hash);
+        if let Ok(mut holders) = self.holders.lock() {
+            if let Some(hash) = &self.hash {
+                leave(&mut holders.open, hash);
             }
+            leave(&mut holders.teams, &self.team);
         }
     }
+}
+
+/// Remembers `id` for [`KEY_CACHE_TTL`] in a map bounded by [`KEY_CACHE_MAX`].
+fn remember<K: std::hash::Hash + Eq>(lately: &mut HashMap<K, Instant>, id: K) {
+    if lately.len() >= KEY_CACHE_MAX {
+        lately.retain(|_, at| at.elapsed() < KEY_CACHE_TTL);
+    }
+    lately.insert(id, Instant::now());
+}
+
+fn lately<K: std::hash::Hash + Eq>(lately: &HashMap<K, Instant>, id: &K) -> bool {
+    lately
+        .get(id)
+        .is_some_and(|at| at.elapsed() < KEY_CACHE_TTL)
 }
 
 /// The keys of every team, as this replica sees them.
@@ -190,34 +270,33 @@ impl Keys {
         }
     }
 
-    /// A token cancelled when the key (by its hash) is revoked, already cancelled when it
-    /// was lately; the key is held until the guard is dropped.
-    pub fn hold(&self, hash: [u8; 32]) -> (CancellationToken, Option<Held>) {
-        let Ok(mut holders) = self.holders.lock() else {
-            // Nothing could be registered: the stream ends rather than outlive a revocation.
+    /// A token cancelled when the key (by its hash, for a key's principal) is revoked or
+    /// `team` is disabled, already cancelled when either was lately; held until the guard
+    /// is dropped.
+    pub fn hold(&self, team: TeamId, hash: Option<[u8; 32]>) -> (CancellationToken, Option<Held>) {
+        let ended = || {
             let token = CancellationToken::new();
             token.cancel();
-            return (token, None);
+            (token, None)
         };
-        if holders
-            .revoked
-            .get(&hash)
-            .is_some_and(|at| at.elapsed() < KEY_CACHE_TTL)
-        {
-            let token = CancellationToken::new();
-            token.cancel();
-            return (token, None);
+        // Nothing could be registered: the stream ends rather than outlive a revocation.
+        let Ok(mut holders) = self.holders.lock() else {
+            return ended();
+        };
+        if lately(&holders.disabled, &team) || hash.is_some_and(|h| lately(&holders.revoked, &h)) {
+            return ended();
         }
-        let (parent, count) = holders
-            .open
-            .entry(hash)
-            .or_insert_with(|| (CancellationToken::new(), 0));
-        *count += 1;
+        let team_token = enter(&mut holders.teams, team, CancellationToken::new);
+        let token = match hash {
+            Some(hash) => enter(&mut holders.open, hash, || team_token.child_token()),
+            None => team_token,
+        };
         let held = Held {
             holders: self.holders.clone(),
+            team,
             hash,
         };
-        (parent.child_token(), Some(held))
+        (token.child_token(), Some(held))
     }
 
     /// Forgets a revoked key here and ends what it holds open.
@@ -227,24 +306,68 @@ impl Keys {
             if let Some((token, _)) = holders.open.get(hash) {
                 token.cancel();
             }
-            if holders.revoked.len() >= KEY_CACHE_MAX {
-                holders.revoked.retain(|_, at| at.elapsed() < KEY_CACHE_TTL);
-            }
-            holders.revoked.insert(*hash, Instant::now());
+            remember(&mut holders.revoked, *hash);
         }
     }
 
-    /// Looks up again the keys of open responses, ending those of keys revoked meanwhile:
-    /// for revocations this replica may not have heard of.
+    /// Forgets a disabled team's keys and standing here and ends what its principals hold
+    /// open.
+    fn team_disabled(&self, team: TeamId) {
+        self.cache.evict_team(team);
+        if let Ok(mut holders) = self.holders.lock() {
+            if let Some((token, _)) = holders.teams.get(&team) {
+                token.cancel();
+            }
+            remember(&mut holders.disabled, team);
+        }
+    }
+
+    fn team_enabled(&self, team: TeamId) {
+        if let Ok(mut holders) = self.holders.lock() {
+            holders.disabled.remove(&team);
+        }
+    }
+
+    /// Looks up again the keys and teams of open responses, ending those of keys revoked
+    /// or teams disabled meanwhile: for messages this replica may not have heard.
     async fn recheck_held(&self) {
-        let held: Vec<[u8; 32]> = self
+        let (keys, teams): (Vec<[u8; 32]>, Vec<TeamId>) = self
             .holders
             .lock()
-            .map(|holders| holders.open.keys().copied().collect())
+            .map(|holders| {
+                (
+                    holders.open.keys().copied().collect(),
+                    holders.teams.keys().copied().collect(),
+                )
+            })
             .unwrap_or_default();
-        for hash in held {
+        for hash in keys {
             if let Ok(None) = bounded(self.store.key_by_hash(&hash)).await {
                 self.revoked(&hash);
+            }
+        }
+        for team in teams {
+            if let Ok(None | Some(true)) = bounded(self.store.team_disabled(team)).await {
+                self.team_disabled(team);
+            }
+        }
+    }
+
+    /// Refuses a token whose team does not exist (`Refused`) or is disabled
+    /// (`TeamDisabled`); a team found enabled is trusted as keys are.
+    pub async fn check_team(&self, team: TeamId) -> Result<(), AuthError> {
+        if self.cache.team_known(team) {
+            return Ok(());
+        }
+        let epoch = self.cache.epoch();
+        match bounded(self.store.team_disabled(team)).await? {
+            None => Err(AuthError::Refused("unknown team")),
+            Some(true) => Err(AuthError::TeamDisabled),
+            Some(false) => {
+                if let Some(epoch) = epoch {
+                    self.cache.put_team(team, epoch);
+                }
+                Ok(())
             }
         }
     }
@@ -259,6 +382,9 @@ impl Keys {
         let found = bounded(self.store.key_by_hash(&hash))
             .await?
             .ok_or(AuthError::Refused("unknown or revoked API key"))?;
+        if found.team_disabled {
+            return Err(AuthError::TeamDisabled);
+        }
         let scope = Scope::parse(&found.scope).ok_or_else(|| {
             AuthError::Store(StoreError::Corrupt(format!(
                 "api key {} has scope {:?}",
@@ -299,25 +425,47 @@ impl Keys {
     pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
         let hash = crate::store::bounded(self.store.revoke_key(team, id)).await?;
         self.revoked(&hash);
-        if self.publish(&hash).await {
-            return Ok(());
+        self.announce(to_hex(&hash)).await;
+        Ok(())
+    }
+
+    /// Tells every replica (this one first) that `team` was disabled, after Postgres says
+    /// so.
+    pub async fn disabled(&self, team: TeamId) {
+        self.team_disabled(team);
+        self.announce(format!("{TEAM_PREFIX}{team}")).await;
+    }
+
+    /// Tells every replica that `team` was enabled again, so what its principals open now
+    /// is not ended as if it had raced the disabling.
+    pub async fn enabled(&self, team: TeamId) {
+        self.team_enabled(team);
+        self.announce(format!("{TEAM_ENABLED_PREFIX}{team}")).await;
+    }
+
+    /// Publishes `message` on [`REVOKED_CHANNEL`]; a failed publish is retried in the
+    /// background until the caches' TTL, past which no replica trusts what it tells about.
+    async fn announce(&self, message: String) {
+        if self.publish(&message).await {
+            return;
         }
-        tracing::warn!(team = %team, key = %id, "key revocation not published; retrying");
+        tracing::warn!("revocation not published; retrying");
         let keys = self.clone();
         tokio::spawn(async move {
             let started = Instant::now();
             while started.elapsed() < KEY_CACHE_TTL {
                 tokio::time::sleep(REPUBLISH_EVERY).await;
-                if keys.publish(&hash).await {
+                if keys.publish(&message).await {
                     return;
                 }
             }
-            tracing::warn!(key = %id, "key revocation never published; other replicas forget it by their cache TTL");
+            tracing::warn!(
+                "revocation never published; other replicas forget it by their cache TTL"
+            );
         });
-        Ok(())
     }
 
-    async fn publish(&self, hash: &[u8; 32]) -> bool {
+    async fn publish(&self, message: &str) -> bool {
         let Ok(mut conn) =
             crate::redis::bounded(REDIS_BOUND, self.redis.get_multiplexed_async_connection()).await
         else {
@@ -325,7 +473,7 @@ impl Keys {
         };
         crate::redis::bounded(
             REDIS_BOUND,
-            conn.publish::<_, _, i64>(REVOKED_CHANNEL, to_hex(hash)),
+            conn.publish::<_, _, i64>(REVOKED_CHANNEL, message),
         )
         .await
         .is_ok()
@@ -376,9 +524,10 @@ impl Keys {
                 () = shutdown.cancelled() => return,
                 message = messages.next() => {
                     let Some(message) = message else { return };
-                    let hash = message.get_payload::<String>().ok().and_then(|hex| from_hex(&hex));
-                    match hash {
-                        Some(hash) => self.revoked(&hash),
+                    match parse_message(message.get_payload::<String>().ok().as_deref()) {
+                        Some(Revoked::Key(hash)) => self.revoked(&hash),
+                        Some(Revoked::Team(team)) => self.team_disabled(team),
+                        Some(Revoked::TeamEnabled(team)) => self.team_enabled(team),
                         None => {
                             self.cache.evict(None);
                             let keys = self.clone();
@@ -394,6 +543,28 @@ impl Keys {
             }
         }
     }
+}
+
+/// The prefix of a disabled team's message, and of one enabled again; a key's is its hash
+/// in hex.
+const TEAM_PREFIX: &str = "team:";
+const TEAM_ENABLED_PREFIX: &str = "team-enabled:";
+
+enum Revoked {
+    Key([u8; 32]),
+    Team(TeamId),
+    TeamEnabled(TeamId),
+}
+
+fn parse_message(payload: Option<&str>) -> Option<Revoked> {
+    let payload = payload?;
+    if let Some(team) = payload.strip_prefix(TEAM_PREFIX) {
+        return team.parse().ok().map(Revoked::Team);
+    }
+    if let Some(team) = payload.strip_prefix(TEAM_ENABLED_PREFIX) {
+        return team.parse().ok().map(Revoked::TeamEnabled);
+    }
+    from_hex(payload).map(Revoked::Key)
 }
 
 pub(super) fn to_hex(hash: &[u8; 32]) -> String {

@@ -4,6 +4,7 @@
 //!   while its invalidation subscription in Redis is live, creation and revocation.
 //! - `jwt.rs`: bearer JWTs from the configured issuer, verified against its JWKS (fetched
 //!   and cached) or inline public keys.
+//! - `operator.rs`: the platform operator's bearer, which reaches the team API only (L1).
 //!
 //! A request's bearer becomes a [`Principal`]: its team, its [`Scope`], the JWT user if
 //! any, and whether it sees every chat of the team. The rules of what a principal may do
@@ -11,10 +12,11 @@
 //!
 //! A route checks the credential once; a response that outlives its request (an events
 //! stream, a turn's stream) also runs under the principal's [`Standing`], which ends when
-//! its key is revoked on any replica or its token expires.
+//! its key is revoked or its team disabled on any replica, or its token expires.
 
 pub mod jwt;
 pub mod keys;
+pub mod operator;
 
 use std::time::SystemTime;
 
@@ -26,6 +28,12 @@ use crate::store::{Store, StoreError};
 
 pub use jwt::{JwtConfig, JwtVerifier};
 pub use keys::Keys;
+pub use operator::OperatorToken;
+
+/// Whether two secrets' bytes are equal, in time that depends on their length only.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 /// What a principal may do.
 #[derive(
@@ -103,6 +111,9 @@ pub enum AuthError {
     Refused(&'static str),
     #[error("this operation needs an admin key or token")]
     Forbidden,
+    /// The credentials' team was disabled by the operator (L1).
+    #[error("this team is disabled")]
+    TeamDisabled,
     /// A chat (or what belongs to one) this principal may not see: exactly as absent as
     /// another team's.
     #[error("{0} not found")]
@@ -226,15 +237,13 @@ impl Standing {
 pub struct Auth {
     pub keys: Keys,
     jwt: Option<JwtVerifier>,
-    store: Store,
 }
 
 impl Auth {
     pub fn new(store: Store, redis: redis::Client, jwt: Option<JwtConfig>) -> Self {
         Self {
-            keys: Keys::new(store.clone(), redis),
+            keys: Keys::new(store, redis),
             jwt: jwt.map(JwtVerifier::new),
-            store,
         }
     }
 
@@ -251,15 +260,14 @@ impl Auth {
             .jwt
             .as_ref()
             .ok_or(AuthError::Refused("tokens are not accepted by this server"))?;
-        jwt.principal(bearer, &self.store).await
+        let principal = jwt.principal(bearer).await?;
+        self.keys.check_team(principal.team).await?;
+        Ok(principal)
     }
 
     /// The standing `principal` holds from now on, for a long-lived response.
     pub fn standing(&self, principal: &Principal) -> Standing {
-        let (revoked, held) = match principal.key {
-            Some(hash) => self.keys.hold(hash),
-            None => (CancellationToken::new(), None),
-        };
+        let (revoked, held) = self.keys.hold(principal.team, principal.key);
         let expires = principal.expires.map(|at| {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::Instant::now() + left

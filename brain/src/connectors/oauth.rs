@@ -668,7 +668,7 @@ async fn finish_unbounded(
     state: &str,
     iss: Option<&str>,
 ) -> Result<Grant, OAuthError> {
-    if !constant_time_eq(state.as_bytes(), flow.state.csrf_token.as_bytes()) {
+    if !crate::auth::constant_time_eq(state.as_bytes(), flow.state.csrf_token.as_bytes()) {
         return Err(OAuthError::StateMismatch);
     }
     let age = Utc::now()
@@ -734,10 +734,6 @@ async fn finish_unbounded(
 
 fn expiry(expires_in: Duration) -> DateTime<Utc> {
     Utc::now() + chrono::Duration::from_std(expires_in).unwrap_or(chrono::Duration::MAX)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A new grant from `grant`'s refresh token. The old refresh token is kept when the

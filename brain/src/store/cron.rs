@@ -166,12 +166,15 @@ impl Store {
     }
 
     /// Up to `limit` agents whose next tick is at or before now, earliest first: one read
-    /// of the partial index `agents_autostart_due`.
+    /// of the partial index `agents_autostart_due`. A disabled team's agents do not fire
+    /// (L1); their ticks wait for the team to be enabled again.
     pub async fn due_autostarts(&self, limit: i64) -> Result<Vec<DueAutostart>, StoreError> {
         let sql = format!(
             "SELECT {DUE_COLUMNS} FROM agents \
              WHERE autostart_next_fire_at <= now() AND archived_at IS NULL \
                AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL \
+               AND NOT EXISTS (SELECT 1 FROM teams t \
+                               WHERE t.id = agents.team_id AND t.disabled_at IS NOT NULL) \
              ORDER BY autostart_next_fire_at LIMIT $1"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -244,6 +247,8 @@ impl Store {
                  WHERE team_id = $1 AND id = $2 AND autostart_cron = $3 \
                    AND autostart_next_fire_at = $5 AND archived_at IS NULL \
                    AND autostart_timezone IS NOT DISTINCT FROM $9 \
+                   AND NOT EXISTS (SELECT 1 FROM teams t \
+                                   WHERE t.id = $1 AND t.disabled_at IS NOT NULL) \
                  RETURNING team_id, id, autostart_chat_id), \
              created AS ( \
                  INSERT INTO chats (id, team_id, agent_id, title) \

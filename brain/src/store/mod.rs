@@ -56,7 +56,9 @@ pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use takeover::{Resumable, TakenOver};
-pub use teams::{CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, key_hash, new_key};
+pub use teams::{
+    CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, TeamChange, TeamRow, TeamStatus, key_hash, new_key,
+};
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord, TurnRow,
     TurnState, TurnStatus, TurnTrigger, storable_text,
@@ -422,6 +424,11 @@ fn migrator() -> Migrator {
             28,
             "a2a: push notification configs of tasks",
             include_str!("../../../migrations/0028_a2a.sql"),
+        ),
+        (
+            29,
+            "teams: disabled by the operator",
+            include_str!("../../../migrations/0029_teams_lifecycle.sql"),
         ),
     ]
     .into_iter()

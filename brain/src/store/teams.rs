@@ -1,7 +1,7 @@
-//! Teams and their API keys.
+//! Teams and their API keys; the operator's view of teams (L1).
 
 use chrono::{DateTime, Utc};
-use protocol::TeamId;
+use protocol::{TeamId, TurnId};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -9,10 +9,59 @@ use uuid::Uuid;
 use super::{Store, StoreError};
 
 /// A new team and the only copy of its first API key.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct CreatedTeam {
+    #[schema(value_type = String, format = Uuid)]
     pub team_id: TeamId,
+    pub name: String,
+    /// The team's first `admin` key, shown this once.
     pub api_key: String,
+}
+
+/// A team as the operator sees it.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TeamRow {
+    #[schema(value_type = String, format = Uuid)]
+    pub id: TeamId,
+    pub name: String,
+    /// `active` or `disabled` (its keys and tokens refused, its schedules not firing).
+    pub status: TeamStatus,
+    pub created_at: DateTime<Utc>,
+    /// When the operator disabled it; absent while active.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TeamStatus {
+    Active,
+    Disabled,
+}
+
+/// What the operator changes of a team (`PATCH /v1/teams/{id}`); `None` leaves it.
+#[derive(Clone, Debug, Default)]
+pub struct TeamChange<'a> {
+    pub name: Option<&'a str>,
+    pub disabled: Option<bool>,
+}
+
+const TEAM_COLUMNS: &str = "id, name, created_at, disabled_at";
+
+type TeamTuple = (Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>);
+
+fn team_row((id, name, created_at, disabled_at): TeamTuple) -> TeamRow {
+    TeamRow {
+        id: TeamId(id),
+        name,
+        status: if disabled_at.is_some() {
+            TeamStatus::Disabled
+        } else {
+            TeamStatus::Active
+        },
+        created_at,
+        disabled_at,
+    }
 }
 
 /// Every API key starts with it, so a bearer can be told from a JWT at a glance.
@@ -37,6 +86,8 @@ pub struct KeyAuth {
     pub id: Uuid,
     pub team: TeamId,
     pub scope: String,
+    /// The key's team is disabled (L1): the key is refused as `team_disabled`.
+    pub team_disabled: bool,
 }
 
 /// The stored form of a key. Keys carry 256 random bits, so SHA-256 leaves nothing to
@@ -78,32 +129,102 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(CreatedTeam { team_id, api_key })
+        Ok(CreatedTeam {
+            team_id,
+            name: name.to_owned(),
+            api_key,
+        })
+    }
+
+    /// A page of teams in creation order (their ids are time-ordered): at most `limit`
+    /// after the team `after`.
+    pub async fn teams_page(
+        &self,
+        after: Option<TeamId>,
+        limit: i64,
+    ) -> Result<Vec<TeamRow>, StoreError> {
+        let sql = format!(
+            "SELECT {TEAM_COLUMNS} FROM teams WHERE ($1::uuid IS NULL OR id > $1) \
+             ORDER BY id LIMIT $2"
+        );
+        let rows: Vec<TeamTuple> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(after.map(|t| t.0))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(team_row).collect())
+    }
+
+    pub async fn team(&self, team: TeamId) -> Result<Option<TeamRow>, StoreError> {
+        let sql = format!("SELECT {TEAM_COLUMNS} FROM teams WHERE id = $1");
+        let row: Option<TeamTuple> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(team_row))
+    }
+
+    /// Renames, disables or enables `team`; disabling an already disabled team keeps when
+    /// it was first disabled. `None` for no such team.
+    pub async fn update_team(
+        &self,
+        team: TeamId,
+        change: &TeamChange<'_>,
+    ) -> Result<Option<TeamRow>, StoreError> {
+        let sql = format!(
+            "UPDATE teams SET name = coalesce($2, name), \
+               disabled_at = CASE WHEN $3::bool IS NULL THEN disabled_at \
+                                  WHEN $3 THEN coalesce(disabled_at, now()) END \
+             WHERE id = $1 RETURNING {TEAM_COLUMNS}"
+        );
+        let row: Option<TeamTuple> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(change.name)
+            .bind(change.disabled)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(team_row))
+    }
+
+    /// The team's turns that run or wait to (a disabled team's are stopped).
+    pub async fn unfinished_turns(&self, team: TeamId) -> Result<Vec<TurnId>, StoreError> {
+        let rows: Vec<(Uuid,)> = sqlx::query_as(
+            "SELECT id FROM turns WHERE team_id = $1 AND status IN ('running', 'queued')",
+        )
+        .bind(team.0)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(id,)| TurnId(id)).collect())
     }
 
     /// The live key whose hash is `hash`, if any.
     pub async fn key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<KeyAuth>, StoreError> {
-        let row: Option<(Uuid, Uuid, String)> = sqlx::query_as(
-            "SELECT id, team_id, scope FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        let row: Option<(Uuid, Uuid, String, bool)> = sqlx::query_as(
+            "SELECT k.id, k.team_id, k.scope, t.disabled_at IS NOT NULL FROM api_keys k \
+             JOIN teams t ON t.id = k.team_id WHERE k.key_hash = $1 AND k.revoked_at IS NULL",
         )
         .bind(&hash[..])
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(|(id, team, scope)| KeyAuth {
+        Ok(row.map(|(id, team, scope, team_disabled)| KeyAuth {
             id,
             team: TeamId(team),
             scope,
+            team_disabled,
         }))
     }
 
-    /// The hash of `team`'s key `id` while it is live (not revoked).
+    /// The hash of `team`'s key `id` while it is live (not revoked, its team not
+    /// disabled).
     pub async fn live_key_hash(
         &self,
         team: TeamId,
         id: Uuid,
     ) -> Result<Option<[u8; 32]>, StoreError> {
         let row: Option<(Vec<u8>,)> = sqlx::query_as(
-            "SELECT key_hash FROM api_keys WHERE team_id = $1 AND id = $2 AND revoked_at IS NULL",
+            "SELECT k.key_hash FROM api_keys k JOIN teams t ON t.id = k.team_id \
+             WHERE k.team_id = $1 AND k.id = $2 AND k.revoked_at IS NULL \
+               AND t.disabled_at IS NULL",
         )
         .bind(team.0)
         .bind(id)
@@ -222,13 +343,14 @@ impl Store {
         Ok(row.map(|(name,)| name))
     }
 
-    /// Whether `team` exists (a JWT's team claim must name one).
-    pub async fn team_exists(&self, team: TeamId) -> Result<bool, StoreError> {
-        let (exists,): (bool,) =
-            sqlx::query_as("SELECT EXISTS (SELECT 1 FROM teams WHERE id = $1)")
+    /// Whether `team` exists (a JWT's team claim must name one) and is disabled:
+    /// `None` for no such team.
+    pub async fn team_disabled(&self, team: TeamId) -> Result<Option<bool>, StoreError> {
+        let row: Option<(bool,)> =
+            sqlx::query_as("SELECT disabled_at IS NOT NULL FROM teams WHERE id = $1")
                 .bind(team.0)
-                .fetch_one(&self.pool)
+                .fetch_optional(&self.pool)
                 .await?;
-        Ok(exists)
+        Ok(row.map(|(disabled,)| disabled))
     }
 }

@@ -229,13 +229,13 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
         },
         detached: true,
     };
-    let revoked = key_standing(state, team, &launch.authority).await?;
+    let (revoked, held) = key_standing(state, team, &launch.authority).await?;
     let budget = admit::adopt(state, team, agent, turn).await?;
     let cancel = state.turns_cancel.child_token();
     let mut registration = state.stops.register(turn, cancel.clone());
-    if let Some((revoked, held)) = revoked {
-        // X1: the key's revocation, on any replica, stops the turn as it would have
-        // ended the stream of the turn it started.
+    {
+        // X1: the key's revocation or the team's disabling, on any replica, stops the turn
+        // as it would have ended the stream of the turn it started.
         let (ended, cancel) = (registration.ended(), cancel.clone());
         tokio::spawn(async move {
             tokio::select! {
@@ -314,35 +314,43 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     Ok(task)
 }
 
-/// What a turn acting for an API key runs under: a token cancelled when the key is
-/// revoked, and the hold on it. `Revoked` when the key is revoked already; nothing to
-/// watch for a user's turn (its token's expiry ended only its stream) or a schedule's.
+/// What a taken-over turn runs under: a token cancelled when its API key is revoked or its
+/// team disabled (L1), and the hold on them. `Revoked` when either happened already. A
+/// user's or a schedule's turn watches its team only (a token's expiry ended only its
+/// stream).
 async fn key_standing(
     state: &AppState,
     team: protocol::TeamId,
     authority: &Authority,
 ) -> Result<
-    Option<(
+    (
         tokio_util::sync::CancellationToken,
         Option<crate::auth::keys::Held>,
-    )>,
+    ),
     TurnError,
 > {
-    let Some(id) = authority
+    let key = authority
         .actor
         .strip_prefix("key:")
-        .and_then(|id| id.parse::<uuid::Uuid>().ok())
-    else {
-        return Ok(None);
+        .and_then(|id| id.parse::<uuid::Uuid>().ok());
+    let hash = match key {
+        Some(id) => Some(
+            bounded(state.store.live_key_hash(team, id))
+                .await?
+                .ok_or(TurnError::Revoked)?,
+        ),
+        None => {
+            if bounded(state.store.team_disabled(team)).await? != Some(false) {
+                return Err(TurnError::Revoked);
+            }
+            None
+        }
     };
-    let hash = bounded(state.store.live_key_hash(team, id))
-        .await?
-        .ok_or(TurnError::Revoked)?;
-    let (revoked, held) = state.auth.keys.hold(hash);
+    let (revoked, held) = state.auth.keys.hold(team, hash);
     if revoked.is_cancelled() {
         return Err(TurnError::Revoked);
     }
-    Ok(Some((revoked, held)))
+    Ok((revoked, held))
 }
 
 /// D3: the parts of the calls pending at the death, each with its outcome where

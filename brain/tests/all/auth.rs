@@ -1423,3 +1423,129 @@ async fn a_user_tokens_events_stream_ends_at_its_expiry() {
     let (status, _) = call(&app, &app.url, &token, Method::GET, &events, None).await;
     assert_eq!(status, 401, "the reconnect is refused");
 }
+
+/// The operator's token for the tests that disable a team (L1).
+pub(crate) fn operator_token() -> brain::auth::OperatorToken {
+    brain::auth::OperatorToken::from_env(&envcfg::vars(&[(
+        "BRAIN_OPERATOR_TOKEN",
+        crate::teams::OPERATOR,
+    )]))
+    .unwrap()
+    .unwrap()
+}
+
+/// L1: a team disabled on one replica: its cached key and its user's token are refused
+/// `403 team_disabled` on the other within a second, their open streams there end, and its
+/// background turn is stopped; enabled again, the key works.
+#[tokio::test]
+async fn a_disabled_teams_keys_tokens_streams_and_turns_end_on_every_replica() {
+    let app = jwt::app_with(&[(
+        "BRAIN_JWT_PUBLIC_KEYS",
+        include_str!("fixtures/jwt/ed.pub.pem"),
+    )])
+    .await;
+    let (operator_replica, _) = app
+        .second_replica_with(|c| c.operator_token = Some(operator_token()))
+        .await;
+    let token = sign(
+        &jwt::ed(),
+        Algorithm::EdDSA,
+        None,
+        &claims(
+            app.team,
+            "alice",
+            json!({"exp": jwt::now() + 600, "admin": true}),
+        ),
+    );
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served_from_cache(&app, &app.url, &app.key).await {
+        assert!(Instant::now() < deadline, "replica A never cached the key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status_of(&app, &token).await.0, 200);
+    let events = format!("/v1/chats/{chat}/events");
+    let mut by_key = Open::get(&app, &app.url, &app.key, &events).await;
+    let mut by_token = Open::get(&app, &app.url, &token, &events).await;
+    // A long background turn: nothing holds it but the runtime.
+    app.provider.push(Reply::Text {
+        deltas: vec!["tick ".into(); 400],
+        delay: Duration::from_millis(50),
+    });
+    let posted = app
+        .send(&chat, &json!({"content": "go", "background": true}))
+        .await;
+    assert_eq!(posted.status(), 202);
+    let posted: Value = posted.json().await.unwrap();
+    let turn = posted["turn_id"].as_str().unwrap().to_owned();
+    by_key.wait_for("tick", Duration::from_secs(10)).await;
+
+    let team_path = format!("/v1/teams/{}", app.team);
+    let (status, body) = call(
+        &app,
+        &operator_replica,
+        crate::teams::OPERATOR,
+        Method::PATCH,
+        &team_path,
+        Some(json!({"disabled": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "disabled");
+    let disabled = Instant::now();
+    for bearer in [&app.key, &token] {
+        loop {
+            let (status, body) = status_of(&app, bearer).await;
+            if status == 403 {
+                assert_eq!(code(&body), "team_disabled");
+                break;
+            }
+            assert!(
+                disabled.elapsed() < Duration::from_secs(1),
+                "replica A still takes the team's credentials a second after it was disabled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    assert!(by_key.ends_by(deadline).await, "the key's stream is open");
+    assert!(
+        by_token.ends_by(deadline).await,
+        "the token's stream is open"
+    );
+    let ended = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status,): (String,) = sqlx::query_as("SELECT status FROM turns WHERE id = $1::uuid")
+            .bind(&turn)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+        if status != "running" {
+            assert_eq!(status, "interrupted");
+            break;
+        }
+        assert!(Instant::now() < ended, "the background turn still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (status, body) = call(
+        &app,
+        &operator_replica,
+        crate::teams::OPERATOR,
+        Method::PATCH,
+        &team_path,
+        Some(json!({"disabled": false})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "active");
+    assert_eq!(status_of(&app, &app.key).await.0, 200, "enabled again");
+    assert_eq!(status_of(&app, &token).await.0, 200);
+    // What it opens now is not ended as if it had raced the disabling.
+    let mut reopened = Open::get(&app, &app.url, &app.key, &events).await;
+    let soon = tokio::time::Instant::now() + Duration::from_millis(500);
+    assert!(
+        !reopened.ends_by(soon).await,
+        "a stream opened after enabling ended"
+    );
+}

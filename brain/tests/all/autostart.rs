@@ -489,3 +489,41 @@ async fn patch_changes_only_the_fields_given_and_refuses_bad_ones() {
     .await;
     assert_eq!(unknown.status(), 404);
 }
+
+/// L1: a disabled team's schedule does not fire; enabled again, its missed tick fires once.
+#[tokio::test]
+async fn a_disabled_teams_schedule_does_not_fire() {
+    let app = TestApp::start_with(fast).await;
+    let agent = agent(&app).await;
+    set_cadence(&app, &agent, Some("* * * * *")).await;
+    let disable = |disabled| brain::store::TeamChange {
+        name: None,
+        disabled: Some(disabled),
+    };
+    app.store
+        .update_team(app.team, &disable(true))
+        .await
+        .unwrap()
+        .unwrap();
+    sqlx::query(
+        "UPDATE agents SET autostart_next_fire_at = now() - interval '5 minutes' \
+         WHERE id = $1::uuid",
+    )
+    .bind(&agent)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    // Twenty polls of the scheduler.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        fires(&app, &agent).await.is_empty(),
+        "a disabled team fired"
+    );
+    app.store
+        .update_team(app.team, &disable(false))
+        .await
+        .unwrap()
+        .unwrap();
+    let fired = wait_fires(&app, &agent, |f| !f.is_empty()).await;
+    assert_eq!(fired[0].1, "fired", "{fired:?}");
+}

@@ -224,6 +224,15 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .unwrap(),
     )
     .await;
+    // The team API is the operator's: another team's id is as absent as any (L1).
+    let team = app
+        .store
+        .key_by_hash(&brain::store::key_hash(key))
+        .await
+        .unwrap()
+        .unwrap()
+        .team
+        .to_string();
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
@@ -232,6 +241,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("connector_id", connector),
         ("key_id", key_id),
         ("secret_name", "THEIRS".to_owned()),
+        ("team_id", team),
         ("turn_id", turn),
         ("webhook_id", webhook),
     ])

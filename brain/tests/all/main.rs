@@ -33,6 +33,7 @@ mod quotas;
 mod recovery;
 mod stop;
 mod takeover;
+mod teams;
 mod tools;
 mod traces;
 mod turn;

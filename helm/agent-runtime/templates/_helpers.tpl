@@ -120,6 +120,7 @@ app.kubernetes.io/component: worker
 {{ include "agent-runtime.secretEnv" (list "OPENAI_API_KEY" $s .Values.secrets.keys.openaiApiKey true) }}
 {{ include "agent-runtime.secretEnv" (list "ANTHROPIC_API_KEY" $s .Values.secrets.keys.anthropicApiKey true) }}
 {{ include "agent-runtime.secretEnv" (list "BRAIN_OAUTH_CLIENTS" $s .Values.secrets.keys.oauthClients true) }}
+{{ include "agent-runtime.secretEnv" (list "BRAIN_OPERATOR_TOKEN" $s .Values.secrets.keys.operatorToken true) }}
 {{- with .Values.brain.jwt }}
 {{- if .issuer }}
 - name: BRAIN_JWT_ISSUER

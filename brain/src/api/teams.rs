@@ -1,0 +1,264 @@
+//! `POST/GET /v1/teams`, `GET/PATCH /v1/teams/{team_id}`: the platform operator's team API
+//! (L1), on `BRAIN_OPERATOR_TOKEN` alone. Unset, every route answers `404` as if absent.
+//!
+//! Disabling a team takes effect on every replica within a second: Postgres says so first,
+//! then `Keys::disabled` tells every replica to forget the team's cached keys and standing
+//! and to end its open streams; its running and queued turns are stopped wherever they run,
+//! and its schedules stop firing (`store::cron`).
+
+use axum::Json;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use protocol::{ErrorBody, TeamId};
+use serde::{Deserialize, Serialize};
+
+use super::agents::ListParams;
+use super::{JsonBody, MAX_BEARER, QueryParams, paging, parse_id};
+use crate::AppState;
+use crate::error::ApiError;
+use crate::store::{CreatedTeam, TeamChange, TeamRow, UsageSums, bounded};
+use crate::turn::stop;
+use crate::usage::usage_query;
+
+const MAX_NAME_CHARS: usize = 200;
+const TEAMS_CURSOR: &str = "tm1:";
+
+/// The caller of a team API route: the platform operator, by its token.
+pub struct Operator;
+
+impl FromRequestParts<AppState> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(token) = &state.config.operator_token else {
+            return Err(ApiError::NotFound("route"));
+        };
+        let bearer = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|b| !b.is_empty() && b.len() <= MAX_BEARER)
+            .ok_or(ApiError::Unauthorized)?;
+        if !token.matches(bearer) {
+            return Err(ApiError::Refused("not the operator's token"));
+        }
+        Ok(Self)
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "Acme"}))]
+pub struct CreateTeam {
+    /// 1 to 200 characters.
+    name: String,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"disabled": true}))]
+pub struct UpdateTeam {
+    /// 1 to 200 characters.
+    #[serde(default)]
+    name: Option<String>,
+    /// `true` refuses the team's keys and tokens (`403 team_disabled`) on every replica
+    /// within a second, stops its running and queued turns and its schedules; `false`
+    /// lets it back in.
+    #[serde(default)]
+    disabled: Option<bool>,
+}
+
+/// A page of teams, oldest first.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TeamList {
+    teams: Vec<TeamRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
+}
+
+/// A team with what it used this month (UTC).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TeamDetail {
+    #[serde(flatten)]
+    team: TeamRow,
+    usage_this_month: UsageSums,
+}
+
+/// `?limit=&cursor=` of the team listing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct TeamListParams {
+    /// How many teams: 1 to 200, 50 when absent.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// A `next_cursor` of an earlier page.
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+fn checked_name(name: &str) -> Result<&str, ApiError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS || name.contains('\0') {
+        return Err(ApiError::InvalidRequest(format!(
+            "name must have 1 to {MAX_NAME_CHARS} characters and no NUL"
+        )));
+    }
+    Ok(name)
+}
+
+#[utoipa::path(
+    post,
+    path = "/teams",
+    operation_id = "create_team",
+    tag = "teams",
+    request_body = CreateTeam,
+    responses(
+        (status = 201, description = "Created, with its first admin key (`api_key`), shown \
+            this once.", body = CreatedTeam),
+        (status = 400, description = "A bad name (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "The team API is off: `BRAIN_OPERATOR_TOKEN` is unset \
+            (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn create(
+    State(state): State<AppState>,
+    _operator: Operator,
+    JsonBody(body): JsonBody<CreateTeam>,
+) -> Result<(StatusCode, Json<CreatedTeam>), ApiError> {
+    let name = checked_name(&body.name)?;
+    let created = bounded(state.store.create_team(name)).await?;
+    tracing::info!(team = %created.team_id, "team created by the operator");
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+#[utoipa::path(
+    get,
+    path = "/teams",
+    operation_id = "list_teams",
+    tag = "teams",
+    params(TeamListParams),
+    responses(
+        (status = 200, description = "A page of teams, oldest first.", body = TeamList),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor \
+            of this listing (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "The team API is off (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    _operator: Operator,
+    QueryParams(params): QueryParams<TeamListParams>,
+) -> Result<Json<TeamList>, ApiError> {
+    let limit = ListParams::checked(params.limit)?;
+    let after: Option<TeamId> = params
+        .cursor
+        .as_deref()
+        .map(|c| paging::key_of(TEAMS_CURSOR, c, "cursor"))
+        .transpose()?;
+    let mut teams = bounded(state.store.teams_page(after, limit + 1)).await?;
+    let more = teams.len() as i64 > limit;
+    teams.truncate(limit as usize);
+    let next_cursor = more
+        .then(|| teams.last().map(|t| paging::cursor_of(TEAMS_CURSOR, t.id)))
+        .flatten();
+    Ok(Json(TeamList { teams, next_cursor }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/teams/{team_id}",
+    operation_id = "get_team",
+    tag = "teams",
+    params(("team_id" = Uuid, Path, description = "The team.")),
+    responses(
+        (status = 200, description = "The team and its usage this month (UTC).",
+            body = TeamDetail),
+        (status = 404, description = "No such team, or the team API is off (`not_found`).",
+            body = ErrorBody),
+    ),
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    _operator: Operator,
+    Path(team_id): Path<String>,
+) -> Result<Json<TeamDetail>, ApiError> {
+    let id: TeamId = parse_id(&team_id, "team")?;
+    let team = bounded(state.store.team(id))
+        .await?
+        .ok_or(ApiError::NotFound("team"))?;
+    let month = usage_query(None, None, None, chrono::Utc::now()).map_err(ApiError::Internal)?;
+    let usage = bounded(state.store.usage(id, month)).await?;
+    Ok(Json(TeamDetail {
+        team,
+        usage_this_month: usage.totals,
+    }))
+}
+
+#[utoipa::path(
+    patch,
+    path = "/teams/{team_id}",
+    operation_id = "update_team",
+    tag = "teams",
+    params(("team_id" = Uuid, Path, description = "The team.")),
+    request_body = UpdateTeam,
+    responses(
+        (status = 200, description = "The team as changed. Once disabled, its keys and \
+            tokens are refused on every replica within a second and its running and queued \
+            turns have been told to stop.", body = TeamRow),
+        (status = 400, description = "A bad name (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such team, or the team API is off (`not_found`).",
+            body = ErrorBody),
+        (status = 503, description = "A store is unavailable (`store_unavailable`): the \
+            change may or may not be written; `GET` says which. A stop that could not be \
+            delivered is `store_unavailable` too; repeating the request stops what is left.",
+            body = ErrorBody),
+    ),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    _operator: Operator,
+    Path(team_id): Path<String>,
+    JsonBody(body): JsonBody<UpdateTeam>,
+) -> Result<Json<TeamRow>, ApiError> {
+    let id: TeamId = parse_id(&team_id, "team")?;
+    let name = body.name.as_deref().map(checked_name).transpose()?;
+    let change = TeamChange {
+        name,
+        disabled: body.disabled,
+    };
+    let team = bounded(state.store.update_team(id, &change))
+        .await?
+        .ok_or(ApiError::NotFound("team"))?;
+    match body.disabled {
+        Some(true) => {
+            state.auth.keys.disabled(id).await;
+            stop_unfinished(&state, id).await?;
+            tracing::info!(team = %id, "team disabled by the operator");
+        }
+        Some(false) => state.auth.keys.enabled(id).await,
+        None => {}
+    }
+    Ok(Json(team))
+}
+
+/// Stops every running or queued turn of a disabled team, wherever it runs. A turn that
+/// slips in between the disabling and this read was admitted under the team's standing
+/// before the refusal reached its replica; repeating the request stops it.
+async fn stop_unfinished(state: &AppState, team: TeamId) -> Result<(), ApiError> {
+    for turn in bounded(state.store.unfinished_turns(team)).await? {
+        let found = match stop::find(&state.store, team, turn).await {
+            Ok(found) => found,
+            Err(stop::StopError::NotFound(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        stop::stop(state, team, found).await?;
+    }
+    Ok(())
+}
