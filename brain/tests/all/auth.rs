@@ -1480,18 +1480,26 @@ async fn a_disabled_teams_keys_tokens_streams_and_turns_end_on_every_replica() {
     let turn = posted["turn_id"].as_str().unwrap().to_owned();
     by_key.wait_for("tick", Duration::from_secs(10)).await;
 
-    let team_path = format!("/v1/teams/{}", app.team);
-    let (status, body) = call(
-        &app,
-        &operator_replica,
-        crate::teams::OPERATOR,
-        Method::PATCH,
-        &team_path,
-        Some(json!({"disabled": true})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["status"], "disabled");
+    // The operator disables (or enables) the team on replica B; answers its status.
+    let set_disabled = |disabled: bool| {
+        let (app, base) = (&app, &operator_replica);
+        async move {
+            let path = format!("/v1/teams/{}", app.team);
+            let body = json!({"disabled": disabled});
+            let (status, body) = call(
+                app,
+                base,
+                crate::teams::OPERATOR,
+                Method::PATCH,
+                &path,
+                Some(body),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["status"].as_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(set_disabled(true).await, "disabled");
     let disabled = Instant::now();
     for bearer in [&app.key, &token] {
         loop {
@@ -1528,17 +1536,7 @@ async fn a_disabled_teams_keys_tokens_streams_and_turns_end_on_every_replica() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let (status, body) = call(
-        &app,
-        &operator_replica,
-        crate::teams::OPERATOR,
-        Method::PATCH,
-        &team_path,
-        Some(json!({"disabled": false})),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["status"], "active");
+    assert_eq!(set_disabled(false).await, "active");
     assert_eq!(status_of(&app, &app.key).await.0, 200, "enabled again");
     assert_eq!(status_of(&app, &token).await.0, 200);
     // What it opens now is not ended as if it had raced the disabling.
