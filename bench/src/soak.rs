@@ -72,6 +72,21 @@ fn content(tools: bool, t: usize, id: &str) -> String {
     }
 }
 
+/// Whether the tool call of the turn of user message `id` ended `output-error`.
+async fn call_failed(db: &Database, id: &str) -> Result<bool> {
+    let (failed,): (bool,) = sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM messages u JOIN messages a \
+           ON a.team_id = u.team_id AND a.turn_id = u.turn_id AND a.role = 'assistant' \
+         CROSS JOIN LATERAL jsonb_array_elements(a.parts) p \
+         WHERE u.client_message_id = $1 AND u.role = 'user' \
+           AND p->>'state' = 'output-error')",
+    )
+    .bind(id)
+    .fetch_one(db.store.pool())
+    .await?;
+    Ok(failed)
+}
+
 /// How many times each line appears in the `calls.log` files under `dir`.
 fn logged_calls(dir: &std::path::Path, counts: &mut std::collections::HashMap<String, usize>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -475,8 +490,12 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
     .await?;
     let lost_client = counts.lost.load(Ordering::Relaxed);
     let lost_store = total as i64 - stored_ids;
-    // Every tool turn's command ran exactly once.
-    let (mut ran_twice, mut never_ran, mut tool_turns) = (0usize, 0usize, 0usize);
+    // Every tool turn's command ran exactly once, or its call failed and said so (its
+    // part `output-error`: the worker could not be reached within its bound, as during a
+    // Redis blip when the call is relayed); a call that never ran yet reported an output
+    // would be a lost call.
+    let (mut ran_twice, mut never_ran, mut failed_cleanly, mut tool_turns) =
+        (0usize, 0usize, 0usize, 0usize);
     if let Some(manager) = manager {
         let mut logged = std::collections::HashMap::new();
         logged_calls(&manager.workspaces, &mut logged);
@@ -484,11 +503,9 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         for chat in &all_chats {
             for t in (1..TURNS_PER_CHAT).step_by(2) {
                 tool_turns += 1;
-                match logged
-                    .get(&format!("soak-{chat}-{t}"))
-                    .copied()
-                    .unwrap_or(0)
-                {
+                let id = format!("soak-{chat}-{t}");
+                match logged.get(&id).copied().unwrap_or(0) {
+                    0 if call_failed(&db, &id).await? => failed_cleanly += 1,
                     0 => never_ran += 1,
                     1 => {}
                     _ => ran_twice += 1,
@@ -567,7 +584,10 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
             "tool calls run twice / never",
             format!("{ran_twice} / {never_ran}"),
             String::new(),
-            format!("{tool_turns} tool turns, each appending its id to the workspace's calls.log"),
+            format!(
+                "{tool_turns} tool turns, each appending its id to the workspace's calls.log; \
+                 {failed_cleanly} calls failed and said so (output-error)"
+            ),
         ));
     }
     // With takeover (D3) and handover (D4), a stopped replica's turns go on elsewhere:
