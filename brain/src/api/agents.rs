@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use protocol::ErrorBody;
 use serde::Deserialize;
 
+use super::paging::{self, KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
@@ -14,7 +15,7 @@ use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{
-    AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError,
+    AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
 };
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -257,6 +258,17 @@ impl From<FireRow> for Fire {
     }
 }
 
+/// `?limit=` of the schedule's latest fires: 1 to 200, 50 when absent.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// How many, newest first: 1 to 200, 50 when absent.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+}
+
 /// `GET /v1/agents/{id}/schedule`: the autostart cadence, its next tick and the latest
 /// fires (SPEC T11), newest first; `?limit=` as the listings (50 by default).
 #[utoipa::path(
@@ -278,7 +290,7 @@ pub async fn schedule(
     QueryParams(params): QueryParams<ListParams>,
 ) -> Result<Json<Schedule>, ApiError> {
     let id = parse_id(&agent_id, "agent")?;
-    let limit = params.limit()?;
+    let limit = paging::checked_limit(params.limit)?;
     let view: ScheduleView = match state.store.schedule(principal.team, id, limit).await {
         Ok(view) => view,
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("agent")),
@@ -294,10 +306,14 @@ pub async fn schedule(
 
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Sessions {
+    /// A page of the agent's sessions, newest first.
     sessions: Vec<SessionRow>,
     /// The agent's workspace snapshots (W10), newest first: at most one per chat, restored
-    /// by that chat's next session.
+    /// by that chat's next session. Every page carries them all.
     snapshots: Vec<SnapshotRow>,
+    /// `cursor` for the next page of sessions; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 /// `GET /v1/agents/{id}/sessions`: the agent's worker sessions, newest first, with
@@ -308,9 +324,12 @@ pub struct Sessions {
     path = "/agents/{agent_id}/sessions",
     operation_id = "list_agent_sessions",
     tag = "agents",
-    params(("agent_id" = Uuid, Path, description = "The agent.")),
+    params(("agent_id" = Uuid, Path, description = "The agent."), PageParams),
     responses(
-        (status = 200, description = "The agent's worker sessions, newest first.", body = Sessions),
+        (status = 200, description = "A page of the agent's worker sessions, newest first.",
+            body = Sessions),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -318,18 +337,30 @@ pub async fn sessions(
     State(state): State<AppState>,
     principal: Principal,
     Path(agent_id): Path<String>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Sessions>, ApiError> {
     let id = parse_id(&agent_id, "agent")?;
+    let limit = params.limit()?;
+    let before = params.after::<KeysetKey>(SESSIONS_CURSOR)?.map(|k| k.0);
     let only = principal.only_chats_of();
-    let listed = match state.store.agent_sessions(principal.team, id, only).await {
-        Ok(sessions) => state
+    let sessions = bounded(
+        state
             .store
-            .agent_snapshots(principal.team, id, only)
-            .await
-            .map(|snapshots| Sessions {
-                sessions,
-                snapshots,
-            }),
+            .agent_sessions(principal.team, id, only, before, limit + 1),
+    );
+    let listed = match sessions.await {
+        Ok(rows) => {
+            let (sessions, next_cursor) = paging::page(rows, limit, SESSIONS_CURSOR, |s| {
+                KeysetKey::of(s.created_at, s.id.0)
+            });
+            bounded(state.store.agent_snapshots(principal.team, id, only))
+                .await
+                .map(|snapshots| Sessions {
+                    sessions,
+                    snapshots,
+                    next_cursor,
+                })
+        }
         Err(e) => Err(e),
     };
     match listed {
@@ -339,41 +370,16 @@ pub async fn sessions(
     }
 }
 
-/// `?limit=` of the listings: at most [`MAX_LIST`], [`DEFAULT_LIST`] when absent.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct ListParams {
-    /// How many, newest first: 1 to 200, 50 when absent.
-    #[serde(default)]
-    #[param(minimum = 1, maximum = 200)]
-    limit: Option<u32>,
-}
-
-pub const DEFAULT_LIST: u32 = 50;
-pub const MAX_LIST: u32 = 200;
-
-impl ListParams {
-    pub fn limit(&self) -> Result<i64, ApiError> {
-        Self::checked(self.limit)
-    }
-
-    /// A `?limit=` of any listing, checked against the listings' bounds.
-    pub fn checked(limit: Option<u32>) -> Result<i64, ApiError> {
-        match limit {
-            None => Ok(i64::from(DEFAULT_LIST)),
-            Some(n) if (1..=MAX_LIST).contains(&n) => Ok(i64::from(n)),
-            Some(_) => Err(ApiError::InvalidRequest(format!(
-                "limit must be between 1 and {MAX_LIST}"
-            ))),
-        }
-    }
-}
-
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct Agents {
     agents: Vec<AgentRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const AGENTS_CURSOR: &str = "ag1:";
+const SESSIONS_CURSOR: &str = "ws1:";
 
 /// `GET /v1/agents`: the team's agents that are not archived, newest first.
 #[utoipa::path(
@@ -381,17 +387,26 @@ pub struct Agents {
     path = "/agents",
     operation_id = "list_agents",
     tag = "agents",
-    params(ListParams),
+    params(PageParams),
     responses(
-        (status = 200, description = "The team's agents, newest first.", body = Agents),
-        (status = 400, description = "`limit` is out of range (`invalid_request`).", body = ErrorBody),
+        (status = 200, description = "A page of the team's agents, newest first.", body = Agents),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
     ),
 )]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
-    QueryParams(params): QueryParams<ListParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Agents>, ApiError> {
-    let agents = state.store.agents(principal.team, params.limit()?).await?;
-    Ok(Json(Agents { agents }))
+    let limit = params.limit()?;
+    let before = params.after::<KeysetKey>(AGENTS_CURSOR)?.map(|k| k.0);
+    let rows = bounded(state.store.agents(principal.team, before, limit + 1)).await?;
+    let (agents, next_cursor) = paging::page(rows, limit, AGENTS_CURSOR, |a| {
+        KeysetKey::of(a.created_at, a.id.0)
+    });
+    Ok(Json(Agents {
+        agents,
+        next_cursor,
+    }))
 }

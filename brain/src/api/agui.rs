@@ -26,13 +26,15 @@ use super::chats::{self, PostMessage, Posted};
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::agui::{AguiBody, EVENT_TYPES, Interrupt, Translator, refused};
-use crate::approvals::{ApprovalState, validate_reason};
+use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{Answer, bounded};
 use crate::turn::Trigger;
 use protocol::{AgentId, ChatId};
 
+/// The most waiting approvals a run reads to answer as interrupts.
+const MAX_PENDING: i64 = 200;
 /// The AG-UI `RunAgentInput`. Open, as the protocol's own schema is: fields this server
 /// does not read are ignored rather than refused, so a newer client still runs.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -307,10 +309,13 @@ async fn pending(
     principal: &Principal,
     chat: ChatId,
 ) -> Result<Vec<Interrupt>, ApiError> {
-    let approvals = bounded(state.store.chat_approvals(principal.team, chat)).await?;
-    Ok(approvals
+    // The waiting calls of a chat are those of its latest turn: far fewer than a page.
+    let approvals = state
+        .store
+        .chat_approvals(principal.team, chat, true, None, MAX_PENDING);
+    Ok(bounded(approvals)
+        .await?
         .into_iter()
-        .filter(|a| a.state == ApprovalState::Pending)
         .map(|a| Interrupt {
             expires_at: Some(a.expires_at.to_rfc3339()),
             ..Interrupt::approval(a.id.to_string(), a.tool_call_id, &a.tool)

@@ -7,7 +7,8 @@ use protocol::{ErrorBody, TurnId};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JsonBody, parse_id};
+use super::paging::{self, KeysetKey, PageParams};
+use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::approvals::validate_reason;
 use crate::auth::Principal;
@@ -18,7 +19,12 @@ use crate::turn::{self, Trigger};
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Approvals {
     approvals: Vec<ApprovalRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const APPROVALS_CURSOR: &str = "ap1:";
 
 /// `GET /v1/chats/{id}/approvals`: the chat's approvals, oldest first; the expired ones
 /// are denied `expired` first.
@@ -27,9 +33,12 @@ pub struct Approvals {
     path = "/chats/{chat_id}/approvals",
     operation_id = "list_approvals",
     tag = "approvals",
-    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    params(("chat_id" = Uuid, Path, description = "The chat."), PageParams),
     responses(
-        (status = 200, description = "The chat's approvals, oldest first.", body = Approvals),
+        (status = 200, description = "A page of the chat's approvals, oldest first.",
+            body = Approvals),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -37,16 +46,30 @@ pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
     Path(chat_id): Path<String>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Approvals>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
+    let limit = params.limit()?;
+    let after = params.after::<KeysetKey>(APPROVALS_CURSOR)?.map(|k| k.0);
     principal.check_chat(&state.store, chat).await?;
     match bounded(state.store.chat_created_by(principal.team, chat)).await {
         Ok(_) => {}
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
         Err(e) => return Err(e.into()),
     }
-    let approvals = bounded(state.store.chat_approvals(principal.team, chat)).await?;
-    Ok(Json(Approvals { approvals }))
+    let rows = bounded(
+        state
+            .store
+            .chat_approvals(principal.team, chat, false, after, limit + 1),
+    )
+    .await?;
+    let (approvals, next_cursor) = paging::page(rows, limit, APPROVALS_CURSOR, |a| {
+        KeysetKey::of(a.created_at, a.id)
+    });
+    Ok(Json(Approvals {
+        approvals,
+        next_cursor,
+    }))
 }
 
 /// A person's answer.

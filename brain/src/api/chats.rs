@@ -16,8 +16,8 @@ use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use super::agents::ListParams;
 use super::openapi::UiStreamEvent;
+use super::paging::{KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::agents::BusyPolicy;
@@ -67,7 +67,12 @@ pub async fn create(
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Chats {
     chats: Vec<ChatRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const CHATS_CURSOR: &str = "ch1:";
 
 /// `GET /v1/agents/{id}/chats`: the agent's chats, newest first; for a user token without
 /// the admin claim, its user's only.
@@ -76,10 +81,12 @@ pub struct Chats {
     path = "/agents/{agent_id}/chats",
     operation_id = "list_chats",
     tag = "chats",
-    params(("agent_id" = Uuid, Path, description = "The agent."), ListParams),
+    params(("agent_id" = Uuid, Path, description = "The agent."), PageParams),
     responses(
-        (status = 200, description = "The agent's chats the caller may see, newest first.", body = Chats),
-        (status = 400, description = "`limit` is out of range (`invalid_request`).", body = ErrorBody),
+        (status = 200, description = "A page of the agent's chats the caller may see, newest \
+            first.", body = Chats),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -87,18 +94,25 @@ pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
     Path(agent_id): Path<String>,
-    QueryParams(params): QueryParams<ListParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Chats>, ApiError> {
     let agent = parse_id(&agent_id, "agent")?;
     let limit = params.limit()?;
+    let before = params.after::<KeysetKey>(CHATS_CURSOR)?.map(|k| k.0);
+    let only = principal.only_chats_of();
     match bounded(
         state
             .store
-            .chats(principal.team, agent, principal.only_chats_of(), limit),
+            .chats(principal.team, agent, only, before, limit + 1),
     )
     .await
     {
-        Ok(chats) => Ok(Json(Chats { chats })),
+        Ok(rows) => {
+            let (chats, next_cursor) = paging::page(rows, limit, CHATS_CURSOR, |c| {
+                KeysetKey::of(c.created_at, c.id.0)
+            });
+            Ok(Json(Chats { chats, next_cursor }))
+        }
         Err(StoreError::NotFound) => Err(ApiError::NotFound("agent")),
         Err(e) => Err(e.into()),
     }
@@ -154,7 +168,7 @@ pub async fn messages(
     QueryParams(params): QueryParams<MessageParams>,
 ) -> Result<Json<Messages>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
-    let limit = ListParams::checked(params.limit)?;
+    let limit = paging::checked_limit(params.limit)?;
     let before = params
         .before
         .as_deref()

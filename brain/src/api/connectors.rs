@@ -17,7 +17,8 @@ use axum::http::StatusCode;
 use protocol::{AgentId, ErrorBody};
 use serde::{Deserialize, Serialize};
 
-use super::{JsonBody, parse_id};
+use super::paging::{self, KeysetKey, PageParams};
+use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::{ConnectorConfig, address, authorization, credentials};
@@ -215,7 +216,12 @@ pub async fn create(
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ConnectorList {
     connectors: Vec<ConnectorView>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const CONNECTORS_CURSOR: &str = "cn1:";
 
 /// A connector as listed: its row and where its OAuth stands (never a token).
 #[derive(Serialize, utoipa::ToSchema)]
@@ -253,18 +259,28 @@ impl Authorization {
     path = "/connectors",
     operation_id = "list_connectors",
     tag = "connectors",
+    params(PageParams),
     responses(
-        (status = 200, description = "The team's connectors.", body = ConnectorList),
+        (status = 200, description = "A page of the team's connectors, oldest first.",
+            body = ConnectorList),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<ConnectorList>, ApiError> {
     principal.require_admin()?;
     let team = principal.team;
-    let connectors = state.store.connectors(team).await?;
+    let limit = params.limit()?;
+    let after = params.after::<KeysetKey>(CONNECTORS_CURSOR)?.map(|k| k.0);
+    let rows = crate::store::bounded(state.store.connectors(team, after, limit + 1)).await?;
+    let (connectors, next_cursor) = paging::page(rows, limit, CONNECTORS_CURSOR, |c| {
+        KeysetKey::of(c.created_at, c.id)
+    });
     let authorizations = crate::store::bounded(state.store.connector_authorizations(team)).await?;
     let connectors = connectors
         .into_iter()
@@ -273,7 +289,10 @@ pub async fn list(
             row,
         })
         .collect();
-    Ok(Json(ConnectorList { connectors }))
+    Ok(Json(ConnectorList {
+        connectors,
+        next_cursor,
+    }))
 }
 
 #[utoipa::path(

@@ -11,12 +11,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{JsonBody, parse_id};
+use super::paging::{self, KeysetKey, PageParams};
+use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::store::{KeyRow, StoreError};
+use crate::store::{KeyRow, StoreError, bounded};
 use protocol::ErrorBody;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -83,25 +84,40 @@ pub async fn create(
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct KeyList {
     keys: Vec<KeyRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const KEYS_CURSOR: &str = "ky1:";
 
 #[utoipa::path(
     get,
     path = "/keys",
     operation_id = "list_keys",
     tag = "keys",
+    params(PageParams),
     responses(
-        (status = 200, description = "The team's live keys, without their secrets.", body = KeyList),
+        (status = 200, description = "A page of the team's live keys, oldest first, without \
+            their secrets.", body = KeyList),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<KeyList>, ApiError> {
     principal.require_admin()?;
-    let keys = state.auth.keys.list(principal.team).await?;
-    Ok(Json(KeyList { keys }))
+    let limit = params.limit()?;
+    let after = params.after::<KeysetKey>(KEYS_CURSOR)?.map(|k| k.0);
+    let rows = bounded(state.store.keys(principal.team, after, limit + 1)).await?;
+    let (keys, next_cursor) = paging::page(rows, limit, KEYS_CURSOR, |k| {
+        KeysetKey::of(k.created_at, k.id)
+    });
+    Ok(Json(KeyList { keys, next_cursor }))
 }
 
 #[utoipa::path(

@@ -272,7 +272,7 @@ fn initialize(
 }
 
 async fn team_tools(state: &AppState, principal: &Principal) -> Result<Vec<Tool>, ApiError> {
-    let agents = bounded(state.store.agents(principal.team, MAX_TOOLS)).await?;
+    let agents = bounded(state.store.agents(principal.team, None, MAX_TOOLS)).await?;
     Ok(mcp_server::tool_names(&agents))
 }
 

@@ -105,11 +105,11 @@ pub async fn authorize(
             "per-user grants need a user id of at most {MAX_USER} bytes"
         )));
     }
-    let row = crate::store::bounded(state.store.connectors(team))
-        .await?
-        .into_iter()
-        .find(|c| c.id == id)
-        .ok_or(ApiError::NotFound("connector"))?;
+    let row = match crate::store::bounded(state.store.connector(team, id)).await {
+        Ok(row) => row,
+        Err(crate::store::StoreError::NotFound) => return Err(ApiError::NotFound("connector")),
+        Err(e) => return Err(e.into()),
+    };
     let owner = GrantOwner {
         team,
         connector: id,

@@ -10,7 +10,8 @@ use axum::http::StatusCode;
 use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 
-use super::JsonBody;
+use super::paging::{self, PageParams};
+use super::{JsonBody, QueryParams};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -38,7 +39,12 @@ impl std::fmt::Debug for PutSecret {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct SecretList {
     secrets: Vec<SecretInfo>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
+
+const SECRETS_CURSOR: &str = "sc1:";
 
 fn checked_name(name: &str) -> Result<(), ApiError> {
     if valid_name(name) {
@@ -116,18 +122,33 @@ pub async fn put(
     path = "/secrets",
     operation_id = "list_secrets",
     tag = "secrets",
+    params(PageParams),
     responses(
-        (status = 200, description = "The team's secret names, without values.", body = SecretList),
+        (status = 200, description = "A page of the team's secret names in name order, \
+            without values.", body = SecretList),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<SecretList>, ApiError> {
     principal.require_admin()?;
-    let secrets = bounded(state.store.list_team_secrets(principal.team)).await?;
-    Ok(Json(SecretList { secrets }))
+    let limit = params.limit()?;
+    let after: Option<String> = params.after(SECRETS_CURSOR)?;
+    let rows = state
+        .store
+        .list_team_secrets(principal.team, after.as_deref(), limit + 1);
+    let (secrets, next_cursor) = paging::page(bounded(rows).await?, limit, SECRETS_CURSOR, |s| {
+        s.name.clone()
+    });
+    Ok(Json(SecretList {
+        secrets,
+        next_cursor,
+    }))
 }
 
 #[utoipa::path(

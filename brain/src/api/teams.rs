@@ -14,8 +14,8 @@ use axum::http::request::Parts;
 use protocol::{ErrorBody, TeamId};
 use serde::{Deserialize, Serialize};
 
-use super::agents::ListParams;
-use super::{JsonBody, MAX_BEARER, QueryParams, paging, parse_id};
+use super::paging::{self, PageParams};
+use super::{JsonBody, MAX_BEARER, QueryParams, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::store::{CreatedTeam, TeamChange, TeamRow, UsageSums, bounded};
@@ -89,20 +89,6 @@ pub struct TeamDetail {
     usage_this_month: UsageSums,
 }
 
-/// `?limit=&cursor=` of the team listing.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct TeamListParams {
-    /// How many teams: 1 to 200, 50 when absent.
-    #[serde(default)]
-    #[param(minimum = 1, maximum = 200)]
-    limit: Option<u32>,
-    /// A `next_cursor` of an earlier page.
-    #[serde(default)]
-    cursor: Option<String>,
-}
-
 fn checked_name(name: &str) -> Result<&str, ApiError> {
     let name = name.trim();
     if name.is_empty() || name.chars().count() > MAX_NAME_CHARS || name.contains('\0') {
@@ -143,7 +129,7 @@ pub async fn create(
     path = "/teams",
     operation_id = "list_teams",
     tag = "teams",
-    params(TeamListParams),
+    params(PageParams),
     responses(
         (status = 200, description = "A page of teams, oldest first.", body = TeamList),
         (status = 400, description = "`limit` is out of range or `cursor` is not a cursor \
@@ -154,20 +140,12 @@ pub async fn create(
 pub async fn list(
     State(state): State<AppState>,
     _operator: Operator,
-    QueryParams(params): QueryParams<TeamListParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<TeamList>, ApiError> {
-    let limit = ListParams::checked(params.limit)?;
-    let after: Option<TeamId> = params
-        .cursor
-        .as_deref()
-        .map(|c| paging::key_of(TEAMS_CURSOR, c, "cursor"))
-        .transpose()?;
-    let mut teams = bounded(state.store.teams_page(after, limit + 1)).await?;
-    let more = teams.len() as i64 > limit;
-    teams.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| teams.last().map(|t| paging::cursor_of(TEAMS_CURSOR, t.id)))
-        .flatten();
+    let limit = params.limit()?;
+    let after: Option<TeamId> = params.after(TEAMS_CURSOR)?;
+    let rows = bounded(state.store.teams_page(after, limit + 1)).await?;
+    let (teams, next_cursor) = paging::page(rows, limit, TEAMS_CURSOR, |t| t.id);
     Ok(Json(TeamList { teams, next_cursor }))
 }
 

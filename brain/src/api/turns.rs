@@ -11,10 +11,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use protocol::{ChatId, ErrorBody, TurnId};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::agents::ListParams;
-use super::{QueryParams, paging, parse_id};
+use super::paging::{self, PageParams};
+use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::error::ApiError;
@@ -82,20 +82,6 @@ pub struct Turns {
     next_cursor: Option<String>,
 }
 
-/// `?limit=&cursor=` of a chat's turns.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct TurnParams {
-    /// How many turns: 1 to 200, 50 when absent.
-    #[serde(default)]
-    #[param(minimum = 1, maximum = 200)]
-    limit: Option<u32>,
-    /// A `next_cursor` of an earlier page: the page of turns older than that one.
-    #[serde(default)]
-    cursor: Option<String>,
-}
-
 /// The turn listing's cursors name the last turn of a page.
 const TURNS_CURSOR: &str = "t1:";
 
@@ -104,7 +90,7 @@ const TURNS_CURSOR: &str = "t1:";
     path = "/chats/{chat_id}/turns",
     operation_id = "list_turns",
     tag = "turns",
-    params(("chat_id" = Uuid, Path, description = "The chat."), TurnParams),
+    params(("chat_id" = Uuid, Path, description = "The chat."), PageParams),
     responses(
         (status = 200, description = "The chat's turns, newest first, `limit` at most, older \
             than `cursor`'s page when given; `next_cursor` pages to older ones.", body = Turns),
@@ -120,15 +106,11 @@ pub async fn list_turns(
     State(state): State<AppState>,
     principal: Principal,
     Path(chat_id): Path<String>,
-    QueryParams(params): QueryParams<TurnParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Turns>, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
-    let limit = ListParams::checked(params.limit)?;
-    let before: Option<TurnId> = params
-        .cursor
-        .as_deref()
-        .map(|c| paging::key_of(TURNS_CURSOR, c, "cursor"))
-        .transpose()?;
+    let limit = params.limit()?;
+    let before: Option<TurnId> = params.after(TURNS_CURSOR)?;
     principal.check_chat(&state.store, chat).await?;
     match bounded(state.store.turn_page(principal.team, chat, before, limit)).await {
         Ok((turns, more)) => {

@@ -11,8 +11,8 @@ use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::agents::ListParams;
-use super::{JsonBody, QueryParams, paging, parse_id};
+use super::paging::{self, KeysetKey, PageParams};
+use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::address;
@@ -49,6 +49,9 @@ pub struct CreatedWebhook {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct WebhookList {
     webhooks: Vec<WebhookRow>,
+    /// `cursor` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
 }
 
 /// A page of a webhook's deliveries. Without `next_cursor` it reaches the first one.
@@ -63,21 +66,8 @@ pub struct Deliveries {
     read_at: DateTime<Utc>,
 }
 
-/// `?limit=&cursor=` of a webhook's deliveries.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-pub struct DeliveryParams {
-    /// How many deliveries: 1 to 200, 50 when absent.
-    #[serde(default)]
-    #[param(minimum = 1, maximum = 200)]
-    limit: Option<u32>,
-    /// A `next_cursor` of an earlier page: the page of deliveries older than that one.
-    #[serde(default)]
-    cursor: Option<String>,
-}
-
 const DELIVERIES_CURSOR: &str = "wd1:";
+const WEBHOOKS_CURSOR: &str = "wh1:";
 
 fn checked_events(events: &[String]) -> Result<Vec<String>, ApiError> {
     let mut parsed: Vec<WebhookEvent> = Vec::with_capacity(events.len());
@@ -171,19 +161,31 @@ pub async fn create(
     path = "/webhooks",
     operation_id = "list_webhooks",
     tag = "webhooks",
+    params(PageParams),
     responses(
-        (status = 200, description = "The team's webhooks, oldest first, without secrets.",
-            body = WebhookList),
+        (status = 200, description = "A page of the team's webhooks, oldest first, without \
+            secrets.", body = WebhookList),
+        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
+            this listing (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<WebhookList>, ApiError> {
     principal.require_admin()?;
-    let webhooks = bounded(state.store.list_webhooks(principal.team)).await?;
-    Ok(Json(WebhookList { webhooks }))
+    let limit = params.limit()?;
+    let after = params.after::<KeysetKey>(WEBHOOKS_CURSOR)?.map(|k| k.0);
+    let rows = bounded(state.store.list_webhooks(principal.team, after, limit + 1)).await?;
+    let (webhooks, next_cursor) = paging::page(rows, limit, WEBHOOKS_CURSOR, |w| {
+        KeysetKey::of(w.created_at, w.id)
+    });
+    Ok(Json(WebhookList {
+        webhooks,
+        next_cursor,
+    }))
 }
 
 #[utoipa::path(
@@ -217,7 +219,7 @@ pub async fn delete(
     path = "/webhooks/{webhook_id}/deliveries",
     operation_id = "list_webhook_deliveries",
     tag = "webhooks",
-    params(("webhook_id" = Uuid, Path, description = "The webhook."), DeliveryParams),
+    params(("webhook_id" = Uuid, Path, description = "The webhook."), PageParams),
     responses(
         (status = 200, description = "The webhook's deliveries, newest first, with every \
             recorded attempt (status, error class, duration; never the response body).",
@@ -232,16 +234,12 @@ pub async fn deliveries(
     State(state): State<AppState>,
     principal: Principal,
     Path(webhook_id): Path<String>,
-    QueryParams(params): QueryParams<DeliveryParams>,
+    QueryParams(params): QueryParams<PageParams>,
 ) -> Result<Json<Deliveries>, ApiError> {
     principal.require_admin()?;
     let id: Uuid = parse_id(&webhook_id, "webhook")?;
-    let limit = ListParams::checked(params.limit)?;
-    let before: Option<i64> = params
-        .cursor
-        .as_deref()
-        .map(|c| paging::key_of(DELIVERIES_CURSOR, c, "cursor"))
-        .transpose()?;
+    let limit = params.limit()?;
+    let before: Option<i64> = params.after(DELIVERIES_CURSOR)?;
     let mut deliveries = match bounded(state.store.webhook_deliveries(
         principal.team,
         id,

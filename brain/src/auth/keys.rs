@@ -417,10 +417,6 @@ impl Keys {
         Ok((row, secret))
     }
 
-    pub async fn list(&self, team: TeamId) -> Result<Vec<KeyRow>, StoreError> {
-        crate::store::bounded(self.store.keys(team)).await
-    }
-
     /// Revokes the key in Postgres, then tells every replica to forget it.
     pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
         let hash = crate::store::bounded(self.store.revoke_key(team, id)).await?;

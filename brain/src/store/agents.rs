@@ -253,14 +253,22 @@ impl Store {
     }
 
     /// The team's agents that are not archived, newest first, at most `limit`.
-    pub async fn agents(&self, team: TeamId, limit: i64) -> Result<Vec<AgentRow>, StoreError> {
+    pub async fn agents(
+        &self,
+        team: TeamId,
+        before: Option<super::Keyset>,
+        limit: i64,
+    ) -> Result<Vec<AgentRow>, StoreError> {
         let sql = format!(
             "SELECT {AGENT_COLUMNS} FROM agents WHERE team_id = $1 AND archived_at IS NULL \
-             ORDER BY created_at DESC, id DESC LIMIT $2"
+               AND {} ORDER BY created_at DESC, id DESC LIMIT $2",
+            super::keyset_after("<", "$3", "$4")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(limit)
+            .bind(before.map(|k| k.at))
+            .bind(before.map(|k| k.id))
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

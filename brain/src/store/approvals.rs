@@ -53,10 +53,11 @@ pub struct ApprovalRow {
     pub message: MessageId,
     #[serde(skip)]
     pub part_index: i32,
+    pub created_at: DateTime<Utc>,
 }
 
 const COLUMNS: &str = "id, tool_call_id, tool, input, state, reason, expires_at, chat_id, \
-    agent_id, turn_id, message_id, part_index";
+    agent_id, turn_id, message_id, part_index, created_at";
 
 fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
     let state: String = row.try_get("state")?;
@@ -74,6 +75,7 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
         turn: TurnId(row.try_get("turn_id")?),
         message: MessageId(row.try_get("message_id")?),
         part_index: row.try_get("part_index")?,
+        created_at: row.try_get("created_at")?,
     })
 }
 
@@ -183,20 +185,30 @@ impl Store {
         from_row(&row)
     }
 
-    /// The chat's approvals, oldest first, after denying the expired ones.
+    /// A page of the chat's approvals (only those still waiting with `pending_only`),
+    /// oldest first: at most `limit` after `after`, once the expired ones are denied.
     pub async fn chat_approvals(
         &self,
         team: TeamId,
         chat: ChatId,
+        pending_only: bool,
+        after: Option<super::Keyset>,
+        limit: i64,
     ) -> Result<Vec<ApprovalRow>, StoreError> {
         self.close_approvals(team, chat, Close::Expired).await?;
         let sql = format!(
-            "SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND chat_id = $2 \
-             ORDER BY created_at, id"
+            "SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND chat_id = $2 AND {} \
+               AND (NOT $6 OR state = 'pending') \
+             ORDER BY created_at, id LIMIT $3",
+            super::keyset_after(">", "$4", "$5")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(chat.0)
+            .bind(limit)
+            .bind(after.map(|k| k.at))
+            .bind(after.map(|k| k.id))
+            .bind(pending_only)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()

@@ -164,13 +164,36 @@ impl Store {
     }
 
     /// Every connector of the team, oldest first.
-    pub async fn connectors(&self, team: TeamId) -> Result<Vec<ConnectorRow>, StoreError> {
+    /// One connector of the team; `NotFound` for an unknown or other team's id.
+    pub async fn connector(&self, team: TeamId, id: Uuid) -> Result<ConnectorRow, StoreError> {
+        let sql =
+            format!("SELECT {CONNECTOR_COLUMNS} FROM connectors WHERE team_id = $1 AND id = $2");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        connector_from_row(&row)
+    }
+
+    /// A page of the team's connectors, oldest first: at most `limit` after `after`.
+    pub async fn connectors(
+        &self,
+        team: TeamId,
+        after: Option<super::Keyset>,
+        limit: i64,
+    ) -> Result<Vec<ConnectorRow>, StoreError> {
         let sql = format!(
-            "SELECT {CONNECTOR_COLUMNS} FROM connectors WHERE team_id = $1 \
-             ORDER BY created_at, id"
+            "SELECT {CONNECTOR_COLUMNS} FROM connectors WHERE team_id = $1 AND {} \
+             ORDER BY created_at, id LIMIT $2",
+            super::keyset_after(">", "$3", "$4")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
+            .bind(limit)
+            .bind(after.map(|k| k.at))
+            .bind(after.map(|k| k.id))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(connector_from_row).collect()

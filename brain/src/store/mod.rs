@@ -65,6 +65,20 @@ pub use turns::{
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
+/// A row of a listing ordered by creation (its time, then its id): a page starts after (or
+/// before, newest first) it (L3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keyset {
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub id: uuid::Uuid,
+}
+
+/// The condition that keeps the rows of a page after `$at`/`$id` (as SQL parameters) in
+/// the listing's order: `<` newest first, `>` oldest first; none without a cursor.
+fn keyset_after(order: &str, at: &str, id: &str) -> String {
+    format!("({at}::timestamptz IS NULL OR (created_at, id) {order} ({at}, {id}::uuid))")
+}
+
 /// Semantic store failures; the HTTP layer maps them to status codes.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -355,11 +355,20 @@ impl Store {
     }
 
     /// The team's secret names, without values, by name.
-    pub async fn list_team_secrets(&self, team: TeamId) -> Result<Vec<SecretInfo>, StoreError> {
+    /// A page of the team's secret names in name order: at most `limit` after `after`.
+    pub async fn list_team_secrets(
+        &self,
+        team: TeamId,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<SecretInfo>, StoreError> {
         let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT name, updated_at FROM team_secrets WHERE team_id = $1 ORDER BY name",
+            "SELECT name, updated_at FROM team_secrets \
+             WHERE team_id = $1 AND ($3::text IS NULL OR name > $3) ORDER BY name LIMIT $2",
         )
         .bind(team.0)
+        .bind(limit)
+        .bind(after)
         .fetch_all(&self.pool)
         .await?;
         Ok(infos(rows))

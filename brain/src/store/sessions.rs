@@ -272,6 +272,8 @@ impl Store {
         team: TeamId,
         agent: AgentId,
         created_by: Option<&str>,
+        before: Option<super::Keyset>,
+        limit: i64,
     ) -> Result<Vec<SessionRow>, StoreError> {
         self.agent(team, agent).await?;
         let sql = format!(
@@ -279,12 +281,16 @@ impl Store {
              WHERE team_id = $1 AND agent_id = $2 \
                AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM chats c \
                     WHERE c.team_id = s.team_id AND c.id = s.chat_id AND c.created_by = $3)) \
-             ORDER BY created_at DESC LIMIT 100"
+               AND {} ORDER BY created_at DESC, id DESC LIMIT $4",
+            super::keyset_after("<", "$5", "$6")
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(agent.0)
             .bind(created_by)
+            .bind(limit)
+            .bind(before.map(|k| k.at))
+            .bind(before.map(|k| k.id))
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()

@@ -269,15 +269,27 @@ impl Store {
         })
     }
 
-    /// The team's live keys, oldest first.
-    pub async fn keys(&self, team: TeamId) -> Result<Vec<KeyRow>, StoreError> {
-        let rows: Vec<(Uuid, String, String, String, DateTime<Utc>)> = sqlx::query_as(
+    /// A page of the team's live keys, oldest first: at most `limit` after `after`.
+    pub async fn keys(
+        &self,
+        team: TeamId,
+        after: Option<super::Keyset>,
+        limit: i64,
+    ) -> Result<Vec<KeyRow>, StoreError> {
+        let sql = format!(
             "SELECT id, name, scope, prefix, created_at FROM api_keys \
-             WHERE team_id = $1 AND revoked_at IS NULL ORDER BY created_at, id",
-        )
-        .bind(team.0)
-        .fetch_all(&self.pool)
-        .await?;
+             WHERE team_id = $1 AND revoked_at IS NULL AND {} \
+             ORDER BY created_at, id LIMIT $2",
+            super::keyset_after(">", "$3", "$4")
+        );
+        let rows: Vec<(Uuid, String, String, String, DateTime<Utc>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(team.0)
+                .bind(limit)
+                .bind(after.map(|k| k.at))
+                .bind(after.map(|k| k.id))
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .into_iter()
             .map(|(id, name, scope, prefix, created_at)| KeyRow {

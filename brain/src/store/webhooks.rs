@@ -349,14 +349,25 @@ impl Store {
     }
 
     /// The team's webhooks, oldest first.
-    pub async fn list_webhooks(&self, team: TeamId) -> Result<Vec<WebhookRow>, StoreError> {
-        let rows: Vec<(Uuid, String, Vec<String>, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT id, url, events, created_at FROM webhooks WHERE team_id = $1 \
-             ORDER BY created_at, id",
-        )
-        .bind(team.0)
-        .fetch_all(&self.pool)
-        .await?;
+    pub async fn list_webhooks(
+        &self,
+        team: TeamId,
+        after: Option<super::Keyset>,
+        limit: i64,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
+        let sql = format!(
+            "SELECT id, url, events, created_at FROM webhooks WHERE team_id = $1 AND {} \
+             ORDER BY created_at, id LIMIT $2",
+            super::keyset_after(">", "$3", "$4")
+        );
+        let rows: Vec<(Uuid, String, Vec<String>, DateTime<Utc>)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(team.0)
+                .bind(limit)
+                .bind(after.map(|k| k.at))
+                .bind(after.map(|k| k.id))
+                .fetch_all(&self.pool)
+                .await?;
         Ok(rows
             .into_iter()
             .map(|(id, url, events, created_at)| WebhookRow {

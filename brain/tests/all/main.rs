@@ -28,6 +28,7 @@ mod mcp_conformance;
 mod mcp_server;
 mod metrics;
 mod oauth_client;
+mod paging;
 mod queue;
 mod quotas;
 mod recovery;
