@@ -53,6 +53,9 @@ pub(super) enum Failure {
     Dropped,
     /// The worker does not know the call an attach asked for: whether it ran is unknown.
     Unknown,
+    /// Nothing reached the replica holding the worker (Redis could not carry the call, or
+    /// that replica was not listening): sending it again cannot run it twice.
+    Unsent,
     /// Anything else: the text is for the model.
     Other(String),
 }
@@ -63,6 +66,7 @@ impl Failure {
         match self {
             Self::Dropped => "dropped",
             Self::Unknown => "unknown",
+            Self::Unsent => "unsent",
             Self::Other(_) => "other",
         }
     }
@@ -71,6 +75,7 @@ impl Failure {
     pub(super) fn into_message(self) -> String {
         match self {
             Self::Dropped | Self::Unknown => LOST_DURING_CALL.to_owned(),
+            Self::Unsent => super::relay::UNREACHABLE.to_owned(),
             Self::Other(message) => message,
         }
     }

@@ -62,7 +62,7 @@ const SILENCE: Duration = Duration::from_secs(5);
 /// than a caller waits for it to.
 const CANCEL_TTL: Duration = Duration::from_secs(60);
 
-const UNREACHABLE: &str = "the replica holding the worker is unreachable";
+pub(super) const UNREACHABLE: &str = "the replica holding the worker is unreachable";
 
 fn owner_key(session: SessionId) -> String {
     format!("worker-owner:{session}")
@@ -395,7 +395,10 @@ impl Sessions {
             Ok(output) => answer(output),
             Err(Failure::Dropped) => RelayEvent::Lost { unknown: false },
             Err(Failure::Unknown) => RelayEvent::Lost { unknown: true },
-            Err(Failure::Other(message)) => answer(ToolOutput::error(message)),
+            // A local call is never `Unsent`.
+            Err(failure @ (Failure::Other(_) | Failure::Unsent)) => {
+                answer(ToolOutput::error(failure.into_message()))
+            }
         };
         publish(&mut conn, &events, &event).await;
     }
@@ -545,13 +548,12 @@ pub(super) async fn call_remote(
     ctx: &ToolCtx,
     attach: bool,
 ) -> Result<ToolOutput, Failure> {
-    let unreachable = || Err(Failure::Other(UNREACHABLE.into()));
     let key = uuid::Uuid::new_v4().simple().to_string();
     let Some(pubsub) = subscribe(&sessions.redis_client, events_channel(&key)).await else {
-        return unreachable();
+        return Err(Failure::Unsent);
     };
     let Some(mut conn) = sessions.redis().await else {
-        return unreachable();
+        return Err(Failure::Unsent);
     };
     let trace = logging::traces::context_of(&tracing::Span::current());
     let (traceparent, tracestate) = match trace {
@@ -571,7 +573,7 @@ pub(super) async fn call_remote(
         attach,
     };
     let Ok(payload) = serde_json::to_string(&call) else {
-        return unreachable();
+        return Err(Failure::Other(UNREACHABLE.into()));
     };
     let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(calls_channel(owner), payload))
         .await
@@ -584,8 +586,19 @@ pub(super) async fn call_remote(
         conn: Some(conn),
         key,
     };
-    if receivers.unwrap_or(0) == 0 {
-        return unreachable();
+    match receivers {
+        // Nobody listened: the owner never saw the call.
+        Some(0) => {
+            guard.conn = None;
+            return Err(Failure::Unsent);
+        }
+        // Whether the owner got it is unknown: the worker may run it, so it is attached
+        // to by its key (D3) rather than sent again.
+        None => {
+            guard.conn = None;
+            return Err(Failure::Dropped);
+        }
+        Some(_) => {}
     }
     let mut events = pubsub.into_on_message();
     loop {
@@ -595,7 +608,12 @@ pub(super) async fn call_remote(
         };
         let message = match message {
             Ok(Some(message)) => message,
-            Ok(None) => return unreachable(),
+            // The subscription ended (a Redis blip): the worker still runs the call, which
+            // is attached to by its key once the relay is back (D3).
+            Ok(None) => {
+                guard.conn = None;
+                return Err(Failure::Dropped);
+            }
             // The owner may have died: the worker dials again elsewhere and still runs
             // the call (D3), which the caller attaches to there; no cancel is sent.
             Err(_) => {

@@ -5,15 +5,20 @@
 //! is not lost: the worker keeps running it, and once the worker has dialed again (W9)
 //! the call is attached to by its key and answers what the worker kept (D3). A turn taken
 //! over does the same for the calls that were in flight at its replica's death.
+//!
+//! A call that could not be handed to the replica holding the worker (Redis, which carries
+//! it there, blipped: the owner could not be looked up, or nothing was published) is sent
+//! again for up to [`RESEND_FOR`]: nothing ran, so sending again cannot run it twice.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use super::call::{Failure, Files, WorkerCall, call_worker};
-use super::{Sessions, Target, relay};
+use super::{SessionError, Sessions, Target, relay};
 use crate::approvals::RiskClass;
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::provider::ToolSpec;
@@ -24,6 +29,10 @@ use channel::catalog::{WorkerToolDecl, catalog_for};
 const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);
 /// Attaches a call makes after its channel dropped: each waits for a re-dial (W9).
 const MAX_REATTACH: usize = 3;
+/// How long a call that reached no replica is sent again: a Redis blip, not an outage.
+const RESEND_FOR: Duration = Duration::from_secs(3);
+/// The pause between two sends of such a call.
+const RESEND_PAUSE: Duration = Duration::from_millis(200);
 
 /// The worker tools `profile` offers, bound to this turn's sessions.
 pub fn worker_tools(
@@ -86,25 +95,28 @@ impl Tool for WorkerTool {
             let Value::Object(arguments) = arguments else {
                 return ToolOutput::error("arguments must be a JSON object");
             };
-            let target = match self
-                .sessions
-                .ensure(
-                    ctx.team,
-                    ctx.agent,
-                    ctx.chat,
-                    &self.profile,
-                    ctx.ui.as_ref(),
-                    &ctx.cancel,
-                )
-                .await
-            {
+            let resend_until = Instant::now() + RESEND_FOR;
+            let target = match self.target(ctx, resend_until).await {
                 Ok(target) => target,
                 Err(err) => return ToolOutput::error(format!("no worker: {err}")),
             };
             let session = target.session();
             self.sessions.touched(session);
             let call = async {
-                let first = self.once(ctx, target, arguments, false).await;
+                let (mut target, mut session) = (target, session);
+                let first = loop {
+                    let outcome = self.once(ctx, target, arguments.clone(), false).await;
+                    if !matches!(outcome, Err(Failure::Unsent))
+                        || !resend_pause(ctx, resend_until).await
+                    {
+                        break outcome;
+                    }
+                    target = match self.target(ctx, resend_until).await {
+                        Ok(target) => target,
+                        Err(err) => break Err(Failure::Other(format!("no worker: {err}"))),
+                    };
+                    session = target.session();
+                };
                 self.attach_after(ctx, session, first).await
             };
             tokio::pin!(call);
@@ -147,7 +159,38 @@ impl Tool for WorkerTool {
     }
 }
 
+/// Waits [`RESEND_PAUSE`] before a call is sent again; `false` when it is not to be: the
+/// turn was cancelled, or `until` has passed.
+async fn resend_pause(ctx: &ToolCtx, until: Instant) -> bool {
+    if Instant::now() >= until {
+        return false;
+    }
+    tokio::select! {
+        () = ctx.cancel.cancelled() => false,
+        () = tokio::time::sleep(RESEND_PAUSE) => true,
+    }
+}
+
 impl WorkerTool {
+    /// The chat's worker (provisioned if need be); while Redis cannot say who holds its
+    /// channel, asked again until `until`.
+    async fn target(&self, ctx: &ToolCtx, until: Instant) -> Result<Target, SessionError> {
+        loop {
+            let located = self.sessions.ensure(
+                ctx.team,
+                ctx.agent,
+                ctx.chat,
+                &self.profile,
+                ctx.ui.as_ref(),
+                &ctx.cancel,
+            );
+            match located.await {
+                Err(SessionError::OwnerUnknown) if resend_pause(ctx, until).await => {}
+                other => return other,
+            }
+        }
+    }
+
     /// One call (or, with `attach`, one attach: `arguments` are then not looked at) on the
     /// worker at `target`.
     async fn once(

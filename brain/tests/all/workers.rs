@@ -775,6 +775,50 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
     );
 }
 
+/// A call from a replica whose Redis blips (the relay's carrier) is sent again once Redis is
+/// back, within a few seconds, instead of failing at once: nothing reached the worker's
+/// replica, so the command runs once (D6's soak found these failing by the dozen).
+#[tokio::test]
+async fn a_relayed_call_waits_out_a_redis_blip_and_runs_once() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (_, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let upstream = redis.trim_start_matches("redis://").trim_end_matches('/');
+    let proxy = test_support::proxy::FaultProxy::start(upstream).await;
+    let proxied = format!("redis://{}", proxy.addr());
+    let (b, _) = app.second_replica_with(|c| c.redis_url = proxied).await;
+    let post_to_b = |content: &str| {
+        app.http
+            .post(format!("{b}/v1/chats/{chat}/messages"))
+            .bearer_auth(&app.key)
+            .json(&json!({ "content": content }))
+            .send()
+    };
+    app.provider.push(shell("b0", "echo relayed"));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(post_to_b("through B").await.unwrap()).await;
+    assert!(output_of(&chunks, "b0").contains("relayed"));
+    app.settled().await;
+
+    proxy.set(test_support::proxy::Fault::Cut);
+    let heal = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        proxy.set(test_support::proxy::Fault::None);
+        proxy
+    });
+    app.provider
+        .push(shell("b1", "echo once >> blip.log; wc -l < blip.log"));
+    app.provider.push(text("done"));
+    let (chunks, _) = read_stream(post_to_b("during the blip").await.unwrap()).await;
+    let _proxy = heal.await.unwrap();
+    let output = output_of(&chunks, "b1");
+    assert!(
+        !output.starts_with("ERROR") && output.lines().any(|l| l.trim() == "1"),
+        "the command ran once and answered: {output:?}"
+    );
+}
+
 /// Issue 10, 1.3: a call relayed to the replica holding the worker's socket ends with a
 /// tool error the model reads within seconds when that replica is SIGKILLed mid-call,
 /// instead of hanging the turn until the client leaves.
