@@ -3,7 +3,8 @@
 //! (blackholed, then cut, a few hundred ms at a time, through a fault proxy) and one
 //! replica SIGKILLed and restarted on the same address along the way. Clients behave as a
 //! careful frontend does: every message has a client id, and a request that fails (a
-//! refused connection, a stream cut by the kill, `503`, `409`) is retried with the same id
+//! refused connection, a stream cut by the kill or ended `replica_lost` by a handover,
+//! `503`, `409`) is retried with the same id
 //! on either replica, so a turn is never sent twice (T12). At the end the database is
 //! checked: every turn terminal, no user message lost or stored twice.
 //!
@@ -213,6 +214,15 @@ async fn read_end(response: reqwest::Response) -> Option<Seen> {
                         Some("stop") => Seen::Completed,
                         _ => Seen::Interrupted,
                     });
+                }
+                // A turn handed over at a drain (D4) goes on elsewhere: the retry with the
+                // same id follows it there (D5).
+                Some("error")
+                    if chunk["errorText"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("replica_lost")) =>
+                {
+                    return None;
                 }
                 Some("error") => end = Some(Seen::Failed),
                 _ => {}
