@@ -45,6 +45,10 @@ pub(super) struct WorkerCall<'a> {
     pub attach: bool,
 }
 
+/// What the model reads of a relayed call that could not reach the replica holding the
+/// worker.
+pub(super) const UNREACHABLE: &str = "the replica holding the worker is unreachable";
+
 /// Why a worker call has no answer.
 #[derive(Debug)]
 pub(super) enum Failure {
@@ -75,7 +79,7 @@ impl Failure {
     pub(super) fn into_message(self) -> String {
         match self {
             Self::Dropped | Self::Unknown => LOST_DURING_CALL.to_owned(),
-            Self::Unsent => super::relay::UNREACHABLE.to_owned(),
+            Self::Unsent => UNREACHABLE.to_owned(),
             Self::Other(message) => message,
         }
     }

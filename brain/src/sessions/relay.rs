@@ -45,7 +45,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::call::{Failure, Files, WorkerCall, call_worker};
+use super::call::{Failure, Files, UNREACHABLE, WorkerCall, call_worker};
 use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::redis::bounded;
@@ -61,8 +61,6 @@ const SILENCE: Duration = Duration::from_secs(5);
 /// How long a cancel waits for an owner that has not yet taken the call: far longer
 /// than a caller waits for it to.
 const CANCEL_TTL: Duration = Duration::from_secs(60);
-
-pub(super) const UNREACHABLE: &str = "the replica holding the worker is unreachable";
 
 fn owner_key(session: SessionId) -> String {
     format!("worker-owner:{session}")
