@@ -74,8 +74,8 @@ pub fn payload(event: WebhookEvent, data: &Value) -> Value {
     })
 }
 
-/// Pending deliveries one webhook (or one team's direct targets) may hold: past it, new
-/// events for it are not recorded (docs/design/webhooks.md).
+/// Pending deliveries one webhook may hold: past it, new events for it are not recorded
+/// (docs/design/webhooks.md).
 pub const MAX_PENDING: i64 = 10_000;
 
 /// The statement that records `events` (a `text[]` of names, a `text[]` of keys and a
@@ -348,7 +348,7 @@ impl Store {
         })
     }
 
-    /// The team's webhooks, oldest first.
+    /// A page of the team's webhooks, oldest first: at most `limit` after `after`.
     pub async fn list_webhooks(
         &self,
         team: TeamId,
