@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::AppState;
 use crate::artifacts::{ArtifactError, SaveError};
 use crate::auth::AuthError;
+use crate::erasure::EraseError;
 use crate::intake::Overloaded;
 use crate::provider::ProviderError;
 use crate::quota::Refusal;
@@ -127,6 +128,16 @@ impl From<StopError> for ApiError {
             StopError::Undeliverable => Self::StopUndeliverable,
             StopError::NotFound(what) => Self::NotFound(what),
             StopError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<EraseError> for ApiError {
+    fn from(err: EraseError) -> Self {
+        match err {
+            EraseError::NotFound(what) => Self::NotFound(what),
+            EraseError::Stop(e) => e.into(),
+            EraseError::Store(e) => e.into(),
         }
     }
 }

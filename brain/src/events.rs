@@ -293,6 +293,21 @@ impl Events {
         })
     }
 
+    /// Deletes the stream of `chat`, erased (L2): what it held of its turns goes with it.
+    /// A chunk of a turn still running when its chat went starts the stream again, with
+    /// its expiry, so it goes within the window.
+    pub async fn forget(&self, chat: ChatId) -> Result<(), EventsError> {
+        let mut conn = self.connection().await?;
+        bounded(
+            self.0.config.redis_timeout,
+            redis::cmd("DEL")
+                .arg(stream_key(chat))
+                .query_async::<()>(&mut conn),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Queues `chunk` of `turn` for the chat's stream; never waits. A full queue drops it
     /// (counted) and marks the chat for a resync.
     pub fn publish(&self, chat: ChatId, turn: TurnId, chunk: &UiChunk) {

@@ -34,6 +34,7 @@
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
+//! - `erasure.rs`: a chat, an agent or a team erased wherever it lives (L2);
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
@@ -49,6 +50,7 @@ pub mod auth;
 pub mod config;
 pub mod connectors;
 pub mod demo;
+pub mod erasure;
 pub mod error;
 pub mod events;
 pub mod hold;
@@ -133,6 +135,8 @@ pub struct AppState {
     pub oauth: connectors::authorization::OAuth,
     /// The MCP sessions this replica holds (P2).
     pub mcp: mcp_server::McpSessions,
+    /// Wakes this replica's team erasures (L2).
+    pub team_erasures: erasure::TeamErasures,
 }
 
 impl AppState {
@@ -199,6 +203,7 @@ impl AppState {
             toolsets: turn::Toolsets::default(),
             oauth,
             mcp,
+            team_erasures: erasure::TeamErasures::default(),
         })
     }
 }
@@ -263,6 +268,9 @@ pub async fn serve(
     let app = api::router(state.clone());
     // Claims ticks until the drain begins.
     tokio::spawn(scheduler::run(state.clone()));
+    // Teams being erased (L2) are worked on until the drain begins; the lease of one cut
+    // off lapses and another replica finishes it.
+    tokio::spawn(erasure::run(state.clone(), state.draining.clone()));
     // Queued turns (T13) start until the drain begins.
     tokio::spawn(turn::run_queue(state.clone(), state.draining.clone()));
     // Relayed calls for the workers this replica holds keep working while it drains.

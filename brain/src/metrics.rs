@@ -59,6 +59,8 @@ pub struct Counters {
     pub snapshots: IntCounterVec,
     /// Webhook delivery attempts by outcome: `delivered`, or the failure's class (P4).
     pub webhook_attempts: IntCounterVec,
+    /// Erasures done, by what went: `chat`, `agent`, `team` (L2).
+    erasures: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,
     /// From the turn task's start to its end state written, by the primary route's kind.
@@ -267,6 +269,12 @@ impl Metrics {
                 "Webhook delivery attempts by outcome: delivered, or the failure's class.",
                 &["outcome"],
             )?,
+            erasures: counter_vec(
+                r,
+                "brain_erasures_total",
+                "Erasures done by this replica, by what went: chat, agent, team.",
+                &["kind"],
+            )?,
             registry,
         }));
         // The closed label sets start at 0, so a rate over them exists from the first
@@ -278,6 +286,11 @@ impl Metrics {
             metrics.holds.with_label_values(&[result.as_str()]);
         }
         Ok(metrics)
+    }
+
+    /// An erasure of `kind` (`chat`, `agent`, `team`) finished.
+    pub fn erased(&self, kind: &'static str) {
+        self.erasures.with_label_values(&[kind]).inc();
     }
 
     pub fn quota_refused(&self, field: crate::quota::Field) {

@@ -12,6 +12,7 @@ mod approvals;
 mod artifacts;
 mod chats;
 mod connectors;
+mod erasure;
 mod events;
 mod health;
 mod keys;
@@ -83,9 +84,10 @@ async fn count_response(
 fn routes() -> OpenApiRouter<AppState> {
     let v1 = OpenApiRouter::new()
         .routes(routes!(agents::list, agents::create))
-        .routes(routes!(agents::get, agents::update))
+        .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
         .routes(routes!(chats::list, chats::create))
+        .routes(routes!(erasure::erase_chat))
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))
         .routes(routes!(artifacts::meta))
@@ -103,7 +105,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(secrets::list))
         .routes(routes!(secrets::put, secrets::delete))
         .routes(routes!(teams::list, teams::create))
-        .routes(routes!(teams::get, teams::update))
+        .routes(routes!(teams::get, teams::update, teams::erase))
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))
         .routes(routes!(approvals::answer))

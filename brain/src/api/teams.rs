@@ -1,5 +1,5 @@
-//! `POST/GET /v1/teams`, `GET/PATCH /v1/teams/{team_id}`: the platform operator's team API
-//! (L1), on `BRAIN_OPERATOR_TOKEN` alone. Unset, every route answers `404` as if absent.
+//! `POST/GET /v1/teams`, `GET/PATCH/DELETE /v1/teams/{team_id}`: the platform operator's
+//! team API (L1, L2), on `BRAIN_OPERATOR_TOKEN` alone. Unset, every route answers `404` as if absent.
 //!
 //! Disabling a team takes effect on every replica within a second: Postgres says so first,
 //! then `Keys::disabled` tells every replica to forget the team's cached keys and standing
@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, PageParams};
 use super::{JsonBody, MAX_BEARER, QueryParams, parse_id};
 use crate::AppState;
+use crate::erasure;
 use crate::error::ApiError;
-use crate::store::{CreatedTeam, TeamChange, TeamRow, UsageSums, bounded};
-use crate::turn::stop;
+use crate::store::{
+    CreatedTeam, TeamChange, TeamErasure, TeamRow, TeamStatus, UsageSums, Within, bounded,
+};
 use crate::usage::usage_query;
 
 const MAX_NAME_CHARS: usize = 200;
@@ -211,13 +213,23 @@ pub async fn update(
         name,
         disabled: body.disabled,
     };
+    if body.disabled == Some(false) {
+        let now = bounded(state.store.team(id))
+            .await?
+            .ok_or(ApiError::NotFound("team"))?;
+        if matches!(now.status, TeamStatus::Erasing | TeamStatus::Erased) {
+            return Err(ApiError::Conflict(
+                "the team is being erased or was; it cannot be enabled".into(),
+            ));
+        }
+    }
     let team = bounded(state.store.update_team(id, &change))
         .await?
         .ok_or(ApiError::NotFound("team"))?;
     match body.disabled {
         Some(true) => {
             state.auth.keys.disabled(id).await;
-            stop_unfinished(&state, id).await?;
+            erasure::stop_turns(&state, id, Within::Team).await?;
             tracing::info!(team = %id, "team disabled by the operator");
         }
         Some(false) => state.auth.keys.enabled(id).await,
@@ -226,17 +238,39 @@ pub async fn update(
     Ok(Json(team))
 }
 
-/// Stops every running or queued turn of a disabled team, wherever it runs. A turn that
-/// slips in between the disabling and this read was admitted under the team's standing
-/// before the refusal reached its replica; repeating the request stops it.
-async fn stop_unfinished(state: &AppState, team: TeamId) -> Result<(), ApiError> {
-    for turn in bounded(state.store.unfinished_turns(team)).await? {
-        let found = match stop::find(&state.store, team, turn).await {
-            Ok(found) => found,
-            Err(stop::StopError::NotFound(_)) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        stop::stop(state, team, found).await?;
+#[utoipa::path(
+    delete,
+    path = "/teams/{team_id}",
+    operation_id = "erase_team",
+    tag = "teams",
+    params(("team_id" = Uuid, Path, description = "The team.")),
+    responses(
+        (status = 202, description = "The team is disabled (its keys and tokens refused on \
+            every replica within a second, its turns stopped) and is being erased in the \
+            background: `GET` shows `erasing`, then `erased`. Its usage records and this row \
+            stay; nothing else of it does. Asking again is harmless.", body = TeamRow),
+        (status = 404, description = "No such team, or the team API is off (`not_found`).",
+            body = ErrorBody),
+        (status = 503, description = "A store is unavailable (`store_unavailable`): the \
+            erasure may or may not be under way; `GET` says which.", body = ErrorBody),
+    ),
+)]
+pub async fn erase(
+    State(state): State<AppState>,
+    _operator: Operator,
+    Path(team_id): Path<String>,
+) -> Result<(StatusCode, Json<TeamRow>), ApiError> {
+    let id: TeamId = parse_id(&team_id, "team")?;
+    let begun = bounded(state.store.begin_team_erasure(id))
+        .await?
+        .ok_or(ApiError::NotFound("team"))?;
+    if begun == TeamErasure::Begun {
+        state.auth.keys.disabled(id).await;
+        state.team_erasures.wake();
+        tracing::info!(team = %id, "team erasure asked by the operator");
     }
-    Ok(())
+    let team = bounded(state.store.team(id))
+        .await?
+        .ok_or(ApiError::NotFound("team"))?;
+    Ok((StatusCode::ACCEPTED, Json(team)))
 }

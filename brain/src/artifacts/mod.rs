@@ -13,6 +13,7 @@
 //! Keys are always `<team id>/<artifact id>`, built here from generated ids; a name a user
 //! or a model chose never becomes part of a path or an object key.
 
+pub mod garbage;
 mod local;
 mod s3;
 

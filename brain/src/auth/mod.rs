@@ -192,6 +192,22 @@ impl Principal {
         }
     }
 
+    /// Refuses erasing `chat` (L2) unless this principal is an admin or the user who opened
+    /// it: `NotFound` for a chat it may not see (or none), `Forbidden` for one it sees and
+    /// did not open (a chat-scoped key, a user who sees the team's chats).
+    pub async fn check_chat_eraser(&self, store: &Store, chat: ChatId) -> Result<(), AuthError> {
+        if self.scope == Scope::Admin {
+            return Ok(());
+        }
+        match bounded(store.chat_created_by(self.team, chat)).await {
+            Ok(Some(owner)) if self.user.as_deref() == Some(owner.as_str()) => Ok(()),
+            Ok(_) if self.only_chats_of().is_some() => Err(AuthError::NotFound("chat")),
+            Ok(_) => Err(AuthError::Forbidden),
+            Err(AuthError::Store(StoreError::NotFound)) => Err(AuthError::NotFound("chat")),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Refuses an artifact this principal may not see: for a user restricted to its own
     /// chats, an artifact of another user's chat or of no chat.
     pub async fn check_artifact_chat(

@@ -56,8 +56,6 @@ const UPLOAD_BOUND: Duration = Duration::from_secs(300);
 const BUSY_RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Rows and objects one sweep pass takes: a backlog drains over several passes.
 const SWEEP_BATCH: i64 = 100;
-/// The bound on one object deletion.
-const DELETE_BOUND: Duration = Duration::from_secs(10);
 /// How long a listener waits before listening again after its connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
@@ -431,9 +429,9 @@ impl Sessions {
     }
 }
 
-/// Deletes expired snapshots and the bytes of deleted ones, every `interval` until `stop`.
-/// Every replica sweeps: a row is deleted once (`SKIP LOCKED`), and deleting an object
-/// twice is harmless.
+/// Deletes expired snapshots, and the bytes of deleted snapshots and artifacts (L2), every
+/// `interval` until `stop`. Every replica sweeps: a row is deleted once (`SKIP LOCKED`),
+/// and deleting an object twice is harmless.
 pub async fn sweep(
     store: Store,
     artifacts: std::sync::Arc<dyn ArtifactStore>,
@@ -453,29 +451,7 @@ pub async fn sweep(
             Ok(expired) => tracing::info!(expired, "workspace snapshots past retention deleted"),
             Err(err) => tracing::warn!(class = err.metric_label(), "snapshot expiry failed"),
         }
-        let keys = match bounded(store.snapshot_garbage(SWEEP_BATCH)).await {
-            Ok(keys) => keys,
-            Err(err) => {
-                tracing::warn!(class = err.metric_label(), "snapshot garbage not read");
-                continue;
-            }
-        };
-        for key in keys {
-            match tokio::time::timeout(DELETE_BOUND, artifacts.delete(&key)).await {
-                Ok(Ok(())) => {
-                    if let Err(err) = bounded(store.forget_snapshot_garbage(&key)).await {
-                        tracing::warn!(
-                            class = err.metric_label(),
-                            "snapshot garbage not forgotten"
-                        );
-                    }
-                }
-                Ok(Err(err)) => {
-                    tracing::warn!(class = err.metric_label(), "snapshot bytes not deleted")
-                }
-                Err(_) => tracing::warn!(class = "timeout", "snapshot bytes not deleted"),
-            }
-        }
+        crate::artifacts::garbage::sweep(&store, &*artifacts, SWEEP_BATCH).await;
     }
 }
 

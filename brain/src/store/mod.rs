@@ -15,6 +15,7 @@ mod artifacts;
 mod chats;
 mod connectors;
 mod cron;
+mod erasure;
 mod memories;
 mod oauth;
 mod pool;
@@ -46,6 +47,7 @@ pub use artifacts::{ArtifactRow, NewArtifact};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
+pub use erasure::{Erased, TeamErasure};
 pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
@@ -57,7 +59,8 @@ pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use takeover::{Resumable, TakenOver};
 pub use teams::{
-    CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, TeamChange, TeamRow, TeamStatus, key_hash, new_key,
+    CreatedTeam, KEY_PREFIX, KeyAuth, KeyRow, TeamChange, TeamRow, TeamStatus, Within, key_hash,
+    new_key,
 };
 pub use turns::{
     AssistantMessage, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord, TurnRow,
@@ -443,6 +446,11 @@ fn migrator() -> Migrator {
             29,
             "teams: disabled by the operator",
             include_str!("../../../migrations/0029_teams_lifecycle.sql"),
+        ),
+        (
+            30,
+            "erasure",
+            include_str!("../../../migrations/0030_erasure.sql"),
         ),
     ]
     .into_iter()

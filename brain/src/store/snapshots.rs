@@ -1,7 +1,7 @@
 //! Workspace snapshots (SPEC W10): one row per (agent, chat), the newest, pointing at
 //! bytes in the artifact store. A deleted row (replaced, dropped over the cap, past
 //! retention, or cascaded from its agent, chat or team) queues its bytes in
-//! `snapshot_blob_garbage` through a trigger; the sweep deletes them.
+//! `blob_garbage` through a trigger; the sweep deletes them.
 
 use std::time::Duration;
 
@@ -254,24 +254,5 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())
-    }
-
-    /// Up to `limit` storage keys whose rows are gone, oldest first.
-    pub async fn snapshot_garbage(&self, limit: i64) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT storage_key FROM snapshot_blob_garbage ORDER BY queued_at LIMIT $1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
-    /// Forgets a storage key once its bytes are deleted.
-    pub async fn forget_snapshot_garbage(&self, storage_key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM snapshot_blob_garbage WHERE storage_key = $1")
-            .bind(storage_key)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
     }
 }

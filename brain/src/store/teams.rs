@@ -1,7 +1,7 @@
 //! Teams and their API keys; the operator's view of teams (L1).
 
 use chrono::{DateTime, Utc};
-use protocol::{TeamId, TurnId};
+use protocol::{AgentId, ChatId, TeamId, TurnId};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -24,7 +24,9 @@ pub struct TeamRow {
     #[schema(value_type = String, format = Uuid)]
     pub id: TeamId,
     pub name: String,
-    /// `active` or `disabled` (its keys and tokens refused, its schedules not firing).
+    /// `active`; `disabled` (its keys and tokens refused, its schedules not firing);
+    /// `erasing` (`DELETE` asked: disabled, and its data being deleted in the background);
+    /// `erased` (nothing of it is left but this row and its usage records).
     pub status: TeamStatus,
     pub created_at: DateTime<Utc>,
     /// When the operator disabled it; absent while active.
@@ -37,6 +39,16 @@ pub struct TeamRow {
 pub enum TeamStatus {
     Active,
     Disabled,
+    Erasing,
+    Erased,
+}
+
+/// Which of a team's turns [`Store::unfinished_turns`] reads.
+#[derive(Clone, Copy, Debug)]
+pub enum Within {
+    Team,
+    Agent(AgentId),
+    Chat(ChatId),
 }
 
 /// What the operator changes of a team (`PATCH /v1/teams/{id}`); `None` leaves it.
@@ -46,18 +58,26 @@ pub struct TeamChange<'a> {
     pub disabled: Option<bool>,
 }
 
-const TEAM_COLUMNS: &str = "id, name, created_at, disabled_at";
+const TEAM_COLUMNS: &str = "id, name, created_at, disabled_at, erasing_at, erased_at";
 
-type TeamTuple = (Uuid, String, DateTime<Utc>, Option<DateTime<Utc>>);
+type TeamTuple = (
+    Uuid,
+    String,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
 
-fn team_row((id, name, created_at, disabled_at): TeamTuple) -> TeamRow {
+fn team_row((id, name, created_at, disabled_at, erasing_at, erased_at): TeamTuple) -> TeamRow {
     TeamRow {
         id: TeamId(id),
         name,
-        status: if disabled_at.is_some() {
-            TeamStatus::Disabled
-        } else {
-            TeamStatus::Active
+        status: match (disabled_at, erasing_at, erased_at) {
+            (_, _, Some(_)) => TeamStatus::Erased,
+            (_, Some(_), None) => TeamStatus::Erasing,
+            (Some(_), None, None) => TeamStatus::Disabled,
+            (None, None, None) => TeamStatus::Active,
         },
         created_at,
         disabled_at,
@@ -173,7 +193,7 @@ impl Store {
     ) -> Result<Option<TeamRow>, StoreError> {
         let sql = format!(
             "UPDATE teams SET name = coalesce($2, name), \
-               disabled_at = CASE WHEN $3::bool IS NULL THEN disabled_at \
+               disabled_at = CASE WHEN $3::bool IS NULL OR erasing_at IS NOT NULL THEN disabled_at \
                                   WHEN $3 THEN coalesce(disabled_at, now()) END \
              WHERE id = $1 RETURNING {TEAM_COLUMNS}"
         );
@@ -186,15 +206,27 @@ impl Store {
         Ok(row.map(team_row))
     }
 
-    /// The team's turns that run or wait to (a disabled team's are stopped).
-    pub async fn unfinished_turns(&self, team: TeamId) -> Result<Vec<TurnId>, StoreError> {
-        let rows: Vec<(Uuid,)> = sqlx::query_as(
-            "SELECT id FROM turns WHERE team_id = $1 AND status IN ('running', 'queued')",
-        )
+    /// The turns of `team` (of one of its agents or chats, `within`) that run or wait to:
+    /// a disabled team's are stopped (L1), an erased chat's or agent's too (L2).
+    pub async fn unfinished_turns(
+        &self,
+        team: TeamId,
+        within: Within,
+    ) -> Result<Vec<TurnId>, StoreError> {
+        let (column, id) = match within {
+            Within::Team => ("agent_id", None),
+            Within::Agent(agent) => ("agent_id", Some(agent.0)),
+            Within::Chat(chat) => ("chat_id", Some(chat.0)),
+        };
+        let rows: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM turns WHERE team_id = $1 AND ($2::uuid IS NULL OR {column} = $2) \
+             AND status IN ('running', 'queued')"
+        )))
         .bind(team.0)
+        .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(|(id,)| TurnId(id)).collect())
+        Ok(rows.into_iter().map(TurnId).collect())
     }
 
     /// The live key whose hash is `hash`, if any.

@@ -19,6 +19,7 @@ mod brain_tools;
 mod connector_oauth;
 mod connectors;
 mod contract;
+mod erasure;
 mod events;
 mod faults;
 mod hold;

@@ -19,7 +19,7 @@ async fn operator_app() -> TestApp {
     TestApp::start_with(|c| c.operator_token = Some(crate::auth::operator_token())).await
 }
 
-async fn as_operator(
+pub(crate) async fn as_operator(
     app: &TestApp,
     method: Method,
     path: &str,

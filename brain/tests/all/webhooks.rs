@@ -20,7 +20,7 @@ use tokio::process::{Child, ChildStdout};
 use crate::common::replies::text;
 use crate::common::{BrainProcess, TestApp, error_code, read_stream};
 
-const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+pub(crate) const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
 fn webhooks_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

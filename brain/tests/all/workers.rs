@@ -19,9 +19,16 @@ use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
 use sha2::Digest;
 
-struct Manager {
+pub(crate) struct Manager {
     child: tokio::process::Child,
-    _workspaces: TempDir,
+    workspaces: TempDir,
+}
+
+impl Manager {
+    /// Where the local launcher keeps each session's workspace directory.
+    pub(crate) fn workspaces(&self) -> &std::path::Path {
+        &self.workspaces.0
+    }
 }
 
 impl Drop for Manager {
@@ -31,7 +38,7 @@ impl Drop for Manager {
 }
 
 /// A brain whose queue namespace is its own, and a runtime-manager serving it.
-async fn system(
+pub(crate) async fn system(
     idle_window_ms: u64,
     tweak: impl FnOnce(&mut brain::config::Config),
 ) -> (TestApp, Manager) {
@@ -114,10 +121,7 @@ fn start_manager_with(
     let child = command
         .spawn()
         .expect("the runtime-manager binary is built with the workspace");
-    Manager {
-        child,
-        _workspaces: workspaces,
-    }
+    Manager { child, workspaces }
 }
 
 /// An executable script in `dir` that runs `body` (a POSIX shell script).
@@ -138,7 +142,7 @@ async fn warm_up(app: &TestApp, chat: &str) {
 }
 
 /// The model calls tool `name` with `arguments`.
-fn call(id: &str, name: &str, arguments: Value) -> Reply {
+pub(crate) fn call(id: &str, name: &str, arguments: Value) -> Reply {
     Reply::ToolCalls {
         text: None,
         calls: vec![ToolCall {
@@ -150,11 +154,11 @@ fn call(id: &str, name: &str, arguments: Value) -> Reply {
     }
 }
 
-fn shell(id: &str, command: &str) -> Reply {
+pub(crate) fn shell(id: &str, command: &str) -> Reply {
     call(id, "shell", json!({ "command": command }))
 }
 
-fn output_of(chunks: &[UiChunk], call: &str) -> String {
+pub(crate) fn output_of(chunks: &[UiChunk], call: &str) -> String {
     chunks
         .iter()
         .find_map(|c| match c {
@@ -2369,7 +2373,7 @@ async fn a_runtime_manager_killed_with_a_provision_in_hand_is_taken_over_by_the_
         child: manager_command(&app, &namespace, &app.url, &workspaces)
             .spawn()
             .unwrap(),
-        _workspaces: TempDir::new(),
+        workspaces: TempDir::new(),
     };
     let (chunks, _) = tokio::time::timeout(Duration::from_secs(50), turn)
         .await

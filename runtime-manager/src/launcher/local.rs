@@ -238,13 +238,47 @@ impl LocalProcessLauncher {
     }
 }
 
+impl LocalProcessLauncher {
+    /// Removes `session`'s workspace directory once its worker `stopped` is gone and no
+    /// other worker of the session runs (one replaced it): a stopped worker's files are
+    /// not kept, as a pod's `emptyDir` goes with its pod. Whatever it was worth keeping
+    /// went into a snapshot before the stop (W10); an erased chat's workspace goes with
+    /// it (L2).
+    async fn discard_workspace(&self, session: SessionId, stopped: u32) {
+        let replaced = self
+            .tracked()
+            .iter()
+            .any(|(pid, t)| *pid != stopped && t.session == session && alive(*pid));
+        if replaced {
+            return;
+        }
+        let workspace = self.workspaces.join(session.0.to_string());
+        match tokio::fs::remove_dir_all(&workspace).await {
+            Ok(()) => tracing::info!(session = %session.0, "workspace removed"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(session = %session.0, error = %e.kind(), "workspace not removed")
+            }
+        }
+    }
+}
+
 impl Launcher for LocalProcessLauncher {
     fn launch(&self, spec: LaunchSpec) -> BoxFuture<'_, Result<String, LaunchError>> {
         self.launch_inner(spec).boxed()
     }
 
     fn stop<'a>(&'a self, worker_ref: &'a str) -> BoxFuture<'a, Result<(), LaunchError>> {
-        async move { self.stop_pid(parse_ref(worker_ref)?).await }.boxed()
+        async move {
+            let pid = parse_ref(worker_ref)?;
+            let session = self.tracked().get(&pid).map(|t| t.session);
+            self.stop_pid(pid).await?;
+            if let Some(session) = session {
+                self.discard_workspace(session, pid).await;
+            }
+            Ok(())
+        }
+        .boxed()
     }
 
     fn is_running<'a>(
