@@ -3,7 +3,7 @@
 // Usage: node chat.mjs URL API_KEY OUT_DIR USER_TOKEN EXPIRED_TOKEN OTHER_TOKEN (the tokens:
 // JWTs of the brain's issuer: one valid and one expired for API_KEY's team "test team" and
 // its user web-user, one valid for user mallory of another team, "other team").
-// Prints {"agentId","chatId"} on success; any failed expectation throws (exit code 1).
+// Prints {"agentId","chatId","erasedChatId"} on success; any failed expectation throws (exit code 1).
 import { readFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
 import { chromium } from "playwright-core";
@@ -224,6 +224,14 @@ try {
   await asking.getByRole("button", { name: "Deny" }).click();
   await page.locator("details.tool .tool-state", { hasText: "denied" }).waitFor();
   await page.locator(".message.assistant").getByText("Not saved.").waitFor();
+  // Deleting that chat (L2) takes it off the list and closes it.
+  const erasedChatId = new URL(page.url()).hash.slice(1).split("/")[1];
+  page.once("dialog", (dialog) => dialog.accept());
+  await page.getByRole("button", { name: "Delete chat" }).click();
+  await page.getByText("Open a chat or start a new one.").waitFor();
+  if ((await page.getByRole("button", { name: "Delete chat" }).count()) !== 0) {
+    throw new Error("the deleted chat is still listed");
+  }
   // Back to the first chat (a new address only in its hash: reloaded to open it).
   await page.goto(`${url}/${firstChat}`);
   await page.reload();
@@ -340,7 +348,7 @@ try {
 
   if (problems.length) throw new Error(`console errors: ${problems.join(" | ")}`);
   const [agentId, chatId] = firstChat.slice(1).split("/");
-  process.stdout.write(JSON.stringify({ agentId, chatId }));
+  process.stdout.write(JSON.stringify({ agentId, chatId, erasedChatId }));
 } catch (e) {
   // What the first tab showed when it failed, for the test's report.
   for (const open of browser.contexts().flatMap((c) => c.pages())) {

@@ -253,6 +253,20 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
     }
   }
 
+  async function deleteChat(id: string) {
+    if (!window.confirm("Delete this chat, its messages and its files for good?")) return;
+    try {
+      await api.deleteChat(id);
+      setChats((c) => c.filter((chat) => chat.id !== id));
+      if (id === chatId) {
+        setChatId(undefined);
+        setOpened(undefined);
+      }
+    } catch (e) {
+      setProblem(message(e));
+    }
+  }
+
   const agent = agents.find((a) => a.id === agentId);
   return (
     <div className="workspace">
@@ -321,6 +335,15 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
                 <li key={c.id}>
                   <button type="button" aria-current={c.id === chatId} onClick={() => openChat(c.id)}>
                     {c.summary ? c.summary.slice(0, 60) : new Date(c.created_at).toLocaleString()}
+                  </button>
+                  <button
+                    type="button"
+                    className="delete"
+                    aria-label="Delete chat"
+                    title="Delete this chat for good"
+                    onClick={() => deleteChat(c.id)}
+                  >
+                    Delete
                   </button>
                 </li>
               ))}

@@ -167,6 +167,7 @@ export class Api {
     }
     if (response.status === 401) this.onRefused?.();
     if (!response.ok) throw parseError(await response.text(), response.status);
+    if (response.status === 204) return undefined as T;
     return (await response.json()) as T;
   }
 
@@ -227,6 +228,11 @@ export class Api {
       background: true,
       if_busy: "enqueue",
     });
+  }
+
+  /** Erases the chat (L2): its messages, files and worker go for good. */
+  deleteChat(chatId: string): Promise<void> {
+    return this.request("DELETE", `/v1/chats/${chatId}`);
   }
 
   stopTurn(turnId: string): Promise<unknown> {

@@ -305,6 +305,14 @@ async fn a_user_chats_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(agent["name"], "helper");
+    // The chat deleted with its button is erased.
+    let erased = app
+        .get(&format!(
+            "/v1/chats/{}/messages",
+            ids["erasedChatId"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(erased.status(), 404);
     for shot in [
         "1-sign-in",
         "2-chat",
