@@ -171,7 +171,9 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {
-            let agent = store.create_agent(team.team_id, &agent).await?;
+            let agent = store
+                .create_agent(team.team_id, &agent, &brain::store::Actor::operator(None))
+                .await?;
             let chat = store.create_chat(team.team_id, agent.id, None).await?;
             Ok(chat.id.to_string())
         })

@@ -130,6 +130,28 @@ pub struct AgentChange {
     pub busy_policy: Option<BusyPolicy>,
 }
 
+impl AgentChange {
+    /// The names of the fields the change gives, for the audit log (L5): never their
+    /// values, which hold prompts.
+    fn named_fields(&self) -> Vec<&'static str> {
+        [
+            ("system_prompt", self.system_prompt.is_some()),
+            ("model", self.model.is_some()),
+            ("fallback_models", self.fallback_models.is_some()),
+            ("runtime_profile", self.runtime_profile.is_some()),
+            ("autostart_cron", self.autostart_cron.is_some()),
+            ("autostart_prompt", self.autostart_prompt.is_some()),
+            ("autostart_timezone", self.autostart_timezone.is_some()),
+            ("approval_policy", self.approval_policy.is_some()),
+            ("disconnect_policy", self.disconnect_policy.is_some()),
+            ("busy_policy", self.busy_policy.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+}
+
 /// Applies `change` to `current` and checks the result as a whole (a new time zone is
 /// checked with the cadence it applies to); the agent as it will be stored. A changed
 /// cadence gets its next tick from now and records `actor` as who set it.
@@ -139,6 +161,7 @@ pub fn apply_change(
     min_interval_secs: u32,
     actor: &str,
 ) -> Result<AgentUpdate, String> {
+    let changed = change.named_fields();
     let system_prompt = change
         .system_prompt
         .unwrap_or_else(|| current.system_prompt.clone());
@@ -187,6 +210,7 @@ pub fn apply_change(
         approval_policy,
         disconnect_policy,
         busy_policy,
+        changed,
     })
 }
 

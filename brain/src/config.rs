@@ -78,6 +78,8 @@ pub struct Config {
     pub oauth: OAuthConfig,
     /// Webhook deliveries (P4, `BRAIN_WEBHOOKS_*`).
     pub webhooks: WebhooksConfig,
+    /// How long audit entries are kept (`BRAIN_AUDIT_RETENTION_DAYS`, L5).
+    pub audit_retention_days: u32,
 }
 
 /// OAuth for connectors (SPEC B2): where the authorization server sends a person back, and
@@ -550,6 +552,7 @@ impl Config {
                 poll: ranged(env, "BRAIN_WEBHOOKS_POLL_MS", 1_000, 50, 60_000)
                     .map(Duration::from_millis)?,
             },
+            audit_retention_days: ranged(env, "BRAIN_AUDIT_RETENTION_DAYS", 400, 1, 36_500)?,
             events: EventsConfig {
                 max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
                 window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,

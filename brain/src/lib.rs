@@ -5,6 +5,7 @@
 //! - `agui/`: a turn's UI stream as AG-UI events (issue 28, P3);
 //! - `a2a/`: A2A 1.0 (P1): cards, JSON-RPC objects, turns as tasks and their streams;
 //! - `auth/`: who the caller is (API keys, JWTs) and what it may do;
+//! - `audit.rs`: the audit log's retention sweep every replica runs (L5);
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
 //!   of the Postgres pool;
@@ -46,6 +47,7 @@ pub mod agui;
 pub mod api;
 pub mod approvals;
 pub mod artifacts;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod connectors;
@@ -286,6 +288,11 @@ pub async fn serve(
         state.metrics.clone(),
         stopped.clone(),
     ));
+    tokio::spawn(audit::sweep(
+        state.store.clone(),
+        state.config.audit_retention_days,
+        stopped.clone(),
+    ));
     // Stops keep reaching this replica's turns while it drains.
     tokio::spawn(state.stops.clone().listen(stopped.clone()));
     // Snapshot requests keep reaching this replica's workers while it drains (W10).
@@ -307,6 +314,8 @@ pub async fn serve(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
+    // Each request knows its peer's address, which the audit log records (L5).
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(stopped.clone().cancelled_owned())
         .into_future();

@@ -8,14 +8,14 @@ use protocol::ErrorBody;
 use serde::Deserialize;
 
 use super::paging::{self, KeysetKey, PageParams};
-use super::{JsonBody, QueryParams, parse_id};
+use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
 use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{
-    AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
+    Action, AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
 };
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -80,12 +80,14 @@ impl CreateAgent {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateAgent>,
 ) -> Result<(StatusCode, Json<AgentRow>), ApiError> {
     principal.require_admin()?;
     let team = principal.team;
     let agent = body.validate()?;
-    let row = state.store.create_agent(team, &agent).await?;
+    let by = principal.actor(address);
+    let row = bounded(state.store.create_agent(team, &agent, &by)).await?;
     tracing::info!(team = %team, agent = %row.id, "agent created");
     Ok((StatusCode::CREATED, Json(row)))
 }
@@ -189,6 +191,7 @@ impl From<PatchAgent> for AgentChange {
 pub async fn update(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(agent_id): Path<String>,
     JsonBody(body): JsonBody<PatchAgent>,
 ) -> Result<Json<AgentRow>, ApiError> {
@@ -213,9 +216,13 @@ pub async fn update(
         &principal.authority().actor,
     )
     .map_err(ApiError::InvalidRequest)?;
-    let row = state
-        .store
-        .update_agent(principal.team, id, &update)
+    let by = principal.actor(address);
+    let row =
+        bounded(
+            state
+                .store
+                .update_agent(principal.team, id, &update, &by, Action::AgentUpdated),
+        )
         .await
         .map_err(not_found)?;
     tracing::info!(team = %principal.team, agent = %id, "agent changed");

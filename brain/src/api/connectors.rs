@@ -18,12 +18,14 @@ use protocol::{AgentId, ErrorBody};
 use serde::{Deserialize, Serialize};
 
 use super::paging::{self, KeysetKey, PageParams};
-use super::{JsonBody, QueryParams, parse_id};
+use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::{ConnectorConfig, address, authorization, credentials};
 use crate::error::ApiError;
-use crate::store::{AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError};
+use crate::store::{
+    AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError, bounded,
+};
 
 pub const MAX_CONNECTORS_PER_TEAM: i64 = 50;
 const MAX_NAME: usize = 32;
@@ -174,6 +176,7 @@ fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateConnector>,
 ) -> Result<(StatusCode, Json<ConnectorRow>), ApiError> {
     principal.require_admin()?;
@@ -186,10 +189,13 @@ pub async fn create(
             Err(e) => return Err(e.into()),
         }
     }
-    match state
-        .store
-        .create_connector(team, &connector, MAX_CONNECTORS_PER_TEAM)
-        .await
+    let by = principal.actor(address);
+    match bounded(
+        state
+            .store
+            .create_connector(team, &connector, MAX_CONNECTORS_PER_TEAM, &by),
+    )
+    .await
     {
         Ok(row) => {
             tracing::info!(team = %team, connector = %row.id, "connector created");
@@ -312,6 +318,7 @@ pub async fn list(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(connector_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
@@ -320,7 +327,8 @@ pub async fn delete(
     // Read before the delete, which takes them with the connector; revoked after it, so a
     // slow authorization server never keeps a connector alive.
     let grants = authorization::grants_to_revoke(&state.store, team, id).await;
-    match state.store.delete_connector(team, id).await {
+    let by = principal.actor(address);
+    match bounded(state.store.delete_connector(team, id, &by)).await {
         Ok(()) => {
             tracing::info!(team = %team, connector = %id, grants = grants.len(), "connector deleted");
             authorization::revoke_all(&state.oauth, id, grants).await;

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::paging::{self, KeysetKey, PageParams};
-use super::{JsonBody, QueryParams, parse_id};
+use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
 use crate::auth::{Principal, Scope};
@@ -55,12 +55,19 @@ pub struct CreatedKey {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateKey>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     principal.require_admin()?;
     validate_name(&body.name).map_err(|m| ApiError::InvalidRequest(m.into()))?;
     let team = principal.team;
-    match state.auth.keys.create(team, &body.name, body.scope).await {
+    let by = principal.actor(address);
+    match state
+        .auth
+        .keys
+        .create(team, &body.name, body.scope, &by)
+        .await
+    {
         Ok((row, api_key)) => {
             tracing::info!(team = %team, key = %row.id, scope = body.scope.as_str(), "api key created");
             Ok((
@@ -136,12 +143,18 @@ pub async fn list(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(key_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let id: Uuid = parse_id(&key_id, "key")?;
     let team = principal.team;
-    match state.auth.keys.revoke(team, id).await {
+    match state
+        .auth
+        .keys
+        .revoke(team, id, &principal.actor(address))
+        .await
+    {
         Ok(()) => {
             tracing::info!(team = %team, key = %id, "api key revoked");
             Ok(StatusCode::NO_CONTENT)

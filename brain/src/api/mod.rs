@@ -10,6 +10,7 @@ mod agents;
 mod agui;
 mod approvals;
 mod artifacts;
+mod audit;
 mod chats;
 mod connectors;
 mod erasure;
@@ -91,6 +92,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))
         .routes(routes!(artifacts::meta))
+        .routes(routes!(audit::list))
         .routes(routes!(connectors::list, connectors::create))
         .routes(routes!(connectors::delete))
         .routes(routes!(oauth::authorize))
@@ -152,6 +154,24 @@ impl FromRequestParts<AppState> for Principal {
             return Err(ApiError::Refused("the credentials are too long"));
         }
         Ok(state.auth.authenticate(bearer).await?)
+    }
+}
+
+/// The address a request came from, for the audit log (L5): the TCP peer the server
+/// accepted, never a header a client could write, so behind a proxy it is the proxy's.
+/// `None` where the server was not asked to record peers.
+pub struct ClientAddr(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|peer| peer.0.ip().to_canonical()),
+        ))
     }
 }
 

@@ -5,7 +5,7 @@ use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::JsonBody;
+use super::{ClientAddr, JsonBody};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -88,13 +88,14 @@ pub async fn get(
 pub async fn put(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(update): JsonBody<QuotaUpdate>,
 ) -> Result<Json<QuotaView>, ApiError> {
     principal.require_admin()?;
     let team = principal.team;
     let limits = state
         .quotas
-        .update(team, update)
+        .update(team, update, &principal.actor(address))
         .await
         .map_err(|e| match e {
             UpdateError::Invalid(problem) => ApiError::InvalidRequest(problem),

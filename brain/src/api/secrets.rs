@@ -11,7 +11,7 @@ use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 
 use super::paging::{self, PageParams};
-use super::{JsonBody, QueryParams};
+use super::{ClientAddr, JsonBody, QueryParams};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
@@ -90,6 +90,7 @@ fn secrets_error(err: SecretsError) -> ApiError {
 pub async fn put(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<PutSecret>,
 ) -> Result<StatusCode, ApiError> {
@@ -100,11 +101,12 @@ pub async fn put(
             "value must have 1 to {MAX_VALUE_BYTES} bytes"
         )));
     }
+    let by = principal.actor(address);
     let stored = tokio::time::timeout(
         crate::store::CALL_BOUND,
         state
             .store
-            .set_team_secret(principal.team, &name, &body.value, MAX_PER_TEAM),
+            .set_team_secret(principal.team, &name, &body.value, MAX_PER_TEAM, &by),
     )
     .await
     .unwrap_or(Err(SecretsError::Store(StoreError::TimedOut)))
@@ -169,11 +171,13 @@ pub async fn list(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     checked_name(&name)?;
-    match bounded(state.store.delete_team_secret(principal.team, &name)).await {
+    let by = principal.actor(address);
+    match bounded(state.store.delete_team_secret(principal.team, &name, &by)).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("secret")),
         Err(e) => Err(e.into()),

@@ -15,12 +15,12 @@ use protocol::{ErrorBody, TeamId};
 use serde::{Deserialize, Serialize};
 
 use super::paging::{self, PageParams};
-use super::{JsonBody, MAX_BEARER, QueryParams, parse_id};
+use super::{ClientAddr, JsonBody, MAX_BEARER, QueryParams, parse_id};
 use crate::AppState;
 use crate::erasure;
 use crate::error::ApiError;
 use crate::store::{
-    CreatedTeam, TeamChange, TeamErasure, TeamRow, TeamStatus, UsageSums, Within, bounded,
+    Actor, CreatedTeam, TeamChange, TeamErasure, TeamRow, TeamStatus, UsageSums, Within, bounded,
 };
 use crate::usage::usage_query;
 
@@ -118,10 +118,12 @@ fn checked_name(name: &str) -> Result<&str, ApiError> {
 pub async fn create(
     State(state): State<AppState>,
     _operator: Operator,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateTeam>,
 ) -> Result<(StatusCode, Json<CreatedTeam>), ApiError> {
     let name = checked_name(&body.name)?;
-    let created = bounded(state.store.create_team(name)).await?;
+    let by = Actor::operator(address);
+    let created = bounded(state.store.create_team_by(name, &by)).await?;
     tracing::info!(team = %created.team_id, "team created by the operator");
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -204,6 +206,7 @@ pub async fn get(
 pub async fn update(
     State(state): State<AppState>,
     _operator: Operator,
+    ClientAddr(address): ClientAddr,
     Path(team_id): Path<String>,
     JsonBody(body): JsonBody<UpdateTeam>,
 ) -> Result<Json<TeamRow>, ApiError> {
@@ -223,7 +226,8 @@ pub async fn update(
             ));
         }
     }
-    let team = bounded(state.store.update_team(id, &change))
+    let by = Actor::operator(address);
+    let team = bounded(state.store.update_team(id, &change, &by))
         .await?
         .ok_or(ApiError::NotFound("team"))?;
     match body.disabled {

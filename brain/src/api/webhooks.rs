@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::paging::{self, KeysetKey, PageParams};
-use super::{JsonBody, QueryParams, parse_id};
+use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::address;
@@ -123,6 +123,7 @@ fn secrets_error(err: SecretsError) -> ApiError {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateWebhook>,
 ) -> Result<(StatusCode, Json<CreatedWebhook>), ApiError> {
     principal.require_admin()?;
@@ -140,11 +141,17 @@ pub async fn create(
     }
     let events = checked_events(&body.events)?;
     let secret = sign::new_secret();
+    let by = principal.actor(address);
     let webhook = tokio::time::timeout(
         crate::store::CALL_BOUND,
-        state
-            .store
-            .create_webhook(principal.team, url.as_str(), &events, &secret, MAX_PER_TEAM),
+        state.store.create_webhook(
+            principal.team,
+            url.as_str(),
+            &events,
+            &secret,
+            MAX_PER_TEAM,
+            &by,
+        ),
     )
     .await
     .unwrap_or(Err(SecretsError::Store(StoreError::TimedOut)))
@@ -203,11 +210,13 @@ pub async fn list(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(webhook_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let id: Uuid = parse_id(&webhook_id, "webhook")?;
-    match bounded(state.store.delete_webhook(principal.team, id)).await {
+    let by = principal.actor(address);
+    match bounded(state.store.delete_webhook(principal.team, id, &by)).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(StoreError::NotFound) => Err(ApiError::NotFound("webhook")),
         Err(e) => Err(e.into()),

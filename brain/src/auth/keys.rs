@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{AuthError, Principal, Scope, bounded};
-use crate::store::{KeyRow, Store, StoreError, key_hash, new_key};
+use crate::store::{Actor, KeyRow, Store, StoreError, key_hash, new_key};
 
 /// The pub/sub channel revoked keys' hashes are published on.
 const REVOKED_CHANNEL: &str = "auth:key-revoked";
@@ -404,6 +404,7 @@ impl Keys {
         team: TeamId,
         name: &str,
         scope: Scope,
+        by: &Actor,
     ) -> Result<(KeyRow, String), StoreError> {
         let secret = new_key();
         let row = crate::store::bounded(self.store.create_key(
@@ -412,14 +413,15 @@ impl Keys {
             scope.as_str(),
             &secret,
             MAX_KEYS_PER_TEAM,
+            by,
         ))
         .await?;
         Ok((row, secret))
     }
 
     /// Revokes the key in Postgres, then tells every replica to forget it.
-    pub async fn revoke(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
-        let hash = crate::store::bounded(self.store.revoke_key(team, id)).await?;
+    pub async fn revoke(&self, team: TeamId, id: Uuid, by: &Actor) -> Result<(), StoreError> {
+        let hash = crate::store::bounded(self.store.revoke_key(team, id, by)).await?;
         self.revoked(&hash);
         self.announce(to_hex(&hash)).await;
         Ok(())

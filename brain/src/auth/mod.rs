@@ -24,7 +24,7 @@ use protocol::{ChatId, TeamId};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::store::{Store, StoreError};
+use crate::store::{Actor, Store, StoreError};
 
 pub use jwt::{JwtConfig, JwtVerifier};
 pub use keys::Keys;
@@ -100,6 +100,12 @@ impl Authority {
     pub fn may_change_agent(&self) -> bool {
         self.scope == Scope::Admin
     }
+
+    /// Who the turn's tools change things as, in the audit log (L5): no address, since
+    /// the model made the call.
+    pub fn audit_actor(&self) -> Actor {
+        Actor::of_turn(&self.actor)
+    }
 }
 
 /// Why a principal was not made or may not go on. The API maps each to a status.
@@ -150,6 +156,14 @@ impl Principal {
         Authority {
             scope: self.scope,
             actor,
+        }
+    }
+
+    /// Who this is in the audit log (L5), calling from `address`.
+    pub fn actor(&self, address: Option<std::net::IpAddr>) -> Actor {
+        Actor {
+            address,
+            ..Actor::of_turn(&self.authority().actor)
         }
     }
 

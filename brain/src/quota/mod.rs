@@ -30,7 +30,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{BilledBefore, SessionUsage, Since, Store, StoreError, bounded};
+use crate::store::{Actor, BilledBefore, SessionUsage, Since, Store, StoreError, bounded};
 pub use headers::{RateLimitHeaders, TurnCounts};
 
 /// One quota, by its wire name.
@@ -348,9 +348,14 @@ impl Quotas {
     }
 
     /// Merges `update` into the team's overrides; answers the new effective limits.
-    pub async fn update(&self, team: TeamId, update: QuotaUpdate) -> Result<Limits, UpdateError> {
+    pub async fn update(
+        &self,
+        team: TeamId,
+        update: QuotaUpdate,
+        by: &Actor,
+    ) -> Result<Limits, UpdateError> {
         let patch = update.into_patch().map_err(UpdateError::Invalid)?;
-        let overrides = bounded(self.store.merge_quota_overrides(team, &patch)).await?;
+        let overrides = bounded(self.store.merge_quota_overrides(team, &patch, by)).await?;
         Ok(self.defaults.with_overrides(&overrides))
     }
 

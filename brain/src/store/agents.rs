@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use protocol::{AgentId, TeamId};
 use sqlx::Row;
 
+use super::audit::{self, Action, Actor};
 use super::cron::drop_pending_firings;
 use super::{AutostartAt, CallKey, Store, StoreError};
 use crate::approvals::ApprovalPolicy;
@@ -120,6 +121,8 @@ pub struct AgentUpdate {
     pub approval_policy: ApprovalPolicy,
     pub disconnect_policy: DisconnectPolicy,
     pub busy_policy: BusyPolicy,
+    /// The names of the fields the change gave, for its audit entry (L5).
+    pub changed: Vec<&'static str>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
@@ -189,8 +192,9 @@ impl Store {
         &self,
         team: TeamId,
         agent: &NewAgent,
+        by: &Actor,
     ) -> Result<AgentRow, StoreError> {
-        self.insert_agent(team, agent, None).await
+        self.insert_agent(team, agent, None, by).await
     }
 
     /// Creates the agent `call` asks for, or answers the one an earlier run of `call`
@@ -200,15 +204,19 @@ impl Store {
         team: TeamId,
         agent: &NewAgent,
         call: CallKey<'_>,
+        by: &Actor,
     ) -> Result<AgentRow, StoreError> {
-        self.insert_agent(team, agent, Some(call)).await
+        self.insert_agent(team, agent, Some(call), by).await
     }
 
+    /// The agent's entry is written only when this call made it: an earlier run's agent
+    /// has its entry already.
     async fn insert_agent(
         &self,
         team: TeamId,
         agent: &NewAgent,
         call: Option<CallKey<'_>>,
+        by: &Actor,
     ) -> Result<AgentRow, StoreError> {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
@@ -217,12 +225,13 @@ impl Store {
                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
-             SELECT {AGENT_COLUMNS} FROM made \
+             SELECT {AGENT_COLUMNS}, true AS made FROM made \
              UNION ALL \
-             SELECT {AGENT_COLUMNS} FROM agents \
+             SELECT {AGENT_COLUMNS}, false AS made FROM agents \
              WHERE team_id = $2 AND created_by_turn = $11 AND created_by_call = $12 \
              LIMIT 1"
         );
+        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(AgentId::new().0)
             .bind(team.0)
@@ -236,9 +245,19 @@ impl Store {
             .bind(agent.disconnect_policy.as_str())
             .bind(call.map(|call| call.turn.0))
             .bind(call.map(|call| call.call))
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await?;
-        Ok(agent_from_row(&row)?)
+        let made = agent_from_row(&row)?;
+        if row.try_get("made")? {
+            let action = match call {
+                None => Action::AgentCreated,
+                Some(_) => Action::ToolAgentCreate,
+            };
+            let details = serde_json::json!({ "name": made.name });
+            audit::record(&mut tx, team, by, action, made.id, details).await?;
+        }
+        tx.commit().await?;
+        Ok(made)
     }
 
     pub async fn agent(&self, team: TeamId, id: AgentId) -> Result<AgentRow, StoreError> {
@@ -284,6 +303,8 @@ impl Store {
         team: TeamId,
         id: AgentId,
         update: &AgentUpdate,
+        by: &Actor,
+        action: Action,
     ) -> Result<AgentRow, StoreError> {
         let mut tx = self.pool.begin().await?;
         let autostart = update.autostart.as_ref();
@@ -323,6 +344,8 @@ impl Store {
         if autostart.is_some() {
             drop_pending_firings(&mut tx, team, id).await?;
         }
+        let details = serde_json::json!({ "fields": update.changed });
+        audit::record(&mut tx, team, by, action, id, details).await?;
         tx.commit().await?;
         Ok(agent_from_row(&row)?)
     }

@@ -8,6 +8,7 @@ use serde::Serialize;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// How the brain reaches a connector's MCP server.
@@ -127,6 +128,7 @@ impl Store {
         team: TeamId,
         connector: &NewConnector,
         max_per_team: i64,
+        by: &Actor,
     ) -> Result<ConnectorRow, StoreError> {
         let none = BTreeMap::new();
         let (url, command, headers, env) = match &connector.target {
@@ -141,6 +143,7 @@ impl Store {
              WHERE (SELECT count(*) FROM connectors WHERE team_id = $2) < $7 \
              RETURNING {CONNECTOR_COLUMNS}"
         );
+        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(Uuid::now_v7())
             .bind(team.0)
@@ -156,11 +159,23 @@ impl Store {
                     .call_timeout_ms
                     .map(|ms| i32::try_from(ms).unwrap_or(i32::MAX)),
             )
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(insert_error)?
             .ok_or(StoreError::Conflict("connector_limit"))?;
-        connector_from_row(&row)
+        let made = connector_from_row(&row)?;
+        let details = serde_json::json!({ "name": made.name, "agent_id": made.agent_id });
+        audit::record(
+            &mut tx,
+            team,
+            by,
+            Action::ConnectorCreated,
+            made.id,
+            details,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     /// Every connector of the team, oldest first.
@@ -219,15 +234,24 @@ impl Store {
         rows.iter().map(connector_from_row).collect()
     }
 
-    pub async fn delete_connector(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
+    pub async fn delete_connector(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query("DELETE FROM connectors WHERE team_id = $1 AND id = $2")
             .bind(team.0)
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
+        let details = serde_json::json!({});
+        audit::record(&mut tx, team, by, Action::ConnectorDeleted, id, details).await?;
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// An agent's autostart: its cron expression, its time zone and the prompt each firing
@@ -108,6 +109,7 @@ impl Store {
         team: TeamId,
         agent: AgentId,
         autostart: Option<&AutostartAt>,
+        by: &Actor,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         let updated = sqlx::query(
@@ -129,6 +131,14 @@ impl Store {
             return Err(StoreError::NotFound);
         }
         drop_pending_firings(&mut tx, team, agent).await?;
+        let (action, details) = match autostart {
+            Some((a, _)) => (
+                Action::ToolCronSet,
+                serde_json::json!({ "cron": a.cron, "timezone": a.timezone }),
+            ),
+            None => (Action::ToolCronRemove, serde_json::json!({})),
+        };
+        audit::record(&mut tx, team, by, action, agent, details).await?;
         tx.commit().await?;
         Ok(())
     }

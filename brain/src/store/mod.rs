@@ -12,6 +12,7 @@ mod agent_admin;
 mod agents;
 mod approvals;
 mod artifacts;
+mod audit;
 mod chats;
 mod connectors;
 mod cron;
@@ -44,6 +45,7 @@ pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
+pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
@@ -451,6 +453,11 @@ fn migrator() -> Migrator {
             30,
             "erasure",
             include_str!("../../../migrations/0030_erasure.sql"),
+        ),
+        (
+            31,
+            "audit log of admin actions",
+            include_str!("../../../migrations/0031_audit.sql"),
         ),
     ]
     .into_iter()

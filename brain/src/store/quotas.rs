@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use protocol::TeamId;
 use sqlx::Row;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// Where a team's usage is counted from: the starts of the UTC day and month the quotas
@@ -77,7 +78,9 @@ impl Store {
         &self,
         team: TeamId,
         patch: &serde_json::Value,
+        by: &Actor,
     ) -> Result<serde_json::Value, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let (overrides,): (serde_json::Value,) = sqlx::query_as(
             "INSERT INTO team_quotas (team_id, overrides) VALUES ($1, $2) \
              ON CONFLICT (team_id) DO UPDATE \
@@ -86,8 +89,16 @@ impl Store {
         )
         .bind(team.0)
         .bind(patch)
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
+        let fields: Vec<&String> = patch
+            .as_object()
+            .into_iter()
+            .flat_map(|p| p.keys())
+            .collect();
+        let details = serde_json::json!({ "fields": fields });
+        audit::record(&mut tx, team, by, Action::QuotasSet, team, details).await?;
+        tx.commit().await?;
         Ok(overrides)
     }
 

@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use protocol::{AgentId, TeamId};
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// The key secrets are encrypted under. `Debug` never shows it.
@@ -198,12 +199,14 @@ impl Store {
         name: &str,
         value: &str,
         max_per_agent: i64,
+        by: &Actor,
     ) -> Result<(), SecretsError> {
         let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
         let aad = associated_data(team, Some(agent), name);
         let (nonce, ciphertext) = key.seal(&aad, value.as_bytes())?;
         // The insert selects from agents so that another team's agent id finds nothing,
         // and counts so that a new name past the limit inserts nothing.
+        let mut tx = self.pool.begin().await?;
         let written = sqlx::query(
             "INSERT INTO secrets (id, team_id, agent_id, name, nonce, ciphertext) \
              SELECT $1, a.team_id, a.id, $4, $5, $6 FROM agents a \
@@ -222,16 +225,19 @@ impl Store {
         .bind(&nonce)
         .bind(&ciphertext)
         .bind(max_per_agent)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
         if written.rows_affected() == 1 {
+            let details = serde_json::json!({ "secret": name });
+            audit::record(&mut tx, team, by, Action::ToolSecretSet, agent, details).await?;
+            tx.commit().await?;
             return Ok(());
         }
         let agent_exists: Option<(i32,)> =
             sqlx::query_as("SELECT 1 FROM agents WHERE team_id = $1 AND id = $2")
                 .bind(team.0)
                 .bind(agent.0)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *tx)
                 .await?;
         Err(match agent_exists {
             Some(_) => SecretsError::TooMany,
@@ -329,10 +335,12 @@ impl Store {
         name: &str,
         value: &str,
         max_per_team: i64,
+        by: &Actor,
     ) -> Result<bool, SecretsError> {
         let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
         let (nonce, ciphertext) = key.seal(&associated_data(team, None, name), value.as_bytes())?;
         // `xmax = 0` tells an insert from an update of the conflicting row.
+        let mut tx = self.pool.begin().await?;
         let written: Option<(bool,)> = sqlx::query_as(
             "INSERT INTO team_secrets (team_id, name, nonce, ciphertext) \
              SELECT $1, $2, $3, $4 \
@@ -347,11 +355,13 @@ impl Store {
         .bind(&nonce)
         .bind(&ciphertext)
         .bind(max_per_team)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
-        written
-            .map(|(created,)| created)
-            .ok_or(SecretsError::TooMany)
+        let (created,) = written.ok_or(SecretsError::TooMany)?;
+        let details = serde_json::json!({ "created": created });
+        audit::record(&mut tx, team, by, Action::SecretSet, name, details).await?;
+        tx.commit().await?;
+        Ok(created)
     }
 
     /// The team's secret names, without values, by name.
@@ -374,15 +384,24 @@ impl Store {
         Ok(infos(rows))
     }
 
-    pub async fn delete_team_secret(&self, team: TeamId, name: &str) -> Result<(), StoreError> {
+    pub async fn delete_team_secret(
+        &self,
+        team: TeamId,
+        name: &str,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query("DELETE FROM team_secrets WHERE team_id = $1 AND name = $2")
             .bind(team.0)
             .bind(name)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
+        let details = serde_json::json!({});
+        audit::record(&mut tx, team, by, Action::SecretDeleted, name, details).await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -6,6 +6,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// A new team and the only copy of its first API key.
@@ -128,7 +129,14 @@ pub fn new_key() -> String {
 }
 
 impl Store {
+    /// A team made by the operator from the command line (`brain admin create-team`), which
+    /// holds the database and has no address to record.
     pub async fn create_team(&self, name: &str) -> Result<CreatedTeam, StoreError> {
+        self.create_team_by(name, &Actor::operator(None)).await
+    }
+
+    /// A team made by `by` (the operator's team API), with its entry in the audit log.
+    pub async fn create_team_by(&self, name: &str, by: &Actor) -> Result<CreatedTeam, StoreError> {
         let team_id = TeamId::new();
         let api_key = new_key();
         let mut tx = self.pool.begin().await?;
@@ -148,6 +156,8 @@ impl Store {
         .bind(&api_key[..SHOWN_PREFIX])
         .execute(&mut *tx)
         .await?;
+        let details = serde_json::json!({ "name": name });
+        audit::record(&mut tx, team_id, by, Action::TeamCreated, team_id, details).await?;
         tx.commit().await?;
         Ok(CreatedTeam {
             team_id,
@@ -190,6 +200,7 @@ impl Store {
         &self,
         team: TeamId,
         change: &TeamChange<'_>,
+        by: &Actor,
     ) -> Result<Option<TeamRow>, StoreError> {
         let sql = format!(
             "UPDATE teams SET name = coalesce($2, name), \
@@ -197,13 +208,20 @@ impl Store {
                                   WHEN $3 THEN coalesce(disabled_at, now()) END \
              WHERE id = $1 RETURNING {TEAM_COLUMNS}"
         );
+        let mut tx = self.pool.begin().await?;
         let row: Option<TeamTuple> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(change.name)
             .bind(change.disabled)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
-        Ok(row.map(team_row))
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let details = serde_json::json!({ "name": change.name, "disabled": change.disabled });
+        audit::record(&mut tx, team, by, Action::TeamUpdated, team, details).await?;
+        tx.commit().await?;
+        Ok(Some(team_row(row)))
     }
 
     /// The turns of `team` (of one of its agents or chats, `within`) that run or wait to:
@@ -274,7 +292,9 @@ impl Store {
         scope: &str,
         secret: &str,
         max_live: i64,
+        by: &Actor,
     ) -> Result<KeyRow, StoreError> {
+        let mut tx = self.pool.begin().await?;
         // A bound on growth, not an exact count: two creations racing at the limit may
         // both pass (the count is read from the statement's snapshot).
         let row: Option<(Uuid, String, String, String, DateTime<Utc>)> = sqlx::query_as(
@@ -289,9 +309,12 @@ impl Store {
         .bind(name)
         .bind(scope)
         .bind(max_live)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
         let (id, name, scope, prefix, created_at) = row.ok_or(StoreError::Conflict("key_limit"))?;
+        let details = serde_json::json!({ "name": name, "scope": scope });
+        audit::record(&mut tx, team, by, Action::KeyCreated, id, details).await?;
+        tx.commit().await?;
         Ok(KeyRow {
             id,
             name,
@@ -338,7 +361,12 @@ impl Store {
     /// revoked or other team's key; `Conflict("last_admin_key")` when it is the team's
     /// last live `admin` key. The team row is locked first, so two revocations of a
     /// team's last two admin keys run one after the other and the second sees one left.
-    pub async fn revoke_key(&self, team: TeamId, id: Uuid) -> Result<[u8; 32], StoreError> {
+    pub async fn revoke_key(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        by: &Actor,
+    ) -> Result<[u8; 32], StoreError> {
         let mut tx = self.pool.begin().await?;
         let locked: Option<(Uuid,)> =
             sqlx::query_as("SELECT id FROM teams WHERE id = $1 FOR UPDATE")
@@ -373,6 +401,8 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        let details = serde_json::json!({ "scope": scope });
+        audit::record(&mut tx, team, by, Action::KeyRevoked, id, details).await?;
         tx.commit().await?;
         hash.try_into()
             .map_err(|_| StoreError::Corrupt(format!("api key {id} has a malformed hash")))

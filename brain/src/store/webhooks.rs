@@ -18,6 +18,7 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::secrets::SecretsError;
 use super::{Store, StoreError, TurnEnd, TurnStatus, unique_violation};
 
@@ -319,10 +320,12 @@ impl Store {
         events: &[String],
         secret: &str,
         max_per_team: i64,
+        by: &Actor,
     ) -> Result<WebhookRow, SecretsError> {
         let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
         let id = Uuid::now_v7();
         let (nonce, sealed) = key.seal(&associated_data(team, id, SECRET), secret.as_bytes())?;
+        let mut tx = self.pool.begin().await?;
         let row: Option<(DateTime<Utc>,)> = sqlx::query_as(
             "INSERT INTO webhooks (id, team_id, url, events, secret_nonce, secret_sealed) \
              SELECT $1, $2, $3, $4, $5, $6 \
@@ -336,10 +339,15 @@ impl Store {
         .bind(&nonce)
         .bind(&sealed)
         .bind(max_per_team)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(|e| unique_violation(e, "webhooks_pkey", "webhook"))?;
         let (created_at,) = row.ok_or(SecretsError::TooMany)?;
+        // The URL may carry a token of the receiver's in its query: the entry names the
+        // events only.
+        let details = serde_json::json!({ "events": events });
+        audit::record(&mut tx, team, by, Action::WebhookCreated, id, details).await?;
+        tx.commit().await?;
         Ok(WebhookRow {
             id,
             url: url.to_owned(),
@@ -380,15 +388,24 @@ impl Store {
     }
 
     /// Deletes a webhook and its deliveries (pending ones are never sent).
-    pub async fn delete_webhook(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
+    pub async fn delete_webhook(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        by: &Actor,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query("DELETE FROM webhooks WHERE team_id = $1 AND id = $2")
             .bind(team.0)
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
+        let details = serde_json::json!({});
+        audit::record(&mut tx, team, by, Action::WebhookDeleted, id, details).await?;
+        tx.commit().await?;
         Ok(())
     }
 

@@ -19,7 +19,7 @@ use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
 use crate::approvals::RiskClass;
 use crate::provider::ToolSpec;
-use crate::store::StoreError;
+use crate::store::{Action, StoreError};
 
 const NO_SUCH_AGENT: &str = "no such agent";
 
@@ -101,7 +101,12 @@ impl Tool for AgentCreate {
                 Ok(new) => new,
                 Err(problem) => return ToolOutput::error(problem),
             };
-            match ctx.store.create_agent_by_call(ctx.team, &new, ctx.call_key()).await {
+            let by = ctx.authority.audit_actor();
+            match ctx
+                .store
+                .create_agent_by_call(ctx.team, &new, ctx.call_key(), &by)
+                .await
+            {
                 Ok(row) => {
                     tracing::info!(team = %ctx.team, agent = %row.id, by = %ctx.agent, "agent created by tool");
                     ToolOutput::ok(json!({"agent_id": row.id, "name": row.name}).to_string())
@@ -167,7 +172,8 @@ impl Tool for AgentArchive {
             if id == ctx.agent {
                 return ToolOutput::error("an agent cannot archive itself");
             }
-            match ctx.store.archive_agent(ctx.team, id).await {
+            let by = ctx.authority.audit_actor();
+            match ctx.store.archive_agent(ctx.team, id, &by).await {
                 Ok(()) => {
                     tracing::info!(team = %ctx.team, agent = %id, by = %ctx.agent, "agent archived by tool");
                     ToolOutput::ok(format!("archived agent {id}"))
@@ -237,7 +243,12 @@ impl Tool for AgentSetPrompt {
             }
             match ctx
                 .store
-                .set_agent_prompt(ctx.team, id, &args.system_prompt)
+                .set_agent_prompt(
+                    ctx.team,
+                    id,
+                    &args.system_prompt,
+                    &ctx.authority.audit_actor(),
+                )
                 .await
             {
                 Ok(()) => ToolOutput::ok(format!("system prompt of agent {id} replaced")),
@@ -357,7 +368,12 @@ impl Tool for AgentUpdate {
                 Ok(update) => update,
                 Err(problem) => return ToolOutput::error(problem),
             };
-            match ctx.store.update_agent(ctx.team, id, &update).await {
+            let by = ctx.authority.audit_actor();
+            let updated = ctx
+                .store
+                .update_agent(ctx.team, id, &update, &by, Action::ToolAgentUpdate)
+                .await;
+            match updated {
                 Ok(_) => {
                     tracing::info!(team = %ctx.team, agent = %id, by = %ctx.agent, "agent changed by tool");
                     ToolOutput::ok(format!("agent {id} changed"))

@@ -111,7 +111,12 @@ impl Tool for CronSet {
             let next = cadence.next_after(Utc::now());
             match ctx
                 .store
-                .set_autostart(ctx.team, ctx.agent, Some(&(autostart, next)))
+                .set_autostart(
+                    ctx.team,
+                    ctx.agent,
+                    Some(&(autostart, next)),
+                    &ctx.authority.audit_actor(),
+                )
                 .await
             {
                 Ok(()) => ToolOutput::ok(match next {
@@ -238,7 +243,12 @@ impl Tool for CronRemove {
             if let Err(e) = parse_args::<NoArgs>(arguments) {
                 return e;
             }
-            match ctx.store.set_autostart(ctx.team, ctx.agent, None).await {
+            let by = ctx.authority.audit_actor();
+            match ctx
+                .store
+                .set_autostart(ctx.team, ctx.agent, None, &by)
+                .await
+            {
                 Ok(()) => ToolOutput::ok("autostart removed"),
                 Err(e) => store_failure(ctx, "cron_remove", &e),
             }

@@ -128,7 +128,14 @@ impl Tool for SecretSet {
             }
             let stored = ctx
                 .store
-                .set_secret(ctx.team, ctx.agent, &args.name, &args.value, MAX_PER_AGENT)
+                .set_secret(
+                    ctx.team,
+                    ctx.agent,
+                    &args.name,
+                    &args.value,
+                    MAX_PER_AGENT,
+                    &ctx.authority.audit_actor(),
+                )
                 .await;
             match stored {
                 Ok(()) => {

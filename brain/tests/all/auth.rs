@@ -1143,7 +1143,11 @@ async fn agents_are_listed_newest_first_without_archived_ones() {
         ids.push(body["id"].as_str().unwrap().to_owned());
     }
     app.store
-        .archive_agent(app.team, ids[1].parse().unwrap())
+        .archive_agent(
+            app.team,
+            ids[1].parse().unwrap(),
+            &brain::store::Actor::operator(None),
+        )
         .await
         .unwrap();
     let other = app.store.create_team("other").await.unwrap();

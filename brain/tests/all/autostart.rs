@@ -501,7 +501,11 @@ async fn a_disabled_teams_schedule_does_not_fire() {
         disabled: Some(disabled),
     };
     app.store
-        .update_team(app.team, &disable(true))
+        .update_team(
+            app.team,
+            &disable(true),
+            &brain::store::Actor::operator(None),
+        )
         .await
         .unwrap()
         .unwrap();
@@ -520,7 +524,11 @@ async fn a_disabled_teams_schedule_does_not_fire() {
         "a disabled team fired"
     );
     app.store
-        .update_team(app.team, &disable(false))
+        .update_team(
+            app.team,
+            &disable(false),
+            &brain::store::Actor::operator(None),
+        )
         .await
         .unwrap()
         .unwrap();

@@ -680,6 +680,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 approval_policy: Default::default(),
                 disconnect_policy: Default::default(),
             },
+            &brain::store::Actor::operator(None),
         )
         .await
         .unwrap();

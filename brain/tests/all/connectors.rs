@@ -84,6 +84,7 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
                 call_timeout_ms: None,
             },
             50,
+            &brain::store::Actor::operator(None),
         )
         .await
         .unwrap();
@@ -1107,7 +1108,14 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
     let agent = new_agent(&app).await;
     let stranger = new_agent(&app).await;
     keyed
-        .set_secret(app.team, agent, "PROBE_TOKEN", TOKEN, 10)
+        .set_secret(
+            app.team,
+            agent,
+            "PROBE_TOKEN",
+            TOKEN,
+            10,
+            &brain::store::Actor::operator(None),
+        )
         .await
         .unwrap();
     assert_eq!(put_secret(&app, "TEAM_NAME", "acme").await, 201);

@@ -41,7 +41,11 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
     };
     let mut chats = Vec::new();
     for _ in 0..n {
-        let agent = app.store.create_agent(app.team, &agent).await.unwrap();
+        let agent = app
+            .store
+            .create_agent(app.team, &agent, &brain::store::Actor::operator(None))
+            .await
+            .unwrap();
         let chat = app
             .store
             .create_chat(app.team, agent.id, None)

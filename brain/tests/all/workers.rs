@@ -1974,7 +1974,14 @@ async fn set_secret(app: &TestApp, agent: &str, name: &str, value: &str) {
     app.store
         .clone()
         .with_secrets_key(Some(secrets_key()))
-        .set_secret(app.team, agent, name, value, 100)
+        .set_secret(
+            app.team,
+            agent,
+            name,
+            value,
+            100,
+            &brain::store::Actor::operator(None),
+        )
         .await
         .unwrap();
 }

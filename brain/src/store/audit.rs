@@ -1,0 +1,323 @@
+//! The audit log (L5): who changed what of a team, when and from where.
+//!
+//! A store method that makes an admin change takes the [`Actor`] and writes its entry with
+//! [`record`] on the change's own transaction, so an entry exists exactly when its change
+//! does: a change rolled back takes its entry with it, and an entry that cannot be written
+//! rolls the change back. Entries carry ids, names and the names of changed fields, never
+//! a secret's value, a key, a prompt or a message (X4).
+
+use std::net::IpAddr;
+
+use chrono::{DateTime, Utc};
+use protocol::TeamId;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Keyset, Store, StoreError};
+
+/// What kind of caller made a change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// An API key; the actor is its id.
+    Key,
+    /// A JWT; the actor is its user claim.
+    User,
+    /// The platform operator (`BRAIN_OPERATOR_TOKEN`, or `brain team create`).
+    Operator,
+    /// A turn whose authority was recorded before its actor was (an older row).
+    Unknown,
+}
+
+impl ActorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Key => "key",
+            Self::User => "user",
+            Self::Operator => "operator",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    fn parse(stored: &str) -> Option<Self> {
+        match stored {
+            "key" => Some(Self::Key),
+            "user" => Some(Self::User),
+            "operator" => Some(Self::Operator),
+            "unknown" => Some(Self::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// Who makes a change, and from which address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Actor {
+    pub kind: ActorKind,
+    /// A key's id or a token's subject; never a credential.
+    pub id: String,
+    /// The peer address of the request (behind a proxy, the proxy's); `None` for a tool
+    /// call, which the model made, and for the command line.
+    pub address: Option<IpAddr>,
+}
+
+impl Actor {
+    pub fn operator(address: Option<IpAddr>) -> Self {
+        Self {
+            kind: ActorKind::Operator,
+            id: "operator".to_owned(),
+            address,
+        }
+    }
+
+    /// The actor a turn's tools change things as: its authority's `key:<id>` or
+    /// `user:<subject>` (`crate::auth::Authority`), without an address.
+    pub fn of_turn(authority_actor: &str) -> Self {
+        let (kind, id) = match authority_actor.split_once(':') {
+            Some(("key", id)) => (ActorKind::Key, id),
+            Some(("user", id)) => (ActorKind::User, id),
+            _ => (ActorKind::Unknown, authority_actor),
+        };
+        Self {
+            kind,
+            id: id.to_owned(),
+            address: None,
+        }
+    }
+}
+
+/// What an entry records: a stable dotted name, and the kind of object it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    KeyCreated,
+    KeyRevoked,
+    QuotasSet,
+    AgentCreated,
+    AgentUpdated,
+    /// For the deletion of an agent (L2), recorded by the store method that deletes it.
+    AgentDeleted,
+    ConnectorCreated,
+    ConnectorDeleted,
+    SecretSet,
+    SecretDeleted,
+    WebhookCreated,
+    WebhookDeleted,
+    TeamCreated,
+    TeamUpdated,
+    GrantBound,
+    /// The brain tools that change the agent (X1): the entry names the agent.
+    ToolCronSet,
+    ToolCronRemove,
+    ToolSecretSet,
+    ToolAgentCreate,
+    ToolAgentUpdate,
+    ToolAgentArchive,
+    ToolAgentSetPrompt,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KeyCreated => "key.created",
+            Self::KeyRevoked => "key.revoked",
+            Self::QuotasSet => "quotas.set",
+            Self::AgentCreated => "agent.created",
+            Self::AgentUpdated => "agent.updated",
+            Self::AgentDeleted => "agent.deleted",
+            Self::ConnectorCreated => "connector.created",
+            Self::ConnectorDeleted => "connector.deleted",
+            Self::SecretSet => "secret.set",
+            Self::SecretDeleted => "secret.deleted",
+            Self::WebhookCreated => "webhook.created",
+            Self::WebhookDeleted => "webhook.deleted",
+            Self::TeamCreated => "team.created",
+            Self::TeamUpdated => "team.updated",
+            Self::GrantBound => "grant.bound",
+            Self::ToolCronSet => "tool.cron_set",
+            Self::ToolCronRemove => "tool.cron_remove",
+            Self::ToolSecretSet => "tool.secret_set",
+            Self::ToolAgentCreate => "tool.agent_create",
+            Self::ToolAgentUpdate => "tool.agent_update",
+            Self::ToolAgentArchive => "tool.agent_archive",
+            Self::ToolAgentSetPrompt => "tool.agent_set_prompt",
+        }
+    }
+
+    /// The kind of the object the entry's `object_id` names.
+    fn object_kind(self) -> &'static str {
+        match self {
+            Self::KeyCreated | Self::KeyRevoked => "key",
+            Self::QuotasSet | Self::TeamCreated | Self::TeamUpdated => "team",
+            Self::AgentCreated
+            | Self::AgentUpdated
+            | Self::AgentDeleted
+            | Self::ToolCronSet
+            | Self::ToolCronRemove
+            | Self::ToolSecretSet
+            | Self::ToolAgentCreate
+            | Self::ToolAgentUpdate
+            | Self::ToolAgentArchive
+            | Self::ToolAgentSetPrompt => "agent",
+            Self::ConnectorCreated | Self::ConnectorDeleted => "connector",
+            Self::SecretSet | Self::SecretDeleted => "secret",
+            Self::WebhookCreated | Self::WebhookDeleted => "webhook",
+            Self::GrantBound => "grant",
+        }
+    }
+}
+
+/// Writes the entry of `action` on `object` by `by` in the caller's transaction (`&mut
+/// *tx`). `details` holds names only (of fields, of a secret), never values.
+pub(super) async fn record(
+    conn: &mut sqlx::PgConnection,
+    team: TeamId,
+    by: &Actor,
+    action: Action,
+    object: impl std::fmt::Display,
+    details: Value,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO audit_log \
+           (id, team_id, actor_kind, actor, action, object_kind, object_id, address, details) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::inet, $9)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(team.0)
+    .bind(by.kind.as_str())
+    .bind(&by.id)
+    .bind(action.as_str())
+    .bind(action.object_kind())
+    .bind(object.to_string())
+    .bind(by.address.map(|a| a.to_string()))
+    .bind(details)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One entry as `GET /v1/audit` shows it.
+#[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AuditEntry {
+    pub id: Uuid,
+    pub at: DateTime<Utc>,
+    pub actor_kind: ActorKind,
+    /// The key's id, the token's user, or `operator`.
+    pub actor: String,
+    /// A stable dotted name: `key.created`, `agent.updated`, `tool.secret_set`, ...
+    pub action: String,
+    /// `key`, `team`, `agent`, `connector`, `secret`, `webhook` or `grant`.
+    pub object_kind: String,
+    /// The object's id (a secret's name).
+    pub object_id: String,
+    /// The client's address as the brain saw it; absent for a tool call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Non-secret facts: names of changed fields, a secret's name.
+    #[schema(value_type = Object)]
+    pub details: Value,
+}
+
+/// Which entries a listing shows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AuditFilter<'a> {
+    /// Only entries about this object id.
+    pub object: Option<&'a str>,
+    /// Only entries by this actor (a key's id, a token's user).
+    pub actor: Option<&'a str>,
+}
+
+type EntryTuple = (
+    Uuid,
+    DateTime<Utc>,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Value,
+);
+
+impl Store {
+    /// A page of the team's entries, newest first: at most `limit` before `before`.
+    pub async fn audit_entries(
+        &self,
+        team: TeamId,
+        filter: AuditFilter<'_>,
+        before: Option<Keyset>,
+        limit: i64,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let sql = format!(
+            "SELECT id, created_at, actor_kind, actor, action, object_kind, object_id, \
+               host(address), details FROM audit_log \
+             WHERE team_id = $1 AND ($5::text IS NULL OR object_id = $5) \
+               AND ($6::text IS NULL OR actor = $6) AND {} \
+             ORDER BY created_at DESC, id DESC LIMIT $2",
+            super::keyset_after("<", "$3", "$4")
+        );
+        let rows: Vec<EntryTuple> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(limit)
+            .bind(before.map(|k| k.at))
+            .bind(before.map(|k| k.id))
+            .bind(filter.object)
+            .bind(filter.actor)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(
+                |(id, at, kind, actor, action, object_kind, object_id, address, details)| {
+                    Ok(AuditEntry {
+                        id,
+                        at,
+                        actor_kind: ActorKind::parse(&kind).ok_or_else(|| {
+                            StoreError::Corrupt(format!("audit entry {id} has actor kind {kind}"))
+                        })?,
+                        actor,
+                        action,
+                        object_kind,
+                        object_id,
+                        address,
+                        details,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    /// Deletes at most `limit` entries older than `retention_days`, oldest first; answers
+    /// how many. Replicas sweeping at once skip each other's rows.
+    pub async fn expire_audit_entries(
+        &self,
+        retention_days: u32,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM audit_log WHERE id IN ( \
+               SELECT id FROM audit_log WHERE created_at < now() - make_interval(days => $1) \
+               ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(i32::try_from(retention_days).unwrap_or(i32::MAX))
+        .bind(limit)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turns_actor_is_read_from_its_authority() {
+        let key = Actor::of_turn("key:0190c5a4-0000-7000-8000-000000000001");
+        assert_eq!(key.kind, ActorKind::Key);
+        assert_eq!(key.id, "0190c5a4-0000-7000-8000-000000000001");
+        assert_eq!(key.address, None);
+        let user = Actor::of_turn("user:alice:x");
+        assert_eq!((user.kind, user.id.as_str()), (ActorKind::User, "alice:x"));
+        let old = Actor::of_turn("unknown");
+        assert_eq!((old.kind, old.id.as_str()), (ActorKind::Unknown, "unknown"));
+    }
+}
