@@ -12,6 +12,7 @@ mod api;
 mod approvals;
 mod architecture;
 mod artifacts;
+mod audit;
 mod auth;
 mod autostart;
 mod background;
