@@ -104,7 +104,6 @@ pub enum Action {
     WebhookDeleted,
     TeamCreated,
     TeamUpdated,
-    GrantBound,
     /// The brain tools that change the agent (X1): the entry names the agent.
     ToolCronSet,
     ToolCronRemove,
@@ -132,7 +131,6 @@ impl Action {
             Self::WebhookDeleted => "webhook.deleted",
             Self::TeamCreated => "team.created",
             Self::TeamUpdated => "team.updated",
-            Self::GrantBound => "grant.bound",
             Self::ToolCronSet => "tool.cron_set",
             Self::ToolCronRemove => "tool.cron_remove",
             Self::ToolSecretSet => "tool.secret_set",
@@ -161,7 +159,6 @@ impl Action {
             Self::ConnectorCreated | Self::ConnectorDeleted => "connector",
             Self::SecretSet | Self::SecretDeleted => "secret",
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
-            Self::GrantBound => "grant",
         }
     }
 }
@@ -205,7 +202,7 @@ pub struct AuditEntry {
     pub actor: String,
     /// A stable dotted name: `key.created`, `agent.updated`, `tool.secret_set`, ...
     pub action: String,
-    /// `key`, `team`, `agent`, `connector`, `secret`, `webhook` or `grant`.
+    /// `key`, `team`, `agent`, `connector`, `secret` or `webhook`.
     pub object_kind: String,
     /// The object's id (a secret's name).
     pub object_id: String,
