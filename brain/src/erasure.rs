@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::store::{Erased, StoreError, TurnStatus, Within, bounded};
+use crate::store::{Actor, Erased, StoreError, TurnStatus, Within, bounded};
 use crate::turn::stop::{self, StopError};
 
 /// How long an erasure waits for the turns it stopped to end before deleting anyway (a
@@ -68,10 +68,16 @@ pub async fn erase_chat(state: &AppState, team: TeamId, chat: ChatId) -> Result<
 }
 
 /// Erases `agent` of `team`: each of its chats as [`erase_chat`] does, then the agent with
-/// its memories, secrets, schedule and the connectors bound to it.
-pub async fn erase_agent(state: &AppState, team: TeamId, agent: AgentId) -> Result<(), EraseError> {
+/// its memories, secrets, schedule and the connectors bound to it; `by` is recorded in
+/// the audit log (L5).
+pub async fn erase_agent(
+    state: &AppState,
+    team: TeamId,
+    agent: AgentId,
+    by: &Actor,
+) -> Result<(), EraseError> {
     erase_chats_of(state, team, agent).await?;
-    let erased = bounded(state.store.erase_agent(team, agent))
+    let erased = bounded(state.store.erase_agent(team, agent, by))
         .await?
         .ok_or(EraseError::NotFound("agent"))?;
     remove_outside(state, erased).await;
@@ -221,7 +227,9 @@ async fn erase_team(
             {
                 return Ok(false);
             }
-            match erase_agent(state, team, agent).await {
+            // The operator erases the team (in the background, so with no address); these
+            // entries go with the team's log when the erasure finishes.
+            match erase_agent(state, team, agent, &Actor::operator(None)).await {
                 Ok(()) | Err(EraseError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }

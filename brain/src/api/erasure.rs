@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use protocol::ErrorBody;
 
-use super::parse_id;
+use super::{ClientAddr, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::erasure;
@@ -65,10 +65,12 @@ pub async fn erase_chat(
 pub async fn erase_agent(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(agent_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let agent = parse_id(&agent_id, "agent")?;
-    erasure::erase_agent(&state, principal.team, agent).await?;
+    let by = principal.actor(address);
+    erasure::erase_agent(&state, principal.team, agent, &by).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -13,6 +13,7 @@
 use protocol::{AgentId, ChatId, TeamId};
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
 
 /// Messages deleted per statement while a chat is erased.
@@ -116,11 +117,13 @@ impl Store {
     /// Deletes `agent` of `team` and what is left of it: its chats (each as
     /// [`Store::erase_chat`] does; the caller erases big ones first), memories, secrets,
     /// schedule, the connectors bound to it and their grants, its artifacts and snapshots.
-    /// `None` when there is no such agent.
+    /// `None` when there is no such agent. Its audit entry (`agent.deleted`, by `by`) is
+    /// written in the same transaction.
     pub async fn erase_agent(
         &self,
         team: TeamId,
         agent: AgentId,
+        by: &Actor,
     ) -> Result<Option<Erased>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let found: Option<Uuid> =
@@ -133,6 +136,8 @@ impl Store {
             return Ok(None);
         }
         let erased = erase_agent_in(&mut tx, team, agent.0).await?;
+        let details = serde_json::json!({});
+        audit::record(&mut tx, team, by, Action::AgentDeleted, agent, details).await?;
         tx.commit().await?;
         Ok(Some(erased))
     }
@@ -208,7 +213,7 @@ impl Store {
 
     /// Deletes what `team` holds outside its agents (keys, team secrets, team-wide
     /// connectors and their grants, webhooks and their deliveries, compositions, quotas,
-    /// approvals left over) and marks it erased; the caller erased its agents first. The
+    /// approvals left over, its audit log) and marks it erased; the caller erased its agents first. The
     /// team's row stays, with its name, as the tombstone its usage records point at.
     pub async fn finish_team_erasure(&self, team: TeamId) -> Result<Erased, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -233,6 +238,7 @@ impl Store {
             "team_quotas",
             "oauth_flows",
             "connector_grants",
+            "audit_log",
         ] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE team_id = $1"

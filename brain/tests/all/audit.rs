@@ -184,10 +184,16 @@ async fn admin_changes_are_logged_with_their_key_newest_first_without_secrets() 
         request(&app, &admin, Method::DELETE, &path, None).await.0,
         204
     );
+    let path = format!("/v1/agents/{agent_id}");
+    assert_eq!(
+        request(&app, &admin, Method::DELETE, &path, None).await.0,
+        204
+    );
 
     let (entries, bodies) = all_entries(&app, &admin, "").await;
     let team = app.team.to_string();
     let expected = [
+        ("agent.deleted", "agent", agent_id.as_str()),
         ("connector.deleted", "connector", connector_id.as_str()),
         ("connector.created", "connector", connector_id.as_str()),
         ("webhook.deleted", "webhook", hook_id.as_str()),
@@ -219,12 +225,12 @@ async fn admin_changes_are_logged_with_their_key_newest_first_without_secrets() 
     assert!(at.windows(2).all(|w| w[0] >= w[1]), "newest first: {at:?}");
     // What changed is named, never its value.
     assert_eq!(
-        entries[6]["details"]["fields"],
+        entries[7]["details"]["fields"],
         json!(["system_prompt", "model"])
     );
-    assert_eq!(entries[8]["details"]["fields"], json!(["tokens_per_day"]));
+    assert_eq!(entries[9]["details"]["fields"], json!(["tokens_per_day"]));
     assert_eq!(
-        entries[10]["details"],
+        entries[11]["details"],
         json!({"name": "ci", "scope": "chat"})
     );
 
