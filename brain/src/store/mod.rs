@@ -22,6 +22,7 @@ mod pool;
 mod queue;
 mod quotas;
 mod replicas;
+mod retention;
 mod secrets;
 mod sessions;
 mod snapshots;
@@ -54,6 +55,7 @@ pub use pool::RemoteClaim;
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
 pub use quotas::{BilledBefore, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
+pub use retention::{Expiring, RetentionLock};
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
@@ -451,6 +453,11 @@ fn migrator() -> Migrator {
             30,
             "erasure",
             include_str!("../../../migrations/0030_erasure.sql"),
+        ),
+        (
+            33,
+            "retention",
+            include_str!("../../../migrations/0033_retention.sql"),
         ),
     ]
     .into_iter()
