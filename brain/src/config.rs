@@ -60,6 +60,9 @@ pub struct Config {
     pub secrets_key: Option<crate::store::SecretsKey>,
     /// Where files and artifacts are kept (SPEC "object storage").
     pub artifacts: ArtifactsConfig,
+    /// How often this replica tries to sweep what is past the teams' retention (L6,
+    /// `BRAIN_RETENTION_SWEEP_INTERVAL_MS`); one replica sweeps at a time.
+    pub retention_sweep_interval: Duration,
     /// Worker sessions and their channel (SPEC W).
     pub workers: WorkerConfig,
     /// A new team's quotas, until it overrides them (`BRAIN_QUOTA_<FIELD>`; unset is
@@ -533,6 +536,7 @@ impl Config {
             },
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
+            retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,
             quotas: quotas(env)?,
             operator_token: crate::auth::OperatorToken::from_env(env)?,

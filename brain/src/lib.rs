@@ -36,6 +36,7 @@
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
 //! - `erasure.rs`: a chat, an agent or a team erased wherever it lives (L2);
+//! - `retention.rs`: the sweep that deletes what is past a team's retention (L6);
 //! - `demo.rs`: the offline demo model for `make dev` without a provider key.
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
@@ -63,6 +64,7 @@ pub mod metrics;
 pub mod provider;
 pub mod quota;
 pub mod redis;
+pub mod retention;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
@@ -273,6 +275,11 @@ pub async fn serve(
     // Teams being erased (L2) are worked on until the drain begins; the lease of one cut
     // off lapses and another replica finishes it.
     tokio::spawn(erasure::run(state.clone(), state.draining.clone()));
+    tokio::spawn(retention::run(
+        state.clone(),
+        state.config.retention_sweep_interval,
+        state.draining.clone(),
+    ));
     // Queued turns (T13) start until the drain begins.
     tokio::spawn(turn::run_queue(state.clone(), state.draining.clone()));
     // Relayed calls for the workers this replica holds keep working while it drains.

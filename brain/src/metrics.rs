@@ -61,6 +61,9 @@ pub struct Counters {
     pub webhook_attempts: IntCounterVec,
     /// Erasures done, by what went: `chat`, `agent`, `team` (L2).
     erasures: IntCounterVec,
+    /// Rows past a team's retention deleted, by kind: `turn`, `message`, `artifact`,
+    /// `snapshot` (L6).
+    retention_deleted: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,
     /// From the turn task's start to its end state written, by the primary route's kind.
@@ -275,6 +278,12 @@ impl Metrics {
                 "Erasures done by this replica, by what went: chat, agent, team.",
                 &["kind"],
             )?,
+            retention_deleted: counter_vec(
+                r,
+                "brain_retention_deleted_total",
+                "Rows past a team's retention deleted by this replica: turn, message, artifact, snapshot.",
+                &["kind"],
+            )?,
             registry,
         }));
         // The closed label sets start at 0, so a rate over them exists from the first
@@ -285,12 +294,22 @@ impl Metrics {
         for result in HoldResult::ALL {
             metrics.holds.with_label_values(&[result.as_str()]);
         }
+        for kind in ["turn", "message", "artifact", "snapshot"] {
+            metrics.retention_deleted.with_label_values(&[kind]);
+        }
         Ok(metrics)
     }
 
     /// An erasure of `kind` (`chat`, `agent`, `team`) finished.
     pub fn erased(&self, kind: &'static str) {
         self.erasures.with_label_values(&[kind]).inc();
+    }
+
+    /// `count` rows of `kind` past their team's retention were deleted.
+    pub fn retention_deleted(&self, kind: &'static str, count: u64) {
+        self.retention_deleted
+            .with_label_values(&[kind])
+            .inc_by(count);
     }
 
     pub fn quota_refused(&self, field: crate::quota::Field) {

@@ -23,6 +23,7 @@ pub mod openapi;
 mod paging;
 mod quotas;
 mod secrets;
+mod settings;
 mod teams;
 mod turns;
 mod usage;
@@ -105,6 +106,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
         .routes(routes!(secrets::list))
+        .routes(routes!(settings::get, settings::put))
         .routes(routes!(secrets::put, secrets::delete))
         .routes(routes!(teams::list, teams::create))
         .routes(routes!(teams::get, teams::update, teams::erase))

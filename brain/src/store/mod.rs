@@ -23,6 +23,7 @@ mod pool;
 mod queue;
 mod quotas;
 mod replicas;
+mod retention;
 mod secrets;
 mod sessions;
 mod snapshots;
@@ -56,6 +57,7 @@ pub use pool::RemoteClaim;
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
 pub use quotas::{BilledBefore, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
+pub use retention::{Expiring, RetentionLock};
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
@@ -458,6 +460,11 @@ fn migrator() -> Migrator {
             31,
             "audit log of admin actions",
             include_str!("../../../migrations/0031_audit.sql"),
+        ),
+        (
+            33,
+            "retention",
+            include_str!("../../../migrations/0033_retention.sql"),
         ),
     ]
     .into_iter()

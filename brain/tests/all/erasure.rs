@@ -105,7 +105,7 @@ async fn redis_keys_naming(id: &str) -> Vec<String> {
 }
 
 /// Every file under `dir`, recursively.
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+pub(crate) fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
@@ -121,7 +121,7 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
 }
 
 /// Waits up to `within` for `check` to hold.
-async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -134,12 +134,17 @@ where
 }
 
 /// The artifact directory of `app` (`BRAIN_ARTIFACTS_DIR`, as `TestApp` sets it).
-fn artifacts_dir(app: &TestApp) -> std::path::PathBuf {
+pub(crate) fn artifacts_dir(app: &TestApp) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("brain-test-artifacts-{}", app.db_name))
 }
 
 /// A workspace snapshot of `chat` as an idle teardown stores it: its row and its bytes.
-async fn stored_snapshot(app: &TestApp, agent: &str, chat: &str, session: Uuid) -> String {
+pub(crate) async fn stored_snapshot(
+    app: &TestApp,
+    agent: &str,
+    chat: &str,
+    session: Uuid,
+) -> String {
     let id = Uuid::new_v4();
     let key = format!("{}/{id}", app.team);
     let path = artifacts_dir(app).join(&key);
@@ -335,13 +340,7 @@ async fn a_chat_is_erased_by_an_admin_or_the_user_who_opened_it() {
     };
     let alices = open(token("alice", false)).await;
     let bobs = open(token("bob", false)).await;
-    let created: Value = app
-        .post_json("/v1/keys", &json!({"name": "frontend", "scope": "chat"}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let chat_key = created["api_key"].as_str().unwrap().to_owned();
+    let chat_key = app.chat_key().await;
 
     // Bob does not see Alice's chat; a chat key sees it but may not erase it.
     let response = erase(token("bob", false), alices.clone()).await;
@@ -402,16 +401,11 @@ async fn an_erased_agent_takes_its_chats_memories_secrets_schedule_and_connector
             .unwrap();
     }
 
-    let created: Value = app
-        .post_json("/v1/keys", &json!({"name": "frontend", "scope": "chat"}))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let chat_key = app.chat_key().await;
     let refused = app
         .http
         .delete(format!("{}/v1/agents/{agent}", app.url))
-        .bearer_auth(created["api_key"].as_str().unwrap())
+        .bearer_auth(&chat_key)
         .send()
         .await
         .unwrap();
@@ -530,6 +524,25 @@ async fn populated_team(app: &TestApp, marker: &str) -> (String, String) {
     (team, key)
 }
 
+/// Waits for `team` to be `erased`, then finds no row of it but its usage, and its
+/// `marker` text nowhere.
+async fn erased_whole(app: &TestApp, team: &str, marker: &str) {
+    eventually(Duration::from_secs(20), "the team is erased", || async {
+        let read: Value = as_operator(app, Method::GET, &format!("/v1/teams/{team}"), None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        read["status"] == "erased"
+    })
+    .await;
+    assert_eq!(
+        rows_naming(app, "team_id", team, &["billing_events"]).await,
+        Vec::<String>::new()
+    );
+    assert_eq!(rows_holding(app, marker).await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn an_erased_team_is_taken_in_the_background_and_only_its_row_and_usage_stay() {
     let app = operator_app().await;
@@ -560,20 +573,7 @@ async fn an_erased_team_is_taken_in_the_background_and_only_its_row_and_usage_st
         .unwrap();
     assert!([401, 403].contains(&refused.status().as_u16()));
 
-    eventually(Duration::from_secs(20), "the team is erased", || async {
-        let read: Value = as_operator(&app, Method::GET, &format!("/v1/teams/{team}"), None)
-            .await
-            .json()
-            .await
-            .unwrap();
-        read["status"] == "erased"
-    })
-    .await;
-    assert_eq!(
-        rows_naming(&app, "team_id", &team, &["billing_events"]).await,
-        Vec::<String>::new()
-    );
-    assert_eq!(rows_holding(&app, &marker).await, Vec::<String>::new());
+    erased_whole(&app, &team, &marker).await;
     let after: i64 =
         sqlx::query_scalar("SELECT count(*) FROM billing_events WHERE team_id = $1::uuid")
             .bind(&team)
@@ -628,22 +628,5 @@ async fn a_team_erasure_cut_off_by_a_dead_replica_is_finished_by_another() {
         .unwrap();
     assert_eq!(read["status"], "erasing");
 
-    eventually(
-        Duration::from_secs(20),
-        "the erasure is finished",
-        || async {
-            let read: Value = as_operator(&app, Method::GET, &format!("/v1/teams/{team}"), None)
-                .await
-                .json()
-                .await
-                .unwrap();
-            read["status"] == "erased"
-        },
-    )
-    .await;
-    assert_eq!(
-        rows_naming(&app, "team_id", &team, &["billing_events"]).await,
-        Vec::<String>::new()
-    );
-    assert_eq!(rows_holding(&app, &marker).await, Vec::<String>::new());
+    erased_whole(&app, &team, &marker).await;
 }

@@ -34,6 +34,7 @@ mod paging;
 mod queue;
 mod quotas;
 mod recovery;
+mod retention;
 mod stop;
 mod takeover;
 mod teams;

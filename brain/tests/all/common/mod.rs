@@ -186,6 +186,16 @@ impl TestApp {
         (agent_id, chat)
     }
 
+    /// A new API key of the team with the `chat` scope.
+    pub async fn chat_key(&self) -> String {
+        let created = self
+            .post_json("/v1/keys", &json!({"name": "frontend", "scope": "chat"}))
+            .await;
+        assert_eq!(created.status(), 201);
+        let created: Value = created.json().await.unwrap();
+        created["api_key"].as_str().unwrap().to_owned()
+    }
+
     /// A new chat with `agent`: its id.
     pub async fn new_chat(&self, agent: &str) -> String {
         let chat = self

@@ -1,0 +1,92 @@
+//! `GET /v1/team/settings`, `PUT /v1/team/settings`: the team's own settings; today its
+//! retention (L6), kept by `crate::retention`.
+
+use axum::Json;
+use axum::extract::State;
+use protocol::ErrorBody;
+use serde::{Deserialize, Serialize};
+
+use super::JsonBody;
+use crate::AppState;
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::store::bounded;
+
+/// The longest retention, in days (100 years).
+const MAX_RETENTION_DAYS: i32 = 36_500;
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"retention_days": 90}))]
+pub struct TeamSettings {
+    /// Transcripts (turns that ended, with their messages and approvals), artifacts and
+    /// workspace snapshots older than this many days are deleted; `null` keeps them.
+    retention_days: Option<i32>,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"retention_days": 90}))]
+pub struct PutTeamSettings {
+    /// 1 to 36,500 days, or `null` to keep everything.
+    #[schema(minimum = 1, maximum = 36_500)]
+    retention_days: Option<i64>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/team/settings",
+    operation_id = "get_team_settings",
+    tag = "team",
+    responses((status = 200, description = "The team's settings.", body = TeamSettings)),
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Result<Json<TeamSettings>, ApiError> {
+    let retention_days = bounded(state.store.retention_days(principal.team)).await?;
+    Ok(Json(TeamSettings { retention_days }))
+}
+
+#[utoipa::path(
+    put,
+    path = "/team/settings",
+    operation_id = "put_team_settings",
+    tag = "team",
+    request_body = PutTeamSettings,
+    responses(
+        (status = 200, description = "The team's settings as changed. A shorter retention \
+            deletes what is past it at the next sweep (`BRAIN_RETENTION_SWEEP_INTERVAL_MS`).",
+            body = TeamSettings),
+        (status = 400, description = "An unknown field, or a retention that is not 1 to \
+            36,500 days or `null` (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+    ),
+)]
+pub async fn put(
+    State(state): State<AppState>,
+    principal: Principal,
+    JsonBody(body): JsonBody<PutTeamSettings>,
+) -> Result<Json<TeamSettings>, ApiError> {
+    principal.require_admin()?;
+    let retention_days = body
+        .retention_days
+        .map(|days| {
+            i32::try_from(days)
+                .ok()
+                .filter(|d| (1..=MAX_RETENTION_DAYS).contains(d))
+                .ok_or_else(|| {
+                    ApiError::InvalidRequest(format!(
+                        "retention_days must be 1 to {MAX_RETENTION_DAYS}, or null"
+                    ))
+                })
+        })
+        .transpose()?;
+    bounded(
+        state
+            .store
+            .set_retention_days(principal.team, retention_days),
+    )
+    .await?;
+    tracing::info!(team = %principal.team, "team settings changed");
+    Ok(Json(TeamSettings { retention_days }))
+}
