@@ -100,6 +100,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
+        .routes(routes!(
+            quotas::get_user,
+            quotas::put_user,
+            quotas::delete_user
+        ))
         .routes(routes!(secrets::list))
         .routes(routes!(secrets::put, secrets::delete))
         .routes(routes!(teams::list, teams::create))

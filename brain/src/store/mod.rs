@@ -50,7 +50,7 @@ pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
-pub use quotas::{BilledBefore, SessionUsage, Since, TurnUsage};
+pub use quotas::{BilledBefore, QuotaSettings, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
