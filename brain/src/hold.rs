@@ -434,7 +434,10 @@ pub enum Admitted {
     /// The agent is ours and the quotas let the turn start; `levels` are the turn limits
     /// Redis enforces (all `None` for a team without any; the user's level only when the
     /// user has a turn limit of its own) and what the turn leaves of them.
-    Held { guard: HoldGuard, levels: Levels },
+    Held {
+        guard: HoldGuard,
+        levels: Levels,
+    },
     Busy {
         running: TurnId,
     },
@@ -1362,10 +1365,7 @@ impl HoldGuard {
                 Some("ok") => return Ok(Reserved::Ok),
                 Some("rebuild") => {
                     let user = at_user.then_some(counted.user.as_deref()).flatten();
-                    if let Err(class) = inner
-                        .rebuild(quotas, counted.team, user, &periods)
-                        .await?
-                    {
+                    if let Err(class) = inner.rebuild(quotas, counted.team, user, &periods).await? {
                         tracing::warn!(turn = %counted.turn, class, "quota counters unavailable mid-turn");
                         return Ok(Reserved::Unavailable);
                     }
@@ -1376,7 +1376,11 @@ impl HoldGuard {
                         tokens_month: n(4),
                         ..TurnCounts::default()
                     };
-                    let limits = if at_user { levels[levels.len() - 1].1 } else { team };
+                    let limits = if at_user {
+                        levels[levels.len() - 1].1
+                    } else {
+                        team
+                    };
                     let budgets = Limits {
                         tokens_per_day: limits.tokens_per_day,
                         tokens_per_month: limits.tokens_per_month,

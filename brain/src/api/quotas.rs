@@ -11,11 +11,10 @@ use super::JsonBody;
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::quota::{
-    LimitsUpdate, Periods, QuotaUpdate, TeamSettings, UpdateError, Used, UserLimits,
-    check_user_id,
-};
 use crate::quota::Limits;
+use crate::quota::{
+    LimitsUpdate, Periods, QuotaUpdate, TeamSettings, UpdateError, Used, UserLimits, check_user_id,
+};
 use protocol::{ErrorBody, TeamId};
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -244,7 +244,10 @@ impl LimitsUpdate {
         for (field, value) in fields {
             let Some(value) = value else { continue };
             if value.is_some_and(|v| v > MAX_LIMIT) {
-                return Err(format!("{path}{} must be at most {MAX_LIMIT}", field.name()));
+                return Err(format!(
+                    "{path}{} must be at most {MAX_LIMIT}",
+                    field.name()
+                ));
             }
             patch.insert(field.name().to_owned(), value.into());
         }
@@ -484,11 +487,7 @@ impl Quotas {
 
     /// One user's limits (L4): the team's `per_user` with the user's overrides over it,
     /// field by field, and those overrides (`{}` for none).
-    pub async fn user_limits(
-        &self,
-        team: TeamId,
-        user: &str,
-    ) -> Result<UserLimits, StoreError> {
+    pub async fn user_limits(&self, team: TeamId, user: &str) -> Result<UserLimits, StoreError> {
         let (per_user, overrides) = bounded(self.store.user_quota(team, user)).await?;
         Ok(UserLimits::new(&per_user, overrides))
     }

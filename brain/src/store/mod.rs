@@ -444,6 +444,11 @@ fn migrator() -> Migrator {
             "teams: disabled by the operator",
             include_str!("../../../migrations/0029_teams_lifecycle.sql"),
         ),
+        (
+            32,
+            "user budgets: per-user limits and overrides, the user of a billing event",
+            include_str!("../../../migrations/0032_user_budgets.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

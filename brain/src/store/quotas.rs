@@ -155,9 +155,8 @@ impl Store {
         user: &str,
         patch: &serde_json::Value,
     ) -> Result<(serde_json::Value, serde_json::Value), StoreError> {
-        let (per_user, overrides): (Option<serde_json::Value>, serde_json::Value) =
-            sqlx::query_as(
-                "WITH u AS ( \
+        let (per_user, overrides): (Option<serde_json::Value>, serde_json::Value) = sqlx::query_as(
+            "WITH u AS ( \
                    INSERT INTO user_quotas (team_id, user_id, overrides) VALUES ($1, $2, $3) \
                    ON CONFLICT (team_id, user_id) DO UPDATE \
                      SET overrides = user_quotas.overrides || EXCLUDED.overrides, \
@@ -165,12 +164,12 @@ impl Store {
                    RETURNING overrides) \
                  SELECT (SELECT per_user FROM team_quotas WHERE team_id = $1), u.overrides \
                  FROM u",
-            )
-            .bind(team.0)
-            .bind(user)
-            .bind(patch)
-            .fetch_one(&self.pool)
-            .await?;
+        )
+        .bind(team.0)
+        .bind(user)
+        .bind(patch)
+        .fetch_one(&self.pool)
+        .await?;
         Ok((per_user.unwrap_or_else(|| serde_json::json!({})), overrides))
     }
 

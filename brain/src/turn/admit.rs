@@ -183,7 +183,10 @@ impl Budget {
             )
         };
         let team = budgets(&self.limits);
-        let user = self.user.as_deref().zip(self.user_limits.as_ref().and_then(budgets));
+        let user = self
+            .user
+            .as_deref()
+            .zip(self.user_limits.as_ref().and_then(budgets));
         if team.is_none() && user.is_none() {
             return Ok(None);
         }
@@ -192,7 +195,10 @@ impl Budget {
             && let Some(hold) = &self.hold
         {
             let user = user.map(|(_, limits)| limits);
-            match hold.reserve(&self.quotas, &team, user.as_ref(), tokens).await? {
+            match hold
+                .reserve(&self.quotas, &team, user.as_ref(), tokens)
+                .await?
+            {
                 Reserved::Ok => return Ok(None),
                 Reserved::Refused(refusal) => return Ok(Some(refusal)),
                 Reserved::Unavailable => {}
@@ -200,16 +206,11 @@ impl Budget {
         }
         let user = user.as_ref().map(|(name, limits)| (*name, limits));
         // This turn is among the running ones Postgres counts, at one reservation each.
-        Ok(fallback::admit_turn(
-            &self.store,
-            self.team,
-            user,
-            &team,
-            tokens,
-            &Periods::now(),
+        Ok(
+            fallback::admit_turn(&self.store, self.team, user, &team, tokens, &Periods::now())
+                .await?
+                .err(),
         )
-        .await?
-        .err())
     }
 
     /// Remembers when the turn's billing events were written.

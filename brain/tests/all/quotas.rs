@@ -524,6 +524,7 @@ mod settle {
                 team: self.team,
                 agent: AgentId::new(),
                 turn,
+                user: None,
                 reservation: 100,
             };
             match self.holds.admit(&self.quotas, admission).await.unwrap() {
