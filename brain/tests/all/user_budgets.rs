@@ -383,12 +383,17 @@ async fn bad_quota_input_is_an_invalid_request() {
             "{user}"
         );
     }
-    let response = call(&app, None, Method::GET, "/v1/quotas/users/", None).await;
-    assert!(
-        matches!(response.status().as_u16(), 400 | 404 | 405),
-        "an empty user id is no user: {}",
-        response.status()
-    );
+    // An empty user id names no route: `not_found`, never an empty user's limits.
+    let response = call(
+        &app,
+        None,
+        Method::PUT,
+        "/v1/quotas/users/",
+        Some(json!({})),
+    )
+    .await;
+    let (status, error) = refusal(response).await;
+    assert_eq!((status, error["code"].as_str()), (404, Some("not_found")));
     // A user reads its own limits, not another's; only an admin changes them.
     let alice = token(&app, "alice");
     let own = call(
