@@ -25,6 +25,10 @@
 //! or not its reservation was reaped meanwhile, and whichever of its settlement and a
 //! rebuild of the counters comes first (`SETTLE`, `REBUILD`).
 //!
+//! A JWT user's turn (L4) also counts at its user's level, whose keys
+//! (`quota:{team}:user:{len}:{user}:…`) are the team's counters again, plus the user's
+//! overrides; every script above takes the user's keys after the team's, in the same call.
+//!
 //! Architecture invariant: only this module knows the hold's and the counters' key names
 //! and value formats.
 
@@ -436,7 +440,7 @@ pub enum Admitted {
     /// user has a turn limit of its own) and what the turn leaves of them.
     Held {
         guard: HoldGuard,
-        levels: Levels,
+        levels: Box<Levels>,
     },
     Busy {
         running: TurnId,
@@ -737,12 +741,12 @@ impl Holds {
                         };
                         return Ok(Admitted::Held {
                             guard,
-                            levels: Levels {
+                            levels: Box::new(Levels {
                                 team: level(&limits),
                                 user: user
                                     .filter(|u| u.limits.limits_turns())
                                     .map(|u| level(&u.limits)),
-                            },
+                            }),
                         });
                     }
                     return match running_turn(current) {
@@ -784,11 +788,11 @@ impl Holds {
                     let guard = HoldGuard::start(inner, hold, value, acquired_at, None);
                     return Ok(Admitted::Held {
                         guard,
-                        levels: Levels::default(),
+                        levels: Box::default(),
                     });
                 }
                 Some("ok") => {
-                    let levels = parse_levels(&answer[1..]);
+                    let levels = Box::new(parse_levels(&answer[1..]));
                     let guard = HoldGuard::start(inner, hold, value, acquired_at, Some(counted()));
                     return Ok(Admitted::Held { guard, levels });
                 }

@@ -19,6 +19,11 @@
 //!
 //! Postgres is the truth: the Redis counters are rebuilt from its billing events when they
 //! are missing and expire hourly, so drift heals.
+//!
+//! End users (L4): a JWT user's turns count against limits of the user's own under the
+//! team's (the team's `per_user`, with the user's overrides over it field by field), in the
+//! same script and the same fallback; an API key's turns count at the team's level only.
+//! A refusal names its level ([`Refusal::scope`]).
 
 pub mod fallback;
 mod headers;
