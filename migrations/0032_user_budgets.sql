@@ -34,9 +34,6 @@ $$ LANGUAGE plpgsql;
 CREATE TRIGGER billing_events_user BEFORE INSERT ON billing_events
     FOR EACH ROW EXECUTE FUNCTION billing_events_user();
 
--- A user's budget counters are rebuilt from its events, and its turns counted from Postgres
--- when Redis is unreachable.
-CREATE INDEX billing_events_user ON billing_events (team_id, user_id, created_at)
-    WHERE user_id IS NOT NULL;
-CREATE INDEX turns_team_actor_started ON turns (team_id, actor, started_at)
-    WHERE actor LIKE 'user:%';
+-- No index of their own: a user's counts are the team's (`billing_events_team`,
+-- `turns_team_running`, `turns_team_started`) filtered by user, a month's events or a
+-- minute's turns of one team at most.
