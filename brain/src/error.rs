@@ -346,6 +346,10 @@ impl IntoResponse for ApiError {
                 code: self.code(),
                 message: self.public_message(),
                 turn_id: self.turn_id(),
+                scope: match &self {
+                    Self::Quota(refusal) => Some(refusal.scope),
+                    _ => None,
+                },
             },
         };
         let mut response = (status, axum::Json(body)).into_response();

@@ -25,6 +25,10 @@
 //! or not its reservation was reaped meanwhile, and whichever of its settlement and a
 //! rebuild of the counters comes first (`SETTLE`, `REBUILD`).
 //!
+//! A JWT user's turn (L4) also counts at its user's level, whose keys
+//! (`quota:{team}:user:{len}:{user}:…`) are the team's counters again, plus the user's
+//! overrides; every script above takes the user's keys after the team's, in the same call.
+//!
 //! Architecture invariant: only this module knows the hold's and the counters' key names
 //! and value formats.
 
@@ -32,13 +36,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{AgentId, TeamId, TurnId};
+use protocol::{AgentId, QuotaScope, TeamId, TurnId};
 use redis::RedisError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{HoldResult, Metrics};
-use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TurnCounts};
+use crate::quota::{
+    Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, Standing, TurnCounts,
+};
 use crate::redis::{Shared, bounded};
 use crate::store::StoreError;
 
@@ -89,124 +95,175 @@ end
 return 0
 ";
 
-/// The quota-aware `ACQUIRE` (see the module doc for the keys). Answers `{"busy", value}`,
-/// `{"limits"}` (none stored: the next call carries them, `ARGV[5]` = `1`, `ARGV[7..10]`),
-/// `{"rebuild"}` (a budget counter is missing: `REBUILD` it, then call again),
-/// `{"refused", field, counts…, limits…}`, `{"ok"}` (the
-/// team has no turn limit) or `{"ok", counts…, limits…}`, where counts are the running
-/// turns, the turns of the last minute, ms until the oldest of them leaves the window,
-/// and billed + reserved tokens of the day and month, as the turn leaves them, and limits
-/// the four turn limits as stored (empty for unlimited). The refusal rule is
-/// `quota::fallback::decide`'s, in the same order.
+/// The quota-aware `ACQUIRE` (see the module doc for the keys). Keys: the hold, then the
+/// team's level (limits, running, reservations, their total, starts, day, month), then,
+/// for an end user's turn (L4), the user's level (its overrides, then the same six).
+/// Answers `{"busy", value}`, `{"limits"}` (none stored: the next call carries them,
+/// `ARGV[5]` = `1`, `ARGV[7..10]` the team's, `ARGV[12..15]` its `per_user`, `ARGV[16]`
+/// `1` when any user has overrides, `ARGV[17..20]` this user's overrides, `-` for none),
+/// `{"rebuild", level}` (a budget counter of `team` or `user` is missing: `REBUILD` it,
+/// then call again), `{"refused", level, field, standings…}`, `{"ok"}` (no level has a
+/// turn limit) or `{"ok", standings…}`: per level counted (the team's, then the user's
+/// when it has a turn limit of its own) the running turns, the turns of the last minute,
+/// ms until the oldest of them leaves the window, billed + reserved tokens of the day and
+/// month, as the turn leaves them, then the four turn limits (empty for unlimited). A
+/// user's limit is its override if it has one, else the team's `per_user`. The refusal
+/// rule is `quota::fallback::decide_levels`', in the same order.
 const ADMIT: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur then return {'busy', cur} end
+local user = #KEYS > 8
 if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[2], 'set', '1', 'tpd', ARGV[7], 'tpmo', ARGV[8], 'tpm', ARGV[9], 'ct', ARGV[10])
+  redis.call('HSET', KEYS[2], 'set', '1', 'tpd', ARGV[7], 'tpmo', ARGV[8], 'tpm', ARGV[9], 'ct', ARGV[10],
+    'utpd', ARGV[12], 'utpmo', ARGV[13], 'utpm', ARGV[14], 'uct', ARGV[15], 'uo', ARGV[16])
   redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  if user then
+    redis.call('HSET', KEYS[9], 'set', '1', 'tpd', ARGV[17], 'tpmo', ARGV[18], 'tpm', ARGV[19], 'ct', ARGV[20])
+    redis.call('PEXPIRE', KEYS[9], ARGV[6])
+  end
 end
-local lim = redis.call('HMGET', KEYS[2], 'set', 'tpd', 'tpmo', 'tpm', 'ct')
+local lim = redis.call('HMGET', KEYS[2], 'set', 'tpd', 'tpmo', 'tpm', 'ct', 'utpd', 'utpmo', 'utpm', 'uct', 'uo')
 if not lim[1] then return {'limits'} end
 local function num(v) if not v or v == '' then return nil end return tonumber(v) end
-local tpd, tpmo, tpm, ct = num(lim[2]), num(lim[3]), num(lim[4]), num(lim[5])
-if not (tpd or tpmo or tpm or ct) then
+local function limited(l) return num(l[1]) or num(l[2]) or num(l[3]) or num(l[4]) end
+local levels = {{base = 3, scope = 'team', lim = {lim[2] or '', lim[3] or '', lim[4] or '', lim[5] or ''}}}
+if user then
+  local def = {lim[6] or '', lim[7] or '', lim[8] or '', lim[9] or ''}
+  if lim[10] == '1' or limited(def) then
+    local o = redis.call('HMGET', KEYS[9], 'set', 'tpd', 'tpmo', 'tpm', 'ct')
+    if not o[1] then return {'limits'} end
+    local u = {}
+    for i = 1, 4 do
+      if o[i + 1] and o[i + 1] ~= '-' then u[i] = o[i + 1] else u[i] = def[i] end
+    end
+    if limited(u) then levels[2] = {base = 10, scope = 'user', lim = u} end
+  end
+end
+if not (limited(levels[1].lim) or levels[2]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return {'ok'}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, m in ipairs(gone) do
-  local r = redis.call('HGET', KEYS[4], m)
-  if r then
-    redis.call('DECRBY', KEYS[5], r)
-    redis.call('HDEL', KEYS[4], m)
+for _, lv in ipairs(levels) do
+  local k = lv.base
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[k], '-inf', now)
+  for _, m in ipairs(gone) do
+    local r = redis.call('HGET', KEYS[k + 1], m)
+    if r then
+      redis.call('DECRBY', KEYS[k + 2], r)
+      redis.call('HDEL', KEYS[k + 1], m)
+    end
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now) end
+  lv.running = redis.call('ZCARD', KEYS[k])
+  redis.call('ZREMRANGEBYSCORE', KEYS[k + 3], '-inf', now - 60000)
+  lv.recent = redis.call('ZCARD', KEYS[k + 3])
+  lv.reset = 0
+  if lv.recent > 0 then
+    local oldest = redis.call('ZRANGE', KEYS[k + 3], 0, 0, 'WITHSCORES')
+    lv.reset = tonumber(oldest[2]) + 60000 - now
+  end
+  lv.day, lv.month = 0, 0
+  local tpd, tpmo = num(lv.lim[1]), num(lv.lim[2])
+  if tpd or tpmo then
+    local d, m = redis.call('GET', KEYS[k + 4]), redis.call('GET', KEYS[k + 5])
+    if (tpd and not d) or (tpmo and not m) then return {'rebuild', lv.scope} end
+    local resv = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
+    lv.day = tonumber(d or '0') + resv
+    lv.month = tonumber(m or '0') + resv
   end
 end
-if #gone > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now) end
-local running = redis.call('ZCARD', KEYS[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - 60000)
-local recent = redis.call('ZCARD', KEYS[6])
-local reset = 0
-if recent > 0 then
-  local oldest = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
-  reset = tonumber(oldest[2]) + 60000 - now
-end
-local day, month = 0, 0
-if tpd or tpmo then
-  local d, m = redis.call('GET', KEYS[7]), redis.call('GET', KEYS[8])
-  if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
-  local resv = tonumber(redis.call('GET', KEYS[5]) or '0')
-  day = tonumber(d or '0') + resv
-  month = tonumber(m or '0') + resv
-end
-local function answer(head, field)
+local function answer(head, scope, field)
   local a = {head}
-  if field then a[#a + 1] = field end
-  for _, v in ipairs({running, recent, reset, day, month}) do
-    a[#a + 1] = string.format('%.0f', v)
+  if scope then a[#a + 1] = scope; a[#a + 1] = field end
+  for _, lv in ipairs(levels) do
+    for _, v in ipairs({lv.running, lv.recent, lv.reset, lv.day, lv.month}) do
+      a[#a + 1] = string.format('%.0f', v)
+    end
+    for i = 1, 4 do a[#a + 1] = lv.lim[i] end
   end
-  for i = 2, 5 do a[#a + 1] = lim[i] or '' end
   return a
 end
-if ct and running >= ct then return answer('refused', 'concurrent_turns') end
-if tpm and recent >= tpm then return answer('refused', 'turns_per_minute') end
-if tpd and day >= tpd then return answer('refused', 'tokens_per_day') end
-if tpmo and month >= tpmo then return answer('refused', 'tokens_per_month') end
+for _, lv in ipairs(levels) do
+  local tpd, tpmo, tpm, ct = num(lv.lim[1]), num(lv.lim[2]), num(lv.lim[3]), num(lv.lim[4])
+  if ct and lv.running >= ct then return answer('refused', lv.scope, 'concurrent_turns') end
+  if tpm and lv.recent >= tpm then return answer('refused', lv.scope, 'turns_per_minute') end
+  if tpd and lv.day >= tpd then return answer('refused', lv.scope, 'tokens_per_day') end
+  if tpmo and lv.month >= tpmo then return answer('refused', lv.scope, 'tokens_per_month') end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local r = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[3])
-redis.call('HSET', KEYS[4], ARGV[3], r)
-redis.call('INCRBY', KEYS[5], r)
-redis.call('ZADD', KEYS[6], now, ARGV[3])
-for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], ARGV[11]) end
-redis.call('PEXPIRE', KEYS[6], 61000)
-running, recent, day, month = running + 1, recent + 1, day + r, month + r
-if reset == 0 then reset = 60000 end
+for _, lv in ipairs(levels) do
+  local k = lv.base
+  redis.call('ZADD', KEYS[k], now + tonumber(ARGV[2]), ARGV[3])
+  redis.call('HSET', KEYS[k + 1], ARGV[3], r)
+  redis.call('INCRBY', KEYS[k + 2], r)
+  redis.call('ZADD', KEYS[k + 3], now, ARGV[3])
+  for i = k, k + 2 do redis.call('PEXPIRE', KEYS[i], ARGV[11]) end
+  redis.call('PEXPIRE', KEYS[k + 3], 61000)
+  lv.running, lv.recent, lv.day, lv.month = lv.running + 1, lv.recent + 1, lv.day + r, lv.month + r
+  if lv.reset == 0 then lv.reset = 60000 end
+end
 return answer('ok')
 ";
 
 /// A further model call of an admitted turn (`ARGV[1]`) reserves its estimate (`ARGV[2]`)
-/// against the budgets `ARGV[3]`/`ARGV[4]` (day, month; empty for none). Keys: the
-/// reservations, their total, the day's and the month's counters. Answers `{"rebuild"}`
-/// (as `ADMIT`'s),
-/// `{"refused", field, day, month}` or `{"ok", day, month}`. A turn that is not running
-/// in the counters (its entry lapsed) reserves nothing and is let through: it was admitted.
+/// at each level it counts at (the team's, then its end user's): four keys a level (the
+/// reservations, their total, the day's and the month's counters) and two limits
+/// (`ARGV[3]`/`ARGV[4]` the team's day and month budgets, `ARGV[5]`/`ARGV[6]` the
+/// user's; empty for none). Answers `{"rebuild", level}` (as `ADMIT`'s),
+/// `{"refused", level, field, day, month}` or `{"ok"}`. A turn that is not running in a
+/// level's counters (its entry lapsed) reserves nothing there and is let through: it was
+/// admitted.
 const RESERVE: &str = r"
 local function num(v) if not v or v == '' then return nil end return tonumber(v) end
-local tpd, tpmo = num(ARGV[3]), num(ARGV[4])
-local d, m = redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])
-if (tpd and not d) or (tpmo and not m) then return {'rebuild'} end
-local resv = tonumber(redis.call('GET', KEYS[2]) or '0')
-local day, month = tonumber(d or '0') + resv, tonumber(m or '0') + resv
 local function f(v) return string.format('%.0f', v) end
-if tpd and day >= tpd then return {'refused', 'tokens_per_day', f(day), f(month)} end
-if tpmo and month >= tpmo then return {'refused', 'tokens_per_month', f(day), f(month)} end
-local r = tonumber(ARGV[2])
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], r)
-  redis.call('INCRBY', KEYS[2], r)
-  day, month = day + r, month + r
+local scopes = {'team', 'user'}
+for i = 1, #KEYS / 4 do
+  local k = (i - 1) * 4
+  local tpd, tpmo = num(ARGV[1 + 2 * i]), num(ARGV[2 + 2 * i])
+  local d, m = redis.call('GET', KEYS[k + 3]), redis.call('GET', KEYS[k + 4])
+  if (tpd and not d) or (tpmo and not m) then return {'rebuild', scopes[i]} end
+  local resv = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
+  local day, month = tonumber(d or '0') + resv, tonumber(m or '0') + resv
+  if tpd and day >= tpd then return {'refused', scopes[i], 'tokens_per_day', f(day), f(month)} end
+  if tpmo and month >= tpmo then return {'refused', scopes[i], 'tokens_per_month', f(day), f(month)} end
 end
-return {'ok', f(day), f(month)}
+local r = tonumber(ARGV[2])
+for i = 1, #KEYS / 4 do
+  local k = (i - 1) * 4
+  if redis.call('HEXISTS', KEYS[k + 1], ARGV[1]) == 1 then
+    redis.call('HINCRBY', KEYS[k + 1], ARGV[1], r)
+    redis.call('INCRBY', KEYS[k + 2], r)
+  end
+end
+return {'ok'}
 ";
 
-/// `RELEASE` that also settles the turn's quota counters: it leaves the running set and
-/// its reservation (if not reaped already) is returned. Its billed tokens `ARGV[3]`, billed
-/// at `ARGV[4]` (ms, Postgres' clock; empty: unknown, Redis' now), go into the ledger of
-/// settled turns (keys 7 and 8) once per turn, and with it into each day and month
-/// counter that exists and was rebuilt from billing events before they were billed (its
-/// `since`, keys 9 and 10): a counter rebuilt later holds them already. A retried
-/// settlement, or one of a turn whose reservation was reaped, adds nothing twice and
-/// loses nothing. `ARGV[5]`: how long the ledger keeps a turn (ms). 1 if the hold was ours.
+/// `RELEASE` that also settles the turn's quota counters, at each level it counts at (the
+/// team's, keys 2-10, then its end user's, keys 11-19, L4): it leaves the running set and
+/// its reservation (if not reaped already) is returned. Its billed tokens `ARGV[3]`,
+/// billed at `ARGV[4]` (ms, Postgres' clock; empty: unknown, Redis' now), go into the
+/// team's ledger of settled turns (keys 7 and 8) once per turn, and with it into each
+/// level's ledger and each day and month counter that exists and was rebuilt from
+/// billing events before they were billed (its `since`): a counter rebuilt later holds
+/// them already. A retried settlement, or one of a turn whose reservation was reaped,
+/// adds nothing twice and loses nothing. `ARGV[5]`: how long a ledger keeps a turn (ms).
+/// A level's keys: running, reservations, their total, day, month, ledger (when, tokens),
+/// day's and month's `since`. 1 if the hold was ours.
 const SETTLE: &str = r"
 local ours = redis.call('GET', KEYS[1]) == ARGV[1]
 if ours then redis.call('DEL', KEYS[1]) end
-redis.call('ZREM', KEYS[2], ARGV[2])
-local r = redis.call('HGET', KEYS[3], ARGV[2])
-if r then
-  redis.call('HDEL', KEYS[3], ARGV[2])
-  redis.call('DECRBY', KEYS[4], r)
+local levels = (#KEYS - 1) / 9
+for i = 1, levels do
+  local k = 1 + (i - 1) * 9
+  redis.call('ZREM', KEYS[k + 1], ARGV[2])
+  local r = redis.call('HGET', KEYS[k + 2], ARGV[2])
+  if r then
+    redis.call('HDEL', KEYS[k + 2], ARGV[2])
+    redis.call('DECRBY', KEYS[k + 3], r)
+  end
 end
 local b = tonumber(ARGV[3])
 if b > 0 then
@@ -216,21 +273,25 @@ if b > 0 then
     at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   if redis.call('ZADD', KEYS[7], 'NX', at, ARGV[2]) == 1 then
-    redis.call('HSET', KEYS[8], ARGV[2], b)
-    for i = 5, 6 do
-      if redis.call('EXISTS', KEYS[i]) == 1
-        and at >= tonumber(redis.call('GET', KEYS[i + 4]) or '0') then
-        redis.call('INCRBY', KEYS[i], b)
-      end
-    end
     local keep = tonumber(ARGV[5])
-    local old = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', at - keep)
-    if #old > 0 then
-      redis.call('HDEL', KEYS[8], unpack(old))
-      redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', at - keep)
+    for i = 1, levels do
+      local k = 1 + (i - 1) * 9
+      if i > 1 then redis.call('ZADD', KEYS[k + 6], at, ARGV[2]) end
+      redis.call('HSET', KEYS[k + 7], ARGV[2], b)
+      for j = 4, 5 do
+        if redis.call('EXISTS', KEYS[k + j]) == 1
+          and at >= tonumber(redis.call('GET', KEYS[k + j + 4]) or '0') then
+          redis.call('INCRBY', KEYS[k + j], b)
+        end
+      end
+      local old = redis.call('ZRANGEBYSCORE', KEYS[k + 6], '-inf', at - keep)
+      if #old > 0 then
+        redis.call('HDEL', KEYS[k + 7], unpack(old))
+        redis.call('ZREMRANGEBYSCORE', KEYS[k + 6], '-inf', at - keep)
+      end
+      redis.call('PEXPIRE', KEYS[k + 6], keep)
+      redis.call('PEXPIRE', KEYS[k + 7], keep)
     end
-    redis.call('PEXPIRE', KEYS[7], keep)
-    redis.call('PEXPIRE', KEYS[8], keep)
   end
 end
 if ours then return 1 end
@@ -259,20 +320,23 @@ return 1
 ";
 
 /// Adds tokens billed outside a turn's reservation (a background summary) to the day's
-/// and the month's counters that exist.
+/// and the month's counters that exist: the team's, and its end user's when given.
 const BILL: &str = r"
-for i = 1, 2 do
+for i = 1, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('INCRBY', KEYS[i], ARGV[1]) end
 end
 return 1
 ";
 
-/// `EXTEND` that also pushes the turn's running entry back, so a live turn stays counted.
+/// `EXTEND` that also pushes the turn's running entries back (the team's, and its end
+/// user's when it has one), so a live turn stays counted.
 const EXTEND_COUNTED: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZADD', KEYS[2], 'XX', now + tonumber(ARGV[2]), ARGV[3])
+  for i = 2, #KEYS do
+    redis.call('ZADD', KEYS[i], 'XX', now + tonumber(ARGV[2]), ARGV[3])
+  end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -357,10 +421,13 @@ pub enum Acquired {
 
 /// A turn asking to start: its hold, and the tokens its first model call may spend.
 #[derive(Clone, Copy, Debug)]
-pub struct TurnAdmission {
+pub struct TurnAdmission<'a> {
     pub team: TeamId,
     pub agent: AgentId,
     pub turn: TurnId,
+    /// The end user behind the turn (a JWT's subject), whose own limits it counts against
+    /// too (L4); `None` for an API key's turn.
+    pub user: Option<&'a str>,
     /// The first call's input estimate plus its output cap.
     pub reservation: u64,
 }
@@ -368,18 +435,17 @@ pub struct TurnAdmission {
 /// The answer to `Holds::admit`.
 #[derive(Debug)]
 pub enum Admitted {
-    /// The agent is ours and the team's quotas let the turn start; `limits` are the turn
-    /// limits Redis enforces (all `None` for a team without any) and `counts` what the
-    /// turn leaves of them.
+    /// The agent is ours and the quotas let the turn start; `levels` are the turn limits
+    /// Redis enforces (all `None` for a team without any; the user's level only when the
+    /// user has a turn limit of its own) and what the turn leaves of them.
     Held {
         guard: HoldGuard,
-        limits: Limits,
-        counts: TurnCounts,
+        levels: Box<Levels>,
     },
     Busy {
         running: TurnId,
     },
-    /// A team quota refuses the turn; nothing was taken or counted.
+    /// A team's or a user's quota refuses the turn; nothing was taken or counted.
     Refused(Refusal),
     /// Redis unreachable or slow: the caller enforces quotas from Postgres instead.
     Unavailable,
@@ -492,13 +558,14 @@ impl Holds {
 impl Holds {
     /// D3: holds `agent` on for `turn`, taken over from a dead replica, with a token of
     /// this replica's; `counted` when the team's counters count the turn (its release then
-    /// settles its reservation). `Ok(None)`: another turn holds the agent (the dead turn's
+    /// settles its reservation, at its end `user`'s level too). `Ok(None)`: another turn holds the agent (the dead turn's
     /// hold lapsed and a new turn started meanwhile).
     pub async fn adopt(
         &self,
         team: TeamId,
         agent: AgentId,
         turn: TurnId,
+        user: Option<&str>,
         counted: bool,
     ) -> Result<Option<HoldGuard>, Class> {
         let inner = &self.inner;
@@ -522,7 +589,11 @@ impl Holds {
         if current.is_some() {
             return Ok(None);
         }
-        let counted = counted.then_some(Counted { team, turn });
+        let counted = counted.then(|| Counted {
+            team,
+            turn,
+            user: user.map(str::to_owned),
+        });
         Ok(Some(HoldGuard::start(
             inner,
             key,
@@ -541,7 +612,7 @@ impl Holds {
     pub async fn admit(
         &self,
         quotas: &Quotas,
-        admission: TurnAdmission,
+        admission: TurnAdmission<'_>,
     ) -> Result<Admitted, StoreError> {
         let admitted = self.decide(quotas, admission).await;
         let result = match &admitted {
@@ -560,18 +631,22 @@ impl Holds {
     async fn decide(
         &self,
         quotas: &Quotas,
-        admission: TurnAdmission,
+        admission: TurnAdmission<'_>,
     ) -> Result<Admitted, StoreError> {
         let inner = &self.inner;
         let acquired_at = Instant::now();
         let periods = Periods::now();
-        let keys = TeamKeys::new(admission.team, &periods);
+        let keys = LevelKeys::team(admission.team, &periods);
+        let user_keys = admission
+            .user
+            .map(|user| LevelKeys::user(admission.team, user, &periods));
         let hold = hold_key(admission.agent);
         let value = format!("{}:{:032x}", admission.turn, rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
-        let mut limits: Option<Limits> = None;
-        // At most: reload the limits, rebuild the counters, then decide.
-        for _ in 0..3 {
+        let mut limits: Option<LoadedLimits> = None;
+        // At most: reload the limits, rebuild the team's and the user's counters, then
+        // decide.
+        for _ in 0..4 {
             let call = || {
                 let mut invocation = inner.admit.prepare_invoke();
                 invocation
@@ -589,16 +664,30 @@ impl Holds {
                     .arg(admission.reservation)
                     .arg(if limits.is_some() { "1" } else { "" })
                     .arg(millis(LIMITS_TTL));
-                let l = limits.unwrap_or_default();
-                for field in [
-                    l.tokens_per_day,
-                    l.tokens_per_month,
-                    l.turns_per_minute,
-                    l.concurrent_turns,
-                ] {
-                    invocation.arg(field.map(|v| v.to_string()).unwrap_or_default());
+                let loaded = limits.as_ref();
+                let settings = loaded.map(|l| l.settings).unwrap_or_default();
+                for value in turn_limit_args(&settings.limits) {
+                    invocation.arg(value);
                 }
                 invocation.arg(millis(inner.config.max_total * 2));
+                for value in turn_limit_args(&settings.per_user) {
+                    invocation.arg(value);
+                }
+                invocation.arg(if settings.users_overridden { "1" } else { "" });
+                let overrides = loaded.and_then(|l| l.user.as_ref());
+                for field in TURN_FIELDS {
+                    invocation.arg(override_arg(overrides, field));
+                }
+                if let Some(user) = &user_keys {
+                    invocation
+                        .key(&user.limits)
+                        .key(&user.running)
+                        .key(&user.reserved)
+                        .key(&user.reserved_total)
+                        .key(&user.starts)
+                        .key(&user.day)
+                        .key(&user.month);
+                }
                 invocation
             };
             let answer = bounded(inner.config.op_timeout, async {
@@ -632,6 +721,7 @@ impl Holds {
             let counted = || Counted {
                 team: admission.team,
                 turn: admission.turn,
+                user: admission.user.map(str::to_owned),
             };
             match answer.first().map(String::as_str) {
                 Some("busy") => {
@@ -641,10 +731,22 @@ impl Holds {
                         let guard =
                             HoldGuard::start(inner, hold, value, acquired_at, Some(counted()));
                         let limits = quotas.limits(admission.team).await?;
+                        let user = match admission.user {
+                            Some(user) => Some(quotas.user_limits(admission.team, user).await?),
+                            None => None,
+                        };
+                        let level = |limits: &Limits| Standing {
+                            limits: turn_limits(limits),
+                            counts: TurnCounts::default(),
+                        };
                         return Ok(Admitted::Held {
                             guard,
-                            limits: turn_limits(&limits),
-                            counts: TurnCounts::default(),
+                            levels: Box::new(Levels {
+                                team: level(&limits),
+                                user: user
+                                    .filter(|u| u.limits.limits_turns())
+                                    .map(|u| level(&u.limits)),
+                            }),
                         });
                     }
                     return match running_turn(current) {
@@ -652,10 +754,26 @@ impl Holds {
                         None => Ok(Admitted::Unavailable),
                     };
                 }
-                Some("limits") => limits = Some(quotas.limits(admission.team).await?),
+                Some("limits") => {
+                    let settings = quotas.settings(admission.team).await?;
+                    let user = match admission.user {
+                        Some(user) => {
+                            Some(quotas.user_limits(admission.team, user).await?.overrides)
+                        }
+                        None => None,
+                    };
+                    limits = Some(LoadedLimits { settings, user });
+                }
                 Some("rebuild") => {
+                    let user = match answer.get(1).map(String::as_str) {
+                        Some("user") => admission.user,
+                        _ => None,
+                    };
                     // Nothing was taken yet: the script answers this before the hold.
-                    if let Err(class) = inner.rebuild(quotas, admission.team, &periods).await? {
+                    if let Err(class) = inner
+                        .rebuild(quotas, admission.team, user, &periods)
+                        .await?
+                    {
                         inner.metrics.hold_unavailable.inc();
                         tracing::warn!(
                             agent = %admission.agent,
@@ -670,18 +788,13 @@ impl Holds {
                     let guard = HoldGuard::start(inner, hold, value, acquired_at, None);
                     return Ok(Admitted::Held {
                         guard,
-                        limits: Limits::default(),
-                        counts: TurnCounts::default(),
+                        levels: Box::default(),
                     });
                 }
                 Some("ok") => {
-                    let (counts, limits) = parse_counts(&answer[1..]);
+                    let levels = Box::new(parse_levels(&answer[1..]));
                     let guard = HoldGuard::start(inner, hold, value, acquired_at, Some(counted()));
-                    return Ok(Admitted::Held {
-                        guard,
-                        limits,
-                        counts,
-                    });
+                    return Ok(Admitted::Held { guard, levels });
                 }
                 Some("refused") => {
                     return Ok(Admitted::Refused(refusal(&answer[1..], &periods)));
@@ -694,26 +807,29 @@ impl Holds {
     }
 }
 
-/// The refusal the admission script answered (`field`, then the counts and limits), as
-/// `quota::fallback::decide` words it.
+/// The refusal the admission script answered (level, field, then the standings), as
+/// `quota::fallback::decide_levels` words it.
 fn refusal(answer: &[String], periods: &Periods) -> Refusal {
-    let field = answer.first().map(String::as_str).unwrap_or_default();
-    let (counts, limits) = parse_counts(answer.get(1..).unwrap_or_default());
-    if let Some(refusal) = crate::quota::fallback::decide(&limits, &counts, periods)
-        .filter(|r| r.field.name() == field)
+    let scope = answer.first().map(String::as_str).unwrap_or_default();
+    let field = answer.get(1).map(String::as_str).unwrap_or_default();
+    let levels = parse_levels(answer.get(2..).unwrap_or_default());
+    if let Some(refusal) = crate::quota::fallback::decide_levels(&levels, periods)
+        .filter(|r| r.field.name() == field && r.scope.as_str() == scope)
     {
         return refusal;
     }
-    // The script and `decide` disagree: a bug, but refusing is the safe side.
+    // The script and `decide_levels` disagree: a bug, but refusing is the safe side.
     tracing::error!(
         field,
-        "quota script refused for a reason decide() does not see"
+        scope,
+        "quota script refused for a reason decide_levels() does not see"
     );
     Refusal {
+        scope: QuotaScope::Team,
         field: Field::ConcurrentTurns,
-        limit: limits.concurrent_turns.unwrap_or_default(),
+        limit: levels.team.limits.concurrent_turns.unwrap_or_default(),
         retry_after: Duration::from_secs(1),
-        headers: RateLimitHeaders::turns(&limits, &counts, periods),
+        headers: RateLimitHeaders::levels(&levels, periods),
     }
 }
 
@@ -728,29 +844,71 @@ fn turn_limits(limits: &Limits) -> Limits {
     }
 }
 
-/// The counts and limits at the end of an `ADMIT` answer.
-fn parse_counts(fields: &[String]) -> (TurnCounts, Limits) {
-    let n = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
-    let counts = TurnCounts {
-        concurrent_turns: n(0).unwrap_or_default(),
-        turns_in_window: n(1).unwrap_or_default(),
-        window_reset: Duration::from_millis(n(2).unwrap_or_default()),
-        tokens_day: n(3).unwrap_or_default(),
-        tokens_month: n(4).unwrap_or_default(),
-    };
-    let limits = Limits {
-        tokens_per_day: n(5),
-        tokens_per_month: n(6),
-        turns_per_minute: n(7),
-        concurrent_turns: n(8),
-        ..Limits::default()
-    };
-    (counts, limits)
+/// The turn limits in the order the admission script takes and answers them.
+const TURN_FIELDS: [Field; 4] = [
+    Field::TokensPerDay,
+    Field::TokensPerMonth,
+    Field::TurnsPerMinute,
+    Field::ConcurrentTurns,
+];
+
+/// A level's turn limits as script arguments: a count, or empty for unlimited.
+fn turn_limit_args(limits: &Limits) -> [String; 4] {
+    TURN_FIELDS.map(|f| limits.get(f).map(|v| v.to_string()).unwrap_or_default())
 }
 
-/// The team's counter keys; the budget counters are those of the UTC day and month of
-/// `periods`.
-struct TeamKeys {
+/// A user's override of one turn limit as a script argument: a count, empty for
+/// unlimited, `-` for none (the team's `per_user` applies).
+fn override_arg(overrides: Option<&serde_json::Value>, field: Field) -> String {
+    match overrides.and_then(|o| o.get(field.name())) {
+        Some(serde_json::Value::Null) => String::new(),
+        Some(v) if v.is_u64() => v.to_string(),
+        _ => "-".to_owned(),
+    }
+}
+
+/// What `Holds::admit` read from Postgres when the script asked for the limits.
+struct LoadedLimits {
+    settings: crate::quota::TeamSettings,
+    /// The user's stored overrides, for an end user's turn.
+    user: Option<serde_json::Value>,
+}
+
+/// The standings at the end of an `ADMIT` answer: the team's, then the user's if there.
+fn parse_levels(fields: &[String]) -> Levels {
+    Levels {
+        team: parse_standing(fields),
+        user: (fields.len() >= 18).then(|| parse_standing(&fields[9..])),
+    }
+}
+
+/// One level's counts and limits in an `ADMIT` answer.
+fn parse_standing(fields: &[String]) -> Standing {
+    let n = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    Standing {
+        counts: TurnCounts {
+            concurrent_turns: n(0).unwrap_or_default(),
+            turns_in_window: n(1).unwrap_or_default(),
+            window_reset: Duration::from_millis(n(2).unwrap_or_default()),
+            tokens_day: n(3).unwrap_or_default(),
+            tokens_month: n(4).unwrap_or_default(),
+        },
+        limits: Limits {
+            tokens_per_day: n(5),
+            tokens_per_month: n(6),
+            turns_per_minute: n(7),
+            concurrent_turns: n(8),
+            ..Limits::default()
+        },
+    }
+}
+
+/// The counter keys of one level: the team's (`quota:{team}:…`) or one of its end users'
+/// (`quota:{team}:user:{bytes}:{user}:…`; the user id's length keeps one user's keys from
+/// reading as another's, whatever its characters). The budget counters are those of the
+/// UTC day and month of `periods`.
+struct LevelKeys {
+    /// The team's limits, or the user's overrides.
     limits: String,
     running: String,
     reserved: String,
@@ -766,9 +924,23 @@ struct TeamKeys {
     settled_tokens: String,
 }
 
-impl TeamKeys {
-    fn new(team: TeamId, periods: &Periods) -> Self {
-        let prefix = format!("quota:{team}:");
+impl LevelKeys {
+    fn team(team: TeamId, periods: &Periods) -> Self {
+        Self::new(format!("quota:{team}:"), periods)
+    }
+
+    fn user(team: TeamId, user: &str, periods: &Periods) -> Self {
+        Self::new(format!("quota:{team}:user:{}:{user}:", user.len()), periods)
+    }
+
+    fn of(team: TeamId, user: Option<&str>, periods: &Periods) -> Self {
+        match user {
+            Some(user) => Self::user(team, user, periods),
+            None => Self::team(team, periods),
+        }
+    }
+
+    fn new(prefix: String, periods: &Periods) -> Self {
         let key = |name: &str| format!("{prefix}{name}");
         let day = key(&format!("tokens:day:{}", periods.day_tag()));
         let month = key(&format!("tokens:month:{}", periods.month_tag()));
@@ -790,21 +962,22 @@ impl TeamKeys {
 
 impl Holds {
     /// Counts `tokens` a turn's background work billed after its hold was released (the
-    /// summary fold, M1) in the team's budgets: counted, though not reserved beforehand.
-    /// Best effort: a counter that misses them is rebuilt from billing events within the
-    /// hour.
-    pub async fn bill(&self, team: TeamId, tokens: u64) {
+    /// summary fold, M1) in the team's budgets, and its end `user`'s: counted, though not
+    /// reserved beforehand. Best effort: a counter that misses them is rebuilt from billing
+    /// events within the hour.
+    pub async fn bill(&self, team: TeamId, user: Option<&str>, tokens: u64) {
         let inner = &self.inner;
-        let keys = TeamKeys::new(team, &Periods::now());
+        let periods = Periods::now();
+        let keys = LevelKeys::team(team, &periods);
+        let user = user.map(|user| LevelKeys::user(team, user, &periods));
         let billed = bounded(inner.config.op_timeout, async {
             let mut conn = inner.redis.get().await?;
-            inner
-                .bill
-                .key(&keys.day)
-                .key(&keys.month)
-                .arg(tokens)
-                .invoke_async::<i64>(&mut conn)
-                .await
+            let mut invocation = inner.bill.prepare_invoke();
+            invocation.key(&keys.day).key(&keys.month).arg(tokens);
+            if let Some(user) = &user {
+                invocation.key(&user.day).key(&user.month);
+            }
+            invocation.invoke_async::<i64>(&mut conn).await
         })
         .await
         .map_err(|u| u.0);
@@ -817,8 +990,23 @@ impl Holds {
     /// limits and rebuilds the counters from Postgres (after `PUT /v1/quotas`). Bounded; if
     /// Redis cannot be reached the limits it holds lapse within `LIMITS_TTL` anyway.
     pub async fn forget_limits(&self, team: TeamId) -> Result<(), Class> {
+        self.forget(LevelKeys::team(team, &Periods::now()), None)
+            .await
+    }
+
+    /// Forgets one user's stored overrides and budget counters (L4), and the team's stored
+    /// limits (which say whether any user has overrides), so the next turn of the user
+    /// reloads them and rebuilds its counters from Postgres (after
+    /// `PUT`/`DELETE /v1/quotas/users/{user_id}`). Bounded like `forget_limits`.
+    pub async fn forget_user(&self, team: TeamId, user: &str) -> Result<(), Class> {
+        let periods = Periods::now();
+        let team_limits = LevelKeys::team(team, &periods).limits;
+        self.forget(LevelKeys::user(team, user, &periods), Some(&team_limits))
+            .await
+    }
+
+    async fn forget(&self, keys: LevelKeys, also: Option<&str>) -> Result<(), Class> {
         let inner = &self.inner;
-        let keys = TeamKeys::new(team, &Periods::now());
         bounded(inner.config.op_timeout, async {
             let mut conn = inner.redis.get().await?;
             redis::cmd("DEL")
@@ -827,6 +1015,7 @@ impl Holds {
                 .arg(&keys.month)
                 .arg(&keys.day_since)
                 .arg(&keys.month_since)
+                .arg(also)
                 .query_async::<i64>(&mut conn)
                 .await
         })
@@ -912,24 +1101,32 @@ impl Inner {
         counted: &Counted,
         billed: Billed,
     ) -> Result<bool, Class> {
-        let keys = TeamKeys::new(counted.team, &Periods::now());
+        let periods = Periods::now();
+        let mut levels = vec![LevelKeys::team(counted.team, &periods)];
+        if let Some(user) = &counted.user {
+            levels.push(LevelKeys::user(counted.team, user, &periods));
+        }
         let at = billed
             .at
             .map(|at| at.timestamp_millis().to_string())
             .unwrap_or_default();
         bounded(self.config.op_timeout, async {
             let mut conn = self.redis.get().await?;
-            self.settle
-                .key(key)
-                .key(&keys.running)
-                .key(&keys.reserved)
-                .key(&keys.reserved_total)
-                .key(&keys.day)
-                .key(&keys.month)
-                .key(&keys.settled)
-                .key(&keys.settled_tokens)
-                .key(&keys.day_since)
-                .key(&keys.month_since)
+            let mut invocation = self.settle.prepare_invoke();
+            invocation.key(key);
+            for keys in &levels {
+                invocation
+                    .key(&keys.running)
+                    .key(&keys.reserved)
+                    .key(&keys.reserved_total)
+                    .key(&keys.day)
+                    .key(&keys.month)
+                    .key(&keys.settled)
+                    .key(&keys.settled_tokens)
+                    .key(&keys.day_since)
+                    .key(&keys.month_since);
+            }
+            invocation
                 .arg(value)
                 .arg(counted.turn.to_string())
                 .arg(billed.tokens)
@@ -943,17 +1140,20 @@ impl Inner {
         .map(|n| n == 1)
     }
 
-    /// Sets the team's missing budget counters from billing events (`REBUILD`). A
-    /// Postgres failure is the caller's error (quotas are never skipped); a Redis one its
-    /// class.
+    /// Sets the missing budget counters of the team, or of its end `user`, from billing
+    /// events (`REBUILD`). A Postgres failure is the caller's error (quotas are never
+    /// skipped); a Redis one its class.
     async fn rebuild(
         &self,
         quotas: &Quotas,
         team: TeamId,
+        user: Option<&str>,
         periods: &Periods,
     ) -> Result<Result<(), Class>, StoreError> {
-        let base = quotas.billed_tokens(team, periods, REBUILD_MARGIN).await?;
-        let keys = TeamKeys::new(team, periods);
+        let base = quotas
+            .billed_tokens(team, user, periods, REBUILD_MARGIN)
+            .await?;
+        let keys = LevelKeys::of(team, user, periods);
         let from = |start: chrono::DateTime<chrono::Utc>| {
             base.cutoff.max(start).timestamp_millis().to_string()
         };
@@ -990,12 +1190,17 @@ impl Inner {
         let Some(counted) = counted else {
             return self.if_ours(&self.extend, key, value, expiry).await;
         };
-        let keys = TeamKeys::new(counted.team, &Periods::now());
+        let periods = Periods::now();
+        let team = LevelKeys::team(counted.team, &periods).running;
+        let user = (counted.user.as_deref()).map(|u| LevelKeys::user(counted.team, u, &periods));
         bounded(self.config.op_timeout, async {
             let mut conn = self.redis.get().await?;
-            self.extend_counted
-                .key(key)
-                .key(&keys.running)
+            let mut invocation = self.extend_counted.prepare_invoke();
+            invocation.key(key).key(&team);
+            if let Some(user) = &user {
+                invocation.key(&user.running);
+            }
+            invocation
                 .arg(value)
                 .arg(expiry)
                 .arg(counted.turn.to_string())
@@ -1034,11 +1239,14 @@ pub struct Billed {
     pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// A turn the team's quota counters count, settled at release.
-#[derive(Clone, Copy, Debug)]
+/// A turn the team's quota counters count, settled at release: at its end user's level
+/// too when it has one (a settlement where the turn was not admitted only adds its billed
+/// tokens to the user's counters that exist, which is right either way).
+#[derive(Clone, Debug)]
 struct Counted {
     team: TeamId,
     turn: TurnId,
+    user: Option<String>,
 }
 
 impl HoldGuard {
@@ -1054,7 +1262,7 @@ impl HoldGuard {
             inner.clone(),
             key.clone(),
             value.clone(),
-            counted,
+            counted.clone(),
             acquired_at,
             stop.clone(),
         ));
@@ -1093,42 +1301,53 @@ impl HoldGuard {
         }
     }
 
-    /// Reserves a further model call's tokens against the budgets in `limits`. A turn
-    /// the counters do not count (a team without turn limits) has nothing to reserve.
+    /// Reserves a further model call's tokens against the budgets of `team` and, when the
+    /// turn counts at its end user's level, of `user`. A turn the counters do not count (a
+    /// team without turn limits) has nothing to reserve.
     pub async fn reserve(
         &self,
         quotas: &Quotas,
-        limits: &Limits,
+        team: &Limits,
+        user: Option<&Limits>,
         reservation: u64,
     ) -> Result<Reserved, StoreError> {
         let Some(held) = &self.held else {
             return Ok(Reserved::Ok);
         };
-        let Some(counted) = held.counted else {
+        let Some(counted) = &held.counted else {
             return Ok(Reserved::Ok);
         };
-        if limits.tokens_per_day.is_none() && limits.tokens_per_month.is_none() {
+        let budgeted = |l: &Limits| l.tokens_per_day.is_some() || l.tokens_per_month.is_some();
+        let user = counted
+            .user
+            .as_deref()
+            .zip(user)
+            .filter(|(_, limits)| budgeted(limits));
+        if !budgeted(team) && user.is_none() {
             return Ok(Reserved::Ok);
         }
         let inner = &held.inner;
         let periods = Periods::now();
-        let keys = TeamKeys::new(counted.team, &periods);
+        let mut levels = vec![(LevelKeys::team(counted.team, &periods), team)];
+        if let Some((name, limits)) = user {
+            levels.push((LevelKeys::user(counted.team, name, &periods), limits));
+        }
         let limit = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_default();
-        for _ in 0..2 {
+        for _ in 0..3 {
             let answer = bounded(inner.config.op_timeout, async {
                 let mut conn = inner.redis.get().await?;
-                inner
-                    .reserve
-                    .key(&keys.reserved)
-                    .key(&keys.reserved_total)
-                    .key(&keys.day)
-                    .key(&keys.month)
-                    .arg(counted.turn.to_string())
-                    .arg(reservation)
-                    .arg(limit(limits.tokens_per_day))
-                    .arg(limit(limits.tokens_per_month))
-                    .invoke_async::<Vec<String>>(&mut conn)
-                    .await
+                let mut invocation = inner.reserve.prepare_invoke();
+                invocation.arg(counted.turn.to_string()).arg(reservation);
+                for (keys, limits) in &levels {
+                    invocation
+                        .key(&keys.reserved)
+                        .key(&keys.reserved_total)
+                        .key(&keys.day)
+                        .key(&keys.month)
+                        .arg(limit(limits.tokens_per_day))
+                        .arg(limit(limits.tokens_per_month));
+                }
+                invocation.invoke_async::<Vec<String>>(&mut conn).await
             })
             .await
             .map_err(|u| u.0);
@@ -1145,28 +1364,38 @@ impl HoldGuard {
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or_default()
             };
+            let at_user = answer.get(1).is_some_and(|l| l == "user");
             match answer.first().map(String::as_str) {
                 Some("ok") => return Ok(Reserved::Ok),
                 Some("rebuild") => {
-                    if let Err(class) = inner.rebuild(quotas, counted.team, &periods).await? {
+                    let user = at_user.then_some(counted.user.as_deref()).flatten();
+                    if let Err(class) = inner.rebuild(quotas, counted.team, user, &periods).await? {
                         tracing::warn!(turn = %counted.turn, class, "quota counters unavailable mid-turn");
                         return Ok(Reserved::Unavailable);
                     }
                 }
                 Some("refused") => {
                     let counts = TurnCounts {
-                        tokens_day: n(2),
-                        tokens_month: n(3),
+                        tokens_day: n(3),
+                        tokens_month: n(4),
                         ..TurnCounts::default()
+                    };
+                    let limits = if at_user {
+                        levels[levels.len() - 1].1
+                    } else {
+                        team
                     };
                     let budgets = Limits {
                         tokens_per_day: limits.tokens_per_day,
                         tokens_per_month: limits.tokens_per_month,
                         ..Limits::default()
                     };
-                    if let Some(refusal) =
+                    if let Some(mut refusal) =
                         crate::quota::fallback::decide(&budgets, &counts, &periods)
                     {
+                        if at_user {
+                            refusal.scope = QuotaScope::User;
+                        }
                         return Ok(Reserved::Refused(refusal));
                     }
                     return Ok(Reserved::Ok);

@@ -24,8 +24,12 @@ pub fn usage_query(
 ) -> Result<UsageQuery, String> {
     let group_by = match group_by {
         None => UsageGroup::Day,
-        Some(raw) => UsageGroup::parse(raw)
-            .ok_or_else(|| format!("group_by must be day, agent or model, not {:?}", clip(raw)))?,
+        Some(raw) => UsageGroup::parse(raw).ok_or_else(|| {
+            format!(
+                "group_by must be day, agent, model or user, not {:?}",
+                clip(raw)
+            )
+        })?,
     };
     let from = match from {
         Some(raw) => instant("from", raw)?,

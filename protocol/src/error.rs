@@ -151,6 +151,28 @@ pub struct ErrorDetail {
     /// The turn concerned, for `agent_busy` and `turn_in_progress`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<crate::TurnId>,
+    /// For `quota_exhausted` and `quota_exceeded`: whose limit refused, the team's or the
+    /// end user's (L4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<QuotaScope>,
+}
+
+/// Whose quota a refusal is of: the team's, or the end user's (a JWT's subject) under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    Team,
+    User,
+}
+
+impl QuotaScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Team => "team",
+            Self::User => "user",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,5 +15,5 @@ pub mod profile;
 pub mod snapshot;
 pub mod ui;
 
-pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use error::{ErrorBody, ErrorCode, ErrorDetail, QuotaScope};
 pub use ids::{AgentId, ChatId, MessageId, ReplicaId, SessionId, TeamId, TurnId};

@@ -105,6 +105,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
+        .routes(routes!(
+            quotas::get_user,
+            quotas::put_user,
+            quotas::delete_user
+        ))
         .routes(routes!(secrets::list))
         .routes(routes!(settings::get, settings::put))
         .routes(routes!(secrets::put, secrets::delete))

@@ -22,7 +22,8 @@ pub struct UsageParams {
     from: Option<String>,
     /// Exclusive, like `from`; now when absent. At most 400 days after `from`.
     to: Option<String>,
-    /// `day` (the default), `agent` or `model`.
+    /// `day` (the default), `agent`, `model` or `user` (the JWT subject whose turn billed
+    /// the event; an API key's turns and worker-seconds are the `null` row).
     group_by: Option<String>,
 }
 

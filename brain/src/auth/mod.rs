@@ -95,6 +95,12 @@ pub struct Authority {
 }
 
 impl Authority {
+    /// The end user (a JWT's subject) behind the turn, whose own budgets it counts against
+    /// (L4); `None` for an API key's turn, which counts at the team's level only.
+    pub fn user(&self) -> Option<&str> {
+        self.actor.strip_prefix("user:").filter(|u| !u.is_empty())
+    }
+
     /// Whether changes to the agent for everyone are allowed (`PATCH /v1/agents/{id}`'s
     /// rule).
     pub fn may_change_agent(&self) -> bool {
@@ -337,9 +343,11 @@ mod tests {
             expires: None,
         };
         assert_eq!(user.authority().actor, "user:u1");
+        assert_eq!(user.authority().user(), Some("u1"));
         assert!(!user.authority().may_change_agent());
         assert!(admin.authority().may_change_agent());
         assert_eq!(admin.authority().actor, format!("key:{}", Uuid::nil()));
+        assert_eq!(admin.authority().user(), None);
         assert_eq!(user.only_chats_of(), Some("u1"));
         assert_eq!(Scope::parse("chat"), Some(Scope::Chat));
         assert_eq!(Scope::parse("owner"), None);

@@ -34,57 +34,123 @@ pub struct RateLimitHeaders {
     status: String,
 }
 
+/// A turn's standing at one level of its quotas: the limits, and what the turn leaves of
+/// them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Standing {
+    pub limits: Limits,
+    pub counts: TurnCounts,
+}
+
+/// The levels a turn counts at: its team's, and its end user's (L4) when the user has a
+/// turn limit of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Levels {
+    pub team: Standing,
+    pub user: Option<Standing>,
+}
+
+/// One list item, before it is written.
+#[derive(Clone, Copy)]
+struct Item {
+    field: Field,
+    quota: u64,
+    window: Option<u64>,
+    unit: Option<&'static str>,
+    used: u64,
+    reset: Option<u64>,
+}
+
+impl Item {
+    fn remaining(&self) -> u64 {
+        self.quota.saturating_sub(self.used)
+    }
+}
+
+/// The turn-path items of one level, in the fields' order.
+fn turn_items(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Vec<Item> {
+    let month = (periods.month_end - periods.month_start)
+        .num_seconds()
+        .max(1);
+    let mut items = Vec::with_capacity(4);
+    if let Some(quota) = limits.turns_per_minute {
+        items.push(Item {
+            field: Field::TurnsPerMinute,
+            quota,
+            window: Some(60),
+            unit: None,
+            used: counts.turns_in_window,
+            reset: Some(counts.window_reset.as_secs().max(1)),
+        });
+    }
+    if let Some(quota) = limits.concurrent_turns {
+        items.push(Item {
+            field: Field::ConcurrentTurns,
+            quota,
+            window: None,
+            unit: Some("concurrent-requests"),
+            used: counts.concurrent_turns,
+            reset: None,
+        });
+    }
+    if let Some(quota) = limits.tokens_per_day {
+        items.push(Item {
+            field: Field::TokensPerDay,
+            quota,
+            window: Some(86_400),
+            unit: Some("tokens"),
+            used: counts.tokens_day,
+            reset: Some(periods.until_day_end().as_secs()),
+        });
+    }
+    if let Some(quota) = limits.tokens_per_month {
+        items.push(Item {
+            field: Field::TokensPerMonth,
+            quota,
+            window: Some(u64::try_from(month).unwrap_or(1)),
+            unit: Some("tokens"),
+            used: counts.tokens_month,
+            reset: Some(periods.until_month_end().as_secs()),
+        });
+    }
+    items
+}
+
 impl RateLimitHeaders {
     /// The turn-path limits: turns per minute, concurrent turns, tokens per day and month.
     pub fn turns(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Self {
         let mut h = Self::default();
-        let month = (periods.month_end - periods.month_start)
-            .num_seconds()
-            .max(1);
-        if let Some(q) = limits.turns_per_minute {
-            let t = counts.window_reset.as_secs().max(1);
-            h.item(
-                Field::TurnsPerMinute,
-                q,
-                Some(60),
-                None,
-                counts.turns_in_window,
-                Some(t),
-            );
+        for item in turn_items(limits, counts, periods) {
+            h.push(&item);
         }
-        if let Some(q) = limits.concurrent_turns {
-            let unit = Some("concurrent-requests");
-            h.item(
-                Field::ConcurrentTurns,
-                q,
-                None,
-                unit,
-                counts.concurrent_turns,
-                None,
-            );
-        }
-        if let Some(q) = limits.tokens_per_day {
-            let t = periods.until_day_end().as_secs();
-            h.item(
-                Field::TokensPerDay,
-                q,
-                Some(86_400),
-                Some("tokens"),
-                counts.tokens_day,
-                Some(t),
-            );
-        }
-        if let Some(q) = limits.tokens_per_month {
-            let t = periods.until_month_end().as_secs();
-            let w = u64::try_from(month).unwrap_or(1);
-            h.item(
-                Field::TokensPerMonth,
-                q,
-                Some(w),
-                Some("tokens"),
-                counts.tokens_month,
-                Some(t),
-            );
+        h
+    }
+
+    /// The turn-path limits of both levels (L4): per field, the level with less left (the
+    /// team's on a tie), so a client paces itself by whichever refuses it first.
+    pub fn levels(levels: &Levels, periods: &Periods) -> Self {
+        let team = turn_items(&levels.team.limits, &levels.team.counts, periods);
+        let user = levels
+            .user
+            .map(|u| turn_items(&u.limits, &u.counts, periods))
+            .unwrap_or_default();
+        let mut h = Self::default();
+        let order = [
+            Field::TurnsPerMinute,
+            Field::ConcurrentTurns,
+            Field::TokensPerDay,
+            Field::TokensPerMonth,
+        ];
+        for field in order {
+            let of = |items: &[Item]| items.iter().find(|i| i.field == field).copied();
+            let tighter = match (of(&team), of(&user)) {
+                (Some(t), Some(u)) if u.remaining() < t.remaining() => Some(u),
+                (Some(t), _) => Some(t),
+                (None, u) => u,
+            };
+            if let Some(item) = tighter {
+                h.push(&item);
+            }
         }
         h
     }
@@ -92,62 +158,51 @@ impl RateLimitHeaders {
     /// The session-path limits: concurrent worker sessions, worker-seconds per day.
     pub fn sessions(limits: &Limits, used: &Used, periods: &Periods) -> Self {
         let mut h = Self::default();
-        if let Some(q) = limits.concurrent_sessions {
-            let unit = Some("concurrent-requests");
-            h.item(
-                Field::ConcurrentSessions,
-                q,
-                None,
-                unit,
-                used.concurrent_sessions,
-                None,
-            );
+        if let Some(quota) = limits.concurrent_sessions {
+            h.push(&Item {
+                field: Field::ConcurrentSessions,
+                quota,
+                window: None,
+                unit: Some("concurrent-requests"),
+                used: used.concurrent_sessions,
+                reset: None,
+            });
         }
-        if let Some(q) = limits.worker_seconds_per_day {
-            let t = periods.until_day_end().as_secs();
-            let used = used.worker_seconds_per_day;
-            h.item(
-                Field::WorkerSecondsPerDay,
-                q,
-                Some(86_400),
-                Some("seconds"),
-                used,
-                Some(t),
-            );
+        if let Some(quota) = limits.worker_seconds_per_day {
+            h.push(&Item {
+                field: Field::WorkerSecondsPerDay,
+                quota,
+                window: Some(86_400),
+                unit: Some("seconds"),
+                used: used.worker_seconds_per_day,
+                reset: Some(periods.until_day_end().as_secs()),
+            });
         }
         h
     }
 
-    fn item(
-        &mut self,
-        field: Field,
-        quota: u64,
-        window: Option<u64>,
-        unit: Option<&str>,
-        used: u64,
-        reset: Option<u64>,
-    ) {
+    fn push(&mut self, item: &Item) {
         let sep = |s: &mut String| {
             if !s.is_empty() {
                 s.push_str(", ");
             }
         };
         sep(&mut self.policy);
-        let _ = write!(self.policy, "\"{}\";q={quota}", field.name());
-        if let Some(w) = window {
+        let _ = write!(self.policy, "\"{}\";q={}", item.field.name(), item.quota);
+        if let Some(w) = item.window {
             let _ = write!(self.policy, ";w={w}");
         }
-        if let Some(unit) = unit {
+        if let Some(unit) = item.unit {
             let _ = write!(self.policy, ";qu=\"{unit}\"");
         }
         sep(&mut self.status);
         let _ = write!(
             self.status,
             "\"{}\";r={}",
-            field.name(),
-            quota.saturating_sub(used)
+            item.field.name(),
+            item.remaining()
         );
-        if let Some(t) = reset {
+        if let Some(t) = item.reset {
             let _ = write!(self.status, ";t={t}");
         }
     }
@@ -207,6 +262,26 @@ mod tests {
         let mut headers = HeaderMap::new();
         h.apply(&mut headers);
         assert_eq!(headers.len(), 2);
+        let user = Standing {
+            limits: Limits {
+                tokens_per_day: Some(300),
+                concurrent_turns: Some(10),
+                ..Limits::default()
+            },
+            counts,
+        };
+        let both = Levels {
+            team: Standing { limits, counts },
+            user: Some(user),
+        };
+        let h = RateLimitHeaders::levels(&both, &periods);
+        assert_eq!(
+            h.status,
+            "\"turns_per_minute\";r=0;t=12, \"concurrent_turns\";r=3, \
+             \"tokens_per_day\";r=50;t=3600",
+            "per field the level with less left: the user's day, the team's others"
+        );
+        assert!(h.policy.contains("\"tokens_per_day\";q=300;"));
         assert!(RateLimitHeaders::turns(&Limits::default(), &counts, &periods).is_empty());
     }
 }

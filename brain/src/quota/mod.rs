@@ -19,6 +19,11 @@
 //!
 //! Postgres is the truth: the Redis counters are rebuilt from its billing events when they
 //! are missing and expire hourly, so drift heals.
+//!
+//! End users (L4): a JWT user's turns count against limits of the user's own under the
+//! team's (the team's `per_user`, with the user's overrides over it field by field), in the
+//! same script and the same fallback; an API key's turns count at the team's level only.
+//! A refusal names its level ([`Refusal::scope`]).
 
 pub mod fallback;
 mod headers;
@@ -27,11 +32,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
-use protocol::{ErrorCode, TeamId};
+use protocol::{ErrorCode, QuotaScope, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::store::{Actor, BilledBefore, SessionUsage, Since, Store, StoreError, bounded};
-pub use headers::{RateLimitHeaders, TurnCounts};
+pub use headers::{Levels, RateLimitHeaders, Standing, TurnCounts};
 
 /// One quota, by its wire name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,11 +152,41 @@ impl Limits {
 }
 
 /// The body of `PUT /v1/quotas`: an absent field is left as it was, `null` makes it
-/// unlimited, an integer sets it.
+/// unlimited, an integer sets it. `per_user` does the same to the limits each end user
+/// (a JWT's subject) has under the team's (L4).
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"turns_per_minute": 60, "tokens_per_day": null}))]
+#[schema(example = json!({"turns_per_minute": 60, "tokens_per_day": null, "per_user": {"tokens_per_day": 100000}}))]
 pub struct QuotaUpdate {
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub tokens_per_day: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub tokens_per_month: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub turns_per_minute: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub concurrent_turns: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub concurrent_sessions: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
+    pub worker_seconds_per_day: Option<Option<u64>>,
+    /// The limits of each end user, merged field by field like the team's.
+    #[serde(default)]
+    pub per_user: Option<LimitsUpdate>,
+}
+
+/// The body of `PUT /v1/quotas/users/{user_id}` (and `per_user` of `PUT /v1/quotas`): an
+/// absent field is left as it was, `null` makes it unlimited, an integer sets it.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"tokens_per_day": 500000, "concurrent_turns": null}))]
+pub struct LimitsUpdate {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub tokens_per_day: Option<Option<u64>>,
@@ -181,8 +216,27 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Er
 pub const MAX_LIMIT: u64 = 1 << 50;
 
 impl QuotaUpdate {
-    /// The fields to merge into the stored overrides, as a JSON object.
-    pub fn into_patch(self) -> Result<serde_json::Value, String> {
+    /// The fields to merge into the team's stored overrides and into its `per_user`, as
+    /// JSON objects.
+    pub fn into_patches(self) -> Result<(serde_json::Value, serde_json::Value), String> {
+        let team = LimitsUpdate {
+            tokens_per_day: self.tokens_per_day,
+            tokens_per_month: self.tokens_per_month,
+            turns_per_minute: self.turns_per_minute,
+            concurrent_turns: self.concurrent_turns,
+            concurrent_sessions: self.concurrent_sessions,
+            worker_seconds_per_day: self.worker_seconds_per_day,
+        }
+        .into_patch("")?;
+        let per_user = self.per_user.unwrap_or_default().into_patch("per_user.")?;
+        Ok((team, per_user))
+    }
+}
+
+impl LimitsUpdate {
+    /// The fields to merge into stored overrides, as a JSON object; `path` prefixes the
+    /// field names in a refusal.
+    pub fn into_patch(self, path: &str) -> Result<serde_json::Value, String> {
         let fields = [
             (Field::TokensPerDay, self.tokens_per_day),
             (Field::TokensPerMonth, self.tokens_per_month),
@@ -195,7 +249,10 @@ impl QuotaUpdate {
         for (field, value) in fields {
             let Some(value) = value else { continue };
             if value.is_some_and(|v| v > MAX_LIMIT) {
-                return Err(format!("{} must be at most {MAX_LIMIT}", field.name()));
+                return Err(format!(
+                    "{path}{} must be at most {MAX_LIMIT}",
+                    field.name()
+                ));
             }
             patch.insert(field.name().to_owned(), value.into());
         }
@@ -203,9 +260,29 @@ impl QuotaUpdate {
     }
 }
 
+/// The longest end-user id (a JWT's subject) a per-user limit is kept for, in bytes.
+pub const MAX_USER_ID_BYTES: usize = 255;
+
+/// A user id from a path: non-empty, at most [`MAX_USER_ID_BYTES`], no control character
+/// (it becomes part of Redis keys and log-free error messages).
+pub fn check_user_id(user: &str) -> Result<(), String> {
+    if user.is_empty() {
+        return Err("user_id must not be empty".into());
+    }
+    if user.len() > MAX_USER_ID_BYTES {
+        return Err(format!("user_id must be at most {MAX_USER_ID_BYTES} bytes"));
+    }
+    if user.chars().any(char::is_control) {
+        return Err("user_id must not contain control characters".into());
+    }
+    Ok(())
+}
+
 /// A refusal: which limit, its value, and when trying again can succeed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Refusal {
+    /// Whose limit: the team's, or the end user's under it (L4).
+    pub scope: QuotaScope,
     pub field: Field,
     pub limit: u64,
     pub retry_after: Duration,
@@ -219,16 +296,20 @@ impl Refusal {
     }
 
     pub fn message(&self) -> String {
+        let who = match self.scope {
+            QuotaScope::Team => "team",
+            QuotaScope::User => "user",
+        };
         let what = match self.field {
-            Field::TokensPerDay => "the team's model tokens for today are spent",
-            Field::TokensPerMonth => "the team's model tokens for this month are spent",
-            Field::TurnsPerMinute => "the team started its limit of turns in the last minute",
-            Field::ConcurrentTurns => "the team runs its limit of concurrent turns",
-            Field::ConcurrentSessions => "the team runs its limit of concurrent worker sessions",
-            Field::WorkerSecondsPerDay => "the team's worker-seconds for today are spent",
+            Field::TokensPerDay => "'s model tokens for today are spent",
+            Field::TokensPerMonth => "'s model tokens for this month are spent",
+            Field::TurnsPerMinute => " started its limit of turns in the last minute",
+            Field::ConcurrentTurns => " runs its limit of concurrent turns",
+            Field::ConcurrentSessions => " runs its limit of concurrent worker sessions",
+            Field::WorkerSecondsPerDay => "'s worker-seconds for today are spent",
         };
         format!(
-            "{what} ({} = {}); retry after {} s",
+            "the {who}{what} ({} = {}); retry after {} s",
             self.field.name(),
             self.limit,
             self.retry_after.as_secs().max(1)
@@ -321,6 +402,43 @@ impl From<SessionUsage> for Used {
     }
 }
 
+/// A team's limits and its users' (L4), as stored with the defaults applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TeamSettings {
+    pub limits: Limits,
+    /// Each end user's limits unless overridden; all `None` when the team set none.
+    pub per_user: Limits,
+    /// Whether any user of the team has overrides: without them and without `per_user`,
+    /// a user's turn counts at the team's level only.
+    pub users_overridden: bool,
+}
+
+impl TeamSettings {
+    /// Whether a user's turn may have a turn limit of its own to count against.
+    pub fn users_limited(&self) -> bool {
+        self.users_overridden || self.per_user.limits_turns()
+    }
+}
+
+/// One end user's limits: the team's `per_user` with the user's overrides over it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UserLimits {
+    pub limits: Limits,
+    /// The user's stored overrides (`{}` for none), field by field.
+    pub overrides: serde_json::Value,
+}
+
+impl UserLimits {
+    fn new(per_user: &serde_json::Value, overrides: serde_json::Value) -> Self {
+        Self {
+            limits: Limits::default()
+                .with_overrides(per_user)
+                .with_overrides(&overrides),
+            overrides,
+        }
+    }
+}
+
 /// The team's limits and their defaults, shared by the turn path, the session path and
 /// the API.
 #[derive(Clone)]
@@ -343,33 +461,84 @@ impl Quotas {
 
     /// A team's effective limits, read from Postgres.
     pub async fn limits(&self, team: TeamId) -> Result<Limits, StoreError> {
-        let overrides = bounded(self.store.quota_overrides(team)).await?;
-        Ok(self.defaults.with_overrides(&overrides))
+        Ok(self.settings(team).await?.limits)
     }
 
-    /// Merges `update` into the team's overrides; answers the new effective limits.
+    /// A team's effective limits and what it says of its users' (L4), read from Postgres.
+    pub async fn settings(&self, team: TeamId) -> Result<TeamSettings, StoreError> {
+        let stored = bounded(self.store.quota_settings(team)).await?;
+        Ok(TeamSettings {
+            limits: self.defaults.with_overrides(&stored.overrides),
+            per_user: Limits::default().with_overrides(&stored.per_user),
+            users_overridden: stored.users_overridden,
+        })
+    }
+
+    /// Merges `update` into the team's overrides and its `per_user`; answers the new
+    /// settings.
     pub async fn update(
         &self,
         team: TeamId,
         update: QuotaUpdate,
         by: &Actor,
-    ) -> Result<Limits, UpdateError> {
-        let patch = update.into_patch().map_err(UpdateError::Invalid)?;
-        let overrides = bounded(self.store.merge_quota_overrides(team, &patch, by)).await?;
-        Ok(self.defaults.with_overrides(&overrides))
+    ) -> Result<TeamSettings, UpdateError> {
+        let (patch, per_user) = update.into_patches().map_err(UpdateError::Invalid)?;
+        let stored = bounded(
+            self.store
+                .merge_quota_overrides(team, &patch, &per_user, by),
+        )
+        .await?;
+        Ok(TeamSettings {
+            limits: self.defaults.with_overrides(&stored.overrides),
+            per_user: Limits::default().with_overrides(&stored.per_user),
+            users_overridden: stored.users_overridden,
+        })
     }
 
-    /// Billed model tokens this UTC day and month written more than `settled_for` ago,
-    /// which the Redis counters are rebuilt from.
+    /// One user's limits (L4): the team's `per_user` with the user's overrides over it,
+    /// field by field, and those overrides (`{}` for none).
+    pub async fn user_limits(&self, team: TeamId, user: &str) -> Result<UserLimits, StoreError> {
+        let (per_user, overrides) = bounded(self.store.user_quota(team, user)).await?;
+        Ok(UserLimits::new(&per_user, overrides))
+    }
+
+    /// Merges `update` into one user's overrides; answers the user's limits after it.
+    pub async fn update_user(
+        &self,
+        team: TeamId,
+        user: &str,
+        update: LimitsUpdate,
+        by: &Actor,
+    ) -> Result<UserLimits, UpdateError> {
+        check_user_id(user).map_err(UpdateError::Invalid)?;
+        let patch = update.into_patch("").map_err(UpdateError::Invalid)?;
+        let (per_user, overrides) =
+            bounded(self.store.merge_user_quota(team, user, &patch, by)).await?;
+        Ok(UserLimits::new(&per_user, overrides))
+    }
+
+    /// Drops one user's overrides; false if it had none.
+    pub async fn delete_user(
+        &self,
+        team: TeamId,
+        user: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        bounded(self.store.delete_user_quota(team, user, by)).await
+    }
+
+    /// Billed model tokens this UTC day and month written more than `settled_for` ago, of
+    /// the team or of one of its users, which the Redis counters are rebuilt from.
     pub async fn billed_tokens(
         &self,
         team: TeamId,
+        user: Option<&str>,
         periods: &Periods,
         settled_for: Duration,
     ) -> Result<BilledBefore, StoreError> {
         bounded(
             self.store
-                .billed_tokens(team, &periods.since(), settled_for),
+                .billed_tokens(team, user, &periods.since(), settled_for),
         )
         .await
     }
@@ -378,7 +547,7 @@ impl Quotas {
     pub async fn used(&self, team: TeamId, periods: &Periods) -> Result<Used, StoreError> {
         let since = periods.since();
         let (turns, sessions) = bounded(async {
-            let turns = self.store.turn_usage(team, &since).await?;
+            let turns = self.store.turn_usage(team, None, &since).await?;
             Ok((turns, self.store.session_usage(team, &since).await?))
         })
         .await?;
@@ -388,6 +557,24 @@ impl Quotas {
             turns_per_minute: turns.recent,
             concurrent_turns: turns.running,
             ..Used::from(sessions)
+        })
+    }
+
+    /// What one user's turns used in each turn quota's window, from Postgres; its worker
+    /// sessions are not told apart from the team's (docs/design/not-built-yet.md).
+    pub async fn used_by_user(
+        &self,
+        team: TeamId,
+        user: &str,
+        periods: &Periods,
+    ) -> Result<Used, StoreError> {
+        let turns = bounded(self.store.turn_usage(team, Some(user), &periods.since())).await?;
+        Ok(Used {
+            tokens_per_day: turns.tokens_day,
+            tokens_per_month: turns.tokens_month,
+            turns_per_minute: turns.recent,
+            concurrent_turns: turns.running,
+            ..Used::default()
         })
     }
 
@@ -405,6 +592,7 @@ impl Quotas {
             && used.concurrent_sessions >= limit
         {
             return Ok(Some(Refusal {
+                scope: QuotaScope::Team,
                 field: Field::ConcurrentSessions,
                 limit,
                 // A session ends when its chat goes idle; a minute is a fair first wait.
@@ -416,6 +604,7 @@ impl Quotas {
             && used.worker_seconds_per_day >= limit
         {
             return Ok(Some(Refusal {
+                scope: QuotaScope::Team,
                 field: Field::WorkerSecondsPerDay,
                 limit,
                 retry_after: periods.until_day_end(),
@@ -467,15 +656,28 @@ mod tests {
         let update: QuotaUpdate =
             serde_json::from_str(r#"{"tokens_per_day": null, "concurrent_turns": 4}"#).unwrap();
         assert_eq!(
-            update.into_patch().unwrap(),
-            serde_json::json!({"tokens_per_day": null, "concurrent_turns": 4})
+            update.into_patches().unwrap(),
+            (
+                serde_json::json!({"tokens_per_day": null, "concurrent_turns": 4}),
+                serde_json::json!({})
+            )
         );
+        let update: QuotaUpdate =
+            serde_json::from_str(r#"{"per_user": {"turns_per_minute": 2}}"#).unwrap();
+        assert_eq!(
+            update.into_patches().unwrap().1,
+            serde_json::json!({"turns_per_minute": 2})
+        );
+        assert!(serde_json::from_str::<QuotaUpdate>(r#"{"per_user": {"tokens": 1}}"#).is_err());
+        assert!(check_user_id("").is_err());
+        assert!(check_user_id(&"u".repeat(256)).is_err());
+        assert!(check_user_id("auth0|user-1").is_ok());
         assert!(serde_json::from_str::<QuotaUpdate>(r#"{"tokens": 1}"#).is_err());
         assert!(serde_json::from_str::<QuotaUpdate>(r#"{"concurrent_turns": -1}"#).is_err());
         assert!(serde_json::from_str::<QuotaUpdate>(r#"{"concurrent_turns": 1.5}"#).is_err());
         let huge: QuotaUpdate =
             serde_json::from_str(&format!(r#"{{"tokens_per_day": {}}}"#, MAX_LIMIT + 1)).unwrap();
-        assert!(huge.into_patch().is_err());
+        assert!(huge.into_patches().is_err());
     }
 
     #[test]

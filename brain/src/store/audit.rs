@@ -92,6 +92,9 @@ pub enum Action {
     KeyCreated,
     KeyRevoked,
     QuotasSet,
+    /// One user's quota overrides (L4) set or dropped; the entry names the user.
+    UserQuotaSet,
+    UserQuotaDeleted,
     AgentCreated,
     AgentUpdated,
     /// For the deletion of an agent (L2), recorded by the store method that deletes it.
@@ -120,6 +123,8 @@ impl Action {
             Self::KeyCreated => "key.created",
             Self::KeyRevoked => "key.revoked",
             Self::QuotasSet => "quotas.set",
+            Self::UserQuotaSet => "quotas.user_set",
+            Self::UserQuotaDeleted => "quotas.user_deleted",
             Self::AgentCreated => "agent.created",
             Self::AgentUpdated => "agent.updated",
             Self::AgentDeleted => "agent.deleted",
@@ -146,6 +151,7 @@ impl Action {
         match self {
             Self::KeyCreated | Self::KeyRevoked => "key",
             Self::QuotasSet | Self::TeamCreated | Self::TeamUpdated => "team",
+            Self::UserQuotaSet | Self::UserQuotaDeleted => "user",
             Self::AgentCreated
             | Self::AgentUpdated
             | Self::AgentDeleted

@@ -236,6 +236,7 @@ impl Store {
             "webhook_deliveries",
             "compositions",
             "team_quotas",
+            "user_quotas",
             "oauth_flows",
             "connector_grants",
             "audit_log",

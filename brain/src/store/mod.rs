@@ -55,7 +55,7 @@ pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
-pub use quotas::{BilledBefore, SessionUsage, Since, TurnUsage};
+pub use quotas::{BilledBefore, QuotaSettings, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use retention::{Expiring, RetentionLock};
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
@@ -460,6 +460,11 @@ fn migrator() -> Migrator {
             31,
             "audit log of admin actions",
             include_str!("../../../migrations/0031_audit.sql"),
+        ),
+        (
+            32,
+            "user budgets: per-user limits and overrides, the user of a billing event",
+            include_str!("../../../migrations/0032_user_budgets.sql"),
         ),
         (
             33,

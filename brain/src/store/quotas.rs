@@ -53,53 +53,163 @@ fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64, StoreError> {
     Ok(u64::try_from(value).unwrap_or(0))
 }
 
-/// Billed tokens since `$2` (day) and `$3` (month): one scan of the month's model calls.
+/// Billed tokens since `$2` (day) and `$3` (month) of the team, or of its user `$5` when
+/// given (L4): one scan of the month's model calls.
 const TOKENS: &str = "SELECT \
        coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)) \
          FILTER (WHERE created_at >= $2), 0)::int8 AS tokens_day, \
        coalesce(sum(coalesce(input_tokens, 0) + coalesce(output_tokens, 0)), 0)::int8 \
          AS tokens_month \
      FROM billing_events \
-     WHERE team_id = $1 AND kind = 'model_call' AND created_at >= $3";
+     WHERE team_id = $1 AND kind = 'model_call' AND created_at >= $3 \
+       AND ($5::text IS NULL OR user_id = $5)";
+
+/// A team's stored quota settings (`team_quotas`), `{}` where it has none.
+#[derive(Clone, Debug)]
+pub struct QuotaSettings {
+    pub overrides: serde_json::Value,
+    pub per_user: serde_json::Value,
+    /// Whether any of its users has overrides (`user_quotas`).
+    pub users_overridden: bool,
+}
 
 impl Store {
-    /// The team's stored overrides (`{}` when it has none).
-    pub async fn quota_overrides(&self, team: TeamId) -> Result<serde_json::Value, StoreError> {
-        let row: Option<(serde_json::Value,)> =
-            sqlx::query_as("SELECT overrides FROM team_quotas WHERE team_id = $1")
-                .bind(team.0)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.map_or_else(|| serde_json::json!({}), |(v,)| v))
+    /// The team's stored overrides and per-user limits.
+    pub async fn quota_settings(&self, team: TeamId) -> Result<QuotaSettings, StoreError> {
+        let (overrides, per_user, users_overridden): (
+            Option<serde_json::Value>,
+            Option<serde_json::Value>,
+            bool,
+        ) = sqlx::query_as(
+            "SELECT q.overrides, q.per_user, \
+               EXISTS (SELECT 1 FROM user_quotas WHERE team_id = $1) \
+             FROM (SELECT 1) one LEFT JOIN team_quotas q ON q.team_id = $1",
+        )
+        .bind(team.0)
+        .fetch_one(&self.pool)
+        .await?;
+        let empty = || serde_json::json!({});
+        Ok(QuotaSettings {
+            overrides: overrides.unwrap_or_else(empty),
+            per_user: per_user.unwrap_or_else(empty),
+            users_overridden,
+        })
     }
 
-    /// Merges `patch` (field → count or null) into the overrides; answers the result.
+    /// Merges `patch` into the overrides and `per_user` into the per-user limits (field →
+    /// count or null); answers the result.
     pub async fn merge_quota_overrides(
         &self,
         team: TeamId,
         patch: &serde_json::Value,
+        per_user: &serde_json::Value,
         by: &Actor,
-    ) -> Result<serde_json::Value, StoreError> {
+    ) -> Result<QuotaSettings, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let (overrides,): (serde_json::Value,) = sqlx::query_as(
-            "INSERT INTO team_quotas (team_id, overrides) VALUES ($1, $2) \
-             ON CONFLICT (team_id) DO UPDATE \
-               SET overrides = team_quotas.overrides || EXCLUDED.overrides, updated_at = now() \
-             RETURNING overrides",
+        let (overrides, per_user_now, users_overridden): (
+            serde_json::Value,
+            serde_json::Value,
+            bool,
+        ) = sqlx::query_as(
+            "INSERT INTO team_quotas (team_id, overrides, per_user) VALUES ($1, $2, $3) \
+                 ON CONFLICT (team_id) DO UPDATE \
+                   SET overrides = team_quotas.overrides || EXCLUDED.overrides, \
+                       per_user = team_quotas.per_user || EXCLUDED.per_user, \
+                       updated_at = now() \
+                 RETURNING overrides, per_user, \
+                   EXISTS (SELECT 1 FROM user_quotas WHERE team_id = $1)",
         )
         .bind(team.0)
         .bind(patch)
+        .bind(per_user)
         .fetch_one(&mut *tx)
         .await?;
-        let fields: Vec<&String> = patch
-            .as_object()
-            .into_iter()
-            .flat_map(|p| p.keys())
-            .collect();
-        let details = serde_json::json!({ "fields": fields });
+        let details = serde_json::json!({
+            "fields": field_names(patch),
+            "per_user_fields": field_names(per_user),
+        });
         audit::record(&mut tx, team, by, Action::QuotasSet, team, details).await?;
         tx.commit().await?;
-        Ok(overrides)
+        Ok(QuotaSettings {
+            overrides,
+            per_user: per_user_now,
+            users_overridden,
+        })
+    }
+
+    /// The team's per-user limits and one user's overrides (`{}` for none).
+    pub async fn user_quota(
+        &self,
+        team: TeamId,
+        user: &str,
+    ) -> Result<(serde_json::Value, serde_json::Value), StoreError> {
+        let (per_user, overrides): (Option<serde_json::Value>, Option<serde_json::Value>) =
+            sqlx::query_as(
+                "SELECT (SELECT per_user FROM team_quotas WHERE team_id = $1), \
+                   (SELECT overrides FROM user_quotas WHERE team_id = $1 AND user_id = $2)",
+            )
+            .bind(team.0)
+            .bind(user)
+            .fetch_one(&self.pool)
+            .await?;
+        let empty = || serde_json::json!({});
+        Ok((
+            per_user.unwrap_or_else(empty),
+            overrides.unwrap_or_else(empty),
+        ))
+    }
+
+    /// Merges `patch` into one user's overrides; answers the team's per-user limits and
+    /// the user's overrides after it.
+    pub async fn merge_user_quota(
+        &self,
+        team: TeamId,
+        user: &str,
+        patch: &serde_json::Value,
+        by: &Actor,
+    ) -> Result<(serde_json::Value, serde_json::Value), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let (per_user, overrides): (Option<serde_json::Value>, serde_json::Value) = sqlx::query_as(
+            "WITH u AS ( \
+                   INSERT INTO user_quotas (team_id, user_id, overrides) VALUES ($1, $2, $3) \
+                   ON CONFLICT (team_id, user_id) DO UPDATE \
+                     SET overrides = user_quotas.overrides || EXCLUDED.overrides, \
+                         updated_at = now() \
+                   RETURNING overrides) \
+                 SELECT (SELECT per_user FROM team_quotas WHERE team_id = $1), u.overrides \
+                 FROM u",
+        )
+        .bind(team.0)
+        .bind(user)
+        .bind(patch)
+        .fetch_one(&mut *tx)
+        .await?;
+        let details = serde_json::json!({ "fields": field_names(patch) });
+        audit::record(&mut tx, team, by, Action::UserQuotaSet, user, details).await?;
+        tx.commit().await?;
+        Ok((per_user.unwrap_or_else(|| serde_json::json!({})), overrides))
+    }
+
+    /// Drops one user's overrides; false if it had none.
+    pub async fn delete_user_quota(
+        &self,
+        team: TeamId,
+        user: &str,
+        by: &Actor,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query("DELETE FROM user_quotas WHERE team_id = $1 AND user_id = $2")
+            .bind(team.0)
+            .bind(user)
+            .execute(&mut *tx)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        let details = serde_json::json!({});
+        audit::record(&mut tx, team, by, Action::UserQuotaDeleted, user, details).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Billed model tokens this UTC day and month, of the events written more than
@@ -109,6 +219,7 @@ impl Store {
     pub async fn billed_tokens(
         &self,
         team: TeamId,
+        user: Option<&str>,
         since: &Since,
         settled_for: Duration,
     ) -> Result<BilledBefore, StoreError> {
@@ -122,6 +233,7 @@ impl Store {
             .bind(since.day)
             .bind(since.month)
             .bind(settled_for.as_secs_f64())
+            .bind(user)
             .fetch_one(&self.pool)
             .await?;
         Ok(BilledBefore {
@@ -131,24 +243,33 @@ impl Store {
         })
     }
 
-    /// Everything the turn path counts, in one statement.
-    pub async fn turn_usage(&self, team: TeamId, since: &Since) -> Result<TurnUsage, StoreError> {
+    /// Everything the turn path counts, in one statement: the team's, or one user's
+    /// (L4: its turns are those whose actor is `user:<subject>`).
+    pub async fn turn_usage(
+        &self,
+        team: TeamId,
+        user: Option<&str>,
+        since: &Since,
+    ) -> Result<TurnUsage, StoreError> {
         let sql = format!(
             "WITH tokens AS ({TOKENS}) \
              SELECT tokens.*, \
-               (SELECT count(*) FROM turns WHERE team_id = $1 AND status = 'running') AS running, \
+               (SELECT count(*) FROM turns WHERE team_id = $1 AND status = 'running' \
+                  AND ($5::text IS NULL OR actor = 'user:' || $5)) AS running, \
                recent.n AS recent, \
                coalesce(extract(epoch FROM (recent.oldest + interval '60 seconds' - $4)) \
                  * 1000, 0)::int8 AS reset_ms \
              FROM tokens, \
                (SELECT count(*) AS n, min(started_at) AS oldest FROM turns \
-                WHERE team_id = $1 AND started_at > $4 - interval '60 seconds') AS recent"
+                WHERE team_id = $1 AND started_at > $4 - interval '60 seconds' \
+                  AND ($5::text IS NULL OR actor = 'user:' || $5)) AS recent"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(since.day)
             .bind(since.month)
             .bind(since.now)
+            .bind(user)
             .fetch_one(&self.pool)
             .await?;
         Ok(TurnUsage {
@@ -190,4 +311,13 @@ impl Store {
             worker_seconds_day: seconds.max(0.0).ceil() as u64,
         })
     }
+}
+
+/// The field names a quota patch sets (for the audit entry: names, never values).
+fn field_names(patch: &serde_json::Value) -> Vec<&String> {
+    patch
+        .as_object()
+        .into_iter()
+        .flat_map(|p| p.keys())
+        .collect()
 }

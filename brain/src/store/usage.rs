@@ -1,5 +1,5 @@
 //! A team's usage (SPEC E1): its billing events summed over a time range, grouped by day,
-//! agent or model. The events themselves are written where they happen: model calls with
+//! agent, model or end user (L4). The events themselves are written where they happen: model calls with
 //! the turn's end state (`turns.rs`), worker-seconds by the runtime-manager's billing
 //! sweep.
 //!
@@ -22,6 +22,9 @@ pub enum UsageGroup {
     /// The model of a model call; worker-seconds have none, so they form the row whose
     /// key is `null`.
     Model,
+    /// The end user (a JWT's subject) whose turn billed the event (L4); an API key's
+    /// turns and worker-seconds have none, so they form the row whose key is `null`.
+    User,
 }
 
 impl UsageGroup {
@@ -30,6 +33,7 @@ impl UsageGroup {
             "day" => Some(Self::Day),
             "agent" => Some(Self::Agent),
             "model" => Some(Self::Model),
+            "user" => Some(Self::User),
             _ => None,
         }
     }
@@ -40,6 +44,7 @@ impl UsageGroup {
             Self::Day => "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
             Self::Agent => "agent_id::text",
             Self::Model => "model",
+            Self::User => "user_id",
         }
     }
 }
@@ -64,7 +69,8 @@ pub struct UsageSums {
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageRow {
-    /// The day (`YYYY-MM-DD`), the agent id, or the model (`null` for worker-seconds).
+    /// The day (`YYYY-MM-DD`), the agent id, the model (`null` for worker-seconds), or the
+    /// user (`null` for an API key's turns and worker-seconds).
     pub key: Option<String>,
     /// For `group_by=agent`: the agent's name, `null` once the agent was deleted.
     #[serde(skip_serializing_if = "Option::is_none")]

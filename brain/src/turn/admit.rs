@@ -9,13 +9,15 @@
 use std::sync::OnceLock;
 
 use chrono::{DateTime, Utc};
-use protocol::{AgentId, ErrorCode, TeamId, TurnId};
+use protocol::{AgentId, ErrorCode, QuotaScope, TeamId, TurnId};
 
 use super::TurnError;
 use super::queue::Queue;
 use crate::AppState;
 use crate::hold::{Admitted, Billed, HoldGuard, Reserved, TurnAdmission};
-use crate::quota::{Field, Limits, Periods, Quotas, RateLimitHeaders, Refusal, fallback};
+use crate::quota::{
+    Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TeamSettings, fallback,
+};
 use crate::store::webhooks::{self, WebhookEvent};
 use crate::store::{Store, StoreError, bounded};
 
@@ -31,10 +33,15 @@ pub(super) struct Budget {
     /// Released at wrap-up (T7); `None` when Redis was unreachable at intake.
     hold: Option<HoldGuard>,
     limits: Limits,
+    /// The end user behind the turn (L4), and its limits when it has a turn limit of its
+    /// own; an API key's turn has neither and counts at the team's level only.
+    user: Option<String>,
+    user_limits: Option<Limits>,
     /// Counted in Redis (reserve through the hold) or, Redis being unreachable at intake,
     /// from Postgres.
     counted_in_redis: bool,
-    /// What the admission left of the team's limits, for the response's `RateLimit`.
+    /// What the admission left of the team's and the user's limits, for the response's
+    /// `RateLimit` (the tighter level per field).
     pub headers: RateLimitHeaders,
     /// When the wrap-up wrote the turn's billing events (Postgres' clock), for its
     /// settlement in the budget counters.
@@ -42,22 +49,25 @@ pub(super) struct Budget {
 }
 
 /// The hold and the quota decision; a refusal or a busy agent is the caller's answer.
-/// `reservation` is the most the first model call can spend.
+/// `reservation` is the most the first model call can spend; `user` the end user behind
+/// the turn (a JWT's subject), whose own limits it counts against too (L4).
 pub(super) async fn admit(
     state: &AppState,
     team: TeamId,
     agent: AgentId,
     turn: TurnId,
     reservation: u64,
+    user: Option<&str>,
 ) -> Result<Budget, TurnError> {
     let admission = TurnAdmission {
         team,
         agent,
         turn,
+        user,
         reservation,
     };
     let periods = Periods::now();
-    let budget = |hold, limits, counts: &_, counted_in_redis| Budget {
+    let budget = |hold, limits, levels: &Levels, counted_in_redis| Budget {
         store: state.store.clone(),
         quotas: state.quotas.clone(),
         team,
@@ -65,36 +75,55 @@ pub(super) async fn admit(
         queue: state.queue.clone(),
         hold,
         limits,
+        user: user.map(str::to_owned),
+        user_limits: levels.user.map(|u| u.limits),
         counted_in_redis,
-        headers: RateLimitHeaders::turns(&limits, counts, &periods),
+        headers: RateLimitHeaders::levels(levels, &periods),
         billed_at: OnceLock::new(),
     };
     match state.holds.admit(&state.quotas, admission).await? {
-        Admitted::Held {
-            guard,
-            limits,
-            counts,
-        } => Ok(budget(Some(guard), limits, &counts, true)),
+        Admitted::Held { guard, levels } => {
+            Ok(budget(Some(guard), levels.team.limits, &levels, true))
+        }
         Admitted::Busy { running } => Err(TurnError::Busy(running)),
         Admitted::Refused(refusal) => Err(refused(state, team, agent, refusal, &periods).await),
-        // Never open: the team's limits and counts come from Postgres instead.
+        // Never open: the limits and counts come from Postgres instead.
         Admitted::Unavailable => {
-            let limits = state.quotas.limits(team).await?;
-            let counts = if limits.limits_turns() {
-                match fallback::admit_turn(&state.store, team, &limits, reservation, &periods)
+            let settings = state.quotas.settings(team).await?;
+            let limits = settings.limits;
+            let user_limits = user_limits(&state.quotas, team, &settings, user).await?;
+            let levels = if limits.limits_turns() || user_limits.is_some() {
+                let user = user.zip(user_limits.as_ref());
+                match fallback::admit_turn(&state.store, team, user, &limits, reservation, &periods)
                     .await?
                 {
-                    Ok(counts) => counts,
+                    Ok(levels) => levels,
                     Err(refusal) => {
                         return Err(refused(state, team, agent, refusal, &periods).await);
                     }
                 }
             } else {
-                Default::default()
+                Levels::default()
             };
-            Ok(budget(None, limits, &counts, false))
+            Ok(budget(None, limits, &levels, false))
         }
     }
+}
+
+/// The end user's limits when it has a turn limit of its own (L4); `None` for an API
+/// key's turn, and without a read when the team has neither `per_user` turn limits nor
+/// any user's overrides.
+async fn user_limits(
+    quotas: &Quotas,
+    team: TeamId,
+    settings: &TeamSettings,
+    user: Option<&str>,
+) -> Result<Option<Limits>, StoreError> {
+    let Some(user) = user.filter(|_| settings.users_limited()) else {
+        return Ok(None);
+    };
+    let limits = quotas.user_limits(team, user).await?.limits;
+    Ok(limits.limits_turns().then_some(limits))
 }
 
 /// A refused admission, counted; a spent period budget is also the team's
@@ -109,7 +138,9 @@ async fn refused(
     periods: &Periods,
 ) -> TurnError {
     state.metrics.quota_refused(refusal.field);
-    if refusal.code() == ErrorCode::QuotaExhausted {
+    // A user's spent budget is the user's business with the team's product, not an event
+    // the team subscribed to about its own budget.
+    if refusal.code() == ErrorCode::QuotaExhausted && refusal.scope == QuotaScope::Team {
         let period = match refusal.field {
             Field::TokensPerMonth => periods.month_tag(),
             _ => periods.day_tag(),
@@ -142,27 +173,41 @@ impl Budget {
     /// counters, or from Postgres when the turn was admitted without Redis or Redis went
     /// away since. `Some` is a refusal.
     pub async fn reserve(&self, tokens: u64) -> Result<Option<Refusal>, StoreError> {
-        let limits = &self.limits;
-        if limits.tokens_per_day.is_none() && limits.tokens_per_month.is_none() {
+        let budgets = |limits: &Limits| {
+            (limits.tokens_per_day.is_some() || limits.tokens_per_month.is_some()).then_some(
+                Limits {
+                    tokens_per_day: limits.tokens_per_day,
+                    tokens_per_month: limits.tokens_per_month,
+                    ..Default::default()
+                },
+            )
+        };
+        let team = budgets(&self.limits);
+        let user = self
+            .user
+            .as_deref()
+            .zip(self.user_limits.as_ref().and_then(budgets));
+        if team.is_none() && user.is_none() {
             return Ok(None);
         }
+        let team = team.unwrap_or_default();
         if self.counted_in_redis
             && let Some(hold) = &self.hold
         {
-            match hold.reserve(&self.quotas, limits, tokens).await? {
+            let user = user.map(|(_, limits)| limits);
+            match hold
+                .reserve(&self.quotas, &team, user.as_ref(), tokens)
+                .await?
+            {
                 Reserved::Ok => return Ok(None),
                 Reserved::Refused(refusal) => return Ok(Some(refusal)),
                 Reserved::Unavailable => {}
             }
         }
-        let budgets = Limits {
-            tokens_per_day: limits.tokens_per_day,
-            tokens_per_month: limits.tokens_per_month,
-            ..Default::default()
-        };
+        let user = user.as_ref().map(|(name, limits)| (*name, limits));
         // This turn is among the running ones Postgres counts, at one reservation each.
         Ok(
-            fallback::admit_turn(&self.store, self.team, &budgets, tokens, &Periods::now())
+            fallback::admit_turn(&self.store, self.team, user, &team, tokens, &Periods::now())
                 .await?
                 .err(),
         )
@@ -202,12 +247,13 @@ pub(super) async fn adopt(
     team: TeamId,
     agent: AgentId,
     turn: TurnId,
+    user: Option<&str>,
 ) -> Result<Budget, TurnError> {
-    let limits = state.quotas.limits(team).await?;
-    let counted = limits.limits_turns()
-        || limits.tokens_per_day.is_some()
-        || limits.tokens_per_month.is_some();
-    let hold = match state.holds.adopt(team, agent, turn, counted).await {
+    let settings = state.quotas.settings(team).await?;
+    let limits = settings.limits;
+    let user_limits = user_limits(&state.quotas, team, &settings, user).await?;
+    let counted = limits.limits_turns() || user_limits.is_some();
+    let hold = match state.holds.adopt(team, agent, turn, user, counted).await {
         Ok(Some(hold)) => Some(hold),
         Ok(None) => {
             tracing::warn!(turn = %turn, agent = %agent, "a taken-over turn's agent is held by another turn");
@@ -227,6 +273,8 @@ pub(super) async fn adopt(
         queue: state.queue.clone(),
         hold,
         limits,
+        user: user.map(str::to_owned),
+        user_limits,
         counted_in_redis,
         headers: RateLimitHeaders::turns(&limits, &Default::default(), &Periods::now()),
         billed_at: OnceLock::new(),

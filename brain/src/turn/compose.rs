@@ -258,6 +258,7 @@ pub(super) async fn compose(
         agent: agent.id,
         chat,
         turn,
+        user: launch.authority.user().map(str::to_owned),
         // The models that fold history into the summary: the agent's own route for now.
         route: route.clone(),
         budget: state.config.context_tokens,

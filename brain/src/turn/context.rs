@@ -108,6 +108,9 @@ pub struct Fold {
     pub agent: AgentId,
     pub chat: ChatId,
     pub turn: TurnId,
+    /// The end user behind the turn, whose budget counters count the fold's tokens too
+    /// (L4).
+    pub user: Option<String>,
     /// The summary model first, then fallbacks.
     pub route: Vec<String>,
     pub budget: usize,
@@ -182,7 +185,9 @@ impl Fold {
         }
         if let Some(usage) = &usage {
             let tokens = usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0);
-            self.holds.bill(self.team, tokens).await;
+            self.holds
+                .bill(self.team, self.user.as_deref(), tokens)
+                .await;
         }
         match self
             .store

@@ -230,7 +230,15 @@ async fn start(
     );
     logging::traces::continue_from(&span, parent);
     let reservation = reservation(state, &basis, &trigger);
-    let mut budget = admit::admit(state, team, basis.agent.id, turn_id, reservation).await?;
+    let mut budget = admit::admit(
+        state,
+        team,
+        basis.agent.id,
+        turn_id,
+        reservation,
+        launch.authority.user(),
+    )
+    .await?;
 
     // A3, A4, under the hold (so no continuation runs meanwhile): a new message denies
     // what waits; an answer is recorded at most once, and the last of its turn resumes it.

@@ -230,7 +230,7 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
         detached: true,
     };
     let (revoked, held) = key_standing(state, team, &launch.authority).await?;
-    let budget = admit::adopt(state, team, agent, turn).await?;
+    let budget = admit::adopt(state, team, agent, turn, launch.authority.user()).await?;
     let cancel = state.turns_cancel.child_token();
     let mut registration = state.stops.register(turn, cancel.clone());
     {
@@ -263,6 +263,7 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
         agent,
         chat,
         turn,
+        user: launch.authority.user().map(str::to_owned),
         route: frozen.model_route.clone(),
         budget: state.config.context_tokens,
         max_output_tokens: frozen.max_output_tokens,

@@ -473,7 +473,7 @@ async fn bearers_that_are_neither_keys_nor_tokens_are_refused() {
 
 // ---- JWTs -------------------------------------------------------------------------
 
-mod jwt {
+pub(crate) mod jwt {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 

@@ -90,8 +90,14 @@ async fn start(artifacts: &TempDir) -> TestApp {
 
 /// Operations whose path names a resource inside the caller's own team by a name the
 /// caller chooses: another team's name addresses the caller's own (a `PUT` creates it), so
-/// a foreign name is no probe of isolation there. `DELETE` of the same path still is.
-const NAMED_IN_CALLERS_TEAM: [&str; 1] = ["PUT /v1/secrets/{secret_name}"];
+/// a foreign name is no probe of isolation there. `DELETE` of the same path still is. An
+/// end user's limits (L4) are the caller's team's for any user id, so reading them is no
+/// probe either.
+const NAMED_IN_CALLERS_TEAM: [&str; 3] = [
+    "PUT /v1/secrets/{secret_name}",
+    "GET /v1/quotas/users/{user_id}",
+    "PUT /v1/quotas/users/{user_id}",
+];
 
 /// Gives the team behind `key` one of everything a path can name: an agent, a chat with
 /// a finished turn, an artifact of that chat and a connector of that agent (agent-scoped,
@@ -215,6 +221,15 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .await
         .unwrap();
     assert_eq!(secret.status(), 201);
+    let user_quota = app
+        .http
+        .put(format!("{}/v1/quotas/users/their-user", app.url))
+        .bearer_auth(key)
+        .json(&json!({"tokens_per_day": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(user_quota.status(), 200);
     let webhook = created(
         post(
             "/v1/webhooks",
@@ -243,6 +258,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("secret_name", "THEIRS".to_owned()),
         ("team_id", team),
         ("turn_id", turn),
+        ("user_id", "their-user".to_owned()),
         ("webhook_id", webhook),
     ])
 }

@@ -43,6 +43,7 @@ mod traces;
 mod turn;
 mod turn_failures;
 mod usage;
+mod user_budgets;
 mod web_chat;
 mod webhooks;
 mod worker_channel;

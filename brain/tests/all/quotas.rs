@@ -495,6 +495,8 @@ mod settle {
         quotas: Quotas,
         holds: Holds,
         team: TeamId,
+        /// The end user whose turns these are (L4), with a day budget of its own.
+        user: Option<&'static str>,
         redis: redis::aio::MultiplexedConnection,
     }
 
@@ -514,8 +516,26 @@ mod settle {
                 holds: Holds::new(client, config, Metrics::new(false).unwrap()),
                 store,
                 team,
+                user: None,
                 redis,
             }
+        }
+
+        /// `start`, the turns being `user`'s, which has a day budget of its own.
+        async fn for_user(config: HoldConfig, user: &'static str) -> Self {
+            let mut counters = Self::start(config).await;
+            counters
+                .store
+                .merge_quota_overrides(
+                    counters.team,
+                    &serde_json::json!({}),
+                    &serde_json::json!({"tokens_per_day": 1_000_000}),
+                    &brain::store::Actor::operator(None),
+                )
+                .await
+                .unwrap();
+            counters.user = Some(user);
+            counters
         }
 
         /// A counted turn of a fresh agent.
@@ -524,6 +544,7 @@ mod settle {
                 team: self.team,
                 agent: AgentId::new(),
                 turn,
+                user: self.user,
                 reservation: 100,
             };
             match self.holds.admit(&self.quotas, admission).await.unwrap() {
@@ -543,14 +564,27 @@ mod settle {
             value.expect("the day's counter exists")
         }
 
+        /// The tokens the user's day counter holds.
+        async fn user_day(&self) -> i64 {
+            let user = self.user.unwrap();
+            let key = format!(
+                "quota:{}:user:{}:{user}:tokens:day:{}",
+                self.team,
+                user.len(),
+                Periods::now().day_tag()
+            );
+            let value: Option<i64> = self.redis.clone().get(key).await.unwrap();
+            value.expect("the user's day counter exists")
+        }
+
         /// A turn's end written to Postgres: its model call billed `tokens`. What its
         /// settlement carries.
         async fn bill(&self, turn: TurnId, tokens: u64) -> Billed {
             let (at,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as(
                 "INSERT INTO billing_events \
                    (id, team_id, agent_id, turn_id, event_key, kind, model, input_tokens, \
-                    output_tokens) \
-                 VALUES ($1, $2, $3, $4, $5, 'model_call', 'openai/x', $6, 0) \
+                    output_tokens, user_id) \
+                 VALUES ($1, $2, $3, $4, $5, 'model_call', 'openai/x', $6, 0, $7) \
                  RETURNING created_at",
             )
             .bind(uuid::Uuid::now_v7())
@@ -559,6 +593,7 @@ mod settle {
             .bind(turn.0)
             .bind(format!("test:{turn}"))
             .bind(tokens as i64)
+            .bind(self.user)
             .fetch_one(self.store.pool())
             .await
             .unwrap();
@@ -642,5 +677,38 @@ mod settle {
         other.release().await;
         last.release().await;
         assert_eq!(counters.day().await, 1050);
+    }
+
+    /// L4: a user's counters settle like the team's, beside them in the same script: once
+    /// per turn, however a rebuild of the user's counters interleaves with the turn's end.
+    #[tokio::test]
+    async fn a_users_counters_count_its_turns_tokens_once_beside_the_teams() {
+        let counters = Counters::for_user(HoldConfig::default(), "alice").await;
+        let old = TurnId::new();
+        counters.bill(old, 50).await;
+        sqlx::query("UPDATE billing_events SET created_at = now() - interval '5 minutes'")
+            .execute(counters.store.pool())
+            .await
+            .unwrap();
+        let ending = TurnId::new();
+        let guard = counters.admit(ending).await;
+        counters
+            .holds
+            .forget_user(counters.team, "alice")
+            .await
+            .unwrap();
+        let billed = counters.bill(ending, 700).await;
+        // This admission rebuilds the user's counters: the turn's 700 are in Postgres but
+        // younger than the rebuild's cutoff, so the settlement below adds them.
+        let other = counters.admit(TurnId::new()).await;
+        guard.release_billed(billed).await;
+        assert_eq!(counters.user_day().await, 750, "the user's counter");
+        assert_eq!(counters.day().await, 750, "the team's counter");
+        // A retried settlement adds nothing at either level.
+        counters.admit(ending).await.release_billed(billed).await;
+        assert_eq!(counters.user_day().await, 750);
+        assert_eq!(counters.day().await, 750);
+        other.release().await;
+        assert_eq!(counters.user_day().await, 750);
     }
 }

@@ -275,7 +275,10 @@ async fn bad_usage_queries_are_invalid_requests_that_say_why() {
         ("?from=2026-05-01T00:00:00+02:00", "%2B"),
         ("?from=2026-05-02&to=2026-05-01", "is after"),
         ("?from=2024-01-01&to=2026-01-01", "longer than 400 days"),
-        ("?group_by=week", "group_by must be day, agent or model"),
+        (
+            "?group_by=week",
+            "group_by must be day, agent, model or user",
+        ),
         ("?team=someone-else", "unknown field `team`"),
         ("?group_by=day&group_by=agent", "duplicate field `group_by`"),
     ] {
