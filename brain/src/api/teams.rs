@@ -176,7 +176,8 @@ pub async fn get(
         .await?
         .ok_or(ApiError::NotFound("team"))?;
     let month = usage_query(None, None, None, chrono::Utc::now()).map_err(ApiError::Internal)?;
-    let usage = bounded(state.store.usage(id, month)).await?;
+    // The totals only: no group is read.
+    let usage = bounded(state.store.usage(id, month, None, 0)).await?;
     Ok(Json(TeamDetail {
         team,
         usage_this_month: usage.totals,
@@ -192,8 +193,9 @@ pub async fn get(
     request_body = UpdateTeam,
     responses(
         (status = 200, description = "The team as changed. Once disabled, its keys and \
-            tokens are refused on every replica within a second and its running and queued \
-            turns have been told to stop.", body = TeamRow),
+            tokens are refused on every replica within a second, its running and queued \
+            turns have been told to stop, and its worker sessions are ended (the \
+            runtime-manager stops their workers on its next pass).", body = TeamRow),
         (status = 400, description = "A bad name (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such team, or the team API is off (`not_found`).",
             body = ErrorBody),
@@ -234,7 +236,8 @@ pub async fn update(
         Some(true) => {
             state.auth.keys.disabled(id).await;
             erasure::stop_turns(&state, id, Within::Team).await?;
-            tracing::info!(team = %id, "team disabled by the operator");
+            let sessions = bounded(state.store.end_team_sessions(id)).await?;
+            tracing::info!(team = %id, sessions, "team disabled by the operator");
         }
         Some(false) => state.auth.keys.enabled(id).await,
         None => {}

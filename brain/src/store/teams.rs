@@ -247,6 +247,25 @@ impl Store {
         Ok(rows.into_iter().map(TurnId).collect())
     }
 
+    /// Ends the team's live worker sessions (a disabled team's workers are released at
+    /// once, L1): `terminated`, so the runtime-manager's reaper stops their workers on its
+    /// next pass, and a claimed pooled worker's slot `gone`. Answers how many ended.
+    pub async fn end_team_sessions(&self, team: TeamId) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(
+            "WITH ended AS (
+                 UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
+                 WHERE team_id = $1 AND state NOT IN ('terminated', 'failed')
+                 RETURNING id),
+             slots AS (
+                 UPDATE worker_pool SET state = 'gone', updated_at = now()
+                 WHERE state = 'claimed' AND session_id IN (SELECT id FROM ended))
+             SELECT count(*) FROM ended",
+        )
+        .bind(team.0)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// The live key whose hash is `hash`, if any.
     pub async fn key_by_hash(&self, hash: &[u8; 32]) -> Result<Option<KeyAuth>, StoreError> {
         let row: Option<(Uuid, Uuid, String, bool)> = sqlx::query_as(

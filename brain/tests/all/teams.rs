@@ -215,3 +215,43 @@ async fn a_team_is_created_with_its_first_key_listed_in_pages_read_and_renamed()
     .await;
     assert_eq!(error_code(missing).await, (404, "not_found".into()));
 }
+
+/// L1: a disabled team's worker sessions end at once, and the runtime-manager stops their
+/// workers on its next pass (not after the profile's idle window, here a minute).
+#[tokio::test]
+async fn a_disabled_teams_workers_are_released_at_once() {
+    let (app, _manager) = crate::workers::system(60_000, |c| {
+        c.operator_token = Some(crate::auth::operator_token());
+    })
+    .await;
+    let (_, chat) = crate::common::light_agent(&app).await;
+    app.provider.push(crate::workers::shell("c1", "echo hi"));
+    app.provider.push(text("done"));
+    crate::common::read_stream(app.send(&chat, &json!({"content": "run it"})).await).await;
+    app.settled().await;
+    let pid = crate::workers::worker_pid(&app).await;
+    assert!(crate::workers::alive(pid));
+
+    let disabled = as_operator(
+        &app,
+        Method::PATCH,
+        &format!("/v1/teams/{}", app.team),
+        Some(json!({"disabled": true})),
+    )
+    .await;
+    assert_eq!(disabled.status(), 200);
+    let state: String = sqlx::query_scalar("SELECT state FROM agent_runtime_sessions")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(state, "terminated");
+    crate::erasure::eventually(
+        std::time::Duration::from_secs(10),
+        "the worker stops",
+        || {
+            let gone = !crate::workers::alive(pid);
+            async move { gone }
+        },
+    )
+    .await;
+}
