@@ -4,11 +4,11 @@ use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
 
-use super::QueryParams;
+use super::{QueryParams, paging};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::UsageReport;
+use crate::store::{UsageReport, bounded};
 use crate::usage::usage_query;
 use protocol::ErrorBody;
 
@@ -25,6 +25,11 @@ pub struct UsageParams {
     /// `day` (the default), `agent`, `model` or `user` (the JWT subject whose turn billed
     /// the event; an API key's turns and worker-seconds are the `null` row).
     group_by: Option<String>,
+    /// How many groups: 1 to 200, 50 when absent (L3).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before, for the groups after it.
+    cursor: Option<String>,
 }
 
 #[utoipa::path(
@@ -34,10 +39,10 @@ pub struct UsageParams {
     tag = "usage",
     params(UsageParams),
     responses(
-        (status = 200, description = "The team's billing events summed per group, and in total.",
-            body = UsageReport),
+        (status = 200, description = "The team's billing events summed per group (a page of \
+            groups), and in total.", body = UsageReport),
         (status = 400, description = "A bad time, a range backwards or over 400 days, an \
-            unknown `group_by` or parameter (`invalid_request`).", body = ErrorBody),
+            unknown `group_by` or parameter, a bad `limit` or `cursor` (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
@@ -56,5 +61,20 @@ pub async fn get(
         chrono::Utc::now(),
     )
     .map_err(ApiError::InvalidRequest)?;
-    Ok(Json(state.store.usage(team, query).await?))
+    let limit = paging::checked_limit(params.limit)?;
+    // A cursor names a group of one grouping: another grouping's is refused.
+    let tag = format!("u1:{}:", query.group_by.as_str());
+    let after: Option<String> = params
+        .cursor
+        .as_deref()
+        .map(|c| paging::key_of(&tag, c, "cursor"))
+        .transpose()?;
+    let mut report = bounded(state.store.usage(team, query, after.as_deref(), limit)).await?;
+    let rows = std::mem::take(&mut report.rows);
+    // The key is `null` only on the last group, after which no page follows.
+    let (rows, next_cursor) =
+        paging::page(rows, limit, &tag, |r| r.key.clone().unwrap_or_default());
+    report.rows = rows;
+    report.next_cursor = next_cursor;
+    Ok(Json(report))
 }

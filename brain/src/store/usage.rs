@@ -3,8 +3,9 @@
 //! the turn's end state (`turns.rs`), worker-seconds by the runtime-manager's billing
 //! sweep.
 //!
-//! One statement answers the rows and the totals (`GROUPING SETS`), so the totals are the
-//! database's sums, never a second read that could see other events.
+//! One statement answers a page of the rows and the totals (`GROUPING SETS`), so the
+//! totals are the database's sums, never a second read that could see other events. The
+//! groups page by key (L3): the aggregation runs whole, the answer is bounded.
 
 use chrono::{DateTime, Utc};
 use protocol::TeamId;
@@ -28,14 +29,19 @@ pub enum UsageGroup {
 }
 
 impl UsageGroup {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "day" => Some(Self::Day),
-            "agent" => Some(Self::Agent),
-            "model" => Some(Self::Model),
-            "user" => Some(Self::User),
-            _ => None,
+    const ALL: [Self; 4] = [Self::Day, Self::Agent, Self::Model, Self::User];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Day => "day",
+            Self::Agent => "agent",
+            Self::Model => "model",
+            Self::User => "user",
         }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|g| g.as_str() == s)
     }
 
     /// The group key as SQL text; a constant, never input.
@@ -85,16 +91,26 @@ pub struct UsageReport {
     pub from: DateTime<Utc>,
     pub to: DateTime<Utc>,
     pub group_by: UsageGroup,
-    /// Ordered by key (`null` last); only groups with events.
+    /// A page of groups (L3), ordered by key (`null` last); only groups with events.
     pub rows: Vec<UsageRow>,
+    /// `cursor` for the next page of groups; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
     pub totals: UsageSums,
     /// Bytes the team's workspace snapshots (W10) hold in storage now, whatever the range.
     pub snapshot_bytes: i64,
 }
 
 impl Store {
-    /// The team's usage for `query`.
-    pub async fn usage(&self, team: TeamId, query: UsageQuery) -> Result<UsageReport, StoreError> {
+    /// The team's usage for `query`: the totals, and up to `limit + 1` groups after the
+    /// group keyed `after` (the caller pages them and sets `next_cursor`).
+    pub async fn usage(
+        &self,
+        team: TeamId,
+        query: UsageQuery,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<UsageReport, StoreError> {
         let sql = format!(
             "WITH g AS ( \
                SELECT {key} AS k, GROUPING({key}) = 1 AS total, \
@@ -108,7 +124,8 @@ impl Store {
                GROUP BY GROUPING SETS (({key}), ())) \
              SELECT g.*, a.name AS agent_name FROM g \
              LEFT JOIN agents a ON $4 AND NOT g.total AND a.team_id = $1 AND a.id::text = g.k \
-             ORDER BY g.total, g.k NULLS LAST",
+             WHERE g.total OR $5::text IS NULL OR g.k > $5 OR g.k IS NULL \
+             ORDER BY g.total DESC, g.k NULLS LAST LIMIT $6 + 2",
             key = query.group_by.key_sql()
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -116,6 +133,8 @@ impl Store {
             .bind(query.from)
             .bind(query.to)
             .bind(query.group_by == UsageGroup::Agent)
+            .bind(after)
+            .bind(limit)
             .fetch_all(&self.pool)
             .await?;
         let mut report = UsageReport {
@@ -123,6 +142,7 @@ impl Store {
             to: query.to,
             group_by: query.group_by,
             rows: Vec::with_capacity(rows.len()),
+            next_cursor: None,
             totals: UsageSums::default(),
             snapshot_bytes: self.snapshot_bytes(team).await?,
         };

@@ -291,3 +291,71 @@ async fn bad_usage_queries_are_invalid_requests_that_say_why() {
     // An encoded offset is fine.
     usage(&app, "?from=2026-05-01T00:00:00%2B02:00&to=2026-05-02").await;
 }
+
+/// L3: the groups page by key, `null` last; every page carries the whole range's totals,
+/// and a cursor of one grouping is refused by another.
+#[tokio::test]
+async fn usage_groups_page_by_key_with_the_totals_on_every_page() {
+    let app = TestApp::start().await;
+    let a = agent(&app, "alpha").await;
+    let team = app.team;
+    for event in [
+        call(&a, "2026-05-01T10:00:00Z", "openai/m1", (1, 1)),
+        call(&a, "2026-05-02T10:00:00Z", "openai/m2", (2, 2)),
+        call(&a, "2026-05-03T10:00:00Z", "openai/m3", (3, 3)),
+        worker(&a, "2026-05-03T11:00:00Z", 5.0),
+    ] {
+        insert(&app, team, event).await;
+    }
+    let range = "from=2026-05-01&to=2026-05-04";
+    let totals = sums(6, 6, 3, 5.0);
+    let mut keys = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let query = match &cursor {
+            None => format!("?{range}&group_by=model&limit=3"),
+            Some(c) => format!("?{range}&group_by=model&limit=3&cursor={c}"),
+        };
+        let page = usage(&app, &query).await;
+        assert_eq!(page["totals"], totals, "{page}");
+        keys.extend(
+            page["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["key"].clone()),
+        );
+        pages += 1;
+        match page.get("next_cursor") {
+            Some(next) => cursor = Some(next.as_str().unwrap().to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 2);
+    assert_eq!(
+        keys,
+        vec![
+            json!("openai/m1"),
+            json!("openai/m2"),
+            json!("openai/m3"),
+            Value::Null
+        ],
+        "every group once, in key order, null last"
+    );
+
+    let first = usage(&app, &format!("?{range}&group_by=model&limit=1")).await;
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (status, body) = usage_as(
+        &app,
+        &app.key,
+        &format!("?{range}&group_by=day&cursor={cursor}"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+    let (status, _) = usage_as(&app, &app.key, &format!("?{range}&limit=0")).await;
+    assert_eq!(status, 400);
+}
