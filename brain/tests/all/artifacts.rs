@@ -29,7 +29,7 @@ const S3S_FS: &str = "/var/tmp/agent-runtime-tools/bin/s3s-fs";
 const MAX: usize = 25 << 20;
 
 /// A directory of its own under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
     fn new(what: &str) -> Self {
@@ -312,18 +312,18 @@ async fn the_size_limit_and_bad_metadata_write_nothing() {
 }
 
 /// A running s3s-fs, killed (and its directory removed) on drop.
-struct S3sFs {
+pub(crate) struct S3sFs {
     child: Child,
     endpoint: String,
-    root: TempDir,
+    pub(crate) root: TempDir,
 }
 
-const ACCESS_KEY: &str = "brain-test-access";
-const SECRET_KEY: &str = "brain-test-secret-0123456789";
-const BUCKET: &str = "artifacts";
+pub(crate) const ACCESS_KEY: &str = "brain-test-access";
+pub(crate) const SECRET_KEY: &str = "brain-test-secret-0123456789";
+pub(crate) const BUCKET: &str = "artifacts";
 
 impl S3sFs {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         assert!(
             Path::new(S3S_FS).is_file(),
             "{S3S_FS} is missing: run scripts/test-deps.sh (it installs s3s-fs 0.14.1)"
@@ -367,7 +367,7 @@ impl S3sFs {
         server
     }
 
-    fn config(&self, secret: &str) -> S3Config {
+    pub(crate) fn config(&self, secret: &str) -> S3Config {
         S3Config {
             bucket: BUCKET.into(),
             endpoint: Some(self.endpoint.clone()),

@@ -284,6 +284,62 @@ async fn an_erased_chat_leaves_nothing_in_postgres_redis_the_artifact_store_or_t
     assert_eq!(kept_messages.len(), 2, "{kept_messages:?}");
 }
 
+/// With the artifacts in S3 (s3s-fs, a real S3-protocol server), an erased chat's bytes
+/// leave the bucket, and another chat's stay.
+#[tokio::test]
+async fn an_erased_chats_bytes_leave_the_s3_bucket() {
+    use crate::artifacts::{BUCKET, S3sFs, SECRET_KEY};
+    let server = S3sFs::start();
+    let s3 = server.config(SECRET_KEY);
+    let app = TestApp::start_with(|c| {
+        c.artifacts.backend = brain::config::ArtifactBackend::S3(s3.clone());
+    })
+    .await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let kept = app.new_chat(&agent).await;
+    let backend = brain::artifacts::S3Store::new(&s3);
+    let mut keys = Vec::new();
+    for on in [&chat, &kept] {
+        let owner = brain::artifacts::ArtifactOwner {
+            team: app.team,
+            agent: protocol::AgentId(agent.parse().unwrap()),
+            chat: Some(protocol::ChatId(on.parse().unwrap())),
+            turn: None,
+        };
+        let row = brain::artifacts::save_artifact(
+            &app.store,
+            &backend,
+            1 << 20,
+            owner,
+            "notes.txt",
+            "text/plain",
+            bytes::Bytes::from_static(b"in the bucket"),
+        )
+        .await
+        .unwrap();
+        keys.push(format!("{}/{}", app.team, row.id));
+    }
+    let bucket = server.root.0.join(BUCKET);
+    assert!(bucket.join(&keys[0]).is_file() && bucket.join(&keys[1]).is_file());
+
+    let erased = app
+        .auth(app.http.delete(format!("{}/v1/chats/{chat}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), 204);
+    assert!(
+        !bucket.join(&keys[0]).exists(),
+        "the erased chat's bytes left the bucket"
+    );
+    assert!(bucket.join(&keys[1]).is_file(), "the other chat's stay");
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM blob_garbage")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(queued, 0);
+}
+
 /// A user token erases the chats its user opened, and no other; a chat-scoped key none.
 #[tokio::test]
 async fn a_chat_is_erased_by_an_admin_or_the_user_who_opened_it() {
