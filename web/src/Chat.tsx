@@ -222,16 +222,21 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
   }
 
   /** T13: the running turn is stopped (its partial answer kept) and this message's turn
-   * streams here. */
+   * runs next; the events stream shows it here. */
   async function onInterrupt() {
     const text = input.trim();
     if (!text) return;
     setInput("");
     setQueueError(undefined);
-    // This tab's own stream ends here; the server stops the turn wherever it runs.
-    await stop();
-    clearError();
-    void sendMessage({ text }, { body: { if_busy: "interrupt" } });
+    // One request stops the running turn and starts this one. Ending this tab's stream
+    // first would stop the turn on its own (the client left) and free the agent for a
+    // queued message, which would then run before this one.
+    try {
+      await api.interrupt(chatId, text);
+    } catch (err) {
+      setQueueError(err as ApiError);
+      setInput(text);
+    }
   }
 
   async function onWithdraw(messageId: string) {

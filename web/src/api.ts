@@ -230,6 +230,17 @@ export class Api {
     });
   }
 
+  /** Sends a message ahead of the agent's queue (T13): the server stops the running turn,
+   * wherever it runs, and starts this one in the background in the same request, holding
+   * the queue back meanwhile; the chat's events stream shows it. */
+  interrupt(chatId: string, content: string): Promise<{ turn_id: string; message_id: string }> {
+    return this.request("POST", `/v1/chats/${chatId}/messages`, {
+      content,
+      background: true,
+      if_busy: "interrupt",
+    });
+  }
+
   /** Erases the chat (L2): its messages, files and worker go for good. */
   deleteChat(chatId: string): Promise<void> {
     return this.request("DELETE", `/v1/chats/${chatId}`);

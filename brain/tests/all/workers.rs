@@ -206,7 +206,7 @@ async fn sessions(app: &TestApp, agent: &str) -> Vec<Value> {
     body["sessions"].as_array().unwrap().clone()
 }
 
-async fn worker_pid(app: &TestApp) -> i32 {
+pub(crate) async fn worker_pid(app: &TestApp) -> i32 {
     let (worker_ref,): (Option<String>,) = sqlx::query_as(
         "SELECT worker_ref FROM agent_runtime_sessions ORDER BY created_at DESC LIMIT 1",
     )
@@ -262,7 +262,7 @@ async fn torn_down(app: &TestApp, agent: &str, pid: i32, within: Duration) {
     assert!(!alive(pid), "the worker process {pid} is gone");
 }
 
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))
         .unwrap_or(false)
@@ -431,7 +431,7 @@ async fn closing_the_stream_kills_the_running_command_and_the_session_survives()
     drop(body);
     while alive(pid) {
         assert!(
-            hung_up.elapsed() < Duration::from_millis(500),
+            hung_up.elapsed() < crate::common::PROMPTLY,
             "pid {pid} still alive"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -480,7 +480,7 @@ async fn a_stop_from_another_replica_kills_the_running_command() {
     assert_eq!(answer.status(), 202);
     while alive(pid) {
         assert!(
-            stopped.elapsed() < Duration::from_millis(500),
+            stopped.elapsed() < crate::common::PROMPTLY,
             "pid {pid} still alive"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -768,7 +768,7 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
     drop(body);
     while alive(pid) {
         assert!(
-            hung_up.elapsed() < Duration::from_millis(500),
+            hung_up.elapsed() < crate::common::PROMPTLY,
             "pid {pid} still alive"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;

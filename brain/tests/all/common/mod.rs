@@ -25,6 +25,12 @@ pub mod mcp;
 pub mod oauth_servers;
 pub mod replies;
 
+/// How soon a stop or a hang-up must end a command or a stream for the tests that check
+/// it happens at once: far under the commands' 30 s and any idle window, with room for a
+/// machine loaded by a parallel build (the usual figure, printed by the tests, is a few
+/// milliseconds; timings are measured by the bench, not asserted here).
+pub const PROMPTLY: Duration = Duration::from_secs(5);
+
 /// A migrated database of its own.
 pub async fn fresh_store() -> (Store, String) {
     let name = test_support::db::fresh_database("brain_test").await;
