@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::store::{Actor, Erased, StoreError, TurnStatus, Within, bounded};
+use crate::store::{Actor, Bulky, Erased, StoreError, TurnStatus, Within, bounded};
 use crate::turn::stop::{self, StopError};
 
 /// How long an erasure waits for the turns it stopped to end before deleting anyway (a
@@ -58,7 +58,7 @@ pub enum EraseError {
 /// Erases `chat` of `team`: its turns stopped, its rows, its events stream and its bytes.
 pub async fn erase_chat(state: &AppState, team: TeamId, chat: ChatId) -> Result<(), EraseError> {
     stop_and_wait(state, team, Within::Chat(chat)).await?;
-    let erased = bounded(state.store.erase_chat(team, chat))
+    let erased = erase_chat_rows(state, team, chat)
         .await?
         .ok_or(EraseError::NotFound("chat"))?;
     remove_outside(state, erased).await;
@@ -96,11 +96,22 @@ async fn erase_chats_of(state: &AppState, team: TeamId, agent: AgentId) -> Resul
             return Ok(());
         }
         for chat in chats {
-            if let Some(erased) = bounded(state.store.erase_chat(team, chat)).await? {
+            if let Some(erased) = erase_chat_rows(state, team, chat).await? {
                 remove_outside(state, erased).await;
             }
         }
     }
+}
+
+/// Deletes the rows of `chat`: its messages a batch at a time (each call bounded), then
+/// the rest in one transaction. `None` when there is no such chat.
+async fn erase_chat_rows(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+) -> Result<Option<Erased>, StoreError> {
+    while bounded(state.store.erase_messages_batch(team, chat)).await? {}
+    bounded(state.store.erase_chat(team, chat)).await
 }
 
 /// Stops every running or queued turn of `team` (`within` one agent or chat), wherever it
@@ -234,6 +245,9 @@ async fn erase_team(
                 Err(e) => return Err(e),
             }
         }
+    }
+    for table in Bulky::ALL {
+        while bounded(state.store.erase_team_batch(team, table)).await? {}
     }
     let erased = bounded(state.store.finish_team_erasure(team)).await?;
     remove_outside(state, erased).await;

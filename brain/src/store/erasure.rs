@@ -3,9 +3,10 @@
 //! events streams in Redis, the workers) is named in what these answer, for the caller to
 //! remove (`crate::erasure`).
 //!
-//! A chat's messages go in batches first, each statement bounded, so a long transcript
-//! never makes one statement outlast the statement timeout; the rest of a chat goes in one
-//! transaction. Deleting a row queues its bytes in `blob_garbage` (a trigger, in that
+//! A chat's messages go in batches first, each its own bounded call, so a long transcript
+//! never makes one statement outlast the statement timeout (a failure part way leaves the
+//! chat with some of its messages gone: erasing it again finishes); the rest of a chat goes
+//! in one transaction. Deleting a row queues its bytes in `blob_garbage` (a trigger, in that
 //! transaction): no path forgets bytes whose row went. Usage (`billing_events`) and
 //! webhook deliveries stay: they carry ids and counts, never content, and are the
 //! operator's records.
@@ -36,6 +37,17 @@ impl Erased {
     }
 }
 
+/// A team's table that grows without bound, erased a batch at a time.
+#[derive(Clone, Copy, Debug)]
+pub enum Bulky {
+    AuditLog,
+    WebhookDeliveries,
+}
+
+impl Bulky {
+    pub const ALL: [Self; 2] = [Self::AuditLog, Self::WebhookDeliveries];
+}
+
 /// Where a team's erasure stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TeamErasure {
@@ -46,8 +58,13 @@ pub enum TeamErasure {
 }
 
 impl Store {
-    /// Deletes up to [`MESSAGE_BATCH`] messages of `chat`; answers how many went.
-    async fn delete_message_batch(&self, team: TeamId, chat: ChatId) -> Result<u64, StoreError> {
+    /// Deletes up to [`MESSAGE_BATCH`] messages of `chat`, the first step of erasing it;
+    /// answers whether some are left.
+    pub async fn erase_messages_batch(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM messages WHERE id IN (
                  SELECT id FROM messages WHERE team_id = $1 AND chat_id = $2 LIMIT $3)",
@@ -57,21 +74,19 @@ impl Store {
         .bind(MESSAGE_BATCH)
         .execute(&self.pool)
         .await?;
-        Ok(done.rows_affected())
+        Ok(done.rows_affected() == MESSAGE_BATCH as u64)
     }
 
-    /// Deletes `chat` of `team` and everything of it: messages, turns, approvals, worker
-    /// sessions (a claimed pooled worker is marked `gone`, so the manager stops it),
-    /// artifacts, workspace snapshots, A2A push configs. `None` when there is no such chat.
-    /// A failure part way leaves the chat with some of its messages gone: erasing it again
-    /// finishes.
+    /// Deletes `chat` of `team` and everything of it, in one transaction: messages (the
+    /// caller deleted a long history first, [`Store::erase_messages_batch`]), turns,
+    /// approvals, worker sessions (a claimed pooled worker is marked `gone`, so the manager
+    /// stops it), artifacts, workspace snapshots, A2A push configs. `None` when there is no
+    /// such chat.
     pub async fn erase_chat(
         &self,
         team: TeamId,
         chat: ChatId,
     ) -> Result<Option<Erased>, StoreError> {
-        while super::bounded(self.delete_message_batch(team, chat)).await? == MESSAGE_BATCH as u64 {
-        }
         let mut tx = self.pool.begin().await?;
         let found: Option<Uuid> =
             sqlx::query_scalar("SELECT id FROM chats WHERE team_id = $1 AND id = $2 FOR UPDATE")
@@ -209,6 +224,25 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes up to [`MESSAGE_BATCH`] rows of one of the team's tables that grow without
+    /// bound (its audit log, its webhook deliveries), before [`Store::finish_team_erasure`]
+    /// takes the rest in one transaction; answers whether some are left.
+    pub async fn erase_team_batch(&self, team: TeamId, table: Bulky) -> Result<bool, StoreError> {
+        let table = match table {
+            Bulky::AuditLog => "audit_log",
+            Bulky::WebhookDeliveries => "webhook_deliveries",
+        };
+        let done = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+                 SELECT ctid FROM {table} WHERE team_id = $1 LIMIT $2))"
+        )))
+        .bind(team.0)
+        .bind(MESSAGE_BATCH)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == MESSAGE_BATCH as u64)
     }
 
     /// Deletes what `team` holds outside its agents (keys, team secrets, team-wide

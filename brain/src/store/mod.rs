@@ -50,7 +50,7 @@ pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
 pub use chats::{ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
-pub use erasure::{Erased, TeamErasure};
+pub use erasure::{Bulky, Erased, TeamErasure};
 pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;

@@ -443,9 +443,10 @@ async fn a_busy_agent_refuses_or_queues_the_run_by_its_policy() {
             .await
             .unwrap();
         assert_eq!(patched.status(), 200);
+        // Slow enough that the second run finds it busy on a loaded machine too.
         app.provider.push(Reply::Text {
             deltas: vec!["slow ".into(), "answer".into()],
-            delay: Duration::from_millis(1500),
+            delay: Duration::from_millis(4000),
         });
         if policy == "enqueue" {
             app.provider.push(text("Queued answer."));
