@@ -8,8 +8,8 @@
 //! `FOR UPDATE SKIP LOCKED`; a claim moves `next_attempt_at` past the attempt's bound, so
 //! the row of a replica killed mid-attempt is claimed again when that passes (the visibility
 //! timeout). Secrets are sealed under `BRAIN_SECRETS_KEY` (AES-256-GCM, bound to their team
-//! and row), as team secrets are (B1); a push config's token and credentials are read from
-//! its row when a delivery is claimed.
+//! and row), as team secrets are (B1), and so are a push config's token and credentials
+//! (migration 0034), opened from its row when a delivery is claimed.
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::a2a::{PushField, open_push};
 use super::audit::{self, Action, Actor};
 use super::secrets::SecretsError;
 use super::{Store, StoreError, TurnEnd, TurnStatus, unique_violation};
@@ -204,7 +205,7 @@ const SECRET: &[u8] = b"webhook-secret";
 
 /// team id ‖ row id (16 bytes each) ‖ what the value is: a sealed value copied to another
 /// row, team or use no longer opens.
-fn associated_data(team: TeamId, row: Uuid, what: &[u8]) -> Vec<u8> {
+pub(super) fn associated_data(team: TeamId, row: Uuid, what: &[u8]) -> Vec<u8> {
     let mut aad = Vec::with_capacity(32 + what.len());
     aad.extend_from_slice(team.0.as_bytes());
     aad.extend_from_slice(row.as_bytes());
@@ -302,12 +303,15 @@ type ClaimRow = (
     String,
     Option<Vec<u8>>,
     Option<Vec<u8>>,
-    // A push config's (migration 0028): whether there is one, its token, its
-    // authentication scheme and credentials.
-    bool,
+    // A push config's (migrations 0028, 0034): its task and id when there is one, its
+    // sealed token, its authentication scheme and sealed credentials.
+    Option<Uuid>,
     Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
     Option<String>,
-    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
 );
 
 impl Store {
@@ -508,7 +512,8 @@ impl Store {
                  d.target_url, d.push_turn, d.push_config) \
              SELECT u.id, u.team_id, u.webhook_id, u.event, u.payload, u.attempts, \
                coalesce(w.url, u.target_url), w.secret_nonce, w.secret_sealed, \
-               p.id IS NOT NULL, p.token, p.auth_scheme, p.auth_credentials \
+               p.turn_id, p.id, p.token_nonce, p.token_sealed, p.auth_scheme, \
+               p.credentials_nonce, p.credentials_sealed \
              FROM u LEFT JOIN webhooks w ON w.id = u.webhook_id \
              LEFT JOIN a2a_push_configs p ON p.team_id = u.team_id \
                AND p.turn_id = u.push_turn AND p.id = u.push_config",
@@ -556,20 +561,33 @@ impl Store {
         webhook: Option<Uuid>,
         row: &ClaimRow,
     ) -> Option<Destination> {
-        match (webhook, &row.7, &row.8, row.9) {
-            (Some(webhook), Some(nonce), Some(sealed), false) => {
-                let plain = self
-                    .secrets
-                    .as_ref()?
+        let key = self.secrets.as_ref()?;
+        match (webhook, &row.7, &row.8, row.9, &row.10) {
+            (Some(webhook), Some(nonce), Some(sealed), None, None) => {
+                let plain = key
                     .open(&associated_data(team, webhook, SECRET), nonce, sealed)
                     .ok()?;
                 Some((Vec::new(), Some(String::from_utf8(plain).ok()?)))
             }
-            (None, _, _, true) => {
-                let (token, scheme, credentials) = (&row.10, &row.11, &row.12);
+            (None, _, _, Some(turn), Some(config)) => {
+                let turn = TurnId(turn);
+                let sealed_token = (row.11.clone(), row.12.clone());
+                let sealed_credentials = (row.14.clone(), row.15.clone());
+                let token =
+                    open_push(key, team, turn, config, PushField::Token, sealed_token).ok()?;
+                let credentials = open_push(
+                    key,
+                    team,
+                    turn,
+                    config,
+                    PushField::Credentials,
+                    sealed_credentials,
+                )
+                .ok()?;
+                let scheme = &row.13;
                 let mut headers = Vec::new();
                 if let Some(token) = token {
-                    headers.push(("X-A2A-Notification-Token".to_owned(), token.clone()));
+                    headers.push(("X-A2A-Notification-Token".to_owned(), token));
                 }
                 if let (Some(scheme), Some(credentials)) = (scheme, credentials) {
                     headers.push((
