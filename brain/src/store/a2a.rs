@@ -9,7 +9,7 @@ use sqlx::Row;
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
 use super::secrets::{SecretsError, SecretsKey};
 use super::turns::{TURN_COLUMNS, turn_row_from_row};
-use super::webhooks::associated_data;
+use super::webhooks::{PushField, Sealed, open_push, seal_push};
 use super::{MessageRow, Store, StoreError, TurnRow};
 
 /// Which of an agent's turns a listing keeps.
@@ -44,69 +44,6 @@ impl std::fmt::Debug for PushConfig {
             .field("turn", &self.turn)
             .finish_non_exhaustive()
     }
-}
-
-/// The sealed fields of a push config, as their associated data names them.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum PushField {
-    Token,
-    Credentials,
-}
-
-impl PushField {
-    fn label(self) -> &'static [u8] {
-        match self {
-            Self::Token => b"a2a-push-token",
-            Self::Credentials => b"a2a-push-credentials",
-        }
-    }
-}
-
-/// team ‖ task ‖ field ‖ NUL ‖ config id (which holds no NUL: `a2a::push::validate`): a
-/// sealed value copied to another config, task, team or field no longer opens.
-fn push_associated_data(team: TeamId, turn: TurnId, config: &str, field: PushField) -> Vec<u8> {
-    let mut what = Vec::with_capacity(32 + config.len());
-    what.extend_from_slice(field.label());
-    what.push(0);
-    what.extend_from_slice(config.as_bytes());
-    associated_data(team, turn.0, &what)
-}
-
-type Sealed = (Option<Vec<u8>>, Option<Vec<u8>>);
-
-fn seal_push(
-    key: &SecretsKey,
-    team: TeamId,
-    config: &PushConfig,
-    field: PushField,
-    value: Option<&str>,
-) -> Result<Sealed, SecretsError> {
-    let Some(value) = value else {
-        return Ok((None, None));
-    };
-    let aad = push_associated_data(team, config.turn, &config.id, field);
-    let (nonce, sealed) = key.seal(&aad, value.as_bytes())?;
-    Ok((Some(nonce), Some(sealed)))
-}
-
-/// A sealed field of config `config` of task `turn`, opened; `Crypto` when it does not open
-/// under `key` (another key, or a value moved from another row).
-pub(super) fn open_push(
-    key: &SecretsKey,
-    team: TeamId,
-    turn: TurnId,
-    config: &str,
-    field: PushField,
-    sealed: Sealed,
-) -> Result<Option<String>, SecretsError> {
-    let (Some(nonce), Some(sealed)) = sealed else {
-        return Ok(None);
-    };
-    let aad = push_associated_data(team, turn, config, field);
-    let plain = key.open(&aad, &nonce, &sealed)?;
-    String::from_utf8(plain)
-        .map(Some)
-        .map_err(|_| SecretsError::Crypto)
 }
 
 /// The filters of [`TaskFilter`], as `$2..$6` of every listing statement.
@@ -229,14 +166,17 @@ impl Store {
         cap: i64,
     ) -> Result<PushConfig, SecretsError> {
         let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
-        let token = seal_push(key, team, config, PushField::Token, config.token.as_deref())?;
-        let credentials = seal_push(
+        let (turn, id) = (config.turn, config.id.as_str());
+        let token = seal_push(
             key,
             team,
-            config,
-            PushField::Credentials,
-            config.auth_credentials.as_deref(),
+            turn,
+            id,
+            PushField::Token,
+            config.token.as_deref(),
         )?;
+        let credentials = config.auth_credentials.as_deref();
+        let credentials = seal_push(key, team, turn, id, PushField::Credentials, credentials)?;
         let mut tx = self.pool.begin().await?;
         // The turn's row first: a turn ending now either waits for this config (and its
         // trigger then sees it) or has ended when `a2a_notify` below reads it (0028).

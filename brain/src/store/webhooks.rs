@@ -18,9 +18,8 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::a2a::{PushField, open_push};
 use super::audit::{self, Action, Actor};
-use super::secrets::SecretsError;
+use super::secrets::{SecretsError, SecretsKey};
 use super::{Store, StoreError, TurnEnd, TurnStatus, unique_violation};
 
 /// The events a webhook may subscribe to.
@@ -205,12 +204,81 @@ const SECRET: &[u8] = b"webhook-secret";
 
 /// team id ‖ row id (16 bytes each) ‖ what the value is: a sealed value copied to another
 /// row, team or use no longer opens.
-pub(super) fn associated_data(team: TeamId, row: Uuid, what: &[u8]) -> Vec<u8> {
+fn associated_data(team: TeamId, row: Uuid, what: &[u8]) -> Vec<u8> {
     let mut aad = Vec::with_capacity(32 + what.len());
     aad.extend_from_slice(team.0.as_bytes());
     aad.extend_from_slice(row.as_bytes());
     aad.extend_from_slice(what);
     aad
+}
+
+/// The sealed fields of a push config, as their associated data names them.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PushField {
+    Token,
+    Credentials,
+}
+
+impl PushField {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Self::Token => b"a2a-push-token",
+            Self::Credentials => b"a2a-push-credentials",
+        }
+    }
+}
+
+/// team ‖ task ‖ field ‖ NUL ‖ config id (which holds no NUL: `a2a::push::validate`): a
+/// sealed value copied to another config, task, team or field no longer opens.
+fn push_associated_data(team: TeamId, turn: TurnId, config: &str, field: PushField) -> Vec<u8> {
+    let mut what = Vec::with_capacity(32 + config.len());
+    what.extend_from_slice(field.label());
+    what.push(0);
+    what.extend_from_slice(config.as_bytes());
+    associated_data(team, turn.0, &what)
+}
+
+/// A push config's sealed field as stored: its nonce and ciphertext, both absent when the
+/// client gave none.
+pub(super) type Sealed = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// `value` sealed as field `field` of config `config` of task `turn`.
+pub(super) fn seal_push(
+    key: &SecretsKey,
+    team: TeamId,
+    turn: TurnId,
+    config: &str,
+    field: PushField,
+    value: Option<&str>,
+) -> Result<Sealed, SecretsError> {
+    let Some(value) = value else {
+        return Ok((None, None));
+    };
+    let (nonce, sealed) = key.seal(
+        &push_associated_data(team, turn, config, field),
+        value.as_bytes(),
+    )?;
+    Ok((Some(nonce), Some(sealed)))
+}
+
+/// A sealed field of config `config` of task `turn`, opened; `Crypto` when it does not open
+/// under `key` (another key, or a value moved from another row).
+pub(super) fn open_push(
+    key: &SecretsKey,
+    team: TeamId,
+    turn: TurnId,
+    config: &str,
+    field: PushField,
+    sealed: Sealed,
+) -> Result<Option<String>, SecretsError> {
+    let (Some(nonce), Some(sealed)) = sealed else {
+        return Ok(None);
+    };
+    let aad = push_associated_data(team, turn, config, field);
+    let plain = key.open(&aad, &nonce, &sealed)?;
+    String::from_utf8(plain)
+        .map(Some)
+        .map_err(|_| SecretsError::Crypto)
 }
 
 /// A subscription as its owner sees it: never the secret.
