@@ -30,8 +30,9 @@ pub fn description(agent: &AgentRow) -> String {
     cut
 }
 
-/// The card of `agent`, whose JSON-RPC interface is at `url`.
-pub fn card(agent: &AgentRow, url: &str, provider_url: &str) -> Value {
+/// The card of `agent`, whose JSON-RPC interface is at `url`. `push`: whether push
+/// notifications can be kept (their credentials are sealed under `BRAIN_SECRETS_KEY`).
+pub fn card(agent: &AgentRow, url: &str, provider_url: &str, push: bool) -> Value {
     let description = description(agent);
     json!({
         "name": agent.name,
@@ -45,7 +46,7 @@ pub fn card(agent: &AgentRow, url: &str, provider_url: &str) -> Value {
         "version": agent.created_at.format("%Y%m%d%H%M%S").to_string(),
         "capabilities": {
             "streaming": true,
-            "pushNotifications": true,
+            "pushNotifications": push,
             "extendedAgentCard": false,
         },
         "securitySchemes": {

@@ -1,5 +1,6 @@
 //! Failures as A2A's JSON-RPC errors. A2A's own codes where one fits (`-32001` task not
-//! found, `-32002` not cancelable, `-32004` unsupported, `-32005` content type, `-32009`
+//! found, `-32002` not cancelable, `-32003` push notifications not supported (no
+//! `BRAIN_SECRETS_KEY`), `-32004` unsupported, `-32005` content type, `-32009`
 //! version, `-32602` invalid params); every refusal of the posting path (quotas, busy
 //! agent, full queue, overload) is `-32000`, and infrastructure failures `-32603`. The
 //! message starts with this server's stable error code and a colon, as a turn's error
@@ -22,6 +23,7 @@ pub const INTERNAL: i64 = -32603;
 pub const REFUSED: i64 = -32000;
 pub const TASK_NOT_FOUND: i64 = -32001;
 pub const TASK_NOT_CANCELABLE: i64 = -32002;
+pub const PUSH_NOT_SUPPORTED: i64 = -32003;
 pub const UNSUPPORTED_OPERATION: i64 = -32004;
 pub const CONTENT_TYPE_NOT_SUPPORTED: i64 = -32005;
 pub const VERSION_NOT_SUPPORTED: i64 = -32009;
@@ -85,6 +87,17 @@ pub fn from_api(err: &ApiError) -> RpcError {
             "metadata": metadata,
         }])),
     }
+}
+
+/// A push config on a server without `BRAIN_SECRETS_KEY`, which tokens and credentials
+/// are sealed under: A2A's own code, with our `not_configured` as the details.
+pub fn push_not_supported() -> RpcError {
+    let mut error = from_api(&ApiError::NotConfigured(
+        "push notifications need BRAIN_SECRETS_KEY, which their tokens and credentials are \
+         sealed under; it is unset on this server",
+    ));
+    error.code = PUSH_NOT_SUPPORTED;
+    error
 }
 
 #[cfg(test)]

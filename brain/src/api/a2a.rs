@@ -36,7 +36,9 @@ use crate::a2a::{card, push, task};
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::sse;
-use crate::store::{AgentRow, StoreError, TaskFilter, TurnRow, TurnStatus, bounded};
+use crate::store::{
+    AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, TurnStatus, bounded,
+};
 use crate::turn::{Trigger, stop};
 
 /// How long `CancelTask` waits for the stopped turn to end before answering it as it is.
@@ -81,7 +83,8 @@ pub async fn agent_card(
     let agent = agent_of(&state, &principal, &agent_id).await?;
     let base = state.config.oauth.public_url.trim_end_matches('/');
     let url = format!("{base}/a2a/{}", agent.id);
-    Ok(Json(card::card(&agent, &url, base)))
+    let push = state.store.secrets_configured();
+    Ok(Json(card::card(&agent, &url, base, push)))
 }
 
 /// The principal's team's agent `raw`, not archived.
@@ -210,6 +213,29 @@ fn api(err: ApiError) -> RpcError {
     errors::from_api(&err)
 }
 
+/// A push config call of the store, bounded as every store call is, its failure as A2A's.
+async fn sealed<T>(
+    call: impl std::future::Future<Output = Result<T, SecretsError>>,
+) -> Result<T, RpcError> {
+    let result = tokio::time::timeout(CALL_BOUND, call)
+        .await
+        .unwrap_or(Err(SecretsError::Store(StoreError::TimedOut)));
+    result.map_err(|err| match err {
+        SecretsError::NotConfigured => errors::push_not_supported(),
+        SecretsError::Store(StoreError::Conflict(_)) => rpc(
+            errors::INVALID_PARAMS,
+            format!(
+                "a task keeps at most {} push notification configs",
+                push::MAX_PER_TASK
+            ),
+        ),
+        SecretsError::Store(e) => api(e.into()),
+        SecretsError::Crypto | SecretsError::TooMany => api(ApiError::Internal(
+            "a push notification config could not be sealed or opened".into(),
+        )),
+    })
+}
+
 fn task_not_found() -> RpcError {
     rpc(errors::TASK_NOT_FOUND, "no such task of this agent")
 }
@@ -289,6 +315,13 @@ impl Call {
     /// posting path's own rules (`PostMessage::into_trigger`).
     async fn posting(&self, value: Value) -> Result<Posting, RpcError> {
         let params: SendParams = params(value)?;
+        // Refused before the turn starts, not after.
+        let configuration = params.configuration.as_ref();
+        if configuration.is_some_and(|c| c.task_push_notification_config.is_some())
+            && !self.state.store.secrets_configured()
+        {
+            return Err(errors::push_not_supported());
+        }
         let message = &params.message;
         if message.role != crate::a2a::wire::Role::User {
             return Err(rpc(
@@ -345,23 +378,13 @@ impl Call {
 
     async fn store_push(&self, turn: TurnId, config: PushConfig) -> Result<PushConfig, RpcError> {
         let config = push::validate(turn, config).map_err(|m| rpc(errors::INVALID_PARAMS, m))?;
-        match bounded(self.state.store.put_push_config(
+        let stored = sealed(self.state.store.put_push_config(
             self.principal.team,
             &config,
             push::MAX_PER_TASK,
         ))
-        .await
-        {
-            Ok(stored) => Ok(push::shown(stored)),
-            Err(StoreError::Conflict(_)) => Err(rpc(
-                errors::INVALID_PARAMS,
-                format!(
-                    "a task keeps at most {} push notification configs",
-                    push::MAX_PER_TASK
-                ),
-            )),
-            Err(e) => Err(api(e.into())),
-        }
+        .await?;
+        Ok(push::shown(stored))
     }
 
     /// `SendMessage`: the turn's task once it ended (or waits for a person), or at once
@@ -640,12 +663,14 @@ impl Call {
         let p: PushConfigParams = params(value)?;
         let row = self.visible_task(&p.task_id).await?;
         let id = p.id.unwrap_or_default();
-        let configs = bounded(self.state.store.push_configs(self.principal.team, row.id))
-            .await
-            .map_err(|e| api(e.into()))?;
-        let found = configs
+        let configs = self
+            .state
+            .store
+            .push_configs(self.principal.team, row.id, Some(&id));
+        let found = sealed(configs)
+            .await?
             .into_iter()
-            .find(|c| c.id == id)
+            .next()
             .ok_or_else(|| rpc(errors::INVALID_PARAMS, "no such push notification config"))?;
         to_value(push::shown(found))
     }
@@ -653,9 +678,11 @@ impl Call {
     async fn list_push(&self, value: Value) -> Result<Value, RpcError> {
         let p: PushConfigParams = params(value)?;
         let row = self.visible_task(&p.task_id).await?;
-        let configs = bounded(self.state.store.push_configs(self.principal.team, row.id))
-            .await
-            .map_err(|e| api(e.into()))?;
+        let configs = self
+            .state
+            .store
+            .push_configs(self.principal.team, row.id, None);
+        let configs = sealed(configs).await?;
         to_value(ListPushConfigsResponse {
             configs: configs.into_iter().map(push::shown).collect(),
             next_page_token: String::new(),

@@ -1,11 +1,15 @@
 //! What the A2A front end (P1) reads and keeps: an agent's turns as tasks, the messages
-//! of a page of turns, and the push notification configs of a task.
+//! of a page of turns, and the push notification configs of a task, whose token and
+//! credentials (the receiver's secrets) are sealed under `BRAIN_SECRETS_KEY` as webhook
+//! signing secrets are (migration 0034).
 
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use sqlx::Row;
 
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
+use super::secrets::{SecretsError, SecretsKey};
 use super::turns::{TURN_COLUMNS, turn_row_from_row};
+use super::webhooks::{PushField, Sealed, open_push, seal_push};
 use super::{MessageRow, Store, StoreError, TurnRow};
 
 /// Which of an agent's turns a listing keeps.
@@ -21,8 +25,9 @@ pub struct TaskFilter {
     pub awaiting_approval: Option<bool>,
 }
 
-/// A push notification config of a task, as the client gave it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A push notification config of a task, as the client gave it. `Debug` never shows the
+/// token or the credentials (X4).
+#[derive(Clone, PartialEq, Eq)]
 pub struct PushConfig {
     pub id: String,
     pub turn: TurnId,
@@ -30,6 +35,15 @@ pub struct PushConfig {
     pub token: Option<String>,
     pub auth_scheme: Option<String>,
     pub auth_credentials: Option<String>,
+}
+
+impl std::fmt::Debug for PushConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConfig")
+            .field("id", &self.id)
+            .field("turn", &self.turn)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The filters of [`TaskFilter`], as `$2..$6` of every listing statement.
@@ -41,18 +55,33 @@ const FILTERED: &str = "t.team_id = $1 AND t.agent_id = $2 \
     AND ($6::bool IS NULL OR $6 = EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = t.team_id \
          AND p.chat_id = t.chat_id AND p.turn_id = t.id AND p.state = 'pending'))";
 
-fn push_from_row(row: &sqlx::postgres::PgRow) -> Result<PushConfig, StoreError> {
+fn push_from_row(
+    key: &SecretsKey,
+    team: TeamId,
+    row: &sqlx::postgres::PgRow,
+) -> Result<PushConfig, SecretsError> {
+    let id: String = row.try_get("id").map_err(StoreError::from)?;
+    let turn = TurnId(row.try_get("turn_id").map_err(StoreError::from)?);
+    let sealed = |nonce: &str, sealed: &str| -> Result<Sealed, SecretsError> {
+        Ok((
+            row.try_get(nonce).map_err(StoreError::from)?,
+            row.try_get(sealed).map_err(StoreError::from)?,
+        ))
+    };
+    let token = sealed("token_nonce", "token_sealed")?;
+    let credentials = sealed("credentials_nonce", "credentials_sealed")?;
     Ok(PushConfig {
-        id: row.try_get("id")?,
-        turn: TurnId(row.try_get("turn_id")?),
-        url: row.try_get("url")?,
-        token: row.try_get("token")?,
-        auth_scheme: row.try_get("auth_scheme")?,
-        auth_credentials: row.try_get("auth_credentials")?,
+        token: open_push(key, team, turn, &id, PushField::Token, token)?,
+        auth_credentials: open_push(key, team, turn, &id, PushField::Credentials, credentials)?,
+        url: row.try_get("url").map_err(StoreError::from)?,
+        auth_scheme: row.try_get("auth_scheme").map_err(StoreError::from)?,
+        id,
+        turn,
     })
 }
 
-const PUSH_COLUMNS: &str = "id, turn_id, url, token, auth_scheme, auth_credentials";
+const PUSH_COLUMNS: &str = "id, turn_id, url, token_nonce, token_sealed, auth_scheme, \
+    credentials_nonce, credentials_sealed";
 
 impl Store {
     /// A page of the agent's turns that `filter` keeps, newest first: at most `limit`
@@ -127,14 +156,27 @@ impl Store {
             .collect()
     }
 
-    /// Creates or replaces the task's config `config.id`; `Conflict` when the task already
-    /// has `cap` others. A task that has already ended is notified of its state at once.
+    /// Creates or replaces the task's config `config.id`, its token and credentials sealed;
+    /// `Conflict` when the task already has `cap` others, `NotConfigured` without a secrets
+    /// key. A task that has already ended is notified of its state at once.
     pub async fn put_push_config(
         &self,
         team: TeamId,
         config: &PushConfig,
         cap: i64,
-    ) -> Result<PushConfig, StoreError> {
+    ) -> Result<PushConfig, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        let (turn, id) = (config.turn, config.id.as_str());
+        let token = seal_push(
+            key,
+            team,
+            turn,
+            id,
+            PushField::Token,
+            config.token.as_deref(),
+        )?;
+        let credentials = config.auth_credentials.as_deref();
+        let credentials = seal_push(key, team, turn, id, PushField::Credentials, credentials)?;
         let mut tx = self.pool.begin().await?;
         // The turn's row first: a turn ending now either waits for this config (and its
         // trigger then sees it) or has ended when `a2a_notify` below reads it (0028).
@@ -146,13 +188,16 @@ impl Store {
             .ok_or(StoreError::NotFound)?;
         let sql = format!(
             "INSERT INTO a2a_push_configs \
-               (team_id, turn_id, id, url, token, auth_scheme, auth_credentials) \
-             SELECT $1, $2, $3, $4, $5, $6, $7 \
+               (team_id, turn_id, id, url, token_nonce, token_sealed, auth_scheme, \
+                credentials_nonce, credentials_sealed) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 \
              WHERE (SELECT count(*) FROM a2a_push_configs \
-                    WHERE team_id = $1 AND turn_id = $2 AND id <> $3) < $8 \
+                    WHERE team_id = $1 AND turn_id = $2 AND id <> $3) < $10 \
              ON CONFLICT (team_id, turn_id, id) DO UPDATE SET url = EXCLUDED.url, \
-               token = EXCLUDED.token, auth_scheme = EXCLUDED.auth_scheme, \
-               auth_credentials = EXCLUDED.auth_credentials \
+               token_nonce = EXCLUDED.token_nonce, token_sealed = EXCLUDED.token_sealed, \
+               auth_scheme = EXCLUDED.auth_scheme, \
+               credentials_nonce = EXCLUDED.credentials_nonce, \
+               credentials_sealed = EXCLUDED.credentials_sealed \
              RETURNING {PUSH_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -160,9 +205,11 @@ impl Store {
             .bind(config.turn.0)
             .bind(&config.id)
             .bind(&config.url)
-            .bind(config.token.as_deref())
+            .bind(token.0)
+            .bind(token.1)
             .bind(config.auth_scheme.as_deref())
-            .bind(config.auth_credentials.as_deref())
+            .bind(credentials.0)
+            .bind(credentials.1)
             .bind(cap)
             .fetch_optional(&mut *tx)
             .await?
@@ -174,25 +221,29 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        push_from_row(&row)
+        push_from_row(key, team, &row)
     }
 
-    /// The task's configs, oldest first.
+    /// The task's configs (or its config `only`), oldest first, opened for the task's
+    /// owner.
     pub async fn push_configs(
         &self,
         team: TeamId,
         turn: TurnId,
-    ) -> Result<Vec<PushConfig>, StoreError> {
+        only: Option<&str>,
+    ) -> Result<Vec<PushConfig>, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
         let sql = format!(
             "SELECT {PUSH_COLUMNS} FROM a2a_push_configs WHERE team_id = $1 AND turn_id = $2 \
-             ORDER BY created_at, id"
+               AND ($3::text IS NULL OR id = $3) ORDER BY created_at, id"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(turn.0)
+            .bind(only)
             .fetch_all(&self.pool)
             .await?;
-        rows.iter().map(push_from_row).collect()
+        rows.iter().map(|r| push_from_row(key, team, r)).collect()
     }
 
     /// Deletes the task's config `id`; `NotFound` when there is none.

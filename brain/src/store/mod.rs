@@ -471,6 +471,11 @@ fn migrator() -> Migrator {
             "retention",
             include_str!("../../../migrations/0033_retention.sql"),
         ),
+        (
+            34,
+            "a2a: push config credentials sealed",
+            include_str!("../../../migrations/0034_a2a_push_sealed.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

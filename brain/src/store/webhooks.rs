@@ -8,8 +8,8 @@
 //! `FOR UPDATE SKIP LOCKED`; a claim moves `next_attempt_at` past the attempt's bound, so
 //! the row of a replica killed mid-attempt is claimed again when that passes (the visibility
 //! timeout). Secrets are sealed under `BRAIN_SECRETS_KEY` (AES-256-GCM, bound to their team
-//! and row), as team secrets are (B1); a push config's token and credentials are read from
-//! its row when a delivery is claimed.
+//! and row), as team secrets are (B1), and so are a push config's token and credentials
+//! (migration 0034), opened from its row when a delivery is claimed.
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::audit::{self, Action, Actor};
-use super::secrets::SecretsError;
+use super::secrets::{SecretsError, SecretsKey};
 use super::{Store, StoreError, TurnEnd, TurnStatus, unique_violation};
 
 /// The events a webhook may subscribe to.
@@ -212,6 +212,75 @@ fn associated_data(team: TeamId, row: Uuid, what: &[u8]) -> Vec<u8> {
     aad
 }
 
+/// The sealed fields of a push config, as their associated data names them.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PushField {
+    Token,
+    Credentials,
+}
+
+impl PushField {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Self::Token => b"a2a-push-token",
+            Self::Credentials => b"a2a-push-credentials",
+        }
+    }
+}
+
+/// team ‖ task ‖ field ‖ NUL ‖ config id (which holds no NUL: `a2a::push::validate`): a
+/// sealed value copied to another config, task, team or field no longer opens.
+fn push_associated_data(team: TeamId, turn: TurnId, config: &str, field: PushField) -> Vec<u8> {
+    let mut what = Vec::with_capacity(32 + config.len());
+    what.extend_from_slice(field.label());
+    what.push(0);
+    what.extend_from_slice(config.as_bytes());
+    associated_data(team, turn.0, &what)
+}
+
+/// A push config's sealed field as stored: its nonce and ciphertext, both absent when the
+/// client gave none.
+pub(super) type Sealed = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// `value` sealed as field `field` of config `config` of task `turn`.
+pub(super) fn seal_push(
+    key: &SecretsKey,
+    team: TeamId,
+    turn: TurnId,
+    config: &str,
+    field: PushField,
+    value: Option<&str>,
+) -> Result<Sealed, SecretsError> {
+    let Some(value) = value else {
+        return Ok((None, None));
+    };
+    let (nonce, sealed) = key.seal(
+        &push_associated_data(team, turn, config, field),
+        value.as_bytes(),
+    )?;
+    Ok((Some(nonce), Some(sealed)))
+}
+
+/// A sealed field of config `config` of task `turn`, opened; `Crypto` when it does not open
+/// under `key` (another key, or a value moved from another row).
+pub(super) fn open_push(
+    key: &SecretsKey,
+    team: TeamId,
+    turn: TurnId,
+    config: &str,
+    field: PushField,
+    sealed: Sealed,
+) -> Result<Option<String>, SecretsError> {
+    let (Some(nonce), Some(sealed)) = sealed else {
+        return Ok(None);
+    };
+    let aad = push_associated_data(team, turn, config, field);
+    let plain = key.open(&aad, &nonce, &sealed)?;
+    String::from_utf8(plain)
+        .map(Some)
+        .map_err(|_| SecretsError::Crypto)
+}
+
 /// A subscription as its owner sees it: never the secret.
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct WebhookRow {
@@ -302,12 +371,15 @@ type ClaimRow = (
     String,
     Option<Vec<u8>>,
     Option<Vec<u8>>,
-    // A push config's (migration 0028): whether there is one, its token, its
-    // authentication scheme and credentials.
-    bool,
+    // A push config's (migrations 0028, 0034): its task and id when there is one, its
+    // sealed token, its authentication scheme and sealed credentials.
+    Option<Uuid>,
     Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
     Option<String>,
-    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
 );
 
 impl Store {
@@ -508,7 +580,8 @@ impl Store {
                  d.target_url, d.push_turn, d.push_config) \
              SELECT u.id, u.team_id, u.webhook_id, u.event, u.payload, u.attempts, \
                coalesce(w.url, u.target_url), w.secret_nonce, w.secret_sealed, \
-               p.id IS NOT NULL, p.token, p.auth_scheme, p.auth_credentials \
+               p.turn_id, p.id, p.token_nonce, p.token_sealed, p.auth_scheme, \
+               p.credentials_nonce, p.credentials_sealed \
              FROM u LEFT JOIN webhooks w ON w.id = u.webhook_id \
              LEFT JOIN a2a_push_configs p ON p.team_id = u.team_id \
                AND p.turn_id = u.push_turn AND p.id = u.push_config",
@@ -556,20 +629,33 @@ impl Store {
         webhook: Option<Uuid>,
         row: &ClaimRow,
     ) -> Option<Destination> {
-        match (webhook, &row.7, &row.8, row.9) {
-            (Some(webhook), Some(nonce), Some(sealed), false) => {
-                let plain = self
-                    .secrets
-                    .as_ref()?
+        let key = self.secrets.as_ref()?;
+        match (webhook, &row.7, &row.8, row.9, &row.10) {
+            (Some(webhook), Some(nonce), Some(sealed), None, None) => {
+                let plain = key
                     .open(&associated_data(team, webhook, SECRET), nonce, sealed)
                     .ok()?;
                 Some((Vec::new(), Some(String::from_utf8(plain).ok()?)))
             }
-            (None, _, _, true) => {
-                let (token, scheme, credentials) = (&row.10, &row.11, &row.12);
+            (None, _, _, Some(turn), Some(config)) => {
+                let turn = TurnId(turn);
+                let sealed_token = (row.11.clone(), row.12.clone());
+                let sealed_credentials = (row.14.clone(), row.15.clone());
+                let token =
+                    open_push(key, team, turn, config, PushField::Token, sealed_token).ok()?;
+                let credentials = open_push(
+                    key,
+                    team,
+                    turn,
+                    config,
+                    PushField::Credentials,
+                    sealed_credentials,
+                )
+                .ok()?;
+                let scheme = &row.13;
                 let mut headers = Vec::new();
                 if let Some(token) = token {
-                    headers.push(("X-A2A-Notification-Token".to_owned(), token.clone()));
+                    headers.push(("X-A2A-Notification-Token".to_owned(), token));
                 }
                 if let (Some(scheme), Some(credentials)) = (scheme, credentials) {
                     headers.push((

@@ -474,9 +474,14 @@ async fn a_team_over_quota_is_refused_with_a_jsonrpc_error() {
     assert_eq!(app.provider.requests().len(), calls_before, "no model call");
 }
 
+/// Push configs' tokens and credentials are sealed under the secrets key (0034).
+fn keyed(c: &mut brain::config::Config) {
+    c.secrets_key = Some(brain::store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
+}
+
 #[tokio::test]
 async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
-    let app = TestApp::start().await;
+    let app = TestApp::start_with(keyed).await;
     let (_, base) = agent(&app).await;
     app.provider.push(text("ok"));
     let sent = python(&base, &app.key, "send", &["hi"]).await;
@@ -558,9 +563,10 @@ async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
     assert_eq!(file["error"]["code"], -32005, "{file}");
 }
 
-/// Loopback receivers allowed and quick polls: push notifications go through the webhooks
-/// outbox (P4). No secrets key: a push is not signed, so none is needed.
+/// A secrets key, loopback receivers allowed and quick polls: push notifications go
+/// through the webhooks outbox (P4), unsigned, their credentials sealed under the key.
 fn pushes(c: &mut brain::config::Config) {
+    keyed(c);
     c.webhooks.allow_private_networks = true;
     c.webhooks.poll = Duration::from_millis(50);
     c.webhooks.retry_base = Duration::from_millis(100);
@@ -606,6 +612,22 @@ async fn each_push_config_hears_the_tasks_end_once_with_its_credentials() {
     assert!(
         !got["payload"].to_string().contains("background"),
         "a push carries ids and state, never the reply: {got}"
+    );
+    // At rest the token and the credentials are sealed: the row holds neither.
+    let rows: Vec<String> =
+        sqlx::query_scalar("SELECT p::text FROM a2a_push_configs p WHERE turn_id = $1::uuid")
+            .bind(&task)
+            .fetch_all(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1);
+    for secret in ["tok-1", "cred-1", &hex("tok-1"), &hex("cred-1")] {
+        assert!(!rows[0].contains(secret), "{secret} is stored as it came");
+    }
+    assert!(
+        rows[0].contains("Bearer"),
+        "the scheme is no secret: {}",
+        rows[0]
     );
 
     // A config kept after the end hears the state it ended in, once; keeping it again
@@ -677,4 +699,110 @@ async fn a_task_that_waits_for_a_person_is_pushed_as_input_required() {
     );
     assert_eq!(got["token"], Value::Null);
     assert_eq!(got["authorization"], Value::Null);
+}
+
+/// `value`'s bytes as Postgres prints a `bytea`'s.
+fn hex(value: &str) -> String {
+    value.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn a_sealed_credential_opens_only_in_its_own_config() {
+    let app = TestApp::start_with(pushes).await;
+    let (_, base) = agent(&app).await;
+    app.provider.push(text("ok"));
+    let (_, sent) = rpc(&app, &app.key, &base, "SendMessage", user_message("hi")).await;
+    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    for (id, token) in [("a", "tok-a"), ("b", "tok-b")] {
+        let config = json!({"taskId": task, "id": id, "url": "https://hooks.example.com/a2a",
+                            "token": token});
+        let (_, kept) = rpc(
+            &app,
+            &app.key,
+            &base,
+            "CreateTaskPushNotificationConfig",
+            config,
+        )
+        .await;
+        assert_eq!(kept["result"]["token"], token, "{kept}");
+    }
+    let get = |id: &'static str| {
+        rpc(
+            &app,
+            &app.key,
+            &base,
+            "GetTaskPushNotificationConfig",
+            json!({"taskId": task, "id": id}),
+        )
+    };
+    assert_eq!(get("b").await.1["result"]["token"], "tok-b");
+    // `b` given `a`'s sealed token: bound to `a`, it does not open as `b`'s.
+    sqlx::query(
+        "UPDATE a2a_push_configs b SET token_nonce = a.token_nonce, \
+           token_sealed = a.token_sealed \
+         FROM a2a_push_configs a \
+         WHERE a.turn_id = $1::uuid AND a.id = 'a' AND b.turn_id = a.turn_id AND b.id = 'b'",
+    )
+    .bind(&task)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    let (_, moved) = get("b").await;
+    assert_eq!(moved["error"]["code"], -32603, "{moved}");
+    assert!(!moved.to_string().contains("tok-a"), "{moved}");
+    assert_eq!(get("a").await.1["result"]["token"], "tok-a");
+}
+
+#[tokio::test]
+async fn without_a_secrets_key_push_configs_are_refused_and_the_card_says_so() {
+    let app = TestApp::start_with(|c| c.webhooks.allow_private_networks = true).await;
+    let (_, base) = agent(&app).await;
+    let card: Value = app
+        .http
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .bearer_auth(&app.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(card["capabilities"]["pushNotifications"], false, "{card}");
+
+    // A message that asks for pushes is refused before its turn starts.
+    let config = json!({"url": "https://hooks.example.com/a2a", "token": "tok"});
+    let (status, refused) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "SendMessage",
+        sent_with_push("work on it", config),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(refused["error"]["code"], -32003, "{refused}");
+    assert_eq!(
+        refused["error"]["data"][0]["metadata"]["code"], "not_configured",
+        "{refused}"
+    );
+    assert!(app.provider.requests().is_empty(), "no turn ran");
+
+    app.provider.push(text("ok"));
+    let (_, sent) = rpc(&app, &app.key, &base, "SendMessage", user_message("hi")).await;
+    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let config = json!({"taskId": task, "url": "https://hooks.example.com/a2a"});
+    let (_, refused) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "CreateTaskPushNotificationConfig",
+        config,
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], -32003, "{refused}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM a2a_push_configs")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
 }
