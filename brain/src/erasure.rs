@@ -55,6 +55,18 @@ pub enum EraseError {
     Store(#[from] StoreError),
 }
 
+impl EraseError {
+    /// A bounded label for logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::NotFound(_) => "not_found",
+            Self::Stop(StopError::Undeliverable) => "stop_undeliverable",
+            Self::Stop(StopError::NotFound(_)) => "not_found",
+            Self::Stop(StopError::Store(e)) | Self::Store(e) => e.metric_label(),
+        }
+    }
+}
+
 /// Erases `chat` of `team`: its turns stopped, its rows, its events stream and its bytes.
 pub async fn erase_chat(state: &AppState, team: TeamId, chat: ChatId) -> Result<(), EraseError> {
     stop_and_wait(state, team, Within::Chat(chat)).await?;
@@ -204,7 +216,9 @@ pub async fn run(state: AppState, stop: CancellationToken) {
                 Ok(true) => tracing::info!(%team, "team erased"),
                 Ok(false) => {}
                 // The lease lapses; this replica or another tries again.
-                Err(err) => tracing::warn!(%team, error = %err, "team erasure interrupted"),
+                Err(err) => {
+                    tracing::warn!(%team, class = err.metric_label(), "team erasure interrupted")
+                }
             }
             if stop.is_cancelled() {
                 return;
