@@ -304,9 +304,19 @@ impl System {
     }
 }
 
+/// The scripted answer of a bench turn: `BENCH_DELTAS` deltas (default 1, `ok`) at once.
+/// More deltas a turn give the per-delta costs (docs/SCALING.md) by difference.
 pub fn instant_ok() -> Reply {
+    static DELTAS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let n = *DELTAS.get_or_init(|| {
+        std::env::var("BENCH_DELTAS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(1)
+    });
     Reply::Text {
-        deltas: vec!["ok".into()],
+        deltas: vec!["ok".into(); n],
         delay: Duration::ZERO,
     }
 }
