@@ -47,7 +47,7 @@ else
 	cargo test --workspace --locked --no-fail-fast
 endif
 
-# O4: the tests that matter run again with every brain (and runtime-manager) of a test
+# O5: the tests that matter run again with every brain (and runtime-manager) of a test
 # reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
 # from test-deps), Postgres itself only for migrations and LISTEN (DATABASE_DIRECT_URL).
 POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention)::/

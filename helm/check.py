@@ -286,7 +286,7 @@ def check_manager(docs: list[dict], values: dict) -> None:
     env = env_of(manager)
     workers_ns = env["RUNTIME_MANAGER_NAMESPACE"]["value"]
     expect(env["RUNTIME_MANAGER_LAUNCHER"]["value"] == "kubernetes", "Jobs, not processes")
-    # Behind a transaction pooler (O4) the manager knows it as the brain does.
+    # Behind a transaction pooler (O5) the manager knows it as the brain does.
     (brain,) = one(docs, "Deployment", "brain")["spec"]["template"]["spec"]["containers"]
     pooled = bool(values.get("database", {}).get("directUrlKey"))
     for where, container_env in (("brain", env_of(brain)), ("runtime-manager", env)):

@@ -139,7 +139,7 @@ if [ ! -x "$tools_root/bin/s3s-fs" ]; then
 fi
 
 # Debian's PgBouncer (1.18) for the tests that reach Postgres through a transaction pooler
-# (O4: brain/tests/all/pooler.rs, and the subset `make test` runs with
+# (O5: brain/tests/all/pooler.rs, and the subset `make test` runs with
 # TEST_THROUGH_PGBOUNCER=1), which start one of their own per test and fail rather than
 # skip without it. Where apt would start the package's daemon (a host with systemd), it is
 # stopped and disabled again: the tests need the binary only.

@@ -19,7 +19,7 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub database_url: String,
     /// Postgres itself when `database_url` is a transaction pooler (`DATABASE_DIRECT_URL`,
-    /// O4): migrations and `LISTEN` use it. `None`: `database_url` is Postgres itself.
+    /// O5): migrations and `LISTEN` use it. `None`: `database_url` is Postgres itself.
     pub database_direct_url: Option<String>,
     pub database_max_connections: u32,
     /// Postgres cancels a statement of the brain's pool past this

@@ -1,5 +1,5 @@
 //! A Postgres pool that works the same reached directly or through a transaction pooler
-//! (PgBouncer `pool_mode = transaction`, RDS Proxy, Supavisor): O4.
+//! (PgBouncer `pool_mode = transaction`, RDS Proxy, Supavisor): O5.
 //!
 //! A transaction pooler lends a server connection to a client for one transaction at a
 //! time. sqlx runs a statement with arguments as two exchanges (Parse and Describe, Sync;

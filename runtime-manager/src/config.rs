@@ -71,7 +71,7 @@ impl std::fmt::Debug for TokenKey {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub database_url: String,
-    /// `DATABASE_URL` is a transaction pooler: `DATABASE_DIRECT_URL` is set (O4). The
+    /// `DATABASE_URL` is a transaction pooler: `DATABASE_DIRECT_URL` is set (O5). The
     /// manager holds no session state and never dials the direct URL itself.
     pub database_behind_pooler: bool,
     pub redis_url: String,

@@ -127,7 +127,7 @@ fn ms(expr: &str) -> String {
 }
 
 impl Store {
-    /// A pool over `url`, a transaction pooler's connections when `behind_pooler` (O4:
+    /// A pool over `url`, a transaction pooler's connections when `behind_pooler` (O5:
     /// `dbpool` says what changes then; the manager holds no session state, so it needs
     /// no direct connection).
     pub async fn connect(url: &str, behind_pooler: bool) -> Result<Self, sqlx::Error> {

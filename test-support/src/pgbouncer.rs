@@ -1,5 +1,5 @@
 //! Debian's PgBouncer (1.18: no protocol-level prepared statements) in `pool_mode =
-//! transaction` in front of the test Postgres (O4), one per test that needs it: a free
+//! transaction` in front of the test Postgres (O5), one per test that needs it: a free
 //! loopback port, an ini of its own under `/var/tmp`, killed (its directory removed) on
 //! drop. Clients log in without a password (`auth_type = trust`); PgBouncer logs in to
 //! Postgres with the admin URL's user and password.

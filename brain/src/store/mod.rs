@@ -181,7 +181,7 @@ fn loopback_in_the_clear(url: &str, options: PgConnectOptions) -> PgConnectOptio
 /// The handle every request clones: a connection pool.
 #[derive(Clone, Debug)]
 pub struct Store {
-    /// What every statement runs on: Postgres directly, or a transaction pooler (O4).
+    /// What every statement runs on: Postgres directly, or a transaction pooler (O5).
     pool: dbpool::Db,
     /// What a transaction pooler cannot carry: the migrations' advisory lock (held across
     /// their transactions) and `LISTEN`. The pool's own connections when there is no
@@ -274,7 +274,7 @@ impl Store {
 
     /// A pool of at most `max_connections` through the transaction pooler at `url`, and
     /// the few connections of [`Store::direct`] to Postgres itself at `direct_url`
-    /// (`DATABASE_DIRECT_URL`): O4, `dbpool` says what changes behind a pooler.
+    /// (`DATABASE_DIRECT_URL`): O5, `dbpool` says what changes behind a pooler.
     pub async fn connect_behind_pooler(
         url: &str,
         direct_url: &str,

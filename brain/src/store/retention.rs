@@ -55,7 +55,7 @@ impl Store {
     /// Takes the sweep's advisory lock in a transaction of its own, held until the answer
     /// is dropped (the transaction rolls back) or the process dies (its connection ends
     /// and the transaction with it). `None` while another replica sweeps. A lock of the
-    /// transaction, not of the session: behind a transaction pooler (O4) a session lock
+    /// transaction, not of the session: behind a transaction pooler (O5) a session lock
     /// stays on whichever server connection took it, for that connection's next client.
     pub async fn take_retention_lock(&self) -> Result<Option<RetentionLock>, StoreError> {
         let mut tx = self.pool.begin().await?;

@@ -1,4 +1,4 @@
-//! O4: the store behind a transaction pooler, Debian's PgBouncer 1.18 in `pool_mode =
+//! O5: the store behind a transaction pooler, Debian's PgBouncer 1.18 in `pool_mode =
 //! transaction` (started here, one per test), with Postgres itself reached directly only
 //! for what a pooler cannot carry (migrations, `LISTEN`).
 //!
@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use brain::store::{DEFAULT_STATEMENT_TIMEOUT, Store};
 use futures_util::future::join_all;
+use sqlx::Row;
 use test_support::db::{db_url, fresh_database};
 use test_support::pgbouncer::PgBouncer;
 
@@ -32,11 +33,12 @@ async fn pooled_store(pooler: &PgBouncer, timeout: Duration) -> (Store, String) 
     (store, name)
 }
 
-/// A client of the pooler as sqlx makes one by default: it caches named statements.
-async fn plain_client(pooler: &PgBouncer, db: &str) -> sqlx::PgPool {
+/// A client of the pooler as sqlx makes one by default (it names and caches statements),
+/// of `connections` connections.
+async fn plain_client(pooler: &PgBouncer, db: &str, connections: u32) -> sqlx::PgPool {
     let options: sqlx::postgres::PgConnectOptions = pooler.url_for(&db_url(db)).parse().unwrap();
     sqlx::postgres::PgPoolOptions::new()
-        .max_connections(10)
+        .max_connections(connections)
         .connect_with(options.extra_float_digits(None))
         .await
         .unwrap()
@@ -74,7 +76,7 @@ async fn statements_stay_whole_on_a_pooler_lending_server_connections_in_turn() 
     let listed = store.retained_teams().await.unwrap();
     assert_eq!(listed.len(), 20, "{listed:?}");
 
-    let plain = plain_client(&pooler, &db).await;
+    let plain = plain_client(&pooler, &db, 10).await;
     let tries = (0..20i64).map(|i| {
         let plain = plain.clone();
         async move {
@@ -141,11 +143,13 @@ async fn the_statement_timeout_is_the_stores_and_does_not_reach_the_next_client(
     assert_eq!(within, 1);
 
     // One server connection: the plain client is lent the very one the store just used.
-    let plain = plain_client(&pooler, &db).await;
-    let theirs: String = sqlx::query_scalar("SHOW statement_timeout")
+    // A simple query (no statement named, so none to collide with what is left there).
+    let plain = plain_client(&pooler, &db, 1).await;
+    let theirs: String = sqlx::raw_sql("SHOW statement_timeout")
         .fetch_one(&plain)
         .await
-        .unwrap();
+        .unwrap()
+        .get(0);
     assert_ne!(
         theirs, "300ms",
         "the store's timeout reached the next client"
@@ -155,7 +159,7 @@ async fn the_statement_timeout_is_the_stores_and_does_not_reach_the_next_client(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
     )
-    .fetch_one(&plain)
+    .fetch_one(store.db())
     .await
     .unwrap();
     assert_eq!(advisory, 0, "an advisory lock outlived its holder");

@@ -51,8 +51,8 @@ pub struct TestApp {
     pub db_name: String,
     shutdown: CancellationToken,
     /// The transaction pooler the brain reaches Postgres through, under
-    /// `TEST_THROUGH_PGBOUNCER=1` (O4); the test itself keeps its direct `store`.
-    pooler: Option<std::sync::Arc<test_support::pgbouncer::PgBouncer>>,
+    /// `TEST_THROUGH_PGBOUNCER=1` (O5); the test itself keeps its direct `store`.
+    _pooler: Option<std::sync::Arc<test_support::pgbouncer::PgBouncer>>,
     config: Config,
     /// The environment `config` was read from, for brain processes beside this one.
     env: HashMap<String, String>,
@@ -137,7 +137,7 @@ impl TestApp {
             http: reqwest::Client::new(),
             db_name,
             shutdown,
-            pooler,
+            _pooler: pooler,
             config: config_copy,
             env: env_copy,
         }
@@ -424,15 +424,10 @@ impl TestApp {
         }
         vars
     }
-
-    /// Whether the brain reaches Postgres through a transaction pooler.
-    pub fn behind_pooler(&self) -> bool {
-        self.pooler.is_some()
-    }
 }
 
 /// `TEST_THROUGH_PGBOUNCER=1`: every brain of the test reaches its database through a
-/// PgBouncer of its own in transaction mode (O4); `make test` runs the subset of the
+/// PgBouncer of its own in transaction mode (O5); `make test` runs the subset of the
 /// tests that matters so (the Makefile's `pooler` target).
 pub fn through_pgbouncer() -> bool {
     std::env::var("TEST_THROUGH_PGBOUNCER").is_ok_and(|v| v == "1")
