@@ -7,12 +7,12 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web helm fmt lint unit bench bench-compare bench-peer bench-soak
+.PHONY: dev test services test-deps web helm fmt lint unit pooler bench bench-compare bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
 
-test: services test-deps web helm lint unit
+test: services test-deps web helm lint unit pooler
 
 services:
 	@scripts/services.sh
@@ -45,6 +45,21 @@ ifeq ($(NEXTEST),yes)
 	cargo nextest run --workspace --locked --no-tests=pass --no-fail-fast
 else
 	cargo test --workspace --locked --no-fail-fast
+endif
+
+# O5: the tests that matter run again with every brain (and runtime-manager) of a test
+# reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
+# from test-deps), Postgres itself only for migrations and LISTEN (DATABASE_DIRECT_URL).
+POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention)::/
+POOLER_MORE := /^(auth::.*revoked|workers::a_shell_call_provisions_a_worker)/
+pooler:
+ifeq ($(NEXTEST),yes)
+	TEST_THROUGH_PGBOUNCER=1 cargo nextest run -p brain --test all --locked --no-fail-fast \
+	  -E 'test($(POOLER_TESTS)) | test($(POOLER_MORE))'
+else
+	TEST_THROUGH_PGBOUNCER=1 cargo test -p brain --test all --locked --no-fail-fast -- \
+	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: \
+	  auth::a_revoked workers::a_shell_call_provisions_a_worker
 endif
 
 # The bench harness (docs/PERFORMANCE.md): every binary in release (the bench starts the

@@ -18,6 +18,9 @@ pub struct Config {
     /// whatever publishes the API does not publish the metrics; `None` (`off`): nowhere.
     pub metrics_addr: Option<SocketAddr>,
     pub database_url: String,
+    /// Postgres itself when `database_url` is a transaction pooler (`DATABASE_DIRECT_URL`,
+    /// O5): migrations and `LISTEN` use it. `None`: `database_url` is Postgres itself.
+    pub database_direct_url: Option<String>,
     pub database_max_connections: u32,
     /// Postgres cancels a statement of the brain's pool past this
     /// (`BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`).
@@ -484,6 +487,10 @@ impl Config {
             addr,
             metrics_addr: metrics_addr(env)?,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_direct_url: match non_empty(env, "DATABASE_DIRECT_URL") {
+                Some(_) => Some(url_var(env, "DATABASE_DIRECT_URL", "")?),
+                None => None,
+            },
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
             database_statement_timeout: ranged(
                 env,

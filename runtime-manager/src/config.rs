@@ -71,6 +71,9 @@ impl std::fmt::Debug for TokenKey {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub database_url: String,
+    /// `DATABASE_URL` is a transaction pooler: `DATABASE_DIRECT_URL` is set (O5). The
+    /// manager holds no session state and never dials the direct URL itself.
+    pub database_behind_pooler: bool,
     pub redis_url: String,
     /// Redis key namespace of the session queue (not an environment variable: the brain
     /// and the manager must agree, so both use `queue::DEFAULT_NAMESPACE`; tests change it).
@@ -209,6 +212,7 @@ impl Config {
         }
         Ok(Self {
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_behind_pooler: non_empty(env, "DATABASE_DIRECT_URL").is_some(),
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
             queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
                 .unwrap_or_else(|| queue::DEFAULT_NAMESPACE.to_owned()),

@@ -109,7 +109,7 @@ pub async fn run_with_launcher(
         ),
         None => None,
     };
-    let store = Store::connect(&config.database_url).await?;
+    let store = Store::connect(&config.database_url, config.database_behind_pooler).await?;
     let live = store.live_sessions().await?;
     let queue =
         SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;

@@ -22,7 +22,6 @@ use std::time::Duration;
 use protocol::channel::{FailureReason, SessionState};
 use protocol::snapshot::SNAPSHOT_PG_CHANNEL;
 use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 /// What a claimed provision needs to launch.
@@ -111,7 +110,7 @@ pub enum Teardown {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: PgPool,
+    pool: dbpool::Db,
 }
 
 const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
@@ -128,12 +127,22 @@ fn ms(expr: &str) -> String {
 }
 
 impl Store {
-    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
+    /// A pool over `url`, a transaction pooler's connections when `behind_pooler` (O5:
+    /// `dbpool` says what changes then; the manager holds no session state, so it needs
+    /// no direct connection).
+    pub async fn connect(url: &str, behind_pooler: bool) -> Result<Self, sqlx::Error> {
+        let options = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await?;
+            .acquire_timeout(Duration::from_secs(5));
+        let pool = if behind_pooler {
+            let connect: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let pool = options
+                .connect_with(dbpool::for_pooler(connect).extra_float_digits(None))
+                .await?;
+            dbpool::Db::behind_pooler(pool, None)
+        } else {
+            dbpool::Db::direct(options.connect(url).await?)
+        };
         Ok(Self { pool })
     }
 

@@ -31,6 +31,7 @@ mod mcp_server;
 mod metrics;
 mod oauth_client;
 mod paging;
+mod pooler;
 mod queue;
 mod quotas;
 mod recovery;

@@ -55,11 +55,14 @@ app.kubernetes.io/component: worker
       optional: {{ index . 3 }}
 {{- end -}}
 
-{{/* DATABASE_URL, REDIS_URL and SESSION_TOKEN_KEY, which the brain, the manager and the
-     migration read alike. */}}
+{{/* DATABASE_URL (and DATABASE_DIRECT_URL behind a transaction pooler), REDIS_URL and
+     SESSION_TOKEN_KEY, which the brain, the manager and the migration read alike. */}}
 {{- define "agent-runtime.sharedEnv" -}}
 {{- $s := .Values.secrets.existingSecret -}}
 {{ include "agent-runtime.secretEnv" (list "DATABASE_URL" (default $s .Values.database.existingSecret) .Values.database.urlKey false) }}
+{{- with .Values.database.directUrlKey }}
+{{ include "agent-runtime.secretEnv" (list "DATABASE_DIRECT_URL" (default $s $.Values.database.existingSecret) . false) }}
+{{- end }}
 {{ include "agent-runtime.secretEnv" (list "REDIS_URL" (default $s .Values.redis.existingSecret) .Values.redis.urlKey false) }}
 {{ include "agent-runtime.secretEnv" (list "SESSION_TOKEN_KEY" $s .Values.secrets.keys.sessionTokenKey false) }}
 - name: SESSION_QUEUE_NAMESPACE
@@ -190,7 +193,7 @@ seccompProfile:
 {{/* Plain variables the operator adds: never one that carries a credential, which must
      come from the Secret (and is wired above). */}}
 {{- define "agent-runtime.extraEnv" -}}
-{{- $secretNames := list "DATABASE_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" "BRAIN_OAUTH_CLIENTS" -}}
+{{- $secretNames := list "DATABASE_URL" "DATABASE_DIRECT_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" "BRAIN_OAUTH_CLIENTS" -}}
 {{- range . }}
 {{- if has .name $secretNames }}
 {{- fail (printf "%s is a credential: give it through the Secret (secrets.*), not extraEnv" .name) }}

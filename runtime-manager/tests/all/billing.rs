@@ -94,8 +94,8 @@ async fn racing_sweeps_bill_each_interval_once_and_the_events_tile_the_lifetime(
     let h = Harness::new().await;
     let url = test_support::db::db_url(&h.db_name);
     let stores = [
-        Store::connect(&url).await.unwrap(),
-        Store::connect(&url).await.unwrap(),
+        Store::connect(&url, false).await.unwrap(),
+        Store::connect(&url, false).await.unwrap(),
     ];
     let live = launched(&h, 10_350).await;
     // Launched a moment ago: not due anything yet.
@@ -157,7 +157,7 @@ async fn racing_sweeps_bill_each_interval_once_and_the_events_tile_the_lifetime(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_that_fails_bills_nothing_and_the_next_one_bills_those_intervals_once() {
     let h = Harness::new().await;
-    let store = Store::connect(&test_support::db::db_url(&h.db_name))
+    let store = Store::connect(&test_support::db::db_url(&h.db_name), false)
         .await
         .unwrap();
     let session = launched(&h, 3_500).await;

@@ -330,7 +330,7 @@ async fn in_process(
     config: runtime_manager::config::Config,
     queue: SessionQueue,
 ) -> runtime_manager::Manager {
-    let store = runtime_manager::store::Store::connect(&config.database_url)
+    let store = runtime_manager::store::Store::connect(&config.database_url, false)
         .await
         .unwrap();
     let launcher = Arc::new(LocalProcessLauncher::new(

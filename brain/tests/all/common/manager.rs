@@ -47,7 +47,7 @@ pub fn manager_command(
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(bin("runtime-manager"));
     command
-        .env("DATABASE_URL", app.store_url())
+        .envs(app.database_env())
         .env("REDIS_URL", redis_url())
         .env("SESSION_QUEUE_NAMESPACE", namespace)
         .env("BRAIN_PUBLIC_URL", public_url)
