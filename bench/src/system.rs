@@ -189,7 +189,8 @@ impl System {
         if let Some(ns) = queue_namespace {
             config.workers.queue_namespace = ns;
         }
-        let redis = redis::Client::open(config.redis_url.as_str())?;
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let state = AppState::new(config, store.clone(), redis).map_err(|e| anyhow!("{e}"))?;

@@ -55,6 +55,14 @@ pub struct TestApp {
     env: HashMap<String, String>,
 }
 
+/// Whether this run puts every brain on the shared Redis Cluster (O4):
+/// `TEST_REDIS_CLUSTER=1`, which `make test` sets for the subset of tests that matter on a
+/// cluster (the `cluster` target of the Makefile). A test that sets its own Redis URL
+/// (a dead one, a proxy) is not in that subset.
+pub fn cluster_mode() -> bool {
+    std::env::var("TEST_REDIS_CLUSTER").is_ok_and(|v| v == "1")
+}
+
 impl TestApp {
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
@@ -81,11 +89,16 @@ impl TestApp {
             env.insert("REDIS_URL".into(), redis);
         }
         let mut config = Config::from_env(&env).unwrap();
+        if cluster_mode() {
+            config.redis_cluster_urls = Some(test_support::redis_cluster::shared().urls());
+        }
         let env_copy = env.clone();
         let configured_pool = config.database_max_connections;
         tweak(&mut config);
         let mut config_copy = config.clone();
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         // The public URL defaults to BRAIN_ADDR, whose port 0 only the bind resolves; a
@@ -146,7 +159,9 @@ impl TestApp {
         let mut config = self.config.clone();
         tweak(&mut config);
         let store = Store::connect(&self.store_url(), 10).await.unwrap();
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(config, store, redis).unwrap();
