@@ -189,7 +189,8 @@ impl System {
         if let Some(ns) = queue_namespace {
             config.workers.queue_namespace = ns;
         }
-        let redis = redis::Client::open(config.redis_url.as_str())?;
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let state = AppState::new(config, store.clone(), redis).map_err(|e| anyhow!("{e}"))?;
@@ -243,10 +244,20 @@ impl System {
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
+        self.post_json_as(&self.key, path, body).await
+    }
+
+    /// [`System::post_json`] with another team's key.
+    pub async fn post_json_as(
+        &self,
+        key: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response> {
         Ok(self
             .http
             .post(format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
+            .bearer_auth(key)
             .json(body)
             .send()
             .await?)

@@ -331,7 +331,11 @@ async fn interrupt(system: &System, rows: &mut Vec<Row>) -> Result<()> {
             )
             .await?;
         if response.status() != 200 {
-            bail!("interrupt: {} {}", response.status(), response.text().await?);
+            bail!(
+                "interrupt: {} {}",
+                response.status(),
+                response.text().await?
+            );
         }
         let mut body = response.bytes_stream();
         let mut seen = String::new();

@@ -92,7 +92,8 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     )
     .await
     .context("connecting to Postgres (DATABASE_URL)")?;
-    let redis = redis::Client::open(config.redis_url.as_str()).context("REDIS_URL")?;
+    let redis = brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+        .context("REDIS_URL or REDIS_CLUSTER_URLS")?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;

@@ -75,6 +75,9 @@ pub struct Config {
     /// manager holds no session state and never dials the direct URL itself.
     pub database_behind_pooler: bool,
     pub redis_url: String,
+    /// A Redis Cluster's seed nodes (`REDIS_CLUSTER_URLS`, O5); when set, `redis_url` is
+    /// not used.
+    pub redis_cluster_urls: Option<Vec<String>>,
     /// Redis key namespace of the session queue (not an environment variable: the brain
     /// and the manager must agree, so both use `queue::DEFAULT_NAMESPACE`; tests change it).
     pub queue_namespace: String,
@@ -214,6 +217,7 @@ impl Config {
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_behind_pooler: non_empty(env, "DATABASE_DIRECT_URL").is_some(),
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
+            redis_cluster_urls: envcfg::redis_urls(env, "REDIS_CLUSTER_URLS")?,
             queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
                 .unwrap_or_else(|| queue::DEFAULT_NAMESPACE.to_owned()),
             session_token_key: token_key(env)?,

@@ -150,8 +150,7 @@ pub struct Sessions(Arc<Inner>);
 
 pub struct Inner {
     store: Store,
-    redis_url: String,
-    redis_client: redis::Client,
+    redis_client: crate::redis::Client,
     /// This process's identity among replicas, as owner keys and relay channels spell it.
     replica: String,
     /// The same, as the session rows record it (`owner_replica`).
@@ -188,8 +187,7 @@ impl Sessions {
     pub fn new(
         replica: protocol::ReplicaId,
         store: Store,
-        redis_url: String,
-        redis_client: redis::Client,
+        redis_client: crate::redis::Client,
         config: WorkerConfig,
         metrics: Metrics,
         quotas: Quotas,
@@ -200,7 +198,6 @@ impl Sessions {
         }
         Ok(Self(Arc::new(Inner {
             store,
-            redis_url,
             redis_client,
             replica: replica.0.simple().to_string(),
             replica_id: replica,
@@ -220,8 +217,11 @@ impl Sessions {
     async fn queue(&self) -> Result<&SessionQueue, SessionError> {
         self.queue
             .get_or_try_init(|| async {
-                SessionQueue::connect_with_namespace(&self.redis_url, &self.config.queue_namespace)
-                    .await
+                SessionQueue::connect_with_namespace(
+                    &self.redis_client,
+                    &self.config.queue_namespace,
+                )
+                .await
             })
             .await
             .map_err(|err| {

@@ -899,7 +899,7 @@ async fn events_text(chat: &str) -> String {
     .await
     .unwrap();
     let entries: redis::Value = redis::cmd("XRANGE")
-        .arg(format!("events:chat:{chat}"))
+        .arg(brain::events::stream_key(chat.parse().unwrap()))
         .arg("-")
         .arg("+")
         .query_async(&mut redis)

@@ -17,6 +17,7 @@ mod auth;
 mod autostart;
 mod background;
 mod brain_tools;
+mod cluster;
 mod connector_oauth;
 mod connectors;
 mod contract;

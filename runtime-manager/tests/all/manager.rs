@@ -306,9 +306,12 @@ async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() 
     let idle = [("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")];
     let redis = ThrowawayRedis::start().await;
     let config = h.config(&idle);
-    let queue = SessionQueue::connect_with_namespace(&redis.url, &h.namespace)
-        .await
-        .unwrap();
+    let queue = SessionQueue::connect_with_namespace(
+        &redis_conn::Client::open(&redis.url, None).unwrap(),
+        &h.namespace,
+    )
+    .await
+    .unwrap();
     let blind = in_process(config, queue).await;
     redis.kill().await;
     assert!(blind.reap_once().await.is_err(), "the arming push failed");

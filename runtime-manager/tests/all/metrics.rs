@@ -188,9 +188,12 @@ async fn the_queue_depth_counts_due_tasks_and_a_failed_sample_is_omitted_not_zer
 
     // No consumer on this queue: what is pushed stays.
     let redis = ThrowawayRedis::start().await;
-    let queue = SessionQueue::connect_with_namespace(&redis.url, "test-rm-depth")
-        .await
-        .unwrap();
+    let queue = SessionQueue::connect_with_namespace(
+        &redis_conn::Client::open(&redis.url, None).unwrap(),
+        "test-rm-depth",
+    )
+    .await
+    .unwrap();
     let task = || SessionTask::Provision {
         session: SessionId::new(),
         team: TeamId::new(),

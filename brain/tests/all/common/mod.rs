@@ -58,6 +58,14 @@ pub struct TestApp {
     env: HashMap<String, String>,
 }
 
+/// Whether this run puts every brain on the shared Redis Cluster (O5):
+/// `TEST_REDIS_CLUSTER=1`, which `make test` sets for the subset of tests that matter on a
+/// cluster (the `cluster` target of the Makefile). A test that sets its own Redis URL
+/// (a dead one, a proxy) is not in that subset.
+pub fn cluster_mode() -> bool {
+    std::env::var("TEST_REDIS_CLUSTER").is_ok_and(|v| v == "1")
+}
+
 impl TestApp {
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
@@ -90,11 +98,16 @@ impl TestApp {
             std::sync::Arc::new(pooler)
         });
         let mut config = Config::from_env(&env).unwrap();
+        if cluster_mode() {
+            config.redis_cluster_urls = Some(test_support::redis_cluster::shared().urls());
+        }
         let env_copy = env.clone();
         let configured_pool = config.database_max_connections;
         tweak(&mut config);
         let mut config_copy = config.clone();
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         // The public URL defaults to BRAIN_ADDR, whose port 0 only the bind resolves; a
@@ -154,7 +167,9 @@ impl TestApp {
         let mut config = self.config.clone();
         tweak(&mut config);
         let store = brain_store(&config, 10).await;
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(config, store, redis).unwrap();
