@@ -549,6 +549,11 @@ fn migrator() -> Migrator {
             "a2a: push config credentials sealed",
             include_str!("../../../migrations/0034_a2a_push_sealed.sql"),
         ),
+        (
+            36,
+            "user sessions and grant audit",
+            include_str!("../../../migrations/0036_user_sessions_and_grant_audit.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

@@ -295,6 +295,7 @@ pub(super) async fn offer(
             connectors::Requester {
                 user: basis.chat.created_by.as_deref(),
                 admin: launch.authority.may_change_agent(),
+                actor: &launch.authority.actor,
             },
             cancel,
         )

@@ -466,7 +466,7 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
     };
     let checker = brain::quota::Quotas::new(app.store.clone(), limits);
     let refusal = checker
-        .admit_session(app.team)
+        .admit_session(app.team, None)
         .await
         .unwrap()
         .expect("refused");
