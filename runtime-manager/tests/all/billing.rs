@@ -220,7 +220,7 @@ async fn a_sweep_that_fails_bills_nothing_and_the_next_one_bills_those_intervals
 #[tokio::test]
 async fn a_users_session_bills_its_seconds_to_that_user() {
     let h = Harness::new().await;
-    let store = Store::connect(&test_support::db::db_url(&h.db_name))
+    let store = Store::connect(&test_support::db::db_url(&h.db_name), false)
         .await
         .unwrap();
     let users = launched(&h, 2_500).await;
