@@ -381,6 +381,9 @@ pub struct Requester<'a> {
     /// Whether the turn's principal is an admin, who alone may begin a flow for the whole
     /// connector (X1, as `POST /v1/connectors/{id}/authorize` without a user).
     pub admin: bool,
+    /// Who answers the servers' questions (P5): the person in the chat of an interactive
+    /// turn, nobody for a background or autostart one.
+    pub answerer: Answerer,
 }
 
 /// What a turn starts its connectors with.
@@ -409,6 +412,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         config,
         cancel,
     } = *turn;
+    let answerer = requester.answerer;
     let user = requester.user;
     let attempt = async {
         let (headers, env) = row.target.templates();
@@ -417,9 +421,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
             Err(class) => return Started::Down(class),
         };
         if credentials.has_authorization() {
-            return match Session::start(row, config, &credentials, None, Answerer::Nobody, cancel)
-                .await
-            {
+            return match Session::start(row, config, &credentials, None, answerer, cancel).await {
                 Ok((session, tools)) => Started::Ready(session, tools),
                 Err(e) if e.challenge().is_some() => Started::Down("credentials_refused"),
                 Err(e) => Started::Down(e.class()),
@@ -432,8 +434,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         };
         let bearer = grant.as_ref().map(|(_, token, _)| token.as_str());
         let challenge =
-            match Session::start(row, config, &credentials, bearer, Answerer::Nobody, cancel).await
-            {
+            match Session::start(row, config, &credentials, bearer, answerer, cancel).await {
                 Ok((session, tools)) => return Started::Ready(session, tools),
                 Err(e) => match e.challenge() {
                     Some(challenge) => challenge.to_owned(),
@@ -445,15 +446,8 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         if let Some((owner, _, version)) = grant {
             match locked_refresh(oauth, store, &owner, version).await {
                 Ok((token, _)) => {
-                    match Session::start(
-                        row,
-                        config,
-                        &credentials,
-                        Some(&token),
-                        Answerer::Nobody,
-                        cancel,
-                    )
-                    .await
+                    match Session::start(row, config, &credentials, Some(&token), answerer, cancel)
+                        .await
                     {
                         Ok((session, tools)) => return Started::Ready(session, tools),
                         Err(e) if e.challenge().is_none() => return Started::Down(e.class()),

@@ -295,6 +295,15 @@ pub(super) async fn offer(
             connectors::Requester {
                 user: basis.chat.created_by.as_deref(),
                 admin: launch.authority.may_change_agent(),
+                // P5: a person answers the servers' questions only where one follows the
+                // turn; a background or autostart turn declines them at once.
+                answerer: if launch.detached {
+                    connectors::Answerer::Nobody
+                } else {
+                    connectors::Answerer::Person {
+                        ttl: state.config.approval_ttl,
+                    }
+                },
             },
             cancel,
         )

@@ -855,6 +855,7 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         brain::connectors::Requester {
             user: None,
             admin: true,
+            answerer: brain::connectors::Answerer::Nobody,
         },
         &cancel,
     )

@@ -20,6 +20,7 @@ mod brain_tools;
 mod connector_oauth;
 mod connectors;
 mod contract;
+mod elicitation;
 mod erasure;
 mod events;
 mod faults;
