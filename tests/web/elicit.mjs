@@ -32,6 +32,9 @@ try {
   }
   const integer = form.locator('input[id$="-integer"]');
   if ((await integer.inputValue()) !== "42") throw new Error(`integer: ${await integer.inputValue()}`);
+  // Titled choices show their titles, single and multiple.
+  await form.locator('select[id$="-titledSingleSelectEnum"] option', { hasText: "Superman" }).waitFor({ state: "attached" });
+  await form.locator('select[id$="-titledMultipleSelectEnum"] option', { hasText: "Tuna" }).waitFor({ state: "attached" });
   await page.evaluate(axeSource);
   const result = await page.evaluate(() => window.axe.run(document, { resultTypes: ["violations"] }));
   const bad = result.violations.filter((v) => v.impact === "serious" || v.impact === "critical");

@@ -534,7 +534,8 @@ interface Field {
   enum?: string[];
   enumNames?: string[];
   oneOf?: { const: string; title?: string }[];
-  items?: { enum?: string[]; anyOf?: { const: string; title?: string }[] };
+  anyOf?: { const: string; title?: string }[];
+  items?: Field;
   format?: string;
   minimum?: number;
   maximum?: number;
@@ -552,7 +553,7 @@ const ENDED: Record<string, string> = {
 function choicesOf(field: Field | undefined): { value: string; label: string }[] {
   if (!field) return [];
   if (field.enum) return field.enum.map((v, i) => ({ value: v, label: field.enumNames?.[i] ?? v }));
-  const titled = field.oneOf ?? field.items?.anyOf ?? [];
+  const titled = field.oneOf ?? field.anyOf ?? [];
   return titled.map((c) => ({ value: c.const, label: c.title ?? c.const }));
 }
 
@@ -622,7 +623,7 @@ function ElicitationForm({ api, data }: { api: Api; data: Elicitation }) {
                   value={chosen}
                   onChange={(e) => set(name, Array.from(e.target.selectedOptions, (o) => o.value))}
                 >
-                  {choicesOf(field.items as Field).map((c) => (
+                  {choicesOf(field.items).map((c) => (
                     <option key={c.value} value={c.value}>
                       {c.label}
                     </option>
