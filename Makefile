@@ -7,12 +7,12 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web helm fmt lint unit bench bench-compare bench-peer bench-soak
+.PHONY: dev test services test-deps web helm fmt lint unit pooler cluster bench bench-compare bench-peer bench-soak
 
 dev: services
 	@scripts/dev.sh
 
-test: services test-deps web helm lint unit
+test: services test-deps web helm lint unit pooler cluster
 
 services:
 	@scripts/services.sh
@@ -45,6 +45,53 @@ ifeq ($(NEXTEST),yes)
 	cargo nextest run --workspace --locked --no-tests=pass --no-fail-fast
 else
 	cargo test --workspace --locked --no-fail-fast
+endif
+
+# O5: the tests that matter run again with every brain (and runtime-manager) of a test
+# reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
+# from test-deps), Postgres itself only for migrations and LISTEN (DATABASE_DIRECT_URL).
+POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention)::/
+POOLER_MORE := /^(auth::.*revoked|workers::a_shell_call_provisions_a_worker)/
+pooler:
+ifeq ($(NEXTEST),yes)
+	TEST_THROUGH_PGBOUNCER=1 cargo nextest run -p brain --test all --locked --no-fail-fast \
+	  -E 'test($(POOLER_TESTS)) | test($(POOLER_MORE))'
+else
+	TEST_THROUGH_PGBOUNCER=1 cargo test -p brain --test all --locked --no-fail-fast -- \
+	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: \
+	  auth::a_revoked workers::a_shell_call_provisions_a_worker
+endif
+
+# O5: the tests that matter on a Redis Cluster (turns, holds, quotas, events, stop,
+# revocation, a worker through the queue and the relay, autostart, the queue's own), run
+# again with every brain, runtime-manager and queue on the shared three-master cluster on
+# loopback, which the first of them starts (test-support/src/redis_cluster.rs). The
+# cluster-only tests (failover) run in `unit` (brain/tests/all/cluster.rs).
+CLUSTER_BRAIN_TESTS := \
+	turn::an_openai_turn_streams_and_persists \
+	hold_turns::a_second_turn_for_a_busy_agent_gets_agent_busy_at_once \
+	hold_turns::two_concurrent_messages_give_one_stream_and_one_409 \
+	quotas::turns_per_minute_refuses_the_next_turn_before_anything_is_written \
+	quotas::concurrent_turns_refuses_a_second_agent_while_the_first_runs \
+	quotas::fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservation \
+	events::an_observer_on_another_replica_sees_every_chunk_of_a_turn_in_order \
+	events::a_reconnect_gets_exactly_the_missed_events_then_live \
+	events::a_running_turn_is_resumed_from_its_start_on_another_replica \
+	stop::a_turn_on_one_replica_is_stopped_from_another_within_milliseconds \
+	auth::a_revoked_key_is_refused_on_every_replica_within_a_second \
+	auth::a_revoked_keys_open_streams_close_on_every_replica_within_a_second \
+	workers::a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it \
+	workers::a_worker_on_replica_a_serves_a_turn_on_replica_b \
+	autostart::a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat \
+	autostart::two_replicas_fire_each_tick_exactly_once
+
+cluster:
+ifeq ($(NEXTEST),yes)
+	TEST_REDIS_CLUSTER=1 cargo nextest run --locked --no-fail-fast -p brain --test all -- --exact $(CLUSTER_BRAIN_TESTS)
+	TEST_REDIS_CLUSTER=1 cargo nextest run --locked --no-fail-fast -p queue --test queue
+else
+	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p brain --test all -- --exact $(CLUSTER_BRAIN_TESTS)
+	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p queue --test queue
 endif
 
 # The bench harness (docs/PERFORMANCE.md): every binary in release (the bench starts the

@@ -47,7 +47,9 @@ HEADER = (
 # Every variable that carries a credential: each must come from a Secret.
 SECRET_ENV = {
     "DATABASE_URL",
+    "DATABASE_DIRECT_URL",
     "REDIS_URL",
+    "REDIS_CLUSTER_URLS",
     "SESSION_TOKEN_KEY",
     "BRAIN_SECRETS_KEY",
     "OPENAI_API_KEY",
@@ -285,6 +287,14 @@ def check_manager(docs: list[dict], values: dict) -> None:
     env = env_of(manager)
     workers_ns = env["RUNTIME_MANAGER_NAMESPACE"]["value"]
     expect(env["RUNTIME_MANAGER_LAUNCHER"]["value"] == "kubernetes", "Jobs, not processes")
+    # Behind a transaction pooler (O5) the manager knows it as the brain does.
+    (brain,) = one(docs, "Deployment", "brain")["spec"]["template"]["spec"]["containers"]
+    pooled = bool(values.get("database", {}).get("directUrlKey"))
+    for where, container_env in (("brain", env_of(brain)), ("runtime-manager", env)):
+        expect(
+            ("DATABASE_DIRECT_URL" in container_env) == pooled,
+            f"{where} has DATABASE_DIRECT_URL exactly when database.directUrlKey is set",
+        )
 
     # Workers dial the brain's Service on its port.
     service = one(docs, "Service", "brain")

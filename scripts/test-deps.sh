@@ -9,7 +9,7 @@
 # tests/webhooks/.venv), the official A2A clients (PyPI a2a-sdk in tests/a2a/.venv, npm
 # @a2a-js/sdk in tests/a2a), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
-# Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
+# Debian's PgBouncer for the transaction-pooler tests, Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
 # offline-friendly once installed.
 set -euo pipefail
@@ -136,6 +136,21 @@ if [ ! -x "$tools_root/bin/s3s-fs" ]; then
   # A target directory of its own: not the workspace's shared build cache.
   cargo install --root "$tools_root" --target-dir "$build_dir" \
     s3s-fs@0.14.1 --locked --features binary --quiet
+fi
+
+# Debian's PgBouncer (1.18) for the tests that reach Postgres through a transaction pooler
+# (O5: brain/tests/all/pooler.rs, and the subset `make test` runs with
+# TEST_THROUGH_PGBOUNCER=1), which start one of their own per test and fail rather than
+# skip without it. Where apt would start the package's daemon (a host with systemd), it is
+# stopped and disabled again: the tests need the binary only.
+if [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "test-deps: installing pgbouncer from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+  if [ -d /run/systemd/system ]; then
+    $sudo_ systemctl disable --now pgbouncer >/dev/null 2>&1 || true
+  fi
 fi
 
 # Debian's Chromium for the worker's browser tests (worker/tests/all/browser.rs), which fail

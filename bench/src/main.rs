@@ -8,7 +8,8 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, takeover, peer, soak; empty runs all but peer and soak),
+//! speculation, hangup, openloop, takeover, peer, soak, shards; empty runs all but peer, soak
+//! and shards),
 //! `BENCH_TSV` (a file to write the table's rows to as tab-separated values, for make
 //! bench-compare).
 //!
@@ -35,6 +36,7 @@ mod observers;
 mod openloop;
 mod peer;
 mod relay;
+mod shards;
 mod soak;
 mod system;
 mod takeover;
@@ -83,12 +85,12 @@ fn print_table(rows: &[Row]) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
-    // `peer` needs LangGraph installed, which plain `make bench` does not do, and `soak`
-    // (make bench-soak) takes minutes and measures survival, not speed: they run only when
-    // named.
+    // `peer` needs LangGraph installed, which plain `make bench` does not do, `soak`
+    // (make bench-soak) takes minutes and measures survival, not speed, and `shards`
+    // measures a Redis Cluster's spread, not the turn: they run only when named.
     let wants = |name: &str| {
         let named = only.split(',').any(|s| s.trim() == name);
-        named || (only.is_empty() && name != "peer" && name != "soak")
+        named || (only.is_empty() && !["peer", "soak", "shards"].contains(&name))
     };
     let mut rows = Vec::new();
     if wants("cpu") {
@@ -135,6 +137,9 @@ async fn main() -> Result<()> {
     }
     if wants("soak") {
         soak::soak(&mut rows).await?;
+    }
+    if wants("shards") {
+        shards::shards(&mut rows).await?;
     }
     print_table(&rows);
     if let Ok(path) = std::env::var("BENCH_TSV") {

@@ -189,7 +189,8 @@ impl System {
         if let Some(ns) = queue_namespace {
             config.workers.queue_namespace = ns;
         }
-        let redis = redis::Client::open(config.redis_url.as_str())?;
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let state = AppState::new(config, store.clone(), redis).map_err(|e| anyhow!("{e}"))?;
@@ -243,10 +244,20 @@ impl System {
     }
 
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
+        self.post_json_as(&self.key, path, body).await
+    }
+
+    /// [`System::post_json`] with another team's key.
+    pub async fn post_json_as(
+        &self,
+        key: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<reqwest::Response> {
         Ok(self
             .http
             .post(format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
+            .bearer_auth(key)
             .json(body)
             .send()
             .await?)
@@ -304,9 +315,19 @@ impl System {
     }
 }
 
+/// The scripted answer of a bench turn: `BENCH_DELTAS` deltas (default 1, `ok`) at once.
+/// More deltas a turn give the per-delta costs (docs/SCALING.md) by difference.
 pub fn instant_ok() -> Reply {
+    static DELTAS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let n = *DELTAS.get_or_init(|| {
+        std::env::var("BENCH_DELTAS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n >= 1)
+            .unwrap_or(1)
+    });
     Reply::Text {
-        deltas: vec!["ok".into()],
+        deltas: vec!["ok".into(); n],
         delay: Duration::ZERO,
     }
 }

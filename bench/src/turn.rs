@@ -288,7 +288,98 @@ pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
         format!("{} tries", timings.len()),
     ));
     eprintln!("bench: busy answer done");
+    interrupt(&system, rows).await?;
     system.close().await;
+    Ok(())
+}
+
+/// Tries of [`interrupt`].
+const INTERRUPTS: usize = 50;
+
+/// T13: a message sent with `if_busy: interrupt` to an agent with a slow turn. Two figures:
+/// the client's time from the send to the new turn's first text-delta (the stop, the
+/// wind-up of the stopped turn, the new turn's intake and its first token), and Postgres'
+/// own gap between the stopped turn's `finished_at` and the new turn's `started_at` (the
+/// 100 ms of T13, on one clock).
+async fn interrupt(system: &System, rows: &mut Vec<Row>) -> Result<()> {
+    let (agent, _) = system.agent_and_chat(None).await?;
+    let agent = agent.as_str();
+    let mut to_first_delta = Vec::new();
+    for _ in 0..INTERRUPTS {
+        let chat = system.new_chat(agent).await?;
+        system.provider.push(Reply::Text {
+            deltas: vec!["slow ".into(); 100],
+            delay: Duration::from_millis(100),
+        });
+        // The previous try's new turn may still be winding up (its hold is released after
+        // its stream ends).
+        let slow = loop {
+            let slow = system.send(&chat, "slow").await?;
+            match slow.status().as_u16() {
+                200 => break slow,
+                409 => tokio::time::sleep(Duration::from_millis(5)).await,
+                other => bail!("slow turn: {other}"),
+            }
+        };
+        let slow = tokio::spawn(async move { slow.bytes().await });
+        system.provider.push(instant_ok());
+        let started = Instant::now();
+        let response = system
+            .post_json(
+                &format!("/v1/chats/{chat}/messages"),
+                &json!({"content": "stop that", "if_busy": "interrupt"}),
+            )
+            .await?;
+        if response.status() != 200 {
+            bail!(
+                "interrupt: {} {}",
+                response.status(),
+                response.text().await?
+            );
+        }
+        let mut body = response.bytes_stream();
+        let mut seen = String::new();
+        while let Some(piece) = body.next().await {
+            seen.push_str(&String::from_utf8_lossy(&piece?));
+            if seen.contains("\"text-delta\"") {
+                to_first_delta.push(started.elapsed());
+                break;
+            }
+        }
+        while body.next().await.is_some() {}
+        slow.await??;
+    }
+    let gaps: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM n.started_at - o.finished_at)::float8 \
+         FROM turns o JOIN turns n ON n.chat_id = o.chat_id AND n.started_at > o.started_at \
+         WHERE o.agent_id = $1::uuid AND o.status = 'interrupted'",
+    )
+    .bind(agent)
+    .fetch_all(system.store.pool())
+    .await?;
+    if to_first_delta.len() != INTERRUPTS || gaps.len() != INTERRUPTS {
+        bail!(
+            "interrupt: {} new turns streamed, {} stopped turns followed",
+            to_first_delta.len(),
+            gaps.len()
+        );
+    }
+    let gaps = sorted(gaps.into_iter().map(Duration::from_secs_f64).collect());
+    let to_first_delta = sorted(to_first_delta);
+    rows.push(row(
+        "busy answer",
+        "interrupt: stopped turn's end -> new turn's start (Postgres)",
+        ms(pct(&gaps, 50.0)),
+        ms(pct(&gaps, 99.0)),
+        format!("{INTERRUPTS} interrupts"),
+    ));
+    rows.push(row(
+        "busy answer",
+        "interrupt: send -> new turn's first text-delta",
+        ms(pct(&to_first_delta, 50.0)),
+        ms(pct(&to_first_delta, 99.0)),
+        format!("{INTERRUPTS} interrupts, provider answers at once"),
+    ));
     Ok(())
 }
 

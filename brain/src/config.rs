@@ -18,6 +18,9 @@ pub struct Config {
     /// whatever publishes the API does not publish the metrics; `None` (`off`): nowhere.
     pub metrics_addr: Option<SocketAddr>,
     pub database_url: String,
+    /// Postgres itself when `database_url` is a transaction pooler (`DATABASE_DIRECT_URL`,
+    /// O5): migrations and `LISTEN` use it. `None`: `database_url` is Postgres itself.
+    pub database_direct_url: Option<String>,
     pub database_max_connections: u32,
     /// Postgres cancels a statement of the brain's pool past this
     /// (`BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`).
@@ -25,6 +28,9 @@ pub struct Config {
     /// The queue of turn intakes in front of the pool (`BRAIN_INTAKE_QUEUE*`).
     pub intake: crate::intake::IntakeConfig,
     pub redis_url: String,
+    /// A Redis Cluster's seed nodes (`REDIS_CLUSTER_URLS`, O5); when set, `redis_url` is
+    /// not used.
+    pub redis_cluster_urls: Option<Vec<String>>,
     pub openai: ProviderConfig,
     pub anthropic: ProviderConfig,
     /// Serve the built-in offline demo model when no provider key is set.
@@ -484,6 +490,10 @@ impl Config {
             addr,
             metrics_addr: metrics_addr(env)?,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_direct_url: match non_empty(env, "DATABASE_DIRECT_URL") {
+                Some(_) => Some(url_var(env, "DATABASE_DIRECT_URL", "")?),
+                None => None,
+            },
             database_max_connections: ranged(env, "BRAIN_DATABASE_MAX_CONNECTIONS", 20, 1, 1000)?,
             database_statement_timeout: ranged(
                 env,
@@ -498,6 +508,7 @@ impl Config {
                 wait: millis(env, "BRAIN_INTAKE_QUEUE_WAIT_MS", 30_000)?,
             },
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
+            redis_cluster_urls: envcfg::redis_urls(env, "REDIS_CLUSTER_URLS")?,
             openai,
             anthropic,
             demo_model,
@@ -732,6 +743,18 @@ mod tests {
         let err = Config::from_env(&env(&[("BRAIN_CONNECTORS_ALLOW_STDIO", "yes")])).unwrap_err();
         assert_eq!(err.name, "BRAIN_CONNECTORS_ALLOW_STDIO");
         assert!(config.secrets_key.is_none(), "no key is generated");
+        assert_eq!(
+            config.redis_cluster_urls, None,
+            "one Redis node unless told"
+        );
+        let cluster = Config::from_env(&env(&[(
+            "REDIS_CLUSTER_URLS",
+            "redis://10.0.0.1:6379,redis://10.0.0.2:6379",
+        )]))
+        .unwrap();
+        assert_eq!(cluster.redis_cluster_urls.map(|u| u.len()), Some(2));
+        let err = Config::from_env(&env(&[("REDIS_CLUSTER_URLS", "10.0.0.1:6379")])).unwrap_err();
+        assert_eq!(err.name, "REDIS_CLUSTER_URLS");
     }
 
     #[test]

@@ -270,22 +270,23 @@ async fn erase_team(
     Ok(true)
 }
 
-/// Deletes the team's quota counters in Redis (`quota:<team>:*`: counts and turn ids, no
-/// content; they would expire by themselves within a month).
+/// Deletes the team's quota counters in Redis (`quota:{<team>}:*`: counts and turn ids, no
+/// content; they would expire by themselves within a month). The team's id is their hash
+/// tag, so on a Redis Cluster the scan runs on the one master that holds them all.
 async fn forget_team_keys(state: &AppState, team: TeamId) {
-    let pattern = format!("quota:{team}:*");
+    let tagged = format!("quota:{{{team}}}:");
+    let pattern = format!("{tagged}*");
     let result = crate::redis::bounded(KEYS_BOUND, async {
-        let mut conn = state.redis.get_multiplexed_async_connection().await?;
+        let mut conn = state.redis.connection().await?;
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(SCAN_PAGE)
-                .query_async(&mut conn)
-                .await?;
+                .arg(SCAN_PAGE);
+            let (next, keys): (u64, Vec<String>) = conn.query_on_slot_of(&tagged, &scan).await?;
             if !keys.is_empty() {
                 redis::cmd("DEL")
                     .arg(&keys)

@@ -23,6 +23,15 @@
 //! skipping what the replay already gave: no gap, no duplicate. The broadcast ring is the
 //! observer buffer: an observer that falls further behind is disconnected with a notice,
 //! and neither the reader nor any turn waits for it.
+//!
+//! Redis Cluster (O5): a stream's key carries one of [`BUCKETS`] hash tags, by its chat
+//! (`events:{<tag of bucket n>}:chat:<chat>`, [`BUCKET_TAGS`]), and so does each wake key. On one node everything is
+//! read as above; on a cluster the reader is one task per bucket with chats observed here
+//! (one blocking `XREAD` each, on a connection of its own, with the bucket's wake key),
+//! and a batch is written as one pipeline per bucket, the pipelines at once. The cost:
+//! up to [`BUCKETS`] blocked reads and connections per replica instead of one, and a
+//! batch is atomic per bucket only (a failed bucket marks only its own chats for a
+//! resync). Sixteen buckets spread the streams over the shards.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -38,15 +47,13 @@ use bytes::Bytes;
 use futures_util::{FutureExt, Stream};
 use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
 use protocol::{ChatId, ErrorCode, TurnId};
-use redis::AsyncConnectionConfig;
-use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Standing;
 use crate::config::EventsConfig;
 use crate::metrics::Metrics;
-use crate::redis::{Shared, Unavailable, bounded};
+use crate::redis::{Conn, Shared, Unavailable, bounded};
 use crate::sse;
 
 /// Chunks written in one pipeline at most.
@@ -180,12 +187,16 @@ struct Inner {
     gaps: Mutex<HashSet<ChatId>>,
     /// The chats observed here, which the reader reads.
     observed: Mutex<HashMap<ChatId, Observed>>,
-    /// Whether the reader task was started.
-    reading: AtomicBool,
-    /// Wakes the reader when it waits for a first chat to read.
-    wake: Notify,
-    /// This replica's wake key: an entry added there ends the reader's blocked `XREAD`.
-    wake_key: String,
+    /// How many readers there are (1 on one node, [`BUCKETS`] on a cluster); a chat is
+    /// read by the one of its [`Inner::group`].
+    groups: u32,
+    /// Whether each reader task was started.
+    reading: Vec<AtomicBool>,
+    /// Wakes each reader when it waits for a first chat to read.
+    wake: Vec<Notify>,
+    /// Names this replica's wake keys: an entry added to a reader's ([`Inner::wake_key`])
+    /// ends its blocked `XREAD`.
+    replica_tag: String,
     /// Open observer streams, per principal and in all.
     observers: Arc<Mutex<Counts>>,
 }
@@ -229,15 +240,53 @@ impl Drop for Slot {
     }
 }
 
-const STREAM_PREFIX: &str = "events:chat:";
+/// The hash tags of the streams on a Redis Cluster (see the module doc).
+const BUCKETS: u32 = 16;
+/// Bucket `n`'s hash tag, chosen so that its slot is in the `n`th sixteenth of the 16,384
+/// slots: a cluster whose masters hold equal runs of slots (what `redis-cli --cluster
+/// create` and the managed services make) gets the buckets as evenly as sixteen divide
+/// (three masters: 5, 5 and 6), where the plain tags `b0`..`b15` gave three masters 4, 6
+/// and 6. Checked by `events::tests::each_buckets_tag_is_in_its_sixteenth_of_the_slots`.
+const BUCKET_TAGS: [&str; BUCKETS as usize] = [
+    "b0.2", "b1.1", "b2.61", "b3.62", "b4.22", "b5.21", "b6.11", "b7.12", "b8.61", "b9.62",
+    "b10.63", "b11.60", "b12.42", "b13.41", "b14.13", "b15.10",
+];
 /// How long a replica's wake key outlives its last use.
 const WAKE_KEY_TTL_MS: u64 = 60_000;
 
 /// What one `XREAD` brings: each stream's key, with its entries (id and flat fields).
 type Streams = Vec<(String, Vec<(String, Vec<String>)>)>;
 
-fn stream_key(chat: ChatId) -> String {
-    format!("{STREAM_PREFIX}{chat}")
+fn bucket(chat: ChatId) -> u32 {
+    (chat.0.as_u128() % u128::from(BUCKETS)) as u32
+}
+
+/// The key of `chat`'s stream (public for the tests that read it).
+pub fn stream_key(chat: ChatId) -> String {
+    format!(
+        "events:{{{}}}:chat:{chat}",
+        BUCKET_TAGS[bucket(chat) as usize]
+    )
+}
+
+/// The chat whose stream `key` is.
+fn chat_of(key: &str) -> Option<ChatId> {
+    key.split_once("}:chat:")?.1.parse().ok()
+}
+
+impl Inner {
+    /// The reader of `chat`.
+    fn group(&self, chat: ChatId) -> u32 {
+        if self.groups == 1 { 0 } else { bucket(chat) }
+    }
+
+    /// The wake key of reader `group`, in its bucket's slot.
+    fn wake_key(&self, group: u32) -> String {
+        format!(
+            "events:{{{}}}:wake:{}",
+            BUCKET_TAGS[group as usize], self.replica_tag
+        )
+    }
 }
 
 /// How often a chat's stream is trimmed by age and its expiry pushed back: a tenth of the
@@ -254,8 +303,9 @@ fn now_millis() -> u64 {
 }
 
 impl Events {
-    pub fn new(client: redis::Client, config: EventsConfig, metrics: Metrics) -> Self {
+    pub fn new(client: crate::redis::Client, config: EventsConfig, metrics: Metrics) -> Self {
         let (tx, rx) = mpsc::channel(config.publish_buffer);
+        let groups = if client.is_cluster() { BUCKETS } else { 1 };
         Self(Arc::new(Inner {
             redis: Shared::new(client, config.redis_timeout),
             config,
@@ -265,9 +315,10 @@ impl Events {
             rx: Mutex::new(Some(rx)),
             gaps: Mutex::new(HashSet::new()),
             observed: Mutex::new(HashMap::new()),
-            reading: AtomicBool::new(false),
-            wake: Notify::new(),
-            wake_key: format!("events:wake:{}", uuid::Uuid::new_v4()),
+            groups,
+            reading: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+            wake: (0..groups).map(|_| Notify::new()).collect(),
+            replica_tag: uuid::Uuid::new_v4().to_string(),
             observers: Arc::default(),
         }))
     }
@@ -359,10 +410,13 @@ impl Events {
         let mut chats: Vec<ChatId> = batch.iter().map(|p| p.chat).chain(gaps.clone()).collect();
         chats.sort_unstable_by_key(|c| c.0);
         chats.dedup();
-        let mut pipe = redis::pipe();
+        // One pipeline per reader group: on a cluster each holds one bucket's keys.
+        let mut pipes: HashMap<u32, (redis::Pipeline, usize)> = HashMap::new();
         for published in &batch {
             // Serializing our own closed types cannot fail; an empty object stays valid.
             let json = serde_json::to_string(&published.chunk).unwrap_or_else(|_| "{}".into());
+            let (pipe, chunks) = pipes.entry(self.0.group(published.chat)).or_default();
+            *chunks += 1;
             pipe.cmd("XADD")
                 .arg(stream_key(published.chat))
                 .arg("MAXLEN")
@@ -376,6 +430,7 @@ impl Events {
                 .ignore();
         }
         for chat in &gaps {
+            let (pipe, _) = pipes.entry(self.0.group(*chat)).or_default();
             pipe.cmd("XADD")
                 .arg(stream_key(*chat))
                 .arg("MAXLEN")
@@ -405,6 +460,7 @@ impl Events {
         // (with no trim of its own) still outlives the window.
         let expiry = (config.window + every).as_millis() as u64;
         for chat in &due {
+            let (pipe, _) = pipes.entry(self.0.group(*chat)).or_default();
             pipe.cmd("XTRIM")
                 .arg(stream_key(*chat))
                 .arg("MINID")
@@ -417,29 +473,43 @@ impl Events {
                 .arg(expiry)
                 .ignore();
         }
-        let written = match self.connection().await {
-            Ok(mut conn) => bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
+        let written: Vec<(u32, usize, Result<(), EventsError>)> = match self.connection().await {
+            Ok(conn) => {
+                futures_util::future::join_all(pipes.into_iter().map(|(group, (pipe, n))| {
+                    let mut conn = conn.clone();
+                    async move {
+                        let result =
+                            bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
+                                .await
+                                .map_err(EventsError::from);
+                        (group, n, result)
+                    }
+                }))
                 .await
-                .map_err(EventsError::from),
-            Err(err) => Err(err),
+            }
+            Err(err) => vec![(u32::MAX, batch.len(), Err(err))],
         };
-        if written.is_ok() {
-            kept_up.extend(due.into_iter().map(|chat| (chat, now)));
-        }
-        if let Err(EventsError::Unavailable(class)) = written {
-            tracing::warn!(
-                class,
-                chunks = batch.len(),
-                "could not publish chunks to the events stream"
-            );
-            self.0.metrics.events_dropped.inc_by(batch.len() as u64);
-            if let Ok(mut marked) = self.0.gaps.lock() {
-                marked.extend(chats);
+        for (group, chunks, result) in written {
+            let in_group = |chat: &ChatId| group == u32::MAX || self.0.group(*chat) == group;
+            match result {
+                Ok(()) => kept_up.extend(due.iter().filter(|c| in_group(c)).map(|c| (*c, now))),
+                Err(EventsError::Unavailable(class)) => {
+                    tracing::warn!(
+                        class,
+                        chunks,
+                        "could not publish chunks to the events stream"
+                    );
+                    self.0.metrics.events_dropped.inc_by(chunks as u64);
+                    if let Ok(mut marked) = self.0.gaps.lock() {
+                        marked.extend(chats.iter().filter(|c| in_group(c)));
+                    }
+                }
+                Err(EventsError::TooManyObservers) => {}
             }
         }
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, EventsError> {
+    async fn connection(&self) -> Result<Conn, EventsError> {
         self.0
             .redis
             .get()
@@ -661,15 +731,17 @@ impl Events {
             observed.insert(chat, Observed { tx, last: start });
             rx
         };
-        if !self.0.reading.swap(true, Ordering::SeqCst) {
-            tokio::spawn(self.clone().read());
+        let group = self.0.group(chat);
+        let wake_key = self.0.wake_key(group);
+        if !self.0.reading[group as usize].swap(true, Ordering::SeqCst) {
+            tokio::spawn(self.clone().read(group));
         }
-        self.0.wake.notify_one();
+        self.0.wake[group as usize].notify_one();
         let woken = bounded(
             limit,
             redis::pipe()
                 .cmd("XADD")
-                .arg(&self.0.wake_key)
+                .arg(&wake_key)
                 .arg("MAXLEN")
                 .arg(1)
                 .arg("*")
@@ -677,7 +749,7 @@ impl Events {
                 .arg(1)
                 .ignore()
                 .cmd("PEXPIRE")
-                .arg(&self.0.wake_key)
+                .arg(&wake_key)
                 .arg(WAKE_KEY_TTL_MS)
                 .ignore()
                 .query_async::<()>(&mut conn),
@@ -695,32 +767,28 @@ impl Events {
         observed.get(&chat).map(|known| known.tx.subscribe())
     }
 
-    /// The reader: reads every chat observed here (and the wake key) in one blocking
-    /// `XREAD`, again and again; with no chat observed it holds no connection.
-    async fn read(self) {
+    /// The reader of `group`: reads every chat of the group observed here (and the
+    /// group's wake key) in one blocking `XREAD`, again and again; with no chat observed it
+    /// holds no connection.
+    async fn read(self, group: u32) {
+        let wake_key = self.0.wake_key(group);
         let limit = self.0.config.redis_timeout;
         // A read never brings more than the ring holds: the broadcast is sent in one go,
         // and a burst beyond the ring would lag observers that keep up.
         let count = PAGE.min(self.0.config.observer_buffer);
-        let mut conn: Option<MultiplexedConnection> = None;
+        let mut conn: Option<Conn> = None;
         let mut woken = EventId::default();
         loop {
-            let chats = self.still_observed();
+            let chats = self.still_observed(group);
             if chats.is_empty() {
                 conn = None;
-                self.0.wake.notified().await;
+                self.0.wake[group as usize].notified().await;
                 continue;
             }
             if conn.is_none() {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(limit))
-                    .set_response_timeout(Some(READ_BLOCK + limit));
                 match bounded(
                     limit,
-                    self.0
-                        .redis
-                        .client()
-                        .get_multiplexed_async_connection_with_config(&config),
+                    self.0.redis.client().dedicated(limit, READ_BLOCK + limit),
                 )
                 .await
                 {
@@ -744,7 +812,7 @@ impl Events {
             for (chat, _, _) in &chats {
                 xread.arg(stream_key(*chat));
             }
-            xread.arg(&self.0.wake_key);
+            xread.arg(&wake_key);
             for (_, last, _) in &chats {
                 xread.arg(last.to_string());
             }
@@ -755,7 +823,7 @@ impl Events {
             )
             .await
             {
-                Ok(streams) => self.deliver(streams.unwrap_or_default(), &mut woken),
+                Ok(streams) => self.deliver(streams.unwrap_or_default(), &wake_key, &mut woken),
                 Err(err) => {
                     conn = None;
                     self.fail(&chats, err.into());
@@ -767,34 +835,31 @@ impl Events {
     /// The chats still observed, with where each is read from; chats without an observer
     /// are dropped here, under the lock, so a new observer either finds its chat still
     /// read or adds it again.
-    fn still_observed(&self) -> Vec<(ChatId, EventId, broadcast::Sender<Arc<Event>>)> {
+    fn still_observed(&self, group: u32) -> Vec<(ChatId, EventId, broadcast::Sender<Arc<Event>>)> {
         let Ok(mut observed) = self.0.observed.lock() else {
             return Vec::new();
         };
         observed.retain(|_, known| known.tx.receiver_count() > 0);
         observed
             .iter()
+            .filter(|(chat, _)| self.0.group(**chat) == group)
             .map(|(chat, known)| (*chat, known.last, known.tx.clone()))
             .collect()
     }
 
     /// Broadcasts what one read brought to each chat's observers.
-    fn deliver(&self, streams: Streams, woken: &mut EventId) {
+    fn deliver(&self, streams: Streams, wake_key: &str, woken: &mut EventId) {
         let Ok(mut observed) = self.0.observed.lock() else {
             return;
         };
         for (key, entries) in streams {
-            if key == self.0.wake_key {
+            if key == wake_key {
                 if let Some(id) = entries.last().and_then(|(id, _)| id.parse().ok()) {
                     *woken = id;
                 }
                 continue;
             }
-            let Some(known) = key
-                .strip_prefix(STREAM_PREFIX)
-                .and_then(|chat| chat.parse::<ChatId>().ok())
-                .and_then(|chat| observed.get_mut(&chat))
-            else {
+            let Some(known) = chat_of(&key).and_then(|chat| observed.get_mut(&chat)) else {
                 continue;
             };
             for (id, fields) in entries {
@@ -1148,6 +1213,41 @@ fn chunk_kind(json: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Redis Cluster's key slot: CRC16 (XMODEM) of the hash tag, modulo 16,384.
+    fn slot(tag: &str) -> u16 {
+        let mut crc: u16 = 0;
+        for byte in tag.bytes() {
+            crc ^= u16::from(byte) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16_384
+    }
+
+    #[test]
+    fn each_buckets_tag_is_in_its_sixteenth_of_the_slots() {
+        // The cluster's own answer for two keys (`CLUSTER KEYSLOT`): the function is Redis'.
+        assert_eq!(slot("123456789"), 12_739);
+        assert_eq!(slot("b0"), 6_939);
+        for (n, tag) in BUCKET_TAGS.iter().enumerate() {
+            assert_eq!(usize::from(slot(tag) / 1024), n, "{tag}");
+        }
+        let masters = |count: u16| {
+            let mut held = vec![0; usize::from(count)];
+            for tag in BUCKET_TAGS {
+                held[usize::from(slot(tag) / 16_384u16.div_ceil(count))] += 1;
+            }
+            held
+        };
+        assert_eq!(masters(3), [5, 5, 6]);
+        assert_eq!(masters(4), [4, 4, 4, 4]);
+    }
 
     #[test]
     fn event_ids_parse_and_order_like_redis() {

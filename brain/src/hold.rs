@@ -1,6 +1,6 @@
 //! One turn per agent (SPEC T9): a Redis hold taken before a turn starts.
 //!
-//! The hold is the key `hold:agent:{agent_id}`, set with `NX` and a short expiry; its value
+//! The hold is the key `hold:{<team_id>}:agent:<agent_id>`, set with `NX` and a short expiry; its value
 //! is `{turn_id}:{token}`, so a refused caller learns which turn is running and only the
 //! holder (who alone knows the random token) can extend or delete it, besides a survivor
 //! freeing the hold of a turn whose replica died (`release_lost`, by the turn id). While
@@ -15,7 +15,7 @@
 //! Quotas (SPEC T2, E2) ride on the same round trip: [`Holds::admit`] runs one script that
 //! answers busy, refuses for a team quota, or takes the hold and reserves the turn's
 //! tokens at once, and releasing the hold settles the reservation on the billed tokens.
-//! The team's counters (keys `quota:{team}:…`) are: the limits (a hash that expires, so
+//! The team's counters (keys `quota:{<team_id>}:…`) are: the limits (a hash that expires, so
 //! a replica reloads them from Postgres every minute), the running turns (a sorted set
 //! scored by when each one's hold lapses, so a dead replica's turns leave it on their
 //! own), their reservations (a hash and its total), the turn starts of the last minute
@@ -26,8 +26,13 @@
 //! rebuild of the counters comes first (`SETTLE`, `REBUILD`).
 //!
 //! A JWT user's turn (L4) also counts at its user's level, whose keys
-//! (`quota:{team}:user:{len}:{user}:…`) are the team's counters again, plus the user's
+//! (`quota:{<team_id>}:user:<len>:<user>:…`) are the team's counters again, plus the user's
 //! overrides; every script above takes the user's keys after the team's, in the same call.
+//!
+//! Redis Cluster (O5): every key here carries its team's id as its hash tag (`{<team_id>}`),
+//! so each script above, whose keys are one hold and its team's (and user's) counters,
+//! runs in one slot, atomic as on one node. The cost: one team's turns all land on one
+//! shard; teams spread over the shards.
 //!
 //! Architecture invariant: only this module knows the hold's and the counters' key names
 //! and value formats.
@@ -465,7 +470,7 @@ type Class = &'static str;
 
 impl Holds {
     /// Does no I/O: the connection is made on the first `acquire`.
-    pub fn new(redis: redis::Client, config: HoldConfig, metrics: Metrics) -> Self {
+    pub fn new(redis: crate::redis::Client, config: HoldConfig, metrics: Metrics) -> Self {
         Self {
             inner: Arc::new(Inner {
                 redis: Shared::new(redis, config.op_timeout),
@@ -487,10 +492,10 @@ impl Holds {
     }
 
     /// `SET NX PX` with a random token in a single round trip; takes at most `op_timeout`.
-    pub async fn acquire(&self, agent: AgentId, turn: TurnId) -> Acquired {
+    pub async fn acquire(&self, team: TeamId, agent: AgentId, turn: TurnId) -> Acquired {
         let inner = &self.inner;
         let acquired_at = Instant::now();
-        let key = hold_key(agent);
+        let key = hold_key(team, agent);
         let value = format!("{turn}:{:032x}", rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let answer = bounded(inner.config.op_timeout, async {
@@ -538,13 +543,18 @@ impl Holds {
 impl Holds {
     /// Frees `agent` if its hold still names `turn`, a turn that ended without its holder
     /// (its replica died, O3). Bounded like every hold call; true if a hold was deleted.
-    pub async fn release_lost(&self, agent: AgentId, turn: TurnId) -> Result<bool, Class> {
+    pub async fn release_lost(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        turn: TurnId,
+    ) -> Result<bool, Class> {
         let inner = &self.inner;
         bounded(inner.config.op_timeout, async {
             let mut conn = inner.redis.get().await?;
             inner
                 .release_turn
-                .key(hold_key(agent))
+                .key(hold_key(team, agent))
                 .arg(format!("{turn}:"))
                 .invoke_async::<i64>(&mut conn)
                 .await
@@ -570,7 +580,7 @@ impl Holds {
     ) -> Result<Option<HoldGuard>, Class> {
         let inner = &self.inner;
         let acquired_at = Instant::now();
-        let key = hold_key(agent);
+        let key = hold_key(team, agent);
         let value = format!("{turn}:{:032x}", rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let current = bounded(inner.config.op_timeout, async {
@@ -640,7 +650,7 @@ impl Holds {
         let user_keys = admission
             .user
             .map(|user| LevelKeys::user(admission.team, user, &periods));
-        let hold = hold_key(admission.agent);
+        let hold = hold_key(admission.team, admission.agent);
         let value = format!("{}:{:032x}", admission.turn, rand::random::<u128>());
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let mut limits: Option<LoadedLimits> = None;
@@ -903,8 +913,8 @@ fn parse_standing(fields: &[String]) -> Standing {
     }
 }
 
-/// The counter keys of one level: the team's (`quota:{team}:…`) or one of its end users'
-/// (`quota:{team}:user:{bytes}:{user}:…`; the user id's length keeps one user's keys from
+/// The counter keys of one level: the team's (`quota:{<team>}:…`, the braces literal: the
+/// hash tag) or one of its end users' (`quota:{<team>}:user:<bytes>:<user>:…`; the user id's length keeps one user's keys from
 /// reading as another's, whatever its characters). The budget counters are those of the
 /// UTC day and month of `periods`.
 struct LevelKeys {
@@ -926,11 +936,14 @@ struct LevelKeys {
 
 impl LevelKeys {
     fn team(team: TeamId, periods: &Periods) -> Self {
-        Self::new(format!("quota:{team}:"), periods)
+        Self::new(format!("quota:{{{team}}}:"), periods)
     }
 
     fn user(team: TeamId, user: &str, periods: &Periods) -> Self {
-        Self::new(format!("quota:{team}:user:{}:{user}:", user.len()), periods)
+        Self::new(
+            format!("quota:{{{team}}}:user:{}:{user}:", user.len()),
+            periods,
+        )
     }
 
     fn of(team: TeamId, user: Option<&str>, periods: &Periods) -> Self {
@@ -1477,8 +1490,8 @@ async fn extend_until_stopped(
     }
 }
 
-fn hold_key(agent: AgentId) -> String {
-    format!("hold:agent:{agent}")
+fn hold_key(team: TeamId, agent: AgentId) -> String {
+    format!("hold:{{{team}}}:agent:{agent}")
 }
 
 /// The turn id part of a hold's value.

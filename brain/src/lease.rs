@@ -140,7 +140,11 @@ async fn reconcile(state: &AppState, bound: Duration) {
             continue;
         }
         state.metrics.turns_reconciled.inc();
-        match state.holds.release_lost(turn.agent, turn.turn).await {
+        match state
+            .holds
+            .release_lost(turn.team, turn.agent, turn.turn)
+            .await
+        {
             Ok(freed) => tracing::info!(
                 turn = %turn.turn,
                 agent = %turn.agent,

@@ -99,7 +99,7 @@ pub struct AppState {
     /// This process among the replicas, with a lease in Postgres (O3).
     pub replica: protocol::ReplicaId,
     pub store: Store,
-    pub redis: ::redis::Client,
+    pub redis: crate::redis::Client,
     /// API keys and JWTs (SPEC X1).
     pub auth: auth::Auth,
     pub providers: Providers,
@@ -146,7 +146,11 @@ pub struct AppState {
 impl AppState {
     /// Builds the state from configuration. Fails only on a programming error caught by
     /// every test (a metric registered twice) or a token key the configuration let pass.
-    pub fn new(config: Config, store: Store, redis: ::redis::Client) -> Result<Self, StateError> {
+    pub fn new(
+        config: Config,
+        store: Store,
+        redis: crate::redis::Client,
+    ) -> Result<Self, StateError> {
         let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
@@ -168,7 +172,6 @@ impl AppState {
         let sessions = Sessions::new(
             replica,
             store.clone(),
-            config.redis_url.clone(),
             redis.clone(),
             config.workers.clone(),
             metrics.clone(),

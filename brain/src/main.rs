@@ -39,13 +39,19 @@ async fn run(args: &[String], config: &mut Config) -> anyhow::Result<()> {
     {
         ["serve"] => serve(config).await,
         ["migrate"] => {
-            if store::create_database_if_missing(&config.database_url)
+            // Postgres itself: a transaction pooler carries neither `CREATE DATABASE` nor
+            // the migrations' advisory lock.
+            let url = config
+                .database_direct_url
+                .as_deref()
+                .unwrap_or(&config.database_url);
+            if store::create_database_if_missing(url)
                 .await
                 .context("creating the database")?
             {
                 eprintln!("created the database");
             }
-            let store = Store::connect(&config.database_url, 2)
+            let store = Store::connect(url, 2)
                 .await
                 .context("connecting to Postgres")?;
             store.migrate().await.context("migrating")?;
@@ -78,14 +84,16 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let store = Store::connect_with(
+    let store = Store::connect_configured(
         &config.database_url,
+        config.database_direct_url.as_deref(),
         config.database_max_connections,
         config.database_statement_timeout,
     )
     .await
     .context("connecting to Postgres (DATABASE_URL)")?;
-    let redis = redis::Client::open(config.redis_url.as_str()).context("REDIS_URL")?;
+    let redis = brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+        .context("REDIS_URL or REDIS_CLUSTER_URLS")?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;

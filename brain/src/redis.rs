@@ -8,12 +8,16 @@
 //! rather than hold up a turn. The limits differ on purpose (a turn's hold and the relay
 //! bound each call tighter than a stop or a key revocation, which nothing waits on), so
 //! each caller passes its own.
+//!
+//! Single node or cluster (O5): [`Client`] (from the `redis-conn` crate) is either, and
+//! the connections it gives run the same commands; each module's keys carry the hash tag
+//! that keeps its multi-key commands in one slot (docs/design/redis-keys.md).
 
 use std::future::Future;
 use std::time::Duration;
 
 use redis::RedisError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+pub use redis_conn::{Client, Conn};
 use tokio::sync::OnceCell;
 
 /// Redis did not answer a bounded call; the error class (`timeout`, `connection_refused`,
@@ -52,14 +56,14 @@ pub async fn bounded<T>(
 /// runtime, and reconnecting by itself, so Redis being down at start only fails the first
 /// calls. Connecting and every answer are bounded by `limit`.
 pub struct Shared {
-    client: redis::Client,
+    client: Client,
     limit: Duration,
-    connection: OnceCell<ConnectionManager>,
+    connection: OnceCell<Conn>,
 }
 
 impl Shared {
     /// Does no I/O.
-    pub fn new(client: redis::Client, limit: Duration) -> Self {
+    pub fn new(client: Client, limit: Duration) -> Self {
         Self {
             client,
             limit,
@@ -69,24 +73,16 @@ impl Shared {
 
     /// The connection (no I/O: it connects lazily). A call that fails on a broken
     /// connection replaces it, so the next call uses a fresh one.
-    pub async fn get(&self) -> redis::RedisResult<ConnectionManager> {
+    pub async fn get(&self) -> redis::RedisResult<Conn> {
         self.connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.limit))
-                    .set_response_timeout(Some(self.limit))
-                    // No backoff inside the manager: a failed connection is retried by the
-                    // next call, so a Redis that comes back is used at once.
-                    .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
+            .get_or_try_init(|| self.client.manager(self.limit))
             .await
             .cloned()
     }
 
     /// The client, for a module that needs a connection of its own besides (a blocking
     /// read would hold up every other call on the shared one).
-    pub fn client(&self) -> &redis::Client {
+    pub fn client(&self) -> &Client {
         &self.client
     }
 }
@@ -110,7 +106,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_connection_is_classed_as_such() {
         // Nothing listens on port 1.
-        let client = redis::Client::open("redis://127.0.0.1:1/").unwrap();
+        let client = Client::open("redis://127.0.0.1:1/", None).unwrap();
         let shared = Shared::new(client, Duration::from_secs(1));
         let answer = bounded(Duration::from_secs(2), async {
             let mut conn = shared.get().await?;

@@ -125,6 +125,26 @@ pub fn url_var(env: &dyn Env, name: &'static str, default: &str) -> Result<Strin
     Ok(value)
 }
 
+/// A comma-separated list of Redis node URLs (`REDIS_CLUSTER_URLS`: a cluster's seed
+/// nodes), each checked as [`url_var`] checks one; `None` when unset or blank.
+pub fn redis_urls(env: &dyn Env, name: &'static str) -> Result<Option<Vec<String>>, ConfigError> {
+    let Some(list) = non_empty(env, name) else {
+        return Ok(None);
+    };
+    let mut urls = Vec::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let url = entry.trim_end_matches('/');
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            return Err(ConfigError {
+                name,
+                problem: "every entry must be a redis:// URL".into(),
+            });
+        }
+        urls.push(url.to_owned());
+    }
+    Ok((!urls.is_empty()).then_some(urls))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -132,6 +152,22 @@ mod tests {
     use super::*;
 
     use vars as env;
+
+    #[test]
+    fn redis_url_lists_are_split_trimmed_and_checked() {
+        let vars = env(&[
+            ("LIST", " redis://a:1/ , ,redis://b:2"),
+            ("BAD", "redis://a:1,http://b:2"),
+            ("BLANK", " , "),
+        ]);
+        assert_eq!(
+            redis_urls(&vars, "LIST").unwrap(),
+            Some(vec!["redis://a:1".to_owned(), "redis://b:2".to_owned()])
+        );
+        assert_eq!(redis_urls(&vars, "BAD").unwrap_err().name, "BAD");
+        assert_eq!(redis_urls(&vars, "BLANK").unwrap(), None);
+        assert_eq!(redis_urls(&vars, "MISSING").unwrap(), None);
+    }
 
     #[test]
     fn blanks_are_unset_and_values_are_trimmed() {

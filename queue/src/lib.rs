@@ -4,7 +4,20 @@
 //! The brain pushes ([`SessionQueue::push`], [`SessionQueue::push_after`]); the
 //! runtime-manager consumes ([`consume`]). This crate is the only place that knows the
 //! Redis keys of the queue: everything lives under `<namespace>:session-tasks:*`
-//! (namespace [`DEFAULT_NAMESPACE`] unless a test picks its own).
+//! (namespace [`DEFAULT_NAMESPACE`] unless a test picks its own), and on a Redis Cluster
+//! (O5) under `{core:apalis:queues:list}<namespace>:session-tasks:*`.
+//!
+//! # On a Redis Cluster
+//!
+//! apalis-redis runs on any `ConnectionLike`, so on a cluster it runs on a
+//! `ClusterConnection` (`redis_conn::Conn`). Its scripts take the queue's keys and build
+//! more of them (a task's meta hash, a consumer's inflight set) from the queue name, which
+//! one hash tag keeps in one slot; but its worker registration also writes a fixed key,
+//! `core:apalis:queues:list`, from inside the script. So the hash tag is that key's own
+//! name: every key of the queue, and the registry, hash to one slot, and every apalis
+//! script stays single-slot and atomic as on one node. The cost: the whole queue lives on
+//! one shard (provision tasks and idle checks, a few per session: light). On a single
+//! node the key names are unchanged, so an upgrade keeps the tasks queued.
 //!
 //! # How apalis 1.0 is used, and what we design around
 //!
@@ -50,8 +63,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use apalis::prelude::{
     AbortError, Attempt, BackendExt, BoxDynError, TaskBuilder, WorkerBuilder, WorkerError,
 };
-use apalis_redis::{Config, ConnectionManager, RedisStorage};
+use apalis_redis::{Config, RedisStorage};
 use protocol::channel::SessionTask;
+use redis_conn::{Client, Conn};
 use tokio_util::sync::CancellationToken;
 
 /// The namespace of the production queue.
@@ -149,7 +163,9 @@ impl Default for ConsumerOptions {
 /// Redis connection).
 #[derive(Clone)]
 pub struct SessionQueue {
-    conn: ConnectionManager,
+    conn: Conn,
+    /// On a Redis Cluster: the queue's keys carry [`CLUSTER_TAG`].
+    cluster: bool,
     config: Config,
     namespace: String,
     options: ConsumerOptions,
@@ -165,13 +181,13 @@ impl std::fmt::Debug for SessionQueue {
 
 impl SessionQueue {
     /// The production queue (namespace [`DEFAULT_NAMESPACE`]).
-    pub async fn connect(redis_url: &str) -> Result<Self, QueueError> {
-        Self::connect_with_namespace(redis_url, DEFAULT_NAMESPACE).await
+    pub async fn connect(redis: &Client) -> Result<Self, QueueError> {
+        Self::connect_with_namespace(redis, DEFAULT_NAMESPACE).await
     }
 
     /// A queue whose keys live under `namespace` (tests use one each).
     pub async fn connect_with_namespace(
-        redis_url: &str,
+        redis: &Client,
         namespace: &str,
     ) -> Result<Self, QueueError> {
         let namespace_ok = (1..=64).contains(&namespace.len())
@@ -181,20 +197,26 @@ impl SessionQueue {
         if !namespace_ok {
             return Err(QueueError::Namespace);
         }
-        let client = redis::Client::open(redis_url)?;
-        let conn = client
-            .get_connection_manager_with_config(
-                redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_response_timeout(Some(Duration::from_secs(10)))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(2)),
-            )
-            .await?;
+        let conn = match redis {
+            Client::Node(client) => Conn::Manager(
+                client
+                    .get_connection_manager_with_config(
+                        redis::aio::ConnectionManagerConfig::new()
+                            .set_connection_timeout(Some(Duration::from_secs(5)))
+                            .set_response_timeout(Some(Duration::from_secs(10)))
+                            .set_number_of_retries(2)
+                            .set_max_delay(Duration::from_secs(2)),
+                    )
+                    .await?,
+            ),
+            Client::Cluster(_) => redis.connection().await?,
+        };
         let options = ConsumerOptions::default();
+        let cluster = redis.is_cluster();
         Ok(Self {
             conn,
-            config: apalis_config(namespace, &options),
+            cluster,
+            config: apalis_config(namespace, cluster, &options),
             namespace: namespace.to_owned(),
             options,
         })
@@ -202,7 +224,7 @@ impl SessionQueue {
 
     /// The same queue with other consumer settings (tests shorten the heartbeat).
     pub fn with_options(mut self, options: ConsumerOptions) -> Self {
-        self.config = apalis_config(&self.namespace, &options);
+        self.config = apalis_config(&self.namespace, self.cluster, &options);
         self.options = options;
         self
     }
@@ -262,32 +284,12 @@ impl SessionQueue {
     /// tests, which use a namespace each.
     pub async fn destroy(self) -> Result<(), QueueError> {
         let mut conn = self.conn.clone();
-        let pattern = format!("{}:*", self.config.queue.as_ref());
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await?;
-            if !keys.is_empty() {
-                redis::cmd("DEL")
-                    .arg(keys)
-                    .query_async::<()>(&mut conn)
-                    .await?;
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        redis::cmd("ZREM")
-            .arg("core:apalis:queues:list")
-            .arg(self.config.workers_set())
-            .query_async::<()>(&mut conn)
+        // A script on the queue's slot, so on a cluster it runs (and scans) on the node
+        // that holds every key of the queue.
+        redis::Script::new(DESTROY_SCRIPT)
+            .key(self.config.workers_set())
+            .arg(format!("{}:*", self.config.queue.as_ref()))
+            .invoke_async::<()>(&mut conn)
             .await?;
         Ok(())
     }
@@ -307,6 +309,23 @@ impl SessionQueue {
         Ok(deleted)
     }
 }
+
+/// Deletes the keys matching `ARGV[1]` and the queue (`KEYS[1]`, its workers set) from
+/// apalis' registry.
+const DESTROY_SCRIPT: &str = r#"
+local cursor = '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 500)
+  cursor = page[1]
+  if #page[2] > 0 then redis.call('DEL', unpack(page[2])) end
+until cursor == '0'
+redis.call('ZREM', 'core:apalis:queues:list', KEYS[1])
+return 1
+"#;
+
+/// The hash tag of every queue key on a Redis Cluster: the name of the one key apalis
+/// writes outside the queue's names (see the module doc).
+const CLUSTER_TAG: &str = "{core:apalis:queues:list}";
 
 /// Removes terminal tasks (in the done or dead set) whose `done_at` is at or before the
 /// cutoff: their data, meta hash and set membership. Tasks waiting for a retry are in
@@ -329,9 +348,10 @@ end
 return deleted
 "#;
 
-fn apalis_config(namespace: &str, options: &ConsumerOptions) -> Config {
+fn apalis_config(namespace: &str, cluster: bool, options: &ConsumerOptions) -> Config {
+    let tag = if cluster { CLUSTER_TAG } else { "" };
     Config::default()
-        .queue(format!("{namespace}:session-tasks"))
+        .queue(format!("{tag}{namespace}:session-tasks"))
         .batch_size(options.batch_size.max(1))
         .heartbeat_interval(options.heartbeat_interval)
         .missed_heartbeats(options.missed_heartbeats.max(1))
@@ -389,7 +409,7 @@ where
     let janitor = tokio::spawn(janitor(queue.clone(), shutdown.clone()));
     while !shutdown.is_cancelled() {
         let name = consumer_name();
-        let storage = RedisStorage::<serde_json::Value, ConnectionManager>::new(queue.conn.clone())
+        let storage = RedisStorage::<serde_json::Value, Conn>::new(queue.conn.clone())
             .with_config(queue.config.clone())
             .poll_with_interval(queue.options.poll_interval);
         let max_attempts = queue.options.max_attempts.max(1);

@@ -1,5 +1,6 @@
-//! The queue against the real Redis (`REDIS_URL`, default redis://127.0.0.1:6379), each
-//! test in a namespace of its own.
+//! The queue against the real Redis (`REDIS_URL`, default redis://127.0.0.1:6379), or the
+//! shared Redis Cluster on loopback with `TEST_REDIS_CLUSTER=1` (O5, `make test`'s
+//! `cluster` target), each test in a namespace of its own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,8 +12,12 @@ use protocol::channel::SessionTask;
 use queue::{ConsumerOptions, SessionQueue, TaskError, consume};
 use tokio_util::sync::CancellationToken;
 
-fn redis_url() -> String {
-    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+fn redis() -> redis_conn::Client {
+    if std::env::var("TEST_REDIS_CLUSTER").is_ok_and(|v| v == "1") {
+        return redis_conn::Client::cluster(&test_support::redis_cluster::shared().urls()).unwrap();
+    }
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    redis_conn::Client::open(&url, None).unwrap()
 }
 
 /// A queue in a fresh namespace; call [`TestQueue::finish`] to delete its keys.
@@ -23,7 +28,7 @@ struct TestQueue {
 impl TestQueue {
     async fn new(options: ConsumerOptions) -> Self {
         let namespace = format!("test-queue-{}", uuid::Uuid::new_v4().simple());
-        let queue = SessionQueue::connect_with_namespace(&redis_url(), &namespace)
+        let queue = SessionQueue::connect_with_namespace(&redis(), &namespace)
             .await
             .expect("Redis must run (make test starts it)")
             .with_options(options);
@@ -32,7 +37,7 @@ impl TestQueue {
 
     /// Another connection to the same queue, as a second replica would have.
     async fn replica(&self) -> SessionQueue {
-        SessionQueue::connect_with_namespace(&redis_url(), self.queue.namespace())
+        SessionQueue::connect_with_namespace(&redis(), self.queue.namespace())
             .await
             .unwrap()
             .with_options(self.queue.options().clone())

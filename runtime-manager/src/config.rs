@@ -71,7 +71,13 @@ impl std::fmt::Debug for TokenKey {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub database_url: String,
+    /// `DATABASE_URL` is a transaction pooler: `DATABASE_DIRECT_URL` is set (O5). The
+    /// manager holds no session state and never dials the direct URL itself.
+    pub database_behind_pooler: bool,
     pub redis_url: String,
+    /// A Redis Cluster's seed nodes (`REDIS_CLUSTER_URLS`, O5); when set, `redis_url` is
+    /// not used.
+    pub redis_cluster_urls: Option<Vec<String>>,
     /// Redis key namespace of the session queue (not an environment variable: the brain
     /// and the manager must agree, so both use `queue::DEFAULT_NAMESPACE`; tests change it).
     pub queue_namespace: String,
@@ -209,7 +215,9 @@ impl Config {
         }
         Ok(Self {
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
+            database_behind_pooler: non_empty(env, "DATABASE_DIRECT_URL").is_some(),
             redis_url: url_var(env, "REDIS_URL", DEFAULT_REDIS_URL)?,
+            redis_cluster_urls: envcfg::redis_urls(env, "REDIS_CLUSTER_URLS")?,
             queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
                 .unwrap_or_else(|| queue::DEFAULT_NAMESPACE.to_owned()),
             session_token_key: token_key(env)?,

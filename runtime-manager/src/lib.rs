@@ -109,10 +109,11 @@ pub async fn run_with_launcher(
         ),
         None => None,
     };
-    let store = Store::connect(&config.database_url).await?;
+    let store = Store::connect(&config.database_url, config.database_behind_pooler).await?;
     let live = store.live_sessions().await?;
-    let queue =
-        SessionQueue::connect_with_namespace(&config.redis_url, &config.queue_namespace).await?;
+    let redis = redis_conn::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+        .map_err(queue::QueueError::from)?;
+    let queue = SessionQueue::connect_with_namespace(&redis, &config.queue_namespace).await?;
     let manager = Manager::new(config, store.clone(), queue.clone(), launcher)?;
     let metrics_stop = CancellationToken::new();
     let metrics_server = metrics_listener.map(|listener| {

@@ -22,7 +22,6 @@ use std::time::Duration;
 use protocol::channel::{FailureReason, SessionState};
 use protocol::snapshot::SNAPSHOT_PG_CHANNEL;
 use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
-use sqlx::PgPool;
 use uuid::Uuid;
 
 /// What a claimed provision needs to launch.
@@ -111,7 +110,7 @@ pub enum Teardown {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: PgPool,
+    pool: dbpool::Db,
 }
 
 const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
@@ -128,12 +127,22 @@ fn ms(expr: &str) -> String {
 }
 
 impl Store {
-    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
+    /// A pool over `url`, a transaction pooler's connections when `behind_pooler` (O5:
+    /// `dbpool` says what changes then; the manager holds no session state, so it needs
+    /// no direct connection).
+    pub async fn connect(url: &str, behind_pooler: bool) -> Result<Self, sqlx::Error> {
+        let options = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await?;
+            .acquire_timeout(Duration::from_secs(5));
+        let pool = if behind_pooler {
+            let connect: sqlx::postgres::PgConnectOptions = url.parse()?;
+            let pool = options
+                .connect_with(dbpool::for_pooler(connect).extra_float_digits(None))
+                .await?;
+            dbpool::Db::behind_pooler(pool, None)
+        } else {
+            dbpool::Db::direct(options.connect(url).await?)
+        };
         Ok(Self { pool })
     }
 
@@ -599,7 +608,9 @@ impl Store {
     /// its length, so a session's events tile its lifetime: they sum to `ended_at -
     /// billing_from`. Rows another sweep holds are skipped (`SKIP LOCKED`) and billed
     /// by the next pass; a key already written (`worker:<session>:<ms since
-    /// billing_from>` or `worker:<session>:final`) is not written again.
+    /// billing_from>` or `worker:<session>:final`) is not written again. Each event carries
+    /// the session's end user (L4: the one whose turn started it), whose worker-seconds
+    /// it counts.
     pub async fn bill_worker_seconds(
         &self,
         interval: Duration,
@@ -607,7 +618,7 @@ impl Store {
     ) -> Result<Billed, sqlx::Error> {
         let (sessions, events, closed): (i64, i64, i64) = sqlx::query_as(
             "WITH due AS (
-               SELECT id, team_id, agent_id, billing_from, ended_at,
+               SELECT id, team_id, agent_id, user_id, billing_from, ended_at,
                       COALESCE(billed_until, billing_from) AS start
                FROM agent_runtime_sessions
                WHERE billing_from IS NOT NULL
@@ -624,22 +635,23 @@ impl Store {
                                      * 1000 / $1), 0)::int8 AS full
                FROM due),
              ev AS (
-               SELECT n.id, n.team_id, n.agent_id, n.start + k * n.step AS at,
+               SELECT n.id, n.team_id, n.agent_id, n.user_id, n.start + k * n.step AS at,
                       $1::float8 / 1000 AS seconds,
                       'worker:' || n.id || ':'
                         || round(extract(epoch FROM n.start + k * n.step - n.billing_from)
                                  * 1000)::int8 AS key
                FROM n, generate_series(1::int8, n.full) AS k
                UNION ALL
-               SELECT n.id, n.team_id, n.agent_id, n.ended_at,
+               SELECT n.id, n.team_id, n.agent_id, n.user_id, n.ended_at,
                       GREATEST(extract(epoch FROM n.ended_at - (n.start + n.full * n.step)),
                                0)::float8,
                       'worker:' || n.id || ':final'
                FROM n WHERE n.ended_at IS NOT NULL),
              ins AS (
                INSERT INTO billing_events
-                 (id, team_id, agent_id, event_key, kind, seconds, created_at)
-               SELECT gen_random_uuid(), team_id, agent_id, key, 'worker_seconds', seconds, at
+                 (id, team_id, agent_id, user_id, event_key, kind, seconds, created_at)
+               SELECT gen_random_uuid(), team_id, agent_id, user_id, key, 'worker_seconds',
+                      seconds, at
                FROM ev
                ON CONFLICT (event_key) DO NOTHING
                RETURNING 1),

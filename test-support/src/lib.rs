@@ -5,6 +5,9 @@
 //!   install triggers freely;
 //! - `proxy.rs`: a TCP proxy that injects the faults an operator meets (a cut link, a
 //!   peer that accepts and never answers) between a process and Redis or Postgres;
+//! - `pgbouncer.rs`: Debian's PgBouncer in transaction mode in front of the test Postgres (O5);
+//! - `redis_cluster.rs`: Redis Clusters on loopback (O5), one shared by the cluster tests
+//!   and one of its own for a test that kills a master;
 //! - `promtool.rs`: `promtool check metrics` over a scrape, and reading a sample from it.
 //!
 //! Only tests and the bench depend on this crate, so it may panic on set-up failures: a
@@ -13,5 +16,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod db;
+pub mod pgbouncer;
 pub mod promtool;
 pub mod proxy;
+pub mod redis_cluster;

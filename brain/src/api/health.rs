@@ -68,8 +68,8 @@ pub enum Readiness {
     Draining { draining: bool },
 }
 
-async fn redis_ping(client: &redis::Client) -> redis::RedisResult<()> {
-    let mut conn = client.get_multiplexed_async_connection().await?;
+async fn redis_ping(client: &crate::redis::Client) -> redis::RedisResult<()> {
+    let mut conn = client.connection().await?;
     redis::cmd("PING")
         .query_async::<String>(&mut conn)
         .await

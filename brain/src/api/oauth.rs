@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use protocol::ErrorBody;
 use serde::{Deserialize, Serialize};
 
-use super::{QueryParams, parse_id};
+use super::{ClientAddr, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::authorization::{self, Finished, FlowError};
@@ -92,6 +92,7 @@ impl From<FlowError> for ApiError {
 pub async fn authorize(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(connector_id): Path<String>,
 ) -> Result<Json<AuthorizationStarted>, ApiError> {
     // A user authorizes for themselves; only an admin for the whole connector.
@@ -121,6 +122,7 @@ pub async fn authorize(
         state.config.connectors.allow_private_networks,
         &row,
         &owner,
+        &principal.actor(address),
     )
     .await
     .inspect_err(|e| {
@@ -167,6 +169,7 @@ pub struct Callback {
 )]
 pub async fn callback(
     State(state): State<AppState>,
+    ClientAddr(address): ClientAddr,
     QueryParams(query): QueryParams<Callback>,
 ) -> Response {
     let too_long = [&query.code, &query.state, &query.iss, &query.error]
@@ -216,6 +219,7 @@ pub async fn callback(
         &code,
         &flow_state,
         query.iss.as_deref(),
+        address,
     )
     .await
     {

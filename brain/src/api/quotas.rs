@@ -52,8 +52,8 @@ pub struct UserQuotaView {
     /// `per_user` one, `null` making it unlimited.
     #[schema(value_type = Object)]
     overrides: serde_json::Value,
-    /// From Postgres: what this user's turns spent in each turn quota's window. Worker
-    /// sessions are not told apart per user (both session fields are 0).
+    /// From Postgres: what this user spent in each quota's window: its turns, and the
+    /// worker sessions its turns started.
     used: Used,
     resets: Resets,
 }

@@ -255,13 +255,13 @@ fn lately<K: std::hash::Hash + Eq>(lately: &HashMap<K, Instant>, id: &K) -> bool
 #[derive(Clone)]
 pub struct Keys {
     store: Store,
-    redis: redis::Client,
+    redis: crate::redis::Client,
     cache: Arc<KeyCache>,
     holders: Arc<Mutex<Holders>>,
 }
 
 impl Keys {
-    pub fn new(store: Store, redis: redis::Client) -> Self {
+    pub fn new(store: Store, redis: crate::redis::Client) -> Self {
         Self {
             store,
             redis,
@@ -464,9 +464,7 @@ impl Keys {
     }
 
     async fn publish(&self, message: &str) -> bool {
-        let Ok(mut conn) =
-            crate::redis::bounded(REDIS_BOUND, self.redis.get_multiplexed_async_connection()).await
-        else {
+        let Ok(mut conn) = crate::redis::bounded(REDIS_BOUND, self.redis.connection()).await else {
             return false;
         };
         crate::redis::bounded(
@@ -498,9 +496,7 @@ impl Keys {
 
     /// Serves one subscription until it is lost (or cannot be made).
     async fn watch_once(&self, shutdown: &CancellationToken) {
-        let Ok(mut pubsub) =
-            crate::redis::bounded(REDIS_BOUND, self.redis.get_async_pubsub()).await
-        else {
+        let Ok(mut pubsub) = crate::redis::bounded(REDIS_BOUND, self.redis.pubsub()).await else {
             return;
         };
         if crate::redis::bounded(REDIS_BOUND, pubsub.subscribe(REVOKED_CHANNEL))

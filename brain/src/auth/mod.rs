@@ -276,7 +276,7 @@ pub struct Auth {
 }
 
 impl Auth {
-    pub fn new(store: Store, redis: redis::Client, jwt: Option<JwtConfig>) -> Self {
+    pub fn new(store: Store, redis: crate::redis::Client, jwt: Option<JwtConfig>) -> Self {
         Self {
             keys: Keys::new(store, redis),
             jwt: jwt.map(JwtVerifier::new),

@@ -39,6 +39,7 @@
 //! the MCP server for its challenge, through a client pinned to the addresses checked,
 //! like a session's.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +52,8 @@ use super::oauth::{self, ClientOptions, Grant, OAuthError, PendingFlow, PreRegis
 use super::session::{Answerer, Session};
 use super::{address, credentials};
 use crate::config::{ConnectorConfig, OAuthConfig};
+use crate::store::{Actor, StoreError, TakenFlow};
 use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};
-use crate::store::{StoreError, TakenFlow};
 
 /// How long a person has between the authorization URL and the callback.
 pub const FLOW_TTL: Duration = Duration::from_secs(600);
@@ -165,19 +166,34 @@ fn http_url(row: &ConnectorRow) -> Result<&str, FlowError> {
 
 /// `POST /v1/connectors/{id}/authorize`: asks the server whether it wants a token (its
 /// `401` challenge names its metadata), then begins a flow for `owner`.
+/// `by` (the caller) is logged as binding the grant the flow's callback stores (L5).
 pub async fn authorize(
     oauth: &OAuth,
     store: &Store,
     allow_private: bool,
     row: &ConnectorRow,
     owner: &GrantOwner,
+    by: &Actor,
 ) -> Result<(String, DateTime<Utc>), FlowError> {
     if !store.secrets_configured() {
         return Err(FlowError::NotConfigured);
     }
     let url = http_url(row)?;
     let challenge = probe(url, allow_private).await?;
-    begin(oauth, store, row, owner, Some(&challenge), Replaces::Any).await
+    let begun = Begun {
+        challenge: Some(&challenge),
+        replaces: Replaces::Any,
+        by,
+    };
+    begin(oauth, store, row, owner, begun).await
+}
+
+/// How a flow begins: the challenge it answers, which grant it may replace, and who began
+/// it.
+struct Begun<'a> {
+    challenge: Option<&'a str>,
+    replaces: Replaces,
+    by: &'a Actor,
 }
 
 /// A pending flow as stored: the protocol's state, and what a later turn needs to hand the
@@ -200,9 +216,13 @@ async fn begin(
     store: &Store,
     row: &ConnectorRow,
     owner: &GrantOwner,
-    challenge: Option<&str>,
-    replaces: Replaces,
+    begun: Begun<'_>,
 ) -> Result<(String, DateTime<Utc>), FlowError> {
+    let Begun {
+        challenge,
+        replaces,
+        by,
+    } = begun;
     let url = http_url(row)?;
     let (authorization_url, flow) =
         oauth::begin(&oauth.http, url, challenge, &oauth.options(url)).await?;
@@ -214,7 +234,7 @@ async fn begin(
         replaces,
     };
     let expires_at =
-        bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS)).await?;
+        bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS, by)).await?;
     Ok((stored.authorization_url, expires_at))
 }
 
@@ -233,21 +253,31 @@ pub enum Finished {
 }
 
 /// `GET /v1/oauth/callback` with a code: takes the flow of `state` (whatever happens
-/// next, it cannot be used again), exchanges the code and stores the grant.
+/// next, it cannot be used again), exchanges the code and stores the grant, logged as
+/// bound by whoever began the flow, from the callback's `address` (L5).
 pub async fn finish(
     oauth: &OAuth,
     store: &Store,
     code: &str,
     state: &str,
     iss: Option<&str>,
+    address: Option<IpAddr>,
 ) -> Result<Finished, FlowError> {
-    let (owner, stored) = match take(store, state).await? {
-        Some(TakenFlow::Live(owner, stored)) => (owner, stored),
+    let (owner, stored, by) = match take(store, state).await? {
+        Some(TakenFlow::Live(owner, stored, began_by)) => (
+            owner,
+            stored,
+            Actor {
+                address,
+                ..began_by
+            },
+        ),
         Some(TakenFlow::Expired) => return Ok(Finished::Expired),
         None => return Ok(Finished::Unknown),
     };
     let grant = oauth::finish(&oauth.http, stored.flow, code, state, iss).await?;
-    let stored_grant = bounded(store.put_grant(&owner, &grant, stored.replaces.version())).await?;
+    let stored_grant =
+        bounded(store.put_grant(&owner, &grant, stored.replaces.version(), &by)).await?;
     Ok(if stored_grant {
         Finished::Connected(owner)
     } else {
@@ -381,6 +411,9 @@ pub struct Requester<'a> {
     /// Whether the turn's principal is an admin, who alone may begin a flow for the whole
     /// connector (X1, as `POST /v1/connectors/{id}/authorize` without a user).
     pub admin: bool,
+    /// The turn's principal (`Authority::actor`: `key:<id>` or `user:<subject>`), logged
+    /// as binding the grant of a flow the turn begins (L5).
+    pub actor: &'a str,
     /// Who answers the servers' questions (P5): the person in the chat of an interactive
     /// turn, nobody for a background or autostart one.
     pub answerer: Answerer,
@@ -512,7 +545,12 @@ async fn ask(
         Ok(version) => Replaces::Version(version),
         Err(e) => return Started::Down(e.metric_label()),
     };
-    match begin(oauth, store, row, &owner, challenge, replaces).await {
+    let begun = Begun {
+        challenge,
+        replaces,
+        by: &Actor::of_turn(requester.actor),
+    };
+    match begin(oauth, store, row, &owner, begun).await {
         Ok((url, _)) => Started::NeedsAuthorization(Some(url)),
         Err(e) => Started::Down(e.class()),
     }

@@ -15,14 +15,16 @@
 //!   Postgres instead (never open).
 //! - worker sessions: before a session is provisioned or a pooled worker claimed
 //!   ([`Quotas::admit_session`]), from Postgres: provisioning is rare and slow, so exact
-//!   counts cost nothing that matters.
+//!   counts cost nothing that matters. A session counts for the user whose turn started
+//!   it.
 //!
 //! Postgres is the truth: the Redis counters are rebuilt from its billing events when they
 //! are missing and expire hourly, so drift heals.
 //!
 //! End users (L4): a JWT user's turns count against limits of the user's own under the
 //! team's (the team's `per_user`, with the user's overrides over it field by field), in the
-//! same script and the same fallback; an API key's turns count at the team's level only.
+//! same script and the same fallback, and so do the worker sessions its turns start; an
+//! API key's turns and sessions count at the team's level only.
 //! A refusal names its level ([`Refusal::scope`]).
 
 pub mod fallback;
@@ -124,6 +126,11 @@ impl Limits {
             Field::ConcurrentSessions => &mut self.concurrent_sessions,
             Field::WorkerSecondsPerDay => &mut self.worker_seconds_per_day,
         }
+    }
+
+    /// Whether a worker session's start has anything to count.
+    pub fn limits_sessions(&self) -> bool {
+        self.concurrent_sessions.is_some() || self.worker_seconds_per_day.is_some()
     }
 
     /// Whether a turn's admission has anything to count: with no turn or token limit the
@@ -548,7 +555,7 @@ impl Quotas {
         let since = periods.since();
         let (turns, sessions) = bounded(async {
             let turns = self.store.turn_usage(team, None, &since).await?;
-            Ok((turns, self.store.session_usage(team, &since).await?))
+            Ok((turns, self.store.session_usage(team, None, &since).await?))
         })
         .await?;
         Ok(Used {
@@ -560,39 +567,78 @@ impl Quotas {
         })
     }
 
-    /// What one user's turns used in each turn quota's window, from Postgres; its worker
-    /// sessions are not told apart from the team's (docs/design/not-built-yet.md).
+    /// What one user used in each quota's window, from Postgres: its turns, and the worker
+    /// sessions its turns started.
     pub async fn used_by_user(
         &self,
         team: TeamId,
         user: &str,
         periods: &Periods,
     ) -> Result<Used, StoreError> {
-        let turns = bounded(self.store.turn_usage(team, Some(user), &periods.since())).await?;
+        let since = periods.since();
+        let (turns, sessions) = bounded(async {
+            let turns = self.store.turn_usage(team, Some(user), &since).await?;
+            Ok((
+                turns,
+                self.store.session_usage(team, Some(user), &since).await?,
+            ))
+        })
+        .await?;
         Ok(Used {
             tokens_per_day: turns.tokens_day,
             tokens_per_month: turns.tokens_month,
             turns_per_minute: turns.recent,
             concurrent_turns: turns.running,
-            ..Used::default()
+            ..Used::from(sessions)
         })
     }
 
-    /// W2/E2: may the team start one more worker session? Checked before a session is
-    /// provisioned or a pooled worker claimed; the refusal is a tool error for the model.
-    pub async fn admit_session(&self, team: TeamId) -> Result<Option<Refusal>, StoreError> {
-        let limits = self.limits(team).await?;
-        if limits.concurrent_sessions.is_none() && limits.worker_seconds_per_day.is_none() {
+    /// W2/E2: may the team, and the end user whose turn asks (L4), start one more worker
+    /// session? Checked before a session is provisioned or a pooled worker claimed; the
+    /// team's limits first, then the user's; the refusal is a tool error for the model.
+    /// From Postgres, whether Redis answers or not.
+    pub async fn admit_session(
+        &self,
+        team: TeamId,
+        user: Option<&str>,
+    ) -> Result<Option<Refusal>, StoreError> {
+        let settings = self.settings(team).await?;
+        if let Some(refusal) = self.admit_session_at(team, None, &settings.limits).await? {
+            return Ok(Some(refusal));
+        }
+        let Some(user) = user else { return Ok(None) };
+        // Without a session limit in `per_user` nor any user's overrides, no user has one:
+        // the common case reads nothing more.
+        if !settings.users_overridden && !settings.per_user.limits_sessions() {
             return Ok(None);
         }
+        let limits = self.user_limits(team, user).await?.limits;
+        self.admit_session_at(team, Some(user), &limits).await
+    }
+
+    /// [`Quotas::admit_session`] at one level: the team's (`user` `None`) or a user's.
+    async fn admit_session_at(
+        &self,
+        team: TeamId,
+        user: Option<&str>,
+        limits: &Limits,
+    ) -> Result<Option<Refusal>, StoreError> {
+        if !limits.limits_sessions() {
+            return Ok(None);
+        }
+        let scope = match user {
+            Some(_) => QuotaScope::User,
+            None => QuotaScope::Team,
+        };
         let periods = Periods::now();
-        let used = Used::from(bounded(self.store.session_usage(team, &periods.since())).await?);
-        let headers = RateLimitHeaders::sessions(&limits, &used, &periods);
+        let used =
+            Used::from(bounded(self.store.session_usage(team, user, &periods.since())).await?);
+        let headers = RateLimitHeaders::sessions(limits, &used, &periods);
         if let Some(limit) = limits.concurrent_sessions
             && used.concurrent_sessions >= limit
         {
             return Ok(Some(Refusal {
-                scope: QuotaScope::Team,
+                scope,
                 field: Field::ConcurrentSessions,
                 limit,
                 // A session ends when its chat goes idle; a minute is a fair first wait.
@@ -604,7 +650,7 @@ impl Quotas {
             && used.worker_seconds_per_day >= limit
         {
             return Ok(Some(Refusal {
-                scope: QuotaScope::Team,
+                scope,
                 field: Field::WorkerSecondsPerDay,
                 limit,
                 retry_after: periods.until_day_end(),

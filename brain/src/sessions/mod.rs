@@ -94,8 +94,8 @@ pub enum SessionError {
     /// again yet; the session is left as it is.
     #[error("the worker is reconnecting to the brain; try again shortly")]
     Reconnecting,
-    /// A team quota (concurrent worker sessions, worker-seconds per day) refuses a new
-    /// worker; the model reads why as the tool's error.
+    /// A quota of the team or of the turn's user (concurrent worker sessions,
+    /// worker-seconds per day) refuses a new worker; the model reads why as the tool's error.
     #[error("refused: {}", .0.message())]
     Quota(crate::quota::Refusal),
 }
@@ -144,14 +144,38 @@ impl Target {
     }
 }
 
+/// The worker a call or a speculation asks for: the chat's, of `profile`, for the end user
+/// whose turn asks (L4: a session started for it counts against its budgets).
+#[derive(Clone, Copy, Debug)]
+pub struct Wanted<'a> {
+    pub team: TeamId,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub profile: &'a str,
+    /// The turn's end user (a JWT's subject); `None` for an API key's turn.
+    pub user: Option<&'a str>,
+}
+
+impl<'a> Wanted<'a> {
+    fn new_session(&self, speculative: bool) -> NewSession<'a> {
+        NewSession {
+            team: self.team,
+            agent: self.agent,
+            chat: self.chat,
+            profile: self.profile,
+            speculative,
+            user: self.user,
+        }
+    }
+}
+
 /// Shared by every turn: cheap to clone.
 #[derive(Clone)]
 pub struct Sessions(Arc<Inner>);
 
 pub struct Inner {
     store: Store,
-    redis_url: String,
-    redis_client: redis::Client,
+    redis_client: crate::redis::Client,
     /// This process's identity among replicas, as owner keys and relay channels spell it.
     replica: String,
     /// The same, as the session rows record it (`owner_replica`).
@@ -188,8 +212,7 @@ impl Sessions {
     pub fn new(
         replica: protocol::ReplicaId,
         store: Store,
-        redis_url: String,
-        redis_client: redis::Client,
+        redis_client: crate::redis::Client,
         config: WorkerConfig,
         metrics: Metrics,
         quotas: Quotas,
@@ -200,7 +223,6 @@ impl Sessions {
         }
         Ok(Self(Arc::new(Inner {
             store,
-            redis_url,
             redis_client,
             replica: replica.0.simple().to_string(),
             replica_id: replica,
@@ -220,8 +242,11 @@ impl Sessions {
     async fn queue(&self) -> Result<&SessionQueue, SessionError> {
         self.queue
             .get_or_try_init(|| async {
-                SessionQueue::connect_with_namespace(&self.redis_url, &self.config.queue_namespace)
-                    .await
+                SessionQueue::connect_with_namespace(
+                    &self.redis_client,
+                    &self.config.queue_namespace,
+                )
+                .await
             })
             .await
             .map_err(|err| {
@@ -282,13 +307,16 @@ impl Sessions {
     /// this replica holds is found in memory: a reused session's call reads nothing.
     pub async fn ensure(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
+        wanted: Wanted<'_>,
         ui: Option<&mpsc::Sender<UiChunk>>,
         cancel: &CancellationToken,
     ) -> Result<Target, SessionError> {
+        let Wanted {
+            agent,
+            chat,
+            profile,
+            ..
+        } = wanted;
         let gate = self
             .starting
             .lock()
@@ -311,7 +339,7 @@ impl Sessions {
             outcome = tracing::field::Empty,
         );
         let located = self
-            .locate(team, agent, chat, profile, ui, cancel)
+            .locate(wanted, ui, cancel)
             .instrument(span.clone())
             .await;
         let target = match located {
@@ -337,25 +365,25 @@ impl Sessions {
 
     async fn locate(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
+        wanted: Wanted<'_>,
         ui: Option<&mpsc::Sender<UiChunk>>,
         cancel: &CancellationToken,
     ) -> Result<Target, SessionError> {
+        let Wanted {
+            team, agent, chat, ..
+        } = wanted;
         let mut row = match self.store.live_session(team, agent, chat).await? {
             Some(row) => row,
             None => {
-                // E2: before any worker is started or claimed for the team.
-                if let Some(refusal) = self.quotas.admit_session(team).await? {
+                // E2, L4: before any worker is started or claimed for the team and user.
+                if let Some(refusal) = self.quotas.admit_session(team, wanted.user).await? {
                     self.metrics.quota_refused(refusal.field);
                     return Err(SessionError::Quota(refusal));
                 }
-                if let Some(target) = self.claim_warm(team, agent, chat, profile, false).await? {
+                if let Some(target) = self.claim_warm(wanted, false).await? {
                     return Ok(target);
                 }
-                self.provision(team, agent, chat, profile, false).await?
+                self.provision(wanted, false).await?
             }
         };
         if let Some(worker) = self.registry.get(row.id) {
@@ -390,7 +418,7 @@ impl Sessions {
                 SessionState::Failed if channel_gone.is_some() && !replaced => {
                     replaced = true;
                     channel_gone = None;
-                    row = self.provision(team, agent, chat, profile, false).await?;
+                    row = self.provision(wanted, false).await?;
                     continue;
                 }
                 SessionState::Failed => {
@@ -435,7 +463,7 @@ impl Sessions {
                                     .await;
                                     replaced = true;
                                     channel_gone = None;
-                                    row = self.provision(team, agent, chat, profile, false).await?;
+                                    row = self.provision(wanted, false).await?;
                                     continue;
                                 }
                             }
@@ -537,13 +565,14 @@ impl Sessions {
     /// not wait for it. `None` when nothing was started: the chat has a live session, a
     /// quota refuses, or the store or queue failed (the call itself finds out and says
     /// so).
-    pub async fn speculate(
-        &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
-    ) -> Option<SessionId> {
+    pub async fn speculate(&self, wanted: Wanted<'_>) -> Option<SessionId> {
+        let Wanted {
+            team,
+            agent,
+            chat,
+            profile,
+            ..
+        } = wanted;
         if self.registry.for_chat(agent, chat).is_some() {
             return None;
         }
@@ -556,16 +585,18 @@ impl Sessions {
         // a timeout of its own, which could leave a row written and its task unqueued.
         let started: Result<Option<SessionId>, SessionError> = async {
             if self.store.live_session(team, agent, chat).await?.is_some()
-                || self.quotas.admit_session(team).await?.is_some()
+                || self
+                    .quotas
+                    .admit_session(team, wanted.user)
+                    .await?
+                    .is_some()
             {
                 return Ok(None);
             }
-            if let Some(target) = self.claim_warm(team, agent, chat, profile, true).await? {
+            if let Some(target) = self.claim_warm(wanted, true).await? {
                 return Ok(Some(target.session()));
             }
-            self.provision(team, agent, chat, profile, true)
-                .await
-                .map(|row| Some(row.id))
+            self.provision(wanted, true).await.map(|row| Some(row.id))
         }
         .await;
         // Out of the map first, then open: a call that found the gate waits for this
@@ -656,20 +687,18 @@ impl Sessions {
     /// bound worker before the claim returns.
     async fn claim_warm(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
+        wanted: Wanted<'_>,
         speculative: bool,
     ) -> Result<Option<Target>, SessionError> {
-        let restore = self.store.chat_has_snapshot(team, agent, chat).await?;
-        let new = NewSession {
+        let Wanted {
             team,
             agent,
             chat,
             profile,
-            speculative,
-        };
+            ..
+        } = wanted;
+        let restore = self.store.chat_has_snapshot(team, agent, chat).await?;
+        let new = wanted.new_session(speculative);
         while let Some(worker) = self.pool.take(profile) {
             let Some(slot) = worker.slot else { continue };
             match self
@@ -780,21 +809,19 @@ impl Sessions {
     /// Writes a `pending` session and queues its provision task (once per session).
     async fn provision(
         &self,
-        team: TeamId,
-        agent: AgentId,
-        chat: ChatId,
-        profile: &str,
+        wanted: Wanted<'_>,
         speculative: bool,
     ) -> Result<crate::store::SessionRow, SessionError> {
+        let Wanted {
+            team,
+            agent,
+            chat,
+            profile,
+            ..
+        } = wanted;
         let row = match self
             .store
-            .create_session(&NewSession {
-                team,
-                agent,
-                chat,
-                profile,
-                speculative,
-            })
+            .create_session(&wanted.new_session(speculative))
             .await
         {
             Ok(row) => row,

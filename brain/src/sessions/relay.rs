@@ -166,8 +166,8 @@ return 0
 ";
 
 /// A pub/sub connection subscribed to `channel`.
-async fn subscribe(client: &redis::Client, channel: String) -> Option<redis::aio::PubSub> {
-    let mut pubsub = bounded(REDIS_BOUND, client.get_async_pubsub()).await.ok()?;
+async fn subscribe(client: &crate::redis::Client, channel: String) -> Option<redis::aio::PubSub> {
+    let mut pubsub = bounded(REDIS_BOUND, client.pubsub()).await.ok()?;
     bounded(REDIS_BOUND, pubsub.subscribe(channel)).await.ok()?;
     Some(pubsub)
 }
@@ -184,13 +184,10 @@ return 0
 ";
 
 impl Sessions {
-    async fn redis(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let conn = bounded(
-            REDIS_BOUND,
-            self.redis_client.get_multiplexed_async_connection(),
-        )
-        .await
-        .ok();
+    async fn redis(&self) -> Option<crate::redis::Conn> {
+        let conn = bounded(REDIS_BOUND, self.redis_client.connection())
+            .await
+            .ok();
         if conn.is_none() {
             tracing::warn!("relay: Redis unreachable");
         }
@@ -271,13 +268,15 @@ impl Sessions {
         let mut conn = self.redis().await.ok_or(SessionError::OwnerUnknown)?;
         let mut numsub = redis::cmd("PUBSUB");
         numsub.arg("NUMSUB").arg(calls_channel(replica));
+        // On a Redis Cluster the client asks every node and sums (subscribers may be on
+        // any); the answer is then a map rather than pairs: both read as one.
         let counted = bounded(
             REDIS_BOUND,
-            numsub.query_async::<Vec<(String, i64)>>(&mut conn),
+            numsub.query_async::<std::collections::HashMap<String, i64>>(&mut conn),
         )
         .await;
         match counted {
-            Ok(counts) => Ok(counts.iter().any(|(_, n)| *n > 0)),
+            Ok(counts) => Ok(counts.values().any(|n| *n > 0)),
             _ => Err(SessionError::OwnerUnknown),
         }
     }
@@ -442,7 +441,7 @@ impl Sessions {
         &self,
         files: &Files,
         call: RelayCall,
-        conn: &redis::aio::MultiplexedConnection,
+        conn: &crate::redis::Conn,
         events: &str,
         cancel: &CancellationToken,
     ) -> Result<ToolOutput, Failure> {
@@ -515,7 +514,7 @@ fn answer(output: ToolOutput) -> RelayEvent {
 }
 
 /// Publishes a beat on `events` at once, then every [`BEAT_EVERY`], until aborted.
-async fn beat(mut conn: redis::aio::MultiplexedConnection, events: String) {
+async fn beat(mut conn: crate::redis::Conn, events: String) {
     let mut every = tokio::time::interval(BEAT_EVERY);
     loop {
         every.tick().await;
@@ -523,7 +522,7 @@ async fn beat(mut conn: redis::aio::MultiplexedConnection, events: String) {
     }
 }
 
-async fn publish(conn: &mut redis::aio::MultiplexedConnection, channel: &str, event: &RelayEvent) {
+async fn publish(conn: &mut crate::redis::Conn, channel: &str, event: &RelayEvent) {
     let Ok(payload) = serde_json::to_string(event) else {
         return;
     };
@@ -701,7 +700,7 @@ pub(super) async fn bind_remote(
 
 /// Sends the cancel of an unfinished relayed call when dropped.
 struct CancelRemote {
-    conn: Option<redis::aio::MultiplexedConnection>,
+    conn: Option<crate::redis::Conn>,
     key: String,
 }
 
@@ -711,18 +710,20 @@ impl Drop for CancelRemote {
             let key = std::mem::take(&mut self.key);
             tokio::spawn(async move {
                 let ttl = u64::try_from(CANCEL_TTL.as_millis()).unwrap_or(u64::MAX);
-                let sent: Option<()> = bounded(
+                // The key first, then the channel: two round trips, as they have
+                // different hash slots on a Redis Cluster (O5). An owner that subscribes
+                // after the publish still finds the key.
+                let sent: Option<i64> = match bounded(
                     REDIS_BOUND,
-                    redis::pipe()
-                        .atomic()
-                        .pset_ex(cancelled_key(&key), 1, ttl)
-                        .ignore()
-                        .publish(cancel_channel(&key), "cancel")
-                        .ignore()
-                        .query_async(&mut conn),
+                    conn.pset_ex::<_, _, ()>(cancelled_key(&key), 1, ttl),
                 )
                 .await
-                .ok();
+                {
+                    Ok(()) => bounded(REDIS_BOUND, conn.publish(cancel_channel(&key), "cancel"))
+                        .await
+                        .ok(),
+                    Err(_) => None,
+                };
                 if sent.is_none() {
                     tracing::warn!("relay: cancel not sent");
                 }

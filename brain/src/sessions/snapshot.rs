@@ -365,7 +365,7 @@ impl Sessions {
         loop {
             let listener = async {
                 let mut listener =
-                    sqlx::postgres::PgListener::connect_with(self.store.pool()).await?;
+                    sqlx::postgres::PgListener::connect_with(self.store.direct()).await?;
                 listener.listen(SNAPSHOT_PG_CHANNEL).await?;
                 Ok::<_, sqlx::Error>(listener)
             };

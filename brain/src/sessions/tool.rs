@@ -18,7 +18,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use super::call::{Failure, Files, WorkerCall, call_worker};
-use super::{SessionError, Sessions, Target, relay};
+use super::{SessionError, Sessions, Target, Wanted, relay};
 use crate::approvals::RiskClass;
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::provider::ToolSpec;
@@ -176,14 +176,14 @@ impl WorkerTool {
     /// channel, asked again until `until`.
     async fn target(&self, ctx: &ToolCtx, until: Instant) -> Result<Target, SessionError> {
         loop {
-            let located = self.sessions.ensure(
-                ctx.team,
-                ctx.agent,
-                ctx.chat,
-                &self.profile,
-                ctx.ui.as_ref(),
-                &ctx.cancel,
-            );
+            let wanted = Wanted {
+                team: ctx.team,
+                agent: ctx.agent,
+                chat: ctx.chat,
+                profile: &self.profile,
+                user: ctx.authority.user(),
+            };
+            let located = self.sessions.ensure(wanted, ctx.ui.as_ref(), &ctx.cancel);
             match located.await {
                 Err(SessionError::OwnerUnknown) if resend_pause(ctx, until).await => {}
                 other => return other,

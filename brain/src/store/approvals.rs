@@ -441,8 +441,10 @@ impl Store {
         approval: &ApprovalRow,
         part: &Part,
     ) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        set_part(&mut conn, team, approval, part).await
+        let mut tx = self.pool.begin().await?;
+        set_part(&mut tx, team, approval, part).await?;
+        tx.commit().await?;
+        Ok(())
     }
 }
 

@@ -25,12 +25,13 @@ pub enum ActorKind {
     User,
     /// The platform operator (`BRAIN_OPERATOR_TOKEN`, or `brain team create`).
     Operator,
-    /// A turn whose authority was recorded before its actor was (an older row).
+    /// A turn whose authority was recorded before its actor was (an older row), or an
+    /// OAuth flow begun before who began it was kept.
     Unknown,
 }
 
 impl ActorKind {
-    fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             Self::Key => "key",
             Self::User => "user",
@@ -70,6 +71,23 @@ impl Actor {
         }
     }
 
+    /// An actor as a row stored it (`actor_kind`, `actor`), without an address; `None`s
+    /// (a row from before it was kept) are `unknown`.
+    pub(super) fn stored(kind: Option<&str>, id: Option<String>) -> Self {
+        match (kind.and_then(ActorKind::parse), id) {
+            (Some(kind), Some(id)) => Self {
+                kind,
+                id,
+                address: None,
+            },
+            _ => Self {
+                kind: ActorKind::Unknown,
+                id: "unknown".to_owned(),
+                address: None,
+            },
+        }
+    }
+
     /// The actor a turn's tools change things as: its authority's `key:<id>` or
     /// `user:<subject>` (`crate::auth::Authority`), without an address.
     pub fn of_turn(authority_actor: &str) -> Self {
@@ -105,6 +123,12 @@ pub enum Action {
     SecretDeleted,
     WebhookCreated,
     WebhookDeleted,
+    /// A connector's OAuth grant bound by the callback (B2); the entry names the connector,
+    /// its actor is who began the flow.
+    GrantBound,
+    /// A grant deleted with its connector or its agent (revoked at its authorization
+    /// server with a connector, best effort).
+    GrantRevoked,
     TeamCreated,
     TeamUpdated,
     /// The brain tools that change the agent (X1): the entry names the agent.
@@ -134,6 +158,8 @@ impl Action {
             Self::SecretDeleted => "secret.deleted",
             Self::WebhookCreated => "webhook.created",
             Self::WebhookDeleted => "webhook.deleted",
+            Self::GrantBound => "grant.bound",
+            Self::GrantRevoked => "grant.revoked",
             Self::TeamCreated => "team.created",
             Self::TeamUpdated => "team.updated",
             Self::ToolCronSet => "tool.cron_set",
@@ -162,7 +188,10 @@ impl Action {
             | Self::ToolAgentUpdate
             | Self::ToolAgentArchive
             | Self::ToolAgentSetPrompt => "agent",
-            Self::ConnectorCreated | Self::ConnectorDeleted => "connector",
+            Self::ConnectorCreated
+            | Self::ConnectorDeleted
+            | Self::GrantBound
+            | Self::GrantRevoked => "connector",
             Self::SecretSet | Self::SecretDeleted => "secret",
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
         }
@@ -179,19 +208,38 @@ pub(super) async fn record(
     object: impl std::fmt::Display,
     details: Value,
 ) -> Result<(), StoreError> {
+    record_each(conn, team, by, action, vec![(object.to_string(), details)]).await
+}
+
+/// Writes one entry of `action` by `by` per object of `objects` (its id and details), in
+/// one statement of the caller's transaction: a change of many objects at once (the
+/// grants of a deleted connector) costs one round trip however many there are.
+pub(super) async fn record_each(
+    conn: &mut sqlx::PgConnection,
+    team: TeamId,
+    by: &Actor,
+    action: Action,
+    objects: Vec<(String, Value)>,
+) -> Result<(), StoreError> {
+    if objects.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = objects.iter().map(|_| Uuid::now_v7()).collect();
+    let (object_ids, details): (Vec<String>, Vec<Value>) = objects.into_iter().unzip();
     sqlx::query(
         "INSERT INTO audit_log \
            (id, team_id, actor_kind, actor, action, object_kind, object_id, address, details) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::inet, $9)",
+         SELECT e.id, $2, $3, $4, $5, $6, e.object_id, $7::inet, e.details \
+         FROM unnest($1::uuid[], $8::text[], $9::jsonb[]) AS e (id, object_id, details)",
     )
-    .bind(Uuid::now_v7())
+    .bind(ids)
     .bind(team.0)
     .bind(by.kind.as_str())
     .bind(&by.id)
     .bind(action.as_str())
     .bind(action.object_kind())
-    .bind(object.to_string())
     .bind(by.address.map(|a| a.to_string()))
+    .bind(object_ids)
     .bind(details)
     .execute(conn)
     .await?;

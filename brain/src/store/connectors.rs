@@ -241,6 +241,7 @@ impl Store {
         by: &Actor,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
+        revoke_grants(&mut tx, team, Grants::OfConnector(id), by).await?;
         let done = sqlx::query("DELETE FROM connectors WHERE team_id = $1 AND id = $2")
             .bind(team.0)
             .bind(id)
@@ -254,4 +255,44 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Whose OAuth grants [`revoke_grants`] deletes.
+#[derive(Clone, Copy)]
+pub(super) enum Grants {
+    OfConnector(Uuid),
+    /// Of the connectors bound to this agent.
+    OfAgent(AgentId),
+}
+
+/// Deletes grants of `team` (before what they belong to goes, which would take them
+/// unlogged) and logs each `grant.revoked` by `by`, naming its connector and its user
+/// (`null` for the connector's own), in the caller's transaction (L5).
+pub(super) async fn revoke_grants(
+    conn: &mut sqlx::PgConnection,
+    team: TeamId,
+    grants: Grants,
+    by: &Actor,
+) -> Result<(), StoreError> {
+    let (connector, agent) = match grants {
+        Grants::OfConnector(id) => (Some(id), None),
+        Grants::OfAgent(agent) => (None, Some(agent.0)),
+    };
+    let gone: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+        "DELETE FROM connector_grants g WHERE g.team_id = $1 \
+           AND ($2::uuid IS NULL OR g.connector_id = $2) \
+           AND ($3::uuid IS NULL OR g.connector_id IN \
+                (SELECT id FROM connectors WHERE team_id = $1 AND agent_id = $3)) \
+         RETURNING g.connector_id, g.user_id",
+    )
+    .bind(team.0)
+    .bind(connector)
+    .bind(agent)
+    .fetch_all(&mut *conn)
+    .await?;
+    let entries = gone
+        .into_iter()
+        .map(|(connector, user)| (connector.to_string(), serde_json::json!({ "user": user })))
+        .collect();
+    audit::record_each(conn, team, by, Action::GrantRevoked, entries).await
 }

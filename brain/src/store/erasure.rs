@@ -15,6 +15,7 @@ use protocol::{AgentId, ChatId, TeamId};
 use uuid::Uuid;
 
 use super::audit::{self, Action, Actor};
+use super::connectors::{Grants, revoke_grants};
 use super::{Store, StoreError};
 
 /// Messages deleted per statement while a chat is erased.
@@ -133,7 +134,9 @@ impl Store {
     /// [`Store::erase_chat`] does; the caller erases big ones first), memories, secrets,
     /// schedule, the connectors bound to it and their grants, its artifacts and snapshots.
     /// `None` when there is no such agent. Its audit entry (`agent.deleted`, by `by`) is
-    /// written in the same transaction.
+    /// written in the same transaction, after one `grant.revoked` per grant of its
+    /// connectors (which, unlike a deleted connector's, are not revoked at their
+    /// authorization servers).
     pub async fn erase_agent(
         &self,
         team: TeamId,
@@ -150,6 +153,7 @@ impl Store {
         if found.is_none() {
             return Ok(None);
         }
+        revoke_grants(&mut tx, team, Grants::OfAgent(agent), by).await?;
         let erased = erase_agent_in(&mut tx, team, agent.0).await?;
         let details = serde_json::json!({});
         audit::record(&mut tx, team, by, Action::AgentDeleted, agent, details).await?;

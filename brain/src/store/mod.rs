@@ -182,7 +182,12 @@ fn loopback_in_the_clear(url: &str, options: PgConnectOptions) -> PgConnectOptio
 /// The handle every request clones: a connection pool.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: PgPool,
+    /// What every statement runs on: Postgres directly, or a transaction pooler (O5).
+    pool: dbpool::Db,
+    /// What a transaction pooler cannot carry: the migrations' advisory lock (held across
+    /// their transactions) and `LISTEN`. The pool's own connections when there is no
+    /// pooler (`DATABASE_DIRECT_URL` unset).
+    direct: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
 }
@@ -210,6 +215,41 @@ fn session_settings(statement_timeout: Duration) -> [(&'static str, String); 4] 
     ]
 }
 
+/// The direct connections a replica holds beside a pooler's: the snapshot listener's, and
+/// the migrations' while they run.
+const DIRECT_CONNECTIONS: u32 = 2;
+
+/// Connect options for Postgres itself: the session settings ride in the startup packet.
+fn direct_options(url: &str, statement_timeout: Duration) -> Result<PgConnectOptions, StoreError> {
+    Ok(loopback_in_the_clear(url, url.parse()?)
+        .options(session_settings(statement_timeout))
+        .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1)))
+}
+
+/// The settings of every pool of the store, at most `max_connections` connections.
+fn pool_options(max_connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        // A ping before every checkout doubles each query's round trips. A connection
+        // in steady use is not pinged: if it died, its query fails and the pool
+        // replaces it. One that sat idle through an outage is: otherwise each dead
+        // idle connection fails one request after the database is back.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for < PING_IF_IDLE_FOR {
+                    return Ok(true);
+                }
+                // `false` drops the connection and the pool opens or takes another.
+                Ok(matches!(
+                    tokio::time::timeout(PING_TIMEOUT, sqlx::Connection::ping(conn)).await,
+                    Ok(Ok(()))
+                ))
+            })
+        })
+}
+
 impl Store {
     /// A pool under [`DEFAULT_STATEMENT_TIMEOUT`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
@@ -223,52 +263,83 @@ impl Store {
         max_connections: u32,
         statement_timeout: Duration,
     ) -> Result<Self, StoreError> {
-        let options = loopback_in_the_clear(url, url.parse()?);
-        let options = options
-            .options(session_settings(statement_timeout))
-            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            // A ping before every checkout doubles each query's round trips. A connection
-            // in steady use is not pinged: if it died, its query fails and the pool
-            // replaces it. One that sat idle through an outage is: otherwise each dead
-            // idle connection fails one request after the database is back.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for < PING_IF_IDLE_FOR {
-                        return Ok(true);
-                    }
-                    // `false` drops the connection and the pool opens or takes another.
-                    Ok(matches!(
-                        tokio::time::timeout(PING_TIMEOUT, sqlx::Connection::ping(conn)).await,
-                        Ok(Ok(()))
-                    ))
-                })
-            })
-            .connect_with(options)
+        let pool = pool_options(max_connections)
+            .connect_with(direct_options(url, statement_timeout)?)
             .await?;
         Ok(Self {
-            pool,
+            pool: dbpool::Db::direct(pool.clone()),
+            direct: pool,
             secrets: None,
         })
     }
 
+    /// A pool of at most `max_connections` through the transaction pooler at `url`, and
+    /// the few connections of [`Store::direct`] to Postgres itself at `direct_url`
+    /// (`DATABASE_DIRECT_URL`): O5, `dbpool` says what changes behind a pooler.
+    pub async fn connect_behind_pooler(
+        url: &str,
+        direct_url: &str,
+        max_connections: u32,
+        statement_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        // No startup parameters but the ones PgBouncer tracks: it refuses the others
+        // (`options`), and sqlx's `extra_float_digits` only matters to floats read as text.
+        let options = dbpool::for_pooler(loopback_in_the_clear(url, url.parse()?))
+            .extra_float_digits(None)
+            .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        let pool = pool_options(max_connections).connect_with(options).await?;
+        // Dialed when first needed: a replica whose migrations are done holds one.
+        let direct = pool_options(DIRECT_CONNECTIONS)
+            .connect_lazy_with(direct_options(direct_url, statement_timeout)?);
+        Ok(Self {
+            pool: dbpool::Db::behind_pooler(pool, Some(statement_timeout)),
+            direct,
+            secrets: None,
+        })
+    }
+
+    /// [`Store::connect_behind_pooler`] when there is a `direct_url`, else
+    /// [`Store::connect_with`]: the configuration's choice.
+    pub async fn connect_configured(
+        url: &str,
+        direct_url: Option<&str>,
+        max_connections: u32,
+        statement_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        match direct_url {
+            Some(direct) => {
+                Self::connect_behind_pooler(url, direct, max_connections, statement_timeout).await
+            }
+            None => Self::connect_with(url, max_connections, statement_timeout).await,
+        }
+    }
+
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
-            pool,
+            pool: dbpool::Db::direct(pool.clone()),
+            direct: pool,
             secrets: None,
         }
     }
 
+    /// The pool's connections, for what looks at rows directly (tests, the bench).
     pub fn pool(&self) -> &PgPool {
+        self.pool.pool()
+    }
+
+    /// What statements run on, directly or through the pooler.
+    pub fn db(&self) -> &dbpool::Db {
         &self.pool
+    }
+
+    /// Connections to Postgres itself, not through a pooler: for `LISTEN`.
+    pub fn direct(&self) -> &PgPool {
+        &self.direct
     }
 
     /// The pool's size: what the intake queue shares out (`crate::intake`).
     pub fn max_connections(&self) -> u32 {
-        self.pool.options().get_max_connections()
+        self.pool.pool().options().get_max_connections()
     }
 
     /// Applies every migration not yet applied. Migrations are compiled into the binary so
@@ -276,8 +347,10 @@ impl Store {
     pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
         // A migration may rewrite a large table: it runs on a connection of its own without
         // the pool's statement timeout, and that connection is closed afterwards rather
-        // than returned to the pool with the timeout lifted.
-        let mut conn = self.pool.acquire().await?;
+        // than returned to the pool with the timeout lifted. It is a direct one: the
+        // migrator's advisory lock is held across its transactions, which a transaction
+        // pooler would spread over server connections (and leave one locked).
+        let mut conn = self.direct.acquire().await?;
         conn.close_on_drop();
         sqlx::query("SET statement_timeout = 0")
             .execute(&mut *conn)
@@ -481,6 +554,11 @@ fn migrator() -> Migrator {
             35,
             "elicitations: MCP servers' questions as approvals of their own kind",
             include_str!("../../../migrations/0035_elicitations.sql"),
+        ),
+        (
+            36,
+            "user sessions and grant audit",
+            include_str!("../../../migrations/0036_user_sessions_and_grant_audit.sql"),
         ),
     ]
     .into_iter()

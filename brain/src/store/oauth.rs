@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{SecretsError, SecretsKey, Store, StoreError};
 
 /// Whose grant or flow: a connector's (no user) or one user's of it.
@@ -33,8 +34,9 @@ pub struct GrantOwner {
 /// A flow taken from the store by its state.
 #[derive(Debug)]
 pub enum TakenFlow<T> {
-    /// Live: the caller finishes it (it is gone from the store either way).
-    Live(GrantOwner, T),
+    /// Live: the caller finishes it (it is gone from the store either way). The actor is
+    /// who began it, without an address.
+    Live(GrantOwner, T, Actor),
     /// It existed but its time was up; it is gone now too.
     Expired,
 }
@@ -131,6 +133,7 @@ impl Store {
     /// Stores a pending flow under the hash of its `state` for `ttl`; at most `max_live`
     /// unexpired flows per connector (`Conflict("too_many_flows")`), and the connector's
     /// expired flows are cleaned on the way. A connector not of the team → `NotFound`.
+    /// `by` began it: the grant its callback binds is logged as theirs (L5).
     pub async fn put_flow<T: Serialize>(
         &self,
         owner: &GrantOwner,
@@ -138,6 +141,7 @@ impl Store {
         flow: &T,
         ttl: Duration,
         max_live: i64,
+        by: &Actor,
     ) -> Result<DateTime<Utc>, SecretsError> {
         let key = self.secrets_key()?;
         let hash = state_hash(state);
@@ -146,8 +150,8 @@ impl Store {
         let expires_at = Utc::now() + ttl;
         let written = sqlx::query(
             "WITH gone AS (DELETE FROM oauth_flows WHERE connector_id = $3 AND expires_at < now()) \
-             INSERT INTO oauth_flows (state_hash, team_id, connector_id, user_id, nonce, ciphertext, expires_at) \
-             SELECT $1, c.team_id, c.id, $4, $5, $6, $7 FROM connectors c \
+             INSERT INTO oauth_flows (state_hash, team_id, connector_id, user_id, nonce, ciphertext, expires_at, actor_kind, actor) \
+             SELECT $1, c.team_id, c.id, $4, $5, $6, $7, $9, $10 FROM connectors c \
              WHERE c.team_id = $2 AND c.id = $3 \
                AND (SELECT count(*) FROM oauth_flows f \
                     WHERE f.connector_id = $3 AND f.expires_at >= now()) < $8",
@@ -160,6 +164,8 @@ impl Store {
         .bind(&ciphertext)
         .bind(expires_at)
         .bind(max_live)
+        .bind(by.kind.as_str())
+        .bind(&by.id)
         .execute(&self.pool)
         .await?;
         if written.rows_affected() == 1 {
@@ -187,7 +193,8 @@ impl Store {
         let hash = state_hash(state);
         let row = sqlx::query(
             "DELETE FROM oauth_flows WHERE state_hash = $1 \
-             RETURNING team_id, connector_id, user_id, nonce, ciphertext, expires_at > now() AS live",
+             RETURNING team_id, connector_id, user_id, nonce, ciphertext, actor_kind, actor, \
+               expires_at > now() AS live",
         )
         .bind(&hash[..])
         .fetch_optional(&self.pool)
@@ -197,6 +204,10 @@ impl Store {
             return Ok(TakenFlow::Expired);
         }
         let owner = owner_from_row(&row)?;
+        let began_by = Actor::stored(
+            row.try_get::<Option<String>, _>("actor_kind")?.as_deref(),
+            row.try_get("actor")?,
+        );
         let nonce: Vec<u8> = row.try_get("nonce")?;
         let ciphertext: Vec<u8> = row.try_get("ciphertext")?;
         let flow = open(
@@ -205,7 +216,7 @@ impl Store {
             &nonce,
             &ciphertext,
         )?;
-        Ok(TakenFlow::Live(owner, flow))
+        Ok(TakenFlow::Live(owner, flow, began_by))
     }
 
     /// The pending flows of `owner` with more than `left` to live, the newest first (at
@@ -244,15 +255,18 @@ impl Store {
     /// Stores the grant of `owner`. `replaces` says which existing grant it may replace:
     /// `None` any, `Some(Some(v))` only the one at version `v`, `Some(None)` none. `false`
     /// when an existing grant was kept. A connector that is gone (or another team's) →
-    /// `NotFound`.
+    /// `NotFound`. A grant written is logged `grant.bound` by `by` in the same
+    /// transaction (L5).
     pub async fn put_grant<T: Serialize>(
         &self,
         owner: &GrantOwner,
         grant: &T,
         replaces: Option<Option<i64>>,
+        by: &Actor,
     ) -> Result<bool, SecretsError> {
         let key = self.secrets_key()?;
         let (nonce, ciphertext) = seal(key, &associated_data(GRANT_TAG, owner, &[]), grant)?;
+        let mut tx = self.pool.begin().await?;
         let (connectors, written): (i64, i64) = sqlx::query_as(
             "WITH c AS (SELECT team_id, id FROM connectors WHERE team_id = $2 AND id = $3), \
              w AS ( \
@@ -273,12 +287,26 @@ impl Store {
         .bind(&ciphertext)
         .bind(replaces.is_some())
         .bind(replaces.flatten())
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *tx)
         .await?;
         if connectors == 0 {
             return Err(StoreError::NotFound.into());
         }
-        Ok(written == 1)
+        if written == 0 {
+            return Ok(false);
+        }
+        let details = serde_json::json!({ "user": owner.user });
+        audit::record(
+            &mut tx,
+            owner.team,
+            by,
+            Action::GrantBound,
+            owner.connector,
+            details,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// The version of `owner`'s own grant, if it has one.

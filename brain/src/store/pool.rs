@@ -84,8 +84,8 @@ impl Store {
                 WHERE id = $1 AND state = 'idle' RETURNING worker_ref) \
              INSERT INTO agent_runtime_sessions \
                 (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica, \
-                 speculative) \
-             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref, $7, $8 FROM slot \
+                 speculative, user_id) \
+             SELECT $2, $3, $4, $5, $6, 'ready', worker_ref, $7, $8, $9 FROM slot \
              RETURNING id",
         )
         .bind(slot.0)
@@ -96,6 +96,7 @@ impl Store {
         .bind(new.profile)
         .bind(replica.0)
         .bind(new.speculative)
+        .bind(new.user)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;
@@ -129,8 +130,8 @@ impl Store {
              session AS ( \
                 INSERT INTO agent_runtime_sessions \
                    (id, team_id, agent_id, chat_id, profile, state, worker_ref, owner_replica, \
-                    speculative) \
-                SELECT $2, $3, $4, $5, $1, 'ready', worker_ref, holder_replica, $6 FROM slot \
+                    speculative, user_id) \
+                SELECT $2, $3, $4, $5, $1, 'ready', worker_ref, holder_replica, $6, $8 FROM slot \
                 RETURNING id) \
              SELECT slot.id AS slot, slot.holder_replica AS holder FROM slot, session",
         )
@@ -141,6 +142,7 @@ impl Store {
         .bind(new.chat.0)
         .bind(new.speculative)
         .bind(not.0)
+        .bind(new.user)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;

@@ -281,28 +281,34 @@ impl Store {
         })
     }
 
-    /// Live worker sessions and today's worker-seconds: the billed events, and what the
-    /// billing sweep has not reached yet (the running minute of each live session).
+    /// Live worker sessions and today's worker-seconds, of the team or of one of its users
+    /// (L4: the sessions its turns started, and their events): the billed events, and what
+    /// the billing sweep has not reached yet (the running minute of each live session).
     pub async fn session_usage(
         &self,
         team: TeamId,
+        user: Option<&str>,
         since: &Since,
     ) -> Result<SessionUsage, StoreError> {
         let row = sqlx::query(
             "SELECT \
                (SELECT count(*) FROM agent_runtime_sessions \
-                WHERE team_id = $1 AND state NOT IN ('terminated', 'failed')) AS sessions, \
+                WHERE team_id = $1 AND state NOT IN ('terminated', 'failed') \
+                  AND ($3::text IS NULL OR user_id = $3)) AS sessions, \
                (SELECT coalesce(sum(seconds), 0) FROM billing_events \
-                WHERE team_id = $1 AND kind = 'worker_seconds' AND created_at >= $2) \
-               + (SELECT coalesce(sum(extract(epoch FROM coalesce(ended_at, now()) \
-                    - greatest(coalesce(billed_until, billing_from), $2))), 0) \
+                WHERE team_id = $1 AND kind = 'worker_seconds' AND created_at >= $2 \
+                  AND ($3::text IS NULL OR user_id = $3)) \
+               + (SELECT coalesce(sum(greatest(extract(epoch FROM coalesce(ended_at, now()) \
+                    - greatest(coalesce(billed_until, billing_from), $2)), 0)), 0) \
                   FROM agent_runtime_sessions \
                   WHERE team_id = $1 AND billing_from IS NOT NULL \
-                    AND (ended_at IS NULL OR billed_until IS NULL OR billed_until < ended_at)) \
+                    AND (ended_at IS NULL OR billed_until IS NULL OR billed_until < ended_at) \
+                    AND ($3::text IS NULL OR user_id = $3)) \
                AS seconds_raw",
         )
         .bind(team.0)
         .bind(since.day)
+        .bind(user)
         .fetch_one(&self.pool)
         .await?;
         let seconds: f64 = row.try_get("seconds_raw")?;

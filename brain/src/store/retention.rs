@@ -52,16 +52,18 @@ impl Store {
             .collect())
     }
 
-    /// Takes the sweep's advisory lock on a connection of its own, held until the answer
-    /// is dropped (the connection goes back to the pool unlocked) or the process dies (the
-    /// session ends). `None` while another replica sweeps.
+    /// Takes the sweep's advisory lock in a transaction of its own, held until the answer
+    /// is dropped (the transaction rolls back) or the process dies (its connection ends
+    /// and the transaction with it). `None` while another replica sweeps. A lock of the
+    /// transaction, not of the session: behind a transaction pooler (O5) a session lock
+    /// stays on whichever server connection took it, for that connection's next client.
     pub async fn take_retention_lock(&self) -> Result<Option<RetentionLock>, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        let mut tx = self.pool.begin().await?;
+        let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
             .bind(SWEEP_LOCK)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut *tx)
             .await?;
-        Ok(taken.then_some(RetentionLock { conn: Some(conn) }))
+        Ok(taken.then_some(RetentionLock { _tx: tx }))
     }
 
     /// Deletes up to `limit` turns of `team` that ended more than `days` days ago, with
@@ -163,28 +165,8 @@ impl Expiring {
     }
 }
 
-/// The retention sweep's advisory lock, released when dropped.
+/// The retention sweep's advisory lock, released when dropped: the open transaction that
+/// holds it (one connection of the pool, for the pass) rolls back.
 pub struct RetentionLock {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
-}
-
-impl Drop for RetentionLock {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            // Unlocked before the connection is reused; a connection that cannot say so is
-            // closed instead, which ends its session and the lock with it.
-            tokio::spawn(async move {
-                let unlocked = tokio::time::timeout(
-                    super::CALL_BOUND,
-                    sqlx::query("SELECT pg_advisory_unlock($1)")
-                        .bind(SWEEP_LOCK)
-                        .execute(&mut *conn),
-                )
-                .await;
-                if !matches!(unlocked, Ok(Ok(_))) {
-                    let _ = conn.close().await;
-                }
-            });
-        }
-    }
+    _tx: sqlx::Transaction<'static, sqlx::Postgres>,
 }

@@ -63,6 +63,9 @@ pub struct NewSession<'a> {
     pub chat: ChatId,
     pub profile: &'a str,
     pub speculative: bool,
+    /// The end user whose turn starts the session, whose budgets it counts against (L4);
+    /// `None` for an API key's turn.
+    pub user: Option<&'a str>,
 }
 
 /// The states from which a session is reused rather than replaced (W1).
@@ -94,8 +97,8 @@ impl Store {
     pub async fn create_session(&self, new: &NewSession<'_>) -> Result<SessionRow, StoreError> {
         let sql = format!(
             "INSERT INTO agent_runtime_sessions \
-                (id, team_id, agent_id, chat_id, profile, state, speculative) \
-             VALUES ($1, $2, $3, $4, $5, 'pending', $6) RETURNING {COLUMNS}"
+                (id, team_id, agent_id, chat_id, profile, state, speculative, user_id) \
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6, $7) RETURNING {COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(SessionId::new().0)
@@ -104,6 +107,7 @@ impl Store {
             .bind(new.chat.0)
             .bind(new.profile)
             .bind(new.speculative)
+            .bind(new.user)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "sessions_live", "live_session"))?;

@@ -739,7 +739,7 @@ impl Store {
 /// E1: a usage event lands once per `event_key`, however often the write is retried.
 /// Answers when it was written (now, for a retry).
 async fn insert_usage(
-    pool: &sqlx::PgPool,
+    pool: &dbpool::Db,
     team: TeamId,
     agent: AgentId,
     turn: TurnId,

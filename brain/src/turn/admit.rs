@@ -154,7 +154,7 @@ async fn refused(
         });
         let key = format!("{}:{period}", refusal.field.name());
         let written = bounded(webhooks::enqueue(
-            state.store.pool(),
+            state.store.db(),
             team,
             WebhookEvent::QuotaExhausted,
             &key,

@@ -327,7 +327,7 @@ async fn mark(state: &AppState, agent: AgentId, set: bool) {
     let key = interrupt_key(agent);
     let ttl = u64::try_from(INTERRUPT_PATIENCE.as_millis()).unwrap_or(u64::MAX);
     let done = crate::redis::bounded(REDIS_BOUND, async {
-        let mut conn = state.redis.get_multiplexed_async_connection().await?;
+        let mut conn = state.redis.connection().await?;
         if set {
             redis::cmd("SET")
                 .arg(&key)
@@ -353,7 +353,7 @@ async fn mark(state: &AppState, agent: AgentId, set: bool) {
 async fn interrupting(state: &AppState, agent: AgentId) -> bool {
     let key = interrupt_key(agent);
     crate::redis::bounded(REDIS_BOUND, async {
-        let mut conn = state.redis.get_multiplexed_async_connection().await?;
+        let mut conn = state.redis.connection().await?;
         redis::cmd("EXISTS")
             .arg(&key)
             .query_async::<bool>(&mut conn)

@@ -17,7 +17,7 @@ use protocol::{AgentId, ChatId, SessionId, TeamId};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::sessions::Sessions;
+use crate::sessions::{Sessions, Wanted};
 
 /// The speculation of one turn: at most one start per turn.
 pub(super) struct Speculation {
@@ -26,6 +26,8 @@ pub(super) struct Speculation {
     team: TeamId,
     agent: AgentId,
     chat: ChatId,
+    /// The turn's end user, whose budgets a session it starts counts against (L4).
+    user: Option<String>,
     started: Mutex<Option<JoinHandle<Option<SessionId>>>>,
 }
 
@@ -37,6 +39,7 @@ impl Speculation {
         team: TeamId,
         agent: AgentId,
         chat: ChatId,
+        user: Option<&str>,
     ) -> Option<Self> {
         Some(Self {
             sessions: sessions.clone(),
@@ -44,6 +47,7 @@ impl Speculation {
             team,
             agent,
             chat,
+            user: user.map(str::to_owned),
             started: Mutex::new(None),
         })
     }
@@ -58,12 +62,22 @@ impl Speculation {
             return;
         }
         let (sessions, profile) = (self.sessions.clone(), profile.to_owned());
-        let (team, agent, chat) = (self.team, self.agent, self.chat);
+        let (team, agent, chat, user) = (self.team, self.agent, self.chat, self.user.clone());
         // In the turn's trace: its `provision` span, and the worker's handshake under it,
         // belong to the turn that started them.
         let span = tracing::Span::current();
         *started = Some(tokio::spawn(
-            async move { sessions.speculate(team, agent, chat, &profile).await }.instrument(span),
+            async move {
+                let wanted = Wanted {
+                    team,
+                    agent,
+                    chat,
+                    profile: &profile,
+                    user: user.as_deref(),
+                };
+                sessions.speculate(wanted).await
+            }
+            .instrument(span),
         ));
     }
 }

@@ -12,7 +12,10 @@
 //! - The replica that receives a stop reads the turn's row, which names the replica
 //!   running it (`turns.replica_id`). Its own turn it cancels at once. Another replica's
 //!   it hands over Redis: it sets `turn-stop:turn:{turn}` (for [`STOP_TTL`]) and publishes
-//!   the turn id on `turn-stop:replica:{replica}`, in one transaction. Each replica listens on its own
+//!   the turn id on `turn-stop:replica:{replica}`, the key first (two round trips: the key
+//!   and the channel have different hash slots on a Redis Cluster, O5, so they cannot share
+//!   a transaction; a publish that fails after the key was set still fails the stop, and
+//!   the key alone stops the turn at the owner's next re-subscription). Each replica listens on its own
 //!   channel ([`Stops::listen`]) and cancels the turn on the message, within
 //!   milliseconds. Whenever the subscription is (re)made, the listener then reads the keys
 //!   of every turn it runs: a stop published while it was not subscribed (a Redis blip,
@@ -122,7 +125,7 @@ pub enum StopError {
 #[derive(Clone)]
 pub struct Stops {
     replica: ReplicaId,
-    redis: redis::Client,
+    redis: crate::redis::Client,
     running: Running,
 }
 
@@ -137,7 +140,7 @@ enum Delivered {
 }
 
 impl Stops {
-    pub fn new(replica: ReplicaId, redis: redis::Client) -> Self {
+    pub fn new(replica: ReplicaId, redis: crate::redis::Client) -> Self {
         Self {
             replica,
             redis,
@@ -168,21 +171,18 @@ impl Stops {
         if owner == self.replica {
             return Ok(Delivered::Ended);
         }
-        let mut conn = bounded(self.redis.get_multiplexed_async_connection())
+        let mut conn = bounded(self.redis.connection())
             .await
             .ok_or(StopError::Undeliverable)?;
         let ttl = u64::try_from(STOP_TTL.as_millis()).unwrap_or(u64::MAX);
         // The key first: an owner that subscribes after the publish still finds it.
-        let sent: Option<((), i64)> = bounded(
-            redis::pipe()
-                .atomic()
-                .pset_ex(stop_key(turn), 1, ttl)
-                .publish(stop_channel(owner), turn.to_string())
-                .query_async(&mut conn),
-        )
-        .await;
+        let sent: Option<i64> =
+            match bounded(conn.pset_ex::<_, _, ()>(stop_key(turn), 1, ttl)).await {
+                Some(()) => bounded(conn.publish(stop_channel(owner), turn.to_string())).await,
+                None => None,
+            };
         match sent {
-            Some((_, listeners)) => {
+            Some(listeners) => {
                 // No listener: the owner is re-subscribing (it finds the key) or dead (its
                 // lease lapses and a survivor ends the turn `interrupted`).
                 tracing::info!(turn = %turn, owner = %owner, listeners, "stop handed to the turn's replica");
@@ -216,7 +216,7 @@ impl Stops {
 
     /// Serves one subscription until it is lost (`true`) or cannot be made (`false`).
     async fn listen_once(&self, shutdown: &CancellationToken) -> bool {
-        let Some(mut pubsub) = bounded(self.redis.get_async_pubsub()).await else {
+        let Some(mut pubsub) = bounded(self.redis.pubsub()).await else {
             return false;
         };
         if bounded(pubsub.subscribe(stop_channel(self.replica)))
@@ -259,7 +259,7 @@ impl Stops {
         if turns.is_empty() {
             return true;
         }
-        let Some(mut conn) = bounded(self.redis.get_multiplexed_async_connection()).await else {
+        let Some(mut conn) = bounded(self.redis.connection()).await else {
             return false;
         };
         let keys: Vec<String> = turns.iter().map(|t| stop_key(*t)).collect();

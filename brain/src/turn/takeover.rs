@@ -182,7 +182,10 @@ pub async fn take_over(state: &AppState, taken: TakenOver) {
             if let Err(err) = ended {
                 tracing::warn!(turn = %taken.turn, class = err.metric_label(), "could not end a taken-over turn");
             }
-            let _ = state.holds.release_lost(taken.agent, taken.turn).await;
+            let _ = state
+                .holds
+                .release_lost(taken.team, taken.agent, taken.turn)
+                .await;
         }
     }
 }

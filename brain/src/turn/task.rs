@@ -94,6 +94,7 @@ impl TurnTask {
                 ids.team,
                 ids.agent,
                 ids.chat,
+                launch.authority.user(),
             ),
             metrics,
             authority: launch.authority,

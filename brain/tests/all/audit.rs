@@ -599,3 +599,164 @@ fn the_retention_is_a_positive_number_of_days() {
         assert_eq!(err.name, "BRAIN_AUDIT_RETENTION_DAYS", "{bad}");
     }
 }
+
+/// A grant bound by the OAuth callback (against the real authorization server of
+/// `tests/oauth`) is logged as whoever began its flow: a user's turn, the admin key's turn,
+/// a user through the API; from the callback's address. Deleting the connector logs each
+/// of its grants revoked. No token, code or state is in the log.
+#[tokio::test]
+async fn grants_bound_and_revoked_are_logged_as_who_began_them_without_tokens() {
+    use crate::connector_oauth::{consent, user_token, world};
+    use protocol::ui::ConnectorState;
+
+    let w = world().await;
+    let app = &w.app;
+    let me = bootstrap_key_id(app).await;
+    // Bob's turn asks for his authorization; he consents.
+    let bob = user_token(app, "bob", false);
+    let bobs = w.chat(&bob).await;
+    let (status, _) = w.turn(&bob, &bobs).await;
+    assert_eq!(status.state, ConnectorState::NeedsAuthorization);
+    let (_, connected) = consent(app, status.authorize.as_deref().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+    // A turn of the admin key's chat asks for the connector's own.
+    let keys = w.chat(&app.key).await;
+    let (status, _) = w.turn(&app.key, &keys).await;
+    assert_eq!(status.state, ConnectorState::NeedsAuthorization);
+    let (callback_url, connected) = consent(app, status.authorize.as_deref().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+    // Alice authorizes for herself through the API.
+    let alice = user_token(app, "alice", false);
+    let (status, body) = w.authorize(&alice).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, connected) = consent(app, body["authorization_url"].as_str().unwrap()).await;
+    assert_eq!(connected.status(), 200);
+
+    let (entries, _) = all_entries(app, &app.key, "").await;
+    let bound: Vec<(&str, &str, &Value)> = entries
+        .iter()
+        .filter(|e| e["action"] == "grant.bound")
+        .map(|e| {
+            assert_eq!(e["object_kind"], "connector", "{e}");
+            assert_eq!(e["object_id"], w.connector.as_str(), "{e}");
+            assert_eq!(e["address"], "127.0.0.1", "the callback's: {e}");
+            (
+                e["actor_kind"].as_str().unwrap(),
+                e["actor"].as_str().unwrap(),
+                &e["details"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        bound,
+        [
+            ("user", "alice", &json!({"user": "alice"})),
+            ("key", me.as_str(), &json!({"user": null})),
+            ("user", "bob", &json!({"user": "bob"})),
+        ]
+    );
+
+    // A replayed callback binds nothing and logs nothing.
+    let query = callback_url.split_once('?').unwrap().1;
+    let replayed = app
+        .http
+        .get(format!("{}/v1/oauth/callback?{query}", app.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), 400);
+
+    let path = format!("/v1/connectors/{}", w.connector);
+    assert_eq!(
+        request(app, &app.key, Method::DELETE, &path, None).await.0,
+        204
+    );
+    let object = format!("&object={}", w.connector);
+    let (entries, bodies) = all_entries(app, &app.key, &object).await;
+    assert_eq!(
+        actions(&entries),
+        [
+            "connector.deleted",
+            "grant.revoked",
+            "grant.revoked",
+            "grant.revoked",
+            "grant.bound",
+            "grant.bound",
+            "grant.bound",
+            "connector.created",
+        ]
+    );
+    let mut revoked: Vec<Value> = entries[1..4]
+        .iter()
+        .map(|e| {
+            assert_eq!(
+                (e["actor_kind"].as_str(), e["actor"].as_str()),
+                (Some("key"), Some(me.as_str()))
+            );
+            assert_eq!(e["address"], "127.0.0.1");
+            e["details"]["user"].clone()
+        })
+        .collect();
+    revoked.sort_by_key(Value::to_string);
+    assert_eq!(revoked, [json!("alice"), json!("bob"), Value::Null]);
+
+    let table = table_text(app).await;
+    let ledger = w.auth.ledger();
+    assert!(!ledger.issued_access.is_empty() && !ledger.issued_refresh.is_empty());
+    let state = query
+        .split('&')
+        .find_map(|p| p.strip_prefix("state="))
+        .unwrap();
+    for leak in ledger
+        .issued_access
+        .iter()
+        .chain(&ledger.issued_refresh)
+        .map(String::as_str)
+        .chain([state])
+    {
+        assert!(!bodies.contains(leak), "a token in the answer");
+        assert!(!table.contains(leak), "a token in the table");
+    }
+}
+
+/// Deleting an agent deletes the grants of the connectors bound to it: each is logged
+/// revoked, in the agent's deletion's transaction.
+#[tokio::test]
+async fn an_agents_deletion_logs_its_connectors_grants_revoked() {
+    let app = keyed_app().await;
+    let me = bootstrap_key_id(&app).await;
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (status, connector) = request(
+        &app,
+        &app.key,
+        Method::POST,
+        "/v1/connectors",
+        Some(json!({"name": "docs", "url": "https://mcp.example.com/mcp", "agent_id": agent})),
+    )
+    .await;
+    assert_eq!(status, 201, "{connector}");
+    let connector = connector["id"].as_str().unwrap().to_owned();
+    // The grant's sealed content is never read on the way out: any bytes do.
+    sqlx::query(
+        "INSERT INTO connector_grants (id, team_id, connector_id, user_id, nonce, ciphertext) \
+         VALUES (gen_random_uuid(), $1, $2::uuid, 'carol', '\\x00', '\\x00')",
+    )
+    .bind(app.team.0)
+    .bind(&connector)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    let path = format!("/v1/agents/{agent}");
+    assert_eq!(
+        request(&app, &app.key, Method::DELETE, &path, None).await.0,
+        204
+    );
+    let (entries, _) = all_entries(&app, &app.key, &format!("&object={connector}")).await;
+    assert_eq!(
+        actions(&entries),
+        ["grant.revoked", "connector.created"],
+        "{entries:#?}"
+    );
+    assert_eq!(entries[0]["actor"], me.as_str());
+    assert_eq!(entries[0]["details"], json!({"user": "carol"}));
+}

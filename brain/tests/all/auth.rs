@@ -1033,6 +1033,7 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
             chat: alices.parse().unwrap(),
             profile: "light",
             speculative: false,
+            user: Some("alice"),
         })
         .await
         .unwrap();

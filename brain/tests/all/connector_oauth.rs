@@ -72,16 +72,16 @@ impl Captured {
 // ---------------------------------------------------------------------------------------
 // The setting: servers, a brain, a connector.
 
-struct World {
-    app: TestApp,
-    auth: AuthServer,
+pub(crate) struct World {
+    pub(crate) app: TestApp,
+    pub(crate) auth: AuthServer,
     resource: ResourceServer,
     _everything: HttpServer,
-    agent: String,
-    connector: String,
+    pub(crate) agent: String,
+    pub(crate) connector: String,
 }
 
-async fn world() -> World {
+pub(crate) async fn world() -> World {
     world_with(|_| {}).await
 }
 
@@ -124,7 +124,7 @@ async fn world_with(tweak: impl FnOnce(&mut brain::config::Config)) -> World {
 }
 
 /// A JWT for `user` of the app's team (a chat-scoped user unless `admin`).
-fn user_token(app: &TestApp, user: &str, admin: bool) -> String {
+pub(crate) fn user_token(app: &TestApp, user: &str, admin: bool) -> String {
     let now = chrono::Utc::now().timestamp();
     let claims = json!({
         "iss": JWT_ISSUER, "aud": JWT_AUDIENCE, "iat": now, "exp": now + 600,
@@ -140,7 +140,7 @@ fn user_token(app: &TestApp, user: &str, admin: bool) -> String {
 
 impl World {
     /// A new chat with the agent, opened with `bearer` (the team key, or a user's JWT).
-    async fn chat(&self, bearer: &str) -> String {
+    pub(crate) async fn chat(&self, bearer: &str) -> String {
         let response = self
             .app
             .http
@@ -157,7 +157,7 @@ impl World {
 
     /// One turn of `chat` as `bearer`; the model answers in text. The connector's status
     /// and the chunks.
-    async fn turn(&self, bearer: &str, chat: &str) -> (ConnectorStatus, Vec<UiChunk>) {
+    pub(crate) async fn turn(&self, bearer: &str, chat: &str) -> (ConnectorStatus, Vec<UiChunk>) {
         self.app.provider.push(Reply::Text {
             deltas: vec!["Fine.".into()],
             delay: Duration::from_millis(1),
@@ -195,7 +195,7 @@ impl World {
     }
 
     /// `POST /v1/connectors/{id}/authorize` as `bearer`: (status, body).
-    async fn authorize(&self, bearer: &str) -> (u16, Value) {
+    pub(crate) async fn authorize(&self, bearer: &str) -> (u16, Value) {
         let response = self
             .app
             .http
@@ -226,7 +226,7 @@ impl World {
 
 /// A person opens `url`, consents at once and follows the redirect back to the brain:
 /// the callback's URL and its response.
-async fn consent(app: &TestApp, url: &str) -> (String, reqwest::Response) {
+pub(crate) async fn consent(app: &TestApp, url: &str) -> (String, reqwest::Response) {
     let person = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
@@ -855,6 +855,7 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         brain::connectors::Requester {
             user: None,
             admin: true,
+            actor: "key:test",
             answerer: brain::connectors::Answerer::Nobody,
         },
         &cancel,
@@ -900,7 +901,7 @@ async fn events_text(chat: &str) -> String {
     .await
     .unwrap();
     let entries: redis::Value = redis::cmd("XRANGE")
-        .arg(format!("events:chat:{chat}"))
+        .arg(brain::events::stream_key(chat.parse().unwrap()))
         .arg("-")
         .arg("+")
         .query_async(&mut redis)

@@ -21,6 +21,7 @@ use brain::connectors::{ConnectorState, ConnectorStatus, Requester, connector_to
 const ADMIN_KEY: Requester<'static> = Requester {
     user: None,
     admin: true,
+    actor: "key:test",
     answerer: brain::connectors::Answerer::Nobody,
 };
 use crate::common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};

@@ -638,7 +638,7 @@ async fn an_erased_team_is_taken_in_the_background_and_only_its_row_and_usage_st
             .unwrap();
     assert_eq!(after, usage, "usage records stay");
     assert_eq!(
-        redis_keys_naming(&format!("quota:{team}")).await,
+        redis_keys_naming(&format!("quota:{{{team}}}")).await,
         Vec::<String>::new()
     );
     // The operator cannot enable it again; asking to erase it again is harmless.

@@ -249,7 +249,7 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let mut redis = redis().await;
-    let key = format!("events:chat:{chat}");
+    let key = brain::events::stream_key(chat.parse().unwrap());
     let len: u64 = redis::cmd("XLEN")
         .arg(&key)
         .query_async(&mut redis)
@@ -286,7 +286,7 @@ async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
 
     let mut redis = redis().await;
     let len: u64 = redis::cmd("XLEN")
-        .arg(format!("events:chat:{chat}"))
+        .arg(brain::events::stream_key(chat.parse().unwrap()))
         .query_async(&mut redis)
         .await
         .unwrap();

@@ -9,7 +9,13 @@ use std::time::{Duration, Instant};
 
 use brain::hold::{Acquired, HoldConfig, HoldGuard, Holds};
 use brain::metrics::Metrics;
-use protocol::{AgentId, TurnId};
+use protocol::{AgentId, TeamId, TurnId};
+
+/// The team of every hold here: each test takes holds of agents of its own, and the key
+/// of an agent's hold is named by its team (its hash tag).
+const TEAM: TeamId = TeamId(uuid::Uuid::from_u128(
+    0x0190_f5c2_7d1e_7a3b_9c4d_5e6f_7081_9203,
+));
 
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -17,7 +23,7 @@ fn redis_url() -> String {
 
 fn holds_at(url: &str, config: HoldConfig) -> (Holds, Metrics) {
     let metrics = Metrics::new(false).unwrap();
-    let client = redis::Client::open(url).unwrap();
+    let client = brain::redis::Client::open(url, None).unwrap();
     (Holds::new(client, config, metrics.clone()), metrics)
 }
 
@@ -55,12 +61,12 @@ async fn a_second_turn_is_refused_quickly_with_the_running_turn() {
     let holds = holds(HoldConfig::default());
     let agent = AgentId::new();
     let first = TurnId::new();
-    let guard = held(holds.acquire(agent, first).await);
+    let guard = held(holds.acquire(TEAM, agent, first).await);
 
     let mut answer_times = Vec::new();
     for _ in 0..20 {
         let started = Instant::now();
-        let running = busy(holds.acquire(agent, TurnId::new()).await);
+        let running = busy(holds.acquire(TEAM, agent, TurnId::new()).await);
         answer_times.push(started.elapsed());
         assert_eq!(running, first);
     }
@@ -69,7 +75,7 @@ async fn a_second_turn_is_refused_quickly_with_the_running_turn() {
     assert!(p50 < Duration::from_millis(5), "busy answer p50 {p50:?}");
 
     // Another agent is unaffected.
-    held(holds.acquire(AgentId::new(), TurnId::new()).await)
+    held(holds.acquire(TEAM, AgentId::new(), TurnId::new()).await)
         .release()
         .await;
     guard.release().await;
@@ -79,10 +85,10 @@ async fn a_second_turn_is_refused_quickly_with_the_running_turn() {
 async fn release_frees_the_agent() {
     let holds = holds(HoldConfig::default());
     let agent = AgentId::new();
-    held(holds.acquire(agent, TurnId::new()).await)
+    held(holds.acquire(TEAM, agent, TurnId::new()).await)
         .release()
         .await;
-    held(holds.acquire(agent, TurnId::new()).await)
+    held(holds.acquire(TEAM, agent, TurnId::new()).await)
         .release()
         .await;
 }
@@ -99,13 +105,16 @@ async fn a_turn_that_outlived_its_hold_cannot_free_the_next_one() {
     });
     let holds = holds(HoldConfig::default());
     let agent = AgentId::new();
-    let stale = held(short.acquire(agent, TurnId::new()).await);
+    let stale = held(short.acquire(TEAM, agent, TurnId::new()).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let second = TurnId::new();
-    let current = held(holds.acquire(agent, second).await);
+    let current = held(holds.acquire(TEAM, agent, second).await);
     stale.release().await;
-    assert_eq!(busy(holds.acquire(agent, TurnId::new()).await), second);
+    assert_eq!(
+        busy(holds.acquire(TEAM, agent, TurnId::new()).await),
+        second
+    );
     current.release().await;
 }
 
@@ -120,15 +129,15 @@ async fn the_hold_is_extended_while_the_turn_runs_but_never_past_max_total() {
     let agent = AgentId::new();
     let turn = TurnId::new();
     let started = Instant::now();
-    let guard = held(holds.acquire(agent, turn).await);
+    let guard = held(holds.acquire(TEAM, agent, turn).await);
 
     // Twice the ttl: only the extensions keep it.
     tokio::time::sleep_until((started + Duration::from_millis(600)).into()).await;
-    assert_eq!(busy(holds.acquire(agent, TurnId::new()).await), turn);
+    assert_eq!(busy(holds.acquire(TEAM, agent, TurnId::new()).await), turn);
 
     // Extension stopped at max_total (1 s); the hold expired on its own.
     tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
-    held(holds.acquire(agent, TurnId::new()).await)
+    held(holds.acquire(TEAM, agent, TurnId::new()).await)
         .release()
         .await;
     guard.release().await;
@@ -138,7 +147,7 @@ async fn the_hold_is_extended_while_the_turn_runs_but_never_past_max_total() {
 async fn redis_down_means_no_hold_quickly_and_counted() {
     let (holds, metrics) = holds_at("redis://127.0.0.1:1", HoldConfig::default());
     let started = Instant::now();
-    let acquired = holds.acquire(AgentId::new(), TurnId::new()).await;
+    let acquired = holds.acquire(TEAM, AgentId::new(), TurnId::new()).await;
     let elapsed = started.elapsed();
     assert!(
         matches!(acquired, Acquired::Unavailable),
@@ -157,11 +166,11 @@ async fn redis_down_means_no_hold_quickly_and_counted() {
 async fn dropping_a_guard_releases_it() {
     let holds = holds(HoldConfig::default());
     let agent = AgentId::new();
-    drop(held(holds.acquire(agent, TurnId::new()).await));
+    drop(held(holds.acquire(TEAM, agent, TurnId::new()).await));
 
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        match holds.acquire(agent, TurnId::new()).await {
+        match holds.acquire(TEAM, agent, TurnId::new()).await {
             Acquired::Held(guard) => return guard.release().await,
             Acquired::Busy { .. } if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -191,7 +200,7 @@ async fn a_redis_that_never_answers_costs_at_most_op_timeout() {
     );
     for expected in 1..=2 {
         let started = Instant::now();
-        let acquired = holds.acquire(AgentId::new(), TurnId::new()).await;
+        let acquired = holds.acquire(TEAM, AgentId::new(), TurnId::new()).await;
         let elapsed = started.elapsed();
         assert!(
             matches!(acquired, Acquired::Unavailable),

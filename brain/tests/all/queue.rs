@@ -305,7 +305,9 @@ async fn an_interrupt_keeps_the_partial_answer_and_streams_the_new_turn() {
             .await
             .unwrap();
     assert_eq!(statuses, ["interrupted", "completed", "completed"]);
-    // The new turn was written within 100 ms of the stopped one's end (Postgres' clock).
+    // The new turn was written as soon as the stopped one ended (Postgres' clock), not
+    // after the interrupt's patience (10 s) ran out. T13's 100 ms is the bench's figure
+    // (release, `busy`); a debug build on a loaded machine gets 2 s.
     let gap: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM n.started_at - o.finished_at)::float8 FROM turns o, turns n \
          WHERE o.chat_id = $1::uuid AND o.status = 'interrupted' \
@@ -316,8 +318,9 @@ async fn an_interrupt_keeps_the_partial_answer_and_streams_the_new_turn() {
     .fetch_one(app.store.pool())
     .await
     .unwrap();
+    println!("the new turn started {gap} s after the stopped one ended");
     assert!(
-        gap < 0.1,
+        gap < 2.0,
         "the new turn started {gap} s after the stopped one ended"
     );
 }

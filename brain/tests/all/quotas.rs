@@ -466,7 +466,7 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
     };
     let checker = brain::quota::Quotas::new(app.store.clone(), limits);
     let refusal = checker
-        .admit_session(app.team)
+        .admit_session(app.team, None)
         .await
         .unwrap()
         .expect("refused");
@@ -513,7 +513,11 @@ mod settle {
             let redis = client.get_multiplexed_async_connection().await.unwrap();
             Self {
                 quotas: Quotas::new(store.clone(), budget),
-                holds: Holds::new(client, config, Metrics::new(false).unwrap()),
+                holds: Holds::new(
+                    brain::redis::Client::Node(client),
+                    config,
+                    Metrics::new(false).unwrap(),
+                ),
                 store,
                 team,
                 user: None,
@@ -556,7 +560,7 @@ mod settle {
         /// The tokens the day's counter holds (what admissions are decided on).
         async fn day(&self) -> i64 {
             let key = format!(
-                "quota:{}:tokens:day:{}",
+                "quota:{{{}}}:tokens:day:{}",
                 self.team,
                 Periods::now().day_tag()
             );
@@ -568,7 +572,7 @@ mod settle {
         async fn user_day(&self) -> i64 {
             let user = self.user.unwrap();
             let key = format!(
-                "quota:{}:user:{}:{user}:tokens:day:{}",
+                "quota:{{{}}}:user:{}:{user}:tokens:day:{}",
                 self.team,
                 user.len(),
                 Periods::now().day_tag()

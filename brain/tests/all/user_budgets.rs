@@ -427,3 +427,194 @@ async fn bad_quota_input_is_an_invalid_request() {
     .await;
     assert_eq!(change.status(), 403);
 }
+
+// ---------------------------------------------------------------------------------------
+// Worker sessions per user (L4): `concurrent_sessions` and `worker_seconds_per_day`.
+
+/// A brain taking user tokens whose provision tasks go to a queue no runtime-manager
+/// reads: a worker tool's first call writes its session (attributed to the turn's user)
+/// and waits `PROVISION_WAIT` for a worker that never comes.
+async fn hands_app(redis_down: bool) -> TestApp {
+    let port = if redis_down {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        Some(port)
+    } else {
+        None
+    };
+    let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
+    app_with(move |c| {
+        c.workers.queue_namespace = namespace;
+        c.workers.provision_timeout = PROVISION_WAIT;
+        if let Some(port) = port {
+            c.redis_url = format!("redis://127.0.0.1:{port}/");
+        }
+    })
+    .await
+}
+
+/// How long a worker tool's call waits for a worker nobody launches.
+const PROVISION_WAIT: Duration = Duration::from_secs(1);
+
+/// One turn of `chat` as `user` whose model calls `shell`: what the call answered.
+async fn shell_as(app: &TestApp, user: Option<&str>, chat: &str) -> String {
+    app.provider.push(crate::workers::shell("sh", "echo hi"));
+    app.provider.push(text("done"));
+    let response = send(app, user, chat, "run it").await;
+    assert_eq!(response.status(), 200);
+    let (chunks, _) = read_stream(response).await;
+    app.settled().await;
+    crate::workers::output_of(&chunks, "sh")
+}
+
+/// Whether a worker tool's answer is a refusal by `user`'s `field`.
+fn refused_for_user(output: &str, field: &str) -> bool {
+    output.starts_with("ERROR no worker: refused: the user")
+        && output.contains(&format!("({field} = "))
+}
+
+async fn user_view(app: &TestApp, user: &str) -> Value {
+    let path = format!("/v1/quotas/users/{user}");
+    let response = call(app, None, Method::GET, &path, None).await;
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// A user with a live worker session is refused a second one at its `concurrent_sessions`
+/// (here an override of its own), as the user, while another user of the team and the
+/// team's key start theirs.
+#[tokio::test]
+async fn concurrent_sessions_count_per_user() {
+    let app = hands_app(false).await;
+    let response = put_user(&app, "alice", json!({"concurrent_sessions": 1})).await;
+    assert_eq!(response.status(), 200);
+    let (agent, _) = crate::common::light_agent(&app).await;
+    let alice = chat_of(&app, Some("alice"), &agent).await;
+    let alice_too = chat_of(&app, Some("alice"), &agent).await;
+    let bob = chat_of(&app, Some("bob"), &agent).await;
+    let key = chat_of(&app, None, &agent).await;
+
+    // Her first session is written and waits for its worker (none comes): it is live.
+    let first = shell_as(&app, Some("alice"), &alice).await;
+    assert!(first.contains("did not become ready in time"), "{first}");
+    let second = shell_as(&app, Some("alice"), &alice_too).await;
+    assert!(
+        refused_for_user(&second, "concurrent_sessions"),
+        "alice's second session is refused as hers: {second}"
+    );
+    assert!(
+        second.contains("runs its limit of concurrent worker sessions"),
+        "{second}"
+    );
+    for (user, chat) in [(Some("bob"), &bob), (None, &key)] {
+        let other = shell_as(&app, user, chat).await;
+        assert!(other.contains("did not become ready in time"), "{other}");
+    }
+    let view = user_view(&app, "alice").await;
+    assert_eq!(view["limits"]["concurrent_sessions"], 1);
+    assert_eq!(view["used"]["concurrent_sessions"], 1, "{view}");
+    let (live,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM agent_runtime_sessions WHERE state NOT IN ('terminated', 'failed')",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        live, 3,
+        "alice's first, bob's and the key's; the refused one wrote nothing"
+    );
+    assert!(
+        app.metrics()
+            .await
+            .contains("brain_quota_refusals_total{quota=\"concurrent_sessions\"} 1")
+    );
+}
+
+/// A user's worker-seconds of the day (its sessions' billed lifetime and the unbilled rest
+/// of them) refuse it a new worker at its `worker_seconds_per_day`, while another user of
+/// the team starts one.
+#[tokio::test]
+async fn worker_seconds_per_day_count_per_user() {
+    // The 100 s moved back below must all fall in today (UTC).
+    let into_day = chrono::Utc::now().timestamp().rem_euclid(86_400);
+    if into_day < 120 {
+        tokio::time::sleep(Duration::from_secs(121 - into_day as u64)).await;
+    }
+    let app = hands_app(false).await;
+    let response = put_quotas(&app, json!({"per_user": {"worker_seconds_per_day": 50}})).await;
+    assert_eq!(response.status(), 200);
+    let (agent, _) = crate::common::light_agent(&app).await;
+    let alice = chat_of(&app, Some("alice"), &agent).await;
+    let bob = chat_of(&app, Some("bob"), &agent).await;
+
+    let first = shell_as(&app, Some("alice"), &alice).await;
+    assert!(first.contains("did not become ready in time"), "{first}");
+    // As if the runtime-manager had launched her worker 100 s ago and it then ended
+    // (`billing_from` and `ended_at` are set by the schema; the first is moved back).
+    let ended = sqlx::query(
+        "UPDATE agent_runtime_sessions SET worker_ref = 'local:1', state = 'terminated' \
+         WHERE chat_id = $1::uuid",
+    )
+    .bind(&alice)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(ended.rows_affected(), 1);
+    sqlx::query(
+        "UPDATE agent_runtime_sessions SET billing_from = ended_at - interval '100 seconds' \
+         WHERE chat_id = $1::uuid",
+    )
+    .bind(&alice)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+
+    let again = shell_as(&app, Some("alice"), &alice).await;
+    assert!(
+        refused_for_user(&again, "worker_seconds_per_day"),
+        "alice's day is spent: {again}"
+    );
+    assert!(
+        again.contains("'s worker-seconds for today are spent"),
+        "{again}"
+    );
+    let other = shell_as(&app, Some("bob"), &bob).await;
+    assert!(other.contains("did not become ready in time"), "{other}");
+    let used = user_view(&app, "alice").await["used"]["worker_seconds_per_day"]
+        .as_u64()
+        .unwrap();
+    assert!((100..=101).contains(&used), "{used}");
+    assert_eq!(
+        user_view(&app, "bob").await["used"]["worker_seconds_per_day"],
+        0,
+        "bob's session has no worker yet"
+    );
+}
+
+/// Redis unreachable: the session limits of a user are decided from Postgres, as the
+/// team's are (a worker cannot be queued then, but the refusal comes first).
+#[tokio::test]
+async fn without_redis_per_user_session_limits_are_enforced() {
+    let app = hands_app(true).await;
+    put_quotas(&app, json!({"per_user": {"worker_seconds_per_day": 50}})).await;
+    let (agent, _) = crate::common::light_agent(&app).await;
+    let alice = chat_of(&app, Some("alice"), &agent).await;
+    let bob = chat_of(&app, Some("bob"), &agent).await;
+    sqlx::query(
+        "INSERT INTO billing_events (id, team_id, agent_id, event_key, kind, seconds, user_id) \
+         VALUES (gen_random_uuid(), $1, $2::uuid, 'test:ws', 'worker_seconds', 60, 'alice')",
+    )
+    .bind(app.team.0)
+    .bind(&agent)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    let refused = shell_as(&app, Some("alice"), &alice).await;
+    assert!(
+        refused_for_user(&refused, "worker_seconds_per_day"),
+        "{refused}"
+    );
+    let other = shell_as(&app, Some("bob"), &bob).await;
+    assert!(other.contains("provision queue is unavailable"), "{other}");
+}

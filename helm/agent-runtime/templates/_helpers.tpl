@@ -55,12 +55,20 @@ app.kubernetes.io/component: worker
       optional: {{ index . 3 }}
 {{- end -}}
 
-{{/* DATABASE_URL, REDIS_URL and SESSION_TOKEN_KEY, which the brain, the manager and the
+{{/* DATABASE_URL (and DATABASE_DIRECT_URL behind a transaction pooler), REDIS_URL (or
+     REDIS_CLUSTER_URLS) and SESSION_TOKEN_KEY, which the brain, the manager and the
      migration read alike. */}}
 {{- define "agent-runtime.sharedEnv" -}}
 {{- $s := .Values.secrets.existingSecret -}}
 {{ include "agent-runtime.secretEnv" (list "DATABASE_URL" (default $s .Values.database.existingSecret) .Values.database.urlKey false) }}
+{{- with .Values.database.directUrlKey }}
+{{ include "agent-runtime.secretEnv" (list "DATABASE_DIRECT_URL" (default $s $.Values.database.existingSecret) . false) }}
+{{- end }}
+{{- if .Values.redis.clusterUrlsKey }}
+{{ include "agent-runtime.secretEnv" (list "REDIS_CLUSTER_URLS" (default $s .Values.redis.existingSecret) .Values.redis.clusterUrlsKey false) }}
+{{- else }}
 {{ include "agent-runtime.secretEnv" (list "REDIS_URL" (default $s .Values.redis.existingSecret) .Values.redis.urlKey false) }}
+{{- end }}
 {{ include "agent-runtime.secretEnv" (list "SESSION_TOKEN_KEY" $s .Values.secrets.keys.sessionTokenKey false) }}
 - name: SESSION_QUEUE_NAMESPACE
   value: {{ .Values.sessionQueueNamespace | quote }}
@@ -190,7 +198,7 @@ seccompProfile:
 {{/* Plain variables the operator adds: never one that carries a credential, which must
      come from the Secret (and is wired above). */}}
 {{- define "agent-runtime.extraEnv" -}}
-{{- $secretNames := list "DATABASE_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" "BRAIN_OAUTH_CLIENTS" -}}
+{{- $secretNames := list "DATABASE_URL" "DATABASE_DIRECT_URL" "REDIS_URL" "SESSION_TOKEN_KEY" "BRAIN_SECRETS_KEY" "OPENAI_API_KEY" "ANTHROPIC_API_KEY" "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN" "BRAIN_JWT_HS256_SECRET" "BRAIN_OAUTH_CLIENTS" -}}
 {{- range . }}
 {{- if has .name $secretNames }}
 {{- fail (printf "%s is a credential: give it through the Secret (secrets.*), not extraEnv" .name) }}

@@ -94,8 +94,8 @@ async fn racing_sweeps_bill_each_interval_once_and_the_events_tile_the_lifetime(
     let h = Harness::new().await;
     let url = test_support::db::db_url(&h.db_name);
     let stores = [
-        Store::connect(&url).await.unwrap(),
-        Store::connect(&url).await.unwrap(),
+        Store::connect(&url, false).await.unwrap(),
+        Store::connect(&url, false).await.unwrap(),
     ];
     let live = launched(&h, 10_350).await;
     // Launched a moment ago: not due anything yet.
@@ -157,7 +157,7 @@ async fn racing_sweeps_bill_each_interval_once_and_the_events_tile_the_lifetime(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_that_fails_bills_nothing_and_the_next_one_bills_those_intervals_once() {
     let h = Harness::new().await;
-    let store = Store::connect(&test_support::db::db_url(&h.db_name))
+    let store = Store::connect(&test_support::db::db_url(&h.db_name), false)
         .await
         .unwrap();
     let session = launched(&h, 3_500).await;
@@ -212,5 +212,43 @@ async fn a_sweep_that_fails_bills_nothing_and_the_next_one_bills_those_intervals
         0
     );
     assert_eq!(events(&h, session).await.len(), 3);
+    h.finish().await;
+}
+
+/// L4: a session started for an end user bills its worker-seconds to that user (and one
+/// of an API key's turn to nobody), so the user's daily budget counts them.
+#[tokio::test]
+async fn a_users_session_bills_its_seconds_to_that_user() {
+    let h = Harness::new().await;
+    let store = Store::connect(&test_support::db::db_url(&h.db_name))
+        .await
+        .unwrap();
+    let users = launched(&h, 2_500).await;
+    let keys = launched(&h, 2_500).await;
+    sqlx::query("UPDATE agent_runtime_sessions SET user_id = 'alice' WHERE id = $1")
+        .bind(users.0)
+        .execute(&h.pool)
+        .await
+        .unwrap();
+    let billed = store.bill_worker_seconds(SECOND, 500).await.unwrap();
+    assert_eq!(billed.events, 4);
+    let owners: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT event_key, user_id FROM billing_events WHERE kind = 'worker_seconds' \
+         ORDER BY event_key",
+    )
+    .fetch_all(&h.pool)
+    .await
+    .unwrap();
+    assert_eq!(owners.len(), 4);
+    for (key, user) in owners {
+        let expected = key
+            .starts_with(&format!("worker:{}:", users.0))
+            .then_some("alice");
+        assert!(
+            key.starts_with(&format!("worker:{}:", keys.0)) || expected.is_some(),
+            "{key}"
+        );
+        assert_eq!(user.as_deref(), expected, "{key}");
+    }
     h.finish().await;
 }

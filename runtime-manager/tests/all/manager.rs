@@ -306,9 +306,12 @@ async fn a_claimed_session_whose_idle_check_was_never_pushed_is_reaped_anyway() 
     let idle = [("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1000")];
     let redis = ThrowawayRedis::start().await;
     let config = h.config(&idle);
-    let queue = SessionQueue::connect_with_namespace(&redis.url, &h.namespace)
-        .await
-        .unwrap();
+    let queue = SessionQueue::connect_with_namespace(
+        &redis_conn::Client::open(&redis.url, None).unwrap(),
+        &h.namespace,
+    )
+    .await
+    .unwrap();
     let blind = in_process(config, queue).await;
     redis.kill().await;
     assert!(blind.reap_once().await.is_err(), "the arming push failed");
@@ -330,7 +333,7 @@ async fn in_process(
     config: runtime_manager::config::Config,
     queue: SessionQueue,
 ) -> runtime_manager::Manager {
-    let store = runtime_manager::store::Store::connect(&config.database_url)
+    let store = runtime_manager::store::Store::connect(&config.database_url, false)
         .await
         .unwrap();
     let launcher = Arc::new(LocalProcessLauncher::new(

@@ -181,14 +181,19 @@ async fn launches_readiness_timeouts_sessions_and_pools_are_counted_and_pass_pro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_depth_counts_due_tasks_and_a_failed_sample_is_omitted_not_zero() {
     let h = Harness::new().await;
-    let store = Store::connect(&h.config(&[]).database_url).await.unwrap();
+    let store = Store::connect(&h.config(&[]).database_url, false)
+        .await
+        .unwrap();
     let metrics = Metrics::new().unwrap();
 
     // No consumer on this queue: what is pushed stays.
     let redis = ThrowawayRedis::start().await;
-    let queue = SessionQueue::connect_with_namespace(&redis.url, "test-rm-depth")
-        .await
-        .unwrap();
+    let queue = SessionQueue::connect_with_namespace(
+        &redis_conn::Client::open(&redis.url, None).unwrap(),
+        "test-rm-depth",
+    )
+    .await
+    .unwrap();
     let task = || SessionTask::Provision {
         session: SessionId::new(),
         team: TeamId::new(),

@@ -47,8 +47,16 @@ pub fn manager_command(
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(bin("runtime-manager"));
     command
-        .env("DATABASE_URL", app.store_url())
+        .envs(app.database_env())
         .env("REDIS_URL", redis_url())
+        .env(
+            "REDIS_CLUSTER_URLS",
+            app.config
+                .redis_cluster_urls
+                .clone()
+                .unwrap_or_default()
+                .join(","),
+        )
         .env("SESSION_QUEUE_NAMESPACE", namespace)
         .env("BRAIN_PUBLIC_URL", public_url)
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))

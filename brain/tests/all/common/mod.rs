@@ -50,9 +50,20 @@ pub struct TestApp {
     pub http: reqwest::Client,
     pub db_name: String,
     shutdown: CancellationToken,
+    /// The transaction pooler the brain reaches Postgres through, under
+    /// `TEST_THROUGH_PGBOUNCER=1` (O5); the test itself keeps its direct `store`.
+    _pooler: Option<std::sync::Arc<test_support::pgbouncer::PgBouncer>>,
     config: Config,
     /// The environment `config` was read from, for brain processes beside this one.
     env: HashMap<String, String>,
+}
+
+/// Whether this run puts every brain on the shared Redis Cluster (O5):
+/// `TEST_REDIS_CLUSTER=1`, which `make test` sets for the subset of tests that matter on a
+/// cluster (the `cluster` target of the Makefile). A test that sets its own Redis URL
+/// (a dead one, a proxy) is not in that subset.
+pub fn cluster_mode() -> bool {
+    std::env::var("TEST_REDIS_CLUSTER").is_ok_and(|v| v == "1")
 }
 
 impl TestApp {
@@ -80,12 +91,23 @@ impl TestApp {
         if let Ok(redis) = std::env::var("REDIS_URL") {
             env.insert("REDIS_URL".into(), redis);
         }
+        let pooler = through_pgbouncer().then(|| {
+            let pooler = test_support::pgbouncer::PgBouncer::start(POOLER_SERVER_CONNECTIONS);
+            env.insert("DATABASE_URL".into(), pooler.url_for(&db_url(&db_name)));
+            env.insert("DATABASE_DIRECT_URL".into(), db_url(&db_name));
+            std::sync::Arc::new(pooler)
+        });
         let mut config = Config::from_env(&env).unwrap();
+        if cluster_mode() {
+            config.redis_cluster_urls = Some(test_support::redis_cluster::shared().urls());
+        }
         let env_copy = env.clone();
         let configured_pool = config.database_max_connections;
         tweak(&mut config);
         let mut config_copy = config.clone();
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         // The public URL defaults to BRAIN_ADDR, whose port 0 only the bind resolves; a
@@ -104,9 +126,7 @@ impl TestApp {
         let brain_store = if config.database_url == db_url(&db_name) && pool_size == 10 {
             store.clone()
         } else {
-            Store::connect(&config.database_url, pool_size)
-                .await
-                .unwrap()
+            brain_store(&config, pool_size).await
         };
         let state = AppState::new(config, brain_store, redis).unwrap();
         let shutdown = CancellationToken::new();
@@ -130,6 +150,7 @@ impl TestApp {
             http: reqwest::Client::new(),
             db_name,
             shutdown,
+            _pooler: pooler,
             config: config_copy,
             env: env_copy,
         }
@@ -145,8 +166,10 @@ impl TestApp {
     pub async fn second_replica_with(&self, tweak: impl FnOnce(&mut Config)) -> (String, AppState) {
         let mut config = self.config.clone();
         tweak(&mut config);
-        let store = Store::connect(&self.store_url(), 10).await.unwrap();
-        let redis = redis::Client::open(config.redis_url.as_str()).unwrap();
+        let store = brain_store(&config, 10).await;
+        let redis =
+            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+                .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let state = AppState::new(config, store, redis).unwrap();
@@ -406,6 +429,40 @@ impl TestApp {
     pub fn store_url(&self) -> String {
         db_url(&self.db_name)
     }
+
+    /// `DATABASE_URL` and `DATABASE_DIRECT_URL` as the brain has them, for a process
+    /// beside it (the runtime-manager): through the pooler when the brain is.
+    pub fn database_env(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![("DATABASE_URL", self.config.database_url.clone())];
+        if let Some(direct) = &self.config.database_direct_url {
+            vars.push(("DATABASE_DIRECT_URL", direct.clone()));
+        }
+        vars
+    }
+}
+
+/// `TEST_THROUGH_PGBOUNCER=1`: every brain of the test reaches its database through a
+/// PgBouncer of its own in transaction mode (O5); `make test` runs the subset of the
+/// tests that matters so (the Makefile's `pooler` target).
+pub fn through_pgbouncer() -> bool {
+    std::env::var("TEST_THROUGH_PGBOUNCER").is_ok_and(|v| v == "1")
+}
+
+/// Server connections per database the test's PgBouncer lends: fewer than a brain's
+/// pool, so clients take turns on them and a statement that relied on keeping its server
+/// connection between two exchanges would meet another client's.
+pub const POOLER_SERVER_CONNECTIONS: u32 = 4;
+
+/// The brain's store as its configuration has it (through the pooler or not).
+pub async fn brain_store(config: &Config, pool_size: u32) -> Store {
+    Store::connect_configured(
+        &config.database_url,
+        config.database_direct_url.as_deref(),
+        pool_size,
+        brain::store::DEFAULT_STATEMENT_TIMEOUT,
+    )
+    .await
+    .unwrap()
 }
 
 /// A brain replica as a real process over the app's database and Redis (its environment,

@@ -104,9 +104,12 @@ impl Harness {
         std::fs::write(&worker_bin, FAKE_WORKER).unwrap();
         std::fs::set_permissions(&worker_bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let namespace = format!("test-rm-{}", uuid::Uuid::new_v4().simple());
-        let queue = SessionQueue::connect_with_namespace(&redis_url(), &namespace)
-            .await
-            .expect("Redis must run (make test starts it)");
+        let queue = SessionQueue::connect_with_namespace(
+            &redis_conn::Client::open(&redis_url(), None).unwrap(),
+            &namespace,
+        )
+        .await
+        .expect("Redis must run (make test starts it)");
         let team = TeamId::new();
         let agent = AgentId::new();
         sqlx::query("INSERT INTO teams (id, name) VALUES ($1, 'test team')")
