@@ -43,6 +43,9 @@ pub enum ApiError {
     NotFound(&'static str),
     #[error("{0}")]
     InvalidRequest(String),
+    /// An elicitation's answer does not fit its form (P5); the message names the field.
+    #[error("{0}")]
+    InvalidContent(String),
     #[error("method not allowed on this route")]
     MethodNotAllowed,
     #[error("request body is larger than {0} bytes")]
@@ -217,6 +220,7 @@ impl ApiError {
             Self::AuthUnavailable => ErrorCode::AuthUnavailable,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
+            Self::InvalidContent(_) => ErrorCode::InvalidContent,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
@@ -246,6 +250,7 @@ impl ApiError {
             ErrorCode::Forbidden | ErrorCode::TeamDisabled => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::AgentBusy

@@ -24,6 +24,10 @@ pub enum ErrorCode {
     NotFound,
     /// The body or a parameter does not match the closed schema.
     InvalidRequest,
+    /// The values of an answered form do not fit the form an MCP server asked for (P5):
+    /// a field it does not have, a value of the wrong type or out of its bounds, a required
+    /// field missing; the message names the field.
+    InvalidContent,
     /// The route exists but not with this HTTP method.
     MethodNotAllowed,
     /// The body is larger than the endpoint accepts.
@@ -99,6 +103,7 @@ impl ErrorCode {
             Self::AuthUnavailable => "auth_unavailable",
             Self::NotFound => "not_found",
             Self::InvalidRequest => "invalid_request",
+            Self::InvalidContent => "invalid_content",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge => "payload_too_large",
             Self::AgentBusy => "agent_busy",
@@ -188,6 +193,7 @@ mod tests {
             ErrorCode::AuthUnavailable,
             ErrorCode::NotFound,
             ErrorCode::InvalidRequest,
+            ErrorCode::InvalidContent,
             ErrorCode::MethodNotAllowed,
             ErrorCode::PayloadTooLarge,
             ErrorCode::AgentBusy,

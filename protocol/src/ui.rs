@@ -105,12 +105,42 @@ pub enum UiChunk {
     /// ceiling that was hit (SPEC T6).
     #[serde(rename = "data-notice")]
     DataNotice { data: Notice },
+    /// An MCP server asks the person a question in the middle of a tool call (P5): a form
+    /// (`requestedSchema`, its `default`s pre-filled), answered with
+    /// `POST /v1/approvals/{approvalId}` while the call waits. Sent again with the same
+    /// `id` once it is answered or closed (`state`), so the client replaces the form.
+    #[serde(rename = "data-elicitation")]
+    DataElicitation {
+        id: String,
+        data: Box<ElicitationPart>,
+    },
     /// Only on the events stream (S2): events this observer asked for are no longer in the
     /// window (trimmed, or dropped by a publisher under load); reload the transcript
     /// (`GET /v1/chats/{id}/messages`), then follow the live events after this one.
     /// Transient: it is never part of a message.
     #[serde(rename = "data-resync")]
     DataResync { data: Resync, transient: bool },
+}
+
+/// The payload of a `data-elicitation` chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ElicitationPart {
+    /// What `POST /v1/approvals/{id}` names.
+    pub approval_id: uuid::Uuid,
+    /// The connector tool call the question came during.
+    pub tool_call_id: String,
+    pub connector: String,
+    /// The server's message to the person.
+    pub message: String,
+    /// The form: an object of primitive fields, MCP's restricted JSON Schema.
+    pub requested_schema: serde_json::Value,
+    /// RFC 3339: when an unanswered question is closed (`expired`).
+    pub expires_at: String,
+    /// `pending` while the call waits; then `approved` (accepted), `denied` (declined),
+    /// `cancelled`, `expired` or `superseded` (a new message).
+    pub state: String,
 }
 
 /// The payload of a `data-resync` chunk.

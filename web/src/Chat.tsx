@@ -345,7 +345,7 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
 /** The status lines of a turn (worker, connectors, notices) are parts of its stream only:
  * the stored transcript keeps its text, tool calls and results. When the transcript is
  * reloaded at a turn's end, the lines this page saw stay in front of that message. */
-const LIVE_ONLY = new Set(["data-worker-status", "data-connector-status", "data-notice"]);
+const LIVE_ONLY = new Set(["data-worker-status", "data-connector-status", "data-notice", "data-elicitation"]);
 
 function keepLiveStatus(stored: UIMessage[], live: UIMessage[]): UIMessage[] {
   const seen = new Map(live.map((m) => [m.id, m]));
@@ -398,6 +398,7 @@ function Part({
     );
   }
   if (part.type === "data-connector-status") return <ConnectorStatus data={part.data ?? {}} />;
+  if (part.type === "data-elicitation") return <ElicitationForm api={api} data={part.data as unknown as Elicitation} />;
   if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
     return <ToolCard api={api} part={part} logs={logs[part.toolCallId ?? ""] ?? []} onApprove={onApprove} />;
   }
@@ -512,5 +513,179 @@ function ToolCard({
         </>
       )}
     </details>
+  );
+}
+
+/** P5: an MCP server's question while its tool call waits (a `data-elicitation` part). */
+interface Elicitation {
+  approvalId: string;
+  connector: string;
+  message: string;
+  requestedSchema: { properties?: Record<string, Field>; required?: string[] };
+  expiresAt: string;
+  state: string;
+}
+
+interface Field {
+  type?: string;
+  title?: string;
+  description?: string;
+  default?: unknown;
+  enum?: string[];
+  enumNames?: string[];
+  oneOf?: { const: string; title?: string }[];
+  anyOf?: { const: string; title?: string }[];
+  items?: Field;
+  format?: string;
+  minimum?: number;
+  maximum?: number;
+}
+
+const ENDED: Record<string, string> = {
+  approved: "Sent.",
+  denied: "Declined.",
+  cancelled: "Cancelled.",
+  expired: "Nobody answered in time.",
+  superseded: "A new message was sent instead.",
+};
+
+/** The choices of a select: `enum` (with `enumNames`), or titled `oneOf` / `anyOf` consts. */
+function choicesOf(field: Field | undefined): { value: string; label: string }[] {
+  if (!field) return [];
+  if (field.enum) return field.enum.map((v, i) => ({ value: v, label: field.enumNames?.[i] ?? v }));
+  const titled = field.oneOf ?? field.anyOf ?? [];
+  return titled.map((c) => ({ value: c.const, label: c.title ?? c.const }));
+}
+
+/** The form, pre-filled with each field's `default` (SEP-1034); a field left empty is not
+ * sent. Accept sends the values, Decline refuses; the brain checks them against the form. */
+function ElicitationForm({ api, data }: { api: Api; data: Elicitation }) {
+  const fields = Object.entries(data.requestedSchema.properties ?? {});
+  const required = new Set(data.requestedSchema.required ?? []);
+  const [values, setValues] = useState<Record<string, unknown>>(() =>
+    Object.fromEntries(fields.filter(([, f]) => f.default !== undefined).map(([k, f]) => [k, f.default])),
+  );
+  const [sent, setSent] = useState<string | undefined>();
+  const [problem, setProblem] = useState<ApiError | undefined>();
+  const ended = data.state !== "pending" ? data.state : sent;
+
+  async function submit(answer: Parameters<Api["answerElicitation"]>[1]) {
+    setProblem(undefined);
+    try {
+      await api.answerElicitation(data.approvalId, answer);
+      setSent(answer.action === "accept" ? "approved" : answer.action === "decline" ? "denied" : "cancelled");
+    } catch (err) {
+      setProblem(err as ApiError);
+    }
+  }
+
+  function onAccept(e: FormEvent) {
+    e.preventDefault();
+    const content = Object.fromEntries(
+      Object.entries(values).filter(([, v]) => v !== "" && v !== undefined && !(Array.isArray(v) && v.length === 0)),
+    );
+    void submit({ action: "accept", content });
+  }
+
+  const set = (name: string, value: unknown) => setValues((all) => ({ ...all, [name]: value }));
+
+  return (
+    <form className="elicitation" aria-label={`Question from ${data.connector}`} onSubmit={onAccept}>
+      <p className="elicitation-message">
+        <strong>{data.connector}</strong> asks: {data.message}
+      </p>
+      {ended ? (
+        <p className="elicitation-ended" role="status">
+          {ENDED[ended] ?? ended}
+        </p>
+      ) : (
+        <>
+          {fields.map(([name, field]) => {
+            const label = `${field.title ?? name}${required.has(name) ? " *" : ""}`;
+            const id = `elicit-${data.approvalId}-${name}`;
+            const choices = choicesOf(field);
+            let input;
+            if (field.type === "boolean") {
+              input = (
+                <input
+                  id={id}
+                  type="checkbox"
+                  checked={values[name] === true}
+                  onChange={(e) => set(name, e.target.checked)}
+                />
+              );
+            } else if (field.type === "array") {
+              const chosen = (values[name] as string[] | undefined) ?? [];
+              input = (
+                <select
+                  id={id}
+                  multiple
+                  value={chosen}
+                  onChange={(e) => set(name, Array.from(e.target.selectedOptions, (o) => o.value))}
+                >
+                  {choicesOf(field.items).map((c) => (
+                    <option key={c.value} value={c.value}>
+                      {c.label}
+                    </option>
+                  ))}
+                </select>
+              );
+            } else if (choices.length > 0) {
+              input = (
+                <select id={id} value={String(values[name] ?? "")} onChange={(e) => set(name, e.target.value)}>
+                  <option value="" />
+                  {choices.map((c) => (
+                    <option key={c.value} value={c.value}>
+                      {c.label}
+                    </option>
+                  ))}
+                </select>
+              );
+            } else if (field.type === "number" || field.type === "integer") {
+              input = (
+                <input
+                  id={id}
+                  type="number"
+                  step={field.type === "integer" ? 1 : "any"}
+                  min={field.minimum}
+                  max={field.maximum}
+                  value={values[name] === undefined ? "" : String(values[name])}
+                  onChange={(e) => set(name, e.target.value === "" ? undefined : Number(e.target.value))}
+                />
+              );
+            } else {
+              const type = { email: "email", uri: "url", date: "date", "date-time": "datetime-local" }[field.format ?? ""];
+              input = (
+                <input
+                  id={id}
+                  type={type ?? "text"}
+                  value={String(values[name] ?? "")}
+                  onChange={(e) => set(name, e.target.value)}
+                />
+              );
+            }
+            return (
+              <div key={name} className="field">
+                <label htmlFor={id} title={field.description}>
+                  {label}
+                </label>
+                {input}
+              </div>
+            );
+          })}
+          <div className="approval">
+            <button type="submit">Send</button>
+            <button type="button" onClick={() => void submit({ action: "decline" })}>
+              Decline
+            </button>
+          </div>
+          {problem && (
+            <p className="error" role="alert">
+              <strong>{problem.code}</strong>: {explain(problem)}
+            </p>
+          )}
+        </>
+      )}
+    </form>
   );
 }

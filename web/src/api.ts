@@ -254,6 +254,14 @@ export class Api {
     return this.request("POST", `/v1/chats/${chatId}/stop`);
   }
 
+  /** P5: answers an MCP server's question (an elicitation) the chat's turn waits on. */
+  answerElicitation(
+    approvalId: string,
+    answer: { action: "accept"; content: Record<string, unknown> } | { action: "decline" | "cancel" },
+  ): Promise<unknown> {
+    return this.request("POST", `/v1/approvals/${approvalId}`, answer);
+  }
+
   artifactMeta(id: string): Promise<ArtifactMeta> {
     return this.request("GET", `/v1/artifacts/${id}/meta`);
   }

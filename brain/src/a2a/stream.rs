@@ -176,6 +176,22 @@ impl Translator {
                 self.awaiting_approval = true;
                 Vec::new()
             }
+            // P5: a call waits on a person's answer to an MCP server's question (answered
+            // through the approvals API), then goes on.
+            UiChunk::DataElicitation { data, .. } => {
+                let state = if data.state == "pending" {
+                    TaskState::InputRequired
+                } else {
+                    TaskState::Working
+                };
+                let status =
+                    task::bare(self.turn, self.chat, state, Some(chrono::Utc::now())).status;
+                vec![StreamResponse::StatusUpdate(StatusUpdate {
+                    task_id: self.turn.to_string(),
+                    context_id: self.chat.to_string(),
+                    status,
+                })]
+            }
             UiChunk::Error { error_text } => {
                 self.error = Some(error_text);
                 self.end(TaskState::Failed)
@@ -310,5 +326,34 @@ mod tests {
                 .unwrap()
                 .starts_with("provider_unavailable:")
         );
+    }
+
+    #[test]
+    fn a_question_waiting_on_a_person_is_input_required_until_answered() {
+        let (turn, chat) = ids();
+        let mut t = Translator::new(turn, chat);
+        let mut part = protocol::ui::ElicitationPart {
+            approval_id: uuid::Uuid::new_v4(),
+            tool_call_id: "c".into(),
+            connector: "crm".into(),
+            message: "which account?".into(),
+            requested_schema: serde_json::json!({"type": "object", "properties": {}}),
+            expires_at: "2026-01-01T00:00:00Z".into(),
+            state: "pending".into(),
+        };
+        let mut states = Vec::new();
+        for state in ["pending", "approved"] {
+            part.state = state.into();
+            let events = t.feed(UiChunk::DataElicitation {
+                id: part.approval_id.to_string(),
+                data: Box::new(part.clone()),
+            });
+            let [StreamResponse::StatusUpdate(update)] = &events[..] else {
+                panic!("{events:?}");
+            };
+            states.push(update.status.state);
+        }
+        assert_eq!(states, [TaskState::InputRequired, TaskState::Working]);
+        assert_eq!(t.ended(), None, "the turn goes on");
     }
 }

@@ -208,6 +208,12 @@ impl Translator {
                 name: "notice".into(),
                 value: json!({"code": data.code, "message": data.message}),
             }),
+            // P5: an AG-UI client sees the question; it answers it through the approvals
+            // API like any client.
+            UiChunk::DataElicitation { data, .. } => out.push(Event::Custom {
+                name: "elicitation".into(),
+                value: serde_json::to_value(&data).unwrap_or_default(),
+            }),
             UiChunk::DataWorkerLog { data, .. } => out.push(Event::Custom {
                 name: "worker_log".into(),
                 value: json!({"toolCallId": data.tool_call_id, "stream": data.stream,

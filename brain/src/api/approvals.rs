@@ -5,15 +5,16 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use protocol::{ErrorBody, TurnId};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::paging::{self, KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::approvals::validate_reason;
+use crate::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{Answer, ApprovalRow, StoreError, bounded};
+use crate::store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 use crate::turn::{self, Trigger};
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -72,22 +73,34 @@ pub async fn list(
     }))
 }
 
-/// A person's answer.
+/// A person's answer: `approved` (and a `reason`) for a tool call's approval; `action`
+/// (and `content`) for an MCP server's question (`kind: elicitation`, P5).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"approved": false, "reason": "not on a Friday"}))]
 pub struct AnswerBody {
-    approved: bool,
-    /// Shown to the model with a denial.
+    /// A tool call's approval: whether the call may run.
+    #[serde(default)]
+    approved: Option<bool>,
+    /// A tool call's approval: shown to the model with a denial.
     #[serde(default)]
     reason: Option<String>,
+    /// An elicitation: `accept` (sends `content`), `decline` or `cancel`.
+    #[serde(default)]
+    action: Option<ElicitAction>,
+    /// An elicitation accepted: the form's values, checked against its
+    /// `requestedSchema` (`422 invalid_content` when they do not fit).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    content: Option<Value>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Answered {
     approval: ApprovalRow,
-    /// The continuation, running with no client attached (its chunks reach the chat's
-    /// events stream); `null` while other approvals of the same turn still wait.
+    /// A tool call's approval: the continuation, running with no client attached (its
+    /// chunks reach the chat's events stream); `null` while other approvals of the same
+    /// turn still wait. An elicitation: the turn whose call waited on it, which goes on.
     turn_id: Option<TurnId>,
 }
 
@@ -101,8 +114,11 @@ pub struct Answered {
     request_body = AnswerBody,
     responses(
         (status = 202, description = "Answered; the continuation runs (the tool, or the \
-            model reading the denial) with no client attached.", body = Answered),
-        (status = 400, description = "The body is invalid (`invalid_request`).", body = ErrorBody),
+            model reading the denial) with no client attached; an elicitation's answer goes \
+            to the MCP server, whose call goes on in its turn.", body = Answered),
+        (status = 400, description = "The body is invalid (`invalid_request`): `approved` \
+            for an elicitation, `action` for a tool call, `content` without `accept`.",
+            body = ErrorBody),
         (status = 402, description = "A period budget of the team is spent (`quota_exhausted`); \
             the approval still waits.", body = ErrorBody),
         (status = 404, description = "No such approval in the team (`not_found`).", body = ErrorBody),
@@ -110,6 +126,8 @@ pub struct Answered {
             superseded (`conflict`), or the agent is running another turn (`agent_busy`).",
             body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+        (status = 422, description = "An elicitation's `content` does not fit its form \
+            (`invalid_content`, the message names the field); it still waits.", body = ErrorBody),
         (status = 429, description = "The team's turn quotas are reached (`quota_exceeded`); \
             the approval still waits.", body = ErrorBody),
         (status = 503, description = "A store is unavailable (`store_unavailable`), this \
@@ -133,9 +151,22 @@ pub async fn answer(
         Err(e) => return Err(e.into()),
     };
     principal.check_chat(&state.store, approval.chat).await?;
+    if approval.kind == ApprovalKind::Elicitation {
+        return answer_elicitation(&state, &principal, approval, body).await;
+    }
+    if body.action.is_some() || body.content.is_some() {
+        return Err(ApiError::InvalidRequest(
+            "`action` and `content` answer an elicitation; this approval is a tool call's: \
+             answer `approved`"
+                .into(),
+        ));
+    }
+    let approved = body.approved.ok_or_else(|| {
+        ApiError::InvalidRequest("`approved` is required to answer a tool call's approval".into())
+    })?;
     let answers = vec![Answer {
         id,
-        approved: body.approved,
+        approved,
         reason: body.reason,
     }];
     let launched = turn::launch(
@@ -163,4 +194,74 @@ pub async fn answer(
             turn_id: launched.turn,
         }),
     ))
+}
+
+/// P5: records a person's answer to an MCP server's question; the call waiting on it (on
+/// whichever replica runs its turn) reads it from the row and answers the server.
+async fn answer_elicitation(
+    state: &AppState,
+    principal: &Principal,
+    approval: ApprovalRow,
+    body: AnswerBody,
+) -> Result<(StatusCode, Json<Answered>), ApiError> {
+    if body.approved.is_some() || body.reason.is_some() {
+        return Err(ApiError::InvalidRequest(
+            "this approval is an MCP server's question: answer `action` (`accept`, `decline` \
+             or `cancel`) and, to accept, `content`"
+                .into(),
+        ));
+    }
+    let action = body
+        .action
+        .ok_or_else(|| ApiError::InvalidRequest("`action` is required".into()))?;
+    let content = match (action, body.content) {
+        (ElicitAction::Accept, content) => {
+            let content = content.unwrap_or_else(|| Value::Object(Default::default()));
+            let form = approval
+                .elicitation
+                .as_ref()
+                .map(|e| &e.requested_schema)
+                .ok_or(ApiError::Internal("an elicitation without its form".into()))?;
+            check_content(form, &content).map_err(ApiError::InvalidContent)?;
+            Some(content)
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::InvalidRequest(
+                "`content` goes with `action: accept` only".into(),
+            ));
+        }
+        (_, None) => None,
+    };
+    let authority = principal.authority();
+    let by = Answerer {
+        actor: &authority.actor,
+        admin: authority.may_change_agent(),
+    };
+    let answered = bounded(state.store.answer_elicitation(
+        principal.team,
+        approval.id,
+        action,
+        content.as_ref(),
+        by,
+    ))
+    .await?;
+    match answered {
+        Recorded::Done { mut answered, .. } => {
+            let approval = answered
+                .pop()
+                .ok_or(ApiError::Internal("the answered approval vanished".into()))?;
+            tracing::info!(team = %principal.team, approval = %approval.id, state = approval.state.as_str(), "elicitation answered");
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(Answered {
+                    turn_id: Some(approval.turn),
+                    approval,
+                }),
+            ))
+        }
+        Recorded::Closed(row) => Err(ApiError::Conflict(format!(
+            "this approval is {} already",
+            row.state.as_str()
+        ))),
+    }
 }

@@ -414,6 +414,9 @@ pub struct Requester<'a> {
     /// The turn's principal (`Authority::actor`: `key:<id>` or `user:<subject>`), logged
     /// as binding the grant of a flow the turn begins (L5).
     pub actor: &'a str,
+    /// Who answers the servers' questions (P5): the person in the chat of an interactive
+    /// turn, nobody for a background or autostart one.
+    pub answerer: Answerer,
 }
 
 /// What a turn starts its connectors with.
@@ -442,6 +445,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         config,
         cancel,
     } = *turn;
+    let answerer = requester.answerer;
     let user = requester.user;
     let attempt = async {
         let (headers, env) = row.target.templates();
@@ -450,9 +454,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
             Err(class) => return Started::Down(class),
         };
         if credentials.has_authorization() {
-            return match Session::start(row, config, &credentials, None, Answerer::Nobody, cancel)
-                .await
-            {
+            return match Session::start(row, config, &credentials, None, answerer, cancel).await {
                 Ok((session, tools)) => Started::Ready(session, tools),
                 Err(e) if e.challenge().is_some() => Started::Down("credentials_refused"),
                 Err(e) => Started::Down(e.class()),
@@ -465,8 +467,7 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         };
         let bearer = grant.as_ref().map(|(_, token, _)| token.as_str());
         let challenge =
-            match Session::start(row, config, &credentials, bearer, Answerer::Nobody, cancel).await
-            {
+            match Session::start(row, config, &credentials, bearer, answerer, cancel).await {
                 Ok((session, tools)) => return Started::Ready(session, tools),
                 Err(e) => match e.challenge() {
                     Some(challenge) => challenge.to_owned(),
@@ -478,15 +479,8 @@ pub(super) async fn start(turn: &Turn<'_>, row: &ConnectorRow) -> Started {
         if let Some((owner, _, version)) = grant {
             match locked_refresh(oauth, store, &owner, version).await {
                 Ok((token, _)) => {
-                    match Session::start(
-                        row,
-                        config,
-                        &credentials,
-                        Some(&token),
-                        Answerer::Nobody,
-                        cancel,
-                    )
-                    .await
+                    match Session::start(row, config, &credentials, Some(&token), answerer, cancel)
+                        .await
                     {
                         Ok((session, tools)) => return Started::Ready(session, tools),
                         Err(e) if e.challenge().is_none() => return Started::Down(e.class()),

@@ -39,6 +39,12 @@
 //! (`[secret:NAME]`, `[secret:oauth_token]`, SPEC W12), as a worker's output is.
 //! A tool writes (SPEC T6) unless its annotations say `readOnlyHint: true`.
 //!
+//! # Questions (P5)
+//!
+//! A server may ask the person a question during a call (`elicitation/create`): an
+//! interactive turn's session asks it in the chat and the call waits (`elicitation.rs`); a
+//! background or autostart turn's session declines at once ([`session::Answerer`]).
+//!
 //! # Lifetime
 //!
 //! One MCP session per connector and turn, shared by that connector's tools. It closes when
@@ -59,6 +65,7 @@
 pub mod address;
 pub mod authorization;
 pub mod credentials;
+mod elicitation;
 pub mod oauth;
 pub mod session;
 mod tool;
@@ -78,6 +85,7 @@ use crate::tools::Tool;
 pub use authorization::Requester;
 use authorization::Started;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
+pub use session::Answerer;
 use tool::ConnectorTool;
 
 /// The longest tool name every provider accepts.

@@ -25,6 +25,7 @@ use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceError, ServiceExt}
 use tokio_util::sync::CancellationToken;
 
 use super::credentials::Resolved;
+pub use super::elicitation::Asking;
 use super::{ConnectorConfig, address};
 use crate::store::{ConnectorRow, ConnectorTarget};
 
@@ -109,6 +110,8 @@ pub struct Session {
     pub name: String,
     /// The credentials this session sent, masked in whatever the server answers.
     pub masks: Arc<Masks>,
+    /// The session's running calls, which its server's questions are asked through (P5).
+    pub asking: Arc<Asking>,
     client: RunningService<RoleClient, Client>,
 }
 
@@ -129,7 +132,8 @@ impl Session {
         cancel: &CancellationToken,
     ) -> Result<(Self, Vec<rmcp::model::Tool>), ConnectError> {
         let started = async {
-            let client = connect(row, config, credentials, bearer, answerer).await?;
+            let asking = Arc::new(Asking::new(&row.name));
+            let client = connect(row, config, credentials, bearer, answerer, &asking).await?;
             let tools = client.peer().list_all_tools().await.map_err(|e| {
                 auth_challenge(&e).unwrap_or(ConnectError::Other("list_tools_failed"))
             })?;
@@ -137,6 +141,7 @@ impl Session {
                 Self {
                     name: row.name.clone(),
                     masks: Arc::new(credentials.masks(bearer)),
+                    asking,
                     client,
                 },
                 tools,
@@ -164,19 +169,22 @@ impl Drop for Session {
 /// Who answers a server's `elicitation/create` during a session (P5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answerer {
-    /// No person can be asked: declined at once, so the server knows and goes on. Every
-    /// turn's session today: the form in the chat is not built (docs/protocol.md,
-    /// "Elicitation (P5)").
+    /// No person can be asked (a background or autostart turn): declined at once, so the
+    /// server knows and goes on.
     Nobody,
     /// A person who submits the form as it is pre-filled: the requested schema's
     /// defaults. The conformance client's stand-in for the person.
     Defaults,
+    /// The person in the chat of an interactive turn, through a pending approval the call
+    /// waits on for at most `ttl` (the approvals' expiry).
+    Person { ttl: std::time::Duration },
 }
 
 /// The client side of a connector session: what it declares and how it answers the
 /// server's requests.
 pub struct Client {
     answerer: Answerer,
+    asking: Arc<Asking>,
 }
 
 impl ClientHandler for Client {
@@ -187,8 +195,11 @@ impl ClientHandler for Client {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
+        if let Answerer::Person { ttl } = self.answerer {
+            return Ok(self.asking.ask(request, ttl, &context.ct).await);
+        }
         let schema = match (&request, self.answerer) {
             (
                 ElicitRequestParams::FormElicitationParams {
@@ -238,8 +249,12 @@ async fn connect(
     credentials: &Resolved,
     bearer: Option<&str>,
     answerer: Answerer,
+    asking: &Arc<Asking>,
 ) -> Result<RunningService<RoleClient, Client>, ConnectError> {
-    let client = Client { answerer };
+    let client = Client {
+        answerer,
+        asking: asking.clone(),
+    };
     match &row.target {
         ConnectorTarget::Http { url, .. } => {
             let url = reqwest::Url::parse(url).map_err(|_| "invalid_url")?;

@@ -121,31 +121,51 @@ impl Tool for ConnectorTool {
                 _ => return ToolOutput::error("arguments must be a JSON object"),
             };
             let connector = &self.session.name;
+            // The server's questions during this call are asked through it (P5).
+            let _entered = self
+                .session
+                .asking
+                .enter(ctx, &self.spec.name, &Value::Object(arguments.clone()));
             let params =
                 CallToolRequestParams::new(self.remote_name.clone()).with_arguments(arguments);
             // Whichever arm loses is dropped; dropping the request sends
             // `notifications/cancelled` to the server.
             let request = self.session.peer().call_tool(params);
-            tokio::select! {
-                biased;
-                () = ctx.cancel.cancelled() => {
-                    ToolOutput::error("cancelled: the turn was stopped before this tool call finished")
-                }
-                () = tokio::time::sleep(self.call_timeout) => {
-                    tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = "timeout", "connector tool call failed");
-                    ToolOutput::error(format!(
-                        "the connector `{connector}` did not answer within {} ms; the call was cancelled",
-                        self.call_timeout.as_millis()
-                    ))
-                }
-                answered = request => match answered {
-                    Ok(result) => render(result, &self.session.masks),
-                    Err(err) => {
-                        tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = error_class(&err), "connector tool call failed");
-                        // A server's error message may quote the request.
-                        ToolOutput::error(self.session.masks.mask(&error_text(connector, &err)))
+            tokio::pin!(request);
+            let asking = &self.session.asking;
+            let (started, waited_before) = (tokio::time::Instant::now(), asking.waited());
+            let mut deadline = started + self.call_timeout;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = ctx.cancel.cancelled() => {
+                        return ToolOutput::error("cancelled: the turn was stopped before this tool call finished");
                     }
-                },
+                    () = tokio::time::sleep_until(deadline) => {
+                        // Time a person spent on the server's questions does not count: the
+                        // timeout is the server's, and a question keeps it waiting.
+                        let due = started
+                            + self.call_timeout
+                            + asking.waited().saturating_sub(waited_before);
+                        if asking.is_waiting() || due > tokio::time::Instant::now() {
+                            deadline = due.max(tokio::time::Instant::now() + Duration::from_millis(200));
+                            continue;
+                        }
+                        tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = "timeout", "connector tool call failed");
+                        return ToolOutput::error(format!(
+                            "the connector `{connector}` did not answer within {} ms; the call was cancelled",
+                            self.call_timeout.as_millis()
+                        ));
+                    }
+                    answered = &mut request => return match answered {
+                        Ok(result) => render(result, &self.session.masks),
+                        Err(err) => {
+                            tracing::warn!(turn = %ctx.turn, connector = %connector, tool = %self.spec.name, class = error_class(&err), "connector tool call failed");
+                            // A server's error message may quote the request.
+                            ToolOutput::error(self.session.masks.mask(&error_text(connector, &err)))
+                        }
+                    },
+                }
             }
         }
         .boxed()

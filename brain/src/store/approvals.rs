@@ -16,7 +16,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::approvals::{ApprovalState, denial_text};
+use crate::approvals::{ApprovalKind, ApprovalState, ElicitAction, Elicitation, denial_text};
 
 /// A pending approval as the turn that asks writes it, with its end state.
 #[derive(Clone, Debug)]
@@ -36,9 +36,18 @@ pub struct NewApproval {
 pub struct ApprovalRow {
     #[schema(value_type = Uuid)]
     pub id: Uuid,
+    /// A tool call to let run, or an MCP server's question the call waits on (P5).
+    pub kind: ApprovalKind,
+    /// The call that asks (an elicitation's: the connector tool call it came during).
     pub tool_call_id: String,
     pub tool: String,
     pub input: Value,
+    /// With `kind: elicitation`: the server's message and form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub elicitation: Option<Elicitation>,
+    /// With `kind: elicitation`, once accepted: the values sent to the server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
     pub state: ApprovalState,
     /// The person's reason, or why it was denied without one.
     pub reason: Option<String>,
@@ -49,23 +58,30 @@ pub struct ApprovalRow {
     pub agent: AgentId,
     #[serde(skip)]
     pub turn: TurnId,
+    /// The stored tool part a tool approval rewrites; an elicitation has none.
     #[serde(skip)]
-    pub message: MessageId,
+    pub message: Option<MessageId>,
     #[serde(skip)]
-    pub part_index: i32,
+    pub part_index: Option<i32>,
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, tool_call_id, tool, input, state, reason, expires_at, chat_id, \
-    agent_id, turn_id, message_id, part_index, created_at";
+const COLUMNS: &str = "id, kind, tool_call_id, tool, input, elicitation, content, state, reason, \
+    expires_at, chat_id, agent_id, turn_id, message_id, part_index, created_at";
 
 fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
     let state: String = row.try_get("state")?;
+    let kind: String = row.try_get("kind")?;
+    let elicitation: Option<Json<Elicitation>> = row.try_get("elicitation")?;
     Ok(ApprovalRow {
         id: row.try_get("id")?,
+        kind: ApprovalKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("approval kind {kind}")))?,
         tool_call_id: row.try_get("tool_call_id")?,
         tool: row.try_get("tool")?,
         input: row.try_get("input")?,
+        elicitation: elicitation.map(|e| e.0),
+        content: row.try_get("content")?,
         state: ApprovalState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt(format!("approval state {state}")))?,
         reason: row.try_get("reason")?,
@@ -73,7 +89,7 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
         chat: ChatId(row.try_get("chat_id")?),
         agent: AgentId(row.try_get("agent_id")?),
         turn: TurnId(row.try_get("turn_id")?),
-        message: MessageId(row.try_get("message_id")?),
+        message: row.try_get::<Option<Uuid>, _>("message_id")?.map(MessageId),
         part_index: row.try_get("part_index")?,
         created_at: row.try_get("created_at")?,
     })
@@ -160,7 +176,7 @@ pub enum Answered {
     },
     /// An approval was answered already (its state now), or had expired: nothing changed
     /// but the expiry.
-    Closed(ApprovalRow),
+    Closed(Box<ApprovalRow>),
 }
 
 /// Which pending approvals of a chat a new event denies.
@@ -170,6 +186,8 @@ pub enum Close {
     Expired,
     /// All of them: the user sent a new message.
     Superseded,
+    /// The elicitations only: a message was queued behind the turn that asks (P5).
+    Asked,
 }
 
 impl Store {
@@ -225,6 +243,7 @@ impl Store {
         let (state, due) = match which {
             Close::Expired => (ApprovalState::Expired, "AND expires_at <= now()"),
             Close::Superseded => (ApprovalState::Superseded, ""),
+            Close::Asked => (ApprovalState::Superseded, "AND kind = 'elicitation'"),
         };
         let mut tx = self.pool.begin().await?;
         let sql = format!(
@@ -263,7 +282,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let sql = format!(
             "SELECT {COLUMNS}, expires_at <= now() AS expired FROM approvals \
-             WHERE team_id = $1 AND chat_id = $3 AND turn_id = \
+             WHERE team_id = $1 AND chat_id = $3 AND kind = 'tool' AND turn_id = \
                (SELECT turn_id FROM approvals WHERE team_id = $1 AND id = $2) \
              ORDER BY part_index FOR UPDATE"
         );
@@ -284,7 +303,7 @@ impl Store {
                 return Err(StoreError::NotFound);
             };
             if row.state != ApprovalState::Pending {
-                return Ok(Answered::Closed(row.clone()));
+                return Ok(Answered::Closed(Box::new(row.clone())));
             }
             if *expired {
                 // The expiry is written even though the answers are refused.
@@ -292,7 +311,7 @@ impl Store {
                 row.state = ApprovalState::Expired;
                 let closed = row.clone();
                 tx.commit().await?;
-                return Ok(Answered::Closed(closed));
+                return Ok(Answered::Closed(Box::new(closed)));
             }
         }
         let mut answered = Vec::with_capacity(answers.len());
@@ -403,7 +422,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT {COLUMNS} FROM approvals WHERE team_id = $1 AND turn_id = $2 \
-             ORDER BY part_index FOR UPDATE"
+               AND kind = 'tool' ORDER BY part_index FOR UPDATE"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
@@ -464,15 +483,158 @@ async fn set_part(
     row: &ApprovalRow,
     part: &Part,
 ) -> Result<(), StoreError> {
+    // An elicitation names no stored part: its call is still running.
+    let (Some(message), Some(index)) = (row.message, row.part_index) else {
+        return Ok(());
+    };
     sqlx::query(
         "UPDATE messages SET parts = jsonb_set(parts, ARRAY[$3::text], $4) \
          WHERE team_id = $1 AND id = $2",
     )
     .bind(team.0)
-    .bind(row.message.0)
-    .bind(row.part_index.to_string())
+    .bind(message.0)
+    .bind(index.to_string())
     .bind(Json(part))
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// An MCP server's question as the call that waits on it records it (P5).
+#[derive(Debug)]
+pub struct NewElicitation<'a> {
+    pub id: Uuid,
+    pub agent: AgentId,
+    pub chat: ChatId,
+    pub turn: TurnId,
+    pub tool_call_id: &'a str,
+    pub tool: &'a str,
+    pub input: &'a Value,
+    pub elicitation: &'a Elicitation,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// Records a pending elicitation and its `approval.requested` event (ids only, X4) in
+    /// one transaction.
+    pub async fn insert_elicitation(
+        &self,
+        team: TeamId,
+        new: &NewElicitation<'_>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, kind, tool_call_id, \
+               tool, input, elicitation, state, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, 'elicitation', $6, $7, $8, $9, 'pending', $10)",
+        )
+        .bind(new.id)
+        .bind(team.0)
+        .bind(new.agent.0)
+        .bind(new.chat.0)
+        .bind(new.turn.0)
+        .bind(new.tool_call_id)
+        .bind(new.tool)
+        .bind(new.input)
+        .bind(Json(new.elicitation))
+        .bind(new.expires_at)
+        .execute(&mut *tx)
+        .await?;
+        let data = serde_json::json!({
+            "approval_id": new.id,
+            "kind": ApprovalKind::Elicitation.as_str(),
+            "turn_id": new.turn,
+            "chat_id": new.chat,
+            "agent_id": new.agent,
+            "tool": new.tool,
+            "expires_at": new.expires_at,
+        });
+        super::webhooks::enqueue(
+            &mut *tx,
+            team,
+            super::webhooks::WebhookEvent::ApprovalRequested,
+            &new.id.to_string(),
+            &data,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Where an elicitation stands: its state, and the values once accepted.
+    pub async fn elicitation_state(
+        &self,
+        team: TeamId,
+        id: Uuid,
+    ) -> Result<(ApprovalState, Option<Value>), StoreError> {
+        let (state, content): (String, Option<Value>) = sqlx::query_as(
+            "SELECT state, content FROM approvals \
+             WHERE team_id = $1 AND id = $2 AND kind = 'elicitation'",
+        )
+        .bind(team.0)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let state = ApprovalState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("approval state {state}")))?;
+        Ok((state, content))
+    }
+
+    /// Records a person's answer to a pending elicitation, at most once (a conditional
+    /// UPDATE: of two answers one wins); one past its expiry is closed `expired` instead.
+    pub async fn answer_elicitation(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        action: ElicitAction,
+        content: Option<&Value>,
+        by: Answerer<'_>,
+    ) -> Result<Answered, StoreError> {
+        let sql = format!(
+            "UPDATE approvals SET state = $3, content = $4, answered_at = now(), \
+               answered_by = $5, answered_admin = $6 \
+             WHERE team_id = $1 AND id = $2 AND kind = 'elicitation' AND state = 'pending' \
+               AND expires_at > now() \
+             RETURNING {COLUMNS}"
+        );
+        let answered = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id)
+            .bind(action.state().as_str())
+            .bind(content)
+            .bind(by.actor)
+            .bind(by.admin)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = answered {
+            return Ok(Answered::Done {
+                answered: vec![from_row(&row)?],
+                resume: None,
+            });
+        }
+        self.close_elicitation(team, id, ApprovalState::Expired)
+            .await?;
+        Ok(Answered::Closed(Box::new(self.approval(team, id).await?)))
+    }
+
+    /// Closes a pending elicitation in `state` (expired, or cancelled by its turn or its
+    /// server), unless it was answered first. Answers whether it closed it.
+    pub async fn close_elicitation(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        state: ApprovalState,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE approvals SET state = $3, answered_at = now() \
+             WHERE team_id = $1 AND id = $2 AND kind = 'elicitation' AND state = 'pending'",
+        )
+        .bind(team.0)
+        .bind(id)
+        .bind(state.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
 }

@@ -43,7 +43,8 @@ use sqlx::{ConnectOptions, PgPool, SqlStr};
 pub use a2a::{PushConfig, TaskFilter};
 pub use agents::{AgentRow, AgentUpdate, BusyPolicy, DisconnectPolicy, NewAgent};
 pub use approvals::{
-    Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, Stranded, requested_part,
+    Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, NewElicitation, Stranded,
+    requested_part,
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
@@ -548,6 +549,11 @@ fn migrator() -> Migrator {
             34,
             "a2a: push config credentials sealed",
             include_str!("../../../migrations/0034_a2a_push_sealed.sql"),
+        ),
+        (
+            35,
+            "elicitations: MCP servers' questions as approvals of their own kind",
+            include_str!("../../../migrations/0035_elicitations.sql"),
         ),
         (
             36,

@@ -296,6 +296,15 @@ pub(super) async fn offer(
                 user: basis.chat.created_by.as_deref(),
                 admin: launch.authority.may_change_agent(),
                 actor: &launch.authority.actor,
+                // P5: a person answers the servers' questions only where one follows the
+                // turn; a background or autostart turn declines them at once.
+                answerer: if launch.detached {
+                    connectors::Answerer::Nobody
+                } else {
+                    connectors::Answerer::Person {
+                        ttl: state.config.approval_ttl,
+                    }
+                },
             },
             cancel,
         )

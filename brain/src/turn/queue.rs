@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Launched, Trigger, TurnError, TurnInput, launch, stop};
 use crate::AppState;
 use crate::auth::{Authority, Scope};
-use crate::store::{BusyPolicy, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
+use crate::store::{BusyPolicy, Close, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
 
 /// How often an interrupting message asks for the hold while the stopped turn winds up:
 /// well inside T13's 100 ms.
@@ -237,6 +237,11 @@ pub async fn enqueue(
         other => other.into(),
     })?;
     tracing::info!(turn = %turn, agent = %agent, position = queued.position, "message queued");
+    // A4, P5: a new message supersedes the MCP servers' questions the chat's running turn
+    // waits on (the call goes on without the answer) rather than queue behind them.
+    if let Err(e) = bounded(state.store.close_approvals(team, chat, Close::Asked)).await {
+        tracing::warn!(chat = %chat, class = e.metric_label(), "could not supersede the chat's pending elicitations");
+    }
     state.queue.kick(team, agent);
     Ok(Queued {
         turn,

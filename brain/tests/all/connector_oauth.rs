@@ -856,6 +856,7 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
             user: None,
             admin: true,
             actor: "key:test",
+            answerer: brain::connectors::Answerer::Nobody,
         },
         &cancel,
     )

@@ -21,6 +21,7 @@ mod cluster;
 mod connector_oauth;
 mod connectors;
 mod contract;
+mod elicitation;
 mod erasure;
 mod events;
 mod faults;

@@ -446,3 +446,62 @@ async fn make_dev_prints_a_link_to_a_chat_where_the_demo_runs_a_command() {
             .unwrap();
     }
 }
+
+/// P5 in a real browser: server-everything (stdio) asks a question while its tool call
+/// waits; the page renders the form pre-filled with the schema's defaults (axe-core finds
+/// no serious violation), the person fills in and sends it, and the tool's result (the
+/// server's echo) and the model's answer after it appear (tests/web/elicit.mjs).
+#[tokio::test]
+async fn a_person_answers_an_mcp_servers_question_in_the_page() {
+    let app = TestApp::start_with(|c| c.connectors.allow_stdio = true).await;
+    let agent = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "asker", "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
+        )
+        .await;
+    assert_eq!(agent.status(), 201);
+    let agent: Value = agent.json().await.unwrap();
+    let connector = app
+        .post_json(
+            "/v1/connectors",
+            &json!({"name": "everything", "agent_id": agent["id"],
+                    "command": ["node", common::mcp::everything_js(), "stdio"]}),
+        )
+        .await;
+    assert_eq!(connector.status(), 201);
+    app.provider.push(Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call_ask".into(),
+            name: "everything_trigger-elicitation-request".into(),
+            arguments: "{}".into(),
+        }],
+        fragment: 0,
+    });
+    app.provider.push(Reply::Text {
+        deltas: vec!["Done.".into()],
+        delay: Duration::from_millis(1),
+    });
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/elicit.mjs");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .arg(&app.url)
+            .arg(&app.key)
+            .arg("asker")
+            .arg(&out)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser ends within three minutes")
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "the page did not answer the question:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
