@@ -320,6 +320,7 @@ async fn measure(
         client.turn(n).await
     })
     .await?;
+    crate::system::analyze(&system.db_name).await?;
 
     let before = probe.snapshot().await?;
     let perf = start_perf(brain_pid)?;

@@ -131,6 +131,19 @@ impl Database {
     }
 }
 
+/// Brings database `name`'s planner statistics up to date, as autovacuum does within the
+/// first hundred turns of a production database. This machine's Postgres runs with
+/// autovacuum off, so a fresh bench database is never analyzed and keeps the plans chosen
+/// while its tables were empty, where `turns`' two indexes on `team_id` tie and a
+/// single-turn lookup reads the team's whole `turns` (docs/PERFORMANCE.md, issue 31). The
+/// `ANALYZE` invalidates the brain's cached plans, so its next statements plan again.
+pub async fn analyze(name: &str) -> Result<()> {
+    let db = sqlx::PgPool::connect(&db_url(name)).await?;
+    sqlx::query("ANALYZE").execute(&db).await?;
+    db.close().await;
+    Ok(())
+}
+
 /// A brain (in this process, or a child: [`System::start_process`]), its database, its
 /// scripted provider, and a team.
 pub struct System {

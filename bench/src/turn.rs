@@ -170,6 +170,7 @@ pub async fn warmed_clients(
     for result in futures_util::future::join_all(warm).await {
         result?;
     }
+    crate::system::analyze(&system.db_name).await?;
     let brain_body = system
         .provider
         .requests()
