@@ -560,6 +560,11 @@ fn migrator() -> Migrator {
             "user sessions and grant audit",
             include_str!("../../../migrations/0036_user_sessions_and_grant_audit.sql"),
         ),
+        (
+            37,
+            "a2a: a turn's end notifies only a task with push configs",
+            include_str!("../../../migrations/0037_a2a_notify_guard.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {
