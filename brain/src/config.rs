@@ -77,6 +77,9 @@ pub struct Config {
     /// The platform operator's bearer for the team API (`BRAIN_OPERATOR_TOKEN`, L1);
     /// `None`: the team API answers `404`.
     pub operator_token: Option<crate::auth::OperatorToken>,
+    /// The proxies in front of the brain whose `X-Forwarded-For` names the client the
+    /// audit log records (`BRAIN_TRUSTED_PROXIES`, L5); empty: the TCP peer is the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
     pub jwt: Option<crate::auth::JwtConfig>,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
@@ -551,6 +554,7 @@ impl Config {
             workers: workers(env)?,
             quotas: quotas(env)?,
             operator_token: crate::auth::OperatorToken::from_env(env)?,
+            trusted_proxies: trusted_proxies(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
             oauth: oauth(env, addr)?,
             webhooks: WebhooksConfig {
@@ -611,6 +615,29 @@ impl Config {
 }
 
 /// `BRAIN_SECRETS_KEY`: unset means secrets are off; nothing is generated in its place.
+/// `BRAIN_TRUSTED_PROXIES`: comma-separated networks (`10.0.0.0/8`) or addresses.
+fn trusted_proxies(env: &dyn Env) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    let name = "BRAIN_TRUSTED_PROXIES";
+    let Some(raw) = non_empty(env, name) else {
+        return Ok(Vec::new());
+    };
+    raw.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            entry
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map(|net| net.trunc())
+                .map_err(|_| ConfigError {
+                    name,
+                    problem: "must be a comma-separated list of networks (10.0.0.0/8) or addresses"
+                        .into(),
+                })
+        })
+        .collect()
+}
+
 fn secrets_key(env: &dyn Env) -> Result<Option<crate::store::SecretsKey>, ConfigError> {
     let Some(raw) = non_empty(env, "BRAIN_SECRETS_KEY") else {
         return Ok(None);

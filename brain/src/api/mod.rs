@@ -165,21 +165,64 @@ impl FromRequestParts<AppState> for Principal {
 }
 
 /// The address a request came from, for the audit log (L5): the TCP peer the server
-/// accepted, never a header a client could write, so behind a proxy it is the proxy's.
-/// `None` where the server was not asked to record peers.
+/// accepted or, when that peer is one of `BRAIN_TRUSTED_PROXIES`, the client its
+/// `X-Forwarded-For` names ([`forwarded_client`]). A client's own header is never believed:
+/// only a trusted proxy's. `None` where the server was not asked to record peers.
 pub struct ClientAddr(pub Option<std::net::IpAddr>);
 
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+impl FromRequestParts<AppState> for ClientAddr {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Self(
-            parts
-                .extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|peer| peer.0.ip().to_canonical()),
-        ))
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|peer| peer.0.ip().to_canonical());
+        Ok(Self(peer.map(|peer| {
+            forwarded_client(
+                peer,
+                parts.headers.get_all("x-forwarded-for"),
+                &state.config.trusted_proxies,
+            )
+        })))
     }
+}
+
+/// The hops of `X-Forwarded-For` read at most; a longer chain is spoofed or broken.
+const MAX_FORWARDED_HOPS: usize = 32;
+
+/// The client behind `peer`: walking `X-Forwarded-For` from its right end (the hop the
+/// nearest proxy added) while each address is a trusted proxy's, the first that is not.
+/// An unreadable entry stops the walk at the last trusted hop, since what lies before it
+/// was written by someone unknown; a chain of trusted proxies only answers its first.
+fn forwarded_client(
+    peer: std::net::IpAddr,
+    headers: axum::http::header::GetAll<'_, axum::http::HeaderValue>,
+    trusted: &[ipnet::IpNet],
+) -> std::net::IpAddr {
+    let is_trusted = |ip: &std::net::IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    // Several headers are one list, in order (RFC 9110, 5.3).
+    let hops: Vec<&str> = headers
+        .iter()
+        .flat_map(|value| value.to_str().unwrap_or("?").split(','))
+        .collect();
+    let mut client = peer;
+    for hop in hops.iter().rev().take(MAX_FORWARDED_HOPS) {
+        let Ok(ip) = hop.trim().parse::<std::net::IpAddr>() else {
+            break;
+        };
+        client = ip.to_canonical();
+        if !is_trusted(&client) {
+            break;
+        }
+    }
+    client
 }
 
 /// The longest bearer credential read.
@@ -212,4 +255,62 @@ fn trace_parent(headers: &axum::http::HeaderMap) -> Option<logging::traces::Trac
         value(logging::traces::TRACEPARENT),
         value(logging::traces::TRACESTATE),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(peer: &str, headers: &[&str], trusted: &[&str]) -> String {
+        let mut map = axum::http::HeaderMap::new();
+        for value in headers {
+            map.append("x-forwarded-for", value.parse().unwrap());
+        }
+        let trusted: Vec<ipnet::IpNet> = trusted.iter().map(|n| n.parse().unwrap()).collect();
+        forwarded_client(
+            peer.parse().unwrap(),
+            map.get_all("x-forwarded-for"),
+            &trusted,
+        )
+        .to_string()
+    }
+
+    #[test]
+    fn only_a_trusted_proxys_forwarded_for_is_believed() {
+        // No trusted proxies, or a peer that is not one: the header is the client's own.
+        assert_eq!(client("10.0.0.5", &["203.0.113.7"], &[]), "10.0.0.5");
+        assert_eq!(
+            client("192.0.2.1", &["203.0.113.7"], &["10.0.0.0/8"]),
+            "192.0.2.1"
+        );
+        // A trusted peer: the nearest untrusted hop, whatever the client wrote before it.
+        assert_eq!(
+            client("10.0.0.5", &["198.51.100.9, 203.0.113.7"], &["10.0.0.0/8"]),
+            "203.0.113.7"
+        );
+        // Two trusted proxies, the list spread over two headers.
+        assert_eq!(
+            client(
+                "10.0.0.5",
+                &["1.2.3.4, 203.0.113.7", "10.1.1.1"],
+                &["10.0.0.0/8"]
+            ),
+            "203.0.113.7"
+        );
+        // An unreadable hop stops at the last trusted one; none at all leaves the peer.
+        assert_eq!(
+            client(
+                "10.0.0.5",
+                &["203.0.113.7, junk, 10.2.2.2"],
+                &["10.0.0.0/8"]
+            ),
+            "10.2.2.2"
+        );
+        assert_eq!(client("10.0.0.5", &[], &["10.0.0.0/8"]), "10.0.0.5");
+        // IPv4-mapped IPv6 is its IPv4 address.
+        assert_eq!(
+            client("10.0.0.5", &["::ffff:203.0.113.7"], &["10.0.0.0/8"]),
+            "203.0.113.7"
+        );
+    }
 }

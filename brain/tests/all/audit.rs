@@ -760,3 +760,30 @@ async fn an_agents_deletion_logs_its_connectors_grants_revoked() {
     assert_eq!(entries[0]["actor"], me.as_str());
     assert_eq!(entries[0]["details"], json!({"user": "carol"}));
 }
+
+/// L5 behind a proxy: with the test client's loopback as `BRAIN_TRUSTED_PROXIES`, the
+/// entry names the client its `X-Forwarded-For` gives (past the trusted hops); on a brain
+/// that trusts no proxy the same header is the client's own and the peer is recorded.
+#[tokio::test]
+async fn a_trusted_proxys_forwarded_for_names_the_address_and_no_one_elses_does() {
+    for (trusted, expected) in [
+        (vec!["127.0.0.0/8".parse().unwrap()], "203.0.113.7"),
+        (Vec::new(), "127.0.0.1"),
+    ] {
+        let app = TestApp::start_with(|c| c.trusted_proxies = trusted).await;
+        let created = app
+            .http
+            .post(format!("{}/v1/keys", app.url))
+            .bearer_auth(&app.key)
+            .header("x-forwarded-for", "198.51.100.9, 203.0.113.7")
+            .header("x-forwarded-for", "127.0.0.2")
+            .json(&json!({"name": "behind a proxy", "scope": "chat"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), 201);
+        let (entries, _) = all_entries(&app, &app.key, "").await;
+        assert_eq!(entries[0]["action"], "key.created", "{entries:#?}");
+        assert_eq!(entries[0]["address"], expected, "{entries:#?}");
+    }
+}
