@@ -38,6 +38,7 @@ mod queue;
 mod quotas;
 mod recovery;
 mod retention;
+mod soak;
 mod stop;
 mod takeover;
 mod teams;
