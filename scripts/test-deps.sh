@@ -153,6 +153,15 @@ if [ ! -x /usr/sbin/pgbouncer ]; then
   fi
 fi
 
+# The openssl command, with which the Redis TLS test (brain/tests/all/redis_tls.rs) makes
+# its CA and the server's certificate. Present on most Debian hosts; installed if not.
+if ! command -v openssl >/dev/null; then
+  echo "test-deps: installing openssl from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl >/dev/null
+fi
+
 # Debian's Chromium for the worker's browser tests (worker/tests/all/browser.rs), which fail
 # rather than skip without it. About 30 s, once.
 if [ ! -x /usr/bin/chromium ]; then

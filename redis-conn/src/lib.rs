@@ -18,8 +18,10 @@
 //!   every node (sharded pub/sub would keep it on one shard; not used yet, see
 //!   docs/design/not-built-yet.md).
 //!
-//! TLS: neither kind is built with the redis crate's TLS features yet (`rediss://` is
-//! refused at start); auth (`redis://user:password@host`) works alike for both.
+//! TLS: a `rediss://` URL (a node, or a cluster's seeds) connects over rustls, verifying
+//! the server's certificate against the system's roots (rustls-native-certs, which also
+//! reads a bundle named by `SSL_CERT_FILE`); auth (`redis://user:password@host`) works
+//! alike for both kinds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,7 +41,8 @@ use tokio::sync::OnceCell;
 /// How to reach Redis: one node, or a cluster through its seed nodes. Cheap to clone.
 #[derive(Clone)]
 pub enum Client {
-    Node(redis::Client),
+    // Boxed: with TLS built in, a node's client is thirty times a cluster's pointer.
+    Node(Box<redis::Client>),
     Cluster(Arc<Cluster>),
 }
 
@@ -64,7 +67,7 @@ impl Client {
     pub fn open(url: &str, cluster: Option<&[String]>) -> redis::RedisResult<Self> {
         match cluster {
             Some(seeds) => Self::cluster(seeds),
-            None => redis::Client::open(url).map(Self::Node),
+            None => redis::Client::open(url).map(|client| Self::Node(Box::new(client))),
         }
     }
 
@@ -122,7 +125,8 @@ impl Client {
                     .set_connection_timeout(Some(limit))
                     .set_response_timeout(Some(limit))
                     .set_number_of_retries(0);
-                ConnectionManager::new_lazy_with_config(client.clone(), config).map(Conn::Manager)
+                ConnectionManager::new_lazy_with_config((**client).clone(), config)
+                    .map(Conn::Manager)
             }
             Self::Cluster(cluster) => cluster.shared().await,
         }

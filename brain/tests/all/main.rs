@@ -37,6 +37,7 @@ mod pooler;
 mod queue;
 mod quotas;
 mod recovery;
+mod redis_tls;
 mod retention;
 mod soak;
 mod stop;

@@ -514,7 +514,7 @@ mod settle {
             Self {
                 quotas: Quotas::new(store.clone(), budget),
                 holds: Holds::new(
-                    brain::redis::Client::Node(client),
+                    brain::redis::Client::Node(Box::new(client)),
                     config,
                     Metrics::new(false).unwrap(),
                 ),

@@ -7,6 +7,8 @@
 //! Postgres is checked: every turn terminal, every message stored once, none lost. `make
 //! test` runs it on one Redis and one Postgres, on a Redis Cluster and behind a pooler.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
