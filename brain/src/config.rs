@@ -614,7 +614,6 @@ impl Config {
     }
 }
 
-/// `BRAIN_SECRETS_KEY`: unset means secrets are off; nothing is generated in its place.
 /// `BRAIN_TRUSTED_PROXIES`: comma-separated networks (`10.0.0.0/8`) or addresses.
 fn trusted_proxies(env: &dyn Env) -> Result<Vec<ipnet::IpNet>, ConfigError> {
     let name = "BRAIN_TRUSTED_PROXIES";
@@ -638,6 +637,7 @@ fn trusted_proxies(env: &dyn Env) -> Result<Vec<ipnet::IpNet>, ConfigError> {
         .collect()
 }
 
+/// `BRAIN_SECRETS_KEY`: unset means secrets are off; nothing is generated in its place.
 fn secrets_key(env: &dyn Env) -> Result<Option<crate::store::SecretsKey>, ConfigError> {
     let Some(raw) = non_empty(env, "BRAIN_SECRETS_KEY") else {
         return Ok(None);
