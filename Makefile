@@ -82,7 +82,6 @@ CLUSTER_BRAIN_TESTS := \
 	auth::a_revoked_key_is_refused_on_every_replica_within_a_second \
 	auth::a_revoked_keys_open_streams_close_on_every_replica_within_a_second \
 	workers::a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it \
-	workers::a_worker_on_replica_a_serves_a_turn_on_replica_b \
 	autostart::a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat \
 	autostart::two_replicas_fire_each_tick_exactly_once \
 	soak::a_short_soak_over_two_replicas_and_a_kill_loses_no_turn_and_stores_none_twice

@@ -522,6 +522,14 @@ async fn beat(mut conn: crate::redis::Conn, events: String) {
     }
 }
 
+/// Whether a `PUBLISH` that counted `receivers` surely reached no subscriber. On a Redis
+/// Cluster it counts only the subscribers of the node that ran it, while the message
+/// reaches every node's over the cluster bus (O5): there a 0 says nothing, and a call to a
+/// gone owner is known only by its silence.
+fn nobody_listened(client: &crate::redis::Client, receivers: i64) -> bool {
+    receivers == 0 && !client.is_cluster()
+}
+
 async fn publish(conn: &mut crate::redis::Conn, channel: &str, event: &RelayEvent) {
     let Ok(payload) = serde_json::to_string(event) else {
         return;
@@ -585,7 +593,7 @@ pub(super) async fn call_remote(
     };
     match receivers {
         // Nobody listened: the owner never saw the call.
-        Some(0) => {
+        Some(n) if nobody_listened(&sessions.redis_client, n) => {
             guard.conn = None;
             return Err(Failure::Unsent);
         }
@@ -673,7 +681,7 @@ pub(super) async fn bind_remote(
     let receivers: Option<i64> = bounded(REDIS_BOUND, conn.publish(binds_channel(holder), payload))
         .await
         .ok();
-    if receivers.unwrap_or(0) == 0 {
+    if receivers.is_none_or(|n| nobody_listened(&sessions.redis_client, n)) {
         return Err("holder_unreachable");
     }
     let mut events = pubsub.into_on_message();
