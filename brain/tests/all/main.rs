@@ -39,7 +39,6 @@ mod quotas;
 mod recovery;
 mod redis_tls;
 mod retention;
-mod soak;
 mod stop;
 mod takeover;
 mod teams;
