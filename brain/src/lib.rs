@@ -105,6 +105,9 @@ pub struct AppState {
     pub providers: Providers,
     /// Turn intakes wait here, in arrival order, for a share of the Postgres pool.
     pub intakes: intake::Intakes,
+    /// The chats and agents this replica's turns started from, checked by each intake
+    /// (issue 31).
+    pub bases: turn::Bases,
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
@@ -194,6 +197,7 @@ impl AppState {
             auth,
             providers,
             intakes,
+            bases: turn::Bases::new(metrics.clone()),
             holds,
             quotas,
             events,

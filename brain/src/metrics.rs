@@ -53,6 +53,10 @@ pub struct Counters {
     /// Turn intakes refused by the queue's bounds, by reason (`crate::intake` starts each
     /// of its reasons at 0).
     pub intake_refusals: IntCounterVec,
+    /// Where turn intakes took their chat and agent from (issue 31): `kept` (this
+    /// replica's, checked current by the intake), `read` (Postgres), `stale` (kept, found
+    /// stale by the intake, read again).
+    pub turn_bases: IntCounterVec,
     /// Workspace snapshots at idle teardown by outcome (`stored`, `over_cap`, `failed`,
     /// `refused`; `busy`: an upload sent back to retry later), and restores (`restored`)
     /// (W10).
@@ -259,6 +263,12 @@ impl Metrics {
                 "brain_intake_refusals_total",
                 "Turn intakes refused with 503 overloaded, by reason (queue_full, wait_timeout).",
                 &["reason"],
+            )?,
+            turn_bases: counter_vec(
+                r,
+                "brain_turn_bases_total",
+                "Where turn intakes took their chat and agent from (kept, read, stale).",
+                &["source"],
             )?,
             snapshots: counter_vec(
                 r,

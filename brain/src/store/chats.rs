@@ -44,6 +44,35 @@ pub struct TurnBasis {
     pub has_connectors: bool,
     /// Whether a tool call of the chat waits for a person (A4: a new message denies it).
     pub has_pending_approvals: bool,
+    /// The rows' `basis_version`s when read: what the intake checks a kept basis against.
+    pub versions: BasisVersions,
+}
+
+/// The `basis_version` of a chat and of its agent: bumped by any change of a column a
+/// turn reads (migration 0038), so equal versions mean an equal basis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BasisVersions {
+    pub chat: i64,
+    pub agent: i64,
+}
+
+impl TurnBasis {
+    /// What the intake checks on its own snapshot before it writes a turn from this
+    /// basis: the versions, the connectors' presence, and that no call waits for a person
+    /// (a new message has denied those it knew of, A4).
+    pub fn check(&self) -> BasisCheck {
+        BasisCheck {
+            versions: self.versions,
+            has_connectors: self.has_connectors,
+        }
+    }
+}
+
+/// See [`TurnBasis::check`].
+#[derive(Clone, Copy, Debug)]
+pub struct BasisCheck {
+    pub versions: BasisVersions,
+    pub has_connectors: bool,
 }
 
 /// A stored message. `parts` are UI message parts as the AI SDK shapes them.
@@ -179,6 +208,7 @@ impl Store {
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
                     a.disconnect_policy, a.busy_policy, a.created_at, \
+                    c.basis_version AS chat_version, a.basis_version AS agent_version, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \
                     EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = c.team_id \
@@ -205,6 +235,10 @@ impl Store {
             agent,
             has_connectors: row.try_get("has_connectors")?,
             has_pending_approvals: row.try_get("has_pending_approvals")?,
+            versions: BasisVersions {
+                chat: row.try_get("chat_version")?,
+                agent: row.try_get("agent_version")?,
+            },
         })
     }
 

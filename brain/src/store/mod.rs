@@ -48,7 +48,7 @@ pub use approvals::{
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
-pub use chats::{ChatRow, MessageRow, TurnBasis};
+pub use chats::{BasisCheck, BasisVersions, ChatRow, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
@@ -68,8 +68,8 @@ pub use teams::{
     new_key,
 };
 pub use turns::{
-    AssistantMessage, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord, TurnRow,
-    TurnState, TurnStatus, TurnTrigger, storable_text,
+    AssistantMessage, Begun, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord,
+    TurnRow, TurnState, TurnStatus, TurnTrigger, storable_text,
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
@@ -564,6 +564,11 @@ fn migrator() -> Migrator {
             37,
             "a2a: a turn's end notifies only a task with push configs",
             include_str!("../../../migrations/0037_a2a_notify_guard.sql"),
+        ),
+        (
+            38,
+            "basis versions",
+            include_str!("../../../migrations/0038_basis_versions.sql"),
         ),
     ]
     .into_iter()

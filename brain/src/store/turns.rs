@@ -18,7 +18,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
-use super::{MessageRow, Store, StoreError, unique_violation};
+use super::{BasisCheck, MessageRow, Store, StoreError, unique_violation};
 
 /// What a turn's intake writes in one transaction.
 #[derive(Debug)]
@@ -44,6 +44,15 @@ pub struct NewTurn<'a> {
     /// Whose authority the turn's tools act with (X1), kept for a takeover.
     pub actor: &'a str,
     pub actor_admin: bool,
+}
+
+/// What [`Store::begin_turn`] did.
+#[derive(Debug)]
+pub enum Begun {
+    /// The turn and its message are written: the chat's history, ending with the message.
+    History(Vec<MessageRow>),
+    /// The kept basis it was asked to check is not current: nothing is written.
+    Stale,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -307,35 +316,23 @@ impl Store {
     /// the new message joins it from `RETURNING`. A reused client message id answers
     /// `Conflict("message_id")` and writes nothing.
     ///
+    /// With a `check` (a basis this replica kept, issue 31), the statement first asks on
+    /// its own snapshot whether the basis is still current ([`TurnBasis::check`]); when it
+    /// is not, it writes nothing and answers [`Begun::Stale`].
+    ///
     /// The composition is the team's row of its hash, inserted only when missing: the
     /// text is sent as `text` and cast only for an insert, so a known composition costs
     /// Postgres one index probe, no JSON parse and no TOAST write.
+    ///
+    /// [`TurnBasis::check`]: super::TurnBasis::check
     pub async fn begin_turn(
         &self,
         turn: NewTurn<'_>,
         history_after: i64,
-    ) -> Result<Vec<MessageRow>, StoreError> {
-        let sql = format!(
-            "WITH c AS ( \
-               INSERT INTO compositions (team_id, hash, body) \
-               SELECT $2, $12, $6::text::jsonb \
-               WHERE NOT EXISTS (SELECT 1 FROM compositions WHERE team_id = $2 AND hash = $12) \
-               ON CONFLICT DO NOTHING), \
-             t AS ( \
-               INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, \
-                 replica_id, background, actor, actor_admin) \
-               VALUES ($1, $2, $3, $4, $5, 'running', $12, $11, $13, $14, $15) RETURNING id), \
-             m AS ( \
-               INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
-               SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
-               RETURNING {MESSAGE_COLUMNS}) \
-             SELECT {MESSAGE_COLUMNS} FROM messages WHERE team_id = $2 AND chat_id = $4 AND seq > $10 \
-               AND status IN ('complete', 'interrupted') \
-             UNION ALL SELECT {MESSAGE_COLUMNS} FROM m \
-             ORDER BY seq"
-        );
+        check: Option<BasisCheck>,
+    ) -> Result<Begun, StoreError> {
         let composition_hash: [u8; 32] = Sha256::digest(turn.composition.get().as_bytes()).into();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let rows = sqlx::query(sqlx::AssertSqlSafe(BEGIN_TURN.as_str()))
             .bind(turn.id.0)
             .bind(turn.team.0)
             .bind(turn.agent.0)
@@ -351,12 +348,23 @@ impl Store {
             .bind(turn.background)
             .bind(turn.actor)
             .bind(turn.actor_admin)
+            .bind(check.map(|c| c.versions.chat))
+            .bind(check.map(|c| c.versions.agent))
+            .bind(check.map(|c| c.has_connectors))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
-        rows.iter()
-            .map(|r| message_from_row(r).map_err(StoreError::from))
-            .collect()
+        let mut history = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if !row.try_get::<bool, _>("current")? {
+                return Ok(Begun::Stale);
+            }
+            // A current basis and no history: the one row of NULLs the join leaves.
+            if row.try_get::<Option<Uuid>, _>("id")?.is_some() {
+                history.push(message_from_row(row)?);
+            }
+        }
+        Ok(Begun::History(history))
     }
 
     /// A turn of `team` by id; `NotFound` for an unknown one or another team's.
@@ -627,6 +635,42 @@ impl Store {
         Ok(billed_at)
     }
 }
+
+/// The intake in one statement (see [`Store::begin_turn`]). `v` is the kept basis' check
+/// (true without one, `$16` NULL); every write is conditioned on it, and the history joins
+/// only a current one, so a stale basis answers a single row with `current` false.
+static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH v AS ( \
+           SELECT $16::int8 IS NULL OR EXISTS ( \
+             SELECT 1 FROM chats c JOIN agents a ON a.team_id = c.team_id AND a.id = c.agent_id \
+             WHERE c.team_id = $2 AND c.id = $4 AND c.basis_version = $16 \
+               AND a.basis_version = $17 \
+               AND NOT EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = $2 \
+                               AND p.chat_id = $4 AND p.state = 'pending') \
+               AND EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = $2 \
+                           AND (k.agent_id IS NULL OR k.agent_id = $3)) = $18) AS current), \
+         c AS ( \
+           INSERT INTO compositions (team_id, hash, body) \
+           SELECT $2, $12, $6::text::jsonb FROM v WHERE v.current \
+             AND NOT EXISTS (SELECT 1 FROM compositions WHERE team_id = $2 AND hash = $12) \
+           ON CONFLICT DO NOTHING), \
+         t AS ( \
+           INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, \
+             replica_id, background, actor, actor_admin) \
+           SELECT $1, $2, $3, $4, $5, 'running', $12, $11, $13, $14, $15 FROM v WHERE v.current \
+           RETURNING id), \
+         m AS ( \
+           INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \
+           SELECT $7, $2, $4, t.id, 'user', $8, 'complete', $9 FROM t WHERE $8::jsonb IS NOT NULL \
+           RETURNING {MESSAGE_COLUMNS}) \
+         SELECT v.current, h.* FROM v LEFT JOIN LATERAL ( \
+           SELECT {MESSAGE_COLUMNS} FROM messages WHERE team_id = $2 AND chat_id = $4 AND seq > $10 \
+             AND status IN ('complete', 'interrupted') \
+           UNION ALL SELECT {MESSAGE_COLUMNS} FROM m) h ON v.current \
+         ORDER BY h.seq"
+    )
+});
 
 /// The end state of a turn in one statement (see [`Store::finish_turn`]), its webhook
 /// events (P4) written by the last CTE, in the same transaction as the row they tell about.

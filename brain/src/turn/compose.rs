@@ -16,7 +16,8 @@ use crate::AppState;
 use crate::connectors;
 use crate::provider::ModelRequest;
 use crate::store::{
-    AgentRow, Answered, Answerer, ApprovalRow, Close, NewTurn, StoreError, TurnBasis, bounded,
+    AgentRow, Answered, Answerer, ApprovalRow, BasisCheck, Begun, Close, NewTurn, StoreError,
+    TurnBasis, bounded,
 };
 use crate::tools::Toolset;
 
@@ -152,10 +153,13 @@ pub(super) enum Composed {
     Ready(Box<Ready>),
     /// Another request with the same message id wrote its turn first: its replay.
     Replayed(Launched),
+    /// The kept basis `check` came from is stale: nothing was written.
+    Stale,
 }
 
 /// Starts the connectors, renders the composition, and writes the turn row with the user
-/// message; a failed write means no provider call.
+/// message; a failed write means no provider call. With `check` (the basis was kept, not
+/// read), the write happens only if the basis is current.
 pub(super) async fn compose(
     state: &AppState,
     launch: &Launch,
@@ -163,6 +167,7 @@ pub(super) async fn compose(
     asked: Asked,
     turn: TurnId,
     cancel: &CancellationToken,
+    check: Option<BasisCheck>,
 ) -> Result<Composed, TurnError> {
     let (team, chat) = (launch.team, launch.chat);
     let TurnBasis {
@@ -220,10 +225,12 @@ pub(super) async fn compose(
                 actor_admin: launch.authority.may_change_agent(),
             },
             composition.summary_through,
+            check,
         ))
         .await;
         match begun {
-            Ok(history) => history,
+            Ok(Begun::History(history)) => history,
+            Ok(Begun::Stale) => return Ok(Composed::Stale),
             Err(StoreError::Conflict("message_id")) => {
                 let client_id = asked.client_message_id.as_deref().unwrap_or_default();
                 let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))

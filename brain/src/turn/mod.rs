@@ -38,6 +38,7 @@
 //! ids, counts and the outcome class, never text (X4).
 
 mod admit;
+mod basis;
 mod compose;
 mod context;
 mod error;
@@ -66,7 +67,8 @@ use tracing::Instrument;
 use crate::AppState;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
-use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
+use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis};
+pub use basis::Bases;
 pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
@@ -191,12 +193,24 @@ async fn start(
     let Launch { team, chat, .. } = launch;
     // In line for a share of the Postgres pool until the turn row is written.
     let intake = state.intakes.enter().await?;
-    let basis = bounded(state.store.chat_with_agent(team, chat))
+    // A message or an autostart may start from the basis this replica kept (`basis.rs`):
+    // what it does before the intake's check (A4's denial) can be done again if the check
+    // finds it stale; an approval's recorded answers cannot.
+    let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(_));
+    let (basis, source) = state
+        .bases
+        .basis(&state.store, team, chat, kept_ok)
         .await
         .map_err(|e| match e {
             StoreError::NotFound => TurnError::NotFound("chat"),
             other => other.into(),
         })?;
+    // What starts the turn again from Postgres if the kept basis proves stale.
+    let again = match (&trigger, source) {
+        (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
+        (Trigger::Autostart(input), basis::Source::Kept) => Some(Trigger::Autostart(input.clone())),
+        _ => None,
+    };
     if let Trigger::User(input) = &trigger
         && let Some(replayed) = replay::retried(state, team, chat, input).await?
     {
@@ -206,7 +220,8 @@ async fn start(
     if state.draining.is_cancelled() {
         return Err(TurnError::ShuttingDown);
     }
-    // An archived agent keeps its transcripts readable but runs no new turn.
+    // An archived agent keeps its transcripts readable but runs no new turn. A kept basis
+    // that says otherwise is stale, which the intake finds.
     if basis.agent.archived {
         return Err(TurnError::NotFound("agent"));
     }
@@ -262,11 +277,23 @@ async fn start(
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
-    let composed = match compose::compose(state, &launch, &basis, asked, turn_id, &cancel).await? {
-        compose::Composed::Ready(composed) => composed,
-        // Two POSTs with one message id raced; the loser replays the winner's turn.
-        compose::Composed::Replayed(replayed) => return Ok(replayed),
-    };
+    let check = (source == basis::Source::Kept).then(|| basis.check());
+    let composed =
+        match compose::compose(state, &launch, &basis, asked, turn_id, &cancel, check).await? {
+            compose::Composed::Ready(composed) => composed,
+            // Two POSTs with one message id raced; the loser replays the winner's turn.
+            compose::Composed::Replayed(replayed) => return Ok(replayed),
+            // Nothing was written: let go of what was admitted and start over from Postgres.
+            compose::Composed::Stale => {
+                budget.release(0).await;
+                drop((running, guard, intake));
+                state.bases.stale(team, chat);
+                let again = again.ok_or(TurnError::Internal(
+                    "an intake not started from a kept basis found it stale".into(),
+                ))?;
+                return Box::pin(start(state, launch, again, parent)).await;
+            }
+        };
     // The intake's writes are done; the model call that follows holds no slot.
     drop(intake);
 

@@ -222,6 +222,12 @@ async fn a_new_message_supersedes_a_pending_approval() {
     app.settled().await;
     let listed = approvals(&app, &chat).await;
     assert_eq!(listed[0]["state"], "superseded");
+    // The basis kept from the first turn knew of no waiting call (issue 31): the intake
+    // found it stale and the message started over from Postgres, which denied the call.
+    let scrape = app.metrics().await;
+    let stale =
+        test_support::promtool::sample(&scrape, "brain_turn_bases_total", &[("source", "stale")]);
+    assert_eq!(stale, Some(1.0));
     let second = app.provider.requests()[1].body.to_string();
     assert!(
         second.contains("the user sent a new message"),

@@ -16,6 +16,7 @@ mod audit;
 mod auth;
 mod autostart;
 mod background;
+mod basis;
 mod brain_tools;
 mod cluster;
 mod connector_oauth;
