@@ -64,6 +64,7 @@ impl TurnBasis {
         BasisCheck {
             versions: self.versions,
             has_connectors: self.has_connectors,
+            history: None,
         }
     }
 }
@@ -73,6 +74,19 @@ impl TurnBasis {
 pub struct BasisCheck {
     pub versions: BasisVersions,
     pub has_connectors: bool,
+    /// With a kept history, the intake reads only what follows it, and checks it.
+    pub history: Option<KeptHistoryCheck>,
+}
+
+/// A history kept with a basis: its messages are the `count` complete or interrupted ones
+/// with `seq` in (`summary_through`, `through`]. Changed or deleted messages bump the
+/// chat's version (migration 0039); the count catches one written late with an earlier
+/// `seq` (two writers of one chat at once, as when Redis is down and turns run without
+/// their hold).
+#[derive(Clone, Copy, Debug)]
+pub struct KeptHistoryCheck {
+    pub through: i64,
+    pub count: i64,
 }
 
 /// A stored message. `parts` are UI message parts as the AI SDK shapes them.

@@ -48,7 +48,7 @@ pub use approvals::{
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
-pub use chats::{BasisCheck, BasisVersions, ChatRow, MessageRow, TurnBasis};
+pub use chats::{BasisCheck, BasisVersions, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
@@ -569,6 +569,11 @@ fn migrator() -> Migrator {
             38,
             "basis versions",
             include_str!("../../../migrations/0038_basis_versions.sql"),
+        ),
+        (
+            39,
+            "history versions",
+            include_str!("../../../migrations/0039_history_versions.sql"),
         ),
     ]
     .into_iter()

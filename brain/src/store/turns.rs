@@ -318,7 +318,8 @@ impl Store {
     ///
     /// With a `check` (a basis this replica kept, issue 31), the statement first asks on
     /// its own snapshot whether the basis is still current ([`TurnBasis::check`]); when it
-    /// is not, it writes nothing and answers [`Begun::Stale`].
+    /// is not, it writes nothing and answers [`Begun::Stale`]. With a kept history,
+    /// `history_after` is its end, and only what follows it is read.
     ///
     /// The composition is the team's row of its hash, inserted only when missing: the
     /// text is sent as `text` and cast only for an insert, so a known composition costs
@@ -351,6 +352,8 @@ impl Store {
             .bind(check.map(|c| c.versions.chat))
             .bind(check.map(|c| c.versions.agent))
             .bind(check.map(|c| c.has_connectors))
+            .bind(check.and_then(|c| c.history).map(|h| h.through))
+            .bind(check.and_then(|c| c.history).map(|h| h.count))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
@@ -637,7 +640,7 @@ impl Store {
 }
 
 /// The intake in one statement (see [`Store::begin_turn`]). `v` is the kept basis' check
-/// (true without one, `$16` NULL); every write is conditioned on it, and the history joins
+/// (true without one, `$16` NULL; its history's count only with one, `$19`); every write is conditioned on it, and the history joins
 /// only a current one, so a stale basis answers a single row with `current` false.
 static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
@@ -649,7 +652,11 @@ static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
                AND NOT EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = $2 \
                                AND p.chat_id = $4 AND p.state = 'pending') \
                AND EXISTS (SELECT 1 FROM connectors k WHERE k.team_id = $2 \
-                           AND (k.agent_id IS NULL OR k.agent_id = $3)) = $18) AS current), \
+                           AND (k.agent_id IS NULL OR k.agent_id = $3)) = $18 \
+               AND ($19::int8 IS NULL OR $20 = ( \
+                 SELECT count(*) FROM messages n WHERE n.team_id = $2 AND n.chat_id = $4 \
+                   AND n.seq > c.summary_through AND n.seq <= $19 \
+                   AND n.status IN ('complete', 'interrupted')))) AS current), \
          c AS ( \
            INSERT INTO compositions (team_id, hash, body) \
            SELECT $2, $12, $6::text::jsonb FROM v WHERE v.current \

@@ -1,29 +1,36 @@
-//! The bases this replica's turns start from (issue 31): a chat with its agent, kept after
-//! a turn's intake read them so the next turn of the chat starts without that read.
+//! The bases this replica's turns start from (issue 31): a chat with its agent and its
+//! unsummarized history, kept after a turn's intake read them, so the next turn of the
+//! chat starts without reading the chat and agent, and reads only the messages written
+//! since.
 //!
 //! What is kept may be stale by any amount of time: an agent changed through another
-//! replica, a chat summarized, a connector added. No turn acts on it stale: the intake's
-//! one statement checks it on its own snapshot ([`crate::store::TurnBasis::check`]) and
-//! writes the turn only when it is current; otherwise the intake forgets the entry, lets
-//! go of what it admitted and starts over from Postgres. Only a user message or an
-//! autostart starts from a kept basis: their effects before the intake's write (A4's
-//! denial of waiting calls) can be done twice; an approval's answers cannot.
+//! replica, a chat summarized, a connector added, a message changed or deleted. No turn
+//! acts on it stale: the intake's one statement checks it on its own snapshot
+//! ([`crate::store::TurnBasis::check`]) and writes the turn only when it is current;
+//! otherwise the intake forgets the entry, lets go of what it admitted and starts over
+//! from Postgres. Only a user message or an autostart starts from a kept basis: their
+//! effects before the intake's write (A4's denial of waiting calls) can be done twice; an
+//! approval's answers cannot.
 //!
-//! Bounded by bytes (the prompts and summaries held), least recently used first out.
+//! Bounded by bytes (prompts, summaries and histories held), least recently used first
+//! out.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
 use hashlink::LruCache;
 use protocol::{ChatId, TeamId};
 
+use super::context::HistoryRow;
 use crate::metrics::Metrics;
-use crate::store::{Store, StoreError, TurnBasis, bounded};
+use crate::store::{BasisVersions, KeptHistoryCheck, Store, StoreError, TurnBasis, bounded};
 
-/// The most a replica keeps: the bytes of the prompts and summaries, plus
-/// [`ENTRY_OVERHEAD`] each.
+/// The most a replica keeps: the bytes of the prompts, summaries and histories, plus
+/// [`ENTRY_OVERHEAD`] an entry and [`ROW_OVERHEAD`] a message.
 const MAX_BYTES: usize = 64 << 20;
 /// What an entry costs beyond its texts: the row's other fields and the map's slot.
 const ENTRY_OVERHEAD: usize = 512;
+/// What a kept message costs beyond its estimate's bytes (ids, role, the parts' structure).
+const ROW_OVERHEAD: usize = 256;
 
 type Key = (TeamId, ChatId);
 
@@ -45,18 +52,61 @@ pub(super) enum Source {
 /// The label of an intake that found its kept basis stale (and then read it).
 const STALE: &str = "stale";
 
+/// A chat's unsummarized history as an intake's statement saw it: every complete or
+/// interrupted message with `seq` in (`summary_through`, `through`], in order.
+#[derive(Debug)]
+pub(super) struct KeptHistory {
+    pub through: i64,
+    pub rows: Vec<Arc<HistoryRow>>,
+}
+
+impl KeptHistory {
+    /// What the intake checks of it: that Postgres holds as many such messages (none
+    /// written late with an earlier `seq`); a change or deletion of one bumps the chat's
+    /// version (migration 0039).
+    pub fn check(&self) -> KeptHistoryCheck {
+        KeptHistoryCheck {
+            through: self.through,
+            count: i64::try_from(self.rows.len()).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// What an intake starts from.
+pub(super) struct Found {
+    pub basis: Arc<TurnBasis>,
+    pub source: Source,
+    /// The history kept with a kept basis, if any.
+    pub history: Option<Arc<KeptHistory>>,
+    /// Whether the history this intake reads is kept for the next: only a message's or
+    /// an autostart's, the intakes that may start from it.
+    pub keeps: bool,
+}
+
+struct Entry {
+    basis: Arc<TurnBasis>,
+    history: Option<Arc<KeptHistory>>,
+    weight: usize,
+}
+
 struct Kept {
-    entries: LruCache<Key, Arc<TurnBasis>>,
+    entries: LruCache<Key, Entry>,
     bytes: usize,
     max_bytes: usize,
 }
 
-fn weight(basis: &TurnBasis) -> usize {
+fn weight(basis: &TurnBasis, history: Option<&KeptHistory>) -> usize {
     ENTRY_OVERHEAD
         + basis.agent.system_prompt.len()
         + basis.agent.name.len()
         + basis.chat.summary.len()
         + basis.agent.autostart_prompt.as_ref().map_or(0, String::len)
+        + history.map_or(0, |h| {
+            h.rows
+                .iter()
+                .map(|r| ROW_OVERHEAD + r.tokens * 4)
+                .sum::<usize>()
+        })
 }
 
 impl Bases {
@@ -78,23 +128,54 @@ impl Bases {
         }
     }
 
-    /// The chat's basis: the kept one if `kept_ok` and there is one, else read from
-    /// Postgres (and kept for the next turn). `NotFound` for an unknown chat.
+    /// The chat's basis: the kept one (with its history) if `kept_ok` and there is one,
+    /// else read from Postgres (and kept for the next turn, which keeps the history only
+    /// if `kept_ok`). `NotFound` for an unknown chat.
     pub(super) async fn basis(
         &self,
         store: &Store,
         team: TeamId,
         chat: ChatId,
         kept_ok: bool,
-    ) -> Result<(Arc<TurnBasis>, Source), StoreError> {
-        if kept_ok && let Some(basis) = self.get(team, chat) {
+    ) -> Result<Found, StoreError> {
+        if kept_ok && let Some((basis, history)) = self.get(team, chat) {
             self.metrics.turn_bases.with_label_values(&["kept"]).inc();
-            return Ok((basis, Source::Kept));
+            return Ok(Found {
+                basis,
+                source: Source::Kept,
+                history,
+                keeps: true,
+            });
         }
         let basis = Arc::new(bounded(store.chat_with_agent(team, chat)).await?);
-        self.keep(team, basis.clone());
+        self.keep(team, chat, basis.clone(), None);
         self.metrics.turn_bases.with_label_values(&["read"]).inc();
-        Ok((basis, Source::Read))
+        Ok(Found {
+            basis,
+            source: Source::Read,
+            history: None,
+            keeps: kept_ok,
+        })
+    }
+
+    /// Keeps `history` with the chat's kept basis, if that is still the one of
+    /// `versions` (the basis the history was read with, or an older one: a pair the next
+    /// intake's check finds stale at worst).
+    pub(super) fn keep_history(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        versions: BasisVersions,
+        history: Arc<KeptHistory>,
+    ) {
+        let basis = {
+            let mut kept = self.lock();
+            match kept.entries.get(&(team, chat)) {
+                Some(entry) if entry.basis.versions == versions => entry.basis.clone(),
+                _ => return,
+            }
+        };
+        self.keep(team, chat, basis, Some(history));
     }
 
     /// The intake found the chat's kept basis stale.
@@ -109,34 +190,53 @@ impl Bases {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn get(&self, team: TeamId, chat: ChatId) -> Option<Arc<TurnBasis>> {
-        self.lock().entries.get(&(team, chat)).cloned()
+    fn get(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+    ) -> Option<(Arc<TurnBasis>, Option<Arc<KeptHistory>>)> {
+        self.lock()
+            .entries
+            .get(&(team, chat))
+            .map(|entry| (entry.basis.clone(), entry.history.clone()))
     }
 
-    /// Keeps `basis`, replacing what was kept for its chat; the least recently used go
-    /// until the whole fits. A basis larger than the bound is not kept.
-    fn keep(&self, team: TeamId, basis: Arc<TurnBasis>) {
-        let size = weight(&basis);
+    /// Keeps `basis` and `history`, replacing what was kept for the chat; the least
+    /// recently used go until the whole fits. An entry larger than the bound is not kept.
+    fn keep(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        basis: Arc<TurnBasis>,
+        history: Option<Arc<KeptHistory>>,
+    ) {
+        let size = weight(&basis, history.as_deref());
         let mut kept = self.lock();
+        if let Some(old) = kept.entries.remove(&(team, chat)) {
+            kept.bytes -= old.weight;
+        }
         if size > kept.max_bytes {
             return;
         }
-        if let Some(old) = kept.entries.insert((team, basis.chat.id), basis) {
-            kept.bytes -= weight(&old);
-        }
+        let entry = Entry {
+            basis,
+            history,
+            weight: size,
+        };
+        kept.entries.insert((team, chat), entry);
         kept.bytes += size;
         while kept.bytes > kept.max_bytes {
             let Some((_, out)) = kept.entries.remove_lru() else {
                 break;
             };
-            kept.bytes -= weight(&out);
+            kept.bytes -= out.weight;
         }
     }
 
     fn forget(&self, team: TeamId, chat: ChatId) {
         let mut kept = self.lock();
         if let Some(old) = kept.entries.remove(&(team, chat)) {
-            kept.bytes -= weight(&old);
+            kept.bytes -= old.weight;
         }
     }
 }
@@ -186,20 +286,20 @@ mod tests {
     #[test]
     fn the_least_recently_used_go_first_until_the_bytes_fit() {
         let team = TeamId::new();
-        let bases = Bases::bounded(3 * (ENTRY_OVERHEAD + 1000), Metrics::new(false).unwrap());
+        let bases = Bases::bounded(3 * (ENTRY_OVERHEAD + 1001), Metrics::new(false).unwrap());
         let (a, b, c, d) = (ChatId::new(), ChatId::new(), ChatId::new(), ChatId::new());
         for chat in [a, b, c] {
-            bases.keep(team, basis(chat, 1000));
+            bases.keep(team, chat, basis(chat, 1000), None);
         }
         // `a` is used, so `b` is the least recently used when `d` comes in.
         assert!(bases.get(team, a).is_some());
-        bases.keep(team, basis(d, 1000));
+        bases.keep(team, d, basis(d, 1000), None);
         assert!(bases.get(team, b).is_none());
         for chat in [a, c, d] {
             assert!(bases.get(team, chat).is_some());
         }
         // A replaced entry's bytes are given back: keeping `a` again evicts nothing.
-        bases.keep(team, basis(a, 1000));
+        bases.keep(team, a, basis(a, 1000), None);
         for chat in [a, c, d] {
             assert!(bases.get(team, chat).is_some());
         }
@@ -213,9 +313,45 @@ mod tests {
         let team = TeamId::new();
         let bases = Bases::bounded(2 * ENTRY_OVERHEAD + 100, Metrics::new(false).unwrap());
         let small = ChatId::new();
-        bases.keep(team, basis(small, 10));
-        bases.keep(team, basis(ChatId::new(), 4 * ENTRY_OVERHEAD));
+        bases.keep(team, small, basis(small, 10), None);
+        let large = ChatId::new();
+        bases.keep(team, large, basis(large, 4 * ENTRY_OVERHEAD), None);
         assert!(bases.get(team, small).is_some());
         assert_eq!(bases.lock().entries.len(), 1);
+    }
+
+    #[test]
+    fn a_history_is_kept_only_with_the_basis_it_was_read_with_and_weighs_its_rows() {
+        let team = TeamId::new();
+        let bases = Bases::bounded(1 << 20, Metrics::new(false).unwrap());
+        let chat = ChatId::new();
+        bases.keep(team, chat, basis(chat, 10), None);
+        let row = |text: &str| {
+            Arc::new(HistoryRow::new(crate::store::MessageRow {
+                id: protocol::MessageId::new(),
+                seq: 1,
+                turn_id: protocol::TurnId::new(),
+                role: "user".into(),
+                parts: vec![protocol::parts::Part::Text { text: text.into() }],
+                status: "complete".into(),
+                client_message_id: None,
+                created_at: chrono::Utc::now(),
+            }))
+        };
+        let history = || {
+            Arc::new(KeptHistory {
+                through: 1,
+                rows: vec![row(&"y".repeat(4000))],
+            })
+        };
+        let newer = BasisVersions { chat: 1, agent: 0 };
+        bases.keep_history(team, chat, newer, history());
+        assert!(bases.get(team, chat).unwrap().1.is_none());
+        let before = bases.lock().bytes;
+
+        bases.keep_history(team, chat, BasisVersions { chat: 0, agent: 0 }, history());
+        let (_, kept) = bases.get(team, chat).unwrap();
+        assert_eq!(kept.unwrap().check().count, 1);
+        assert!(bases.lock().bytes >= before + ROW_OVERHEAD + 4000);
     }
 }

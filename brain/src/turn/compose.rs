@@ -8,7 +8,8 @@ use protocol::TurnId;
 use protocol::ui::ConnectorStatus;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{self, Fold};
+use super::basis::{Found, KeptHistory, Source};
+use super::context::{self, Fold, HistoryRow};
 use super::history::model_messages;
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
@@ -158,18 +159,18 @@ pub(super) enum Composed {
 }
 
 /// Starts the connectors, renders the composition, and writes the turn row with the user
-/// message; a failed write means no provider call. With `check` (the basis was kept, not
-/// read), the write happens only if the basis is current.
+/// message; a failed write means no provider call. From a kept basis, the write happens
+/// only if the basis is current, and reads only the messages after the kept history.
 pub(super) async fn compose(
     state: &AppState,
     launch: &Launch,
-    basis: &TurnBasis,
+    found: &Found,
     asked: Asked,
     turn: TurnId,
     cancel: &CancellationToken,
-    check: Option<BasisCheck>,
 ) -> Result<Composed, TurnError> {
     let (team, chat) = (launch.team, launch.chat);
+    let basis = &*found.basis;
     let TurnBasis {
         chat: chat_row,
         agent,
@@ -198,8 +199,18 @@ pub(super) async fn compose(
         ))
         .await?;
         // Withdrawn, or started by another replica, since it was read.
-        begun.ok_or(TurnError::NotFound("turn"))?
+        let history = begun.ok_or(TurnError::NotFound("turn"))?;
+        history
+            .into_iter()
+            .map(|row| Arc::new(HistoryRow::new(row)))
+            .collect()
     } else {
+        let kept = found.history.as_deref();
+        let after = kept.map_or(composition.summary_through, |k| k.through);
+        let check = (found.source == Source::Kept).then(|| BasisCheck {
+            history: kept.map(KeptHistory::check),
+            ..basis.check()
+        });
         let user_parts = asked
             .content
             .map(|text| vec![protocol::parts::Part::Text { text }]);
@@ -224,12 +235,30 @@ pub(super) async fn compose(
                 actor: &launch.authority.actor,
                 actor_admin: launch.authority.may_change_agent(),
             },
-            composition.summary_through,
+            after,
             check,
         ))
         .await;
         match begun {
-            Ok(Begun::History(history)) => history,
+            Ok(Begun::History(read)) => {
+                let rows: Vec<Arc<HistoryRow>> = kept
+                    .map(|k| k.rows.iter().cloned())
+                    .into_iter()
+                    .flatten()
+                    .chain(read.into_iter().map(|row| Arc::new(HistoryRow::new(row))))
+                    .collect();
+                if found.keeps {
+                    let through = rows.last().map_or(after, |r| r.row.seq);
+                    let history = KeptHistory {
+                        through,
+                        rows: rows.clone(),
+                    };
+                    state
+                        .bases
+                        .keep_history(team, chat, basis.versions, Arc::new(history));
+                }
+                rows
+            }
             Ok(Begun::Stale) => return Ok(Composed::Stale),
             Err(StoreError::Conflict("message_id")) => {
                 let client_id = asked.client_message_id.as_deref().unwrap_or_default();

@@ -64,19 +64,59 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
     ((request.system.len() + text + tools) / 4) as u64 + u64::from(request.max_output_tokens)
 }
 
+/// A history row and its token estimate: estimated when asked for a row just read, kept
+/// with the row for a history the replica keeps ([`HistoryRow`]), which each turn of the
+/// chat would otherwise estimate again.
+pub trait Counted {
+    fn row(&self) -> &MessageRow;
+    fn tokens(&self) -> usize;
+}
+
+impl Counted for MessageRow {
+    fn row(&self) -> &MessageRow {
+        self
+    }
+    fn tokens(&self) -> usize {
+        estimate_tokens(&self.parts)
+    }
+}
+
+/// A row of a kept history with its estimate, computed once.
+#[derive(Debug)]
+pub struct HistoryRow {
+    pub row: MessageRow,
+    pub tokens: usize,
+}
+
+impl HistoryRow {
+    pub fn new(row: MessageRow) -> Self {
+        let tokens = estimate_tokens(&row.parts);
+        Self { row, tokens }
+    }
+}
+
+impl Counted for std::sync::Arc<HistoryRow> {
+    fn row(&self) -> &MessageRow {
+        &self.row
+    }
+    fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
 /// The estimate of a whole history, which decides whether a wrap-up folds.
-pub fn history_tokens(history: &[MessageRow]) -> usize {
-    history.iter().map(|row| estimate_tokens(&row.parts)).sum()
+pub fn history_tokens(history: &[impl Counted]) -> usize {
+    history.iter().map(Counted::tokens).sum()
 }
 
 /// The index of the first message of the window: the newest messages that fit `budget`
 /// (always at least the newest one), starting at a user message because providers refuse
 /// a conversation that opens with the assistant.
-pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
+pub fn window_start(history: &[impl Counted], budget: usize) -> usize {
     let mut used = 0;
     let mut start = history.len();
     for (index, row) in history.iter().enumerate().rev() {
-        let tokens = estimate_tokens(&row.parts);
+        let tokens = row.tokens();
         if used + tokens > budget && start < history.len() {
             break;
         }
@@ -84,7 +124,7 @@ pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
         start = index;
     }
     let fitted = start;
-    while start < history.len() && history[start].role != "user" {
+    while start < history.len() && history[start].row().role != "user" {
         start += 1;
     }
     if start == history.len() {
@@ -92,7 +132,7 @@ pub fn window_start(history: &[MessageRow], budget: usize) -> usize {
         // exchange it belongs to rather than an empty window.
         start = history[..fitted]
             .iter()
-            .rposition(|m| m.role == "user")
+            .rposition(|m| m.row().role == "user")
             .unwrap_or(fitted);
     }
     start

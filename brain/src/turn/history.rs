@@ -10,8 +10,8 @@ use protocol::parts::{Approval, Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
 use serde_json::Value;
 
+use super::context::Counted;
 use crate::provider::{Message, ToolCall, ToolResult};
-use crate::store::MessageRow;
 use crate::tools::ToolOutput;
 
 /// What the model reads for a call that still waits for a person's answer.
@@ -70,9 +70,9 @@ pub fn tool_part(
 
 /// Stored messages as the model sees them. Empty messages (an answer interrupted before
 /// its first word) are left out: providers refuse empty content.
-pub fn model_messages(history: &[MessageRow]) -> Vec<Message> {
+pub fn model_messages(history: &[impl Counted]) -> Vec<Message> {
     let mut messages = Vec::new();
-    for row in history {
+    for row in history.iter().map(Counted::row) {
         if row.role == "assistant" {
             assistant_messages(&row.parts, &mut messages);
         } else {
@@ -209,6 +209,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::store::MessageRow;
 
     fn row(role: &str, parts: Vec<Part>) -> MessageRow {
         MessageRow {

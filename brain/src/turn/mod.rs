@@ -197,7 +197,7 @@ async fn start(
     // what it does before the intake's check (A4's denial) can be done again if the check
     // finds it stale; an approval's recorded answers cannot.
     let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(_));
-    let (basis, source) = state
+    let found = state
         .bases
         .basis(&state.store, team, chat, kept_ok)
         .await
@@ -205,8 +205,9 @@ async fn start(
             StoreError::NotFound => TurnError::NotFound("chat"),
             other => other.into(),
         })?;
+    let basis = found.basis.clone();
     // What starts the turn again from Postgres if the kept basis proves stale.
-    let again = match (&trigger, source) {
+    let again = match (&trigger, found.source) {
         (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
         (Trigger::Autostart(input), basis::Source::Kept) => Some(Trigger::Autostart(input.clone())),
         _ => None,
@@ -277,23 +278,21 @@ async fn start(
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
     let running = state.stops.register(turn_id, cancel.clone());
-    let check = (source == basis::Source::Kept).then(|| basis.check());
-    let composed =
-        match compose::compose(state, &launch, &basis, asked, turn_id, &cancel, check).await? {
-            compose::Composed::Ready(composed) => composed,
-            // Two POSTs with one message id raced; the loser replays the winner's turn.
-            compose::Composed::Replayed(replayed) => return Ok(replayed),
-            // Nothing was written: let go of what was admitted and start over from Postgres.
-            compose::Composed::Stale => {
-                budget.release(0).await;
-                drop((running, guard, intake));
-                state.bases.stale(team, chat);
-                let again = again.ok_or(TurnError::Internal(
-                    "an intake not started from a kept basis found it stale".into(),
-                ))?;
-                return Box::pin(start(state, launch, again, parent)).await;
-            }
-        };
+    let composed = match compose::compose(state, &launch, &found, asked, turn_id, &cancel).await? {
+        compose::Composed::Ready(composed) => composed,
+        // Two POSTs with one message id raced; the loser replays the winner's turn.
+        compose::Composed::Replayed(replayed) => return Ok(replayed),
+        // Nothing was written: let go of what was admitted and start over from Postgres.
+        compose::Composed::Stale => {
+            budget.release(0).await;
+            drop((running, guard, intake));
+            state.bases.stale(team, chat);
+            let again = again.ok_or(TurnError::Internal(
+                "an intake not started from a kept basis found it stale".into(),
+            ))?;
+            return Box::pin(start(state, launch, again, parent)).await;
+        }
+    };
     // The intake's writes are done; the model call that follows holds no slot.
     drop(intake);
 
