@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use hashlink::LruCache;
 use protocol::{ChatId, TeamId};
 
-use super::context::HistoryRow;
+use super::history::HistoryRow;
 use crate::metrics::Metrics;
 use crate::store::{BasisVersions, KeptHistoryCheck, Store, StoreError, TurnBasis, bounded};
 

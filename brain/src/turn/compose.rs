@@ -9,8 +9,8 @@ use protocol::ui::ConnectorStatus;
 use tokio_util::sync::CancellationToken;
 
 use super::basis::{Found, KeptHistory, Source};
-use super::context::{self, Fold, HistoryRow};
-use super::history::model_messages;
+use super::context::{self, Fold};
+use super::history::{HistoryRow, model_messages};
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
 use crate::AppState;

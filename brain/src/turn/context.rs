@@ -13,29 +13,9 @@
 use futures_util::StreamExt;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 
-use super::history::model_messages;
+use super::history::{Counted, estimate_tokens, model_messages};
 use crate::provider::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
-use crate::store::{MessageRow, ModelCallUsage, Store};
-
-/// A rough token count of a message's parts: providers bill about four characters per
-/// token of English, and the budget only needs to be in the right range. Counted without
-/// building the JSON text, since every turn estimates its whole unsummarized history.
-pub fn estimate_tokens(parts: &impl serde::Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail, and a value that does not serialize counts as empty.
-    let _ = serde_json::to_writer(&mut count, parts);
-    count.0 / 4 + 4
-}
+use crate::store::{ModelCallUsage, Store};
 
 /// The most a model call of `request` can bill, as a quota reserves it (E2): its input,
 /// estimated like history, plus its output cap.
@@ -62,46 +42,6 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
         .map(|t| t.name.len() + t.description.len() + estimate_tokens(&t.input_schema) * 4)
         .sum();
     ((request.system.len() + text + tools) / 4) as u64 + u64::from(request.max_output_tokens)
-}
-
-/// A history row and its token estimate: estimated when asked for a row just read, kept
-/// with the row for a history the replica keeps ([`HistoryRow`]), which each turn of the
-/// chat would otherwise estimate again.
-pub trait Counted {
-    fn row(&self) -> &MessageRow;
-    fn tokens(&self) -> usize;
-}
-
-impl Counted for MessageRow {
-    fn row(&self) -> &MessageRow {
-        self
-    }
-    fn tokens(&self) -> usize {
-        estimate_tokens(&self.parts)
-    }
-}
-
-/// A row of a kept history with its estimate, computed once.
-#[derive(Debug)]
-pub struct HistoryRow {
-    pub row: MessageRow,
-    pub tokens: usize,
-}
-
-impl HistoryRow {
-    pub fn new(row: MessageRow) -> Self {
-        let tokens = estimate_tokens(&row.parts);
-        Self { row, tokens }
-    }
-}
-
-impl Counted for std::sync::Arc<HistoryRow> {
-    fn row(&self) -> &MessageRow {
-        &self.row
-    }
-    fn tokens(&self) -> usize {
-        self.tokens
-    }
 }
 
 /// The estimate of a whole history, which decides whether a wrap-up folds.
@@ -328,6 +268,7 @@ fn transcript(messages: &[Message]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MessageRow;
     use protocol::parts::Part;
     use protocol::{MessageId, TurnId};
 

@@ -10,9 +10,69 @@ use protocol::parts::{Approval, Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
 use serde_json::Value;
 
-use super::context::Counted;
 use crate::provider::{Message, ToolCall, ToolResult};
+use crate::store::MessageRow;
 use crate::tools::ToolOutput;
+
+/// A rough token count of a message's parts: providers bill about four characters per
+/// token of English, and the budget only needs to be in the right range. Counted without
+/// building the JSON text, since every turn estimates its whole unsummarized history.
+pub fn estimate_tokens(parts: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, and a value that does not serialize counts as empty.
+    let _ = serde_json::to_writer(&mut count, parts);
+    count.0 / 4 + 4
+}
+
+/// A history row and its token estimate: estimated when asked for a row just read, kept
+/// with the row for a history the replica keeps ([`HistoryRow`]), which each turn of the
+/// chat would otherwise estimate again.
+pub trait Counted {
+    fn row(&self) -> &MessageRow;
+    fn tokens(&self) -> usize;
+}
+
+impl Counted for MessageRow {
+    fn row(&self) -> &MessageRow {
+        self
+    }
+    fn tokens(&self) -> usize {
+        estimate_tokens(&self.parts)
+    }
+}
+
+/// A row of a kept history with its estimate, computed once.
+#[derive(Debug)]
+pub struct HistoryRow {
+    pub row: MessageRow,
+    pub tokens: usize,
+}
+
+impl HistoryRow {
+    pub fn new(row: MessageRow) -> Self {
+        let tokens = estimate_tokens(&row.parts);
+        Self { row, tokens }
+    }
+}
+
+impl Counted for std::sync::Arc<HistoryRow> {
+    fn row(&self) -> &MessageRow {
+        &self.row
+    }
+    fn tokens(&self) -> usize {
+        self.tokens
+    }
+}
 
 /// What the model reads for a call that still waits for a person's answer.
 pub const AWAITING_APPROVAL: &str = "not run yet: waiting for a person's approval";
@@ -209,7 +269,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::store::MessageRow;
 
     fn row(role: &str, parts: Vec<Part>) -> MessageRow {
         MessageRow {

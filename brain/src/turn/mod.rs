@@ -345,13 +345,13 @@ async fn start(
 /// summary, the message, the whole history window, and the output cap. Settling on the
 /// billed tokens gives back what it did not use.
 fn reservation(state: &AppState, basis: &TurnBasis, trigger: &Trigger) -> u64 {
-    let tokens = context::estimate_tokens(&basis.agent.system_prompt)
-        + context::estimate_tokens(&basis.chat.summary)
+    let tokens = history::estimate_tokens(&basis.agent.system_prompt)
+        + history::estimate_tokens(&basis.chat.summary)
         + match trigger {
             Trigger::User(input) | Trigger::Autostart(input) => {
-                context::estimate_tokens(&input.content)
+                history::estimate_tokens(&input.content)
             }
-            Trigger::Queued(queued) => context::estimate_tokens(&queued.content),
+            Trigger::Queued(queued) => history::estimate_tokens(&queued.content),
             Trigger::Approval(_) | Trigger::Stranded(_) => 0,
         }
         + state.config.context_tokens

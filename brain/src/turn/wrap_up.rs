@@ -11,7 +11,6 @@ use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
 
-use super::context;
 use super::state::{Ids, Progress, TurnTask};
 use crate::metrics::TurnOutcome;
 use crate::provider::ProviderError;
@@ -97,7 +96,7 @@ impl TurnTask {
                 .await;
             return;
         }
-        let answer_tokens = context::estimate_tokens(&parts);
+        let answer_tokens = super::history::estimate_tokens(&parts);
         let billed = billed_tokens(&usage_log);
         // A3: the request parts go out once the approvals exist, so an answer that
         // follows them at once finds its row.
