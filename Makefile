@@ -50,7 +50,7 @@ endif
 # O5: the tests that matter run again with every brain (and runtime-manager) of a test
 # reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
 # from test-deps), Postgres itself only for migrations and LISTEN (DATABASE_DIRECT_URL).
-POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention)::/
+POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention|soak)::/
 POOLER_MORE := /^(auth::.*revoked|workers::a_shell_call_provisions_a_worker)/
 pooler:
 ifeq ($(NEXTEST),yes)
@@ -58,14 +58,14 @@ ifeq ($(NEXTEST),yes)
 	  -E 'test($(POOLER_TESTS)) | test($(POOLER_MORE))'
 else
 	TEST_THROUGH_PGBOUNCER=1 cargo test -p brain --test all --locked --no-fail-fast -- \
-	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: \
+	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: soak:: \
 	  auth::a_revoked workers::a_shell_call_provisions_a_worker
 endif
 
 # O5: the tests that matter on a Redis Cluster (turns, holds, quotas, events, stop,
-# revocation, a worker through the queue and the relay, autostart, the queue's own), run
-# again with every brain, runtime-manager and queue on the shared three-master cluster on
-# loopback, which the first of them starts (test-support/src/redis_cluster.rs). The
+# revocation, a worker through the queue and the relay, autostart, the soak's short form,
+# the queue's own), run again with every brain, runtime-manager and queue on the shared
+# three-master cluster on loopback, which the first of them starts (test-support/src/redis_cluster.rs). The
 # cluster-only tests (failover) run in `unit` (brain/tests/all/cluster.rs).
 CLUSTER_BRAIN_TESTS := \
 	turn::an_openai_turn_streams_and_persists \
@@ -82,7 +82,8 @@ CLUSTER_BRAIN_TESTS := \
 	auth::a_revoked_keys_open_streams_close_on_every_replica_within_a_second \
 	workers::a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it \
 	autostart::a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat \
-	autostart::two_replicas_fire_each_tick_exactly_once
+	autostart::two_replicas_fire_each_tick_exactly_once \
+	soak::a_short_soak_over_two_replicas_and_a_kill_loses_no_turn_and_stores_none_twice
 
 cluster:
 ifeq ($(NEXTEST),yes)

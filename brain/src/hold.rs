@@ -1,9 +1,11 @@
 //! One turn per agent (SPEC T9): a Redis hold taken before a turn starts.
 //!
 //! The hold is the key `hold:{<team_id>}:agent:<agent_id>`, set with `NX` and a short expiry; its value
-//! is `{turn_id}:{token}`, so a refused caller learns which turn is running and only the
-//! holder (who alone knows the random token) can extend or delete it, besides a survivor
-//! freeing the hold of a turn whose replica died (`release_lost`, by the turn id). While
+//! is `{turn_id}:{replica_id}:{taken_at_ms}:{token}`, so a refused caller learns which turn
+//! is running and on which replica since when, and only the holder (who alone knows the
+//! random token) can extend or delete it, besides a survivor freeing the hold of a turn
+//! whose replica died (`release_lost`, by the turn id) or a hold left by a replica lost
+//! before it wrote its turn (`release_left_behind`, by the whole value, O4). While
 //! the turn runs, a task pushes the expiry back to `ttl` every `extend_every`, never past
 //! `max_total` after acquisition; a turn that outlives its hold therefore cannot free or
 //! extend another's.
@@ -41,7 +43,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protocol::{AgentId, QuotaScope, TeamId, TurnId};
+use protocol::{AgentId, QuotaScope, ReplicaId, TeamId, TurnId};
 use redis::RedisError;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -396,6 +398,8 @@ pub struct Holds {
 
 struct Inner {
     config: HoldConfig,
+    /// Named in every hold this replica takes.
+    replica: ReplicaId,
     metrics: Metrics,
     /// Redis being down at start only makes the first acquires `Unavailable`.
     redis: Shared,
@@ -449,11 +453,42 @@ pub enum Admitted {
     },
     Busy {
         running: TurnId,
+        /// Who took the hold, when its value says (every hold since O4's does).
+        holder: Option<Holder>,
     },
     /// A team's or a user's quota refuses the turn; nothing was taken or counted.
     Refused(Refusal),
     /// Redis unreachable or slow: the caller enforces quotas from Postgres instead.
     Unavailable,
+}
+
+/// Who holds an agent: a refused admission's view of the hold, enough to free it when
+/// its replica was lost before it wrote its turn ([`Holds::release_left_behind`]).
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub replica: ReplicaId,
+    /// When it was taken, by the holder's clock.
+    taken_at: std::time::SystemTime,
+    /// The whole value: freeing it deletes the hold only while it is still this one.
+    value: String,
+}
+
+impl Holder {
+    fn parse(value: &str) -> Option<Self> {
+        let mut fields = value.splitn(4, ':');
+        let (_turn, replica, taken_at) = (fields.next()?, fields.next()?, fields.next()?);
+        fields.next()?;
+        Some(Self {
+            replica: replica.parse().ok()?,
+            taken_at: std::time::UNIX_EPOCH + Duration::from_millis(taken_at.parse().ok()?),
+            value: value.to_owned(),
+        })
+    }
+
+    /// How long it has been held (zero for a clock ahead of this one's).
+    pub fn age(&self) -> Duration {
+        self.taken_at.elapsed().unwrap_or_default()
+    }
 }
 
 /// The answer to `HoldGuard::reserve`.
@@ -470,11 +505,17 @@ type Class = &'static str;
 
 impl Holds {
     /// Does no I/O: the connection is made on the first `acquire`.
-    pub fn new(redis: crate::redis::Client, config: HoldConfig, metrics: Metrics) -> Self {
+    pub fn new(
+        redis: crate::redis::Client,
+        replica: ReplicaId,
+        config: HoldConfig,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 redis: Shared::new(redis, config.op_timeout),
                 config,
+                replica,
                 metrics,
                 acquire: redis::Script::new(ACQUIRE),
                 extend: redis::Script::new(EXTEND),
@@ -496,7 +537,7 @@ impl Holds {
         let inner = &self.inner;
         let acquired_at = Instant::now();
         let key = hold_key(team, agent);
-        let value = format!("{turn}:{:032x}", rand::random::<u128>());
+        let value = inner.value(turn);
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let answer = bounded(inner.config.op_timeout, async {
             match inner.try_acquire(&key, &value, expiry).await {
@@ -566,6 +607,29 @@ impl Holds {
 }
 
 impl Holds {
+    /// O4: frees `agent` of `holder`'s hold while it is still that one (compare and
+    /// delete): its replica was lost before it wrote the turn the hold names, so no
+    /// reconciliation knows of it and nothing else would free it before it lapses. Its
+    /// running entry and reservation in the team's counters lapse with the hold's expiry.
+    /// True if the hold was deleted.
+    pub async fn release_left_behind(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        holder: &Holder,
+    ) -> Result<bool, Class> {
+        self.inner
+            .if_ours(
+                &self.inner.release,
+                &hold_key(team, agent),
+                &holder.value,
+                0,
+            )
+            .await
+    }
+}
+
+impl Holds {
     /// D3: holds `agent` on for `turn`, taken over from a dead replica, with a token of
     /// this replica's; `counted` when the team's counters count the turn (its release then
     /// settles its reservation, at its end `user`'s level too). `Ok(None)`: another turn holds the agent (the dead turn's
@@ -581,7 +645,7 @@ impl Holds {
         let inner = &self.inner;
         let acquired_at = Instant::now();
         let key = hold_key(team, agent);
-        let value = format!("{turn}:{:032x}", rand::random::<u128>());
+        let value = inner.value(turn);
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let current = bounded(inner.config.op_timeout, async {
             let mut conn = inner.redis.get().await?;
@@ -651,7 +715,7 @@ impl Holds {
             .user
             .map(|user| LevelKeys::user(admission.team, user, &periods));
         let hold = hold_key(admission.team, admission.agent);
-        let value = format!("{}:{:032x}", admission.turn, rand::random::<u128>());
+        let value = inner.value(admission.turn);
         let expiry = inner.config.ttl.min(inner.config.max_total);
         let mut limits: Option<LoadedLimits> = None;
         // At most: reload the limits, rebuild the team's and the user's counters, then
@@ -760,7 +824,10 @@ impl Holds {
                         });
                     }
                     return match running_turn(current) {
-                        Some(running) => Ok(Admitted::Busy { running }),
+                        Some(running) => Ok(Admitted::Busy {
+                            running,
+                            holder: Holder::parse(current),
+                        }),
                         None => Ok(Admitted::Unavailable),
                     };
                 }
@@ -1039,6 +1106,19 @@ impl Holds {
 }
 
 impl Inner {
+    /// A new hold's value for `turn`: the turn, this replica, when, and a random token.
+    fn value(&self, turn: TurnId) -> String {
+        let taken_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis();
+        format!(
+            "{turn}:{}:{taken_at}:{:032x}",
+            self.replica,
+            rand::random::<u128>()
+        )
+    }
+
     /// The `ACQUIRE` script: `None` if the hold is now ours, else the current value.
     async fn try_acquire(
         &self,

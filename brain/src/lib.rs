@@ -158,7 +158,13 @@ impl AppState {
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
         let metrics = Metrics::new(config.demo_model)?;
-        let holds = Holds::new(redis.clone(), HoldConfig::default(), metrics.clone());
+        let replica = protocol::ReplicaId::new();
+        let holds = Holds::new(
+            redis.clone(),
+            replica,
+            HoldConfig::default(),
+            metrics.clone(),
+        );
         // Sized from the pool the store really has (a test's may differ from the
         // configured size).
         let intakes = intake::Intakes::new(store.max_connections(), config.intake, metrics.clone());
@@ -171,7 +177,6 @@ impl AppState {
         }
         let auth = auth::Auth::new(store.clone(), redis.clone(), config.jwt.clone());
         let events = events::Events::new(redis.clone(), config.events.clone(), metrics.clone());
-        let replica = protocol::ReplicaId::new();
         let sessions = Sessions::new(
             replica,
             store.clone(),

@@ -42,6 +42,28 @@ pub struct Resumable {
 }
 
 impl Store {
+    /// O4: whether an agent's hold naming `turn`, taken by `replica`, was left behind: the
+    /// replica's lease is gone (lapsed or given up) and the turn is not running. A running
+    /// turn of a lost replica is the takeover's, which adopts its hold (D3).
+    pub async fn hold_left_behind(
+        &self,
+        team: TeamId,
+        turn: TurnId,
+        replica: ReplicaId,
+    ) -> Result<bool, StoreError> {
+        let left: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM replicas WHERE id = $3 AND lease_until > now()) \
+               AND NOT EXISTS (SELECT 1 FROM turns \
+                 WHERE team_id = $1 AND id = $2 AND status = 'running')",
+        )
+        .bind(team.0)
+        .bind(turn.0)
+        .bind(replica.0)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(left)
+    }
+
     /// D2: the turn's progress, written only while `me` runs it. False when another
     /// replica took it over: the caller must stop.
     pub async fn save_progress(

@@ -14,7 +14,7 @@ use protocol::{AgentId, ErrorCode, QuotaScope, TeamId, TurnId};
 use super::TurnError;
 use super::queue::Queue;
 use crate::AppState;
-use crate::hold::{Admitted, Billed, HoldGuard, Reserved, TurnAdmission};
+use crate::hold::{Admitted, Billed, HoldGuard, Holder, Reserved, TurnAdmission};
 use crate::quota::{
     Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TeamSettings, fallback,
 };
@@ -81,11 +81,20 @@ pub(super) async fn admit(
         headers: RateLimitHeaders::levels(levels, &periods),
         billed_at: OnceLock::new(),
     };
-    match state.holds.admit(&state.quotas, admission).await? {
+    let mut admitted = state.holds.admit(&state.quotas, admission).await?;
+    if let Admitted::Busy {
+        running,
+        holder: Some(holder),
+    } = &admitted
+        && left_behind(state, team, agent, *running, holder).await
+    {
+        admitted = state.holds.admit(&state.quotas, admission).await?;
+    }
+    match admitted {
         Admitted::Held { guard, levels } => {
             Ok(budget(Some(guard), levels.team.limits, &levels, true))
         }
-        Admitted::Busy { running } => Err(TurnError::Busy(running)),
+        Admitted::Busy { running, .. } => Err(TurnError::Busy(running)),
         Admitted::Refused(refusal) => Err(refused(state, team, agent, refusal, &periods).await),
         // Never open: the limits and counts come from Postgres instead.
         Admitted::Unavailable => {
@@ -106,6 +115,44 @@ pub(super) async fn admit(
                 Levels::default()
             };
             Ok(budget(None, limits, &levels, false))
+        }
+    }
+}
+
+/// O4: frees the agent of a hold its replica left behind, lost after it took the hold and
+/// before it wrote the turn (so no takeover knows of it), and answers whether to admit
+/// again. Only a hold of another replica older than a lease is looked at: before that,
+/// its replica's lease cannot have lapsed, and a busy agent's refusals cost no read.
+/// Postgres not answering leaves the agent busy: unknown is not lost.
+async fn left_behind(
+    state: &AppState,
+    team: TeamId,
+    agent: AgentId,
+    running: TurnId,
+    holder: &Holder,
+) -> bool {
+    if holder.replica == state.replica || holder.age() < state.config.lease_ttl {
+        return false;
+    }
+    match bounded(state.store.hold_left_behind(team, running, holder.replica)).await {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(e) => {
+            tracing::warn!(agent = %agent, class = e.metric_label(), "could not check a busy agent's hold");
+            return false;
+        }
+    }
+    match state.holds.release_left_behind(team, agent, holder).await {
+        Ok(freed) => {
+            if freed {
+                tracing::info!(agent = %agent, turn = %running, replica = %holder.replica, "freed a hold left by a lost replica");
+            }
+            // Not freed: the hold changed meanwhile; admitting again answers who has it.
+            true
+        }
+        Err(class) => {
+            tracing::warn!(agent = %agent, class, "could not free a hold left by a lost replica");
+            false
         }
     }
 }
@@ -211,6 +258,11 @@ impl Budget {
                 .await?
                 .err(),
         )
+    }
+
+    /// The agent it holds.
+    pub fn agent(&self) -> AgentId {
+        self.agent
     }
 
     /// Remembers when the turn's billing events were written.

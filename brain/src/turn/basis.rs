@@ -129,8 +129,10 @@ impl Bases {
     }
 
     /// The chat's basis: the kept one (with its history) if `kept_ok` and there is one,
-    /// else read from Postgres (and kept for the next turn, which keeps the history only
-    /// if `kept_ok`). `NotFound` for an unknown chat.
+    /// else read from Postgres, and kept for the next turn only if `kept_ok`. The other
+    /// intakes (an approval's answers, a queued message's start) change the chat's
+    /// messages, which bumps its version: what was kept would only be found stale, so it
+    /// is forgotten. `NotFound` for an unknown chat.
     pub(super) async fn basis(
         &self,
         store: &Store,
@@ -148,7 +150,11 @@ impl Bases {
             });
         }
         let basis = Arc::new(bounded(store.chat_with_agent(team, chat)).await?);
-        self.keep(team, chat, basis.clone(), None);
+        if kept_ok {
+            self.keep(team, chat, basis.clone(), None);
+        } else {
+            self.forget(team, chat);
+        }
         self.metrics.turn_bases.with_label_values(&["read"]).inc();
         Ok(Found {
             basis,
@@ -233,7 +239,9 @@ impl Bases {
         }
     }
 
-    fn forget(&self, team: TeamId, chat: ChatId) {
+    /// Drops what is kept of the chat: this replica changed its messages (a failed turn
+    /// took its message back), so the next intake reads it rather than finding it stale.
+    pub(super) fn forget(&self, team: TeamId, chat: ChatId) {
         let mut kept = self.lock();
         if let Some(old) = kept.entries.remove(&(team, chat)) {
             kept.bytes -= old.weight;

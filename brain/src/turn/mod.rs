@@ -165,13 +165,13 @@ pub async fn launch(
         detached,
     };
     if !matches!(trigger, Trigger::Approval(_)) {
-        return start(state, launch, trigger, parent).await;
+        return start(state, launch, trigger, parent, None).await;
     }
     let owned = state.clone();
     let parent = parent.cloned();
     let task = state
         .turn_tracker
-        .spawn(async move { start(&owned, launch, trigger, parent.as_ref()).await });
+        .spawn(async move { start(&owned, launch, trigger, parent.as_ref(), None).await });
     task.await
         .map_err(|_| TurnError::Internal("a continuation's start panicked".into()))?
 }
@@ -184,27 +184,41 @@ struct Launch {
     detached: bool,
 }
 
+/// `admitted`: the turn id and admission of an intake that found its kept basis stale and
+/// starts over from Postgres; they stay the turn's while its chat names the same agent, so
+/// the start over is not a second turn to the hold and the team's counters.
 async fn start(
     state: &AppState,
     launch: Launch,
     trigger: Trigger,
     parent: Option<&TraceContext>,
+    admitted: Option<(TurnId, admit::Budget)>,
 ) -> Result<Launched, TurnError> {
     let Launch { team, chat, .. } = launch;
-    // In line for a share of the Postgres pool until the turn row is written.
-    let intake = state.intakes.enter().await?;
     // A message or an autostart may start from the basis this replica kept (`basis.rs`):
     // what it does before the intake's check (A4's denial) can be done again if the check
     // finds it stale; an approval's recorded answers cannot.
     let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(_));
-    let found = state
-        .bases
-        .basis(&state.store, team, chat, kept_ok)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound => TurnError::NotFound("chat"),
-            other => other.into(),
-        })?;
+    let entered = async {
+        // In line for a share of the Postgres pool until the turn row is written.
+        let intake = state.intakes.enter().await?;
+        let found = state
+            .bases
+            .basis(&state.store, team, chat, kept_ok)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound => TurnError::NotFound("chat"),
+                other => other.into(),
+            })?;
+        Ok::<_, TurnError>((intake, found))
+    };
+    let (intake, found) = match entered.await {
+        Ok(entered) => entered,
+        Err(err) => {
+            give_back(admitted.map(|(_, budget)| budget)).await;
+            return Err(err);
+        }
+    };
     let basis = found.basis.clone();
     // What starts the turn again from Postgres if the kept basis proves stale.
     let again = match (&trigger, found.source) {
@@ -212,24 +226,26 @@ async fn start(
         (Trigger::Autostart(input), basis::Source::Kept) => Some(Trigger::Autostart(input.clone())),
         _ => None,
     };
-    if let Trigger::User(input) = &trigger
-        && let Some(replayed) = replay::retried(state, team, chat, input).await?
+    // What was admitted for another agent than the chat's now is given back.
+    let (turn_id, admitted) = match admitted {
+        Some((turn, budget)) if budget.agent() == basis.agent.id => (Some(turn), Some(budget)),
+        Some((turn, mut budget)) => {
+            budget.release(0).await;
+            (Some(turn), None)
+        }
+        None => (None, None),
+    };
+    if let Some(done) = answered_before_admission(state, team, chat, &trigger, &basis)
+        .await
+        .transpose()
     {
-        return Ok(replayed);
-    }
-    // A draining replica answers retries of finished turns (above) but starts nothing.
-    if state.draining.is_cancelled() {
-        return Err(TurnError::ShuttingDown);
-    }
-    // An archived agent keeps its transcripts readable but runs no new turn. A kept basis
-    // that says otherwise is stale, which the intake finds.
-    if basis.agent.archived {
-        return Err(TurnError::NotFound("agent"));
+        give_back(admitted).await;
+        return done;
     }
 
     let turn_id = match &trigger {
         Trigger::Queued(queued) => queued.turn,
-        _ => TurnId::new(),
+        _ => turn_id.unwrap_or_else(TurnId::new),
     };
     // From admission to wrap-up; a turn refused at intake (busy, quota) ends here with no
     // `outcome`, its HTTP answer says why.
@@ -246,15 +262,20 @@ async fn start(
     );
     logging::traces::continue_from(&span, parent);
     let reservation = reservation(state, &basis, &trigger);
-    let mut budget = admit::admit(
-        state,
-        team,
-        basis.agent.id,
-        turn_id,
-        reservation,
-        launch.authority.user(),
-    )
-    .await?;
+    let mut budget = match admitted {
+        Some(budget) => budget,
+        None => {
+            admit::admit(
+                state,
+                team,
+                basis.agent.id,
+                turn_id,
+                reservation,
+                launch.authority.user(),
+            )
+            .await?
+        }
+    };
 
     // A3, A4, under the hold (so no continuation runs meanwhile): a new message denies
     // what waits; an answer is recorded at most once, and the last of its turn resumes it.
@@ -282,15 +303,18 @@ async fn start(
         compose::Composed::Ready(composed) => composed,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
         compose::Composed::Replayed(replayed) => return Ok(replayed),
-        // Nothing was written: let go of what was admitted and start over from Postgres.
+        // Nothing was written: start over from Postgres, still admitted.
         compose::Composed::Stale => {
-            budget.release(0).await;
             drop((running, guard, intake));
             state.bases.stale(team, chat);
-            let again = again.ok_or(TurnError::Internal(
-                "an intake not started from a kept basis found it stale".into(),
-            ))?;
-            return Box::pin(start(state, launch, again, parent)).await;
+            let Some(again) = again else {
+                budget.release(0).await;
+                return Err(TurnError::Internal(
+                    "an intake not started from a kept basis found it stale".into(),
+                ));
+            };
+            let admitted = Some((turn_id, budget));
+            return Box::pin(start(state, launch, again, parent, admitted)).await;
         }
     };
     // The intake's writes are done; the model call that follows holds no slot.
@@ -337,6 +361,39 @@ async fn start(
         Err(_) => Err(TurnError::Internal(
             "turn task ended before reporting".into(),
         )),
+    }
+}
+
+/// What a start answers before it admits anything: a retried message id's turn (T12),
+/// or a refusal (draining, an archived agent). `None`: go on.
+async fn answered_before_admission(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+    trigger: &Trigger,
+    basis: &TurnBasis,
+) -> Result<Option<Launched>, TurnError> {
+    if let Trigger::User(input) = trigger
+        && let Some(replayed) = replay::retried(state, team, chat, input).await?
+    {
+        return Ok(Some(replayed));
+    }
+    // A draining replica answers retries of finished turns (above) but starts nothing.
+    if state.draining.is_cancelled() {
+        return Err(TurnError::ShuttingDown);
+    }
+    // An archived agent keeps its transcripts readable but runs no new turn. A kept basis
+    // that says otherwise is stale, which the intake finds.
+    if basis.agent.archived {
+        return Err(TurnError::NotFound("agent"));
+    }
+    Ok(None)
+}
+
+/// Lets go of an admission carried into a start over that does not use it.
+async fn give_back(admitted: Option<admit::Budget>) {
+    if let Some(mut budget) = admitted {
+        budget.release(0).await;
     }
 }
 

@@ -10,6 +10,7 @@ use protocol::{AgentId, ChatId, MessageId, ReplicaId, TeamId, TurnId};
 use tokio_util::sync::CancellationToken;
 
 use super::admit::Budget;
+use super::basis::Bases;
 use super::context::Fold;
 use super::output::Client;
 use super::{speculation, stop};
@@ -35,6 +36,8 @@ pub(super) struct Ids {
 /// What the turn calls.
 pub(super) struct Deps {
     pub store: Store,
+    /// Told when the turn changes its chat's messages (`basis.rs`).
+    pub bases: Bases,
     pub providers: Providers,
     pub toolset: Arc<Toolset>,
 }

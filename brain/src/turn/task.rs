@@ -66,6 +66,7 @@ impl TurnTask {
             ids,
             deps: Deps {
                 store: state.store.clone(),
+                bases: state.bases.clone(),
                 providers: state.providers.clone(),
                 toolset: ready.toolset,
             },

@@ -179,6 +179,8 @@ impl TurnTask {
             approvals: Vec::new(),
         })
         .await;
+        // The message taken back bumped the chat's version: nothing kept of it holds.
+        self.deps.bases.forget(self.ids.team, self.ids.chat);
         unfinished.written();
         // Released before the client hears of the failure, so the retry that a
         // `Retry-After` invites does not find the agent busy.

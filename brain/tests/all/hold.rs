@@ -24,7 +24,10 @@ fn redis_url() -> String {
 fn holds_at(url: &str, config: HoldConfig) -> (Holds, Metrics) {
     let metrics = Metrics::new(false).unwrap();
     let client = brain::redis::Client::open(url, None).unwrap();
-    (Holds::new(client, config, metrics.clone()), metrics)
+    (
+        Holds::new(client, protocol::ReplicaId::new(), config, metrics.clone()),
+        metrics,
+    )
 }
 
 fn holds(config: HoldConfig) -> Holds {

@@ -40,6 +40,7 @@ mod quotas;
 mod recovery;
 mod redis_tls;
 mod retention;
+mod soak;
 mod stop;
 mod takeover;
 mod teams;

@@ -515,6 +515,7 @@ mod settle {
                 quotas: Quotas::new(store.clone(), budget),
                 holds: Holds::new(
                     brain::redis::Client::Node(Box::new(client)),
+                    protocol::ReplicaId::new(),
                     config,
                     Metrics::new(false).unwrap(),
                 ),

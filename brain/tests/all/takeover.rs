@@ -626,3 +626,84 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
         })
     );
 }
+
+/// O4: a replica SIGKILLed after it took an agent's hold and before it wrote the turn
+/// (here: waiting on a connector that accepts and never answers) leaves a hold that no
+/// takeover knows of. While the replica lives the agent is busy, however long it waits;
+/// once its lease lapses, the next message frees the hold and runs, instead of finding the
+/// agent busy until the hold's five minutes run out (what the soak's short form once hit).
+#[tokio::test]
+async fn a_hold_left_by_a_replica_killed_before_writing_its_turn_is_freed_after_its_lease() {
+    let app = TestApp::start_with(|c| {
+        c.lease_ttl = Duration::from_millis(800);
+        c.connectors.allow_private_networks = true;
+    })
+    .await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", silent.local_addr().unwrap());
+    let connector = app
+        .post_json(
+            "/v1/connectors",
+            &json!({"name": "silent", "url": url, "agent_id": agent}),
+        )
+        .await;
+    assert_eq!(connector.status(), 201);
+    let connector: Value = connector.json().await.unwrap();
+    let mut victim = BrainProcess::start(
+        &app,
+        &[
+            ("BRAIN_LEASE_TTL_MS", "800"),
+            ("BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS", "true"),
+            ("BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", "120000"),
+        ],
+    )
+    .await;
+    let posting = tokio::spawn(
+        app.http
+            .post(format!("{}/v1/chats/{chat}/messages", victim.url))
+            .bearer_auth(&app.key)
+            .json(&json!({"content": "hello"}))
+            .send(),
+    );
+    // The victim dials the connector: it holds the agent and has written no turn.
+    let (_socket, _) = tokio::time::timeout(Duration::from_secs(30), silent.accept())
+        .await
+        .expect("the victim never started the connector")
+        .unwrap();
+
+    // Alive past two of its leases, it keeps the agent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let busy = post(&app, &app.url, &chat, &json!({"content": "me too"})).await;
+    assert_eq!(busy.status(), 409, "a live replica's hold was freed");
+
+    victim.kill().await;
+    posting.abort();
+    let turns: i64 = sqlx::query_scalar("SELECT count(*) FROM turns")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(turns, 0, "the victim died before writing its turn");
+    let removed = app
+        .auth(app.http.delete(format!(
+            "{}/v1/connectors/{}",
+            app.url,
+            connector["id"].as_str().unwrap()
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 204);
+
+    app.provider.push(text("Back."));
+    let (took, response) = until_taken(&app, &app.url, &chat, Duration::from_secs(30)).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, _) = read_stream(response).await;
+    assert!(
+        chunks.contains(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        }),
+        "{chunks:?}"
+    );
+    println!("the agent was free again {took:?} after the kill");
+}
