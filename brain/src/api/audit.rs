@@ -54,6 +54,11 @@ fn checked_filter<'a>(value: Option<&'a str>, name: &str) -> Result<Option<&'a s
         Some(v) if v.is_empty() || v.len() > MAX_FILTER => Err(ApiError::InvalidRequest(format!(
             "{name} must have 1 to {MAX_FILTER} bytes"
         ))),
+        // No stored value holds a NUL (Postgres text cannot), and Postgres refuses one as a
+        // parameter: the caller's error, not the server's.
+        Some(v) if v.contains('\0') => Err(ApiError::InvalidRequest(format!(
+            "{name} must not contain NUL characters"
+        ))),
         other => Ok(other),
     }
 }
@@ -69,7 +74,7 @@ fn checked_filter<'a>(value: Option<&'a str>, name: &str) -> Result<Option<&'a s
             (a key's id or a token's user, never a credential), what, on which object, when \
             and from which address. Kept `BRAIN_AUDIT_RETENTION_DAYS`.", body = AuditPage),
         (status = 400, description = "`limit` is out of range, `cursor` is not a cursor of \
-            this listing, or a filter is empty or too long (`invalid_request`).",
+            this listing, or a filter is empty, too long or holds a NUL (`invalid_request`).",
             body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),

@@ -459,6 +459,10 @@ async fn the_audit_log_pages_newest_first_and_filters_by_object_and_actor() {
         format!("cursor={keys_cursor}"),
         "object=".to_owned(),
         format!("actor={}", "x".repeat(513)),
+        // Postgres text cannot hold a NUL: such a filter is the caller's error, not a 500
+        // (schemathesis found it).
+        "object=%25%07y%00".to_owned(),
+        "actor=a%00b".to_owned(),
         "offset=2".to_owned(),
     ] {
         let response = app.get(&format!("/v1/audit?{query}")).await;

@@ -97,10 +97,12 @@ impl TestApp {
             env.insert("DATABASE_DIRECT_URL".into(), db_url(&db_name));
             std::sync::Arc::new(pooler)
         });
-        let mut config = Config::from_env(&env).unwrap();
+        // Through the environment, so brain processes beside this one share the cluster.
         if cluster_mode() {
-            config.redis_cluster_urls = Some(test_support::redis_cluster::shared().urls());
+            let cluster = test_support::redis_cluster::shared().urls_list();
+            env.insert("REDIS_CLUSTER_URLS".into(), cluster);
         }
+        let mut config = Config::from_env(&env).unwrap();
         let env_copy = env.clone();
         let configured_pool = config.database_max_connections;
         tweak(&mut config);
