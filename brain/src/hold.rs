@@ -5,7 +5,7 @@
 //! is running and on which replica since when, and only the holder (who alone knows the
 //! random token) can extend or delete it, besides a survivor freeing the hold of a turn
 //! whose replica died (`release_lost`, by the turn id) or a hold left by a replica lost
-//! before it wrote its turn (`release_left_behind`, by the whole value, O4). While
+//! before it wrote its turn (`release_left_behind`, by the whole value, O5). While
 //! the turn runs, a task pushes the expiry back to `ttl` every `extend_every`, never past
 //! `max_total` after acquisition; a turn that outlives its hold therefore cannot free or
 //! extend another's.
@@ -453,7 +453,7 @@ pub enum Admitted {
     },
     Busy {
         running: TurnId,
-        /// Who took the hold, when its value says (every hold since O4's does).
+        /// Who took the hold, when its value says (every hold since O5's does).
         holder: Option<Holder>,
     },
     /// A team's or a user's quota refuses the turn; nothing was taken or counted.
@@ -607,7 +607,7 @@ impl Holds {
 }
 
 impl Holds {
-    /// O4: frees `agent` of `holder`'s hold while it is still that one (compare and
+    /// O5: frees `agent` of `holder`'s hold while it is still that one (compare and
     /// delete): its replica was lost before it wrote the turn the hold names, so no
     /// reconciliation knows of it and nothing else would free it before it lapses. Its
     /// running entry and reservation in the team's counters lapse with the hold's expiry.

@@ -42,7 +42,7 @@ pub struct Resumable {
 }
 
 impl Store {
-    /// O4: whether an agent's hold naming `turn`, taken by `replica`, was left behind: the
+    /// O5: whether an agent's hold naming `turn`, taken by `replica`, was left behind: the
     /// replica's lease is gone (lapsed or given up) and the turn is not running. A running
     /// turn of a lost replica is the takeover's, which adopts its hold (D3).
     pub async fn hold_left_behind(

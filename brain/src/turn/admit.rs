@@ -119,7 +119,7 @@ pub(super) async fn admit(
     }
 }
 
-/// O4: frees the agent of a hold its replica left behind, lost after it took the hold and
+/// O5: frees the agent of a hold its replica left behind, lost after it took the hold and
 /// before it wrote the turn (so no takeover knows of it), and answers whether to admit
 /// again. Only a hold of another replica older than a lease is looked at: before that,
 /// its replica's lease cannot have lapsed, and a busy agent's refusals cost no read.

@@ -627,7 +627,7 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
     );
 }
 
-/// O4: a replica SIGKILLed after it took an agent's hold and before it wrote the turn
+/// O5: a replica SIGKILLed after it took an agent's hold and before it wrote the turn
 /// (here: waiting on a connector that accepts and never answers) leaves a hold that no
 /// takeover knows of. While the replica lives the agent is busy, however long it waits;
 /// once its lease lapses, the next message frees the hold and runs, instead of finding the
