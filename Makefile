@@ -63,7 +63,7 @@ else
 endif
 
 # O5: the tests that matter on a Redis Cluster (turns, holds, quotas, events, stop,
-# revocation, a worker through the queue and the relay, autostart, the soak's short form,
+# revocation, a worker through the queue, autostart, the soak's short form,
 # the queue's own), run again with every brain, runtime-manager and queue on the shared
 # three-master cluster on loopback, which the first of them starts (test-support/src/redis_cluster.rs). The
 # cluster-only tests (failover) run in `unit` (brain/tests/all/cluster.rs).
