@@ -17,7 +17,8 @@
 //!   `relay:cancelled:{key}` and is published on `relay:cancel:{key}`; the owner then
 //!   cancels the call, which reaches the worker. The owner subscribes to the cancel
 //!   channel before it reads that key, and both before it starts the call: a cancel that
-//!   came before the subscription is found in the key, a later one arrives on the channel.
+//!   came before the subscription is found in the key, a later one arrives on the channel,
+//!   and one whose publish was lost is found in the key, which the owner reads each beat.
 //! - The owner publishes a beat on `relay:call:{key}` as soon as it takes the call and
 //!   every [`BEAT_EVERY`] while it runs: a caller that hears nothing for [`SILENCE`] (the
 //!   owner died, or its publishes fail) stops waiting for an answer that cannot come; the
@@ -371,14 +372,12 @@ impl Sessions {
         if cancelled_before {
             cancel.cancel();
         }
-        let watch = {
-            let cancel = cancel.clone();
-            tokio::spawn(async move {
-                if cancels.into_on_message().next().await.is_some() {
-                    cancel.cancel();
-                }
-            })
-        };
+        let watch = tokio::spawn(watch_cancel(
+            cancels,
+            conn.clone(),
+            cancelled_key(&call.key),
+            cancel.clone(),
+        ));
         let beats = tokio::spawn(beat(conn.clone(), events.clone()));
         let output = if cancel.is_cancelled() {
             Ok(ToolOutput::error("cancelled"))
@@ -514,6 +513,40 @@ fn answer(output: ToolOutput) -> RelayEvent {
 }
 
 /// Publishes a beat on `events` at once, then every [`BEAT_EVERY`], until aborted.
+/// Cancels `cancel` when the caller cancels: a message on the call's cancel channel, or
+/// its key read each beat, so a cancel whose publish was lost (a blip, a bound that ran
+/// out) still arrives within [`BEAT_EVERY`]. A subscription that ends leaves the key.
+async fn watch_cancel(
+    cancels: redis::aio::PubSub,
+    mut conn: crate::redis::Conn,
+    key: String,
+    cancel: CancellationToken,
+) {
+    let mut messages = cancels.into_on_message();
+    let mut subscribed = true;
+    let mut every = tokio::time::interval(BEAT_EVERY);
+    // The first tick is at once: the key was read just before the call started.
+    every.tick().await;
+    loop {
+        tokio::select! {
+            message = messages.next(), if subscribed => {
+                if message.is_some() {
+                    cancel.cancel();
+                    return;
+                }
+                subscribed = false;
+            }
+            _ = every.tick() => {
+                let sent = bounded(REDIS_BOUND, conn.get::<_, Option<String>>(&key)).await;
+                if matches!(sent, Ok(Some(_))) {
+                    cancel.cancel();
+                    return;
+                }
+            }
+        }
+    }
+}
+
 async fn beat(mut conn: crate::redis::Conn, events: String) {
     let mut every = tokio::time::interval(BEAT_EVERY);
     loop {
