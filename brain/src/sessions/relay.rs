@@ -512,7 +512,6 @@ fn answer(output: ToolOutput) -> RelayEvent {
     }
 }
 
-/// Publishes a beat on `events` at once, then every [`BEAT_EVERY`], until aborted.
 /// Cancels `cancel` when the caller cancels: a message on the call's cancel channel, or
 /// its key read each beat, so a cancel whose publish was lost (a blip, a bound that ran
 /// out) still arrives within [`BEAT_EVERY`]. A subscription that ends leaves the key.
@@ -528,6 +527,7 @@ async fn watch_cancel(
     // The first tick is at once: the key was read just before the call started.
     every.tick().await;
     loop {
+        // The caller's cancel on the channel, against the beat that reads its key.
         tokio::select! {
             message = messages.next(), if subscribed => {
                 if message.is_some() {
@@ -547,6 +547,7 @@ async fn watch_cancel(
     }
 }
 
+/// Publishes a beat on `events` at once, then every [`BEAT_EVERY`], until aborted.
 async fn beat(mut conn: crate::redis::Conn, events: String) {
     let mut every = tokio::time::interval(BEAT_EVERY);
     loop {
