@@ -63,10 +63,11 @@ else
 endif
 
 # O5: the tests that matter on a Redis Cluster (turns, holds, quotas, events, stop,
-# revocation, a worker through the queue, autostart, the soak's short form,
-# the queue's own), run again with every brain, runtime-manager and queue on the shared
-# three-master cluster on loopback, which the first of them starts (test-support/src/redis_cluster.rs). The
-# cluster-only tests (failover) run in `unit` (brain/tests/all/cluster.rs).
+# revocation, a worker through the queue and one relayed across replicas, autostart, the
+# soak's short form, the queue's own), run again with every brain, runtime-manager and
+# queue on the shared three-master cluster on loopback, which the first of them starts
+# (test-support/src/redis_cluster.rs). The cluster-only tests (failover, TLS with a
+# password) run in `unit` (brain/tests/all/cluster.rs).
 CLUSTER_BRAIN_TESTS := \
 	turn::an_openai_turn_streams_and_persists \
 	hold_turns::a_second_turn_for_a_busy_agent_gets_agent_busy_at_once \
@@ -81,6 +82,7 @@ CLUSTER_BRAIN_TESTS := \
 	auth::a_revoked_key_is_refused_on_every_replica_within_a_second \
 	auth::a_revoked_keys_open_streams_close_on_every_replica_within_a_second \
 	workers::a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it \
+	workers::a_worker_on_replica_a_serves_a_turn_on_replica_b \
 	autostart::a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat \
 	autostart::two_replicas_fire_each_tick_exactly_once \
 	soak::a_short_soak_over_two_replicas_and_a_kill_loses_no_turn_and_stores_none_twice

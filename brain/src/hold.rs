@@ -608,22 +608,30 @@ impl Holds {
 
 impl Holds {
     /// O5: frees `agent` of `holder`'s hold while it is still that one (compare and
-    /// delete): its replica was lost before it wrote the turn the hold names, so no
-    /// reconciliation knows of it and nothing else would free it before it lapses. Its
-    /// running entry and reservation in the team's counters lapse with the hold's expiry.
-    /// True if the hold was deleted.
+    /// delete): its replica was lost before it wrote `turn`, the turn the hold names, so
+    /// no reconciliation knows of it and nothing else would free it before it lapses. In
+    /// the same script the turn leaves the team's running turns and gives back its
+    /// reservation, having billed nothing. An end user's level (L4) is not settled: the
+    /// hold does not name the user, so the turn's entry there lapses with the hold's
+    /// expiry. True if the hold was deleted.
     pub async fn release_left_behind(
         &self,
         team: TeamId,
         agent: AgentId,
+        turn: TurnId,
         holder: &Holder,
     ) -> Result<bool, Class> {
+        let counted = Counted {
+            team,
+            turn,
+            user: None,
+        };
         self.inner
-            .if_ours(
-                &self.inner.release,
+            .settle(
                 &hold_key(team, agent),
                 &holder.value,
-                0,
+                &counted,
+                Billed::default(),
             )
             .await
     }

@@ -8,6 +8,7 @@
 //! - `pgbouncer.rs`: Debian's PgBouncer in transaction mode in front of the test Postgres (O5);
 //! - `redis_cluster.rs`: Redis Clusters on loopback (O5), one shared by the cluster tests
 //!   and one of its own for a test that kills a master;
+//! - `tls.rs`: a CA and a server certificate for the tests that run Redis over TLS;
 //! - `promtool.rs`: `promtool check metrics` over a scrape, and reading a sample from it.
 //!
 //! Only tests and the bench depend on this crate, so it may panic on set-up failures: a
@@ -20,3 +21,4 @@ pub mod pgbouncer;
 pub mod promtool;
 pub mod proxy;
 pub mod redis_cluster;
+pub mod tls;

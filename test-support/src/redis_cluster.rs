@@ -9,6 +9,8 @@
 //!   answers.
 //! - [`RedisCluster::start`]: a cluster of a test's own, with replicas, for a test that
 //!   kills a master (which would disturb the others); stopped when dropped.
+//! - [`RedisCluster::start_secured`]: a cluster of a test's own that takes clients only
+//!   over TLS and with a password, its nodes talking TLS to each other too.
 
 use std::fs::{self, File};
 use std::net::TcpListener;
@@ -29,6 +31,32 @@ pub struct RedisCluster {
     dir: PathBuf,
     /// Stops the nodes and removes the directory when dropped (a test's own cluster).
     owned: bool,
+    secured: Option<Secured>,
+}
+
+/// What a secured cluster's clients need: the directory of `test_support::tls`'s
+/// certificates (the nodes serve `server.pem`; clients trust `ca.pem`), and the password.
+#[derive(Clone)]
+pub struct Secured {
+    pub certs: PathBuf,
+    pub password: String,
+}
+
+impl Secured {
+    /// `redis-cli`'s arguments to reach a node of the cluster.
+    fn cli_args(&self) -> Vec<String> {
+        let ca = self.certs.join("ca.pem");
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            ca.to_str().unwrap().into(),
+            "--user".into(),
+            "default".into(),
+            "--pass".into(),
+            self.password.clone(),
+            "--no-auth-warning".into(),
+        ]
+    }
 }
 
 /// The shared three-master cluster (see the module doc).
@@ -40,16 +68,17 @@ pub fn shared() -> RedisCluster {
     let ports_file = dir.join("ports");
     if let Ok(ports) = fs::read_to_string(&ports_file) {
         let ports: Vec<u16> = ports.split(',').filter_map(|p| p.parse().ok()).collect();
-        if !ports.is_empty() && ports.iter().all(|p| cluster_ok(*p)) {
+        if !ports.is_empty() && ports.iter().all(|p| cluster_ok(None, *p)) {
             return RedisCluster {
                 ports,
                 dir,
                 owned: false,
+                secured: None,
             };
         }
         stop_nodes(&dir);
     }
-    let cluster = RedisCluster::create(dir, 3, 0, false);
+    let cluster = RedisCluster::create(dir, 3, 0, false, None);
     let ports: Vec<String> = cluster.ports.iter().map(u16::to_string).collect();
     fs::write(&ports_file, ports.join(",")).unwrap();
     cluster
@@ -59,22 +88,46 @@ impl RedisCluster {
     /// A cluster of `masters` masters with `replicas` replicas each, of the test's own
     /// under /var/tmp, stopped when dropped.
     pub fn start(masters: usize, replicas: usize) -> Self {
-        let dir = PathBuf::from(format!(
-            "/var/tmp/agent-runtime-redis-cluster-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        Self::create(dir, masters, replicas, true)
+        Self::create(own_dir(), masters, replicas, true, None)
     }
 
-    fn create(dir: PathBuf, masters: usize, replicas: usize, owned: bool) -> Self {
+    /// A cluster of `masters` masters, of the test's own, that serves only TLS (on each
+    /// node's port, and on the cluster bus) and only to clients with `secured`'s password.
+    pub fn start_secured(masters: usize, secured: Secured) -> Self {
+        Self::create(own_dir(), masters, 0, true, Some(secured))
+    }
+
+    fn create(
+        dir: PathBuf,
+        masters: usize,
+        replicas: usize,
+        owned: bool,
+        secured: Option<Secured>,
+    ) -> Self {
         let count = masters * (1 + replicas);
         let ports = free_ports(count);
         for port in &ports {
             let node = dir.join(port.to_string());
             let _ = fs::remove_dir_all(&node);
             fs::create_dir_all(&node).unwrap();
-            let status = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            let mut server = Command::new("redis-server");
+            match &secured {
+                None => server.args(["--port", &port.to_string()]),
+                Some(secured) => {
+                    let file = |name: &str| secured.certs.join(name).to_str().unwrap().to_owned();
+                    server
+                        .args(["--port", "0", "--tls-port", &port.to_string()])
+                        .args(["--tls-cluster", "yes", "--tls-replication", "yes"])
+                        .args(["--tls-cert-file", &file("server.pem")])
+                        .args(["--tls-key-file", &file("server.key")])
+                        .args(["--tls-ca-cert-file", &file("ca.pem")])
+                        .args(["--tls-auth-clients", "no"])
+                        .args(["--requirepass", &secured.password])
+                        .args(["--masterauth", &secured.password])
+                }
+            };
+            let status = server
+                .args(["--bind", "127.0.0.1"])
                 .args([
                     "--cluster-enabled",
                     "yes",
@@ -93,13 +146,23 @@ impl RedisCluster {
                 "redis-server on port {port} did not start"
             );
         }
-        let cluster = Self { ports, dir, owned };
+        let cluster = Self {
+            ports,
+            dir,
+            owned,
+            secured,
+        };
         for port in &cluster.ports {
             wait(&format!("node {port} answering"), || {
-                cli(*port, &["PING"]).is_some_and(|out| out.contains("PONG"))
+                cluster
+                    .cli(*port, &["PING"])
+                    .is_some_and(|out| out.contains("PONG"))
             });
         }
         let mut create = Command::new("redis-cli");
+        if let Some(secured) = &cluster.secured {
+            create.args(secured.cli_args());
+        }
         create.arg("--cluster").arg("create");
         for port in &cluster.ports {
             create.arg(format!("127.0.0.1:{port}"));
@@ -113,13 +176,15 @@ impl RedisCluster {
         );
         for port in &cluster.ports {
             wait(&format!("node {port} in a healthy cluster"), || {
-                cluster_ok(*port)
+                cluster.ok(*port)
             });
         }
         if replicas > 0 {
             for port in &cluster.ports {
                 wait(&format!("node {port} replicating"), || {
-                    let info = cli(*port, &["INFO", "replication"]).unwrap_or_default();
+                    let info = cluster
+                        .cli(*port, &["INFO", "replication"])
+                        .unwrap_or_default();
                     info.contains("role:master") || info.contains("master_link_status:up")
                 });
             }
@@ -127,12 +192,32 @@ impl RedisCluster {
         cluster
     }
 
-    /// Every node's URL, masters first: what `REDIS_CLUSTER_URLS` takes.
+    /// Every node's URL, masters first: what `REDIS_CLUSTER_URLS` takes (`rediss://`
+    /// with the password for a secured cluster).
     pub fn urls(&self) -> Vec<String> {
+        let base = match &self.secured {
+            None => "redis://".to_owned(),
+            Some(secured) => format!("rediss://:{}@", secured.password),
+        };
         self.ports
             .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .map(|p| format!("{base}127.0.0.1:{p}"))
             .collect()
+    }
+
+    /// Every node's port, masters first.
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// `redis-cli -p port args…`'s output (over TLS and with the password on a secured
+    /// cluster), or `None` if it failed.
+    pub fn cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        cli(self.secured.as_ref(), port, args)
+    }
+
+    fn ok(&self, port: u16) -> bool {
+        cluster_ok(self.secured.as_ref(), port)
     }
 
     /// [`Self::urls`] comma-separated.
@@ -142,10 +227,13 @@ impl RedisCluster {
 
     /// The port of the master that serves `key`'s slot.
     pub fn master_of(&self, key: &str) -> u16 {
-        let slot: u16 = cli(self.ports[0], &["CLUSTER", "KEYSLOT", key])
+        let slot: u16 = self
+            .cli(self.ports[0], &["CLUSTER", "KEYSLOT", key])
             .and_then(|out| out.trim().parse().ok())
             .expect("CLUSTER KEYSLOT");
-        let nodes = cli(self.ports[0], &["CLUSTER", "NODES"]).expect("CLUSTER NODES");
+        let nodes = self
+            .cli(self.ports[0], &["CLUSTER", "NODES"])
+            .expect("CLUSTER NODES");
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
@@ -183,12 +271,14 @@ impl RedisCluster {
     pub fn wait_failed_over(&self, port: u16) {
         for other in self.ports.iter().filter(|p| **p != port) {
             wait(&format!("node {other} healthy after {port} failed"), || {
-                cluster_ok(*other)
-                    && cli(*other, &["CLUSTER", "NODES"]).is_some_and(|nodes| {
-                        nodes.lines().any(|line| {
-                            line.contains(&format!(":{port}@")) && line.contains("fail")
+                self.ok(*other)
+                    && self
+                        .cli(*other, &["CLUSTER", "NODES"])
+                        .is_some_and(|nodes| {
+                            nodes.lines().any(|line| {
+                                line.contains(&format!(":{port}@")) && line.contains("fail")
+                            })
                         })
-                    })
             });
         }
     }
@@ -213,13 +303,24 @@ fn stop_nodes(dir: &Path) {
     }
 }
 
-fn cluster_ok(port: u16) -> bool {
-    cli(port, &["CLUSTER", "INFO"]).is_some_and(|info| info.contains("cluster_state:ok"))
+/// A directory of its own under /var/tmp for a test's cluster.
+fn own_dir() -> PathBuf {
+    PathBuf::from(format!(
+        "/var/tmp/agent-runtime-redis-cluster-{}",
+        uuid::Uuid::new_v4().simple()
+    ))
 }
 
-/// `redis-cli -p port args…`'s output, or `None` if it failed.
-fn cli(port: u16, args: &[&str]) -> Option<String> {
-    let out = Command::new("redis-cli")
+fn cluster_ok(secured: Option<&Secured>, port: u16) -> bool {
+    cli(secured, port, &["CLUSTER", "INFO"]).is_some_and(|info| info.contains("cluster_state:ok"))
+}
+
+fn cli(secured: Option<&Secured>, port: u16, args: &[&str]) -> Option<String> {
+    let mut command = Command::new("redis-cli");
+    if let Some(secured) = secured {
+        command.args(secured.cli_args());
+    }
+    let out = command
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()

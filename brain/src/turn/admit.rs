@@ -142,7 +142,11 @@ async fn left_behind(
             return false;
         }
     }
-    match state.holds.release_left_behind(team, agent, holder).await {
+    match state
+        .holds
+        .release_left_behind(team, agent, running, holder)
+        .await
+    {
         Ok(freed) => {
             if freed {
                 tracing::info!(agent = %agent, turn = %running, replica = %holder.replica, "freed a hold left by a lost replica");

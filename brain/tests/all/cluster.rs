@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use scripted_provider::Reply;
 use serde_json::{Value, json};
-use test_support::redis_cluster::{self, RedisCluster};
+use test_support::redis_cluster::{self, RedisCluster, Secured};
 
-use crate::common::{TestApp, error_code, read_stream, streamed_text, words};
+use crate::common::{BrainProcess, TestApp, error_code, read_stream, streamed_text, words};
 
 /// How many turns ran without the hold because Redis failed them.
 async fn holds_unavailable(app: &TestApp) -> f64 {
@@ -136,4 +136,92 @@ async fn turns_take_the_hold_again_after_a_master_fails_over() {
         "turns took the hold again {:?} after the kill ({tries} tries)",
         killed.elapsed()
     );
+}
+
+/// TLS and auth on a cluster as on one node (O5): every node of a cluster of the test's own
+/// serves only TLS and only with the password; a brain process given `rediss://` seeds
+/// with the password, trusting the test's CA through `SSL_CERT_FILE`, runs a turn whose
+/// hold script and events went to the cluster's nodes, with none of them failed. Without
+/// the password, or without the CA, a client is refused: the nodes check both.
+#[tokio::test]
+async fn a_brain_on_a_tls_cluster_with_a_password_runs_its_turns() {
+    let certs = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("cluster-tls-{}", uuid::Uuid::new_v4().simple()));
+    test_support::tls::certificates(&certs);
+    let cluster = RedisCluster::start_secured(
+        3,
+        Secured {
+            certs: certs.clone(),
+            password: "cluster-test-password".into(),
+        },
+    );
+    let app = TestApp::start().await;
+    let seeds = cluster.urls_list();
+    let ca = certs.join("ca.pem");
+    let brain = BrainProcess::start(
+        &app,
+        &[
+            ("REDIS_CLUSTER_URLS", seeds.as_str()),
+            ("SSL_CERT_FILE", ca.to_str().unwrap()),
+        ],
+    )
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(Reply::Text {
+        deltas: words("an answer over TLS"),
+        delay: Duration::from_millis(1),
+    });
+    let response = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", brain.url))
+        .bearer_auth(&app.key)
+        .json(&json!({"content": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "an answer over TLS");
+
+    let scrape = app
+        .http
+        .get(format!("{}/metrics", brain.metrics_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for failed in ["brain_hold_unavailable_total", "brain_events_dropped_total"] {
+        let count = test_support::promtool::sample(&scrape, failed, &[]).unwrap_or(0.0);
+        assert_eq!(count, 0.0, "{failed}");
+    }
+    let stats: String = cluster
+        .ports()
+        .iter()
+        .filter_map(|port| cluster.cli(*port, &["INFO", "commandstats"]))
+        .collect();
+    for command in ["cmdstat_eval", "cmdstat_xadd"] {
+        assert!(stats.contains(command), "{command} not in {stats}");
+    }
+
+    let refused = |url: String| async move {
+        let client = redis::cluster::ClusterClient::new(vec![url]).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), client.get_async_connection())
+            .await
+            .expect("a refusal is prompt")
+            .is_err()
+    };
+    let port = cluster.ports()[0];
+    assert!(
+        refused(format!("rediss://:wrong-password@127.0.0.1:{port}")).await,
+        "a wrong password was accepted"
+    );
+    // The default roots do not hold the test's CA (this process has no SSL_CERT_FILE).
+    assert!(
+        refused(format!("rediss://:cluster-test-password@127.0.0.1:{port}")).await,
+        "an unknown CA's certificate was accepted"
+    );
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&certs);
 }

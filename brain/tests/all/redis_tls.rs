@@ -27,78 +27,6 @@ impl Drop for TlsRedis {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl (Debian's openssl package)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 it signed, in `dir`.
-fn certificates(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=agent-runtime test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ],
-    );
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        ],
-    );
-}
-
 fn start_redis(dir: &Path) -> TlsRedis {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -151,7 +79,7 @@ fn cli(dir: &Path, port: u16, args: &[&str]) -> String {
 async fn a_brain_on_a_rediss_url_runs_its_turns_over_tls() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("redis-tls-{}", uuid::Uuid::new_v4().simple()));
-    certificates(&dir);
+    test_support::tls::certificates(&dir);
     let redis = start_redis(&dir);
     let app = TestApp::start().await;
     let url = format!("rediss://127.0.0.1:{}", redis.port);

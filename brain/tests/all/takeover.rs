@@ -632,6 +632,8 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
 /// takeover knows of. While the replica lives the agent is busy, however long it waits;
 /// once its lease lapses, the next message frees the hold and runs, instead of finding the
 /// agent busy until the hold's five minutes run out (what the soak's short form once hit).
+/// The turn the hold names leaves the team's running turns with it, so a team allowed one
+/// concurrent turn is not refused `concurrent_turns` by a turn that never ran.
 #[tokio::test]
 async fn a_hold_left_by_a_replica_killed_before_writing_its_turn_is_freed_after_its_lease() {
     let app = TestApp::start_with(|c| {
@@ -639,6 +641,14 @@ async fn a_hold_left_by_a_replica_killed_before_writing_its_turn_is_freed_after_
         c.connectors.allow_private_networks = true;
     })
     .await;
+    // The team's one concurrent turn is the victim's until its hold is freed, no longer.
+    let quota = app
+        .auth(app.http.put(format!("{}/v1/quotas", app.url)))
+        .json(&json!({"concurrent_turns": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(quota.status(), 200);
     let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", silent.local_addr().unwrap());
@@ -697,7 +707,8 @@ async fn a_hold_left_by_a_replica_killed_before_writing_its_turn_is_freed_after_
 
     app.provider.push(text("Back."));
     let (took, response) = until_taken(&app, &app.url, &chat, Duration::from_secs(30)).await;
-    assert_eq!(response.status(), 200);
+    let status = response.status();
+    assert_eq!(status, 200, "{}", response.text().await.unwrap());
     let (chunks, _) = read_stream(response).await;
     assert!(
         chunks.contains(&UiChunk::Finish {
