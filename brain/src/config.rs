@@ -208,6 +208,9 @@ pub struct EventsConfig {
     /// Chunks waiting for this replica's publisher; beyond it they are dropped (counted)
     /// and the chat's observers get a `data-resync`.
     pub publish_buffer: usize,
+    /// How long the publisher gathers chunks before it writes them: a turn's chunks of one
+    /// write are one stream entry. Zero writes what is there at once.
+    pub flush: Duration,
     /// Events an observer may fall behind before it is disconnected.
     pub observer_buffer: usize,
     /// Bound on every Redis call of the events stream but the blocking read, which is
@@ -577,6 +580,8 @@ impl Config {
                 window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,
                 keepalive: millis(env, "BRAIN_EVENTS_KEEPALIVE_MS", 15_000)?,
                 publish_buffer: ranged(env, "BRAIN_EVENTS_PUBLISH_BUFFER", 8192, 1, 1 << 24)?,
+                flush: ranged(env, "BRAIN_EVENTS_FLUSH_MS", 10, 0, 1000)
+                    .map(Duration::from_millis)?,
                 observer_buffer: ranged(env, "BRAIN_EVENTS_OBSERVER_BUFFER", 512, 1, 1 << 20)?,
                 redis_timeout: millis(env, "BRAIN_EVENTS_REDIS_TIMEOUT_MS", 1_000)?,
                 max_observers: ranged(env, "BRAIN_EVENTS_MAX_OBSERVERS", 10_000, 1, 1 << 20)?,

@@ -3,8 +3,13 @@
 //!
 //! Publishing: [`Events::publish`], called by the turn for each chunk it emits, only puts
 //! the chunk on a bounded channel, so a turn never waits for Redis. One publisher task per
-//! replica writes what the channel holds in one pipeline to the chat's Redis Stream
-//! (`XADD MAXLEN ~`; then `XTRIM MINID ~` and `PEXPIRE` for each chat of the batch not
+//! replica gathers what the channel holds for a flush interval (`BRAIN_EVENTS_FLUSH_MS`)
+//! and writes it in one pipeline to the chats' Redis Streams, a turn's chunks of one batch
+//! as one entry (issue 31: a turn is one or two `XADD`s instead of one per chunk). An
+//! entry's chunks are its parts: the SSE id of part `n > 0` of entry `<ms>-<seq>` is
+//! `<ms>-<seq>.<n>`, part 0's is the entry's own id, so `Last-Event-ID` resumes inside an
+//! entry ([`EventId`]) and `BRAIN_EVENTS_MAX_LEN` counts entries, not chunks. The pipeline
+//! is `XADD MAXLEN ~`, then `XTRIM MINID ~` and `PEXPIRE` for each chat of the batch not
 //! already kept up in the last tenth of the window, at most 5 s: the window is both a count
 //! and an age, and a chat in a run of turns is trimmed a few times a window, not per
 //! batch). A full channel or a failed batch drops chunks: they are counted, and the chat
@@ -58,6 +63,9 @@ use crate::sse;
 
 /// Chunks written in one pipeline at most.
 const MAX_BATCH: usize = 512;
+/// Chunks in one stream entry at most, which bounds an entry's size (and what one
+/// observer's broadcast slot holds) to this many chunks.
+const MAX_PARTS: usize = 64;
 /// Chats remembered as kept up before the ones no longer due are forgotten.
 const MAX_KEPT_UP: usize = 4096;
 /// How long the reader blocks in one `XREAD`; a chat whose observers all left is read no
@@ -70,8 +78,9 @@ const PAGE: usize = 1000;
 const CLOCK_SKEW: Duration = Duration::from_secs(30);
 
 /// Whether the entry `ARGV[1]` is still in the stream, the stream's first and last ids,
-/// and the first page after `ARGV[1]`, in one atomic step: a trim between the check and
-/// the read would otherwise be a silent gap. (Trimming does not move Redis'
+/// and the first page from `ARGV[1]` on (that entry included: the client may have had
+/// only some of its parts), in one atomic step: a trim between the check and the read
+/// would otherwise be a silent gap. (Trimming does not move Redis'
 /// `max-deleted-entry-id`, so the check is "is the client's last event still there".)
 const REPLAY_SCRIPT: &str = r"
 local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
@@ -79,7 +88,7 @@ if #first == 0 then return {0, 0, '0-0', '0-0', {}} end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local kept = #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 return {1, kept, first[1][1], last[1][1],
-  redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])}
+  redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])}
 ";
 
 /// Why the events stream could not be read.
@@ -99,29 +108,60 @@ impl From<Unavailable> for EventsError {
     }
 }
 
-/// A Redis stream entry id, `<ms>-<seq>`: the SSE `id:` of an event and what
-/// `Last-Event-ID` carries back.
+/// One chunk's place in a chat's stream: a Redis stream entry id, `<ms>-<seq>`, and the
+/// chunk's part of that entry: the SSE `id:` of an event and what `Last-Event-ID` carries
+/// back, `<ms>-<seq>` for part 0 and `<ms>-<seq>.<part>` after it (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct EventId {
     ms: u64,
     seq: u64,
+    part: u32,
+}
+
+impl EventId {
+    /// Part `part` of this id's entry.
+    fn part(self, part: usize) -> Self {
+        Self {
+            part: u32::try_from(part).unwrap_or(u32::MAX),
+            ..self
+        }
+    }
+
+    /// The entry's own id, what Redis is given (part 0, written `<ms>-<seq>`).
+    fn entry(self) -> Self {
+        self.part(0)
+    }
+
+    /// Past every part of this id's entry: a cursor that skips the whole entry.
+    fn whole(self) -> Self {
+        self.part(usize::MAX)
+    }
 }
 
 impl FromStr for EventId {
     type Err = ();
 
     fn from_str(raw: &str) -> Result<Self, ()> {
-        let (ms, seq) = raw.trim().split_once('-').ok_or(())?;
+        let (entry, part) = match raw.trim().split_once('.') {
+            Some((entry, part)) => (entry, part.parse().map_err(|_| ())?),
+            None => (raw.trim(), 0),
+        };
+        let (ms, seq) = entry.split_once('-').ok_or(())?;
         Ok(Self {
             ms: ms.parse().map_err(|_| ())?,
             seq: seq.parse().map_err(|_| ())?,
+            part,
         })
     }
 }
 
 impl fmt::Display for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}-{}", self.ms, self.seq)
+        write!(f, "{}-{}", self.ms, self.seq)?;
+        if self.part > 0 {
+            write!(f, ".{}", self.part)?;
+        }
+        Ok(())
     }
 }
 
@@ -138,8 +178,8 @@ enum Event {
 struct Entry {
     id: EventId,
     turn: Option<TurnId>,
-    /// The chunk's JSON as published, or `None` for a resync marker.
-    chunk: Option<String>,
+    /// Its chunks' JSON as published, in order (its parts); none for a resync marker.
+    chunks: Vec<String>,
 }
 
 impl Entry {
@@ -148,17 +188,26 @@ impl Entry {
         let mut entry = Self {
             id: id.parse().ok()?,
             turn: None,
-            chunk: None,
+            chunks: Vec::new(),
         };
         let mut fields = fields.into_iter();
         while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
             match name.as_str() {
                 "t" => entry.turn = value.parse().ok(),
-                "c" => entry.chunk = Some(value),
+                "c" => entry.chunks.push(value),
                 _ => {}
             }
         }
         Some(entry)
+    }
+
+    /// Its parts after `cursor`, each with its id.
+    fn parts_after(&self, cursor: EventId) -> impl Iterator<Item = (EventId, &str)> {
+        self.chunks
+            .iter()
+            .enumerate()
+            .map(|(n, json)| (self.id.part(n), json.as_str()))
+            .filter(move |(id, _)| *id > cursor)
     }
 }
 
@@ -167,6 +216,39 @@ struct Published {
     chat: ChatId,
     turn: TurnId,
     chunk: UiChunk,
+}
+
+/// One entry the publisher writes: consecutive chunks of one turn of a chat.
+struct Run {
+    chat: ChatId,
+    turn: TurnId,
+    chunks: Vec<String>,
+}
+
+/// A batch's chunks as entries: per chat in the order published, a turn's consecutive
+/// chunks in one entry of at most [`MAX_PARTS`].
+fn runs(batch: Vec<Published>) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    // Each chat's run still open to more chunks.
+    let mut open: HashMap<ChatId, usize> = HashMap::new();
+    for published in batch {
+        // Serializing our own closed types cannot fail; an empty object stays valid.
+        let json = serde_json::to_string(&published.chunk).unwrap_or_else(|_| "{}".into());
+        if let Some(run) = open.get(&published.chat).map(|n| &mut runs[*n])
+            && run.turn == published.turn
+            && run.chunks.len() < MAX_PARTS
+        {
+            run.chunks.push(json);
+            continue;
+        }
+        open.insert(published.chat, runs.len());
+        runs.push(Run {
+            chat: published.chat,
+            turn: published.turn,
+            chunks: vec![json],
+        });
+    }
+    runs
 }
 
 /// This replica's side of the chat events streams: the publisher's channel and the
@@ -388,11 +470,17 @@ impl Events {
             };
             let Some(first) = first else { return };
             let mut batch = vec![first];
+            // Gathers for the flush interval, so a turn's chunks within it are one entry.
+            let flush_at = tokio::time::Instant::now() + self.0.config.flush;
             while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
+                let next = tokio::select! {
+                    biased;
+                    next = rx.recv() => next,
+                    () = stop.cancelled() => rx.try_recv().ok(),
+                    () = tokio::time::sleep_until(flush_at) => None,
+                };
+                let Some(next) = next else { break };
+                batch.push(next);
             }
             self.write(batch, &mut kept_up).await;
         }
@@ -407,27 +495,29 @@ impl Events {
             .lock()
             .map(|mut gaps| gaps.drain().collect())
             .unwrap_or_default();
-        let mut chats: Vec<ChatId> = batch.iter().map(|p| p.chat).chain(gaps.clone()).collect();
+        let batched = batch.len();
+        let runs = runs(batch);
+        let mut chats: Vec<ChatId> = runs.iter().map(|r| r.chat).chain(gaps.clone()).collect();
         chats.sort_unstable_by_key(|c| c.0);
         chats.dedup();
         // One pipeline per reader group: on a cluster each holds one bucket's keys.
         let mut pipes: HashMap<u32, (redis::Pipeline, usize)> = HashMap::new();
-        for published in &batch {
-            // Serializing our own closed types cannot fail; an empty object stays valid.
-            let json = serde_json::to_string(&published.chunk).unwrap_or_else(|_| "{}".into());
-            let (pipe, chunks) = pipes.entry(self.0.group(published.chat)).or_default();
-            *chunks += 1;
-            pipe.cmd("XADD")
-                .arg(stream_key(published.chat))
+        for run in runs {
+            let (pipe, chunks) = pipes.entry(self.0.group(run.chat)).or_default();
+            *chunks += run.chunks.len();
+            let xadd = pipe
+                .cmd("XADD")
+                .arg(stream_key(run.chat))
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(config.max_len)
                 .arg("*")
                 .arg("t")
-                .arg(published.turn.to_string())
-                .arg("c")
-                .arg(json)
-                .ignore();
+                .arg(run.turn.to_string());
+            for json in run.chunks {
+                xadd.arg("c").arg(json);
+            }
+            xadd.ignore();
         }
         for chat in &gaps {
             let (pipe, _) = pipes.entry(self.0.group(*chat)).or_default();
@@ -487,7 +577,7 @@ impl Events {
                 }))
                 .await
             }
-            Err(err) => vec![(u32::MAX, batch.len(), Err(err))],
+            Err(err) => vec![(u32::MAX, batched, Err(err))],
         };
         for (group, chunks, result) in written {
             let in_group = |chat: &ChatId| group == u32::MAX || self.0.group(*chat) == group;
@@ -587,7 +677,7 @@ impl Events {
         // Entry ids are Redis' clock, which may run behind Postgres'.
         let mut from = EventId {
             ms: started.saturating_sub(CLOCK_SKEW.as_millis() as u64),
-            seq: 0,
+            ..EventId::default()
         }
         .to_string();
         loop {
@@ -619,7 +709,7 @@ impl Events {
             if !full {
                 return Ok(Some(stream));
             }
-            from = format!("({}", stream.cursor);
+            from = format!("({}", stream.cursor.entry());
         }
     }
 
@@ -638,7 +728,7 @@ impl Events {
             self.0
                 .replay
                 .key(&key)
-                .arg(after.to_string())
+                .arg(after.entry().to_string())
                 .arg(PAGE)
                 .invoke_async(&mut conn),
         )
@@ -653,7 +743,7 @@ impl Events {
             kept == 0 && first > after
         };
         if trimmed {
-            observer.cursor = last.parse().unwrap_or(after);
+            observer.cursor = last.parse().map_or(after, EventId::whole);
             observer.replay.push_back(sse::chunk(
                 None,
                 &UiChunk::DataResync {
@@ -668,8 +758,7 @@ impl Events {
         loop {
             let full = page.len() == PAGE;
             for (id, fields) in page {
-                if let Some(entry) = Entry::parse(&id, fields) {
-                    let frame = observer.frame(&entry);
+                if let Some(frame) = Entry::parse(&id, fields).and_then(|e| observer.frame(&e)) {
                     observer.replay.push_back(frame);
                 }
             }
@@ -680,7 +769,7 @@ impl Events {
                 limit,
                 redis::cmd("XRANGE")
                     .arg(&key)
-                    .arg(format!("({}", observer.cursor))
+                    .arg(format!("({}", observer.cursor.entry()))
                     .arg("+")
                     .arg("COUNT")
                     .arg(PAGE)
@@ -913,12 +1002,16 @@ pub struct Observer {
 }
 
 impl Observer {
-    /// The SSE bytes of `entry`, preceded by a `data-turn` part (without an id, so a
-    /// reconnect never skips the entry itself) when it starts another turn.
-    fn frame(&mut self, entry: &Entry) -> Bytes {
-        self.cursor = entry.id;
-        let Some(json) = &entry.chunk else {
-            return sse::chunk(
+    /// The SSE bytes of `entry`'s parts after the cursor, preceded by a `data-turn` part
+    /// (without an id, so a reconnect never skips the chunk itself) when they start
+    /// another turn; `None` when the cursor is past them all.
+    fn frame(&mut self, entry: &Entry) -> Option<Bytes> {
+        if entry.chunks.is_empty() {
+            if entry.id <= self.cursor {
+                return None;
+            }
+            self.cursor = entry.id;
+            return Some(sse::chunk(
                 Some(&entry.id),
                 &UiChunk::DataResync {
                     data: Resync {
@@ -926,23 +1019,26 @@ impl Observer {
                     },
                     transient: true,
                 },
-            );
-        };
-        let mut out = Vec::new();
-        if let Some(turn) = entry.turn
-            && self.turn != Some(turn)
-        {
-            self.turn = Some(turn);
-            out.extend_from_slice(&sse::chunk(
-                None,
-                &UiChunk::DataTurn {
-                    data: TurnInfo { turn_id: turn },
-                    transient: true,
-                },
             ));
         }
-        out.extend_from_slice(&sse::event(Some(&entry.id), json));
-        Bytes::from(out)
+        let mut out = Vec::new();
+        for (id, json) in entry.parts_after(self.cursor) {
+            self.cursor = id;
+            if let Some(turn) = entry.turn
+                && self.turn != Some(turn)
+            {
+                self.turn = Some(turn);
+                out.extend_from_slice(&sse::chunk(
+                    None,
+                    &UiChunk::DataTurn {
+                        data: TurnInfo { turn_id: turn },
+                        transient: true,
+                    },
+                ));
+            }
+            out.extend_from_slice(&sse::event(Some(&id), json));
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
     }
 
     /// The next bytes of the stream; `None` once it ended.
@@ -972,8 +1068,10 @@ impl Observer {
             };
             return Some(match received {
                 Ok(event) => match &*event {
-                    Event::Entry(entry) if entry.id <= self.cursor => continue,
-                    Event::Entry(entry) => self.frame(entry),
+                    Event::Entry(entry) => match self.frame(entry) {
+                        Some(bytes) => bytes,
+                        None => continue,
+                    },
                     Event::Failed => self.end_unavailable(),
                 },
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -1082,56 +1180,76 @@ pub enum Resumed {
 }
 
 impl TurnStream {
+    /// What `entry`'s parts after the cursor give, until the turn's last chunk.
     fn take(&mut self, entry: &Entry) -> Taken {
-        if entry.id <= self.cursor {
-            return Taken::Skipped;
-        }
-        self.cursor = entry.id;
-        let Some(json) = &entry.chunk else {
+        if entry.chunks.is_empty() {
+            if entry.id <= self.cursor {
+                return Taken::Skipped;
+            }
+            self.cursor = entry.id;
             // A gap in the chat: once the turn began, some of its chunks may be in it.
             return if self.begun {
                 Taken::Broken
             } else {
                 Taken::Skipped
             };
-        };
-        if entry.turn != Some(self.turn) {
-            return Taken::Skipped;
         }
+        let mut out = Vec::new();
+        for (id, json) in entry.parts_after(self.cursor) {
+            if self.ended {
+                break;
+            }
+            self.cursor = id;
+            if entry.turn == Some(self.turn) && self.take_chunk(json, &mut out).is_err() {
+                return Taken::Broken;
+            }
+        }
+        if out.is_empty() {
+            Taken::Skipped
+        } else {
+            Taken::Frame(Bytes::from(out))
+        }
+    }
+
+    /// Adds to `out` what one chunk of the turn gives; `Err` when it cannot be built on
+    /// (the turn's beginning is missing).
+    fn take_chunk(&mut self, json: &str, out: &mut Vec<u8>) -> Result<(), ()> {
         let kind = chunk_kind(json);
         if !self.begun {
             if kind != "start" {
-                return Taken::Broken;
+                return Err(());
             }
             self.begun = true;
         } else if kind == "start" {
             // A takeover starts the turn's stream over.
             if self.live {
                 self.restart = Some(Vec::new());
-                return Taken::Skipped;
+                return Ok(());
             }
             self.replay.clear();
+            out.clear();
             self.steps = 0;
         }
         if let Some(gathered) = &mut self.restart {
             if kind != "data-notice" {
-                gathered.push((json.clone(), kind == "start-step"));
-                return Taken::Skipped;
+                gathered.push((json.to_owned(), kind == "start-step"));
+                return Ok(());
             }
             let gathered = std::mem::take(gathered);
             self.restart = None;
-            return Taken::Frame(self.rebuilt(gathered, json));
+            out.extend_from_slice(&self.rebuilt(gathered, json));
+            return Ok(());
         }
         if kind == "start-step" {
             self.steps += 1;
         }
         // No `id:`: the stream is the turn's own, as its POST carried it.
-        let mut out = sse::event(None, json).to_vec();
+        out.extend_from_slice(&sse::event(None, json));
         if matches!(kind, "finish" | "error" | "abort") {
             self.ended = true;
             out.extend_from_slice(&sse::done());
         }
-        Taken::Frame(Bytes::from(out))
+        Ok(())
     }
 
     /// What a client that got the dead replica's chunks needs of a restart (`gathered`,
@@ -1256,8 +1374,57 @@ mod tests {
         let c: EventId = "1700000000001-0".parse().unwrap();
         assert!(a < b && b < c);
         assert_eq!(a.to_string(), "1700000000000-2");
-        for bad in ["", "17", "a-1", "1-b", "1-2-3"] {
+        for bad in ["", "17", "a-1", "1-b", "1-2-3", "1-2.", "1-2.x", "1-2.-1"] {
             assert!(bad.parse::<EventId>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_part_is_after_its_entry_and_before_the_next() {
+        let entry: EventId = "1700000000000-2".parse().unwrap();
+        let part: EventId = "1700000000000-2.3".parse().unwrap();
+        assert_eq!(part, entry.part(3));
+        assert_eq!(part.to_string(), "1700000000000-2.3");
+        assert_eq!(part.entry(), entry);
+        assert_eq!(entry.part(0).to_string(), "1700000000000-2");
+        let next: EventId = "1700000000000-3".parse().unwrap();
+        assert!(entry < part && part < entry.whole() && entry.whole() < next);
+    }
+
+    fn published(chat: ChatId, turn: TurnId, text: &str) -> Published {
+        Published {
+            chat,
+            turn,
+            chunk: UiChunk::TextDelta {
+                id: "t".into(),
+                delta: text.into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_batch_becomes_one_entry_per_turn_of_each_chat_in_order() {
+        let (a, b) = (ChatId(uuid::Uuid::new_v4()), ChatId(uuid::Uuid::new_v4()));
+        let (first, second) = (TurnId(uuid::Uuid::new_v4()), TurnId(uuid::Uuid::new_v4()));
+        let other = TurnId(uuid::Uuid::new_v4());
+        let batch = vec![
+            published(a, first, "1"),
+            published(b, other, "x"),
+            published(a, first, "2"),
+            published(a, second, "3"),
+            published(b, other, "y"),
+            published(a, second, "4"),
+        ];
+        let runs: Vec<(ChatId, TurnId, usize)> = runs(batch)
+            .into_iter()
+            .map(|r| (r.chat, r.turn, r.chunks.len()))
+            .collect();
+        assert_eq!(runs, [(a, first, 2), (b, other, 2), (a, second, 2)]);
+
+        let long: Vec<Published> = (0..MAX_PARTS + 1)
+            .map(|n| published(a, first, &n.to_string()))
+            .collect();
+        let sizes: Vec<usize> = super::runs(long).iter().map(|r| r.chunks.len()).collect();
+        assert_eq!(sizes, [MAX_PARTS, 1]);
     }
 }

@@ -136,14 +136,22 @@ fn turn_of(chunks: &[UiChunk]) -> UiChunk {
         .expect("the turn's stream names it")
 }
 
+/// An SSE id as (ms, seq, part): `<ms>-<seq>` is part 0 of its entry, `<ms>-<seq>.<n>` part n.
+fn parsed_id(id: &str) -> (u64, u64, u32) {
+    let (entry, part) = id.split_once('.').unwrap_or((id, "0"));
+    let (ms, seq) = entry.split_once('-').unwrap();
+    (
+        ms.parse().unwrap(),
+        seq.parse().unwrap(),
+        part.parse().unwrap(),
+    )
+}
+
 fn ids_increase(events: &[(Option<String>, UiChunk)]) {
-    let ids: Vec<(u64, u64)> = events
+    let ids: Vec<(u64, u64, u32)> = events
         .iter()
         .filter_map(|(id, _)| id.as_deref())
-        .map(|id| {
-            let (ms, seq) = id.split_once('-').unwrap();
-            (ms.parse().unwrap(), seq.parse().unwrap())
-        })
+        .map(parsed_id)
         .collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids increase: {ids:?}");
 }
@@ -272,9 +280,68 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     );
 }
 
+/// Issue 31: a turn's chunks of one publisher write go to the stream as one entry, its
+/// parts; a client that had only some parts of an entry resumes inside it, with no gap and
+/// no duplicate.
+#[tokio::test]
+async fn a_turns_chunks_share_entries_and_a_reconnect_resumes_inside_one() {
+    // Long enough that the whole turn is gathered in one or two writes, however loaded.
+    let app = TestApp::start_with(|c| c.events.flush = Duration::from_millis(500)).await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    let mut first = Observer::open(&app, &app.url, &chat, None).await;
+    let chunks = turn(&app, &chat, deltas(&["a", "b", "c", "d", "e"])).await;
+    let seen = first.until_finish().await;
+    drop(first);
+    ids_increase(&seen);
+
+    let mut redis = redis().await;
+    let entries: usize = redis::cmd("XLEN")
+        .arg(brain::events::stream_key(chat.parse().unwrap()))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(
+        entries < chunks.len(),
+        "{} chunks in {entries} entries",
+        chunks.len()
+    );
+    // The last chunk given of the first entry that holds more than one.
+    let ids: Vec<(usize, (u64, u64, u32))> = seen
+        .iter()
+        .enumerate()
+        .filter_map(|(n, (id, _))| id.as_deref().map(|id| (n, parsed_id(id))))
+        .collect();
+    let (cut, _) = ids
+        .iter()
+        .find(|(_, (_, _, part))| *part == 1)
+        .expect("an entry with a second part");
+    let last = seen[*cut].0.clone().unwrap();
+    assert!(last.contains('.'), "{last}");
+
+    let mut again = Observer::open(&app, &app.url, &chat, Some(&last)).await;
+    let resumed = again.until_finish().await;
+    ids_increase(&resumed);
+    // Named again before the first chunk given, as at any start.
+    let expected: Vec<UiChunk> = std::iter::once(turn_of(&chunks))
+        .chain(seen[cut + 1..].iter().map(|(_, c)| c.clone()))
+        .collect();
+    let resumed: Vec<UiChunk> = resumed.into_iter().map(|(_, c)| c).collect();
+    assert_eq!(
+        resumed, expected,
+        "the rest of the entry, then the next ones"
+    );
+    assert_eq!(resumed.last(), chunks.last());
+}
+
 #[tokio::test]
 async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
-    let app = TestApp::start_with(|c| c.events.max_len = 10).await;
+    // One chunk a write (the reply's deltas come a millisecond apart), so the 400 chunks
+    // are hundreds of entries and Redis' node-wise trim removes the first ones.
+    let app = TestApp::start_with(|c| {
+        c.events.max_len = 10;
+        c.events.flush = Duration::ZERO;
+    })
+    .await;
     let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
     let mut first = Observer::open(&app, &app.url, &chat, None).await;
     let many: Vec<String> = (0..400).map(|i| format!("{i} ")).collect();
