@@ -211,7 +211,7 @@ pub struct EventsConfig {
     /// How long the publisher gathers chunks before it writes them: a turn's chunks of one
     /// write are one stream entry. Zero writes what is there at once.
     pub flush: Duration,
-    /// Events an observer may fall behind before it is disconnected.
+    /// Stream entries an observer may fall behind before it is disconnected.
     pub observer_buffer: usize,
     /// Bound on every Redis call of the events stream but the blocking read, which is
     /// bounded by its block time plus this.
