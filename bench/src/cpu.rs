@@ -28,7 +28,9 @@
 //!
 //! `BENCH_PERF_DATA=<file>` records the brain with `perf record --call-graph dwarf` over
 //! the counted turns (docs/PERFORMANCE.md, the profile); the CPU figures of that run carry
-//! perf's own cost and say so.
+//! perf's own cost and say so. `BENCH_CALLGRIND=<file>` runs the brain under callgrind
+//! instead and adds its instructions per turn over the counted turns (`<file>.1`, a
+//! profile `callgrind_annotate` reads); every timing of that run is valgrind's.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -244,30 +246,86 @@ fn us_per(d: Duration, turns: usize) -> String {
     format!("{:.0} us", d.as_secs_f64() * 1e6 / turns as f64)
 }
 
-/// `BENCH_PERF_DATA`: `perf record` on the brain until [`stop_perf`].
-fn start_perf(pid: u32) -> Result<Option<std::process::Child>> {
-    let Ok(out) = std::env::var("BENCH_PERF_DATA") else {
-        return Ok(None);
-    };
-    let child = std::process::Command::new("perf")
-        .args(["record", "--call-graph", "dwarf,16384", "-F", "499", "-p"])
-        .arg(pid.to_string())
-        .arg("-o")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .spawn()
-        .context("BENCH_PERF_DATA: starting perf")?;
-    // perf attaches to the process' threads before it records.
-    std::thread::sleep(Duration::from_millis(500));
-    Ok(Some(child))
+/// What records the brain over the counted turns, if anything.
+enum Recording {
+    /// `BENCH_PERF_DATA`: `perf record`, until interrupted.
+    Perf(std::process::Child),
+    /// `BENCH_CALLGRIND`: the brain runs under callgrind, collecting from the start of the
+    /// counted turns (its counters zeroed) to their end (a dump, `<file>.1`).
+    Callgrind { pid: u32, out: String },
 }
 
-fn stop_perf(perf: Option<std::process::Child>) -> Result<()> {
-    if let Some(mut perf) = perf {
-        std::process::Command::new("kill")
-            .args(["-INT", &perf.id().to_string()])
-            .status()?;
-        perf.wait()?;
+/// The command the brain runs under: callgrind's with `BENCH_CALLGRIND=<file>`, which
+/// counts the brain's instructions, the one figure of its CPU this machine repeats
+/// within a percent (its timings spread by a quarter, and the VM has no hardware counters).
+fn launcher() -> Vec<String> {
+    match std::env::var("BENCH_CALLGRIND") {
+        Ok(out) => vec![
+            "valgrind".into(),
+            "--tool=callgrind".into(),
+            format!("--callgrind-out-file={out}"),
+        ],
+        Err(_) => Vec::new(),
+    }
+}
+
+impl Recording {
+    fn start(pid: u32) -> Result<Option<Self>> {
+        if let Ok(out) = std::env::var("BENCH_CALLGRIND") {
+            callgrind_control(pid, "--zero")?;
+            return Ok(Some(Self::Callgrind { pid, out }));
+        }
+        let Ok(out) = std::env::var("BENCH_PERF_DATA") else {
+            return Ok(None);
+        };
+        let child = std::process::Command::new("perf")
+            .args(["record", "--call-graph", "dwarf,16384", "-F", "499", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("BENCH_PERF_DATA: starting perf")?;
+        // perf attaches to the process' threads before it records.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(Some(Self::Perf(child)))
+    }
+
+    /// Ends the recording: the brain's instructions since the start, under callgrind.
+    fn stop(self) -> Result<Option<u64>> {
+        match self {
+            Self::Perf(mut perf) => {
+                std::process::Command::new("kill")
+                    .args(["-INT", &perf.id().to_string()])
+                    .status()?;
+                perf.wait()?;
+                Ok(None)
+            }
+            Self::Callgrind { pid, out } => {
+                callgrind_control(pid, "--dump=counted turns")?;
+                let dump = format!("{out}.1");
+                let text = std::fs::read_to_string(&dump)
+                    .with_context(|| format!("BENCH_CALLGRIND: reading {dump}"))?;
+                let instructions = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("summary: "))
+                    .and_then(|n| n.trim().parse().ok())
+                    .with_context(|| format!("BENCH_CALLGRIND: no summary in {dump}"))?;
+                Ok(Some(instructions))
+            }
+        }
+    }
+}
+
+fn callgrind_control(pid: u32, action: &str) -> Result<()> {
+    let done = std::process::Command::new("callgrind_control")
+        .arg(action)
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .status()
+        .context("BENCH_CALLGRIND: running callgrind_control")?;
+    if !done.success() {
+        bail!("BENCH_CALLGRIND: callgrind_control {action}: {done}");
     }
     Ok(())
 }
@@ -276,8 +334,13 @@ pub async fn cpu(rows: &mut Vec<Row>) -> Result<()> {
     let redis = PrivateRedis::start().await?;
     let redis_url = redis.as_ref().map_or_else(redis_url, |r| r.url.clone());
     // The binary's own default level: what production runs (BrainProcess quiets it).
-    let system =
-        Arc::new(System::start_process(&[("REDIS_URL", &redis_url), ("BRAIN_LOG", "info")]).await?);
+    let system = Arc::new(
+        System::start_process_under(
+            &launcher(),
+            &[("REDIS_URL", &redis_url), ("BRAIN_LOG", "info")],
+        )
+        .await?,
+    );
     let brain_pid = system
         .brain_pid()
         .context("the brain runs as its own process")?;
@@ -323,20 +386,19 @@ async fn measure(
     crate::system::analyze(&system.db_name).await?;
 
     let before = probe.snapshot().await?;
-    let perf = start_perf(brain_pid)?;
-    let perf_started = Instant::now();
+    let recording = Recording::start(brain_pid)?;
+    let recording_started = Instant::now();
     let (samples, _) = counted_loop(TURNS / CONCURRENCY, few, |client, n| async move {
         client.turn(WARM_UP_EACH + n).await
     })
     .await?;
-    let recorded = perf.is_some();
-    stop_perf(perf)?;
+    let recorded = recording.is_some();
+    let instructions = recording.map(Recording::stop).transpose()?.flatten();
     let after = probe.snapshot().await?;
     if recorded {
         eprintln!(
-            "bench: cpu: perf recorded {:.1} s into {}",
-            perf_started.elapsed().as_secs_f64(),
-            std::env::var("BENCH_PERF_DATA").unwrap_or_default()
+            "bench: cpu: recorded the brain for {:.1} s",
+            recording_started.elapsed().as_secs_f64(),
         );
     }
     let n = samples.len();
@@ -363,23 +425,35 @@ async fn measure(
         .take(TOP_COMMANDS)
         .map(|(name, calls)| format!("{name} {:.2}", *calls as f64 / n as f64))
         .collect();
-    let perf_note = if recorded { "; perf recording" } else { "" };
+    let perf_note = if recorded { "; recorded" } else { "" };
     let scenario = format!("cpu per turn c={CONCURRENCY}");
     let delta = sorted(samples.iter().map(|s| s.1).collect());
     let end = sorted(samples.iter().map(|s| s.2).collect());
-    let mut out = vec![
-        row(
+    let mut out = vec![row(
+        &scenario,
+        "brain CPU per no-tool turn",
+        String::new(),
+        String::new(),
+        format!(
+            "{} ({n} turns in {:.2} s, {:.2} cores; utime+stime of the brain process{perf_note})",
+            us_per(brain_cpu, n),
+            span.as_secs_f64(),
+            brain_cpu.as_secs_f64() / span.as_secs_f64()
+        ),
+    )];
+    if let Some(instructions) = instructions {
+        out.push(row(
             &scenario,
-            "brain CPU per no-tool turn",
+            "brain instructions per no-tool turn",
             String::new(),
             String::new(),
             format!(
-                "{} ({n} turns in {:.2} s, {:.2} cores; utime+stime of the brain process{perf_note})",
-                us_per(brain_cpu, n),
-                span.as_secs_f64(),
-                brain_cpu.as_secs_f64() / span.as_secs_f64()
+                "{:.0} k (callgrind, all threads, {n} turns)",
+                instructions as f64 / n as f64 / 1e3
             ),
-        ),
+        ));
+    }
+    out.extend([
         row(
             &scenario,
             "Postgres CPU per turn, bench db backends",
@@ -433,7 +507,7 @@ async fn measure(
                 }
             ),
         ),
-    ];
+    ]);
     if let (Some(start), Some(stop)) = (before.redis_cpu, after.redis_cpu) {
         out.push(row(
             &scenario,

@@ -227,6 +227,12 @@ impl System {
     /// the database and creates the team itself, so a brain of another revision (make
     /// bench-compare) runs on its own schema; `close` stops it.
     pub async fn start_process(extra: &[(&str, &str)]) -> Result<Self> {
+        Self::start_process_under(&[], extra).await
+    }
+
+    /// [`System::start_process`] with the brain run by the command `under` (`valgrind
+    /// --tool=callgrind …`), which must keep the brain's pid as its own.
+    pub async fn start_process_under(under: &[String], extra: &[(&str, &str)]) -> Result<Self> {
         let db = Database::create_empty().await?;
         let provider = ScriptedProvider::start().await?;
         BrainProcess::run(&db, &provider, &["migrate"]).await?;
@@ -237,7 +243,7 @@ impl System {
             .as_str()
             .context("create-team: api_key")?
             .to_owned();
-        let brain = BrainProcess::start(&db, &provider, free_addr()?, extra).await?;
+        let brain = BrainProcess::start_under(under, &db, &provider, free_addr()?, extra).await?;
         let Database { name, store } = db;
         Ok(Self {
             url: format!("http://{}", brain.addr),
@@ -578,11 +584,32 @@ impl BrainProcess {
         addr: SocketAddr,
         extra: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_under(&[], db, provider, addr, extra).await
+    }
+
+    /// [`BrainProcess::start`], the binary run by the command `under` when it is not empty.
+    pub async fn start_under(
+        under: &[String],
+        db: &Database,
+        provider: &ScriptedProvider,
+        addr: SocketAddr,
+        extra: &[(&str, &str)],
+    ) -> Result<Self> {
         let binary = brain_binary()?;
         let env = brain_env(&db.name, provider);
         let artifacts = PathBuf::from(&env["BRAIN_ARTIFACTS_DIR"]);
         let metrics_addr = free_addr()?;
-        let mut child = tokio::process::Command::new(binary)
+        let mut command = match under.split_first() {
+            Some((program, args)) => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => tokio::process::Command::new(binary),
+        };
+        // Under valgrind the brain starts some fifty times slower.
+        let ready_within = Duration::from_secs(if under.is_empty() { 30 } else { 300 });
+        let mut child = command
             .arg("serve")
             .envs(env)
             .env("BRAIN_ADDR", addr.to_string())
@@ -599,7 +626,7 @@ impl BrainProcess {
             .spawn()?;
         let pid = child.id().context("the brain's pid")?;
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + ready_within;
         loop {
             if let Some(status) = child.try_wait()? {
                 bail!("the brain exited at start: {status}");
@@ -610,7 +637,7 @@ impl BrainProcess {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("the brain was not ready within 30 s");
+                bail!("the brain was not ready within {ready_within:?}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -183,15 +183,7 @@ async fn a_brain_on_a_tls_cluster_with_a_password_runs_its_turns() {
     let (chunks, _) = read_stream(response).await;
     assert_eq!(streamed_text(&chunks), "an answer over TLS");
 
-    let scrape = app
-        .http
-        .get(format!("{}/metrics", brain.metrics_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let scrape = brain.metrics(&app.http).await;
     for failed in ["brain_hold_unavailable_total", "brain_events_dropped_total"] {
         let count = test_support::promtool::sample(&scrape, failed, &[]).unwrap_or(0.0);
         assert_eq!(count, 0.0, "{failed}");

@@ -274,14 +274,7 @@ impl TestApp {
 
     /// The Prometheus text of this app's `/metrics`.
     pub async fn metrics(&self) -> String {
-        self.http
-            .get(format!("{}/metrics", self.metrics_url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        scrape(&self.http, &self.metrics_url).await
     }
 
     /// Scrapes until the series `name` (no labels) reads `want`, or fails after 5 s.
@@ -542,6 +535,11 @@ impl BrainProcess {
             .unwrap()
     }
 
+    /// The Prometheus text of this process' `/metrics`.
+    pub async fn metrics(&self, http: &reqwest::Client) -> String {
+        scrape(http, &self.metrics_url).await
+    }
+
     /// The process id, to read its memory in `/proc`.
     pub fn pid(&self) -> u32 {
         self.child.id().expect("the brain process is running")
@@ -551,4 +549,15 @@ impl BrainProcess {
     pub async fn kill(&mut self) {
         self.child.kill().await.unwrap();
     }
+}
+
+/// The Prometheus text served at `metrics_url`'s `/metrics`.
+async fn scrape(http: &reqwest::Client, metrics_url: &str) -> String {
+    http.get(format!("{metrics_url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
