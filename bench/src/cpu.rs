@@ -29,8 +29,8 @@
 //! `BENCH_PERF_DATA=<file>` records the brain with `perf record --call-graph dwarf` over
 //! the counted turns (docs/PERFORMANCE.md, the profile); the CPU figures of that run carry
 //! perf's own cost and say so. `BENCH_CALLGRIND=<file>` runs the brain under callgrind
-//! instead and adds its instructions per turn over the counted turns (`<file>.1`, a
-//! profile `callgrind_annotate` reads); every timing of that run is valgrind's.
+//! instead and adds its instructions per turn over the counted turns (their profile in
+//! `<file>.1`); every timing of that run is valgrind's.
 
 use std::collections::HashMap;
 use std::process::Stdio;
