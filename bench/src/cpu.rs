@@ -272,6 +272,13 @@ fn launcher() -> Vec<String> {
 impl Recording {
     fn start(pid: u32) -> Result<Option<Self>> {
         if let Ok(out) = std::env::var("BENCH_CALLGRIND") {
+            // An earlier run's dump must not pass for this one's.
+            match std::fs::remove_file(format!("{out}.1")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).context("BENCH_CALLGRIND: removing an earlier dump");
+                }
+                _ => {}
+            }
             callgrind_control(pid, "--zero")?;
             return Ok(Some(Self::Callgrind { pid, out }));
         }
@@ -317,9 +324,11 @@ impl Recording {
     }
 }
 
+/// `callgrind_control <action> <pid>`, within a minute (coreutils' `timeout`): it talks
+/// to the brain through valgrind's gdbserver, which a wedged brain would never answer.
 fn callgrind_control(pid: u32, action: &str) -> Result<()> {
-    let done = std::process::Command::new("callgrind_control")
-        .arg(action)
+    let done = std::process::Command::new("timeout")
+        .args(["60", "callgrind_control", action])
         .arg(pid.to_string())
         .stdout(Stdio::null())
         .status()
