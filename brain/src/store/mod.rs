@@ -68,8 +68,8 @@ pub use teams::{
     new_key,
 };
 pub use turns::{
-    AssistantMessage, Begun, ModelCallUsage, NewTurn, Started, TurnEnd, TurnProgress, TurnRecord,
-    TurnRow, TurnState, TurnStatus, TurnTrigger, storable_text,
+    AssistantMessage, Begun, FrozenComposition, ModelCallUsage, NewTurn, Started, TurnEnd,
+    TurnProgress, TurnRecord, TurnRow, TurnState, TurnStatus, TurnTrigger, storable_text,
 };
 pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 

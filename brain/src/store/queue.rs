@@ -4,12 +4,11 @@
 
 use protocol::parts::Part;
 use protocol::{AgentId, ChatId, ErrorCode, MessageId, ReplicaId, TeamId, TurnId};
-use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::types::Json;
 
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
-use super::{MessageRow, Store, StoreError, unique_violation};
+use super::{FrozenComposition, MessageRow, Store, StoreError, unique_violation};
 
 /// A message to queue for a busy agent.
 #[derive(Debug)]
@@ -159,7 +158,7 @@ impl Store {
         team: TeamId,
         turn: TurnId,
         replica: ReplicaId,
-        composition: &serde_json::value::RawValue,
+        composition: &FrozenComposition,
         history_after: i64,
     ) -> Result<Option<Vec<MessageRow>>, StoreError> {
         let sql = format!(
@@ -184,13 +183,12 @@ impl Store {
                NULL, NULL \
              ORDER BY seq NULLS FIRST"
         );
-        let hash: [u8; 32] = Sha256::digest(composition.get().as_bytes()).into();
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(team.0)
             .bind(turn.0)
             .bind(replica.0)
-            .bind(&hash[..])
-            .bind(composition.get())
+            .bind(composition.hash())
+            .bind(composition.text())
             .bind(history_after)
             .fetch_all(&self.pool)
             .await?;

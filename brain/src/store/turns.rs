@@ -20,6 +20,31 @@ use uuid::Uuid;
 use super::chats::{MESSAGE_COLUMNS, message_from_row};
 use super::{BasisCheck, MessageRow, Store, StoreError, unique_violation};
 
+/// A composition as it is stored (SPEC T3): its text and the SHA-256 of the text, which
+/// keys it among the team's `compositions`. Hashing is most of what rendering a
+/// composition costs (issue 31), so a chat's kept basis keeps the last one made
+/// ([`crate::turn::Bases`]) and the next turn that renders the same text reuses it.
+#[derive(Debug)]
+pub struct FrozenComposition {
+    text: Box<serde_json::value::RawValue>,
+    hash: [u8; 32],
+}
+
+impl FrozenComposition {
+    pub fn new(text: Box<serde_json::value::RawValue>) -> Self {
+        let hash = Sha256::digest(text.get().as_bytes()).into();
+        Self { text, hash }
+    }
+
+    pub fn text(&self) -> &str {
+        self.text.get()
+    }
+
+    pub(super) fn hash(&self) -> &[u8] {
+        &self.hash
+    }
+}
+
 /// What a turn's intake writes in one transaction.
 #[derive(Debug)]
 pub struct NewTurn<'a> {
@@ -34,7 +59,7 @@ pub struct NewTurn<'a> {
     /// SPEC T3: frozen before the first provider request; the insert fails as a whole if
     /// it cannot be written, and then no provider is called. Stored once per distinct
     /// text of a team (`compositions`, keyed by its SHA-256).
-    pub composition: &'a serde_json::value::RawValue,
+    pub composition: &'a FrozenComposition,
     /// `None` for a continuation after an approval (A3), which has no user message.
     pub user_parts: Option<&'a [Part]>,
     pub client_message_id: Option<&'a str>,
@@ -332,20 +357,19 @@ impl Store {
         history_after: i64,
         check: Option<BasisCheck>,
     ) -> Result<Begun, StoreError> {
-        let composition_hash: [u8; 32] = Sha256::digest(turn.composition.get().as_bytes()).into();
         let rows = sqlx::query(sqlx::AssertSqlSafe(BEGIN_TURN.as_str()))
             .bind(turn.id.0)
             .bind(turn.team.0)
             .bind(turn.agent.0)
             .bind(turn.chat.0)
             .bind(turn.trigger)
-            .bind(turn.composition.get())
+            .bind(turn.composition.text())
             .bind(MessageId::new().0)
             .bind(turn.user_parts.map(Json))
             .bind(turn.client_message_id)
             .bind(history_after)
             .bind(turn.replica.0)
-            .bind(&composition_hash[..])
+            .bind(turn.composition.hash())
             .bind(turn.background)
             .bind(turn.actor)
             .bind(turn.actor_admin)

@@ -12,8 +12,12 @@
 //! effects before the intake's write (A4's denial of waiting calls) can be done twice; an
 //! approval's answers cannot.
 //!
-//! Bounded by bytes (prompts, summaries and histories held), least recently used first
-//! out.
+//! With a basis goes the last composition its turns froze, hashed: a turn that renders
+//! the same text reuses its hash (compared byte for byte, so a changed catalog or a
+//! fresh summary makes a new one).
+//!
+//! Bounded by bytes (prompts, summaries, histories and compositions held), least
+//! recently used first out.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -22,7 +26,9 @@ use protocol::{ChatId, TeamId};
 
 use super::history::HistoryRow;
 use crate::metrics::Metrics;
-use crate::store::{BasisVersions, KeptHistoryCheck, Store, StoreError, TurnBasis, bounded};
+use crate::store::{
+    BasisVersions, FrozenComposition, KeptHistoryCheck, Store, StoreError, TurnBasis, bounded,
+};
 
 /// The most a replica keeps: the bytes of the prompts, summaries and histories, plus
 /// [`ENTRY_OVERHEAD`] an entry and [`ROW_OVERHEAD`] a message.
@@ -78,15 +84,30 @@ pub(super) struct Found {
     pub source: Source,
     /// The history kept with a kept basis, if any.
     pub history: Option<Arc<KeptHistory>>,
+    /// The composition last frozen from a kept basis, if any.
+    pub composition: Option<Arc<FrozenComposition>>,
     /// Whether the history this intake reads is kept for the next: only a message's or
     /// an autostart's, the intakes that may start from it.
     pub keeps: bool,
 }
 
+#[derive(Clone)]
 struct Entry {
     basis: Arc<TurnBasis>,
     history: Option<Arc<KeptHistory>>,
+    composition: Option<Arc<FrozenComposition>>,
     weight: usize,
+}
+
+impl Entry {
+    fn new(basis: Arc<TurnBasis>) -> Self {
+        Self {
+            basis,
+            history: None,
+            composition: None,
+            weight: 0,
+        }
+    }
 }
 
 struct Kept {
@@ -95,18 +116,20 @@ struct Kept {
     max_bytes: usize,
 }
 
-fn weight(basis: &TurnBasis, history: Option<&KeptHistory>) -> usize {
+fn weight(entry: &Entry) -> usize {
+    let basis = &entry.basis;
     ENTRY_OVERHEAD
         + basis.agent.system_prompt.len()
         + basis.agent.name.len()
         + basis.chat.summary.len()
         + basis.agent.autostart_prompt.as_ref().map_or(0, String::len)
-        + history.map_or(0, |h| {
+        + entry.history.as_ref().map_or(0, |h| {
             h.rows
                 .iter()
                 .map(|r| ROW_OVERHEAD + r.tokens * 4)
                 .sum::<usize>()
         })
+        + entry.composition.as_ref().map_or(0, |c| c.text().len())
 }
 
 impl Bases {
@@ -140,18 +163,19 @@ impl Bases {
         chat: ChatId,
         kept_ok: bool,
     ) -> Result<Found, StoreError> {
-        if kept_ok && let Some((basis, history)) = self.get(team, chat) {
+        if kept_ok && let Some(entry) = self.get(team, chat) {
             self.metrics.turn_bases.with_label_values(&["kept"]).inc();
             return Ok(Found {
-                basis,
+                basis: entry.basis,
                 source: Source::Kept,
-                history,
+                history: entry.history,
+                composition: entry.composition,
                 keeps: true,
             });
         }
         let basis = Arc::new(bounded(store.chat_with_agent(team, chat)).await?);
         if kept_ok {
-            self.keep(team, chat, basis.clone(), None);
+            self.keep(team, chat, Entry::new(basis.clone()));
         } else {
             self.forget(team, chat);
         }
@@ -160,6 +184,7 @@ impl Bases {
             basis,
             source: Source::Read,
             history: None,
+            composition: None,
             keeps: kept_ok,
         })
     }
@@ -174,14 +199,52 @@ impl Bases {
         versions: BasisVersions,
         history: Arc<KeptHistory>,
     ) {
-        let basis = {
+        self.amend(
+            team,
+            chat,
+            |basis| basis.versions == versions,
+            |entry| {
+                entry.history = Some(history);
+            },
+        );
+    }
+
+    /// Keeps `composition` with the chat's kept basis, if that is still `basis` (the one
+    /// it was rendered from).
+    pub(super) fn keep_composition(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        basis: &Arc<TurnBasis>,
+        composition: Arc<FrozenComposition>,
+    ) {
+        self.amend(
+            team,
+            chat,
+            |kept| Arc::ptr_eq(kept, basis),
+            |entry| {
+                entry.composition = Some(composition);
+            },
+        );
+    }
+
+    /// Changes the chat's kept entry with `change`, if it has one whose basis passes `is`.
+    fn amend(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        is: impl FnOnce(&Arc<TurnBasis>) -> bool,
+        change: impl FnOnce(&mut Entry),
+    ) {
+        let mut entry = {
             let mut kept = self.lock();
             match kept.entries.get(&(team, chat)) {
-                Some(entry) if entry.basis.versions == versions => entry.basis.clone(),
+                Some(entry) if is(&entry.basis) => entry.clone(),
                 _ => return,
             }
         };
-        self.keep(team, chat, basis, Some(history));
+        change(&mut entry);
+        self.keep(team, chat, entry);
     }
 
     /// The intake found the chat's kept basis stale.
@@ -196,27 +259,15 @@ impl Bases {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn get(
-        &self,
-        team: TeamId,
-        chat: ChatId,
-    ) -> Option<(Arc<TurnBasis>, Option<Arc<KeptHistory>>)> {
-        self.lock()
-            .entries
-            .get(&(team, chat))
-            .map(|entry| (entry.basis.clone(), entry.history.clone()))
+    fn get(&self, team: TeamId, chat: ChatId) -> Option<Entry> {
+        self.lock().entries.get(&(team, chat)).cloned()
     }
 
-    /// Keeps `basis` and `history`, replacing what was kept for the chat; the least
-    /// recently used go until the whole fits. An entry larger than the bound is not kept.
-    fn keep(
-        &self,
-        team: TeamId,
-        chat: ChatId,
-        basis: Arc<TurnBasis>,
-        history: Option<Arc<KeptHistory>>,
-    ) {
-        let size = weight(&basis, history.as_deref());
+    /// Keeps `entry`, replacing what was kept for the chat; the least recently used go
+    /// until the whole fits. An entry larger than the bound is not kept.
+    fn keep(&self, team: TeamId, chat: ChatId, mut entry: Entry) {
+        entry.weight = weight(&entry);
+        let size = entry.weight;
         let mut kept = self.lock();
         if let Some(old) = kept.entries.remove(&(team, chat)) {
             kept.bytes -= old.weight;
@@ -224,11 +275,6 @@ impl Bases {
         if size > kept.max_bytes {
             return;
         }
-        let entry = Entry {
-            basis,
-            history,
-            weight: size,
-        };
         kept.entries.insert((team, chat), entry);
         kept.bytes += size;
         while kept.bytes > kept.max_bytes {
@@ -297,17 +343,17 @@ mod tests {
         let bases = Bases::bounded(3 * (ENTRY_OVERHEAD + 1001), Metrics::new(false).unwrap());
         let (a, b, c, d) = (ChatId::new(), ChatId::new(), ChatId::new(), ChatId::new());
         for chat in [a, b, c] {
-            bases.keep(team, chat, basis(chat, 1000), None);
+            bases.keep(team, chat, Entry::new(basis(chat, 1000)));
         }
         // `a` is used, so `b` is the least recently used when `d` comes in.
         assert!(bases.get(team, a).is_some());
-        bases.keep(team, d, basis(d, 1000), None);
+        bases.keep(team, d, Entry::new(basis(d, 1000)));
         assert!(bases.get(team, b).is_none());
         for chat in [a, c, d] {
             assert!(bases.get(team, chat).is_some());
         }
         // A replaced entry's bytes are given back: keeping `a` again evicts nothing.
-        bases.keep(team, a, basis(a, 1000), None);
+        bases.keep(team, a, Entry::new(basis(a, 1000)));
         for chat in [a, c, d] {
             assert!(bases.get(team, chat).is_some());
         }
@@ -321,9 +367,9 @@ mod tests {
         let team = TeamId::new();
         let bases = Bases::bounded(2 * ENTRY_OVERHEAD + 100, Metrics::new(false).unwrap());
         let small = ChatId::new();
-        bases.keep(team, small, basis(small, 10), None);
+        bases.keep(team, small, Entry::new(basis(small, 10)));
         let large = ChatId::new();
-        bases.keep(team, large, basis(large, 4 * ENTRY_OVERHEAD), None);
+        bases.keep(team, large, Entry::new(basis(large, 4 * ENTRY_OVERHEAD)));
         assert!(bases.get(team, small).is_some());
         assert_eq!(bases.lock().entries.len(), 1);
     }
@@ -333,7 +379,7 @@ mod tests {
         let team = TeamId::new();
         let bases = Bases::bounded(1 << 20, Metrics::new(false).unwrap());
         let chat = ChatId::new();
-        bases.keep(team, chat, basis(chat, 10), None);
+        bases.keep(team, chat, Entry::new(basis(chat, 10)));
         let row = |text: &str| {
             Arc::new(HistoryRow::new(crate::store::MessageRow {
                 id: protocol::MessageId::new(),
@@ -354,12 +400,40 @@ mod tests {
         };
         let newer = BasisVersions { chat: 1, agent: 0 };
         bases.keep_history(team, chat, newer, history());
-        assert!(bases.get(team, chat).unwrap().1.is_none());
+        assert!(bases.get(team, chat).unwrap().history.is_none());
         let before = bases.lock().bytes;
 
         bases.keep_history(team, chat, BasisVersions { chat: 0, agent: 0 }, history());
-        let (_, kept) = bases.get(team, chat).unwrap();
+        let kept = bases.get(team, chat).unwrap().history;
         assert_eq!(kept.unwrap().check().count, 1);
         assert!(bases.lock().bytes >= before + ROW_OVERHEAD + 4000);
+    }
+
+    #[test]
+    fn a_composition_is_kept_only_with_the_basis_it_was_rendered_from_and_outlives_a_history() {
+        let team = TeamId::new();
+        let bases = Bases::bounded(1 << 20, Metrics::new(false).unwrap());
+        let chat = ChatId::new();
+        let first = basis(chat, 10);
+        bases.keep(team, chat, Entry::new(first.clone()));
+        let frozen = || {
+            let text = serde_json::value::to_raw_value(&"z".repeat(3000)).unwrap();
+            Arc::new(FrozenComposition::new(text))
+        };
+        // Rendered from a basis since replaced: not kept with the newer one.
+        bases.keep_composition(team, chat, &basis(chat, 10), frozen());
+        assert!(bases.get(team, chat).unwrap().composition.is_none());
+        let before = bases.lock().bytes;
+
+        bases.keep_composition(team, chat, &first, frozen());
+        assert!(bases.lock().bytes >= before + 3000);
+        let history = Arc::new(KeptHistory {
+            through: 0,
+            rows: Vec::new(),
+        });
+        bases.keep_history(team, chat, first.versions, history);
+        let entry = bases.get(team, chat).unwrap();
+        assert!(entry.history.is_some());
+        assert_eq!(entry.composition.unwrap().text().len(), 3002);
     }
 }

@@ -17,8 +17,8 @@ use crate::AppState;
 use crate::connectors;
 use crate::provider::ModelRequest;
 use crate::store::{
-    AgentRow, Answered, Answerer, ApprovalRow, BasisCheck, Begun, Close, NewTurn, StoreError,
-    TurnBasis, bounded,
+    AgentRow, Answered, Answerer, ApprovalRow, BasisCheck, Begun, Close, FrozenComposition,
+    NewTurn, StoreError, TurnBasis, bounded,
 };
 use crate::tools::Toolset;
 
@@ -187,14 +187,13 @@ pub(super) async fn compose(
         max_output_tokens: state.config.max_output_tokens,
         summary_through: chat_row.summary_through,
     };
-    let composition_json = serde_json::value::to_raw_value(&composition)
-        .map_err(|e| TurnError::Internal(format!("composition: {e}")))?;
+    let frozen = freeze(state, launch, found, &composition)?;
     let history = if asked.queued {
         let begun = bounded(state.store.begin_queued_turn(
             team,
             turn,
             state.replica,
-            &composition_json,
+            &frozen,
             composition.summary_through,
         ))
         .await?;
@@ -228,7 +227,7 @@ pub(super) async fn compose(
                 } else {
                     "user"
                 },
-                composition: &composition_json,
+                composition: &frozen,
                 user_parts: user_parts.as_deref(),
                 client_message_id: asked.client_message_id.as_deref(),
                 replica: state.replica,
@@ -357,6 +356,30 @@ pub(super) async fn offer(
         Arc::new(shared.with(connector_tools))
     };
     (offered, connector_status)
+}
+
+/// The composition as it is stored, its hash reused from the chat's kept basis when this
+/// turn rendered the same text, and kept for the next turn otherwise.
+fn freeze(
+    state: &AppState,
+    launch: &Launch,
+    found: &Found,
+    composition: &Composition<'_>,
+) -> Result<Arc<FrozenComposition>, TurnError> {
+    let text = serde_json::value::to_raw_value(composition)
+        .map_err(|e| TurnError::Internal(format!("composition: {e}")))?;
+    if let Some(kept) = &found.composition
+        && kept.text() == text.get()
+    {
+        return Ok(kept.clone());
+    }
+    let frozen = Arc::new(FrozenComposition::new(text));
+    if found.keeps {
+        state
+            .bases
+            .keep_composition(launch.team, launch.chat, &found.basis, frozen.clone());
+    }
+    Ok(frozen)
 }
 
 pub(super) fn system_text(prompt: &str, summary: &str) -> String {
