@@ -41,15 +41,17 @@ impl From<RedisError> for Unavailable {
 }
 
 /// Runs one Redis call (connecting included, when the future connects) under `limit`.
-pub async fn bounded<T>(
+/// Not an `async fn`, which would keep `call` twice in its caller's future (`store::bounded`).
+pub fn bounded<T>(
     limit: Duration,
     call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, Unavailable> {
-    match tokio::time::timeout(limit, call).await {
+) -> impl Future<Output = Result<T, Unavailable>> {
+    use futures_util::FutureExt;
+    tokio::time::timeout(limit, call).map(|done| match done {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) => Err(err.into()),
         Err(_) => Err(Unavailable("timeout")),
-    }
+    })
 }
 
 /// A module's one connection, shared by all its calls: made on first use, inside the

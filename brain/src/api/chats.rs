@@ -608,11 +608,14 @@ pub(super) async fn launch(
         return Err(ApiError::AgentBusy(running));
     };
     let (agent, policy) = turn::busy_policy(state, team, chat).await?;
+    // The busy paths are boxed: their transactions would otherwise weigh in the future of
+    // every request that posts a message, which the router moves (PERFORMANCE.md, issue 31).
     match if_busy.unwrap_or(policy) {
         BusyPolicy::Reject => Err(ApiError::AgentBusy(running)),
         BusyPolicy::Enqueue => {
+            let authority = principal.authority();
             let queued =
-                turn::enqueue(state, team, agent, chat, input, &principal.authority()).await?;
+                Box::pin(turn::enqueue(state, team, agent, chat, input, &authority)).await?;
             Ok(Posted::Queued(queued))
         }
         BusyPolicy::Interrupt => {
@@ -624,7 +627,7 @@ pub(super) async fn launch(
             {
                 return Err(ApiError::AgentBusy(running));
             }
-            let launched = turn::interrupt(
+            let launched = Box::pin(turn::interrupt(
                 state,
                 team,
                 agent,
@@ -634,7 +637,7 @@ pub(super) async fn launch(
                 principal.authority(),
                 detached,
                 parent,
-            )
+            ))
             .await?;
             Ok(Posted::Launched(launched))
         }

@@ -317,8 +317,11 @@ impl Auth {
 }
 
 /// Runs a store call under the store's bound.
-async fn bounded<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, AuthError> {
-    crate::store::bounded(call).await.map_err(AuthError::from)
+fn bounded<T>(
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> impl Future<Output = Result<T, AuthError>> {
+    use futures_util::TryFutureExt;
+    crate::store::bounded(call).map_err(AuthError::from)
 }
 
 #[cfg(test)]

@@ -380,12 +380,15 @@ pub async fn create_database_if_missing(url: &str) -> Result<bool, sqlx::Error> 
 pub const CALL_BOUND: Duration = Duration::from_secs(5);
 
 /// Runs a store call under [`CALL_BOUND`]; past it, [`StoreError::TimedOut`].
-pub async fn bounded<T>(
+///
+/// A plain function, not an `async fn`: an `async fn` keeps `call` as its argument beside
+/// the timeout that owns it, so every bounded call weighed twice in its caller's future
+/// (a transaction's 15 KB became 30 KB in each request's handler).
+pub fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    tokio::time::timeout(CALL_BOUND, call)
-        .await
-        .unwrap_or(Err(StoreError::TimedOut))
+) -> impl std::future::Future<Output = Result<T, StoreError>> {
+    use futures_util::FutureExt;
+    tokio::time::timeout(CALL_BOUND, call).map(|done| done.unwrap_or(Err(StoreError::TimedOut)))
 }
 
 /// A pooled connection idle this long is pinged before it is used again.

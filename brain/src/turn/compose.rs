@@ -87,8 +87,10 @@ pub(super) async fn resolve(
             }))
         }
         Trigger::Stranded(stranded) => {
-            let reclaimed =
-                bounded(state.store.reclaim_continuation(team, chat, stranded, turn)).await?;
+            let reclaimed = Box::pin(bounded(
+                state.store.reclaim_continuation(team, chat, stranded, turn),
+            ))
+            .await?;
             // `None`: taken by another replica meanwhile, or its turn row exists after all.
             Ok(reclaimed.map_or(Resolved::Nothing(Vec::new()), |resume| {
                 asked(None, None, resume, Vec::new(), false)
@@ -99,8 +101,10 @@ pub(super) async fn resolve(
                 actor: &launch.authority.actor,
                 admin: launch.authority.may_change_agent(),
             };
-            let outcome =
-                bounded(state.store.answer_approvals(team, chat, &answers, turn, by)).await;
+            let outcome = Box::pin(bounded(
+                state.store.answer_approvals(team, chat, &answers, turn, by),
+            ))
+            .await;
             match outcome {
                 Ok(Answered::Done {
                     answered,
@@ -122,17 +126,21 @@ pub(super) async fn resolve(
 }
 
 /// A4: a new message denies the chat's calls that wait for a person.
+///
+/// The store calls of this file's rarer triggers are boxed: a transaction's future is
+/// some 15 KB (sqlx's pool acquire), and inline it would be moved with every turn's
+/// request future (PERFORMANCE.md, issue 31's fifth stop).
 async fn deny_waiting(
     state: &AppState,
     launch: &Launch,
     basis: &TurnBasis,
 ) -> Result<(), TurnError> {
     if basis.has_pending_approvals {
-        bounded(
-            state
-                .store
-                .close_approvals(launch.team, launch.chat, Close::Superseded),
-        )
+        Box::pin(bounded(state.store.close_approvals(
+            launch.team,
+            launch.chat,
+            Close::Superseded,
+        )))
         .await?;
     }
     Ok(())

@@ -157,14 +157,16 @@ impl TurnTask {
             // A continuation has its status decided already (its answer was accepted):
             // the stream opens at once, with the answered calls' outcomes first.
             self.client.begin(progress.assistant_id).await;
-            self.run_answered(&mut progress).await;
+            // Boxed, as `unanswered` below: their transactions would otherwise weigh in
+            // every turn task's future, which the spawn moves (PERFORMANCE.md, issue 31).
+            Box::pin(self.run_answered(&mut progress)).await;
         }
         let end = loop {
             match self.step(&mut progress).await {
                 Flow::Next => {}
                 Flow::End(end) => break end,
                 Flow::Unanswered(err) => {
-                    self.unanswered(err, progress, &mut unfinished).await;
+                    Box::pin(self.unanswered(err, progress, &mut unfinished)).await;
                     return;
                 }
             }

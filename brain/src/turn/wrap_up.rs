@@ -339,6 +339,15 @@ impl TurnTask {
             Err(class) => class,
         };
         tracing::error!(turn = %self.ids.turn, class, "could not write the turn's end state; ending it failed");
+        // Boxed: `fail_turn`'s transaction would otherwise weigh in every turn task's
+        // future, which the spawn moves (PERFORMANCE.md, issue 31).
+        Box::pin(self.fall_back(&end)).await;
+        false
+    }
+
+    /// What `persist` does when the end state could not be written: the turn ended
+    /// `failed`, its model calls billed.
+    async fn fall_back(&self, end: &TurnEnd) {
         let team = self.ids.team;
         let turn = self.ids.turn;
         match retrying(self.ids.turn, FALLBACK_PATIENCE, || {
@@ -370,7 +379,6 @@ impl TurnTask {
                 tracing::error!(turn = %self.ids.turn, class, "could not bill the turn's model calls");
             }
         }
-        false
     }
 }
 
