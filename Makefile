@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web helm fmt lint unit pooler cluster bench bench-compare bench-peer bench-soak
+.PHONY: dev test services test-deps web helm fmt lint unit pooler cluster bench bench-compare bench-peer bench-soak bench-pg
 
 dev: services
 	@scripts/dev.sh
@@ -116,6 +116,12 @@ bench-compare: services
 # against the same scripted provider and prints the ratio. Not part of `test`.
 bench-peer: services
 	@scripts/bench-peer.sh
+
+# A turn's writes in Postgres alone, part by part (docs/PERFORMANCE.md): pgbench replays
+# them against a scratch database, whole and with each part left out. Not part of `test`.
+bench-pg: services
+	cargo build --release --locked -p brain
+	@scripts/bench-pg-writes.sh
 
 # The soak (docs/PERFORMANCE.md): 1,000 chats x 10 turns at concurrency 64 over two brain
 # processes, with Redis blips and one replica SIGKILLed and restarted; prints what became

@@ -597,7 +597,8 @@ impl Store {
         }
         let events = super::webhooks::turn_end_events((team, agent, chat, turn), end);
         let (event_names, event_keys, payloads) = super::webhooks::columns(&events);
-        let (billed_at, written): (DateTime<Utc>, bool) = sqlx::query_as(FINISH_TURN.as_str())
+        let statement = finish_turn_statement(end);
+        let (billed_at, written): (DateTime<Utc>, bool) = sqlx::query_as(statement)
             .bind(team.0)
             .bind(turn.0)
             .bind(end.status.as_str())
@@ -705,7 +706,41 @@ static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 
 /// The end state of a turn in one statement (see [`Store::finish_turn`]), its webhook
 /// events (P4) written by the last CTE, in the same transaction as the row they tell about.
-static FINISH_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+///
+/// Four texts, by the end's shape: the CTE that withdraws the user message is left out of
+/// an end that keeps it, and the one that asks approvals out of an end that asks none, as
+/// nearly every turn's end does both. A CTE that writes nothing still opens its table and
+/// every index of it: the two cost ~60 µs of Postgres CPU a turn (`make bench-pg`, docs/PERFORMANCE.md). The parameters
+/// stay bound either way: sqlx names their types, so an unused one is no error.
+fn finish_turn_statement(end: &TurnEnd) -> &'static str {
+    static TEXTS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
+        [(false, false), (false, true), (true, false), (true, true)]
+            .map(|(withdraw, approvals)| finish_turn_text(withdraw, approvals))
+    });
+    let index = usize::from(end.withdraw_user_message) * 2 + usize::from(!end.approvals.is_empty());
+    &TEXTS[index]
+}
+
+fn finish_turn_text(withdraw: bool, approvals: bool) -> String {
+    let withdrawal = if withdraw {
+        "w AS ( \
+           DELETE FROM messages \
+           WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15 \
+             AND EXISTS (SELECT 1 FROM t)), "
+    } else {
+        ""
+    };
+    let asked = if approvals {
+        "a AS ( \
+           INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
+             part_index, tool_call_id, tool, input, state, expires_at) \
+           SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
+           FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
+             $21::timestamptz[]) AS a(id, idx, call, tool, input, exp) \
+           WHERE EXISTS (SELECT 1 FROM t)), "
+    } else {
+        ""
+    };
     format!(
         "WITH t AS ( \
            UPDATE turns SET status = $3, error_code = $4, finished_at = now() \
@@ -721,22 +756,11 @@ static FINISH_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
              AS u(id, key, model, input, output) \
            WHERE EXISTS (SELECT 1 FROM t) \
            ON CONFLICT (event_key) DO NOTHING), \
-         w AS ( \
-           DELETE FROM messages \
-           WHERE team_id = $1 AND turn_id = $2 AND role = 'user' AND $15 \
-             AND EXISTS (SELECT 1 FROM t)), \
-         a AS ( \
-           INSERT INTO approvals (id, team_id, agent_id, chat_id, turn_id, message_id, \
-             part_index, tool_call_id, tool, input, state, expires_at) \
-           SELECT a.id, $1, $9, $6, $2, $5, a.idx, a.call, a.tool, a.input, 'pending', a.exp \
-           FROM unnest($16::uuid[], $17::int4[], $18::text[], $19::text[], $20::jsonb[], \
-             $21::timestamptz[]) AS a(id, idx, call, tool, input, exp) \
-           WHERE EXISTS (SELECT 1 FROM t)), \
-         o AS ({}) \
+         {withdrawal}{asked}o AS ({}) \
          SELECT now(), EXISTS (SELECT 1 FROM t)",
         super::webhooks::subscribed_insert("$1", "$23", "$24", "$25", "EXISTS (SELECT 1 FROM t)")
     )
-});
+}
 
 impl Store {
     /// The least a turn's end can be: `failed` with `code`, nothing else, and only while
