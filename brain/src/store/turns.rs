@@ -708,10 +708,11 @@ static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// events (P4) written by the last CTE, in the same transaction as the row they tell about.
 ///
 /// Four texts, by the end's shape: the CTE that withdraws the user message is left out of
-/// an end that keeps it, and the one that asks approvals out of an end that asks none, as
-/// nearly every turn's end does both. A CTE that writes nothing still opens its table and
-/// every index of it: the two cost ~60 µs of Postgres CPU a turn (`make bench-pg`, docs/PERFORMANCE.md). The parameters
-/// stay bound either way: sqlx names their types, so an unused one is no error.
+/// an end that keeps it, and the one that asks approvals out of an end that asks none
+/// (nearly every turn's end: it keeps the message and asks nothing). A CTE that writes
+/// nothing still opens its table and every index of it: the two cost up to ~60 µs of
+/// Postgres CPU a turn (`make bench-pg`, docs/PERFORMANCE.md). The parameters stay bound either
+/// way: sqlx names their types, so one the text does not use is no error.
 fn finish_turn_statement(end: &TurnEnd) -> &'static str {
     static TEXTS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
         [(false, false), (false, true), (true, false), (true, true)]
