@@ -4,9 +4,10 @@
 # writes against a scratch database migrated by `brain migrate`, once whole and once with
 # each part left out, so a part's cost is the difference.
 #
-# The statements copy the shapes of `Store::begin_turn`'s writes and of `FINISH_TURN`
+# The statements copy the shapes of `Store::begin_turn`'s writes and of `finish_turn_text`
 # (brain/src/store/turns.rs) with literals where the brain binds values; a change there
-# wants the same change here. Every variant runs at concurrency 8 on pgbench's prepared
+# wants the same change here. The scratch database is made through BENCH_DATABASE_URL
+# (the bench's admin URL, default the local Postgres) and dropped at the end. Every variant runs at concurrency 8 on pgbench's prepared
 # protocol (as sqlx does), with `synchronous_commit = off` so that the figure is CPU and
 # not the WAL flush's wait, BENCH_PG_SECONDS (default 8) a run, three runs alternated, the
 # median kept. "machine µs a script" is the cores over the transactions a second: pgbench
