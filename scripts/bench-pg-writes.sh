@@ -7,10 +7,11 @@
 # The statements copy the shapes of `Store::begin_turn`'s writes and of `finish_turn_text`
 # (brain/src/store/turns.rs) with literals where the brain binds values; a change there
 # wants the same change here. The scratch database is made through BENCH_DATABASE_URL
-# (the bench's admin URL, default the local Postgres) and dropped at the end. Every variant runs at concurrency 8 on pgbench's prepared
-# protocol (as sqlx does), with `synchronous_commit = off` so that the figure is CPU and
-# not the WAL flush's wait, BENCH_PG_SECONDS (default 8) a run, three runs alternated, the
-# median kept. "machine µs a script" is the cores over the transactions a second: pgbench
+# (the bench's admin URL, default the local Postgres) and dropped at the end.
+#
+# Every variant runs at concurrency 8 on pgbench's prepared protocol (as sqlx does), with
+# `synchronous_commit = off` so that the figure is CPU and not the WAL flush's wait,
+# BENCH_PG_SECONDS (default 8) a run, three runs alternated, the median kept. "machine µs a script" is the cores over the transactions a second: pgbench
 # itself is in it, but it does the same work in every variant, so a difference between
 # two variants is Postgres'.
 set -euo pipefail
@@ -21,7 +22,7 @@ admin=${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 db=bench_pg_writes
 url=${admin%/*}/$db
 work=$(mktemp -d /var/tmp/bench-pg-writes.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+trap 'rm -rf "$work"; psql -q "$admin" -c "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true' EXIT
 target=$(cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 
@@ -77,15 +78,24 @@ echo 'SELECT 1;' >"$work/select1.sql"
 echo "SELECT q.id, q.chat_id, q.actor, q.actor_admin, (SELECT coalesce(string_agg(p->>'text', ''), '') FROM messages m, jsonb_array_elements(m.parts) p WHERE m.team_id = q.team_id AND m.turn_id = q.id AND m.role = 'user') AS content FROM turns q WHERE q.team_id = '$team' AND q.agent_id = '$agent' AND q.status = 'queued' ORDER BY q.queued_at, q.id LIMIT 1;" >"$work/probe.sql"
 
 cores=$(nproc)
-tps() {
-  PGOPTIONS='-c synchronous_commit=off' pgbench -n -M prepared -c 8 -j 2 -T "$seconds" \
-    -f "$work/$1.sql" "$url" 2>&1 | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+tps() { # one run of variant $1: its transactions a second, or the run's output and failure
+  local out
+  out=$(PGOPTIONS='-c synchronous_commit=off' pgbench -n -M prepared -c 8 -j 2 -T "$seconds" \
+    -f "$work/$1.sql" "$url" 2>&1) || true
+  if ! sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out" | grep .; then
+    echo "bench-pg: pgbench failed on $1:" >&2
+    echo "$out" >&2
+    return 1
+  fi
 }
 measure() { # variant... -> one row per variant: the median of three alternated runs
   local -A runs=()
-  local round v
+  local round v t
   for round in 1 2 3; do
-    for v in "$@"; do runs[$v]+="$(tps "$v") "; done
+    for v in "$@"; do
+      t=$(tps "$v") || exit 1
+      runs[$v]+="$t "
+    done
   done
   for v in "$@"; do
     python3 - "$v" "$cores" ${runs[$v]} <<'EOF'
@@ -103,4 +113,3 @@ measure select1 probe intake end-all-ctes end end-no-webhooks end-no-billing end
 psql -q "$url" -c "VACUUM ANALYZE turns" -c "DROP INDEX turns_chat, turns_running, turns_running_replica, turns_team_running, turns_team_started, turns_queued, turns_agent_started, turns_team_finished"
 echo "| *without turns' eight secondary indexes:* | | |"
 measure intake end
-psql -q "$admin" -c "DROP DATABASE $db"

@@ -711,8 +711,8 @@ static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// an end that keeps it, and the one that asks approvals out of an end that asks none
 /// (nearly every turn's end: it keeps the message and asks nothing). A CTE that writes
 /// nothing still opens its table and every index of it: the two cost up to ~60 µs of
-/// Postgres CPU a turn (`make bench-pg`, docs/PERFORMANCE.md). The parameters stay bound either
-/// way: sqlx names their types, so one the text does not use is no error.
+/// Postgres CPU a turn (`make bench-pg`, docs/PERFORMANCE.md). The parameters stay bound
+/// either way: sqlx names their types, so one the text does not use is no error.
 fn finish_turn_statement(end: &TurnEnd) -> &'static str {
     static TEXTS: std::sync::LazyLock<[String; 4]> = std::sync::LazyLock::new(|| {
         [(false, false), (false, true), (true, false), (true, true)]
