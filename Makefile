@@ -7,7 +7,7 @@ export CARGO_TERM_COLOR ?= never
 
 NEXTEST := $(shell cargo nextest --version >/dev/null 2>&1 && echo yes)
 
-.PHONY: dev test services test-deps web helm fmt lint unit pooler cluster bench bench-compare bench-peer bench-soak bench-pg
+.PHONY: dev test services test-deps web helm fmt lint unit pooler cluster bench bench-compare bench-peer bench-soak bench-pg bench-first-token
 
 dev: services
 	@scripts/dev.sh
@@ -122,6 +122,13 @@ bench-peer: services
 bench-pg: services
 	cargo build --release --locked -p brain
 	@scripts/bench-pg-writes.sh
+
+# Where the brain's time to a first token goes when each turn finds it idle
+# (docs/PERFORMANCE.md): the bench's quiet open loop under `perf trace`, split by what the
+# brain waits on. Needs perf and the right to trace. Not part of `test`.
+bench-first-token: services
+	cargo build --release --locked --bins
+	@scripts/bench-first-token.sh
 
 # The soak (docs/PERFORMANCE.md): 1,000 chats x 10 turns at concurrency 64 over two brain
 # processes, with Redis blips and one replica SIGKILLed and restarted; prints what became

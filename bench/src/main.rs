@@ -8,8 +8,10 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, takeover, peer, soak, shards; empty runs all but peer, soak
-//! and shards),
+//! speculation, hangup, openloop, quiet, takeover, peer, soak, shards; empty runs all but
+//! peer, soak, shards and quiet),
+//! `BENCH_MESSAGE_IDS` (`1`: every message posted carries a fresh `message_id`),
+//! `BENCH_QUIET_RATE` (the `quiet` open loop's turns per second, default 5),
 //! `BENCH_TSV` (a file to write the table's rows to as tab-separated values, for make
 //! bench-compare).
 //!
@@ -86,11 +88,12 @@ fn print_table(rows: &[Row]) {
 async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     // `peer` needs LangGraph installed, which plain `make bench` does not do, `soak`
-    // (make bench-soak) takes minutes and measures survival, not speed, and `shards`
-    // measures a Redis Cluster's spread, not the turn: they run only when named.
+    // (make bench-soak) takes minutes and measures survival, not speed, `shards`
+    // measures a Redis Cluster's spread, not the turn, and `quiet` spends a minute on what
+    // `peer` also measures: they run only when named.
     let wants = |name: &str| {
         let named = only.split(',').any(|s| s.trim() == name);
-        named || (only.is_empty() && !["peer", "soak", "shards"].contains(&name))
+        named || (only.is_empty() && !["peer", "soak", "shards", "quiet"].contains(&name))
     };
     let mut rows = Vec::new();
     if wants("cpu") {
@@ -128,6 +131,9 @@ async fn main() -> Result<()> {
     }
     if wants("openloop") {
         openloop::openloop(&mut rows).await?;
+    }
+    if wants("quiet") {
+        openloop::quiet(&mut rows).await?;
     }
     if wants("takeover") {
         takeover::takeover(&mut rows).await?;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -287,20 +287,6 @@ async fn levels(system: &Arc<System>, rows: &mut Vec<Row>) -> Result<()> {
         let brain = measure(&chats, rate, span).await?;
         let provider = measure(&direct, rate, span).await?;
         let scenario = format!("open loop {:.0}% ({rate:.0} turns/s)", load * 100.0);
-        rows.push(row(
-            &scenario,
-            "client first text-delta (from intended send)",
-            ms(pct(&brain.first, 50.0)),
-            ms(pct(&brain.first, 99.0)),
-            brain.summary,
-        ));
-        rows.push(row(
-            &scenario,
-            "provider TTFB (direct, same rate)",
-            ms(pct(&provider.first, 50.0)),
-            ms(pct(&provider.first, 99.0)),
-            provider.summary,
-        ));
         let (p50, p99) = (
             added(&brain.first, &provider.first, 50.0),
             added(&brain.first, &provider.first, 99.0),
@@ -322,18 +308,73 @@ async fn levels(system: &Arc<System>, rows: &mut Vec<Row>) -> Result<()> {
             }
             Some(_) => {}
         }
-        rows.push(row(
-            &scenario,
-            "brain added TTFB (text-delta - provider)",
-            signed_ms(pct(&brain.first, 50.0), pct(&provider.first, 50.0)),
-            signed_ms(pct(&brain.first, 99.0), pct(&provider.first, 99.0)),
-            other,
-        ));
+        let turns = brain.first.len();
+        rows.extend(added_rows(&scenario, brain, provider, other));
         eprintln!(
-            "bench: open loop at {:.0}% done ({} turns)",
+            "bench: open loop at {:.0}% done ({turns} turns)",
             load * 100.0,
-            brain.first.len()
         );
     }
+    Ok(())
+}
+
+/// An open loop's three rows: the brain's first text-delta, the provider's alone at the
+/// same rate, and their difference (`other` on that last row).
+fn added_rows(scenario: &str, brain: Measured, provider: Measured, other: String) -> [Row; 3] {
+    let added = row(
+        scenario,
+        "brain added TTFB (text-delta - provider)",
+        signed_ms(pct(&brain.first, 50.0), pct(&provider.first, 50.0)),
+        signed_ms(pct(&brain.first, 99.0), pct(&provider.first, 99.0)),
+        other,
+    );
+    let first = |metric: &str, m: Measured| {
+        let (p50, p99) = (ms(pct(&m.first, 50.0)), ms(pct(&m.first, 99.0)));
+        row(scenario, metric, p50, p99, m.summary)
+    };
+    [
+        first("client first text-delta (from intended send)", brain),
+        first("provider TTFB (direct, same rate)", provider),
+        added,
+    ]
+}
+
+/// The quiet open loop's rate by default: the (31) latency target is quoted at it.
+const QUIET_RATE: f64 = 5.0;
+/// Turns wanted at the quiet rate: enough for a p99 that is not the maximum.
+const QUIET_SAMPLES: f64 = 300.0;
+
+/// `quiet` (`BENCH_ONLY=quiet`, `BENCH_QUIET_RATE`, default 5 turns/s): the brain's added
+/// time when every turn finds it idle, the figure the closed loop at concurrency 1 misses
+/// (there each send follows the last turn's end, while the brain's threads are still
+/// awake). The brain is its own process, so a `perf trace -p` of it (docs/PERFORMANCE.md)
+/// sees only its own system calls.
+pub async fn quiet(rows: &mut Vec<Row>) -> Result<()> {
+    let rate = match std::env::var("BENCH_QUIET_RATE") {
+        Ok(rate) => rate.trim().parse().context("BENCH_QUIET_RATE: a number")?,
+        Err(_) => QUIET_RATE,
+    };
+    let system = Arc::new(System::start_process(&[]).await?);
+    let result = quiet_on(&system, rate, rows).await;
+    if let Ok(system) = Arc::try_unwrap(system) {
+        system.close().await;
+    }
+    result
+}
+
+async fn quiet_on(system: &Arc<System>, rate: f64, rows: &mut Vec<Row>) -> Result<()> {
+    let (_, brain_body) = warmed_clients(system, 1).await?;
+    let size = pool_size(rate);
+    let chats = chat_pool(system, size).await?;
+    let direct = direct_pool(system, brain_body, size).await?;
+    let span = Duration::from_secs_f64(QUIET_SAMPLES / rate).max(window());
+    if let Some(pid) = system.brain_pid() {
+        eprintln!("bench: quiet open loop, brain pid {pid}, measuring for {span:?}");
+    }
+    let brain = measure(&chats, rate, span).await?;
+    let provider = measure(&direct, rate, span).await?;
+    let scenario = format!("quiet open loop ({rate} turns/s)");
+    let other = "difference of percentiles".to_owned();
+    rows.extend(added_rows(&scenario, brain, provider, other));
     Ok(())
 }

@@ -311,12 +311,16 @@ impl System {
         Ok(chat["id"].as_str().context("chat id")?.to_owned())
     }
 
+    /// Posts a message; with `BENCH_MESSAGE_IDS=1` each carries a fresh `message_id`, as the
+    /// web chat's every message does (the AI SDK's id), which the brain checks for a retry
+    /// (T12) before it admits the turn.
     pub async fn send(&self, chat: &str, content: &str) -> Result<reqwest::Response> {
-        self.post_json(
-            &format!("/v1/chats/{chat}/messages"),
-            &json!({ "content": content }),
-        )
-        .await
+        let mut body = json!({ "content": content });
+        if message_ids() {
+            body["message_id"] = json!(uuid::Uuid::new_v4().to_string());
+        }
+        self.post_json(&format!("/v1/chats/{chat}/messages"), &body)
+            .await
     }
 
     pub async fn close(self) {
@@ -372,6 +376,12 @@ impl SseData {
         }
         payloads
     }
+}
+
+/// `BENCH_MESSAGE_IDS=1`: every message posted carries an id ([`System::send`]).
+fn message_ids() -> bool {
+    static IDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IDS.get_or_init(|| std::env::var("BENCH_MESSAGE_IDS").is_ok_and(|v| v.trim() == "1"))
 }
 
 pub fn window() -> Duration {

@@ -249,7 +249,7 @@ return {'ok'}
 ";
 
 /// `RELEASE` that also settles the turn's quota counters, at each level it counts at (the
-/// team's, keys 2-10, then its end user's, keys 11-19, L4): it leaves the running set and
+/// team's, keys 2-11, then its end user's, keys 12-21, L4): it leaves the running set and
 /// its reservation (if not reaped already) is returned. Its billed tokens `ARGV[3]`,
 /// billed at `ARGV[4]` (ms, Postgres' clock; empty: unknown, Redis' now), go into the
 /// team's ledger of settled turns (keys 7 and 8) once per turn, and with it into each
@@ -257,15 +257,18 @@ return {'ok'}
 /// billing events before they were billed (its `since`): a counter rebuilt later holds
 /// them already. A retried settlement, or one of a turn whose reservation was reaped,
 /// adds nothing twice and loses nothing. `ARGV[5]`: how long a ledger keeps a turn (ms).
-/// A level's keys: running, reservations, their total, day, month, ledger (when, tokens),
-/// day's and month's `since`. 1 if the hold was ours.
+/// `ARGV[6]` `1`: the turn never started (a retried message id's, answered by its earlier
+/// turn: T12), so it leaves the minute's starts too. A level's keys: running,
+/// reservations, their total, day, month, ledger (when, tokens), day's and month's
+/// `since`, starts. 1 if the hold was ours.
 const SETTLE: &str = r"
 local ours = redis.call('GET', KEYS[1]) == ARGV[1]
 if ours then redis.call('DEL', KEYS[1]) end
-local levels = (#KEYS - 1) / 9
+local levels = (#KEYS - 1) / 10
 for i = 1, levels do
-  local k = 1 + (i - 1) * 9
+  local k = 1 + (i - 1) * 10
   redis.call('ZREM', KEYS[k + 1], ARGV[2])
+  if ARGV[6] == '1' then redis.call('ZREM', KEYS[k + 10], ARGV[2]) end
   local r = redis.call('HGET', KEYS[k + 2], ARGV[2])
   if r then
     redis.call('HDEL', KEYS[k + 2], ARGV[2])
@@ -282,7 +285,7 @@ if b > 0 then
   if redis.call('ZADD', KEYS[7], 'NX', at, ARGV[2]) == 1 then
     local keep = tonumber(ARGV[5])
     for i = 1, levels do
-      local k = 1 + (i - 1) * 9
+      local k = 1 + (i - 1) * 10
       if i > 1 then redis.call('ZADD', KEYS[k + 6], at, ARGV[2]) end
       redis.call('HSET', KEYS[k + 7], ARGV[2], b)
       for j = 4, 5 do
@@ -1225,7 +1228,8 @@ impl Inner {
                     .key(&keys.settled)
                     .key(&keys.settled_tokens)
                     .key(&keys.day_since)
-                    .key(&keys.month_since);
+                    .key(&keys.month_since)
+                    .key(&keys.starts);
             }
             invocation
                 .arg(value)
@@ -1233,6 +1237,7 @@ impl Inner {
                 .arg(billed.tokens)
                 .arg(&at)
                 .arg(millis(LEDGER_KEEP))
+                .arg(if billed.unstarted { "1" } else { "0" })
                 .invoke_async::<i64>(&mut conn)
                 .await
         })
@@ -1338,6 +1343,9 @@ pub struct Billed {
     pub tokens: u64,
     /// When its billing events were written (Postgres' clock); `None` if they were not.
     pub at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Admitted but never started: a retried message id answered by its earlier turn
+    /// (T12). Its start leaves the minute's count, as if it had not been admitted.
+    pub unstarted: bool,
 }
 
 /// A turn the team's quota counters count, settled at release: at its end user's level

@@ -284,11 +284,26 @@ impl Budget {
     /// Gives the hold back, settling the reservations on the `tokens` billed. Also for a
     /// turn that ends before it was written (nothing billed).
     pub async fn release(&mut self, tokens: u64) {
+        let billed = Billed {
+            tokens,
+            at: self.billed_at.get().copied(),
+            unstarted: false,
+        };
+        self.settle(billed).await;
+    }
+
+    /// Gives the hold back for a turn that never started because its message id's earlier
+    /// turn answers it (T12): nothing billed, and not counted as a start of the minute.
+    pub async fn unstart(&mut self) {
+        let billed = Billed {
+            unstarted: true,
+            ..Billed::default()
+        };
+        self.settle(billed).await;
+    }
+
+    async fn settle(&mut self, billed: Billed) {
         if let Some(hold) = self.hold.take() {
-            let billed = Billed {
-                tokens,
-                at: self.billed_at.get().copied(),
-            };
             hold.release_billed(billed).await;
         }
         self.queue.kick(self.team, self.agent);

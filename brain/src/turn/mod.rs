@@ -235,9 +235,24 @@ async fn start(
         }
         None => (None, None),
     };
-    if let Some(done) = answered_before_admission(state, team, chat, &trigger, &basis)
-        .await
-        .transpose()
+    // T12: a retried message id is looked up beside the admission, one Postgres round trip
+    // fewer before the model, unless something else answers before admission (a draining
+    // replica, an archived agent: the lookup comes first, as for a start over).
+    let retry = match &trigger {
+        Trigger::User(input)
+            if input.client_message_id.is_some()
+                && admitted.is_none()
+                && !state.draining.is_cancelled()
+                && !basis.agent.archived =>
+        {
+            Some(input)
+        }
+        _ => None,
+    };
+    if retry.is_none()
+        && let Some(done) = answered_before_admission(state, team, chat, &trigger, &basis)
+            .await
+            .transpose()
     {
         give_back(admitted).await;
         return done;
@@ -265,15 +280,23 @@ async fn start(
     let mut budget = match admitted {
         Some(budget) => budget,
         None => {
-            admit::admit(
+            let admission = admit::admit(
                 state,
                 team,
                 basis.agent.id,
                 turn_id,
                 reservation,
                 launch.authority.user(),
-            )
-            .await?
+            );
+            match retry {
+                Some(input) => {
+                    match admit_unless_retried(state, team, chat, input, admission).await? {
+                        Ok(budget) => budget,
+                        Err(replayed) => return Ok(replayed),
+                    }
+                }
+                None => admission.await?,
+            }
         }
     };
 
@@ -302,7 +325,10 @@ async fn start(
     let composed = match compose::compose(state, &launch, &found, asked, turn_id, &cancel).await? {
         compose::Composed::Ready(composed) => composed,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
-        compose::Composed::Replayed(replayed) => return Ok(replayed),
+        compose::Composed::Replayed(replayed) => {
+            budget.unstart().await;
+            return Ok(replayed);
+        }
         // Nothing was written: start over from Postgres, still admitted.
         compose::Composed::Stale => {
             drop((running, guard, intake));
@@ -388,6 +414,28 @@ async fn answered_before_admission(
         return Err(TurnError::NotFound("agent"));
     }
     Ok(None)
+}
+
+/// The admission, with T12's lookup of a retried message id run beside it: the earlier
+/// turn's answer (its replay, or that it is still running) wins over whatever the
+/// admission answered, and a hold the admission took is given back as never started.
+async fn admit_unless_retried(
+    state: &AppState,
+    team: TeamId,
+    chat: ChatId,
+    input: &TurnInput,
+    admission: impl Future<Output = Result<admit::Budget, TurnError>>,
+) -> Result<Result<admit::Budget, Launched>, TurnError> {
+    let (retried, admitted) = tokio::join!(replay::retried(state, team, chat, input), admission);
+    let answered = match retried {
+        Ok(None) => return admitted.map(Ok),
+        Ok(Some(replayed)) => Ok(Err(replayed)),
+        Err(err) => Err(err),
+    };
+    if let Ok(mut budget) = admitted {
+        budget.unstart().await;
+    }
+    answered
 }
 
 /// Lets go of an admission carried into a start over that does not use it.

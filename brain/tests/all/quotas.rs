@@ -116,6 +116,36 @@ async fn turns_per_minute_refuses_the_next_turn_before_anything_is_written() {
     );
 }
 
+/// T12's lookup runs beside the admission: a retry that finds its agent idle is admitted
+/// before its earlier turn answers it, and that admission must leave no trace.
+#[tokio::test]
+async fn a_retried_message_id_is_answered_without_counting_as_a_turn_of_the_minute() {
+    let app = TestApp::start().await;
+    put_quotas(&app, json!({"turns_per_minute": 2})).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(text("first answer"));
+    let body = json!({"content": "hi", "message_id": "once"});
+    read_stream(app.send(&chat, &body).await).await;
+    app.settled().await;
+    for _ in 0..2 {
+        let again = app.send(&chat, &body).await;
+        assert_eq!(again.status(), 200);
+        let (chunks, done) = read_stream(again).await;
+        assert!(done);
+        assert_eq!(streamed_text(&chunks), "first answer");
+    }
+    assert_eq!(app.provider.requests().len(), 1, "the model ran once");
+    // The minute's second turn is still there to take, and only it.
+    app.provider.push(text("second answer"));
+    let second = app.send(&chat, &json!({"content": "next"})).await;
+    assert_eq!(second.status(), 200);
+    read_stream(second).await;
+    app.settled().await;
+    let refused = app.send(&chat, &json!({"content": "one too many"})).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(turn_rows(&app).await, 2);
+}
+
 #[tokio::test]
 async fn concurrent_turns_refuses_a_second_agent_while_the_first_runs() {
     let app = TestApp::start().await;
@@ -605,6 +635,7 @@ mod settle {
             Billed {
                 tokens,
                 at: Some(at),
+                unstarted: false,
             }
         }
     }
@@ -624,7 +655,11 @@ mod settle {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let next = counters.admit(TurnId::new()).await;
         // Its billing events were not written (the wrap-up could not reach Postgres).
-        let billed = |tokens| Billed { tokens, at: None };
+        let billed = |tokens| Billed {
+            tokens,
+            at: None,
+            unstarted: false,
+        };
         long.release_billed(billed(1000)).await;
         assert_eq!(
             counters.day().await,
