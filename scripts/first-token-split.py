@@ -17,10 +17,12 @@ itself (its CPU, and its threads waking). The medians are over turns, so the par
 not add up to the median total exactly.
 """
 
+import os
 import re
 import statistics
 import sys
 from collections import defaultdict
+from urllib.parse import urlsplit
 
 LINE = re.compile(
     r"^\s*(?P<ts>\d+\.\d+)\s+\(\s*(?P<dur>[\d.]+)\s+ms\):\s+(?P<comm>.*?)/(?P<tid>\d+)\s+"
@@ -32,6 +34,11 @@ RECVS = {"recvfrom", "read", "readv", "recvmsg"}
 # Parts of a turn smaller than this on average (ms) are not printed.
 SMALL = 0.02
 USERS = re.compile(r'\("[^"]*",pid=(\d+),fd=(\d+)\)')
+
+
+# Postgres and Redis are known by their ports, from the URLs the bench reads.
+PG_PORT = urlsplit(os.environ.get("BENCH_DATABASE_URL", "postgres://127.0.0.1")).port or 5432
+REDIS_PORT = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1")).port or 6379
 
 
 def port(addr):
@@ -63,9 +70,9 @@ def roles(ends, listening, brain, bench):
     named = {}
     for (pid, fd), (local, peer) in ends.items():
         if pid == brain:
-            if peer == 5432:
+            if peer == PG_PORT:
                 named[(pid, fd)] = "pg"
-            elif peer == 6379:
+            elif peer == REDIS_PORT:
                 named[(pid, fd)] = "redis"
             elif local in listening[brain]:
                 named[(pid, fd)] = "client"

@@ -262,8 +262,9 @@ async fn start(
         Trigger::Queued(queued) => queued.turn,
         _ => turn_id.unwrap_or_else(TurnId::new),
     };
-    // From admission to wrap-up; a turn refused at intake (busy, quota) ends here with no
-    // `outcome`, its HTTP answer says why.
+    // From admission to wrap-up; a turn refused at intake (busy, quota), or answered there
+    // by its message id's earlier turn (T12), ends here with no `outcome`: its HTTP answer
+    // says why.
     let span = turn_span(
         TurnSpan {
             turn: turn_id,
