@@ -350,10 +350,13 @@ const QUIET_SAMPLES: f64 = 300.0;
 /// awake). The brain is its own process, so a `perf trace -p` of it (docs/PERFORMANCE.md)
 /// sees only its own system calls.
 pub async fn quiet(rows: &mut Vec<Row>) -> Result<()> {
-    let rate = match std::env::var("BENCH_QUIET_RATE") {
+    let rate: f64 = match std::env::var("BENCH_QUIET_RATE") {
         Ok(rate) => rate.trim().parse().context("BENCH_QUIET_RATE: a number")?,
         Err(_) => QUIET_RATE,
     };
+    if !(rate.is_finite() && rate > 0.0) {
+        anyhow::bail!("BENCH_QUIET_RATE: turns per second above 0, not {rate}");
+    }
     let system = Arc::new(System::start_process(&[]).await?);
     let result = quiet_on(&system, rate, rows).await;
     if let Ok(system) = Arc::try_unwrap(system) {
