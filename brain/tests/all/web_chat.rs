@@ -362,6 +362,8 @@ async fn make_dev_prints_a_link_to_a_chat_where_the_demo_runs_a_command() {
             .env("REDIS_URL", common::manager::redis_url())
             .env("BRAIN_ADDR", addr.to_string())
             .env("BRAIN_PUBLIC_URL", &url)
+            // Not the default 127.0.0.1:9465, which a `make dev` of the developer's holds.
+            .env("BRAIN_METRICS_ADDR", "off")
             .env("SESSION_QUEUE_NAMESPACE", &namespace)
             .env("BRAIN_LOG", "warn")
             .env("RUNTIME_MANAGER_LOG", "warn")
@@ -373,6 +375,7 @@ async fn make_dev_prints_a_link_to_a_chat_where_the_demo_runs_a_command() {
             .spawn()
             .unwrap();
         let group = dev.id().unwrap();
+        let mut leftover = GroupKiller(Some(group));
         let mut lines = BufReader::new(dev.stdout.take().unwrap()).lines();
         let mut printed = String::new();
         let key = tokio::time::timeout(Duration::from_secs(60), async {
@@ -444,6 +447,23 @@ async fn make_dev_prints_a_link_to_a_chat_where_the_demo_runs_a_command() {
             .await
             .expect("make dev stops on Ctrl-C")
             .unwrap();
+        // Stopped as a user stops it: nothing left to kill, and the group's id may be reused.
+        leftover.0 = None;
+    }
+}
+
+/// Kills a process group of `make dev` that a failed assertion or timeout left running:
+/// `kill_on_drop` reaches bash alone, and the brain and runtime-manager it started would
+/// otherwise outlive the test holding their ports (a later run's brain then fails to bind).
+struct GroupKiller(Option<u32>);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        if let Some(group) = self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .status();
+        }
     }
 }
 
