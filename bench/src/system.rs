@@ -126,7 +126,7 @@ impl Database {
     }
 
     pub async fn drop(self) {
-        self.store.pool().close().await;
+        self.store.db().close().await;
         drop_database(&self.name).await;
     }
 }

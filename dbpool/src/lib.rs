@@ -27,9 +27,14 @@
 //!
 //! The price: a statement on the pool takes 4 round trips (`BEGIN`; Parse and Describe;
 //! Bind and Execute; `COMMIT`) where a cached one takes 1, and is planned every time.
-//! Reached directly, [`Db`] is the pool itself and changes nothing.
+//! Reached directly, [`Db`] is the pool itself, and with [`Db::direct_keeping`] it also
+//! keeps the connections of statements that completed out of sqlx's release and its ping
+//! ([`kept`]).
 //! `brain/tests/all/pooler.rs` keeps a default sqlx client failing beside it.
 
+mod kept;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -44,6 +49,8 @@ pub struct Db {
     /// How a transaction begins behind a pooler (see the crate's documentation); `None`
     /// reached directly.
     pooled_begin: Option<String>,
+    /// Connections kept between statements (reached directly only).
+    kept: Option<Arc<kept::Kept>>,
 }
 
 /// The connect options of a pool behind a transaction pooler: no statement cache. Startup
@@ -59,6 +66,19 @@ impl Db {
         Self {
             pool,
             pooled_begin: None,
+            kept: None,
+        }
+    }
+
+    /// A pool reached directly that keeps up to `at_most` connections between statements,
+    /// each for at most `fresh_for` idle ([`kept`]). A statement takes a kept connection
+    /// before the pool's, and so does a transaction: what is kept never starves them.
+    /// What reads the pool directly ([`Db::pool`]) has `at_most` connections fewer.
+    pub fn direct_keeping(pool: PgPool, at_most: usize, fresh_for: Duration) -> Self {
+        Self {
+            pool,
+            pooled_begin: None,
+            kept: Some(Arc::new(kept::Kept::new(at_most, fresh_for))),
         }
     }
 
@@ -73,6 +93,7 @@ impl Db {
         Self {
             pool,
             pooled_begin: Some(begin),
+            kept: None,
         }
     }
 
@@ -85,11 +106,27 @@ impl Db {
         &self.pool
     }
 
-    /// A transaction on a connection of the pool.
+    /// How many connections are kept between statements now.
+    pub fn kept_connections(&self) -> usize {
+        self.kept.as_ref().map_or(0, |kept| kept.len())
+    }
+
+    /// Gives back the kept connections, then closes the pool (which waits for every
+    /// connection out of it, so a pool closed alone would wait for the kept ones forever).
+    pub async fn close(&self) {
+        if let Some(kept) = &self.kept {
+            kept.give_back();
+        }
+        self.pool.close().await;
+    }
+
+    /// A transaction on a connection of the pool: a kept one if there is one. It goes
+    /// back through sqlx's release when the transaction ends, as every transaction's does.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        match &self.pooled_begin {
-            Some(begin) => self.pool.begin_with(AssertSqlSafe(begin.clone())).await,
-            None => self.pool.begin().await,
+        match (&self.pooled_begin, &self.kept) {
+            (Some(begin), _) => self.pool.begin_with(AssertSqlSafe(begin.clone())).await,
+            (None, Some(kept)) => Transaction::begin(kept.take(&self.pool).await?.conn, None).await,
+            (None, None) => self.pool.begin().await,
         }
     }
 }
@@ -105,6 +142,19 @@ impl<'p> Executor<'p> for &'_ Db {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if let Some(kept) = &self.kept {
+            let (kept, pool) = (kept.clone(), self.pool.clone());
+            // Read whole before the connection is kept: one the caller dropped part way
+            // would be mid-exchange. An error or a drop sends it back through sqlx.
+            return stream::once(async move {
+                let mut held = kept.take(&pool).await?;
+                let rows: Vec<_> = (&mut *held.conn).fetch_many(query).try_collect().await?;
+                kept.keep(held);
+                Ok::<_, sqlx::Error>(stream::iter(rows.into_iter().map(Ok)))
+            })
+            .try_flatten()
+            .boxed();
+        }
         if !self.is_behind_pooler() {
             return (&self.pool).fetch_many(query);
         }
@@ -129,6 +179,15 @@ impl<'p> Executor<'p> for &'_ Db {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
+        if let Some(kept) = &self.kept {
+            let (kept, pool) = (kept.clone(), self.pool.clone());
+            return Box::pin(async move {
+                let mut held = kept.take(&pool).await?;
+                let row = (&mut *held.conn).fetch_optional(query).await?;
+                kept.keep(held);
+                Ok(row)
+            });
+        }
         if !self.is_behind_pooler() {
             return (&self.pool).fetch_optional(query);
         }

@@ -266,8 +266,11 @@ impl Store {
         let pool = pool_options(max_connections)
             .connect_with(direct_options(url, statement_timeout)?)
             .await?;
+        // Half the pool at most is kept between statements: what reads the pool itself
+        // (the snapshot listener, migrations, tests) always has the other half.
+        let keep = (max_connections as usize / 2).max(1);
         Ok(Self {
-            pool: dbpool::Db::direct(pool.clone()),
+            pool: dbpool::Db::direct_keeping(pool.clone(), keep, PING_IF_IDLE_FOR),
             direct: pool,
             secrets: None,
         })
