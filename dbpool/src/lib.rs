@@ -125,6 +125,8 @@ impl Db {
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         match (&self.pooled_begin, &self.kept) {
             (Some(begin), _) => self.pool.begin_with(AssertSqlSafe(begin.clone())).await,
+            // How sqlx's own `Pool::begin` wraps a pooled connection (public, though
+            // hidden from its docs; pinned by Cargo.lock, so a change fails the build).
             (None, Some(kept)) => Transaction::begin(kept.take(&self.pool).await?.conn, None).await,
             (None, None) => self.pool.begin().await,
         }
