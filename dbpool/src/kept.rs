@@ -47,6 +47,9 @@ struct Idle {
 /// back through sqlx, whose `max_lifetime` and `idle_timeout` then apply to it again.
 const OUT_OF_THE_POOL_AT_MOST: Duration = Duration::from_secs(60);
 
+/// How often a statement waiting on the pool's acquire looks at the stack again.
+const RECHECK_WHILE_ACQUIRING: Duration = Duration::from_millis(10);
+
 impl Kept {
     pub(crate) fn new(at_most: usize, fresh_for: Duration) -> Self {
         Self {
@@ -59,11 +62,36 @@ impl Kept {
     /// The most recently kept connection if it is fresh, else one from the pool. When the
     /// top is stale, so is everything under it (it was kept last): all go back.
     pub(crate) async fn take(&self, pool: &PgPool) -> Result<Held, sqlx::Error> {
+        if let Some(held) = self.pop_fresh() {
+            return Ok(held);
+        }
+        let acquire = pool.acquire();
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                // The pool's own acquire, under its `acquire_timeout` (pinned, not
+                // restarted, so that bound holds).
+                conn = &mut acquire => {
+                    return Ok(Held { conn: conn?, taken_at: Instant::now() });
+                }
+                // A statement may have kept its connection between this call's look at
+                // the stack and the pool running dry: it is taken rather than waited past.
+                () = tokio::time::sleep(RECHECK_WHILE_ACQUIRING) => {
+                    if let Some(held) = self.pop_fresh() {
+                        return Ok(held);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The top of the stack if it is fresh; a stale top goes back with all under it.
+    fn pop_fresh(&self) -> Option<Held> {
         let stale = {
             let mut stack = self.lock();
             match stack.pop() {
                 Some(top) if top.idle_since.elapsed() < self.fresh_for => {
-                    return Ok(Held {
+                    return Some(Held {
                         conn: top.conn,
                         taken_at: top.taken_at,
                     });
@@ -73,22 +101,23 @@ impl Kept {
                     all.push(top);
                     all
                 }
-                None => Vec::new(),
+                None => return None,
             }
         };
         // Dropped outside the lock: each drop spawns sqlx's release of it.
         drop(stale);
-        Ok(Held {
-            conn: pool.acquire().await?,
-            taken_at: Instant::now(),
-        })
+        None
     }
 
-    /// Keeps a connection whose statement returned its whole answer. The oldest kept one
-    /// goes back to the pool if it has gone stale, so a replica past a burst does not hold
-    /// the burst's connections while it keeps serving a trickle from the top.
-    pub(crate) fn keep(&self, held: Held) {
-        if held.taken_at.elapsed() >= OUT_OF_THE_POOL_AT_MOST {
+    /// Keeps a connection whose statement returned its whole answer, unless the pool has
+    /// none left to lend: a caller may be waiting in its acquire (what reads the pool
+    /// directly, or a statement that found nothing kept a moment ago), and only a
+    /// connection released to the pool reaches it. The oldest kept one goes back to the
+    /// pool if it has gone stale, so a replica past a burst does not hold the burst's
+    /// connections while it keeps serving a trickle from the top.
+    pub(crate) fn keep(&self, held: Held, pool: &PgPool) {
+        let exhausted = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
+        if exhausted || held.taken_at.elapsed() >= OUT_OF_THE_POOL_AT_MOST {
             return;
         }
         let back = {

@@ -151,7 +151,7 @@ impl<'p> Executor<'p> for &'_ Db {
             return stream::once(async move {
                 let mut held = kept.take(&pool).await?;
                 let rows: Vec<_> = (&mut *held.conn).fetch_many(query).try_collect().await?;
-                kept.keep(held);
+                kept.keep(held, &pool);
                 Ok::<_, sqlx::Error>(stream::iter(rows.into_iter().map(Ok)))
             })
             .try_flatten()
@@ -186,7 +186,7 @@ impl<'p> Executor<'p> for &'_ Db {
             return Box::pin(async move {
                 let mut held = kept.take(&pool).await?;
                 let row = (&mut *held.conn).fetch_optional(query).await?;
-                kept.keep(held);
+                kept.keep(held, &pool);
                 Ok(row)
             });
         }

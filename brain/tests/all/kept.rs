@@ -31,6 +31,15 @@ async fn counting_pool(max: u32) -> (PgPool, Arc<AtomicUsize>) {
         .connect(&admin_url())
         .await
         .unwrap();
+    // Every connection open and idle first, so that statements run at once each find one
+    // at once, and their count says how many were kept.
+    let all: Vec<_> = join_all((0..max).map(|_| pool.acquire())).await;
+    drop(all);
+    eventually(Duration::from_secs(5), "the pool filled", || async {
+        pool.num_idle() == max as usize
+    })
+    .await;
+    released.store(0, Ordering::SeqCst);
     (pool, released)
 }
 
@@ -86,7 +95,7 @@ async fn a_statement_that_completed_keeps_its_connection_and_skips_the_release_p
 
 #[tokio::test]
 async fn a_failed_or_dropped_statement_goes_back_through_the_ping_and_the_next_is_whole() {
-    let (pool, released) = counting_pool(1).await;
+    let (pool, released) = counting_pool(3).await;
     let db = Db::direct_keeping(pool, 1, Duration::from_secs(10));
     statements(&db, 1).await;
     assert_eq!(db.kept_connections(), 1);
@@ -116,17 +125,23 @@ async fn a_failed_or_dropped_statement_goes_back_through_the_ping_and_the_next_i
         .await
         .unwrap();
     assert_eq!(answer, "next", "not the dropped statement's answer");
-    assert_eq!(released.load(Ordering::SeqCst), 2);
+    eventually(
+        Duration::from_secs(5),
+        "the dropped statement's release",
+        || async { released.load(Ordering::SeqCst) == 2 },
+    )
+    .await;
     db.close().await;
 }
 
 #[tokio::test]
-async fn kept_connections_never_starve_a_transaction() {
-    let (pool, released) = counting_pool(2).await;
-    let db = Db::direct_keeping(pool, 2, Duration::from_secs(10));
-    // Two at once: both of the pool's connections end up kept.
+async fn kept_connections_never_starve_a_transaction_or_a_caller_waiting_on_the_pool() {
+    let (pool, released) = counting_pool(4).await;
+    let db = Db::direct_keeping(pool.clone(), 4, Duration::from_secs(10));
+    // Two at once with connections to spare: both end up kept. Then the spares are taken.
     join_all((0..2).map(|_| sqlx::query("SELECT pg_sleep(0.05)").execute(&db))).await;
     assert_eq!(db.kept_connections(), 2);
+    let spare = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
 
     // The pool itself has nothing to lend within its 2 s; the transaction takes a kept one.
     let mut tx = db
@@ -147,12 +162,27 @@ async fn kept_connections_never_starve_a_transaction() {
         || async { released.load(Ordering::SeqCst) == 1 },
     )
     .await;
+
+    // Every connection out (one kept, one running a statement, the spares): a caller
+    // waiting on the pool itself gets the statement's when it completes, not a timeout.
+    let kept_one = db.begin().await.unwrap();
+    let running = tokio::spawn({
+        let db = db.clone();
+        async move { sqlx::query("SELECT pg_sleep(0.2)").execute(&db).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiting = tokio::time::timeout(Duration::from_secs(1), pool.acquire())
+        .await
+        .expect("the completed statement's connection, released to the pool")
+        .unwrap();
+    running.await.unwrap().unwrap();
+    drop((waiting, spare, kept_one));
     db.close().await;
 }
 
 #[tokio::test]
 async fn a_stale_connection_goes_back_to_the_pool_and_close_does_not_wait_for_kept_ones() {
-    let (pool, released) = counting_pool(4).await;
+    let (pool, released) = counting_pool(5).await;
     let db = Db::direct_keeping(pool.clone(), 4, Duration::from_millis(200));
     join_all((0..3).map(|_| sqlx::query("SELECT pg_sleep(0.05)").execute(&db))).await;
     assert_eq!(db.kept_connections(), 3);
