@@ -76,6 +76,8 @@ impl Kept {
                 }
                 // A statement may have kept its connection between this call's look at
                 // the stack and the pool running dry: it is taken rather than waited past.
+                // The acquire dropped then may close a connection it had in hand (sqlx's
+                // note on `Pool::acquire`): a reconnect, the price of that rare race.
                 () = tokio::time::sleep(RECHECK_WHILE_ACQUIRING) => {
                     if let Some(held) = self.pop_fresh() {
                         return Ok(held);
