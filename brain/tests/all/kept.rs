@@ -168,10 +168,13 @@ async fn kept_connections_never_starve_a_transaction_or_a_caller_waiting_on_the_
     let kept_one = db.begin().await.unwrap();
     let running = tokio::spawn({
         let db = db.clone();
-        async move { sqlx::query("SELECT pg_sleep(0.2)").execute(&db).await }
+        async move { sqlx::query("SELECT pg_sleep(1)").execute(&db).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let waiting = tokio::time::timeout(Duration::from_secs(1), pool.acquire())
+    // Once the statement has the last idle connection, the pool has nothing left to lend.
+    while pool.num_idle() > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiting = tokio::time::timeout(Duration::from_secs(3), pool.acquire())
         .await
         .expect("the completed statement's connection, released to the pool")
         .unwrap();
@@ -183,13 +186,13 @@ async fn kept_connections_never_starve_a_transaction_or_a_caller_waiting_on_the_
 #[tokio::test]
 async fn a_stale_connection_goes_back_to_the_pool_and_close_does_not_wait_for_kept_ones() {
     let (pool, released) = counting_pool(5).await;
-    let db = Db::direct_keeping(pool.clone(), 4, Duration::from_millis(200));
+    let db = Db::direct_keeping(pool.clone(), 4, Duration::from_secs(1));
     join_all((0..3).map(|_| sqlx::query("SELECT pg_sleep(0.05)").execute(&db))).await;
     assert_eq!(db.kept_connections(), 3);
 
     // Past `fresh_for` the top one is stale, and so are those kept before it: all go back
     // through the release's ping rather than one being lent unchecked.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     statements(&db, 1).await;
     eventually(
         Duration::from_secs(5),
