@@ -95,6 +95,10 @@ pub enum ApiError {
     /// A team quota refuses the request before anything is spent (T2, E2).
     #[error("{}", .0.message())]
     Quota(Refusal),
+    /// The caller's request rate limit (its key's, its user's or its address's) is
+    /// reached (issue 50).
+    #[error("too many requests from these credentials or this address; retry after Retry-After")]
+    RateLimited(crate::ratelimit::Refusal),
     /// The turn runs on another replica and Redis did not take the stop there (T8).
     #[error(
         "the turn runs on another replica and the stop could not be handed to it \
@@ -114,6 +118,12 @@ pub enum ApiError {
         step: &'static str,
         class: &'static str,
     },
+    /// The team's pending A2A push notifications are at their bound (the number given).
+    #[error(
+        "the team has {0} push notifications pending, as many as allowed; retry once \
+         receivers have taken some"
+    )]
+    PushBacklogFull(i64),
 }
 
 impl From<StoreError> for ApiError {
@@ -238,9 +248,11 @@ impl ApiError {
             Self::TooManySessions(_) => ErrorCode::TooManySessions,
             Self::OriginRefused => ErrorCode::Forbidden,
             Self::Quota(refusal) => refusal.code(),
+            Self::RateLimited(_) => ErrorCode::RateLimited,
             Self::NotConfigured(_) => ErrorCode::NotConfigured,
             Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
             Self::AuthorizationFailed { .. } => ErrorCode::AuthorizationFailed,
+            Self::PushBacklogFull(_) => ErrorCode::PushBacklogFull,
         }
     }
 
@@ -261,7 +273,8 @@ impl ApiError {
             | ErrorCode::QuotaExceeded
             | ErrorCode::TooManyObservers
             | ErrorCode::TooManySessions
-            | ErrorCode::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::QueueFull
+            | ErrorCode::PushBacklogFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable
@@ -272,10 +285,11 @@ impl ApiError {
             | ErrorCode::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::ProviderRejected | ErrorCode::AuthorizationFailed => StatusCode::BAD_GATEWAY,
             ErrorCode::NotConfigured => StatusCode::NOT_IMPLEMENTED,
-            // A turn's end state, never a request's answer.
-            ErrorCode::Internal | ErrorCode::ReplicaLost | ErrorCode::TakeoverLimit => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            // A turn's or a fire's end state, never a request's answer.
+            ErrorCode::Internal
+            | ErrorCode::ReplicaLost
+            | ErrorCode::TakeoverLimit
+            | ErrorCode::SetterRevoked => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -306,9 +320,13 @@ impl ApiError {
             Self::TooManySessions(_) => Some(std::time::Duration::from_secs(5)),
             // A place frees when the agent's running turn ends, which nothing here foresees.
             Self::QueueFull => Some(std::time::Duration::from_secs(10)),
+            // Receivers drain it at their own pace; a first retry of a failed delivery
+            // comes after `BRAIN_WEBHOOKS_RETRY_BASE_MS`.
+            Self::PushBacklogFull(_) => Some(std::time::Duration::from_secs(30)),
             Self::Overloaded(refused) => Some(refused.retry_after),
             Self::UploadsBusy(after) => Some(*after),
             Self::Quota(refusal) => Some(refusal.retry_after),
+            Self::RateLimited(refusal) => Some(refusal.retry_after),
             // The keys are fetched again at most this often.
             Self::AuthUnavailable => Some(std::time::Duration::from_secs(5)),
             _ => None,
@@ -363,8 +381,10 @@ impl IntoResponse for ApiError {
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
-        if let Self::Quota(refusal) = &self {
-            refusal.headers.apply(response.headers_mut());
+        match &self {
+            Self::Quota(refusal) => refusal.headers.apply(response.headers_mut()),
+            Self::RateLimited(refusal) => refusal.headers.apply(response.headers_mut()),
+            _ => {}
         }
         response
     }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::auth::{Authority, Scope};
+use crate::auth::Authority;
 use crate::store::BRAIN_REPLICA;
 use crate::turn::{self, Trigger};
 
@@ -185,15 +185,8 @@ async fn restart_stranded(state: &AppState, bound: Duration) {
     for found in stranded {
         let owned = state.clone();
         let task = async move {
-            // Who answered: a continuation that changes the agent needs an admin's answer.
-            let authority = Authority {
-                scope: if found.answered_admin {
-                    Scope::Admin
-                } else {
-                    Scope::Chat
-                },
-                actor: found.answered_by.unwrap_or_else(|| "unknown".to_owned()),
-            };
+            // X1: the turn it continues is whose it is, never who answered.
+            let authority = Authority::of_turn(found.asking.actor, found.asking.admin);
             let started = turn::launch(
                 &owned,
                 found.team,

@@ -17,6 +17,8 @@
 use std::time::Duration;
 
 use chrono::Utc;
+use protocol::ErrorCode;
+use uuid::Uuid;
 
 use crate::AppState;
 use crate::auth::{Authority, Scope};
@@ -134,32 +136,40 @@ fn autostart_authority(set_by: Option<String>) -> Authority {
     }
 }
 
+/// X1: whether who set the cadence still stands. A key's must be live (a revoked key's
+/// cadence stops acting for it); a user's token cannot be asked again, so a user's
+/// cadence stands while the team does (the turn's own check, `turn/standing.rs`).
+async fn setter_stands(state: &AppState, due: &DueAutostart) -> Result<bool, &'static str> {
+    let Some(key) = due
+        .set_by
+        .as_deref()
+        .and_then(|actor| actor.strip_prefix("key:"))
+        .and_then(|id| id.parse::<Uuid>().ok())
+    else {
+        return Ok(true);
+    };
+    let live = bounded(STORE_BOUND, state.store.live_key_hash(due.team, key)).await?;
+    Ok(live.is_some())
+}
+
 /// Starts the claimed tick's turn and records what it became.
 async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
-    let input = TurnInput {
-        content: due.prompt,
-        client_message_id: None,
-    };
-    let authority = autostart_authority(due.set_by.clone());
-    let started = turn::launch(
-        &state,
-        due.team,
-        claimed.chat,
-        Trigger::Autostart(input),
-        authority,
-        true,
-        None,
-    )
-    .await
-    .and_then(|launched| {
-        launched.turn.ok_or(TurnError::Internal(
-            "an autostart fire started no turn".into(),
-        ))
-    });
-    let outcome = match started {
-        Ok(turn) => FireOutcome::Fired(turn),
-        Err(TurnError::Busy(_)) => FireOutcome::SkippedBusy,
-        Err(err) => FireOutcome::Failed(err.code()),
+    let outcome = match setter_stands(&state, &due).await {
+        Ok(true) => launch(&state, &due, claimed).await,
+        Ok(false) => {
+            // Paused until an admin sets the cadence again; the failed fire is the
+            // team's `autostart.failed` webhook.
+            let code = ErrorCode::SetterRevoked;
+            if let Err(class) = bounded(STORE_BOUND, state.store.pause_autostart(&due, code)).await
+            {
+                tracing::warn!(agent = %due.agent, class, "could not pause an autostart");
+            }
+            FireOutcome::Failed(code)
+        }
+        Err(class) => {
+            tracing::warn!(agent = %due.agent, class, "could not check an autostart's setter");
+            FireOutcome::Failed(ErrorCode::StoreUnavailable)
+        }
     };
     tracing::info!(
         team = %due.team,
@@ -170,5 +180,34 @@ async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
     );
     if let Err(class) = bounded(STORE_BOUND, state.store.record_fire(claimed.task, outcome)).await {
         tracing::warn!(agent = %due.agent, class, "could not record an autostart tick");
+    }
+}
+
+/// The claimed tick's turn, in the agent's own autostart chat.
+async fn launch(state: &AppState, due: &DueAutostart, claimed: Claimed) -> FireOutcome {
+    let input = TurnInput {
+        content: due.prompt.clone(),
+        client_message_id: None,
+    };
+    let authority = autostart_authority(due.set_by.clone());
+    let started = turn::launch(
+        state,
+        due.team,
+        claimed.chat,
+        Trigger::Autostart(input, due.agent),
+        authority,
+        true,
+        None,
+    )
+    .await
+    .and_then(|launched| {
+        launched.turn.ok_or(TurnError::Internal(
+            "an autostart fire started no turn".into(),
+        ))
+    });
+    match started {
+        Ok(turn) => FireOutcome::Fired(turn),
+        Err(TurnError::Busy(_)) => FireOutcome::SkippedBusy,
+        Err(err) => FireOutcome::Failed(err.code()),
     }
 }

@@ -84,6 +84,9 @@ pub enum ErrorCode {
     /// The operation needs something this server's operator has not configured (such as
     /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
     NotConfigured,
+    /// An autostart fire found who set the cadence no longer standing (the key revoked):
+    /// the cadence is paused until an admin sets it again (X1).
+    SetterRevoked,
     /// The connector's MCP server answered without asking for authorization: there is
     /// nothing to authorize.
     AuthorizationNotRequired,
@@ -91,6 +94,10 @@ pub enum ErrorCode {
     /// the flow (discovery, registration, the token exchange); the message names the step
     /// and an error class.
     AuthorizationFailed,
+    /// The team has as many A2A push notifications pending (waiting for delivery, or
+    /// promised to tasks that have not ended) as allowed, so no further push config is
+    /// kept; retry after `Retry-After`, once receivers have taken some.
+    PushBacklogFull,
 }
 
 impl ErrorCode {
@@ -126,8 +133,10 @@ impl ErrorCode {
             Self::TooManyObservers => "too_many_observers",
             Self::TooManySessions => "too_many_sessions",
             Self::NotConfigured => "not_configured",
+            Self::SetterRevoked => "setter_revoked",
             Self::AuthorizationNotRequired => "authorization_not_required",
             Self::AuthorizationFailed => "authorization_failed",
+            Self::PushBacklogFull => "push_backlog_full",
         }
     }
 
@@ -216,8 +225,10 @@ mod tests {
             ErrorCode::TooManyObservers,
             ErrorCode::TooManySessions,
             ErrorCode::NotConfigured,
+            ErrorCode::SetterRevoked,
             ErrorCode::AuthorizationNotRequired,
             ErrorCode::AuthorizationFailed,
+            ErrorCode::PushBacklogFull,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

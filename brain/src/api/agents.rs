@@ -237,6 +237,9 @@ pub struct Schedule {
     /// The IANA time zone the cron is read in.
     timezone: String,
     next_fire_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why the cadence does not fire until an admin sets it again: `setter_revoked` (who
+    /// set it lost their standing, X1). `null` while it fires.
+    paused: Option<String>,
     /// The latest fires, newest first.
     fires: Vec<Fire>,
 }
@@ -307,6 +310,7 @@ pub async fn schedule(
         cron: view.cron,
         timezone: view.timezone.unwrap_or_else(|| "UTC".into()),
         next_fire_at: view.next_fire_at,
+        paused: view.paused,
         fires: view.fires.into_iter().map(Fire::from).collect(),
     }))
 }

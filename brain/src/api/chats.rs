@@ -22,7 +22,7 @@ use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::agents::BusyPolicy;
 use crate::approvals::validate_reason;
-use crate::auth::Principal;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::store::Answer;
 use crate::store::{
@@ -100,11 +100,14 @@ pub async fn list(
     let limit = params.limit()?;
     let before = params.after::<KeysetKey>(CHATS_CURSOR)?.map(|k| k.0);
     let only = principal.only_chats_of();
-    match bounded(
-        state
-            .store
-            .chats(principal.team, agent, only, before, limit + 1),
-    )
+    match bounded(state.store.chats(
+        principal.team,
+        agent,
+        only,
+        principal.scope == Scope::Admin,
+        before,
+        limit + 1,
+    ))
     .await
     {
         Ok(rows) => {

@@ -95,6 +95,15 @@ pub struct Authority {
 }
 
 impl Authority {
+    /// A turn's authority as its row keeps it (`turns.actor`, `actor_admin`): a row from
+    /// before the actor was recorded acts as nobody in particular, with a chat's scope.
+    pub fn of_turn(actor: Option<String>, admin: bool) -> Self {
+        Self {
+            scope: if admin { Scope::Admin } else { Scope::Chat },
+            actor: actor.unwrap_or_else(|| "unknown".to_owned()),
+        }
+    }
+
     /// The end user (a JWT's subject) behind the turn, whose own budgets it counts against
     /// (L4); `None` for an API key's turn, which counts at the team's level only.
     pub fn user(&self) -> Option<&str> {
@@ -198,16 +207,26 @@ impl Principal {
         }
     }
 
-    /// Refuses a chat this principal may not see as `NotFound`. Costs a query only for a
-    /// principal restricted to its user's chats; the caller still reads the chat under
-    /// the team, so an unknown or another team's id stays `NotFound` there.
+    /// Refuses a chat this principal may not see as `NotFound`: another user's, for a
+    /// principal restricted to its user's chats, and an agent's autostart chat for any but
+    /// an admin (X1: its turns act with an admin's authority, so what others wrote there
+    /// would steer them). Costs no query for an admin who sees the team's chats; the
+    /// caller still reads the chat under the team, so an unknown or another team's id
+    /// stays `NotFound` there.
     pub async fn check_chat(&self, store: &Store, chat: ChatId) -> Result<(), AuthError> {
-        let Some(user) = self.only_chats_of() else {
+        let admin = self.scope == Scope::Admin;
+        if admin && self.only_chats_of().is_none() {
             return Ok(());
-        };
-        match bounded(store.chat_created_by(self.team, chat)).await {
-            Ok(Some(owner)) if owner == user => Ok(()),
-            Ok(_) | Err(AuthError::Store(StoreError::NotFound)) => Err(AuthError::NotFound("chat")),
+        }
+        match bounded(store.chat_owner(self.team, chat)).await {
+            Ok(owner) if owner.autostart && !admin => Err(AuthError::NotFound("chat")),
+            Ok(owner) => match self.only_chats_of() {
+                Some(user) if owner.created_by.as_deref() != Some(user) => {
+                    Err(AuthError::NotFound("chat"))
+                }
+                _ => Ok(()),
+            },
+            Err(AuthError::Store(StoreError::NotFound)) => Err(AuthError::NotFound("chat")),
             Err(e) => Err(e),
         }
     }

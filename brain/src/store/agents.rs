@@ -319,6 +319,7 @@ impl Store {
              autostart_timezone = CASE WHEN $7 THEN $10 ELSE autostart_timezone END, \
              autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
+             autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );

@@ -63,11 +63,14 @@ pub struct ApprovalRow {
     pub message: Option<MessageId>,
     #[serde(skip)]
     pub part_index: Option<i32>,
+    /// Answered by an admin: an approved call that changes the agent runs only then (X1).
+    #[serde(skip)]
+    pub answered_admin: bool,
     pub created_at: DateTime<Utc>,
 }
 
 const COLUMNS: &str = "id, kind, tool_call_id, tool, input, elicitation, content, state, reason, \
-    expires_at, chat_id, agent_id, turn_id, message_id, part_index, created_at";
+    expires_at, chat_id, agent_id, turn_id, message_id, part_index, answered_admin, created_at";
 
 fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
     let state: String = row.try_get("state")?;
@@ -91,6 +94,7 @@ fn from_row(row: &sqlx::postgres::PgRow) -> Result<ApprovalRow, StoreError> {
         turn: TurnId(row.try_get("turn_id")?),
         message: row.try_get::<Option<Uuid>, _>("message_id")?.map(MessageId),
         part_index: row.try_get("part_index")?,
+        answered_admin: row.try_get("answered_admin")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -161,8 +165,16 @@ pub struct Stranded {
     pub chat: ChatId,
     /// The turn id its answer named.
     pub continuation: TurnId,
-    pub answered_by: Option<String>,
-    pub answered_admin: bool,
+    /// The authority of the turn it continues (X1): never the answerer's.
+    pub asking: Asking,
+}
+
+/// Whose authority a turn that asked for approvals had (`turns.actor`, `actor_admin`),
+/// which its continuation acts with (X1).
+#[derive(Clone, Debug)]
+pub struct Asking {
+    pub actor: Option<String>,
+    pub admin: bool,
 }
 
 /// What answering did.
@@ -335,6 +347,7 @@ impl Store {
             .await?;
             row.state = state;
             row.reason = answer.reason.clone();
+            row.answered_admin = by.admin;
             answered.push(row.clone());
         }
         let resume = if turn_rows
@@ -358,6 +371,26 @@ impl Store {
         Ok(Answered::Done { answered, resume })
     }
 
+    /// The authority of the turn that asked for the approval `id` of `chat`.
+    pub async fn asking_authority(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        id: Uuid,
+    ) -> Result<Asking, StoreError> {
+        let row: Option<(Option<String>, bool)> = sqlx::query_as(
+            "SELECT t.actor, t.actor_admin FROM approvals a JOIN turns t ON t.id = a.turn_id \
+             WHERE a.team_id = $1 AND a.chat_id = $2 AND a.id = $3",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let (actor, admin) = row.ok_or(StoreError::NotFound)?;
+        Ok(Asking { actor, admin })
+    }
+
     /// Continuations answered at least `after` ago (and within a day) whose turn row was
     /// never written: their replica died, or a store call failed, between the answer and
     /// the turn. At most `limit`, oldest first.
@@ -368,8 +401,8 @@ impl Store {
     ) -> Result<Vec<Stranded>, StoreError> {
         let rows: Vec<(Uuid, Uuid, Uuid, Option<String>, bool)> = sqlx::query_as(
             "SELECT DISTINCT ON (a.continuation_turn) a.team_id, a.chat_id, a.continuation_turn, \
-                    a.answered_by, a.answered_admin \
-             FROM approvals a \
+                    t.actor, t.actor_admin \
+             FROM approvals a JOIN turns t ON t.id = a.turn_id \
              WHERE a.continuation_turn IS NOT NULL \
                AND a.answered_at < now() - make_interval(secs => $1) \
                AND a.answered_at > now() - interval '1 day' \
@@ -382,12 +415,11 @@ impl Store {
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(team, chat, turn, by, admin)| Stranded {
+            .map(|(team, chat, turn, actor, admin)| Stranded {
                 team: TeamId(team),
                 chat: ChatId(chat),
                 continuation: TurnId(turn),
-                answered_by: by,
-                answered_admin: admin,
+                asking: Asking { actor, admin },
             })
             .collect())
     }

@@ -9,6 +9,15 @@ use sqlx::types::Json;
 use super::agents::agent_from_row;
 use super::{AgentRow, Store, StoreError};
 
+/// Who may see a chat ([`Store::chat_owner`]).
+#[derive(Clone, Debug)]
+pub struct ChatOwner {
+    /// The user who opened it (a JWT's subject); `None` for a key's or the agent's own.
+    pub created_by: Option<String>,
+    /// The agent's autostart chat.
+    pub autostart: bool,
+}
+
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct ChatRow {
     pub id: ChatId,
@@ -18,10 +27,13 @@ pub struct ChatRow {
     pub summary_through: i64,
     /// The JWT user who opened the chat; `None` when an API key did.
     pub created_by: Option<String>,
+    /// The agent's autostart chat: only admins read or write it (X1).
+    pub autostart: bool,
     pub created_at: DateTime<Utc>,
 }
 
-const CHAT_COLUMNS: &str = "id, agent_id, summary, summary_through, created_by, created_at";
+const CHAT_COLUMNS: &str =
+    "id, agent_id, summary, summary_through, created_by, autostart, created_at";
 
 fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
     Ok(ChatRow {
@@ -30,6 +42,7 @@ fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
         summary: row.try_get("summary")?,
         summary_through: row.try_get("summary_through")?,
         created_by: row.try_get("created_by")?,
+        autostart: row.try_get("autostart")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -186,6 +199,7 @@ impl Store {
         team: TeamId,
         agent: AgentId,
         created_by: Option<&str>,
+        with_autostart: bool,
         before: Option<super::Keyset>,
         limit: i64,
     ) -> Result<Vec<ChatRow>, StoreError> {
@@ -193,6 +207,7 @@ impl Store {
         let sql = format!(
             "SELECT {CHAT_COLUMNS} FROM chats \
              WHERE team_id = $1 AND agent_id = $2 AND ($3::text IS NULL OR created_by = $3) \
+               AND ($7 OR NOT autostart) \
                AND {} ORDER BY created_at DESC, id DESC LIMIT $4",
             super::keyset_after("<", "$5", "$6")
         );
@@ -203,6 +218,7 @@ impl Store {
             .bind(limit)
             .bind(before.map(|k| k.at))
             .bind(before.map(|k| k.id))
+            .bind(with_autostart)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -217,7 +233,8 @@ impl Store {
         chat: ChatId,
     ) -> Result<TurnBasis, StoreError> {
         let row = sqlx::query(
-            "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.created_at AS chat_created_at, \
+            "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.autostart, \
+                    c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
@@ -242,6 +259,7 @@ impl Store {
             summary: row.try_get("summary")?,
             summary_through: row.try_get("summary_through")?,
             created_by: row.try_get("created_by")?,
+            autostart: row.try_get("autostart")?,
             created_at: row.try_get("chat_created_at")?,
         };
         Ok(TurnBasis {
@@ -326,6 +344,23 @@ impl Store {
 impl Store {
     /// The user who opened the team's chat (`None`: an API key did); `NotFound` for an
     /// unknown or another team's chat.
+    /// Who may see a chat: its opener, and whether it is an agent's autostart chat,
+    /// which only admins see (X1).
+    pub async fn chat_owner(&self, team: TeamId, chat: ChatId) -> Result<ChatOwner, StoreError> {
+        let row: Option<(Option<String>, bool)> = sqlx::query_as(
+            "SELECT created_by, autostart FROM chats WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        let (created_by, autostart) = row.ok_or(StoreError::NotFound)?;
+        Ok(ChatOwner {
+            created_by,
+            autostart,
+        })
+    }
+
     pub async fn chat_created_by(
         &self,
         team: TeamId,

@@ -73,6 +73,8 @@ pub struct ScheduleView {
     pub cron: Option<String>,
     pub timezone: Option<String>,
     pub next_fire_at: Option<DateTime<Utc>>,
+    /// Why the cadence does not fire until an admin sets it again (`setter_revoked`).
+    pub paused: Option<String>,
     pub fires: Vec<FireRow>,
 }
 
@@ -115,7 +117,7 @@ impl Store {
         let updated = sqlx::query(
             "UPDATE agents SET autostart_cron = $3, autostart_prompt = $4, \
              autostart_timezone = $5, autostart_next_fire_at = $6, autostart_set_by = $7, \
-             updated_at = now() \
+             autostart_paused = NULL, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL",
         )
         .bind(team.0)
@@ -183,6 +185,7 @@ impl Store {
             "SELECT {DUE_COLUMNS} FROM agents \
              WHERE autostart_next_fire_at <= now() AND archived_at IS NULL \
                AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL \
+               AND autostart_paused IS NULL \
                AND NOT EXISTS (SELECT 1 FROM teams t \
                                WHERE t.id = agents.team_id AND t.disabled_at IS NOT NULL) \
              ORDER BY autostart_next_fire_at LIMIT $1"
@@ -202,7 +205,8 @@ impl Store {
         let sql = format!(
             "SELECT {DUE_COLUMNS} FROM agents \
              WHERE autostart_next_fire_at IS NULL AND archived_at IS NULL \
-               AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL"
+               AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL \
+               AND autostart_paused IS NULL"
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .fetch_all(&self.pool)
@@ -249,11 +253,17 @@ impl Store {
     ) -> Result<Option<Claimed>, StoreError> {
         let new_chat = ChatId::new();
         // The chat row and the agent's pointer to it are written by one statement, so an
-        // agent never names a chat that does not exist.
+        // agent never names a chat that does not exist. X1: the pointer is kept only while
+        // it names this agent's own autostart chat; an erased one (or an id re-created
+        // since under another agent, or as a chat others write) is replaced by a new chat.
         let row = sqlx::query(
             "WITH moved AS ( \
                  UPDATE agents SET autostart_next_fire_at = $4, \
-                        autostart_chat_id = COALESCE(autostart_chat_id, $7) \
+                        autostart_chat_id = CASE WHEN EXISTS ( \
+                            SELECT 1 FROM chats c WHERE c.id = agents.autostart_chat_id \
+                              AND c.team_id = agents.team_id AND c.agent_id = agents.id \
+                              AND c.autostart) \
+                          THEN autostart_chat_id ELSE $7 END \
                  WHERE team_id = $1 AND id = $2 AND autostart_cron = $3 \
                    AND autostart_next_fire_at = $5 AND archived_at IS NULL \
                    AND autostart_timezone IS NOT DISTINCT FROM $9 \
@@ -261,8 +271,8 @@ impl Store {
                                    WHERE t.id = $1 AND t.disabled_at IS NOT NULL) \
                  RETURNING team_id, id, autostart_chat_id), \
              created AS ( \
-                 INSERT INTO chats (id, team_id, agent_id, title) \
-                 SELECT autostart_chat_id, team_id, id, 'autostart' FROM moved \
+                 INSERT INTO chats (id, team_id, agent_id, title, autostart) \
+                 SELECT autostart_chat_id, team_id, id, 'autostart', true FROM moved \
                  WHERE autostart_chat_id = $7) \
              INSERT INTO scheduled_tasks (id, team_id, agent_id, kind, due_at, state, chat_id) \
              SELECT $6, team_id, id, 'autostart', $8, 'running', autostart_chat_id FROM moved \
@@ -287,6 +297,28 @@ impl Store {
             })
         })
         .transpose()
+    }
+
+    /// Pauses the agent's cadence for `reason` (X1: `setter_revoked`) until an admin sets
+    /// it again, unless it was set again since `due` was read.
+    pub async fn pause_autostart(
+        &self,
+        due: &DueAutostart,
+        reason: ErrorCode,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE agents SET autostart_paused = $3, autostart_next_fire_at = NULL \
+             WHERE team_id = $1 AND id = $2 AND autostart_set_by IS NOT DISTINCT FROM $4 \
+               AND autostart_cron = $5",
+        )
+        .bind(due.team.0)
+        .bind(due.agent.0)
+        .bind(reason.as_str())
+        .bind(due.set_by.as_deref())
+        .bind(&due.cron)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// Records what the claimed tick `task` became. A failed tick is also the team's
@@ -336,8 +368,14 @@ impl Store {
         agent: AgentId,
         limit: i64,
     ) -> Result<ScheduleView, StoreError> {
-        let head: (Option<String>, Option<String>, Option<DateTime<Utc>>) = sqlx::query_as(
-            "SELECT autostart_cron, autostart_timezone, autostart_next_fire_at \
+        type Head = (
+            Option<String>,
+            Option<String>,
+            Option<DateTime<Utc>>,
+            Option<String>,
+        );
+        let head: Head = sqlx::query_as(
+            "SELECT autostart_cron, autostart_timezone, autostart_next_fire_at, autostart_paused \
              FROM agents WHERE team_id = $1 AND id = $2",
         )
         .bind(team.0)
@@ -372,6 +410,7 @@ impl Store {
             cron: head.0,
             timezone: head.1,
             next_fire_at: head.2,
+            paused: head.3,
             fires,
         })
     }

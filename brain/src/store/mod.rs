@@ -43,12 +43,14 @@ use sqlx::{ConnectOptions, PgPool, SqlStr};
 pub use a2a::{PushConfig, TaskFilter};
 pub use agents::{AgentRow, AgentUpdate, BusyPolicy, DisconnectPolicy, NewAgent};
 pub use approvals::{
-    Answer, Answered, Answerer, ApprovalRow, Close, NewApproval, NewElicitation, Stranded,
+    Answer, Answered, Answerer, ApprovalRow, Asking, Close, NewApproval, NewElicitation, Stranded,
     requested_part,
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
-pub use chats::{BasisCheck, BasisVersions, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis};
+pub use chats::{
+    BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,
+};
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
@@ -580,6 +582,16 @@ fn migrator() -> Migrator {
             39,
             "history versions",
             include_str!("../../../migrations/0039_history_versions.sql"),
+        ),
+        (
+            40,
+            "the agent's own autostart chat, paused cadences",
+            include_str!("../../../migrations/0040_agents_own_autostart.sql"),
+        ),
+        (
+            41,
+            "fair webhook deliveries",
+            include_str!("../../../migrations/0041_fair_deliveries.sql"),
         ),
     ]
     .into_iter()

@@ -328,6 +328,7 @@ mod tests {
                 summary: String::new(),
                 summary_through: 0,
                 created_by: None,
+                autostart: false,
                 created_at: chrono::Utc::now(),
             },
             agent,

@@ -63,9 +63,9 @@ pub(super) async fn resolve(
             queued: false,
         })
     };
-    let autostart = matches!(trigger, Trigger::Autostart(_));
+    let autostart = matches!(trigger, Trigger::Autostart(..));
     match trigger {
-        Trigger::User(input) | Trigger::Autostart(input) => {
+        Trigger::User(input) | Trigger::Autostart(input, _) => {
             deny_waiting(state, launch, basis).await?;
             Ok(asked(
                 Some(input.content),
@@ -97,9 +97,13 @@ pub(super) async fn resolve(
             }))
         }
         Trigger::Approval(answers) => {
+            let answerer = launch
+                .answerer
+                .as_ref()
+                .ok_or(TurnError::Internal("answers without an answerer".into()))?;
             let by = Answerer {
-                actor: &launch.authority.actor,
-                admin: launch.authority.may_change_agent(),
+                actor: &answerer.actor,
+                admin: answerer.may_change_agent(),
             };
             let outcome = Box::pin(bounded(
                 state.store.answer_approvals(team, chat, &answers, turn, by),

@@ -50,6 +50,7 @@ mod queue;
 mod replay;
 mod spans;
 mod speculation;
+mod standing;
 mod state;
 pub mod stop;
 mod takeover;
@@ -59,7 +60,7 @@ pub mod ui_stream;
 mod wrap_up;
 
 use logging::traces::TraceContext;
-use protocol::{ChatId, TeamId, TurnId};
+use protocol::{AgentId, ChatId, TeamId, TurnId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
@@ -67,7 +68,7 @@ use tracing::Instrument;
 use crate::AppState;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
-use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis};
+use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use basis::Bases;
 pub use error::TurnError;
 pub use offered::Toolsets;
@@ -110,8 +111,9 @@ pub enum Trigger {
     User(TurnInput),
     /// Answers to a turn's approvals (A3); the last one resumes the loop.
     Approval(Vec<Answer>),
-    /// The agent's autostart cadence (T11): its prompt, with no client attached.
-    Autostart(TurnInput),
+    /// The agent's autostart cadence (T11): its prompt, with no client attached, in the
+    /// autostart chat of that agent.
+    Autostart(TurnInput, AgentId),
     /// A continuation whose turn row was never written (A3): the answers are recorded
     /// under this turn id, which names no turn; it is started again under a new one.
     Stranded(TurnId),
@@ -158,15 +160,31 @@ pub async fn launch(
     detached: bool,
     parent: Option<&TraceContext>,
 ) -> Result<Launched, TurnError> {
+    let Trigger::Approval(answers) = &trigger else {
+        let launch = Launch {
+            team,
+            chat,
+            authority,
+            answerer: None,
+            detached,
+        };
+        return start(state, launch, trigger, parent, None).await;
+    };
+    // X1: an answer lifts the gate of the calls it answers and lends nothing; the
+    // continuation acts with the authority of the turn it continues.
+    let first = answers.first().ok_or(TurnError::NotFound("approval"))?;
+    let asking = match bounded(state.store.asking_authority(team, chat, first.id)).await {
+        Ok(asking) => asking,
+        Err(StoreError::NotFound) => return Err(TurnError::NotFound("approval")),
+        Err(e) => return Err(e.into()),
+    };
     let launch = Launch {
         team,
         chat,
-        authority,
+        authority: Authority::of_turn(asking.actor, asking.admin),
+        answerer: Some(authority),
         detached,
     };
-    if !matches!(trigger, Trigger::Approval(_)) {
-        return start(state, launch, trigger, parent, None).await;
-    }
     let owned = state.clone();
     let parent = parent.cloned();
     let task = state
@@ -180,7 +198,10 @@ pub async fn launch(
 struct Launch {
     team: TeamId,
     chat: ChatId,
+    /// Whose the turn's tool calls are (X1).
     authority: Authority,
+    /// Who answers the approvals a continuation resumes (recorded, never lent).
+    answerer: Option<Authority>,
     detached: bool,
 }
 
@@ -198,7 +219,7 @@ async fn start(
     // A message or an autostart may start from the basis this replica kept (`basis.rs`):
     // what it does before the intake's check (A4's denial) can be done again if the check
     // finds it stale; an approval's recorded answers cannot.
-    let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(_));
+    let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(..));
     let entered = async {
         // In line for a share of the Postgres pool until the turn row is written.
         let intake = state.intakes.enter().await?;
@@ -223,7 +244,9 @@ async fn start(
     // What starts the turn again from Postgres if the kept basis proves stale.
     let again = match (&trigger, found.source) {
         (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
-        (Trigger::Autostart(input), basis::Source::Kept) => Some(Trigger::Autostart(input.clone())),
+        (Trigger::Autostart(input, agent), basis::Source::Kept) => {
+            Some(Trigger::Autostart(input.clone(), *agent))
+        }
         _ => None,
     };
     // What was admitted for another agent than the chat's now is given back.
@@ -352,13 +375,22 @@ async fn start(
     let headers = budget.headers.clone();
     let autostart = composed.autostart;
     let answered = composed.answered.clone();
+    let (detached, attached) = (launch.detached, guard.is_some());
+    let mut registration = running;
+    // X1: a turn no stream follows ends with its principal's authority.
+    let lost = if attached {
+        None
+    } else {
+        let ended = registration.ended();
+        Some(standing::watch(state, team, &launch.authority, &cancel, ended).await)
+    };
     let running = state::Running {
         turn: turn_id,
         budget,
         cancel,
-        registration: running,
+        registration,
+        lost,
     };
-    let (detached, attached) = (launch.detached, guard.is_some());
     let task = state::TurnTask::new(state, launch, &basis, *composed, running, tx, attached);
     // The guard travels with the response body; if this caller is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
@@ -414,6 +446,12 @@ async fn answered_before_admission(
     if basis.agent.archived {
         return Err(TurnError::NotFound("agent"));
     }
+    // X1: an autostart acts with an admin's authority only in its own agent's chat.
+    if let Trigger::Autostart(_, agent) = trigger
+        && (basis.agent.id != *agent || !basis.chat.autostart)
+    {
+        return Err(TurnError::NotFound("chat"));
+    }
     Ok(None)
 }
 
@@ -454,7 +492,7 @@ fn reservation(state: &AppState, basis: &TurnBasis, trigger: &Trigger) -> u64 {
     let tokens = history::estimate_tokens(&basis.agent.system_prompt)
         + history::estimate_tokens(&basis.chat.summary)
         + match trigger {
-            Trigger::User(input) | Trigger::Autostart(input) => {
+            Trigger::User(input) | Trigger::Autostart(input, _) => {
                 history::estimate_tokens(&input.content)
             }
             Trigger::Queued(queued) => history::estimate_tokens(&queued.content),

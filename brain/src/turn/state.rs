@@ -60,6 +60,9 @@ pub(super) struct Running {
     pub cancel: CancellationToken,
     /// Keeps the turn stoppable from any replica until the task ends (T8).
     pub registration: stop::Registration,
+    /// A turn no stream follows: cancelled once its principal's authority ended
+    /// (`standing.rs`), which then also cancelled the turn.
+    pub lost: Option<CancellationToken>,
 }
 
 /// Everything the spawned part of a turn needs; owned, so the task outlives the request.
@@ -83,6 +86,9 @@ pub(super) struct TurnTask {
     pub metrics: TurnMetrics,
     /// Whose authority the turn's tool calls act with (X1).
     pub authority: Authority,
+    /// Cancelled when that authority ended under a turn no stream follows: the turn
+    /// ends `interrupted` with `unauthorized`.
+    pub lost: Option<CancellationToken>,
     /// The drain's handover (D4): the turn stops at its next step boundary.
     pub handover: CancellationToken,
     /// The loop's state when it starts: the first request.

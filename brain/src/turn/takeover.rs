@@ -39,7 +39,7 @@ use super::history::{model_messages, tool_part};
 use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
 use crate::AppState;
-use crate::auth::{Authority, Scope};
+use crate::auth::Authority;
 use crate::provider::{ModelRequest, ToolCall};
 use crate::store::{ModelCallUsage, StoreError, TakenOver, bounded, storable_text};
 use crate::tools::{ToolCtx, ToolOutput, Toolset};
@@ -222,32 +222,17 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     let launch = Launch {
         team,
         chat,
-        authority: Authority {
-            scope: if stored.actor_admin {
-                Scope::Admin
-            } else {
-                Scope::Chat
-            },
-            actor: stored.actor.unwrap_or_else(|| "unknown".to_owned()),
-        },
+        authority: Authority::of_turn(stored.actor, stored.actor_admin),
+        answerer: None,
         detached: true,
     };
-    let (revoked, held) = key_standing(state, team, &launch.authority).await?;
+    let (revoked, held) = super::standing::standing(state, team, &launch.authority).await?;
     let budget = admit::adopt(state, team, agent, turn, launch.authority.user()).await?;
     let cancel = state.turns_cancel.child_token();
     let mut registration = state.stops.register(turn, cancel.clone());
-    {
-        // X1: the key's revocation or the team's disabling, on any replica, stops the turn
-        // as it would have ended the stream of the turn it started.
-        let (ended, cancel) = (registration.ended(), cancel.clone());
-        tokio::spawn(async move {
-            tokio::select! {
-                () = revoked.cancelled() => cancel.cancel(),
-                () = ended.cancelled() => {}
-            }
-            drop(held);
-        });
-    }
+    // X1: the key's revocation or the team's disabling, on any replica, stops the turn as
+    // it would have ended the stream of the turn it started.
+    super::standing::follow(revoked.clone(), held, cancel.clone(), registration.ended());
     let (offered, connector_status) = offer(state, &launch, &basis, &cancel).await;
     let request = ModelRequest {
         model: String::new(),
@@ -290,6 +275,7 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
         budget,
         cancel,
         registration,
+        lost: Some(revoked),
     };
     // Nobody reads a taken-over turn's stream but the events stream.
     let (tx, _) = mpsc::channel::<UiChunk>(1);
@@ -316,45 +302,6 @@ async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnErro
     task.rules.limits = limits;
     task.resume_from(restored);
     Ok(task)
-}
-
-/// What a taken-over turn runs under: a token cancelled when its API key is revoked or its
-/// team disabled (L1), and the hold on them. `Revoked` when either happened already. A
-/// user's or a schedule's turn watches its team only (a token's expiry ended only its
-/// stream).
-async fn key_standing(
-    state: &AppState,
-    team: protocol::TeamId,
-    authority: &Authority,
-) -> Result<
-    (
-        tokio_util::sync::CancellationToken,
-        Option<crate::auth::keys::Held>,
-    ),
-    TurnError,
-> {
-    let key = authority
-        .actor
-        .strip_prefix("key:")
-        .and_then(|id| id.parse::<uuid::Uuid>().ok());
-    let hash = match key {
-        Some(id) => Some(
-            bounded(state.store.live_key_hash(team, id))
-                .await?
-                .ok_or(TurnError::Revoked)?,
-        ),
-        None => {
-            if bounded(state.store.team_disabled(team)).await? != Some(false) {
-                return Err(TurnError::Revoked);
-            }
-            None
-        }
-    };
-    let (revoked, held) = state.auth.keys.hold(team, hash);
-    if revoked.is_cancelled() {
-        return Err(TurnError::Revoked);
-    }
-    Ok((revoked, held))
 }
 
 /// D3: the parts of the calls pending at the death, each with its outcome where

@@ -99,6 +99,7 @@ impl TurnTask {
             ),
             metrics,
             authority: launch.authority,
+            lost: running.lost,
             handover: state.handover.clone(),
             first: Some(Progress {
                 request: ready.request,

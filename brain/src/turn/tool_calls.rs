@@ -211,6 +211,15 @@ impl TurnTask {
                     approval.tool
                 )),
                 Some(_) if self.cancel.is_cancelled() => ToolOutput::error(CANCELLED_RESULT),
+                // X1: a change to the agent for everyone needs an admin on both sides of
+                // the gate: the turn that asked and the person who answered.
+                Some(tool) if tool.changes_agent() && !approval.answered_admin => {
+                    ToolOutput::error(format!(
+                        "refused: `{}` changes this agent for everyone, and only an admin may \
+                         approve that; ask an admin of the team to answer",
+                        approval.tool
+                    ))
+                }
                 Some(tool) if tool.writes() && *writes_used >= self.rules.limits.max_writes => {
                     ToolOutput::error(format!(
                         "budget spent: this turn already made {} data-changing calls",

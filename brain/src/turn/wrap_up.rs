@@ -10,6 +10,7 @@ use std::time::Duration;
 use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
+use tokio_util::sync::CancellationToken;
 
 use super::state::{Ids, Progress, TurnTask};
 use crate::metrics::TurnOutcome;
@@ -260,11 +261,17 @@ impl TurnTask {
                 (stored, last)
             }
             End::Interrupted => {
-                tracing::info!(turn = %self.ids.turn, "turn cancelled");
+                // X1: its principal's authority ended under a turn no stream follows.
+                let revoked = self
+                    .lost
+                    .as_ref()
+                    .is_some_and(CancellationToken::is_cancelled)
+                    .then_some(ErrorCode::Unauthorized);
+                tracing::info!(turn = %self.ids.turn, revoked = revoked.is_some(), "turn cancelled");
                 let stored = self
                     .persist(ended(
                         TurnStatus::Interrupted,
-                        None,
+                        revoked,
                         Some(message(false)),
                         Vec::new(),
                     ))
