@@ -146,3 +146,313 @@ async fn an_admins_answer_lends_the_continuation_nothing() {
             .unwrap();
     assert!(actor.starts_with("key:") && !admin, "{actor} {admin}");
 }
+
+/// Per-second cadences allowed, polled often, so a test sees ticks in seconds.
+fn fast(c: &mut brain::config::Config) {
+    c.autostart.min_interval_secs = 1;
+    c.autostart.poll = Duration::from_millis(50);
+}
+
+async fn plain_agent(app: &TestApp, name: &str) -> String {
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": name, "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    agent["id"].as_str().unwrap().to_owned()
+}
+
+/// Sets (or clears) the agent's cadence as `bearer`: the response's status.
+async fn set_cadence(app: &TestApp, bearer: &str, agent: &str, cron: Option<&str>) -> u16 {
+    let body = match cron {
+        Some(cron) => json!({"autostart_cron": cron, "autostart_prompt": "time to check"}),
+        None => json!({"autostart_cron": null}),
+    };
+    app.http
+        .patch(format!("{}/v1/agents/{agent}", app.url))
+        .bearer_auth(bearer)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The agent's recorded fires: (state, chat id, error code), oldest first.
+async fn fires(app: &TestApp, agent: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    sqlx::query_as(
+        "SELECT state, chat_id::text, error_code FROM scheduled_tasks \
+         WHERE agent_id = $1::uuid AND state <> 'running' ORDER BY due_at",
+    )
+    .bind(agent)
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap()
+}
+
+async fn wait_fires(
+    app: &TestApp,
+    agent: &str,
+    done: impl Fn(&[(String, Option<String>, Option<String>)]) -> bool,
+) -> Vec<(String, Option<String>, Option<String>)> {
+    for _ in 0..300 {
+        let recorded = fires(app, agent).await;
+        if done(&recorded) {
+            return recorded;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fires never got there: {:?}", fires(app, agent).await);
+}
+
+async fn status_as(app: &TestApp, bearer: &str, method: reqwest::Method, path: &str) -> u16 {
+    let mut request = app
+        .http
+        .request(method.clone(), format!("{}{path}", app.url))
+        .bearer_auth(bearer);
+    if method == reqwest::Method::POST {
+        request = request.json(&json!({"content": "steer the admin's next fire"}));
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
+/// Hole 2: the autostart chat is the agent's own: a chat key neither lists, reads nor
+/// writes it; an admin does.
+#[tokio::test]
+async fn only_admins_see_or_write_the_autostart_chat() {
+    let app = TestApp::start_with(fast).await;
+    let agent = plain_agent(&app, "cron").await;
+    for _ in 0..4 {
+        app.provider.push(text("Checked."));
+    }
+    assert_eq!(
+        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
+        200
+    );
+    let first = wait_fires(&app, &agent, |f| f.iter().any(|f| f.0 == "fired")).await;
+    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
+    app.settled().await;
+    let chat = first
+        .iter()
+        .find(|f| f.0 == "fired")
+        .unwrap()
+        .1
+        .clone()
+        .unwrap();
+    let (chat_key, _) = key_with_scope(&app, "chat").await;
+
+    use reqwest::Method;
+    let messages = format!("/v1/chats/{chat}/messages");
+    assert_eq!(
+        status_as(&app, &chat_key, Method::GET, &messages).await,
+        404
+    );
+    assert_eq!(
+        status_as(&app, &chat_key, Method::POST, &messages).await,
+        404
+    );
+    assert_eq!(
+        status_as(
+            &app,
+            &chat_key,
+            Method::GET,
+            &format!("/v1/chats/{chat}/approvals")
+        )
+        .await,
+        404
+    );
+    let listed: Value = app
+        .http
+        .get(format!("{}/v1/agents/{agent}/chats", app.url))
+        .bearer_auth(&chat_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!listed.to_string().contains(&chat), "{listed}");
+    assert_eq!(status_as(&app, &app.key, Method::GET, &messages).await, 200);
+    let listed: Value = app
+        .get(&format!("/v1/agents/{agent}/chats"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(listed.to_string().contains(&chat), "{listed}");
+}
+
+/// Hole 2: an erased autostart chat is replaced by a new one at the next fire, and an id
+/// re-created since under another agent is never fired into.
+#[tokio::test]
+async fn an_erased_autostart_chat_is_replaced_at_the_next_fire() {
+    let app = TestApp::start_with(fast).await;
+    let agent = plain_agent(&app, "cron").await;
+    let other = plain_agent(&app, "other").await;
+    for _ in 0..8 {
+        app.provider.push(text("Checked."));
+    }
+    assert_eq!(
+        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
+        200
+    );
+    let first = wait_fires(&app, &agent, |f| f.iter().any(|f| f.0 == "fired")).await;
+    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
+    app.settled().await;
+    let erased = first
+        .iter()
+        .find(|f| f.0 == "fired")
+        .unwrap()
+        .1
+        .clone()
+        .unwrap();
+    let response = app
+        .auth(app.http.delete(format!("{}/v1/chats/{erased}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    // The erased id comes back as another agent's chat (as an AG-UI thread id can).
+    sqlx::query("INSERT INTO chats (id, team_id, agent_id, title) SELECT $1::uuid, team_id, id, 'x' FROM agents WHERE id = $2::uuid")
+        .bind(&erased)
+        .bind(&other)
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+
+    let before = fires(&app, &agent).await.len();
+    assert_eq!(
+        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
+        200
+    );
+    let after = wait_fires(&app, &agent, |f| {
+        f.len() > before && f[before..].iter().any(|f| f.0 == "fired")
+    })
+    .await;
+    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
+    app.settled().await;
+    let fired = after[before..].iter().find(|f| f.0 == "fired").unwrap();
+    let new_chat = fired.1.clone().unwrap();
+    assert_ne!(new_chat, erased);
+    let owner: (String, bool) =
+        sqlx::query_as("SELECT agent_id::text, autostart FROM chats WHERE id = $1::uuid")
+            .bind(&new_chat)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(owner, (agent.clone(), true));
+    let in_other: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE chat_id = $1::uuid")
+        .bind(&erased)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(in_other, 0, "nothing fired into the other agent's chat");
+}
+
+/// Hole 3: a cadence set by an admin key whose key is revoked stops acting for it: the
+/// next fire is `failed` with `setter_revoked` (the `autostart.failed` webhook event's
+/// code, as every failed fire's), the cadence pauses (shown by the schedule), and an
+/// admin's PATCH re-arms it.
+#[tokio::test]
+async fn a_revoked_setter_pauses_its_cadence_until_an_admin_re_arms_it() {
+    let app = TestApp::start_with(fast).await;
+    let agent = plain_agent(&app, "cron").await;
+    let (admin_key, admin_id) = key_with_scope(&app, "admin").await;
+    assert_eq!(
+        set_cadence(&app, &admin_key, &agent, Some("* * * * * *")).await,
+        200
+    );
+    let revoked = app
+        .auth(app.http.delete(format!("{}/v1/keys/{admin_id}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 204);
+
+    let recorded = wait_fires(&app, &agent, |f| !f.is_empty()).await;
+    assert_eq!(
+        recorded[0],
+        (
+            "failed".to_owned(),
+            recorded[0].1.clone(),
+            Some("setter_revoked".to_owned())
+        )
+    );
+    let turns: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE agent_id = $1::uuid")
+        .bind(&agent)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(turns, 0, "no turn ran as the revoked key");
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["paused"], "setter_revoked", "{schedule}");
+    assert!(schedule["next_fire_at"].is_null(), "{schedule}");
+    // Paused: no further fire.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(fires(&app, &agent).await.len(), 1);
+
+    app.provider.push(text("Checked."));
+    assert_eq!(
+        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
+        200
+    );
+    wait_fires(&app, &agent, |f| f.iter().any(|f| f.0 == "fired")).await;
+    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
+    app.settled().await;
+}
+
+/// Hole 3: a background turn whose key is revoked ends `interrupted` with
+/// `unauthorized` within seconds, as its open stream would have.
+#[tokio::test]
+async fn a_background_turn_ends_when_its_key_is_revoked() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (chat_key, chat_key_id) = key_with_scope(&app, "chat").await;
+    app.provider.push(scripted_provider::Reply::Held {
+        delta: "working ".into(),
+        every: Duration::from_millis(20),
+    });
+    let accepted = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&chat_key)
+        .json(&json!({"content": "take your time", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+    let revoked = app
+        .auth(
+            app.http
+                .delete(format!("{}/v1/keys/{chat_key_id}", app.url)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), 204);
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let turns = app.turns().await;
+            if turns.iter().all(|(s, _)| s != "running") && !turns.is_empty() {
+                return turns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    app.provider.release_held();
+    let turns = ended.expect("the turn outlived its key's revocation");
+    assert_eq!(
+        turns,
+        vec![("interrupted".to_owned(), Some("unauthorized".to_owned()))]
+    );
+}
