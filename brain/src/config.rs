@@ -456,6 +456,12 @@ pub struct WebhooksConfig {
     pub timeout: Duration,
     /// Attempts this replica makes at once; 0: it delivers nothing (other replicas do).
     pub max_in_flight: usize,
+    /// Of those, the most one team's deliveries hold at once, so a team whose receivers
+    /// never answer leaves the other slots to everyone else.
+    pub max_in_flight_per_team: usize,
+    /// A2A push notifications one team may have pending (queued, or promised to a task
+    /// that has not ended): past it a new push config is refused (`push_backlog_full`).
+    pub max_pending_pushes_per_team: i64,
     /// How often this replica looks for due deliveries.
     pub poll: Duration,
 }
@@ -571,6 +577,20 @@ impl Config {
                 timeout: ranged(env, "BRAIN_WEBHOOKS_TIMEOUT_MS", 10_000, 100, 60_000)
                     .map(Duration::from_millis)?,
                 max_in_flight: ranged(env, "BRAIN_WEBHOOKS_MAX_IN_FLIGHT", 16, 0, 1_000)?,
+                max_in_flight_per_team: ranged(
+                    env,
+                    "BRAIN_WEBHOOKS_MAX_IN_FLIGHT_PER_TEAM",
+                    4,
+                    1,
+                    1_000,
+                )?,
+                max_pending_pushes_per_team: ranged(
+                    env,
+                    "BRAIN_A2A_MAX_PENDING_PUSHES_PER_TEAM",
+                    1_000,
+                    1,
+                    1_000_000,
+                )?,
                 poll: ranged(env, "BRAIN_WEBHOOKS_POLL_MS", 1_000, 50, 60_000)
                     .map(Duration::from_millis)?,
             },

@@ -2,7 +2,8 @@
 //! found, `-32002` not cancelable, `-32003` push notifications not supported (no
 //! `BRAIN_SECRETS_KEY`), `-32004` unsupported, `-32005` content type, `-32009`
 //! version, `-32602` invalid params); every refusal of the posting path (quotas, busy
-//! agent, full queue, overload) is `-32000`, and infrastructure failures `-32603`. The
+//! agent, full queue, overload, a full push backlog) is `-32000`, and infrastructure
+//! failures `-32603`. The
 //! message starts with this server's stable error code and a colon, as a turn's error
 //! part does, and `data` carries a `google.rpc.ErrorInfo` whose metadata holds the code,
 //! the seconds to wait (`retryAfterSeconds`) and the turn it names, for clients (as the
@@ -55,6 +56,7 @@ pub fn from_api(err: &ApiError) -> RpcError {
             | ErrorCode::AgentBusy
             | ErrorCode::TurnInProgress
             | ErrorCode::QueueFull
+            | ErrorCode::PushBacklogFull
             | ErrorCode::RateLimited
             | ErrorCode::Overloaded
             | ErrorCode::ShuttingDown

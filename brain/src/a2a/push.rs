@@ -65,18 +65,19 @@ pub fn validate(turn: TurnId, config: PushConfig) -> Result<store::PushConfig, S
     })
 }
 
-/// A stored config as A2A shows it.
+/// A config as A2A shows it: never its token or `authentication.credentials`, which are
+/// the receiver's secrets and are sealed once kept (the scheme is shown).
 pub fn shown(config: store::PushConfig) -> PushConfig {
     PushConfig {
         id: config.id,
         task_id: config.turn.to_string(),
         url: config.url,
-        token: config.token,
+        token: None,
         authentication: config
             .auth_scheme
             .map(|scheme| super::wire::Authentication {
                 scheme,
-                credentials: config.auth_credentials,
+                credentials: None,
             }),
     }
 }

@@ -213,9 +213,11 @@ fn api(err: ApiError) -> RpcError {
     errors::from_api(&err)
 }
 
-/// A push config call of the store, bounded as every store call is, its failure as A2A's.
+/// A push config call of the store, bounded as every store call is, its failure as A2A's;
+/// `bound` is the team's pending pushes' (`BRAIN_A2A_MAX_PENDING_PUSHES_PER_TEAM`).
 async fn sealed<T>(
     call: impl std::future::Future<Output = Result<T, SecretsError>>,
+    bound: i64,
 ) -> Result<T, RpcError> {
     let result = tokio::time::timeout(CALL_BOUND, call)
         .await
@@ -230,8 +232,10 @@ async fn sealed<T>(
             ),
         ),
         SecretsError::Store(e) => api(e.into()),
-        SecretsError::Crypto | SecretsError::TooMany => api(ApiError::Internal(
-            "a push notification config could not be sealed or opened".into(),
+        // Only keeping a config counts the team's pending pushes (`Store::put_push_config`).
+        SecretsError::TooMany => api(ApiError::PushBacklogFull(bound)),
+        SecretsError::Crypto => api(ApiError::Internal(
+            "a push notification config could not be sealed".into(),
         )),
     })
 }
@@ -317,10 +321,17 @@ impl Call {
         let params: SendParams = params(value)?;
         // Refused before the turn starts, not after.
         let configuration = params.configuration.as_ref();
-        if configuration.is_some_and(|c| c.task_push_notification_config.is_some())
-            && !self.state.store.secrets_configured()
-        {
-            return Err(errors::push_not_supported());
+        if configuration.is_some_and(|c| c.task_push_notification_config.is_some()) {
+            if !self.state.store.secrets_configured() {
+                return Err(errors::push_not_supported());
+            }
+            // The config is counted again when it is kept; this spares the turn a team
+            // whose backlog is already full.
+            let bound = self.push_bound();
+            let pending = self.state.store.pending_pushes(self.principal.team, bound);
+            if bounded(pending).await.map_err(|e| api(e.into()))? >= bound {
+                return Err(api(ApiError::PushBacklogFull(bound)));
+            }
         }
         let message = &params.message;
         if message.role != crate::a2a::wire::Role::User {
@@ -378,13 +389,18 @@ impl Call {
 
     async fn store_push(&self, turn: TurnId, config: PushConfig) -> Result<PushConfig, RpcError> {
         let config = push::validate(turn, config).map_err(|m| rpc(errors::INVALID_PARAMS, m))?;
-        let stored = sealed(self.state.store.put_push_config(
-            self.principal.team,
-            &config,
-            push::MAX_PER_TASK,
-        ))
-        .await?;
-        Ok(push::shown(stored))
+        let bound = self.push_bound();
+        let team = self.principal.team;
+        let kept = self
+            .state
+            .store
+            .put_push_config(team, &config, push::MAX_PER_TASK, bound);
+        sealed(kept, bound).await?;
+        Ok(push::shown(config))
+    }
+
+    fn push_bound(&self) -> i64 {
+        self.state.config.webhooks.max_pending_pushes_per_team
     }
 
     /// `SendMessage`: the turn's task once it ended (or waits for a person), or at once
@@ -667,7 +683,7 @@ impl Call {
             .state
             .store
             .push_configs(self.principal.team, row.id, Some(&id));
-        let found = sealed(configs)
+        let found = sealed(configs, self.push_bound())
             .await?
             .into_iter()
             .next()
@@ -682,7 +698,7 @@ impl Call {
             .state
             .store
             .push_configs(self.principal.team, row.id, None);
-        let configs = sealed(configs).await?;
+        let configs = sealed(configs, self.push_bound()).await?;
         to_value(ListPushConfigsResponse {
             configs: configs.into_iter().map(push::shown).collect(),
             next_page_token: String::new(),

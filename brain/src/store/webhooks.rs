@@ -559,18 +559,47 @@ impl Store {
 
     /// Claims up to `limit` due deliveries for one attempt each, hiding them from every
     /// replica for `lease` (past it, a delivery whose attempt was never recorded is due
-    /// again). A row whose secret or target does not open under this key is given up as
-    /// `failed` at once rather than retried for a day.
+    /// again). Fair across teams: each team with pending deliveries (found by a skip scan
+    /// of `webhook_deliveries_team_due`, one index probe per team) offers its oldest due
+    /// ones, at most `per_team` less what it already `held` on this replica, and the claim
+    /// takes every team's first, then every team's second, and so on; one team's backlog
+    /// never sits ahead of another team's delivery. A row whose secret or target does not
+    /// open under this key is given up as `failed` at once rather than retried for a day.
     pub async fn claim_deliveries(
         &self,
         limit: i64,
+        per_team: i64,
+        held: &[(TeamId, i64)],
         lease: Duration,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let (held_teams, held_counts): (Vec<Uuid>, Vec<i64>) =
+            held.iter().map(|(team, n)| (team.0, *n)).unzip();
         let rows: Vec<ClaimRow> = sqlx::query_as(
-            "WITH c AS ( \
-               SELECT id FROM webhook_deliveries \
-               WHERE state = 'pending' AND next_attempt_at <= now() \
-               ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+            "WITH RECURSIVE teams (team_id) AS ( \
+               (SELECT team_id FROM webhook_deliveries WHERE state = 'pending' \
+                ORDER BY team_id LIMIT 1) \
+               UNION ALL \
+               SELECT (SELECT p.team_id FROM webhook_deliveries p \
+                       WHERE p.state = 'pending' AND p.team_id > t.team_id \
+                       ORDER BY p.team_id LIMIT 1) \
+               FROM teams t WHERE t.team_id IS NOT NULL), \
+             room AS ( \
+               SELECT t.team_id, $3 - coalesce(h.held, 0) AS room FROM teams t \
+               LEFT JOIN unnest($4::uuid[], $5::int8[]) AS h (team_id, held) \
+                 ON h.team_id = t.team_id \
+               WHERE t.team_id IS NOT NULL), \
+             offered AS ( \
+               SELECT o.* FROM room r CROSS JOIN LATERAL ( \
+                 SELECT p.id, p.team_id, p.next_attempt_at FROM webhook_deliveries p \
+                 WHERE p.team_id = r.team_id AND p.state = 'pending' \
+                   AND p.next_attempt_at <= now() \
+                 ORDER BY p.next_attempt_at LIMIT least(r.room, $1) \
+                 FOR UPDATE SKIP LOCKED) o \
+               WHERE r.room > 0), \
+             c AS ( \
+               SELECT id FROM (SELECT id, next_attempt_at, row_number() OVER \
+                   (PARTITION BY team_id ORDER BY next_attempt_at) AS place FROM offered) o \
+               ORDER BY place, next_attempt_at LIMIT $1), \
              u AS ( \
                UPDATE webhook_deliveries d \
                SET attempts = d.attempts + 1, \
@@ -588,6 +617,9 @@ impl Store {
         )
         .bind(limit)
         .bind(lease.as_millis() as f64)
+        .bind(per_team)
+        .bind(held_teams)
+        .bind(held_counts)
         .fetch_all(&self.pool)
         .await?;
         let mut claimed = Vec::with_capacity(rows.len());

@@ -7,16 +7,21 @@
 //! lease passes; any replica then claims it again, with the same `webhook-id`. A receiver
 //! therefore dedupes on `webhook-id`.
 //!
-//! Bounds: at most `max_in_flight` attempts at once per replica; each attempt within
-//! `timeout` (connect, send, headers); the response body is never read (so never logged);
-//! no redirects; no proxy; the URL is judged by the connectors' address rule at every
-//! attempt, its host name's addresses by [`address::CheckedResolver`].
+//! Bounds: at most `max_in_flight` attempts at once per replica, of which one team's
+//! deliveries hold at most `max_in_flight_per_team`, and each claim takes every team's
+//! oldest due deliveries in turn (`Store::claim_deliveries`): a team whose receivers never
+//! answer holds its share of the slots for an attempt's bound, never the others'. Each
+//! attempt within `timeout` (connect, send, headers); the response body is never read (so
+//! never logged); no redirects; no proxy; the URL is judged by the connectors' address
+//! rule at every attempt, its host name's addresses by [`address::CheckedResolver`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use protocol::TeamId;
 use rand::Rng;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::WebhooksConfig;
@@ -46,23 +51,28 @@ pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: C
         }
     };
     let slots = Arc::new(Semaphore::new(config.max_in_flight));
+    let held = Held::default();
+    let per_team = config.max_in_flight_per_team.min(config.max_in_flight) as i64;
     let lease = config.timeout + LEASE_MARGIN;
     loop {
         let free = slots.available_permits();
         let mut full_batch = false;
         if free > 0 {
-            match bounded(store.claim_deliveries(free as i64, lease)).await {
+            let held_now = held.snapshot();
+            let claim = store.claim_deliveries(free as i64, per_team, &held_now, lease);
+            match bounded(claim).await {
                 Ok(claimed) => {
                     full_batch = claimed.len() == free;
                     for delivery in claimed {
                         let Ok(permit) = slots.clone().try_acquire_owned() else {
                             break;
                         };
+                        let slot = held.take(delivery.team, permit);
                         let (store, client) = (store.clone(), client.clone());
                         let metrics = metrics.clone();
                         tokio::spawn(async move {
                             attempt(&store, &client, &config, &metrics, delivery).await;
-                            drop(permit);
+                            drop(slot);
                         });
                     }
                 }
@@ -78,6 +88,48 @@ pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: C
             () = stop.cancelled() => return,
             // The next look for due deliveries.
             () = tokio::time::sleep(config.poll) => {}
+        }
+    }
+}
+
+/// The slots each team's attempts hold on this replica.
+#[derive(Clone, Default)]
+struct Held(Arc<Mutex<HashMap<TeamId, usize>>>);
+
+impl Held {
+    /// The teams holding slots, and how many each: what the next claim leaves out.
+    fn snapshot(&self) -> Vec<(TeamId, i64)> {
+        let held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        held.iter().map(|(team, n)| (*team, *n as i64)).collect()
+    }
+
+    fn take(&self, team: TeamId, permit: OwnedSemaphorePermit) -> Slot {
+        let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *held.entry(team).or_default() += 1;
+        Slot {
+            held: self.clone(),
+            team,
+            _permit: permit,
+        }
+    }
+}
+
+/// One attempt's slot, given back to its team and to the replica when dropped (an attempt
+/// that panics included).
+struct Slot {
+    held: Held,
+    team: TeamId,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut held = self.held.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.team) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.team);
+            }
         }
     }
 }

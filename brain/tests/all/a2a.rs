@@ -51,13 +51,22 @@ async fn python(base: &str, bearer: &str, scenario: &str, args: &[&str]) -> Valu
 
 /// An agent (its system prompt is the card's description) and its A2A base URL.
 async fn agent(app: &TestApp) -> (String, String) {
+    agent_as(app, &app.key).await
+}
+
+/// An agent made with the admin key `key` (of any team), and its A2A base URL.
+async fn agent_as(app: &TestApp, key: &str) -> (String, String) {
     let created = app
-        .post_json(
-            "/v1/agents",
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(key)
+        .json(
             &json!({"name": "helper", "system_prompt": "You answer briefly.\n\nNever guess.",
-                    "model": "openai/gpt-test"}),
+                      "model": "openai/gpt-test"}),
         )
-        .await;
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201);
     let created: Value = created.json().await.unwrap();
     let id = created["id"].as_str().unwrap().to_owned();
@@ -508,7 +517,15 @@ async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
         json!({"taskId": task_id, "id": config_id}),
     )
     .await;
-    assert_eq!(got["result"]["token"], "t0k", "{got}");
+    assert_eq!(
+        got["result"]["url"], "https://hooks.example.com/a2a",
+        "{got}"
+    );
+    assert!(
+        got["result"].get("token").is_none(),
+        "never shown again: {got}"
+    );
+    assert!(kept["created"].get("token").is_none(), "{kept}");
     let (_, deleted) = rpc(
         &app,
         &app.key,
@@ -708,34 +725,21 @@ fn hex(value: &str) -> String {
 
 #[tokio::test]
 async fn a_sealed_credential_opens_only_in_its_own_config() {
-    let app = TestApp::start_with(pushes).await;
+    // This replica delivers nothing: the pushes wait for the one started below.
+    let app = TestApp::start_with(|c| {
+        pushes(c);
+        c.webhooks.max_in_flight = 0;
+    })
+    .await;
     let (_, base) = agent(&app).await;
-    app.provider.push(text("ok"));
-    let (_, sent) = rpc(&app, &app.key, &base, "SendMessage", user_message("hi")).await;
-    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let mut receiver = crate::webhooks::Receiver::start(&[]).await;
+    receiver.verify_with("-").await;
+    let task = ended_task(&app, &app.key, &base).await;
     for (id, token) in [("a", "tok-a"), ("b", "tok-b")] {
-        let config = json!({"taskId": task, "id": id, "url": "https://hooks.example.com/a2a",
-                            "token": token});
-        let (_, kept) = rpc(
-            &app,
-            &app.key,
-            &base,
-            "CreateTaskPushNotificationConfig",
-            config,
-        )
-        .await;
-        assert_eq!(kept["result"]["token"], token, "{kept}");
+        let config = json!({"id": id, "url": receiver.url(), "token": token});
+        let kept = keep_config(&app, &app.key, &base, &task, config).await;
+        assert_eq!(kept["result"]["id"], id, "{kept}");
     }
-    let get = |id: &'static str| {
-        rpc(
-            &app,
-            &app.key,
-            &base,
-            "GetTaskPushNotificationConfig",
-            json!({"taskId": task, "id": id}),
-        )
-    };
-    assert_eq!(get("b").await.1["result"]["token"], "tok-b");
     // `b` given `a`'s sealed token: bound to `a`, it does not open as `b`'s.
     sqlx::query(
         "UPDATE a2a_push_configs b SET token_nonce = a.token_nonce, \
@@ -747,10 +751,23 @@ async fn a_sealed_credential_opens_only_in_its_own_config() {
     .execute(app.store.pool())
     .await
     .unwrap();
-    let (_, moved) = get("b").await;
-    assert_eq!(moved["error"]["code"], -32603, "{moved}");
-    assert!(!moved.to_string().contains("tok-a"), "{moved}");
-    assert_eq!(get("a").await.1["result"]["token"], "tok-a");
+    let _delivering = app
+        .second_replica_with(|c| c.webhooks.max_in_flight = 4)
+        .await;
+    let got = receiver.next(Duration::from_secs(30)).await;
+    assert_eq!(got["token"], "tok-a", "{got}");
+    receiver.none_within(Duration::from_millis(800)).await;
+    let given_up: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT d.state, a.error FROM webhook_deliveries d \
+         JOIN webhook_attempts a ON a.delivery_id = d.id WHERE d.push_config = 'b'",
+    )
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        given_up,
+        [("failed".to_owned(), Some("unreadable_secret".to_owned()))]
+    );
 }
 
 #[tokio::test]
@@ -805,4 +822,196 @@ async fn without_a_secrets_key_push_configs_are_refused_and_the_card_says_so() {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+}
+
+/// A task of `base`'s agent that has ended, sent as `key`: its id.
+async fn ended_task(app: &TestApp, key: &str, base: &str) -> String {
+    app.provider.push(text("ok"));
+    let (_, sent) = rpc(app, key, base, "SendMessage", user_message("hi")).await;
+    sent["result"]["task"]["id"].as_str().unwrap().to_owned()
+}
+
+/// Keeps config `id` of `task` toward `url`, as `key`: the JSON-RPC answer.
+async fn keep_config(app: &TestApp, key: &str, base: &str, task: &str, config: Value) -> Value {
+    let mut config = config;
+    config["taskId"] = json!(task);
+    rpc(app, key, base, "CreateTaskPushNotificationConfig", config)
+        .await
+        .1
+}
+
+#[tokio::test]
+async fn a_teams_silent_receiver_does_not_delay_another_teams_push() {
+    // Four slots, two a team; an attempt may take 30 s.
+    let app = TestApp::start_with(|c| {
+        pushes(c);
+        c.webhooks.max_in_flight = 4;
+        c.webhooks.max_in_flight_per_team = 2;
+        c.webhooks.timeout = Duration::from_secs(30);
+    })
+    .await;
+    let (_, base) = agent(&app).await;
+    let mut silent = crate::webhooks::Receiver::start(&["--hang", "1000"]).await;
+    silent.verify_with("-").await;
+    let task = ended_task(&app, &app.key, &base).await;
+    // Ten configs of an ended task: ten pushes due at once toward a receiver that holds
+    // every request open and never answers.
+    for n in 0..10 {
+        let config = json!({"id": format!("c{n}"), "url": silent.url()});
+        let kept = keep_config(&app, &app.key, &base, &task, config).await;
+        assert!(kept.get("result").is_some(), "{kept}");
+    }
+    silent.next(Duration::from_secs(30)).await;
+
+    let other = app.store.create_team("other").await.unwrap();
+    let (_, other_base) = agent_as(&app, &other.api_key).await;
+    let mut heard = crate::webhooks::Receiver::start(&[]).await;
+    heard.verify_with("-").await;
+    let other_task = ended_task(&app, &other.api_key, &other_base).await;
+    let config = json!({"url": heard.url(), "token": "theirs"});
+    let kept = keep_config(&app, &other.api_key, &other_base, &other_task, config).await;
+    assert!(kept.get("result").is_some(), "{kept}");
+
+    let got = heard.next(Duration::from_secs(120)).await;
+    assert_eq!(got["token"], "theirs", "{got}");
+    assert_eq!(
+        got["payload"]["statusUpdate"]["taskId"],
+        other_task.as_str()
+    );
+    // It came while the silent receiver still held the first team's attempts: not one of
+    // them had ended (timed out and been recorded) yet.
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_attempts a \
+         JOIN webhook_deliveries d ON d.id = a.delivery_id WHERE d.team_id = $1",
+    )
+    .bind(app.team.0)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        ended, 0,
+        "the other team's push waited for the silent receiver's attempts to end"
+    );
+}
+
+#[tokio::test]
+async fn a_teams_pending_pushes_are_bounded_and_none_accepted_is_lost() {
+    // This replica delivers nothing: every push kept stays pending until another does.
+    let app = TestApp::start_with(|c| {
+        pushes(c);
+        c.webhooks.max_in_flight = 0;
+        c.webhooks.max_pending_pushes_per_team = 3;
+    })
+    .await;
+    let (_, base) = agent(&app).await;
+    let mut receiver = crate::webhooks::Receiver::start(&[]).await;
+    receiver.verify_with("-").await;
+    let task = ended_task(&app, &app.key, &base).await;
+    let url = receiver.url();
+    let config = |n: usize| json!({"id": format!("c{n}"), "url": url, "token": format!("tok-{n}")});
+    for n in 0..3 {
+        let kept = keep_config(&app, &app.key, &base, &task, config(n)).await;
+        assert!(kept.get("result").is_some(), "{kept}");
+    }
+    let refused = keep_config(&app, &app.key, &base, &task, config(3)).await;
+    assert_eq!(refused["error"]["code"], -32000, "{refused}");
+    let details = &refused["error"]["data"][0]["metadata"];
+    assert_eq!(details["code"], "push_backlog_full", "{refused}");
+    assert!(details["retryAfterSeconds"].is_string(), "{refused}");
+    // Keeping a kept config again adds no push.
+    let again = keep_config(&app, &app.key, &base, &task, config(0)).await;
+    assert!(again.get("result").is_some(), "{again}");
+    // A message that asks for pushes is refused before its turn starts.
+    let model_calls = app.provider.requests().len();
+    let (_, sent) = rpc(
+        &app,
+        &app.key,
+        &base,
+        "SendMessage",
+        sent_with_push("more", json!({"url": receiver.url()})),
+    )
+    .await;
+    assert_eq!(
+        sent["error"]["data"][0]["metadata"]["code"], "push_backlog_full",
+        "{sent}"
+    );
+    assert_eq!(app.provider.requests().len(), model_calls, "no turn ran");
+
+    // A replica that delivers sends every push accepted, once.
+    let _delivering = app
+        .second_replica_with(|c| c.webhooks.max_in_flight = 4)
+        .await;
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let got = receiver.next(Duration::from_secs(30)).await;
+        tokens.push(got["token"].as_str().unwrap().to_owned());
+    }
+    tokens.sort();
+    assert_eq!(tokens, ["tok-0", "tok-1", "tok-2"]);
+    receiver.none_within(Duration::from_millis(800)).await;
+    // Taken by its receiver, the backlog has room again.
+    let kept = keep_config(&app, &app.key, &base, &task, config(3)).await;
+    assert!(kept.get("result").is_some(), "{kept}");
+    assert_eq!(
+        receiver.next(Duration::from_secs(30)).await["token"],
+        "tok-3"
+    );
+}
+
+#[tokio::test]
+async fn push_credentials_are_sealed_and_never_shown_again() {
+    let app = TestApp::start_with(keyed).await;
+    let (_, base) = agent(&app).await;
+    let task = ended_task(&app, &app.key, &base).await;
+    let config = json!({"id": "mine", "url": "https://hooks.example.com/a2a",
+                        "token": "tok-secret",
+                        "authentication": {"scheme": "Bearer", "credentials": "cred-secret"}});
+    let created = keep_config(&app, &app.key, &base, &task, config).await;
+    let got = rpc(
+        &app,
+        &app.key,
+        &base,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": task, "id": "mine"}),
+    )
+    .await
+    .1;
+    let listed = rpc(
+        &app,
+        &app.key,
+        &base,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": task}),
+    )
+    .await
+    .1;
+    for (what, answer, shown) in [
+        ("create", &created, &created["result"]),
+        ("get", &got, &got["result"]),
+        ("list", &listed, &listed["result"]["configs"][0]),
+    ] {
+        assert_eq!(shown["id"], "mine", "{what}: {answer}");
+        assert_eq!(
+            shown["authentication"]["scheme"], "Bearer",
+            "{what}: {answer}"
+        );
+        let text = answer.to_string();
+        assert!(
+            !text.contains("tok-secret") && !text.contains("cred-secret"),
+            "{what} shows a secret: {text}"
+        );
+    }
+    let row: String =
+        sqlx::query_scalar("SELECT p::text FROM a2a_push_configs p WHERE id = 'mine'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    for secret in [
+        "tok-secret",
+        "cred-secret",
+        &hex("tok-secret"),
+        &hex("cred-secret"),
+    ] {
+        assert!(!row.contains(secret), "{secret} is stored as it came");
+    }
 }
