@@ -98,6 +98,34 @@ pub async fn erase_agent(
     Ok(())
 }
 
+/// Erases end user `user` of `team` (L2): each chat they opened as [`erase_chat`] does
+/// (its turns, uploads, artifacts and snapshots with it), then their memories and their
+/// own connector grants; `by` is recorded in the audit log (L5).
+pub async fn erase_user(
+    state: &AppState,
+    team: TeamId,
+    user: &str,
+    by: &Actor,
+) -> Result<(), EraseError> {
+    loop {
+        let chats = bounded(state.store.chats_of_user(team, user, BATCH)).await?;
+        if chats.is_empty() {
+            break;
+        }
+        for chat in chats {
+            match erase_chat(state, team, chat).await {
+                // Erased meanwhile by another request.
+                Ok(()) | Err(EraseError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    bounded(state.store.erase_user(team, user, by)).await?;
+    state.metrics.erased("user");
+    tracing::info!(%team, "end user erased");
+    Ok(())
+}
+
 /// Stops the agent's turns, then erases its chats one by one, so no one transaction holds
 /// a long history.
 async fn erase_chats_of(state: &AppState, team: TeamId, agent: AgentId) -> Result<(), EraseError> {

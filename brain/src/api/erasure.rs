@@ -11,6 +11,7 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::erasure;
 use crate::error::ApiError;
+use crate::quota::check_user_id;
 
 #[utoipa::path(
     delete,
@@ -72,5 +73,38 @@ pub async fn erase_agent(
     let agent = parse_id(&agent_id, "agent")?;
     let by = principal.actor(address);
     erasure::erase_agent(&state, principal.team, agent, &by).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(
+    delete,
+    path = "/users/{user_id}",
+    operation_id = "erase_user",
+    tag = "users",
+    params(("user_id" = String, Path, description = "The end user: a JWT's subject, 1 to 255 \
+        bytes.")),
+    responses(
+        (status = 204, description = "Erased: every chat the user opened as `DELETE \
+            /v1/chats/{id}` erases one (uploads, artifacts and workspace snapshots with it), \
+            then the user's memories and own connector grants. Usage records and quota \
+            overrides stay. Erasing a user with nothing stored also answers `204`."),
+        (status = 400, description = "A bad user id (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).",
+            body = ErrorBody),
+        (status = 503, description = "A store is unavailable (`store_unavailable`), or a \
+            stop could not be delivered: some of it may be erased; repeating the request \
+            finishes it.", body = ErrorBody),
+    ),
+)]
+pub async fn erase_user(
+    State(state): State<AppState>,
+    principal: Principal,
+    ClientAddr(address): ClientAddr,
+    Path(user): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    principal.require_admin()?;
+    check_user_id(&user).map_err(ApiError::InvalidRequest)?;
+    let by = principal.actor(address);
+    erasure::erase_user(&state, principal.team, &user, &by).await?;
     Ok(StatusCode::NO_CONTENT)
 }

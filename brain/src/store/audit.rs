@@ -113,6 +113,8 @@ pub enum Action {
     /// One user's quota overrides (L4) set or dropped; the entry names the user.
     UserQuotaSet,
     UserQuotaDeleted,
+    /// An end user erased (L2): their chats, memories and grants; the entry names the user.
+    UserErased,
     AgentCreated,
     AgentUpdated,
     /// For the deletion of an agent (L2), recorded by the store method that deletes it.
@@ -149,6 +151,7 @@ impl Action {
             Self::QuotasSet => "quotas.set",
             Self::UserQuotaSet => "quotas.user_set",
             Self::UserQuotaDeleted => "quotas.user_deleted",
+            Self::UserErased => "user.erased",
             Self::AgentCreated => "agent.created",
             Self::AgentUpdated => "agent.updated",
             Self::AgentDeleted => "agent.deleted",
@@ -177,7 +180,7 @@ impl Action {
         match self {
             Self::KeyCreated | Self::KeyRevoked => "key",
             Self::QuotasSet | Self::TeamCreated | Self::TeamUpdated => "team",
-            Self::UserQuotaSet | Self::UserQuotaDeleted => "user",
+            Self::UserQuotaSet | Self::UserQuotaDeleted | Self::UserErased => "user",
             Self::AgentCreated
             | Self::AgentUpdated
             | Self::AgentDeleted

@@ -259,10 +259,12 @@ impl Store {
 
 /// Whose OAuth grants [`revoke_grants`] deletes.
 #[derive(Clone, Copy)]
-pub(super) enum Grants {
+pub(super) enum Grants<'a> {
     OfConnector(Uuid),
     /// Of the connectors bound to this agent.
     OfAgent(AgentId),
+    /// An end user's own, of every connector (the user is erased).
+    OfUser(&'a str),
 }
 
 /// Deletes grants of `team` (before what they belong to goes, which would take them
@@ -271,23 +273,26 @@ pub(super) enum Grants {
 pub(super) async fn revoke_grants(
     conn: &mut sqlx::PgConnection,
     team: TeamId,
-    grants: Grants,
+    grants: Grants<'_>,
     by: &Actor,
 ) -> Result<(), StoreError> {
-    let (connector, agent) = match grants {
-        Grants::OfConnector(id) => (Some(id), None),
-        Grants::OfAgent(agent) => (None, Some(agent.0)),
+    let (connector, agent, user) = match grants {
+        Grants::OfConnector(id) => (Some(id), None, None),
+        Grants::OfAgent(agent) => (None, Some(agent.0), None),
+        Grants::OfUser(user) => (None, None, Some(user)),
     };
     let gone: Vec<(Uuid, Option<String>)> = sqlx::query_as(
         "DELETE FROM connector_grants g WHERE g.team_id = $1 \
            AND ($2::uuid IS NULL OR g.connector_id = $2) \
            AND ($3::uuid IS NULL OR g.connector_id IN \
                 (SELECT id FROM connectors WHERE team_id = $1 AND agent_id = $3)) \
+           AND ($4::text IS NULL OR g.user_id = $4) \
          RETURNING g.connector_id, g.user_id",
     )
     .bind(team.0)
     .bind(connector)
     .bind(agent)
+    .bind(user)
     .fetch_all(&mut *conn)
     .await?;
     let entries = gone

@@ -112,6 +112,48 @@ impl Store {
         }))
     }
 
+    /// Up to `limit` chats end user `user` opened (any order), for erasing them one by one.
+    pub async fn chats_of_user(
+        &self,
+        team: TeamId,
+        user: &str,
+        limit: i64,
+    ) -> Result<Vec<ChatId>, StoreError> {
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM chats WHERE team_id = $1 AND created_by = $2 LIMIT $3",
+        )
+        .bind(team.0)
+        .bind(user)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids.into_iter().map(ChatId).collect())
+    }
+
+    /// Deletes what is left of end user `user` once their chats are erased: their memories
+    /// and their own connector grants (each logged `grant.revoked`), with the
+    /// `user.erased` entry by `by`, in one transaction.
+    pub async fn erase_user(&self, team: TeamId, user: &str, by: &Actor) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM memories WHERE team_id = $1 AND user_id = $2")
+            .bind(team.0)
+            .bind(user)
+            .execute(&mut *tx)
+            .await?;
+        revoke_grants(&mut tx, team, Grants::OfUser(user), by).await?;
+        audit::record(
+            &mut tx,
+            team,
+            by,
+            Action::UserErased,
+            user,
+            serde_json::json!({}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Up to `limit` chats of `agent` (any order), for erasing them one by one.
     pub async fn chats_of_agent(
         &self,

@@ -1,6 +1,6 @@
 //! Durable notes per agent (SPEC M2).
 
-use protocol::{AgentId, TeamId, TurnId};
+use protocol::{AgentId, ChatId, TeamId, TurnId};
 use uuid::Uuid;
 
 use super::{Store, StoreError};
@@ -14,11 +14,14 @@ pub struct CallKey<'a> {
 }
 
 impl Store {
-    /// Stores a note made by `call`, or answers the note an earlier run of `call` made.
+    /// Stores a note made by `call` in `chat`, or answers the note an earlier run of `call`
+    /// made. A note made in an end user's chat is that user's (X1); in a chat an API key
+    /// opened, the agent's.
     pub async fn write_memory(
         &self,
         team: TeamId,
         agent: AgentId,
+        chat: ChatId,
         content: &str,
         call: CallKey<'_>,
     ) -> Result<Uuid, StoreError> {
@@ -26,8 +29,9 @@ impl Store {
         // and the insert's own `RETURNING` answers a new one: exactly one of them is there.
         let (id,): (Uuid,) = sqlx::query_as(
             "WITH made AS ( \
-               INSERT INTO memories (id, team_id, agent_id, content, turn_id, call_id) \
-               VALUES ($1, $2, $3, $4, $5, $6) \
+               INSERT INTO memories (id, team_id, agent_id, content, turn_id, call_id, user_id) \
+               VALUES ($1, $2, $3, $4, $5, $6, \
+                       (SELECT created_by FROM chats WHERE team_id = $2 AND id = $7)) \
                ON CONFLICT (turn_id, call_id) WHERE turn_id IS NOT NULL DO NOTHING \
                RETURNING id) \
              SELECT id FROM made \
@@ -41,16 +45,19 @@ impl Store {
         .bind(content)
         .bind(call.turn.0)
         .bind(call.call)
+        .bind(chat.0)
         .fetch_one(&self.pool)
         .await?;
         Ok(id)
     }
 
-    /// Notes matching any word of `query`, best first.
+    /// Notes matching any word of `query` that a turn in `chat` may recall (the agent's,
+    /// and the chat's user's own), best first.
     pub async fn search_memory(
         &self,
         team: TeamId,
         agent: AgentId,
+        chat: ChatId,
         query: &str,
         limit: i64,
     ) -> Result<Vec<String>, StoreError> {
@@ -60,12 +67,15 @@ impl Store {
                         FROM regexp_split_to_table(lower($3), '[^[:alnum:]]+') AS w WHERE w <> '') \
              SELECT content FROM memories, q \
              WHERE team_id = $1 AND agent_id = $2 AND q.q IS NOT NULL AND search @@ q.q \
+               AND (user_id IS NULL OR user_id = \
+                    (SELECT created_by FROM chats WHERE team_id = $1 AND id = $5)) \
              ORDER BY ts_rank(search, q.q) DESC, created_at DESC LIMIT $4",
         )
         .bind(team.0)
         .bind(agent.0)
         .bind(query)
         .bind(limit)
+        .bind(chat.0)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|(c,)| c).collect())

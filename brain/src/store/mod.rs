@@ -593,6 +593,16 @@ fn migrator() -> Migrator {
             "fair webhook deliveries",
             include_str!("../../../migrations/0041_fair_deliveries.sql"),
         ),
+        (
+            42,
+            "memories of end users",
+            include_str!("../../../migrations/0042_user_memories.sql"),
+        ),
+        (
+            43,
+            "oauth flows bound to a browser",
+            include_str!("../../../migrations/0043_oauth_flow_browser.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

@@ -71,7 +71,7 @@ impl Tool for MemoryWrite {
             if content.is_empty() || content.chars().count() > MAX_NOTE {
                 return ToolOutput::error(format!("content must have 1 to {MAX_NOTE} characters"));
             }
-            match ctx.store.write_memory(ctx.team, ctx.agent, content, ctx.call_key()).await {
+            match ctx.store.write_memory(ctx.team, ctx.agent, ctx.chat, content, ctx.call_key()).await {
                 Ok(id) => ToolOutput::ok(format!("remembered (note {id})")),
                 Err(e) => {
                     tracing::warn!(turn = %ctx.turn, class = e.metric_label(), "memory_write failed");
@@ -130,7 +130,7 @@ impl Tool for MemorySearch {
                 Ok(args) => args,
                 Err(e) => return e,
             };
-            match ctx.store.search_memory(ctx.team, ctx.agent, &args.query, SEARCH_LIMIT).await {
+            match ctx.store.search_memory(ctx.team, ctx.agent, ctx.chat, &args.query, SEARCH_LIMIT).await {
                 Ok(notes) if notes.is_empty() => ToolOutput::ok("no matching notes"),
                 Ok(notes) => ToolOutput::ok(notes.iter().map(|n| format!("- {n}")).collect::<Vec<_>>().join("\n")),
                 Err(e) => {

@@ -456,3 +456,122 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
         vec![("interrupted".to_owned(), Some("unauthorized".to_owned()))]
     );
 }
+
+/// A brain taking EdDSA user tokens signed with the fixture key.
+async fn app_with_users() -> TestApp {
+    use crate::auth::jwt;
+    let config = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+        ("BRAIN_JWT_ISSUER", jwt::ISSUER),
+        ("BRAIN_JWT_AUDIENCE", jwt::AUDIENCE),
+        (
+            "BRAIN_JWT_PUBLIC_KEYS",
+            include_str!("fixtures/jwt/ed.pub.pem"),
+        ),
+    ]))
+    .unwrap()
+    .unwrap();
+    TestApp::start_with(move |c| c.jwt = Some(config)).await
+}
+
+/// A token of the app's team for end user `user`.
+fn user_token(app: &TestApp, user: &str) -> String {
+    use crate::auth::jwt;
+    jwt::sign(
+        &jwt::ed(),
+        jsonwebtoken::Algorithm::EdDSA,
+        None,
+        &jwt::claims(app.team, user, json!({})),
+    )
+}
+
+/// A chat of `agent` opened by `bearer`.
+async fn chat_as(app: &TestApp, bearer: &str, agent: &str) -> String {
+    let response = app
+        .http
+        .post(format!("{}/v1/agents/{agent}/chats", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let chat: Value = response.json().await.unwrap();
+    chat["id"].as_str().unwrap().to_owned()
+}
+
+/// One turn as `bearer` in which the model makes `tool` with `args`: the call's output.
+async fn tool_turn(app: &TestApp, bearer: &str, chat: &str, tool: &str, args: Value) -> String {
+    app.provider.push(calls(vec![call("c", tool, args)]));
+    app.provider.push(text("Done."));
+    let chunks = send_as(app, bearer, chat, "go").await;
+    chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolOutputAvailable { output, .. } => Some(output.to_string()),
+            UiChunk::ToolOutputError { error_text, .. } => Some(error_text.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no tool output: {chunks:?}"))
+}
+
+/// Hole 4: a memory written in an end user's chat is that user's: another user's turns
+/// never recall it, the agent-wide ones (written in a key's chat) every user's do, and
+/// `DELETE /v1/users/{sub}` erases the user's chats and memories, nothing else.
+#[tokio::test]
+async fn memories_belong_to_their_end_user_and_go_with_them() {
+    let app = app_with_users().await;
+    let (agent, key_chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (alice, bob) = (user_token(&app, "alice"), user_token(&app, "bob"));
+    let alice_chat = chat_as(&app, &alice, &agent).await;
+    let bob_chat = chat_as(&app, &bob, &agent).await;
+
+    let note = json!({"content": "alice's vault code is 4711"});
+    tool_turn(&app, &alice, &alice_chat, "memory_write", note).await;
+    let team_note = json!({"content": "the team's vault is in building nine"});
+    tool_turn(&app, &app.key, &key_chat, "memory_write", team_note).await;
+
+    let query = json!({"query": "vault"});
+    let found = tool_turn(&app, &bob, &bob_chat, "memory_search", query.clone()).await;
+    assert!(!found.contains("4711"), "bob recalls alice's note: {found}");
+    assert!(found.contains("building nine"), "{found}");
+    let found = tool_turn(&app, &alice, &alice_chat, "memory_search", query.clone()).await;
+    assert!(
+        found.contains("4711") && found.contains("building nine"),
+        "{found}"
+    );
+    let found = tool_turn(&app, &app.key, &key_chat, "memory_search", query.clone()).await;
+    assert!(
+        !found.contains("4711"),
+        "a key's chat recalls a user's note: {found}"
+    );
+
+    // Only an admin erases a user.
+    let erase = |bearer: String| {
+        let request = app
+            .http
+            .delete(format!("{}/v1/users/alice", app.url))
+            .bearer_auth(bearer);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(erase(bob.clone()).await, 403);
+    assert_eq!(erase(app.key.clone()).await, 204);
+    let left: Vec<(Option<String>,)> =
+        sqlx::query_as("SELECT user_id FROM memories ORDER BY created_at")
+            .fetch_all(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, vec![(None,)], "only the agent-wide note is left");
+    let chats: Vec<(String,)> = sqlx::query_as("SELECT id::text FROM chats ORDER BY created_at")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap();
+    assert!(!chats.iter().any(|(c,)| *c == alice_chat), "{chats:?}");
+    assert!(chats.iter().any(|(c,)| *c == bob_chat), "{chats:?}");
+    let audit: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'user.erased' AND object_id = 'alice'",
+    )
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(audit, 1);
+}
