@@ -16,6 +16,10 @@ else
   bin="$target_dir/debug"
 fi
 
+# Development mode: without a SESSION_TOKEN_KEY of yours, the brain and the manager sign
+# and check worker tokens with the key made once in .dev/session-token-key (gitignored).
+export AGENT_RUNTIME_DEV=true
+
 "$bin/brain" migrate
 
 "$bin/runtime-manager" &

@@ -68,6 +68,7 @@ impl Manager {
             .env("DATABASE_URL", db_url(db_name))
             .env("REDIS_URL", redis_url())
             .env("SESSION_QUEUE_NAMESPACE", namespace)
+            .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
             .env("BRAIN_PUBLIC_URL", public_url)
             .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker")?)
             .env("RUNTIME_MANAGER_WORKSPACES", &workspaces)

@@ -169,6 +169,16 @@ pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, 
         ("ANTHROPIC_API_KEY".into(), "sk-bench-anthropic".into()),
         ("DATABASE_URL".into(), db_url(db_name)),
         ("REDIS_URL".into(), redis_url()),
+        // One key drives every scenario, faster than a deployment's default lets one key
+        // go; the limit is still checked on every request, so its cost is in the figures.
+        (
+            "BRAIN_RATE_LIMIT_PER_SECOND".into(),
+            brain::quota::MAX_REQUESTS.to_string(),
+        ),
+        (
+            "SESSION_TOKEN_KEY".into(),
+            test_support::SESSION_TOKEN_KEY.into(),
+        ),
         (
             "BRAIN_ARTIFACTS_DIR".into(),
             artifacts.to_string_lossy().into_owned(),

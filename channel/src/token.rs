@@ -6,12 +6,6 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use protocol::channel::{POOL_AUDIENCE, SessionClaims, WORKER_AUDIENCE};
 use protocol::{AgentId, SessionId, TeamId};
 
-/// The signing key `make dev` uses when `SESSION_TOKEN_KEY` is unset. Both the brain and
-/// the runtime-manager fall back to it (with a warning), so a laptop needs no setup; a
-/// deployment sets its own.
-pub const DEV_SESSION_TOKEN_KEY: &str =
-    "agent-runtime-development-session-token-key-not-for-production";
-
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TokenError {
     #[error("the signing key must have at least 32 bytes")]

@@ -145,6 +145,110 @@ pub fn redis_urls(env: &dyn Env, name: &'static str) -> Result<Option<Vec<String
     Ok((!urls.is_empty()).then_some(urls))
 }
 
+/// The variable that marks a development setup (`make dev` sets it): the binaries then
+/// start without a `SESSION_TOKEN_KEY`, using the one kept in [`DEV_KEY_FILE`].
+pub const DEV_MODE: &str = "AGENT_RUNTIME_DEV";
+/// Where development mode keeps its session-token key, relative to the working directory
+/// (the brain's and the runtime-manager's under `make dev`: the clone's root).
+pub const DEV_KEY_FILE: &str = ".dev/session-token-key";
+
+/// The key that signs and verifies workers' session tokens (`SESSION_TOKEN_KEY`).
+/// `Debug` never shows it.
+#[derive(Clone)]
+pub struct SessionTokenKey {
+    pub bytes: Vec<u8>,
+    /// Read from [`DEV_KEY_FILE`] in development mode (the variable was unset).
+    pub development: bool,
+}
+
+impl std::fmt::Debug for SessionTokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTokenKey")
+            .field("bytes", &"<redacted>")
+            .field("development", &self.development)
+            .finish()
+    }
+}
+
+/// Whether [`DEV_MODE`] is `true` (unset is `false`).
+pub fn dev_mode(env: &dyn Env) -> Result<bool, ConfigError> {
+    parse(env, DEV_MODE, "false").map_err(|_| ConfigError {
+        name: DEV_MODE,
+        problem: "must be true or false".into(),
+    })
+}
+
+/// `SESSION_TOKEN_KEY`, used exactly as given (at least 32 bytes). Unset, the start is
+/// refused, unless in development mode: there is no default, since a key anyone can read
+/// lets anyone mint a worker token for any session.
+pub fn session_token_key(env: &dyn Env) -> Result<SessionTokenKey, ConfigError> {
+    const NAME: &str = "SESSION_TOKEN_KEY";
+    match env.get(NAME).filter(|v| !v.is_empty()) {
+        Some(key) if key.len() < 32 => Err(ConfigError {
+            name: NAME,
+            problem: "must be at least 32 bytes".into(),
+        }),
+        Some(key) => Ok(SessionTokenKey {
+            bytes: key.into_bytes(),
+            development: false,
+        }),
+        None if dev_mode(env)? => Ok(SessionTokenKey {
+            bytes: kept_dev_key(std::path::Path::new(DEV_KEY_FILE)).map_err(|e| ConfigError {
+                name: DEV_MODE,
+                problem: format!("is set, but {DEV_KEY_FILE} cannot be kept: {}", e.kind()),
+            })?,
+            development: true,
+        }),
+        None => Err(ConfigError {
+            name: NAME,
+            problem: format!(
+                "must be set (at least 32 bytes, the same in the brain and the \
+                 runtime-manager; for example `openssl rand -hex 32`), or {DEV_MODE}=true \
+                 for a development key kept in {DEV_KEY_FILE}"
+            ),
+        }),
+    }
+}
+
+/// The key in `file`, made first (64 random hex digits, readable by its owner only) when
+/// there is none. The brain and the runtime-manager may start at once: the key is written
+/// aside and linked into place, so both read whichever landed first.
+fn kept_dev_key(file: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    if !file.exists() {
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut random = [0u8; 32];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let aside = file.with_extension(format!("{}.tmp", std::process::id()));
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&aside)?;
+        out.write_all(hex.as_bytes())?;
+        drop(out);
+        let linked = std::fs::hard_link(&aside, file);
+        std::fs::remove_file(&aside)?;
+        if let Err(e) = linked
+            && e.kind() != std::io::ErrorKind::AlreadyExists
+        {
+            return Err(e);
+        }
+    }
+    let key = std::fs::read_to_string(file)?.trim().as_bytes().to_vec();
+    if key.len() < 32 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "shorter than 32 bytes",
+        ));
+    }
+    Ok(key)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -167,6 +271,49 @@ mod tests {
         assert_eq!(redis_urls(&vars, "BAD").unwrap_err().name, "BAD");
         assert_eq!(redis_urls(&vars, "BLANK").unwrap(), None);
         assert_eq!(redis_urls(&vars, "MISSING").unwrap(), None);
+    }
+
+    #[test]
+    fn the_session_token_key_is_required_outside_development_mode() {
+        let err = session_token_key(&env(&[])).unwrap_err();
+        assert_eq!(err.name, "SESSION_TOKEN_KEY");
+        assert!(err.to_string().contains(DEV_MODE), "{err}");
+        let err = session_token_key(&env(&[(DEV_MODE, "false")])).unwrap_err();
+        assert_eq!(err.name, "SESSION_TOKEN_KEY");
+        let err = session_token_key(&env(&[(DEV_MODE, "yes")])).unwrap_err();
+        assert_eq!(err.name, DEV_MODE);
+        let err =
+            session_token_key(&env(&[("SESSION_TOKEN_KEY", "secret-but-short")])).unwrap_err();
+        assert_eq!(err.name, "SESSION_TOKEN_KEY");
+        assert!(!err.to_string().contains("secret-but-short"), "{err}");
+        let given = " 0123456789abcdef0123456789abcdef";
+        let key =
+            session_token_key(&env(&[("SESSION_TOKEN_KEY", given), (DEV_MODE, "true")])).unwrap();
+        assert_eq!(
+            key.bytes,
+            given.as_bytes(),
+            "untrimmed, and preferred to the kept one"
+        );
+        assert!(!key.development);
+        assert!(!format!("{key:?}").contains("0123456789abcdef"));
+    }
+
+    #[test]
+    fn the_development_key_is_made_once_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("envcfg-dev-key-{}", std::process::id()));
+        let file = dir.join(".dev/session-token-key");
+        let first = kept_dev_key(&file).unwrap();
+        assert_eq!(first.len(), 64);
+        assert!(first.iter().all(u8::is_ascii_hexdigit));
+        assert_eq!(kept_dev_key(&file).unwrap(), first, "a restart keeps it");
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let other = kept_dev_key(&dir.join("elsewhere/key")).unwrap();
+        assert_ne!(other, first, "each is random");
+        std::fs::write(&file, "short").unwrap();
+        assert!(kept_dev_key(&file).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

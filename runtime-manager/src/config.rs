@@ -10,15 +10,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use envcfg::{ConfigError, Env, ProcessEnv};
+pub use envcfg::{ConfigError, Env, ProcessEnv, SessionTokenKey};
 use envcfg::{millis, non_empty, ranged, trimmed, url_var};
 
 use crate::profiles::Profiles;
-
-/// The session-token signing key used when `SESSION_TOKEN_KEY` is unset, so `make dev`
-/// works with no configuration. It is the `channel` crate's, so the brain's default is the
-/// same. Never use it in production: anyone who reads the source can mint worker tokens.
-pub use channel::token::DEV_SESSION_TOKEN_KEY;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/agent_runtime";
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
@@ -50,23 +45,6 @@ pub struct KubernetesConfig {
     pub start_timeout: Duration,
 }
 
-/// The signing key of session tokens. `Debug` never shows it.
-#[derive(Clone)]
-pub struct TokenKey {
-    pub bytes: Vec<u8>,
-    /// Whether this is [`DEV_SESSION_TOKEN_KEY`] (the variable was unset).
-    pub is_development: bool,
-}
-
-impl std::fmt::Debug for TokenKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenKey")
-            .field("bytes", &"<redacted>")
-            .field("is_development", &self.is_development)
-            .finish()
-    }
-}
-
 /// The runtime-manager's whole configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -81,7 +59,7 @@ pub struct Config {
     /// Redis key namespace of the session queue (not an environment variable: the brain
     /// and the manager must agree, so both use `queue::DEFAULT_NAMESPACE`; tests change it).
     pub queue_namespace: String,
-    pub session_token_key: TokenKey,
+    pub session_token_key: SessionTokenKey,
     /// Where workers dial back (`BRAIN_PUBLIC_URL`, passed to every worker).
     pub brain_public_url: String,
     pub launcher: LauncherKind,
@@ -220,7 +198,7 @@ impl Config {
             redis_cluster_urls: envcfg::redis_urls(env, "REDIS_CLUSTER_URLS")?,
             queue_namespace: non_empty(env, "SESSION_QUEUE_NAMESPACE")
                 .unwrap_or_else(|| queue::DEFAULT_NAMESPACE.to_owned()),
-            session_token_key: token_key(env)?,
+            session_token_key: envcfg::session_token_key(env)?,
             brain_public_url,
             launcher,
             worker_bin,
@@ -272,27 +250,6 @@ fn namespace(env: &dyn Env) -> Result<String, ConfigError> {
     Ok(value)
 }
 
-fn token_key(env: &dyn Env) -> Result<TokenKey, ConfigError> {
-    match env.get("SESSION_TOKEN_KEY").filter(|v| !v.is_empty()) {
-        None => Ok(TokenKey {
-            bytes: DEV_SESSION_TOKEN_KEY.as_bytes().to_vec(),
-            is_development: true,
-        }),
-        Some(key) if key.len() < 32 => Err(ConfigError {
-            name: "SESSION_TOKEN_KEY",
-            problem: "must be at least 32 bytes".into(),
-        }),
-        Some(key) if key == DEV_SESSION_TOKEN_KEY => Ok(TokenKey {
-            bytes: key.into_bytes(),
-            is_development: true,
-        }),
-        Some(key) => Ok(TokenKey {
-            bytes: key.into_bytes(),
-            is_development: false,
-        }),
-    }
-}
-
 fn absolute(cwd: &Path, path: &str) -> PathBuf {
     let path = Path::new(path);
     if path.is_absolute() {
@@ -304,9 +261,24 @@ fn absolute(cwd: &Path, path: &str) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use envcfg::vars as env;
+    use std::collections::HashMap;
 
     use super::*;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    /// The variables of `pairs`, with a session-token key unless they set one.
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut vars = envcfg::vars(&[("SESSION_TOKEN_KEY", KEY)]);
+        vars.extend(envcfg::vars(pairs));
+        vars
+    }
+
+    #[test]
+    fn without_a_session_token_key_the_start_is_refused() {
+        let err = Config::from_env(&envcfg::vars(&[])).unwrap_err();
+        assert_eq!(err.name, "SESSION_TOKEN_KEY");
+    }
 
     #[test]
     fn defaults_are_the_embedded_setup() {
@@ -315,12 +287,8 @@ mod tests {
         assert_eq!(config.redis_url, DEFAULT_REDIS_URL);
         assert_eq!(config.brain_public_url, DEFAULT_BRAIN_PUBLIC_URL);
         assert_eq!(config.launcher, LauncherKind::Local);
-        assert!(config.session_token_key.is_development);
-        assert_eq!(
-            config.session_token_key.bytes,
-            DEV_SESSION_TOKEN_KEY.as_bytes()
-        );
-        assert!(DEV_SESSION_TOKEN_KEY.len() >= 32);
+        assert!(!config.session_token_key.development);
+        assert_eq!(config.session_token_key.bytes, KEY.as_bytes());
         assert_eq!(config.worker_bin.file_name().unwrap(), "worker");
         assert!(config.worker_bin.is_absolute());
         assert!(config.workspaces.is_absolute());
@@ -341,7 +309,7 @@ mod tests {
             config.metrics_addr,
             Some(DEFAULT_METRICS_ADDR.parse().unwrap())
         );
-        assert!(!format!("{config:?}").contains(DEV_SESSION_TOKEN_KEY));
+        assert!(!format!("{config:?}").contains(KEY));
     }
 
     #[test]
@@ -372,13 +340,11 @@ mod tests {
     #[test]
     fn overrides_apply() {
         let config = Config::from_env(&env(&[
-            ("SESSION_TOKEN_KEY", "0123456789abcdef0123456789abcdef"),
             ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
             ("RUNTIME_MANAGER_WORKER_BIN", "/opt/worker"),
             ("RUNTIME_MANAGER_WORKSPACES", "/tmp/ws"),
         ]))
         .unwrap();
-        assert!(!config.session_token_key.is_development);
         assert_eq!(
             config.profiles.idle_window("warm"),
             Some(Duration::from_millis(1500))

@@ -33,7 +33,7 @@ pub mod metrics;
 pub mod profiles;
 pub mod store;
 
-pub use config::{Config, DEV_SESSION_TOKEN_KEY};
+pub use config::Config;
 pub use error::Error;
 pub use manager::Manager;
 
@@ -78,10 +78,11 @@ pub async fn run_with_launcher(
     launcher: Arc<dyn Launcher>,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    if config.session_token_key.is_development {
+    if config.session_token_key.development {
         tracing::warn!(
-            "SESSION_TOKEN_KEY is unset: signing worker tokens with the built-in development key; \
-             set SESSION_TOKEN_KEY (the same value for the brain) in any shared deployment"
+            "development mode (AGENT_RUNTIME_DEV): signing worker tokens with the key kept in \
+             {}; set SESSION_TOKEN_KEY (the same value for the brain) in any shared deployment",
+            envcfg::DEV_KEY_FILE
         );
     }
     if config.launcher == LauncherKind::Local && !config.worker_bin.exists() {

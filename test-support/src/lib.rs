@@ -16,6 +16,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// The session-token key every brain and runtime-manager of the tests is given, and the
+/// tests mint worker tokens with: the binaries have no default key.
+pub const SESSION_TOKEN_KEY: &str = "agent-runtime-tests-session-token-key-0123456789";
+
 pub mod db;
 pub mod pgbouncer;
 pub mod promtool;

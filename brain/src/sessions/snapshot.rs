@@ -307,13 +307,18 @@ pub struct Restore {
     pub unpacked_bytes: u64,
 }
 
-/// The snapshot of the session's chat, if there is one to restore.
+/// The snapshot of the session's chat, if there is one to restore. A token whose `team`
+/// or `agent` claim is not its session's restores nothing (issue 50): a snapshot goes
+/// back only where it came from.
 pub async fn restorable(
     state: &AppState,
     claims: &SessionClaims,
 ) -> Result<Option<Restore>, SnapshotError> {
     let session = claims.sub;
-    let Some(found) = bounded(state.store.restorable_snapshot(session)).await? else {
+    let lookup = state
+        .store
+        .restorable_snapshot(session, claims.team, claims.agent);
+    let Some(found) = bounded(lookup).await? else {
         return Ok(None);
     };
     let body = match state.artifacts.get(&found.storage_key).await {

@@ -151,19 +151,24 @@ impl Store {
     }
 
     /// The snapshot a live session restores: its chat's, taken by an earlier session.
+    /// Only when the session is of `team` and `agent`, as its token claims.
     pub async fn restorable_snapshot(
         &self,
         session: SessionId,
+        team: TeamId,
+        agent: AgentId,
     ) -> Result<Option<Restorable>, StoreError> {
         let row: Option<(String, i64)> = sqlx::query_as(
             "SELECT w.storage_key, w.unpacked_bytes
              FROM agent_runtime_sessions s
              JOIN workspace_snapshots w
                ON w.team_id = s.team_id AND w.agent_id = s.agent_id AND w.chat_id = s.chat_id
-             WHERE s.id = $1 AND w.session_id <> s.id
+             WHERE s.id = $1 AND s.team_id = $2 AND s.agent_id = $3 AND w.session_id <> s.id
                AND s.state IN ('pending', 'provisioning', 'connecting', 'ready')",
         )
         .bind(session.0)
+        .bind(team.0)
+        .bind(agent.0)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.map(|(storage_key, unpacked)| Restorable {

@@ -203,6 +203,7 @@ async fn admin_create_team_prints_a_working_key() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
         .args(["admin", "create-team", "from-cli"])
         .env("DATABASE_URL", app.store_url())
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
         .output()
         .await
         .unwrap();
@@ -245,12 +246,51 @@ async fn bad_configuration_names_the_variable() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
         .arg("serve")
         .env("BRAIN_ADDR", "not-an-address")
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
         .output()
         .await
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("BRAIN_ADDR"), "{stderr}");
+}
+
+/// No published key signs worker tokens (issue 50, 5): without `SESSION_TOKEN_KEY` the
+/// brain refuses to start, naming it, unless in development mode, whose key is made once
+/// under `.dev/` of the working directory and kept for the next start.
+#[tokio::test]
+async fn without_a_session_token_key_the_brain_refuses_to_start() {
+    let dir = crate::common::manager::TempDir::new();
+    let brain = |dev: bool| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"));
+        command
+            .args(["admin", "create-team", "never"])
+            .current_dir(&dir.0)
+            .env_remove("SESSION_TOKEN_KEY")
+            // Unreachable: a start that passes the configuration fails right after it.
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none");
+        if dev {
+            command.env("AGENT_RUNTIME_DEV", "true");
+        } else {
+            command.env_remove("AGENT_RUNTIME_DEV");
+        }
+        command.output()
+    };
+    let refused = brain(false).await.unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("SESSION_TOKEN_KEY"), "{stderr}");
+    assert!(!dir.0.join(".dev").exists());
+
+    let dev = brain(true).await.unwrap();
+    let stderr = String::from_utf8_lossy(&dev.stderr);
+    assert_ne!(dev.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("connecting to Postgres"), "{stderr}");
+    let key = std::fs::read_to_string(dir.0.join(".dev/session-token-key")).unwrap();
+    assert_eq!(key.len(), 64);
+    brain(true).await.unwrap();
+    let kept = std::fs::read_to_string(dir.0.join(".dev/session-token-key")).unwrap();
+    assert_eq!(kept, key, "a restart keeps the key");
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{BrainProcess, TestApp};
 use bytes::Bytes;
-use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
+use channel::token::TokenKeys;
 use futures_util::{SinkExt, StreamExt};
 use protocol::channel::{CHANNEL_VERSION, CHANNEL_VERSION_HEADER};
 use protocol::{AgentId, ChatId, SessionId, TeamId};
@@ -69,7 +69,7 @@ fn token(app: &TestApp, session: SessionId, agent: AgentId) -> String {
 }
 
 fn token_of(session: SessionId, team: TeamId, agent: AgentId) -> String {
-    TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
+    TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
         .mint(session, team, agent, Duration::from_secs(600))
         .unwrap()
@@ -420,6 +420,44 @@ async fn a_token_of_the_accepted_key_passes_while_the_key_is_rotated() {
             assert!(err.to_string().contains("401"), "{err}");
         }
     }
+}
+
+/// `GET /v1/worker/snapshot` restores only for the team and agent the token names (issue
+/// 50, 5): the same session's token minted under another team's or agent's claim gets
+/// nothing, where its own gets the chat's snapshot.
+#[tokio::test]
+async fn a_token_of_another_team_restores_no_snapshot() {
+    let app = TestApp::start().await;
+    let other = app.store.create_team("other team").await.unwrap();
+    let (id, agent) = session(&app, "connecting").await;
+    let (chat,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT chat_id FROM agent_runtime_sessions WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    crate::erasure::stored_snapshot(
+        &app,
+        &agent.to_string(),
+        &chat.to_string(),
+        uuid::Uuid::new_v4(),
+    )
+    .await;
+    let restore = |token: String| {
+        let url = format!("{}{}", app.url, protocol::snapshot::SNAPSHOT_PATH);
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(restore(token_of(id, app.team, agent)).await, 200);
+    assert_eq!(restore(token_of(id, other.team_id, agent)).await, 204);
+    assert_eq!(restore(token_of(id, app.team, AgentId::new())).await, 204);
 }
 
 /// A session of `team` at an idle teardown that asks for a snapshot of at most

@@ -1483,7 +1483,7 @@ async fn a_first_call_claims_a_warm_worker_instead_of_a_cold_start() {
         .env("WORKER_SESSION_ID", slot.to_string())
         .env(
             "WORKER_SESSION_TOKEN",
-            channel::token::TokenKeys::new(channel::token::DEV_SESSION_TOKEN_KEY.as_bytes())
+            channel::token::TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
                 .unwrap()
                 .mint_pool(slot, Duration::from_secs(600))
                 .unwrap(),
@@ -1876,6 +1876,7 @@ async fn brain_binary_with(
         .env("OPENAI_API_KEY", "sk-test-openai")
         .env("BRAIN_ARTIFACTS_DIR", dir.0.join("artifacts"))
         .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
         .env("BRAIN_LOG", log)
         .envs(env.iter().copied());
     let brain = Child::spawn(command, dir.0.join("brain.log"));

@@ -24,7 +24,6 @@ use axum::http::Method;
 use channel::token::TokenKeys;
 use fake_api::{FakeApi, Recorded, status};
 use protocol::SessionId;
-use runtime_manager::DEV_SESSION_TOKEN_KEY;
 use serde_json::json;
 
 const NS: &str = "agent-workers";
@@ -193,7 +192,7 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
     assert_eq!(env[0].1, BRAIN_URL);
     assert_eq!(env[1].1, session.0.to_string());
     assert_eq!(env[3].1, "/workspace");
-    let claims = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
+    let claims = TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
         .verify(&env[2].1)
         .expect("a session token the brain accepts");

@@ -11,7 +11,6 @@ use crate::common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
 use channel::token::TokenKeys;
 use protocol::SessionId;
 use queue::SessionQueue;
-use runtime_manager::DEV_SESSION_TOKEN_KEY;
 use runtime_manager::launcher::local::LocalProcessLauncher;
 
 const SECONDS_5: Duration = Duration::from_secs(5);
@@ -52,7 +51,7 @@ async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
         env["WORKER_WORKSPACE"],
         h.workspace(session).display().to_string()
     );
-    let claims = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes())
+    let claims = TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
         .verify(&env["WORKER_SESSION_TOKEN"])
         .expect("a token the brain accepts");

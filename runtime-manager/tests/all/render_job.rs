@@ -27,11 +27,12 @@ fn validator() -> PathBuf {
     path
 }
 
-/// The binary with a clean environment plus `env`.
+/// The binary with a clean environment plus a session-token key and `env`.
 fn render(profile: &str, env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_runtime-manager"));
     command
         .env_clear()
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
         .args(["render-job", "--profile", profile]);
     if let Ok(path) = std::env::var("PATH") {
         command.env("PATH", path);
@@ -67,7 +68,11 @@ fn validate(files: &[PathBuf]) {
 #[test]
 fn every_profiles_job_is_valid_against_the_kubernetes_schema() {
     let dir = temp_dir();
-    let config = runtime_manager::Config::from_env(&std::collections::HashMap::new()).unwrap();
+    let config = runtime_manager::Config::from_env(&envcfg::vars(&[(
+        "SESSION_TOKEN_KEY",
+        test_support::SESSION_TOKEN_KEY,
+    )]))
+    .unwrap();
     let mut files = Vec::new();
     for profile in WITH_HANDS {
         let out = render(profile, &[]);
@@ -187,5 +192,39 @@ fn bad_configuration_stops_the_binary_naming_the_field() {
     let out = render("none", &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("light, browser, heavy, warm"));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// No published key signs worker tokens (issue 50, 5): without `SESSION_TOKEN_KEY` the
+/// manager refuses to start, naming it, unless in development mode, whose key is made
+/// under `.dev/` of the working directory (where the brain of `make dev` finds it too).
+#[test]
+fn without_a_session_token_key_the_manager_refuses_to_start() {
+    let dir = temp_dir();
+    let run = |dev: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_runtime-manager"));
+        command
+            .env_clear()
+            .current_dir(&dir)
+            .args(["render-job", "--profile", "light"]);
+        if dev {
+            command.env("AGENT_RUNTIME_DEV", "true");
+        }
+        command.output().unwrap()
+    };
+    let refused = run(false);
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("SESSION_TOKEN_KEY"), "{stderr}");
+    assert!(refused.stdout.is_empty());
+
+    let dev = run(true);
+    assert!(
+        dev.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dev.stderr)
+    );
+    let key = std::fs::read_to_string(dir.join(".dev/session-token-key")).unwrap();
+    assert_eq!(key.len(), 64);
     std::fs::remove_dir_all(dir).unwrap();
 }

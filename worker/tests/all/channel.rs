@@ -14,7 +14,7 @@ use crate::common::{
     SESSION, TOKEN, Workspace, call, collect_stderr, session_token, text_of, worker_command,
 };
 use base64::Engine;
-use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
+use channel::token::TokenKeys;
 use channel::ws::{Control, split};
 use protocol::channel::{
     CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD, CLOSE_GOING_AWAY,
@@ -687,7 +687,7 @@ async fn going_away_and_channel_held_are_dialed_again() {
 /// token the bind carried, not its pool token.
 #[tokio::test]
 async fn a_bound_pooled_worker_redials_as_its_session() {
-    let keys = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap();
+    let keys = TokenKeys::new(crate::common::TOKEN_KEY).unwrap();
     let slot = protocol::SessionId::new();
     let pool_token = keys.mint_pool(slot, Duration::from_secs(600)).unwrap();
     let s = Session::start_as("pooled", &slot.to_string(), &pool_token).await;

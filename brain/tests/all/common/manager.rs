@@ -58,6 +58,7 @@ pub fn manager_command(
                 .join(","),
         )
         .env("SESSION_QUEUE_NAMESPACE", namespace)
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
         .env("BRAIN_PUBLIC_URL", public_url)
         .env("RUNTIME_MANAGER_WORKER_BIN", bin("worker"))
         .env("RUNTIME_MANAGER_WORKSPACES", &workspaces.0)

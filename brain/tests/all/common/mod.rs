@@ -81,6 +81,10 @@ impl TestApp {
         env.insert("ANTHROPIC_BASE_URL".into(), provider.anthropic_base_url());
         env.insert("ANTHROPIC_API_KEY".into(), "sk-test-anthropic".into());
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
+        env.insert(
+            "SESSION_TOKEN_KEY".into(),
+            test_support::SESSION_TOKEN_KEY.into(),
+        );
         env.insert("DATABASE_URL".into(), db_url(&db_name));
         // Artifacts of a test live in its own temporary directory, never in the tree.
         let artifacts = std::env::temp_dir().join(format!("brain-test-artifacts-{db_name}"));

@@ -186,6 +186,10 @@ impl Harness {
         vars.insert("REDIS_URL".into(), redis_url());
         vars.insert("BRAIN_PUBLIC_URL".into(), BRAIN_URL.into());
         vars.insert(
+            "SESSION_TOKEN_KEY".into(),
+            test_support::SESSION_TOKEN_KEY.into(),
+        );
+        vars.insert(
             "RUNTIME_MANAGER_WORKER_BIN".into(),
             self.worker_bin.display().to_string(),
         );

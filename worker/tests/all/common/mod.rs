@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use channel::token::{DEV_SESSION_TOKEN_KEY, TokenKeys};
+use channel::token::TokenKeys;
 use protocol::{AgentId, TeamId};
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -27,9 +27,12 @@ pub const SESSION: &str = "0190b1b8-8a7e-7cc0-8f1e-2f6a3c2b9d10";
 pub static TOKEN: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| session_token(SESSION, Duration::from_secs(600)));
 
-/// A session token for `session`, signed with the development key.
+/// What the tests sign tokens with: the worker never checks a signature, any key does.
+pub const TOKEN_KEY: &[u8] = b"any key of 32 bytes or more, for tests";
+
+/// A session token for `session`.
 pub fn session_token(session: &str, ttl: Duration) -> String {
-    let keys = TokenKeys::new(DEV_SESSION_TOKEN_KEY.as_bytes()).unwrap();
+    let keys = TokenKeys::new(TOKEN_KEY).unwrap();
     keys.mint(session.parse().unwrap(), TeamId::new(), AgentId::new(), ttl)
         .unwrap()
 }
