@@ -55,8 +55,9 @@ pub enum ApiError {
     /// A uniqueness rule of the request's resource (the message says which).
     #[error("{0}")]
     Conflict(String),
+    /// The running turn is named only to a principal who may read it (X1).
     #[error("the agent is running another turn")]
-    AgentBusy(TurnId),
+    AgentBusy(Option<TurnId>),
     /// T13: the agent's queue of waiting messages is full.
     #[error("the agent is busy and its queue of waiting messages is full; retry later")]
     QueueFull,
@@ -172,7 +173,8 @@ impl From<TurnError> for ApiError {
     fn from(err: TurnError) -> Self {
         match err {
             TurnError::NotFound(what) => Self::NotFound(what),
-            TurnError::Busy(running) => Self::AgentBusy(running),
+            // Named by `api::chats::busy` where the caller may read it.
+            TurnError::Busy(_) => Self::AgentBusy(None),
             TurnError::QueueFull => Self::QueueFull,
             TurnError::InProgress(turn) => Self::TurnInProgress(turn),
             TurnError::Quota(refusal) => Self::Quota(refusal),
@@ -353,7 +355,8 @@ impl ApiError {
 
     pub fn turn_id(&self) -> Option<TurnId> {
         match self {
-            Self::TurnInProgress(id) | Self::AgentBusy(id) => Some(*id),
+            Self::TurnInProgress(id) => Some(*id),
+            Self::AgentBusy(id) => *id,
             _ => None,
         }
     }

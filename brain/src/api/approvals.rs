@@ -15,7 +15,7 @@ use crate::approvals::{ApprovalKind, ElicitAction, check_content, validate_reaso
 use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
-use crate::turn::{self, Trigger};
+use crate::turn::{self, Trigger, TurnError};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Approvals {
@@ -169,18 +169,23 @@ pub async fn answer(
         approved,
         reason: body.reason,
     }];
-    let launched = turn::launch(
+    let launched = match turn::launch(
         &state,
         principal.team,
         approval.chat,
         Trigger::Approval(answers),
-        // X1: the answering principal's; a tool that changes the agent was refused before
-        // it asked unless the asking turn's principal was an admin, so both must be.
+        // X1: who answers, recorded; the continuation acts with the turn it continues.
         principal.authority(),
         true,
         super::trace_parent(&headers).as_ref(),
     )
-    .await?;
+    .await
+    {
+        Err(TurnError::Busy(running)) => {
+            return Err(super::chats::busy(&state, &principal, running).await);
+        }
+        other => other?,
+    };
     let approval = launched
         .answered
         .into_iter()

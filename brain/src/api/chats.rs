@@ -608,13 +608,13 @@ pub(super) async fn launch(
         other => return Ok(Posted::Launched(other?)),
     };
     let Some(input) = input else {
-        return Err(ApiError::AgentBusy(running));
+        return Err(busy(state, principal, running).await);
     };
     let (agent, policy) = turn::busy_policy(state, team, chat).await?;
     // The busy paths are boxed: their transactions would otherwise weigh in the future of
     // every request that posts a message, which the router moves (PERFORMANCE.md, issue 31).
     match if_busy.unwrap_or(policy) {
-        BusyPolicy::Reject => Err(ApiError::AgentBusy(running)),
+        BusyPolicy::Reject => Err(busy(state, principal, running).await),
         BusyPolicy::Enqueue => {
             let authority = principal.authority();
             let queued =
@@ -628,7 +628,7 @@ pub(super) async fn launch(
                 .await
                 .is_err()
             {
-                return Err(ApiError::AgentBusy(running));
+                return Err(ApiError::AgentBusy(None));
             }
             let launched = Box::pin(turn::interrupt(
                 state,
@@ -645,6 +645,17 @@ pub(super) async fn launch(
             Ok(Posted::Launched(launched))
         }
     }
+}
+
+/// `409 agent_busy`, naming the running turn only to a principal who may read it: its
+/// chat is one the principal sees (X1). Another user's chat, or the agent's autostart
+/// chat for a non-admin, stays as unknown as a turn id of another team.
+pub async fn busy(state: &AppState, principal: &Principal, running: TurnId) -> ApiError {
+    let readable = match stop::find(&state.store, principal.team, running).await {
+        Ok(found) => principal.check_chat(&state.store, found.chat).await.is_ok(),
+        Err(_) => false,
+    };
+    ApiError::AgentBusy(readable.then_some(running))
 }
 
 /// D5: a retried message id whose turn still runs (its client's replica died, its

@@ -700,7 +700,7 @@ fn refusal(err: &ApiError) -> Value {
         tracing::warn!(code, error = %err, "MCP call failed");
     }
     let mut error = json!({"code": code, "message": message});
-    if let ApiError::AgentBusy(turn) | ApiError::TurnInProgress(turn) = err {
+    if let Some(turn) = err.turn_id() {
         error["turn_id"] = json!(turn);
     }
     tool_result(

@@ -575,3 +575,45 @@ async fn memories_belong_to_their_end_user_and_go_with_them() {
     .unwrap();
     assert_eq!(audit, 1);
 }
+
+/// Hole 10: `409 agent_busy` names the running turn only to whom may read it: the user
+/// whose chat runs it, not another user of the team.
+#[tokio::test]
+async fn agent_busy_names_the_running_turn_only_to_whom_may_read_it() {
+    let app = app_with_users().await;
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (alice, bob) = (user_token(&app, "alice"), user_token(&app, "bob"));
+    let alice_chat = chat_as(&app, &alice, &agent).await;
+    let bob_chat = chat_as(&app, &bob, &agent).await;
+    app.provider.push(scripted_provider::Reply::Held {
+        delta: "working ".into(),
+        every: Duration::from_millis(20),
+    });
+    let running = app
+        .http
+        .post(format!("{}/v1/chats/{alice_chat}/messages", app.url))
+        .bearer_auth(&alice)
+        .json(&json!({"content": "take your time", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(running.status(), 202);
+    let post = |bearer: &str, chat: &str| {
+        app.http
+            .post(format!("{}/v1/chats/{chat}/messages", app.url))
+            .bearer_auth(bearer)
+            .json(&json!({"content": "me too", "if_busy": "reject"}))
+            .send()
+    };
+    let theirs = post(&bob, &bob_chat).await.unwrap();
+    assert_eq!(theirs.status(), 409);
+    let theirs: Value = theirs.json().await.unwrap();
+    assert_eq!(theirs["error"]["code"], "agent_busy", "{theirs}");
+    assert!(theirs["error"].get("turn_id").is_none(), "{theirs}");
+    let own = post(&alice, &alice_chat).await.unwrap();
+    assert_eq!(own.status(), 409);
+    let own: Value = own.json().await.unwrap();
+    assert!(own["error"]["turn_id"].is_string(), "{own}");
+    app.provider.release_held();
+    app.settled().await;
+}
