@@ -74,6 +74,12 @@ pub struct Config {
     /// A new team's quotas, until it overrides them (`BRAIN_QUOTA_<FIELD>`; unset is
     /// unlimited). SPEC T2, E2.
     pub quotas: crate::quota::Limits,
+    /// What each API key and each JWT user may request, unless its team overrides it
+    /// (`BRAIN_RATE_LIMIT_PER_SECOND`, `BRAIN_RATE_LIMIT_BURST`; issue 50); `None`: unlimited.
+    pub requests: Option<crate::quota::RequestLimit>,
+    /// What each client address may request without valid credentials
+    /// (`BRAIN_RATE_LIMIT_ANONYMOUS_PER_SECOND`, `BRAIN_RATE_LIMIT_ANONYMOUS_BURST`).
+    pub anonymous_requests: Option<crate::quota::RequestLimit>,
     /// The platform operator's bearer for the team API (`BRAIN_OPERATOR_TOKEN`, L1);
     /// `None`: the team API answers `404`.
     pub operator_token: Option<crate::auth::OperatorToken>,
@@ -348,6 +354,28 @@ fn quotas(env: &dyn Env) -> Result<crate::quota::Limits, ConfigError> {
     Ok(limits)
 }
 
+/// A request rate limit from its two variables: requests per second (or `off`), and the
+/// burst, twice the rate unless set.
+fn request_limit(
+    env: &dyn Env,
+    [rate, burst]: [&'static str; 2],
+    default_rate: u64,
+) -> Result<Option<crate::quota::RequestLimit>, ConfigError> {
+    use crate::quota::{MAX_REQUESTS, RequestLimit};
+    if trimmed(env, rate).is_some_and(|v| v.eq_ignore_ascii_case("off")) {
+        return Ok(None);
+    }
+    let per_second = ranged(env, rate, default_rate, 1, MAX_REQUESTS)?;
+    let burst = ranged(
+        env,
+        burst,
+        (per_second * 2).min(MAX_REQUESTS),
+        1,
+        MAX_REQUESTS,
+    )?;
+    Ok(Some(RequestLimit { per_second, burst }))
+}
+
 /// The artifact store: its backend and the size limit of one artifact.
 #[derive(Clone, Debug)]
 pub struct ArtifactsConfig {
@@ -562,6 +590,19 @@ impl Config {
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,
             quotas: quotas(env)?,
+            requests: request_limit(
+                env,
+                ["BRAIN_RATE_LIMIT_PER_SECOND", "BRAIN_RATE_LIMIT_BURST"],
+                200,
+            )?,
+            anonymous_requests: request_limit(
+                env,
+                [
+                    "BRAIN_RATE_LIMIT_ANONYMOUS_PER_SECOND",
+                    "BRAIN_RATE_LIMIT_ANONYMOUS_BURST",
+                ],
+                50,
+            )?,
             operator_token: crate::auth::OperatorToken::from_env(env)?,
             trusted_proxies: trusted_proxies(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
@@ -807,6 +848,25 @@ mod tests {
         assert_eq!(cluster.redis_cluster_urls.map(|u| u.len()), Some(2));
         let err = Config::from_env(&env(&[("REDIS_CLUSTER_URLS", "10.0.0.1:6379")])).unwrap_err();
         assert_eq!(err.name, "REDIS_CLUSTER_URLS");
+    }
+
+    #[test]
+    fn request_rate_limits_default_on_and_turn_off() {
+        use crate::quota::RequestLimit;
+        let limit = |per_second, burst| Some(RequestLimit { per_second, burst });
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.requests, limit(200, 400));
+        assert_eq!(config.anonymous_requests, limit(50, 100));
+        let set = Config::from_env(&env(&[
+            ("BRAIN_RATE_LIMIT_PER_SECOND", "10"),
+            ("BRAIN_RATE_LIMIT_ANONYMOUS_PER_SECOND", "off"),
+            ("BRAIN_RATE_LIMIT_ANONYMOUS_BURST", "not read"),
+        ]))
+        .unwrap();
+        assert_eq!(set.requests, limit(10, 20), "the burst follows the rate");
+        assert_eq!(set.anonymous_requests, None);
+        let err = Config::from_env(&env(&[("BRAIN_RATE_LIMIT_BURST", "0")])).unwrap_err();
+        assert_eq!(err.name, "BRAIN_RATE_LIMIT_BURST");
     }
 
     #[test]

@@ -63,6 +63,7 @@ pub mod mcp_server;
 pub mod metrics;
 pub mod provider;
 pub mod quota;
+pub mod ratelimit;
 pub mod redis;
 pub mod retention;
 pub mod schedule;
@@ -112,6 +113,10 @@ pub struct AppState {
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
     pub quotas: Quotas,
+    /// The request rate limit of every principal and client address (issue 50).
+    pub rate_limits: ratelimit::RateLimits,
+    /// `/readyz`'s last answer and its Redis connection.
+    pub readiness: api::ReadinessCheck,
     /// The chat events streams (S2): the publisher every turn feeds, the reader observers
     /// share.
     pub events: events::Events,
@@ -168,7 +173,9 @@ impl AppState {
         // Sized from the pool the store really has (a test's may differ from the
         // configured size).
         let intakes = intake::Intakes::new(store.max_connections(), config.intake, metrics.clone());
-        let quotas = Quotas::new(store.clone(), config.quotas);
+        let quotas = Quotas::new(store.clone(), config.quotas).with_requests(config.requests);
+        let rate_limits =
+            ratelimit::RateLimits::new(redis.clone(), quotas.clone(), config.anonymous_requests);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
         if config.workers.dev_token_key {
             tracing::warn!(
@@ -204,6 +211,8 @@ impl AppState {
             intakes,
             bases: turn::Bases::new(metrics.clone()),
             holds,
+            rate_limits,
+            readiness: api::ReadinessCheck::new(redis.clone()),
             quotas,
             events,
             metrics,

@@ -39,6 +39,8 @@ pub struct Counters {
     pub turns_reconciled: IntCounter,
     /// Turns and worker sessions a team quota refused, by quota (E2).
     pub quota_refusals: IntCounterVec,
+    /// Requests the rate limit refused, or let through unchecked (issue 50).
+    pub rate_limits: IntCounterVec,
     /// Chunks the events publisher could not write (its channel full, or Redis failed);
     /// each gap reaches the chat's observers as a `data-resync` (S2).
     pub events_dropped: IntCounter,
@@ -180,6 +182,12 @@ impl Metrics {
                 "brain_quota_refusals_total",
                 "Turns and worker sessions refused by a team quota, by quota.",
                 &["quota"],
+            )?,
+            rate_limits: counter_vec(
+                r,
+                "brain_rate_limits_total",
+                "Requests refused by the request rate limit (refused), or let through because Redis did not answer (unchecked).",
+                &["result"],
             )?,
             events_dropped: counter(
                 r,

@@ -9,6 +9,8 @@
 //! - [`Fault::None`]: bytes flow; a cut proxy listens again on the same address.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,6 +28,7 @@ pub struct FaultProxy {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
     task: JoinHandle<()>,
+    accepted: Arc<AtomicUsize>,
 }
 
 impl FaultProxy {
@@ -39,8 +42,20 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (fault, rx) = watch::channel(Fault::None);
-        let task = tokio::spawn(accept_loop(listener, addr, upstream, rx));
-        Self { addr, fault, task }
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(accept_loop(listener, addr, upstream, rx, accepted.clone()));
+        Self {
+            addr,
+            fault,
+            task,
+            accepted,
+        }
+    }
+
+    /// How many connections clients opened through the proxy so far: what a test reads
+    /// to tell a client that reuses its connections from one that opens one per call.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Where clients connect instead of the upstream.
@@ -65,6 +80,7 @@ async fn accept_loop(
     addr: SocketAddr,
     upstream: SocketAddr,
     mut rx: watch::Receiver<Fault>,
+    accepted_count: Arc<AtomicUsize>,
 ) {
     let mut listener = Some(listener);
     loop {
@@ -83,6 +99,7 @@ async fn accept_loop(
                     changed = rx.changed() => if changed.is_err() { return },
                     // A client connected.
                     accepted = l.accept() => if let Ok((client, _)) = accepted {
+                        accepted_count.fetch_add(1, Ordering::SeqCst);
                         let _ = client.set_nodelay(true);
                         tokio::spawn(forward(client, upstream, rx.clone()));
                     },

@@ -1,6 +1,9 @@
 //! Liveness and readiness probes.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::Json;
 use axum::extract::State;
@@ -23,7 +26,8 @@ pub async fn healthz() -> &'static str {
 
 /// Postgres and Redis answer, and the replica is not draining. Redis only degrades the
 /// brain (turns run without holds), but a replica that cannot see it should not take new
-/// traffic when others can.
+/// traffic when others can. The stores' answer is at most a second old; draining shows at
+/// once.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -42,20 +46,65 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
             Json(Readiness::Draining { draining: true }),
         );
     }
-    let timeout = Duration::from_secs(2);
-    let postgres = matches!(
-        tokio::time::timeout(timeout, state.store.ping()).await,
-        Ok(Ok(()))
-    );
-    let redis = crate::redis::bounded(timeout, redis_ping(&state.redis))
-        .await
-        .is_ok();
+    let (postgres, redis) = state.readiness.check(&state.store).await;
     let status = if postgres && redis {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(Readiness::Checked { postgres, redis }))
+}
+
+/// How long a readiness check is the answer: probes from every kubelet and load balancer
+/// cost the stores one check a second, however many come.
+const KEPT: Duration = Duration::from_secs(1);
+
+/// Each store's bound in a check.
+const BOUND: Duration = Duration::from_secs(2);
+
+/// `/readyz`'s last check and the Redis connection it checks on, which it keeps.
+#[derive(Clone)]
+pub struct ReadinessCheck {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    redis: crate::redis::Shared,
+    /// When the last check was made and what it found; held while a check runs, so
+    /// probes arriving meanwhile take its answer rather than checking again.
+    last: tokio::sync::Mutex<Option<(Instant, bool, bool)>>,
+}
+
+impl ReadinessCheck {
+    /// Does no I/O.
+    pub fn new(redis: crate::redis::Client) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                redis: crate::redis::Shared::new(redis, BOUND),
+                last: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Whether Postgres and Redis answer: the last check if under a second old.
+    async fn check(&self, store: &crate::store::Store) -> (bool, bool) {
+        let mut last = self.inner.last.lock().await;
+        if let Some((at, postgres, redis)) = *last
+            && at.elapsed() < KEPT
+        {
+            return (postgres, redis);
+        }
+        let (postgres, redis) = tokio::join!(
+            tokio::time::timeout(BOUND, store.ping()),
+            crate::redis::bounded(BOUND, async {
+                let mut conn = self.inner.redis.get().await?;
+                redis::cmd("PING").query_async::<String>(&mut conn).await
+            }),
+        );
+        let (postgres, redis) = (matches!(postgres, Ok(Ok(()))), redis.is_ok());
+        *last = Some((Instant::now(), postgres, redis));
+        (postgres, redis)
+    }
 }
 
 /// What `/readyz` found.
@@ -66,12 +115,4 @@ pub enum Readiness {
     Checked { postgres: bool, redis: bool },
     /// The replica is draining (SIGTERM); the stores were not asked.
     Draining { draining: bool },
-}
-
-async fn redis_ping(client: &crate::redis::Client) -> redis::RedisResult<()> {
-    let mut conn = client.connection().await?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut conn)
-        .await
-        .map(|_| ())
 }

@@ -17,6 +17,7 @@ mod erasure;
 mod events;
 mod health;
 mod keys;
+mod limit;
 mod mcp;
 mod oauth;
 pub mod openapi;
@@ -43,6 +44,7 @@ use utoipa_axum::routes;
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::{ApiError, JsonBody};
+pub use health::ReadinessCheck;
 
 pub fn router(state: AppState) -> Router {
     let max_body = state.config.max_body_bytes;
@@ -57,6 +59,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            limit::limit,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
             count_response,
@@ -148,6 +154,10 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Authenticated already by the rate limit (`limit.rs`).
+        if let Some(principal) = parts.extensions.remove::<Principal>() {
+            return Ok(principal);
+        }
         let bearer = parts
             .headers
             .get(AUTHORIZATION)

@@ -11,7 +11,7 @@ use super::{ClientAddr, JsonBody};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::quota::Limits;
+use crate::quota::{Limits, RequestLimit};
 use crate::quota::{
     LimitsUpdate, Periods, QuotaUpdate, TeamSettings, UpdateError, Used, UserLimits, check_user_id,
 };
@@ -25,6 +25,9 @@ pub struct QuotaView {
     /// overridden for that user (`PUT /v1/quotas/users/{user_id}`); `null` is unlimited.
     /// An API key's turns count against the team's limits only.
     per_user: Limits,
+    /// What each API key and each end user of the team may request, each counted apart;
+    /// `null` is unlimited. Past it a request is refused `429 rate_limited`.
+    requests: Option<RequestLimit>,
     /// From Postgres' billing events and rows: what the team spent in each quota's window.
     used: Used,
     /// When each period budget starts over (UTC); `null` for a concurrency limit.
@@ -81,6 +84,7 @@ async fn view(
     Ok(QuotaView {
         limits: settings.limits,
         per_user: settings.per_user,
+        requests: settings.requests,
         used,
         resets: resets(&periods, &used),
     })
@@ -153,6 +157,9 @@ pub async fn put(
         .map_err(update_error)?;
     if let Err(class) = state.holds.forget_limits(team).await {
         tracing::warn!(team = %team, class, "quota limits not forgotten in Redis; they lapse within a minute");
+    }
+    if let Err(unavailable) = state.rate_limits.forget(team).await {
+        tracing::warn!(team = %team, class = unavailable.0, "request rate limit not forgotten in Redis; it lapses within a minute");
     }
     Ok(Json(view(&state, team, settings).await?))
 }

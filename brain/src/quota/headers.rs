@@ -4,13 +4,16 @@
 //!
 //! `RateLimit-Policy: "turns_per_minute";q=60;w=60, "tokens_per_day";q=100000;w=86400;qu="tokens"`
 //! `RateLimit: "turns_per_minute";r=59;t=60, "tokens_per_day";r=98220;t=41100`
+//!
+//! A refusal of the request rate limit (`crate::ratelimit`) names its token bucket
+//! `requests`: its burst over the seconds it takes to fill, and what is left of it.
 
 use std::fmt::Write;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::{Field, Limits, Periods, Used};
+use super::{Field, Limits, Periods, RequestLimit, Used};
 
 static POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static STATUS: HeaderName = HeaderName::from_static("ratelimit");
@@ -53,7 +56,8 @@ pub struct Levels {
 /// One list item, before it is written.
 #[derive(Clone, Copy)]
 struct Item {
-    field: Field,
+    /// The quota's field name, or `requests` for the request rate limit.
+    name: &'static str,
     quota: u64,
     window: Option<u64>,
     unit: Option<&'static str>,
@@ -75,7 +79,7 @@ fn turn_items(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Vec<It
     let mut items = Vec::with_capacity(4);
     if let Some(quota) = limits.turns_per_minute {
         items.push(Item {
-            field: Field::TurnsPerMinute,
+            name: Field::TurnsPerMinute.name(),
             quota,
             window: Some(60),
             unit: None,
@@ -85,7 +89,7 @@ fn turn_items(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Vec<It
     }
     if let Some(quota) = limits.concurrent_turns {
         items.push(Item {
-            field: Field::ConcurrentTurns,
+            name: Field::ConcurrentTurns.name(),
             quota,
             window: None,
             unit: Some("concurrent-requests"),
@@ -95,7 +99,7 @@ fn turn_items(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Vec<It
     }
     if let Some(quota) = limits.tokens_per_day {
         items.push(Item {
-            field: Field::TokensPerDay,
+            name: Field::TokensPerDay.name(),
             quota,
             window: Some(86_400),
             unit: Some("tokens"),
@@ -105,7 +109,7 @@ fn turn_items(limits: &Limits, counts: &TurnCounts, periods: &Periods) -> Vec<It
     }
     if let Some(quota) = limits.tokens_per_month {
         items.push(Item {
-            field: Field::TokensPerMonth,
+            name: Field::TokensPerMonth.name(),
             quota,
             window: Some(u64::try_from(month).unwrap_or(1)),
             unit: Some("tokens"),
@@ -142,7 +146,7 @@ impl RateLimitHeaders {
             Field::TokensPerMonth,
         ];
         for field in order {
-            let of = |items: &[Item]| items.iter().find(|i| i.field == field).copied();
+            let of = |items: &[Item]| items.iter().find(|i| i.name == field.name()).copied();
             let tighter = match (of(&team), of(&user)) {
                 (Some(t), Some(u)) if u.remaining() < t.remaining() => Some(u),
                 (Some(t), _) => Some(t),
@@ -160,7 +164,7 @@ impl RateLimitHeaders {
         let mut h = Self::default();
         if let Some(quota) = limits.concurrent_sessions {
             h.push(&Item {
-                field: Field::ConcurrentSessions,
+                name: Field::ConcurrentSessions.name(),
                 quota,
                 window: None,
                 unit: Some("concurrent-requests"),
@@ -170,7 +174,7 @@ impl RateLimitHeaders {
         }
         if let Some(quota) = limits.worker_seconds_per_day {
             h.push(&Item {
-                field: Field::WorkerSecondsPerDay,
+                name: Field::WorkerSecondsPerDay.name(),
                 quota,
                 window: Some(86_400),
                 unit: Some("seconds"),
@@ -181,6 +185,21 @@ impl RateLimitHeaders {
         h
     }
 
+    /// A request rate limit's token bucket (issue 50), as one policy: its burst over the
+    /// seconds the bucket takes to fill, and what is left of it until it is full again.
+    pub fn requests(limit: RequestLimit, left: u64, until_full: Duration) -> Self {
+        let mut h = Self::default();
+        h.push(&Item {
+            name: "requests",
+            quota: limit.burst,
+            window: Some(limit.burst.div_ceil(limit.per_second.max(1))),
+            unit: None,
+            used: limit.burst.saturating_sub(left),
+            reset: Some(until_full.as_secs_f64().ceil() as u64),
+        });
+        h
+    }
+
     fn push(&mut self, item: &Item) {
         let sep = |s: &mut String| {
             if !s.is_empty() {
@@ -188,7 +207,7 @@ impl RateLimitHeaders {
             }
         };
         sep(&mut self.policy);
-        let _ = write!(self.policy, "\"{}\";q={}", item.field.name(), item.quota);
+        let _ = write!(self.policy, "\"{}\";q={}", item.name, item.quota);
         if let Some(w) = item.window {
             let _ = write!(self.policy, ";w={w}");
         }
@@ -196,12 +215,7 @@ impl RateLimitHeaders {
             let _ = write!(self.policy, ";qu=\"{unit}\"");
         }
         sep(&mut self.status);
-        let _ = write!(
-            self.status,
-            "\"{}\";r={}",
-            item.field.name(),
-            item.remaining()
-        );
+        let _ = write!(self.status, "\"{}\";r={}", item.name, item.remaining());
         if let Some(t) = item.reset {
             let _ = write!(self.status, ";t={t}");
         }
@@ -283,5 +297,16 @@ mod tests {
         );
         assert!(h.policy.contains("\"tokens_per_day\";q=300;"));
         assert!(RateLimitHeaders::turns(&Limits::default(), &counts, &periods).is_empty());
+    }
+
+    #[test]
+    fn a_request_bucket_is_its_burst_over_the_seconds_it_takes_to_fill() {
+        let limit = RequestLimit {
+            per_second: 200,
+            burst: 500,
+        };
+        let h = RateLimitHeaders::requests(limit, 0, Duration::from_millis(2_499));
+        assert_eq!(h.policy, "\"requests\";q=500;w=3");
+        assert_eq!(h.status, "\"requests\";r=0;t=3");
     }
 }

@@ -37,7 +37,9 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, QuotaScope, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{Actor, BilledBefore, SessionUsage, Since, Store, StoreError, bounded};
+use crate::store::{
+    Actor, BilledBefore, QuotaSettings, SessionUsage, Since, Store, StoreError, bounded,
+};
 pub use headers::{Levels, RateLimitHeaders, Standing, TurnCounts};
 
 /// One quota, by its wire name.
@@ -158,6 +160,49 @@ impl Limits {
     }
 }
 
+/// A request rate limit (issue 50): a token bucket of `burst` requests refilled at
+/// `per_second`, which each API key, each JWT user and each unauthenticated client address
+/// has of its own (`crate::ratelimit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct RequestLimit {
+    /// Requests per second, sustained.
+    #[serde(rename = "requests_per_second")]
+    pub per_second: u64,
+    /// Requests let through at once after a quiet spell.
+    #[serde(rename = "request_burst")]
+    pub burst: u64,
+}
+
+/// The largest request rate or burst: beyond it a limit is no limit, and a token bucket's
+/// arithmetic in Redis' Lua (doubles) stays exact.
+pub const MAX_REQUESTS: u64 = 1_000_000;
+
+const REQUESTS_PER_SECOND: &str = "requests_per_second";
+const REQUEST_BURST: &str = "request_burst";
+
+impl RequestLimit {
+    /// A team's request limit: `default` with the team's stored overrides over it. A
+    /// `requests_per_second` of `null` is unlimited; a `request_burst` of `null` is one
+    /// second's worth, and an absent one the default's. A stored value out of range is
+    /// ignored rather than failing every request.
+    pub fn with_overrides(default: Option<Self>, overrides: &serde_json::Value) -> Option<Self> {
+        let count = |v: &serde_json::Value| v.as_u64().filter(|n| (1..=MAX_REQUESTS).contains(n));
+        let per_second = match overrides.get(REQUESTS_PER_SECOND) {
+            Some(v) if v.is_null() => None,
+            Some(v) => count(v).or(default.map(|d| d.per_second)),
+            None => default.map(|d| d.per_second),
+        }?;
+        let burst = match overrides.get(REQUEST_BURST) {
+            Some(v) => count(v),
+            None => default.map(|d| d.burst),
+        };
+        Some(Self {
+            per_second,
+            burst: burst.unwrap_or(per_second),
+        })
+    }
+}
+
 /// The body of `PUT /v1/quotas`: an absent field is left as it was, `null` makes it
 /// unlimited, an integer sets it. `per_user` does the same to the limits each end user
 /// (a JWT's subject) has under the team's (L4).
@@ -183,6 +228,16 @@ pub struct QuotaUpdate {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub worker_seconds_per_day: Option<Option<u64>>,
+    /// Requests per second of each API key and each end user of the team, sustained
+    /// (issue 50); `null` is unlimited.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000)]
+    pub requests_per_second: Option<Option<u64>>,
+    /// Requests each of them may make at once after a quiet spell; `null` is one second's
+    /// worth (`requests_per_second`).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000)]
+    pub request_burst: Option<Option<u64>>,
     /// The limits of each end user, merged field by field like the team's.
     #[serde(default)]
     pub per_user: Option<LimitsUpdate>,
@@ -226,7 +281,7 @@ impl QuotaUpdate {
     /// The fields to merge into the team's stored overrides and into its `per_user`, as
     /// JSON objects.
     pub fn into_patches(self) -> Result<(serde_json::Value, serde_json::Value), String> {
-        let team = LimitsUpdate {
+        let mut team = LimitsUpdate {
             tokens_per_day: self.tokens_per_day,
             tokens_per_month: self.tokens_per_month,
             turns_per_minute: self.turns_per_minute,
@@ -235,6 +290,16 @@ impl QuotaUpdate {
             worker_seconds_per_day: self.worker_seconds_per_day,
         }
         .into_patch("")?;
+        for (name, value) in [
+            (REQUESTS_PER_SECOND, self.requests_per_second),
+            (REQUEST_BURST, self.request_burst),
+        ] {
+            let Some(value) = value else { continue };
+            if value.is_some_and(|v| !(1..=MAX_REQUESTS).contains(&v)) {
+                return Err(format!("{name} must be from 1 to {MAX_REQUESTS}"));
+            }
+            team[name] = value.into();
+        }
         let per_user = self.per_user.unwrap_or_default().into_patch("per_user.")?;
         Ok((team, per_user))
     }
@@ -418,6 +483,8 @@ pub struct TeamSettings {
     /// Whether any user of the team has overrides: without them and without `per_user`,
     /// a user's turn counts at the team's level only.
     pub users_overridden: bool,
+    /// What each of the team's keys and users may request; `None` is unlimited.
+    pub requests: Option<RequestLimit>,
 }
 
 impl TeamSettings {
@@ -452,14 +519,22 @@ impl UserLimits {
 pub struct Quotas {
     store: Store,
     defaults: Arc<Limits>,
+    requests: Option<RequestLimit>,
 }
 
 impl Quotas {
+    /// Without a request limit: [`Quotas::with_requests`] sets the default one.
     pub fn new(store: Store, defaults: Limits) -> Self {
         Self {
             store,
             defaults: Arc::new(defaults),
+            requests: None,
         }
+    }
+
+    /// The request limit of a team that sets none (`BRAIN_RATE_LIMIT_*`).
+    pub fn with_requests(self, requests: Option<RequestLimit>) -> Self {
+        Self { requests, ..self }
     }
 
     pub fn defaults(&self) -> Limits {
@@ -474,11 +549,7 @@ impl Quotas {
     /// A team's effective limits and what it says of its users' (L4), read from Postgres.
     pub async fn settings(&self, team: TeamId) -> Result<TeamSettings, StoreError> {
         let stored = bounded(self.store.quota_settings(team)).await?;
-        Ok(TeamSettings {
-            limits: self.defaults.with_overrides(&stored.overrides),
-            per_user: Limits::default().with_overrides(&stored.per_user),
-            users_overridden: stored.users_overridden,
-        })
+        Ok(self.settings_of(&stored))
     }
 
     /// Merges `update` into the team's overrides and its `per_user`; answers the new
@@ -495,11 +566,16 @@ impl Quotas {
                 .merge_quota_overrides(team, &patch, &per_user, by),
         )
         .await?;
-        Ok(TeamSettings {
+        Ok(self.settings_of(&stored))
+    }
+
+    fn settings_of(&self, stored: &QuotaSettings) -> TeamSettings {
+        TeamSettings {
             limits: self.defaults.with_overrides(&stored.overrides),
             per_user: Limits::default().with_overrides(&stored.per_user),
             users_overridden: stored.users_overridden,
-        })
+            requests: RequestLimit::with_overrides(self.requests, &stored.overrides),
+        }
     }
 
     /// One user's limits (L4): the team's `per_user` with the user's overrides over it,
@@ -724,6 +800,52 @@ mod tests {
         let huge: QuotaUpdate =
             serde_json::from_str(&format!(r#"{{"tokens_per_day": {}}}"#, MAX_LIMIT + 1)).unwrap();
         assert!(huge.into_patches().is_err());
+    }
+
+    #[test]
+    fn a_teams_request_limit_overrides_the_default_field_by_field() {
+        let default = Some(RequestLimit {
+            per_second: 200,
+            burst: 400,
+        });
+        let of = |overrides: serde_json::Value| RequestLimit::with_overrides(default, &overrides);
+        assert_eq!(of(serde_json::json!({})), default);
+        assert_eq!(of(serde_json::json!({"requests_per_second": null})), None);
+        assert_eq!(
+            of(serde_json::json!({"requests_per_second": 5})),
+            Some(RequestLimit {
+                per_second: 5,
+                burst: 400
+            })
+        );
+        assert_eq!(
+            of(serde_json::json!({"requests_per_second": 5, "request_burst": null})),
+            Some(RequestLimit {
+                per_second: 5,
+                burst: 5
+            }),
+            "a null burst is one second's worth"
+        );
+        assert_eq!(
+            of(serde_json::json!({"requests_per_second": 0})),
+            default,
+            "out of range"
+        );
+        assert_eq!(
+            RequestLimit::with_overrides(None, &serde_json::json!({"requests_per_second": 3})),
+            Some(RequestLimit {
+                per_second: 3,
+                burst: 3
+            })
+        );
+        let update: QuotaUpdate = serde_json::from_str(r#"{"requests_per_second": 0}"#).unwrap();
+        assert!(update.into_patches().is_err());
+        let update: QuotaUpdate =
+            serde_json::from_str(r#"{"requests_per_second": null, "request_burst": 9}"#).unwrap();
+        assert_eq!(
+            update.into_patches().unwrap().0,
+            serde_json::json!({"requests_per_second": null, "request_burst": 9})
+        );
     }
 
     #[test]

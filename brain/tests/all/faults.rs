@@ -24,7 +24,7 @@ const SLACK: Duration = Duration::from_millis(750);
 
 /// `host:port` of a service URL such as `redis://127.0.0.1:6379` or
 /// `postgres://user:pw@127.0.0.1:5432/db`.
-fn host_port(url: &str) -> String {
+pub(crate) fn host_port(url: &str) -> String {
     let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
     let rest = rest.rsplit_once('@').map(|(_, r)| r).unwrap_or(rest);
     rest.split('/').next().unwrap().to_owned()
