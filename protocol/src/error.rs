@@ -41,7 +41,9 @@ pub enum ErrorCode {
     QueueFull,
     /// The request collides with an existing resource (a name already taken).
     Conflict,
-    /// The model provider answered 429.
+    /// Too many requests: the caller's request rate limit (its API key's, its JWT user's,
+    /// or without valid credentials its address's), with `Retry-After` and the
+    /// `RateLimit` headers; or the model provider answered 429.
     RateLimited,
     /// The model provider is down, refused the connection, timed out or cut its stream.
     ProviderUnavailable,
