@@ -45,6 +45,9 @@ pub struct Config {
     pub max_message_chars: usize,
     /// The most queued turns an agent may have (`BRAIN_QUEUE_MAX_PER_AGENT`, T13).
     pub queue_max_per_agent: u32,
+    /// Of those, the most one principal (a key, a user) may have
+    /// (`BRAIN_QUEUE_MAX_PER_PRINCIPAL`), so one cannot fill the queue for everyone.
+    pub queue_max_per_principal: u32,
     /// After SIGTERM, how long running turns may go on before they are cancelled (O3).
     pub drain_timeout: Duration,
     /// This replica's lease (O3): renewed every quarter of it; a replica silent for longer
@@ -232,10 +235,10 @@ pub struct EventsConfig {
 /// Worker sessions: the channel's timeouts and the session token key.
 #[derive(Clone)]
 pub struct WorkerConfig {
-    /// Shared with the runtime-manager (`SESSION_TOKEN_KEY`); the development key when
-    /// unset.
+    /// Shared with the runtime-manager (`SESSION_TOKEN_KEY`); required, but for the key
+    /// development mode keeps in `.dev/` (`AGENT_RUNTIME_DEV`).
     pub token_key: Vec<u8>,
-    /// Whether `token_key` is the development key (logged as a warning at start).
+    /// Whether `token_key` is development mode's (logged as a warning at start).
     pub dev_token_key: bool,
     /// A second key whose tokens are accepted, never used to sign: the key being rotated
     /// in or out (`SESSION_TOKEN_KEY_ACCEPTED`, docs/OPERATIONS.md).
@@ -279,19 +282,7 @@ impl std::fmt::Debug for WorkerConfig {
 }
 
 fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
-    let (token_key, dev_token_key) = match non_empty(env, "SESSION_TOKEN_KEY") {
-        Some(key) if key.len() >= 32 => (key.into_bytes(), false),
-        Some(_) => {
-            return Err(ConfigError {
-                name: "SESSION_TOKEN_KEY",
-                problem: "must have at least 32 bytes".into(),
-            });
-        }
-        None => (
-            channel::token::DEV_SESSION_TOKEN_KEY.as_bytes().to_vec(),
-            true,
-        ),
-    };
+    let key = envcfg::session_token_key(env)?;
     let token_key_accepted = match non_empty(env, "SESSION_TOKEN_KEY_ACCEPTED") {
         Some(key) if key.len() >= 32 => Some(key.into_bytes()),
         Some(_) => {
@@ -303,8 +294,8 @@ fn workers(env: &dyn Env) -> Result<WorkerConfig, ConfigError> {
         None => None,
     };
     Ok(WorkerConfig {
-        token_key,
-        dev_token_key,
+        token_key: key.bytes,
+        dev_token_key: key.development,
         token_key_accepted,
         token_ttl: millis(env, "BRAIN_WORKER_TOKEN_TTL_MS", 10 * 60_000)?,
         handshake_timeout: millis(env, "BRAIN_WORKER_HANDSHAKE_TIMEOUT_MS", 10_000)?,
@@ -563,6 +554,7 @@ impl Config {
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             queue_max_per_agent: ranged(env, "BRAIN_QUEUE_MAX_PER_AGENT", 16, 0, 10_000)?,
+            queue_max_per_principal: ranged(env, "BRAIN_QUEUE_MAX_PER_PRINCIPAL", 8, 0, 10_000)?,
             // Fits Kubernetes' default 30 s grace period, with room for the close.
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 6_000, 400, 3_600_000)
@@ -805,9 +797,25 @@ fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use envcfg::vars as env;
-
     use super::*;
+
+    const KEY: &str = "0123456789abcdef0123456789abcdef";
+
+    /// The variables of `pairs`, with a session-token key unless they set one.
+    fn env(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+        let mut vars = envcfg::vars(&[("SESSION_TOKEN_KEY", KEY)]);
+        vars.extend(envcfg::vars(pairs));
+        vars
+    }
+
+    #[test]
+    fn without_a_session_token_key_the_start_is_refused() {
+        let err = Config::from_env(&envcfg::vars(&[])).unwrap_err();
+        assert_eq!(err.name, "SESSION_TOKEN_KEY");
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert_eq!(config.workers.token_key, KEY.as_bytes());
+        assert!(!config.workers.dev_token_key);
+    }
 
     #[test]
     fn defaults_are_the_embedded_setup() {

@@ -24,6 +24,8 @@ pub struct NewQueued<'a> {
     pub actor_admin: bool,
     /// The most queued turns the agent may have; past it nothing is written.
     pub max: u32,
+    /// The most of them `actor` may have.
+    pub max_per_actor: u32,
 }
 
 /// A queued turn's place: its user message and its position (1 = next).
@@ -62,12 +64,15 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;
-        let (waiting,): (i64,) =
-            sqlx::query_as("SELECT count(*) FROM turns WHERE agent_id = $1 AND status = 'queued'")
-                .bind(new.agent.0)
-                .fetch_one(&mut *tx)
-                .await?;
-        if waiting >= i64::from(new.max) {
+        let (waiting, theirs): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE actor = $2) FROM turns \
+             WHERE agent_id = $1 AND status = 'queued'",
+        )
+        .bind(new.agent.0)
+        .bind(new.actor)
+        .fetch_one(&mut *tx)
+        .await?;
+        if waiting >= i64::from(new.max) || theirs >= i64::from(new.max_per_actor) {
             return Err(StoreError::Conflict("queue_full"));
         }
         sqlx::query(

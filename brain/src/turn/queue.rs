@@ -226,6 +226,7 @@ pub async fn enqueue(
         actor: &authority.actor,
         actor_admin: authority.may_change_agent(),
         max: state.config.queue_max_per_agent,
+        max_per_actor: state.config.queue_max_per_principal,
     }))
     .await
     .map_err(|e| match e {

@@ -617,3 +617,48 @@ async fn agent_busy_names_the_running_turn_only_to_whom_may_read_it() {
     app.provider.release_held();
     app.settled().await;
 }
+
+/// Hole 10: one principal cannot fill an agent's queue for everyone: past its share its
+/// next message is `429 queue_full`, while another principal's still waits its turn.
+#[tokio::test]
+async fn one_principal_cannot_fill_the_agents_queue() {
+    let app = TestApp::start_with(|c| {
+        c.queue_max_per_agent = 4;
+        c.queue_max_per_principal = 2;
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(scripted_provider::Reply::Held {
+        delta: "working ".into(),
+        every: Duration::from_millis(20),
+    });
+    let running = app
+        .send(
+            &chat,
+            &json!({"content": "take your time", "background": true}),
+        )
+        .await;
+    assert_eq!(running.status(), 202);
+    let (greedy, _) = key_with_scope(&app, "chat").await;
+    let (other, _) = key_with_scope(&app, "chat").await;
+    let enqueue = |bearer: &str| {
+        app.http
+            .post(format!("{}/v1/chats/{chat}/messages", app.url))
+            .bearer_auth(bearer)
+            .json(&json!({"content": "after you", "if_busy": "enqueue"}))
+            .send()
+    };
+    for _ in 0..2 {
+        assert_eq!(enqueue(&greedy).await.unwrap().status(), 202);
+    }
+    let refused = enqueue(&greedy).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "queue_full", "{refused}");
+    assert_eq!(enqueue(&other).await.unwrap().status(), 202);
+    for _ in 0..3 {
+        app.provider.push(text("Next."));
+    }
+    app.provider.release_held();
+    turns_ended(&app, 4).await;
+}
