@@ -531,7 +531,7 @@ pub async fn post_message(
                 .into(),
         ));
     }
-    principal.check_chat(&state.store, chat).await?;
+    principal.check_chat_to_post(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
     if background {
         let accepted =

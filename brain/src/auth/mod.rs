@@ -4,6 +4,8 @@
 //!   while its invalidation subscription in Redis is live, creation and revocation.
 //! - `jwt.rs`: bearer JWTs from the configured issuer, verified against its JWKS (fetched
 //!   and cached) or inline public keys.
+//! - `issuers.rs`: JWTs of a team's own issuers (`POST /v1/issuers`), accepted for that
+//!   team only.
 //! - `operator.rs`: the platform operator's bearer, which reaches the team API only (L1).
 //!
 //! A request's bearer becomes a [`Principal`]: its team, its [`Scope`], the JWT user if
@@ -14,6 +16,7 @@
 //! stream, a turn's stream) also runs under the principal's [`Standing`], which ends when
 //! its key is revoked or its team disabled on any replica, or its token expires.
 
+pub mod issuers;
 pub mod jwt;
 pub mod keys;
 pub mod operator;
@@ -26,6 +29,7 @@ use uuid::Uuid;
 
 use crate::store::{Actor, Store, StoreError};
 
+pub use issuers::TeamIssuers;
 pub use jwt::{JwtConfig, JwtVerifier};
 pub use keys::Keys;
 pub use operator::OperatorToken;
@@ -231,6 +235,17 @@ impl Principal {
         }
     }
 
+    /// [`Principal::check_chat`] for a message posted to `chat`, without its query for a
+    /// principal who sees the team's chats: the turn's intake refuses an autostart chat
+    /// to a non-admin from the chat row it reads anyway (`turn::start`), so the hot path
+    /// of a chat key costs no round trip more.
+    pub async fn check_chat_to_post(&self, store: &Store, chat: ChatId) -> Result<(), AuthError> {
+        if self.only_chats_of().is_none() {
+            return Ok(());
+        }
+        self.check_chat(store, chat).await
+    }
+
     /// Refuses erasing `chat` (L2) unless this principal is an admin or the user who opened
     /// it: `NotFound` for a chat it may not see (or none), `Forbidden` for one it sees and
     /// did not open (a chat-scoped key, a user who sees the team's chats).
@@ -287,18 +302,38 @@ impl Standing {
     }
 }
 
-/// Authenticates bearers: API keys, and JWTs when an issuer is configured.
+/// Authenticates bearers: API keys, and JWTs of the deployment's issuer (when one is
+/// configured) or of a team's own.
 #[derive(Clone)]
 pub struct Auth {
     pub keys: Keys,
     jwt: Option<JwtVerifier>,
+    pub issuers: TeamIssuers,
 }
 
 impl Auth {
-    pub fn new(store: Store, redis: crate::redis::Client, jwt: Option<JwtConfig>) -> Self {
+    /// `issuers_allow_private`: whether team issuers' JWKS may be on private networks
+    /// (`BRAIN_ISSUERS_ALLOW_PRIVATE_NETWORKS`).
+    pub fn new(
+        store: Store,
+        redis: crate::redis::Client,
+        jwt: Option<JwtConfig>,
+        issuers_allow_private: bool,
+    ) -> Self {
+        let jwt = jwt.map(JwtVerifier::new);
+        let issuers = TeamIssuers::new(
+            store.clone(),
+            issuers_allow_private,
+            jwt.as_ref()
+                .map(JwtVerifier::claim_names)
+                .unwrap_or_default(),
+            jwt.as_ref()
+                .map_or(jwt::DEFAULT_MIN_REFETCH, JwtVerifier::min_refetch),
+        );
         Self {
             keys: Keys::new(store, redis),
-            jwt: jwt.map(JwtVerifier::new),
+            jwt,
+            issuers,
         }
     }
 
@@ -311,11 +346,22 @@ impl Auth {
         if bearer.bytes().filter(|b| *b == b'.').count() != 2 {
             return Err(AuthError::Refused("not an API key or a JWT"));
         }
-        let jwt = self
-            .jwt
-            .as_ref()
-            .ok_or(AuthError::Refused("tokens are not accepted by this server"))?;
-        let principal = jwt.principal(bearer).await?;
+        let iss = jwt::unverified_issuer(bearer).ok_or(AuthError::Refused("malformed token"))?;
+        // The deployment's issuer is the operator's, trusted for every team; any other
+        // `iss` is at most one team's (`issuers.rs`).
+        let principal = match &self.jwt {
+            Some(jwt) if jwt.issuer() == iss => jwt.principal(bearer).await?,
+            jwt => match self.issuers.principal(&iss, bearer).await? {
+                Some(principal) => principal,
+                // Refused there, as a token of the wrong issuer.
+                None => match jwt {
+                    Some(jwt) => jwt.principal(bearer).await?,
+                    None => {
+                        return Err(AuthError::Refused("tokens of this issuer are not accepted"));
+                    }
+                },
+            },
+        };
         self.keys.check_team(principal.team).await?;
         Ok(principal)
     }

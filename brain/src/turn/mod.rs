@@ -241,6 +241,15 @@ async fn start(
         }
     };
     let basis = found.basis.clone();
+    // X1: nobody but an admin writes in an autostart chat (what they wrote would steer the
+    // next fire, which acts as an admin); a continuation's answerer was checked already.
+    if basis.chat.autostart
+        && matches!(trigger, Trigger::User(_) | Trigger::Queued(_))
+        && !launch.authority.may_change_agent()
+    {
+        give_back(admitted.map(|(_, budget)| budget)).await;
+        return Err(TurnError::NotFound("chat"));
+    }
     // What starts the turn again from Postgres if the kept basis proves stale.
     let again = match (&trigger, found.source) {
         (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
