@@ -165,8 +165,11 @@ pub struct ConnectorStatus {
     /// Why it is down: an error class such as `timeout` or `unreachable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// With `needs_authorization`: the URL a person opens to authorize the connector (the
-    /// authorization server's page; it leads back to the brain's callback).
+    /// With `needs_authorization`: the flow's link (`{brain}/v1/oauth/flows/{flow}`). The
+    /// turn's principal `POST`s it, with its credentials, from the browser the person
+    /// authorizes in; the answer's `authorization_url` is the authorization server's page,
+    /// which leads back to the brain's callback, and its cookie binds the flow to that
+    /// browser.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorize: Option<String>,
 }

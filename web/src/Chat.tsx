@@ -13,7 +13,7 @@ import {
   type UIMessage,
 } from "ai";
 import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
-import { type Api, type ApiError, explain, parseError } from "./api";
+import { type Api, ApiError, explain, parseError } from "./api";
 import { Markdown } from "./markdown";
 import { Artifact, artifactIds } from "./artifact";
 import { follow } from "./follow";
@@ -397,7 +397,7 @@ function Part({
       </p>
     );
   }
-  if (part.type === "data-connector-status") return <ConnectorStatus data={part.data ?? {}} />;
+  if (part.type === "data-connector-status") return <ConnectorStatus api={api} data={part.data ?? {}} />;
   if (part.type === "data-elicitation") return <ElicitationForm api={api} data={part.data as unknown as Elicitation} />;
   if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
     return <ToolCard api={api} part={part} logs={logs[part.toolCallId ?? ""] ?? []} onApprove={onApprove} />;
@@ -405,23 +405,45 @@ function Part({
   return null;
 }
 
-function ConnectorStatus({ data }: { data: Record<string, unknown> }) {
+function ConnectorStatus({ api, data }: { api: Api; data: Record<string, unknown> }) {
+  const [problem, setProblem] = useState<string | null>(null);
   const name = String(data.name ?? "");
   const state = String(data.state ?? "");
   const auth = data.authorize;
-  const link = typeof auth === "string" ? auth : (auth as { url?: unknown } | undefined)?.url;
-  const href = typeof link === "string" && /^https?:\/\//i.test(link) ? link : undefined;
+  const link = typeof auth === "string" ? auth : undefined;
+  // The link is a flow of this origin's brain: it answers only this principal, and binds
+  // the flow to this browser (the callback refuses any other).
+  const flow = link && link.startsWith(`${window.location.origin}/v1/oauth/flows/`) ? link : undefined;
+  const authorize = async () => {
+    if (!flow) return;
+    // Opened now, while the click counts as the person's, so no popup blocker stops it.
+    const tab = window.open("", "_blank");
+    try {
+      const url = await api.continueAuthorization(flow);
+      if (!/^https?:\/\//i.test(url)) throw new ApiError("invalid", "not an http(s) URL");
+      if (tab) {
+        tab.opener = null;
+        tab.location.href = url;
+      } else {
+        window.location.assign(url);
+      }
+    } catch (e) {
+      tab?.close();
+      setProblem(e instanceof ApiError ? explain(e) : String(e));
+    }
+  };
   if (state === "needs_authorization") {
     return (
       <p className="status connector">
         Connector {name} needs authorization.{" "}
-        {href ? (
-          <a href={href} target="_blank" rel="noopener noreferrer">
+        {flow ? (
+          <button type="button" onClick={authorize}>
             Authorize {name}
-          </a>
+          </button>
         ) : (
           "Ask an admin to connect it."
         )}
+        {problem ? ` (${problem})` : ""}
       </p>
     );
   }

@@ -262,6 +262,14 @@ export class Api {
     return this.request("POST", `/v1/approvals/${approvalId}`, answer);
   }
 
+  /** B2: a connector flow a turn of this principal began (the status's link, on this
+   * origin), answered with the authorization URL; the answer's cookie binds the flow to
+   * this browser, whose callback alone can finish it. */
+  async continueAuthorization(link: string): Promise<string> {
+    const path = new URL(link).pathname;
+    return (await this.request<{ authorization_url: string }>("POST", path)).authorization_url;
+  }
+
   artifactMeta(id: string): Promise<ArtifactMeta> {
     return this.request("GET", `/v1/artifacts/${id}/meta`);
   }

@@ -104,6 +104,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(connectors::delete))
         .routes(routes!(oauth::authorize))
         .routes(routes!(oauth::callback))
+        .routes(routes!(oauth::continue_authorization))
         .routes(routes!(oauth::client_metadata))
         .routes(routes!(chats::messages, chats::post_message))
         .routes(routes!(events::events))

@@ -1,15 +1,19 @@
 //! Connector OAuth (SPEC B2): `POST /v1/connectors/{id}/authorize` begins a flow,
-//! `GET /v1/oauth/callback` finishes it, `GET /v1/oauth/client-metadata.json` is the
-//! brain's client ID metadata document.
+//! `POST /v1/oauth/flows/{flow}` hands out a flow a turn began, `GET /v1/oauth/callback`
+//! finishes it, `GET /v1/oauth/client-metadata.json` is the brain's client ID metadata
+//! document.
 //!
-//! The callback carries no bearer: its `state` is the capability, single-use and short
-//! lived. It answers a small HTML page for the person in the browser, and never echoes
-//! the code, the state or what the authorization server said; the page is neither cached
-//! nor given a referrer (its URL holds the code).
+//! The callback carries no bearer: its `state` is a single-use, short-lived capability,
+//! and the browser must also bring the flow's cookie (`ar_oauth_<flow>`: HttpOnly,
+//! SameSite=Lax, `Secure` under an `https` public URL, its path the callback's), set on the
+//! authenticated answer that handed the flow's URL to the principal that began it; a link
+//! sent on to someone else binds nothing. The callback answers a small HTML page for the
+//! person in the browser, and never echoes the code, the state or what the authorization
+//! server said; the page is neither cached nor given a referrer (its URL holds the code).
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use protocol::ErrorBody;
@@ -18,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::{ClientAddr, QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
-use crate::connectors::authorization::{self, Finished, FlowError};
+use crate::connectors::authorization::{self, Bound, Finished, FlowError};
 use crate::error::ApiError;
 use crate::store::GrantOwner;
 
@@ -53,6 +57,11 @@ impl From<FlowError> for ApiError {
                  to expire",
                 authorization::MAX_LIVE_FLOWS
             )),
+            FlowError::TooManyOfPrincipal => Self::Conflict(format!(
+                "you have {} unfinished authorizations of this connector; finish one or \
+                 wait for them to expire",
+                authorization::MAX_LIVE_FLOWS_PER_PRINCIPAL
+            )),
             FlowError::Probe(class) => Self::AuthorizationFailed {
                 step: "the mcp server",
                 class,
@@ -73,9 +82,11 @@ impl From<FlowError> for ApiError {
     tag = "connectors",
     params(("connector_id" = Uuid, Path, description = "The connector.")),
     responses(
-        (status = 200, description = "A flow began: send the person to `authorization_url`. \
-            With a user token the grant will be that user's; with an admin key, the \
-            connector's.", body = AuthorizationStarted),
+        (status = 200, description = "A flow began: send the person to `authorization_url` \
+            in the browser that received this answer, which keeps the flow's cookie (set \
+            here); the callback binds nothing without it. With a user token the grant will \
+            be that user's; with an admin key, the connector's.",
+            body = AuthorizationStarted),
         (status = 400, description = "A stdio connector (`invalid_request`).", body = ErrorBody),
         (status = 501, description = "No `BRAIN_SECRETS_KEY` on this server (`not_configured`).",
             body = ErrorBody),
@@ -83,7 +94,8 @@ impl From<FlowError> for ApiError {
             body = ErrorBody),
         (status = 404, description = "No such connector in the team (`not_found`).", body = ErrorBody),
         (status = 409, description = "The server does not ask for authorization \
-            (`authorization_not_required`), or too many unfinished flows (`conflict`).",
+            (`authorization_not_required`), or too many unfinished flows (`conflict`): 50 \
+            per connector, 5 of them begun by one principal.",
             body = ErrorBody),
         (status = 502, description = "The MCP server or its authorization server failed a step \
             (`authorization_failed`).", body = ErrorBody),
@@ -94,7 +106,7 @@ pub async fn authorize(
     principal: Principal,
     ClientAddr(address): ClientAddr,
     Path(connector_id): Path<String>,
-) -> Result<Json<AuthorizationStarted>, ApiError> {
+) -> Result<Response, ApiError> {
     // A user authorizes for themselves; only an admin for the whole connector.
     if principal.user.is_none() {
         principal.require_admin()?;
@@ -116,7 +128,7 @@ pub async fn authorize(
         connector: id,
         user: principal.user.clone(),
     };
-    let (authorization_url, expires_at) = authorization::authorize(
+    let bound = authorization::authorize(
         &state.oauth,
         &state.store,
         state.config.connectors.allow_private_networks,
@@ -129,10 +141,90 @@ pub async fn authorize(
         tracing::warn!(team = %team, connector = %id, class = e.class(), "connector authorization could not begin")
     })?;
     tracing::info!(team = %team, connector = %id, user_grant = owner.user.is_some(), "connector authorization begun");
-    Ok(Json(AuthorizationStarted {
-        authorization_url,
-        expires_at,
-    }))
+    Ok(started(&state, bound))
+}
+
+#[utoipa::path(
+    post,
+    path = "/oauth/flows/{flow}",
+    operation_id = "continue_authorization",
+    tag = "connectors",
+    params(("flow" = String, Path, description = "The flow's handle, the last segment of \
+        the `authorize` link of a connector's `needs_authorization` status.")),
+    responses(
+        (status = 200, description = "The flow a turn of the caller began: send the person \
+            to `authorization_url` in the browser that received this answer, which keeps the \
+            flow's cookie (set here, replacing any other browser's).",
+            body = AuthorizationStarted),
+        (status = 404, description = "No live flow with this handle that the caller began \
+            (another principal's link is not found either; `not_found`).", body = ErrorBody),
+        (status = 501, description = "No `BRAIN_SECRETS_KEY` on this server (`not_configured`).",
+            body = ErrorBody),
+    ),
+)]
+pub async fn continue_authorization(
+    State(state): State<AppState>,
+    principal: Principal,
+    ClientAddr(address): ClientAddr,
+    Path(flow): Path<String>,
+) -> Result<Response, ApiError> {
+    let by = principal.actor(address);
+    match authorization::continue_flow(&state.store, principal.team, &flow, &by).await {
+        Ok(Some(bound)) => Ok(started(&state, bound)),
+        Ok(None) => Err(ApiError::NotFound("authorization flow")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The answer that hands a flow's URL to the browser of who began it, with the flow's
+/// cookie: only that browser's callback takes the flow.
+fn started(state: &AppState, bound: Bound) -> Response {
+    let config = state.oauth.config();
+    let redirect = config.redirect_uri();
+    let path = reqwest::Url::parse(&redirect)
+        .map(|u| u.path().to_owned())
+        .unwrap_or_else(|_| "/v1/oauth/callback".to_owned());
+    let secure = if redirect.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    let max_age = authorization::FLOW_TTL.as_secs();
+    let cookie = format!(
+        "{}={}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}",
+        cookie_name(&bound.flow),
+        bound.nonce
+    );
+    let mut response = Json(AuthorizationStarted {
+        authorization_url: bound.authorization_url,
+        expires_at: bound.expires_at,
+    })
+    .into_response();
+    // A handle and a nonce of base64url characters always make a valid header value.
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn cookie_name(flow: &str) -> String {
+    format!("ar_oauth_{flow}")
+}
+
+/// The hash of the nonce the browser brought for the flow of `state`, if it brought one.
+fn browser_of(headers: &HeaderMap, state: &str) -> Option<[u8; 32]> {
+    let name = cookie_name(&authorization::handle_of_state(state));
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, nonce)| authorization::browser_hash(nonce))
 }
 
 /// What the authorization server sends back (RFC 6749 §4.1.2, RFC 9207's `iss`). Open:
@@ -159,8 +251,10 @@ pub struct Callback {
             content_type = "text/html", body = String),
         (status = 400, description = "The state is unknown, already used or expired, or a \
             parameter is missing (an HTML page).", content_type = "text/html", body = String),
-        (status = 403, description = "The person refused (`error=access_denied`; an HTML \
-            page).", content_type = "text/html", body = String),
+        (status = 403, description = "The person refused (`error=access_denied`), or the \
+            browser is not the one that began the flow (without its cookie; nothing is bound \
+            and the flow waits for its own browser); an HTML page.",
+            content_type = "text/html", body = String),
         (status = 502, description = "The authorization server refused the code or failed \
             (an HTML page).", content_type = "text/html", body = String),
         (status = 503, description = "The store is unavailable (an HTML page).",
@@ -170,6 +264,7 @@ pub struct Callback {
 pub async fn callback(
     State(state): State<AppState>,
     ClientAddr(address): ClientAddr,
+    headers: HeaderMap,
     QueryParams(query): QueryParams<Callback>,
 ) -> Response {
     let too_long = [&query.code, &query.state, &query.iss, &query.error]
@@ -182,9 +277,11 @@ pub async fn callback(
             "This link is incomplete. Start the authorization again.",
         );
     };
+    let browser = browser_of(&headers, &flow_state);
     if let Some(error) = query.error {
-        // The flow is spent either way, so the link cannot be retried by someone else.
-        let known = authorization::abandon(&state.store, &flow_state).await;
+        // The flow is spent either way, so the link cannot be retried by someone else;
+        // another browser's refusal leaves it to its own.
+        let known = authorization::abandon(&state.store, &flow_state, browser).await;
         let denied = error == "access_denied";
         tracing::info!(
             known = matches!(known, Ok(true)),
@@ -219,7 +316,7 @@ pub async fn callback(
         &code,
         &flow_state,
         query.iss.as_deref(),
-        address,
+        (address, browser),
     )
     .await
     {
@@ -251,6 +348,19 @@ pub async fn callback(
             "Not connected",
             "This authorization link has expired. Start the authorization again.",
         ),
+        Ok(Finished::Elsewhere) => {
+            tracing::info!(
+                class = "other_browser",
+                "connector authorization came back to a browser that did not begin it; nothing bound"
+            );
+            page(
+                StatusCode::FORBIDDEN,
+                "Not connected",
+                "This authorization was begun in another browser, by someone else or for \
+                 someone else. Nothing was stored. Whoever needs the connector must start \
+                 the authorization themselves.",
+            )
+        }
         Err(e) => {
             tracing::warn!(
                 class = e.class(),

@@ -29,8 +29,18 @@
 //!
 //! # Flows
 //!
-//! A flow lives [`FLOW_TTL`], at most [`MAX_LIVE_FLOWS`] per connector, stored sealed
-//! and keyed by the hash of its `state`; the callback takes it once.
+//! A flow lives [`FLOW_TTL`], at most [`MAX_LIVE_FLOWS`] per connector of which
+//! [`MAX_LIVE_FLOWS_PER_PRINCIPAL`] begun by one principal, stored sealed and keyed by the
+//! hash of its `state`; the callback takes it once.
+//!
+//! A flow is bound to the principal that began it and to that principal's browser, so a
+//! link sent to someone else cannot attach their account to the sender's grant: the
+//! browser keeps a per-flow nonce in a cookie (set on the authenticated answer that hands
+//! out the authorization URL), the flow keeps the nonce's hash, and only a callback that
+//! brings the nonce takes the flow. `POST /v1/connectors/{id}/authorize` binds the flow it
+//! begins at once; a turn's link is the flow's handle ([`flow_link`]), which only the
+//! turn's principal can turn into an authorization URL bound to its browser
+//! ([`continue_flow`]).
 //!
 //! # HTTP
 //!
@@ -43,6 +53,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use futures_util::future::join_all;
 use protocol::{AgentId, TeamId};
@@ -59,6 +71,8 @@ use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, Secre
 pub const FLOW_TTL: Duration = Duration::from_secs(600);
 /// Unfinished flows per connector.
 pub const MAX_LIVE_FLOWS: i64 = 50;
+/// Of those, the ones one principal (an API key, a JWT user) may have begun.
+pub const MAX_LIVE_FLOWS_PER_PRINCIPAL: i64 = 5;
 /// A turn hands out a pending flow's link again while it has this long to live.
 pub const REUSE_LEFT: Duration = Duration::from_secs(300);
 /// A grant whose access token expires within this is refreshed before a connect.
@@ -125,6 +139,9 @@ pub enum FlowError {
     OAuth(#[from] OAuthError),
     #[error("too many pending authorizations")]
     TooMany,
+    /// The principal's own share of the connector's pending flows is taken.
+    #[error("too many pending authorizations of this principal")]
+    TooManyOfPrincipal,
     #[error(transparent)]
     Store(StoreError),
 }
@@ -134,6 +151,9 @@ impl From<SecretsError> for FlowError {
         match e {
             SecretsError::NotConfigured => Self::NotConfigured,
             SecretsError::Store(StoreError::Conflict("too_many_flows")) => Self::TooMany,
+            SecretsError::Store(StoreError::Conflict("too_many_flows_of_principal")) => {
+                Self::TooManyOfPrincipal
+            }
             SecretsError::Store(e) => Self::Store(e),
             // A sealing failure or a row that does not open is the store's problem.
             SecretsError::Crypto | SecretsError::TooMany => {
@@ -152,6 +172,7 @@ impl FlowError {
             Self::Probe(class) => class,
             Self::OAuth(e) => e.class(),
             Self::TooMany => "too_many_flows",
+            Self::TooManyOfPrincipal => "too_many_flows_of_principal",
             Self::Store(e) => e.metric_label(),
         }
     }
@@ -164,9 +185,55 @@ fn http_url(row: &ConnectorRow) -> Result<&str, FlowError> {
     }
 }
 
+/// A flow bound to a browser: where to send the person, until when, and what that
+/// browser keeps in a cookie to finish it.
+pub struct Bound {
+    pub authorization_url: String,
+    pub expires_at: DateTime<Utc>,
+    /// The flow's handle: its state's SHA-256, base64url (never the state).
+    pub flow: String,
+    /// The browser's nonce (base64url of 32 random bytes); the flow keeps its hash.
+    pub nonce: String,
+}
+
+/// A fresh browser nonce and the hash a flow keeps of it.
+fn browser_nonce() -> (String, [u8; 32]) {
+    let mut bytes = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
+    let nonce = URL_SAFE_NO_PAD.encode(bytes);
+    let hash = browser_hash(&nonce);
+    (nonce, hash)
+}
+
+/// The hash of a browser's nonce, as a flow keeps it.
+pub fn browser_hash(nonce: &str) -> [u8; 32] {
+    crate::store::state_hash(nonce)
+}
+
+/// The handle of the flow whose state hashes to `hash`.
+pub fn flow_handle(hash: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(hash)
+}
+
+/// The handle of the flow of `state`: the name of its browser's cookie is made of it.
+pub fn handle_of_state(state: &str) -> String {
+    flow_handle(&crate::store::state_hash(state))
+}
+
+/// The link a turn hands out for a flow: `POST` by the turn's principal only, it answers
+/// the authorization URL bound to the caller's browser ([`continue_flow`]).
+fn flow_link(oauth: &OAuth, hash: &[u8]) -> String {
+    format!(
+        "{}/v1/oauth/flows/{}",
+        oauth.config.public_url,
+        flow_handle(hash)
+    )
+}
+
 /// `POST /v1/connectors/{id}/authorize`: asks the server whether it wants a token (its
-/// `401` challenge names its metadata), then begins a flow for `owner`.
-/// `by` (the caller) is logged as binding the grant the flow's callback stores (L5).
+/// `401` challenge names its metadata), then begins a flow for `owner`, bound to the
+/// caller's browser. `by` (the caller) is logged as binding the grant the flow's callback
+/// stores (L5).
 pub async fn authorize(
     oauth: &OAuth,
     store: &Store,
@@ -174,26 +241,63 @@ pub async fn authorize(
     row: &ConnectorRow,
     owner: &GrantOwner,
     by: &Actor,
-) -> Result<(String, DateTime<Utc>), FlowError> {
+) -> Result<Bound, FlowError> {
     if !store.secrets_configured() {
         return Err(FlowError::NotConfigured);
     }
     let url = http_url(row)?;
     let challenge = probe(url, allow_private).await?;
+    let (nonce, hash) = browser_nonce();
     let begun = Begun {
         challenge: Some(&challenge),
         replaces: Replaces::Any,
         by,
+        browser: Some(&hash),
     };
-    begin(oauth, store, row, owner, begun).await
+    let (authorization_url, expires_at, state_hash) =
+        begin(oauth, store, row, owner, begun).await?;
+    Ok(Bound {
+        authorization_url,
+        expires_at,
+        flow: flow_handle(&state_hash),
+        nonce,
+    })
 }
 
-/// How a flow begins: the challenge it answers, which grant it may replace, and who began
-/// it.
+/// `POST /v1/oauth/flows/{flow}`: the flow a turn of `by` began (its link), bound now to
+/// the caller's browser. `None`: no live flow of `by` has this handle.
+pub async fn continue_flow(
+    store: &Store,
+    team: TeamId,
+    flow: &str,
+    by: &Actor,
+) -> Result<Option<Bound>, FlowError> {
+    if !store.secrets_configured() {
+        return Err(FlowError::NotConfigured);
+    }
+    let Some(hash) = URL_SAFE_NO_PAD.decode(flow).ok().filter(|h| h.len() == 32) else {
+        return Ok(None);
+    };
+    let (nonce, browser) = browser_nonce();
+    match bounded(store.bind_flow::<StoredFlow>(team, &hash, by, &browser)).await {
+        Ok((stored, expires_at)) => Ok(Some(Bound {
+            authorization_url: stored.authorization_url,
+            expires_at,
+            flow: flow.to_owned(),
+            nonce,
+        })),
+        Err(SecretsError::Store(StoreError::NotFound)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How a flow begins: the challenge it answers, which grant it may replace, who began it,
+/// and the hash of its browser's nonce when it is bound to one from the start.
 struct Begun<'a> {
     challenge: Option<&'a str>,
     replaces: Replaces,
     by: &'a Actor,
+    browser: Option<&'a [u8; 32]>,
 }
 
 /// A pending flow as stored: the protocol's state, and what a later turn needs to hand the
@@ -209,19 +313,20 @@ struct StoredFlow {
     replaces: Replaces,
 }
 
-/// Begins a flow on `row`'s server for `owner` and stores it: the authorization URL and
-/// when the flow expires.
+/// Begins a flow on `row`'s server for `owner` and stores it: the authorization URL,
+/// when the flow expires, and its state's hash.
 async fn begin(
     oauth: &OAuth,
     store: &Store,
     row: &ConnectorRow,
     owner: &GrantOwner,
     begun: Begun<'_>,
-) -> Result<(String, DateTime<Utc>), FlowError> {
+) -> Result<(String, DateTime<Utc>, [u8; 32]), FlowError> {
     let Begun {
         challenge,
         replaces,
         by,
+        browser,
     } = begun;
     let url = http_url(row)?;
     let (authorization_url, flow) =
@@ -233,9 +338,14 @@ async fn begin(
         challenge: challenge.map(str::to_owned),
         replaces,
     };
-    let expires_at =
-        bounded(store.put_flow(owner, &state, &stored, FLOW_TTL, MAX_LIVE_FLOWS, by)).await?;
-    Ok((stored.authorization_url, expires_at))
+    let bounds = (FLOW_TTL, MAX_LIVE_FLOWS, MAX_LIVE_FLOWS_PER_PRINCIPAL);
+    let put = store.put_flow(owner, &state, &stored, bounds, by, browser);
+    let expires_at = bounded(put).await?;
+    Ok((
+        stored.authorization_url,
+        expires_at,
+        crate::store::state_hash(&state),
+    ))
 }
 
 /// What the callback found.
@@ -250,20 +360,24 @@ pub enum Finished {
     Unknown,
     /// The flow's time was up.
     Expired,
+    /// The flow is bound to another browser than the callback's (a link sent on to
+    /// someone else): nothing is bound, and the flow waits for its own browser.
+    Elsewhere,
 }
 
-/// `GET /v1/oauth/callback` with a code: takes the flow of `state` (whatever happens
-/// next, it cannot be used again), exchanges the code and stores the grant, logged as
-/// bound by whoever began the flow, from the callback's `address` (L5).
+/// `GET /v1/oauth/callback` with a code, from the browser whose nonce hashes to
+/// `browser`: takes the flow of `state` if it is that browser's (whatever happens next, it
+/// cannot be used again), exchanges the code and stores the grant, logged as bound by
+/// whoever began the flow, from the callback's `address` (L5).
 pub async fn finish(
     oauth: &OAuth,
     store: &Store,
     code: &str,
     state: &str,
     iss: Option<&str>,
-    address: Option<IpAddr>,
+    (address, browser): (Option<IpAddr>, Option<[u8; 32]>),
 ) -> Result<Finished, FlowError> {
-    let (owner, stored, by) = match take(store, state).await? {
+    let (owner, stored, by) = match take(store, state, browser).await? {
         Some(TakenFlow::Live(owner, stored, began_by)) => (
             owner,
             stored,
@@ -273,6 +387,7 @@ pub async fn finish(
             },
         ),
         Some(TakenFlow::Expired) => return Ok(Finished::Expired),
+        Some(TakenFlow::Elsewhere) => return Ok(Finished::Elsewhere),
         None => return Ok(Finished::Unknown),
     };
     let grant = oauth::finish(&oauth.http, stored.flow, code, state, iss).await?;
@@ -285,20 +400,29 @@ pub async fn finish(
     })
 }
 
-/// The callback with an `error` (the person refused, or the server did): the flow is
-/// spent all the same. Whether there was one.
-pub async fn abandon(store: &Store, state: &str) -> Result<bool, FlowError> {
+/// The callback with an `error` (the person refused, or the server did), from the
+/// browser whose nonce hashes to `browser`: that browser's flow is spent all the same
+/// (another browser's is left alone). Whether there was one.
+pub async fn abandon(
+    store: &Store,
+    state: &str,
+    browser: Option<[u8; 32]>,
+) -> Result<bool, FlowError> {
     Ok(matches!(
-        take(store, state).await?,
+        take(store, state, browser).await?,
         Some(TakenFlow::Live(..))
     ))
 }
 
-async fn take(store: &Store, state: &str) -> Result<Option<TakenFlow<StoredFlow>>, FlowError> {
+async fn take(
+    store: &Store,
+    state: &str,
+    browser: Option<[u8; 32]>,
+) -> Result<Option<TakenFlow<StoredFlow>>, FlowError> {
     if !store.secrets_configured() {
         return Err(FlowError::NotConfigured);
     }
-    match bounded(store.take_flow(state)).await {
+    match bounded(store.take_flow(state, browser.as_ref())).await {
         Ok(taken) => Ok(Some(taken)),
         Err(SecretsError::Store(StoreError::NotFound)) => Ok(None),
         Err(e) => Err(e.into()),
@@ -396,8 +520,8 @@ impl Replaces {
 /// What became of one connector at a turn's start.
 pub(super) enum Started {
     Ready(Session, Vec<rmcp::model::Tool>),
-    /// A person must authorize: the URL to send them to, unless this turn's principal
-    /// may not begin the flow (an admin must authorize the connector).
+    /// A person must authorize: the flow's link ([`flow_link`]), unless this turn's
+    /// principal may not begin the flow (an admin must authorize the connector).
     NeedsAuthorization(Option<String>),
     /// An error class.
     Down(&'static str),
@@ -526,13 +650,14 @@ async fn ask(
         connector: row.id,
         user: requester.user.map(str::to_owned),
     };
-    match bounded(store.live_flows::<StoredFlow>(&owner, REUSE_LEFT)).await {
+    let by = Actor::of_turn(requester.actor);
+    match bounded(store.live_flows::<StoredFlow>(&owner, &by, REUSE_LEFT)).await {
         Ok(flows) => {
-            if let Some(live) = flows
+            if let Some((hash, _)) = flows
                 .into_iter()
-                .find(|f| f.challenge.as_deref() == challenge)
+                .find(|(_, f)| f.challenge.as_deref() == challenge)
             {
-                return Started::NeedsAuthorization(Some(live.authorization_url));
+                return Started::NeedsAuthorization(Some(flow_link(oauth, &hash)));
             }
         }
         // A flow that cannot be read is no reason not to begin another.
@@ -548,10 +673,11 @@ async fn ask(
     let begun = Begun {
         challenge,
         replaces,
-        by: &Actor::of_turn(requester.actor),
+        by: &by,
+        browser: None,
     };
     match begin(oauth, store, row, &owner, begun).await {
-        Ok((url, _)) => Started::NeedsAuthorization(Some(url)),
+        Ok((_, _, hash)) => Started::NeedsAuthorization(Some(flow_link(oauth, &hash))),
         Err(e) => Started::Down(e.class()),
     }
 }

@@ -12,8 +12,9 @@
 //!
 //! A server that demands OAuth is connected with a stored grant (the chat creator's, else
 //! the connector's), refreshed first when it expires soon; one that answers `401` without
-//! a usable grant is reported `needs_authorization` with the link a person opens
-//! ([`authorization`]), and the turn goes on without it too.
+//! a usable grant is reported `needs_authorization` with the flow's link, which the
+//! turn's principal `POST`s from its browser for the authorization URL ([`authorization`]),
+//! and the turn goes on without it too.
 //!
 //! # Tool names
 //!

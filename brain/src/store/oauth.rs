@@ -6,7 +6,9 @@
 //! associated data naming what the row belongs to (and, for a flow, its state hash), so
 //! a row copied to another connector, user or team does not decrypt. The store never sees
 //! a `state`: a flow is keyed by its SHA-256, and taken once (`DELETE … RETURNING`), so a
-//! replayed callback finds nothing.
+//! replayed callback finds nothing. Nor does it see a flow's browser nonce: a flow is
+//! bound to the browser of who began it by the nonce's SHA-256 (`browser_hash`), and only
+//! a callback that brings the nonce takes it.
 
 use std::future::Future;
 use std::time::Duration;
@@ -39,6 +41,9 @@ pub enum TakenFlow<T> {
     Live(GrantOwner, T, Actor),
     /// It existed but its time was up; it is gone now too.
     Expired,
+    /// It is live but bound to another browser (or to none yet): it stays, untouched, for
+    /// the browser of who began it.
+    Elsewhere,
 }
 
 /// What `Store::connector_authorizations` tells about one connector.
@@ -130,31 +135,43 @@ fn owner_from_row(row: &sqlx::postgres::PgRow) -> Result<GrantOwner, sqlx::Error
 }
 
 impl Store {
-    /// Stores a pending flow under the hash of its `state` for `ttl`; at most `max_live`
-    /// unexpired flows per connector (`Conflict("too_many_flows")`), and the connector's
-    /// expired flows are cleaned on the way. A connector not of the team → `NotFound`.
-    /// `by` began it: the grant its callback binds is logged as theirs (L5).
+    /// Stores a pending flow under the hash of its `state` for `bounds.0`, bound to the
+    /// browser whose nonce hashes to `browser` (or to none yet: [`Store::bind_flow`] binds
+    /// it). At most `bounds.1` unexpired flows per connector
+    /// (`Conflict("too_many_flows")`), of which `bounds.2` begun by `by`
+    /// (`Conflict("too_many_flows_of_principal")`), so one
+    /// principal cannot take every place; the connector's expired flows are cleaned on the
+    /// way. A connector not of the team → `NotFound`. `by` began it: the grant its callback
+    /// binds is logged as theirs (L5).
     pub async fn put_flow<T: Serialize>(
         &self,
         owner: &GrantOwner,
         state: &str,
         flow: &T,
-        ttl: Duration,
-        max_live: i64,
+        bounds: (Duration, i64, i64),
         by: &Actor,
+        browser: Option<&[u8; 32]>,
     ) -> Result<DateTime<Utc>, SecretsError> {
+        let (ttl, per_connector, per_principal) = bounds;
         let key = self.secrets_key()?;
         let hash = state_hash(state);
         let (nonce, ciphertext) = seal(key, &associated_data(FLOW_TAG, owner, &hash), flow)?;
         let ttl = chrono::Duration::from_std(ttl).map_err(|_| SecretsError::Crypto)?;
         let expires_at = Utc::now() + ttl;
-        let written = sqlx::query(
-            "WITH gone AS (DELETE FROM oauth_flows WHERE connector_id = $3 AND expires_at < now()) \
-             INSERT INTO oauth_flows (state_hash, team_id, connector_id, user_id, nonce, ciphertext, expires_at, actor_kind, actor) \
-             SELECT $1, c.team_id, c.id, $4, $5, $6, $7, $9, $10 FROM connectors c \
-             WHERE c.team_id = $2 AND c.id = $3 \
-               AND (SELECT count(*) FROM oauth_flows f \
-                    WHERE f.connector_id = $3 AND f.expires_at >= now()) < $8",
+        let (connectors, live, theirs, written): (i64, i64, i64, i64) = sqlx::query_as(
+            "WITH gone AS (DELETE FROM oauth_flows WHERE connector_id = $3 AND expires_at < now()), \
+             c AS (SELECT team_id, id FROM connectors WHERE team_id = $2 AND id = $3), \
+             live AS (SELECT count(*) AS n, \
+                        count(*) FILTER (WHERE actor_kind = $9 AND actor = $10) AS theirs \
+                      FROM oauth_flows WHERE connector_id = $3 AND expires_at >= now()), \
+             w AS ( \
+               INSERT INTO oauth_flows (state_hash, team_id, connector_id, user_id, nonce, \
+                 ciphertext, expires_at, actor_kind, actor, browser_hash) \
+               SELECT $1, c.team_id, c.id, $4, $5, $6, $7, $9, $10, $11 FROM c, live \
+               WHERE live.n < $8 AND live.theirs < $12 \
+               RETURNING 1) \
+             SELECT (SELECT count(*) FROM c), live.n, live.theirs, (SELECT count(*) FROM w) \
+             FROM live",
         )
         .bind(&hash[..])
         .bind(owner.team.0)
@@ -163,43 +180,93 @@ impl Store {
         .bind(&nonce)
         .bind(&ciphertext)
         .bind(expires_at)
-        .bind(max_live)
+        .bind(per_connector)
         .bind(by.kind.as_str())
         .bind(&by.id)
-        .execute(&self.pool)
+        .bind(browser.map(|b| &b[..]))
+        .bind(per_principal)
+        .fetch_one(&self.pool)
         .await?;
-        if written.rows_affected() == 1 {
-            return Ok(expires_at);
+        match (connectors, written) {
+            (_, 1) => Ok(expires_at),
+            (0, _) => Err(StoreError::NotFound.into()),
+            _ if theirs >= per_principal && live < per_connector => {
+                Err(StoreError::Conflict("too_many_flows_of_principal").into())
+            }
+            _ => Err(StoreError::Conflict("too_many_flows").into()),
         }
-        let exists: Option<(i32,)> =
-            sqlx::query_as("SELECT 1 FROM connectors WHERE team_id = $1 AND id = $2")
-                .bind(owner.team.0)
-                .bind(owner.connector)
-                .fetch_optional(&self.pool)
-                .await?;
-        Err(SecretsError::Store(match exists {
-            Some(_) => StoreError::Conflict("too_many_flows"),
-            None => StoreError::NotFound,
-        }))
     }
 
-    /// Takes the flow of `state` out of the store: whoever takes it first gets it, every
-    /// later call `NotFound`, like a state never issued.
+    /// Binds the live flow whose state hashes to `hash`, of `team`, to the browser whose
+    /// nonce hashes to `browser`, for `by` only: the principal that began it (a link a
+    /// turn handed out is useless to anyone else). The flow, and when it expires;
+    /// `NotFound` for another's flow, an expired one or none.
+    pub async fn bind_flow<T: DeserializeOwned>(
+        &self,
+        team: TeamId,
+        hash: &[u8],
+        by: &Actor,
+        browser: &[u8; 32],
+    ) -> Result<(T, DateTime<Utc>), SecretsError> {
+        let key = self.secrets_key()?;
+        let row = sqlx::query(
+            "UPDATE oauth_flows SET browser_hash = $5 \
+             WHERE state_hash = $1 AND team_id = $2 AND actor_kind = $3 AND actor = $4 \
+               AND expires_at > now() \
+             RETURNING team_id, connector_id, user_id, nonce, ciphertext, expires_at",
+        )
+        .bind(hash)
+        .bind(team.0)
+        .bind(by.kind.as_str())
+        .bind(&by.id)
+        .bind(&browser[..])
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or(StoreError::NotFound)?;
+        let owner = owner_from_row(&row)?;
+        let nonce: Vec<u8> = row.try_get("nonce")?;
+        let ciphertext: Vec<u8> = row.try_get("ciphertext")?;
+        let flow = open(
+            key,
+            &associated_data(FLOW_TAG, &owner, hash),
+            &nonce,
+            &ciphertext,
+        )?;
+        Ok((flow, row.try_get("expires_at")?))
+    }
+
+    /// Takes the flow of `state` out of the store, if `browser` is the hash of the nonce
+    /// of the browser it is bound to: whoever takes it first gets it, every later call
+    /// `NotFound`, like a state never issued. Another browser's call (or one without a
+    /// nonce) leaves it where it is: `Elsewhere`.
     pub async fn take_flow<T: DeserializeOwned>(
         &self,
         state: &str,
+        browser: Option<&[u8; 32]>,
     ) -> Result<TakenFlow<T>, SecretsError> {
         let key = self.secrets_key()?;
         let hash = state_hash(state);
-        let row = sqlx::query(
+        let taken = sqlx::query(
             "DELETE FROM oauth_flows WHERE state_hash = $1 \
+               AND (browser_hash = $2 OR expires_at <= now()) \
              RETURNING team_id, connector_id, user_id, nonce, ciphertext, actor_kind, actor, \
                expires_at > now() AS live",
         )
         .bind(&hash[..])
+        .bind(browser.map(|b| &b[..]))
         .fetch_optional(&self.pool)
-        .await?
-        .ok_or(StoreError::NotFound)?;
+        .await?;
+        let Some(row) = taken else {
+            let exists: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM oauth_flows WHERE state_hash = $1")
+                    .bind(&hash[..])
+                    .fetch_optional(&self.pool)
+                    .await?;
+            return match exists {
+                Some(_) => Ok(TakenFlow::Elsewhere),
+                None => Err(StoreError::NotFound.into()),
+            };
+        };
         if !row.try_get::<bool, _>("live")? {
             return Ok(TakenFlow::Expired);
         }
@@ -219,35 +286,34 @@ impl Store {
         Ok(TakenFlow::Live(owner, flow, began_by))
     }
 
-    /// The pending flows of `owner` with more than `left` to live, the newest first (at
-    /// most a few: the newest five).
+    /// The pending flows of `owner` that `by` began with more than `left` to live, with
+    /// their state's hash, the newest first (at most a few: the newest five).
     pub async fn live_flows<T: DeserializeOwned>(
         &self,
         owner: &GrantOwner,
+        by: &Actor,
         left: Duration,
-    ) -> Result<Vec<T>, SecretsError> {
+    ) -> Result<Vec<(Vec<u8>, T)>, SecretsError> {
         let key = self.secrets_key()?;
         let left = chrono::Duration::from_std(left).map_err(|_| SecretsError::Crypto)?;
         let rows: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> = sqlx::query_as(
             "SELECT state_hash, nonce, ciphertext FROM oauth_flows \
              WHERE team_id = $1 AND connector_id = $2 AND user_id IS NOT DISTINCT FROM $3 \
-               AND expires_at > $4 \
+               AND expires_at > $4 AND actor_kind = $5 AND actor = $6 \
              ORDER BY expires_at DESC LIMIT 5",
         )
         .bind(owner.team.0)
         .bind(owner.connector)
         .bind(owner.user.as_deref())
         .bind(Utc::now() + left)
+        .bind(by.kind.as_str())
+        .bind(&by.id)
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
             .map(|(hash, nonce, ciphertext)| {
-                open(
-                    key,
-                    &associated_data(FLOW_TAG, owner, hash),
-                    nonce,
-                    ciphertext,
-                )
+                let aad = associated_data(FLOW_TAG, owner, hash);
+                Ok((hash.clone(), open(key, &aad, nonce, ciphertext)?))
             })
             .collect()
     }

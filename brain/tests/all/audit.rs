@@ -610,7 +610,7 @@ fn the_retention_is_a_positive_number_of_days() {
 /// of its grants revoked. No token, code or state is in the log.
 #[tokio::test]
 async fn grants_bound_and_revoked_are_logged_as_who_began_them_without_tokens() {
-    use crate::connector_oauth::{consent, user_token, world};
+    use crate::connector_oauth::{user_token, world};
     use protocol::ui::ConnectorState;
 
     let w = world().await;
@@ -621,19 +621,26 @@ async fn grants_bound_and_revoked_are_logged_as_who_began_them_without_tokens() 
     let bobs = w.chat(&bob).await;
     let (status, _) = w.turn(&bob, &bobs).await;
     assert_eq!(status.state, ConnectorState::NeedsAuthorization);
-    let (_, connected) = consent(app, status.authorize.as_deref().unwrap()).await;
+    let url = w.follow(&bob, status.authorize.as_deref().unwrap()).await;
+    let (_, connected) = w.browser.consent(app, &url).await;
     assert_eq!(connected.status(), 200);
     // A turn of the admin key's chat asks for the connector's own.
     let keys = w.chat(&app.key).await;
     let (status, _) = w.turn(&app.key, &keys).await;
     assert_eq!(status.state, ConnectorState::NeedsAuthorization);
-    let (callback_url, connected) = consent(app, status.authorize.as_deref().unwrap()).await;
+    let url = w
+        .follow(&app.key, status.authorize.as_deref().unwrap())
+        .await;
+    let (callback_url, connected) = w.browser.consent(app, &url).await;
     assert_eq!(connected.status(), 200);
     // Alice authorizes for herself through the API.
     let alice = user_token(app, "alice", false);
     let (status, body) = w.authorize(&alice).await;
     assert_eq!(status, 200, "{body}");
-    let (_, connected) = consent(app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
 
     let (entries, _) = all_entries(app, &app.key, "").await;

@@ -79,6 +79,8 @@ pub(crate) struct World {
     _everything: HttpServer,
     pub(crate) agent: String,
     pub(crate) connector: String,
+    /// The browser of whoever authorizes in a test, unless it says otherwise.
+    pub(crate) browser: Browser,
 }
 
 pub(crate) async fn world() -> World {
@@ -120,6 +122,7 @@ async fn world_with(tweak: impl FnOnce(&mut brain::config::Config)) -> World {
         _everything: everything,
         agent,
         connector,
+        browser: Browser::new(),
     }
 }
 
@@ -194,21 +197,22 @@ impl World {
         (status, chunks)
     }
 
-    /// `POST /v1/connectors/{id}/authorize` as `bearer`: (status, body).
+    /// `POST /v1/connectors/{id}/authorize` as `bearer` in the world's browser: (status,
+    /// body).
     pub(crate) async fn authorize(&self, bearer: &str) -> (u16, Value) {
-        let response = self
-            .app
-            .http
-            .post(format!(
-                "{}/v1/connectors/{}/authorize",
-                self.app.url, self.connector
-            ))
-            .bearer_auth(bearer)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let url = format!(
+            "{}/v1/connectors/{}/authorize",
+            self.app.url, self.connector
+        );
+        self.browser.post(bearer, &url).await
+    }
+
+    /// The authorization URL of a turn's flow `link`, which `bearer` (the turn's
+    /// principal) opens in the world's browser.
+    pub(crate) async fn follow(&self, bearer: &str, link: &str) -> String {
+        let (status, body) = self.browser.post(bearer, link).await;
+        assert_eq!(status, 200, "{body}");
+        body["authorization_url"].as_str().unwrap().to_owned()
     }
 
     /// The grants stored for the connector: (user, version).
@@ -224,38 +228,88 @@ impl World {
     }
 }
 
-/// A person opens `url`, consents at once and follows the redirect back to the brain:
-/// the callback's URL and its response.
-pub(crate) async fn consent(app: &TestApp, url: &str) -> (String, reqwest::Response) {
-    let person = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .build()
-        .unwrap();
-    let at_server = person.get(url).send().await.unwrap();
-    assert_eq!(
-        at_server.status(),
-        302,
-        "the authorization server redirects back"
-    );
-    let back = at_server.headers()["location"].to_str().unwrap().to_owned();
-    assert!(
-        back.starts_with(&format!("{}/v1/oauth/callback?", app.url)),
-        "{back}"
-    );
-    let response = person.get(&back).send().await.unwrap();
-    (back, response)
+/// A person's browser: it follows no redirect by itself, and keeps the cookies the brain
+/// sets (each flow's: `ar_oauth_<flow>`) to send them back to the brain.
+pub(crate) struct Browser {
+    client: reqwest::Client,
+    cookies: Mutex<Vec<String>>,
 }
 
-async fn callback(app: &TestApp, query: &str) -> (u16, String) {
-    let response = app
-        .http
-        .get(format!("{}/v1/oauth/callback?{query}", app.url))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap())
+impl Browser {
+    pub(crate) fn new() -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .no_proxy()
+                .build()
+                .unwrap(),
+            cookies: Mutex::default(),
+        }
+    }
+
+    fn keep(&self, response: &reqwest::Response) {
+        for set in response.headers().get_all("set-cookie") {
+            let pair = set.to_str().unwrap().split(';').next().unwrap().to_owned();
+            self.cookies.lock().unwrap().push(pair);
+        }
+    }
+
+    fn with_cookies(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let cookies = self.cookies.lock().unwrap().join("; ");
+        if cookies.is_empty() {
+            request
+        } else {
+            request.header("cookie", cookies)
+        }
+    }
+
+    /// A `POST` with `bearer` from this browser's page (as the web chat's): (status, body).
+    pub(crate) async fn post(&self, bearer: &str, url: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .post(url)
+            .bearer_auth(bearer)
+            .send()
+            .await
+            .unwrap();
+        self.keep(&response);
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The person opens `url`, consents at once and follows the redirect back to the
+    /// brain: the callback's URL and its response.
+    pub(crate) async fn consent(&self, app: &TestApp, url: &str) -> (String, reqwest::Response) {
+        let at_server = self.client.get(url).send().await.unwrap();
+        assert_eq!(
+            at_server.status(),
+            302,
+            "the authorization server redirects back"
+        );
+        let back = at_server.headers()["location"].to_str().unwrap().to_owned();
+        assert!(
+            back.starts_with(&format!("{}/v1/oauth/callback?", app.url)),
+            "{back}"
+        );
+        let response = self
+            .with_cookies(self.client.get(&back))
+            .send()
+            .await
+            .unwrap();
+        (back, response)
+    }
+
+    /// The callback with `query`, from this browser: (status, page).
+    async fn callback(&self, app: &TestApp, query: &str) -> (u16, String) {
+        let url = format!("{}/v1/oauth/callback?{query}", app.url);
+        let response = self
+            .with_cookies(self.client.get(url))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
 }
 
 fn echo_call() -> Reply {
@@ -296,7 +350,7 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
     assert_eq!(status.tools, 0);
     let link = status.authorize.expect("the status carries the link");
     assert!(
-        link.starts_with(&format!("{}/authorize?", w.auth.issuer)),
+        link.starts_with(&format!("{}/v1/oauth/flows/", w.app.url)),
         "{link}"
     );
     assert_eq!(w.app.settled().await.last().unwrap().0, "completed");
@@ -312,7 +366,12 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
     let listed: Value = w.app.get("/v1/connectors").await.json().await.unwrap();
     assert_eq!(listed["connectors"][0]["authorization"], "needed");
 
-    let (back, connected) = consent(&w.app, &link).await;
+    let url = w.follow(&w.app.key, &link).await;
+    assert!(
+        url.starts_with(&format!("{}/authorize?", w.auth.issuer)),
+        "{url}"
+    );
+    let (back, connected) = w.browser.consent(&w.app, &url).await;
     assert_eq!(connected.status(), 200);
     assert_eq!(
         connected.headers()["cache-control"].to_str().unwrap(),
@@ -376,7 +435,7 @@ async fn a_turn_asks_for_authorization_then_the_grant_serves_the_next_turn() {
         assert!(!messages.contains(secret.as_str()));
         assert!(!logged.contains(secret.as_str()), "a token in the logs");
     }
-    let state = reqwest::Url::parse(&link)
+    let state = reqwest::Url::parse(&url)
         .unwrap()
         .query_pairs()
         .find(|(k, _)| k == "state")
@@ -395,7 +454,10 @@ async fn an_expiring_token_is_refreshed_before_connect() {
     w.auth.set_access_ttl(Duration::from_secs(30));
     let (status, body) = w.authorize(&w.app.key).await;
     assert_eq!(status, 200, "{body}");
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     assert_eq!(w.grants().await, vec![(None, 1)]);
 
@@ -431,7 +493,10 @@ async fn an_access_token_the_server_quotes_back_is_masked() {
     let w = world().await;
     let (status, body) = w.authorize(&w.app.key).await;
     assert_eq!(status, 200, "{body}");
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     let token = w.auth.ledger().issued_access.last().unwrap().clone();
     let chat = w.chat(&w.app.key).await;
@@ -492,7 +557,10 @@ async fn an_access_token_the_server_quotes_back_is_masked() {
 async fn a_token_refused_early_is_refreshed_once_then_authorization_is_asked() {
     let w = world().await;
     let (_, body) = w.authorize(&w.app.key).await;
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     let chat = w.chat(&w.app.key).await;
 
@@ -524,7 +592,10 @@ async fn two_replicas_refresh_a_grant_once() {
     let w = world().await;
     w.auth.set_access_ttl(Duration::from_secs(30));
     let (_, body) = w.authorize(&w.app.key).await;
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     // The refreshed tokens live long; the refresh is slow enough that both replicas read
     // the expiring grant before either has refreshed it.
@@ -587,11 +658,14 @@ async fn two_replicas_refresh_a_grant_once() {
 #[tokio::test]
 async fn unknown_replayed_expired_and_refused_callbacks_store_nothing() {
     let w = world().await;
-    let (status, page) = callback(&w.app, "code=abc&state=never-issued").await;
+    let (status, page) = w
+        .browser
+        .callback(&w.app, "code=abc&state=never-issued")
+        .await;
     assert_eq!(status, 400);
     assert!(page.contains("unknown or was already used"), "{page}");
     assert!(!page.contains("abc"), "the code is not echoed");
-    let (status, _) = callback(&w.app, "code=abc").await;
+    let (status, _) = w.browser.callback(&w.app, "code=abc").await;
     assert_eq!(status, 400);
 
     // Refused by the person: the flow is spent.
@@ -604,10 +678,16 @@ async fn unknown_replayed_expired_and_refused_callbacks_store_nothing() {
         .unwrap()
         .1
         .into_owned();
-    let (status, page) = callback(&w.app, &format!("error=access_denied&state={state}")).await;
+    let (status, page) = w
+        .browser
+        .callback(&w.app, &format!("error=access_denied&state={state}"))
+        .await;
     assert_eq!(status, 403);
     assert!(page.contains("refused"), "{page}");
-    let (status, _) = callback(&w.app, &format!("code=abc&state={state}")).await;
+    let (status, _) = w
+        .browser
+        .callback(&w.app, &format!("code=abc&state={state}"))
+        .await;
     assert_eq!(status, 400, "a refused flow cannot be finished later");
 
     // Past its time.
@@ -644,12 +724,18 @@ async fn unknown_replayed_expired_and_refused_callbacks_store_nothing() {
 async fn deleting_the_connector_revokes_its_grants() {
     let w = world().await;
     let (_, body) = w.authorize(&w.app.key).await;
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     let alice = user_token(&w.app, "alice", false);
     let (status, body) = w.authorize(&alice).await;
     assert_eq!(status, 200, "{body}");
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     assert_eq!(w.grants().await.len(), 2);
 
@@ -691,7 +777,10 @@ async fn a_users_grant_serves_that_users_chats() {
     w.auth.set_subject("alice-at-the-service");
     let (status, body) = w.authorize(&alice).await;
     assert_eq!(status, 200, "{body}");
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     assert_eq!(w.grants().await, vec![(Some("alice".into()), 1)]);
 
@@ -718,7 +807,10 @@ async fn a_users_grant_serves_that_users_chats() {
     // Once the connector has its own grant, Bob's chats use it; Alice's keep hers.
     w.auth.set_subject("the-team-at-the-service");
     let (_, body) = w.authorize(&w.app.key).await;
-    let (_, connected) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
     let (status, _) = w.turn(&bob, &bobs).await;
     assert_eq!(status.state, ConnectorState::Ready, "{status:?}");
@@ -822,7 +914,10 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
     let w = world().await;
     let (code, started) = w.authorize(&w.app.key).await;
     assert_eq!(code, 200, "{started}");
-    let (_, connected) = consent(&w.app, started["authorization_url"].as_str().unwrap()).await;
+    let (_, connected) = w
+        .browser
+        .consent(&w.app, started["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(connected.status(), 200);
 
     let keyed = w
@@ -953,7 +1048,7 @@ async fn a_chat_keys_turn_never_binds_the_connectors_grant() {
         "the status reached the events stream: {observed}"
     );
     assert!(
-        !observed.contains(&w.auth.issuer),
+        !observed.contains("/v1/oauth/flows/") && !observed.contains(&w.auth.issuer),
         "no authorization link in the events stream: {observed}"
     );
 
@@ -961,11 +1056,133 @@ async fn a_chat_keys_turn_never_binds_the_connectors_grant() {
     // back and does not replace it.
     let (code, body) = w.authorize(&w.app.key).await;
     assert_eq!(code, 200, "{body}");
-    let (_, bound) = consent(&w.app, body["authorization_url"].as_str().unwrap()).await;
+    let (_, bound) = w
+        .browser
+        .consent(&w.app, body["authorization_url"].as_str().unwrap())
+        .await;
     assert_eq!(bound.status(), 200);
     assert_eq!(w.grants().await, vec![(None, 1)]);
-    let (_, late) = consent(&w.app, &link).await;
+    let url = w.follow(&w.app.key, &link).await;
+    let (_, late) = w.browser.consent(&w.app, &url).await;
     assert_eq!(late.status(), 409);
     assert!(late.text().await.unwrap().contains("kept"));
     assert_eq!(w.grants().await, vec![(None, 1)], "the bound grant stays");
+}
+
+/// Issue 50: a flow's link sent on to someone else binds nothing. The callback takes a
+/// flow only from the browser holding its cookie, which only the principal that began it
+/// got (on the authenticated answer that handed out the URL); a turn's link answers no one
+/// but the turn's principal.
+#[tokio::test]
+async fn a_link_sent_to_someone_else_binds_nothing() {
+    let w = world().await;
+    let alice = user_token(&w.app, "alice", false);
+    let (code, body) = w.authorize(&alice).await;
+    assert_eq!(code, 200, "{body}");
+    let link = body["authorization_url"].as_str().unwrap().to_owned();
+
+    // Alice sends the link to someone, who consents with their own account.
+    let someone = Browser::new();
+    let (_, theirs) = someone.consent(&w.app, &link).await;
+    assert_eq!(theirs.status(), 403);
+    assert!(theirs.text().await.unwrap().contains("another browser"));
+    assert!(w.grants().await.is_empty(), "nothing was bound");
+    assert_eq!(
+        w.auth.ledger().code_exchanges,
+        0,
+        "their code was not exchanged"
+    );
+    // The flow still waits for its own browser.
+    let (_, mine) = w.browser.consent(&w.app, &link).await;
+    assert_eq!(mine.status(), 200);
+    assert_eq!(w.grants().await, vec![(Some("alice".to_owned()), 1)]);
+
+    // A user's turn hands out its flow's link; no other principal can open it, not even
+    // the team's admin.
+    let bob = user_token(&w.app, "bob", false);
+    let bobs = w.chat(&bob).await;
+    let (status, _) = w.turn(&bob, &bobs).await;
+    let link = status.authorize.expect("bob's turn gets his flow's link");
+    let eve = user_token(&w.app, "eve", false);
+    for other in [&eve, &w.app.key] {
+        let (code, body) = someone.post(other, &link).await;
+        assert_eq!(code, 404, "{body}");
+    }
+    let opened = someone.client.get(&link).send().await.unwrap();
+    assert!(!opened.status().is_success(), "a link is no page to open");
+    // Bob opens it in his browser: his URL, bound to that browser only.
+    let bobs_browser = Browser::new();
+    let (code, body) = bobs_browser.post(&bob, &link).await;
+    assert_eq!(code, 200, "{body}");
+    let url = body["authorization_url"].as_str().unwrap();
+    let (_, theirs) = someone.consent(&w.app, url).await;
+    assert_eq!(theirs.status(), 403);
+    let (_, his) = bobs_browser.consent(&w.app, url).await;
+    assert_eq!(his.status(), 200);
+    assert_eq!(
+        w.grants().await,
+        vec![(Some("alice".to_owned()), 1), (Some("bob".to_owned()), 1)]
+    );
+}
+
+/// The flow's cookie is the browser's alone and the callback's only: HttpOnly, SameSite=Lax,
+/// its path the callback's, for the flow's lifetime.
+#[tokio::test]
+async fn the_flows_cookie_is_kept_from_scripts_and_other_paths() {
+    let w = world().await;
+    let response = w
+        .app
+        .http
+        .post(format!(
+            "{}/v1/connectors/{}/authorize",
+            w.app.url, w.connector
+        ))
+        .bearer_auth(&w.app.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let cookie = response.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for attribute in [
+        "HttpOnly",
+        "SameSite=Lax",
+        "Path=/v1/oauth/callback",
+        "Max-Age=600",
+    ] {
+        assert!(cookie.contains(attribute), "{attribute}: {cookie}");
+    }
+    assert!(
+        !cookie.contains("Secure"),
+        "a plain-http public URL: {cookie}"
+    );
+}
+
+/// Issue 50: one principal cannot take every place for pending flows of a connector: past
+/// its share it is refused (`409 conflict`), and others can still begin theirs.
+#[tokio::test]
+async fn one_principal_cannot_fill_a_connectors_pending_flows() {
+    let w = world().await;
+    let alice = user_token(&w.app, "alice", false);
+    for _ in 0..5 {
+        let (code, body) = w.authorize(&alice).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = w.authorize(&alice).await;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("you have 5"),
+        "{body}"
+    );
+    let bob = user_token(&w.app, "bob", false);
+    let (code, body) = w.authorize(&bob).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = w.authorize(&w.app.key).await;
+    assert_eq!(code, 200, "{body}");
 }
