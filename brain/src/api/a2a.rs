@@ -33,7 +33,7 @@ use crate::a2a::wire::{
     RpcRequest, RpcResponse, SendParams, StreamResponse, TaskParams, TaskState,
 };
 use crate::a2a::{card, push, task};
-use crate::auth::Principal;
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::sse;
 use crate::store::{
@@ -599,6 +599,7 @@ impl Call {
             created_by: self.principal.only_chats_of().map(str::to_owned),
             statuses,
             awaiting_approval,
+            hide_autostart: self.principal.scope != Scope::Admin,
         };
         let team = self.principal.team;
         let store = &self.state.store;

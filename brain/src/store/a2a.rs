@@ -24,6 +24,8 @@ pub struct TaskFilter {
     pub statuses: Option<Vec<&'static str>>,
     /// With `Some`, only turns that do (or do not) wait for an approval.
     pub awaiting_approval: Option<bool>,
+    /// Leaves out the agent's autostart chat, which only admins see (X1).
+    pub hide_autostart: bool,
 }
 
 /// A push notification config of a task: as the client gave it when it is kept; read
@@ -48,14 +50,16 @@ impl std::fmt::Debug for PushConfig {
     }
 }
 
-/// The filters of [`TaskFilter`], as `$2..$6` of every listing statement.
+/// The filters of [`TaskFilter`], as `$2..$7` of every listing statement.
 const FILTERED: &str = "t.team_id = $1 AND t.agent_id = $2 \
     AND ($3::uuid IS NULL OR t.chat_id = $3) \
     AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM chats c WHERE c.team_id = t.team_id \
          AND c.id = t.chat_id AND c.created_by = $4)) \
     AND ($5::text[] IS NULL OR t.status = ANY($5)) \
     AND ($6::bool IS NULL OR $6 = EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = t.team_id \
-         AND p.chat_id = t.chat_id AND p.turn_id = t.id AND p.state = 'pending'))";
+         AND p.chat_id = t.chat_id AND p.turn_id = t.id AND p.state = 'pending')) \
+    AND (NOT $7 OR NOT EXISTS (SELECT 1 FROM chats c WHERE c.team_id = t.team_id \
+         AND c.id = t.chat_id AND c.autostart))";
 
 /// A kept config as it is read back: its secrets stay sealed.
 fn push_from_row(row: &sqlx::postgres::PgRow) -> Result<PushConfig, StoreError> {
@@ -101,9 +105,9 @@ impl Store {
     ) -> Result<(Vec<TurnRow>, bool, i64), StoreError> {
         let page = format!(
             "SELECT {TURN_COLUMNS} FROM turns t WHERE {FILTERED} \
-               AND ($7::uuid IS NULL OR (t.started_at, t.id) < \
-                    (SELECT started_at, id FROM turns WHERE team_id = $1 AND id = $7)) \
-             ORDER BY t.started_at DESC, t.id DESC LIMIT $8 + 1"
+               AND ($8::uuid IS NULL OR (t.started_at, t.id) < \
+                    (SELECT started_at, id FROM turns WHERE team_id = $1 AND id = $8)) \
+             ORDER BY t.started_at DESC, t.id DESC LIMIT $9 + 1"
         );
         let statuses = filter
             .statuses
@@ -116,6 +120,7 @@ impl Store {
             .bind(filter.created_by.as_deref())
             .bind(statuses.clone())
             .bind(filter.awaiting_approval)
+            .bind(filter.hide_autostart)
             .bind(before.map(|t| t.0))
             .bind(limit)
             .fetch_all(&self.pool)
@@ -134,6 +139,7 @@ impl Store {
             .bind(filter.created_by.as_deref())
             .bind(statuses)
             .bind(filter.awaiting_approval)
+            .bind(filter.hide_autostart)
             .fetch_one(&self.pool)
             .await?;
         Ok((turns, more, total))

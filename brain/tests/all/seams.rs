@@ -276,6 +276,19 @@ async fn only_admins_see_or_write_the_autostart_chat() {
         .await
         .unwrap();
     assert!(!listed.to_string().contains(&chat), "{listed}");
+    // Nor does A2A list its turns as tasks.
+    let tasks = |bearer: &str| {
+        app.http
+            .post(format!("{}/a2a/{agent}", app.url))
+            .bearer_auth(bearer)
+            .header("A2A-Version", "1.0")
+            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "ListTasks", "params": {}}))
+            .send()
+    };
+    let listed: Value = tasks(&chat_key).await.unwrap().json().await.unwrap();
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let listed: Value = tasks(&app.key).await.unwrap().json().await.unwrap();
+    assert!(listed.to_string().contains(&chat), "{listed}");
     assert_eq!(status_as(&app, &app.key, Method::GET, &messages).await, 200);
     let listed: Value = app
         .get(&format!("/v1/agents/{agent}/chats"))
