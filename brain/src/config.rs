@@ -89,8 +89,12 @@ pub struct Config {
     /// The proxies in front of the brain whose `X-Forwarded-For` names the client the
     /// audit log records (`BRAIN_TRUSTED_PROXIES`, L5); empty: the TCP peer is the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: API keys only.
+    /// Bearer JWTs for frontends (`BRAIN_JWT_*`, SPEC X1); `None`: the deployment has no
+    /// issuer of its own (teams' issuers still sign tokens for their team).
     pub jwt: Option<crate::auth::JwtConfig>,
+    /// Whether teams' own JWT issuers may have their JWKS on private networks
+    /// (`BRAIN_ISSUERS_ALLOW_PRIVATE_NETWORKS`); metadata addresses never.
+    pub issuers_allow_private_networks: bool,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
     /// The MCP server's sessions (P2): `BRAIN_MCP_MAX_SESSIONS*`, `BRAIN_MCP_SESSION_IDLE_MS`.
@@ -598,6 +602,11 @@ impl Config {
             operator_token: crate::auth::OperatorToken::from_env(env)?,
             trusted_proxies: trusted_proxies(env)?,
             jwt: crate::auth::JwtConfig::from_env(env)?,
+            issuers_allow_private_networks: parse(
+                env,
+                "BRAIN_ISSUERS_ALLOW_PRIVATE_NETWORKS",
+                "false",
+            )?,
             oauth: oauth(env, addr)?,
             webhooks: WebhooksConfig {
                 allow_private_networks: parse(

@@ -182,7 +182,12 @@ impl AppState {
                 "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
             );
         }
-        let auth = auth::Auth::new(store.clone(), redis.clone(), config.jwt.clone());
+        let auth = auth::Auth::new(
+            store.clone(),
+            redis.clone(),
+            config.jwt.clone(),
+            config.issuers_allow_private_networks,
+        );
         let events = events::Events::new(redis.clone(), config.events.clone(), metrics.clone());
         let sessions = Sessions::new(
             replica,

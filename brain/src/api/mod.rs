@@ -16,6 +16,7 @@ mod connectors;
 mod erasure;
 mod events;
 mod health;
+mod issuers;
 mod keys;
 mod limit;
 mod mcp;
@@ -109,6 +110,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(chats::messages, chats::post_message))
         .routes(routes!(events::events))
         .routes(routes!(events::resume))
+        .routes(routes!(issuers::list, issuers::create))
+        .routes(routes!(issuers::get, issuers::delete))
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))

@@ -145,11 +145,28 @@ pub fn document() -> Document {
                     .entry(status.into())
                     .or_insert_with(|| error(what).into());
             }
+            // Every such route counts against the caller's request rate limit.
+            match op.responses.responses.entry("429".into()) {
+                std::collections::btree_map::Entry::Vacant(vacant) => {
+                    vacant.insert(error(RATE_LIMITED).into());
+                }
+                std::collections::btree_map::Entry::Occupied(mut occupied) => {
+                    if let RefOr::T(response) = occupied.get_mut() {
+                        response.description.push_str(" Or: ");
+                        response.description.push_str(RATE_LIMITED);
+                    }
+                }
+            }
         }
     }
     inline_chunk_schema(&mut doc);
     doc
 }
+
+/// The request rate limit's refusal, which every authenticated route may answer.
+const RATE_LIMITED: &str = "The caller's request rate limit (its key's or user's, or \
+     without valid credentials its address's) is reached (`rate_limited`, with `Retry-After` \
+     and the `RateLimit` and `RateLimit-Policy` headers).";
 
 /// An error answer: the `{"error":{…}}` body.
 pub fn error(description: &str) -> utoipa::openapi::Response {

@@ -37,6 +37,8 @@ const MAX_JWKS_BYTES: usize = 1 << 20;
 /// working.
 const JWKS_MAX_AGE: Duration = Duration::from_secs(300);
 const MAX_USER_CHARS: usize = 200;
+/// `BRAIN_JWT_JWKS_MIN_REFETCH_MS`' default.
+pub const DEFAULT_MIN_REFETCH: Duration = Duration::from_millis(5_000);
 
 /// A public key and the one algorithm it verifies.
 #[derive(Clone)]
@@ -151,7 +153,7 @@ impl JwtConfig {
             jwks_min_refetch: Duration::from_millis(ranged(
                 env,
                 "BRAIN_JWT_JWKS_MIN_REFETCH_MS",
-                5_000,
+                DEFAULT_MIN_REFETCH.as_millis() as u64,
                 10,
                 3_600_000,
             )?),
@@ -297,24 +299,43 @@ fn der_take(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
-/// The fetched JWKS of `BRAIN_JWT_JWKS_URL`.
-struct Jwks {
+/// A fetched JWKS: `BRAIN_JWT_JWKS_URL`'s, or a team issuer's (`issuers.rs`).
+pub(super) struct Jwks {
     url: String,
     client: reqwest::Client,
     min_refetch: Duration,
+    /// For a URL a team chose: the connectors' address rule, whether private networks
+    /// are allowed. The operator's own URL is trusted.
+    address_rule: Option<bool>,
     keys: RwLock<Option<(Arc<Vec<VerifyKey>>, Instant)>>,
     /// Held while fetching, so one fetch runs at a time; the last attempt's time.
     attempt: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Jwks {
+    pub(super) fn new(
+        url: String,
+        client: reqwest::Client,
+        min_refetch: Duration,
+        address_rule: Option<bool>,
+    ) -> Self {
+        Self {
+            url,
+            client,
+            min_refetch,
+            address_rule,
+            keys: RwLock::new(None),
+            attempt: tokio::sync::Mutex::new(None),
+        }
+    }
+
     fn current(&self) -> Option<(Arc<Vec<VerifyKey>>, Instant)> {
         self.keys.read().ok()?.clone()
     }
 
     /// The key set, fetched again first when it is missing, old, or lacks `kid` (and the
     /// last attempt is at least the minimum interval ago). `None`: never fetched.
-    async fn keys(&self, kid: Option<&str>) -> Option<Arc<Vec<VerifyKey>>> {
+    pub(super) async fn keys(&self, kid: Option<&str>) -> Option<Arc<Vec<VerifyKey>>> {
         let current = self.current();
         let wanted = match &current {
             None => true,
@@ -349,6 +370,12 @@ impl Jwks {
     }
 
     async fn fetch(&self) -> Result<Vec<VerifyKey>, &'static str> {
+        // An address literal reaches no resolver: judged here; a name, by the client's.
+        if let Some(allow_private) = self.address_rule {
+            let url = reqwest::Url::parse(&self.url).map_err(|_| "not a URL")?;
+            crate::connectors::address::check_url(&url, allow_private)
+                .map_err(crate::connectors::address::Refused::class)?;
+        }
         let body = tokio::time::timeout(FETCH_TIMEOUT, async {
             let response = self
                 .client
@@ -377,6 +404,113 @@ impl Jwks {
     }
 }
 
+/// The claims a token names its team, user and scope by, and the clock skew allowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimNames {
+    pub team: String,
+    pub user: String,
+    pub admin: String,
+    pub leeway_s: u64,
+}
+
+impl Default for ClaimNames {
+    /// `BRAIN_JWT_*`'s defaults, for team issuers on a server without a deployment issuer.
+    fn default() -> Self {
+        Self {
+            team: "team_id".into(),
+            user: "sub".into(),
+            admin: "admin".into(),
+            leeway_s: 5,
+        }
+    }
+}
+
+/// The `iss` a token says it has, unverified: which issuer's keys to verify it with.
+pub fn unverified_issuer(token: &str) -> Option<String> {
+    let payload = token.split('.').nth(1)?;
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: Map<String, Value> = serde_json::from_slice(&json).ok()?;
+    claims.get("iss")?.as_str().map(str::to_owned)
+}
+
+/// The claims of `token` if one of `candidates` verifies it with `alg` and it names
+/// `issuer` and `audience` and is within its validity (give or take `leeway_s`).
+pub(super) fn verify(
+    token: &str,
+    alg: Algorithm,
+    candidates: &[DecodingKey],
+    issuer: &str,
+    audience: &str,
+    leeway_s: u64,
+) -> Result<Map<String, Value>, AuthError> {
+    let mut validation = Validation::new(alg);
+    validation.set_issuer(&[issuer]);
+    validation.set_audience(&[audience]);
+    validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+    validation.leeway = leeway_s;
+    validation.validate_nbf = true;
+    let mut refused = "no key of the issuer verifies the token";
+    for key in candidates {
+        match jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation) {
+            Ok(data) => return Ok(data.claims),
+            Err(e) => {
+                refused = match e.kind() {
+                    ErrorKind::InvalidSignature => refused,
+                    ErrorKind::ExpiredSignature => "token expired",
+                    ErrorKind::ImmatureSignature => "token not valid yet",
+                    ErrorKind::InvalidAudience => "wrong audience",
+                    ErrorKind::InvalidIssuer => "wrong issuer",
+                    ErrorKind::MissingRequiredClaim(_) => "token lacks exp, iss or aud",
+                    _ => "invalid token",
+                };
+            }
+        }
+    }
+    Err(AuthError::Refused(refused))
+}
+
+/// The principal of verified `claims` in `team`: its user, its scope, when it expires.
+pub(super) fn principal_of(
+    claims: &Map<String, Value>,
+    names: &ClaimNames,
+    team: TeamId,
+) -> Result<Principal, AuthError> {
+    let user = claims
+        .get(&names.user)
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty() && u.chars().count() <= MAX_USER_CHARS && !u.contains('\0'))
+        .ok_or(AuthError::Refused("user claim missing or malformed"))?;
+    let admin = match claims.get(&names.admin) {
+        None => false,
+        Some(Value::Bool(admin)) => *admin,
+        Some(_) => return Err(AuthError::Refused("admin claim is not a boolean")),
+    };
+    let expires = claims
+        .get("exp")
+        .and_then(Value::as_f64)
+        .map(|exp| exp.max(0.0) as u64 + names.leeway_s + 1)
+        .map(|at| UNIX_EPOCH + Duration::from_secs(at));
+    Ok(Principal {
+        team,
+        scope: if admin { Scope::Admin } else { Scope::Chat },
+        user: Some(user.to_owned()),
+        sees_all_chats: admin,
+        key_id: None,
+        key: None,
+        expires,
+    })
+}
+
+/// The keys of `set` that may verify a token of `alg` naming `kid`.
+pub(super) fn matching(set: &[VerifyKey], alg: Algorithm, kid: Option<&str>) -> Vec<DecodingKey> {
+    set.iter()
+        .filter(|k| k.alg == alg && (kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid))
+        .map(|k| k.key.clone())
+        .collect()
+}
+
 /// Verifies bearer JWTs and turns them into principals.
 #[derive(Clone)]
 pub struct JwtVerifier(Arc<Inner>);
@@ -388,18 +522,36 @@ struct Inner {
 
 impl JwtVerifier {
     pub fn new(config: JwtConfig) -> Self {
-        let jwks = config.jwks_url.clone().map(|url| Jwks {
-            url,
-            client: reqwest::Client::builder()
+        let jwks = config.jwks_url.clone().map(|url| {
+            let client = reqwest::Client::builder()
                 .connect_timeout(FETCH_TIMEOUT)
                 .timeout(FETCH_TIMEOUT)
                 .build()
-                .unwrap_or_default(),
-            min_refetch: config.jwks_min_refetch,
-            keys: RwLock::new(None),
-            attempt: tokio::sync::Mutex::new(None),
+                .unwrap_or_default();
+            Jwks::new(url, client, config.jwks_min_refetch, None)
         });
         Self(Arc::new(Inner { config, jwks }))
+    }
+
+    /// The deployment's issuer (`BRAIN_JWT_ISSUER`).
+    pub fn issuer(&self) -> &str {
+        &self.0.config.issuer
+    }
+
+    /// The least time between two fetches of a JWKS (`BRAIN_JWT_JWKS_MIN_REFETCH_MS`).
+    pub fn min_refetch(&self) -> Duration {
+        self.0.config.jwks_min_refetch
+    }
+
+    /// The claims tokens name their team, user and scope by.
+    pub fn claim_names(&self) -> ClaimNames {
+        let config = &self.0.config;
+        ClaimNames {
+            team: config.team_claim.clone(),
+            user: config.user_claim.clone(),
+            admin: config.admin_claim.clone(),
+            leeway_s: config.leeway_s,
+        }
     }
 
     /// The principal of a token; see the module doc for what is accepted.
@@ -408,68 +560,22 @@ impl JwtVerifier {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|_| AuthError::Refused("malformed token"))?;
         let candidates = self.candidates(header.alg, header.kid.as_deref()).await?;
-        let mut validation = Validation::new(header.alg);
-        validation.set_issuer(&[&config.issuer]);
-        validation.set_audience(&[&config.audience]);
-        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        validation.leeway = config.leeway_s;
-        validation.validate_nbf = true;
-        let mut refused = "no key of the issuer verifies the token";
-        let mut claims = None;
-        for key in &candidates {
-            match jsonwebtoken::decode::<Map<String, Value>>(token, key, &validation) {
-                Ok(data) => {
-                    claims = Some(data.claims);
-                    break;
-                }
-                Err(e) => {
-                    refused = match e.kind() {
-                        ErrorKind::InvalidSignature => refused,
-                        ErrorKind::ExpiredSignature => "token expired",
-                        ErrorKind::ImmatureSignature => "token not valid yet",
-                        ErrorKind::InvalidAudience => "wrong audience",
-                        ErrorKind::InvalidIssuer => "wrong issuer",
-                        ErrorKind::MissingRequiredClaim(_) => "token lacks exp, iss or aud",
-                        _ => "invalid token",
-                    };
-                }
-            }
-        }
-        let claims = claims.ok_or(AuthError::Refused(refused))?;
+        let claims = verify(
+            token,
+            header.alg,
+            &candidates,
+            &config.issuer,
+            &config.audience,
+            config.leeway_s,
+        )?;
         let team = claims
             .get(&config.team_claim)
             .and_then(Value::as_str)
             .and_then(|t| t.parse::<TeamId>().ok())
             .ok_or(AuthError::Refused("team claim missing or not a team id"))?;
-        let user = claims
-            .get(&config.user_claim)
-            .and_then(Value::as_str)
-            .filter(|u| !u.is_empty() && u.chars().count() <= MAX_USER_CHARS && !u.contains('\0'))
-            .ok_or(AuthError::Refused("user claim missing or malformed"))?;
-        let admin = match claims.get(&config.admin_claim) {
-            None => false,
-            Some(Value::Bool(admin)) => *admin,
-            Some(_) => return Err(AuthError::Refused("admin claim is not a boolean")),
-        };
-        // Validation required `exp`, and takes the token through the whole second of
-        // `exp` plus the leeway (it compares whole seconds): its authority ends after it.
-        let expires = claims
-            .get("exp")
-            .and_then(Value::as_f64)
-            .map(|exp| exp.max(0.0) as u64 + config.leeway_s + 1)
-            .map(|at| UNIX_EPOCH + Duration::from_secs(at));
-        Ok(Principal {
-            team,
-            scope: if admin { Scope::Admin } else { Scope::Chat },
-            user: Some(user.to_owned()),
-            sees_all_chats: admin,
-            key_id: None,
-            key: None,
-            expires,
-        })
+        principal_of(&claims, &self.claim_names(), team)
     }
 
-    /// The keys that may have signed a token with this header.
     async fn candidates(
         &self,
         alg: Algorithm,
@@ -490,15 +596,7 @@ impl JwtVerifier {
             Algorithm::RS256 | Algorithm::ES256 | Algorithm::EdDSA => {}
             _ => return Err(AuthError::Refused("algorithm not accepted")),
         }
-        let matches = |k: &VerifyKey| {
-            k.alg == alg && (kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid)
-        };
-        let mut keys: Vec<DecodingKey> = config
-            .inline_keys
-            .iter()
-            .filter(|k| matches(k))
-            .map(|k| k.key.clone())
-            .collect();
+        let mut keys = matching(&config.inline_keys, alg, kid);
         if let Some(jwks) = &self.0.jwks {
             let inline_has_kid = kid.is_some_and(|kid| {
                 config
@@ -508,9 +606,7 @@ impl JwtVerifier {
             });
             let wanted_kid = if inline_has_kid { None } else { kid };
             match jwks.keys(wanted_kid).await {
-                Some(fetched) => {
-                    keys.extend(fetched.iter().filter(|k| matches(k)).map(|k| k.key.clone()))
-                }
+                Some(fetched) => keys.extend(matching(&fetched, alg, kid)),
                 None if keys.is_empty() => return Err(AuthError::KeysUnavailable),
                 None => {}
             }
@@ -529,6 +625,18 @@ mod tests {
     use envcfg::vars;
 
     use super::*;
+
+    #[test]
+    fn a_tokens_issuer_is_read_without_verifying_it() {
+        let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::json!({"iss": "https://id.acme.example", "sub": "u"}).to_string());
+        let token = format!("e30.{payload}.c2ln");
+        assert_eq!(
+            unverified_issuer(&token).as_deref(),
+            Some("https://id.acme.example")
+        );
+        assert_eq!(unverified_issuer("a.b.c"), None);
+    }
 
     const RSA_PUB: &str = include_str!("../../tests/all/fixtures/jwt/rsa1.pub.pem");
     const EC_PUB: &str = include_str!("../../tests/all/fixtures/jwt/ec.pub.pem");

@@ -125,6 +125,9 @@ pub enum Action {
     SecretDeleted,
     WebhookCreated,
     WebhookDeleted,
+    /// A team's own JWT issuer added or deleted (issue 50); the entry names its `iss`.
+    IssuerCreated,
+    IssuerDeleted,
     /// A connector's OAuth grant bound by the callback (B2); the entry names the connector,
     /// its actor is who began the flow.
     GrantBound,
@@ -161,6 +164,8 @@ impl Action {
             Self::SecretDeleted => "secret.deleted",
             Self::WebhookCreated => "webhook.created",
             Self::WebhookDeleted => "webhook.deleted",
+            Self::IssuerCreated => "issuer.created",
+            Self::IssuerDeleted => "issuer.deleted",
             Self::GrantBound => "grant.bound",
             Self::GrantRevoked => "grant.revoked",
             Self::TeamCreated => "team.created",
@@ -197,6 +202,7 @@ impl Action {
             | Self::GrantRevoked => "connector",
             Self::SecretSet | Self::SecretDeleted => "secret",
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
+            Self::IssuerCreated | Self::IssuerDeleted => "issuer",
         }
     }
 }

@@ -17,6 +17,7 @@ mod chats;
 mod connectors;
 mod cron;
 mod erasure;
+mod issuers;
 mod memories;
 mod oauth;
 mod pool;
@@ -54,6 +55,7 @@ pub use chats::{
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
+pub use issuers::{IssuerRow, MAX_ISSUERS};
 pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
@@ -602,6 +604,11 @@ fn migrator() -> Migrator {
             43,
             "oauth flows bound to a browser",
             include_str!("../../../migrations/0043_oauth_flow_browser.sql"),
+        ),
+        (
+            44,
+            "team issuers",
+            include_str!("../../../migrations/0044_team_issuers.sql"),
         ),
     ]
     .into_iter()

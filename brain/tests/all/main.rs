@@ -29,6 +29,7 @@ mod faults;
 mod hold;
 mod hold_turns;
 mod intake;
+mod issuers;
 mod kept;
 mod mcp_conformance;
 mod mcp_server;
