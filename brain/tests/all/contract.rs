@@ -248,12 +248,24 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .unwrap()
         .team
         .to_string();
+    // An `iss` is one team's across the deployment.
+    let issuer = created(
+        post(
+            "/v1/issuers",
+            json!({"issuer": format!("https://id.example.com/{team}"), "audience": "app",
+                "jwks_url": "https://id.example.com/jwks.json"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
         ("chat_id", chat),
         ("artifact_id", artifact.id.to_string()),
         ("connector_id", connector),
+        ("issuer_id", issuer),
         ("key_id", key_id),
         ("secret_name", "THEIRS".to_owned()),
         ("team_id", team),
