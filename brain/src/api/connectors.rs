@@ -8,6 +8,8 @@
 //! `BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS=true`, at loopback or a private range.
 //! Credentials go in `headers` (HTTP) or `env` (stdio) as `{{secret:NAME}}` templates
 //! (`connectors::credentials`); the API echoes the templates, never a secret's value.
+//! The server's tool annotations lower no risk class below `write` unless the admin sets
+//! `trust_hints`; `tool_risks` sets classes outright (`approvals::RiskClass`).
 
 use std::collections::BTreeMap;
 
@@ -20,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
+use crate::approvals::{self, RiskClass};
 use crate::auth::Principal;
 use crate::connectors::{ConnectorConfig, address, authorization, credentials};
 use crate::error::ApiError;
@@ -33,6 +36,8 @@ const MAX_ARGS: usize = 64;
 const MAX_ARG_BYTES: usize = 4096;
 const MIN_CALL_TIMEOUT_MS: u32 = 100;
 const MAX_CALL_TIMEOUT_MS: u32 = 3_600_000;
+/// The most tools `tool_risks` may name (a connector lends at most 128).
+const MAX_TOOL_RISKS: usize = 128;
 
 /// Exactly one of `url` and `command`.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -68,6 +73,16 @@ pub struct CreateConnector {
     #[serde(default)]
     #[schema(value_type = Option<Uuid>)]
     agent_id: Option<String>,
+    /// Whether the server's tool annotations (`readOnlyHint`, `destructiveHint`,
+    /// `openWorldHint`) may lower a tool's risk class below `write`. Off (the default),
+    /// they can only raise it: a tool the server calls read-only is `write` all the same.
+    #[serde(default)]
+    trust_hints: bool,
+    /// Risk classes (`read`, `write`, `external`, `irreversible`) by the tool's name on
+    /// the server; they win over the annotations, trusted or not. At most 128.
+    #[serde(default)]
+    #[schema(value_type = BTreeMap<String, String>)]
+    tool_risks: BTreeMap<String, String>,
 }
 
 /// `^[a-z0-9_]{1,32}$`: the name prefixes the connector's tool names.
@@ -139,8 +154,37 @@ impl CreateConnector {
             name: self.name,
             target,
             call_timeout_ms: self.call_timeout_ms,
+            trust_hints: self.trust_hints,
+            tool_risks: tool_risks(self.tool_risks)?,
         })
     }
+}
+
+/// `tool_risks` as classes: bounded names, each class one of the approval policy's.
+fn tool_risks(raw: BTreeMap<String, String>) -> Result<BTreeMap<String, RiskClass>, ApiError> {
+    if raw.len() > MAX_TOOL_RISKS {
+        return Err(ApiError::InvalidRequest(format!(
+            "tool_risks may name at most {MAX_TOOL_RISKS} tools"
+        )));
+    }
+    raw.into_iter()
+        .map(|(tool, class)| {
+            if tool.is_empty() || tool.len() > approvals::MAX_TOOL_NAME {
+                return Err(ApiError::InvalidRequest(format!(
+                    "tool_risks names a tool of 1 to {} bytes",
+                    approvals::MAX_TOOL_NAME
+                )));
+            }
+            let Some(risk) = RiskClass::parse(&class) else {
+                let classes: Vec<&str> = RiskClass::ALL.iter().map(|c| c.as_str()).collect();
+                return Err(ApiError::InvalidRequest(format!(
+                    "tool_risks[{tool:?}] must be one of {}",
+                    classes.join(", ")
+                )));
+            };
+            Ok((tool, risk))
+        })
+        .collect()
 }
 
 /// A URL the address rule allows (`connectors::address::valid_url`; checked again after

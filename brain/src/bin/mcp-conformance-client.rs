@@ -78,6 +78,8 @@ impl Client {
                     headers: Default::default(),
                 },
                 call_timeout_ms: None,
+                trust_hints: false,
+                tool_risks: Default::default(),
                 created_at: chrono::Utc::now(),
             },
             // The suite's servers are on loopback.

@@ -87,7 +87,7 @@ pub use authorization::Requester;
 use authorization::Started;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
 pub use session::Answerer;
-use tool::ConnectorTool;
+use tool::{ConnectorTool, RiskRules};
 
 /// The longest tool name every provider accepts.
 pub const MAX_TOOL_NAME: usize = 64;
@@ -148,12 +148,17 @@ pub async fn connector_tools(
                         tracing::warn!(connector = %row.name, tool = %name, "tool name already taken by another connector tool; left out");
                         continue;
                     }
+                    let rules = RiskRules {
+                        trust_hints: row.trust_hints,
+                        set: &row.tool_risks,
+                    };
                     tools.push(Arc::new(ConnectorTool::new(
                         session.clone(),
                         name,
                         remote,
                         row.call_timeout_ms
                             .map_or(config.call_timeout, |ms| Duration::from_millis(ms.into())),
+                        rules,
                     )));
                     added += 1;
                 }

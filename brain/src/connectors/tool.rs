@@ -31,18 +31,40 @@ pub(super) struct ConnectorTool {
     call_timeout: Duration,
 }
 
+/// What the connector's admin said of its tools' risk: whether the server's hints may
+/// lower it, and the classes set outright (by the tool's name on the server).
+#[derive(Clone, Copy)]
+pub(super) struct RiskRules<'a> {
+    pub trust_hints: bool,
+    pub set: &'a std::collections::BTreeMap<String, RiskClass>,
+}
+
+impl RiskRules<'_> {
+    /// A1: the class an admin set, else the annotations' ([`risk_of`]), raised to `write`
+    /// unless the admin trusts this server's hints: an annotation is the server's claim,
+    /// and `read` spares a call the approval its policy asks for writes.
+    fn risk(&self, remote: &rmcp::model::Tool) -> RiskClass {
+        if let Some(set) = self.set.get(remote.name.as_ref()) {
+            return *set;
+        }
+        match risk_of(remote.annotations.as_ref()) {
+            RiskClass::Read if !self.trust_hints => RiskClass::Write,
+            claimed => claimed,
+        }
+    }
+}
+
 impl ConnectorTool {
     pub fn new(
         session: Arc<Session>,
         name: String,
         remote: rmcp::model::Tool,
         call_timeout: Duration,
+        rules: RiskRules<'_>,
     ) -> Self {
-        let writes = remote
-            .annotations
-            .as_ref()
-            .is_none_or(|a| a.read_only_hint != Some(true));
-        let risk = risk_of(remote.annotations.as_ref());
+        let risk = rules.risk(&remote);
+        // The write budget follows the same rule: an untrusted read-only claim is a write.
+        let writes = risk != RiskClass::Read;
         let description = remote
             .description
             .as_deref()

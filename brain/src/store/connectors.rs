@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
+use crate::approvals::RiskClass;
 
 /// How the brain reaches a connector's MCP server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -48,6 +49,10 @@ pub struct NewConnector {
     pub target: ConnectorTarget,
     /// The bound on one tool call; `None`: the server's default.
     pub call_timeout_ms: Option<u32>,
+    /// Whether the server's annotations may lower a tool's risk below `write`.
+    pub trust_hints: bool,
+    /// Risk classes an admin set, by the tool's name on the server; they win over hints.
+    pub tool_risks: BTreeMap<String, RiskClass>,
 }
 
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
@@ -61,11 +66,18 @@ pub struct ConnectorRow {
     /// The bound on one of its tool calls; `null`: the server's
     /// `BRAIN_CONNECTOR_CALL_TIMEOUT_MS`.
     pub call_timeout_ms: Option<u32>,
+    /// Whether its server's tool annotations (`readOnlyHint`...) may lower a tool's risk
+    /// class below `write`; otherwise they can only raise it.
+    pub trust_hints: bool,
+    /// Risk classes an admin set, by the tool's name on the server: they win over the
+    /// annotations, trusted or not.
+    #[schema(value_type = BTreeMap<String, String>)]
+    pub tool_risks: BTreeMap<String, RiskClass>,
     pub created_at: DateTime<Utc>,
 }
 
-const CONNECTOR_COLUMNS: &str =
-    "id, agent_id, name, url, command, headers, env, call_timeout_ms, created_at";
+const CONNECTOR_COLUMNS: &str = "id, agent_id, name, url, command, headers, env, \
+    call_timeout_ms, trust_hints, tool_risks, created_at";
 
 fn connector_from_row(row: &sqlx::postgres::PgRow) -> Result<ConnectorRow, StoreError> {
     let url: Option<String> = row.try_get("url")?;
@@ -97,6 +109,10 @@ fn connector_from_row(row: &sqlx::postgres::PgRow) -> Result<ConnectorRow, Store
         call_timeout_ms: row
             .try_get::<Option<i32>, _>("call_timeout_ms")?
             .map(|ms| u32::try_from(ms).unwrap_or(u32::MAX)),
+        trust_hints: row.try_get("trust_hints")?,
+        tool_risks: row
+            .try_get::<sqlx::types::Json<BTreeMap<String, RiskClass>>, _>("tool_risks")?
+            .0,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -138,8 +154,9 @@ impl Store {
         // The count is a soft cap: two concurrent creates may both pass it by one.
         let sql = format!(
             "INSERT INTO connectors \
-               (id, team_id, agent_id, name, url, command, headers, env, call_timeout_ms) \
-             SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10 \
+               (id, team_id, agent_id, name, url, command, headers, env, call_timeout_ms, \
+                trust_hints, tool_risks) \
+             SELECT $1, $2, $3, $4, $5, $6, $8, $9, $10, $11, $12 \
              WHERE (SELECT count(*) FROM connectors WHERE team_id = $2) < $7 \
              RETURNING {CONNECTOR_COLUMNS}"
         );
@@ -159,12 +176,19 @@ impl Store {
                     .call_timeout_ms
                     .map(|ms| i32::try_from(ms).unwrap_or(i32::MAX)),
             )
+            .bind(connector.trust_hints)
+            .bind(sqlx::types::Json(&connector.tool_risks))
             .fetch_optional(&mut *tx)
             .await
             .map_err(insert_error)?
             .ok_or(StoreError::Conflict("connector_limit"))?;
         let made = connector_from_row(&row)?;
-        let details = serde_json::json!({ "name": made.name, "agent_id": made.agent_id });
+        let details = serde_json::json!({
+            "name": made.name,
+            "agent_id": made.agent_id,
+            "trust_hints": made.trust_hints,
+            "tool_risks": made.tool_risks,
+        });
         audit::record(
             &mut tx,
             team,

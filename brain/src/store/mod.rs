@@ -610,6 +610,11 @@ fn migrator() -> Migrator {
             "team issuers",
             include_str!("../../../migrations/0044_team_issuers.sql"),
         ),
+        (
+            45,
+            "connector tool risks",
+            include_str!("../../../migrations/0045_connector_risks.sql"),
+        ),
     ]
     .into_iter()
     .map(|(version, description, sql)| {

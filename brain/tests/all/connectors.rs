@@ -84,6 +84,8 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
                 name: name.into(),
                 target,
                 call_timeout_ms: None,
+                trust_hints: false,
+                tool_risks: BTreeMap::new(),
             },
             50,
             &brain::store::Actor::operator(None),
@@ -540,7 +542,10 @@ async fn server_everything_over_stdio() {
     }
 
     let echo = find(&tools, "everything_echo");
-    assert!(!echo.writes(), "echo is annotated readOnlyHint");
+    assert!(
+        echo.writes(),
+        "echo is annotated readOnlyHint, which this connector's admin does not trust"
+    );
     let spec = echo.spec();
     assert_eq!(spec.input_schema["type"], "object");
     assert!(
@@ -677,7 +682,7 @@ async fn mcp_server_time_over_stdio() {
     );
     assert_eq!(status(&statuses, "time").tools, 2);
     let now = find(&tools, "time_get_current_time");
-    assert!(!now.writes());
+    assert!(now.writes(), "its readOnlyHint is not trusted here");
     let ctx = ctx(&app, agent);
     let out = now.call(&ctx, json!({"timezone": "UTC"})).await;
     assert!(!out.is_error, "{out:?}");
@@ -1542,4 +1547,104 @@ async fn a_connectors_own_call_timeout_overrides_the_servers() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     saw_cancel(&marker).await;
+}
+
+/// Issue 50: a connector's MCP annotations (`readOnlyHint`...) are the server's claims.
+/// They lower no tool's risk below `write` unless an admin marked the connector's hints
+/// trusted (`trust_hints`), and an admin may set a tool's class outright (`tool_risks`,
+/// keyed by the tool's name on the server), which wins over any hint.
+#[tokio::test]
+async fn a_connectors_hints_lower_no_risk_unless_an_admin_trusts_them() {
+    use brain::approvals::RiskClass;
+
+    let app = stdio_app().await;
+    let agent = new_agent(&app).await;
+    let tools_now = || async {
+        let (tools, statuses) = connector_tools(
+            &app.store,
+            &config(30_000, 30_000),
+            &oauth(),
+            app.team,
+            agent,
+            ADMIN_KEY,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert!(
+            statuses.iter().all(|s| s.state == ConnectorState::Ready),
+            "{statuses:?}"
+        );
+        tools
+    };
+    let everything = json!(everything_stdio());
+    let (code, plain) = post(
+        &app,
+        json!({"name": "plain", "command": everything, "agent_id": agent.to_string()}),
+    )
+    .await;
+    assert_eq!(code, 201, "{plain}");
+    // `echo` says readOnlyHint: the server's word alone does not make it `read`.
+    let tools = tools_now().await;
+    assert_eq!(find(&tools, "plain_echo").risk(), RiskClass::Write);
+    assert!(
+        find(&tools, "plain_echo").writes(),
+        "an untrusted read counts as a write"
+    );
+    assert_ne!(find(&tools, "plain_get-sum").risk(), RiskClass::Read);
+    assert_eq!(plain["trust_hints"], false, "{plain}");
+
+    let (code, trusted) = post(
+        &app,
+        json!({"name": "trusted", "command": everything, "agent_id": agent.to_string(),
+               "trust_hints": true, "tool_risks": {"get-sum": "irreversible"}}),
+    )
+    .await;
+    assert_eq!(code, 201, "{trusted}");
+    assert_eq!(trusted["trust_hints"], true, "{trusted}");
+    assert_eq!(
+        trusted["tool_risks"]["get-sum"], "irreversible",
+        "{trusted}"
+    );
+    let (code, classed) = post(
+        &app,
+        json!({"name": "classed", "command": everything, "agent_id": agent.to_string(),
+               "tool_risks": {"get-sum": "read"}}),
+    )
+    .await;
+    assert_eq!(code, 201, "{classed}");
+    let tools = tools_now().await;
+    // Trusted, the hint is taken at its word; what an admin set wins, whichever way.
+    assert_eq!(find(&tools, "trusted_echo").risk(), RiskClass::Read);
+    assert!(!find(&tools, "trusted_echo").writes());
+    assert_eq!(
+        find(&tools, "trusted_get-sum").risk(),
+        RiskClass::Irreversible
+    );
+    assert_eq!(find(&tools, "classed_get-sum").risk(), RiskClass::Read);
+    assert_eq!(find(&tools, "classed_echo").risk(), RiskClass::Write);
+
+    // Classes are the approval policy's; a chat key sets nothing.
+    let (code, refused) = post(
+        &app,
+        json!({"name": "bad", "command": everything, "tool_risks": {"echo": "harmless"}}),
+    )
+    .await;
+    assert_eq!(code, 400, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("read, write, external, irreversible"),
+        "{refused}"
+    );
+    let chat_key = app.chat_key().await;
+    let response = app
+        .http
+        .post(format!("{}/v1/connectors", app.url))
+        .bearer_auth(&chat_key)
+        .json(&json!({"name": "mine", "command": everything, "trust_hints": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 403);
 }
