@@ -1,4 +1,5 @@
-//! `POST /v1/connectors`, `GET /v1/connectors`, `DELETE /v1/connectors/{id}` (SPEC B2).
+//! `POST /v1/connectors`, `GET /v1/connectors`, `PATCH /v1/connectors/{id}` (its tools'
+//! risk rules), `DELETE /v1/connectors/{id}` (SPEC B2).
 //!
 //! A connector names an MCP server whose tools join the toolset of the team's turns: every
 //! agent's (no `agent_id`) or one agent's. Exactly one transport: `url` (streamable HTTP,
@@ -343,6 +344,66 @@ pub async fn list(
         connectors,
         next_cursor,
     }))
+}
+
+/// What an admin may change of a connector it keeps: how its tools' risk is judged.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"trust_hints": false, "tool_risks": {"search": "read"}}))]
+pub struct UpdateConnector {
+    /// As `POST /v1/connectors`' `trust_hints`.
+    #[serde(default)]
+    trust_hints: Option<bool>,
+    /// As `POST /v1/connectors`' `tool_risks`; replaces the whole map.
+    #[serde(default)]
+    #[schema(value_type = Option<BTreeMap<String, String>>)]
+    tool_risks: Option<BTreeMap<String, String>>,
+}
+
+#[utoipa::path(
+    patch,
+    path = "/connectors/{connector_id}",
+    operation_id = "update_connector",
+    tag = "connectors",
+    params(("connector_id" = Uuid, Path, description = "The connector.")),
+    request_body = UpdateConnector,
+    responses(
+        (status = 200, description = "The connector; later turns judge its tools' risk by \
+            the new rules. Its grants stay.", body = ConnectorRow),
+        (status = 400, description = "Neither field, or an invalid class (`invalid_request`).",
+            body = ErrorBody),
+        (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
+        (status = 404, description = "No such connector in the team (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn update(
+    State(state): State<AppState>,
+    principal: Principal,
+    ClientAddr(address): ClientAddr,
+    Path(connector_id): Path<String>,
+    JsonBody(body): JsonBody<UpdateConnector>,
+) -> Result<Json<ConnectorRow>, ApiError> {
+    principal.require_admin()?;
+    let id = parse_id(&connector_id, "connector")?;
+    if body.trust_hints.is_none() && body.tool_risks.is_none() {
+        return Err(ApiError::InvalidRequest(
+            "give trust_hints, tool_risks or both".into(),
+        ));
+    }
+    let risks = body.tool_risks.map(tool_risks).transpose()?;
+    let by = principal.actor(address);
+    let update = state.store.update_connector_risks(
+        principal.team,
+        id,
+        body.trust_hints,
+        risks.as_ref(),
+        &by,
+    );
+    match bounded(update).await {
+        Ok(row) => Ok(Json(row)),
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("connector")),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[utoipa::path(

@@ -102,7 +102,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(artifacts::meta))
         .routes(routes!(audit::list))
         .routes(routes!(connectors::list, connectors::create))
-        .routes(routes!(connectors::delete))
+        .routes(routes!(connectors::delete, connectors::update))
         .routes(routes!(oauth::authorize))
         .routes(routes!(oauth::callback))
         .routes(routes!(oauth::continue_authorization))

@@ -120,6 +120,8 @@ pub enum Action {
     /// For the deletion of an agent (L2), recorded by the store method that deletes it.
     AgentDeleted,
     ConnectorCreated,
+    /// Its tools' risk rules changed (`trust_hints`, `tool_risks`; issue 50).
+    ConnectorUpdated,
     ConnectorDeleted,
     SecretSet,
     SecretDeleted,
@@ -159,6 +161,7 @@ impl Action {
             Self::AgentUpdated => "agent.updated",
             Self::AgentDeleted => "agent.deleted",
             Self::ConnectorCreated => "connector.created",
+            Self::ConnectorUpdated => "connector.updated",
             Self::ConnectorDeleted => "connector.deleted",
             Self::SecretSet => "secret.set",
             Self::SecretDeleted => "secret.deleted",
@@ -197,6 +200,7 @@ impl Action {
             | Self::ToolAgentArchive
             | Self::ToolAgentSetPrompt => "agent",
             Self::ConnectorCreated
+            | Self::ConnectorUpdated
             | Self::ConnectorDeleted
             | Self::GrantBound
             | Self::GrantRevoked => "connector",

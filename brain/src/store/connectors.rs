@@ -202,6 +202,40 @@ impl Store {
         Ok(made)
     }
 
+    /// Sets how the connector's tools' risk is judged: `trust_hints` and the classes set
+    /// by tool (the whole map), each when given; `NotFound` for another team's.
+    pub async fn update_connector_risks(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        trust_hints: Option<bool>,
+        tool_risks: Option<&BTreeMap<String, RiskClass>>,
+        by: &Actor,
+    ) -> Result<ConnectorRow, StoreError> {
+        let sql = format!(
+            "UPDATE connectors SET trust_hints = coalesce($3, trust_hints), \
+               tool_risks = coalesce($4, tool_risks) \
+             WHERE team_id = $1 AND id = $2 RETURNING {CONNECTOR_COLUMNS}"
+        );
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(id)
+            .bind(trust_hints)
+            .bind(tool_risks.map(sqlx::types::Json))
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        let updated = connector_from_row(&row)?;
+        let details = serde_json::json!({
+            "trust_hints": updated.trust_hints,
+            "tool_risks": updated.tool_risks,
+        });
+        audit::record(&mut tx, team, by, Action::ConnectorUpdated, id, details).await?;
+        tx.commit().await?;
+        Ok(updated)
+    }
+
     /// Every connector of the team, oldest first.
     /// One connector of the team; `NotFound` for an unknown or other team's id.
     pub async fn connector(&self, team: TeamId, id: Uuid) -> Result<ConnectorRow, StoreError> {

@@ -1647,4 +1647,37 @@ async fn a_connectors_hints_lower_no_risk_unless_an_admin_trusts_them() {
         .await
         .unwrap();
     assert_eq!(response.status(), 403);
+
+    // An admin changes its mind on a connector it keeps (its grants stay); a chat key
+    // cannot.
+    let patch = |bearer: &str, body: Value| {
+        let url = format!(
+            "{}/v1/connectors/{}",
+            app.url,
+            plain["id"].as_str().unwrap()
+        );
+        app.http.patch(url).bearer_auth(bearer).json(&body).send()
+    };
+    let refused = patch(&chat_key, json!({"trust_hints": true}))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    let patched = patch(
+        &app.key,
+        json!({"trust_hints": true, "tool_risks": {"get-sum": "external"}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(patched.status(), 200);
+    let patched: Value = patched.json().await.unwrap();
+    assert_eq!(patched["trust_hints"], true, "{patched}");
+    let tools = tools_now().await;
+    assert_eq!(find(&tools, "plain_echo").risk(), RiskClass::Read);
+    assert_eq!(find(&tools, "plain_get-sum").risk(), RiskClass::External);
+    let bad = patch(&app.key, json!({"tool_risks": {"echo": "none"}}))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let empty = patch(&app.key, json!({})).await.unwrap();
+    assert_eq!(empty.status(), 400);
 }
