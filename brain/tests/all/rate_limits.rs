@@ -245,3 +245,42 @@ async fn readiness_probes_reuse_one_connection_and_answer_from_the_last_second()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test]
+async fn worker_dials_and_the_operators_team_api_are_not_limited() {
+    let app = TestApp::start_with(|c| {
+        c.anonymous_requests = limit(1, 1);
+        c.operator_token = Some(crate::auth::operator_token());
+        c.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    })
+    .await;
+    let from = |request: reqwest::RequestBuilder| request.header("x-forwarded-for", "203.0.113.20");
+    for _ in 0..5 {
+        let teams = from(app.http.get(format!("{}/v1/teams", app.url)))
+            .bearer_auth(crate::teams::OPERATOR)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(teams.status(), 200);
+        // A dial with a made-up token: refused by the channel, never by the rate limit.
+        let dial = from(
+            app.http
+                .get(format!("{}{}", app.url, protocol::channel::CONNECT_PATH)),
+        )
+        .bearer_auth("not-a-session-token")
+        .send()
+        .await
+        .unwrap();
+        assert_ne!(dial.status(), 429);
+    }
+    // A wrong token on the team API counts against its address.
+    let refused = until_refused(async || {
+        from(app.http.get(format!("{}/v1/teams", app.url)))
+            .bearer_auth("op-wrong-0123456789abcdef0123456789abcdef")
+            .send()
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(error_code(refused).await, (429, "rate_limited".into()));
+}
