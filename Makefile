@@ -75,6 +75,7 @@ CLUSTER_BRAIN_TESTS := \
 	quotas::turns_per_minute_refuses_the_next_turn_before_anything_is_written \
 	quotas::concurrent_turns_refuses_a_second_agent_while_the_first_runs \
 	quotas::fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservation \
+	rate_limits::each_key_has_its_teams_request_rate_shared_by_every_replica \
 	events::an_observer_on_another_replica_sees_every_chunk_of_a_turn_in_order \
 	events::a_reconnect_gets_exactly_the_missed_events_then_live \
 	events::a_running_turn_is_resumed_from_its_start_on_another_replica \
