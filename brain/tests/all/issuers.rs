@@ -247,3 +247,44 @@ async fn a_jwks_url_on_a_private_or_metadata_address_is_refused_at_create() {
     let forbidden = create(&app, &chat, "https://id.team-a.example/jwks.json").await;
     assert_eq!(error_code(forbidden).await, (403, "forbidden".into()));
 }
+
+#[tokio::test]
+async fn a_team_issuers_jwks_fetches_obey_the_address_rule_and_the_refetch_bound() {
+    let jwks =
+        jwt::JwksServer::start(vec![jwt::jwk(&jwt::rsa1(), Algorithm::RS256, "team-a-1")]).await;
+    let app = TestApp::start_with(|c| c.issuers_allow_private_networks = true).await;
+    // A replica whose operator did not allow private networks never fetches from one.
+    let (closed, _) = app
+        .second_replica_with(|c| c.issuers_allow_private_networks = false)
+        .await;
+    assert_eq!(create(&app, &app.key, &jwks.url).await.status(), 201);
+    let a = app.team.to_string();
+    let alice = token(Some(&a), "alice");
+    assert_eq!(whoami(&app, &app.url, &alice).await.0, 200);
+    let fetched = jwks.fetches();
+    let (status, body) = whoami(&app, &closed, &alice).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("auth_unavailable"))
+    );
+    assert_eq!(
+        jwks.fetches(),
+        fetched,
+        "the closed replica reached the JWKS"
+    );
+    // Made-up `kid`s refetch the set at most once per BRAIN_JWT_JWKS_MIN_REFETCH_MS.
+    for i in 0..20 {
+        let claims = json!({
+            "iss": TEAM_ISSUER, "aud": TEAM_AUDIENCE, "sub": "alice",
+            "exp": jwt::now() + 60, "team_id": a,
+        });
+        let forged = jwt::sign(
+            &jwt::rsa1(),
+            Algorithm::RS256,
+            Some(&format!("kid-{i}")),
+            &claims,
+        );
+        assert_eq!(whoami(&app, &app.url, &forged).await.0, 401);
+    }
+    assert!(jwks.fetches() <= fetched + 1, "{} fetches", jwks.fetches());
+}
