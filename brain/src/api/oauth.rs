@@ -158,8 +158,6 @@ pub async fn authorize(
             body = AuthorizationStarted),
         (status = 404, description = "No live flow with this handle that the caller began \
             (another principal's link is not found either; `not_found`).", body = ErrorBody),
-        (status = 501, description = "No `BRAIN_SECRETS_KEY` on this server (`not_configured`).",
-            body = ErrorBody),
     ),
 )]
 pub async fn continue_authorization(

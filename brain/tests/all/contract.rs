@@ -83,9 +83,13 @@ async fn start(artifacts: &TempDir) -> TestApp {
     TestApp::start_with(|c| {
         c.artifacts.backend = ArtifactBackend::Local { dir };
         // Secrets on, so the secret operations are exercised rather than `not_configured`.
-        c.secrets_key = Some(brain::store::SecretsKey::parse(&"5a".repeat(32)).unwrap());
+        c.secrets_key = Some(secrets_key());
     })
     .await
+}
+
+fn secrets_key() -> brain::store::SecretsKey {
+    brain::store::SecretsKey::parse(&"5a".repeat(32)).unwrap()
 }
 
 /// Operations whose path names a resource inside the caller's own team by a name the
@@ -259,12 +263,29 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .unwrap(),
     )
     .await;
+    // A pending OAuth flow of the connector, begun by someone else than `key` (the
+    // operator), so no caller here may continue it.
+    let state = format!("contract-{connector}");
+    let owner = brain::store::GrantOwner {
+        team: team.parse().unwrap(),
+        connector: connector.parse().unwrap(),
+        user: None,
+    };
+    let bounds = (std::time::Duration::from_secs(600), 50, 5);
+    let operator = brain::store::Actor::operator(None);
+    let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
+    keyed
+        .put_flow(&owner, &state, &json!({}), bounds, &operator, None)
+        .await
+        .unwrap();
+    let flow = brain::connectors::authorization::handle_of_state(&state);
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
         ("chat_id", chat),
         ("artifact_id", artifact.id.to_string()),
         ("connector_id", connector),
+        ("flow", flow),
         ("issuer_id", issuer),
         ("key_id", key_id),
         ("secret_name", "THEIRS".to_owned()),
