@@ -14,7 +14,6 @@
 //!   flooding team while it floods. A wrong token there counts against its address.
 
 use axum::extract::{FromRequestParts, MatchedPath, Request, State};
-use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -36,13 +35,7 @@ pub async fn limit(State(state): State<AppState>, request: Request, next: Next) 
         return next.run(Request::from_parts(parts, body)).await;
     }
     let operator_route = route.is_some_and(|r| r.starts_with("/v1/teams"));
-    let bearer = parts
-        .headers
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|b| !b.is_empty() && b.len() <= MAX_BEARER);
+    let bearer = super::bearer(&parts.headers).filter(|b| b.len() <= MAX_BEARER);
     let principal = match (bearer, &state.config.operator_token) {
         (Some(bearer), Some(operator)) if operator_route && operator.matches(bearer) => {
             return next.run(Request::from_parts(parts, body)).await;

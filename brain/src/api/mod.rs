@@ -162,14 +162,7 @@ impl FromRequestParts<AppState> for Principal {
         if let Some(principal) = parts.extensions.remove::<Principal>() {
             return Ok(principal);
         }
-        let bearer = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or(ApiError::Unauthorized)?;
+        let bearer = bearer(&parts.headers).ok_or(ApiError::Unauthorized)?;
         // A JWT with a few claims is well under this; a bigger bearer is never parsed.
         if bearer.len() > MAX_BEARER {
             return Err(ApiError::Refused("the credentials are too long"));
@@ -241,6 +234,17 @@ fn forwarded_client(
 
 /// The longest bearer credential read.
 pub(super) const MAX_BEARER: usize = 8192;
+
+/// A request's bearer credential (`Authorization: Bearer …`), trimmed; `None` when
+/// absent or empty.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|b| !b.is_empty())
+}
 
 /// Query parameters decoded into a closed type; failures are `invalid_request`.
 pub struct QueryParams<T>(pub T);

@@ -9,7 +9,6 @@
 use axum::Json;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use protocol::{ErrorBody, TeamId};
 use serde::{Deserialize, Serialize};
@@ -37,13 +36,8 @@ impl FromRequestParts<AppState> for Operator {
         let Some(token) = &state.config.operator_token else {
             return Err(ApiError::NotFound("route"));
         };
-        let bearer = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|b| !b.is_empty() && b.len() <= MAX_BEARER)
+        let bearer = super::bearer(&parts.headers)
+            .filter(|b| b.len() <= MAX_BEARER)
             .ok_or(ApiError::Unauthorized)?;
         if !token.matches(bearer) {
             return Err(ApiError::Refused("not the operator's token"));
