@@ -1186,3 +1186,47 @@ async fn one_principal_cannot_fill_a_connectors_pending_flows() {
     let (code, body) = w.authorize(&w.app.key).await;
     assert_eq!(code, 200, "{body}");
 }
+
+/// The web chat's "Authorize" button in a real browser (tests/web/authorize.mjs): it
+/// `POST`s the turn's flow link with the page's key, the answer's cookie stays in that
+/// browser, and the authorization server's redirect back finishes the flow there.
+#[tokio::test]
+async fn the_web_chats_authorize_button_binds_the_grant_from_its_browser() {
+    let w = world().await;
+    let created = w
+        .app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "authorizer", "system_prompt": "You are terse.",
+                    "model": "openai/gpt-test"}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    w.app.provider.push(Reply::Text {
+        deltas: vec!["Fine.".into()],
+        delay: Duration::from_millis(1),
+    });
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/authorize.mjs");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .arg(&w.app.url)
+            .arg(&w.app.key)
+            .arg("authorizer")
+            .arg(&out)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser ends within three minutes")
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "the page did not authorize the connector:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(w.grants().await, vec![(None, 1)]);
+}
