@@ -299,7 +299,7 @@ impl Store {
         by: &Actor,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        revoke_grants(&mut tx, team, Grants::OfConnector(id), by).await?;
+        revoke_grants(&mut tx, team, Grants::Connector(id), by).await?;
         let done = sqlx::query("DELETE FROM connectors WHERE team_id = $1 AND id = $2")
             .bind(team.0)
             .bind(id)
@@ -318,11 +318,11 @@ impl Store {
 /// Whose OAuth grants [`revoke_grants`] deletes.
 #[derive(Clone, Copy)]
 pub(super) enum Grants<'a> {
-    OfConnector(Uuid),
+    Connector(Uuid),
     /// Of the connectors bound to this agent.
-    OfAgent(AgentId),
+    Agent(AgentId),
     /// An end user's own, of every connector (the user is erased).
-    OfUser(&'a str),
+    User(&'a str),
 }
 
 /// Deletes grants of `team` (before what they belong to goes, which would take them
@@ -335,9 +335,9 @@ pub(super) async fn revoke_grants(
     by: &Actor,
 ) -> Result<(), StoreError> {
     let (connector, agent, user) = match grants {
-        Grants::OfConnector(id) => (Some(id), None, None),
-        Grants::OfAgent(agent) => (None, Some(agent.0), None),
-        Grants::OfUser(user) => (None, None, Some(user)),
+        Grants::Connector(id) => (Some(id), None, None),
+        Grants::Agent(agent) => (None, Some(agent.0), None),
+        Grants::User(user) => (None, None, Some(user)),
     };
     let gone: Vec<(Uuid, Option<String>)> = sqlx::query_as(
         "DELETE FROM connector_grants g WHERE g.team_id = $1 \

@@ -140,7 +140,7 @@ impl Store {
             .bind(user)
             .execute(&mut *tx)
             .await?;
-        revoke_grants(&mut tx, team, Grants::OfUser(user), by).await?;
+        revoke_grants(&mut tx, team, Grants::User(user), by).await?;
         audit::record(
             &mut tx,
             team,
@@ -195,7 +195,7 @@ impl Store {
         if found.is_none() {
             return Ok(None);
         }
-        revoke_grants(&mut tx, team, Grants::OfAgent(agent), by).await?;
+        revoke_grants(&mut tx, team, Grants::Agent(agent), by).await?;
         let erased = erase_agent_in(&mut tx, team, agent.0).await?;
         let details = serde_json::json!({});
         audit::record(&mut tx, team, by, Action::AgentDeleted, agent, details).await?;
