@@ -97,6 +97,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::schedule))
         .routes(routes!(chats::list, chats::create))
         .routes(routes!(erasure::erase_chat))
+        .routes(routes!(erasure::erase_user))
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))
         .routes(routes!(artifacts::meta))
