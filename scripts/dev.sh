@@ -20,6 +20,13 @@ fi
 # and check worker tokens with the key made once in .dev/session-token-key (gitignored).
 export AGENT_RUNTIME_DEV=true
 
+# The manager confines every worker with bubblewrap (docs/OPERATIONS.md, "Local workers").
+if ! command -v bwrap >/dev/null && [ "${RUNTIME_MANAGER_LOCAL_UNCONFINED:-}" != true ]; then
+  echo "dev: bwrap is missing: install it (Debian/Ubuntu: sudo apt-get install bubblewrap)," >&2
+  echo "dev: or run workers unconfined: RUNTIME_MANAGER_LOCAL_UNCONFINED=true make dev" >&2
+  exit 1
+fi
+
 "$bin/brain" migrate
 
 "$bin/runtime-manager" &

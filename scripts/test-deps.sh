@@ -9,7 +9,7 @@
 # tests/webhooks/.venv), the official A2A clients (PyPI a2a-sdk in tests/a2a/.venv, npm
 # @a2a-js/sdk in tests/a2a), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
-# Debian's PgBouncer for the transaction-pooler tests, Debian's Chromium for the worker's browser tests, Debian's prometheus for promtool, and
+# Debian's PgBouncer for the transaction-pooler tests, Debian's Chromium for the worker's browser tests, Debian's bubblewrap for the local launcher's confinement, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
 # offline-friendly once installed.
 set -euo pipefail
@@ -169,6 +169,16 @@ if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
   $sudo_ apt-get update -qq
   $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+# Debian's bubblewrap: the local launcher confines every worker with it (issue 50), and the
+# tests that start a runtime-manager launch workers through it; without it every launch
+# fails confinement_unavailable. Tiny, once.
+if ! command -v bwrap >/dev/null; then
+  echo "test-deps: installing bubblewrap from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
 fi
 
 # promtool (Debian's prometheus package) for the metrics tests (brain/tests/all/metrics.rs,

@@ -68,6 +68,9 @@ pub struct Config {
     /// The local launcher's root: one workspace directory and one log file per session
     /// (absolute).
     pub workspaces: PathBuf,
+    /// The local launcher runs workers without namespaces of their own
+    /// (`RUNTIME_MANAGER_LOCAL_UNCONFINED`; only with `AGENT_RUNTIME_DEV`).
+    pub local_unconfined: bool,
     /// The RuntimeProfiles (R1): built in, or from `RUNTIME_MANAGER_PROFILES`; with
     /// `RUNTIME_MANAGER_IDLE_WINDOW_MS` replacing every idle window.
     pub profiles: Profiles,
@@ -184,6 +187,20 @@ impl Config {
                     .into(),
             });
         }
+        let local_unconfined = envcfg::parse(env, "RUNTIME_MANAGER_LOCAL_UNCONFINED", "false")
+            .map_err(|_| ConfigError {
+                name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
+                problem: "must be true or false".into(),
+            })?;
+        if local_unconfined && !envcfg::dev_mode(env)? {
+            return Err(ConfigError {
+                name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
+                problem: format!(
+                    "is for development only: it needs {}=true",
+                    envcfg::DEV_MODE
+                ),
+            });
+        }
         let brain_public_url = url_var(env, "BRAIN_PUBLIC_URL", DEFAULT_BRAIN_PUBLIC_URL)?;
         if !(brain_public_url.starts_with("http://") || brain_public_url.starts_with("https://")) {
             return Err(ConfigError {
@@ -203,6 +220,7 @@ impl Config {
             launcher,
             worker_bin,
             workspaces,
+            local_unconfined,
             profiles,
             kubernetes,
             dial_timeout,
@@ -278,6 +296,16 @@ mod tests {
     fn without_a_session_token_key_the_start_is_refused() {
         let err = Config::from_env(&envcfg::vars(&[])).unwrap_err();
         assert_eq!(err.name, "SESSION_TOKEN_KEY");
+    }
+
+    #[test]
+    fn unconfined_local_workers_are_for_development_only() {
+        assert!(!Config::from_env(&env(&[])).unwrap().local_unconfined);
+        let unconfined = ("RUNTIME_MANAGER_LOCAL_UNCONFINED", "true");
+        let err = Config::from_env(&env(&[unconfined])).unwrap_err();
+        assert_eq!(err.name, "RUNTIME_MANAGER_LOCAL_UNCONFINED");
+        let dev = Config::from_env(&env(&[unconfined, (envcfg::DEV_MODE, "true")])).unwrap();
+        assert!(dev.local_unconfined);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use config::LauncherKind;
 use launcher::Launcher;
 use launcher::kubernetes::{KubernetesLauncher, KubernetesSettings};
 use launcher::local::LocalProcessLauncher;
+use launcher::sandbox::Confinement;
 use store::Store;
 
 /// Runs the manager with the launcher `config` names until `shutdown` is cancelled. The
@@ -48,10 +49,29 @@ use store::Store;
 /// `KUBECONFIG` or `~/.kube/config` outside.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
     let launcher: Arc<dyn Launcher> = match config.launcher {
-        LauncherKind::Local => Arc::new(LocalProcessLauncher::new(
-            config.worker_bin.clone(),
-            config.workspaces.clone(),
-        )),
+        LauncherKind::Local => {
+            let confinement = Confinement::detect(config.local_unconfined);
+            match &confinement {
+                Confinement::Confined { bwrap, .. } => {
+                    tracing::info!(bwrap = %bwrap.display(), "local workers run confined")
+                }
+                Confinement::Unavailable(reason) => tracing::error!(
+                    %reason,
+                    "local workers cannot be confined: every launch fails \
+                     (confinement_unavailable); install bubblewrap, or for development only \
+                     set RUNTIME_MANAGER_LOCAL_UNCONFINED=true with AGENT_RUNTIME_DEV=true"
+                ),
+                Confinement::Unconfined => tracing::warn!(
+                    "local workers run UNCONFINED (development only): each one's commands \
+                     can read every workspace and every process environment of this user"
+                ),
+            }
+            Arc::new(LocalProcessLauncher::new(
+                config.worker_bin.clone(),
+                config.workspaces.clone(),
+                confinement,
+            ))
+        }
         LauncherKind::Kubernetes => {
             let client = kube::Client::try_default()
                 .await

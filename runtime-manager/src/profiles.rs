@@ -62,6 +62,10 @@ pub struct RuntimeProfile {
     pub shm_size: Option<Quantity>,
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,
+    /// The pod's `runtimeClassName`: a RuntimeClass of the cluster that runs the worker
+    /// under a sandboxing runtime (gVisor, Kata) instead of the node's default; none when
+    /// unset.
+    pub runtime_class_name: Option<String>,
     /// An unused session is torn down after this long (W7).
     pub idle_window: Duration,
     /// The Job's `activeDeadlineSeconds`: the worker ends by then whatever happens (R4).
@@ -316,6 +320,7 @@ impl Profiles {
             shm_size: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
+            runtime_class_name: None,
             idle_window: Duration::from_secs(90),
             active_deadline: Duration::from_secs(3600),
             warm_pool_size: 0,
@@ -513,6 +518,8 @@ struct FileProfile {
     #[serde(default)]
     tolerations: Option<Vec<Toleration>>,
     #[serde(default)]
+    runtime_class_name: Option<String>,
+    #[serde(default)]
     idle_window_seconds: Option<u64>,
     #[serde(default)]
     active_deadline_seconds: Option<u64>,
@@ -584,6 +591,9 @@ impl FileProfile {
         }
         if let Some(v) = self.tolerations {
             to.tolerations = v;
+        }
+        if let Some(v) = self.runtime_class_name {
+            to.runtime_class_name = Some(v);
         }
         if let Some(v) = self.idle_window_seconds {
             to.idle_window = Duration::from_secs(v);
@@ -688,6 +698,15 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
                 format!("{value:?} is not a valid label value"),
             ));
         }
+    }
+    // A RuntimeClass is named like a label key's DNS-subdomain prefix.
+    if let Some(class) = &p.runtime_class_name
+        && !(is_label_key(&format!("{class}/x")) && class.len() <= 253)
+    {
+        return Err(ProfileError::at(
+            at("runtimeClassName"),
+            format!("{class:?} is not a RuntimeClass name (a DNS subdomain)"),
+        ));
     }
     for (i, t) in p.tolerations.iter().enumerate() {
         let here = |field: &str| at(&format!("tolerations[{i}].{field}"));
@@ -974,6 +993,11 @@ mod tests {
                 "profiles:\n  heavy:\n    nodeSelector:\n      agent-runtime/pool: \"bad value!\"\n",
                 "profiles.heavy.nodeSelector.agent-runtime/pool",
                 "not a valid label value",
+            ),
+            (
+                "profiles:\n  browser:\n    runtimeClassName: Not_A_Class\n",
+                "profiles.browser.runtimeClassName",
+                "not a RuntimeClass name",
             ),
             (
                 "profiles:\n  heavy:\n    tolerations:\n      - key: a\n        operator: Exists\n        value: b\n",

@@ -9,7 +9,8 @@
 //! - `redis_cluster.rs`: Redis Clusters on loopback (O5), one shared by the cluster tests
 //!   and one of its own for a test that kills a master;
 //! - `tls.rs`: a CA and a server certificate for the tests that run Redis over TLS;
-//! - `promtool.rs`: `promtool check metrics` over a scrape, and reading a sample from it.
+//! - `promtool.rs`: `promtool check metrics` over a scrape, and reading a sample from it;
+//! - `sandbox.rs`: the host pid of a process inside a confined worker's PID namespace.
 //!
 //! Only tests and the bench depend on this crate, so it may panic on set-up failures: a
 //! run that cannot set up must fail loudly.
@@ -25,4 +26,5 @@ pub mod pgbouncer;
 pub mod promtool;
 pub mod proxy;
 pub mod redis_cluster;
+pub mod sandbox;
 pub mod tls;

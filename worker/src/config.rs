@@ -16,6 +16,10 @@ use protocol::channel::CONNECT_PATH;
 pub const BRAIN_PUBLIC_URL: &str = "BRAIN_PUBLIC_URL";
 pub const WORKER_SESSION_ID: &str = "WORKER_SESSION_ID";
 pub const WORKER_SESSION_TOKEN: &str = "WORKER_SESSION_TOKEN";
+/// `WORKER_SESSION_TOKEN` set to this: the token comes on standard input (the local
+/// launcher's way), since an environment stays readable in `/proc` for the life of the
+/// process, and of bwrap's init above it.
+pub const TOKEN_ON_STDIN: &str = "-";
 pub const WORKER_WORKSPACE: &str = "WORKER_WORKSPACE";
 /// Optional: the tool catalog to serve, a profile name of `channel::catalog` (default
 /// `light`). `browser` adds the browser tools (it needs the `browser` feature).
@@ -121,7 +125,10 @@ impl Config {
         let session = required(WORKER_SESSION_ID)?
             .parse::<SessionId>()
             .map_err(|_| invalid(WORKER_SESSION_ID, "is not a UUID"))?;
-        let token = required(WORKER_SESSION_TOKEN)?;
+        let token = match required(WORKER_SESSION_TOKEN)? {
+            given if given == TOKEN_ON_STDIN => token_from_stdin()?,
+            given => given,
+        };
         // It travels in an HTTP header: visible ASCII only.
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(invalid(
@@ -202,6 +209,30 @@ impl Config {
             profile,
             browser,
         })
+    }
+}
+
+/// The token written to standard input, up to its end (bounded: a token is a few hundred
+/// bytes).
+fn token_from_stdin() -> Result<String, ConfigError> {
+    use std::io::Read;
+    let mut token = String::new();
+    std::io::stdin()
+        .lock()
+        .take(16 * 1024)
+        .read_to_string(&mut token)
+        .map_err(|_| {
+            invalid(
+                WORKER_SESSION_TOKEN,
+                "is `-`, but standard input is unreadable",
+            )
+        })?;
+    match token.trim() {
+        "" => Err(invalid(
+            WORKER_SESSION_TOKEN,
+            "is `-`, but standard input held no token",
+        )),
+        token => Ok(token.to_owned()),
     }
 }
 

@@ -11,6 +11,13 @@ fn main() -> ExitCode {
         println!("worker {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
+    // Its commands run as its user. Non-dumpable, its `/proc` files (environ with its
+    // launch token, mem with every renewed one) open only to a process holding
+    // CAP_SYS_PTRACE over it, which they lack (issue 50).
+    if let Err(err) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("worker: cannot make itself non-dumpable: {err}");
+        return ExitCode::from(exit::CONFIG);
+    }
     let config = match Config::from_env(&ProcessEnv) {
         Ok(config) => config,
         Err(err) => {

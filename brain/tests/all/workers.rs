@@ -124,6 +124,13 @@ fn start_manager_with(
     Manager { child, workspaces }
 }
 
+/// The manager's variables that run its workers unconfined (development only): for a
+/// worker that is a script around the real one, which its sandbox would not hold.
+const UNCONFINED: [(&str, &str); 2] = [
+    ("RUNTIME_MANAGER_LOCAL_UNCONFINED", "true"),
+    ("AGENT_RUNTIME_DEV", "true"),
+];
+
 /// An executable script in `dir` that runs `body` (a POSIX shell script).
 fn script(dir: &TempDir, name: &str, body: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -222,8 +229,20 @@ pub(crate) async fn worker_pid(app: &TestApp) -> i32 {
 }
 
 /// Reads a stream until a command's live output says `pid=<n>` (from `echo pid=$$`):
-/// the output line, not the command text in the tool input.
+/// the output line, not the command text in the tool input. The pid is the host's: the
+/// command printed its own in its worker's PID namespace (`app`'s newest worker).
 async fn pid_from_live_output(
+    app: &TestApp,
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+) -> i32 {
+    let inner = printed_pid(body).await;
+    let worker = worker_pid(app).await as u32;
+    test_support::sandbox::host_pid(worker, inner as u32)
+        .map(|pid| pid as i32)
+        .unwrap_or_else(|| panic!("no process {inner} under the worker {worker}"))
+}
+
+async fn printed_pid(
     body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
 ) -> i32 {
     const MARK: &str = "\"text\":\"pid=";
@@ -425,7 +444,7 @@ async fn closing_the_stream_kills_the_running_command_and_the_session_survives()
         .push(shell("long", "echo pid=$$; exec sleep 30"));
     let response = app.send(&chat, &json!({"content": "sleep"})).await;
     let mut body = response.bytes_stream();
-    let pid = pid_from_live_output(&mut body).await;
+    let pid = pid_from_live_output(&app, &mut body).await;
     assert!(alive(pid));
     let hung_up = Instant::now();
     drop(body);
@@ -469,7 +488,7 @@ async fn a_stop_from_another_replica_kills_the_running_command() {
         .push(shell("long", "echo pid=$$; exec sleep 30"));
     let response = app.send(&chat, &json!({"content": "sleep"})).await;
     let mut body = response.bytes_stream();
-    let pid = pid_from_live_output(&mut body).await;
+    let pid = pid_from_live_output(&app, &mut body).await;
     assert!(alive(pid));
     let stopped = Instant::now();
     let answer = app
@@ -567,8 +586,9 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
     let response = app.send(&chat, &json!({"content": "slow"})).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopped = Instant::now();
+    // The group: the worker, and its bwrap around it.
     std::process::Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
+        .args(["-STOP", "--", &format!("-{pid}")])
         .status()
         .unwrap();
     let (chunks, _) = read_stream(response).await;
@@ -692,6 +712,8 @@ async fn a_worker_slower_to_dial_than_its_idle_window_becomes_ready_and_serves()
         &[
             ("RUNTIME_MANAGER_WORKER_BIN", slow.to_str().unwrap()),
             ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "1500"),
+            UNCONFINED[0],
+            UNCONFINED[1],
         ],
         |_| {},
     )
@@ -763,7 +785,7 @@ async fn a_worker_on_replica_a_serves_a_turn_on_replica_b() {
         .await
         .unwrap()
         .bytes_stream();
-    let pid = pid_from_live_output(&mut body).await;
+    let pid = pid_from_live_output(&app, &mut body).await;
     let hung_up = Instant::now();
     drop(body);
     while alive(pid) {
@@ -1918,6 +1940,7 @@ async fn no_payload_reaches_the_logs_at_trace() {
     command
         .env("BRAIN_PUBLIC_URL", &url)
         .env("RUNTIME_MANAGER_WORKER_BIN", &worker)
+        .envs(UNCONFINED)
         .env("RUNTIME_MANAGER_LOG", "trace");
     let mut manager = Child::spawn(command, dir.0.join("manager.log"));
 
@@ -2069,6 +2092,7 @@ async fn secrets_reach_the_commands_and_no_sink_sees_their_values() {
     command
         .env("BRAIN_PUBLIC_URL", &url)
         .env("RUNTIME_MANAGER_WORKER_BIN", &worker)
+        .envs(UNCONFINED)
         .env("RUNTIME_MANAGER_LOG", "debug");
     let mut manager = Child::spawn(command, dir.0.join("manager.log"));
     let post = |path: String, body: Value| {
@@ -2879,4 +2903,113 @@ async fn a_profile_with_snapshots_off_tears_down_without_one() {
     assert!(snapshot_row(&app, &agent).await.is_none());
     let out = shell_turn(&app, &chat, "f2", "cat notes.txt || echo missing").await;
     assert!(out.contains("missing"), "{out}");
+}
+
+/// Issue 50, 6: the local launcher confines each worker. A command of one chat's worker
+/// (a) finds no other session's workspace, by a relative or an absolute path, (b) sees no
+/// process of the machine but its own sandbox's (not the runtime-manager, not the test,
+/// not the other worker), and (c) reads no session token and no secret of another
+/// process in `/proc/*/environ`, its worker's (`$PPID`) and pid 1 included; its own
+/// workspace works as ever.
+#[tokio::test]
+async fn a_local_workers_commands_see_only_their_own_workspace_and_processes() {
+    let (app, manager) = system(60_000, |_| {}).await;
+    let (agent, first) = light_agent(&app).await;
+    let second = app.new_chat(&agent).await;
+    let marker = format!("notes-of-the-first-chat-{}", uuid::Uuid::new_v4().simple());
+
+    app.provider.push(shell(
+        "a",
+        &format!("echo {marker} > notes.txt && echo written"),
+    ));
+    app.provider.push(text("ok"));
+    let (chunks, _) = read_stream(app.send(&first, &json!({"content": "write"})).await).await;
+    assert!(output_of(&chunks, "a").contains("written"), "{chunks:?}");
+
+    let root = manager.workspaces().display().to_string();
+    let command = format!(
+        "echo mine > own.txt; cat own.txt; \
+         echo '== siblings'; cat ../*/notes.txt {root}/*/notes.txt 2>&1; ls -a .. {root} 2>&1; \
+         echo '== processes'; for p in /proc/[0-9]*; do printf '%s: ' \"$p\"; \
+           tr '\\0' ' ' < \"$p/cmdline\"; echo; done; \
+         echo '== environments'; tr '\\0' '\\n' < /proc/$PPID/environ 2>&1; \
+           tr '\\0' '\\n' < /proc/1/environ 2>&1; \
+           for p in /proc/[0-9]*; do tr '\\0' '\\n' < \"$p/environ\"; done 2>&1; echo '== end'"
+    );
+    app.provider.push(shell("b", &command));
+    app.provider.push(text("ok"));
+    let (chunks, _) =
+        read_stream(app.send(&second, &json!({"content": "look around"})).await).await;
+    let out = output_of(&chunks, "b");
+    assert!(
+        out.contains("\nmine\n== siblings") && out.contains("== end"),
+        "{out}"
+    );
+    // (a) No other workspace, by any path.
+    assert!(
+        !out.contains(&marker),
+        "another session's workspace is readable:\n{out}"
+    );
+    // (b) No process outside the sandbox: not the manager, not this test (the brain).
+    let test_binary = std::env::current_exe().unwrap();
+    let test_binary = test_binary.file_name().unwrap().to_str().unwrap();
+    for outside in ["runtime-manager", test_binary] {
+        assert!(!out.contains(outside), "{outside} is visible:\n{out}");
+    }
+    let processes = out
+        .split("== processes")
+        .nth(1)
+        .and_then(|rest| rest.split("== environments").next())
+        .unwrap_or_default();
+    let workers = processes
+        .lines()
+        .filter(|line| line.contains(&bin("worker").display().to_string()))
+        .count();
+    assert!(
+        workers <= 2,
+        "only its own worker (and the sandbox's init naming it): {processes}"
+    );
+    // (c) No token (a JWT: `eyJ…`) and none of the manager's secrets, anywhere in /proc.
+    for secret in ["eyJ", test_support::SESSION_TOKEN_KEY, "DATABASE_URL"] {
+        assert!(!out.contains(secret), "{secret} is readable:\n{out}");
+    }
+}
+
+/// Issue 50, 6: where no namespace can be made (here: no `bwrap` on the manager's `PATH`)
+/// the local launcher refuses to launch, and the session fails `launch_failed`
+/// (`confinement_unavailable`); explicitly unconfined, for development only, it launches.
+#[tokio::test]
+async fn without_namespaces_a_local_worker_is_refused_unless_explicitly_unconfined() {
+    let path = TempDir::new();
+    std::os::unix::fs::symlink("/bin/sh", path.0.join("sh")).unwrap();
+    let path = path.0.display().to_string();
+    for unconfined in [false, true] {
+        let mut env = vec![("PATH", path.as_str())];
+        if unconfined {
+            env.extend([
+                ("RUNTIME_MANAGER_LOCAL_UNCONFINED", "true"),
+                ("AGENT_RUNTIME_DEV", "true"),
+            ]);
+        }
+        let (app, _manager) = system_with(None, &env, |_| {}).await;
+        let (_, chat) = light_agent(&app).await;
+        app.provider.push(shell("a", "echo ran-$((6 * 7))"));
+        app.provider.push(text("ok"));
+        let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "run"})).await).await;
+        let out = output_of(&chunks, "a");
+        let (reason, detail): (Option<String>, Option<String>) =
+            sqlx::query_as("SELECT failure_reason, failure_detail FROM agent_runtime_sessions")
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        if unconfined {
+            assert!(out.contains("ran-42"), "{out}");
+        } else {
+            assert!(!out.contains("ran-42"), "{out}");
+            assert_eq!(
+                (reason.as_deref(), detail.as_deref()),
+                (Some("launch_failed"), Some("confinement_unavailable"))
+            );
+        }
+    }
 }

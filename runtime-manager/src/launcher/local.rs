@@ -17,7 +17,15 @@
 //! The worker gets a clean environment: `PATH`, `HOME`, `LANG` and `TMPDIR` from the
 //! manager (when set) and the four `WORKER_*`/`BRAIN_PUBLIC_URL` variables, nothing else,
 //! so no database URL or key of the manager ever reaches a worker; besides those, only
-//! the telemetry settings of [`super::telemetry_env`].
+//! the telemetry settings of [`super::telemetry_env`]. Its session token is not among
+//! them: `WORKER_SESSION_TOKEN` is `-` and the token is written to its standard input,
+//! since an environment stays readable in `/proc` as long as its process lives.
+//!
+//! Each worker is confined ([`sandbox`]: namespaces of its own under `bwrap`, only its
+//! workspace writable and visible, with `HOME` and `TMPDIR` its private `/tmp`); where
+//! that cannot be done every launch fails `confinement_unavailable`, unless the manager
+//! was explicitly told to run workers unconfined (development only, warned at every
+//! launch). The pid of a confined worker is that of its `bwrap`.
 //!
 //! A pid is only signalled when it is a child of this launcher or, for a worker left by a
 //! previous manager process, when `/proc/<pid>/cmdline` shows the worker executable: a pid
@@ -32,10 +40,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use protocol::SessionId;
+use tokio::io::AsyncWriteExt;
 
+use super::sandbox::{self, Confinement};
 use super::{LaunchError, LaunchSpec, Launcher, RunningWorker};
 
 /// The variables a worker inherits from the manager.
@@ -53,6 +63,7 @@ struct Tracked {
 pub struct LocalProcessLauncher {
     worker_bin: PathBuf,
     workspaces: PathBuf,
+    confinement: Confinement,
     inherited_env: Vec<(String, String)>,
     /// pid → the session it serves.
     workers: Arc<Mutex<HashMap<u32, Tracked>>>,
@@ -60,7 +71,7 @@ pub struct LocalProcessLauncher {
 
 impl LocalProcessLauncher {
     /// `worker_bin` and `workspaces` must be absolute (the configuration makes them so).
-    pub fn new(worker_bin: PathBuf, workspaces: PathBuf) -> Self {
+    pub fn new(worker_bin: PathBuf, workspaces: PathBuf, confinement: Confinement) -> Self {
         let inherited_env = INHERITED_ENV
             .iter()
             .filter_map(|name| std::env::var(name).ok().map(|v| ((*name).to_owned(), v)))
@@ -69,6 +80,7 @@ impl LocalProcessLauncher {
         Self {
             worker_bin,
             workspaces,
+            confinement,
             inherited_env,
             workers: Arc::default(),
         }
@@ -92,6 +104,9 @@ impl LocalProcessLauncher {
     }
 
     async fn launch_inner(&self, spec: LaunchSpec) -> Result<String, LaunchError> {
+        if let Confinement::Unavailable(reason) = &self.confinement {
+            return Err(LaunchError::Unconfinable(reason.clone()));
+        }
         if !tokio::fs::try_exists(&self.worker_bin)
             .await
             .unwrap_or(false)
@@ -130,13 +145,47 @@ impl LocalProcessLauncher {
             .map_err(LaunchError::Workspace)?;
         let log_err = log.try_clone().map_err(LaunchError::Workspace)?;
 
-        let mut command = tokio::process::Command::new(&self.worker_bin);
+        let mut command = match &self.confinement {
+            Confinement::Confined { bwrap, setsid } => {
+                let mut command = tokio::process::Command::new(setsid);
+                command
+                    .arg(bwrap)
+                    .args(sandbox::bwrap_args(&self.worker_bin, &workspace));
+                if sandbox::running_as_root() {
+                    std::os::unix::fs::chown(
+                        &workspace,
+                        Some(sandbox::SANDBOX_UID),
+                        Some(sandbox::SANDBOX_UID),
+                    )
+                    .map_err(LaunchError::Workspace)?;
+                    command.uid(sandbox::SANDBOX_UID).gid(sandbox::SANDBOX_UID);
+                }
+                command
+                    .env_clear()
+                    .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
+                    .env("HOME", "/tmp")
+                    .env("TMPDIR", "/tmp");
+                command
+            }
+            _ => {
+                tracing::warn!(
+                    session = %spec.session.0,
+                    "launching a worker UNCONFINED (RUNTIME_MANAGER_LOCAL_UNCONFINED, development \
+                     only): its commands can read every other workspace and every process \
+                     environment of this user"
+                );
+                let mut command = tokio::process::Command::new(&self.worker_bin);
+                command
+                    .env_clear()
+                    .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
+                    .process_group(0);
+                command
+            }
+        };
         command
-            .env_clear()
-            .envs(self.inherited_env.iter().map(|(k, v)| (k, v)))
             .env("BRAIN_PUBLIC_URL", &spec.brain_public_url)
             .env("WORKER_SESSION_ID", spec.session.0.to_string())
-            .env("WORKER_SESSION_TOKEN", &spec.token)
+            .env("WORKER_SESSION_TOKEN", "-")
             .env("WORKER_WORKSPACE", &workspace)
             // Which tool catalog the worker serves (the browser tools only in `browser`).
             .env("WORKER_PROFILE", &spec.profile)
@@ -145,10 +194,9 @@ impl LocalProcessLauncher {
                 if spec.restore { "true" } else { "false" },
             )
             .current_dir(&workspace)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
-            .process_group(0)
             .kill_on_drop(false);
         let mut child = command.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => LaunchError::BinaryMissing(self.worker_bin.clone()),
@@ -168,6 +216,13 @@ impl LocalProcessLauncher {
             },
         );
         let _ = tokio::fs::write(self.pid_file(spec.session), pid.to_string()).await;
+        // A worker that cannot read it exits at once (its configuration error is in its
+        // log); the reaper below then ends it like any other.
+        if let Some(mut stdin) = child.stdin.take()
+            && let Err(e) = stdin.write_all(spec.token.as_bytes()).await
+        {
+            tracing::warn!(session = %spec.session.0, pid, error = %e.kind(), "the session token could not be handed over");
+        }
 
         // Reap the child and end whatever it left behind in its group.
         let workers = self.workers.clone();
@@ -203,14 +258,19 @@ impl LocalProcessLauncher {
         Ok(format!("local:{pid}"))
     }
 
-    /// SIGTERM to the group, then SIGKILL to the group once the leader is gone or the
-    /// grace period is over. Succeeds when the worker is (or already was) gone.
+    /// SIGTERM to the group (to the worker alone when it runs under `bwrap`), then
+    /// SIGKILL to the group once the leader is gone or the grace period is over.
+    /// Succeeds when the worker is (or already was) gone.
     async fn stop_pid(&self, pid: u32) -> Result<(), LaunchError> {
         if !self.is_ours(pid) {
             return Ok(());
         }
         let group = Pid::from_raw(pid as i32);
-        match killpg(group, Signal::SIGTERM) {
+        let polite = match sandbox::innermost(pid) {
+            worker if worker == pid => killpg(group, Signal::SIGTERM),
+            worker => kill(Pid::from_raw(worker as i32), Signal::SIGTERM),
+        };
+        match polite {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             Err(e) => return Err(LaunchError::Signal(e)),
         }
@@ -344,14 +404,20 @@ fn alive(pid: u32) -> bool {
     !matches!(state, Some("Z") | Some("X") | None)
 }
 
-/// Whether `pid` runs `executable`: as its program, or as the script an interpreter runs
-/// (`#!` scripts show as `<interpreter> <script>`).
+/// Whether `pid` runs `executable`: as its program, as the script an interpreter runs
+/// (`#!` scripts show as `<interpreter> <script>`), or as the command of `bwrap` (its
+/// last argument).
 fn runs_executable(pid: u32, executable: &Path) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let wanted = executable.as_os_str().as_encoded_bytes();
-    cmdline.split(|b| *b == 0).take(2).any(|arg| arg == wanted)
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    args.iter().take(2).any(|arg| *arg == wanted)
+        || (args.first().is_some_and(|a| a.ends_with(b"/bwrap")) && args.last() == Some(&wanted))
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod kubernetes;
 pub mod local;
+pub mod sandbox;
 
 /// The manager's telemetry configuration a worker shares, whichever launcher starts it
 /// (O2): its `OTEL_*` variables, since the collector of its traces is the workers' too,
@@ -117,6 +118,8 @@ pub enum LaunchError {
     Kube(#[from] kube::Error),
     #[error("a Job of this name still exists after deleting it")]
     JobExists,
+    #[error("local workers cannot be confined here: {0}")]
+    Unconfinable(String),
 }
 
 impl LaunchError {
@@ -140,6 +143,7 @@ impl LaunchError {
             Self::Kube(kube::Error::InferConfig(_)) => "kube_config",
             Self::Kube(_) => "kube_unavailable",
             Self::JobExists => "job_exists",
+            Self::Unconfinable(_) => "confinement_unavailable",
         }
     }
 }

@@ -251,6 +251,31 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
     finish(h, fake).await;
 }
 
+/// Issue 50, 6: a profile may run its workers under another container runtime (gVisor,
+/// Kata): its `runtimeClassName` is the pod's; a profile without one leaves it unset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profiles_runtime_class_is_its_pods() {
+    let dir = std::env::temp_dir().join(format!("rm-rc-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("profiles.yaml");
+    std::fs::write(
+        &file,
+        "profiles:\n  browser:\n    runtimeClassName: gvisor\n",
+    )
+    .unwrap();
+    let (h, fake) = start(&[("RUNTIME_MANAGER_PROFILES", file.to_str().unwrap())]).await;
+    let browser = h.provision("browser").await;
+    let light = h.provision("light").await;
+    h.wait_state(browser, "connecting", WAIT).await;
+    h.wait_state(light, "connecting", WAIT).await;
+    let spec =
+        |session| fake.job(NS, &job_name(session)).unwrap()["spec"]["template"]["spec"].clone();
+    assert_eq!(spec(browser)["runtimeClassName"], "gvisor");
+    assert!(spec(light).get("runtimeClassName").is_none());
+    finish(h, fake).await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leftover_job_of_the_session_is_replaced() {
     let (h, fake) = start(&[]).await;

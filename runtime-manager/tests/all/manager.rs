@@ -12,6 +12,7 @@ use channel::token::TokenKeys;
 use protocol::SessionId;
 use queue::SessionQueue;
 use runtime_manager::launcher::local::LocalProcessLauncher;
+use runtime_manager::launcher::sandbox::Confinement;
 
 const SECONDS_5: Duration = Duration::from_secs(5);
 
@@ -51,9 +52,12 @@ async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
         env["WORKER_WORKSPACE"],
         h.workspace(session).display().to_string()
     );
+    // The token comes on standard input: an environment stays readable in /proc.
+    assert_eq!(env["WORKER_SESSION_TOKEN"], "-");
+    let token = std::fs::read_to_string(h.workspace(session).join("stdin.txt")).unwrap();
     let claims = TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
-        .verify(&env["WORKER_SESSION_TOKEN"])
+        .verify(&token)
         .expect("a token the brain accepts");
     assert_eq!(claims.sub, session);
     assert_eq!(claims.team, h.team);
@@ -338,6 +342,7 @@ async fn in_process(
     let launcher = Arc::new(LocalProcessLauncher::new(
         config.worker_bin.clone(),
         config.workspaces.clone(),
+        Confinement::detect(config.local_unconfined),
     ));
     runtime_manager::Manager::new(config, store, queue, launcher).unwrap()
 }

@@ -189,6 +189,7 @@ pub fn build(p: &JobParams<'_>) -> Job {
             ..PodSecurityContext::default()
         }),
         node_selector: (!profile.node_selector.is_empty()).then(|| profile.node_selector.clone()),
+        runtime_class_name: profile.runtime_class_name.clone(),
         tolerations: (!profile.tolerations.is_empty())
             .then(|| profile.tolerations.iter().map(toleration).collect()),
         containers: vec![container],

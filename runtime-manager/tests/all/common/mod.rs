@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 pub const BRAIN_URL: &str = "http://127.0.0.1:9";
 
-/// The fake worker: records its environment and pid, starts a grandchild in its process
-/// group, and waits (it never dials).
+/// The fake worker: records what it was given on standard input (its session token) and
+/// its environment, starts a grandchild in its process group, and waits (it never dials).
 const FAKE_WORKER: &str = r#"#!/bin/sh
+cat > "$WORKER_WORKSPACE/stdin.txt"
 env > "$WORKER_WORKSPACE/env.txt.tmp" && mv "$WORKER_WORKSPACE/env.txt.tmp" "$WORKER_WORKSPACE/env.txt"
 sleep 300 &
 echo $! > "$WORKER_WORKSPACE/grandchild.pid"
@@ -323,14 +324,16 @@ impl Harness {
             .collect()
     }
 
-    /// The pid of the `sleep` the fake worker started in its process group.
+    /// The (host) pid of the `sleep` the fake worker started in its process group.
     pub async fn grandchild(&self, session: SessionId) -> u32 {
         let path = self.workspace(session).join("grandchild.pid");
+        let worker = self.row(session).await.pid();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             if let Some(pid) = std::fs::read_to_string(&path)
                 .ok()
                 .and_then(|s| s.trim().parse().ok())
+                .and_then(|inner| test_support::sandbox::host_pid(worker, inner))
             {
                 return pid;
             }
