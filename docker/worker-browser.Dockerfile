@@ -32,7 +32,7 @@ ARG EXTRA_PACKAGES=""
 # worker itself is killed.
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates tini util-linux chromium \
+      ca-certificates util-linux chromium \
       fonts-liberation fonts-dejavu-core fonts-noto-cjk fonts-noto-color-emoji \
       ${EXTRA_PACKAGES} \
  && rm -rf /var/lib/apt/lists/*
@@ -51,4 +51,5 @@ ENV WORKER_WORKSPACE=/workspace \
     HOME=/workspace
 WORKDIR /workspace
 USER 10001:10001
-ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/worker"]
+# No init, as in worker.Dockerfile: the pod's pause process is PID 1.
+ENTRYPOINT ["/usr/local/bin/worker"]

@@ -30,7 +30,7 @@ FROM ${RUNTIME_IMAGE}
 ARG EXTRA_PACKAGES=""
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates tini ${EXTRA_PACKAGES} \
+      ca-certificates ${EXTRA_PACKAGES} \
  && rm -rf /var/lib/apt/lists/*
 # UID/GID 10001, as the Job's securityContext says (runAsUser, runAsGroup, fsGroup).
 RUN groupadd --gid 10001 worker \
@@ -45,6 +45,8 @@ ENV WORKER_WORKSPACE=/workspace \
     HOME=/workspace
 WORKDIR /workspace
 USER 10001:10001
-# tini as PID 1: it forwards SIGTERM to the worker and reaps the orphans of killed
-# commands, which the worker does not (worker/README.md, "Running it in a pod").
-ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/worker"]
+# No init: the Job shares the pod's process namespace, so its pause process is PID 1 and
+# reaps the orphans of killed commands, which the worker does not (worker/README.md,
+# "Running it in a pod"). An init here would keep the worker's environment, session token
+# included, readable to its commands in /proc/1/environ. `docker run --init` elsewhere.
+ENTRYPOINT ["/usr/local/bin/worker"]

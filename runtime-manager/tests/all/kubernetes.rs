@@ -106,6 +106,10 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert_eq!(pod["enableServiceLinks"], false);
     assert_eq!(pod["terminationGracePeriodSeconds"], 10);
+    // pid 1 is the pod's pause process, which reaps orphans: no init in the container
+    // holds the worker's environment, token included, where its commands read /proc/1
+    // (issue 50).
+    assert_eq!(pod["shareProcessNamespace"], true);
     assert_eq!(
         pod["securityContext"],
         json!({

@@ -177,6 +177,10 @@ pub fn build(p: &JobParams<'_>) -> Job {
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        // The pause process is pid 1 and reaps orphans, so the image needs no init: an
+        // init would hold the worker's environment, token included, in a /proc/1/environ
+        // its commands (same uid) can read. The worker itself is non-dumpable.
+        share_process_namespace: Some(true),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
             run_as_user: Some(WORKER_UID),
