@@ -20,11 +20,14 @@ fi
 # and check worker tokens with the key made once in .dev/session-token-key (gitignored).
 export AGENT_RUNTIME_DEV=true
 
-# The manager confines every worker with bubblewrap (docs/OPERATIONS.md, "Local workers").
+# The manager confines every worker with bubblewrap (docs/OPERATIONS.md, "Local workers,
+# confined"): installed from Debian packages when missing, as services.sh does its own.
+# RUNTIME_MANAGER_LOCAL_UNCONFINED=true runs workers unconfined instead.
 if ! command -v bwrap >/dev/null && [ "${RUNTIME_MANAGER_LOCAL_UNCONFINED:-}" != true ]; then
-  echo "dev: bwrap is missing: install it (Debian/Ubuntu: sudo apt-get install bubblewrap)," >&2
-  echo "dev: or run workers unconfined: RUNTIME_MANAGER_LOCAL_UNCONFINED=true make dev" >&2
-  exit 1
+  echo "dev: installing bubblewrap from Debian packages"
+  if [ "$(id -u)" = 0 ]; then sudo_=""; else sudo_=sudo; fi
+  $sudo_ apt-get update -qq
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
 fi
 
 "$bin/brain" migrate
