@@ -179,7 +179,9 @@ impl AppState {
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
         if config.workers.dev_token_key {
             tracing::warn!(
-                "SESSION_TOKEN_KEY is unset: using the development key; set it in any deployment"
+                "development mode (AGENT_RUNTIME_DEV): using the session token key kept in {}; \
+                 set SESSION_TOKEN_KEY in any deployment",
+                envcfg::DEV_KEY_FILE
             );
         }
         let auth = auth::Auth::new(

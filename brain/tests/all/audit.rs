@@ -591,6 +591,10 @@ async fn entries_older_than_the_retention_are_swept() {
 fn the_retention_is_a_positive_number_of_days() {
     let env = |value: Option<&str>| {
         let mut env: HashMap<String, String> = HashMap::new();
+        env.insert(
+            "SESSION_TOKEN_KEY".into(),
+            test_support::SESSION_TOKEN_KEY.into(),
+        );
         if let Some(v) = value {
             env.insert("BRAIN_AUDIT_RETENTION_DAYS".into(), v.into());
         }
