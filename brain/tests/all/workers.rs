@@ -2934,7 +2934,8 @@ async fn a_local_workers_commands_see_only_their_own_workspace_and_processes() {
            tr '\\0' ' ' < \"$p/cmdline\"; echo; done; \
          echo '== environments'; tr '\\0' '\\n' < /proc/$PPID/environ 2>&1; \
            tr '\\0' '\\n' < /proc/1/environ 2>&1; \
-           for p in /proc/[0-9]*; do tr '\\0' '\\n' < \"$p/environ\"; done 2>&1; echo '== end'"
+           for p in /proc/[0-9]*; do tr '\\0' '\\n' < \"$p/environ\"; done 2>&1; \
+         cat /etc/shadow >/dev/null 2>&1 && echo shadow-read-$((6 * 7)); echo '== end'"
     );
     app.provider.push(shell("b", &command));
     app.provider.push(text("ok"));
@@ -2942,7 +2943,7 @@ async fn a_local_workers_commands_see_only_their_own_workspace_and_processes() {
         read_stream(app.send(&second, &json!({"content": "look around"})).await).await;
     let out = output_of(&chunks, "b");
     assert!(
-        out.contains("\nmine\n== siblings") && out.contains("== end"),
+        out.contains("\nmine\n== siblings") && out.contains("\n== end"),
         "{out}"
     );
     // (a) No other workspace, by any path.
@@ -2973,6 +2974,10 @@ async fn a_local_workers_commands_see_only_their_own_workspace_and_processes() {
     for secret in ["eyJ", test_support::SESSION_TOKEN_KEY, "DATABASE_URL"] {
         assert!(!out.contains(secret), "{secret} is readable:\n{out}");
     }
+    // Nor a file only root may read, where the manager runs as root (as here in CI): the
+    // sandbox's uid is not root's, inside or out. (The markers are computed: the command's
+    // own text is in the process listing.)
+    assert!(!out.contains("shadow-read-42"), "{out}");
 }
 
 /// Issue 50, 6: where no namespace can be made (here: no `bwrap` on the manager's `PATH`)
