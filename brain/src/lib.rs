@@ -18,9 +18,14 @@
 //!   continuations) left behind (O3, A3);
 //! - `tools/`: the brain's own tools and the one toolset a turn offers (T4, B1);
 //! - `connectors/`: the MCP servers a team configured, their credentials and OAuth (B2);
+//! - `address.rs`: the rule every address the brain calls out to obeys (connectors,
+//!   webhooks, OAuth, team issuers' JWKS): no metadata or link-local address, private ones
+//!   only where the operator allows;
 //! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);
+//! - `ratelimit.rs`: the request rate limit's token buckets in Redis, per principal and
+//!   per address (issue 50);
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
 //!   keeps its own keys);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
@@ -43,6 +48,7 @@
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
 
 pub mod a2a;
+pub mod address;
 pub mod agents;
 pub mod agui;
 pub mod api;

@@ -23,9 +23,10 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
+use crate::address;
 use crate::approvals::{self, RiskClass};
 use crate::auth::Principal;
-use crate::connectors::{ConnectorConfig, address, authorization, credentials};
+use crate::connectors::{ConnectorConfig, authorization, credentials};
 use crate::error::ApiError;
 use crate::store::{
     AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError, bounded,
@@ -188,7 +189,7 @@ fn tool_risks(raw: BTreeMap<String, String>) -> Result<BTreeMap<String, RiskClas
         .collect()
 }
 
-/// A URL the address rule allows (`connectors::address::valid_url`; checked again after
+/// A URL the address rule allows (`address::valid_url`; checked again after
 /// DNS at every connect).
 fn validate_url(raw: &str, allow_private: bool) -> Result<String, ApiError> {
     address::valid_url(

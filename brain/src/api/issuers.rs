@@ -12,8 +12,8 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
+use crate::address;
 use crate::auth::Principal;
-use crate::connectors::address;
 use crate::error::ApiError;
 use crate::store::{IssuerRow, StoreError, bounded};
 

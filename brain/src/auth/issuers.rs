@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use super::jwt::{ClaimNames, Jwks, matching, principal_of, verify};
 use super::{AuthError, Principal};
-use crate::connectors::address;
+use crate::address;
 use crate::store::{IssuerRow, Store};
 
 /// How long a replica trusts what it read of an `iss`.

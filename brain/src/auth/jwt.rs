@@ -373,8 +373,8 @@ impl Jwks {
         // An address literal reaches no resolver: judged here; a name, by the client's.
         if let Some(allow_private) = self.address_rule {
             let url = reqwest::Url::parse(&self.url).map_err(|_| "not a URL")?;
-            crate::connectors::address::check_url(&url, allow_private)
-                .map_err(crate::connectors::address::Refused::class)?;
+            crate::address::check_url(&url, allow_private)
+                .map_err(crate::address::Refused::class)?;
         }
         let body = tokio::time::timeout(FETCH_TIMEOUT, async {
             let response = self

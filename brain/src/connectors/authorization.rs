@@ -60,9 +60,10 @@ use futures_util::future::join_all;
 use protocol::{AgentId, TeamId};
 use tokio_util::sync::CancellationToken;
 
+use super::credentials;
 use super::oauth::{self, ClientOptions, Grant, OAuthError, PendingFlow, PreRegistered};
 use super::session::{Answerer, Session};
-use super::{address, credentials};
+use crate::address;
 use crate::config::{ConnectorConfig, OAuthConfig};
 use crate::store::{Actor, StoreError, TakenFlow};
 use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};

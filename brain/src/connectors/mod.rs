@@ -7,7 +7,7 @@
 //! a child process on stdio), and runs `initialize` and `tools/list`, all within
 //! `BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS` and the turn's cancellation. A connector that fails,
 //! times out or is not allowed (stdio while `BRAIN_CONNECTORS_ALLOW_STDIO` is off; a URL
-//! whose host is or resolves to an address [`address`] refuses) adds no tool and is
+//! whose host is or resolves to an address [`crate::address`] refuses) adds no tool and is
 //! reported `down` with an error class; the turn goes on without it.
 //!
 //! A server that demands OAuth is connected with a stored grant (the chat creator's, else
@@ -63,7 +63,6 @@
 //!
 //! [`Toolset`]: crate::tools::Toolset
 
-pub mod address;
 pub mod authorization;
 pub mod credentials;
 mod elicitation;

@@ -26,7 +26,7 @@
 //! # Network policy
 //!
 //! The URLs come from the MCP server and from documents it points to, so every request
-//! goes through [`Http`]: the connector address rule ([`super::address`]) judges every
+//! goes through [`Http`]: the connector address rule ([`crate::address`]) judges every
 //! host (literal addresses before the request, names at resolution, and the connection
 //! goes only to the addresses judged), no redirect is followed (rmcp follows same-origin
 //! redirects of metadata discovery itself, one request at a time, through the same
@@ -56,7 +56,7 @@ use rmcp::transport::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::address::{self, Refused};
+use crate::address::{self, Refused};
 
 /// One request to an authorization server or a metadata URL.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

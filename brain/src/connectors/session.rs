@@ -24,9 +24,10 @@ use rmcp::transport::streamable_http_client::{
 use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceError, ServiceExt};
 use tokio_util::sync::CancellationToken;
 
+use super::ConnectorConfig;
 use super::credentials::Resolved;
 pub use super::elicitation::Asking;
-use super::{ConnectorConfig, address};
+use crate::address;
 use crate::store::{ConnectorRow, ConnectorTarget};
 
 /// The variables a stdio child may see; everything else of the brain's environment (keys,

@@ -24,8 +24,8 @@ use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::address;
 use crate::config::WebhooksConfig;
-use crate::connectors::address;
 use crate::metrics::Metrics;
 use crate::store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
 use crate::store::{Store, bounded};
