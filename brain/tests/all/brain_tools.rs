@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::common::replies::{call, calls, text};
-use crate::common::{TestApp, read_stream};
+use crate::common::{TestApp, key_with_scope, read_stream, send_as};
 use brain::store::{NewAgent, SecretsError, SecretsKey};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, TeamId};
@@ -798,36 +798,6 @@ async fn the_api_rejects_a_non_boolean_concierge() {
         )
         .await;
     assert_eq!(response.status(), 400);
-}
-
-/// A key of the team with `scope`, made over the API: its secret.
-async fn key_with_scope(app: &TestApp, scope: &str) -> (String, String) {
-    let created = app
-        .post_json("/v1/keys", &json!({"name": scope, "scope": scope}))
-        .await;
-    assert_eq!(created.status(), 201);
-    let created: Value = created.json().await.unwrap();
-    (
-        created["api_key"].as_str().unwrap().to_owned(),
-        created["id"].as_str().unwrap().to_owned(),
-    )
-}
-
-/// Posts `content` to `chat` as `bearer` and reads the stream to its end.
-async fn send_as(app: &TestApp, bearer: &str, chat: &str, content: &str) -> Vec<UiChunk> {
-    let response = app
-        .http
-        .post(format!("{}/v1/chats/{chat}/messages", app.url))
-        .bearer_auth(bearer)
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let (chunks, done) = read_stream(response).await;
-    assert!(done, "{chunks:?}");
-    app.settled().await;
-    chunks
 }
 
 async fn autostart_set_by(app: &TestApp, agent: &str) -> Option<String> {

@@ -6,39 +6,9 @@
 use std::time::Duration;
 
 use crate::common::replies::{call, calls, text};
-use crate::common::{TestApp, read_stream};
+use crate::common::{TestApp, key_with_scope, send_as};
 use protocol::ui::UiChunk;
 use serde_json::{Value, json};
-
-/// A key of `scope` of the app's team: (its bearer, its id).
-async fn key_with_scope(app: &TestApp, scope: &str) -> (String, String) {
-    let created = app
-        .post_json("/v1/keys", &json!({"name": scope, "scope": scope}))
-        .await;
-    assert_eq!(created.status(), 201);
-    let created: Value = created.json().await.unwrap();
-    (
-        created["api_key"].as_str().unwrap().to_owned(),
-        created["id"].as_str().unwrap().to_owned(),
-    )
-}
-
-/// Posts `content` to `chat` as `bearer` and reads the stream to its end.
-async fn send_as(app: &TestApp, bearer: &str, chat: &str, content: &str) -> Vec<UiChunk> {
-    let response = app
-        .http
-        .post(format!("{}/v1/chats/{chat}/messages", app.url))
-        .bearer_auth(bearer)
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let (chunks, done) = read_stream(response).await;
-    assert!(done, "{chunks:?}");
-    app.settled().await;
-    chunks
-}
 
 fn approval_asked(chunks: &[UiChunk]) -> String {
     chunks
@@ -209,6 +179,23 @@ async fn wait_fires(
     panic!("fires never got there: {:?}", fires(app, agent).await);
 }
 
+/// Lets the agent's per-second cadence fire until a tick is `fired`, then clears it: the
+/// autostart chat that fire ran in.
+async fn fired_once(app: &TestApp, agent: &str) -> String {
+    for _ in 0..4 {
+        app.provider.push(text("Checked."));
+    }
+    assert_eq!(
+        set_cadence(app, &app.key, agent, Some("* * * * * *")).await,
+        200
+    );
+    let recorded = wait_fires(app, agent, |f| f.iter().any(|f| f.0 == "fired")).await;
+    assert_eq!(set_cadence(app, &app.key, agent, None).await, 200);
+    app.settled().await;
+    let fired = recorded.into_iter().find(|f| f.0 == "fired").unwrap();
+    fired.1.unwrap()
+}
+
 async fn status_as(app: &TestApp, bearer: &str, method: reqwest::Method, path: &str) -> u16 {
     let mut request = app
         .http
@@ -226,23 +213,7 @@ async fn status_as(app: &TestApp, bearer: &str, method: reqwest::Method, path: &
 async fn only_admins_see_or_write_the_autostart_chat() {
     let app = TestApp::start_with(fast).await;
     let agent = plain_agent(&app, "cron").await;
-    for _ in 0..4 {
-        app.provider.push(text("Checked."));
-    }
-    assert_eq!(
-        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
-        200
-    );
-    let first = wait_fires(&app, &agent, |f| f.iter().any(|f| f.0 == "fired")).await;
-    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
-    app.settled().await;
-    let chat = first
-        .iter()
-        .find(|f| f.0 == "fired")
-        .unwrap()
-        .1
-        .clone()
-        .unwrap();
+    let chat = fired_once(&app, &agent).await;
     let (chat_key, _) = key_with_scope(&app, "chat").await;
 
     use reqwest::Method;
@@ -306,23 +277,7 @@ async fn an_erased_autostart_chat_is_replaced_at_the_next_fire() {
     let app = TestApp::start_with(fast).await;
     let agent = plain_agent(&app, "cron").await;
     let other = plain_agent(&app, "other").await;
-    for _ in 0..8 {
-        app.provider.push(text("Checked."));
-    }
-    assert_eq!(
-        set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,
-        200
-    );
-    let first = wait_fires(&app, &agent, |f| f.iter().any(|f| f.0 == "fired")).await;
-    assert_eq!(set_cadence(&app, &app.key, &agent, None).await, 200);
-    app.settled().await;
-    let erased = first
-        .iter()
-        .find(|f| f.0 == "fired")
-        .unwrap()
-        .1
-        .clone()
-        .unwrap();
+    let erased = fired_once(&app, &agent).await;
     let response = app
         .auth(app.http.delete(format!("{}/v1/chats/{erased}", app.url)))
         .send()
@@ -337,6 +292,9 @@ async fn an_erased_autostart_chat_is_replaced_at_the_next_fire() {
         .await
         .unwrap();
 
+    for _ in 0..4 {
+        app.provider.push(text("Checked."));
+    }
     let before = fires(&app, &agent).await.len();
     assert_eq!(
         set_cadence(&app, &app.key, &agent, Some("* * * * * *")).await,

@@ -325,6 +325,36 @@ impl Drop for TestApp {
     }
 }
 
+/// A key of the team with `scope`, made over the API: its secret and its id.
+pub async fn key_with_scope(app: &TestApp, scope: &str) -> (String, String) {
+    let created = app
+        .post_json("/v1/keys", &json!({"name": scope, "scope": scope}))
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    (
+        created["api_key"].as_str().unwrap().to_owned(),
+        created["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Posts `content` to `chat` as `bearer` and reads the stream to its end.
+pub async fn send_as(app: &TestApp, bearer: &str, chat: &str, content: &str) -> Vec<UiChunk> {
+    let response = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done, "{chunks:?}");
+    app.settled().await;
+    chunks
+}
+
 /// An agent of the `light` profile (the worker tools) and a chat with it: their ids.
 pub async fn light_agent(app: &TestApp) -> (String, String) {
     let agent: Value = app
