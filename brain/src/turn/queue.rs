@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Launched, Trigger, TurnError, TurnInput, launch, stop};
 use crate::AppState;
-use crate::auth::{Authority, Scope};
+use crate::auth::Authority;
 use crate::store::{BusyPolicy, Close, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
 
 /// How often an interrupting message asks for the hold while the stopped turn winds up:
@@ -157,14 +157,7 @@ async fn start_next(state: &AppState, team: TeamId, agent: AgentId) {
 }
 
 async fn start_queued(state: &AppState, next: QueuedTurn) -> Result<Launched, TurnError> {
-    let authority = Authority {
-        scope: if next.actor_admin {
-            Scope::Admin
-        } else {
-            Scope::Chat
-        },
-        actor: next.actor.clone().unwrap_or_else(|| "unknown".to_owned()),
-    };
+    let authority = Authority::of_turn(next.actor.clone(), next.actor_admin);
     let (team, chat) = (next.team, next.chat);
     launch(
         state,
