@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use brain::store::{CreatedTeam, NewAgent, Store};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -23,6 +22,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use scripted_provider::{Reply, ScriptedProvider};
+use store::{CreatedTeam, NewAgent, Store};
 use tokio::sync::watch;
 
 use crate::system::{
@@ -172,7 +172,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {
             let agent = store
-                .create_agent(team.team_id, &agent, &brain::store::Actor::operator(None))
+                .create_agent(team.team_id, &agent, &store::Actor::operator(None))
                 .await?;
             let chat = store.create_chat(team.team_id, agent.id, None).await?;
             Ok(chat.id.to_string())

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, anyhow, bail};
 use brain::AppState;
 use brain::config::Config;
-use brain::store::Store;
 use scripted_provider::{Reply, ScriptedProvider};
 use serde_json::{Value, json};
+use store::Store;
 use tokio_util::sync::CancellationToken;
 
 const ADMIN_URL_DEFAULT: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";

@@ -6,11 +6,11 @@
 use chrono::Utc;
 use protocol::profile;
 
-use crate::approvals::ApprovalPolicy;
-use crate::provider::ModelRoute;
 use crate::schedule::{Cadence, parse_timezone};
-use crate::store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
-pub use crate::store::{BusyPolicy, DisconnectPolicy};
+use domain::approvals::ApprovalPolicy;
+use providers::ModelRoute;
+use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
+pub use store::{BusyPolicy, DisconnectPolicy};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -125,7 +125,7 @@ pub struct AgentChange {
     pub autostart_prompt: Option<String>,
     /// `Some(None)` is UTC.
     pub autostart_timezone: Option<Option<String>>,
-    pub approval_policy: Option<crate::approvals::ApprovalPolicy>,
+    pub approval_policy: Option<domain::approvals::ApprovalPolicy>,
     pub disconnect_policy: Option<DisconnectPolicy>,
     pub busy_policy: Option<BusyPolicy>,
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, bounded};
+use store::{Store, bounded};
 
 /// How often a replica sweeps: entries live for days, so an hour late is nothing.
 const SWEEP_EVERY: Duration = Duration::from_secs(3600);

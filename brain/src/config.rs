@@ -66,7 +66,7 @@ pub struct Config {
     pub connectors: ConnectorConfig,
     /// Key secrets are encrypted under (`BRAIN_SECRETS_KEY`); unset, the secret tools
     /// answer that secrets are not configured (B1).
-    pub secrets_key: Option<crate::store::SecretsKey>,
+    pub secrets_key: Option<store::SecretsKey>,
     /// Where files and artifacts are kept (SPEC "object storage").
     pub artifacts: ArtifactsConfig,
     /// How often this replica tries to sweep what is past the teams' retention (L6,
@@ -533,7 +533,7 @@ impl Config {
             database_statement_timeout: ranged(
                 env,
                 "BRAIN_DATABASE_STATEMENT_TIMEOUT_MS",
-                crate::store::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64,
+                store::DEFAULT_STATEMENT_TIMEOUT.as_millis() as u64,
                 100,
                 60_000,
             )
@@ -705,11 +705,11 @@ fn trusted_proxies(env: &dyn Env) -> Result<Vec<ipnet::IpNet>, ConfigError> {
 }
 
 /// `BRAIN_SECRETS_KEY`: unset means secrets are off; nothing is generated in its place.
-fn secrets_key(env: &dyn Env) -> Result<Option<crate::store::SecretsKey>, ConfigError> {
+fn secrets_key(env: &dyn Env) -> Result<Option<store::SecretsKey>, ConfigError> {
     let Some(raw) = non_empty(env, "BRAIN_SECRETS_KEY") else {
         return Ok(None);
     };
-    crate::store::SecretsKey::parse(&raw)
+    store::SecretsKey::parse(&raw)
         .map(Some)
         .map_err(|problem| ConfigError {
             name: "BRAIN_SECRETS_KEY",

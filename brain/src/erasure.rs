@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::store::{Actor, Bulky, Erased, StoreError, TurnStatus, Within, bounded};
 use crate::turn::stop::{self, StopError};
+use store::{Actor, Bulky, Erased, StoreError, TurnStatus, Within, bounded};
 
 /// How long an erasure waits for the turns it stopped to end before deleting anyway (a
 /// turn on a replica that died ends only when taken over).

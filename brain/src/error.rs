@@ -18,12 +18,12 @@ use crate::artifacts::{ArtifactError, SaveError};
 use crate::auth::AuthError;
 use crate::erasure::EraseError;
 use crate::intake::Overloaded;
-use crate::provider::ProviderError;
 use crate::quota::Refusal;
 use crate::sessions::SnapshotError;
-use crate::store::StoreError;
 use crate::turn::TurnError;
 use crate::turn::stop::StopError;
+use providers::ProviderError;
+use store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

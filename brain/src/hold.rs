@@ -53,7 +53,7 @@ use crate::quota::{
     Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, Standing, TurnCounts,
 };
 use crate::redis::{Shared, bounded};
-use crate::store::StoreError;
+use store::StoreError;
 
 /// Sets the key if free and answers nil; otherwise answers the current value. One round
 /// trip, atomic: a refused caller learns the running turn at once.

@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
 use crate::auth::Authority;
-use crate::store::BRAIN_REPLICA;
 use crate::turn::{self, Trigger};
+use store::BRAIN_REPLICA;
 
 /// A replica whose lease lapsed this long ago is forgotten: its turns were reconciled.
 const FORGET_AFTER: Duration = Duration::from_secs(3600);
@@ -218,7 +218,7 @@ async fn restart_stranded(state: &AppState, bound: Duration) {
 /// A store call under `bound`, with its failure as a class for the log.
 pub(crate) async fn bounded<T>(
     bound: Duration,
-    call: impl Future<Output = Result<T, crate::store::StoreError>>,
+    call: impl Future<Output = Result<T, store::StoreError>>,
 ) -> Result<T, &'static str> {
     match tokio::time::timeout(bound, call).await {
         Ok(Ok(value)) => Ok(value),

@@ -21,7 +21,6 @@
 //! - `address.rs`: the rule every address the brain calls out to obeys (connectors,
 //!   webhooks, OAuth, team issuers' JWKS): no metadata or link-local address, private ones
 //!   only where the operator allows;
-//! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);
 //! - `ratelimit.rs`: the request rate limit's token buckets in Redis, per principal and
@@ -34,8 +33,6 @@
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
-//! - `provider/`: the model providers' wire formats, turned into typed events;
-//! - `store/`: Postgres, the only place with SQL;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
@@ -52,7 +49,6 @@ pub mod address;
 pub mod agents;
 pub mod agui;
 pub mod api;
-pub mod approvals;
 pub mod artifacts;
 pub mod audit;
 pub mod auth;
@@ -67,7 +63,6 @@ pub mod intake;
 pub mod lease;
 pub mod mcp_server;
 pub mod metrics;
-pub mod provider;
 pub mod quota;
 pub mod ratelimit;
 pub mod redis;
@@ -76,7 +71,6 @@ pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
 pub mod sse;
-pub mod store;
 pub mod tools;
 pub mod turn;
 pub mod usage;
@@ -92,9 +86,9 @@ use artifacts::ArtifactStore;
 use config::Config;
 use hold::{HoldConfig, Holds};
 use metrics::Metrics;
-use provider::anthropic::AnthropicProvider;
-use provider::openai::OpenAiProvider;
-use provider::{Endpoint, Providers};
+use providers::anthropic::AnthropicProvider;
+use providers::openai::OpenAiProvider;
+use providers::{Endpoint, Providers};
 use quota::Quotas;
 use sessions::Sessions;
 use store::Store;

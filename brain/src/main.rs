@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use brain::config::{Config, ProcessEnv};
-use brain::store::{self, Store};
+use store::Store;
 use tokio_util::sync::CancellationToken;
 
 // A turn allocates many small, short-lived objects on every runtime thread (rows, JSON,

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use logging::metrics::{counter, counter_vec, gauge, histogram_vec};
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry, TextEncoder};
 
-use crate::provider::{ModelRoute, ProviderError, ProviderKind};
 use crate::tools::{Tool, ToolOutput};
+use providers::{ModelRoute, ProviderError, ProviderKind};
 
 /// Cheap to clone handle to the registry and its series (`metrics.hold_unavailable.inc()`).
 #[derive(Clone)]

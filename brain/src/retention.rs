@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::store::{Expiring, StoreError, bounded};
+use store::{Expiring, StoreError, bounded};
 
 /// Rows deleted per statement.
 const BATCH: i64 = 500;

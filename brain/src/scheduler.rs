@@ -24,8 +24,8 @@ use crate::AppState;
 use crate::auth::{Authority, Scope};
 use crate::lease::bounded;
 use crate::schedule::Cadence;
-use crate::store::{Claimed, DueAutostart, FireOutcome};
 use crate::turn::{self, Trigger, TurnError, TurnInput};
+use store::{Claimed, DueAutostart, FireOutcome};
 
 /// The bound on each of the scheduler's statements.
 const STORE_BOUND: Duration = Duration::from_secs(5);

@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, TimeZone, Utc};
 
-use crate::store::{UsageGroup, UsageQuery};
+use store::{UsageGroup, UsageQuery};
 
 /// The longest range one request may ask for.
 pub const MAX_RANGE_DAYS: i64 = 400;

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use crate::store::AgentRow;
+use store::AgentRow;
 
 /// The protocol version every interface of the card speaks.
 pub const PROTOCOL_VERSION: &str = "1.0";

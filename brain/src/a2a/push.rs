@@ -4,7 +4,6 @@
 //! a notification goes out.
 
 use super::wire::PushConfig;
-use crate::store;
 use protocol::TurnId;
 
 /// The most configs one task keeps.

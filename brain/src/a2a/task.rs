@@ -7,7 +7,7 @@ use protocol::parts::Part as UiPart;
 use protocol::{ChatId, TurnId};
 
 use super::wire::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
-use crate::store::{MessageRow, TurnProgress, TurnRow};
+use store::{MessageRow, TurnProgress, TurnRow};
 
 /// The one artifact of a task: the assistant's reply.
 pub const RESPONSE_ARTIFACT: &str = "response";

@@ -36,10 +36,10 @@ use crate::a2a::{card, push, task};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::sse;
-use crate::store::{
+use crate::turn::{Trigger, stop};
+use store::{
     AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, TurnStatus, bounded,
 };
-use crate::turn::{Trigger, stop};
 
 /// How long `CancelTask` waits for the stopped turn to end before answering it as it is.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -512,7 +512,7 @@ impl Call {
 
     async fn follow(&self, id: Value, raw: &str) -> Result<Response, RpcError> {
         let row = self.visible_task(raw).await?;
-        if row.status != crate::store::TurnProgress::Running {
+        if row.status != store::TurnProgress::Running {
             return Err(rpc(
                 errors::UNSUPPORTED_OPERATION,
                 "only a running task can be subscribed to; GetTask answers the others",

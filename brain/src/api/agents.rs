@@ -11,10 +11,10 @@ use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
-use crate::approvals::ApprovalPolicy;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{
+use domain::approvals::ApprovalPolicy;
+use store::{
     Action, AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
 };
 

@@ -26,12 +26,12 @@ use super::chats::{self, PostMessage, Posted};
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::agui::{AguiBody, EVENT_TYPES, Interrupt, Translator, refused};
-use crate::approvals::validate_reason;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{Answer, bounded};
 use crate::turn::Trigger;
+use domain::approvals::validate_reason;
 use protocol::{AgentId, ChatId};
+use store::{Answer, bounded};
 
 /// The most waiting approvals a run reads to answer as interrupts.
 const MAX_PENDING: i64 = 200;
@@ -267,7 +267,7 @@ pub async fn run(
     .await;
     match opened {
         Ok(row) if row.agent_id == agent => {}
-        Ok(_) | Err(crate::store::StoreError::NotFound) => {
+        Ok(_) | Err(store::StoreError::NotFound) => {
             return Err(ApiError::NotFound("agent or thread"));
         }
         Err(e) => return Err(e.into()),

@@ -11,11 +11,11 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 use crate::turn::{self, Trigger, TurnError};
+use domain::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
+use store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Approvals {

@@ -22,7 +22,7 @@ use crate::AppState;
 use crate::artifacts::ArtifactError;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{ArtifactRow, StoreError};
+use store::{ArtifactRow, StoreError};
 
 /// The artifact, if the principal may see it: its team's, and for a user token without
 /// the admin claim, of one of the user's chats.

@@ -11,8 +11,8 @@ use super::paging::{self, KeysetKey};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{AuditEntry, AuditFilter, bounded};
 use protocol::ErrorBody;
+use store::{AuditEntry, AuditFilter, bounded};
 
 const AUDIT_CURSOR: &str = "au1:";
 /// The longest `object` or `actor` filter: the longest stored value.

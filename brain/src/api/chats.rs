@@ -21,16 +21,14 @@ use super::paging::{KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::agents::BusyPolicy;
-use crate::approvals::validate_reason;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::store::Answer;
-use crate::store::{
-    ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, TurnStatus, bounded,
-};
 use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
+use domain::approvals::validate_reason;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
+use store::Answer;
+use store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
 
 const MAX_CLIENT_ID: usize = 200;
 

@@ -24,11 +24,11 @@ use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::address;
-use crate::approvals::{self, RiskClass};
 use crate::auth::Principal;
 use crate::connectors::{ConnectorConfig, authorization, credentials};
 use crate::error::ApiError;
-use crate::store::{
+use domain::approvals::{self, RiskClass};
+use store::{
     AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError, bounded,
 };
 
@@ -329,11 +329,11 @@ pub async fn list(
     let team = principal.team;
     let limit = params.limit()?;
     let after = params.after::<KeysetKey>(CONNECTORS_CURSOR)?.map(|k| k.0);
-    let rows = crate::store::bounded(state.store.connectors(team, after, limit + 1)).await?;
+    let rows = store::bounded(state.store.connectors(team, after, limit + 1)).await?;
     let (connectors, next_cursor) = paging::page(rows, limit, CONNECTORS_CURSOR, |c| {
         KeysetKey::of(c.created_at, c.id)
     });
-    let authorizations = crate::store::bounded(state.store.connector_authorizations(team)).await?;
+    let authorizations = store::bounded(state.store.connector_authorizations(team)).await?;
     let connectors = connectors
         .into_iter()
         .map(|row| ConnectorView {

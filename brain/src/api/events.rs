@@ -21,8 +21,8 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream, Viewer};
 use crate::sse;
-use crate::store::{Store, StoreError, TurnState, TurnStatus};
 use protocol::{ChatId, TeamId};
+use store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Where to resume, for clients that cannot set the `Last-Event-ID` header.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -172,12 +172,12 @@ pub async fn resume(
 ) -> Result<Response, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
     visible(&state, &principal, chat).await?;
-    let running =
-        match crate::store::bounded(state.store.running_turn_of_chat(principal.team, chat)).await {
-            Ok(running) => running,
-            Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
-            Err(e) => return Err(e.into()),
-        };
+    let running = match store::bounded(state.store.running_turn_of_chat(principal.team, chat)).await
+    {
+        Ok(running) => running,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
+        Err(e) => return Err(e.into()),
+    };
     let Some(turn) = running else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
@@ -234,8 +234,7 @@ impl Watched {
                 Resumed::Bytes(bytes) => bytes,
                 Resumed::Idle => {
                     let state =
-                        crate::store::bounded(watched.store.turn_state(watched.team, watched.turn))
-                            .await;
+                        store::bounded(watched.store.turn_state(watched.team, watched.turn)).await;
                     match state {
                         Ok(turn) if turn.status != TurnStatus::Running => return None,
                         Err(StoreError::NotFound) => return None,

@@ -87,7 +87,7 @@ impl ReadinessCheck {
     }
 
     /// Whether Postgres and Redis answer: the last check if under a second old.
-    async fn check(&self, store: &crate::store::Store) -> (bool, bool) {
+    async fn check(&self, store: &store::Store) -> (bool, bool) {
         let mut last = self.inner.last.lock().await;
         if let Some((at, postgres, redis)) = *last
             && at.elapsed() < KEPT

@@ -15,7 +15,7 @@ use crate::AppState;
 use crate::address;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{IssuerRow, StoreError, bounded};
+use store::{IssuerRow, StoreError, bounded};
 
 const ISSUERS_CURSOR: &str = "is1:";
 

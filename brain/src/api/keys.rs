@@ -17,8 +17,8 @@ use crate::AppState;
 use crate::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::store::{KeyRow, StoreError, bounded};
 use protocol::ErrorBody;
+use store::{KeyRow, StoreError, bounded};
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

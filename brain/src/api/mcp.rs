@@ -39,9 +39,9 @@ use crate::auth::{Principal, Standing};
 use crate::error::ApiError;
 use crate::mcp_server::rpc::{self, Incoming, RequestId};
 use crate::mcp_server::{self, InFlight, PROTOCOL_VERSIONS, Tool};
-use crate::store::{StoreError, bounded};
 use crate::turn::stop;
 use crate::turn::ui_stream::UiBody;
+use store::{StoreError, bounded};
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";

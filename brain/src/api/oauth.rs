@@ -24,7 +24,7 @@ use crate::AppState;
 use crate::auth::Principal;
 use crate::connectors::authorization::{self, Bound, Finished, FlowError};
 use crate::error::ApiError;
-use crate::store::GrantOwner;
+use store::GrantOwner;
 
 /// The longest user id a grant is kept for (the column's check).
 const MAX_USER: usize = 512;
@@ -118,9 +118,9 @@ pub async fn authorize(
             "per-user grants need a user id of at most {MAX_USER} bytes"
         )));
     }
-    let row = match crate::store::bounded(state.store.connector(team, id)).await {
+    let row = match store::bounded(state.store.connector(team, id)).await {
         Ok(row) => row,
-        Err(crate::store::StoreError::NotFound) => return Err(ApiError::NotFound("connector")),
+        Err(store::StoreError::NotFound) => return Err(ApiError::NotFound("connector")),
         Err(e) => return Err(e.into()),
     };
     let owner = GrantOwner {

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::error::ApiError;
-use crate::store::Keyset;
+use store::Keyset;
 
 pub const DEFAULT_LIST: u32 = 50;
 pub const MAX_LIST: u32 = 200;

@@ -15,8 +15,8 @@ use super::{ClientAddr, JsonBody, QueryParams};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{SecretInfo, SecretsError, StoreError, bounded};
 use crate::tools::secrets::{MAX_VALUE_BYTES, valid_name};
+use store::{SecretInfo, SecretsError, StoreError, bounded};
 
 /// Secrets per team.
 pub const MAX_PER_TEAM: i64 = 100;
@@ -103,7 +103,7 @@ pub async fn put(
     }
     let by = principal.actor(address);
     let stored = tokio::time::timeout(
-        crate::store::CALL_BOUND,
+        store::CALL_BOUND,
         state
             .store
             .set_team_secret(principal.team, &name, &body.value, MAX_PER_TEAM, &by),

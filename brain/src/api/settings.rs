@@ -10,7 +10,7 @@ use super::JsonBody;
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::bounded;
+use store::bounded;
 
 /// The longest retention, in days (100 years).
 const MAX_RETENTION_DAYS: i32 = 36_500;

@@ -18,10 +18,10 @@ use super::{ClientAddr, JsonBody, MAX_BEARER, QueryParams, parse_id};
 use crate::AppState;
 use crate::erasure;
 use crate::error::ApiError;
-use crate::store::{
+use crate::usage::usage_query;
+use store::{
     Actor, CreatedTeam, TeamChange, TeamErasure, TeamRow, TeamStatus, UsageSums, Within, bounded,
 };
-use crate::usage::usage_query;
 
 const MAX_NAME_CHARS: usize = 200;
 const TEAMS_CURSOR: &str = "tm1:";

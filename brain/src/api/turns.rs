@@ -18,8 +18,8 @@ use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::{AuthError, Principal};
 use crate::error::ApiError;
-use crate::store::{StoreError, TurnRow, bounded};
 use crate::turn::stop::{self, StopAnswer};
+use store::{StoreError, TurnRow, bounded};
 
 #[utoipa::path(
     get,

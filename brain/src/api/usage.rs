@@ -8,9 +8,9 @@ use super::{QueryParams, paging};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::{UsageReport, bounded};
 use crate::usage::usage_query;
 use protocol::ErrorBody;
+use store::{UsageReport, bounded};
 
 /// The query string, closed like a request body: an unknown parameter is refused.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

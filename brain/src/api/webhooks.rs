@@ -17,9 +17,9 @@ use crate::AppState;
 use crate::address;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::store::webhooks::{DeliveryRow, WebhookEvent, WebhookRow};
-use crate::store::{SecretsError, StoreError, bounded};
 use crate::webhooks::sign;
+use store::webhooks::{DeliveryRow, WebhookEvent, WebhookRow};
+use store::{SecretsError, StoreError, bounded};
 
 /// Webhooks per team.
 pub const MAX_PER_TEAM: i64 = 20;
@@ -143,7 +143,7 @@ pub async fn create(
     let secret = sign::new_secret();
     let by = principal.actor(address);
     let webhook = tokio::time::timeout(
-        crate::store::CALL_BOUND,
+        store::CALL_BOUND,
         state.store.create_webhook(
             principal.team,
             url.as_str(),

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::AppState;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::store::bounded;
+use store::bounded;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct WhoAmI {

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::ArtifactStore;
-use crate::store::{Store, bounded};
+use store::{Store, bounded};
 
 /// The bound on deleting one object.
 const DELETE_BOUND: Duration = Duration::from_secs(10);

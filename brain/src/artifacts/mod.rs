@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::config::{ArtifactBackend, ArtifactsConfig};
-use crate::store::{ArtifactRow, NewArtifact, Store, StoreError};
+use store::{ArtifactRow, NewArtifact, Store, StoreError};
 
 /// How a backend failed. Messages carry classes and status codes only: never a
 /// credential, and never the stored bytes.

@@ -29,7 +29,7 @@ use uuid::Uuid;
 use super::jwt::{ClaimNames, Jwks, matching, principal_of, verify};
 use super::{AuthError, Principal};
 use crate::address;
-use crate::store::{IssuerRow, Store};
+use store::{IssuerRow, Store};
 
 /// How long a replica trusts what it read of an `iss`.
 pub const FOUND_TTL: Duration = Duration::from_secs(10);
@@ -158,7 +158,7 @@ impl TeamIssuers {
         {
             return Ok(entry.clone());
         }
-        let read = crate::store::bounded(self.0.store.issuer_by_iss(iss)).await?;
+        let read = store::bounded(self.0.store.issuer_by_iss(iss)).await?;
         let entry = read.map(|(team, row)| Found {
             team,
             id: row.id,

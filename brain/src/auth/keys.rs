@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{AuthError, Principal, Scope, bounded};
-use crate::store::{Actor, KeyRow, Store, StoreError, key_hash, new_key};
+use store::{Actor, KeyRow, Store, StoreError, key_hash, new_key};
 
 /// The pub/sub channel revoked keys' hashes are published on.
 const REVOKED_CHANNEL: &str = "auth:key-revoked";
@@ -407,7 +407,7 @@ impl Keys {
         by: &Actor,
     ) -> Result<(KeyRow, String), StoreError> {
         let secret = new_key();
-        let row = crate::store::bounded(self.store.create_key(
+        let row = store::bounded(self.store.create_key(
             team,
             name,
             scope.as_str(),
@@ -421,7 +421,7 @@ impl Keys {
 
     /// Revokes the key in Postgres, then tells every replica to forget it.
     pub async fn revoke(&self, team: TeamId, id: Uuid, by: &Actor) -> Result<(), StoreError> {
-        let hash = crate::store::bounded(self.store.revoke_key(team, id, by)).await?;
+        let hash = store::bounded(self.store.revoke_key(team, id, by)).await?;
         self.revoked(&hash);
         self.announce(to_hex(&hash)).await;
         Ok(())

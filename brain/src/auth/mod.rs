@@ -27,7 +27,7 @@ use protocol::{ChatId, TeamId};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::store::{Actor, Store, StoreError};
+use store::{Actor, Store, StoreError};
 
 pub use issuers::TeamIssuers;
 pub use jwt::{JwtConfig, JwtVerifier};
@@ -340,7 +340,7 @@ impl Auth {
     /// The principal of a bearer credential. One that starts with `ar_` is an API key;
     /// anything else of three dot-separated parts is a JWT.
     pub async fn authenticate(&self, bearer: &str) -> Result<Principal, AuthError> {
-        if bearer.starts_with(crate::store::KEY_PREFIX) {
+        if bearer.starts_with(store::KEY_PREFIX) {
             return self.keys.principal(bearer).await;
         }
         if bearer.bytes().filter(|b| *b == b'.').count() != 2 {
@@ -386,7 +386,7 @@ fn bounded<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> impl Future<Output = Result<T, AuthError>> {
     use futures_util::TryFutureExt;
-    crate::store::bounded(call).map_err(AuthError::from)
+    store::bounded(call).map_err(AuthError::from)
 }
 
 #[cfg(test)]

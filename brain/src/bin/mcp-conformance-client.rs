@@ -21,9 +21,9 @@ use brain::connectors::ConnectorConfig;
 use brain::connectors::credentials::Resolved;
 use brain::connectors::oauth::{self, ClientOptions, Grant, PreRegistered};
 use brain::connectors::session::{self, ConnectError, Session};
-use brain::store::{ConnectorRow, ConnectorTarget};
 use rmcp::model::{CallToolRequestParams, Tool};
 use serde_json::{Map, Value};
+use store::{ConnectorRow, ConnectorTarget};
 use tokio_util::sync::CancellationToken;
 
 /// Where the authorization server sends the person back; the suite's servers redirect

@@ -65,8 +65,8 @@ use super::oauth::{self, ClientOptions, Grant, OAuthError, PendingFlow, PreRegis
 use super::session::{Answerer, Session};
 use crate::address;
 use crate::config::{ConnectorConfig, OAuthConfig};
-use crate::store::{Actor, StoreError, TakenFlow};
-use crate::store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};
+use store::{Actor, StoreError, TakenFlow};
+use store::{ConnectorRow, ConnectorTarget, GrantOwner, LockedError, SecretsError, Store};
 
 /// How long a person has between the authorization URL and the callback.
 pub const FLOW_TTL: Duration = Duration::from_secs(600);
@@ -208,7 +208,7 @@ fn browser_nonce() -> (String, [u8; 32]) {
 
 /// The hash of a browser's nonce, as a flow keeps it.
 pub fn browser_hash(nonce: &str) -> [u8; 32] {
-    crate::store::state_hash(nonce)
+    store::state_hash(nonce)
 }
 
 /// The handle of the flow whose state hashes to `hash`.
@@ -218,7 +218,7 @@ pub fn flow_handle(hash: &[u8]) -> String {
 
 /// The handle of the flow of `state`: the name of its browser's cookie is made of it.
 pub fn handle_of_state(state: &str) -> String {
-    flow_handle(&crate::store::state_hash(state))
+    flow_handle(&store::state_hash(state))
 }
 
 /// The link a turn hands out for a flow: `POST` by the turn's principal only, it answers
@@ -346,7 +346,7 @@ async fn begin(
     Ok((
         stored.authorization_url,
         expires_at,
-        crate::store::state_hash(&state),
+        store::state_hash(&state),
     ))
 }
 
@@ -431,11 +431,11 @@ async fn take(
     }
 }
 
-/// A store call of the OAuth path under [`crate::store::CALL_BOUND`].
+/// A store call of the OAuth path under [`store::CALL_BOUND`].
 async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, SecretsError>>,
 ) -> Result<T, SecretsError> {
-    tokio::time::timeout(crate::store::CALL_BOUND, call)
+    tokio::time::timeout(store::CALL_BOUND, call)
         .await
         .unwrap_or(Err(SecretsError::Store(StoreError::TimedOut)))
 }

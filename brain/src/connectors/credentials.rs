@@ -21,8 +21,8 @@ use channel::mask::Masks;
 use protocol::{AgentId, TeamId};
 use reqwest::header::{HeaderName, HeaderValue};
 
-use crate::store::{CALL_BOUND, SecretsError, Store};
 use crate::tools::secrets::valid_name as valid_secret_name;
+use store::{CALL_BOUND, SecretsError, Store};
 
 /// Headers or variables per connector.
 pub const MAX_ENTRIES: usize = 32;

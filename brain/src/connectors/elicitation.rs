@@ -24,9 +24,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::approvals::{ApprovalState, Elicitation, check_question};
-use crate::store::{NewElicitation, bounded};
 use crate::tools::ToolCtx;
+use domain::approvals::{ApprovalState, Elicitation, check_question};
+use store::{NewElicitation, bounded};
 
 /// How often a waiting call reads its question's row for an answer.
 const POLL: Duration = Duration::from_millis(500);

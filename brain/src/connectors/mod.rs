@@ -80,12 +80,12 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::ConnectorConfig;
-use crate::store::{ConnectorRow, Store};
 use crate::tools::Tool;
 pub use authorization::Requester;
 use authorization::Started;
 pub use protocol::ui::{ConnectorState, ConnectorStatus};
 pub use session::Answerer;
+use store::{ConnectorRow, Store};
 use tool::{ConnectorTool, RiskRules};
 
 /// The longest tool name every provider accepts.

@@ -28,7 +28,7 @@ use super::ConnectorConfig;
 use super::credentials::Resolved;
 pub use super::elicitation::Asking;
 use crate::address;
-use crate::store::{ConnectorRow, ConnectorTarget};
+use store::{ConnectorRow, ConnectorTarget};
 
 /// The variables a stdio child may see; everything else of the brain's environment (keys,
 /// database URL) stays out.

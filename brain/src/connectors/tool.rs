@@ -11,9 +11,9 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, ResourceC
 use serde_json::Value;
 
 use super::session::{ConnectError, Session, auth_challenge};
-use crate::approvals::RiskClass;
-use crate::provider::ToolSpec;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
 
 /// The longest description offered to the model.
 const MAX_DESCRIPTION: usize = 4096;

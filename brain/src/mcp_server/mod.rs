@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use protocol::AgentId;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::AgentRow;
 use rpc::RequestId;
+use store::AgentRow;
 
 /// The protocol versions this server speaks, newest first; an `initialize` asking for
 /// another is answered with the newest (MCP's negotiation).

@@ -12,7 +12,7 @@ use protocol::{QuotaScope, TeamId};
 
 use super::headers::TurnCounts;
 use super::{Field, Levels, Limits, Periods, RateLimitHeaders, Refusal, Standing};
-use crate::store::{Store, StoreError, bounded};
+use store::{Store, StoreError, bounded};
 
 /// Admits a turn that would reserve `reservation` tokens, or refuses it: against the
 /// team's `limits`, and against its end user's when `user` names one with limits of its

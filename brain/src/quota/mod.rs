@@ -37,10 +37,8 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, QuotaScope, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::store::{
-    Actor, BilledBefore, QuotaSettings, SessionUsage, Since, Store, StoreError, bounded,
-};
 pub use headers::{Levels, RateLimitHeaders, Standing, TurnCounts};
+use store::{Actor, BilledBefore, QuotaSettings, SessionUsage, Since, Store, StoreError, bounded};
 
 /// One quota, by its wire name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

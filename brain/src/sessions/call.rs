@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::registry::LiveWorker;
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
-use crate::store::Store;
 use crate::tools::ToolOutput;
+use store::Store;
 
 /// What the model reads when the channel drops under a call to a worker that does not keep
 /// calls (W9): it stops what the call started and never runs it again.

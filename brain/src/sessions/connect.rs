@@ -341,7 +341,7 @@ impl Sessions {
     async fn dialed_session(
         &self,
         session: SessionId,
-    ) -> Result<crate::store::SessionRow, crate::store::StoreError> {
+    ) -> Result<store::SessionRow, store::StoreError> {
         let deadline = Instant::now() + self.config.handshake_timeout;
         loop {
             let row = self.store.session(session).await?;

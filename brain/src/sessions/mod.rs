@@ -58,7 +58,7 @@ pub use tool::worker_tools;
 use crate::config::WorkerConfig;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
-use crate::store::{NewSession, Store, StoreError};
+use store::{NewSession, Store, StoreError};
 
 /// What a speculative start (W11) holds while it runs; a call of its chat waits on it.
 type Gate = Arc<tokio::sync::Mutex<()>>;
@@ -503,7 +503,7 @@ impl Sessions {
         agent: AgentId,
         chat: ChatId,
     ) -> Option<SessionId> {
-        match crate::store::bounded(self.store.live_session(team, agent, chat)).await {
+        match store::bounded(self.store.live_session(team, agent, chat)).await {
             Ok(Some(row)) if row.state == SessionState::Ready => Some(row.id),
             _ => None,
         }
@@ -522,7 +522,7 @@ impl Sessions {
             if let Some(worker) = self.registry.get(session).filter(|worker| worker.is_up()) {
                 return Some(Target::Local { session, worker });
             }
-            match crate::store::bounded(self.store.session(session)).await {
+            match store::bounded(self.store.session(session)).await {
                 Ok(row) if row.state == SessionState::Ready => {
                     if let Ok(Owner::Replica(owner)) = self.live_owner(session).await {
                         return Some(Target::Remote { owner, session });
@@ -627,7 +627,7 @@ impl Sessions {
     /// pushed for then; a push that fails is caught up by its reaper, which arms checks
     /// from the rows.
     pub async fn abandon_speculation(&self, session: SessionId, grace: Duration) {
-        match crate::store::bounded(self.store.abandon_speculation(session, grace)).await {
+        match store::bounded(self.store.abandon_speculation(session, grace)).await {
             Ok(true) => {}
             Ok(false) => return,
             Err(err) => {
@@ -811,7 +811,7 @@ impl Sessions {
         &self,
         wanted: Wanted<'_>,
         speculative: bool,
-    ) -> Result<crate::store::SessionRow, SessionError> {
+    ) -> Result<store::SessionRow, SessionError> {
         let Wanted {
             team,
             agent,

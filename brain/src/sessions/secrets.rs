@@ -34,7 +34,7 @@ use crate::tools::secrets::OnSecretSet;
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
     #[error("the agent's secrets cannot be read")]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] store::StoreError),
     #[error("the worker refused or did not answer the environment")]
     NotDelivered,
 }

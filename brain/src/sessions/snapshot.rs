@@ -46,7 +46,7 @@ use super::Sessions;
 use super::registry::LiveWorker;
 use crate::AppState;
 use crate::artifacts::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream};
-use crate::store::{NewSnapshot, Store, StoreError, bounded};
+use store::{NewSnapshot, Store, StoreError, bounded};
 
 /// The content type snapshots are stored and sent under.
 pub const CONTENT_TYPE: &str = "application/zstd";

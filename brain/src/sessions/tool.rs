@@ -19,11 +19,11 @@ use serde_json::Value;
 
 use super::call::{Failure, Files, WorkerCall, call_worker};
 use super::{SessionError, Sessions, Target, Wanted, relay};
-use crate::approvals::RiskClass;
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
-use crate::provider::ToolSpec;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
 use channel::catalog::{WorkerToolDecl, catalog_for};
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
 
 /// How often a running call records use of its session.
 const IN_CALL_TOUCH: std::time::Duration = std::time::Duration::from_secs(15);

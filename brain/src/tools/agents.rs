@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
-use crate::approvals::RiskClass;
-use crate::provider::ToolSpec;
-use crate::store::{Action, StoreError};
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
+use store::{Action, StoreError};
 
 const NO_SUCH_AGENT: &str = "no such agent";
 

@@ -14,10 +14,10 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::validate_autostart_prompt;
-use crate::approvals::RiskClass;
-use crate::provider::ToolSpec;
 use crate::schedule::{Cadence, parse_timezone};
-use crate::store::{Autostart, StoreError};
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
+use store::{Autostart, StoreError};
 
 /// The cron tools; `min_interval_secs` is the operator's shortest allowed cadence.
 pub fn tools(min_interval_secs: u32) -> Vec<Arc<dyn Tool>> {

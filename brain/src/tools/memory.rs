@@ -9,8 +9,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
-use crate::approvals::RiskClass;
-use crate::provider::ToolSpec;
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
 
 const MAX_NOTE: usize = 10_000;
 const SEARCH_LIMIT: i64 = 10;

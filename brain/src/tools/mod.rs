@@ -26,10 +26,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::approvals::RiskClass;
 use crate::auth::Authority;
-use crate::provider::ToolSpec;
-use crate::store::{CallKey, Store};
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
+use store::{CallKey, Store};
 
 /// What a tool call may use: the turn's identity and stores, and its cancellation.
 #[derive(Clone)]

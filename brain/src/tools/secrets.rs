@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 use protocol::{AgentId, TeamId};
 
 use super::{Tool, ToolCtx, ToolOutput, schema_of};
-use crate::approvals::RiskClass;
-use crate::provider::ToolSpec;
-use crate::store::SecretsError;
+use domain::approvals::RiskClass;
+use providers::ToolSpec;
+use store::SecretsError;
 
 const MAX_NAME: usize = 64;
 /// The largest value, in bytes.

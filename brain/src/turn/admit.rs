@@ -18,8 +18,8 @@ use crate::hold::{Admitted, Billed, HoldGuard, Holder, Reserved, TurnAdmission};
 use crate::quota::{
     Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TeamSettings, fallback,
 };
-use crate::store::webhooks::{self, WebhookEvent};
-use crate::store::{Store, StoreError, bounded};
+use store::webhooks::{self, WebhookEvent};
+use store::{Store, StoreError, bounded};
 
 /// A turn's standing against the agent's hold and the team's budgets, from admission to
 /// wrap-up.

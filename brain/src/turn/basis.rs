@@ -6,7 +6,7 @@
 //! What is kept may be stale by any amount of time: an agent changed through another
 //! replica, a chat summarized, a connector added, a message changed or deleted. No turn
 //! acts on it stale: the intake's one statement checks it on its own snapshot
-//! ([`crate::store::TurnBasis::check`]) and writes the turn only when it is current;
+//! ([`store::TurnBasis::check`]) and writes the turn only when it is current;
 //! otherwise the intake forgets the entry, lets go of what it admitted and starts over
 //! from Postgres. Only a user message or an autostart starts from a kept basis: their
 //! effects before the intake's write (A4's denial of waiting calls) can be done twice; an
@@ -26,7 +26,7 @@ use protocol::{ChatId, TeamId};
 
 use super::history::HistoryRow;
 use crate::metrics::Metrics;
-use crate::store::{
+use store::{
     BasisVersions, FrozenComposition, KeptHistoryCheck, Store, StoreError, TurnBasis, bounded,
 };
 
@@ -299,8 +299,8 @@ impl Bases {
 mod tests {
     use super::*;
 
-    use crate::store::{AgentRow, BasisVersions, ChatRow};
     use protocol::AgentId;
+    use store::{AgentRow, BasisVersions, ChatRow};
 
     fn basis(chat: ChatId, prompt_bytes: usize) -> Arc<TurnBasis> {
         let agent = AgentRow {
@@ -382,7 +382,7 @@ mod tests {
         let chat = ChatId::new();
         bases.keep(team, chat, Entry::new(basis(chat, 10)));
         let row = |text: &str| {
-            Arc::new(HistoryRow::new(crate::store::MessageRow {
+            Arc::new(HistoryRow::new(store::MessageRow {
                 id: protocol::MessageId::new(),
                 seq: 1,
                 turn_id: protocol::TurnId::new(),

@@ -15,12 +15,12 @@ use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
 use crate::AppState;
 use crate::connectors;
-use crate::provider::ModelRequest;
-use crate::store::{
+use crate::tools::Toolset;
+use providers::ModelRequest;
+use store::{
     AgentRow, Answered, Answerer, ApprovalRow, BasisCheck, Begun, Close, FrozenComposition,
     NewTurn, StoreError, TurnBasis, bounded,
 };
-use crate::tools::Toolset;
 
 /// What the trigger asks of the turn, once answers are recorded.
 pub(super) struct Asked {

@@ -14,8 +14,8 @@ use futures_util::StreamExt;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 
 use super::history::{Counted, estimate_tokens, model_messages};
-use crate::provider::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
-use crate::store::{ModelCallUsage, Store};
+use providers::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
+use store::{ModelCallUsage, Store};
 
 /// The most a model call of `request` can bill, as a quota reserves it (E2): its input,
 /// estimated like history, plus its output cap.
@@ -268,9 +268,9 @@ fn transcript(messages: &[Message]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MessageRow;
     use protocol::parts::Part;
     use protocol::{MessageId, TurnId};
+    use store::MessageRow;
 
     fn row(seq: i64, role: &str, chars: usize) -> MessageRow {
         MessageRow {

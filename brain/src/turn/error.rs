@@ -7,9 +7,9 @@
 use protocol::{ErrorCode, TurnId};
 
 use crate::intake::Overloaded;
-use crate::provider::ProviderError;
 use crate::quota::Refusal;
-use crate::store::StoreError;
+use providers::ProviderError;
+use store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TurnError {

@@ -10,9 +10,9 @@ use protocol::parts::{Approval, Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
 use serde_json::Value;
 
-use crate::provider::{Message, ToolCall, ToolResult};
-use crate::store::MessageRow;
 use crate::tools::ToolOutput;
+use providers::{Message, ToolCall, ToolResult};
+use store::MessageRow;
 
 /// A rough token count of a message's parts: providers bill about four characters per
 /// token of English, and the budget only needs to be in the right range. Counted without

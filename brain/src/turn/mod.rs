@@ -68,12 +68,12 @@ use tracing::Instrument;
 use crate::AppState;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
-use crate::store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use basis::Bases;
 pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
 use spans::{TurnSpan, turn_span};
+use store::{Answer, ApprovalRow, StoreError, TurnBasis, bounded};
 pub use takeover::{MAX_TAKEOVERS, take_over};
 use ui_stream::UiBody;
 
@@ -119,7 +119,7 @@ pub enum Trigger {
     Stranded(TurnId),
     /// A message queued while its agent was busy (T13): its turn row and user message
     /// exist (`queued`); the turn starts under that row's id.
-    Queued(crate::store::QueuedTurn),
+    Queued(store::QueuedTurn),
 }
 
 /// A started turn, or answers that resumed nothing yet.

@@ -12,10 +12,10 @@ use protocol::ui::UiChunk;
 use tracing::Instrument;
 
 use super::state::{Progress, TurnTask};
-use crate::provider::{
+use providers::{
     EventStream, ModelRoute, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
 };
-use crate::store::ModelCallUsage;
+use store::ModelCallUsage;
 
 /// A stream that produced its first output, with what came before it.
 pub(super) struct Opened {

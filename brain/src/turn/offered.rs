@@ -15,8 +15,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::AppState;
-use crate::provider::{Catalog, ToolSpec};
 use crate::tools::{Tool, Toolset};
+use providers::{Catalog, ToolSpec};
 
 /// Kinds of agent whose tools are kept; more (runtime profiles are strings) start over.
 const MAX_KINDS: usize = 64;

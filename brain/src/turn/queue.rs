@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Launched, Trigger, TurnError, TurnInput, launch, stop};
 use crate::AppState;
 use crate::auth::Authority;
-use crate::store::{BusyPolicy, Close, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
+use store::{BusyPolicy, Close, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
 
 /// How often an interrupting message asks for the hold while the stopped turn winds up:
 /// well inside T13's 100 ms.

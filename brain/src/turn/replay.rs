@@ -8,7 +8,7 @@ use super::history;
 use super::ui_stream::UiBody;
 use super::{Launched, TurnError, TurnInput};
 use crate::AppState;
-use crate::store::{TurnRecord, TurnStatus, bounded};
+use store::{TurnRecord, TurnStatus, bounded};
 
 /// The replay of the turn `input`'s message id started, if it started one.
 pub(super) async fn retried(

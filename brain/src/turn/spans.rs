@@ -12,7 +12,7 @@
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use tracing::field::Empty;
 
-use crate::provider::ModelRoute;
+use providers::ModelRoute;
 
 /// Who a `turn` span is about.
 pub(super) struct TurnSpan {

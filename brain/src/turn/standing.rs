@@ -16,7 +16,7 @@ use super::TurnError;
 use crate::AppState;
 use crate::auth::Authority;
 use crate::auth::keys::Held;
-use crate::store::bounded;
+use store::bounded;
 
 /// A token cancelled when `authority`'s key is revoked or `team` disabled, and the hold on
 /// them; `Revoked` when either happened already. A user's or a schedule's turn watches its

@@ -14,13 +14,13 @@ use super::basis::Bases;
 use super::context::Fold;
 use super::output::Client;
 use super::{speculation, stop};
-use crate::approvals::ApprovalPolicy;
 use crate::auth::Authority;
 use crate::config::Limits;
 use crate::metrics::TurnMetrics;
-use crate::provider::{ModelRequest, Providers};
-use crate::store::{ApprovalRow, ModelCallUsage, Store};
 use crate::tools::Toolset;
+use domain::approvals::ApprovalPolicy;
+use providers::{ModelRequest, Providers};
+use store::{ApprovalRow, ModelCallUsage, Store};
 
 /// Which turn this is.
 #[derive(Clone, Copy, Debug)]

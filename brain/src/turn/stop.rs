@@ -37,7 +37,7 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::AppState;
-use crate::store::{Store, StoreError, TurnState, TurnStatus};
+use store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Bound on each Redis call of a stop, connecting included.
 const REDIS_BOUND: Duration = Duration::from_millis(500);
@@ -330,7 +330,7 @@ impl StopAnswer {
 
 /// A turn of `team`; `NotFound` for an unknown one or another team's.
 pub async fn find(store: &Store, team: TeamId, turn: TurnId) -> Result<TurnState, StopError> {
-    match crate::store::bounded(store.turn_state(team, turn)).await {
+    match store::bounded(store.turn_state(team, turn)).await {
         Err(StoreError::NotFound) => Err(StopError::NotFound("turn")),
         other => Ok(other?),
     }
@@ -342,7 +342,7 @@ pub async fn running_in_chat(
     team: TeamId,
     chat: protocol::ChatId,
 ) -> Result<Option<TurnState>, StopError> {
-    match crate::store::bounded(store.running_turn_of_chat(team, chat)).await {
+    match store::bounded(store.running_turn_of_chat(team, chat)).await {
         Err(StoreError::NotFound) => Err(StopError::NotFound("chat")),
         other => Ok(other?),
     }
@@ -357,7 +357,7 @@ pub async fn stop(
 ) -> Result<StopAnswer, StopError> {
     if turn.status == TurnStatus::Queued {
         // T13: withdrawn, unless it started meanwhile (then it is stopped as it runs).
-        if crate::store::bounded(state.store.end_queued(team, turn.id, None)).await? {
+        if store::bounded(state.store.end_queued(team, turn.id, None)).await? {
             tracing::info!(turn = %turn.id, "queued turn withdrawn");
             return Ok(StopAnswer {
                 turn_id: Some(turn.id),

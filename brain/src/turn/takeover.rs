@@ -40,9 +40,9 @@ use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
 use crate::AppState;
 use crate::auth::Authority;
-use crate::provider::{ModelRequest, ToolCall};
-use crate::store::{ModelCallUsage, StoreError, TakenOver, bounded, storable_text};
 use crate::tools::{ToolCtx, ToolOutput, Toolset};
+use providers::{ModelRequest, ToolCall};
+use store::{ModelCallUsage, StoreError, TakenOver, bounded, storable_text};
 
 /// Takeovers a turn may have; the next lapse of its replica ends it `failed`.
 pub const MAX_TAKEOVERS: i32 = 3;

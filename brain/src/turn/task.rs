@@ -29,9 +29,9 @@ use super::tool_calls::Executed;
 use super::wrap_up::{End, Unfinished};
 use super::{Launch, TurnError, speculation};
 use crate::AppState;
-use crate::provider::{Message, ModelRequest, StopReason, ToolCall, ToolResult};
-use crate::store::{NewApproval, TurnBasis, requested_part};
 use crate::tools::ToolOutput;
+use providers::{Message, ModelRequest, StopReason, ToolCall, ToolResult};
+use store::{NewApproval, TurnBasis, requested_part};
 
 /// What a step leads to.
 enum Flow {
@@ -39,7 +39,7 @@ enum Flow {
     End(End),
     /// Every route failed before any output, and the client still waits for its answer:
     /// the turn ends with the request's error instead of a stream.
-    Unanswered(crate::provider::ProviderError),
+    Unanswered(providers::ProviderError),
 }
 
 impl TurnTask {

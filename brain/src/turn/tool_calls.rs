@@ -20,10 +20,10 @@ use tracing::Instrument;
 use super::history::{AWAITING_APPROVAL, answer_call, tool_part};
 use super::state::{Progress, TurnTask};
 use super::wrap_up::WRAP_UP_PATIENCE;
-use crate::approvals::{ApprovalState, Decision};
-use crate::provider::ToolCall;
-use crate::store::storable_text;
 use crate::tools::{Tool, ToolCtx, ToolOutput};
+use domain::approvals::{ApprovalState, Decision};
+use providers::ToolCall;
+use store::storable_text;
 
 pub(super) const CANCELLED_RESULT: &str =
     "cancelled: the turn was stopped before this tool call finished";

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::state::{Ids, Progress, TurnTask};
 use crate::metrics::TurnOutcome;
-use crate::provider::ProviderError;
 use crate::quota::Refusal;
-use crate::store::{
+use providers::ProviderError;
+use store::{
     AssistantMessage, ModelCallUsage, NewApproval, Store, StoreError, TurnEnd, TurnStatus,
 };
 

@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use crate::address;
 use crate::config::WebhooksConfig;
 use crate::metrics::Metrics;
-use crate::store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
-use crate::store::{Store, bounded};
+use store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
+use store::{Store, bounded};
 
 use super::sign;
 

@@ -485,7 +485,7 @@ async fn a_team_over_quota_is_refused_with_a_jsonrpc_error() {
 
 /// Push configs' tokens and credentials are sealed under the secrets key (0034).
 fn keyed(c: &mut brain::config::Config) {
-    c.secrets_key = Some(brain::store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
+    c.secrets_key = Some(store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
 }
 
 #[tokio::test]

@@ -448,15 +448,15 @@ async fn a_multi_answer_with_an_expired_approval_records_nothing_else() {
         .execute(app.store.pool())
         .await
         .unwrap();
-    let answers: Vec<brain::store::Answer> = ids
+    let answers: Vec<store::Answer> = ids
         .iter()
-        .map(|&id| brain::store::Answer {
+        .map(|&id| store::Answer {
             id,
             approved: true,
             reason: None,
         })
         .collect();
-    let by = brain::store::Answerer {
+    let by = store::Answerer {
         actor: "test",
         admin: false,
     };
@@ -472,7 +472,7 @@ async fn a_multi_answer_with_an_expired_approval_records_nothing_else() {
         .await
         .unwrap();
     assert!(
-        matches!(answered, brain::store::Answered::Closed(ref row) if row.id == ids[1]),
+        matches!(answered, store::Answered::Closed(ref row) if row.id == ids[1]),
         "{answered:?}"
     );
     let states: Vec<(uuid::Uuid, String)> =

@@ -295,7 +295,7 @@ async fn the_size_limit_and_bad_metadata_write_nothing() {
     .await
     .unwrap_err();
     assert!(
-        matches!(err, SaveError::Store(brain::store::StoreError::NotFound)),
+        matches!(err, SaveError::Store(store::StoreError::NotFound)),
         "{err:?}"
     );
     assert_eq!(

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use brain::config::Config;
-use brain::store::SecretsKey;
 use reqwest::Method;
 use serde_json::{Value, json};
+use store::SecretsKey;
 
 use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, error_code, read_stream};

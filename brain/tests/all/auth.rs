@@ -1012,7 +1012,7 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
     app.store
         .insert_artifact(
             app.team,
-            &brain::store::NewArtifact {
+            &store::NewArtifact {
                 id: artifact,
                 agent: agent.parse().unwrap(),
                 chat: Some(alices.parse().unwrap()),
@@ -1027,7 +1027,7 @@ async fn a_user_sees_only_their_own_chats_unless_admin() {
         .await
         .unwrap();
     app.store
-        .create_session(&brain::store::NewSession {
+        .create_session(&store::NewSession {
             team: app.team,
             agent: agent.parse().unwrap(),
             chat: alices.parse().unwrap(),
@@ -1147,7 +1147,7 @@ async fn agents_are_listed_newest_first_without_archived_ones() {
         .archive_agent(
             app.team,
             ids[1].parse().unwrap(),
-            &brain::store::Actor::operator(None),
+            &store::Actor::operator(None),
         )
         .await
         .unwrap();

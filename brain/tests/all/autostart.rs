@@ -514,16 +514,12 @@ async fn a_disabled_teams_schedule_does_not_fire() {
     let app = TestApp::start_with(fast).await;
     let agent = agent(&app).await;
     set_cadence(&app, &agent, Some("* * * * *")).await;
-    let disable = |disabled| brain::store::TeamChange {
+    let disable = |disabled| store::TeamChange {
         name: None,
         disabled: Some(disabled),
     };
     app.store
-        .update_team(
-            app.team,
-            &disable(true),
-            &brain::store::Actor::operator(None),
-        )
+        .update_team(app.team, &disable(true), &store::Actor::operator(None))
         .await
         .unwrap()
         .unwrap();
@@ -542,11 +538,7 @@ async fn a_disabled_teams_schedule_does_not_fire() {
         "a disabled team fired"
     );
     app.store
-        .update_team(
-            app.team,
-            &disable(false),
-            &brain::store::Actor::operator(None),
-        )
+        .update_team(app.team, &disable(false), &store::Actor::operator(None))
         .await
         .unwrap()
         .unwrap();

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, key_with_scope, read_stream, send_as};
-use brain::store::{NewAgent, SecretsError, SecretsKey};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, TeamId};
 use scripted_provider::ToolCall;
 use serde_json::{Value, json};
+use store::{NewAgent, SecretsError, SecretsKey};
 
 const KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
 const OTHER_KEY_HEX: &str = "00112233445566778899aabbccddeeff8f1e2d3c4b5a69788796a5b4c3d2e1f0";
@@ -181,7 +181,7 @@ async fn secrets_are_stored_encrypted_and_never_shown_to_the_model() {
         keyed
             .secret_value(TeamId::new(), agent_id, "GITHUB_TOKEN")
             .await,
-        Err(SecretsError::Store(brain::store::StoreError::NotFound))
+        Err(SecretsError::Store(store::StoreError::NotFound))
     ));
     let unkeyed = app.store.clone();
     assert!(matches!(
@@ -680,7 +680,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 approval_policy: Default::default(),
                 disconnect_policy: Default::default(),
             },
-            &brain::store::Actor::operator(None),
+            &store::Actor::operator(None),
         )
         .await
         .unwrap();

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use crate::common::mcp::HttpServer;
 use crate::common::{TestApp, read_stream};
-use brain::store::SecretsKey;
 use oauth_servers::{AuthServer, ResourceServer};
 use protocol::ui::{ConnectorState, ConnectorStatus, UiChunk};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
+use store::SecretsKey;
 
 const SECRETS_KEY: &str = "5f0e1d2c3b4a59687766554433221100ffeeddccbbaa99887766554433221100";
 const JWT_SECRET: &str = "a-test-only-hs256-secret-of-at-least-32-bytes";

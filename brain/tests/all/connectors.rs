@@ -26,12 +26,12 @@ const ADMIN_KEY: Requester<'static> = Requester {
 };
 use crate::common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};
 use crate::common::{TestApp, read_stream};
-use brain::store::{ConnectorTarget, NewConnector};
 use brain::tools::{Tool, ToolCtx, ToolOutput};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TurnId};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
+use store::{ConnectorTarget, NewConnector};
 use tokio_util::sync::CancellationToken;
 
 // ---------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
                 tool_risks: BTreeMap::new(),
             },
             50,
-            &brain::store::Actor::operator(None),
+            &store::Actor::operator(None),
         )
         .await
         .unwrap();
@@ -1067,8 +1067,8 @@ async fn no_tool_starts_after_the_client_hung_up() {
 const SECRETS_KEY: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
 const TOKEN: &str = "s3cr3t-probe-token-0451";
 
-fn secrets_key() -> brain::store::SecretsKey {
-    brain::store::SecretsKey::parse(SECRETS_KEY).unwrap()
+fn secrets_key() -> store::SecretsKey {
+    store::SecretsKey::parse(SECRETS_KEY).unwrap()
 }
 
 async fn keyed_app() -> TestApp {
@@ -1121,7 +1121,7 @@ async fn header_credentials_come_from_the_agents_secret_then_the_teams() {
             "PROBE_TOKEN",
             TOKEN,
             10,
-            &brain::store::Actor::operator(None),
+            &store::Actor::operator(None),
         )
         .await
         .unwrap();
@@ -1555,7 +1555,7 @@ async fn a_connectors_own_call_timeout_overrides_the_servers() {
 /// keyed by the tool's name on the server), which wins over any hint.
 #[tokio::test]
 async fn a_connectors_hints_lower_no_risk_unless_an_admin_trusts_them() {
-    use brain::approvals::RiskClass;
+    use domain::approvals::RiskClass;
 
     let app = stdio_app().await;
     let agent = new_agent(&app).await;

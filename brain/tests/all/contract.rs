@@ -88,8 +88,8 @@ async fn start(artifacts: &TempDir) -> TestApp {
     .await
 }
 
-fn secrets_key() -> brain::store::SecretsKey {
-    brain::store::SecretsKey::parse(&"5a".repeat(32)).unwrap()
+fn secrets_key() -> store::SecretsKey {
+    store::SecretsKey::parse(&"5a".repeat(32)).unwrap()
 }
 
 /// Operations whose path names a resource inside the caller's own team by a name the
@@ -248,7 +248,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     // The team API is the operator's: another team's id is as absent as any (L1).
     let team = app
         .store
-        .key_by_hash(&brain::store::key_hash(key))
+        .key_by_hash(&store::key_hash(key))
         .await
         .unwrap()
         .unwrap()
@@ -268,13 +268,13 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     // A pending OAuth flow of the connector, begun by someone else than `key` (the
     // operator), so no caller here may continue it.
     let state = format!("contract-{connector}");
-    let owner = brain::store::GrantOwner {
+    let owner = store::GrantOwner {
         team: team.parse().unwrap(),
         connector: connector.parse().unwrap(),
         user: None,
     };
     let bounds = (std::time::Duration::from_secs(600), 50, 5);
-    let operator = brain::store::Actor::operator(None);
+    let operator = store::Actor::operator(None);
     let keyed = app.store.clone().with_secrets_key(Some(secrets_key()));
     keyed
         .put_flow(&owner, &state, &json!({}), bounds, &operator, None)

@@ -186,7 +186,7 @@ fn finish(chunks: &[UiChunk]) -> Option<FinishReason> {
 #[tokio::test]
 async fn an_interactive_turns_question_is_answered_in_the_chat() {
     let app = app_with(|c| {
-        c.secrets_key = Some(brain::store::SecretsKey::parse(&"ab".repeat(32)).unwrap());
+        c.secrets_key = Some(store::SecretsKey::parse(&"ab".repeat(32)).unwrap());
         c.webhooks.allow_private_networks = true;
     })
     .await;

@@ -7,9 +7,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use brain::store::SecretsKey;
 use reqwest::Method;
 use serde_json::{Value, json};
+use store::SecretsKey;
 use uuid::Uuid;
 
 use crate::common::replies::text;

@@ -137,7 +137,7 @@ async fn a_cut_postgres_fails_turns_fast_and_they_work_again_without_a_restart()
     );
 }
 
-/// The request's bound on a store call (`brain::store::CALL_BOUND`), with the slack a
+/// The request's bound on a store call (`store::CALL_BOUND`), with the slack a
 /// loaded CI machine adds.
 const STORE_BOUND: Duration = Duration::from_secs(5);
 
@@ -268,7 +268,7 @@ async fn statements_that_never_answer_fail_within_the_bound_and_free_their_slots
 #[tokio::test]
 async fn postgres_cancels_a_statement_of_the_pool_past_its_timeout() {
     let (_, db) = common::fresh_store().await;
-    let store = brain::store::Store::connect_with(
+    let store = store::Store::connect_with(
         &test_support::db::db_url(&db),
         1,
         Duration::from_millis(300),

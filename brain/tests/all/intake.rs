@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::{TestApp, read_stream};
 use brain::config::Config;
-use brain::store::NewAgent;
 use protocol::ui::{FinishReason, UiChunk};
 use serde_json::json;
+use store::NewAgent;
 use test_support::promtool::sample;
 
 /// The brain's pool in these tests: 3 intake slots, one connection for the rest.
@@ -43,7 +43,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
     for _ in 0..n {
         let agent = app
             .store
-            .create_agent(app.team, &agent, &brain::store::Actor::operator(None))
+            .create_agent(app.team, &agent, &store::Actor::operator(None))
             .await
             .unwrap();
         let chat = app

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use brain::store::{DEFAULT_STATEMENT_TIMEOUT, Store};
 use futures_util::future::join_all;
 use sqlx::Row;
+use store::{DEFAULT_STATEMENT_TIMEOUT, Store};
 use test_support::db::{db_url, fresh_database};
 use test_support::pgbouncer::PgBouncer;
 

@@ -516,9 +516,9 @@ mod settle {
     use brain::hold::{Admitted, Billed, HoldConfig, HoldGuard, Holds, TurnAdmission};
     use brain::metrics::Metrics;
     use brain::quota::{Limits, Periods, Quotas};
-    use brain::store::Store;
     use protocol::{AgentId, TeamId, TurnId};
     use redis::AsyncCommands;
+    use store::Store;
 
     struct Counters {
         store: Store,
@@ -565,7 +565,7 @@ mod settle {
                     counters.team,
                     &serde_json::json!({}),
                     &serde_json::json!({"tokens_per_day": 1_000_000}),
-                    &brain::store::Actor::operator(None),
+                    &store::Actor::operator(None),
                 )
                 .await
                 .unwrap();

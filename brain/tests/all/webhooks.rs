@@ -12,8 +12,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use brain::config::Config;
-use brain::store::SecretsKey;
 use serde_json::{Value, json};
+use store::SecretsKey;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 

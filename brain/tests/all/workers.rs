@@ -2028,8 +2028,8 @@ async fn no_payload_reaches_the_logs_at_trace() {
 /// `BRAIN_SECRETS_KEY` of the secrets tests, and the store that writes under it.
 const SECRETS_KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
 
-fn secrets_key() -> brain::store::SecretsKey {
-    brain::store::SecretsKey::parse(SECRETS_KEY_HEX).unwrap()
+fn secrets_key() -> store::SecretsKey {
+    store::SecretsKey::parse(SECRETS_KEY_HEX).unwrap()
 }
 
 async fn set_secret(app: &TestApp, agent: &str, name: &str, value: &str) {
@@ -2043,7 +2043,7 @@ async fn set_secret(app: &TestApp, agent: &str, name: &str, value: &str) {
             name,
             value,
             100,
-            &brain::store::Actor::operator(None),
+            &store::Actor::operator(None),
         )
         .await
         .unwrap();

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use brain::AppState;
 use brain::config::Config;
-use brain::store::Store;
 use futures_util::StreamExt;
 use protocol::ui::UiChunk;
 use scripted_provider::ScriptedProvider;
 use serde_json::{Value, json};
+use store::Store;
 use tokio_util::sync::CancellationToken;
 
 use test_support::db::db_url;
@@ -488,7 +488,7 @@ pub async fn brain_store(config: &Config, pool_size: u32) -> Store {
         &config.database_url,
         config.database_direct_url.as_deref(),
         pool_size,
-        brain::store::DEFAULT_STATEMENT_TIMEOUT,
+        store::DEFAULT_STATEMENT_TIMEOUT,
     )
     .await
     .unwrap()

@@ -3,7 +3,7 @@
 //! its environment and sleeps, never dialing the brain.
 //!
 //! Each test gets its own database (`rm_test_<secs>_<uuid>`, migrated by running the SQL
-//! files of `migrations/` in order, dropped at the end; leftovers of crashed runs are
+//! files of `store/migrations/` in order, dropped at the end; leftovers of crashed runs are
 //! dropped after an hour) and its own directory for workspaces.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -45,7 +45,7 @@ pub fn redis_url() -> String {
 async fn fresh_database() -> (PgPool, String) {
     let name = test_support::db::fresh_database("rm_test").await;
     let pool = PgPool::connect(&db_url(&name)).await.unwrap();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/migrations");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

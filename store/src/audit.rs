@@ -89,7 +89,7 @@ impl Actor {
     }
 
     /// The actor a turn's tools change things as: its authority's `key:<id>` or
-    /// `user:<subject>` (`crate::auth::Authority`), without an address.
+    /// `user:<subject>` (the brain's `auth::Authority`), without an address.
     pub fn of_turn(authority_actor: &str) -> Self {
         let (kind, id) = match authority_actor.split_once(':') {
             Some(("key", id)) => (ActorKind::Key, id),

@@ -416,8 +416,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
-    use crate::provider::{Catalog, Message, ToolResult};
+    use crate::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
+    use crate::{Catalog, Message, ToolResult};
 
     async fn decode(body: &str) -> Items {
         decode_all_ways::<ChatDecoder>(body.as_bytes()).await

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::audit::{self, Action, Actor};
 use super::{Store, StoreError};
-use crate::approvals::RiskClass;
+use domain::approvals::RiskClass;
 
 /// How the brain reaches a connector's MCP server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]

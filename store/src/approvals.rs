@@ -16,7 +16,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Store, StoreError};
-use crate::approvals::{ApprovalKind, ApprovalState, ElicitAction, Elicitation, denial_text};
+use domain::approvals::{ApprovalKind, ApprovalState, ElicitAction, Elicitation, denial_text};
 
 /// A pending approval as the turn that asks writes it, with its end state.
 #[derive(Clone, Debug)]

@@ -1,7 +1,7 @@
 //! Erasure (L2): the rows of a chat, an agent or a team, deleted so that nothing of their
 //! content stays in Postgres. What lives elsewhere (the bytes in the object store, the
 //! events streams in Redis, the workers) is named in what these answer, for the caller to
-//! remove (`crate::erasure`).
+//! remove (the brain's `erasure`).
 //!
 //! A chat's messages go in batches first, each its own bounded call, so a long transcript
 //! never makes one statement outlast the statement timeout (a failure part way leaves the

@@ -219,7 +219,7 @@ pub(super) mod testing {
     use tokio::net::TcpListener;
 
     use super::{Decoder, decode};
-    use crate::provider::{ProviderError, ProviderEvent};
+    use crate::{ProviderError, ProviderEvent};
 
     pub type Items = Vec<Result<ProviderEvent, ProviderError>>;
 
@@ -363,7 +363,7 @@ mod tests {
 
     use super::testing::serve_once;
     use super::*;
-    use crate::provider::StopReason;
+    use crate::StopReason;
 
     /// Emits every event of a line `text <s>` / `finish`, so the driver can be tested
     /// apart from any real wire format.

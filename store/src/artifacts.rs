@@ -1,5 +1,5 @@
 //! Artifact metadata; the bytes live in the artifact store under `storage_key`
-//! (`crate::artifacts`).
+//! (the brain's `artifacts`).
 
 use chrono::{DateTime, Utc};
 use protocol::{AgentId, ChatId, TeamId, TurnId};

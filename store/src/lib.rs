@@ -344,7 +344,7 @@ impl Store {
         &self.direct
     }
 
-    /// The pool's size: what the intake queue shares out (`crate::intake`).
+    /// The pool's size: what the intake queue shares out (the brain's `intake`).
     pub fn max_connections(&self) -> u32 {
         self.pool.pool().options().get_max_connections()
     }
@@ -403,230 +403,23 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// The bound on that ping: a connection that does not answer is replaced.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Every migration in version order, `(version, description, SQL)`: the files of
+/// `migrations/`, listed by `build.rs`.
+const MIGRATIONS: &[(i64, &str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
 fn migrator() -> Migrator {
-    let migrations = [
-        (
-            1,
-            "schema v1",
-            include_str!("../../../migrations/0001_schema_v1.sql"),
-        ),
-        (
-            2,
-            "connectors",
-            include_str!("../../../migrations/0002_connectors.sql"),
-        ),
-        (
-            3,
-            "concierge agents",
-            include_str!("../../../migrations/0003_concierge.sql"),
-        ),
-        (
-            4,
-            "artifacts",
-            include_str!("../../../migrations/0004_artifacts.sql"),
-        ),
-        (
-            5,
-            "worker pool",
-            include_str!("../../../migrations/0005_worker_pool.sql"),
-        ),
-        (
-            6,
-            "replica leases",
-            include_str!("../../../migrations/0006_leases.sql"),
-        ),
-        (
-            10,
-            "runtime-manager: idle checks, provision claims",
-            include_str!("../../../migrations/0010_manager.sql"),
-        ),
-        (
-            11,
-            "team quotas",
-            include_str!("../../../migrations/0011_quotas.sql"),
-        ),
-        (
-            12,
-            "auth: key names and scopes, chat users",
-            include_str!("../../../migrations/0012_auth.sql"),
-        ),
-        (
-            13,
-            "usage: worker-seconds billing",
-            include_str!("../../../migrations/0013_usage.sql"),
-        ),
-        (
-            14,
-            "autostart: next fire, time zone, autostart chat, fire outcomes",
-            include_str!("../../../migrations/0014_autostart.sql"),
-        ),
-        (
-            15,
-            "approvals: agent policies, pending tool calls",
-            include_str!("../../../migrations/0015_approvals.sql"),
-        ),
-        (
-            16,
-            "connector credentials: header and env templates, team secrets",
-            include_str!("../../../migrations/0016_connector_credentials.sql"),
-        ),
-        (
-            17,
-            "connector OAuth: grants, pending flows",
-            include_str!("../../../migrations/0017_connector_oauth.sql"),
-        ),
-        (
-            18,
-            "workspace snapshots",
-            include_str!("../../../migrations/0018_workspace_snapshots.sql"),
-        ),
-        (
-            19,
-            "speculative sessions",
-            include_str!("../../../migrations/0019_speculative_sessions.sql"),
-        ),
-        (
-            20,
-            "warm-pool slot holders",
-            include_str!("../../../migrations/0020_pool_holder.sql"),
-        ),
-        (
-            21,
-            "compositions stored once per content",
-            include_str!("../../../migrations/0021_compositions.sql"),
-        ),
-        (
-            22,
-            "who set an autostart, who answered an approval",
-            include_str!("../../../migrations/0022_authority.sql"),
-        ),
-        (
-            23,
-            "background turns, agents' disconnect policy",
-            include_str!("../../../migrations/0023_background_turns.sql"),
-        ),
-        (
-            24,
-            "durable turns: progress, takeovers, the turn's authority",
-            include_str!("../../../migrations/0024_durable_turns.sql"),
-        ),
-        (
-            25,
-            "busy policy: queued turns and their messages",
-            include_str!("../../../migrations/0025_busy_policy.sql"),
-        ),
-        (
-            26,
-            "keyed brain tools: memories and agents made by a tool call",
-            include_str!("../../../migrations/0026_keyed_brain_tools.sql"),
-        ),
-        (
-            27,
-            "webhooks: subscriptions, the outbox, attempts",
-            include_str!("../../../migrations/0027_webhooks.sql"),
-        ),
-        (
-            28,
-            "a2a: push notification configs of tasks",
-            include_str!("../../../migrations/0028_a2a.sql"),
-        ),
-        (
-            29,
-            "teams: disabled by the operator",
-            include_str!("../../../migrations/0029_teams_lifecycle.sql"),
-        ),
-        (
-            30,
-            "erasure",
-            include_str!("../../../migrations/0030_erasure.sql"),
-        ),
-        (
-            31,
-            "audit log of admin actions",
-            include_str!("../../../migrations/0031_audit.sql"),
-        ),
-        (
-            32,
-            "user budgets: per-user limits and overrides, the user of a billing event",
-            include_str!("../../../migrations/0032_user_budgets.sql"),
-        ),
-        (
-            33,
-            "retention",
-            include_str!("../../../migrations/0033_retention.sql"),
-        ),
-        (
-            34,
-            "a2a: push config credentials sealed",
-            include_str!("../../../migrations/0034_a2a_push_sealed.sql"),
-        ),
-        (
-            35,
-            "elicitations: MCP servers' questions as approvals of their own kind",
-            include_str!("../../../migrations/0035_elicitations.sql"),
-        ),
-        (
-            36,
-            "user sessions and grant audit",
-            include_str!("../../../migrations/0036_user_sessions_and_grant_audit.sql"),
-        ),
-        (
-            37,
-            "a2a: a turn's end notifies only a task with push configs",
-            include_str!("../../../migrations/0037_a2a_notify_guard.sql"),
-        ),
-        (
-            38,
-            "basis versions",
-            include_str!("../../../migrations/0038_basis_versions.sql"),
-        ),
-        (
-            39,
-            "history versions",
-            include_str!("../../../migrations/0039_history_versions.sql"),
-        ),
-        (
-            40,
-            "the agent's own autostart chat, paused cadences",
-            include_str!("../../../migrations/0040_agents_own_autostart.sql"),
-        ),
-        (
-            41,
-            "fair webhook deliveries",
-            include_str!("../../../migrations/0041_fair_deliveries.sql"),
-        ),
-        (
-            42,
-            "memories of end users",
-            include_str!("../../../migrations/0042_user_memories.sql"),
-        ),
-        (
-            43,
-            "oauth flows bound to a browser",
-            include_str!("../../../migrations/0043_oauth_flow_browser.sql"),
-        ),
-        (
-            44,
-            "team issuers",
-            include_str!("../../../migrations/0044_team_issuers.sql"),
-        ),
-        (
-            45,
-            "connector tool risks",
-            include_str!("../../../migrations/0045_connector_risks.sql"),
-        ),
-    ]
-    .into_iter()
-    .map(|(version, description, sql)| {
-        Migration::new(
-            version,
-            Cow::Borrowed(description),
-            MigrationType::Simple,
-            SqlStr::from_static(sql),
-            false,
-        )
-    })
-    .collect();
+    let migrations = MIGRATIONS
+        .iter()
+        .map(|&(version, description, sql)| {
+            Migration::new(
+                version,
+                Cow::Borrowed(description),
+                MigrationType::Simple,
+                SqlStr::from_static(sql),
+                false,
+            )
+        })
+        .collect();
     Migrator::with_migrations(migrations)
 }
 

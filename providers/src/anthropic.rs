@@ -444,8 +444,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::provider::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
-    use crate::provider::{Catalog, ToolResult};
+    use crate::sse::testing::{Items, decode_all_ways, non_text, serve_once, text};
+    use crate::{Catalog, ToolResult};
 
     async fn decode(body: &str) -> Items {
         decode_all_ways::<MessagesDecoder>(body.as_bytes()).await

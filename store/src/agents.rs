@@ -7,7 +7,7 @@ use sqlx::Row;
 use super::audit::{self, Action, Actor};
 use super::cron::drop_pending_firings;
 use super::{AutostartAt, CallKey, Store, StoreError};
-use crate::approvals::ApprovalPolicy;
+use domain::approvals::ApprovalPolicy;
 
 /// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
 /// (`"background": true`, autostarts, approval continuations) have no client to lose.
@@ -108,7 +108,7 @@ pub struct NewAgent {
     pub disconnect_policy: DisconnectPolicy,
 }
 
-/// An agent's changeable fields after a change (`crate::agents::apply_change`).
+/// An agent's changeable fields after a change (the brain's `agents::apply_change`).
 #[derive(Clone, Debug)]
 pub struct AgentUpdate {
     pub system_prompt: String,

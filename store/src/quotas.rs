@@ -214,7 +214,7 @@ impl Store {
 
     /// Billed model tokens this UTC day and month, of the events written more than
     /// `settled_for` ago by Postgres' clock, and that cutoff: what a missing Redis counter
-    /// is rebuilt from (`crate::hold`). Events younger than the cutoff may still be
+    /// is rebuilt from (the brain's `hold`). Events younger than the cutoff may still be
     /// committing; the counters take those from the turns' own settlements.
     pub async fn billed_tokens(
         &self,

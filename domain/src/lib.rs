@@ -1,0 +1,8 @@
+//! The brain's domain rules that its store and its engine share: what a value must be to be
+//! stored, with no I/O. A rule lives here when both the store's rows and the engine's
+//! checks need it; the engine's other rules stay beside their owners in the brain.
+//!
+//! - `approvals.rs`: risk classes, an agent's approval policy and what it decides, the
+//!   approval states and kinds, and the elicitation forms (SPEC A1-A4, P5).
+
+pub mod approvals;
