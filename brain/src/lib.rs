@@ -10,8 +10,8 @@
 //! - `intake.rs`: the bounded, first-come-first-served queue of turn intakes in front
 //!   of the Postgres pool;
 //! - `turn/`: one turn end to end, and the UI message stream it writes;
-//! - `hold.rs`: the one-turn-per-agent hold and the quota counters, admitted in one Redis
-//!   round trip (T9, T2);
+//! - `hold/`: the one-turn-per-agent hold and the quota counters, admitted in one Redis
+//!   round trip (T9, T2), a file per phase and its Lua scripts beside them;
 //! - `quota/`: the team's limits, their refusals and `RateLimit` headers, and the
 //!   Postgres answer when Redis cannot give one;
 //! - `lease.rs`: this replica's lease, and what dead replicas (and stranded approval
@@ -36,6 +36,8 @@
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
+//! - `supervisor.rs`: the named background tasks `serve` starts; one that ends before
+//!   shutdown is logged, counted and fails readiness;
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
 //! - `erasure.rs`: a chat, an agent or a team erased wherever it lives (L2);
 //! - `retention.rs`: the sweep that deletes what is past a team's retention (L6);
@@ -71,6 +73,7 @@ pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
 pub mod sse;
+pub mod supervisor;
 pub mod tools;
 pub mod turn;
 pub mod usage;
@@ -135,6 +138,8 @@ pub struct AppState {
     pub handover: CancellationToken,
     /// Cancelled at SIGTERM: `/readyz` answers 503 and no new turn starts (O3).
     pub draining: CancellationToken,
+    /// The background tasks `serve` starts; `/readyz` fails once one has ended.
+    pub supervisor: supervisor::Supervisor,
     /// Running turns, so shutdown can wait for them.
     pub turn_tracker: TaskTracker,
     /// The turns this replica runs, and stops of any replica's (SPEC T8).
@@ -208,6 +213,10 @@ impl AppState {
             config.artifacts.snapshot_uploads_per_team,
         );
         let mcp = mcp_server::McpSessions::new(config.mcp_server);
+        let draining = CancellationToken::new();
+        // Tasks stopped by the drain end on purpose.
+        let supervisor =
+            supervisor::Supervisor::new(draining.clone(), metrics.background_task_exits.clone());
         Ok(Self {
             config: Arc::new(config),
             replica,
@@ -228,7 +237,8 @@ impl AppState {
             snapshot_uploads,
             turns_cancel: CancellationToken::new(),
             handover: CancellationToken::new(),
-            draining: CancellationToken::new(),
+            draining,
+            supervisor,
             turn_tracker: TaskTracker::new(),
             stops: turn::stop::Stops::new(replica, redis),
             queue: turn::Queue::default(),
@@ -295,55 +305,84 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     lease::take(&state).await;
+    // Each runs until shutdown; one that ends sooner fails readiness.
+    let tasks = state.supervisor.clone();
     let lease_stop = CancellationToken::new();
-    tokio::spawn(lease::keep(state.clone(), lease_stop.clone()));
+    tasks.spawn("lease", lease::keep(state.clone(), lease_stop.clone()));
     let app = api::router(state.clone());
     // Claims ticks until the drain begins.
-    tokio::spawn(scheduler::run(state.clone()));
+    tasks.spawn("scheduler", scheduler::run(state.clone()));
     // Teams being erased (L2) are worked on until the drain begins; the lease of one cut
     // off lapses and another replica finishes it.
-    tokio::spawn(erasure::run(state.clone(), state.draining.clone()));
-    tokio::spawn(retention::run(
-        state.clone(),
-        state.config.retention_sweep_interval,
-        state.draining.clone(),
-    ));
+    tasks.spawn(
+        "erasure",
+        erasure::run(state.clone(), state.draining.clone()),
+    );
+    tasks.spawn(
+        "retention",
+        retention::run(
+            state.clone(),
+            state.config.retention_sweep_interval,
+            state.draining.clone(),
+        ),
+    );
     // Queued turns (T13) start until the drain begins.
-    tokio::spawn(turn::run_queue(state.clone(), state.draining.clone()));
+    tasks.spawn(
+        "run_queue",
+        turn::run_queue(state.clone(), state.draining.clone()),
+    );
     // Relayed calls for the workers this replica holds keep working while it drains.
     let stopped = CancellationToken::new();
-    tokio::spawn(state.auth.keys.clone().watch(stopped.clone()));
+    tasks.spawn("key_watch", state.auth.keys.clone().watch(stopped.clone()));
     // Stopped after the drain, so the chunks of the last turns are still published.
-    tokio::spawn(state.events.clone().run_publisher(stopped.clone()));
+    tasks.spawn(
+        "events_publisher",
+        state.events.clone().run_publisher(stopped.clone()),
+    );
     // Webhook deliveries go on through the drain; a claim cut off by the exit lapses and
     // another replica sends it (P4).
-    tokio::spawn(webhooks::run(
-        state.store.clone(),
-        state.config.webhooks,
-        state.metrics.clone(),
-        stopped.clone(),
-    ));
-    tokio::spawn(audit::sweep(
-        state.store.clone(),
-        state.config.audit_retention_days,
-        stopped.clone(),
-    ));
+    tasks.spawn(
+        "webhooks",
+        webhooks::run(
+            state.store.clone(),
+            state.config.webhooks,
+            state.metrics.clone(),
+            stopped.clone(),
+        ),
+    );
+    tasks.spawn(
+        "audit_sweep",
+        audit::sweep(
+            state.store.clone(),
+            state.config.audit_retention_days,
+            stopped.clone(),
+        ),
+    );
     // Stops keep reaching this replica's turns while it drains.
-    tokio::spawn(state.stops.clone().listen(stopped.clone()));
+    tasks.spawn("stop_listener", state.stops.clone().listen(stopped.clone()));
     // Snapshot requests keep reaching this replica's workers while it drains (W10).
-    tokio::spawn(state.sessions.clone().listen_snapshots(stopped.clone()));
-    tokio::spawn(sessions::sweep_snapshots(
-        state.store.clone(),
-        state.artifacts.clone(),
-        state.config.artifacts.snapshot_retention,
-        state.config.artifacts.snapshot_sweep_interval,
-        stopped.clone(),
-    ));
-    tokio::spawn(state.sessions.clone().serve_relay(
-        state.artifacts.clone(),
-        state.config.artifacts.max_bytes,
-        stopped.clone(),
-    ));
+    tasks.spawn(
+        "snapshot_listener",
+        state.sessions.clone().listen_snapshots(stopped.clone()),
+    );
+    tasks.spawn(
+        "snapshot_sweep",
+        sessions::sweep_snapshots(
+            state.store.clone(),
+            state.artifacts.clone(),
+            state.config.artifacts.snapshot_retention,
+            state.config.artifacts.snapshot_sweep_interval,
+            stopped.clone(),
+        ),
+    );
+    tasks.spawn(
+        "relay",
+        state.sessions.clone().serve_relay(
+            state.artifacts.clone(),
+            state.config.artifacts.max_bytes,
+            stopped.clone(),
+        ),
+    );
     // Small frames (stream chunks, cancel notifications to workers) must not wait for
     // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
     let listener = listener.tap_io(|tcp| {

@@ -87,6 +87,8 @@ pub struct Counters {
     event_observers: IntGauge,
     /// Responses by the matched route template and status code.
     http_requests: IntCounterVec,
+    /// Background tasks that ended before shutdown, by task and how (`crate::supervisor`).
+    pub background_task_exits: IntCounterVec,
 }
 
 /// How a turn ended, as `brain_turns_total{outcome}` counts it.
@@ -301,6 +303,12 @@ impl Metrics {
                 "brain_retention_deleted_total",
                 "Rows past a team's retention deleted by this replica: turn, message, artifact, snapshot.",
                 &["kind"],
+            )?,
+            background_task_exits: counter_vec(
+                r,
+                "brain_background_task_exits_total",
+                "Background tasks that ended before shutdown (the replica then reports not ready), by task and class: returned, panicked, cancelled.",
+                &["task", "class"],
             )?,
             registry,
         }));

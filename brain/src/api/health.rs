@@ -24,10 +24,11 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Postgres and Redis answer, and the replica is not draining. Redis only degrades the
-/// brain (turns run without holds), but a replica that cannot see it should not take new
-/// traffic when others can. The stores' answer is at most a second old; draining shows at
-/// once.
+/// Postgres and Redis answer, every background task runs, and the replica is not
+/// draining. Redis only degrades the brain (turns run without holds), but a replica that
+/// cannot see it should not take new traffic when others can; nor should one whose
+/// scheduler, events publisher or relay has stopped. The stores' answer
+/// is at most a second old; draining and a task's end show at once.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -35,7 +36,8 @@ pub async fn healthz() -> &'static str {
     tag = "probes",
     responses(
         (status = 200, description = "Postgres and Redis answer.", body = Readiness),
-        (status = 503, description = "A store does not answer, or the replica is draining.",
+        (status = 503, description = "A store does not answer, a background task has ended, \
+            or the replica is draining.",
             body = Readiness),
     ),
 )]
@@ -47,12 +49,20 @@ pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readines
         );
     }
     let (postgres, redis) = state.readiness.check(&state.store).await;
-    let status = if postgres && redis {
+    let stopped = state.supervisor.gone();
+    let status = if postgres && redis && stopped.is_empty() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(Readiness::Checked { postgres, redis }))
+    (
+        status,
+        Json(Readiness::Checked {
+            postgres,
+            redis,
+            stopped,
+        }),
+    )
 }
 
 /// How long a readiness check is the answer: probes from every kubelet and load balancer
@@ -111,8 +121,15 @@ impl ReadinessCheck {
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Readiness {
-    /// Whether each store answered within 2 s.
-    Checked { postgres: bool, redis: bool },
+    /// Whether each store answered within 2 s, and the background tasks that ended before
+    /// shutdown (absent when none did).
+    Checked {
+        postgres: bool,
+        redis: bool,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        #[schema(value_type = Vec<String>)]
+        stopped: Vec<&'static str>,
+    },
     /// The replica is draining (SIGTERM); the stores were not asked.
     Draining { draining: bool },
 }

@@ -184,6 +184,43 @@ async fn health_and_readiness() {
 }
 
 #[tokio::test]
+async fn a_background_task_that_ends_fails_readiness_and_is_counted() {
+    let app = TestApp::start().await;
+    let readyz = || app.http.get(format!("{}/readyz", app.url)).send();
+    assert_eq!(readyz().await.unwrap().status(), 200);
+
+    app.supervisor
+        .spawn("test_returns", async {})
+        .await
+        .unwrap();
+    app.supervisor
+        .spawn("test_panics", async { panic!("a background task failed") })
+        .await
+        .unwrap();
+
+    let ready = readyz().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"postgres": true, "redis": true, "stopped": ["test_returns", "test_panics"]})
+    );
+    let scrape = app.metrics().await;
+    let exits = |task, class| {
+        test_support::promtool::sample(
+            &scrape,
+            "brain_background_task_exits_total",
+            &[("task", task), ("class", class)],
+        )
+    };
+    assert_eq!(exits("test_returns", "returned"), Some(1.0));
+    assert_eq!(exits("test_panics", "panicked"), Some(1.0));
+    // The tasks `serve` started run, and are listed at 0.
+    assert_eq!(exits("scheduler", "returned"), Some(0.0));
+    assert_eq!(exits("events_publisher", "panicked"), Some(0.0));
+}
+
+#[tokio::test]
 async fn readiness_fails_without_redis() {
     let app = TestApp::start_with(|c| c.redis_url = "redis://127.0.0.1:1".into()).await;
     let ready = app

@@ -449,7 +449,7 @@ fn the_check_sees_every_spelling_of_a_path_into_api() {
 fn the_check_finds_circles_of_any_length_and_spelling() {
     let found = circles(&sample(&[
         ("", ""),
-        ("agents", "use crate::approvals::ApprovalPolicy;"),
+        ("agents", "use domain::approvals::ApprovalPolicy;"),
         ("approvals", "use crate::{tools::{RiskClass, Tool}};"),
         ("tools", ""),
         ("tools::cron", "fn f() { crate::agents::validate(); }"),

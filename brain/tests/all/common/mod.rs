@@ -49,6 +49,8 @@ pub struct TestApp {
     pub key: String,
     pub http: reqwest::Client,
     pub db_name: String,
+    /// The brain's background tasks, for a test that adds one which ends.
+    pub supervisor: brain::supervisor::Supervisor,
     shutdown: CancellationToken,
     /// The transaction pooler the brain reaches Postgres through, under
     /// `TEST_THROUGH_PGBOUNCER=1` (O5); the test itself keeps its direct `store`.
@@ -144,9 +146,11 @@ impl TestApp {
             state.metrics.clone(),
             CancellationToken::new(),
         ));
+        let supervisor = state.supervisor.clone();
         tokio::spawn(brain::serve(listener, state, shutdown.clone()));
         let created = store.create_team("test team").await.unwrap();
         Self {
+            supervisor,
             url,
             metrics_url,
             store,
