@@ -98,7 +98,7 @@ pub struct Config {
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
     /// The MCP server's sessions (P2): `BRAIN_MCP_MAX_SESSIONS*`, `BRAIN_MCP_SESSION_IDLE_MS`.
-    pub mcp_server: crate::mcp_server::SessionLimits,
+    pub mcp_server: McpSessionLimits,
     /// OAuth for connectors (B2): the brain's public URL and pre-registered clients.
     pub oauth: OAuthConfig,
     /// Webhook deliveries (P4, `BRAIN_WEBHOOKS_*`).
@@ -655,7 +655,7 @@ impl Config {
                     1 << 20,
                 )?,
             },
-            mcp_server: crate::mcp_server::SessionLimits {
+            mcp_server: McpSessionLimits {
                 max: ranged(env, "BRAIN_MCP_MAX_SESSIONS", 10_000, 1, 1 << 20)?,
                 max_per_principal: ranged(
                     env,
@@ -802,6 +802,18 @@ fn s3_config(env: &dyn Env) -> Result<S3Config, ConfigError> {
             session_token: trimmed(env, "AWS_SESSION_TOKEN"),
         },
     })
+}
+
+/// The caps on the MCP server's sessions (`/mcp`) and how long an idle one is kept.
+#[derive(Clone, Copy, Debug)]
+pub struct McpSessionLimits {
+    /// Open sessions on this replica.
+    pub max: usize,
+    /// Open sessions of one principal (an API key, a token's user) on this replica.
+    pub max_per_principal: usize,
+    /// A session with no call in flight and no request for this long is dropped (a
+    /// client that never sends `DELETE /mcp` does not hold its place for ever).
+    pub idle: Duration,
 }
 
 #[cfg(test)]

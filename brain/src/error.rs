@@ -19,6 +19,7 @@ use crate::auth::AuthError;
 use crate::erasure::EraseError;
 use crate::intake::Overloaded;
 use crate::quota::Refusal;
+use crate::respond;
 use crate::sessions::SnapshotError;
 use crate::turn::TurnError;
 use crate::turn::stop::StopError;
@@ -385,8 +386,10 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
         match &self {
-            Self::Quota(refusal) => refusal.headers.apply(response.headers_mut()),
-            Self::RateLimited(refusal) => refusal.headers.apply(response.headers_mut()),
+            Self::Quota(refusal) => respond::rate_limit(&refusal.headers, response.headers_mut()),
+            Self::RateLimited(refusal) => {
+                respond::rate_limit(&refusal.headers, response.headers_mut())
+            }
             _ => {}
         }
         response

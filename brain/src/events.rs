@@ -46,8 +46,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{FutureExt, Stream};
 use protocol::ui::{Notice, Resync, TurnInfo, UiChunk};
@@ -1117,17 +1115,12 @@ impl Observer {
         )
     }
 
-    fn into_stream(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+    /// The observer as a body's stream of framed events.
+    pub fn into_stream(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
         futures_util::stream::unfold(self, |mut observer| async move {
             let bytes = observer.next().await?;
             Some((Ok(bytes), observer))
         })
-    }
-}
-
-impl IntoResponse for Observer {
-    fn into_response(self) -> Response {
-        sse::response(Body::from_stream(self.into_stream()))
     }
 }
 

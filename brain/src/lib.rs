@@ -33,9 +33,11 @@
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
+//! - `respond.rs`: those streams as HTTP responses, with their headers;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
+//! - `metrics_server.rs`: the `/metrics` listener;
 //! - `supervisor.rs`: the named background tasks `serve` starts; one that ends before
 //!   shutdown is logged, counted and fails readiness;
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
@@ -65,9 +67,11 @@ pub mod intake;
 pub mod lease;
 pub mod mcp_server;
 pub mod metrics;
+pub mod metrics_server;
 pub mod quota;
 pub mod ratelimit;
 pub mod redis;
+pub mod respond;
 pub mod retention;
 pub mod schedule;
 pub mod scheduler;

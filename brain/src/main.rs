@@ -113,7 +113,8 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     let metrics_stop = CancellationToken::new();
     if let Some(listener) = metrics_listener {
         tracing::info!(addr = ?config.metrics_addr, "metrics serving at /metrics");
-        let served = brain::metrics::serve(listener, state.metrics.clone(), metrics_stop.clone());
+        let served =
+            brain::metrics_server::serve(listener, state.metrics.clone(), metrics_stop.clone());
         tokio::spawn(async move {
             if let Err(e) = served.await {
                 tracing::warn!(error_class = "metrics_listener", error = %e, "metrics listener ended");

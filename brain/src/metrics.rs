@@ -371,9 +371,9 @@ impl Metrics {
     }
 
     /// One response of the API; `route` is the matched path template.
-    pub fn http_response(&self, route: Option<&str>, status: http::StatusCode) {
+    pub fn http_response(&self, route: Option<&str>, status: u16) {
         self.http_requests
-            .with_label_values(&[route.unwrap_or("unmatched"), status.as_str()])
+            .with_label_values(&[route.unwrap_or("unmatched"), &status.to_string()])
             .inc();
     }
 
@@ -387,30 +387,6 @@ impl Metrics {
             }
         }
     }
-}
-
-/// Serves `GET /metrics` (and nothing else) on `listener` until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    metrics: Metrics,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    let app = axum::Router::new()
-        .route("/metrics", axum::routing::get(scrape))
-        .with_state(metrics);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
-
-/// Prometheus text format 0.0.4 (SPEC O2). Counts and closed labels only (X4).
-async fn scrape(
-    axum::extract::State(metrics): axum::extract::State<Metrics>,
-) -> ([(http::HeaderName, &'static str); 1], String) {
-    (
-        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        metrics.render(),
-    )
 }
 
 impl Deref for Metrics {

@@ -32,7 +32,7 @@ impl AguiBody {
     /// The run of a started turn.
     pub fn live(translator: Translator, mut turn: UiBody) -> Self {
         let mut headers = HeaderMap::new();
-        turn.take_rate_limit().apply(&mut headers);
+        crate::respond::rate_limit(&turn.take_rate_limit(), &mut headers);
         let first = translator.started();
         Self {
             turn: Some(turn),
@@ -105,7 +105,7 @@ impl Stream for AguiBody {
 impl IntoResponse for AguiBody {
     fn into_response(mut self) -> Response {
         let headers = std::mem::take(&mut self.headers);
-        let mut response = sse::event_stream(Body::from_stream(self));
+        let mut response = crate::respond::event_stream(Body::from_stream(self));
         response.headers_mut().extend(headers);
         response
     }

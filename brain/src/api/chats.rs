@@ -23,6 +23,7 @@ use crate::AppState;
 use crate::agents::BusyPolicy;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
+use crate::respond;
 use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
 use domain::approvals::validate_reason;
 use protocol::ui::{FinishReason, UiChunk};
@@ -564,7 +565,9 @@ pub async fn post_message(
             finish_reason: FinishReason::ToolCalls,
         }])
     });
-    Ok(body.until(state.auth.standing(&principal)).into_response())
+    Ok(respond::ui_stream(
+        body.until(state.auth.standing(&principal)),
+    ))
 }
 
 /// What a posted message became.

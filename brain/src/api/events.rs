@@ -19,8 +19,8 @@ use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::events::{EventId, EventsError, Observer, Resumed, TurnStream, Viewer};
-use crate::sse;
+use crate::events::{EventId, EventsError, Resumed, TurnStream, Viewer};
+use crate::{respond, sse};
 use protocol::{ChatId, TeamId};
 use store::{Store, StoreError, TurnState, TurnStatus};
 
@@ -75,7 +75,7 @@ pub async fn events(
     Path(chat_id): Path<String>,
     headers: HeaderMap,
     QueryParams(params): QueryParams<EventsParams>,
-) -> Result<Observer, ApiError> {
+) -> Result<Response, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
     let header = headers
         .get("last-event-id")
@@ -100,6 +100,7 @@ pub async fn events(
             viewer(&state, &principal),
         )
         .await
+        .map(respond::observer)
         .map_err(|e| unavailable(chat, e))
 }
 
@@ -213,7 +214,7 @@ pub(super) async fn follow(
             team: principal.team,
             turn: turn.id,
         };
-        sse::response(Body::from_stream(watched.into_stream()))
+        respond::ui_message_stream(Body::from_stream(watched.into_stream()))
     }))
 }
 

@@ -83,7 +83,10 @@ async fn count_response(
         .get::<axum::extract::MatchedPath>()
         .cloned();
     let response = next.run(request).await;
-    metrics.http_response(route.as_ref().map(|r| r.as_str()), response.status());
+    metrics.http_response(
+        route.as_ref().map(|r| r.as_str()),
+        response.status().as_u16(),
+    );
     response
 }
 

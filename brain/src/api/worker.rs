@@ -128,7 +128,7 @@ pub async fn put_snapshot(
         unpacked,
         announced,
     };
-    crate::sessions::store_upload(&state, &claims, upload, body).await?;
+    crate::sessions::store_upload(&state, &claims, upload, body.into_data_stream()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

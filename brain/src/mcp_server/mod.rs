@@ -19,11 +19,12 @@ pub mod rpc;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use protocol::AgentId;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::McpSessionLimits;
 use rpc::RequestId;
 use store::AgentRow;
 
@@ -34,18 +35,6 @@ pub const PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-2
 /// MCP's rule for a tool name (2025-11-25): 1 to 128 of `[A-Za-z0-9_.-]`.
 const MAX_TOOL_NAME: usize = 128;
 const TOOL_PREFIX: &str = "ask_";
-
-/// The caps on sessions and how long an idle one is kept.
-#[derive(Clone, Copy, Debug)]
-pub struct SessionLimits {
-    /// Open sessions on this replica.
-    pub max: usize,
-    /// Open sessions of one principal (an API key, a token's user) on this replica.
-    pub max_per_principal: usize,
-    /// A session with no call in flight and no request for this long is dropped (a
-    /// client that never sends `DELETE /mcp` does not hold its place for ever).
-    pub idle: Duration,
-}
 
 /// Why no session was opened.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +56,7 @@ struct Session {
 #[derive(Clone)]
 pub struct McpSessions {
     sessions: Arc<Mutex<HashMap<String, Session>>>,
-    limits: SessionLimits,
+    limits: McpSessionLimits,
 }
 
 /// A call in flight: its token is cancelled by `notifications/cancelled` or the session's
@@ -89,7 +78,7 @@ impl Drop for InFlight {
 }
 
 impl McpSessions {
-    pub fn new(limits: SessionLimits) -> Self {
+    pub fn new(limits: McpSessionLimits) -> Self {
         Self {
             sessions: Arc::default(),
             limits,
@@ -245,10 +234,10 @@ mod tests {
 
     #[test]
     fn sessions_are_capped_per_principal_and_replica_and_owned() {
-        let sessions = McpSessions::new(SessionLimits {
+        let sessions = McpSessions::new(McpSessionLimits {
             max: 3,
             max_per_principal: 2,
-            idle: Duration::from_secs(60),
+            idle: std::time::Duration::from_secs(60),
         });
         let a1 = sessions.open("a").unwrap();
         sessions.open("a").unwrap();

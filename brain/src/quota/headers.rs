@@ -11,12 +11,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-
 use super::{Field, Limits, Periods, RequestLimit, Used};
-
-static POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-static STATUS: HeaderName = HeaderName::from_static("ratelimit");
 
 /// What a turn's admission saw of the team's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -225,19 +220,15 @@ impl RateLimitHeaders {
         self.policy.is_empty()
     }
 
-    /// Sets both fields on a response; nothing when the team has no such limit.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        if self.is_empty() {
-            return;
-        }
-        // Built from integers and field names only, so always a valid header value.
-        if let (Ok(policy), Ok(status)) = (
-            HeaderValue::from_str(&self.policy),
-            HeaderValue::from_str(&self.status),
-        ) {
-            headers.insert(POLICY.clone(), policy);
-            headers.insert(STATUS.clone(), status);
-        }
+    /// The two fields as (name, value), for a front end's response; `None` when the
+    /// team has no limit they describe. Built from integers and field names only.
+    pub fn fields(&self) -> Option<[(&'static str, &str); 2]> {
+        (!self.is_empty()).then(|| {
+            [
+                ("ratelimit-policy", self.policy.as_str()),
+                ("ratelimit", self.status.as_str()),
+            ]
+        })
     }
 }
 
@@ -273,9 +264,7 @@ mod tests {
             h.status,
             "\"turns_per_minute\";r=0;t=12, \"concurrent_turns\";r=3, \"tokens_per_day\";r=750;t=3600"
         );
-        let mut headers = HeaderMap::new();
-        h.apply(&mut headers);
-        assert_eq!(headers.len(), 2);
+        assert_eq!(h.fields().map(|f| f.len()), Some(2));
         let user = Standing {
             limits: Limits {
                 tokens_per_day: Some(300),

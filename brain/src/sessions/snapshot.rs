@@ -30,8 +30,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use futures_util::StreamExt;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
 use protocol::channel::SessionClaims;
 use protocol::snapshot::{
     RESTORE_REQUEST, SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest,
@@ -77,8 +77,12 @@ const PAST_DEADLINE: &str = "passed its deadline";
 /// The request's body as the artifact store reads it, piece by piece: it fails once more
 /// than `limit` bytes came, or at `deadline`, so a store never waits on a stalled sender
 /// past the upload's bound and cleans up after itself.
-fn bounded_body(body: Body, limit: usize, deadline: tokio::time::Instant) -> ByteStream {
-    let pieces = body.into_data_stream();
+fn bounded_body<E>(
+    pieces: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> ByteStream {
+    let pieces = Box::pin(pieces);
     Box::pin(futures_util::stream::unfold(
         (pieces, 0usize, false),
         move |(mut pieces, mut seen, failed)| async move {
@@ -204,11 +208,11 @@ const NOT_ASKED: &str = "no snapshot is asked of this session";
 /// Stores the worker's packed workspace, at an idle teardown: taken only while a snapshot
 /// is asked of its session and within the row's cap, streamed to the artifact store, then
 /// recorded (replacing the chat's previous snapshot), else removed again.
-pub async fn store_upload(
+pub async fn store_upload<E>(
     state: &AppState,
     claims: &SessionClaims,
     upload: Upload,
-    body: Body,
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
 ) -> Result<(), SnapshotError> {
     let started = Instant::now();
     let session = claims.sub;

@@ -12,8 +12,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::Stream;
 use protocol::ErrorCode;
@@ -153,15 +151,6 @@ impl Stream for UiBody {
                 Poll::Ready((!this.revoked).then(|| Ok(sse::done())))
             }
         }
-    }
-}
-
-impl IntoResponse for UiBody {
-    fn into_response(mut self) -> Response {
-        let rate_limit = self.take_rate_limit();
-        let mut response = sse::response(Body::from_stream(self));
-        rate_limit.apply(response.headers_mut());
-        response
     }
 }
 

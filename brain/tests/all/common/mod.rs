@@ -141,7 +141,7 @@ impl TestApp {
         let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_url = format!("http://{}", metrics_listener.local_addr().unwrap());
         // Not stopped by `shutdown`: a test scrapes through the drain, as Prometheus does.
-        tokio::spawn(brain::metrics::serve(
+        tokio::spawn(brain::metrics_server::serve(
             metrics_listener,
             state.metrics.clone(),
             CancellationToken::new(),
