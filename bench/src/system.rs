@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
 use brain::AppState;
-use brain::config::Config;
+use engine::config::Config;
 use scripted_provider::{Reply, ScriptedProvider};
 use serde_json::{Value, json};
 use store::Store;
@@ -173,7 +173,7 @@ pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, 
         // go; the limit is still checked on every request, so its cost is in the figures.
         (
             "BRAIN_RATE_LIMIT_PER_SECOND".into(),
-            brain::quota::MAX_REQUESTS.to_string(),
+            engine::quota::MAX_REQUESTS.to_string(),
         ),
         (
             "SESSION_TOKEN_KEY".into(),
@@ -213,7 +213,7 @@ impl System {
             config.workers.queue_namespace = ns;
         }
         let redis =
-            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())?;
+            engine::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let state = AppState::new(config, store.clone(), redis).map_err(|e| anyhow!("{e}"))?;

@@ -4,7 +4,7 @@
 
 use scripted_provider::ScriptedProvider;
 
-use crate::config::Config;
+use engine::config::Config;
 
 /// Starts the demo model and rewrites `config` to use it.
 pub async fn start(config: &mut Config) -> std::io::Result<ScriptedProvider> {

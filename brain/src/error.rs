@@ -14,15 +14,15 @@ use protocol::{ErrorBody, ErrorCode, ErrorDetail, TurnId};
 use serde::de::DeserializeOwned;
 
 use crate::AppState;
-use crate::artifacts::{ArtifactError, SaveError};
-use crate::auth::AuthError;
-use crate::erasure::EraseError;
-use crate::intake::Overloaded;
-use crate::quota::Refusal;
 use crate::respond;
-use crate::sessions::SnapshotError;
-use crate::turn::TurnError;
-use crate::turn::stop::StopError;
+use engine::artifacts::{ArtifactError, SaveError};
+use engine::auth::AuthError;
+use engine::erasure::EraseError;
+use engine::intake::Overloaded;
+use engine::quota::Refusal;
+use engine::sessions::SnapshotError;
+use engine::turn::TurnError;
+use engine::turn::stop::StopError;
 use providers::ProviderError;
 use store::StoreError;
 
@@ -74,7 +74,7 @@ pub enum ApiError {
     /// This replica is draining (SIGTERM): it finishes its turns and starts none.
     #[error("this server is shutting down; retry the request")]
     ShuttingDown,
-    /// The queue of turn intakes is past its bound; nothing was written (`crate::intake`).
+    /// The queue of turn intakes is past its bound; nothing was written (`engine::intake`).
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
     /// This replica, or the team's share of it, is taking as many snapshot uploads as it
@@ -100,7 +100,7 @@ pub enum ApiError {
     /// The caller's request rate limit (its key's, its user's or its address's) is
     /// reached (issue 50).
     #[error("too many requests from these credentials or this address; retry after Retry-After")]
-    RateLimited(crate::ratelimit::Refusal),
+    RateLimited(engine::ratelimit::Refusal),
     /// The turn runs on another replica and Redis did not take the stop there (T8).
     #[error(
         "the turn runs on another replica and the stop could not be handed to it \

@@ -1,7 +1,7 @@
 //! `brain serve | migrate | admin create-team NAME`.
 
 use anyhow::Context;
-use brain::config::{Config, ProcessEnv};
+use engine::config::{Config, ProcessEnv};
 use store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -92,8 +92,9 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     )
     .await
     .context("connecting to Postgres (DATABASE_URL)")?;
-    let redis = brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
-        .context("REDIS_URL or REDIS_CLUSTER_URLS")?;
+    let redis =
+        engine::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+            .context("REDIS_URL or REDIS_CLUSTER_URLS")?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("binding BRAIN_ADDR {}", config.addr))?;

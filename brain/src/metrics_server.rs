@@ -1,7 +1,7 @@
 //! The `/metrics` listener (SPEC O2): a port of its own, apart from the API, so a scrape
 //! never competes with requests for the API's limits.
 
-use crate::metrics::Metrics;
+use engine::metrics::Metrics;
 
 /// Serves `GET /metrics` (and nothing else) on `listener` until `shutdown`.
 pub async fn serve(

@@ -8,9 +8,9 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use protocol::ui::{UI_STREAM_HEADER, UI_STREAM_VERSION};
 
-use crate::events::Observer;
-use crate::quota::RateLimitHeaders;
-use crate::turn::ui_stream::UiBody;
+use engine::events::Observer;
+use engine::quota::RateLimitHeaders;
+use engine::turn::ui_stream::UiBody;
 
 /// A turn's stream, with the `RateLimit` fields of its admission.
 pub fn ui_stream(mut turn: UiBody) -> Response {

@@ -41,8 +41,9 @@ pub use traces::Telemetry;
 
 /// The workspace's crates (as `tracing` targets, which start with the crate's name): their
 /// events pass the cap at every level.
-pub const OWN_TARGETS: [&str; 10] = [
+pub const OWN_TARGETS: [&str; 11] = [
     "brain",
+    "engine",
     "providers",
     "store",
     "domain",

@@ -2,7 +2,7 @@
 //! A2A stream events: the task first, an `artifact-update` per text delta of the reply,
 //! then a `status-update` with the state the turn ended in.
 //!
-//! The sources are Server-Sent Events bodies (`crate::sse` framing), read back here with
+//! The sources are Server-Sent Events bodies (`engine::sse` framing), read back here with
 //! [`Frames`]; a resumed stream's `reset-step` (D5) becomes an artifact update that
 //! replaces the reply with what it held before the step, so a client never keeps text the
 //! turn dropped.
@@ -213,7 +213,7 @@ impl Translator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sse;
+    use engine::sse;
 
     fn ids() -> (TurnId, ChatId) {
         (TurnId::new(), ChatId::new())

@@ -16,8 +16,8 @@ use futures_util::Stream;
 
 use super::events::Event;
 use super::translate::Translator;
-use crate::sse;
-use crate::turn::ui_stream::UiBody;
+use engine::sse;
+use engine::turn::ui_stream::UiBody;
 
 /// A run's response body.
 pub struct AguiBody {

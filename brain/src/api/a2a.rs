@@ -33,10 +33,10 @@ use crate::a2a::wire::{
     RpcRequest, RpcResponse, SendParams, StreamResponse, TaskParams, TaskState,
 };
 use crate::a2a::{card, push, task};
-use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::sse;
-use crate::turn::{Trigger, stop};
+use engine::auth::{Principal, Scope};
+use engine::sse;
+use engine::turn::{Trigger, stop};
 use store::{
     AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, TurnStatus, bounded,
 };
@@ -277,7 +277,7 @@ impl Call {
             .await
         {
             Ok(()) => Ok(row),
-            Err(crate::auth::AuthError::NotFound(_)) => Err(task_not_found()),
+            Err(engine::auth::AuthError::NotFound(_)) => Err(task_not_found()),
             Err(e) => Err(api(e.into())),
         }
     }
@@ -304,7 +304,7 @@ impl Call {
         let chat: ChatId = raw.parse().map_err(|_| unknown())?;
         if let Err(e) = self.principal.check_chat(&self.state.store, chat).await {
             return Err(match e {
-                crate::auth::AuthError::NotFound(_) => unknown(),
+                engine::auth::AuthError::NotFound(_) => unknown(),
                 other => api(other.into()),
             });
         }

@@ -10,10 +10,10 @@ use serde::Deserialize;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
-use crate::auth::Principal;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
+use engine::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
+use engine::auth::Principal;
 use store::{
     Action, AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
 };
@@ -131,14 +131,14 @@ pub struct PatchAgent {
     runtime_profile: Option<String>,
     /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first;
     /// `null` turns autostart off.
-    #[serde(default, deserialize_with = "crate::agents::present")]
+    #[serde(default, deserialize_with = "engine::agents::present")]
     #[schema(value_type = Option<String>)]
     autostart_cron: Option<Option<String>>,
     /// The message each autostart turn begins with (1 to 4000 characters).
     #[serde(default)]
     autostart_prompt: Option<String>,
     /// The IANA time zone the cron is read in; `null` is UTC.
-    #[serde(default, deserialize_with = "crate::agents::present")]
+    #[serde(default, deserialize_with = "engine::agents::present")]
     #[schema(value_type = Option<String>)]
     autostart_timezone: Option<Option<String>>,
     /// Replaces the agent's approval policy (A2) as a whole.

@@ -26,10 +26,10 @@ use super::chats::{self, PostMessage, Posted};
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::agui::{AguiBody, EVENT_TYPES, Interrupt, Translator, refused};
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::turn::Trigger;
 use domain::approvals::validate_reason;
+use engine::auth::Principal;
+use engine::turn::Trigger;
 use protocol::{AgentId, ChatId};
 use store::{Answer, bounded};
 

@@ -11,10 +11,10 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::turn::{self, Trigger, TurnError};
 use domain::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
+use engine::auth::Principal;
+use engine::turn::{self, Trigger, TurnError};
 use store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 
 #[derive(Serialize, utoipa::ToSchema)]

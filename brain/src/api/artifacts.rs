@@ -1,6 +1,6 @@
 //! `GET /v1/artifacts/{id}` (the bytes) and `GET /v1/artifacts/{id}/meta` (the row).
 //!
-//! Artifacts are created by the brain itself (`crate::artifacts::save_artifact`, called by
+//! Artifacts are created by the brain itself (`engine::artifacts::save_artifact`, called by
 //! the worker's upload tool and the browser screenshot), never uploaded through this API.
 //! A download is streamed from the backend, to the owning team only; another team's id
 //! and a malformed id are both `404`. The response always says `attachment` with a
@@ -19,9 +19,9 @@ use uuid::Uuid;
 
 use super::parse_id;
 use crate::AppState;
-use crate::artifacts::ArtifactError;
-use crate::auth::Principal;
 use crate::error::ApiError;
+use engine::artifacts::ArtifactError;
+use engine::auth::Principal;
 use store::{ArtifactRow, StoreError};
 
 /// The artifact, if the principal may see it: its team's, and for a user token without

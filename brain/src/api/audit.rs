@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::QueryParams;
 use super::paging::{self, KeysetKey};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
+use engine::auth::Principal;
 use protocol::ErrorBody;
 use store::{AuditEntry, AuditFilter, bounded};
 

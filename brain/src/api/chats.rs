@@ -2,7 +2,7 @@
 //! starts a turn streamed to its client, or in the background (D1), answered `202`.
 //!
 //! A chat records the JWT user who opened it; a user token without the admin claim sees
-//! only its user's chats (`crate::auth`), every other one is `404` like another team's.
+//! only its user's chats (`engine::auth`), every other one is `404` like another team's.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -20,12 +20,12 @@ use super::openapi::UiStreamEvent;
 use super::paging::{KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
-use crate::agents::BusyPolicy;
-use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::respond;
-use crate::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
 use domain::approvals::validate_reason;
+use engine::agents::BusyPolicy;
+use engine::auth::{Principal, Scope};
+use engine::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
 use store::Answer;

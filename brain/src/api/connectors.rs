@@ -23,11 +23,11 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::address;
-use crate::auth::Principal;
-use crate::connectors::{ConnectorConfig, authorization, credentials};
 use crate::error::ApiError;
 use domain::approvals::{self, RiskClass};
+use engine::address;
+use engine::auth::Principal;
+use engine::connectors::{ConnectorConfig, authorization, credentials};
 use store::{
     AuthorizationCounts, ConnectorRow, ConnectorTarget, NewConnector, StoreError, bounded,
 };

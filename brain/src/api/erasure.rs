@@ -1,5 +1,5 @@
 //! `DELETE /v1/chats/{id}` and `DELETE /v1/agents/{id}` (L2): erasure that takes
-//! everything of the chat or the agent, wherever it lives (`crate::erasure`), before it
+//! everything of the chat or the agent, wherever it lives (`engine::erasure`), before it
 //! answers `204`. A team is erased by the operator (`api/teams.rs`), in the background.
 
 use axum::extract::{Path, State};
@@ -8,10 +8,10 @@ use protocol::ErrorBody;
 
 use super::{ClientAddr, parse_id};
 use crate::AppState;
-use crate::auth::Principal;
-use crate::erasure;
 use crate::error::ApiError;
-use crate::quota::check_user_id;
+use engine::auth::Principal;
+use engine::erasure;
+use engine::quota::check_user_id;
 
 #[utoipa::path(
     delete,

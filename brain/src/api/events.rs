@@ -1,4 +1,4 @@
-//! `GET /v1/chats/{id}/events`: the chat's events stream (SPEC S2), what `crate::events`
+//! `GET /v1/chats/{id}/events`: the chat's events stream (SPEC S2), what `engine::events`
 //! publishes, with `Last-Event-ID` replay; and `GET /v1/chats/{id}/stream`, the running
 //! turn's own stream resumed from its start (what `useChat({ resume: true })` asks for).
 //! Both are observer streams: capped per principal and per replica, and ended when the
@@ -17,10 +17,11 @@ use serde::Deserialize;
 use super::openapi::UiStreamEvent;
 use super::{QueryParams, parse_id};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::events::{EventId, EventsError, Resumed, TurnStream, Viewer};
-use crate::{respond, sse};
+use crate::respond;
+use engine::auth::Principal;
+use engine::events::{EventId, EventsError, Resumed, TurnStream, Viewer};
+use engine::sse;
 use protocol::{ChatId, TeamId};
 use store::{Store, StoreError, TurnState, TurnStatus};
 

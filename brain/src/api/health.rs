@@ -79,7 +79,7 @@ pub struct ReadinessCheck {
 }
 
 struct Inner {
-    redis: crate::redis::Shared,
+    redis: engine::redis::Shared,
     /// When the last check was made and what it found; held while a check runs, so
     /// probes arriving meanwhile take its answer rather than checking again.
     last: tokio::sync::Mutex<Option<(Instant, bool, bool)>>,
@@ -87,10 +87,10 @@ struct Inner {
 
 impl ReadinessCheck {
     /// Does no I/O.
-    pub fn new(redis: crate::redis::Client) -> Self {
+    pub fn new(redis: engine::redis::Client) -> Self {
         Self {
             inner: Arc::new(Inner {
-                redis: crate::redis::Shared::new(redis, BOUND),
+                redis: engine::redis::Shared::new(redis, BOUND),
                 last: tokio::sync::Mutex::new(None),
             }),
         }
@@ -106,7 +106,7 @@ impl ReadinessCheck {
         }
         let (postgres, redis) = tokio::join!(
             tokio::time::timeout(BOUND, store.ping()),
-            crate::redis::bounded(BOUND, async {
+            engine::redis::bounded(BOUND, async {
                 let mut conn = self.inner.redis.get().await?;
                 redis::cmd("PING").query_async::<String>(&mut conn).await
             }),

@@ -12,9 +12,9 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::address;
-use crate::auth::Principal;
 use crate::error::ApiError;
+use engine::address;
+use engine::auth::Principal;
 use store::{IssuerRow, StoreError, bounded};
 
 const ISSUERS_CURSOR: &str = "is1:";

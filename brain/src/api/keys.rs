@@ -2,7 +2,7 @@
 //!
 //! The secret is shown once, in the answer to its creation; the list shows a prefix to
 //! tell keys apart. A revoked key stops working on every replica within a second
-//! (`crate::auth::keys`).
+//! (`engine::auth::keys`).
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -14,9 +14,9 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
-use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
+use engine::auth::keys::{MAX_KEYS_PER_TEAM, validate_name};
+use engine::auth::{Principal, Scope};
 use protocol::ErrorBody;
 use store::{KeyRow, StoreError, bounded};
 

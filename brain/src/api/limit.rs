@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 
 use super::{ClientAddr, MAX_BEARER};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::ratelimit::Subject;
+use engine::auth::Principal;
+use engine::ratelimit::Subject;
 
 /// The middleware: takes one request from the caller's bucket, or refuses it
 /// `429 rate_limited`. Redis not answering lets the request through (`ratelimit.rs`).

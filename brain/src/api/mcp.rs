@@ -35,12 +35,12 @@ use tokio::sync::mpsc;
 use super::JsonBody;
 use super::chats::{self, PlainMessage, PostMessage, Posted};
 use crate::AppState;
-use crate::auth::{Principal, Standing};
 use crate::error::ApiError;
 use crate::mcp_server::rpc::{self, Incoming, RequestId};
 use crate::mcp_server::{self, InFlight, PROTOCOL_VERSIONS, Tool};
-use crate::turn::stop;
-use crate::turn::ui_stream::UiBody;
+use engine::auth::{Principal, Standing};
+use engine::turn::stop;
+use engine::turn::ui_stream::UiBody;
 use store::{StoreError, bounded};
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -443,7 +443,9 @@ impl Events {
     async fn send(&self, message: Value) {
         if let Self::Stream { tx, .. } = self {
             // A client that left is noticed by `gone`.
-            let _ = tx.send(crate::sse::event(None, &message.to_string())).await;
+            let _ = tx
+                .send(engine::sse::event(None, &message.to_string()))
+                .await;
         }
     }
 
@@ -460,7 +462,7 @@ impl Events {
             "notifications/progress",
             json!({"progressToken": token, "progress": *sent, "message": message}),
         );
-        let _ = tx.send(crate::sse::event(None, &note.to_string())).await;
+        let _ = tx.send(engine::sse::event(None, &note.to_string())).await;
     }
 
     /// Ready when the client closed the call's stream.
@@ -481,7 +483,7 @@ impl Events {
 
     async fn keep_alive(&self) {
         if let Self::Stream { tx, .. } = self {
-            let _ = tx.send(crate::sse::keep_alive()).await;
+            let _ = tx.send(engine::sse::keep_alive()).await;
         }
     }
 }

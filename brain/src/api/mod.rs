@@ -43,8 +43,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::{ApiError, JsonBody};
+use engine::auth::Principal;
 pub use health::ReadinessCheck;
 
 pub fn router(state: AppState) -> Router {
@@ -74,7 +74,7 @@ pub fn router(state: AppState) -> Router {
 /// `brain_http_requests_total{route,status}`: the route is the matched path template
 /// (`/v1/chats/{chat_id}/messages`), never the path itself, which holds ids (X4).
 async fn count_response(
-    axum::extract::State(metrics): axum::extract::State<crate::metrics::Metrics>,
+    axum::extract::State(metrics): axum::extract::State<engine::metrics::Metrics>,
     request: Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -157,7 +157,7 @@ fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// The authenticated caller of a `/v1` request (`Authorization: Bearer <API key or JWT>`);
-/// what it may do is decided in `crate::auth`.
+/// what it may do is decided in `engine::auth`.
 impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 

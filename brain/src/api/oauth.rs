@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{ClientAddr, QueryParams, parse_id};
 use crate::AppState;
-use crate::auth::Principal;
-use crate::connectors::authorization::{self, Bound, Finished, FlowError};
 use crate::error::ApiError;
+use engine::auth::Principal;
+use engine::connectors::authorization::{self, Bound, Finished, FlowError};
 use store::GrantOwner;
 
 /// The longest user id a grant is kept for (the column's check).

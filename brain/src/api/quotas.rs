@@ -9,10 +9,10 @@ use serde::Serialize;
 
 use super::{ClientAddr, JsonBody};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::quota::{Limits, RequestLimit};
-use crate::quota::{
+use engine::auth::Principal;
+use engine::quota::{Limits, RequestLimit};
+use engine::quota::{
     LimitsUpdate, Periods, QuotaUpdate, TeamSettings, UpdateError, Used, UserLimits, check_user_id,
 };
 use protocol::{ErrorBody, TeamId};

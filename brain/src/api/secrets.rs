@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::tools::secrets::{MAX_VALUE_BYTES, valid_name};
+use engine::auth::Principal;
+use engine::tools::secrets::{MAX_VALUE_BYTES, valid_name};
 use store::{SecretInfo, SecretsError, StoreError, bounded};
 
 /// Secrets per team.

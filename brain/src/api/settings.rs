@@ -1,5 +1,5 @@
 //! `GET /v1/team/settings`, `PUT /v1/team/settings`: the team's own settings; today its
-//! retention (L6), kept by `crate::retention`.
+//! retention (L6), kept by `engine::retention`.
 
 use axum::Json;
 use axum::extract::State;
@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::JsonBody;
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
+use engine::auth::Principal;
 use store::bounded;
 
 /// The longest retention, in days (100 years).

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use super::paging::{self, PageParams};
 use super::{ClientAddr, JsonBody, MAX_BEARER, QueryParams, parse_id};
 use crate::AppState;
-use crate::erasure;
 use crate::error::ApiError;
-use crate::usage::usage_query;
+use engine::erasure;
+use engine::usage::usage_query;
 use store::{
     Actor, CreatedTeam, TeamChange, TeamErasure, TeamRow, TeamStatus, UsageSums, Within, bounded,
 };

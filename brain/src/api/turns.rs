@@ -1,7 +1,7 @@
 //! `GET /v1/turns/{id}`, `GET /v1/chats/{id}/turns` (D1): where a turn is, however it was
 //! started; `POST /v1/turns/{id}/stop`, `POST /v1/chats/{id}/stop` (SPEC T8): stop a
 //! running turn from any client on any replica, exactly as a hang-up stops it
-//! (`crate::turn::stop`), or withdraw a queued one (T13).
+//! (`engine::turn::stop`), or withdraw a queued one (T13).
 //!
 //! Either key scope may read or stop a turn (a `chat` key runs turns, of its chat only); a
 //! user token without the admin claim only its own chats' turns: another user's is `404`,
@@ -16,9 +16,9 @@ use serde::Serialize;
 use super::paging::{self, PageParams};
 use super::{QueryParams, parse_id};
 use crate::AppState;
-use crate::auth::{AuthError, Principal};
 use crate::error::ApiError;
-use crate::turn::stop::{self, StopAnswer};
+use engine::auth::{AuthError, Principal};
+use engine::turn::stop::{self, StopAnswer};
 use store::{StoreError, TurnRow, bounded};
 
 #[utoipa::path(

@@ -6,9 +6,9 @@ use serde::Deserialize;
 
 use super::{QueryParams, paging};
 use crate::AppState;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::usage::usage_query;
+use engine::auth::Principal;
+use engine::usage::usage_query;
 use protocol::ErrorBody;
 use store::{UsageReport, bounded};
 

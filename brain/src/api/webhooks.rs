@@ -14,10 +14,10 @@ use uuid::Uuid;
 use super::paging::{self, KeysetKey, PageParams};
 use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
-use crate::address;
-use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::webhooks::sign;
+use engine::address;
+use engine::auth::Principal;
+use engine::webhooks::sign;
 use store::webhooks::{DeliveryRow, WebhookEvent, WebhookRow};
 use store::{SecretsError, StoreError, bounded};
 

@@ -7,8 +7,8 @@ use protocol::TeamId;
 use serde::Serialize;
 
 use crate::AppState;
-use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
+use engine::auth::{Principal, Scope};
 use store::bounded;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -1,7 +1,7 @@
 //! The routes workers call (SPEC W3, W10): the channel's WebSocket upgrade and the
 //! workspace snapshot's upload, skip and download. They authenticate with the worker's
 //! session token (the upgrade also with a pool token), never a team key; what follows is
-//! `crate::sessions`' (`connect.rs`, `snapshot.rs`).
+//! `engine::sessions`' (`connect.rs`, `snapshot.rs`).
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -14,7 +14,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::AppState;
 use crate::error::{ApiError, JsonBody};
-use crate::sessions::{Restore, SNAPSHOT_CONTENT_TYPE, Upload};
+use engine::sessions::{Restore, SNAPSHOT_CONTENT_TYPE, Upload};
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
@@ -128,7 +128,7 @@ pub async fn put_snapshot(
         unpacked,
         announced,
     };
-    crate::sessions::store_upload(&state, &claims, upload, body.into_data_stream()).await?;
+    engine::sessions::store_upload(&state, &claims, upload, body.into_data_stream()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -154,7 +154,7 @@ pub async fn snapshot_skipped(
     JsonBody(skipped): JsonBody<SnapshotSkipped>,
 ) -> Result<StatusCode, ApiError> {
     let claims = claims(&state, &headers)?;
-    crate::sessions::record_skip(&state, &claims, skipped).await?;
+    engine::sessions::record_skip(&state, &claims, skipped).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -182,7 +182,7 @@ pub async fn get_snapshot(
     let Some(Restore {
         body,
         unpacked_bytes,
-    }) = crate::sessions::restorable(&state, &claims).await?
+    }) = engine::sessions::restorable(&state, &claims).await?
     else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };

@@ -17,10 +17,10 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use brain::connectors::ConnectorConfig;
-use brain::connectors::credentials::Resolved;
-use brain::connectors::oauth::{self, ClientOptions, Grant, PreRegistered};
-use brain::connectors::session::{self, ConnectError, Session};
+use engine::connectors::ConnectorConfig;
+use engine::connectors::credentials::Resolved;
+use engine::connectors::oauth::{self, ClientOptions, Grant, PreRegistered};
+use engine::connectors::session::{self, ConnectError, Session};
 use rmcp::model::{CallToolRequestParams, Tool};
 use serde_json::{Map, Value};
 use store::{ConnectorRow, ConnectorTarget};

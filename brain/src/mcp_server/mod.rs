@@ -24,7 +24,7 @@ use std::time::Instant;
 use protocol::AgentId;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::McpSessionLimits;
+use engine::config::McpSessionLimits;
 use rpc::RequestId;
 use store::AgentRow;
 

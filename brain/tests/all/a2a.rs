@@ -484,7 +484,7 @@ async fn a_team_over_quota_is_refused_with_a_jsonrpc_error() {
 }
 
 /// Push configs' tokens and credentials are sealed under the secrets key (0034).
-fn keyed(c: &mut brain::config::Config) {
+fn keyed(c: &mut engine::config::Config) {
     c.secrets_key = Some(store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
 }
 
@@ -582,7 +582,7 @@ async fn push_configs_are_kept_per_task_and_bad_requests_get_jsonrpc_errors() {
 
 /// A secrets key, loopback receivers allowed and quick polls: push notifications go
 /// through the webhooks outbox (P4), unsigned, their credentials sealed under the key.
-fn pushes(c: &mut brain::config::Config) {
+fn pushes(c: &mut engine::config::Config) {
     keyed(c);
     c.webhooks.allow_private_networks = true;
     c.webhooks.poll = Duration::from_millis(50);

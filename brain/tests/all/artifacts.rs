@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use crate::common::TestApp;
 use crate::common::error_code;
-use brain::artifacts::{
-    ArtifactError, ArtifactOwner, ArtifactStore, LocalDirStore, S3Store, SaveError, save_artifact,
-};
-use brain::config::{ArtifactBackend, S3Config, S3Credentials};
 use brain::error::ApiError;
 use bytes::Bytes;
+use engine::artifacts::{
+    ArtifactError, ArtifactOwner, ArtifactStore, LocalDirStore, S3Store, SaveError, save_artifact,
+};
+use engine::config::{ArtifactBackend, S3Config, S3Credentials};
 use protocol::{AgentId, ChatId, ErrorCode};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -391,7 +391,7 @@ impl Drop for S3sFs {
 
 /// A body of `len` bytes of [`payload`] in pieces of `piece` bytes, failing after
 /// `fail_after` pieces when given.
-fn pieces(len: usize, piece: usize, fail_after: Option<usize>) -> brain::artifacts::ByteStream {
+fn pieces(len: usize, piece: usize, fail_after: Option<usize>) -> engine::artifacts::ByteStream {
     let all = payload(len);
     let items: Vec<_> = (0..len)
         .step_by(piece)

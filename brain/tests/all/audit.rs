@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use brain::config::Config;
+use engine::config::Config;
 use reqwest::Method;
 use serde_json::{Value, json};
 use store::SecretsKey;

@@ -573,7 +573,7 @@ pub(crate) mod jwt {
             ("BRAIN_JWT_AUDIENCE", AUDIENCE),
         ];
         all.extend_from_slice(vars);
-        let config = brain::auth::JwtConfig::from_env(&envcfg::vars(&all))
+        let config = engine::auth::JwtConfig::from_env(&envcfg::vars(&all))
             .unwrap()
             .unwrap();
         TestApp::start_with(move |c| c.jwt = Some(config)).await
@@ -1430,8 +1430,8 @@ async fn a_user_tokens_events_stream_ends_at_its_expiry() {
 }
 
 /// The operator's token for the tests that disable a team (L1).
-pub(crate) fn operator_token() -> brain::auth::OperatorToken {
-    brain::auth::OperatorToken::from_env(&envcfg::vars(&[(
+pub(crate) fn operator_token() -> engine::auth::OperatorToken {
+    engine::auth::OperatorToken::from_env(&envcfg::vars(&[(
         "BRAIN_OPERATOR_TOKEN",
         crate::teams::OPERATOR,
     )]))

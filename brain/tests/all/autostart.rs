@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::common::{TestApp, read_stream};
-use brain::config::Config;
+use engine::config::Config;
 use scripted_provider::Reply;
 use serde_json::{Value, json};
 

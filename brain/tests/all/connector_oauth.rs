@@ -87,11 +87,11 @@ pub(crate) async fn world() -> World {
     world_with(|_| {}).await
 }
 
-async fn world_with(tweak: impl FnOnce(&mut brain::config::Config)) -> World {
+async fn world_with(tweak: impl FnOnce(&mut engine::config::Config)) -> World {
     let everything = HttpServer::everything();
     let auth = AuthServer::start().await;
     let resource = ResourceServer::start(&auth, everything.url()).await;
-    let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let jwt = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", JWT_ISSUER),
         ("BRAIN_JWT_AUDIENCE", JWT_AUDIENCE),
         ("BRAIN_JWT_HS256_SECRET", JWT_SECRET),
@@ -909,8 +909,8 @@ async fn authorize_refuses_what_it_cannot_do() {
 /// a bare transport failure.
 #[tokio::test]
 async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
-    use brain::connectors::authorization::OAuth;
-    use brain::tools::ToolCtx;
+    use engine::connectors::authorization::OAuth;
+    use engine::tools::ToolCtx;
     let w = world().await;
     let (code, started) = w.authorize(&w.app.key).await;
     assert_eq!(code, 200, "{started}");
@@ -926,14 +926,14 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         .clone()
         .with_secrets_key(Some(SecretsKey::parse(SECRETS_KEY).unwrap()));
     let oauth = OAuth::new(
-        &brain::config::OAuthConfig {
+        &engine::config::OAuthConfig {
             public_url: w.app.url.clone(),
             clients: Default::default(),
         },
         true,
     )
     .unwrap();
-    let config = brain::config::ConnectorConfig {
+    let config = engine::config::ConnectorConfig {
         allow_stdio: false,
         allow_private_networks: true,
         startup_timeout: Duration::from_secs(10),
@@ -941,17 +941,17 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
     };
     let agent: protocol::AgentId = w.agent.parse().unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();
-    let (tools, statuses) = brain::connectors::connector_tools(
+    let (tools, statuses) = engine::connectors::connector_tools(
         &keyed,
         &config,
         &oauth,
         w.app.team,
         agent,
-        brain::connectors::Requester {
+        engine::connectors::Requester {
             user: None,
             admin: true,
             actor: "key:test",
-            answerer: brain::connectors::Answerer::Nobody,
+            answerer: engine::connectors::Answerer::Nobody,
         },
         &cancel,
     )
@@ -969,8 +969,8 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
         turn: protocol::TurnId::new(),
         call_id: "call".into(),
         ui: None,
-        authority: brain::auth::Authority {
-            scope: brain::auth::Scope::Chat,
+        authority: engine::auth::Authority {
+            scope: engine::auth::Scope::Chat,
             actor: "test".into(),
         },
         cancel,
@@ -996,7 +996,7 @@ async fn events_text(chat: &str) -> String {
     .await
     .unwrap();
     let entries: redis::Value = redis::cmd("XRANGE")
-        .arg(brain::events::stream_key(chat.parse().unwrap()))
+        .arg(engine::events::stream_key(chat.parse().unwrap()))
         .arg("-")
         .arg("+")
         .query_async(&mut redis)

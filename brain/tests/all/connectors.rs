@@ -13,20 +13,20 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brain::config::ConnectorConfig;
-use brain::connectors::authorization::OAuth;
-use brain::connectors::{ConnectorState, ConnectorStatus, Requester, connector_tools};
+use engine::config::ConnectorConfig;
+use engine::connectors::authorization::OAuth;
+use engine::connectors::{ConnectorState, ConnectorStatus, Requester, connector_tools};
 
 /// A turn of an admin key: its chats have no user, and it may authorize the connector.
 const ADMIN_KEY: Requester<'static> = Requester {
     user: None,
     admin: true,
     actor: "key:test",
-    answerer: brain::connectors::Answerer::Nobody,
+    answerer: engine::connectors::Answerer::Nobody,
 };
 use crate::common::mcp::{HttpServer, everything_js, free_port, installed, mcp_dir};
 use crate::common::{TestApp, read_stream};
-use brain::tools::{Tool, ToolCtx, ToolOutput};
+use engine::tools::{Tool, ToolCtx, ToolOutput};
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TurnId};
 use scripted_provider::{Reply, ToolCall};
@@ -96,7 +96,7 @@ async fn add(app: &TestApp, agent: Option<AgentId>, name: &str, target: Connecto
 
 /// Connector OAuth as a brain without `BRAIN_SECRETS_KEY` has it: no grant is ever found.
 fn oauth() -> OAuth {
-    let config = brain::config::OAuthConfig {
+    let config = engine::config::OAuthConfig {
         public_url: "http://127.0.0.1:8080".into(),
         clients: Default::default(),
     };
@@ -126,8 +126,8 @@ fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
         turn: TurnId::new(),
         call_id: "call".into(),
         ui: None,
-        authority: brain::auth::Authority {
-            scope: brain::auth::Scope::Chat,
+        authority: engine::auth::Authority {
+            scope: engine::auth::Scope::Chat,
             actor: "test".into(),
         },
         cancel: CancellationToken::new(),

@@ -13,9 +13,9 @@ use std::process::Command;
 
 use crate::common::TestApp;
 use crate::common::manager::TempDir;
-use brain::artifacts::{ArtifactOwner, LocalDirStore, save_artifact};
-use brain::config::ArtifactBackend;
 use bytes::Bytes;
+use engine::artifacts::{ArtifactOwner, LocalDirStore, save_artifact};
+use engine::config::ArtifactBackend;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -280,7 +280,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .put_flow(&owner, &state, &json!({}), bounds, &operator, None)
         .await
         .unwrap();
-    let flow = brain::connectors::authorization::handle_of_state(&state);
+    let flow = engine::connectors::authorization::handle_of_state(&state);
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::mcp::everything_js;
 use crate::common::{PROMPTLY, TestApp, error_code, read_stream};
-use brain::config::Config;
+use engine::config::Config;
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
@@ -431,7 +431,7 @@ async fn another_users_question_cannot_be_answered() {
     const ISSUER: &str = "https://issuer.test";
     const AUDIENCE: &str = "brain";
     const SECRET: &str = "elicitation-test-secret-elicitation-test";
-    let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let jwt = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", ISSUER),
         ("BRAIN_JWT_AUDIENCE", AUDIENCE),
         ("BRAIN_JWT_HS256_SECRET", SECRET),

@@ -292,21 +292,21 @@ async fn an_erased_chats_bytes_leave_the_s3_bucket() {
     let server = S3sFs::start();
     let s3 = server.config(SECRET_KEY);
     let app = TestApp::start_with(|c| {
-        c.artifacts.backend = brain::config::ArtifactBackend::S3(s3.clone());
+        c.artifacts.backend = engine::config::ArtifactBackend::S3(s3.clone());
     })
     .await;
     let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let kept = app.new_chat(&agent).await;
-    let backend = brain::artifacts::S3Store::new(&s3);
+    let backend = engine::artifacts::S3Store::new(&s3);
     let mut keys = Vec::new();
     for on in [&chat, &kept] {
-        let owner = brain::artifacts::ArtifactOwner {
+        let owner = engine::artifacts::ArtifactOwner {
             team: app.team,
             agent: protocol::AgentId(agent.parse().unwrap()),
             chat: Some(protocol::ChatId(on.parse().unwrap())),
             turn: None,
         };
-        let row = brain::artifacts::save_artifact(
+        let row = engine::artifacts::save_artifact(
             &app.store,
             &backend,
             1 << 20,
@@ -344,7 +344,7 @@ async fn an_erased_chats_bytes_leave_the_s3_bucket() {
 #[tokio::test]
 async fn a_chat_is_erased_by_an_admin_or_the_user_who_opened_it() {
     const SECRET: &str = "a-test-only-hs256-secret-of-at-least-32-bytes";
-    let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let jwt = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", "https://id.test.example"),
         ("BRAIN_JWT_AUDIENCE", "agent-runtime"),
         ("BRAIN_JWT_HS256_SECRET", SECRET),

@@ -257,7 +257,7 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let mut redis = redis().await;
-    let key = brain::events::stream_key(chat.parse().unwrap());
+    let key = engine::events::stream_key(chat.parse().unwrap());
     let len: u64 = redis::cmd("XLEN")
         .arg(&key)
         .query_async(&mut redis)
@@ -296,7 +296,7 @@ async fn a_turns_chunks_share_entries_and_a_reconnect_resumes_inside_one() {
 
     let mut redis = redis().await;
     let entries: usize = redis::cmd("XLEN")
-        .arg(brain::events::stream_key(chat.parse().unwrap()))
+        .arg(engine::events::stream_key(chat.parse().unwrap()))
         .query_async(&mut redis)
         .await
         .unwrap();
@@ -353,7 +353,7 @@ async fn an_id_that_fell_out_of_the_window_gets_a_resync() {
 
     let mut redis = redis().await;
     let len: u64 = redis::cmd("XLEN")
-        .arg(brain::events::stream_key(chat.parse().unwrap()))
+        .arg(engine::events::stream_key(chat.parse().unwrap()))
         .query_async(&mut redis)
         .await
         .unwrap();

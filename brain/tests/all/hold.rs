@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use brain::hold::{Acquired, HoldConfig, HoldGuard, Holds};
-use brain::metrics::Metrics;
+use engine::hold::{Acquired, HoldConfig, HoldGuard, Holds};
+use engine::metrics::Metrics;
 use protocol::{AgentId, TeamId, TurnId};
 
 /// The team of every hold here: each test takes holds of agents of its own, and the key
@@ -23,7 +23,7 @@ fn redis_url() -> String {
 
 fn holds_at(url: &str, config: HoldConfig) -> (Holds, Metrics) {
     let metrics = Metrics::new(false).unwrap();
-    let client = brain::redis::Client::open(url, None).unwrap();
+    let client = engine::redis::Client::open(url, None).unwrap();
     (
         Holds::new(client, protocol::ReplicaId::new(), config, metrics.clone()),
         metrics,

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{TestApp, read_stream};
-use brain::config::Config;
+use engine::config::Config;
 use protocol::ui::{FinishReason, UiChunk};
 use serde_json::json;
 use store::NewAgent;

@@ -68,7 +68,7 @@ async fn a_team_issuers_tokens_are_that_teams_only_until_it_is_deleted() {
     let jwks =
         jwt::JwksServer::start(vec![jwt::jwk(&jwt::rsa1(), Algorithm::RS256, "team-a-1")]).await;
     // The deployment has an issuer of its own too, which stays trusted for every team.
-    let deployment = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let deployment = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
         ("BRAIN_JWT_AUDIENCE", jwt::AUDIENCE),
         (

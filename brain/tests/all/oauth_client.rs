@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use brain::connectors::oauth::{self, ClientOptions, Http, PendingFlow, PreRegistered};
+use engine::connectors::oauth::{self, ClientOptions, Http, PendingFlow, PreRegistered};
 use serde_json::Value;
 
 struct AuthServer {

@@ -18,7 +18,7 @@ use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
 
 /// Small windows, so a turn's reservation is a few hundred tokens.
-fn small_context(c: &mut brain::config::Config) {
+fn small_context(c: &mut engine::config::Config) {
     c.context_tokens = 100;
     c.max_output_tokens = 50;
 }
@@ -490,11 +490,11 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
     .execute(app.store.pool())
     .await
     .unwrap();
-    let limits = brain::quota::Limits {
+    let limits = engine::quota::Limits {
         worker_seconds_per_day: Some(50),
         ..Default::default()
     };
-    let checker = brain::quota::Quotas::new(app.store.clone(), limits);
+    let checker = engine::quota::Quotas::new(app.store.clone(), limits);
     let refusal = checker
         .admit_session(app.team, None)
         .await
@@ -513,9 +513,9 @@ mod settle {
 
     use std::time::Duration;
 
-    use brain::hold::{Admitted, Billed, HoldConfig, HoldGuard, Holds, TurnAdmission};
-    use brain::metrics::Metrics;
-    use brain::quota::{Limits, Periods, Quotas};
+    use engine::hold::{Admitted, Billed, HoldConfig, HoldGuard, Holds, TurnAdmission};
+    use engine::metrics::Metrics;
+    use engine::quota::{Limits, Periods, Quotas};
     use protocol::{AgentId, TeamId, TurnId};
     use redis::AsyncCommands;
     use store::Store;
@@ -544,7 +544,7 @@ mod settle {
             Self {
                 quotas: Quotas::new(store.clone(), budget),
                 holds: Holds::new(
-                    brain::redis::Client::Node(Box::new(client)),
+                    engine::redis::Client::Node(Box::new(client)),
                     protocol::ReplicaId::new(),
                     config,
                     Metrics::new(false).unwrap(),

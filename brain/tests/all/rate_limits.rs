@@ -14,8 +14,8 @@ use crate::auth::jwt;
 use crate::common::{TestApp, error_code};
 use crate::faults::host_port;
 
-fn limit(per_second: u64, burst: u64) -> Option<brain::quota::RequestLimit> {
-    Some(brain::quota::RequestLimit { per_second, burst })
+fn limit(per_second: u64, burst: u64) -> Option<engine::quota::RequestLimit> {
+    Some(engine::quota::RequestLimit { per_second, burst })
 }
 
 async fn put_requests(app: &TestApp, per_second: u64, burst: u64) {
@@ -107,7 +107,7 @@ async fn each_key_has_its_teams_request_rate_shared_by_every_replica() {
 #[tokio::test]
 async fn each_token_user_and_each_unauthenticated_address_has_its_own_bucket() {
     let secret = "an-explicit-hs256-secret-of-32-bytes-or-more";
-    let jwt_config = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let jwt_config = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
         ("BRAIN_JWT_AUDIENCE", jwt::AUDIENCE),
         ("BRAIN_JWT_HS256_SECRET", secret),

@@ -118,7 +118,7 @@ async fn an_admins_answer_lends_the_continuation_nothing() {
 }
 
 /// Per-second cadences allowed, polled often, so a test sees ticks in seconds.
-fn fast(c: &mut brain::config::Config) {
+fn fast(c: &mut engine::config::Config) {
     c.autostart.min_interval_secs = 1;
     c.autostart.poll = Duration::from_millis(50);
 }
@@ -431,7 +431,7 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
 /// A brain taking EdDSA user tokens signed with the fixture key.
 async fn app_with_users() -> TestApp {
     use crate::auth::jwt;
-    let config = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let config = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
         ("BRAIN_JWT_AUDIENCE", jwt::AUDIENCE),
         (

@@ -392,7 +392,7 @@ async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
         "UPDATE turns SET takeovers = $1 WHERE id = \
          (SELECT turn_id FROM messages WHERE client_message_id = 'm-poison')",
     )
-    .bind(brain::turn::MAX_TAKEOVERS)
+    .bind(engine::turn::MAX_TAKEOVERS)
     .execute(app.store.pool())
     .await
     .unwrap();

@@ -17,8 +17,8 @@ use crate::common::replies::text;
 use crate::common::{TestApp, read_stream};
 
 /// A brain taking EdDSA tokens signed with the fixture key, with `tweak` applied.
-async fn app_with(tweak: impl FnOnce(&mut brain::config::Config) + Send + 'static) -> TestApp {
-    let config = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+async fn app_with(tweak: impl FnOnce(&mut engine::config::Config) + Send + 'static) -> TestApp {
+    let config = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
         ("BRAIN_JWT_AUDIENCE", jwt::AUDIENCE),
         (

@@ -82,7 +82,7 @@ async fn a_user_chats_in_a_real_browser() {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     // Frontend tokens of an issuer of the test's own (HS256: the test signs them).
-    let jwt = brain::auth::JwtConfig::from_env(&envcfg::vars(&[
+    let jwt = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", ISSUER),
         ("BRAIN_JWT_AUDIENCE", AUDIENCE),
         ("BRAIN_JWT_HS256_SECRET", JWT_SECRET),

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use brain::config::Config;
+use engine::config::Config;
 use serde_json::{Value, json};
 use store::SecretsKey;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};

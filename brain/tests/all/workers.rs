@@ -40,7 +40,7 @@ impl Drop for Manager {
 /// A brain whose queue namespace is its own, and a runtime-manager serving it.
 pub(crate) async fn system(
     idle_window_ms: u64,
-    tweak: impl FnOnce(&mut brain::config::Config),
+    tweak: impl FnOnce(&mut engine::config::Config),
 ) -> (TestApp, Manager) {
     system_with_profiles(idle_window_ms, None, tweak).await
 }
@@ -49,7 +49,7 @@ pub(crate) async fn system(
 async fn system_with_profiles(
     idle_window_ms: u64,
     profiles: Option<Value>,
-    tweak: impl FnOnce(&mut brain::config::Config),
+    tweak: impl FnOnce(&mut engine::config::Config),
 ) -> (TestApp, Manager) {
     let idle_window = idle_window_ms.to_string();
     system_with(
@@ -64,7 +64,7 @@ async fn system_with_profiles(
 async fn system_with(
     profiles: Option<Value>,
     env: &[(&str, &str)],
-    tweak: impl FnOnce(&mut brain::config::Config),
+    tweak: impl FnOnce(&mut engine::config::Config),
 ) -> (TestApp, Manager) {
     let (app, namespace) = app_with_own_queue(tweak).await;
     let manager = start_manager_with(&app, &namespace, profiles, &app.url, env);
@@ -72,7 +72,7 @@ async fn system_with(
 }
 
 /// A brain whose queue namespace is its own: the app, and the namespace for its manager.
-async fn app_with_own_queue(tweak: impl FnOnce(&mut brain::config::Config)) -> (TestApp, String) {
+async fn app_with_own_queue(tweak: impl FnOnce(&mut engine::config::Config)) -> (TestApp, String) {
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     let ns = namespace.clone();
     let app = TestApp::start_with(move |c| {

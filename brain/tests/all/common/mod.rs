@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use brain::AppState;
-use brain::config::Config;
+use engine::config::Config;
 use futures_util::StreamExt;
 use protocol::ui::UiChunk;
 use scripted_provider::ScriptedProvider;
@@ -114,7 +114,7 @@ impl TestApp {
         tweak(&mut config);
         let mut config_copy = config.clone();
         let redis =
-            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+            engine::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
                 .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -178,7 +178,7 @@ impl TestApp {
         tweak(&mut config);
         let store = brain_store(&config, 10).await;
         let redis =
-            brain::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
+            engine::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
                 .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::AppState;
+use crate::Engine;
 use crate::tools::{Tool, Toolset};
 use providers::{Catalog, ToolSpec};
 
@@ -77,7 +77,7 @@ pub struct Toolsets(Arc<Mutex<HashMap<Kind, Arc<Offered>>>>);
 
 impl Toolsets {
     /// The brain tools, then the worker tools of `profile`.
-    pub(super) fn get(&self, state: &AppState, concierge: bool, profile: &str) -> Arc<Offered> {
+    pub(super) fn get(&self, state: &Engine, concierge: bool, profile: &str) -> Arc<Offered> {
         let key = (concierge, profile.to_owned());
         if let Some(known) = self.0.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return known;

@@ -38,7 +38,7 @@ use super::context::{self, Fold};
 use super::history::{model_messages, tool_part};
 use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
-use crate::AppState;
+use crate::Engine;
 use crate::auth::Authority;
 use crate::tools::{ToolCtx, ToolOutput, Toolset};
 use providers::{ModelRequest, ToolCall};
@@ -150,7 +150,7 @@ impl TurnTask {
 /// D3: continues `taken`, a turn this replica took over, from its last completed step, in
 /// the background. A turn that cannot be continued (its chat or agent is gone, a store
 /// failed) is ended `failed` so it does not stay `running` on this replica.
-pub async fn take_over(state: &AppState, taken: TakenOver) {
+pub async fn take_over(state: &Engine, taken: TakenOver) {
     // The agent's name is not read before the turn resumes: the span is named by its
     // operation alone, as the GenAI conventions allow.
     let span = super::spans::turn_span(
@@ -191,7 +191,7 @@ pub async fn take_over(state: &AppState, taken: TakenOver) {
 }
 
 /// The task of a taken-over turn, rebuilt from the store.
-async fn resume(state: &AppState, taken: TakenOver) -> Result<TurnTask, TurnError> {
+async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError> {
     let TakenOver {
         team,
         agent,

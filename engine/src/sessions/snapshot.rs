@@ -44,7 +44,7 @@ use uuid::Uuid;
 
 use super::Sessions;
 use super::registry::LiveWorker;
-use crate::AppState;
+use crate::Engine;
 use crate::artifacts::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream};
 use store::{NewSnapshot, Store, StoreError, bounded};
 
@@ -59,7 +59,7 @@ const SWEEP_BATCH: i64 = 100;
 /// How long a listener waits before listening again after its connection failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
-fn count(state: &AppState, outcome: &str) {
+fn count(state: &Engine, outcome: &str) {
     state.metrics.snapshots.with_label_values(&[outcome]).inc();
 }
 
@@ -209,7 +209,7 @@ const NOT_ASKED: &str = "no snapshot is asked of this session";
 /// is asked of its session and within the row's cap, streamed to the artifact store, then
 /// recorded (replacing the chat's previous snapshot), else removed again.
 pub async fn store_upload<E>(
-    state: &AppState,
+    state: &Engine,
     claims: &SessionClaims,
     upload: Upload,
     body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
@@ -291,7 +291,7 @@ pub async fn store_upload<E>(
 /// Records that the worker sends no snapshot: over the cap, or it could not pack or upload
 /// one.
 pub async fn record_skip(
-    state: &AppState,
+    state: &Engine,
     claims: &SessionClaims,
     skipped: SnapshotSkipped,
 ) -> Result<(), SnapshotError> {
@@ -315,7 +315,7 @@ pub struct Restore {
 /// or `agent` claim is not its session's restores nothing (issue 50): a snapshot goes
 /// back only where it came from.
 pub async fn restorable(
-    state: &AppState,
+    state: &Engine,
     claims: &SessionClaims,
 ) -> Result<Option<Restore>, SnapshotError> {
     let session = claims.sub;

@@ -21,7 +21,7 @@ use protocol::{AgentId, ChatId, TeamId, TurnId};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::AppState;
+use crate::Engine;
 use crate::turn::stop::{self, StopError};
 use store::{Actor, Bulky, Erased, StoreError, TurnStatus, Within, bounded};
 
@@ -68,7 +68,7 @@ impl EraseError {
 }
 
 /// Erases `chat` of `team`: its turns stopped, its rows, its events stream and its bytes.
-pub async fn erase_chat(state: &AppState, team: TeamId, chat: ChatId) -> Result<(), EraseError> {
+pub async fn erase_chat(state: &Engine, team: TeamId, chat: ChatId) -> Result<(), EraseError> {
     stop_and_wait(state, team, Within::Chat(chat)).await?;
     let erased = erase_chat_rows(state, team, chat)
         .await?
@@ -83,7 +83,7 @@ pub async fn erase_chat(state: &AppState, team: TeamId, chat: ChatId) -> Result<
 /// its memories, secrets, schedule and the connectors bound to it; `by` is recorded in
 /// the audit log (L5).
 pub async fn erase_agent(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     by: &Actor,
@@ -102,7 +102,7 @@ pub async fn erase_agent(
 /// (its turns, uploads, artifacts and snapshots with it), then their memories and their
 /// own connector grants; `by` is recorded in the audit log (L5).
 pub async fn erase_user(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     user: &str,
     by: &Actor,
@@ -128,7 +128,7 @@ pub async fn erase_user(
 
 /// Stops the agent's turns, then erases its chats one by one, so no one transaction holds
 /// a long history.
-async fn erase_chats_of(state: &AppState, team: TeamId, agent: AgentId) -> Result<(), EraseError> {
+async fn erase_chats_of(state: &Engine, team: TeamId, agent: AgentId) -> Result<(), EraseError> {
     stop_and_wait(state, team, Within::Agent(agent)).await?;
     loop {
         let chats = bounded(state.store.chats_of_agent(team, agent, BATCH)).await?;
@@ -146,7 +146,7 @@ async fn erase_chats_of(state: &AppState, team: TeamId, agent: AgentId) -> Resul
 /// Deletes the rows of `chat`: its messages a batch at a time (each call bounded), then
 /// the rest in one transaction. `None` when there is no such chat.
 async fn erase_chat_rows(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
 ) -> Result<Option<Erased>, StoreError> {
@@ -159,7 +159,7 @@ async fn erase_chat_rows(
 /// before the caller's change reached its replica; repeating the request stops it.
 /// Answers the turns that were running.
 pub async fn stop_turns(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     within: Within,
 ) -> Result<Vec<TurnId>, StopError> {
@@ -180,14 +180,14 @@ pub async fn stop_turns(
 }
 
 /// [`stop_turns`], then waits up to [`TURNS_END_WITHIN`] for the running ones to end.
-async fn stop_and_wait(state: &AppState, team: TeamId, within: Within) -> Result<(), StopError> {
+async fn stop_and_wait(state: &Engine, team: TeamId, within: Within) -> Result<(), StopError> {
     let running = stop_turns(state, team, within).await?;
     wait_ended(state, team, &running).await;
     Ok(())
 }
 
 /// Waits until none of `turns` runs, or [`TURNS_END_WITHIN`] passed.
-async fn wait_ended(state: &AppState, team: TeamId, turns: &[TurnId]) {
+async fn wait_ended(state: &Engine, team: TeamId, turns: &[TurnId]) {
     let deadline = tokio::time::Instant::now() + TURNS_END_WITHIN;
     for turn in turns {
         loop {
@@ -207,7 +207,7 @@ async fn wait_ended(state: &AppState, team: TeamId, turns: &[TurnId]) {
 /// Deletes what the rows in `erased` had outside Postgres: the chats' events streams and
 /// the bytes. A failure is logged (its class) and left: the stream expires with its window,
 /// the bytes stay queued for the sweep.
-async fn remove_outside(state: &AppState, erased: Erased) {
+async fn remove_outside(state: &Engine, erased: Erased) {
     for chat in &erased.chats {
         if let Err(err) = state.events.forget(*chat).await {
             tracing::warn!(%chat, class = %err, "events stream of an erased chat not deleted");
@@ -228,7 +228,7 @@ impl TeamErasures {
 
 /// Erases the teams marked for it, one at a time, every [`TEAM_POLL`] and whenever this
 /// replica is woken, until `stop`. Every replica runs it; a team's lease keeps it to one.
-pub async fn run(state: AppState, stop: CancellationToken) {
+pub async fn run(state: Engine, stop: CancellationToken) {
     let lease_ms = TEAM_LEASE.as_millis() as i64;
     loop {
         loop {
@@ -263,7 +263,7 @@ pub async fn run(state: AppState, stop: CancellationToken) {
 /// Erases `team`, agent by agent, renewing its lease between them; `false` when the lease
 /// was lost or the replica stops (another replica, or this one later, goes on).
 async fn erase_team(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     lease_ms: i64,
     stop: &CancellationToken,
@@ -301,7 +301,7 @@ async fn erase_team(
 /// Deletes the team's quota counters in Redis (`quota:{<team>}:*`: counts and turn ids, no
 /// content; they would expire by themselves within a month). The team's id is their hash
 /// tag, so on a Redis Cluster the scan runs on the one master that holds them all.
-async fn forget_team_keys(state: &AppState, team: TeamId) {
+async fn forget_team_keys(state: &Engine, team: TeamId) {
     let tagged = format!("quota:{{{team}}}:");
     let pattern = format!("{tagged}*");
     let result = crate::redis::bounded(KEYS_BOUND, async {

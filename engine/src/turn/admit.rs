@@ -13,7 +13,7 @@ use protocol::{AgentId, ErrorCode, QuotaScope, TeamId, TurnId};
 
 use super::TurnError;
 use super::queue::Queue;
-use crate::AppState;
+use crate::Engine;
 use crate::hold::{Admitted, Billed, HoldGuard, Holder, Reserved, TurnAdmission};
 use crate::quota::{
     Field, Levels, Limits, Periods, Quotas, RateLimitHeaders, Refusal, TeamSettings, fallback,
@@ -52,7 +52,7 @@ pub(super) struct Budget {
 /// `reservation` is the most the first model call can spend; `user` the end user behind
 /// the turn (a JWT's subject), whose own limits it counts against too (L4).
 pub(super) async fn admit(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     turn: TurnId,
@@ -125,7 +125,7 @@ pub(super) async fn admit(
 /// its replica's lease cannot have lapsed, and a busy agent's refusals cost no read.
 /// Postgres not answering leaves the agent busy: unknown is not lost.
 async fn left_behind(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     running: TurnId,
@@ -182,7 +182,7 @@ async fn user_limits(
 /// is written with a refusal, so the event is its own write: when Postgres does not take
 /// it the refusal is still answered and the event is lost (docs/design/webhooks.md).
 async fn refused(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     refusal: Refusal,
@@ -314,7 +314,7 @@ impl Budget {
 /// the turn's id), counted in Redis as its admission was. Redis unreachable, or another
 /// turn holding the agent already, leaves it without a hold, counted from Postgres.
 pub(super) async fn adopt(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     turn: TurnId,

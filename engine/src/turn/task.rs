@@ -28,7 +28,7 @@ use super::takeover::{Restored, Saving};
 use super::tool_calls::Executed;
 use super::wrap_up::{End, Unfinished};
 use super::{Launch, TurnError, speculation};
-use crate::AppState;
+use crate::Engine;
 use crate::tools::ToolOutput;
 use providers::{Message, ModelRequest, StopReason, ToolCall, ToolResult};
 use store::{NewApproval, TurnBasis, requested_part};
@@ -44,7 +44,7 @@ enum Flow {
 
 impl TurnTask {
     pub(super) fn new(
-        state: &AppState,
+        state: &Engine,
         launch: Launch,
         basis: &TurnBasis,
         ready: Ready,

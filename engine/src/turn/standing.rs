@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::TurnError;
-use crate::AppState;
+use crate::Engine;
 use crate::auth::Authority;
 use crate::auth::keys::Held;
 use store::bounded;
@@ -22,7 +22,7 @@ use store::bounded;
 /// them; `Revoked` when either happened already. A user's or a schedule's turn watches its
 /// team only (a token's expiry ends only its stream).
 pub(super) async fn standing(
-    state: &AppState,
+    state: &Engine,
     team: protocol::TeamId,
     authority: &Authority,
 ) -> Result<(CancellationToken, Option<Held>), TurnError> {
@@ -53,7 +53,7 @@ pub(super) async fn standing(
 /// Cancels `cancel` once `authority` ends (or at once when it has ended, or cannot be
 /// checked), until `ended` (the turn task's end). The token answers whether it did.
 pub(super) async fn watch(
-    state: &AppState,
+    state: &Engine,
     team: protocol::TeamId,
     authority: &Authority,
     cancel: &CancellationToken,

@@ -20,7 +20,7 @@ use chrono::Utc;
 use protocol::ErrorCode;
 use uuid::Uuid;
 
-use crate::AppState;
+use crate::Engine;
 use crate::auth::{Authority, Scope};
 use crate::lease::bounded;
 use crate::schedule::Cadence;
@@ -36,7 +36,7 @@ const BATCH: i64 = 64;
 const ANY_INTERVAL: u32 = 1;
 
 /// Polls and fires until the replica drains.
-pub async fn run(state: AppState) {
+pub async fn run(state: Engine) {
     schedule_unscheduled(&state).await;
     let mut tick = tokio::time::interval(state.config.autostart.poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -52,7 +52,7 @@ pub async fn run(state: AppState) {
 }
 
 /// Gives a next tick to cadences set before the scheduler existed.
-async fn schedule_unscheduled(state: &AppState) {
+async fn schedule_unscheduled(state: &Engine) {
     let agents = match bounded(STORE_BOUND, state.store.unscheduled_autostarts()).await {
         Ok(agents) => agents,
         Err(class) => {
@@ -70,7 +70,7 @@ async fn schedule_unscheduled(state: &AppState) {
     }
 }
 
-async fn poll(state: &AppState) {
+async fn poll(state: &Engine) {
     let due = match bounded(STORE_BOUND, state.store.due_autostarts(BATCH)).await {
         Ok(due) => due,
         Err(class) => {
@@ -139,7 +139,7 @@ fn autostart_authority(set_by: Option<String>) -> Authority {
 /// X1: whether who set the cadence still stands. A key's must be live (a revoked key's
 /// cadence stops acting for it); a user's token cannot be asked again, so a user's
 /// cadence stands while the team does (the turn's own check, `turn/standing.rs`).
-async fn setter_stands(state: &AppState, due: &DueAutostart) -> Result<bool, &'static str> {
+async fn setter_stands(state: &Engine, due: &DueAutostart) -> Result<bool, &'static str> {
     let Some(key) = due
         .set_by
         .as_deref()
@@ -153,7 +153,7 @@ async fn setter_stands(state: &AppState, due: &DueAutostart) -> Result<bool, &'s
 }
 
 /// Starts the claimed tick's turn and records what it became.
-async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
+async fn fire(state: Engine, due: DueAutostart, claimed: Claimed) {
     let outcome = match setter_stands(&state, &due).await {
         Ok(true) => launch(&state, &due, claimed).await,
         Ok(false) => {
@@ -184,7 +184,7 @@ async fn fire(state: AppState, due: DueAutostart, claimed: Claimed) {
 }
 
 /// The claimed tick's turn, in the agent's own autostart chat.
-async fn launch(state: &AppState, due: &DueAutostart, claimed: Claimed) -> FireOutcome {
+async fn launch(state: &Engine, due: &DueAutostart, claimed: Claimed) -> FireOutcome {
     let input = TurnInput {
         content: due.prompt.clone(),
         client_message_id: None,

@@ -36,7 +36,7 @@ use protocol::{ReplicaId, TeamId, TurnId};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
-use crate::AppState;
+use crate::Engine;
 use store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Bound on each Redis call of a stop, connecting included.
@@ -350,11 +350,7 @@ pub async fn running_in_chat(
 
 /// Stops `turn` (of `team`, as the store found it) wherever it runs; stopping a turn that
 /// already ended is a no-op that answers its status.
-pub async fn stop(
-    state: &AppState,
-    team: TeamId,
-    turn: TurnState,
-) -> Result<StopAnswer, StopError> {
+pub async fn stop(state: &Engine, team: TeamId, turn: TurnState) -> Result<StopAnswer, StopError> {
     if turn.status == TurnStatus::Queued {
         // T13: withdrawn, unless it started meanwhile (then it is stopped as it runs).
         if store::bounded(state.store.end_queued(team, turn.id, None)).await? {

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Launched, Trigger, TurnError, TurnInput, launch, stop};
-use crate::AppState;
+use crate::Engine;
 use crate::auth::Authority;
 use store::{BusyPolicy, Close, NewQueued, QueuedTurn, StoreError, TurnState, bounded};
 
@@ -73,7 +73,7 @@ impl Queue {
 }
 
 /// Starts the next queued turn of each agent kicked, until `stop`.
-pub async fn run(state: AppState, stop: CancellationToken) {
+pub async fn run(state: Engine, stop: CancellationToken) {
     let taken = state
         .queue
         .rx
@@ -93,7 +93,7 @@ pub async fn run(state: AppState, stop: CancellationToken) {
 
 /// The reconcile tick's part: starts the next queued turn of every agent that has one and
 /// is free.
-pub async fn start_waiting(state: &AppState) {
+pub async fn start_waiting(state: &Engine) {
     if state.draining.is_cancelled() {
         return;
     }
@@ -113,7 +113,7 @@ pub async fn start_waiting(state: &AppState) {
 }
 
 /// Starts the agent's next queued turn if the agent is free.
-async fn start_next(state: &AppState, team: TeamId, agent: AgentId) {
+async fn start_next(state: &Engine, team: TeamId, agent: AgentId) {
     if state.draining.is_cancelled() {
         return;
     }
@@ -156,7 +156,7 @@ async fn start_next(state: &AppState, team: TeamId, agent: AgentId) {
     }
 }
 
-async fn start_queued(state: &AppState, next: QueuedTurn) -> Result<Launched, TurnError> {
+async fn start_queued(state: &Engine, next: QueuedTurn) -> Result<Launched, TurnError> {
     let authority = Authority::of_turn(next.actor.clone(), next.actor_admin);
     let (team, chat) = (next.team, next.chat);
     launch(
@@ -182,7 +182,7 @@ pub struct Queued {
 
 /// The agent of `chat` and its busy policy.
 pub async fn busy_policy(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
 ) -> Result<(AgentId, BusyPolicy), TurnError> {
@@ -198,7 +198,7 @@ pub async fn busy_policy(
 /// Stores `input` as a queued turn of `agent` in `chat`, then kicks the queue: the agent
 /// may have been freed since it was found busy.
 pub async fn enqueue(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     chat: ChatId,
@@ -248,7 +248,7 @@ pub async fn enqueue(
 /// soon as the agent is free. The caller checked that it may stop `running`.
 #[allow(clippy::too_many_arguments)]
 pub async fn interrupt(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     agent: AgentId,
     chat: ChatId,
@@ -273,7 +273,7 @@ pub async fn interrupt(
 
 #[allow(clippy::too_many_arguments)]
 async fn stop_and_start(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
     running: TurnState,
@@ -317,7 +317,7 @@ async fn stop_and_start(
 /// Sets (or clears) the mark that holds the agent's queue back while an interrupting
 /// message waits for the hold. Redis unreachable leaves it unset: the queue may then start
 /// first, and the message is answered `agent_busy`.
-async fn mark(state: &AppState, agent: AgentId, set: bool) {
+async fn mark(state: &Engine, agent: AgentId, set: bool) {
     let key = interrupt_key(agent);
     let ttl = u64::try_from(INTERRUPT_PATIENCE.as_millis()).unwrap_or(u64::MAX);
     let done = crate::redis::bounded(REDIS_BOUND, async {
@@ -344,7 +344,7 @@ async fn mark(state: &AppState, agent: AgentId, set: bool) {
 }
 
 /// Whether an interrupting message waits for the agent; Redis unreachable is no.
-async fn interrupting(state: &AppState, agent: AgentId) -> bool {
+async fn interrupting(state: &Engine, agent: AgentId) -> bool {
     let key = interrupt_key(agent);
     crate::redis::bounded(REDIS_BOUND, async {
         let mut conn = state.redis.connection().await?;

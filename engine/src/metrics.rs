@@ -1,7 +1,7 @@
 //! The brain's Prometheus metrics (SPEC O2): one registry, the series registered in it, and
 //! the small guards the hot paths hold.
 //!
-//! `Metrics` is built once in `AppState::new` and cloned into whatever counts something; a
+//! `Metrics` is built once in `Engine::new` and cloned into whatever counts something; a
 //! clone is one `Arc` bump. [`serve`] answers the scrape on a port of its own
 //! (`BRAIN_METRICS_ADDR`), never the API's: an Ingress or load balancer that publishes the
 //! API cannot publish the metrics with it.

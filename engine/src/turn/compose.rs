@@ -13,7 +13,7 @@ use super::context::{self, Fold};
 use super::history::{HistoryRow, model_messages};
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
-use crate::AppState;
+use crate::Engine;
 use crate::connectors;
 use crate::tools::Toolset;
 use providers::ModelRequest;
@@ -46,7 +46,7 @@ pub(super) enum Resolved {
 /// The trigger's effects under the hold: a new message denies what waits (A4); an answer
 /// is recorded at most once, and the last of its turn resumes it (A3).
 pub(super) async fn resolve(
-    state: &AppState,
+    state: &Engine,
     launch: &Launch,
     basis: &TurnBasis,
     trigger: Trigger,
@@ -134,11 +134,7 @@ pub(super) async fn resolve(
 /// The store calls of this file's rarer triggers are boxed: a transaction's future is
 /// some 15 KB (sqlx's pool acquire), and inline it would be moved with every turn's
 /// request future (PERFORMANCE.md, issue 31's fifth stop).
-async fn deny_waiting(
-    state: &AppState,
-    launch: &Launch,
-    basis: &TurnBasis,
-) -> Result<(), TurnError> {
+async fn deny_waiting(state: &Engine, launch: &Launch, basis: &TurnBasis) -> Result<(), TurnError> {
     if basis.has_pending_approvals {
         Box::pin(bounded(state.store.close_approvals(
             launch.team,
@@ -174,7 +170,7 @@ pub(super) enum Composed {
 /// message; a failed write means no provider call. From a kept basis, the write happens
 /// only if the basis is current, and reads only the messages after the kept history.
 pub(super) async fn compose(
-    state: &AppState,
+    state: &Engine,
     launch: &Launch,
     found: &Found,
     asked: Asked,
@@ -327,7 +323,7 @@ pub(super) async fn compose(
 /// The tools the turn is offered: the brain's, then the worker's, then the connectors'
 /// (started here, each within its bound), with the connectors' status for the stream.
 pub(super) async fn offer(
-    state: &AppState,
+    state: &Engine,
     launch: &Launch,
     basis: &TurnBasis,
     cancel: &CancellationToken,
@@ -373,7 +369,7 @@ pub(super) async fn offer(
 /// The composition as it is stored, its hash reused from the chat's kept basis when this
 /// turn rendered the same text, and kept for the next turn otherwise.
 fn freeze(
-    state: &AppState,
+    state: &Engine,
     launch: &Launch,
     found: &Found,
     composition: &Composition<'_>,

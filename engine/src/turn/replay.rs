@@ -7,12 +7,12 @@ use protocol::{ChatId, ErrorCode, TeamId};
 use super::history;
 use super::ui_stream::UiBody;
 use super::{Launched, TurnError, TurnInput};
-use crate::AppState;
+use crate::Engine;
 use store::{TurnRecord, TurnStatus, bounded};
 
 /// The replay of the turn `input`'s message id started, if it started one.
 pub(super) async fn retried(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
     input: &TurnInput,

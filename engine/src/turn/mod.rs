@@ -65,7 +65,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::AppState;
+use crate::Engine;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 pub use basis::Bases;
@@ -152,7 +152,7 @@ impl Launched {
 /// is written even when the caller goes away meanwhile (a client hanging up while a
 /// slow connector starts), so an approved call is never left without its turn.
 pub async fn launch(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
     trigger: Trigger,
@@ -209,7 +209,7 @@ struct Launch {
 /// starts over from Postgres; they stay the turn's while its chat names the same agent, so
 /// the start over is not a second turn to the hold and the team's counters.
 async fn start(
-    state: &AppState,
+    state: &Engine,
     launch: Launch,
     trigger: Trigger,
     parent: Option<&TraceContext>,
@@ -435,7 +435,7 @@ async fn start(
 /// What a start answers before it admits anything: a retried message id's turn (T12),
 /// or a refusal (draining, an archived agent). `None`: go on.
 async fn answered_before_admission(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
     trigger: &Trigger,
@@ -468,7 +468,7 @@ async fn answered_before_admission(
 /// turn's answer (its replay, or that it is still running) wins over whatever the
 /// admission answered, and a hold the admission took is given back as never started.
 async fn admit_unless_retried(
-    state: &AppState,
+    state: &Engine,
     team: TeamId,
     chat: ChatId,
     input: &TurnInput,
@@ -497,7 +497,7 @@ async fn give_back(admitted: Option<admit::Budget>) {
 /// known before the history is read (in the turn row's write), so it is the prompt, the
 /// summary, the message, the whole history window, and the output cap. Settling on the
 /// billed tokens gives back what it did not use.
-fn reservation(state: &AppState, basis: &TurnBasis, trigger: &Trigger) -> u64 {
+fn reservation(state: &Engine, basis: &TurnBasis, trigger: &Trigger) -> u64 {
     let tokens = history::estimate_tokens(&basis.agent.system_prompt)
         + history::estimate_tokens(&basis.chat.summary)
         + match trigger {

@@ -223,12 +223,10 @@ impl RateLimitHeaders {
     /// The two fields as (name, value), for a front end's response; `None` when the
     /// team has no limit they describe. Built from integers and field names only.
     pub fn fields(&self) -> Option<[(&'static str, &str); 2]> {
-        (!self.is_empty()).then(|| {
-            [
-                ("ratelimit-policy", self.policy.as_str()),
-                ("ratelimit", self.status.as_str()),
-            ]
-        })
+        (!self.is_empty()).then_some([
+            ("ratelimit-policy", self.policy.as_str()),
+            ("ratelimit", self.status.as_str()),
+        ])
     }
 }
 

@@ -638,9 +638,9 @@ mod tests {
         assert_eq!(unverified_issuer("a.b.c"), None);
     }
 
-    const RSA_PUB: &str = include_str!("../../tests/all/fixtures/jwt/rsa1.pub.pem");
-    const EC_PUB: &str = include_str!("../../tests/all/fixtures/jwt/ec.pub.pem");
-    const ED_PUB: &str = include_str!("../../tests/all/fixtures/jwt/ed.pub.pem");
+    const RSA_PUB: &str = include_str!("../../../brain/tests/all/fixtures/jwt/rsa1.pub.pem");
+    const EC_PUB: &str = include_str!("../../../brain/tests/all/fixtures/jwt/ec.pub.pem");
+    const ED_PUB: &str = include_str!("../../../brain/tests/all/fixtures/jwt/ed.pub.pem");
 
     #[test]
     fn pem_public_keys_of_each_type() {

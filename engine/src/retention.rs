@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::AppState;
+use crate::Engine;
 use store::{Expiring, StoreError, bounded};
 
 /// Rows deleted per statement.
@@ -20,7 +20,7 @@ const BATCH: i64 = 500;
 const BATCHES_PER_PASS: usize = 20;
 
 /// Sweeps every `interval` until `stop`.
-pub async fn run(state: AppState, interval: Duration, stop: CancellationToken) {
+pub async fn run(state: Engine, interval: Duration, stop: CancellationToken) {
     // The first pass one interval after the start, not at it: a rollout restarting every
     // replica does not sweep once per replica.
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
@@ -37,7 +37,7 @@ pub async fn run(state: AppState, interval: Duration, stop: CancellationToken) {
 }
 
 /// One pass, if this replica takes the lock.
-pub async fn sweep(state: &AppState) -> Result<(), StoreError> {
+pub async fn sweep(state: &Engine) -> Result<(), StoreError> {
     let Some(_lock) = bounded(state.store.take_retention_lock()).await? else {
         return Ok(());
     };

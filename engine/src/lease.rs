@@ -1,7 +1,7 @@
 //! This replica's lease, and the reconciliation of what dead replicas left running
 //! (SPEC O3).
 //!
-//! Every brain process is a replica (`AppState.replica`) with a row in `replicas` whose
+//! Every brain process is a replica (`Engine.replica`) with a row in `replicas` whose
 //! `lease_until` it pushes forward every quarter of `BRAIN_LEASE_TTL_MS`. Each turn row
 //! names the replica running it: the replica's lease is the lease of each of its turns.
 //! On the same tick, every replica takes over the running turns of replicas whose lease
@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::AppState;
+use crate::Engine;
 use crate::auth::Authority;
 use crate::turn::{self, Trigger};
 use store::BRAIN_REPLICA;
@@ -44,13 +44,13 @@ const STRANDED_PER_SWEEP: i64 = 16;
 
 /// Takes the lease before the replica serves: turns it starts must be covered by it.
 /// A failure is logged, not fatal: the renewal loop tries again on its next tick.
-pub async fn take(state: &AppState) {
+pub async fn take(state: &Engine) {
     renew(state).await;
 }
 
 /// Renews the lease and reconciles dead replicas' turns until `stop`, then gives the lease
 /// up.
-pub async fn keep(state: AppState, stop: CancellationToken) {
+pub async fn keep(state: Engine, stop: CancellationToken) {
     let every = state.config.lease_ttl / 4;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -81,14 +81,14 @@ pub async fn keep(state: AppState, stop: CancellationToken) {
 }
 
 /// Gives the lease up at a clean shutdown, after the replica's turns ended.
-pub async fn give_up(state: &AppState) {
+pub async fn give_up(state: &Engine) {
     let every = state.config.lease_ttl / 4;
     if let Err(class) = bounded(every, state.store.end_lease(state.replica)).await {
         tracing::warn!(class, "could not give the replica lease up; it will lapse");
     }
 }
 
-async fn renew(state: &AppState) {
+async fn renew(state: &Engine) {
     let ttl = state.config.lease_ttl;
     let renewed = bounded(
         ttl / 4,
@@ -102,7 +102,7 @@ async fn renew(state: &AppState) {
 
 /// Takes over the running turns of replicas whose lease lapsed (D3), or ends those taken
 /// over too often and frees their agents.
-async fn reconcile(state: &AppState, bound: Duration) {
+async fn reconcile(state: &Engine, bound: Duration) {
     match bounded(bound, state.store.retire_orphaned_slots(state.replica)).await {
         Ok(0) => {}
         Ok(slots) => tracing::info!(slots, "retired warm-pool slots of a lost replica"),
@@ -166,7 +166,7 @@ async fn reconcile(state: &AppState, bound: Duration) {
 /// died, or a store call failed, between the answer and the turn). One is stranded once
 /// it is older than the longest a continuation's start can take (the connectors' startup
 /// and the lease); the claim (`Store::reclaim_continuation`) lets one replica take it.
-async fn restart_stranded(state: &AppState, bound: Duration) {
+async fn restart_stranded(state: &Engine, bound: Duration) {
     let after = state.config.connectors.startup_timeout + state.config.lease_ttl;
     let stranded = match bounded(
         bound,
