@@ -5,7 +5,7 @@
 # each part left out, so a part's cost is the difference.
 #
 # The statements copy the shapes of `Store::begin_turn`'s writes and of `finish_turn_text`
-# (brain/src/store/turns.rs) with literals where the brain binds values; a change there
+# (store/src/turns.rs) with literals where the brain binds values; a change there
 # wants the same change here. The scratch database is made through BENCH_DATABASE_URL
 # (the bench's admin URL, default the local Postgres) and dropped at the end.
 #

@@ -1,4 +1,4 @@
-//! Bursts of turns are admitted, not refused (`brain/src/intake.rs`): intakes wait in a
+//! Bursts of turns are admitted, not refused (`engine/src/intake.rs`): intakes wait in a
 //! bounded first-come-first-served queue in front of a small Postgres pool, past the
 //! queue's bound a turn is refused `503 overloaded` with `Retry-After` having written
 //! nothing, and nothing of a turn that was admitted is lost.
