@@ -1,12 +1,13 @@
-//! The docs a newcomer reads stay in step with the code (issue 25):
+//! The docs a newcomer reads stay in step with the code:
 //!
 //! - every requirement id a comment cites is defined in `docs/requirements.md`;
 //! - every environment variable the code reads is documented in `docs/CONFIGURATION.md`,
 //!   and every variable documented there is read somewhere;
-//! - `docs/ARCHITECTURE.md` stays a map (at most 60 KB; the explanations live in
-//!   `docs/design/`), every relative link of a page under `docs/` names a file that exists,
-//!   and every test the architecture pages cite as `module::test_name` is a function of a
-//!   file `module.rs` or `module/mod.rs`.
+//! - `README.md` stays a front page (at most 16 KB; the detail lives under `docs/`) and
+//!   `docs/ARCHITECTURE.md` a map (at most 30 KB; the explanations live in `docs/design/`),
+//!   every relative link of the README and of a page under `docs/` names a file that
+//!   exists, and every test the architecture pages cite as `module::test_name` is a
+//!   function of a file `module.rs` or `module/mod.rs`.
 //!
 //! The code checks walk the workspace's `*.rs` files (skipping `target`, `node_modules` and hidden
 //! directories such as `.git`), so they need no build of the crates they look at. They
@@ -529,9 +530,20 @@ fn architecture_md_is_a_map_of_at_most_60_kb() {
 }
 
 #[test]
+fn readme_is_a_front_page_of_at_most_16_kb() {
+    let size = fs::read_to_string(root().join("README.md")).unwrap().len();
+    assert!(
+        size <= 16 * 1024,
+        "README.md is {size} bytes, over 16 KB: move the detail into a page under docs/ \
+         and leave a line and a link"
+    );
+}
+
+#[test]
 fn every_relative_link_in_docs_names_a_file_that_exists() {
     let root = root();
-    let pages = doc_pages();
+    let mut pages = doc_pages();
+    pages.extend(with_texts(vec![root.join("README.md")]));
     assert!(
         pages.len() > 10,
         "the walk found the pages: {}",
