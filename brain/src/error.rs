@@ -22,6 +22,7 @@ use engine::intake::Overloaded;
 use engine::quota::Refusal;
 use engine::sessions::SnapshotError;
 use engine::turn::TurnError;
+use engine::turn::post::PostError;
 use engine::turn::stop::StopError;
 use providers::ProviderError;
 use store::StoreError;
@@ -170,11 +171,23 @@ impl From<SnapshotError> for ApiError {
     }
 }
 
+impl From<PostError> for ApiError {
+    fn from(err: PostError) -> Self {
+        match err {
+            PostError::Turn(e) => e.into(),
+            // Named by `post::busy` where the caller may read it.
+            PostError::Busy(running) => Self::AgentBusy(running),
+            PostError::Stop(e) => e.into(),
+            PostError::Store(e) => e.into(),
+            PostError::Lost(what) => Self::Internal(what.into()),
+        }
+    }
+}
+
 impl From<TurnError> for ApiError {
     fn from(err: TurnError) -> Self {
         match err {
             TurnError::NotFound(what) => Self::NotFound(what),
-            // Named by `api::chats::busy` where the caller may read it.
             TurnError::Busy(_) => Self::AgentBusy(None),
             TurnError::QueueFull => Self::QueueFull,
             TurnError::InProgress(turn) => Self::TurnInProgress(turn),

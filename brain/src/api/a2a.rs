@@ -1,6 +1,6 @@
 //! A2A 1.0 (P1): `GET /a2a/{agent_id}/.well-known/agent-card.json`, the agent's card, and
 //! `POST /a2a/{agent_id}`, its JSON-RPC interface. A front end of the HTTP API: a
-//! message goes through `chats::launch` / `chats::start_background` as `POST
+//! message goes through `engine::turn::post` (`post` / `post_detached`) as `POST
 //! /v1/chats/{id}/messages` does (same principal, quotas, busy policy, approvals), a
 //! stream follows the turn's own stream or, for `SubscribeToTask`, its events
 //! (`events::follow`). The translation is in `crate::a2a`.
@@ -23,7 +23,7 @@ use protocol::{ChatId, ErrorBody, TurnId};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::chats::{self, PostMessage, Posted};
+use super::chats::PostMessage;
 use super::{paging, parse_id};
 use crate::AppState;
 use crate::a2a::errors::{self, rpc};
@@ -36,6 +36,7 @@ use crate::a2a::{card, push, task};
 use crate::error::ApiError;
 use engine::auth::{Principal, Scope};
 use engine::sse;
+use engine::turn::post::{self, Detached, Posted};
 use engine::turn::{Trigger, stop};
 use store::{
     AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, TurnStatus, bounded,
@@ -417,33 +418,39 @@ impl Call {
             .is_some_and(|c| c.return_immediately);
         let (state, principal, parent) = (&self.state, &self.principal, self.parent.as_ref());
         if immediately {
-            let started = chats::start_background(state, principal, chat, trigger, None, parent)
+            let detached = post::post_detached(state, principal, chat, trigger, None, parent)
                 .await
-                .map_err(api)?;
-            self.keep_push(&params, started.turn_id).await?;
+                .map_err(|e| api(e.into()))?;
+            let (turn, progress) = match detached {
+                Detached::Started(row, _) => (row.id, row.status),
+                Detached::Queued(queued) => (queued.turn, store::TurnProgress::Queued),
+            };
+            self.keep_push(&params, turn).await?;
             let task = task::bare(
-                started.turn_id,
-                started.chat_id,
-                task::state_of(started.status),
+                turn,
+                chat,
+                task::state_of(progress),
                 Some(chrono::Utc::now()),
             );
             return to_value(json!({"task": task}));
         }
-        let launched =
-            match chats::launch(state, principal, chat, trigger, None, false, parent).await {
-                Ok(Posted::Launched(launched)) => launched,
-                Ok(Posted::Queued(queued)) => {
-                    self.keep_push(&params, queued.turn).await?;
-                    let task = task::bare(queued.turn, chat, TaskState::Submitted, None);
-                    return to_value(json!({"task": task}));
-                }
+        let launched = match post::post(state, principal, chat, trigger, None, false, parent).await
+        {
+            Ok(Posted::Launched(launched)) => launched,
+            Ok(Posted::Queued(queued)) => {
+                self.keep_push(&params, queued.turn).await?;
+                let task = task::bare(queued.turn, chat, TaskState::Submitted, None);
+                return to_value(json!({"task": task}));
+            }
+            Err(err) => match err.in_progress() {
                 // T12: a retried messageId whose turn still runs: that turn, as it is.
-                Err(ApiError::TurnInProgress(running)) => {
+                Some(running) => {
                     let row = self.visible_task(&running.to_string()).await?;
                     return to_value(json!({"task": task::of_turn(&row, &[], None, false)}));
                 }
-                Err(err) => return Err(api(err)),
-            };
+                None => return Err(api(err.into())),
+            },
+        };
         let (Some(turn), Some(body)) = (launched.turn, launched.body) else {
             return Err(rpc(errors::INTERNAL, "the message started no turn"));
         };
@@ -478,20 +485,20 @@ impl Call {
             params,
         } = self.posting(value).await?;
         let (state, principal, parent) = (&self.state, &self.principal, self.parent.as_ref());
-        let launched =
-            match chats::launch(state, principal, chat, trigger, None, false, parent).await {
-                Ok(Posted::Launched(launched)) => launched,
-                Ok(Posted::Queued(queued)) => {
-                    self.keep_push(&params, queued.turn).await?;
-                    let translator = Translator::new(queued.turn, chat);
-                    let opening = translator.opening(TaskState::Submitted);
-                    return Ok(sse_response(single(id, opening)));
-                }
-                Err(ApiError::TurnInProgress(running)) => {
-                    return self.follow(id, &running.to_string()).await;
-                }
-                Err(err) => return Err(api(err)),
-            };
+        let launched = match post::post(state, principal, chat, trigger, None, false, parent).await
+        {
+            Ok(Posted::Launched(launched)) => launched,
+            Ok(Posted::Queued(queued)) => {
+                self.keep_push(&params, queued.turn).await?;
+                let translator = Translator::new(queued.turn, chat);
+                let opening = translator.opening(TaskState::Submitted);
+                return Ok(sse_response(single(id, opening)));
+            }
+            Err(err) => match err.in_progress() {
+                Some(running) => return self.follow(id, &running.to_string()).await,
+                None => return Err(api(err.into())),
+            },
+        };
         let (Some(turn), Some(body)) = (launched.turn, launched.body) else {
             return Err(rpc(errors::INTERNAL, "the message started no turn"));
         };

@@ -1,7 +1,7 @@
 //! `POST /agui/{agent_id}`: an AG-UI run (issue 28, P3). The `threadId` is a chat of the
 //! agent (created on first use, owned by the principal); the last user message of
 //! `messages` is posted through the same path as `POST /v1/chats/{id}/messages`
-//! (`chats::launch`: principal, quotas, busy policy, approvals), and the turn's stream is
+//! (`engine::turn::post`: principal, quotas, busy policy, approvals), and the turn's stream is
 //! answered as AG-UI events (`crate::agui`).
 //!
 //! Refused before the stream, as an HTTP error with our `ErrorBody`: credentials, a body
@@ -22,7 +22,7 @@ use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use uuid::Uuid;
 
-use super::chats::{self, PostMessage, Posted};
+use super::chats::PostMessage;
 use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::agui::{AguiBody, EVENT_TYPES, Interrupt, Translator, refused};
@@ -30,6 +30,7 @@ use crate::error::ApiError;
 use domain::approvals::validate_reason;
 use engine::auth::Principal;
 use engine::turn::Trigger;
+use engine::turn::post::{self, Posted};
 use protocol::{AgentId, ChatId};
 use store::{Answer, bounded};
 
@@ -275,7 +276,7 @@ pub async fn run(
     principal.check_chat(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
     let mut translator = Translator::new(thread, run_id);
-    let body = match chats::launch(
+    let body = match post::post(
         &state,
         &principal,
         chat,
@@ -298,7 +299,7 @@ pub async fn run(
             let events = translator.queued(queued.turn.to_string(), queued.position);
             AguiBody::of(translator, events)
         }
-        Err(err) => refusal(err),
+        Err(err) => refusal(err.into()),
     };
     Ok(body.into_response())
 }

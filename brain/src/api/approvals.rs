@@ -14,6 +14,7 @@ use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
 use engine::auth::Principal;
+use engine::turn::post;
 use engine::turn::{self, Trigger, TurnError};
 use store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 
@@ -182,7 +183,7 @@ pub async fn answer(
     .await
     {
         Err(TurnError::Busy(running)) => {
-            return Err(super::chats::busy(&state, &principal, running).await);
+            return Err(post::busy(&state, &principal, running).await.into());
         }
         other => other?,
     };

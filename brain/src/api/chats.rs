@@ -25,11 +25,12 @@ use crate::respond;
 use domain::approvals::validate_reason;
 use engine::agents::BusyPolicy;
 use engine::auth::{Principal, Scope};
-use engine::turn::{self, Launched, Trigger, TurnError, TurnInput, stop, ui_stream::UiBody};
+use engine::turn::post::{self, Detached, Posted};
+use engine::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
 use store::Answer;
-use store::{ChatRow, MessageRow, Started, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
+use store::{ChatRow, MessageRow, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
 
 const MAX_CLIENT_ID: usize = 200;
 
@@ -537,7 +538,7 @@ pub async fn post_message(
             start_background(&state, &principal, chat, trigger, if_busy, parent.as_ref()).await?;
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let launched = match launch(
+    let posted = post::post(
         &state,
         &principal,
         chat,
@@ -546,18 +547,18 @@ pub async fn post_message(
         false,
         parent.as_ref(),
     )
-    .await
-    {
+    .await;
+    let launched = match posted {
         Ok(Posted::Launched(launched)) => launched,
         Ok(Posted::Queued(queued)) => {
             let accepted = BackgroundTurn::queued(chat, queued);
             return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
         }
-        // D5: a retry of a running turn's message id follows that turn.
-        Err(ApiError::TurnInProgress(running)) => {
-            return attach(&state, &principal, running).await;
-        }
-        Err(err) => return Err(err),
+        Err(err) => match err.in_progress() {
+            // D5: a retry of a running turn's message id follows that turn.
+            Some(running) => return attach(&state, &principal, running).await,
+            None => return Err(err.into()),
+        },
     };
     // Answers that leave other approvals of the turn waiting start nothing yet.
     let body = launched.body.unwrap_or_else(|| {
@@ -568,95 +569,6 @@ pub async fn post_message(
     Ok(respond::ui_stream(
         body.until(state.auth.standing(&principal)),
     ))
-}
-
-/// What a posted message became.
-pub(super) enum Posted {
-    Launched(Launched),
-    /// T13: queued behind the agent's running turn.
-    Queued(turn::Queued),
-}
-
-/// Launches `trigger`; a user message that finds the agent busy does what `if_busy` (else
-/// the agent's `busy_policy`) says (T13). Interrupting a turn follows the stop rule (T8):
-/// the principal must see the running turn's chat, else the agent is busy to it.
-pub(super) async fn launch(
-    state: &AppState,
-    principal: &Principal,
-    chat: ChatId,
-    trigger: Trigger,
-    if_busy: Option<BusyPolicy>,
-    detached: bool,
-    parent: Option<&TraceContext>,
-) -> Result<Posted, ApiError> {
-    let team = principal.team;
-    let input = match &trigger {
-        Trigger::User(input) => Some(input.clone()),
-        _ => None,
-    };
-    let running = match turn::launch(
-        state,
-        team,
-        chat,
-        trigger,
-        principal.authority(),
-        detached,
-        parent,
-    )
-    .await
-    {
-        Err(TurnError::Busy(running)) => running,
-        other => return Ok(Posted::Launched(other?)),
-    };
-    let Some(input) = input else {
-        return Err(busy(state, principal, running).await);
-    };
-    let (agent, policy) = turn::busy_policy(state, team, chat).await?;
-    // The busy paths are boxed: their transactions would otherwise weigh in the future of
-    // every request that posts a message, which the router moves (PERFORMANCE.md, issue 31).
-    match if_busy.unwrap_or(policy) {
-        BusyPolicy::Reject => Err(busy(state, principal, running).await),
-        BusyPolicy::Enqueue => {
-            let authority = principal.authority();
-            let queued =
-                Box::pin(turn::enqueue(state, team, agent, chat, input, &authority)).await?;
-            Ok(Posted::Queued(queued))
-        }
-        BusyPolicy::Interrupt => {
-            let found = stop::find(&state.store, team, running).await?;
-            if principal
-                .check_chat(&state.store, found.chat)
-                .await
-                .is_err()
-            {
-                return Err(ApiError::AgentBusy(None));
-            }
-            let launched = Box::pin(turn::interrupt(
-                state,
-                team,
-                agent,
-                chat,
-                found,
-                input,
-                principal.authority(),
-                detached,
-                parent,
-            ))
-            .await?;
-            Ok(Posted::Launched(launched))
-        }
-    }
-}
-
-/// `409 agent_busy`, naming the running turn only to a principal who may read it: its
-/// chat is one the principal sees (X1). Another user's chat, or the agent's autostart
-/// chat for a non-admin, stays as unknown as a turn id of another team.
-pub async fn busy(state: &AppState, principal: &Principal, running: TurnId) -> ApiError {
-    let readable = match stop::find(&state.store, principal.team, running).await {
-        Ok(found) => principal.check_chat(&state.store, found.chat).await.is_ok(),
-        Err(_) => false,
-    };
-    ApiError::AgentBusy(readable.then_some(running))
 }
 
 /// D5: a retried message id whose turn still runs (its client's replica died, its
@@ -682,9 +594,9 @@ async fn attach(
     followed.ok_or(ApiError::TurnInProgress(running))
 }
 
-/// D1: starts `trigger` (a user message) as a detached turn, or finds the turn an earlier
-/// POST of its message id started (T12), running or ended: a retry starts nothing.
-pub(super) async fn start_background(
+/// D1: `trigger` as a detached turn, or the turn an earlier POST of its message id
+/// started; `202`'s body.
+async fn start_background(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,
@@ -692,40 +604,12 @@ pub(super) async fn start_background(
     if_busy: Option<BusyPolicy>,
     parent: Option<&TraceContext>,
 ) -> Result<BackgroundTurn, ApiError> {
-    let client_id = match &trigger {
-        Trigger::User(input) => input.client_message_id.clone(),
-        _ => None,
-    };
-    let store = &state.store;
-    if let Some(id) = client_id.as_deref()
-        && let Some(earlier) =
-            bounded(store.started_turn(principal.team, chat, Started::ClientMessage(id))).await?
-    {
-        return Ok(BackgroundTurn::of(chat, earlier));
-    }
-    let launched = match launch(state, principal, chat, trigger, if_busy, true, parent).await {
-        Ok(Posted::Queued(queued)) => return Ok(BackgroundTurn::queued(chat, queued)),
-        Ok(Posted::Launched(launched)) => Ok(launched),
-        Err(ApiError::TurnInProgress(turn)) => Err(TurnError::InProgress(turn)),
-        Err(err) => return Err(err),
-    };
-    let which = match (launched, client_id.as_deref()) {
-        (
-            Ok(Launched {
-                turn: Some(turn), ..
-            }),
-            _,
-        ) => Started::Turn(turn),
-        // A POST of the same message id got there first (the intake replays, or finds
-        // running, its turn): that turn is the answer.
-        (Ok(_) | Err(TurnError::InProgress(_)), Some(id)) => Started::ClientMessage(id),
-        (Ok(_), None) => return Err(ApiError::Internal("a background turn did not start".into())),
-        (Err(err), _) => return Err(err.into()),
-    };
-    let started = bounded(store.started_turn(principal.team, chat, which))
-        .await?
-        .ok_or_else(|| ApiError::Internal("a started background turn vanished".into()))?;
-    Ok(BackgroundTurn::of(chat, started))
+    Ok(
+        match post::post_detached(state, principal, chat, trigger, if_busy, parent).await? {
+            Detached::Started(turn, message) => BackgroundTurn::of(chat, (turn, message)),
+            Detached::Queued(queued) => BackgroundTurn::queued(chat, queued),
+        },
+    )
 }
 
 impl BackgroundTurn {

@@ -3,7 +3,7 @@
 //! credentials as `/v1`.
 //!
 //! Each agent of the principal's team is a tool `ask_<name>` (`crate::mcp_server`); a
-//! `tools/call` is a posted message: `chats::launch`, the path of `POST
+//! `tools/call` is a posted message: `engine::turn::post`, the path of `POST
 //! /v1/chats/{id}/messages`, so scopes, quotas, the busy policy and approvals are the
 //! same. The call's answer is the turn's reply. A client that accepts `text/event-stream`
 //! gets the call as a stream: `notifications/progress` for the turn's steps and tool
@@ -33,12 +33,13 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::JsonBody;
-use super::chats::{self, PlainMessage, PostMessage, Posted};
+use super::chats::{PlainMessage, PostMessage};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::mcp_server::rpc::{self, Incoming, RequestId};
 use crate::mcp_server::{self, InFlight, PROTOCOL_VERSIONS, Tool};
 use engine::auth::{Principal, Standing};
+use engine::turn::post::{self, Posted};
 use engine::turn::stop;
 use engine::turn::ui_stream::UiBody;
 use store::{StoreError, bounded};
@@ -537,7 +538,7 @@ impl Call {
             // the turn's guard: the turn is cancelled as a hung-up `/v1` client's is.
             () = self.in_flight.cancel.cancelled() => return None,
             () = events.gone() => return None,
-            posted = chats::launch(
+            posted = post::post(
                 &self.state,
                 &self.principal,
                 chat,
@@ -567,7 +568,7 @@ impl Call {
                        "position": queued.position}),
                 false,
             )),
-            Err(err) => Some(refusal(&err)),
+            Err(err) => Some(refusal(&err.into())),
         }
     }
 

@@ -16,8 +16,9 @@
 //! 4. **Wrap-up** (`wrap_up.rs`): the end state written (T7, T8), the hold released, the
 //!    stream's last chunk.
 //!
-//! The engine answers a [`TurnError`] when a turn does not start; `crate::error` maps it
-//! to HTTP. The first model output decides it: the caller waits for the task to report
+//! Front ends start turns through `post.rs` (a principal's message, its busy policy, a
+//! detached post). The engine answers a [`TurnError`] when a turn does not start; each
+//! front end maps it to its wire. The first model output decides it: the caller waits for the task to report
 //! that a stream opened (then UI chunks, `output.rs`) or that every route failed. After
 //! that, failures arrive as an `error` chunk.
 //!
@@ -46,6 +47,7 @@ mod history;
 mod model_call;
 mod offered;
 mod output;
+pub mod post;
 mod queue;
 mod replay;
 mod spans;
