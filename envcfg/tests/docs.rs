@@ -520,11 +520,11 @@ fn cited_tests(page: &str) -> BTreeSet<(String, String)> {
 }
 
 #[test]
-fn architecture_md_is_a_map_of_at_most_60_kb() {
+fn architecture_md_is_a_map_of_at_most_30_kb() {
     let size = read_doc("ARCHITECTURE.md").len();
     assert!(
-        size <= 60 * 1024,
-        "docs/ARCHITECTURE.md is {size} bytes, over 60 KB: move the explanation into docs/design/ \
+        size <= 30 * 1024,
+        "docs/ARCHITECTURE.md is {size} bytes, over 30 KB: move the explanation into docs/design/ \
          and leave a line and a link"
     );
 }
