@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-first-token`: where the brain's time to a turn's first token goes when each
-# turn finds it idle (docs/PERFORMANCE.md, issue 31). Runs the bench's `quiet` open loop
-# (BENCH_QUIET_RATE, default 5 turns/s) and, while its brain turns are measured, a
+# turn finds it idle (docs/design/performance-history.md: an idle brain's first token,
+# split). Runs the bench's `quiet` open loop (BENCH_QUIET_RATE, default 5 turns/s) and,
+# while its brain turns are measured, a
 # `perf trace` of the socket system calls of the brain and of the bench (the client and the
 # scripted provider); then scripts/first-token-split.py charges each turn's time to what
 # the brain waits on. Needs `perf` and the right to trace (root, or perf_event_paranoid

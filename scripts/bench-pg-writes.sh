@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-pg`: what a no-tool turn's writes cost Postgres alone, part by part
-# (docs/PERFORMANCE.md, issue 31's sixth stop). No brain runs: pgbench replays the turn's
-# writes against a scratch database migrated by `brain migrate`, once whole and once with
-# each part left out, so a part's cost is the difference.
+# (docs/design/performance-history.md: the writes, part by part). No brain runs: pgbench
+# replays the turn's writes against a scratch database migrated by `brain migrate`, once
+# whole and once with each part left out, so a part's cost is the difference.
 #
 # The statements copy the shapes of `Store::begin_turn`'s writes and of `finish_turn_text`
 # (store/src/turns.rs) with literals where the brain binds values; a change there
@@ -54,7 +54,8 @@ EOF
 # The end statement's CTEs (`finish_turn_text`) for a plain completed turn: one model call
 # billed, no approval, the user message kept, one webhook event (no webhook subscribed).
 # `end` is the text the brain sends for it; `end-all-ctes` adds the withdrawal and the
-# approvals (writing nothing here), as every end was written before issue 31's sixth stop.
+# approvals (writing nothing here), as every end statement carried them before they were
+# left out of the turns that need none.
 declare -A cte
 cte[t]="t AS ( UPDATE turns SET status = 'completed', error_code = NULL, finished_at = now() WHERE team_id = '$team' AND id = :tid AND replica_id = '$replica' RETURNING id)"
 cte[m]="m AS ( INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status) SELECT :amid, '$team', :chat, :tid, 'assistant', '[{\"type\":\"text\",\"text\":\"hi there\"}]', 'complete' FROM t WHERE :amid::uuid IS NOT NULL)"

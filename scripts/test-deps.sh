@@ -171,7 +171,7 @@ if [ ! -x /usr/bin/chromium ]; then
   $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
-# Debian's bubblewrap: the local launcher confines every worker with it (issue 50), and the
+# Debian's bubblewrap: the local launcher confines every worker with it, and the
 # tests that start a runtime-manager launch workers through it; without it every launch
 # fails confinement_unavailable. Tiny, once.
 if ! command -v bwrap >/dev/null; then

@@ -1,4 +1,4 @@
-//! CPU per turn (issue 17): what one no-tool turn costs the brain, Postgres and Redis, the
+//! CPU per turn: what one no-tool turn costs the brain, Postgres and Redis, the
 //! figures an optimization of the turn is judged by.
 //!
 //! The brain is the release binary as its own process ([`System::start_process`]), so its

@@ -1,4 +1,4 @@
-//! The bench harness (issue 6): starts a brain in-process over a fresh Postgres database
+//! The bench harness: starts a brain in-process over a fresh Postgres database
 //! and the local Redis, the scripted provider on loopback, and (for the hands scenarios)
 //! a release runtime-manager child with the local launcher; runs each scenario and prints
 //! one table. Not a test: `make bench` builds everything in release and runs it.

@@ -34,7 +34,7 @@ const LONGEST: Duration = Duration::from_secs(30);
 /// Sent at the level's rate and not counted before each window: the connections and
 /// clients the rate needs.
 const WARM_UP: Duration = Duration::from_secs(1);
-/// The target (issue 17): p99 at 50 % load at most this many times the p50 at 25 %.
+/// The target: p99 at 50 % load at most this many times the p50 at 25 %.
 const TARGET_FACTOR: f64 = 3.0;
 
 /// A client an open loop can time: one turn at a time, from the instant it was due.

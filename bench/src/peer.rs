@@ -24,8 +24,7 @@ use crate::system::{
 };
 use crate::turn::{ChatClient, TURNS_PER_CHAT, minimal_body, timed_provider};
 
-/// LangGraph's port: not its default 2024, which is taken on these machines
-/// (shared/TOOLING.md).
+/// LangGraph's port: not its default 2024, which other services of these machines take.
 const LANGGRAPH_PORT: u16 = 2124;
 /// Aegra's port (its default 2026 is left to whoever runs one by hand).
 const AEGRA_PORT: u16 = 2125;
@@ -43,7 +42,7 @@ fn open_rate(slowest: f64) -> Result<f64> {
         Err(_) => Ok((slowest * 0.7).clamp(1.0, 20.0).round()),
     }
 }
-/// The target (issue 17): the brain's added time at least this many times lower than each
+/// The target: the brain's added time at least this many times lower than each
 /// peer's, in the open loop.
 const TARGET_RATIO: f64 = 300.0;
 
@@ -616,7 +615,7 @@ impl Server {
                 command
                     .args(["dev", "--no-browser", "--no-reload", "--host", "127.0.0.1"])
                     .args(["--port", &port_arg, "--config", "langgraph.json"])
-                    // Without these it tries to reach the internet (shared/TOOLING.md).
+                    // Without these it tries to reach the internet.
                     .env("LANGGRAPH_CLI_NO_ANALYTICS", "1")
                     .env("LANGGRAPH_NO_VERSION_CHECK", "true")
                     .env("LANGSMITH_TRACING", "false");

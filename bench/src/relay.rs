@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::system::{Row, SseData, System, instant_ok, ms, pct, row, signed_ms, sorted};
 
-/// Deltas per model answer, and the gap between them (issue 6).
+/// Deltas per model answer, and the gap between them.
 const DELTAS: usize = 200;
 const GAP: Duration = Duration::from_millis(5);
 

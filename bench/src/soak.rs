@@ -1,4 +1,4 @@
-//! The soak (issue 10, part 5): 1,000 chats × 10 turns at concurrency 64 over two brain
+//! The soak: 1,000 chats × 10 turns at concurrency 64 over two brain
 //! replicas (release binaries, one database, one scripted provider), with Redis blipping
 //! (blackholed, then cut, a few hundred ms at a time, through a fault proxy) and one
 //! replica SIGKILLed and restarted on the same address along the way. Clients behave as a

@@ -135,8 +135,9 @@ impl Database {
 /// first hundred turns of a production database. This machine's Postgres runs with
 /// autovacuum off, so a fresh bench database is never analyzed and keeps the plans chosen
 /// while its tables were empty, where `turns`' two indexes on `team_id` tie and a
-/// single-turn lookup reads the team's whole `turns` (docs/PERFORMANCE.md, issue 31). The
-/// `ANALYZE` invalidates the brain's cached plans, so its next statements plan again.
+/// single-turn lookup reads the team's whole `turns` (measured in
+/// docs/design/performance-history.md, the Postgres CPU rounds' first stop). The `ANALYZE`
+/// invalidates the brain's cached plans, so its next statements plan again.
 pub async fn analyze(name: &str) -> Result<()> {
     let db = sqlx::PgPool::connect(&db_url(name)).await?;
     sqlx::query("ANALYZE").execute(&db).await?;

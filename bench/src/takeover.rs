@@ -1,4 +1,4 @@
-//! Takeover (issue 26, D6): two brain replicas (release binaries, one database, one
+//! Takeover (D6): two brain replicas (release binaries, one database, one
 //! scripted provider); replica A runs [`TURNS`] turns, half of them mid-text (their first
 //! model call streaming) and half mid-tool (a `memory_write` step done and durable, their
 //! second model call streaming), when it is SIGKILLed. Each client does what a careful

@@ -99,7 +99,7 @@ pub enum ApiError {
     #[error("{}", .0.message())]
     Quota(Refusal),
     /// The caller's request rate limit (its key's, its user's or its address's) is
-    /// reached (issue 50).
+    /// reached.
     #[error("too many requests from these credentials or this address; retry after Retry-After")]
     RateLimited(engine::ratelimit::Refusal),
     /// The turn runs on another replica and Redis did not take the stop there (T8).

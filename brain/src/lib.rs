@@ -3,7 +3,7 @@
 //!
 //! Layout, outside in:
 //! - `api/`: the HTTP routes, authentication and request decoding;
-//! - `agui/`: a turn's UI stream as AG-UI events (issue 28, P3);
+//! - `agui/`: a turn's UI stream as AG-UI events (P3);
 //! - `a2a/`: A2A 1.0 (P1): cards, JSON-RPC objects, turns as tasks and their streams;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);

@@ -7,7 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 // A turn allocates many small, short-lived objects on every runtime thread (rows, JSON,
 // chunks, keys); with glibc's allocator that was a fifth of the brain's CPU per turn
-// (docs/PERFORMANCE.md, issue 17).
+// (measured in docs/design/performance-history.md, CPU per turn).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -22,7 +22,7 @@
 //!   only where the operator allows;
 //! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
 //! - `ratelimit.rs`: the request rate limit's token buckets in Redis, per principal and
-//!   per address (issue 50);
+//!   per address;
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
 //!   keeps its own keys);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
@@ -97,14 +97,13 @@ pub struct Engine {
     pub providers: Providers,
     /// Turn intakes wait here, in arrival order, for a share of the Postgres pool.
     pub intakes: intake::Intakes,
-    /// The chats and agents this replica's turns started from, checked by each intake
-    /// (issue 31).
+    /// The chats and agents this replica's turns started from, checked by each intake.
     pub bases: turn::Bases,
     /// One turn per agent (SPEC T9).
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
     pub quotas: Quotas,
-    /// The request rate limit of every principal and client address (issue 50).
+    /// The request rate limit of every principal and client address.
     pub rate_limits: ratelimit::RateLimits,
     /// The chat events streams (S2): the publisher every turn feeds, the reader observers
     /// share.

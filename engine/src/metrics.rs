@@ -39,7 +39,7 @@ pub struct Counters {
     pub turns_reconciled: IntCounter,
     /// Turns and worker sessions a team quota refused, by quota (E2).
     pub quota_refusals: IntCounterVec,
-    /// Requests the rate limit refused, or let through unchecked (issue 50).
+    /// Requests the rate limit refused, or let through unchecked.
     pub rate_limits: IntCounterVec,
     /// Chunks the events publisher could not write (its channel full, or Redis failed);
     /// each gap reaches the chat's observers as a `data-resync` (S2).
@@ -55,7 +55,7 @@ pub struct Counters {
     /// Turn intakes refused by the queue's bounds, by reason (`crate::intake` starts each
     /// of its reasons at 0).
     pub intake_refusals: IntCounterVec,
-    /// Where turn intakes took their chat and agent from (issue 31): `kept` (this
+    /// Where turn intakes took their chat and agent from: `kept` (this
     /// replica's, checked current by the intake), `read` (Postgres), `stale` (kept, found
     /// stale by the intake, read again).
     pub turn_bases: IntCounterVec,

@@ -1,4 +1,4 @@
-//! Request rate limits (issue 50): a token bucket per principal, shared by the replicas in
+//! Request rate limits: a token bucket per principal, shared by the replicas in
 //! Redis, checked in one script and one round trip per request.
 //!
 //! Whose bucket: an API key's (by the key's hash) or a JWT user's (by team and subject),

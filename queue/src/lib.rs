@@ -25,7 +25,7 @@
 //! ready task ids in a list, delayed ones in a sorted set scored by unix seconds, and the
 //! ids a consumer holds in a per-consumer "inflight" set. A Lua script moves due ids to
 //! the consumer's inflight set atomically, so a task is claimed by exactly one consumer
-//! across replicas. Its quirks (see `TOOLING.md`) shape this crate:
+//! across replicas. Its quirks shape this crate:
 //!
 //! - **Polling.** A consumer in another process is not woken by a push (the pub/sub wake-up
 //!   does not fire in 1.0.0, and every push lands in the delayed set anyway), so consumers

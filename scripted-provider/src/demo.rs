@@ -1,4 +1,4 @@
-//! The offline demo model's replies (SPEC O4, issue 14): with no provider key, `make dev`
+//! The offline demo model's replies (SPEC O4): with no provider key, `make dev`
 //! still shows what the product is for. A few plain requests call the real tools the
 //! agent is offered (``run `ls -la` ``, ``write `hi` to `notes.txt` ``, ``read `notes.txt` ``,
 //! ``remember `the sky is blue` ``, `screenshot https://example.com` on a `browser` agent);

@@ -127,7 +127,7 @@ pub enum Action {
     SecretDeleted,
     WebhookCreated,
     WebhookDeleted,
-    /// A team's own JWT issuer added or deleted (issue 50); the entry names its `iss`.
+    /// A team's own JWT issuer added or deleted; the entry names its `iss`.
     IssuerCreated,
     IssuerDeleted,
     /// A connector's OAuth grant bound by the callback (B2); the entry names the connector,

@@ -161,7 +161,7 @@ impl Store {
     }
 
     /// The team's chat `chat`, created for `agent` when no chat has that id (an AG-UI
-    /// thread, issue 28 P3: the client names it). Answers the chat as it is, whichever
+    /// thread, P3: the client names it). Answers the chat as it is, whichever
     /// agent it belongs to: the caller checks that. `NotFound` when the id is free and
     /// the agent unknown or archived, or when the id is another team's chat.
     pub async fn open_chat(

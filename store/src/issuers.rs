@@ -1,4 +1,4 @@
-//! A team's own JWT issuers (issue 50): `team_issuers`, each `iss` one team's across the
+//! A team's own JWT issuers: `team_issuers`, each `iss` one team's across the
 //! deployment. Created and deleted with their audit entry in one transaction.
 
 use chrono::{DateTime, Utc};

@@ -157,9 +157,9 @@ fn unique_violation(err: sqlx::Error, constraint: &str, label: &'static str) -> 
 
 /// TLS to a loopback address encrypts traffic that never leaves the machine, and against a
 /// local Postgres with `ssl = on` it was a sixth of the brain's CPU per turn
-/// (docs/PERFORMANCE.md, issue 17). So when the URL names no `sslmode` and `PGSSLMODE` asks
-/// for nothing but `prefer`, a loopback host is reached in the clear, as libpq reaches a Unix
-/// socket. A mode named in the URL, and every other host, keeps sqlx's rule (`prefer`: TLS
+/// (measured in docs/design/performance-history.md, CPU per turn). So when the URL names
+/// no `sslmode` and `PGSSLMODE` asks for nothing but `prefer`, a loopback host is reached
+/// in the clear, as libpq reaches a Unix socket. A mode named in the URL, and every other host, keeps sqlx's rule (`prefer`: TLS
 /// when the server offers it).
 fn loopback_in_the_clear(url: &str, options: PgConnectOptions) -> PgConnectOptions {
     let named_in_url = url::Url::parse(url).map_or(true, |url| {

@@ -22,7 +22,7 @@ use super::{BasisCheck, MessageRow, Store, StoreError, unique_violation};
 
 /// A composition as it is stored (SPEC T3): its text and the SHA-256 of the text, which
 /// keys it among the team's `compositions`. Hashing is most of what rendering a
-/// composition costs (issue 31), so a chat's kept basis keeps the last one made
+/// composition costs, so a chat's kept basis keeps the last one made
 /// (the brain's `turn::Bases`) and the next turn that renders the same text reuses it.
 #[derive(Debug)]
 pub struct FrozenComposition {

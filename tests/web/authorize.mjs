@@ -1,4 +1,4 @@
-// B2 in the page (issue 50): a turn finds its connector needs authorization; the person
+// B2 in the page: a turn finds its connector needs authorization; the person
 // clicks "Authorize", which POSTs the turn's flow link with the page's key (the answer's
 // cookie binds the flow to this browser) and opens the authorization server's page in a
 // new tab; its redirect back to the brain's callback, in this browser, finishes the flow.

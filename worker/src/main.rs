@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     }
     // Its commands run as its user. Non-dumpable, its `/proc` files (environ with its
     // launch token, mem with every renewed one) open only to a process holding
-    // CAP_SYS_PTRACE over it, which they lack (issue 50).
+    // CAP_SYS_PTRACE over it, which they lack.
     if let Err(err) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("worker: cannot make itself non-dumpable: {err}");
         return ExitCode::from(exit::CONFIG);

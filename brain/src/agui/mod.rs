@@ -1,4 +1,4 @@
-//! AG-UI (issue 28, P3): an agent's turn as the AG-UI event stream, for CopilotKit-style
+//! AG-UI (P3): an agent's turn as the AG-UI event stream, for CopilotKit-style
 //! front ends. A protocol here is a front end, never a second engine: `api::agui` decodes
 //! the `RunAgentInput` and starts the turn through the same posting path as `POST
 //! /v1/chats/{id}/messages`; this module only rewrites the turn's UI chunks (the AI SDK

@@ -1,4 +1,4 @@
-//! `POST /agui/{agent_id}`: an AG-UI run (issue 28, P3). The `threadId` is a chat of the
+//! `POST /agui/{agent_id}`: an AG-UI run (P3). The `threadId` is a chat of the
 //! agent (created on first use, owned by the principal); the last user message of
 //! `messages` is posted through the same path as `POST /v1/chats/{id}/messages`
 //! (`engine::turn::post`: principal, quotas, busy policy, approvals), and the turn's stream is

@@ -1,5 +1,5 @@
-//! `POST/GET /v1/issuers`, `GET/DELETE /v1/issuers/{issuer_id}`: a team's own JWT issuers
-//! (issue 50), for admins. A token whose `iss` is one of them is accepted for this team
+//! `POST/GET /v1/issuers`, `GET/DELETE /v1/issuers/{issuer_id}`: a team's own JWT issuers,
+//! for admins. A token whose `iss` is one of them is accepted for this team
 //! only (`auth/issuers.rs`).
 
 use axum::Json;

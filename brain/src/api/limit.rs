@@ -1,4 +1,4 @@
-//! The request rate limit on every route (issue 50): whose bucket a request takes from,
+//! The request rate limit on every route: whose bucket a request takes from,
 //! and which routes take from none.
 //!
 //! A request with a bearer that authenticates counts against its principal (its API key,

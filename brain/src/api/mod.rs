@@ -142,7 +142,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(whoami::get));
     OpenApiRouter::with_openapi(openapi::base())
         .nest("/v1", v1)
-        // AG-UI (issue 28, P3): a front end of the same posting path.
+        // AG-UI (P3): a front end of the same posting path.
         .routes(routes!(agui::run))
         .routes(routes!(a2a::agent_card))
         // Workers authenticate with their session token, not a team key.

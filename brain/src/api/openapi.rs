@@ -30,7 +30,7 @@ pub const WORKER_TOKEN: &str = "worker_token";
 /// The routes a browser reaches without credentials: the OAuth callback and the client
 /// metadata document.
 pub const OAUTH_PUBLIC: &str = "/v1/oauth/";
-/// The AG-UI runs (issue 28, P3): outside `/v1`, on the same credentials.
+/// The AG-UI runs (P3): outside `/v1`, on the same credentials.
 const AGUI: &str = "/agui/";
 
 #[derive(OpenApi)]

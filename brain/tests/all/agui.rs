@@ -1,4 +1,4 @@
-//! AG-UI (issue 28, P3) through real turns, read by the official client (`@ag-ui/client`'s
+//! AG-UI (P3) through real turns, read by the official client (`@ag-ui/client`'s
 //! `HttpAgent`, tests/agui/run.mjs), which checks every event's shape and order: a text
 //! run, a tool call of a brain tool, an approval that ends the run as an interrupt and a
 //! resume that answers it, a wrong key, a chat-scoped key held to its scope, a busy agent's

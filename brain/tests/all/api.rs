@@ -292,7 +292,7 @@ async fn bad_configuration_names_the_variable() {
     assert!(stderr.contains("BRAIN_ADDR"), "{stderr}");
 }
 
-/// No published key signs worker tokens (issue 50, 5): without `SESSION_TOKEN_KEY` the
+/// No published key signs worker tokens: without `SESSION_TOKEN_KEY` the
 /// brain refuses to start, naming it, unless in development mode, whose key is made once
 /// under `.dev/` of the working directory and kept for the next start.
 #[tokio::test]
@@ -353,7 +353,7 @@ async fn unknown_routes_and_methods_answer_json_errors() {
     );
 }
 
-/// Issue 24 (8): the transcript is read a page at a time, from the newest page back, on a
+/// The transcript is read a page at a time, from the newest page back, on a
 /// keyset: a message written between two reads neither repeats nor skips one, and a
 /// chat shorter than a page reads whole in one answer, as the web chat reads it.
 #[tokio::test]

@@ -222,7 +222,7 @@ async fn a_new_message_supersedes_a_pending_approval() {
     app.settled().await;
     let listed = approvals(&app, &chat).await;
     assert_eq!(listed[0]["state"], "superseded");
-    // The basis kept from the first turn knew of no waiting call (issue 31): the intake
+    // The basis kept from the first turn knew of no waiting call: the intake
     // found it stale and the message started over from Postgres, which denied the call.
     let scrape = app.metrics().await;
     let stale =

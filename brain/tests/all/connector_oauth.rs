@@ -1069,7 +1069,7 @@ async fn a_chat_keys_turn_never_binds_the_connectors_grant() {
     assert_eq!(w.grants().await, vec![(None, 1)], "the bound grant stays");
 }
 
-/// Issue 50: a flow's link sent on to someone else binds nothing. The callback takes a
+/// A flow's link sent on to someone else binds nothing. The callback takes a
 /// flow only from the browser holding its cookie, which only the principal that began it
 /// got (on the authenticated answer that handed out the URL); a turn's link answers no one
 /// but the turn's principal.
@@ -1160,7 +1160,7 @@ async fn the_flows_cookie_is_kept_from_scripts_and_other_paths() {
     );
 }
 
-/// Issue 50: one principal cannot take every place for pending flows of a connector: past
+/// One principal cannot take every place for pending flows of a connector: past
 /// its share it is refused (`409 conflict`), and others can still begin theirs.
 #[tokio::test]
 async fn one_principal_cannot_fill_a_connectors_pending_flows() {

@@ -1549,7 +1549,7 @@ async fn a_connectors_own_call_timeout_overrides_the_servers() {
     saw_cancel(&marker).await;
 }
 
-/// Issue 50: a connector's MCP annotations (`readOnlyHint`...) are the server's claims.
+/// A connector's MCP annotations (`readOnlyHint`...) are the server's claims.
 /// They lower no tool's risk below `write` unless an admin marked the connector's hints
 /// trusted (`trust_hints`), and an admin may set a tool's class outright (`tool_risks`,
 /// keyed by the tool's name on the server), which wins over any hint.

@@ -280,7 +280,7 @@ async fn a_stream_outlives_the_window_after_its_last_chunk() {
     );
 }
 
-/// Issue 31: a turn's chunks of one publisher write go to the stream as one entry, its
+/// A turn's chunks of one publisher write go to the stream as one entry, its
 /// parts; a client that had only some parts of an entry resumes inside it, with no gap and
 /// no duplicate.
 #[tokio::test]

@@ -141,7 +141,7 @@ async fn a_cut_postgres_fails_turns_fast_and_they_work_again_without_a_restart()
 /// loaded CI machine adds.
 const STORE_BOUND: Duration = Duration::from_secs(5);
 
-/// Issue 24 (8): a Postgres that takes statements and does not answer them (here its
+/// A Postgres that takes statements and does not answer them (here its
 /// tables locked by another session, so every statement on them waits) costs a request
 /// its bound, not forever: posting a message, reading the transcript, opening a chat and
 /// creating a key each answer `503 store_unavailable` within it, and a posted message

@@ -111,7 +111,7 @@ async fn completed_turns(app: &TestApp) -> i64 {
 /// longer than the pool's 5 s acquire timeout: without the queue the intakes behind the
 /// first few would time out at the pool and be refused `store_unavailable`; with it they
 /// wait their turn, and every one completes. The stall also outlasts the bound on a
-/// statement (issue 24, 8), so the few intakes that held a slot when it began are
+/// statement, so the few intakes that held a slot when it began are
 /// answered `503 store_unavailable`, having written nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_larger_than_the_pool_through_a_stall_is_admitted_in_full() {

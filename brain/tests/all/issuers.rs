@@ -1,4 +1,4 @@
-//! A team's own JWT issuers (issue 50, hole 8): a token of a team's issuer is that team's
+//! A team's own JWT issuers: a token of a team's issuer is that team's
 //! and no other's, a deleted issuer's tokens are refused within the cache bound, and a
 //! JWKS URL on a private or metadata address is refused at create.
 

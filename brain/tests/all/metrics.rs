@@ -157,7 +157,7 @@ async fn turns_tools_errors_holds_and_requests_are_counted_and_pass_promtool() {
     check_metrics(&scrape);
 }
 
-/// Issue 24: the default Ingress routes `/` to the API port, so `/metrics` there would be
+/// The default Ingress routes `/` to the API port, so `/metrics` there would be
 /// public. The brain binary answers it with 404 on the API port and serves it on
 /// `BRAIN_METRICS_ADDR`, which serves nothing else.
 #[tokio::test]

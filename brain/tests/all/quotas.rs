@@ -507,7 +507,7 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
 }
 
 mod settle {
-    //! Issue 24 (9): settling a turn adds its billed tokens to the budget counters exactly
+    //! Settling a turn adds its billed tokens to the budget counters exactly
     //! once, keyed by the turn, whatever became of its reservation and however a rebuild
     //! of the counters from billing events interleaves with its end.
 

@@ -1,4 +1,4 @@
-//! Request rate limits (issue 50, hole 9): a token bucket per API key, per JWT user and
+//! Request rate limits: a token bucket per API key, per JWT user and
 //! per client address, shared by the replicas in Redis, overridable per team through the
 //! quota API; and the readiness probe, which reuses its connections and answers from a
 //! second-old check.

@@ -1,4 +1,4 @@
-//! Redis over TLS (O5, issue 30: "TLS and auth as the single-node URL has them"): a real
+//! Redis over TLS (O5: "TLS and auth as the single-node URL has them"): a real
 //! `redis-server` listening on a TLS port only, with a certificate of a CA made for the
 //! test (the `openssl` command), and a brain process whose `REDIS_URL` is `rediss://`,
 //! trusting that CA through `SSL_CERT_FILE` (read by rustls-native-certs, as an operator's

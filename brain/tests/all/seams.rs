@@ -1,4 +1,4 @@
-//! Authority where one principal's work is carried on by another (issue 50): an approval's
+//! Authority where one principal's work is carried on by another: an approval's
 //! continuation, an autostart, queued and background turns, memories.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

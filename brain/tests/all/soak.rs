@@ -1,4 +1,4 @@
-//! The soak's short form (issue 30; the long one is `make bench-soak`, bench/src/soak.rs):
+//! The soak's short form (the long one is `make bench-soak`, bench/src/soak.rs):
 //! [`AGENTS`] agents, each with [`CHATS`] chats of [`TURNS`] turns, over two replicas (this
 //! process's brain and a brain process), with the process SIGKILLed a third of the way.
 //! Clients behave as a careful frontend does: every message has a client id, and a turn

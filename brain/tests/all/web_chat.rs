@@ -1,4 +1,4 @@
-//! The web chat in a real browser (issue 14): the brain serves the embedded page, and
+//! The web chat in a real browser: the brain serves the embedded page, and
 //! tests/web/chat.mjs drives Debian's chromium through it with playwright-core (sign in,
 //! create an agent with hands, a streamed reply, a shell command in a real worker with its
 //! live output, a tool card, a stop, a reload, a phone-width window, axe-core on each

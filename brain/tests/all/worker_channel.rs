@@ -170,7 +170,7 @@ async fn a_token_for_another_session_is_a_mismatch() {
     assert!(metric(&app, "session_mismatch").await);
 }
 
-/// Issue 10, 1.5: a valid token for one session, dialing with a header that names a `ready`
+/// A valid token for one session, dialing with a header that names a `ready`
 /// session of another team, changes nothing of that session, and nothing of the token's
 /// own live one.
 #[tokio::test]

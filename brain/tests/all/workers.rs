@@ -392,7 +392,7 @@ async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     torn_down(&app, &agent, pid, Duration::from_secs(15)).await;
 }
 
-/// Issue 10: output with NUL bytes (binary on stdout) is stored with U+FFFD in their place,
+/// Output with NUL bytes (binary on stdout) is stored with U+FFFD in their place,
 /// and the multi-step answer around it is kept, not lost with a refused write.
 #[tokio::test]
 async fn shell_output_with_nul_bytes_keeps_the_answer() {
@@ -613,7 +613,7 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
 }
 
 /// A worker that never dials ends `dial_timeout`, even with an idle window far shorter than
-/// the dial timeout: idle time counts from `ready` (issue 10, 1.2).
+/// the dial timeout: idle time counts from `ready`.
 #[tokio::test]
 async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_next_call_provisions()
 {
@@ -695,7 +695,7 @@ async fn a_worker_that_never_dials_is_a_dial_timeout() {
     assert_eq!(listed[0]["failure_reason"], "dial_timeout");
 }
 
-/// Issue 10, 1.2: a worker that dials later than its idle window (an image pull, a cold
+/// A worker that dials later than its idle window (an image pull, a cold
 /// node) becomes ready and serves the call; its idle time counts from `ready`, so it is
 /// torn down one window after its last use, not while it starts.
 #[tokio::test]
@@ -845,7 +845,7 @@ async fn a_relayed_call_waits_out_a_redis_blip_and_runs_once() {
     );
 }
 
-/// Issue 10, 1.3: a call relayed to the replica holding the worker's socket ends with a
+/// A call relayed to the replica holding the worker's socket ends with a
 /// tool error the model reads within seconds when that replica is SIGKILLed mid-call,
 /// instead of hanging the turn until the client leaves.
 /// D3: the replica holding the worker's socket dies while a relayed call runs. The caller
@@ -989,7 +989,7 @@ async fn relayed_call_cancelled(how: CancelSent) {
     );
 }
 
-/// Issue 10, 1.8: a cancel published right after a relayed call, before the owner can
+/// A cancel published right after a relayed call, before the owner can
 /// have subscribed to that call's cancel channel, still stops the call.
 #[tokio::test]
 async fn a_cancel_sent_right_after_a_relayed_call_is_not_lost() {
@@ -1005,7 +1005,7 @@ async fn a_cancel_whose_publish_was_lost_still_stops_a_running_relayed_call() {
     relayed_call_cancelled(CancelSent::KeyOnlyWhileRunning).await;
 }
 
-/// Issue 10, 1.8: a file near the artifact size limit, uploaded by a relayed call, is
+/// A file near the artifact size limit, uploaded by a relayed call, is
 /// stored: its bytes never ride Redis pub/sub, whose output buffer for a subscriber (32 MiB
 /// hard limit by default) they would exceed base64-encoded. On several threads, as the
 /// brain runs: decoding and hashing 24 MiB in a debug build would otherwise stall the
@@ -1403,7 +1403,7 @@ async fn a_channel_closed_going_away_redials_another_replica() {
     assert_eq!(service.reached().last(), Some(&addr_of(&app.url)));
 }
 
-/// Issue 10, 1.4: the caller replica cannot reach Redis (a listener that accepts and never
+/// The caller replica cannot reach Redis (a listener that accepts and never
 /// answers), so it cannot tell who holds the session's socket. Unknown is not absent: the
 /// call fails as a tool error the model can retry, the healthy session (held by the other
 /// replica) stays `ready`, and no second session is provisioned.
@@ -1920,7 +1920,7 @@ async fn brain_binary_with(
     (brain, url)
 }
 
-/// X4 at every log level (issue 10, 1.7): the brain, the runtime-manager and the worker
+/// X4 at every log level: the brain, the runtime-manager and the worker
 /// binaries at `trace` run a shell command; neither the user's message, the command, its
 /// output (which also travels as progress notifications) nor the answer reaches any of
 /// the three logs.
@@ -2372,7 +2372,7 @@ async fn a_secret_set_mid_chat_reaches_the_live_session() {
     assert_eq!(listed[0]["state"], "ready");
 }
 
-/// Issue 10 part 5: the runtime-manager SIGKILLed with a provision in hand (its claim held
+/// The runtime-manager SIGKILLed with a provision in hand (its claim held
 /// in the database by a trigger, the process killed inside it): once a manager is back,
 /// the call completes. The task comes back from the dead consumer (after about 15 s), and
 /// the new manager takes the session over because the dead one's lease has lapsed.
@@ -2905,7 +2905,7 @@ async fn a_profile_with_snapshots_off_tears_down_without_one() {
     assert!(out.contains("missing"), "{out}");
 }
 
-/// Issue 50, 6: the local launcher confines each worker. A command of one chat's worker
+/// The local launcher confines each worker. A command of one chat's worker
 /// (a) finds no other session's workspace, by a relative or an absolute path, (b) sees no
 /// process of the machine but its own sandbox's (not the runtime-manager, not the test,
 /// not the other worker), and (c) reads no session token and no secret of another
@@ -2980,7 +2980,7 @@ async fn a_local_workers_commands_see_only_their_own_workspace_and_processes() {
     assert!(!out.contains("shadow-read-42"), "{out}");
 }
 
-/// Issue 50, 6: where no namespace can be made (here: no `bwrap` on the manager's `PATH`)
+/// Where no namespace can be made (here: no `bwrap` on the manager's `PATH`)
 /// the local launcher refuses to launch, and the session fails `launch_failed`
 /// (`confinement_unavailable`); explicitly unconfined, for development only, it launches.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! A team's own JWT issuers (issue 50): a team's app signs its users' tokens, and a token
+//! A team's own JWT issuers: a team's app signs its users' tokens, and a token
 //! whose `iss` is a team's issuer (`POST /v1/issuers`) is that team's alone.
 //!
 //! Such a token is verified against its issuer's JWKS with its issuer's audience, under

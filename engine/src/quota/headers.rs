@@ -180,7 +180,7 @@ impl RateLimitHeaders {
         h
     }
 
-    /// A request rate limit's token bucket (issue 50), as one policy: its burst over the
+    /// A request rate limit's token bucket, as one policy: its burst over the
     /// seconds the bucket takes to fill, and what is left of it until it is full again.
     pub fn requests(limit: RequestLimit, left: u64, until_full: Duration) -> Self {
         let mut h = Self::default();

@@ -158,7 +158,7 @@ impl Limits {
     }
 }
 
-/// A request rate limit (issue 50): a token bucket of `burst` requests refilled at
+/// A request rate limit: a token bucket of `burst` requests refilled at
 /// `per_second`, which each API key, each JWT user and each unauthenticated client address
 /// has of its own (`crate::ratelimit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -226,8 +226,8 @@ pub struct QuotaUpdate {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u64>, minimum = 0, maximum = 1125899906842624_u64)]
     pub worker_seconds_per_day: Option<Option<u64>>,
-    /// Requests per second of each API key and each end user of the team, sustained
-    /// (issue 50); `null` is unlimited.
+    /// Requests per second of each API key and each end user of the team, sustained;
+    /// `null` is unlimited.
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000000)]
     pub requests_per_second: Option<Option<u64>>,

@@ -312,7 +312,7 @@ pub struct Restore {
 }
 
 /// The snapshot of the session's chat, if there is one to restore. A token whose `team`
-/// or `agent` claim is not its session's restores nothing (issue 50): a snapshot goes
+/// or `agent` claim is not its session's restores nothing: a snapshot goes
 /// back only where it came from.
 pub async fn restorable(
     state: &Engine,

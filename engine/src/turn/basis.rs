@@ -1,4 +1,4 @@
-//! The bases this replica's turns start from (issue 31): a chat with its agent and its
+//! The bases this replica's turns start from: a chat with its agent and its
 //! unsummarized history, kept after a turn's intake read them, so the next turn of the
 //! chat starts without reading the chat and agent, and reads only the messages written
 //! since.

@@ -133,7 +133,8 @@ pub(super) async fn resolve(
 ///
 /// The store calls of this file's rarer triggers are boxed: a transaction's future is
 /// some 15 KB (sqlx's pool acquire), and inline it would be moved with every turn's
-/// request future (PERFORMANCE.md, issue 31's fifth stop).
+/// request future (measured in docs/design/performance-history.md: futures not moved
+/// whole).
 async fn deny_waiting(state: &Engine, launch: &Launch, basis: &TurnBasis) -> Result<(), TurnError> {
     if basis.has_pending_approvals {
         Box::pin(bounded(state.store.close_approvals(

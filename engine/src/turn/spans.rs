@@ -1,4 +1,4 @@
-//! The turn's spans under the OpenTelemetry GenAI semantic conventions (issue 28, P6), so
+//! The turn's spans under the OpenTelemetry GenAI semantic conventions (P6), so
 //! Langfuse, Phoenix or Grafana read a turn as an agent invocation with its model calls
 //! and tool executions: `invoke_agent {agent}`, `chat {model}`, `execute_tool {tool}`
 //! (the exported span name comes from `otel.name`; the tracing name, which logs show,

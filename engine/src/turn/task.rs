@@ -159,7 +159,8 @@ impl TurnTask {
             // the stream opens at once, with the answered calls' outcomes first.
             self.client.begin(progress.assistant_id).await;
             // Boxed, as `unanswered` below: their transactions would otherwise weigh in
-            // every turn task's future, which the spawn moves (PERFORMANCE.md, issue 31).
+            // every turn task's future, which the spawn moves (measured in
+            // docs/design/performance-history.md: futures not moved whole).
             Box::pin(self.run_answered(&mut progress)).await;
         }
         let end = loop {

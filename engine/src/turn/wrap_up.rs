@@ -347,7 +347,8 @@ impl TurnTask {
         };
         tracing::error!(turn = %self.ids.turn, class, "could not write the turn's end state; ending it failed");
         // Boxed: `fail_turn`'s transaction would otherwise weigh in every turn task's
-        // future, which the spawn moves (PERFORMANCE.md, issue 31).
+        // future, which the spawn moves (measured in docs/design/performance-history.md:
+        // futures not moved whole).
         Box::pin(self.fall_back(&end)).await;
         false
     }

@@ -1,4 +1,4 @@
-//! Confining local workers (issue 50): bubblewrap (`bwrap`) gives each worker its own
+//! Confining local workers: bubblewrap (`bwrap`) gives each worker its own
 //! user, PID, mount, IPC and UTS namespaces. Inside, the worker and its commands are an
 //! unprivileged user with no capabilities; they see `/usr` and `/etc` read-only, a
 //! private `/tmp`, `/proc` of their own PID namespace (no other process of the machine:

@@ -107,8 +107,7 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
     assert_eq!(pod["enableServiceLinks"], false);
     assert_eq!(pod["terminationGracePeriodSeconds"], 10);
     // pid 1 is the pod's pause process, which reaps orphans: no init in the container
-    // holds the worker's environment, token included, where its commands read /proc/1
-    // (issue 50).
+    // holds the worker's environment, token included, where its commands read /proc/1.
     assert_eq!(pod["shareProcessNamespace"], true);
     assert_eq!(
         pod["securityContext"],
@@ -255,7 +254,7 @@ async fn created_the_job_is_locked_down_and_follows_its_profile() {
     finish(h, fake).await;
 }
 
-/// Issue 50, 6: a profile may run its workers under another container runtime (gVisor,
+/// A profile may run its workers under another container runtime (gVisor,
 /// Kata): its `runtimeClassName` is the pod's; a profile without one leaves it unset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profiles_runtime_class_is_its_pods() {
@@ -548,7 +547,7 @@ async fn an_unknown_profile_never_reaches_the_api_server() {
     finish(h, fake).await;
 }
 
-/// Issue 10 part 3: on SIGTERM the manager stops claiming tasks and finishes the one in
+/// On SIGTERM the manager stops claiming tasks and finishes the one in
 /// hand. A provision whose Job create is slow (a busy API server) still ends `connecting`
 /// with its Job; a task pushed during the stop is left to the next manager; the lease row
 /// goes with the process.

@@ -237,7 +237,7 @@ async fn an_idle_session_is_torn_down_and_a_use_rearms_its_timer() {
     h.finish().await;
 }
 
-/// Issue 10, 1.2: a worker still starting when its idle window has passed (an image pull
+/// A worker still starting when its idle window has passed (an image pull
 /// longer than `heavy`'s 45 s) is left to its dial; the idle window counts from `ready`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_from_ready() {
@@ -268,7 +268,7 @@ async fn a_session_slower_to_dial_than_its_idle_window_is_kept_and_idle_counts_f
     h.finish().await;
 }
 
-/// Issue 10, 1.6: a claimed warm session whose idle check could not be pushed (Redis gone
+/// A claimed warm session whose idle check could not be pushed (Redis gone
 /// at the arming step; a manager dying between recording and pushing it is the same) is
 /// torn down after its idle window anyway: the reaper arms a new check once the recorded
 /// one is overdue.
@@ -482,7 +482,7 @@ async fn a_provision_retried_after_a_crash_between_claim_and_launch_launches() {
     h.finish().await;
 }
 
-/// O3 (issue 10 part 2): a Provision delivered again while the live manager that claimed
+/// O3: a Provision delivered again while the live manager that claimed
 /// it still launches is left to that manager (no second worker); once that manager's
 /// lease has lapsed (it died mid-launch), the retried task takes the session over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

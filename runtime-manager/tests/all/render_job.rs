@@ -195,7 +195,7 @@ fn bad_configuration_stops_the_binary_naming_the_field() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// No published key signs worker tokens (issue 50, 5): without `SESSION_TOKEN_KEY` the
+/// No published key signs worker tokens: without `SESSION_TOKEN_KEY` the
 /// manager refuses to start, naming it, unless in development mode, whose key is made
 /// under `.dev/` of the working directory (where the brain of `make dev` finds it too).
 #[test]
