@@ -339,7 +339,8 @@ fn added_rows(scenario: &str, brain: Measured, provider: Measured, other: String
     ]
 }
 
-/// The quiet open loop's rate by default: the (31) latency target is quoted at it.
+/// The quiet open loop's rate by default: the latency target at rest (docs/PERFORMANCE.md)
+/// is stated at 5 turns/s.
 const QUIET_RATE: f64 = 5.0;
 /// Turns wanted at the quiet rate: enough for a p99 that is not the maximum.
 const QUIET_SAMPLES: f64 = 300.0;

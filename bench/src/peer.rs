@@ -30,10 +30,11 @@ const LANGGRAPH_PORT: u16 = 2124;
 const AEGRA_PORT: u16 = 2125;
 /// The graph's name in `bench/peer/langgraph.json`.
 const GRAPH: &str = "agent";
-/// 8 is the level the issue quotes for the peer; 1 shows the cost without queueing.
+/// 8 is the level the peer target was first stated at (docs/PERFORMANCE.md); 1 shows the
+/// cost without queueing.
 const CONCURRENCY: [usize; 2] = [1, 8];
 /// The open loop's arrival rate (`BENCH_PEER_RATE`, turns per second). By default 20 (the
-/// rate the issue names), lowered to 70 % of the slowest side's closed-loop throughput at
+/// rate the peer target was stated at), lowered to 70 % of the slowest side's closed-loop throughput at
 /// concurrency 8 when that is less: a rate a side cannot sustain grows its queue without
 /// bound and measures the queue, not the side (Aegra here tops out near 10 runs/s).
 fn open_rate(slowest: f64) -> Result<f64> {

@@ -78,7 +78,7 @@ pub struct Config {
     /// unlimited). SPEC T2, E2.
     pub quotas: crate::quota::Limits,
     /// What each API key and each JWT user may request, unless its team overrides it
-    /// (`BRAIN_RATE_LIMIT_PER_SECOND`, `BRAIN_RATE_LIMIT_BURST`; issue 50); `None`: unlimited.
+    /// (`BRAIN_RATE_LIMIT_PER_SECOND`, `BRAIN_RATE_LIMIT_BURST`); `None`: unlimited.
     pub requests: Option<crate::quota::RequestLimit>,
     /// What each client address may request without valid credentials
     /// (`BRAIN_RATE_LIMIT_ANONYMOUS_PER_SECOND`, `BRAIN_RATE_LIMIT_ANONYMOUS_BURST`).

@@ -80,8 +80,8 @@ fn is_word(c: char) -> bool {
 // Requirement ids
 // ---------------------------------------------------------------------------------------
 
-/// The id families: the SPEC's (T, S, W, R, A, M, B, E, X, O) and those the open issues
-/// add (D, P, L). An id is a family letter and a number from 1 to 99 without a leading
+/// The id families: the SPEC's (T, S, W, R, A, M, B, E, X, O) and those added since
+/// (D, P, L). An id is a family letter and a number from 1 to 99 without a leading
 /// zero, standing alone (`T8`, `(W11)`, `SPEC X4:`; not `T09:00`, `S3Store`, `IpAddr::V4`).
 const FAMILIES: &[char] = &[
     'T', 'S', 'W', 'R', 'A', 'M', 'B', 'E', 'X', 'O', 'D', 'P', 'L',

@@ -120,7 +120,7 @@ pub enum Action {
     /// For the deletion of an agent (L2), recorded by the store method that deletes it.
     AgentDeleted,
     ConnectorCreated,
-    /// Its tools' risk rules changed (`trust_hints`, `tool_risks`; issue 50).
+    /// Its tools' risk rules changed (`trust_hints`, `tool_risks`).
     ConnectorUpdated,
     ConnectorDeleted,
     SecretSet,

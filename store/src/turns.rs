@@ -341,7 +341,7 @@ impl Store {
     /// the new message joins it from `RETURNING`. A reused client message id answers
     /// `Conflict("message_id")` and writes nothing.
     ///
-    /// With a `check` (a basis this replica kept, issue 31), the statement first asks on
+    /// With a `check` (a basis this replica kept), the statement first asks on
     /// its own snapshot whether the basis is still current ([`TurnBasis::check`]); when it
     /// is not, it writes nothing and answers [`Begun::Stale`]. With a kept history,
     /// `history_after` is its end, and only what follows it is read.

@@ -1,4 +1,4 @@
-//! The bases a replica keeps (issue 31, `engine/src/turn/basis.rs`): a turn starts from its
+//! The bases a replica keeps (`engine/src/turn/basis.rs`): a turn starts from its
 //! chat and agent as this replica last read them, and no turn runs on a stale one: the
 //! intake's statement finds it stale and the turn starts over from Postgres.
 

@@ -1,4 +1,4 @@
-//! Fault injection (issue "Hold up under real conditions", part 5): a TCP proxy between
+//! Fault injection, the brain held up under real conditions: a TCP proxy between
 //! the brain and Redis or Postgres cuts the link (drop and refuse) or blackholes it
 //! (accept, never answer), and the brain must keep its promises: no-tool turns need no
 //! Redis (T9: best effort, bounded), and a lost Postgres fails fast with a stable code

@@ -51,7 +51,7 @@ async fn autostart_cron(app: &TestApp, agent: &str) -> Option<String> {
         .unwrap()
 }
 
-/// Hole 1: an admin approving a chat key's `memory_write` lends the continuation nothing:
+/// An admin approving a chat key's `memory_write` lends the continuation nothing:
 /// its next model step's `cron_set` is refused, as it is in the chat key's own turn.
 #[tokio::test]
 async fn an_admins_answer_lends_the_continuation_nothing() {
@@ -207,7 +207,7 @@ async fn status_as(app: &TestApp, bearer: &str, method: reqwest::Method, path: &
     request.send().await.unwrap().status().as_u16()
 }
 
-/// Hole 2: the autostart chat is the agent's own: a chat key neither lists, reads nor
+/// The autostart chat is the agent's own: a chat key neither lists, reads nor
 /// writes it; an admin does.
 #[tokio::test]
 async fn only_admins_see_or_write_the_autostart_chat() {
@@ -270,7 +270,7 @@ async fn only_admins_see_or_write_the_autostart_chat() {
     assert!(listed.to_string().contains(&chat), "{listed}");
 }
 
-/// Hole 2: an erased autostart chat is replaced by a new one at the next fire, and an id
+/// An erased autostart chat is replaced by a new one at the next fire, and an id
 /// re-created since under another agent is never fired into.
 #[tokio::test]
 async fn an_erased_autostart_chat_is_replaced_at_the_next_fire() {
@@ -324,7 +324,7 @@ async fn an_erased_autostart_chat_is_replaced_at_the_next_fire() {
     assert_eq!(in_other, 0, "nothing fired into the other agent's chat");
 }
 
-/// Hole 3: a cadence set by an admin key whose key is revoked stops acting for it: the
+/// A cadence set by an admin key whose key is revoked stops acting for it: the
 /// next fire is `failed` with `setter_revoked` (the `autostart.failed` webhook event's
 /// code, as every failed fire's), the cadence pauses (shown by the schedule), and an
 /// admin's PATCH re-arms it.
@@ -381,7 +381,7 @@ async fn a_revoked_setter_pauses_its_cadence_until_an_admin_re_arms_it() {
     app.settled().await;
 }
 
-/// Hole 3: a background turn whose key is revoked ends `interrupted` with
+/// A background turn whose key is revoked ends `interrupted` with
 /// `unauthorized` within seconds, as its open stream would have.
 #[tokio::test]
 async fn a_background_turn_ends_when_its_key_is_revoked() {
@@ -485,7 +485,7 @@ async fn tool_turn(app: &TestApp, bearer: &str, chat: &str, tool: &str, args: Va
         .unwrap_or_else(|| panic!("no tool output: {chunks:?}"))
 }
 
-/// Hole 4: a memory written in an end user's chat is that user's: another user's turns
+/// A memory written in an end user's chat is that user's: another user's turns
 /// never recall it, the agent-wide ones (written in a key's chat) every user's do, and
 /// `DELETE /v1/users/{sub}` erases the user's chats and memories, nothing else.
 #[tokio::test]
@@ -547,7 +547,7 @@ async fn memories_belong_to_their_end_user_and_go_with_them() {
     assert_eq!(audit, 1);
 }
 
-/// Hole 10: `409 agent_busy` names the running turn only to whom may read it: the user
+/// `409 agent_busy` names the running turn only to whom may read it: the user
 /// whose chat runs it, not another user of the team.
 #[tokio::test]
 async fn agent_busy_names_the_running_turn_only_to_whom_may_read_it() {
@@ -589,7 +589,7 @@ async fn agent_busy_names_the_running_turn_only_to_whom_may_read_it() {
     app.settled().await;
 }
 
-/// Hole 10: one principal cannot fill an agent's queue for everyone: past its share its
+/// One principal cannot fill an agent's queue for everyone: past its share its
 /// next message is `429 queue_full`, while another principal's still waits its turn.
 #[tokio::test]
 async fn one_principal_cannot_fill_the_agents_queue() {

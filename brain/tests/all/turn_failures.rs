@@ -1,5 +1,5 @@
-//! How a turn fails: bad bytes, a lost end-state write, and the smaller failure modes of
-//! issue 10 (SPEC T5-T9, T12). Every turn ends in a terminal state; none stays `running`.
+//! How a turn fails: bad bytes, a lost end-state write, and the smaller failure modes
+//! (SPEC T5-T9, T12). Every turn ends in a terminal state; none stays `running`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -8,9 +8,8 @@
 //! command and taking a real Chromium screenshot, a quota refusal, and sign-in with a
 //! frontend token handed over in the address, then expired; the page shows the team and
 //! user signed in, and a link with another team's token replaces a tab's credential only
-//! when the person agrees, issue 24). A real runtime-manager
-//! launches the workers; only the model is scripted. Screenshots go to
-//! `$CARGO_TARGET_TMPDIR/web-chat/`.
+//! when the person agrees). A real runtime-manager launches the workers; only the model is
+//! scripted. Screenshots go to `$CARGO_TARGET_TMPDIR/web-chat/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -422,8 +422,8 @@ async fn a_token_of_the_accepted_key_passes_while_the_key_is_rotated() {
     }
 }
 
-/// `GET /v1/worker/snapshot` restores only for the team and agent the token names (issue
-/// 50, 5): the same session's token minted under another team's or agent's claim gets
+/// `GET /v1/worker/snapshot` restores only for the team and agent the token names
+/// (X2): the same session's token minted under another team's or agent's claim gets
 /// nothing, where its own gets the chat's snapshot.
 #[tokio::test]
 async fn a_token_of_another_team_restores_no_snapshot() {

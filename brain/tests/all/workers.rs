@@ -1060,7 +1060,7 @@ async fn a_relayed_upload_near_the_size_limit_is_stored() {
     assert_eq!(digest, sha, "the stored bytes are the worker's file");
 }
 
-/// O3 / issue point 9: a session left `ready` by a replica that died (no replica holds its
+/// O3: a session left `ready` by a replica that died (no replica holds its
 /// channel any more) is failed and replaced by the next call, never waited on.
 #[tokio::test]
 async fn a_ready_session_whose_replica_died_is_replaced() {

@@ -6,7 +6,7 @@
 //! model reads.
 //!
 //! Brain tools (in-process) live here; worker and connector tools join the same
-//! [`Toolset`] in later issues. Names are unique: the first source to claim a name keeps
+//! [`Toolset`] (`sessions/tool.rs`, `connectors/tool.rs`). Names are unique: the first source to claim a name keeps
 //! it (brain tools are added first), and a later tool with a taken name is left out with a
 //! log line, so a connector can never shadow a built-in.
 
