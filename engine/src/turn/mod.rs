@@ -65,6 +65,7 @@ use logging::traces::TraceContext;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tracing::Instrument;
 
 use crate::Engine;
@@ -218,71 +219,12 @@ async fn start(
     admitted: Option<(TurnId, admit::Budget)>,
 ) -> Result<Launched, TurnError> {
     let Launch { team, chat, .. } = launch;
-    // A message or an autostart may start from the basis this replica kept (`basis.rs`):
-    // what it does before the intake's check (A4's denial) can be done again if the check
-    // finds it stale; an approval's recorded answers cannot.
-    let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(..));
-    let entered = async {
-        // In line for a share of the Postgres pool until the turn row is written.
-        let intake = state.intakes.enter().await?;
-        let found = state
-            .bases
-            .basis(&state.store, team, chat, kept_ok)
-            .await
-            .map_err(|e| match e {
-                StoreError::NotFound => TurnError::NotFound("chat"),
-                other => other.into(),
-            })?;
-        Ok::<_, TurnError>((intake, found))
-    };
-    let (intake, found) = match entered.await {
-        Ok(entered) => entered,
-        Err(err) => {
-            give_back(admitted.map(|(_, budget)| budget)).await;
-            return Err(err);
-        }
-    };
+    let mut admitted = admitted;
+    let (intake, found) = enter(state, &launch, &trigger, &mut admitted).await?;
     let basis = found.basis.clone();
-    // X1: nobody but an admin writes in an autostart chat (what they wrote would steer the
-    // next fire, which acts as an admin); a continuation's answerer was checked already.
-    if basis.chat.autostart
-        && matches!(trigger, Trigger::User(_) | Trigger::Queued(_))
-        && !launch.authority.may_change_agent()
-    {
-        give_back(admitted.map(|(_, budget)| budget)).await;
-        return Err(TurnError::NotFound("chat"));
-    }
-    // What starts the turn again from Postgres if the kept basis proves stale.
-    let again = match (&trigger, found.source) {
-        (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
-        (Trigger::Autostart(input, agent), basis::Source::Kept) => {
-            Some(Trigger::Autostart(input.clone(), *agent))
-        }
-        _ => None,
-    };
-    // What was admitted for another agent than the chat's now is given back.
-    let (turn_id, admitted) = match admitted {
-        Some((turn, budget)) if budget.agent() == basis.agent.id => (Some(turn), Some(budget)),
-        Some((turn, mut budget)) => {
-            budget.release(0).await;
-            (Some(turn), None)
-        }
-        None => (None, None),
-    };
-    // T12: a retried message id is looked up beside the admission, one Postgres round trip
-    // fewer before the model, unless something else answers before admission (a draining
-    // replica, an archived agent: the lookup comes first, as for a start over).
-    let retry = match &trigger {
-        Trigger::User(input)
-            if input.client_message_id.is_some()
-                && admitted.is_none()
-                && !state.draining.is_cancelled()
-                && !basis.agent.archived =>
-        {
-            Some(input)
-        }
-        _ => None,
-    };
+    let again = again(&trigger, found.source);
+    let (turn_id, admitted) = carried(admitted, &basis).await;
+    let retry = retried(state, &trigger, admitted.is_some(), &basis);
     if retry.is_none()
         && let Some(done) = answered_before_admission(state, team, chat, &trigger, &basis)
             .await
@@ -300,39 +242,16 @@ async fn start(
     // by its message id's earlier turn (T12), ends here with no `outcome`: its HTTP answer
     // says why.
     let span = turn_span(
-        TurnSpan {
-            turn: turn_id,
-            chat,
-            agent: basis.agent.id,
-            team,
-            detached: launch.detached,
-            resumed: false,
-        },
+        TurnSpan::new(turn_id, &launch, &basis),
         Some(&basis.agent.name),
     );
     logging::traces::continue_from(&span, parent);
-    let reservation = reservation(state, &basis, &trigger);
     let mut budget = match admitted {
         Some(budget) => budget,
-        None => {
-            let admission = admit::admit(
-                state,
-                team,
-                basis.agent.id,
-                turn_id,
-                reservation,
-                launch.authority.user(),
-            );
-            match retry {
-                Some(input) => {
-                    match admit_unless_retried(state, team, chat, input, admission).await? {
-                        Ok(budget) => budget,
-                        Err(replayed) => return Ok(replayed),
-                    }
-                }
-                None => admission.await?,
-            }
-        }
+        None => match admit_new(state, &launch, &basis, &trigger, turn_id, retry).await? {
+            Ok(budget) => budget,
+            Err(replayed) => return Ok(replayed),
+        },
     };
 
     // A3, A4, under the hold (so no continuation runs meanwhile): a new message denies
@@ -356,7 +275,7 @@ async fn start(
         .then(|| cancel.clone().drop_guard());
     // Stoppable from here, before its row exists: a stop that reads the row finds it
     // registered (T8).
-    let running = state.stops.register(turn_id, cancel.clone());
+    let registration = state.stops.register(turn_id, cancel.clone());
     let composed = match compose::compose(state, &launch, &found, asked, turn_id, &cancel).await? {
         compose::Composed::Ready(composed) => composed,
         // Two POSTs with one message id raced; the loser replays the winner's turn.
@@ -366,7 +285,7 @@ async fn start(
         }
         // Nothing was written: start over from Postgres, still admitted.
         compose::Composed::Stale => {
-            drop((running, guard, intake));
+            drop((registration, guard, intake));
             state.bases.stale(team, chat);
             let Some(again) = again else {
                 budget.release(0).await;
@@ -380,20 +299,176 @@ async fn start(
     };
     // The intake's writes are done; the model call that follows holds no slot.
     drop(intake);
+    let running = Started {
+        turn: turn_id,
+        budget,
+        cancel,
+        registration,
+        guard,
+        span,
+    };
+    run(state, launch, &basis, *composed, running).await
+}
 
+/// What starts the turn again from Postgres if the kept basis proves stale.
+fn again(trigger: &Trigger, source: basis::Source) -> Option<Trigger> {
+    match (trigger, source) {
+        (Trigger::User(input), basis::Source::Kept) => Some(Trigger::User(input.clone())),
+        (Trigger::Autostart(input, agent), basis::Source::Kept) => {
+            Some(Trigger::Autostart(input.clone(), *agent))
+        }
+        _ => None,
+    }
+}
+
+/// The turn id and admission a start over carries; what was admitted for another agent
+/// than the chat's now is given back.
+async fn carried(
+    admitted: Option<(TurnId, admit::Budget)>,
+    basis: &TurnBasis,
+) -> (Option<TurnId>, Option<admit::Budget>) {
+    match admitted {
+        Some((turn, budget)) if budget.agent() == basis.agent.id => (Some(turn), Some(budget)),
+        Some((turn, mut budget)) => {
+            budget.release(0).await;
+            (Some(turn), None)
+        }
+        None => (None, None),
+    }
+}
+
+/// T12: a retried message id is looked up beside the admission, one Postgres round trip
+/// fewer before the model, unless something else answers before admission (a draining
+/// replica, an archived agent: the lookup comes first, as for a start over).
+fn retried<'t>(
+    state: &Engine,
+    trigger: &'t Trigger,
+    admitted: bool,
+    basis: &TurnBasis,
+) -> Option<&'t TurnInput> {
+    match trigger {
+        Trigger::User(input)
+            if input.client_message_id.is_some()
+                && !admitted
+                && !state.draining.is_cancelled()
+                && !basis.agent.archived =>
+        {
+            Some(input)
+        }
+        _ => None,
+    }
+}
+
+/// An intake slot, then the chat with its agent: as this replica kept them when the
+/// trigger may start from a kept basis, else from Postgres. What was `admitted` before a
+/// start over is given back when the turn cannot start.
+async fn enter(
+    state: &Engine,
+    launch: &Launch,
+    trigger: &Trigger,
+    admitted: &mut Option<(TurnId, admit::Budget)>,
+) -> Result<(crate::intake::Intake, basis::Found), TurnError> {
+    // A message or an autostart may start from the basis this replica kept (`basis.rs`):
+    // what it does before the intake's check (A4's denial) can be done again if the check
+    // finds it stale; an approval's recorded answers cannot.
+    let kept_ok = matches!(trigger, Trigger::User(_) | Trigger::Autostart(..));
+    let entered = async {
+        // In line for a share of the Postgres pool until the turn row is written.
+        let intake = state.intakes.enter().await?;
+        let found = state
+            .bases
+            .basis(&state.store, launch.team, launch.chat, kept_ok)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound => TurnError::NotFound("chat"),
+                other => other.into(),
+            })?;
+        // X1: nobody but an admin writes in an autostart chat (what they wrote would steer
+        // the next fire, which acts as an admin); a continuation's answerer was checked
+        // already.
+        if found.basis.chat.autostart
+            && matches!(trigger, Trigger::User(_) | Trigger::Queued(_))
+            && !launch.authority.may_change_agent()
+        {
+            return Err(TurnError::NotFound("chat"));
+        }
+        Ok::<_, TurnError>((intake, found))
+    };
+    match entered.await {
+        Ok(entered) => Ok(entered),
+        Err(err) => {
+            give_back(admitted.take().map(|(_, budget)| budget)).await;
+            Err(err)
+        }
+    }
+}
+
+/// A new turn's admission (T9, T2); a retried message id's earlier turn, looked up beside
+/// it, answers instead (T12).
+async fn admit_new(
+    state: &Engine,
+    launch: &Launch,
+    basis: &TurnBasis,
+    trigger: &Trigger,
+    turn_id: TurnId,
+    retry: Option<&TurnInput>,
+) -> Result<Result<admit::Budget, Launched>, TurnError> {
+    let admission = admit::admit(
+        state,
+        launch.team,
+        basis.agent.id,
+        turn_id,
+        reservation(state, basis, trigger),
+        launch.authority.user(),
+    );
+    match retry {
+        Some(input) => {
+            admit_unless_retried(state, launch.team, launch.chat, input, admission).await
+        }
+        None => admission.await.map(Ok),
+    }
+}
+
+/// A composed turn, admitted and stoppable, before its task runs.
+struct Started {
+    turn: TurnId,
+    budget: admit::Budget,
+    cancel: CancellationToken,
+    registration: stop::Registration,
+    /// Cancels the turn when its client's stream is dropped (none for a detached turn).
+    guard: Option<DropGuard>,
+    span: tracing::Span,
+}
+
+/// Spawns the turn's task, then answers once its first model output decided how it
+/// started: the live stream, or nothing to read for a detached turn.
+async fn run(
+    state: &Engine,
+    launch: Launch,
+    basis: &TurnBasis,
+    composed: compose::Ready,
+    started: Started,
+) -> Result<Launched, TurnError> {
+    let Started {
+        turn: turn_id,
+        budget,
+        cancel,
+        mut registration,
+        guard,
+        span,
+    } = started;
     let (tx, rx) = mpsc::channel(CHUNK_BUFFER);
     let (started_tx, started_rx) = oneshot::channel();
     let headers = budget.headers.clone();
     let autostart = composed.autostart;
     let answered = composed.answered.clone();
     let (detached, attached) = (launch.detached, guard.is_some());
-    let mut registration = running;
     // X1: a turn no stream follows ends with its principal's authority.
     let lost = if attached {
         None
     } else {
         let ended = registration.ended();
-        Some(standing::watch(state, team, &launch.authority, &cancel, ended).await)
+        Some(standing::watch(state, launch.team, &launch.authority, &cancel, ended).await)
     };
     let running = state::Running {
         turn: turn_id,
@@ -402,7 +477,7 @@ async fn start(
         registration,
         lost,
     };
-    let task = state::TurnTask::new(state, launch, &basis, *composed, running, tx, attached);
+    let task = state::TurnTask::new(state, launch, basis, composed, running, tx, attached);
     // The guard travels with the response body; if this caller is dropped first (the
     // client left while the model was still silent), the guard still cancels the turn.
     state
@@ -433,7 +508,6 @@ async fn start(
         )),
     }
 }
-
 /// What a start answers before it admits anything: a retried message id's turn (T12),
 /// or a refusal (draining, an archived agent). `None`: go on.
 async fn answered_before_admission(

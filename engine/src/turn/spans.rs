@@ -25,6 +25,20 @@ pub(super) struct TurnSpan {
     pub resumed: bool,
 }
 
+impl TurnSpan {
+    /// A turn this replica starts now.
+    pub(super) fn new(turn: TurnId, launch: &super::Launch, basis: &store::TurnBasis) -> Self {
+        Self {
+            turn,
+            chat: launch.chat,
+            agent: basis.agent.id,
+            team: launch.team,
+            detached: launch.detached,
+            resumed: false,
+        }
+    }
+}
+
 /// The `turn` span (`invoke_agent`): named after the agent when its name is known. Its
 /// usage is recorded at wrap-up, summed over the turn's model calls.
 pub(super) fn turn_span(of: TurnSpan, agent_name: Option<&str>) -> tracing::Span {
