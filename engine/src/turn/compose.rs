@@ -174,7 +174,7 @@ pub(super) async fn compose(
     state: &Engine,
     launch: &Launch,
     found: &Found,
-    asked: Asked,
+    mut asked: Asked,
     turn: TurnId,
     cancel: &CancellationToken,
 ) -> Result<Composed, TurnError> {
@@ -197,88 +197,24 @@ pub(super) async fn compose(
         summary_through: chat_row.summary_through,
     };
     let frozen = freeze(state, launch, found, &composition)?;
-    let history = if asked.queued {
-        let begun = bounded(state.store.begin_queued_turn(
-            team,
-            turn,
-            state.replica,
-            &frozen,
-            composition.summary_through,
-        ))
-        .await?;
-        // Withdrawn, or started by another replica, since it was read.
-        let history = begun.ok_or(TurnError::NotFound("turn"))?;
-        history
-            .into_iter()
-            .map(|row| Arc::new(HistoryRow::new(row)))
-            .collect()
+    let begun = if asked.queued {
+        begin_queued(state, launch, turn, &frozen, composition.summary_through).await?
     } else {
-        let kept = found.history.as_deref();
-        let after = kept.map_or(composition.summary_through, |k| k.through);
-        let check = (found.source == Source::Kept).then(|| BasisCheck {
-            history: kept.map(KeptHistory::check),
-            ..basis.check()
-        });
-        let user_parts = asked
-            .content
-            .map(|text| vec![protocol::parts::Part::Text { text }]);
-        let begun = bounded(state.store.begin_turn(
-            NewTurn {
-                id: turn,
-                team,
-                agent: agent.id,
-                chat,
-                background: launch.detached,
-                trigger: if !asked.resume.is_empty() {
-                    "approval"
-                } else if asked.autostart {
-                    "autostart"
-                } else {
-                    "user"
-                },
-                composition: &frozen,
-                user_parts: user_parts.as_deref(),
-                client_message_id: asked.client_message_id.as_deref(),
-                replica: state.replica,
-                actor: &launch.authority.actor,
-                actor_admin: launch.authority.may_change_agent(),
-            },
-            after,
-            check,
-        ))
-        .await;
-        match begun {
-            Ok(Begun::History(read)) => {
-                let rows: Vec<Arc<HistoryRow>> = kept
-                    .map(|k| k.rows.iter().cloned())
-                    .into_iter()
-                    .flatten()
-                    .chain(read.into_iter().map(|row| Arc::new(HistoryRow::new(row))))
-                    .collect();
-                if found.keeps {
-                    let through = rows.last().map_or(after, |r| r.row.seq);
-                    let history = KeptHistory {
-                        through,
-                        rows: rows.clone(),
-                    };
-                    state
-                        .bases
-                        .keep_history(team, chat, basis.versions, Arc::new(history));
-                }
-                rows
-            }
-            Ok(Begun::Stale) => return Ok(Composed::Stale),
-            Err(StoreError::Conflict("message_id")) => {
-                let client_id = asked.client_message_id.as_deref().unwrap_or_default();
-                let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
-                    .await?
-                    .ok_or(TurnError::Internal(
-                        "conflicting message id vanished".into(),
-                    ))?;
-                return replay::replay(existing).map(Composed::Replayed);
-            }
-            Err(e) => return Err(e.into()),
-        }
+        let summary_through = composition.summary_through;
+        begin_new(
+            state,
+            launch,
+            found,
+            &mut asked,
+            turn,
+            &frozen,
+            summary_through,
+        )
+        .await?
+    };
+    let history = match begun {
+        Beginning::History(history) => history,
+        Beginning::Instead(composed) => return Ok(composed),
     };
     let request = ModelRequest {
         model: String::new(),
@@ -319,6 +255,124 @@ pub(super) async fn compose(
         answered: asked.answered,
         autostart: asked.autostart,
     })))
+}
+
+/// What beginning a turn gave.
+enum Beginning {
+    /// The history the turn runs on.
+    History(Vec<Arc<HistoryRow>>),
+    /// What answers instead of running: a stale kept basis, a replay.
+    Instead(Composed),
+}
+
+/// A queued turn (T13): its row and user message exist; it begins here unless it was
+/// withdrawn, or another replica began it, since it was read.
+async fn begin_queued(
+    state: &Engine,
+    launch: &Launch,
+    turn: TurnId,
+    frozen: &FrozenComposition,
+    summary_through: i64,
+) -> Result<Beginning, TurnError> {
+    let begun = bounded(state.store.begin_queued_turn(
+        launch.team,
+        turn,
+        state.replica,
+        frozen,
+        summary_through,
+    ))
+    .await?;
+    let history = begun.ok_or(TurnError::NotFound("turn"))?;
+    Ok(Beginning::History(
+        history
+            .into_iter()
+            .map(|row| Arc::new(HistoryRow::new(row)))
+            .collect(),
+    ))
+}
+
+/// Writes the turn row with its user message and reads back the history after what this
+/// replica kept (only while the kept basis is current); a message id another request
+/// wrote first replays that turn (T12).
+async fn begin_new(
+    state: &Engine,
+    launch: &Launch,
+    found: &Found,
+    asked: &mut Asked,
+    turn: TurnId,
+    frozen: &FrozenComposition,
+    summary_through: i64,
+) -> Result<Beginning, TurnError> {
+    let (team, chat) = (launch.team, launch.chat);
+    let basis = &*found.basis;
+    let kept = found.history.as_deref();
+    let after = kept.map_or(summary_through, |k| k.through);
+    let check = (found.source == Source::Kept).then(|| BasisCheck {
+        history: kept.map(KeptHistory::check),
+        ..basis.check()
+    });
+    let user_parts = asked
+        .content
+        .take()
+        .map(|text| vec![protocol::parts::Part::Text { text }]);
+    let begun = bounded(state.store.begin_turn(
+        NewTurn {
+            id: turn,
+            team,
+            agent: basis.agent.id,
+            chat,
+            background: launch.detached,
+            trigger: if !asked.resume.is_empty() {
+                "approval"
+            } else if asked.autostart {
+                "autostart"
+            } else {
+                "user"
+            },
+            composition: frozen,
+            user_parts: user_parts.as_deref(),
+            client_message_id: asked.client_message_id.as_deref(),
+            replica: state.replica,
+            actor: &launch.authority.actor,
+            actor_admin: launch.authority.may_change_agent(),
+        },
+        after,
+        check,
+    ))
+    .await;
+    match begun {
+        Ok(Begun::History(read)) => {
+            let rows: Vec<Arc<HistoryRow>> = kept
+                .map(|k| k.rows.iter().cloned())
+                .into_iter()
+                .flatten()
+                .chain(read.into_iter().map(|row| Arc::new(HistoryRow::new(row))))
+                .collect();
+            if found.keeps {
+                let through = rows.last().map_or(after, |r| r.row.seq);
+                let history = KeptHistory {
+                    through,
+                    rows: rows.clone(),
+                };
+                state
+                    .bases
+                    .keep_history(team, chat, basis.versions, Arc::new(history));
+            }
+            Ok(Beginning::History(rows))
+        }
+        Ok(Begun::Stale) => Ok(Beginning::Instead(Composed::Stale)),
+        Err(StoreError::Conflict("message_id")) => {
+            let client_id = asked.client_message_id.as_deref().unwrap_or_default();
+            let existing = bounded(state.store.turn_for_client_message(team, chat, client_id))
+                .await?
+                .ok_or(TurnError::Internal(
+                    "conflicting message id vanished".into(),
+                ))?;
+            replay::replay(existing)
+                .map(|replayed| Beginning::Instead(Composed::Replayed(replayed)))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The tools the turn is offered: the brain's, then the worker's, then the connectors'
