@@ -36,6 +36,15 @@ pub(super) struct Executed {
     pub cancelled: bool,
 }
 
+/// What the policy makes of a call before it runs.
+enum Gate {
+    Run,
+    /// Answered without running.
+    Refused(ToolOutput),
+    /// Waits for a person (A3).
+    Held,
+}
+
 impl TurnTask {
     /// Runs the calls of one model answer; returns (input, output) per call in call order
     /// and whether the turn was cancelled meanwhile.
@@ -58,7 +67,7 @@ impl TurnTask {
             .collect();
         let mut inputs = Vec::with_capacity(calls.len());
         let mut outputs: Vec<Option<ToolOutput>> = vec![None; calls.len()];
-        let mut reads = FuturesUnordered::new();
+        let reads = FuturesUnordered::new();
         let mut writes: VecDeque<(usize, BoxFuture<'_, ToolOutput>)> = VecDeque::new();
         let mut held = Vec::new();
         for (index, call) in calls.iter().enumerate() {
@@ -72,38 +81,17 @@ impl TurnTask {
                 .await;
             inputs.push(input_shown);
             let tool = self.deps.toolset.get(&call.name);
-            // X1, before any approval is asked: an answer (even the turn's own principal's)
-            // cannot lend the turn an authority its principal lacks.
-            if let Some(refusal) = tool.and_then(|t| self.beyond_authority(t.as_ref(), &call.name))
-            {
-                outputs[index] = Some(refusal);
-                continue;
-            }
-            let decision = tool.map(|t| self.rules.policy.decide(&call.name, t.risk()));
-            match decision {
-                Some(Decision::Deny) => {
-                    outputs[index] = Some(ToolOutput::error(format!(
-                        "refused: this agent's policy never runs `{}`; do without it",
-                        call.name
-                    )));
+            match self.gate(call, tool, input.is_ok()) {
+                Gate::Run => {}
+                Gate::Refused(refusal) => {
+                    outputs[index] = Some(refusal);
                     continue;
                 }
-                // The arguments of a tool that redacts them (a secret's value) are not
-                // stored, so such a call cannot wait for an answer: it is refused.
-                Some(Decision::Ask) if tool.is_some_and(|t| t.redacts_input()) => {
-                    outputs[index] = Some(ToolOutput::error(format!(
-                        "refused: `{}` needs approval and its arguments cannot be kept \
-                         while it waits; ask the user to do it themselves",
-                        call.name
-                    )));
-                    continue;
-                }
-                Some(Decision::Ask) if input.is_ok() => {
+                Gate::Held => {
                     held.push(index);
                     outputs[index] = Some(ToolOutput::error(AWAITING_APPROVAL));
                     continue;
                 }
-                _ => {}
             }
             match (tool, input) {
                 (None, _) => {
@@ -142,40 +130,72 @@ impl TurnTask {
                     .tool_not_run(self.deps.toolset.get(&call.name), "refused");
             }
         }
-        let mut current_write = writes.pop_front();
-        let mut cancelled = false;
-        while !reads.is_empty() || current_write.is_some() {
-            tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => {
-                    cancelled = true;
-                    break;
-                }
-                Some((index, output)) = reads.next(), if !reads.is_empty() => outputs[index] = Some(output),
-                Some(output) = OptionFuture::from(current_write.as_mut().map(|(_, f)| f)), if current_write.is_some() => {
-                    if let Some((index, _)) = current_write.take() {
-                        outputs[index] = Some(output);
-                    }
-                    // No tool starts after a cancel (T8).
-                    if !self.cancel.is_cancelled() {
-                        current_write = writes.pop_front();
-                    }
-                }
-            }
-        }
-        drop(reads);
-        drop(current_write);
+        let cancelled = self.drive(reads, writes, &mut outputs).await || self.cancel.is_cancelled();
         let outputs = outputs
             .into_iter()
             .map(|o| o.unwrap_or_else(|| ToolOutput::error(CANCELLED_RESULT)))
             .collect();
-        let cancelled = cancelled || self.cancel.is_cancelled();
         let reported = self.report_outputs(calls, inputs, outputs, &held).await;
         Executed {
             results: reported,
             held,
             cancelled,
         }
+    }
+
+    /// What the principal's authority (X1) and the agent's policy (A2) make of a call
+    /// before it runs.
+    fn gate(&self, call: &ToolCall, tool: Option<&Arc<dyn Tool>>, input_ok: bool) -> Gate {
+        // X1, before any approval is asked: an answer (even the turn's own principal's)
+        // cannot lend the turn an authority its principal lacks.
+        if let Some(refusal) = tool.and_then(|t| self.beyond_authority(t.as_ref(), &call.name)) {
+            return Gate::Refused(refusal);
+        }
+        match tool.map(|t| self.rules.policy.decide(&call.name, t.risk())) {
+            Some(Decision::Deny) => Gate::Refused(ToolOutput::error(format!(
+                "refused: this agent's policy never runs `{}`; do without it",
+                call.name
+            ))),
+            // The arguments of a tool that redacts them (a secret's value) are not stored,
+            // so such a call cannot wait for an answer: it is refused.
+            Some(Decision::Ask) if tool.is_some_and(|t| t.redacts_input()) => {
+                Gate::Refused(ToolOutput::error(format!(
+                    "refused: `{}` needs approval and its arguments cannot be kept while it \
+                     waits; ask the user to do it themselves",
+                    call.name
+                )))
+            }
+            Some(Decision::Ask) if input_ok => Gate::Held,
+            _ => Gate::Run,
+        }
+    }
+
+    /// Runs the started calls to their ends (reads at once, writes one at a time, in call
+    /// order) unless the turn is cancelled first: then it says so, and no tool starts
+    /// after the cancel (T8).
+    async fn drive<'a>(
+        &self,
+        mut reads: FuturesUnordered<impl Future<Output = (usize, ToolOutput)>>,
+        mut writes: VecDeque<(usize, BoxFuture<'a, ToolOutput>)>,
+        outputs: &mut [Option<ToolOutput>],
+    ) -> bool {
+        let mut current_write = writes.pop_front();
+        while !reads.is_empty() || current_write.is_some() {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return true,
+                Some((index, output)) = reads.next(), if !reads.is_empty() => outputs[index] = Some(output),
+                Some(output) = OptionFuture::from(current_write.as_mut().map(|(_, f)| f)), if current_write.is_some() => {
+                    if let Some((index, _)) = current_write.take() {
+                        outputs[index] = Some(output);
+                    }
+                    if !self.cancel.is_cancelled() {
+                        current_write = writes.pop_front();
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// Opens the client's stream: the message id, the turn, and the connectors' status.
