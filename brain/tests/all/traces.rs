@@ -510,7 +510,7 @@ async fn a_turn_with_a_worker_call_is_one_trace_that_carries_no_text() {
         // Only the workspace's own spans are exported, never a dependency's.
         let target = received.attr("target").unwrap_or_default();
         assert!(
-            ["brain", "worker", "runtime_manager", "channel", "queue"]
+            logging::OWN_TARGETS
                 .iter()
                 .any(|own| target == *own || target.starts_with(&format!("{own}::"))),
             "a span of {target:?}"
