@@ -104,6 +104,48 @@ pub async fn serve(
         lease::keep(state.engine.clone(), lease_stop.clone()),
     );
     let app = api::router(state.clone());
+    // Relayed calls for the workers this replica holds keep working while it drains.
+    let stopped = CancellationToken::new();
+    start_background(&state, &stopped);
+    // Small frames (stream chunks, cancel notifications to workers) must not wait for
+    // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    // Each request knows its peer's address, which the audit log records (L5).
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped.clone().cancelled_owned())
+        .into_future();
+    let server = tokio::spawn(server);
+
+    shutdown.cancelled().await;
+    drain(&state).await;
+    // The workers this replica holds dial again and another replica takes them (W9).
+    let closed = state.sessions.close_all_going_away().await;
+    if closed > 0 {
+        tracing::info!(closed, "worker channels closed going away");
+    }
+    stopped.cancel();
+    // Every turn has ended; a connection still open now belongs to a client that stopped
+    // reading (its turn was given up) or to an idle keep-alive: it gets a moment, then
+    // the process stops without it.
+    let served = match tokio::time::timeout(CONNECTIONS_CLOSE_WITHIN, server).await {
+        Ok(joined) => joined.unwrap_or(Ok(())),
+        Err(_) => {
+            tracing::warn!("connections still open after the drain; closing without them");
+            Ok(())
+        }
+    };
+    lease_stop.cancel();
+    lease::give_up(&state).await;
+    served
+}
+
+/// The background work every replica runs, under the supervisor: what the drain stops
+/// (`state.draining`) and what goes on until `stopped`.
+fn start_background(state: &AppState, stopped: &CancellationToken) {
+    let tasks = &state.supervisor;
     // Claims ticks until the drain begins.
     tasks.spawn("scheduler", scheduler::run(state.engine.clone()));
     // Teams being erased (L2) are worked on until the drain begins; the lease of one cut
@@ -125,8 +167,6 @@ pub async fn serve(
         "run_queue",
         turn::run_queue(state.engine.clone(), state.draining.clone()),
     );
-    // Relayed calls for the workers this replica holds keep working while it drains.
-    let stopped = CancellationToken::new();
     tasks.spawn("key_watch", state.auth.keys.clone().watch(stopped.clone()));
     // Stopped after the drain, so the chunks of the last turns are still published.
     tasks.spawn(
@@ -177,19 +217,11 @@ pub async fn serve(
             stopped.clone(),
         ),
     );
-    // Small frames (stream chunks, cancel notifications to workers) must not wait for
-    // Nagle and delayed ACKs: without this a worker's cancel arrived ~40 ms late.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    // Each request knows its peer's address, which the audit log records (L5).
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(stopped.clone().cancelled_owned())
-        .into_future();
-    let server = tokio::spawn(server);
+}
 
-    shutdown.cancelled().await;
+/// D4, O3: running turns may finish for `BRAIN_DRAIN_TIMEOUT_MS`, then are handed over;
+/// those that reach no step boundary within another are cancelled.
+async fn drain(state: &AppState) {
     state.draining.cancel();
     let tracker = &state.turn_tracker;
     tracker.close();
@@ -216,23 +248,4 @@ pub async fn serve(
             tracker.wait().await;
         }
     }
-    // The workers this replica holds dial again and another replica takes them (W9).
-    let closed = state.sessions.close_all_going_away().await;
-    if closed > 0 {
-        tracing::info!(closed, "worker channels closed going away");
-    }
-    stopped.cancel();
-    // Every turn has ended; a connection still open now belongs to a client that stopped
-    // reading (its turn was given up) or to an idle keep-alive: it gets a moment, then
-    // the process stops without it.
-    let served = match tokio::time::timeout(CONNECTIONS_CLOSE_WITHIN, server).await {
-        Ok(joined) => joined.unwrap_or(Ok(())),
-        Err(_) => {
-            tracing::warn!("connections still open after the drain; closing without them");
-            Ok(())
-        }
-    };
-    lease_stop.cancel();
-    lease::give_up(&state).await;
-    served
 }
