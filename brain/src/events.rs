@@ -651,12 +651,13 @@ impl Events {
         stop: CancellationToken,
         viewer: Viewer,
     ) -> Result<Option<TurnStream>, EventsError> {
-        type Page = Vec<(String, Vec<String>)>;
         let slot = self.admit(viewer.identity)?;
         // Subscribed first, as `observe` is: the cursor drops what replay and broadcast
         // both carry.
         let rx = self.subscribe(chat).await?;
         let mut stream = TurnStream {
+            events: self.clone(),
+            chat,
             replay: VecDeque::new(),
             rx,
             cursor: EventId::default(),
@@ -669,17 +670,32 @@ impl Events {
             stop,
             authority: viewer.authority,
             ended: false,
+            error_parts: true,
             _slot: slot,
         };
-        let limit = self.0.config.redis_timeout;
-        let key = stream_key(chat);
-        let mut conn = self.connection().await?;
         // Entry ids are Redis' clock, which may run behind Postgres'.
-        let mut from = EventId {
+        let from = EventId {
             ms: started.saturating_sub(CLOCK_SKEW.as_millis() as u64),
             ..EventId::default()
         }
         .to_string();
+        match self.read_turn(&mut stream, from).await? {
+            Read::Broken => Ok(None),
+            Read::Open | Read::Ended => Ok(Some(stream)),
+        }
+    }
+
+    /// Reads the entries of `stream`'s chat from `from` (an `XRANGE` bound) into its
+    /// replay, page by page, until the end of the chat's stream or of the turn.
+    async fn read_turn(
+        &self,
+        stream: &mut TurnStream,
+        mut from: String,
+    ) -> Result<Read, EventsError> {
+        type Page = Vec<(String, Vec<String>)>;
+        let limit = self.0.config.redis_timeout;
+        let key = stream_key(stream.chat);
+        let mut conn = self.connection().await?;
         loop {
             let page: Page = bounded(
                 limit,
@@ -698,16 +714,16 @@ impl Events {
                     continue;
                 };
                 match stream.take(&entry) {
-                    Taken::Broken => return Ok(None),
+                    Taken::Broken => return Ok(Read::Broken),
                     Taken::Frame(frame) => stream.replay.push_back(frame),
                     Taken::Skipped => {}
                 }
                 if stream.ended {
-                    return Ok(Some(stream));
+                    return Ok(Read::Ended);
                 }
             }
             if !full {
-                return Ok(Some(stream));
+                return Ok(Read::Open);
             }
             from = format!("({}", stream.cursor.entry());
         }
@@ -1141,8 +1157,29 @@ enum Taken {
     Broken,
 }
 
+/// How far reading a turn's entries from Redis got.
+enum Read {
+    /// To the end of the chat's stream; the turn goes on.
+    Open,
+    /// To the turn's last chunk.
+    Ended,
+    /// To a gap the turn's chunks cannot be built across.
+    Broken,
+}
+
+/// Times a turn stream whose broadcast failed tries to follow the chat again.
+const RECONNECT_ATTEMPTS: u32 = 3;
+/// The pause before a further attempt, times the attempts made.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
 /// One turn's stream, resumed (`GET /v1/chats/{id}/stream`): its chunks from `start`, then
 /// live ones until its last, then `[DONE]`, like the stream of the request that started it.
+///
+/// It never stops mid-answer without saying so: when the chat's reader loses its Redis
+/// connection (or this stream falls behind the broadcast), it follows the chat again (the
+/// reader dials a new connection) and reads what followed its last entry from Redis; when
+/// that fails, or it cannot go on for another reason (a gap in the turn's chunks, the
+/// replica draining, the credentials revoked), it ends with an `error` part and `[DONE]`.
 ///
 /// A turn taken over (D3, D5) starts its chunks over in the events stream: a second `start`,
 /// the durable steps, a `data-notice` `resumed`, then the re-issued step live. Read before
@@ -1151,6 +1188,9 @@ enum Taken {
 /// chunks, so it gets a `reset-step` (dropping the step that was lost) and only the durable
 /// chunks past the steps it has.
 pub struct TurnStream {
+    /// To follow the chat again after its broadcast failed.
+    events: Events,
+    chat: ChatId,
     replay: VecDeque<Bytes>,
     rx: broadcast::Receiver<Arc<Event>>,
     cursor: EventId,
@@ -1167,6 +1207,8 @@ pub struct TurnStream {
     stop: CancellationToken,
     authority: Standing,
     ended: bool,
+    /// Whether an early end is said with an `error` part (see `quiet`).
+    error_parts: bool,
     _slot: Slot,
 }
 
@@ -1273,11 +1315,14 @@ impl TurnStream {
         Bytes::from(out)
     }
 
-    /// The next step; `None` once the turn ended, its stream broke, the replica drains or
-    /// the principal's authority ended.
+    /// The next step; `None` once the turn's last chunk, or the `error` part that ended the
+    /// stream early, was given.
     pub async fn next(&mut self) -> Option<Resumed> {
         if self.authority.lost().now_or_never().is_some() {
-            return None;
+            if self.ended {
+                return None;
+            }
+            return self.end_unauthorized();
         }
         if let Some(replayed) = self.replay.pop_front() {
             return Some(Resumed::Bytes(replayed));
@@ -1289,30 +1334,112 @@ impl TurnStream {
         loop {
             let received = tokio::select! {
                 biased;
-                () = self.stop.cancelled() => None,
-                () = self.authority.lost() => None,
-                received = self.rx.recv() => Some(received),
+                () = self.stop.cancelled() => {
+                    return self.end_with(
+                        ErrorCode::ShuttingDown,
+                        "this replica is shutting down; resume the stream on another",
+                    );
+                }
+                () = self.authority.lost() => return self.end_unauthorized(),
+                received = self.rx.recv() => received,
                 () = tokio::time::sleep(self.keepalive) => return Some(Resumed::Idle),
             };
-            // Draining, a lost authority, a failed reader or a lagging one: the stream ends
-            // without `[DONE]` and the client reads the transcript (or resumes again).
-            let Some(Ok(event)) = received else {
-                self.ended = true;
-                return None;
+            let read = match received {
+                Ok(event) => match &*event {
+                    Event::Entry(entry) => match self.take(entry) {
+                        Taken::Skipped => continue,
+                        Taken::Frame(bytes) => return Some(Resumed::Bytes(bytes)),
+                        Taken::Broken => Ok(Read::Broken),
+                    },
+                    Event::Failed => self.reconnect().await,
+                },
+                Err(
+                    broadcast::error::RecvError::Lagged(_) | broadcast::error::RecvError::Closed,
+                ) => self.reconnect().await,
             };
-            let Event::Entry(entry) = &*event else {
-                self.ended = true;
-                return None;
-            };
-            match self.take(entry) {
-                Taken::Skipped => {}
-                Taken::Frame(bytes) => return Some(Resumed::Bytes(bytes)),
-                Taken::Broken => {
-                    self.ended = true;
-                    return None;
+            match read {
+                Ok(Read::Open) if self.replay.is_empty() => continue,
+                Ok(Read::Open | Read::Ended) => return self.replay.pop_front().map(Resumed::Bytes),
+                Ok(Read::Broken) => {
+                    return self.end_with(
+                        ErrorCode::EventsUnavailable,
+                        "part of this turn's stream was lost; its messages show the answer once \
+                         it ends",
+                    );
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "turn stream could not follow its chat again");
+                    return self.end_with(
+                        ErrorCode::EventsUnavailable,
+                        "the events stream could not be read; resume the stream",
+                    );
                 }
             }
         }
+    }
+
+    /// After the chat's broadcast failed or left this stream behind: follows the chat again
+    /// and reads what followed the cursor from Redis into the replay.
+    async fn reconnect(&mut self) -> Result<Read, EventsError> {
+        let events = self.events.clone();
+        let mut attempt = 0;
+        loop {
+            let read = async {
+                self.rx = events.subscribe(self.chat).await?;
+                // From the cursor's entry on: parts of it not given yet are taken.
+                events
+                    .read_turn(self, self.cursor.entry().to_string())
+                    .await
+            }
+            .await;
+            attempt += 1;
+            match read {
+                Err(err) if attempt < RECONNECT_ATTEMPTS => {
+                    tracing::debug!(error = %err, attempt, "turn stream follows its chat again");
+                    tokio::time::sleep(RECONNECT_PAUSE * attempt).await;
+                }
+                read => return read,
+            }
+        }
+    }
+
+    /// Ends early without an `error` part: for a translation whose clients would read one
+    /// as the turn's own failure (an A2A task's subscription, which its client takes up
+    /// again when it ends without the task's final state).
+    pub fn quiet(mut self) -> Self {
+        self.error_parts = false;
+        self
+    }
+
+    /// Ends the stream after what the replay holds: an `error` part, then `[DONE]`.
+    fn end_with(&mut self, code: ErrorCode, message: &str) -> Option<Resumed> {
+        self.ended = true;
+        if !self.error_parts {
+            return self.replay.pop_front().map(Resumed::Bytes);
+        }
+        let mut out = sse::chunk(None, &UiChunk::error(code, message)).to_vec();
+        out.extend_from_slice(&sse::done());
+        self.replay.push_back(Bytes::from(out));
+        self.replay.pop_front().map(Resumed::Bytes)
+    }
+
+    /// The turn ended (its row says so) and its last chunks never came: its replica died
+    /// before publishing them, or the publisher dropped them.
+    pub fn end_unseen(&mut self) -> Option<Resumed> {
+        self.end_with(
+            ErrorCode::EventsUnavailable,
+            "this turn ended and its last chunks did not reach the events stream; its \
+             messages show how it ended",
+        )
+    }
+
+    /// The key was revoked or the token expired: what was not given yet is not.
+    fn end_unauthorized(&mut self) -> Option<Resumed> {
+        self.replay.clear();
+        self.end_with(
+            ErrorCode::Unauthorized,
+            "the credentials of this stream were revoked or expired",
+        )
     }
 }
 
