@@ -22,7 +22,9 @@
 //!   webhooks, OAuth, team issuers' JWKS): no metadata or link-local address, private ones
 //!   only where the operator allows;
 //! - `approvals.rs`: the risk classes, the approval policy and states (A1-A4);
-//! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
+//! - `events/`: the chat events stream (Redis Streams): publishing the turns' chunks,
+//!   the reader a replica's observers share, observers' streams, and a turn's own stream
+//!   resumed;
 //! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);
 //! - `ratelimit.rs`: the request rate limit's token buckets in Redis, per principal and
 //!   per address (issue 50);
