@@ -30,10 +30,17 @@
 
 use std::sync::Arc;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use protocol::env::{MIN_VALUE, SessionEnv};
 use serde_json::Value;
+
+/// The most bytes of values (encoded forms included) masked through the automaton: it
+/// takes about five times their size in memory and builds at about 20 MB/s, so values far
+/// longer than secrets usually are (up to 100 of 8 KiB each) are scanned byte by byte
+/// instead, ten times slower but with no memory beyond the values.
+const FINDER_MAX_BYTES: usize = 1 << 20;
 
 /// The values to mask and what replaces each. `Debug` shows the count of secrets only.
 pub struct Masks {
@@ -41,6 +48,10 @@ pub struct Masks {
     values: Vec<(Vec<u8>, Vec<u8>)>,
     /// For each first byte, the indexes into `values` that start with it, longest first.
     by_first: Vec<Vec<usize>>,
+    /// Finds the leftmost-longest value in one pass; its pattern ids index `values`.
+    /// `None` without values, past [`FINDER_MAX_BYTES`] or if it could not be built: the
+    /// scan byte by byte then masks everything.
+    finder: Option<AhoCorasick>,
     longest: usize,
     /// Distinct values masked (their encoded forms not counted).
     secrets: usize,
@@ -118,9 +129,19 @@ impl Masks {
             by_first[usize::from(value[0])].push(i);
         }
         let longest = values.first().map_or(0, |(value, _)| value.len());
+        let pattern_bytes: usize = values.iter().map(|(value, _)| value.len()).sum();
+        let finder = (!values.is_empty() && pattern_bytes <= FINDER_MAX_BYTES)
+            .then(|| {
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(values.iter().map(|(value, _)| value))
+                    .ok()
+            })
+            .flatten();
         Self {
             values,
             by_first,
+            finder,
             longest,
             secrets: count,
         }
@@ -168,7 +189,7 @@ impl Masks {
     /// `out`; returns where it stopped: `until`, or past it when a match runs past it.
     /// When `bytes` is the end of the output, a value it ends in the middle of is masked.
     fn mask_into(&self, bytes: &[u8], until: usize, ends: bool, out: &mut Vec<u8>) -> usize {
-        let mut at = 0;
+        let mut at = self.mask_settled(bytes, until, ends, out);
         while at < until {
             let rest = &bytes[at..];
             let found = self.match_at(rest);
@@ -188,6 +209,33 @@ impl Masks {
                 out.push(bytes[at]);
                 at += 1;
             }
+        }
+        at
+    }
+
+    /// `mask_into` in one pass of the finder, up to where a value cut off by the end of
+    /// the output could start (its last `longest - 1` bytes): there the scan byte by byte
+    /// above decides. Returns where it stopped.
+    fn mask_settled(&self, bytes: &[u8], until: usize, ends: bool, out: &mut Vec<u8>) -> usize {
+        let Some(finder) = &self.finder else {
+            return 0;
+        };
+        let stop = match ends {
+            true => until.min(bytes.len().saturating_sub(self.longest.saturating_sub(1))),
+            false => until,
+        };
+        let mut at = 0;
+        for found in finder.find_iter(bytes) {
+            if found.start() >= stop {
+                break;
+            }
+            out.extend_from_slice(&bytes[at..found.start()]);
+            out.extend_from_slice(&self.values[found.pattern().as_usize()].1);
+            at = found.end();
+        }
+        if at < stop {
+            out.extend_from_slice(&bytes[at..stop]);
+            at = stop;
         }
         at
     }
@@ -413,5 +461,65 @@ mod tests {
         assert_eq!(streamed(&m, "token: sec", &[]), "token: sec");
         // Within the stream, a piece of a value is not a value.
         assert_eq!(streamed(&m, "secret-val\n", &[3]), "secret-val\n");
+    }
+}
+
+#[cfg(test)]
+mod same_as_the_scan {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A small xorshift generator: the texts differ from run to run only if the seed does.
+    struct Texts(u64);
+
+    impl Texts {
+        fn next(&mut self, below: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % below as u64) as usize
+        }
+    }
+
+    #[test]
+    fn the_finder_masks_as_the_scan_byte_by_byte_does() {
+        let pairs = [
+            ("A", "abcd"),
+            ("LONG", "abcdefgh"),
+            ("B", "bcde"),
+            ("X", "xxxx"),
+            ("XL", "xxxxxxx"),
+            ("T", "tok-s3cr3t?>~"),
+        ];
+        let with = Arc::new(Masks::of(pairs));
+        let mut scan = Masks::of(pairs);
+        assert!(scan.finder.take().is_some());
+        let scan = Arc::new(scan);
+        let pieces: Vec<Vec<u8>> = with
+            .values
+            .iter()
+            .flat_map(|(value, _)| [value.clone(), value[..value.len() - 1].to_vec()])
+            .chain(b"abcdefghx-tok3s? \n".iter().map(|b| vec![*b]))
+            .collect();
+        let mut texts = Texts(0x2545_f491_4f6c_dd1d);
+        for _ in 0..3000 {
+            let mut text = Vec::new();
+            for _ in 0..texts.next(24) {
+                text.extend_from_slice(&pieces[texts.next(pieces.len())]);
+            }
+            assert_eq!(with.mask_bytes(&text), scan.mask_bytes(&text), "{text:?}");
+            let cuts = [texts.next(text.len() + 1), texts.next(text.len() + 1)];
+            let (first, second) = (cuts[0].min(cuts[1]), cuts[0].max(cuts[1]));
+            let stream = |masks: &Arc<Masks>| {
+                let mut stream = StreamMask::new(masks.clone());
+                let mut out = stream.push(&text[..first]);
+                out.extend(stream.push(&text[first..second]));
+                out.extend(stream.push(&text[second..]));
+                out.extend(stream.finish());
+                out
+            };
+            assert_eq!(stream(&with), stream(&scan), "{text:?} cut at {cuts:?}");
+        }
     }
 }

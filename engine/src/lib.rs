@@ -20,7 +20,9 @@
 //! - `address.rs`: the rule every address the brain calls out to obeys (connectors,
 //!   webhooks, OAuth, team issuers' JWKS): no metadata or link-local address, private ones
 //!   only where the operator allows;
-//! - `events.rs`: the chat events stream (Redis Streams) that observers follow;
+//! - `events/`: the chat events stream (Redis Streams): publishing the turns' chunks,
+//!   the reader a replica's observers share, observers' streams, and a turn's own stream
+//!   resumed;
 //! - `ratelimit.rs`: the request rate limit's token buckets in Redis, per principal and
 //!   per address;
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module

@@ -2,7 +2,7 @@
 //! by the bench's soak (its Redis blips).
 //!
 //! - `db.rs`: a fresh Postgres database per test, so tests run in parallel and may
-//!   install triggers freely;
+//!   install triggers freely, copied from a template migrated once per migration set;
 //! - `proxy.rs`: a TCP proxy that injects the faults an operator meets (a cut link, a
 //!   peer that accepts and never answers) between a process and Redis or Postgres;
 //! - `pgbouncer.rs`: Debian's PgBouncer in transaction mode in front of the test Postgres (O5);

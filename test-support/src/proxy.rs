@@ -7,6 +7,9 @@
 //!   direction while the fault lasts: a partition, or a peer that hangs. Bytes are held,
 //!   not lost, so a connection that outlives the fault carries on.
 //! - [`Fault::None`]: bytes flow; a cut proxy listens again on the same address.
+//!
+//! [`FaultProxy::closing_idle`] also closes every connection on which no byte moved for a
+//! while, as a NAT gateway or a cloud load balancer does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,11 +32,22 @@ pub struct FaultProxy {
     fault: watch::Sender<Fault>,
     task: JoinHandle<()>,
     accepted: Arc<AtomicUsize>,
+    closed_idle: Arc<AtomicUsize>,
 }
 
 impl FaultProxy {
     /// Listens on a free loopback port and forwards to `upstream` (`host:port`).
     pub async fn start(upstream: &str) -> Self {
+        Self::start_with(upstream, None).await
+    }
+
+    /// Like [`FaultProxy::start`], and closes a connection once no byte moved on it in
+    /// either direction for `idle`.
+    pub async fn closing_idle(upstream: &str, idle: std::time::Duration) -> Self {
+        Self::start_with(upstream, Some(idle)).await
+    }
+
+    async fn start_with(upstream: &str, idle: Option<std::time::Duration>) -> Self {
         let upstream: SocketAddr = tokio::net::lookup_host(upstream)
             .await
             .unwrap()
@@ -43,13 +57,25 @@ impl FaultProxy {
         let addr = listener.local_addr().unwrap();
         let (fault, rx) = watch::channel(Fault::None);
         let accepted = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(accept_loop(listener, addr, upstream, rx, accepted.clone()));
+        let closed_idle = Arc::new(AtomicUsize::new(0));
+        let link = Link {
+            upstream,
+            idle,
+            closed_idle: closed_idle.clone(),
+        };
+        let task = tokio::spawn(accept_loop(listener, addr, link, rx, accepted.clone()));
         Self {
             addr,
             fault,
             task,
             accepted,
+            closed_idle,
         }
+    }
+
+    /// How many connections the proxy closed for idling (see [`FaultProxy::closing_idle`]).
+    pub fn closed_idle(&self) -> usize {
+        self.closed_idle.load(Ordering::SeqCst)
     }
 
     /// How many connections clients opened through the proxy so far: what a test reads
@@ -75,10 +101,18 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Where connections go, and when an idle one is closed.
+#[derive(Clone)]
+struct Link {
+    upstream: SocketAddr,
+    idle: Option<std::time::Duration>,
+    closed_idle: Arc<AtomicUsize>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     addr: SocketAddr,
-    upstream: SocketAddr,
+    link: Link,
     mut rx: watch::Receiver<Fault>,
     accepted_count: Arc<AtomicUsize>,
 ) {
@@ -101,7 +135,7 @@ async fn accept_loop(
                     accepted = l.accept() => if let Ok((client, _)) = accepted {
                         accepted_count.fetch_add(1, Ordering::SeqCst);
                         let _ = client.set_nodelay(true);
-                        tokio::spawn(forward(client, upstream, rx.clone()));
+                        tokio::spawn(forward(client, link.clone(), rx.clone()));
                     },
                 }
             }
@@ -120,7 +154,7 @@ async fn rebind(addr: SocketAddr) -> TcpListener {
     panic!("fault proxy could not listen on {addr} again");
 }
 
-async fn forward(client: TcpStream, upstream: SocketAddr, mut rx: watch::Receiver<Fault>) {
+async fn forward(client: TcpStream, link: Link, mut rx: watch::Receiver<Fault>) {
     // A connection accepted during a blackhole reaches the upstream only once it lifts.
     loop {
         let fault = *rx.borrow_and_update();
@@ -134,7 +168,7 @@ async fn forward(client: TcpStream, upstream: SocketAddr, mut rx: watch::Receive
             }
         }
     }
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    let Ok(server) = TcpStream::connect(link.upstream).await else {
         return;
     };
     let _ = server.set_nodelay(true);
@@ -155,9 +189,20 @@ async fn forward(client: TcpStream, upstream: SocketAddr, mut rx: watch::Receive
             }
             Fault::None => {}
         }
+        let idle = async {
+            match link.idle {
+                Some(idle) => tokio::time::sleep(idle).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             // The fault changed: re-read it before moving another byte.
             changed = rx.changed() => if changed.is_err() { return },
+            // Nothing moved for the idle time: dropping both halves closes both ends.
+            () = idle => {
+                link.closed_idle.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
             // The client sent something for the upstream.
             n = client_read.read(&mut up) => match n {
                 Ok(0) | Err(_) => return,
@@ -202,6 +247,29 @@ mod tests {
             .await
             .map_err(|_| std::io::Error::other("timed out"))??;
         Ok(buf.to_vec())
+    }
+
+    #[tokio::test]
+    async fn closes_a_connection_left_idle_and_keeps_a_busy_one() {
+        let proxy =
+            FaultProxy::closing_idle(&echo_server().await.to_string(), Duration::from_millis(300))
+                .await;
+        let mut busy = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut idle = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut idle).await.unwrap(), b"ping");
+        // Bytes every 100 ms keep a connection open past the idle time.
+        for _ in 0..6 {
+            assert_eq!(roundtrip(&mut busy).await.unwrap(), b"ping");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut buf = [0u8; 1];
+        assert_eq!(
+            idle.read(&mut buf).await.unwrap_or(0),
+            0,
+            "the idle one is closed"
+        );
+        assert_eq!(proxy.closed_idle(), 1);
+        assert_eq!(roundtrip(&mut busy).await.unwrap(), b"ping");
     }
 
     #[tokio::test]

@@ -28,6 +28,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use backon::Retryable;
 use protocol::channel::CONNECT_PATH;
 use protocol::snapshot::{
     SNAPSHOT_PATH, SNAPSHOT_SKIPPED_PATH, SkipReason, SnapshotSkipped, UNPACKED_BYTES_HEADER,
@@ -459,37 +460,47 @@ async fn upload(
     packed: &Packed,
 ) -> Result<(), SnapshotError> {
     let give_up = Instant::now() + UPLOAD_RETRY_FOR;
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        let (failure, wait) = match upload_once(connect_url, identity, packed).await {
-            Ok(response) if response.status().is_success() => return Ok(()),
+    let backoff = std::iter::successors(Some(Duration::from_secs(1)), |backoff| {
+        Some((*backoff * 2).min(MAX_RETRY_WAIT))
+    });
+    let attempt = || async {
+        match upload_once(connect_url, identity, packed).await {
+            Ok(response) if response.status().is_success() => Ok(()),
             Ok(response) if response.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
                 let after = response
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.trim().parse().ok())
-                    .map_or(backoff, Duration::from_secs);
-                (SnapshotError::Status(503), after)
+                    .map(Duration::from_secs);
+                Err((SnapshotError::Status(503), after))
             }
-            Ok(response) => return Err(SnapshotError::Status(response.status().as_u16())),
-            Err(err) => (err, backoff),
-        };
-        // Jitter, so uploads refused together do not come back together.
-        let wait = wait.min(MAX_RETRY_WAIT)
-            + Duration::from_millis(rand::random::<u64>() % (wait.as_millis() as u64 / 4 + 1));
-        if Instant::now() + wait > give_up {
-            return Err(failure);
+            Ok(response) => Err((SnapshotError::Status(response.status().as_u16()), None)),
+            Err(err) => Err((err, None)),
         }
-        tracing::info!(
-            session = %identity.session,
-            class = failure.class(),
-            wait_ms = wait.as_millis() as u64,
-            "workspace snapshot upload to be tried again"
-        );
-        tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(MAX_RETRY_WAIT);
-    }
+    };
+    attempt
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        // Any answer but 503 is final; an unreachable brain is tried again.
+        .when(|(failure, _)| !matches!(failure, SnapshotError::Status(code) if *code != 503))
+        .adjust(|(_, after), backoff| {
+            let wait = after.or(backoff)?;
+            // Jitter, so uploads refused together do not come back together.
+            let wait = wait.min(MAX_RETRY_WAIT)
+                + Duration::from_millis(rand::random::<u64>() % (wait.as_millis() as u64 / 4 + 1));
+            (Instant::now() + wait <= give_up).then_some(wait)
+        })
+        .notify(|(failure, _), wait| {
+            tracing::info!(
+                session = %identity.session,
+                class = failure.class(),
+                wait_ms = wait.as_millis() as u64,
+                "workspace snapshot upload to be tried again"
+            );
+        })
+        .await
+        .map_err(|(failure, _)| failure)
 }
 
 async fn upload_once(

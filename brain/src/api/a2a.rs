@@ -534,15 +534,22 @@ impl Call {
                 "the task ended; GetTask answers it",
             ));
         }
-        let followed = super::events::follow(&self.state, &self.principal, &turn)
-            .await
-            .map_err(api)?
-            .ok_or_else(|| {
-                rpc(
-                    errors::UNSUPPORTED_OPERATION,
-                    "the task's start is no longer in the events window; GetTask answers it",
-                )
-            })?;
+        // A task's subscription that ends before the task's final state is subscribed to
+        // again by its client; an `error` part would read as the task's failure.
+        let followed = super::events::follow(
+            &self.state,
+            &self.principal,
+            &turn,
+            super::events::EarlyEnd::Quiet,
+        )
+        .await
+        .map_err(api)?
+        .ok_or_else(|| {
+            rpc(
+                errors::UNSUPPORTED_OPERATION,
+                "the task's start is no longer in the events window; GetTask answers it",
+            )
+        })?;
         let translator = Translator::new(row.id, row.chat_id);
         let source = followed.into_body().into_data_stream();
         Ok(sse_response(events(id, translator, source)))

@@ -584,7 +584,7 @@ async fn attach(
 ) -> Result<Response, ApiError> {
     let turn = bounded(state.store.turn_state(principal.team, running)).await?;
     let followed = if turn.status == TurnStatus::Running {
-        super::events::follow(state, principal, &turn)
+        super::events::follow(state, principal, &turn, super::events::EarlyEnd::ErrorPart)
             .await
             .ok()
             .flatten()

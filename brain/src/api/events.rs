@@ -150,9 +150,12 @@ fn unavailable(chat: ChatId, err: EventsError) -> ApiError {
             `resumed`, then the rest live, the lost step's partial output dropped (a client \
             that already got it live gets a `reset-step` first). Reading it \
             does not control the turn: closing it stops nothing (`POST \
-            /v1/chats/{chat_id}/stop` does). The stream ends early, without `[DONE]`, when \
-            the replica drains, the events stream fails, or the caller's key is revoked or \
-            token expires; the transcript then says how the turn ended.",
+            /v1/chats/{chat_id}/stop` does). A stream whose Redis connection drops follows \
+            the chat again from its last entry. It ends early with an `error` part, then \
+            `[DONE]`, when the replica drains (`shutting_down`: resume on another), the \
+            events stream cannot be read or lost part of the turn (`events_unavailable`), or \
+            the caller's key is revoked or token expires (`unauthorized`); the transcript \
+            then says how the turn ended.",
             content_type = "text/event-stream", body = UiStreamEvent,
             headers(("x-vercel-ai-ui-message-stream" = String, description = "`v1`"))),
         (status = 204, description = "No turn of the chat runs, or the start of the one \
@@ -183,9 +186,17 @@ pub async fn resume(
     let Some(turn) = running else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
-    Ok(follow(&state, &principal, &turn)
+    Ok(follow(&state, &principal, &turn, EarlyEnd::ErrorPart)
         .await?
         .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response()))
+}
+
+/// How a followed turn's stream that cannot go on ends.
+pub(super) enum EarlyEnd {
+    /// With an `error` part and `[DONE]`: the AI SDK's stream.
+    ErrorPart,
+    /// Without: for a translation that would take the part for the turn's failure.
+    Quiet,
 }
 
 /// The stream of `turn`, a running turn of a chat the principal may see, from its `start`
@@ -195,6 +206,7 @@ pub(super) async fn follow(
     state: &AppState,
     principal: &Principal,
     turn: &TurnState,
+    early_end: EarlyEnd,
 ) -> Result<Option<Response>, ApiError> {
     let started = u64::try_from(turn.started_at.timestamp_millis()).unwrap_or_default();
     let stream = state
@@ -209,6 +221,10 @@ pub(super) async fn follow(
         .await
         .map_err(|e| unavailable(turn.chat, e))?;
     Ok(stream.map(|stream| {
+        let stream = match early_end {
+            EarlyEnd::ErrorPart => stream,
+            EarlyEnd::Quiet => stream.quiet(),
+        };
         let watched = Watched {
             stream,
             store: state.store.clone(),
@@ -236,12 +252,21 @@ impl Watched {
                 Resumed::Bytes(bytes) => bytes,
                 Resumed::Idle => {
                     let state =
-                        store::bounded(watched.store.turn_state(watched.team, watched.turn)).await;
-                    match state {
-                        Ok(turn) if turn.status != TurnStatus::Running => return None,
-                        Err(StoreError::NotFound) => return None,
-                        // Running, or unknown (the store did not answer): still followed.
-                        _ => sse::keep_alive(),
+                        store::bounded(watched.store.turn_state(watched.team, watched.turn))
+                            .await;
+                    let gone = match state {
+                        Ok(turn) => turn.status != TurnStatus::Running,
+                        Err(StoreError::NotFound) => true,
+                        // Unknown (the store did not answer): still followed.
+                        Err(_) => false,
+                    };
+                    if !gone {
+                        sse::keep_alive()
+                    } else {
+                        match watched.stream.end_unseen()? {
+                            Resumed::Bytes(bytes) => bytes,
+                            Resumed::Idle => return None,
+                        }
                     }
                 }
             };

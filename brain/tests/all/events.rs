@@ -747,3 +747,55 @@ async fn observers_past_their_caps_are_refused_with_429() {
     }
     drop((second, third));
 }
+
+/// A resumed turn stream that meets a gap in its turn's chunks (a batch the publisher could
+/// not write, marked by a `resync` entry) cannot build the rest of the message: it says so
+/// with an `error` part and `[DONE]` instead of stopping mid-answer.
+#[tokio::test]
+async fn a_resumed_turn_stream_that_meets_a_gap_ends_with_an_error_part() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/test", &[]).await;
+    app.provider.push(Reply::Text {
+        deltas: vec!["tick ".into(); 200],
+        delay: Duration::from_millis(50),
+    });
+    let running = app.send(&chat, &json!({"content": "go"})).await;
+    assert_eq!(running.status(), 200);
+    let mut resumed = app
+        .auth(app.http.get(format!("{}/v1/chats/{chat}/stream", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let mut body = String::new();
+    while !body.contains("tick") {
+        let piece = resumed.chunk().await.unwrap().expect("the turn streams");
+        body.push_str(std::str::from_utf8(&piece).unwrap());
+    }
+
+    // The marker the publisher writes after a batch it could not write.
+    let _: String = redis::cmd("XADD")
+        .arg(engine::events::stream_key(chat.parse().unwrap()))
+        .arg("*")
+        .arg("r")
+        .arg("dropped")
+        .query_async(&mut redis().await)
+        .await
+        .unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(piece) = resumed.chunk().await.unwrap() {
+            body.push_str(std::str::from_utf8(&piece).unwrap());
+        }
+        body
+    })
+    .await
+    .expect("the resumed stream ends at the gap, before the turn does");
+    let (chunks, done) = common::parse_events(&rest);
+    assert!(done, "{chunks:?}");
+    assert!(
+        matches!(chunks.last(), Some(UiChunk::Error { error_text }) if error_text.starts_with("events_unavailable: ")),
+        "{:?}",
+        chunks.last()
+    );
+    drop(running);
+}

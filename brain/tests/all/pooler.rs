@@ -17,14 +17,14 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use sqlx::Row;
 use store::{DEFAULT_STATEMENT_TIMEOUT, Store};
-use test_support::db::{db_url, fresh_database};
+use test_support::db::db_url;
 use test_support::pgbouncer::PgBouncer;
 
 use crate::erasure::eventually;
 
 /// A migrated database of its own and a store reaching it through `pooler`.
 async fn pooled_store(pooler: &PgBouncer, timeout: Duration) -> (Store, String) {
-    let name = fresh_database("brain_test").await;
+    let name = crate::common::migrated_database().await;
     let direct = db_url(&name);
     let store = Store::connect_behind_pooler(&pooler.url_for(&direct), &direct, 10, timeout)
         .await

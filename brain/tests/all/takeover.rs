@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use crate::common::replies::text;
 use crate::common::{BrainProcess, TestApp, read_stream, streamed_text, words};
+use crate::faults::host_port;
 use crate::recovery::{held, post, turn_row, until_taken};
 use protocol::ui::{FinishReason, UiChunk};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
+use test_support::proxy::FaultProxy;
 
 /// Waits until the turn of `client_id` is no longer running, for at most `within`;
 /// answers its row and how long it took.
@@ -526,6 +528,63 @@ async fn a_retry_of_a_running_turns_message_id_follows_it_across_its_takeover() 
         2,
         "the retry started nothing"
     );
+}
+
+/// The retried message of a taken-over turn follows it through Redis, whose connections
+/// the network closes when idle for a second (a NAT gateway's or load balancer's idle
+/// timeout, shortened): the survivor's answer pauses longer than that between words, so
+/// the follower's read loses its connection in every pause. Its stream resumes on a new
+/// connection and ends with the turn's `finish`, or ends with an `error` part the client
+/// can act on; never in the middle of the answer without either.
+#[tokio::test]
+async fn a_followed_turn_whose_redis_connection_drops_ends_with_finish_or_an_error() {
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let proxy = FaultProxy::closing_idle(&host_port(&redis_url), Duration::from_secs(1)).await;
+    let app = TestApp::start_with(|c| {
+        c.lease_ttl = Duration::from_millis(800);
+        c.redis_url = format!("redis://{}", proxy.addr());
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
+    app.provider.push(held());
+    let body = json!({"content": "long", "message_id": "m-idle"});
+    let mut response = post(&app, &victim.url, &chat, &body).await;
+    assert_eq!(response.status(), 200);
+    let mut seen = String::new();
+    while !seen.contains("still talking") {
+        let piece = response.chunk().await.unwrap().expect("the victim streams");
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    app.provider.push(Reply::Text {
+        deltas: words("Slow but whole."),
+        delay: Duration::from_millis(1_500),
+    });
+    victim.kill().await;
+    drop(response);
+
+    let retry = post(&app, &app.url, &chat, &body).await;
+    assert_eq!(retry.status(), 200);
+    let (chunks, done) = tokio::time::timeout(Duration::from_secs(30), read_stream(retry))
+        .await
+        .expect("the attached stream ends");
+    assert!(
+        proxy.closed_idle() > 0,
+        "the proxy closed no idle connection: the test tested nothing"
+    );
+    match chunks.last() {
+        Some(UiChunk::Finish { finish_reason }) => {
+            assert_eq!(*finish_reason, FinishReason::Stop);
+            assert!(done, "{chunks:?}");
+            assert_eq!(shown_text(&chunks), "Slow but whole.", "{chunks:?}");
+        }
+        Some(UiChunk::Error { error_text }) => {
+            assert!(error_text.starts_with("events_unavailable: "), "{chunks:?}");
+        }
+        _ => panic!("the stream ended with neither finish nor an error: {chunks:?}"),
+    }
+    let (row, _) = until_ended(&app, "m-idle", Duration::from_secs(10)).await;
+    assert_eq!(row, ("completed".into(), None));
 }
 
 #[tokio::test]

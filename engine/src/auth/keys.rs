@@ -30,6 +30,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use moka::policy::EvictionPolicy;
+use moka::sync::Cache;
 use protocol::TeamId;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +44,7 @@ use store::{Actor, KeyRow, Store, StoreError, key_hash, new_key};
 const REVOKED_CHANNEL: &str = "auth:key-revoked";
 /// The longest a replica trusts a cached key; see the module doc for why it is a backstop.
 const KEY_CACHE_TTL: Duration = Duration::from_secs(30);
-/// Bounds the cache's memory; when full it starts over.
+/// Bounds the cache's memory.
 const KEY_CACHE_MAX: usize = 10_000;
 /// Every Redis call, connecting included.
 const REDIS_BOUND: Duration = Duration::from_millis(500);
@@ -73,14 +75,10 @@ struct Cached {
     team: TeamId,
     scope: Scope,
     id: Uuid,
-    at: Instant,
 }
 
 #[derive(Default)]
 struct CacheState {
-    entries: HashMap<[u8; 32], Cached>,
-    /// Teams found existing and enabled, for tokens (whose claims name a team).
-    teams: HashMap<TeamId, Instant>,
     /// Moves on every eviction and every change of `live`, so a lookup that started
     /// before one is not cached after it.
     epoch: u64,
@@ -89,57 +87,75 @@ struct CacheState {
 }
 
 /// Key hash → the key's team and scope, and the teams known enabled (for tokens), as of
-/// lookups made while subscribed.
-#[derive(Default)]
-struct KeyCache(Mutex<CacheState>);
+/// lookups made while subscribed, each for at most its TTL; when full, the least recently
+/// used goes first.
+struct KeyCache {
+    entries: Cache<[u8; 32], Cached>,
+    /// Teams found existing and enabled, for tokens (whose claims name a team).
+    teams: Cache<TeamId, ()>,
+    /// Held while an entry is put or evicted, so a put sees the epoch an eviction moved.
+    state: Mutex<CacheState>,
+}
+
+impl Default for KeyCache {
+    fn default() -> Self {
+        Self::with_ttl(KEY_CACHE_TTL)
+    }
+}
 
 impl KeyCache {
+    fn with_ttl(ttl: Duration) -> Self {
+        Self {
+            entries: Cache::builder()
+                .max_capacity(KEY_CACHE_MAX as u64)
+                .time_to_live(ttl)
+                .eviction_policy(EvictionPolicy::lru())
+                .support_invalidation_closures()
+                .build(),
+            teams: Cache::builder()
+                .max_capacity(KEY_CACHE_MAX as u64)
+                .time_to_live(ttl)
+                .eviction_policy(EvictionPolicy::lru())
+                .build(),
+            state: Mutex::default(),
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.state.lock().is_ok_and(|state| state.live)
+    }
+
     fn get(&self, hash: &[u8; 32]) -> Option<(TeamId, Scope, Uuid)> {
-        let state = self.0.lock().ok()?;
-        if !state.live {
+        if !self.live() {
             return None;
         }
-        let cached = state.entries.get(hash)?;
-        (cached.at.elapsed() < KEY_CACHE_TTL).then_some((cached.team, cached.scope, cached.id))
+        let cached = self.entries.get(hash)?;
+        Some((cached.team, cached.scope, cached.id))
     }
 
     /// The epoch a lookup starts in; `None` when its result must not be cached.
     fn epoch(&self) -> Option<u64> {
-        let state = self.0.lock().ok()?;
+        let state = self.state.lock().ok()?;
         state.live.then_some(state.epoch)
     }
 
     fn put(&self, hash: [u8; 32], team: TeamId, scope: Scope, id: Uuid, epoch: u64) {
-        if let Ok(mut state) = self.0.lock()
+        if let Ok(state) = self.state.lock()
             && state.live
             && state.epoch == epoch
         {
-            if state.entries.len() >= KEY_CACHE_MAX {
-                state.entries.clear();
-            }
-            let at = Instant::now();
-            state.entries.insert(
-                hash,
-                Cached {
-                    team,
-                    scope,
-                    id,
-                    at,
-                },
-            );
+            self.entries.insert(hash, Cached { team, scope, id });
         }
     }
 
     fn evict(&self, hash: Option<&[u8; 32]>) {
-        if let Ok(mut state) = self.0.lock() {
+        if let Ok(mut state) = self.state.lock() {
             match hash {
-                Some(hash) => {
-                    state.entries.remove(hash);
-                }
+                Some(hash) => self.entries.invalidate(hash),
                 // A message this build cannot read: forget everything rather than guess.
                 None => {
-                    state.entries.clear();
-                    state.teams.clear();
+                    self.entries.invalidate_all();
+                    self.teams.invalidate_all();
                 }
             }
             state.epoch += 1;
@@ -147,39 +163,35 @@ impl KeyCache {
     }
 
     fn evict_team(&self, team: TeamId) {
-        if let Ok(mut state) = self.0.lock() {
-            state.entries.retain(|_, cached| cached.team != team);
-            state.teams.remove(&team);
+        if let Ok(mut state) = self.state.lock() {
+            let evicted = self
+                .entries
+                .invalidate_entries_if(move |_, cached| cached.team == team);
+            if evicted.is_err() {
+                self.entries.invalidate_all();
+            }
+            self.teams.invalidate(&team);
             state.epoch += 1;
         }
     }
 
     fn team_known(&self, team: TeamId) -> bool {
-        self.0.lock().is_ok_and(|state| {
-            state.live
-                && state
-                    .teams
-                    .get(&team)
-                    .is_some_and(|at| at.elapsed() < KEY_CACHE_TTL)
-        })
+        self.live() && self.teams.contains_key(&team)
     }
 
     fn put_team(&self, team: TeamId, epoch: u64) {
-        if let Ok(mut state) = self.0.lock()
+        if let Ok(state) = self.state.lock()
             && state.live
             && state.epoch == epoch
         {
-            if state.teams.len() >= KEY_CACHE_MAX {
-                state.teams.clear();
-            }
-            state.teams.insert(team, Instant::now());
+            self.teams.insert(team, ());
         }
     }
 
     fn set_live(&self, live: bool) {
-        if let Ok(mut state) = self.0.lock() {
-            state.entries.clear();
-            state.teams.clear();
+        if let Ok(mut state) = self.state.lock() {
+            self.entries.invalidate_all();
+            self.teams.invalidate_all();
             state.epoch += 1;
             state.live = live;
         }
@@ -581,7 +593,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cache_is_trusted_only_while_live_and_for_its_ttl() {
+    fn the_cache_is_trusted_only_while_live() {
         let cache = KeyCache::default();
         let (hash, team) = (key_hash("ar_one"), TeamId::new());
         assert_eq!(cache.epoch(), None, "not subscribed: nothing is cached");
@@ -592,17 +604,51 @@ mod tests {
         cache.put(hash, team, Scope::Chat, Uuid::nil(), epoch);
         assert_eq!(cache.get(&hash), Some((team, Scope::Chat, Uuid::nil())));
         assert_eq!(cache.get(&key_hash("ar_two")), None);
-        // Looked up a TTL ago: the database is asked again.
-        let stale = Instant::now().checked_sub(KEY_CACHE_TTL).unwrap();
-        cache.0.lock().unwrap().entries.get_mut(&hash).unwrap().at = stale;
-        assert_eq!(cache.get(&hash), None);
-        cache.put(hash, team, Scope::Chat, Uuid::nil(), cache.epoch().unwrap());
+        cache.put_team(team, cache.epoch().unwrap());
+        assert!(cache.team_known(team));
         cache.set_live(false);
         assert_eq!(
             cache.get(&hash),
             None,
             "a lost subscription forgets everything"
         );
+        assert!(!cache.team_known(team));
+    }
+
+    #[test]
+    fn a_key_and_a_team_are_trusted_for_the_ttl_only() {
+        let ttl = Duration::from_secs(2);
+        let cache = KeyCache::with_ttl(ttl);
+        cache.set_live(true);
+        let (hash, team) = (key_hash("ar_one"), TeamId::new());
+        let cached_at = Instant::now();
+        cache.put(hash, team, Scope::Chat, Uuid::nil(), cache.epoch().unwrap());
+        cache.put_team(team, cache.epoch().unwrap());
+        assert!(cache.get(&hash).is_some() && cache.team_known(team));
+        // Looked up a TTL ago: the database is asked again.
+        while cache.get(&hash).is_some() || cache.team_known(team) {
+            assert!(
+                cached_at.elapsed() < ttl * 5,
+                "still trusted long past the TTL"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(cached_at.elapsed() >= ttl, "forgotten before the TTL");
+    }
+
+    #[test]
+    fn a_disabled_team_loses_its_keys_and_no_other() {
+        let cache = KeyCache::default();
+        cache.set_live(true);
+        let (team, other) = (TeamId::new(), TeamId::new());
+        let (one, two) = (key_hash("ar_one"), key_hash("ar_two"));
+        cache.put(one, team, Scope::Chat, Uuid::nil(), cache.epoch().unwrap());
+        cache.put(two, other, Scope::Chat, Uuid::nil(), cache.epoch().unwrap());
+        cache.put_team(team, cache.epoch().unwrap());
+        cache.evict_team(team);
+        assert_eq!(cache.get(&one), None);
+        assert!(!cache.team_known(team));
+        assert_eq!(cache.get(&two), Some((other, Scope::Chat, Uuid::nil())));
     }
 
     #[test]
@@ -631,7 +677,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_cache_starts_over() {
+    fn a_full_cache_keeps_the_newest_within_its_bound() {
         let cache = KeyCache::default();
         cache.set_live(true);
         let epoch = cache.epoch().unwrap();
@@ -646,8 +692,13 @@ mod tests {
         }
         let last = key_hash("ar_last");
         cache.put(last, TeamId::new(), Scope::Chat, Uuid::nil(), epoch);
-        assert_eq!(cache.0.lock().unwrap().entries.len(), 1);
+        cache.entries.run_pending_tasks();
+        assert_eq!(cache.entries.entry_count(), KEY_CACHE_MAX as u64);
         assert!(cache.get(&last).is_some());
+        assert!(
+            cache.get(&key_hash("ar_0")).is_none(),
+            "the least recent went"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::Retryable;
 use protocol::{AgentId, TeamId, TurnId};
 
 use super::counters::LEDGER_KEEP;
@@ -13,8 +14,12 @@ use super::{Billed, Class, Counted, Holder, Holds, Inner, millis, turn_of};
 use crate::quota::Periods;
 use crate::redis::bounded;
 
-/// Attempts at releasing a hold (50 ms, 200 ms, 800 ms apart).
-const RELEASE_TRIES: u32 = 4;
+/// The pauses between attempts at releasing a hold: four attempts in all.
+const RELEASE_PAUSES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+];
 
 impl Holds {
     /// Frees `agent` if its hold still names `turn`, a turn that ended without its holder
@@ -106,28 +111,23 @@ impl Inner {
         counted: Option<&Counted>,
         billed: Billed,
     ) {
-        let mut pause = Duration::from_millis(50);
-        for attempt in 1..=RELEASE_TRIES {
-            let released = match counted {
+        let released = (|| async {
+            match counted {
                 None => self.if_ours(&self.scripts.release, key, value, 0).await,
                 Some(counted) => self.settle(key, value, counted, billed).await,
-            };
-            match released {
-                Ok(true) => return,
-                Ok(false) => {
-                    tracing::debug!(key, "turn hold already gone or taken over");
-                    return;
-                }
-                Err(_) if attempt < RELEASE_TRIES => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 4;
-                }
-                Err(class) => tracing::warn!(
-                    turn = turn_of(value),
-                    class,
-                    "could not release turn hold; it will expire"
-                ),
             }
+        })
+        .retry(RELEASE_PAUSES.into_iter())
+        .sleep(tokio::time::sleep)
+        .await;
+        match released {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(key, "turn hold already gone or taken over"),
+            Err(class) => tracing::warn!(
+                turn = turn_of(value),
+                class,
+                "could not release turn hold; it will expire"
+            ),
         }
     }
 

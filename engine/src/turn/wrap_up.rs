@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::Retryable;
 use protocol::parts::Part;
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
@@ -402,21 +403,29 @@ where
     F: Future<Output = Result<T, StoreError>>,
 {
     let deadline = tokio::time::Instant::now() + patience;
-    let mut pause = Duration::from_millis(20);
-    loop {
-        let class = match tokio::time::timeout(WRITE_ATTEMPT_BOUND, write()).await {
-            Ok(Ok(done)) => return Ok(done),
-            Ok(Err(err)) if err.is_transient() => err.metric_label(),
-            Ok(Err(err)) => return Err(err.metric_label()),
-            Err(_) => "timeout",
-        };
-        if tokio::time::Instant::now() + pause >= deadline {
-            return Err(class);
+    let pauses = std::iter::successors(Some(Duration::from_millis(20)), |pause| {
+        Some((*pause * 2).min(Duration::from_secs(1)))
+    });
+    let attempt = || {
+        let written = tokio::time::timeout(WRITE_ATTEMPT_BOUND, write());
+        async move {
+            match written.await {
+                Ok(Ok(done)) => Ok(done),
+                Ok(Err(err)) => Err((err.metric_label(), err.is_transient())),
+                Err(_) => Err(("timeout", true)),
+            }
         }
-        tracing::info!(turn = %turn, class, "store failed at wrap-up; trying again");
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(1));
-    }
+    };
+    attempt
+        .retry(pauses)
+        .sleep(tokio::time::sleep)
+        .when(|&(_, transient)| transient)
+        .adjust(|_, pause| pause.filter(|p| tokio::time::Instant::now() + *p < deadline))
+        .notify(|&(class, _), _| {
+            tracing::info!(turn = %turn, class, "store failed at wrap-up; trying again");
+        })
+        .await
+        .map_err(|(class, _)| class)
 }
 
 /// Ends the turn `failed` (`internal`) if the task stops before its end state was written:

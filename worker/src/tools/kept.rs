@@ -12,13 +12,13 @@
 //! Bounds: at most [`MAX_KEPT`] keyed calls at once (past it a call runs unkept, as an
 //! unkeyed one does), and [`MAX_KEPT_BYTES`] of kept outcomes (the oldest go first).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use protocol::channel::{ATTACH_META, CALL_KEY_META};
 use rmcp::ErrorData;
-use rmcp::model::{CallToolResponse, RequestMetaObject};
+use rmcp::model::{CallToolResponse, RequestId, RequestMetaObject};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +78,67 @@ pub enum Begin {
     Unknown,
     /// Too many keyed calls: run this one unkept.
     Full,
+}
+
+/// The most cancels kept for requests not registered (yet): one waits only for its
+/// request's task to register, microseconds; the rest are for calls that were not keyed or
+/// had already answered, and age out.
+const MAX_EARLY_CANCELS: usize = 64;
+
+/// One channel's keyed requests, so the brain's `notifications/cancelled` finds the call it
+/// means. rmcp fires a request's own token before it hands the notification to the handler
+/// in a task of its own, so the two meet in either order: the request's waiter may wake
+/// first (it must not forget the request then, or the cancel finds nothing and the
+/// command runs on), and the handler may run before the request's task has registered (a
+/// cancel right behind its call), so a cancel for a request not known yet waits for it.
+#[derive(Clone, Default)]
+pub struct Cancels {
+    inner: Arc<Mutex<CancelsInner>>,
+}
+
+#[derive(Default)]
+struct CancelsInner {
+    running: HashMap<RequestId, CancellationToken>,
+    early: VecDeque<RequestId>,
+}
+
+impl Cancels {
+    /// Registers request `id`'s call token; cancels it at once if its cancel came first.
+    pub fn register(&self, id: RequestId, cancel: CancellationToken) {
+        let mut inner = self.lock();
+        if let Some(at) = inner.early.iter().position(|early| *early == id) {
+            inner.early.remove(at);
+            cancel.cancel();
+            return;
+        }
+        inner.running.insert(id, cancel);
+    }
+
+    /// Request `id` was answered: a cancel of it now has nothing to stop.
+    pub fn answered(&self, id: &RequestId) {
+        self.lock().running.remove(id);
+    }
+
+    /// The brain cancelled request `id`.
+    pub fn cancel(&self, id: RequestId) {
+        let mut inner = self.lock();
+        match inner.running.remove(&id) {
+            Some(cancel) => cancel.cancel(),
+            None => {
+                if inner.early.len() == MAX_EARLY_CANCELS {
+                    inner.early.pop_front();
+                }
+                inner.early.push_back(id);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CancelsInner> {
+        match self.inner.lock() {
+            Ok(inner) => inner,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
 }
 
 struct Entry {
@@ -328,5 +389,42 @@ mod tests {
             kept.begin(&keyed("one more", false), &session),
             Begin::Full
         ));
+    }
+
+    #[test]
+    fn a_cancel_finds_its_request_whichever_comes_first() {
+        let cancels = Cancels::default();
+        let id = |n: i64| RequestId::Number(n);
+
+        // Registered, its waiter woken by the request's token (nothing forgotten), then
+        // the cancel's handler.
+        let first = CancellationToken::new();
+        cancels.register(id(1), first.clone());
+        cancels.cancel(id(1));
+        assert!(first.is_cancelled());
+
+        // The cancel's handler before the request's task registered.
+        cancels.cancel(id(2));
+        let second = CancellationToken::new();
+        cancels.register(id(2), second.clone());
+        assert!(second.is_cancelled());
+
+        // A cancel after the answer stops nothing.
+        let third = CancellationToken::new();
+        cancels.register(id(3), third.clone());
+        cancels.answered(&id(3));
+        cancels.cancel(id(3));
+        assert!(!third.is_cancelled());
+
+        // Cancels of requests never registered age out.
+        for n in 100..100 + MAX_EARLY_CANCELS as i64 + 1 {
+            cancels.cancel(id(n));
+        }
+        let aged = CancellationToken::new();
+        cancels.register(id(3), aged.clone());
+        assert!(!aged.is_cancelled(), "the oldest early cancel is gone");
+        let kept = CancellationToken::new();
+        cancels.register(id(100 + MAX_EARLY_CANCELS as i64), kept.clone());
+        assert!(kept.is_cancelled());
     }
 }

@@ -38,7 +38,6 @@ pub mod output;
 pub mod paths;
 pub mod shell;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -58,7 +57,7 @@ use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
     ContentBlock, CustomNotification, CustomRequest, CustomResult, ErrorCode, Implementation,
-    RequestId, ServerCapabilities, ServerConfig,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -108,7 +107,7 @@ pub struct Worker {
     channel: CancellationToken,
     /// This channel's keyed requests in flight, so a cancel of one stops its call (the
     /// call itself runs under the kept call's token, not the request's).
-    keyed: Arc<Mutex<HashMap<RequestId, CancellationToken>>>,
+    keyed: kept::Cancels,
 }
 
 fn error(text: impl Into<String>) -> CallToolResult {
@@ -172,7 +171,7 @@ impl Worker {
         Self {
             tool_router: router,
             channel: shutdown.child_token(),
-            keyed: Arc::default(),
+            keyed: kept::Cancels::default(),
             shared: Arc::new(Shared {
                 workspace,
                 groups,
@@ -240,7 +239,7 @@ impl Worker {
     pub fn on_channel(&self, calls: CancellationToken) -> Self {
         Self {
             channel: calls,
-            keyed: Arc::default(),
+            keyed: kept::Cancels::default(),
             ..self.clone()
         }
     }
@@ -292,25 +291,22 @@ impl Worker {
                     .await;
             }
         };
-        self.keyed_requests().insert(id.clone(), cancel);
+        self.keyed.register(id.clone(), cancel);
         let answer = tokio::select! {
             waited = done.wait_for(Option::is_some) => waited
                 .ok()
                 .and_then(|outcome| outcome.clone())
                 .map(|outcome| outcome.as_ref().clone())
                 .unwrap_or_else(|| Err(ErrorData::internal_error("the call was lost", None))),
-            // The request was cancelled or its channel ended: the call goes on, kept.
-            () = request_ct.cancelled() => Err(ErrorData::internal_error("cancelled", None)),
+            // The request was cancelled or its channel ended: the call goes on, kept. Its
+            // registration stays: a cancel's handler runs after this token fires, and
+            // stops the call through it.
+            () = request_ct.cancelled() => {
+                return Err(ErrorData::internal_error("cancelled", None));
+            }
         };
-        self.keyed_requests().remove(&id);
+        self.keyed.answered(&id);
         answer
-    }
-
-    fn keyed_requests(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, CancellationToken>> {
-        match self.keyed.lock() {
-            Ok(keyed) => keyed,
-            Err(poisoned) => poisoned.into_inner(),
-        }
     }
 
     /// Who the worker is now: the session and its newest token (from the environment, a
@@ -623,11 +619,8 @@ impl ServerHandler for Worker {
         notification: CancelledNotificationParam,
         _context: NotificationContext<RoleServer>,
     ) {
-        let cancel = notification
-            .request_id
-            .and_then(|id| self.keyed_requests().remove(&id));
-        if let Some(cancel) = cancel {
-            cancel.cancel();
+        if let Some(id) = notification.request_id {
+            self.keyed.cancel(id);
         }
     }
 

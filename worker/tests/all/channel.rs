@@ -17,7 +17,7 @@ use base64::Engine;
 use channel::token::TokenKeys;
 use channel::ws::{Control, split};
 use protocol::channel::{
-    CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD, CLOSE_GOING_AWAY,
+    CALL_KEY_META, CHANNEL_VERSION, CHANNEL_VERSION_HEADER, CLOSE_CHANNEL_HELD, CLOSE_GOING_AWAY,
     CLOSE_SESSION_ENDED,
 };
 use protocol::{AgentId, TeamId};
@@ -429,6 +429,34 @@ async fn cancelling_a_call_kills_its_process_group_at_once() {
     // The session stays usable.
     let after = s.call("shell", json!({"command": "echo still here"})).await;
     assert!(text_of(&after).contains("still here"));
+}
+
+/// A keyed call (D3) stops on `notifications/cancelled` too, every time. The cancel's
+/// handler runs after the request's own token fires, which wakes the call's waiter: however
+/// the worker's threads order those two, the cancel must still find the call.
+#[tokio::test]
+async fn cancelling_a_keyed_call_kills_its_process_group_every_time() {
+    let mut s = Session::start("cancel-keyed").await;
+    for round in 0..100 {
+        let mut params = CallToolRequestParams::new("shell")
+            .with_arguments(json!({"command": SLEEPER}).as_object().cloned().unwrap());
+        params
+            .meta
+            .get_or_insert_default()
+            .insert(CALL_KEY_META.into(), format!("turn:call-{round}").into());
+        let handle = s
+            .client
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let pid = s.next_pid().await;
+        handle.cancel(Some("turn stopped".into())).await.unwrap();
+        let took = gone_within(pid).await;
+        eprintln!("round {round}: notifications/cancelled -> pid gone in {took:?}");
+    }
 }
 
 #[tokio::test]

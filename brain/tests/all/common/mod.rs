@@ -1,8 +1,9 @@
 //! The test harness: a real brain on loopback, over a fresh Postgres database and the real
 //! Redis, talking to the scripted provider (the one double: no LLM can run here).
 //!
-//! Each test gets its own database (created from the admin URL, migrated, dropped after an
-//! hour by a later run), so tests run in parallel and may install triggers freely.
+//! Each test gets its own database (a copy of a template migrated once per migration set,
+//! dropped after an hour by a later run), so tests run in parallel and may install
+//! triggers freely.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,10 +34,25 @@ pub const PROMPTLY: Duration = Duration::from_secs(5);
 
 /// A migrated database of its own.
 pub async fn fresh_store() -> (Store, String) {
-    let name = test_support::db::fresh_database("brain_test").await;
+    let name = migrated_database().await;
     let store = Store::connect(&db_url(&name), 10).await.unwrap();
+    // Nothing to apply on a copy of the template: this checks that it has every migration
+    // the store's migrator has, under the same checksums.
     store.migrate().await.unwrap();
     (store, name)
+}
+
+/// A database of its own with every migration applied, copied from the template of this
+/// migration set (`test_support::db::migrated_database`): its name.
+pub async fn migrated_database() -> String {
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    test_support::db::migrated_database("brain_test", &migrations, |url| async move {
+        let options = test_support::db::connect_options(&url);
+        let pool = sqlx::PgPool::connect_with(options).await.unwrap();
+        Store::from_pool(pool.clone()).migrate().await.unwrap();
+        pool.close().await;
+    })
+    .await
 }
 
 pub struct TestApp {

@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use backon::{ConstantBuilder, Retryable};
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::batch::v1::Job;
@@ -36,10 +37,11 @@ use crate::profiles::Profiles;
 pub mod job;
 pub mod pods;
 
-/// A Job being deleted keeps its name for a moment: how often, and how long apart, a
-/// launch that found its name taken tries again.
-const CREATE_ATTEMPTS: u32 = 20;
-const CREATE_RETRY: Duration = Duration::from_millis(250);
+/// A Job being deleted keeps its name for a moment: a launch that found its name taken
+/// tries again 250 ms apart, 20 attempts in all.
+const CREATE_RETRIES: ConstantBuilder = ConstantBuilder::new()
+    .with_delay(Duration::from_millis(250))
+    .with_max_times(19);
 
 /// What the launcher needs besides a client.
 #[derive(Clone, Debug)]
@@ -132,25 +134,31 @@ impl KubernetesLauncher {
             telemetry_env: &self.telemetry_env,
             restore: spec.restore,
         });
-        for attempt in 0..CREATE_ATTEMPTS {
+        let create = || async {
             match self.jobs.create(&PostParams::default(), &job).await {
-                Ok(_) => {
-                    tracing::info!(session = %spec.session.0, job = %name, profile = %spec.profile, "worker Job created");
-                    return Ok(worker_ref(&name));
-                }
+                Ok(_) => Ok(()),
                 // A Job left by a launch whose recording failed (a retried provision):
                 // replaced, never duplicated, like the local launcher's worker.
                 Err(kube::Error::Api(status)) if status.code == 409 => {
-                    if attempt == 0 {
-                        tracing::info!(session = %spec.session.0, job = %name, "replacing a previous worker Job");
-                    }
                     self.delete_job(&name).await?;
-                    tokio::time::sleep(CREATE_RETRY).await;
+                    Err(LaunchError::JobExists)
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => Err(e.into()),
             }
-        }
-        Err(LaunchError::JobExists)
+        };
+        let mut replacing = false;
+        create
+            .retry(CREATE_RETRIES)
+            .sleep(tokio::time::sleep)
+            .when(|e| matches!(e, LaunchError::JobExists))
+            .notify(|_, _| {
+                if !std::mem::replace(&mut replacing, true) {
+                    tracing::info!(session = %spec.session.0, job = %name, "replacing a previous worker Job");
+                }
+            })
+            .await?;
+        tracing::info!(session = %spec.session.0, job = %name, profile = %spec.profile, "worker Job created");
+        Ok(worker_ref(&name))
     }
 
     async fn delete_job(&self, name: &str) -> Result<(), LaunchError> {

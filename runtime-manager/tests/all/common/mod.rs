@@ -2,9 +2,9 @@
 //! Redis (a queue namespace of its own), and a fake worker: a shell script that records
 //! its environment and sleeps, never dialing the brain.
 //!
-//! Each test gets its own database (`rm_test_<secs>_<uuid>`, migrated by running the SQL
-//! files of `store/migrations/` in order, dropped at the end; leftovers of crashed runs are
-//! dropped after an hour) and its own directory for workspaces.
+//! Each test gets its own database (`rm_test_<secs>_<uuid>`, a copy of a template the SQL
+//! files of `store/migrations/` ran on in order, dropped at the end; leftovers of crashed runs
+//! are dropped after an hour) and its own directory for workspaces.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -41,12 +41,26 @@ pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
 
-/// A migrated database of its own: (pool, name).
+/// A migrated database of its own: (pool, name). A copy of the template that the SQL files
+/// of `migrations/` were run on, in order, once per set of them.
 async fn fresh_database() -> (PgPool, String) {
-    let name = test_support::db::fresh_database("rm_test").await;
-    let pool = PgPool::connect(&db_url(&name)).await.unwrap();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/migrations");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let name = test_support::db::migrated_database("rm_test", &dir, |url| {
+        let dir = dir.clone();
+        async move { run_migrations(&url, &dir).await }
+    })
+    .await;
+    let options = test_support::db::connect_options(&db_url(&name));
+    let pool = PgPool::connect_with(options).await.unwrap();
+    (pool, name)
+}
+
+/// Runs the SQL files of `dir` in order on the database at `url`.
+async fn run_migrations(url: &str, dir: &Path) {
+    let pool = PgPool::connect_with(test_support::db::connect_options(url))
+        .await
+        .unwrap();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "sql"))
@@ -59,7 +73,7 @@ async fn fresh_database() -> (PgPool, String) {
             .await
             .unwrap_or_else(|e| panic!("migration {}: {e}", file.display()));
     }
-    (pool, name)
+    pool.close().await;
 }
 
 /// The columns a test looks at.
