@@ -226,6 +226,8 @@ const NOT_CONFIGURATION: &[(&str, &str)] = &[
     ("XDG_CACHE_HOME", "set for Chromium"),
     // Passed on, unread, to a stdio connector's child (like PATH, HOME, LANG, TZ, TMPDIR).
     ("LC_ALL", "passed to stdio connectors"),
+    // Cargo's, at compile time: where a build script left the migrations' list.
+    ("OUT_DIR", "set by Cargo for the build"),
 ];
 
 /// Production files whose variable-like names are not reads at all.
