@@ -5,7 +5,7 @@
 //! the chunk on a bounded channel, so a turn never waits for Redis. One publisher task per
 //! replica gathers what the channel holds for a flush interval (`BRAIN_EVENTS_FLUSH_MS`)
 //! and writes it in one pipeline to the chats' Redis Streams, a turn's chunks of one batch
-//! as one entry (issue 31: a turn is one or two `XADD`s instead of one per chunk). An
+//! as one entry (so a turn is one or two `XADD`s instead of one per chunk). An
 //! entry's chunks are its parts: the SSE id of part `n > 0` of entry `<ms>-<seq>` is
 //! `<ms>-<seq>.<n>`, part 0's is the entry's own id, so `Last-Event-ID` resumes inside an
 //! entry ([`EventId`]) and `BRAIN_EVENTS_MAX_LEN` counts entries, not chunks. The pipeline
