@@ -145,16 +145,16 @@ impl TurnTask {
         let Opened {
             mut stream,
             mut pending,
-            mut usage,
+            usage,
             call_index,
             model,
             span,
         } = opened;
-        let text_id = format!("text-{iteration}");
-        let mut text = String::new();
-        let mut text_open = false;
-        let mut calls = Vec::new();
-        let mut hidden_inputs = std::collections::HashSet::new();
+        let mut gathered = Gathered {
+            text_id: format!("text-{iteration}"),
+            usage,
+            ..Gathered::default()
+        };
         let outcome = loop {
             let next = match pending.pop_front() {
                 Some(event) => Some(Ok(event)),
@@ -164,79 +164,15 @@ impl TurnTask {
                     next = stream.next() => next,
                 },
             };
-            let chunk = match next {
-                Some(Ok(ProviderEvent::TextDelta(delta))) => {
-                    if !text_open {
-                        text_open = true;
-                        if !self
-                            .client
-                            .send(UiChunk::TextStart {
-                                id: text_id.clone(),
-                            })
-                            .await
-                        {
-                            break StepOutcome::Cancelled;
-                        }
-                    }
-                    // Only text the client accepted counts as delivered (T8).
-                    let len = text.len();
-                    text.push_str(&delta);
-                    if !self
-                        .client
-                        .send(UiChunk::TextDelta {
-                            id: text_id.clone(),
-                            delta,
-                        })
-                        .await
-                    {
-                        text.truncate(len);
-                        break StepOutcome::Cancelled;
-                    }
-                    continue;
-                }
-                Some(Ok(ProviderEvent::ToolInputStart { id, name })) => {
-                    let tool = self.deps.toolset.get(&name);
-                    if tool.is_some_and(|tool| tool.redacts_input()) {
-                        hidden_inputs.insert(id.clone());
-                    }
-                    if let (Some(speculation), Some(profile)) = (
-                        &self.speculation,
-                        tool.and_then(|tool| tool.worker_profile()),
-                    ) {
-                        speculation.begin(profile);
-                    }
-                    UiChunk::ToolInputStart {
-                        tool_call_id: id,
-                        tool_name: name,
-                    }
-                }
-                // The raw fragments of a tool whose input is redacted (a secret's value)
-                // are not streamed; its redacted input follows in `tool-input-available`.
-                Some(Ok(ProviderEvent::ToolInputDelta { id, .. }))
-                    if hidden_inputs.contains(&id) =>
-                {
-                    continue;
-                }
-                Some(Ok(ProviderEvent::ToolInputDelta { id, delta })) => UiChunk::ToolInputDelta {
-                    tool_call_id: id,
-                    input_text_delta: delta,
-                },
-                Some(Ok(ProviderEvent::ToolCall(call))) => {
-                    calls.push(call);
-                    continue;
-                }
-                Some(Ok(ProviderEvent::Usage(u))) => {
-                    usage.merge(u);
-                    continue;
-                }
-                Some(Ok(ProviderEvent::Finished(reason))) => break StepOutcome::Finished(reason),
+            let event = match next {
+                Some(Ok(event)) => event,
                 Some(Err(err)) => break StepOutcome::Failed(err),
                 None => {
                     break StepOutcome::Failed(ProviderError::Unavailable(Unavailable::Incomplete));
                 }
             };
-            if !self.client.send(chunk).await {
-                break StepOutcome::Cancelled;
+            if let Some(outcome) = self.relay_event(event, &mut gathered).await {
+                break outcome;
             }
         };
         // Dropping the stream closes the provider connection: the abort of T8.
@@ -249,22 +185,113 @@ impl TurnTask {
             StepOutcome::Cancelled => "cancelled",
             StepOutcome::Failed(err) => err.metric_label(),
         };
-        record_call(&span, usage, label);
+        record_call(&span, gathered.usage, label);
         drop(span);
-        usage_log.push(call_usage(call_index, &model, usage));
-        if text_open {
-            self.client.send(UiChunk::TextEnd { id: text_id }).await;
+        usage_log.push(call_usage(call_index, &model, gathered.usage));
+        if gathered.text_open {
+            self.client
+                .send(UiChunk::TextEnd {
+                    id: gathered.text_id,
+                })
+                .await;
         }
         // T5: calls of a stream that did not finish are discarded, never run.
         if !matches!(outcome, StepOutcome::Finished(_)) {
-            calls.clear();
+            gathered.calls.clear();
         }
         Step {
-            text,
-            calls,
+            text: gathered.text,
+            calls: gathered.calls,
             outcome,
         }
     }
+
+    /// Relays one event of the model's stream to the client, or gathers it; the step's
+    /// outcome once it ends here (the model finished, the client went away).
+    async fn relay_event(
+        &self,
+        event: ProviderEvent,
+        gathered: &mut Gathered,
+    ) -> Option<StepOutcome> {
+        let chunk = match event {
+            ProviderEvent::TextDelta(delta) => {
+                return (!self.relay_text(delta, gathered).await).then_some(StepOutcome::Cancelled);
+            }
+            ProviderEvent::ToolInputStart { id, name } => {
+                let tool = self.deps.toolset.get(&name);
+                if tool.is_some_and(|tool| tool.redacts_input()) {
+                    gathered.hidden_inputs.insert(id.clone());
+                }
+                if let (Some(speculation), Some(profile)) = (
+                    &self.speculation,
+                    tool.and_then(|tool| tool.worker_profile()),
+                ) {
+                    speculation.begin(profile);
+                }
+                UiChunk::ToolInputStart {
+                    tool_call_id: id,
+                    tool_name: name,
+                }
+            }
+            // The raw fragments of a tool whose input is redacted (a secret's value) are
+            // not streamed; its redacted input follows in `tool-input-available`.
+            ProviderEvent::ToolInputDelta { id, .. } if gathered.hidden_inputs.contains(&id) => {
+                return None;
+            }
+            ProviderEvent::ToolInputDelta { id, delta } => UiChunk::ToolInputDelta {
+                tool_call_id: id,
+                input_text_delta: delta,
+            },
+            ProviderEvent::ToolCall(call) => {
+                gathered.calls.push(call);
+                return None;
+            }
+            ProviderEvent::Usage(u) => {
+                gathered.usage.merge(u);
+                return None;
+            }
+            ProviderEvent::Finished(reason) => return Some(StepOutcome::Finished(reason)),
+        };
+        (!self.client.send(chunk).await).then_some(StepOutcome::Cancelled)
+    }
+
+    /// Sends a text delta (opening the text part first); whether the client took it. Only
+    /// text the client accepted counts as delivered (T8).
+    async fn relay_text(&self, delta: String, gathered: &mut Gathered) -> bool {
+        if !gathered.text_open {
+            gathered.text_open = true;
+            let start = UiChunk::TextStart {
+                id: gathered.text_id.clone(),
+            };
+            if !self.client.send(start).await {
+                return false;
+            }
+        }
+        let len = gathered.text.len();
+        gathered.text.push_str(&delta);
+        let chunk = UiChunk::TextDelta {
+            id: gathered.text_id.clone(),
+            delta,
+        };
+        if !self.client.send(chunk).await {
+            gathered.text.truncate(len);
+            return false;
+        }
+        true
+    }
+}
+
+/// What one model call's relay gathered so far.
+#[derive(Default)]
+struct Gathered {
+    text_id: String,
+    /// The text the client accepted.
+    text: String,
+    text_open: bool,
+    calls: Vec<ToolCall>,
+    /// The calls whose input fragments are not streamed (a tool that redacts its input).
+    hidden_inputs: std::collections::HashSet<String>,
+    usage: Usage,
 }
 
 /// What a `model_call` span ends with: the token counts the provider reported.
