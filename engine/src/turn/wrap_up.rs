@@ -39,6 +39,24 @@ pub(super) enum End {
     HandedOver,
 }
 
+/// What a turn's end writes, and the chunk its stream ends with.
+struct Ending {
+    status: TurnStatus,
+    error_code: Option<ErrorCode>,
+    /// The assistant message is stored, complete or not; none for a failed turn.
+    complete: Option<bool>,
+    approvals: Vec<NewApproval>,
+    last: Last,
+}
+
+/// How the stream ends once the end state was written (or could not be).
+enum Last {
+    /// `finish` when the end state was stored, else the store's error.
+    Finish(FinishReason),
+    /// This error, either way.
+    Error(ErrorCode, String),
+}
+
 impl End {
     fn outcome(&self) -> TurnOutcome {
         match self {
@@ -201,66 +219,67 @@ impl TurnTask {
         parts: Vec<Part>,
         usage_log: Vec<ModelCallUsage>,
     ) -> (bool, UiChunk) {
-        let message = |complete| AssistantMessage {
-            id: assistant_id,
-            parts: parts.clone(),
-            complete,
-        };
-        // The client has seen output: the user message stays, bound to this turn.
-        let ended = |status, error_code, assistant, approvals| TurnEnd {
-            status,
-            error_code,
-            assistant,
-            usage: usage_log,
-            withdraw_user_message: false,
-            approvals,
-        };
         let lost = || {
             UiChunk::error(
                 ErrorCode::StoreUnavailable,
                 "the answer could not be stored",
             )
         };
-        match end {
-            // `wrap_up` writes nothing of a turn taken over or handed over.
-            End::TakenOver | End::HandedOver => (false, lost()),
+        // `wrap_up` writes nothing of a turn taken over or handed over.
+        let Some(ending) = self.ending(end) else {
+            return (false, lost());
+        };
+        let stored = self
+            .persist(TurnEnd {
+                status: ending.status,
+                error_code: ending.error_code,
+                assistant: ending.complete.map(|complete| AssistantMessage {
+                    id: assistant_id,
+                    parts,
+                    complete,
+                }),
+                usage: usage_log,
+                // The client has seen output: the user message stays, bound to this turn.
+                withdraw_user_message: false,
+                approvals: ending.approvals,
+            })
+            .await;
+        match ending.last {
+            Last::Finish(finish_reason) if stored => (true, UiChunk::Finish { finish_reason }),
+            Last::Finish(_) => (false, lost()),
+            Last::Error(code, text) => (false, UiChunk::error(code, &text)),
+        }
+    }
+
+    /// What `end` writes, and how the stream ends; `None` for a turn this replica no
+    /// longer ends (taken over, handed over).
+    fn ending(&self, end: End) -> Option<Ending> {
+        let done = |status, complete, approvals, reason| Ending {
+            status,
+            error_code: None,
+            complete: Some(complete),
+            approvals,
+            last: Last::Finish(reason),
+        };
+        let failed = |code, text: String| Ending {
+            status: TurnStatus::Failed,
+            error_code: Some(code),
+            complete: None,
+            approvals: Vec::new(),
+            last: Last::Error(code, text),
+        };
+        Some(match end {
+            End::TakenOver | End::HandedOver => return None,
             End::AwaitingApproval(waiting) => {
                 tracing::info!(turn = %self.ids.turn, approvals = waiting.len(), "turn awaits approval");
-                let stored = self
-                    .persist(ended(
-                        TurnStatus::Completed,
-                        None,
-                        Some(message(true)),
-                        waiting,
-                    ))
-                    .await;
-                let last = if stored {
-                    UiChunk::Finish {
-                        finish_reason: FinishReason::ToolCalls,
-                    }
-                } else {
-                    lost()
-                };
-                (stored, last)
+                done(
+                    TurnStatus::Completed,
+                    true,
+                    waiting,
+                    FinishReason::ToolCalls,
+                )
             }
-            End::Completed(reason) => {
-                let stored = self
-                    .persist(ended(
-                        TurnStatus::Completed,
-                        None,
-                        Some(message(true)),
-                        Vec::new(),
-                    ))
-                    .await;
-                let last = if stored {
-                    UiChunk::Finish {
-                        finish_reason: reason,
-                    }
-                } else {
-                    lost()
-                };
-                (stored, last)
-            }
+            End::Completed(reason) => done(TurnStatus::Completed, true, Vec::new(), reason),
             End::Interrupted => {
                 // X1: its principal's authority ended under a turn no stream follows.
                 let revoked = self
@@ -269,55 +288,29 @@ impl TurnTask {
                     .is_some_and(CancellationToken::is_cancelled)
                     .then_some(ErrorCode::Unauthorized);
                 tracing::info!(turn = %self.ids.turn, revoked = revoked.is_some(), "turn cancelled");
-                let stored = self
-                    .persist(ended(
+                Ending {
+                    error_code: revoked,
+                    ..done(
                         TurnStatus::Interrupted,
-                        revoked,
-                        Some(message(false)),
+                        false,
                         Vec::new(),
-                    ))
-                    .await;
-                let last = if stored {
-                    UiChunk::Finish {
-                        finish_reason: FinishReason::Interrupted,
-                    }
-                } else {
-                    lost()
-                };
-                (stored, last)
+                        FinishReason::Interrupted,
+                    )
+                }
             }
             End::Refused(refusal) => {
                 tracing::info!(turn = %self.ids.turn, field = refusal.field.name(), "budget spent mid-turn");
-                self.persist(ended(
-                    TurnStatus::Failed,
-                    Some(refusal.code()),
-                    None,
-                    Vec::new(),
-                ))
-                .await;
-                (false, UiChunk::error(refusal.code(), &refusal.message()))
+                failed(refusal.code(), refusal.message())
             }
-            End::QuotaUnknown => {
-                let code = ErrorCode::StoreUnavailable;
-                self.persist(ended(TurnStatus::Failed, Some(code), None, Vec::new()))
-                    .await;
-                let text = "the team's budget could not be checked; the turn stopped";
-                (false, UiChunk::error(code, text))
-            }
+            End::QuotaUnknown => failed(
+                ErrorCode::StoreUnavailable,
+                "the team's budget could not be checked; the turn stopped".into(),
+            ),
             End::Failed(err) => {
                 tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "model call failed mid-turn");
-                self.persist(ended(
-                    TurnStatus::Failed,
-                    Some(err.code()),
-                    None,
-                    Vec::new(),
-                ))
-                .await;
-                let code = err.code();
-                let text = err.public_message();
-                (false, UiChunk::error(code, &text))
+                failed(err.code(), err.public_message())
             }
-        }
+        })
     }
 
     /// Writes the end state; `false` when it could not be written whole. Then the turn is
