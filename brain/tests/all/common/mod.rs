@@ -45,7 +45,7 @@ pub async fn fresh_store() -> (Store, String) {
 /// A database of its own with every migration applied, copied from the template of this
 /// migration set (`test_support::db::migrated_database`): its name.
 pub async fn migrated_database() -> String {
-    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let migrations = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../store/migrations");
     test_support::db::migrated_database("brain_test", &migrations, |url| async move {
         let options = test_support::db::connect_options(&url);
         let pool = sqlx::PgPool::connect_with(options).await.unwrap();
