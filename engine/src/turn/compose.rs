@@ -10,13 +10,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::basis::{Found, KeptHistory, Source};
 use super::context::{self, Fold};
-use super::history::{HistoryRow, model_messages};
+use super::history::{Counted, HistoryRow, model_messages};
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
 use crate::Engine;
 use crate::connectors;
 use crate::tools::Toolset;
-use providers::ModelRequest;
+use providers::{Catalog, ModelRequest};
 use store::{
     AgentRow, Answered, Answerer, ApprovalRow, BasisCheck, Begun, Close, FrozenComposition,
     NewTurn, StoreError, TurnBasis, bounded,
@@ -178,7 +178,6 @@ pub(super) async fn compose(
     turn: TurnId,
     cancel: &CancellationToken,
 ) -> Result<Composed, TurnError> {
-    let (team, chat) = (launch.team, launch.chat);
     let basis = &*found.basis;
     let TurnBasis {
         chat: chat_row,
@@ -216,35 +215,21 @@ pub(super) async fn compose(
         Beginning::History(history) => history,
         Beginning::Instead(composed) => return Ok(composed),
     };
-    let request = ModelRequest {
-        model: String::new(),
-        system: system_text(&agent.system_prompt, &chat_row.summary),
-        messages: model_messages(
-            &history[context::window_start(&history, state.config.context_tokens)..],
-        ),
-        tools: offered.catalog.clone(),
-        max_output_tokens: state.config.max_output_tokens,
-    };
     let route: Vec<String> = composition
         .model_route
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-    let fold = Fold {
-        store: state.store.clone(),
-        holds: state.holds.clone(),
-        providers: state.providers.clone(),
-        team,
-        agent: agent.id,
-        chat,
+    let (request, fold) = first_request(
+        state,
+        launch,
+        basis,
         turn,
-        user: launch.authority.user().map(str::to_owned),
-        // The models that fold history into the summary: the agent's own route for now.
-        route: route.clone(),
-        budget: state.config.context_tokens,
-        max_output_tokens: state.config.max_output_tokens,
-        unsummarized: context::history_tokens(&history),
-    };
+        &history,
+        offered.catalog.clone(),
+        route.clone(),
+        state.config.max_output_tokens,
+    );
     Ok(Composed::Ready(Box::new(Ready {
         request,
         route,
@@ -255,6 +240,46 @@ pub(super) async fn compose(
         answered: asked.answered,
         autostart: asked.autostart,
     })))
+}
+
+/// A turn's first model request over `history`, and the fold that summarises the history
+/// once the turn outgrew the context budget (with the turn's own `route`: the models that
+/// fold history are the agent's own for now).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn first_request(
+    state: &Engine,
+    launch: &Launch,
+    basis: &TurnBasis,
+    turn: TurnId,
+    history: &[impl Counted],
+    catalog: Arc<Catalog>,
+    route: Vec<String>,
+    max_output_tokens: u32,
+) -> (ModelRequest, Fold) {
+    let request = ModelRequest {
+        model: String::new(),
+        system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
+        messages: model_messages(
+            &history[context::window_start(history, state.config.context_tokens)..],
+        ),
+        tools: catalog,
+        max_output_tokens,
+    };
+    let fold = Fold {
+        store: state.store.clone(),
+        holds: state.holds.clone(),
+        providers: state.providers.clone(),
+        team: launch.team,
+        agent: basis.agent.id,
+        chat: launch.chat,
+        turn,
+        user: launch.authority.user().map(str::to_owned),
+        route,
+        budget: state.config.context_tokens,
+        max_output_tokens,
+        unsummarized: context::history_tokens(history),
+    };
+    (request, fold)
 }
 
 /// What beginning a turn gave.

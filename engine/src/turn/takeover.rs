@@ -33,15 +33,14 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::admit;
-use super::compose::{offer, system_text};
-use super::context::{self, Fold};
-use super::history::{model_messages, tool_part};
+use super::compose::offer;
+use super::history::tool_part;
 use super::state::{Progress, Running, TurnTask};
 use super::{Launch, TurnError};
 use crate::Engine;
 use crate::auth::Authority;
 use crate::tools::{ToolCtx, ToolOutput, Toolset};
-use providers::{ModelRequest, ToolCall};
+use providers::ToolCall;
 use store::{ModelCallUsage, StoreError, TakenOver, bounded, storable_text};
 
 /// Takeovers a turn may have; the next lapse of its replica ends it `failed`.
@@ -234,29 +233,16 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
     // it would have ended the stream of the turn it started.
     super::standing::follow(revoked.clone(), held, cancel.clone(), registration.ended());
     let (offered, connector_status) = offer(state, &launch, &basis, &cancel).await;
-    let request = ModelRequest {
-        model: String::new(),
-        system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
-        messages: model_messages(
-            &history[context::window_start(&history, state.config.context_tokens)..],
-        ),
-        tools: offered.catalog.clone(),
-        max_output_tokens: frozen.max_output_tokens,
-    };
-    let fold = Fold {
-        store: state.store.clone(),
-        holds: state.holds.clone(),
-        providers: state.providers.clone(),
-        team,
-        agent,
-        chat,
+    let (request, fold) = super::compose::first_request(
+        state,
+        &launch,
+        &basis,
         turn,
-        user: launch.authority.user().map(str::to_owned),
-        route: frozen.model_route.clone(),
-        budget: state.config.context_tokens,
-        max_output_tokens: frozen.max_output_tokens,
-        unsummarized: context::history_tokens(&history),
-    };
+        &history,
+        offered.catalog.clone(),
+        frozen.model_route.clone(),
+        frozen.max_output_tokens,
+    );
     let mut limits = state.config.limits;
     limits.max_iterations = frozen.max_iterations;
     limits.max_writes = frozen.max_writes;
