@@ -208,6 +208,14 @@ impl std::ops::Deref for Sessions {
     }
 }
 
+/// What a wait for a session's worker does next.
+enum Next {
+    Found(Target),
+    /// Its worker is gone: a new session replaces it (once per call).
+    Replace,
+    Wait,
+}
+
 impl Sessions {
     pub fn new(
         replica: protocol::ReplicaId,
@@ -412,15 +420,10 @@ impl Sessions {
                     });
                 }
             }
-            match row.state {
+            let next = match row.state {
                 // It failed while this call waited for its worker's re-dial (the
                 // runtime-manager found the worker gone, say): a new one is needed.
-                SessionState::Failed if channel_gone.is_some() && !replaced => {
-                    replaced = true;
-                    channel_gone = None;
-                    row = self.provision(wanted, false).await?;
-                    continue;
-                }
+                SessionState::Failed if channel_gone.is_some() && !replaced => Next::Replace,
                 SessionState::Failed => {
                     return Err(SessionError::Failed(
                         row.failure_reason.unwrap_or_else(|| "unknown".into()),
@@ -429,48 +432,18 @@ impl Sessions {
                 SessionState::Terminating | SessionState::Terminated => {
                     return Err(SessionError::Failed("the session ended".into()));
                 }
-                SessionState::Ready => {
-                    if let Some(worker) = self.registry.get(row.id) {
-                        return Ok(Target::Local {
-                            session: row.id,
-                            worker,
-                        });
-                    }
-                    match self.live_owner(row.id).await? {
-                        Owner::Replica(owner) => {
-                            return Ok(Target::Remote {
-                                owner,
-                                session: row.id,
-                            });
-                        }
-                        // No live channel anywhere: the worker may be dialing again (W9).
-                        Owner::Gone { dead } => {
-                            let since = *channel_gone.get_or_insert_with(Instant::now);
-                            if since.elapsed() >= self.config.redial_grace {
-                                if dead.is_some() {
-                                    // The key names a replica that seems gone, but the
-                                    // key lives on: too unsure to replace the session.
-                                    return Err(SessionError::Reconnecting);
-                                }
-                                if !replaced {
-                                    // No worker dialed back: it is gone, and so are its
-                                    // workspace and browser (O3).
-                                    self.fail(
-                                        row.id,
-                                        FailureReason::HeartbeatLost,
-                                        Some("no replica holds its channel"),
-                                    )
-                                    .await;
-                                    replaced = true;
-                                    channel_gone = None;
-                                    row = self.provision(wanted, false).await?;
-                                    continue;
-                                }
-                            }
-                        }
-                    }
+                SessionState::Ready => self.on_ready(&row, &mut channel_gone, replaced).await?,
+                _ => Next::Wait,
+            };
+            match next {
+                Next::Found(target) => return Ok(target),
+                Next::Replace => {
+                    replaced = true;
+                    channel_gone = None;
+                    row = self.provision(wanted, false).await?;
+                    continue;
                 }
-                _ => {}
+                Next::Wait => {}
             }
             if Instant::now() >= deadline {
                 return Err(SessionError::Timeout);
@@ -493,6 +466,52 @@ impl Sessions {
             }
             row = self.store.session(row.id).await?;
         }
+    }
+
+    /// A `ready` session: its worker's channel here or on another replica, or none: then
+    /// the worker may be dialing again (W9) until the grace is over, and a worker that
+    /// never dialed back is gone, its session failed to be replaced once.
+    async fn on_ready(
+        &self,
+        row: &store::SessionRow,
+        channel_gone: &mut Option<Instant>,
+        replaced: bool,
+    ) -> Result<Next, SessionError> {
+        if let Some(worker) = self.registry.get(row.id) {
+            return Ok(Next::Found(Target::Local {
+                session: row.id,
+                worker,
+            }));
+        }
+        let dead = match self.live_owner(row.id).await? {
+            Owner::Replica(owner) => {
+                return Ok(Next::Found(Target::Remote {
+                    owner,
+                    session: row.id,
+                }));
+            }
+            Owner::Gone { dead } => dead,
+        };
+        let since = *channel_gone.get_or_insert_with(Instant::now);
+        if since.elapsed() < self.config.redial_grace {
+            return Ok(Next::Wait);
+        }
+        if dead.is_some() {
+            // The key names a replica that seems gone, but the key lives on: too unsure
+            // to replace the session.
+            return Err(SessionError::Reconnecting);
+        }
+        if replaced {
+            return Ok(Next::Wait);
+        }
+        // No worker dialed back: it is gone, and so are its workspace and browser (O3).
+        self.fail(
+            row.id,
+            FailureReason::HeartbeatLost,
+            Some("no replica holds its channel"),
+        )
+        .await;
+        Ok(Next::Replace)
     }
 
     /// The chat's `ready` session, if it has one: where a call in flight at a takeover
