@@ -639,7 +639,16 @@ pub(super) async fn call_remote(
         }
         Some(_) => {}
     }
-    let mut events = pubsub.into_on_message();
+    await_answer(pubsub.into_on_message(), ctx, &mut guard).await
+}
+
+/// The relayed call's live output, shown to the turn, until its answer; what became of
+/// the call when the owner or the relay fell silent (then no cancel is sent).
+async fn await_answer(
+    mut events: impl futures_util::Stream<Item = redis::Msg> + Unpin,
+    ctx: &ToolCtx,
+    guard: &mut CancelRemote,
+) -> Result<ToolOutput, Failure> {
     loop {
         let message = tokio::select! {
             () = ctx.cancel.cancelled() => return Ok(ToolOutput::error("cancelled")),
