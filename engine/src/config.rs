@@ -236,6 +236,29 @@ pub struct EventsConfig {
     pub max_observers_per_principal: usize,
 }
 
+impl EventsConfig {
+    /// The events streams' settings, from the environment.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
+            window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,
+            keepalive: millis(env, "BRAIN_EVENTS_KEEPALIVE_MS", 15_000)?,
+            publish_buffer: ranged(env, "BRAIN_EVENTS_PUBLISH_BUFFER", 8192, 1, 1 << 24)?,
+            flush: ranged(env, "BRAIN_EVENTS_FLUSH_MS", 10, 0, 1000).map(Duration::from_millis)?,
+            observer_buffer: ranged(env, "BRAIN_EVENTS_OBSERVER_BUFFER", 512, 1, 1 << 20)?,
+            redis_timeout: millis(env, "BRAIN_EVENTS_REDIS_TIMEOUT_MS", 1_000)?,
+            max_observers: ranged(env, "BRAIN_EVENTS_MAX_OBSERVERS", 10_000, 1, 1 << 20)?,
+            max_observers_per_principal: ranged(
+                env,
+                "BRAIN_EVENTS_MAX_OBSERVERS_PER_PRINCIPAL",
+                100,
+                1,
+                1 << 20,
+            )?,
+        })
+    }
+}
+
 /// Worker sessions: the channel's timeouts and the session token key.
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -453,6 +476,17 @@ pub struct AutostartConfig {
     pub min_interval_secs: u32,
 }
 
+impl AutostartConfig {
+    /// The scheduler's poll and the shortest cadence, from the environment.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            poll: ranged(env, "BRAIN_AUTOSTART_POLL_MS", 1_000, 50, 60_000)
+                .map(Duration::from_millis)?,
+            min_interval_secs: ranged(env, "BRAIN_AUTOSTART_MIN_INTERVAL_SECS", 60, 1, 86_400)?,
+        })
+    }
+}
+
 /// How the brain runs connectors (SPEC B2).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectorConfig {
@@ -465,6 +499,18 @@ pub struct ConnectorConfig {
     pub startup_timeout: Duration,
     /// One `tools/call`.
     pub call_timeout: Duration,
+}
+
+impl ConnectorConfig {
+    /// What connectors may be and how long they may take, from the environment.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
+            allow_private_networks: parse(env, "BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS", "false")?,
+            startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,
+            call_timeout: millis(env, "BRAIN_CONNECTOR_CALL_TIMEOUT_MS", 300_000)?,
+        })
+    }
 }
 
 /// How this replica delivers webhooks (P4).
@@ -489,6 +535,36 @@ pub struct WebhooksConfig {
     pub poll: Duration,
 }
 
+impl WebhooksConfig {
+    /// Webhook and push deliveries' settings, from the environment.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            allow_private_networks: parse(env, "BRAIN_WEBHOOKS_ALLOW_PRIVATE_NETWORKS", "false")?,
+            retry_base: ranged(env, "BRAIN_WEBHOOKS_RETRY_BASE_MS", 5_000, 10, 3_600_000)
+                .map(Duration::from_millis)?,
+            timeout: ranged(env, "BRAIN_WEBHOOKS_TIMEOUT_MS", 10_000, 100, 60_000)
+                .map(Duration::from_millis)?,
+            max_in_flight: ranged(env, "BRAIN_WEBHOOKS_MAX_IN_FLIGHT", 16, 0, 1_000)?,
+            max_in_flight_per_team: ranged(
+                env,
+                "BRAIN_WEBHOOKS_MAX_IN_FLIGHT_PER_TEAM",
+                4,
+                1,
+                1_000,
+            )?,
+            max_pending_pushes_per_team: ranged(
+                env,
+                "BRAIN_A2A_MAX_PENDING_PUSHES_PER_TEAM",
+                1_000,
+                1,
+                1_000_000,
+            )?,
+            poll: ranged(env, "BRAIN_WEBHOOKS_POLL_MS", 1_000, 50, 60_000)
+                .map(Duration::from_millis)?,
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ProviderConfig {
     pub base_url: String,
@@ -500,26 +576,7 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 impl Config {
     pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
-        let openai = ProviderConfig {
-            base_url: url_var(env, "OPENAI_BASE_URL", "https://api.openai.com/v1")?,
-            api_key: non_empty(env, "OPENAI_API_KEY"),
-        };
-        let anthropic = ProviderConfig {
-            base_url: url_var(env, "ANTHROPIC_BASE_URL", "https://api.anthropic.com")?,
-            api_key: non_empty(env, "ANTHROPIC_API_KEY"),
-        };
-        let any_key = openai.api_key.is_some() || anthropic.api_key.is_some();
-        let demo_model = match non_empty(env, "BRAIN_DEMO_MODEL").as_deref() {
-            None | Some("auto") => !any_key,
-            Some("on") => true,
-            Some("off") => false,
-            Some(_) => {
-                return Err(ConfigError {
-                    name: "BRAIN_DEMO_MODEL",
-                    problem: "must be one of auto, on, off".into(),
-                });
-            }
-        };
+        let (openai, anthropic, demo_model) = providers(env)?;
         let addr = parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?;
         let config = Self {
             addr,
@@ -566,21 +623,8 @@ impl Config {
             client_stall_timeout: millis(env, "BRAIN_CLIENT_STALL_TIMEOUT_MS", 30_000)?,
             approval_ttl: ranged(env, "BRAIN_APPROVAL_TTL_MS", 86_400_000, 1, 31_536_000_000)
                 .map(Duration::from_millis)?,
-            autostart: AutostartConfig {
-                poll: ranged(env, "BRAIN_AUTOSTART_POLL_MS", 1_000, 50, 60_000)
-                    .map(Duration::from_millis)?,
-                min_interval_secs: ranged(env, "BRAIN_AUTOSTART_MIN_INTERVAL_SECS", 60, 1, 86_400)?,
-            },
-            connectors: ConnectorConfig {
-                allow_stdio: parse(env, "BRAIN_CONNECTORS_ALLOW_STDIO", "false")?,
-                allow_private_networks: parse(
-                    env,
-                    "BRAIN_CONNECTORS_ALLOW_PRIVATE_NETWORKS",
-                    "false",
-                )?,
-                startup_timeout: millis(env, "BRAIN_CONNECTOR_STARTUP_TIMEOUT_MS", 10_000)?,
-                call_timeout: millis(env, "BRAIN_CONNECTOR_CALL_TIMEOUT_MS", 300_000)?,
-            },
+            autostart: AutostartConfig::from_env(env)?,
+            connectors: ConnectorConfig::from_env(env)?,
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
@@ -608,76 +652,51 @@ impl Config {
                 "false",
             )?,
             oauth: oauth(env, addr)?,
-            webhooks: WebhooksConfig {
-                allow_private_networks: parse(
-                    env,
-                    "BRAIN_WEBHOOKS_ALLOW_PRIVATE_NETWORKS",
-                    "false",
-                )?,
-                retry_base: ranged(env, "BRAIN_WEBHOOKS_RETRY_BASE_MS", 5_000, 10, 3_600_000)
-                    .map(Duration::from_millis)?,
-                timeout: ranged(env, "BRAIN_WEBHOOKS_TIMEOUT_MS", 10_000, 100, 60_000)
-                    .map(Duration::from_millis)?,
-                max_in_flight: ranged(env, "BRAIN_WEBHOOKS_MAX_IN_FLIGHT", 16, 0, 1_000)?,
-                max_in_flight_per_team: ranged(
-                    env,
-                    "BRAIN_WEBHOOKS_MAX_IN_FLIGHT_PER_TEAM",
-                    4,
-                    1,
-                    1_000,
-                )?,
-                max_pending_pushes_per_team: ranged(
-                    env,
-                    "BRAIN_A2A_MAX_PENDING_PUSHES_PER_TEAM",
-                    1_000,
-                    1,
-                    1_000_000,
-                )?,
-                poll: ranged(env, "BRAIN_WEBHOOKS_POLL_MS", 1_000, 50, 60_000)
-                    .map(Duration::from_millis)?,
-            },
+            webhooks: WebhooksConfig::from_env(env)?,
             audit_retention_days: ranged(env, "BRAIN_AUDIT_RETENTION_DAYS", 400, 1, 36_500)?,
-            events: EventsConfig {
-                max_len: ranged(env, "BRAIN_EVENTS_MAX_LEN", 10_000, 1, 10_000_000)?,
-                window: millis(env, "BRAIN_EVENTS_WINDOW_MS", 15 * 60_000)?,
-                keepalive: millis(env, "BRAIN_EVENTS_KEEPALIVE_MS", 15_000)?,
-                publish_buffer: ranged(env, "BRAIN_EVENTS_PUBLISH_BUFFER", 8192, 1, 1 << 24)?,
-                flush: ranged(env, "BRAIN_EVENTS_FLUSH_MS", 10, 0, 1000)
-                    .map(Duration::from_millis)?,
-                observer_buffer: ranged(env, "BRAIN_EVENTS_OBSERVER_BUFFER", 512, 1, 1 << 20)?,
-                redis_timeout: millis(env, "BRAIN_EVENTS_REDIS_TIMEOUT_MS", 1_000)?,
-                max_observers: ranged(env, "BRAIN_EVENTS_MAX_OBSERVERS", 10_000, 1, 1 << 20)?,
-                max_observers_per_principal: ranged(
-                    env,
-                    "BRAIN_EVENTS_MAX_OBSERVERS_PER_PRINCIPAL",
-                    100,
-                    1,
-                    1 << 20,
-                )?,
-            },
-            mcp_server: McpSessionLimits {
-                max: ranged(env, "BRAIN_MCP_MAX_SESSIONS", 10_000, 1, 1 << 20)?,
-                max_per_principal: ranged(
-                    env,
-                    "BRAIN_MCP_MAX_SESSIONS_PER_PRINCIPAL",
-                    20,
-                    1,
-                    1 << 20,
-                )?,
-                idle: millis(env, "BRAIN_MCP_SESSION_IDLE_MS", 30 * 60_000)?,
-            },
-            log_json: match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
-                None | Some("text") => false,
-                Some("json") => true,
-                Some(_) => {
-                    return Err(ConfigError {
-                        name: "BRAIN_LOG_FORMAT",
-                        problem: "must be text or json".into(),
-                    });
-                }
-            },
+            events: EventsConfig::from_env(env)?,
+            mcp_server: McpSessionLimits::from_env(env)?,
+            log_json: log_json(env)?,
         };
         Ok(config)
+    }
+}
+
+/// The environment's provider endpoints, and whether the offline demo model answers
+/// (`auto`: when no provider has a key).
+fn providers(env: &dyn Env) -> Result<(ProviderConfig, ProviderConfig, bool), ConfigError> {
+    let openai = ProviderConfig {
+        base_url: url_var(env, "OPENAI_BASE_URL", "https://api.openai.com/v1")?,
+        api_key: non_empty(env, "OPENAI_API_KEY"),
+    };
+    let anthropic = ProviderConfig {
+        base_url: url_var(env, "ANTHROPIC_BASE_URL", "https://api.anthropic.com")?,
+        api_key: non_empty(env, "ANTHROPIC_API_KEY"),
+    };
+    let any_key = openai.api_key.is_some() || anthropic.api_key.is_some();
+    let demo_model = match non_empty(env, "BRAIN_DEMO_MODEL").as_deref() {
+        None | Some("auto") => !any_key,
+        Some("on") => true,
+        Some("off") => false,
+        Some(_) => {
+            return Err(ConfigError {
+                name: "BRAIN_DEMO_MODEL",
+                problem: "must be one of auto, on, off".into(),
+            });
+        }
+    };
+    Ok((openai, anthropic, demo_model))
+}
+
+/// `BRAIN_LOG_FORMAT`: `text` (the default) or `json`.
+fn log_json(env: &dyn Env) -> Result<bool, ConfigError> {
+    match non_empty(env, "BRAIN_LOG_FORMAT").as_deref() {
+        None | Some("text") => Ok(false),
+        Some("json") => Ok(true),
+        Some(_) => Err(ConfigError {
+            name: "BRAIN_LOG_FORMAT",
+            problem: "must be text or json".into(),
+        }),
     }
 }
 
@@ -814,6 +833,17 @@ pub struct McpSessionLimits {
     /// A session with no call in flight and no request for this long is dropped (a
     /// client that never sends `DELETE /mcp` does not hold its place for ever).
     pub idle: Duration,
+}
+
+impl McpSessionLimits {
+    /// The MCP server's session caps, from the environment.
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max: ranged(env, "BRAIN_MCP_MAX_SESSIONS", 10_000, 1, 1 << 20)?,
+            max_per_principal: ranged(env, "BRAIN_MCP_MAX_SESSIONS_PER_PRINCIPAL", 20, 1, 1 << 20)?,
+            idle: millis(env, "BRAIN_MCP_SESSION_IDLE_MS", 30 * 60_000)?,
+        })
+    }
 }
 
 #[cfg(test)]
