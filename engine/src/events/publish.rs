@@ -166,8 +166,38 @@ impl Events {
                 .arg("dropped")
                 .ignore();
         }
-        let every = keep_up_every(config.window);
         let now = Instant::now();
+        let due = self.keep_up(&mut pipes, &chats, kept_up, now);
+        let written: Vec<(u32, usize, Result<(), EventsError>)> = match self.connection().await {
+            Ok(conn) => {
+                futures_util::future::join_all(pipes.into_iter().map(|(group, (pipe, n))| {
+                    let mut conn = conn.clone();
+                    async move {
+                        let result =
+                            bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
+                                .await
+                                .map_err(EventsError::from);
+                        (group, n, result)
+                    }
+                }))
+                .await
+            }
+            Err(err) => vec![(u32::MAX, batched, Err(err))],
+        };
+        self.settle(written, &chats, &due, kept_up, now);
+    }
+
+    /// Trims and pushes back the expiry of the batch's chats not kept up for a while; the
+    /// chats that are due.
+    fn keep_up(
+        &self,
+        pipes: &mut HashMap<u32, (redis::Pipeline, usize)>,
+        chats: &[ChatId],
+        kept_up: &mut HashMap<ChatId, Instant>,
+        now: Instant,
+    ) -> Vec<ChatId> {
+        let config = &self.0.config;
+        let every = keep_up_every(config.window);
         if kept_up.len() > MAX_KEPT_UP {
             kept_up.retain(|_, at| now.duration_since(*at) < every);
         }
@@ -198,22 +228,19 @@ impl Events {
                 .arg(expiry)
                 .ignore();
         }
-        let written: Vec<(u32, usize, Result<(), EventsError>)> = match self.connection().await {
-            Ok(conn) => {
-                futures_util::future::join_all(pipes.into_iter().map(|(group, (pipe, n))| {
-                    let mut conn = conn.clone();
-                    async move {
-                        let result =
-                            bounded(config.redis_timeout, pipe.query_async::<()>(&mut conn))
-                                .await
-                                .map_err(EventsError::from);
-                        (group, n, result)
-                    }
-                }))
-                .await
-            }
-            Err(err) => vec![(u32::MAX, batched, Err(err))],
-        };
+        due
+    }
+
+    /// What each group's write did: the chats it trimmed are kept up; the chunks a failed
+    /// write dropped are counted and their chats marked, so their readers learn of the gap.
+    fn settle(
+        &self,
+        written: Vec<(u32, usize, Result<(), EventsError>)>,
+        chats: &[ChatId],
+        due: &[ChatId],
+        kept_up: &mut HashMap<ChatId, Instant>,
+        now: Instant,
+    ) {
         for (group, chunks, result) in written {
             let in_group = |chat: &ChatId| group == u32::MAX || self.0.group(*chat) == group;
             match result {
