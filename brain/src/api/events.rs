@@ -252,8 +252,7 @@ impl Watched {
                 Resumed::Bytes(bytes) => bytes,
                 Resumed::Idle => {
                     let state =
-                        store::bounded(watched.store.turn_state(watched.team, watched.turn))
-                            .await;
+                        store::bounded(watched.store.turn_state(watched.team, watched.turn)).await;
                     let gone = match state {
                         Ok(turn) => turn.status != TurnStatus::Running,
                         Err(StoreError::NotFound) => true,
