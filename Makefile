@@ -47,6 +47,12 @@ else
 	cargo test --workspace --locked --no-fail-fast
 endif
 
+# The subsets below (`pooler`, `cluster`) build exactly what `unit` built: `-p brain` alone
+# would resolve the dependencies' features for one package and compile about seventy of
+# them a second time. They take the whole workspace and pick their tests with a filterset
+# (nextest lists every test binary and runs only the matches). `cargo test` cannot pick one
+# package's binary that way, so the path without nextest keeps `-p` and its second build.
+
 # O5: the tests that matter run again with every brain (and runtime-manager) of a test
 # reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
 # from test-deps), Postgres itself only for migrations and LISTEN (DATABASE_DIRECT_URL).
@@ -54,8 +60,8 @@ POOLER_TESTS := /^(turn|hold_turns|queue|quotas|events|stop|autostart|retention|
 POOLER_MORE := /^(auth::.*revoked|workers::a_shell_call_provisions_a_worker)/
 pooler:
 ifeq ($(NEXTEST),yes)
-	TEST_THROUGH_PGBOUNCER=1 cargo nextest run -p brain --test all --locked --no-fail-fast \
-	  -E 'test($(POOLER_TESTS)) | test($(POOLER_MORE))'
+	TEST_THROUGH_PGBOUNCER=1 cargo nextest run --workspace --locked --no-fail-fast \
+	  -E 'binary_id(brain::all) & (test($(POOLER_TESTS)) | test($(POOLER_MORE)))'
 else
 	TEST_THROUGH_PGBOUNCER=1 cargo test -p brain --test all --locked --no-fail-fast -- \
 	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: soak:: \
@@ -90,8 +96,10 @@ CLUSTER_BRAIN_TESTS := \
 
 cluster:
 ifeq ($(NEXTEST),yes)
-	TEST_REDIS_CLUSTER=1 cargo nextest run --locked --no-fail-fast -p brain --test all -- --exact $(CLUSTER_BRAIN_TESTS)
-	TEST_REDIS_CLUSTER=1 cargo nextest run --locked --no-fail-fast -p queue --test queue
+	TEST_REDIS_CLUSTER=1 cargo nextest run --workspace --locked --no-fail-fast \
+	  -E 'binary_id(brain::all)' -- --exact $(CLUSTER_BRAIN_TESTS)
+	TEST_REDIS_CLUSTER=1 cargo nextest run --workspace --locked --no-fail-fast \
+	  -E 'binary_id(queue::queue)'
 else
 	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p brain --test all -- --exact $(CLUSTER_BRAIN_TESTS)
 	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p queue --test queue

@@ -98,40 +98,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// Each subsystem's variables are read by a function of their own, in the order the
+    /// first bad variable is reported.
     pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
         let cwd = std::env::current_dir().map_err(|_| ConfigError {
             name: "RUNTIME_MANAGER_WORKSPACES",
             problem: "cannot be resolved: the current directory is unreadable".into(),
         })?;
-        let launcher = match non_empty(env, "RUNTIME_MANAGER_LAUNCHER")
-            .as_deref()
-            .map(str::trim)
-        {
-            None | Some("local") => LauncherKind::Local,
-            Some("kubernetes") => LauncherKind::Kubernetes,
-            Some(_) => {
-                return Err(ConfigError {
-                    name: "RUNTIME_MANAGER_LAUNCHER",
-                    problem: "must be local or kubernetes".into(),
-                });
-            }
-        };
-        let worker_bin = match non_empty(env, "RUNTIME_MANAGER_WORKER_BIN") {
-            Some(path) => absolute(&cwd, path.trim()),
-            None => {
-                let exe = std::env::current_exe().map_err(|_| ConfigError {
-                    name: "RUNTIME_MANAGER_WORKER_BIN",
-                    problem: "must be set: the manager's own executable path is unknown".into(),
-                })?;
-                exe.parent()
-                    .map(|dir| dir.join("worker"))
-                    .ok_or(ConfigError {
-                        name: "RUNTIME_MANAGER_WORKER_BIN",
-                        problem: "must be set: the manager's own executable has no directory"
-                            .into(),
-                    })?
-            }
-        };
+        let launcher = launcher_kind(env)?;
+        let worker_bin = worker_bin(env, &cwd)?;
         let workspaces = absolute(
             &cwd,
             non_empty(env, "RUNTIME_MANAGER_WORKSPACES")
@@ -139,75 +114,11 @@ impl Config {
                 .map(str::trim)
                 .unwrap_or("./.dev/workspaces"),
         );
-        let mut profiles = match non_empty(env, "RUNTIME_MANAGER_PROFILES") {
-            None => Profiles::builtin(),
-            Some(path) => {
-                let path = absolute(&cwd, path.trim());
-                Profiles::from_file(&path).map_err(|e| ConfigError {
-                    name: "RUNTIME_MANAGER_PROFILES",
-                    problem: format!("({}): {e}", path.display()),
-                })?
-            }
-        };
-        if non_empty(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS").is_some() {
-            profiles.set_idle_windows(millis(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS", 90_000)?);
-        }
-        let kubernetes = KubernetesConfig {
-            namespace: namespace(env)?,
-            start_timeout: millis(env, "RUNTIME_MANAGER_START_TIMEOUT_MS", 120_000)?,
-        };
-        // A pod needs time to be scheduled and to pull its image before it can dial: with
-        // Jobs the dial timeout starts above the start timeout.
-        let dial_default = match launcher {
-            LauncherKind::Local => 15_000,
-            LauncherKind::Kubernetes => kubernetes.start_timeout.as_millis() as u64 + 60_000,
-        };
-        let dial_timeout = millis(env, "RUNTIME_MANAGER_DIAL_TIMEOUT_MS", dial_default)?;
-        if launcher == LauncherKind::Kubernetes && dial_timeout <= kubernetes.start_timeout {
-            return Err(ConfigError {
-                name: "RUNTIME_MANAGER_DIAL_TIMEOUT_MS",
-                problem: "must be longer than RUNTIME_MANAGER_START_TIMEOUT_MS with the \
-                          kubernetes launcher (a pod still starting cannot dial)"
-                    .into(),
-            });
-        }
-        let token_ttl = ranged(
-            env,
-            "RUNTIME_MANAGER_TOKEN_TTL_MS",
-            600_000,
-            1_000,
-            86_400_000,
-        )
-        .map(Duration::from_millis)?;
-        if token_ttl <= dial_timeout {
-            return Err(ConfigError {
-                name: "RUNTIME_MANAGER_TOKEN_TTL_MS",
-                problem: "must be longer than RUNTIME_MANAGER_DIAL_TIMEOUT_MS (a worker \
-                          dials with the token it was launched with)"
-                    .into(),
-            });
-        }
-        let local_unconfined = envcfg::parse(env, "RUNTIME_MANAGER_LOCAL_UNCONFINED", "false")
-            .map_err(|_| ConfigError {
-                name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
-                problem: "must be true or false".into(),
-            })?;
-        if local_unconfined && !envcfg::dev_mode(env)? {
-            return Err(ConfigError {
-                name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
-                problem: format!(
-                    "is for development only: it needs {}=true",
-                    envcfg::DEV_MODE
-                ),
-            });
-        }
-        let brain_public_url = url_var(env, "BRAIN_PUBLIC_URL", DEFAULT_BRAIN_PUBLIC_URL)?;
-        if !(brain_public_url.starts_with("http://") || brain_public_url.starts_with("https://")) {
-            return Err(ConfigError {
-                name: "BRAIN_PUBLIC_URL",
-                problem: "must be an http:// or https:// URL".into(),
-            });
-        }
+        let profiles = profiles(env, &cwd)?;
+        let kubernetes = KubernetesConfig::from_env(env)?;
+        let (dial_timeout, token_ttl) = dial_and_token_timeouts(env, launcher, &kubernetes)?;
+        let local_unconfined = local_unconfined(env)?;
+        let brain_public_url = brain_public_url(env)?;
         Ok(Self {
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
             database_behind_pooler: non_empty(env, "DATABASE_DIRECT_URL").is_some(),
@@ -239,6 +150,140 @@ impl Config {
             snapshot_timeout: millis(env, "RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS", 120_000)?,
         })
     }
+}
+
+impl KubernetesConfig {
+    fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            namespace: namespace(env)?,
+            start_timeout: millis(env, "RUNTIME_MANAGER_START_TIMEOUT_MS", 120_000)?,
+        })
+    }
+}
+
+/// `RUNTIME_MANAGER_LAUNCHER`: `local` (the default) or `kubernetes`.
+fn launcher_kind(env: &dyn Env) -> Result<LauncherKind, ConfigError> {
+    match non_empty(env, "RUNTIME_MANAGER_LAUNCHER")
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("local") => Ok(LauncherKind::Local),
+        Some("kubernetes") => Ok(LauncherKind::Kubernetes),
+        Some(_) => Err(ConfigError {
+            name: "RUNTIME_MANAGER_LAUNCHER",
+            problem: "must be local or kubernetes".into(),
+        }),
+    }
+}
+
+/// `RUNTIME_MANAGER_WORKER_BIN`, or `worker` beside the manager's own executable (where
+/// a build or a package puts both).
+fn worker_bin(env: &dyn Env, cwd: &Path) -> Result<PathBuf, ConfigError> {
+    if let Some(path) = non_empty(env, "RUNTIME_MANAGER_WORKER_BIN") {
+        return Ok(absolute(cwd, path.trim()));
+    }
+    let exe = std::env::current_exe().map_err(|_| ConfigError {
+        name: "RUNTIME_MANAGER_WORKER_BIN",
+        problem: "must be set: the manager's own executable path is unknown".into(),
+    })?;
+    exe.parent()
+        .map(|dir| dir.join("worker"))
+        .ok_or(ConfigError {
+            name: "RUNTIME_MANAGER_WORKER_BIN",
+            problem: "must be set: the manager's own executable has no directory".into(),
+        })
+}
+
+/// The built-in profiles or `RUNTIME_MANAGER_PROFILES`'s, with
+/// `RUNTIME_MANAGER_IDLE_WINDOW_MS` (tests and demos) replacing every idle window.
+fn profiles(env: &dyn Env, cwd: &Path) -> Result<Profiles, ConfigError> {
+    let mut profiles = match non_empty(env, "RUNTIME_MANAGER_PROFILES") {
+        None => Profiles::builtin(),
+        Some(path) => {
+            let path = absolute(cwd, path.trim());
+            Profiles::from_file(&path).map_err(|e| ConfigError {
+                name: "RUNTIME_MANAGER_PROFILES",
+                problem: format!("({}): {e}", path.display()),
+            })?
+        }
+    };
+    if non_empty(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS").is_some() {
+        profiles.set_idle_windows(millis(env, "RUNTIME_MANAGER_IDLE_WINDOW_MS", 90_000)?);
+    }
+    Ok(profiles)
+}
+
+/// The dial timeout and the launch token's lifetime, read together because each bounds
+/// the next: a pod starts, then dials, then uses its token.
+fn dial_and_token_timeouts(
+    env: &dyn Env,
+    launcher: LauncherKind,
+    kubernetes: &KubernetesConfig,
+) -> Result<(Duration, Duration), ConfigError> {
+    // A pod needs time to be scheduled and to pull its image before it can dial: with
+    // Jobs the dial timeout starts above the start timeout.
+    let dial_default = match launcher {
+        LauncherKind::Local => 15_000,
+        LauncherKind::Kubernetes => kubernetes.start_timeout.as_millis() as u64 + 60_000,
+    };
+    let dial_timeout = millis(env, "RUNTIME_MANAGER_DIAL_TIMEOUT_MS", dial_default)?;
+    if launcher == LauncherKind::Kubernetes && dial_timeout <= kubernetes.start_timeout {
+        return Err(ConfigError {
+            name: "RUNTIME_MANAGER_DIAL_TIMEOUT_MS",
+            problem: "must be longer than RUNTIME_MANAGER_START_TIMEOUT_MS with the \
+                      kubernetes launcher (a pod still starting cannot dial)"
+                .into(),
+        });
+    }
+    let token_ttl = ranged(
+        env,
+        "RUNTIME_MANAGER_TOKEN_TTL_MS",
+        600_000,
+        1_000,
+        86_400_000,
+    )
+    .map(Duration::from_millis)?;
+    if token_ttl <= dial_timeout {
+        return Err(ConfigError {
+            name: "RUNTIME_MANAGER_TOKEN_TTL_MS",
+            problem: "must be longer than RUNTIME_MANAGER_DIAL_TIMEOUT_MS (a worker \
+                      dials with the token it was launched with)"
+                .into(),
+        });
+    }
+    Ok((dial_timeout, token_ttl))
+}
+
+/// `RUNTIME_MANAGER_LOCAL_UNCONFINED`: refused outside development mode, since an
+/// unconfined worker can read every other session's workspace.
+fn local_unconfined(env: &dyn Env) -> Result<bool, ConfigError> {
+    let local_unconfined = envcfg::parse(env, "RUNTIME_MANAGER_LOCAL_UNCONFINED", "false")
+        .map_err(|_| ConfigError {
+            name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
+            problem: "must be true or false".into(),
+        })?;
+    if local_unconfined && !envcfg::dev_mode(env)? {
+        return Err(ConfigError {
+            name: "RUNTIME_MANAGER_LOCAL_UNCONFINED",
+            problem: format!(
+                "is for development only: it needs {}=true",
+                envcfg::DEV_MODE
+            ),
+        });
+    }
+    Ok(local_unconfined)
+}
+
+/// `BRAIN_PUBLIC_URL`: workers dial it over HTTP(S) only.
+fn brain_public_url(env: &dyn Env) -> Result<String, ConfigError> {
+    let url = url_var(env, "BRAIN_PUBLIC_URL", DEFAULT_BRAIN_PUBLIC_URL)?;
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ConfigError {
+            name: "BRAIN_PUBLIC_URL",
+            problem: "must be an http:// or https:// URL".into(),
+        });
+    }
+    Ok(url)
 }
 
 /// `RUNTIME_MANAGER_METRICS_ADDR`: `host:port`, or `off`.

@@ -89,15 +89,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
     run_with_launcher(config, launcher, shutdown).await
 }
 
-/// Runs the manager over `launcher` until `shutdown` is cancelled: record this replica's
-/// lease and reconcile (O3), then consume tasks, renew the lease, reap and watch the
-/// workers; on shutdown stop claiming, wait for the handlers in hand, stop the workers
-/// that die with the manager, and remove the lease.
-pub async fn run_with_launcher(
-    config: Config,
-    launcher: Arc<dyn Launcher>,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
+/// What an operator needs to see before the manager claims anything: the settings in
+/// force, and the ones that will make every launch fail or are unsafe to share.
+fn announce_start(config: &Config) {
     if config.session_token_key.development {
         tracing::warn!(
             "development mode (AGENT_RUNTIME_DEV): signing worker tokens with the key kept in \
@@ -121,6 +115,18 @@ pub async fn run_with_launcher(
         dial_timeout_ms = config.dial_timeout.as_millis() as u64,
         "runtime-manager starting"
     );
+}
+
+/// Runs the manager over `launcher` until `shutdown` is cancelled: record this replica's
+/// lease and reconcile (O3), then consume tasks, renew the lease, reap and watch the
+/// workers; on shutdown stop claiming, wait for the handlers in hand, stop the workers
+/// that die with the manager, and remove the lease.
+pub async fn run_with_launcher(
+    config: Config,
+    launcher: Arc<dyn Launcher>,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    announce_start(&config);
     // Bound first: a taken port fails the start before anything is claimed.
     let metrics_listener = match config.metrics_addr {
         Some(addr) => Some(

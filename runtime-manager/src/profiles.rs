@@ -623,9 +623,21 @@ impl FileProfile {
     }
 }
 
-/// The checks the file's types cannot express.
+/// The checks the file's types cannot express, in the order an operator reads a profile:
+/// the first failure is the one reported, so the order is part of the behaviour.
 fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
     let at = |field: &str| format!("profiles.{name}.{field}");
+    check_image(&at, p)?;
+    check_resources(&at, p)?;
+    check_placement(&at, p)?;
+    check_lifetimes(&at, p)?;
+    check_tools(&at, p)
+}
+
+/// Where a failing field sits in the file, e.g. `profiles.default.image`.
+type FieldPath<'a> = &'a dyn Fn(&str) -> String;
+
+fn check_image(at: FieldPath, p: &RuntimeProfile) -> Result<(), ProfileError> {
     if p.image.is_empty()
         || p.image.len() > 512
         || p.image.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -635,6 +647,12 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
             "must be an image reference such as registry.example.com/agent-runtime/worker:0.1.0",
         ));
     }
+    Ok(())
+}
+
+/// CPU, memory and disk: a missing unit (`512` for `512Mi`) is the usual mistake, so the
+/// floors are set where no real worker could run.
+fn check_resources(at: FieldPath, p: &RuntimeProfile) -> Result<(), ProfileError> {
     for (kind, set) in [
         ("requests", &p.resources.requests),
         ("limits", &p.resources.limits),
@@ -685,6 +703,12 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
             format!("{shm} is less than 1Mi"),
         ));
     }
+    Ok(())
+}
+
+/// Where the Job's pod may be scheduled: Kubernetes would refuse these only at launch,
+/// long after the profile was loaded.
+fn check_placement(at: FieldPath, p: &RuntimeProfile) -> Result<(), ProfileError> {
     for (key, value) in &p.node_selector {
         if !is_label_key(key) {
             return Err(ProfileError::at(
@@ -741,6 +765,12 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
             ));
         }
     }
+    Ok(())
+}
+
+/// The idle window, the Job's deadline and the warm pool's age must nest, or a worker
+/// could be killed while it still serves a session.
+fn check_lifetimes(at: FieldPath, p: &RuntimeProfile) -> Result<(), ProfileError> {
     let idle = p.idle_window.as_secs();
     if idle == 0 || idle > MAX_IDLE_WINDOW_S {
         return Err(ProfileError::at(
@@ -782,6 +812,10 @@ fn check(name: &str, p: &RuntimeProfile) -> Result<(), ProfileError> {
             ),
         ));
     }
+    Ok(())
+}
+
+fn check_tools(at: FieldPath, p: &RuntimeProfile) -> Result<(), ProfileError> {
     if !(1..=MAX_SNAPSHOT_BYTES).contains(&p.snapshot_max_bytes) {
         return Err(ProfileError::at(
             at("snapshotMaxBytes"),

@@ -136,12 +136,6 @@ impl Plan {
 const MIN_TICK: Duration = Duration::from_millis(1);
 
 pub(crate) fn prepare(reply: Reply) -> Prepared {
-    let timed = |deltas: Vec<String>, delay: Duration| -> Vec<(Duration, Piece)> {
-        deltas
-            .into_iter()
-            .map(|d| (delay, Piece::Fixed(d)))
-            .collect()
-    };
     let play = |plan: Plan| Prepared::Play {
         stall: Duration::ZERO,
         plan,
@@ -179,28 +173,11 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
                 .collect(),
             ending: Ending::Finish(Finish::ToolCalls),
         }),
-        Reply::TruncatedToolCall { calls, fragment } => {
-            let mut planned_calls: Vec<PlannedCall> = Vec::with_capacity(calls.len());
-            let last = calls.len().saturating_sub(1);
-            for (i, call) in calls.into_iter().enumerate() {
-                if i == last {
-                    let cut = floor_char_boundary(&call.arguments, call.arguments.len() / 2);
-                    planned_calls.push(PlannedCall {
-                        fragments: fragments(&call.arguments[..cut], fragment),
-                        id: call.id,
-                        name: call.name,
-                        delay: Duration::ZERO,
-                    });
-                } else {
-                    planned_calls.push(planned(call, fragment));
-                }
-            }
-            play(Plan {
-                text: Vec::new(),
-                calls: planned_calls,
-                ending: Ending::Finish(Finish::Length),
-            })
-        }
+        Reply::TruncatedToolCall { calls, fragment } => play(Plan {
+            text: Vec::new(),
+            calls: truncated(calls, fragment),
+            ending: Ending::Finish(Finish::Length),
+        }),
         Reply::Status {
             status,
             retry_after,
@@ -240,6 +217,35 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             },
         },
     }
+}
+
+/// Text deltas sent `delay` apart.
+fn timed(deltas: Vec<String>, delay: Duration) -> Vec<(Duration, Piece)> {
+    deltas
+        .into_iter()
+        .map(|d| (delay, Piece::Fixed(d)))
+        .collect()
+}
+
+/// The calls as planned, but the last one's arguments stop halfway, as when a provider
+/// hits its output limit mid-call.
+fn truncated(calls: Vec<ToolCall>, fragment: usize) -> Vec<PlannedCall> {
+    let mut planned_calls: Vec<PlannedCall> = Vec::with_capacity(calls.len());
+    let last = calls.len().saturating_sub(1);
+    for (i, call) in calls.into_iter().enumerate() {
+        if i == last {
+            let cut = floor_char_boundary(&call.arguments, call.arguments.len() / 2);
+            planned_calls.push(PlannedCall {
+                fragments: fragments(&call.arguments[..cut], fragment),
+                id: call.id,
+                name: call.name,
+                delay: Duration::ZERO,
+            });
+        } else {
+            planned_calls.push(planned(call, fragment));
+        }
+    }
+    planned_calls
 }
 
 fn planned(call: ToolCall, fragment: usize) -> PlannedCall {

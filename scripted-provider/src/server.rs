@@ -137,37 +137,65 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
     } else {
         (stall + plan.total_delay(), plan.held())
     };
-    if !wait.is_zero() || held {
-        // If the client hangs up while we wait, hyper drops this future and the guard
-        // records the abort, just as for a dropped stream body.
-        let mut guard = AbortGuard::new(shared.clone());
-        let mut stop = shared.shutdown.subscribe();
-        let mut released = shared.released.subscribe();
-        let generated = async {
-            tokio::time::sleep(wait).await;
-            if held {
-                // The sender lives in `Shared`, which this handler holds.
-                let _ = released.wait_for(|g| *g > taken_at).await;
-            }
-        };
-        tokio::select! {
-            _ = generated => {}
-            _ = stop.wait_for(|s| *s) => {
-                guard.finish();
-                return error_response(wire, 503, None, Some("scripted provider shut down"));
-            }
-        }
-        guard.finish();
+    if let Err(shut_down) = generate(&shared, wire, wait, held, taken_at).await {
+        return shut_down;
     }
 
     if !stream {
         return complete_response(wire, &plan, &ctx);
     }
-    let events = match wire {
-        Wire::OpenAi => openai::stream_events(&plan, &ctx),
-        Wire::Anthropic => anthropic::stream_events(&plan, &ctx),
+    stream_response(wire, &plan, &ctx, shared, taken_at)
+}
+
+/// Stands for the time the model takes before the answer starts: `wait`, then until
+/// the test releases a `held` reply. `Err` is the answer when the provider shuts down
+/// meanwhile.
+async fn generate(
+    shared: &Arc<Shared>,
+    wire: Wire,
+    wait: Duration,
+    held: bool,
+    taken_at: u64,
+) -> Result<(), Response> {
+    if wait.is_zero() && !held {
+        return Ok(());
+    }
+    // If the client hangs up while we wait, hyper drops this future and the guard
+    // records the abort, just as for a dropped stream body.
+    let mut guard = AbortGuard::new(shared.clone());
+    let mut stop = shared.shutdown.subscribe();
+    let mut released = shared.released.subscribe();
+    let generated = async {
+        tokio::time::sleep(wait).await;
+        if held {
+            // The sender lives in `Shared`, which this handler holds.
+            let _ = released.wait_for(|g| *g > taken_at).await;
+        }
     };
-    let body = Body::from_stream(play(events, shared.clone(), taken_at));
+    tokio::select! {
+        _ = generated => {}
+        _ = stop.wait_for(|s| *s) => {
+            guard.finish();
+            return Err(error_response(wire, 503, None, Some("scripted provider shut down")));
+        }
+    }
+    guard.finish();
+    Ok(())
+}
+
+/// The answer as server-sent events, played at the plan's pace.
+fn stream_response(
+    wire: Wire,
+    plan: &Plan,
+    ctx: &Ctx,
+    shared: Arc<Shared>,
+    taken_at: u64,
+) -> Response {
+    let events = match wire {
+        Wire::OpenAi => openai::stream_events(plan, ctx),
+        Wire::Anthropic => anthropic::stream_events(plan, ctx),
+    };
+    let body = Body::from_stream(play(events, shared, taken_at));
     let mut response = (
         StatusCode::OK,
         [
@@ -177,7 +205,7 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
         body,
     )
         .into_response();
-    add_request_id(wire, seq, response.headers_mut());
+    add_request_id(wire, ctx.seq, response.headers_mut());
     response
 }
 

@@ -540,9 +540,20 @@ async fn a_running_turn_is_resumed_from_its_start_on_another_replica() {
     });
     let own = app.send(&chat, &json!({"content": "go"})).await;
     assert_eq!(own.status(), 200);
-    let own = tokio::spawn(read_stream(own));
-    // Some chunks are out before the resume opens.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Some chunks are out before the resume opens: the turn's own client has its first
+    // part (and seven are still to come).
+    let mut own = own.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("part0") {
+        let piece = own.next().await.expect("the turn's stream ended early");
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    let own = tokio::spawn(async move {
+        while let Some(piece) = own.next().await {
+            seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+        }
+        common::parse_events(&seen)
+    });
     let resumed = resume().await.unwrap();
     assert_eq!(resumed.status(), 200);
     assert_eq!(resumed.headers()["content-type"], "text/event-stream");

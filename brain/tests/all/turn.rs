@@ -212,13 +212,22 @@ async fn a_repeated_message_id_of_a_running_turn_follows_that_turn() {
     let body = json!({"content": "hi", "message_id": "busy"});
     let first = app.send(&chat, &body).await;
     assert_eq!(first.status(), 200);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The retry comes once the first client has the answer's first word (eight to come).
+    let mut first = first.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("\"delta\":\"a ") {
+        let piece = first.next().await.expect("the turn's stream ended early");
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
     // D5: the retry gets the running turn's stream from its start; it starts nothing.
     let second = app.send(&chat, &body).await;
     assert_eq!(second.status(), 200);
     let (again, done) = read_stream(second).await;
     assert!(done);
-    let (chunks, _) = read_stream(first).await;
+    while let Some(piece) = first.next().await {
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    let (chunks, _) = crate::common::parse_events(&seen);
     assert_eq!(
         streamed_text(&again),
         "a slow answer that takes a while to stream"

@@ -260,6 +260,36 @@ async fn printed_pid(
     }
 }
 
+/// Reads a stream until a command's live output starts with `marker` (the output line,
+/// not the command text in the tool input): the stream's text so far.
+async fn read_until_output(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    marker: &str,
+) -> String {
+    let mark = format!("\"text\":\"{marker}");
+    let mut seen = String::new();
+    while !seen.contains(&mark) {
+        let piece = body
+            .next()
+            .await
+            .expect("the stream ended before the output");
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    seen
+}
+
+/// The stream's chunks, and whether it ended with `[DONE]`: `seen` (read from its start),
+/// then the rest of `body`.
+async fn read_rest(
+    mut seen: String,
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+) -> (Vec<UiChunk>, bool) {
+    while let Some(piece) = body.next().await {
+        seen.push_str(std::str::from_utf8(&piece.unwrap()).unwrap());
+    }
+    parse_events(&seen)
+}
+
 /// Waits for the agent's newest session to end `terminated` (idle teardown) and for its
 /// worker process `pid` to be gone.
 async fn torn_down(app: &TestApp, agent: &str, pid: i32, within: Duration) {
@@ -581,17 +611,21 @@ async fn a_stopped_worker_is_heartbeat_lost_and_the_next_call_starts_afresh() {
     let pid = worker_pid(&app).await;
 
     // SIGSTOP mid-session: the in-flight call fails once the heartbeat is lost.
-    app.provider.push(shell("b", "sleep 3; echo late"));
+    app.provider
+        .push(shell("b", "echo started; sleep 3; echo late"));
     app.provider.push(text("lost it"));
-    let response = app.send(&chat, &json!({"content": "slow"})).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut body = app
+        .send(&chat, &json!({"content": "slow"}))
+        .await
+        .bytes_stream();
+    let seen = read_until_output(&mut body, "started").await;
     let stopped = Instant::now();
     // The group: the worker, and its bwrap around it.
     std::process::Command::new("kill")
         .args(["-STOP", "--", &format!("-{pid}")])
         .status()
         .unwrap();
-    let (chunks, _) = read_stream(response).await;
+    let (chunks, _) = read_rest(seen, &mut body).await;
     let detected = stopped.elapsed();
     println!("SIGSTOP to heartbeat_lost: {detected:?}");
     assert!(detected < Duration::from_secs(30));
@@ -625,16 +659,20 @@ async fn a_worker_sigkilled_mid_call_ends_the_call_with_a_tool_error_and_the_nex
     app.settled().await;
     let pid = worker_pid(&app).await;
 
-    app.provider.push(shell("b", "sleep 30; echo never"));
+    app.provider
+        .push(shell("b", "echo started; sleep 30; echo never"));
     app.provider.push(text("the worker died"));
-    let response = app.send(&chat, &json!({"content": "slow"})).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut body = app
+        .send(&chat, &json!({"content": "slow"}))
+        .await
+        .bytes_stream();
+    let seen = read_until_output(&mut body, "started").await;
     let killed = Instant::now();
     std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
         .unwrap();
-    let (chunks, done) = read_stream(response).await;
+    let (chunks, done) = read_rest(seen, &mut body).await;
     let ended = killed.elapsed();
     assert!(done);
     assert!(

@@ -104,6 +104,18 @@ impl LocalProcessLauncher {
     }
 
     async fn launch_inner(&self, spec: LaunchSpec) -> Result<String, LaunchError> {
+        let workspace = self.prepare_workspace(&spec).await?;
+        self.replace_previous(spec.session).await?;
+        let command = self.command(&spec, &workspace)?;
+        let (child, pid) = self.spawn(command, &spec).await?;
+        self.reap(child, pid, spec.session);
+        tracing::info!(session = %spec.session.0, pid, profile = %spec.profile, "worker launched");
+        Ok(format!("local:{pid}"))
+    }
+
+    /// Refuses a launch that could not succeed before anything is started, and makes the
+    /// session's workspace.
+    async fn prepare_workspace(&self, spec: &LaunchSpec) -> Result<PathBuf, LaunchError> {
         if let Confinement::Unavailable(reason) = &self.confinement {
             return Err(LaunchError::Unconfinable(reason.clone()));
         }
@@ -118,25 +130,38 @@ impl LocalProcessLauncher {
             .await
             .map_err(LaunchError::Workspace)?;
 
-        // A worker still running for this session (a provision retried after a crash
-        // between launch and recording it) is replaced, never duplicated.
+        Ok(workspace)
+    }
+
+    /// A worker still running for this session (a provision retried after a crash
+    /// between launch and recording it) is replaced, never duplicated.
+    async fn replace_previous(&self, session: SessionId) -> Result<(), LaunchError> {
         let previous: Vec<u32> = self
             .tracked()
             .iter()
-            .filter(|(_, t)| t.session == spec.session)
+            .filter(|(_, t)| t.session == session)
             .map(|(pid, _)| *pid)
             .collect();
-        let from_file = tokio::fs::read_to_string(self.pid_file(spec.session))
+        let from_file = tokio::fs::read_to_string(self.pid_file(session))
             .await
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok());
         for pid in previous.into_iter().chain(from_file) {
             if self.is_ours(pid) {
-                tracing::info!(session = %spec.session.0, pid, "replacing a previous worker");
+                tracing::info!(session = %session.0, pid, "replacing a previous worker");
                 self.stop_pid(pid).await?;
             }
         }
+        Ok(())
+    }
 
+    /// The worker's command line, confined or not, with the clean environment described
+    /// at the top of this file and its output going to the session's log.
+    fn command(
+        &self,
+        spec: &LaunchSpec,
+        workspace: &Path,
+    ) -> Result<tokio::process::Command, LaunchError> {
         let log_path = self.workspaces.join(format!("{}.log", spec.session.0));
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -150,10 +175,10 @@ impl LocalProcessLauncher {
                 let mut command = tokio::process::Command::new(setsid);
                 command
                     .arg(bwrap)
-                    .args(sandbox::bwrap_args(&self.worker_bin, &workspace));
+                    .args(sandbox::bwrap_args(&self.worker_bin, workspace));
                 if sandbox::running_as_root() {
                     std::os::unix::fs::chown(
-                        &workspace,
+                        workspace,
                         Some(sandbox::SANDBOX_UID),
                         Some(sandbox::SANDBOX_UID),
                     )
@@ -186,18 +211,28 @@ impl LocalProcessLauncher {
             .env("BRAIN_PUBLIC_URL", &spec.brain_public_url)
             .env("WORKER_SESSION_ID", spec.session.0.to_string())
             .env("WORKER_SESSION_TOKEN", "-")
-            .env("WORKER_WORKSPACE", &workspace)
+            .env("WORKER_WORKSPACE", workspace)
             // Which tool catalog the worker serves (the browser tools only in `browser`).
             .env("WORKER_PROFILE", &spec.profile)
             .env(
                 "WORKER_RESTORE",
                 if spec.restore { "true" } else { "false" },
             )
-            .current_dir(&workspace)
+            .current_dir(workspace)
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .kill_on_drop(false);
+        Ok(command)
+    }
+
+    /// Starts the worker, tracks its pid (in memory and in the pid file, for a later
+    /// manager process) and hands it its token.
+    async fn spawn(
+        &self,
+        mut command: tokio::process::Command,
+        spec: &LaunchSpec,
+    ) -> Result<(tokio::process::Child, u32), LaunchError> {
         let mut child = command.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => LaunchError::BinaryMissing(self.worker_bin.clone()),
             _ => LaunchError::Spawn(e),
@@ -223,11 +258,13 @@ impl LocalProcessLauncher {
         {
             tracing::warn!(session = %spec.session.0, pid, error = %e.kind(), "the session token could not be handed over");
         }
+        Ok((child, pid))
+    }
 
-        // Reap the child and end whatever it left behind in its group.
+    /// Reaps the child and ends whatever it left behind in its group.
+    fn reap(&self, mut child: tokio::process::Child, pid: u32, session: SessionId) {
         let workers = self.workers.clone();
-        let pid_file = self.pid_file(spec.session);
-        let session = spec.session;
+        let pid_file = self.pid_file(session);
         tokio::spawn(async move {
             let status = child.wait().await;
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -254,8 +291,6 @@ impl LocalProcessLauncher {
                 }
             }
         });
-        tracing::info!(session = %spec.session.0, pid, profile = %spec.profile, "worker launched");
-        Ok(format!("local:{pid}"))
     }
 
     /// SIGTERM to the group (to the worker alone when it runs under `bwrap`), then

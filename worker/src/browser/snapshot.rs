@@ -131,9 +131,9 @@ fn clean(text: &str) -> String {
     out
 }
 
-/// Renders `nodes` (the `nodes` of `Accessibility.getFullAXTree`) within `cap` bytes,
-/// numbering refs from `first_ref`.
-pub fn render(nodes: &[Value], first_ref: u64, cap: usize) -> Snapshot {
+/// The parsed nodes by id, and the root to walk from: the first node without a parent
+/// (the document), or the first parsed node when every node names a parent.
+fn index(nodes: &[Value]) -> (HashMap<&str, Node<'_>>, Option<&str>) {
     let mut by_id: HashMap<&str, Node<'_>> = HashMap::with_capacity(nodes.len());
     let mut order = Vec::with_capacity(nodes.len());
     for raw in nodes {
@@ -142,12 +142,62 @@ pub fn render(nodes: &[Value], first_ref: u64, cap: usize) -> Snapshot {
             by_id.insert(id, node);
         }
     }
-    // The root: the first node without a parent (the document).
     let root = nodes
         .iter()
         .find(|raw| raw.get("parentId").is_none_or(Value::is_null))
         .and_then(|raw| raw["nodeId"].as_str())
         .or_else(|| order.first().copied());
+    (by_id, root)
+}
+
+/// A node that would only cost the model tokens: ignored, an empty wrapper, or text that
+/// repeats the name or value of the nearest printed ancestor. Its children still print.
+fn is_hidden(node: &Node<'_>, parent_text: (&str, &str)) -> bool {
+    node.ignored
+        || (matches!(node.role, "generic" | "none" | "presentation" | "")
+            && node.name.is_empty()
+            && node.value.is_empty())
+        || (node.role == "StaticText"
+            && (node.name.is_empty() || node.name == parent_text.0 || node.name == parent_text.1))
+}
+
+/// One printed line, and the target the model may act on when the node is interactive
+/// (its `[ref=N]` is `next_ref`, taken only if the line fits).
+fn line(node: &Node<'_>, depth: usize, next_ref: u64) -> (String, Option<Target>) {
+    let mut line = format!("{}- ", "  ".repeat(depth));
+    line.push_str(if node.role == "StaticText" {
+        "text"
+    } else {
+        node.role
+    });
+    if !node.name.is_empty() {
+        line.push_str(&format!(" \"{}\"", clean(node.name)));
+    }
+    if !node.value.is_empty() && node.value != node.name {
+        line.push_str(&format!(" value=\"{}\"", clean(&node.value)));
+    }
+    for state in &node.states {
+        line.push_str(&format!(" [{state}]"));
+    }
+    let target = node
+        .backend
+        .filter(|_| INTERACTIVE_ROLES.contains(&node.role))
+        .map(|backend_node_id| Target {
+            backend_node_id,
+            role: node.role.to_owned(),
+            name: node.name.to_owned(),
+        });
+    if target.is_some() {
+        line.push_str(&format!(" [ref={next_ref}]"));
+    }
+    line.push('\n');
+    (line, target)
+}
+
+/// Renders `nodes` (the `nodes` of `Accessibility.getFullAXTree`) within `cap` bytes,
+/// numbering refs from `first_ref`.
+pub fn render(nodes: &[Value], first_ref: u64, cap: usize) -> Snapshot {
+    let (by_id, root) = index(nodes);
 
     let mut text = String::new();
     let mut refs = Vec::new();
@@ -167,47 +217,13 @@ pub fn render(nodes: &[Value], first_ref: u64, cap: usize) -> Snapshot {
         if node.role == "InlineTextBox" {
             continue;
         }
-        let hidden = node.ignored
-            || (matches!(node.role, "generic" | "none" | "presentation" | "")
-                && node.name.is_empty()
-                && node.value.is_empty())
-            || (node.role == "StaticText"
-                && (node.name.is_empty()
-                    || node.name == parent_text.0
-                    || node.name == parent_text.1));
-        let (child_depth, child_parent_text) = if hidden {
+        let (child_depth, child_parent_text) = if is_hidden(node, parent_text) {
             (depth, parent_text)
         } else if truncated > 0 {
             truncated += 1;
             (depth + 1, (node.name, node.value.as_str()))
         } else {
-            let mut line = format!("{}- ", "  ".repeat(depth));
-            line.push_str(if node.role == "StaticText" {
-                "text"
-            } else {
-                node.role
-            });
-            if !node.name.is_empty() {
-                line.push_str(&format!(" \"{}\"", clean(node.name)));
-            }
-            if !node.value.is_empty() && node.value != node.name {
-                line.push_str(&format!(" value=\"{}\"", clean(&node.value)));
-            }
-            for state in &node.states {
-                line.push_str(&format!(" [{state}]"));
-            }
-            let target = node
-                .backend
-                .filter(|_| INTERACTIVE_ROLES.contains(&node.role))
-                .map(|backend_node_id| Target {
-                    backend_node_id,
-                    role: node.role.to_owned(),
-                    name: node.name.to_owned(),
-                });
-            if target.is_some() {
-                line.push_str(&format!(" [ref={next_ref}]"));
-            }
-            line.push('\n');
+            let (line, target) = line(node, depth, next_ref);
             if text.len() + line.len() > cap {
                 truncated += 1;
             } else {

@@ -99,9 +99,37 @@ pub fn labels(p: &JobParams<'_>) -> BTreeMap<String, String> {
 
 /// The session's Job.
 pub fn build(p: &JobParams<'_>) -> Job {
-    let profile = p.profile;
     let labels = labels(p);
-    let env = [
+    let (volumes, mounts) = volumes(p.profile);
+    let pod = pod_spec(p.profile, container(p, mounts), volumes);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(p.session)),
+            namespace: Some(p.namespace.to_owned()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(p.profile.active_deadline.as_secs() as i64),
+            ttl_seconds_after_finished: Some(TTL_SECONDS_AFTER_FINISHED),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The worker's environment: its session and where to dial, nothing of the manager's
+/// own but the telemetry settings.
+fn env(p: &JobParams<'_>) -> Vec<EnvVar> {
+    [
         ("BRAIN_PUBLIC_URL", p.brain_public_url.to_owned()),
         ("WORKER_SESSION_ID", p.session.0.to_string()),
         ("WORKER_SESSION_TOKEN", p.token.to_owned()),
@@ -119,8 +147,12 @@ pub fn build(p: &JobParams<'_>) -> Job {
         value: Some(value),
         ..EnvVar::default()
     })
-    .collect();
+    .collect()
+}
 
+/// Scratch volumes sized by the profile, and their mounts: the root filesystem is
+/// read-only, so these are the only places the worker can write.
+fn volumes(profile: &RuntimeProfile) -> (Vec<Volume>, Vec<VolumeMount>) {
     let scratch = |name: &str| Volume {
         name: name.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -147,12 +179,17 @@ pub fn build(p: &JobParams<'_>) -> Job {
         });
         mounts.push(mount("dshm", "/dev/shm"));
     }
+    (volumes, mounts)
+}
 
-    let container = Container {
+/// The worker container: the profile's image and resources, with every privilege dropped.
+fn container(p: &JobParams<'_>, mounts: Vec<VolumeMount>) -> Container {
+    let profile = p.profile;
+    Container {
         name: CONTAINER.to_owned(),
         image: Some(profile.image.clone()),
         image_pull_policy: Some(profile.image_pull_policy.as_str().to_owned()),
-        env: Some(env),
+        env: Some(env(p)),
         working_dir: Some(WORKSPACE.to_owned()),
         resources: Some(ResourceRequirements {
             requests: Some(cpu_memory(&profile.resources.requests)),
@@ -170,9 +207,13 @@ pub fn build(p: &JobParams<'_>) -> Job {
         }),
         volume_mounts: Some(mounts),
         ..Container::default()
-    };
+    }
+}
 
-    let pod = PodSpec {
+/// The pod around the worker: non-root, no service-account token, placed where the
+/// profile says.
+fn pod_spec(profile: &RuntimeProfile, container: Container, volumes: Vec<Volume>) -> PodSpec {
+    PodSpec {
         restart_policy: Some("Never".to_owned()),
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
@@ -199,29 +240,6 @@ pub fn build(p: &JobParams<'_>) -> Job {
         containers: vec![container],
         volumes: Some(volumes),
         ..PodSpec::default()
-    };
-
-    Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(p.session)),
-            namespace: Some(p.namespace.to_owned()),
-            labels: Some(labels.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            active_deadline_seconds: Some(profile.active_deadline.as_secs() as i64),
-            ttl_seconds_after_finished: Some(TTL_SECONDS_AFTER_FINISHED),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(pod),
-            },
-            ..JobSpec::default()
-        }),
-        status: None,
     }
 }
 
