@@ -135,51 +135,15 @@ pub async fn run(
     cancel: &CancellationToken,
     live: Option<Live>,
 ) -> std::io::Result<ShellOutcome> {
-    let mut command = tokio::process::Command::new("sh");
-    command
-        .arg("-c")
-        .arg(&call.command)
-        .current_dir(&call.cwd)
-        // The session token is the worker's, never the command's.
-        .env_remove(WORKER_SESSION_TOKEN)
-        .envs(&call.secrets.env.vars)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    // Nor its telemetry settings: a command's own OpenTelemetry SDK would export into the
-    // runtime's traces under the worker's name.
-    for (name, _) in std::env::vars_os() {
-        if name.as_encoded_bytes().starts_with(b"OTEL_") {
-            command.env_remove(name);
-        }
-    }
-    let mut child = command.spawn()?;
+    let mut child = command(&call).spawn()?;
     let Some(pid) = child.id() else {
         return Err(std::io::Error::other(
             "the command exited before it started",
         ));
     };
     let mut guard = groups.register(pid);
-
-    let (tx, mut rx) = mpsc::channel::<(StreamName, Vec<u8>)>(32);
-    let mut readers = JoinSet::new();
-    if let Some(out) = child.stdout.take() {
-        readers.spawn(pump(out, StreamName::Stdout, tx.clone()));
-    }
-    if let Some(err) = child.stderr.take() {
-        readers.spawn(pump(err, StreamName::Stderr, tx.clone()));
-    }
-    drop(tx);
-
-    let mut stdout = Capped::new(OUTPUT_CAP);
-    let mut stderr = Capped::new(OUTPUT_CAP);
-    let mut masks = [
-        StreamMask::new(call.secrets.masks.clone()),
-        StreamMask::new(call.secrets.masks.clone()),
-    ];
-    let mut streamer = Streamer::new(live);
+    let (mut readers, mut rx) = read_pipes(&mut child);
+    let mut out = Collected::new(&call.secrets.masks, live);
     let deadline = tokio::time::sleep(call.timeout);
     let grace = tokio::time::sleep(Duration::from_secs(u64::from(u32::MAX)));
     tokio::pin!(deadline, grace);
@@ -187,7 +151,7 @@ pub async fn run(
     let mut pipes_open = true;
 
     let ending = loop {
-        let flush_at = streamer.next_flush();
+        let flush_at = out.streamer.next_flush();
         tokio::select! {
             biased;
             () = cancel.cancelled() => {
@@ -215,14 +179,7 @@ pub async fn run(
                 break Ending::Exited(status_or_default(exited));
             }
             chunk = rx.recv(), if pipes_open => match chunk {
-                Some((stream, bytes)) => {
-                    let bytes = masks[Streamer::slot(stream)].push(&bytes);
-                    match stream {
-                        StreamName::Stdout => stdout.push(&bytes),
-                        StreamName::Stderr => stderr.push(&bytes),
-                    }
-                    streamer.push(stream, &bytes, cancel).await;
-                }
+                Some((stream, bytes)) => out.push(stream, &bytes, cancel).await,
                 None => {
                     pipes_open = false;
                     if exited.is_some() {
@@ -230,7 +187,7 @@ pub async fn run(
                     }
                 }
             },
-            () = sleep_until_some(flush_at) => streamer.flush_stale(cancel).await,
+            () = sleep_until_some(flush_at) => out.streamer.flush_stale(cancel).await,
         }
     };
 
@@ -242,17 +199,8 @@ pub async fn run(
         Ending::TimedOut => {
             // Reap the shell, and keep what the group wrote before it died.
             let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
-            let drain = tokio::time::sleep(DRAIN_GRACE);
-            tokio::pin!(drain);
-            while pipes_open {
-                tokio::select! {
-                    () = &mut drain => break,
-                    chunk = rx.recv() => match chunk {
-                        Some((StreamName::Stdout, bytes)) => stdout.push(&masks[0].push(&bytes)),
-                        Some((StreamName::Stderr, bytes)) => stderr.push(&masks[1].push(&bytes)),
-                        None => pipes_open = false,
-                    },
-                }
+            if pipes_open {
+                out.drain(&mut rx).await;
             }
         }
         Ending::Cancelled => {
@@ -261,24 +209,127 @@ pub async fn run(
         }
     }
     if !matches!(ending, Ending::Cancelled) {
-        // What each mask held back (a possible start of a value) ends its stream.
-        for stream in [StreamName::Stdout, StreamName::Stderr] {
-            let rest = masks[Streamer::slot(stream)].finish();
-            match stream {
-                StreamName::Stdout => stdout.push(&rest),
-                StreamName::Stderr => stderr.push(&rest),
-            }
-            streamer.push(stream, &rest, cancel).await;
-        }
-        streamer.flush_all(cancel).await;
+        out.finish(cancel).await;
     }
     readers.abort_all();
     Ok(ShellOutcome {
         ending,
-        stdout,
-        stderr,
-        notifications: streamer.sent,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        notifications: out.streamer.sent,
     })
+}
+
+/// `sh -c <command>` in its own process group, with the session's secrets and without
+/// anything of the worker's own that the command must not see.
+fn command(call: &ShellCall) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(&call.command)
+        .current_dir(&call.cwd)
+        // The session token is the worker's, never the command's.
+        .env_remove(WORKER_SESSION_TOKEN)
+        .envs(&call.secrets.env.vars)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // Nor its telemetry settings: a command's own OpenTelemetry SDK would export into the
+    // runtime's traces under the worker's name.
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(b"OTEL_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// A task per pipe, so one stream's backlog never holds up the other's; the receiver
+/// ends once both pipes are closed.
+fn read_pipes(
+    child: &mut tokio::process::Child,
+) -> (JoinSet<()>, mpsc::Receiver<(StreamName, Vec<u8>)>) {
+    let (tx, rx) = mpsc::channel::<(StreamName, Vec<u8>)>(32);
+    let mut readers = JoinSet::new();
+    if let Some(out) = child.stdout.take() {
+        readers.spawn(pump(out, StreamName::Stdout, tx.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.spawn(pump(err, StreamName::Stderr, tx.clone()));
+    }
+    (readers, rx)
+}
+
+/// What the command printed so far: masked before it is kept in the result or streamed,
+/// one mask per stream since a value may be cut across two reads of the same pipe.
+struct Collected {
+    stdout: Capped,
+    stderr: Capped,
+    masks: [StreamMask; 2],
+    streamer: Streamer,
+}
+
+impl Collected {
+    fn new(masks: &Arc<Masks>, live: Option<Live>) -> Self {
+        Self {
+            stdout: Capped::new(OUTPUT_CAP),
+            stderr: Capped::new(OUTPUT_CAP),
+            masks: [
+                StreamMask::new(masks.clone()),
+                StreamMask::new(masks.clone()),
+            ],
+            streamer: Streamer::new(live),
+        }
+    }
+
+    /// Masks `bytes` and keeps them in the result only.
+    fn keep(&mut self, stream: StreamName, bytes: &[u8]) -> Vec<u8> {
+        let bytes = self.masks[Streamer::slot(stream)].push(bytes);
+        match stream {
+            StreamName::Stdout => self.stdout.push(&bytes),
+            StreamName::Stderr => self.stderr.push(&bytes),
+        }
+        bytes
+    }
+
+    /// Masks `bytes`, keeps them in the result and streams them.
+    async fn push(&mut self, stream: StreamName, bytes: &[u8], cancel: &CancellationToken) {
+        let bytes = self.keep(stream, bytes);
+        self.streamer.push(stream, &bytes, cancel).await;
+    }
+
+    /// After a timeout's kill: what the group wrote before it died goes to the result
+    /// (not streamed), for at most [`DRAIN_GRACE`].
+    async fn drain(&mut self, rx: &mut mpsc::Receiver<(StreamName, Vec<u8>)>) {
+        let drain = tokio::time::sleep(DRAIN_GRACE);
+        tokio::pin!(drain);
+        loop {
+            tokio::select! {
+                () = &mut drain => break,
+                chunk = rx.recv() => match chunk {
+                    Some((stream, bytes)) => {
+                        self.keep(stream, &bytes);
+                    }
+                    None => break,
+                },
+            }
+        }
+    }
+
+    /// What each mask held back (a possible start of a value) ends its stream.
+    async fn finish(&mut self, cancel: &CancellationToken) {
+        for stream in [StreamName::Stdout, StreamName::Stderr] {
+            let rest = self.masks[Streamer::slot(stream)].finish();
+            match stream {
+                StreamName::Stdout => self.stdout.push(&rest),
+                StreamName::Stderr => self.stderr.push(&rest),
+            }
+            self.streamer.push(stream, &rest, cancel).await;
+        }
+        self.streamer.flush_all(cancel).await;
+    }
 }
 
 /// Sleeps until `at`, or forever when there is nothing to wait for.
