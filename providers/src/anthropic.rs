@@ -343,43 +343,12 @@ impl Decoder for MessagesDecoder {
                         name,
                         input: start_input,
                     },
-            } => {
-                // A block that starts before the previous one stopped: the stream is not
-                // the documented format.
-                if self.call.is_some() {
-                    return Err(ProviderError::Unavailable(Unavailable::Decode));
-                }
-                self.call = Some(OpenCall {
-                    index,
-                    id: id.clone(),
-                    name: name.clone(),
-                    start_input,
-                    arguments: String::new(),
-                });
-                vec![ProviderEvent::ToolInputStart { id, name }]
-            }
+            } => self.open_call(index, id, name, start_input)?,
             WireEvent::ContentBlockDelta {
                 index,
                 delta: BlockDelta::InputJsonDelta { partial_json },
-            } => match &mut self.call {
-                // The real API opens every input with an empty fragment.
-                Some(call) if call.index == index && !partial_json.is_empty() => {
-                    call.arguments.push_str(&partial_json);
-                    vec![ProviderEvent::ToolInputDelta {
-                        id: call.id.clone(),
-                        delta: partial_json,
-                    }]
-                }
-                // Empty, or the input of a server tool.
-                _ => Vec::new(),
-            },
-            WireEvent::ContentBlockStop { index } => match self.call.take() {
-                Some(call) if call.index == index => vec![ProviderEvent::ToolCall(call.close())],
-                other => {
-                    self.call = other;
-                    Vec::new()
-                }
-            },
+            } => self.call_input(index, partial_json),
+            WireEvent::ContentBlockStop { index } => self.close_call(index),
             // The opening text is empty in practice, but nothing promises it.
             WireEvent::ContentBlockStart {
                 content_block: ContentBlock::Text { text },
@@ -390,39 +359,97 @@ impl Decoder for MessagesDecoder {
                 ..
             } if !text.is_empty() => vec![ProviderEvent::TextDelta(text)],
             WireEvent::ContentBlockStart { .. } | WireEvent::ContentBlockDelta { .. } => Vec::new(),
-            WireEvent::MessageDelta { delta, usage } => {
-                if let Some(reason) = delta.stop_reason {
-                    self.stop_reason = Some(stop_reason(&reason));
-                }
-                // Counts here are cumulative; newer responses repeat `input_tokens` too,
-                // and `Usage::merge` lets them win.
-                usage
-                    .filter(|usage| usage.input_tokens.is_some() || usage.output_tokens.is_some())
-                    .map(|usage| {
-                        ProviderEvent::Usage(Usage {
-                            input_tokens: usage.input_tokens,
-                            output_tokens: usage.output_tokens,
-                        })
-                    })
-                    .into_iter()
-                    .collect()
-            }
+            WireEvent::MessageDelta { delta, usage } => self.message_delta(delta, usage),
             // Without a stop reason we cannot tell a whole answer from a cut one; a tool
             // call never closed is a cut one too.
             WireEvent::MessageStop => match self.stop_reason {
                 Some(reason) if self.call.is_none() => vec![ProviderEvent::Finished(reason)],
                 _ => return Err(ProviderError::Unavailable(Unavailable::Incomplete)),
             },
-            WireEvent::Error { error } => {
-                return Err(match error.kind.as_str() {
-                    // Mid-stream there is no header to read a delay from.
-                    "rate_limit_error" => ProviderError::RateLimited { retry_after: None },
-                    _ => ProviderError::Unavailable(Unavailable::StreamError),
-                });
-            }
+            WireEvent::Error { error } => return Err(stream_error(&error.kind)),
             WireEvent::Ignored => Vec::new(),
         };
         Ok(events)
+    }
+}
+
+/// The phases of `feed` that track the open tool call and the stop reason.
+impl MessagesDecoder {
+    fn open_call(
+        &mut self,
+        index: Option<u64>,
+        id: String,
+        name: String,
+        start_input: Option<serde_json::Value>,
+    ) -> Result<Vec<ProviderEvent>, ProviderError> {
+        // A block that starts before the previous one stopped: the stream is not the
+        // documented format.
+        if self.call.is_some() {
+            return Err(ProviderError::Unavailable(Unavailable::Decode));
+        }
+        self.call = Some(OpenCall {
+            index,
+            id: id.clone(),
+            name: name.clone(),
+            start_input,
+            arguments: String::new(),
+        });
+        Ok(vec![ProviderEvent::ToolInputStart { id, name }])
+    }
+
+    fn call_input(&mut self, index: Option<u64>, partial_json: String) -> Vec<ProviderEvent> {
+        match &mut self.call {
+            // The real API opens every input with an empty fragment.
+            Some(call) if call.index == index && !partial_json.is_empty() => {
+                call.arguments.push_str(&partial_json);
+                vec![ProviderEvent::ToolInputDelta {
+                    id: call.id.clone(),
+                    delta: partial_json,
+                }]
+            }
+            // Empty, or the input of a server tool.
+            _ => Vec::new(),
+        }
+    }
+
+    fn close_call(&mut self, index: Option<u64>) -> Vec<ProviderEvent> {
+        match self.call.take() {
+            Some(call) if call.index == index => vec![ProviderEvent::ToolCall(call.close())],
+            other => {
+                self.call = other;
+                Vec::new()
+            }
+        }
+    }
+
+    fn message_delta(
+        &mut self,
+        delta: MessageDelta,
+        usage: Option<WireUsage>,
+    ) -> Vec<ProviderEvent> {
+        if let Some(reason) = delta.stop_reason {
+            self.stop_reason = Some(stop_reason(&reason));
+        }
+        // Counts here are cumulative; newer responses repeat `input_tokens` too, and
+        // `Usage::merge` lets them win.
+        usage
+            .filter(|usage| usage.input_tokens.is_some() || usage.output_tokens.is_some())
+            .map(|usage| {
+                ProviderEvent::Usage(Usage {
+                    input_tokens: usage.input_tokens,
+                    output_tokens: usage.output_tokens,
+                })
+            })
+            .into_iter()
+            .collect()
+    }
+}
+
+fn stream_error(kind: &str) -> ProviderError {
+    match kind {
+        // Mid-stream there is no header to read a delay from.
+        "rate_limit_error" => ProviderError::RateLimited { retry_after: None },
+        _ => ProviderError::Unavailable(Unavailable::StreamError),
     }
 }
 
