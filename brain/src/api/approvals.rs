@@ -15,7 +15,6 @@ use crate::error::ApiError;
 use domain::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
 use engine::auth::Principal;
 use engine::turn::post;
-use engine::turn::{self, Trigger, TurnError};
 use store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -165,39 +164,20 @@ pub async fn answer(
     let approved = body.approved.ok_or_else(|| {
         ApiError::InvalidRequest("`approved` is required to answer a tool call's approval".into())
     })?;
-    let answers = vec![Answer {
+    let answer = Answer {
         id,
         approved,
         reason: body.reason,
-    }];
-    let launched = match turn::launch(
-        &state,
-        principal.team,
-        approval.chat,
-        Trigger::Approval(answers),
-        // X1: who answers, recorded; the continuation acts with the turn it continues.
-        principal.authority(),
-        true,
-        super::trace_parent(&headers).as_ref(),
-    )
-    .await
-    {
-        Err(TurnError::Busy(running)) => {
-            return Err(post::busy(&state, &principal, running).await.into());
-        }
-        other => other?,
     };
-    let approval = launched
-        .answered
-        .into_iter()
-        .find(|a| a.id == id)
-        .ok_or(ApiError::Internal("the answered approval vanished".into()))?;
-    tracing::info!(team = %principal.team, approval = %id, turn = ?launched.turn, "approval answered");
+    let parent = super::trace_parent(&headers);
+    let (approval, turn) =
+        post::answer(&state, &principal, approval.chat, answer, parent.as_ref()).await?;
+    tracing::info!(team = %principal.team, approval = %id, turn = ?turn, "approval answered");
     Ok((
         StatusCode::ACCEPTED,
         Json(Answered {
             approval,
-            turn_id: launched.turn,
+            turn_id: turn,
         }),
     ))
 }
