@@ -501,8 +501,8 @@ def check_dashboard(docs: list[dict]) -> None:
 # Where each binary reads its variables (string literals in its sources and the shared
 # crates'), by the component label of the pods that run it.
 READERS = {
-    "brain": ["brain/src", "envcfg/src", "logging/src"],
-    "migrate": ["brain/src", "envcfg/src", "logging/src"],
+    "brain": ["brain/src", "engine/src", "store/src", "envcfg/src", "logging/src"],
+    "migrate": ["brain/src", "engine/src", "store/src", "envcfg/src", "logging/src"],
     "runtime-manager": ["runtime-manager/src", "envcfg/src", "logging/src"],
 }
 @functools.cache
