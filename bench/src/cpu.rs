@@ -410,13 +410,183 @@ async fn measure(
             recording_started.elapsed().as_secs_f64(),
         );
     }
-    let n = samples.len();
-    let span = after.at - before.at;
-    let brain_cpu = after.brain.saturating_sub(before.brain);
-    let backends = summed(&before.backends, &after.backends);
-    let postgres = summed(&before.postgres, &after.postgres);
-    let per = |count: i64| count as f64 / n as f64;
-    let db = |f: fn(&DbStats) -> i64| per(f(&after.db) - f(&before.db));
+    let counted = Counted {
+        n: samples.len(),
+        delta: sorted(samples.iter().map(|s| s.1).collect()),
+        end: sorted(samples.iter().map(|s| s.2).collect()),
+        before,
+        after,
+        instructions,
+        recorded,
+        private_redis: redis.is_some(),
+    };
+    let mut out = counted.rows();
+    out.extend(wide(&mut probe, clients).await?);
+    probe.admin.close().await;
+    Ok(out)
+}
+
+/// The counted run at [`CONCURRENCY`]: its turns' latencies and the probes around it.
+struct Counted {
+    n: usize,
+    /// Sorted first text-delta and end-to-end latencies.
+    delta: Vec<Duration>,
+    end: Vec<Duration>,
+    before: Snapshot,
+    after: Snapshot,
+    /// The brain's instructions, when callgrind recorded it.
+    instructions: Option<u64>,
+    recorded: bool,
+    /// Redis is the bench's own, so its commands are the brain's alone.
+    private_redis: bool,
+}
+
+impl Counted {
+    fn rows(&self) -> Vec<Row> {
+        let Self {
+            n,
+            ref delta,
+            ref end,
+            ref before,
+            ref after,
+            instructions,
+            recorded,
+            ..
+        } = *self;
+        let span = after.at - before.at;
+        let brain_cpu = after.brain.saturating_sub(before.brain);
+        let perf_note = if recorded { "; recorded" } else { "" };
+        let scenario = format!("cpu per turn c={CONCURRENCY}");
+        let mut out = vec![row(
+            &scenario,
+            "brain CPU per no-tool turn",
+            String::new(),
+            String::new(),
+            format!(
+                "{} ({n} turns in {:.2} s, {:.2} cores; utime+stime of the brain process{perf_note})",
+                us_per(brain_cpu, n),
+                span.as_secs_f64(),
+                brain_cpu.as_secs_f64() / span.as_secs_f64()
+            ),
+        )];
+        if let Some(instructions) = instructions {
+            out.push(row(
+                &scenario,
+                "brain instructions per no-tool turn",
+                String::new(),
+                String::new(),
+                format!(
+                    "{:.0} k (callgrind, all threads, {n} turns)",
+                    instructions as f64 / n as f64 / 1e3
+                ),
+            ));
+        }
+        out.extend(self.store_rows(&scenario));
+        out.push(row(
+            &scenario,
+            "first text-delta",
+            ms(pct(delta, 50.0)),
+            ms(pct(delta, 99.0)),
+            String::new(),
+        ));
+        out.push(row(
+            &scenario,
+            "end to end",
+            ms(pct(end, 50.0)),
+            ms(pct(end, 99.0)),
+            format!("{:.0} turns/s", n as f64 / span.as_secs_f64()),
+        ));
+        out
+    }
+
+    /// Postgres's and Redis's share of each turn.
+    fn store_rows(&self, scenario: &str) -> Vec<Row> {
+        let Self {
+            n,
+            ref before,
+            ref after,
+            private_redis,
+            ..
+        } = *self;
+        let backends = summed(&before.backends, &after.backends);
+        let postgres = summed(&before.postgres, &after.postgres);
+        let per = |count: i64| count as f64 / n as f64;
+        let db = |f: fn(&DbStats) -> i64| per(f(&after.db) - f(&before.db));
+        let (total, top) = redis_commands(before, after, n);
+        let mut out = vec![
+            row(
+                scenario,
+                "Postgres CPU per turn, bench db backends",
+                String::new(),
+                String::new(),
+                format!(
+                    "{} ({} backends of the bench database; on-CPU time)",
+                    us_per(backends, n),
+                    after.backends.len()
+                ),
+            ),
+            row(
+                scenario,
+                "Postgres CPU per turn, all postgres procs",
+                String::new(),
+                String::new(),
+                format!(
+                    "{} (adds WAL writer, checkpointer, bg writer, autovacuum, other databases)",
+                    us_per(postgres, n)
+                ),
+            ),
+            row(
+                scenario,
+                "Postgres transactions per turn",
+                String::new(),
+                String::new(),
+                format!(
+                    "{:.2} commits, {:.2} rollbacks; tuples returned {:.1}, fetched {:.1}, inserted {:.1}, updated {:.1}, deleted {:.1}",
+                    db(|s| s.commits),
+                    db(|s| s.rollbacks),
+                    db(|s| s.returned),
+                    db(|s| s.fetched),
+                    db(|s| s.inserted),
+                    db(|s| s.updated),
+                    db(|s| s.deleted),
+                ),
+            ),
+            row(
+                scenario,
+                "Redis commands per turn",
+                String::new(),
+                String::new(),
+                format!(
+                    "{:.2} ({}{})",
+                    total as f64 / n as f64,
+                    top.join(", "),
+                    if private_redis {
+                        ""
+                    } else {
+                        "; shared Redis: other clients' commands included"
+                    }
+                ),
+            ),
+        ];
+        if let (Some(start), Some(stop)) = (before.redis_cpu, after.redis_cpu) {
+            out.push(row(
+                scenario,
+                "Redis CPU per turn",
+                String::new(),
+                String::new(),
+                format!(
+                    "{} (the private redis-server's main thread)",
+                    us_per(stop.saturating_sub(start), n)
+                ),
+            ));
+        }
+        out
+    }
+}
+
+/// Redis commands per turn between two probes (the probe's own `INFO` aside): their
+/// total, and the most frequent ones.
+fn redis_commands(before: &Snapshot, after: &Snapshot, n: usize) -> (u64, Vec<String>) {
     let mut calls: Vec<(String, u64)> = after
         .redis_calls
         .iter()
@@ -434,117 +604,11 @@ async fn measure(
         .take(TOP_COMMANDS)
         .map(|(name, calls)| format!("{name} {:.2}", *calls as f64 / n as f64))
         .collect();
-    let perf_note = if recorded { "; recorded" } else { "" };
-    let scenario = format!("cpu per turn c={CONCURRENCY}");
-    let delta = sorted(samples.iter().map(|s| s.1).collect());
-    let end = sorted(samples.iter().map(|s| s.2).collect());
-    let mut out = vec![row(
-        &scenario,
-        "brain CPU per no-tool turn",
-        String::new(),
-        String::new(),
-        format!(
-            "{} ({n} turns in {:.2} s, {:.2} cores; utime+stime of the brain process{perf_note})",
-            us_per(brain_cpu, n),
-            span.as_secs_f64(),
-            brain_cpu.as_secs_f64() / span.as_secs_f64()
-        ),
-    )];
-    if let Some(instructions) = instructions {
-        out.push(row(
-            &scenario,
-            "brain instructions per no-tool turn",
-            String::new(),
-            String::new(),
-            format!(
-                "{:.0} k (callgrind, all threads, {n} turns)",
-                instructions as f64 / n as f64 / 1e3
-            ),
-        ));
-    }
-    out.extend([
-        row(
-            &scenario,
-            "Postgres CPU per turn, bench db backends",
-            String::new(),
-            String::new(),
-            format!(
-                "{} ({} backends of the bench database; on-CPU time)",
-                us_per(backends, n),
-                after.backends.len()
-            ),
-        ),
-        row(
-            &scenario,
-            "Postgres CPU per turn, all postgres procs",
-            String::new(),
-            String::new(),
-            format!(
-                "{} (adds WAL writer, checkpointer, bg writer, autovacuum, other databases)",
-                us_per(postgres, n)
-            ),
-        ),
-        row(
-            &scenario,
-            "Postgres transactions per turn",
-            String::new(),
-            String::new(),
-            format!(
-                "{:.2} commits, {:.2} rollbacks; tuples returned {:.1}, fetched {:.1}, inserted {:.1}, updated {:.1}, deleted {:.1}",
-                db(|s| s.commits),
-                db(|s| s.rollbacks),
-                db(|s| s.returned),
-                db(|s| s.fetched),
-                db(|s| s.inserted),
-                db(|s| s.updated),
-                db(|s| s.deleted),
-            ),
-        ),
-        row(
-            &scenario,
-            "Redis commands per turn",
-            String::new(),
-            String::new(),
-            format!(
-                "{:.2} ({}{})",
-                total as f64 / n as f64,
-                top.join(", "),
-                if redis.is_some() {
-                    ""
-                } else {
-                    "; shared Redis: other clients' commands included"
-                }
-            ),
-        ),
-    ]);
-    if let (Some(start), Some(stop)) = (before.redis_cpu, after.redis_cpu) {
-        out.push(row(
-            &scenario,
-            "Redis CPU per turn",
-            String::new(),
-            String::new(),
-            format!(
-                "{} (the private redis-server's main thread)",
-                us_per(stop.saturating_sub(start), n)
-            ),
-        ));
-    }
-    out.push(row(
-        &scenario,
-        "first text-delta",
-        ms(pct(&delta, 50.0)),
-        ms(pct(&delta, 99.0)),
-        String::new(),
-    ));
-    out.push(row(
-        &scenario,
-        "end to end",
-        ms(pct(&end, 50.0)),
-        ms(pct(&end, 99.0)),
-        format!("{:.0} turns/s", n as f64 / span.as_secs_f64()),
-    ));
+    (total, top)
+}
 
-    // Throughput at concurrency 64: every client warm, then the window.
+/// Throughput at concurrency [`WIDE`]: every client warm, then the window.
+async fn wide(probe: &mut Probe, clients: Vec<Arc<ChatClient>>) -> Result<Vec<Row>> {
     let rest = clients[CONCURRENCY..].iter().map(|client| client.turn(0));
     for warmed in futures_util::future::join_all(rest).await {
         warmed?;
@@ -560,7 +624,7 @@ async fn measure(
     let wide_n = wide.len();
     let wide_end = sorted(wide.iter().map(|s| s.2).collect());
     let scenario = format!("cpu per turn c={WIDE}");
-    out.push(row(
+    let mut out = vec![row(
         &scenario,
         "end to end, client outside the brain",
         ms(pct(&wide_end, 50.0)),
@@ -570,7 +634,7 @@ async fn measure(
             wide_n as f64 / span.as_secs_f64(),
             span.as_secs_f64()
         ),
-    ));
+    )];
     out.push(row(
         &scenario,
         "brain CPU per no-tool turn",
@@ -582,6 +646,5 @@ async fn measure(
             us_per(summed(&start.backends, &stop.backends), wide_n)
         ),
     ));
-    probe.admin.close().await;
     Ok(out)
 }

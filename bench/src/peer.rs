@@ -126,124 +126,21 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
     // open loop's rate.
     let mut slowest = f64::INFINITY;
     for concurrency in CONCURRENCY {
-        let mut chats = Vec::new();
-        for _ in 0..concurrency {
-            chats.push(ChatClient::new(system).await?);
-        }
-        // Warm-up, one turn per client on each side: connections, prepared statements,
-        // and the peers' lazy imports on their first run.
-        let warm = chats.iter().map(|client| client.turn(0));
-        for result in futures_util::future::join_all(warm).await {
-            result?;
-        }
-        scripted += concurrency;
-        let (brain, brain_took) =
-            closed_loop(
-                window(),
-                chats,
-                |client, n| async move { client.turn(n).await },
-            )
-            .await?;
-        scripted += brain.len();
-        let mut sides = Vec::new();
-        for (name, peer) in &peers {
-            let mut threads = Vec::new();
-            for _ in 0..concurrency {
-                threads.push(GraphClient::new(peer, system).await?);
+        let round = Round::run(system, &peers, concurrency).await?;
+        scripted += round.scripted;
+        if concurrency == CONCURRENCY[CONCURRENCY.len() - 1] {
+            for side in &round.sides {
+                slowest = slowest.min(per_second(side.runs, side.took));
             }
-            let warm = threads.iter().map(|client| client.run(0));
-            for result in futures_util::future::join_all(warm).await {
-                result?;
-            }
-            let (graph, took) =
-                closed_loop(
-                    window(),
-                    threads,
-                    |client, n| async move { client.run(n).await },
-                )
-                .await?;
-            scripted += concurrency + graph.len();
-            sides.push((*name, graph, took));
         }
-        // The provider alone at the same concurrency: what every side's added time is
-        // measured against.
-        let clients = vec![system.clone(); concurrency];
-        let provider_window = window().min(Duration::from_secs(2));
-        let (provider, _) = closed_loop(provider_window, clients, |system, _| async move {
-            timed_provider(&system).await
-        })
-        .await?;
-        scripted += provider.len();
-
-        let b_first = sorted(brain.iter().map(|s| s.1).collect());
-        let b_end = sorted(brain.iter().map(|s| s.2).collect());
-        let p_first = sorted(provider.iter().map(|s| s.0).collect());
-        let scenario = format!("peer c={concurrency}");
-        let per_second = |n: usize, took: Duration| n as f64 / took.as_secs_f64();
-        rows.push(row(
-            &scenario,
-            "provider TTFB (direct)",
-            ms(pct(&p_first, 50.0)),
-            ms(pct(&p_first, 99.0)),
-            format!("{} requests", provider.len()),
-        ));
-        rows.push(row(
-            &scenario,
-            "brain added TTFB (text-delta - provider)",
-            signed_ms(pct(&b_first, 50.0), pct(&p_first, 50.0)),
-            signed_ms(pct(&b_first, 99.0), pct(&p_first, 99.0)),
-            "difference of percentiles".into(),
-        ));
-        rows.push(row(
-            &scenario,
-            "brain end to end",
-            ms(pct(&b_end, 50.0)),
-            ms(pct(&b_end, 99.0)),
-            format!(
-                "{} turns, {:.0} turns/s",
-                brain.len(),
-                per_second(brain.len(), brain_took)
-            ),
-        ));
-        for (name, graph, took) in &sides {
-            if concurrency == CONCURRENCY[CONCURRENCY.len() - 1] {
-                slowest = slowest.min(per_second(graph.len(), *took));
-            }
-            let g_first = sorted(graph.iter().map(|s| s.0).collect());
-            let g_end = sorted(graph.iter().map(|s| s.1).collect());
-            rows.push(row(
-                &scenario,
-                &format!("{name} added TTFB (first token - provider)"),
-                signed_ms(pct(&g_first, 50.0), pct(&p_first, 50.0)),
-                signed_ms(pct(&g_first, 99.0), pct(&p_first, 99.0)),
-                "difference of percentiles".into(),
-            ));
-            rows.push(row(
-                &scenario,
-                &format!("{name} end to end"),
-                ms(pct(&g_end, 50.0)),
-                ms(pct(&g_end, 99.0)),
-                format!(
-                    "{} turns, {:.1} turns/s",
-                    graph.len(),
-                    per_second(graph.len(), *took)
-                ),
-            ));
-            let times = |p: f64| ratio(added(&g_first, &p_first, p), added(&b_first, &p_first, p));
-            rows.push(row(
-                &scenario,
-                &format!("ratio {name} added / brain added"),
-                times(50.0),
-                times(99.0),
-                "added TTFB".into(),
-            ));
-        }
+        round.rows(rows);
         eprintln!(
             "bench: peer at concurrency {concurrency} done ({} turns; {})",
-            brain.len(),
-            sides
+            round.brain_turns,
+            round
+                .sides
                 .iter()
-                .map(|(name, graph, _)| format!("{name} {} runs", graph.len()))
+                .map(|side| format!("{} {} runs", side.name, side.runs))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -270,6 +167,175 @@ async fn measure(system: &Arc<System>, servers: &[Server], rows: &mut Vec<Row>) 
         ),
     ));
     Ok(())
+}
+
+fn per_second(n: usize, took: Duration) -> f64 {
+    n as f64 / took.as_secs_f64()
+}
+
+/// One concurrency's closed loops: the brain, each peer, and the provider alone. The
+/// latencies are sorted.
+struct Round {
+    concurrency: usize,
+    /// The scripted replies the round used.
+    scripted: usize,
+    provider_requests: usize,
+    p_first: Vec<Duration>,
+    brain_turns: usize,
+    brain_took: Duration,
+    b_first: Vec<Duration>,
+    b_end: Vec<Duration>,
+    sides: Vec<Side>,
+}
+
+/// A peer's runs in a round.
+struct Side {
+    name: &'static str,
+    runs: usize,
+    took: Duration,
+    first: Vec<Duration>,
+    end: Vec<Duration>,
+}
+
+impl Round {
+    async fn run(
+        system: &Arc<System>,
+        peers: &[(&'static str, Arc<Peer>)],
+        concurrency: usize,
+    ) -> Result<Self> {
+        let mut chats = Vec::new();
+        for _ in 0..concurrency {
+            chats.push(ChatClient::new(system).await?);
+        }
+        // Warm-up, one turn per client on each side: connections, prepared statements,
+        // and the peers' lazy imports on their first run.
+        let warm = chats.iter().map(|client| client.turn(0));
+        for result in futures_util::future::join_all(warm).await {
+            result?;
+        }
+        let mut scripted = concurrency;
+        let (brain, brain_took) =
+            closed_loop(
+                window(),
+                chats,
+                |client, n| async move { client.turn(n).await },
+            )
+            .await?;
+        scripted += brain.len();
+        let mut sides = Vec::new();
+        for (name, peer) in peers {
+            let mut threads = Vec::new();
+            for _ in 0..concurrency {
+                threads.push(GraphClient::new(peer, system).await?);
+            }
+            let warm = threads.iter().map(|client| client.run(0));
+            for result in futures_util::future::join_all(warm).await {
+                result?;
+            }
+            let (graph, took) =
+                closed_loop(
+                    window(),
+                    threads,
+                    |client, n| async move { client.run(n).await },
+                )
+                .await?;
+            scripted += concurrency + graph.len();
+            sides.push(Side {
+                name,
+                runs: graph.len(),
+                took,
+                first: sorted(graph.iter().map(|s| s.0).collect()),
+                end: sorted(graph.iter().map(|s| s.1).collect()),
+            });
+        }
+        // The provider alone at the same concurrency: what every side's added time is
+        // measured against.
+        let clients = vec![system.clone(); concurrency];
+        let provider_window = window().min(Duration::from_secs(2));
+        let (provider, _) = closed_loop(provider_window, clients, |system, _| async move {
+            timed_provider(&system).await
+        })
+        .await?;
+        scripted += provider.len();
+        Ok(Self {
+            concurrency,
+            scripted,
+            provider_requests: provider.len(),
+            p_first: sorted(provider.iter().map(|s| s.0).collect()),
+            brain_turns: brain.len(),
+            brain_took,
+            b_first: sorted(brain.iter().map(|s| s.1).collect()),
+            b_end: sorted(brain.iter().map(|s| s.2).collect()),
+            sides,
+        })
+    }
+
+    fn rows(&self, rows: &mut Vec<Row>) {
+        let Self {
+            concurrency,
+            ref p_first,
+            ref b_first,
+            ref b_end,
+            ..
+        } = *self;
+        let scenario = format!("peer c={concurrency}");
+        rows.push(row(
+            &scenario,
+            "provider TTFB (direct)",
+            ms(pct(p_first, 50.0)),
+            ms(pct(p_first, 99.0)),
+            format!("{} requests", self.provider_requests),
+        ));
+        rows.push(row(
+            &scenario,
+            "brain added TTFB (text-delta - provider)",
+            signed_ms(pct(b_first, 50.0), pct(p_first, 50.0)),
+            signed_ms(pct(b_first, 99.0), pct(p_first, 99.0)),
+            "difference of percentiles".into(),
+        ));
+        rows.push(row(
+            &scenario,
+            "brain end to end",
+            ms(pct(b_end, 50.0)),
+            ms(pct(b_end, 99.0)),
+            format!(
+                "{} turns, {:.0} turns/s",
+                self.brain_turns,
+                per_second(self.brain_turns, self.brain_took)
+            ),
+        ));
+        for Side {
+            name,
+            runs,
+            took,
+            first: g_first,
+            end: g_end,
+        } in &self.sides
+        {
+            rows.push(row(
+                &scenario,
+                &format!("{name} added TTFB (first token - provider)"),
+                signed_ms(pct(g_first, 50.0), pct(p_first, 50.0)),
+                signed_ms(pct(g_first, 99.0), pct(p_first, 99.0)),
+                "difference of percentiles".into(),
+            ));
+            rows.push(row(
+                &scenario,
+                &format!("{name} end to end"),
+                ms(pct(g_end, 50.0)),
+                ms(pct(g_end, 99.0)),
+                format!("{runs} turns, {:.1} turns/s", per_second(*runs, *took)),
+            ));
+            let times = |p: f64| ratio(added(g_first, p_first, p), added(b_first, p_first, p));
+            rows.push(row(
+                &scenario,
+                &format!("ratio {name} added / brain added"),
+                times(50.0),
+                times(99.0),
+                "added TTFB".into(),
+            ));
+        }
+    }
 }
 
 /// Every side at [`open_rate`] (of `slowest`, the slowest peer's runs per second) in an

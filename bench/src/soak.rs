@@ -252,11 +252,70 @@ async fn create(
     Ok(created["id"].as_str().context("id")?.to_owned())
 }
 
+/// The run's shape, from the environment (the module doc lists the variables).
+struct Settings {
+    chats_total: usize,
+    tools: bool,
+    rolling: bool,
+    disruption: Disruption,
+}
+
+impl Settings {
+    fn from_env() -> Self {
+        let chats_total: usize = std::env::var("BENCH_SOAK_CHATS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1_000);
+        let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        let (tools, rolling) = (flag("BENCH_SOAK_TOOLS"), flag("BENCH_SOAK_ROLLING"));
+        let kill_every = std::env::var("BENCH_SOAK_KILL_EVERY_S")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs);
+        let disruption = match (rolling, kill_every) {
+            (true, _) => Disruption::Rolling,
+            (false, Some(every)) => Disruption::KillEvery(every),
+            (false, None) => Disruption::KillOnce,
+        };
+        Self {
+            chats_total,
+            tools,
+            rolling,
+            disruption,
+        }
+    }
+}
+
+/// What the run itself measured, beside the clients' counts.
+struct Run {
+    took: Duration,
+    restarted_after: Duration,
+    blips: usize,
+    kills: usize,
+}
+
+/// What Postgres holds once the run is over.
+struct Tally {
+    /// Turns still `running` after reconciliation had its time.
+    running: i64,
+    by_status: Vec<(String, Option<String>, i64)>,
+    stored_ids: i64,
+    duplicated: i64,
+    answers_twice: i64,
+}
+
+/// How the tool turns' commands ran (all 0 without tools).
+#[derive(Default)]
+struct ToolRuns {
+    ran_twice: usize,
+    never_ran: usize,
+    failed_cleanly: usize,
+    tool_turns: usize,
+}
+
 pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
-    let chats_total: usize = std::env::var("BENCH_SOAK_CHATS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000);
+    let settings = Settings::from_env();
     let db = Database::create().await?;
     let provider = ScriptedProvider::start().await?;
     let redis_upstream = redis_url()
@@ -265,50 +324,96 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         .to_owned();
     let redis = FaultProxy::start(&redis_upstream).await;
     let redis_via = format!("redis://{}", redis.addr());
-    let extra = [
+    let namespace = format!("soak-{}", uuid::Uuid::new_v4().simple());
+    let mut extra = vec![
         ("REDIS_URL", redis_via.as_str()),
         ("BRAIN_LEASE_TTL_MS", LEASE_TTL_MS),
+        ("SESSION_QUEUE_NAMESPACE", namespace.as_str()),
     ];
-    let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
-    let (tools, rolling) = (flag("BENCH_SOAK_TOOLS"), flag("BENCH_SOAK_ROLLING"));
-    let kill_every = std::env::var("BENCH_SOAK_KILL_EVERY_S")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs);
-    let disruption = match (rolling, kill_every) {
-        (true, _) => Disruption::Rolling,
-        (false, Some(every)) => Disruption::KillEvery(every),
-        (false, None) => Disruption::KillOnce,
-    };
-    let namespace = format!("soak-{}", uuid::Uuid::new_v4().simple());
-    let mut extra = extra.to_vec();
-    extra.push(("SESSION_QUEUE_NAMESPACE", namespace.as_str()));
-    if rolling {
+    if settings.rolling {
         extra.push(("BRAIN_DRAIN_TIMEOUT_MS", ROLLING_DRAIN_MS));
     }
     let (a_addr, b_addr) = (free_addr()?, free_addr()?);
     let a = BrainProcess::start(&db, &provider, a_addr, &extra).await?;
     let b = BrainProcess::start(&db, &provider, b_addr, &extra).await?;
-    let addrs = [a_addr, b_addr];
     let team = db.store.create_team("soak team").await?;
     let http = reqwest::Client::new();
     let urls = [format!("http://{a_addr}"), format!("http://{b_addr}")];
     // The workers dial replica A, and dial it again once it is back (W9).
-    let manager = if tools {
+    let manager = if settings.tools {
         Some(Manager::launch(&db.name, &urls[0], &namespace, None, &[])?)
     } else {
         None
     };
-    let profile = if tools { "light" } else { "none" };
+    let (plans, all_chats) = create_chats(&http, &urls[0], &team.api_key, &settings).await?;
 
-    // One agent per client (one turn per agent at a time, T9), its chats in turn.
+    let counts = Arc::new(Counts::default());
+    let total = settings.chats_total * TURNS_PER_CHAT;
+    let client = Arc::new(Client {
+        http: http.clone(),
+        key: team.api_key.clone(),
+        urls: urls.clone(),
+    });
+    let replicas = Arc::new(Mutex::new([Some(a), Some(b)]));
+    let disruptor = Disruptor {
+        counts: counts.clone(),
+        replicas: replicas.clone(),
+        kills: Arc::new(AtomicUsize::new(0)),
+        stop: tokio_util::sync::CancellationToken::new(),
+        // The same database for the restarted replicas (the original is dropped at the end).
+        db: Database {
+            name: db.name.clone(),
+            store: db.store.clone(),
+        },
+        provider: provider.clone(),
+        extra: extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        addrs: [a_addr, b_addr],
+        total,
+        disruption: settings.disruption,
+    };
+    let run = run(plans, client, redis, disruptor, settings.tools).await?;
+
+    let tally = Tally::read(&db).await?;
+    let tool_runs = match manager {
+        Some(manager) => tool_runs(manager, &db, &all_chats).await?,
+        None => ToolRuns::default(),
+    };
+    for replica in replicas.lock().await.iter_mut() {
+        if let Some(replica) = replica.take() {
+            replica.stop().await;
+        }
+    }
+    provider.shutdown();
+    db.drop().await;
+
+    report(rows, &settings, &counts, total, &run, &tally, &tool_runs);
+    if lost_or_broken(&settings, &counts, total, &tally, &tool_runs) {
+        for r in &rows[rows.len() - 3..] {
+            eprintln!("{}: {} {} {}", r.metric, r.p50, r.p99, r.other);
+        }
+        bail!("the soak lost, duplicated, interrupted or left turns running");
+    }
+    Ok(())
+}
+
+/// One agent per client (one turn per agent at a time, T9), its chats in turn. Answers
+/// each client's agent and chats, and every chat.
+async fn create_chats(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    settings: &Settings,
+) -> Result<(Vec<(String, Vec<String>)>, Vec<String>)> {
+    let profile = if settings.tools { "light" } else { "none" };
     let mut plans: Vec<(String, Vec<String>)> = Vec::new();
     for c in 0..CONCURRENCY {
         let agent = create(
-            &http,
-            &urls[0],
-            &team.api_key,
+            http,
+            url,
+            key,
             "/v1/agents",
             json!({"name": format!("soak-{c}"), "system_prompt": "Be brief.", "model": "openai/gpt-test",
                    "runtime_profile": profile}),
@@ -316,29 +421,33 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         .await?;
         plans.push((agent, Vec::new()));
     }
-    let mut all_chats = Vec::with_capacity(chats_total);
-    for i in 0..chats_total {
+    let mut all_chats = Vec::with_capacity(settings.chats_total);
+    for i in 0..settings.chats_total {
         let (agent, chats) = &mut plans[i % CONCURRENCY];
         let path = format!("/v1/agents/{agent}/chats");
-        let chat = create(&http, &urls[0], &team.api_key, &path, json!({})).await?;
+        let chat = create(http, url, key, &path, json!({})).await?;
         all_chats.push(chat.clone());
         chats.push(chat);
     }
+    Ok((plans, all_chats))
+}
 
-    let counts = Arc::new(Counts::default());
-    let total = chats_total * TURNS_PER_CHAT;
+/// The clients' turns, with Redis blipping and the replicas disrupted all along; over
+/// when every client is done and the disruption that was under way finished.
+async fn run(
+    plans: Vec<(String, Vec<String>)>,
+    client: Arc<Client>,
+    redis: FaultProxy,
+    disruptor: Disruptor,
+    tools: bool,
+) -> Result<Run> {
     let started = Instant::now();
-    let client = Arc::new(Client {
-        http: http.clone(),
-        key: team.api_key.clone(),
-        urls: urls.clone(),
-    });
     let clients: Vec<_> = plans
         .into_iter()
         .enumerate()
         .map(|(c, (_, chats))| {
             let client = client.clone();
-            let counts = counts.clone();
+            let counts = disruptor.counts.clone();
             tokio::spawn(async move {
                 for (k, chat) in chats.iter().enumerate() {
                     for t in 0..TURNS_PER_CHAT {
@@ -351,109 +460,11 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
             })
         })
         .collect();
-
-    // Redis blips all along: 300 ms blackholed, 300 ms cut, every 2 s.
     let done = tokio_util::sync::CancellationToken::new();
     let blips = Arc::new(AtomicUsize::new(0));
-    let blipper = {
-        let done = done.clone();
-        let blips = blips.clone();
-        let redis = Arc::new(redis);
-        tokio::spawn(async move {
-            let mut next = Fault::Blackhole;
-            loop {
-                tokio::select! {
-                    () = done.cancelled() => break,
-                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
-                }
-                redis.set(next);
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                redis.set(Fault::None);
-                blips.fetch_add(1, Ordering::Relaxed);
-                next = if next == Fault::Blackhole {
-                    Fault::Cut
-                } else {
-                    Fault::Blackhole
-                };
-            }
-            redis.set(Fault::None);
-        })
-    };
-
-    // One replica SIGKILLed at 40 %, restarted on its address a second later; or, with
-    // `kill_every`, each replica in turn at that interval until the clients are done.
-    let replicas = Arc::new(Mutex::new([Some(a), Some(b)]));
-    let kills = Arc::new(AtomicUsize::new(0));
-    let clients_done = tokio_util::sync::CancellationToken::new();
-    let killer = {
-        let (counts, replicas, kills) = (counts.clone(), replicas.clone(), kills.clone());
-        let stop = clients_done.clone();
-        // The same database for the restarted replicas (the original is dropped at the end).
-        let db = Database {
-            name: db.name.clone(),
-            store: db.store.clone(),
-        };
-        let provider = provider.clone();
-        let extra: Vec<(String, String)> = extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        tokio::spawn(async move {
-            let extra: Vec<(&str, &str)> = extra
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            let mut back_after = Duration::ZERO;
-            let reached = |share: f64| {
-                let counts = counts.clone();
-                async move {
-                    while (counts.ended() as f64) < total as f64 * share {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            };
-            for k in 0.. {
-                match disruption {
-                    Disruption::KillOnce if k > 0 => break,
-                    Disruption::KillOnce => reached(KILL_AT).await,
-                    Disruption::Rolling => {
-                        let Some(&share) = ROLLING_AT.get(k) else {
-                            break;
-                        };
-                        tokio::select! {
-                            () = stop.cancelled() => break,
-                            () = reached(share) => {}
-                        }
-                    }
-                    Disruption::KillEvery(every) => tokio::select! {
-                        () = stop.cancelled() => break,
-                        () = tokio::time::sleep(every) => {}
-                    },
-                }
-                // The one kill is of replica B; the periodic ones and the rolling restart
-                // go through both.
-                let which = match disruption {
-                    Disruption::KillOnce => 1,
-                    Disruption::KillEvery(_) | Disruption::Rolling => k % 2,
-                };
-                let Some(victim) = replicas.lock().await[which].take() else {
-                    continue;
-                };
-                let killed_at = Instant::now();
-                if matches!(disruption, Disruption::Rolling) {
-                    victim.stop().await;
-                } else {
-                    victim.kill().await;
-                }
-                kills.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                let restarted = BrainProcess::start(&db, &provider, addrs[which], &extra).await?;
-                replicas.lock().await[which] = Some(restarted);
-                back_after = killed_at.elapsed();
-            }
-            anyhow::Ok(back_after)
-        })
-    };
+    let blipper = tokio::spawn(blip(redis, done.clone(), blips.clone()));
+    let (clients_done, kills) = (disruptor.stop.clone(), disruptor.kills.clone());
+    let killer = tokio::spawn(disruptor.disrupt());
     for c in clients {
         c.await?;
     }
@@ -462,77 +473,208 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
     let restarted_after = killer.await??;
     done.cancel();
     blipper.await?;
+    Ok(Run {
+        took,
+        restarted_after,
+        blips: blips.load(Ordering::Relaxed),
+        kills: kills.load(Ordering::Relaxed),
+    })
+}
 
-    // Reconciliation of the killed replica's turns is at most a lease and a tick away.
-    let mut running = i64::MAX;
-    for _ in 0..100 {
-        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM turns WHERE status = 'running'")
-            .fetch_one(db.store.pool())
-            .await?;
-        running = n;
-        if n == 0 {
-            break;
+/// Redis blips until `done`: 300 ms blackholed, 300 ms cut, every 2 s.
+async fn blip(
+    redis: FaultProxy,
+    done: tokio_util::sync::CancellationToken,
+    blips: Arc<AtomicUsize>,
+) {
+    let mut next = Fault::Blackhole;
+    loop {
+        tokio::select! {
+            () = done.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        redis.set(next);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.set(Fault::None);
+        blips.fetch_add(1, Ordering::Relaxed);
+        next = if next == Fault::Blackhole {
+            Fault::Cut
+        } else {
+            Fault::Blackhole
+        };
     }
-    let by_status: Vec<(String, Option<String>, i64)> = sqlx::query_as(
-        "SELECT status, error_code, count(*) FROM turns GROUP BY 1, 2 ORDER BY 1, 2",
-    )
-    .fetch_all(db.store.pool())
-    .await?;
-    let (stored_ids,): (i64,) = sqlx::query_as(
-        "SELECT count(DISTINCT client_message_id) FROM messages \
-         WHERE role = 'user' AND client_message_id LIKE 'soak-%'",
-    )
-    .fetch_one(db.store.pool())
-    .await?;
-    let (duplicated,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM (SELECT chat_id, client_message_id FROM messages \
-         WHERE role = 'user' GROUP BY 1, 2 HAVING count(*) > 1) d",
-    )
-    .fetch_one(db.store.pool())
-    .await?;
-    let (answers_twice,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' \
-         GROUP BY 1 HAVING count(*) > 1) d",
-    )
-    .fetch_one(db.store.pool())
-    .await?;
-    let lost_client = counts.lost.load(Ordering::Relaxed);
-    let lost_store = total as i64 - stored_ids;
-    // Every tool turn's command ran exactly once, or its call failed and said so (its
-    // part `output-error`: the worker could not be reached within its bound, as during a
-    // Redis blip when the call is relayed); a call that never ran yet reported an output
-    // would be a lost call.
-    let (mut ran_twice, mut never_ran, mut failed_cleanly, mut tool_turns) =
-        (0usize, 0usize, 0usize, 0usize);
-    if let Some(manager) = manager {
-        let mut logged = std::collections::HashMap::new();
-        logged_calls(&manager.workspaces, &mut logged);
-        manager.stop().await;
-        for chat in &all_chats {
-            for t in (1..TURNS_PER_CHAT).step_by(2) {
-                tool_turns += 1;
-                let id = format!("soak-{chat}-{t}");
-                match logged.get(&id).copied().unwrap_or(0) {
-                    0 if call_failed(&db, &id).await? => failed_cleanly += 1,
-                    0 => never_ran += 1,
-                    1 => {}
-                    _ => ran_twice += 1,
+    redis.set(Fault::None);
+}
+
+/// What stops and restarts the replicas along the run.
+struct Disruptor {
+    counts: Arc<Counts>,
+    replicas: Arc<Mutex<[Option<BrainProcess>; 2]>>,
+    kills: Arc<AtomicUsize>,
+    /// Cancelled once the clients are done.
+    stop: tokio_util::sync::CancellationToken,
+    db: Database,
+    provider: ScriptedProvider,
+    extra: Vec<(String, String)>,
+    addrs: [std::net::SocketAddr; 2],
+    total: usize,
+    disruption: Disruption,
+}
+
+impl Disruptor {
+    /// One replica SIGKILLed at 40 %, restarted on its address a second later; or, with
+    /// `kill_every`, each replica in turn at that interval until the clients are done.
+    /// Answers how long the last one took to be back.
+    async fn disrupt(self) -> Result<Duration> {
+        let extra: Vec<(&str, &str)> = self
+            .extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut back_after = Duration::ZERO;
+        for k in 0.. {
+            if !self.next_disruption(k).await {
+                break;
+            }
+            // The one kill is of replica B; the periodic ones and the rolling restart go
+            // through both.
+            let which = match self.disruption {
+                Disruption::KillOnce => 1,
+                Disruption::KillEvery(_) | Disruption::Rolling => k % 2,
+            };
+            let Some(victim) = self.replicas.lock().await[which].take() else {
+                continue;
+            };
+            let killed_at = Instant::now();
+            if matches!(self.disruption, Disruption::Rolling) {
+                victim.stop().await;
+            } else {
+                victim.kill().await;
+            }
+            self.kills.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let restarted =
+                BrainProcess::start(&self.db, &self.provider, self.addrs[which], &extra).await?;
+            self.replicas.lock().await[which] = Some(restarted);
+            back_after = killed_at.elapsed();
+        }
+        Ok(back_after)
+    }
+
+    /// Waits for the time of disruption `k`; false when there is none.
+    async fn next_disruption(&self, k: usize) -> bool {
+        match self.disruption {
+            Disruption::KillOnce if k > 0 => false,
+            Disruption::KillOnce => {
+                self.reached(KILL_AT).await;
+                true
+            }
+            Disruption::Rolling => {
+                let Some(&share) = ROLLING_AT.get(k) else {
+                    return false;
+                };
+                tokio::select! {
+                    () = self.stop.cancelled() => false,
+                    () = self.reached(share) => true,
                 }
+            }
+            Disruption::KillEvery(every) => tokio::select! {
+                () = self.stop.cancelled() => false,
+                () = tokio::time::sleep(every) => true,
+            },
+        }
+    }
+
+    async fn reached(&self, share: f64) {
+        while (self.counts.ended() as f64) < self.total as f64 * share {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Tally {
+    async fn read(db: &Database) -> Result<Self> {
+        // Reconciliation of the killed replica's turns is at most a lease and a tick away.
+        let mut running = i64::MAX;
+        for _ in 0..100 {
+            let (n,): (i64,) =
+                sqlx::query_as("SELECT count(*) FROM turns WHERE status = 'running'")
+                    .fetch_one(db.store.pool())
+                    .await?;
+            running = n;
+            if n == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let by_status: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT status, error_code, count(*) FROM turns GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .fetch_all(db.store.pool())
+        .await?;
+        let (stored_ids,): (i64,) = sqlx::query_as(
+            "SELECT count(DISTINCT client_message_id) FROM messages \
+             WHERE role = 'user' AND client_message_id LIKE 'soak-%'",
+        )
+        .fetch_one(db.store.pool())
+        .await?;
+        let (duplicated,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM (SELECT chat_id, client_message_id FROM messages \
+             WHERE role = 'user' GROUP BY 1, 2 HAVING count(*) > 1) d",
+        )
+        .fetch_one(db.store.pool())
+        .await?;
+        let (answers_twice,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM (SELECT turn_id FROM messages WHERE role = 'assistant' \
+             GROUP BY 1 HAVING count(*) > 1) d",
+        )
+        .fetch_one(db.store.pool())
+        .await?;
+        Ok(Self {
+            running,
+            by_status,
+            stored_ids,
+            duplicated,
+            answers_twice,
+        })
+    }
+}
+
+/// Every tool turn's command ran exactly once, or its call failed and said so (its part
+/// `output-error`: the worker could not be reached within its bound, as during a Redis
+/// blip when the call is relayed); a call that never ran yet reported an output would be
+/// a lost call. Stops the manager.
+async fn tool_runs(manager: Manager, db: &Database, all_chats: &[String]) -> Result<ToolRuns> {
+    let mut runs = ToolRuns::default();
+    let mut logged = std::collections::HashMap::new();
+    logged_calls(&manager.workspaces, &mut logged);
+    manager.stop().await;
+    for chat in all_chats {
+        for t in (1..TURNS_PER_CHAT).step_by(2) {
+            runs.tool_turns += 1;
+            let id = format!("soak-{chat}-{t}");
+            match logged.get(&id).copied().unwrap_or(0) {
+                0 if call_failed(db, &id).await? => runs.failed_cleanly += 1,
+                0 => runs.never_ran += 1,
+                1 => {}
+                _ => runs.ran_twice += 1,
             }
         }
     }
+    Ok(runs)
+}
 
-    for replica in replicas.lock().await.iter_mut() {
-        if let Some(replica) = replica.take() {
-            replica.stop().await;
-        }
-    }
-    provider.shutdown();
-    db.drop().await;
-
-    let statuses: Vec<String> = by_status
+fn report(
+    rows: &mut Vec<Row>,
+    settings: &Settings,
+    counts: &Counts,
+    total: usize,
+    run: &Run,
+    tally: &Tally,
+    tool_runs: &ToolRuns,
+) {
+    let statuses: Vec<String> = tally
+        .by_status
         .iter()
         .map(|(s, code, n)| match code {
             Some(code) => format!("{s} ({code}) {n}"),
@@ -549,9 +691,9 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
             counts.completed.load(Ordering::Relaxed),
             counts.interrupted.load(Ordering::Relaxed),
             counts.failed.load(Ordering::Relaxed),
-            lost_client,
+            counts.lost.load(Ordering::Relaxed),
             counts.retries.load(Ordering::Relaxed),
-            took.as_secs_f64()
+            run.took.as_secs_f64()
         ),
     ));
     rows.push(row(
@@ -559,65 +701,75 @@ pub async fn soak(rows: &mut Vec<Row>) -> Result<()> {
         "turn rows in Postgres",
         statuses.join(", "),
         String::new(),
-        format!("running {running}"),
+        format!("running {}", tally.running),
     ));
     rows.push(row(
         "soak",
         "user messages lost / duplicated",
-        format!("{lost_store} / {duplicated}"),
+        format!("{} / {}", total as i64 - tally.stored_ids, tally.duplicated),
         String::new(),
         format!(
-            "{stored_ids} stored for {total} ids; turns answered twice {answers_twice}; {} Redis blips; {}",
-            blips.load(Ordering::Relaxed),
-            match disruption {
-                Disruption::KillOnce => format!(
-                    "replica B killed at 40 % and back {:.1} s later",
-                    restarted_after.as_secs_f64()
-                ),
-                Disruption::KillEvery(every) => format!(
-                    "{} SIGKILLs, one every {} s, each replica back {:.1} s later",
-                    kills.load(Ordering::Relaxed),
-                    every.as_secs(),
-                    restarted_after.as_secs_f64()
-                ),
-                Disruption::Rolling => format!(
-                    "{} replicas SIGTERMed in turn ({ROLLING_DRAIN_MS} ms drain), each back {:.1} s later",
-                    kills.load(Ordering::Relaxed),
-                    restarted_after.as_secs_f64()
-                ),
-            }
+            "{} stored for {total} ids; turns answered twice {}; {} Redis blips; {}",
+            tally.stored_ids,
+            tally.answers_twice,
+            run.blips,
+            disruption_note(settings.disruption, run)
         ),
     ));
-    if tools {
+    if settings.tools {
         rows.push(row(
             "soak",
             "tool calls run twice / never",
-            format!("{ran_twice} / {never_ran}"),
+            format!("{} / {}", tool_runs.ran_twice, tool_runs.never_ran),
             String::new(),
             format!(
-                "{tool_turns} tool turns, each appending its id to the workspace's calls.log; \
-                 {failed_cleanly} calls failed and said so (output-error)"
+                "{} tool turns, each appending its id to the workspace's calls.log; \
+                 {} calls failed and said so (output-error)",
+                tool_runs.tool_turns, tool_runs.failed_cleanly
             ),
         ));
     }
+}
+
+fn disruption_note(disruption: Disruption, run: &Run) -> String {
+    match disruption {
+        Disruption::KillOnce => format!(
+            "replica B killed at 40 % and back {:.1} s later",
+            run.restarted_after.as_secs_f64()
+        ),
+        Disruption::KillEvery(every) => format!(
+            "{} SIGKILLs, one every {} s, each replica back {:.1} s later",
+            run.kills,
+            every.as_secs(),
+            run.restarted_after.as_secs_f64()
+        ),
+        Disruption::Rolling => format!(
+            "{} replicas SIGTERMed in turn ({ROLLING_DRAIN_MS} ms drain), each back {:.1} s later",
+            run.kills,
+            run.restarted_after.as_secs_f64()
+        ),
+    }
+}
+
+/// Whether the run lost, duplicated, interrupted or left a turn running.
+fn lost_or_broken(
+    settings: &Settings,
+    counts: &Counts,
+    total: usize,
+    tally: &Tally,
+    tool_runs: &ToolRuns,
+) -> bool {
     // With takeover (D3) and handover (D4), a stopped replica's turns go on elsewhere:
     // none is interrupted.
-    let interrupted = !matches!(disruption, Disruption::KillOnce)
+    let interrupted = !matches!(settings.disruption, Disruption::KillOnce)
         && (counts.interrupted.load(Ordering::Relaxed) != 0
-            || by_status.iter().any(|(s, _, _)| s == "interrupted"));
-    if running != 0
-        || lost_client != 0
-        || lost_store != 0
-        || duplicated != 0
-        || answers_twice != 0
+            || tally.by_status.iter().any(|(s, _, _)| s == "interrupted"));
+    tally.running != 0
+        || counts.lost.load(Ordering::Relaxed) != 0
+        || total as i64 != tally.stored_ids
+        || tally.duplicated != 0
+        || tally.answers_twice != 0
         || interrupted
-        || ran_twice != 0
-        || never_ran != 0
-    {
-        for r in &rows[rows.len() - 3..] {
-            eprintln!("{}: {} {} {}", r.metric, r.p50, r.p99, r.other);
-        }
-        bail!("the soak lost, duplicated, interrupted or left turns running");
-    }
-    Ok(())
+        || tool_runs.ran_twice != 0
+        || tool_runs.never_ran != 0
 }

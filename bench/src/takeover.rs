@@ -48,39 +48,7 @@ pub async fn takeover(rows: &mut Vec<Row>) -> Result<()> {
     // each until its current model call streams, so each takes the replies meant for it.
     let mut turns = Vec::new();
     for i in 0..TURNS {
-        let chat = chat(&http, &a_url, &team.api_key, i).await?;
-        let mid_tool = i >= TURNS / 2;
-        if mid_tool {
-            provider.push(Reply::ToolCalls {
-                text: None,
-                fragment: 0,
-                calls: vec![ToolCall {
-                    id: format!("call_{i}"),
-                    name: "memory_write".into(),
-                    arguments: json!({"content": format!("fact {i}")}).to_string(),
-                }],
-            });
-        }
-        provider.push(Reply::Held {
-            delta: LOST.into(),
-            every: Duration::from_millis(50),
-        });
-        let message_id = format!("takeover-{i}");
-        let response = http
-            .post(format!("{a_url}/v1/chats/{chat}/messages"))
-            .bearer_auth(&team.api_key)
-            .json(&json!({"content": "go", "message_id": message_id}))
-            .send()
-            .await?;
-        if response.status() != 200 {
-            bail!("turn {i}: {}", response.status());
-        }
-        let (streaming, reader) = tokio::sync::oneshot::channel();
-        tokio::spawn(read_until_cut(response, mid_tool, streaming));
-        tokio::time::timeout(Duration::from_secs(10), reader)
-            .await
-            .with_context(|| format!("turn {i} never streamed"))??;
-        turns.push((chat, message_id));
+        turns.push(start_turn(&http, &provider, &a_url, &team.api_key, i).await?);
     }
     // What the model answers the replica that takes each turn over.
     for _ in 0..TURNS {
@@ -142,6 +110,50 @@ pub async fn takeover(rows: &mut Vec<Row>) -> Result<()> {
             .into(),
     ));
     Ok(())
+}
+
+/// Starts turn `i` on the replica at `url` and answers its chat and message id once its
+/// current model call streams: mid-text, or for the second half mid-tool.
+async fn start_turn(
+    http: &reqwest::Client,
+    provider: &ScriptedProvider,
+    url: &str,
+    key: &str,
+    i: usize,
+) -> Result<(String, String)> {
+    let chat = chat(http, url, key, i).await?;
+    let mid_tool = i >= TURNS / 2;
+    if mid_tool {
+        provider.push(Reply::ToolCalls {
+            text: None,
+            fragment: 0,
+            calls: vec![ToolCall {
+                id: format!("call_{i}"),
+                name: "memory_write".into(),
+                arguments: json!({"content": format!("fact {i}")}).to_string(),
+            }],
+        });
+    }
+    provider.push(Reply::Held {
+        delta: LOST.into(),
+        every: Duration::from_millis(50),
+    });
+    let message_id = format!("takeover-{i}");
+    let response = http
+        .post(format!("{url}/v1/chats/{chat}/messages"))
+        .bearer_auth(key)
+        .json(&json!({"content": "go", "message_id": message_id}))
+        .send()
+        .await?;
+    if response.status() != 200 {
+        bail!("turn {i}: {}", response.status());
+    }
+    let (streaming, reader) = tokio::sync::oneshot::channel();
+    tokio::spawn(read_until_cut(response, mid_tool, streaming));
+    tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .with_context(|| format!("turn {i} never streamed"))??;
+    Ok((chat, message_id))
 }
 
 async fn chat(http: &reqwest::Client, url: &str, key: &str, i: usize) -> Result<String> {
