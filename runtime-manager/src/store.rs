@@ -1,10 +1,7 @@
-//! Every SQL statement of the runtime-manager: the `agent_runtime_sessions` transitions it
-//! owns (SPEC W2, W6, W7, O3).
-//!
-//! **Architecture Invariant:** every transition is a compare-and-set on the row's current
-//! state (and worker), and every one sets `updated_at`. The brain moves the same rows
-//! (`ready`, and the failures it detects), so a statement that finds the row elsewhere
-//! changes nothing and the caller learns it from the returned count or row.
+//! Every SQL statement of the runtime-manager. The `agent_runtime_sessions` transitions it
+//! makes (SPEC W2, W6, W7, O3) are the `session_states` crate's, shared with the brain,
+//! which moves the same rows: each is a compare-and-set on the row's current state, so
+//! one that finds the row elsewhere changes nothing and says so.
 //!
 //! Times cross the process boundary as unix milliseconds of the database clock, so the
 //! idle check compares `last_used_at` (set by the brain with `now()`) with values from the
@@ -20,29 +17,10 @@
 use std::time::Duration;
 
 use protocol::channel::{FailureReason, SessionState};
-use protocol::snapshot::SNAPSHOT_PG_CHANNEL;
-use protocol::{AgentId, ChatId, ReplicaId, SessionId, TeamId};
+use protocol::{AgentId, ChatId, ReplicaId, SessionId};
+pub use session_states::{Claimed, ProvisionClaim, SnapshotAsk, Teardown};
+use session_states::{IDLE_SINCE, ms};
 use uuid::Uuid;
-
-/// What a claimed provision needs to launch.
-#[derive(Clone, Debug)]
-pub struct Claimed {
-    pub team: TeamId,
-    pub agent: AgentId,
-    pub chat: ChatId,
-    pub profile: String,
-}
-
-/// What claiming a provision found.
-#[derive(Clone, Debug)]
-pub enum ProvisionClaim {
-    /// This replica holds it now.
-    Claimed(Claimed),
-    /// A live replica (its lease current) claimed it and is launching.
-    Held,
-    /// Launched already, or over.
-    Done,
-}
 
 /// A session row as the manager sees it.
 #[derive(Clone, Debug)]
@@ -88,43 +66,16 @@ pub struct WorkerRow {
     pub stale: bool,
 }
 
-/// What an idle teardown asks of the worker before it is stopped (W10).
-#[derive(Clone, Copy, Debug)]
-pub struct SnapshotAsk {
-    pub max_bytes: u64,
-    /// How long the teardown waits for the upload.
-    pub timeout: Duration,
-}
-
-/// The outcome of [`Store::begin_terminating`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Teardown {
-    /// Used since, or no longer `ready`: nothing changed.
-    NotIdle,
-    /// `terminating`, no snapshot asked (off for the profile, or no replica holds the
-    /// worker's channel).
-    Begun,
-    /// `terminating`, and the worker's snapshot is asked for.
-    SnapshotRequested,
-}
-
 #[derive(Clone)]
 pub struct Store {
     pool: dbpool::Db,
 }
 
-const MS: &str = "floor(extract(epoch from {}) * 1000)::bigint";
-/// Since when a `ready` row is idle (see the module doc).
-const IDLE_SINCE: &str = "GREATEST(last_used_at, updated_at)";
 /// When a speculative session its turn left unused is due for teardown (W11): the end of
 /// its grace, or when it became ready if that came later; NULL for any other session (one
 /// whose turn still runs included: GREATEST would skip the NULL).
 const SPECULATION_DUE: &str = "CASE WHEN speculative AND speculation_expires_at IS NOT NULL \
      THEN GREATEST(speculation_expires_at, updated_at) END";
-
-fn ms(expr: &str) -> String {
-    MS.replace("{}", expr)
-}
 
 impl Store {
     /// A pool over `url`, a transaction pooler's connections when `behind_pooler` (O5:
@@ -196,51 +147,13 @@ impl Store {
         .await
     }
 
-    /// `pending` → `provisioning`, claimed by `replica`; or a `provisioning` row with no
-    /// worker yet taken over (a provision retried after a crash between claim and launch)
-    /// when it is `replica`'s own claim, or its claimer's lease has lapsed (O3). A live
-    /// claimer's row is [`ProvisionClaim::Held`].
+    /// `pending` → `provisioning`, claimed by `replica` (or taken over: O3).
     pub async fn claim_for_provision(
         &self,
         id: SessionId,
         replica: ReplicaId,
     ) -> Result<ProvisionClaim, sqlx::Error> {
-        let row: Option<(Uuid, Uuid, Uuid, String)> = sqlx::query_as(
-            "UPDATE agent_runtime_sessions s
-             SET state = 'provisioning', manager_replica = $2, updated_at = now()
-             WHERE id = $1 AND worker_ref IS NULL
-               AND (state = 'pending'
-                    OR (state = 'provisioning'
-                        AND (manager_replica IS NULL OR manager_replica = $2
-                             OR NOT EXISTS (SELECT 1 FROM replicas r
-                                            WHERE r.id = s.manager_replica
-                                              AND r.lease_until > now()))))
-             RETURNING team_id, agent_id, chat_id, profile",
-        )
-        .bind(id.0)
-        .bind(replica.0)
-        .fetch_optional(&self.pool)
-        .await?;
-        if let Some((team, agent, chat, profile)) = row {
-            return Ok(ProvisionClaim::Claimed(Claimed {
-                team: TeamId(team),
-                agent: AgentId(agent),
-                chat: ChatId(chat),
-                profile,
-            }));
-        }
-        let (held,): (bool,) = sqlx::query_as(
-            "SELECT EXISTS (SELECT 1 FROM agent_runtime_sessions
-                            WHERE id = $1 AND state = 'provisioning' AND worker_ref IS NULL)",
-        )
-        .bind(id.0)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(if held {
-            ProvisionClaim::Held
-        } else {
-            ProvisionClaim::Done
-        })
+        session_states::claim_provision(&self.pool, id, replica).await
     }
 
     /// `provisioning` (claimed by `replica`) → `connecting` with its worker; `false` when
@@ -251,18 +164,11 @@ impl Store {
         replica: ReplicaId,
         worker_ref: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions
-             SET state = 'connecting', worker_ref = $3, updated_at = now()
-             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
-               AND worker_ref IS NULL",
+        Ok(
+            session_states::connecting(&self.pool, id, replica, worker_ref)
+                .await?
+                .moved(),
         )
-        .bind(id.0)
-        .bind(replica.0)
-        .bind(worker_ref)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     /// `provisioning` (claimed by `replica`, no worker) → `failed`.
@@ -273,19 +179,11 @@ impl Store {
         reason: FailureReason,
         detail: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions
-             SET state = 'failed', failure_reason = $3, failure_detail = $4, updated_at = now()
-             WHERE id = $1 AND manager_replica = $2 AND state = 'provisioning'
-               AND worker_ref IS NULL",
+        Ok(
+            session_states::fail_provision(&self.pool, id, replica, reason, detail)
+                .await?
+                .moved(),
         )
-        .bind(id.0)
-        .bind(replica.0)
-        .bind(reason.as_str())
-        .bind(detail)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     pub async fn session(&self, id: SessionId) -> Result<Option<SessionRow>, sqlx::Error> {
@@ -311,48 +209,15 @@ impl Store {
         ))
     }
 
-    /// `ready` → `terminating`, only if idle since `idle_since_ms` (unused since). A
-    /// session still starting is never torn down for idleness: its dial and start
-    /// deadlines govern it. With `snapshot`, and while a brain replica holds the worker's
-    /// channel (nobody else could ask the worker), the workspace snapshot is requested in
-    /// the same statement (W10): `snapshot_state = requested`, due by `now() + timeout`,
-    /// and a `NOTIFY` on [`SNAPSHOT_PG_CHANNEL`], sent when the statement commits.
+    /// `ready` → `terminating` if unused since `idle_since_ms`, its snapshot asked for
+    /// with `snapshot` (W10).
     pub async fn begin_terminating(
         &self,
         id: SessionId,
         idle_since_ms: i64,
         snapshot: Option<SnapshotAsk>,
     ) -> Result<Teardown, sqlx::Error> {
-        let row: Option<(Option<String>, Option<String>)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "WITH t AS (
-                   UPDATE agent_runtime_sessions SET state = 'terminating', updated_at = now(),
-                     snapshot_state = CASE WHEN $3 AND owner_replica IS NOT NULL
-                                           THEN 'requested' END,
-                     snapshot_max_bytes = CASE WHEN $3 AND owner_replica IS NOT NULL THEN $4 END,
-                     snapshot_deadline = CASE WHEN $3 AND owner_replica IS NOT NULL
-                                              THEN now() + make_interval(secs => $5) END
-                   WHERE id = $1 AND state = 'ready' AND {} <= $2
-                   RETURNING id, snapshot_state)
-                 SELECT snapshot_state,
-                        (CASE WHEN snapshot_state = 'requested' THEN pg_notify($6,
-                            json_build_object('session', id, 'max_bytes', $4)::text) END)::text
-                 FROM t",
-                ms(IDLE_SINCE)
-            )))
-            .bind(id.0)
-            .bind(idle_since_ms)
-            .bind(snapshot.is_some())
-            .bind(snapshot.map_or(0, |s| i64::try_from(s.max_bytes).unwrap_or(i64::MAX)))
-            .bind(snapshot.map_or(0.0, |s| s.timeout.as_secs_f64()))
-            .bind(SNAPSHOT_PG_CHANNEL)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(match row {
-            None => Teardown::NotIdle,
-            Some((Some(_), _)) => Teardown::SnapshotRequested,
-            Some((None, _)) => Teardown::Begun,
-        })
+        session_states::begin_terminating(&self.pool, id, idle_since_ms, snapshot).await
     }
 
     /// Whether (agent, chat) has a workspace snapshot to restore (W10).
@@ -461,37 +326,18 @@ impl Store {
 
     /// `terminating` → `terminated`.
     pub async fn finish_terminating(&self, id: SessionId) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
-             WHERE id = $1 AND state = 'terminating'",
-        )
-        .bind(id.0)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(session_states::finish_terminating(&self.pool, id)
+            .await?
+            .moved())
     }
 
-    /// `connecting` for longer than `timeout` → `failed` (`dial_timeout`). The brain keeps
-    /// a session `connecting` through the MCP handshake and touches `updated_at` when the
-    /// worker's socket is accepted, so only sessions nobody dialed time out here.
+    /// `connecting` for longer than `timeout` → `failed` (`dial_timeout`): those sessions,
+    /// with their workers.
     pub async fn fail_dial_timeouts(
         &self,
         timeout: Duration,
     ) -> Result<Vec<(SessionId, Option<String>)>, sqlx::Error> {
-        let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
-            "UPDATE agent_runtime_sessions
-             SET state = 'failed', failure_reason = $1, failure_detail = NULL, updated_at = now()
-             WHERE state = 'connecting' AND updated_at <= now() - make_interval(secs => $2)
-             RETURNING id, worker_ref",
-        )
-        .bind(FailureReason::DialTimeout.as_str())
-        .bind(timeout.as_secs_f64())
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, worker_ref)| (SessionId(id), worker_ref))
-            .collect())
+        session_states::fail_dial_timeouts(&self.pool, timeout).await
     }
 
     /// The rows of `ids` (sessions whose workers run here).
@@ -534,18 +380,11 @@ impl Store {
         reason: FailureReason,
         detail: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions
-             SET state = 'failed', failure_reason = $3, failure_detail = $4, updated_at = now()
-             WHERE id = $1 AND worker_ref = $2 AND state IN ('connecting', 'ready')",
+        Ok(
+            session_states::fail_worker(&self.pool, id, worker_ref, reason, detail)
+                .await?
+                .moved(),
         )
-        .bind(id.0)
-        .bind(worker_ref)
-        .bind(reason.as_str())
-        .bind(detail)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     /// A session that failed with `worker_ref` and no detail yet gets `detail` (a launcher
@@ -575,15 +414,9 @@ impl Store {
         id: SessionId,
         worker_ref: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
-             WHERE id = $1 AND worker_ref = $2 AND state IN ('connecting', 'ready', 'terminating')",
-        )
-        .bind(id.0)
-        .bind(worker_ref)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(session_states::terminate_worker(&self.pool, id, worker_ref)
+            .await?
+            .moved())
     }
 }
 

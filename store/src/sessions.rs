@@ -1,7 +1,8 @@
 //! AgentRuntimeSession rows (SPEC W1, W2, W6): one live session per (agent, chat).
 //!
 //! State changes are compare-and-set on the current state, so the brain, the
-//! runtime-manager and a second brain replica never overwrite each other's transitions.
+//! runtime-manager and a second brain replica never overwrite each other's transitions;
+//! their statements are the `session_states` crate's, which the runtime-manager shares.
 
 use chrono::{DateTime, Utc};
 use protocol::channel::{FailureReason, SessionState};
@@ -132,16 +133,9 @@ impl Store {
         id: SessionId,
         replica: ReplicaId,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE agent_runtime_sessions \
-             SET state = 'ready', owner_replica = $2, updated_at = now() \
-             WHERE id = $1 AND state = 'connecting'",
-        )
-        .bind(id.0)
-        .bind(replica.0)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(session_states::ready(&self.pool, id, replica)
+            .await?
+            .moved())
     }
 
     /// A `ready` session's worker dialed again and `replica` took its channel (W9);
@@ -187,7 +181,9 @@ impl Store {
         reason: FailureReason,
         detail: Option<&str>,
     ) -> Result<bool, StoreError> {
-        self.fail_session_in(id, LIVE, reason, detail).await
+        Ok(session_states::fail_live(&self.pool, id, reason, detail)
+            .await?
+            .moved())
     }
 
     /// Fails a session only while it waits for its worker to dial (`connecting`); `false`
@@ -197,30 +193,9 @@ impl Store {
         id: SessionId,
         reason: FailureReason,
     ) -> Result<bool, StoreError> {
-        self.fail_session_in(id, "('connecting')", reason, None)
-            .await
-    }
-
-    /// `states`: a constant SQL list of states, never input.
-    async fn fail_session_in(
-        &self,
-        id: SessionId,
-        states: &'static str,
-        reason: FailureReason,
-        detail: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        let sql = format!(
-            "UPDATE agent_runtime_sessions \
-             SET state = 'failed', failure_reason = $2, failure_detail = $3, updated_at = now() \
-             WHERE id = $1 AND state IN {states}"
-        );
-        let done = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(id.0)
-            .bind(reason.as_str())
-            .bind(detail)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(session_states::fail_connecting(&self.pool, id, reason)
+            .await?
+            .moved())
     }
 
     /// A worker dialed in: the dial timeout (counted from `updated_at` while

@@ -249,21 +249,21 @@ impl Store {
 
     /// Ends the team's live worker sessions (a disabled team's workers are released at
     /// once, L1): `terminated`, so the runtime-manager's reaper stops their workers on its
-    /// next pass, and a claimed pooled worker's slot `gone`. Answers how many ended.
+    /// next pass, and a claimed pooled worker's slot `gone`, in one transaction. Answers
+    /// how many ended.
     pub async fn end_team_sessions(&self, team: TeamId) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
-            "WITH ended AS (
-                 UPDATE agent_runtime_sessions SET state = 'terminated', updated_at = now()
-                 WHERE team_id = $1 AND state NOT IN ('terminated', 'failed')
-                 RETURNING id),
-             slots AS (
-                 UPDATE worker_pool SET state = 'gone', updated_at = now()
-                 WHERE state = 'claimed' AND session_id IN (SELECT id FROM ended))
-             SELECT count(*) FROM ended",
+        let mut tx = self.pool.begin().await?;
+        let ended = session_states::end_team_sessions(&mut *tx, team).await?;
+        let ids: Vec<Uuid> = ended.iter().map(|s| s.0).collect();
+        sqlx::query(
+            "UPDATE worker_pool SET state = 'gone', updated_at = now()
+             WHERE state = 'claimed' AND session_id = ANY($1)",
         )
-        .bind(team.0)
-        .fetch_one(&self.pool)
-        .await?)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(i64::try_from(ids.len()).unwrap_or(i64::MAX))
     }
 
     /// The live key whose hash is `hash`, if any.
