@@ -83,6 +83,9 @@ pub struct Config {
     /// What each client address may request without valid credentials
     /// (`BRAIN_RATE_LIMIT_ANONYMOUS_PER_SECOND`, `BRAIN_RATE_LIMIT_ANONYMOUS_BURST`).
     pub anonymous_requests: Option<crate::quota::RequestLimit>,
+    /// What decides dates (quota periods, the usage month, autostart ticks): the system's
+    /// time; tests pin it. Not configurable from the environment.
+    pub clock: crate::clock::Clock,
     /// The platform operator's bearer for the team API (`BRAIN_OPERATOR_TOKEN`, L1);
     /// `None`: the team API answers `404`.
     pub operator_token: Option<crate::auth::OperatorToken>,
@@ -630,6 +633,7 @@ impl Config {
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,
             quotas: quotas(env)?,
+            clock: crate::clock::Clock::system(),
             requests: request_limit(
                 env,
                 ["BRAIN_RATE_LIMIT_PER_SECOND", "BRAIN_RATE_LIMIT_BURST"],

@@ -13,6 +13,8 @@
 //!   round trip (T9, T2), a file per phase and its Lua scripts beside them;
 //! - `quota/`: the team's limits, their refusals and `RateLimit` headers, and the
 //!   Postgres answer when Redis cannot give one;
+//! - `clock.rs`: the clock that decides dates (quota periods, the usage month, autostart
+//!   ticks), the system's unless a test pins it;
 //! - `lease.rs`: this replica's lease, and what dead replicas (and stranded approval
 //!   continuations) left behind (O3, A3);
 //! - `tools/`: the brain's own tools and the one toolset a turn offers (T4, B1);
@@ -48,6 +50,7 @@ pub mod agents;
 pub mod artifacts;
 pub mod audit;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod connectors;
 pub mod erasure;
@@ -105,6 +108,8 @@ pub struct Engine {
     pub holds: Holds,
     /// Team quotas (T2, E2): their limits, usage and the session-path check.
     pub quotas: Quotas,
+    /// What decides dates: quota periods, the usage month, autostart ticks.
+    pub clock: clock::Clock,
     /// The request rate limit of every principal and client address.
     pub rate_limits: ratelimit::RateLimits,
     /// The chat events streams (S2): the publisher every turn feeds, the reader observers
@@ -152,16 +157,22 @@ impl Engine {
         let store = store.with_secrets_key(config.secrets_key.clone());
         let metrics = Metrics::new(config.demo_model)?;
         let replica = protocol::ReplicaId::new();
+        let clock = config.clock.clone();
         let holds = Holds::new(
             redis.clone(),
             replica,
-            HoldConfig::default(),
+            HoldConfig {
+                clock: clock.clone(),
+                ..HoldConfig::default()
+            },
             metrics.clone(),
         );
         // Sized from the pool the store really has (a test's may differ from the
         // configured size).
         let intakes = intake::Intakes::new(store.max_connections(), config.intake, metrics.clone());
-        let quotas = Quotas::new(store.clone(), config.quotas).with_requests(config.requests);
+        let quotas = Quotas::new(store.clone(), config.quotas)
+            .with_requests(config.requests)
+            .with_clock(clock.clone());
         let rate_limits =
             ratelimit::RateLimits::new(redis.clone(), quotas.clone(), config.anonymous_requests);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
@@ -208,6 +219,7 @@ impl Engine {
             holds,
             rate_limits,
             quotas,
+            clock,
             events,
             metrics,
             artifacts,

@@ -16,7 +16,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use protocol::ErrorCode;
 use uuid::Uuid;
 
@@ -60,7 +59,7 @@ async fn schedule_unscheduled(state: &Engine) {
             return;
         }
     };
-    let now = Utc::now();
+    let now = state.clock.now();
     for due in agents {
         let next = cadence(&due).and_then(|c| c.next_after(now));
         if let Err(class) = bounded(STORE_BOUND, state.store.reschedule_autostart(&due, next)).await
@@ -90,7 +89,7 @@ async fn poll(state: &Engine) {
         };
         // Never before the stored tick, whatever this replica's clock says: each claim
         // moves the agent strictly forward, so two claims never cover one tick.
-        let now = Utc::now().max(seen);
+        let now = state.clock.now().max(seen);
         let scheduled_for = cadence.latest_until(now).unwrap_or(seen).max(seen);
         let next = cadence.next_after(now);
         let claimed = bounded(

@@ -79,7 +79,7 @@ async fn view(
     team: TeamId,
     settings: TeamSettings,
 ) -> Result<QuotaView, ApiError> {
-    let periods = Periods::now();
+    let periods = state.quotas.periods();
     let used = state.quotas.used(team, &periods).await?;
     Ok(QuotaView {
         limits: settings.limits,
@@ -96,7 +96,7 @@ async fn user_view(
     user: String,
     limits: UserLimits,
 ) -> Result<UserQuotaView, ApiError> {
-    let periods = Periods::now();
+    let periods = state.quotas.periods();
     let used = state.quotas.used_by_user(team, &user, &periods).await?;
     Ok(UserQuotaView {
         user_id: user,

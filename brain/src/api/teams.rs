@@ -169,7 +169,7 @@ pub async fn get(
     let team = bounded(state.store.team(id))
         .await?
         .ok_or(ApiError::NotFound("team"))?;
-    let month = usage_query(None, None, None, chrono::Utc::now()).map_err(ApiError::Internal)?;
+    let month = usage_query(None, None, None, state.clock.now()).map_err(ApiError::Internal)?;
     // The totals only: no group is read.
     let usage = bounded(state.store.usage(id, month, None, 0)).await?;
     Ok(Json(TeamDetail {

@@ -58,7 +58,7 @@ pub async fn get(
         params.from.as_deref(),
         params.to.as_deref(),
         params.group_by.as_deref(),
-        chrono::Utc::now(),
+        state.clock.now(),
     )
     .map_err(ApiError::InvalidRequest)?;
     let limit = paging::checked_limit(params.limit)?;

@@ -179,9 +179,11 @@ async fn concurrent_turns_refuses_a_second_agent_while_the_first_runs() {
 async fn fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservation() {
     // A window wide enough that no chat folds its history here: a fold's summary call is
     // billed and counted, but it is no turn's reservation.
+    // Pinned, so that the turns' day is one day however long they run.
     let app = TestApp::start_with(|c| {
         c.context_tokens = 3000;
         c.max_output_tokens = 50;
+        c.clock = common::pinned_clock();
     })
     .await;
     let mut chats = Vec::new();
@@ -276,7 +278,12 @@ async fn fifty_concurrent_turns_overshoot_a_token_budget_by_at_most_one_reservat
 /// `failed` with `quota_exhausted`, after the output the client already saw.
 #[tokio::test]
 async fn a_budget_spent_mid_turn_refuses_the_next_model_call() {
-    let app = TestApp::start_with(small_context).await;
+    // Pinned at noon: both model calls count in one day, which ends in twelve hours.
+    let app = TestApp::start_with(|c| {
+        small_context(c);
+        c.clock = common::pinned_clock();
+    })
+    .await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     // Any budget under the first call's reservation admits the turn and leaves nothing.
     put_quotas(&app, json!({"tokens_per_day": 10})).await;
@@ -313,9 +320,11 @@ async fn a_budget_spent_mid_turn_refuses_the_next_model_call() {
     // The next turn is refused at intake with the reset time.
     let refused = app.send(&chat, &json!({"content": "again"})).await;
     assert_eq!(refused.status(), 402);
-    let retry: u64 = header(&refused, "retry-after").parse().unwrap();
-    assert!((1..=86_400).contains(&retry));
-    assert!(header(&refused, "ratelimit").starts_with("\"tokens_per_day\";r=0;t="));
+    assert_eq!(header(&refused, "retry-after"), "43200");
+    assert_eq!(
+        header(&refused, "ratelimit"),
+        "\"tokens_per_day\";r=0;t=43200"
+    );
 }
 
 /// Redis unreachable: the hold is skipped (best effort, as before) but quotas are not;
@@ -479,7 +488,12 @@ async fn a_refused_worker_session_is_a_tool_error_and_the_turn_goes_on() {
 /// Today's worker-seconds, as billed, refuse a new worker once the day's budget is spent.
 #[tokio::test]
 async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
-    let app = TestApp::start_with(|c| c.quotas.worker_seconds_per_day = Some(50)).await;
+    let clock = common::pinned_clock();
+    let app = TestApp::start_with(|c| {
+        c.quotas.worker_seconds_per_day = Some(50);
+        c.clock = clock.clone();
+    })
+    .await;
     let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
     sqlx::query(
         "INSERT INTO billing_events (id, team_id, agent_id, event_key, kind, seconds) \
@@ -494,7 +508,7 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
         worker_seconds_per_day: Some(50),
         ..Default::default()
     };
-    let checker = engine::quota::Quotas::new(app.store.clone(), limits);
+    let checker = engine::quota::Quotas::new(app.store.clone(), limits).with_clock(clock.clone());
     let refusal = checker
         .admit_session(app.team, None)
         .await
@@ -502,8 +516,22 @@ async fn spent_worker_seconds_refuse_a_new_worker_until_the_day_ends() {
         .expect("refused");
     assert_eq!(refusal.field.name(), "worker_seconds_per_day");
     assert_eq!(refusal.code(), protocol::ErrorCode::QuotaExhausted);
-    assert!(refusal.retry_after <= Duration::from_secs(86_400));
+    assert_eq!(
+        refusal.retry_after,
+        Duration::from_secs(12 * 3600),
+        "noon to midnight"
+    );
     assert_eq!(quotas(&app).await["used"]["worker_seconds_per_day"], 51);
+    // A later day (after today's, whose rows these are) counts none of them.
+    clock.set(clock.now() + chrono::TimeDelta::days(2));
+    assert!(
+        checker
+            .admit_session(app.team, None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(quotas(&app).await["used"]["worker_seconds_per_day"], 0);
 }
 
 mod settle {
@@ -513,6 +541,7 @@ mod settle {
 
     use std::time::Duration;
 
+    use engine::clock::Clock;
     use engine::hold::{Admitted, Billed, HoldConfig, HoldGuard, Holds, TurnAdmission};
     use engine::metrics::Metrics;
     use engine::quota::{Limits, Periods, Quotas};
@@ -528,6 +557,8 @@ mod settle {
         /// The end user whose turns these are (L4), with a day budget of its own.
         user: Option<&'static str>,
         redis: redis::aio::MultiplexedConnection,
+        /// Pinned: the billing moved back below stays in the counters' day.
+        clock: Clock,
     }
 
     impl Counters {
@@ -541,14 +572,19 @@ mod settle {
             let url = super::common::manager::redis_url();
             let client = redis::Client::open(url.as_str()).unwrap();
             let redis = client.get_multiplexed_async_connection().await.unwrap();
+            let clock = super::common::pinned_clock();
             Self {
-                quotas: Quotas::new(store.clone(), budget),
+                quotas: Quotas::new(store.clone(), budget).with_clock(clock.clone()),
                 holds: Holds::new(
                     engine::redis::Client::Node(Box::new(client)),
                     protocol::ReplicaId::new(),
-                    config,
+                    HoldConfig {
+                        clock: clock.clone(),
+                        ..config
+                    },
                     Metrics::new(false).unwrap(),
                 ),
+                clock,
                 store,
                 team,
                 user: None,
@@ -593,7 +629,7 @@ mod settle {
             let key = format!(
                 "quota:{{{}}}:tokens:day:{}",
                 self.team,
-                Periods::now().day_tag()
+                Periods::now(&self.clock).day_tag()
             );
             let value: Option<i64> = self.redis.clone().get(key).await.unwrap();
             value.expect("the day's counter exists")
@@ -606,7 +642,7 @@ mod settle {
                 "quota:{{{}}}:user:{}:{user}:tokens:day:{}",
                 self.team,
                 user.len(),
-                Periods::now().day_tag()
+                Periods::now(&self.clock).day_tag()
             );
             let value: Option<i64> = self.redis.clone().get(key).await.unwrap();
             value.expect("the user's day counter exists")

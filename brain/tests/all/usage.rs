@@ -222,7 +222,8 @@ async fn another_team_sees_none_of_it() {
 
 #[tokio::test]
 async fn usage_defaults_to_the_current_month_and_counts_a_real_turn() {
-    let app = TestApp::start().await;
+    let clock = engine::clock::Clock::pinned(chrono::Utc::now());
+    let app = TestApp::start_with(|c| c.clock = clock.clone()).await;
     let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     app.provider.push(Reply::Text {
         deltas: vec!["Hello there.".into()],
@@ -232,16 +233,21 @@ async fn usage_defaults_to_the_current_month_and_counts_a_real_turn() {
     assert_eq!(response.status(), 200);
     read_stream(response).await;
     app.settled().await;
-    let (tokens_in, tokens_out): (i64, i64) = sqlx::query_as(
-        "SELECT input_tokens, output_tokens FROM billing_events WHERE kind = 'model_call'",
-    )
-    .fetch_one(app.store.pool())
-    .await
-    .unwrap();
+    let (tokens_in, tokens_out, billed_at): (i64, i64, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "SELECT input_tokens, output_tokens, created_at FROM billing_events \
+             WHERE kind = 'model_call'",
+        )
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
     assert!(tokens_in > 0 && tokens_out > 0);
 
+    // "Now" just after the turn was billed (`to` is exclusive): in the month and on the
+    // day it was billed in, which midnight may have passed since.
+    let now = billed_at + chrono::TimeDelta::microseconds(1);
+    clock.set(now);
     let by_model = usage(&app, "?group_by=model").await;
-    let now = chrono::Utc::now();
     let from: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(by_model["from"].clone()).unwrap();
     assert_eq!(

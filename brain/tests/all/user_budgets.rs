@@ -445,6 +445,7 @@ async fn hands_app(redis_down: bool) -> TestApp {
     };
     let namespace = format!("test-{}", uuid::Uuid::new_v4().simple());
     app_with(move |c| {
+        c.clock = crate::common::pinned_clock();
         c.workers.queue_namespace = namespace;
         c.workers.provision_timeout = PROVISION_WAIT;
         if let Some(port) = port {
@@ -536,11 +537,7 @@ async fn concurrent_sessions_count_per_user() {
 /// the team starts one.
 #[tokio::test]
 async fn worker_seconds_per_day_count_per_user() {
-    // The 100 s moved back below must all fall in today (UTC).
-    let into_day = chrono::Utc::now().timestamp().rem_euclid(86_400);
-    if into_day < 120 {
-        tokio::time::sleep(Duration::from_secs(121 - into_day as u64)).await;
-    }
+    // The clock pinned at noon: the 100 s moved back below all fall in its day.
     let app = hands_app(false).await;
     let response = put_quotas(&app, json!({"per_user": {"worker_seconds_per_day": 50}})).await;
     assert_eq!(response.status(), 200);

@@ -108,7 +108,7 @@ struct Admitting<'a> {
 impl<'a> Admitting<'a> {
     fn new(inner: &'a Arc<Inner>, admission: TurnAdmission<'a>) -> Self {
         let acquired_at = Instant::now();
-        let periods = Periods::now();
+        let periods = inner.periods();
         Self {
             inner,
             admission,

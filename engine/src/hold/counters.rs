@@ -99,7 +99,7 @@ impl Holds {
     /// events within the hour.
     pub async fn bill(&self, team: TeamId, user: Option<&str>, tokens: u64) {
         let inner = &self.inner;
-        let periods = Periods::now();
+        let periods = inner.periods();
         let keys = LevelKeys::team(team, &periods);
         let user = user.map(|user| LevelKeys::user(team, user, &periods));
         let billed = bounded(inner.config.op_timeout, async {
@@ -122,7 +122,7 @@ impl Holds {
     /// limits and rebuilds the counters from Postgres (after `PUT /v1/quotas`). Bounded; if
     /// Redis cannot be reached the limits it holds lapse within `LIMITS_TTL` anyway.
     pub async fn forget_limits(&self, team: TeamId) -> Result<(), Class> {
-        self.forget(LevelKeys::team(team, &Periods::now()), None)
+        self.forget(LevelKeys::team(team, &self.inner.periods()), None)
             .await
     }
 
@@ -131,7 +131,7 @@ impl Holds {
     /// reloads them and rebuilds its counters from Postgres (after
     /// `PUT`/`DELETE /v1/quotas/users/{user_id}`). Bounded like `forget_limits`.
     pub async fn forget_user(&self, team: TeamId, user: &str) -> Result<(), Class> {
-        let periods = Periods::now();
+        let periods = self.inner.periods();
         let team_limits = LevelKeys::team(team, &periods).limits;
         self.forget(LevelKeys::user(team, user, &periods), Some(&team_limits))
             .await

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use super::keys::LevelKeys;
 use super::release::spawn_release;
 use super::{Billed, Class, Counted, Inner, millis, turn_of};
-use crate::quota::Periods;
 use crate::redis::bounded;
 
 /// The running turn's hold. Release it when the turn ends; dropping it also releases, in
@@ -154,7 +153,7 @@ impl Inner {
         let Some(counted) = counted else {
             return self.if_ours(&self.scripts.extend, key, value, expiry).await;
         };
-        let periods = Periods::now();
+        let periods = self.periods();
         let team = LevelKeys::team(counted.team, &periods).running;
         let user = (counted.user.as_deref()).map(|u| LevelKeys::user(counted.team, u, &periods));
         bounded(self.config.op_timeout, async {

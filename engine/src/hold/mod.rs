@@ -78,6 +78,8 @@ pub struct HoldConfig {
     pub max_total: Duration,
     /// Bound on every Redis call, connecting included.
     pub op_timeout: Duration,
+    /// Which UTC day and month the budget counters are keyed by.
+    pub clock: crate::clock::Clock,
 }
 
 impl Default for HoldConfig {
@@ -87,6 +89,7 @@ impl Default for HoldConfig {
             extend_every: Duration::from_secs(100),
             max_total: Duration::from_secs(60 * 60),
             op_timeout: Duration::from_millis(250),
+            clock: crate::clock::Clock::system(),
         }
     }
 }
@@ -237,6 +240,11 @@ impl Holds {
 }
 
 impl Inner {
+    /// The periods the budget counters are keyed by now.
+    fn periods(&self) -> crate::quota::Periods {
+        crate::quota::Periods::now(&self.config.clock)
+    }
+
     /// A new hold's value for `turn`: the turn, this replica, when, and a random token.
     fn value(&self, turn: TurnId) -> String {
         let taken_at = std::time::SystemTime::now()

@@ -11,7 +11,6 @@ use protocol::{AgentId, TeamId, TurnId};
 use super::counters::LEDGER_KEEP;
 use super::keys::{LevelKeys, hold_key};
 use super::{Billed, Class, Counted, Holder, Holds, Inner, millis, turn_of};
-use crate::quota::Periods;
 use crate::redis::bounded;
 
 /// The pauses between attempts at releasing a hold: four attempts in all.
@@ -139,7 +138,7 @@ impl Inner {
         counted: &Counted,
         billed: Billed,
     ) -> Result<bool, Class> {
-        let periods = Periods::now();
+        let periods = self.periods();
         let team = LevelKeys::team(counted.team, &periods);
         let user = (counted.user.as_deref()).map(|u| LevelKeys::user(counted.team, u, &periods));
         let args = SettleArgs {

@@ -39,7 +39,7 @@ impl HoldGuard {
         if !budgeted(team) && user.is_none() {
             return Ok(Reserved::Ok);
         }
-        let periods = Periods::now();
+        let periods = held.inner.periods();
         let mut levels = vec![(LevelKeys::team(counted.team, &periods), team)];
         if let Some((name, limits)) = user {
             levels.push((LevelKeys::user(counted.team, name, &periods), limits));

@@ -37,6 +37,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use protocol::{ErrorCode, QuotaScope, TeamId};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::clock::Clock;
 pub use headers::{Levels, RateLimitHeaders, Standing, TurnCounts};
 use store::{Actor, BilledBefore, QuotaSettings, SessionUsage, Since, Store, StoreError, bounded};
 
@@ -420,8 +421,9 @@ impl Periods {
         }
     }
 
-    pub fn now() -> Self {
-        Self::at(Utc::now())
+    /// The periods at `clock`'s present.
+    pub fn now(clock: &Clock) -> Self {
+        Self::at(clock.now())
     }
 
     /// The Redis key suffixes of the day's and the month's counters.
@@ -518,6 +520,7 @@ pub struct Quotas {
     store: Store,
     defaults: Arc<Limits>,
     requests: Option<RequestLimit>,
+    clock: Clock,
 }
 
 impl Quotas {
@@ -527,7 +530,18 @@ impl Quotas {
             store,
             defaults: Arc::new(defaults),
             requests: None,
+            clock: Clock::system(),
         }
+    }
+
+    /// The clock whose present decides the periods usage counts in.
+    pub fn with_clock(self, clock: Clock) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// The periods usage counts in now.
+    pub fn periods(&self) -> Periods {
+        Periods::now(&self.clock)
     }
 
     /// The request limit of a team that sets none (`BRAIN_RATE_LIMIT_*`).
@@ -704,7 +718,7 @@ impl Quotas {
             Some(_) => QuotaScope::User,
             None => QuotaScope::Team,
         };
-        let periods = Periods::now();
+        let periods = self.periods();
         let used =
             Used::from(bounded(self.store.session_usage(team, user, &periods.since())).await?);
         let headers = RateLimitHeaders::sessions(limits, &used, &periods);

@@ -66,7 +66,7 @@ pub(super) async fn admit(
         user,
         reservation,
     };
-    let periods = Periods::now();
+    let periods = state.quotas.periods();
     let budget = |hold, limits, levels: &Levels, counted_in_redis| Budget {
         store: state.store.clone(),
         quotas: state.quotas.clone(),
@@ -257,11 +257,16 @@ impl Budget {
         }
         let user = user.as_ref().map(|(name, limits)| (*name, limits));
         // This turn is among the running ones Postgres counts, at one reservation each.
-        Ok(
-            fallback::admit_turn(&self.store, self.team, user, &team, tokens, &Periods::now())
-                .await?
-                .err(),
+        Ok(fallback::admit_turn(
+            &self.store,
+            self.team,
+            user,
+            &team,
+            tokens,
+            &self.quotas.periods(),
         )
+        .await?
+        .err())
     }
 
     /// The agent it holds.
@@ -347,7 +352,7 @@ pub(super) async fn adopt(
         user: user.map(str::to_owned),
         user_limits,
         counted_in_redis,
-        headers: RateLimitHeaders::turns(&limits, &Default::default(), &Periods::now()),
+        headers: RateLimitHeaders::turns(&limits, &Default::default(), &state.quotas.periods()),
         billed_at: OnceLock::new(),
     })
 }

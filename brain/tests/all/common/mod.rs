@@ -76,6 +76,21 @@ pub struct TestApp {
     env: HashMap<String, String>,
 }
 
+/// A clock pinned at the last UTC noon before now: twelve hours from any day's or month's
+/// edge however long the test runs, and before every row Postgres writes during it, so
+/// those rows count in its day and month (a period's usage is counted from its start).
+pub fn pinned_clock() -> engine::clock::Clock {
+    let now = chrono::Utc::now();
+    let noon = now.date_naive().and_time(chrono::NaiveTime::MIN) + chrono::TimeDelta::hours(12);
+    let noon = noon.and_utc();
+    let last = if noon <= now {
+        noon
+    } else {
+        noon - chrono::TimeDelta::days(1)
+    };
+    engine::clock::Clock::pinned(last)
+}
+
 /// Whether this run puts every brain on the shared Redis Cluster (O5):
 /// `TEST_REDIS_CLUSTER=1`, which `make test` sets for the subset of tests that matter on a
 /// cluster (the `cluster` target of the Makefile). A test that sets its own Redis URL
