@@ -80,27 +80,13 @@ impl Translator {
         let mut out = Vec::new();
         match chunk {
             UiChunk::Start { message_id } => self.message = Some(message_id),
-            UiChunk::StartStep => {
-                self.close_step(&mut out);
-                self.steps += 1;
-                let name = format!("model_call_{}", self.steps);
-                self.step = Some(name.clone());
-                out.push(Event::StepStarted { step_name: name });
-            }
+            UiChunk::StartStep => self.start_step(&mut out),
             UiChunk::FinishStep => {
                 self.close_text(&mut out);
                 self.close_step(&mut out);
             }
             UiChunk::TextStart { .. } => self.open_text(&mut out),
-            UiChunk::TextDelta { delta, .. } => {
-                if !delta.is_empty() {
-                    self.open_text(&mut out);
-                    out.push(Event::TextMessageContent {
-                        message_id: self.message_id(),
-                        delta,
-                    });
-                }
-            }
+            UiChunk::TextDelta { delta, .. } => self.text(&mut out, delta),
             UiChunk::TextEnd { .. } => self.close_text(&mut out),
             UiChunk::ToolInputStart {
                 tool_call_id,
@@ -109,37 +95,12 @@ impl Translator {
             UiChunk::ToolInputDelta {
                 tool_call_id,
                 input_text_delta,
-            } => {
-                if let Some(call) = self.calls.get_mut(&tool_call_id)
-                    && !call.ended
-                    && !input_text_delta.is_empty()
-                {
-                    call.args_sent = true;
-                    out.push(Event::ToolCallArgs {
-                        tool_call_id,
-                        delta: input_text_delta,
-                    });
-                }
-            }
+            } => self.call_args(&mut out, tool_call_id, input_text_delta),
             UiChunk::ToolInputAvailable {
                 tool_call_id,
                 tool_name,
                 input,
-            } => {
-                self.open_call(&mut out, &tool_call_id, &tool_name);
-                if let Some(call) = self.calls.get_mut(&tool_call_id)
-                    && !call.ended
-                {
-                    if !call.args_sent {
-                        out.push(Event::ToolCallArgs {
-                            tool_call_id: tool_call_id.clone(),
-                            delta: input.to_string(),
-                        });
-                    }
-                    call.ended = true;
-                    out.push(Event::ToolCallEnd { tool_call_id });
-                }
-            }
+            } => self.call_input(&mut out, tool_call_id, &tool_name, &input),
             UiChunk::ToolOutputAvailable {
                 tool_call_id,
                 output,
@@ -162,35 +123,12 @@ impl Translator {
             UiChunk::ToolApprovalRequest {
                 approval_id,
                 tool_call_id,
-            } => {
-                let tool = self
-                    .calls
-                    .get(&tool_call_id)
-                    .map_or("a tool", |c| c.name.as_str())
-                    .to_owned();
-                self.interrupts
-                    .push(Interrupt::approval(approval_id, tool_call_id, &tool));
-            }
+            } => self.approval_request(approval_id, tool_call_id),
             UiChunk::Finish { finish_reason } => {
-                let outcome = match finish_reason {
-                    FinishReason::Interrupted => Outcome::Cancelled,
-                    _ if !self.interrupts.is_empty() => Outcome::Interrupt {
-                        interrupts: std::mem::take(&mut self.interrupts),
-                    },
-                    _ => Outcome::Success,
-                };
+                let outcome = self.outcome(finish_reason);
                 self.finish(&mut out, outcome);
             }
-            UiChunk::Error { error_text } => {
-                let (code, message) = error_text
-                    .split_once(": ")
-                    .unwrap_or((ErrorCode::Internal.as_str(), error_text.as_str()));
-                self.ended = true;
-                out.push(Event::RunError {
-                    message: message.to_owned(),
-                    code: code.to_owned(),
-                });
-            }
+            UiChunk::Error { error_text } => self.failed(&mut out, &error_text),
             UiChunk::DataTurn { data, .. } => {
                 self.turn = Some(data.turn_id.to_string());
                 out.push(self.snapshot());
@@ -204,26 +142,113 @@ impl Translator {
                 self.worker = Some(data);
                 out.push(self.snapshot());
             }
-            UiChunk::DataNotice { data } => out.push(Event::Custom {
-                name: "notice".into(),
-                value: json!({"code": data.code, "message": data.message}),
-            }),
+            UiChunk::DataNotice { data } => out.push(custom(
+                "notice",
+                json!({"code": data.code, "message": data.message}),
+            )),
             // P5: an AG-UI client sees the question; it answers it through the approvals
             // API like any client.
-            UiChunk::DataElicitation { data, .. } => out.push(Event::Custom {
-                name: "elicitation".into(),
-                value: serde_json::to_value(&data).unwrap_or_default(),
-            }),
-            UiChunk::DataWorkerLog { data, .. } => out.push(Event::Custom {
-                name: "worker_log".into(),
-                value: json!({"toolCallId": data.tool_call_id, "stream": data.stream,
-                              "text": data.text}),
-            }),
+            UiChunk::DataElicitation { data, .. } => out.push(custom(
+                "elicitation",
+                serde_json::to_value(&data).unwrap_or_default(),
+            )),
+            UiChunk::DataWorkerLog { data, .. } => out.push(custom(
+                "worker_log",
+                json!({"toolCallId": data.tool_call_id, "stream": data.stream,
+                       "text": data.text}),
+            )),
             // Only a resumed stream (D5) or the events stream writes these, never the
             // stream of the request that starts the turn.
             UiChunk::ResetStep | UiChunk::DataResync { .. } => {}
         }
         out
+    }
+
+    fn start_step(&mut self, out: &mut Vec<Event>) {
+        self.close_step(out);
+        self.steps += 1;
+        let name = format!("model_call_{}", self.steps);
+        self.step = Some(name.clone());
+        out.push(Event::StepStarted { step_name: name });
+    }
+
+    fn text(&mut self, out: &mut Vec<Event>, delta: String) {
+        if !delta.is_empty() {
+            self.open_text(out);
+            out.push(Event::TextMessageContent {
+                message_id: self.message_id(),
+                delta,
+            });
+        }
+    }
+
+    fn call_args(&mut self, out: &mut Vec<Event>, tool_call_id: String, delta: String) {
+        if let Some(call) = self.calls.get_mut(&tool_call_id)
+            && !call.ended
+            && !delta.is_empty()
+        {
+            call.args_sent = true;
+            out.push(Event::ToolCallArgs {
+                tool_call_id,
+                delta,
+            });
+        }
+    }
+
+    /// The whole input of a call: its arguments unless they were streamed, and its end.
+    fn call_input(
+        &mut self,
+        out: &mut Vec<Event>,
+        tool_call_id: String,
+        tool_name: &str,
+        input: &Value,
+    ) {
+        self.open_call(out, &tool_call_id, tool_name);
+        if let Some(call) = self.calls.get_mut(&tool_call_id)
+            && !call.ended
+        {
+            if !call.args_sent {
+                out.push(Event::ToolCallArgs {
+                    tool_call_id: tool_call_id.clone(),
+                    delta: input.to_string(),
+                });
+            }
+            call.ended = true;
+            out.push(Event::ToolCallEnd { tool_call_id });
+        }
+    }
+
+    /// Kept for the run's end, where AG-UI carries interrupts.
+    fn approval_request(&mut self, approval_id: String, tool_call_id: String) {
+        let tool = self
+            .calls
+            .get(&tool_call_id)
+            .map_or("a tool", |c| c.name.as_str())
+            .to_owned();
+        self.interrupts
+            .push(Interrupt::approval(approval_id, tool_call_id, &tool));
+    }
+
+    fn outcome(&mut self, finish_reason: FinishReason) -> Outcome {
+        match finish_reason {
+            FinishReason::Interrupted => Outcome::Cancelled,
+            _ if !self.interrupts.is_empty() => Outcome::Interrupt {
+                interrupts: std::mem::take(&mut self.interrupts),
+            },
+            _ => Outcome::Success,
+        }
+    }
+
+    /// The stream's error text is `code: message`; one without a code is internal.
+    fn failed(&mut self, out: &mut Vec<Event>, error_text: &str) {
+        let (code, message) = error_text
+            .split_once(": ")
+            .unwrap_or((ErrorCode::Internal.as_str(), error_text));
+        self.ended = true;
+        out.push(Event::RunError {
+            message: message.to_owned(),
+            code: code.to_owned(),
+        });
     }
 
     /// The events after the turn's stream closed: a run that did not end yet failed.
@@ -366,6 +391,13 @@ impl Translator {
                 "worker": self.worker,
             }),
         }
+    }
+}
+
+fn custom(name: &str, value: Value) -> Event {
+    Event::Custom {
+        name: name.into(),
+        value,
     }
 }
 
