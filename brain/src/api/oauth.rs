@@ -277,29 +277,7 @@ pub async fn callback(
     };
     let browser = browser_of(&headers, &flow_state);
     if let Some(error) = query.error {
-        // The flow is spent either way, so the link cannot be retried by someone else;
-        // another browser's refusal leaves it to its own.
-        let known = authorization::abandon(&state.store, &flow_state, browser).await;
-        let denied = error == "access_denied";
-        tracing::info!(
-            known = matches!(known, Ok(true)),
-            denied,
-            "connector authorization refused at the authorization server"
-        );
-        return if denied {
-            page(
-                StatusCode::FORBIDDEN,
-                "Not connected",
-                "The authorization was refused. Nothing was stored.",
-            )
-        } else {
-            page(
-                StatusCode::BAD_REQUEST,
-                "Not connected",
-                "The authorization server reported an error. Nothing was stored; start the \
-                 authorization again.",
-            )
-        };
+        return refused(&state, &flow_state, browser, &error).await;
     }
     let Some(code) = query.code.filter(|c| !c.is_empty()) else {
         return page(
@@ -308,7 +286,7 @@ pub async fn callback(
             "This link has no authorization code. Start the authorization again.",
         );
     };
-    match authorization::finish(
+    let finished = authorization::finish(
         &state.oauth,
         &state.store,
         &code,
@@ -316,8 +294,45 @@ pub async fn callback(
         query.iss.as_deref(),
         (address, browser),
     )
-    .await
-    {
+    .await;
+    finished_page(finished)
+}
+
+/// The authorization server sent the person back with an error instead of a code.
+async fn refused(
+    state: &AppState,
+    flow_state: &str,
+    browser: Option<[u8; 32]>,
+    error: &str,
+) -> Response {
+    // The flow is spent either way, so the link cannot be retried by someone else;
+    // another browser's refusal leaves it to its own.
+    let known = authorization::abandon(&state.store, flow_state, browser).await;
+    let denied = error == "access_denied";
+    tracing::info!(
+        known = matches!(known, Ok(true)),
+        denied,
+        "connector authorization refused at the authorization server"
+    );
+    if denied {
+        page(
+            StatusCode::FORBIDDEN,
+            "Not connected",
+            "The authorization was refused. Nothing was stored.",
+        )
+    } else {
+        page(
+            StatusCode::BAD_REQUEST,
+            "Not connected",
+            "The authorization server reported an error. Nothing was stored; start the \
+             authorization again.",
+        )
+    }
+}
+
+/// The page for how finishing the flow went.
+fn finished_page(finished: Result<Finished, FlowError>) -> Response {
+    match finished {
         Ok(Finished::Connected(owner)) => {
             tracing::info!(team = %owner.team, connector = %owner.connector, user_grant = owner.user.is_some(), "connector authorized");
             page(

@@ -443,69 +443,11 @@ async fn begin_unbounded(
     let states = InMemoryStateStore::new();
     manager.set_state_store(states.clone());
 
-    let resolution = manager
-        .resolve_metadata_from_challenge(challenge)
-        .await
-        .map_err(|e| transport.error(discovery_error(&e)))?;
-    if resolution.source == AuthorizationMetadataSource::LegacyEndpointFallback {
-        // rmcp falls back when every discovery request failed, too: say why.
-        return Err(transport.error(OAuthError::DiscoveryFailed));
-    }
-    transport.forget();
-    let metadata = resolution.metadata;
-    // The spec: no S256 listed means no PKCE, and the client must not go on (rmcp only
-    // refuses a list without S256).
-    if !metadata
-        .code_challenge_methods_supported
-        .as_ref()
-        .is_some_and(|methods| methods.iter().any(|m| m == "S256"))
-    {
-        return Err(OAuthError::PkceUnsupported);
-    }
-    manager.set_metadata(metadata.clone());
-
+    let metadata = discover(&mut manager, &transport, challenge).await?;
     let scopes = select_scopes(&manager, &metadata, &base, challenge, &options.scopes).await;
     let scope_refs: Vec<&str> = scopes.iter().map(String::as_str).collect();
 
-    let supports_cimd = metadata
-        .additional_fields
-        .get("client_id_metadata_document_supported")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    let config = if let Some(pre) = &options.preregistered {
-        let mut config =
-            OAuthClientConfig::new(pre.client_id.clone(), options.redirect_uri.clone());
-        config.client_secret = pre.client_secret.clone();
-        config
-    } else if let Some(url) = options
-        .client_metadata_url
-        .as_ref()
-        .filter(|_| supports_cimd)
-    {
-        OAuthClientConfig::new(url.clone(), options.redirect_uri.clone())
-    } else if metadata.registration_endpoint.is_some() {
-        // The brain is a web application (an https callback, not a loopback or custom
-        // scheme): OpenID registration's `application_type` says so (rmcp's default is
-        // `native`). rmcp takes it from a configured client only, so one is configured
-        // first and replaced below.
-        manager
-            .configure_client(
-                OAuthClientConfig::new(String::new(), options.redirect_uri.clone())
-                    .with_application_type("web"),
-            )
-            .map_err(|_| OAuthError::ClientFailed)?;
-        manager
-            .register_client(&options.client_name, &options.redirect_uri, &scope_refs)
-            .await
-            .map_err(|e| {
-                transport.error(match e {
-                    AuthError::PkceUnsupported => OAuthError::PkceUnsupported,
-                    _ => OAuthError::RegistrationFailed,
-                })
-            })?
-    } else {
-        return Err(OAuthError::RegistrationFailed);
-    };
+    let config = client_config(&mut manager, &transport, &metadata, options, &scope_refs).await?;
     let registration = Registration {
         auth_method: auth_method(&metadata, config.client_secret.is_some()).to_owned(),
         client_id: config.client_id.clone(),
@@ -543,6 +485,90 @@ async fn begin_unbounded(
         state,
     };
     Ok((url, flow))
+}
+
+/// The authorization server's metadata, found from the challenge or the well-known
+/// paths, and set on `manager`; refused when it cannot do PKCE.
+async fn discover(
+    manager: &mut AuthorizationManager,
+    transport: &Transport,
+    challenge: Option<&str>,
+) -> Result<AuthorizationMetadata, OAuthError> {
+    let resolution = manager
+        .resolve_metadata_from_challenge(challenge)
+        .await
+        .map_err(|e| transport.error(discovery_error(&e)))?;
+    if resolution.source == AuthorizationMetadataSource::LegacyEndpointFallback {
+        // rmcp falls back when every discovery request failed, too: say why.
+        return Err(transport.error(OAuthError::DiscoveryFailed));
+    }
+    transport.forget();
+    let metadata = resolution.metadata;
+    // The spec: no S256 listed means no PKCE, and the client must not go on (rmcp only
+    // refuses a list without S256).
+    if !metadata
+        .code_challenge_methods_supported
+        .as_ref()
+        .is_some_and(|methods| methods.iter().any(|m| m == "S256"))
+    {
+        return Err(OAuthError::PkceUnsupported);
+    }
+    manager.set_metadata(metadata.clone());
+    Ok(metadata)
+}
+
+/// Who the brain is to this authorization server, in the spec's order of preference: a
+/// preregistered client, a client ID metadata document the server accepts, or a client
+/// registered dynamically now.
+async fn client_config(
+    manager: &mut AuthorizationManager,
+    transport: &Transport,
+    metadata: &AuthorizationMetadata,
+    options: &ClientOptions,
+    scope_refs: &[&str],
+) -> Result<OAuthClientConfig, OAuthError> {
+    let supports_cimd = metadata
+        .additional_fields
+        .get("client_id_metadata_document_supported")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    if let Some(pre) = &options.preregistered {
+        let mut config =
+            OAuthClientConfig::new(pre.client_id.clone(), options.redirect_uri.clone());
+        config.client_secret = pre.client_secret.clone();
+        Ok(config)
+    } else if let Some(url) = options
+        .client_metadata_url
+        .as_ref()
+        .filter(|_| supports_cimd)
+    {
+        Ok(OAuthClientConfig::new(
+            url.clone(),
+            options.redirect_uri.clone(),
+        ))
+    } else if metadata.registration_endpoint.is_some() {
+        // The brain is a web application (an https callback, not a loopback or custom
+        // scheme): OpenID registration's `application_type` says so (rmcp's default is
+        // `native`). rmcp takes it from a configured client only, so one is configured
+        // first and replaced by the one this answers.
+        manager
+            .configure_client(
+                OAuthClientConfig::new(String::new(), options.redirect_uri.clone())
+                    .with_application_type("web"),
+            )
+            .map_err(|_| OAuthError::ClientFailed)?;
+        manager
+            .register_client(&options.client_name, &options.redirect_uri, scope_refs)
+            .await
+            .map_err(|e| {
+                transport.error(match e {
+                    AuthError::PkceUnsupported => OAuthError::PkceUnsupported,
+                    _ => OAuthError::RegistrationFailed,
+                })
+            })
+    } else {
+        Err(OAuthError::RegistrationFailed)
+    }
 }
 
 /// The spec's scope selection (2025-11-25, "Scope Selection Strategy"): the challenge's
