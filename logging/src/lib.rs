@@ -41,8 +41,9 @@ pub use traces::Telemetry;
 
 /// The workspace's crates (as `tracing` targets, which start with the crate's name): their
 /// events pass the cap at every level.
-pub const OWN_TARGETS: [&str; 11] = [
+pub const OWN_TARGETS: [&str; 12] = [
     "brain",
+    "session_states",
     "engine",
     "providers",
     "store",
