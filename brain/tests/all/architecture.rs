@@ -557,3 +557,176 @@ fn the_engine_speaks_no_http() {
         .collect();
     assert!(offenders.is_empty(), "these speak HTTP: {offenders:?}");
 }
+
+/// House rule: no production function runs over this many lines, from `fn` to its closing
+/// brace. Past it a function holds several phases, and each wants a name of its own.
+const MAX_FN_LINES: usize = 100;
+
+/// Test code: `#[cfg(test)]`, or a test attribute (`#[test]`, `#[tokio::test]`).
+fn is_test(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|attr| {
+        let path = attr.path();
+        path.segments.last().is_some_and(|s| s.ident == "test")
+            || (path.is_ident("cfg")
+                && attr
+                    .parse_args::<syn::Meta>()
+                    .is_ok_and(|meta| meta.path().is_ident("test")))
+    })
+}
+
+/// The functions over [`MAX_FN_LINES`]: free ones, methods of impls and traits, in
+/// modules or in other functions; test code aside.
+#[derive(Default)]
+struct LongFunctions {
+    /// The type whose impl is being read, to name its methods `Type::method`.
+    owner: Option<String>,
+    found: Vec<String>,
+}
+
+impl LongFunctions {
+    fn check(&mut self, sig: &syn::Signature, body: &syn::Block) {
+        let start = sig.fn_token.span.start().line;
+        let lines = body.brace_token.span.close().end().line - start + 1;
+        if lines > MAX_FN_LINES {
+            let name = match &self.owner {
+                Some(owner) => format!("{owner}::{}", sig.ident),
+                None => sig.ident.to_string(),
+            };
+            self.found
+                .push(format!("{name} ({lines} lines from line {start})"));
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for LongFunctions {
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        if !is_test(&item.attrs) {
+            syn::visit::visit_item_mod(self, item);
+        }
+    }
+
+    fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
+        if !is_test(&item.attrs) {
+            self.check(&item.sig, &item.block);
+            // A function's own items (a helper fn inside it) are code too.
+            let owner = self.owner.take();
+            syn::visit::visit_item_fn(self, item);
+            self.owner = owner;
+        }
+    }
+
+    fn visit_item_impl(&mut self, item: &'ast syn::ItemImpl) {
+        if is_test(&item.attrs) {
+            return;
+        }
+        let owner = match &*item.self_ty {
+            syn::Type::Path(path) => path.path.segments.last().map(|s| s.ident.to_string()),
+            _ => None,
+        };
+        let outer = std::mem::replace(&mut self.owner, owner);
+        syn::visit::visit_item_impl(self, item);
+        self.owner = outer;
+    }
+
+    fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
+        if !is_test(&item.attrs) {
+            self.check(&item.sig, &item.block);
+            syn::visit::visit_impl_item_fn(self, item);
+        }
+    }
+
+    fn visit_item_trait(&mut self, item: &'ast syn::ItemTrait) {
+        let outer = self.owner.replace(item.ident.to_string());
+        syn::visit::visit_item_trait(self, item);
+        self.owner = outer;
+    }
+
+    fn visit_trait_item_fn(&mut self, item: &'ast syn::TraitItemFn) {
+        if let Some(body) = &item.default
+            && !is_test(&item.attrs)
+        {
+            self.check(&item.sig, body);
+        }
+        syn::visit::visit_trait_item_fn(self, item);
+    }
+}
+
+fn long_functions(source: &str) -> Vec<String> {
+    let mut finder = LongFunctions::default();
+    finder.visit_file(&syn::parse_file(source).unwrap());
+    finder.found
+}
+
+/// Every workspace crate's sources (`<crate>/src`), test modules kept in files of their own
+/// (`tests.rs`, `tests/`) aside.
+fn workspace_sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.join("Cargo.toml").is_file() && dir.join("src").is_dir() {
+            sources(&dir.join("src"), &mut files).unwrap();
+        }
+    }
+    files.retain(|file| {
+        !file
+            .iter()
+            .any(|part| part == "tests" || part == "tests.rs")
+    });
+    files
+}
+
+#[test]
+fn no_production_function_is_over_100_lines() {
+    let files = workspace_sources();
+    for krate in ["brain", "engine", "store", "providers", "bench", "worker"] {
+        assert!(
+            files
+                .iter()
+                .any(|f| f.components().any(|c| c.as_os_str() == krate)),
+            "the walk found {krate}"
+        );
+    }
+    let mut offenders = Vec::new();
+    for file in &files {
+        let source = std::fs::read_to_string(file).unwrap();
+        for found in long_functions(&source) {
+            offenders.push(format!("{}: {found}", file.display()));
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "split these into phases of their own: {offenders:#?}"
+    );
+}
+
+#[test]
+fn the_length_check_counts_from_fn_to_the_closing_brace() {
+    let function = |name: &str, lines: usize| {
+        let body = "    step();\n".repeat(lines - 2);
+        format!("fn {name}() {{\n{body}}}\n")
+    };
+    assert!(long_functions(&function("fits", 100)).is_empty());
+    assert_eq!(
+        long_functions(&function("long", 101)),
+        ["long (101 lines from line 1)"]
+    );
+    let method = format!(
+        "mod m {{ impl S {{\n{}}} }}\ntrait T {{\n{}}}",
+        function("method", 101),
+        function("provided", 101)
+    );
+    assert_eq!(
+        long_functions(&method),
+        [
+            "S::method (101 lines from line 2)",
+            "T::provided (101 lines from line 105)"
+        ]
+    );
+    let tests = format!(
+        "#[cfg(test)]\nmod tests {{\n{}}}\n#[test]\n{}",
+        function("in_tests", 101),
+        function("a_test", 101)
+    );
+    assert!(long_functions(&tests).is_empty());
+}
