@@ -3,7 +3,7 @@
 //! cannot make an agent the API would refuse (SPEC B1). The messages say what is wrong and
 //! are shown to the API client or to the model.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use protocol::profile;
 
 use crate::schedule::{Cadence, parse_timezone};
@@ -154,12 +154,13 @@ impl AgentChange {
 
 /// Applies `change` to `current` and checks the result as a whole (a new time zone is
 /// checked with the cadence it applies to); the agent as it will be stored. A changed
-/// cadence gets its next tick from now and records `actor` as who set it.
+/// cadence gets its next tick after `now` and records `actor` as who set it.
 pub fn apply_change(
     current: &AgentRow,
     change: AgentChange,
     min_interval_secs: u32,
     actor: &str,
+    now: DateTime<Utc>,
 ) -> Result<AgentUpdate, String> {
     let changed = change.named_fields();
     let system_prompt = change
@@ -197,6 +198,7 @@ pub fn apply_change(
             change.autostart_timezone,
             min_interval_secs,
             actor,
+            now,
         )?)
     } else {
         None
@@ -222,6 +224,7 @@ fn changed_autostart(
     timezone: Option<Option<String>>,
     min_interval_secs: u32,
     actor: &str,
+    now: DateTime<Utc>,
 ) -> Result<Option<AutostartAt>, String> {
     let Some(cron) = cron.unwrap_or_else(|| current.autostart_cron.clone()) else {
         return match prompt {
@@ -254,5 +257,5 @@ fn changed_autostart(
         timezone,
         set_by: Some(actor.to_owned()),
     };
-    Ok(Some((autostart, cadence.next_after(Utc::now()))))
+    Ok(Some((autostart, cadence.next_after(now))))
 }

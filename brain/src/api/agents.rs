@@ -214,6 +214,7 @@ pub async fn update(
         body.into(),
         state.config.autostart.min_interval_secs,
         &principal.authority().actor,
+        state.clock.now(),
     )
     .map_err(ApiError::InvalidRequest)?;
     let by = principal.actor(address);

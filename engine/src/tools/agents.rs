@@ -17,19 +17,24 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
+use crate::clock::Clock;
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Action, StoreError};
 
 const NO_SUCH_AGENT: &str = "no such agent";
 
-/// The agent tools; `min_interval_secs` bounds the cadences `agent_update` sets.
-pub fn tools(min_interval_secs: u32) -> Vec<Arc<dyn Tool>> {
+/// The agent tools; `min_interval_secs` bounds the cadences `agent_update` sets, whose
+/// next tick is taken from `clock`.
+pub fn tools(min_interval_secs: u32, clock: Clock) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(AgentCreate),
         Arc::new(AgentArchive),
         Arc::new(AgentSetPrompt),
-        Arc::new(AgentUpdate { min_interval_secs }),
+        Arc::new(AgentUpdate {
+            min_interval_secs,
+            clock,
+        }),
     ]
 }
 
@@ -295,6 +300,7 @@ struct UpdateArgs {
 
 struct AgentUpdate {
     min_interval_secs: u32,
+    clock: Clock,
 }
 
 impl Tool for AgentUpdate {
@@ -364,6 +370,7 @@ impl Tool for AgentUpdate {
                 change,
                 self.min_interval_secs,
                 &ctx.authority.actor,
+                self.clock.now(),
             ) {
                 Ok(update) => update,
                 Err(problem) => return ToolOutput::error(problem),

@@ -14,16 +14,24 @@ use serde_json::{Value, json};
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::validate_autostart_prompt;
+use crate::clock::Clock;
 use crate::schedule::{Cadence, parse_timezone};
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Autostart, StoreError};
 
-/// The cron tools; `min_interval_secs` is the operator's shortest allowed cadence.
-pub fn tools(min_interval_secs: u32) -> Vec<Arc<dyn Tool>> {
+/// The cron tools; `min_interval_secs` is the operator's shortest allowed cadence, and a
+/// set cadence's next tick is taken from `clock`.
+pub fn tools(min_interval_secs: u32, clock: Clock) -> Vec<Arc<dyn Tool>> {
     vec![
-        Arc::new(CronSet { min_interval_secs }),
-        Arc::new(CronList { min_interval_secs }),
+        Arc::new(CronSet {
+            min_interval_secs,
+            clock: clock.clone(),
+        }),
+        Arc::new(CronList {
+            min_interval_secs,
+            clock,
+        }),
         Arc::new(CronRemove),
     ]
 }
@@ -47,6 +55,7 @@ struct SetArgs {
 
 struct CronSet {
     min_interval_secs: u32,
+    clock: Clock,
 }
 
 impl Tool for CronSet {
@@ -108,7 +117,7 @@ impl Tool for CronSet {
                     .map(|tz| tz.name().to_owned()),
                 set_by: Some(ctx.authority.actor.clone()),
             };
-            let next = cadence.next_after(Utc::now());
+            let next = cadence.next_after(self.clock.now());
             match ctx
                 .store
                 .set_autostart(
@@ -137,6 +146,7 @@ struct NoArgs {}
 
 struct CronList {
     min_interval_secs: u32,
+    clock: Clock,
 }
 
 impl Tool for CronList {
@@ -182,7 +192,7 @@ impl Tool for CronList {
                     );
                     let next: Vec<String> = match cadence {
                         Ok(cadence) => cadence
-                            .next_fires(Utc::now(), 3)
+                            .next_fires(self.clock.now(), 3)
                             .iter()
                             .map(rfc3339)
                             .collect(),

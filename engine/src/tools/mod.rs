@@ -171,11 +171,12 @@ pub struct Toolset {
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
     /// agent tools (create, archive, change prompt, update) for its team.
-    /// `min_interval_secs` bounds the cadences the cron and agent tools set; `on_secret_set`
-    /// runs after `secret_set` stored a secret.
+    /// `min_interval_secs` bounds the cadences the cron and agent tools set, whose next
+    /// tick is taken from `clock`; `on_secret_set` runs after `secret_set` stored a secret.
     pub fn brain(
         concierge: bool,
         min_interval_secs: u32,
+        clock: crate::clock::Clock,
         on_secret_set: Option<secrets::OnSecretSet>,
     ) -> Self {
         let mut set = Self::default();
@@ -184,12 +185,12 @@ impl Toolset {
         }
         for tool in secrets::tools(on_secret_set)
             .into_iter()
-            .chain(cron::tools(min_interval_secs))
+            .chain(cron::tools(min_interval_secs, clock.clone()))
         {
             set.add(tool);
         }
         if concierge {
-            for tool in agents::tools(min_interval_secs) {
+            for tool in agents::tools(min_interval_secs, clock) {
                 set.add(tool);
             }
         }
@@ -223,7 +224,7 @@ mod tests {
 
     #[test]
     fn the_tools_that_change_the_agent_for_everyone_say_so() {
-        let set = Toolset::brain(true, 60, None);
+        let set = Toolset::brain(true, 60, crate::clock::Clock::system(), None);
         let changing: Vec<&str> = set
             .tools
             .iter()
@@ -248,7 +249,7 @@ mod tests {
 
     #[test]
     fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {
-        let set = Toolset::brain(true, 60, None);
+        let set = Toolset::brain(true, 60, crate::clock::Clock::system(), None);
         assert!(set.tools.len() >= 11);
         for (tool, spec) in set.tools.iter().zip(&set.specs) {
             assert_eq!(tool.metric_label(), spec.name);

@@ -85,6 +85,7 @@ impl Toolsets {
         let mut toolset = Toolset::brain(
             concierge,
             state.config.autostart.min_interval_secs,
+            state.clock.clone(),
             Some(state.sessions.on_secret_set()),
         );
         // Worker tools are declared by the profile before any worker exists (T4); brain
