@@ -87,7 +87,7 @@ pub struct Counters {
     event_observers: IntGauge,
     /// Responses by the matched route template and status code.
     http_requests: IntCounterVec,
-    /// Background tasks that ended before shutdown, by task and how (`crate::supervisor`).
+    /// Background tasks that ended before shutdown, by task and how (the service's `supervisor`).
     pub background_task_exits: IntCounterVec,
 }
 

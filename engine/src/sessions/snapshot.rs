@@ -184,7 +184,8 @@ pub struct Upload {
     pub announced: Option<u64>,
 }
 
-/// Why a worker's snapshot call was refused; `crate::error` maps it to HTTP.
+/// Why a worker's snapshot call was refused; the service (`brain::error`) maps it to
+/// HTTP.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     /// The session is not in the state the call needs (the message says which).

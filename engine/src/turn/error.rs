@@ -1,5 +1,6 @@
 //! What the turn engine answers when a turn does not start: the engine's own vocabulary,
-//! which `crate::error` maps to HTTP at the edge (the engine never speaks HTTP).
+//! which the service (`brain::error`) maps to HTTP at the edge (the engine never speaks
+//! HTTP).
 //!
 //! Failures after the first model output are not errors of this kind: they end the turn
 //! (`wrap_up.rs`) and reach the client as an `error` chunk.

@@ -100,7 +100,7 @@ impl UiBody {
 
 impl UiBody {
     /// The next chunk; once the principal's authority ended, an `unauthorized` error
-    /// chunk, then `None`. Other front ends (`crate::agui`) translate these.
+    /// chunk, then `None`. Other front ends (the service's `agui`) translate these.
     pub fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<UiChunk>> {
         if self.done {
             return Poll::Ready(None);
