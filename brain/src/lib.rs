@@ -7,7 +7,8 @@
 //! - `a2a/`: A2A 1.0 (P1): cards, JSON-RPC objects, turns as tasks and their streams;
 //! - `error.rs`: the only place that maps failures to HTTP statuses and error codes;
 //! - `mcp_server/`: the team's agents as MCP tools: sessions and JSON-RPC (P2);
-//! - `respond.rs`: those streams as HTTP responses, with their headers;
+//! - `respond.rs`: the engine's streams (a turn's, the events stream's) as HTTP responses,
+//!   with their headers;
 //! - `metrics_server.rs`: the `/metrics` listener;
 //! - `supervisor.rs`: the named background tasks `serve` starts; one that ends before
 //!   shutdown is logged, counted and fails readiness;
