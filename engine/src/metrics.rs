@@ -503,10 +503,11 @@ impl Metrics {
         Gauged(self.event_observers.clone())
     }
 
-    /// One response of the API; `route` is the matched path template.
-    pub fn http_response(&self, route: Option<&str>, status: u16) {
+    /// One response of the API; `route` is the matched path template, `status` the code as
+    /// the service writes it (`"200"`).
+    pub fn http_response(&self, route: Option<&str>, status: &str) {
         self.http_requests
-            .with_label_values(&[route.unwrap_or("unmatched"), &status.to_string()])
+            .with_label_values(&[route.unwrap_or("unmatched"), status])
             .inc();
     }
 

@@ -85,7 +85,7 @@ async fn count_response(
     let response = next.run(request).await;
     metrics.http_response(
         route.as_ref().map(|r| r.as_str()),
-        response.status().as_u16(),
+        response.status().as_str(),
     );
     response
 }
