@@ -225,8 +225,9 @@ struct StartedMessage {
     usage: Option<WireUsage>,
 }
 
-/// Thinking blocks, and server tool blocks (`server_tool_use`, whose input deltas look
-/// like ours but are not calls for us to run), are ignored.
+/// A thinking block's start (its text comes in `thinking_delta`s), redacted thinking, and
+/// server tool blocks (`server_tool_use`, whose input deltas look like ours but are not
+/// calls for us to run) are ignored.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum ContentBlock {
@@ -250,6 +251,12 @@ enum ContentBlock {
 enum BlockDelta {
     TextDelta {
         text: String,
+    },
+    /// In a `thinking` block; `signature_delta` and `redacted_thinking` blocks carry
+    /// nothing readable and fall under `Other`.
+    ThinkingDelta {
+        #[serde(default)]
+        thinking: String,
     },
     InputJsonDelta {
         #[serde(default)]
@@ -358,6 +365,10 @@ impl Decoder for MessagesDecoder {
                 delta: BlockDelta::TextDelta { text },
                 ..
             } if !text.is_empty() => vec![ProviderEvent::TextDelta(text)],
+            WireEvent::ContentBlockDelta {
+                delta: BlockDelta::ThinkingDelta { thinking },
+                ..
+            } if !thinking.is_empty() => vec![ProviderEvent::ReasoningDelta(thinking)],
             WireEvent::ContentBlockStart { .. } | WireEvent::ContentBlockDelta { .. } => Vec::new(),
             WireEvent::MessageDelta { delta, usage } => self.message_delta(delta, usage),
             // Without a stop reason we cannot tell a whole answer from a cut one; a tool
@@ -723,7 +734,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn thinking_is_skipped_and_a_tool_call_assembled() {
+    async fn thinking_is_reasoning_and_a_tool_call_assembled() {
         let body = concat!(
             "event: message_start\n",
             r#"data: {"type":"message_start","message":{"id":"msg_014p7gG3wDgGV9EUtLvnow3U","type":"message","role":"assistant","model":"claude-sonnet-4-20250514","stop_sequence":null,"usage":{"input_tokens":472,"output_tokens":2},"content":[],"stop_reason":null}}"#,
@@ -779,6 +790,9 @@ mod tests {
             decode(body).await,
             vec![
                 input(472),
+                Ok(ProviderEvent::ReasoningDelta(
+                    "The user wants the weather.".into()
+                )),
                 Ok(ProviderEvent::TextDelta("Let me check.".into())),
                 start(id, "get_weather"),
                 delta(id, r#"{"location": "Zü"#),

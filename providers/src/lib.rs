@@ -13,13 +13,17 @@
 //! - a body that ends without the provider's end marker yields
 //!   `Err(ProviderError::Unavailable(Unavailable::Incomplete))` as its last item;
 //! - dropping the stream aborts the HTTP request (that is how cancellation reaches the
-//!   provider).
+//!   provider);
+//! - inline `<think>` reasoning in the text comes out as [`ProviderEvent::ReasoningDelta`]
+//!   (`reasoning.rs`), like the providers' own reasoning fields.
 
 pub mod anthropic;
 pub mod openai;
+mod reasoning;
 pub mod route;
 mod sse;
 
+pub use reasoning::strip_inline_reasoning;
 pub use route::{ModelRoute, ProviderKind, Providers};
 
 use std::pin::Pin;
@@ -147,6 +151,10 @@ pub struct ToolResult {
 pub enum ProviderEvent {
     /// Text to append to the answer.
     TextDelta(String),
+    /// Reasoning the model shows before or while answering (a provider's reasoning field,
+    /// or inline `<think>` text split out by every adapter). Never part of the answer
+    /// text: not stored as it, not sent back to the model (T18).
+    ReasoningDelta(String),
     /// The model began a tool call (for the UI's `tool-input-start`).
     ToolInputStart { id: String, name: String },
     /// A fragment of a tool call's JSON arguments (for the UI's `tool-input-delta`).

@@ -219,10 +219,14 @@ struct Choice {
     finish_reason: Option<String>,
 }
 
-/// Reasoning and refusal fields are ignored on purpose.
+/// Refusal fields are ignored on purpose.
 #[derive(Debug, Deserialize)]
 struct Delta {
     content: Option<String>,
+    /// The model's reasoning: `reasoning_content` from vLLM and DeepSeek, `reasoning`
+    /// from OpenRouter and newer vLLM.
+    reasoning_content: Option<String>,
+    reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
@@ -287,6 +291,11 @@ impl Decoder for ChatDecoder {
         // We never ask for `n > 1`, so the first choice is the only one.
         if let Some(choice) = chunk.choices.and_then(|choices| choices.into_iter().next()) {
             if let Some(delta) = choice.delta {
+                for thought in [delta.reasoning_content, delta.reasoning] {
+                    if let Some(thought) = thought.filter(|thought| !thought.is_empty()) {
+                        events.push(ProviderEvent::ReasoningDelta(thought));
+                    }
+                }
                 if let Some(text) = delta.content
                     && !text.is_empty()
                 {
@@ -598,6 +607,61 @@ mod tests {
                 Ok(ProviderEvent::TextDelta("Grüß".into())),
                 Ok(ProviderEvent::TextDelta(" dich 👋 — 日本".into())),
                 usage(19, 7),
+                Ok(ProviderEvent::Finished(StopReason::Stop)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn reasoning_fields_are_reasoning_not_text() {
+        // vLLM/DeepSeek `reasoning_content`, then OpenRouter's `reasoning`; the
+        // content may open with a stray `</think>` when the server split the reasoning
+        // itself.
+        let body = [
+            chunk(
+                r#"{"role":"assistant","content":null,"reasoning_content":"Gruß? "}"#,
+                "null",
+            ),
+            chunk(r#"{"content":null,"reasoning":"Antworten."}"#, "null"),
+            chunk(
+                r#"{"content":"</think>\n\nHallo","reasoning_content":null}"#,
+                "null",
+            ),
+            chunk(r#"{"content":"!"}"#, r#""stop""#),
+            USAGE_AND_DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                Ok(ProviderEvent::ReasoningDelta("Gruß? ".into())),
+                Ok(ProviderEvent::ReasoningDelta("Antworten.".into())),
+                Ok(ProviderEvent::TextDelta("Hallo".into())),
+                Ok(ProviderEvent::TextDelta("!".into())),
+                usage(82, 41),
+                Ok(ProviderEvent::Finished(StopReason::Stop)),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn inline_think_tags_split_across_chunks_are_reasoning() {
+        // Qwen3 on vLLM without a reasoning parser: the tags are tokens of the text.
+        let body = [
+            chunk(r#"{"role":"assistant","content":"<thi"}"#, "null"),
+            chunk(r#"{"content":"nk>\nDer Nutzer grüßt.</"}"#, "null"),
+            chunk(r#"{"content":"think>\n"}"#, "null"),
+            chunk(r#"{"content":"\nHallo 👋"}"#, "null"),
+            chunk("{}", r#""stop""#),
+            USAGE_AND_DONE.to_owned(),
+        ]
+        .concat();
+        assert_eq!(
+            decode(&body).await,
+            vec![
+                Ok(ProviderEvent::ReasoningDelta("\nDer Nutzer grüßt.".into())),
+                Ok(ProviderEvent::TextDelta("Hallo 👋".into())),
+                usage(82, 41),
                 Ok(ProviderEvent::Finished(StopReason::Stop)),
             ]
         );

@@ -13,6 +13,7 @@ use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
+use super::reasoning::InlineReasoning;
 use super::{EventStream, ProviderError, ProviderEvent, Unavailable};
 
 /// One wire format, decoded one SSE event at a time.
@@ -92,6 +93,7 @@ where
             with_idle_timeout(body, idle_timeout).eventsource(),
         )),
         decoder,
+        inline: InlineReasoning::default(),
         pending: VecDeque::new(),
         started: Instant::now(),
     };
@@ -137,6 +139,8 @@ struct Driver<D> {
     /// instead of when the consumer drops us.
     sse: Option<SseStream>,
     decoder: D,
+    /// Applied to every decoder's output, so no adapter can forget it.
+    inline: InlineReasoning,
     pending: VecDeque<ProviderEvent>,
     started: Instant,
 }
@@ -163,7 +167,13 @@ impl<D: Decoder> Driver<D> {
                 Some(Ok(event)) => self.decoder.feed(&event),
             };
             match outcome {
-                Ok(events) => self.pending.extend(events),
+                Ok(events) => {
+                    let mut split = Vec::with_capacity(events.len());
+                    for event in events {
+                        self.inline.feed(event, &mut split);
+                    }
+                    self.pending.extend(split);
+                }
                 Err(err) => {
                     tracing::warn!(
                         provider = self.provider,

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use protocol::ui::UiChunk;
 use tracing::Instrument;
 
+use super::continuation;
 use super::state::{Progress, TurnTask};
 use providers::{
     EventStream, ModelRoute, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
@@ -42,9 +43,28 @@ pub(super) enum StepOutcome {
 
 /// One model call as relayed to the client.
 pub(super) struct Step {
-    pub text: String,
+    pub shown: Shown,
     pub calls: Vec<ToolCall>,
     pub outcome: StepOutcome,
+}
+
+/// A step's text part as shown so far: one part across the calls that continue a cut
+/// answer (T19), so the client sees one text, and the transcript stores one.
+pub(super) struct Shown {
+    pub id: String,
+    /// The text the client accepted.
+    pub text: String,
+    pub open: bool,
+}
+
+impl Shown {
+    pub fn new(iteration: u32) -> Self {
+        Self {
+            id: format!("text-{iteration}"),
+            text: String::new(),
+            open: false,
+        }
+    }
 }
 
 impl TurnTask {
@@ -97,6 +117,7 @@ impl TurnTask {
                     }
                     next = stream.next() => next,
                 };
+                self.client.liveness.progressed();
                 match next {
                     Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
                     Some(Ok(first_output)) => {
@@ -135,11 +156,14 @@ impl TurnTask {
         OpenOutcome::Failed(last_error)
     }
 
-    /// Relays one model call to the client; collects its tool calls.
+    /// Relays one model call to the client, its text appended to `shown` (held back
+    /// until its overlap is known when it `continues` a cut answer, T19); collects its
+    /// tool calls. The text part stays open: [`TurnTask::end_text`] closes it.
     pub(super) async fn relay(
         &self,
         opened: Opened,
-        iteration: u32,
+        shown: Shown,
+        continues: bool,
         usage_log: &mut Vec<ModelCallUsage>,
     ) -> Step {
         let Opened {
@@ -151,9 +175,11 @@ impl TurnTask {
             span,
         } = opened;
         let mut gathered = Gathered {
-            text_id: format!("text-{iteration}"),
+            shown,
+            held: continues.then(String::new),
+            calls: Vec::new(),
+            hidden_inputs: Default::default(),
             usage,
-            ..Gathered::default()
         };
         let outcome = loop {
             let next = match pending.pop_front() {
@@ -164,6 +190,8 @@ impl TurnTask {
                     next = stream.next() => next,
                 },
             };
+            // T20: every event is progress, also one the client is not shown.
+            self.client.liveness.progressed();
             let event = match next {
                 Some(Ok(event)) => event,
                 Some(Err(err)) => break StepOutcome::Failed(err),
@@ -188,21 +216,22 @@ impl TurnTask {
         record_call(&span, gathered.usage, label);
         drop(span);
         usage_log.push(call_usage(call_index, &model, gathered.usage));
-        if gathered.text_open {
-            self.client
-                .send(UiChunk::TextEnd {
-                    id: gathered.text_id,
-                })
-                .await;
-        }
         // T5: calls of a stream that did not finish are discarded, never run.
         if !matches!(outcome, StepOutcome::Finished(_)) {
             gathered.calls.clear();
         }
         Step {
-            text: gathered.text,
+            shown: gathered.shown,
             calls: gathered.calls,
             outcome,
+        }
+    }
+
+    /// Closes the step's text part, if it was opened.
+    pub(super) async fn end_text(&self, shown: &mut Shown) {
+        if std::mem::take(&mut shown.open) {
+            let id = shown.id.clone();
+            self.client.send(UiChunk::TextEnd { id }).await;
         }
     }
 
@@ -213,6 +242,14 @@ impl TurnTask {
         event: ProviderEvent,
         gathered: &mut Gathered,
     ) -> Option<StepOutcome> {
+        // Text held back goes before anything else the answer shows, and before its end.
+        let quiet = matches!(
+            event,
+            ProviderEvent::TextDelta(_) | ProviderEvent::Usage(_) | ProviderEvent::ReasoningDelta(_)
+        );
+        if !quiet && !self.release_held(gathered).await {
+            return Some(StepOutcome::Cancelled);
+        }
         let chunk = match event {
             ProviderEvent::TextDelta(delta) => {
                 return (!self.relay_text(delta, gathered).await).then_some(StepOutcome::Cancelled);
@@ -251,30 +288,59 @@ impl TurnTask {
                 return None;
             }
             ProviderEvent::Finished(reason) => return Some(StepOutcome::Finished(reason)),
+            // Reasoning is never part of the answer (T18).
+            ProviderEvent::ReasoningDelta(_) => return None,
         };
         (!self.client.send(chunk).await).then_some(StepOutcome::Cancelled)
     }
 
+    /// Shows a text delta, or holds it back while a continuation's overlap with the
+    /// answer is undecided (T19); whether the client took what was sent.
+    async fn relay_text(&self, delta: String, gathered: &mut Gathered) -> bool {
+        let Some(held) = &mut gathered.held else {
+            return self.show_text(delta, gathered).await;
+        };
+        held.push_str(&delta);
+        if !continuation::decided(&gathered.shown.text, held) {
+            return true;
+        }
+        self.release_held(gathered).await
+    }
+
+    /// Shows a continuation's held start, without what it repeats of the answer.
+    async fn release_held(&self, gathered: &mut Gathered) -> bool {
+        let Some(held) = gathered.held.take() else {
+            return true;
+        };
+        let fresh = continuation::fresh(&gathered.shown.text, &held);
+        if fresh.is_empty() {
+            return true;
+        }
+        let fresh = fresh.to_owned();
+        self.show_text(fresh, gathered).await
+    }
+
     /// Sends a text delta (opening the text part first); whether the client took it. Only
     /// text the client accepted counts as delivered (T8).
-    async fn relay_text(&self, delta: String, gathered: &mut Gathered) -> bool {
-        if !gathered.text_open {
-            gathered.text_open = true;
+    async fn show_text(&self, delta: String, gathered: &mut Gathered) -> bool {
+        let shown = &mut gathered.shown;
+        if !shown.open {
+            shown.open = true;
             let start = UiChunk::TextStart {
-                id: gathered.text_id.clone(),
+                id: shown.id.clone(),
             };
             if !self.client.send(start).await {
                 return false;
             }
         }
-        let len = gathered.text.len();
-        gathered.text.push_str(&delta);
+        let len = shown.text.len();
+        shown.text.push_str(&delta);
         let chunk = UiChunk::TextDelta {
-            id: gathered.text_id.clone(),
+            id: shown.id.clone(),
             delta,
         };
         if !self.client.send(chunk).await {
-            gathered.text.truncate(len);
+            shown.text.truncate(len);
             return false;
         }
         true
@@ -282,12 +348,11 @@ impl TurnTask {
 }
 
 /// What one model call's relay gathered so far.
-#[derive(Default)]
 struct Gathered {
-    text_id: String,
-    /// The text the client accepted.
-    text: String,
-    text_open: bool,
+    /// The step's text, this call's included.
+    shown: Shown,
+    /// A continuation's start, until its overlap with `shown` is decided (T19).
+    held: Option<String>,
     calls: Vec<ToolCall>,
     /// The calls whose input fragments are not streamed (a tool that redacts its input).
     hidden_inputs: std::collections::HashSet<String>,
