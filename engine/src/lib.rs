@@ -33,6 +33,8 @@
 //! - `schedule.rs`: what makes an autostart cadence valid and when it fires;
 //! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
 //! - `usage.rs`: what makes a usage question (range, grouping) valid;
+//! - `models/`: the models a team can call, and the catalog of what each can do and
+//!   costs (T16);
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
@@ -59,6 +61,7 @@ pub mod hold;
 pub mod intake;
 pub mod lease;
 pub mod metrics;
+pub mod models;
 pub mod quota;
 pub mod ratelimit;
 pub mod redis;
@@ -81,9 +84,7 @@ use artifacts::ArtifactStore;
 use config::Config;
 use hold::{HoldConfig, Holds};
 use metrics::Metrics;
-use providers::anthropic::AnthropicProvider;
-use providers::openai::OpenAiProvider;
-use providers::{Endpoint, Providers};
+use providers::{Endpoint, ProviderKind, Providers};
 use quota::Quotas;
 use sessions::Sessions;
 use store::Store;
@@ -99,7 +100,9 @@ pub struct Engine {
     pub redis: crate::redis::Client,
     /// API keys and JWTs (SPEC X1).
     pub auth: auth::Auth,
-    pub providers: Providers,
+    /// Resolves a route to its adapter: the deployment's connections and the teams' own
+    /// (T14).
+    pub connections: models::connections::Connections,
     /// Turn intakes wait here, in arrival order, for a share of the Postgres pool.
     pub intakes: intake::Intakes,
     /// The chats and agents this replica's turns started from, checked by each intake.
@@ -152,9 +155,17 @@ impl Engine {
         store: Store,
         redis: crate::redis::Client,
     ) -> Result<Self, StateError> {
-        let providers = providers_from(&config);
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
+        let connections = models::connections::Connections::new(
+            providers_from(&config),
+            store.clone(),
+            models::connections::ConnectionsConfig {
+                connect_timeout: config.provider_connect_timeout,
+                idle_timeout: config.provider_idle_timeout,
+                allow_private_networks: config.providers_allow_private_networks,
+            },
+        );
         let metrics = Metrics::new(config.demo_model)?;
         let replica = protocol::ReplicaId::new();
         let clock = config.clock.clone();
@@ -213,7 +224,7 @@ impl Engine {
             store,
             redis: redis.clone(),
             auth,
-            providers,
+            connections,
             intakes,
             bases: turn::Bases::new(metrics.clone()),
             holds,
@@ -250,7 +261,8 @@ pub enum StateError {
     OAuthClient(#[from] connectors::oauth::OAuthError),
 }
 
-/// Both adapters over one HTTP client (one connection pool per provider host).
+/// The deployment's two connections over one HTTP client (one connection pool per
+/// provider host).
 pub fn providers_from(config: &Config) -> Providers {
     // Timeouts are applied per phase by the adapters; the client itself has none so a long
     // answer is never cut.
@@ -266,10 +278,15 @@ pub fn providers_from(config: &Config) -> Providers {
         idle_timeout: config.provider_idle_timeout,
     };
     Providers {
-        openai: Arc::new(OpenAiProvider::new(
+        openai: providers::route::adapter(
+            ProviderKind::OpenAi,
             client.clone(),
             endpoint(&config.openai),
-        )),
-        anthropic: Arc::new(AnthropicProvider::new(client, endpoint(&config.anthropic))),
+        ),
+        anthropic: providers::route::adapter(
+            ProviderKind::Anthropic,
+            client,
+            endpoint(&config.anthropic),
+        ),
     }
 }
