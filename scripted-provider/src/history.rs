@@ -17,7 +17,8 @@ pub(crate) fn check(wire: Wire, body: &Value) -> Vec<String> {
         return Vec::new();
     };
     match wire {
-        Wire::OpenAi => check_openai(messages),
+        // A Responses request is checked in its chat view (`responses::chat_view`).
+        Wire::OpenAi | Wire::OpenAiResponses => check_openai(messages),
         Wire::Anthropic => check_anthropic(messages),
     }
 }

@@ -1,6 +1,6 @@
 //! A scripted model provider: a small loopback HTTP server that speaks the OpenAI
-//! chat-completions and the Anthropic Messages wire formats (streaming and not) exactly as
-//! the real providers do.
+//! chat-completions, the OpenAI Responses and the Anthropic Messages wire formats
+//! (streaming and not) exactly as the real providers do.
 //!
 //! Why it exists: the LLM provider is the one dependency of the runtime that cannot run
 //! here. Everything else (Postgres, Redis, workers, the brain) runs for real in tests, so
@@ -17,6 +17,7 @@ mod demo;
 mod history;
 mod openai;
 mod plan;
+mod responses;
 mod server;
 mod stream;
 
@@ -80,12 +81,14 @@ impl Shared {
     /// deltas). A body that is not a JSON object gets no reply: it is rejected before
     /// generation, as a real provider would, and must not use up a scripted reply.
     pub(crate) fn record(&self, request: RecordedRequest) -> (usize, Option<Reply>, u64) {
-        let found = history::check(request.wire, &request.body);
+        let view = responses::chat_view(request.wire, &request.body);
+        let found = history::check(request.wire, &view);
         let mut state = self.lock();
         let seq = state.requests.len() + 1;
         let wire = match request.wire {
             Wire::OpenAi => "openai",
             Wire::Anthropic => "anthropic",
+            Wire::OpenAiResponses => "openai-responses",
         };
         for v in found {
             tracing::warn!(request = seq, wire, violation = %v, "history invariant violated");
@@ -96,7 +99,7 @@ impl Shared {
         let reply = if request.body.is_object() {
             Some(match state.queue.pop_front() {
                 Some(reply) => reply,
-                None => demo::reply(&request.body),
+                None => demo::reply(&view),
             })
         } else {
             None
@@ -152,7 +155,7 @@ impl ScriptedProvider {
     }
 
     /// Base URL for an OpenAI-compatible client: "http://127.0.0.1:PORT/v1" (requests go
-    /// to {this}/chat/completions).
+    /// to {this}/chat/completions, or {this}/responses for the Responses API).
     pub fn openai_base_url(&self) -> String {
         format!("http://{}/v1", self.handle.addr)
     }
@@ -327,4 +330,6 @@ pub struct RecordedRequest {
 pub enum Wire {
     OpenAi,
     Anthropic,
+    /// The OpenAI Responses API (`/v1/responses`).
+    OpenAiResponses,
 }

@@ -16,13 +16,14 @@ use tokio::sync::watch;
 
 use crate::plan::{self, Ending, Plan, Prepared};
 use crate::stream::{Ctx, Data, Event};
-use crate::{RecordedRequest, Shared, Wire, anthropic, openai};
+use crate::{RecordedRequest, Shared, Wire, anthropic, openai, responses};
 
 pub(crate) fn spawn(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     let router = Router::new()
         .route("/v1/chat/completions", post(openai_handler))
         .route("/v1/messages", post(anthropic_handler))
+        .route("/v1/responses", post(responses_handler))
         .fallback(not_found)
         // Long agent histories exceed axum's 2 MB default; real providers accept them.
         .layer(DefaultBodyLimit::disable())
@@ -71,10 +72,18 @@ async fn anthropic_handler(
     handle(shared, Wire::Anthropic, headers, body).await
 }
 
+async fn responses_handler(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    handle(shared, Wire::OpenAiResponses, headers, body).await
+}
+
 async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes) -> Response {
     let received_at = Instant::now();
     let auth_header = match wire {
-        Wire::OpenAi => header::AUTHORIZATION.as_str(),
+        Wire::OpenAi | Wire::OpenAiResponses => header::AUTHORIZATION.as_str(),
         Wire::Anthropic => "x-api-key",
     };
     let authorization = headers
@@ -114,7 +123,7 @@ async fn handle(shared: Arc<Shared>, wire: Wire, headers: HeaderMap, raw: Bytes)
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        input_tokens: plan::input_tokens(&body),
+        input_tokens: plan::input_tokens(&responses::chat_view(wire, &body)),
         include_usage: body
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
@@ -194,6 +203,7 @@ fn stream_response(
     let events = match wire {
         Wire::OpenAi => openai::stream_events(plan, ctx),
         Wire::Anthropic => anthropic::stream_events(plan, ctx),
+        Wire::OpenAiResponses => responses::stream_events(plan, ctx),
     };
     let body = Body::from_stream(play(events, shared, taken_at));
     let mut response = (
@@ -213,6 +223,7 @@ fn complete_response(wire: Wire, plan: &Plan, ctx: &Ctx) -> Response {
     let body = match wire {
         Wire::OpenAi => openai::complete(plan, ctx),
         Wire::Anthropic => anthropic::complete(plan, ctx),
+        Wire::OpenAiResponses => responses::complete(plan, ctx),
     };
     let mut response = match plan.ending {
         Ending::Finish(_) => (StatusCode::OK, axum::Json(body)).into_response(),
@@ -235,7 +246,7 @@ fn complete_response(wire: Wire, plan: &Plan, ctx: &Ctx) -> Response {
         // Without a stream to break, an overload can only be reported as a status.
         Ending::Error => {
             let status = match wire {
-                Wire::OpenAi => 503,
+                Wire::OpenAi | Wire::OpenAiResponses => 503,
                 Wire::Anthropic => 529,
             };
             error_response(wire, status, None, None)
@@ -253,7 +264,7 @@ pub(crate) fn error_response(
 ) -> Response {
     let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = match wire {
-        Wire::OpenAi => openai::error_body(code.as_u16(), message),
+        Wire::OpenAi | Wire::OpenAiResponses => openai::error_body(code.as_u16(), message),
         Wire::Anthropic => anthropic::error_body(code.as_u16(), message),
     };
     let mut response = (code, axum::Json(body)).into_response();
@@ -267,7 +278,7 @@ pub(crate) fn error_response(
 
 fn add_request_id(wire: Wire, seq: usize, headers: &mut HeaderMap) {
     let (name, value) = match wire {
-        Wire::OpenAi => ("x-request-id", format!("req_scripted{seq}")),
+        Wire::OpenAi | Wire::OpenAiResponses => ("x-request-id", format!("req_scripted{seq}")),
         Wire::Anthropic => ("request-id", format!("req_scripted{seq}")),
     };
     if let Ok(value) = HeaderValue::from_str(&value) {

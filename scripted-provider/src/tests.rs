@@ -860,3 +860,174 @@ async fn refuses_connections(addr: SocketAddr) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+const RESPONSES: &str = "/v1/responses";
+
+fn responses_body(stream: bool) -> Value {
+    json!({
+        "model": "gpt-test",
+        "instructions": "be brief",
+        "input": [{"type": "message", "role": "user", "content": "hello there"}],
+        "max_output_tokens": 100,
+        "stream": stream,
+        "store": false,
+    })
+}
+
+#[tokio::test]
+async fn responses_stream_text_then_calls_and_completes_with_usage() {
+    let p = ScriptedProvider::start().await.unwrap();
+    p.push(text(&["Hel", "lo"]));
+    p.push(Reply::ToolCalls {
+        text: Some("Let me look.".into()),
+        calls: calls(),
+        fragment: 5,
+    });
+    let resp = post(
+        p.addr(),
+        RESPONSES,
+        &responses_body(true),
+        &[("Authorization", "Bearer sk-test")],
+    )
+    .await;
+    assert_eq!(resp.header("content-type"), Some("text/event-stream"));
+    let events = resp.events();
+    let kinds: Vec<&str> = events.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let numbers: Vec<u64> = events
+        .iter()
+        .map(|(_, data)| data["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (0..10).collect::<Vec<u64>>());
+    let done = &events[9].1["response"];
+    assert_eq!(done["status"], "completed");
+    // "be brief" + "hello there" = 19 chars -> 4; "Hello" = 5 chars -> 1.
+    assert_eq!(done["usage"]["input_tokens"], 4);
+    assert_eq!(done["usage"]["output_tokens"], 1);
+    assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
+
+    let resp = post(p.addr(), RESPONSES, &responses_body(true), &[]).await;
+    let events = resp.events();
+    let mut arguments: Vec<(String, String)> = Vec::new();
+    for (kind, data) in &events {
+        match kind.as_str() {
+            "response.output_item.added" if data["item"]["type"] == "function_call" => {
+                arguments.push((
+                    data["item"]["call_id"].as_str().unwrap().into(),
+                    String::new(),
+                ));
+            }
+            "response.function_call_arguments.delta" => {
+                arguments
+                    .last_mut()
+                    .unwrap()
+                    .1
+                    .push_str(data["delta"].as_str().unwrap());
+            }
+            "response.output_item.done" if data["item"]["type"] == "function_call" => {
+                let (call_id, streamed) = arguments.last().unwrap();
+                assert_eq!(data["item"]["call_id"], json!(call_id));
+                assert_eq!(data["item"]["arguments"], json!(streamed));
+            }
+            _ => {}
+        }
+    }
+    let want: Vec<_> = calls().into_iter().map(|c| (c.id, c.arguments)).collect();
+    assert_eq!(arguments, want);
+    assert_eq!(events.last().unwrap().0, "response.completed");
+
+    let reqs = p.requests();
+    assert_eq!(reqs[0].wire, Wire::OpenAiResponses);
+    assert_eq!(reqs[0].authorization.as_deref(), Some("Bearer sk-test"));
+    assert!(p.violations().is_empty());
+}
+
+#[tokio::test]
+async fn responses_length_cut_and_error_endings() {
+    let p = ScriptedProvider::start().await.unwrap();
+    p.push(Reply::TruncatedToolCall {
+        calls: calls(),
+        fragment: 4,
+    });
+    p.push(Reply::Cut {
+        deltas: vec!["Hal".into()],
+        delay: Duration::ZERO,
+    });
+    p.push(Reply::StreamError {
+        deltas: vec!["Hal".into()],
+        delay: Duration::ZERO,
+    });
+    let events = post(p.addr(), RESPONSES, &responses_body(true), &[])
+        .await
+        .events();
+    let (kind, last) = events.last().unwrap();
+    assert_eq!(kind, "response.incomplete");
+    assert_eq!(
+        last["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+    // The cut call has no `done` events; the one before it has.
+    let done = events
+        .iter()
+        .filter(|(kind, _)| kind == "response.function_call_arguments.done")
+        .count();
+    assert_eq!(done, 1);
+
+    let events = post(p.addr(), RESPONSES, &responses_body(true), &[])
+        .await
+        .events();
+    assert_eq!(events.last().unwrap().0, "response.output_text.delta");
+
+    let events = post(p.addr(), RESPONSES, &responses_body(true), &[])
+        .await
+        .events();
+    let (kind, error) = events.last().unwrap();
+    assert_eq!(kind, "error");
+    assert_eq!(error["code"], "server_error");
+}
+
+#[tokio::test]
+async fn responses_history_and_demo_read_the_input_items() {
+    let p = ScriptedProvider::start().await.unwrap();
+    let mut body = responses_body(false);
+    body["input"] = json!([
+        {"type": "message", "role": "user", "content": "run `ls`"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+    ]);
+    let resp = post(p.addr(), RESPONSES, &body, &[]).await;
+    assert_eq!(resp.status, 200);
+    let answer = resp.json();
+    assert_eq!(answer["object"], "response");
+    assert_eq!(answer["status"], "completed");
+    assert_eq!(answer["output"][0]["type"], "message");
+    let said = answer["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(said.contains("a.txt"), "{said}");
+    let violations = p.violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(violations[0].contains("c2"), "{violations:?}");
+
+    p.push(Reply::Status {
+        status: 429,
+        retry_after: Some(3),
+    });
+    let resp = post(p.addr(), RESPONSES, &responses_body(true), &[]).await;
+    assert_eq!(resp.status, 429);
+    assert_eq!(resp.header("retry-after"), Some("3"));
+    assert_eq!(resp.json()["error"]["code"], "rate_limit_exceeded");
+}
