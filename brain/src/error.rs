@@ -127,6 +127,13 @@ pub enum ApiError {
          receivers have taken some"
     )]
     PushBacklogFull(i64),
+    /// An agent's route names a provider connection the team lacks (T14); the message
+    /// names it.
+    #[error("{0}")]
+    UnknownConnection(String),
+    /// A provider connection still named by agents of the team (T14).
+    #[error("{0}")]
+    ProviderInUse(String),
 }
 
 impl From<StoreError> for ApiError {
@@ -134,6 +141,17 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::NotFound => Self::NotFound("resource"),
             other => Self::Store(other),
+        }
+    }
+}
+
+impl From<engine::models::connections::RouteCheckError> for ApiError {
+    fn from(err: engine::models::connections::RouteCheckError) -> Self {
+        match err {
+            engine::models::connections::RouteCheckError::Unknown(message) => {
+                Self::UnknownConnection(message)
+            }
+            engine::models::connections::RouteCheckError::Store(e) => e.into(),
         }
     }
 }
@@ -269,6 +287,8 @@ impl ApiError {
             Self::AuthorizationNotRequired => ErrorCode::AuthorizationNotRequired,
             Self::AuthorizationFailed { .. } => ErrorCode::AuthorizationFailed,
             Self::PushBacklogFull(_) => ErrorCode::PushBacklogFull,
+            Self::UnknownConnection(_) => ErrorCode::UnknownConnection,
+            Self::ProviderInUse(_) => ErrorCode::ProviderInUse,
         }
     }
 
@@ -277,13 +297,14 @@ impl ApiError {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden | ErrorCode::TeamDisabled => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest | ErrorCode::UnknownConnection => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::AgentBusy
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict
+            | ErrorCode::ProviderInUse
             | ErrorCode::AuthorizationNotRequired => StatusCode::CONFLICT,
             ErrorCode::RateLimited
             | ErrorCode::QuotaExceeded

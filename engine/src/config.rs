@@ -98,6 +98,10 @@ pub struct Config {
     /// Whether teams' own JWT issuers may have their JWKS on private networks
     /// (`BRAIN_ISSUERS_ALLOW_PRIVATE_NETWORKS`); metadata addresses never.
     pub issuers_allow_private_networks: bool,
+    /// Whether a team's provider connection (T14) may have its base URL on (or resolving
+    /// to) a private network (`BRAIN_PROVIDERS_ALLOW_PRIVATE_NETWORKS`); metadata addresses
+    /// never.
+    pub providers_allow_private_networks: bool,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
     /// The MCP server's sessions (P2): `BRAIN_MCP_MAX_SESSIONS*`, `BRAIN_MCP_SESSION_IDLE_MS`.
@@ -653,6 +657,11 @@ impl Config {
             issuers_allow_private_networks: parse(
                 env,
                 "BRAIN_ISSUERS_ALLOW_PRIVATE_NETWORKS",
+                "false",
+            )?,
+            providers_allow_private_networks: parse(
+                env,
+                "BRAIN_PROVIDERS_ALLOW_PRIVATE_NETWORKS",
                 "false",
             )?,
             oauth: oauth(env, addr)?,

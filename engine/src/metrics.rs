@@ -19,7 +19,7 @@ use logging::metrics::{counter, counter_vec, gauge, histogram_vec};
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry, TextEncoder};
 
 use crate::tools::{Tool, ToolOutput};
-use providers::{ModelRoute, ProviderError, ProviderKind};
+use providers::{ModelRoute, ProviderError, ProviderKind, Providers};
 
 /// Cheap to clone handle to the registry and its series (`metrics.hold_unavailable.inc()`).
 #[derive(Clone)]
@@ -479,12 +479,20 @@ impl Metrics {
         self.holds.with_label_values(&[result.as_str()]).inc();
     }
 
-    /// A turn task begins; `route` is its primary model route (`openai/<model>`).
+    /// A turn task begins; `route` is its primary model route (`openai/<model>`). The
+    /// label is a built-in connection's name, or `team` for any team's own (T14): a
+    /// team's names would make the series unbounded.
     pub fn turn_started(&self, route: &str) -> TurnMetrics {
         self.live_turns.inc();
         TurnMetrics {
             route: ModelRoute::parse(route)
-                .map(|r| self.route(r.provider))
+                .map(
+                    |r| match Providers::BUILTIN.iter().find(|&&b| b == r.connection) {
+                        Some(_) if self.demo => "demo",
+                        Some(&builtin) => builtin,
+                        None => "team",
+                    },
+                )
                 .unwrap_or("unknown"),
             metrics: self.clone(),
             started: Instant::now(),

@@ -100,6 +100,13 @@ pub enum ErrorCode {
     /// promised to tasks that have not ended) as allowed, so no further push config is
     /// kept; retry after `Retry-After`, once receivers have taken some.
     PushBacklogFull,
+    /// An agent's route (its model or a fallback) names a provider connection the team
+    /// does not have: neither one of the deployment's (`openai`, `anthropic`) nor one of
+    /// the team's own (T14); the message names it.
+    UnknownConnection,
+    /// The provider connection is named by agents of the team (as a model or a fallback):
+    /// change them first (T14); the message counts them.
+    ProviderInUse,
 }
 
 impl ErrorCode {
@@ -139,6 +146,8 @@ impl ErrorCode {
             Self::AuthorizationNotRequired => "authorization_not_required",
             Self::AuthorizationFailed => "authorization_failed",
             Self::PushBacklogFull => "push_backlog_full",
+            Self::UnknownConnection => "unknown_connection",
+            Self::ProviderInUse => "provider_in_use",
         }
     }
 
@@ -231,6 +240,8 @@ mod tests {
             ErrorCode::AuthorizationNotRequired,
             ErrorCode::AuthorizationFailed,
             ErrorCode::PushBacklogFull,
+            ErrorCode::UnknownConnection,
+            ErrorCode::ProviderInUse,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

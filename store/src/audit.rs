@@ -130,6 +130,11 @@ pub enum Action {
     /// A team's own JWT issuer added or deleted; the entry names its `iss`.
     IssuerCreated,
     IssuerDeleted,
+    /// A team's model provider connection (T14) added, changed or deleted; the entry names
+    /// the fields changed, never the key.
+    ProviderCreated,
+    ProviderUpdated,
+    ProviderDeleted,
     /// A connector's OAuth grant bound by the callback (B2); the entry names the connector,
     /// its actor is who began the flow.
     GrantBound,
@@ -169,6 +174,9 @@ impl Action {
             Self::WebhookDeleted => "webhook.deleted",
             Self::IssuerCreated => "issuer.created",
             Self::IssuerDeleted => "issuer.deleted",
+            Self::ProviderCreated => "provider.created",
+            Self::ProviderUpdated => "provider.updated",
+            Self::ProviderDeleted => "provider.deleted",
             Self::GrantBound => "grant.bound",
             Self::GrantRevoked => "grant.revoked",
             Self::TeamCreated => "team.created",
@@ -207,6 +215,7 @@ impl Action {
             Self::SecretSet | Self::SecretDeleted => "secret",
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
             Self::IssuerCreated | Self::IssuerDeleted => "issuer",
+            Self::ProviderCreated | Self::ProviderUpdated | Self::ProviderDeleted => "provider",
         }
     }
 }

@@ -312,6 +312,7 @@ impl Store {
             "api_keys",
             "team_secrets",
             "connectors",
+            "provider_connections",
             "webhooks",
             "webhook_deliveries",
             "compositions",

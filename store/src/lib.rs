@@ -21,6 +21,7 @@ mod issuers;
 mod memories;
 mod oauth;
 mod pool;
+mod provider_connections;
 mod queue;
 mod quotas;
 mod replicas;
@@ -59,6 +60,10 @@ pub use issuers::{IssuerRow, MAX_ISSUERS};
 pub use memories::CallKey;
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
+pub use provider_connections::{
+    ConnectionKeyed, LastError, MAX_PROVIDER_CONNECTIONS, NewProviderConnection,
+    ProviderConnectionChange, ProviderConnectionRow,
+};
 pub use queue::{Enqueued, NewQueued, QueuedTurn};
 pub use quotas::{BilledBefore, QuotaSettings, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;

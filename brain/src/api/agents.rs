@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
 use engine::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
 use engine::auth::Principal;
+use engine::models::connections;
 use store::{
     Action, AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
 };
@@ -64,6 +65,21 @@ impl CreateAgent {
     }
 }
 
+/// T14: an agent's routes may name only its team's provider connections and the
+/// deployment's own.
+async fn check_connections(
+    state: &AppState,
+    team: protocol::TeamId,
+    model: &str,
+    fallback_models: &[String],
+) -> Result<(), ApiError> {
+    let routes: Vec<&str> = std::iter::once(model)
+        .chain(fallback_models.iter().map(String::as_str))
+        .collect();
+    bounded(async { Ok(connections::check_routes(&state.store, team, &routes).await) }).await??;
+    Ok(())
+}
+
 #[utoipa::path(
     post,
     path = "/agents",
@@ -86,6 +102,7 @@ pub async fn create(
     principal.require_admin()?;
     let team = principal.team;
     let agent = body.validate()?;
+    check_connections(&state, principal.team, &agent.model, &agent.fallback_models).await?;
     let by = principal.actor(address);
     let row = bounded(state.store.create_agent(team, &agent, &by)).await?;
     tracing::info!(team = %team, agent = %row.id, "agent created");
@@ -217,6 +234,13 @@ pub async fn update(
         state.clock.now(),
     )
     .map_err(ApiError::InvalidRequest)?;
+    check_connections(
+        &state,
+        principal.team,
+        &update.model,
+        &update.fallback_models,
+    )
+    .await?;
     let by = principal.actor(address);
     let row =
         bounded(

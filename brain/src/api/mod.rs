@@ -23,6 +23,7 @@ mod mcp;
 mod oauth;
 pub mod openapi;
 mod paging;
+mod providers;
 mod quotas;
 mod secrets;
 mod settings;
@@ -117,6 +118,13 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(issuers::list, issuers::create))
         .routes(routes!(issuers::get, issuers::delete))
         .routes(routes!(keys::list, keys::create))
+        .routes(routes!(providers::list, providers::create))
+        .routes(routes!(
+            providers::get,
+            providers::update,
+            providers::delete
+        ))
+        .routes(routes!(providers::check))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
         .routes(routes!(

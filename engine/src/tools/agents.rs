@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
 use crate::agents::{AgentChange, apply_change, validate_new_agent, validate_system_prompt};
 use crate::clock::Clock;
+use crate::models::connections::{RouteCheckError, check_routes};
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Action, StoreError};
@@ -106,6 +107,9 @@ impl Tool for AgentCreate {
                 Ok(new) => new,
                 Err(problem) => return ToolOutput::error(problem),
             };
+            if let Some(refused) = route_check(ctx, &new.model, &new.fallback_models).await {
+                return refused;
+            }
             let by = ctx.authority.audit_actor();
             match ctx
                 .store
@@ -375,6 +379,9 @@ impl Tool for AgentUpdate {
                 Ok(update) => update,
                 Err(problem) => return ToolOutput::error(problem),
             };
+            if let Some(refused) = route_check(ctx, &update.model, &update.fallback_models).await {
+                return refused;
+            }
             let by = ctx.authority.audit_actor();
             let updated = ctx
                 .store
@@ -389,6 +396,19 @@ impl Tool for AgentUpdate {
             }
         }
         .boxed()
+    }
+}
+
+/// T14: an agent's routes may name only the team's provider connections and the
+/// deployment's own, as through the API.
+async fn route_check(ctx: &ToolCtx, model: &str, fallback_models: &[String]) -> Option<ToolOutput> {
+    let routes: Vec<&str> = std::iter::once(model)
+        .chain(fallback_models.iter().map(String::as_str))
+        .collect();
+    match check_routes(&ctx.store, ctx.team, &routes).await {
+        Ok(()) => None,
+        Err(RouteCheckError::Unknown(problem)) => Some(ToolOutput::error(problem)),
+        Err(RouteCheckError::Store(e)) => Some(store_failure(ctx, "agent_routes", &e)),
     }
 }
 

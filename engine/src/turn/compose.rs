@@ -268,7 +268,7 @@ pub(super) fn first_request(
     let fold = Fold {
         store: state.store.clone(),
         holds: state.holds.clone(),
-        providers: state.providers.clone(),
+        connections: state.connections.clone(),
         team: launch.team,
         agent: basis.agent.id,
         chat: launch.chat,

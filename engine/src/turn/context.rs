@@ -14,7 +14,8 @@ use futures_util::StreamExt;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 
 use super::history::{Counted, estimate_tokens, model_messages};
-use providers::{Message, ModelRequest, ModelRoute, ProviderEvent, Providers, Usage};
+use crate::models::connections::Connections;
+use providers::{Message, ModelRequest, ProviderEvent, Usage};
 use store::{ModelCallUsage, Store};
 
 /// The most a model call of `request` can bill, as a quota reserves it (E2): its input,
@@ -83,7 +84,8 @@ pub struct Fold {
     pub store: Store,
     /// The team's quota counters, which count the fold's tokens too (E2).
     pub holds: crate::hold::Holds,
-    pub providers: Providers,
+    /// Resolves the summary's routes (T14).
+    pub connections: Connections,
     pub team: TeamId,
     pub agent: AgentId,
     pub chat: ChatId,
@@ -191,19 +193,24 @@ impl Fold {
     /// The summary route's answer to `prompt`, trying each model in order.
     async fn ask(&self, prompt: String) -> Option<(String, Option<ModelCallUsage>)> {
         for route in &self.route {
-            let Ok(parsed) = ModelRoute::parse(route) else {
-                continue;
+            let resolved = match self.connections.resolve(self.team, route).await {
+                Ok(resolved) => resolved,
+                Err(err) => {
+                    tracing::info!(class = err.class(), "summary: model route unresolved");
+                    continue;
+                }
             };
             let request = ModelRequest {
-                model: parsed.model.to_owned(),
+                model: resolved.model.clone(),
                 system: SUMMARY_INSTRUCTIONS.to_owned(),
                 messages: vec![Message::User(prompt.clone())],
                 tools: Default::default(),
                 max_output_tokens: self.max_output_tokens,
             };
-            let mut stream = match self.providers.get(parsed.provider).stream(&request).await {
+            let mut stream = match resolved.provider.stream(&request).await {
                 Ok(stream) => stream,
                 Err(err) => {
+                    self.connections.failed(self.team, &resolved, &err);
                     tracing::info!(class = err.metric_label(), "summary: model route failed");
                     continue;
                 }

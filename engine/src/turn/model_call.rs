@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::continuation;
 use super::state::{Progress, TurnTask};
 use providers::{
-    EventStream, ModelRoute, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
+    EventStream, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
 };
 use store::ModelCallUsage;
 
@@ -78,15 +78,20 @@ impl TurnTask {
         } = progress;
         let mut last_error = ProviderError::Unavailable(Unavailable::Connect);
         for route in &self.rules.route {
-            let Ok(parsed) = ModelRoute::parse(route) else {
-                // Routes are validated when the agent is written; a bad one is skipped.
-                continue;
+            let resolved = match self.deps.connections.resolve(self.ids.team, route).await {
+                Ok(resolved) => resolved,
+                Err(err) => {
+                    // A connection deleted since the agent was written (or unusable here)
+                    // fails its route like an unavailable provider: the next is tried.
+                    tracing::info!(turn = %self.ids.turn, class = err.class(), "model route unresolved");
+                    continue;
+                }
             };
             let call_index = *calls_made;
             *calls_made += 1;
-            let span = super::spans::model_call_span(route, &parsed, self.ids.chat, call_index);
-            let provider = self.deps.providers.get(parsed.provider).clone();
-            parsed.model.clone_into(&mut request.model);
+            let span = super::spans::model_call_span(route, &resolved, self.ids.chat, call_index);
+            let provider = resolved.provider.clone();
+            resolved.model.clone_into(&mut request.model);
             let asked = Instant::now();
             let connected = tokio::select! {
                 biased;
@@ -100,6 +105,7 @@ impl TurnTask {
                 Ok(stream) => stream,
                 Err(err) => {
                     self.metrics.provider_error(&err);
+                    self.deps.connections.failed(self.ids.team, &resolved, &err);
                     span.record("outcome", err.metric_label());
                     tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
@@ -121,7 +127,7 @@ impl TurnTask {
                 match next {
                     Some(Ok(ProviderEvent::Usage(u))) => usage.merge(u),
                     Some(Ok(first_output)) => {
-                        self.metrics.first_output(parsed.provider, asked.elapsed());
+                        self.metrics.first_output(resolved.kind, asked.elapsed());
                         span.record(
                             "ttft_ms",
                             u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -137,6 +143,7 @@ impl TurnTask {
                     }
                     Some(Err(err)) => {
                         self.metrics.provider_error(&err);
+                        self.deps.connections.failed(self.ids.team, &resolved, &err);
                         tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model stream failed before output");
                         record_call(&span, usage, err.metric_label());
                         usage_log.push(call_usage(call_index, route, usage));
@@ -245,7 +252,9 @@ impl TurnTask {
         // Text held back goes before anything else the answer shows, and before its end.
         let quiet = matches!(
             event,
-            ProviderEvent::TextDelta(_) | ProviderEvent::Usage(_) | ProviderEvent::ReasoningDelta(_)
+            ProviderEvent::TextDelta(_)
+                | ProviderEvent::Usage(_)
+                | ProviderEvent::ReasoningDelta(_)
         );
         if !quiet && !self.release_held(gathered).await {
             return Some(StepOutcome::Cancelled);

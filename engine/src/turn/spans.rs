@@ -12,7 +12,7 @@
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use tracing::field::Empty;
 
-use providers::ModelRoute;
+use crate::models::connections::Resolved;
 
 /// Who a `turn` span is about.
 pub(super) struct TurnSpan {
@@ -68,25 +68,25 @@ pub(super) fn turn_span(of: TurnSpan, agent_name: Option<&str>) -> tracing::Span
 }
 
 /// A `model_call` span (`chat`, a client call to the provider): `route` is the agent's
-/// `provider/model` as written.
+/// `connection/model` as written, `resolved` what it called.
 pub(super) fn model_call_span(
     route: &str,
-    parsed: &ModelRoute<'_>,
+    resolved: &Resolved,
     chat: ChatId,
     call_index: u32,
 ) -> tracing::Span {
     tracing::info_span!(
         "model_call",
-        otel.name = %format!("chat {}", parsed.model),
+        otel.name = %format!("chat {}", resolved.model),
         otel.kind = "client",
         gen_ai.operation.name = "chat",
-        gen_ai.provider.name = parsed.provider.as_str(),
-        gen_ai.request.model = parsed.model,
+        gen_ai.provider.name = resolved.kind.as_str(),
+        gen_ai.request.model = resolved.model.as_str(),
         gen_ai.conversation.id = %chat,
         gen_ai.usage.input_tokens = Empty,
         gen_ai.usage.output_tokens = Empty,
         route = %route,
-        adapter = parsed.provider.as_str(),
+        adapter = resolved.kind.as_str(),
         call_index,
         input_tokens = Empty,
         output_tokens = Empty,

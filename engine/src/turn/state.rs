@@ -17,9 +17,10 @@ use super::{speculation, stop};
 use crate::auth::Authority;
 use crate::config::Limits;
 use crate::metrics::TurnMetrics;
+use crate::models::connections::Connections;
 use crate::tools::Toolset;
 use domain::approvals::ApprovalPolicy;
-use providers::{ModelRequest, Providers};
+use providers::ModelRequest;
 use store::{ApprovalRow, ModelCallUsage, Store};
 
 /// Which turn this is.
@@ -38,7 +39,8 @@ pub(super) struct Deps {
     pub store: Store,
     /// Told when the turn changes its chat's messages (`basis.rs`).
     pub bases: Bases,
-    pub providers: Providers,
+    /// Resolves each route to its adapter (T14).
+    pub connections: Connections,
     pub toolset: Arc<Toolset>,
 }
 

@@ -67,7 +67,7 @@ impl TurnTask {
             deps: Deps {
                 store: state.store.clone(),
                 bases: state.bases.clone(),
-                providers: state.providers.clone(),
+                connections: state.connections.clone(),
                 toolset: ready.toolset,
             },
             rules: Rules {
