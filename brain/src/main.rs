@@ -54,6 +54,7 @@ async fn run(args: &[String], config: &mut Config) -> anyhow::Result<()> {
             let store = Store::connect(url, 2)
                 .await
                 .context("connecting to Postgres")?;
+            store.check_schema().await.context("checking the schema")?;
             store.migrate().await.context("migrating")?;
             eprintln!("migrations applied");
             Ok(())
@@ -92,6 +93,7 @@ async fn serve(config: &mut Config) -> anyhow::Result<()> {
     )
     .await
     .context("connecting to Postgres (DATABASE_URL)")?;
+    store.check_schema().await.context("checking the schema")?;
     let redis =
         engine::redis::Client::open(&config.redis_url, config.redis_cluster_urls.as_deref())
             .context("REDIS_URL or REDIS_CLUSTER_URLS")?;

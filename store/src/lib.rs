@@ -43,7 +43,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use a2a::{PushConfig, TaskFilter};
-pub use agents::{AgentRow, AgentUpdate, BusyPolicy, DisconnectPolicy, NewAgent};
+pub use agents::{AgentRow, AgentUpdate, AuxiliaryModels, BusyPolicy, DisconnectPolicy, NewAgent};
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Asking, Close, NewApproval, NewElicitation, Stranded,
     requested_part,
@@ -370,6 +370,24 @@ impl Store {
         migrator().run(&mut *conn).await
     }
 
+    /// Refuses a database whose schema is newer than this binary's newest migration (O6):
+    /// a brain of an older version would read and write rows whose meaning it does not
+    /// know. A database with no schema yet, or an older one, passes (`brain migrate`
+    /// brings it up).
+    pub async fn check_schema(&self) -> Result<(), SchemaError> {
+        let applied: Option<i64> = bounded(async {
+            // `to_regclass` answers NULL rather than failing when the table is absent.
+            Ok(sqlx::query_scalar(
+                "SELECT CASE WHEN to_regclass('_sqlx_migrations') IS NULL THEN NULL \
+                 ELSE (SELECT max(version) FROM _sqlx_migrations) END",
+            )
+            .fetch_one(&self.pool)
+            .await?)
+        })
+        .await?;
+        schema_compatible(applied)
+    }
+
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
@@ -408,6 +426,31 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 /// The bound on that ping: a connection that does not answer is replaced.
 const PING_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Why a brain may not serve a database.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(
+        "the database's schema is at version {database}, newer than this brain's newest \
+         migration {binary}: run a brain of the version that migrated it, or newer"
+    )]
+    Newer { database: i64, binary: i64 },
+    #[error("reading the schema version: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The newest migration this binary knows.
+pub fn newest_migration() -> i64 {
+    MIGRATIONS.last().map_or(0, |&(version, _, _)| version)
+}
+
+fn schema_compatible(applied: Option<i64>) -> Result<(), SchemaError> {
+    let binary = newest_migration();
+    match applied {
+        Some(database) if database > binary => Err(SchemaError::Newer { database, binary }),
+        _ => Ok(()),
+    }
+}
+
 /// Every migration in version order, `(version, description, SQL)`: the files of
 /// `migrations/`, listed by `build.rs`.
 const MIGRATIONS: &[(i64, &str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
@@ -431,6 +474,21 @@ fn migrator() -> Migrator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_newer_schema_is_refused_naming_both_versions() {
+        let binary = newest_migration();
+        assert!(binary >= 45, "the migrations folder is listed");
+        let err = schema_compatible(Some(binary + 1)).unwrap_err().to_string();
+        assert!(err.contains(&format!("version {}", binary + 1)), "{err}");
+        assert!(err.contains(&format!("migration {binary}")), "{err}");
+        assert!(schema_compatible(Some(binary)).is_ok());
+        assert!(schema_compatible(Some(binary - 1)).is_ok());
+        assert!(
+            schema_compatible(None).is_ok(),
+            "an empty database is migrated first"
+        );
+    }
 
     fn mode(url: &str) -> PgSslMode {
         let options: PgConnectOptions = url.parse().unwrap();

@@ -278,6 +278,44 @@ async fn admin_create_team_prints_a_working_key() {
     assert_eq!(plain, 0, "the key itself is not stored");
 }
 
+/// A brain older than the database's schema (a rollback after a newer brain migrated it)
+/// would misread rows whose meaning it does not know: it refuses to serve or migrate,
+/// naming both versions (O6).
+#[tokio::test]
+async fn a_brain_refuses_a_schema_newer_than_it_knows() {
+    let app = TestApp::start().await;
+    let newest = store::newest_migration();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'from a newer brain', true, '\\x00'::bytea, 0)",
+    )
+    .bind(newest + 1)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    for command in ["serve", "migrate"] {
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
+            .arg(command)
+            .env("DATABASE_URL", app.store_url())
+            .env("BRAIN_ADDR", "127.0.0.1:0")
+            .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
+            .kill_on_drop(true)
+            .output();
+        // A brain that does not refuse would serve until killed.
+        let output = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .unwrap_or_else(|_| panic!("`brain {command}` served a newer schema"))
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!("version {}", newest + 1))
+                && stderr.contains(&format!("migration {newest}")),
+            "{command}: {stderr}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_configuration_names_the_variable() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
