@@ -37,6 +37,7 @@ mod metrics;
 mod oauth_client;
 mod paging;
 mod pooler;
+mod providers;
 mod queue;
 mod quotas;
 mod rate_limits;
