@@ -3,8 +3,8 @@
 //! Each adapter turns one provider's streaming HTTP API into a stream of
 //! [`ProviderEvent`]s; the turn loop never sees a wire format. Two real implementations sit
 //! behind [`ModelProvider`] (SPEC T10): OpenAI-compatible chat completions (`openai.rs`,
-//! which also covers vLLM, Ollama, LiteLLM, OpenRouter) and Anthropic Messages
-//! (`anthropic.rs`).
+//! which also covers vLLM, Ollama, LiteLLM, OpenRouter), the OpenAI Responses API
+//! (`responses.rs`, T15) and Anthropic Messages (`anthropic.rs`).
 //!
 //! Stream contract, for every adapter:
 //! - the future resolves once the provider answered with a success status; a non-success
@@ -20,6 +20,7 @@
 pub mod anthropic;
 pub mod openai;
 mod reasoning;
+pub mod responses;
 pub mod route;
 mod sse;
 
@@ -56,6 +57,7 @@ pub struct Catalog {
     /// The `tools` array of each adapter's request.
     openai: OnceLock<Box<serde_json::value::RawValue>>,
     anthropic: OnceLock<Box<serde_json::value::RawValue>>,
+    responses: OnceLock<Box<serde_json::value::RawValue>>,
 }
 
 impl Catalog {
@@ -83,6 +85,7 @@ impl Catalog {
         let slot = match provider {
             ProviderKind::OpenAi => &self.openai,
             ProviderKind::Anthropic => &self.anthropic,
+            ProviderKind::OpenAiResponses => &self.responses,
         };
         let raw = slot.get_or_init(|| {
             // Serializing our own closed types into memory cannot fail.

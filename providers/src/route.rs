@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::anthropic::AnthropicProvider;
 use super::openai::OpenAiProvider;
+use super::responses::ResponsesProvider;
 use super::{Endpoint, ModelProvider};
 
 /// A parsed `connection/model` string.
@@ -36,6 +37,8 @@ pub enum ProviderKind {
     OpenAi,
     /// Anthropic Messages.
     Anthropic,
+    /// The OpenAI Responses API (T15).
+    OpenAiResponses,
 }
 
 impl<'a> ModelRoute<'a> {
@@ -60,13 +63,14 @@ impl<'a> ModelRoute<'a> {
 
 impl ProviderKind {
     /// Every kind, as the API names them.
-    pub const ALL: [Self; 2] = [Self::OpenAi, Self::Anthropic];
+    pub const ALL: [Self; 3] = [Self::OpenAi, Self::Anthropic, Self::OpenAiResponses];
 
     /// The API's name of the kind (a trace attribute, a metric label).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::OpenAi => "openai",
             Self::Anthropic => "anthropic",
+            Self::OpenAiResponses => "openai-responses",
         }
     }
 
@@ -85,6 +89,7 @@ pub fn adapter(
     match kind {
         ProviderKind::OpenAi => Arc::new(OpenAiProvider::new(client, endpoint)),
         ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(client, endpoint)),
+        ProviderKind::OpenAiResponses => Arc::new(ResponsesProvider::new(client, endpoint)),
     }
 }
 
