@@ -10,7 +10,7 @@ use crate::schedule::{Cadence, parse_timezone};
 use domain::approvals::ApprovalPolicy;
 use providers::ModelRoute;
 use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
-pub use store::{BusyPolicy, DisconnectPolicy};
+pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -47,7 +47,16 @@ pub fn validate_new_agent(
         concierge,
         approval_policy: ApprovalPolicy::default(),
         disconnect_policy: DisconnectPolicy::default(),
+        auxiliary_models: AuxiliaryModels::default(),
     })
+}
+
+/// Checks auxiliary routes (T17), an agent's or its team's, as `model` is checked.
+pub fn validate_auxiliary(models: &AuxiliaryModels) -> Result<(), String> {
+    for route in models.routes() {
+        validate_route(route, &[]).map_err(|problem| format!("auxiliary_models: {problem}"))?;
+    }
+    Ok(())
 }
 
 /// Checks a system prompt, on creation and on change.
@@ -128,6 +137,8 @@ pub struct AgentChange {
     pub approval_policy: Option<domain::approvals::ApprovalPolicy>,
     pub disconnect_policy: Option<DisconnectPolicy>,
     pub busy_policy: Option<BusyPolicy>,
+    /// Replaces the auxiliary routes as a whole (T17).
+    pub auxiliary_models: Option<AuxiliaryModels>,
 }
 
 impl AgentChange {
@@ -145,6 +156,7 @@ impl AgentChange {
             ("approval_policy", self.approval_policy.is_some()),
             ("disconnect_policy", self.disconnect_policy.is_some()),
             ("busy_policy", self.busy_policy.is_some()),
+            ("auxiliary_models", self.auxiliary_models.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -184,6 +196,10 @@ pub fn apply_change(
         .disconnect_policy
         .unwrap_or(current.disconnect_policy);
     let busy_policy = change.busy_policy.unwrap_or(current.busy_policy);
+    let auxiliary_models = change
+        .auxiliary_models
+        .unwrap_or_else(|| current.auxiliary_models.clone());
+    validate_auxiliary(&auxiliary_models)?;
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -212,6 +228,7 @@ pub fn apply_change(
         approval_policy,
         disconnect_policy,
         busy_policy,
+        auxiliary_models,
         changed,
     })
 }

@@ -41,6 +41,8 @@ pub struct Config {
     pub limits: Limits,
     /// History tokens a request carries besides the system prompt and summary (M1).
     pub context_tokens: usize,
+    /// Whether a chat's first turn is followed by a title call (T17).
+    pub chat_titles: bool,
     pub max_body_bytes: usize,
     pub max_message_chars: usize,
     /// The most queued turns an agent may have (`BRAIN_QUEUE_MAX_PER_AGENT`, T13).
@@ -623,6 +625,7 @@ impl Config {
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             queue_max_per_agent: ranged(env, "BRAIN_QUEUE_MAX_PER_AGENT", 16, 0, 10_000)?,
             queue_max_per_principal: ranged(env, "BRAIN_QUEUE_MAX_PER_PRINCIPAL", 8, 0, 10_000)?,
+            chat_titles: parse(env, "BRAIN_CHAT_TITLES", "true")?,
             // Fits Kubernetes' default 30 s grace period, with room for the close.
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 6_000, 400, 3_600_000)

@@ -94,6 +94,44 @@ impl BusyPolicy {
     }
 }
 
+/// T17: the routes of an agent's auxiliary model calls, or its team's defaults for them.
+/// Each is a route string checked like `model`; an absent one falls back to the team's,
+/// then to the agent's own route.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct AuxiliaryModels {
+    /// Writes a chat's short title after its first turn.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// Folds old history into the chat's running summary (M1).
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// Describes images for a model without vision; stored and checked now, called once
+    /// images reach models.
+    #[serde(default)]
+    pub vision: Option<String>,
+}
+
+impl AuxiliaryModels {
+    /// Each route of `self`, or `defaults`' where `self` names none.
+    pub fn or(&self, defaults: &AuxiliaryModels) -> AuxiliaryModels {
+        AuxiliaryModels {
+            title: self.title.clone().or_else(|| defaults.title.clone()),
+            summary: self.summary.clone().or_else(|| defaults.summary.clone()),
+            vision: self.vision.clone().or_else(|| defaults.vision.clone()),
+        }
+    }
+
+    /// The routes named, for checking each.
+    pub fn routes(&self) -> impl Iterator<Item = &str> {
+        [&self.title, &self.summary, &self.vision]
+            .into_iter()
+            .filter_map(|route| route.as_deref())
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct NewAgent {
     pub name: String,
@@ -106,6 +144,8 @@ pub struct NewAgent {
     /// Validated by `ApprovalPolicy::validate` (A2).
     pub approval_policy: ApprovalPolicy,
     pub disconnect_policy: DisconnectPolicy,
+    /// Checked like `model` (T17).
+    pub auxiliary_models: AuxiliaryModels,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -121,6 +161,7 @@ pub struct AgentUpdate {
     pub approval_policy: ApprovalPolicy,
     pub disconnect_policy: DisconnectPolicy,
     pub busy_policy: BusyPolicy,
+    pub auxiliary_models: AuxiliaryModels,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -146,11 +187,14 @@ pub struct AgentRow {
     pub disconnect_policy: DisconnectPolicy,
     /// What a message does while the agent runs another turn (T13).
     pub busy_policy: BusyPolicy,
+    /// The models of the agent's titles, summaries and image descriptions (T17); an
+    /// absent one is the team's default, else the agent's own route.
+    pub auxiliary_models: AuxiliaryModels,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -183,6 +227,9 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
                 source: format!("unknown busy policy {raw}").into(),
             })?
         },
+        auxiliary_models: row
+            .try_get::<sqlx::types::Json<AuxiliaryModels>, _>("auxiliary_models")?
+            .0,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -221,8 +268,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -245,6 +292,7 @@ impl Store {
             .bind(agent.disconnect_policy.as_str())
             .bind(call.map(|call| call.turn.0))
             .bind(call.map(|call| call.call))
+            .bind(sqlx::types::Json(&agent.auxiliary_models))
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -320,7 +368,8 @@ impl Store {
              autostart_next_fire_at = CASE WHEN $7 THEN $11 ELSE autostart_next_fire_at END, \
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
-             approval_policy = $12, disconnect_policy = $14, busy_policy = $15, updated_at = now() \
+             approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
+             auxiliary_models = $16, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -339,6 +388,7 @@ impl Store {
             .bind(set.and_then(|a| a.set_by.as_deref()))
             .bind(update.disconnect_policy.as_str())
             .bind(update.busy_policy.as_str())
+            .bind(sqlx::types::Json(&update.auxiliary_models))
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

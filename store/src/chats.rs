@@ -29,11 +29,14 @@ pub struct ChatRow {
     pub created_by: Option<String>,
     /// The agent's autostart chat: only admins read or write it (X1).
     pub autostart: bool,
+    /// A short title, generated after the chat's first turn or set by a person (T17);
+    /// `null` until then.
+    pub title: Option<String>,
     pub created_at: DateTime<Utc>,
 }
 
 const CHAT_COLUMNS: &str =
-    "id, agent_id, summary, summary_through, created_by, autostart, created_at";
+    "id, agent_id, summary, summary_through, created_by, autostart, title, created_at";
 
 fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
     Ok(ChatRow {
@@ -43,6 +46,7 @@ fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
         summary_through: row.try_get("summary_through")?,
         created_by: row.try_get("created_by")?,
         autostart: row.try_get("autostart")?,
+        title: row.try_get("title")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -234,11 +238,11 @@ impl Store {
     ) -> Result<TurnBasis, StoreError> {
         let row = sqlx::query(
             "SELECT c.id AS chat_id, c.summary, c.summary_through, c.created_by, c.autostart, \
-                    c.created_at AS chat_created_at, \
+                    c.title, c.created_at AS chat_created_at, \
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
-                    a.disconnect_policy, a.busy_policy, a.created_at, \
+                    a.disconnect_policy, a.busy_policy, a.auxiliary_models, a.created_at, \
                     c.basis_version AS chat_version, a.basis_version AS agent_version, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \
@@ -260,6 +264,7 @@ impl Store {
             summary_through: row.try_get("summary_through")?,
             created_by: row.try_get("created_by")?,
             autostart: row.try_get("autostart")?,
+            title: row.try_get("title")?,
             created_at: row.try_get("chat_created_at")?,
         };
         Ok(TurnBasis {
@@ -398,5 +403,45 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(updated.rows_affected() == 1)
+    }
+
+    /// Stores a generated title unless the chat has one (T17): a person's rename, or a
+    /// generation that landed first, wins. Answers whether it was stored.
+    pub async fn set_generated_title(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        title: &str,
+    ) -> Result<bool, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE chats SET title = $3 WHERE team_id = $1 AND id = $2 AND title IS NULL",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .bind(title)
+        .execute(&self.pool)
+        .await?;
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// A person's title for the chat (T17); `NotFound` for an unknown or another team's
+    /// chat.
+    pub async fn rename_chat(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        title: &str,
+    ) -> Result<ChatRow, StoreError> {
+        let sql = format!(
+            "UPDATE chats SET title = $3 WHERE team_id = $1 AND id = $2 RETURNING {CHAT_COLUMNS}"
+        );
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(title)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        Ok(chat_from_row(&row)?)
     }
 }

@@ -447,3 +447,35 @@ impl Store {
         Ok(row.map(|(disabled,)| disabled))
     }
 }
+
+impl Store {
+    /// The team's default auxiliary routes (T17), for agents that name none of their own.
+    pub async fn team_auxiliary_models(
+        &self,
+        team: TeamId,
+    ) -> Result<super::AuxiliaryModels, StoreError> {
+        let row: Option<sqlx::types::Json<super::AuxiliaryModels>> =
+            sqlx::query_scalar("SELECT auxiliary_models FROM teams WHERE id = $1")
+                .bind(team.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|models| models.0).ok_or(StoreError::NotFound)
+    }
+
+    /// Replaces the team's default auxiliary routes (T17).
+    pub async fn set_team_auxiliary_models(
+        &self,
+        team: TeamId,
+        models: &super::AuxiliaryModels,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE teams SET auxiliary_models = $2 WHERE id = $1")
+            .bind(team.0)
+            .bind(sqlx::types::Json(models))
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound);
+        }
+        Ok(())
+    }
+}

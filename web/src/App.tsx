@@ -1,11 +1,13 @@
 import type { UIMessage } from "ai";
-import { useCallback, useEffect, useState, type FormEvent } from "react";
+import { useCallback, useEffect, useRef, useState, type FormEvent } from "react";
 import {
   Api,
   ApiError,
   type Agent,
+  type CatalogModel,
   type Chat,
   describe,
+  MAX_TITLE_CHARS,
   explain,
   storedKey,
   storeKey,
@@ -209,6 +211,20 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
     if (agentId) api.chats(agentId).then(setChats, (e) => setProblem(message(e)));
   }, [api, agentId]);
 
+  // A chat's title is written just after its first answer: the list is read again a
+  // little later, while a chat of it has none.
+  const agentRef = useRef(agentId);
+  agentRef.current = agentId;
+  const chatsRef = useRef(chats);
+  chatsRef.current = chats;
+  const refreshTitlesSoon = useCallback(() => {
+    const agent = agentRef.current;
+    if (!agent || chatsRef.current.every((c) => c.title !== null)) return;
+    window.setTimeout(() => {
+      if (agentRef.current === agent) api.chats(agent).then(setChats, () => undefined);
+    }, 3000);
+  }, [api]);
+
   const [statuses, setStatuses] = useState<Record<string, string>>({});
   const [turns, setTurns] = useState<Record<string, string>>({});
   const load = useCallback(
@@ -222,9 +238,10 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
       }
       setStatuses(next);
       setTurns(byTurn);
+      refreshTitlesSoon();
       return stored.map((m) => ({ id: m.id, role: m.role, parts: m.parts }) as UIMessage);
     },
-    [api],
+    [api, refreshTitlesSoon],
   );
 
   async function openChat(id: string) {
@@ -262,6 +279,17 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
         setChatId(undefined);
         setOpened(undefined);
       }
+    } catch (e) {
+      setProblem(message(e));
+    }
+  }
+
+  const [renaming, setRenaming] = useState<string>();
+  async function renameChat(id: string, title: string) {
+    try {
+      const renamed = await api.renameChat(id, title);
+      setChats((c) => c.map((chat) => (chat.id === id ? renamed : chat)));
+      setRenaming(undefined);
     } catch (e) {
       setProblem(message(e));
     }
@@ -331,22 +359,41 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
               New chat
             </button>
             <ul className="list">
-              {chats.map((c) => (
-                <li key={c.id}>
-                  <button type="button" aria-current={c.id === chatId} onClick={() => openChat(c.id)}>
-                    {c.summary ? c.summary.slice(0, 60) : new Date(c.created_at).toLocaleString()}
-                  </button>
-                  <button
-                    type="button"
-                    className="delete"
-                    aria-label="Delete chat"
-                    title="Delete this chat for good"
-                    onClick={() => deleteChat(c.id)}
-                  >
-                    Delete
-                  </button>
-                </li>
-              ))}
+              {chats.map((c) =>
+                renaming === c.id ? (
+                  <li key={c.id}>
+                    <RenameChat
+                      current={c.title ?? ""}
+                      onSave={(title) => renameChat(c.id, title)}
+                      onCancel={() => setRenaming(undefined)}
+                    />
+                  </li>
+                ) : (
+                  <li key={c.id}>
+                    <button type="button" aria-current={c.id === chatId} onClick={() => openChat(c.id)}>
+                      {chatLabel(c)}
+                    </button>
+                    <button
+                      type="button"
+                      className="action"
+                      aria-label="Rename chat"
+                      title="Rename this chat"
+                      onClick={() => setRenaming(c.id)}
+                    >
+                      Rename
+                    </button>
+                    <button
+                      type="button"
+                      className="delete"
+                      aria-label="Delete chat"
+                      title="Delete this chat for good"
+                      onClick={() => deleteChat(c.id)}
+                    >
+                      Delete
+                    </button>
+                  </li>
+                ),
+              )}
             </ul>
           </>
         )}
@@ -381,6 +428,50 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
   );
 }
 
+/** A chat in the list: its title, else the start of its summary, else when it began. */
+function chatLabel(c: Chat): string {
+  if (c.title) return c.title;
+  if (c.summary) return c.summary.slice(0, 60);
+  return new Date(c.created_at).toLocaleString();
+}
+
+function RenameChat({
+  current,
+  onSave,
+  onCancel,
+}: {
+  current: string;
+  onSave: (title: string) => void;
+  onCancel: () => void;
+}) {
+  const [title, setTitle] = useState(current);
+  function submit(e: FormEvent) {
+    e.preventDefault();
+    if (title.trim()) onSave(title.trim());
+  }
+  return (
+    <form className="rename" onSubmit={submit} aria-label="Rename chat">
+      <input
+        aria-label="Chat title"
+        value={title}
+        maxLength={MAX_TITLE_CHARS}
+        autoFocus
+        onChange={(e) => setTitle(e.target.value)}
+        onKeyDown={(e) => {
+          if (e.key === "Escape") onCancel();
+        }}
+        required
+      />
+      <button type="submit" disabled={!title.trim()}>
+        Save
+      </button>
+      <button type="button" onClick={onCancel}>
+        Cancel
+      </button>
+    </form>
+  );
+}
+
 function CreateAgent({
   api,
   onCreated,
@@ -395,6 +486,10 @@ function CreateAgent({
   const [model, setModel] = useState("openai/gpt-4o-mini");
   const [profile, setProfile] = useState("light");
   const [problem, setProblem] = useState<string>();
+  const [catalog, setCatalog] = useState<CatalogModel[]>([]);
+  useEffect(() => {
+    void api.models().then(setCatalog);
+  }, [api]);
   async function submit(e: FormEvent) {
     e.preventDefault();
     try {
@@ -412,7 +507,22 @@ function CreateAgent({
       <label htmlFor="agent-prompt">System prompt</label>
       <textarea id="agent-prompt" value={prompt} rows={3} onChange={(e) => setPrompt(e.target.value)} />
       <label htmlFor="agent-model">Model</label>
-      <input id="agent-model" value={model} onChange={(e) => setModel(e.target.value)} required />
+      <input
+        id="agent-model"
+        list="agent-models"
+        value={model}
+        onChange={(e) => setModel(e.target.value)}
+        required
+      />
+      <datalist id="agent-models">
+        {catalog.map((m) => (
+          <option key={m.id} value={m.id}>
+            {[m.tools && "tools", m.vision && "vision", m.context_window && `${m.context_window} tokens`]
+              .filter(Boolean)
+              .join(", ")}
+          </option>
+        ))}
+      </datalist>
       <label htmlFor="agent-profile">Runtime profile (hands)</label>
       <select id="agent-profile" value={profile} onChange={(e) => setProfile(e.target.value)}>
         {PROFILES.map((p) => (

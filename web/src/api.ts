@@ -25,7 +25,22 @@ export interface Chat {
   id: string;
   agent_id: string;
   summary: string | null;
+  /** A short title, generated after the first turn or set by a person; `null` until then
+   * (T17). */
+  title: string | null;
   created_at: string;
+}
+
+/** The longest title a person may give a chat (`PATCH /v1/chats/{id}`). */
+export const MAX_TITLE_CHARS = 80;
+
+/** A route of the team's model catalog (`GET /v1/models`, T16). */
+export interface CatalogModel {
+  /** The route an agent names: `<connection>/<model>`. */
+  id: string;
+  tools?: boolean;
+  vision?: boolean;
+  context_window?: number | null;
 }
 
 export interface StoredMessage {
@@ -195,6 +210,23 @@ export class Api {
 
   createChat(agentId: string): Promise<Chat> {
     return this.request("POST", `/v1/agents/${agentId}/chats`);
+  }
+
+  /** A person's title for the chat; it stays whatever a late generated one says. */
+  renameChat(chatId: string, title: string): Promise<Chat> {
+    return this.request("PATCH", `/v1/chats/${chatId}`, { title });
+  }
+
+  /** The routes the team can use, for the model field's suggestions; none when the
+   * catalog cannot be read (the field takes any route all the same). */
+  async models(): Promise<CatalogModel[]> {
+    try {
+      const body = await this.request<{ models?: CatalogModel[] } | CatalogModel[]>("GET", "/v1/models");
+      const models = Array.isArray(body) ? body : (body.models ?? []);
+      return models.filter((m) => typeof m?.id === "string");
+    } catch {
+      return [];
+    }
   }
 
   // The transcript comes a page at a time, newest first (each page oldest first inside);

@@ -12,7 +12,10 @@ use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
-use engine::agents::{AgentChange, BusyPolicy, DisconnectPolicy, apply_change, validate_new_agent};
+use engine::agents::{
+    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, apply_change, validate_auxiliary,
+    validate_new_agent,
+};
 use engine::auth::Principal;
 use engine::models::connections;
 use store::{
@@ -40,6 +43,10 @@ pub struct CreateAgent {
     /// stops the turn, `continue` lets it run to its end.
     #[serde(default)]
     disconnect_policy: DisconnectPolicy,
+    /// The routes of the agent's titles, summaries and image descriptions (T17), each
+    /// checked like `model`; an absent one is the team's default, else `model`.
+    #[serde(default)]
+    auxiliary_models: AuxiliaryModels,
 }
 
 impl CreateAgent {
@@ -47,7 +54,9 @@ impl CreateAgent {
         self.approval_policy
             .validate()
             .map_err(ApiError::InvalidRequest)?;
+        validate_auxiliary(&self.auxiliary_models).map_err(ApiError::InvalidRequest)?;
         let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
+        let auxiliary_models = self.auxiliary_models;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -59,22 +68,25 @@ impl CreateAgent {
         .map(|agent| NewAgent {
             approval_policy,
             disconnect_policy,
+            auxiliary_models,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
     }
 }
 
-/// T14: an agent's routes may name only its team's provider connections and the
-/// deployment's own.
+/// T14: an agent's routes (its auxiliary ones too, T17) may name only its team's provider
+/// connections and the deployment's own.
 async fn check_connections(
     state: &AppState,
     team: protocol::TeamId,
     model: &str,
     fallback_models: &[String],
+    auxiliary: &AuxiliaryModels,
 ) -> Result<(), ApiError> {
     let routes: Vec<&str> = std::iter::once(model)
         .chain(fallback_models.iter().map(String::as_str))
+        .chain(auxiliary.routes())
         .collect();
     bounded(async { Ok(connections::check_routes(&state.store, team, &routes).await) }).await??;
     Ok(())
@@ -102,7 +114,14 @@ pub async fn create(
     principal.require_admin()?;
     let team = principal.team;
     let agent = body.validate()?;
-    check_connections(&state, principal.team, &agent.model, &agent.fallback_models).await?;
+    check_connections(
+        &state,
+        principal.team,
+        &agent.model,
+        &agent.fallback_models,
+        &agent.auxiliary_models,
+    )
+    .await?;
     let by = principal.actor(address);
     let row = bounded(state.store.create_agent(team, &agent, &by)).await?;
     tracing::info!(team = %team, agent = %row.id, "agent created");
@@ -168,6 +187,9 @@ pub struct PatchAgent {
     /// another turn.
     #[serde(default)]
     busy_policy: Option<BusyPolicy>,
+    /// Replaces the auxiliary routes (T17) as a whole: `{}` names none.
+    #[serde(default)]
+    auxiliary_models: Option<AuxiliaryModels>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -181,6 +203,7 @@ impl From<PatchAgent> for AgentChange {
             approval_policy: patch.approval_policy,
             disconnect_policy: patch.disconnect_policy,
             busy_policy: patch.busy_policy,
+            auxiliary_models: patch.auxiliary_models,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }
@@ -239,6 +262,7 @@ pub async fn update(
         principal.team,
         &update.model,
         &update.fallback_models,
+        &update.auxiliary_models,
     )
     .await?;
     let by = principal.actor(address);

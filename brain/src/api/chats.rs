@@ -121,6 +121,51 @@ pub async fn list(
     }
 }
 
+/// `PATCH /v1/chats/{id}`: a person's title for the chat (T17).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"title": "Trip to Lyon"}))]
+pub struct PatchChat {
+    /// 1 to 80 characters once trimmed, no control characters.
+    title: String,
+}
+
+/// Renames a chat: whoever may post to it may, and the title stays, whatever a late
+/// generation answers.
+#[utoipa::path(
+    patch,
+    path = "/chats/{chat_id}",
+    operation_id = "update_chat",
+    tag = "chats",
+    params(("chat_id" = Uuid, Path, description = "The chat.")),
+    request_body = PatchChat,
+    responses(
+        (status = 200, description = "The chat with its new title.", body = ChatRow),
+        (status = 400, description = "An unknown field, or a title that is empty, longer than \
+            80 characters or holds control characters (`invalid_request`).", body = ErrorBody),
+        (status = 404, description = "No such chat in the team, or one the caller may not \
+            see (`not_found`).", body = ErrorBody),
+    ),
+)]
+pub async fn rename(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(chat_id): Path<String>,
+    JsonBody(body): JsonBody<PatchChat>,
+) -> Result<Json<ChatRow>, ApiError> {
+    let chat = parse_id(&chat_id, "chat")?;
+    let title = turn::validate_title(&body.title).map_err(ApiError::InvalidRequest)?;
+    principal.check_chat(&state.store, chat).await?;
+    match bounded(state.store.rename_chat(principal.team, chat, &title)).await {
+        Ok(row) => {
+            tracing::info!(team = %principal.team, chat = %chat, "chat renamed");
+            Ok(Json(row))
+        }
+        Err(StoreError::NotFound) => Err(ApiError::NotFound("chat")),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A page of the transcript. Without `next_cursor` it reaches the chat's first message.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Messages {

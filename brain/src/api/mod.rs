@@ -100,7 +100,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
         .routes(routes!(chats::list, chats::create))
-        .routes(routes!(erasure::erase_chat))
+        .routes(routes!(erasure::erase_chat, chats::rename))
         .routes(routes!(erasure::erase_user))
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))

@@ -679,6 +679,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 concierge: false,
                 approval_policy: Default::default(),
                 disconnect_policy: Default::default(),
+                auxiliary_models: Default::default(),
             },
             &store::Actor::operator(None),
         )

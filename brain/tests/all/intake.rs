@@ -38,6 +38,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         concierge: false,
         approval_policy: Default::default(),
         disconnect_policy: Default::default(),
+        auxiliary_models: Default::default(),
     };
     let mut chats = Vec::new();
     for _ in 0..n {

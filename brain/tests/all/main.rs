@@ -50,6 +50,7 @@ mod stop;
 mod takeover;
 mod teams;
 mod tools;
+mod titles;
 mod traces;
 mod turn;
 mod turn_failures;

@@ -368,6 +368,8 @@ impl Tool for AgentUpdate {
                 // What a client's hang-up does is the API's to set, like the policy above.
                 disconnect_policy: None,
                 busy_policy: None,
+                // Which models the agent's auxiliary calls bill is the API's to set.
+                auxiliary_models: None,
             };
             let update = match apply_change(
                 &current,

@@ -319,6 +319,7 @@ mod tests {
             approval_policy: Default::default(),
             disconnect_policy: Default::default(),
             busy_policy: Default::default(),
+            auxiliary_models: Default::default(),
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {
@@ -329,6 +330,7 @@ mod tests {
                 summary_through: 0,
                 created_by: None,
                 autostart: false,
+                title: None,
                 created_at: chrono::Utc::now(),
             },
             agent,

@@ -8,6 +8,7 @@ use protocol::TurnId;
 use protocol::ui::ConnectorStatus;
 use tokio_util::sync::CancellationToken;
 
+use super::auxiliary;
 use super::basis::{Found, KeptHistory, Source};
 use super::context::{self, Fold};
 use super::history::{Counted, HistoryRow, model_messages};
@@ -243,8 +244,8 @@ pub(super) async fn compose(
 }
 
 /// A turn's first model request over `history`, and the fold that summarises the history
-/// once the turn outgrew the context budget (with the turn's own `route`: the models that
-/// fold history are the agent's own for now).
+/// once the turn outgrew the context budget (by the `summary` route, then the turn's own
+/// `route`), carrying the chat's title when this is its first turn (T17).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn first_request(
     state: &Engine,
@@ -274,7 +275,16 @@ pub(super) fn first_request(
         chat: launch.chat,
         turn,
         user: launch.authority.user().map(str::to_owned),
+        title: auxiliary::Title::for_first_turn(
+            state,
+            basis,
+            turn,
+            launch.authority.user(),
+            history,
+            &route,
+        ),
         route,
+        summary_route: basis.agent.auxiliary_models.summary.clone(),
         budget: state.config.context_tokens,
         max_output_tokens,
         unsummarized: context::history_tokens(history),

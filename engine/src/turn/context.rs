@@ -10,12 +10,12 @@
 //! messages that are neither in its window nor yet in the summary (a short, documented
 //! gap; a failed fold is retried at the next wrap-up).
 
-use futures_util::StreamExt;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 
+use super::auxiliary::{OneShot, one_shot};
 use super::history::{Counted, estimate_tokens, model_messages};
 use crate::models::connections::Connections;
-use providers::{Message, ModelRequest, ProviderEvent, Usage};
+use providers::{Message, ModelRequest};
 use store::{ModelCallUsage, Store};
 
 /// The most a model call of `request` can bill, as a quota reserves it (E2): its input,
@@ -93,8 +93,13 @@ pub struct Fold {
     /// The end user behind the turn, whose budget counters count the fold's tokens too
     /// (L4).
     pub user: Option<String>,
-    /// The summary model first, then fallbacks.
+    /// The agent's own route: the fallback of its `summary` route.
     pub route: Vec<String>,
+    /// The agent's `summary` route (T17); `None` takes the team's, if it names one.
+    pub summary_route: Option<String>,
+    /// The chat's title, when this is the chat's first turn (T17): generated after the
+    /// answer like the fold, whether or not a fold is needed.
+    pub title: Option<super::auxiliary::Title>,
     pub budget: usize,
     pub max_output_tokens: u32,
     /// The estimated tokens of the unsummarized history the turn started from.
@@ -190,57 +195,26 @@ impl Fold {
         }
     }
 
-    /// The summary route's answer to `prompt`, trying each model in order.
+    /// The summary route's answer to `prompt`: the agent's (or its team's) `summary` route
+    /// first, then the agent's own route (T17).
     async fn ask(&self, prompt: String) -> Option<(String, Option<ModelCallUsage>)> {
-        for route in &self.route {
-            let resolved = match self.connections.resolve(self.team, route).await {
-                Ok(resolved) => resolved,
-                Err(err) => {
-                    tracing::info!(class = err.class(), "summary: model route unresolved");
-                    continue;
-                }
-            };
-            let request = ModelRequest {
-                model: resolved.model.clone(),
-                system: SUMMARY_INSTRUCTIONS.to_owned(),
-                messages: vec![Message::User(prompt.clone())],
-                tools: Default::default(),
-                max_output_tokens: self.max_output_tokens,
-            };
-            let mut stream = match resolved.provider.stream(&request).await {
-                Ok(stream) => stream,
-                Err(err) => {
-                    self.connections.failed(self.team, &resolved, &err);
-                    tracing::info!(class = err.metric_label(), "summary: model route failed");
-                    continue;
-                }
-            };
-            let mut text = String::new();
-            let mut usage = Usage::default();
-            let mut finished = false;
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(ProviderEvent::TextDelta(delta)) => text.push_str(&delta),
-                    Ok(ProviderEvent::Usage(u)) => usage.merge(u),
-                    Ok(ProviderEvent::Finished(_)) => finished = true,
-                    Ok(_) => {}
-                    Err(err) => {
-                        tracing::info!(class = err.metric_label(), "summary: stream failed");
-                        break;
-                    }
-                }
-            }
-            let call = ModelCallUsage {
-                call_index: 0,
-                model: route.clone(),
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-            };
-            if finished && !text.trim().is_empty() {
-                return Some((text.trim().to_owned(), Some(call)));
-            }
-        }
-        None
+        let first = super::auxiliary::chosen(
+            &self.store,
+            self.team,
+            self.summary_route.as_deref(),
+            |defaults| defaults.summary,
+        )
+        .await;
+        let routes: Vec<String> = first.into_iter().chain(self.route.clone()).collect();
+        let request = OneShot {
+            system: SUMMARY_INSTRUCTIONS,
+            prompt,
+            max_output_tokens: self.max_output_tokens,
+            what: "summary",
+        };
+        one_shot(&self.connections, self.team, &routes, request)
+            .await
+            .map(|(text, call)| (text, Some(call)))
     }
 }
 

@@ -14,7 +14,8 @@
 //!    the route's fallbacks while nothing has been shown, T10) and then its tool calls
 //!    (`tool_calls.rs`, T4-T6). What the next step needs is [`state::Progress`].
 //! 4. **Wrap-up** (`wrap_up.rs`): the end state written (T7, T8), the hold released, the
-//!    stream's last chunk.
+//!    stream's last chunk; then, in the background, the summary fold (`context.rs`) and a
+//!    new chat's title (`auxiliary.rs`, T17) on their auxiliary routes.
 //!
 //! Front ends start turns through `post.rs` (a principal's message, its busy policy, a
 //! detached post). The engine answers a [`TurnError`] when a turn does not start; each
@@ -39,6 +40,7 @@
 //! ids, counts and the outcome class, never text (X4).
 
 mod admit;
+mod auxiliary;
 mod basis;
 mod compose;
 mod context;
@@ -72,6 +74,7 @@ use crate::Engine;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 pub use basis::Bases;
+pub use auxiliary::{MAX_TITLE_CHARS, validate_title};
 pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};

@@ -13,6 +13,7 @@ use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ErrorCode, MessageId, TurnId};
 use tokio_util::sync::CancellationToken;
 
+use super::auxiliary::Title;
 use super::state::{Ids, Progress, TurnTask};
 use crate::metrics::TurnOutcome;
 use crate::quota::Refusal;
@@ -140,6 +141,7 @@ impl TurnTask {
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
+        let title = self.title_owed(&end, &parts);
         // its next message on `finish` must not find the agent busy.
         self.budget.release(billed).await;
         if stored {
@@ -156,6 +158,9 @@ impl TurnTask {
         }
     }
 
+        if stored && let Some((title, answer)) = title {
+            title.start(answer);
+        }
     /// D4: leaves the turn to another replica. A failed write leaves it this replica's,
     /// and it is taken over all the same once the lease is given up (counted as a
     /// takeover then).
@@ -164,6 +169,16 @@ impl TurnTask {
         let handed = tokio::time::timeout(
             WRITE_ATTEMPT_BOUND,
             self.deps.store.hand_over(ids.team, ids.turn, ids.replica),
+    /// T17: the title a completed first turn owes its chat, with the answer's start it is
+    /// asked from; started only once `finish` was sent.
+    fn title_owed(&mut self, end: &End, parts: &[Part]) -> Option<(Title, String)> {
+        if !matches!(end, End::Completed(_)) {
+            return None;
+        }
+        let title = self.fold.as_mut()?.title.take()?;
+        Some((title, super::auxiliary::answer_start(parts)))
+    }
+
         )
         .await;
         match handed {

@@ -113,6 +113,9 @@ impl TestApp {
         env.insert("OPENAI_API_KEY".into(), "sk-test-openai".into());
         env.insert("ANTHROPIC_BASE_URL".into(), provider.anthropic_base_url());
         env.insert("ANTHROPIC_API_KEY".into(), "sk-test-anthropic".into());
+        // A title call after each chat's first turn would take the replies the tests
+        // script for their turns: the tests of titles turn it on (`titles.rs`).
+        env.insert("BRAIN_CHAT_TITLES".into(), "false".into());
         env.insert("BRAIN_ADDR".into(), "127.0.0.1:0".into());
         env.insert(
             "SESSION_TOKEN_KEY".into(),
