@@ -104,6 +104,9 @@ pub struct Config {
     /// to) a private network (`BRAIN_PROVIDERS_ALLOW_PRIVATE_NETWORKS`); metadata addresses
     /// never.
     pub providers_allow_private_networks: bool,
+    /// The model catalog (T16): the shipped table with the operator's file
+    /// (`BRAIN_MODEL_CATALOG_FILE`) over it, read once at start.
+    pub model_catalog: std::sync::Arc<crate::models::catalog::Catalog>,
     /// The chat events stream (`BRAIN_EVENTS_*`, SPEC S2).
     pub events: EventsConfig,
     /// The MCP server's sessions (P2): `BRAIN_MCP_MAX_SESSIONS*`, `BRAIN_MCP_SESSION_IDLE_MS`.
@@ -667,6 +670,7 @@ impl Config {
                 "BRAIN_PROVIDERS_ALLOW_PRIVATE_NETWORKS",
                 "false",
             )?,
+            model_catalog: model_catalog(env)?,
             oauth: oauth(env, addr)?,
             webhooks: WebhooksConfig::from_env(env)?,
             audit_retention_days: ranged(env, "BRAIN_AUDIT_RETENTION_DAYS", 400, 1, 36_500)?,
@@ -676,6 +680,20 @@ impl Config {
         };
         Ok(config)
     }
+}
+
+/// `BRAIN_MODEL_CATALOG_FILE`: a JSON file of models per connection name, over the shipped
+/// table; a file that cannot be read or is not a valid catalog stops the start.
+fn model_catalog(
+    env: &dyn Env,
+) -> Result<std::sync::Arc<crate::models::catalog::Catalog>, ConfigError> {
+    let path = trimmed(env, "BRAIN_MODEL_CATALOG_FILE").map(PathBuf::from);
+    crate::models::catalog::Catalog::load(path.as_deref())
+        .map(std::sync::Arc::new)
+        .map_err(|err| ConfigError {
+            name: "BRAIN_MODEL_CATALOG_FILE",
+            problem: err.to_string(),
+        })
 }
 
 /// The environment's provider endpoints, and whether the offline demo model answers
@@ -923,6 +941,18 @@ mod tests {
         assert_eq!(cluster.redis_cluster_urls.map(|u| u.len()), Some(2));
         let err = Config::from_env(&env(&[("REDIS_CLUSTER_URLS", "10.0.0.1:6379")])).unwrap_err();
         assert_eq!(err.name, "REDIS_CLUSTER_URLS");
+    }
+
+    #[test]
+    fn a_bad_model_catalog_file_stops_the_start() {
+        let config = Config::from_env(&env(&[])).unwrap();
+        assert!(!config.model_catalog.models("anthropic").is_empty());
+        let err = Config::from_env(&env(&[(
+            "BRAIN_MODEL_CATALOG_FILE",
+            "/nonexistent/models.json",
+        )]))
+        .unwrap_err();
+        assert_eq!(err.name, "BRAIN_MODEL_CATALOG_FILE");
     }
 
     #[test]
