@@ -100,7 +100,7 @@ async fn check_connections(
     request_body = CreateAgent,
     responses(
         (status = 201, description = "The agent.", body = AgentRow),
-        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`).", body = ErrorBody),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
     ),
@@ -222,7 +222,7 @@ impl From<PatchAgent> for AgentChange {
     request_body = PatchAgent,
     responses(
         (status = 200, description = "The agent as changed.", body = AgentRow),
-        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say.", body = ErrorBody),
+        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such live agent in the team (`not_found`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),

@@ -265,6 +265,17 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .unwrap(),
     )
     .await;
+    // A provider connection (T14), at a public address no call here reaches.
+    let provider = created(
+        post(
+            "/v1/providers",
+            json!({"name": "theirs", "kind": "openai", "base_url": "https://llm.example.com/v1",
+                   "api_key": "sk-contract-1234"}),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
     // A pending OAuth flow of the connector, begun by someone else than `key` (the
     // operator), so no caller here may continue it.
     let state = format!("contract-{connector}");
@@ -290,6 +301,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("flow", flow),
         ("issuer_id", issuer),
         ("key_id", key_id),
+        ("provider_id", provider),
         ("secret_name", "THEIRS".to_owned()),
         ("team_id", team),
         ("turn_id", turn),
