@@ -326,6 +326,7 @@ impl ApiError {
             ErrorCode::Internal
             | ErrorCode::ReplicaLost
             | ErrorCode::TakeoverLimit
+            | ErrorCode::TurnStuck
             | ErrorCode::SetterRevoked => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -477,6 +477,11 @@ pub struct Limits {
     pub max_iterations: u32,
     /// Data-changing tool calls per turn, across all tools.
     pub max_writes: u32,
+    /// Further calls that continue an answer cut by the output limit (T19), each counted
+    /// as a model call of the turn.
+    pub max_continuations: u32,
+    /// A turn with no progress for this long ends `failed` with `turn_stuck` (T20).
+    pub stuck_after: Duration,
 }
 
 /// The autostart scheduler (SPEC T11).
@@ -624,6 +629,9 @@ impl Config {
                 max_iterations: ranged(env, "BRAIN_MAX_ITERATIONS", 8, 1, 100)?,
                 max_writes: ranged(env, "BRAIN_MAX_WRITES_PER_TURN", 3, 0, 100)?,
             },
+                max_continuations: ranged(env, "BRAIN_MAX_CONTINUATIONS", 2, 0, 20)?,
+                stuck_after: ranged(env, "BRAIN_TURN_STUCK_AFTER_MS", 300_000, 100, 86_400_000)
+                    .map(Duration::from_millis)?,
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             queue_max_per_agent: ranged(env, "BRAIN_QUEUE_MAX_PER_AGENT", 16, 0, 10_000)?,

@@ -13,6 +13,8 @@
 //!   round trip (T9, T2), a file per phase and its Lua scripts beside them;
 //! - `quota/`: the team's limits, their refusals and `RateLimit` headers, and the
 //!   Postgres answer when Redis cannot give one;
+//! - `liveness.rs`: a running turn's last sign of life, and the watch that ends a stuck
+//!   one (T20);
 //! - `clock.rs`: the clock that decides dates (quota periods, the usage month, autostart
 //!   ticks), the system's unless a test pins it;
 //! - `lease.rs`: this replica's lease, and what dead replicas (and stranded approval
@@ -60,6 +62,7 @@ pub mod events;
 pub mod hold;
 pub mod intake;
 pub mod lease;
+pub mod liveness;
 pub mod metrics;
 pub mod models;
 pub mod quota;

@@ -63,6 +63,10 @@ pub enum ErrorCode {
     /// times as a turn may be, so it ended `failed` instead of being taken over again (a
     /// turn that kills its replica must not kill the fleet one replica at a time).
     TakeoverLimit,
+    /// The turn made no progress (no model output, no tool output or progress, no person
+    /// asked) for `BRAIN_TURN_STUCK_AFTER_MS`, so it was ended `failed` and its hold
+    /// released (T20).
+    TurnStuck,
     /// This brain replica is shutting down and starts no new turn; retry, and the load
     /// balancer sends the request to another replica (O3).
     ShuttingDown,
@@ -134,6 +138,7 @@ impl ErrorCode {
             Self::Internal => "internal",
             Self::ReplicaLost => "replica_lost",
             Self::TakeoverLimit => "takeover_limit",
+            Self::TurnStuck => "turn_stuck",
             Self::ShuttingDown => "shutting_down",
             Self::Overloaded => "overloaded",
             Self::QuotaExceeded => "quota_exceeded",
@@ -228,6 +233,7 @@ mod tests {
             ErrorCode::Internal,
             ErrorCode::ReplicaLost,
             ErrorCode::TakeoverLimit,
+            ErrorCode::TurnStuck,
             ErrorCode::ShuttingDown,
             ErrorCode::Overloaded,
             ErrorCode::QuotaExceeded,

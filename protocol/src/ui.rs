@@ -32,6 +32,13 @@ pub enum UiChunk {
     TextDelta { id: String, delta: String },
     /// Closes the text part `id`.
     TextEnd { id: String },
+    /// Opens a reasoning part: the model's reasoning, streamed only to an agent that opts
+    /// in (`stream_reasoning`, T18) and never stored, so a replay shows none.
+    ReasoningStart { id: String },
+    /// Appends to the open reasoning part `id`.
+    ReasoningDelta { id: String, delta: String },
+    /// Closes the reasoning part `id`.
+    ReasoningEnd { id: String },
     /// The model began a tool call.
     #[serde(rename_all = "camelCase")]
     ToolInputStart {
@@ -272,6 +279,21 @@ mod tests {
                     delta: "hi".into(),
                 },
                 r#"{"type":"text-delta","id":"t","delta":"hi"}"#,
+            ),
+            (
+                UiChunk::ReasoningStart { id: "r".into() },
+                r#"{"type":"reasoning-start","id":"r"}"#,
+            ),
+            (
+                UiChunk::ReasoningDelta {
+                    id: "r".into(),
+                    delta: "hmm".into(),
+                },
+                r#"{"type":"reasoning-delta","id":"r","delta":"hmm"}"#,
+            ),
+            (
+                UiChunk::ReasoningEnd { id: "r".into() },
+                r#"{"type":"reasoning-end","id":"r"}"#,
             ),
             (
                 UiChunk::Finish {

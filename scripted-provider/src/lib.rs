@@ -260,6 +260,9 @@ pub enum Reply {
         calls: Vec<ToolCall>,
         fragment: usize,
     },
+    /// Streams `deltas` as text, then ends as a provider does at its output limit with no
+    /// tool call (finish_reason "length" / stop_reason "max_tokens"): an answer cut off.
+    TruncatedText { deltas: Vec<String> },
     /// Answers with this HTTP status and the provider's error JSON body (OpenAI:
     /// {"error":{"message","type","param","code"}}; Anthropic:
     /// {"type":"error","error":{"type","message"}}); `retry_after` sets the Retry-After

@@ -178,6 +178,11 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             calls: truncated(calls, fragment),
             ending: Ending::Finish(Finish::Length),
         }),
+        Reply::TruncatedText { deltas } => play(Plan {
+            text: timed(deltas, Duration::ZERO),
+            calls: Vec::new(),
+            ending: Ending::Finish(Finish::Length),
+        }),
         Reply::Status {
             status,
             retry_after,

@@ -160,6 +160,11 @@ impl Translator {
             // Only a resumed stream (D5) or the events stream writes these, never the
             // stream of the request that starts the turn.
             UiChunk::ResetStep | UiChunk::DataResync { .. } => {}
+            // T18: reasoning an agent opted to stream is the AI SDK client's; an AG-UI run
+            // shows the answer only.
+            UiChunk::ReasoningStart { .. }
+            | UiChunk::ReasoningDelta { .. }
+            | UiChunk::ReasoningEnd { .. } => {}
         }
         out
     }

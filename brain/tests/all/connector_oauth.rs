@@ -974,6 +974,7 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
             actor: "test".into(),
         },
         cancel,
+        liveness: Default::default(),
     };
     let before = echo.call(&ctx, json!({"message": "hi"})).await;
     assert!(!before.is_error, "{before:?}");

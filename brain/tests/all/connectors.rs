@@ -131,6 +131,7 @@ fn ctx(app: &TestApp, agent: AgentId) -> ToolCtx {
             actor: "test".into(),
         },
         cancel: CancellationToken::new(),
+        liveness: Default::default(),
     }
 }
 

@@ -8,6 +8,7 @@ mod common;
 
 mod a2a;
 mod agui;
+mod answers;
 mod api;
 mod approvals;
 mod architecture;

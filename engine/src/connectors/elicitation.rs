@@ -181,6 +181,8 @@ impl Asking {
             tracing::info!(turn = %ctx.turn, connector, class = "too_many_waiting", "elicitation declined");
             return decline;
         };
+        // T20: a turn waiting for a person is not stuck.
+        let _asked = ctx.liveness.asking();
         let id = Uuid::new_v4();
         let expires_at =
             chrono::Utc::now() + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);

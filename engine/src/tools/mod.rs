@@ -49,6 +49,8 @@ pub struct ToolCtx {
     /// Whose authority the turn acts with (X1); a tool that records who changed something
     /// records its `actor`.
     pub authority: Authority,
+    /// The turn's sign of life (T20): a tool that waits for a person holds its watch off.
+    pub liveness: crate::liveness::Liveness,
 }
 
 impl ToolCtx {

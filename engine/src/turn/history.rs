@@ -164,7 +164,9 @@ pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
     for part in parts {
         match part {
             Part::StepStart => flush(&mut text, &mut calls, &mut results),
-            Part::Text { text: t } => text.push_str(t),
+            // T18: answers stored before reasoning was split out may carry an inline
+            // `<think>` block; neither the model nor a summary reads it back.
+            Part::Text { text: t } => text.push_str(&providers::strip_inline_reasoning(t)),
             Part::Tool(tool) => {
                 calls.push(ToolCall {
                     id: tool.tool_call_id.clone(),
@@ -316,6 +318,31 @@ mod tests {
             content: content.into(),
             is_error,
         }
+    }
+
+    #[test]
+    fn stored_inline_reasoning_is_not_read_back() {
+        let history = [
+            row("user", vec![text("<think>mine</think>hi")]),
+            row(
+                "assistant",
+                vec![Part::StepStart, text("<think>plan it</think>\n\nHello.")],
+            ),
+            row(
+                "assistant",
+                vec![Part::StepStart, text("<think>only this</think>")],
+            ),
+        ];
+        assert_eq!(
+            model_messages(&history),
+            vec![
+                Message::User("<think>mine</think>hi".into()),
+                Message::Assistant {
+                    text: "Hello.".into(),
+                    tool_calls: Vec::new(),
+                },
+            ]
+        );
     }
 
     #[test]

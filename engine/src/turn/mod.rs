@@ -44,6 +44,7 @@ mod auxiliary;
 mod basis;
 mod compose;
 mod context;
+mod continuation;
 mod error;
 mod history;
 mod model_call;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::TurnError;
 use crate::events::Events;
+use crate::liveness::Liveness;
 use protocol::{ChatId, TurnId};
 
 /// Where a turn's chunks go.
@@ -34,6 +35,8 @@ pub(super) struct Client {
     connector_status: Vec<ConnectorStatus>,
     /// Hears whether the stream opened or why not, until the stream begins.
     pub started: Option<oneshot::Sender<Result<(), TurnError>>>,
+    /// Every chunk shown, the tools' live ones included, is progress (T20).
+    pub liveness: Liveness,
 }
 
 impl Client {
@@ -57,6 +60,7 @@ impl Client {
             stalled: AtomicBool::new(false),
             connector_status,
             started: None,
+            liveness: Liveness::default(),
         }
     }
 
@@ -104,11 +108,13 @@ impl Client {
         let (ui, mut from_tools) = mpsc::channel::<UiChunk>(super::CHUNK_BUFFER);
         let (events, chat, turn, tx) = (self.events.clone(), self.chat, self.turn, self.tx.clone());
         let stall = self.stall_timeout;
+        let liveness = self.liveness.clone();
         tokio::spawn(async move {
             // Once the client is gone or stalled, the events stream still gets every chunk
             // (a background turn's observers follow it there).
             let mut client = true;
             while let Some(chunk) = from_tools.recv().await {
+                liveness.progressed();
                 events.publish(chat, turn, &chunk);
                 client = client
                     && matches!(
@@ -125,6 +131,7 @@ impl Client {
     /// the turn is cancelled (and stored `interrupted`), and later chunks are not waited
     /// for, so a connected client that never reads cannot hold its turn, or a drain.
     pub async fn send(&self, chunk: UiChunk) -> bool {
+        self.liveness.progressed();
         // Observers see every chunk, also those of a turn whose client left; but an
         // authorization link is for the turn's own client only (B2, X1): every key holder
         // of the team may read the events stream.

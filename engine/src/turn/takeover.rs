@@ -278,6 +278,7 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
                 ui: None,
                 cancel: running.cancel.child_token(),
                 authority: launch.authority.clone(),
+                liveness: Default::default(),
             };
             let answered = answer_pending(&offered.toolset, pending, &ctx).await;
             Some(Restored::from_saved(saved, answered))

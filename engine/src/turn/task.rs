@@ -6,6 +6,10 @@
 //! - A length-truncated call is retried once, then refused with a result the model can
 //!   read; at the iteration ceiling it is refused at once, so a turn never makes more than
 //!   `max_iterations` calls.
+//! - A length-truncated answer without calls is continued (T19, `continuation.rs`), each
+//!   continuation one of those calls; the step's text is then one part, shown once.
+//! - A turn silent for `stuck_after` is cut like a stop and ends `turn_stuck` (T20,
+//!   `crate::liveness`).
 //! - Every `select!` races the turn's cancellation: a cancelled turn stops its provider
 //!   stream and running tools, stores a synthetic result for every call without one, and
 //!   starts no tool after the cancel (T8).
@@ -19,15 +23,15 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use super::compose::Ready;
-use super::context;
 use super::history::{assistant_messages, replay_chunks, tool_part};
-use super::model_call::{OpenOutcome, Step, StepOutcome};
+use super::model_call::{OpenOutcome, Shown, Step, StepOutcome};
 use super::output::Client;
 use super::state::{Deps, Ids, Progress, Rules, Running, TurnTask};
 use super::takeover::{Restored, Saving};
 use super::tool_calls::Executed;
 use super::wrap_up::{End, Unfinished};
 use super::{Launch, TurnError, speculation};
+use super::{context, continuation};
 use crate::Engine;
 use crate::tools::ToolOutput;
 use providers::{Message, ModelRequest, StopReason, ToolCall, ToolResult};
@@ -143,6 +147,11 @@ impl TurnTask {
         let Some(mut progress) = self.first.take() else {
             return;
         };
+        // T20: ends with the loop; the wrap-up has its own bounds.
+        let watch = self
+            .client
+            .liveness
+            .watch(self.rules.limits.stuck_after, self.cancel.clone());
         if self.resumed {
             // D5: the stream starts over with the durable steps (not the dead replica's
             // partial chunks), so a reader rebuilds the message from this `start` alone.
@@ -168,11 +177,13 @@ impl TurnTask {
                 Flow::Next => {}
                 Flow::End(end) => break end,
                 Flow::Unanswered(err) => {
+                    drop(watch);
                     Box::pin(self.unanswered(err, progress, &mut unfinished)).await;
                     return;
                 }
             }
         };
+        drop(watch);
         self.wrap_up(end, progress, &mut unfinished).await;
     }
 
@@ -218,13 +229,16 @@ impl TurnTask {
         self.client.begin(progress.assistant_id).await;
         self.client.send(UiChunk::StartStep).await;
         progress.parts.push(Part::StepStart);
+        let shown = Shown::new(progress.iteration);
         let step = self
-            .relay(opened, progress.iteration, &mut progress.usage_log)
+            .relay(opened, shown, false, &mut progress.usage_log)
             .await;
+        let mut step = self.continue_cut(step, progress).await;
+        self.end_text(&mut step.shown).await;
         progress.tool_calls += step.calls.len();
-        if !step.text.is_empty() {
+        if !step.shown.text.is_empty() {
             progress.parts.push(Part::Text {
-                text: step.text.clone(),
+                text: step.shown.text.clone(),
             });
         }
         let reason = match step.outcome {
@@ -237,6 +251,73 @@ impl TurnTask {
             return Flow::End(End::Completed(finish_reason(reason)));
         }
         self.tool_step(step, reason, progress).await
+    }
+
+    /// T19: an answer the output limit cut, with no tool call in it, is continued by
+    /// further calls (at most `max_continuations`, each a model call of the turn, T6):
+    /// the answer so far as the model's message, then an instruction to go on. The
+    /// continuation joins the same text part. A continuation that cannot be made (the
+    /// ceiling, the budget, every route failing) leaves the answer as it was cut.
+    async fn continue_cut(&self, mut step: Step, progress: &mut Progress) -> Step {
+        let limits = &self.rules.limits;
+        for _ in 0..limits.max_continuations {
+            let cut = matches!(step.outcome, StepOutcome::Finished(StopReason::Length));
+            if !cut
+                || !step.calls.is_empty()
+                || step.shown.text.is_empty()
+                || progress.iteration >= limits.max_iterations
+            {
+                break;
+            }
+            let asked = progress.request.messages.len();
+            progress.request.messages.extend([
+                Message::Assistant {
+                    text: step.shown.text.clone(),
+                    tool_calls: Vec::new(),
+                },
+                Message::User(continuation::INSTRUCTION.to_owned()),
+            ]);
+            let opened = if self.reserve_continuation(progress).await {
+                progress.iteration += 1;
+                Some(self.open(progress).await)
+            } else {
+                None
+            };
+            // Later calls see the joined answer, not the request to continue it.
+            progress.request.messages.truncate(asked);
+            let opened = match opened {
+                Some(OpenOutcome::Opened(opened)) => opened,
+                Some(OpenOutcome::Cancelled) => {
+                    step.outcome = StepOutcome::Cancelled;
+                    break;
+                }
+                Some(OpenOutcome::Failed(err)) => {
+                    tracing::info!(turn = %self.ids.turn, class = err.metric_label(), "a cut answer could not be continued");
+                    break;
+                }
+                None => break,
+            };
+            step = self
+                .relay(opened, step.shown, true, &mut progress.usage_log)
+                .await;
+        }
+        step
+    }
+
+    /// Whether the team's budgets allow the continuing call (as any further call).
+    async fn reserve_continuation(&self, progress: &Progress) -> bool {
+        let tokens = context::request_tokens(&progress.request);
+        match self.budget.reserve(tokens).await {
+            Ok(None) => true,
+            Ok(Some(refusal)) => {
+                tracing::info!(turn = %self.ids.turn, field = refusal.field.name(), "a cut answer is not continued: budget spent");
+                false
+            }
+            Err(err) => {
+                tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "a cut answer is not continued: quota unknown");
+                false
+            }
+        }
     }
 
     /// How a model call cut short ends the turn: handed over when the drain cut it (D4),
@@ -400,7 +481,7 @@ fn append_results(request: &mut ModelRequest, step: Step, results: &[(Value, Too
         })
         .collect();
     request.messages.push(Message::Assistant {
-        text: step.text,
+        text: step.shown.text,
         tool_calls: shown_calls,
     });
     request.messages.push(Message::ToolResults(

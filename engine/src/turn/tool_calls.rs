@@ -63,6 +63,7 @@ impl TurnTask {
                 ui: Some(ui.clone()),
                 cancel: cancel.clone(),
                 authority: self.authority.clone(),
+                liveness: self.client.liveness.clone(),
             })
             .collect();
         let mut inputs = Vec::with_capacity(calls.len());
@@ -260,6 +261,7 @@ impl TurnTask {
                         ui: Some(self.client.tx.clone()),
                         cancel: self.cancel.child_token(),
                         authority: self.authority.clone(),
+                        liveness: self.client.liveness.clone(),
                     };
                     tokio::select! {
                         biased;

@@ -32,6 +32,9 @@ pub(super) enum End {
     Refused(Refusal),
     /// Neither Redis nor Postgres could say whether a further model call fits the budget.
     QuotaUnknown,
+    /// No progress for the configured time (T20): cut short as a stop would, then ended
+    /// `failed` with `turn_stuck`.
+    Stuck,
     /// Calls wait for a person (A3): the turn ends here with them stored pending.
     AwaitingApproval(Vec<NewApproval>),
     /// Another replica took the turn over (D3): it writes the end, not this one.
@@ -64,7 +67,7 @@ impl End {
             Self::Completed(_) => TurnOutcome::Completed,
             Self::AwaitingApproval(_) => TurnOutcome::AwaitingApproval,
             Self::Interrupted | Self::TakenOver | Self::HandedOver => TurnOutcome::Interrupted,
-            Self::Failed(_) | Self::QuotaUnknown => TurnOutcome::Failed,
+            Self::Failed(_) | Self::QuotaUnknown | Self::Stuck => TurnOutcome::Failed,
             Self::Refused(_) => TurnOutcome::Refused,
         }
     }
@@ -98,6 +101,11 @@ impl TurnTask {
             tool_calls,
             ..
         } = progress;
+        // The watch cut it (T20), not a person or a hang-up.
+        let end = match end {
+            End::Interrupted if self.client.liveness.is_stuck() => End::Stuck,
+            end => end,
+        };
         if matches!(end, End::TakenOver | End::HandedOver) {
             if matches!(end, End::HandedOver) {
                 self.hand_over().await;
@@ -321,6 +329,13 @@ impl TurnTask {
                 ErrorCode::StoreUnavailable,
                 "the team's budget could not be checked; the turn stopped".into(),
             ),
+            End::Stuck => {
+                tracing::warn!(turn = %self.ids.turn, "turn made no progress; ending it failed");
+                failed(
+                    ErrorCode::TurnStuck,
+                    "the turn made no progress for too long and was ended".into(),
+                )
+            }
             End::Failed(err) => {
                 tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "model call failed mid-turn");
                 failed(err.code(), err.public_message())

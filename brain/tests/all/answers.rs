@@ -1,0 +1,193 @@
+//! The answer a model owes (T18, T19, T20): reasoning never leaks into the answer, the
+//! transcript or the next request; an answer cut by the output limit is continued and
+//! joined once; a turn that makes no progress ends `turn_stuck` with its hold released.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use crate::common::replies::{deltas, text};
+use crate::common::{TestApp, read_stream, streamed_text, words};
+use protocol::ui::{FinishReason, UiChunk};
+use scripted_provider::Reply;
+use serde_json::{Value, json};
+
+fn cut(pieces: &[&str]) -> Reply {
+    Reply::TruncatedText {
+        deltas: pieces.iter().map(|p| (*p).to_owned()).collect(),
+    }
+}
+
+/// The text of an OpenAI request message (a string, or text blocks).
+fn content(message: &Value) -> String {
+    match &message["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+fn count(chunks: &[UiChunk], want: fn(&UiChunk) -> bool) -> usize {
+    chunks.iter().filter(|c| want(c)).count()
+}
+
+#[tokio::test]
+async fn a_cut_answer_is_continued_and_joined_once() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider
+        .push(cut(&["The first point is speed. ", "The second point is"]));
+    // The continuation starts over from the cut sentence: that repeat is dropped.
+    app.provider.push(deltas(&[
+        "The second point ",
+        "is cost, ",
+        "which matters.",
+    ]));
+    let response = app.send(&chat, &json!({"content": "Two points"})).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done);
+    let joined = "The first point is speed. The second point is cost, which matters.";
+    assert_eq!(streamed_text(&chunks), joined, "{chunks:?}");
+    assert_eq!(
+        count(&chunks, |c| matches!(c, UiChunk::TextStart { .. })),
+        1
+    );
+    assert_eq!(count(&chunks, |c| matches!(c, UiChunk::TextEnd { .. })), 1);
+    assert_eq!(count(&chunks, |c| matches!(c, UiChunk::StartStep)), 1);
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Stop
+        })
+    );
+
+    // The continuing call carried the partial answer and the instruction to go on.
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1].body["messages"].as_array().unwrap();
+    let [.., partial, instruction] = messages.as_slice() else {
+        panic!("{messages:?}")
+    };
+    assert_eq!(partial["role"], "assistant");
+    assert_eq!(
+        content(partial),
+        "The first point is speed. The second point is"
+    );
+    assert_eq!(instruction["role"], "user");
+    assert!(content(instruction).contains("Continue it exactly where it stopped"));
+
+    // One text in the transcript; both calls billed; the next turn reads the joined
+    // answer, not the request to continue it.
+    let stored = app.messages(&chat).await;
+    assert_eq!(
+        stored[1]["parts"],
+        json!([{"type": "step-start"}, {"type": "text", "text": joined}])
+    );
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+    let billed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM billing_events WHERE kind = 'model_call'")
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(billed, 2);
+    app.provider.push(text("ok"));
+    let response = app.send(&chat, &json!({"content": "next"})).await;
+    read_stream(response).await;
+    let next = app.provider.requests().pop().unwrap().body;
+    let history: Vec<(String, String)> = next["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] != "system")
+        .map(|m| (m["role"].as_str().unwrap().to_owned(), content(m)))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            ("user".to_owned(), "Two points".to_owned()),
+            ("assistant".to_owned(), joined.to_owned()),
+            ("user".to_owned(), "next".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn continuations_stop_at_their_number_and_at_the_turns_ceiling() {
+    // At most BRAIN_MAX_CONTINUATIONS (2) further calls: the answer stays cut after them.
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for piece in ["one ", "two ", "three ", "four "] {
+        app.provider.push(cut(&[piece]));
+    }
+    let response = app.send(&chat, &json!({"content": "count"})).await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "one two three ");
+    assert_eq!(
+        chunks.last(),
+        Some(&UiChunk::Finish {
+            finish_reason: FinishReason::Length
+        })
+    );
+    assert_eq!(app.provider.requests().len(), 3);
+    let stored = app.messages(&chat).await;
+    assert_eq!(stored[1]["parts"][1]["text"], "one two three ");
+    drop(app);
+
+    // T6: each continuation is a model call of the turn.
+    let app = TestApp::start_with(|c| c.limits.max_iterations = 2).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for piece in ["one ", "two ", "three "] {
+        app.provider.push(cut(&[piece]));
+    }
+    let response = app.send(&chat, &json!({"content": "count"})).await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "one two ");
+    assert_eq!(app.provider.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stuck_turn_ends_failed_with_its_hold_released() {
+    let app = TestApp::start_with(|c| c.limits.stuck_after = Duration::from_millis(300)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A provider that accepts the request and then says nothing (short of the connect
+    // timeout, which would give up on it first).
+    app.provider.push(Reply::Stall {
+        delay: Duration::from_secs(20),
+        deltas: words("far too late"),
+    });
+    let response = app.send(&chat, &json!({"content": "hi"})).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done);
+    let Some(UiChunk::Error { error_text }) = chunks.last() else {
+        panic!("{chunks:?}")
+    };
+    assert!(error_text.starts_with("turn_stuck"), "{error_text}");
+    assert_eq!(
+        app.settled().await,
+        vec![("failed".to_owned(), Some("turn_stuck".to_owned()))]
+    );
+
+    // The hold is gone: the agent takes the next message at once.
+    app.provider.push(text("back"));
+    let response = app.send(&chat, &json!({"content": "again"})).await;
+    assert_eq!(response.status(), 200);
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "back");
+}
+
+#[tokio::test]
+async fn a_turn_that_streams_slowly_is_not_stuck() {
+    let app = TestApp::start_with(|c| c.limits.stuck_after = Duration::from_millis(600)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // Each delta comes within the period, the whole answer well after it.
+    app.provider.push(Reply::Text {
+        deltas: words("one two three four five six"),
+        delay: Duration::from_millis(250),
+    });
+    let response = app.send(&chat, &json!({"content": "hi"})).await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "one two three four five six");
+    assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
+}
