@@ -9,7 +9,9 @@
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeDelta, TimeZone, Utc};
 
-use store::{UsageGroup, UsageQuery};
+use store::{ModelTokens, UsageGroup, UsageQuery, UsageReport};
+
+use crate::models::catalog::TeamCatalog;
 
 /// The longest range one request may ask for.
 pub const MAX_RANGE_DAYS: i64 = 400;
@@ -57,6 +59,40 @@ pub fn usage_query(
     Ok(UsageQuery { from, to, group_by })
 }
 
+/// Fills in the cost of `report`'s totals and rows from their models' `tokens`, at the
+/// team's catalog prices (T16). A group's cost is unknown when one of its models has no
+/// price; a group without model calls costs nothing.
+pub fn price(report: &mut UsageReport, tokens: &ModelTokens, catalog: &TeamCatalog) {
+    report.totals.cost = cost(
+        tokens
+            .totals
+            .iter()
+            .map(|(model, tokens_in, tokens_out)| (model.as_str(), *tokens_in, *tokens_out)),
+        catalog,
+    );
+    for row in &mut report.rows {
+        row.sums.cost = cost(
+            tokens
+                .groups
+                .iter()
+                .filter(|(key, ..)| *key == row.key)
+                .map(|(_, model, tokens_in, tokens_out)| (model.as_str(), *tokens_in, *tokens_out)),
+            catalog,
+        );
+    }
+}
+
+fn cost<'a>(
+    models: impl Iterator<Item = (&'a str, i64, i64)>,
+    catalog: &TeamCatalog,
+) -> Option<f64> {
+    let sum: Option<f64> = models
+        .map(|(route, tokens_in, tokens_out)| catalog.cost(route, tokens_in, tokens_out))
+        .sum();
+    // Micro-dollars: below that, float noise only.
+    sum.map(|usd| (usd * 1e6).round() / 1e6)
+}
+
 fn instant(name: &str, raw: &str) -> Result<DateTime<Utc>, String> {
     if let Ok(at) = DateTime::parse_from_rfc3339(raw) {
         return Ok(at.with_timezone(&Utc));
@@ -84,6 +120,50 @@ fn clip(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::catalog::Catalog;
+    use store::{UsageRow, UsageSums};
+
+    #[test]
+    fn costs_are_summed_per_group_and_unknown_where_a_price_is() {
+        let catalog = TeamCatalog::new(&Catalog::shipped().unwrap(), &["openai", "anthropic"], []);
+        let row = |key: &str| UsageRow {
+            key: Some(key.to_owned()),
+            agent_name: None,
+            sums: UsageSums::default(),
+        };
+        let mut report = UsageReport {
+            from: at("2026-03-01T00:00:00Z"),
+            to: at("2026-03-02T00:00:00Z"),
+            group_by: UsageGroup::Agent,
+            rows: vec![row("a"), row("b"), row("c")],
+            next_cursor: None,
+            totals: UsageSums::default(),
+            snapshot_bytes: 0,
+        };
+        let tokens = ModelTokens {
+            totals: vec![
+                ("openai/gpt-4o".into(), 1_000_000, 100_000),
+                ("anthropic/claude-sonnet-4-5-20250929".into(), 100_000, 0),
+                ("openai/unknown".into(), 10, 10),
+            ],
+            groups: vec![
+                (Some("a".into()), "openai/gpt-4o".into(), 1_000_000, 100_000),
+                (
+                    Some("a".into()),
+                    "anthropic/claude-sonnet-4-5-20250929".into(),
+                    100_000,
+                    0,
+                ),
+                (Some("b".into()), "openai/unknown".into(), 10, 10),
+            ],
+        };
+        price(&mut report, &tokens, &catalog);
+        // 1M in at 2.50 and 100k out at 10.00, plus 100k in at 3.00.
+        assert_eq!(report.rows[0].sums.cost, Some(3.8));
+        assert_eq!(report.rows[1].sums.cost, None);
+        assert_eq!(report.rows[2].sums.cost, Some(0.0));
+        assert_eq!(report.totals.cost, None);
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

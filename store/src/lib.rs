@@ -80,7 +80,7 @@ pub use turns::{
     AssistantMessage, Begun, FrozenComposition, ModelCallUsage, NewTurn, Started, TurnEnd,
     TurnProgress, TurnRecord, TurnRow, TurnState, TurnStatus, TurnTrigger, storable_text,
 };
-pub use usage::{UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
+pub use usage::{ModelTokens, UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
 
 /// A row of a listing ordered by creation (its time, then its id): a page starts after (or
 /// before, newest first) it (L3).

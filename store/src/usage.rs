@@ -44,6 +44,15 @@ impl UsageGroup {
         Self::ALL.into_iter().find(|g| g.as_str() == s)
     }
 
+    /// The group key for [`Store::usage_models`], which groups by the model as well: a
+    /// copy of the column when the key is the model, so the two grouping sets differ.
+    fn cost_key_sql(self) -> &'static str {
+        match self {
+            Self::Model => "(model || '')",
+            other => other.key_sql(),
+        }
+    }
+
     /// The group key as SQL text; a constant, never input.
     fn key_sql(self) -> &'static str {
         match self {
@@ -71,6 +80,9 @@ pub struct UsageSums {
     pub model_calls: i64,
     /// Seconds of worker lifetime, to the millisecond.
     pub worker_seconds: f64,
+    /// USD of the model calls, at the catalog's prices (T16); `null` when a model used
+    /// has no known price (a partial sum would understate it). Filled in by the engine.
+    pub cost: Option<f64>,
 }
 
 #[derive(Clone, Debug, serde::Serialize, utoipa::ToSchema)]
@@ -152,6 +164,7 @@ impl Store {
                 tokens_out: row.try_get("tokens_out")?,
                 model_calls: row.try_get("model_calls")?,
                 worker_seconds: row.try_get("worker_seconds")?,
+                cost: None,
             };
             if row.try_get("total")? {
                 report.totals = sums;
@@ -166,5 +179,61 @@ impl Store {
             });
         }
         Ok(report)
+    }
+}
+
+/// The tokens of each model (route) within a usage report's groups, for its cost.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelTokens {
+    /// Over the whole range: (model, tokens in, tokens out).
+    pub totals: Vec<(String, i64, i64)>,
+    /// Per group asked for: (group key, model, tokens in, tokens out).
+    pub groups: Vec<(Option<String>, String, i64, i64)>,
+}
+
+impl Store {
+    /// The model calls of `query`'s range summed per model, over the whole range and per
+    /// group of `keys` (a page of a report's groups, `None` the group without a key).
+    pub async fn usage_models(
+        &self,
+        team: TeamId,
+        query: UsageQuery,
+        keys: &[Option<String>],
+    ) -> Result<ModelTokens, StoreError> {
+        let named: Vec<&str> = keys.iter().flatten().map(String::as_str).collect();
+        let unnamed = keys.iter().any(Option::is_none);
+        // `total` rows sum the whole range; the others only the groups asked for.
+        let sql = format!(
+            "SELECT {key} AS k, GROUPING({key}) = 1 AS total, model, \
+               COALESCE(sum(input_tokens), 0)::int8 AS tokens_in, \
+               COALESCE(sum(output_tokens), 0)::int8 AS tokens_out \
+             FROM billing_events \
+             WHERE team_id = $1 AND created_at >= $2 AND created_at < $3 \
+               AND kind = 'model_call' AND model IS NOT NULL \
+             GROUP BY GROUPING SETS (({key}, model), (model)) \
+             HAVING GROUPING({key}) = 1 OR {key} = ANY($4) OR ({key} IS NULL AND $5)",
+            key = query.group_by.cost_key_sql()
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(query.from)
+            .bind(query.to)
+            .bind(&named)
+            .bind(unnamed)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut tokens = ModelTokens::default();
+        for row in &rows {
+            let model: String = row.try_get("model")?;
+            let (tokens_in, tokens_out) = (row.try_get("tokens_in")?, row.try_get("tokens_out")?);
+            if row.try_get("total")? {
+                tokens.totals.push((model, tokens_in, tokens_out));
+            } else {
+                tokens
+                    .groups
+                    .push((row.try_get("k")?, model, tokens_in, tokens_out));
+            }
+        }
+        Ok(tokens)
     }
 }

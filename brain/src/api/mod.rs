@@ -20,6 +20,7 @@ mod issuers;
 mod keys;
 mod limit;
 mod mcp;
+mod models;
 mod oauth;
 pub mod openapi;
 mod paging;
@@ -125,6 +126,7 @@ fn routes() -> OpenApiRouter<AppState> {
             providers::delete
         ))
         .routes(routes!(providers::check))
+        .routes(routes!(models::list))
         .routes(routes!(keys::delete))
         .routes(routes!(quotas::get, quotas::put))
         .routes(routes!(

@@ -8,7 +8,8 @@ use super::{QueryParams, paging};
 use crate::AppState;
 use crate::error::ApiError;
 use engine::auth::Principal;
-use engine::usage::usage_query;
+use engine::models::catalog::team_catalog;
+use engine::usage::{price, usage_query};
 use protocol::ErrorBody;
 use store::{UsageReport, bounded};
 
@@ -40,7 +41,8 @@ pub struct UsageParams {
     params(UsageParams),
     responses(
         (status = 200, description = "The team's billing events summed per group (a page of \
-            groups), and in total.", body = UsageReport),
+            groups), and in total; `cost` in USD at the catalog's prices (`GET /v1/models`), \
+            `null` where a model used has no known price.", body = UsageReport),
         (status = 400, description = "A bad time, a range backwards or over 400 days, an \
             unknown `group_by` or parameter, a bad `limit` or `cursor` (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
@@ -76,5 +78,14 @@ pub async fn get(
         paging::page(rows, limit, &tag, |r| r.key.clone().unwrap_or_default());
     report.rows = rows;
     report.next_cursor = next_cursor;
+    let keys: Vec<Option<String>> = report.rows.iter().map(|row| row.key.clone()).collect();
+    let tokens = bounded(state.store.usage_models(team, query, &keys)).await?;
+    let catalog = bounded(team_catalog(
+        &state.store,
+        &state.config.model_catalog,
+        team,
+    ))
+    .await?;
+    price(&mut report, &tokens, &catalog);
     Ok(Json(report))
 }

@@ -10,7 +10,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use protocol::TeamId;
 use serde::{Deserialize, Serialize};
+use store::{MAX_PROVIDER_CONNECTIONS, Store, StoreError};
 
 /// One model's facts. The same shape serves the shipped table, the operator's file
 /// (`BRAIN_MODEL_CATALOG_FILE`) and a connection's declared models.
@@ -242,6 +244,28 @@ impl TeamCatalog {
         let cost = (tokens_in as f64 * input + tokens_out as f64 * output) / 1_000_000.0;
         Some(cost)
     }
+}
+
+/// The catalog `team` sees: the deployment's connections, and the team's own (all of
+/// them: a team has at most [`MAX_PROVIDER_CONNECTIONS`]).
+pub async fn team_catalog(
+    store: &Store,
+    catalog: &Catalog,
+    team: TeamId,
+) -> Result<TeamCatalog, StoreError> {
+    let rows = store
+        .provider_connections(team, None, MAX_PROVIDER_CONNECTIONS)
+        .await?;
+    let declared = rows.into_iter().map(|row| {
+        // Written by the engine from checked entries; a row it cannot read declares none.
+        let models = serde_json::from_value(row.models).unwrap_or_default();
+        (row.name, models)
+    });
+    Ok(TeamCatalog::new(
+        catalog,
+        &providers::Providers::BUILTIN,
+        declared,
+    ))
 }
 
 #[cfg(test)]
