@@ -31,7 +31,8 @@ pub struct CreateProvider {
     /// `[a-z0-9][a-z0-9_-]{0,62}`, unique in the team; `openai` and `anthropic` are the
     /// deployment's. A route names it: `vllm/qwen3-32b`.
     name: String,
-    /// The wire it speaks: `openai` (Chat Completions) or `anthropic` (Messages).
+    /// The wire it speaks: `openai` (Chat Completions), `openai-responses` (the Responses
+    /// API) or `anthropic` (Messages).
     kind: String,
     /// `http` or `https`, no credentials; for `openai` the base including `/v1`. A public
     /// address unless the operator allows private networks.
