@@ -525,7 +525,7 @@ async fn operator_app() -> TestApp {
 }
 
 /// What a team holds, made through its own key: an agent with a chat and a turn, a
-/// webhook, a team secret.
+/// webhook, a team secret, a provider connection.
 async fn populated_team(app: &TestApp, marker: &str) -> (String, String) {
     let created = as_operator(
         app,
@@ -577,6 +577,15 @@ async fn populated_team(app: &TestApp, marker: &str) -> (String, String) {
     .await
     .unwrap();
     assert_eq!(hook.status(), 201);
+    // A provider connection (T14) with a sealed key, at a public address never called.
+    let provider = post(
+        "/v1/providers",
+        json!({"name": "own", "kind": "openai", "base_url": "https://llm.example.com/v1",
+               "api_key": "sk-erased-1234"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(provider.status(), 201);
     (team, key)
 }
 
