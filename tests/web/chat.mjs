@@ -224,6 +224,13 @@ try {
   await asking.getByRole("button", { name: "Deny" }).click();
   await page.locator("details.tool .tool-state", { hasText: "denied" }).waitFor();
   await page.locator(".message.assistant").getByText("Not saved.").waitFor();
+  // A person names the chat (T17): the list shows the title instead of a timestamp.
+  await page.getByRole("button", { name: "Rename chat" }).click();
+  const rename = page.getByRole("form", { name: "Rename chat" });
+  await rename.getByLabel("Chat title").fill("  Careful notes  ");
+  await accessible("rename");
+  await rename.getByRole("button", { name: "Save" }).click();
+  await page.getByRole("button", { name: "Careful notes", exact: true }).waitFor();
   // Deleting that chat (L2) takes it off the list and closes it.
   const erasedChatId = new URL(page.url()).hash.slice(1).split("/")[1];
   page.once("dialog", (dialog) => dialog.accept());
