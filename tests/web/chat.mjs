@@ -255,6 +255,8 @@ try {
   // A browser agent, offline demo model: a real Chromium in the worker opens a page, and
   // its screenshot, stored as an artifact, shows inline.
   await page.getByRole("button", { name: "New agent" }).click();
+  // The model field suggests the team's catalog (T16, `GET /v1/models`).
+  await page.locator("#agent-models option[value^='openai/']").first().waitFor({ state: "attached" });
   await page.getByLabel("Name", { exact: true }).fill("surfer");
   await page.getByLabel("Model").fill("openai/gpt-test");
   await page.getByLabel("Runtime profile (hands)").selectOption("browser");

@@ -428,6 +428,18 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
   );
 }
 
+/** What a catalog model can do and costs, as its suggestion shows it. */
+function modelFacts(m: CatalogModel): string {
+  return [
+    m.tools && "tools",
+    m.vision && "vision",
+    m.context_window && `${m.context_window.toLocaleString()} tokens`,
+    m.pricing && `$${m.pricing.input_per_mtok}/$${m.pricing.output_per_mtok} per M tokens`,
+  ]
+    .filter(Boolean)
+    .join(", ");
+}
+
 /** A chat in the list: its title, else the start of its summary, else when it began. */
 function chatLabel(c: Chat): string {
   if (c.title) return c.title;
@@ -517,9 +529,7 @@ function CreateAgent({
       <datalist id="agent-models">
         {catalog.map((m) => (
           <option key={m.id} value={m.id}>
-            {[m.tools && "tools", m.vision && "vision", m.context_window && `${m.context_window} tokens`]
-              .filter(Boolean)
-              .join(", ")}
+            {modelFacts(m)}
           </option>
         ))}
       </datalist>

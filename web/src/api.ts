@@ -38,9 +38,11 @@ export const MAX_TITLE_CHARS = 80;
 export interface CatalogModel {
   /** The route an agent names: `<connection>/<model>`. */
   id: string;
-  tools?: boolean;
-  vision?: boolean;
-  context_window?: number | null;
+  tools: boolean;
+  vision: boolean;
+  context_window: number | null;
+  /** USD per million tokens, where known. */
+  pricing: { input_per_mtok: number; output_per_mtok: number } | null;
 }
 
 export interface StoredMessage {
@@ -221,9 +223,7 @@ export class Api {
    * catalog cannot be read (the field takes any route all the same). */
   async models(): Promise<CatalogModel[]> {
     try {
-      const body = await this.request<{ models?: CatalogModel[] } | CatalogModel[]>("GET", "/v1/models");
-      const models = Array.isArray(body) ? body : (body.models ?? []);
-      return models.filter((m) => typeof m?.id === "string");
+      return (await this.request<{ data: CatalogModel[] }>("GET", "/v1/models")).data;
     } catch {
       return [];
     }
