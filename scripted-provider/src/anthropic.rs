@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::plan::{self, Ending, Finish, Plan};
+use crate::plan::{self, Ending, Finish, Piece, Plan};
 use crate::stream::{Ctx, Event};
 
 fn stop_reason(ending: Ending) -> &'static str {
@@ -26,8 +26,11 @@ fn sse(kind: &str, data: &Value) -> String {
 /// Whether the answer opens with a text block: it does when there is text, and a plain
 /// text answer with no deltas still has its (empty) block.
 fn has_text_block(plan: &Plan) -> bool {
-    !plan.text.is_empty() || plan.calls.is_empty()
+    plan.has_text() || plan.calls.is_empty()
 }
+
+/// Anthropic's signature of a thinking block: opaque to the client, sent back as is.
+const SIGNATURE: &str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds";
 
 pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
     let mut events = vec![Event::now(sse(
@@ -52,17 +55,46 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
     };
 
     let mut index = 0;
-    if has_text_block(plan) {
+    let thoughts = plan.thoughts();
+    if !thoughts.is_empty() {
         events.push(Event::now(sse(
             "content_block_start",
-            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
         )));
         events.push(ping());
-        for (delay, piece) in &plan.text {
-            events.push(Event::text(*delay, piece, |text| {
+        for (delay, thought) in thoughts {
+            events.push(Event::after(
+                delay,
                 sse(
                     "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": thought}}),
+                ),
+            ));
+        }
+        events.push(Event::now(sse(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": SIGNATURE}}),
+        )));
+        events.push(block_stop(0));
+        index = 1;
+    }
+    if has_text_block(plan) {
+        let text_index = index;
+        events.push(Event::now(sse(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": text_index, "content_block": {"type": "text", "text": ""}}),
+        )));
+        if text_index == 0 {
+            events.push(ping());
+        }
+        for (delay, piece) in &plan.text {
+            if matches!(piece, Piece::Thought(_)) {
+                continue;
+            }
+            events.push(Event::text(*delay, piece, move |text| {
+                sse(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": text_index, "delta": {"type": "text_delta", "text": text}}),
                 )
             }));
         }
@@ -77,8 +109,8 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
             }
             Ending::Finish(_) => {}
         }
-        events.push(block_stop(0));
-        index = 1;
+        events.push(block_stop(text_index));
+        index += 1;
     }
     for call in &plan.calls {
         events.push(Event::now(sse(
@@ -124,6 +156,10 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
 
 pub(crate) fn complete(plan: &Plan, ctx: &Ctx) -> Value {
     let mut content = Vec::new();
+    let thoughts: String = plan.thoughts().into_iter().map(|(_, t)| t).collect();
+    if !thoughts.is_empty() {
+        content.push(json!({"type": "thinking", "thinking": thoughts, "signature": SIGNATURE}));
+    }
     if has_text_block(plan) {
         content.push(json!({"type": "text", "text": plan.text(ctx.epoch)}));
     }

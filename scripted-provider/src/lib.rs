@@ -297,6 +297,17 @@ pub enum Reply {
     /// many streams open at once. The usage counts `delta` once, however often it was
     /// sent. A non-streamed answer comes after the release and carries `delta` once.
     Held { delta: String, every: Duration },
+    /// Streams `reasoning` as the model's shown reasoning, then `deltas` as text, each
+    /// `delay` after the one before, then ends like `Text`. Each wire writes reasoning its
+    /// own way: OpenAI `delta.reasoning_content` (`message.reasoning_content` whole),
+    /// Anthropic a `thinking` block of `thinking_delta`s closed by a `signature_delta`,
+    /// Responses a `reasoning` item's `response.reasoning_summary_text.delta`s. Its
+    /// characters count as output tokens, as reasoning tokens do.
+    Reasoning {
+        reasoning: Vec<String>,
+        deltas: Vec<String>,
+        delay: Duration,
+    },
     /// Waits `delay` before sending response headers at all (for timeout tests), then
     /// behaves like Text with the given deltas, sent without further delay.
     Stall {

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::plan::{self, Ending, Finish, Plan};
+use crate::plan::{self, Ending, Finish, Piece, Plan};
 use crate::stream::{Ctx, Event};
 
 fn finish_reason(ending: Ending) -> &'static str {
@@ -53,6 +53,14 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
         )));
         role_sent = true;
         for (delay, piece) in &plan.text {
+            // vLLM's and DeepSeek's field; the content stays absent meanwhile.
+            if let Piece::Thought(thought) = piece {
+                events.push(Event::after(
+                    *delay,
+                    chunk(json!({"reasoning_content": thought}), None),
+                ));
+                continue;
+            }
             // A stamped delta is rendered when it is sent, so the renderer owns its context.
             let ctx = ctx.clone();
             events.push(Event::text(*delay, piece, move |text| {
@@ -122,6 +130,10 @@ pub(crate) fn complete(plan: &Plan, ctx: &Ctx) -> Value {
         "content": if text.is_empty() && !plan.calls.is_empty() { Value::Null } else { json!(text) },
         "refusal": null,
     });
+    let thoughts: String = plan.thoughts().into_iter().map(|(_, t)| t).collect();
+    if !thoughts.is_empty() {
+        message["reasoning_content"] = json!(thoughts);
+    }
     if !plan.calls.is_empty() {
         message["tool_calls"] = plan
             .calls

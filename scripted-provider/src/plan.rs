@@ -22,6 +22,9 @@ pub(crate) enum Piece {
     /// This text again after every delay until the held streams are released (zero
     /// times if the release comes first); then the plan goes on.
     Held(String),
+    /// Reasoning the model shows before its answer: each wire's reasoning field or
+    /// block, never its text.
+    Thought(String),
 }
 
 /// Characters of a [`stamp`].
@@ -82,7 +85,7 @@ impl Plan {
             match piece {
                 Piece::Fixed(t) => text.push_str(t),
                 Piece::Stamp => text.push_str(&stamp(epoch)),
-                Piece::Held(_) => {}
+                Piece::Held(_) | Piece::Thought(_) => {}
             }
         }
         text
@@ -95,7 +98,7 @@ impl Plan {
             .text
             .iter()
             .map(|(_, piece)| match piece {
-                Piece::Fixed(t) => t.chars().count(),
+                Piece::Fixed(t) | Piece::Thought(t) => t.chars().count(),
                 Piece::Stamp => STAMP_CHARS,
                 Piece::Held(_) => 0,
             })
@@ -124,6 +127,24 @@ impl Plan {
             .map(|c| c.delay * c.fragments.len() as u32)
             .sum();
         text + calls
+    }
+
+    /// The reasoning pieces, in order, each with its delay.
+    pub fn thoughts(&self) -> Vec<(Duration, &str)> {
+        self.text
+            .iter()
+            .filter_map(|(delay, piece)| match piece {
+                Piece::Thought(t) => Some((*delay, t.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether the answer has text pieces (reasoning aside).
+    pub fn has_text(&self) -> bool {
+        self.text
+            .iter()
+            .any(|(_, piece)| !matches!(piece, Piece::Thought(_)))
     }
 
     /// Whether the plan waits for [`crate::ScriptedProvider::release_held`].
@@ -210,6 +231,19 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
                 (Duration::ZERO, Piece::Fixed(delta.clone())),
                 (every.max(MIN_TICK), Piece::Held(delta)),
             ],
+            calls: Vec::new(),
+            ending: Ending::Finish(Finish::Stop),
+        }),
+        Reply::Reasoning {
+            reasoning,
+            deltas,
+            delay,
+        } => play(Plan {
+            text: reasoning
+                .into_iter()
+                .map(|t| (delay, Piece::Thought(t)))
+                .chain(timed(deltas, delay))
+                .collect(),
             calls: Vec::new(),
             ending: Ending::Finish(Finish::Stop),
         }),

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde_json::{Value, json};
 
 use crate::Wire;
-use crate::plan::{self, Ending, Finish, Plan};
+use crate::plan::{self, Ending, Finish, Piece, Plan};
 use crate::stream::{Ctx, Event};
 
 /// A request body as the chat-completions-shaped readers see it.
@@ -110,14 +110,16 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
     let created = response(ctx, "in_progress", Vec::new(), None);
     w.now(json!({"type": "response.created", "response": created}));
     w.now(json!({"type": "response.in_progress", "response": created}));
-    let has_message = !plan.text.is_empty() || plan.calls.is_empty();
-    if has_message {
+    if !plan.thoughts().is_empty() {
+        reasoning_events(&mut w, plan, ctx);
+    }
+    if has_message(plan) {
         text_events(&mut w, plan, ctx);
         if plan.ending == Ending::Cut {
             return w.events;
         }
     }
-    let offset = usize::from(has_message);
+    let offset = first_call_index(plan);
     for (i, call) in plan.calls.iter().enumerate() {
         let index = offset + i;
         let item_id = call_item_id(ctx, index);
@@ -147,24 +149,82 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
     w.events
 }
 
+/// Whether the output has a message item: when there is text, and for a plain answer
+/// with no deltas.
+fn has_message(plan: &Plan) -> bool {
+    plan.has_text() || plan.calls.is_empty()
+}
+
+/// The output items in order: the reasoning, the message, the calls.
+fn message_index(plan: &Plan) -> usize {
+    usize::from(!plan.thoughts().is_empty())
+}
+
+fn first_call_index(plan: &Plan) -> usize {
+    message_index(plan) + usize::from(has_message(plan))
+}
+
+fn reasoning_item(ctx: &Ctx, summary: Option<&str>) -> Value {
+    let summary = summary.map_or_else(Vec::new, |text| {
+        vec![json!({"type": "summary_text", "text": text})]
+    });
+    json!({"id": format!("rs_scripted{}", ctx.seq), "type": "reasoning", "summary": summary})
+}
+
+/// The reasoning item, first in the output: its summary streamed, then done.
+fn reasoning_events(w: &mut Writer, plan: &Plan, ctx: &Ctx) {
+    let item_id = format!("rs_scripted{}", ctx.seq);
+    w.now(
+        json!({"type": "response.output_item.added", "output_index": 0,
+        "item": reasoning_item(ctx, None)}),
+    );
+    w.now(
+        json!({"type": "response.reasoning_summary_part.added", "item_id": item_id,
+        "output_index": 0, "summary_index": 0, "part": {"type": "summary_text", "text": ""}}),
+    );
+    let mut whole = String::new();
+    for (delay, thought) in plan.thoughts() {
+        whole.push_str(thought);
+        let data = w.render(json!({"type": "response.reasoning_summary_text.delta",
+            "item_id": item_id, "output_index": 0, "summary_index": 0, "delta": thought}));
+        w.events.push(Event::after(delay, data));
+    }
+    w.now(
+        json!({"type": "response.reasoning_summary_text.done", "item_id": item_id,
+        "output_index": 0, "summary_index": 0, "text": whole}),
+    );
+    w.now(
+        json!({"type": "response.reasoning_summary_part.done", "item_id": item_id,
+        "output_index": 0, "summary_index": 0, "part": {"type": "summary_text", "text": whole}}),
+    );
+    w.now(
+        json!({"type": "response.output_item.done", "output_index": 0,
+        "item": reasoning_item(ctx, Some(&whole))}),
+    );
+}
+
 /// The message item: its text deltas, and its end unless the stream breaks in it.
 fn text_events(w: &mut Writer, plan: &Plan, ctx: &Ctx) {
     let item_id = message_id(ctx);
+    let index = message_index(plan);
     w.now(
-        json!({"type": "response.output_item.added", "output_index": 0,
+        json!({"type": "response.output_item.added", "output_index": index,
         "item": message_item(ctx, "in_progress", None)}),
     );
     w.now(
-        json!({"type": "response.content_part.added", "item_id": item_id, "output_index": 0,
+        json!({"type": "response.content_part.added", "item_id": item_id, "output_index": index,
         "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
     );
     for (delay, piece) in &plan.text {
+        if matches!(piece, Piece::Thought(_)) {
+            continue;
+        }
         // Rendered when sent (a stamp), so it numbers itself from where the text began.
         let sequence = w.sequence;
         let item_id = item_id.clone();
         w.events.push(Event::text(*delay, piece, move |text| {
             let data = json!({"type": "response.output_text.delta", "item_id": item_id,
-                "output_index": 0, "content_index": 0, "delta": text, "logprobs": [],
+                "output_index": index, "content_index": 0, "delta": text, "logprobs": [],
                 "sequence_number": sequence});
             format!("event: response.output_text.delta\ndata: {data}\n\n")
         }));
@@ -177,15 +237,15 @@ fn text_events(w: &mut Writer, plan: &Plan, ctx: &Ctx) {
             let text = plan.text(ctx.epoch);
             w.now(
                 json!({"type": "response.output_text.done", "item_id": item_id,
-                "output_index": 0, "content_index": 0, "text": text, "logprobs": []}),
+                "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
             );
             w.now(
                 json!({"type": "response.content_part.done", "item_id": item_id,
-                "output_index": 0, "content_index": 0,
+                "output_index": index, "content_index": 0,
                 "part": {"type": "output_text", "text": text, "annotations": []}}),
             );
             w.now(
-                json!({"type": "response.output_item.done", "output_index": 0,
+                json!({"type": "response.output_item.done", "output_index": index,
                 "item": message_item(ctx, "completed", Some(&text))}),
             );
         }
@@ -209,11 +269,14 @@ fn end_events(w: &mut Writer, plan: &Plan, ctx: &Ctx) {
 }
 
 fn output(plan: &Plan, ctx: &Ctx) -> Vec<Value> {
-    let has_message = !plan.text.is_empty() || plan.calls.is_empty();
-    let message = has_message.then(|| message_item(ctx, "completed", Some(&plan.text(ctx.epoch))));
-    let offset = usize::from(has_message);
-    message
+    let thoughts: String = plan.thoughts().into_iter().map(|(_, t)| t).collect();
+    let reasoning = (!thoughts.is_empty()).then(|| reasoning_item(ctx, Some(&thoughts)));
+    let message =
+        has_message(plan).then(|| message_item(ctx, "completed", Some(&plan.text(ctx.epoch))));
+    let offset = first_call_index(plan);
+    reasoning
         .into_iter()
+        .chain(message)
         .chain(
             plan.calls
                 .iter()

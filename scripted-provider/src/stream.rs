@@ -58,7 +58,7 @@ impl Event {
         render: impl Fn(&str) -> String + Send + 'static,
     ) -> Event {
         let data = match piece {
-            Piece::Fixed(text) => Data::Fixed(Bytes::from(render(text))),
+            Piece::Fixed(text) | Piece::Thought(text) => Data::Fixed(Bytes::from(render(text))),
             Piece::Stamp => Data::Stamp(Box::new(render)),
             Piece::Held(text) => Data::Held(Bytes::from(render(text))),
         };

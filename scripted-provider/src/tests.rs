@@ -1031,3 +1031,99 @@ async fn responses_history_and_demo_read_the_input_items() {
     assert_eq!(resp.header("retry-after"), Some("3"));
     assert_eq!(resp.json()["error"]["code"], "rate_limit_exceeded");
 }
+
+fn reasoning() -> Reply {
+    Reply::Reasoning {
+        reasoning: vec!["Grüße ".into(), "zählen.".into()],
+        deltas: vec!["Hal".into(), "lo".into()],
+        delay: Duration::from_millis(1),
+    }
+}
+
+#[tokio::test]
+async fn reasoning_is_each_wires_reasoning_never_its_text() {
+    let p = ScriptedProvider::start().await.unwrap();
+    for _ in 0..6 {
+        p.push(reasoning());
+    }
+
+    let cs = chunks(&post(p.addr(), OPENAI, &openai_body(true, true), &[]).await);
+    let field = |name: &str| -> String {
+        cs.iter()
+            .filter_map(|c| c["choices"][0]["delta"][name].as_str())
+            .collect()
+    };
+    assert_eq!(field("reasoning_content"), "Grüße zählen.");
+    assert_eq!(field("content"), "Hallo");
+    // "Grüße zählen." + "Hallo" = 18 chars -> 4 output tokens.
+    assert_eq!(cs.last().unwrap()["usage"]["completion_tokens"], 4);
+    let whole = post(p.addr(), OPENAI, &openai_body(false, false), &[])
+        .await
+        .json();
+    assert_eq!(
+        whole["choices"][0]["message"]["reasoning_content"],
+        "Grüße zählen."
+    );
+    assert_eq!(whole["choices"][0]["message"]["content"], "Hallo");
+
+    let events = post(p.addr(), ANTHROPIC, &anthropic_body(true), &[])
+        .await
+        .events();
+    let blocks: Vec<(u64, &str)> = events
+        .iter()
+        .filter(|(kind, _)| kind == "content_block_start")
+        .map(|(_, d)| {
+            let kind = d["content_block"]["type"].as_str().unwrap();
+            (d["index"].as_u64().unwrap(), kind)
+        })
+        .collect();
+    assert_eq!(blocks, [(0, "thinking"), (1, "text")]);
+    let deltas = |kind: &str, field: &str| -> String {
+        events
+            .iter()
+            .filter(|(_, d)| d["delta"]["type"] == kind)
+            .map(|(_, d)| d["delta"][field].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(deltas("thinking_delta", "thinking"), "Grüße zählen.");
+    assert!(!deltas("signature_delta", "signature").is_empty());
+    assert_eq!(deltas("text_delta", "text"), "Hallo");
+    let whole = post(p.addr(), ANTHROPIC, &anthropic_body(false), &[])
+        .await
+        .json();
+    assert_eq!(whole["content"][0]["type"], "thinking");
+    assert_eq!(
+        whole["content"][1],
+        json!({"type": "text", "text": "Hallo"})
+    );
+
+    let events = post(p.addr(), RESPONSES, &responses_body(true), &[])
+        .await
+        .events();
+    let text_of = |kind: &str| -> String {
+        events
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, d)| d["delta"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        text_of("response.reasoning_summary_text.delta"),
+        "Grüße zählen."
+    );
+    assert_eq!(text_of("response.output_text.delta"), "Hallo");
+    let done = &events.last().unwrap().1["response"];
+    assert_eq!(done["output"][0]["type"], "reasoning");
+    assert_eq!(done["output"][1]["output_index"], Value::Null);
+    assert_eq!(done["output"][1]["content"][0]["text"], "Hallo");
+    let message_events: Vec<u64> = events
+        .iter()
+        .filter(|(k, _)| k == "response.output_text.delta")
+        .map(|(_, d)| d["output_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(message_events, [1, 1]);
+    let whole = post(p.addr(), RESPONSES, &responses_body(false), &[])
+        .await
+        .json();
+    assert_eq!(whole["output"][0]["summary"][0]["text"], "Grüße zählen.");
+}

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use engine::models::catalog::{Catalog, ModelFacts, Table};
-use scripted_provider::{ScriptedProvider, Wire};
+use scripted_provider::{Reply, ScriptedProvider, Wire};
 use serde_json::{Value, json};
 use store::SecretsKey;
 use uuid::Uuid;
@@ -124,6 +124,38 @@ async fn inline_reasoning_is_neither_streamed_nor_stored_nor_sent_back() {
         history.contains("Hallo!") && !history.contains("Überlegung"),
         "{history}"
     );
+}
+
+#[tokio::test]
+async fn reasoning_from_every_wire_stays_out_of_the_answer() {
+    let app = app().await;
+    let team = ScriptedProvider::start().await.unwrap();
+    connect(&app, "resp", "openai-responses", &team, json!([])).await;
+    for (route, server) in [
+        ("openai/gpt-test", &app.provider),
+        ("anthropic/claude-test", &app.provider),
+        ("resp/o4-mini", &team),
+    ] {
+        let (_agent, chat) = app.agent_and_chat(route, &[]).await;
+        server.push(Reply::Reasoning {
+            reasoning: vec!["geheime ".into(), "Überlegung".into()],
+            deltas: vec!["Hal".into(), "lo!".into()],
+            delay: std::time::Duration::from_millis(1),
+        });
+        let (chunks, done) = read_stream(app.send(&chat, &json!({"content": "hi"})).await).await;
+        assert!(done, "{route}");
+        assert_eq!(streamed_text(&chunks), "Hallo!", "{route}");
+        let transcript = app
+            .get(&format!("/v1/chats/{chat}/messages"))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            transcript.contains("Hallo!") && !transcript.contains("Überlegung"),
+            "{route}: {transcript}"
+        );
+    }
 }
 
 #[tokio::test]
