@@ -44,9 +44,12 @@ pub enum ProviderKind {
 impl<'a> ModelRoute<'a> {
     /// Parses `<connection>/<model>`; the message says what is wrong.
     pub fn parse(route: &'a str) -> Result<Self, String> {
-        let (connection, model) = route
-            .split_once('/')
-            .ok_or_else(|| format!("model `{route}` must look like <connection>/<model>"))?;
+        let (connection, model) = route.split_once('/').ok_or_else(|| {
+            format!(
+                "model `{route}` must look like <connection>/<model>: openai/<model>, \
+                     anthropic/<model> or a team connection's name"
+            )
+        })?;
         if !is_connection_name(connection) {
             return Err(format!(
                 "connection `{connection}` in model `{route}` must match [a-z0-9][a-z0-9_-]{{0,62}}"

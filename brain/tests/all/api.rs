@@ -116,7 +116,7 @@ async fn bad_bodies_get_stable_codes_and_write_nothing() {
     let app = TestApp::start().await;
     let cases = [
         json!({"name": "a", "system_prompt": "", "model": "gpt-4o"}),
-        json!({"name": "a", "system_prompt": "", "model": "google/gemini"}),
+        json!({"name": "a", "system_prompt": "", "model": "Google/gemini"}),
         json!({"name": "", "system_prompt": "", "model": "openai/x"}),
         json!({"name": "a", "system_prompt": "", "model": "openai/x", "runtime_profile": "gpu"}),
         json!({"name": "a", "system_prompt": "", "model": "openai/x", "temperature": 2}),

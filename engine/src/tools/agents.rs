@@ -47,7 +47,8 @@ struct CreateArgs {
     name: String,
     /// The new agent's system prompt.
     system_prompt: String,
-    /// Its model, as provider/model: e.g. "openai/gpt-4.1" or "anthropic/claude-sonnet-4".
+    /// Its model, as connection/model: e.g. "openai/gpt-4.1", "anthropic/claude-sonnet-4",
+    /// or a model of one of the team's own provider connections.
     model: String,
     /// Models tried in order when the primary fails (at most 5).
     #[serde(default)]
@@ -282,7 +283,7 @@ struct UpdateArgs {
     /// A new system prompt.
     #[serde(default)]
     system_prompt: Option<String>,
-    /// A new model, as provider/model.
+    /// A new model, as connection/model.
     #[serde(default)]
     model: Option<String>,
     /// New fallback models, tried in order (at most 5).
