@@ -93,8 +93,9 @@ async fn a_new_chat_is_titled_once_by_its_title_route() {
     let agent = agent(&app, json!({"title": "anthropic/title-model"})).await;
     let chat = app.new_chat(&agent).await;
     assert_eq!(listed(&app, &agent, &chat).await["title"], Value::Null);
+    // An open reasoning model thinks inline first: none of it reaches the title (T18).
     second.push(Reply::Text {
-        deltas: words("\"Planning a trip to Lyon.\""),
+        deltas: words("<think>They ask about travel.</think>\n\"Planning a trip to Lyon.\""),
         delay: Duration::from_millis(1),
     });
     app.provider.push(Reply::Text {

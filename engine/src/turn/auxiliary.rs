@@ -101,7 +101,7 @@ pub(super) async fn one_shot(
         let mut stream = match resolved.provider.stream(&call).await {
             Ok(stream) => stream,
             Err(err) => {
-                connections.failed(team, &resolved, &err);
+                connections.failed(team, resolved.connection, &err);
                 tracing::info!(
                     what,
                     class = err.metric_label(),
@@ -313,10 +313,9 @@ fn cut(text: &str, chars: usize) -> String {
 /// marks and trailing period gone, whitespace collapsed, at most `MAX_TITLE_CHARS`
 /// (cut at a word). `None` when nothing is left.
 pub fn clean_title(text: &str) -> Option<String> {
-    // A model that reasons inline puts its answer after the closing tag.
-    let text = text
-        .rsplit_once("</think>")
-        .map_or(text, |(_, after)| after);
+    // The adapters split inline reasoning out of the text already (T18); this is the
+    // same rule for a text that still holds some.
+    let text = providers::strip_inline_reasoning(text);
     let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
     let line = line.strip_prefix("Title:").unwrap_or(line);
     let marks: &[char] = &['"', '\'', '`', '*', '#', '“', '”', '«', '»', ' '];
@@ -354,7 +353,8 @@ mod tests {
             Some("Planning a trip to Lyon")
         );
         assert_eq!(
-            clean_title("<think>the user wants</think>\n\n**Rust   lifetimes**\nmore").as_deref(),
+            clean_title("<think>the user wants\na title</think>\n\n**Rust   lifetimes**\nmore")
+                .as_deref(),
             Some("Rust lifetimes")
         );
         assert_eq!(
