@@ -184,6 +184,9 @@ pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, 
             "BRAIN_ARTIFACTS_DIR".into(),
             artifacts.to_string_lossy().into_owned(),
         ),
+        // A title call after each new chat's first turn would take a reply scripted for a
+        // turn: the scenarios measure the turn path without it.
+        ("BRAIN_CHAT_TITLES".into(), "false".into()),
     ])
 }
 
