@@ -169,6 +169,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         approval_policy: Default::default(),
         disconnect_policy: Default::default(),
         auxiliary_models: Default::default(),
+        stream_reasoning: false,
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

@@ -48,6 +48,7 @@ pub fn validate_new_agent(
         approval_policy: ApprovalPolicy::default(),
         disconnect_policy: DisconnectPolicy::default(),
         auxiliary_models: AuxiliaryModels::default(),
+        stream_reasoning: false,
     })
 }
 
@@ -139,6 +140,8 @@ pub struct AgentChange {
     pub busy_policy: Option<BusyPolicy>,
     /// Replaces the auxiliary routes as a whole (T17).
     pub auxiliary_models: Option<AuxiliaryModels>,
+    /// Streams the model's reasoning to the client, or stops (T18).
+    pub stream_reasoning: Option<bool>,
 }
 
 impl AgentChange {
@@ -157,6 +160,7 @@ impl AgentChange {
             ("disconnect_policy", self.disconnect_policy.is_some()),
             ("busy_policy", self.busy_policy.is_some()),
             ("auxiliary_models", self.auxiliary_models.is_some()),
+            ("stream_reasoning", self.stream_reasoning.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -229,6 +233,7 @@ pub fn apply_change(
         disconnect_policy,
         busy_policy,
         auxiliary_models,
+        stream_reasoning: change.stream_reasoning.unwrap_or(current.stream_reasoning),
         changed,
     })
 }

@@ -78,6 +78,15 @@ pub(crate) enum Prepared {
 }
 
 impl Plan {
+    /// Text only, then `ending`.
+    fn text_only(text: Vec<(Duration, Piece)>, ending: Ending) -> Self {
+        Self {
+            text,
+            calls: Vec::new(),
+            ending,
+        }
+    }
+
     /// The text as one complete body carries it: stamps taken now, held repeats left out.
     pub fn text(&self, epoch: Instant) -> String {
         let mut text = String::new();
@@ -161,12 +170,9 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
         stall: Duration::ZERO,
         plan,
     };
+    let text = |text, ending| play(Plan::text_only(text, ending));
     match reply {
-        Reply::Text { deltas, delay } => play(Plan {
-            text: timed(deltas, delay),
-            calls: Vec::new(),
-            ending: Ending::Finish(Finish::Stop),
-        }),
+        Reply::Text { deltas, delay } => text(timed(deltas, delay), Ending::Finish(Finish::Stop)),
         Reply::ToolCalls {
             text,
             calls,
@@ -199,11 +205,10 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             calls: truncated(calls, fragment),
             ending: Ending::Finish(Finish::Length),
         }),
-        Reply::TruncatedText { deltas } => play(Plan {
-            text: timed(deltas, Duration::ZERO),
-            calls: Vec::new(),
-            ending: Ending::Finish(Finish::Length),
-        }),
+        Reply::TruncatedText { deltas } => text(
+            timed(deltas, Duration::ZERO),
+            Ending::Finish(Finish::Length),
+        ),
         Reply::Status {
             status,
             retry_after,
@@ -211,16 +216,8 @@ pub(crate) fn prepare(reply: Reply) -> Prepared {
             status,
             retry_after,
         },
-        Reply::Cut { deltas, delay } => play(Plan {
-            text: timed(deltas, delay),
-            calls: Vec::new(),
-            ending: Ending::Cut,
-        }),
-        Reply::StreamError { deltas, delay } => play(Plan {
-            text: timed(deltas, delay),
-            calls: Vec::new(),
-            ending: Ending::Error,
-        }),
+        Reply::Cut { deltas, delay } => text(timed(deltas, delay), Ending::Cut),
+        Reply::StreamError { deltas, delay } => text(timed(deltas, delay), Ending::Error),
         Reply::Stamped { count, delay } => play(Plan {
             text: (0..count).map(|_| (delay, Piece::Stamp)).collect(),
             calls: Vec::new(),

@@ -146,6 +146,8 @@ pub struct NewAgent {
     pub disconnect_policy: DisconnectPolicy,
     /// Checked like `model` (T17).
     pub auxiliary_models: AuxiliaryModels,
+    /// Streams the model's reasoning to the client (T18).
+    pub stream_reasoning: bool,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -162,6 +164,7 @@ pub struct AgentUpdate {
     pub disconnect_policy: DisconnectPolicy,
     pub busy_policy: BusyPolicy,
     pub auxiliary_models: AuxiliaryModels,
+    pub stream_reasoning: bool,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -190,11 +193,14 @@ pub struct AgentRow {
     /// The models of the agent's titles, summaries and image descriptions (T17); an
     /// absent one is the team's default, else the agent's own route.
     pub auxiliary_models: AuxiliaryModels,
+    /// Whether the model's reasoning is streamed to the client as reasoning parts (T18);
+    /// it is never stored either way.
+    pub stream_reasoning: bool,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -230,6 +236,7 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
         auxiliary_models: row
             .try_get::<sqlx::types::Json<AuxiliaryModels>, _>("auxiliary_models")?
             .0,
+        stream_reasoning: row.try_get("stream_reasoning")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -268,8 +275,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -293,6 +300,7 @@ impl Store {
             .bind(call.map(|call| call.turn.0))
             .bind(call.map(|call| call.call))
             .bind(sqlx::types::Json(&agent.auxiliary_models))
+            .bind(agent.stream_reasoning)
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -369,7 +377,7 @@ impl Store {
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
-             auxiliary_models = $16, updated_at = now() \
+             auxiliary_models = $16, stream_reasoning = $17, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -389,6 +397,7 @@ impl Store {
             .bind(update.disconnect_policy.as_str())
             .bind(update.busy_policy.as_str())
             .bind(sqlx::types::Json(&update.auxiliary_models))
+            .bind(update.stream_reasoning)
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

@@ -242,7 +242,8 @@ impl Store {
                     a.id, a.team_id, a.name, a.system_prompt, a.model, a.fallback_models, \
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
-                    a.disconnect_policy, a.busy_policy, a.auxiliary_models, a.created_at, \
+                    a.disconnect_policy, a.busy_policy, a.auxiliary_models, a.stream_reasoning, \
+                    a.created_at, \
                     c.basis_version AS chat_version, a.basis_version AS agent_version, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \

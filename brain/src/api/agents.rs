@@ -47,6 +47,10 @@ pub struct CreateAgent {
     /// checked like `model`; an absent one is the team's default, else `model`.
     #[serde(default)]
     auxiliary_models: AuxiliaryModels,
+    /// Stream the model's reasoning to the client as AI SDK reasoning parts (T18); off by
+    /// default. Reasoning is never stored, so a replay or the transcript shows none.
+    #[serde(default)]
+    stream_reasoning: bool,
 }
 
 impl CreateAgent {
@@ -56,7 +60,7 @@ impl CreateAgent {
             .map_err(ApiError::InvalidRequest)?;
         validate_auxiliary(&self.auxiliary_models).map_err(ApiError::InvalidRequest)?;
         let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
-        let auxiliary_models = self.auxiliary_models;
+        let (auxiliary_models, stream_reasoning) = (self.auxiliary_models, self.stream_reasoning);
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -69,6 +73,7 @@ impl CreateAgent {
             approval_policy,
             disconnect_policy,
             auxiliary_models,
+            stream_reasoning,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -190,6 +195,9 @@ pub struct PatchAgent {
     /// Replaces the auxiliary routes (T17) as a whole: `{}` names none.
     #[serde(default)]
     auxiliary_models: Option<AuxiliaryModels>,
+    /// Stream the model's reasoning to the client as reasoning parts, or stop (T18).
+    #[serde(default)]
+    stream_reasoning: Option<bool>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -204,6 +212,7 @@ impl From<PatchAgent> for AgentChange {
             disconnect_policy: patch.disconnect_policy,
             busy_policy: patch.busy_policy,
             auxiliary_models: patch.auxiliary_models,
+            stream_reasoning: patch.stream_reasoning,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }

@@ -191,3 +191,131 @@ async fn a_turn_that_streams_slowly_is_not_stuck() {
     assert_eq!(streamed_text(&chunks), "one two three four five six");
     assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
 }
+
+fn reasoning_of(chunks: &[UiChunk]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::ReasoningDelta { delta, .. } => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_reasoning(chunk: &UiChunk) -> bool {
+    matches!(
+        chunk,
+        UiChunk::ReasoningStart { .. }
+            | UiChunk::ReasoningDelta { .. }
+            | UiChunk::ReasoningEnd { .. }
+    )
+}
+
+/// A model that thinks inline: its block split across deltas, as models stream it.
+fn thinking() -> Reply {
+    deltas(&["<think>the secret", " plan</th", "ink>\n\nHel", "lo."])
+}
+
+#[tokio::test]
+async fn inline_reasoning_never_reaches_the_stream_the_transcript_or_the_next_request() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(thinking());
+    let response = app.send(&chat, &json!({"content": "hi"})).await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "Hello.");
+    assert_eq!(count(&chunks, is_reasoning), 0, "the agent did not opt in");
+    let stored = app.messages(&chat).await;
+    assert_eq!(
+        stored[1]["parts"],
+        json!([{"type": "step-start"}, {"type": "text", "text": "Hello."}])
+    );
+
+    // An answer stored before reasoning was split out still carries its block: the next
+    // request reads the answer without it.
+    sqlx::query(
+        "UPDATE messages SET parts = $1 WHERE role = 'assistant'",
+    )
+    .bind(json!([{"type": "step-start"}, {"type": "text", "text": "<think>an old secret</think>Hello."}]))
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    app.provider.push(text("ok"));
+    let response = app.send(&chat, &json!({"content": "next"})).await;
+    read_stream(response).await;
+    let requests = app.provider.requests();
+    let next = requests.last().unwrap().body.to_string();
+    assert!(
+        !next.contains("old secret") && !next.contains("secret plan") && !next.contains("think>"),
+        "{next}"
+    );
+    assert!(next.contains("Hello."), "{next}");
+}
+
+#[tokio::test]
+async fn an_agent_that_opts_in_streams_reasoning_parts_and_stores_none() {
+    let app = TestApp::start().await;
+    let created = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "thinker", "system_prompt": "Think.", "model": "openai/gpt-test",
+                    "stream_reasoning": true}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    assert_eq!(agent["stream_reasoning"], true);
+    let agent_id = agent["id"].as_str().unwrap();
+    let chat = app.new_chat(agent_id).await;
+    app.provider.push(thinking());
+    let response = app
+        .send(&chat, &json!({"content": "hi", "message_id": "m-1"}))
+        .await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(reasoning_of(&chunks), "the secret plan");
+    assert_eq!(streamed_text(&chunks), "Hello.");
+    // One reasoning part, closed before the answer's text opens.
+    let at = |want: fn(&UiChunk) -> bool| chunks.iter().position(want).unwrap();
+    assert!(
+        at(|c| matches!(c, UiChunk::ReasoningStart { .. }))
+            < at(|c| matches!(c, UiChunk::ReasoningEnd { .. }))
+    );
+    assert!(
+        at(|c| matches!(c, UiChunk::ReasoningEnd { .. }))
+            < at(|c| matches!(c, UiChunk::TextStart { .. }))
+    );
+    assert_eq!(
+        count(&chunks, |c| matches!(c, UiChunk::ReasoningStart { .. })),
+        1
+    );
+
+    // Never stored: neither the transcript nor a replay of the turn (T12) shows any.
+    let stored = app.messages(&chat).await;
+    assert_eq!(
+        stored[1]["parts"],
+        json!([{"type": "step-start"}, {"type": "text", "text": "Hello."}])
+    );
+    let replay = app
+        .send(&chat, &json!({"content": "hi", "message_id": "m-1"}))
+        .await;
+    assert_eq!(replay.status(), 200);
+    let (replayed, _) = read_stream(replay).await;
+    assert_eq!(streamed_text(&replayed), "Hello.");
+    assert_eq!(count(&replayed, is_reasoning), 0);
+
+    // Turned off again, it streams none.
+    let patched = app
+        .auth(app.http.patch(format!("{}/v1/agents/{agent_id}", app.url)))
+        .json(&json!({"stream_reasoning": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    let patched: Value = patched.json().await.unwrap();
+    assert_eq!(patched["stream_reasoning"], false);
+    app.provider.push(thinking());
+    let response = app.send(&chat, &json!({"content": "again"})).await;
+    let (chunks, _) = read_stream(response).await;
+    assert_eq!(streamed_text(&chunks), "Hello.");
+    assert_eq!(count(&chunks, is_reasoning), 0);
+}

@@ -661,6 +661,38 @@ async fn a_concierge_creates_changes_and_archives_team_agents() {
     assert_eq!(response.status(), 404);
 }
 
+/// T14: the agent tools hold an agent's routes to the team's provider connections and the
+/// deployment's, as the API does; a refused create writes nothing.
+#[tokio::test]
+async fn a_concierge_names_only_its_teams_provider_connections() {
+    let app = TestApp::start().await;
+    let (_, chat) = concierge_and_chat(&app).await;
+    let chunks = turn(
+        &app,
+        &chat,
+        vec![vec![
+            call(
+                "model",
+                "agent_create",
+                json!({"name": "x", "system_prompt": "", "model": "nowhere/m"}),
+            ),
+            call(
+                "fallback",
+                "agent_create",
+                json!({"name": "y", "system_prompt": "", "model": "openai/gpt-test",
+                       "fallback_models": ["elsewhere/m"]}),
+            ),
+        ]],
+    )
+    .await;
+    for id in ["model", "fallback"] {
+        let refused = result_of(&chunks, id).unwrap_err();
+        assert!(refused.contains("no provider connection named"), "{refused}");
+    }
+    let agents: Value = app.get("/v1/agents").await.json().await.unwrap();
+    assert_eq!(agents["agents"].as_array().unwrap().len(), 1, "{agents}");
+}
+
 #[tokio::test]
 async fn a_concierge_cannot_reach_another_teams_agents() {
     let app = TestApp::start().await;
@@ -680,6 +712,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 approval_policy: Default::default(),
                 disconnect_policy: Default::default(),
                 auxiliary_models: Default::default(),
+                stream_reasoning: false,
             },
             &store::Actor::operator(None),
         )

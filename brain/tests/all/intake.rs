@@ -39,6 +39,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         approval_policy: Default::default(),
         disconnect_policy: Default::default(),
         auxiliary_models: Default::default(),
+        stream_reasoning: false,
     };
     let mut chats = Vec::new();
     for _ in 0..n {

@@ -56,6 +56,10 @@ struct CreateArgs {
     /// What hands it gets: none, light, browser, heavy or warm (default none).
     #[serde(default)]
     runtime_profile: Option<String>,
+    /// Show the model's reasoning to the person in the chat as it streams (never stored;
+    /// default false).
+    #[serde(default)]
+    stream_reasoning: bool,
 }
 
 struct AgentCreate;
@@ -105,7 +109,10 @@ impl Tool for AgentCreate {
                 args.runtime_profile,
                 false,
             ) {
-                Ok(new) => new,
+                Ok(new) => store::NewAgent {
+                    stream_reasoning: args.stream_reasoning,
+                    ..new
+                },
                 Err(problem) => return ToolOutput::error(problem),
             };
             if let Some(refused) = route_check(ctx, &new.model, &new.fallback_models).await {
@@ -301,6 +308,9 @@ struct UpdateArgs {
     /// The IANA time zone of the cron expression (e.g. "Europe/Paris"); null is UTC.
     #[serde(default, deserialize_with = "crate::agents::present")]
     autostart_timezone: Option<Option<String>>,
+    /// Show the model's reasoning to the person in the chat as it streams, or stop.
+    #[serde(default)]
+    stream_reasoning: Option<bool>,
 }
 
 struct AgentUpdate {
@@ -371,6 +381,7 @@ impl Tool for AgentUpdate {
                 busy_policy: None,
                 // Which models the agent's auxiliary calls bill is the API's to set.
                 auxiliary_models: None,
+                stream_reasoning: args.stream_reasoning,
             };
             let update = match apply_change(
                 &current,

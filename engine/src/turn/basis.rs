@@ -320,6 +320,7 @@ mod tests {
             disconnect_policy: Default::default(),
             busy_policy: Default::default(),
             auxiliary_models: Default::default(),
+            stream_reasoning: false,
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {

@@ -25,6 +25,8 @@ pub(super) struct Opened {
     usage: Usage,
     call_index: u32,
     model: String,
+    /// The team connection it goes through (T14), whose failure is recorded on it.
+    connection: Option<uuid::Uuid>,
     /// The call's `model_call` span, ended when the call is.
     span: tracing::Span,
 }
@@ -105,7 +107,7 @@ impl TurnTask {
                 Ok(stream) => stream,
                 Err(err) => {
                     self.metrics.provider_error(&err);
-                    self.deps.connections.failed(self.ids.team, &resolved, &err);
+                    self.deps.connections.failed(self.ids.team, resolved.connection, &err);
                     span.record("outcome", err.metric_label());
                     tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
@@ -138,12 +140,13 @@ impl TurnTask {
                             usage,
                             call_index,
                             model: route.clone(),
+                            connection: resolved.connection,
                             span,
                         });
                     }
                     Some(Err(err)) => {
                         self.metrics.provider_error(&err);
-                        self.deps.connections.failed(self.ids.team, &resolved, &err);
+                        self.deps.connections.failed(self.ids.team, resolved.connection, &err);
                         tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model stream failed before output");
                         record_call(&span, usage, err.metric_label());
                         usage_log.push(call_usage(call_index, route, usage));
@@ -179,11 +182,13 @@ impl TurnTask {
             usage,
             call_index,
             model,
+            connection,
             span,
         } = opened;
         let mut gathered = Gathered {
             shown,
             held: continues.then(String::new),
+            reasoning: Reasoning::Closed(format!("reasoning-{call_index}")),
             calls: Vec::new(),
             hidden_inputs: Default::default(),
             usage,
@@ -212,8 +217,10 @@ impl TurnTask {
         };
         // Dropping the stream closes the provider connection: the abort of T8.
         drop(stream);
+        self.end_reasoning(&mut gathered).await;
         if let StepOutcome::Failed(err) = &outcome {
             self.metrics.provider_error(err);
+            self.deps.connections.failed(self.ids.team, connection, err);
         }
         let label = match &outcome {
             StepOutcome::Finished(_) => "ok",
@@ -256,6 +263,12 @@ impl TurnTask {
                 | ProviderEvent::Usage(_)
                 | ProviderEvent::ReasoningDelta(_)
         );
+        if !matches!(
+            event,
+            ProviderEvent::ReasoningDelta(_) | ProviderEvent::Usage(_)
+        ) {
+            self.end_reasoning(gathered).await;
+        }
         if !quiet && !self.release_held(gathered).await {
             return Some(StepOutcome::Cancelled);
         }
@@ -298,7 +311,10 @@ impl TurnTask {
             }
             ProviderEvent::Finished(reason) => return Some(StepOutcome::Finished(reason)),
             // Reasoning is never part of the answer (T18).
-            ProviderEvent::ReasoningDelta(_) => return None,
+            ProviderEvent::ReasoningDelta(delta) => {
+                return (!self.relay_reasoning(delta, gathered).await)
+                    .then_some(StepOutcome::Cancelled);
+            }
         };
         (!self.client.send(chunk).await).then_some(StepOutcome::Cancelled)
     }
@@ -356,12 +372,51 @@ impl TurnTask {
     }
 }
 
+/// The call's reasoning part, by its id: streamed only to an agent that opts in (T18).
+enum Reasoning {
+    Closed(String),
+    Open(String),
+}
+
+impl TurnTask {
+    /// Shows a reasoning delta when the agent opts in (opening the part first), else drops
+    /// it; whether the client took what was sent. It is never gathered: reasoning is not
+    /// part of the answer, its transcript or the next request (T18).
+    async fn relay_reasoning(&self, delta: String, gathered: &mut Gathered) -> bool {
+        if !self.rules.stream_reasoning || delta.is_empty() {
+            return true;
+        }
+        if let Reasoning::Closed(id) = &gathered.reasoning {
+            let id = id.clone();
+            gathered.reasoning = Reasoning::Open(id.clone());
+            if !self.client.send(UiChunk::ReasoningStart { id }).await {
+                return false;
+            }
+        }
+        let (Reasoning::Open(id) | Reasoning::Closed(id)) = &gathered.reasoning;
+        let id = id.clone();
+        self.client
+            .send(UiChunk::ReasoningDelta { id, delta })
+            .await
+    }
+
+    /// Closes the reasoning part before anything else the call shows, and at its end.
+    async fn end_reasoning(&self, gathered: &mut Gathered) {
+        if let Reasoning::Open(id) = &gathered.reasoning {
+            let id = id.clone();
+            gathered.reasoning = Reasoning::Closed(id.clone());
+            self.client.send(UiChunk::ReasoningEnd { id }).await;
+        }
+    }
+}
+
 /// What one model call's relay gathered so far.
 struct Gathered {
     /// The step's text, this call's included.
     shown: Shown,
     /// A continuation's start, until its overlap with `shown` is decided (T19).
     held: Option<String>,
+    reasoning: Reasoning,
     calls: Vec<ToolCall>,
     /// The calls whose input fragments are not streamed (a tool that redacts its input).
     hidden_inputs: std::collections::HashSet<String>,

@@ -53,6 +53,8 @@ pub(super) struct Rules {
     pub policy: ApprovalPolicy,
     /// How long a call that asks waits for its answer (A4).
     pub approval_ttl: Duration,
+    /// The agent streams the model's reasoning to the client (T18); never stored.
+    pub stream_reasoning: bool,
 }
 
 /// An admitted turn: its id, its budget, and its stop handle.

@@ -79,6 +79,7 @@ impl TurnTask {
                 limits: state.config.limits,
                 policy: basis.agent.approval_policy.clone(),
                 approval_ttl: state.config.approval_ttl,
+                stream_reasoning: basis.agent.stream_reasoning,
             },
             client: Client::new(
                 (ids.chat, ids.turn),
