@@ -366,3 +366,23 @@ async fn a_connection_agents_name_is_not_deleted_until_they_stop_naming_it() {
     assert_eq!(deleted.status(), 204);
     assert_eq!(app.get(&path).await.status(), 404);
 }
+
+#[tokio::test]
+async fn a_team_connection_that_breaks_after_its_first_output_records_its_error() {
+    let app = app().await;
+    let team_server = ScriptedProvider::start().await.unwrap();
+    let (id, _) = connect(&app, "team-llm", &team_server).await;
+    let (_, chat) = app.agent_and_chat("team-llm/team-model", &[]).await;
+    team_server.push(Reply::StreamError {
+        deltas: vec!["partial".into()],
+        delay: Duration::from_millis(1),
+    });
+    let (chunks, _) = read_stream(app.send(&chat, &json!({"content": "hi"})).await).await;
+    assert_eq!(streamed_text(&chunks), "partial");
+    let error = last_error(&app, &id).await;
+    assert_eq!(error["class"], "stream_error");
+    assert!(
+        !error["description"].as_str().unwrap().contains("partial"),
+        "no provider text: {error}"
+    );
+}

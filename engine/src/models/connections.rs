@@ -265,10 +265,11 @@ impl Connections {
         }
     }
 
-    /// A call through `resolved` failed with `err`: a team connection records it as its
-    /// last error, at most once per [`ERROR_RECORD_INTERVAL`] here, in the background.
-    pub fn failed(&self, team: TeamId, resolved: &Resolved, err: &ProviderError) {
-        let Some(id) = resolved.connection else {
+    /// A call through the team's `connection` (`None`: a built-in one, which records
+    /// nothing) failed with `err`: recorded as its last error, at most once per
+    /// [`ERROR_RECORD_INTERVAL`] here, in the background.
+    pub fn failed(&self, team: TeamId, connection: Option<Uuid>, err: &ProviderError) {
+        let Some(id) = connection else {
             return;
         };
         {
