@@ -32,6 +32,46 @@ fn has_text_block(plan: &Plan) -> bool {
 /// Anthropic's signature of a thinking block: opaque to the client, sent back as is.
 const SIGNATURE: &str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds";
 
+fn ping() -> Event {
+    Event::now(sse("ping", &json!({"type": "ping"})))
+}
+
+fn block_stop(index: usize) -> Event {
+    Event::now(sse(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": index}),
+    ))
+}
+
+/// The plan's reasoning as the first block, a signed `thinking` block; whether there was
+/// any.
+fn thinking_block(plan: &Plan, events: &mut Vec<Event>) -> bool {
+    let thoughts = plan.thoughts();
+    if thoughts.is_empty() {
+        return false;
+    }
+    events.push(Event::now(sse(
+        "content_block_start",
+        &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+    )));
+    events.push(ping());
+    for (delay, thought) in thoughts {
+        events.push(Event::after(
+            delay,
+            sse(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": thought}}),
+            ),
+        ));
+    }
+    events.push(Event::now(sse(
+        "content_block_delta",
+        &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": SIGNATURE}}),
+    )));
+    events.push(block_stop(0));
+    true
+}
+
 pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
     let mut events = vec![Event::now(sse(
         "message_start",
@@ -46,36 +86,8 @@ pub(crate) fn stream_events(plan: &Plan, ctx: &Ctx) -> Vec<Event> {
             "usage": {"input_tokens": ctx.input_tokens, "output_tokens": 1},
         }}),
     ))];
-    let ping = || Event::now(sse("ping", &json!({"type": "ping"})));
-    let block_stop = |index: usize| {
-        Event::now(sse(
-            "content_block_stop",
-            &json!({"type": "content_block_stop", "index": index}),
-        ))
-    };
-
     let mut index = 0;
-    let thoughts = plan.thoughts();
-    if !thoughts.is_empty() {
-        events.push(Event::now(sse(
-            "content_block_start",
-            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
-        )));
-        events.push(ping());
-        for (delay, thought) in thoughts {
-            events.push(Event::after(
-                delay,
-                sse(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": thought}}),
-                ),
-            ));
-        }
-        events.push(Event::now(sse(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": SIGNATURE}}),
-        )));
-        events.push(block_stop(0));
+    if thinking_block(plan, &mut events) {
         index = 1;
     }
     if has_text_block(plan) {
