@@ -1,8 +1,8 @@
-//! What both adapters share: sending the request under the connect timeout, classifying a
+//! What every adapter shares: sending the request under the connect timeout, classifying a
 //! refusal, and driving a wire decoder over the SSE body under the idle timeout.
 //!
 //! The adapters only know their wire format; everything that decides *when* a stream ends
-//! or fails lives here, so the two cannot drift apart on the stream contract.
+//! or fails lives here, so they cannot drift apart on the stream contract.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
