@@ -203,6 +203,25 @@ async fn models_list_the_builtin_catalog_and_the_teams_declared_models() {
         8192
     );
 
+    // A chat key of the team lists the same routes: choosing a model is not admin work.
+    let chat_key: Value = app
+        .post_json("/v1/keys", &json!({"name": "chat", "scope": "chat"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let as_chat: Value = app
+        .http
+        .get(format!("{}/v1/models", app.url))
+        .bearer_auth(chat_key["api_key"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(as_chat, listed);
+
     // Another team sees the shipped catalog, not this team's connection.
     let other_key = app.store.create_team("other team").await.unwrap().api_key;
     let theirs: Value = app
