@@ -319,3 +319,57 @@ async fn an_agent_that_opts_in_streams_reasoning_parts_and_stores_none() {
     assert_eq!(streamed_text(&chunks), "Hello.");
     assert_eq!(count(&chunks, is_reasoning), 0);
 }
+
+/// The providers' reasoning fields (OpenAI-compatible `reasoning_content`, Anthropic
+/// `thinking` blocks) take the same way as an inline block: reasoning parts for an agent
+/// that opts in, nothing for one that does not, and never the answer, the transcript or
+/// the next request.
+#[tokio::test]
+async fn reasoning_fields_of_both_wires_are_kept_out_of_the_answer() {
+    let app = TestApp::start().await;
+    for (model, opted_in) in [
+        ("openai/gpt-test", true),
+        ("anthropic/claude-test", true),
+        ("openai/gpt-test", false),
+        ("anthropic/claude-test", false),
+    ] {
+        let created = app
+            .post_json(
+                "/v1/agents",
+                &json!({"name": "r", "system_prompt": "Think.", "model": model,
+                        "stream_reasoning": opted_in}),
+            )
+            .await;
+        assert_eq!(created.status(), 201);
+        let agent: Value = created.json().await.unwrap();
+        let chat = app.new_chat(agent["id"].as_str().unwrap()).await;
+        app.provider.push(Reply::Reasoning {
+            reasoning: words("weigh the hidden options"),
+            deltas: words("Take the second."),
+            delay: Duration::from_millis(1),
+        });
+        let response = app.send(&chat, &json!({"content": "which?"})).await;
+        let (chunks, _) = read_stream(response).await;
+        assert_eq!(streamed_text(&chunks), "Take the second.", "{model}");
+        let shown = if opted_in {
+            "weigh the hidden options"
+        } else {
+            ""
+        };
+        assert_eq!(reasoning_of(&chunks), shown, "{model}");
+        let stored = app.messages(&chat).await;
+        assert_eq!(
+            stored[1]["parts"],
+            json!([{"type": "step-start"}, {"type": "text", "text": "Take the second."}]),
+            "{model}"
+        );
+        app.provider.push(text("ok"));
+        let response = app.send(&chat, &json!({"content": "sure?"})).await;
+        read_stream(response).await;
+        let next = app.provider.requests().pop().unwrap().body.to_string();
+        assert!(
+            !next.contains("hidden options") && next.contains("Take the second."),
+            "{model}: {next}"
+        );
+    }
+}
