@@ -17,6 +17,10 @@ use super::{
 
 const PROVIDER: &str = "openai-responses";
 
+/// The Responses API refuses a `max_output_tokens` below this (a connection check asks
+/// for one token).
+const MIN_OUTPUT_TOKENS: u32 = 16;
+
 pub struct ResponsesProvider {
     client: reqwest::Client,
     endpoint: Endpoint,
@@ -118,7 +122,7 @@ impl<'a> ResponsesRequest<'a> {
                         &specs.iter().map(WireTool::new).collect::<Vec<_>>(),
                     )
                 }),
-            max_output_tokens: request.max_output_tokens,
+            max_output_tokens: request.max_output_tokens.max(MIN_OUTPUT_TOKENS),
             stream: true,
             store: false,
         }
@@ -875,8 +879,10 @@ mod tests {
         let mut plain = tool_request();
         plain.system.clear();
         plain.tools = Default::default();
+        plain.max_output_tokens = 1;
         let body = serde_json::to_value(ResponsesRequest::new(&plain)).unwrap();
         assert!(body.get("instructions").is_none() && body.get("tools").is_none());
+        assert_eq!(body["max_output_tokens"], 16);
     }
 
     /// The whole path over loopback HTTP: URL, headers, body, decoding, inline reasoning.
