@@ -33,8 +33,17 @@ fn count(chunks: &[UiChunk], want: fn(&UiChunk) -> bool) -> usize {
 
 #[tokio::test]
 async fn a_cut_answer_is_continued_and_joined_once() {
+    a_cut_answer_is_continued_on("openai/gpt-test").await;
+}
+
+#[tokio::test]
+async fn a_cut_anthropic_answer_is_continued_and_joined_once() {
+    a_cut_answer_is_continued_on("anthropic/claude-test").await;
+}
+
+async fn a_cut_answer_is_continued_on(model: &str) {
     let app = TestApp::start().await;
-    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let (_, chat) = app.agent_and_chat(model, &[]).await;
     app.provider
         .push(cut(&["The first point is speed. ", "The second point is"]));
     // The continuation starts over from the cut sentence: that repeat is dropped.
