@@ -19,8 +19,8 @@ use futures_util::StreamExt;
 use protocol::TeamId;
 use providers::route::{MAX_CONNECTION_NAME, adapter, is_connection_name};
 use providers::{
-    Endpoint, Message, ModelProvider, ModelRequest, ModelRoute, ProviderError, ProviderEvent,
-    ProviderKind, Providers,
+    Endpoint, Message, ModelProvider, ModelRequest, ModelRoute, ProviderError, ProviderKind,
+    Providers,
 };
 use store::{ConnectionKeyed, NewProviderConnection, ProviderConnectionChange, Store, StoreError};
 use uuid::Uuid;
@@ -347,7 +347,7 @@ async fn first_event(
 ) -> Result<(), ProviderError> {
     let mut stream = provider.stream(request).await?;
     match stream.next().await {
-        Some(Ok(ProviderEvent::Finished(_)) | Ok(_)) | None => Ok(()),
+        Some(Ok(_)) | None => Ok(()),
         Some(Err(err)) => Err(err),
     }
 }
