@@ -386,3 +386,28 @@ async fn a_team_connection_that_breaks_after_its_first_output_records_its_error(
         "no provider text: {error}"
     );
 }
+
+/// The address rule holds at connect time too: a replica that does not allow private
+/// networks refuses a connection another replica accepted, and the turn falls back.
+#[tokio::test]
+async fn a_replica_that_refuses_private_networks_does_not_call_a_private_connection() {
+    let app = app().await;
+    let team_server = ScriptedProvider::start().await.unwrap();
+    connect(&app, "team-llm", &team_server).await;
+    let (_, chat) = app
+        .agent_and_chat("team-llm/team-model", &["openai/gpt-test"])
+        .await;
+    let (strict, _) = app
+        .second_replica_with(|c| c.providers_allow_private_networks = false)
+        .await;
+    app.provider.push(text("from the deployment"));
+    let answer = app
+        .auth(app.http.post(format!("{strict}/v1/chats/{chat}/messages")))
+        .json(&json!({"content": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    let (chunks, _) = read_stream(answer).await;
+    assert_eq!(streamed_text(&chunks), "from the deployment");
+    assert!(team_server.requests().is_empty());
+}
