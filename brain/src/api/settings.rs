@@ -73,7 +73,8 @@ pub async fn get(
             body = TeamSettings),
         (status = 400, description = "An unknown field, a retention that is not 1 to \
             36,500 days or `null`, or an auxiliary route that is not a route \
-            (`invalid_request`).", body = ErrorBody),
+            (`invalid_request`); an auxiliary route naming a connection the team does not \
+            have (`unknown_connection`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
     ),
 )]
