@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
-    ProviderKind, StopReason, ToolCall, ToolSpec, Unavailable, Usage,
+    Attachment, AttachmentKind, Endpoint, EventStream, Message, ModelProvider, ModelRequest,
+    ProviderError, ProviderEvent, ProviderKind, StopReason, ToolCall, ToolResult, ToolSpec,
+    Unavailable, Usage,
 };
 
 const PROVIDER: &str = "anthropic";
@@ -98,10 +99,59 @@ enum WireBlock<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
-        content: &'a str,
+        content: WireContent<'a>,
         #[serde(skip_serializing_if = "is_false")]
         is_error: bool,
     },
+    Image {
+        source: Base64Source<'a>,
+    },
+    /// A PDF.
+    Document {
+        source: Base64Source<'a>,
+        title: &'a str,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct Base64Source<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: &'a str,
+}
+
+impl<'a> WireBlock<'a> {
+    fn file(attachment: &'a Attachment) -> Self {
+        let source = Base64Source {
+            kind: "base64",
+            media_type: &attachment.media_type,
+            data: &attachment.base64,
+        };
+        match attachment.kind {
+            AttachmentKind::Image => Self::Image { source },
+            AttachmentKind::Pdf => Self::Document {
+                source,
+                title: &attachment.filename,
+            },
+        }
+    }
+}
+
+/// A tool result's content: its text, and after it the images it carries (T24).
+fn tool_result_content(result: &ToolResult) -> WireContent<'_> {
+    if result.images.is_empty() {
+        return WireContent::Text(&result.content);
+    }
+    // Anthropic rejects an empty text block.
+    let text = (!result.content.is_empty()).then(|| WireBlock::Text {
+        text: &result.content,
+    });
+    WireContent::Blocks(
+        text.into_iter()
+            .chain(result.images.iter().map(WireBlock::file))
+            .collect(),
+    )
 }
 
 /// By reference because `skip_serializing_if` passes one.
@@ -140,6 +190,18 @@ impl<'a> WireMessage<'a> {
                 role: "user",
                 content: WireContent::Text(text),
             },
+            // Files first: Anthropic's guidance is that Claude reads an image best before
+            // the text about it.
+            Message::UserFiles { text, files } => Self {
+                role: "user",
+                content: WireContent::Blocks(
+                    files
+                        .iter()
+                        .map(WireBlock::file)
+                        .chain((!text.is_empty()).then(|| WireBlock::Text { text }))
+                        .collect(),
+                ),
+            },
             Message::Assistant { text, tool_calls } => {
                 // Anthropic rejects an empty text block.
                 let text = (!text.is_empty()).then(|| WireBlock::Text { text });
@@ -162,7 +224,7 @@ impl<'a> WireMessage<'a> {
                         .iter()
                         .map(|result| WireBlock::ToolResult {
                             tool_use_id: &result.call_id,
-                            content: &result.content,
+                            content: tool_result_content(result),
                             is_error: result.is_error,
                         })
                         .collect(),
@@ -526,6 +588,7 @@ mod tests {
                     call_id: "toolu_1".into(),
                     content: "12 °C".into(),
                     is_error: false,
+                    images: Vec::new(),
                 }]),
                 Message::Assistant {
                     text: String::new(),
@@ -548,11 +611,13 @@ mod tests {
                         call_id: "toolu_2".into(),
                         content: "arguments are not valid JSON".into(),
                         is_error: true,
+                        images: Vec::new(),
                     },
                     ToolResult {
                         call_id: "toolu_3".into(),
                         content: "10:00".into(),
                         is_error: false,
+                        images: Vec::new(),
                     },
                 ]),
             ],
@@ -1296,6 +1361,35 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta"
         assert_eq!(
             received.body,
             serde_json::to_value(MessagesRequest::new(&request)).unwrap()
+        );
+    }
+
+    /// T23: Anthropic takes `image` and `document` blocks with a base64 source, files
+    /// before the text; a tool result carries its screenshot in its own content blocks.
+    #[test]
+    fn files_and_tool_images_in_anthropic_form() {
+        let body =
+            serde_json::to_value(MessagesRequest::new(&crate::fixtures::files_request())).unwrap();
+        let png = json!({"type": "base64", "media_type": "image/png", "data": "iVBORw=="});
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": [
+                    {"type": "image", "source": png},
+                    {"type": "document", "title": "report.pdf", "source":
+                        {"type": "base64", "media_type": "application/pdf", "data": "JVBERg=="}},
+                    {"type": "text", "text": "What is in these?"}
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "call_s", "name": "browser_screenshot", "input": {}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "call_s", "content": [
+                        {"type": "text", "text": "saved shot.png"},
+                        {"type": "image", "source": png}
+                    ]}
+                ]}
+            ])
         );
     }
 }

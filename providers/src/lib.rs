@@ -111,6 +111,13 @@ impl From<Vec<ToolSpec>> for Catalog {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Message {
     User(String),
+    /// A user message with files the model reads as content of their own (T23): its text,
+    /// then each file in the wire's own form. A variant apart, so that a text-only message
+    /// stays one string.
+    UserFiles {
+        text: String,
+        files: Vec<Attachment>,
+    },
     /// `text` may be empty when the model only called tools.
     Assistant {
         text: String,
@@ -147,6 +154,152 @@ pub struct ToolResult {
     pub call_id: String,
     pub content: String,
     pub is_error: bool,
+    /// Images the tool produced (a browser screenshot, T24), shown to the model as images
+    /// beside the text. Empty for almost every result, and an empty `Vec` allocates nothing.
+    pub images: Vec<Attachment>,
+}
+
+/// A file a model reads as content of its own rather than as text (T23).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attachment {
+    pub kind: AttachmentKind,
+    /// The type sniffed from the bytes (`image/png`, `application/pdf`), never a client's
+    /// word.
+    pub media_type: String,
+    pub filename: String,
+    /// The bytes in standard base64: encoded once when the history is read, and shared by
+    /// every call of the turn (each step, retry and fallback).
+    pub base64: Arc<str>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachmentKind {
+    Image,
+    /// A PDF document.
+    Pdf,
+}
+
+impl Attachment {
+    pub fn new(kind: AttachmentKind, media_type: &str, filename: &str, bytes: &[u8]) -> Self {
+        use base64::Engine as _;
+        Self {
+            kind,
+            media_type: media_type.to_owned(),
+            filename: filename.to_owned(),
+            base64: base64::engine::general_purpose::STANDARD
+                .encode(bytes)
+                .into(),
+        }
+    }
+
+    /// About what the provider bills for this file, for budgets and quotas: an image is
+    /// resized by the providers to about a megapixel, some 1,600 tokens at most; a PDF is
+    /// read as text and page images, estimated from its size like text.
+    pub fn estimated_tokens(&self) -> usize {
+        match self.kind {
+            AttachmentKind::Image => 1_600,
+            AttachmentKind::Pdf => self.base64.len() / 4,
+        }
+    }
+
+    /// What a model that cannot read this file is told instead of it.
+    pub fn note(&self) -> String {
+        let what = match self.kind {
+            AttachmentKind::Image => "an image",
+            AttachmentKind::Pdf => "a PDF document",
+        };
+        format!(
+            "[{what} was attached here ({}, {}), but this model cannot read it]",
+            self.filename, self.media_type
+        )
+    }
+}
+
+/// An attachment's data URL, serialized straight from its base64 without building the
+/// string (a 1 MB image would otherwise be copied once more per request).
+#[derive(Debug)]
+struct DataUrl<'a>(&'a Attachment);
+
+impl std::fmt::Display for DataUrl<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "data:{};base64,{}", self.0.media_type, self.0.base64)
+    }
+}
+
+impl serde::Serialize for DataUrl<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// What kinds of attachment a model reads, from the model catalog (T16, T23).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    pub images: bool,
+    pub documents: bool,
+}
+
+impl Reads {
+    fn reads(self, attachment: &Attachment) -> bool {
+        match attachment.kind {
+            AttachmentKind::Image => self.images,
+            AttachmentKind::Pdf => self.documents,
+        }
+    }
+}
+
+impl ModelRequest {
+    /// Whether any message carries an attachment; `false` costs one pass and nothing else.
+    pub fn has_attachments(&self) -> bool {
+        self.messages.iter().any(|message| match message {
+            Message::UserFiles { files, .. } => !files.is_empty(),
+            Message::ToolResults(results) => results.iter().any(|r| !r.images.is_empty()),
+            _ => false,
+        })
+    }
+
+    /// This request for a model that reads what `reads` says: each attachment it cannot
+    /// read becomes a note in the text (T23), so a fallback to a model without vision
+    /// still gets a valid request that says an image was there. `None` when nothing
+    /// changes.
+    pub fn fitted(&self, reads: Reads) -> Option<ModelRequest> {
+        let unreadable = |files: &[Attachment]| files.iter().any(|f| !reads.reads(f));
+        let changes = self.messages.iter().any(|message| match message {
+            Message::UserFiles { files, .. } => unreadable(files),
+            Message::ToolResults(results) => results.iter().any(|r| unreadable(&r.images)),
+            _ => false,
+        });
+        if !changes {
+            return None;
+        }
+        let mut fitted = self.clone();
+        for message in &mut fitted.messages {
+            match message {
+                Message::UserFiles { text, files } => keep_readable(text, files, reads),
+                Message::ToolResults(results) => {
+                    for result in results {
+                        keep_readable(&mut result.content, &mut result.images, reads);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(fitted)
+    }
+}
+
+/// Moves the attachments `reads` excludes out of `files` into notes appended to `text`.
+fn keep_readable(text: &mut String, files: &mut Vec<Attachment>, reads: Reads) {
+    files.retain(|file| {
+        if reads.reads(file) {
+            return true;
+        }
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&file.note());
+        false
+    });
 }
 
 /// A typed event decoded from a provider stream.
@@ -320,4 +473,118 @@ pub struct Endpoint {
     pub connect_timeout: Duration,
     /// Longest silence between two chunks of a stream.
     pub idle_timeout: Duration,
+}
+
+/// Requests with attachments, shared by the wires' rendering tests (T23).
+#[cfg(test)]
+mod fixtures {
+    use super::{Attachment, AttachmentKind, Message, ModelRequest, ToolCall, ToolResult};
+
+    /// `\x89PNG` in base64.
+    pub const PNG_BASE64: &str = "iVBORw==";
+    /// `%PDF` in base64.
+    pub const PDF_BASE64: &str = "JVBERg==";
+
+    pub fn png(name: &str) -> Attachment {
+        Attachment::new(AttachmentKind::Image, "image/png", name, b"\x89PNG")
+    }
+
+    pub fn pdf(name: &str) -> Attachment {
+        Attachment::new(AttachmentKind::Pdf, "application/pdf", name, b"%PDF")
+    }
+
+    /// A user message with an image and a PDF, then a tool call whose result carries a
+    /// screenshot.
+    pub fn files_request() -> ModelRequest {
+        ModelRequest {
+            model: "m".into(),
+            messages: vec![
+                Message::UserFiles {
+                    text: "What is in these?".into(),
+                    files: vec![png("photo.png"), pdf("report.pdf")],
+                },
+                Message::Assistant {
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: "call_s".into(),
+                        name: "browser_screenshot".into(),
+                        arguments: "{}".into(),
+                    }],
+                },
+                Message::ToolResults(vec![ToolResult {
+                    call_id: "call_s".into(),
+                    content: "saved shot.png".into(),
+                    is_error: false,
+                    images: vec![png("shot.png")],
+                }]),
+            ],
+            max_output_tokens: 100,
+            ..ModelRequest::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{files_request, pdf, png};
+    use super::*;
+
+    #[test]
+    fn attachments_are_base64_once() {
+        assert_eq!(&*png("a.png").base64, fixtures::PNG_BASE64);
+        assert_eq!(&*pdf("a.pdf").base64, fixtures::PDF_BASE64);
+        let url = serde_json::to_value(DataUrl(&png("a.png"))).unwrap();
+        assert_eq!(url, "data:image/png;base64,iVBORw==");
+    }
+
+    /// T23: a model that reads everything gets the request as it is, and a text-only
+    /// request is never copied.
+    #[test]
+    fn a_request_it_can_read_is_not_fitted() {
+        let all = Reads {
+            images: true,
+            documents: true,
+        };
+        assert!(files_request().has_attachments());
+        assert_eq!(files_request().fitted(all), None);
+        let text_only = ModelRequest {
+            messages: vec![Message::User("hi".into())],
+            ..ModelRequest::default()
+        };
+        assert!(!text_only.has_attachments());
+        assert_eq!(text_only.fitted(Reads::default()), None);
+    }
+
+    /// T23: what the model cannot read becomes a note saying it was attached, in the
+    /// user message's text and in the tool result's.
+    #[test]
+    fn unreadable_attachments_become_notes() {
+        let images_only = Reads {
+            images: true,
+            documents: false,
+        };
+        let fitted = files_request().fitted(images_only).unwrap();
+        assert_eq!(
+            fitted.messages[0],
+            Message::UserFiles {
+                text: "What is in these?\n[a PDF document was attached here (report.pdf, \
+                       application/pdf), but this model cannot read it]"
+                    .into(),
+                files: vec![png("photo.png")],
+            }
+        );
+        assert_eq!(fitted.messages[2], files_request().messages[2]);
+
+        let blind = files_request().fitted(Reads::default()).unwrap();
+        let Message::ToolResults(results) = &blind.messages[2] else {
+            panic!("not results: {:?}", blind.messages[2]);
+        };
+        assert!(results[0].images.is_empty());
+        assert_eq!(
+            results[0].content,
+            "saved shot.png\n[an image was attached here (shot.png, image/png), but this model \
+             cannot read it]"
+        );
+        assert!(!blind.has_attachments());
+    }
 }

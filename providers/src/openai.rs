@@ -2,7 +2,8 @@
 //! OpenRouter...).
 //!
 //! Only what every one of those servers accepts goes into the request: `max_tokens` rather
-//! than OpenAI's newer `max_completion_tokens`, plain string contents.
+//! than OpenAI's newer `max_completion_tokens`, plain string contents unless files come
+//! with a message (T23).
 
 use std::borrow::Cow;
 
@@ -12,8 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
-    ProviderKind, StopReason, ToolCall, ToolSpec, Unavailable, Usage,
+    Attachment, AttachmentKind, DataUrl, Endpoint, EventStream, Message, ModelProvider,
+    ModelRequest, ProviderError, ProviderEvent, ProviderKind, StopReason, ToolCall, ToolResult,
+    ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "openai";
@@ -80,7 +82,7 @@ enum ChatMessage<'a> {
         content: &'a str,
     },
     User {
-        content: &'a str,
+        content: UserContent<'a>,
     },
     Assistant {
         /// `null` when the model only called tools.
@@ -92,6 +94,59 @@ enum ChatMessage<'a> {
         tool_call_id: &'a str,
         content: Cow<'a, str>,
     },
+}
+
+/// A plain string for text alone, which every compatible server takes; content parts
+/// only when files come with it (T23).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(&'a str),
+    Parts(Vec<ChatPart<'a>>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ChatPart<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    ImageUrl {
+        image_url: ImageUrl<'a>,
+    },
+    /// Chat Completions takes PDFs only, as a `file` part.
+    File {
+        file: FileData<'a>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+struct ImageUrl<'a> {
+    url: DataUrl<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct FileData<'a> {
+    filename: &'a str,
+    file_data: DataUrl<'a>,
+}
+
+impl<'a> ChatPart<'a> {
+    fn file(attachment: &'a Attachment) -> Self {
+        match attachment.kind {
+            AttachmentKind::Image => Self::ImageUrl {
+                image_url: ImageUrl {
+                    url: DataUrl(attachment),
+                },
+            },
+            AttachmentKind::Pdf => Self::File {
+                file: FileData {
+                    filename: &attachment.filename,
+                    file_data: DataUrl(attachment),
+                },
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -158,7 +213,21 @@ impl<'a> ChatRequest<'a> {
 /// One of our messages as chat messages: tool results become one `tool` message each.
 fn chat_messages(message: &Message) -> Vec<ChatMessage<'_>> {
     match message {
-        Message::User(text) => vec![ChatMessage::User { content: text }],
+        Message::User(text) => vec![ChatMessage::User {
+            content: UserContent::Text(text),
+        }],
+        Message::UserFiles { text, files } => {
+            let text = (!text.is_empty()).then(|| ChatPart::Text {
+                text: Cow::Borrowed(text),
+            });
+            vec![ChatMessage::User {
+                content: UserContent::Parts(
+                    text.into_iter()
+                        .chain(files.iter().map(ChatPart::file))
+                        .collect(),
+                ),
+            }]
+        }
         Message::Assistant { text, tool_calls } => vec![ChatMessage::Assistant {
             // An assistant message needs content or tool calls; `""` stays for the odd
             // answer that had neither.
@@ -175,19 +244,44 @@ fn chat_messages(message: &Message) -> Vec<ChatMessage<'_>> {
                 })
                 .collect(),
         }],
-        Message::ToolResults(results) => results
-            .iter()
-            .map(|result| ChatMessage::Tool {
-                tool_call_id: &result.call_id,
-                // The format has no error flag; the model reads the prefix.
-                content: if result.is_error {
-                    Cow::Owned(format!("Error: {}", result.content))
-                } else {
-                    Cow::Borrowed(&result.content)
-                },
-            })
-            .collect(),
+        Message::ToolResults(results) => {
+            let mut messages: Vec<ChatMessage<'_>> = results
+                .iter()
+                .map(|result| ChatMessage::Tool {
+                    tool_call_id: &result.call_id,
+                    // The format has no error flag; the model reads the prefix.
+                    content: if result.is_error {
+                        Cow::Owned(format!("Error: {}", result.content))
+                    } else {
+                        Cow::Borrowed(&result.content)
+                    },
+                })
+                .collect();
+            messages.extend(tool_images(results));
+            messages
+        }
     }
+}
+
+/// A tool message takes text only: the images of a step's results follow its tool
+/// messages as one user message, each result's images introduced by its call id (T24).
+fn tool_images(results: &[ToolResult]) -> Option<ChatMessage<'_>> {
+    let parts: Vec<ChatPart<'_>> = results
+        .iter()
+        .filter(|result| !result.images.is_empty())
+        .flat_map(|result| {
+            let intro = ChatPart::Text {
+                text: Cow::Owned(format!(
+                    "The images the tool call {} returned:",
+                    result.call_id
+                )),
+            };
+            std::iter::once(intro).chain(result.images.iter().map(ChatPart::file))
+        })
+        .collect();
+    (!parts.is_empty()).then_some(ChatMessage::User {
+        content: UserContent::Parts(parts),
+    })
 }
 
 impl<'a> ChatTool<'a> {
@@ -469,6 +563,7 @@ mod tests {
                     call_id: "call_1".into(),
                     content: "12 °C".into(),
                     is_error: false,
+                    images: Vec::new(),
                 }]),
                 Message::Assistant {
                     text: String::new(),
@@ -491,11 +586,13 @@ mod tests {
                         call_id: "call_2".into(),
                         content: "9 °C".into(),
                         is_error: false,
+                        images: Vec::new(),
                     },
                     ToolResult {
                         call_id: "call_3".into(),
                         content: "arguments are not valid JSON".into(),
                         is_error: true,
+                        images: Vec::new(),
                     },
                 ]),
             ],
@@ -1310,5 +1407,36 @@ mod tests {
         let err = provider.stream(&request()).await.err();
         assert_eq!(err, Some(ProviderError::Rejected { status: 401 }));
         assert_eq!(server.await.unwrap().header("authorization"), None);
+    }
+
+    /// T23: Chat Completions takes an image as an `image_url` part with a data URL and a
+    /// PDF as a `file` part; a tool message takes text only, so the screenshot follows the
+    /// tool messages in a user message.
+    #[test]
+    fn files_and_tool_images_in_chat_completions_form() {
+        let body =
+            serde_json::to_value(ChatRequest::new(&crate::fixtures::files_request())).unwrap();
+        assert_eq!(
+            body["messages"],
+            json!([
+                {"role": "user", "content": [
+                    {"type": "text", "text": "What is in these?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}},
+                    {"type": "file", "file": {
+                        "filename": "report.pdf",
+                        "file_data": "data:application/pdf;base64,JVBERg=="
+                    }}
+                ]},
+                {"role": "assistant", "content": null, "tool_calls": [{
+                    "id": "call_s", "type": "function",
+                    "function": {"name": "browser_screenshot", "arguments": "{}"}
+                }]},
+                {"role": "tool", "tool_call_id": "call_s", "content": "saved shot.png"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "The images the tool call call_s returned:"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw=="}}
+                ]}
+            ])
+        );
     }
 }

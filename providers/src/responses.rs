@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Endpoint, EventStream, Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent,
-    ProviderKind, StopReason, ToolCall, ToolSpec, Unavailable, Usage,
+    Attachment, AttachmentKind, DataUrl, Endpoint, EventStream, Message, ModelProvider,
+    ModelRequest, ProviderError, ProviderEvent, ProviderKind, StopReason, ToolCall, ToolResult,
+    ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "openai-responses";
@@ -83,7 +84,7 @@ struct ResponsesRequest<'a> {
 enum InputItem<'a> {
     Message {
         role: &'static str,
-        content: &'a str,
+        content: MessageContent<'a>,
     },
     FunctionCall {
         call_id: &'a str,
@@ -95,6 +96,46 @@ enum InputItem<'a> {
         call_id: &'a str,
         output: Cow<'a, str>,
     },
+}
+
+/// A plain string for text alone; input parts only when files come with it (T23).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum MessageContent<'a> {
+    Text(&'a str),
+    Parts(Vec<InputPart<'a>>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum InputPart<'a> {
+    #[serde(rename = "input_text")]
+    Text { text: Cow<'a, str> },
+    #[serde(rename = "input_image")]
+    Image {
+        image_url: DataUrl<'a>,
+        detail: &'static str,
+    },
+    #[serde(rename = "input_file")]
+    File {
+        filename: &'a str,
+        file_data: DataUrl<'a>,
+    },
+}
+
+impl<'a> InputPart<'a> {
+    fn file(attachment: &'a Attachment) -> Self {
+        match attachment.kind {
+            AttachmentKind::Image => Self::Image {
+                image_url: DataUrl(attachment),
+                detail: "auto",
+            },
+            AttachmentKind::Pdf => Self::File {
+                filename: &attachment.filename,
+                file_data: DataUrl(attachment),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -135,12 +176,25 @@ fn input_items(message: &Message) -> Vec<InputItem<'_>> {
     match message {
         Message::User(text) => vec![InputItem::Message {
             role: "user",
-            content: text,
+            content: MessageContent::Text(text),
         }],
+        Message::UserFiles { text, files } => {
+            let text = (!text.is_empty()).then(|| InputPart::Text {
+                text: Cow::Borrowed(text),
+            });
+            vec![InputItem::Message {
+                role: "user",
+                content: MessageContent::Parts(
+                    text.into_iter()
+                        .chain(files.iter().map(InputPart::file))
+                        .collect(),
+                ),
+            }]
+        }
         Message::Assistant { text, tool_calls } => {
             let text = (!text.is_empty() || tool_calls.is_empty()).then_some(InputItem::Message {
                 role: "assistant",
-                content: text,
+                content: MessageContent::Text(text),
             });
             text.into_iter()
                 .chain(tool_calls.iter().map(|call| InputItem::FunctionCall {
@@ -150,19 +204,45 @@ fn input_items(message: &Message) -> Vec<InputItem<'_>> {
                 }))
                 .collect()
         }
-        Message::ToolResults(results) => results
-            .iter()
-            .map(|result| InputItem::FunctionCallOutput {
-                call_id: &result.call_id,
-                // The format has no error flag; the model reads the prefix.
-                output: if result.is_error {
-                    Cow::Owned(format!("Error: {}", result.content))
-                } else {
-                    Cow::Borrowed(&result.content)
-                },
-            })
-            .collect(),
+        Message::ToolResults(results) => {
+            let mut items: Vec<InputItem<'_>> = results
+                .iter()
+                .map(|result| InputItem::FunctionCallOutput {
+                    call_id: &result.call_id,
+                    // The format has no error flag; the model reads the prefix.
+                    output: if result.is_error {
+                        Cow::Owned(format!("Error: {}", result.content))
+                    } else {
+                        Cow::Borrowed(&result.content)
+                    },
+                })
+                .collect();
+            items.extend(tool_images(results));
+            items
+        }
     }
+}
+
+/// A function call's output is text: the images of a step's results follow the outputs
+/// as one user message, each result's images introduced by its call id (T24).
+fn tool_images(results: &[ToolResult]) -> Option<InputItem<'_>> {
+    let parts: Vec<InputPart<'_>> = results
+        .iter()
+        .filter(|result| !result.images.is_empty())
+        .flat_map(|result| {
+            let intro = InputPart::Text {
+                text: Cow::Owned(format!(
+                    "The images the tool call {} returned:",
+                    result.call_id
+                )),
+            };
+            std::iter::once(intro).chain(result.images.iter().map(InputPart::file))
+        })
+        .collect();
+    (!parts.is_empty()).then_some(InputItem::Message {
+        role: "user",
+        content: MessageContent::Parts(parts),
+    })
 }
 
 impl<'a> WireTool<'a> {
@@ -819,6 +899,7 @@ mod tests {
                     call_id: "call_1".into(),
                     content: "12 °C".into(),
                     is_error: false,
+                    images: Vec::new(),
                 }]),
                 Message::Assistant {
                     text: String::new(),
@@ -832,6 +913,7 @@ mod tests {
                     call_id: "call_2".into(),
                     content: "arguments are not valid JSON".into(),
                     is_error: true,
+                    images: Vec::new(),
                 }]),
                 Message::Assistant {
                     text: "Sunny.".into(),
@@ -946,6 +1028,31 @@ mod tests {
             Some(ProviderError::RateLimited {
                 retry_after: Some(Duration::from_secs(2))
             })
+        );
+    }
+
+    /// T23: the Responses API takes `input_image` and `input_file` parts; a function
+    /// call's output is text, so the screenshot follows it as a user message.
+    #[test]
+    fn files_and_tool_images_in_responses_form() {
+        let body =
+            serde_json::to_value(ResponsesRequest::new(&crate::fixtures::files_request())).unwrap();
+        assert_eq!(
+            body["input"],
+            json!([
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "What is in these?"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw==", "detail": "auto"},
+                    {"type": "input_file", "filename": "report.pdf",
+                     "file_data": "data:application/pdf;base64,JVBERg=="}
+                ]},
+                {"type": "function_call", "call_id": "call_s", "name": "browser_screenshot", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_s", "output": "saved shot.png"},
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "The images the tool call call_s returned:"},
+                    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw==", "detail": "auto"}
+                ]}
+            ])
         );
     }
 }

@@ -26,6 +26,7 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
         .iter()
         .map(|m| match m {
             Message::User(text) => text.len(),
+            Message::UserFiles { text, files } => text.len() + attachments_len(files),
             Message::Assistant { text, tool_calls } => {
                 text.len()
                     + tool_calls
@@ -33,7 +34,10 @@ pub fn request_tokens(request: &ModelRequest) -> u64 {
                         .map(|c| c.name.len() + c.arguments.len())
                         .sum::<usize>()
             }
-            Message::ToolResults(results) => results.iter().map(|r| r.content.len()).sum(),
+            Message::ToolResults(results) => results
+                .iter()
+                .map(|r| r.content.len() + attachments_len(&r.images))
+                .sum(),
         })
         .sum();
     let tools: usize = request
@@ -218,12 +222,25 @@ impl Fold {
     }
 }
 
+/// Attachments in the characters of text they weigh like (four to a token, as
+/// everywhere here), by [`providers::Attachment::estimated_tokens`].
+fn attachments_len(files: &[providers::Attachment]) -> usize {
+    files.iter().map(|f| f.estimated_tokens() * 4).sum()
+}
+
 /// Messages as plain text for the summarizer.
 fn transcript(messages: &[Message]) -> String {
     let mut out = String::new();
     for message in messages {
         match message {
             Message::User(text) => out.push_str(&format!("user: {text}\n")),
+            // The summarizer reads text: a file is named, never inlined.
+            Message::UserFiles { text, files } => {
+                out.push_str(&format!("user: {text}\n"));
+                for file in files {
+                    out.push_str(&format!("user attached {}\n", file.filename));
+                }
+            }
             Message::Assistant { text, tool_calls } => {
                 if !text.is_empty() {
                     out.push_str(&format!("assistant: {text}\n"));

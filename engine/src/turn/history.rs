@@ -192,6 +192,7 @@ pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
                     call_id: tool.tool_call_id.clone(),
                     content,
                     is_error,
+                    images: Vec::new(),
                 });
             }
             // Parts the brain does not write carry nothing the model reads.
@@ -317,6 +318,7 @@ mod tests {
             call_id: id.into(),
             content: content.into(),
             is_error,
+            images: Vec::new(),
         }
     }
 
