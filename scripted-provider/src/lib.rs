@@ -18,6 +18,7 @@ mod history;
 mod openai;
 mod plan;
 mod responses;
+mod seen;
 mod server;
 mod stream;
 
@@ -32,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 pub use plan::{input_tokens, output_tokens};
+pub use seen::{SeenFile, SeenKind};
 
 /// Handle to a running scripted provider. Cheap to clone; the server stops when the last
 /// clone is dropped or [`ScriptedProvider::shutdown`] is called.
@@ -337,6 +339,14 @@ pub struct RecordedRequest {
     /// OpenAI: "Authorization" header value; Anthropic: "x-api-key" value.
     pub authorization: Option<String>,
     pub received_at: Instant,
+}
+
+impl RecordedRequest {
+    /// The images and documents this request showed the model, read back from its wire
+    /// (T23, T24).
+    pub fn files(&self) -> Vec<SeenFile> {
+        seen::files(self.wire, &self.body)
+    }
 }
 
 /// Which wire format a request used.

@@ -348,6 +348,8 @@ pub(crate) fn output_tokens_of(plan: &Plan) -> u64 {
 
 fn text_chars(v: &Value) -> usize {
     match v {
+        // A file's bytes are not text: providers bill an image by its size in pixels.
+        Value::String(s) if s.starts_with("data:") => 0,
         Value::String(s) => s.chars().count(),
         Value::Array(items) => items.iter().map(text_chars).sum(),
         Value::Object(map) => map
@@ -356,6 +358,8 @@ fn text_chars(v: &Value) -> usize {
                 // Structure, not text.
                 "role" | "type" | "id" | "tool_call_id" | "tool_use_id" | "name"
                 | "cache_control" => 0,
+                // An Anthropic image or document's base64 bytes.
+                "source" => 0,
                 // Anthropic tool_use input is JSON, counted as the text it would be.
                 "input" => serde_json::to_string(v).map_or(0, |s| s.chars().count()),
                 _ => text_chars(v),
