@@ -188,16 +188,18 @@ async fn a_stuck_turn_ends_failed_with_its_hold_released() {
 
 #[tokio::test]
 async fn a_turn_that_streams_slowly_is_not_stuck() {
-    let app = TestApp::start_with(|c| c.limits.stuck_after = Duration::from_millis(600)).await;
+    // Each delta comes well within the period (a loaded machine's pause must not look like
+    // a stall), the whole answer twice the period after the first.
+    let app = TestApp::start_with(|c| c.limits.stuck_after = Duration::from_secs(2)).await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    // Each delta comes within the period, the whole answer well after it.
+    let answer = "one two three four five six seven eight nine ten";
     app.provider.push(Reply::Text {
-        deltas: words("one two three four five six"),
-        delay: Duration::from_millis(250),
+        deltas: words(answer),
+        delay: Duration::from_millis(400),
     });
     let response = app.send(&chat, &json!({"content": "hi"})).await;
     let (chunks, _) = read_stream(response).await;
-    assert_eq!(streamed_text(&chunks), "one two three four five six");
+    assert_eq!(streamed_text(&chunks), answer);
     assert_eq!(app.settled().await, vec![("completed".to_owned(), None)]);
 }
 
