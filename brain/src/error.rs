@@ -18,6 +18,7 @@ use crate::respond;
 use engine::artifacts::{ArtifactError, SaveError};
 use engine::auth::AuthError;
 use engine::erasure::EraseError;
+use engine::files::FileError;
 use engine::intake::Overloaded;
 use engine::quota::Refusal;
 use engine::sessions::SnapshotError;
@@ -52,6 +53,15 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// T22: one file past `BRAIN_FILE_MAX_BYTES`.
+    #[error("a file may have at most {0} bytes")]
+    FileTooLarge(usize),
+    /// T22: a message's files past `BRAIN_FILE_MAX_BYTES_PER_MESSAGE`.
+    #[error("a message's files may have at most {0} bytes together")]
+    MessageFilesTooLarge(usize),
+    /// T22: the team's files past `BRAIN_FILE_QUOTA_BYTES`.
+    #[error("the team's stored files would pass their quota of {0} bytes")]
+    FileQuotaExceeded(u64),
     #[error("this message id's turn is still running")]
     TurnInProgress(TurnId),
     /// A uniqueness rule of the request's resource (the message says which).
@@ -255,6 +265,20 @@ impl From<SaveError> for ApiError {
     }
 }
 
+impl From<FileError> for ApiError {
+    fn from(err: FileError) -> Self {
+        match err {
+            FileError::TooLarge { limit } => Self::FileTooLarge(limit),
+            FileError::MessageTooLarge { limit } => Self::MessageFilesTooLarge(limit),
+            FileError::QuotaExceeded { quota } => Self::FileQuotaExceeded(quota),
+            FileError::Invalid(problem) => Self::InvalidRequest(problem.into()),
+            FileError::NotFound => Self::NotFound("file"),
+            FileError::Storage(e) => e.into(),
+            FileError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl ApiError {
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -267,6 +291,9 @@ impl ApiError {
             Self::InvalidContent(_) => ErrorCode::InvalidContent,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             Self::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            Self::FileTooLarge(_) => ErrorCode::FileTooLarge,
+            Self::MessageFilesTooLarge(_) => ErrorCode::MessageFilesTooLarge,
+            Self::FileQuotaExceeded(_) => ErrorCode::FileQuotaExceeded,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
             Self::AgentBusy(_) => ErrorCode::AgentBusy,
@@ -300,7 +327,10 @@ impl ApiError {
             ErrorCode::InvalidRequest | ErrorCode::UnknownConnection => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge
+            | ErrorCode::FileTooLarge
+            | ErrorCode::MessageFilesTooLarge
+            | ErrorCode::FileQuotaExceeded => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::AgentBusy
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict

@@ -71,6 +71,8 @@ pub struct Config {
     pub secrets_key: Option<store::SecretsKey>,
     /// Where files and artifacts are kept (SPEC "object storage").
     pub artifacts: ArtifactsConfig,
+    /// The bounds of files attached to chats (T22).
+    pub files: FilesConfig,
     /// How often this replica tries to sweep what is past the teams' retention (L6,
     /// `BRAIN_RETENTION_SWEEP_INTERVAL_MS`); one replica sweeps at a time.
     pub retention_sweep_interval: Duration,
@@ -425,6 +427,41 @@ pub struct ArtifactsConfig {
     pub snapshot_uploads_per_team: usize,
 }
 
+/// The bounds of files attached to chats (T22): each refused past its bound, nothing
+/// stored.
+#[derive(Clone, Copy, Debug)]
+pub struct FilesConfig {
+    /// The largest file, after an image was scaled down (`BRAIN_FILE_MAX_BYTES`).
+    pub max_file_bytes: usize,
+    /// The most bytes of files one message carries, new and uploaded before together
+    /// (`BRAIN_FILE_MAX_BYTES_PER_MESSAGE`).
+    pub max_message_bytes: usize,
+    /// The most bytes a team's chat files hold, all chats together
+    /// (`BRAIN_FILE_QUOTA_BYTES`).
+    pub quota_bytes: u64,
+    /// The longest side of a stored image, in pixels: a larger one is scaled down to it
+    /// (`BRAIN_FILE_IMAGE_MAX_SIDE`). 2048 is the largest side OpenAI's vision models
+    /// keep; Anthropic's scale larger ones down themselves.
+    pub image_max_side: u32,
+}
+
+impl FilesConfig {
+    fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_file_bytes: ranged(env, "BRAIN_FILE_MAX_BYTES", 10 << 20, 1, 1 << 30)?,
+            max_message_bytes: ranged(
+                env,
+                "BRAIN_FILE_MAX_BYTES_PER_MESSAGE",
+                20 << 20,
+                1,
+                1 << 30,
+            )?,
+            quota_bytes: ranged(env, "BRAIN_FILE_QUOTA_BYTES", 1 << 30, 0, 1 << 50)?,
+            image_max_side: ranged(env, "BRAIN_FILE_IMAGE_MAX_SIDE", 2048, 16, 16_384)?,
+        })
+    }
+}
+
 /// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
 #[derive(Clone, Debug)]
 pub enum ArtifactBackend {
@@ -648,6 +685,7 @@ impl Config {
             connectors: ConnectorConfig::from_env(env)?,
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
+            files: FilesConfig::from_env(env)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,
             quotas: quotas(env)?,

@@ -40,6 +40,8 @@
 //! - `sessions/`: worker sessions, the channel workers dial, the worker tools;
 //! - `sse.rs`: Server-Sent Events framing, for the turn's stream and the events stream;
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
+//! - `files/`: files attached to chats, their media type sniffed from the bytes, images
+//!   cleaned of metadata and bounded, the limits (T21, T22);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
@@ -59,6 +61,7 @@ pub mod config;
 pub mod connectors;
 pub mod erasure;
 pub mod events;
+pub mod files;
 pub mod hold;
 pub mod intake;
 pub mod lease;

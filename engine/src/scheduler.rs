@@ -187,6 +187,7 @@ async fn launch(state: &Engine, due: &DueAutostart, claimed: Claimed) -> FireOut
     let input = TurnInput {
         content: due.prompt.clone(),
         client_message_id: None,
+        files: Vec::new(),
     };
     let authority = autostart_authority(due.set_by.clone());
     let started = turn::launch(

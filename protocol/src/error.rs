@@ -111,6 +111,15 @@ pub enum ErrorCode {
     /// The provider connection is named by agents of the team (as a model or a fallback):
     /// change them first (T14); the message counts them.
     ProviderInUse,
+    /// A file is larger than one file may be (`BRAIN_FILE_MAX_BYTES`, T22); nothing was
+    /// stored.
+    FileTooLarge,
+    /// A message's files together are larger than one message may carry
+    /// (`BRAIN_FILE_MAX_BYTES_PER_MESSAGE`, T22); nothing was stored or sent.
+    MessageFilesTooLarge,
+    /// The team's stored chat files would pass its quota (`BRAIN_FILE_QUOTA_BYTES`, T22);
+    /// nothing was stored. Erasing chats frees it.
+    FileQuotaExceeded,
 }
 
 impl ErrorCode {
@@ -153,6 +162,9 @@ impl ErrorCode {
             Self::PushBacklogFull => "push_backlog_full",
             Self::UnknownConnection => "unknown_connection",
             Self::ProviderInUse => "provider_in_use",
+            Self::FileTooLarge => "file_too_large",
+            Self::MessageFilesTooLarge => "message_files_too_large",
+            Self::FileQuotaExceeded => "file_quota_exceeded",
         }
     }
 
@@ -248,6 +260,9 @@ mod tests {
             ErrorCode::PushBacklogFull,
             ErrorCode::UnknownConnection,
             ErrorCode::ProviderInUse,
+            ErrorCode::FileTooLarge,
+            ErrorCode::MessageFilesTooLarge,
+            ErrorCode::FileQuotaExceeded,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

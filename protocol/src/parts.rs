@@ -3,7 +3,8 @@
 //!
 //! An assistant message holds, per model call, a `step-start`, its `text`, and one
 //! `tool-<name>` part per tool call with the call's state: its output or error, a pending
-//! or answered approval (SPEC A3), or a denial. A user message holds `text` parts. The live
+//! or answered approval (SPEC A3), or a denial. A user message holds `text` parts and
+//! `file` parts naming the chat's files by their download URL (T21). The live
 //! stream ([`crate::ui::UiChunk`]) is how a client builds the same parts as they happen.
 //!
 //! The serialized form is exactly the AI SDK's, so a stock `useChat` client reads a stored
@@ -37,8 +38,20 @@ pub enum Part {
     Text { text: String },
     /// `{"type":"tool-<name>","toolCallId",…,"input",…,"state",…}`.
     Tool(ToolPart),
+    /// `{"type":"file","mediaType":…,"filename"?:…,"url":…}` (T21).
+    File(FilePart),
     /// Any other part, as it was read.
     Other(Value),
+}
+
+/// A file of a user message. As the brain stores it, `url` is the file's download URL
+/// (`/v1/files/{id}`) and `media_type` the type sniffed from its bytes (T22), never a
+/// `data:` URL or the client's word; as a client posts it, `url` may be a `data:` URL.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FilePart {
+    pub media_type: String,
+    pub filename: Option<String>,
+    pub url: String,
 }
 
 /// One tool call and where it stands.
@@ -101,7 +114,16 @@ pub struct Approval {
 #[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 enum Fixed<S> {
     StepStart {},
-    Text { text: S },
+    Text {
+        text: S,
+    },
+    #[serde(rename_all = "camelCase")]
+    File {
+        media_type: S,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<S>,
+        url: S,
+    },
 }
 
 /// A tool part on the wire. Generic so that writing borrows what reading owns.
@@ -137,6 +159,15 @@ impl Part {
                 .map(|fixed| match fixed {
                     Fixed::StepStart {} => Part::StepStart,
                     Fixed::Text { text } => Part::Text { text },
+                    Fixed::File {
+                        media_type,
+                        filename,
+                        url,
+                    } => Part::File(FilePart {
+                        media_type,
+                        filename,
+                        url,
+                    }),
                 }),
             None => None,
         };
@@ -150,6 +181,12 @@ impl Serialize for Part {
             Part::StepStart => Fixed::<&str>::StepStart {}.serialize(serializer),
             Part::Text { text } => Fixed::Text {
                 text: text.as_str(),
+            }
+            .serialize(serializer),
+            Part::File(file) => Fixed::File {
+                media_type: file.media_type.as_str(),
+                filename: file.filename.as_deref(),
+                url: file.url.as_str(),
             }
             .serialize(serializer),
             Part::Tool(tool) => ToolWire {
@@ -207,6 +244,23 @@ mod tests {
                     text: "Grüß dich".into(),
                 },
                 json!({"type": "text", "text": "Grüß dich"}),
+            ),
+            (
+                Part::File(FilePart {
+                    media_type: "image/png".into(),
+                    filename: Some("cat.png".into()),
+                    url: "/v1/files/019a0000-0000-7000-8000-000000000002".into(),
+                }),
+                json!({"type": "file", "mediaType": "image/png", "filename": "cat.png",
+                       "url": "/v1/files/019a0000-0000-7000-8000-000000000002"}),
+            ),
+            (
+                Part::File(FilePart {
+                    media_type: "text/plain".into(),
+                    filename: None,
+                    url: "data:,hi".into(),
+                }),
+                json!({"type": "file", "mediaType": "text/plain", "url": "data:,hi"}),
             ),
             (
                 tool(ToolState::OutputAvailable {
@@ -328,7 +382,8 @@ mod tests {
             json!({"type": "data-connector-status", "data": {"name": "crm", "state": "ready", "tools": 2}}),
             json!({"type": "reasoning", "text": "hmm", "state": "done"}),
             json!({"type": "text", "text": "Hello", "state": "done"}),
-            json!({"type": "file", "mediaType": "image/png", "url": "data:,"}),
+            json!({"type": "file", "mediaType": "image/png", "url": "data:,",
+                   "providerMetadata": {}}),
             json!({"type": "tool-shell", "toolCallId": "c", "input": {}, "state": "input-available"}),
             json!({"type": "tool-shell", "toolCallId": "c", "input": {}, "state": "output-available",
                    "output": "ok", "providerExecuted": false}),

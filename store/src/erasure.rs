@@ -81,7 +81,7 @@ impl Store {
     /// Deletes `chat` of `team` and everything of it, in one transaction: messages (the
     /// caller deleted a long history first, [`Store::erase_messages_batch`]), turns,
     /// approvals, worker sessions (a claimed pooled worker is marked `gone`, so the manager
-    /// stops it), artifacts, workspace snapshots, A2A push configs. `None` when there is no
+    /// stops it), artifacts, chat files, workspace snapshots, A2A push configs. `None` when there is no
     /// such chat.
     pub async fn erase_chat(
         &self,
@@ -99,7 +99,17 @@ impl Store {
             return Ok(None);
         }
         let where_chat = "team_id = $1 AND chat_id = $2";
-        let blobs = erase_owned(&mut tx, team, where_chat, chat.0).await?;
+        let mut blobs = erase_owned(&mut tx, team, where_chat, chat.0).await?;
+        // Their cascade from the chat would queue the bytes too, for the sweep; named here
+        // they go with this request.
+        let files: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM chat_files WHERE team_id = $1 AND chat_id = $2 RETURNING storage_key",
+        )
+        .bind(team.0)
+        .bind(chat.0)
+        .fetch_all(&mut *tx)
+        .await?;
+        blobs.extend(files);
         sqlx::query("DELETE FROM chats WHERE team_id = $1 AND id = $2")
             .bind(team.0)
             .bind(chat.0)

@@ -13,6 +13,7 @@ mod agents;
 mod approvals;
 mod artifacts;
 mod audit;
+mod chat_files;
 mod chats;
 mod connectors;
 mod cron;
@@ -50,6 +51,7 @@ pub use approvals::{
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
+pub use chat_files::{ChatFileRow, FileInsert, NewChatFile};
 pub use chats::{
     BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,
 };

@@ -133,7 +133,7 @@ pub async fn download(
 }
 
 /// A download's body in the contract: any bytes.
-enum Binary {}
+pub(super) enum Binary {}
 
 impl utoipa::PartialSchema for Binary {
     fn schema() -> RefOr<Schema> {

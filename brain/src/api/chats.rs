@@ -5,6 +5,7 @@
 //! only its user's chats (`engine::auth`), every other one is `404` like another team's.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -33,6 +34,8 @@ use store::Answer;
 use store::{ChatRow, MessageRow, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
 
 const MAX_CLIENT_ID: usize = 200;
+/// The most `file` parts one message may carry (T21).
+const MAX_FILES: usize = 20;
 
 #[utoipa::path(
     post,
@@ -405,8 +408,11 @@ impl PostMessage {
         }
     }
 
+    /// The trigger the body asks for. A new message's `file` parts are as posted (their
+    /// `data:` URLs not yet stored): [`attach_files`] stores them.
     pub(super) fn into_trigger(self, max_chars: usize) -> Result<Trigger, ApiError> {
         let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
+        let mut files = Vec::new();
         let (content, message_id) = match self {
             Self::Plain(plain) => (plain.content, plain.message_id),
             Self::AiSdk(request) => {
@@ -425,16 +431,26 @@ impl PostMessage {
                     return Err(invalid("the last message must have role `user`"));
                 }
                 let mut text = String::new();
-                for part in &last.parts {
+                for part in last.parts {
                     match part {
-                        Part::Text { text: t } => text.push_str(t),
-                        _ => return Err(invalid("the new message may only have text parts")),
+                        Part::Text { text: t } => text.push_str(&t),
+                        Part::File(file) if files.len() < MAX_FILES => files.push(file),
+                        Part::File(_) => {
+                            return Err(ApiError::InvalidRequest(format!(
+                                "a message may have at most {MAX_FILES} file parts"
+                            )));
+                        }
+                        _ => {
+                            return Err(invalid(
+                                "the new message may only have text and file parts",
+                            ));
+                        }
                     }
                 }
                 (text, Some(last.id))
             }
         };
-        if content.trim().is_empty() {
+        if content.trim().is_empty() && files.is_empty() {
             return Err(invalid("content is empty"));
         }
         // Postgres text cannot hold NUL; refused here rather than failing the write.
@@ -458,6 +474,7 @@ impl PostMessage {
         Ok(Trigger::User(TurnInput {
             content,
             client_message_id: message_id,
+            files,
         }))
     }
 }
@@ -555,9 +572,10 @@ pub async fn post_message(
     principal: Principal,
     Path(chat_id): Path<String>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<serde_json::Value>,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
+    let body = message_body(&state, &headers, body).await?;
     // Decided by shape so that each variant reports its own unknown-field errors
     // (an untagged enum would only say "did not match any variant").
     let parsed = if body.get("messages").is_some() {
@@ -568,7 +586,7 @@ pub async fn post_message(
     .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let background = parsed.background();
     let if_busy = parsed.if_busy();
-    let trigger = parsed.into_trigger(state.config.max_message_chars)?;
+    let mut trigger = parsed.into_trigger(state.config.max_message_chars)?;
     if background && matches!(trigger, Trigger::Approval(_)) {
         return Err(ApiError::InvalidRequest(
             "background is for a new user message; answer approvals with POST \
@@ -577,6 +595,7 @@ pub async fn post_message(
         ));
     }
     principal.check_chat_to_post(&state.store, chat).await?;
+    attach_files(&state, &principal, chat, &mut trigger).await?;
     let parent = super::trace_parent(&headers);
     if background {
         let accepted =
@@ -614,6 +633,62 @@ pub async fn post_message(
     Ok(respond::ui_stream(
         body.until(state.auth.standing(&principal)),
     ))
+}
+
+/// A posted message's body: JSON within the API's body limit and room for the files a
+/// message may carry inline as `data:` URLs (T21; base64 spends 4 bytes on 3).
+async fn message_body(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<serde_json::Value, ApiError> {
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .is_some_and(|essence| {
+            essence.eq_ignore_ascii_case("application/json") || essence.ends_with("+json")
+        });
+    if !json {
+        return Err(ApiError::InvalidRequest(
+            "expected Content-Type: application/json".into(),
+        ));
+    }
+    let limit = state.config.max_body_bytes + state.config.files.max_message_bytes.div_ceil(3) * 4;
+    let bytes = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(limit))?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::InvalidRequest(e.to_string()))
+}
+
+/// T21: a new message's `file` parts as they are stored: `data:` URLs stored as files of
+/// the chat, uploaded files checked to be the chat's, every media type sniffed
+/// (`engine::files::attach`). A file of another chat is `invalid_request`, like a URL
+/// that names no file.
+async fn attach_files(
+    state: &AppState,
+    principal: &Principal,
+    chat: ChatId,
+    trigger: &mut Trigger,
+) -> Result<(), ApiError> {
+    let Trigger::User(input) = trigger else {
+        return Ok(());
+    };
+    if input.files.is_empty() {
+        return Ok(());
+    }
+    let posted = std::mem::take(&mut input.files);
+    input.files = match engine::files::attach(state, principal.team, chat, posted).await {
+        Ok(files) => files,
+        Err(engine::files::FileError::NotFound) => {
+            return Err(ApiError::InvalidRequest(
+                "a file part's url names no file of this chat".into(),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(())
 }
 
 /// D5: a retried message id whose turn still runs (its client's replica died, its

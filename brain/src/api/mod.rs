@@ -15,6 +15,7 @@ mod chats;
 mod connectors;
 mod erasure;
 mod events;
+mod files;
 mod health;
 mod issuers;
 mod keys;
@@ -114,6 +115,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(oauth::continue_authorization))
         .routes(routes!(oauth::client_metadata))
         .routes(routes!(chats::messages, chats::post_message))
+        .routes(routes!(files::upload))
+        .routes(routes!(files::download))
         .routes(routes!(events::events))
         .routes(routes!(events::resume))
         .routes(routes!(issuers::list, issuers::create))

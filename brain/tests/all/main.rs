@@ -27,6 +27,7 @@ mod elicitation;
 mod erasure;
 mod events;
 mod faults;
+mod files;
 mod hold;
 mod hold_turns;
 mod intake;

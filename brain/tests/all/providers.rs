@@ -411,3 +411,44 @@ async fn a_replica_that_refuses_private_networks_does_not_call_a_private_connect
     assert_eq!(streamed_text(&chunks), "from the deployment");
     assert!(team_server.requests().is_empty());
 }
+
+/// The cache bound: the replica a deletion went through forgets the connection at once;
+/// another replica, which read it before, within `TEAM_TTL`.
+#[tokio::test]
+async fn a_deleted_connection_is_gone_here_at_once_and_elsewhere_within_the_cache_bound() {
+    use engine::models::connections::{RouteError, TEAM_TTL};
+    let app = app().await;
+    let team_server = ScriptedProvider::start().await.unwrap();
+    let (id, _) = connect(&app, "team-llm", &team_server).await;
+    let (_, here) = app.second_replica_with(|_| {}).await;
+    let (_, there) = app.second_replica_with(|_| {}).await;
+    let route = "team-llm/team-model";
+    for replica in [&here, &there] {
+        let resolved = replica.connections.resolve(app.team, route).await.unwrap();
+        assert_eq!(resolved.model, "team-model");
+        assert_eq!(resolved.connection.unwrap().to_string(), id);
+    }
+    let by = store::Actor::operator(None);
+    here.store
+        .delete_provider_connection(app.team, id.parse().unwrap(), &by)
+        .await
+        .unwrap();
+    here.connections.forget(app.team);
+    let deleted = Instant::now();
+    assert!(matches!(
+        here.connections.resolve(app.team, route).await,
+        Err(RouteError::UnknownConnection)
+    ));
+    loop {
+        match there.connections.resolve(app.team, route).await {
+            Err(RouteError::UnknownConnection) => break,
+            Ok(_) => assert!(
+                deleted.elapsed() < TEAM_TTL + Duration::from_secs(1),
+                "still resolved {:?} after the deletion",
+                deleted.elapsed()
+            ),
+            Err(other) => panic!("{other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

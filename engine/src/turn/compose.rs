@@ -28,6 +28,8 @@ pub(super) struct Asked {
     /// The user message (or autostart prompt); `None` for a continuation.
     content: Option<String>,
     client_message_id: Option<String>,
+    /// The user message's files (T21), after its text.
+    files: Vec<protocol::parts::FilePart>,
     /// A continuation's answered approvals, whose approved calls run first (A3).
     resume: Vec<ApprovalRow>,
     /// The approvals these answers closed, as they now are.
@@ -58,6 +60,7 @@ pub(super) async fn resolve(
         Resolved::Run(Asked {
             content,
             client_message_id,
+            files: Vec::new(),
             resume,
             answered,
             autostart,
@@ -68,19 +71,22 @@ pub(super) async fn resolve(
     match trigger {
         Trigger::User(input) | Trigger::Autostart(input, _) => {
             deny_waiting(state, launch, basis).await?;
-            Ok(asked(
-                Some(input.content),
-                input.client_message_id,
-                Vec::new(),
-                Vec::new(),
+            Ok(Resolved::Run(Asked {
+                content: Some(input.content),
+                files: input.files,
+                client_message_id: input.client_message_id,
+                resume: Vec::new(),
+                answered: Vec::new(),
                 autostart,
-            ))
+                queued: false,
+            }))
         }
         Trigger::Queued(_) => {
             deny_waiting(state, launch, basis).await?;
             Ok(Resolved::Run(Asked {
                 content: None,
                 client_message_id: None,
+                files: Vec::new(),
                 resume: Vec::new(),
                 answered: Vec::new(),
                 autostart: false,
@@ -349,7 +355,7 @@ async fn begin_new(
     let user_parts = asked
         .content
         .take()
-        .map(|text| vec![protocol::parts::Part::Text { text }]);
+        .map(|text| super::TurnInput::parts(text, files));
     let begun = bounded(state.store.begin_turn(
         NewTurn {
             id: turn,
@@ -365,6 +371,7 @@ async fn begin_new(
                 "user"
             },
             composition: frozen,
+    let files = std::mem::take(&mut asked.files);
             user_parts: user_parts.as_deref(),
             client_message_id: asked.client_message_id.as_deref(),
             replica: state.replica,

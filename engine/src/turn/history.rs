@@ -195,8 +195,9 @@ pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
                     images: Vec::new(),
                 });
             }
-            // Parts the brain does not write carry nothing the model reads.
-            Part::Other(_) => {}
+            // Parts the brain does not write carry nothing the model reads; an answer has
+            // no file parts (a user message's are read where it is).
+            Part::Other(_) | Part::File(_) => {}
         }
     }
     flush(&mut text, &mut calls, &mut results);
@@ -256,7 +257,7 @@ pub fn replay_chunks(parts: &[Part]) -> Vec<UiChunk> {
                     }
                 }
             }
-            Part::Other(_) => {}
+            Part::Other(_) | Part::File(_) => {}
         }
     }
     if step > 0 {

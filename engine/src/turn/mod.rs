@@ -93,6 +93,25 @@ pub struct TurnInput {
     pub content: String,
     pub client_message_id: Option<String>,
 }
+    /// The message's files as stored (T21): their download URLs and sniffed media types,
+    /// after the text in the message's parts.
+    pub files: Vec<protocol::parts::FilePart>,
+}
+
+impl TurnInput {
+    /// The stored parts of the message: its text (left out when empty and files carry the
+    /// message), then its files.
+    pub fn parts(
+        content: String,
+        files: Vec<protocol::parts::FilePart>,
+    ) -> Vec<protocol::parts::Part> {
+        let mut parts = Vec::with_capacity(1 + files.len());
+        if !content.is_empty() || files.is_empty() {
+            parts.push(protocol::parts::Part::Text { text: content });
+        }
+        parts.extend(files.into_iter().map(protocol::parts::Part::File));
+        parts
+    }
 
 /// T3: the run's basis, frozen and stored before the first provider request.
 #[derive(Debug, Serialize)]

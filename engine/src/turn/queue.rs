@@ -206,9 +206,7 @@ pub async fn enqueue(
     authority: &Authority,
 ) -> Result<Queued, TurnError> {
     let turn = TurnId::new();
-    let parts = [protocol::parts::Part::Text {
-        text: input.content,
-    }];
+    let parts = TurnInput::parts(input.content, input.files);
     let queued = bounded(state.store.enqueue_turn(NewQueued {
         id: turn,
         team,

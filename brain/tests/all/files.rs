@@ -1,0 +1,488 @@
+//! Files in chats (issue 53; T21, T22): uploads and `data:` URLs in a message's `file`
+//! parts, stored with the artifacts and served to exactly those who may read the chat;
+//! the media type sniffed from the bytes; images cleaned of their metadata and bounded;
+//! the three limits refused `413` with nothing stored; erasure takes the bytes. Real bytes
+//! throughout: PNG and JPEG written by the `image` crate (the JPEG with an EXIF block
+//! holding a GPS position), a PDF written by fpdf2 (`fixtures/report.pdf`), a CSV, and
+//! text posing as a PNG.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Cursor;
+use std::path::PathBuf;
+
+use base64::Engine as _;
+use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
+use reqwest::Response;
+use serde_json::{Value, json};
+
+use crate::auth::jwt;
+use crate::common::replies::text;
+use crate::common::{TestApp, error_code, read_stream};
+use crate::erasure::files_under;
+
+const PDF: &[u8] = include_bytes!("fixtures/report.pdf");
+const CSV: &[u8] = b"city,visits\nLyon,3\nNantes,5\n";
+/// What the JPEG's EXIF block carries: where the photo was taken.
+const GPS: &str = "GPS 48.8584N 2.2945E";
+
+fn png(width: u32, height: u32) -> Vec<u8> {
+    let picture = RgbImage::from_fn(width, height, |x, y| {
+        Rgb([(x % 256) as u8, (y % 256) as u8, 7])
+    });
+    let mut out = Vec::new();
+    DynamicImage::ImageRgb8(picture)
+        .write_to(&mut Cursor::new(&mut out), ImageFormat::Png)
+        .unwrap();
+    out
+}
+
+/// A JPEG whose APP1 segment is an EXIF block (big-endian TIFF, one IFD entry: an
+/// ImageDescription holding [`GPS`]).
+fn jpeg_with_exif() -> Vec<u8> {
+    let mut jpeg = Vec::new();
+    DynamicImage::ImageRgb8(RgbImage::from_pixel(40, 30, Rgb([200, 30, 30])))
+        .write_to(&mut Cursor::new(&mut jpeg), ImageFormat::Jpeg)
+        .unwrap();
+    let description = format!("{GPS}\0");
+    let mut tiff = b"MM\0\x2a\0\0\0\x08\0\x01\x01\x0e\0\x02".to_vec();
+    tiff.extend_from_slice(&(description.len() as u32).to_be_bytes());
+    tiff.extend_from_slice(&26u32.to_be_bytes());
+    tiff.extend_from_slice(&0u32.to_be_bytes());
+    tiff.extend_from_slice(description.as_bytes());
+    let mut payload = b"Exif\0\0".to_vec();
+    payload.extend_from_slice(&tiff);
+    let mut segment = vec![0xFF, 0xE1];
+    segment.extend_from_slice(&((payload.len() + 2) as u16).to_be_bytes());
+    segment.extend_from_slice(&payload);
+    let mut out = jpeg[..2].to_vec();
+    out.extend_from_slice(&segment);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn data_url(media_type: &str, bytes: &[u8]) -> String {
+    format!(
+        "data:{media_type};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+/// `POST /v1/chats/{chat}/files` as `bearer`: a multipart form written by hand, the
+/// client's claimed type in the part's header.
+async fn upload_as(
+    app: &TestApp,
+    bearer: &str,
+    chat: &str,
+    filename: &str,
+    claimed: &str,
+    bytes: &[u8],
+) -> Response {
+    let boundary = "----test-boundary-7d3f";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
+         Content-Type: {claimed}\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    app.http
+        .post(format!("{}/v1/chats/{chat}/files", app.url))
+        .bearer_auth(bearer)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn upload(app: &TestApp, chat: &str, filename: &str, claimed: &str, bytes: &[u8]) -> Value {
+    let response = upload_as(app, &app.key, chat, filename, claimed, bytes).await;
+    assert_eq!(response.status(), 201);
+    response.json().await.unwrap()
+}
+
+/// The bytes and content type served at `url` to `bearer`.
+async fn download_as(app: &TestApp, bearer: &str, url: &str) -> (u16, String, Vec<u8>) {
+    let response = app
+        .http
+        .get(format!("{}{url}", app.url))
+        .bearer_auth(bearer)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (
+        status,
+        content_type,
+        response.bytes().await.unwrap().to_vec(),
+    )
+}
+
+fn artifacts_dir(app: &TestApp) -> PathBuf {
+    std::env::temp_dir().join(format!("brain-test-artifacts-{}", app.db_name))
+}
+
+async fn file_rows(app: &TestApp) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM chat_files")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+}
+
+/// An AI SDK `useChat` body: one user message of `parts`, under a new message id.
+fn ai_sdk(parts: Value) -> Value {
+    json!({"id": "c", "trigger": "submit-message",
+           "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": parts}]})
+}
+
+#[tokio::test]
+async fn the_bytes_decide_the_type_and_images_lose_their_metadata() {
+    let app = TestApp::start_with(|c| c.files.image_max_side = 256).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+
+    let wide = upload(&app, &chat, "wide.png", "image/png", &png(1000, 200)).await;
+    assert_eq!(wide["media_type"], "image/png");
+    assert_eq!(wide["filename"], "wide.png");
+    let (status, served_type, bytes) =
+        download_as(&app, &app.key, wide["url"].as_str().unwrap()).await;
+    assert_eq!((status, served_type.as_str()), (200, "image/png"));
+    assert_eq!(wide["size"], bytes.len());
+    let picture = image::load_from_memory(&bytes).unwrap();
+    assert_eq!(
+        (picture.width(), picture.height()),
+        (256, 51),
+        "scaled to the bound"
+    );
+
+    let photo = jpeg_with_exif();
+    assert!(contains(&photo, b"Exif") && contains(&photo, GPS.as_bytes()));
+    let stored = upload(&app, &chat, "../holiday.jpg", "image/jpeg", &photo).await;
+    assert_eq!(stored["media_type"], "image/jpeg");
+    assert_eq!(stored["filename"], "holiday.jpg");
+    let (_, _, bytes) = download_as(&app, &app.key, stored["url"].as_str().unwrap()).await;
+    assert!(!contains(&bytes, b"Exif"), "the EXIF block is gone");
+    assert!(!contains(&bytes, GPS.as_bytes()), "the position is gone");
+    let picture = image::load_from_memory_with_format(&bytes, ImageFormat::Jpeg).unwrap();
+    assert_eq!((picture.width(), picture.height()), (40, 30));
+
+    for (name, claimed, bytes, sniffed) in [
+        ("report.pdf", "text/plain", PDF, "application/pdf"),
+        ("visits.csv", "application/octet-stream", CSV, "text/csv"),
+        (
+            "cat.png",
+            "image/png",
+            b"I am not a picture, only words.\n".as_slice(),
+            "text/plain",
+        ),
+        (
+            "data.bin",
+            "image/png",
+            br#"{"cat": false}"#.as_slice(),
+            "application/json",
+        ),
+    ] {
+        let file = upload(&app, &chat, name, claimed, bytes).await;
+        assert_eq!(file["media_type"], sniffed, "{name}");
+        let (status, served_type, served) =
+            download_as(&app, &app.key, file["url"].as_str().unwrap()).await;
+        assert_eq!((status, served_type.as_str()), (200, sniffed), "{name}");
+        assert_eq!(served, bytes, "{name}: stored as sent");
+    }
+
+    // Bytes that begin as a PNG and are not one are refused, not stored as an image.
+    let rows = file_rows(&app).await;
+    let broken = upload_as(
+        &app,
+        &app.key,
+        &chat,
+        "x.png",
+        "image/png",
+        b"\x89PNG\r\n\x1a\nnope",
+    )
+    .await;
+    assert_eq!(error_code(broken).await, (400, "invalid_request".into()));
+    assert_eq!(file_rows(&app).await, rows);
+}
+
+#[tokio::test]
+async fn a_message_carries_file_parts_and_the_transcript_keeps_their_urls() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let csv = upload(&app, &chat, "visits.csv", "text/csv", CSV).await;
+    let picture = png(64, 48);
+    app.provider.push(text("Seen."));
+    let response = app
+        .send(
+            &chat,
+            &ai_sdk(json!([
+                {"type": "text", "text": "What do these show?"},
+                // The client says JPEG; the bytes are a PNG.
+                {"type": "file", "mediaType": "image/jpeg", "filename": "chart.png",
+                 "url": data_url("image/jpeg", &picture)},
+                {"type": "file", "mediaType": "application/pdf", "url": csv["url"]},
+            ])),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let (_, done) = read_stream(response).await;
+    assert!(done);
+    app.settled().await;
+
+    let messages = app.messages(&chat).await;
+    let user = &messages[0];
+    assert_eq!(user["role"], "user");
+    let parts = user["parts"].as_array().unwrap();
+    assert_eq!(parts.len(), 3, "{parts:?}");
+    assert_eq!(
+        parts[0],
+        json!({"type": "text", "text": "What do these show?"})
+    );
+    assert_eq!(parts[1]["type"], "file");
+    assert_eq!(parts[1]["mediaType"], "image/png");
+    assert_eq!(parts[1]["filename"], "chart.png");
+    let inline_url = parts[1]["url"].as_str().unwrap();
+    assert!(inline_url.starts_with("/v1/files/"), "{inline_url}");
+    assert_eq!(
+        parts[2],
+        json!({"type": "file", "mediaType": "text/csv", "filename": "visits.csv", "url": csv["url"]})
+    );
+    assert!(!user.to_string().contains("data:"), "no data URL is stored");
+    let (status, served_type, bytes) = download_as(&app, &app.key, inline_url).await;
+    assert_eq!((status, served_type.as_str()), (200, "image/png"));
+    assert_eq!(image::load_from_memory(&bytes).unwrap().width(), 64);
+
+    // A message of files alone is a message.
+    app.provider.push(text("A PDF."));
+    let response = app
+        .send(
+            &chat,
+            &ai_sdk(json!([{"type": "file", "mediaType": "application/pdf",
+                             "url": data_url("application/pdf", PDF)}])),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let (chunks, done) = read_stream(response).await;
+    assert!(done, "{chunks:?}");
+    app.settled().await;
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages.len(), 4, "{messages:?} {chunks:?}");
+    let parts = messages[2]["parts"].as_array().unwrap();
+    assert_eq!(parts.len(), 1);
+    assert_eq!(parts[0]["mediaType"], "application/pdf");
+}
+
+#[tokio::test]
+async fn file_parts_that_name_no_file_of_the_chat_are_refused() {
+    let app = TestApp::start().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let other_chat = app.new_chat(&agent).await;
+    let elsewhere = upload(&app, &other_chat, "a.txt", "text/plain", b"hello").await;
+    let rows = file_rows(&app).await;
+    for part in [
+        json!({"type": "file", "mediaType": "text/plain", "url": elsewhere["url"]}),
+        json!({"type": "file", "mediaType": "text/plain",
+               "url": format!("/v1/files/{}", uuid::Uuid::now_v7())}),
+        json!({"type": "file", "mediaType": "text/plain", "url": "https://example.com/a.txt"}),
+        json!({"type": "file", "mediaType": "text/plain", "url": "data:text/plain,hello"}),
+    ] {
+        let response = app
+            .send(
+                &chat,
+                &ai_sdk(json!([{"type": "text", "text": "hi"}, part])),
+            )
+            .await;
+        assert_eq!(
+            error_code(response).await,
+            (400, "invalid_request".into()),
+            "{part}"
+        );
+    }
+    assert_eq!(file_rows(&app).await, rows);
+    assert!(app.messages(&chat).await.is_empty());
+    assert!(app.provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn each_limit_is_refused_413_with_nothing_stored() {
+    let app = TestApp::start_with(|c| {
+        c.files.max_file_bytes = 1000;
+        c.files.max_message_bytes = 1500;
+        c.files.quota_bytes = 2500;
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let dir = artifacts_dir(&app);
+
+    let big = upload_as(
+        &app,
+        &app.key,
+        &chat,
+        "big.txt",
+        "text/plain",
+        &[b'a'; 1001],
+    )
+    .await;
+    assert_eq!(error_code(big).await, (413, "file_too_large".into()));
+    let inline_big = app
+        .send(
+            &chat,
+            &ai_sdk(json!([{"type": "file", "mediaType": "text/plain",
+                             "url": data_url("text/plain", &[b'a'; 1001])}])),
+        )
+        .await;
+    assert_eq!(error_code(inline_big).await, (413, "file_too_large".into()));
+    let two = app
+        .send(
+            &chat,
+            &ai_sdk(json!([
+                {"type": "file", "mediaType": "text/plain", "url": data_url("text/plain", &[b'a'; 800])},
+                {"type": "file", "mediaType": "text/plain", "url": data_url("text/plain", &[b'b'; 800])},
+            ])),
+        )
+        .await;
+    assert_eq!(
+        error_code(two).await,
+        (413, "message_files_too_large".into())
+    );
+    assert_eq!(file_rows(&app).await, 0);
+    assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
+    assert!(app.messages(&chat).await.is_empty());
+
+    upload(&app, &chat, "one.txt", "text/plain", &[b'a'; 1000]).await;
+    upload(&app, &chat, "two.txt", "text/plain", &[b'b'; 1000]).await;
+    let over = upload_as(
+        &app,
+        &app.key,
+        &chat,
+        "three.txt",
+        "text/plain",
+        &[b'c'; 1000],
+    )
+    .await;
+    assert_eq!(error_code(over).await, (413, "file_quota_exceeded".into()));
+    assert_eq!(file_rows(&app).await, 2);
+    assert_eq!(
+        files_under(&dir).len(),
+        2,
+        "the refused file's bytes are gone"
+    );
+    let inline_over = app
+        .send(
+            &chat,
+            &ai_sdk(json!([{"type": "file", "mediaType": "text/plain",
+                             "url": data_url("text/plain", &[b'c'; 600])}])),
+        )
+        .await;
+    assert_eq!(
+        error_code(inline_over).await,
+        (413, "file_quota_exceeded".into())
+    );
+    assert_eq!(file_rows(&app).await, 2);
+    assert_eq!(files_under(&dir).len(), 2);
+    assert!(app.messages(&chat).await.is_empty());
+    assert!(app.provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn only_those_who_may_read_the_chat_get_its_files() {
+    let app = jwt::app_with(&[(
+        "BRAIN_JWT_PUBLIC_KEYS",
+        include_str!("fixtures/jwt/ed.pub.pem"),
+    )])
+    .await;
+    let token = |user: &str| {
+        jwt::sign(
+            &jwt::ed(),
+            jsonwebtoken::Algorithm::EdDSA,
+            None,
+            &jwt::claims(app.team, user, json!({"admin": false})),
+        )
+    };
+    let (alice, bob) = (token("alice"), token("bob"));
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let created = app
+        .http
+        .post(format!("{}/v1/agents/{agent}/chats", app.url))
+        .bearer_auth(&alice)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let alices: Value = created.json().await.unwrap();
+    let alices = alices["id"].as_str().unwrap();
+
+    let response = upload_as(&app, &alice, alices, "note.txt", "text/plain", b"for alice").await;
+    assert_eq!(response.status(), 201);
+    let file: Value = response.json().await.unwrap();
+    let url = file["url"].as_str().unwrap();
+    assert_eq!(download_as(&app, &alice, url).await.0, 200);
+    assert_eq!(
+        download_as(&app, &app.key, url).await.0,
+        200,
+        "a team key sees every chat"
+    );
+    assert_eq!(
+        download_as(&app, &bob, url).await.0,
+        404,
+        "another user's chat"
+    );
+    let refused = upload_as(&app, &bob, alices, "x.txt", "text/plain", b"bob").await;
+    assert_eq!(error_code(refused).await, (404, "not_found".into()));
+
+    let other = app.store.create_team("other team").await.unwrap();
+    assert_eq!(
+        download_as(&app, &other.api_key, url).await.0,
+        404,
+        "another team"
+    );
+    let refused = upload_as(&app, &other.api_key, alices, "x.txt", "text/plain", b"x").await;
+    assert_eq!(error_code(refused).await, (404, "not_found".into()));
+    assert_eq!(file_rows(&app).await, 1);
+}
+
+#[tokio::test]
+async fn erasing_the_chat_takes_its_files_and_their_bytes() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let file = upload(&app, &chat, "visits.csv", "text/csv", CSV).await;
+    app.provider.push(text("Noted."));
+    let response = app
+        .send(
+            &chat,
+            &ai_sdk(json!([{"type": "file", "mediaType": "image/png",
+                             "url": data_url("image/png", &png(8, 8))}])),
+        )
+        .await;
+    read_stream(response).await;
+    app.settled().await;
+    let dir = artifacts_dir(&app);
+    assert_eq!(files_under(&dir).len(), 2);
+
+    let erased = app
+        .auth(app.http.delete(format!("{}/v1/chats/{chat}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert!(erased.status().is_success(), "{}", erased.status());
+    assert_eq!(file_rows(&app).await, 0);
+    assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
+    assert_eq!(
+        download_as(&app, &app.key, file["url"].as_str().unwrap())
+            .await
+            .0,
+        404
+    );
+}
