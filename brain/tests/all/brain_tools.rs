@@ -687,7 +687,10 @@ async fn a_concierge_names_only_its_teams_provider_connections() {
     .await;
     for id in ["model", "fallback"] {
         let refused = result_of(&chunks, id).unwrap_err();
-        assert!(refused.contains("no provider connection named"), "{refused}");
+        assert!(
+            refused.contains("no provider connection named"),
+            "{refused}"
+        );
     }
     let agents: Value = app.get("/v1/agents").await.json().await.unwrap();
     assert_eq!(agents["agents"].as_array().unwrap().len(), 1, "{agents}");
