@@ -27,9 +27,9 @@ use store::{
 pub(super) struct Asked {
     /// The user message (or autostart prompt); `None` for a continuation.
     content: Option<String>,
-    client_message_id: Option<String>,
     /// The user message's files (T21), after its text.
     files: Vec<protocol::parts::FilePart>,
+    client_message_id: Option<String>,
     /// A continuation's answered approvals, whose approved calls run first (A3).
     resume: Vec<ApprovalRow>,
     /// The approvals these answers closed, as they now are.
@@ -59,8 +59,8 @@ pub(super) async fn resolve(
     let asked = |content, client_message_id, resume, answered, autostart| {
         Resolved::Run(Asked {
             content,
-            client_message_id,
             files: Vec::new(),
+            client_message_id,
             resume,
             answered,
             autostart,
@@ -85,8 +85,8 @@ pub(super) async fn resolve(
             deny_waiting(state, launch, basis).await?;
             Ok(Resolved::Run(Asked {
                 content: None,
-                client_message_id: None,
                 files: Vec::new(),
+                client_message_id: None,
                 resume: Vec::new(),
                 answered: Vec::new(),
                 autostart: false,
@@ -352,6 +352,7 @@ async fn begin_new(
         history: kept.map(KeptHistory::check),
         ..basis.check()
     });
+    let files = std::mem::take(&mut asked.files);
     let user_parts = asked
         .content
         .take()
@@ -371,7 +372,6 @@ async fn begin_new(
                 "user"
             },
             composition: frozen,
-    let files = std::mem::take(&mut asked.files);
             user_parts: user_parts.as_deref(),
             client_message_id: asked.client_message_id.as_deref(),
             replica: state.replica,

@@ -92,7 +92,6 @@ pub(super) const CHUNK_BUFFER: usize = 64;
 pub struct TurnInput {
     pub content: String,
     pub client_message_id: Option<String>,
-}
     /// The message's files as stored (T21): their download URLs and sniffed media types,
     /// after the text in the message's parts.
     pub files: Vec<protocol::parts::FilePart>,
@@ -112,6 +111,7 @@ impl TurnInput {
         parts.extend(files.into_iter().map(protocol::parts::Part::File));
         parts
     }
+}
 
 /// T3: the run's basis, frozen and stored before the first provider request.
 #[derive(Debug, Serialize)]
