@@ -11,6 +11,7 @@
 //! speculation, hangup, openloop, quiet, takeover, peer, soak, shards; empty runs all but
 //! peer, soak, shards and quiet),
 //! `BENCH_MESSAGE_IDS` (`1`: every message posted carries a fresh `message_id`),
+//! `BENCH_CHAT_TITLES` (`1`: each new chat is titled after its first turn),
 //! `BENCH_QUIET_RATE` (the `quiet` open loop's turns per second, default 5),
 //! `BENCH_TSV` (a file to write the table's rows to as tab-separated values, for make
 //! bench-compare).

@@ -184,9 +184,12 @@ pub fn brain_env(db_name: &str, provider: &ScriptedProvider) -> HashMap<String, 
             "BRAIN_ARTIFACTS_DIR".into(),
             artifacts.to_string_lossy().into_owned(),
         ),
-        // A title call after each new chat's first turn would take a reply scripted for a
-        // turn: the scenarios measure the turn path without it.
-        ("BRAIN_CHAT_TITLES".into(), "false".into()),
+        // Off unless `BENCH_CHAT_TITLES=1`: the scenarios measure the turn path, and with
+        // titles on, the title call's cost (T17) is a row's difference.
+        (
+            "BRAIN_CHAT_TITLES".into(),
+            if chat_titles() { "true" } else { "false" }.into(),
+        ),
     ])
 }
 
@@ -322,6 +325,10 @@ impl System {
             bail!("create chat: {}", chat.status());
         }
         let chat: Value = chat.json().await?;
+        if chat_titles() {
+            // The reply the title call after the chat's first turn takes.
+            self.provider.push(instant_ok());
+        }
         Ok(chat["id"].as_str().context("chat id")?.to_owned())
     }
 
@@ -396,6 +403,12 @@ impl SseData {
 fn message_ids() -> bool {
     static IDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *IDS.get_or_init(|| std::env::var("BENCH_MESSAGE_IDS").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// `BENCH_CHAT_TITLES=1`: the brain titles each new chat after its first turn (T17).
+fn chat_titles() -> bool {
+    static TITLES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TITLES.get_or_init(|| std::env::var("BENCH_CHAT_TITLES").is_ok_and(|v| v.trim() == "1"))
 }
 
 pub fn window() -> Duration {
