@@ -8,6 +8,7 @@ use protocol::TurnId;
 use protocol::ui::ConnectorStatus;
 use tokio_util::sync::CancellationToken;
 
+use super::attachments::{self, Files};
 use super::auxiliary;
 use super::basis::{Found, KeptHistory, Source};
 use super::context::{self, Fold};
@@ -236,7 +237,8 @@ pub(super) async fn compose(
         offered.catalog.clone(),
         route.clone(),
         state.config.max_output_tokens,
-    );
+    )
+    .await;
     Ok(Composed::Ready(Box::new(Ready {
         request,
         route,
@@ -251,9 +253,10 @@ pub(super) async fn compose(
 
 /// A turn's first model request over `history`, and the fold that summarises the history
 /// once the turn outgrew the context budget (by the `summary` route, then the turn's own
-/// `route`), carrying the chat's title when this is its first turn (T17).
+/// `route`), carrying the chat's title when this is its first turn (T17). The window's
+/// files are read within what its text leaves of the context budget (T23).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn first_request(
+pub(super) async fn first_request(
     state: &Engine,
     launch: &Launch,
     basis: &TurnBasis,
@@ -263,12 +266,28 @@ pub(super) fn first_request(
     route: Vec<String>,
     max_output_tokens: u32,
 ) -> (ModelRequest, Fold) {
+    let window = &history[context::window_start(history, state.config.context_tokens)..];
+    let files = if attachments::any(window) {
+        let budget = state
+            .config
+            .context_tokens
+            .saturating_sub(context::history_tokens(window));
+        // Boxed: a text-only turn's future stays as small as it was.
+        Box::pin(attachments::load(
+            state,
+            launch.team,
+            launch.chat,
+            window,
+            budget,
+        ))
+        .await
+    } else {
+        Files::default()
+    };
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
-        messages: model_messages(
-            &history[context::window_start(history, state.config.context_tokens)..],
-        ),
+        messages: model_messages(window, &files),
         tools: catalog,
         max_output_tokens,
     };

@@ -148,7 +148,10 @@ impl Fold {
         let Some(last_folded) = start.checked_sub(1).map(|i| history[i].seq) else {
             return;
         };
-        let transcript = transcript(&model_messages(&history[..start]));
+        let transcript = transcript(&model_messages(
+            &history[..start],
+            &super::attachments::Files::default(),
+        ));
         let prompt = format!(
             "Existing summary:\n{}\n\nNew messages:\n{transcript}",
             if chat.summary.is_empty() {

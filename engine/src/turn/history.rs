@@ -10,6 +10,7 @@ use protocol::parts::{Approval, Part, ToolPart, ToolState};
 use protocol::ui::UiChunk;
 use serde_json::Value;
 
+use super::attachments::{self, Files, Shown};
 use crate::tools::ToolOutput;
 use providers::{Message, ToolCall, ToolResult};
 use store::MessageRow;
@@ -128,21 +129,52 @@ pub fn tool_part(
     })
 }
 
-/// Stored messages as the model sees them. Empty messages (an answer interrupted before
-/// its first word) are left out: providers refuse empty content.
-pub fn model_messages(history: &[impl Counted]) -> Vec<Message> {
+/// Stored messages as the model sees them, a user message's files as `files` shows them
+/// (T23). Empty messages (an answer interrupted before its first word) are left out:
+/// providers refuse empty content.
+pub fn model_messages(history: &[impl Counted], files: &Files) -> Vec<Message> {
     let mut messages = Vec::new();
     for row in history.iter().map(Counted::row) {
         if row.role == "assistant" {
             assistant_messages(&row.parts, &mut messages);
         } else {
-            let text = parts_text(&row.parts);
-            if !text.is_empty() {
-                messages.push(Message::User(text));
-            }
+            messages.extend(user_message(&row.parts, files));
         }
     }
     messages
+}
+
+/// A user message: its text, then its files (a text-only message stays one string).
+fn user_message(parts: &[Part], files: &Files) -> Option<Message> {
+    let mut text = parts_text(parts);
+    let mut attachments = Vec::new();
+    for part in parts {
+        let Part::File(file) = part else { continue };
+        let note;
+        let after = match files.get(&file.url) {
+            Some(Shown::Attachment(attachment)) => {
+                attachments.push(attachment.clone());
+                continue;
+            }
+            Some(Shown::Text(shown)) => shown,
+            None => {
+                note = attachments::named(file);
+                &note
+            }
+        };
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(after);
+    }
+    if !attachments.is_empty() {
+        Some(Message::UserFiles {
+            text,
+            files: attachments,
+        })
+    } else {
+        (!text.is_empty()).then_some(Message::User(text))
+    }
 }
 
 pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
@@ -323,6 +355,61 @@ mod tests {
         }
     }
 
+    fn file(url: &str, name: &str, media_type: &str) -> Part {
+        Part::File(protocol::parts::FilePart {
+            media_type: media_type.into(),
+            filename: Some(name.into()),
+            url: url.into(),
+        })
+    }
+
+    /// T23: a user message's image is an attachment after its text, a text file is
+    /// inlined after it, and a history read without its files names each one.
+    #[test]
+    fn a_user_message_shows_its_files() {
+        let photo = providers::Attachment::new(
+            providers::AttachmentKind::Image,
+            "image/png",
+            "cat.png",
+            b"\x89PNG",
+        );
+        let history = [
+            row(
+                "user",
+                vec![
+                    text("what is this?"),
+                    file("/v1/files/a", "cat.png", "image/png"),
+                    file("/v1/files/b", "n.txt", "text/plain"),
+                ],
+            ),
+            row("user", vec![text("plain")]),
+        ];
+        let files: Files = [
+            ("/v1/files/a".to_owned(), Shown::Attachment(photo.clone())),
+            ("/v1/files/b".to_owned(), Shown::Text("[file n.txt]".into())),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(
+            model_messages(&history, &files),
+            vec![
+                Message::UserFiles {
+                    text: "what is this?\n\n[file n.txt]".into(),
+                    files: vec![photo],
+                },
+                Message::User("plain".into()),
+            ]
+        );
+        assert_eq!(
+            model_messages(&history[..1], &Files::default()),
+            vec![Message::User(
+                "what is this?\n\n[a file cat.png (image/png) was attached here]\n\n\
+                 [a file n.txt (text/plain) was attached here]"
+                    .into()
+            )]
+        );
+    }
+
     #[test]
     fn stored_inline_reasoning_is_not_read_back() {
         let history = [
@@ -337,7 +424,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            model_messages(&history),
+            model_messages(&history, &Files::default()),
             vec![
                 Message::User("<think>mine</think>hi".into()),
                 Message::Assistant {
@@ -382,7 +469,7 @@ mod tests {
             ),
         ];
         assert_eq!(
-            model_messages(&history),
+            model_messages(&history, &Files::default()),
             vec![
                 Message::User("remember both".into()),
                 Message::Assistant {

@@ -9,7 +9,8 @@
 //!    A3), the connectors and the tool set, the frozen composition (T3), and the turn row
 //!    with the user message in one statement that also reads back the history, so a
 //!    failed write means no provider call. A retried message id replays its turn instead
-//!    (`replay.rs`, T12).
+//!    (`replay.rs`, T12). The first request shows the window's files (`attachments.rs`,
+//!    T23): images and PDFs as the provider's own content, text inline.
 //! 3. **The loop** (`task.rs`): one step at a time, each a model call (`model_call.rs`:
 //!    the route's fallbacks while nothing has been shown, T10) and then its tool calls
 //!    (`tool_calls.rs`, T4-T6). What the next step needs is [`state::Progress`].
@@ -40,6 +41,7 @@
 //! ids, counts and the outcome class, never text (X4).
 
 mod admit;
+mod attachments;
 mod auxiliary;
 mod basis;
 mod compose;
@@ -75,8 +77,8 @@ use crate::Engine;
 use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 pub use auxiliary::{MAX_TITLE_CHARS, validate_title};
-pub use error::TurnError;
 pub use basis::Bases;
+pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
 use spans::{TurnSpan, turn_span};

@@ -4,6 +4,7 @@
 //! never run. Each route tried is a `model_call` span (route, adapter, token counts, time
 //! to first output, outcome).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -13,8 +14,10 @@ use tracing::Instrument;
 
 use super::continuation;
 use super::state::{Progress, TurnTask};
+use crate::models::catalog::team_catalog;
 use providers::{
-    EventStream, ProviderError, ProviderEvent, StopReason, ToolCall, Unavailable, Usage,
+    EventStream, ModelRequest, ProviderError, ProviderEvent, Reads, StopReason, ToolCall,
+    Unavailable, Usage,
 };
 use store::ModelCallUsage;
 
@@ -94,6 +97,7 @@ impl TurnTask {
             let span = super::spans::model_call_span(route, &resolved, self.ids.chat, call_index);
             let provider = resolved.provider.clone();
             resolved.model.clone_into(&mut request.model);
+            let sent = self.fit(request, route).await;
             let asked = Instant::now();
             let connected = tokio::select! {
                 biased;
@@ -101,13 +105,15 @@ impl TurnTask {
                     span.record("outcome", "cancelled");
                     return OpenOutcome::Cancelled;
                 }
-                result = provider.stream(request).instrument(span.clone()) => result,
+                result = provider.stream(&sent).instrument(span.clone()) => result,
             };
             let mut stream = match connected {
                 Ok(stream) => stream,
                 Err(err) => {
                     self.metrics.provider_error(&err);
-                    self.deps.connections.failed(self.ids.team, resolved.connection, &err);
+                    self.deps
+                        .connections
+                        .failed(self.ids.team, resolved.connection, &err);
                     span.record("outcome", err.metric_label());
                     tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model route failed before output");
                     last_error = err;
@@ -146,7 +152,9 @@ impl TurnTask {
                     }
                     Some(Err(err)) => {
                         self.metrics.provider_error(&err);
-                        self.deps.connections.failed(self.ids.team, resolved.connection, &err);
+                        self.deps
+                            .connections
+                            .failed(self.ids.team, resolved.connection, &err);
                         tracing::info!(turn = %self.ids.turn, call_index, class = err.metric_label(), "model stream failed before output");
                         record_call(&span, usage, err.metric_label());
                         usage_log.push(call_usage(call_index, route, usage));
@@ -164,6 +172,42 @@ impl TurnTask {
             }
         }
         OpenOutcome::Failed(last_error)
+    }
+
+    /// T23: each model of the route gets only the files it reads, notes for the rest; a
+    /// request without files goes as it is, uncopied.
+    async fn fit<'r>(&self, request: &'r ModelRequest, route: &str) -> Cow<'r, ModelRequest> {
+        if !request.has_attachments() {
+            return Cow::Borrowed(request);
+        }
+        match request.fitted(self.reads(route).await) {
+            Some(fitted) => Cow::Owned(fitted),
+            None => Cow::Borrowed(request),
+        }
+    }
+
+    /// What the model of `route` reads, by the team's catalog (T16); a model it does not
+    /// list reads text only, since sending an image to a model without vision fails the
+    /// whole request.
+    async fn reads(&self, route: &str) -> Reads {
+        let catalog = store::bounded(team_catalog(
+            &self.deps.store,
+            &self.deps.model_catalog,
+            self.ids.team,
+        ))
+        .await;
+        match catalog {
+            Ok(catalog) => catalog
+                .facts(route)
+                .map_or(Reads::default(), |facts| Reads {
+                    images: facts.vision,
+                    documents: facts.documents,
+                }),
+            Err(err) => {
+                tracing::warn!(turn = %self.ids.turn, class = err.metric_label(), "model catalog unread: files shown as notes");
+                Reads::default()
+            }
+        }
     }
 
     /// Relays one model call to the client, its text appended to `shown` (held back

@@ -41,6 +41,8 @@ pub(super) struct Deps {
     pub bases: Bases,
     /// Resolves each route to its adapter (T14).
     pub connections: Connections,
+    /// What each route's model reads, for a request with files (T16, T23).
+    pub model_catalog: Arc<crate::models::catalog::Catalog>,
     pub toolset: Arc<Toolset>,
 }
 

@@ -242,7 +242,8 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
         offered.catalog.clone(),
         frozen.model_route.clone(),
         frozen.max_output_tokens,
-    );
+    )
+    .await;
     let mut limits = state.config.limits;
     limits.max_iterations = frozen.max_iterations;
     limits.max_writes = frozen.max_writes;

@@ -72,6 +72,7 @@ impl TurnTask {
                 store: state.store.clone(),
                 bases: state.bases.clone(),
                 connections: state.connections.clone(),
+                model_catalog: state.config.model_catalog.clone(),
                 toolset: ready.toolset,
             },
             rules: Rules {

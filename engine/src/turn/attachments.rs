@@ -1,0 +1,211 @@
+//! A user message's files as the model reads them (T23).
+//!
+//! The stored message names each file by its download URL (`crate::files`); a turn reads
+//! the bytes of the files of its history window and shows each in the form its media type
+//! (sniffed from the bytes when stored, T22) allows:
+//! - an image or a PDF as content of its own ([`providers::Attachment`]), which each
+//!   adapter renders in its wire's form; a model the catalog does not say reads it gets a
+//!   note in its place (`ModelRequest::fitted`, at the model call, since a fallback may be
+//!   another model);
+//! - text, CSV and JSON inline after the message's text, up to [`INLINE_TEXT_BYTES`]; a
+//!   longer file is cut with a note that says where, never silently;
+//! - anything else as a note naming the file.
+//!
+//! Files share the context budget with the text: what the window's text leaves. The newest
+//! message's files are taken first, so when the budget runs out the oldest files are the
+//! ones left out, each replaced by a note.
+
+use std::collections::HashMap;
+
+use protocol::parts::{FilePart, Part};
+use protocol::{ChatId, TeamId};
+use providers::{Attachment, AttachmentKind};
+
+use super::history::Counted;
+use crate::Engine;
+use crate::files::{self, FileError};
+
+/// The most bytes of one text file shown inline; past it the file is cut, with a note.
+pub const INLINE_TEXT_BYTES: usize = 32 * 1024;
+
+/// What a file part becomes for the model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Shown {
+    /// Content of its own: an image or a PDF.
+    Attachment(Attachment),
+    /// Text after the message's text: the file's content, or a note about it.
+    Text(String),
+}
+
+/// The files of a history window, by the URL their parts name them by. Empty for a
+/// history read without them (the summary's transcript): each file is then named only.
+#[derive(Debug, Default)]
+pub struct Files(HashMap<String, Shown>);
+
+impl Files {
+    pub fn get(&self, url: &str) -> Option<&Shown> {
+        self.0.get(url)
+    }
+}
+
+#[cfg(test)]
+impl FromIterator<(String, Shown)> for Files {
+    fn from_iter<I: IntoIterator<Item = (String, Shown)>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+/// Whether any user message of `history` has a file.
+pub fn any(history: &[impl Counted]) -> bool {
+    history
+        .iter()
+        .map(Counted::row)
+        .any(|row| row.role == "user" && row.parts.iter().any(|part| matches!(part, Part::File(_))))
+}
+
+/// The files of `history`'s user messages, read within `budget` tokens, newest first.
+/// A history without file parts costs one pass over its parts and no read.
+pub async fn load(
+    state: &Engine,
+    team: TeamId,
+    chat: ChatId,
+    history: &[impl Counted],
+    budget: usize,
+) -> Files {
+    let mut files = Files::default();
+    let mut left = budget;
+    let user_rows = history
+        .iter()
+        .rev()
+        .map(Counted::row)
+        .filter(|row| row.role == "user");
+    for row in user_rows {
+        for part in &row.parts {
+            let Part::File(file) = part else { continue };
+            if files.0.contains_key(&file.url) {
+                continue;
+            }
+            let shown = show(state, team, chat, file, &mut left).await;
+            files.0.insert(file.url.clone(), shown);
+        }
+    }
+    files
+}
+
+/// One file as the model sees it, its cost taken from `left`.
+async fn show(
+    state: &Engine,
+    team: TeamId,
+    chat: ChatId,
+    file: &FilePart,
+    left: &mut usize,
+) -> Shown {
+    let name = file.filename.as_deref().unwrap_or("file");
+    let Some(id) = files::id_of_url(&file.url) else {
+        return Shown::Text(format!("[a file {name} was attached here, but not kept]"));
+    };
+    let read = match files::read(&state.store, &*state.artifacts, team, id).await {
+        Ok(read) if read.row.chat_id == chat => read,
+        Ok(_) | Err(FileError::NotFound) => {
+            return Shown::Text(format!(
+                "[a file {name} was attached here; it no longer exists]"
+            ));
+        }
+        Err(err) => {
+            tracing::warn!(%chat, class = err.metric_label(), "a chat file could not be read for the model");
+            return Shown::Text(format!(
+                "[a file {name} was attached here; it could not be read just now]"
+            ));
+        }
+    };
+    let media = read.row.media_type.as_str();
+    let shown = match media {
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp" => Shown::Attachment(
+            Attachment::new(AttachmentKind::Image, media, name, &read.bytes),
+        ),
+        "application/pdf" => Shown::Attachment(Attachment::new(
+            AttachmentKind::Pdf,
+            media,
+            name,
+            &read.bytes,
+        )),
+        "text/plain" | "text/csv" | "application/json" => {
+            Shown::Text(inline_text(name, media, &read.bytes))
+        }
+        _ => {
+            return Shown::Text(format!(
+                "[a file {name} ({media}, {} bytes) was attached here; it is neither text nor \
+                 an image or document a model reads]",
+                read.bytes.len()
+            ));
+        }
+    };
+    let cost = match &shown {
+        Shown::Attachment(attachment) => attachment.estimated_tokens(),
+        // Four characters to a token, as the history's estimate counts.
+        Shown::Text(text) => text.len() / 4,
+    };
+    if cost > *left {
+        return Shown::Text(format!(
+            "[a file {name} ({media}) was attached here; left out to stay within the \
+             context budget]"
+        ));
+    }
+    *left -= cost;
+    shown
+}
+
+/// A text file between markers, cut at [`INLINE_TEXT_BYTES`] (on a character boundary)
+/// with a note saying so.
+fn inline_text(name: &str, media: &str, bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut end = text.len().min(INLINE_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = format!("[file {name} ({media})]\n{}", &text[..end]);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    if end < text.len() {
+        out.push_str(&format!(
+            "[file {name} truncated at {end} of {} bytes]",
+            text.len()
+        ));
+    } else {
+        out.push_str(&format!("[end of file {name}]"));
+    }
+    out
+}
+
+/// What the model reads for a file part of a history read without its files.
+pub fn named(file: &FilePart) -> String {
+    let name = file.filename.as_deref().unwrap_or("file");
+    format!("[a file {name} ({}) was attached here]", file.media_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// T23: a text file is shown whole between markers, and a longer one is cut on a
+    /// character boundary with a note that says where, never silently.
+    #[test]
+    fn text_is_inlined_whole_or_cut_with_a_note() {
+        assert_eq!(
+            inline_text("a.csv", "text/csv", b"x,y\n1,2\n"),
+            "[file a.csv (text/csv)]\nx,y\n1,2\n[end of file a.csv]"
+        );
+        let long = "é".repeat(INLINE_TEXT_BYTES); // two bytes each
+        let shown = inline_text("b.txt", "text/plain", long.as_bytes());
+        assert!(shown.ends_with(&format!(
+            "\n[file b.txt truncated at {INLINE_TEXT_BYTES} of {} bytes]",
+            2 * INLINE_TEXT_BYTES
+        )));
+        assert_eq!(
+            shown.matches('é').count(),
+            INLINE_TEXT_BYTES / 2,
+            "cut on a character boundary"
+        );
+    }
+}
