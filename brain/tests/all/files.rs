@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Cursor;
-use std::path::PathBuf;
+use std::time::Duration;
 
 use base64::Engine as _;
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
@@ -19,7 +19,8 @@ use serde_json::{Value, json};
 use crate::auth::jwt;
 use crate::common::replies::text;
 use crate::common::{TestApp, error_code, read_stream};
-use crate::erasure::files_under;
+use crate::erasure::{artifacts_dir, eventually, files_under};
+use crate::teams::as_operator;
 
 const PDF: &[u8] = include_bytes!("fixtures/report.pdf");
 const CSV: &[u8] = b"city,visits\nLyon,3\nNantes,5\n";
@@ -129,10 +130,6 @@ async fn download_as(app: &TestApp, bearer: &str, url: &str) -> (u16, String, Ve
         content_type,
         response.bytes().await.unwrap().to_vec(),
     )
-}
-
-fn artifacts_dir(app: &TestApp) -> PathBuf {
-    std::env::temp_dir().join(format!("brain-test-artifacts-{}", app.db_name))
 }
 
 async fn file_rows(app: &TestApp) -> i64 {
@@ -485,4 +482,75 @@ async fn erasing_the_chat_takes_its_files_and_their_bytes() {
             .0,
         404
     );
+}
+
+#[tokio::test]
+async fn erasing_the_team_takes_its_files_and_their_bytes() {
+    let app = TestApp::start_with(|c| c.operator_token = Some(crate::auth::operator_token())).await;
+    let created = as_operator(
+        &app,
+        reqwest::Method::POST,
+        "/v1/teams",
+        Some(json!({"name": "leaving"})),
+    )
+    .await;
+    let created: Value = created.json().await.unwrap();
+    let team = created["team_id"].as_str().unwrap().to_owned();
+    let key = created["api_key"].as_str().unwrap().to_owned();
+    let agent: Value = app
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(&key)
+        .json(&json!({"name": "a", "system_prompt": "", "model": "openai/gpt-test"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let chat: Value = app
+        .http
+        .post(format!(
+            "{}/v1/agents/{}/chats",
+            app.url,
+            agent["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let chat = chat["id"].as_str().unwrap();
+    let uploaded = upload_as(&app, &key, chat, "visits.csv", "text/csv", CSV).await;
+    assert_eq!(uploaded.status(), 201);
+    let dir = artifacts_dir(&app);
+    assert_eq!(files_under(&dir).len(), 1);
+
+    let asked = as_operator(
+        &app,
+        reqwest::Method::DELETE,
+        &format!("/v1/teams/{team}"),
+        None,
+    )
+    .await;
+    assert_eq!(asked.status(), 202);
+    eventually(Duration::from_secs(20), "the team is erased", || async {
+        let read: Value = as_operator(
+            &app,
+            reqwest::Method::GET,
+            &format!("/v1/teams/{team}"),
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+        read["status"] == "erased"
+    })
+    .await;
+    assert_eq!(file_rows(&app).await, 0);
+    assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
 }
