@@ -534,8 +534,9 @@ pub struct BackgroundTurn {
             `RateLimit-Policy` / `RateLimit` fields). Nothing was written or sent.",
             body = ErrorBody),
         (status = 400, description = "The body matches neither form, or its content is \
-            empty, too long or holds NUL, or `background` comes with approval responses \
-            (`invalid_request`).", body = ErrorBody),
+            empty, too long or holds NUL, or `background` comes with approval responses, or a \
+            `file` part's `url` is neither a base64 `data:` URL nor the URL of a file of this \
+            chat, or an inline image does not decode (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such chat in the team, or its agent is archived \
             (`not_found`).", body = ErrorBody),
         (status = 409, description = "The agent is running another turn (`agent_busy`: its \
@@ -547,7 +548,11 @@ pub struct BackgroundTurn {
             `200` with that turn's stream from its start, D5, and a background POST \
             answers `202`); `turn_id` names it.",
             body = ErrorBody),
-        (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
+        (status = 413, description = "The body is too large (`payload_too_large`), a file is \
+            larger than `BRAIN_FILE_MAX_BYTES` (`file_too_large`), the message's files \
+            together than `BRAIN_FILE_MAX_BYTES_PER_MESSAGE` (`message_files_too_large`), or \
+            the team's files would pass `BRAIN_FILE_QUOTA_BYTES` (`file_quota_exceeded`); \
+            nothing was stored or started.", body = ErrorBody),
         (status = 429, description = "The agent's queue of waiting messages is full \
             (`queue_full`, with `Retry-After`; `BRAIN_QUEUE_MAX_PER_AGENT`), or the team's \
             turns per minute or concurrent turns are \
