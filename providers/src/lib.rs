@@ -275,7 +275,13 @@ impl ModelRequest {
         let mut fitted = self.clone();
         for message in &mut fitted.messages {
             match message {
-                Message::UserFiles { text, files } => keep_readable(text, files, reads),
+                Message::UserFiles { text, files } => {
+                    keep_readable(text, files, reads);
+                    // Without files left it is a text message, sent as plain text.
+                    if files.is_empty() {
+                        *message = Message::User(std::mem::take(text));
+                    }
+                }
                 Message::ToolResults(results) => {
                     for result in results {
                         keep_readable(&mut result.content, &mut result.images, reads);
@@ -576,6 +582,15 @@ mod tests {
         assert_eq!(fitted.messages[2], files_request().messages[2]);
 
         let blind = files_request().fitted(Reads::default()).unwrap();
+        assert_eq!(
+            blind.messages[0],
+            Message::User(
+                "What is in these?\n[an image was attached here (photo.png, image/png), but \
+                 this model cannot read it]\n[a PDF document was attached here (report.pdf, \
+                 application/pdf), but this model cannot read it]"
+                    .into()
+            )
+        );
         let Message::ToolResults(results) = &blind.messages[2] else {
             panic!("not results: {:?}", blind.messages[2]);
         };

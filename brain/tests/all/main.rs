@@ -58,6 +58,7 @@ mod traces;
 mod turn;
 mod turn_failures;
 mod usage;
+mod vision;
 mod user_budgets;
 mod web_chat;
 mod webhooks;
