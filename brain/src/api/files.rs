@@ -113,6 +113,13 @@ pub async fn upload(
     body: Body,
 ) -> Result<(StatusCode, Json<ChatFile>), ApiError> {
     let chat: ChatId = parse_id(&chat_id, "chat")?;
+    // Before the body is read: an unknown chat is `404` whatever the body, and nothing of
+    // it is taken in.
+    match bounded(state.store.chat_owner(principal.team, chat)).await {
+        Ok(_) => {}
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
+        Err(e) => return Err(e.into()),
+    }
     principal.check_chat(&state.store, chat).await?;
     let (filename, bytes) = read_form(&state, &headers, body).await?;
     match files::save(&state, principal.team, chat, &filename, bytes).await {

@@ -207,6 +207,27 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     )
     .await
     .unwrap();
+    // A file of the chat (T21), uploaded as a client does.
+    let boundary = "contract-boundary";
+    let file: Value = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/files", app.url))
+        .bearer_auth(key)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"notes.txt\"\r\n\r\ntheir notes\r\n--{boundary}--\r\n"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let file = file["id"].as_str().unwrap().to_owned();
     let approvals: Value = app
         .http
         .get(format!("{}/v1/chats/{chat}/approvals", app.url))
@@ -297,6 +318,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("approval_id", approval),
         ("chat_id", chat),
         ("artifact_id", artifact.id.to_string()),
+        ("file_id", file),
         ("connector_id", connector),
         ("flow", flow),
         ("issuer_id", issuer),
