@@ -258,3 +258,47 @@ async fn a_model_without_vision_is_told_a_file_was_attached() {
              cannot read it]"})
     );
 }
+
+/// T23: files share the context budget with the text, newest first: when a second image
+/// no longer fits beside the first, the older one is the one left out, with a note.
+#[tokio::test]
+async fn the_oldest_files_are_left_out_when_the_budget_runs_out() {
+    let app = TestApp::start_with(|c| {
+        c.secrets_key = Some(SecretsKey::parse(KEY_HEX).unwrap());
+        c.providers_allow_private_networks = true;
+        // Room for one image (about 1,600 tokens) and the text, not for two.
+        c.context_tokens = 2_500;
+    })
+    .await;
+    let server = ScriptedProvider::start().await.unwrap();
+    let chat = chat_on(&app, "team", "openai", &server).await;
+    for (name, answer) in [("first.png", "One."), ("second.png", "Two.")] {
+        server.push(text(answer));
+        say(
+            &app,
+            &chat,
+            json!([{"type": "text", "text": "And this?"},
+                   {"type": "file", "mediaType": "image/png", "filename": name,
+                    "url": data_url("image/png", &png())}]),
+        )
+        .await;
+    }
+    let requests = server.requests();
+    assert_eq!(
+        requests[0].files().len(),
+        1,
+        "the first turn shows its image"
+    );
+    let later = &requests[1];
+    let files = later.files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(
+        files[0].message, 3,
+        "the newest message's image is the one kept"
+    );
+    assert_eq!(
+        later.body["messages"][1]["content"],
+        "And this?\n\n[a file first.png (image/png) was attached here; left out to stay \
+         within the context budget]"
+    );
+}
