@@ -141,6 +141,7 @@ impl TurnTask {
             _ => Vec::new(),
         };
         let outcome = end.outcome();
+        let title = self.title_owed(&end, &parts);
         record_usage(&usage_log);
         let (stored, last) = self.finish(end, assistant_id, parts, usage_log).await;
         let outcome = outcome.unless_lost(stored);
@@ -149,7 +150,6 @@ impl TurnTask {
         unfinished.written();
         // The end state is written before the client is told (a client that saw `finish`
         // finds the message), and the hold is released before too: a client that posts
-        let title = self.title_owed(&end, &parts);
         // its next message on `finish` must not find the agent busy.
         self.budget.release(billed).await;
         if stored {
@@ -158,6 +158,9 @@ impl TurnTask {
             }
         }
         self.client.send(last).await;
+        if stored && let Some((title, answer)) = title {
+            title.start(answer);
+        }
         if stored
             && let Some(fold) = self.fold.take()
             && fold.needed(answer_tokens)
@@ -166,17 +169,6 @@ impl TurnTask {
         }
     }
 
-        if stored && let Some((title, answer)) = title {
-            title.start(answer);
-        }
-    /// D4: leaves the turn to another replica. A failed write leaves it this replica's,
-    /// and it is taken over all the same once the lease is given up (counted as a
-    /// takeover then).
-    async fn hand_over(&self) {
-        let ids = self.ids;
-        let handed = tokio::time::timeout(
-            WRITE_ATTEMPT_BOUND,
-            self.deps.store.hand_over(ids.team, ids.turn, ids.replica),
     /// T17: the title a completed first turn owes its chat, with the answer's start it is
     /// asked from; started only once `finish` was sent.
     fn title_owed(&mut self, end: &End, parts: &[Part]) -> Option<(Title, String)> {
@@ -187,6 +179,14 @@ impl TurnTask {
         Some((title, super::auxiliary::answer_start(parts)))
     }
 
+    /// D4: leaves the turn to another replica. A failed write leaves it this replica's,
+    /// and it is taken over all the same once the lease is given up (counted as a
+    /// takeover then).
+    async fn hand_over(&self) {
+        let ids = self.ids;
+        let handed = tokio::time::timeout(
+            WRITE_ATTEMPT_BOUND,
+            self.deps.store.hand_over(ids.team, ids.turn, ids.replica),
         )
         .await;
         match handed {
