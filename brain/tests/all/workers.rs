@@ -1791,10 +1791,21 @@ async fn a_chat_with_a_snapshot_claims_a_warm_worker_that_restores_it() {
 
 /// Browser mode end to end (W8): an agent on profile `browser` navigates a page served on
 /// 127.0.0.1, reads its snapshot, clicks by reference, and its screenshot is stored by
-/// the brain as an artifact. Real Chromium (Debian), real worker, real runtime-manager.
+/// the brain as an artifact, and the model, one with vision here, sees the screenshot as an
+/// image in the call's result (T24). Real Chromium (Debian), real worker, real
+/// runtime-manager.
 #[tokio::test]
 async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
-    let (app, _manager) = system(60_000, |_| {}).await;
+    let (app, _manager) = system(60_000, |c| {
+        let mut catalog = engine::models::catalog::Catalog::shipped().unwrap();
+        let vision = serde_json::from_value(json!({"model": "gpt-test", "vision": true}));
+        catalog.merge(engine::models::catalog::Table::from([(
+            "openai".to_owned(),
+            vec![vision.unwrap()],
+        )]));
+        c.model_catalog = std::sync::Arc::new(catalog);
+    })
+    .await;
     let page = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let page_url = format!("http://{}/", page.local_addr().unwrap());
     tokio::spawn(async move {
@@ -1869,6 +1880,17 @@ async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
         .await
         .unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    // The call after the screenshot shows it to the model: the chat wire's tool message
+    // takes text only, so it follows as a user message's image (T24).
+    let after = app.provider.requests().pop().unwrap();
+    let seen = after.files();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].kind, scripted_provider::SeenKind::Image);
+    assert_eq!(seen[0].bytes, png.to_vec());
+    let messages = after.body["messages"].as_array().unwrap();
+    assert_eq!(seen[0].message, messages.len() - 1);
+    assert_eq!(messages[seen[0].message - 1]["tool_call_id"], "shot");
+    assert!(app.provider.violations().is_empty());
 }
 
 /// A process started by a test: its stderr goes to `log`; SIGKILLed on drop.

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::registry::LiveWorker;
 use crate::artifacts::{ArtifactOwner, ArtifactStore, save_artifact};
 use crate::tools::ToolOutput;
+use providers::{Attachment, AttachmentKind};
 use store::Store;
 
 /// What the model reads when the channel drops under a call to a worker that does not keep
@@ -293,6 +294,7 @@ impl Files {
         let content_type = resource["mimeType"]
             .as_str()
             .unwrap_or("application/octet-stream");
+        let image = image_of(&name, &bytes);
         match save_artifact(
             &self.store,
             self.artifacts.as_ref(),
@@ -304,14 +306,30 @@ impl Files {
         )
         .await
         {
-            Ok(row) => ToolOutput::ok(format!(
-                "stored artifact {} ({name}, {} bytes)",
-                row.id, row.size_bytes
-            )),
+            Ok(row) => ToolOutput {
+                images: image.into_iter().collect(),
+                ..ToolOutput::ok(format!(
+                    "stored artifact {} ({name}, {} bytes)",
+                    row.id, row.size_bytes
+                ))
+            },
             Err(err) => ToolOutput::error(format!("the artifact could not be stored: {err}")),
         }
     }
 }
+
+/// The image a model with vision is shown of a stored file (T24): bytes an image format
+/// by their own magic numbers (never the worker's word), of at most
+/// [`MAX_TOOL_IMAGE_BYTES`].
+fn image_of(name: &str, bytes: &[u8]) -> Option<Attachment> {
+    let sniffed = crate::files::sniff(bytes, name);
+    (sniffed.is_image() && bytes.len() <= MAX_TOOL_IMAGE_BYTES)
+        .then(|| Attachment::new(AttachmentKind::Image, sniffed.media_type(), name, bytes))
+}
+
+/// The largest image a tool's result shows a model: the providers refuse larger ones
+/// (Anthropic's bound is 5 MB an image), and a screenshot is far below it.
+const MAX_TOOL_IMAGE_BYTES: usize = 5 * 1024 * 1024;
 
 /// The text of an MCP result's content items; other kinds are named, not inlined.
 fn content_text(content: &Value) -> String {

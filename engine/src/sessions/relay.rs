@@ -688,7 +688,13 @@ async fn await_answer(
             }
             Ok(RelayEvent::Answer { content, is_error }) => {
                 guard.conn = None;
-                return Ok(ToolOutput { content, is_error });
+                // A file's bytes never cross the relay (`call::Files`): its images stay
+                // with the replica that stored them.
+                return Ok(ToolOutput {
+                    content,
+                    is_error,
+                    images: Vec::new(),
+                });
             }
             Ok(RelayEvent::Lost { unknown }) => {
                 guard.conn = None;

@@ -68,6 +68,9 @@ impl ToolCtx {
 pub struct ToolOutput {
     pub content: String,
     pub is_error: bool,
+    /// Images the tool produced (a browser screenshot), shown to a model with vision
+    /// in the result (T24); only the text is stored with the call.
+    pub images: Vec<providers::Attachment>,
 }
 
 impl ToolOutput {
@@ -75,6 +78,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: false,
+            images: Vec::new(),
         }
     }
 
@@ -82,6 +86,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: true,
+            images: Vec::new(),
         }
     }
 }

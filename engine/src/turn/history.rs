@@ -87,6 +87,7 @@ pub fn answer_call(conversation: &mut [Message], call_id: &str, output: &ToolOut
         {
             result.content = output.content.clone();
             result.is_error = output.is_error;
+            result.images = output.images.clone();
             return;
         }
     }

@@ -494,7 +494,7 @@ fn append_results(request: &mut ModelRequest, step: Step, results: &[(Value, Too
                 call_id: call.id.clone(),
                 content: output.content.clone(),
                 is_error: output.is_error,
-                images: Vec::new(),
+                images: output.images.clone(),
             })
             .collect(),
     ));
