@@ -683,6 +683,19 @@ async fn attach_files(
     if input.files.is_empty() {
         return Ok(());
     }
+    // T12: a retried message replays or follows the turn its first post started, whose
+    // files are stored already; storing its data URLs again would leave copies behind.
+    if let Some(id) = input.client_message_id.as_deref()
+        && bounded(
+            state
+                .store
+                .turn_for_client_message(principal.team, chat, id),
+        )
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
     let posted = std::mem::take(&mut input.files);
     input.files = match engine::files::attach(state, principal.team, chat, posted).await {
         Ok(files) => files,

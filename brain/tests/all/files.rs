@@ -221,22 +221,24 @@ async fn a_message_carries_file_parts_and_the_transcript_keeps_their_urls() {
     let csv = upload(&app, &chat, "visits.csv", "text/csv", CSV).await;
     let picture = png(64, 48);
     app.provider.push(text("Seen."));
-    let response = app
-        .send(
-            &chat,
-            &ai_sdk(json!([
-                {"type": "text", "text": "What do these show?"},
-                // The client says JPEG; the bytes are a PNG.
-                {"type": "file", "mediaType": "image/jpeg", "filename": "chart.png",
-                 "url": data_url("image/jpeg", &picture)},
-                {"type": "file", "mediaType": "application/pdf", "url": csv["url"]},
-            ])),
-        )
-        .await;
+    let body = ai_sdk(json!([
+        {"type": "text", "text": "What do these show?"},
+        // The client says JPEG; the bytes are a PNG.
+        {"type": "file", "mediaType": "image/jpeg", "filename": "chart.png",
+         "url": data_url("image/jpeg", &picture)},
+        {"type": "file", "mediaType": "application/pdf", "url": csv["url"]},
+    ]));
+    let response = app.send(&chat, &body).await;
     assert_eq!(response.status(), 200);
     let (_, done) = read_stream(response).await;
     assert!(done);
     app.settled().await;
+    assert_eq!(file_rows(&app).await, 2);
+    // A retry of the message (T12) replays its turn and stores no copy of its files.
+    let replayed = app.send(&chat, &body).await;
+    assert_eq!(replayed.status(), 200);
+    read_stream(replayed).await;
+    assert_eq!(file_rows(&app).await, 2);
 
     let messages = app.messages(&chat).await;
     let user = &messages[0];
