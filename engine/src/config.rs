@@ -662,18 +662,18 @@ impl Config {
             provider_idle_timeout: millis(env, "BRAIN_PROVIDER_IDLE_TIMEOUT_MS", 120_000)?,
             max_output_tokens: ranged(env, "BRAIN_MAX_OUTPUT_TOKENS", 4096, 1, 1_000_000)?,
             context_tokens: ranged(env, "BRAIN_CONTEXT_TOKENS", 24_000, 100, 10_000_000)?,
+            chat_titles: parse(env, "BRAIN_CHAT_TITLES", "true")?,
             limits: Limits {
                 max_iterations: ranged(env, "BRAIN_MAX_ITERATIONS", 8, 1, 100)?,
                 max_writes: ranged(env, "BRAIN_MAX_WRITES_PER_TURN", 3, 0, 100)?,
-            },
                 max_continuations: ranged(env, "BRAIN_MAX_CONTINUATIONS", 2, 0, 20)?,
                 stuck_after: ranged(env, "BRAIN_TURN_STUCK_AFTER_MS", 300_000, 100, 86_400_000)
                     .map(Duration::from_millis)?,
+            },
             max_body_bytes: ranged(env, "BRAIN_MAX_BODY_BYTES", 1 << 20, 1024, 64 << 20)?,
             max_message_chars: ranged(env, "BRAIN_MAX_MESSAGE_CHARS", 100_000, 1, 10_000_000)?,
             queue_max_per_agent: ranged(env, "BRAIN_QUEUE_MAX_PER_AGENT", 16, 0, 10_000)?,
             queue_max_per_principal: ranged(env, "BRAIN_QUEUE_MAX_PER_PRINCIPAL", 8, 0, 10_000)?,
-            chat_titles: parse(env, "BRAIN_CHAT_TITLES", "true")?,
             // Fits Kubernetes' default 30 s grace period, with room for the close.
             drain_timeout: millis(env, "BRAIN_DRAIN_TIMEOUT_MS", 25_000)?,
             lease_ttl: ranged(env, "BRAIN_LEASE_TTL_MS", 6_000, 400, 3_600_000)
