@@ -38,17 +38,26 @@ fn png(width: u32, height: u32) -> Vec<u8> {
     out
 }
 
-/// A JPEG whose APP1 segment is an EXIF block (big-endian TIFF, one IFD entry: an
-/// ImageDescription holding [`GPS`]).
-fn jpeg_with_exif() -> Vec<u8> {
+/// A 40×30 JPEG whose APP1 segment is an EXIF block (big-endian TIFF): an
+/// ImageDescription holding [`GPS`] and, when given, an Orientation.
+fn jpeg_with_exif(orientation: Option<u16>) -> Vec<u8> {
     let mut jpeg = Vec::new();
     DynamicImage::ImageRgb8(RgbImage::from_pixel(40, 30, Rgb([200, 30, 30])))
         .write_to(&mut Cursor::new(&mut jpeg), ImageFormat::Jpeg)
         .unwrap();
     let description = format!("{GPS}\0");
-    let mut tiff = b"MM\0\x2a\0\0\0\x08\0\x01\x01\x0e\0\x02".to_vec();
+    let entries: u16 = if orientation.is_some() { 2 } else { 1 };
+    let text_at = 8 + 2 + 12 * u32::from(entries) + 4;
+    let mut tiff = b"MM\0\x2a\0\0\0\x08".to_vec();
+    tiff.extend_from_slice(&entries.to_be_bytes());
+    tiff.extend_from_slice(&[0x01, 0x0e, 0, 2]);
     tiff.extend_from_slice(&(description.len() as u32).to_be_bytes());
-    tiff.extend_from_slice(&26u32.to_be_bytes());
+    tiff.extend_from_slice(&text_at.to_be_bytes());
+    if let Some(orientation) = orientation {
+        tiff.extend_from_slice(&[0x01, 0x12, 0, 3, 0, 0, 0, 1]);
+        tiff.extend_from_slice(&orientation.to_be_bytes());
+        tiff.extend_from_slice(&[0, 0]);
+    }
     tiff.extend_from_slice(&0u32.to_be_bytes());
     tiff.extend_from_slice(description.as_bytes());
     let mut payload = b"Exif\0\0".to_vec();
@@ -164,7 +173,7 @@ async fn the_bytes_decide_the_type_and_images_lose_their_metadata() {
         "scaled to the bound"
     );
 
-    let photo = jpeg_with_exif();
+    let photo = jpeg_with_exif(None);
     assert!(contains(&photo, b"Exif") && contains(&photo, GPS.as_bytes()));
     let stored = upload(&app, &chat, "../holiday.jpg", "image/jpeg", &photo).await;
     assert_eq!(stored["media_type"], "image/jpeg");
@@ -174,6 +183,19 @@ async fn the_bytes_decide_the_type_and_images_lose_their_metadata() {
     assert!(!contains(&bytes, GPS.as_bytes()), "the position is gone");
     let picture = image::load_from_memory_with_format(&bytes, ImageFormat::Jpeg).unwrap();
     assert_eq!((picture.width(), picture.height()), (40, 30));
+    // A photo taken on its side (EXIF orientation 6) is stored upright, its tag gone.
+    let sideways = upload(
+        &app,
+        &chat,
+        "side.jpg",
+        "image/jpeg",
+        &jpeg_with_exif(Some(6)),
+    )
+    .await;
+    let (_, _, bytes) = download_as(&app, &app.key, sideways["url"].as_str().unwrap()).await;
+    assert!(!contains(&bytes, b"Exif"));
+    let picture = image::load_from_memory_with_format(&bytes, ImageFormat::Jpeg).unwrap();
+    assert_eq!((picture.width(), picture.height()), (30, 40));
 
     for (name, claimed, bytes, sniffed) in [
         ("report.pdf", "text/plain", PDF, "application/pdf"),
