@@ -20,8 +20,8 @@ use std::collections::HashMap;
 use protocol::parts::{FilePart, Part};
 use protocol::{ChatId, TeamId};
 use providers::{Attachment, AttachmentKind};
+use store::MessageRow;
 
-use super::history::Counted;
 use crate::Engine;
 use crate::files::{self, FileError};
 
@@ -56,29 +56,23 @@ impl FromIterator<(String, Shown)> for Files {
 }
 
 /// Whether any user message of `history` has a file.
-pub fn any(history: &[impl Counted]) -> bool {
+pub fn any<'a>(mut history: impl Iterator<Item = &'a MessageRow>) -> bool {
     history
-        .iter()
-        .map(Counted::row)
         .any(|row| row.role == "user" && row.parts.iter().any(|part| matches!(part, Part::File(_))))
 }
 
-/// The files of `history`'s user messages, read within `budget` tokens, newest first.
-/// A history without file parts costs one pass over its parts and no read.
-pub async fn load(
+/// The files of `history`'s user messages (given oldest first), read within `budget`
+/// tokens, newest first.
+pub async fn load<'a>(
     state: &Engine,
     team: TeamId,
     chat: ChatId,
-    history: &[impl Counted],
+    history: impl DoubleEndedIterator<Item = &'a MessageRow>,
     budget: usize,
 ) -> Files {
     let mut files = Files::default();
     let mut left = budget;
-    let user_rows = history
-        .iter()
-        .rev()
-        .map(Counted::row)
-        .filter(|row| row.role == "user");
+    let user_rows = history.rev().filter(|row| row.role == "user");
     for row in user_rows {
         for part in &row.parts {
             let Part::File(file) = part else { continue };

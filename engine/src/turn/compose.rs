@@ -267,17 +267,18 @@ pub(super) async fn first_request(
     max_output_tokens: u32,
 ) -> (ModelRequest, Fold) {
     let window = &history[context::window_start(history, state.config.context_tokens)..];
-    let files = if attachments::any(window) {
+    let files = if attachments::any(window.iter().map(Counted::row)) {
         let budget = state
             .config
             .context_tokens
             .saturating_sub(context::history_tokens(window));
         // Boxed: a text-only turn's future stays as small as it was.
+        let rows = window.iter().map(Counted::row);
         Box::pin(attachments::load(
             state,
             launch.team,
             launch.chat,
-            window,
+            rows,
             budget,
         ))
         .await

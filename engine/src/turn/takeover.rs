@@ -212,12 +212,8 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
         .map(serde_json::from_value)
         .transpose()
         .map_err(|e| TurnError::Internal(format!("stored progress: {e}")))?;
-    let history = bounded(
-        state
-            .store
-            .messages_after(team, chat, frozen.summary_through),
-    )
-    .await?;
+    let through = frozen.summary_through;
+    let history = bounded(state.store.messages_after(team, chat, through)).await?;
     let launch = Launch {
         team,
         chat,
