@@ -123,7 +123,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(issuers::get, issuers::delete))
         .routes(routes!(keys::list, keys::create))
         .routes(routes!(providers::list, providers::create))
-        .routes(routes!(providers::get, providers::update, providers::delete))
+        .routes(routes!(
+            providers::get,
+            providers::update,
+            providers::delete
+        ))
         .routes(routes!(providers::check))
         .routes(routes!(models::list))
         .routes(routes!(keys::delete))
