@@ -68,7 +68,7 @@ pub struct Counters {
     /// Erasures done, by what went: `chat`, `agent`, `team` (L2).
     erasures: IntCounterVec,
     /// Rows past a team's retention deleted, by kind: `turn`, `message`, `artifact`,
-    /// `snapshot` (L6).
+    /// `snapshot`, `chat_file` (L6).
     retention_deleted: IntCounterVec,
     /// Turns that ran, by how they ended ([`TurnOutcome`]).
     turns: IntCounterVec,
@@ -296,7 +296,7 @@ impl UpkeepSeries {
             retention_deleted: counter_vec(
                 r,
                 "brain_retention_deleted_total",
-                "Rows past a team's retention deleted by this replica: turn, message, artifact, snapshot.",
+                "Rows past a team's retention deleted by this replica: turn, message, artifact, snapshot, chat_file.",
                 &["kind"],
             )?,
             background_task_exits: counter_vec(

@@ -50,7 +50,11 @@ pub async fn sweep(state: &Engine) -> Result<(), StoreError> {
                 break;
             }
         }
-        for kind in [Expiring::Artifacts, Expiring::Snapshots] {
+        for kind in [
+            Expiring::Artifacts,
+            Expiring::Snapshots,
+            Expiring::ChatFiles,
+        ] {
             for _ in 0..BATCHES_PER_PASS {
                 let keys = bounded(state.store.expire_blobs(kind, team, days, BATCH)).await?;
                 state

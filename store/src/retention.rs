@@ -120,7 +120,7 @@ impl Store {
         Ok((done.rows_affected(), u64::try_from(messages).unwrap_or(0)))
     }
 
-    /// Deletes up to `limit` artifacts or workspace snapshots of `team` made more than
+    /// Deletes up to `limit` artifacts, workspace snapshots or chat files of `team` made more than
     /// `days` days ago (their bytes queued in `blob_garbage`); answers their storage keys.
     pub async fn expire_blobs(
         &self,
@@ -132,6 +132,7 @@ impl Store {
         let table = match kind {
             Expiring::Artifacts => "artifacts",
             Expiring::Snapshots => "workspace_snapshots",
+            Expiring::ChatFiles => "chat_files",
         };
         Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "DELETE FROM {table} WHERE id IN (
@@ -153,6 +154,8 @@ impl Store {
 pub enum Expiring {
     Artifacts,
     Snapshots,
+    /// Files people attached to chats (T21).
+    ChatFiles,
 }
 
 impl Expiring {
@@ -161,6 +164,7 @@ impl Expiring {
         match self {
             Self::Artifacts => "artifact",
             Self::Snapshots => "snapshot",
+            Self::ChatFiles => "chat_file",
         }
     }
 }

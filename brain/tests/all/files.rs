@@ -578,3 +578,33 @@ async fn erasing_the_team_takes_its_files_and_their_bytes() {
     assert_eq!(file_rows(&app).await, 0);
     assert!(files_under(&dir).is_empty(), "{:?}", files_under(&dir));
 }
+
+#[tokio::test]
+async fn files_past_the_teams_retention_go_with_their_bytes() {
+    let app =
+        TestApp::start_with(|c| c.retention_sweep_interval = Duration::from_millis(200)).await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let old = upload(&app, &chat, "old.csv", "text/csv", CSV).await;
+    let new = upload(&app, &chat, "new.txt", "text/plain", b"kept").await;
+    sqlx::query("UPDATE chat_files SET created_at = now() - interval '3 days' WHERE id = $1::uuid")
+        .bind(old["id"].as_str().unwrap())
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let set = app
+        .auth(app.http.put(format!("{}/v1/team/settings", app.url)))
+        .json(&json!({"retention_days": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert!(set.status().is_success(), "{}", set.status());
+    let dir = artifacts_dir(&app);
+    eventually(Duration::from_secs(20), "the old file is swept", || async {
+        file_rows(&app).await == 1 && files_under(&dir).len() == 1
+    })
+    .await;
+    let old_url = old["url"].as_str().unwrap();
+    assert_eq!(download_as(&app, &app.key, old_url).await.0, 404);
+    let (status, _, bytes) = download_as(&app, &app.key, new["url"].as_str().unwrap()).await;
+    assert_eq!((status, bytes.as_slice()), (200, b"kept".as_slice()));
+}
