@@ -1,4 +1,4 @@
--- Files into chats (issue 53, T21-T23): what a person attaches to a chat, uploaded
+-- Files into chats (T21, T22): what a person attaches to a chat, uploaded
 -- (`POST /v1/chats/{id}/files`) or sent inline as a `data:` URL in a message's file part.
 -- The bytes live in the artifact store under storage_key (<team id>/<file id>, generated
 -- ids only); media_type is the one sniffed from the bytes, never the client's word. A file

@@ -1,4 +1,4 @@
-//! A chat's files (issue 53, T21): what a person attached, uploaded or inline. The bytes
+//! A chat's files (T21): what a person attached, uploaded or inline. The bytes
 //! live in the artifact store under `storage_key` (the brain's `files`); this is their
 //! metadata, the media type sniffed from the bytes.
 

@@ -1,4 +1,4 @@
-//! Files in chats (issue 53; T21, T22): uploads and `data:` URLs in a message's `file`
+//! Files in chats (T21, T22): uploads and `data:` URLs in a message's `file`
 //! parts, stored with the artifacts and served to exactly those who may read the chat;
 //! the media type sniffed from the bytes; images cleaned of their metadata and bounded;
 //! the three limits refused `413` with nothing stored; erasure takes the bytes. Real bytes

@@ -1,4 +1,4 @@
-//! Files in chats (issue 53; T21, T22): what a person attaches to a chat, uploaded
+//! Files in chats (T21, T22): what a person attaches to a chat, uploaded
 //! (`POST /v1/chats/{id}/files`) or inline in a message's `file` part as a `data:` URL.
 //!
 //! The bytes decide (`sniff.rs`): the stored media type is the one the content shows,
