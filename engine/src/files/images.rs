@@ -76,6 +76,32 @@ mod tests {
         assert_eq!((back.width(), back.height()), (60, 40));
     }
 
+    /// Every format comes back in its own format, decodable, bounded.
+    #[test]
+    fn each_format_is_encoded_again_in_its_own() {
+        let picture = DynamicImage::new_rgba8(120, 60);
+        for (format, kind) in [
+            (ImageFormat::Png, Sniffed::Png),
+            (ImageFormat::Jpeg, Sniffed::Jpeg),
+            (ImageFormat::Gif, Sniffed::Gif),
+            (ImageFormat::WebP, Sniffed::Webp),
+        ] {
+            let source = if format == ImageFormat::Jpeg {
+                DynamicImage::ImageRgb8(picture.to_rgb8())
+            } else {
+                picture.clone()
+            };
+            let mut bytes = Vec::new();
+            source
+                .write_to(&mut Cursor::new(&mut bytes), format)
+                .unwrap();
+            let cleaned = clean(&bytes, kind, 60).unwrap();
+            assert_eq!(crate::files::sniff(&cleaned, "x"), kind, "{format:?}");
+            let back = image::load_from_memory_with_format(&cleaned, format).unwrap();
+            assert_eq!((back.width(), back.height()), (60, 30), "{format:?}");
+        }
+    }
+
     #[test]
     fn bytes_that_do_not_decode_are_refused() {
         assert!(clean(b"\x89PNG\r\n\x1a\nbroken", Sniffed::Png, 100).is_none());
