@@ -608,3 +608,43 @@ async fn files_past_the_teams_retention_go_with_their_bytes() {
     let (status, _, bytes) = download_as(&app, &app.key, new["url"].as_str().unwrap()).await;
     assert_eq!((status, bytes.as_slice()), (200, b"kept".as_slice()));
 }
+
+#[tokio::test]
+async fn files_live_in_an_s3_bucket_and_leave_it_with_their_chat() {
+    use crate::artifacts::{BUCKET, S3sFs, SECRET_KEY};
+    let server = S3sFs::start();
+    let s3 = server.config(SECRET_KEY);
+    let app = TestApp::start_with(|c| {
+        c.artifacts.backend = engine::config::ArtifactBackend::S3(s3.clone());
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let photo = upload(
+        &app,
+        &chat,
+        "holiday.jpg",
+        "image/jpeg",
+        &jpeg_with_exif(None),
+    )
+    .await;
+    let key = format!("{}/{}", app.team, photo["id"].as_str().unwrap());
+    let object = server.root.0.join(BUCKET).join(&key);
+    assert!(object.is_file(), "{key}");
+    let stored = std::fs::read(&object).unwrap();
+    assert!(
+        !contains(&stored, GPS.as_bytes()),
+        "the bucket holds the cleaned bytes"
+    );
+    let (status, served_type, bytes) =
+        download_as(&app, &app.key, photo["url"].as_str().unwrap()).await;
+    assert_eq!((status, served_type.as_str()), (200, "image/jpeg"));
+    assert_eq!(bytes, stored);
+
+    let erased = app
+        .auth(app.http.delete(format!("{}/v1/chats/{chat}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(erased.status(), 204);
+    assert!(!object.exists(), "the erased chat's file left the bucket");
+}
