@@ -190,13 +190,14 @@ impl TurnTask {
     /// list reads text only, since sending an image to a model without vision fails the
     /// whole request.
     async fn reads(&self, route: &str) -> Reads {
-        let catalog = store::bounded(team_catalog(
-            &self.deps.store,
-            &self.deps.model_catalog,
-            self.ids.team,
-        ))
-        .await;
-        match catalog {
+        let catalog = self.deps.team_catalog.get_or_try_init(|| {
+            store::bounded(team_catalog(
+                &self.deps.store,
+                &self.deps.model_catalog,
+                self.ids.team,
+            ))
+        });
+        match catalog.await {
             Ok(catalog) => catalog
                 .facts(route)
                 .map_or(Reads::default(), |facts| Reads {

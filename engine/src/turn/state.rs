@@ -43,6 +43,8 @@ pub(super) struct Deps {
     pub connections: Connections,
     /// What each route's model reads, for a request with files (T16, T23).
     pub model_catalog: Arc<crate::models::catalog::Catalog>,
+    /// The team's catalog, read once by the turn's first model call with files.
+    pub team_catalog: tokio::sync::OnceCell<crate::models::catalog::TeamCatalog>,
     pub toolset: Arc<Toolset>,
 }
 

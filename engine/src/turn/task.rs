@@ -73,6 +73,7 @@ impl TurnTask {
                 bases: state.bases.clone(),
                 connections: state.connections.clone(),
                 model_catalog: state.config.model_catalog.clone(),
+                team_catalog: tokio::sync::OnceCell::new(),
                 toolset: ready.toolset,
             },
             rules: Rules {
