@@ -439,7 +439,7 @@ async fn patch_changes_only_the_fields_given_and_refuses_bad_ones() {
         json!({"autostart_timezone": "Mars/Olympus"}),
         json!({"autostart_prompt": ""}),
         json!({"autostart_cron": null, "autostart_prompt": "no cadence"}),
-        json!({"model": "nobody/none"}),
+        json!({"model": "no-connection-named"}),
         json!({"fallback_models": ["a", "b", "c", "d", "e", "f"]}),
         json!({"runtime_profile": "huge"}),
         json!({"system_prompt": "nul \u{0}"}),
@@ -453,6 +453,11 @@ async fn patch_changes_only_the_fields_given_and_refuses_bad_ones() {
         let error: Value = response.json().await.unwrap();
         assert_eq!(error["error"]["code"], "invalid_request", "{body}");
     }
+    // A well-formed route through a connection the team lacks (T14).
+    let response = patch(&app, &agent, &json!({"model": "nobody/none"})).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "unknown_connection");
     // Nothing of the refused changes was written.
     let row: Value = app
         .get(&format!("/v1/agents/{agent}"))
