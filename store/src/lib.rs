@@ -378,13 +378,18 @@ impl Store {
     /// brings it up).
     pub async fn check_schema(&self) -> Result<(), SchemaError> {
         let applied: Option<i64> = bounded(async {
-            // `to_regclass` answers NULL rather than failing when the table is absent.
-            Ok(sqlx::query_scalar(
-                "SELECT CASE WHEN to_regclass('_sqlx_migrations') IS NULL THEN NULL \
-                 ELSE (SELECT max(version) FROM _sqlx_migrations) END",
-            )
-            .fetch_one(&self.pool)
-            .await?)
+            // Two statements: one naming an absent table fails as a whole, whatever
+            // branch would have read it.
+            let migrated: bool =
+                sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                    .fetch_one(&self.pool)
+                    .await?;
+            if !migrated {
+                return Ok(None);
+            }
+            Ok(sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+                .fetch_one(&self.pool)
+                .await?)
         })
         .await?;
         schema_compatible(applied)

@@ -284,6 +284,17 @@ async fn admin_create_team_prints_a_working_key() {
 /// naming both versions (O6).
 #[tokio::test]
 async fn a_brain_refuses_a_schema_newer_than_it_knows() {
+    // A database with no schema yet is migrated, not refused.
+    let empty = test_support::db::db_url(&test_support::db::fresh_database("brain_test").await);
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_brain"))
+        .arg("migrate")
+        .env("DATABASE_URL", &empty)
+        .env("SESSION_TOKEN_KEY", test_support::SESSION_TOKEN_KEY)
+        .output()
+        .await
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+
     let app = TestApp::start().await;
     let newest = store::newest_migration();
     sqlx::query(
