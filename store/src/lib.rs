@@ -387,9 +387,11 @@ impl Store {
             if !migrated {
                 return Ok(None);
             }
-            Ok(sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
-                .fetch_one(&self.pool)
-                .await?)
+            Ok(
+                sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations")
+                    .fetch_one(&self.pool)
+                    .await?,
+            )
         })
         .await?;
         schema_compatible(applied)

@@ -293,7 +293,11 @@ async fn a_brain_refuses_a_schema_newer_than_it_knows() {
         .output()
         .await
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
 
     let app = TestApp::start().await;
     let newest = store::newest_migration();
