@@ -36,7 +36,9 @@ fi
 manager=$!
 "$bin/brain" serve &
 brain=$!
-trap 'kill $manager $brain 2>/dev/null || true' EXIT
+# On exit (Ctrl-C included) the two are stopped and waited for: a brain still draining
+# would hold the port of the next `make dev`.
+trap 'kill $manager $brain 2>/dev/null || true; wait $manager $brain 2>/dev/null || true' EXIT
 
 addr=${BRAIN_ADDR:-127.0.0.1:8080}
 api="http://$addr"
