@@ -11,11 +11,15 @@
 //! A file belongs to its chat: the bytes live in the artifact store under
 //! `<team id>/<file id>`, the row in `chat_files`, and both go with the chat (erasure).
 //! A message names a file by its download URL, [`url`]; [`read`] gives its bytes back.
+//! `text`: a file's readable text, for a model that does not read its format and for
+//! indexing (T27).
 
 mod images;
 mod sniff;
+pub mod text;
 
 pub use sniff::{Sniffed, sniff};
+pub use text::{ExtractError, ExtractedText, extract_text};
 
 use bytes::Bytes;
 use protocol::parts::FilePart;
