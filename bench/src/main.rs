@@ -8,8 +8,8 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, quiet, takeover, peer, soak, shards; empty runs all but
-//! peer, soak, shards and quiet),
+//! speculation, hangup, openloop, quiet, takeover, attachments, peer, soak, shards; empty
+//! runs all but peer, soak, shards and quiet),
 //! `BENCH_MESSAGE_IDS` (`1`: every message posted carries a fresh `message_id`),
 //! `BENCH_CHAT_TITLES` (`1`: each new chat is titled after its first turn),
 //! `BENCH_QUIET_RATE` (the `quiet` open loop's turns per second, default 5),
@@ -32,6 +32,7 @@
 //! default `langgraph` on PATH), `BENCH_PEER_DIR` (where `langgraph.json` and `graph.py`
 //! are, default the `bench/peer` this binary was built from).
 
+mod attachments;
 mod cpu;
 mod hands;
 mod live;
@@ -135,6 +136,9 @@ async fn main() -> Result<()> {
     }
     if wants("quiet") {
         openloop::quiet(&mut rows).await?;
+    }
+    if wants("attachments") {
+        attachments::attachments(&mut rows).await?;
     }
     if wants("takeover") {
         takeover::takeover(&mut rows).await?;

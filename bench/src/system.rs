@@ -126,7 +126,10 @@ impl Database {
     }
 
     pub async fn drop(self) {
-        self.store.db().close().await;
+        // An in-process brain's tasks share this pool and may still hold a connection as
+        // they wind down: closing waits for it, within a bound; the drop below forces off
+        // whatever is left.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.store.db().close()).await;
         drop_database(&self.name).await;
     }
 }

@@ -22,6 +22,14 @@ async fn timed_turn(
 ) -> Result<(Duration, Duration, Duration)> {
     system.provider.push(instant_ok());
     let response = system.send(chat, "hi").await?;
+    read_timed(response, started).await
+}
+
+/// A turn's answer `response` read to its end, timed as [`timed_turn`] does.
+pub async fn read_timed(
+    response: reqwest::Response,
+    started: Instant,
+) -> Result<(Duration, Duration, Duration)> {
     if response.status() != 200 {
         bail!("turn: {} {}", response.status(), response.text().await?);
     }
