@@ -62,6 +62,9 @@ pub enum ApiError {
     /// T22: the team's files past `BRAIN_FILE_QUOTA_BYTES`.
     #[error("the team's stored files would pass their quota of {0} bytes")]
     FileQuotaExceeded(u64),
+    /// T26: a signed file URL that expired or whose signature is not the file's.
+    #[error(transparent)]
+    FileUrlRefused(#[from] engine::files::UrlRefused),
     #[error("this message id's turn is still running")]
     TurnInProgress(TurnId),
     /// A uniqueness rule of the request's resource (the message says which).
@@ -294,6 +297,7 @@ impl ApiError {
             Self::FileTooLarge(_) => ErrorCode::FileTooLarge,
             Self::MessageFilesTooLarge(_) => ErrorCode::MessageFilesTooLarge,
             Self::FileQuotaExceeded(_) => ErrorCode::FileQuotaExceeded,
+            Self::FileUrlRefused(_) => ErrorCode::InvalidFileUrl,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
             Self::AgentBusy(_) => ErrorCode::AgentBusy,
@@ -322,7 +326,12 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self.code() {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden | ErrorCode::TeamDisabled => StatusCode::FORBIDDEN,
+            // A signed file URL is a capability, not the caller's credentials: `403`, as
+            // a refused credential's `401` would send a client (the web chat) back to
+            // sign-in for an image link that merely expired.
+            ErrorCode::Forbidden | ErrorCode::TeamDisabled | ErrorCode::InvalidFileUrl => {
+                StatusCode::FORBIDDEN
+            }
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest | ErrorCode::UnknownConnection => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,

@@ -443,6 +443,9 @@ pub struct FilesConfig {
     /// (`BRAIN_FILE_IMAGE_MAX_SIDE`). 2048 is the largest side OpenAI's vision models
     /// keep; Anthropic's scale larger ones down themselves.
     pub image_max_side: u32,
+    /// How long a signed download URL handed to a client stays valid, at least
+    /// (`BRAIN_FILE_URL_TTL_SECS`, T26).
+    pub url_ttl: Duration,
 }
 
 impl FilesConfig {
@@ -458,6 +461,8 @@ impl FilesConfig {
             )?,
             quota_bytes: ranged(env, "BRAIN_FILE_QUOTA_BYTES", 1 << 30, 0, 1 << 50)?,
             image_max_side: ranged(env, "BRAIN_FILE_IMAGE_MAX_SIDE", 2048, 16, 16_384)?,
+            url_ttl: ranged(env, "BRAIN_FILE_URL_TTL_SECS", 3600, 1, 7 * 86_400)
+                .map(Duration::from_secs)?,
         })
     }
 }

@@ -151,6 +151,8 @@ pub struct Engine {
     pub oauth: connectors::authorization::OAuth,
     /// Wakes this replica's team erasures (L2).
     pub team_erasures: erasure::TeamErasures,
+    /// Signs and checks the download URLs of chat files handed to clients (T26).
+    pub file_urls: files::FileUrls,
 }
 
 impl Engine {
@@ -224,6 +226,7 @@ impl Engine {
             config.artifacts.snapshot_uploads_per_team,
         );
         let draining = CancellationToken::new();
+        let file_urls = files::FileUrls::new(config.secrets_key.as_ref(), config.files.url_ttl);
         Ok(Self {
             config: Arc::new(config),
             replica,
@@ -251,6 +254,7 @@ impl Engine {
             toolsets: turn::Toolsets::default(),
             oauth,
             team_erasures: erasure::TeamErasures::default(),
+            file_urls,
         })
     }
 }

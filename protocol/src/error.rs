@@ -120,6 +120,9 @@ pub enum ErrorCode {
     /// The team's stored chat files would pass its quota (`BRAIN_FILE_QUOTA_BYTES`, T22);
     /// nothing was stored. Erasing chats frees it.
     FileQuotaExceeded,
+    /// A signed file URL (`/v1/files/{id}?exp=…&sig=…`, T26) has expired, or its signature
+    /// is not that file's; read the transcript again for fresh URLs, or send the bearer.
+    InvalidFileUrl,
 }
 
 impl ErrorCode {
@@ -165,6 +168,7 @@ impl ErrorCode {
             Self::FileTooLarge => "file_too_large",
             Self::MessageFilesTooLarge => "message_files_too_large",
             Self::FileQuotaExceeded => "file_quota_exceeded",
+            Self::InvalidFileUrl => "invalid_file_url",
         }
     }
 

@@ -109,6 +109,18 @@ impl Store {
         file_from_row(&row)
     }
 
+    /// Chat file `id` of whichever team: for a signed download URL (T26), whose signature
+    /// the caller checks against the row's team before anything of it is served.
+    pub async fn chat_file_of_any_team(&self, id: Uuid) -> Result<ChatFileRow, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM chat_files WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::NotFound)?;
+        file_from_row(&row)
+    }
+
     /// Deletes the team's chat file `id` (its bytes are queued in `blob_garbage` by the
     /// trigger) and answers its storage key; `None` when there was none.
     pub async fn delete_chat_file(

@@ -28,6 +28,7 @@ mod quotas;
 mod replicas;
 mod retention;
 mod secrets;
+mod server_keys;
 mod sessions;
 mod snapshots;
 mod takeover;

@@ -22,6 +22,8 @@ use super::{Store, StoreError};
 #[derive(Clone)]
 pub struct SecretsKey {
     cipher: Arc<Aes256Gcm>,
+    /// The key's bytes, for [`SecretsKey::derive`] only.
+    raw: Arc<[u8; 32]>,
 }
 
 impl std::fmt::Debug for SecretsKey {
@@ -50,7 +52,19 @@ impl SecretsKey {
         let bytes: [u8; 32] = bytes.and_then(|b| b.try_into().ok()).ok_or(PROBLEM)?;
         Ok(Self {
             cipher: Arc::new(Aes256Gcm::new(&Key::<Aes256Gcm>::from(bytes))),
+            raw: Arc::new(bytes),
         })
+    }
+
+    /// A key of its own for another use, named by `label` (HMAC-SHA256 of the label under
+    /// this key): the same on every replica configured alike, and neither it nor what it
+    /// signs tells anything of this key or of another label's.
+    pub fn derive(&self, label: &str) -> [u8; 32] {
+        let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, self.raw.as_slice());
+        let tag = aws_lc_rs::hmac::sign(&key, label.as_bytes());
+        let mut out = [0u8; 32];
+        out.copy_from_slice(tag.as_ref());
+        out
     }
 
     /// Encrypts `value` bound to `aad` (what the row belongs to, in a fixed-width or
@@ -469,6 +483,27 @@ mod tests {
             format!("{:?}", SecretsKey::parse(HEX).unwrap()),
             "SecretsKey(redacted)"
         );
+    }
+
+    /// The derivation is pinned (HMAC-SHA256 of the label): a later build must derive the
+    /// same key, or URLs signed by the replicas of a rolling update would be refused.
+    #[test]
+    fn derived_keys_are_stable_and_apart_by_label() {
+        let key = SecretsKey::parse(HEX).unwrap();
+        let a = key.derive("file-urls");
+        assert_eq!(a, SecretsKey::parse(HEX).unwrap().derive("file-urls"));
+        assert_ne!(a, key.derive("something-else"));
+        assert_ne!(
+            a,
+            SecretsKey::parse(&HEX.replace('0', "1"))
+                .unwrap()
+                .derive("file-urls")
+        );
+        let tag = aws_lc_rs::hmac::sign(
+            &aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &hex_decode(HEX).unwrap()),
+            b"file-urls",
+        );
+        assert_eq!(a.as_slice(), tag.as_ref());
     }
 
     #[test]

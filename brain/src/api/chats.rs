@@ -205,7 +205,9 @@ const MESSAGES_CURSOR: &str = "m1:";
     params(("chat_id" = Uuid, Path, description = "The chat."), MessageParams),
     responses(
         (status = 200, description = "The newest `limit` messages before `before` (the \
-            newest of the chat without it), oldest first; `next_cursor` pages to older ones.",
+            newest of the chat without it), oldest first; `next_cursor` pages to older ones. \
+            A `file` part's `url` is signed (T26): `GET` of it needs no bearer for \
+            `BRAIN_FILE_URL_TTL_SECS`.",
             body = Messages),
         (status = 400, description = "`limit` is out of range or `before` is not a cursor \
             (`invalid_request`).", body = ErrorBody),
@@ -233,7 +235,16 @@ pub async fn messages(
     )
     .await
     {
-        Ok((messages, more)) => {
+        Ok((mut messages, more)) => {
+            // T26: each file as a URL the client can follow without the bearer; the
+            // stored message keeps the unsigned one.
+            let now = state.clock.now();
+            for message in &mut messages {
+                state
+                    .file_urls
+                    .sign_parts(&state.store, principal.team, &mut message.parts, now)
+                    .await?;
+            }
             let next_cursor = more
                 .then(|| {
                     messages

@@ -7,21 +7,27 @@
 //! The upload is a `multipart/form-data` body with one field, `file`, read as a stream
 //! under the route's own bound (one file and room for the form around it), not the
 //! API-wide body limit.
+//!
+//! A URL handed to a client (the upload's answer, a transcript's `file` parts) is signed
+//! (T26, `engine::files::FileUrls`): without a bearer, `GET` of it serves the file until it
+//! expires, so an `<img src>` shows it. With a bearer, the bearer decides and the query is
+//! not read.
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use protocol::ErrorBody;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use uuid::Uuid;
 
 use super::artifacts::{Binary, content_disposition};
-use super::parse_id;
+use super::{QueryParams, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use engine::artifacts::ArtifactError;
@@ -37,8 +43,11 @@ const FORM_OVERHEAD: usize = 64 << 10;
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ChatFile {
     pub id: Uuid,
-    /// Where the bytes are served, and how a message's `file` part names the file.
-    #[schema(example = "/v1/files/019a0000-0000-7000-8000-000000000002")]
+    /// Where the bytes are served, signed (T26): `GET` of it needs no bearer until `exp`.
+    /// A message's `file` part names the file by it (signed or not).
+    #[schema(
+        example = "/v1/files/019a0000-0000-7000-8000-000000000002?exp=1767225600&sig=q0aVJ1AXpQF5Oqh3dYqz0tXbrBEoS2SNuCjTzUkfGjE"
+    )]
     pub url: String,
     /// Sniffed from the bytes, never the client's word: `image/png`, `image/jpeg`,
     /// `image/gif`, `image/webp`, `application/pdf`, `application/json`, `text/csv`,
@@ -49,15 +58,20 @@ pub struct ChatFile {
     pub filename: String,
 }
 
-impl From<ChatFileRow> for ChatFile {
-    fn from(row: ChatFileRow) -> Self {
-        Self {
+impl ChatFile {
+    /// The file as its uploader sees it: its URL signed for the team.
+    async fn signed(state: &AppState, row: ChatFileRow) -> Result<Self, ApiError> {
+        let url = state
+            .file_urls
+            .sign(&state.store, row.team_id, row.id, state.clock.now())
+            .await?;
+        Ok(Self {
             id: row.id,
-            url: files::url(row.id),
+            url,
             media_type: row.media_type,
             size: row.size_bytes,
             filename: row.filename,
-        }
+        })
     }
 }
 
@@ -123,7 +137,10 @@ pub async fn upload(
     principal.check_chat(&state.store, chat).await?;
     let (filename, bytes) = read_form(&state, &headers, body).await?;
     match files::save(&state, principal.team, chat, &filename, bytes).await {
-        Ok(row) => Ok((StatusCode::CREATED, Json(row.into()))),
+        Ok(row) => Ok((
+            StatusCode::CREATED,
+            Json(ChatFile::signed(&state, row).await?),
+        )),
         Err(FileError::NotFound) => Err(ApiError::NotFound("chat")),
         Err(e) => Err(e.into()),
     }
@@ -183,52 +200,82 @@ fn form_error(err: multer::Error, max_file: usize) -> ApiError {
     }
 }
 
+/// The query of a signed file URL (T26).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SignedQuery {
+    /// When the signature expires, in Unix seconds.
+    exp: Option<i64>,
+    /// The signature, as the URL was handed out.
+    sig: Option<String>,
+}
+
 #[utoipa::path(
     get,
     path = "/files/{file_id}",
     operation_id = "download_file",
     tag = "files",
-    params(("file_id" = Uuid, Path, description = "The file.")),
+    params(("file_id" = Uuid, Path, description = "The file."), SignedQuery),
+    // The bearer, or the URL's signature instead (T26).
+    security(("team_key" = []), ()),
     responses(
-        (status = 200, description = "The bytes, as an attachment with the sniffed media type.",
+        (status = 200, description = "The bytes with the sniffed media type: an image \
+            `inline`, anything else as an `attachment` under a `sandbox` Content-Security-Policy.",
             content_type = "*/*", body = Binary,
             headers(
-                ("Content-Disposition" = String, description = "`attachment` with a sanitized file name."),
+                ("Content-Disposition" = String, description = "`inline` for an image, else \
+                    `attachment`, with a sanitized file name."),
+                ("Content-Security-Policy" = String, description = "`sandbox; default-src \
+                    'none'` for anything not an image."),
             )),
+        (status = 401, description = "Neither a bearer nor a signature (`unauthorized`).",
+            body = ErrorBody),
+        (status = 403, description = "Without a bearer: the signature has expired or is not \
+            this file's (`invalid_file_url`); the transcript read again has fresh URLs.",
+            body = ErrorBody),
         (status = 404, description = "No such file in the team, one of a chat the caller may \
-            not see, or its bytes are gone (`not_found`).", body = ErrorBody),
+            not see, or its bytes are gone, erased with its chat (`not_found`).",
+            body = ErrorBody),
         (status = 503, description = "The object storage (`storage_unavailable`) or Postgres \
             (`store_unavailable`) is unavailable.", body = ErrorBody),
     ),
 )]
 pub async fn download(
     State(state): State<AppState>,
-    principal: Principal,
     Path(file_id): Path<String>,
+    QueryParams(query): QueryParams<SignedQuery>,
+    mut parts: Parts,
 ) -> Result<Response, ApiError> {
     let id: Uuid = parse_id(&file_id, "file")?;
-    let row = match bounded(state.store.chat_file(principal.team, id)).await {
-        Ok(row) => row,
-        Err(StoreError::NotFound) => return Err(ApiError::NotFound("file")),
-        Err(e) => return Err(e.into()),
+    let row = match (query.exp, query.sig.as_deref()) {
+        (Some(exp), Some(sig)) if !parts.headers.contains_key(header::AUTHORIZATION) => {
+            signed_file(&state, id, exp, sig).await?
+        }
+        _ => {
+            let principal = Principal::from_request_parts(&mut parts, &state).await?;
+            readable_file(&state, &principal, id).await?
+        }
     };
-    match principal.check_chat(&state.store, row.chat_id).await {
-        Ok(()) => {}
-        Err(AuthError::NotFound(_)) => return Err(ApiError::NotFound("file")),
-        Err(e) => return Err(e.into()),
-    }
     let body = match state.artifacts.get(&row.storage_key).await {
         Ok(body) => body,
         Err(ArtifactError::NotFound) => {
-            tracing::warn!(team = %principal.team, file = %row.id, "chat file bytes missing");
+            tracing::warn!(team = %row.team_id, file = %row.id, "chat file bytes missing");
             return Err(ApiError::NotFound("file"));
         }
         Err(e) => return Err(e.into()),
     };
+    // Stored media types are sniffed ones: `image/` is PNG, JPEG, GIF or WebP, never SVG.
+    let image = row.media_type.starts_with("image/");
     let content_type = HeaderValue::from_str(&row.media_type)
         .unwrap_or(HeaderValue::from_static("application/octet-stream"));
-    let disposition = HeaderValue::from_str(&content_disposition(&row.filename))
-        .unwrap_or(HeaderValue::from_static("attachment"));
+    let mut disposition = content_disposition(&row.filename);
+    if image {
+        // Opened on its own (a click on the picture), an image shows; nothing else does.
+        disposition = disposition.replacen("attachment", "inline", 1);
+    }
+    let disposition =
+        HeaderValue::from_str(&disposition).unwrap_or(HeaderValue::from_static("attachment"));
     let mut response = Body::from_stream(body.stream).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, content_type);
@@ -238,9 +285,55 @@ pub async fn download(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    if !image {
+        // Text or a PDF opened at this origin runs no script and reaches nothing of it.
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("sandbox; default-src 'none'"),
+        );
+    }
     headers.insert(
         header::CACHE_CONTROL,
         HeaderValue::from_static("private, no-cache"),
     );
     Ok(response)
+}
+
+/// The file a bearer's principal may read: of its team, in a chat it may see.
+async fn readable_file(
+    state: &AppState,
+    principal: &Principal,
+    id: Uuid,
+) -> Result<ChatFileRow, ApiError> {
+    let row = match bounded(state.store.chat_file(principal.team, id)).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("file")),
+        Err(e) => return Err(e.into()),
+    };
+    match principal.check_chat(&state.store, row.chat_id).await {
+        Ok(()) => Ok(row),
+        Err(AuthError::NotFound(_)) => Err(ApiError::NotFound("file")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The file a signed URL opens: its signature checked against the file's own team, so a
+/// signature made for one file opens no other, of this team or another. An expired URL is
+/// refused as such; a file erased since is `404`.
+async fn signed_file(
+    state: &AppState,
+    id: Uuid,
+    exp: i64,
+    sig: &str,
+) -> Result<ChatFileRow, ApiError> {
+    let row = match bounded(state.store.chat_file_of_any_team(id)).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("file")),
+        Err(e) => return Err(e.into()),
+    };
+    state
+        .file_urls
+        .check(&state.store, row.team_id, id, exp, sig, state.clock.now())
+        .await??;
+    Ok(row)
 }

@@ -276,9 +276,12 @@ async fn a_message_carries_file_parts_and_the_transcript_keeps_their_urls() {
     assert_eq!(parts[1]["filename"], "chart.png");
     let inline_url = parts[1]["url"].as_str().unwrap();
     assert!(inline_url.starts_with("/v1/files/"), "{inline_url}");
+    // Both URLs are signed (T26): the same file, whatever their `exp`.
+    let unsigned = |url: &Value| url.as_str().unwrap().split('?').next().unwrap().to_owned();
+    assert_eq!(unsigned(&parts[2]["url"]), unsigned(&csv["url"]));
     assert_eq!(
-        parts[2],
-        json!({"type": "file", "mediaType": "text/csv", "filename": "visits.csv", "url": csv["url"]})
+        (&parts[2]["mediaType"], &parts[2]["filename"]),
+        (&json!("text/csv"), &json!("visits.csv"))
     );
     assert!(!user.to_string().contains("data:"), "no data URL is stored");
     let (status, served_type, bytes) = download_as(&app, &app.key, inline_url).await;
@@ -647,4 +650,328 @@ async fn files_live_in_an_s3_bucket_and_leave_it_with_their_chat() {
         .unwrap();
     assert_eq!(erased.status(), 204);
     assert!(!object.exists(), "the erased chat's file left the bucket");
+}
+
+/// The key `BRAIN_SECRETS_KEY` of the signed-URL tests: the test signs URLs itself, as the
+/// brain does (`engine::files::FileUrls`), to reach what no URL it hands out would.
+const URL_KEY_HEX: &str = "8f1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
+
+/// `/v1/files/{file}?exp=…&sig=…` signed for `team`, under the key the brain derives from
+/// [`URL_KEY_HEX`]: HMAC-SHA256 over a fixed prefix, the team, the file and `exp`.
+fn signed_by_hand(team: &str, file: &str, exp: i64) -> String {
+    use aws_lc_rs::hmac;
+    let raw: Vec<u8> = (0..64)
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&URL_KEY_HEX[i..i + 2], 16).unwrap())
+        .collect();
+    let derived = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, &raw), b"chat-file-urls");
+    let key = hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref());
+    let mut signed = b"agent-runtime file url v1\0".to_vec();
+    signed.extend_from_slice(uuid::Uuid::parse_str(team).unwrap().as_bytes());
+    signed.extend_from_slice(uuid::Uuid::parse_str(file).unwrap().as_bytes());
+    signed.extend_from_slice(&exp.to_be_bytes());
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hmac::sign(&key, &signed));
+    format!("/v1/files/{file}?exp={exp}&sig={sig}")
+}
+
+/// `GET` of `url` with no credentials, as an `<img src>` does.
+async fn fetch_plain(app: &TestApp, url: &str) -> Response {
+    app.http
+        .get(format!("{}{url}", app.url))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn query_of(url: &str) -> (i64, String) {
+    let query = url.split_once('?').expect("a signed URL").1;
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .to_owned()
+    };
+    (param("exp").parse().unwrap(), param("sig"))
+}
+
+/// T26: a transcript read with the stock `useChat` shows its images: every `file` part's
+/// URL (and the upload's answer) is signed, and `GET` of it serves the file without the
+/// bearer, with safe headers; the stored message keeps the unsigned URL. A signature
+/// tampered with, moved to another `exp` or another file, is `403 invalid_file_url`;
+/// the bearer path still works, and wins over a bad signature.
+#[tokio::test]
+async fn signed_urls_serve_the_file_without_the_bearer() {
+    let app = TestApp::start_with(|c| {
+        c.secrets_key = Some(store::SecretsKey::parse(URL_KEY_HEX).unwrap())
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let csv = upload(&app, &chat, "visits.csv", "text/csv", CSV).await;
+    let csv_url = csv["url"].as_str().unwrap().to_owned();
+    let (exp, _) = query_of(&csv_url);
+    let now = chrono::Utc::now().timestamp();
+    assert!(
+        exp >= now + 3600 && exp <= now + 3600 + 400,
+        "an hour or a little more: {exp}"
+    );
+    // The brain's signature is the one the documented scheme gives.
+    assert_eq!(
+        csv_url,
+        signed_by_hand(&app.team.to_string(), csv["id"].as_str().unwrap(), exp)
+    );
+    app.provider.push(text("Seen."));
+    let response = app
+        .send(
+            &chat,
+            &ai_sdk(json!([
+                {"type": "text", "text": "Look"},
+                {"type": "file", "mediaType": "image/png", "filename": "dot.png",
+                 "url": data_url("image/png", &png(8, 8))},
+                // The signed URL the upload answered, as a client posts it back.
+                {"type": "file", "mediaType": "text/csv", "url": csv_url},
+            ])),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    read_stream(response).await;
+    app.settled().await;
+
+    let messages = app.messages(&chat).await;
+    let parts = messages[0]["parts"].as_array().unwrap();
+    let image_url = parts[1]["url"].as_str().unwrap().to_owned();
+    let table_url = parts[2]["url"].as_str().unwrap().to_owned();
+    for url in [&image_url, &table_url] {
+        assert!(
+            url.starts_with("/v1/files/") && url.contains("?exp="),
+            "{url}"
+        );
+    }
+    let stored: Value = sqlx::query_scalar("SELECT parts FROM messages WHERE role = 'user'")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    for part in stored.as_array().unwrap().iter().skip(1) {
+        let url = part["url"].as_str().unwrap();
+        assert!(
+            !url.contains('?'),
+            "the stored URL is the unsigned one: {url}"
+        );
+    }
+
+    let image = fetch_plain(&app, &image_url).await;
+    assert_eq!(image.status(), 200);
+    let headers = image.headers().clone();
+    assert_eq!(headers["content-type"], "image/png");
+    assert!(
+        headers["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("inline")
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(headers.get("content-security-policy").is_none());
+    assert!(image::load_from_memory(&image.bytes().await.unwrap()).is_ok());
+    let table = fetch_plain(&app, &table_url).await;
+    assert_eq!(table.status(), 200);
+    let headers = table.headers().clone();
+    assert_eq!(headers["content-type"], "text/csv");
+    assert!(
+        headers["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment")
+    );
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert!(
+        headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("sandbox")
+    );
+    assert_eq!(table.bytes().await.unwrap().as_ref(), CSV);
+
+    let (exp, sig) = query_of(&image_url);
+    let image_id = image_url
+        .split('?')
+        .next()
+        .unwrap()
+        .trim_start_matches("/v1/files/");
+    let table_id = table_url
+        .split('?')
+        .next()
+        .unwrap()
+        .trim_start_matches("/v1/files/");
+    let flipped: String = sig
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if i == 5 {
+                if c == 'A' { 'B' } else { 'A' }
+            } else {
+                c
+            }
+        })
+        .collect();
+    for bad in [
+        format!("/v1/files/{image_id}?exp={exp}&sig={flipped}"),
+        format!("/v1/files/{image_id}?exp={}&sig={sig}", exp + 3600),
+        format!("/v1/files/{image_id}?exp={exp}&sig=short"),
+        // The image's signature on another file of the team.
+        format!("/v1/files/{table_id}?exp={exp}&sig={sig}"),
+    ] {
+        assert_eq!(
+            error_code(fetch_plain(&app, &bad).await).await,
+            (403, "invalid_file_url".into()),
+            "{bad}"
+        );
+    }
+    // Neither a bearer nor a signature: the usual refusal.
+    let bare = image_url.split('?').next().unwrap();
+    assert_eq!(
+        error_code(fetch_plain(&app, bare).await).await,
+        (401, "unauthorized".into())
+    );
+    // With the bearer the query is not read.
+    let bad = format!("/v1/files/{image_id}?exp={exp}&sig={flipped}");
+    assert_eq!(download_as(&app, &app.key, &bad).await.0, 200);
+    assert_eq!(download_as(&app, &app.key, bare).await.0, 200);
+}
+
+/// T26: a signature opens the file of its own team only. Another team's file is not
+/// reached by a signature of this team, even one made with the server's key for that
+/// file's id; and a signature for the right file under the wrong team is refused too.
+#[tokio::test]
+async fn a_signature_opens_no_other_teams_file() {
+    let app = TestApp::start_with(|c| {
+        c.secrets_key = Some(store::SecretsKey::parse(URL_KEY_HEX).unwrap())
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let ours = upload(&app, &chat, "ours.txt", "text/plain", b"ours").await;
+    let other = app.store.create_team("other team").await.unwrap();
+    let agent: Value = app
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(&other.api_key)
+        .json(&json!({"name": "a", "system_prompt": "", "model": "openai/gpt-test"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let their_chat = app
+        .http
+        .post(format!(
+            "{}/v1/agents/{}/chats",
+            app.url,
+            agent["id"].as_str().unwrap()
+        ))
+        .bearer_auth(&other.api_key)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let theirs = upload_as(
+        &app,
+        &other.api_key,
+        their_chat["id"].as_str().unwrap(),
+        "theirs.txt",
+        "text/plain",
+        b"theirs",
+    )
+    .await;
+    assert_eq!(theirs.status(), 201);
+    let theirs: Value = theirs.json().await.unwrap();
+    let their_id = theirs["id"].as_str().unwrap();
+
+    let (exp, sig) = query_of(ours["url"].as_str().unwrap());
+    assert_eq!(
+        fetch_plain(&app, ours["url"].as_str().unwrap())
+            .await
+            .status(),
+        200
+    );
+    let reused = format!("/v1/files/{their_id}?exp={exp}&sig={sig}");
+    assert_eq!(
+        error_code(fetch_plain(&app, &reused).await).await,
+        (403, "invalid_file_url".into())
+    );
+    let wrong_team = signed_by_hand(&app.team.to_string(), their_id, exp);
+    assert_eq!(
+        error_code(fetch_plain(&app, &wrong_team).await).await,
+        (403, "invalid_file_url".into())
+    );
+    // Their own signed URL opens their file, and only theirs.
+    let right = signed_by_hand(&other.team_id.to_string(), their_id, exp);
+    let served = fetch_plain(&app, &right).await;
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.bytes().await.unwrap().as_ref(), b"theirs");
+    // And our key does not read their file through the bearer path.
+    assert_eq!(download_as(&app, &app.key, &right).await.0, 404);
+}
+
+/// T26: without `BRAIN_SECRETS_KEY` the key is a random one stored once in Postgres: a
+/// second replica checks what the first signed. A URL past its time is refused
+/// `403 invalid_file_url` (the bearer still reads the file), and once the chat is erased
+/// its file's signed URL is `404`.
+#[tokio::test]
+async fn signed_urls_expire_hold_across_replicas_and_die_with_the_file() {
+    let clock = crate::common::pinned_clock();
+    let pinned = clock.clone();
+    let app = TestApp::start_with(move |c| {
+        c.clock = pinned;
+        c.files.url_ttl = Duration::from_secs(600);
+    })
+    .await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let file = upload(&app, &chat, "note.txt", "text/plain", b"hello").await;
+    let url = file["url"].as_str().unwrap().to_owned();
+    let second = app.second_replica().await;
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM server_keys")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(keys, 1);
+    for base in [&app.url, &second] {
+        let served = app.http.get(format!("{base}{url}")).send().await.unwrap();
+        assert_eq!(served.status(), 200, "{base}");
+        assert_eq!(served.bytes().await.unwrap().as_ref(), b"hello");
+    }
+    let (exp, _) = query_of(&url);
+    clock.set(chrono::DateTime::from_timestamp(exp - 1, 0).unwrap());
+    assert_eq!(
+        fetch_plain(&app, &url).await.status(),
+        200,
+        "valid to its last second"
+    );
+    clock.set(chrono::DateTime::from_timestamp(exp, 0).unwrap());
+    assert_eq!(
+        error_code(fetch_plain(&app, &url).await).await,
+        (403, "invalid_file_url".into())
+    );
+    assert_eq!(download_as(&app, &app.key, &url).await.0, 200);
+    // A fresh one, from the transcript or a new upload, works again.
+    let fresh = upload(&app, &chat, "other.txt", "text/plain", b"again").await;
+    assert_eq!(
+        fetch_plain(&app, fresh["url"].as_str().unwrap())
+            .await
+            .status(),
+        200
+    );
+
+    let erased = app
+        .auth(app.http.delete(format!("{}/v1/chats/{chat}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert!(erased.status().is_success(), "{}", erased.status());
+    assert_eq!(
+        error_code(fetch_plain(&app, fresh["url"].as_str().unwrap()).await).await,
+        (404, "not_found".into())
+    );
 }

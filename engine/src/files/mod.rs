@@ -11,14 +11,18 @@
 //! A file belongs to its chat: the bytes live in the artifact store under
 //! `<team id>/<file id>`, the row in `chat_files`, and both go with the chat (erasure).
 //! A message names a file by its download URL, [`url`]; [`read`] gives its bytes back.
+//! A client is handed that URL signed (`urls.rs`, T26), which opens the file for a while
+//! without the bearer key.
 //! `text`: a file's readable text, for a model that does not read its format and for
 //! indexing (T27).
 
 mod images;
 mod sniff;
+mod urls;
 pub mod text;
 
 pub use sniff::{Sniffed, sniff};
+pub use urls::{FileUrls, UrlRefused};
 pub use text::{ExtractError, ExtractedText, extract_text};
 
 use bytes::Bytes;
@@ -76,12 +80,14 @@ pub fn url(id: Uuid) -> String {
     format!("{URL_PREFIX}{id}")
 }
 
-/// The file a URL of [`url`]'s shape names, relative or with any origin before it.
+/// The file a URL of [`url`]'s shape names, relative or with any origin before it, signed
+/// or not (a client posts back the signed URL it was handed; the query is not read).
 pub fn id_of_url(url: &str) -> Option<Uuid> {
     let path = match url.split_once("://") {
         Some((_, rest)) => &rest[rest.find('/')?..],
         None => url,
     };
+    let path = path.split_once('?').map_or(path, |(path, _)| path);
     path.strip_prefix(URL_PREFIX)?.parse().ok()
 }
 
@@ -341,6 +347,11 @@ mod tests {
         assert_eq!(
             id_of_url(&format!("https://brain.example{}", url(id))),
             Some(id)
+        );
+        assert_eq!(
+            id_of_url(&format!("{}?exp=1&sig=x", url(id))),
+            Some(id),
+            "a signed URL"
         );
         for bad in [
             "/v1/files/",
