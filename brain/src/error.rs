@@ -274,6 +274,7 @@ impl From<FileError> for ApiError {
             FileError::TooLarge { limit } => Self::FileTooLarge(limit),
             FileError::MessageTooLarge { limit } => Self::MessageFilesTooLarge(limit),
             FileError::QuotaExceeded { quota } => Self::FileQuotaExceeded(quota),
+            FileError::Busy(retry) => Self::UploadsBusy(retry),
             FileError::Invalid(problem) => Self::InvalidRequest(problem.into()),
             FileError::NotFound => Self::NotFound("file"),
             FileError::Storage(e) => e.into(),

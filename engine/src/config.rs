@@ -439,6 +439,10 @@ pub struct FilesConfig {
     /// The most bytes a team's chat files hold, all chats together
     /// (`BRAIN_FILE_QUOTA_BYTES`).
     pub quota_bytes: u64,
+    /// Chat file uploads (an upload's body, a message's `data:` parts) one replica reads and
+    /// stores at once (`BRAIN_FILE_UPLOADS`), and one team of them (`BRAIN_FILE_UPLOADS_PER_TEAM`).
+    pub uploads: usize,
+    pub uploads_per_team: usize,
     /// The longest side of a stored image, in pixels: a larger one is scaled down to it
     /// (`BRAIN_FILE_IMAGE_MAX_SIDE`). 2048 is the largest side OpenAI's vision models
     /// keep; Anthropic's scale larger ones down themselves.
@@ -460,6 +464,8 @@ impl FilesConfig {
                 1 << 30,
             )?,
             quota_bytes: ranged(env, "BRAIN_FILE_QUOTA_BYTES", 1 << 30, 0, 1 << 50)?,
+            uploads: ranged(env, "BRAIN_FILE_UPLOADS", 16, 1, 4096)?,
+            uploads_per_team: ranged(env, "BRAIN_FILE_UPLOADS_PER_TEAM", 4, 1, 4096)?,
             image_max_side: ranged(env, "BRAIN_FILE_IMAGE_MAX_SIDE", 2048, 16, 16_384)?,
             url_ttl: ranged(env, "BRAIN_FILE_URL_TTL_SECS", 3600, 1, 7 * 86_400)
                 .map(Duration::from_secs)?,

@@ -75,6 +75,7 @@ pub mod retention;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
+pub mod slots;
 pub mod sse;
 pub mod tools;
 pub mod turn;
@@ -132,6 +133,8 @@ pub struct Engine {
     pub sessions: Sessions,
     /// The snapshot uploads this replica takes at once, in all and per team.
     pub snapshot_uploads: sessions::UploadSlots,
+    /// The chat file uploads this replica takes at once, in all and per team (T27).
+    pub file_uploads: slots::UploadSlots,
     /// Parent of every turn's token: cancelled when shutdown gives up on draining.
     pub turns_cancel: CancellationToken,
     /// Cancelled when the drain's time is over (D4): running turns stop at their next step
@@ -221,6 +224,8 @@ impl Engine {
             &config.oauth,
             config.connectors.allow_private_networks,
         )?;
+        let file_uploads =
+            slots::UploadSlots::new(config.files.uploads, config.files.uploads_per_team);
         let snapshot_uploads = sessions::UploadSlots::new(
             config.artifacts.snapshot_uploads,
             config.artifacts.snapshot_uploads_per_team,
@@ -245,6 +250,7 @@ impl Engine {
             artifacts,
             sessions,
             snapshot_uploads,
+            file_uploads,
             turns_cancel: CancellationToken::new(),
             handover: CancellationToken::new(),
             draining,

@@ -135,6 +135,8 @@ pub async fn upload(
         Err(e) => return Err(e.into()),
     }
     principal.check_chat(&state.store, chat).await?;
+    // Held while the body is read and stored (T27): a replica takes so many at once.
+    let _slot = files::upload_slot(&state, principal.team)?;
     let (filename, bytes) = read_form(&state, &headers, body).await?;
     match files::save(&state, principal.team, chat, &filename, bytes).await {
         Ok(row) => Ok((

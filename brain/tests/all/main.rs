@@ -27,6 +27,7 @@ mod elicitation;
 mod erasure;
 mod events;
 mod faults;
+mod file_uploads;
 mod files;
 mod hold;
 mod hold_turns;

@@ -25,6 +25,8 @@ pub use sniff::{Sniffed, sniff};
 pub use urls::{FileUrls, UrlRefused};
 pub use text::{ExtractError, ExtractedText, extract_text};
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use protocol::parts::FilePart;
 use protocol::{ChatId, TeamId};
@@ -32,6 +34,7 @@ use uuid::Uuid;
 
 use crate::Engine;
 use crate::artifacts::{ArtifactError, ArtifactStore, storage_key};
+use crate::slots::UploadSlot;
 use store::{ChatFileRow, FileInsert, NewChatFile, Store, StoreError, bounded};
 
 /// Where the API serves a file, and how a message names it.
@@ -48,6 +51,10 @@ pub enum FileError {
     MessageTooLarge { limit: usize },
     #[error("the team's files would pass their quota of {quota} bytes")]
     QuotaExceeded { quota: u64 },
+    /// The replica, or the team on it, reads and stores as many uploads at once as allowed
+    /// (T27); worth trying again after the duration.
+    #[error("too many uploads at once; retry shortly")]
+    Busy(Duration),
     /// The file or a file part is malformed; the message says how (never its content).
     #[error("{0}")]
     Invalid(&'static str),
@@ -67,12 +74,26 @@ impl FileError {
             Self::TooLarge { .. } => "too_large",
             Self::MessageTooLarge { .. } => "message_too_large",
             Self::QuotaExceeded { .. } => "quota_exceeded",
+            Self::Busy(_) => "busy",
             Self::Invalid(_) => "invalid",
             Self::NotFound => "not_found",
             Self::Storage(e) => e.metric_label(),
             Self::Store(e) => e.metric_label(),
         }
     }
+}
+
+/// How soon a refused upload is worth trying again: about the time one takes.
+const BUSY_RETRY_AFTER: Duration = Duration::from_secs(2);
+
+/// A place among the replica's chat file uploads for `team` (T27), held while an upload's
+/// bytes are read and stored; [`FileError::Busy`] when the replica or the team holds as
+/// many as allowed.
+pub fn upload_slot(engine: &Engine, team: TeamId) -> Result<UploadSlot, FileError> {
+    engine
+        .file_uploads
+        .try_take(team)
+        .ok_or(FileError::Busy(BUSY_RETRY_AFTER))
 }
 
 /// The URL a message and a client name file `id` by.
@@ -223,6 +244,12 @@ pub async fn attach(
     chat: ChatId,
     parts: Vec<FilePart>,
 ) -> Result<Vec<FilePart>, FileError> {
+    // New bytes are decoded and stored under an upload slot, as an upload's are.
+    let _slot = parts
+        .iter()
+        .any(|part| part.url.starts_with("data:"))
+        .then(|| upload_slot(engine, team))
+        .transpose()?;
     let limits = engine.config.files;
     let mut resolved = Vec::with_capacity(parts.len());
     let mut total = 0usize;

@@ -11,8 +11,9 @@
 //!   only while the snapshot is `requested` and no larger than the row's
 //!   `snapshot_max_bytes`; streamed to the artifact store as they arrive (never held
 //!   whole), then recorded (replacing the chat's previous snapshot) in one transaction,
-//!   else removed again. [`UploadSlots`] bounds how many run at once on a replica and per
-//!   team; one more is refused `503` with `Retry-After` before its body is read.
+//!   else removed again. [`UploadSlots`] (`crate::slots`) bounds how many run at once on a
+//!   replica and per team; one more is refused `503` with `Retry-After` before its body is
+//!   read.
 //! - `POST /v1/worker/snapshot/skipped` ([`record_skip`]): no snapshot comes, over the
 //!   cap (the chat's previous snapshot is dropped) or failed (it is kept).
 //! - `GET /v1/worker/snapshot` ([`restorable`]): the worker of a live session downloads
@@ -26,18 +27,16 @@
 //! The routes are `api/worker.rs`'s: each authenticates with the session token, and what is
 //! here acts only on the session the token names.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use protocol::SessionId;
 use protocol::channel::SessionClaims;
 use protocol::snapshot::{
     RESTORE_REQUEST, SNAPSHOT_NOTIFICATION, SNAPSHOT_PG_CHANNEL, SnapshotNotice, SnapshotRequest,
     SnapshotSkipped, SnapshotState, UNPACKED_BYTES_HEADER,
 };
-use protocol::{SessionId, TeamId};
 use rmcp::model::{ClientNotification, ClientRequest, CustomNotification, CustomRequest};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -46,6 +45,7 @@ use super::Sessions;
 use super::registry::LiveWorker;
 use crate::Engine;
 use crate::artifacts::{ArtifactBody, ArtifactError, ArtifactStore, ByteStream};
+pub use crate::slots::UploadSlots;
 use store::{NewSnapshot, Store, StoreError, bounded};
 
 /// The content type snapshots are stored and sent under.
@@ -106,74 +106,6 @@ fn bounded_body<E>(
             Some((item, (pieces, seen, failed)))
         },
     ))
-}
-
-/// The snapshot uploads one replica takes at once: each streams to the artifact store with
-/// at most a part in memory, and these bounds keep their sum, disk and bandwidth within
-/// the replica's share, and a team from taking all of it. Per replica, held in memory: a
-/// refused worker retries, and may reach another replica.
-#[derive(Clone)]
-pub struct UploadSlots(Arc<SlotsInner>);
-
-struct SlotsInner {
-    replica: usize,
-    per_team: usize,
-    /// Uploads under way: in all, and per team (a team with none has no entry).
-    held: Mutex<(usize, HashMap<TeamId, usize>)>,
-}
-
-impl UploadSlots {
-    pub fn new(replica: usize, per_team: usize) -> Self {
-        Self(Arc::new(SlotsInner {
-            replica,
-            per_team,
-            held: Mutex::new((0, HashMap::new())),
-        }))
-    }
-
-    /// A slot for one upload of `team`, or none when the replica or the team is full.
-    fn try_take(&self, team: TeamId) -> Option<UploadSlot> {
-        let mut held = self.0.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let (total, teams) = &mut *held;
-        let of_team = teams.entry(team).or_default();
-        if *total >= self.0.replica || *of_team >= self.0.per_team {
-            if *of_team == 0 {
-                teams.remove(&team);
-            }
-            return None;
-        }
-        *of_team += 1;
-        *total += 1;
-        Some(UploadSlot {
-            slots: self.clone(),
-            team,
-        })
-    }
-}
-
-/// One upload's place, given back when dropped (the upload ended, or its request did).
-struct UploadSlot {
-    slots: UploadSlots,
-    team: TeamId,
-}
-
-impl Drop for UploadSlot {
-    fn drop(&mut self) {
-        let mut held = self
-            .slots
-            .0
-            .held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (total, teams) = &mut *held;
-        *total -= 1;
-        if let Some(of_team) = teams.get_mut(&self.team) {
-            *of_team -= 1;
-            if *of_team == 0 {
-                teams.remove(&self.team);
-            }
-        }
-    }
 }
 
 /// What the worker announces of a snapshot upload: the size of the tar stream it packed
@@ -462,34 +394,5 @@ pub async fn sweep(
             Err(err) => tracing::warn!(class = err.metric_label(), "snapshot expiry failed"),
         }
         crate::artifacts::garbage::sweep(&store, &*artifacts, SWEEP_BATCH).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn upload_slots_bound_the_replica_and_each_team() {
-        let slots = UploadSlots::new(3, 2);
-        let (a, b, c) = (TeamId::new(), TeamId::new(), TeamId::new());
-        let a1 = slots.try_take(a).expect("a's first");
-        let a2 = slots.try_take(a).expect("a's second");
-        assert!(slots.try_take(a).is_none(), "a team holds at most two");
-        let b1 = slots.try_take(b).expect("b's first");
-        assert!(
-            slots.try_take(c).is_none(),
-            "the replica holds at most three"
-        );
-        drop(a1);
-        let c1 = slots.try_take(c).expect("a released slot is taken again");
-        assert!(slots.try_take(b).is_none());
-        drop((a2, b1, c1));
-        let held = slots.0.held.lock().unwrap_or_else(PoisonError::into_inner);
-        assert_eq!(held.0, 0);
-        assert!(
-            held.1.is_empty(),
-            "no team is remembered once it holds none"
-        );
     }
 }
