@@ -16,6 +16,7 @@ import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
 import { type Api, ApiError, explain, parseError } from "./api";
 import { Markdown } from "./markdown";
 import { Artifact, artifactIds } from "./artifact";
+import { FilePart, PendingFiles, useAttachments } from "./attachments";
 import { follow } from "./follow";
 
 type LogLine = { stream: string; text: string };
@@ -36,6 +37,9 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
   const [logs, setLogs] = useState<Record<string, LogLine[]>>({});
   const [stopping, setStopping] = useState(false);
   const [input, setInput] = useState("");
+  const attachments = useAttachments(api, chatId);
+  const fileInput = useRef<HTMLInputElement>(null);
+  const [dragging, setDragging] = useState(false);
   // This tab's own turns, which its POST streams: the events stream skips them.
   const own = useRef(new Set<string>());
   const [queueError, setQueueError] = useState<ApiError | undefined>();
@@ -185,16 +189,19 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
   function onSubmit(e: FormEvent) {
     e.preventDefault();
     const text = input.trim();
-    if (!text) return;
     if (busy) {
-      void onQueue();
+      if (text && !attachments.ready) void onQueue();
       return;
     }
+    if ((!text && !attachments.ready) || attachments.uploading) return;
     clearError();
     setQueueError(undefined);
     setInput("");
-    void sendMessage({ text });
+    // Refused files are left out: only what the brain stored is sent.
+    const files = attachments.take();
+    void sendMessage(text ? { text, files } : { files });
   }
+  const canSend = (!!input.trim() || attachments.ready) && !attachments.uploading;
 
   /** T13: the message waits its turn; it shows as queued, then runs (the events stream
    * brings its answer). */
@@ -261,7 +268,24 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
   const problem: ApiError | undefined = queueError ?? (error ? parseError(error.message) : undefined);
 
   return (
-    <section className="chat" aria-label="Chat">
+    <section
+      className={dragging ? "chat dragging" : "chat"}
+      aria-label="Chat"
+      onDragOver={(e) => {
+        if (!e.dataTransfer.types.includes("Files")) return;
+        e.preventDefault();
+        setDragging(true);
+      }}
+      onDragLeave={(e) => {
+        if (e.currentTarget === e.target) setDragging(false);
+      }}
+      onDrop={(e) => {
+        if (e.dataTransfer.files.length === 0) return;
+        e.preventDefault();
+        setDragging(false);
+        attachments.add(e.dataTransfer.files);
+      }}
+    >
       <ol className="messages" aria-live="polite" ref={list}>
         {messages.map((m) => (
           <li key={m.id} className={`message ${m.role}`} data-status={statusOf(m.id)}>
@@ -306,26 +330,54 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
           <strong>{problem.code === "unknown" ? "Error" : problem.code}</strong>: {explain(problem)}
         </div>
       )}
+      <PendingFiles items={attachments.items} onRemove={attachments.remove} />
       <form className="composer" onSubmit={onSubmit}>
         <label htmlFor="composer-input" className="visually-hidden">
           Message
         </label>
+        <input
+          ref={fileInput}
+          id="composer-files"
+          type="file"
+          multiple
+          className="visually-hidden"
+          aria-label="Attach files"
+          tabIndex={-1}
+          onChange={(e) => {
+            if (e.target.files) attachments.add(e.target.files);
+            e.target.value = "";
+          }}
+        />
+        <button type="button" className="attach" onClick={() => fileInput.current?.click()} title="Attach files (or drop or paste them)">
+          Attach
+        </button>
         <textarea
           id="composer-input"
           value={input}
           rows={2}
           placeholder="Message the agent…"
           onChange={(e) => setInput(e.target.value)}
+          onPaste={(e) => {
+            if (e.clipboardData.files.length === 0) return;
+            e.preventDefault();
+            attachments.add(e.clipboardData.files);
+          }}
           onKeyDown={(e) => {
             if (e.key === "Enter" && !e.shiftKey) onSubmit(e);
           }}
         />
         {busy ? (
           <>
-            <button type="submit" className="queue" disabled={!input.trim()}>
+            {/* Queued and interrupting messages are text only: files wait for Send. */}
+            <button type="submit" className="queue" disabled={!input.trim() || attachments.ready}>
               Queue
             </button>
-            <button type="button" className="interrupt" onClick={() => void onInterrupt()} disabled={!input.trim()}>
+            <button
+              type="button"
+              className="interrupt"
+              onClick={() => void onInterrupt()}
+              disabled={!input.trim() || attachments.ready}
+            >
               Stop and send
             </button>
             <button type="button" className="stop" onClick={onStop} disabled={stopping}>
@@ -333,7 +385,7 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
             </button>
           </>
         ) : (
-          <button type="submit" disabled={!input.trim()}>
+          <button type="submit" disabled={!canSend}>
             Send
           </button>
         )}
@@ -366,6 +418,9 @@ type AnyPart = {
   output?: unknown;
   errorText?: string;
   approval?: { id: string; approved?: boolean; reason?: string };
+  url?: string;
+  mediaType?: string;
+  filename?: string;
 };
 
 function Part({
@@ -380,6 +435,7 @@ function Part({
   onApprove: (id: string, approved: boolean) => void;
 }) {
   if (part.type === "text") return <Markdown text={part.text ?? ""} />;
+  if (part.type === "file") return <FilePart url={part.url} mediaType={part.mediaType} filename={part.filename} />;
   if (part.type === "data-worker-status") {
     const d = part.data as { state: string; reason?: string };
     return (

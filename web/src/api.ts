@@ -70,6 +70,22 @@ export function describe(who: WhoAmI): string {
   return `team ${who.team_name}, ${who.user === null ? "API key" : `user ${who.user}`} (${who.scope})`;
 }
 
+/** A file uploaded to a chat (`POST /v1/chats/{id}/files`, T21): `url` is signed (T26),
+ * so an `<img src>` or a download link follows it without the key for a while. */
+export interface ChatFile {
+  id: string;
+  url: string;
+  media_type: string;
+  size: number;
+  filename: string;
+}
+
+/** Whether `url` names a file of this brain (`/v1/files/{id}`, signed): the only file
+ * URLs the page shows or links to. */
+export function isFileUrl(url: string | undefined): url is string {
+  return typeof url === "string" && /^\/v1\/files\/[0-9a-f-]{36}(\?[A-Za-z0-9=&_-]*)?$/.test(url);
+}
+
 export interface ArtifactMeta {
   id: string;
   name: string;
@@ -135,6 +151,14 @@ export function explain(err: ApiError): string {
       return "The server's storage is unavailable. Nothing was done; try again shortly.";
     case "invalid_request":
       return `The request was refused: ${err.message}`;
+    case "file_too_large":
+      return `The file is too large: ${err.message}.`;
+    case "message_files_too_large":
+      return `These files are too large together: ${err.message}. Send them in several messages.`;
+    case "file_quota_exceeded":
+      return "Your team's stored files are at their quota. Delete old chats to free room, or ask an admin to raise it.";
+    case "invalid_file_url":
+      return "This file's link has expired. Reload the chat for a fresh one.";
     case "network":
       return "The server could not be reached. Check your connection and try again.";
     default:
@@ -300,6 +324,23 @@ export class Api {
   async continueAuthorization(link: string): Promise<string> {
     const path = new URL(link).pathname;
     return (await this.request<{ authorization_url: string }>("POST", path)).authorization_url;
+  }
+
+  /** Stores a file in the chat (T21); the brain sniffs its type and refuses it with a code
+   * (`file_too_large`, `file_quota_exceeded`, `invalid_request` for a broken image). */
+  async uploadFile(chatId: string, file: File): Promise<ChatFile> {
+    const form = new FormData();
+    form.append("file", file, file.name);
+    let response: Response;
+    try {
+      // No Content-Type of our own: the browser writes the form's boundary in it.
+      response = await fetch(`/v1/chats/${chatId}/files`, { method: "POST", headers: this.authHeaders, body: form });
+    } catch {
+      throw new ApiError("network", "network error");
+    }
+    if (response.status === 401) this.onRefused?.();
+    if (!response.ok) throw parseError(await response.text(), response.status);
+    return (await response.json()) as ChatFile;
   }
 
   artifactMeta(id: string): Promise<ArtifactMeta> {

@@ -524,3 +524,101 @@ async fn a_person_answers_an_mcp_servers_question_in_the_page() {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+/// T26 in a real browser (tests/web/files.mjs): a PNG attached through the file input
+/// shows as a thumbnail, a file past `BRAIN_FILE_MAX_BYTES` shows its refusal and is not
+/// sent, a dropped file is removed again; the sent message and the transcript after a
+/// reload show the image from its signed URL. The model (a team connection to the scripted
+/// provider, with vision) received the stored PNG as an image, and nothing else.
+#[tokio::test]
+async fn a_person_attaches_a_picture_in_the_page() {
+    use std::io::Cursor;
+
+    use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
+    use scripted_provider::SeenKind;
+
+    let app = TestApp::start_with(|c| {
+        c.secrets_key = Some(store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
+        c.providers_allow_private_networks = true;
+        c.files.max_file_bytes = 20_000;
+    })
+    .await;
+    let connection = app
+        .post_json(
+            "/v1/providers",
+            &json!({"name": "team", "kind": "openai", "base_url": app.provider.openai_base_url(),
+                    "api_key": "sk-t", "models": [{"model": "eye", "vision": true}]}),
+        )
+        .await;
+    assert_eq!(connection.status(), 201);
+    let agent = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "looker", "system_prompt": "You see.", "model": "team/eye"}),
+        )
+        .await;
+    assert_eq!(agent.status(), 201);
+    app.provider.push(Reply::Text {
+        deltas: vec!["A red square.".into()],
+        delay: Duration::from_millis(5),
+    });
+    let files = TempDir::new();
+    let mut png = Vec::new();
+    DynamicImage::ImageRgb8(RgbImage::from_pixel(16, 16, Rgb([220, 20, 20])))
+        .write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
+        .unwrap();
+    let png_path = files.0.join("square.png");
+    std::fs::write(&png_path, &png).unwrap();
+    let big_path = files.0.join("big.txt");
+    std::fs::write(&big_path, "a".repeat(30_000)).unwrap();
+
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/files.mjs");
+    let run = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .arg(&app.url)
+            .arg(&app.key)
+            .arg("looker")
+            .arg(&png_path)
+            .arg(&big_path)
+            .arg(&out)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser ends within three minutes")
+    .unwrap();
+    assert!(
+        run.status.success(),
+        "the page did not attach the picture:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let requests = app.provider.requests();
+    assert_eq!(requests.len(), 1, "one turn");
+    let seen = requests[0].files();
+    assert_eq!(seen.len(), 1, "the image alone: {seen:?}");
+    assert_eq!(seen[0].kind, SeenKind::Image);
+    assert_eq!(seen[0].media_type, "image/png");
+    let shown = image::load_from_memory(&seen[0].bytes).unwrap().to_rgb8();
+    assert_eq!(shown.dimensions(), (16, 16));
+    assert_eq!(shown.get_pixel(8, 8), &Rgb([220, 20, 20]));
+    let body = requests[0].body.to_string();
+    assert!(body.contains("What is in this picture?"));
+    assert!(
+        !body.contains("city,visits"),
+        "the removed CSV was not sent"
+    );
+
+    let ids: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let messages = app.messages(ids["chatId"].as_str().unwrap()).await;
+    let parts = messages[0]["parts"].as_array().unwrap();
+    let files: Vec<&Value> = parts.iter().filter(|p| p["type"] == "file").collect();
+    assert_eq!(files.len(), 1, "{parts:?}");
+    assert_eq!(files[0]["filename"], "square.png");
+    for shot in ["files-attached", "files-sent", "files-reloaded"] {
+        assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
+    }
+}
