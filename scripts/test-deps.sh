@@ -7,7 +7,8 @@
 # official MCP conformance suite (npm, tests/mcp-conformance),
 # an OAuth authorization server (npm, tests/oauth), the Standard Webhooks library (PyPI,
 # tests/webhooks/.venv), the official A2A clients (PyPI a2a-sdk in tests/a2a/.venv, npm
-# @a2a-js/sdk in tests/a2a), and the
+# @a2a-js/sdk in tests/a2a), the official OpenAI SDKs (PyPI and npm openai in
+# tests/openai), and the
 # S3-protocol server the artifact tests talk to (s3s-fs, cached outside the clone),
 # Debian's PgBouncer for the transaction-pooler tests, Debian's Chromium for the worker's browser tests, Debian's bubblewrap for the local launcher's confinement, Debian's prometheus for promtool, and
 # schemathesis for the API contract test (cached outside the clone). Idempotent and
@@ -123,6 +124,25 @@ if [ ! -f tests/a2a/node_modules/.package-lock.json ] \
    || [ tests/a2a/package-lock.json -nt tests/a2a/node_modules/.package-lock.json ]; then
   echo "test-deps: npm ci in tests/a2a"
   (cd tests/a2a && npm ci --no-audit --no-fund --loglevel=error \
+    --cache /var/tmp/agent-runtime-tools/npm-cache)
+fi
+
+# The official OpenAI SDKs for brain/tests/all/openai.rs: openai (PyPI) in
+# tests/openai/.venv and openai (npm) in tests/openai/node_modules; downloads cached under
+# /var/tmp as for the A2A clients.
+if [ ! -f tests/openai/.venv/.installed ] \
+   || [ tests/openai/requirements.txt -nt tests/openai/.venv/.installed ]; then
+  ensure_venv_module
+  echo "test-deps: openai in tests/openai/.venv"
+  [ -x tests/openai/.venv/bin/pip ] || python3 -m venv tests/openai/.venv
+  tests/openai/.venv/bin/pip install -q --disable-pip-version-check \
+    --cache-dir /var/tmp/agent-runtime-tools/pip-cache -r tests/openai/requirements.txt
+  touch tests/openai/.venv/.installed
+fi
+if [ ! -f tests/openai/node_modules/.package-lock.json ] \
+   || [ tests/openai/package-lock.json -nt tests/openai/node_modules/.package-lock.json ]; then
+  echo "test-deps: npm ci in tests/openai"
+  (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error \
     --cache /var/tmp/agent-runtime-tools/npm-cache)
 fi
 

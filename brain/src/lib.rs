@@ -47,6 +47,8 @@ pub struct AppState {
     pub supervisor: supervisor::Supervisor,
     /// The MCP sessions this replica holds (P2).
     pub mcp: mcp_server::McpSessions,
+    /// The OpenAI-compatible front end's conversation fingerprints (P7).
+    pub conversations: std::sync::Arc<engine::conversations::Conversations>,
 }
 
 impl AppState {
@@ -65,6 +67,9 @@ impl AppState {
                 engine.metrics.background_task_exits.clone(),
             ),
             mcp: mcp_server::McpSessions::new(engine.config.mcp_server),
+            conversations: std::sync::Arc::new(engine::conversations::Conversations::new(
+                engine.redis.clone(),
+            )),
             engine,
         })
     }

@@ -31,6 +31,8 @@
 //!   per address;
 //! - `redis.rs`: Redis connection set-up and the bound on every Redis call (each module
 //!   keeps its own keys);
+//! - `conversations.rs`: which chat a client that resends its whole conversation continues
+//!   (the OpenAI-compatible front end, P7);
 //! - `agents.rs`: what makes an agent valid, for the API and the agent tools alike;
 //! - `schedule.rs`: what makes an autostart cadence valid and when it fires;
 //! - `scheduler.rs`: the autostart scheduler every replica runs (T11);
@@ -59,6 +61,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod connectors;
+pub mod conversations;
 pub mod erasure;
 pub mod events;
 pub mod files;

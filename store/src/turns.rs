@@ -834,6 +834,28 @@ impl Store {
         insert_usage(&self.pool, team, agent, turn, event_key, usage).await?;
         Ok(())
     }
+
+    /// The input and output tokens billed to `turn` (E1), which started at `since`: its
+    /// billing events are read through the team's index from the turn's start, not by a
+    /// scan for the turn.
+    pub async fn turn_tokens(
+        &self,
+        team: TeamId,
+        turn: TurnId,
+        since: DateTime<Utc>,
+    ) -> Result<(i64, i64), StoreError> {
+        let (input, output): (i64, i64) = sqlx::query_as(
+            "SELECT coalesce(sum(input_tokens), 0)::bigint, \
+                    coalesce(sum(output_tokens), 0)::bigint \
+             FROM billing_events WHERE team_id = $1 AND created_at >= $2 AND turn_id = $3",
+        )
+        .bind(team.0)
+        .bind(since)
+        .bind(turn.0)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((input, output))
+    }
 }
 
 /// E1: a usage event lands once per `event_key`, however often the write is retried.

@@ -653,7 +653,7 @@ pub async fn post_message(
 
 /// A posted message's body: JSON within the API's body limit and room for the files a
 /// message may carry inline as `data:` URLs (T21; base64 spends 4 bytes on 3).
-async fn message_body(
+pub(super) async fn message_body(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -682,7 +682,7 @@ async fn message_body(
 /// the chat, uploaded files checked to be the chat's, every media type sniffed
 /// (`engine::files::attach`). A file of another chat is `invalid_request`, like a URL
 /// that names no file.
-async fn attach_files(
+pub(super) async fn attach_files(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,

@@ -23,6 +23,7 @@ mod limit;
 mod mcp;
 mod models;
 mod oauth;
+mod openai;
 pub mod openapi;
 mod paging;
 mod providers;
@@ -67,6 +68,8 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             limit::limit,
         ))
+        // Outside the rate limit, whose refusals are rewritten too.
+        .layer(axum::middleware::from_fn(openai::error::rewrite))
         .layer(axum::middleware::from_fn_with_state(
             state.metrics.clone(),
             count_response,
@@ -158,6 +161,9 @@ fn routes() -> OpenApiRouter<AppState> {
         // AG-UI (P3): a front end of the same posting path.
         .routes(routes!(agui::run))
         .routes(routes!(a2a::agent_card))
+        // The OpenAI-compatible front end (P7): the same posting path again.
+        .routes(routes!(openai::models::list))
+        .routes(routes!(openai::chat::completions))
         // Workers authenticate with their session token, not a team key.
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))

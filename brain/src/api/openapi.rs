@@ -32,6 +32,9 @@ pub const WORKER_TOKEN: &str = "worker_token";
 pub const OAUTH_PUBLIC: &str = "/v1/oauth/";
 /// The AG-UI runs (P3): outside `/v1`, on the same credentials.
 const AGUI: &str = "/agui/";
+/// The OpenAI-compatible front end (P7): outside `/v1`, on the same credentials, its
+/// refusals in OpenAI's error shape.
+const OPENAI: &str = "/openai/";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -100,7 +103,10 @@ pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
     for (path, item) in doc.paths.paths.iter_mut() {
         // `/mcp` and AG-UI take the same credentials as `/v1`.
-        if !(path.starts_with("/v1/") || path.starts_with(AGUI) || path == "/mcp")
+        if !(path.starts_with("/v1/")
+            || path.starts_with(AGUI)
+            || path.starts_with(OPENAI)
+            || path == "/mcp")
             || path == protocol::channel::CONNECT_PATH
             || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
             || path.starts_with(OAUTH_PUBLIC)
@@ -126,6 +132,11 @@ pub fn document() -> Document {
             op.security.get_or_insert_with(|| {
                 vec![SecurityRequirement::new::<_, [&str; 0], &str>(scheme, [])]
             });
+            let body = if path.starts_with(OPENAI) {
+                "OpenAiErrorBody"
+            } else {
+                "ErrorBody"
+            };
             for (status, what) in [
                 (
                     "401",
@@ -143,12 +154,12 @@ pub fn document() -> Document {
                 op.responses
                     .responses
                     .entry(status.into())
-                    .or_insert_with(|| error(what).into());
+                    .or_insert_with(|| error_in(body, what).into());
             }
             // Every such route counts against the caller's request rate limit.
             match op.responses.responses.entry("429".into()) {
                 std::collections::btree_map::Entry::Vacant(vacant) => {
-                    vacant.insert(error(RATE_LIMITED).into());
+                    vacant.insert(error_in(body, RATE_LIMITED).into());
                 }
                 std::collections::btree_map::Entry::Occupied(mut occupied) => {
                     if let RefOr::T(response) = occupied.get_mut() {
@@ -170,12 +181,17 @@ const RATE_LIMITED: &str = "The caller's request rate limit (its key's or user's
 
 /// An error answer: the `{"error":{…}}` body.
 pub fn error(description: &str) -> utoipa::openapi::Response {
+    error_in("ErrorBody", description)
+}
+
+/// An error answer whose body is the schema `body` names.
+fn error_in(body: &str, description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(
             "application/json",
             ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .schema(Some(Ref::from_schema_name(body)))
                 .build(),
         )
         .build()

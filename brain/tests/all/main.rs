@@ -39,6 +39,7 @@ mod mcp_server;
 mod metrics;
 mod models;
 mod oauth_client;
+mod openai;
 mod paging;
 mod pooler;
 mod providers;

@@ -1,0 +1,434 @@
+//! The OpenAI-compatible front end (P7) through real turns, driven by the official SDKs:
+//! `openai` from PyPI (tests/openai/client.py, in tests/openai/.venv) and from npm
+//! (tests/openai/chat.mjs). The agents as models, streamed and whole answers, a resent
+//! conversation that continues one chat, an explicit chat id, tool calls that run
+//! server-side, an image, and the refusals in OpenAI's shape with our codes (a bad model,
+//! a wrong key, a quota, another team's agent).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Cursor;
+use std::path::PathBuf;
+
+use base64::Engine as _;
+use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
+use serde_json::{Value, json};
+
+use crate::common::TestApp;
+use crate::common::replies::{call, calls, deltas, text};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/openai")
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Sdk {
+    Python,
+    Node,
+}
+
+const BOTH: [Sdk; 2] = [Sdk::Python, Sdk::Node];
+
+/// One request through an official SDK: what it reported.
+async fn sdk(sdk: Sdk, app: &TestApp, key: &str, request: Value) -> Value {
+    let base = format!("{}/openai/v1", app.url);
+    let dir = dir();
+    let mut command = match sdk {
+        Sdk::Python => {
+            let python = dir.join(".venv/bin/python");
+            assert!(
+                python.exists(),
+                "{} is missing: scripts/test-deps.sh installs openai there",
+                python.display()
+            );
+            let mut command = tokio::process::Command::new(python);
+            command.arg(dir.join("client.py"));
+            command
+        }
+        Sdk::Node => {
+            let mut command = tokio::process::Command::new("node");
+            command.arg(dir.join("chat.mjs"));
+            command
+        }
+    };
+    let output = command
+        .arg(base)
+        .arg(key)
+        .arg(request.to_string())
+        .output()
+        .await
+        .expect("python and node must be installed (make test installs them)");
+    assert!(
+        output.status.success(),
+        "{sdk:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{sdk:?} printed no report ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+async fn agent(app: &TestApp, key: &str, name: &str) -> String {
+    let created = app
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(key)
+        .json(&json!({"name": name, "system_prompt": "You are terse.",
+                      "model": "openai/gpt-test"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    created["id"].as_str().unwrap().to_owned()
+}
+
+async fn chats_of(app: &TestApp, agent: &str) -> Vec<String> {
+    sqlx::query_scalar("SELECT id::text FROM chats WHERE agent_id = $1::uuid")
+        .bind(agent)
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap()
+}
+
+async fn turns_in(app: &TestApp, chat: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM turns WHERE chat_id = $1::uuid")
+        .bind(chat)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_teams_agents_are_its_models_by_id_or_unique_name() {
+    let app = TestApp::start().await;
+    let first = agent(&app, &app.key, "helper").await;
+    let second = agent(&app, &app.key, "twin").await;
+    agent(&app, &app.key, "twin").await;
+    for sdk in BOTH {
+        let report = self::sdk(sdk, &app, &app.key, json!({"op": "models"})).await;
+        let models = report["models"].as_array().unwrap();
+        assert_eq!(models.len(), 3, "{report}");
+        let helper = models.iter().find(|m| m["id"] == first.as_str()).unwrap();
+        assert_eq!(helper["object"], "model");
+        assert_eq!(helper["name"], "helper");
+        assert!(helper["created"].as_i64().unwrap() > 0);
+        assert!(models.iter().any(|m| m["id"] == second.as_str()));
+    }
+
+    // A unique name is a model; a name two agents share is not.
+    app.provider.push(text("By name."));
+    let report = sdk(
+        Sdk::Python,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": "helper",
+               "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(report["content"], "By name.", "{report}");
+    assert_eq!(chats_of(&app, &first).await.len(), 1);
+    let report = sdk(
+        Sdk::Node,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": "twin",
+               "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(report["error"]["status"], 400, "{report}");
+    assert_eq!(report["error"]["code"], "invalid_request");
+}
+
+/// A whole answer, then the conversation resent with the answer and a new message,
+/// streamed with usage: the same chat, two turns, and the model sees the chat's history.
+#[tokio::test]
+async fn a_resent_conversation_continues_its_chat_streamed_or_not() {
+    let app = TestApp::start().await;
+    for sdk in BOTH {
+        let agent = agent(&app, &app.key, "a").await;
+        app.provider.push(deltas(&["Hello ", "there."]));
+        let first = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent,
+                   "messages": [{"role": "system", "content": "Be nice."},
+                                {"role": "user", "content": "hi"}]}),
+        )
+        .await;
+        assert_eq!(first["content"], "Hello there.", "{sdk:?}: {first}");
+        assert_eq!(first["object"], "chat.completion");
+        assert!(first["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert_eq!(first["finish_reason"], "stop");
+        assert!(
+            first["usage"]["total_tokens"].as_i64().unwrap() > 0,
+            "{first}"
+        );
+        let chat = first["chat_id"].as_str().unwrap().to_owned();
+        app.settled().await;
+
+        app.provider.push(deltas(&["Again, ", "hello."]));
+        let second = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent, "stream": true, "include_usage": true,
+                   "messages": [{"role": "system", "content": "Be nice."},
+                                {"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "Hello there."},
+                                {"role": "user", "content": "and again"}]}),
+        )
+        .await;
+        assert_eq!(second["content"], "Again, hello.", "{sdk:?}: {second}");
+        assert_eq!(second["finish_reason"], "stop");
+        assert_eq!(second["tool_calls"], false);
+        let usage = &second["usage"];
+        assert_eq!(
+            usage["total_tokens"].as_i64().unwrap(),
+            usage["prompt_tokens"].as_i64().unwrap() + usage["completion_tokens"].as_i64().unwrap()
+        );
+        assert!(usage["completion_tokens"].as_i64().unwrap() > 0, "{second}");
+        let chunks = second["chunks"].as_array().unwrap();
+        assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(second["chat_id"], chat.as_str());
+        app.settled().await;
+
+        assert_eq!(chats_of(&app, &agent).await, vec![chat.clone()]);
+        assert_eq!(turns_in(&app, &chat).await, 2);
+        let history = app.provider.requests().last().unwrap().body["messages"].to_string();
+        assert!(
+            history.contains("Hello there.") && history.contains("and again"),
+            "{history}"
+        );
+        assert!(!history.contains("Be nice."), "{history}");
+
+        // A conversation the chat never had opens a new chat.
+        app.provider.push(text("New."));
+        let other = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent,
+                   "messages": [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "forged-answer"},
+                                {"role": "user", "content": "and again"}]}),
+        )
+        .await;
+        assert_eq!(other["content"], "New.", "{other}");
+        assert_ne!(other["chat_id"], chat.as_str());
+        app.settled().await;
+        assert_eq!(chats_of(&app, &agent).await.len(), 2);
+        let history = app.provider.requests().last().unwrap().body["messages"].to_string();
+        assert!(!history.contains("forged-answer"), "{history}");
+    }
+}
+
+/// `X-Chat-Id` (Python) and `metadata.chat_id` (Node) name the chat, whatever the
+/// messages; another agent's chat is not found.
+#[tokio::test]
+async fn an_explicit_chat_id_wins() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let chat = app.new_chat(&agent).await;
+    app.provider.push(text("One."));
+    let report = sdk(
+        Sdk::Python,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": agent, "chat_id": chat,
+               "messages": [{"role": "user", "content": "one"}]}),
+    )
+    .await;
+    assert_eq!(report["chat_id"], chat.as_str(), "{report}");
+    app.settled().await;
+    app.provider.push(text("Two."));
+    let report = sdk(
+        Sdk::Node,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": agent, "metadata": {"chat_id": chat},
+               "messages": [{"role": "user", "content": "two"}]}),
+    )
+    .await;
+    assert_eq!(report["content"], "Two.", "{report}");
+    app.settled().await;
+    assert_eq!(chats_of(&app, &agent).await, vec![chat.clone()]);
+    assert_eq!(app.messages(&chat).await.len(), 4);
+
+    let other = self::agent(&app, &app.key, "b").await;
+    let report = sdk(
+        Sdk::Python,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": other, "chat_id": chat,
+               "messages": [{"role": "user", "content": "three"}]}),
+    )
+    .await;
+    assert_eq!(report["error"]["status"], 404, "{report}");
+    assert_eq!(report["error"]["code"], "not_found");
+}
+
+/// The agent's tool call runs in the brain; the client gets the answer, never the call.
+#[tokio::test]
+async fn the_agents_tool_calls_run_server_side() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    for sdk in BOTH {
+        let note = format!("noted by {sdk:?}");
+        app.provider.push(calls(vec![call(
+            "call-1",
+            "memory_write",
+            json!({"content": note}),
+        )]));
+        app.provider.push(text("Noted."));
+        let report = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent, "stream": true,
+                   "messages": [{"role": "user", "content": "remember"}]}),
+        )
+        .await;
+        assert_eq!(report["content"], "Noted.", "{sdk:?}: {report}");
+        assert_eq!(report["tool_calls"], false);
+        app.settled().await;
+        let notes: Vec<String> = sqlx::query_scalar("SELECT content FROM memories")
+            .fetch_all(app.store.pool())
+            .await
+            .unwrap();
+        assert!(notes.contains(&note), "{notes:?}");
+    }
+}
+
+/// An `image_url` part is a file part of the stored message, its type sniffed.
+#[tokio::test]
+async fn an_image_url_becomes_a_file_of_the_chat() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let picture = RgbImage::from_fn(32, 24, |x, y| Rgb([(x * 8) as u8, (y * 10) as u8, 7]));
+    let mut png = Vec::new();
+    DynamicImage::ImageRgb8(picture)
+        .write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
+        .unwrap();
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png)
+    );
+    app.provider.push(text("A gradient."));
+    let report = sdk(
+        Sdk::Python,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": agent, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}]}),
+    )
+    .await;
+    assert_eq!(report["content"], "A gradient.", "{report}");
+    app.settled().await;
+    let chat = report["chat_id"].as_str().unwrap();
+    let stored = app.messages(chat).await;
+    let parts = stored[0]["parts"].as_array().unwrap();
+    assert_eq!(parts[0]["text"], "What is this?");
+    assert_eq!(parts[1]["type"], "file", "{parts:?}");
+    assert_eq!(parts[1]["mediaType"], "image/png");
+}
+
+/// Every refusal in OpenAI's shape with our code: a model that is no agent, a wrong key,
+/// a quota, and another team's agent (not found, nothing of theirs moved).
+#[tokio::test]
+async fn refusals_are_in_openais_shape_with_our_codes() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let hi = |model: &str| json!({"op": "chat", "model": model, "messages": [{"role": "user", "content": "hi"}]});
+    for sdk in BOTH {
+        let report = self::sdk(sdk, &app, &app.key, hi("no-such-agent")).await;
+        let error = &report["error"];
+        assert_eq!(error["status"], 404, "{sdk:?}: {report}");
+        assert_eq!(error["code"], "not_found");
+        assert_eq!(error["type"], "not_found_error");
+        let report = self::sdk(sdk, &app, "ar_wrong_key", hi(&agent)).await;
+        assert_eq!(report["error"]["status"], 401, "{sdk:?}: {report}");
+        assert_eq!(report["error"]["code"], "unauthorized");
+        assert_eq!(report["error"]["type"], "authentication_error");
+    }
+    // Read raw: the shape, nothing of ours besides.
+    let raw = app
+        .auth(app.http.get(format!("{}/openai/v1/nothing-here", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 404);
+    let body: Value = raw.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": {"message": "route not found", "type": "not_found_error",
+                         "param": null, "code": "not_found"}})
+    );
+
+    // Another team's key cannot reach this team's agent, nor list it.
+    let theirs = app.store.create_team("b").await.unwrap();
+    let their_agent = self::agent(&app, &theirs.api_key, "b").await;
+    for sdk in BOTH {
+        let report = self::sdk(sdk, &app, &theirs.api_key, hi(&agent)).await;
+        assert_eq!(report["error"]["status"], 404, "{sdk:?}: {report}");
+        assert_eq!(report["error"]["code"], "not_found");
+        let report = self::sdk(sdk, &app, &app.key, hi(&their_agent)).await;
+        assert_eq!(report["error"]["status"], 404, "{sdk:?}: {report}");
+        let listed = self::sdk(sdk, &app, &theirs.api_key, json!({"op": "models"})).await;
+        let ids: Vec<&str> = listed["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, vec![their_agent.as_str()]);
+    }
+    assert!(chats_of(&app, &agent).await.is_empty());
+    assert!(
+        app.provider.requests().is_empty(),
+        "nothing reached the model"
+    );
+
+    // A quota refusal: `429` with its code and `Retry-After`, no turn.
+    let put = app
+        .auth(app.http.put(format!("{}/v1/quotas", app.url)))
+        .json(&json!({"turns_per_minute": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    app.provider.push(text("One."));
+    let first = sdk(Sdk::Python, &app, &app.key, hi(&agent)).await;
+    assert_eq!(first["content"], "One.", "{first}");
+    app.settled().await;
+    for sdk in BOTH {
+        let report = self::sdk(sdk, &app, &app.key, hi(&agent)).await;
+        let error = &report["error"];
+        assert_eq!(error["status"], 429, "{sdk:?}: {report}");
+        assert_eq!(error["code"], "quota_exceeded");
+        assert_eq!(error["type"], "rate_limit_error");
+    }
+    let raw = app
+        .auth(
+            app.http
+                .post(format!("{}/openai/v1/chat/completions", app.url)),
+        )
+        .json(&json!({"model": agent, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 429);
+    assert!(raw.headers().contains_key("retry-after"));
+    assert_eq!(
+        app.provider.requests().len(),
+        1,
+        "one turn reached the model"
+    );
+}

@@ -1,0 +1,57 @@
+// The official OpenAI Node SDK against the brain's OpenAI-compatible API, for
+// brain/tests/all/openai.rs: `node chat.mjs <base_url> <api_key> <request json>` prints one
+// JSON report, as client.py does.
+import OpenAI, { APIError } from "openai";
+
+const [baseURL, apiKey, raw] = process.argv.slice(2);
+const request = JSON.parse(raw);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
+
+async function chat() {
+  const body = { model: request.model, messages: request.messages };
+  if (request.user) body.user = request.user;
+  if (request.metadata) body.metadata = request.metadata;
+  const options = request.chat_id ? { headers: { "X-Chat-Id": request.chat_id } } : {};
+  if (request.stream) {
+    body.stream = true;
+    if (request.include_usage) body.stream_options = { include_usage: true };
+    const { data: stream, response } = await client.chat.completions
+      .create(body, options)
+      .withResponse();
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    const choices = chunks.filter((c) => c.choices.length > 0).map((c) => c.choices[0]);
+    const usage = chunks.filter((c) => c.usage).map((c) => c.usage);
+    return {
+      chat_id: response.headers.get("x-chat-id"),
+      content: choices.map((c) => c.delta.content ?? "").join(""),
+      chunks,
+      finish_reason: choices.at(-1)?.finish_reason ?? null,
+      usage: usage.at(-1) ?? null,
+      tool_calls: choices.some((c) => c.delta.tool_calls),
+    };
+  }
+  const { data: completion, response } = await client.chat.completions
+    .create(body, options)
+    .withResponse();
+  return {
+    chat_id: response.headers.get("x-chat-id"),
+    id: completion.id,
+    object: completion.object,
+    content: completion.choices[0].message.content,
+    finish_reason: completion.choices[0].finish_reason,
+    tool_calls: completion.choices[0].message.tool_calls ?? null,
+    usage: completion.usage ?? null,
+  };
+}
+
+let report;
+try {
+  report = request.op === "models" ? { models: (await client.models.list()).data } : await chat();
+} catch (e) {
+  if (!(e instanceof APIError)) throw e;
+  report = {
+    error: { status: e.status ?? null, code: e.code ?? null, type: e.type ?? null, message: e.message },
+  };
+}
+console.log(JSON.stringify(report));

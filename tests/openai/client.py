@@ -1,0 +1,72 @@
+"""The official OpenAI Python SDK against the brain's OpenAI-compatible API, for
+brain/tests/all/openai.rs: `client.py <base_url> <api_key> <request json>` prints one JSON
+report. The request's `op` is `models` or `chat`; a refusal is reported as
+`{"error": {"status", "code", "type", "message"}}`, as the SDK raised it."""
+
+import json
+import sys
+
+import openai
+
+
+def chat(client, request):
+    kwargs = {"model": request["model"], "messages": request["messages"]}
+    for name in ("user", "metadata"):
+        if name in request:
+            kwargs[name] = request[name]
+    if "chat_id" in request:
+        kwargs["extra_headers"] = {"X-Chat-Id": request["chat_id"]}
+    if request.get("stream"):
+        kwargs["stream"] = True
+        if request.get("include_usage"):
+            kwargs["stream_options"] = {"include_usage": True}
+        raw = client.chat.completions.with_raw_response.create(**kwargs)
+        chunks = [chunk.model_dump() for chunk in raw.parse()]
+        content = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+        usage = [c["usage"] for c in chunks if c.get("usage")]
+        return {
+            "chat_id": raw.headers.get("x-chat-id"),
+            "content": content,
+            "chunks": chunks,
+            "finish_reason": finish[-1] if finish else None,
+            "usage": usage[-1] if usage else None,
+            "tool_calls": any(
+                c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"]
+            ),
+        }
+    raw = client.chat.completions.with_raw_response.create(**kwargs)
+    completion = raw.parse()
+    return {
+        "chat_id": raw.headers.get("x-chat-id"),
+        "id": completion.id,
+        "object": completion.object,
+        "content": completion.choices[0].message.content,
+        "finish_reason": completion.choices[0].finish_reason,
+        "tool_calls": completion.choices[0].message.tool_calls,
+        "usage": completion.usage.model_dump() if completion.usage else None,
+    }
+
+
+def main():
+    base_url, api_key, request = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    try:
+        if request["op"] == "models":
+            report = {"models": [m.model_dump() for m in client.models.list()]}
+        else:
+            report = chat(client, request)
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        report = {"error": {"status": e.status_code, "code": e.code, "type": e.type,
+                            "message": e.message, "body": body}}
+    except openai.APIError as e:
+        # An error event inside a stream: no status, the error object as the body.
+        report = {"error": {"status": None, "code": e.code, "type": e.type,
+                            "message": e.message}}
+    print(json.dumps(report))
+
+
+main()
