@@ -170,6 +170,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         disconnect_policy: Default::default(),
         auxiliary_models: Default::default(),
         stream_reasoning: false,
+        memory_recall: Default::default(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

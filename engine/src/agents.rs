@@ -10,7 +10,7 @@ use crate::schedule::{Cadence, parse_timezone};
 use domain::approvals::ApprovalPolicy;
 use providers::ModelRoute;
 use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
-pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy};
+pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall};
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
@@ -49,6 +49,7 @@ pub fn validate_new_agent(
         disconnect_policy: DisconnectPolicy::default(),
         auxiliary_models: AuxiliaryModels::default(),
         stream_reasoning: false,
+        memory_recall: MemoryRecall::default(),
     })
 }
 
@@ -142,6 +143,8 @@ pub struct AgentChange {
     pub auxiliary_models: Option<AuxiliaryModels>,
     /// Streams the model's reasoning to the client, or stops (T18).
     pub stream_reasoning: Option<bool>,
+    /// Recalls memories into each turn's prompt, or stops (M3).
+    pub memory_recall: Option<MemoryRecall>,
 }
 
 impl AgentChange {
@@ -161,6 +164,7 @@ impl AgentChange {
             ("busy_policy", self.busy_policy.is_some()),
             ("auxiliary_models", self.auxiliary_models.is_some()),
             ("stream_reasoning", self.stream_reasoning.is_some()),
+            ("memory_recall", self.memory_recall.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -234,6 +238,7 @@ pub fn apply_change(
         busy_policy,
         auxiliary_models,
         stream_reasoning: change.stream_reasoning.unwrap_or(current.stream_reasoning),
+        memory_recall: change.memory_recall.unwrap_or(current.memory_recall),
         changed,
     })
 }

@@ -73,6 +73,9 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// The bounds of files attached to chats (T22).
     pub files: FilesConfig,
+    /// The most tokens of recalled memories a turn's first request carries (M3,
+    /// `BRAIN_MEMORY_RECALL_TOKENS`); `0` recalls nothing.
+    pub memory_recall_tokens: usize,
     /// How often this replica tries to sweep what is past the teams' retention (L6,
     /// `BRAIN_RETENTION_SWEEP_INTERVAL_MS`); one replica sweeps at a time.
     pub retention_sweep_interval: Duration,
@@ -697,6 +700,7 @@ impl Config {
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
             files: FilesConfig::from_env(env)?,
+            memory_recall_tokens: ranged(env, "BRAIN_MEMORY_RECALL_TOKENS", 1_000, 0, 100_000)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,
             quotas: quotas(env)?,

@@ -69,6 +69,7 @@ pub mod hold;
 pub mod intake;
 pub mod lease;
 pub mod liveness;
+pub mod memories;
 pub mod metrics;
 pub mod models;
 pub mod quota;

@@ -94,6 +94,45 @@ impl BusyPolicy {
     }
 }
 
+/// M3: whether each turn's prompt recalls the agent's memories in its scope.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryRecall {
+    /// The few memories most relevant to the user's message, within the recall budget.
+    #[default]
+    Auto,
+    /// None: the model finds them only with `memory_search`.
+    Off,
+}
+
+impl MemoryRecall {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        }
+    }
+
+    /// The stored form; `None` for anything else (the column's check allows nothing else).
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "auto" => Some(Self::Auto),
+            "off" => Some(Self::Off),
+            _ => None,
+        }
+    }
+}
+
 /// T17: the routes of an agent's auxiliary model calls, or its team's defaults for them.
 /// Each is a route string checked like `model`; an absent one falls back to the team's,
 /// then to the agent's own route.
@@ -148,6 +187,8 @@ pub struct NewAgent {
     pub auxiliary_models: AuxiliaryModels,
     /// Streams the model's reasoning to the client (T18).
     pub stream_reasoning: bool,
+    /// Recalls memories into each turn's prompt (M3).
+    pub memory_recall: MemoryRecall,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -165,6 +206,7 @@ pub struct AgentUpdate {
     pub busy_policy: BusyPolicy,
     pub auxiliary_models: AuxiliaryModels,
     pub stream_reasoning: bool,
+    pub memory_recall: MemoryRecall,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -196,11 +238,13 @@ pub struct AgentRow {
     /// Whether the model's reasoning is streamed to the client as reasoning parts (T18);
     /// it is never stored either way.
     pub stream_reasoning: bool,
+    /// Whether each turn's prompt recalls the memories of its scope (M3).
+    pub memory_recall: MemoryRecall,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -237,6 +281,13 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
             .try_get::<sqlx::types::Json<AuxiliaryModels>, _>("auxiliary_models")?
             .0,
         stream_reasoning: row.try_get("stream_reasoning")?,
+        memory_recall: {
+            let raw: String = row.try_get("memory_recall")?;
+            MemoryRecall::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "memory_recall".into(),
+                source: format!("unknown memory recall {raw}").into(),
+            })?
+        },
         created_at: row.try_get("created_at")?,
     })
 }
@@ -275,8 +326,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -301,6 +352,7 @@ impl Store {
             .bind(call.map(|call| call.call))
             .bind(sqlx::types::Json(&agent.auxiliary_models))
             .bind(agent.stream_reasoning)
+            .bind(agent.memory_recall.as_str())
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -377,7 +429,8 @@ impl Store {
              autostart_set_by = CASE WHEN $7 THEN $13 ELSE autostart_set_by END, \
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
-             auxiliary_models = $16, stream_reasoning = $17, updated_at = now() \
+             auxiliary_models = $16, stream_reasoning = $17, memory_recall = $18, \
+             updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -398,6 +451,7 @@ impl Store {
             .bind(update.busy_policy.as_str())
             .bind(sqlx::types::Json(&update.auxiliary_models))
             .bind(update.stream_reasoning)
+            .bind(update.memory_recall.as_str())
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

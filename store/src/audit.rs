@@ -151,6 +151,10 @@ pub enum Action {
     ToolAgentUpdate,
     ToolAgentArchive,
     ToolAgentSetPrompt,
+    /// A memory's content changed or the memory deleted by a person (M4); the entry names
+    /// the agent, never the content.
+    MemoryUpdated,
+    MemoryDeleted,
 }
 
 impl Action {
@@ -188,6 +192,8 @@ impl Action {
             Self::ToolAgentUpdate => "tool.agent_update",
             Self::ToolAgentArchive => "tool.agent_archive",
             Self::ToolAgentSetPrompt => "tool.agent_set_prompt",
+            Self::MemoryUpdated => "memory.updated",
+            Self::MemoryDeleted => "memory.deleted",
         }
     }
 
@@ -216,6 +222,7 @@ impl Action {
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
             Self::IssuerCreated | Self::IssuerDeleted => "issuer",
             Self::ProviderCreated | Self::ProviderUpdated | Self::ProviderDeleted => "provider",
+            Self::MemoryUpdated | Self::MemoryDeleted => "memory",
         }
     }
 }

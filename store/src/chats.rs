@@ -35,10 +35,10 @@ pub struct ChatRow {
     pub created_at: DateTime<Utc>,
 }
 
-const CHAT_COLUMNS: &str =
+pub(super) const CHAT_COLUMNS: &str =
     "id, agent_id, summary, summary_through, created_by, autostart, title, created_at";
 
-fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
+pub(super) fn chat_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatRow, sqlx::Error> {
     Ok(ChatRow {
         id: ChatId(row.try_get("id")?),
         agent_id: AgentId(row.try_get("agent_id")?),
@@ -243,7 +243,7 @@ impl Store {
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
                     a.disconnect_policy, a.busy_policy, a.auxiliary_models, a.stream_reasoning, \
-                    a.created_at, \
+                    a.memory_recall, a.created_at, \
                     c.basis_version AS chat_version, a.basis_version AS agent_version, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \

@@ -14,6 +14,7 @@ mod approvals;
 mod artifacts;
 mod audit;
 mod chat_files;
+mod chat_search;
 mod chats;
 mod connectors;
 mod cron;
@@ -45,7 +46,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use a2a::{PushConfig, TaskFilter};
-pub use agents::{AgentRow, AgentUpdate, AuxiliaryModels, BusyPolicy, DisconnectPolicy, NewAgent};
+pub use agents::{
+    AgentRow, AgentUpdate, AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall, NewAgent,
+};
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Asking, Close, NewApproval, NewElicitation, Stranded,
     requested_part,
@@ -53,6 +56,7 @@ pub use approvals::{
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
 pub use chat_files::{ChatFileRow, FileInsert, NewChatFile};
+pub use chat_search::{ChatHit, ChatsOf};
 pub use chats::{
     BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,
 };
@@ -60,7 +64,7 @@ pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
 pub use issuers::{IssuerRow, MAX_ISSUERS};
-pub use memories::CallKey;
+pub use memories::{CallKey, MemoryRow, MemoryScope};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use provider_connections::{
@@ -202,6 +206,7 @@ pub struct Store {
     direct: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
+    unremembered: memories::Unremembered,
 }
 
 /// The default of `BRAIN_DATABASE_STATEMENT_TIMEOUT_MS`: under [`CALL_BOUND`], so a
@@ -285,6 +290,7 @@ impl Store {
             pool: dbpool::Db::direct_keeping(pool.clone(), keep, PING_IF_IDLE_FOR),
             direct: pool,
             secrets: None,
+            unremembered: Default::default(),
         })
     }
 
@@ -310,6 +316,7 @@ impl Store {
             pool: dbpool::Db::behind_pooler(pool, Some(statement_timeout)),
             direct,
             secrets: None,
+            unremembered: Default::default(),
         })
     }
 
@@ -334,6 +341,7 @@ impl Store {
             pool: dbpool::Db::direct(pool.clone()),
             direct: pool,
             secrets: None,
+            unremembered: Default::default(),
         }
     }
 

@@ -13,8 +13,8 @@ use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
 use engine::agents::{
-    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, apply_change, validate_auxiliary,
-    validate_new_agent,
+    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall, apply_change,
+    validate_auxiliary, validate_new_agent,
 };
 use engine::auth::Principal;
 use engine::models::connections;
@@ -51,6 +51,11 @@ pub struct CreateAgent {
     /// default. Reasoning is never stored, so a replay or the transcript shows none.
     #[serde(default)]
     stream_reasoning: bool,
+    /// `auto` (the default) puts the memories most relevant to each message into the
+    /// turn's prompt, the agent's and the chat owner's own (M3); `off` leaves them to
+    /// `memory_search`.
+    #[serde(default)]
+    memory_recall: MemoryRecall,
 }
 
 impl CreateAgent {
@@ -61,6 +66,7 @@ impl CreateAgent {
         validate_auxiliary(&self.auxiliary_models).map_err(ApiError::InvalidRequest)?;
         let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
         let (auxiliary_models, stream_reasoning) = (self.auxiliary_models, self.stream_reasoning);
+        let memory_recall = self.memory_recall;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -74,6 +80,7 @@ impl CreateAgent {
             disconnect_policy,
             auxiliary_models,
             stream_reasoning,
+            memory_recall,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -198,6 +205,9 @@ pub struct PatchAgent {
     /// Stream the model's reasoning to the client as reasoning parts, or stop (T18).
     #[serde(default)]
     stream_reasoning: Option<bool>,
+    /// `auto` or `off`: whether each turn's prompt recalls memories (M3).
+    #[serde(default)]
+    memory_recall: Option<MemoryRecall>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -213,6 +223,7 @@ impl From<PatchAgent> for AgentChange {
             busy_policy: patch.busy_policy,
             auxiliary_models: patch.auxiliary_models,
             stream_reasoning: patch.stream_reasoning,
+            memory_recall: patch.memory_recall,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }

@@ -31,7 +31,7 @@ use engine::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
 use store::Answer;
-use store::{ChatRow, MessageRow, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
+use store::{ChatRow, ChatsOf, MessageRow, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
 
 const MAX_CLIENT_ID: usize = 200;
 /// The most `file` parts one message may carry (T21).
@@ -69,27 +69,59 @@ pub async fn create(
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Chats {
-    chats: Vec<ChatRow>,
+    chats: Vec<ListedChat>,
     /// `cursor` for the next page; absent on the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
 }
 
+/// A chat of a listing; with `q`, the snippet of its newest matching message (M5).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ListedChat {
+    #[serde(flatten)]
+    chat: ChatRow,
+    /// Present with `q`: a few words around the match in the chat's newest matching message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snippet: Option<String>,
+}
+
+/// `?limit=&cursor=&q=` of the chats listing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ChatsParams {
+    /// How many: 1 to 200, 50 when absent.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before, for the page after it.
+    #[serde(default)]
+    cursor: Option<String>,
+    /// Only the chats whose messages' text matches (M5): every word, `"a phrase"`,
+    /// `-word` to exclude, `or` between alternatives; 1 to 500 characters.
+    #[serde(default)]
+    q: Option<String>,
+}
+
+/// The longest `q`, in characters.
+const MAX_CHAT_QUERY: usize = 500;
+
 const CHATS_CURSOR: &str = "ch1:";
 
 /// `GET /v1/agents/{id}/chats`: the agent's chats, newest first; for a user token without
-/// the admin claim, its user's only.
+/// the admin claim, its user's only; with `q`, those whose messages match it (M5).
 #[utoipa::path(
     get,
     path = "/agents/{agent_id}/chats",
     operation_id = "list_chats",
     tag = "chats",
-    params(("agent_id" = Uuid, Path, description = "The agent."), PageParams),
+    params(("agent_id" = Uuid, Path, description = "The agent."), ChatsParams),
     responses(
         (status = 200, description = "A page of the agent's chats the caller may see, newest \
-            first.", body = Chats),
-        (status = 400, description = "`limit` is out of range or `cursor` is not a cursor of \
-            this listing (`invalid_request`).", body = ErrorBody),
+            first; with `q`, only those whose messages match, each with a `snippet`.",
+            body = Chats),
+        (status = 400, description = "`limit` is out of range, `cursor` is not a cursor of \
+            this listing, or `q` is empty or too long (`invalid_request`).", body = ErrorBody),
         (status = 404, description = "No such agent in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -97,25 +129,61 @@ pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
     Path(agent_id): Path<String>,
-    QueryParams(params): QueryParams<PageParams>,
+    QueryParams(params): QueryParams<ChatsParams>,
 ) -> Result<Json<Chats>, ApiError> {
     let agent = parse_id(&agent_id, "agent")?;
-    let limit = params.limit()?;
-    let before = params.after::<KeysetKey>(CHATS_CURSOR)?.map(|k| k.0);
+    let ChatsParams { limit, cursor, q } = params;
+    let page = PageParams { limit, cursor };
+    let limit = page.limit()?;
+    let before = page.after::<KeysetKey>(CHATS_CURSOR)?.map(|k| k.0);
     let only = principal.only_chats_of();
-    match bounded(state.store.chats(
-        principal.team,
-        agent,
-        only,
-        principal.scope == Scope::Admin,
-        before,
-        limit + 1,
-    ))
-    .await
-    {
+    let admin = principal.scope == Scope::Admin;
+    let listed = match q.as_deref().map(str::trim) {
+        Some(q) if q.is_empty() || q.chars().count() > MAX_CHAT_QUERY => {
+            return Err(ApiError::InvalidRequest(format!(
+                "q must have 1 to {MAX_CHAT_QUERY} characters"
+            )));
+        }
+        Some(q) => {
+            let of = only.map_or(ChatsOf::Anyone, ChatsOf::User);
+            bounded(state.store.search_chats(
+                principal.team,
+                agent,
+                of,
+                admin,
+                q,
+                before,
+                limit + 1,
+            ))
+            .await
+            .map(|hits| {
+                hits.into_iter()
+                    .map(|hit| ListedChat {
+                        chat: hit.chat,
+                        snippet: Some(hit.snippet),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        }
+        None => bounded(
+            state
+                .store
+                .chats(principal.team, agent, only, admin, before, limit + 1),
+        )
+        .await
+        .map(|rows| {
+            rows.into_iter()
+                .map(|chat| ListedChat {
+                    chat,
+                    snippet: None,
+                })
+                .collect()
+        }),
+    };
+    match listed {
         Ok(rows) => {
             let (chats, next_cursor) = paging::page(rows, limit, CHATS_CURSOR, |c| {
-                KeysetKey::of(c.created_at, c.id.0)
+                KeysetKey::of(c.chat.created_at, c.chat.id.0)
             });
             Ok(Json(Chats { chats, next_cursor }))
         }

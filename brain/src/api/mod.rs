@@ -21,6 +21,7 @@ mod issuers;
 mod keys;
 mod limit;
 mod mcp;
+mod memories;
 mod models;
 mod oauth;
 mod openai;
@@ -105,6 +106,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
         .routes(routes!(chats::list, chats::create))
+        .routes(routes!(memories::list))
+        .routes(routes!(memories::update, memories::delete))
         .routes(routes!(erasure::erase_chat, chats::rename))
         .routes(routes!(erasure::erase_user))
         .routes(routes!(agents::sessions))

@@ -716,6 +716,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 disconnect_policy: Default::default(),
                 auxiliary_models: Default::default(),
                 stream_reasoning: false,
+                memory_recall: Default::default(),
             },
             &store::Actor::operator(None),
         )

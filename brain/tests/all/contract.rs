@@ -313,6 +313,15 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .await
         .unwrap();
     let flow = engine::connectors::authorization::handle_of_state(&state);
+    // A memory of the agent's (M4): the turn's `memory_write` waits for its approval.
+    let memory = uuid::Uuid::now_v7();
+    sqlx::query("INSERT INTO memories (id, team_id, agent_id, content) VALUES ($1, $2, $3, 'x')")
+        .bind(memory)
+        .bind(team.parse::<uuid::Uuid>().unwrap())
+        .bind(agent.parse::<uuid::Uuid>().unwrap())
+        .execute(app.store.pool())
+        .await
+        .unwrap();
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
@@ -323,6 +332,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("flow", flow),
         ("issuer_id", issuer),
         ("key_id", key_id),
+        ("memory_id", memory.to_string()),
         ("provider_id", provider),
         ("secret_name", "THEIRS".to_owned()),
         ("team_id", team),

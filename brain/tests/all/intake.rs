@@ -40,6 +40,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         disconnect_policy: Default::default(),
         auxiliary_models: Default::default(),
         stream_reasoning: false,
+        memory_recall: Default::default(),
     };
     let mut chats = Vec::new();
     for _ in 0..n {

@@ -36,6 +36,7 @@ mod issuers;
 mod kept;
 mod mcp_conformance;
 mod mcp_server;
+mod memories;
 mod metrics;
 mod models;
 mod oauth_client;

@@ -429,7 +429,7 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
 }
 
 /// A brain taking EdDSA user tokens signed with the fixture key.
-async fn app_with_users() -> TestApp {
+pub(crate) async fn app_with_users() -> TestApp {
     use crate::auth::jwt;
     let config = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
@@ -445,7 +445,7 @@ async fn app_with_users() -> TestApp {
 }
 
 /// A token of the app's team for end user `user`.
-fn user_token(app: &TestApp, user: &str) -> String {
+pub(crate) fn user_token(app: &TestApp, user: &str) -> String {
     use crate::auth::jwt;
     jwt::sign(
         &jwt::ed(),
@@ -456,7 +456,7 @@ fn user_token(app: &TestApp, user: &str) -> String {
 }
 
 /// A chat of `agent` opened by `bearer`.
-async fn chat_as(app: &TestApp, bearer: &str, agent: &str) -> String {
+pub(crate) async fn chat_as(app: &TestApp, bearer: &str, agent: &str) -> String {
     let response = app
         .http
         .post(format!("{}/v1/agents/{agent}/chats", app.url))
@@ -471,7 +471,13 @@ async fn chat_as(app: &TestApp, bearer: &str, agent: &str) -> String {
 }
 
 /// One turn as `bearer` in which the model makes `tool` with `args`: the call's output.
-async fn tool_turn(app: &TestApp, bearer: &str, chat: &str, tool: &str, args: Value) -> String {
+pub(crate) async fn tool_turn(
+    app: &TestApp,
+    bearer: &str,
+    chat: &str,
+    tool: &str,
+    args: Value,
+) -> String {
     app.provider.push(calls(vec![call("c", tool, args)]));
     app.provider.push(text("Done."));
     let chunks = send_as(app, bearer, chat, "go").await;

@@ -382,6 +382,8 @@ impl Tool for AgentUpdate {
                 // Which models the agent's auxiliary calls bill is the API's to set.
                 auxiliary_models: None,
                 stream_reasoning: args.stream_reasoning,
+                // Whether turns recall memories is the API's to set.
+                memory_recall: None,
             };
             let update = match apply_change(
                 &current,

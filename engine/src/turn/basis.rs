@@ -321,6 +321,7 @@ mod tests {
             busy_policy: Default::default(),
             auxiliary_models: Default::default(),
             stream_reasoning: false,
+            memory_recall: Default::default(),
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {

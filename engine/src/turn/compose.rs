@@ -15,6 +15,7 @@ use super::context::{self, Fold};
 use super::history::{Counted, HistoryRow, model_messages};
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
+use super::{Composition, Launch, Launched, Trigger, TurnError, recall, replay};
 use crate::Engine;
 use crate::connectors;
 use crate::tools::Toolset;
@@ -285,10 +286,14 @@ pub(super) async fn first_request(
     } else {
         Files::default()
     };
+    let mut messages = model_messages(window, &files);
+    if let Some(recalled) = recall::recalled(state, basis, window).await {
+        recall::place(&mut messages, recalled);
+    }
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
-        messages: model_messages(window, &files),
+        messages,
         tools: catalog,
         max_output_tokens,
     };

@@ -54,6 +54,7 @@ mod offered;
 mod output;
 pub mod post;
 mod queue;
+mod recall;
 mod replay;
 mod spans;
 mod speculation;
