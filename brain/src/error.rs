@@ -20,6 +20,7 @@ use engine::auth::AuthError;
 use engine::erasure::EraseError;
 use engine::files::FileError;
 use engine::intake::Overloaded;
+use engine::knowledge::KnowledgeError;
 use engine::quota::Refusal;
 use engine::sessions::SnapshotError;
 use engine::turn::TurnError;
@@ -62,6 +63,12 @@ pub enum ApiError {
     /// T22: the team's files past `BRAIN_FILE_QUOTA_BYTES`.
     #[error("the team's stored files would pass their quota of {0} bytes")]
     FileQuotaExceeded(u64),
+    /// B3: the team's knowledge documents past `BRAIN_KNOWLEDGE_QUOTA_BYTES`.
+    #[error("the team's knowledge documents would pass their quota of {0} bytes")]
+    KnowledgeQuotaExceeded(u64),
+    /// B3: the team's knowledge bases or documents at their bound; the message says which.
+    #[error("{0}")]
+    KnowledgeLimitReached(String),
     /// T26: a signed file URL that expired or whose signature is not the file's.
     #[error(transparent)]
     FileUrlRefused(#[from] engine::files::UrlRefused),
@@ -283,6 +290,20 @@ impl From<FileError> for ApiError {
     }
 }
 
+impl From<KnowledgeError> for ApiError {
+    fn from(err: KnowledgeError) -> Self {
+        match err {
+            KnowledgeError::NotFound => Self::NotFound("knowledge base or document"),
+            KnowledgeError::Invalid(problem) => Self::InvalidRequest(problem),
+            KnowledgeError::TooLarge { limit } => Self::FileTooLarge(limit),
+            KnowledgeError::QuotaExceeded { quota } => Self::KnowledgeQuotaExceeded(quota),
+            e @ KnowledgeError::LimitReached { .. } => Self::KnowledgeLimitReached(e.to_string()),
+            KnowledgeError::Storage(e) => e.into(),
+            KnowledgeError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl ApiError {
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -298,6 +319,8 @@ impl ApiError {
             Self::FileTooLarge(_) => ErrorCode::FileTooLarge,
             Self::MessageFilesTooLarge(_) => ErrorCode::MessageFilesTooLarge,
             Self::FileQuotaExceeded(_) => ErrorCode::FileQuotaExceeded,
+            Self::KnowledgeQuotaExceeded(_) => ErrorCode::KnowledgeQuotaExceeded,
+            Self::KnowledgeLimitReached(_) => ErrorCode::KnowledgeLimitReached,
             Self::FileUrlRefused(_) => ErrorCode::InvalidFileUrl,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
@@ -340,7 +363,8 @@ impl ApiError {
             ErrorCode::PayloadTooLarge
             | ErrorCode::FileTooLarge
             | ErrorCode::MessageFilesTooLarge
-            | ErrorCode::FileQuotaExceeded => StatusCode::PAYLOAD_TOO_LARGE,
+            | ErrorCode::FileQuotaExceeded
+            | ErrorCode::KnowledgeQuotaExceeded => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::AgentBusy
             | ErrorCode::TurnInProgress
             | ErrorCode::Conflict
@@ -351,7 +375,8 @@ impl ApiError {
             | ErrorCode::TooManyObservers
             | ErrorCode::TooManySessions
             | ErrorCode::QueueFull
-            | ErrorCode::PushBacklogFull => StatusCode::TOO_MANY_REQUESTS,
+            | ErrorCode::PushBacklogFull
+            | ErrorCode::KnowledgeLimitReached => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable
             | ErrorCode::StoreUnavailable

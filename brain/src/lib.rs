@@ -32,7 +32,7 @@ use std::ops::Deref;
 use axum::serve::ListenerExt;
 use engine::Engine;
 use engine::config::Config;
-use engine::{audit, erasure, lease, retention, scheduler, sessions, turn, webhooks};
+use engine::{audit, erasure, knowledge, lease, retention, scheduler, sessions, turn, webhooks};
 use store::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -174,6 +174,12 @@ fn start_background(state: &AppState, stopped: &CancellationToken) {
         turn::run_queue(state.engine.clone(), state.draining.clone()),
     );
     tasks.spawn("key_watch", state.auth.keys.clone().watch(stopped.clone()));
+    // Documents are indexed until the drain begins; a claim cut off by the exit lapses and
+    // another replica indexes the document (B3).
+    tasks.spawn(
+        "knowledge_indexer",
+        knowledge::index::run(state.engine.clone(), state.draining.clone()),
+    );
     // Stopped after the drain, so the chunks of the last turns are still published.
     tasks.spawn(
         "events_publisher",

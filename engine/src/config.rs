@@ -73,6 +73,8 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// The bounds of files attached to chats (T22).
     pub files: FilesConfig,
+    /// A team's knowledge bases and their indexing (B3, B4).
+    pub knowledge: KnowledgeConfig,
     /// The most tokens of recalled memories a turn's first request carries (M3,
     /// `BRAIN_MEMORY_RECALL_TOKENS`); `0` recalls nothing.
     pub memory_recall_tokens: usize,
@@ -476,6 +478,46 @@ impl FilesConfig {
     }
 }
 
+/// The bounds of a team's knowledge (B3, B4): each refused past its bound, nothing stored.
+#[derive(Clone, Copy, Debug)]
+pub struct KnowledgeConfig {
+    /// The largest document (`BRAIN_KNOWLEDGE_MAX_FILE_BYTES`).
+    pub max_file_bytes: usize,
+    /// The most bytes a team's documents hold (`BRAIN_KNOWLEDGE_QUOTA_BYTES`).
+    pub quota_bytes: u64,
+    /// The most documents a team holds (`BRAIN_KNOWLEDGE_MAX_DOCUMENTS`).
+    pub max_documents: u32,
+    /// The most passages a team's documents are cut into (`BRAIN_KNOWLEDGE_MAX_CHUNKS`).
+    pub max_chunks: u32,
+    /// The most knowledge bases a team holds (`BRAIN_KNOWLEDGE_MAX_BASES`).
+    pub max_bases: u32,
+    /// The documents this replica indexes at once (`BRAIN_KNOWLEDGE_INDEXERS`); `0`: none.
+    pub indexers: usize,
+    /// The longest one document's indexing may take (`BRAIN_KNOWLEDGE_INDEX_TIMEOUT_MS`).
+    pub index_timeout: Duration,
+}
+
+impl KnowledgeConfig {
+    fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_file_bytes: ranged(env, "BRAIN_KNOWLEDGE_MAX_FILE_BYTES", 20 << 20, 1, 1 << 30)?,
+            quota_bytes: ranged(env, "BRAIN_KNOWLEDGE_QUOTA_BYTES", 1 << 30, 0, 1 << 50)?,
+            max_documents: ranged(env, "BRAIN_KNOWLEDGE_MAX_DOCUMENTS", 10_000, 0, 10_000_000)?,
+            max_chunks: ranged(env, "BRAIN_KNOWLEDGE_MAX_CHUNKS", 200_000, 0, 100_000_000)?,
+            max_bases: ranged(env, "BRAIN_KNOWLEDGE_MAX_BASES", 100, 0, 100_000)?,
+            indexers: ranged(env, "BRAIN_KNOWLEDGE_INDEXERS", 2, 0, 64)?,
+            index_timeout: ranged(
+                env,
+                "BRAIN_KNOWLEDGE_INDEX_TIMEOUT_MS",
+                120_000,
+                1,
+                86_400_000,
+            )
+            .map(Duration::from_millis)?,
+        })
+    }
+}
+
 /// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
 #[derive(Clone, Debug)]
 pub enum ArtifactBackend {
@@ -700,6 +742,7 @@ impl Config {
             secrets_key: secrets_key(env)?,
             artifacts: artifacts(env)?,
             files: FilesConfig::from_env(env)?,
+            knowledge: KnowledgeConfig::from_env(env)?,
             memory_recall_tokens: ranged(env, "BRAIN_MEMORY_RECALL_TOKENS", 1_000, 0, 100_000)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,

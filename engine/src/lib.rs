@@ -44,6 +44,8 @@
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `files/`: files attached to chats, their media type sniffed from the bytes, images
 //!   cleaned of metadata and bounded, the limits (T21, T22);
+//! - `knowledge/`: knowledge bases: documents indexed in the background by any replica,
+//!   cut into passages by structure and searched with Postgres full-text search (B3, B4);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
@@ -67,6 +69,7 @@ pub mod events;
 pub mod files;
 pub mod hold;
 pub mod intake;
+pub mod knowledge;
 pub mod lease;
 pub mod liveness;
 pub mod memories;
@@ -158,6 +161,8 @@ pub struct Engine {
     pub oauth: connectors::authorization::OAuth,
     /// Wakes this replica's team erasures (L2).
     pub team_erasures: erasure::TeamErasures,
+    /// Wakes this replica's knowledge indexer: a document was queued here (B3).
+    pub knowledge_jobs: Arc<tokio::sync::Notify>,
     /// Signs and checks the download URLs of chat files handed to clients (T26).
     pub file_urls: files::FileUrls,
 }
@@ -264,6 +269,7 @@ impl Engine {
             toolsets: turn::Toolsets::default(),
             oauth,
             team_erasures: erasure::TeamErasures::default(),
+            knowledge_jobs: Arc::default(),
             file_urls,
         })
     }

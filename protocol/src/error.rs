@@ -120,6 +120,12 @@ pub enum ErrorCode {
     /// The team's stored chat files would pass its quota (`BRAIN_FILE_QUOTA_BYTES`, T22);
     /// nothing was stored. Erasing chats frees it.
     FileQuotaExceeded,
+    /// The team's knowledge documents would hold more bytes than
+    /// `BRAIN_KNOWLEDGE_QUOTA_BYTES` (B3); nothing was stored. Deleting documents frees it.
+    KnowledgeQuotaExceeded,
+    /// The team has as many knowledge bases (`BRAIN_KNOWLEDGE_MAX_BASES`) or documents
+    /// (`BRAIN_KNOWLEDGE_MAX_DOCUMENTS`) as it may (B3); nothing was stored.
+    KnowledgeLimitReached,
     /// A signed file URL (`/v1/files/{id}?exp=…&sig=…`, T26) has expired, or its signature
     /// is not that file's; read the transcript again for fresh URLs, or send the bearer.
     InvalidFileUrl,
@@ -168,6 +174,8 @@ impl ErrorCode {
             Self::FileTooLarge => "file_too_large",
             Self::MessageFilesTooLarge => "message_files_too_large",
             Self::FileQuotaExceeded => "file_quota_exceeded",
+            Self::KnowledgeQuotaExceeded => "knowledge_quota_exceeded",
+            Self::KnowledgeLimitReached => "knowledge_limit_reached",
             Self::InvalidFileUrl => "invalid_file_url",
         }
     }
@@ -267,6 +275,8 @@ mod tests {
             ErrorCode::FileTooLarge,
             ErrorCode::MessageFilesTooLarge,
             ErrorCode::FileQuotaExceeded,
+            ErrorCode::KnowledgeQuotaExceeded,
+            ErrorCode::KnowledgeLimitReached,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -331,6 +331,7 @@ impl Store {
             "oauth_flows",
             "connector_grants",
             "audit_log",
+            "knowledge_bases",
         ] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE team_id = $1"

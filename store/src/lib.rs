@@ -20,6 +20,7 @@ mod connectors;
 mod cron;
 mod erasure;
 mod issuers;
+mod knowledge;
 mod memories;
 mod oauth;
 mod pool;
@@ -64,6 +65,10 @@ pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
 pub use issuers::{IssuerRow, MAX_ISSUERS};
+pub use knowledge::{
+    ClaimedJob, DocumentInsert, DocumentLimits, DocumentRow, DocumentStatus, JobEnd,
+    KnowledgeBaseRow, NewChunk, NewDocument, Passage,
+};
 pub use memories::{CallKey, MemoryRow, MemoryScope};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;

@@ -76,7 +76,7 @@ impl ChatFile {
 }
 
 /// The form of an upload, in the contract: one field, `file`.
-enum UploadForm {}
+pub(super) enum UploadForm {}
 
 impl utoipa::PartialSchema for UploadForm {
     fn schema() -> RefOr<Schema> {
@@ -137,7 +137,7 @@ pub async fn upload(
     principal.check_chat(&state.store, chat).await?;
     // Held while the body is read and stored (T27): a replica takes so many at once.
     let _slot = files::upload_slot(&state, principal.team)?;
-    let (filename, bytes) = read_form(&state, &headers, body).await?;
+    let (filename, bytes) = read_form(&headers, body, state.config.files.max_file_bytes).await?;
     match files::save(&state, principal.team, chat, &filename, bytes).await {
         Ok(row) => Ok((
             StatusCode::CREATED,
@@ -148,13 +148,13 @@ pub async fn upload(
     }
 }
 
-/// The `file` field of a multipart body: its file name and bytes.
-async fn read_form(
-    state: &AppState,
+/// The `file` field of a multipart body of at most `max_file` bytes: its file name and
+/// bytes.
+pub(super) async fn read_form(
     headers: &HeaderMap,
     body: Body,
+    max_file: usize,
 ) -> Result<(String, Bytes), ApiError> {
-    let max_file = state.config.files.max_file_bytes;
     let boundary = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -19,6 +19,7 @@ mod files;
 mod health;
 mod issuers;
 mod keys;
+mod knowledge;
 mod limit;
 mod mcp;
 mod memories;
@@ -128,6 +129,15 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(issuers::list, issuers::create))
         .routes(routes!(issuers::get, issuers::delete))
         .routes(routes!(keys::list, keys::create))
+        .routes(routes!(knowledge::list, knowledge::create))
+        .routes(routes!(
+            knowledge::get,
+            knowledge::update,
+            knowledge::delete
+        ))
+        .routes(routes!(knowledge::documents, knowledge::upload))
+        .routes(routes!(knowledge::document, knowledge::delete_document))
+        .routes(routes!(knowledge::search))
         .routes(routes!(providers::list, providers::create))
         .routes(routes!(
             providers::get,

@@ -34,6 +34,7 @@ mod hold_turns;
 mod intake;
 mod issuers;
 mod kept;
+mod knowledge;
 mod mcp_conformance;
 mod mcp_server;
 mod memories;

@@ -216,7 +216,7 @@ async fn prepare(
 
 /// The last path segment of `name`, without control characters, cut to 255 bytes on a
 /// character boundary; `file` when nothing is left.
-fn clean_filename(name: &str) -> String {
+pub(crate) fn clean_filename(name: &str) -> String {
     let base = name.rsplit(['/', '\\']).next().unwrap_or("");
     let mut clean = String::with_capacity(base.len().min(MAX_FILENAME_BYTES));
     for c in base.trim().chars().filter(|c| !c.is_control()) {

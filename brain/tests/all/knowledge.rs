@@ -1,0 +1,401 @@
+//! Knowledge bases (B3, B4): real Markdown, text, CSV and JSON files indexed in the
+//! background and searched with Postgres full-text search; a corrupt PDF failing alone
+//! with its reason; deletion (a deleted document is in no answer); two teams (nothing
+//! crosses); the per-team limits and their codes; and a replica killed mid-indexing (its
+//! claim lapses and another replica indexes the document).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use reqwest::Response;
+use serde_json::{Value, json};
+
+use crate::common::{TestApp, error_code};
+
+const HANDBOOK: &[u8] = include_bytes!("fixtures/knowledge/handbook.md");
+const FAQ: &[u8] = include_bytes!("fixtures/knowledge/faq.txt");
+const CITIES: &[u8] = include_bytes!("fixtures/knowledge/cities.csv");
+const SETTINGS: &[u8] = include_bytes!("fixtures/knowledge/settings.json");
+const BROKEN_PDF: &[u8] = include_bytes!("fixtures/knowledge/broken.pdf");
+
+/// Indexing is the background's work; on a loaded machine it may take a few seconds.
+const INDEXED_WITHIN: Duration = Duration::from_secs(20);
+
+async fn create_base_as(app: &TestApp, bearer: &str, name: &str) -> Response {
+    app.http
+        .post(format!("{}/v1/knowledge", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"name": name, "description": "what we know"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn create_base(app: &TestApp, bearer: &str, name: &str) -> String {
+    let created = create_base_as(app, bearer, name).await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    created["id"].as_str().unwrap().to_owned()
+}
+
+/// `POST /v1/knowledge/{base}/documents` as `bearer`, a multipart form written by hand.
+async fn upload_as(
+    app: &TestApp,
+    bearer: &str,
+    base: &str,
+    filename: &str,
+    bytes: &[u8],
+) -> Response {
+    let boundary = "----knowledge-boundary-91c2";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{filename}\"\r\n\
+         Content-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    app.http
+        .post(format!("{}/v1/knowledge/{base}/documents", app.url))
+        .bearer_auth(bearer)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Uploads a document and answers its id.
+async fn upload(app: &TestApp, bearer: &str, base: &str, filename: &str, bytes: &[u8]) -> String {
+    let response = upload_as(app, bearer, base, filename, bytes).await;
+    assert_eq!(response.status(), 202);
+    let document: Value = response.json().await.unwrap();
+    assert_eq!(document["status"], "queued");
+    document["id"].as_str().unwrap().to_owned()
+}
+
+async fn get_as(app: &TestApp, bearer: &str, path: &str) -> Response {
+    app.http
+        .get(format!("{}{path}", app.url))
+        .bearer_auth(bearer)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn document(app: &TestApp, bearer: &str, base: &str, id: &str) -> Value {
+    let response = get_as(app, bearer, &format!("/v1/knowledge/{base}/documents/{id}")).await;
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// Waits until document `id` is indexed (`ready` or `failed`) and answers it.
+async fn settled(app: &TestApp, bearer: &str, base: &str, id: &str) -> Value {
+    let deadline = std::time::Instant::now() + INDEXED_WITHIN;
+    loop {
+        let now = document(app, bearer, base, id).await;
+        if matches!(now["status"].as_str(), Some("ready" | "failed")) {
+            return now;
+        }
+        assert!(std::time::Instant::now() < deadline, "never indexed: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn search_as(app: &TestApp, bearer: &str, base: &str, query: &str) -> Response {
+    app.http
+        .post(format!("{}/v1/knowledge/{base}/search", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"query": query, "limit": 5}))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn passages(app: &TestApp, bearer: &str, base: &str, query: &str) -> Vec<Value> {
+    let response = search_as(app, bearer, base, query).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["passages"].as_array().unwrap().clone()
+}
+
+/// Markdown, text, CSV and JSON are indexed and found, each passage with its document,
+/// title, heading path and place; a corrupt PDF fails alone with its reason; the base
+/// counts them; a deleted document is in no answer and its counts go with it.
+#[tokio::test]
+async fn documents_are_indexed_searched_and_deleted() {
+    let app = TestApp::start().await;
+    let key = app.key.clone();
+    let base = create_base(&app, &key, "Handbook").await;
+    let handbook = upload(&app, &key, &base, "handbook.md", HANDBOOK).await;
+    let faq = upload(&app, &key, &base, "faq.txt", FAQ).await;
+    let cities = upload(&app, &key, &base, "cities.csv", CITIES).await;
+    let settings = upload(&app, &key, &base, "settings.json", SETTINGS).await;
+    let broken = upload(&app, &key, &base, "broken.pdf", BROKEN_PDF).await;
+
+    let done = settled(&app, &key, &base, &handbook).await;
+    assert_eq!(done["status"], "ready", "{done}");
+    assert_eq!(done["media_type"], "text/markdown");
+    assert_eq!(done["title"], "Team Handbook");
+    assert!(done["chunks"].as_i64().unwrap() >= 4, "{done}");
+    for id in [&faq, &cities, &settings] {
+        let done = settled(&app, &key, &base, id).await;
+        assert_eq!(done["status"], "ready", "{done}");
+    }
+    let failed = settled(&app, &key, &base, &broken).await;
+    assert_eq!(failed["status"], "failed");
+    assert!(!failed["error"].as_str().unwrap().is_empty(), "{failed}");
+
+    let counts: Value = get_as(&app, &key, &format!("/v1/knowledge/{base}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counts["documents"], 5);
+    assert_eq!(counts["documents_ready"], 4);
+    assert!(counts["chunks"].as_i64().unwrap() >= 7, "{counts}");
+
+    // A Markdown passage carries its heading path; the best match is the section that
+    // says it.
+    let found = passages(&app, &key, &base, "how do I reset a forgotten password").await;
+    let best = &found[0];
+    assert_eq!(best["document_id"], handbook.as_str());
+    assert_eq!(best["filename"], "handbook.md");
+    assert_eq!(best["title"], "Team Handbook");
+    assert_eq!(best["heading"], "Team Handbook > Security > Passwords");
+    assert!(best["text"].as_str().unwrap().contains("thirty minutes"));
+    assert!(best["score"].as_f64().unwrap() > 0.0);
+    assert!(best["position"].as_i64().is_some());
+    // A code block's `#` line is no heading: the holidays section holds it.
+    let holidays = passages(&app, &key, &base, "shell comment").await;
+    assert_eq!(holidays[0]["heading"], "Team Handbook > Holidays");
+    // Text, CSV (under its header) and JSON are found too.
+    let espresso = passages(&app, &key, &base, "descaled espresso").await;
+    assert_eq!(espresso[0]["document_id"], faq.as_str());
+    let grenoble = passages(&app, &key, &base, "Grenoble").await;
+    assert_eq!(grenoble[0]["document_id"], cities.as_str());
+    assert!(
+        grenoble[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("city,office,desks")
+    );
+    let invoices = passages(&app, &key, &base, "invoices archived").await;
+    assert_eq!(invoices[0]["document_id"], settings.as_str());
+    // Nothing matches nothing.
+    assert!(passages(&app, &key, &base, "zeppelin").await.is_empty());
+
+    // Pages of documents.
+    let page: Value = get_as(
+        &app,
+        &key,
+        &format!("/v1/knowledge/{base}/documents?limit=2"),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(page["documents"].as_array().unwrap().len(), 2);
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest: Value = get_as(
+        &app,
+        &key,
+        &format!("/v1/knowledge/{base}/documents?limit=10&cursor={cursor}"),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(rest["documents"].as_array().unwrap().len(), 3);
+    assert!(rest.get("next_cursor").is_none());
+
+    // Deleted: in no answer, and out of the counts.
+    let deleted = app
+        .auth(app.http.delete(format!(
+            "{}/v1/knowledge/{base}/documents/{handbook}",
+            app.url
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert!(
+        passages(&app, &key, &base, "password")
+            .await
+            .iter()
+            .all(|p| p["document_id"] != handbook.as_str())
+    );
+    assert!(passages(&app, &key, &base, "password").await.is_empty());
+    let gone = get_as(
+        &app,
+        &key,
+        &format!("/v1/knowledge/{base}/documents/{handbook}"),
+    )
+    .await;
+    assert_eq!(gone.status(), 404);
+    let counts: Value = get_as(&app, &key, &format!("/v1/knowledge/{base}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(counts["documents"], 4);
+    assert_eq!(counts["documents_ready"], 3);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM knowledge_chunks WHERE document_id = $1::uuid")
+            .bind(&handbook)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, 0);
+
+    // The base goes with everything in it.
+    let deleted = app
+        .auth(app.http.delete(format!("{}/v1/knowledge/{base}", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let chunks: i64 = sqlx::query_scalar("SELECT count(*) FROM knowledge_chunks")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(chunks, 0);
+    assert_eq!(search_as(&app, &key, &base, "espresso").await.status(), 404);
+}
+
+/// Another team sees nothing of a team's knowledge: its bases, documents and search are
+/// `404`, and its own search answers only its own passages.
+#[tokio::test]
+async fn nothing_crosses_teams() {
+    let app = TestApp::start().await;
+    let ours = create_base(&app, &app.key, "Ours").await;
+    let doc = upload(&app, &app.key, &ours, "faq.txt", FAQ).await;
+    settled(&app, &app.key, &ours, &doc).await;
+    let other = app.store.create_team("other team").await.unwrap().api_key;
+    let theirs = create_base(&app, &other, "Theirs").await;
+    let their_doc = upload(&app, &other, &theirs, "handbook.md", HANDBOOK).await;
+    settled(&app, &other, &theirs, &their_doc).await;
+
+    for path in [
+        format!("/v1/knowledge/{ours}"),
+        format!("/v1/knowledge/{ours}/documents"),
+        format!("/v1/knowledge/{ours}/documents/{doc}"),
+    ] {
+        let (status, code) = error_code(get_as(&app, &other, &path).await).await;
+        assert_eq!((status, code.as_str()), (404, "not_found"), "{path}");
+    }
+    let (status, _) = error_code(search_as(&app, &other, &ours, "espresso").await).await;
+    assert_eq!(status, 404);
+    let (status, _) = error_code(upload_as(&app, &other, &ours, "faq.txt", FAQ).await).await;
+    assert_eq!(status, 404);
+    let listed: Value = get_as(&app, &other, "/v1/knowledge")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["knowledge_bases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [theirs.as_str()]);
+    assert!(passages(&app, &other, &theirs, "espresso").await.is_empty());
+    assert!(!passages(&app, &app.key, &ours, "espresso").await.is_empty());
+}
+
+/// Each team bound refuses with its stable code and stores nothing; a document whose
+/// passages would pass the team's chunks fails with that reason.
+#[tokio::test]
+async fn limits_refuse_with_stable_codes() {
+    let app = TestApp::start_with(|c| {
+        c.knowledge.max_bases = 1;
+        c.knowledge.max_documents = 2;
+        c.knowledge.max_file_bytes = 1000;
+        c.knowledge.quota_bytes = 1200;
+        c.knowledge.max_chunks = 3;
+    })
+    .await;
+    let base = create_base(&app, &app.key, "One").await;
+    let (status, code) = error_code(create_base_as(&app, &app.key, "Two").await).await;
+    assert_eq!((status, code.as_str()), (429, "knowledge_limit_reached"));
+
+    let big = "word ".repeat(300);
+    let (status, code) =
+        error_code(upload_as(&app, &app.key, &base, "big.txt", big.as_bytes()).await).await;
+    assert_eq!((status, code.as_str()), (413, "file_too_large"));
+    let (status, code) =
+        error_code(upload_as(&app, &app.key, &base, "photo.png", b"\x89PNG\r\n\x1a\n....").await)
+            .await;
+    assert_eq!((status, code.as_str()), (400, "invalid_request"));
+
+    let handbook = upload(&app, &app.key, &base, "handbook.md", HANDBOOK).await;
+    let failed = settled(&app, &app.key, &base, &handbook).await;
+    assert_eq!(failed["status"], "failed");
+    assert!(
+        failed["error"].as_str().unwrap().contains("3 chunks"),
+        "{failed}"
+    );
+    let (status, code) =
+        error_code(upload_as(&app, &app.key, &base, "faq2.txt", &[FAQ, FAQ].concat()).await).await;
+    assert_eq!((status, code.as_str()), (413, "knowledge_quota_exceeded"));
+    upload(&app, &app.key, &base, "cities.csv", CITIES).await;
+    let (status, code) =
+        error_code(upload_as(&app, &app.key, &base, "settings.json", SETTINGS).await).await;
+    assert_eq!((status, code.as_str()), (429, "knowledge_limit_reached"));
+    let documents: i64 = sqlx::query_scalar("SELECT count(*) FROM knowledge_documents")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(documents, 2);
+}
+
+/// A replica that claimed a document and died mid-indexing leaves its claim to lapse;
+/// another replica claims the job again and indexes it, and the dead claim's late write
+/// is refused.
+#[tokio::test]
+async fn a_job_whose_replica_died_is_indexed_by_another() {
+    // This replica indexes nothing: the job stays queued until someone claims it.
+    let app = TestApp::start_with(|c| c.knowledge.indexers = 0).await;
+    let base = create_base(&app, &app.key, "Handbook").await;
+    let id = upload(&app, &app.key, &base, "handbook.md", HANDBOOK).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        document(&app, &app.key, &base, &id).await["status"],
+        "queued"
+    );
+
+    // The replica that dies: it claims the job and never ends it.
+    let dead = app
+        .store
+        .claim_knowledge_jobs(10, Duration::from_millis(500), 3)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        document(&app, &app.key, &base, &id).await["status"],
+        "indexing"
+    );
+
+    let (_, _survivor) = app.second_replica_with(|c| c.knowledge.indexers = 2).await;
+    let done = settled(&app, &app.key, &base, &id).await;
+    assert_eq!(done["status"], "ready", "{done}");
+    let attempts: i32 =
+        sqlx::query_scalar("SELECT attempts FROM knowledge_documents WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(attempts, 2);
+    // The dead replica's write, had it come back, is fenced off.
+    let late = app
+        .store
+        .finish_knowledge_job(&dead[0], None, &[], 1000)
+        .await
+        .unwrap();
+    assert_eq!(late, store::JobEnd::Lost);
+    assert!(!passages(&app, &app.key, &base, "password").await.is_empty());
+}
