@@ -15,6 +15,7 @@ import {
   type WhoAmI,
 } from "./api";
 import { ChatView } from "./Chat";
+import { MemoriesPanel } from "./memories";
 
 const PROFILES = ["none", "light", "browser", "heavy", "warm"];
 
@@ -395,6 +396,7 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
                 ),
               )}
             </ul>
+            <MemoriesPanel api={api} agentId={agent.id} />
           </>
         )}
       </nav>

@@ -31,6 +31,15 @@ export interface Chat {
   created_at: string;
 }
 
+/** A note the agent keeps across chats (M4): `user_id` is whose it is, `null` the agent's own. */
+export interface Memory {
+  id: string;
+  content: string;
+  user_id: string | null;
+  chat_id: string | null;
+  created_at: string;
+}
+
 /** The longest title a person may give a chat (`PATCH /v1/chats/{id}`). */
 export const MAX_TITLE_CHARS = 80;
 
@@ -295,6 +304,16 @@ export class Api {
       background: true,
       if_busy: "interrupt",
     });
+  }
+
+  /** What the agent remembers that this key or token may see (an end user: their own). */
+  async memories(agentId: string): Promise<Memory[]> {
+    return (await this.request<{ memories: Memory[] }>("GET", `/v1/agents/${agentId}/memories?limit=200`))
+      .memories;
+  }
+
+  deleteMemory(memoryId: string): Promise<void> {
+    return this.request("DELETE", `/v1/memories/${memoryId}`);
   }
 
   /** Erases the chat (L2): its messages, files and worker go for good. */
