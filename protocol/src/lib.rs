@@ -14,6 +14,7 @@ pub mod parts;
 pub mod profile;
 pub mod snapshot;
 pub mod ui;
+pub mod uploads;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail, QuotaScope};
 pub use ids::{AgentId, ChatId, MessageId, ReplicaId, SessionId, TeamId, TurnId};

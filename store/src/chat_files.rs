@@ -121,6 +121,28 @@ impl Store {
         file_from_row(&row)
     }
 
+    /// The first `limit` files of the team's `chat`, oldest first (ties by id): the order
+    /// that names them in a workspace (T25), so a file's name depends only on the files
+    /// before it.
+    pub async fn chat_files_of(
+        &self,
+        team: TeamId,
+        chat: ChatId,
+        limit: i64,
+    ) -> Result<Vec<ChatFileRow>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM chat_files WHERE team_id = $1 AND chat_id = $2 \
+             ORDER BY created_at, id LIMIT $3"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(chat.0)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(file_from_row).collect()
+    }
+
     /// Deletes the team's chat file `id` (its bytes are queued in `blob_garbage` by the
     /// trigger) and answers its storage key; `None` when there was none.
     pub async fn delete_chat_file(

@@ -382,7 +382,7 @@ pub fn brain_url(connect_url: &str, path: &str) -> String {
     format!("{base}{path}")
 }
 
-fn client() -> Result<reqwest::Client, SnapshotError> {
+pub(crate) fn client() -> Result<reqwest::Client, SnapshotError> {
     reqwest::Client::builder()
         .connect_timeout(CONNECT_BOUND)
         .timeout(TRANSFER_BOUND)

@@ -7,9 +7,9 @@
 //! guessing credentials is limited too. Exempt, and why:
 //! - the probes (`/healthz`, `/readyz`): the kubelet must always get the replica's answer,
 //!   and `/readyz` answers from a check of the last second anyway;
-//! - the worker routes (the dial and its snapshots): workers are the deployment's own,
-//!   a fleet of them redials at once after a replica restarts, their token is checked
-//!   without a store, and snapshot uploads have their own slots;
+//! - the worker routes (the dial, its snapshots, the chat's files): workers are the
+//!   deployment's own, a fleet of them redials at once after a replica restarts, their
+//!   token is checked without a store, and snapshot uploads have their own slots;
 //! - the team API with the operator's token: the operator must be able to disable a
 //!   flooding team while it floods. A wrong token there counts against its address.
 
@@ -90,6 +90,7 @@ fn exempt(route: &str) -> bool {
             protocol::channel::CONNECT_PATH,
             protocol::snapshot::SNAPSHOT_PATH,
             protocol::snapshot::SNAPSHOT_SKIPPED_PATH,
+            protocol::uploads::UPLOAD_PATH,
         ]
         .contains(&route)
 }

@@ -181,6 +181,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))
+        .routes(routes!(worker::get_file))
         // MCP (P2): the same credentials as `/v1`, described by MCP itself.
         .routes(routes!(mcp::post, mcp::delete, mcp::get))
         .routes(routes!(health::healthz))

@@ -97,7 +97,7 @@ pub(super) fn base() -> Document {
 }
 
 /// The whole contract: the routes' operations on [`base`], each `/v1`, AG-UI and `/mcp` operation but the
-/// worker's (its upgrade and its snapshots, on the session token) and the OAuth callback's (whose `state` is its credential) made to
+/// worker's (its upgrade, its snapshots and its chat's files, on the session token) and the OAuth callback's (whose `state` is its credential) made to
 /// require the team key (the operator's token for the team API) and to answer its failures.
 pub fn document() -> Document {
     let mut doc = super::routes().into_openapi();
@@ -109,6 +109,7 @@ pub fn document() -> Document {
             || path == "/mcp")
             || path == protocol::channel::CONNECT_PATH
             || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
+            || path == protocol::uploads::UPLOAD_PATH
             || path.starts_with(OAUTH_PUBLIC)
         {
             continue;

@@ -1,10 +1,11 @@
-//! The routes workers call (SPEC W3, W10): the channel's WebSocket upgrade and the
-//! workspace snapshot's upload, skip and download. They authenticate with the worker's
-//! session token (the upgrade also with a pool token), never a team key; what follows is
-//! `engine::sessions`' (`connect.rs`, `snapshot.rs`).
+//! The routes workers call (SPEC W3, W10, T25): the channel's WebSocket upgrade, the
+//! workspace snapshot's upload, skip and download, and the chat's files. They authenticate
+//! with the worker's session token (the upgrade also with a pool token), never a team key;
+//! what follows is `engine::sessions`' (`connect.rs`, `snapshot.rs`) and
+//! `engine::files::workspace`.
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::SessionId;
@@ -195,5 +196,43 @@ pub async fn get_snapshot(
     );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
     h.insert(UNPACKED_BYTES_HEADER, HeaderValue::from(unpacked_bytes));
+    Ok(response)
+}
+
+/// A file of the session's chat, which the worker places under `uploads/` (T25).
+#[utoipa::path(
+    get,
+    path = protocol::uploads::UPLOAD_PATH,
+    operation_id = "get_worker_file",
+    tag = "workers",
+    security(("worker_token" = [])),
+    params(("id" = String, Path, description = "The file's id.")),
+    responses(
+        (status = 200, description = "The file's bytes.",
+            content_type = "application/octet-stream"),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 404, description = "No such file of the session's chat (`not_found`).",
+            body = protocol::ErrorBody),
+        (status = 503, description = "The object storage (`storage_unavailable`) or Postgres \
+            (`store_unavailable`) is unavailable.", body = protocol::ErrorBody),
+    ),
+)]
+pub async fn get_file(
+    State(state): State<AppState>,
+    Path(file_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let id: uuid::Uuid = super::parse_id(&file_id, "file")?;
+    let body = engine::files::workspace::for_worker(&state, &claims, id).await?;
+    let size = body.size;
+    let mut response = Body::from_stream(body.stream).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
     Ok(response)
 }

@@ -75,7 +75,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn data_url(media_type: &str, bytes: &[u8]) -> String {
+pub(crate) fn data_url(media_type: &str, bytes: &[u8]) -> String {
     format!(
         "data:{media_type};base64,{}",
         base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -113,7 +113,13 @@ async fn upload_as(
         .unwrap()
 }
 
-async fn upload(app: &TestApp, chat: &str, filename: &str, claimed: &str, bytes: &[u8]) -> Value {
+pub(crate) async fn upload(
+    app: &TestApp,
+    chat: &str,
+    filename: &str,
+    claimed: &str,
+    bytes: &[u8],
+) -> Value {
     let response = upload_as(app, &app.key, chat, filename, claimed, bytes).await;
     assert_eq!(response.status(), 201);
     response.json().await.unwrap()
@@ -149,7 +155,7 @@ async fn file_rows(app: &TestApp) -> i64 {
 }
 
 /// An AI SDK `useChat` body: one user message of `parts`, under a new message id.
-fn ai_sdk(parts: Value) -> Value {
+pub(crate) fn ai_sdk(parts: Value) -> Value {
     json!({"id": "c", "trigger": "submit-message",
            "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": parts}]})
 }

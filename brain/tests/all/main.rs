@@ -68,3 +68,4 @@ mod web_chat;
 mod webhooks;
 mod worker_channel;
 mod workers;
+mod workspace_files;

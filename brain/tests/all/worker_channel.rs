@@ -22,7 +22,7 @@ type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// A session row in `state` for a fresh agent/chat of the app's team.
-async fn session(app: &TestApp, state: &str) -> (SessionId, AgentId) {
+pub(crate) async fn session(app: &TestApp, state: &str) -> (SessionId, AgentId) {
     session_of(app, app.team, &app.key, state).await
 }
 
@@ -68,7 +68,7 @@ fn token(app: &TestApp, session: SessionId, agent: AgentId) -> String {
     token_of(session, app.team, agent)
 }
 
-fn token_of(session: SessionId, team: TeamId, agent: AgentId) -> String {
+pub(crate) fn token_of(session: SessionId, team: TeamId, agent: AgentId) -> String {
     TokenKeys::new(test_support::SESSION_TOKEN_KEY.as_bytes())
         .unwrap()
         .mint(session, team, agent, Duration::from_secs(600))

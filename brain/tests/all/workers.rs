@@ -46,7 +46,7 @@ pub(crate) async fn system(
 }
 
 /// [`system`], with a RuntimeProfiles file (JSON) for the runtime-manager.
-async fn system_with_profiles(
+pub(crate) async fn system_with_profiles(
     idle_window_ms: u64,
     profiles: Option<Value>,
     tweak: impl FnOnce(&mut engine::config::Config),
@@ -2794,14 +2794,14 @@ async fn snapshot_row(app: &TestApp, agent: &str) -> Option<(String, i64, String
 }
 
 /// The file a stored snapshot's bytes are in (the test's local artifact directory).
-fn snapshot_blob(app: &TestApp, storage_key: &str) -> PathBuf {
+pub(crate) fn snapshot_blob(app: &TestApp, storage_key: &str) -> PathBuf {
     std::env::temp_dir()
         .join(format!("brain-test-artifacts-{}", app.db_name))
         .join(storage_key)
 }
 
 /// The snapshot outcome recorded on the agent's newest session.
-async fn newest_snapshot_state(app: &TestApp, agent: &str) -> Value {
+pub(crate) async fn newest_snapshot_state(app: &TestApp, agent: &str) -> Value {
     sessions(app, agent).await[0]["snapshot_state"].clone()
 }
 
@@ -2815,7 +2815,7 @@ async fn shell_turn(app: &TestApp, chat: &str, id: &str, command: &str) -> Strin
 }
 
 /// Waits for the agent's newest session to be `terminated`.
-async fn terminated(app: &TestApp, agent: &str, within: Duration) {
+pub(crate) async fn terminated(app: &TestApp, agent: &str, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let listed = sessions(app, agent).await;

@@ -13,17 +13,19 @@
 //! A message names a file by its download URL, [`url`]; [`read`] gives its bytes back.
 //! A client is handed that URL signed (`urls.rs`, T26), which opens the file for a while
 //! without the bearer key.
+//! `workspace`: the chat's files under `uploads/` in its worker's workspace (T25).
 //! `text`: a file's readable text, for a model that does not read its format and for
 //! indexing (T27).
 
 mod images;
 mod sniff;
-mod urls;
 pub mod text;
+mod urls;
+pub mod workspace;
 
 pub use sniff::{Sniffed, sniff};
-pub use urls::{FileUrls, UrlRefused};
 pub use text::{ExtractError, ExtractedText, extract_text};
+pub use urls::{FileUrls, UrlRefused};
 
 use std::time::Duration;
 

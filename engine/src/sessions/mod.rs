@@ -11,6 +11,8 @@
 //!   what the worker answers (W12).
 //! - `snapshot.rs`: workspace snapshots at idle teardown and their restore (W10; the
 //!   routes are `api/worker.rs`).
+//! - `uploads.rs`: the chat's files under `uploads/` in the workspace before a call runs
+//!   (T25).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -32,6 +34,7 @@ mod relay;
 mod secrets;
 mod snapshot;
 mod tool;
+mod uploads;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -199,6 +202,8 @@ pub struct Inner {
     /// gate the speculation holds until it is done: a call of that chat waits at the gate
     /// before it looks, or it would provision while the speculation still claims.
     starting: Mutex<HashMap<(AgentId, ChatId), Gate>>,
+    /// The chat's files each recent turn delivers to its worker (T25).
+    manifests: uploads::Manifests,
 }
 
 impl std::ops::Deref for Sessions {
@@ -244,6 +249,7 @@ impl Sessions {
             quotas,
             awaited: Mutex::default(),
             starting: Mutex::default(),
+            manifests: uploads::Manifests::default(),
         })))
     }
 

@@ -5,7 +5,7 @@
 //! until then a lookup skips an entry whose channel has ended, so a hit names a channel
 //! that is up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
@@ -19,6 +19,7 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 /// Where a running call's live output goes.
 struct Route {
@@ -155,6 +156,10 @@ pub struct LiveWorker {
     /// This replica closed the channel with "going away": the worker's echo of that close
     /// is not the worker leaving.
     sent_going_away: AtomicBool,
+    /// The chat's files this worker confirmed in its workspace (T25): a call whose files
+    /// are all here costs no delivery round trip. Per channel, so a re-dial or a new worker
+    /// asks again (the worker keeps what it holds).
+    pub placed: Mutex<HashSet<Uuid>>,
 }
 
 impl LiveWorker {
@@ -177,6 +182,7 @@ impl LiveWorker {
             released: CancellationToken::new(),
             token_expires: AtomicU64::new(token_expires),
             sent_going_away: AtomicBool::new(false),
+            placed: Mutex::default(),
         }
     }
 

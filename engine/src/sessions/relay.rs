@@ -39,6 +39,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use logging::traces::TraceContext;
 use protocol::ui::{UiChunk, WorkerLog};
+use protocol::uploads::Upload;
 use protocol::{AgentId, ChatId, SessionId, TeamId, TurnId};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -47,8 +48,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::call::{Failure, Files, UNREACHABLE, WorkerCall, call_worker};
+use super::uploads::{self, TurnFiles};
 use super::{SessionError, Sessions};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
+use crate::files::workspace::Manifest;
 use crate::redis::bounded;
 use crate::tools::{ToolCtx, ToolOutput};
 
@@ -110,6 +113,12 @@ struct RelayCall {
     /// (D3). Sent only when set, so a release before it still takes every other call.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     attach: bool,
+    /// The chat's files the owner delivers before the call (T25). Sent only when the chat
+    /// has any, so a release before it still takes every call of a chat without files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    uploads: Vec<Upload>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    uploads_left_out: bool,
 }
 
 /// A claim of a pooled worker another replica holds (R3): the claimer has written the
@@ -478,6 +487,15 @@ impl Sessions {
             })
         };
         let trace = TraceContext::received(call.traceparent.as_deref(), call.tracestate.as_deref());
+        let manifest = Manifest {
+            files: call.uploads,
+            left_out: call.uploads_left_out,
+        };
+        let note = if call.attach || manifest.is_empty() {
+            None
+        } else {
+            uploads::deliver(&worker, &Ok(Arc::new(manifest))).await
+        };
         let answer = call_worker(
             &worker,
             WorkerCall {
@@ -501,7 +519,8 @@ impl Sessions {
             chat: Some(call.chat),
             turn: Some(call.turn),
         };
-        Ok(files.output(&call.tool, owner, answer?).await)
+        let output = files.output(&call.tool, owner, answer?).await;
+        Ok(uploads::noted(output, note))
     }
 }
 
@@ -576,17 +595,49 @@ async fn publish(conn: &mut crate::redis::Conn, channel: &str, event: &RelayEven
     }
 }
 
-/// Runs `tool` on the worker `owner` holds, relaying its live output to the turn; with
-/// `attach`, asks only for the outcome of the call made earlier under `ctx`'s ids (D3).
+/// A call for a worker another replica holds.
+pub(super) struct Remote<'a> {
+    pub owner: &'a str,
+    pub session: SessionId,
+    pub tool: &'a str,
+    /// Asks only for the outcome of the call made earlier under the turn's ids (D3).
+    pub attach: bool,
+    /// The chat's files for the owner to deliver first (T25); `None` for an attach.
+    pub files: Option<TurnFiles>,
+}
+
+/// Runs `remote`'s tool on the worker its owner holds, relaying its live output to the
+/// turn. The chat's files go along for the owner to deliver; when they could not be
+/// listed, the result says so here.
 pub(super) async fn call_remote(
     sessions: &Sessions,
-    owner: &str,
-    session: SessionId,
-    tool: &str,
+    remote: Remote<'_>,
     arguments: serde_json::Map<String, Value>,
     ctx: &ToolCtx,
-    attach: bool,
 ) -> Result<ToolOutput, Failure> {
+    let (manifest, note) = match &remote.files {
+        Some(Ok(manifest)) => (Some(manifest.as_ref()), None),
+        Some(Err(note)) => (None, Some((*note).to_owned())),
+        None => (None, None),
+    };
+    let output = relay_call(sessions, &remote, manifest, arguments, ctx).await?;
+    Ok(uploads::noted(output, note))
+}
+
+async fn relay_call(
+    sessions: &Sessions,
+    remote: &Remote<'_>,
+    manifest: Option<&Manifest>,
+    arguments: serde_json::Map<String, Value>,
+    ctx: &ToolCtx,
+) -> Result<ToolOutput, Failure> {
+    let Remote {
+        owner,
+        session,
+        tool,
+        attach,
+        ..
+    } = *remote;
     let key = uuid::Uuid::new_v4().simple().to_string();
     let Some(pubsub) = subscribe(&sessions.redis_client, events_channel(&key)).await else {
         return Err(Failure::Unsent);
@@ -610,6 +661,8 @@ pub(super) async fn call_remote(
         traceparent,
         tracestate,
         attach,
+        uploads: manifest.map(|m| m.files.clone()).unwrap_or_default(),
+        uploads_left_out: manifest.is_some_and(|m| m.left_out),
     };
     let Ok(payload) = serde_json::to_string(&call) else {
         return Err(Failure::Other(UNREACHABLE.into()));

@@ -18,7 +18,7 @@ use futures_util::future::BoxFuture;
 use serde_json::Value;
 
 use super::call::{Failure, Files, WorkerCall, call_worker};
-use super::{SessionError, Sessions, Target, Wanted, relay};
+use super::{SessionError, Sessions, Target, Wanted, relay, uploads};
 use crate::artifacts::{ArtifactOwner, ArtifactStore};
 use crate::tools::{Tool, ToolCtx, ToolOutput};
 use channel::catalog::{WorkerToolDecl, catalog_for};
@@ -200,8 +200,18 @@ impl WorkerTool {
         arguments: serde_json::Map<String, Value>,
         attach: bool,
     ) -> Result<ToolOutput, Failure> {
+        // T25: the chat's files go first; an attach asks for a call that had them.
+        let files = if attach {
+            None
+        } else {
+            Some(self.sessions.manifest(ctx.team, ctx.chat, ctx.turn).await)
+        };
         match target {
             Target::Local { worker, .. } => {
+                let note = match &files {
+                    Some(files) => uploads::deliver(&worker, files).await,
+                    None => None,
+                };
                 // The current span is the turn's `tool_call`.
                 let trace = logging::traces::context_of(&tracing::Span::current());
                 let call = WorkerCall {
@@ -220,19 +230,18 @@ impl WorkerTool {
                     chat: Some(ctx.chat),
                     turn: Some(ctx.turn),
                 };
-                Ok(self.files.output(self.decl.name, owner, answer).await)
+                let output = self.files.output(self.decl.name, owner, answer).await;
+                Ok(uploads::noted(output, note))
             }
             Target::Remote { owner, session } => {
-                relay::call_remote(
-                    &self.sessions,
-                    &owner,
+                let remote = relay::Remote {
+                    owner: &owner,
                     session,
-                    self.decl.name,
-                    arguments,
-                    ctx,
+                    tool: self.decl.name,
                     attach,
-                )
-                .await
+                    files,
+                };
+                relay::call_remote(&self.sessions, remote, arguments, ctx).await
             }
         }
     }

@@ -11,6 +11,9 @@
 //!   longer file is cut with a note that says where, never silently;
 //! - anything else as a note naming the file.
 //!
+//! For an agent with hands, each message with files also says where they are in its
+//! worker's workspace (`uploads/<name>`, T25): the model can work on the bytes there.
+//!
 //! Files share the context budget with the text: what the window's text leaves. The newest
 //! message's files are taken first, so when the budget runs out the oldest files are the
 //! ones left out, each replaced by a note.
@@ -23,6 +26,7 @@ use providers::{Attachment, AttachmentKind};
 use store::MessageRow;
 
 use crate::Engine;
+use crate::files::workspace::Manifest;
 use crate::files::{self, FileError};
 
 /// The most bytes of one text file shown inline; past it the file is cut, with a note.
@@ -40,18 +44,30 @@ pub enum Shown {
 /// The files of a history window, by the URL their parts name them by. Empty for a
 /// history read without them (the summary's transcript): each file is then named only.
 #[derive(Debug, Default)]
-pub struct Files(HashMap<String, Shown>);
+pub struct Files {
+    shown: HashMap<String, Shown>,
+    /// For an agent with hands, where each file is in its worker's workspace (T25).
+    paths: HashMap<String, String>,
+}
 
 impl Files {
     pub fn get(&self, url: &str) -> Option<&Shown> {
-        self.0.get(url)
+        self.shown.get(url)
+    }
+
+    /// The workspace path of the file `url` names, for an agent with hands.
+    pub fn path(&self, url: &str) -> Option<&str> {
+        self.paths.get(url).map(String::as_str)
     }
 }
 
 #[cfg(test)]
 impl FromIterator<(String, Shown)> for Files {
     fn from_iter<I: IntoIterator<Item = (String, Shown)>>(iter: I) -> Self {
-        Self(iter.into_iter().collect())
+        Self {
+            shown: iter.into_iter().collect(),
+            paths: HashMap::new(),
+        }
     }
 }
 
@@ -62,13 +78,15 @@ pub fn any<'a>(mut history: impl Iterator<Item = &'a MessageRow>) -> bool {
 }
 
 /// The files of `history`'s user messages (given oldest first), read within `budget`
-/// tokens, newest first.
+/// tokens, newest first; with `workspace` (the chat's files as its worker places them,
+/// T25), where each is in the workspace.
 pub async fn load<'a>(
     state: &Engine,
     team: TeamId,
     chat: ChatId,
     history: impl DoubleEndedIterator<Item = &'a MessageRow>,
     budget: usize,
+    workspace: Option<&Manifest>,
 ) -> Files {
     let mut files = Files::default();
     let mut left = budget;
@@ -76,11 +94,15 @@ pub async fn load<'a>(
     for row in user_rows {
         for part in &row.parts {
             let Part::File(file) = part else { continue };
-            if files.0.contains_key(&file.url) {
+            if files.shown.contains_key(&file.url) {
                 continue;
             }
             let shown = show(state, team, chat, file, &mut left).await;
-            files.0.insert(file.url.clone(), shown);
+            files.shown.insert(file.url.clone(), shown);
+            let path = workspace.zip(files::id_of_url(&file.url));
+            if let Some(path) = path.and_then(|(manifest, id)| manifest.path_of(id)) {
+                files.paths.insert(file.url.clone(), path);
+            }
         }
     }
     files

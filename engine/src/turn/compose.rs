@@ -14,7 +14,6 @@ use super::basis::{Found, KeptHistory, Source};
 use super::context::{self, Fold};
 use super::history::{Counted, HistoryRow, model_messages};
 use super::offered::Offered;
-use super::{Composition, Launch, Launched, Trigger, TurnError, replay};
 use super::{Composition, Launch, Launched, Trigger, TurnError, recall, replay};
 use crate::Engine;
 use crate::connectors;
@@ -275,13 +274,20 @@ pub(super) async fn first_request(
             .saturating_sub(context::history_tokens(window));
         // Boxed: a text-only turn's future stays as small as it was.
         let rows = window.iter().map(Counted::row);
-        Box::pin(attachments::load(
-            state,
-            launch.team,
-            launch.chat,
-            rows,
-            budget,
-        ))
+        let hands = basis.agent.runtime_profile != protocol::profile::NONE;
+        Box::pin(async move {
+            // T25: where the files are in the worker's workspace, for an agent with hands.
+            let workspace = if hands {
+                state
+                    .sessions
+                    .chat_files(launch.team, launch.chat, turn)
+                    .await
+            } else {
+                None
+            };
+            let files = workspace.as_deref();
+            attachments::load(state, launch.team, launch.chat, rows, budget, files).await
+        })
         .await
     } else {
         Files::default()

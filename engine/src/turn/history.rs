@@ -149,8 +149,10 @@ pub fn model_messages(history: &[impl Counted], files: &Files) -> Vec<Message> {
 fn user_message(parts: &[Part], files: &Files) -> Option<Message> {
     let mut text = parts_text(parts);
     let mut attachments = Vec::new();
+    let mut paths = Vec::new();
     for part in parts {
         let Part::File(file) = part else { continue };
+        paths.extend(files.path(&file.url));
         let note;
         let after = match files.get(&file.url) {
             Some(Shown::Attachment(attachment)) => {
@@ -167,6 +169,15 @@ fn user_message(parts: &[Part], files: &Files) -> Option<Message> {
             text.push_str("\n\n");
         }
         text.push_str(after);
+    }
+    if !paths.is_empty() {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(&format!(
+            "[Attached files are in your workspace at {}]",
+            paths.join(", ")
+        ));
     }
     if !attachments.is_empty() {
         Some(Message::UserFiles {

@@ -28,6 +28,8 @@
 //!
 //! - `kept`: calls the brain keys outlive their channel, and their outcomes wait for
 //!   the brain to attach after a re-dial (D3).
+//! - `uploads`: the chat's files under `uploads/`, as the brain asks before a call in the
+//!   custom request `agent_runtime/uploads` (`protocol::uploads`, T25).
 
 pub mod artifact;
 #[cfg(feature = "browser")]
@@ -37,6 +39,7 @@ pub mod kept;
 pub mod output;
 pub mod paths;
 pub mod shell;
+pub mod uploads;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +54,7 @@ use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, KEPT_CALLS_CAPABILITY, TOKEN_NOTIFICATION};
 use protocol::env::{ENV_REQUEST, SessionEnv};
 use protocol::snapshot::{RESTORE_REQUEST, Restored, SNAPSHOT_NOTIFICATION, SnapshotRequest};
+use protocol::uploads::{UPLOADS_CAPABILITY, UPLOADS_REQUEST, UploadsRequest};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
@@ -89,7 +93,8 @@ struct Shared {
     kept: kept::Kept,
     /// Cancelled when the session ends: what a kept call stops with.
     session: CancellationToken,
-    /// The channel endpoint, once snapshots are enabled: uploads go beside it (W10).
+    /// The channel endpoint, once snapshots are enabled: uploads go beside it (W10), and
+    /// the chat's files come from beside it (T25).
     snapshot_brain: std::sync::OnceLock<String>,
     /// The headless browser, when the profile serves the browser tools.
     #[cfg(feature = "browser")]
@@ -233,6 +238,31 @@ impl Worker {
                 ))
             }
         }
+    }
+
+    /// Places the chat's files the brain names under `uploads/` (T25), downloading them
+    /// with the session's token; answers what it placed and what failed.
+    async fn place_uploads(&self, request: CustomRequest) -> Result<CustomResult, ErrorData> {
+        let identity = self.identity();
+        let Some(url) = self.shared.snapshot_brain.get().cloned() else {
+            return Err(ErrorData::invalid_request(
+                "the brain's address is not known",
+                None,
+            ));
+        };
+        if identity.pooled {
+            return Err(ErrorData::invalid_request("not bound to a session", None));
+        }
+        let Some(files) = request.params_as::<UploadsRequest>().ok().flatten() else {
+            return Err(ErrorData::invalid_params(
+                "expected {\"files\": [{\"id\", \"name\", \"size\"}]}",
+                None,
+            ));
+        };
+        let placed = uploads::place(&url, &identity, &self.shared.workspace, files).await;
+        Ok(CustomResult::new(
+            serde_json::to_value(placed).unwrap_or_default(),
+        ))
     }
 
     /// The same session, serving one channel: its calls stop when `calls` is cancelled.
@@ -562,9 +592,11 @@ fn usable(token: String) -> Option<Token> {
 impl ServerHandler for Worker {
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder().enable_tools().build();
-        // D3: the brain keys its calls only with a worker that keeps them.
-        let kept = [(KEPT_CALLS_CAPABILITY.to_owned(), serde_json::Map::new())];
-        capabilities.experimental = Some(kept.into_iter().collect());
+        // D3: the brain keys its calls only with a worker that keeps them; T25: it sends
+        // the chat's files only to one that places them.
+        let experimental = [KEPT_CALLS_CAPABILITY, UPLOADS_CAPABILITY]
+            .map(|name| (name.to_owned(), serde_json::Map::new()));
+        capabilities.experimental = Some(experimental.into_iter().collect());
         ServerConfig::new(capabilities).with_server_info(Implementation::new(
             "agent-runtime-worker",
             env!("CARGO_PKG_VERSION"),
@@ -660,6 +692,9 @@ impl ServerHandler for Worker {
     ) -> Result<CustomResult, ErrorData> {
         if request.method == RESTORE_REQUEST {
             return self.restore_at_bind().await;
+        }
+        if request.method == UPLOADS_REQUEST {
+            return self.place_uploads(request).await;
         }
         if request.method != ENV_REQUEST {
             return Err(ErrorData::new(
