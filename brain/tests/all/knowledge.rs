@@ -1,4 +1,4 @@
-//! Knowledge bases (B3, B4): real Markdown, text, CSV and JSON files indexed in the
+//! Knowledge bases (B3, B4): real Markdown, text, HTML, PDF, CSV and JSON files indexed in the
 //! background and searched with Postgres full-text search; a corrupt PDF failing alone
 //! with its reason; deletion (a deleted document is in no answer); two teams (nothing
 //! crosses); the per-team limits and their codes; and a replica killed mid-indexing (its
@@ -18,6 +18,9 @@ const FAQ: &[u8] = include_bytes!("fixtures/knowledge/faq.txt");
 const CITIES: &[u8] = include_bytes!("fixtures/knowledge/cities.csv");
 const SETTINGS: &[u8] = include_bytes!("fixtures/knowledge/settings.json");
 const BROKEN_PDF: &[u8] = include_bytes!("fixtures/knowledge/broken.pdf");
+const ONBOARDING: &[u8] = include_bytes!("fixtures/knowledge/onboarding.html");
+/// Two pages written by a real PDF writer (the text extractor's fixture).
+const VISITS_PDF: &[u8] = include_bytes!("../../../engine/tests/fixtures/visits.pdf");
 
 /// Indexing is the background's work; on a loaded machine it may take a few seconds.
 const INDEXED_WITHIN: Duration = Duration::from_secs(20);
@@ -135,13 +138,15 @@ async fn documents_are_indexed_searched_and_deleted() {
     let cities = upload(&app, &key, &base, "cities.csv", CITIES).await;
     let settings = upload(&app, &key, &base, "settings.json", SETTINGS).await;
     let broken = upload(&app, &key, &base, "broken.pdf", BROKEN_PDF).await;
+    let onboarding = upload(&app, &key, &base, "onboarding.html", ONBOARDING).await;
+    let visits = upload(&app, &key, &base, "visits.pdf", VISITS_PDF).await;
 
     let done = settled(&app, &key, &base, &handbook).await;
     assert_eq!(done["status"], "ready", "{done}");
     assert_eq!(done["media_type"], "text/markdown");
     assert_eq!(done["title"], "Team Handbook");
     assert!(done["chunks"].as_i64().unwrap() >= 4, "{done}");
-    for id in [&faq, &cities, &settings] {
+    for id in [&faq, &cities, &settings, &onboarding, &visits] {
         let done = settled(&app, &key, &base, id).await;
         assert_eq!(done["status"], "ready", "{done}");
     }
@@ -154,9 +159,9 @@ async fn documents_are_indexed_searched_and_deleted() {
         .json()
         .await
         .unwrap();
-    assert_eq!(counts["documents"], 5);
-    assert_eq!(counts["documents_ready"], 4);
-    assert!(counts["chunks"].as_i64().unwrap() >= 7, "{counts}");
+    assert_eq!(counts["documents"], 7);
+    assert_eq!(counts["documents_ready"], 6);
+    assert!(counts["chunks"].as_i64().unwrap() >= 9, "{counts}");
 
     // A Markdown passage carries its heading path; the best match is the section that
     // says it.
@@ -185,6 +190,19 @@ async fn documents_are_indexed_searched_and_deleted() {
     );
     let invoices = passages(&app, &key, &base, "invoices archived").await;
     assert_eq!(invoices[0]["document_id"], settings.as_str());
+    // HTML by its headings (its script is no text), a PDF by its pages.
+    let badge = passages(&app, &key, &base, "lost badge").await;
+    assert_eq!(badge[0]["document_id"], onboarding.as_str());
+    assert_eq!(badge[0]["heading"], "Onboarding > Badges");
+    assert!(!badge[0]["text"].as_str().unwrap().contains("console"));
+    let harbour = passages(&app, &key, &base, "harbour winter").await;
+    assert_eq!(harbour[0]["document_id"], visits.as_str());
+    assert!(
+        harbour[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("harbour of Nantes")
+    );
     // Nothing matches nothing.
     assert!(passages(&app, &key, &base, "zeppelin").await.is_empty());
 
@@ -209,7 +227,7 @@ async fn documents_are_indexed_searched_and_deleted() {
     .json()
     .await
     .unwrap();
-    assert_eq!(rest["documents"].as_array().unwrap().len(), 3);
+    assert_eq!(rest["documents"].as_array().unwrap().len(), 5);
     assert!(rest.get("next_cursor").is_none());
 
     // Deleted: in no answer, and out of the counts.
@@ -241,8 +259,8 @@ async fn documents_are_indexed_searched_and_deleted() {
         .json()
         .await
         .unwrap();
-    assert_eq!(counts["documents"], 4);
-    assert_eq!(counts["documents_ready"], 3);
+    assert_eq!(counts["documents"], 6);
+    assert_eq!(counts["documents_ready"], 5);
     let left: i64 =
         sqlx::query_scalar("SELECT count(*) FROM knowledge_chunks WHERE document_id = $1::uuid")
             .bind(&handbook)

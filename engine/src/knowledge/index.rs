@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Format, chunk};
 use crate::Engine;
 use crate::artifacts::ArtifactError;
+use crate::files::extract_text;
 use store::{ClaimedJob, JobEnd, bounded};
 
 /// A claim outlives the indexing bound by this much, so a live replica writes its end
@@ -143,7 +144,8 @@ enum Failure {
     Transient(&'static str),
 }
 
-/// The job's document read from the artifact store and cut into passages.
+/// The job's document read from the artifact store, its text extracted
+/// (`files::extract_text`, bounded, off the runtime's threads) and cut into passages.
 async fn passages(engine: &Engine, job: &ClaimedJob) -> Result<chunk::Chunked, Failure> {
     let format = Format::of_media_type(&job.media_type)
         .ok_or_else(|| Failure::Document("the document's format is not one indexed".into()))?;
@@ -157,7 +159,10 @@ async fn passages(engine: &Engine, job: &ClaimedJob) -> Result<chunk::Chunked, F
         }
         Err(e) => return Err(Failure::Transient(e.metric_label())),
     };
-    let chunked = tokio::task::spawn_blocking(move || cut(format, &bytes))
+    let extracted = extract_text(&job.media_type, bytes)
+        .await
+        .map_err(|e| Failure::Document(e.to_string()))?;
+    let chunked = tokio::task::spawn_blocking(move || cut(format, &extracted.text))
         .await
         .map_err(|_| Failure::Document("the document could not be read".into()))?
         .map_err(Failure::Document)?;
@@ -167,27 +172,22 @@ async fn passages(engine: &Engine, job: &ClaimedJob) -> Result<chunk::Chunked, F
     Ok(chunked)
 }
 
-/// The passages of a document in `format`; the reason it cannot be read otherwise.
-fn cut(format: Format, bytes: &[u8]) -> Result<chunk::Chunked, String> {
-    let text = || {
-        std::str::from_utf8(bytes)
-            .map(|t| t.strip_prefix('\u{feff}').unwrap_or(t))
-            .map_err(|_| "the document is not UTF-8 text".to_owned())
-    };
+/// The passages of a document's text in `format`; the reason it cannot be read
+/// otherwise.
+fn cut(format: Format, text: &str) -> Result<chunk::Chunked, String> {
     match format {
-        Format::Markdown => Ok(chunk::markdown(text()?)),
-        Format::Text => Ok(chunk::plain(text()?)),
-        Format::Csv => Ok(chunk::csv(text()?)),
+        // HTML's extracted text marks its headings with `#` lines.
+        Format::Markdown | Format::Html => Ok(chunk::markdown(text)),
+        Format::Text => Ok(chunk::plain(text)),
+        // A page break ends a paragraph.
+        Format::Pdf => Ok(chunk::plain(&text.replace('\u{c}', "\n\n"))),
+        Format::Csv => Ok(chunk::csv(text)),
         Format::Json => {
-            let value: serde_json::Value =
-                serde_json::from_str(text()?).map_err(|_| "the document is not valid JSON")?;
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|_| "the document is not valid JSON".to_owned())?;
             let pretty = serde_json::to_string_pretty(&value)
                 .map_err(|_| "the document is not valid JSON".to_owned())?;
             Ok(chunk::plain(&pretty))
         }
-        Format::Html | Format::Pdf => Err(format!(
-            "{} documents cannot be read by this version",
-            format.media_type()
-        )),
     }
 }
