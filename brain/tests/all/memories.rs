@@ -403,3 +403,52 @@ async fn past_chats_are_found_by_their_messages_within_what_the_caller_may_read(
     let output = tool_turn(&app, &bob, &bobs, "chat_search", json!({"query": "milk"})).await;
     assert!(output.contains("no earlier chat matches"), "{output}");
 }
+
+/// The web chat's panel lists what the agent remembers and deletes one for good (a real
+/// Chromium through tests/web/memories.mjs).
+#[tokio::test]
+async fn a_person_deletes_a_memory_in_the_page() {
+    let app = TestApp::start().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    for note in ["likes green tea", "lives in Lyon"] {
+        tool_turn(
+            &app,
+            &app.key,
+            &chat,
+            "memory_write",
+            json!({ "content": note }),
+        )
+        .await;
+    }
+    let name: Value = app
+        .get(&format!("/v1/agents/{agent}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let run = tokio::time::timeout(
+        std::time::Duration::from_secs(180),
+        tokio::process::Command::new("node")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/memories.mjs"))
+            .arg(&app.url)
+            .arg(&app.key)
+            .arg(name["name"].as_str().unwrap())
+            .arg("likes green tea")
+            .arg("lives in Lyon")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser ends within three minutes")
+    .expect("node runs (scripts/test-deps.sh installs tests/web)");
+    assert!(
+        run.status.success(),
+        "the page did not delete the memory:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let left: Vec<(String,)> = sqlx::query_as("SELECT content FROM memories")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, [("lives in Lyon".to_owned(),)]);
+}
