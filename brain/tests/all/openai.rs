@@ -2,8 +2,9 @@
 //! `openai` from PyPI (tests/openai/client.py, in tests/openai/.venv) and from npm
 //! (tests/openai/chat.mjs). The agents as models, streamed and whole answers, a resent
 //! conversation that continues one chat, an explicit chat id, tool calls that run
-//! server-side, an image, and the refusals in OpenAI's shape with our codes (a bad model,
-//! a wrong key, a quota, another team's agent).
+//! server-side, an image, a key's end users kept apart by `user`, a busy agent, and the
+//! refusals in OpenAI's shape with our codes (a bad model, a wrong key, a quota, another
+//! team's agent).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -431,4 +432,96 @@ async fn refusals_are_in_openais_shape_with_our_codes() {
         1,
         "one turn reached the model"
     );
+}
+
+/// For an API key, `user` names the end user: the chat is theirs (`created_by`), and the
+/// same conversation of another user is another chat.
+#[tokio::test]
+async fn a_keys_user_field_keeps_each_end_users_conversations_apart() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let mut chats = Vec::new();
+    for user in ["alice", "bob"] {
+        app.provider.push(text("Hello."));
+        let report = sdk(
+            Sdk::Python,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent, "user": user,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+        assert_eq!(report["content"], "Hello.", "{report}");
+        chats.push(report["chat_id"].as_str().unwrap().to_owned());
+        app.settled().await;
+    }
+    for (user, chat) in ["alice", "bob"].iter().zip(&chats) {
+        app.provider.push(text("Again."));
+        let report = sdk(
+            Sdk::Node,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent, "user": user,
+                   "messages": [{"role": "user", "content": "hi"},
+                                {"role": "assistant", "content": "Hello."},
+                                {"role": "user", "content": "again"}]}),
+        )
+        .await;
+        assert_eq!(report["chat_id"], chat.as_str(), "{user}: {report}");
+        app.settled().await;
+        let owner: Option<String> =
+            sqlx::query_scalar("SELECT created_by FROM chats WHERE id = $1::uuid")
+                .bind(chat)
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        assert_eq!(owner.as_deref(), Some(*user));
+        assert_eq!(turns_in(&app, chat).await, 2);
+    }
+    assert_ne!(chats[0], chats[1]);
+}
+
+/// A busy agent whose policy would queue the message refuses it here: an OpenAI request
+/// cannot be answered later.
+#[tokio::test]
+async fn a_busy_agent_that_would_queue_refuses_with_agent_busy() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let patched = app
+        .auth(app.http.patch(format!("{}/v1/agents/{agent}", app.url)))
+        .json(&json!({"busy_policy": "enqueue"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    app.provider.push(scripted_provider::Reply::Text {
+        deltas: vec!["slow ".into(), "answer".into()],
+        delay: std::time::Duration::from_millis(4000),
+    });
+    let hi = json!({"op": "chat", "model": agent, "stream": true,
+                    "messages": [{"role": "user", "content": "first"}]});
+    let (first, second) = tokio::join!(sdk(Sdk::Python, &app, &app.key, hi.clone()), async {
+        for _ in 0..100 {
+            if app
+                .turns()
+                .await
+                .iter()
+                .any(|(status, _)| status == "running")
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        sdk(Sdk::Node, &app, &app.key, hi.clone()).await
+    });
+    assert_eq!(first["content"], "slow answer", "{first}");
+    assert_eq!(second["error"]["status"], 409, "{second}");
+    assert_eq!(second["error"]["code"], "agent_busy");
+    assert_eq!(second["error"]["type"], "conflict_error");
+    app.settled().await;
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE status = 'queued'")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(queued, 0);
 }
