@@ -452,3 +452,45 @@ async fn a_person_deletes_a_memory_in_the_page() {
         .unwrap();
     assert_eq!(left, [("lives in Lyon".to_owned(),)]);
 }
+
+/// An agent without memories costs a turn no round trip: a scope a recall found empty is
+/// taken as empty for a while (a note slipped into the table behind the store's back is
+/// not seen), until a `memory_write` through this store clears it.
+#[tokio::test]
+async fn a_scope_found_empty_is_not_asked_again_until_a_note_is_written() {
+    let app = TestApp::start().await;
+    let (agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let agent = protocol::AgentId(agent.parse().unwrap());
+    let recall = || {
+        app.store
+            .recall_memories(app.team, agent, None, "tea", 4000, 8)
+    };
+    assert!(recall().await.unwrap().is_empty());
+    sqlx::query(
+        "INSERT INTO memories (id, team_id, agent_id, content) VALUES ($1, $2, $3, 'green tea')",
+    )
+    .bind(uuid::Uuid::now_v7())
+    .bind(app.team.0)
+    .bind(agent.0)
+    .execute(app.store.pool())
+    .await
+    .unwrap();
+    assert!(
+        recall().await.unwrap().is_empty(),
+        "the empty scope was asked again"
+    );
+
+    tool_turn(
+        &app,
+        &app.key,
+        &chat,
+        "memory_write",
+        json!({"content": "black tea too"}),
+    )
+    .await;
+    let notes = recall().await.unwrap();
+    assert!(
+        notes.contains(&"green tea".to_owned()) && notes.contains(&"black tea too".to_owned()),
+        "{notes:?}"
+    );
+}

@@ -139,12 +139,12 @@ async fn show(
         "image/png" | "image/jpeg" | "image/gif" | "image/webp" => Shown::Attachment(
             Attachment::new(AttachmentKind::Image, media, name, &read.bytes),
         ),
-        "application/pdf" => Shown::Attachment(Attachment::new(
-            AttachmentKind::Pdf,
-            media,
-            name,
-            &read.bytes,
-        )),
+        "application/pdf" => {
+            let mut pdf = Attachment::new(AttachmentKind::Pdf, media, name, &read.bytes);
+            // T27: a model that does not read documents reads the text instead.
+            pdf.instead = Some(pdf_text(name, read.bytes).await.into());
+            Shown::Attachment(pdf)
+        }
         "text/plain" | "text/csv" | "application/json" => {
             Shown::Text(inline_text(name, media, &read.bytes))
         }
@@ -194,6 +194,58 @@ fn inline_text(name: &str, media: &str, bytes: &[u8]) -> String {
     out
 }
 
+/// A PDF's text as a model that does not read documents reads it (T27), or a note that it
+/// has none.
+async fn pdf_text(name: &str, bytes: bytes::Bytes) -> String {
+    let extracted = match files::extract_text("application/pdf", bytes).await {
+        Ok(extracted) if !extracted.text.trim().is_empty() => extracted,
+        Ok(_) => {
+            return format!(
+                "[a PDF document {name} was attached here; this model cannot read PDFs, and it \
+                 has no text to extract]"
+            );
+        }
+        Err(err) => {
+            tracing::info!(class = err.metric_label(), "a PDF's text was not extracted");
+            return format!(
+                "[a PDF document {name} was attached here; this model cannot read PDFs, and its \
+                 text could not be extracted]"
+            );
+        }
+    };
+    inline_pdf_text(name, &extracted)
+}
+
+/// Extracted text between markers, cut at [`INLINE_TEXT_BYTES`] with how much was kept.
+fn inline_pdf_text(name: &str, extracted: &files::ExtractedText) -> String {
+    // Pages apart as paragraphs are.
+    let text = extracted.text.replace('\u{c}', "\n\n");
+    let mut end = text.len().min(INLINE_TEXT_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = format!(
+        "[file {name} (application/pdf), its text]\n{}",
+        &text[..end]
+    );
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    if end < text.len() || extracted.truncated {
+        let kept = text[..end].chars().count();
+        let total = text.chars().count();
+        let more = if extracted.truncated {
+            "more than "
+        } else {
+            ""
+        };
+        out.push_str(&format!("[truncated: {kept} of {more}{total} characters]"));
+    } else {
+        out.push_str(&format!("[end of file {name}]"));
+    }
+    out
+}
+
 /// What the model reads for a file part of a history read without its files.
 pub fn named(file: &FilePart) -> String {
     let name = file.filename.as_deref().unwrap_or("file");
@@ -222,6 +274,51 @@ mod tests {
             shown.matches('é').count(),
             INLINE_TEXT_BYTES / 2,
             "cut on a character boundary"
+        );
+    }
+
+    /// T27: a PDF's text for a model that does not read documents: its pages as
+    /// paragraphs between markers, and a longer one cut with how much was kept, never
+    /// silently.
+    #[tokio::test]
+    async fn a_pdfs_text_is_inlined_whole_or_cut_with_a_note() {
+        let pdf = include_bytes!("../../tests/fixtures/visits.pdf");
+        let shown = pdf_text("visits.pdf", bytes::Bytes::from_static(pdf)).await;
+        assert!(
+            shown.starts_with("[file visits.pdf (application/pdf), its text]\nQuarterly visits"),
+            "{shown}"
+        );
+        assert!(shown.contains("quarter.\n\nSecond page"), "{shown}");
+        assert!(
+            shown.ends_with("winter.\n[end of file visits.pdf]"),
+            "{shown}"
+        );
+        let broken = pdf_text("x.pdf", bytes::Bytes::from_static(b"%PDF-1.7\n")).await;
+        assert!(
+            broken.contains("its text could not be extracted"),
+            "{broken}"
+        );
+
+        let long = files::ExtractedText {
+            text: "é".repeat(INLINE_TEXT_BYTES),
+            truncated: false,
+        };
+        let cut = inline_pdf_text("l.pdf", &long);
+        assert!(
+            cut.ends_with(&format!(
+                "[truncated: {} of {INLINE_TEXT_BYTES} characters]",
+                INLINE_TEXT_BYTES / 2
+            )),
+            "{}",
+            &cut[cut.len() - 80..]
+        );
+        let bounded = files::ExtractedText {
+            text: "short".into(),
+            truncated: true,
+        };
+        assert!(
+            inline_pdf_text("b.pdf", &bounded)
+                .ends_with("[truncated: 5 of more than 5 characters]")
         );
     }
 }
