@@ -170,6 +170,9 @@ pub struct Attachment {
     /// The bytes in standard base64: encoded once when the history is read, and shared by
     /// every call of the turn (each step, retry and fallback).
     pub base64: Arc<str>,
+    /// What a model that cannot read the file reads in its place (a PDF's text, T27);
+    /// `None`: a note that the file was attached.
+    pub instead: Option<Arc<str>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +192,7 @@ impl Attachment {
             base64: base64::engine::general_purpose::STANDARD
                 .encode(bytes)
                 .into(),
+            instead: None,
         }
     }
 
@@ -204,6 +208,9 @@ impl Attachment {
 
     /// What a model that cannot read this file is told instead of it.
     pub fn note(&self) -> String {
+        if let Some(instead) = &self.instead {
+            return instead.to_string();
+        }
         let what = match self.kind {
             AttachmentKind::Image => "an image",
             AttachmentKind::Pdf => "a PDF document",

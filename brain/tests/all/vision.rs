@@ -229,10 +229,10 @@ async fn anthropic_gets_image_and_document_blocks() {
     );
 }
 
-/// A model the catalog does not say reads images (here one it does not list at all) is
-/// told an image and a document were attached, and gets neither.
+/// A model the catalog does not say reads images or documents (here one it does not list
+/// at all) is told an image was attached, and reads the document's text instead (T27).
 #[tokio::test]
-async fn a_model_without_vision_is_told_a_file_was_attached() {
+async fn a_model_without_vision_is_told_an_image_was_attached_and_reads_a_pdfs_text() {
     let app = app().await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     app.provider.push(text("I cannot see it."));
@@ -254,8 +254,9 @@ async fn a_model_without_vision_is_told_a_file_was_attached() {
         request.body["messages"][1],
         json!({"role": "user", "content": "What is this?\n\
             [an image was attached here (chart.png, image/png), but this model cannot read it]\n\
-            [a PDF document was attached here (report.pdf, application/pdf), but this model \
-             cannot read it]"})
+            [file report.pdf (application/pdf), its text]\n\
+            Quarterly report: revenue rose 12 percent.\n\
+            [end of file report.pdf]"})
     );
 }
 

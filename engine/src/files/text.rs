@@ -145,8 +145,10 @@ fn pdf(bytes: &[u8]) -> Result<ExtractedText, ExtractError> {
             if !text.is_empty() {
                 text.push('\u{c}');
             }
-            let mut output = PlainTextOutput::new(&mut text);
+            let mut raw = String::new();
+            let mut output = PlainTextOutput::new(&mut raw);
             output_doc_page(&doc, &mut output, page).map_err(|_| ExtractError::Malformed)?;
+            tidy_into(&raw, &mut text);
             // Bytes bound characters from above: past the bound in bytes, count them.
             if text.len() > MAX_CHARS && text.chars().count() > MAX_CHARS {
                 truncated = true;
@@ -156,6 +158,28 @@ fn pdf(bytes: &[u8]) -> Result<ExtractedText, ExtractError> {
         Ok(bounded(text, truncated))
     });
     read.unwrap_or(Err(ExtractError::Malformed))
+}
+
+/// `page` appended to `text` without blank lines at its ends, trailing spaces, or more
+/// than one blank line in a row (the reader writes a newline per vertical gap).
+fn tidy_into(page: &str, text: &mut String) {
+    let mut blank = false;
+    let mut first = true;
+    for line in page.lines().map(str::trim_end) {
+        if line.trim().is_empty() {
+            blank = !first;
+            continue;
+        }
+        if blank {
+            text.push('\n');
+        }
+        if !first {
+            text.push('\n');
+        }
+        text.push_str(line);
+        blank = false;
+        first = false;
+    }
 }
 
 /// Elements whose content is never text to read.
