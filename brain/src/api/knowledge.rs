@@ -42,6 +42,7 @@ pub struct CreateKnowledgeBase {
 /// `PATCH /v1/knowledge/{id}`: an absent field is left as it is.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"description": "How we work, 2027 edition"}))]
 pub struct PatchKnowledgeBase {
     name: Option<String>,
     description: Option<String>,

@@ -322,6 +322,32 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .execute(app.store.pool())
         .await
         .unwrap();
+    // A knowledge base with a document (B3).
+    let knowledge = created(
+        post("/v1/knowledge", json!({"name": "theirs"}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let document: Value = app
+        .http
+        .post(format!("{}/v1/knowledge/{knowledge}/documents", app.url))
+        .bearer_auth(key)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"notes.md\"\r\n\r\n# Their notes\r\n--{boundary}--\r\n"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let document = document["id"].as_str().unwrap().to_owned();
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
@@ -332,6 +358,8 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("flow", flow),
         ("issuer_id", issuer),
         ("key_id", key_id),
+        ("knowledge_id", knowledge),
+        ("document_id", document),
         ("memory_id", memory.to_string()),
         ("provider_id", provider),
         ("secret_name", "THEIRS".to_owned()),
