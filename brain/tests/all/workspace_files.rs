@@ -111,6 +111,39 @@ async fn every_file_of_the_chat_is_in_uploads_before_the_first_call() {
     assert!(app.provider.violations().is_empty());
 }
 
+/// A call relayed to the replica holding the worker carries the chat's files, and that
+/// replica delivers them before the call.
+#[tokio::test]
+async fn a_relayed_call_has_its_files_delivered_by_the_owner() {
+    let (app, _manager) = system(60_000, |_| {}).await;
+    let (_, chat) = light_agent(&app).await;
+    let out = turn(
+        &app,
+        &chat,
+        json!([file_part("on-a.txt", b"from a")]),
+        "a1",
+        "cat uploads/on-a.txt",
+    )
+    .await;
+    assert!(out.contains("from a"), "{out}");
+
+    let b = app.second_replica().await;
+    app.provider.push(shell("b1", "cat uploads/on-b.txt"));
+    app.provider.push(text("done"));
+    let response = app
+        .http
+        .post(format!("{b}/v1/chats/{chat}/messages"))
+        .bearer_auth(&app.key)
+        .json(&ai_sdk(json!([file_part("on-b.txt", b"from b")])))
+        .send()
+        .await
+        .unwrap();
+    let (chunks, done) = read_stream(response).await;
+    assert!(done, "{chunks:?}");
+    let out = output_of(&chunks, "b1");
+    assert!(out.contains("from b"), "{out}");
+}
+
 /// A file whose bytes are gone is not silently missing: the call still runs and its
 /// result opens with the file's path and why it is not there.
 #[tokio::test]
