@@ -525,7 +525,7 @@ async fn operator_app() -> TestApp {
 }
 
 /// What a team holds, made through its own key: an agent with a chat and a turn, a
-/// webhook, a team secret, a provider connection.
+/// webhook, a team secret, a provider connection, a knowledge base with a document.
 async fn populated_team(app: &TestApp, marker: &str) -> (String, String) {
     let created = as_operator(
         app,
@@ -586,6 +586,31 @@ async fn populated_team(app: &TestApp, marker: &str) -> (String, String) {
     .await
     .unwrap();
     assert_eq!(provider.status(), 201);
+    // A knowledge base (B3) with a document that holds the marker.
+    let base: Value = post("/v1/knowledge", json!({"name": marker}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let base = base["id"].as_str().unwrap();
+    let boundary = "erasure-boundary";
+    let document = app
+        .http
+        .post(format!("{}/v1/knowledge/{base}/documents", app.url))
+        .bearer_auth(&key)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"notes.md\"\r\n\r\n# Notes\n\n{marker}\r\n--{boundary}--\r\n"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(document.status(), 202);
     (team, key)
 }
 
