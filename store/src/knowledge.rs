@@ -306,22 +306,6 @@ impl Store {
         Ok((gone.rows_affected() == 1).then_some(keys))
     }
 
-    /// Which of `ids` are not bases of the team.
-    pub async fn unknown_knowledge_bases(
-        &self,
-        team: TeamId,
-        ids: &[Uuid],
-    ) -> Result<Vec<Uuid>, StoreError> {
-        Ok(sqlx::query_scalar(
-            "SELECT i FROM unnest($2::uuid[]) i WHERE NOT EXISTS \
-               (SELECT 1 FROM knowledge_bases b WHERE b.team_id = $1 AND b.id = i)",
-        )
-        .bind(team.0)
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
     /// Writes a queued document unless the team's documents, this one with them, would
     /// pass `limits`. Two uploads at the same moment may each miss the other and pass a
     /// bound together by one document. A base that is not the team's → `NotFound`.
