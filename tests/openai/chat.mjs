@@ -1,6 +1,7 @@
 // The official OpenAI Node SDK against the brain's OpenAI-compatible API, for
 // brain/tests/all/openai.rs: `node chat.mjs <base_url> <api_key> <request json>` prints one
-// JSON report, as client.py does.
+// JSON report, as client.py does (`responses` streamed through `create({stream: true})`,
+// the raw events, and `output_text` from the completed response).
 import OpenAI, { APIError } from "openai";
 
 const [baseURL, apiKey, raw] = process.argv.slice(2);
@@ -45,9 +46,34 @@ async function chat() {
   };
 }
 
+async function responses() {
+  const body = { model: request.model, input: request.input };
+  for (const name of ["previous_response_id", "instructions", "user", "background"]) {
+    if (name in request) body[name] = request[name];
+  }
+  if (request.stream) {
+    const events = [];
+    for await (const event of await client.responses.create({ ...body, stream: true })) {
+      events.push(event);
+    }
+    const final = events.findLast((e) => e.type === "response.completed")?.response ?? null;
+    return {
+      response: final,
+      output_text: events.find((e) => e.type === "response.output_text.done")?.text ?? null,
+      events: events.map((e) => e.type),
+      sequence: events.map((e) => e.sequence_number),
+      deltas: events.filter((e) => e.type === "response.output_text.delta").map((e) => e.delta),
+    };
+  }
+  const { data: response, response: raw } = await client.responses.create(body).withResponse();
+  return { chat_id: raw.headers.get("x-chat-id"), response, output_text: response.output_text };
+}
+
 let report;
 try {
-  report = request.op === "models" ? { models: (await client.models.list()).data } : await chat();
+  if (request.op === "models") report = { models: (await client.models.list()).data };
+  else if (request.op === "responses") report = await responses();
+  else report = await chat();
 } catch (e) {
   if (!(e instanceof APIError)) throw e;
   report = {

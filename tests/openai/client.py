@@ -1,6 +1,7 @@
 """The official OpenAI Python SDK against the brain's OpenAI-compatible API, for
 brain/tests/all/openai.rs: `client.py <base_url> <api_key> <request json>` prints one JSON
-report. The request's `op` is `models` or `chat`; a refusal is reported as
+report. The request's `op` is `models`, `chat` or `responses` (streamed through
+`client.responses.stream`, whose manager rebuilds the response from the events); a refusal is reported as
 `{"error": {"status", "code", "type", "message"}}`, as the SDK raised it."""
 
 import json
@@ -50,12 +51,39 @@ def chat(client, request):
     }
 
 
+def responses(client, request):
+    kwargs = {"model": request["model"], "input": request["input"]}
+    for name in ("previous_response_id", "instructions", "user", "background"):
+        if name in request:
+            kwargs[name] = request[name]
+    if request.get("stream"):
+        with client.responses.stream(**kwargs) as stream:
+            events = [event.model_dump() for event in stream]
+            final = stream.get_final_response()
+        return {
+            "response": final.model_dump(),
+            "output_text": final.output_text,
+            "events": [e["type"] for e in events],
+            "sequence": [e["sequence_number"] for e in events],
+            "deltas": [e["delta"] for e in events if e["type"] == "response.output_text.delta"],
+        }
+    raw = client.responses.with_raw_response.create(**kwargs)
+    response = raw.parse()
+    return {
+        "chat_id": raw.headers.get("x-chat-id"),
+        "response": response.model_dump(),
+        "output_text": response.output_text,
+    }
+
+
 def main():
     base_url, api_key, request = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
     try:
         if request["op"] == "models":
             report = {"models": [m.model_dump() for m in client.models.list()]}
+        elif request["op"] == "responses":
+            report = responses(client, request)
         else:
             report = chat(client, request)
     except openai.APIStatusError as e:

@@ -177,6 +177,7 @@ fn routes() -> OpenApiRouter<AppState> {
         // The OpenAI-compatible front end (P7): the same posting path again.
         .routes(routes!(openai::models::list))
         .routes(routes!(openai::chat::completions))
+        .routes(routes!(openai::responses::create))
         // Workers authenticate with their session token, not a team key.
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))

@@ -525,3 +525,187 @@ async fn a_busy_agent_that_would_queue_refuses_with_agent_busy() {
         .unwrap();
     assert_eq!(queued, 0);
 }
+
+/// The events of a streamed response, in order, for an answer of two deltas.
+const RESPONSE_EVENTS: [&str; 10] = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+];
+
+/// The Responses API (P8): a whole response with an image, then a streamed one that
+/// continues it by `previous_response_id` (Python through `responses.stream`'s manager,
+/// Node through `create({stream: true})`): one chat, two turns, the model sees the chat.
+#[tokio::test]
+async fn responses_answer_whole_or_streamed_and_continue_by_previous_response_id() {
+    let app = TestApp::start().await;
+    let mut png = Vec::new();
+    DynamicImage::ImageRgb8(RgbImage::from_fn(8, 8, |x, _| Rgb([(x * 30) as u8, 0, 0])))
+        .write_to(&mut Cursor::new(&mut png), ImageFormat::Png)
+        .unwrap();
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&png)
+    );
+    for sdk in BOTH {
+        let agent = agent(&app, &app.key, "a").await;
+        app.provider.push(deltas(&["Hello ", "there."]));
+        let first = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "responses", "model": agent, "input": [
+                {"role": "user", "content": "ignored: not the last item"},
+                {"role": "user", "content": [
+                    {"type": "input_text", "text": "hi"},
+                    {"type": "input_image", "image_url": url},
+                ]},
+            ]}),
+        )
+        .await;
+        assert_eq!(first["output_text"], "Hello there.", "{sdk:?}: {first}");
+        let response = &first["response"];
+        let id = response["id"].as_str().unwrap().to_owned();
+        let turn = id.strip_prefix("resp_").unwrap();
+        assert_eq!(response["object"], "response");
+        assert_eq!(response["status"], "completed");
+        assert_eq!(response["output"][0]["type"], "message");
+        assert_eq!(response["output"][0]["role"], "assistant");
+        let part = &response["output"][0]["content"][0];
+        assert_eq!(part["type"], "output_text");
+        assert_eq!(part["text"], "Hello there.");
+        assert_eq!(part["annotations"], json!([]));
+        let usage = &response["usage"];
+        assert!(usage["output_tokens"].as_i64().unwrap() > 0, "{first}");
+        assert_eq!(
+            usage["total_tokens"].as_i64().unwrap(),
+            usage["input_tokens"].as_i64().unwrap() + usage["output_tokens"].as_i64().unwrap()
+        );
+        let chat = first["chat_id"].as_str().unwrap().to_owned();
+        app.settled().await;
+        let turns: Vec<String> =
+            sqlx::query_scalar("SELECT id::text FROM turns WHERE chat_id = $1::uuid")
+                .bind(&chat)
+                .fetch_all(app.store.pool())
+                .await
+                .unwrap();
+        assert_eq!(turns, vec![turn.to_owned()]);
+        let stored = app.messages(&chat).await;
+        let parts = stored[0]["parts"].as_array().unwrap();
+        assert_eq!(parts[0]["text"], "hi", "{parts:?}");
+        assert_eq!(parts[1]["mediaType"], "image/png");
+
+        app.provider.push(deltas(&["Again, ", "hello."]));
+        let second = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "responses", "model": agent, "stream": true,
+                   "previous_response_id": id, "input": "and again"}),
+        )
+        .await;
+        assert_eq!(second["output_text"], "Again, hello.", "{sdk:?}: {second}");
+        assert_eq!(
+            second["events"],
+            json!(RESPONSE_EVENTS),
+            "{sdk:?}: {second}"
+        );
+        assert_eq!(second["sequence"], json!((0..10).collect::<Vec<_>>()));
+        assert_eq!(second["deltas"], json!(["Again, ", "hello."]));
+        let response = &second["response"];
+        assert_eq!(response["status"], "completed");
+        assert_eq!(response["previous_response_id"], id.as_str());
+        assert_eq!(response["output"][0]["content"][0]["text"], "Again, hello.");
+        assert!(response["usage"]["total_tokens"].as_i64().unwrap() > 0);
+        app.settled().await;
+
+        assert_eq!(chats_of(&app, &agent).await, vec![chat.clone()]);
+        assert_eq!(turns_in(&app, &chat).await, 2);
+        let history = app.provider.requests().last().unwrap().body["messages"].to_string();
+        assert!(
+            history.contains("Hello there.") && history.contains("and again"),
+            "{history}"
+        );
+        assert!(!history.contains("ignored: not the last item"), "{history}");
+    }
+}
+
+/// A `previous_response_id` that names no response of this agent the caller may see is
+/// `404 not_found` in OpenAI's shape, another team's included; `instructions` and
+/// `background` are refused, not ignored. Nothing reaches the model.
+#[tokio::test]
+async fn responses_refuse_an_unknown_or_foreign_previous_response() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let other = self::agent(&app, &app.key, "b").await;
+    let theirs = app.store.create_team("b").await.unwrap();
+    let their_agent = self::agent(&app, &theirs.api_key, "theirs").await;
+    app.provider.push(text("Theirs."));
+    let their_response = sdk(
+        Sdk::Python,
+        &app,
+        &theirs.api_key,
+        json!({"op": "responses", "model": their_agent, "input": "hi"}),
+    )
+    .await;
+    let their_id = their_response["response"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.settled().await;
+    app.provider.push(text("Ours."));
+    let ours = sdk(
+        Sdk::Node,
+        &app,
+        &app.key,
+        json!({"op": "responses", "model": other, "input": "hi"}),
+    )
+    .await;
+    let other_agents = ours["response"]["id"].as_str().unwrap().to_owned();
+    app.settled().await;
+    let asked = app.provider.requests().len();
+
+    let unknown = format!("resp_{}", uuid::Uuid::now_v7());
+    for sdk in BOTH {
+        for previous in [unknown.as_str(), "resp_nope", &their_id, &other_agents] {
+            let report = self::sdk(
+                sdk,
+                &app,
+                &app.key,
+                json!({"op": "responses", "model": agent, "input": "hi",
+                       "previous_response_id": previous}),
+            )
+            .await;
+            let error = &report["error"];
+            assert_eq!(error["status"], 404, "{sdk:?} {previous}: {report}");
+            assert_eq!(error["code"], "not_found");
+            assert_eq!(error["type"], "not_found_error");
+        }
+        for refused in [
+            json!({"instructions": "Be brief."}),
+            json!({"background": true}),
+        ] {
+            let mut request = json!({"op": "responses", "model": agent, "input": "hi"});
+            request
+                .as_object_mut()
+                .unwrap()
+                .extend(refused.as_object().unwrap().clone());
+            let report = self::sdk(sdk, &app, &app.key, request).await;
+            assert_eq!(report["error"]["status"], 400, "{sdk:?}: {report}");
+            assert_eq!(report["error"]["code"], "invalid_request");
+        }
+    }
+    assert!(chats_of(&app, &agent).await.is_empty());
+    assert_eq!(
+        app.provider.requests().len(),
+        asked,
+        "nothing reached the model"
+    );
+}

@@ -39,17 +39,17 @@ use engine::conversations::{Owner, Speaker};
 use engine::sse;
 use engine::turn::post::{self, Posted};
 use engine::turn::ui_stream::UiBody;
-use store::{StoreError, bounded};
+use store::{AgentRow, StoreError, bounded};
 
 /// The header that names the chat, in a request and in every answer.
-const CHAT_HEADER: &str = "x-chat-id";
+pub(super) const CHAT_HEADER: &str = "x-chat-id";
 /// The most bytes an end user's name (`user`) may have.
 const MAX_USER: usize = 255;
 /// How long a stream may be silent before a keep-alive comment goes out.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub(super) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// How far before the post a turn's billing events are looked for: clocks of replicas and
 /// Postgres differ a little.
-const BILLING_SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+pub(super) const BILLING_SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
 
 /// OpenAI's chat completion request. Decoded as an open object, as OpenAI's own schema
 /// is: the wire is not ours, clients send sampling fields (`temperature`, `max_tokens`,
@@ -120,7 +120,7 @@ fn text_of(content: &Value) -> String {
 /// The new message as the AI SDK's parts, for the posting path's own checks: its text,
 /// then each `image_url` as a file part (a `data:` URL, or the URL of a file uploaded to
 /// the chat).
-fn new_message_parts(content: &Value) -> Result<Vec<Value>, ApiError> {
+pub(super) fn new_message_parts(content: &Value) -> Result<Vec<Value>, ApiError> {
     let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
     match content {
         Value::String(text) => Ok(vec![json!({"type": "text", "text": text})]),
@@ -181,7 +181,10 @@ fn split(
 }
 
 /// For an API key, the end user `user` names; a user token is its own user.
-fn end_user(mut principal: Principal, user: Option<String>) -> Result<Principal, ApiError> {
+pub(super) fn end_user(
+    mut principal: Principal,
+    user: Option<String>,
+) -> Result<Principal, ApiError> {
     let Some(user) = user else {
         return Ok(principal);
     };
@@ -234,7 +237,7 @@ impl Owned {
 }
 
 /// Whether `chat` is a chat of `agent` the principal may post to.
-async fn is_agents_chat(
+pub(super) async fn is_agents_chat(
     state: &AppState,
     principal: &Principal,
     agent: AgentId,
@@ -346,40 +349,8 @@ pub async fn completions(
     let chat = chat_for(&state, &principal, &owner, explicit, &prior_refs).await?;
     let said = text_of(&last.content);
     let parts = new_message_parts(&last.content)?;
-    // The posting path's own checks (length, NUL, at most so many files); a fresh message
-    // id, since an OpenAI request has none to retry with.
-    let message = json!({
-        "id": chat, "trigger": "submit-message",
-        "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": parts}],
-    });
-    let message =
-        serde_json::from_value(message).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let mut trigger = PostMessage::AiSdk(message).into_trigger(state.config.max_message_chars)?;
-    principal.check_chat_to_post(&state.store, chat).await?;
-    attach_files(&state, &principal, chat, &mut trigger).await?;
-    // An OpenAI request cannot be answered later: a busy agent that would queue it
-    // refuses it instead.
-    let if_busy = (agent.busy_policy == BusyPolicy::Enqueue).then_some(BusyPolicy::Reject);
     let since = Utc::now() - BILLING_SKEW;
-    let parent = crate::api::trace_parent(&headers);
-    let launched = match post::post(
-        &state,
-        &principal,
-        chat,
-        trigger,
-        if_busy,
-        false,
-        parent.as_ref(),
-    )
-    .await?
-    {
-        Posted::Launched(launched) => launched,
-        Posted::Queued(_) => return Err(ApiError::Internal("an OpenAI turn was queued".into())),
-    };
-    let (Some(turn), Some(body)) = (launched.turn, launched.body) else {
-        return Err(ApiError::Internal("the message started no turn".into()));
-    };
-    let mut body = body.until(state.auth.standing(&principal));
+    let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, parts).await?;
     let rate_limit = body.take_rate_limit();
     let mut exchange = Exchange {
         state,
@@ -404,6 +375,66 @@ pub async fn completions(
         response.headers_mut().insert(CHAT_HEADER, value);
     }
     Ok(response)
+}
+
+/// Posts the new message (its AI SDK parts) to `chat` through the posting path of every
+/// front end, and starts its turn: the turn and its UI chunks.
+pub(super) async fn launch(
+    state: &AppState,
+    principal: &Principal,
+    headers: &HeaderMap,
+    agent: &AgentRow,
+    chat: ChatId,
+    parts: Vec<Value>,
+) -> Result<(TurnId, UiBody), ApiError> {
+    // The posting path's own checks (length, NUL, at most so many files); a fresh message
+    // id, since an OpenAI request has none to retry with.
+    let message = json!({
+        "id": chat, "trigger": "submit-message",
+        "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": parts}],
+    });
+    let message =
+        serde_json::from_value(message).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let mut trigger = PostMessage::AiSdk(message).into_trigger(state.config.max_message_chars)?;
+    principal.check_chat_to_post(&state.store, chat).await?;
+    attach_files(state, principal, chat, &mut trigger).await?;
+    // An OpenAI request cannot be answered later: a busy agent that would queue it
+    // refuses it instead.
+    let if_busy = (agent.busy_policy == BusyPolicy::Enqueue).then_some(BusyPolicy::Reject);
+    let parent = crate::api::trace_parent(headers);
+    let launched = match post::post(
+        state,
+        principal,
+        chat,
+        trigger,
+        if_busy,
+        false,
+        parent.as_ref(),
+    )
+    .await?
+    {
+        Posted::Launched(launched) => launched,
+        Posted::Queued(_) => return Err(ApiError::Internal("an OpenAI turn was queued".into())),
+    };
+    let (Some(turn), Some(body)) = (launched.turn, launched.body) else {
+        return Err(ApiError::Internal("the message started no turn".into()));
+    };
+    Ok((turn, body.until(state.auth.standing(principal))))
+}
+
+/// A turn's billed tokens (input, output), E1; zeros when the store cannot say.
+pub(super) async fn tokens(
+    state: &AppState,
+    team: TeamId,
+    turn: TurnId,
+    since: DateTime<Utc>,
+) -> (i64, i64) {
+    bounded(state.store.turn_tokens(team, turn, since))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "a turn's usage could not be read");
+            (0, 0)
+        })
 }
 
 /// One request's turn, as it is answered.
@@ -438,7 +469,7 @@ fn finish_reason(reason: FinishReason) -> &'static str {
 }
 
 /// The code and message of an `error` chunk (`<code>: <message>`).
-fn failure(text: &str) -> (ErrorCode, String) {
+pub(super) fn failure(text: &str) -> (ErrorCode, String) {
     let (code, message) = text.split_once(": ").unwrap_or(("internal", text));
     (
         ErrorCode::parse(code).unwrap_or(ErrorCode::Internal),
@@ -493,14 +524,7 @@ impl Exchange {
 
     /// The turn's billed tokens as OpenAI's `usage`; zeros when the store cannot say.
     async fn usage(&self) -> Value {
-        let tokens = self
-            .state
-            .store
-            .turn_tokens(self.owner.team, self.turn, self.since);
-        let (input, output) = bounded(tokens).await.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "a turn's usage could not be read");
-            (0, 0)
-        });
+        let (input, output) = tokens(&self.state, self.owner.team, self.turn, self.since).await;
         json!({"prompt_tokens": input, "completion_tokens": output,
                "total_tokens": input + output})
     }

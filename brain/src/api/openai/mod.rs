@@ -8,6 +8,7 @@
 //! - `models.rs`: `GET /openai/v1/models`, and which agent a request's `model` names;
 //! - `chat.rs`: `POST /openai/v1/chat/completions`, streamed and not, and which chat a
 //!   conversation is (`engine::conversations`);
+//! - `responses.rs`: `POST /openai/v1/responses` (P8), a response being a turn;
 //! - `error.rs`: OpenAI's error shape for every refusal under `/openai/`.
 //!
 //! The design is in `docs/design/openai.md`.
@@ -15,3 +16,4 @@
 pub(super) mod chat;
 pub(super) mod error;
 pub(super) mod models;
+pub(super) mod responses;
