@@ -44,6 +44,9 @@
 //! - `artifacts/`: the bytes of files and artifacts (a local directory or S3);
 //! - `files/`: files attached to chats, their media type sniffed from the bytes, images
 //!   cleaned of metadata and bounded, the limits (T21, T22);
+//! - `slots.rs`: how many uploads (chat files, workspace snapshots) a replica takes at
+//!   once, in all and per team;
+//! - `memories.rs`: who may see, change or delete an agent's memories (M4);
 //! - `knowledge/`: knowledge bases: documents indexed in the background by any replica,
 //!   cut into passages by structure and searched with Postgres full-text search (B3, B4);
 //! - `config.rs`: typed configuration from the environment;
@@ -177,15 +180,7 @@ impl Engine {
     ) -> Result<Self, StateError> {
         // Secrets are encrypted in the store, under the configured key (B1).
         let store = store.with_secrets_key(config.secrets_key.clone());
-        let connections = models::connections::Connections::new(
-            providers_from(&config),
-            store.clone(),
-            models::connections::ConnectionsConfig {
-                connect_timeout: config.provider_connect_timeout,
-                idle_timeout: config.provider_idle_timeout,
-                allow_private_networks: config.providers_allow_private_networks,
-            },
-        );
+        let connections = connections_from(&config, &store);
         let metrics = Metrics::new(config.demo_model)?;
         let replica = protocol::ReplicaId::new();
         let clock = config.clock.clone();
@@ -207,13 +202,7 @@ impl Engine {
         let rate_limits =
             ratelimit::RateLimits::new(redis.clone(), quotas.clone(), config.anonymous_requests);
         let artifacts = artifacts::artifact_store_from(&config.artifacts);
-        if config.workers.dev_token_key {
-            tracing::warn!(
-                "development mode (AGENT_RUNTIME_DEV): using the session token key kept in {}; \
-                 set SESSION_TOKEN_KEY in any deployment",
-                envcfg::DEV_KEY_FILE
-            );
-        }
+        warn_if_dev_token_key(&config);
         let auth = auth::Auth::new(
             store.clone(),
             redis.clone(),
@@ -233,11 +222,15 @@ impl Engine {
             &config.oauth,
             config.connectors.allow_private_networks,
         )?;
-        let file_uploads =
-            slots::UploadSlots::new(config.files.uploads, config.files.uploads_per_team);
+        let file_uploads = slots::UploadSlots::new(
+            config.files.uploads,
+            config.files.uploads_per_team,
+            metrics.file_uploads.clone(),
+        );
         let snapshot_uploads = sessions::UploadSlots::new(
             config.artifacts.snapshot_uploads,
             config.artifacts.snapshot_uploads_per_team,
+            metrics.snapshot_uploads.clone(),
         );
         let draining = CancellationToken::new();
         let file_urls = files::FileUrls::new(config.secrets_key.as_ref(), config.files.url_ttl);
@@ -272,6 +265,29 @@ impl Engine {
             knowledge_jobs: Arc::default(),
             file_urls,
         })
+    }
+}
+
+/// The models a team can call: the deployment's two connections and the team's own.
+fn connections_from(config: &Config, store: &Store) -> models::connections::Connections {
+    models::connections::Connections::new(
+        providers_from(config),
+        store.clone(),
+        models::connections::ConnectionsConfig {
+            connect_timeout: config.provider_connect_timeout,
+            idle_timeout: config.provider_idle_timeout,
+            allow_private_networks: config.providers_allow_private_networks,
+        },
+    )
+}
+
+fn warn_if_dev_token_key(config: &Config) {
+    if config.workers.dev_token_key {
+        tracing::warn!(
+            "development mode (AGENT_RUNTIME_DEV): using the session token key kept in {}; \
+             set SESSION_TOKEN_KEY in any deployment",
+            envcfg::DEV_KEY_FILE
+        );
     }
 }
 

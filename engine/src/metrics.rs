@@ -52,6 +52,10 @@ pub struct Counters {
     /// ever waited at once since the process started (`crate::intake`).
     pub intake_queued: IntGauge,
     pub intake_queued_peak: IntGauge,
+    /// Chat file uploads (T27) and workspace snapshot uploads (W10) this replica is
+    /// reading or storing (`crate::slots`).
+    pub file_uploads: IntGauge,
+    pub snapshot_uploads: IntGauge,
     /// Turn intakes refused by the queue's bounds, by reason (`crate::intake` starts each
     /// of its reasons at 0).
     pub intake_refusals: IntCounterVec,
@@ -160,6 +164,8 @@ struct AdmissionSeries {
     intake_queued_peak: IntGauge,
     intake_refusals: IntCounterVec,
     turn_bases: IntCounterVec,
+    file_uploads: IntGauge,
+    snapshot_uploads: IntGauge,
 }
 
 impl AdmissionSeries {
@@ -203,6 +209,16 @@ impl AdmissionSeries {
                 r,
                 "brain_intake_queued_peak",
                 "The most turn intakes that waited for a slot at once since the process started.",
+            )?,
+            file_uploads: gauge(
+                r,
+                "brain_file_uploads",
+                "Chat file uploads this replica is reading or storing.",
+            )?,
+            snapshot_uploads: gauge(
+                r,
+                "brain_snapshot_uploads",
+                "Workspace snapshot uploads this replica is storing.",
             )?,
             intake_refusals: counter_vec(
                 r,
@@ -400,6 +416,8 @@ impl Metrics {
             intake_queued_peak,
             intake_refusals,
             turn_bases,
+            file_uploads,
+            snapshot_uploads,
         } = AdmissionSeries::register(r)?;
         let EventSeries {
             events_dropped,
@@ -438,6 +456,8 @@ impl Metrics {
             intake_queued_peak,
             intake_refusals,
             turn_bases,
+            file_uploads,
+            snapshot_uploads,
             snapshots,
             webhook_attempts,
             erasures,

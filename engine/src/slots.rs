@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use prometheus::IntGauge;
 use protocol::TeamId;
 
 /// The uploads one replica takes at once, of one kind.
@@ -16,15 +17,19 @@ pub struct UploadSlots(Arc<SlotsInner>);
 struct SlotsInner {
     replica: usize,
     per_team: usize,
+    /// The uploads under way, as a metric: what an operator sees, and what a test waits on
+    /// instead of guessing how long a request takes to reach its slot.
+    gauge: IntGauge,
     /// Uploads under way: in all, and per team (a team with none has no entry).
     held: Mutex<(usize, HashMap<TeamId, usize>)>,
 }
 
 impl UploadSlots {
-    pub fn new(replica: usize, per_team: usize) -> Self {
+    pub fn new(replica: usize, per_team: usize, gauge: IntGauge) -> Self {
         Self(Arc::new(SlotsInner {
             replica,
             per_team,
+            gauge,
             held: Mutex::new((0, HashMap::new())),
         }))
     }
@@ -42,6 +47,7 @@ impl UploadSlots {
         }
         *of_team += 1;
         *total += 1;
+        self.0.gauge.inc();
         Some(UploadSlot {
             slots: self.clone(),
             team,
@@ -65,6 +71,7 @@ impl Drop for UploadSlot {
             .unwrap_or_else(PoisonError::into_inner);
         let (total, teams) = &mut *held;
         *total -= 1;
+        self.slots.0.gauge.dec();
         if let Some(of_team) = teams.get_mut(&self.team) {
             *of_team -= 1;
             if *of_team == 0 {
@@ -80,7 +87,8 @@ mod tests {
 
     #[test]
     fn upload_slots_bound_the_replica_and_each_team() {
-        let slots = UploadSlots::new(3, 2);
+        let gauge = IntGauge::new("uploads", "uploads").expect("a valid gauge");
+        let slots = UploadSlots::new(3, 2, gauge.clone());
         let (a, b, c) = (TeamId::new(), TeamId::new(), TeamId::new());
         let a1 = slots.try_take(a).expect("a's first");
         let a2 = slots.try_take(a).expect("a's second");
@@ -93,9 +101,11 @@ mod tests {
         drop(a1);
         let c1 = slots.try_take(c).expect("a released slot is taken again");
         assert!(slots.try_take(b).is_none());
+        assert_eq!(gauge.get(), 3, "the gauge counts what is held");
         drop((a2, b1, c1));
         let held = slots.0.held.lock().unwrap_or_else(PoisonError::into_inner);
         assert_eq!(held.0, 0);
+        assert_eq!(gauge.get(), 0);
         assert!(
             held.1.is_empty(),
             "no team is remembered once it holds none"

@@ -6,8 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -75,9 +73,9 @@ async fn uploads_past_the_replicas_slots_are_refused_until_one_ends() {
             .send(),
     );
 
-    // Its slot is taken before its body is read, once its headers arrived: given time
-    // (no probe, which could take the slot first).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its slot is taken before its body is read, once its headers arrived: the replica's
+    // gauge says when (a probe upload could take the slot first).
+    app.wait_gauge("brain_file_uploads", 1.0).await;
     assert!(!slow.is_finished(), "the slow upload waits for its body");
 
     // Refused while it holds the slot: another upload, and a message's data: part.
@@ -108,6 +106,7 @@ async fn uploads_past_the_replicas_slots_are_refused_until_one_ends() {
     assert_eq!(slow.status(), 201);
     let stored: Value = slow.json().await.unwrap();
     assert_eq!(stored["size"], 10);
+    app.wait_gauge("brain_file_uploads", 0.0).await;
     let again = upload(&app, &chat, whole("c.txt", "c")).await;
     assert_eq!(again.status(), 201, "the slot was given back");
 }
