@@ -171,6 +171,8 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         auxiliary_models: Default::default(),
         stream_reasoning: false,
         memory_recall: Default::default(),
+        knowledge_bases: Vec::new(),
+        knowledge_recall: Default::default(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

@@ -69,6 +69,9 @@ pub enum ApiError {
     /// B3: the team's knowledge bases or documents at their bound; the message says which.
     #[error("{0}")]
     KnowledgeLimitReached(String),
+    /// An agent names an id that is no knowledge base of its team (B5).
+    #[error("{0}")]
+    UnknownKnowledgeBase(String),
     /// T26: a signed file URL that expired or whose signature is not the file's.
     #[error(transparent)]
     FileUrlRefused(#[from] engine::files::UrlRefused),
@@ -321,6 +324,7 @@ impl ApiError {
             Self::FileQuotaExceeded(_) => ErrorCode::FileQuotaExceeded,
             Self::KnowledgeQuotaExceeded(_) => ErrorCode::KnowledgeQuotaExceeded,
             Self::KnowledgeLimitReached(_) => ErrorCode::KnowledgeLimitReached,
+            Self::UnknownKnowledgeBase(_) => ErrorCode::UnknownKnowledgeBase,
             Self::FileUrlRefused(_) => ErrorCode::InvalidFileUrl,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
@@ -357,7 +361,9 @@ impl ApiError {
                 StatusCode::FORBIDDEN
             }
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::InvalidRequest | ErrorCode::UnknownConnection => StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidRequest
+            | ErrorCode::UnknownConnection
+            | ErrorCode::UnknownKnowledgeBase => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge

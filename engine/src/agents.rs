@@ -9,13 +9,16 @@ use protocol::profile;
 use crate::schedule::{Cadence, parse_timezone};
 use domain::approvals::ApprovalPolicy;
 use providers::ModelRoute;
-use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent};
-pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall};
+use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent, Store, StoreError};
+pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeRecall, MemoryRecall};
+use uuid::Uuid;
 
 const MAX_NAME: usize = 200;
 const MAX_PROMPT: usize = 100_000;
 const MAX_FALLBACKS: usize = 5;
 const MAX_AUTOSTART_PROMPT: usize = 4000;
+/// The most knowledge bases an agent names (the column's check says the same).
+pub const MAX_KNOWLEDGE_BASES: usize = 20;
 
 /// Checks a new agent's fields; the message says what is wrong.
 pub fn validate_new_agent(
@@ -50,7 +53,53 @@ pub fn validate_new_agent(
         auxiliary_models: AuxiliaryModels::default(),
         stream_reasoning: false,
         memory_recall: MemoryRecall::default(),
+        knowledge_bases: Vec::new(),
+        knowledge_recall: KnowledgeRecall::default(),
     })
+}
+
+/// Checks an agent's knowledge base ids (B5) as far as they can be without the store:
+/// their number; the same id twice counts once. [`check_knowledge_bases`] checks they are
+/// the team's.
+pub fn validate_knowledge_bases(mut ids: Vec<Uuid>) -> Result<Vec<Uuid>, String> {
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|id| seen.insert(*id));
+    if ids.len() > MAX_KNOWLEDGE_BASES {
+        return Err(format!(
+            "knowledge_bases may name at most {MAX_KNOWLEDGE_BASES} bases"
+        ));
+    }
+    Ok(ids)
+}
+
+/// Why an agent's knowledge bases were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum KnowledgeBasesError {
+    /// An id that is no base of the agent's team (another team's, deleted, or never one);
+    /// the message names it.
+    #[error("{0}")]
+    Unknown(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// B5: an agent names only its own team's knowledge bases, checked in one query when the
+/// agent is created or changed. A base deleted later drops out of its searches.
+pub async fn check_knowledge_bases(
+    store: &Store,
+    team: protocol::TeamId,
+    ids: &[Uuid],
+) -> Result<(), KnowledgeBasesError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let foreign = store::bounded(store.foreign_knowledge_bases(team, ids)).await?;
+    match foreign.first() {
+        None => Ok(()),
+        Some(id) => Err(KnowledgeBasesError::Unknown(format!(
+            "knowledge_bases: {id} is no knowledge base of this team"
+        ))),
+    }
 }
 
 /// Checks auxiliary routes (T17), an agent's or its team's, as `model` is checked.
@@ -145,6 +194,10 @@ pub struct AgentChange {
     pub stream_reasoning: Option<bool>,
     /// Recalls memories into each turn's prompt, or stops (M3).
     pub memory_recall: Option<MemoryRecall>,
+    /// Replaces the knowledge bases the agent searches as a whole (B5).
+    pub knowledge_bases: Option<Vec<Uuid>>,
+    /// Recalls passages of those bases into each turn's prompt, or stops (B5).
+    pub knowledge_recall: Option<KnowledgeRecall>,
 }
 
 impl AgentChange {
@@ -165,6 +218,8 @@ impl AgentChange {
             ("auxiliary_models", self.auxiliary_models.is_some()),
             ("stream_reasoning", self.stream_reasoning.is_some()),
             ("memory_recall", self.memory_recall.is_some()),
+            ("knowledge_bases", self.knowledge_bases.is_some()),
+            ("knowledge_recall", self.knowledge_recall.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -208,6 +263,10 @@ pub fn apply_change(
         .auxiliary_models
         .unwrap_or_else(|| current.auxiliary_models.clone());
     validate_auxiliary(&auxiliary_models)?;
+    let knowledge_bases = match change.knowledge_bases {
+        Some(ids) => validate_knowledge_bases(ids)?,
+        None => current.knowledge_bases.clone(),
+    };
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -239,6 +298,8 @@ pub fn apply_change(
         auxiliary_models,
         stream_reasoning: change.stream_reasoning.unwrap_or(current.stream_reasoning),
         memory_recall: change.memory_recall.unwrap_or(current.memory_recall),
+        knowledge_bases,
+        knowledge_recall: change.knowledge_recall.unwrap_or(current.knowledge_recall),
         changed,
     })
 }

@@ -126,6 +126,9 @@ pub enum ErrorCode {
     /// The team has as many knowledge bases (`BRAIN_KNOWLEDGE_MAX_BASES`) or documents
     /// (`BRAIN_KNOWLEDGE_MAX_DOCUMENTS`) as it may (B3); nothing was stored.
     KnowledgeLimitReached,
+    /// An agent's `knowledge_bases` names an id that is no knowledge base of its team (B5);
+    /// the message names it.
+    UnknownKnowledgeBase,
     /// A signed file URL (`/v1/files/{id}?exp=…&sig=…`, T26) has expired, or its signature
     /// is not that file's; read the transcript again for fresh URLs, or send the bearer.
     InvalidFileUrl,
@@ -176,6 +179,7 @@ impl ErrorCode {
             Self::FileQuotaExceeded => "file_quota_exceeded",
             Self::KnowledgeQuotaExceeded => "knowledge_quota_exceeded",
             Self::KnowledgeLimitReached => "knowledge_limit_reached",
+            Self::UnknownKnowledgeBase => "unknown_knowledge_base",
             Self::InvalidFileUrl => "invalid_file_url",
         }
     }
@@ -277,6 +281,7 @@ mod tests {
             ErrorCode::FileQuotaExceeded,
             ErrorCode::KnowledgeQuotaExceeded,
             ErrorCode::KnowledgeLimitReached,
+            ErrorCode::UnknownKnowledgeBase,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -133,6 +133,45 @@ impl MemoryRecall {
     }
 }
 
+/// B5: whether each turn's prompt recalls passages of the agent's knowledge bases.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum KnowledgeRecall {
+    /// The passages most relevant to the user's message, within the recall budget.
+    Auto,
+    /// None: the model finds them only with `knowledge_search`.
+    #[default]
+    Off,
+}
+
+impl KnowledgeRecall {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Off => "off",
+        }
+    }
+
+    /// The stored form; `None` for anything else (the column's check allows nothing else).
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "auto" => Some(Self::Auto),
+            "off" => Some(Self::Off),
+            _ => None,
+        }
+    }
+}
+
 /// T17: the routes of an agent's auxiliary model calls, or its team's defaults for them.
 /// Each is a route string checked like `model`; an absent one falls back to the team's,
 /// then to the agent's own route.
@@ -189,6 +228,10 @@ pub struct NewAgent {
     pub stream_reasoning: bool,
     /// Recalls memories into each turn's prompt (M3).
     pub memory_recall: MemoryRecall,
+    /// The team's knowledge bases the agent searches (B5), checked to be the team's.
+    pub knowledge_bases: Vec<uuid::Uuid>,
+    /// Recalls passages of those bases into each turn's prompt (B5).
+    pub knowledge_recall: KnowledgeRecall,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -207,6 +250,8 @@ pub struct AgentUpdate {
     pub auxiliary_models: AuxiliaryModels,
     pub stream_reasoning: bool,
     pub memory_recall: MemoryRecall,
+    pub knowledge_bases: Vec<uuid::Uuid>,
+    pub knowledge_recall: KnowledgeRecall,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -240,11 +285,16 @@ pub struct AgentRow {
     pub stream_reasoning: bool,
     /// Whether each turn's prompt recalls the memories of its scope (M3).
     pub memory_recall: MemoryRecall,
+    /// The team's knowledge bases the agent searches (B5); a base deleted since is left
+    /// out of every search.
+    pub knowledge_bases: Vec<uuid::Uuid>,
+    /// Whether each turn's prompt recalls passages of those bases (B5).
+    pub knowledge_recall: KnowledgeRecall,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -288,6 +338,14 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
                 source: format!("unknown memory recall {raw}").into(),
             })?
         },
+        knowledge_bases: row.try_get("knowledge_bases")?,
+        knowledge_recall: {
+            let raw: String = row.try_get("knowledge_recall")?;
+            KnowledgeRecall::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
+                index: "knowledge_recall".into(),
+                source: format!("unknown knowledge recall {raw}").into(),
+            })?
+        },
         created_at: row.try_get("created_at")?,
     })
 }
@@ -326,8 +384,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -353,6 +411,8 @@ impl Store {
             .bind(sqlx::types::Json(&agent.auxiliary_models))
             .bind(agent.stream_reasoning)
             .bind(agent.memory_recall.as_str())
+            .bind(&agent.knowledge_bases)
+            .bind(agent.knowledge_recall.as_str())
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -430,7 +490,7 @@ impl Store {
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
              auxiliary_models = $16, stream_reasoning = $17, memory_recall = $18, \
-             updated_at = now() \
+             knowledge_bases = $19, knowledge_recall = $20, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -452,6 +512,8 @@ impl Store {
             .bind(sqlx::types::Json(&update.auxiliary_models))
             .bind(update.stream_reasoning)
             .bind(update.memory_recall.as_str())
+            .bind(&update.knowledge_bases)
+            .bind(update.knowledge_recall.as_str())
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

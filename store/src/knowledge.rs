@@ -542,6 +542,23 @@ impl Store {
         Ok(failed)
     }
 
+    /// Those of `ids` that are not knowledge bases of the team (B5: an agent names only
+    /// its own team's).
+    pub async fn foreign_knowledge_bases(
+        &self,
+        team: TeamId,
+        ids: &[Uuid],
+    ) -> Result<Vec<Uuid>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT i FROM unnest($2::uuid[]) AS i \
+             WHERE NOT EXISTS (SELECT 1 FROM knowledge_bases b WHERE b.team_id = $1 AND b.id = i)",
+        )
+        .bind(team.0)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// The passages of the team's bases `bases` that best match `query` (web search syntax:
     /// words, `"phrases"`, `-excluded`), best first. Any of the words matches (unless the
     /// query excludes one); passages holding more of them, closer together, rank higher.

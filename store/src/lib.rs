@@ -48,7 +48,8 @@ use sqlx::{ConnectOptions, PgPool, SqlStr};
 
 pub use a2a::{PushConfig, TaskFilter};
 pub use agents::{
-    AgentRow, AgentUpdate, AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall, NewAgent,
+    AgentRow, AgentUpdate, AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeRecall,
+    MemoryRecall, NewAgent,
 };
 pub use approvals::{
     Answer, Answered, Answerer, ApprovalRow, Asking, Close, NewApproval, NewElicitation, Stranded,

@@ -13,8 +13,9 @@ use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
 use engine::agents::{
-    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, MemoryRecall, apply_change,
-    validate_auxiliary, validate_new_agent,
+    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeBasesError,
+    KnowledgeRecall, MemoryRecall, apply_change, check_knowledge_bases, validate_auxiliary,
+    validate_knowledge_bases, validate_new_agent,
 };
 use engine::auth::Principal;
 use engine::models::connections;
@@ -56,6 +57,14 @@ pub struct CreateAgent {
     /// `memory_search`.
     #[serde(default)]
     memory_recall: MemoryRecall,
+    /// The ids of the team's knowledge bases the agent searches with `knowledge_search`
+    /// (B5), at most 20; another team's or an unknown id is `unknown_knowledge_base`.
+    #[serde(default)]
+    knowledge_bases: Vec<uuid::Uuid>,
+    /// `auto` puts the passages of those bases most relevant to each message into the
+    /// turn's prompt (B5); `off` (the default) leaves them to `knowledge_search`.
+    #[serde(default)]
+    knowledge_recall: KnowledgeRecall,
 }
 
 impl CreateAgent {
@@ -67,6 +76,9 @@ impl CreateAgent {
         let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
         let (auxiliary_models, stream_reasoning) = (self.auxiliary_models, self.stream_reasoning);
         let memory_recall = self.memory_recall;
+        let knowledge_bases =
+            validate_knowledge_bases(self.knowledge_bases).map_err(ApiError::InvalidRequest)?;
+        let knowledge_recall = self.knowledge_recall;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -81,6 +93,8 @@ impl CreateAgent {
             auxiliary_models,
             stream_reasoning,
             memory_recall,
+            knowledge_bases,
+            knowledge_recall,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -104,6 +118,20 @@ async fn check_connections(
     Ok(())
 }
 
+/// B5: an agent names only its team's knowledge bases.
+async fn check_bases(
+    state: &AppState,
+    team: protocol::TeamId,
+    ids: &[uuid::Uuid],
+) -> Result<(), ApiError> {
+    check_knowledge_bases(&state.store, team, ids)
+        .await
+        .map_err(|e| match e {
+            KnowledgeBasesError::Unknown(problem) => ApiError::UnknownKnowledgeBase(problem),
+            KnowledgeBasesError::Store(e) => e.into(),
+        })
+}
+
 #[utoipa::path(
     post,
     path = "/agents",
@@ -112,7 +140,7 @@ async fn check_connections(
     request_body = CreateAgent,
     responses(
         (status = 201, description = "The agent.", body = AgentRow),
-        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`).", body = ErrorBody),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
     ),
@@ -134,6 +162,7 @@ pub async fn create(
         &agent.auxiliary_models,
     )
     .await?;
+    check_bases(&state, team, &agent.knowledge_bases).await?;
     let by = principal.actor(address);
     let row = bounded(state.store.create_agent(team, &agent, &by)).await?;
     tracing::info!(team = %team, agent = %row.id, "agent created");
@@ -208,6 +237,12 @@ pub struct PatchAgent {
     /// `auto` or `off`: whether each turn's prompt recalls memories (M3).
     #[serde(default)]
     memory_recall: Option<MemoryRecall>,
+    /// Replaces the knowledge bases the agent searches (B5) as a whole: `[]` names none.
+    #[serde(default)]
+    knowledge_bases: Option<Vec<uuid::Uuid>>,
+    /// `auto` or `off`: whether each turn's prompt recalls passages of them (B5).
+    #[serde(default)]
+    knowledge_recall: Option<KnowledgeRecall>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -224,6 +259,8 @@ impl From<PatchAgent> for AgentChange {
             auxiliary_models: patch.auxiliary_models,
             stream_reasoning: patch.stream_reasoning,
             memory_recall: patch.memory_recall,
+            knowledge_bases: patch.knowledge_bases,
+            knowledge_recall: patch.knowledge_recall,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }
@@ -242,7 +279,7 @@ impl From<PatchAgent> for AgentChange {
     request_body = PatchAgent,
     responses(
         (status = 200, description = "The agent as changed.", body = AgentRow),
-        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`).", body = ErrorBody),
+        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such live agent in the team (`not_found`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
@@ -269,6 +306,7 @@ pub async fn update(
     if current.archived {
         return Err(ApiError::NotFound("agent"));
     }
+    let bases_given = body.knowledge_bases.is_some();
     let update = apply_change(
         &current,
         body.into(),
@@ -285,6 +323,11 @@ pub async fn update(
         &update.auxiliary_models,
     )
     .await?;
+    // Only ids the change names are checked: a base deleted since the agent named it is
+    // no reason to refuse another field's change (it drops out of the searches).
+    if bases_given {
+        check_bases(&state, principal.team, &update.knowledge_bases).await?;
+    }
     let by = principal.actor(address);
     let row =
         bounded(

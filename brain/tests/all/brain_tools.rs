@@ -717,6 +717,8 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 auxiliary_models: Default::default(),
                 stream_reasoning: false,
                 memory_recall: Default::default(),
+                knowledge_bases: Vec::new(),
+                knowledge_recall: Default::default(),
             },
             &store::Actor::operator(None),
         )

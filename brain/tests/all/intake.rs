@@ -41,6 +41,8 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         auxiliary_models: Default::default(),
         stream_reasoning: false,
         memory_recall: Default::default(),
+        knowledge_bases: Vec::new(),
+        knowledge_recall: Default::default(),
     };
     let mut chats = Vec::new();
     for _ in 0..n {

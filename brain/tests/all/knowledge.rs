@@ -417,3 +417,86 @@ async fn a_job_whose_replica_died_is_indexed_by_another() {
     assert_eq!(late, store::JobEnd::Lost);
     assert!(!passages(&app, &app.key, &base, "password").await.is_empty());
 }
+
+/// `POST /v1/agents` with `knowledge_bases` and `knowledge_recall`.
+async fn create_agent_with(app: &TestApp, bearer: &str, extra: Value) -> Response {
+    let mut body = json!({"name": "librarian", "system_prompt": "Answer from the handbook.",
+                          "model": "openai/gpt-test"});
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    app.http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(bearer)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn patch_agent(app: &TestApp, agent: &str, body: Value) -> Response {
+    app.http
+        .patch(format!("{}/v1/agents/{agent}", app.url))
+        .bearer_auth(&app.key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// B5: an agent names only its team's bases: another team's id or an unknown one is
+/// `400 unknown_knowledge_base` at create and patch; a base deleted after the agent named
+/// it blocks no other change.
+#[tokio::test]
+async fn an_agent_names_only_its_teams_knowledge_bases() {
+    let app = TestApp::start().await;
+    let ours = create_base(&app, &app.key, "Ours").await;
+    let other = app.store.create_team("other team").await.unwrap().api_key;
+    let theirs = create_base(&app, &other, "Theirs").await;
+
+    for ids in [
+        json!([theirs]),
+        json!([ours, theirs]),
+        json!([uuid::Uuid::new_v4()]),
+    ] {
+        let refused = create_agent_with(&app, &app.key, json!({"knowledge_bases": ids})).await;
+        assert_eq!(
+            error_code(refused).await,
+            (400, "unknown_knowledge_base".into())
+        );
+    }
+    let created = create_agent_with(
+        &app,
+        &app.key,
+        json!({"knowledge_bases": [ours, ours], "knowledge_recall": "auto"}),
+    )
+    .await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    assert_eq!(agent["knowledge_bases"], json!([ours]));
+    assert_eq!(agent["knowledge_recall"], "auto");
+    let id = agent["id"].as_str().unwrap();
+
+    let refused = patch_agent(&app, id, json!({"knowledge_bases": [theirs]})).await;
+    assert_eq!(
+        error_code(refused).await,
+        (400, "unknown_knowledge_base".into())
+    );
+    let refused = patch_agent(&app, id, json!({"knowledge_recall": "sometimes"})).await;
+    assert_eq!(refused.status(), 400);
+
+    let deleted = app
+        .http
+        .delete(format!("{}/v1/knowledge/{ours}", app.url))
+        .bearer_auth(&app.key)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success());
+    let changed = patch_agent(&app, id, json!({"system_prompt": "Be brief."})).await;
+    assert_eq!(changed.status(), 200);
+    let none = patch_agent(&app, id, json!({"knowledge_bases": []})).await;
+    assert_eq!(none.status(), 200);
+    let agent: Value = none.json().await.unwrap();
+    assert_eq!(agent["knowledge_bases"], json!([]));
+}

@@ -384,6 +384,9 @@ impl Tool for AgentUpdate {
                 stream_reasoning: args.stream_reasoning,
                 // Whether turns recall memories is the API's to set.
                 memory_recall: None,
+                // Which of the team's documents the agent reads is the API's to set.
+                knowledge_bases: None,
+                knowledge_recall: None,
             };
             let update = match apply_change(
                 &current,

@@ -322,6 +322,8 @@ mod tests {
             auxiliary_models: Default::default(),
             stream_reasoning: false,
             memory_recall: Default::default(),
+            knowledge_bases: Vec::new(),
+            knowledge_recall: Default::default(),
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {
