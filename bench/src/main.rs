@@ -8,8 +8,8 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, quiet, takeover, attachments, peer, soak, shards; empty
-//! runs all but peer, soak, shards and quiet),
+//! speculation, hangup, openloop, quiet, takeover, attachments, knowledge, peer, soak,
+//! shards; empty runs all but peer, soak, shards, quiet and knowledge),
 //! `BENCH_MESSAGE_IDS` (`1`: every message posted carries a fresh `message_id`),
 //! `BENCH_CHAT_TITLES` (`1`: each new chat is titled after its first turn),
 //! `BENCH_QUIET_RATE` (the `quiet` open loop's turns per second, default 5),
@@ -25,6 +25,10 @@
 //! `takeover` SIGKILLs a replica running 16 turns and times each turn's resumption on the
 //! other (bench/src/takeover.rs).
 //!
+//! `knowledge` ingests generated Markdown into two knowledge bases through the API and
+//! times lexical search and its recall@5 over about 1,000 passages and over
+//! `BENCH_KNOWLEDGE_CHUNKS` (default 100,000) (bench/src/knowledge.rs).
+//!
 //! `live` runs the release `brain` binary as a child, to read its RSS and CPU from `/proc`.
 //!
 //! `peer` (`make bench-peer`) measures the turn overhead of LangGraph's dev server beside
@@ -35,6 +39,7 @@
 mod attachments;
 mod cpu;
 mod hands;
+mod knowledge;
 mod live;
 mod observers;
 mod openloop;
@@ -91,11 +96,14 @@ async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     // `peer` needs LangGraph installed, which plain `make bench` does not do, `soak`
     // (make bench-soak) takes minutes and measures survival, not speed, `shards`
-    // measures a Redis Cluster's spread, not the turn, and `quiet` spends a minute on what
-    // `peer` also measures: they run only when named.
+    // measures a Redis Cluster's spread, not the turn, `quiet` spends a minute on what
+    // `peer` also measures, and `knowledge` indexes 100,000 passages (minutes): they run
+    // only when named.
     let wants = |name: &str| {
         let named = only.split(',').any(|s| s.trim() == name);
-        named || (only.is_empty() && !["peer", "soak", "shards", "quiet"].contains(&name))
+        named
+            || (only.is_empty()
+                && !["peer", "soak", "shards", "quiet", "knowledge"].contains(&name))
     };
     let mut rows = Vec::new();
     if wants("cpu") {
@@ -139,6 +147,9 @@ async fn main() -> Result<()> {
     }
     if wants("attachments") {
         attachments::attachments(&mut rows).await?;
+    }
+    if wants("knowledge") {
+        knowledge::knowledge(&mut rows).await?;
     }
     if wants("takeover") {
         takeover::takeover(&mut rows).await?;
