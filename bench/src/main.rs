@@ -8,8 +8,8 @@
 //! default 5; also how long the live turns stay all open), `BENCH_CONCURRENCY` (the
 //! turn-overhead levels, default 1,16,64,256), `BENCH_ONLY` (comma-separated
 //! scenario names: cpu, turn, quota, observers, busy, relay, live, hands, snapshots,
-//! speculation, hangup, openloop, quiet, takeover, attachments, knowledge, peer, soak,
-//! shards; empty runs all but peer, soak, shards, quiet and knowledge),
+//! speculation, hangup, openloop, quiet, takeover, attachments, openai, knowledge, peer,
+//! soak, shards; empty runs all but peer, soak, shards, quiet and knowledge),
 //! `BENCH_MESSAGE_IDS` (`1`: every message posted carries a fresh `message_id`),
 //! `BENCH_CHAT_TITLES` (`1`: each new chat is titled after its first turn),
 //! `BENCH_QUIET_RATE` (the `quiet` open loop's turns per second, default 5),
@@ -42,6 +42,7 @@ mod hands;
 mod knowledge;
 mod live;
 mod observers;
+mod openai;
 mod openloop;
 mod peer;
 mod relay;
@@ -147,6 +148,9 @@ async fn main() -> Result<()> {
     }
     if wants("attachments") {
         attachments::attachments(&mut rows).await?;
+    }
+    if wants("openai") {
+        openai::openai(&mut rows).await?;
     }
     if wants("knowledge") {
         knowledge::knowledge(&mut rows).await?;
