@@ -31,10 +31,12 @@ pub struct ChatFileRow {
     pub filename: String,
     pub storage_key: String,
     pub created_at: DateTime<Utc>,
+    /// An image's description by the vision route (T27), once one was made.
+    pub description: Option<String>,
 }
 
-const COLUMNS: &str =
-    "id, team_id, chat_id, media_type, size_bytes, filename, storage_key, created_at";
+const COLUMNS: &str = "id, team_id, chat_id, media_type, size_bytes, filename, storage_key, \
+                       created_at, description";
 
 fn file_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatFileRow, StoreError> {
     Ok(ChatFileRow {
@@ -46,7 +48,23 @@ fn file_from_row(row: &sqlx::postgres::PgRow) -> Result<ChatFileRow, StoreError>
         filename: row.try_get("filename")?,
         storage_key: row.try_get("storage_key")?,
         created_at: row.try_get("created_at")?,
+        description: row.try_get("description")?,
     })
+}
+
+/// What [`Store::claim_description`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DescriptionClaim {
+    /// This caller describes the image now.
+    Claimed,
+    /// Described meanwhile: the description.
+    Described(String),
+    /// Another caller's claim is still fresh.
+    Busy,
+    /// Every attempt was used; it is not asked about again.
+    GivenUp,
+    /// No such file of the team.
+    Gone,
 }
 
 /// What [`Store::insert_chat_file`] did.
@@ -157,5 +175,69 @@ impl Store {
         .bind(id)
         .fetch_optional(&self.pool)
         .await?)
+    }
+
+    /// Claims the describing of image `id` (T27): one attempt of at most `max_attempts`,
+    /// unless it has a description or another claim younger than `fresh` holds it. The
+    /// update is conditional, so of two callers at once only one pays for a description.
+    pub async fn claim_description(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        max_attempts: i16,
+        fresh: std::time::Duration,
+    ) -> Result<DescriptionClaim, StoreError> {
+        let fresh_ms = i64::try_from(fresh.as_millis()).unwrap_or(i64::MAX);
+        let claimed = sqlx::query(
+            "UPDATE chat_files SET description_attempts = description_attempts + 1, \
+                    description_tried_at = now() \
+             WHERE team_id = $1 AND id = $2 AND description IS NULL \
+               AND description_attempts < $3 \
+               AND (description_tried_at IS NULL \
+                    OR description_tried_at < now() - $4 * interval '1 millisecond') \
+             RETURNING id",
+        )
+        .bind(team.0)
+        .bind(id)
+        .bind(max_attempts)
+        .bind(fresh_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        if claimed.is_some() {
+            return Ok(DescriptionClaim::Claimed);
+        }
+        let row: Option<(Option<String>, i16)> = sqlx::query_as(
+            "SELECT description, description_attempts FROM chat_files \
+             WHERE team_id = $1 AND id = $2",
+        )
+        .bind(team.0)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            None => DescriptionClaim::Gone,
+            Some((Some(description), _)) => DescriptionClaim::Described(description),
+            Some((None, attempts)) if attempts >= max_attempts => DescriptionClaim::GivenUp,
+            Some((None, _)) => DescriptionClaim::Busy,
+        })
+    }
+
+    /// Keeps image `id`'s description unless it has one already.
+    pub async fn set_description(
+        &self,
+        team: TeamId,
+        id: Uuid,
+        description: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE chat_files SET description = $3 \
+             WHERE team_id = $1 AND id = $2 AND description IS NULL",
+        )
+        .bind(team.0)
+        .bind(id)
+        .bind(description)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }

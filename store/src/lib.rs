@@ -57,7 +57,7 @@ pub use approvals::{
 };
 pub use artifacts::{ArtifactRow, NewArtifact};
 pub use audit::{Action, Actor, ActorKind, AuditEntry, AuditFilter};
-pub use chat_files::{ChatFileRow, FileInsert, NewChatFile};
+pub use chat_files::{ChatFileRow, DescriptionClaim, FileInsert, NewChatFile};
 pub use chat_search::{ChatHit, ChatsOf};
 pub use chats::{
     BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,

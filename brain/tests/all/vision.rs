@@ -12,7 +12,7 @@ use std::io::Cursor;
 
 use base64::Engine as _;
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
-use scripted_provider::{RecordedRequest, ScriptedProvider, SeenFile, SeenKind};
+use scripted_provider::{RecordedRequest, Reply, ScriptedProvider, SeenFile, SeenKind};
 use serde_json::{Value, json};
 use store::SecretsKey;
 
@@ -230,7 +230,8 @@ async fn anthropic_gets_image_and_document_blocks() {
 }
 
 /// A model the catalog does not say reads images or documents (here one it does not list
-/// at all) is told an image was attached, and reads the document's text instead (T27).
+/// at all), with no vision route, is told an image was attached and why it gets no
+/// description, and reads the document's text instead (T27).
 #[tokio::test]
 async fn a_model_without_vision_is_told_an_image_was_attached_and_reads_a_pdfs_text() {
     let app = app().await;
@@ -253,7 +254,8 @@ async fn a_model_without_vision_is_told_an_image_was_attached_and_reads_a_pdfs_t
     assert_eq!(
         request.body["messages"][1],
         json!({"role": "user", "content": "What is this?\n\
-            [an image was attached here (chart.png, image/png), but this model cannot read it]\n\
+            [an image was attached here (chart.png, image/png), but this model cannot read it, \
+            and no vision route is configured to describe it]\n\
             [file report.pdf (application/pdf), its text]\n\
             Quarterly report: revenue rose 12 percent.\n\
             [end of file report.pdf]"})
@@ -302,4 +304,130 @@ async fn the_oldest_files_are_left_out_when_the_budget_runs_out() {
         "And this?\n\n[a file first.png (image/png) was attached here; left out to stay \
          within the context budget]"
     );
+}
+
+/// A chat with an agent on `team/blind`, a model without vision, whose `vision` route is
+/// `team/eye`, a model with vision, both on `server`.
+async fn blind_chat(app: &TestApp, server: &ScriptedProvider) -> String {
+    let created = app
+        .post_json(
+            "/v1/providers",
+            &json!({"name": "team", "kind": "openai", "base_url": server.openai_base_url(),
+                    "api_key": "sk-t",
+                    "models": [{"model": "eye", "vision": true}, {"model": "blind"}]}),
+        )
+        .await;
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    let agent = app
+        .post_json(
+            "/v1/agents",
+            &json!({"name": "a", "system_prompt": "You are terse.", "model": "team/blind",
+                    "auxiliary_models": {"vision": "team/eye"}}),
+        )
+        .await;
+    assert_eq!(agent.status(), 201);
+    let agent: Value = agent.json().await.unwrap();
+    app.new_chat(agent["id"].as_str().unwrap()).await
+}
+
+async fn say_with_image(app: &TestApp, chat: &str) {
+    say(
+        app,
+        chat,
+        json!([
+            {"type": "text", "text": "What is this?"},
+            {"type": "file", "mediaType": "image/png", "filename": "chart.png",
+             "url": data_url("image/png", &png())},
+        ]),
+    )
+    .await;
+}
+
+/// The model, files and first user message of a request the scripted server recorded.
+fn user_message(request: &RecordedRequest) -> (&Value, Vec<SeenFile>, &Value) {
+    (
+        &request.body["model"],
+        request.files(),
+        &request.body["messages"][1]["content"],
+    )
+}
+
+/// T27: a model without vision reads each image's description by the `vision` route in
+/// the image's place. The vision route's request holds the image, the main model's the
+/// description and no image; the description is kept and billed once, so a later turn
+/// does not ask again.
+#[tokio::test]
+async fn a_model_without_vision_reads_a_description_made_once_by_the_vision_route() {
+    let app = app().await;
+    let server = ScriptedProvider::start().await.unwrap();
+    let chat = blind_chat(&app, &server).await;
+    server.push(text("A bar chart: Lyon 3 visits, Nantes 5."));
+    server.push(text("Nantes had more."));
+    say_with_image(&app, &chat).await;
+    let image = stored_image(&app, &chat).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "a description, then the answer");
+    let described = "What is this?\n[image chart.png, described: A bar chart: Lyon 3 visits, \
+                     Nantes 5.]";
+    let (model, files, _) = user_message(&requests[0]);
+    assert_eq!(model, "eye");
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].bytes, image, "the vision route sees the image");
+    let (model, files, content) = user_message(&requests[1]);
+    assert_eq!(model, "blind");
+    assert!(files.is_empty(), "{files:?}");
+    assert_eq!(content, described);
+    assert!(server.violations().is_empty(), "{:?}", server.violations());
+
+    let billed: Vec<(String,)> = sqlx::query_as(
+        "SELECT b.model FROM billing_events b JOIN turns t ON t.id = b.turn_id \
+         WHERE t.chat_id = $1 AND b.event_key LIKE '%:vision:%'",
+    )
+    .bind(chat.parse::<uuid::Uuid>().unwrap())
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(billed, [("team/eye".to_owned(),)], "billed as usage, once");
+
+    server.push(text("Lyon."));
+    say(
+        &app,
+        &chat,
+        json!([{"type": "text", "text": "Which city had fewer?"}]),
+    )
+    .await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3, "one vision request in all");
+    let (model, files, content) = user_message(&requests[2]);
+    assert_eq!(model, "blind");
+    assert!(files.is_empty());
+    assert_eq!(content, described, "the kept description");
+}
+
+/// T27: when the vision route fails, the model is told the description could not be
+/// made, and the turn still answers.
+#[tokio::test]
+async fn a_failing_vision_route_leaves_a_note_and_the_turn_answers() {
+    let app = app().await;
+    let server = ScriptedProvider::start().await.unwrap();
+    let chat = blind_chat(&app, &server).await;
+    server.push(Reply::Status {
+        status: 400,
+        retry_after: None,
+    });
+    server.push(text("I cannot tell."));
+    say_with_image(&app, &chat).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "the failed description, then the answer");
+    let (model, files, content) = user_message(&requests[1]);
+    assert_eq!(model, "blind");
+    assert!(files.is_empty());
+    assert_eq!(
+        content,
+        "What is this?\n[an image was attached here (chart.png, image/png), but this model \
+         cannot read it, and its description could not be made]"
+    );
+    let messages = app.messages(&chat).await;
+    assert_eq!(messages[1]["role"], "assistant");
+    assert!(messages[1]["parts"].to_string().contains("I cannot tell."));
 }

@@ -4,9 +4,10 @@
 //! the bytes of the files of its history window and shows each in the form its media type
 //! (sniffed from the bytes when stored, T22) allows:
 //! - an image or a PDF as content of its own ([`providers::Attachment`]), which each
-//!   adapter renders in its wire's form; a model the catalog does not say reads it gets a
-//!   note in its place (`ModelRequest::fitted`, at the model call, since a fallback may be
-//!   another model);
+//!   adapter renders in its wire's form; a model the catalog does not say reads it gets
+//!   what its `instead` says in its place (`ModelRequest::fitted`, at the model call,
+//!   since a fallback may be another model): a PDF's text, an image's description by the
+//!   `vision` route (T27, `describe.rs`), else a note;
 //! - text, CSV and JSON inline after the message's text, up to [`INLINE_TEXT_BYTES`]; a
 //!   longer file is cut with a note that says where, never silently;
 //! - anything else as a note naming the file.
@@ -71,6 +72,12 @@ impl FromIterator<(String, Shown)> for Files {
     }
 }
 
+/// Sets what a model without vision reads in an image's place (T27): `describe.rs`
+/// does, for a turn whose model has none.
+pub(super) trait Describe {
+    async fn describe(&self, row: &store::ChatFileRow, image: &mut Attachment);
+}
+
 /// Whether any user message of `history` has a file.
 pub fn any<'a>(mut history: impl Iterator<Item = &'a MessageRow>) -> bool {
     history
@@ -79,14 +86,15 @@ pub fn any<'a>(mut history: impl Iterator<Item = &'a MessageRow>) -> bool {
 
 /// The files of `history`'s user messages (given oldest first), read within `budget`
 /// tokens, newest first; with `workspace` (the chat's files as its worker places them,
-/// T25), where each is in the workspace.
-pub async fn load<'a>(
+/// T25), where each is in the workspace. `describer` gives an image its description for
+/// a model without vision (T27).
+pub(super) async fn load<'a>(
     state: &Engine,
-    team: TeamId,
-    chat: ChatId,
+    (team, chat): (TeamId, ChatId),
     history: impl DoubleEndedIterator<Item = &'a MessageRow>,
     budget: usize,
     workspace: Option<&Manifest>,
+    describer: &impl Describe,
 ) -> Files {
     let mut files = Files::default();
     let mut left = budget;
@@ -97,7 +105,7 @@ pub async fn load<'a>(
             if files.shown.contains_key(&file.url) {
                 continue;
             }
-            let shown = show(state, team, chat, file, &mut left).await;
+            let shown = show(state, (team, chat), file, &mut left, describer).await;
             files.shown.insert(file.url.clone(), shown);
             let path = workspace.zip(files::id_of_url(&file.url));
             if let Some(path) = path.and_then(|(manifest, id)| manifest.path_of(id)) {
@@ -111,10 +119,10 @@ pub async fn load<'a>(
 /// One file as the model sees it, its cost taken from `left`.
 async fn show(
     state: &Engine,
-    team: TeamId,
-    chat: ChatId,
+    (team, chat): (TeamId, ChatId),
     file: &FilePart,
     left: &mut usize,
+    describer: &impl Describe,
 ) -> Shown {
     let name = file.filename.as_deref().unwrap_or("file");
     let Some(id) = files::id_of_url(&file.url) else {
@@ -136,9 +144,12 @@ async fn show(
     };
     let media = read.row.media_type.as_str();
     let shown = match media {
-        "image/png" | "image/jpeg" | "image/gif" | "image/webp" => Shown::Attachment(
-            Attachment::new(AttachmentKind::Image, media, name, &read.bytes),
-        ),
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp" => {
+            let mut image = Attachment::new(AttachmentKind::Image, media, name, &read.bytes);
+            // T27: a model without vision reads a description instead.
+            describer.describe(&read.row, &mut image).await;
+            Shown::Attachment(image)
+        }
         "application/pdf" => {
             let mut pdf = Attachment::new(AttachmentKind::Pdf, media, name, &read.bytes);
             // T27: a model that does not read documents reads the text instead.

@@ -59,11 +59,13 @@ pub(super) async fn chosen(
     }
 }
 
-/// An auxiliary model call of one user message (a summary, a title): no tools, no
-/// history.
+/// An auxiliary model call of one user message (a summary, a title, an image's
+/// description): no tools, no history.
 pub(super) struct OneShot<'a> {
     pub system: &'a str,
     pub prompt: String,
+    /// Files of the message (the image to describe, T27); empty for text alone.
+    pub files: Vec<providers::Attachment>,
     pub max_output_tokens: u32,
     /// What the call is for, in its logs.
     pub what: &'static str,
@@ -94,7 +96,14 @@ pub(super) async fn one_shot(
         let call = ModelRequest {
             model: resolved.model.clone(),
             system: request.system.to_owned(),
-            messages: vec![Message::User(request.prompt.clone())],
+            messages: vec![if request.files.is_empty() {
+                Message::User(request.prompt.clone())
+            } else {
+                Message::UserFiles {
+                    text: request.prompt.clone(),
+                    files: request.files.clone(),
+                }
+            }],
             tools: Default::default(),
             max_output_tokens: request.max_output_tokens,
         };
@@ -230,6 +239,7 @@ impl Title {
                 "User:\n{}\n\nAssistant (start of the answer):\n{answer}",
                 self.question
             ),
+            files: Vec::new(),
             max_output_tokens: TITLE_MAX_OUTPUT_TOKENS,
             what: "title",
         };

@@ -12,6 +12,7 @@ use super::attachments::{self, Files};
 use super::auxiliary;
 use super::basis::{Found, KeptHistory, Source};
 use super::context::{self, Fold};
+use super::describe::Describer;
 use super::history::{Counted, HistoryRow, model_messages};
 use super::offered::Offered;
 use super::{Composition, Launch, Launched, Trigger, TurnError, recall, replay};
@@ -275,6 +276,7 @@ pub(super) async fn first_request(
         // Boxed: a text-only turn's future stays as small as it was.
         let rows = window.iter().map(Counted::row);
         let hands = basis.agent.runtime_profile != protocol::profile::NONE;
+        let model = route.first().map(String::as_str);
         Box::pin(async move {
             // T25: where the files are in the worker's workspace, for an agent with hands.
             let workspace = if hands {
@@ -286,7 +288,16 @@ pub(super) async fn first_request(
                 None
             };
             let files = workspace.as_deref();
-            attachments::load(state, launch.team, launch.chat, rows, budget, files).await
+            // T27: images described for a turn whose model has no vision.
+            let describer = Describer::new(
+                state,
+                (launch.team, basis.agent.id, turn),
+                launch.authority.user(),
+                model,
+                basis.agent.auxiliary_models.vision.as_deref(),
+            );
+            let ids = (launch.team, launch.chat);
+            attachments::load(state, ids, rows, budget, files, &describer).await
         })
         .await
     } else {

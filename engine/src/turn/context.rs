@@ -216,6 +216,7 @@ impl Fold {
         let request = OneShot {
             system: SUMMARY_INSTRUCTIONS,
             prompt,
+            files: Vec::new(),
             max_output_tokens: self.max_output_tokens,
             what: "summary",
         };

@@ -47,6 +47,7 @@ mod basis;
 mod compose;
 mod context;
 mod continuation;
+mod describe;
 mod error;
 mod history;
 mod model_call;
