@@ -73,6 +73,8 @@ let report;
 try {
   if (request.op === "models") report = { models: (await client.models.list()).data };
   else if (request.op === "responses") report = await responses();
+  else if (request.op === "retrieve") report = { response: await client.responses.retrieve(request.id) };
+  else if (request.op === "cancel") report = { response: await client.responses.cancel(request.id) };
   else report = await chat();
 } catch (e) {
   if (!(e instanceof APIError)) throw e;

@@ -1,6 +1,6 @@
 """The official OpenAI Python SDK against the brain's OpenAI-compatible API, for
 brain/tests/all/openai.rs: `client.py <base_url> <api_key> <request json>` prints one JSON
-report. The request's `op` is `models`, `chat` or `responses` (streamed through
+report. The request's `op` is `models`, `chat`, `responses`, `retrieve` or `cancel` (streamed through
 `client.responses.stream`, whose manager rebuilds the response from the events); a refusal is reported as
 `{"error": {"status", "code", "type", "message"}}`, as the SDK raised it."""
 
@@ -84,6 +84,10 @@ def main():
             report = {"models": [m.model_dump() for m in client.models.list()]}
         elif request["op"] == "responses":
             report = responses(client, request)
+        elif request["op"] == "retrieve":
+            report = {"response": client.responses.retrieve(request["id"]).model_dump()}
+        elif request["op"] == "cancel":
+            report = {"response": client.responses.cancel(request["id"]).model_dump()}
         else:
             report = chat(client, request)
     except openai.APIStatusError as e:

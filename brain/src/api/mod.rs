@@ -178,6 +178,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(openai::models::list))
         .routes(routes!(openai::chat::completions))
         .routes(routes!(openai::responses::create))
+        .routes(routes!(openai::responses::get))
+        .routes(routes!(openai::responses::cancel))
         // Workers authenticate with their session token, not a team key.
         .routes(routes!(worker::connect))
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))

@@ -362,6 +362,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("document_id", document),
         ("memory_id", memory.to_string()),
         ("provider_id", provider),
+        ("response_id", format!("resp_{turn}")),
         ("secret_name", "THEIRS".to_owned()),
         ("team_id", team),
         ("turn_id", turn),

@@ -4,7 +4,8 @@
 //! conversation that continues one chat, an explicit chat id, tool calls that run
 //! server-side, an image, a key's end users kept apart by `user`, a busy agent, and the
 //! refusals in OpenAI's shape with our codes (a bad model, a wrong key, a quota, another
-//! team's agent).
+//! team's agent). The Responses API (P8) too: whole and streamed responses, one chat
+//! continued by `previous_response_id`, and background responses polled and cancelled.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -638,8 +639,8 @@ async fn responses_answer_whole_or_streamed_and_continue_by_previous_response_id
 }
 
 /// A `previous_response_id` that names no response of this agent the caller may see is
-/// `404 not_found` in OpenAI's shape, another team's included; `instructions` and
-/// `background` are refused, not ignored. Nothing reaches the model.
+/// `404 not_found` in OpenAI's shape, another team's included; `instructions` is
+/// refused, not ignored. Nothing reaches the model.
 #[tokio::test]
 async fn responses_refuse_an_unknown_or_foreign_previous_response() {
     let app = TestApp::start().await;
@@ -688,19 +689,16 @@ async fn responses_refuse_an_unknown_or_foreign_previous_response() {
             assert_eq!(error["code"], "not_found");
             assert_eq!(error["type"], "not_found_error");
         }
-        for refused in [
-            json!({"instructions": "Be brief."}),
-            json!({"background": true}),
-        ] {
-            let mut request = json!({"op": "responses", "model": agent, "input": "hi"});
-            request
-                .as_object_mut()
-                .unwrap()
-                .extend(refused.as_object().unwrap().clone());
-            let report = self::sdk(sdk, &app, &app.key, request).await;
-            assert_eq!(report["error"]["status"], 400, "{sdk:?}: {report}");
-            assert_eq!(report["error"]["code"], "invalid_request");
-        }
+        let report = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "responses", "model": agent, "input": "hi",
+                   "instructions": "Be brief."}),
+        )
+        .await;
+        assert_eq!(report["error"]["status"], 400, "{sdk:?}: {report}");
+        assert_eq!(report["error"]["code"], "invalid_request");
     }
     assert!(chats_of(&app, &agent).await.is_empty());
     assert_eq!(
@@ -708,4 +706,86 @@ async fn responses_refuse_an_unknown_or_foreign_previous_response() {
         asked,
         "nothing reached the model"
     );
+}
+
+/// Polls a response through `sdk` until its status is `want`.
+async fn response_until(app: &TestApp, sdk: Sdk, id: &str, want: &str) -> Value {
+    for _ in 0..200 {
+        let report = self::sdk(sdk, app, &app.key, json!({"op": "retrieve", "id": id})).await;
+        if report["response"]["status"] == want {
+            return report["response"].clone();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("response {id} never became {want}");
+}
+
+/// `background: true` answers at once with the turn's response, polled to `completed`
+/// with its text and usage; a cancelled one ends `cancelled`. Another team's key finds
+/// neither, to read or to cancel; `stream` with `background` is refused.
+#[tokio::test]
+async fn responses_in_the_background_are_polled_and_cancelled() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let theirs = app.store.create_team("b").await.unwrap();
+    for sdk in BOTH {
+        app.provider.push(scripted_provider::Reply::Text {
+            deltas: vec!["Done ".into(), "later.".into()],
+            delay: std::time::Duration::from_millis(300),
+        });
+        let started = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "responses", "model": agent, "input": "work", "background": true}),
+        )
+        .await;
+        let response = &started["response"];
+        assert_eq!(response["background"], true, "{sdk:?}: {started}");
+        assert!(
+            ["queued", "in_progress"].contains(&response["status"].as_str().unwrap()),
+            "{started}"
+        );
+        let id = response["id"].as_str().unwrap().to_owned();
+        let done = response_until(&app, sdk, &id, "completed").await;
+        assert_eq!(
+            done["output"][0]["content"][0]["text"], "Done later.",
+            "{done}"
+        );
+        assert!(
+            done["usage"]["output_tokens"].as_i64().unwrap() > 0,
+            "{done}"
+        );
+        for op in ["retrieve", "cancel"] {
+            let report = self::sdk(sdk, &app, &theirs.api_key, json!({"op": op, "id": id})).await;
+            assert_eq!(report["error"]["status"], 404, "{sdk:?} {op}: {report}");
+            assert_eq!(report["error"]["code"], "not_found");
+        }
+        app.settled().await;
+
+        app.provider.push(scripted_provider::Reply::Text {
+            deltas: (0..50).map(|i| format!("w{i} ")).collect(),
+            delay: std::time::Duration::from_millis(200),
+        });
+        let started = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "responses", "model": agent, "input": "long", "background": true}),
+        )
+        .await;
+        let id = started["response"]["id"].as_str().unwrap().to_owned();
+        response_until(&app, sdk, &id, "in_progress").await;
+        let cancelled = self::sdk(sdk, &app, &app.key, json!({"op": "cancel", "id": id})).await;
+        assert!(cancelled["response"].is_object(), "{sdk:?}: {cancelled}");
+        response_until(&app, sdk, &id, "cancelled").await;
+        app.settled().await;
+    }
+    let raw = app
+        .auth(app.http.post(format!("{}/openai/v1/responses", app.url)))
+        .json(&json!({"model": agent, "input": "hi", "background": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
 }

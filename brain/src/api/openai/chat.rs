@@ -37,6 +37,7 @@ use engine::agents::BusyPolicy;
 use engine::auth::Principal;
 use engine::conversations::{Owner, Speaker};
 use engine::sse;
+use engine::turn::Trigger;
 use engine::turn::post::{self, Posted};
 use engine::turn::ui_stream::UiBody;
 use store::{AgentRow, StoreError, bounded};
@@ -377,16 +378,13 @@ pub async fn completions(
     Ok(response)
 }
 
-/// Posts the new message (its AI SDK parts) to `chat` through the posting path of every
-/// front end, and starts its turn: the turn and its UI chunks.
-pub(super) async fn launch(
+/// The new message (its AI SDK parts) as a trigger to post to `chat`, its files stored.
+pub(super) async fn trigger_for(
     state: &AppState,
     principal: &Principal,
-    headers: &HeaderMap,
-    agent: &AgentRow,
     chat: ChatId,
     parts: Vec<Value>,
-) -> Result<(TurnId, UiBody), ApiError> {
+) -> Result<Trigger, ApiError> {
     // The posting path's own checks (length, NUL, at most so many files); a fresh message
     // id, since an OpenAI request has none to retry with.
     let message = json!({
@@ -398,6 +396,20 @@ pub(super) async fn launch(
     let mut trigger = PostMessage::AiSdk(message).into_trigger(state.config.max_message_chars)?;
     principal.check_chat_to_post(&state.store, chat).await?;
     attach_files(state, principal, chat, &mut trigger).await?;
+    Ok(trigger)
+}
+
+/// Posts the new message (its AI SDK parts) to `chat` through the posting path of every
+/// front end, and starts its turn: the turn and its UI chunks.
+pub(super) async fn launch(
+    state: &AppState,
+    principal: &Principal,
+    headers: &HeaderMap,
+    agent: &AgentRow,
+    chat: ChatId,
+    parts: Vec<Value>,
+) -> Result<(TurnId, UiBody), ApiError> {
+    let trigger = trigger_for(state, principal, chat, parts).await?;
     // An OpenAI request cannot be answered later: a busy agent that would queue it
     // refuses it instead.
     let if_busy = (agent.busy_policy == BusyPolicy::Enqueue).then_some(BusyPolicy::Reject);

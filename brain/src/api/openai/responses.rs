@@ -8,11 +8,15 @@
 //! (`response.created` ... `response.completed`, each with its `sequence_number`). A turn
 //! that fails after it started is a `502` in OpenAI's error shape, or in a stream a
 //! `response.failed` event.
+//!
+//! `background: true` starts a detached turn (D1) and answers the response `queued` or
+//! `in_progress` at once; `GET /openai/v1/responses/{id}` shows the turn as a response
+//! and `POST .../cancel` stops it as `POST /v1/turns/{id}/stop` does.
 
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
@@ -24,7 +28,7 @@ use serde_json::{Value, json};
 
 use super::chat::{
     BILLING_SKEW, CHAT_HEADER, KEEP_ALIVE, end_user, failure, is_agents_chat, launch,
-    new_message_parts, tokens,
+    new_message_parts, tokens, trigger_for,
 };
 use super::error::{self, OpenAiErrorBody};
 use super::models::agent_for;
@@ -33,8 +37,11 @@ use crate::api::chats::message_body;
 use crate::error::ApiError;
 use engine::auth::Principal;
 use engine::sse;
+use engine::turn::post::{self, Detached};
+use engine::turn::stop;
 use engine::turn::ui_stream::UiBody;
-use store::{StoreError, bounded};
+use protocol::parts::Part;
+use store::{StoreError, TurnProgress, bounded};
 
 /// What a response id is: `resp_` and the turn's id.
 const ID_PREFIX: &str = "resp_";
@@ -66,7 +73,8 @@ pub struct ResponseRequest {
     /// Answer as the Responses API's events.
     #[serde(default)]
     stream: bool,
-    /// Not supported yet: `true` is refused (`invalid_request`).
+    /// Run as a background turn (D1): answered at once (`queued` or `in_progress`), then
+    /// polled with `GET /openai/v1/responses/{id}` and stopped with `.../cancel`.
     #[serde(default)]
     background: bool,
     /// For an API key: the end user a new chat is opened for (as in chat completions).
@@ -154,11 +162,12 @@ async fn previous_chat(
             `response.output_text.done`, `response.content_part.done`, \
             `response.output_item.done`, `response.completed`, each with its \
             `sequence_number`); a turn that fails mid-stream ends with `response.failed`. \
-            `X-Chat-Id` names the chat.", body = Object),
+            `X-Chat-Id` names the chat. With `background`, at once the response `queued` \
+            or `in_progress`, its turn run in the background.", body = Object),
         (status = 400, description = "Not a Responses request, the last input item is \
             not the user's message or has parts other than `input_text` and \
-            `input_image`, a non-empty `instructions` or `background: true` (not \
-            supported) (`invalid_request`). Every refusal is in OpenAI's shape.",
+            `input_image`, a non-empty `instructions` (not supported), or `background` \
+            with `stream` (`invalid_request`). Every refusal is in OpenAI's shape.",
             body = OpenAiErrorBody),
         (status = 401, description = "Missing or refused credentials (`unauthorized`).",
             body = OpenAiErrorBody),
@@ -193,9 +202,9 @@ pub async fn create(
             "instructions is not supported: the agent's own prompt is its instructions".into(),
         ));
     }
-    if request.background {
+    if request.background && request.stream {
         return Err(ApiError::InvalidRequest(
-            "background is not supported yet".into(),
+            "background and stream together are not supported: poll the response".into(),
         ));
     }
     let principal = end_user(principal, request.user)?;
@@ -212,6 +221,21 @@ pub async fn create(
             bounded(created).await?.id
         }
     };
+    if request.background {
+        let trigger = trigger_for(&state, &principal, chat, parts).await?;
+        let parent = crate::api::trace_parent(&headers);
+        let started =
+            post::post_detached(&state, &principal, chat, trigger, None, parent.as_ref()).await?;
+        let turn = match started {
+            Detached::Started(row, _) => row.id,
+            Detached::Queued(queued) => queued.turn,
+        };
+        let mut response = shown(&state, &principal, turn, Some(request.model)).await?;
+        if let Ok(value) = HeaderValue::from_str(&chat.to_string()) {
+            response.headers_mut().insert(CHAT_HEADER, value);
+        }
+        return Ok(response);
+    }
     let since = Utc::now() - BILLING_SKEW;
     let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, parts).await?;
     let rate_limit = body.take_rate_limit();
@@ -225,6 +249,7 @@ pub async fn create(
         created: Utc::now().timestamp(),
         text: String::new(),
         sequence: 0,
+        background: false,
     };
     let mut response = if request.stream {
         stream(answer, body)
@@ -258,6 +283,7 @@ struct Answer {
     text: String,
     /// The next event's `sequence_number`.
     sequence: u64,
+    background: bool,
 }
 
 impl Answer {
@@ -316,7 +342,7 @@ impl Answer {
             "top_p": null,
             "tool_choice": "auto",
             "tools": [],
-            "background": false,
+            "background": self.background,
         })
     }
 
@@ -420,6 +446,135 @@ impl Answer {
             self.event(last, json!({"response": ended})),
         ]
     }
+}
+
+/// A response as its turn now is (`GET /openai/v1/responses/{id}`): `queued`,
+/// `in_progress`, or ended with its text and usage (`completed`, `failed`, `cancelled`
+/// for a stopped or withdrawn turn). `model` is the agent's id unless the request named it.
+async fn shown(
+    state: &AppState,
+    principal: &Principal,
+    turn: TurnId,
+    model: Option<String>,
+) -> Result<Response, ApiError> {
+    let row = match bounded(state.store.turn_row(principal.team, turn)).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("response")),
+        Err(e) => return Err(e.into()),
+    };
+    match principal.check_chat(&state.store, row.chat_id).await {
+        Ok(()) => {}
+        Err(engine::auth::AuthError::NotFound(_)) => return Err(ApiError::NotFound("response")),
+        Err(e) => return Err(e.into()),
+    }
+    let mut answer = Answer {
+        state: state.clone(),
+        team: principal.team,
+        turn,
+        since: row.started_at - BILLING_SKEW,
+        model: model.unwrap_or_else(|| row.agent_id.to_string()),
+        previous: None,
+        created: row.started_at.timestamp(),
+        text: String::new(),
+        sequence: 0,
+        background: row.background,
+    };
+    let status = match row.status {
+        TurnProgress::Queued => "queued",
+        TurnProgress::Running => "in_progress",
+        TurnProgress::Completed | TurnProgress::AwaitingApproval => "completed",
+        TurnProgress::Failed => "failed",
+        TurnProgress::Interrupted | TurnProgress::Withdrawn => "cancelled",
+    };
+    let response = match status {
+        "completed" | "cancelled" | "failed" => {
+            let messages = bounded(state.store.turns_messages(principal.team, &[turn])).await?;
+            answer.text = messages
+                .iter()
+                .filter(|m| m.role == "assistant")
+                .flat_map(|m| &m.parts)
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let mut ended = answer.ended(FinishReason::Stop).await;
+            ended["status"] = json!(status);
+            if let Some(code) = row.error {
+                ended["error"] = json!({"code": code, "message": "the turn failed"});
+            }
+            ended
+        }
+        _ => answer.response(status, vec![], None),
+    };
+    Ok(axum::Json(response).into_response())
+}
+
+/// The turn a response id in a path names, `404` for anything else.
+fn path_turn(id: &str) -> Result<TurnId, ApiError> {
+    turn_of(id).ok_or(ApiError::NotFound("response"))
+}
+
+#[utoipa::path(
+    get,
+    path = "/openai/v1/responses/{response_id}",
+    operation_id = "openai_get_response",
+    tag = "openai",
+    params(("response_id" = String, Path, description = "`resp_<turn id>`.")),
+    responses(
+        (status = 200, description = "The response as its turn now is: `status` \
+            `queued`, `in_progress`, `completed`, `failed` or `cancelled` (a stopped or \
+            withdrawn turn), with its text and `usage` once ended.", body = Object),
+        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
+            body = OpenAiErrorBody),
+        (status = 404, description = "No response of the team the caller may see \
+            (`not_found`).", body = OpenAiErrorBody),
+    ),
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(response_id): Path<String>,
+) -> Result<Response, ApiError> {
+    shown(&state, &principal, path_turn(&response_id)?, None).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/openai/v1/responses/{response_id}/cancel",
+    operation_id = "openai_cancel_response",
+    tag = "openai",
+    params(("response_id" = String, Path, description = "`resp_<turn id>`.")),
+    responses(
+        (status = 200, description = "The turn is stopped as `POST /v1/turns/{id}/stop` \
+            does (a queued one withdrawn): the response as it then is; a running one \
+            shows `cancelled` once its stop is recorded.", body = Object),
+        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
+            body = OpenAiErrorBody),
+        (status = 404, description = "No response of the team the caller may see \
+            (`not_found`).", body = OpenAiErrorBody),
+        (status = 503, description = "The turn runs on another replica and Redis, which \
+            carries the stop there, is unavailable (`store_unavailable`).",
+            body = OpenAiErrorBody),
+    ),
+)]
+pub async fn cancel(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(response_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let turn = path_turn(&response_id)?;
+    let found = match stop::find(&state.store, principal.team, turn).await {
+        Err(stop::StopError::NotFound(_)) => return Err(ApiError::NotFound("response")),
+        other => other?,
+    };
+    match principal.check_chat(&state.store, found.chat).await {
+        Ok(()) => {}
+        Err(engine::auth::AuthError::NotFound(_)) => return Err(ApiError::NotFound("response")),
+        Err(e) => return Err(e.into()),
+    }
+    stop::stop(&state, principal.team, found).await?;
+    shown(&state, &principal, turn, None).await
 }
 
 /// `fields` with `name` set to `value`.
