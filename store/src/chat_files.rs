@@ -222,6 +222,20 @@ impl Store {
         })
     }
 
+    /// Ends a failed claim of image `id` at once, so the next turn may try again (while
+    /// attempts remain) instead of taking it for one still running.
+    pub async fn release_description(&self, team: TeamId, id: Uuid) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE chat_files SET description_tried_at = NULL \
+             WHERE team_id = $1 AND id = $2 AND description IS NULL",
+        )
+        .bind(team.0)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Keeps image `id`'s description unless it has one already.
     pub async fn set_description(
         &self,

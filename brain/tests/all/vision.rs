@@ -405,7 +405,7 @@ async fn a_model_without_vision_reads_a_description_made_once_by_the_vision_rout
 }
 
 /// T27: when the vision route fails, the model is told the description could not be
-/// made, and the turn still answers.
+/// made, and the turn still answers; a later turn tries again, three times in all.
 #[tokio::test]
 async fn a_failing_vision_route_leaves_a_note_and_the_turn_answers() {
     let app = app().await;
@@ -430,4 +430,20 @@ async fn a_failing_vision_route_leaves_a_note_and_the_turn_answers() {
     let messages = app.messages(&chat).await;
     assert_eq!(messages[1]["role"], "assistant");
     assert!(messages[1]["parts"].to_string().contains("I cannot tell."));
+
+    let failed_note = content.clone();
+    for (turn, asked) in [(2, 4), (3, 6), (4, 7)] {
+        if asked - server.requests().len() == 2 {
+            server.push(Reply::Status {
+                status: 400,
+                retry_after: None,
+            });
+        }
+        server.push(text("Still no."));
+        say(&app, &chat, json!([{"type": "text", "text": "And now?"}])).await;
+        let requests = server.requests();
+        assert_eq!(requests.len(), asked, "turn {turn}");
+        let (_, _, content) = user_message(requests.last().unwrap());
+        assert_eq!(content, &failed_note, "turn {turn}");
+    }
 }

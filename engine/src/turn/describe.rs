@@ -148,14 +148,8 @@ impl<'a> Describer<'a> {
         let asked = one_shot(&self.state.connections, self.team, &routes, request);
         let (text, usage) = match tokio::time::timeout(DESCRIBE_BOUND, asked).await {
             Ok(Some(answer)) => answer,
-            Ok(None) => {
-                tracing::info!(turn = %self.turn, file = %row.id, class = "no_answer", "image not described");
-                return note(image, "its description could not be made");
-            }
-            Err(_) => {
-                tracing::info!(turn = %self.turn, file = %row.id, class = "timeout", "image not described");
-                return note(image, "its description could not be made");
-            }
+            Ok(None) => return self.failed(row, image, "no_answer").await,
+            Err(_) => return self.failed(row, image, "timeout").await,
         };
         let description: String = providers::strip_inline_reasoning(&text)
             .trim()
@@ -163,8 +157,7 @@ impl<'a> Describer<'a> {
             .take(MAX_DESCRIPTION_CHARS)
             .collect();
         if description.is_empty() {
-            tracing::info!(turn = %self.turn, file = %row.id, class = "empty", "image not described");
-            return note(image, "its description could not be made");
+            return self.failed(row, image, "empty").await;
         }
         if let Err(err) =
             store::bounded(store.set_description(self.team, row.id, &description)).await
@@ -180,6 +173,17 @@ impl<'a> Describer<'a> {
         let tokens = usage.input_tokens.unwrap_or(0) + usage.output_tokens.unwrap_or(0);
         self.state.holds.bill(self.team, self.user, tokens).await;
         described(image, &description)
+    }
+
+    /// The note for an image whose describing failed, its claim released so the next
+    /// turn may try again while attempts remain.
+    async fn failed(&self, row: &ChatFileRow, image: &Attachment, class: &'static str) -> String {
+        tracing::info!(turn = %self.turn, file = %row.id, class, "image not described");
+        let store = &self.state.store;
+        if let Err(err) = store::bounded(store.release_description(self.team, row.id)).await {
+            tracing::warn!(turn = %self.turn, file = %row.id, class = err.metric_label(), "image description claim not released");
+        }
+        note(image, "its description could not be made")
     }
 }
 
