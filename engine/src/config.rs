@@ -495,6 +495,9 @@ pub struct KnowledgeConfig {
     pub indexers: usize,
     /// The longest one document's indexing may take (`BRAIN_KNOWLEDGE_INDEX_TIMEOUT_MS`).
     pub index_timeout: Duration,
+    /// The most of an agent's passages a turn's prompt recalls, in tokens
+    /// (`BRAIN_KNOWLEDGE_RECALL_TOKENS`, B5); `0`: none.
+    pub recall_tokens: usize,
 }
 
 impl KnowledgeConfig {
@@ -514,6 +517,7 @@ impl KnowledgeConfig {
                 86_400_000,
             )
             .map(Duration::from_millis)?,
+            recall_tokens: ranged(env, "BRAIN_KNOWLEDGE_RECALL_TOKENS", 1_500, 0, 100_000)?,
         })
     }
 }

@@ -40,6 +40,9 @@ pub enum Part {
     Tool(ToolPart),
     /// `{"type":"file","mediaType":…,"filename"?:…,"url":…}` (T21).
     File(FilePart),
+    /// `{"type":"source-document","sourceId":…,"mediaType":…,"title":…,"filename"?:…}`: a
+    /// passage of a knowledge base a tool answered from (B5), written after its call.
+    SourceDocument(SourceDocument),
     /// Any other part, as it was read.
     Other(Value),
 }
@@ -52,6 +55,17 @@ pub struct FilePart {
     pub media_type: String,
     pub filename: Option<String>,
     pub url: String,
+}
+
+/// A document an answer drew on: a passage of a knowledge base (B5). `source_id` is
+/// `<document id>:<position>`, unique per passage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceDocument {
+    pub source_id: String,
+    pub media_type: String,
+    /// The passage's heading path, else its document's title, else its filename.
+    pub title: String,
+    pub filename: Option<String>,
 }
 
 /// One tool call and where it stands.
@@ -124,6 +138,14 @@ enum Fixed<S> {
         filename: Option<S>,
         url: S,
     },
+    #[serde(rename_all = "camelCase")]
+    SourceDocument {
+        source_id: S,
+        media_type: S,
+        title: S,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<S>,
+    },
 }
 
 /// A tool part on the wire. Generic so that writing borrows what reading owns.
@@ -168,6 +190,17 @@ impl Part {
                         filename,
                         url,
                     }),
+                    Fixed::SourceDocument {
+                        source_id,
+                        media_type,
+                        title,
+                        filename,
+                    } => Part::SourceDocument(SourceDocument {
+                        source_id,
+                        media_type,
+                        title,
+                        filename,
+                    }),
                 }),
             None => None,
         };
@@ -187,6 +220,13 @@ impl Serialize for Part {
                 media_type: file.media_type.as_str(),
                 filename: file.filename.as_deref(),
                 url: file.url.as_str(),
+            }
+            .serialize(serializer),
+            Part::SourceDocument(source) => Fixed::SourceDocument {
+                source_id: source.source_id.as_str(),
+                media_type: source.media_type.as_str(),
+                title: source.title.as_str(),
+                filename: source.filename.as_deref(),
             }
             .serialize(serializer),
             Part::Tool(tool) => ToolWire {
@@ -238,6 +278,18 @@ mod tests {
     #[test]
     fn each_part_is_the_ai_sdk_shape() {
         let cases = [
+            (
+                Part::SourceDocument(SourceDocument {
+                    source_id: "019a0000-0000-7000-8000-000000000003:2".into(),
+                    media_type: "text/markdown".into(),
+                    title: "Team Handbook > Security".into(),
+                    filename: Some("handbook.md".into()),
+                }),
+                json!({"type": "source-document",
+                       "sourceId": "019a0000-0000-7000-8000-000000000003:2",
+                       "mediaType": "text/markdown", "title": "Team Handbook > Security",
+                       "filename": "handbook.md"}),
+            ),
             (Part::StepStart, json!({"type": "step-start"})),
             (
                 Part::Text {

@@ -64,6 +64,16 @@ pub enum UiChunk {
         tool_call_id: String,
         output: serde_json::Value,
     },
+    /// A document the answer draws on (B5): each passage `knowledge_search` answered,
+    /// sent after its tool output and kept in the message as the same part.
+    #[serde(rename_all = "camelCase")]
+    SourceDocument {
+        source_id: String,
+        media_type: String,
+        title: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+    },
     /// The tool failed, was refused, or was cancelled; the model reads the same text.
     #[serde(rename_all = "camelCase")]
     ToolOutputError {
@@ -127,6 +137,18 @@ pub enum UiChunk {
     /// Transient: it is never part of a message.
     #[serde(rename = "data-resync")]
     DataResync { data: Resync, transient: bool },
+}
+
+impl UiChunk {
+    /// The chunk that streams `source` (B5), as the stored part will show it.
+    pub fn source_document(source: &crate::parts::SourceDocument) -> Self {
+        Self::SourceDocument {
+            source_id: source.source_id.clone(),
+            media_type: source.media_type.clone(),
+            title: source.title.clone(),
+            filename: source.filename.clone(),
+        }
+    }
 }
 
 /// The payload of a `data-elicitation` chunk.

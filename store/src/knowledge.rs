@@ -136,6 +136,8 @@ pub struct Passage {
     pub base_id: Uuid,
     pub document_id: Uuid,
     pub filename: String,
+    /// The document's media type (`text/markdown`, `application/pdf`, ...).
+    pub media_type: String,
     pub title: Option<String>,
     pub heading: String,
     pub position: i32,
@@ -542,6 +544,9 @@ impl Store {
         Ok(failed)
     }
 
+    /// The longest query [`Store::search_knowledge`] is given, in bytes.
+    pub const MAX_KNOWLEDGE_QUERY_BYTES: usize = 1000;
+
     /// Those of `ids` that are not knowledge bases of the team (B5: an agent names only
     /// its own team's).
     pub async fn foreign_knowledge_bases(
@@ -573,7 +578,8 @@ impl Store {
             "WITH w AS (SELECT websearch_to_tsquery('english', $3) AS w), \
              q AS (SELECT CASE WHEN strpos(w::text, '!') > 0 THEN w \
                    ELSE replace(w::text, ' & ', ' | ')::tsquery END AS q FROM w) \
-             SELECT c.base_id, c.document_id, d.filename, d.title, c.heading, c.position, \
+             SELECT c.base_id, c.document_id, d.filename, d.media_type, d.title, c.heading, \
+               c.position, \
                c.body, ts_rank_cd(c.tsv, q.q, 32) AS score \
              FROM q, knowledge_chunks c \
              JOIN knowledge_documents d ON d.team_id = c.team_id AND d.id = c.document_id \
@@ -592,6 +598,7 @@ impl Store {
                     base_id: row.try_get("base_id")?,
                     document_id: row.try_get("document_id")?,
                     filename: row.try_get("filename")?,
+                    media_type: row.try_get("media_type")?,
                     title: row.try_get("title")?,
                     heading: row.try_get("heading")?,
                     position: row.try_get("position")?,

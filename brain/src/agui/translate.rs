@@ -152,6 +152,11 @@ impl Translator {
                 "elicitation",
                 serde_json::to_value(&data).unwrap_or_default(),
             )),
+            // B5: a citation, as the AI SDK chunk.
+            source @ UiChunk::SourceDocument { .. } => out.push(custom(
+                "source_document",
+                serde_json::to_value(&source).unwrap_or_default(),
+            )),
             UiChunk::DataWorkerLog { data, .. } => out.push(custom(
                 "worker_log",
                 json!({"toolCallId": data.tool_call_id, "stream": data.stream,

@@ -511,7 +511,8 @@ pub async fn search(
         Err(e) => return Err(e.into()),
     }
     let limit = body.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
-    let passages = search::search(&state, principal.team, &[base], &body.query, limit).await?;
+    let passages =
+        search::search(&state.store, principal.team, &[base], &body.query, limit).await?;
     Ok(Json(KnowledgeSearchResult {
         passages: passages.into_iter().map(Into::into).collect(),
     }))

@@ -11,7 +11,9 @@ use std::time::Duration;
 use reqwest::Response;
 use serde_json::{Value, json};
 
-use crate::common::{TestApp, error_code};
+use crate::common::replies::{call, calls, text};
+use crate::common::{TestApp, error_code, send_as};
+use protocol::ui::UiChunk;
 
 const HANDBOOK: &[u8] = include_bytes!("fixtures/knowledge/handbook.md");
 const FAQ: &[u8] = include_bytes!("fixtures/knowledge/faq.txt");
@@ -499,4 +501,196 @@ async fn an_agent_names_only_its_teams_knowledge_bases() {
     assert_eq!(none.status(), 200);
     let agent: Value = none.json().await.unwrap();
     assert_eq!(agent["knowledge_bases"], json!([]));
+}
+
+/// A base holding the handbook, indexed, and an agent naming it (`extra` adds fields):
+/// the agent's id and a chat of it, and the handbook's document id.
+async fn librarian(app: &TestApp, extra: Value) -> (String, String, String) {
+    let base = create_base(app, &app.key, "Handbook").await;
+    let handbook = upload(app, &app.key, &base, "handbook.md", HANDBOOK).await;
+    assert_eq!(
+        settled(app, &app.key, &base, &handbook).await["status"],
+        "ready"
+    );
+    let mut fields = json!({"knowledge_bases": [base]});
+    fields
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let created = create_agent_with(app, &app.key, fields).await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    let agent = agent["id"].as_str().unwrap().to_owned();
+    let chat = app.new_chat(&agent).await;
+    (agent, chat, handbook)
+}
+
+/// Whether a model request offered the tool `name`.
+fn offers(request: &Value, name: &str) -> bool {
+    request["tools"]
+        .to_string()
+        .contains(&format!("\"{name}\""))
+}
+
+/// B5: an agent with a base is offered `knowledge_search`; the tool answers the passage
+/// with its source, each passage is streamed as a `source-document` chunk after the
+/// output and kept in the transcript as the same part; another team's passages never
+/// answer.
+#[tokio::test]
+async fn knowledge_search_answers_passages_and_streams_their_sources() {
+    let app = TestApp::start().await;
+    let other = app.store.create_team("other team").await.unwrap().api_key;
+    let theirs = create_base(&app, &other, "Theirs").await;
+    let their_doc = upload(&app, &other, &theirs, "faq.txt", FAQ).await;
+    settled(&app, &other, &theirs, &their_doc).await;
+    let (_, chat, handbook) = librarian(&app, json!({})).await;
+
+    let args = json!({"query": "reset a forgotten password", "limit": 3});
+    app.provider
+        .push(calls(vec![call("c1", "knowledge_search", args)]));
+    app.provider.push(text("Use the Forgot password link."));
+    let chunks = send_as(&app, &app.key, &chat, "How do I reset my password?").await;
+
+    let output = chunks
+        .iter()
+        .find_map(|c| match c {
+            UiChunk::ToolOutputAvailable { output, .. } => Some(output.as_str().unwrap()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no tool output: {chunks:?}"));
+    let output: Value = serde_json::from_str(output).unwrap();
+    let passages = output["passages"].as_array().unwrap();
+    assert!(!passages.is_empty() && passages.len() <= 3, "{output}");
+    let first = &passages[0];
+    assert_eq!(first["document_id"], handbook.as_str());
+    assert_eq!(first["filename"], "handbook.md");
+    assert_eq!(first["title"], "Team Handbook");
+    assert!(
+        first["heading"].as_str().unwrap().contains("Passwords"),
+        "{first}"
+    );
+    assert!(
+        first["text"].as_str().unwrap().contains("thirty minutes"),
+        "{first}"
+    );
+    assert!(first["position"].is_i64());
+    assert!(
+        passages
+            .iter()
+            .all(|p| p["document_id"] == handbook.as_str()),
+        "another team's passage answered: {output}"
+    );
+
+    let sources: Vec<(&str, &str, &str, Option<&str>)> = chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::SourceDocument {
+                source_id,
+                media_type,
+                title,
+                filename,
+            } => Some((
+                source_id.as_str(),
+                media_type.as_str(),
+                title.as_str(),
+                filename.as_deref(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sources.len(), passages.len(), "{chunks:?}");
+    let expected_id = format!("{handbook}:{}", first["position"]);
+    assert_eq!(sources[0].0, expected_id);
+    assert_eq!(sources[0].1, "text/markdown");
+    assert!(sources[0].2.contains("Passwords"), "{sources:?}");
+    assert_eq!(sources[0].3, Some("handbook.md"));
+    let output_at = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::ToolOutputAvailable { .. }))
+        .unwrap();
+    let source_at = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::SourceDocument { .. }))
+        .unwrap();
+    assert!(output_at < source_at, "{chunks:?}");
+
+    let messages = app.messages(&chat).await;
+    let answer = messages.last().unwrap();
+    let parts = answer["parts"].as_array().unwrap();
+    let stored: Vec<&Value> = parts
+        .iter()
+        .filter(|p| p["type"] == "source-document")
+        .collect();
+    assert_eq!(stored.len(), sources.len(), "{answer}");
+    assert_eq!(
+        stored[0],
+        &json!({"type": "source-document", "sourceId": expected_id,
+                "mediaType": "text/markdown", "title": sources[0].2,
+                "filename": "handbook.md"})
+    );
+    let tool_at = parts
+        .iter()
+        .position(|p| p["type"] == "tool-knowledge_search")
+        .unwrap();
+    let stored_at = parts
+        .iter()
+        .position(|p| p["type"] == "source-document")
+        .unwrap();
+    assert_eq!(stored_at, tool_at + 1, "{answer}");
+
+    let requests = app.provider.requests();
+    assert!(offers(&requests[0].body, "knowledge_search"));
+    // Recall is off by default: the passage came only through the tool.
+    assert!(
+        !requests[0].body["messages"]
+            .to_string()
+            .contains("thirty minutes")
+    );
+}
+
+/// An agent that names no base is not offered `knowledge_search`.
+#[tokio::test]
+async fn an_agent_without_bases_is_not_offered_knowledge_search() {
+    let app = TestApp::start().await;
+    let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    app.provider.push(text("Hello."));
+    send_as(&app, &app.key, &chat, "hi").await;
+    let request = app.provider.requests().pop().unwrap();
+    assert!(offers(&request.body, "memory_search"), "{}", request.body);
+    assert!(!offers(&request.body, "knowledge_search"));
+}
+
+/// `knowledge_recall: "auto"` puts the passages matching the user's message into the
+/// turn's request just before that message, without a tool call.
+#[tokio::test]
+async fn auto_recall_puts_matching_passages_into_the_prompt() {
+    let app = TestApp::start().await;
+    let (_, chat, handbook) = librarian(&app, json!({"knowledge_recall": "auto"})).await;
+    app.provider.push(text("Use the link."));
+    send_as(
+        &app,
+        &app.key,
+        &chat,
+        "How do I reset a forgotten password?",
+    )
+    .await;
+    let request = app.provider.requests().pop().unwrap();
+    let messages: Vec<String> = request.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Value::to_string)
+        .collect();
+    let recalled = messages
+        .iter()
+        .position(|m| m.contains("Passages of your knowledge bases"))
+        .unwrap_or_else(|| panic!("no recalled passages: {messages:?}"));
+    assert!(messages[recalled].contains("thirty minutes"));
+    assert!(messages[recalled].contains(&handbook));
+    assert!(messages[recalled].contains("handbook.md"));
+    let asked = messages
+        .iter()
+        .rposition(|m| m.contains("reset a forgotten password?"))
+        .unwrap();
+    assert_eq!(recalled + 1, asked, "{messages:?}");
 }

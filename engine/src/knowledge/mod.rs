@@ -56,6 +56,19 @@ pub enum KnowledgeError {
 }
 
 impl KnowledgeError {
+    /// The error's class for logs and metrics (never its message).
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Store(e) => e.metric_label(),
+            Self::Storage(_) => "storage",
+            Self::Invalid(_) => "invalid",
+            Self::NotFound
+            | Self::TooLarge { .. }
+            | Self::QuotaExceeded { .. }
+            | Self::LimitReached { .. } => "refused",
+        }
+    }
+
     fn of_store(err: StoreError) -> Self {
         match err {
             StoreError::NotFound => Self::NotFound,

@@ -7,18 +7,17 @@ use protocol::TeamId;
 use uuid::Uuid;
 
 use super::KnowledgeError;
-use crate::Engine;
-use store::{Passage, bounded};
+use store::{Passage, Store, bounded};
 
 /// The longest query, in bytes.
-pub const MAX_QUERY_BYTES: usize = 1000;
+pub const MAX_QUERY_BYTES: usize = Store::MAX_KNOWLEDGE_QUERY_BYTES;
 /// The most passages one search answers.
 pub const MAX_LIMIT: u32 = 50;
 
 /// The passages of the team's bases `bases` that best match `query`, best first, at most
 /// `limit`. A query with no word to search for answers nothing.
 pub async fn search(
-    engine: &Engine,
+    store: &Store,
     team: TeamId,
     bases: &[Uuid],
     query: &str,
@@ -38,10 +37,5 @@ pub async fn search(
     if bases.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(bounded(
-        engine
-            .store
-            .search_knowledge(team, bases, query, i64::from(limit)),
-    )
-    .await?)
+    Ok(bounded(store.search_knowledge(team, bases, query, i64::from(limit))).await?)
 }

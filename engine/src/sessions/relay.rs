@@ -747,6 +747,7 @@ async fn await_answer(
                     content,
                     is_error,
                     images: Vec::new(),
+                    sources: Vec::new(),
                 });
             }
             Ok(RelayEvent::Lost { unknown }) => {

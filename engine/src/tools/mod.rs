@@ -12,6 +12,7 @@
 
 pub mod agents;
 pub mod cron;
+mod knowledge;
 mod memory;
 pub mod secrets;
 
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, ready};
+use protocol::parts::SourceDocument;
 use protocol::ui::UiChunk;
 use protocol::{AgentId, ChatId, TeamId, TurnId};
 use serde::de::DeserializeOwned;
@@ -71,6 +73,9 @@ pub struct ToolOutput {
     /// Images the tool produced (a browser screenshot), shown to a model with vision
     /// in the result (T24); only the text is stored with the call.
     pub images: Vec<providers::Attachment>,
+    /// The documents the output quotes (`knowledge_search`'s passages, B5): each streamed
+    /// as a `source-document` chunk after the output and stored after the call's part.
+    pub sources: Vec<SourceDocument>,
 }
 
 impl ToolOutput {
@@ -79,6 +84,7 @@ impl ToolOutput {
             content: content.into(),
             is_error: false,
             images: Vec::new(),
+            sources: Vec::new(),
         }
     }
 
@@ -87,6 +93,7 @@ impl ToolOutput {
             content: content.into(),
             is_error: true,
             images: Vec::new(),
+            sources: Vec::new(),
         }
     }
 }
@@ -177,11 +184,13 @@ pub struct Toolset {
 
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
-    /// agent tools (create, archive, change prompt, update) for its team.
+    /// agent tools (create, archive, change prompt, update) for its team, and an agent
+    /// that names knowledge bases `knowledge_search` (B5).
     /// `min_interval_secs` bounds the cadences the cron and agent tools set, whose next
     /// tick is taken from `clock`; `on_secret_set` runs after `secret_set` stored a secret.
     pub fn brain(
         concierge: bool,
+        knowledge: bool,
         min_interval_secs: u32,
         clock: crate::clock::Clock,
         on_secret_set: Option<secrets::OnSecretSet>,
@@ -189,6 +198,9 @@ impl Toolset {
         let mut set = Self::default();
         for tool in memory::tools() {
             set.add(tool);
+        }
+        if knowledge {
+            set.add(knowledge::tool());
         }
         for tool in secrets::tools(on_secret_set)
             .into_iter()
@@ -231,7 +243,7 @@ mod tests {
 
     #[test]
     fn the_tools_that_change_the_agent_for_everyone_say_so() {
-        let set = Toolset::brain(true, 60, crate::clock::Clock::system(), None);
+        let set = Toolset::brain(true, true, 60, crate::clock::Clock::system(), None);
         let changing: Vec<&str> = set
             .tools
             .iter()
@@ -256,8 +268,8 @@ mod tests {
 
     #[test]
     fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {
-        let set = Toolset::brain(true, 60, crate::clock::Clock::system(), None);
-        assert!(set.tools.len() >= 11);
+        let set = Toolset::brain(true, true, 60, crate::clock::Clock::system(), None);
+        assert!(set.tools.len() >= 12);
         for (tool, spec) in set.tools.iter().zip(&set.specs) {
             assert_eq!(tool.metric_label(), spec.name);
         }

@@ -307,6 +307,9 @@ pub(super) async fn first_request(
     if let Some(recalled) = recall::recalled(state, basis, window).await {
         recall::place(&mut messages, recalled);
     }
+    if let Some(passages) = recall::passages(state, basis, window).await {
+        recall::place(&mut messages, passages);
+    }
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
@@ -494,9 +497,12 @@ pub(super) async fn offer(
     } else {
         (Vec::new(), Vec::new())
     };
-    let shared = state
-        .toolsets
-        .get(state, basis.agent.concierge, &basis.agent.runtime_profile);
+    let shared = state.toolsets.get(
+        state,
+        basis.agent.concierge,
+        !basis.agent.knowledge_bases.is_empty(),
+        &basis.agent.runtime_profile,
+    );
     let offered = if connector_tools.is_empty() {
         shared
     } else {

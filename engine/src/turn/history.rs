@@ -241,7 +241,7 @@ pub fn assistant_messages(parts: &[Part], out: &mut Vec<Message>) {
             }
             // Parts the brain does not write carry nothing the model reads; an answer has
             // no file parts (a user message's are read where it is).
-            Part::Other(_) | Part::File(_) => {}
+            Part::Other(_) | Part::File(_) | Part::SourceDocument(_) => {}
         }
     }
     flush(&mut text, &mut calls, &mut results);
@@ -301,6 +301,7 @@ pub fn replay_chunks(parts: &[Part]) -> Vec<UiChunk> {
                     }
                 }
             }
+            Part::SourceDocument(source) => chunks.push(UiChunk::source_document(source)),
             Part::Other(_) | Part::File(_) => {}
         }
     }

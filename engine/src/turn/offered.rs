@@ -1,10 +1,11 @@
 //! The tools a turn offers, built once per kind of agent rather than once per turn.
 //!
-//! The brain's own tools depend only on whether the agent is a concierge and the worker
+//! The brain's own tools depend only on whether the agent is a concierge (and names
+//! knowledge bases) and the worker
 //! tools only on its runtime profile, and both only on the process' configuration: every
 //! turn of agents alike offers the same tools, so their `Toolset`, the provider catalog
 //! (whose wire rendering each adapter makes once, `provider::Catalog`) and the catalog's
-//! form in the turn's composition are made once per (concierge, profile) and shared.
+//! form in the turn's composition are made once per kind of agent and shared.
 //! Connector tools are the team's and change with the connectors' servers: a turn with
 //! connectors offers a fresh copy of the shared set with them added.
 
@@ -68,8 +69,9 @@ impl Offered {
     }
 }
 
-/// A kind of agent, as far as its tools go: (concierge, runtime profile).
-type Kind = (bool, String);
+/// A kind of agent, as far as its tools go: (concierge, has knowledge bases, runtime
+/// profile).
+type Kind = (bool, bool, String);
 
 /// The shared tool sets of this process, by kind of agent.
 #[derive(Clone, Default)]
@@ -77,13 +79,20 @@ pub struct Toolsets(Arc<Mutex<HashMap<Kind, Arc<Offered>>>>);
 
 impl Toolsets {
     /// The brain tools, then the worker tools of `profile`.
-    pub(super) fn get(&self, state: &Engine, concierge: bool, profile: &str) -> Arc<Offered> {
-        let key = (concierge, profile.to_owned());
+    pub(super) fn get(
+        &self,
+        state: &Engine,
+        concierge: bool,
+        knowledge: bool,
+        profile: &str,
+    ) -> Arc<Offered> {
+        let key = (concierge, knowledge, profile.to_owned());
         if let Some(known) = self.0.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return known;
         }
         let mut toolset = Toolset::brain(
             concierge,
+            knowledge,
             state.config.autostart.min_interval_secs,
             state.clock.clone(),
             Some(state.sessions.on_secret_set()),

@@ -15,7 +15,7 @@
 //! taken over recalls again (a note written meanwhile may join).
 
 use providers::Message;
-use store::{MemoryRecall, TurnBasis, bounded};
+use store::{KnowledgeRecall, MemoryRecall, Passage, TurnBasis, bounded};
 
 use super::history::{Counted, parts_text};
 use crate::Engine;
@@ -29,6 +29,12 @@ const MAX_QUERY_CHARS: usize = 2_000;
 const HEADING: &str = "Memories recalled for this conversation (notes stored earlier with \
     memory_write; they may be out of date, and memory_search finds others):";
 
+/// The most passages of the agent's knowledge bases a prompt recalls (B5).
+const MAX_PASSAGES: u32 = 5;
+
+const PASSAGES_HEADING: &str = "Passages of your knowledge bases that match this message \
+    (found by its words; knowledge_search finds others; cite the document you use):";
+
 /// The recalled notes for `window` as one message, or `None` when the agent recalls
 /// nothing (turned off, no budget, no memory in scope, or the store failed: a turn never
 /// waits on its memories' failure).
@@ -41,14 +47,7 @@ pub(super) async fn recalled(
     if basis.agent.memory_recall == MemoryRecall::Off || budget == 0 {
         return None;
     }
-    let asked = window
-        .iter()
-        .rev()
-        .map(Counted::row)
-        .find(|row| row.role == "user")
-        .map(|row| parts_text(&row.parts))
-        .unwrap_or_default();
-    let query: String = asked.chars().take(MAX_QUERY_CHARS).collect();
+    let query: String = asked(window).chars().take(MAX_QUERY_CHARS).collect();
     let max_chars = budget.saturating_mul(4);
     let notes = match bounded(state.store.recall_memories(
         basis.agent.team_id,
@@ -67,6 +66,87 @@ pub(super) async fn recalled(
         }
     };
     block(&notes, max_chars)
+}
+
+/// The text of the newest user message of `window`.
+fn asked(window: &[impl Counted]) -> String {
+    window
+        .iter()
+        .rev()
+        .map(Counted::row)
+        .find(|row| row.role == "user")
+        .map(|row| parts_text(&row.parts))
+        .unwrap_or_default()
+}
+
+/// B5: the passages of the agent's knowledge bases that best match the newest user
+/// message, as one message within `BRAIN_KNOWLEDGE_RECALL_TOKENS`; `None` when the agent
+/// recalls none (turned off, no base, no budget, no match, or the store failed: a turn
+/// never waits on its knowledge's failure). Placed as memories are, for the same reasons.
+pub(super) async fn passages(
+    state: &Engine,
+    basis: &TurnBasis,
+    window: &[impl Counted],
+) -> Option<String> {
+    let budget = state.config.knowledge.recall_tokens;
+    let agent = &basis.agent;
+    if agent.knowledge_recall == KnowledgeRecall::Off
+        || agent.knowledge_bases.is_empty()
+        || budget == 0
+    {
+        return None;
+    }
+    // The search reads at most its longest query: the message's first words.
+    let mut query = String::new();
+    for c in asked(window).chars() {
+        if query.len() + c.len_utf8() > crate::knowledge::search::MAX_QUERY_BYTES {
+            break;
+        }
+        query.push(c);
+    }
+    if query.trim().is_empty() {
+        return None;
+    }
+    let found = crate::knowledge::search::search(
+        &state.store,
+        agent.team_id,
+        &agent.knowledge_bases,
+        &query,
+        MAX_PASSAGES,
+    )
+    .await;
+    match found {
+        Ok(passages) => passage_block(&passages, budget.saturating_mul(4)),
+        Err(err) => {
+            tracing::warn!(chat = %basis.chat.id, class = err.class(), "knowledge not recalled");
+            None
+        }
+    }
+}
+
+/// The passages that fit `max_chars`, best first, each under its source; `None` for none.
+fn passage_block(passages: &[Passage], max_chars: usize) -> Option<String> {
+    let mut text = String::from(PASSAGES_HEADING);
+    let mut used = 0;
+    let mut any = false;
+    for p in passages {
+        let len = p.text.chars().count();
+        if used + len > max_chars {
+            continue;
+        }
+        used += len;
+        any = true;
+        let place = if p.heading.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", p.heading)
+        };
+        text.push_str(&format!(
+            "\n\n[{} (document {}, passage {}{place})]\n{}",
+            p.filename, p.document_id, p.position, p.text
+        ));
+    }
+    any.then_some(text)
 }
 
 /// The notes that fit `max_chars` in their order, under the heading; `None` for none.

@@ -460,6 +460,10 @@ impl TurnTask {
                     .push(requested_part(&call.name, &call.id, input, id));
             } else {
                 progress.parts.push(tool_part(call, input, output, None));
+                // B5: the passages the call answered, as the stream showed them.
+                progress
+                    .parts
+                    .extend(output.sources.iter().cloned().map(Part::SourceDocument));
             }
         }
         waiting

@@ -421,6 +421,9 @@ impl TurnTask {
                 }
             };
             self.client.send(chunk).await;
+            for source in &output.sources {
+                self.client.send(UiChunk::source_document(source)).await;
+            }
         }
         inputs.into_iter().zip(outputs).collect()
     }
