@@ -421,6 +421,8 @@ type AnyPart = {
   url?: string;
   mediaType?: string;
   filename?: string;
+  sourceId?: string;
+  title?: string;
 };
 
 function Part({
@@ -436,6 +438,15 @@ function Part({
 }) {
   if (part.type === "text") return <Markdown text={part.text ?? ""} />;
   if (part.type === "file") return <FilePart url={part.url} mediaType={part.mediaType} filename={part.filename} />;
+  // B5: a passage of the agent's knowledge bases the answer drew on.
+  if (part.type === "source-document") {
+    return (
+      <div className="source" title={part.sourceId}>
+        Source: {part.title}
+        {part.filename && part.filename !== part.title ? ` (${part.filename})` : ""}
+      </div>
+    );
+  }
   if (part.type === "data-worker-status") {
     const d = part.data as { state: string; reason?: string };
     return (
