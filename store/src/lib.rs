@@ -212,6 +212,7 @@ pub struct Store {
     direct: PgPool,
     /// The key secrets are encrypted under; `None` when the server has none (B1).
     secrets: Option<SecretsKey>,
+    /// The recall scopes found without memories lately (M3), shared by the store's clones.
     unremembered: memories::Unremembered,
 }
 
