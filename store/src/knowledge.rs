@@ -565,8 +565,9 @@ impl Store {
     }
 
     /// The passages of the team's bases `bases` that best match `query` (web search syntax:
-    /// words, `"phrases"`, `-excluded`), best first. Any of the words matches (unless the
-    /// query excludes one); passages holding more of them, closer together, rank higher.
+    /// words, `"phrases"`, `-excluded`), best first: those holding every word, then (to
+    /// fill `limit`) those holding any (unless the query excludes one), each group ranked
+    /// by how close together the words are.
     pub async fn search_knowledge(
         &self,
         team: TeamId,
@@ -574,22 +575,44 @@ impl Store {
         query: &str,
         limit: i64,
     ) -> Result<Vec<Passage>, StoreError> {
+        // Two tiers in one statement. Passages with every word of the query come first,
+        // ranked; only when they are fewer than `limit` do passages with any of the words
+        // fill the rest (a natural-language question rarely has all its words in one
+        // passage). Each tier ranks at most `SEARCH_CANDIDATES` matches: ranking reads every
+        // candidate's vector, and a common word matches most of a large base.
         let rows = sqlx::query(
-            "WITH w AS (SELECT websearch_to_tsquery('english', $3) AS w), \
-             q AS (SELECT CASE WHEN strpos(w::text, '!') > 0 THEN w \
-                   ELSE replace(w::text, ' & ', ' | ')::tsquery END AS q FROM w) \
+            "WITH w AS (SELECT websearch_to_tsquery('english', $3) AS every_word), \
+             q AS (SELECT every_word, CASE WHEN strpos(every_word::text, '!') > 0 \
+                   THEN every_word \
+                   ELSE replace(every_word::text, ' & ', ' | ')::tsquery END AS any_word \
+                   FROM w), \
+             strict AS (SELECT c.document_id, c.position, 0 AS tier, \
+                   ts_rank_cd(c.tsv, q.every_word, 32) AS score \
+                 FROM q, LATERAL (SELECT document_id, position, tsv FROM knowledge_chunks \
+                   WHERE team_id = $1 AND base_id = ANY($2) AND tsv @@ q.every_word \
+                   LIMIT $5) c \
+                 ORDER BY score DESC LIMIT $4), \
+             loose AS (SELECT c.document_id, c.position, 1 AS tier, \
+                   ts_rank_cd(c.tsv, q.any_word, 32) AS score \
+                 FROM q, LATERAL (SELECT document_id, position, tsv FROM knowledge_chunks \
+                   WHERE team_id = $1 AND base_id = ANY($2) AND tsv @@ q.any_word \
+                   AND NOT tsv @@ q.every_word LIMIT $5) c \
+                 WHERE (SELECT count(*) FROM strict) < $4 \
+                 ORDER BY score DESC LIMIT $4), \
+             top AS (SELECT * FROM strict UNION ALL SELECT * FROM loose) \
              SELECT c.base_id, c.document_id, d.filename, d.media_type, d.title, c.heading, \
-               c.position, \
-               c.body, ts_rank_cd(c.tsv, q.q, 32) AS score \
-             FROM q, knowledge_chunks c \
+               c.position, c.body, top.score \
+             FROM top \
+             JOIN knowledge_chunks c \
+               ON c.document_id = top.document_id AND c.position = top.position \
              JOIN knowledge_documents d ON d.team_id = c.team_id AND d.id = c.document_id \
-             WHERE c.team_id = $1 AND c.base_id = ANY($2) AND c.tsv @@ q.q \
-             ORDER BY score DESC, c.document_id, c.position LIMIT $4",
+             ORDER BY top.tier, top.score DESC, c.document_id, c.position LIMIT $4",
         )
         .bind(team.0)
         .bind(bases)
         .bind(query)
         .bind(limit)
+        .bind(SEARCH_CANDIDATES)
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -609,6 +632,9 @@ impl Store {
             .collect()
     }
 }
+
+/// The most matches of one tier of a search that are ranked; the rest are not read.
+const SEARCH_CANDIDATES: i64 = 2_000;
 
 async fn fail_in(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,

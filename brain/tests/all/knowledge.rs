@@ -288,6 +288,26 @@ async fn documents_are_indexed_searched_and_deleted() {
 
 /// Another team sees nothing of a team's knowledge: its bases, documents and search are
 /// `404`, and its own search answers only its own passages.
+/// B4: passages with every word of the query come before those with only some of them,
+/// however often those repeat one word; a word no passage has with the others still finds
+/// what has any of them.
+#[tokio::test]
+async fn passages_with_every_word_rank_first() {
+    let app = TestApp::start().await;
+    let base = create_base(&app, &app.key, "Tiers").await;
+    let dense = b"# Kettles\n\nThe kettle kettle kettle kettle boils kettle water kettle fast.\n";
+    let both = b"# Descaling\n\nA descaling routine keeps any old kettle working for years.\n";
+    for (name, bytes) in [("dense.md", &dense[..]), ("both.md", &both[..])] {
+        let doc = upload(&app, &app.key, &base, name, bytes).await;
+        assert_eq!(settled(&app, &app.key, &base, &doc).await["status"], "ready");
+    }
+    let found = passages(&app, &app.key, &base, "kettle descaling").await;
+    let files: Vec<&str> = found.iter().map(|p| p["filename"].as_str().unwrap()).collect();
+    assert_eq!(files, ["both.md", "dense.md"], "{found:?}");
+    let found = passages(&app, &app.key, &base, "kettle zeppelin").await;
+    assert_eq!(found.len(), 2, "any word fills the answer when none has all: {found:?}");
+}
+
 #[tokio::test]
 async fn nothing_crosses_teams() {
     let app = TestApp::start().await;
