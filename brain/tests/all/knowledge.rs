@@ -299,13 +299,23 @@ async fn passages_with_every_word_rank_first() {
     let both = b"# Descaling\n\nA descaling routine keeps any old kettle working for years.\n";
     for (name, bytes) in [("dense.md", &dense[..]), ("both.md", &both[..])] {
         let doc = upload(&app, &app.key, &base, name, bytes).await;
-        assert_eq!(settled(&app, &app.key, &base, &doc).await["status"], "ready");
+        assert_eq!(
+            settled(&app, &app.key, &base, &doc).await["status"],
+            "ready"
+        );
     }
     let found = passages(&app, &app.key, &base, "kettle descaling").await;
-    let files: Vec<&str> = found.iter().map(|p| p["filename"].as_str().unwrap()).collect();
+    let files: Vec<&str> = found
+        .iter()
+        .map(|p| p["filename"].as_str().unwrap())
+        .collect();
     assert_eq!(files, ["both.md", "dense.md"], "{found:?}");
     let found = passages(&app, &app.key, &base, "kettle zeppelin").await;
-    assert_eq!(found.len(), 2, "any word fills the answer when none has all: {found:?}");
+    assert_eq!(
+        found.len(),
+        2,
+        "any word fills the answer when none has all: {found:?}"
+    );
 }
 
 #[tokio::test]
