@@ -1,5 +1,5 @@
-// T26 in the page: a person attaches a real PNG through the composer's file input (CDP
-// DOM.setFileInputFiles, as playwright's setInputFiles does it in Chromium), sees its
+// T26 in the page: a person attaches a real PNG through the composer's file input
+// (playwright's setInputFiles, which finds the input again at each call), sees its
 // thumbnail, and a file too large for the brain shows its refusal beside it; a CSV dropped
 // on the chat shows as a chip and is removed again. Sent, the message shows the image
 // inline from its signed URL (loaded without the key), and so does the transcript after a
@@ -24,21 +24,17 @@ try {
   await page.getByRole("button", { name: new RegExp(`^${agent}`) }).click();
   await page.getByRole("button", { name: "New chat" }).click();
 
-  // The file input, driven through the DevTools protocol with real files on disk.
+  // The file input, with real files on disk. A node id taken once goes stale when the
+  // composer re-renders for the new chat, so the locator resolves the input at each call.
   const input = page.locator("#composer-files");
-  const cdp = await page.context().newCDPSession(page);
-  const { root } = await cdp.send("DOM.getDocument", { depth: -1 });
-  const { nodeId } = await cdp.send("DOM.querySelector", { nodeId: root.nodeId, selector: "#composer-files" });
-  await cdp.send("DOM.setFileInputFiles", { nodeId, files: [pngPath] });
-  await input.dispatchEvent("change");
+  await input.setInputFiles(pngPath);
   const pending = page.locator(".pending-files");
   const thumb = pending.locator("img.thumb");
   await thumb.waitFor();
   if ((await thumb.evaluate((img) => img.naturalWidth)) !== 16) throw new Error("the thumbnail is not the picture");
   await pending.locator(".pending-file.ready").waitFor();
 
-  await cdp.send("DOM.setFileInputFiles", { nodeId, files: [bigPath] });
-  await input.dispatchEvent("change");
+  await input.setInputFiles(bigPath);
   const refused = pending.locator(".pending-file.refused");
   await refused.waitFor();
   const reason = await refused.innerText();

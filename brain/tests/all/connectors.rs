@@ -1088,14 +1088,18 @@ fn probe_script() -> String {
 /// `credential_probe.py http`: a real MCP server (Python SDK) that answers 401 unless the
 /// request's Authorization header is exactly `expected`.
 fn http_probe(expected: &str) -> HttpServer {
-    let port = free_port();
-    let mut command = std::process::Command::new(venv_python());
-    command
-        .arg(probe_script())
-        .arg("http")
-        .arg(port.to_string())
-        .env("EXPECTED_AUTHORIZATION", expected);
-    HttpServer::spawn(command, port, "credential_probe.py")
+    HttpServer::spawn(
+        |port| {
+            let mut command = std::process::Command::new(venv_python());
+            command
+                .arg(probe_script())
+                .arg("http")
+                .arg(port.to_string())
+                .env("EXPECTED_AUTHORIZATION", expected);
+            command
+        },
+        "credential_probe.py",
+    )
 }
 
 async fn put_secret(app: &TestApp, name: &str, value: &str) -> u16 {

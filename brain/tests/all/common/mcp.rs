@@ -1,7 +1,6 @@
 //! The real MCP servers of `tests/mcp/`, installed by `scripts/test-deps.sh`: a missing
 //! one fails the test.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -35,40 +34,88 @@ pub struct HttpServer {
 impl HttpServer {
     /// server-everything in streamable HTTP mode.
     pub fn everything() -> Self {
-        let port = free_port();
-        let mut command = std::process::Command::new("node");
-        command
-            .arg(everything_js())
-            .arg("streamableHttp")
-            .env("PORT", port.to_string());
-        Self::spawn(command, port, "server-everything (streamableHttp)")
+        Self::spawn(
+            |port| {
+                let mut command = std::process::Command::new("node");
+                command
+                    .arg(everything_js())
+                    .arg("streamableHttp")
+                    .env("PORT", port.to_string());
+                command
+            },
+            "server-everything (streamableHttp)",
+        )
     }
 
-    /// Runs `command` (which must listen on `port`), its output discarded, and waits until
-    /// the port accepts; `what` names it in a failure.
-    pub fn spawn(mut command: std::process::Command, port: u16, what: &str) -> Self {
-        let child = command
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{what} does not start ({e}): run scripts/test-deps.sh"));
-        let mut server = Self { child, port };
+    /// Runs the command `make` builds for a port (it must listen there), its output
+    /// discarded, and waits until the child itself holds the listening socket: a port from
+    /// `free_port` can be taken by another test between its release and the child's bind,
+    /// and then a connect would reach that other listener. A child that lost the race
+    /// exits, and the next port is tried. `what` names it in a failure.
+    pub fn spawn(make: impl Fn(u16) -> std::process::Command, what: &str) -> Self {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                server.child.try_wait().unwrap().is_none(),
-                "{what} exited before listening"
-            );
-            assert!(Instant::now() < deadline, "{what} never listened");
-            std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..5 {
+            let port = free_port();
+            let child = make(port)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("{what} does not start ({e}): run scripts/test-deps.sh")
+                });
+            let mut server = Self { child, port };
+            loop {
+                if server.child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if listens(server.child.id(), port) {
+                    return server;
+                }
+                assert!(Instant::now() < deadline, "{what} never listened");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
-        server
+        panic!("{what} exited before listening, five times")
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
+}
+
+/// Whether process `pid` holds a socket listening on `port` (Linux: the listening
+/// sockets' inodes from `/proc/<pid>/net/tcp{,6}`, matched against the process's fds).
+fn listens(pid: u32, port: u16) -> bool {
+    const LISTEN: &str = "0A";
+    let mut inodes = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let Some(local) = fields.get(1) else { continue };
+            let on_port = local
+                .rsplit(':')
+                .next()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+                == Some(port);
+            if on_port && fields.get(3) == Some(&LISTEN) {
+                inodes.extend(fields.get(9).map(|inode| format!("socket:[{inode}]")));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
 }
 
 impl Drop for HttpServer {
