@@ -245,12 +245,14 @@ impl Store {
     }
 
     /// An agent's sessions, newest first; with `created_by`, only those of that user's
-    /// chats. `NotFound` for another team's agent.
+    /// chats; the autostart chat's only `with_autostart` (X1). `NotFound` for another
+    /// team's agent.
     pub async fn agent_sessions(
         &self,
         team: TeamId,
         agent: AgentId,
         created_by: Option<&str>,
+        with_autostart: bool,
         before: Option<super::Keyset>,
         limit: i64,
     ) -> Result<Vec<SessionRow>, StoreError> {
@@ -260,6 +262,8 @@ impl Store {
              WHERE team_id = $1 AND agent_id = $2 \
                AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM chats c \
                     WHERE c.team_id = s.team_id AND c.id = s.chat_id AND c.created_by = $3)) \
+               AND ($7 OR NOT EXISTS (SELECT 1 FROM chats c \
+                    WHERE c.team_id = s.team_id AND c.id = s.chat_id AND c.autostart)) \
                AND {} ORDER BY created_at DESC, id DESC LIMIT $4",
             super::keyset_after("<", "$5", "$6")
         );
@@ -270,6 +274,7 @@ impl Store {
             .bind(limit)
             .bind(before.map(|k| k.at))
             .bind(before.map(|k| k.id))
+            .bind(with_autostart)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(from_row).collect()

@@ -195,12 +195,14 @@ impl Store {
         Ok(found.is_some())
     }
 
-    /// An agent's snapshots, newest first. `NotFound` for another team's agent.
+    /// An agent's snapshots, newest first, filtered as `agent_sessions` is. `NotFound` for
+    /// another team's agent.
     pub async fn agent_snapshots(
         &self,
         team: TeamId,
         agent: AgentId,
         created_by: Option<&str>,
+        with_autostart: bool,
     ) -> Result<Vec<SnapshotRow>, StoreError> {
         self.agent(team, agent).await?;
         let rows = sqlx::query(
@@ -209,11 +211,14 @@ impl Store {
              WHERE team_id = $1 AND agent_id = $2
                AND ($3::text IS NULL OR EXISTS (SELECT 1 FROM chats c
                     WHERE c.team_id = w.team_id AND c.id = w.chat_id AND c.created_by = $3))
+               AND ($4 OR NOT EXISTS (SELECT 1 FROM chats c
+                    WHERE c.team_id = w.team_id AND c.id = w.chat_id AND c.autostart))
              ORDER BY created_at DESC LIMIT 100",
         )
         .bind(team.0)
         .bind(agent.0)
         .bind(created_by)
+        .bind(with_autostart)
         .fetch_all(&self.pool)
         .await?;
         rows.iter()

@@ -17,7 +17,7 @@ use engine::agents::{
     KnowledgeRecall, MemoryRecall, apply_change, check_knowledge_bases, validate_auxiliary,
     validate_knowledge_bases, validate_new_agent,
 };
-use engine::auth::Principal;
+use engine::auth::{Principal, Scope};
 use engine::models::connections;
 use store::{
     Action, AgentRow, FireRow, NewAgent, ScheduleView, SessionRow, SnapshotRow, StoreError, bounded,
@@ -466,17 +466,20 @@ pub async fn sessions(
     let limit = params.limit()?;
     let before = params.after::<KeysetKey>(SESSIONS_CURSOR)?.map(|k| k.0);
     let only = principal.only_chats_of();
-    let sessions = bounded(
-        state
-            .store
-            .agent_sessions(principal.team, id, only, before, limit + 1),
-    );
+    // The autostart chat's work is the agent's own: only admins see it (X1).
+    let admin = principal.scope == Scope::Admin;
+    let sessions =
+        bounded(
+            state
+                .store
+                .agent_sessions(principal.team, id, only, admin, before, limit + 1),
+        );
     let listed = match sessions.await {
         Ok(rows) => {
             let (sessions, next_cursor) = paging::page(rows, limit, SESSIONS_CURSOR, |s| {
                 KeysetKey::of(s.created_at, s.id.0)
             });
-            bounded(state.store.agent_snapshots(principal.team, id, only))
+            bounded(state.store.agent_snapshots(principal.team, id, only, admin))
                 .await
                 .map(|snapshots| Sessions {
                     sessions,

@@ -270,6 +270,43 @@ async fn only_admins_see_or_write_the_autostart_chat() {
     assert!(listed.to_string().contains(&chat), "{listed}");
 }
 
+/// The worker sessions (and snapshots) of the autostart chat are the agent's own too: a
+/// chat key listing the agent's sessions does not see them; an admin does.
+#[tokio::test]
+async fn a_chat_key_lists_no_session_of_the_autostart_chat() {
+    let app = TestApp::start_with(fast).await;
+    let agent = plain_agent(&app, "cron").await;
+    let chat = fired_once(&app, &agent).await;
+    let session = app
+        .store
+        .create_session(&store::NewSession {
+            team: app.team,
+            agent: protocol::AgentId(agent.parse().unwrap()),
+            chat: protocol::ChatId(chat.parse().unwrap()),
+            profile: "default",
+            speculative: false,
+            user: None,
+        })
+        .await
+        .unwrap();
+    let session = session.id.0.to_string();
+    let (chat_key, _) = key_with_scope(&app, "chat").await;
+    let listed = |bearer: String| {
+        let request = app
+            .http
+            .get(format!("{}/v1/agents/{agent}/sessions", app.url))
+            .bearer_auth(bearer);
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.json::<Value>().await.unwrap().to_string()
+        }
+    };
+    let seen = listed(chat_key).await;
+    assert!(!seen.contains(&session) && !seen.contains(&chat), "{seen}");
+    assert!(listed(app.key.clone()).await.contains(&session));
+}
+
 /// An erased autostart chat is replaced by a new one at the next fire, and an id
 /// re-created since under another agent is never fired into.
 #[tokio::test]
