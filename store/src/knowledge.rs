@@ -564,6 +564,20 @@ impl Store {
         .await?)
     }
 
+    /// Whether an agent of the team, not archived, names base `id` in its
+    /// `knowledge_bases` (X1: a non-admin searches only what an agent it may talk to could
+    /// search for it).
+    pub async fn knowledge_base_named(&self, team: TeamId, id: Uuid) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM agents \
+             WHERE team_id = $1 AND archived_at IS NULL AND $2 = ANY(knowledge_bases))",
+        )
+        .bind(team.0)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// The passages of the team's bases `bases` that best match `query` (web search syntax:
     /// words, `"phrases"`, `-excluded`), best first: those holding every word, then (to
     /// fill `limit`) those holding any (unless the query excludes one), each group ranked

@@ -1,6 +1,7 @@
 //! `/v1/knowledge`: a team's knowledge bases, their documents and search (B3, B4).
-//! Admins manage bases and documents; any principal of the team may search (its agents'
-//! `knowledge_search` tool answers the same passages to anyone who may talk to them).
+//! Admins manage and read bases and documents and search any base of their team; any other
+//! principal searches only a base an agent of the team names, since that agent's
+//! `knowledge_search` tool answers it the same passages (`Principal::check_knowledge_search`).
 //! A document is uploaded as a `multipart/form-data` body with one field, `file`, read
 //! under `BRAIN_KNOWLEDGE_MAX_FILE_BYTES`, and answered `202`: it is indexed in the
 //! background by any replica (`engine::knowledge`). docs/design/knowledge.md is the design.
@@ -495,6 +496,8 @@ pub async fn delete_document(
             full-text search: any of the words matches; more of them, closer together and \
             in a heading rank higher).", body = KnowledgeSearchResult),
         (status = 400, description = "A bad query or limit (`invalid_request`).", body = ErrorBody),
+        (status = 403, description = "The caller is not an admin and no agent of the team \
+            names the base in its `knowledge_bases` (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such base in the team (`not_found`).", body = ErrorBody),
     ),
 )]
@@ -510,6 +513,7 @@ pub async fn search(
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("knowledge base")),
         Err(e) => return Err(e.into()),
     }
+    principal.check_knowledge_search(&state.store, base).await?;
     let limit = body.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
     let passages =
         search::search(&state.store, principal.team, &[base], &body.query, limit).await?;

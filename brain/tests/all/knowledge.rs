@@ -476,6 +476,69 @@ async fn patch_agent(app: &TestApp, agent: &str, body: Value) -> Response {
         .unwrap()
 }
 
+/// X1 over knowledge: an admin searches any base of its team; a chat-scoped key only a base
+/// an agent of the team names (that agent's `knowledge_search` answers the same passages to
+/// whoever may chat with it), any other base `403 forbidden`, and it reads no base, listing
+/// or document (`403`); another team's base is `404` to both.
+#[tokio::test]
+async fn a_chat_key_searches_only_bases_an_agent_names() {
+    let app = TestApp::start().await;
+    let chat_key = app.chat_key().await;
+    let base = create_base(&app, &app.key, "Handbook").await;
+    let doc = upload(&app, &app.key, &base, "faq.txt", FAQ).await;
+    assert_eq!(
+        settled(&app, &app.key, &base, &doc).await["status"],
+        "ready"
+    );
+
+    assert!(!passages(&app, &app.key, &base, "espresso").await.is_empty());
+    let (status, code) = error_code(search_as(&app, &chat_key, &base, "espresso").await).await;
+    assert_eq!((status, code.as_str()), (403, "forbidden"));
+    for path in [
+        "/v1/knowledge".to_owned(),
+        format!("/v1/knowledge/{base}"),
+        format!("/v1/knowledge/{base}/documents"),
+        format!("/v1/knowledge/{base}/documents/{doc}"),
+    ] {
+        let (status, code) = error_code(get_as(&app, &chat_key, &path).await).await;
+        assert_eq!((status, code.as_str()), (403, "forbidden"), "{path}");
+    }
+
+    // Named by an agent, the base answers the chat key what the agent's tool would.
+    let created = create_agent_with(&app, &app.key, json!({"knowledge_bases": [base]})).await;
+    assert_eq!(created.status(), 201);
+    let agent: Value = created.json().await.unwrap();
+    let agent = agent["id"].as_str().unwrap();
+    assert!(
+        !passages(&app, &chat_key, &base, "espresso")
+            .await
+            .is_empty()
+    );
+    // No longer named: refused again.
+    assert_eq!(
+        patch_agent(&app, agent, json!({"knowledge_bases": []}))
+            .await
+            .status(),
+        200
+    );
+    let (status, code) = error_code(search_as(&app, &chat_key, &base, "espresso").await).await;
+    assert_eq!((status, code.as_str()), (403, "forbidden"));
+
+    // Another team's base, named by its agent or not, is absent to every key of ours.
+    let other = app.store.create_team("other team").await.unwrap().api_key;
+    let theirs = create_base(&app, &other, "Theirs").await;
+    assert_eq!(
+        create_agent_with(&app, &other, json!({"knowledge_bases": [theirs]}))
+            .await
+            .status(),
+        201
+    );
+    for bearer in [&app.key, &chat_key] {
+        let (status, code) = error_code(search_as(&app, bearer, &theirs, "espresso").await).await;
+        assert_eq!((status, code.as_str()), (404, "not_found"));
+    }
+}
+
 /// B5: an agent names only its team's bases: another team's id or an unknown one is
 /// `400 unknown_knowledge_base` at create and patch; a base deleted after the agent named
 /// it blocks no other change.

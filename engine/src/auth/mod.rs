@@ -235,6 +235,21 @@ impl Principal {
         }
     }
 
+    /// Refuses a search of the team's knowledge base `base` (B4, X1): an admin searches any;
+    /// any other principal only a base an agent of the team names, whose `knowledge_search`
+    /// would answer it the same passages (`Forbidden` otherwise). The caller reads the base
+    /// under the team first, so another team's stays `NotFound`.
+    pub async fn check_knowledge_search(&self, store: &Store, base: Uuid) -> Result<(), AuthError> {
+        if self.scope == Scope::Admin {
+            return Ok(());
+        }
+        if bounded(store.knowledge_base_named(self.team, base)).await? {
+            Ok(())
+        } else {
+            Err(AuthError::Forbidden)
+        }
+    }
+
     /// [`Principal::check_chat`] for a message posted to `chat`, without its query for a
     /// principal who sees the team's chats: the turn's intake refuses an autostart chat
     /// to a non-admin from the chat row it reads anyway (`turn::start`), so the hot path
