@@ -155,6 +155,15 @@ pub enum Action {
     /// the agent, never the content.
     MemoryUpdated,
     MemoryDeleted,
+    /// A knowledge base created, renamed or redescribed, or deleted with its documents
+    /// (B3); the entry names the base, with its name or the fields given.
+    KnowledgeCreated,
+    KnowledgeUpdated,
+    KnowledgeDeleted,
+    /// A document uploaded to a base or deleted (B3); the entry names the document and its
+    /// base, never its content or filename.
+    KnowledgeDocumentAdded,
+    KnowledgeDocumentDeleted,
 }
 
 impl Action {
@@ -194,6 +203,11 @@ impl Action {
             Self::ToolAgentSetPrompt => "tool.agent_set_prompt",
             Self::MemoryUpdated => "memory.updated",
             Self::MemoryDeleted => "memory.deleted",
+            Self::KnowledgeCreated => "knowledge.created",
+            Self::KnowledgeUpdated => "knowledge.updated",
+            Self::KnowledgeDeleted => "knowledge.deleted",
+            Self::KnowledgeDocumentAdded => "knowledge.document_added",
+            Self::KnowledgeDocumentDeleted => "knowledge.document_deleted",
         }
     }
 
@@ -223,6 +237,10 @@ impl Action {
             Self::IssuerCreated | Self::IssuerDeleted => "issuer",
             Self::ProviderCreated | Self::ProviderUpdated | Self::ProviderDeleted => "provider",
             Self::MemoryUpdated | Self::MemoryDeleted => "memory",
+            Self::KnowledgeCreated | Self::KnowledgeUpdated | Self::KnowledgeDeleted => {
+                "knowledge_base"
+            }
+            Self::KnowledgeDocumentAdded | Self::KnowledgeDocumentDeleted => "knowledge_document",
         }
     }
 }

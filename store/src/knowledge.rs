@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use protocol::TeamId;
+use serde_json::json;
 use sqlx::Row;
 use uuid::Uuid;
 
+use super::audit::{self, Action, Actor};
 use super::{Keyset, Store, StoreError, keyset_after};
 
 /// A knowledge base with what its documents count.
@@ -192,14 +194,17 @@ fn millis(d: Duration) -> f64 {
 }
 
 impl Store {
-    /// Creates a base unless the team has `max_bases` already (`None`).
+    /// Creates a base unless the team has `max_bases` already (`None`), recorded as `by`'s
+    /// `knowledge.created` (L5).
     pub async fn create_knowledge_base(
         &self,
         team: TeamId,
         name: &str,
         description: &str,
         max_bases: i64,
+        by: &Actor,
     ) -> Result<Option<KnowledgeBaseRow>, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let row = sqlx::query(
             "INSERT INTO knowledge_bases (id, team_id, name, description) \
              SELECT $1, $2, $3, $4 \
@@ -212,9 +217,23 @@ impl Store {
         .bind(name)
         .bind(description)
         .bind(max_bases)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
-        row.as_ref().map(base_from_row).transpose()
+        let Some(base) = row.as_ref().map(base_from_row).transpose()? else {
+            return Ok(None);
+        };
+        let details = json!({"name": base.name});
+        audit::record(
+            &mut tx,
+            team,
+            by,
+            Action::KnowledgeCreated,
+            base.id,
+            details,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some(base))
     }
 
     /// The team's bases oldest first, after `after`, at most `limit`.
@@ -258,14 +277,17 @@ impl Store {
         base_from_row(&row)
     }
 
-    /// Renames or redescribes base `id` (`None` keeps a field).
+    /// Renames or redescribes base `id` (`None` keeps a field), recorded as `by`'s
+    /// `knowledge.updated` naming the fields given (L5).
     pub async fn update_knowledge_base(
         &self,
         team: TeamId,
         id: Uuid,
         name: Option<&str>,
         description: Option<&str>,
+        by: &Actor,
     ) -> Result<KnowledgeBaseRow, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
             "UPDATE knowledge_bases SET name = coalesce($3, name), \
                description = coalesce($4, description) WHERE team_id = $1 AND id = $2",
@@ -274,21 +296,32 @@ impl Store {
         .bind(id)
         .bind(name)
         .bind(description)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound);
         }
+        let fields: Vec<&str> = [
+            ("name", name.is_some()),
+            ("description", description.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(field, given)| given.then_some(field))
+        .collect();
+        let details = json!({"fields": fields});
+        audit::record(&mut tx, team, by, Action::KnowledgeUpdated, id, details).await?;
+        tx.commit().await?;
         self.knowledge_base(team, id).await
     }
 
     /// Deletes base `id` with its documents and chunks (the documents' bytes are queued in
     /// `blob_garbage` by the trigger); answers their storage keys, `None` when there was
-    /// no such base.
+    /// no such base. Recorded as `by`'s `knowledge.deleted` with how many documents went (L5).
     pub async fn delete_knowledge_base(
         &self,
         team: TeamId,
         id: Uuid,
+        by: &Actor,
     ) -> Result<Option<Vec<String>>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let keys: Vec<String> = sqlx::query_scalar(
@@ -304,19 +337,27 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        if gone.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let details = json!({"documents": keys.len()});
+        audit::record(&mut tx, team, by, Action::KnowledgeDeleted, id, details).await?;
         tx.commit().await?;
-        Ok((gone.rows_affected() == 1).then_some(keys))
+        Ok(Some(keys))
     }
 
     /// Writes a queued document unless the team's documents, this one with them, would
     /// pass `limits`. Two uploads at the same moment may each miss the other and pass a
-    /// bound together by one document. A base that is not the team's → `NotFound`.
+    /// bound together by one document. A base that is not the team's → `NotFound`. An
+    /// insert is recorded as `by`'s `knowledge.document_added` naming the base (L5).
     pub async fn insert_knowledge_document(
         &self,
         team: TeamId,
         document: &NewDocument<'_>,
         limits: DocumentLimits,
+        by: &Actor,
     ) -> Result<DocumentInsert, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let sql = format!(
             "WITH t AS (SELECT count(*) AS n, coalesce(sum(size_bytes), 0)::bigint AS bytes \
                  FROM knowledge_documents WHERE team_id = $2), \
@@ -336,7 +377,7 @@ impl Store {
             .bind(document.storage_key)
             .bind(limits.max_documents)
             .bind(limits.quota_bytes)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *tx)
             .await
             .map_err(|err| match &err {
                 sqlx::Error::Database(db) if db.is_foreign_key_violation() => StoreError::NotFound,
@@ -344,6 +385,10 @@ impl Store {
             })?;
         let inserted: Option<Uuid> = row.try_get("id")?;
         if inserted.is_some() {
+            let details = json!({"knowledge_id": document.base, "media_type": document.media_type});
+            let action = Action::KnowledgeDocumentAdded;
+            audit::record(&mut tx, team, by, action, document.id, details).await?;
+            tx.commit().await?;
             return Ok(DocumentInsert::Inserted(document_from_row(&row)?));
         }
         let documents: i64 = row.try_get("team_documents")?;
@@ -400,22 +445,39 @@ impl Store {
     }
 
     /// Deletes document `id` of base `base` with its chunks (its bytes queued in
-    /// `blob_garbage`) and answers its storage key; `None` when there was none.
+    /// `blob_garbage`) and answers its storage key; `None` when there was none. Recorded as
+    /// `by`'s `knowledge.document_deleted` naming the base (L5).
     pub async fn delete_knowledge_document(
         &self,
         team: TeamId,
         base: Uuid,
         id: Uuid,
+        by: &Actor,
     ) -> Result<Option<String>, StoreError> {
-        Ok(sqlx::query_scalar(
+        let mut tx = self.pool.begin().await?;
+        let key: Option<String> = sqlx::query_scalar(
             "DELETE FROM knowledge_documents WHERE team_id = $1 AND base_id = $2 AND id = $3 \
              RETURNING storage_key",
         )
         .bind(team.0)
         .bind(base)
         .bind(id)
-        .fetch_optional(&self.pool)
-        .await?)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if key.is_some() {
+            let details = json!({"knowledge_id": base});
+            audit::record(
+                &mut tx,
+                team,
+                by,
+                Action::KnowledgeDocumentDeleted,
+                id,
+                details,
+            )
+            .await?;
+            tx.commit().await?;
+        }
+        Ok(key)
     }
 
     /// Claims up to `limit` jobs, oldest first: queued ones, and those whose claim's lease

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use super::files::{UploadForm, read_form};
 use super::paging::{self, KeysetKey, PageParams};
-use super::{QueryParams, parse_id};
+use super::{ClientAddr, QueryParams, parse_id};
 use crate::AppState;
 use crate::error::{ApiError, JsonBody};
 use engine::auth::Principal;
@@ -208,11 +208,13 @@ pub struct KnowledgeSearchResult {
 pub async fn create(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     JsonBody(body): JsonBody<CreateKnowledgeBase>,
 ) -> Result<(StatusCode, Json<KnowledgeBase>), ApiError> {
     principal.require_admin()?;
+    let by = principal.actor(address);
     let base =
-        knowledge::create_base(&state, principal.team, &body.name, &body.description).await?;
+        knowledge::create_base(&state, principal.team, &body.name, &body.description, &by).await?;
     Ok((StatusCode::CREATED, Json(base.into())))
 }
 
@@ -296,6 +298,7 @@ pub async fn get(
 pub async fn update(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(knowledge_id): Path<String>,
     JsonBody(body): JsonBody<PatchKnowledgeBase>,
 ) -> Result<Json<KnowledgeBase>, ApiError> {
@@ -307,6 +310,7 @@ pub async fn update(
         id,
         body.name.as_deref(),
         body.description.as_deref(),
+        &principal.actor(address),
     )
     .await?;
     Ok(Json(base.into()))
@@ -327,11 +331,12 @@ pub async fn update(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(knowledge_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let id: Uuid = parse_id(&knowledge_id, "knowledge base")?;
-    knowledge::delete_base(&state, principal.team, id).await?;
+    knowledge::delete_base(&state, principal.team, id, &principal.actor(address)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -363,6 +368,7 @@ pub async fn delete(
 pub async fn upload(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path(knowledge_id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -377,7 +383,8 @@ pub async fn upload(
     }
     let max = state.config.knowledge.max_file_bytes;
     let (filename, bytes) = read_form(&headers, body, max).await?;
-    let row = knowledge::add_document(&state, principal.team, base, &filename, bytes).await?;
+    let by = principal.actor(address);
+    let row = knowledge::add_document(&state, principal.team, base, &filename, bytes, &by).await?;
     Ok((StatusCode::ACCEPTED, Json(row.into())))
 }
 
@@ -475,12 +482,14 @@ pub async fn document(
 pub async fn delete_document(
     State(state): State<AppState>,
     principal: Principal,
+    ClientAddr(address): ClientAddr,
     Path((knowledge_id, document_id)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let base: Uuid = parse_id(&knowledge_id, "knowledge base")?;
     let id: Uuid = parse_id(&document_id, "document")?;
-    knowledge::delete_document(&state, principal.team, base, id).await?;
+    let by = principal.actor(address);
+    knowledge::delete_document(&state, principal.team, base, id, &by).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -539,6 +539,99 @@ async fn a_chat_key_searches_only_bases_an_agent_names() {
     }
 }
 
+/// L5: creating, changing and deleting a base, and uploading and deleting a document, are
+/// each an entry of the audit log naming the admin key and the object, never a
+/// document's name or content; a refused upload writes none.
+#[tokio::test]
+async fn knowledge_changes_are_in_the_audit_log() {
+    let app = TestApp::start_with(|c| c.knowledge.max_documents = 1).await;
+    let base = create_base(&app, &app.key, "Handbook").await;
+    let patched = app
+        .http
+        .patch(format!("{}/v1/knowledge/{base}", app.url))
+        .bearer_auth(&app.key)
+        .json(&json!({"description": "How we work"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+    let doc = upload(&app, &app.key, &base, "secret-plans.txt", FAQ).await;
+    let (status, _) = error_code(upload_as(&app, &app.key, &base, "more.txt", FAQ).await).await;
+    assert_eq!(status, 429);
+    for path in [
+        format!("/v1/knowledge/{base}/documents/{doc}"),
+        format!("/v1/knowledge/{base}"),
+    ] {
+        let deleted = app
+            .auth(app.http.delete(format!("{}{path}", app.url)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), 204, "{path}");
+    }
+
+    let log: Value = get_as(&app, &app.key, "/v1/audit?limit=200")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let entries: Vec<(&str, &str, &str, Value)> = log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"].as_str().unwrap().starts_with("knowledge."))
+        .map(|e| {
+            assert_eq!(e["actor_kind"], "key", "{e}");
+            (
+                e["action"].as_str().unwrap(),
+                e["object_kind"].as_str().unwrap(),
+                e["object_id"].as_str().unwrap(),
+                e["details"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            (
+                "knowledge.deleted",
+                "knowledge_base",
+                base.as_str(),
+                json!({"documents": 0})
+            ),
+            (
+                "knowledge.document_deleted",
+                "knowledge_document",
+                doc.as_str(),
+                json!({"knowledge_id": base})
+            ),
+            (
+                "knowledge.document_added",
+                "knowledge_document",
+                doc.as_str(),
+                json!({"knowledge_id": base, "media_type": "text/plain"})
+            ),
+            (
+                "knowledge.updated",
+                "knowledge_base",
+                base.as_str(),
+                json!({"fields": ["description"]})
+            ),
+            (
+                "knowledge.created",
+                "knowledge_base",
+                base.as_str(),
+                json!({"name": "Handbook"})
+            ),
+        ]
+    );
+    let text = log.to_string();
+    assert!(
+        !text.contains("secret-plans") && !text.contains("espresso"),
+        "{text}"
+    );
+}
+
 /// B5: an agent names only its team's bases: another team's id or an unknown one is
 /// `400 unknown_knowledge_base` at create and patch; a base deleted after the agent named
 /// it blocks no other change.

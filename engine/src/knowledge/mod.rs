@@ -25,7 +25,8 @@ use crate::Engine;
 use crate::artifacts::{ArtifactError, garbage, storage_key};
 use crate::files::{Sniffed, clean_filename, sniff};
 use store::{
-    DocumentInsert, DocumentLimits, DocumentRow, KnowledgeBaseRow, NewDocument, StoreError, bounded,
+    Actor, DocumentInsert, DocumentLimits, DocumentRow, KnowledgeBaseRow, NewDocument, StoreError,
+    bounded,
 };
 
 /// The longest base name, in bytes.
@@ -164,12 +165,13 @@ fn checked_base(name: Option<&str>, description: Option<&str>) -> Result<(), Kno
     Ok(())
 }
 
-/// Creates a knowledge base of `team`.
+/// Creates a knowledge base of `team`, by `by` (the audit log's actor, L5).
 pub async fn create_base(
     engine: &Engine,
     team: TeamId,
     name: &str,
     description: &str,
+    by: &Actor,
 ) -> Result<KnowledgeBaseRow, KnowledgeError> {
     checked_base(Some(name), Some(description))?;
     let limit = engine.config.knowledge.max_bases;
@@ -178,6 +180,7 @@ pub async fn create_base(
         name.trim(),
         description,
         i64::from(limit),
+        by,
     ))
     .await?;
     let base = created.ok_or(KnowledgeError::LimitReached {
@@ -195,20 +198,26 @@ pub async fn update_base(
     id: Uuid,
     name: Option<&str>,
     description: Option<&str>,
+    by: &Actor,
 ) -> Result<KnowledgeBaseRow, KnowledgeError> {
     checked_base(name, description)?;
     bounded(
         engine
             .store
-            .update_knowledge_base(team, id, name.map(str::trim), description),
+            .update_knowledge_base(team, id, name.map(str::trim), description, by),
     )
     .await
     .map_err(KnowledgeError::of_store)
 }
 
 /// Deletes base `id` with its documents, their passages and their bytes.
-pub async fn delete_base(engine: &Engine, team: TeamId, id: Uuid) -> Result<(), KnowledgeError> {
-    let keys = bounded(engine.store.delete_knowledge_base(team, id))
+pub async fn delete_base(
+    engine: &Engine,
+    team: TeamId,
+    id: Uuid,
+    by: &Actor,
+) -> Result<(), KnowledgeError> {
+    let keys = bounded(engine.store.delete_knowledge_base(team, id, by))
         .await?
         .ok_or(KnowledgeError::NotFound)?;
     let documents = keys.len();
@@ -227,6 +236,7 @@ pub async fn add_document(
     base: Uuid,
     filename: &str,
     bytes: Bytes,
+    by: &Actor,
 ) -> Result<DocumentRow, KnowledgeError> {
     let limits = engine.config.knowledge;
     if bytes.len() > limits.max_file_bytes {
@@ -259,7 +269,13 @@ pub async fn add_document(
         max_documents: i64::from(limits.max_documents),
         quota_bytes: i64::try_from(limits.quota_bytes).unwrap_or(i64::MAX),
     };
-    let refused = match bounded(engine.store.insert_knowledge_document(team, &row, bounds)).await {
+    let refused = match bounded(
+        engine
+            .store
+            .insert_knowledge_document(team, &row, bounds, by),
+    )
+    .await
+    {
         Ok(DocumentInsert::Inserted(row)) => {
             tracing::info!(%team, %base, document = %id, size = bytes.len(), media_type, "knowledge document queued");
             engine.knowledge_jobs.notify_one();
@@ -287,8 +303,9 @@ pub async fn delete_document(
     team: TeamId,
     base: Uuid,
     id: Uuid,
+    by: &Actor,
 ) -> Result<(), KnowledgeError> {
-    let key = bounded(engine.store.delete_knowledge_document(team, base, id))
+    let key = bounded(engine.store.delete_knowledge_document(team, base, id, by))
         .await?
         .ok_or(KnowledgeError::NotFound)?;
     garbage::delete_bytes(&engine.store, engine.artifacts.as_ref(), &[key]).await;
