@@ -2,7 +2,11 @@
 //! stored, with no I/O. A rule lives here when both the store's rows and the engine's
 //! checks need it; the engine's other rules stay beside their owners in the brain.
 //!
+//! - `address.rs`: the address rule of every outbound connection (SSRF): metadata
+//!   addresses always refused, private ones unless the operator allows them; shared by
+//!   the engine's connectors and the egress proxy (W14).
 //! - `approvals.rs`: risk classes, an agent's approval policy and what it decides, the
 //!   approval states and kinds, and the elicitation forms (SPEC A1-A4, P5).
 
+pub mod address;
 pub mod approvals;

@@ -1,0 +1,199 @@
+//! The egress proxy of a worker's commands (W13, W14; docs/design/egress.md). One proxy
+//! serves one session: its commands reach the network only through it (the sandbox's
+//! network namespace, or the worker pod's NetworkPolicy, has no other way out). It speaks
+//! HTTP forward proxying and `CONNECT`:
+//!
+//! - a host off the session's allowlist, or an address the address rule refuses
+//!   (`domain::address`), gets `403` with the reason in the body and in
+//!   `x-egress-refused`;
+//! - plain HTTP to an allowed host is forwarded, with the egress secrets meant for that
+//!   host set in their headers (the sandbox holds only placeholders);
+//! - `CONNECT` to a host with an egress secret ends TLS with a leaf certificate of the
+//!   session's own CA (`ca.rs`), sets the secret, and talks TLS to the upstream verified
+//!   against the system roots and the extra roots; `CONNECT` to any other allowed host is
+//!   a tunnel the proxy does not look into;
+//! - bounded: client connections at once, bytes both ways, and each connection's lifetime;
+//! - every request (a tunnel counts as one) is recorded in the session's ledger (host,
+//!   method, status, bytes; never a body, a header or a path).
+//!
+//! Layout: `policy.rs` the session's configuration and host matching; `ca.rs` the
+//! per-session CA; `upstream.rs` resolving, the address rule, connecting, upstream TLS;
+//! `serve.rs` the HTTP side; `ledger.rs` the records.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+mod ca;
+mod ledger;
+mod policy;
+mod serve;
+mod upstream;
+
+pub use ledger::{Ledger, Record};
+pub use policy::{EgressSecret, HostRule, Policy, SessionPolicy, placeholder};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("invalid egress configuration: {0}")]
+    Policy(String),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("the proxy's socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What one session may hold through its proxy.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Client connections open at once; one more is answered `503` and closed.
+    pub max_connections: usize,
+    /// Bytes both ways over the session's life; past it, transfers are cut.
+    pub max_bytes: u64,
+    /// How long one client connection (a tunnel included) may last.
+    pub max_connection_time: Duration,
+    /// Resolving and connecting to an upstream, and waiting for its response head.
+    pub upstream_timeout: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            max_bytes: 1 << 30,
+            max_connection_time: Duration::from_secs(30 * 60),
+            upstream_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A session's proxy state, shared by its connections.
+pub struct Session {
+    policy: Policy,
+    ca: ca::SessionCa,
+    ledger: Ledger,
+    bounds: Bounds,
+    upstream_tls: Arc<rustls::ClientConfig>,
+}
+
+impl Session {
+    /// `extra_roots`: a PEM file of upstream roots trusted beside the system's.
+    pub fn new(
+        config: SessionPolicy,
+        bounds: Bounds,
+        extra_roots: Option<&Path>,
+    ) -> Result<Arc<Self>, ProxyError> {
+        Ok(Arc::new(Self {
+            policy: Policy::new(config)?,
+            ca: ca::SessionCa::generate()?,
+            ledger: Ledger::default(),
+            bounds,
+            upstream_tls: upstream::client_config(extra_roots)?,
+        }))
+    }
+
+    /// The session CA's certificate (PEM), for the sandbox's trust store.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.pem()
+    }
+
+    /// The session's requests, oldest first (the latest [`ledger::MAX_RECORDS`]).
+    pub fn records(&self) -> Vec<Record> {
+        self.ledger.records()
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.ledger.connections.load(Ordering::Acquire)
+    }
+
+    /// Serves one client connection (a TCP connection, or a unix socket bridged from a
+    /// sandbox) until it ends, within the connection bound.
+    pub async fn serve<IO>(self: Arc<Self>, mut io: IO)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let open = self.ledger.connections.fetch_add(1, Ordering::AcqRel);
+        if open >= self.bounds.max_connections {
+            self.ledger.connections.fetch_sub(1, Ordering::AcqRel);
+            let _ = io
+                .write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\nx-egress-refused: too_many_connections\r\n\
+                      content-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            return;
+        }
+        let limit = self.bounds.max_connection_time;
+        let _ = tokio::time::timeout(limit, serve::client(self.clone(), io)).await;
+        self.ledger.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A running proxy on a TCP listener.
+pub struct EgressProxy {
+    pub session: Arc<Session>,
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl EgressProxy {
+    /// Serves `session` on `listener` until [`EgressProxy::stop`] (or the drop).
+    pub fn start(listener: TcpListener, session: Arc<Session>) -> Result<Self, ProxyError> {
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let (guard, serving) = (stop.clone(), session.clone());
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = guard.cancelled() => break,
+                    accepted = listener.accept() => accepted,
+                };
+                match accepted {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        let session = serving.clone();
+                        let guard = guard.clone();
+                        tokio::spawn(async move {
+                            tokio::select! {
+                                () = guard.cancelled() => {}
+                                () = session.serve(stream) => {}
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        // Out of descriptors, most likely: pause instead of spinning.
+                        tracing::warn!(error = %e.kind(), "egress proxy accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            session,
+            addr,
+            stop,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes the listener and every connection.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

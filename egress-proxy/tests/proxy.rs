@@ -1,0 +1,341 @@
+//! The egress proxy with real clients (`curl`, a process of its own, with the proxy in its
+//! environment as a worker's command has it) and real HTTP and HTTPS upstreams on
+//! loopback, the HTTPS one with a certificate of a test CA.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use egress_proxy::{Bounds, EgressProxy, Session, SessionPolicy, placeholder};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "ghp_real-credential-0123456789";
+
+/// What an upstream received: its `authorization` header and the request target.
+type Seen = (Option<String>, String);
+
+/// An HTTP (or, with `tls`, HTTPS) server on 127.0.0.1 that reports every request it
+/// receives and answers `hello from upstream`.
+async fn upstream(tls: Option<Arc<rustls::ServerConfig>>) -> (u16, mpsc::UnboundedReceiver<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let tx = tx.clone();
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let auth = req
+                        .headers()
+                        .get("authorization")
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    let _ = tx.send((auth, req.uri().to_string()));
+                    async {
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                            "hello from upstream\n",
+                        ))))
+                    }
+                });
+                let http = hyper::server::conn::http1::Builder::new();
+                match tls {
+                    Some(config) => {
+                        let stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await;
+                        if let Ok(stream) = stream {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
+                    None => {
+                        let _ = http.serve_connection(TokioIo::new(tcp), service).await;
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// A directory of this test's own, with the test CA and its server certificate.
+fn test_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("egress-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    test_support::tls::certificates(&dir);
+    dir
+}
+
+fn tls_server(dir: &Path) -> Arc<rustls::ServerConfig> {
+    let certs = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap(),
+    )
+}
+
+async fn proxy(dir: &Path, config: serde_json::Value) -> EgressProxy {
+    let config: SessionPolicy = serde_json::from_value(config).unwrap();
+    let session = Session::new(config, Bounds::default(), Some(&dir.join("ca.pem"))).unwrap();
+    std::fs::write(dir.join("session-ca.pem"), session.ca_pem()).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    EgressProxy::start(listener, session).unwrap()
+}
+
+/// `curl` as a worker's command runs it: the proxy and the session CA in its environment,
+/// the placeholder under the secret's name, nothing else. Its output, stdout and stderr.
+async fn curl(proxy: &EgressProxy, dir: &Path, args: &[&str]) -> (bool, String) {
+    let url = format!("http://{}", proxy.addr());
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--show-error"])
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("HTTP_PROXY", &url)
+        .env("HTTPS_PROXY", &url)
+        .env("http_proxy", &url)
+        .env("https_proxy", &url)
+        .env("SSL_CERT_FILE", dir.join("session-ca.pem"))
+        .env("GH_TOKEN", placeholder("GH_TOKEN"))
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains(TOKEN),
+        "the command saw the credential: {text}"
+    );
+    (out.status.success(), text)
+}
+
+fn secret(port: u16) -> serde_json::Value {
+    serde_json::json!({"name": "GH_TOKEN", "value": TOKEN, "hosts": [format!("127.0.0.1:{port}")],
+                       "header": "Authorization", "format": "Bearer {value}"})
+}
+
+#[tokio::test]
+async fn plain_http_to_a_listed_host_carries_the_credential_the_command_never_holds() {
+    let dir = test_dir("plain");
+    let (port, mut seen) = upstream(None).await;
+    let proxy = proxy(
+        &dir,
+        serde_json::json!({"allow": [], "secrets": [secret(port)], "allow_private_networks": true}),
+    )
+    .await;
+    // The client puts the placeholder where a real token would go, in a header and the
+    // query: both arrive as the credential.
+    let (ok, out) = curl(
+        &proxy,
+        &dir,
+        &[
+            "-H",
+            &format!("Authorization: token {}", placeholder("GH_TOKEN")),
+            &format!(
+                "http://127.0.0.1:{port}/repos?key={}",
+                placeholder("GH_TOKEN")
+            ),
+        ],
+    )
+    .await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    let (auth, target) = seen.recv().await.unwrap();
+    assert_eq!(auth.as_deref(), Some(format!("Bearer {TOKEN}").as_str()));
+    assert_eq!(target, format!("/repos?key={TOKEN}"));
+    let records = proxy.session.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        (
+            records[0].method.as_str(),
+            records[0].status,
+            records[0].intercepted
+        ),
+        ("GET", 200, false)
+    );
+    assert_eq!(
+        records[0].bytes_received,
+        "hello from upstream\n".len() as u64
+    );
+}
+
+#[tokio::test]
+async fn https_to_a_listed_host_is_ended_with_the_session_ca_and_verified_upstream() {
+    let dir = test_dir("https");
+    let (port, mut seen) = upstream(Some(tls_server(&dir))).await;
+    let proxy = proxy(
+        &dir,
+        serde_json::json!({"secrets": [secret(port)], "allow_private_networks": true}),
+    )
+    .await;
+    let (ok, out) = curl(&proxy, &dir, &[&format!("https://127.0.0.1:{port}/user")]).await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    let (auth, target) = seen.recv().await.unwrap();
+    assert_eq!(auth.as_deref(), Some(format!("Bearer {TOKEN}").as_str()));
+    assert_eq!(target, "/user");
+    let records = proxy.session.records();
+    assert_eq!(
+        (
+            records[0].method.as_str(),
+            records[0].status,
+            records[0].intercepted
+        ),
+        ("GET", 200, true)
+    );
+
+    // The command trusting only the upstream's real CA fails: the proxy ended TLS.
+    let (ok, out) = curl(
+        &proxy,
+        &dir,
+        &[
+            "--cacert",
+            dir.join("ca.pem").to_str().unwrap(),
+            &format!("https://127.0.0.1:{port}/"),
+        ],
+    )
+    .await;
+    assert!(!ok, "{out}");
+}
+
+#[tokio::test]
+async fn an_upstream_the_proxy_cannot_verify_is_never_presented_as_trusted() {
+    let dir = test_dir("unverified");
+    let (port, mut seen) = upstream(Some(tls_server(&dir))).await;
+    // No extra roots: the test CA is not trusted by the proxy.
+    let config: SessionPolicy = serde_json::from_value(
+        serde_json::json!({"secrets": [secret(port)], "allow_private_networks": true}),
+    )
+    .unwrap();
+    let session = Session::new(config, Bounds::default(), None).unwrap();
+    std::fs::write(dir.join("session-ca.pem"), session.ca_pem()).unwrap();
+    let proxy =
+        EgressProxy::start(TcpListener::bind("127.0.0.1:0").await.unwrap(), session).unwrap();
+    let (_, out) = curl(&proxy, &dir, &["-i", &format!("https://127.0.0.1:{port}/")]).await;
+    assert!(
+        out.contains("502") && out.contains("could not be reached"),
+        "{out}"
+    );
+    assert!(seen.try_recv().is_err(), "the upstream got a request");
+}
+
+#[tokio::test]
+async fn other_allowed_hosts_are_tunnelled_untouched_and_others_refused_with_a_reason() {
+    let dir = test_dir("tunnel");
+    let (port, mut seen) = upstream(Some(tls_server(&dir))).await;
+    let proxy = proxy(
+        &dir,
+        serde_json::json!({"allow": [format!("127.0.0.1:{port}")], "allow_private_networks": true}),
+    )
+    .await;
+    // Tunnelled: the command sees the upstream's own certificate (the test CA's).
+    let ca = dir.join("ca.pem");
+    let (ok, out) = curl(
+        &proxy,
+        &dir,
+        &[
+            "--cacert",
+            ca.to_str().unwrap(),
+            &format!("https://127.0.0.1:{port}/x"),
+        ],
+    )
+    .await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    assert_eq!(seen.recv().await.unwrap().0, None);
+
+    let (_, out) = curl(&proxy, &dir, &["-i", "http://example.com/"]).await;
+    assert!(
+        out.contains("403") && out.contains("not on this agent's egress allowlist"),
+        "{out}"
+    );
+    let (ok, out) = curl(&proxy, &dir, &["https://example.com/"]).await;
+    assert!(!ok && out.contains("403"), "{out}");
+
+    let records = proxy.session.records();
+    let summary: Vec<_> = records
+        .iter()
+        .map(|r| (r.method.as_str(), r.status, r.refused))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("CONNECT", 200, None),
+            ("GET", 403, Some("host_not_allowed")),
+            ("CONNECT", 403, Some("host_not_allowed"))
+        ]
+    );
+    assert!(records[0].bytes_sent > 0 && records[0].bytes_received > 0);
+}
+
+#[tokio::test]
+async fn private_and_metadata_addresses_are_refused_unless_the_operator_allows_private_ones() {
+    let dir = test_dir("private");
+    let (port, mut seen) = upstream(None).await;
+    let proxy = proxy(&dir, serde_json::json!({})).await;
+    let (_, out) = curl(&proxy, &dir, &["-i", &format!("http://127.0.0.1:{port}/")]).await;
+    assert!(
+        out.contains("403") && out.contains("EGRESS_ALLOW_PRIVATE_NETWORKS"),
+        "{out}"
+    );
+    let (_, out) = curl(&proxy, &dir, &["-i", &format!("http://localhost:{port}/")]).await;
+    assert!(out.contains("x-egress-refused: private_address"), "{out}");
+    assert!(seen.try_recv().is_err());
+
+    let open = proxy_allowing_private(&dir).await;
+    let (_, out) = curl(
+        &open,
+        &dir,
+        &["-i", "http://169.254.169.254/latest/meta-data/"],
+    )
+    .await;
+    assert!(out.contains("x-egress-refused: metadata_address"), "{out}");
+}
+
+async fn proxy_allowing_private(dir: &Path) -> EgressProxy {
+    proxy(dir, serde_json::json!({"allow_private_networks": true})).await
+}
+
+#[tokio::test]
+async fn a_session_past_its_connection_bound_is_answered_503() {
+    let dir = test_dir("bounds");
+    let config: SessionPolicy = serde_json::from_value(serde_json::json!({})).unwrap();
+    let bounds = Bounds {
+        max_connections: 1,
+        ..Bounds::default()
+    };
+    let session = Session::new(config, bounds, None).unwrap();
+    let proxy =
+        EgressProxy::start(TcpListener::bind("127.0.0.1:0").await.unwrap(), session).unwrap();
+    // One connection held open (its request head not yet complete), then a second.
+    let mut held = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut held, b"GET http://a.example/ HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    loop {
+        if proxy.session.open_connections() == 1 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let (_, out) = curl(&proxy, &dir, &["-i", "http://b.example/"]).await;
+    assert!(
+        out.contains("503") && out.contains("too_many_connections"),
+        "{out}"
+    );
+}
