@@ -408,11 +408,11 @@ async fn limits_refuse_with_stable_codes() {
 /// is refused.
 #[tokio::test]
 async fn a_job_whose_replica_died_is_indexed_by_another() {
-    // This replica indexes nothing: the job stays queued until someone claims it.
+    // This replica runs no indexer, so nothing but the claim below can take the job: no
+    // wait shows more than this read does.
     let app = TestApp::start_with(|c| c.knowledge.indexers = 0).await;
     let base = create_base(&app, &app.key, "Handbook").await;
     let id = upload(&app, &app.key, &base, "handbook.md", HANDBOOK).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         document(&app, &app.key, &base, &id).await["status"],
         "queued"
@@ -847,19 +847,53 @@ async fn an_agent_without_bases_is_not_offered_knowledge_search() {
 }
 
 /// `knowledge_recall: "auto"` puts the passages matching the user's message into the
-/// turn's request just before that message, without a tool call.
+/// turn's request just before that message, without a tool call; each passage put there
+/// is streamed as a `source-document` chunk when the answer's stream opens and kept first
+/// in the answer's parts, as a `knowledge_search` call's are.
 #[tokio::test]
 async fn auto_recall_puts_matching_passages_into_the_prompt() {
     let app = TestApp::start().await;
     let (_, chat, handbook) = librarian(&app, json!({"knowledge_recall": "auto"})).await;
     app.provider.push(text("Use the link."));
-    send_as(
+    let chunks = send_as(
         &app,
         &app.key,
         &chat,
         "How do I reset a forgotten password?",
     )
     .await;
+    let streamed: Vec<String> = chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::SourceDocument { source_id, .. } => Some(source_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(!streamed.is_empty(), "{chunks:?}");
+    assert!(
+        streamed
+            .iter()
+            .all(|id| id.starts_with(&format!("{handbook}:"))),
+        "{streamed:?}"
+    );
+    let first_source = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::SourceDocument { .. }))
+        .unwrap();
+    let first_text = chunks
+        .iter()
+        .position(|c| matches!(c, UiChunk::TextDelta { .. }))
+        .unwrap();
+    assert!(first_source < first_text, "{chunks:?}");
+    let answer = app.messages(&chat).await.pop().unwrap();
+    let stored: Vec<&str> = answer["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take_while(|p| p["type"] == "source-document")
+        .map(|p| p["sourceId"].as_str().unwrap())
+        .collect();
+    assert_eq!(stored, streamed, "{answer}");
     let request = app.provider.requests().pop().unwrap();
     let messages: Vec<String> = request.body["messages"]
         .as_array()
@@ -874,6 +908,13 @@ async fn auto_recall_puts_matching_passages_into_the_prompt() {
     assert!(messages[recalled].contains("thirty minutes"));
     assert!(messages[recalled].contains(&handbook));
     assert!(messages[recalled].contains("handbook.md"));
+    for id in &streamed {
+        let position = id.rsplit_once(':').unwrap().1;
+        assert!(
+            messages[recalled].contains(&format!("{handbook}, passage {position}")),
+            "a streamed source the prompt does not hold: {id}"
+        );
+    }
     let asked = messages
         .iter()
         .rposition(|m| m.contains("reset a forgotten password?"))

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
-use protocol::parts::SourceDocument;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
+use crate::knowledge::search;
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Passage, Store, bounded};
@@ -122,7 +122,7 @@ fn answer(passages: &[Passage]) -> ToolOutput {
         .iter()
         .map(|p| {
             json!({
-                "source_id": source_id(p),
+                "source_id": search::source_id(p),
                 "document_id": p.document_id,
                 "filename": p.filename,
                 "title": p.title,
@@ -133,29 +133,7 @@ fn answer(passages: &[Passage]) -> ToolOutput {
         })
         .collect();
     ToolOutput {
-        sources: passages.iter().map(source).collect(),
+        sources: passages.iter().map(search::source).collect(),
         ..ToolOutput::ok(json!({ "passages": listed }).to_string())
-    }
-}
-
-fn source_id(passage: &Passage) -> String {
-    format!("{}:{}", passage.document_id, passage.position)
-}
-
-/// The `source-document` part of a passage.
-fn source(passage: &Passage) -> SourceDocument {
-    let title = if !passage.heading.is_empty() {
-        passage.heading.clone()
-    } else {
-        passage
-            .title
-            .clone()
-            .unwrap_or_else(|| passage.filename.clone())
-    };
-    SourceDocument {
-        source_id: source_id(passage),
-        media_type: passage.media_type.clone(),
-        title,
-        filename: Some(passage.filename.clone()),
     }
 }

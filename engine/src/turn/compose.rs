@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use protocol::TurnId;
+use protocol::parts::SourceDocument;
 use protocol::ui::ConnectorStatus;
 use tokio_util::sync::CancellationToken;
 
@@ -166,6 +167,10 @@ pub(super) struct Ready {
     pub resume: Vec<ApprovalRow>,
     pub answered: Vec<ApprovalRow>,
     pub autostart: bool,
+    /// B5: the sources of the passages recalled into the request (`knowledge_recall:
+    /// "auto"`): the turn streams them when its stream opens and keeps them first in the
+    /// answer's parts.
+    pub recalled: Vec<SourceDocument>,
 }
 
 pub(super) enum Composed {
@@ -229,7 +234,7 @@ pub(super) async fn compose(
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-    let (request, fold) = first_request(
+    let (request, fold, recalled) = first_request(
         state,
         launch,
         basis,
@@ -249,6 +254,7 @@ pub(super) async fn compose(
         resume: asked.resume,
         answered: asked.answered,
         autostart: asked.autostart,
+        recalled,
     })))
 }
 
@@ -266,7 +272,7 @@ pub(super) async fn first_request(
     catalog: Arc<Catalog>,
     route: Vec<String>,
     max_output_tokens: u32,
-) -> (ModelRequest, Fold) {
+) -> (ModelRequest, Fold, Vec<SourceDocument>) {
     let window = &history[context::window_start(history, state.config.context_tokens)..];
     let files = if attachments::any(window.iter().map(Counted::row)) {
         let budget = state
@@ -307,9 +313,14 @@ pub(super) async fn first_request(
     if let Some(recalled) = recall::recalled(state, basis, window).await {
         recall::place(&mut messages, recalled);
     }
-    if let Some(passages) = recall::passages(state, basis, window).await {
-        recall::place(&mut messages, passages);
-    }
+    // B5: the recalled passages' sources, streamed and kept as the tool's are.
+    let recalled = match recall::passages(state, basis, window).await {
+        Some((passages, sources)) => {
+            recall::place(&mut messages, passages);
+            sources
+        }
+        None => Vec::new(),
+    };
     let request = ModelRequest {
         model: String::new(),
         system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
@@ -340,7 +351,7 @@ pub(super) async fn first_request(
         max_output_tokens,
         unsummarized: context::history_tokens(history),
     };
-    (request, fold)
+    (request, fold, recalled)
 }
 
 /// What beginning a turn gave.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use protocol::MessageId;
+use protocol::parts::SourceDocument;
 use protocol::ui::{ConnectorStatus, Notice, TurnInfo, UiChunk};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,9 @@ pub(super) struct Client {
     stalled: AtomicBool,
     /// Shown once at the start of the stream (B2).
     connector_status: Vec<ConnectorStatus>,
+    /// The sources of the passages recalled into the prompt (B5), shown once at the start
+    /// of the stream, after the connector statuses.
+    pub recalled: Vec<SourceDocument>,
     /// Hears whether the stream opened or why not, until the stream begins.
     pub started: Option<oneshot::Sender<Result<(), TurnError>>>,
     /// Every chunk shown, the tools' live ones included, is progress (T20).
@@ -59,9 +63,17 @@ impl Client {
             stall_timeout,
             stalled: AtomicBool::new(false),
             connector_status,
+            recalled: Vec::new(),
             started: None,
             liveness: Liveness::default(),
         }
+    }
+
+    /// The client, showing `sources` (B5: the passages recalled into the prompt) when the
+    /// stream opens.
+    pub fn with_recalled(mut self, sources: Vec<SourceDocument>) -> Self {
+        self.recalled = sources;
+        self
     }
 
     /// Tells the caller to answer `200` with the stream, and opens it; once.
@@ -87,6 +99,9 @@ impl Client {
                 data: status.clone(),
             })
             .await;
+        }
+        for source in std::mem::take(&mut self.recalled) {
+            self.send(UiChunk::source_document(&source)).await;
         }
     }
 

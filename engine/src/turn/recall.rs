@@ -14,6 +14,7 @@
 //! first request's messages, so the turn's later calls reuse the same prefix too. A turn
 //! taken over recalls again (a note written meanwhile may join).
 
+use protocol::parts::SourceDocument;
 use providers::Message;
 use store::{KnowledgeRecall, MemoryRecall, Passage, TurnBasis, bounded};
 
@@ -80,14 +81,16 @@ fn asked(window: &[impl Counted]) -> String {
 }
 
 /// B5: the passages of the agent's knowledge bases that best match the newest user
-/// message, as one message within `BRAIN_KNOWLEDGE_RECALL_TOKENS`; `None` when the agent
-/// recalls none (turned off, no base, no budget, no match, or the store failed: a turn
-/// never waits on its knowledge's failure). Placed as memories are, for the same reasons.
+/// message, as one message within `BRAIN_KNOWLEDGE_RECALL_TOKENS`, with the
+/// `source-document` part of each passage it holds (the turn streams and keeps them, as a
+/// `knowledge_search` call's); `None` when the agent recalls none (turned off, no base, no
+/// budget, no match, or the store failed: a turn never waits on its knowledge's failure).
+/// Placed as memories are, for the same reasons.
 pub(super) async fn passages(
     state: &Engine,
     basis: &TurnBasis,
     window: &[impl Counted],
-) -> Option<String> {
+) -> Option<(String, Vec<SourceDocument>)> {
     let budget = state.config.knowledge.recall_tokens;
     let agent = &basis.agent;
     if agent.knowledge_recall == KnowledgeRecall::Off
@@ -124,18 +127,19 @@ pub(super) async fn passages(
     }
 }
 
-/// The passages that fit `max_chars`, best first, each under its source; `None` for none.
-fn passage_block(passages: &[Passage], max_chars: usize) -> Option<String> {
+/// The passages that fit `max_chars`, best first, each under its source, and their
+/// sources; `None` for none.
+fn passage_block(passages: &[Passage], max_chars: usize) -> Option<(String, Vec<SourceDocument>)> {
     let mut text = String::from(PASSAGES_HEADING);
     let mut used = 0;
-    let mut any = false;
+    let mut sources = Vec::new();
     for p in passages {
         let len = p.text.chars().count();
         if used + len > max_chars {
             continue;
         }
         used += len;
-        any = true;
+        sources.push(crate::knowledge::search::source(p));
         let place = if p.heading.is_empty() {
             String::new()
         } else {
@@ -146,7 +150,7 @@ fn passage_block(passages: &[Passage], max_chars: usize) -> Option<String> {
             p.filename, p.document_id, p.position, p.text
         ));
     }
-    any.then_some(text)
+    (!sources.is_empty()).then_some((text, sources))
 }
 
 /// The notes that fit `max_chars` in their order, under the heading; `None` for none.

@@ -229,7 +229,7 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
     // it would have ended the stream of the turn it started.
     super::standing::follow(revoked.clone(), held, cancel.clone(), registration.ended());
     let (offered, connector_status) = offer(state, &launch, &basis, &cancel).await;
-    let (request, fold) = super::compose::first_request(
+    let (request, fold, recalled) = super::compose::first_request(
         state,
         &launch,
         &basis,
@@ -252,6 +252,7 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
         resume: Vec::new(),
         answered: Vec::new(),
         autostart: false,
+        recalled,
     };
     let running = Running {
         turn,

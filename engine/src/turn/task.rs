@@ -91,7 +91,8 @@ impl TurnTask {
                 !attached,
                 state.config.client_stall_timeout,
                 ready.connector_status,
-            ),
+            )
+            .with_recalled(ready.recalled.clone()),
             cancel: running.cancel,
             budget: running.budget,
             fold: Some(ready.fold),
@@ -110,7 +111,13 @@ impl TurnTask {
             handover: state.handover.clone(),
             first: Some(Progress {
                 request: ready.request,
-                parts: Vec::new(),
+                // B5: the recalled passages' sources lead the answer, as the stream shows.
+                parts: ready
+                    .recalled
+                    .iter()
+                    .cloned()
+                    .map(Part::SourceDocument)
+                    .collect(),
                 usage_log: Vec::new(),
                 assistant_id: MessageId::new(),
                 calls_made: 0,
@@ -128,6 +135,9 @@ impl TurnTask {
     /// first), its completed steps appended to the request as the model saw them.
     pub(super) fn resume_from(&mut self, restored: Option<Restored>) {
         self.resumed = true;
+        // The stream starts over with a replay of the parts, which hold the recalled
+        // sources (restored, or the first ones): shown once, by the replay.
+        self.client.recalled.clear();
         let (Some(progress), Some(restored)) = (self.first.as_mut(), restored) else {
             return;
         };
