@@ -173,6 +173,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         memory_recall: Default::default(),
         knowledge_bases: Vec::new(),
         knowledge_recall: Default::default(),
+        skills: Vec::new(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

@@ -69,6 +69,21 @@ pub enum ApiError {
     /// B3: the team's knowledge bases or documents at their bound; the message says which.
     #[error("{0}")]
     KnowledgeLimitReached(String),
+    /// B8: a skill's archive is not one valid Agent Skills folder; the message says why.
+    #[error("{0}")]
+    InvalidSkill(String),
+    /// B8: a skill's archive holds an entry that could leave its folder.
+    #[error("{0}")]
+    UnsafeSkillArchive(String),
+    /// B8: a skill's files past a size bound; the message says which.
+    #[error("{0}")]
+    SkillTooLarge(String),
+    /// B8: an agent names no skill of its team.
+    #[error("{0}")]
+    UnknownSkill(String),
+    /// B8: the team has `BRAIN_SKILLS_MAX` skills.
+    #[error("{0}")]
+    SkillLimitReached(String),
     /// An agent names an id that is no knowledge base of its team (B5).
     #[error("{0}")]
     UnknownKnowledgeBase(String),
@@ -293,6 +308,33 @@ impl From<FileError> for ApiError {
     }
 }
 
+impl From<engine::skills::SkillError> for ApiError {
+    fn from(err: engine::skills::SkillError) -> Self {
+        use engine::skills::{ArchiveError, SkillError};
+        match err {
+            SkillError::Archive(e @ ArchiveError::Invalid(_)) => Self::InvalidSkill(e.to_string()),
+            SkillError::Archive(e @ ArchiveError::Unsafe(_)) => {
+                Self::UnsafeSkillArchive(e.to_string())
+            }
+            SkillError::Archive(e @ ArchiveError::TooLarge(_)) => {
+                Self::SkillTooLarge(e.to_string())
+            }
+            e @ SkillError::LimitReached(_) => Self::SkillLimitReached(e.to_string()),
+            SkillError::Artifact(e) => e.into(),
+            SkillError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<engine::skills::AgentSkillsError> for ApiError {
+    fn from(err: engine::skills::AgentSkillsError) -> Self {
+        match err {
+            engine::skills::AgentSkillsError::Unknown(problem) => Self::UnknownSkill(problem),
+            engine::skills::AgentSkillsError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<KnowledgeError> for ApiError {
     fn from(err: KnowledgeError) -> Self {
         match err {
@@ -324,6 +366,11 @@ impl ApiError {
             Self::FileQuotaExceeded(_) => ErrorCode::FileQuotaExceeded,
             Self::KnowledgeQuotaExceeded(_) => ErrorCode::KnowledgeQuotaExceeded,
             Self::KnowledgeLimitReached(_) => ErrorCode::KnowledgeLimitReached,
+            Self::InvalidSkill(_) => ErrorCode::InvalidSkill,
+            Self::UnsafeSkillArchive(_) => ErrorCode::UnsafeSkillArchive,
+            Self::SkillTooLarge(_) => ErrorCode::FileTooLarge,
+            Self::UnknownSkill(_) => ErrorCode::UnknownSkill,
+            Self::SkillLimitReached(_) => ErrorCode::SkillLimitReached,
             Self::UnknownKnowledgeBase(_) => ErrorCode::UnknownKnowledgeBase,
             Self::FileUrlRefused(_) => ErrorCode::InvalidFileUrl,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
@@ -363,6 +410,9 @@ impl ApiError {
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest
             | ErrorCode::UnknownConnection
+            | ErrorCode::InvalidSkill
+            | ErrorCode::UnsafeSkillArchive
+            | ErrorCode::UnknownSkill
             | ErrorCode::UnknownKnowledgeBase => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -382,6 +432,7 @@ impl ApiError {
             | ErrorCode::TooManySessions
             | ErrorCode::QueueFull
             | ErrorCode::PushBacklogFull
+            | ErrorCode::SkillLimitReached
             | ErrorCode::KnowledgeLimitReached => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::QuotaExhausted => StatusCode::PAYMENT_REQUIRED,
             ErrorCode::ProviderUnavailable

@@ -55,6 +55,7 @@ pub fn validate_new_agent(
         memory_recall: MemoryRecall::default(),
         knowledge_bases: Vec::new(),
         knowledge_recall: KnowledgeRecall::default(),
+        skills: Vec::new(),
     })
 }
 
@@ -198,6 +199,8 @@ pub struct AgentChange {
     pub knowledge_bases: Option<Vec<Uuid>>,
     /// Recalls passages of those bases into each turn's prompt, or stops (B5).
     pub knowledge_recall: Option<KnowledgeRecall>,
+    /// Replaces the skills the agent uses as a whole (B8).
+    pub skills: Option<Vec<String>>,
 }
 
 impl AgentChange {
@@ -220,6 +223,7 @@ impl AgentChange {
             ("memory_recall", self.memory_recall.is_some()),
             ("knowledge_bases", self.knowledge_bases.is_some()),
             ("knowledge_recall", self.knowledge_recall.is_some()),
+            ("skills", self.skills.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -267,6 +271,10 @@ pub fn apply_change(
         Some(ids) => validate_knowledge_bases(ids)?,
         None => current.knowledge_bases.clone(),
     };
+    let skills = match change.skills {
+        Some(names) => crate::skills::validate_agent_skills(names)?,
+        None => current.skills.clone(),
+    };
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -300,6 +308,7 @@ pub fn apply_change(
         memory_recall: change.memory_recall.unwrap_or(current.memory_recall),
         knowledge_bases,
         knowledge_recall: change.knowledge_recall.unwrap_or(current.knowledge_recall),
+        skills,
         changed,
     })
 }

@@ -75,6 +75,8 @@ pub struct Config {
     pub files: FilesConfig,
     /// A team's knowledge bases and their indexing (B3, B4).
     pub knowledge: KnowledgeConfig,
+    /// The bounds of a team's skills (B8).
+    pub skills: crate::skills::SkillsConfig,
     /// The most tokens of recalled memories a turn's first request carries (M3,
     /// `BRAIN_MEMORY_RECALL_TOKENS`); `0` recalls nothing.
     pub memory_recall_tokens: usize,
@@ -747,6 +749,7 @@ impl Config {
             artifacts: artifacts(env)?,
             files: FilesConfig::from_env(env)?,
             knowledge: KnowledgeConfig::from_env(env)?,
+            skills: crate::skills::SkillsConfig::from_env(env)?,
             memory_recall_tokens: ranged(env, "BRAIN_MEMORY_RECALL_TOKENS", 1_000, 0, 100_000)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,

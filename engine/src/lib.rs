@@ -49,6 +49,8 @@
 //! - `memories.rs`: who may see, change or delete an agent's memories (M4);
 //! - `knowledge/`: knowledge bases: documents indexed in the background by any replica,
 //!   cut into passages by structure and searched with Postgres full-text search (B3, B4);
+//! - `skills/`: a team's Agent Skills folders, checked, versioned and stored, and what a
+//!   turn's prompt lists of an agent's (B8);
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
@@ -85,6 +87,7 @@ pub mod retention;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;
+pub mod skills;
 pub mod slots;
 pub mod sse;
 pub mod tools;

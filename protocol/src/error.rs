@@ -120,6 +120,17 @@ pub enum ErrorCode {
     /// The team's stored chat files would pass its quota (`BRAIN_FILE_QUOTA_BYTES`, T22);
     /// nothing was stored. Erasing chats frees it.
     FileQuotaExceeded,
+    /// A skill's archive (B8) is not one Agent Skills folder: not a zip or tar.gz, no
+    /// `SKILL.md`, its front matter without a valid `name` or `description`, or past the
+    /// file count; the message says which. Nothing was stored.
+    InvalidSkill,
+    /// A skill's archive (B8) holds an entry that could leave its folder (an absolute path,
+    /// `..`, a link) or a special file: refused whole, nothing stored.
+    UnsafeSkillArchive,
+    /// An agent's `skills` names no skill of its team (B8); the message names it.
+    UnknownSkill,
+    /// The team has as many skills as it may (`BRAIN_SKILLS_MAX`, B8); nothing was stored.
+    SkillLimitReached,
     /// The team's knowledge documents would hold more bytes than
     /// `BRAIN_KNOWLEDGE_QUOTA_BYTES` (B3); nothing was stored. Deleting documents frees it.
     KnowledgeQuotaExceeded,
@@ -177,6 +188,10 @@ impl ErrorCode {
             Self::FileTooLarge => "file_too_large",
             Self::MessageFilesTooLarge => "message_files_too_large",
             Self::FileQuotaExceeded => "file_quota_exceeded",
+            Self::InvalidSkill => "invalid_skill",
+            Self::UnsafeSkillArchive => "unsafe_skill_archive",
+            Self::UnknownSkill => "unknown_skill",
+            Self::SkillLimitReached => "skill_limit_reached",
             Self::KnowledgeQuotaExceeded => "knowledge_quota_exceeded",
             Self::KnowledgeLimitReached => "knowledge_limit_reached",
             Self::UnknownKnowledgeBase => "unknown_knowledge_base",
@@ -279,6 +294,10 @@ mod tests {
             ErrorCode::FileTooLarge,
             ErrorCode::MessageFilesTooLarge,
             ErrorCode::FileQuotaExceeded,
+            ErrorCode::InvalidSkill,
+            ErrorCode::UnsafeSkillArchive,
+            ErrorCode::UnknownSkill,
+            ErrorCode::SkillLimitReached,
             ErrorCode::KnowledgeQuotaExceeded,
             ErrorCode::KnowledgeLimitReached,
             ErrorCode::UnknownKnowledgeBase,

@@ -12,6 +12,7 @@ pub mod error;
 pub mod ids;
 pub mod parts;
 pub mod profile;
+pub mod skills;
 pub mod snapshot;
 pub mod ui;
 pub mod uploads;

@@ -16,6 +16,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::SessionId;
 
+/// Whether an archive entry's `path` may be written beneath the folder it unpacks into: a
+/// relative path of plain names (`.` allowed), no root, no prefix, no `..`. The one rule
+/// of the snapshot unpacker and of a skill's archive (B8).
+pub fn plain_path(path: &std::path::Path) -> bool {
+    use std::path::Component;
+    path.components()
+        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+}
+
 /// Brain → worker, over the channel: pack the workspace and upload it.
 pub const SNAPSHOT_NOTIFICATION: &str = "notifications/agent_runtime/snapshot";
 /// Brain → a pooled worker just bound to a session whose chat has a snapshot (R3): restore

@@ -232,6 +232,8 @@ pub struct NewAgent {
     pub knowledge_bases: Vec<uuid::Uuid>,
     /// Recalls passages of those bases into each turn's prompt (B5).
     pub knowledge_recall: KnowledgeRecall,
+    /// The team's skills the agent uses, by name (B8), checked to be the team's.
+    pub skills: Vec<String>,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -252,6 +254,7 @@ pub struct AgentUpdate {
     pub memory_recall: MemoryRecall,
     pub knowledge_bases: Vec<uuid::Uuid>,
     pub knowledge_recall: KnowledgeRecall,
+    pub skills: Vec<String>,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -290,11 +293,14 @@ pub struct AgentRow {
     pub knowledge_bases: Vec<uuid::Uuid>,
     /// Whether each turn's prompt recalls passages of those bases (B5).
     pub knowledge_recall: KnowledgeRecall,
+    /// The team's skills its turns list and read, by name (B8); a skill deleted since is
+    /// left out.
+    pub skills: Vec<String>,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -339,6 +345,7 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
             })?
         },
         knowledge_bases: row.try_get("knowledge_bases")?,
+        skills: row.try_get("skills")?,
         knowledge_recall: {
             let raw: String = row.try_get("knowledge_recall")?;
             KnowledgeRecall::parse(&raw).ok_or_else(|| sqlx::Error::ColumnDecode {
@@ -384,8 +391,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -413,6 +420,7 @@ impl Store {
             .bind(agent.memory_recall.as_str())
             .bind(&agent.knowledge_bases)
             .bind(agent.knowledge_recall.as_str())
+            .bind(&agent.skills)
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -490,7 +498,7 @@ impl Store {
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
              auxiliary_models = $16, stream_reasoning = $17, memory_recall = $18, \
-             knowledge_bases = $19, knowledge_recall = $20, updated_at = now() \
+             knowledge_bases = $19, knowledge_recall = $20, skills = $21, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -514,6 +522,7 @@ impl Store {
             .bind(update.memory_recall.as_str())
             .bind(&update.knowledge_bases)
             .bind(update.knowledge_recall.as_str())
+            .bind(&update.skills)
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

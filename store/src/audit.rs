@@ -155,6 +155,10 @@ pub enum Action {
     /// the agent, never the content.
     MemoryUpdated,
     MemoryDeleted,
+    /// A skill's version uploaded, or all its versions deleted (B8); the entry names the
+    /// skill's version id (upload) or its name (deletion).
+    SkillCreated,
+    SkillDeleted,
     /// A knowledge base created, renamed or redescribed, or deleted with its documents
     /// (B3); the entry names the base, with its name or the fields given.
     KnowledgeCreated,
@@ -203,6 +207,8 @@ impl Action {
             Self::ToolAgentSetPrompt => "tool.agent_set_prompt",
             Self::MemoryUpdated => "memory.updated",
             Self::MemoryDeleted => "memory.deleted",
+            Self::SkillCreated => "skill.created",
+            Self::SkillDeleted => "skill.deleted",
             Self::KnowledgeCreated => "knowledge.created",
             Self::KnowledgeUpdated => "knowledge.updated",
             Self::KnowledgeDeleted => "knowledge.deleted",
@@ -237,6 +243,7 @@ impl Action {
             Self::IssuerCreated | Self::IssuerDeleted => "issuer",
             Self::ProviderCreated | Self::ProviderUpdated | Self::ProviderDeleted => "provider",
             Self::MemoryUpdated | Self::MemoryDeleted => "memory",
+            Self::SkillCreated | Self::SkillDeleted => "skill",
             Self::KnowledgeCreated | Self::KnowledgeUpdated | Self::KnowledgeDeleted => {
                 "knowledge_base"
             }

@@ -332,6 +332,7 @@ impl Store {
             "connector_grants",
             "audit_log",
             "knowledge_bases",
+            "skills",
         ] {
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "DELETE FROM {table} WHERE team_id = $1"

@@ -32,6 +32,7 @@ mod retention;
 mod secrets;
 mod server_keys;
 mod sessions;
+mod skills;
 mod snapshots;
 mod takeover;
 mod teams;
@@ -71,6 +72,7 @@ pub use knowledge::{
     KnowledgeBaseRow, NewChunk, NewDocument, Passage,
 };
 pub use memories::{CallKey, MemoryRow, MemoryScope};
+pub use skills::{NewSkill, SkillFile, SkillInsert, SkillRow};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use provider_connections::{

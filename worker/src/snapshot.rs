@@ -32,6 +32,7 @@ use backon::Retryable;
 use protocol::channel::CONNECT_PATH;
 use protocol::snapshot::{
     SNAPSHOT_PATH, SNAPSHOT_SKIPPED_PATH, SkipReason, SnapshotSkipped, UNPACKED_BYTES_HEADER,
+    plain_path,
 };
 
 use crate::dial::Identity;
@@ -235,12 +236,6 @@ fn under_a_link(root: &Path, path: &Path) -> bool {
     false
 }
 
-/// A relative path of plain names (`.` allowed): no root, no `..`.
-fn plain(path: &Path) -> bool {
-    path.components()
-        .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
-}
-
 /// Packs `workspace` into a temporary file under `tmp`, failing with
 /// [`SnapshotError::OverCap`] once the tar stream passes `max_bytes`. Blocking.
 pub fn pack(workspace: &Path, tmp: &Path, max_bytes: u64) -> Result<Packed, SnapshotError> {
@@ -319,7 +314,7 @@ pub fn unpack(reader: impl Read, workspace: &Path, max_bytes: u64) -> Result<u64
     for entry in entries {
         let mut entry = entry.map_err(capped_error)?;
         let path = entry.path().map_err(capped_error)?.into_owned();
-        if !plain(&path) {
+        if !plain_path(&path) {
             return Err(SnapshotError::Unsafe("path"));
         }
         // Packing never descends into a link, so nothing of ours lies beneath one.

@@ -65,6 +65,11 @@ pub struct CreateAgent {
     /// turn's prompt (B5); `off` (the default) leaves them to `knowledge_search`.
     #[serde(default)]
     knowledge_recall: KnowledgeRecall,
+    /// The names of the team's skills the agent uses (B8), at most 20: each turn's prompt
+    /// lists them and `skill_read` reads them; a name that is no skill of the team is
+    /// `unknown_skill`.
+    #[serde(default)]
+    skills: Vec<String>,
 }
 
 impl CreateAgent {
@@ -79,6 +84,8 @@ impl CreateAgent {
         let knowledge_bases =
             validate_knowledge_bases(self.knowledge_bases).map_err(ApiError::InvalidRequest)?;
         let knowledge_recall = self.knowledge_recall;
+        let skills =
+            engine::skills::validate_agent_skills(self.skills).map_err(ApiError::InvalidRequest)?;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -95,6 +102,7 @@ impl CreateAgent {
             memory_recall,
             knowledge_bases,
             knowledge_recall,
+            skills,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -140,7 +148,7 @@ async fn check_bases(
     request_body = CreateAgent,
     responses(
         (status = 201, description = "The agent.", body = AgentRow),
-        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`).", body = ErrorBody),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
     ),
@@ -163,6 +171,7 @@ pub async fn create(
     )
     .await?;
     check_bases(&state, team, &agent.knowledge_bases).await?;
+    engine::skills::check_agent_skills(&state.store, team, &agent.skills).await?;
     let by = principal.actor(address);
     let row = bounded(state.store.create_agent(team, &agent, &by)).await?;
     tracing::info!(team = %team, agent = %row.id, "agent created");
@@ -243,6 +252,9 @@ pub struct PatchAgent {
     /// `auto` or `off`: whether each turn's prompt recalls passages of them (B5).
     #[serde(default)]
     knowledge_recall: Option<KnowledgeRecall>,
+    /// Replaces the skills the agent uses (B8) as a whole: `[]` names none.
+    #[serde(default)]
+    skills: Option<Vec<String>>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -261,6 +273,7 @@ impl From<PatchAgent> for AgentChange {
             memory_recall: patch.memory_recall,
             knowledge_bases: patch.knowledge_bases,
             knowledge_recall: patch.knowledge_recall,
+            skills: patch.skills,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }
@@ -279,7 +292,7 @@ impl From<PatchAgent> for AgentChange {
     request_body = PatchAgent,
     responses(
         (status = 200, description = "The agent as changed.", body = AgentRow),
-        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`).", body = ErrorBody),
+        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such live agent in the team (`not_found`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
@@ -307,6 +320,7 @@ pub async fn update(
         return Err(ApiError::NotFound("agent"));
     }
     let bases_given = body.knowledge_bases.is_some();
+    let skills_given = body.skills.is_some();
     let update = apply_change(
         &current,
         body.into(),
@@ -327,6 +341,10 @@ pub async fn update(
     // no reason to refuse another field's change (it drops out of the searches).
     if bases_given {
         check_bases(&state, principal.team, &update.knowledge_bases).await?;
+    }
+    // As the bases: a skill deleted since is no reason to refuse another field's change.
+    if skills_given {
+        engine::skills::check_agent_skills(&state.store, principal.team, &update.skills).await?;
     }
     let by = principal.actor(address);
     let row =

@@ -91,6 +91,7 @@ fn exempt(route: &str) -> bool {
             protocol::snapshot::SNAPSHOT_PATH,
             protocol::snapshot::SNAPSHOT_SKIPPED_PATH,
             protocol::uploads::UPLOAD_PATH,
+            protocol::skills::SKILL_PATH,
         ]
         .contains(&route)
 }

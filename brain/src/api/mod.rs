@@ -32,6 +32,7 @@ mod providers;
 mod quotas;
 mod secrets;
 mod settings;
+mod skills;
 mod teams;
 mod turns;
 mod usage;
@@ -138,6 +139,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(knowledge::documents, knowledge::upload))
         .routes(routes!(knowledge::document, knowledge::delete_document))
         .routes(routes!(knowledge::search))
+        .routes(routes!(skills::list, skills::upload))
+        .routes(routes!(skills::get, skills::delete))
         .routes(routes!(providers::list, providers::create))
         .routes(routes!(
             providers::get,
@@ -185,6 +188,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(worker::put_snapshot, worker::get_snapshot))
         .routes(routes!(worker::snapshot_skipped))
         .routes(routes!(worker::get_file))
+        .routes(routes!(worker::get_skill))
         // MCP (P2): the same credentials as `/v1`, described by MCP itself.
         .routes(routes!(mcp::post, mcp::delete, mcp::get))
         .routes(routes!(health::healthz))

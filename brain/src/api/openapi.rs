@@ -110,6 +110,7 @@ pub fn document() -> Document {
             || path == protocol::channel::CONNECT_PATH
             || path.starts_with(protocol::snapshot::SNAPSHOT_PATH)
             || path == protocol::uploads::UPLOAD_PATH
+            || path == protocol::skills::SKILL_PATH
             || path.starts_with(OAUTH_PUBLIC)
         {
             continue;

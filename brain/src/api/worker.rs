@@ -236,3 +236,43 @@ pub async fn get_file(
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
     Ok(response)
 }
+
+/// The folder of a skill the session's agent names, which the worker unpacks under
+/// `skills/<name>/` (B8): a tar stream in zstd.
+#[utoipa::path(
+    get,
+    path = protocol::skills::SKILL_PATH,
+    operation_id = "get_worker_skill",
+    tag = "workers",
+    security(("worker_token" = [])),
+    params(("id" = String, Path, description = "The skill version's id.")),
+    responses(
+        (status = 200, description = "The skill's folder, a zstd-compressed tar stream.",
+            content_type = "application/zstd"),
+        (status = 401, description = "No valid session token (`unauthorized`).",
+            body = protocol::ErrorBody),
+        (status = 404, description = "No newest version of a skill the session's agent \
+            names (`not_found`).", body = protocol::ErrorBody),
+        (status = 503, description = "The object storage (`storage_unavailable`) or Postgres \
+            (`store_unavailable`) is unavailable.", body = protocol::ErrorBody),
+    ),
+)]
+pub async fn get_skill(
+    State(state): State<AppState>,
+    Path(skill_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let claims = claims(&state, &headers)?;
+    let id: uuid::Uuid = super::parse_id(&skill_id, "skill")?;
+    let body =
+        engine::skills::for_worker(&state.store, state.artifacts.as_ref(), &claims, id).await?;
+    let size = body.size;
+    let mut response = Body::from_stream(body.stream).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(SNAPSHOT_CONTENT_TYPE),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    Ok(response)
+}

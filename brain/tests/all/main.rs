@@ -52,6 +52,7 @@ mod recovery;
 mod redis_tls;
 mod retention;
 mod seams;
+mod skills;
 mod soak;
 mod stop;
 mod takeover;

@@ -26,11 +26,13 @@ pub struct Manifest {
     pub files: Vec<Upload>,
     /// The chat has more files than that: the later ones are not placed.
     pub left_out: bool,
+    /// B8: the newest version of each skill the chat's agent names, for `skills/`.
+    pub skills: Vec<protocol::skills::SkillVersion>,
 }
 
 impl Manifest {
     pub fn is_empty(&self) -> bool {
-        self.files.is_empty() && !self.left_out
+        self.files.is_empty() && !self.left_out && self.skills.is_empty()
     }
 
     /// The workspace path of file `id`, if it is placed.
@@ -53,9 +55,18 @@ pub async fn manifest(store: &Store, team: TeamId, chat: ChatId) -> Result<Manif
     let mut rows = bounded(store.chat_files_of(team, chat, limit)).await?;
     let left_out = rows.len() > MAX_UPLOADS;
     rows.truncate(MAX_UPLOADS);
+    let skills = bounded(store.chat_skills(team, chat)).await?;
     Ok(Manifest {
         files: named(&rows),
         left_out,
+        skills: skills
+            .into_iter()
+            .map(|(id, name, size)| protocol::skills::SkillVersion {
+                id,
+                name,
+                unpacked_bytes: u64::try_from(size).unwrap_or(0),
+            })
+            .collect(),
     })
 }
 

@@ -13,6 +13,8 @@
 //!   routes are `api/worker.rs`).
 //! - `uploads.rs`: the chat's files under `uploads/` in the workspace before a call runs
 //!   (T25).
+//! - `skills.rs`: the agent's skills under `skills/` beside them (B8), and the workspace's
+//!   `AGENTS.md` read into a turn's prompt (M6).
 //!
 //! A session row is keyed by (agent, chat); a live one is reused, so the provision queue
 //! is touched once per session, never per call (W1). The runtime-manager launches the
@@ -32,6 +34,7 @@ mod connect;
 mod registry;
 mod relay;
 mod secrets;
+mod skills;
 mod snapshot;
 mod tool;
 mod uploads;

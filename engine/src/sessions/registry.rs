@@ -156,8 +156,8 @@ pub struct LiveWorker {
     /// This replica closed the channel with "going away": the worker's echo of that close
     /// is not the worker leaving.
     sent_going_away: AtomicBool,
-    /// The chat's files this worker confirmed in its workspace (T25): a call whose files
-    /// are all here costs no delivery round trip. Per channel, so a re-dial or a new worker
+    /// The chat's files and the skill versions (B8) this worker confirmed in its
+    /// workspace (T25): a call whose files are all here costs no delivery round trip. Per channel, so a re-dial or a new worker
     /// asks again (the worker keeps what it holds).
     pub placed: Mutex<HashSet<Uuid>>,
 }

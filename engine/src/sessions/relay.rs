@@ -119,6 +119,10 @@ struct RelayCall {
     uploads: Vec<Upload>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     uploads_left_out: bool,
+    /// The agent's skills the owner delivers before the call (B8), sent only when it has
+    /// any, as the files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    skills: Vec<protocol::skills::SkillVersion>,
 }
 
 /// A claim of a pooled worker another replica holds (R3): the claimer has written the
@@ -490,6 +494,7 @@ impl Sessions {
         let manifest = Manifest {
             files: call.uploads,
             left_out: call.uploads_left_out,
+            skills: call.skills,
         };
         let note = if call.attach || manifest.is_empty() {
             None
@@ -663,6 +668,7 @@ async fn relay_call(
         attach,
         uploads: manifest.map(|m| m.files.clone()).unwrap_or_default(),
         uploads_left_out: manifest.is_some_and(|m| m.left_out),
+        skills: manifest.map(|m| m.skills.clone()).unwrap_or_default(),
     };
     let Ok(payload) = serde_json::to_string(&call) else {
         return Err(Failure::Other(UNREACHABLE.into()));

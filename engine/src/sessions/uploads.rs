@@ -96,6 +96,17 @@ pub(super) async fn deliver(worker: &LiveWorker, files: &TurnFiles) -> Option<St
         Ok(manifest) => manifest,
         Err(note) => return Some((*note).to_owned()),
     };
+    // B8: the agent's skills go with the files, their note (if any) first.
+    let skills_note = super::skills::deliver(worker, &manifest.skills).await;
+    let files_note = deliver_files(worker, manifest).await;
+    match (skills_note, files_note) {
+        (Some(skills), Some(files)) => Some(format!("{skills}\n{files}")),
+        (skills, files) => skills.or(files),
+    }
+}
+
+/// The files part of [`deliver`].
+async fn deliver_files(worker: &LiveWorker, manifest: &Manifest) -> Option<String> {
     let left_out = manifest.left_out.then(|| {
         format!(
             "Files attached to this chat after its first {MAX_UPLOADS} are not in your workspace."

@@ -387,6 +387,8 @@ impl Tool for AgentUpdate {
                 // Which of the team's documents the agent reads is the API's to set.
                 knowledge_bases: None,
                 knowledge_recall: None,
+                // Which of the team's skills the agent uses is the API's to set (B8).
+                skills: None,
             };
             let update = match apply_change(
                 &current,

@@ -324,6 +324,7 @@ mod tests {
             memory_recall: Default::default(),
             knowledge_bases: Vec::new(),
             knowledge_recall: Default::default(),
+            skills: Vec::new(),
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {

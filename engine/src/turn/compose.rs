@@ -199,6 +199,8 @@ pub(super) async fn compose(
         ..
     } = basis;
     let (offered, connector_status) = offer(state, launch, basis, cancel).await;
+    // B8: the agent's skills, listed in the system text and frozen with it.
+    let skills = crate::skills::prompt_listing(state, agent).await;
     let composition = Composition {
         version: 1,
         system_prompt: &agent.system_prompt,
@@ -208,6 +210,7 @@ pub(super) async fn compose(
         max_writes: state.config.limits.max_writes,
         max_output_tokens: state.config.max_output_tokens,
         summary_through: chat_row.summary_through,
+        skills: skills.as_deref(),
     };
     let frozen = freeze(state, launch, found, &composition)?;
     let begun = if asked.queued {
@@ -245,6 +248,15 @@ pub(super) async fn compose(
         state.config.max_output_tokens,
     )
     .await;
+    let mut request = request;
+    if let Some(listing) = &skills {
+        request.system = format!("{}\n\n{listing}", request.system);
+    }
+    // M6: the workspace's AGENTS.md, as the workspace's words beside the user's message.
+    let hands = agent.runtime_profile != protocol::profile::NONE;
+    if hands && let Some(context) = state.sessions.project_context(agent.id, launch.chat).await {
+        recall::place(&mut request.messages, context);
+    }
     Ok(Composed::Ready(Box::new(Ready {
         request,
         route,
@@ -514,10 +526,15 @@ pub(super) async fn offer(
         !basis.agent.knowledge_bases.is_empty(),
         &basis.agent.runtime_profile,
     );
-    let offered = if connector_tools.is_empty() {
+    let mut extra = connector_tools;
+    // B8: `skill_read` for an agent that names skills, on top of the shared set.
+    if !basis.agent.skills.is_empty() {
+        extra.push(crate::skills::tool::tool(state.artifacts.clone()));
+    }
+    let offered = if extra.is_empty() {
         shared
     } else {
-        Arc::new(shared.with(connector_tools))
+        Arc::new(shared.with(extra))
     };
     (offered, connector_status)
 }

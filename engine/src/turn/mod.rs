@@ -132,6 +132,10 @@ pub struct Composition<'a> {
     pub max_output_tokens: u32,
     /// The summary covers messages up to this sequence number (M1).
     pub summary_through: i64,
+    /// B8: the agent's skills as the prompt lists them (names and descriptions). Left out
+    /// when none, so a turn without skills freezes the same text (and hash) as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skills: Option<&'a str>,
 }
 
 /// What starts a turn.

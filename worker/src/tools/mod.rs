@@ -30,6 +30,8 @@
 //!   the brain to attach after a re-dial (D3).
 //! - `uploads`: the chat's files under `uploads/`, as the brain asks before a call in the
 //!   custom request `agent_runtime/uploads` (`protocol::uploads`, T25).
+//! - `skills`: the agent's skills under `skills/<name>/`, as the brain asks beside them in
+//!   `agent_runtime/skills` (`protocol::skills`, B8).
 
 pub mod artifact;
 #[cfg(feature = "browser")]
@@ -39,6 +41,7 @@ pub mod kept;
 pub mod output;
 pub mod paths;
 pub mod shell;
+pub mod skills;
 pub mod uploads;
 
 use std::path::PathBuf;
@@ -54,6 +57,7 @@ use protocol::SessionId;
 use protocol::channel::{BIND_NOTIFICATION, KEPT_CALLS_CAPABILITY, TOKEN_NOTIFICATION};
 use protocol::env::{ENV_REQUEST, SessionEnv};
 use protocol::snapshot::{RESTORE_REQUEST, Restored, SNAPSHOT_NOTIFICATION, SnapshotRequest};
+use protocol::skills::{SKILLS_CAPABILITY, SKILLS_REQUEST, SkillsRequest};
 use protocol::uploads::{UPLOADS_CAPABILITY, UPLOADS_REQUEST, UploadsRequest};
 use rmcp::ErrorData;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -260,6 +264,31 @@ impl Worker {
             ));
         };
         let placed = uploads::place(&url, &identity, &self.shared.workspace, files).await;
+        Ok(CustomResult::new(
+            serde_json::to_value(placed).unwrap_or_default(),
+        ))
+    }
+
+    /// Places the agent's skills the brain names under `skills/` (B8), as
+    /// [`Self::place_uploads`] places files.
+    async fn place_skills(&self, request: CustomRequest) -> Result<CustomResult, ErrorData> {
+        let identity = self.identity();
+        let Some(url) = self.shared.snapshot_brain.get().cloned() else {
+            return Err(ErrorData::invalid_request(
+                "the brain's address is not known",
+                None,
+            ));
+        };
+        if identity.pooled {
+            return Err(ErrorData::invalid_request("not bound to a session", None));
+        }
+        let Some(skills) = request.params_as::<SkillsRequest>().ok().flatten() else {
+            return Err(ErrorData::invalid_params(
+                "expected {\"skills\": [{\"id\", \"name\", \"unpacked_bytes\"}]}",
+                None,
+            ));
+        };
+        let placed = skills::place(&url, &identity, &self.shared.workspace, skills).await;
         Ok(CustomResult::new(
             serde_json::to_value(placed).unwrap_or_default(),
         ))
@@ -594,7 +623,7 @@ impl ServerHandler for Worker {
         let mut capabilities = ServerCapabilities::builder().enable_tools().build();
         // D3: the brain keys its calls only with a worker that keeps them; T25: it sends
         // the chat's files only to one that places them.
-        let experimental = [KEPT_CALLS_CAPABILITY, UPLOADS_CAPABILITY]
+        let experimental = [KEPT_CALLS_CAPABILITY, UPLOADS_CAPABILITY, SKILLS_CAPABILITY]
             .map(|name| (name.to_owned(), serde_json::Map::new()));
         capabilities.experimental = Some(experimental.into_iter().collect());
         ServerConfig::new(capabilities).with_server_info(Implementation::new(
@@ -695,6 +724,9 @@ impl ServerHandler for Worker {
         }
         if request.method == UPLOADS_REQUEST {
             return self.place_uploads(request).await;
+        }
+        if request.method == SKILLS_REQUEST {
+            return self.place_skills(request).await;
         }
         if request.method != ENV_REQUEST {
             return Err(ErrorData::new(

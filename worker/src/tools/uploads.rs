@@ -39,7 +39,7 @@ pub async fn place(
 ) -> Placed {
     let started = Instant::now();
     let mut answer = Placed::default();
-    let dir = match uploads_dir(workspace).await {
+    let dir = match workspace_dir(workspace, UPLOADS_DIR).await {
         Ok(dir) => dir,
         Err(reason) => {
             answer.failed = request
@@ -93,9 +93,10 @@ pub async fn place(
     answer
 }
 
-/// `uploads/` in `workspace`, created if need be, resolved inside the workspace.
-async fn uploads_dir(workspace: &Path) -> Result<PathBuf, FailReason> {
-    let resolved = paths::resolve(workspace, UPLOADS_DIR).map_err(|_| FailReason::Io)?;
+/// Folder `name` (`uploads/`, `skills/`) in `workspace`, created if need be, resolved
+/// inside the workspace.
+pub(super) async fn workspace_dir(workspace: &Path, name: &str) -> Result<PathBuf, FailReason> {
+    let resolved = paths::resolve(workspace, name).map_err(|_| FailReason::Io)?;
     tokio::fs::create_dir_all(&resolved.full)
         .await
         .map_err(|_| FailReason::Io)?;
