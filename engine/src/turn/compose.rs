@@ -200,7 +200,7 @@ pub(super) async fn compose(
     } = basis;
     let (offered, connector_status) = offer(state, launch, basis, cancel).await;
     // B8: the agent's skills, listed in the system text and frozen with it.
-    let skills = crate::skills::prompt_listing(state, agent).await;
+    let skills = crate::skills::prompt_listing(&state.store, agent).await;
     let composition = Composition {
         version: 1,
         system_prompt: &agent.system_prompt,
