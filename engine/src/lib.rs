@@ -54,6 +54,8 @@
 //! - `config.rs`: typed configuration from the environment;
 //! - `metrics.rs`: the Prometheus series and the guards the hot paths hold (O2);
 //! - `webhooks/`: signed webhook deliveries from the Postgres outbox (P4);
+//! - `channels/`: chat channels (Telegram, Slack): their inbound messages and their
+//!   replies, delivered through the webhooks' outbox (P10, P11);
 //! - `erasure.rs`: a chat, an agent or a team erased wherever it lives (L2);
 //! - `retention.rs`: the sweep that deletes what is past a team's retention (L6);
 //!
@@ -65,6 +67,7 @@ pub mod agents;
 pub mod artifacts;
 pub mod audit;
 pub mod auth;
+pub mod channels;
 pub mod clock;
 pub mod config;
 pub mod connectors;

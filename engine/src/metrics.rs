@@ -69,6 +69,9 @@ pub struct Counters {
     pub snapshots: IntCounterVec,
     /// Webhook delivery attempts by outcome: `delivered`, or the failure's class (P4).
     pub webhook_attempts: IntCounterVec,
+    /// Chat channel messages (P10, P11) by platform and outcome: `inbound`, `refused`,
+    /// `delivered`, `failed`.
+    channel_messages: IntCounterVec,
     /// Erasures done, by what went: `chat`, `agent`, `team` (L2).
     erasures: IntCounterVec,
     /// Rows past a team's retention deleted, by kind: `turn`, `message`, `artifact`,
@@ -277,6 +280,7 @@ struct UpkeepSeries {
     worker_failures: IntCounterVec,
     snapshots: IntCounterVec,
     webhook_attempts: IntCounterVec,
+    channel_messages: IntCounterVec,
     erasures: IntCounterVec,
     retention_deleted: IntCounterVec,
     background_task_exits: IntCounterVec,
@@ -302,6 +306,12 @@ impl UpkeepSeries {
                 "brain_webhook_attempts_total",
                 "Webhook delivery attempts by outcome: delivered, or the failure's class.",
                 &["outcome"],
+            )?,
+            channel_messages: counter_vec(
+                r,
+                "brain_channel_messages_total",
+                "Chat channel messages by platform and outcome: inbound, refused, delivered, failed.",
+                &["platform", "outcome"],
             )?,
             erasures: counter_vec(
                 r,
@@ -429,6 +439,7 @@ impl Metrics {
             worker_failures,
             snapshots,
             webhook_attempts,
+            channel_messages,
             erasures,
             retention_deleted,
             background_task_exits,
@@ -460,6 +471,7 @@ impl Metrics {
             snapshot_uploads,
             snapshots,
             webhook_attempts,
+            channel_messages,
             erasures,
             retention_deleted,
             background_task_exits,
@@ -477,6 +489,14 @@ impl Metrics {
             metrics.retention_deleted.with_label_values(&[kind]);
         }
         Ok(metrics)
+    }
+
+    /// A chat channel message on `platform` (`telegram`, `slack`): `inbound`, `refused`,
+    /// `delivered` or `failed` (a reply given up).
+    pub fn channel_message(&self, platform: &'static str, outcome: &'static str) {
+        self.channel_messages
+            .with_label_values(&[platform, outcome])
+            .inc();
     }
 
     /// An erasure of `kind` (`chat`, `agent`, `team`) finished.

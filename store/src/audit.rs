@@ -127,6 +127,9 @@ pub enum Action {
     SecretDeleted,
     WebhookCreated,
     WebhookDeleted,
+    /// An agent's chat channel (P10) added or deleted; the entry names the agent and kind.
+    ChannelCreated,
+    ChannelDeleted,
     /// A team's own JWT issuer added or deleted; the entry names its `iss`.
     IssuerCreated,
     IssuerDeleted,
@@ -189,6 +192,8 @@ impl Action {
             Self::SecretDeleted => "secret.deleted",
             Self::WebhookCreated => "webhook.created",
             Self::WebhookDeleted => "webhook.deleted",
+            Self::ChannelCreated => "channel.created",
+            Self::ChannelDeleted => "channel.deleted",
             Self::IssuerCreated => "issuer.created",
             Self::IssuerDeleted => "issuer.deleted",
             Self::ProviderCreated => "provider.created",
@@ -240,6 +245,7 @@ impl Action {
             | Self::GrantRevoked => "connector",
             Self::SecretSet | Self::SecretDeleted => "secret",
             Self::WebhookCreated | Self::WebhookDeleted => "webhook",
+            Self::ChannelCreated | Self::ChannelDeleted => "channel",
             Self::IssuerCreated | Self::IssuerDeleted => "issuer",
             Self::ProviderCreated | Self::ProviderUpdated | Self::ProviderDeleted => "provider",
             Self::MemoryUpdated | Self::MemoryDeleted => "memory",

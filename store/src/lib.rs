@@ -13,6 +13,7 @@ mod agents;
 mod approvals;
 mod artifacts;
 mod audit;
+pub mod channels;
 mod chat_files;
 mod chat_search;
 mod chats;

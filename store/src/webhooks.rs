@@ -337,6 +337,15 @@ pub struct ClaimedDelivery {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub secret: Option<String>,
+    /// A chat channel's reply (P11): the channel it goes to; `url` is then no URL, and
+    /// the channel's sender opens its credentials.
+    pub channel: Option<Uuid>,
+}
+
+/// The claim names a channel's delivery in its destination column as `channel:<id>` (the
+/// row has no URL): a row holds at most 16 columns.
+fn channel_of(destination: &str) -> Option<Uuid> {
+    Uuid::parse_str(destination.strip_prefix("channel:")?).ok()
 }
 
 impl std::fmt::Debug for ClaimedDelivery {
@@ -606,9 +615,9 @@ impl Store {
                    next_attempt_at = now() + $2 * interval '1 millisecond' \
                FROM c WHERE d.id = c.id \
                RETURNING d.id, d.team_id, d.webhook_id, d.event, d.payload, d.attempts, \
-                 d.target_url, d.push_turn, d.push_config) \
+                 d.target_url, d.push_turn, d.push_config, d.channel_id) \
              SELECT u.id, u.team_id, u.webhook_id, u.event, u.payload, u.attempts, \
-               coalesce(w.url, u.target_url), w.secret_nonce, w.secret_sealed, \
+               coalesce(w.url, u.target_url, 'channel:' || u.channel_id), w.secret_nonce, w.secret_sealed, \
                p.turn_id, p.id, p.token_nonce, p.token_sealed, p.auth_scheme, \
                p.credentials_nonce, p.credentials_sealed \
              FROM u LEFT JOIN webhooks w ON w.id = u.webhook_id \
@@ -627,6 +636,7 @@ impl Store {
             let opened = self.open_destination(TeamId(row.1), row.2, &row);
             let (id, team, webhook, event, body, attempt, url) =
                 (row.0, TeamId(row.1), row.2, row.3, row.4, row.5, row.6);
+            let channel = channel_of(&url);
             match opened {
                 Some((headers, secret)) => claimed.push(ClaimedDelivery {
                     id,
@@ -638,6 +648,7 @@ impl Store {
                     url,
                     headers,
                     secret,
+                    channel,
                 }),
                 None => {
                     let outcome = AttemptOutcome {
@@ -662,6 +673,9 @@ impl Store {
         row: &ClaimRow,
     ) -> Option<Destination> {
         let key = self.secrets.as_ref()?;
+        if channel_of(&row.6).is_some() {
+            return Some((Vec::new(), None));
+        }
         match (webhook, &row.7, &row.8, row.9, &row.10) {
             (Some(webhook), Some(nonce), Some(sealed), None, None) => {
                 let plain = key

@@ -11,6 +11,7 @@ mod agui;
 mod approvals;
 mod artifacts;
 mod audit;
+mod channels;
 mod chats;
 mod connectors;
 mod erasure;
@@ -107,6 +108,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::list, agents::create))
         .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
+        .routes(routes!(channels::list, channels::create))
+        .routes(routes!(channels::get, channels::delete))
+        .routes(routes!(channels::telegram_update))
         .routes(routes!(chats::list, chats::create))
         .routes(routes!(memories::list))
         .routes(routes!(memories::update, memories::delete))

@@ -9,6 +9,7 @@ mod common;
 mod a2a;
 mod agui;
 mod answers;
+mod channels;
 mod api;
 mod approvals;
 mod architecture;

@@ -25,6 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::address;
+use crate::channels;
 use crate::config::WebhooksConfig;
 use crate::metrics::Metrics;
 use store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
@@ -134,7 +135,9 @@ impl Drop for Slot {
     }
 }
 
-fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
+/// The outbound client: no redirects, no proxy, every resolved address judged by the
+/// address rule. Channels (P11) call their platforms with it too.
+pub fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .timeout(config.timeout)
         .connect_timeout(config.timeout)
@@ -156,7 +159,28 @@ async fn attempt(
     delivery: ClaimedDelivery,
 ) {
     let started = Instant::now();
-    let (status, error) = send(client, config, &delivery).await;
+    let (status, error, retry_after) = match delivery.channel {
+        Some(channel) => {
+            let lease = config.timeout + LEASE_MARGIN;
+            let sent = channels::deliver::attempt(
+                store, client, config, metrics, &delivery, channel, lease,
+            )
+            .await;
+            match sent {
+                Ok(()) => (None, None, None),
+                Err(e) => (
+                    e.status,
+                    Some(e.class),
+                    channels::deliver::retry_after(&e, delivery.attempt),
+                ),
+            }
+        }
+        None => {
+            let (status, error) = send(client, config, &delivery).await;
+            let retry_after = error.map(|_| backoff(config.retry_base, delivery.attempt));
+            (status, error, retry_after)
+        }
+    };
     metrics
         .webhook_attempts
         .with_label_values(&[error.unwrap_or("delivered")])
@@ -166,7 +190,6 @@ async fn attempt(
         error,
         duration: started.elapsed(),
     };
-    let retry_after = error.map(|_| backoff(config.retry_base, delivery.attempt));
     tracing::info!(
         delivery = %delivery.id,
         team = %delivery.team,
@@ -228,7 +251,7 @@ async fn send(
     }
 }
 
-fn request_class(error: &reqwest::Error) -> &'static str {
+pub(crate) fn request_class(error: &reqwest::Error) -> &'static str {
     if let Some(refused) = address::refused_in(error) {
         refused.class()
     } else if error.is_timeout() {
@@ -246,8 +269,13 @@ fn request_class(error: &reqwest::Error) -> &'static str {
 /// an hour, less up to a fifth at random so a receiver back from an outage is not met by
 /// every delivery at once.
 pub fn backoff(base: Duration, attempt: i32) -> Duration {
+    backoff_within(base, MAX_BACKOFF, attempt)
+}
+
+/// [`backoff`] with its own ceiling `max` (a channel's reply waits at most a minute).
+pub fn backoff_within(base: Duration, max: Duration, attempt: i32) -> Duration {
     let doubled = base.saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1));
-    let capped = doubled.min(MAX_BACKOFF);
+    let capped = doubled.min(max);
     capped.mul_f64(rand::rng().random_range(0.8..=1.0))
 }
 

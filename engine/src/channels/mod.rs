@@ -1,0 +1,70 @@
+//! Chat channels (P10) and their delivery router (P11): an agent reached from the chat
+//! apps people use.
+//!
+//! - `telegram.rs`: the Telegram Bot API calls the brain makes and the updates it reads;
+//! - `text.rs`: a reply cut under a platform's limit and written in its formatting;
+//! - `inbound.rs`: a platform's message to a channel becomes a detached turn of the
+//!   conversation's chat, or a refusal;
+//! - `deliver.rs`: a reply claimed from the outbox sent, part by part.
+//!
+//! Replies travel through the webhooks' outbox (P4): the turn's end writes the row
+//! (migration 0062's trigger), the webhooks' loop (`webhooks/deliver.rs`) claims it with
+//! its lease and hands it here. docs/design/channels.md is the design.
+
+pub mod deliver;
+pub mod inbound;
+pub mod telegram;
+pub mod text;
+
+use crate::config::WebhooksConfig;
+
+/// The platforms a channel may be on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Telegram,
+    Slack,
+}
+
+impl Kind {
+    pub const ALL: [Self; 2] = [Self::Telegram, Self::Slack];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Telegram => "telegram",
+            Self::Slack => "slack",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == raw)
+    }
+
+    /// Characters one message may hold.
+    pub fn message_limit(self) -> usize {
+        match self {
+            Self::Telegram => telegram::MESSAGE_LIMIT,
+            // A `section` block's text holds 3,000; one text field is what is sent.
+            Self::Slack => 3000,
+        }
+    }
+}
+
+/// The HTTP client channels call platforms with: the webhooks' (the same address rule at
+/// every connection, no redirects, no proxy).
+pub fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
+    crate::webhooks::deliver::client(config)
+}
+
+pub(crate) use crate::webhooks::deliver::request_class;
+
+/// At most `max` bytes of `response`'s body; `None` past it or on a broken body.
+pub(crate) async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > max {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Some(body)
+}

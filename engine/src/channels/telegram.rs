@@ -1,0 +1,168 @@
+//! The Telegram Bot API as the brain speaks it (P10): the calls it makes
+//! (`setWebhook`, `deleteWebhook`, `sendMessage`, `sendChatAction`) and the part of an
+//! `Update` it reads.
+//!
+//! An `Update` is read leniently (no `deny_unknown_fields`): it is the platform's open,
+//! growing schema, not ours, and a field Telegram adds must not refuse every message.
+//! Its size is bounded by the route.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::address;
+
+/// The API Telegram runs; a channel may name a self-hosted Bot API server instead.
+pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
+/// A message's text limit, in characters.
+pub const MESSAGE_LIMIT: usize = 4096;
+/// The header Telegram sends with the `secret_token` given to `setWebhook`.
+pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
+/// Bytes of an API answer read at most; the brain needs only `ok` and the error's numbers.
+const MAX_ANSWER: usize = 64 * 1024;
+
+#[derive(Debug, Deserialize)]
+pub struct Update {
+    pub update_id: i64,
+    pub message: Option<Message>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    pub chat: Chat,
+    pub from: Option<User>,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Chat {
+    pub id: i64,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct User {
+    pub id: i64,
+}
+
+/// Why a call failed: a class for logs and attempt rows (never the platform's
+/// description, which may quote the message), whether trying again can help, and the
+/// wait Telegram asked for (429).
+#[derive(Debug)]
+pub struct CallError {
+    pub class: &'static str,
+    pub status: Option<u16>,
+    pub permanent: bool,
+    pub retry_after: Option<Duration>,
+}
+
+impl CallError {
+    fn transient(class: &'static str) -> Self {
+        Self {
+            class,
+            status: None,
+            permanent: false,
+            retry_after: None,
+        }
+    }
+}
+
+/// A bot's API: its base and token (which is part of every method's URL, so a URL is
+/// never logged).
+pub struct Bot<'a> {
+    pub client: &'a reqwest::Client,
+    pub base: &'a str,
+    pub token: &'a str,
+    pub allow_private_networks: bool,
+    pub timeout: Duration,
+}
+
+impl Bot<'_> {
+    /// Calls `method` with `body`: its `result` when Telegram answered `ok`.
+    pub async fn call(&self, method: &str, body: &Value) -> Result<Value, CallError> {
+        let raw = format!(
+            "{}/bot{}/{method}",
+            self.base.trim_end_matches('/'),
+            self.token
+        );
+        let url = reqwest::Url::parse(&raw).map_err(|_| CallError::transient("invalid_url"))?;
+        if let Err(refused) = address::check_url(&url, self.allow_private_networks) {
+            return Err(CallError::transient(refused.class()));
+        }
+        let request = self.client.post(url).json(body).send();
+        let response = match tokio::time::timeout(self.timeout, request).await {
+            Err(_) => return Err(CallError::transient("timeout")),
+            Ok(Err(e)) => return Err(CallError::transient(super::request_class(&e))),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status().as_u16();
+        let answer = tokio::time::timeout(self.timeout, super::read_bounded(response, MAX_ANSWER))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
+        match answer {
+            Some(answer) if answer["ok"] == true => Ok(answer["result"].clone()),
+            answer => {
+                let retry_after = answer
+                    .as_ref()
+                    .and_then(|a| a["parameters"]["retry_after"].as_u64())
+                    .map(Duration::from_secs);
+                Err(CallError {
+                    class: status_class(status),
+                    status: Some(status),
+                    // A bad request, a blocked bot, an unknown chat or token: the same
+                    // call never succeeds.
+                    permanent: matches!(status, 400 | 401 | 403 | 404),
+                    retry_after,
+                })
+            }
+        }
+    }
+
+    /// Points Telegram at `url`, authenticated by `secret`.
+    pub async fn set_webhook(&self, url: &str, secret: &str) -> Result<(), CallError> {
+        let body = json!({
+            "url": url,
+            "secret_token": secret,
+            "allowed_updates": ["message"],
+        });
+        self.call("setWebhook", &body).await.map(drop)
+    }
+
+    pub async fn delete_webhook(&self) -> Result<(), CallError> {
+        self.call("deleteWebhook", &json!({})).await.map(drop)
+    }
+
+    /// Sends `text` to `chat` in `parse_mode` (`HTML`), or as plain text (`None`).
+    pub async fn send_message(
+        &self,
+        chat: &str,
+        text: &str,
+        parse_mode: Option<&str>,
+    ) -> Result<(), CallError> {
+        let mut body = json!({ "chat_id": chat, "text": text });
+        if let Some(mode) = parse_mode {
+            body["parse_mode"] = json!(mode);
+        }
+        self.call("sendMessage", &body).await.map(drop)
+    }
+
+    /// "typing…" in `chat` for about five seconds, or until a message is sent.
+    pub async fn typing(&self, chat: &str) -> Result<(), CallError> {
+        let body = json!({ "chat_id": chat, "action": "typing" });
+        self.call("sendChatAction", &body).await.map(drop)
+    }
+}
+
+fn status_class(status: u16) -> &'static str {
+    match status {
+        400 => "bad_request",
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        429 => "rate_limited",
+        500..=599 => "server_error",
+        _ => "status",
+    }
+}
