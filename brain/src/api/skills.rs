@@ -156,10 +156,10 @@ pub async fn list(
 
 #[utoipa::path(
     get,
-    path = "/skills/{name}",
+    path = "/skills/{skill_name}",
     operation_id = "get_skill",
     tag = "skills",
-    params(("name" = String, Path, description = "The skill's name.")),
+    params(("skill_name" = String, Path, description = "The skill's name.")),
     responses(
         (status = 200, description = "The newest version, its SKILL.md and files, and every \
             version.", body = SkillDetail),
@@ -170,10 +170,10 @@ pub async fn list(
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
-    Path(name): Path<String>,
+    Path(skill_name): Path<String>,
 ) -> Result<Json<SkillDetail>, ApiError> {
     principal.require_admin()?;
-    let versions = bounded(state.store.skill_versions(principal.team, &name)).await?;
+    let versions = bounded(state.store.skill_versions(principal.team, &skill_name)).await?;
     let newest = versions.first().ok_or(ApiError::NotFound("skill"))?;
     Ok(Json(SkillDetail {
         skill: newest.into(),
@@ -185,10 +185,10 @@ pub async fn get(
 
 #[utoipa::path(
     delete,
-    path = "/skills/{name}",
+    path = "/skills/{skill_name}",
     operation_id = "delete_skill",
     tag = "skills",
-    params(("name" = String, Path, description = "The skill's name.")),
+    params(("skill_name" = String, Path, description = "The skill's name.")),
     responses(
         (status = 204, description = "Every version deleted with its bytes; agents that \
             name it no longer see it."),
@@ -200,11 +200,11 @@ pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
     ClientAddr(address): ClientAddr,
-    Path(name): Path<String>,
+    Path(skill_name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     principal.require_admin()?;
     let by = principal.actor(address);
-    let keys = match bounded(state.store.delete_skill(principal.team, &name, &by)).await {
+    let keys = match bounded(state.store.delete_skill(principal.team, &skill_name, &by)).await {
         Ok(keys) => keys,
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("skill")),
         Err(e) => return Err(e.into()),

@@ -375,6 +375,35 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .await
         .unwrap();
     let document = document["id"].as_str().unwrap().to_owned();
+    // A skill (B8): a tar.gz of one folder, as a client uploads it.
+    let skill_md = b"---\nname: contract-skill\ndescription: Their skill.\n---\nBody\n";
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(skill_md.len() as u64);
+    header.set_mode(0o644);
+    tar.append_data(&mut header, "SKILL.md", &skill_md[..]).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &tar.into_inner().unwrap()).unwrap();
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+         filename=\"skill.tar.gz\"\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(&gz.finish().unwrap());
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let skill = app
+        .http
+        .post(format!("{}/v1/skills", app.url))
+        .bearer_auth(key)
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(skill.status(), 201);
     Ids::from([
         ("agent_id", agent),
         ("approval_id", approval),
@@ -392,6 +421,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("provider_id", provider),
         ("response_id", format!("resp_{turn}")),
         ("secret_name", "THEIRS".to_owned()),
+        ("skill_name", "contract-skill".to_owned()),
         ("team_id", team),
         ("turn_id", turn),
         ("user_id", "their-user".to_owned()),
