@@ -499,6 +499,7 @@ function CreateAgent({
   const [prompt, setPrompt] = useState("You are a helpful assistant.");
   const [model, setModel] = useState("openai/gpt-4o-mini");
   const [profile, setProfile] = useState("light");
+  const [skills, setSkills] = useState("");
   const [problem, setProblem] = useState<string>();
   const [catalog, setCatalog] = useState<CatalogModel[]>([]);
   useEffect(() => {
@@ -508,7 +509,17 @@ function CreateAgent({
     e.preventDefault();
     try {
       onCreated(
-        await api.createAgent({ name: name.trim(), system_prompt: prompt, model: model.trim(), runtime_profile: profile }),
+        await api.createAgent({
+          name: name.trim(),
+          system_prompt: prompt,
+          model: model.trim(),
+          runtime_profile: profile,
+          // B8: the team's skills by name, comma-separated; an unknown one is refused.
+          skills: skills
+            .split(",")
+            .map((s) => s.trim())
+            .filter((s) => s !== ""),
+        }),
       );
     } catch (err) {
       setProblem(message(err));
@@ -543,6 +554,13 @@ function CreateAgent({
           </option>
         ))}
       </select>
+      <label htmlFor="agent-skills">Skills (names, comma-separated)</label>
+      <input
+        id="agent-skills"
+        value={skills}
+        placeholder="pdf-processing, release-notes"
+        onChange={(e) => setSkills(e.target.value)}
+      />
       <div className="row">
         <button type="submit" disabled={!name.trim()}>
           Create agent

@@ -234,6 +234,8 @@ export class Api {
     system_prompt: string;
     model: string;
     runtime_profile: string;
+    /** The names of the team's skills the agent uses (B8). */
+    skills: string[];
   }): Promise<Agent> {
     return this.request("POST", "/v1/agents", agent);
   }
