@@ -139,7 +139,13 @@ async fn an_update_runs_once_and_a_bad_secret_runs_nothing() {
     .await
     .unwrap();
     assert_eq!(owner.as_deref(), Some("telegram:1001"));
-    assert!(!tg.calls("sendChatAction").is_empty() || tg.calls("sendMessage").len() == 1);
+    // "typing…" was shown in the conversation while the turn ran.
+    tg.wait_until(WAIT, |calls, _| {
+        calls
+            .iter()
+            .any(|c| c.method == "sendChatAction" && c.body["chat_id"] == "42")
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -2,8 +2,8 @@
 //! speaks the Bot API's exact wire (`POST /bot<token>/<method>` with a JSON body, answered
 //! `{"ok":true,"result":…}` or `{"ok":false,"error_code":…,"description":…}`), records
 //! every call, and fails or holds `sendMessage` on demand. A message counts as sent only
-//! once its answer is written: a request whose client went away while it was held was
-//! never taken, as with a platform that never received it.
+//! when it is answered `ok`: a request held (the test kills its client meanwhile) is
+//! never taken, as with a connection that broke before the platform had the message.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -146,8 +146,13 @@ async fn answer(
             let released = shared.released.notified();
             shared.script.lock().unwrap().held += 1;
             shared.changed.notify_waiters();
-            // Dropped here if the client goes away: the message is never taken.
             released.await;
+            // A held request is never taken: its client (killed meanwhile) saw no answer,
+            // as when the connection to the platform broke before the platform had it.
+            return (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"ok": false, "error_code": 502, "description": "Bad Gateway"})),
+            );
         }
     }
     let result = match method.as_str() {
