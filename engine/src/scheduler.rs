@@ -188,6 +188,7 @@ async fn launch(state: &Engine, due: &DueAutostart, claimed: Claimed) -> FireOut
         content: due.prompt.clone(),
         client_message_id: None,
         files: Vec::new(),
+        instructions: None,
     };
     let authority = autostart_authority(due.set_by.clone());
     let started = turn::launch(

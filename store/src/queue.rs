@@ -19,6 +19,8 @@ pub struct NewQueued<'a> {
     pub chat: ChatId,
     pub user_parts: &'a [Part],
     pub client_message_id: Option<&'a str>,
+    /// P9: the caller's own instructions for the turn, kept until it starts.
+    pub instructions: Option<&'a str>,
     /// Whose authority the turn's tools act with when it runs (X1).
     pub actor: &'a str,
     pub actor_admin: bool,
@@ -46,6 +48,8 @@ pub struct QueuedTurn {
     pub actor_admin: bool,
     /// Its message's text, for the admission's reservation.
     pub content: String,
+    /// P9: the caller's own instructions for the turn, as queued.
+    pub instructions: Option<String>,
 }
 
 /// The order queued turns run in; `q` is the table's alias.
@@ -77,8 +81,8 @@ impl Store {
         }
         sqlx::query(
             "INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, background, \
-               actor, actor_admin, queued_at) \
-             VALUES ($1, $2, $3, $4, 'user', 'queued', true, $5, $6, clock_timestamp())",
+               actor, actor_admin, queued_at, instructions) \
+             VALUES ($1, $2, $3, $4, 'user', 'queued', true, $5, $6, clock_timestamp(), $7)",
         )
         .bind(new.id.0)
         .bind(new.team.0)
@@ -86,6 +90,7 @@ impl Store {
         .bind(new.chat.0)
         .bind(new.actor)
         .bind(new.actor_admin)
+        .bind(new.instructions)
         .execute(&mut *tx)
         .await?;
         let message = MessageId::new();
@@ -116,7 +121,7 @@ impl Store {
         agent: AgentId,
     ) -> Result<Option<QueuedTurn>, StoreError> {
         let sql = format!(
-            "SELECT q.id, q.chat_id, q.actor, q.actor_admin, \
+            "SELECT q.id, q.chat_id, q.actor, q.actor_admin, q.instructions, \
                (SELECT coalesce(string_agg(p->>'text', ''), '') FROM messages m, \
                   jsonb_array_elements(m.parts) p \
                 WHERE m.team_id = q.team_id AND m.turn_id = q.id AND m.role = 'user') AS content \
@@ -137,6 +142,7 @@ impl Store {
             actor: row.try_get("actor")?,
             actor_admin: row.try_get("actor_admin")?,
             content: row.try_get("content")?,
+            instructions: row.try_get("instructions")?,
         }))
     }
 

@@ -69,6 +69,9 @@ pub struct NewTurn<'a> {
     /// Whose authority the turn's tools act with (X1), kept for a takeover.
     pub actor: &'a str,
     pub actor_admin: bool,
+    /// P9: the caller's own instructions for this turn, appended to the agent's prompt
+    /// (a continuation carries its asking turn's).
+    pub instructions: Option<&'a str>,
 }
 
 /// What [`Store::begin_turn`] did.
@@ -378,6 +381,7 @@ impl Store {
             .bind(check.map(|c| c.has_connectors))
             .bind(check.and_then(|c| c.history).map(|h| h.through))
             .bind(check.and_then(|c| c.history).map(|h| h.count))
+            .bind(turn.instructions)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| unique_violation(e, "messages_client_id", "message_id"))?;
@@ -433,6 +437,22 @@ impl Store {
             Some(_) => turn_state_from_row(&row).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// P9: the caller's instructions `turn` was composed with (`None` for none, or for
+    /// a turn not of `team`), which its continuation after an approval runs with too.
+    pub async fn turn_instructions(
+        &self,
+        team: TeamId,
+        turn: TurnId,
+    ) -> Result<Option<String>, StoreError> {
+        let found: Option<Option<String>> =
+            sqlx::query_scalar("SELECT instructions FROM turns WHERE team_id = $1 AND id = $2")
+                .bind(team.0)
+                .bind(turn.0)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(found.flatten())
     }
 
     /// A turn of `team` as `GET /v1/turns/{id}` shows it; `NotFound` for an unknown one or
@@ -689,8 +709,8 @@ static BEGIN_TURN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
            ON CONFLICT DO NOTHING), \
          t AS ( \
            INSERT INTO turns (id, team_id, agent_id, chat_id, trigger, status, composition_hash, \
-             replica_id, background, actor, actor_admin) \
-           SELECT $1, $2, $3, $4, $5, 'running', $12, $11, $13, $14, $15 FROM v WHERE v.current \
+             replica_id, background, actor, actor_admin, instructions) \
+           SELECT $1, $2, $3, $4, $5, 'running', $12, $11, $13, $14, $15, $21 FROM v WHERE v.current \
            RETURNING id), \
          m AS ( \
            INSERT INTO messages (id, team_id, chat_id, turn_id, role, parts, status, client_message_id) \

@@ -554,6 +554,7 @@ impl PostMessage {
             content,
             client_message_id: message_id,
             files,
+            instructions: None,
         }))
     }
 }

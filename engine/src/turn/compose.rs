@@ -40,6 +40,9 @@ pub(super) struct Asked {
     autostart: bool,
     /// A queued turn (T13): its row and user message exist; starting it writes neither.
     queued: bool,
+    /// P9: the caller's instructions: the message's, a queued turn's as queued, or those
+    /// of the turn a continuation resumes.
+    instructions: Option<String>,
 }
 
 pub(super) enum Resolved {
@@ -59,17 +62,6 @@ pub(super) async fn resolve(
     turn: TurnId,
 ) -> Result<Resolved, TurnError> {
     let (team, chat) = (launch.team, launch.chat);
-    let asked = |content, client_message_id, resume, answered, autostart| {
-        Resolved::Run(Asked {
-            content,
-            files: Vec::new(),
-            client_message_id,
-            resume,
-            answered,
-            autostart,
-            queued: false,
-        })
-    };
     let autostart = matches!(trigger, Trigger::Autostart(..));
     match trigger {
         Trigger::User(input) | Trigger::Autostart(input, _) => {
@@ -82,9 +74,10 @@ pub(super) async fn resolve(
                 answered: Vec::new(),
                 autostart,
                 queued: false,
+                instructions: input.instructions,
             }))
         }
-        Trigger::Queued(_) => {
+        Trigger::Queued(queued) => {
             deny_waiting(state, launch, basis).await?;
             Ok(Resolved::Run(Asked {
                 content: None,
@@ -94,6 +87,7 @@ pub(super) async fn resolve(
                 answered: Vec::new(),
                 autostart: false,
                 queued: true,
+                instructions: queued.instructions,
             }))
         }
         Trigger::Stranded(stranded) => {
@@ -102,9 +96,10 @@ pub(super) async fn resolve(
             ))
             .await?;
             // `None`: taken by another replica meanwhile, or its turn row exists after all.
-            Ok(reclaimed.map_or(Resolved::Nothing(Vec::new()), |resume| {
-                asked(None, None, resume, Vec::new(), false)
-            }))
+            match reclaimed {
+                Some(resume) => continued(state, team, resume, Vec::new()).await,
+                None => Ok(Resolved::Nothing(Vec::new())),
+            }
         }
         Trigger::Approval(answers) => {
             let answerer = launch
@@ -123,7 +118,7 @@ pub(super) async fn resolve(
                 Ok(Answered::Done {
                     answered,
                     resume: Some(resume),
-                }) => Ok(asked(None, None, resume, answered, false)),
+                }) => continued(state, team, resume, answered).await,
                 Ok(Answered::Done {
                     answered,
                     resume: None,
@@ -137,6 +132,33 @@ pub(super) async fn resolve(
             }
         }
     }
+}
+
+/// A continuation (A3): no message of its own, and the instructions of the turn it
+/// resumes (P9), read again from that turn's row.
+async fn continued(
+    state: &Engine,
+    team: protocol::TeamId,
+    resume: Vec<ApprovalRow>,
+    answered: Vec<ApprovalRow>,
+) -> Result<Resolved, TurnError> {
+    let instructions = match resume.first() {
+        Some(asking) => {
+            let stored = state.store.turn_instructions(team, asking.turn);
+            Box::pin(bounded(stored)).await?
+        }
+        None => None,
+    };
+    Ok(Resolved::Run(Asked {
+        content: None,
+        files: Vec::new(),
+        client_message_id: None,
+        resume,
+        answered,
+        autostart: false,
+        queued: false,
+        instructions,
+    }))
 }
 
 /// A4: a new message denies the chat's calls that wait for a person.
@@ -199,11 +221,14 @@ pub(super) async fn compose(
         ..
     } = basis;
     let (offered, connector_status) = offer(state, launch, basis, cancel).await;
+    // Cloned: `begin_new` writes the asked message, and with it these, meanwhile.
+    let instructions = asked.instructions.clone();
     // B8: the agent's skills, listed in the system text and frozen with it.
     let skills = crate::skills::prompt_listing(&state.store, agent).await;
     let composition = Composition {
         version: 1,
         system_prompt: &agent.system_prompt,
+        instructions: instructions.as_deref(),
         model_route: model_route(agent),
         tools: &offered.composition_tools,
         max_iterations: state.config.limits.max_iterations,
@@ -246,6 +271,7 @@ pub(super) async fn compose(
         offered.catalog.clone(),
         route.clone(),
         state.config.max_output_tokens,
+        instructions.as_deref(),
     )
     .await;
     let mut request = request;
@@ -273,7 +299,8 @@ pub(super) async fn compose(
 /// A turn's first model request over `history`, and the fold that summarises the history
 /// once the turn outgrew the context budget (by the `summary` route, then the turn's own
 /// `route`), carrying the chat's title when this is its first turn (T17). The window's
-/// files are read within what its text leaves of the context budget (T23).
+/// files are read within what its text leaves of the context budget (T23). `instructions`
+/// are the caller's for this turn (P9), as frozen with it.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn first_request(
     state: &Engine,
@@ -284,6 +311,7 @@ pub(super) async fn first_request(
     catalog: Arc<Catalog>,
     route: Vec<String>,
     max_output_tokens: u32,
+    instructions: Option<&str>,
 ) -> (ModelRequest, Fold, Vec<SourceDocument>) {
     let window = &history[context::window_start(history, state.config.context_tokens)..];
     let files = if attachments::any(window.iter().map(Counted::row)) {
@@ -335,7 +363,11 @@ pub(super) async fn first_request(
     };
     let request = ModelRequest {
         model: String::new(),
-        system: system_text(&basis.agent.system_prompt, &basis.chat.summary),
+        system: system_text(
+            &basis.agent.system_prompt,
+            instructions,
+            &basis.chat.summary,
+        ),
         messages,
         tools: catalog,
         max_output_tokens,
@@ -445,6 +477,7 @@ async fn begin_new(
             replica: state.replica,
             actor: &launch.authority.actor,
             actor_admin: launch.authority.may_change_agent(),
+            instructions: asked.instructions.as_deref(),
         },
         after,
         check,
@@ -563,12 +596,44 @@ fn freeze(
     Ok(frozen)
 }
 
-pub(super) fn system_text(prompt: &str, summary: &str) -> String {
-    if summary.is_empty() {
-        prompt.to_owned()
-    } else {
-        format!("{prompt}\n\nSummary of the earlier conversation:\n{summary}")
+/// The most characters a caller's instructions for a turn may have (P9); the column
+/// that keeps them (migration 0057) has the same bound.
+pub const MAX_INSTRUCTIONS_CHARS: usize = 16_384;
+
+/// Where the caller's instructions begin in the system text: they are the caller's
+/// words, added after the agent's own prompt, which they do not replace (P9).
+const INSTRUCTIONS_HEADING: &str =
+    "Instructions from the caller for this turn (in addition to the above, not replacing it):";
+
+/// Checks a caller's instructions for a turn (P9): 1 to [`MAX_INSTRUCTIONS_CHARS`]
+/// characters, no NUL (Postgres text cannot hold one).
+pub fn validate_instructions(text: &str) -> Result<(), String> {
+    if text.is_empty() || text.chars().count() > MAX_INSTRUCTIONS_CHARS {
+        return Err(format!(
+            "instructions must have 1 to {MAX_INSTRUCTIONS_CHARS} characters"
+        ));
     }
+    if text.contains('\0') {
+        return Err("instructions must not contain NUL characters".into());
+    }
+    Ok(())
+}
+
+/// The system text of a turn's requests: the agent's prompt, the caller's instructions
+/// for the turn under their heading, then the running summary (M1).
+pub(super) fn system_text(prompt: &str, instructions: Option<&str>, summary: &str) -> String {
+    let mut text = prompt.to_owned();
+    if let Some(instructions) = instructions {
+        text.push_str("\n\n");
+        text.push_str(INSTRUCTIONS_HEADING);
+        text.push('\n');
+        text.push_str(instructions);
+    }
+    if !summary.is_empty() {
+        text.push_str("\n\nSummary of the earlier conversation:\n");
+        text.push_str(summary);
+    }
+    text
 }
 
 /// The primary model, then the fallbacks in order.

@@ -80,6 +80,7 @@ use crate::agents::DisconnectPolicy;
 use crate::auth::Authority;
 pub use auxiliary::{MAX_TITLE_CHARS, validate_title};
 pub use basis::Bases;
+pub use compose::{MAX_INSTRUCTIONS_CHARS, validate_instructions};
 pub use error::TurnError;
 pub use offered::Toolsets;
 pub use queue::{Queue, Queued, busy_policy, enqueue, interrupt, run as run_queue, start_waiting};
@@ -99,6 +100,10 @@ pub struct TurnInput {
     /// The message's files as stored (T21): their download URLs and sniffed media types,
     /// after the text in the message's parts.
     pub files: Vec<protocol::parts::FilePart>,
+    /// P9: the caller's own instructions for this turn (OpenAI's `instructions`), checked
+    /// by [`validate_instructions`]: appended to the agent's prompt, never replacing it,
+    /// and frozen with the turn (T3).
+    pub instructions: Option<String>,
 }
 
 impl TurnInput {
@@ -122,6 +127,10 @@ impl TurnInput {
 pub struct Composition<'a> {
     pub version: u32,
     pub system_prompt: &'a str,
+    /// P9: the caller's instructions for this turn, after the agent's prompt. Left out
+    /// when none, so a turn without them freezes the same text (and hash) as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<&'a str>,
     /// The primary model first, then the fallbacks in the order they are tried.
     pub model_route: Vec<&'a str>,
     /// The exact tool catalog offered to the model (name, description, schema), as
@@ -610,8 +619,18 @@ fn reservation(state: &Engine, basis: &TurnBasis, trigger: &Trigger) -> u64 {
         + match trigger {
             Trigger::User(input) | Trigger::Autostart(input, _) => {
                 history::estimate_tokens(&input.content)
+                    + input
+                        .instructions
+                        .as_ref()
+                        .map_or(0, history::estimate_tokens)
             }
-            Trigger::Queued(queued) => history::estimate_tokens(&queued.content),
+            Trigger::Queued(queued) => {
+                history::estimate_tokens(&queued.content)
+                    + queued
+                        .instructions
+                        .as_ref()
+                        .map_or(0, history::estimate_tokens)
+            }
             Trigger::Approval(_) | Trigger::Stranded(_) => 0,
         }
         + state.config.context_tokens

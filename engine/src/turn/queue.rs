@@ -214,6 +214,7 @@ pub async fn enqueue(
         chat,
         user_parts: &parts,
         client_message_id: input.client_message_id.as_deref(),
+        instructions: input.instructions.as_deref(),
         actor: &authority.actor,
         actor_admin: authority.may_change_agent(),
         max: state.config.queue_max_per_agent,

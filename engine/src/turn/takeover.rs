@@ -83,6 +83,9 @@ struct Pending {
 /// The frozen composition's fields a takeover runs under (T3).
 #[derive(Deserialize)]
 struct Frozen {
+    /// P9: the caller's instructions for the turn, absent when it had none.
+    #[serde(default)]
+    instructions: Option<String>,
     model_route: Vec<String>,
     max_iterations: u32,
     max_writes: u32,
@@ -238,6 +241,7 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
         offered.catalog.clone(),
         frozen.model_route.clone(),
         frozen.max_output_tokens,
+        frozen.instructions.as_deref(),
     )
     .await;
     let mut limits = state.config.limits;

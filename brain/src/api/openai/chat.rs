@@ -153,6 +153,34 @@ pub(super) fn new_message_parts(content: &Value) -> Result<Vec<Value>, ApiError>
     }
 }
 
+/// The new message as the posting path takes it: its AI SDK parts, and the caller's
+/// instructions for its turn (P9).
+pub(super) struct NewMessage {
+    pub(super) parts: Vec<Value>,
+    pub(super) instructions: Option<String>,
+}
+
+/// The caller's instructions for a turn, checked (P9); empty is none.
+pub(super) fn checked_instructions(given: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(text) = given.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    engine::turn::validate_instructions(&text).map_err(ApiError::InvalidRequest)?;
+    Ok(Some(text))
+}
+
+/// The request's `system` and `developer` messages, wherever they are, as the caller's
+/// instructions for the turn (P9): their texts joined by blank lines.
+fn system_messages(messages: &[ChatMessage]) -> Option<String> {
+    let texts: Vec<String> = messages
+        .iter()
+        .filter(|m| matches!(m.role.as_str(), "system" | "developer"))
+        .map(|m| text_of(&m.content))
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    (!texts.is_empty()).then(|| texts.join("\n\n"))
+}
+
 /// The conversation split: the user and assistant texts before the new message, and the
 /// new message (which must be the user's).
 fn split(
@@ -330,15 +358,14 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let value = message_body(&state, &headers, body).await?;
-    let request: ChatRequest =
-        serde_json::from_value(value).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let request: ChatRequest = decoded(&state, &headers, body).await?;
     if request.n.is_some_and(|n| n != 1) {
         return Err(ApiError::InvalidRequest("n must be 1".into()));
     }
     let principal = end_user(principal, request.user)?;
     let agent = agent_for(&state, &principal, &request.model).await?;
     let explicit = explicit_chat(&headers, request.metadata.as_ref())?;
+    let instructions = checked_instructions(system_messages(&request.messages))?;
     let (prior, last) = split(request.messages)?;
     let owner = Owned {
         team: principal.team,
@@ -349,9 +376,12 @@ pub async fn completions(
     let prior_refs: Vec<(Speaker, &str)> = prior.iter().map(|(s, t)| (*s, t.as_str())).collect();
     let chat = chat_for(&state, &principal, &owner, explicit, &prior_refs).await?;
     let said = text_of(&last.content);
-    let parts = new_message_parts(&last.content)?;
+    let message = NewMessage {
+        parts: new_message_parts(&last.content)?,
+        instructions,
+    };
     let since = Utc::now() - BILLING_SKEW;
-    let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, parts).await?;
+    let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, message).await?;
     let rate_limit = body.take_rate_limit();
     let mut exchange = Exchange {
         state,
@@ -372,44 +402,64 @@ pub async fn completions(
         exchange.whole(body).await?
     };
     crate::respond::rate_limit(&rate_limit, response.headers_mut());
+    Ok(in_chat(response, chat))
+}
+
+/// An OpenAI request's body: read within the posting path's limits, then decoded.
+pub(super) async fn decoded<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let value = message_body(state, headers, body).await?;
+    serde_json::from_value(value).map_err(|e| ApiError::InvalidRequest(e.to_string()))
+}
+
+/// `response` with `X-Chat-Id` naming the chat its turn is in.
+pub(super) fn in_chat(mut response: Response, chat: ChatId) -> Response {
     if let Ok(value) = HeaderValue::from_str(&chat.to_string()) {
         response.headers_mut().insert(CHAT_HEADER, value);
     }
-    Ok(response)
+    response
 }
 
-/// The new message (its AI SDK parts) as a trigger to post to `chat`, its files stored.
+/// The new message as a trigger to post to `chat`, its files stored.
 pub(super) async fn trigger_for(
     state: &AppState,
     principal: &Principal,
     chat: ChatId,
-    parts: Vec<Value>,
+    new: NewMessage,
 ) -> Result<Trigger, ApiError> {
     // The posting path's own checks (length, NUL, at most so many files); a fresh message
     // id, since an OpenAI request has none to retry with.
     let message = json!({
         "id": chat, "trigger": "submit-message",
-        "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": parts}],
+        "messages": [{"id": uuid::Uuid::now_v7().to_string(), "role": "user", "parts": new.parts}],
     });
     let message =
         serde_json::from_value(message).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let mut trigger = PostMessage::AiSdk(message).into_trigger(state.config.max_message_chars)?;
+    // P9: the caller's words for this turn; they are not the agent's settings, so any
+    // principal that may post may pass them, and they lift no tool's gate.
+    if let Trigger::User(input) = &mut trigger {
+        input.instructions = new.instructions;
+    }
     principal.check_chat_to_post(&state.store, chat).await?;
     attach_files(state, principal, chat, &mut trigger).await?;
     Ok(trigger)
 }
 
-/// Posts the new message (its AI SDK parts) to `chat` through the posting path of every
-/// front end, and starts its turn: the turn and its UI chunks.
+/// Posts the new message to `chat` through the posting path of every front end, and
+/// starts its turn: the turn and its UI chunks.
 pub(super) async fn launch(
     state: &AppState,
     principal: &Principal,
     headers: &HeaderMap,
     agent: &AgentRow,
     chat: ChatId,
-    parts: Vec<Value>,
+    new: NewMessage,
 ) -> Result<(TurnId, UiBody), ApiError> {
-    let trigger = trigger_for(state, principal, chat, parts).await?;
+    let trigger = trigger_for(state, principal, chat, new).await?;
     // An OpenAI request cannot be answered later: a busy agent that would queue it
     // refuses it instead.
     let if_busy = (agent.busy_policy == BusyPolicy::Enqueue).then_some(BusyPolicy::Reject);

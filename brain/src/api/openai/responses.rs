@@ -17,7 +17,7 @@ use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
@@ -27,13 +27,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::chat::{
-    BILLING_SKEW, CHAT_HEADER, KEEP_ALIVE, end_user, failure, is_agents_chat, launch,
-    new_message_parts, tokens, trigger_for,
+    BILLING_SKEW, KEEP_ALIVE, NewMessage, checked_instructions, decoded, end_user, failure,
+    in_chat, is_agents_chat, launch, new_message_parts, tokens, trigger_for,
 };
 use super::error::{self, OpenAiErrorBody};
 use super::models::agent_for;
 use crate::AppState;
-use crate::api::chats::message_body;
 use crate::error::ApiError;
 use engine::auth::Principal;
 use engine::sse;
@@ -64,7 +63,10 @@ pub struct ResponseRequest {
     /// `input_text` and `input_image` parts); items before it are not read.
     #[schema(value_type = Value)]
     input: Value,
-    /// Not supported: a non-empty value is refused (`invalid_request`).
+    /// The caller's instructions for this turn (P9): appended to the agent's own prompt
+    /// under a heading that says they are the caller's, never replacing it; frozen with
+    /// the turn and kept for its continuation after an approval. At most
+    /// 16,384 characters. Empty is none.
     #[serde(default)]
     instructions: Option<String>,
     /// Continue the chat of this response (`resp_<turn id>`) instead of opening one.
@@ -166,8 +168,8 @@ async fn previous_chat(
             or `in_progress`, its turn run in the background.", body = Object),
         (status = 400, description = "Not a Responses request, the last input item is \
             not the user's message or has parts other than `input_text` and \
-            `input_image`, a non-empty `instructions` (not supported), or `background` \
-            with `stream` (`invalid_request`). Every refusal is in OpenAI's shape.",
+            `input_image`, `instructions` past 16,384 characters or with NUL, or \
+            `background` with `stream` (`invalid_request`). Every refusal is in OpenAI's shape.",
             body = OpenAiErrorBody),
         (status = 401, description = "Missing or refused credentials (`unauthorized`).",
             body = OpenAiErrorBody),
@@ -190,18 +192,8 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let value = message_body(&state, &headers, body).await?;
-    let request: ResponseRequest =
-        serde_json::from_value(value).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    if request
-        .instructions
-        .as_deref()
-        .is_some_and(|i| !i.is_empty())
-    {
-        return Err(ApiError::InvalidRequest(
-            "instructions is not supported: the agent's own prompt is its instructions".into(),
-        ));
-    }
+    let request: ResponseRequest = decoded(&state, &headers, body).await?;
+    let instructions = checked_instructions(request.instructions)?;
     if request.background && request.stream {
         return Err(ApiError::InvalidRequest(
             "background and stream together are not supported: poll the response".into(),
@@ -210,7 +202,10 @@ pub async fn create(
     let principal = end_user(principal, request.user)?;
     let agent = agent_for(&state, &principal, &request.model).await?;
     let content = new_content(request.input)?;
-    let parts = new_message_parts(&content)?;
+    let message = NewMessage {
+        parts: new_message_parts(&content)?,
+        instructions,
+    };
     let chat = match &request.previous_response_id {
         Some(previous) => previous_chat(&state, &principal, agent.id, previous).await?,
         None => {
@@ -222,7 +217,7 @@ pub async fn create(
         }
     };
     if request.background {
-        let trigger = trigger_for(&state, &principal, chat, parts).await?;
+        let trigger = trigger_for(&state, &principal, chat, message).await?;
         let parent = crate::api::trace_parent(&headers);
         let started =
             post::post_detached(&state, &principal, chat, trigger, None, parent.as_ref()).await?;
@@ -230,14 +225,12 @@ pub async fn create(
             Detached::Started(row, _) => row.id,
             Detached::Queued(queued) => queued.turn,
         };
-        let mut response = shown(&state, &principal, turn, Some(request.model)).await?;
-        if let Ok(value) = HeaderValue::from_str(&chat.to_string()) {
-            response.headers_mut().insert(CHAT_HEADER, value);
-        }
-        return Ok(response);
+        let response = shown(&state, &principal, turn, Some(request.model)).await?;
+        return Ok(in_chat(response, chat));
     }
     let since = Utc::now() - BILLING_SKEW;
-    let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, parts).await?;
+    let instructions = message.instructions.clone();
+    let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, message).await?;
     let rate_limit = body.take_rate_limit();
     let mut answer = Answer {
         state,
@@ -250,6 +243,7 @@ pub async fn create(
         text: String::new(),
         sequence: 0,
         background: false,
+        instructions,
     };
     let mut response = if request.stream {
         stream(answer, body)
@@ -257,10 +251,7 @@ pub async fn create(
         answer.whole(body).await
     };
     crate::respond::rate_limit(&rate_limit, response.headers_mut());
-    if let Ok(value) = HeaderValue::from_str(&chat.to_string()) {
-        response.headers_mut().insert(CHAT_HEADER, value);
-    }
-    Ok(response)
+    Ok(in_chat(response, chat))
 }
 
 /// How a turn's stream ended.
@@ -284,6 +275,8 @@ struct Answer {
     /// The next event's `sequence_number`.
     sequence: u64,
     background: bool,
+    /// The caller's instructions for the turn, echoed as OpenAI does.
+    instructions: Option<String>,
 }
 
 impl Answer {
@@ -334,7 +327,7 @@ impl Answer {
             "usage": usage,
             "error": null,
             "incomplete_details": null,
-            "instructions": null,
+            "instructions": self.instructions,
             "metadata": {},
             "parallel_tool_calls": false,
             "previous_response_id": self.previous,
@@ -478,6 +471,7 @@ async fn shown(
         text: String::new(),
         sequence: 0,
         background: row.background,
+        instructions: bounded(state.store.turn_instructions(principal.team, turn)).await?,
     };
     let status = match row.status {
         TurnProgress::Queued => "queued",
