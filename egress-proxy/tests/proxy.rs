@@ -339,3 +339,87 @@ async fn a_session_past_its_connection_bound_is_answered_503() {
         "{out}"
     );
 }
+
+/// The sandbox's way out (W14), with bubblewrap as the local launcher confines a worker:
+/// a network namespace of its own (only loopback), the proxy's unix socket bound in, and
+/// the bridge on `127.0.0.1:3128` inside. Through the proxy the command reaches the
+/// upstream, which gets the credential; ignoring the proxy (`--noproxy`, a raw socket, a
+/// public address) it reaches nothing.
+#[tokio::test]
+async fn in_its_own_network_namespace_a_command_reaches_only_the_proxy() {
+    let dir = test_dir("netns");
+    let (port, mut seen) = upstream(None).await;
+    let config: SessionPolicy = serde_json::from_value(
+        serde_json::json!({"allow": [], "secrets": [secret(port)], "allow_private_networks": true}),
+    )
+    .unwrap();
+    let session = Session::new(config, Bounds::default(), None).unwrap();
+    let socket = dir.join("proxy.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let serving = session.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serving.clone().serve(stream));
+        }
+    });
+    let script = r#"
+        exec 4< <("$BRIDGE" 127.0.0.1:3128 "$SOCKET")
+        read -r ready <&4
+        {
+          echo "--- via proxy"
+          curl -sS --max-time 20 -x http://127.0.0.1:3128 -H "Authorization: Bearer $GH_TOKEN" "http://127.0.0.1:$PORT/"
+          echo "--- noproxy"
+          curl -sS --max-time 5 --noproxy '*' "http://127.0.0.1:$PORT/" && echo NOPROXY-REACHED
+          echo "--- raw socket"
+          (exec 3<>"/dev/tcp/127.0.0.1/$PORT") && echo RAW-REACHED
+          echo "--- public address"
+          curl -sS --max-time 5 --noproxy '*' http://1.1.1.1/ && echo PUBLIC-REACHED
+          true
+        }"#;
+    let dir_str = dir.to_str().unwrap();
+    let out = tokio::process::Command::new("bwrap")
+        .args([
+            "--unshare-user",
+            "--unshare-net",
+            "--unshare-pid",
+            "--die-with-parent",
+        ])
+        .args([
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+        ])
+        .args(["--bind", dir_str, dir_str, "--", "bash", "-c", script])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("BRIDGE", env!("CARGO_BIN_EXE_egress-bridge"))
+        .env("SOCKET", &socket)
+        .env("PORT", port.to_string())
+        .env("GH_TOKEN", placeholder("GH_TOKEN"))
+        .output()
+        .await
+        .expect("bwrap (bubblewrap, scripts/test-deps.sh)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+    assert_eq!(text.matches("hello from upstream").count(), 1, "{text}");
+    for escaped in ["NOPROXY-REACHED", "RAW-REACHED", "PUBLIC-REACHED"] {
+        assert!(!text.contains(escaped), "{text}");
+    }
+    let (auth, _) = seen.recv().await.unwrap();
+    assert_eq!(auth.as_deref(), Some(format!("Bearer {TOKEN}").as_str()));
+    assert!(
+        seen.try_recv().is_err(),
+        "the upstream was reached another way"
+    );
+}
