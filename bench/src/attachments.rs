@@ -56,24 +56,13 @@ fn image_part(url: &str) -> Value {
 
 /// `POST /v1/chats/{chat}/files` with `bytes`: the file's URL.
 async fn upload(system: &System, chat: &str, bytes: &[u8]) -> Result<String> {
-    let boundary = "bench-attachment-boundary";
-    let mut body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
-         filename=\"photo.jpg\"\r\nContent-Type: image/jpeg\r\n\r\n"
-    )
-    .into_bytes();
-    body.extend_from_slice(bytes);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
     let response = system
-        .http
-        .post(format!("{}/v1/chats/{chat}/files", system.url))
-        .bearer_auth(&system.key)
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
+        .post_file(
+            &format!("/v1/chats/{chat}/files"),
+            "photo.jpg",
+            "image/jpeg",
+            bytes,
         )
-        .body(body)
-        .send()
         .await?;
     if response.status() != 201 {
         bail!("upload: {} {}", response.status(), response.text().await?);

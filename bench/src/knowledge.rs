@@ -243,24 +243,13 @@ async fn create_base(system: &System, name: &str) -> Result<String> {
 
 /// `POST /v1/knowledge/{base}/documents` with `text` as `name`: the document's id.
 async fn upload(system: &System, base: &str, name: &str, text: &str) -> Result<String> {
-    let boundary = "bench-knowledge-boundary";
-    let mut body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
-         filename=\"{name}\"\r\nContent-Type: text/markdown\r\n\r\n"
-    )
-    .into_bytes();
-    body.extend_from_slice(text.as_bytes());
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
     let response = system
-        .http
-        .post(format!("{}/v1/knowledge/{base}/documents", system.url))
-        .bearer_auth(&system.key)
-        .header(
-            "content-type",
-            format!("multipart/form-data; boundary={boundary}"),
+        .post_file(
+            &format!("/v1/knowledge/{base}/documents"),
+            name,
+            "text/markdown",
+            text.as_bytes(),
         )
-        .body(body)
-        .send()
         .await?;
     if response.status() != 202 {
         bail!("upload: {} {}", response.status(), response.text().await?);

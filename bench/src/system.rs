@@ -286,6 +286,36 @@ impl System {
         self.post_json_as(&self.key, path, body).await
     }
 
+    /// `POST path` with a `multipart/form-data` body of one field, `file`, holding `bytes`
+    /// named `filename` (the upload routes' form: chat files, knowledge documents).
+    pub async fn post_file(
+        &self,
+        path: &str,
+        filename: &str,
+        media_type: &str,
+        bytes: &[u8],
+    ) -> Result<reqwest::Response> {
+        let boundary = "bench-upload-boundary";
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; \
+             filename=\"{filename}\"\r\nContent-Type: {media_type}\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        Ok(self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body)
+            .send()
+            .await?)
+    }
+
     /// [`System::post_json`] with another team's key.
     pub async fn post_json_as(
         &self,
