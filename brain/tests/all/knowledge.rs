@@ -834,6 +834,57 @@ async fn knowledge_search_answers_passages_and_streams_their_sources() {
     );
 }
 
+/// B5 in a real browser (tests/web/knowledge.mjs): the passage `knowledge_search` found
+/// shows as a citation under the answer in the web chat, live and after a reload, naming
+/// the passage the transcript keeps.
+#[tokio::test]
+async fn the_page_shows_a_knowledge_citation_under_the_answer() {
+    let app = TestApp::start().await;
+    let (_, _, handbook) = librarian(&app, json!({})).await;
+    let args = json!({"query": "reset a forgotten password", "limit": 1});
+    app.provider
+        .push(calls(vec![call("c1", "knowledge_search", args)]));
+    app.provider.push(text("Use the Forgot password link."));
+
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let run = crate::web_chat::page_script(
+        "knowledge.mjs",
+        &[
+            &app.url,
+            &app.key,
+            "librarian",
+            "How do I reset my password?",
+            "Use the Forgot password link.",
+            "Source: Team Handbook > Security > Passwords (handbook.md)",
+            &handbook,
+            out.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(
+        run.status.success(),
+        "the page did not show the citation:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ids: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let messages = app.messages(ids["chatId"].as_str().unwrap()).await;
+    let parts = messages.last().unwrap()["parts"].as_array().unwrap();
+    let sources: Vec<&Value> = parts
+        .iter()
+        .filter(|p| p["type"] == "source-document")
+        .collect();
+    assert_eq!(sources.len(), 1, "{parts:?}");
+    assert!(
+        sources[0]["sourceId"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{handbook}:"))
+    );
+    for shot in ["knowledge-cited", "knowledge-reloaded"] {
+        assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
+    }
+}
+
 /// An agent that names no base is not offered `knowledge_search`.
 #[tokio::test]
 async fn an_agent_without_bases_is_not_offered_knowledge_search() {

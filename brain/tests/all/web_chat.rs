@@ -503,26 +503,35 @@ async fn a_person_answers_an_mcp_servers_question_in_the_page() {
         delay: Duration::from_millis(1),
     });
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/elicit.mjs");
-    let run = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .arg(&app.url)
-            .arg(&app.key)
-            .arg("asker")
-            .arg(&out)
-            .kill_on_drop(true)
-            .output(),
+    let run = page_script(
+        "elicit.mjs",
+        &[&app.url, &app.key, "asker", out.to_str().unwrap()],
     )
-    .await
-    .expect("the browser ends within three minutes")
-    .unwrap();
+    .await;
     assert!(
         run.status.success(),
         "the page did not answer the question:\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// Runs the page script `tests/web/<name>` under node (Chromium through playwright-core)
+/// with `args`, for at most three minutes: what it printed and how it ended.
+pub(crate) async fn page_script(name: &str, args: &[&str]) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/web")
+        .join(name);
+    tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser ends within three minutes")
+    .expect("node runs (scripts/test-deps.sh installs tests/web)")
 }
 
 /// T26 in a real browser (tests/web/files.mjs): a PNG attached through the file input
@@ -573,23 +582,18 @@ async fn a_person_attaches_a_picture_in_the_page() {
     std::fs::write(&big_path, "a".repeat(30_000)).unwrap();
 
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/files.mjs");
-    let run = tokio::time::timeout(
-        Duration::from_secs(180),
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .arg(&app.url)
-            .arg(&app.key)
-            .arg("looker")
-            .arg(&png_path)
-            .arg(&big_path)
-            .arg(&out)
-            .kill_on_drop(true)
-            .output(),
+    let run = page_script(
+        "files.mjs",
+        &[
+            &app.url,
+            &app.key,
+            "looker",
+            png_path.to_str().unwrap(),
+            big_path.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ],
     )
-    .await
-    .expect("the browser ends within three minutes")
-    .unwrap();
+    .await;
     assert!(
         run.status.success(),
         "the page did not attach the picture:\n{}",
