@@ -516,9 +516,10 @@ async fn a_busy_agent_that_would_queue_refuses_with_agent_busy() {
     let hi = json!({"op": "chat", "model": agent, "stream": true,
                     "messages": [{"role": "user", "content": "first"}]});
     let (first, second) = tokio::join!(sdk(Sdk::Python, &app, &app.key, hi.clone()), async {
-        // The second request must find the first turn running, or it tests nothing.
+        // The second request must find the first turn running, or it tests nothing: up
+        // to 30 s for the first SDK process to start on a loaded machine.
         let mut running = false;
-        for _ in 0..100 {
+        for _ in 0..600 {
             running = app
                 .turns()
                 .await
