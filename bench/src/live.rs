@@ -174,6 +174,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         knowledge_bases: Vec::new(),
         knowledge_recall: Default::default(),
         skills: Vec::new(),
+        delegates: Vec::new(),
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

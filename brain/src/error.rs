@@ -87,6 +87,9 @@ pub enum ApiError {
     /// An agent names an id that is no knowledge base of its team (B5).
     #[error("{0}")]
     UnknownKnowledgeBase(String),
+    /// An agent's delegates name itself or no live agent of its team (B7).
+    #[error("{0}")]
+    UnknownDelegate(String),
     /// T26: a signed file URL that expired or whose signature is not the file's.
     #[error(transparent)]
     FileUrlRefused(#[from] engine::files::UrlRefused),
@@ -372,6 +375,7 @@ impl ApiError {
             Self::UnknownSkill(_) => ErrorCode::UnknownSkill,
             Self::SkillLimitReached(_) => ErrorCode::SkillLimitReached,
             Self::UnknownKnowledgeBase(_) => ErrorCode::UnknownKnowledgeBase,
+            Self::UnknownDelegate(_) => ErrorCode::UnknownDelegate,
             Self::FileUrlRefused(_) => ErrorCode::InvalidFileUrl,
             Self::TurnInProgress(_) => ErrorCode::TurnInProgress,
             Self::Conflict(_) => ErrorCode::Conflict,
@@ -413,7 +417,8 @@ impl ApiError {
             | ErrorCode::InvalidSkill
             | ErrorCode::UnsafeSkillArchive
             | ErrorCode::UnknownSkill
-            | ErrorCode::UnknownKnowledgeBase => StatusCode::BAD_REQUEST,
+            | ErrorCode::UnknownKnowledgeBase
+            | ErrorCode::UnknownDelegate => StatusCode::BAD_REQUEST,
             ErrorCode::InvalidContent => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge

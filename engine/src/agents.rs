@@ -55,6 +55,7 @@ pub fn validate_new_agent(
         memory_recall: MemoryRecall::default(),
         knowledge_bases: Vec::new(),
         knowledge_recall: KnowledgeRecall::default(),
+        delegates: Vec::new(),
         skills: Vec::new(),
     })
 }
@@ -99,6 +100,53 @@ pub async fn check_knowledge_bases(
         None => Ok(()),
         Some(id) => Err(KnowledgeBasesError::Unknown(format!(
             "knowledge_bases: {id} is no knowledge base of this team"
+        ))),
+    }
+}
+
+/// The most agents an agent delegates to (the column's check says the same).
+pub const MAX_DELEGATES: usize = 20;
+
+/// Why an agent's delegates were refused (B7).
+#[derive(Debug, thiserror::Error)]
+pub enum DelegatesError {
+    /// The agent names itself, too many agents, or an id that is no live agent of its
+    /// team (another team's, archived, or never one); the message says which.
+    #[error("{0}")]
+    Unknown(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// B7: the agents `agent` (`None` while it is being created) may delegate to: at most
+/// [`MAX_DELEGATES`], never itself, each a live agent of `team`, checked in one query when
+/// the agent is created or changed. The same id twice counts once.
+pub async fn check_delegates(
+    store: &Store,
+    team: protocol::TeamId,
+    agent: Option<protocol::AgentId>,
+    mut ids: Vec<Uuid>,
+) -> Result<Vec<Uuid>, DelegatesError> {
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|id| seen.insert(*id));
+    if ids.len() > MAX_DELEGATES {
+        return Err(DelegatesError::Unknown(format!(
+            "delegates may name at most {MAX_DELEGATES} agents"
+        )));
+    }
+    if agent.is_some_and(|agent| ids.contains(&agent.0)) {
+        return Err(DelegatesError::Unknown(
+            "delegates: an agent cannot delegate to itself".into(),
+        ));
+    }
+    if ids.is_empty() {
+        return Ok(ids);
+    }
+    let foreign = store::bounded(store.foreign_agents(team, &ids)).await?;
+    match foreign.first() {
+        None => Ok(ids),
+        Some(id) => Err(DelegatesError::Unknown(format!(
+            "delegates: {id} is no agent of this team"
         ))),
     }
 }
@@ -199,6 +247,9 @@ pub struct AgentChange {
     pub knowledge_bases: Option<Vec<Uuid>>,
     /// Recalls passages of those bases into each turn's prompt, or stops (B5).
     pub knowledge_recall: Option<KnowledgeRecall>,
+    /// Replaces the agents it may delegate to as a whole (B7), checked with
+    /// [`check_delegates`] before the change is applied.
+    pub delegates: Option<Vec<Uuid>>,
     /// Replaces the skills the agent uses as a whole (B8).
     pub skills: Option<Vec<String>>,
 }
@@ -223,6 +274,7 @@ impl AgentChange {
             ("memory_recall", self.memory_recall.is_some()),
             ("knowledge_bases", self.knowledge_bases.is_some()),
             ("knowledge_recall", self.knowledge_recall.is_some()),
+            ("delegates", self.delegates.is_some()),
             ("skills", self.skills.is_some()),
         ]
         .into_iter()
@@ -308,6 +360,7 @@ pub fn apply_change(
         memory_recall: change.memory_recall.unwrap_or(current.memory_recall),
         knowledge_bases,
         knowledge_recall: change.knowledge_recall.unwrap_or(current.knowledge_recall),
+        delegates: change.delegates.unwrap_or_else(|| current.delegates.clone()),
         skills,
         changed,
     })

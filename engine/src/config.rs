@@ -77,6 +77,8 @@ pub struct Config {
     pub knowledge: KnowledgeConfig,
     /// The bounds of a team's skills (B8).
     pub skills: crate::skills::SkillsConfig,
+    /// The bounds of delegated tasks (B7, X5).
+    pub delegation: DelegationConfig,
     /// The most tokens of recalled memories a turn's first request carries (M3,
     /// `BRAIN_MEMORY_RECALL_TOKENS`); `0` recalls nothing.
     pub memory_recall_tokens: usize,
@@ -524,6 +526,36 @@ impl KnowledgeConfig {
     }
 }
 
+/// The bounds of delegation (B7, X5): how deep a chain of delegated tasks goes, how many
+/// one turn runs at once, and how many model calls a whole tree of them makes.
+#[derive(Clone, Copy, Debug)]
+pub struct DelegationConfig {
+    /// The deepest a delegated task may be, the turn a person started being depth 0
+    /// (`BRAIN_DELEGATION_MAX_DEPTH`).
+    pub max_depth: u32,
+    /// The delegated tasks one turn runs at once (`BRAIN_DELEGATION_MAX_PARALLEL`).
+    pub max_parallel: u32,
+    /// The model calls the delegated turns of one tree make in all
+    /// (`BRAIN_DELEGATION_MAX_TREE_MODEL_CALLS`).
+    pub max_tree_model_calls: u32,
+}
+
+impl DelegationConfig {
+    fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_depth: ranged(env, "BRAIN_DELEGATION_MAX_DEPTH", 3, 0, 10)?,
+            max_parallel: ranged(env, "BRAIN_DELEGATION_MAX_PARALLEL", 4, 1, 32)?,
+            max_tree_model_calls: ranged(
+                env,
+                "BRAIN_DELEGATION_MAX_TREE_MODEL_CALLS",
+                100,
+                1,
+                10_000,
+            )?,
+        })
+    }
+}
+
 /// `BRAIN_ARTIFACTS_BACKEND`: a local directory (the embedded default) or an S3 bucket.
 #[derive(Clone, Debug)]
 pub enum ArtifactBackend {
@@ -750,6 +782,7 @@ impl Config {
             files: FilesConfig::from_env(env)?,
             knowledge: KnowledgeConfig::from_env(env)?,
             skills: crate::skills::SkillsConfig::from_env(env)?,
+            delegation: DelegationConfig::from_env(env)?,
             memory_recall_tokens: ranged(env, "BRAIN_MEMORY_RECALL_TOKENS", 1_000, 0, 100_000)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
             workers: workers(env)?,

@@ -140,6 +140,9 @@ pub enum ErrorCode {
     /// An agent's `knowledge_bases` names an id that is no knowledge base of its team (B5);
     /// the message names it.
     UnknownKnowledgeBase,
+    /// An agent's `delegates` names itself or an id that is no live agent of its team
+    /// (B7); the message names it.
+    UnknownDelegate,
     /// A signed file URL (`/v1/files/{id}?exp=…&sig=…`, T26) has expired, or its signature
     /// is not that file's; read the transcript again for fresh URLs, or send the bearer.
     InvalidFileUrl,
@@ -195,6 +198,7 @@ impl ErrorCode {
             Self::KnowledgeQuotaExceeded => "knowledge_quota_exceeded",
             Self::KnowledgeLimitReached => "knowledge_limit_reached",
             Self::UnknownKnowledgeBase => "unknown_knowledge_base",
+            Self::UnknownDelegate => "unknown_delegate",
             Self::InvalidFileUrl => "invalid_file_url",
         }
     }
@@ -301,6 +305,7 @@ mod tests {
             ErrorCode::KnowledgeQuotaExceeded,
             ErrorCode::KnowledgeLimitReached,
             ErrorCode::UnknownKnowledgeBase,
+            ErrorCode::UnknownDelegate,
         ] {
             let wire = serde_json::to_value(code).unwrap();
             assert_eq!(wire, serde_json::Value::String(code.as_str().into()));

@@ -118,6 +118,11 @@ pub enum UiChunk {
     /// tool output carries the whole (capped) text.
     #[serde(rename = "data-worker-log")]
     DataWorkerLog { data: WorkerLog, transient: bool },
+    /// What a task handed to another agent with the `delegate` tool (B7) does while it
+    /// runs: its turn, its text and its tool calls, tagged with the delegate call's id.
+    /// Transient: the call's output carries the delegate's final answer.
+    #[serde(rename = "data-delegation")]
+    DataDelegation { data: Delegation, transient: bool },
     /// Something the user should know about the turn that is not an error, such as a
     /// ceiling that was hit (SPEC T6).
     #[serde(rename = "data-notice")]
@@ -224,6 +229,42 @@ pub struct WorkerLog {
     /// `stdout` or `stderr`.
     pub stream: String,
     pub text: String,
+}
+
+/// The payload of a `data-delegation` chunk (B7).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Delegation {
+    /// The `delegate` call of the parent turn this progress belongs to.
+    pub tool_call_id: String,
+    /// The delegated task's own turn (its `parent_turn_id` is the streaming turn).
+    pub turn_id: TurnId,
+    /// The child chat the task runs in.
+    pub chat_id: crate::ChatId,
+    /// The agent the task was handed to.
+    pub agent_id: crate::AgentId,
+    pub event: DelegationEvent,
+}
+
+/// One step of a delegated task's progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum DelegationEvent {
+    /// The task's turn started.
+    Started,
+    /// The delegate wrote `delta`.
+    #[serde(rename_all = "camelCase")]
+    Text { delta: String },
+    /// The delegate called a tool.
+    #[serde(rename_all = "camelCase")]
+    ToolCall { tool_call_id: String, tool_name: String },
+    /// The delegate's tool call ended; `error` when it failed or was refused.
+    #[serde(rename_all = "camelCase")]
+    ToolResult { tool_call_id: String, error: bool },
+    /// The task ended: `completed`, `failed` or `interrupted`.
+    Finished { status: String },
 }
 
 /// Whether a connector's tools joined the turn.

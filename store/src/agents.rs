@@ -234,6 +234,8 @@ pub struct NewAgent {
     pub knowledge_recall: KnowledgeRecall,
     /// The team's skills the agent uses, by name (B8), checked to be the team's.
     pub skills: Vec<String>,
+    /// The agents of its team it may delegate to (B7), checked to be the team's.
+    pub delegates: Vec<uuid::Uuid>,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -255,6 +257,7 @@ pub struct AgentUpdate {
     pub knowledge_bases: Vec<uuid::Uuid>,
     pub knowledge_recall: KnowledgeRecall,
     pub skills: Vec<String>,
+    pub delegates: Vec<uuid::Uuid>,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -296,11 +299,13 @@ pub struct AgentRow {
     /// The team's skills its turns list and read, by name (B8); a skill deleted since is
     /// left out.
     pub skills: Vec<String>,
+    /// The agents of its team it may hand a task to with the `delegate` tool (B7).
+    pub delegates: Vec<uuid::Uuid>,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills, delegates, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -353,6 +358,7 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
                 source: format!("unknown knowledge recall {raw}").into(),
             })?
         },
+        delegates: row.try_get("delegates")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -391,8 +397,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, delegates, skills) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -420,6 +426,7 @@ impl Store {
             .bind(agent.memory_recall.as_str())
             .bind(&agent.knowledge_bases)
             .bind(agent.knowledge_recall.as_str())
+            .bind(&agent.delegates)
             .bind(&agent.skills)
             .fetch_one(&mut *tx)
             .await?;
@@ -434,6 +441,45 @@ impl Store {
         }
         tx.commit().await?;
         Ok(made)
+    }
+
+    /// The live agents of `team` among `ids`, in the order `ids` names them (B7).
+    pub async fn agents_by_id(
+        &self,
+        team: TeamId,
+        ids: &[uuid::Uuid],
+    ) -> Result<Vec<AgentRow>, StoreError> {
+        let sql = format!(
+            "SELECT {AGENT_COLUMNS} FROM agents WHERE team_id = $1 AND id = ANY($2) \
+               AND archived_at IS NULL ORDER BY array_position($2, id)"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(team.0)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| agent_from_row(r).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// The ids among `ids` that are no live agent of `team` (another team's, archived,
+    /// or never one): an agent's `delegates` may name none of them (B7).
+    pub async fn foreign_agents(
+        &self,
+        team: TeamId,
+        ids: &[uuid::Uuid],
+    ) -> Result<Vec<uuid::Uuid>, StoreError> {
+        let rows = sqlx::query_scalar(
+            "SELECT i FROM unnest($2::uuid[]) AS i \
+             WHERE NOT EXISTS (SELECT 1 FROM agents a WHERE a.team_id = $1 AND a.id = i \
+                               AND a.archived_at IS NULL)",
+        )
+        .bind(team.0)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
     }
 
     pub async fn agent(&self, team: TeamId, id: AgentId) -> Result<AgentRow, StoreError> {
@@ -498,7 +544,7 @@ impl Store {
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
              auxiliary_models = $16, stream_reasoning = $17, memory_recall = $18, \
-             knowledge_bases = $19, knowledge_recall = $20, skills = $21, updated_at = now() \
+             knowledge_bases = $19, knowledge_recall = $20, delegates = $21, skills = $22, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -522,6 +568,7 @@ impl Store {
             .bind(update.memory_recall.as_str())
             .bind(&update.knowledge_bases)
             .bind(update.knowledge_recall.as_str())
+            .bind(&update.delegates)
             .bind(&update.skills)
             .fetch_optional(&mut *tx)
             .await?

@@ -200,6 +200,11 @@ pub struct TurnRow {
     /// A `queued` turn's place among its agent's (1 = next, T13); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub position: Option<u32>,
+    /// The turn that delegated this one's task with the `delegate` tool (B7); `null`
+    /// for a turn nobody delegated.
+    pub parent_turn_id: Option<TurnId>,
+    /// The turns this one delegated tasks to, oldest first (B7).
+    pub children: Vec<TurnId>,
 }
 
 /// The columns [`turn_row_from_row`] reads, of `turns t`.
@@ -209,7 +214,9 @@ pub(super) const TURN_COLUMNS: &str = "t.id, t.chat_id, t.agent_id, t.status, t.
             AND p.turn_id = t.id AND p.state = 'pending') AS awaiting_approval, \
     CASE WHEN t.status = 'queued' THEN (SELECT count(*) FROM turns q \
       WHERE q.agent_id = t.agent_id AND q.status = 'queued' \
-        AND (q.queued_at, q.id) <= (t.queued_at, t.id)) END AS position";
+        AND (q.queued_at, q.id) <= (t.queued_at, t.id)) END AS position, \
+    t.parent_turn_id, ARRAY(SELECT d.id FROM turns d WHERE d.team_id = t.team_id \
+        AND d.parent_turn_id = t.id ORDER BY d.started_at, d.id) AS children";
 
 pub(super) fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, StoreError> {
     let status = match TurnStatus::parse(row.try_get("status")?)? {
@@ -243,6 +250,14 @@ pub(super) fn turn_row_from_row(row: &sqlx::postgres::PgRow) -> Result<TurnRow, 
         position: row
             .try_get::<Option<i64>, _>("position")?
             .map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
+        parent_turn_id: row
+            .try_get::<Option<uuid::Uuid>, _>("parent_turn_id")?
+            .map(TurnId),
+        children: row
+            .try_get::<Vec<uuid::Uuid>, _>("children")?
+            .into_iter()
+            .map(TurnId)
+            .collect(),
     })
 }
 
@@ -453,6 +468,22 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?;
         Ok(found.flatten())
+    }
+
+    /// Records that `parent` delegated the task `child` runs (B7).
+    pub async fn set_parent_turn(
+        &self,
+        team: TeamId,
+        child: TurnId,
+        parent: TurnId,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE turns SET parent_turn_id = $3 WHERE team_id = $1 AND id = $2")
+            .bind(team.0)
+            .bind(child.0)
+            .bind(parent.0)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// A turn of `team` as `GET /v1/turns/{id}` shows it; `NotFound` for an unknown one or

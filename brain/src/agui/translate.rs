@@ -162,6 +162,11 @@ impl Translator {
                 json!({"toolCallId": data.tool_call_id, "stream": data.stream,
                        "text": data.text}),
             )),
+            // B7: a delegated task's progress, as the chunk's own data.
+            UiChunk::DataDelegation { data, .. } => out.push(custom(
+                "delegation",
+                serde_json::to_value(&data).unwrap_or_default(),
+            )),
             // Only a resumed stream (D5) or the events stream writes these, never the
             // stream of the request that starts the turn.
             UiChunk::ResetStep | UiChunk::DataResync { .. } => {}

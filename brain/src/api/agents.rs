@@ -15,6 +15,7 @@ use domain::approvals::ApprovalPolicy;
 use engine::agents::{
     AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeBasesError,
     KnowledgeRecall, MemoryRecall, apply_change, check_knowledge_bases, validate_auxiliary,
+    DelegatesError, check_delegates,
     validate_knowledge_bases, validate_new_agent,
 };
 use engine::auth::{Principal, Scope};
@@ -70,6 +71,10 @@ pub struct CreateAgent {
     /// `unknown_skill`.
     #[serde(default)]
     skills: Vec<String>,
+    /// The ids of the agents of its team it may hand a task to with the `delegate` tool
+    /// (B7), at most 20; itself, another team's or an unknown id is `unknown_delegate`.
+    #[serde(default)]
+    delegates: Vec<uuid::Uuid>,
 }
 
 impl CreateAgent {
@@ -86,6 +91,7 @@ impl CreateAgent {
         let knowledge_recall = self.knowledge_recall;
         let skills =
             engine::skills::validate_agent_skills(self.skills).map_err(ApiError::InvalidRequest)?;
+        let delegates = self.delegates;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -103,6 +109,7 @@ impl CreateAgent {
             knowledge_bases,
             knowledge_recall,
             skills,
+            delegates,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -124,6 +131,22 @@ async fn check_connections(
         .collect();
     bounded(async { Ok(connections::check_routes(&state.store, team, &routes).await) }).await??;
     Ok(())
+}
+
+/// B7: an agent delegates only to other live agents of its team (the engine's rule); the
+/// ids as they will be stored.
+async fn checked_delegates(
+    state: &AppState,
+    team: protocol::TeamId,
+    agent: Option<protocol::AgentId>,
+    ids: Vec<uuid::Uuid>,
+) -> Result<Vec<uuid::Uuid>, ApiError> {
+    check_delegates(&state.store, team, agent, ids)
+        .await
+        .map_err(|e| match e {
+            DelegatesError::Unknown(problem) => ApiError::UnknownDelegate(problem),
+            DelegatesError::Store(e) => e.into(),
+        })
 }
 
 /// B5: an agent names only its team's knowledge bases.
@@ -148,7 +171,7 @@ async fn check_bases(
     request_body = CreateAgent,
     responses(
         (status = 201, description = "The agent.", body = AgentRow),
-        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`).", body = ErrorBody),
+        (status = 400, description = "A field is missing, unknown or invalid (`invalid_request`), or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`), or `delegates` names the agent itself or no live agent of the team (`unknown_delegate`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
     ),
@@ -161,7 +184,8 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<AgentRow>), ApiError> {
     principal.require_admin()?;
     let team = principal.team;
-    let agent = body.validate()?;
+    let mut agent = body.validate()?;
+    agent.delegates = checked_delegates(&state, team, None, agent.delegates).await?;
     check_connections(
         &state,
         principal.team,
@@ -255,6 +279,9 @@ pub struct PatchAgent {
     /// Replaces the skills the agent uses (B8) as a whole: `[]` names none.
     #[serde(default)]
     skills: Option<Vec<String>>,
+    /// Replaces the agents it may delegate to (B7) as a whole: `[]` names none.
+    #[serde(default)]
+    delegates: Option<Vec<uuid::Uuid>>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -274,6 +301,7 @@ impl From<PatchAgent> for AgentChange {
             knowledge_bases: patch.knowledge_bases,
             knowledge_recall: patch.knowledge_recall,
             skills: patch.skills,
+            delegates: patch.delegates,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }
@@ -292,7 +320,7 @@ impl From<PatchAgent> for AgentChange {
     request_body = PatchAgent,
     responses(
         (status = 200, description = "The agent as changed.", body = AgentRow),
-        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`).", body = ErrorBody),
+        (status = 400, description = "A field is unknown or invalid (`invalid_request`): a bad cron expression or time zone, say; or a route names a provider connection the team does not have (`unknown_connection`), or `knowledge_bases` names an id that is no knowledge base of the team (`unknown_knowledge_base`), or `skills` names no skill of the team (`unknown_skill`), or `delegates` names the agent itself or no live agent of the team (`unknown_delegate`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin (`forbidden`).", body = ErrorBody),
         (status = 404, description = "No such live agent in the team (`not_found`).", body = ErrorBody),
         (status = 413, description = "The body is too large (`payload_too_large`).", body = ErrorBody),
@@ -321,7 +349,8 @@ pub async fn update(
     }
     let bases_given = body.knowledge_bases.is_some();
     let skills_given = body.skills.is_some();
-    let update = apply_change(
+    let delegates_given = body.delegates.is_some();
+    let mut update = apply_change(
         &current,
         body.into(),
         state.config.autostart.min_interval_secs,
@@ -345,6 +374,11 @@ pub async fn update(
     // As the bases: a skill deleted since is no reason to refuse another field's change.
     if skills_given {
         engine::skills::check_agent_skills(&state.store, principal.team, &update.skills).await?;
+    }
+    // As the bases: only a change that names delegates checks them.
+    if delegates_given {
+        let ids = std::mem::take(&mut update.delegates);
+        update.delegates = checked_delegates(&state, principal.team, Some(id), ids).await?;
     }
     let by = principal.actor(address);
     let row =
@@ -486,12 +520,11 @@ pub async fn sessions(
     let only = principal.only_chats_of();
     // The autostart chat's work is the agent's own: only admins see it (X1).
     let admin = principal.scope == Scope::Admin;
-    let sessions =
-        bounded(
-            state
-                .store
-                .agent_sessions(principal.team, id, only, admin, before, limit + 1),
-        );
+    let sessions = bounded(
+        state
+            .store
+            .agent_sessions(principal.team, id, only, admin, before, limit + 1),
+    );
     let listed = match sessions.await {
         Ok(rows) => {
             let (sessions, next_cursor) = paging::page(rows, limit, SESSIONS_CURSOR, |s| {

@@ -719,6 +719,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 memory_recall: Default::default(),
                 knowledge_bases: Vec::new(),
                 knowledge_recall: Default::default(),
+                delegates: Vec::new(),
                 skills: Vec::new(),
             },
             &store::Actor::operator(None),

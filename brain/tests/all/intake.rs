@@ -43,6 +43,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         memory_recall: Default::default(),
         knowledge_bases: Vec::new(),
         knowledge_recall: Default::default(),
+        delegates: Vec::new(),
         skills: Vec::new(),
     };
     let mut chats = Vec::new();

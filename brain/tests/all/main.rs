@@ -23,6 +23,7 @@ mod brain_tools;
 mod cluster;
 mod connector_oauth;
 mod connectors;
+mod delegation;
 mod contract;
 mod elicitation;
 mod erasure;

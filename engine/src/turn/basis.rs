@@ -325,6 +325,7 @@ mod tests {
             knowledge_bases: Vec::new(),
             knowledge_recall: Default::default(),
             skills: Vec::new(),
+            delegates: Vec::new(),
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {

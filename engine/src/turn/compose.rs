@@ -564,6 +564,12 @@ pub(super) async fn offer(
     if !basis.agent.skills.is_empty() {
         extra.push(crate::skills::tool::tool(state.artifacts.clone()));
     }
+    // B7: the delegate tool holds the turn's place in its tree, so it is the turn's own.
+    if let Some(delegate) =
+        super::delegation::tool(state, &basis.agent, launch.lineage.as_ref()).await
+    {
+        extra.push(delegate);
+    }
     let offered = if extra.is_empty() {
         shared
     } else {

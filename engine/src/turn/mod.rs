@@ -47,6 +47,7 @@ mod basis;
 mod compose;
 mod context;
 mod continuation;
+mod delegation;
 mod describe;
 mod error;
 mod history;
@@ -210,6 +211,7 @@ pub async fn launch(
             authority,
             answerer: None,
             detached,
+            lineage: None,
         };
         return start(state, launch, trigger, parent, None).await;
     };
@@ -227,6 +229,7 @@ pub async fn launch(
         authority: Authority::of_turn(asking.actor, asking.admin),
         answerer: Some(authority),
         detached,
+        lineage: None,
     };
     let owned = state.clone();
     let parent = parent.cloned();
@@ -246,6 +249,8 @@ struct Launch {
     /// Who answers the approvals a continuation resumes (recorded, never lent).
     answerer: Option<Authority>,
     detached: bool,
+    /// A delegated task's place in its tree (B7, X5); `None` for a turn nobody delegated.
+    lineage: Option<delegation::Lineage>,
 }
 
 /// `admitted`: the turn id and admission of an intake that found its kept basis stale and
@@ -307,7 +312,12 @@ async fn start(
             return Err(err);
         }
     };
-    let cancel = state.turns_cancel.child_token();
+    // X5: a delegated task's token is a child of its delegate call's, so stopping,
+    // cancelling or taking over the parent does the same to it.
+    let cancel = match &launch.lineage {
+        Some(lineage) => lineage.cancel.child_token(),
+        None => state.turns_cancel.child_token(),
+    };
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     // D1: nor does it when the agent lets its turns outlive their client.

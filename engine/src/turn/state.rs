@@ -101,6 +101,9 @@ pub(super) struct TurnTask {
     pub handover: CancellationToken,
     /// The loop's state when it starts: the first request.
     pub first: Option<Progress>,
+    /// A delegated task's place in its tree (B7, X5): its approvals fail closed and its
+    /// model calls count against the tree's.
+    pub lineage: Option<super::delegation::Lineage>,
     /// Taken over from a dead replica (D3): the stream says so first.
     pub resumed: bool,
     pub _running: stop::Registration,

@@ -223,6 +223,9 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
         authority: Authority::of_turn(stored.actor, stored.actor_admin),
         answerer: None,
         detached: true,
+        // A delegated task is not resumed as one: its parent's call answers
+        // `outcome_unknown` (docs/design/delegation.md).
+        lineage: None,
     };
     let (revoked, held) = super::standing::standing(state, team, &launch.authority).await?;
     let budget = admit::adopt(state, team, agent, turn, launch.authority.user()).await?;

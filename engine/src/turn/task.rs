@@ -107,6 +107,7 @@ impl TurnTask {
             ),
             metrics,
             authority: launch.authority,
+            lineage: launch.lineage,
             lost: running.lost,
             handover: state.handover.clone(),
             first: Some(Progress {
@@ -208,6 +209,12 @@ impl TurnTask {
         }
         // Only a turn taken over at its ceiling gets here with no call left to make.
         if progress.iteration >= self.rules.limits.max_iterations {
+            return Flow::End(End::Completed(FinishReason::Other));
+        }
+        // X5: a delegated task's model calls count against its whole tree's.
+        if let Some(lineage) = &self.lineage
+            && !lineage.tree.take_model_call()
+        {
             return Flow::End(End::Completed(FinishReason::Other));
         }
         progress.iteration += 1;

@@ -166,6 +166,15 @@ impl TurnTask {
                     call.name
                 )))
             }
+            // X5: nobody answers a delegated task's questions; what would ask is denied,
+            // and the delegate tool tells the parent why.
+            Some(Decision::Ask) if self.lineage.is_some() => {
+                Gate::Refused(ToolOutput::error(format!(
+                    "{}`{}` needs a person's approval",
+                    super::delegation::APPROVAL_REFUSED,
+                    call.name
+                )))
+            }
             Some(Decision::Ask) if input_ok => Gate::Held,
             _ => Gate::Run,
         }
