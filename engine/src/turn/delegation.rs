@@ -404,10 +404,8 @@ async fn follow(mut body: super::ui_stream::UiBody, progress: &Progress<'_>) -> 
     let mut followed = Followed::default();
     while let Some(chunk) = body.next_chunk().await {
         match chunk {
-            UiChunk::StartStep => {
-                if !followed.step_text.is_empty() {
-                    followed.answer = std::mem::take(&mut followed.step_text);
-                }
+            UiChunk::StartStep if !followed.step_text.is_empty() => {
+                followed.answer = std::mem::take(&mut followed.step_text);
             }
             UiChunk::TextDelta { delta, .. } => {
                 followed.step_text.push_str(&delta);
