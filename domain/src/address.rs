@@ -174,4 +174,3 @@ pub fn check_name(name: &str, allow_private: bool) -> Result<(), Refused> {
     }
     Ok(())
 }
-

@@ -25,8 +25,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 // The rule itself, without I/O, is shared with the egress proxy (W14).
-pub use domain::address::{Refused, check_ip};
 use domain::address::check_name;
+pub use domain::address::{Refused, check_ip};
 
 /// The host of `url` as an address, or `None` for a name. `host_str` writes an IPv6
 /// address in brackets.

@@ -360,7 +360,9 @@ pub fn apply_change(
         memory_recall: change.memory_recall.unwrap_or(current.memory_recall),
         knowledge_bases,
         knowledge_recall: change.knowledge_recall.unwrap_or(current.knowledge_recall),
-        delegates: change.delegates.unwrap_or_else(|| current.delegates.clone()),
+        delegates: change
+            .delegates
+            .unwrap_or_else(|| current.delegates.clone()),
         skills,
         changed,
     })

@@ -259,7 +259,10 @@ pub enum DelegationEvent {
     Text { delta: String },
     /// The delegate called a tool.
     #[serde(rename_all = "camelCase")]
-    ToolCall { tool_call_id: String, tool_name: String },
+    ToolCall {
+        tool_call_id: String,
+        tool_name: String,
+    },
     /// The delegate's tool call ended; `error` when it failed or was refused.
     #[serde(rename_all = "camelCase")]
     ToolResult { tool_call_id: String, error: bool },

@@ -73,7 +73,6 @@ pub use knowledge::{
     KnowledgeBaseRow, NewChunk, NewDocument, Passage,
 };
 pub use memories::{CallKey, MemoryRow, MemoryScope};
-pub use skills::{NewSkill, SkillFile, SkillInsert, SkillRow};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};
 pub use pool::RemoteClaim;
 pub use provider_connections::{
@@ -86,6 +85,7 @@ pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use retention::{Expiring, RetentionLock};
 pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
+pub use skills::{NewSkill, SkillFile, SkillInsert, SkillRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};
 pub use takeover::{Resumable, TakenOver};
 pub use teams::{

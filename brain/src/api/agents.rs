@@ -13,10 +13,9 @@ use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
 use engine::agents::{
-    AgentChange, AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeBasesError,
-    KnowledgeRecall, MemoryRecall, apply_change, check_knowledge_bases, validate_auxiliary,
-    DelegatesError, check_delegates,
-    validate_knowledge_bases, validate_new_agent,
+    AgentChange, AuxiliaryModels, BusyPolicy, DelegatesError, DisconnectPolicy,
+    KnowledgeBasesError, KnowledgeRecall, MemoryRecall, apply_change, check_delegates,
+    check_knowledge_bases, validate_auxiliary, validate_knowledge_bases, validate_new_agent,
 };
 use engine::auth::{Principal, Scope};
 use engine::models::connections;
@@ -520,11 +519,12 @@ pub async fn sessions(
     let only = principal.only_chats_of();
     // The autostart chat's work is the agent's own: only admins see it (X1).
     let admin = principal.scope == Scope::Admin;
-    let sessions = bounded(
-        state
-            .store
-            .agent_sessions(principal.team, id, only, admin, before, limit + 1),
-    );
+    let sessions =
+        bounded(
+            state
+                .store
+                .agent_sessions(principal.team, id, only, admin, before, limit + 1),
+        );
     let listed = match sessions.await {
         Ok(rows) => {
             let (sessions, next_cursor) = paging::page(rows, limit, SESSIONS_CURSOR, |s| {

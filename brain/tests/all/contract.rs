@@ -381,7 +381,8 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
     let mut header = tar::Header::new_gnu();
     header.set_size(skill_md.len() as u64);
     header.set_mode(0o644);
-    tar.append_data(&mut header, "SKILL.md", &skill_md[..]).unwrap();
+    tar.append_data(&mut header, "SKILL.md", &skill_md[..])
+        .unwrap();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, &tar.into_inner().unwrap()).unwrap();
     let mut body = format!(

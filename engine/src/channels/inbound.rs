@@ -92,6 +92,7 @@ pub async fn telegram(
         content: text.chars().take(MAX_TEXT).collect(),
         client_message_id: Some(format!("telegram:{}", update.update_id)),
         files: Vec::new(),
+        instructions: None,
     };
     let trigger = Trigger::User(input);
     let posted = post::post_detached(

@@ -241,11 +241,11 @@ mod tests {
     async fn uploads_must_stay_inside_the_workspace() {
         let workspace = TempDir::new("uploads");
         let outside = TempDir::new("uploads-outside");
-        assert!(uploads_dir(workspace.path()).await.is_ok());
+        assert!(workspace_dir(workspace.path(), UPLOADS_DIR).await.is_ok());
         std::fs::remove_dir(workspace.path().join(UPLOADS_DIR)).unwrap();
         std::os::unix::fs::symlink(outside.path(), workspace.path().join(UPLOADS_DIR)).unwrap();
         assert_eq!(
-            uploads_dir(workspace.path()).await,
+            workspace_dir(workspace.path(), UPLOADS_DIR).await,
             Err(FailReason::Io),
             "a link leaving the workspace"
         );
