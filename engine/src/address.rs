@@ -23,6 +23,7 @@
 //! name cannot resolve to another address in between.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 // The rule itself, without I/O, is shared with the egress proxy (W14).
 use domain::address::check_name;
@@ -142,6 +143,44 @@ pub fn refused_in(error: &reqwest::Error) -> Option<Refused> {
         source = current.source();
     }
     None
+}
+
+/// The outbound client of webhooks and channels (P11): no redirects, no proxy, every resolved address judged by the
+/// address rule. Channels (P11) call their platforms with it too.
+pub fn client(timeout: Duration, allow_private_networks: bool) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(CheckedResolver {
+            allow_private_networks,
+        })
+        .build()
+}
+
+/// The class of a failed outbound request, for metrics and the delivery's record.
+pub fn request_class(error: &reqwest::Error) -> &'static str {
+    if let Some(refused) = refused_in(error) {
+        refused.class()
+    } else if error.is_timeout() {
+        "timeout"
+    } else if error.is_connect() {
+        "connect"
+    } else if error.is_builder() {
+        "invalid_request"
+    } else {
+        "request"
+    }
+}
+
+/// A failed delivery's wait before attempt `attempt` (from 1): `base` doubled per
+/// attempt, at most `max`, less up to a fifth at random; the webhooks' backoff with its own
+/// ceiling (a channel's reply waits at most a minute) (a channel's reply waits at most a minute).
+pub fn backoff_within(base: Duration, max: Duration, attempt: i32) -> Duration {
+    let doubled = base.saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1));
+    let capped = doubled.min(max);
+    capped.mul_f64(rand::Rng::random_range(&mut rand::rng(), 0.8..=1.0))
 }
 
 #[cfg(test)]

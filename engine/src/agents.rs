@@ -324,7 +324,7 @@ pub fn apply_change(
         None => current.knowledge_bases.clone(),
     };
     let skills = match change.skills {
-        Some(names) => crate::skills::validate_agent_skills(names)?,
+        Some(names) => validate_agent_skills(names)?,
         None => current.skills.clone(),
     };
 
@@ -411,3 +411,22 @@ fn changed_autostart(
     };
     Ok(Some((autostart, cadence.next_after(now))))
 }
+
+/// Checks an agent's skill names (B8) as far as they can be without the store: each a
+/// valid name, at most [`MAX_AGENT_SKILLS`]; the same name twice counts once.
+pub fn validate_agent_skills(mut names: Vec<String>) -> Result<Vec<String>, String> {
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|name| seen.insert(name.clone()));
+    if names.len() > MAX_AGENT_SKILLS {
+        return Err(format!("skills may name at most {MAX_AGENT_SKILLS} skills"));
+    }
+    if let Some(bad) = names.iter().find(|n| !protocol::skills::valid_name(n)) {
+        return Err(format!(
+            "skills: {bad:?} is no skill name (lowercase letters, digits and hyphens)"
+        ));
+    }
+    Ok(names)
+}
+
+/// The most skills an agent names (the column's check says the same).
+pub const MAX_AGENT_SKILLS: usize = 20;

@@ -76,7 +76,7 @@ pub struct Config {
     /// A team's knowledge bases and their indexing (B3, B4).
     pub knowledge: KnowledgeConfig,
     /// The bounds of a team's skills (B8).
-    pub skills: crate::skills::SkillsConfig,
+    pub skills: SkillsConfig,
     /// The bounds of delegated tasks (B7, X5).
     pub delegation: DelegationConfig,
     /// The most tokens of recalled memories a turn's first request carries (M3,
@@ -726,7 +726,7 @@ impl Config {
     pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
         let (openai, anthropic, demo_model) = providers(env)?;
         let addr = parse(env, "BRAIN_ADDR", "127.0.0.1:8080")?;
-        let config = Self {
+        Ok(Self {
             addr,
             metrics_addr: metrics_addr(env)?,
             database_url: url_var(env, "DATABASE_URL", DEFAULT_DATABASE_URL)?,
@@ -781,7 +781,7 @@ impl Config {
             artifacts: artifacts(env)?,
             files: FilesConfig::from_env(env)?,
             knowledge: KnowledgeConfig::from_env(env)?,
-            skills: crate::skills::SkillsConfig::from_env(env)?,
+            skills: SkillsConfig::from_env(env)?,
             delegation: DelegationConfig::from_env(env)?,
             memory_recall_tokens: ranged(env, "BRAIN_MEMORY_RECALL_TOKENS", 1_000, 0, 100_000)?,
             retention_sweep_interval: millis(env, "BRAIN_RETENTION_SWEEP_INTERVAL_MS", 300_000)?,
@@ -821,8 +821,34 @@ impl Config {
             events: EventsConfig::from_env(env)?,
             mcp_server: McpSessionLimits::from_env(env)?,
             log_json: log_json(env)?,
-        };
-        Ok(config)
+        })
+    }
+}
+
+/// The bounds of a skill's archive (B8); each refused with nothing stored.
+#[derive(Clone, Copy, Debug)]
+pub struct SkillsConfig {
+    /// The largest archive uploaded (`BRAIN_SKILL_MAX_ARCHIVE_BYTES`).
+    pub max_archive_bytes: usize,
+    /// The most bytes its files hold unpacked, all together (`BRAIN_SKILL_MAX_BYTES`).
+    pub max_bytes: u64,
+    /// The largest one file (`BRAIN_SKILL_MAX_FILE_BYTES`).
+    pub max_file_bytes: u64,
+    /// The most files in it (`BRAIN_SKILL_MAX_FILES`).
+    pub max_files: usize,
+    /// The most skills (names) a team holds (`BRAIN_SKILLS_MAX`).
+    pub max_per_team: u32,
+}
+
+impl SkillsConfig {
+    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
+        Ok(Self {
+            max_archive_bytes: ranged(env, "BRAIN_SKILL_MAX_ARCHIVE_BYTES", 10 << 20, 1, 1 << 30)?,
+            max_bytes: ranged(env, "BRAIN_SKILL_MAX_BYTES", 20 << 20, 1, 1 << 32)?,
+            max_file_bytes: ranged(env, "BRAIN_SKILL_MAX_FILE_BYTES", 5 << 20, 1, 1 << 32)?,
+            max_files: ranged(env, "BRAIN_SKILL_MAX_FILES", 500, 1, 100_000)?,
+            max_per_team: ranged(env, "BRAIN_SKILLS_MAX", 200, 0, 100_000)?,
+        })
     }
 }
 

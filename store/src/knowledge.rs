@@ -147,6 +147,29 @@ pub struct Passage {
     pub score: f32,
 }
 
+impl Passage {
+    /// A passage's id as its `source-document` part names it: `<document id>:<position>`.
+    pub fn source_id(&self) -> String {
+        format!("{}:{}", self.document_id, self.position)
+    }
+
+    /// The `source-document` part of a passage (B5): its heading path, else its document's
+    /// title or filename, as the title.
+    pub fn source(&self) -> protocol::parts::SourceDocument {
+        let title = if !self.heading.is_empty() {
+            self.heading.clone()
+        } else {
+            self.title.clone().unwrap_or_else(|| self.filename.clone())
+        };
+        protocol::parts::SourceDocument {
+            source_id: self.source_id(),
+            media_type: self.media_type.clone(),
+            title,
+            filename: Some(self.filename.clone()),
+        }
+    }
+}
+
 const BASE_COLUMNS: &str = "b.id, b.name, b.description, b.created_at, \
      coalesce(s.documents, 0) AS documents, coalesce(s.documents_ready, 0) AS documents_ready, \
      coalesce(s.chunks, 0) AS chunks, coalesce(s.bytes, 0) AS bytes";

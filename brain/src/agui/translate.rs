@@ -142,31 +142,11 @@ impl Translator {
                 self.worker = Some(data);
                 out.push(self.snapshot());
             }
-            UiChunk::DataNotice { data } => out.push(custom(
-                "notice",
-                json!({"code": data.code, "message": data.message}),
-            )),
-            // P5: an AG-UI client sees the question; it answers it through the approvals
-            // API like any client.
-            UiChunk::DataElicitation { data, .. } => out.push(custom(
-                "elicitation",
-                serde_json::to_value(&data).unwrap_or_default(),
-            )),
-            // B5: a citation, as the AI SDK chunk.
-            source @ UiChunk::SourceDocument { .. } => out.push(custom(
-                "source_document",
-                serde_json::to_value(&source).unwrap_or_default(),
-            )),
-            UiChunk::DataWorkerLog { data, .. } => out.push(custom(
-                "worker_log",
-                json!({"toolCallId": data.tool_call_id, "stream": data.stream,
-                       "text": data.text}),
-            )),
-            // B7: a delegated task's progress, as the chunk's own data.
-            UiChunk::DataDelegation { data, .. } => out.push(custom(
-                "delegation",
-                serde_json::to_value(&data).unwrap_or_default(),
-            )),
+            passed @ (UiChunk::DataNotice { .. }
+            | UiChunk::DataElicitation { .. }
+            | UiChunk::SourceDocument { .. }
+            | UiChunk::DataWorkerLog { .. }
+            | UiChunk::DataDelegation { .. }) => out.extend(passed_on(passed)),
             // Only a resumed stream (D5) or the events stream writes these, never the
             // stream of the request that starts the turn.
             UiChunk::ResetStep | UiChunk::DataResync { .. } => {}
@@ -413,6 +393,38 @@ fn custom(name: &str, value: Value) -> Event {
     Event::Custom {
         name: name.into(),
         value,
+    }
+}
+
+/// The chunks an AG-UI client gets as custom events of their own.
+fn passed_on(chunk: UiChunk) -> Option<Event> {
+    match chunk {
+        UiChunk::DataNotice { data } => Some(custom(
+            "notice",
+            json!({"code": data.code, "message": data.message}),
+        )),
+        // P5: an AG-UI client sees the question; it answers it through the approvals
+        // API like any client.
+        UiChunk::DataElicitation { data, .. } => Some(custom(
+            "elicitation",
+            serde_json::to_value(&data).unwrap_or_default(),
+        )),
+        // B5: a citation, as the AI SDK chunk.
+        source @ UiChunk::SourceDocument { .. } => Some(custom(
+            "source_document",
+            serde_json::to_value(&source).unwrap_or_default(),
+        )),
+        UiChunk::DataWorkerLog { data, .. } => Some(custom(
+            "worker_log",
+            json!({"toolCallId": data.tool_call_id, "stream": data.stream,
+                       "text": data.text}),
+        )),
+        // B7: a delegated task's progress, as the chunk's own data.
+        UiChunk::DataDelegation { data, .. } => Some(custom(
+            "delegation",
+            serde_json::to_value(&data).unwrap_or_default(),
+        )),
+        _ => None,
     }
 }
 

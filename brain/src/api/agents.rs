@@ -89,7 +89,7 @@ impl CreateAgent {
             validate_knowledge_bases(self.knowledge_bases).map_err(ApiError::InvalidRequest)?;
         let knowledge_recall = self.knowledge_recall;
         let skills =
-            engine::skills::validate_agent_skills(self.skills).map_err(ApiError::InvalidRequest)?;
+            engine::agents::validate_agent_skills(self.skills).map_err(ApiError::InvalidRequest)?;
         let delegates = self.delegates;
         validate_new_agent(
             self.name,

@@ -93,6 +93,21 @@ fn sends(calls: &[Call]) -> Vec<&Call> {
     calls.iter().filter(|c| c.method == "sendMessage").collect()
 }
 
+/// The reply's delivery once it is no longer `pending`: the platform records a send before
+/// the brain records its outcome, so a test that saw the send waits for the row.
+async fn settled_delivery(app: &TestApp, channel: &str) -> (String, i32) {
+    let settled = async {
+        loop {
+            let (state, attempts) = delivery_state(app, channel).await;
+            if state != "pending" {
+                return (state, attempts);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, settled).await.unwrap()
+}
+
 async fn delivery_state(app: &TestApp, channel: &str) -> (String, i32) {
     let (state, attempts): (String, i32) = sqlx::query_as(
         "SELECT state, attempts FROM webhook_deliveries WHERE channel_id = $1::uuid \
@@ -128,7 +143,7 @@ async fn an_update_runs_once_and_a_bad_secret_runs_nothing() {
     assert_eq!(sent[0].body["text"], "Hello <b>Ada</b> &lt;3");
     assert_eq!(sent[0].body["parse_mode"], "HTML");
     assert_eq!(turns_of(&app, &id).await, 1);
-    assert_eq!(delivery_state(&app, &id).await.0, "delivered");
+    assert_eq!(settled_delivery(&app, &id).await.0, "delivered");
     // The chat's end user is the Telegram person.
     let (owner,): (Option<String>,) = sqlx::query_as(
         "SELECT h.created_by FROM chats h JOIN channel_chats c ON c.chat_id = h.id \
@@ -161,7 +176,7 @@ async fn a_long_answer_arrives_whole_in_parts_under_the_limit() {
     assert_eq!(update(&app, &id, &secret, 1, ALLOWED, "tell me").await, 200);
     tg.wait_until(WAIT, |calls, _| sends(calls).len() >= 3)
         .await;
-    assert_eq!(delivery_state(&app, &id).await.0, "delivered");
+    assert_eq!(settled_delivery(&app, &id).await.0, "delivered");
     let parts: Vec<String> = tg
         .calls("sendMessage")
         .iter()
@@ -190,16 +205,7 @@ async fn a_send_failing_twice_lands_once() {
     assert_eq!(update(&app, &id, &secret, 1, ALLOWED, "hi").await, 200);
     tg.wait_until(WAIT, |calls, _| !sends(calls).is_empty())
         .await;
-    let settled = async {
-        loop {
-            let (state, attempts) = delivery_state(&app, &id).await;
-            if state != "pending" {
-                return (state, attempts);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    let (state, attempts) = tokio::time::timeout(WAIT, settled).await.unwrap();
+    let (state, attempts) = settled_delivery(&app, &id).await;
     assert_eq!((state.as_str(), attempts), ("delivered", 3));
     assert_eq!(tg.calls("sendMessage").len(), 1);
     let (errors,): (Vec<Option<String>>,) = sqlx::query_as(
@@ -330,16 +336,7 @@ async fn a_replica_killed_mid_delivery_neither_loses_nor_doubles_the_reply() {
         .await;
     tg.wait_until(WAIT, |calls, _| !sends(calls).is_empty())
         .await;
-    let settled = async {
-        loop {
-            let (state, attempts) = delivery_state(&app, &id).await;
-            if state != "pending" {
-                return (state, attempts);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    let (state, attempts) = tokio::time::timeout(WAIT, settled).await.unwrap();
+    let (state, attempts) = settled_delivery(&app, &id).await;
     assert_eq!((state.as_str(), attempts), ("delivered", 2));
     let sent = tg.calls("sendMessage");
     assert_eq!(sent.len(), 1, "{sent:?}");

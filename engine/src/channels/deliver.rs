@@ -36,7 +36,7 @@ pub fn retry_after(error: &CallError, attempt: i32) -> Option<Duration> {
     if error.permanent || attempt >= MAX_TRIES {
         return None;
     }
-    let backoff = crate::webhooks::deliver::backoff_within(RETRY_BASE, RETRY_MAX, attempt);
+    let backoff = crate::address::backoff_within(RETRY_BASE, RETRY_MAX, attempt);
     Some(
         error
             .retry_after

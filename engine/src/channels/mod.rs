@@ -52,10 +52,10 @@ impl Kind {
 /// The HTTP client channels call platforms with: the webhooks' (the same address rule at
 /// every connection, no redirects, no proxy).
 pub fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
-    crate::webhooks::deliver::client(config)
+    crate::address::client(config.timeout, config.allow_private_networks)
 }
 
-pub(crate) use crate::webhooks::deliver::request_class;
+pub(crate) use crate::address::request_class;
 
 /// At most `max` bytes of `response`'s body; `None` past it or on a broken body.
 pub(crate) async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec<u8>> {

@@ -4,7 +4,6 @@
 //! `knowledge_search` tool and the automatic recall all come here.
 
 use protocol::TeamId;
-use protocol::parts::SourceDocument;
 use uuid::Uuid;
 
 use super::KnowledgeError;
@@ -39,28 +38,4 @@ pub async fn search(
         return Ok(Vec::new());
     }
     Ok(bounded(store.search_knowledge(team, bases, query, i64::from(limit))).await?)
-}
-
-/// A passage's id as its `source-document` part names it: `<document id>:<position>`.
-pub fn source_id(passage: &Passage) -> String {
-    format!("{}:{}", passage.document_id, passage.position)
-}
-
-/// The `source-document` part of a passage (B5): its heading path, else its document's
-/// title or filename, as the title.
-pub fn source(passage: &Passage) -> SourceDocument {
-    let title = if !passage.heading.is_empty() {
-        passage.heading.clone()
-    } else {
-        passage
-            .title
-            .clone()
-            .unwrap_or_else(|| passage.filename.clone())
-    };
-    SourceDocument {
-        source_id: source_id(passage),
-        media_type: passage.media_type.clone(),
-        title,
-        filename: Some(passage.filename.clone()),
-    }
 }

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use store::SkillFile;
 
-use super::SkillsConfig;
+use crate::config::SkillsConfig;
 
 /// The most bytes of `SKILL.md` (the column's check says the same).
 pub const MAX_SKILL_MD_BYTES: usize = 256 << 10;

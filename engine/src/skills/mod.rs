@@ -13,8 +13,8 @@
 pub mod archive;
 pub mod tool;
 
+use crate::config::SkillsConfig;
 use bytes::Bytes;
-use envcfg::{ConfigError, Env, ranged};
 use protocol::TeamId;
 use store::{NewSkill, SkillInsert, SkillRow, Store, StoreError, bounded};
 use uuid::Uuid;
@@ -24,38 +24,9 @@ use crate::files::FileError;
 pub use archive::{ArchiveError, Parsed};
 use protocol::channel::SessionClaims;
 
-/// The most skills an agent names (the column's check says the same).
-pub const MAX_AGENT_SKILLS: usize = 20;
 /// The most characters of the skills listing a turn's prompt carries: 20 descriptions of
 /// 1,024 characters fit, with their names.
 pub const MAX_LISTING_CHARS: usize = 24_000;
-
-/// The bounds of a skill's archive (B8); each refused with nothing stored.
-#[derive(Clone, Copy, Debug)]
-pub struct SkillsConfig {
-    /// The largest archive uploaded (`BRAIN_SKILL_MAX_ARCHIVE_BYTES`).
-    pub max_archive_bytes: usize,
-    /// The most bytes its files hold unpacked, all together (`BRAIN_SKILL_MAX_BYTES`).
-    pub max_bytes: u64,
-    /// The largest one file (`BRAIN_SKILL_MAX_FILE_BYTES`).
-    pub max_file_bytes: u64,
-    /// The most files in it (`BRAIN_SKILL_MAX_FILES`).
-    pub max_files: usize,
-    /// The most skills (names) a team holds (`BRAIN_SKILLS_MAX`).
-    pub max_per_team: u32,
-}
-
-impl SkillsConfig {
-    pub fn from_env(env: &dyn Env) -> Result<Self, ConfigError> {
-        Ok(Self {
-            max_archive_bytes: ranged(env, "BRAIN_SKILL_MAX_ARCHIVE_BYTES", 10 << 20, 1, 1 << 30)?,
-            max_bytes: ranged(env, "BRAIN_SKILL_MAX_BYTES", 20 << 20, 1, 1 << 32)?,
-            max_file_bytes: ranged(env, "BRAIN_SKILL_MAX_FILE_BYTES", 5 << 20, 1, 1 << 32)?,
-            max_files: ranged(env, "BRAIN_SKILL_MAX_FILES", 500, 1, 100_000)?,
-            max_per_team: ranged(env, "BRAIN_SKILLS_MAX", 200, 0, 100_000)?,
-        })
-    }
-}
 
 /// Why a skill was not stored.
 #[derive(Debug, thiserror::Error)]
@@ -145,22 +116,6 @@ pub async fn for_worker(
     }
 }
 
-/// Checks an agent's skill names (B8) as far as they can be without the store: each a
-/// valid name, at most [`MAX_AGENT_SKILLS`]; the same name twice counts once.
-pub fn validate_agent_skills(mut names: Vec<String>) -> Result<Vec<String>, String> {
-    let mut seen = std::collections::HashSet::new();
-    names.retain(|name| seen.insert(name.clone()));
-    if names.len() > MAX_AGENT_SKILLS {
-        return Err(format!("skills may name at most {MAX_AGENT_SKILLS} skills"));
-    }
-    if let Some(bad) = names.iter().find(|n| !protocol::skills::valid_name(n)) {
-        return Err(format!(
-            "skills: {bad:?} is no skill name (lowercase letters, digits and hyphens)"
-        ));
-    }
-    Ok(names)
-}
-
 /// Why an agent's skills were refused.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentSkillsError {
@@ -243,6 +198,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::agents::validate_agent_skills;
 
     fn row(name: &str, description: &str) -> SkillRow {
         SkillRow {

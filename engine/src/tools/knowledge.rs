@@ -12,7 +12,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
-use crate::knowledge::search;
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Passage, Store, bounded};
@@ -122,7 +121,7 @@ fn answer(passages: &[Passage]) -> ToolOutput {
         .iter()
         .map(|p| {
             json!({
-                "source_id": search::source_id(p),
+                "source_id": p.source_id(),
                 "document_id": p.document_id,
                 "filename": p.filename,
                 "title": p.title,
@@ -133,7 +132,7 @@ fn answer(passages: &[Passage]) -> ToolOutput {
         })
         .collect();
     ToolOutput {
-        sources: passages.iter().map(search::source).collect(),
+        sources: passages.iter().map(Passage::source).collect(),
         ..ToolOutput::ok(json!({ "passages": listed }).to_string())
     }
 }

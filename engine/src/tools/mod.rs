@@ -33,6 +33,9 @@ use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{CallKey, Store};
 
+/// What a call cut off by its turn's stop answers (T8).
+pub const CANCELLED_RESULT: &str = "cancelled: the turn was stopped before this tool call finished";
+
 /// What a tool call may use: the turn's identity and stores, and its cancellation.
 #[derive(Clone)]
 pub struct ToolCtx {

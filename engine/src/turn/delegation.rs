@@ -287,7 +287,7 @@ impl Delegate {
         });
         let launched = tokio::select! {
             biased;
-            () = ctx.cancel.cancelled() => return ToolOutput::error(super::tool_calls::CANCELLED_RESULT),
+            () = ctx.cancel.cancelled() => return ToolOutput::error(crate::tools::CANCELLED_RESULT),
             launched = Box::pin(start(state, launch, trigger, None, None)) => launched,
         };
         let (body, turn) = match launched {
@@ -323,7 +323,7 @@ impl Delegate {
             followed = follow(body, &progress) => Some(followed),
         };
         let Some(followed) = followed else {
-            return ToolOutput::error(super::tool_calls::CANCELLED_RESULT);
+            return ToolOutput::error(crate::tools::CANCELLED_RESULT);
         };
         followed.answer(&delegate.name, self.tree.spent())
     }

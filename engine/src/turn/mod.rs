@@ -312,12 +312,7 @@ async fn start(
             return Err(err);
         }
     };
-    // X5: a delegated task's token is a child of its delegate call's, so stopping,
-    // cancelling or taking over the parent does the same to it.
-    let cancel = match &launch.lineage {
-        Some(lineage) => lineage.cancel.child_token(),
-        None => state.turns_cancel.child_token(),
-    };
+    let cancel = turn_token(state, &launch);
     // The turn's guard exists from here: a client that leaves while connectors start
     // cancels their startup too.
     // D1: nor does it when the agent lets its turns outlive their client.
@@ -358,6 +353,15 @@ async fn start(
         span,
     };
     run(state, launch, &basis, *composed, running).await
+}
+
+/// X5: a delegated task's token is a child of its delegate call's, so stopping,
+/// cancelling or taking over the parent does the same to it.
+fn turn_token(state: &Engine, launch: &Launch) -> tokio_util::sync::CancellationToken {
+    match &launch.lineage {
+        Some(lineage) => lineage.cancel.child_token(),
+        None => state.turns_cancel.child_token(),
+    }
 }
 
 /// What starts the turn again from Postgres if the kept basis proves stale.

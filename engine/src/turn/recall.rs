@@ -139,7 +139,7 @@ fn passage_block(passages: &[Passage], max_chars: usize) -> Option<(String, Vec<
             continue;
         }
         used += len;
-        sources.push(crate::knowledge::search::source(p));
+        sources.push(p.source());
         let place = if p.heading.is_empty() {
             String::new()
         } else {

@@ -193,6 +193,20 @@ pub async fn take_over(state: &Engine, taken: TakenOver) {
 }
 
 /// The task of a taken-over turn, rebuilt from the store.
+/// The frozen composition and the saved progress a turn's row keeps for a takeover.
+fn decode(
+    composition: Value,
+    progress: Option<Value>,
+) -> Result<(Frozen, Option<Saved>), TurnError> {
+    let frozen = serde_json::from_value(composition)
+        .map_err(|e| TurnError::Internal(format!("stored composition: {e}")))?;
+    let saved = progress
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| TurnError::Internal(format!("stored progress: {e}")))?;
+    Ok((frozen, saved))
+}
+
 async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError> {
     let TakenOver {
         team,
@@ -208,13 +222,7 @@ async fn resume(state: &Engine, taken: TakenOver) -> Result<TurnTask, TurnError>
             other => other.into(),
         })?;
     let stored = bounded(state.store.resumable(team, turn, state.replica)).await?;
-    let frozen: Frozen = serde_json::from_value(stored.composition)
-        .map_err(|e| TurnError::Internal(format!("stored composition: {e}")))?;
-    let saved: Option<Saved> = stored
-        .progress
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| TurnError::Internal(format!("stored progress: {e}")))?;
+    let (frozen, saved) = decode(stored.composition, stored.progress)?;
     let through = frozen.summary_through;
     let history = bounded(state.store.messages_after(team, chat, through)).await?;
     let launch = Launch {

@@ -25,8 +25,7 @@ use domain::approvals::{ApprovalState, Decision};
 use providers::ToolCall;
 use store::storable_text;
 
-pub(super) const CANCELLED_RESULT: &str =
-    "cancelled: the turn was stopped before this tool call finished";
+use crate::tools::CANCELLED_RESULT;
 
 /// The outcome of one answer's tool calls.
 pub(super) struct Executed {

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use protocol::TeamId;
-use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -44,7 +43,7 @@ pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: C
     if config.max_in_flight == 0 {
         return;
     }
-    let client = match client(&config) {
+    let client = match address::client(config.timeout, config.allow_private_networks) {
         Ok(client) => client,
         Err(e) => {
             tracing::error!(error = %e, "webhooks: no HTTP client; this replica delivers nothing");
@@ -133,20 +132,6 @@ impl Drop for Slot {
             }
         }
     }
-}
-
-/// The outbound client: no redirects, no proxy, every resolved address judged by the
-/// address rule. Channels (P11) call their platforms with it too.
-pub fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .timeout(config.timeout)
-        .connect_timeout(config.timeout)
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(address::CheckedResolver {
-            allow_private_networks: config.allow_private_networks,
-        })
-        .build()
 }
 
 /// One attempt of one delivery, recorded. A record that fails leaves the claim to lapse:
@@ -242,7 +227,7 @@ async fn send(
     // that never answers.
     match tokio::time::timeout(config.timeout, request.body(body).send()).await {
         Err(_) => (None, Some("timeout")),
-        Ok(Err(e)) => (None, Some(request_class(&e))),
+        Ok(Err(e)) => (None, Some(address::request_class(&e))),
         // The body is dropped unread: nothing a receiver writes reaches a log.
         Ok(Ok(response)) if response.status().is_success() => {
             (Some(response.status().as_u16()), None)
@@ -251,32 +236,11 @@ async fn send(
     }
 }
 
-pub(crate) fn request_class(error: &reqwest::Error) -> &'static str {
-    if let Some(refused) = address::refused_in(error) {
-        refused.class()
-    } else if error.is_timeout() {
-        "timeout"
-    } else if error.is_connect() {
-        "connect"
-    } else if error.is_builder() {
-        "invalid_request"
-    } else {
-        "request"
-    }
-}
-
 /// The wait after failed attempt `attempt` (from 1): `base` doubled per attempt, at most
 /// an hour, less up to a fifth at random so a receiver back from an outage is not met by
 /// every delivery at once.
 pub fn backoff(base: Duration, attempt: i32) -> Duration {
-    backoff_within(base, MAX_BACKOFF, attempt)
-}
-
-/// [`backoff`] with its own ceiling `max` (a channel's reply waits at most a minute).
-pub fn backoff_within(base: Duration, max: Duration, attempt: i32) -> Duration {
-    let doubled = base.saturating_mul(1u32 << attempt.clamp(1, 20).saturating_sub(1));
-    let capped = doubled.min(max);
-    capped.mul_f64(rand::rng().random_range(0.8..=1.0))
+    address::backoff_within(base, MAX_BACKOFF, attempt)
 }
 
 #[cfg(test)]
