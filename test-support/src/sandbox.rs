@@ -35,3 +35,40 @@ fn field(pid: u32, name: &str) -> Option<String> {
         .lines()
         .find_map(|line| line.strip_prefix(name).map(str::to_owned))
 }
+
+/// Ends every worker a runtime-manager launched into `workspaces`. The local launcher
+/// detaches its workers on purpose (they outlive a manager's restart), so a test's workers
+/// would outlive the test too, re-dialing its brain's port until their token expires and
+/// reaching whatever a later test is given that port (a fake Kubernetes API server once
+/// recorded such a dial as a request of its own). The launcher keeps a `<session>.pid` per
+/// worker beside the workspaces; each names the leader of the worker's process group.
+pub fn kill_workers_in(workspaces: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(workspaces) else {
+        return;
+    };
+    for path in entries.filter_map(|entry| Some(entry.ok()?.path())) {
+        if path.extension().is_none_or(|ext| ext != "pid") {
+            continue;
+        }
+        let Some(pid) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.trim().parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Only a live group led by that pid: a pid reused by another process is left alone.
+        if process_group(pid) == Some(pid) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
+}
+
+/// The process group of `pid`, the fifth field of `/proc/<pid>/stat` (after the command's
+/// name in parentheses, which may itself hold spaces or parentheses).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
+}

@@ -350,6 +350,26 @@ async fn timed_stream(response: reqwest::Response, call: &str) -> (Vec<UiChunk>,
     (chunks, answered.unwrap().duration_since(asked.unwrap()))
 }
 
+/// The local launcher detaches its workers (they outlive a manager's restart); a test's must
+/// not outlive the test, or they re-dial its brain's port after another test took it.
+#[tokio::test]
+async fn a_tests_workers_end_with_its_workspaces() {
+    let (app, manager) = system(60_000, |_| {}).await;
+    let (_agent, chat) = light_agent(&app).await;
+    warm_up(&app, &chat).await;
+    let pid = worker_pid(&app).await;
+    assert!(alive(pid));
+    drop(manager);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "worker {pid} outlived its workspaces"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_shell_call_provisions_a_worker_reuses_it_and_idle_ends_it() {
     let (app, _manager) = system(3_000, |_| {}).await;

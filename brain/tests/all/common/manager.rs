@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use super::TestApp;
 
-/// A directory of the test's own, removed on drop.
+/// A directory of the test's own, removed on drop, with any worker a runtime-manager
+/// launched into it (see [`test_support::sandbox::kill_workers_in`]).
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
@@ -18,6 +19,7 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        test_support::sandbox::kill_workers_in(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
