@@ -164,32 +164,39 @@ impl Store {
         Ok(chat_from_row(&row)?)
     }
 
-    /// The team's chat `chat`, created for `agent` when no chat has that id (an AG-UI
-    /// thread, P3: the client names it). Answers the chat as it is, whichever
-    /// agent it belongs to: the caller checks that. `NotFound` when the id is free and
-    /// the agent unknown or archived, or when the id is another team's chat.
+    /// The chat of a client-named thread (an AG-UI `threadId`, P3): the team's chat of that
+    /// id when there is one, else the chat [`ChatId::of_thread`] derives from the team and
+    /// the thread, created for `agent` on first use. A chat of that id in another team is
+    /// never met, so whether one exists never shows. Answers the chat as it is, whichever
+    /// agent it belongs to: the caller checks that. `NotFound` when the chat is new and the
+    /// agent unknown or archived.
     pub async fn open_chat(
         &self,
         team: TeamId,
         agent: AgentId,
-        chat: ChatId,
+        thread: ChatId,
         created_by: Option<&str>,
     ) -> Result<ChatRow, StoreError> {
-        // The statement's snapshot does not see its own insert: the union is the new row
-        // or the one that was there, never both.
+        // The statement's snapshot does not see its own insert: the union is the team's
+        // chat of the thread's id, the new derived row or the derived one that was there,
+        // never two.
         let sql = format!(
-            "WITH new AS (INSERT INTO chats (id, team_id, agent_id, created_by) \
-               SELECT $1, team_id, id, $4 FROM agents \
+            "WITH own AS (SELECT {CHAT_COLUMNS} FROM chats WHERE team_id = $2 AND id = $1), \
+             new AS (INSERT INTO chats (id, team_id, agent_id, created_by) \
+               SELECT $5, team_id, id, $4 FROM agents \
                WHERE team_id = $2 AND id = $3 AND archived_at IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM own) \
                ON CONFLICT (id) DO NOTHING RETURNING {CHAT_COLUMNS}) \
-             SELECT {CHAT_COLUMNS} FROM new \
-             UNION ALL SELECT {CHAT_COLUMNS} FROM chats WHERE team_id = $2 AND id = $1"
+             SELECT * FROM own UNION ALL SELECT * FROM new \
+             UNION ALL SELECT {CHAT_COLUMNS} FROM chats \
+               WHERE team_id = $2 AND id = $5 AND NOT EXISTS (SELECT 1 FROM own)"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(chat.0)
+            .bind(thread.0)
             .bind(team.0)
             .bind(agent.0)
             .bind(created_by)
+            .bind(ChatId::of_thread(team, thread.0).0)
             .fetch_optional(&self.pool)
             .await?
             .ok_or(StoreError::NotFound)?;

@@ -1,5 +1,7 @@
 //! `POST /agui/{agent_id}`: an AG-UI run (P3). The `threadId` is a chat of the
-//! agent (created on first use, owned by the principal); the last user message of
+//! agent: the team's chat of that id, else one derived from the team and the thread
+//! (`ChatId::of_thread`, created on first use, owned by the principal), so another team's
+//! chat of that id is never met (issue 50); the last user message of
 //! `messages` is posted through the same path as `POST /v1/chats/{id}/messages`
 //! (`engine::turn::post`: principal, quotas, busy policy, approvals), and the turn's stream is
 //! answered as AG-UI events (`crate::agui`).
@@ -255,24 +257,24 @@ pub async fn run(
             "runId must have 1 to {MAX_RUN_ID} bytes"
         )));
     }
-    let chat: ChatId = thread
+    let thread_id: ChatId = thread
         .parse()
         .map_err(|_| ApiError::InvalidRequest("threadId must be a UUID".into()))?;
     let trigger = input.trigger(state.config.max_message_chars)?;
     let opened = bounded(state.store.open_chat(
         principal.team,
         agent,
-        chat,
+        thread_id,
         principal.user.as_deref(),
     ))
     .await;
-    match opened {
-        Ok(row) if row.agent_id == agent => {}
+    let chat = match opened {
+        Ok(row) if row.agent_id == agent => row.id,
         Ok(_) | Err(store::StoreError::NotFound) => {
             return Err(ApiError::NotFound("agent or thread"));
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     principal.check_chat(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
     let mut translator = Translator::new(thread, run_id);

@@ -55,6 +55,12 @@ fn thread() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// The chat a new thread opens: derived from the team and the thread, never the thread's
+/// own id, which another team's chat may hold (issue 50).
+fn chat_of(app: &TestApp, thread: &str) -> String {
+    protocol::ChatId::of_thread(app.team, thread.parse().unwrap()).to_string()
+}
+
 async fn agent(app: &TestApp, body: Value) -> String {
     let created = app.post_json("/v1/agents", &body).await;
     assert_eq!(created.status(), 201);
@@ -106,7 +112,7 @@ async fn a_text_run_streams_as_ag_ui_events_into_a_chat_of_the_agent() {
 
     // The thread is a chat of this agent now, with the exchange stored under the
     // assistant message id the events named, and the turn the snapshot named.
-    let stored = app.messages(&thread).await;
+    let stored = app.messages(&chat_of(&app, &thread)).await;
     assert_eq!(stored.len(), 2, "{stored:?}");
     let message_id = &events_of(&report, "TEXT_MESSAGE_START")[0]["messageId"];
     assert_eq!(&stored[1]["id"], message_id);
@@ -126,7 +132,7 @@ async fn a_text_run_streams_as_ag_ui_events_into_a_chat_of_the_agent() {
         .json()
         .await
         .unwrap();
-    assert_eq!(chats["chats"][0]["id"], thread.as_str());
+    assert_eq!(chats["chats"][0]["id"], chat_of(&app, &thread).as_str());
 
     // A second run on the thread: the model sees the chat's history, never the one the
     // client sends before its new message.
@@ -152,7 +158,15 @@ async fn a_text_run_streams_as_ag_ui_events_into_a_chat_of_the_agent() {
         "{history}"
     );
     assert!(!history.contains("forged-"), "{history}");
-    assert_eq!(app.messages(&thread).await.len(), 4);
+    assert_eq!(app.messages(&chat_of(&app, &thread)).await.len(), 4);
+
+    // A chat of the team named as the thread is that chat.
+    app.settled().await;
+    let chat = app.new_chat(&agent).await;
+    app.provider.push(text("Yes."));
+    let report = run(&app, &app.key, &agent, &chat, json!({"text": "this one"})).await;
+    assert!(report["error"].is_null(), "{report}");
+    assert_eq!(app.messages(&chat).await.len(), 2);
 }
 
 #[tokio::test]
@@ -285,8 +299,8 @@ async fn a_wrong_key_is_refused_before_the_stream() {
 }
 
 /// A chat key runs the agent but its turn acts with its own authority (X1): a tool that
-/// changes the agent for everyone is refused; a thread that is a chat of another agent,
-/// or another team's, is not found.
+/// changes the agent for everyone is refused; a thread that is a chat of another agent
+/// is not found, and another team's chat is never met.
 #[tokio::test]
 async fn a_chat_scoped_key_cannot_exceed_its_scope() {
     let app = TestApp::start().await;
@@ -329,7 +343,7 @@ async fn a_chat_scoped_key_cannot_exceed_its_scope() {
     let report = run(&app, &chat_key, &agent, &others_chat, json!({"text": "hi"})).await;
     assert_eq!(report["status"], 404, "{report}");
     assert_eq!(report["payload"]["error"]["code"], "not_found");
-    // Another team's chat and agent are not found either, and nothing of theirs moved.
+    // Another team's agent is not found, and nothing of theirs moves.
     let theirs = app.store.create_team("b").await.unwrap();
     let their_agent = {
         let created = app
@@ -355,10 +369,25 @@ async fn a_chat_scoped_key_cannot_exceed_its_scope() {
         let created: Value = created.json().await.unwrap();
         created["id"].as_str().unwrap().to_owned()
     };
-    for (agent, thread) in [(&agent, &their_chat), (&their_agent, &thread())] {
-        let report = run(&app, &chat_key, agent, thread, json!({"text": "hi"})).await;
-        assert_eq!(report["status"], 404, "{report}");
-    }
+    let report = run(
+        &app,
+        &chat_key,
+        &their_agent,
+        &thread(),
+        json!({"text": "hi"}),
+    )
+    .await;
+    assert_eq!(report["status"], 404, "{report}");
+    // Their chat's id as a thread is answered as an unused one is: a new chat of ours
+    // opens, so whether their chat exists never shows (issue 50).
+    app.provider.push(text("Hello."));
+    let report = run(&app, &chat_key, &agent, &their_chat, json!({"text": "hi"})).await;
+    assert!(report["error"].is_null(), "{report}");
+    assert_eq!(
+        events_of(&report, "RUN_FINISHED")[0]["outcome"]["type"],
+        "success"
+    );
+    assert_eq!(app.messages(&chat_of(&app, &their_chat)).await.len(), 2);
     let their_messages: i64 =
         sqlx::query_scalar("SELECT count(*) FROM messages WHERE chat_id = $1::uuid")
             .bind(&their_chat)
@@ -486,7 +515,7 @@ async fn a_busy_agent_refuses_or_queues_the_run_by_its_policy() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stored: Vec<String> = app
-        .messages(&thread)
+        .messages(&chat_of(&app, &thread))
         .await
         .iter()
         .map(|m| m["parts"].to_string())
