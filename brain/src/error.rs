@@ -18,12 +18,15 @@ use crate::respond;
 use engine::artifacts::{ArtifactError, SaveError};
 use engine::auth::AuthError;
 use engine::erasure::EraseError;
+use engine::events::EventsError;
+use engine::events::follow::FollowError;
 use engine::files::FileError;
 use engine::intake::Overloaded;
 use engine::knowledge::KnowledgeError;
 use engine::quota::Refusal;
 use engine::sessions::SnapshotError;
 use engine::turn::TurnError;
+use engine::turn::answer::AnswerError;
 use engine::turn::post::PostError;
 use engine::turn::stop::StopError;
 use providers::ProviderError;
@@ -203,6 +206,7 @@ impl From<StopError> for ApiError {
             StopError::Undeliverable => Self::StopUndeliverable,
             StopError::NotFound(what) => Self::NotFound(what),
             StopError::Store(e) => e.into(),
+            StopError::Auth(e) => e.into(),
         }
     }
 }
@@ -226,6 +230,41 @@ impl From<SnapshotError> for ApiError {
             SnapshotError::Busy(retry) => Self::UploadsBusy(retry),
             SnapshotError::Storage(e) => Self::Storage(e),
             SnapshotError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<EventsError> for ApiError {
+    fn from(err: EventsError) -> Self {
+        match err {
+            EventsError::Unavailable(_) => Self::EventsUnavailable,
+            EventsError::TooManyObservers => Self::TooManyObservers,
+        }
+    }
+}
+
+impl From<FollowError> for ApiError {
+    fn from(err: FollowError) -> Self {
+        match err {
+            FollowError::NotFound(what) => Self::NotFound(what),
+            FollowError::Auth(e) => e.into(),
+            FollowError::Store(e) => e.into(),
+            FollowError::Events(e) => e.into(),
+        }
+    }
+}
+
+impl From<AnswerError> for ApiError {
+    fn from(err: AnswerError) -> Self {
+        match err {
+            AnswerError::Invalid(message) => Self::InvalidRequest(message),
+            AnswerError::InvalidContent(message) => Self::InvalidContent(message),
+            AnswerError::NotFound => Self::NotFound("approval"),
+            AnswerError::Conflict(message) => Self::Conflict(message),
+            AnswerError::Auth(e) => e.into(),
+            AnswerError::Post(e) => e.into(),
+            AnswerError::Store(e) => e.into(),
+            AnswerError::Lost(what) => Self::Internal(what.into()),
         }
     }
 }

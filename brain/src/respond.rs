@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use protocol::ui::{UI_STREAM_HEADER, UI_STREAM_VERSION};
 
 use engine::events::Observer;
+use engine::events::follow::Followed;
 use engine::quota::RateLimitHeaders;
 use engine::turn::ui_stream::UiBody;
 
@@ -23,6 +24,11 @@ pub fn ui_stream(mut turn: UiBody) -> Response {
 /// An observer of a chat's events stream.
 pub fn observer(observer: Observer) -> Response {
     ui_message_stream(Body::from_stream(observer.into_stream()))
+}
+
+/// A running turn's stream followed from its start (a resume, a retried message id).
+pub fn followed(followed: Followed) -> Response {
+    ui_message_stream(Body::from_stream(followed.into_stream()))
 }
 
 /// A UI message stream's response (the turn's, or an observer's of the events stream):

@@ -62,6 +62,7 @@ impl EraseError {
             Self::NotFound(_) => "not_found",
             Self::Stop(StopError::Undeliverable) => "stop_undeliverable",
             Self::Stop(StopError::NotFound(_)) => "not_found",
+            Self::Stop(StopError::Auth(_)) => "auth",
             Self::Stop(StopError::Store(e)) | Self::Store(e) => e.metric_label(),
         }
     }

@@ -3,7 +3,7 @@
 //! message goes through `engine::turn::post` (`post` / `post_detached`) as `POST
 //! /v1/chats/{id}/messages` does (same principal, quotas, busy policy, approvals), a
 //! stream follows the turn's own stream or, for `SubscribeToTask`, its events
-//! (`events::follow`). The translation is in `crate::a2a`.
+//! (`engine::events::follow`). The translation is in `crate::a2a`.
 //!
 //! Both routes take the same bearer as `/v1` (an API key or a user token): an agent id
 //! is its team's, so the card, which names the agent and describes it from its system
@@ -35,12 +35,11 @@ use crate::a2a::wire::{
 use crate::a2a::{card, push, task};
 use crate::error::ApiError;
 use engine::auth::{Principal, Scope};
+use engine::events::follow::{self, EarlyEnd, Following};
 use engine::sse;
 use engine::turn::post::{self, Detached, Posted};
 use engine::turn::{Trigger, stop};
-use store::{
-    AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, TurnStatus, bounded,
-};
+use store::{AgentRow, CALL_BOUND, SecretsError, StoreError, TaskFilter, TurnRow, bounded};
 
 /// How long `CancelTask` waits for the stopped turn to end before answering it as it is.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -525,33 +524,28 @@ impl Call {
                 "only a running task can be subscribed to; GetTask answers the others",
             ));
         }
-        let turn = bounded(self.state.store.turn_state(self.principal.team, row.id))
-            .await
-            .map_err(|e| api(e.into()))?;
-        if turn.status != TurnStatus::Running {
-            return Err(rpc(
-                errors::UNSUPPORTED_OPERATION,
-                "the task ended; GetTask answers it",
-            ));
-        }
         // A task's subscription that ends before the task's final state is subscribed to
         // again by its client; an `error` part would read as the task's failure.
-        let followed = super::events::follow(
-            &self.state,
-            &self.principal,
-            &turn,
-            super::events::EarlyEnd::Quiet,
-        )
-        .await
-        .map_err(api)?
-        .ok_or_else(|| {
-            rpc(
-                errors::UNSUPPORTED_OPERATION,
-                "the task's start is no longer in the events window; GetTask answers it",
-            )
-        })?;
+        let followed = follow::follow_turn(&self.state, &self.principal, row.id, EarlyEnd::Quiet)
+            .await
+            .map_err(|e| api(e.into()))?;
+        let followed = match followed {
+            Following::Live(followed) => *followed,
+            Following::NotRunning => {
+                return Err(rpc(
+                    errors::UNSUPPORTED_OPERATION,
+                    "the task ended; GetTask answers it",
+                ));
+            }
+            Following::OutOfWindow => {
+                return Err(rpc(
+                    errors::UNSUPPORTED_OPERATION,
+                    "the task's start is no longer in the events window; GetTask answers it",
+                ));
+            }
+        };
         let translator = Translator::new(row.id, row.chat_id);
-        let source = followed.into_body().into_data_stream();
+        let source = followed.into_stream();
         Ok(sse_response(events(id, translator, source)))
     }
 
@@ -666,13 +660,10 @@ impl Call {
                 "the task has already ended",
             ));
         }
+        stop::stop_turn(&self.state, &self.principal, row.id)
+            .await
+            .map_err(|e| api(e.into()))?;
         let team = self.principal.team;
-        let found = stop::find(&self.state.store, team, row.id)
-            .await
-            .map_err(|e| api(e.into()))?;
-        stop::stop(&self.state, team, found)
-            .await
-            .map_err(|e| api(e.into()))?;
         let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
         let mut row = row;
         while !task::state_of(row.status).is_final() && tokio::time::Instant::now() < deadline {

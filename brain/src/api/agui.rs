@@ -29,9 +29,9 @@ use super::{JsonBody, parse_id};
 use crate::AppState;
 use crate::agui::{AguiBody, EVENT_TYPES, Interrupt, Translator, refused};
 use crate::error::ApiError;
-use domain::approvals::validate_reason;
 use engine::auth::Principal;
 use engine::turn::Trigger;
+use engine::turn::answer;
 use engine::turn::post::{self, Posted};
 use protocol::{AgentId, ChatId};
 use store::{Answer, bounded};
@@ -158,7 +158,6 @@ impl ResumeEntry {
                 ));
             }
         };
-        validate_reason(reason.as_deref()).map_err(ApiError::InvalidRequest)?;
         let approved = match (self.status.as_str(), self.payload.get("approved")) {
             ("cancelled", _) => false,
             ("resolved", None | Some(Value::Null)) => true,
@@ -174,11 +173,7 @@ impl ResumeEntry {
                 ));
             }
         };
-        Ok(Answer {
-            id,
-            approved,
-            reason,
-        })
+        Ok(answer::tool_call(id, approved, reason)?)
     }
 }
 
@@ -278,17 +273,16 @@ pub async fn run(
     principal.check_chat(&state.store, chat).await?;
     let parent = super::trace_parent(&headers);
     let mut translator = Translator::new(thread, run_id);
-    let body = match post::post(
-        &state,
-        &principal,
-        chat,
-        trigger,
-        None,
-        false,
-        parent.as_ref(),
-    )
-    .await
-    {
+    let posted = match trigger {
+        Trigger::Approval(answers) => {
+            answer::resume(&state, &principal, chat, answers, parent.as_ref()).await
+        }
+        trigger => {
+            let parent = parent.as_ref();
+            post::post(&state, &principal, chat, trigger, None, false, parent).await
+        }
+    };
+    let body = match posted {
         Ok(Posted::Launched(launched)) => match launched.body {
             Some(turn) => AguiBody::live(translator, turn.until(state.auth.standing(&principal))),
             // Answers that leave other approvals waiting start nothing yet.

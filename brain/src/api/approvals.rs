@@ -12,10 +12,10 @@ use super::paging::{self, KeysetKey, PageParams};
 use super::{JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
-use domain::approvals::{ApprovalKind, ElicitAction, check_content, validate_reason};
+use domain::approvals::ElicitAction;
 use engine::auth::Principal;
-use engine::turn::post;
-use store::{Answer, Answered as Recorded, Answerer, ApprovalRow, StoreError, bounded};
+use engine::turn::answer::{self, Reply};
+use store::{ApprovalRow, StoreError, bounded};
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Approvals {
@@ -144,110 +144,19 @@ pub async fn answer(
     JsonBody(body): JsonBody<AnswerBody>,
 ) -> Result<(StatusCode, Json<Answered>), ApiError> {
     let id: Uuid = parse_id(&approval_id, "approval")?;
-    validate_reason(body.reason.as_deref()).map_err(ApiError::InvalidRequest)?;
-    let approval = match bounded(state.store.approval(principal.team, id)).await {
-        Ok(approval) => approval,
-        Err(StoreError::NotFound) => return Err(ApiError::NotFound("approval")),
-        Err(e) => return Err(e.into()),
-    };
-    principal.check_chat(&state.store, approval.chat).await?;
-    if approval.kind == ApprovalKind::Elicitation {
-        return answer_elicitation(&state, &principal, approval, body).await;
-    }
-    if body.action.is_some() || body.content.is_some() {
-        return Err(ApiError::InvalidRequest(
-            "`action` and `content` answer an elicitation; this approval is a tool call's: \
-             answer `approved`"
-                .into(),
-        ));
-    }
-    let approved = body.approved.ok_or_else(|| {
-        ApiError::InvalidRequest("`approved` is required to answer a tool call's approval".into())
-    })?;
-    let answer = Answer {
-        id,
-        approved,
+    let reply = Reply {
+        approved: body.approved,
         reason: body.reason,
+        action: body.action,
+        content: body.content,
     };
     let parent = super::trace_parent(&headers);
-    let (approval, turn) =
-        post::answer(&state, &principal, approval.chat, answer, parent.as_ref()).await?;
-    tracing::info!(team = %principal.team, approval = %id, turn = ?turn, "approval answered");
+    let answered = answer::answer(&state, &principal, id, reply, parent.as_ref()).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(Answered {
-            approval,
-            turn_id: turn,
+            approval: answered.approval,
+            turn_id: answered.turn,
         }),
     ))
-}
-
-/// P5: records a person's answer to an MCP server's question; the call waiting on it (on
-/// whichever replica runs its turn) reads it from the row and answers the server.
-async fn answer_elicitation(
-    state: &AppState,
-    principal: &Principal,
-    approval: ApprovalRow,
-    body: AnswerBody,
-) -> Result<(StatusCode, Json<Answered>), ApiError> {
-    if body.approved.is_some() || body.reason.is_some() {
-        return Err(ApiError::InvalidRequest(
-            "this approval is an MCP server's question: answer `action` (`accept`, `decline` \
-             or `cancel`) and, to accept, `content`"
-                .into(),
-        ));
-    }
-    let action = body
-        .action
-        .ok_or_else(|| ApiError::InvalidRequest("`action` is required".into()))?;
-    let content = match (action, body.content) {
-        (ElicitAction::Accept, content) => {
-            let content = content.unwrap_or_else(|| Value::Object(Default::default()));
-            let form = approval
-                .elicitation
-                .as_ref()
-                .map(|e| &e.requested_schema)
-                .ok_or(ApiError::Internal("an elicitation without its form".into()))?;
-            check_content(form, &content).map_err(ApiError::InvalidContent)?;
-            Some(content)
-        }
-        (_, Some(_)) => {
-            return Err(ApiError::InvalidRequest(
-                "`content` goes with `action: accept` only".into(),
-            ));
-        }
-        (_, None) => None,
-    };
-    let authority = principal.authority();
-    let by = Answerer {
-        actor: &authority.actor,
-        admin: authority.may_change_agent(),
-    };
-    let answered = bounded(state.store.answer_elicitation(
-        principal.team,
-        approval.id,
-        action,
-        content.as_ref(),
-        by,
-    ))
-    .await?;
-    match answered {
-        Recorded::Done { mut answered, .. } => {
-            let approval = answered
-                .pop()
-                .ok_or(ApiError::Internal("the answered approval vanished".into()))?;
-            tracing::info!(team = %principal.team, approval = %approval.id, state = approval.state.as_str(), "elicitation answered");
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(Answered {
-                    turn_id: Some(approval.turn),
-                    approval,
-                }),
-            ))
-        }
-        Recorded::Closed(row) => Err(ApiError::Conflict(format!(
-            "this approval is {} already",
-            row.state.as_str()
-        ))),
-    }
 }

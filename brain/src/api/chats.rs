@@ -23,15 +23,16 @@ use super::{JsonBody, QueryParams, paging, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use crate::respond;
-use domain::approvals::validate_reason;
 use engine::agents::BusyPolicy;
 use engine::auth::{Principal, Scope};
+use engine::events::follow::{self, EarlyEnd, FollowError, Following};
+use engine::turn::answer;
 use engine::turn::post::{self, Detached, Posted};
 use engine::turn::{self, Trigger, TurnInput, ui_stream::UiBody};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{ChatId, MessageId, TurnId};
 use store::Answer;
-use store::{ChatRow, ChatsOf, MessageRow, StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
+use store::{ChatRow, ChatsOf, MessageRow, StoreError, TurnProgress, TurnRow, bounded};
 
 const MAX_CLIENT_ID: usize = 200;
 /// The most `file` parts one message may carry (T21).
@@ -426,12 +427,8 @@ fn approval_answers(last: &UiMessageIn) -> Result<Vec<Answer>, ApiError> {
         else {
             continue;
         };
-        validate_reason(approval.reason.as_deref()).map_err(ApiError::InvalidRequest)?;
-        answers.push(Answer {
-            id: approval.id,
-            approved: approval.approved,
-            reason: approval.reason.clone(),
-        });
+        let reason = approval.reason.clone();
+        answers.push(answer::tool_call(approval.id, approval.approved, reason)?);
     }
     if answers.is_empty() {
         return Err(ApiError::InvalidRequest(
@@ -800,16 +797,13 @@ async fn attach(
     principal: &Principal,
     running: TurnId,
 ) -> Result<Response, ApiError> {
-    let turn = bounded(state.store.turn_state(principal.team, running)).await?;
-    let followed = if turn.status == TurnStatus::Running {
-        super::events::follow(state, principal, &turn, super::events::EarlyEnd::ErrorPart)
-            .await
-            .ok()
-            .flatten()
-    } else {
-        None
-    };
-    followed.ok_or(ApiError::TurnInProgress(running))
+    match follow::follow_turn(state, principal, running, EarlyEnd::ErrorPart).await {
+        Ok(Following::Live(followed)) => Ok(respond::followed(*followed)),
+        Ok(Following::NotRunning | Following::OutOfWindow) | Err(FollowError::Events(_)) => {
+            Err(ApiError::TurnInProgress(running))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// D1: `trigger` as a detached turn, or the turn an earlier POST of its message id

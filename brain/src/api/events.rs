@@ -4,13 +4,9 @@
 //! Both are observer streams: capped per principal and per replica, and ended when the
 //! principal's key is revoked or its token expires.
 
-use std::convert::Infallible;
-
-use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use protocol::ErrorBody;
 use serde::Deserialize;
 
@@ -20,10 +16,8 @@ use crate::AppState;
 use crate::error::ApiError;
 use crate::respond;
 use engine::auth::Principal;
-use engine::events::{EventId, EventsError, Resumed, TurnStream, Viewer};
-use engine::sse;
-use protocol::{ChatId, TeamId};
-use store::{Store, StoreError, TurnState, TurnStatus};
+use engine::events::EventId;
+use engine::events::follow;
 
 /// Where to resume, for clients that cannot set the `Last-Event-ID` header.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -91,49 +85,8 @@ pub async fn events(
         .map_err(|()| {
             ApiError::InvalidRequest("Last-Event-ID is not a stream id like 1700000000000-0".into())
         })?;
-    visible(&state, &principal, chat).await?;
-    state
-        .events
-        .observe(
-            chat,
-            after,
-            state.draining.clone(),
-            viewer(&state, &principal),
-        )
-        .await
-        .map(respond::observer)
-        .map_err(|e| unavailable(chat, e))
-}
-
-fn viewer(state: &AppState, principal: &Principal) -> Viewer {
-    Viewer {
-        identity: principal.identity(),
-        authority: state.auth.standing(principal),
-    }
-}
-
-/// A chat the principal may observe: a user's own (the check finds it), any chat of the
-/// caller's team otherwise.
-async fn visible(state: &AppState, principal: &Principal, chat: ChatId) -> Result<(), ApiError> {
-    principal.check_chat(&state.store, chat).await?;
-    if principal.only_chats_of().is_none() {
-        match state.store.chat_created_by(principal.team, chat).await {
-            Ok(_) => {}
-            Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-fn unavailable(chat: ChatId, err: EventsError) -> ApiError {
-    match err {
-        EventsError::Unavailable(class) => {
-            tracing::warn!(%chat, class, "events stream unavailable");
-            ApiError::EventsUnavailable
-        }
-        EventsError::TooManyObservers => ApiError::TooManyObservers,
-    }
+    let observer = follow::observe(&state, &principal, chat, after).await?;
+    Ok(respond::observer(observer))
 }
 
 #[utoipa::path(
@@ -176,100 +129,8 @@ pub async fn resume(
     Path(chat_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
-    visible(&state, &principal, chat).await?;
-    let running = match store::bounded(state.store.running_turn_of_chat(principal.team, chat)).await
-    {
-        Ok(running) => running,
-        Err(StoreError::NotFound) => return Err(ApiError::NotFound("chat")),
-        Err(e) => return Err(e.into()),
-    };
-    let Some(turn) = running else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    };
-    Ok(follow(&state, &principal, &turn, EarlyEnd::ErrorPart)
-        .await?
-        .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response()))
-}
-
-/// How a followed turn's stream that cannot go on ends.
-pub(super) enum EarlyEnd {
-    /// With an `error` part and `[DONE]`: the AI SDK's stream.
-    ErrorPart,
-    /// Without: for a translation that would take the part for the turn's failure.
-    Quiet,
-}
-
-/// The stream of `turn`, a running turn of a chat the principal may see, from its `start`
-/// (rebuilt after a takeover, D5) and then live; `None` when its beginning is no longer in
-/// the events window. Also what a retried message id of a running turn attaches to.
-pub(super) async fn follow(
-    state: &AppState,
-    principal: &Principal,
-    turn: &TurnState,
-    early_end: EarlyEnd,
-) -> Result<Option<Response>, ApiError> {
-    let started = u64::try_from(turn.started_at.timestamp_millis()).unwrap_or_default();
-    let stream = state
-        .events
-        .follow_turn(
-            turn.chat,
-            turn.id,
-            started,
-            state.draining.clone(),
-            viewer(state, principal),
-        )
-        .await
-        .map_err(|e| unavailable(turn.chat, e))?;
-    Ok(stream.map(|stream| {
-        let stream = match early_end {
-            EarlyEnd::ErrorPart => stream,
-            EarlyEnd::Quiet => stream.quiet(),
-        };
-        let watched = Watched {
-            stream,
-            store: state.store.clone(),
-            team: principal.team,
-            turn: turn.id,
-        };
-        respond::ui_message_stream(Body::from_stream(watched.into_stream()))
-    }))
-}
-
-/// A resumed turn stream that also asks the store, whenever the stream is idle, whether the
-/// turn still runs: one whose last chunk never reached the events stream (its replica died,
-/// the publisher dropped it) ends here instead of being followed forever.
-struct Watched {
-    stream: TurnStream,
-    store: Store,
-    team: TeamId,
-    turn: protocol::TurnId,
-}
-
-impl Watched {
-    fn into_stream(self) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
-        futures_util::stream::unfold(self, |mut watched| async move {
-            let bytes = match watched.stream.next().await? {
-                Resumed::Bytes(bytes) => bytes,
-                Resumed::Idle => {
-                    let state =
-                        store::bounded(watched.store.turn_state(watched.team, watched.turn)).await;
-                    let gone = match state {
-                        Ok(turn) => turn.status != TurnStatus::Running,
-                        Err(StoreError::NotFound) => true,
-                        // Unknown (the store did not answer): still followed.
-                        Err(_) => false,
-                    };
-                    if !gone {
-                        sse::keep_alive()
-                    } else {
-                        match watched.stream.end_unseen()? {
-                            Resumed::Bytes(bytes) => bytes,
-                            Resumed::Idle => return None,
-                        }
-                    }
-                }
-            };
-            Some((Ok(bytes), watched))
-        })
-    }
+    Ok(match follow::resume(&state, &principal, chat).await? {
+        Some(followed) => respond::followed(followed),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
 }

@@ -632,12 +632,7 @@ impl Call {
 
     async fn stop(&self, turn: Option<TurnId>) {
         let Some(turn) = turn else { return };
-        let team = self.principal.team;
-        let stopped = match stop::find(&self.state.store, team, turn).await {
-            Ok(found) => stop::stop(&self.state, team, found).await.map(|_| ()),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = stopped {
+        if let Err(e) = stop::stop_turn(&self.state, &self.principal, turn).await {
             // The hang-up that follows (the body is dropped) still cancels a guarded turn.
             tracing::warn!(turn = %turn, error = %e, "MCP cancel: stop failed");
         }

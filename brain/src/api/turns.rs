@@ -152,9 +152,7 @@ pub async fn stop_turn(
     Path(turn_id): Path<String>,
 ) -> Result<(StatusCode, Json<StopAnswer>), ApiError> {
     let turn = parse_id(&turn_id, "turn")?;
-    let found = stop::find(&state.store, principal.team, turn).await?;
-    visible_turn(&state, &principal, found.chat).await?;
-    Ok(answer(stop::stop(&state, principal.team, found).await?))
+    Ok(answer(stop::stop_turn(&state, &principal, turn).await?))
 }
 
 #[utoipa::path(
@@ -182,12 +180,7 @@ pub async fn stop_chat(
     Path(chat_id): Path<String>,
 ) -> Result<(StatusCode, Json<StopAnswer>), ApiError> {
     let chat = parse_id(&chat_id, "chat")?;
-    principal.check_chat(&state.store, chat).await?;
-    let answered = match stop::running_in_chat(&state.store, principal.team, chat).await? {
-        Some(running) => stop::stop(&state, principal.team, running).await?,
-        None => StopAnswer::idle(),
-    };
-    Ok(answer(answered))
+    Ok(answer(stop::stop_chat(&state, &principal, chat).await?))
 }
 
 /// `202` when a cancel went out, `200` when there was nothing to stop.

@@ -40,8 +40,10 @@
 //!
 //! By phase: `publish.rs` (the channel and the publisher task), `read.rs` (the reader
 //! tasks and their broadcasts), `observe.rs` (an observer's replay and stream),
-//! `turn_stream.rs` (a running turn's own stream, resumed).
+//! `turn_stream.rs` (a running turn's own stream, resumed), `follow.rs` (both for a
+//! principal: what every front end opens).
 
+pub mod follow;
 mod observe;
 mod publish;
 mod read;

@@ -19,10 +19,11 @@
 //!    new chat's title (`auxiliary.rs`, T17) on their auxiliary routes.
 //!
 //! Front ends start turns through `post.rs` (a principal's message, its busy policy, a
-//! detached post). The engine answers a [`TurnError`] when a turn does not start; each
-//! front end maps it to its wire. The first model output decides it: the caller waits for the task to report
-//! that a stream opened (then UI chunks, `output.rs`) or that every route failed. After
-//! that, failures arrive as an `error` chunk.
+//! detached post), answer approvals through `answer.rs` and stop turns through `stop.rs`
+//! (these two check the principal against the chat themselves). The engine answers a [`TurnError`] when a turn does
+//! not start; each front end maps it to its wire. The first model output decides it: the
+//! caller waits for the task to report that a stream opened (then UI chunks, `output.rs`)
+//! or that every route failed. After that, failures arrive as an `error` chunk.
 //!
 //! Cancellation: each turn has a `CancellationToken`, a child of the process's. The
 //! response body holds its drop guard, so a client that goes away cancels the turn; the
@@ -41,6 +42,7 @@
 //! ids, counts and the outcome class, never text (X4).
 
 mod admit;
+pub mod answer;
 mod attachments;
 mod auxiliary;
 mod basis;

@@ -1,12 +1,13 @@
 //! Posting a message: the one way every front end (the HTTP API, A2A, AG-UI, the MCP
-//! server) starts a turn for a principal, and answers an approval. A user message that finds the agent busy does
-//! what the message's `if_busy` (else the agent's `busy_policy`) says (T13); a detached
-//! post (D1) answers the turn's row instead of its stream. Front ends map [`PostError`] to
+//! server) starts a turn for a principal (answering approvals is `answer.rs`). A user
+//! message that finds the agent busy does what the message's `if_busy` (else the agent's
+//! `busy_policy`) says (T13); a detached post (D1) answers the turn's row instead of its
+//! stream. Front ends map [`PostError`] to
 //! their own wire.
 
 use logging::traces::TraceContext;
 use protocol::{ChatId, MessageId, TurnId};
-use store::{Answer, ApprovalRow, Started, StoreError, TurnRow, bounded};
+use store::{Started, StoreError, TurnRow, bounded};
 
 use super::stop::{self, StopError};
 use super::{Launched, Queued, Trigger, TurnError, busy_policy, enqueue, interrupt, launch};
@@ -125,42 +126,6 @@ pub async fn post(
             Ok(Posted::Launched(launched))
         }
     }
-}
-
-/// A3: a person's answer to a tool call's approval in `chat`, recorded at most once; the
-/// last answer of its turn starts the continuation, detached, with the authority of the
-/// turn it continues (X1: the answerer is recorded and lends nothing). The approval as it
-/// now is, and the continuation's turn (none while other approvals of the turn wait).
-pub async fn answer(
-    state: &Engine,
-    principal: &Principal,
-    chat: ChatId,
-    answer: Answer,
-    parent: Option<&TraceContext>,
-) -> Result<(ApprovalRow, Option<TurnId>), PostError> {
-    let id = answer.id;
-    let trigger = Trigger::Approval(vec![answer]);
-    let authority = principal.authority();
-    let launched = match launch(
-        state,
-        principal.team,
-        chat,
-        trigger,
-        authority,
-        true,
-        parent,
-    )
-    .await
-    {
-        Err(TurnError::Busy(running)) => return Err(busy(state, principal, running).await),
-        other => other?,
-    };
-    let approval = launched
-        .answered
-        .into_iter()
-        .find(|a| a.id == id)
-        .ok_or(PostError::Lost("the answered approval vanished"))?;
-    Ok((approval, launched.turn))
 }
 
 /// `agent_busy`, naming the running turn only to a principal who may read it: its chat is

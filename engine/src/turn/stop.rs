@@ -37,6 +37,7 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
+use crate::auth::{AuthError, Principal};
 use store::{Store, StoreError, TurnState, TurnStatus};
 
 /// Bound on each Redis call of a stop, connecting included.
@@ -119,6 +120,9 @@ pub enum StopError {
     NotFound(&'static str),
     #[error("store unavailable")]
     Store(#[from] StoreError),
+    /// The principal could not be checked against the turn's chat.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
 }
 
 /// Stops of this replica's turns and of other replicas'.
@@ -345,6 +349,37 @@ pub async fn running_in_chat(
     match store::bounded(store.running_turn_of_chat(team, chat)).await {
         Err(StoreError::NotFound) => Err(StopError::NotFound("chat")),
         other => Ok(other?),
+    }
+}
+
+/// T8: the one way a front end stops a turn for `principal`, whatever its wire (`POST
+/// /v1/turns/{id}/stop`, A2A's `CancelTask`, MCP's `notifications/cancelled`): a turn of a
+/// chat the principal may not see is as unknown as another team's (`NotFound("turn")`).
+pub async fn stop_turn(
+    state: &Engine,
+    principal: &Principal,
+    turn: TurnId,
+) -> Result<StopAnswer, StopError> {
+    let found = find(&state.store, principal.team, turn).await?;
+    match principal.check_chat(&state.store, found.chat).await {
+        Ok(()) => {}
+        Err(AuthError::NotFound(_)) => return Err(StopError::NotFound("turn")),
+        Err(e) => return Err(e.into()),
+    }
+    stop(state, principal.team, found).await
+}
+
+/// T8: stops the running turn of `chat`, one the principal may see; [`StopAnswer::idle`]
+/// when none runs.
+pub async fn stop_chat(
+    state: &Engine,
+    principal: &Principal,
+    chat: protocol::ChatId,
+) -> Result<StopAnswer, StopError> {
+    principal.check_chat(&state.store, chat).await?;
+    match running_in_chat(&state.store, principal.team, chat).await? {
+        Some(running) => stop(state, principal.team, running).await,
+        None => Ok(StopAnswer::idle()),
     }
 }
 
