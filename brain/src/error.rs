@@ -43,6 +43,8 @@ pub enum ApiError {
     Forbidden,
     #[error("this team is disabled; its platform operator can enable it again")]
     TeamDisabled,
+    #[error("this user is disabled; an admin of the team can enable them again")]
+    UserDisabled,
     /// The JWT issuer's keys could not be fetched.
     #[error("the token issuer's signing keys are unavailable; retry")]
     AuthUnavailable,
@@ -307,6 +309,7 @@ impl From<AuthError> for ApiError {
             AuthError::Refused(reason) => Self::Refused(reason),
             AuthError::Forbidden => Self::Forbidden,
             AuthError::TeamDisabled => Self::TeamDisabled,
+            AuthError::UserDisabled => Self::UserDisabled,
             AuthError::NotFound(what) => Self::NotFound(what),
             AuthError::KeysUnavailable => Self::AuthUnavailable,
             AuthError::Store(e) => e.into(),
@@ -397,6 +400,7 @@ impl ApiError {
             Self::Unauthorized | Self::Refused(_) => ErrorCode::Unauthorized,
             Self::Forbidden => ErrorCode::Forbidden,
             Self::TeamDisabled => ErrorCode::TeamDisabled,
+            Self::UserDisabled => ErrorCode::UserDisabled,
             Self::AuthUnavailable => ErrorCode::AuthUnavailable,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::InvalidRequest(_) => ErrorCode::InvalidRequest,
@@ -447,9 +451,10 @@ impl ApiError {
             // A signed file URL is a capability, not the caller's credentials: `403`, as
             // a refused credential's `401` would send a client (the web chat) back to
             // sign-in for an image link that merely expired.
-            ErrorCode::Forbidden | ErrorCode::TeamDisabled | ErrorCode::InvalidFileUrl => {
-                StatusCode::FORBIDDEN
-            }
+            ErrorCode::Forbidden
+            | ErrorCode::TeamDisabled
+            | ErrorCode::UserDisabled
+            | ErrorCode::InvalidFileUrl => StatusCode::FORBIDDEN,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::InvalidRequest
             | ErrorCode::UnknownConnection

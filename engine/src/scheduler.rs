@@ -136,13 +136,19 @@ fn autostart_authority(set_by: Option<String>) -> Authority {
 }
 
 /// X1: whether who set the cadence still stands. A key's must be live (a revoked key's
-/// cadence stops acting for it); a user's token cannot be asked again, so a user's
-/// cadence stands while the team does (the turn's own check, `turn/standing.rs`).
+/// cadence stops acting for it); a user's must not be disabled, nor seen since without
+/// the admin claim (the brain asks no issuer: the latest token of theirs tells, see
+/// `Keys::check_user`); the team's own check is the turn's (`turn/standing.rs`).
 async fn setter_stands(state: &Engine, due: &DueAutostart) -> Result<bool, &'static str> {
-    let Some(key) = due
-        .set_by
-        .as_deref()
-        .and_then(|actor| actor.strip_prefix("key:"))
+    let Some(setter) = due.set_by.as_deref() else {
+        return Ok(true);
+    };
+    if let Some(user) = setter.strip_prefix("user:") {
+        let known = bounded(STORE_BOUND, state.store.team_user(due.team, user)).await?;
+        return Ok(!known.is_some_and(|u| u.disabled || u.admin == Some(false)));
+    }
+    let Some(key) = setter
+        .strip_prefix("key:")
         .and_then(|id| id.parse::<Uuid>().ok())
     else {
         return Ok(true);

@@ -17,6 +17,8 @@ pub enum ErrorCode {
     Forbidden,
     /// The credentials' team was disabled by the platform operator (L1).
     TeamDisabled,
+    /// The token's user was disabled by an admin of the team (X1).
+    UserDisabled,
     /// The issuer's signing keys (the JWKS) could not be fetched, so a token could be
     /// neither accepted nor refused; retry.
     AuthUnavailable,
@@ -90,8 +92,9 @@ pub enum ErrorCode {
     /// The operation needs something this server's operator has not configured (such as
     /// `BRAIN_SECRETS_KEY` for secrets); the message names it.
     NotConfigured,
-    /// An autostart fire found who set the cadence no longer standing (the key revoked):
-    /// the cadence is paused until an admin sets it again (X1).
+    /// An autostart fire found who set the cadence no longer standing (the key revoked,
+    /// the user disabled or seen without admin since): the cadence is paused until an
+    /// admin sets it again (X1).
     SetterRevoked,
     /// The connector's MCP server answered without asking for authorization: there is
     /// nothing to authorize.
@@ -155,6 +158,7 @@ impl ErrorCode {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::TeamDisabled => "team_disabled",
+            Self::UserDisabled => "user_disabled",
             Self::AuthUnavailable => "auth_unavailable",
             Self::NotFound => "not_found",
             Self::InvalidRequest => "invalid_request",
@@ -262,6 +266,7 @@ mod tests {
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
             ErrorCode::TeamDisabled,
+            ErrorCode::UserDisabled,
             ErrorCode::AuthUnavailable,
             ErrorCode::NotFound,
             ErrorCode::InvalidRequest,

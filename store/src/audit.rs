@@ -115,6 +115,10 @@ pub enum Action {
     UserQuotaDeleted,
     /// An end user erased (L2): their chats, memories and grants; the entry names the user.
     UserErased,
+    /// An end user disabled by an admin (their tokens refused, their detached work ended)
+    /// or enabled again (X1); the entry names the user.
+    UserDisabled,
+    UserEnabled,
     AgentCreated,
     AgentUpdated,
     /// For the deletion of an agent (L2), recorded by the store method that deletes it.
@@ -182,6 +186,8 @@ impl Action {
             Self::UserQuotaSet => "quotas.user_set",
             Self::UserQuotaDeleted => "quotas.user_deleted",
             Self::UserErased => "user.erased",
+            Self::UserDisabled => "user.disabled",
+            Self::UserEnabled => "user.enabled",
             Self::AgentCreated => "agent.created",
             Self::AgentUpdated => "agent.updated",
             Self::AgentDeleted => "agent.deleted",
@@ -227,7 +233,11 @@ impl Action {
         match self {
             Self::KeyCreated | Self::KeyRevoked => "key",
             Self::QuotasSet | Self::TeamCreated | Self::TeamUpdated => "team",
-            Self::UserQuotaSet | Self::UserQuotaDeleted | Self::UserErased => "user",
+            Self::UserQuotaSet
+            | Self::UserQuotaDeleted
+            | Self::UserErased
+            | Self::UserDisabled
+            | Self::UserEnabled => "user",
             Self::AgentCreated
             | Self::AgentUpdated
             | Self::AgentDeleted

@@ -140,9 +140,10 @@ impl Store {
         Ok(ids.into_iter().map(ChatId).collect())
     }
 
-    /// Deletes what is left of end user `user` once their chats are erased: their memories
-    /// and their own connector grants (each logged `grant.revoked`), with the
-    /// `user.erased` entry by `by`, in one transaction.
+    /// Deletes what is left of end user `user` once their chats are erased: their memories,
+    /// what the deployment knew of them (unless disabled) and their own connector grants
+    /// (each logged `grant.revoked`), with the `user.erased` entry by `by`, in one
+    /// transaction.
     pub async fn erase_user(&self, team: TeamId, user: &str, by: &Actor) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("DELETE FROM memories WHERE team_id = $1 AND user_id = $2")
@@ -150,6 +151,14 @@ impl Store {
             .bind(user)
             .execute(&mut *tx)
             .await?;
+        // A disabled user stays disabled: erasure removes what they left, not the refusal.
+        sqlx::query(
+            "DELETE FROM team_users WHERE team_id = $1 AND sub = $2 AND disabled_at IS NULL",
+        )
+        .bind(team.0)
+        .bind(user)
+        .execute(&mut *tx)
+        .await?;
         revoke_grants(&mut tx, team, Grants::User(user), by).await?;
         audit::record(
             &mut tx,

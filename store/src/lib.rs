@@ -39,6 +39,7 @@ mod takeover;
 mod teams;
 mod turns;
 mod usage;
+mod users;
 pub mod webhooks;
 
 use std::borrow::Cow;
@@ -97,6 +98,7 @@ pub use turns::{
     TurnProgress, TurnRecord, TurnRow, TurnState, TurnStatus, TurnTrigger, storable_text,
 };
 pub use usage::{ModelTokens, UsageGroup, UsageQuery, UsageReport, UsageRow, UsageSums};
+pub use users::TeamUser;
 
 /// A row of a listing ordered by creation (its time, then its id): a page starts after (or
 /// before, newest first) it (L3).

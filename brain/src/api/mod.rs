@@ -37,6 +37,7 @@ mod skills;
 mod teams;
 mod turns;
 mod usage;
+mod users;
 mod web;
 mod webhooks;
 mod whoami;
@@ -115,7 +116,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(memories::list))
         .routes(routes!(memories::update, memories::delete))
         .routes(routes!(erasure::erase_chat, chats::rename))
-        .routes(routes!(erasure::erase_user))
+        .routes(routes!(erasure::erase_user, users::get, users::update))
         .routes(routes!(agents::sessions))
         .routes(routes!(artifacts::download))
         .routes(routes!(artifacts::meta))

@@ -96,13 +96,15 @@ fn secrets_key() -> store::SecretsKey {
 /// caller chooses: another team's name addresses the caller's own (a `PUT` creates it), so
 /// a foreign name is no probe of isolation there. `DELETE` of the same path still is. An
 /// end user's limits (L4) are the caller's team's for any user id, so reading them is no
-/// probe either; nor is erasing an end user (L2), which erases the caller's team's user of
-/// that id, if any, and answers `204` either way.
-const NAMED_IN_CALLERS_TEAM: [&str; 4] = [
+/// probe either; nor is erasing, reading or disabling an end user (L2, X1), which is the
+/// caller's team's user of that id, known or not.
+const NAMED_IN_CALLERS_TEAM: [&str; 6] = [
     "PUT /v1/secrets/{secret_name}",
     "GET /v1/quotas/users/{user_id}",
     "PUT /v1/quotas/users/{user_id}",
     "DELETE /v1/users/{user_id}",
+    "GET /v1/users/{user_id}",
+    "PATCH /v1/users/{user_id}",
 ];
 
 /// Operations a chat platform calls, authenticated by the channel's own secret rather than

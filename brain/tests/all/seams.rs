@@ -467,6 +467,11 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
 
 /// A brain taking EdDSA user tokens signed with the fixture key.
 pub(crate) async fn app_with_users() -> TestApp {
+    app_with_users_and(|_| {}).await
+}
+
+/// [`app_with_users`], configured further by `tweak`.
+async fn app_with_users_and(tweak: impl FnOnce(&mut engine::config::Config)) -> TestApp {
     use crate::auth::jwt;
     let config = engine::auth::JwtConfig::from_env(&envcfg::vars(&[
         ("BRAIN_JWT_ISSUER", jwt::ISSUER),
@@ -478,7 +483,11 @@ pub(crate) async fn app_with_users() -> TestApp {
     ]))
     .unwrap()
     .unwrap();
-    TestApp::start_with(move |c| c.jwt = Some(config)).await
+    TestApp::start_with(move |c| {
+        c.jwt = Some(config);
+        tweak(c);
+    })
+    .await
 }
 
 /// A token of the app's team for end user `user`.
@@ -675,4 +684,155 @@ async fn one_principal_cannot_fill_the_agents_queue() {
     }
     app.provider.release_held();
     turns_ended(&app, 4).await;
+}
+
+/// A token of the app's team for end user `user`, with the admin claim `admin`.
+fn token_with_admin(app: &TestApp, user: &str, admin: bool) -> String {
+    use crate::auth::jwt;
+    jwt::sign(
+        &jwt::ed(),
+        jsonwebtoken::Algorithm::EdDSA,
+        None,
+        &jwt::claims(app.team, user, json!({"admin": admin})),
+    )
+}
+
+/// An admin disables an end user (the brain asks no issuer): the user's tokens are refused
+/// with `user_disabled`, their background turn ends `interrupted` as a revoked key's does,
+/// another user goes on; enabled again, they are let in.
+#[tokio::test]
+async fn a_disabled_users_tokens_are_refused_and_their_detached_turn_ends() {
+    let app = app_with_users().await;
+    let (alice, bob) = (user_token(&app, "alice"), user_token(&app, "bob"));
+    let agent = plain_agent(&app, "helper").await;
+    let chat = chat_as(&app, &alice, &agent).await;
+    app.provider.push(scripted_provider::Reply::Held {
+        delta: "working ".into(),
+        every: Duration::from_millis(20),
+    });
+    let accepted = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&alice)
+        .json(&json!({"content": "take your time", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+    while app.turns().await.iter().all(|(s, _)| s != "running") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let disabled = app
+        .auth(app.http.patch(format!("{}/v1/users/alice", app.url)))
+        .json(&json!({"disabled": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(disabled.status(), 200);
+    let disabled: Value = disabled.json().await.unwrap();
+    assert_eq!(disabled["disabled"], true, "{disabled}");
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let turns = app.turns().await;
+            if turns.iter().all(|(s, _)| s != "running") {
+                return turns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    app.provider.release_held();
+    assert_eq!(
+        ended.expect("the turn outlived its user's disabling"),
+        vec![("interrupted".to_owned(), Some("unauthorized".to_owned()))]
+    );
+    let refused = app
+        .http
+        .get(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::common::error_code(refused).await,
+        (403, "user_disabled".to_owned())
+    );
+    assert_eq!(
+        status_as(&app, &bob, reqwest::Method::GET, "/v1/whoami").await,
+        200
+    );
+    let shown: Value = app.get("/v1/users/alice").await.json().await.unwrap();
+    assert_eq!(
+        (&shown["disabled"], &shown["admin"]),
+        (&json!(true), &json!(false))
+    );
+
+    let enabled = app
+        .auth(app.http.patch(format!("{}/v1/users/alice", app.url)))
+        .json(&json!({"disabled": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(enabled.status(), 200);
+    assert_eq!(
+        status_as(
+            &app,
+            &alice,
+            reqwest::Method::GET,
+            &format!("/v1/chats/{chat}/messages")
+        )
+        .await,
+        200
+    );
+    let audited: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM audit_log WHERE object_id = 'alice' ORDER BY created_at",
+    )
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(audited, ["user.disabled", "user.enabled"]);
+}
+
+/// A cadence set by a user with the admin claim pauses `setter_revoked` once a token of
+/// theirs is seen without it (they lost admin at the issuer), as a revoked key's does.
+#[tokio::test]
+async fn a_setter_seen_without_admin_since_pauses_their_cadence() {
+    let app = app_with_users_and(fast).await;
+    let agent = plain_agent(&app, "cron").await;
+    let carol = token_with_admin(&app, "carol", true);
+    assert_eq!(
+        set_cadence(&app, &carol, &agent, Some("0 0 1 1 *")).await,
+        200
+    );
+    // Carol's next token lacks the claim: the brain records it.
+    let demoted = token_with_admin(&app, "carol", false);
+    assert_eq!(
+        status_as(&app, &demoted, reqwest::Method::GET, "/v1/whoami").await,
+        200
+    );
+    assert_eq!(
+        set_cadence(&app, &demoted, &agent, Some("* * * * * *")).await,
+        403,
+        "no longer an admin"
+    );
+    // Due now: the fire finds its setter no longer standing.
+    sqlx::query("UPDATE agents SET autostart_next_fire_at = now() WHERE id = $1::uuid")
+        .bind(&agent)
+        .execute(app.store.pool())
+        .await
+        .unwrap();
+    let recorded = wait_fires(&app, &agent, |f| !f.is_empty()).await;
+    assert_eq!(
+        recorded[0].2.as_deref(),
+        Some("setter_revoked"),
+        "{recorded:?}"
+    );
+    let schedule: Value = app
+        .get(&format!("/v1/agents/{agent}/schedule"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedule["paused"], "setter_revoked", "{schedule}");
 }

@@ -93,6 +93,8 @@ struct KeyCache {
     entries: Cache<[u8; 32], Cached>,
     /// Teams found existing and enabled, for tokens (whose claims name a team).
     teams: Cache<TeamId, ()>,
+    /// A team's users found enabled, with the admin claim recorded for them last.
+    users: Cache<(TeamId, String), bool>,
     /// Held while an entry is put or evicted, so a put sees the epoch an eviction moved.
     state: Mutex<CacheState>,
 }
@@ -113,6 +115,11 @@ impl KeyCache {
                 .support_invalidation_closures()
                 .build(),
             teams: Cache::builder()
+                .max_capacity(KEY_CACHE_MAX as u64)
+                .time_to_live(ttl)
+                .eviction_policy(EvictionPolicy::lru())
+                .build(),
+            users: Cache::builder()
                 .max_capacity(KEY_CACHE_MAX as u64)
                 .time_to_live(ttl)
                 .eviction_policy(EvictionPolicy::lru())
@@ -156,6 +163,7 @@ impl KeyCache {
                 None => {
                     self.entries.invalidate_all();
                     self.teams.invalidate_all();
+                    self.users.invalidate_all();
                 }
             }
             state.epoch += 1;
@@ -171,6 +179,27 @@ impl KeyCache {
                 self.entries.invalidate_all();
             }
             self.teams.invalidate(&team);
+            state.epoch += 1;
+        }
+    }
+
+    /// Whether `sub` of `team` was found enabled with this admin claim recorded.
+    fn user_known(&self, team: TeamId, sub: &str, admin: bool) -> bool {
+        self.live() && self.users.get(&(team, sub.to_owned())) == Some(admin)
+    }
+
+    fn put_user(&self, team: TeamId, sub: &str, admin: bool, epoch: u64) {
+        if let Ok(state) = self.state.lock()
+            && state.live
+            && state.epoch == epoch
+        {
+            self.users.insert((team, sub.to_owned()), admin);
+        }
+    }
+
+    fn evict_user(&self, team: TeamId, sub: &str) {
+        if let Ok(mut state) = self.state.lock() {
+            self.users.invalidate(&(team, sub.to_owned()));
             state.epoch += 1;
         }
     }
@@ -192,20 +221,23 @@ impl KeyCache {
         if let Ok(mut state) = self.state.lock() {
             self.entries.invalidate_all();
             self.teams.invalidate_all();
+            self.users.invalidate_all();
             state.epoch += 1;
             state.live = live;
         }
     }
 }
 
-/// The long-lived responses open under each key and each team on this replica, and the
-/// keys revoked and teams disabled lately. A key's token is a child of its team's, so
-/// disabling the team ends what its keys hold too.
+/// The long-lived responses open under each key, user and team on this replica, and the
+/// keys revoked, users and teams disabled lately. A key's or a user's token is a child of
+/// its team's, so disabling the team ends what they hold too.
 #[derive(Default)]
 struct Holders {
     open: HashMap<[u8; 32], (CancellationToken, usize)>,
+    users: HashMap<(TeamId, String), (CancellationToken, usize)>,
     teams: HashMap<TeamId, (CancellationToken, usize)>,
     revoked: HashMap<[u8; 32], Instant>,
+    users_disabled: HashMap<(TeamId, String), Instant>,
     disabled: HashMap<TeamId, Instant>,
 }
 
@@ -230,12 +262,13 @@ fn leave<K: std::hash::Hash + Eq>(open: &mut HashMap<K, (CancellationToken, usiz
     }
 }
 
-/// A principal's place among the responses its key's revocation or its team's disabling
-/// ends; given up when dropped.
+/// A principal's place among the responses its key's revocation, its user's or its team's
+/// disabling ends; given up when dropped.
 pub struct Held {
     holders: Arc<Mutex<Holders>>,
     team: TeamId,
     hash: Option<[u8; 32]>,
+    user: Option<String>,
 }
 
 impl Drop for Held {
@@ -243,6 +276,9 @@ impl Drop for Held {
         if let Ok(mut holders) = self.holders.lock() {
             if let Some(hash) = &self.hash {
                 leave(&mut holders.open, hash);
+            }
+            if let Some(user) = self.user.take() {
+                leave(&mut holders.users, &(self.team, user));
             }
             leave(&mut holders.teams, &self.team);
         }
@@ -282,10 +318,15 @@ impl Keys {
         }
     }
 
-    /// A token cancelled when the key (by its hash, for a key's principal) is revoked or
-    /// `team` is disabled, already cancelled when either was lately; held until the guard
-    /// is dropped.
-    pub fn hold(&self, team: TeamId, hash: Option<[u8; 32]>) -> (CancellationToken, Option<Held>) {
+    /// A token cancelled when the key (by its hash, for a key's principal) is revoked, the
+    /// user (a token's) or `team` is disabled, already cancelled when one was lately; held
+    /// until the guard is dropped.
+    pub fn hold(
+        &self,
+        team: TeamId,
+        hash: Option<[u8; 32]>,
+        user: Option<&str>,
+    ) -> (CancellationToken, Option<Held>) {
         let ended = || {
             let token = CancellationToken::new();
             token.cancel();
@@ -295,18 +336,27 @@ impl Keys {
         let Ok(mut holders) = self.holders.lock() else {
             return ended();
         };
-        if lately(&holders.disabled, &team) || hash.is_some_and(|h| lately(&holders.revoked, &h)) {
+        let user = user.map(|user| (team, user.to_owned()));
+        if lately(&holders.disabled, &team)
+            || hash.is_some_and(|h| lately(&holders.revoked, &h))
+            || user
+                .as_ref()
+                .is_some_and(|u| lately(&holders.users_disabled, u))
+        {
             return ended();
         }
-        let team_token = enter(&mut holders.teams, team, CancellationToken::new);
-        let token = match hash {
-            Some(hash) => enter(&mut holders.open, hash, || team_token.child_token()),
-            None => team_token,
-        };
+        let mut token = enter(&mut holders.teams, team, CancellationToken::new);
+        if let Some(user) = &user {
+            token = enter(&mut holders.users, user.clone(), || token.child_token());
+        }
+        if let Some(hash) = hash {
+            token = enter(&mut holders.open, hash, || token.child_token());
+        }
         let held = Held {
             holders: self.holders.clone(),
             team,
             hash,
+            user: user.map(|(_, user)| user),
         };
         (token.child_token(), Some(held))
     }
@@ -334,6 +384,25 @@ impl Keys {
         }
     }
 
+    /// Forgets a disabled user's standing here and ends what they hold open.
+    fn user_disabled(&self, team: TeamId, sub: &str) {
+        self.cache.evict_user(team, sub);
+        let user = (team, sub.to_owned());
+        if let Ok(mut holders) = self.holders.lock() {
+            if let Some((token, _)) = holders.users.get(&user) {
+                token.cancel();
+            }
+            remember(&mut holders.users_disabled, user);
+        }
+    }
+
+    fn user_enabled(&self, team: TeamId, sub: &str) {
+        self.cache.evict_user(team, sub);
+        if let Ok(mut holders) = self.holders.lock() {
+            holders.users_disabled.remove(&(team, sub.to_owned()));
+        }
+    }
+
     fn team_enabled(&self, team: TeamId) {
         if let Ok(mut holders) = self.holders.lock() {
             holders.disabled.remove(&team);
@@ -343,19 +412,22 @@ impl Keys {
     /// Looks up again the keys and teams of open responses, ending those of keys revoked
     /// or teams disabled meanwhile: for messages this replica may not have heard.
     async fn recheck_held(&self) {
-        let (keys, teams): (Vec<[u8; 32]>, Vec<TeamId>) = self
-            .holders
-            .lock()
-            .map(|holders| {
-                (
-                    holders.open.keys().copied().collect(),
-                    holders.teams.keys().copied().collect(),
-                )
-            })
-            .unwrap_or_default();
+        let (mut keys, mut users, mut teams) = (Vec::new(), Vec::new(), Vec::new());
+        if let Ok(holders) = self.holders.lock() {
+            keys.extend(holders.open.keys().copied());
+            users.extend(holders.users.keys().cloned());
+            teams.extend(holders.teams.keys().copied());
+        }
         for hash in keys {
             if let Ok(None) = bounded(self.store.key_by_hash(&hash)).await {
                 self.revoked(&hash);
+            }
+        }
+        for (team, sub) in users {
+            if let Ok(Some(user)) = bounded(self.store.team_user(team, &sub)).await
+                && user.disabled
+            {
+                self.user_disabled(team, &sub);
             }
         }
         for team in teams {
@@ -382,6 +454,49 @@ impl Keys {
                 Ok(())
             }
         }
+    }
+
+    /// Refuses a token whose user an admin disabled (`UserDisabled`), and records the
+    /// admin claim of a user's token where it differs from the one recorded: a cadence
+    /// whose setter lost admin at the issuer pauses on it (`scheduler.rs`). The brain keeps
+    /// no other directory of users.
+    pub async fn check_user(&self, team: TeamId, sub: &str, admin: bool) -> Result<(), AuthError> {
+        if self.cache.user_known(team, sub, admin) {
+            return Ok(());
+        }
+        let epoch = self.cache.epoch();
+        let user = match bounded(self.store.team_user(team, sub)).await? {
+            Some(user) if user.admin == Some(admin) => user,
+            _ => bounded(self.store.saw_user(team, sub, admin)).await?,
+        };
+        if user.disabled {
+            return Err(AuthError::UserDisabled);
+        }
+        if let Some(epoch) = epoch {
+            self.cache.put_user(team, sub, admin, epoch);
+        }
+        Ok(())
+    }
+
+    /// Disables `sub` of `team` (or enables them again) in Postgres, then tells every
+    /// replica (this one first): what they hold open ends, their tokens are refused.
+    pub async fn set_user_disabled(
+        &self,
+        team: TeamId,
+        sub: &str,
+        disabled: bool,
+        by: &Actor,
+    ) -> Result<store::TeamUser, StoreError> {
+        let user = store::bounded(self.store.set_user_disabled(team, sub, disabled, by)).await?;
+        if disabled {
+            self.user_disabled(team, sub);
+            self.announce(format!("{USER_PREFIX}{team}:{sub}")).await;
+        } else {
+            self.user_enabled(team, sub);
+            self.announce(format!("{USER_ENABLED_PREFIX}{team}:{sub}"))
+                .await;
+        }
+        Ok(user)
     }
 
     /// The principal of a live API key.
@@ -534,6 +649,8 @@ impl Keys {
                         Some(Revoked::Key(hash)) => self.revoked(&hash),
                         Some(Revoked::Team(team)) => self.team_disabled(team),
                         Some(Revoked::TeamEnabled(team)) => self.team_enabled(team),
+                        Some(Revoked::User(team, sub)) => self.user_disabled(team, &sub),
+                        Some(Revoked::UserEnabled(team, sub)) => self.user_enabled(team, &sub),
                         None => {
                             self.cache.evict(None);
                             let keys = self.clone();
@@ -555,11 +672,22 @@ impl Keys {
 /// in hex.
 const TEAM_PREFIX: &str = "team:";
 const TEAM_ENABLED_PREFIX: &str = "team-enabled:";
+/// A disabled user's message, and one enabled again: `<prefix><team>:<sub>`.
+const USER_PREFIX: &str = "user:";
+const USER_ENABLED_PREFIX: &str = "user-enabled:";
 
 enum Revoked {
     Key([u8; 32]),
     Team(TeamId),
     TeamEnabled(TeamId),
+    User(TeamId, String),
+    UserEnabled(TeamId, String),
+}
+
+/// `<team>:<sub>` (a team id holds no `:`; a sub may).
+fn team_user(rest: &str) -> Option<(TeamId, String)> {
+    let (team, sub) = rest.split_once(':')?;
+    Some((team.parse().ok()?, sub.to_owned()))
 }
 
 fn parse_message(payload: Option<&str>) -> Option<Revoked> {
@@ -569,6 +697,12 @@ fn parse_message(payload: Option<&str>) -> Option<Revoked> {
     }
     if let Some(team) = payload.strip_prefix(TEAM_ENABLED_PREFIX) {
         return team.parse().ok().map(Revoked::TeamEnabled);
+    }
+    if let Some(rest) = payload.strip_prefix(USER_PREFIX) {
+        return team_user(rest).map(|(team, sub)| Revoked::User(team, sub));
+    }
+    if let Some(rest) = payload.strip_prefix(USER_ENABLED_PREFIX) {
+        return team_user(rest).map(|(team, sub)| Revoked::UserEnabled(team, sub));
     }
     from_hex(payload).map(Revoked::Key)
 }
@@ -634,6 +768,16 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(cached_at.elapsed() >= ttl, "forgotten before the TTL");
+    }
+
+    #[test]
+    fn a_users_message_names_the_team_and_the_whole_sub() {
+        let team = TeamId::new();
+        let parsed = parse_message(Some(&format!("{USER_PREFIX}{team}:idp|a:b")));
+        assert!(matches!(parsed, Some(Revoked::User(t, sub)) if t == team && sub == "idp|a:b"));
+        let parsed = parse_message(Some(&format!("{USER_ENABLED_PREFIX}{team}:u")));
+        assert!(matches!(parsed, Some(Revoked::UserEnabled(t, sub)) if t == team && sub == "u"));
+        assert!(parse_message(Some("user:not-a-team:u")).is_none());
     }
 
     #[test]

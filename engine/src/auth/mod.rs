@@ -139,6 +139,9 @@ pub enum AuthError {
     /// The credentials' team was disabled by the operator (L1).
     #[error("this team is disabled")]
     TeamDisabled,
+    /// The token's user was disabled by an admin of the team (X1).
+    #[error("this user is disabled")]
+    UserDisabled,
     /// A chat (or what belongs to one) this principal may not see: exactly as absent as
     /// another team's.
     #[error("{0} not found")]
@@ -378,12 +381,23 @@ impl Auth {
             },
         };
         self.keys.check_team(principal.team).await?;
+        if let Some(user) = &principal.user {
+            let admin = principal.scope == Scope::Admin;
+            self.keys.check_user(principal.team, user, admin).await?;
+        }
         Ok(principal)
     }
 
     /// The standing `principal` holds from now on, for a long-lived response.
     pub fn standing(&self, principal: &Principal) -> Standing {
-        let (revoked, held) = self.keys.hold(principal.team, principal.key);
+        // A key's principal may name an end user (a chat's `user`), who holds no standing
+        // of their own: only a token's user is disabled.
+        let user = principal
+            .key
+            .is_none()
+            .then_some(principal.user.as_deref())
+            .flatten();
+        let (revoked, held) = self.keys.hold(principal.team, principal.key, user);
         let expires = principal.expires.map(|at| {
             let left = at.duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::Instant::now() + left

@@ -1,7 +1,7 @@
 //! X1: a turn no stream follows (a background turn, a queued one, an approval's
 //! continuation, an autostart, a turn taken over, a turn that outlives its client under
 //! D1) still acts for its principal, and ends when that principal's authority does: its
-//! API key revoked or its team disabled, on any replica, within a second (the same
+//! API key revoked, its user or its team disabled, on any replica, within a second (the same
 //! `auth:key-revoked` subscription that ends open streams). A streamed turn's stream
 //! already ends it so.
 //!
@@ -18,9 +18,9 @@ use crate::auth::Authority;
 use crate::auth::keys::Held;
 use store::bounded;
 
-/// A token cancelled when `authority`'s key is revoked or `team` disabled, and the hold on
-/// them; `Revoked` when either happened already. A user's or a schedule's turn watches its
-/// team only (a token's expiry ends only its stream).
+/// A token cancelled when `authority`'s key is revoked, its user or `team` disabled, and
+/// the hold on them; `Revoked` when one happened already. A token's expiry ends only its
+/// stream, not its detached turns.
 pub(super) async fn standing(
     state: &Engine,
     team: protocol::TeamId,
@@ -43,7 +43,15 @@ pub(super) async fn standing(
             None
         }
     };
-    let (revoked, held) = state.auth.keys.hold(team, hash);
+    let user = authority.user();
+    if let Some(user) = user
+        && bounded(state.store.team_user(team, user))
+            .await?
+            .is_some_and(|u| u.disabled)
+    {
+        return Err(TurnError::Revoked);
+    }
+    let (revoked, held) = state.auth.keys.hold(team, hash, user);
     if revoked.is_cancelled() {
         return Err(TurnError::Revoked);
     }
