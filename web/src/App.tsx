@@ -16,6 +16,7 @@ import {
 } from "./api";
 import { ChatView } from "./Chat";
 import { MemoriesPanel } from "./memories";
+import { AgentSettings, namesOf } from "./settings";
 
 const PROFILES = ["none", "light", "browser", "heavy", "warm"];
 
@@ -396,6 +397,13 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
                 ),
               )}
             </ul>
+            <AgentSettings
+              key={agent.id}
+              api={api}
+              agent={agent}
+              agents={agents}
+              onSaved={(saved) => setAgents((all) => all.map((a) => (a.id === saved.id ? saved : a)))}
+            />
             <MemoriesPanel api={api} agentId={agent.id} />
           </>
         )}
@@ -410,6 +418,7 @@ function Workspace({ api, onSignOut }: { api: Api; onSignOut: () => void }) {
           <ChatView
             key={chatId}
             api={api}
+            agents={agents}
             chatId={chatId}
             initial={opened.messages}
             statuses={statuses}
@@ -515,10 +524,7 @@ function CreateAgent({
           model: model.trim(),
           runtime_profile: profile,
           // B8: the team's skills by name, comma-separated; an unknown one is refused.
-          skills: skills
-            .split(",")
-            .map((s) => s.trim())
-            .filter((s) => s !== ""),
+          skills: namesOf(skills),
         }),
       );
     } catch (err) {

@@ -13,16 +13,19 @@ import {
   type UIMessage,
 } from "ai";
 import { useEffect, useMemo, useRef, useState, type FormEvent } from "react";
-import { type Api, ApiError, explain, parseError } from "./api";
+import { type Agent, type Api, ApiError, explain, parseError } from "./api";
 import { Markdown } from "./markdown";
 import { Artifact, artifactIds } from "./artifact";
 import { FilePart, PendingFiles, useAttachments } from "./attachments";
 import { follow } from "./follow";
+import { DelegationCard, type Delegations, foldDelegation, type Progress } from "./delegation";
 
 type LogLine = { stream: string; text: string };
 
 interface Props {
   api: Api;
+  /** The team's agents, to name a delegated task's agent. */
+  agents: Agent[];
   chatId: string;
   initial: UIMessage[];
   /** Stored status of each message id (`complete`, `interrupted`, `queued`, `withdrawn`). */
@@ -33,8 +36,9 @@ interface Props {
   turns: Record<string, string>;
 }
 
-export function ChatView({ api, chatId, initial, statuses, reload, turns }: Props) {
+export function ChatView({ api, agents, chatId, initial, statuses, reload, turns }: Props) {
   const [logs, setLogs] = useState<Record<string, LogLine[]>>({});
+  const [delegations, setDelegations] = useState<Delegations>({});
   const [stopping, setStopping] = useState(false);
   const [input, setInput] = useState("");
   const attachments = useAttachments(api, chatId);
@@ -68,7 +72,9 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
       }),
     [api, chatId],
   );
+  // Transient parts: a worker's live output, and a delegated task's progress (B7).
   const onLog = (part: { type: string; data?: unknown }) => {
+    if (part.type === "data-delegation") setDelegations((all) => foldDelegation(all, part));
     if (part.type !== "data-worker-log") return;
     const d = part.data as { toolCallId: string; stream: string; text: string };
     setLogs((all) => ({
@@ -296,6 +302,8 @@ export function ChatView({ api, chatId, initial, statuses, reload, turns }: Prop
                 api={api}
                 part={part as AnyPart}
                 logs={logs}
+                delegations={delegations}
+                agents={agents}
                 onApprove={(id, approved) => addToolApprovalResponse({ id, approved })}
               />
             ))}
@@ -429,11 +437,15 @@ function Part({
   api,
   part,
   logs,
+  delegations,
+  agents,
   onApprove,
 }: {
   api: Api;
   part: AnyPart;
   logs: Record<string, LogLine[]>;
+  delegations: Delegations;
+  agents: Agent[];
   onApprove: (id: string, approved: boolean) => void;
 }) {
   if (part.type === "text") return <Markdown text={part.text ?? ""} />;
@@ -467,7 +479,23 @@ function Part({
   if (part.type === "data-connector-status") return <ConnectorStatus api={api} data={part.data ?? {}} />;
   if (part.type === "data-elicitation") return <ElicitationForm api={api} data={part.data as unknown as Elicitation} />;
   if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
-    return <ToolCard api={api} part={part} logs={logs[part.toolCallId ?? ""] ?? []} onApprove={onApprove} />;
+    const progress = delegations[part.toolCallId ?? ""];
+    const delegate = progress && {
+      progress,
+      name:
+        agents.find((a) => a.id === progress.agentId)?.name ??
+        (part.input as { agent?: string } | undefined)?.agent ??
+        progress.agentId,
+    };
+    return (
+      <ToolCard
+        api={api}
+        part={part}
+        logs={logs[part.toolCallId ?? ""] ?? []}
+        delegate={delegate}
+        onApprove={onApprove}
+      />
+    );
   }
   return null;
 }
@@ -531,11 +559,14 @@ function ToolCard({
   api,
   part,
   logs,
+  delegate,
   onApprove,
 }: {
   api: Api;
   part: AnyPart;
   logs: LogLine[];
+  /** A `delegate` call's task, as this tab saw it progress. */
+  delegate?: { name: string; progress: Progress };
   onApprove: (id: string, approved: boolean) => void;
 }) {
   const name = part.type === "dynamic-tool" ? (part.toolName ?? "tool") : part.type.slice(5);
@@ -562,6 +593,7 @@ function ToolCard({
           <pre className="tool-input">{pretty(part.input)}</pre>
         </>
       )}
+      {delegate && <DelegationCard name={delegate.name} progress={delegate.progress} />}
       {/* Transient: the live lines of this tab's stream; the result has the whole text. */}
       {logs.length > 0 && (
         <div className="live">

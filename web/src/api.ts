@@ -18,6 +18,10 @@ export interface Agent {
   system_prompt: string;
   model: string;
   runtime_profile: string;
+  /** The agents of the team this one may hand tasks to (B7), by id. */
+  delegates: string[];
+  /** The team's skills this agent uses (B8), by name. */
+  skills: string[];
   created_at: string;
 }
 
@@ -238,6 +242,12 @@ export class Api {
     skills: string[];
   }): Promise<Agent> {
     return this.request("POST", "/v1/agents", agent);
+  }
+
+  /** Changes what an agent delegates to and which skills it uses; an unknown delegate or
+   * skill is refused (`unknown_delegate`, `unknown_skill`) and changes nothing. */
+  updateAgent(agentId: string, change: { delegates: string[]; skills: string[] }): Promise<Agent> {
+    return this.request("PATCH", `/v1/agents/${agentId}`, change);
   }
 
   async chats(agentId: string): Promise<Chat[]> {

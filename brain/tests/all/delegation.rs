@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::replies::{call, calls, text};
-use crate::common::{TestApp, error_code, key_with_scope, read_stream, send_as};
+use crate::common::{TestApp, error_code, key_with_scope, read_stream, send_as, streamed_text};
 use protocol::ui::{DelegationEvent, UiChunk};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
@@ -375,4 +375,172 @@ async fn delegates_are_agents_of_the_same_team() {
         .await
         .unwrap();
     assert_eq!(shown["delegates"], json!([]));
+}
+
+/// The progress events of delegate call `id` in the parent's stream.
+fn progress_of<'a>(chunks: &'a [UiChunk], id: &str) -> Vec<&'a DelegationEvent> {
+    chunks
+        .iter()
+        .filter_map(|c| match c {
+            UiChunk::DataDelegation { data, .. } if data.tool_call_id == id => Some(&data.event),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asserts that the parent's stream showed the delegate's own call `d2` failing inside the
+/// delegate call `d1`.
+fn assert_d2_failed_inside_d1(chunks: &[UiChunk]) {
+    let progress = progress_of(chunks, "d1");
+    assert!(
+        progress.contains(&&DelegationEvent::ToolResult {
+            tool_call_id: "d2".into(),
+            error: true
+        }),
+        "{progress:?}"
+    );
+}
+
+/// Agents `lead` → `middle` → `last` and a chat with the lead, whose model's first two
+/// steps are scripted: the lead delegates to the middle (`d1`), the middle to the last
+/// (`d2`). The chat's id.
+async fn chain_of_three(app: &TestApp) -> String {
+    let last = agent(app, "last", &[], json!({})).await;
+    let middle = agent(app, "middle", &[&last], json!({})).await;
+    let lead = agent(app, "lead", &[&middle], json!({})).await;
+    app.provider
+        .push(calls(vec![delegate("d1", "middle", "go one level")]));
+    app.provider
+        .push(calls(vec![delegate("d2", "last", "go two levels")]));
+    app.new_chat(&lead).await
+}
+
+/// X5: a task delegated deeper than `BRAIN_DELEGATION_MAX_DEPTH` is refused as the
+/// delegate call's error (no turn starts); the delegate that asked reads why and answers.
+#[tokio::test]
+async fn a_delegation_deeper_than_the_limit_is_the_calls_error() {
+    let app = TestApp::start_with(|c| c.delegation.max_depth = 1).await;
+    let chat = chain_of_three(&app).await;
+    app.provider.push(text("I did it myself."));
+    app.provider.push(text("Done."));
+    let (chunks, done) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(done, "{chunks:?}");
+    app.settled().await;
+    assert_eq!(outcome(&chunks, "d1"), Ok("I did it myself.".to_owned()));
+    // The middle's call was the refused one, and the lead's stream showed it failing.
+    assert_d2_failed_inside_d1(&chunks);
+    let middle_second = app.provider.requests()[2].body["messages"].to_string();
+    assert!(
+        middle_second.contains("delegated tasks go at most 1 deep and this one would be 2 deep"),
+        "{middle_second}"
+    );
+    assert_eq!(turn_rows(&app).await.len(), 2, "no turn of `last` started");
+    assert_eq!(app.provider.requests().len(), 4);
+}
+
+/// X5: the model calls of a whole tree of delegated turns are bounded
+/// (`BRAIN_DELEGATION_MAX_TREE_MODEL_CALLS`): a child that finds none left stops, its
+/// delegate call is an error that says so, a call into the spent tree starts no turn, and
+/// the turn a person started goes on.
+#[tokio::test]
+async fn a_tree_out_of_model_calls_is_the_delegate_calls_error() {
+    let app = TestApp::start_with(|c| c.delegation.max_tree_model_calls = 1).await;
+    // The tree's one model call is the middle's first step.
+    let chat = chain_of_three(&app).await;
+    app.provider.push(text("The helpers ran out."));
+    let (chunks, done) = read_stream(app.send(&chat, &json!({"content": "go"})).await).await;
+    assert!(done, "{chunks:?}");
+    app.settled().await;
+    assert_eq!(streamed_text(&chunks), "The helpers ran out.");
+    let refused = outcome(&chunks, "d1").unwrap_err();
+    assert!(
+        refused.contains("the delegated task of `middle` stopped: the model calls of this tree")
+            && refused.contains("spent"),
+        "{refused}"
+    );
+    // The middle's own call to `last` found the tree spent and was refused: no turn of
+    // `last` started.
+    assert_d2_failed_inside_d1(&chunks);
+    assert_eq!(
+        progress_of(&chunks, "d1").last(),
+        Some(&&DelegationEvent::Finished {
+            status: "completed".into()
+        })
+    );
+    // Lead, middle, lead: three model calls; two turns, the parent's completed.
+    assert_eq!(app.provider.requests().len(), 3);
+    let lead_second = app.provider.requests()[2].body["messages"].to_string();
+    assert!(lead_second.contains("are spent"), "{lead_second}");
+    let rows = turn_rows(&app).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0].1, "completed", "{rows:?}");
+}
+
+/// B7, B8 in a real browser (tests/web/delegation.mjs): the lead's settings name its
+/// delegate and a skill (saved with `PATCH /v1/agents/{id}`), and the delegated task shows
+/// as a card nested in the delegate call's: the delegate's name, its tool call, its text
+/// and its end.
+#[tokio::test]
+async fn the_page_sets_delegates_and_shows_the_delegated_task() {
+    let app = TestApp::start().await;
+    let uploaded = crate::skills::upload_as(&app, &app.key, &crate::skills::hello("Greets.")).await;
+    assert_eq!(uploaded.status(), 201);
+    let helper = agent(&app, "helper", &[], json!({})).await;
+    let lead = agent(&app, "lead", &[], json!({})).await;
+    app.provider
+        .push(calls(vec![delegate("d1", "helper", "Look for notes.")]));
+    app.provider.push(calls(vec![call(
+        "m1",
+        "memory_search",
+        json!({"query": "notes"}),
+    )]));
+    app.provider.push(text("The helper found no notes."));
+    app.provider.push(text("The lead is done."));
+
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
+    let run = crate::web_chat::page_script(
+        "delegation.mjs",
+        &[
+            &app.url,
+            &app.key,
+            "lead",
+            "helper",
+            "hello",
+            "Find my notes",
+            "memory_search",
+            "The helper found no notes.",
+            "The lead is done.",
+            out.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(
+        run.status.success(),
+        "the page did not show the delegated task:\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // The settings the page saved are the agent's, and the delegation they allowed ran.
+    let shown = agent_json(&app, &lead).await;
+    assert_eq!(shown["delegates"], json!([helper]));
+    assert_eq!(shown["skills"], json!(["hello"]));
+    let rows = turn_rows(&app).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[1].2.as_deref(), Some(rows[0].0.as_str()));
+    let ids: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let messages = app.messages(ids["chatId"].as_str().unwrap()).await;
+    assert!(
+        messages.last().unwrap()["parts"]
+            .to_string()
+            .contains("The helper found no notes."),
+        "the delegate call's result is in the transcript"
+    );
+    for shot in ["delegation-settings", "delegation-card"] {
+        assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
+    }
+}
+
+async fn agent_json(app: &TestApp, agent: &str) -> Value {
+    let response = app.get(&format!("/v1/agents/{agent}")).await;
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
 }

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, error_code, send_as};
+use crate::workers::{output_of, shell};
 use protocol::ui::UiChunk;
 
 const HELLO_MD: &str = "---\nname: hello\ndescription: Greets the user in the house style.\n\
@@ -46,7 +47,7 @@ fn zip_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     zip.finish().unwrap().into_inner()
 }
 
-fn hello(description: &str) -> Vec<u8> {
+pub(crate) fn hello(description: &str) -> Vec<u8> {
     let md = HELLO_MD.replace("Greets the user in the house style.", description);
     tar_gz(&[
         ("hello/SKILL.md", md.as_bytes()),
@@ -55,7 +56,7 @@ fn hello(description: &str) -> Vec<u8> {
 }
 
 /// `POST /v1/skills` as `bearer`, a multipart form written by hand.
-async fn upload_as(app: &TestApp, bearer: &str, bytes: &[u8]) -> Response {
+pub(crate) async fn upload_as(app: &TestApp, bearer: &str, bytes: &[u8]) -> Response {
     let boundary = "----skill-boundary-5d1";
     let mut body = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"skill\"\r\n\
@@ -248,4 +249,109 @@ async fn the_prompt_lists_skills_and_skill_read_reads_them() {
         "the body is read on demand only"
     );
     assert!(request["tools"].to_string().contains("\"skill_read\""));
+}
+
+/// A new agent with hands (the `light` profile) naming `skills`: its id.
+async fn hands_agent(app: &TestApp, skills: &[&str]) -> String {
+    let body = json!({"name": "hands", "system_prompt": "Use your shell.",
+                      "model": "openai/gpt-test", "runtime_profile": "light", "skills": skills});
+    let created = app.post_json("/v1/agents", &body).await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    created["id"].as_str().unwrap().to_owned()
+}
+
+/// B8: with hands, the agent's skill is in its real worker's workspace under
+/// `skills/<name>/` before the first tool runs, so the model's shell call runs the skill's
+/// script; a new version replaces the folder by the next turn.
+#[tokio::test]
+async fn a_skills_script_runs_in_a_real_worker() {
+    let (app, _manager) = crate::workers::system(60_000, |_| {}).await;
+    assert_eq!(
+        upload_as(&app, &app.key, &hello("Greets.")).await.status(),
+        201
+    );
+    let agent = hands_agent(&app, &["hello"]).await;
+    let chat = app.new_chat(&agent).await;
+    app.provider.push(shell(
+        "run",
+        "./skills/hello/scripts/hello.sh && head -2 skills/hello/SKILL.md",
+    ));
+    app.provider.push(text("It said hello."));
+    let chunks = send_as(&app, &app.key, &chat, "Use the hello skill").await;
+    app.settled().await;
+    let output = output_of(&chunks, "run");
+    assert!(output.contains("hello from the skill"), "{output}");
+    assert!(output.contains("name: hello"), "{output}");
+    assert!(!output.contains("not in your workspace"), "{output}");
+
+    let second = tar_gz(&[
+        ("hello/SKILL.md", HELLO_MD.as_bytes()),
+        (
+            "hello/scripts/hello.sh",
+            b"#!/bin/sh\necho hello from version two\n",
+        ),
+    ]);
+    assert_eq!(upload_as(&app, &app.key, &second).await.status(), 201);
+    app.provider
+        .push(shell("again", "./skills/hello/scripts/hello.sh"));
+    app.provider.push(text("Again."));
+    let chunks = send_as(&app, &app.key, &chat, "Once more").await;
+    let output = output_of(&chunks, "again");
+    assert!(output.contains("hello from version two"), "{output}");
+}
+
+/// M6: an `AGENTS.md` a tool call wrote at the root of a real worker's workspace is in the
+/// next turn's prompt, beside the user's message and marked as the workspace's words, not
+/// in the operator's system text.
+#[tokio::test]
+async fn agents_md_from_a_real_workspace_reaches_the_next_prompt() {
+    let (app, _manager) = crate::workers::system(60_000, |_| {}).await;
+    let agent = hands_agent(&app, &[]).await;
+    let chat = app.new_chat(&agent).await;
+    app.provider.push(shell(
+        "write",
+        "printf '# Conventions\\nBuild with make check-all.\\n' > AGENTS.md",
+    ));
+    app.provider.push(text("Written."));
+    let chunks = send_as(&app, &app.key, &chat, "Write the conventions").await;
+    app.settled().await;
+    assert!(
+        !output_of(&chunks, "write").starts_with("ERROR"),
+        "{chunks:?}"
+    );
+    let first = app.provider.requests()[0].body.to_string();
+    assert!(!first.contains("Project context"), "no worker yet: {first}");
+
+    app.provider.push(text("I will use make check-all."));
+    send_as(&app, &app.key, &chat, "How do I build?").await;
+    let request = app.provider.requests()[2].body.clone();
+    let messages = request["messages"].as_array().unwrap();
+    let holding: Vec<&Value> = messages
+        .iter()
+        .filter(|m| {
+            m["content"]
+                .to_string()
+                .contains("Build with make check-all.")
+        })
+        .collect();
+    assert_eq!(holding.len(), 1, "{request}");
+    assert_eq!(holding[0]["role"], "user", "{request}");
+    let context = holding[0]["content"].to_string();
+    assert!(
+        context.contains("[Project context: the file AGENTS.md at the root of your workspace"),
+        "{context}"
+    );
+    assert!(
+        context.contains("it is not from your operator"),
+        "{context}"
+    );
+    assert!(context.contains("[end of AGENTS.md]"), "{context}");
+    let system: Vec<&Value> = messages.iter().filter(|m| m["role"] == "system").collect();
+    assert!(
+        system
+            .iter()
+            .all(|m| !m.to_string().contains("make check-all")),
+        "the operator's system text does not carry it: {request}"
+    );
 }

@@ -383,6 +383,19 @@ impl Followed {
                 "the delegated task of `{name}` was interrupted before it answered"
             ));
         }
+        // X5: a child the tree's limit stopped mid-task has no answer to give, only what
+        // it wrote so far; the parent's model reads that as the call's error.
+        if spent && self.finish == Some(FinishReason::Other) {
+            let written = if answer.trim().is_empty() {
+                String::new()
+            } else {
+                format!("; what it wrote before: {answer}")
+            };
+            return ToolOutput::error(format!(
+                "the delegated task of `{name}` stopped: the model calls of this tree of \
+                 delegated tasks are spent{written}"
+            ));
+        }
         for refusal in &self.refused {
             answer.push_str(&format!("\n\n[{refusal}]"));
         }
