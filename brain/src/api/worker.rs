@@ -15,6 +15,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::AppState;
 use crate::error::{ApiError, JsonBody};
+use engine::artifacts::ArtifactBody;
 use engine::sessions::{Restore, SNAPSHOT_CONTENT_TYPE, Upload};
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -187,15 +188,10 @@ pub async fn get_snapshot(
     else {
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
-    let size = body.size;
-    let mut response = Body::from_stream(body.stream).into_response();
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(SNAPSHOT_CONTENT_TYPE),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    h.insert(UNPACKED_BYTES_HEADER, HeaderValue::from(unpacked_bytes));
+    let mut response = streamed(body, SNAPSHOT_CONTENT_TYPE);
+    response
+        .headers_mut()
+        .insert(UNPACKED_BYTES_HEADER, HeaderValue::from(unpacked_bytes));
     Ok(response)
 }
 
@@ -226,15 +222,7 @@ pub async fn get_file(
     let claims = claims(&state, &headers)?;
     let id: uuid::Uuid = super::parse_id(&file_id, "file")?;
     let body = engine::files::workspace::for_worker(&state, &claims, id).await?;
-    let size = body.size;
-    let mut response = Body::from_stream(body.stream).into_response();
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    Ok(response)
+    Ok(streamed(body, "application/octet-stream"))
 }
 
 /// The folder of a skill the session's agent names, which the worker unpacks under
@@ -266,13 +254,16 @@ pub async fn get_skill(
     let id: uuid::Uuid = super::parse_id(&skill_id, "skill")?;
     let body =
         engine::skills::for_worker(&state.store, state.artifacts.as_ref(), &claims, id).await?;
+    Ok(streamed(body, SNAPSHOT_CONTENT_TYPE))
+}
+
+/// A stored object's bytes streamed to a worker, never held whole, with their type and
+/// length (the worker bounds its download by the length).
+fn streamed(body: ArtifactBody, content_type: &'static str) -> Response {
     let size = body.size;
     let mut response = Body::from_stream(body.stream).into_response();
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(SNAPSHOT_CONTENT_TYPE),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-    Ok(response)
+    response
 }

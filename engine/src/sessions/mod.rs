@@ -31,6 +31,7 @@
 
 mod call;
 mod connect;
+mod placing;
 mod registry;
 mod relay;
 mod secrets;

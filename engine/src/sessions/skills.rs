@@ -14,21 +14,22 @@
 //!   `read_file`, bounded, and placed beside the user's message between markers that say
 //!   it is the workspace's text, not the operator's.
 
-use std::sync::PoisonError;
 use std::time::Duration;
 
 use protocol::skills::{SKILLS_CAPABILITY, SKILLS_REQUEST, SkillVersion, SkillsRequest};
-use protocol::uploads::Placed;
 use protocol::{AgentId, ChatId};
-use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, ClientRequest, CustomRequest, ServerResult,
-};
+use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, ServerResult};
+use uuid::Uuid;
 
 use super::Sessions;
+use super::placing::{Delivery, place, unconfirmed};
 use super::registry::LiveWorker;
 
-/// The longest a delivery of skills may take: the worker's own bound, and a margin.
-const DELIVERY_BOUND: Duration = Duration::from_secs(150);
+const SKILLS: Delivery = Delivery {
+    capability: SKILLS_CAPABILITY,
+    method: SKILLS_REQUEST,
+    older: "this worker cannot take skills: it is of an older release",
+};
 /// The longest reading `AGENTS.md` may hold up a turn's start.
 const READ_BOUND: Duration = Duration::from_secs(5);
 /// The most characters of `AGENTS.md` a prompt carries; the rest is cut with a note.
@@ -39,36 +40,15 @@ pub const PROJECT_CONTEXT_FILE: &str = "AGENTS.md";
 /// Places on `worker` the skill versions of `skills` its channel has not confirmed yet;
 /// what the model is to read about those that are not in the workspace (`None`: all are).
 pub(super) async fn deliver(worker: &LiveWorker, skills: &[SkillVersion]) -> Option<String> {
-    let missing: Vec<SkillVersion> = {
-        let placed = worker.placed.lock().unwrap_or_else(PoisonError::into_inner);
-        skills
-            .iter()
-            .filter(|skill| !placed.contains(&skill.id))
-            .cloned()
-            .collect()
-    };
+    let missing = unconfirmed(worker, skills, |skill| skill.id);
     if missing.is_empty() {
         return None;
     }
-    let failures: Vec<(String, &'static str)> = match ask(worker, &missing).await {
-        Ok(answer) => {
-            let mut placed = worker.placed.lock().unwrap_or_else(PoisonError::into_inner);
-            placed.extend(answer.placed.iter().copied());
-            missing
-                .iter()
-                .filter(|skill| !placed.contains(&skill.id))
-                .map(|skill| {
-                    let why = answer
-                        .failed
-                        .iter()
-                        .find(|failed| failed.id == skill.id)
-                        .map_or("the worker did not say", |failed| failed.reason.describe());
-                    (skill.name.clone(), why)
-                })
-                .collect()
-        }
-        Err(why) => missing.iter().map(|s| (s.name.clone(), why)).collect(),
+    let named: Vec<(Uuid, String)> = missing.iter().map(|s| (s.id, s.name.clone())).collect();
+    let request = SkillsRequest {
+        skills: missing.clone(),
     };
+    let failures = place(worker, &SKILLS, serde_json::to_value(request), &named).await;
     tracing::info!(
         session = ?worker.binding().map(|b| b.session),
         asked = missing.len(),
@@ -86,33 +66,6 @@ pub(super) async fn deliver(worker: &LiveWorker, skills: &[SkillVersion]) -> Opt
         "These skills are not in your workspace: {}; skill_read still reads them.",
         listed.join(", ")
     ))
-}
-
-/// Sends `skills` in `agent_runtime/skills` and reads the answer; why not, in the model's
-/// words.
-async fn ask(worker: &LiveWorker, skills: &[SkillVersion]) -> Result<Placed, &'static str> {
-    let announced = worker.service.peer().peer_info().is_some_and(|info| {
-        info.capabilities
-            .experimental
-            .as_ref()
-            .is_some_and(|experimental| experimental.contains_key(SKILLS_CAPABILITY))
-    });
-    if !announced {
-        return Err("this worker cannot take skills: it is of an older release");
-    }
-    let params = serde_json::to_value(SkillsRequest {
-        skills: skills.to_vec(),
-    })
-    .map_err(|_| "the delivery could not be written")?;
-    let request = ClientRequest::CustomRequest(CustomRequest::new(SKILLS_REQUEST, Some(params)));
-    let answer = tokio::time::timeout(DELIVERY_BOUND, worker.service.peer().send_request(request))
-        .await
-        .map_err(|_| "the worker did not place them in time")?
-        .map_err(|_| "the worker's connection failed during the delivery")?;
-    serde_json::to_value(answer)
-        .ok()
-        .and_then(|answer| serde_json::from_value(answer).ok())
-        .ok_or("the worker's answer to the delivery was not understood")
 }
 
 impl Sessions {

@@ -18,19 +18,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use protocol::uploads::{
-    MAX_UPLOADS, Placed, UPLOADS_CAPABILITY, UPLOADS_REQUEST, Upload, UploadsRequest,
-};
+use protocol::uploads::{MAX_UPLOADS, UPLOADS_CAPABILITY, UPLOADS_REQUEST, UploadsRequest};
 use protocol::{ChatId, TeamId, TurnId};
-use rmcp::model::{ClientRequest, CustomRequest};
+use uuid::Uuid;
 
 use super::Sessions;
+use super::placing::{Delivery, place, unconfirmed};
 use super::registry::LiveWorker;
 use crate::files::workspace::{self, Manifest, path};
 use crate::tools::ToolOutput;
 
-/// The longest a delivery may take: the worker's own bound on its downloads, and a margin.
-const DELIVERY_BOUND: Duration = Duration::from_secs(150);
 /// How long a turn's manifest is kept for its later calls; a longer turn reads it again.
 const KEPT_FOR: Duration = Duration::from_secs(600);
 
@@ -112,39 +109,16 @@ async fn deliver_files(worker: &LiveWorker, manifest: &Manifest) -> Option<Strin
             "Files attached to this chat after its first {MAX_UPLOADS} are not in your workspace."
         )
     });
-    let missing: Vec<Upload> = {
-        let placed = worker.placed.lock().unwrap_or_else(PoisonError::into_inner);
-        manifest
-            .files
-            .iter()
-            .filter(|file| !placed.contains(&file.id))
-            .cloned()
-            .collect()
-    };
+    let missing = unconfirmed(worker, &manifest.files, |file| file.id);
     if missing.is_empty() {
         return left_out;
     }
     let started = Instant::now();
-    let failures: Vec<(String, &'static str)> = match ask(worker, &missing).await {
-        Ok(answer) => {
-            let mut placed = worker.placed.lock().unwrap_or_else(PoisonError::into_inner);
-            placed.extend(answer.placed.iter().copied());
-            let confirmed = |file: &&Upload| placed.contains(&file.id);
-            missing
-                .iter()
-                .filter(|file| !confirmed(file))
-                .map(|file| {
-                    let why = answer
-                        .failed
-                        .iter()
-                        .find(|failed| failed.id == file.id)
-                        .map_or("the worker did not say", |failed| failed.reason.describe());
-                    (path(&file.name), why)
-                })
-                .collect()
-        }
-        Err(why) => missing.iter().map(|file| (path(&file.name), why)).collect(),
+    let request = UploadsRequest {
+        files: missing.clone(),
     };
+    let named: Vec<(Uuid, String)> = missing.iter().map(|f| (f.id, path(&f.name))).collect();
+    let failures = place(worker, &FILES, serde_json::to_value(request), &named).await;
     tracing::info!(
         session = ?worker.binding().map(|b| b.session),
         asked = missing.len(),
@@ -166,36 +140,11 @@ async fn deliver_files(worker: &LiveWorker, manifest: &Manifest) -> Option<Strin
     (!notes.is_empty()).then(|| notes.join("\n"))
 }
 
-/// Sends `files` in `agent_runtime/uploads` and reads the answer; why not, in the model's
-/// words.
-async fn ask(worker: &LiveWorker, files: &[Upload]) -> Result<Placed, &'static str> {
-    if !accepts_uploads(worker) {
-        return Err("this worker cannot take files: it is of an older release");
-    }
-    let params = serde_json::to_value(UploadsRequest {
-        files: files.to_vec(),
-    })
-    .map_err(|_| "the delivery could not be written")?;
-    let request = ClientRequest::CustomRequest(CustomRequest::new(UPLOADS_REQUEST, Some(params)));
-    let answer = tokio::time::timeout(DELIVERY_BOUND, worker.service.peer().send_request(request))
-        .await
-        .map_err(|_| "the worker did not place them in time")?
-        .map_err(|_| "the worker's connection failed during the delivery")?;
-    serde_json::to_value(answer)
-        .ok()
-        .and_then(|answer| serde_json::from_value(answer).ok())
-        .ok_or("the worker's answer to the delivery was not understood")
-}
-
-/// Whether the worker announced that it takes `agent_runtime/uploads`.
-fn accepts_uploads(worker: &LiveWorker) -> bool {
-    worker.service.peer().peer_info().is_some_and(|info| {
-        info.capabilities
-            .experimental
-            .as_ref()
-            .is_some_and(|experimental| experimental.contains_key(UPLOADS_CAPABILITY))
-    })
-}
+const FILES: Delivery = Delivery {
+    capability: UPLOADS_CAPABILITY,
+    method: UPLOADS_REQUEST,
+    older: "this worker cannot take files: it is of an older release",
+};
 
 /// `output` with `note` (about the chat's files) before it.
 pub(super) fn noted(mut output: ToolOutput, note: Option<String>) -> ToolOutput {
