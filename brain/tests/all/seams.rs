@@ -425,19 +425,7 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
     let app = TestApp::start().await;
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let (chat_key, chat_key_id) = key_with_scope(&app, "chat").await;
-    app.provider.push(scripted_provider::Reply::Held {
-        delta: "working ".into(),
-        every: Duration::from_millis(20),
-    });
-    let accepted = app
-        .http
-        .post(format!("{}/v1/chats/{chat}/messages", app.url))
-        .bearer_auth(&chat_key)
-        .json(&json!({"content": "take your time", "background": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(accepted.status(), 202);
+    held_in_background(&app, &chat_key, &chat).await;
     let revoked = app
         .auth(
             app.http
@@ -447,22 +435,46 @@ async fn a_background_turn_ends_when_its_key_is_revoked() {
         .await
         .unwrap();
     assert_eq!(revoked.status(), 204);
-    let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let turns = app.turns().await;
-            if turns.iter().all(|(s, _)| s != "running") && !turns.is_empty() {
-                return turns;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let ended = none_running(&app).await;
     app.provider.release_held();
     let turns = ended.expect("the turn outlived its key's revocation");
     assert_eq!(
         turns,
         vec![("interrupted".to_owned(), Some("unauthorized".to_owned()))]
     );
+}
+
+/// A background turn in `chat`, posted as `bearer`, whose model call is held until the
+/// provider releases it.
+async fn held_in_background(app: &TestApp, bearer: &str, chat: &str) {
+    app.provider.push(scripted_provider::Reply::Held {
+        delta: "working ".into(),
+        every: Duration::from_millis(20),
+    });
+    let accepted = app
+        .http
+        .post(format!("{}/v1/chats/{chat}/messages", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"content": "take your time", "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(accepted.status(), 202);
+}
+
+/// The turns once none runs, within five seconds: `None` if one still does.
+async fn none_running(app: &TestApp) -> Option<Vec<(String, Option<String>)>> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let turns = app.turns().await;
+            if !turns.is_empty() && turns.iter().all(|(s, _)| s != "running") {
+                return turns;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .ok()
 }
 
 /// A brain taking EdDSA user tokens signed with the fixture key.
@@ -608,19 +620,7 @@ async fn agent_busy_names_the_running_turn_only_to_whom_may_read_it() {
     let (alice, bob) = (user_token(&app, "alice"), user_token(&app, "bob"));
     let alice_chat = chat_as(&app, &alice, &agent).await;
     let bob_chat = chat_as(&app, &bob, &agent).await;
-    app.provider.push(scripted_provider::Reply::Held {
-        delta: "working ".into(),
-        every: Duration::from_millis(20),
-    });
-    let running = app
-        .http
-        .post(format!("{}/v1/chats/{alice_chat}/messages", app.url))
-        .bearer_auth(&alice)
-        .json(&json!({"content": "take your time", "background": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(running.status(), 202);
+    held_in_background(&app, &alice, &alice_chat).await;
     let post = |bearer: &str, chat: &str| {
         app.http
             .post(format!("{}/v1/chats/{chat}/messages", app.url))
@@ -706,20 +706,10 @@ async fn a_disabled_users_tokens_are_refused_and_their_detached_turn_ends() {
     let (alice, bob) = (user_token(&app, "alice"), user_token(&app, "bob"));
     let agent = plain_agent(&app, "helper").await;
     let chat = chat_as(&app, &alice, &agent).await;
-    app.provider.push(scripted_provider::Reply::Held {
-        delta: "working ".into(),
-        every: Duration::from_millis(20),
-    });
-    let accepted = app
-        .http
-        .post(format!("{}/v1/chats/{chat}/messages", app.url))
-        .bearer_auth(&alice)
-        .json(&json!({"content": "take your time", "background": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(accepted.status(), 202);
+    held_in_background(&app, &alice, &chat).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while app.turns().await.iter().all(|(s, _)| s != "running") {
+        assert!(std::time::Instant::now() < deadline, "the turn never ran");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -732,16 +722,7 @@ async fn a_disabled_users_tokens_are_refused_and_their_detached_turn_ends() {
     assert_eq!(disabled.status(), 200);
     let disabled: Value = disabled.json().await.unwrap();
     assert_eq!(disabled["disabled"], true, "{disabled}");
-    let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            let turns = app.turns().await;
-            if turns.iter().all(|(s, _)| s != "running") {
-                return turns;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let ended = none_running(&app).await;
     app.provider.release_held();
     assert_eq!(
         ended.expect("the turn outlived its user's disabling"),
