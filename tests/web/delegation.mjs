@@ -2,7 +2,9 @@
 // and the skill it uses (PATCH /v1/agents/{id}); then asks it something, and the delegate
 // call's card holds a nested card of the delegated task: the delegate's name, the tool it
 // called, what it wrote, and how it ended (from the stream's `data-delegation` parts).
-// Prints {"chatId"} for the Rust side.
+// While the delegate still writes (its model held by the Rust side), the card shows it
+// working with its text so far: the script prints `live`, and the Rust side lets the
+// model go on. Prints {"chatId"} last.
 // Usage: node delegation.mjs URL API_KEY LEAD DELEGATE SKILL QUESTION CHILD_TOOL CHILD_TEXT ANSWER OUT_DIR
 import { readFileSync, mkdirSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -43,11 +45,16 @@ try {
   await page.getByRole("button", { name: "New chat" }).click();
   await page.getByLabel("Message", { exact: true }).fill(question);
   await page.getByRole("button", { name: "Send" }).click();
-  await page.locator(".message.assistant", { hasText: answer }).waitFor();
 
-  // The delegate call's card holds the task's card.
+  // The delegate call's card holds the task's card, live while the delegate writes.
   const call = page.locator("details.tool", { has: page.locator(".tool-name", { hasText: /^delegate$/ }) });
   const task = call.getByRole("region", { name: `Delegated to ${delegate}` });
+  await task.locator(".delegation-status", { hasText: "working…" }).waitFor();
+  await task.locator(".delegation-text", { hasText: childText }).waitFor();
+  await page.screenshot({ path: `${outDir}/delegation-live.png`, fullPage: true });
+  console.log("live");
+
+  await page.locator(".message.assistant", { hasText: answer }).waitFor();
   await task.locator(".delegation-status", { hasText: "finished" }).waitFor();
   await task.locator(".delegation-tools li", { hasText: childTool }).locator(".tool-state", { hasText: "done" }).waitFor();
   await task.locator(".delegation-text", { hasText: childText }).waitFor();

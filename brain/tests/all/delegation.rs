@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use tokio::io::AsyncBufReadExt;
+
 use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, error_code, key_with_scope, read_stream, send_as, streamed_text};
 use protocol::ui::{DelegationEvent, UiChunk};
@@ -479,7 +481,7 @@ async fn a_tree_out_of_model_calls_is_the_delegate_calls_error() {
 /// B7, B8 in a real browser (tests/web/delegation.mjs): the lead's settings name its
 /// delegate and a skill (saved with `PATCH /v1/agents/{id}`), and the delegated task shows
 /// as a card nested in the delegate call's: the delegate's name, its tool call, its text
-/// and its end.
+/// while it still writes (its model held until the page saw it) and its end.
 #[tokio::test]
 async fn the_page_sets_delegates_and_shows_the_delegated_task() {
     let app = TestApp::start().await;
@@ -494,13 +496,15 @@ async fn the_page_sets_delegates_and_shows_the_delegated_task() {
         "memory_search",
         json!({"query": "notes"}),
     )]));
-    app.provider.push(text("The helper found no notes."));
+    app.provider.push(held());
     app.provider.push(text("The lead is done."));
 
     let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("web-chat");
-    let run = crate::web_chat::page_script(
-        "delegation.mjs",
-        &[
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/web/delegation.mjs");
+    let mut page = tokio::process::Command::new("node")
+        .arg(script)
+        .args([
             &app.url,
             &app.key,
             "lead",
@@ -508,14 +512,29 @@ async fn the_page_sets_delegates_and_shows_the_delegated_task() {
             "hello",
             "Find my notes",
             "memory_search",
-            "The helper found no notes.",
+            "working",
             "The lead is done.",
             out.to_str().unwrap(),
-        ],
-    )
-    .await;
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs (scripts/test-deps.sh installs tests/web)");
+    let mut lines = tokio::io::BufReader::new(page.stdout.take().unwrap()).lines();
+    let bound = Duration::from_secs(180);
+    // The page showed the delegate working before its model was let go.
+    let live = tokio::time::timeout(bound, lines.next_line()).await;
+    let live = live
+        .expect("the page answers within three minutes")
+        .unwrap();
+    app.provider.release_held();
+    let ids = tokio::time::timeout(bound, lines.next_line()).await;
+    let ids = ids.expect("the page ends within three minutes").unwrap();
+    let run = tokio::time::timeout(bound, page.wait_with_output()).await;
+    let run = run.expect("the browser ends").unwrap();
     assert!(
-        run.status.success(),
+        run.status.success() && live.as_deref() == Some("live"),
         "the page did not show the delegated task:\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
@@ -526,15 +545,15 @@ async fn the_page_sets_delegates_and_shows_the_delegated_task() {
     let rows = turn_rows(&app).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(rows[1].2.as_deref(), Some(rows[0].0.as_str()));
-    let ids: Value = serde_json::from_slice(&run.stdout).unwrap();
+    let ids: Value = serde_json::from_str(&ids.unwrap()).unwrap();
     let messages = app.messages(ids["chatId"].as_str().unwrap()).await;
     assert!(
         messages.last().unwrap()["parts"]
             .to_string()
-            .contains("The helper found no notes."),
+            .contains("working"),
         "the delegate call's result is in the transcript"
     );
-    for shot in ["delegation-settings", "delegation-card"] {
+    for shot in ["delegation-settings", "delegation-live", "delegation-card"] {
         assert!(out.join(format!("{shot}.png")).is_file(), "{shot} saved");
     }
 }
