@@ -248,7 +248,21 @@ async fn an_unanswered_approval_expires() {
     let app = TestApp::start_with(|c| c.approval_ttl = Duration::from_millis(200)).await;
     let chat = agent_with(&app, json!({"ask": ["write"]})).await;
     let approval = ask(&app, &chat, "too late").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Past its expiry by the store's clock, the one the answer is judged by.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let expired: bool =
+            sqlx::query_scalar("SELECT expires_at <= now() FROM approvals WHERE id = $1::uuid")
+                .bind(&approval)
+                .fetch_one(app.store.pool())
+                .await
+                .unwrap();
+        if expired {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let answer = app
         .post_json(
             &format!("/v1/approvals/{approval}"),

@@ -374,8 +374,22 @@ async fn the_stream_follows_a_background_turn_from_another_replica_then_answers_
     .await;
     assert_eq!(status, 202, "{accepted}");
     let turn = accepted["turn_id"].as_str().unwrap().to_owned();
-    // Some chunks are out before it is joined.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Some chunks are out before it is joined: an observer of the chat has seen text.
+    let observed = app
+        .auth(app.http.get(format!("{}/v1/chats/{chat}/events", app.url)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(observed.status(), 200);
+    let mut observed = observed.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("text-delta") {
+        let next = tokio::time::timeout(Duration::from_secs(10), observed.next())
+            .await
+            .expect("the turn streams text");
+        seen.push_str(std::str::from_utf8(&next.unwrap().unwrap()).unwrap());
+    }
+    drop(observed);
     let followed = resume().await.unwrap();
     assert_eq!(followed.status(), 200);
     let (chunks, done) = read_stream(followed).await;

@@ -60,22 +60,17 @@ fn defaults_follow_the_spec() {
 }
 
 #[tokio::test]
-async fn a_second_turn_is_refused_quickly_with_the_running_turn() {
+async fn a_second_turn_is_refused_with_the_running_turn() {
     let holds = holds(HoldConfig::default());
     let agent = AgentId::new();
     let first = TurnId::new();
     let guard = held(holds.acquire(TEAM, agent, first).await);
 
-    let mut answer_times = Vec::new();
+    // How fast the refusal comes is the bench's `busy` scenario's to measure.
     for _ in 0..20 {
-        let started = Instant::now();
         let running = busy(holds.acquire(TEAM, agent, TurnId::new()).await);
-        answer_times.push(started.elapsed());
         assert_eq!(running, first);
     }
-    answer_times.sort();
-    let p50 = answer_times[answer_times.len() / 2];
-    assert!(p50 < Duration::from_millis(5), "busy answer p50 {p50:?}");
 
     // Another agent is unaffected.
     held(holds.acquire(TEAM, AgentId::new(), TurnId::new()).await)

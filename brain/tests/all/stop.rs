@@ -322,10 +322,35 @@ async fn a_stop_published_while_the_owner_was_not_listening_is_found_on_resubscr
     let (turn, seen) = read_until(&mut body, "w1 ").await;
 
     proxy.set(Fault::Cut);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The owner's subscription is gone once Redis counts no listener on its channel: the
+    // stop published next is heard by nobody.
+    let replica: uuid::Uuid =
+        sqlx::query_scalar("SELECT replica_id FROM turns WHERE id = $1::uuid")
+            .bind(&turn)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    let mut conn = redis::Client::open(redis.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("turn-stop:replica:{replica}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if listeners == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the owner stayed subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (status, answer) = post(&app, &other, &app.key, &format!("/v1/turns/{turn}/stop")).await;
     assert_eq!(status, 202, "{answer}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         app.turns().await[0].0,
         "running",
