@@ -574,6 +574,9 @@ impl Store {
     /// takes every team's first, then every team's second, and so on; one team's backlog
     /// never sits ahead of another team's delivery. A row whose secret or target does not
     /// open under this key is given up as `failed` at once rather than retried for a day.
+    /// A channel's reply waits while an earlier one (by `seq`) of its conversation is still
+    /// pending, so one conversation's replies go out in the order they were written (P15;
+    /// `webhook_deliveries_conversation`, migration 0068).
     pub async fn claim_deliveries(
         &self,
         limit: i64,
@@ -602,6 +605,10 @@ impl Store {
                  SELECT p.id, p.team_id, p.next_attempt_at FROM webhook_deliveries p \
                  WHERE p.team_id = r.team_id AND p.state = 'pending' \
                    AND p.next_attempt_at <= now() \
+                   AND (p.channel_id IS NULL OR NOT EXISTS ( \
+                     SELECT 1 FROM webhook_deliveries e WHERE e.channel_id = p.channel_id \
+                       AND e.payload->>'conversation' = p.payload->>'conversation' \
+                       AND e.state = 'pending' AND e.seq < p.seq)) \
                  ORDER BY p.next_attempt_at LIMIT least(r.room, $1) \
                  FOR UPDATE SKIP LOCKED) o \
                WHERE r.room > 0), \

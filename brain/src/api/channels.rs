@@ -1,7 +1,8 @@
 //! `POST/GET /v1/agents/{agent_id}/channels`, `GET/DELETE
 //! /v1/agents/{agent_id}/channels/{channel_id}`: an agent's chat channels (P10), for
-//! admins; and `POST /v1/channels/{channel_id}/telegram`, where Telegram delivers the
-//! channel's updates (authenticated by the channel's `secret_token`, not by a team key).
+//! admins; and `POST /v1/channels/{channel_id}/telegram` and `…/slack`, where the
+//! platform delivers the channel's messages (authenticated by the channel's
+//! `secret_token`, or Slack's signature under its signing secret, not by a team key).
 //! Credentials are sealed and never answered. docs/design/channels.md is the design.
 
 use axum::Json;
@@ -19,6 +20,7 @@ use crate::error::ApiError;
 use engine::address;
 use engine::auth::{Principal, constant_time_eq};
 use engine::channels::inbound::{self, InboundError};
+use engine::channels::slack::{self, Api};
 use engine::channels::telegram::{self, Bot};
 use engine::channels::{self, Kind};
 use store::channels::{ChannelRow, NewChannel, OpenedChannel};
@@ -35,15 +37,25 @@ const MAX_UPDATE: usize = 256 * 1024;
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"kind": "telegram", "bot_token": "123456:ABC-DEF", "allowed_users": ["123456789"]}))]
 pub struct CreateChannel {
-    /// `telegram` (Slack is not built yet).
+    /// `telegram` or `slack`.
     kind: String,
-    /// The bot's token (Telegram: from @BotFather). Sealed; never answered.
+    /// The bot's token (Telegram: from @BotFather; Slack: the app's `xoxb-` bot token).
+    /// Sealed; never answered.
     bot_token: String,
-    /// The platform user ids (Telegram: numeric) that may talk to the agent; 1 to 1000.
+    /// Slack only, required: the app's signing secret, which every event is signed with.
+    /// Sealed; never answered.
+    #[serde(default)]
+    signing_secret: Option<String>,
+    /// The platform user ids that may talk to the agent (Telegram: numeric; Slack: `U…`),
+    /// at most 1000. Telegram: at least one.
     #[serde(default)]
     allowed_users: Vec<String>,
+    /// Slack only: the channel ids (`C…`, `G…`, `D…`) where anyone may talk to the agent,
+    /// at most 1000. With `allowed_users`, at least one id in all.
+    #[serde(default)]
+    allowed_channels: Vec<String>,
     /// The platform API to call instead of the public one (a self-hosted Telegram Bot API
-    /// server): held to the connectors' address rule.
+    /// server, a Slack-compatible gateway): held to the connectors' address rule.
     #[serde(default)]
     api_base: Option<String>,
 }
@@ -90,17 +102,8 @@ fn secrets_error(err: SecretsError) -> ApiError {
 }
 
 fn checked(body: &CreateChannel, allow_private: bool) -> Result<(Kind, String), ApiError> {
-    let kind = match Kind::parse(&body.kind) {
-        Some(Kind::Telegram) => Kind::Telegram,
-        Some(Kind::Slack) => {
-            return Err(ApiError::InvalidRequest(
-                "kind `slack` is not built yet (docs/design/channels.md); use `telegram`".into(),
-            ));
-        }
-        None => {
-            return Err(ApiError::InvalidRequest("kind must be `telegram`".into()));
-        }
-    };
+    let kind = Kind::parse(&body.kind)
+        .ok_or_else(|| ApiError::InvalidRequest("kind must be `telegram` or `slack`".into()))?;
     let token_ok = (1..=256).contains(&body.bot_token.len())
         && body
             .bot_token
@@ -109,6 +112,26 @@ fn checked(body: &CreateChannel, allow_private: bool) -> Result<(Kind, String), 
     if !token_ok {
         return Err(ApiError::InvalidRequest(
             "bot_token must be 1 to 256 letters, digits, `:`, `_` or `-`".into(),
+        ));
+    }
+    match kind {
+        Kind::Telegram => checked_telegram(body)?,
+        Kind::Slack => checked_slack(body)?,
+    }
+    let base = body.api_base.as_deref().unwrap_or(match kind {
+        Kind::Telegram => telegram::DEFAULT_API_BASE,
+        Kind::Slack => slack::DEFAULT_API_BASE,
+    });
+    let base = address::valid_url(base, allow_private, "BRAIN_WEBHOOKS_ALLOW_PRIVATE_NETWORKS")
+        .map_err(|e| ApiError::InvalidRequest(format!("api_base: {e}")))?;
+    Ok((kind, base.as_str().trim_end_matches('/').to_owned()))
+}
+
+fn checked_telegram(body: &CreateChannel) -> Result<(), ApiError> {
+    if body.signing_secret.is_some() || !body.allowed_channels.is_empty() {
+        return Err(ApiError::InvalidRequest(
+            "signing_secret and allowed_channels are Slack's; a Telegram channel takes neither"
+                .into(),
         ));
     }
     let users_ok = (1..=MAX_ALLOWED).contains(&body.allowed_users.len())
@@ -121,13 +144,40 @@ fn checked(body: &CreateChannel, allow_private: bool) -> Result<(Kind, String), 
             "allowed_users must list 1 to {MAX_ALLOWED} Telegram user ids (digits)"
         )));
     }
-    let base = body
-        .api_base
+    Ok(())
+}
+
+/// A Slack id: `U…`, `C…`, capital letters and digits.
+fn slack_id(id: &str) -> bool {
+    (2..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+}
+
+fn checked_slack(body: &CreateChannel) -> Result<(), ApiError> {
+    let secret_ok = body
+        .signing_secret
         .as_deref()
-        .unwrap_or(telegram::DEFAULT_API_BASE);
-    let base = address::valid_url(base, allow_private, "BRAIN_WEBHOOKS_ALLOW_PRIVATE_NETWORKS")
-        .map_err(|e| ApiError::InvalidRequest(format!("api_base: {e}")))?;
-    Ok((kind, base.as_str().trim_end_matches('/').to_owned()))
+        .is_some_and(|s| (8..=256).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_graphic()));
+    if !secret_ok {
+        return Err(ApiError::InvalidRequest(
+            "a Slack channel needs signing_secret (the app's, 8 to 256 printable characters)"
+                .into(),
+        ));
+    }
+    let (users, channels) = (&body.allowed_users, &body.allowed_channels);
+    let ids_ok = users.len() <= MAX_ALLOWED
+        && channels.len() <= MAX_ALLOWED
+        && users.len() + channels.len() > 0
+        && users.iter().chain(channels).all(|id| slack_id(id));
+    if !ids_ok {
+        return Err(ApiError::InvalidRequest(format!(
+            "allowed_users and allowed_channels must list Slack ids (capital letters and \
+             digits), at most {MAX_ALLOWED} each and at least one in all"
+        )));
+    }
+    Ok(())
 }
 
 /// A `secret_token` for Telegram's `setWebhook`: 48 of the characters it allows.
@@ -159,6 +209,49 @@ fn client(state: &AppState) -> Result<reqwest::Client, ApiError> {
         .map_err(|_| ApiError::Internal("no HTTP client for the platform".into()))
 }
 
+/// Tells the platform of the channel, or checks its token: Telegram is pointed at `url`
+/// with a secret the brain generates (`setWebhook`); Slack's token must pass `auth.test`
+/// (its events are pointed at `url` in the app's settings, by the admin). Answers the
+/// secret the platform's calls are checked with.
+async fn register(
+    state: &AppState,
+    client: &reqwest::Client,
+    kind: Kind,
+    base: &str,
+    body: &CreateChannel,
+    url: &str,
+) -> Result<String, ApiError> {
+    match kind {
+        Kind::Telegram => {
+            let secret = new_secret();
+            let bot = bot(state, client, base, &body.bot_token);
+            if let Err(e) = bot.set_webhook(url, &secret).await {
+                return Err(ApiError::InvalidRequest(format!(
+                    "Telegram refused setWebhook ({}); check bot_token and api_base",
+                    e.class
+                )));
+            }
+            Ok(secret)
+        }
+        Kind::Slack => {
+            let api = Api {
+                client,
+                base,
+                token: &body.bot_token,
+                allow_private_networks: state.config.webhooks.allow_private_networks,
+                timeout: state.config.webhooks.timeout,
+            };
+            if let Err(e) = api.auth_test().await {
+                return Err(ApiError::InvalidRequest(format!(
+                    "Slack refused auth.test ({}); check bot_token and api_base",
+                    e.class
+                )));
+            }
+            Ok(body.signing_secret.clone().unwrap_or_default())
+        }
+    }
+}
+
 #[utoipa::path(
     post,
     path = "/agents/{agent_id}/channels",
@@ -168,7 +261,8 @@ fn client(state: &AppState) -> Result<reqwest::Client, ApiError> {
     request_body = CreateChannel,
     responses(
         (status = 201, description = "Created; Telegram was told the `webhook_url` \
-            (`setWebhook`, with a secret the brain keeps).", body = ChannelView),
+            (`setWebhook`, with a secret the brain keeps); Slack's token passed `auth.test` \
+            (give the `webhook_url` as the app's Events API request URL).", body = ChannelView),
         (status = 400, description = "A bad field, an `api_base` the address rule refuses, \
             too many channels, or the platform refused the bot token (`invalid_request`).",
             body = ErrorBody),
@@ -194,22 +288,15 @@ pub async fn create(
     // Telegram is told of a channel only for an agent that exists.
     agent_exists(&state, &principal, agent).await?;
     let id = Uuid::now_v7();
-    let secret = new_secret();
     let client = client(&state)?;
-    let bot = bot(&state, &client, &base, &body.bot_token);
     let url = webhook_url(&state, id, kind.as_str());
-    if let Err(e) = bot.set_webhook(&url, &secret).await {
-        return Err(ApiError::InvalidRequest(format!(
-            "Telegram refused setWebhook ({}); check bot_token and api_base",
-            e.class
-        )));
-    }
+    let secret = register(&state, &client, kind, &base, &body, &url).await?;
     let new = NewChannel {
         id,
         kind: kind.as_str(),
         api_base: &base,
         allowed_users: &body.allowed_users,
-        allowed_channels: &[],
+        allowed_channels: &body.allowed_channels,
         token: &body.bot_token,
         secret: &secret,
     };
@@ -229,7 +316,11 @@ pub async fn create(
         Ok(row) => Ok((StatusCode::CREATED, Json(view(&state, row)))),
         Err(e) => {
             // The platform was pointed at a channel that is not kept.
-            if let Err(undo) = bot.delete_webhook().await {
+            if kind == Kind::Telegram
+                && let Err(undo) = bot(&state, &client, &base, &body.bot_token)
+                    .delete_webhook()
+                    .await
+            {
                 tracing::warn!(
                     class = undo.class,
                     "channels: webhook of a refused channel left set"
@@ -371,6 +462,11 @@ pub async fn delete(
         Err(StoreError::NotFound) => return Err(ApiError::NotFound("channel")),
         Err(e) => return Err(e.into()),
     }
+    // Slack's events are pointed at the channel by the app's settings; a deleted channel's
+    // URL answers 404.
+    if channel.row.kind != Kind::Telegram.as_str() {
+        return Ok(StatusCode::NO_CONTENT);
+    }
     let client = client(&state)?;
     if let Err(e) = bot(&state, &client, &channel.row.api_base, &channel.token)
         .delete_webhook()
@@ -404,18 +500,7 @@ pub async fn telegram_update(
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let id: Uuid = parse_id(&channel_id, "channel")?;
-    let channel = match bounded(async {
-        state.store.channel(id).await.map_err(|e| match e {
-            SecretsError::Store(e) => e,
-            _ => StoreError::NotFound,
-        })
-    })
-    .await
-    {
-        Ok(channel) if channel.row.kind == Kind::Telegram.as_str() => channel,
-        Ok(_) | Err(StoreError::NotFound) => return Err(ApiError::NotFound("channel")),
-        Err(e) => return Err(e.into()),
-    };
+    let channel = platform_channel(&state, id, Kind::Telegram).await?;
     let given = headers
         .get(telegram::SECRET_HEADER)
         .map(|v| v.as_bytes())
@@ -437,6 +522,90 @@ pub async fn telegram_update(
             // this update: delivered again, it would be refused again.
             tracing::info!(channel = %id, error = %e, "channels: update started no turn");
             Ok(StatusCode::OK)
+        }
+    }
+}
+
+/// Channel `id` on `kind`, for a call of that platform: `404` for any other.
+async fn platform_channel(
+    state: &AppState,
+    id: Uuid,
+    kind: Kind,
+) -> Result<OpenedChannel, ApiError> {
+    let found = bounded(async {
+        state.store.channel(id).await.map_err(|e| match e {
+            SecretsError::Store(e) => e,
+            _ => StoreError::NotFound,
+        })
+    })
+    .await;
+    match found {
+        Ok(channel) if channel.row.kind == kind.as_str() => Ok(channel),
+        Ok(_) | Err(StoreError::NotFound) => Err(ApiError::NotFound("channel")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/channels/{channel_id}/slack",
+    operation_id = "slack_event",
+    tag = "channels",
+    params(("channel_id" = Uuid, Path, description = "The channel.")),
+    request_body(content = serde_json::Value, description = "A Slack Events API request \
+        (`url_verification` or `event_callback`), signed with the app's signing secret."),
+    responses(
+        (status = 200, description = "Taken: a `url_verification` is answered \
+            `{\"challenge\"}`; a message's turn runs detached, its reply is posted in the \
+            thread with `chat.postMessage`. A redelivered event runs nothing more."),
+        (status = 401, description = "`X-Slack-Signature` is missing or wrong, or \
+            `X-Slack-Request-Timestamp` is missing or more than five minutes from the \
+            server's clock (`unauthorized`); nothing runs.", body = ErrorBody),
+        (status = 404, description = "No such channel (`not_found`).", body = ErrorBody),
+    ),
+    security(()),
+)]
+pub async fn slack_event(
+    State(state): State<AppState>,
+    Path(channel_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let id: Uuid = parse_id(&channel_id, "channel")?;
+    let channel = platform_channel(&state, id, Kind::Slack).await?;
+    if body.len() > MAX_UPDATE {
+        return Err(ApiError::PayloadTooLarge(MAX_UPDATE));
+    }
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let now = chrono::Utc::now().timestamp();
+    let timestamp = header(slack::TIMESTAMP_HEADER);
+    let signature = header(slack::SIGNATURE_HEADER);
+    if let Err(refused) = slack::verify(&channel.secret, timestamp, signature, &body, now) {
+        tracing::info!(channel = %id, refused = ?refused, "channels: Slack request refused");
+        return Err(ApiError::Unauthorized);
+    }
+    let envelope: slack::Envelope = serde_json::from_slice(&body)
+        .map_err(|_| ApiError::InvalidRequest("not a Slack Events API request".into()))?;
+    match envelope.kind.as_str() {
+        "url_verification" => {
+            let challenge = envelope.challenge.unwrap_or_default();
+            return Ok(Json(serde_json::json!({ "challenge": challenge })).into_response());
+        }
+        "event_callback" => {}
+        _ => return Ok(StatusCode::OK.into_response()),
+    }
+    if let Some(retry) = header(slack::RETRY_HEADER) {
+        // Its event id is the message's client id: the retry starts nothing new.
+        tracing::debug!(channel = %id, retry, "channels: Slack redelivered an event");
+    }
+    match inbound::slack(&state, &channel, envelope).await {
+        Ok(_) => Ok(StatusCode::OK.into_response()),
+        // Slack retries after a failure; the event id makes that run once.
+        Err(InboundError::Store(e)) => Err(e.into()),
+        Err(InboundError::Post(e)) => {
+            tracing::info!(channel = %id, error = %e, "channels: event started no turn");
+            Ok(StatusCode::OK.into_response())
         }
     }
 }

@@ -114,6 +114,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(channels::telegram_update))
         .routes(routes!(chats::list, chats::create))
         .routes(routes!(memories::list))
+        .routes(routes!(channels::slack_event))
         .routes(routes!(memories::update, memories::delete))
         .routes(routes!(erasure::erase_chat, chats::rename))
         .routes(routes!(erasure::erase_user, users::get, users::update))

@@ -2,17 +2,21 @@
 //! server (`common::telegram`: a chat platform cannot run here): the webhook registered
 //! with a secret, an update refused without it, a redelivery run once, a long answer cut
 //! under the limit, a failing send retried to one delivery, a replica killed mid-delivery,
-//! a person not allowed refused, another team's channel out of reach.
+//! a person not allowed refused, another team's channel out of reach; and a scripted Slack
+//! Web API server (`common::slack`), the events signed as Slack signs them: a thread or a
+//! DM as one conversation, a bad signature or a stale timestamp refused, a retry run once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
 use engine::config::Config;
+use scripted_provider::Reply;
 use serde_json::{Value, json};
 use store::SecretsKey;
 
 use crate::common::replies::text;
+use crate::common::slack::{self, Call as SlackCall, ScriptedSlack};
 use crate::common::telegram::{Call, ScriptedTelegram};
 use crate::common::{BrainProcess, TestApp};
 use crate::webhooks::KEY_HEX;
@@ -341,4 +345,394 @@ async fn a_replica_killed_mid_delivery_neither_loses_nor_doubles_the_reply() {
     let sent = tg.calls("sendMessage");
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0].body["text"], "only once");
+}
+
+const SIGNING: &str = "slack-signing-secret-0123";
+const SLACK_TOKEN: &str = "xoxb-1-secret-slack-token";
+
+/// An agent with a Slack channel at `slack`, allowing `users` anywhere and anyone in
+/// `channels`: the channel's id.
+async fn slack_channel(
+    app: &TestApp,
+    slack: &ScriptedSlack,
+    users: &[&str],
+    channels: &[&str],
+) -> String {
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    let created = app
+        .post_json(
+            &format!("/v1/agents/{agent}/channels"),
+            &json!({"kind": "slack", "bot_token": SLACK_TOKEN, "signing_secret": SIGNING,
+                    "allowed_users": users, "allowed_channels": channels,
+                    "api_base": slack.url}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let shown = created.to_string();
+    assert!(
+        !shown.contains(SIGNING) && !shown.contains(SLACK_TOKEN),
+        "{shown}"
+    );
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(
+        created["webhook_url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/v1/channels/{id}/slack"))
+    );
+    // The token was checked with Slack before the channel was kept.
+    assert_eq!(slack.calls("auth.test")[0].token, SLACK_TOKEN);
+    id
+}
+
+/// A person's message event: in a channel (`thread_ts` when it is a reply in a thread) or,
+/// for a `D…` channel, a DM.
+fn slack_message(
+    event_id: &str,
+    user: &str,
+    channel: &str,
+    ts: &str,
+    thread_ts: Option<&str>,
+    text: &str,
+) -> Value {
+    let channel_type = if channel.starts_with('D') {
+        "im"
+    } else {
+        "channel"
+    };
+    let mut event = json!({"type": "message", "user": user, "text": text, "ts": ts,
+                           "channel": channel, "channel_type": channel_type});
+    if let Some(thread) = thread_ts {
+        event["thread_ts"] = json!(thread);
+    }
+    json!({"token": "unused", "team_id": "T1", "api_app_id": "A1", "type": "event_callback",
+           "event_id": event_id, "event_time": 0, "event": event})
+}
+
+/// Posts `body` to the channel's Slack URL as Slack would at `at` (seconds), signed with
+/// `secret`; `retry` sets `X-Slack-Retry-Num`.
+async fn slack_send(
+    app: &TestApp,
+    channel: &str,
+    body: &Value,
+    at: i64,
+    secret: &str,
+    retry: Option<u32>,
+) -> reqwest::Response {
+    let raw = serde_json::to_vec(body).unwrap();
+    let mut request = app
+        .http
+        .post(format!("{}/v1/channels/{channel}/slack", app.url))
+        .header("Content-Type", "application/json")
+        .header("X-Slack-Request-Timestamp", at.to_string())
+        .header("X-Slack-Signature", slack::sign(secret, at, &raw));
+    if let Some(n) = retry {
+        request = request
+            .header("X-Slack-Retry-Num", n.to_string())
+            .header("X-Slack-Retry-Reason", "http_timeout");
+    }
+    request.body(raw).send().await.unwrap()
+}
+
+async fn slack_status(app: &TestApp, channel: &str, body: &Value) -> u16 {
+    let now = chrono::Utc::now().timestamp();
+    slack_send(app, channel, body, now, SIGNING, None)
+        .await
+        .status()
+        .as_u16()
+}
+
+fn posts(calls: &[SlackCall]) -> usize {
+    calls
+        .iter()
+        .filter(|c| c.method == "chat.postMessage")
+        .count()
+}
+
+#[tokio::test]
+async fn a_slack_message_in_a_thread_is_answered_in_that_thread() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let id = slack_channel(&app, &slack, &["U1"], &[]).await;
+
+    let challenge = json!({"token": "unused", "type": "url_verification", "challenge": "c-123"});
+    let now = chrono::Utc::now().timestamp();
+    let answered = slack_send(&app, &id, &challenge, now, SIGNING, None).await;
+    assert_eq!(answered.status(), 200);
+    assert_eq!(
+        answered.json::<Value>().await.unwrap()["challenge"],
+        "c-123"
+    );
+
+    // A message in channel C1 starts a thread: the reply goes in it, in mrkdwn.
+    app.provider.push(text("Hello **Ada** <3"));
+    let first = slack_message("Ev1", "U1", "C1", "100.000001", None, "hi");
+    assert_eq!(slack_status(&app, &id, &first).await, 200);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 1).await;
+    let sent = slack.calls("chat.postMessage");
+    assert_eq!(sent[0].token, SLACK_TOKEN);
+    assert_eq!(sent[0].body["channel"], "C1");
+    assert_eq!(sent[0].body["thread_ts"], "100.000001");
+    assert_eq!(sent[0].body["text"], "Hello *Ada* &lt;3");
+
+    // The bot's own message and an edit in the thread are no one writing to the agent.
+    let mut own = slack_message("Ev2", "UBOT", "C1", "100.5", Some("100.000001"), "Hello");
+    own["event"]["bot_id"] = json!("BBOT");
+    assert_eq!(slack_status(&app, &id, &own).await, 200);
+    let mut edit = slack_message("Ev3", "U1", "C1", "100.6", Some("100.000001"), "hi!");
+    edit["event"]["subtype"] = json!("message_changed");
+    assert_eq!(slack_status(&app, &id, &edit).await, 200);
+    assert_eq!(turns_of(&app, &id).await, 1);
+
+    // A reply in the thread is the same conversation: the same chat, answered there.
+    app.provider.push(text("Again"));
+    let reply = slack_message("Ev4", "U1", "C1", "101.000001", Some("100.000001"), "more");
+    assert_eq!(slack_status(&app, &id, &reply).await, 200);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 2).await;
+    let sent = slack.calls("chat.postMessage");
+    assert_eq!(sent[1].body["thread_ts"], "100.000001");
+    assert_eq!(sent[1].body["text"], "Again");
+
+    // A DM is a conversation of its own, answered outside any thread.
+    app.provider.push(text("In private"));
+    let dm = slack_message("Ev5", "U1", "D9", "102.000001", None, "psst");
+    assert_eq!(slack_status(&app, &id, &dm).await, 200);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 3).await;
+    let sent = slack.calls("chat.postMessage");
+    assert_eq!(sent[2].body["channel"], "D9");
+    assert!(
+        sent[2].body.get("thread_ts").is_none(),
+        "{:?}",
+        sent[2].body
+    );
+
+    assert_eq!(turns_of(&app, &id).await, 3);
+    let owners: Vec<(Option<String>, String)> = sqlx::query_as(
+        "SELECT h.created_by, c.conversation FROM chats h \
+         JOIN channel_chats c ON c.chat_id = h.id WHERE c.channel_id = $1::uuid \
+         ORDER BY c.conversation",
+    )
+    .bind(&id)
+    .fetch_all(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        owners,
+        [
+            (Some("slack:U1".to_owned()), "C1/100.000001".to_owned()),
+            (Some("slack:U1".to_owned()), "D9".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_bad_slack_signature_or_a_stale_timestamp_runs_nothing() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let (agent, _) = app.agent_and_chat("openai/gpt-test", &[]).await;
+    // A Slack channel needs its signing secret; a Telegram one takes none.
+    for body in [
+        json!({"kind": "slack", "bot_token": SLACK_TOKEN, "allowed_users": ["U1"],
+               "api_base": slack.url}),
+        json!({"kind": "telegram", "bot_token": "1:t", "allowed_users": ["1"],
+               "signing_secret": SIGNING, "api_base": slack.url}),
+    ] {
+        let refused = app
+            .post_json(&format!("/v1/agents/{agent}/channels"), &body)
+            .await;
+        assert_eq!(refused.status(), 400, "{body}");
+    }
+    let id = slack_channel(&app, &slack, &["U1"], &[]).await;
+    let message = slack_message("Ev1", "U1", "C1", "100.1", None, "hi");
+    let now = chrono::Utc::now().timestamp();
+    let refused = [
+        slack_send(&app, &id, &message, now, "not-the-secret", None).await,
+        // Signed rightly, but long ago (a replay) or from too far ahead.
+        slack_send(&app, &id, &message, now - 6 * 60, SIGNING, None).await,
+        slack_send(&app, &id, &message, now + 6 * 60, SIGNING, None).await,
+        app.http
+            .post(format!("{}/v1/channels/{id}/slack", app.url))
+            .json(&message)
+            .send()
+            .await
+            .unwrap(),
+    ];
+    for response in refused {
+        assert_eq!(response.status(), 401);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    }
+    // A body changed after it was signed.
+    let raw = serde_json::to_vec(&message).unwrap();
+    let tampered = app
+        .http
+        .post(format!("{}/v1/channels/{id}/slack", app.url))
+        .header("X-Slack-Request-Timestamp", now.to_string())
+        .header("X-Slack-Signature", slack::sign(SIGNING, now, &raw))
+        .body(
+            serde_json::to_vec(&slack_message("Ev1", "U1", "C1", "100.1", None, "rm -rf")).unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tampered.status(), 401);
+    assert_eq!(turns_of(&app, &id).await, 0);
+
+    // The same message, signed now, runs.
+    app.provider.push(text("ok"));
+    assert_eq!(slack_status(&app, &id, &message).await, 200);
+    assert_eq!(turns_of(&app, &id).await, 1);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 1).await;
+}
+
+#[tokio::test]
+async fn a_slack_retry_runs_once() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let id = slack_channel(&app, &slack, &["U1"], &[]).await;
+    slack.fail_posts(1);
+    app.provider.push(text("only once"));
+    let message = slack_message("Ev7", "U1", "C1", "100.1", None, "hi");
+    let now = chrono::Utc::now().timestamp();
+    let first = slack_send(&app, &id, &message, now, SIGNING, None).await;
+    assert_eq!(first.status(), 200);
+    // Slack saw no answer in time and sends the same event again.
+    let again = slack_send(&app, &id, &message, now + 3, SIGNING, Some(1)).await;
+    assert_eq!(again.status(), 200);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 1).await;
+    let (state, attempts) = settled_delivery(&app, &id).await;
+    assert_eq!((state.as_str(), attempts), ("delivered", 2));
+    assert_eq!(turns_of(&app, &id).await, 1);
+    let sent = slack.calls("chat.postMessage");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].body["text"], "only once");
+}
+
+#[tokio::test]
+async fn a_slack_user_not_allowed_is_refused_once_but_an_allowed_channel_lets_anyone_in() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let id = slack_channel(&app, &slack, &["U1"], &["COPEN"]).await;
+    for n in 1..=3 {
+        let ts = format!("100.{n}");
+        let message = slack_message(&format!("Ev{n}"), "U9", "C1", &ts, Some("100.1"), "in?");
+        assert_eq!(slack_status(&app, &id, &message).await, 200);
+    }
+    assert_eq!(turns_of(&app, &id).await, 0);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 1).await;
+    let refusal = &slack.calls("chat.postMessage")[0];
+    assert_eq!(refusal.body["thread_ts"], "100.1");
+    assert!(
+        refusal.body["text"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed")
+    );
+    let (notices,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM webhook_deliveries WHERE channel_id = $1::uuid")
+            .bind(&id)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(notices, 1);
+
+    // In an allowed channel, the same person is answered.
+    app.provider.push(text("welcome"));
+    let open = slack_message("Ev9", "U9", "COPEN", "200.1", None, "hello");
+    assert_eq!(slack_status(&app, &id, &open).await, 200);
+    slack.wait_until(WAIT, |calls| posts(calls) >= 2).await;
+    assert_eq!(slack.calls("chat.postMessage")[1].body["text"], "welcome");
+    assert_eq!(turns_of(&app, &id).await, 1);
+}
+
+#[tokio::test]
+async fn typing_is_shown_again_while_the_turn_runs() {
+    let app = TestApp::start_with(fast).await;
+    let tg = ScriptedTelegram::start().await;
+    let (_, id) = channel(&app, &tg).await;
+    let secret = tg.secret_token();
+    // The answer streams until the test releases it: the turn runs past one indicator.
+    app.provider.push(Reply::Held {
+        delta: "thinking ".into(),
+        every: Duration::from_millis(200),
+    });
+    assert_eq!(
+        update(&app, &id, &secret, 1, ALLOWED, "slow one").await,
+        200
+    );
+    let typing = |calls: &[Call]| {
+        calls
+            .iter()
+            .filter(|c| c.method == "sendChatAction" && c.body["action"] == "typing")
+            .count()
+    };
+    // Telegram shows one indicator about five seconds: a second is sent while it runs.
+    tg.wait_until(WAIT, |calls, _| typing(calls) >= 2).await;
+    assert!(sends(&tg.calls("sendMessage")).is_empty());
+    app.provider.release_held();
+    tg.wait_until(WAIT, |calls, _| !sends(calls).is_empty())
+        .await;
+    assert_eq!(settled_delivery(&app, &id).await.0, "delivered");
+}
+
+#[tokio::test]
+async fn two_replies_due_at_once_for_one_conversation_go_out_in_order() {
+    // This replica takes updates and delivers nothing: both replies wait in the outbox.
+    let app = TestApp::start_with(|c| {
+        fast(c);
+        c.webhooks.max_in_flight = 0;
+    })
+    .await;
+    let tg = ScriptedTelegram::start().await;
+    let (_, id) = channel(&app, &tg).await;
+    let secret = tg.secret_token();
+    app.provider.push(text("first"));
+    app.provider.push(text("second"));
+    assert_eq!(update(&app, &id, &secret, 1, ALLOWED, "one").await, 200);
+    assert_eq!(update(&app, &id, &secret, 2, ALLOWED, "two").await, 200);
+    let both = async {
+        loop {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM webhook_deliveries WHERE channel_id = $1::uuid \
+                 AND event = 'channel.reply'",
+            )
+            .bind(&id)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+            if n == 2 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, both).await.unwrap();
+    // The first reply's send hangs at the platform: the second must not overtake it.
+    tg.hold_sends(true);
+    let _second = app
+        .second_replica_with(|c| {
+            c.webhooks.max_in_flight = 4;
+        })
+        .await;
+    tg.wait_until(WAIT, |_, held| held >= 1).await;
+    // Both were due when the replica's first claim ran: only the earlier was taken.
+    let (claimed,): (Vec<i32>,) = sqlx::query_as(
+        "SELECT array_agg(attempts ORDER BY seq) FROM webhook_deliveries \
+         WHERE channel_id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(claimed[1], 0, "{claimed:?}");
+    tg.hold_sends(false);
+    tg.wait_until(WAIT, |calls, _| sends(calls).len() >= 2)
+        .await;
+    let texts: Vec<Value> = tg
+        .calls("sendMessage")
+        .iter()
+        .map(|c| c.body["text"].clone())
+        .collect();
+    assert_eq!(texts, [json!("first"), json!("second")]);
 }

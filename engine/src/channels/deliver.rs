@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::telegram::{Bot, CallError};
-use super::{Kind, text};
+use super::slack::{self, Api};
+use super::telegram::Bot;
+use super::{CallError, Kind, text};
 use crate::config::WebhooksConfig;
 use crate::metrics::Metrics;
 use protocol::TurnId;
@@ -80,7 +81,7 @@ async fn send_rest(
         Ok(opened) => opened,
         Err(StoreError::NotFound) => return ("unknown", Err(gone("channel_gone"))),
         Err(StoreError::Corrupt(_)) => return ("unknown", Err(gone("unreadable_secret"))),
-        Err(_) => return ("unknown", Err(transient("store"))),
+        Err(_) => return ("unknown", Err(CallError::transient("store"))),
     };
     let Some(kind) = Kind::parse(&opened.row.kind) else {
         return ("unknown", Err(gone("unknown_kind")));
@@ -103,17 +104,32 @@ async fn send_parts(
     let markdown = reply_text(store, delivery).await?;
     let parts = text::parts(kind, &markdown);
     let sent = delivery.body["sent"].as_u64().unwrap_or(0) as usize;
-    let bot = Bot {
-        client,
-        base: &opened.row.api_base,
-        token: &opened.token,
-        allow_private_networks: config.allow_private_networks,
-        timeout: config.timeout,
-    };
+    let (base, token) = (opened.row.api_base.as_str(), opened.token.as_str());
+    let allow_private_networks = config.allow_private_networks;
+    let timeout = config.timeout;
     for (index, (formatted, source)) in parts.iter().enumerate().skip(sent) {
         match kind {
-            Kind::Telegram => send_telegram(&bot, conversation, formatted, source).await?,
-            Kind::Slack => return Err(gone("unsupported_kind")),
+            Kind::Telegram => {
+                let bot = Bot {
+                    client,
+                    base,
+                    token,
+                    allow_private_networks,
+                    timeout,
+                };
+                send_telegram(&bot, conversation, formatted, source).await?;
+            }
+            Kind::Slack => {
+                let api = Api {
+                    client,
+                    base,
+                    token,
+                    allow_private_networks,
+                    timeout,
+                };
+                let to = slack::Conversation::parse(conversation);
+                api.post_message(&to, formatted).await?;
+            }
         }
         let progress =
             store.record_channel_progress(delivery.id, delivery.attempt, index + 1, lease);
@@ -121,7 +137,7 @@ async fn send_parts(
             Ok(true) => {}
             // Another replica holds the row now: it sends the rest.
             Ok(false) => return Ok(()),
-            Err(_) => return Err(transient("store")),
+            Err(_) => return Err(CallError::transient("store")),
         }
     }
     Ok(())
@@ -155,7 +171,7 @@ async fn reply_text(store: &Store, delivery: &ClaimedDelivery) -> Result<String,
     let reply = match bounded(store.channel_reply(delivery.team, turn)).await {
         Ok(reply) => reply,
         Err(StoreError::NotFound) => return Err(gone("turn_gone")),
-        Err(_) => return Err(transient("store")),
+        Err(_) => return Err(CallError::transient("store")),
     };
     let text = reply.parts.as_ref().map(texts).unwrap_or_default();
     if text.trim().is_empty() {
@@ -191,15 +207,6 @@ fn gone(class: &'static str) -> CallError {
         class,
         status: None,
         permanent: true,
-        retry_after: None,
-    }
-}
-
-fn transient(class: &'static str) -> CallError {
-    CallError {
-        class,
-        status: None,
-        permanent: false,
         retry_after: None,
     }
 }

@@ -2,6 +2,7 @@
 //! apps people use.
 //!
 //! - `telegram.rs`: the Telegram Bot API calls the brain makes and the updates it reads;
+//! - `slack.rs`: the Slack Web API calls, the Events API's envelope and its v0 signature;
 //! - `text.rs`: a reply cut under a platform's limit and written in its formatting;
 //! - `inbound.rs`: a platform's message to a channel becomes a detached turn of the
 //!   conversation's chat, or a refusal;
@@ -13,8 +14,11 @@
 
 pub mod deliver;
 pub mod inbound;
+pub mod slack;
 pub mod telegram;
 pub mod text;
+
+use std::time::Duration;
 
 use crate::config::WebhooksConfig;
 
@@ -67,4 +71,38 @@ pub(crate) async fn read_bounded(mut response: reqwest::Response, max: usize) ->
         body.extend_from_slice(&chunk);
     }
     Some(body)
+}
+
+/// Why a platform call failed: a class for logs and attempt rows (never the platform's
+/// description, which may quote the message), whether trying again can help, and the
+/// wait the platform asked for (429).
+#[derive(Debug)]
+pub struct CallError {
+    pub class: &'static str,
+    pub status: Option<u16>,
+    pub permanent: bool,
+    pub retry_after: Option<Duration>,
+}
+
+impl CallError {
+    pub(crate) fn transient(class: &'static str) -> Self {
+        Self {
+            class,
+            status: None,
+            permanent: false,
+            retry_after: None,
+        }
+    }
+}
+
+fn status_class(status: u16) -> &'static str {
+    match status {
+        400 => "bad_request",
+        401 => "unauthorized",
+        403 => "forbidden",
+        404 => "not_found",
+        429 => "rate_limited",
+        500..=599 => "server_error",
+        _ => "status",
+    }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::CallError;
 use crate::address;
 
 /// The API Telegram runs; a channel may name a self-hosted Bot API server instead.
@@ -43,28 +44,6 @@ pub struct Chat {
 #[derive(Debug, Deserialize)]
 pub struct User {
     pub id: i64,
-}
-
-/// Why a call failed: a class for logs and attempt rows (never the platform's
-/// description, which may quote the message), whether trying again can help, and the
-/// wait Telegram asked for (429).
-#[derive(Debug)]
-pub struct CallError {
-    pub class: &'static str,
-    pub status: Option<u16>,
-    pub permanent: bool,
-    pub retry_after: Option<Duration>,
-}
-
-impl CallError {
-    fn transient(class: &'static str) -> Self {
-        Self {
-            class,
-            status: None,
-            permanent: false,
-            retry_after: None,
-        }
-    }
 }
 
 /// A bot's API: its base and token (which is part of every method's URL, so a URL is
@@ -109,7 +88,7 @@ impl Bot<'_> {
                     .and_then(|a| a["parameters"]["retry_after"].as_u64())
                     .map(Duration::from_secs);
                 Err(CallError {
-                    class: status_class(status),
+                    class: super::status_class(status),
                     status: Some(status),
                     // A bad request, a blocked bot, an unknown chat or token: the same
                     // call never succeeds.
@@ -152,17 +131,5 @@ impl Bot<'_> {
     pub async fn typing(&self, chat: &str) -> Result<(), CallError> {
         let body = json!({ "chat_id": chat, "action": "typing" });
         self.call("sendChatAction", &body).await.map(drop)
-    }
-}
-
-fn status_class(status: u16) -> &'static str {
-    match status {
-        400 => "bad_request",
-        401 => "unauthorized",
-        403 => "forbidden",
-        404 => "not_found",
-        429 => "rate_limited",
-        500..=599 => "server_error",
-        _ => "status",
     }
 }

@@ -25,6 +25,7 @@ pub mod manager;
 pub mod mcp;
 pub mod oauth_servers;
 pub mod replies;
+pub mod slack;
 pub mod telegram;
 
 /// How soon a stop or a hang-up must end a command or a stream for the tests that check

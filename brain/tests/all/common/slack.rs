@@ -1,0 +1,153 @@
+//! A scripted Slack Web API server. A chat platform cannot run here, so this double speaks
+//! the Web API's exact wire (`POST /api/<method>` with a bearer token and a JSON body,
+//! answered `200 {"ok":true,…}` or `200 {"ok":false,"error":…}`), records every call, and
+//! fails `chat.postMessage` on demand. The events Slack would send are made by the tests
+//! themselves, signed with the v0 algorithm Slack documents ([`sign`]).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// One call the server answered.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub token: String,
+    pub method: String,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct Script {
+    calls: Vec<Call>,
+    /// `chat.postMessage` answers `500` this many more times.
+    fail_posts: usize,
+    /// Messages posted so far, for their `ts`.
+    posted: u64,
+}
+
+#[derive(Clone, Default)]
+struct Shared {
+    script: Arc<Mutex<Script>>,
+    changed: Arc<Notify>,
+}
+
+pub struct ScriptedSlack {
+    pub url: String,
+    shared: Shared,
+}
+
+impl ScriptedSlack {
+    pub async fn start() -> Self {
+        let shared = Shared::default();
+        let app = axum::Router::new()
+            .route("/api/{method}", axum::routing::post(answer))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, shared }
+    }
+
+    pub fn fail_posts(&self, times: usize) {
+        self.shared.script.lock().unwrap().fail_posts = times;
+    }
+
+    pub fn calls(&self, method: &str) -> Vec<Call> {
+        let script = self.shared.script.lock().unwrap();
+        script
+            .calls
+            .iter()
+            .filter(|c| c.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits (at most `within`) until `ready` holds of the calls answered.
+    pub async fn wait_until(&self, within: Duration, ready: impl Fn(&[Call]) -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let changed = self.shared.changed.notified();
+            if ready(&self.shared.script.lock().unwrap().calls) {
+                return;
+            }
+            tokio::select! {
+                // Something was recorded: look again.
+                () = changed => {}
+                // Never waits longer than the caller allows.
+                () = tokio::time::sleep_until(deadline) => {
+                    let script = self.shared.script.lock().unwrap();
+                    panic!("the Slack double never saw what the test waits for: {:?}", script.calls);
+                }
+            }
+        }
+    }
+}
+
+/// Slack's `X-Slack-Signature` of `body` sent at `timestamp`: `v0=` and the hex of
+/// HMAC-SHA256 under the signing secret of `v0:{timestamp}:{body}`.
+pub fn sign(signing_secret: &str, timestamp: i64, body: &[u8]) -> String {
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, signing_secret.as_bytes());
+    let mut context = aws_lc_rs::hmac::Context::with_key(&key);
+    context.update(format!("v0:{timestamp}:").as_bytes());
+    context.update(body);
+    let mut out = String::from("v0=");
+    for byte in context.sign().as_ref() {
+        write!(out, "{byte:02x}").unwrap();
+    }
+    out
+}
+
+async fn answer(
+    State(shared): State<Shared>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let Some(token) = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+    else {
+        return (
+            StatusCode::OK,
+            Json(json!({"ok": false, "error": "not_authed"})),
+        );
+    };
+    let mut script = shared.script.lock().unwrap();
+    let result = match method.as_str() {
+        "auth.test" => json!({"ok": true, "user_id": "UBOT", "bot_id": "BBOT", "team_id": "T1"}),
+        "chat.postMessage" if script.fail_posts > 0 => {
+            script.fail_posts -= 1;
+            drop(script);
+            shared.changed.notify_waiters();
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"ok": false, "error": "internal_error"})),
+            );
+        }
+        "chat.postMessage" => {
+            script.posted += 1;
+            let ts = format!("900.{:06}", script.posted);
+            json!({"ok": true, "channel": body["channel"], "ts": ts,
+                   "message": {"text": body["text"], "ts": ts}})
+        }
+        _ => json!({"ok": false, "error": "unknown_method"}),
+    };
+    script.calls.push(Call {
+        token,
+        method,
+        body,
+    });
+    drop(script);
+    shared.changed.notify_waiters();
+    (StatusCode::OK, Json(result))
+}
