@@ -159,6 +159,20 @@ pub fn validate_auxiliary(models: &AuxiliaryModels) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks an agent's auxiliary routes: as a team's, but `embedding` is the team's alone
+/// (B6): a base's passages are embedded once, for the team, and a query must be embedded
+/// by the route that embedded them.
+pub fn validate_agent_auxiliary(models: &AuxiliaryModels) -> Result<(), String> {
+    if models.embedding.is_some() {
+        return Err(
+            "auxiliary_models.embedding is a team setting (PUT /v1/team/settings): \
+                    knowledge is embedded once, for the team"
+                .into(),
+        );
+    }
+    validate_auxiliary(models)
+}
+
 /// Checks a system prompt, on creation and on change.
 pub fn validate_system_prompt(system_prompt: &str) -> Result<(), String> {
     if system_prompt.chars().count() > MAX_PROMPT {
@@ -318,7 +332,7 @@ pub fn apply_change(
     let auxiliary_models = change
         .auxiliary_models
         .unwrap_or_else(|| current.auxiliary_models.clone());
-    validate_auxiliary(&auxiliary_models)?;
+    validate_agent_auxiliary(&auxiliary_models)?;
     let knowledge_bases = match change.knowledge_bases {
         Some(ids) => validate_knowledge_bases(ids)?,
         None => current.knowledge_bases.clone(),

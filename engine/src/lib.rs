@@ -87,6 +87,7 @@ pub mod quota;
 pub mod ratelimit;
 pub mod redis;
 pub mod retention;
+pub mod retrieval;
 pub mod schedule;
 pub mod scheduler;
 pub mod sessions;

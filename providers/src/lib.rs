@@ -18,12 +18,14 @@
 //!   (`reasoning.rs`), like the providers' own reasoning fields.
 
 pub mod anthropic;
+pub mod embeddings;
 pub mod openai;
 mod reasoning;
 pub mod responses;
 pub mod route;
 mod sse;
 
+pub use embeddings::{EmbeddingRequest, Embeddings};
 pub use reasoning::strip_inline_reasoning;
 pub use route::{ModelRoute, ProviderKind, Providers};
 
@@ -473,6 +475,16 @@ pub trait ModelProvider: Send + Sync {
         &'a self,
         request: &'a ModelRequest,
     ) -> BoxFuture<'a, Result<EventStream, ProviderError>>;
+
+    /// Embeds a batch of texts (B6). The default is a provider without an embeddings
+    /// endpoint (Anthropic's API has none): refused as a call to a missing endpoint is.
+    fn embed<'a>(
+        &'a self,
+        request: &'a EmbeddingRequest,
+    ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+        let _ = request;
+        Box::pin(async { Err(ProviderError::Rejected { status: 404 }) })
+    }
 }
 
 /// Connection settings shared by the adapters.

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use super::sse::{self, Decoder};
 use super::{
-    Attachment, AttachmentKind, DataUrl, Endpoint, EventStream, Message, ModelProvider,
-    ModelRequest, ProviderError, ProviderEvent, ProviderKind, StopReason, ToolCall, ToolResult,
-    ToolSpec, Unavailable, Usage,
+    Attachment, AttachmentKind, DataUrl, EmbeddingRequest, Embeddings, Endpoint, EventStream,
+    Message, ModelProvider, ModelRequest, ProviderError, ProviderEvent, ProviderKind, StopReason,
+    ToolCall, ToolResult, ToolSpec, Unavailable, Usage,
 };
 
 const PROVIDER: &str = "openai-responses";
@@ -41,6 +41,19 @@ impl ResponsesProvider {
 }
 
 impl ModelProvider for ResponsesProvider {
+    /// The Chat Completions and Responses APIs share their base with `/embeddings`.
+    fn embed<'a>(
+        &'a self,
+        request: &'a EmbeddingRequest,
+    ) -> BoxFuture<'a, Result<Embeddings, ProviderError>> {
+        Box::pin(crate::embeddings::embed(
+            PROVIDER,
+            &self.client,
+            &self.endpoint,
+            request,
+        ))
+    }
+
     fn stream<'a>(
         &'a self,
         request: &'a ModelRequest,

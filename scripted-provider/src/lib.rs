@@ -1,6 +1,7 @@
 //! A scripted model provider: a small loopback HTTP server that speaks the OpenAI
 //! chat-completions, the OpenAI Responses and the Anthropic Messages wire formats
-//! (streaming and not) exactly as the real providers do.
+//! (streaming and not) exactly as the real providers do, and OpenAI's embeddings
+//! (`embeddings.rs`, deterministic vectors where synonyms are near).
 //!
 //! Why it exists: the LLM provider is the one dependency of the runtime that cannot run
 //! here. Everything else (Postgres, Redis, workers, the brain) runs for real in tests, so
@@ -14,6 +15,7 @@
 
 mod anthropic;
 mod demo;
+pub mod embeddings;
 mod history;
 mod openai;
 mod plan;

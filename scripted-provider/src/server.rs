@@ -24,6 +24,7 @@ pub(crate) fn spawn(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         .route("/v1/chat/completions", post(openai_handler))
         .route("/v1/messages", post(anthropic_handler))
         .route("/v1/responses", post(responses_handler))
+        .route("/v1/embeddings", post(crate::embeddings::handler))
         .fallback(not_found)
         // Long agent histories exceed axum's 2 MB default; real providers accept them.
         .layer(DefaultBodyLimit::disable())

@@ -190,6 +190,10 @@ pub struct AuxiliaryModels {
     /// images reach models.
     #[serde(default)]
     pub vision: Option<String>,
+    /// Embeds knowledge passages and queries for hybrid search (B6). A team setting: an
+    /// agent may not name one (a base's passages are embedded once, for the team).
+    #[serde(default)]
+    pub embedding: Option<String>,
 }
 
 impl AuxiliaryModels {
@@ -199,12 +203,16 @@ impl AuxiliaryModels {
             title: self.title.clone().or_else(|| defaults.title.clone()),
             summary: self.summary.clone().or_else(|| defaults.summary.clone()),
             vision: self.vision.clone().or_else(|| defaults.vision.clone()),
+            embedding: self
+                .embedding
+                .clone()
+                .or_else(|| defaults.embedding.clone()),
         }
     }
 
     /// The routes named, for checking each.
     pub fn routes(&self) -> impl Iterator<Item = &str> {
-        [&self.title, &self.summary, &self.vision]
+        [&self.title, &self.summary, &self.vision, &self.embedding]
             .into_iter()
             .filter_map(|route| route.as_deref())
     }

@@ -2,7 +2,9 @@
 //! job too: claimed by any replica with `FOR UPDATE SKIP LOCKED` under a lease, so a job
 //! whose replica died is claimed again once the lease lapses; each claim carries a fresh
 //! token that fences the claimant's writes. Chunks are searched with Postgres full-text
-//! search (`websearch_to_tsquery`, ranked by `ts_rank_cd`).
+//! search (`websearch_to_tsquery`, ranked by `ts_rank_cd`) and, when embedded (B6), by the
+//! Hamming distance of their sign bits to a query's (`bit_count` of the XOR), no extension
+//! needed.
 
 use std::time::Duration;
 
@@ -82,12 +84,16 @@ pub struct DocumentRow {
     pub chunks: i32,
     pub created_at: DateTime<Utc>,
     pub indexed_at: Option<DateTime<Utc>>,
+    /// The route that embedded its passages (B6); `None` when they were not.
+    pub embedding_model: Option<String>,
+    /// Why its passages were not embedded though the team has an embedding route.
+    pub embedding_error: Option<String>,
 }
 
 /// What [`Store::insert_knowledge_document`] did.
 #[derive(Debug)]
 pub enum DocumentInsert {
-    Inserted(DocumentRow),
+    Inserted(Box<DocumentRow>),
     /// The team has as many documents as it may: nothing written.
     TooManyDocuments,
     /// The team's documents would hold more bytes than it may with this one.
@@ -119,6 +125,54 @@ pub struct ClaimedJob {
 pub struct NewChunk {
     pub heading: String,
     pub body: String,
+}
+
+/// The embeddings of a job's chunks (B6).
+#[derive(Clone, Copy, Debug)]
+pub enum ChunkVectors<'a> {
+    /// The team has no embedding route: the document is searched by its words.
+    None,
+    /// One vector per chunk, in order, all of one dimension, made by route `model`.
+    Embedded {
+        model: &'a str,
+        vectors: &'a [Vec<f32>],
+    },
+    /// The embedding failed: the document is searched by its words, and says why.
+    Failed(&'a str),
+}
+
+impl ChunkVectors<'_> {
+    /// Each vector's sign bits (`'1'` for a positive component) as `bit varying` text, and
+    /// its components as little-endian f32 bytes; empty without vectors.
+    fn columns(&self) -> (Vec<String>, Vec<Vec<u8>>) {
+        let Self::Embedded { vectors, .. } = self else {
+            return (Vec::new(), Vec::new());
+        };
+        vectors
+            .iter()
+            .map(|v| (sign_bits(v), vector_bytes(v)))
+            .unzip()
+    }
+}
+
+/// A vector's sign quantisation as `bit varying` text.
+pub fn sign_bits(vector: &[f32]) -> String {
+    vector
+        .iter()
+        .map(|x| if *x > 0.0 { '1' } else { '0' })
+        .collect()
+}
+
+fn vector_bytes(vector: &[f32]) -> Vec<u8> {
+    vector.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A vector stored by [`ChunkVectors`], read back.
+pub fn vector_of(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// What [`Store::finish_knowledge_job`] did.
@@ -181,7 +235,7 @@ const BASE_COUNTS: &str = "LEFT JOIN LATERAL ( \
      FROM knowledge_documents d WHERE d.team_id = b.team_id AND d.base_id = b.id) s ON true";
 
 const DOCUMENT_COLUMNS: &str = "id, base_id, filename, media_type, size_bytes, title, status, \
-     error, chunks, created_at, indexed_at";
+     error, chunks, created_at, indexed_at, embedding_model, embedding_error";
 
 fn base_from_row(row: &sqlx::postgres::PgRow) -> Result<KnowledgeBaseRow, StoreError> {
     Ok(KnowledgeBaseRow {
@@ -209,6 +263,8 @@ fn document_from_row(row: &sqlx::postgres::PgRow) -> Result<DocumentRow, StoreEr
         chunks: row.try_get("chunks")?,
         created_at: row.try_get("created_at")?,
         indexed_at: row.try_get("indexed_at")?,
+        embedding_model: row.try_get("embedding_model")?,
+        embedding_error: row.try_get("embedding_error")?,
     })
 }
 
@@ -412,7 +468,7 @@ impl Store {
             let action = Action::KnowledgeDocumentAdded;
             audit::record(&mut tx, team, by, action, document.id, details).await?;
             tx.commit().await?;
-            return Ok(DocumentInsert::Inserted(document_from_row(&row)?));
+            return Ok(DocumentInsert::Inserted(Box::new(document_from_row(&row)?)));
         }
         let documents: i64 = row.try_get("team_documents")?;
         Ok(if documents >= limits.max_documents {
@@ -559,6 +615,7 @@ impl Store {
         job: &ClaimedJob,
         title: Option<&str>,
         chunks: &[NewChunk],
+        vectors: ChunkVectors<'_>,
         max_chunks: i64,
     ) -> Result<JobEnd, StoreError> {
         let mut tx = self.pool.begin().await?;
@@ -591,25 +648,39 @@ impl Store {
             .iter()
             .map(|c| (c.heading.as_str(), c.body.as_str()))
             .unzip();
+        // Without vectors their arrays are empty, and `unnest` fills NULLs.
+        let (bits, embeddings) = vectors.columns();
         sqlx::query(
-            "INSERT INTO knowledge_chunks (team_id, base_id, document_id, position, heading, body) \
-             SELECT $1, $2, $3, (n - 1)::int, h, b \
-             FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS u(h, b, n)",
+            "INSERT INTO knowledge_chunks \
+               (team_id, base_id, document_id, position, heading, body, embedding_bits, embedding) \
+             SELECT $1, $2, $3, (n - 1)::int, h, b, e::varbit, v \
+             FROM unnest($4::text[], $5::text[], $6::text[], $7::bytea[]) \
+               WITH ORDINALITY AS u(h, b, e, v, n)",
         )
         .bind(job.team.0)
         .bind(job.base)
         .bind(job.document)
         .bind(&headings)
         .bind(&bodies)
+        .bind(&bits)
+        .bind(&embeddings)
         .execute(&mut *tx)
         .await?;
+        let (model, embedding_error) = match vectors {
+            ChunkVectors::None => (None, None),
+            ChunkVectors::Embedded { model, .. } => (Some(model), None),
+            ChunkVectors::Failed(reason) => (None, Some(reason)),
+        };
         sqlx::query(
             "UPDATE knowledge_documents SET status = 'ready', title = $2, chunks = $3, \
-               claim = NULL, lease_until = NULL, error = NULL, indexed_at = now() WHERE id = $1",
+               claim = NULL, lease_until = NULL, error = NULL, indexed_at = now(), \
+               embedding_model = $4, embedding_error = left($5, 250) WHERE id = $1",
         )
         .bind(job.document)
         .bind(title)
         .bind(i32::try_from(chunks.len()).unwrap_or(i32::MAX))
+        .bind(model)
+        .bind(embedding_error)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -627,6 +698,33 @@ impl Store {
         let failed = fail_in(&mut tx, job, reason).await?;
         tx.commit().await?;
         Ok(failed)
+    }
+
+    /// Records an embeddings call made for the team's knowledge (B6) as a usage event,
+    /// once per `event_key`: the indexer's belongs to no agent, a search's to the agent it
+    /// searched for, if any.
+    pub async fn record_knowledge_usage(
+        &self,
+        team: TeamId,
+        agent: Option<protocol::AgentId>,
+        event_key: &str,
+        usage: &super::ModelCallUsage,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO billing_events \
+               (id, team_id, agent_id, event_key, kind, model, input_tokens, output_tokens) \
+             VALUES ($1, $2, $3, $4, 'model_call', $5, $6, $7) ON CONFLICT (event_key) DO NOTHING",
+        )
+        .bind(Uuid::now_v7())
+        .bind(team.0)
+        .bind(agent.map(|a| a.0))
+        .bind(event_key)
+        .bind(&usage.model)
+        .bind(super::turns::tokens(usage.input_tokens))
+        .bind(super::turns::tokens(usage.output_tokens))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     /// The longest query [`Store::search_knowledge`] is given, in bytes.
@@ -714,22 +812,63 @@ impl Store {
         .bind(SEARCH_CANDIDATES)
         .fetch_all(&self.pool)
         .await?;
+        rows.iter().map(passage_from_row).collect()
+    }
+
+    /// B6: the `limit` passages of the team's bases `bases` embedded by route `model` whose
+    /// sign bits are nearest `bits` (Hamming distance, `bit_count` of the XOR: a scan of a
+    /// few bytes a passage, no index and no extension), nearest first, each with its full
+    /// vector for the caller to re-score exactly. Passages of another dimension are not
+    /// compared.
+    pub async fn knowledge_vector_candidates(
+        &self,
+        team: TeamId,
+        bases: &[Uuid],
+        model: &str,
+        bits: &str,
+        limit: i64,
+    ) -> Result<Vec<(Passage, Vec<u8>)>, StoreError> {
+        let rows = sqlx::query(
+            "WITH q AS (SELECT $4::text::varbit AS bits), \
+             near AS (SELECT c.document_id, c.position, bit_count(c.embedding_bits # q.bits) AS dist \
+                 FROM q, knowledge_chunks c \
+                 JOIN knowledge_documents d ON d.team_id = c.team_id AND d.id = c.document_id \
+                 WHERE c.team_id = $1 AND c.base_id = ANY($2) AND d.embedding_model = $3 \
+                   AND length(c.embedding_bits) = length(q.bits) \
+                 ORDER BY dist, c.document_id, c.position LIMIT $5) \
+             SELECT c.base_id, c.document_id, d.filename, d.media_type, d.title, c.heading, \
+               c.position, c.body, 0::real AS score, c.embedding \
+             FROM near \
+             JOIN knowledge_chunks c \
+               ON c.document_id = near.document_id AND c.position = near.position \
+             JOIN knowledge_documents d ON d.team_id = c.team_id AND d.id = c.document_id \
+             ORDER BY near.dist, c.document_id, c.position",
+        )
+        .bind(team.0)
+        .bind(bases)
+        .bind(model)
+        .bind(bits)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
-            .map(|row| {
-                Ok(Passage {
-                    base_id: row.try_get("base_id")?,
-                    document_id: row.try_get("document_id")?,
-                    filename: row.try_get("filename")?,
-                    media_type: row.try_get("media_type")?,
-                    title: row.try_get("title")?,
-                    heading: row.try_get("heading")?,
-                    position: row.try_get("position")?,
-                    text: row.try_get("body")?,
-                    score: row.try_get("score")?,
-                })
-            })
+            .map(|row| Ok((passage_from_row(row)?, row.try_get("embedding")?)))
             .collect()
     }
+}
+
+fn passage_from_row(row: &sqlx::postgres::PgRow) -> Result<Passage, StoreError> {
+    Ok(Passage {
+        base_id: row.try_get("base_id")?,
+        document_id: row.try_get("document_id")?,
+        filename: row.try_get("filename")?,
+        media_type: row.try_get("media_type")?,
+        title: row.try_get("title")?,
+        heading: row.try_get("heading")?,
+        position: row.try_get("position")?,
+        text: row.try_get("body")?,
+        score: row.try_get("score")?,
+    })
 }
 
 /// The most matches of one tier of a search that are ranked; the rest are not read.

@@ -70,8 +70,8 @@ pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireR
 pub use erasure::{Bulky, Erased, TeamErasure};
 pub use issuers::{IssuerRow, MAX_ISSUERS};
 pub use knowledge::{
-    ClaimedJob, DocumentInsert, DocumentLimits, DocumentRow, DocumentStatus, JobEnd,
-    KnowledgeBaseRow, NewChunk, NewDocument, Passage,
+    ChunkVectors, ClaimedJob, DocumentInsert, DocumentLimits, DocumentRow, DocumentStatus, JobEnd,
+    KnowledgeBaseRow, NewChunk, NewDocument, Passage, sign_bits, vector_of,
 };
 pub use memories::{CallKey, MemoryRow, MemoryScope};
 pub use oauth::{AuthorizationCounts, GrantOwner, LockedError, TakenFlow, state_hash};

@@ -347,7 +347,7 @@ fn model_call_key(turn: TurnId, call_index: u32) -> String {
     format!("turn:{turn}:model_call:{call_index}")
 }
 
-fn tokens(n: Option<u64>) -> Option<i64> {
+pub(crate) fn tokens(n: Option<u64>) -> Option<i64> {
     n.map(|n| i64::try_from(n).unwrap_or(i64::MAX))
 }
 

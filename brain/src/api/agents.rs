@@ -15,7 +15,7 @@ use domain::approvals::ApprovalPolicy;
 use engine::agents::{
     AgentChange, AuxiliaryModels, BusyPolicy, DelegatesError, DisconnectPolicy,
     KnowledgeBasesError, KnowledgeRecall, MemoryRecall, apply_change, check_delegates,
-    check_knowledge_bases, validate_auxiliary, validate_knowledge_bases, validate_new_agent,
+    check_knowledge_bases, validate_agent_auxiliary, validate_knowledge_bases, validate_new_agent,
 };
 use engine::auth::{Principal, Scope};
 use engine::models::connections;
@@ -81,7 +81,7 @@ impl CreateAgent {
         self.approval_policy
             .validate()
             .map_err(ApiError::InvalidRequest)?;
-        validate_auxiliary(&self.auxiliary_models).map_err(ApiError::InvalidRequest)?;
+        validate_agent_auxiliary(&self.auxiliary_models).map_err(ApiError::InvalidRequest)?;
         let (approval_policy, disconnect_policy) = (self.approval_policy, self.disconnect_policy);
         let (auxiliary_models, stream_reasoning) = (self.auxiliary_models, self.stream_reasoning);
         let memory_recall = self.memory_recall;

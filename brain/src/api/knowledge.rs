@@ -113,6 +113,14 @@ pub struct KnowledgeDocument {
     created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     indexed_at: Option<DateTime<Utc>>,
+    /// The team's `embedding` route that embedded its passages (B6); absent when they
+    /// were not embedded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    embedding_model: Option<String>,
+    /// Why its passages were not embedded though the team names an embedding route: the
+    /// document is searched by its words alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    embedding_error: Option<String>,
 }
 
 impl From<DocumentRow> for KnowledgeDocument {
@@ -129,6 +137,8 @@ impl From<DocumentRow> for KnowledgeDocument {
             chunks: row.chunks,
             created_at: row.created_at,
             indexed_at: row.indexed_at,
+            embedding_model: row.embedding_model,
+            embedding_error: row.embedding_error,
         }
     }
 }
@@ -165,7 +175,8 @@ pub struct KnowledgePassage {
     heading: String,
     /// The passage's place in its document, from 0.
     position: i32,
-    /// Relevance between 0 and 1; higher is better.
+    /// Relevance, higher is better: between 0 and 1 by words alone (`lexical`); a fused
+    /// rank score, not comparable, when `hybrid`.
     score: f32,
     text: String,
 }
@@ -189,6 +200,14 @@ impl From<Passage> for KnowledgePassage {
 pub struct KnowledgeSearchResult {
     /// Best first.
     passages: Vec<KnowledgePassage>,
+    /// `hybrid` (words and meaning, fused: the team names an `embedding` route) or
+    /// `lexical` (words alone).
+    #[schema(example = "hybrid")]
+    mode: &'static str,
+    /// Why a search the team meant to be hybrid answered by words alone (the query could
+    /// not be embedded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
 #[utoipa::path(
@@ -503,7 +522,8 @@ pub async fn delete_document(
     responses(
         (status = 200, description = "The passages that best match, best first (Postgres \
             full-text search: any of the words matches; more of them, closer together and \
-            in a heading rank higher).", body = KnowledgeSearchResult),
+            in a heading rank higher; fused with the nearest passages by meaning where the \
+            team names an `embedding` route).", body = KnowledgeSearchResult),
         (status = 400, description = "A bad query or limit (`invalid_request`).", body = ErrorBody),
         (status = 403, description = "The caller is not an admin and no agent of the team \
             names the base in its `knowledge_bases` (`forbidden`).", body = ErrorBody),
@@ -524,9 +544,10 @@ pub async fn search(
     }
     principal.check_knowledge_search(&state.store, base).await?;
     let limit = body.limit.unwrap_or(DEFAULT_SEARCH_LIMIT);
-    let passages =
-        search::search(&state.store, principal.team, &[base], &body.query, limit).await?;
+    let found = search::search(&state, principal.team, None, &[base], &body.query, limit).await?;
     Ok(Json(KnowledgeSearchResult {
-        passages: passages.into_iter().map(Into::into).collect(),
+        passages: found.passages.into_iter().map(Into::into).collect(),
+        mode: found.mode.as_str(),
+        note: found.note,
     }))
 }

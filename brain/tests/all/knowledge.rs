@@ -443,7 +443,7 @@ async fn a_job_whose_replica_died_is_indexed_by_another() {
     // The dead replica's write, had it come back, is fenced off.
     let late = app
         .store
-        .finish_knowledge_job(&dead[0], None, &[], 1000)
+        .finish_knowledge_job(&dead[0], None, &[], store::ChunkVectors::None, 1000)
         .await
         .unwrap();
     assert_eq!(late, store::JobEnd::Lost);
@@ -971,4 +971,217 @@ async fn auto_recall_puts_matching_passages_into_the_prompt() {
         .rposition(|m| m.contains("reset a forgotten password?"))
         .unwrap();
     assert_eq!(recalled + 1, asked, "{messages:?}");
+}
+
+/// A document whose words are not a question's but whose meaning is, per the scripted
+/// provider's embeddings (its synonym groups: "vacation" and "holiday", "salary" and
+/// "pay").
+const VACATION: &[u8] = b"# Benefits\n\n\
+    Staff get twenty-five days of paid vacation every year, booked in the team calendar.\n\n\
+    ## Printers\n\nThe printers are on the second floor, beside the kitchen.\n";
+const MEANING: &str = "annual holiday allowance";
+
+/// A brain whose teams may hold provider connections (their keys sealed) on this
+/// machine's scripted provider.
+async fn embedding_app() -> TestApp {
+    TestApp::start_with(|c| {
+        c.secrets_key = Some(store::SecretsKey::parse(crate::webhooks::KEY_HEX).unwrap());
+        c.providers_allow_private_networks = true;
+    })
+    .await
+}
+
+/// The body of `POST /v1/knowledge/{base}/search` as `bearer`.
+async fn search_body(app: &TestApp, bearer: &str, base: &str, query: &str) -> Value {
+    let response = search_as(app, bearer, base, query).await;
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// A team connection `name` at `base_url`, and the team's `embedding` route on it.
+async fn embedding_route(app: &TestApp, bearer: &str, name: &str, base_url: &str) {
+    let created = app
+        .http
+        .post(format!("{}/v1/providers", app.url))
+        .bearer_auth(bearer)
+        .json(
+            &json!({"name": name, "kind": "openai", "base_url": base_url,
+                      "api_key": "sk-t", "models": [{"model": "embed"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    let set = app
+        .http
+        .put(format!("{}/v1/team/settings", app.url))
+        .bearer_auth(bearer)
+        .json(&json!({"auxiliary_models": {"embedding": format!("{name}/embed")}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200, "{}", set.text().await.unwrap());
+}
+
+/// B6: without an embedding route a question that shares no word with a passage finds
+/// nothing (the search is lexical, as before); with the team's route on the scripted
+/// provider's `/v1/embeddings`, a document uploaded then has its passages embedded and the
+/// same question finds the passage by its meaning (hybrid: lexical and vector candidates
+/// fused), while a document indexed before the route stays lexical. Each embedding call is
+/// a usage event of the route. Deleting the document deletes its vectors and it is in no
+/// answer; authority is unchanged: a chat key still needs an agent naming the base, and
+/// another team's hybrid search never answers our passages.
+#[tokio::test]
+async fn hybrid_search_finds_a_passage_by_its_meaning() {
+    let app = embedding_app().await;
+    let key = app.key.clone();
+    let base = create_base(&app, &key, "Benefits").await;
+    let before = upload(&app, &key, &base, "before.md", VACATION).await;
+    let indexed = settled(&app, &key, &base, &before).await;
+    assert_eq!(indexed["status"], "ready");
+    assert!(indexed.get("embedding_model").is_none(), "{indexed}");
+    let lexical = search_body(&app, &key, &base, MEANING).await;
+    assert_eq!(lexical["mode"], "lexical");
+    assert_eq!(
+        lexical["passages"],
+        json!([]),
+        "no word of the question is in it"
+    );
+    assert!(lexical.get("note").is_none());
+
+    embedding_route(&app, &key, "team", &app.provider.openai_base_url()).await;
+    let doc = upload(&app, &key, &base, "benefits.md", VACATION).await;
+    let embedded = settled(&app, &key, &base, &doc).await;
+    assert_eq!(embedded["status"], "ready", "{embedded}");
+    assert_eq!(embedded["embedding_model"], "team/embed", "{embedded}");
+    let vectors: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM knowledge_chunks WHERE document_id = $1::uuid \
+         AND embedding IS NOT NULL AND length(embedding_bits) = 256",
+    )
+    .bind(&doc)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(vectors, embedded["chunks"].as_i64().unwrap());
+
+    let hybrid = search_body(&app, &key, &base, MEANING).await;
+    assert_eq!(hybrid["mode"], "hybrid", "{hybrid}");
+    let found = hybrid["passages"].as_array().unwrap();
+    assert_eq!(found[0]["document_id"], doc.as_str(), "{hybrid}");
+    assert!(found[0]["text"].as_str().unwrap().contains("paid vacation"));
+    assert!(
+        found.iter().all(|p| p["document_id"] == doc.as_str()),
+        "the document indexed before the route has no vectors: {hybrid}"
+    );
+    // A question with the passage's own words still finds it first.
+    let words = search_body(&app, &key, &base, "printers second floor").await;
+    assert!(
+        words["passages"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("printers")
+    );
+    let billed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM billing_events WHERE team_id = (SELECT team_id FROM \
+         knowledge_bases WHERE id = $1::uuid) AND model = 'team/embed' AND input_tokens > 0",
+    )
+    .bind(&base)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert!(
+        billed >= 3,
+        "the indexing's call and the two queries': {billed}"
+    );
+
+    // Authority as before: a chat key reads only bases an agent names.
+    let chat_key = app.chat_key().await;
+    let (status, code) = error_code(search_as(&app, &chat_key, &base, MEANING).await).await;
+    assert_eq!((status, code.as_str()), (403, "forbidden"));
+    let other = app.store.create_team("other team").await.unwrap().api_key;
+    embedding_route(&app, &other, "theirs", &app.provider.openai_base_url()).await;
+    let theirs = create_base(&app, &other, "Theirs").await;
+    let their_doc = upload(&app, &other, &theirs, "faq.txt", FAQ).await;
+    assert_eq!(
+        settled(&app, &other, &theirs, &their_doc).await["status"],
+        "ready"
+    );
+    let (status, _) = error_code(search_as(&app, &other, &base, MEANING).await).await;
+    assert_eq!(status, 404);
+    let across = search_body(&app, &other, &theirs, MEANING).await;
+    assert!(
+        across["passages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["document_id"] == their_doc.as_str()),
+        "{across}"
+    );
+
+    // An agent may not name its own embedding route: the team's embeds the passages.
+    let refused = create_agent_with(
+        &app,
+        &key,
+        json!({"auxiliary_models": {"embedding": "team/embed"}}),
+    )
+    .await;
+    let (status, code) = error_code(refused).await;
+    assert_eq!((status, code.as_str()), (400, "invalid_request"));
+
+    let deleted = app
+        .auth(
+            app.http
+                .delete(format!("{}/v1/knowledge/{base}/documents/{doc}", app.url)),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM knowledge_chunks WHERE document_id = $1::uuid")
+            .bind(&doc)
+            .fetch_one(app.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(left, 0, "its passages and their vectors are gone");
+    let after = search_body(&app, &key, &base, MEANING).await;
+    assert_eq!(after["mode"], "hybrid");
+    assert_eq!(after["passages"], json!([]), "{after}");
+}
+
+/// B6: an embedding route that cannot be reached never fails the lexical index: the
+/// document is `ready`, searched by its words, with the reason its passages were not
+/// embedded; a search then answers the lexical passages with a note saying why.
+#[tokio::test]
+async fn a_failing_embedding_route_leaves_search_lexical() {
+    let app = embedding_app().await;
+    let key = app.key.clone();
+    // Nothing listens on the discard port: every call is refused at once.
+    embedding_route(&app, &key, "dead", "http://127.0.0.1:9/v1").await;
+    let base = create_base(&app, &key, "Benefits").await;
+    let doc = upload(&app, &key, &base, "benefits.md", VACATION).await;
+    let indexed = settled(&app, &key, &base, &doc).await;
+    assert_eq!(indexed["status"], "ready", "{indexed}");
+    assert!(indexed.get("embedding_model").is_none(), "{indexed}");
+    let reason = indexed["embedding_error"].as_str().unwrap();
+    assert!(reason.contains("embedding call failed"), "{reason}");
+    let vectors: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM knowledge_chunks WHERE document_id = $1::uuid \
+         AND embedding IS NOT NULL",
+    )
+    .bind(&doc)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(vectors, 0);
+
+    let found = search_body(&app, &key, &base, "paid vacation").await;
+    assert_eq!(found["mode"], "lexical");
+    assert!(
+        found["note"].as_str().unwrap().contains("words only"),
+        "{found}"
+    );
+    assert_eq!(found["passages"][0]["document_id"], doc.as_str());
+    let meaning = search_body(&app, &key, &base, MEANING).await;
+    assert_eq!(meaning["passages"], json!([]));
 }

@@ -11,6 +11,10 @@
 //! Bounded: at most `BRAIN_KNOWLEDGE_INDEXERS` documents at once on this replica, each
 //! within `BRAIN_KNOWLEDGE_INDEX_TIMEOUT_MS`; the text is extracted and cut off the
 //! runtime's threads. Logs carry ids, counts and reasons' classes, never text.
+//!
+//! Embedded (B6): where the team names an `embedding` route, the passages are embedded
+//! within what is left of the bound and written with them. An embedding that fails never
+//! fails the document: it is indexed by its words alone, with the reason recorded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +26,8 @@ use super::{Format, chunk};
 use crate::Engine;
 use crate::artifacts::ArtifactError;
 use crate::files::extract_text;
-use store::{ClaimedJob, JobEnd, bounded};
+use crate::retrieval::{self, Embedder};
+use store::{ChunkVectors, ClaimedJob, JobEnd, NewChunk, bounded};
 
 /// A claim outlives the indexing bound by this much, so a live replica writes its end
 /// before another may claim the job.
@@ -94,12 +99,15 @@ async fn index(engine: &Engine, job: ClaimedJob) {
     };
     let ended = match outcome {
         Ok(chunked) => {
+            let left = timeout.saturating_sub(started.elapsed());
+            let vectors = vectors(engine, &job, &chunked.chunks, left).await;
             let max_chunks = i64::from(engine.config.knowledge.max_chunks);
             let title = chunked.title.as_deref();
             match bounded(engine.store.finish_knowledge_job(
                 &job,
                 title,
                 &chunked.chunks,
+                vectors.columns(),
                 max_chunks,
             ))
             .await
@@ -132,6 +140,79 @@ async fn index(engine: &Engine, job: ClaimedJob) {
             document = %job.document, class = e.metric_label(),
             "knowledge: the indexing's end was not written"
         ),
+    }
+}
+
+/// The embeddings of a job's passages (B6), owned.
+enum Vectors {
+    None,
+    Embedded {
+        route: String,
+        vectors: Vec<Vec<f32>>,
+    },
+    Failed(String),
+}
+
+impl Vectors {
+    fn columns(&self) -> ChunkVectors<'_> {
+        match self {
+            Self::None => ChunkVectors::None,
+            Self::Embedded { route, vectors } => ChunkVectors::Embedded {
+                model: route,
+                vectors,
+            },
+            Self::Failed(reason) => ChunkVectors::Failed(reason),
+        }
+    }
+}
+
+/// The passages' vectors through the team's `embedding` route (read now), within `left`;
+/// none without a route, and the reason when the embedding fails (the document is then
+/// indexed by its words alone).
+async fn vectors(
+    engine: &Engine,
+    job: &ClaimedJob,
+    chunks: &[NewChunk],
+    left: Duration,
+) -> Vectors {
+    let route = match bounded(engine.store.team_auxiliary_models(job.team)).await {
+        Ok(models) => models.embedding,
+        Err(e) => {
+            return Vectors::Failed(format!(
+                "the embedding route could not be read ({})",
+                e.metric_label()
+            ));
+        }
+    };
+    let Some(route) = route else {
+        return Vectors::None;
+    };
+    let by = Embedder {
+        store: &engine.store,
+        connections: &engine.connections,
+        team: job.team,
+        agent: None,
+        key: format!("knowledge:{}:{}", job.document, job.claim),
+    };
+    // The heading path tells the model what a passage is about, as it does the ranking.
+    let texts: Vec<String> = chunks
+        .iter()
+        .map(|c| {
+            format!("{}\n\n{}", c.heading, c.body)
+                .trim_start()
+                .to_owned()
+        })
+        .collect();
+    match tokio::time::timeout(left, retrieval::embed(&by, &route, &texts)).await {
+        Ok(Ok(vectors)) => Vectors::Embedded { route, vectors },
+        Ok(Err(e)) => {
+            tracing::info!(document = %job.document, class = e.class(), "knowledge: passages not embedded");
+            Vectors::Failed(e.to_string())
+        }
+        Err(_) => {
+            tracing::info!(document = %job.document, class = "timeout", "knowledge: passages not embedded");
+            Vectors::Failed("the embedding did not finish within the indexing bound".into())
+        }
     }
 }
 

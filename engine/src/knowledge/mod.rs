@@ -279,7 +279,7 @@ pub async fn add_document(
         Ok(DocumentInsert::Inserted(row)) => {
             tracing::info!(%team, %base, document = %id, size = bytes.len(), media_type, "knowledge document queued");
             engine.knowledge_jobs.notify_one();
-            return Ok(row);
+            return Ok(*row);
         }
         Ok(DocumentInsert::TooManyDocuments) => KnowledgeError::LimitReached {
             what: "documents",

@@ -1,13 +1,17 @@
-//! Search over a team's knowledge (B4): Postgres full-text search of the passages of the
-//! named bases, ranked (`ts_rank_cd`, the heading weighing more than the body), each
-//! passage with its document, title, heading path and place. The API's search, the
-//! `knowledge_search` tool and the automatic recall all come here.
+//! Search over a team's knowledge (B4, B6): Postgres full-text search of the passages of
+//! the named bases, ranked (`ts_rank_cd`, the heading weighing more than the body), each
+//! passage with its document, title, heading path and place; hybrid with the passages'
+//! embeddings where the team names an embedding route (`crate::retrieval`). The API's
+//! search and the automatic recall come here; the `knowledge_search` tool goes to
+//! `retrieval` with the same checks.
 
-use protocol::TeamId;
+use protocol::{AgentId, TeamId};
 use uuid::Uuid;
 
 use super::KnowledgeError;
-use store::{Passage, Store, bounded};
+use crate::Engine;
+use crate::retrieval::{self, Found, Mode};
+use store::Store;
 
 /// The longest query, in bytes.
 pub const MAX_QUERY_BYTES: usize = Store::MAX_KNOWLEDGE_QUERY_BYTES;
@@ -15,14 +19,16 @@ pub const MAX_QUERY_BYTES: usize = Store::MAX_KNOWLEDGE_QUERY_BYTES;
 pub const MAX_LIMIT: u32 = 50;
 
 /// The passages of the team's bases `bases` that best match `query`, best first, at most
-/// `limit`. A query with no word to search for answers nothing.
+/// `limit`, searched for `agent` (whose usage an embedded query is). A query with no word
+/// to search for answers nothing.
 pub async fn search(
-    store: &Store,
+    engine: &Engine,
     team: TeamId,
+    agent: Option<AgentId>,
     bases: &[Uuid],
     query: &str,
     limit: u32,
-) -> Result<Vec<Passage>, KnowledgeError> {
+) -> Result<Found, KnowledgeError> {
     let query = query.trim();
     if query.is_empty() || query.len() > MAX_QUERY_BYTES {
         return Err(KnowledgeError::Invalid(format!(
@@ -35,7 +41,13 @@ pub async fn search(
         )));
     }
     if bases.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Found {
+            passages: Vec::new(),
+            mode: Mode::Lexical,
+            note: None,
+        });
     }
-    Ok(bounded(store.search_knowledge(team, bases, query, i64::from(limit))).await?)
+    let (store, connections) = (&engine.store, &engine.connections);
+    let limit = limit as usize;
+    Ok(retrieval::search(store, connections, team, agent, bases, query, limit).await?)
 }

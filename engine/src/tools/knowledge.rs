@@ -12,6 +12,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Tool, ToolCtx, ToolOutput, parse_args, schema_of};
+use crate::models::connections::Connections;
+use crate::retrieval;
 use domain::approvals::RiskClass;
 use providers::ToolSpec;
 use store::{Passage, Store, bounded};
@@ -21,8 +23,10 @@ const DEFAULT_LIMIT: u32 = 5;
 /// The most passages a call answers: each costs the model up to about 300 tokens.
 const MAX_LIMIT: u32 = 10;
 
-pub fn tool() -> Arc<dyn Tool> {
-    Arc::new(KnowledgeSearch)
+/// The tool, searching through `connections` where the team names an embedding route
+/// (B6).
+pub fn tool(connections: Connections) -> Arc<dyn Tool> {
+    Arc::new(KnowledgeSearch { connections })
 }
 
 /// Arguments of `knowledge_search`.
@@ -36,7 +40,9 @@ struct SearchArgs {
     limit: Option<u32>,
 }
 
-struct KnowledgeSearch;
+struct KnowledgeSearch {
+    connections: Connections,
+}
 
 impl Tool for KnowledgeSearch {
     fn metric_label(&self) -> &'static str {
@@ -81,7 +87,7 @@ impl Tool for KnowledgeSearch {
             if !(1..=MAX_LIMIT).contains(&limit) {
                 return ToolOutput::error(format!("limit must be between 1 and {MAX_LIMIT}"));
             }
-            // The store is searched directly: `knowledge::search` sits above the tools in
+            // `retrieval` is searched directly: `knowledge::search` sits above the tools in
             // the engine's module graph (knowledge -> files -> metrics -> tools).
             let query = args.query.trim();
             let max = Store::MAX_KNOWLEDGE_QUERY_BYTES;
@@ -96,11 +102,12 @@ impl Tool for KnowledgeSearch {
                 }
             };
             if bases.is_empty() {
-                return answer(&[]);
+                return answer(&[], None);
             }
-            let found = ctx.store.search_knowledge(ctx.team, &bases, query, i64::from(limit));
-            match bounded(found).await {
-                Ok(passages) => answer(&passages),
+            let (store, connections) = (&ctx.store, &self.connections);
+            let (team, agent, limit) = (ctx.team, Some(ctx.agent), limit as usize);
+            match retrieval::search(store, connections, team, agent, &bases, query, limit).await {
+                Ok(found) => answer(&found.passages, found.note.as_deref()),
                 Err(e) => {
                     tracing::warn!(turn = %ctx.turn, class = e.metric_label(), "knowledge_search failed");
                     ToolOutput::error("knowledge search is unavailable right now")
@@ -112,10 +119,13 @@ impl Tool for KnowledgeSearch {
 }
 
 /// The passages as the model reads them, with their sources for the stream and the
-/// transcript.
-fn answer(passages: &[Passage]) -> ToolOutput {
+/// transcript, and the note of a search that fell back to words alone (B6).
+fn answer(passages: &[Passage], note: Option<&str>) -> ToolOutput {
     if passages.is_empty() {
-        return ToolOutput::ok("no passage matches");
+        return ToolOutput::ok(match note {
+            Some(note) => format!("no passage matches ({note})"),
+            None => "no passage matches".into(),
+        });
     }
     let listed: Vec<serde_json::Value> = passages
         .iter()
@@ -133,6 +143,9 @@ fn answer(passages: &[Passage]) -> ToolOutput {
         .collect();
     ToolOutput {
         sources: passages.iter().map(Passage::source).collect(),
-        ..ToolOutput::ok(json!({ "passages": listed }).to_string())
+        ..ToolOutput::ok(match note {
+            Some(note) => json!({ "passages": listed, "note": note }).to_string(),
+            None => json!({ "passages": listed }).to_string(),
+        })
     }
 }

@@ -188,12 +188,13 @@ pub struct Toolset {
 impl Toolset {
     /// The brain's own tools, offered to every agent; a concierge agent also gets the
     /// agent tools (create, archive, change prompt, update) for its team, and an agent
-    /// that names knowledge bases `knowledge_search` (B5).
+    /// that names knowledge bases `knowledge_search` (B5), which searches through
+    /// `knowledge`'s connections (B6).
     /// `min_interval_secs` bounds the cadences the cron and agent tools set, whose next
     /// tick is taken from `clock`; `on_secret_set` runs after `secret_set` stored a secret.
     pub fn brain(
         concierge: bool,
-        knowledge: bool,
+        knowledge: Option<crate::models::connections::Connections>,
         min_interval_secs: u32,
         clock: crate::clock::Clock,
         on_secret_set: Option<secrets::OnSecretSet>,
@@ -202,8 +203,8 @@ impl Toolset {
         for tool in memory::tools() {
             set.add(tool);
         }
-        if knowledge {
-            set.add(knowledge::tool());
+        if let Some(connections) = knowledge {
+            set.add(knowledge::tool(connections));
         }
         for tool in secrets::tools(on_secret_set)
             .into_iter()
@@ -246,7 +247,7 @@ mod tests {
 
     #[test]
     fn the_tools_that_change_the_agent_for_everyone_say_so() {
-        let set = Toolset::brain(true, true, 60, crate::clock::Clock::system(), None);
+        let set = Toolset::brain(true, None, 60, crate::clock::Clock::system(), None);
         let changing: Vec<&str> = set
             .tools
             .iter()
@@ -271,7 +272,7 @@ mod tests {
 
     #[test]
     fn every_brain_tool_is_labelled_by_its_own_name_in_metrics() {
-        let set = Toolset::brain(true, true, 60, crate::clock::Clock::system(), None);
+        let set = Toolset::brain(true, None, 60, crate::clock::Clock::system(), None);
         assert!(set.tools.len() >= 12);
         for (tool, spec) in set.tools.iter().zip(&set.specs) {
             assert_eq!(tool.metric_label(), spec.name);

@@ -92,7 +92,7 @@ impl Toolsets {
         }
         let mut toolset = Toolset::brain(
             concierge,
-            knowledge,
+            knowledge.then(|| state.connections.clone()),
             state.config.autostart.min_interval_secs,
             state.clock.clone(),
             Some(state.sessions.on_secret_set()),

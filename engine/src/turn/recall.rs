@@ -111,15 +111,16 @@ pub(super) async fn passages(
         return None;
     }
     let found = crate::knowledge::search::search(
-        &state.store,
+        state,
         agent.team_id,
+        Some(agent.id),
         &agent.knowledge_bases,
         &query,
         MAX_PASSAGES,
     )
     .await;
     match found {
-        Ok(passages) => passage_block(&passages, budget.saturating_mul(4)),
+        Ok(found) => passage_block(&found.passages, budget.saturating_mul(4)),
         Err(err) => {
             tracing::warn!(chat = %basis.chat.id, class = err.class(), "knowledge not recalled");
             None
