@@ -175,6 +175,7 @@ async fn chats(store: &Store, team: &CreatedTeam, n: usize) -> Result<Vec<String
         knowledge_recall: Default::default(),
         skills: Vec::new(),
         delegates: Vec::new(),
+        egress: None,
     };
     let created: Vec<Result<String>> = futures_util::stream::iter(0..n)
         .map(|_| async {

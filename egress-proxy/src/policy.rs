@@ -3,14 +3,19 @@
 
 use serde::Deserialize;
 
+pub use domain::egress::{HostRule, placeholder};
+use domain::egress::{MAX_PATTERN, MAX_RULES};
+
 use crate::ProxyError;
 
-/// At most this many allowlist rules and egress secrets per session.
-pub const MAX_RULES: usize = 256;
+/// At most this many egress secrets per session.
 pub const MAX_SECRETS: usize = 64;
-/// The longest secret value, header value format and host pattern.
+/// The longest secret value.
 pub const MAX_VALUE: usize = 16 * 1024;
-const MAX_PATTERN: usize = 260;
+
+fn rule(raw: &str) -> Result<HostRule, ProxyError> {
+    HostRule::parse(raw).map_err(ProxyError::Policy)
+}
 
 /// One session's egress configuration.
 #[derive(Clone, Debug, Deserialize)]
@@ -56,74 +61,6 @@ impl std::fmt::Debug for EgressSecret {
     }
 }
 
-/// What a command's environment holds under an egress secret's name: recognisable, and
-/// replaced by the value only on the way to the secret's hosts.
-pub fn placeholder(name: &str) -> String {
-    format!("egress-placeholder-{name}")
-}
-
-/// A host pattern: an exact name (or address) or a `*.` suffix, and the ports it opens.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostRule {
-    host: String,
-    wildcard: bool,
-    /// `None`: 80 and 443.
-    port: Option<u16>,
-}
-
-impl HostRule {
-    pub fn parse(raw: &str) -> Result<Self, ProxyError> {
-        let bad = |why: &str| ProxyError::Policy(format!("host pattern {raw:?}: {why}"));
-        if raw.is_empty() || raw.len() > MAX_PATTERN {
-            return Err(bad("empty or too long"));
-        }
-        let (host, port) = split_port(raw).ok_or_else(|| bad("invalid port"))?;
-        let (host, wildcard) = match host.strip_prefix("*.") {
-            Some(rest) => (rest, true),
-            None => (host, false),
-        };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let valid = !host.is_empty()
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
-        if !valid {
-            return Err(bad("only letters, digits, '.', '-' and a leading '*.'"));
-        }
-        Ok(Self {
-            host,
-            wildcard,
-            port,
-        })
-    }
-
-    pub fn matches(&self, host: &str, port: u16) -> bool {
-        let port_ok = match self.port {
-            Some(p) => p == port,
-            None => port == 80 || port == 443,
-        };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let host_ok = if self.wildcard {
-            host.strip_suffix(&self.host)
-                .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
-        } else {
-            host == self.host
-        };
-        port_ok && host_ok
-    }
-}
-
-/// `host[:port]`, an IPv6 address in brackets; `None` for a port that is not one.
-fn split_port(raw: &str) -> Option<(&str, Option<u16>)> {
-    let colon = match raw.rfind(':') {
-        Some(i) if !raw[i..].contains(']') && raw[..i].matches(':').count() == 0 => i,
-        Some(i) if raw.starts_with('[') && raw[..i].ends_with(']') => i,
-        _ => return Some((raw, None)),
-    };
-    let port = raw[colon + 1..].parse::<u16>().ok().filter(|p| *p != 0)?;
-    Some((&raw[..colon], Some(port)))
-}
-
 /// A [`SessionPolicy`] checked and parsed once.
 #[derive(Debug)]
 pub struct Policy {
@@ -140,12 +77,7 @@ impl Policy {
                     "at most {MAX_RULES} allowlist rules"
                 )));
             }
-            Some(rules) => Some(
-                rules
-                    .iter()
-                    .map(|r| HostRule::parse(r))
-                    .collect::<Result<_, _>>()?,
-            ),
+            Some(rules) => Some(rules.iter().map(|r| rule(r)).collect::<Result<_, _>>()?),
             None => None,
         };
         if config.secrets.len() > MAX_SECRETS {
@@ -159,7 +91,7 @@ impl Policy {
             let hosts = secret
                 .hosts
                 .iter()
-                .map(|h| HostRule::parse(h))
+                .map(|h| rule(h))
                 .collect::<Result<_, _>>()?;
             secrets.push((secret, hosts));
         }
@@ -231,28 +163,6 @@ fn check_secret(secret: &EgressSecret) -> Result<(), ProxyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rule(s: &str) -> HostRule {
-        HostRule::parse(s).unwrap()
-    }
-
-    #[test]
-    fn host_rules_match_names_wildcards_and_ports() {
-        assert!(rule("api.github.com").matches("API.GitHub.com.", 443));
-        assert!(rule("api.github.com").matches("api.github.com", 80));
-        assert!(!rule("api.github.com").matches("api.github.com", 8443));
-        assert!(!rule("api.github.com").matches("evilapi.github.com", 443));
-        assert!(rule("*.example.com").matches("a.b.example.com", 443));
-        assert!(!rule("*.example.com").matches("example.com", 443));
-        assert!(!rule("*.example.com").matches("badexample.com", 443));
-        assert!(rule("localhost:8080").matches("localhost", 8080));
-        assert!(!rule("localhost:8080").matches("localhost", 80));
-        assert!(rule("127.0.0.1:9").matches("127.0.0.1", 9));
-        assert!(rule("[::1]:9").matches("[::1]", 9));
-        for bad in ["", "a b", "host:0", "host:x", "*.", "ex/ample"] {
-            assert!(HostRule::parse(bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn a_secret_opens_its_own_hosts_and_is_checked() {

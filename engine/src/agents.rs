@@ -8,6 +8,7 @@ use protocol::profile;
 
 use crate::schedule::{Cadence, parse_timezone};
 use domain::approvals::ApprovalPolicy;
+use domain::egress::AgentEgress;
 use providers::ModelRoute;
 use store::{AgentRow, AgentUpdate, Autostart, AutostartAt, NewAgent, Store, StoreError};
 pub use store::{AuxiliaryModels, BusyPolicy, DisconnectPolicy, KnowledgeRecall, MemoryRecall};
@@ -57,6 +58,7 @@ pub fn validate_new_agent(
         knowledge_recall: KnowledgeRecall::default(),
         delegates: Vec::new(),
         skills: Vec::new(),
+        egress: None,
     })
 }
 
@@ -266,6 +268,8 @@ pub struct AgentChange {
     pub delegates: Option<Vec<Uuid>>,
     /// Replaces the skills the agent uses as a whole (B8).
     pub skills: Option<Vec<String>>,
+    /// Replaces the egress allowlist (W14); `Some(None)`: every host again.
+    pub egress: Option<Option<AgentEgress>>,
 }
 
 impl AgentChange {
@@ -290,6 +294,7 @@ impl AgentChange {
             ("knowledge_recall", self.knowledge_recall.is_some()),
             ("delegates", self.delegates.is_some()),
             ("skills", self.skills.is_some()),
+            ("egress", self.egress.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -341,6 +346,10 @@ pub fn apply_change(
         Some(names) => validate_agent_skills(names)?,
         None => current.skills.clone(),
     };
+    let egress = change.egress.unwrap_or_else(|| current.egress.clone());
+    if let Some(egress) = &egress {
+        egress.validate()?;
+    }
 
     let autostart_changed = change.autostart_cron.is_some()
         || change.autostart_prompt.is_some()
@@ -378,6 +387,7 @@ pub fn apply_change(
             .delegates
             .unwrap_or_else(|| current.delegates.clone()),
         skills,
+        egress,
         changed,
     })
 }

@@ -8,6 +8,7 @@ use super::audit::{self, Action, Actor};
 use super::cron::drop_pending_firings;
 use super::{AutostartAt, CallKey, Store, StoreError};
 use domain::approvals::ApprovalPolicy;
+use domain::egress::AgentEgress;
 
 /// D1: what a hang-up of an interactive turn's client does to the turn. Background turns
 /// (`"background": true`, autostarts, approval continuations) have no client to lose.
@@ -244,6 +245,8 @@ pub struct NewAgent {
     pub skills: Vec<String>,
     /// The agents of its team it may delegate to (B7), checked to be the team's.
     pub delegates: Vec<uuid::Uuid>,
+    /// The egress allowlist of its commands (W14); `None`: every host.
+    pub egress: Option<AgentEgress>,
 }
 
 /// An agent's changeable fields after a change (the brain's `agents::apply_change`).
@@ -266,6 +269,7 @@ pub struct AgentUpdate {
     pub knowledge_recall: KnowledgeRecall,
     pub skills: Vec<String>,
     pub delegates: Vec<uuid::Uuid>,
+    pub egress: Option<AgentEgress>,
     /// The names of the fields the change gave, for its audit entry (L5).
     pub changed: Vec<&'static str>,
 }
@@ -309,11 +313,14 @@ pub struct AgentRow {
     pub skills: Vec<String>,
     /// The agents of its team it may hand a task to with the `delegate` tool (B7).
     pub delegates: Vec<uuid::Uuid>,
+    /// The hosts its commands may reach through the egress proxy (W14); `null`: every
+    /// host (the address rule applies either way).
+    pub egress: Option<AgentEgress>,
     pub created_at: DateTime<Utc>,
 }
 
 const AGENT_COLUMNS: &str = "id, team_id, name, system_prompt, model, fallback_models, \
-    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills, delegates, created_at";
+    runtime_profile, autostart_cron, autostart_prompt, autostart_timezone, archived_at IS NOT NULL AS archived, concierge, approval_policy, disconnect_policy, busy_policy, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, skills, delegates, egress, created_at";
 
 pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sqlx::Error> {
     Ok(AgentRow {
@@ -367,6 +374,9 @@ pub(super) fn agent_from_row(row: &sqlx::postgres::PgRow) -> Result<AgentRow, sq
             })?
         },
         delegates: row.try_get("delegates")?,
+        egress: row
+            .try_get::<Option<sqlx::types::Json<AgentEgress>>, _>("egress")?
+            .map(|e| e.0),
         created_at: row.try_get("created_at")?,
     })
 }
@@ -405,8 +415,8 @@ impl Store {
         // As `write_memory`: the snapshot's select finds only an earlier run's agent.
         let sql = format!(
             "WITH made AS ( \
-               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, delegates, skills) \
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+               INSERT INTO agents (id, team_id, name, system_prompt, model, fallback_models, runtime_profile, concierge, approval_policy, disconnect_policy, created_by_turn, created_by_call, auxiliary_models, stream_reasoning, memory_recall, knowledge_bases, knowledge_recall, delegates, skills, egress) \
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
                ON CONFLICT (created_by_turn, created_by_call) WHERE created_by_turn IS NOT NULL DO NOTHING \
                RETURNING *) \
              SELECT {AGENT_COLUMNS}, true AS made FROM made \
@@ -436,6 +446,7 @@ impl Store {
             .bind(agent.knowledge_recall.as_str())
             .bind(&agent.delegates)
             .bind(&agent.skills)
+            .bind(agent.egress.as_ref().map(sqlx::types::Json))
             .fetch_one(&mut *tx)
             .await?;
         let made = agent_from_row(&row)?;
@@ -552,7 +563,7 @@ impl Store {
              autostart_paused = CASE WHEN $7 THEN NULL ELSE autostart_paused END, \
              approval_policy = $12, disconnect_policy = $14, busy_policy = $15, \
              auxiliary_models = $16, stream_reasoning = $17, memory_recall = $18, \
-             knowledge_bases = $19, knowledge_recall = $20, delegates = $21, skills = $22, updated_at = now() \
+             knowledge_bases = $19, knowledge_recall = $20, delegates = $21, skills = $22, egress = $23, updated_at = now() \
              WHERE team_id = $1 AND id = $2 AND archived_at IS NULL RETURNING {AGENT_COLUMNS}"
         );
         let row = sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -578,6 +589,7 @@ impl Store {
             .bind(update.knowledge_recall.as_str())
             .bind(&update.delegates)
             .bind(&update.skills)
+            .bind(update.egress.as_ref().map(sqlx::types::Json))
             .fetch_optional(&mut *tx)
             .await?
             .ok_or(StoreError::NotFound)?;

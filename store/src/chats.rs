@@ -250,7 +250,7 @@ impl Store {
                     a.runtime_profile, a.autostart_cron, a.autostart_prompt, a.autostart_timezone, \
                     a.archived_at IS NOT NULL AS archived, a.concierge, a.approval_policy, \
                     a.disconnect_policy, a.busy_policy, a.auxiliary_models, a.stream_reasoning, \
-                    a.memory_recall, a.knowledge_bases, a.knowledge_recall, a.skills, a.delegates, a.created_at, \
+                    a.memory_recall, a.knowledge_bases, a.knowledge_recall, a.skills, a.delegates, a.egress, a.created_at, \
                     c.basis_version AS chat_version, a.basis_version AS agent_version, \
                     EXISTS (SELECT 1 FROM approvals p WHERE p.team_id = c.team_id \
                             AND p.chat_id = c.id AND p.state = 'pending') AS has_pending_approvals, \

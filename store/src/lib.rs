@@ -84,7 +84,7 @@ pub use queue::{Enqueued, NewQueued, QueuedTurn};
 pub use quotas::{BilledBefore, QuotaSettings, SessionUsage, Since, TurnUsage};
 pub use replicas::BRAIN as BRAIN_REPLICA;
 pub use retention::{Expiring, RetentionLock};
-pub use secrets::{AgentSecrets, SecretInfo, SecretsError, SecretsKey};
+pub use secrets::{AgentSecrets, EgressValue, SecretInfo, SecretsError, SecretsKey};
 pub use sessions::{NewSession, SessionRow};
 pub use skills::{NewSkill, SkillFile, SkillInsert, SkillRow};
 pub use snapshots::{NewSnapshot, Restorable, SnapshotRow, SnapshotTarget};

@@ -12,6 +12,7 @@ use aes_gcm::aead::{Aead, Generate, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
+use domain::egress::SecretEgress;
 use protocol::{AgentId, TeamId};
 use uuid::Uuid;
 
@@ -164,7 +165,11 @@ fn infos(rows: Vec<(String, DateTime<Utc>)>) -> Vec<SecretInfo> {
 /// the names only.
 #[derive(Default)]
 pub struct AgentSecrets {
+    /// Ordinary secrets (name, value): the commands' environment.
     pub values: Vec<(String, String)>,
+    /// Egress secrets (W13): only their placeholders enter the sandbox; the values go to
+    /// the egress proxy.
+    pub egress: Vec<EgressValue>,
     /// Rows that did not decrypt (another key, a tampered row): left out.
     pub unreadable: usize,
 }
@@ -176,9 +181,20 @@ impl std::fmt::Debug for AgentSecrets {
                 "names",
                 &self.values.iter().map(|(n, _)| n).collect::<Vec<_>>(),
             )
+            .field(
+                "egress",
+                &self.egress.iter().map(|e| &e.name).collect::<Vec<_>>(),
+            )
             .field("unreadable", &self.unreadable)
             .finish()
     }
+}
+
+/// An egress secret, decrypted, for the egress proxy only. `Debug` shows no value.
+pub struct EgressValue {
+    pub name: String,
+    pub value: String,
+    pub egress: SecretEgress,
 }
 
 /// A stored secret as anyone but its injector may see it: no value.
@@ -259,6 +275,71 @@ impl Store {
         })
     }
 
+    /// Stores an agent secret through the API (`PUT /v1/agents/{id}/secrets/{name}`,
+    /// W13): `value` and its egress settings as a whole (`None`: an ordinary secret), an
+    /// older secret of that name replaced. A new name beyond `max_per_agent` is refused
+    /// with `TooMany`, another team's or an archived agent is `NotFound`. `true` when the
+    /// name is new.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put_agent_secret(
+        &self,
+        team: TeamId,
+        agent: AgentId,
+        name: &str,
+        value: &str,
+        egress: Option<&SecretEgress>,
+        max_per_agent: i64,
+        by: &Actor,
+    ) -> Result<bool, SecretsError> {
+        let key = self.secrets.as_ref().ok_or(SecretsError::NotConfigured)?;
+        let aad = associated_data(team, Some(agent), name);
+        let (nonce, ciphertext) = key.seal(&aad, value.as_bytes())?;
+        let mut tx = self.pool.begin().await?;
+        // As `set_secret`, with the egress settings written on both paths.
+        let written: Option<(bool,)> = sqlx::query_as(
+            "INSERT INTO secrets (id, team_id, agent_id, name, nonce, ciphertext, egress) \
+             SELECT $1, a.team_id, a.id, $4, $5, $6, $8 FROM agents a \
+             WHERE a.team_id = $2 AND a.id = $3 AND a.archived_at IS NULL \
+               AND ((SELECT count(*) FROM secrets s WHERE s.team_id = $2 AND s.agent_id = $3) < $7 \
+                    OR EXISTS (SELECT 1 FROM secrets s \
+                               WHERE s.team_id = $2 AND s.agent_id = $3 AND s.name = $4)) \
+             ON CONFLICT (agent_id, name) DO UPDATE \
+               SET nonce = EXCLUDED.nonce, ciphertext = EXCLUDED.ciphertext, \
+                   egress = EXCLUDED.egress, updated_at = now() \
+               WHERE secrets.team_id = EXCLUDED.team_id \
+             RETURNING xmax = 0",
+        )
+        .bind(Uuid::now_v7())
+        .bind(team.0)
+        .bind(agent.0)
+        .bind(name)
+        .bind(&nonce)
+        .bind(&ciphertext)
+        .bind(max_per_agent)
+        .bind(egress.map(sqlx::types::Json))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((created,)) = written else {
+            let live: Option<(i32,)> = sqlx::query_as(
+                "SELECT 1 FROM agents WHERE team_id = $1 AND id = $2 AND archived_at IS NULL",
+            )
+            .bind(team.0)
+            .bind(agent.0)
+            .fetch_optional(&mut *tx)
+            .await?;
+            return Err(match live {
+                Some(_) => SecretsError::TooMany,
+                None => SecretsError::Store(StoreError::NotFound),
+            });
+        };
+        let details = serde_json::json!({
+            "agent": agent.0, "created": created, "egress": egress.is_some()
+        });
+        audit::record(&mut tx, team, by, Action::SecretSet, name, details).await?;
+        tx.commit().await?;
+        Ok(created)
+    }
+
     /// The agent's secret names, without values, by name.
     pub async fn list_secrets(
         &self,
@@ -317,8 +398,14 @@ impl Store {
         let Some(key) = self.secrets.as_ref() else {
             return Ok(AgentSecrets::default());
         };
-        let rows: Vec<(String, Vec<u8>, Vec<u8>)> = sqlx::query_as(
-            "SELECT name, nonce, ciphertext FROM secrets \
+        type Row = (
+            String,
+            Vec<u8>,
+            Vec<u8>,
+            Option<sqlx::types::Json<SecretEgress>>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT name, nonce, ciphertext, egress FROM secrets \
              WHERE team_id = $1 AND agent_id = $2 ORDER BY name",
         )
         .bind(team.0)
@@ -326,14 +413,21 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         let mut secrets = AgentSecrets::default();
-        for (name, nonce, ciphertext) in rows {
+        for (name, nonce, ciphertext, egress) in rows {
             let aad = associated_data(team, Some(agent), &name);
             match key
                 .open(&aad, &nonce, &ciphertext)
                 .ok()
                 .and_then(|plain| String::from_utf8(plain).ok())
             {
-                Some(value) => secrets.values.push((name, value)),
+                Some(value) => match egress {
+                    Some(egress) => secrets.egress.push(EgressValue {
+                        name,
+                        value,
+                        egress: egress.0,
+                    }),
+                    None => secrets.values.push((name, value)),
+                },
                 None => secrets.unreadable += 1,
             }
         }

@@ -12,6 +12,7 @@ use super::{ClientAddr, JsonBody, QueryParams, parse_id};
 use crate::AppState;
 use crate::error::ApiError;
 use domain::approvals::ApprovalPolicy;
+use domain::egress::AgentEgress;
 use engine::agents::{
     AgentChange, AuxiliaryModels, BusyPolicy, DelegatesError, DisconnectPolicy,
     KnowledgeBasesError, KnowledgeRecall, MemoryRecall, apply_change, check_delegates,
@@ -74,6 +75,10 @@ pub struct CreateAgent {
     /// (B7), at most 20; itself, another team's or an unknown id is `unknown_delegate`.
     #[serde(default)]
     delegates: Vec<uuid::Uuid>,
+    /// The hosts the agent's commands may reach through the egress proxy (W14); absent:
+    /// every host, as before (the address rule applies either way).
+    #[serde(default)]
+    egress: Option<AgentEgress>,
 }
 
 impl CreateAgent {
@@ -91,6 +96,10 @@ impl CreateAgent {
         let skills =
             engine::agents::validate_agent_skills(self.skills).map_err(ApiError::InvalidRequest)?;
         let delegates = self.delegates;
+        if let Some(egress) = &self.egress {
+            egress.validate().map_err(ApiError::InvalidRequest)?;
+        }
+        let egress = self.egress;
         validate_new_agent(
             self.name,
             self.system_prompt,
@@ -109,6 +118,7 @@ impl CreateAgent {
             knowledge_recall,
             skills,
             delegates,
+            egress,
             ..agent
         })
         .map_err(ApiError::InvalidRequest)
@@ -281,6 +291,10 @@ pub struct PatchAgent {
     /// Replaces the agents it may delegate to (B7) as a whole: `[]` names none.
     #[serde(default)]
     delegates: Option<Vec<uuid::Uuid>>,
+    /// Replaces the egress allowlist (W14) as a whole; `null`: every host again.
+    #[serde(default, deserialize_with = "engine::agents::present")]
+    #[schema(value_type = Option<AgentEgress>)]
+    egress: Option<Option<AgentEgress>>,
 }
 
 impl From<PatchAgent> for AgentChange {
@@ -301,6 +315,7 @@ impl From<PatchAgent> for AgentChange {
             knowledge_recall: patch.knowledge_recall,
             skills: patch.skills,
             delegates: patch.delegates,
+            egress: patch.egress,
             autostart_prompt: patch.autostart_prompt,
             autostart_timezone: patch.autostart_timezone,
         }

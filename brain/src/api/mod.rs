@@ -6,6 +6,7 @@
 //! `error.rs` only.
 
 mod a2a;
+mod agent_secrets;
 mod agents;
 mod agui;
 mod approvals;
@@ -166,6 +167,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(settings::get, settings::put))
         .routes(routes!(secrets::put, secrets::delete))
         .routes(routes!(teams::list, teams::create))
+        .routes(routes!(agent_secrets::put))
         .routes(routes!(teams::get, teams::update, teams::erase))
         .routes(routes!(usage::get))
         .routes(routes!(approvals::list))

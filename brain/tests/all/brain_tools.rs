@@ -721,6 +721,7 @@ async fn a_concierge_cannot_reach_another_teams_agents() {
                 knowledge_recall: Default::default(),
                 delegates: Vec::new(),
                 skills: Vec::new(),
+                egress: None,
             },
             &store::Actor::operator(None),
         )

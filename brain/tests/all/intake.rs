@@ -45,6 +45,7 @@ async fn chats(app: &TestApp, n: usize) -> Vec<String> {
         knowledge_recall: Default::default(),
         delegates: Vec::new(),
         skills: Vec::new(),
+        egress: None,
     };
     let mut chats = Vec::new();
     for _ in 0..n {

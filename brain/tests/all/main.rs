@@ -25,6 +25,7 @@ mod connector_oauth;
 mod connectors;
 mod contract;
 mod delegation;
+mod egress;
 mod elicitation;
 mod erasure;
 mod events;

@@ -11,6 +11,9 @@
 //! later command of the chat sees it. A worker held by another replica gets it at its
 //! next re-dial or in the chat's next session.
 //!
+//! An egress secret (W13) is sent as its placeholder only; its value stays in the brain,
+//! which masks it too, and goes to the session's egress proxy (docs/design/egress.md).
+//!
 //! The same values mask what this replica receives from the worker: live output and
 //! answers ([`super::registry::WorkerClient`]), so a value the worker failed to mask still
 //! never reaches the model, the stream, the store or a log.
@@ -84,7 +87,13 @@ impl Sessions {
         let secrets = self.store.agent_secrets(team, agent).await?;
         let mut env = SessionEnv::default();
         let mut left_out = secrets.unreadable;
-        for (name, value) in secrets.values {
+        // An egress secret's value never goes to the worker (W13): its commands hold the
+        // placeholder, which the egress proxy replaces on the way to the secret's hosts.
+        let placeholders = secrets
+            .egress
+            .iter()
+            .map(|e| (e.name.clone(), domain::egress::placeholder(&e.name)));
+        for (name, value) in secrets.values.iter().cloned().chain(placeholders) {
             // A name a shell cannot use or must not have overwritten, a value too short to
             // mask: left out, so one odd secret does not cost the session.
             if usable(&name, &value).is_ok() && env.vars.len() < MAX_VARS {
@@ -93,8 +102,12 @@ impl Sessions {
                 left_out += 1;
             }
         }
-        // Masks first: whatever the worker sends from now on is masked here too.
-        service.service().set_masks(Arc::new(Masks::new(&env)));
+        // Masks first: whatever the worker sends from now on is masked here too, an
+        // egress secret's real value included (an upstream that echoes it in a body).
+        let masked = secrets.values.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        let egress = secrets.egress.iter();
+        let masked = masked.chain(egress.map(|e| (e.name.as_str(), e.value.as_str())));
+        service.service().set_masks(Arc::new(Masks::of(masked)));
         let vars = env.vars.len();
         let params = serde_json::to_value(&env).map_err(|_| EnvError::NotDelivered)?;
         let request = ClientRequest::CustomRequest(CustomRequest::new(ENV_REQUEST, Some(params)));

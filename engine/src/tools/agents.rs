@@ -389,6 +389,9 @@ impl Tool for AgentUpdate {
                 knowledge_recall: None,
                 // Which of the team's skills the agent uses is the API's to set (B8).
                 skills: None,
+                // Which hosts the agent's commands reach is the API's to set (W14): an
+                // agent that could widen it would open its own way out.
+                egress: None,
                 // Whom the agent hands work to is the API's to set (B7, X5): an agent
                 // that could add delegates would widen its own reach.
                 delegates: None,

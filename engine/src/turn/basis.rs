@@ -326,6 +326,7 @@ mod tests {
             knowledge_recall: Default::default(),
             skills: Vec::new(),
             delegates: Vec::new(),
+            egress: None,
             created_at: chrono::Utc::now(),
         };
         Arc::new(TurnBasis {
