@@ -58,6 +58,7 @@
 //!   replies, delivered through the webhooks' outbox (P10, P11);
 //! - `erasure.rs`: a chat, an agent or a team erased wherever it lives (L2);
 //! - `retention.rs`: the sweep that deletes what is past a team's retention (L6);
+//! - `retrieval.rs`: embeddings and hybrid knowledge search, lexical and vector fused (B6);
 //!
 //! A replica holds nothing another replica needs beyond the turns it is streaming: all
 //! durable state is in Postgres, and a restarted replica loses only its live streams.
