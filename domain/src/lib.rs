@@ -2,6 +2,7 @@
 //! stored, with no I/O. A rule lives here when both the store's rows and the engine's
 //! checks need it; the engine's other rules stay beside their owners in the brain.
 //!
+//! - `openai.rs`: an agent's options for the OpenAI-compatible front end (P13).
 //! - `address.rs`: the address rule of every outbound connection (SSRF): metadata
 //!   addresses always refused, private ones unless the operator allows them; shared by
 //!   the engine's connectors and the egress proxy (W14).
@@ -12,5 +13,6 @@
 
 pub mod address;
 pub mod approvals;
+pub mod openai;
 pub mod egress;
 pub mod openai;

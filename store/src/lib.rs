@@ -9,6 +9,7 @@
 
 mod a2a;
 mod agent_admin;
+mod agent_openai;
 mod agents;
 mod approvals;
 mod artifacts;

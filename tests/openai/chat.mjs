@@ -69,11 +69,45 @@ async function responses() {
   return { chat_id: raw.headers.get("x-chat-id"), response, output_text: response.output_text };
 }
 
+// The type, number and delta of each event, and the response the last one carries.
+function brief(events) {
+  return {
+    events: events.map((e) => ({ type: e.type, sequence_number: e.sequence_number, delta: e.delta ?? null })),
+    response: events.findLast((e) => e.response)?.response ?? null,
+  };
+}
+
+// A background response streamed until `cut` deltas arrived, the stream closed (leaving
+// the loop aborts it), then resumed by `retrieve(id, {stream: true, starting_after})`.
+async function backgroundStream() {
+  const first = [];
+  const stream = await client.responses.create({
+    model: request.model, input: request.input, background: true, stream: true,
+  });
+  for await (const event of stream) {
+    first.push(event);
+    if (first.filter((e) => e.type === "response.output_text.delta").length >= request.cut) break;
+  }
+  const id = first[0].response.id;
+  const after = first.at(-1).sequence_number;
+  return { id, first: brief(first), rest: await resume(id, after) };
+}
+
+async function resume(id, after) {
+  const events = [];
+  for await (const event of await client.responses.retrieve(id, { stream: true, starting_after: after })) {
+    events.push(event);
+  }
+  return brief(events);
+}
+
 let report;
 try {
   if (request.op === "models") report = { models: (await client.models.list()).data };
   else if (request.op === "responses") report = await responses();
   else if (request.op === "retrieve") report = { response: await client.responses.retrieve(request.id) };
+  else if (request.op === "background_stream") report = await backgroundStream();
+  else if (request.op === "resume") report = await resume(request.id, request.after);
   else if (request.op === "cancel") report = { response: await client.responses.cancel(request.id) };
   else report = await chat();
 } catch (e) {

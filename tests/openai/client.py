@@ -1,7 +1,9 @@
 """The official OpenAI Python SDK against the brain's OpenAI-compatible API, for
 brain/tests/all/openai.rs: `client.py <base_url> <api_key> <request json>` prints one JSON
-report. The request's `op` is `models`, `chat`, `responses`, `retrieve` or `cancel` (streamed through
-`client.responses.stream`, whose manager rebuilds the response from the events); a refusal is reported as
+report. The request's `op` is `models`, `chat`, `responses` (streamed through `client.responses.stream`,
+whose manager rebuilds the response from the events), `retrieve`, `cancel`, `background_stream`
+(a background response streamed, cut, and resumed) or `resume` (`retrieve(stream=True,
+starting_after=...)`); a refusal is reported as
 `{"error": {"status", "code", "type", "message"}}`, as the SDK raised it."""
 
 import json
@@ -76,6 +78,33 @@ def responses(client, request):
     }
 
 
+def brief(events):
+    """The type, number and delta of each event, and the response the last one carries."""
+    dumped = [e.model_dump() for e in events]
+    return {
+        "events": [{"type": e["type"], "sequence_number": e["sequence_number"],
+                    "delta": e.get("delta")} for e in dumped],
+        "response": next((e["response"] for e in reversed(dumped) if "response" in e), None),
+    }
+
+
+def background_stream(client, request):
+    """A background response streamed until `cut` deltas arrived, the stream closed, then
+    resumed by `retrieve(stream=True, starting_after=<the last number seen>)`."""
+    first = []
+    stream = client.responses.create(model=request["model"], input=request["input"],
+                                     background=True, stream=True)
+    for event in stream:
+        first.append(event)
+        if sum(1 for e in first if e.type == "response.output_text.delta") >= request["cut"]:
+            break
+    stream.close()
+    response_id = first[0].response.id
+    after = first[-1].sequence_number
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=after))
+    return {"id": response_id, "first": brief(first), "rest": brief(rest)}
+
+
 def main():
     base_url, api_key, request = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
@@ -86,6 +115,11 @@ def main():
             report = responses(client, request)
         elif request["op"] == "retrieve":
             report = {"response": client.responses.retrieve(request["id"]).model_dump()}
+        elif request["op"] == "background_stream":
+            report = background_stream(client, request)
+        elif request["op"] == "resume":
+            report = brief(client.responses.retrieve(request["id"], stream=True,
+                                                     starting_after=request["after"]))
         elif request["op"] == "cancel":
             report = {"response": client.responses.cancel(request["id"]).model_dump()}
         else:

@@ -110,6 +110,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(agents::list, agents::create))
         .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
+        .routes(routes!(openai::options::get, openai::options::put))
         .routes(routes!(channels::list, channels::create))
         .routes(routes!(channels::get, channels::delete))
         .routes(routes!(channels::telegram_update))

@@ -187,7 +187,7 @@ pub fn error(description: &str) -> utoipa::openapi::Response {
 }
 
 /// An error answer whose body is the schema `body` names.
-fn error_in(body: &str, description: &str) -> utoipa::openapi::Response {
+pub(super) fn error_in(body: &str, description: &str) -> utoipa::openapi::Response {
     ResponseBuilder::new()
         .description(description)
         .content(

@@ -321,6 +321,69 @@ async fn the_agents_tool_calls_run_server_side() {
     }
 }
 
+/// P13: an agent whose `openai` options say `tool_activity: "text"` shows each of its
+/// calls as a line of the answer's content (never as `tool_calls`); the conversation
+/// resent with that content continues the chat. `none` is the default; an unknown value
+/// is refused.
+#[tokio::test]
+async fn tool_activity_shows_as_text_when_the_agent_says_so() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let path = format!("/v1/agents/{agent}/openai");
+    let default: Value = app.get(&path).await.json().await.unwrap();
+    assert_eq!(default, json!({"tool_activity": "none"}));
+    let refused = app
+        .auth(app.http.put(format!("{}{path}", app.url)))
+        .json(&json!({"tool_activity": "tool_calls"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let set = app
+        .auth(app.http.put(format!("{}{path}", app.url)))
+        .json(&json!({"tool_activity": "text"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    for sdk in BOTH {
+        app.provider.push(calls(vec![call(
+            "call-1",
+            "memory_write",
+            json!({"content": "tea"}),
+        )]));
+        app.provider.push(text("Noted."));
+        let report = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent, "stream": true,
+                   "messages": [{"role": "user", "content": "remember"}]}),
+        )
+        .await;
+        let content = report["content"].as_str().unwrap().to_owned();
+        assert_eq!(
+            content, "▸ ran `memory_write`\n\nNoted.",
+            "{sdk:?}: {report}"
+        );
+        assert_eq!(report["tool_calls"], false);
+        app.settled().await;
+        app.provider.push(text("Still noted."));
+        let next = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent,
+                   "messages": [{"role": "user", "content": "remember"},
+                                {"role": "assistant", "content": content},
+                                {"role": "user", "content": "and?"}]}),
+        )
+        .await;
+        assert_eq!(next["chat_id"], report["chat_id"], "{sdk:?}: {next}");
+        app.settled().await;
+    }
+}
+
 /// An `image_url` part is a file part of the stored message, its type sniffed.
 #[tokio::test]
 async fn an_image_url_becomes_a_file_of_the_chat() {
@@ -354,6 +417,94 @@ async fn an_image_url_becomes_a_file_of_the_chat() {
     assert_eq!(parts[0]["text"], "What is this?");
     assert_eq!(parts[1]["type"], "file", "{parts:?}");
     assert_eq!(parts[1]["mediaType"], "image/png");
+}
+
+/// A chat completion's `file` part (Python) and a response's `input_file` (Node) are file
+/// parts of the stored message, named and sniffed, their text read by the model; the
+/// posting path's limits and codes hold (a file past `BRAIN_FILE_MAX_BYTES` is `413
+/// file_too_large`), and a `file_id` names only a file of the chat.
+#[tokio::test]
+async fn a_file_part_becomes_a_file_of_the_chat_with_its_limits() {
+    let app = TestApp::start_with(|c| c.files.max_file_bytes = 1000).await;
+    let agent = agent(&app, &app.key, "a").await;
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let notes = "The launch moved to Thursday.";
+    app.provider.push(text("Thursday."));
+    let report = sdk(
+        Sdk::Python,
+        &app,
+        &app.key,
+        json!({"op": "chat", "model": agent, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "When is the launch?"},
+            {"type": "file", "file": {"filename": "notes.txt",
+                                       "file_data": format!("data:text/plain;base64,{}",
+                                                            encode(notes.as_bytes()))}},
+        ]}]}),
+    )
+    .await;
+    assert_eq!(report["content"], "Thursday.", "{report}");
+    app.settled().await;
+    let chat = report["chat_id"].as_str().unwrap().to_owned();
+    let stored = app.messages(&chat).await;
+    let parts = stored[0]["parts"].as_array().unwrap();
+    assert_eq!(parts[1]["type"], "file", "{parts:?}");
+    assert_eq!(parts[1]["filename"], "notes.txt");
+    assert_eq!(parts[1]["mediaType"], "text/plain");
+    let asked = app.provider.requests().last().unwrap().body.to_string();
+    assert!(asked.contains(notes), "{asked}");
+
+    // Bare base64 in a response's input_file: the bytes decide its type.
+    app.provider.push(text("A table."));
+    let report = sdk(
+        Sdk::Node,
+        &app,
+        &app.key,
+        json!({"op": "responses", "model": agent, "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"},
+            {"type": "input_file", "filename": "t.csv", "file_data": encode(b"a,b\n1,2\n")},
+        ]}]}),
+    )
+    .await;
+    assert_eq!(report["output_text"], "A table.", "{report}");
+    app.settled().await;
+    let stored = app.messages(report["chat_id"].as_str().unwrap()).await;
+    let parts = stored[0]["parts"].as_array().unwrap();
+    assert_eq!(parts[1]["filename"], "t.csv", "{parts:?}");
+    assert_eq!(parts[1]["mediaType"], "text/csv");
+
+    let asked = app.provider.requests().len();
+    let files: i64 = sqlx::query_scalar("SELECT count(*) FROM chat_files")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    let big = json!({"type": "file", "file": {"file_data": encode(&[b'a'; 1001])}});
+    let foreign = json!({"type": "file", "file": {"file_id": uuid::Uuid::now_v7().to_string()}});
+    for (sdk, part, status, code) in [
+        (Sdk::Python, &big, 413, "file_too_large"),
+        (Sdk::Node, &big, 413, "file_too_large"),
+        (Sdk::Python, &foreign, 400, "invalid_request"),
+    ] {
+        let report = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "chat", "model": agent,
+                   "messages": [{"role": "user", "content": [part]}]}),
+        )
+        .await;
+        assert_eq!(report["error"]["status"], status, "{sdk:?}: {report}");
+        assert_eq!(report["error"]["code"], code);
+    }
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM chat_files")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(after, files, "nothing stored");
+    assert_eq!(
+        app.provider.requests().len(),
+        asked,
+        "nothing reached the model"
+    );
 }
 
 /// Every refusal in OpenAI's shape with our code: a model that is no agent, a wrong key,
@@ -747,7 +898,7 @@ async fn response_until(app: &TestApp, sdk: Sdk, id: &str, want: &str) -> Value 
 
 /// `background: true` answers at once with the turn's response, polled to `completed`
 /// with its text and usage; a cancelled one ends `cancelled`. Another team's key finds
-/// neither, to read or to cancel; `stream` with `background` is refused.
+/// neither, to read or to cancel.
 #[tokio::test]
 async fn responses_in_the_background_are_polled_and_cancelled() {
     let app = TestApp::start().await;
@@ -806,13 +957,94 @@ async fn responses_in_the_background_are_polled_and_cancelled() {
         response_until(&app, sdk, &id, "cancelled").await;
         app.settled().await;
     }
-    let raw = app
-        .auth(app.http.post(format!("{}/openai/v1/responses", app.url)))
-        .json(&json!({"model": agent, "input": "hi", "background": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(raw.status(), 400);
+}
+
+/// The events of a streamed response as (type, number, delta).
+fn brief(events: &Value) -> Vec<(String, u64, Option<String>)> {
+    events["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {events}"))
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_owned(),
+                e["sequence_number"].as_u64().unwrap(),
+                e["delta"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+/// P12: `background` with `stream` streams the background turn's events; the client
+/// closes the stream after two deltas (the turn goes on: it is detached) and resumes it
+/// with `retrieve(stream, starting_after)`: the rest, numbered on, the whole text across
+/// both. After the turn ended the same numbering is replayed from the events stream; a
+/// resumed stream of another team's response is `404`.
+#[tokio::test]
+async fn a_background_response_streams_and_resumes_after_a_sequence_number() {
+    let app = TestApp::start().await;
+    let agent = agent(&app, &app.key, "a").await;
+    let theirs = app.store.create_team("b").await.unwrap();
+    let words: Vec<String> = (0..8).map(|i| format!("w{i} ")).collect();
+    for sdk in BOTH {
+        app.provider.push(scripted_provider::Reply::Text {
+            deltas: words.clone(),
+            delay: std::time::Duration::from_millis(100),
+        });
+        let report = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "background_stream", "model": agent, "input": "work", "cut": 2}),
+        )
+        .await;
+        let (first, rest) = (brief(&report["first"]), brief(&report["rest"]));
+        assert_eq!(first[0].0, "response.created", "{sdk:?}: {report}");
+        assert_eq!(report["first"]["response"]["background"], true, "{report}");
+        let all: Vec<_> = first.iter().chain(&rest).collect();
+        let numbers: Vec<u64> = all.iter().map(|e| e.1).collect();
+        assert_eq!(
+            numbers,
+            (0..all.len() as u64).collect::<Vec<_>>(),
+            "{report}"
+        );
+        assert_eq!(
+            all.len(),
+            RESPONSE_EVENTS.len() - 2 + words.len(),
+            "{report}"
+        );
+        let text: String = all.iter().filter_map(|e| e.2.clone()).collect();
+        assert_eq!(text, words.concat(), "{sdk:?}: {report}");
+        assert_eq!(rest.last().unwrap().0, "response.completed", "{report}");
+        let done = &report["rest"]["response"];
+        assert_eq!(done["output"][0]["content"][0]["text"], words.concat());
+        assert_eq!(done["background"], true);
+        app.settled().await;
+
+        // Ended: the same events, the same numbers, from the events stream.
+        let id = report["id"].as_str().unwrap();
+        let again = self::sdk(
+            sdk,
+            &app,
+            &app.key,
+            json!({"op": "resume", "id": id, "after": 3}),
+        )
+        .await;
+        let again = brief(&again);
+        assert_eq!(again.len(), all.len() - 4, "{sdk:?}: {again:?}");
+        for (replayed, streamed) in again.iter().zip(&all[4..]) {
+            assert_eq!(replayed, *streamed);
+        }
+        let foreign = self::sdk(
+            sdk,
+            &app,
+            &theirs.api_key,
+            json!({"op": "resume", "id": id, "after": 0}),
+        )
+        .await;
+        assert_eq!(foreign["error"]["status"], 404, "{sdk:?}: {foreign}");
+        assert_eq!(foreign["error"]["code"], "not_found");
+    }
 }
 
 /// P9: a response's `instructions` join the agent's own prompt for that turn, marked as

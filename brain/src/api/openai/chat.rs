@@ -28,7 +28,8 @@ use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::error::{self, OpenAiErrorBody};
+use super::activity::Activity;
+use super::error::{self, OpenAiErrorBody, TurnRefusals};
 use super::models::agent_for;
 use crate::AppState;
 use crate::api::chats::{PostMessage, attach_files, message_body};
@@ -144,13 +145,49 @@ pub(super) fn new_message_parts(content: &Value) -> Result<Vec<Value>, ApiError>
                               "url": url}),
                     )
                 }
+                Some("file") => file_part(
+                    part.get("file")
+                        .ok_or_else(|| invalid("a file part needs `file`"))?,
+                ),
                 _ => Err(invalid(
-                    "the new message may only have `text` and `image_url` parts",
+                    "the new message may only have `text`, `image_url` and `file` parts",
                 )),
             })
             .collect(),
         _ => Err(invalid("the new message has no content")),
     }
+}
+
+/// A file given inline or by reference (a chat completion's `file` part, a Responses
+/// `input_file`) as a file part of the message: `file_data` base64, as a `data:` URL or
+/// bare; `file_id` the id of a file uploaded to the chat (`POST /v1/chats/{id}/files`);
+/// `file_url` a `data:` URL or a chat file's URL (nothing is fetched from elsewhere). The
+/// posting path stores or checks it with the same limits as any file part (T21, T22).
+pub(super) fn file_part(file: &Value) -> Result<Value, ApiError> {
+    let invalid = |m: &str| ApiError::InvalidRequest(m.to_owned());
+    let field = |name: &str| file.get(name).and_then(Value::as_str);
+    let url = match (field("file_data"), field("file_id"), field("file_url")) {
+        (Some(data), None, None) if data.starts_with("data:") => data.to_owned(),
+        (Some(data), None, None) => format!("data:application/octet-stream;base64,{data}"),
+        (None, Some(id), None) => {
+            let id = id
+                .parse()
+                .map_err(|_| invalid("`file_id` must be the id of a file of this chat"))?;
+            engine::files::url(id)
+        }
+        (None, None, Some(url)) => url.to_owned(),
+        _ => {
+            return Err(invalid(
+                "a file needs one of `file_data`, `file_id` or `file_url`",
+            ));
+        }
+    };
+    let mut part = json!({"type": "file", "mediaType": "application/octet-stream", "url": url});
+    if let Some(name) = field("filename") {
+        part["filename"] = json!(name);
+    }
+    // The media type is sniffed from the bytes (T22), not taken from here.
+    Ok(part)
 }
 
 /// The new message as the posting path takes it: its AI SDK parts, and the caller's
@@ -333,23 +370,14 @@ async fn chat_for(
             `X-Chat-Id` names the chat the conversation is.",
             body = Object),
         (status = 400, description = "Not a chat completion request, the last message is \
-            not the user's or has parts other than `text` and `image_url`, `n` is not 1, \
-            or the chat id is not a UUID (`invalid_request`). Every refusal is in OpenAI's \
-            shape, `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`, `code` our \
-            stable code.", body = OpenAiErrorBody),
-        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
-            body = OpenAiErrorBody),
+            not the user's or has parts other than `text`, `image_url` and `file`, a file \
+            part without one of `file_data`, `file_id` or `file_url` or naming no file of \
+            the chat, `n` is not 1, or the chat id is not a UUID (`invalid_request`). Every \
+            refusal is in OpenAI's shape, `{\"error\": {\"message\", \"type\", \"param\", \
+            \"code\"}}`, `code` our stable code.", body = OpenAiErrorBody),
         (status = 404, description = "`model` names no agent of the team, or the chat id \
             no chat of this agent the caller may see (`not_found`).", body = OpenAiErrorBody),
-        (status = 409, description = "The agent is busy and its policy rejects (or \
-            enqueues: a request here cannot be answered later) (`agent_busy`).",
-            body = OpenAiErrorBody),
-        (status = 413, description = "The body is too large (`payload_too_large`).",
-            body = OpenAiErrorBody),
-        (status = 429, description = "A quota or the rate limit refused the turn \
-            (`quota_exceeded`, `rate_limited`), with `Retry-After`.", body = OpenAiErrorBody),
-        (status = 502, description = "A turn that was not streamed failed after it \
-            started; `code` is its error code.", body = OpenAiErrorBody),
+        TurnRefusals,
     ),
 )]
 pub async fn completions(
@@ -380,6 +408,7 @@ pub async fn completions(
         parts: new_message_parts(&last.content)?,
         instructions,
     };
+    let activity = Activity::new(tool_activity(&state, &agent).await?);
     let since = Utc::now() - BILLING_SKEW;
     let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, message).await?;
     let rate_limit = body.take_rate_limit();
@@ -394,6 +423,7 @@ pub async fn completions(
         model: request.model,
         created: Utc::now().timestamp(),
         answer: String::new(),
+        activity,
     };
     let mut response = if request.stream {
         let usage = request.stream_options.is_some_and(|o| o.include_usage);
@@ -484,6 +514,15 @@ pub(super) async fn launch(
     Ok((turn, body.until(state.auth.standing(principal))))
 }
 
+/// How the agent's tool calls show in its answers (P13).
+pub(super) async fn tool_activity(
+    state: &AppState,
+    agent: &AgentRow,
+) -> Result<domain::openai::ToolActivity, ApiError> {
+    let options = bounded(state.store.agent_openai(agent.team_id, agent.id)).await?;
+    Ok(options.tool_activity)
+}
+
 /// A turn's billed tokens (input, output), E1; zeros when the store cannot say.
 pub(super) async fn tokens(
     state: &AppState,
@@ -511,8 +550,10 @@ struct Exchange {
     since: DateTime<Utc>,
     model: String,
     created: i64,
-    /// The answer's text so far.
+    /// The answer's text so far, the lines of tool activity in it included (as the
+    /// client will resend it).
     answer: String,
+    activity: Activity,
 }
 
 /// How a turn's stream ended.
@@ -546,6 +587,10 @@ impl Exchange {
 
     /// What a chunk adds to the answer, and how the turn ended if it did.
     fn take(&mut self, chunk: UiChunk) -> (Option<String>, Option<End>) {
+        if let Some(line) = self.activity.line(&chunk, &self.answer) {
+            self.answer.push_str(&line);
+            return (Some(line), None);
+        }
         match chunk {
             UiChunk::TextDelta { delta, .. } => {
                 self.answer.push_str(&delta);

@@ -4,6 +4,8 @@
 //! (credentials, the rate limit, a body too large, a handler), so the statuses and codes
 //! stay decided in `error.rs` alone and no handler maps its own.
 
+use std::collections::BTreeMap;
+
 use axum::body::{Body, to_bytes};
 use axum::extract::Request;
 use axum::http::{StatusCode, header};
@@ -11,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use protocol::{ErrorBody, ErrorCode};
 use serde::Serialize;
+use utoipa::openapi::RefOr;
 
 /// The path every OpenAI-compatible route is under.
 pub const PREFIX: &str = "/openai/";
@@ -80,6 +83,52 @@ pub const TURN_FAILED: StatusCode = StatusCode::BAD_GATEWAY;
 pub fn turn_failed(code: ErrorCode, message: &str) -> Response {
     let body = body(TURN_FAILED, code, message);
     (TURN_FAILED, axum::Json(body)).into_response()
+}
+
+/// The refusals both routes that start a turn (chat completions, responses) may answer
+/// beside their own `400` and `404`, in OpenAI's shape: one list for both
+/// `#[utoipa::path]`s. `401`, `503` and the rate limit's `429` every authenticated route
+/// gets from `openapi::document`. No value of it exists: it only names the list.
+pub enum TurnRefusals {}
+
+impl utoipa::IntoResponses for TurnRefusals {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        [
+            (
+                "409",
+                "The agent is busy and its policy rejects, or enqueues: a request here \
+                 cannot be answered later (`agent_busy`).",
+            ),
+            (
+                "413",
+                "The body is too large (`payload_too_large`), a file past \
+                 `BRAIN_FILE_MAX_BYTES` (`file_too_large`), or the message's files past \
+                 `BRAIN_FILE_MAX_BYTES_PER_MESSAGE` (`message_files_too_large`).",
+            ),
+            (
+                "402",
+                "The team's spending quota is spent (`quota_exhausted`, OpenAI's \
+                 `insufficient_quota`).",
+            ),
+            (
+                "429",
+                "A quota refused the turn (`quota_exceeded`, with `Retry-After`).",
+            ),
+            (
+                "502",
+                "A turn that was not streamed failed after it started; `code` is its \
+                 error code.",
+            ),
+        ]
+        .into_iter()
+        .map(|(status, what)| (status.to_owned(), error_answer(what).into()))
+        .collect()
+    }
+}
+
+/// An answer with [`OpenAiErrorBody`] and `description`.
+pub fn error_answer(description: &str) -> utoipa::openapi::Response {
+    crate::api::openapi::error_in("OpenAiErrorBody", description)
 }
 
 /// The layer: our `ErrorBody` answers under [`PREFIX`] in OpenAI's shape.

@@ -11,7 +11,6 @@ use crate::error::ApiError;
 use engine::auth::Principal;
 use protocol::AgentId;
 
-use super::error::OpenAiErrorBody;
 use store::{AgentRow, StoreError, bounded};
 
 /// The most agents listed, and searched for a name: one page, as OpenAI's list has none.
@@ -52,10 +51,6 @@ pub struct Model {
         (status = 200, description = "The team's agents (not archived, newest first, at \
             most 500) as OpenAI models: `id` the agent's id, `owned_by` the team's id, \
             `name` the agent's name.", body = ModelList),
-        (status = 401, description = "Missing or refused credentials: OpenAI's error \
-            shape, `code` `unauthorized`.", body = OpenAiErrorBody),
-        (status = 503, description = "The store is unavailable (`store_unavailable`).",
-            body = OpenAiErrorBody),
     ),
 )]
 pub async fn list(

@@ -13,6 +13,8 @@
 //! `in_progress` at once; `GET /openai/v1/responses/{id}` shows the turn as a response
 //! and `POST .../cancel` stops it as `POST /v1/turns/{id}/stop` does.
 
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
@@ -20,27 +22,33 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use protocol::ui::{FinishReason, UiChunk};
 use protocol::{AgentId, ChatId, ErrorCode, TeamId, TurnId};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
 
+use super::activity::Activity;
 use super::chat::{
     BILLING_SKEW, KEEP_ALIVE, NewMessage, checked_instructions, decoded, end_user, failure,
-    in_chat, is_agents_chat, launch, new_message_parts, tokens, trigger_for,
+    in_chat, is_agents_chat, launch, new_message_parts, tokens, tool_activity, trigger_for,
 };
-use super::error::{self, OpenAiErrorBody};
+use super::error::{self, OpenAiErrorBody, TurnRefusals, error_answer};
 use super::models::agent_for;
 use crate::AppState;
+use crate::a2a::stream::{Frame, Frames};
+use crate::api::QueryParams;
 use crate::error::ApiError;
+use domain::openai::ToolActivity;
 use engine::auth::Principal;
+use engine::events::{Resumed, TurnStream, Viewer};
 use engine::sse;
 use engine::turn::post::{self, Detached};
 use engine::turn::stop;
 use engine::turn::ui_stream::UiBody;
 use protocol::parts::Part;
-use store::{StoreError, TurnProgress, bounded};
+use store::{StoreError, TurnProgress, TurnRow, TurnStatus, bounded};
 
 /// What a response id is: `resp_` and the turn's id.
 const ID_PREFIX: &str = "resp_";
@@ -112,8 +120,10 @@ fn new_content(input: Value) -> Result<Value, ApiError> {
                     Some(url) => Ok(json!({"type": "image_url", "image_url": {"url": url}})),
                     None => Err(invalid("an input_image part needs `image_url`")),
                 },
+                Some("input_file") => Ok(json!({"type": "file", "file": part})),
                 _ => Err(invalid(
-                    "the new message may only have `input_text` and `input_image` parts",
+                    "the new message may only have `input_text`, `input_image` and \
+                     `input_file` parts",
                 )),
             })
             .collect::<Result<Vec<_>, _>>()
@@ -167,23 +177,15 @@ async fn previous_chat(
             `X-Chat-Id` names the chat. With `background`, at once the response `queued` \
             or `in_progress`, its turn run in the background.", body = Object),
         (status = 400, description = "Not a Responses request, the last input item is \
-            not the user's message or has parts other than `input_text` and \
-            `input_image`, `instructions` past 16,384 characters or with NUL, or \
-            `background` with `stream` (`invalid_request`). Every refusal is in OpenAI's shape.",
-            body = OpenAiErrorBody),
-        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
+            not the user's message or has parts other than `input_text`, `input_image` and \
+            `input_file`, a file without one of `file_data`, `file_id` or `file_url` or \
+            naming no file of the chat, or `instructions` past 16,384 characters or with \
+            NUL (`invalid_request`). Every refusal is in OpenAI's shape.",
             body = OpenAiErrorBody),
         (status = 404, description = "`model` names no agent of the team, or \
             `previous_response_id` no response of this agent the caller may see \
             (`not_found`).", body = OpenAiErrorBody),
-        (status = 409, description = "The agent is busy and its policy rejects (or \
-            enqueues) (`agent_busy`).", body = OpenAiErrorBody),
-        (status = 413, description = "The body is too large (`payload_too_large`).",
-            body = OpenAiErrorBody),
-        (status = 429, description = "A quota or the rate limit refused the turn \
-            (`quota_exceeded`, `rate_limited`), with `Retry-After`.", body = OpenAiErrorBody),
-        (status = 502, description = "A turn that was not streamed failed after it \
-            started; `code` is its error code.", body = OpenAiErrorBody),
+        TurnRefusals,
     ),
 )]
 pub async fn create(
@@ -194,11 +196,6 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let request: ResponseRequest = decoded(&state, &headers, body).await?;
     let instructions = checked_instructions(request.instructions)?;
-    if request.background && request.stream {
-        return Err(ApiError::InvalidRequest(
-            "background and stream together are not supported: poll the response".into(),
-        ));
-    }
     let principal = end_user(principal, request.user)?;
     let agent = agent_for(&state, &principal, &request.model).await?;
     let content = new_content(request.input)?;
@@ -225,9 +222,19 @@ pub async fn create(
             Detached::Started(row, _) => row.id,
             Detached::Queued(queued) => queued.turn,
         };
-        let response = shown(&state, &principal, turn, Some(request.model)).await?;
+        let response = match request.stream {
+            true => {
+                let row = visible_turn(&state, &principal, turn).await?;
+                let mut answer = Answer::of(&state, &principal, &row, Some(request.model)).await?;
+                answer.previous = request.previous_response_id;
+                answer.activity = Activity::new(tool_activity(&state, &agent).await?);
+                followed(&state, &principal, &row, answer).await?
+            }
+            false => shown(&state, &principal, turn, Some(request.model)).await?,
+        };
         return Ok(in_chat(response, chat));
     }
+    let activity = Activity::new(tool_activity(&state, &agent).await?);
     let since = Utc::now() - BILLING_SKEW;
     let instructions = message.instructions.clone();
     let (turn, mut body) = launch(&state, &principal, &headers, &agent, chat, message).await?;
@@ -242,11 +249,13 @@ pub async fn create(
         created: Utc::now().timestamp(),
         text: String::new(),
         sequence: 0,
+        skip_through: None,
         background: false,
         instructions,
+        activity,
     };
     let mut response = if request.stream {
-        stream(answer, body)
+        stream(answer, body_chunks(body))
     } else {
         answer.whole(body).await
     };
@@ -274,9 +283,13 @@ struct Answer {
     text: String,
     /// The next event's `sequence_number`.
     sequence: u64,
+    /// A resumed stream's `starting_after`: the events up to it are numbered, not sent.
+    skip_through: Option<u64>,
     background: bool,
     /// The caller's instructions for the turn, echoed as OpenAI does.
     instructions: Option<String>,
+    /// The agent's tool calls as lines of the text, when its options say so (P13).
+    activity: Activity,
 }
 
 impl Answer {
@@ -286,6 +299,10 @@ impl Answer {
 
     /// What a chunk adds to the text, and how the turn ended if it did.
     fn take(&mut self, chunk: UiChunk) -> (Option<String>, Option<End>) {
+        if let Some(line) = self.activity.line(&chunk, &self.text) {
+            self.text.push_str(&line);
+            return (Some(line), None);
+        }
         match chunk {
             UiChunk::TextDelta { delta, .. } => {
                 self.text.push_str(&delta);
@@ -377,11 +394,16 @@ impl Answer {
         }
     }
 
-    /// One event of the stream, its `type` also as the SSE event's name.
+    /// One event of the stream, its `type` also as the SSE event's name; nothing for an
+    /// event a resumed stream's client has (its number still counts).
     fn event(&mut self, kind: &str, mut fields: Value) -> Bytes {
-        fields["type"] = json!(kind);
-        fields["sequence_number"] = json!(self.sequence);
+        let sequence = self.sequence;
         self.sequence += 1;
+        if self.skip_through.is_some_and(|after| sequence <= after) {
+            return Bytes::new();
+        }
+        fields["type"] = json!(kind);
+        fields["sequence_number"] = json!(sequence);
         let mut out = format!("event: {kind}\n").into_bytes();
         out.extend_from_slice(&sse::event(None, &fields.to_string()));
         Bytes::from(out)
@@ -441,6 +463,54 @@ impl Answer {
     }
 }
 
+/// The turn a response is: one of the principal's team in a chat it may see, else `404`.
+async fn visible_turn(
+    state: &AppState,
+    principal: &Principal,
+    turn: TurnId,
+) -> Result<TurnRow, ApiError> {
+    let row = match bounded(state.store.turn_row(principal.team, turn)).await {
+        Ok(row) => row,
+        Err(StoreError::NotFound) => return Err(ApiError::NotFound("response")),
+        Err(e) => return Err(e.into()),
+    };
+    match principal.check_chat(&state.store, row.chat_id).await {
+        Ok(()) => Ok(row),
+        Err(engine::auth::AuthError::NotFound(_)) => Err(ApiError::NotFound("response")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Answer {
+    /// The answer of a turn that was posted earlier (a background one, a response read
+    /// again): its times and instructions from the store. `model` is the agent's id unless
+    /// the request named it.
+    async fn of(
+        state: &AppState,
+        principal: &Principal,
+        row: &TurnRow,
+        model: Option<String>,
+    ) -> Result<Self, ApiError> {
+        let instructions = state.store.turn_instructions(principal.team, row.id);
+        Ok(Answer {
+            state: state.clone(),
+            team: principal.team,
+            turn: row.id,
+            since: row.started_at - BILLING_SKEW,
+            model: model.unwrap_or_else(|| row.agent_id.to_string()),
+            previous: None,
+            created: row.started_at.timestamp(),
+            text: String::new(),
+            sequence: 0,
+            skip_through: None,
+            background: row.background,
+            instructions: bounded(instructions).await?,
+            // Only a stream shows calls; `followed` sets the agent's choice.
+            activity: Activity::new(ToolActivity::None),
+        })
+    }
+}
+
 /// A response as its turn now is (`GET /openai/v1/responses/{id}`): `queued`,
 /// `in_progress`, or ended with its text and usage (`completed`, `failed`, `cancelled`
 /// for a stopped or withdrawn turn). `model` is the agent's id unless the request named it.
@@ -450,29 +520,8 @@ async fn shown(
     turn: TurnId,
     model: Option<String>,
 ) -> Result<Response, ApiError> {
-    let row = match bounded(state.store.turn_row(principal.team, turn)).await {
-        Ok(row) => row,
-        Err(StoreError::NotFound) => return Err(ApiError::NotFound("response")),
-        Err(e) => return Err(e.into()),
-    };
-    match principal.check_chat(&state.store, row.chat_id).await {
-        Ok(()) => {}
-        Err(engine::auth::AuthError::NotFound(_)) => return Err(ApiError::NotFound("response")),
-        Err(e) => return Err(e.into()),
-    }
-    let mut answer = Answer {
-        state: state.clone(),
-        team: principal.team,
-        turn,
-        since: row.started_at - BILLING_SKEW,
-        model: model.unwrap_or_else(|| row.agent_id.to_string()),
-        previous: None,
-        created: row.started_at.timestamp(),
-        text: String::new(),
-        sequence: 0,
-        background: row.background,
-        instructions: bounded(state.store.turn_instructions(principal.team, turn)).await?,
-    };
+    let row = visible_turn(state, principal, turn).await?;
+    let mut answer = Answer::of(state, principal, &row, model).await?;
     let status = match row.status {
         TurnProgress::Queued => "queued",
         TurnProgress::Running => "in_progress",
@@ -482,16 +531,7 @@ async fn shown(
     };
     let response = match status {
         "completed" | "cancelled" | "failed" => {
-            let messages = bounded(state.store.turns_messages(principal.team, &[turn])).await?;
-            answer.text = messages
-                .iter()
-                .filter(|m| m.role == "assistant")
-                .flat_map(|m| &m.parts)
-                .filter_map(|p| match p {
-                    Part::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect();
+            answer.text = stored_text(state, principal.team, turn).await?;
             let mut ended = answer.ended(FinishReason::Stop).await;
             ended["status"] = json!(status);
             if let Some(code) = row.error {
@@ -504,9 +544,49 @@ async fn shown(
     Ok(axum::Json(response).into_response())
 }
 
+/// The text parts of a turn's stored answer, joined.
+async fn stored_text(state: &AppState, team: TeamId, turn: TurnId) -> Result<String, ApiError> {
+    let messages = bounded(state.store.turns_messages(team, &[turn])).await?;
+    Ok(messages
+        .iter()
+        .filter(|m| m.role == "assistant")
+        .flat_map(|m| &m.parts)
+        .filter_map(|p| match p {
+            Part::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The `404` of the routes that read or cancel one response: one definition for their
+/// `#[utoipa::path]`s. No value of it exists: it only names the answer.
+pub enum ResponseNotFound {}
+
+impl utoipa::IntoResponses for ResponseNotFound {
+    fn responses() -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        let what = "No response of the team the caller may see (`not_found`).";
+        BTreeMap::from([("404".to_owned(), error_answer(what).into())])
+    }
+}
+
 /// The turn a response id in a path names, `404` for anything else.
 fn path_turn(id: &str) -> Result<TurnId, ApiError> {
     turn_of(id).ok_or(ApiError::NotFound("response"))
+}
+
+/// The query of `GET /openai/v1/responses/{id}`. Open, as OpenAI's own wire is: its SDKs
+/// also send `include` and `include_obfuscation`, which change nothing here.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RetrieveParams {
+    /// Answer as the Responses API's events, from the turn's start (replayed from the
+    /// events stream, S2) and then live until it ends, instead of the response as it is.
+    #[serde(default)]
+    stream: bool,
+    /// With `stream`: only the events after this `sequence_number` (a client resuming a
+    /// stream it lost).
+    #[serde(default)]
+    starting_after: Option<u64>,
 }
 
 #[utoipa::path(
@@ -514,23 +594,36 @@ fn path_turn(id: &str) -> Result<TurnId, ApiError> {
     path = "/openai/v1/responses/{response_id}",
     operation_id = "openai_get_response",
     tag = "openai",
-    params(("response_id" = String, Path, description = "`resp_<turn id>`.")),
+    params(("response_id" = String, Path, description = "`resp_<turn id>`."), RetrieveParams),
     responses(
         (status = 200, description = "The response as its turn now is: `status` \
             `queued`, `in_progress`, `completed`, `failed` or `cancelled` (a stopped or \
-            withdrawn turn), with its text and `usage` once ended.", body = Object),
-        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
+            withdrawn turn), with its text and `usage` once ended. With `stream`, the \
+            Responses API's events of the turn over Server-Sent Events, numbered as its \
+            streamed answer numbered them, those up to `starting_after` left out; a queued \
+            turn's once it starts. Closing the stream stops nothing.", body = Object),
+        ResponseNotFound,
+        (status = 429, description = "With `stream`: the principal, or this replica, \
+            has as many followed streams open as allowed (`too_many_observers`).",
             body = OpenAiErrorBody),
-        (status = 404, description = "No response of the team the caller may see \
-            (`not_found`).", body = OpenAiErrorBody),
     ),
 )]
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
     Path(response_id): Path<String>,
+    QueryParams(params): QueryParams<RetrieveParams>,
 ) -> Result<Response, ApiError> {
-    shown(&state, &principal, path_turn(&response_id)?, None).await
+    let turn = path_turn(&response_id)?;
+    if !params.stream {
+        return shown(&state, &principal, turn, None).await;
+    }
+    let row = visible_turn(&state, &principal, turn).await?;
+    let mut answer = Answer::of(&state, &principal, &row, None).await?;
+    answer.skip_through = params.starting_after;
+    let options = bounded(state.store.agent_openai(principal.team, row.agent_id)).await?;
+    answer.activity = Activity::new(options.tool_activity);
+    followed(&state, &principal, &row, answer).await
 }
 
 #[utoipa::path(
@@ -543,10 +636,7 @@ pub async fn get(
         (status = 200, description = "The turn is stopped as `POST /v1/turns/{id}/stop` \
             does (a queued one withdrawn): the response as it then is; a running one \
             shows `cancelled` once its stop is recorded.", body = Object),
-        (status = 401, description = "Missing or refused credentials (`unauthorized`).",
-            body = OpenAiErrorBody),
-        (status = 404, description = "No response of the team the caller may see \
-            (`not_found`).", body = OpenAiErrorBody),
+        ResponseNotFound,
         (status = 503, description = "The turn runs on another replica and Redis, which \
             carries the stop there, is unavailable (`store_unavailable`).",
             body = OpenAiErrorBody),
@@ -577,24 +667,154 @@ fn with(mut fields: Value, name: &str, value: Value) -> Value {
     fields
 }
 
+/// A posted turn's own chunks. Dropping them before the turn ended stops it (T8) unless
+/// its agent's `disconnect_policy` says otherwise, as on `/v1`.
+fn body_chunks(body: UiBody) -> impl Stream<Item = UiChunk> + Send + 'static {
+    futures_util::stream::unfold(body, |mut body| async move {
+        let chunk = body.next_chunk().await?;
+        Some((chunk, body))
+    })
+}
+
+/// The streamed answer of a turn posted earlier (a background one, a stream resumed):
+/// the turn's chunks from the events stream (S2), from its `start`, replayed while it is
+/// in the window, then live until its end, as `GET /v1/chats/{id}/stream` follows a turn;
+/// a queued turn's once it starts. The same chunks make the same events with the same
+/// numbers as the stream of its post. Closing it stops nothing: the turn is detached.
+/// A turn whose start left the window is answered from the store: its whole text as one
+/// delta, numbered as such.
+async fn followed(
+    state: &AppState,
+    principal: &Principal,
+    row: &TurnRow,
+    answer: Answer,
+) -> Result<Response, ApiError> {
+    let viewer = Viewer {
+        identity: principal.identity(),
+        authority: state.auth.standing(principal),
+    };
+    let started = u64::try_from(row.started_at.timestamp_millis()).unwrap_or_default();
+    let draining = state.draining.clone();
+    let turn_stream = state
+        .events
+        .follow_turn(row.chat_id, row.id, started, draining, viewer)
+        .await?;
+    let Some(turn_stream) = turn_stream else {
+        let chunks = stored_chunks(state, principal.team, row).await?;
+        return Ok(stream(answer, futures_util::stream::iter(chunks)));
+    };
+    let following = Following {
+        // Quiet: a stream that cannot go on (the replica drains, the events stream fails)
+        // just ends, for the client to resume; an error part would read as the turn's
+        // failure.
+        stream: turn_stream.quiet(),
+        store: state.store.clone(),
+        team: principal.team,
+        turn: row.id,
+        frames: Frames::default(),
+        ready: VecDeque::new(),
+    };
+    Ok(stream(answer, following.chunks()))
+}
+
+/// A followed turn's stream read back into its chunks.
+struct Following {
+    stream: TurnStream,
+    store: store::Store,
+    team: TeamId,
+    turn: TurnId,
+    frames: Frames,
+    /// Chunks read and not yet given.
+    ready: VecDeque<UiChunk>,
+}
+
+impl Following {
+    fn chunks(self) -> impl Stream<Item = UiChunk> + Send + 'static {
+        futures_util::stream::unfold(self, |mut f| async move {
+            loop {
+                if let Some(chunk) = f.ready.pop_front() {
+                    return Some((chunk, f));
+                }
+                let bytes = match f.stream.next().await? {
+                    Resumed::Bytes(bytes) => bytes,
+                    // Idle: a turn whose last chunk never reached the events stream (its
+                    // replica died) ends here rather than being followed forever; a
+                    // queued one is waited for.
+                    Resumed::Idle if f.goes_on().await => continue,
+                    Resumed::Idle => match f.stream.end_unseen()? {
+                        Resumed::Bytes(bytes) => bytes,
+                        Resumed::Idle => return None,
+                    },
+                };
+                f.ready.extend(
+                    f.frames
+                        .push(&bytes)
+                        .into_iter()
+                        .filter_map(|frame| match frame {
+                            Frame::Chunk(chunk) => Some(chunk),
+                            Frame::Done => None,
+                        }),
+                );
+            }
+        })
+    }
+
+    /// Whether the turn is queued or running; unknown (the store did not answer) is yes.
+    async fn goes_on(&self) -> bool {
+        match bounded(self.store.turn_state(self.team, self.turn)).await {
+            Ok(turn) => matches!(turn.status, TurnStatus::Queued | TurnStatus::Running),
+            Err(StoreError::NotFound) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+/// The chunks an ended turn's stored answer stands for: its text as one delta, then its
+/// end (a failure as an error). A running turn's are not stored yet: none.
+async fn stored_chunks(
+    state: &AppState,
+    team: TeamId,
+    row: &TurnRow,
+) -> Result<Vec<UiChunk>, ApiError> {
+    let end = match row.status {
+        TurnProgress::Queued | TurnProgress::Running => return Ok(Vec::new()),
+        TurnProgress::Failed => UiChunk::Error {
+            error_text: format!(
+                "{}: the turn failed",
+                row.error.unwrap_or(ErrorCode::Internal).as_str()
+            ),
+        },
+        _ => UiChunk::Finish {
+            finish_reason: FinishReason::Stop,
+        },
+    };
+    let text = stored_text(state, team, row.id).await?;
+    let delta = (!text.is_empty()).then(|| UiChunk::TextDelta {
+        id: String::new(),
+        delta: text,
+    });
+    Ok(delta.into_iter().chain([end]).collect())
+}
+
 /// The streamed answer: the opening events, a delta per text delta, then the closing
-/// events (or `response.failed`). The turn's stream is read to its end even after the
-/// last event.
-fn stream(mut answer: Answer, body: UiBody) -> Response {
+/// events (or `response.failed`). `chunks` are read to their end even after the last
+/// event (a posted turn's: dropping them early would stop the turn while it records
+/// its end).
+fn stream(mut answer: Answer, chunks: impl Stream<Item = UiChunk> + Send + 'static) -> Response {
     let opening = answer.opening();
     struct Reading {
         answer: Answer,
-        body: UiBody,
+        chunks: std::pin::Pin<Box<dyn Stream<Item = UiChunk> + Send>>,
         ended: bool,
     }
     let reading = Reading {
         answer,
-        body,
+        chunks: Box::pin(chunks),
         ended: false,
     };
     let rest = futures_util::stream::unfold(reading, |mut r| async move {
         loop {
-            let chunk = match tokio::time::timeout(KEEP_ALIVE, r.body.next_chunk()).await {
+            let chunk = match tokio::time::timeout(KEEP_ALIVE, r.chunks.next()).await {
                 Err(_) => return Some((vec![sse::keep_alive()], r)),
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => return None,
@@ -619,6 +839,7 @@ fn stream(mut answer: Answer, body: UiBody) -> Response {
     });
     let events = futures_util::stream::iter(opening)
         .chain(rest.flat_map(futures_util::stream::iter))
+        .filter(|bytes| std::future::ready(!bytes.is_empty()))
         .map(Ok::<_, Infallible>);
     crate::respond::event_stream(Body::from_stream(events))
 }
