@@ -18,7 +18,7 @@ use store::{SecretsError, StoreError};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"value": "ghp_…", "egress": {"hosts": ["api.github.com"], "header": "Authorization", "format": "Bearer {value}"}}))]
+#[schema(example = json!({"value": "ghp_example", "egress": {"hosts": ["api.github.com"], "header": "Authorization", "format": "Bearer {value}"}}))]
 pub struct PutAgentSecret {
     /// 1 to 8192 bytes. Stored encrypted; never shown again.
     value: String,

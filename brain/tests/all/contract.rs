@@ -109,8 +109,12 @@ const NAMED_IN_CALLERS_TEAM: [&str; 6] = [
 
 /// Operations a chat platform calls, authenticated by the channel's own secret rather than
 /// a team key: any key's call is the documented 401. Their refusals are tested in
-/// brain/tests/all/channels.rs (`channels::an_update_runs_once_and_a_bad_secret_runs_nothing`).
-const PLATFORM_CALLS: [&str; 1] = ["POST /v1/channels/{channel_id}/telegram"];
+/// brain/tests/all/channels.rs (`channels::an_update_runs_once_and_a_bad_secret_runs_nothing`,
+/// `channels::a_bad_slack_signature_or_a_stale_timestamp_runs_nothing`).
+const PLATFORM_CALLS: [&str; 2] = [
+    "POST /v1/channels/{channel_id}/telegram",
+    "POST /v1/channels/{channel_id}/slack",
+];
 
 /// Gives the team behind `key` one of everything a path can name: an agent, a chat with
 /// a finished turn, an artifact of that chat and a connector of that agent (agent-scoped,
