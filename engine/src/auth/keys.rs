@@ -241,13 +241,26 @@ struct Holders {
     disabled: HashMap<TeamId, Instant>,
 }
 
-/// Counts one more holder of `id`, making its token with `make` for the first.
+/// Counts one more holder of `id`, making its token with `make` for the first, or afresh
+/// when the one held is cancelled: a revocation or disabling ended it, and whoever got past
+/// the `lately` checks since holds a standing given back (a user or team enabled again),
+/// which must not end with the earlier holders' token.
 fn enter<K: std::hash::Hash + Eq>(
     open: &mut HashMap<K, (CancellationToken, usize)>,
     id: K,
     make: impl FnOnce() -> CancellationToken,
 ) -> CancellationToken {
-    let (token, count) = open.entry(id).or_insert_with(|| (make(), 0));
+    use std::collections::hash_map::Entry;
+    let (token, count) = match open.entry(id) {
+        Entry::Occupied(held) => {
+            let held = held.into_mut();
+            if held.0.is_cancelled() {
+                held.0 = make();
+            }
+            held
+        }
+        Entry::Vacant(free) => free.insert((make(), 0)),
+    };
     *count += 1;
     token.clone()
 }
@@ -768,6 +781,19 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(cached_at.elapsed() >= ttl, "forgotten before the TTL");
+    }
+
+    #[test]
+    fn a_standing_given_back_is_not_ended_by_the_earlier_holders_token() {
+        let mut open: HashMap<&str, (CancellationToken, usize)> = HashMap::new();
+        let before = enter(&mut open, "alice", CancellationToken::new);
+        before.cancel();
+        let after = enter(&mut open, "alice", CancellationToken::new);
+        assert!(before.is_cancelled() && !after.is_cancelled());
+        assert_eq!(open["alice"].1, 2, "both holders are counted");
+        leave(&mut open, &"alice");
+        leave(&mut open, &"alice");
+        assert!(open.is_empty());
     }
 
     #[test]
