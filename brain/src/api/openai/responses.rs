@@ -648,16 +648,10 @@ pub async fn cancel(
     Path(response_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let turn = path_turn(&response_id)?;
-    let found = match stop::find(&state.store, principal.team, turn).await {
+    match stop::stop_turn(&state, &principal, turn).await {
         Err(stop::StopError::NotFound(_)) => return Err(ApiError::NotFound("response")),
         other => other?,
     };
-    match principal.check_chat(&state.store, found.chat).await {
-        Ok(()) => {}
-        Err(engine::auth::AuthError::NotFound(_)) => return Err(ApiError::NotFound("response")),
-        Err(e) => return Err(e.into()),
-    }
-    stop::stop(&state, principal.team, found).await?;
     shown(&state, &principal, turn, None).await
 }
 
