@@ -686,6 +686,18 @@ async fn one_principal_cannot_fill_the_agents_queue() {
     turns_ended(&app, 4).await;
 }
 
+/// `PATCH /v1/users/{user}` as the app's admin: the user as answered.
+async fn set_disabled(app: &TestApp, user: &str, disabled: bool) -> Value {
+    let response = app
+        .auth(app.http.patch(format!("{}/v1/users/{user}", app.url)))
+        .json(&json!({ "disabled": disabled }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
 /// A token of the app's team for end user `user`, with the admin claim `admin`.
 fn token_with_admin(app: &TestApp, user: &str, admin: bool) -> String {
     use crate::auth::jwt;
@@ -713,14 +725,7 @@ async fn a_disabled_users_tokens_are_refused_and_their_detached_turn_ends() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let disabled = app
-        .auth(app.http.patch(format!("{}/v1/users/alice", app.url)))
-        .json(&json!({"disabled": true}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(disabled.status(), 200);
-    let disabled: Value = disabled.json().await.unwrap();
+    let disabled = set_disabled(&app, "alice", true).await;
     assert_eq!(disabled["disabled"], true, "{disabled}");
     let ended = none_running(&app).await;
     app.provider.release_held();
@@ -749,13 +754,8 @@ async fn a_disabled_users_tokens_are_refused_and_their_detached_turn_ends() {
         (&json!(true), &json!(false))
     );
 
-    let enabled = app
-        .auth(app.http.patch(format!("{}/v1/users/alice", app.url)))
-        .json(&json!({"disabled": false}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(enabled.status(), 200);
+    let enabled = set_disabled(&app, "alice", false).await;
+    assert_eq!(enabled["disabled"], false, "{enabled}");
     assert_eq!(
         status_as(
             &app,
