@@ -17,9 +17,9 @@ use protocol::skills::{
 };
 use protocol::uploads::{FailReason, Failed, Placed};
 
-use super::uploads::workspace_dir;
+use super::uploads::{get, workspace_dir};
 use crate::dial::Identity;
-use crate::snapshot::{brain_url, client, unpack};
+use crate::snapshot::unpack;
 
 /// How long one request may take for all its skills; within the brain's bound.
 pub const DELIVERY_BOUND: Duration = Duration::from_secs(120);
@@ -93,27 +93,12 @@ async fn fetch(
     dir: &Path,
     skill: &SkillVersion,
 ) -> Result<(), FailReason> {
-    let url = brain_url(connect_url, &format!("{SKILL_PATH_PREFIX}{}", skill.id));
-    let response = client()
-        .map_err(|_| FailReason::Unreachable)?
-        .get(url)
-        .bearer_auth(identity.token.expose())
-        .send()
-        .await
-        .map_err(|_| FailReason::Unreachable)?;
-    let status = response.status();
-    if [
-        reqwest::StatusCode::UNAUTHORIZED,
-        reqwest::StatusCode::FORBIDDEN,
-        reqwest::StatusCode::NOT_FOUND,
-    ]
-    .contains(&status)
-    {
-        return Err(FailReason::Refused);
-    }
-    if !status.is_success() {
-        return Err(FailReason::Unreachable);
-    }
+    let response = get(
+        connect_url,
+        identity,
+        &format!("{SKILL_PATH_PREFIX}{}", skill.id),
+    )
+    .await?;
     let bytes = response
         .bytes()
         .await

@@ -117,10 +117,37 @@ async fn fetch(
     dir: &Path,
     file: &Upload,
 ) -> Result<(), FailReason> {
-    let url = brain_url(connect_url, &format!("{UPLOAD_PATH_PREFIX}{}", file.id));
+    let response = get(
+        connect_url,
+        identity,
+        &format!("{UPLOAD_PATH_PREFIX}{}", file.id),
+    )
+    .await?;
+    let part = dir.join(format!(".upload-{}.part", file.id));
+    let written = write(response, &part, file.size).await;
+    let placed = match written {
+        Ok(()) => tokio::fs::rename(&part, dir.join(&file.name))
+            .await
+            .map_err(|_| FailReason::Io),
+        Err(reason) => Err(reason),
+    };
+    if placed.is_err() {
+        let _ = tokio::fs::remove_file(&part).await;
+    }
+    placed
+}
+
+/// `GET` of `path` from the brain with the session token: the response of a success; a
+/// refusal (the file or skill is gone, or not the session's) is `Refused`, anything else
+/// `Unreachable`.
+pub(super) async fn get(
+    connect_url: &str,
+    identity: &Identity,
+    path: &str,
+) -> Result<reqwest::Response, FailReason> {
     let response = client()
         .map_err(|_| FailReason::Unreachable)?
-        .get(url)
+        .get(brain_url(connect_url, path))
         .bearer_auth(identity.token.expose())
         .send()
         .await
@@ -138,18 +165,7 @@ async fn fetch(
     if !status.is_success() {
         return Err(FailReason::Unreachable);
     }
-    let part = dir.join(format!(".upload-{}.part", file.id));
-    let written = write(response, &part, file.size).await;
-    let placed = match written {
-        Ok(()) => tokio::fs::rename(&part, dir.join(&file.name))
-            .await
-            .map_err(|_| FailReason::Io),
-        Err(reason) => Err(reason),
-    };
-    if placed.is_err() {
-        let _ = tokio::fs::remove_file(&part).await;
-    }
-    placed
+    Ok(response)
 }
 
 /// The body of `response` into `to`: exactly `size` bytes, or a failure.
