@@ -76,7 +76,7 @@ id_type! {
 impl ChatId {
     /// The chat a client-named thread (an AG-UI `threadId` that is no chat of the team)
     /// opens in `team`: derived from both, so a chat of that id in another team is never
-    /// met and whether one exists never shows (issue 50).
+    /// met and whether one exists never shows.
     pub fn of_thread(team: TeamId, thread: Uuid) -> Self {
         Self(Uuid::new_v5(&team.0, thread.as_bytes()))
     }

@@ -1,7 +1,7 @@
 //! `POST /agui/{agent_id}`: an AG-UI run (P3). The `threadId` is a chat of the
 //! agent: the team's chat of that id, else one derived from the team and the thread
 //! (`ChatId::of_thread`, created on first use, owned by the principal), so another team's
-//! chat of that id is never met (issue 50); the last user message of
+//! chat of that id is never met; the last user message of
 //! `messages` is posted through the same path as `POST /v1/chats/{id}/messages`
 //! (`engine::turn::post`: principal, quotas, busy policy, approvals), and the turn's stream is
 //! answered as AG-UI events (`crate::agui`).

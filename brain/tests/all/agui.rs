@@ -56,7 +56,7 @@ fn thread() -> String {
 }
 
 /// The chat a new thread opens: derived from the team and the thread, never the thread's
-/// own id, which another team's chat may hold (issue 50).
+/// own id, which another team's chat may hold.
 fn chat_of(app: &TestApp, thread: &str) -> String {
     protocol::ChatId::of_thread(app.team, thread.parse().unwrap()).to_string()
 }
@@ -379,7 +379,7 @@ async fn a_chat_scoped_key_cannot_exceed_its_scope() {
     .await;
     assert_eq!(report["status"], 404, "{report}");
     // Their chat's id as a thread is answered as an unused one is: a new chat of ours
-    // opens, so whether their chat exists never shows (issue 50).
+    // opens, so whether their chat exists never shows.
     app.provider.push(text("Hello."));
     let report = run(&app, &chat_key, &agent, &their_chat, json!({"text": "hi"})).await;
     assert!(report["error"].is_null(), "{report}");
