@@ -22,7 +22,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -38,6 +38,7 @@ mod upstream;
 
 pub use ledger::{Ledger, Record};
 pub use policy::{EgressSecret, HostRule, Policy, SessionPolicy, placeholder};
+pub use serve::CA_PATH;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -75,7 +76,9 @@ impl Default for Bounds {
 
 /// A session's proxy state, shared by its connections.
 pub struct Session {
-    policy: Policy,
+    /// Replaced whole by [`Session::set_policy`]; a request reads the one in force when
+    /// it arrives.
+    policy: RwLock<Arc<Policy>>,
     ca: ca::SessionCa,
     ledger: Ledger,
     bounds: Bounds,
@@ -90,12 +93,36 @@ impl Session {
         extra_roots: Option<&Path>,
     ) -> Result<Arc<Self>, ProxyError> {
         Ok(Arc::new(Self {
-            policy: Policy::new(config)?,
+            policy: RwLock::new(Arc::new(Policy::new(config)?)),
             ca: ca::SessionCa::generate()?,
             ledger: Ledger::default(),
             bounds,
             upstream_tls: upstream::client_config(extra_roots)?,
         }))
+    }
+
+    /// Replaces the session's configuration for the requests that follow (an allowlist or
+    /// a secret changed during the session). An invalid one changes nothing.
+    pub fn set_policy(&self, config: SessionPolicy) -> Result<(), ProxyError> {
+        let policy = Arc::new(Policy::new(config)?);
+        *self
+            .policy
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = policy;
+        Ok(())
+    }
+
+    pub(crate) fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The records not yet taken, oldest first, and how many were dropped since the last
+    /// take because more than [`ledger::MAX_RECORDS`] waited: what a ledger writer stores.
+    pub fn take_records(&self) -> (Vec<Record>, u64) {
+        self.ledger.take()
     }
 
     /// The session CA's certificate (PEM), for the sandbox's trust store.

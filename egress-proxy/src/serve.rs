@@ -23,6 +23,9 @@ use crate::Session;
 use crate::ledger::Record;
 use crate::upstream::{self, Refusal};
 
+/// Where a client of the proxy reads the session CA (origin-form, to the proxy itself).
+pub const CA_PATH: &str = "/ca.pem";
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = BoxBody<Bytes, BoxError>;
 
@@ -54,6 +57,17 @@ async fn handle(
     if req.method() == Method::CONNECT {
         return Ok(connect(session, req).await);
     }
+    // A request to the proxy itself: the session CA, which a worker fetches at start
+    // for its commands' trust store.
+    if req.uri().authority().is_none() && req.method() == Method::GET && req.uri().path() == CA_PATH
+    {
+        let mut response = text(StatusCode::OK, None, session.ca_pem().trim_end());
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-pem-file"),
+        );
+        return Ok(response);
+    }
     let Some((host, port)) =
         target(req.uri(), 80).filter(|_| req.uri().scheme_str() == Some("http"))
     else {
@@ -69,7 +83,7 @@ async fn handle(
     let tcp = match upstream::connect(
         &host,
         port,
-        session.policy.allow_private_networks,
+        session.policy().allow_private_networks,
         session.bounds.upstream_timeout,
     )
     .await
@@ -94,7 +108,7 @@ fn target(uri: &Uri, default_port: u16) -> Option<(String, u16)> {
 
 /// The allowlist; the address rule comes when connecting.
 fn admit(session: &Session, host: &str, port: u16) -> Result<(), Refusal> {
-    if session.policy.allows(host, port) {
+    if session.policy().allows(host, port) {
         Ok(())
     } else {
         Err(Refusal::NotAllowed)
@@ -118,6 +132,7 @@ fn refuse(
         bytes_sent: 0,
         bytes_received: 0,
         intercepted: false,
+        at: std::time::SystemTime::now(),
     });
     text(
         refusal.status(),
@@ -169,13 +184,18 @@ async fn connect(session: Arc<Session>, req: Request<Incoming>) -> Response<Body
         return refuse(&session, &host, port, &Method::CONNECT, refusal);
     }
     let timeout = session.bounds.upstream_timeout;
-    let tcp = match upstream::connect(&host, port, session.policy.allow_private_networks, timeout)
-        .await
+    let tcp = match upstream::connect(
+        &host,
+        port,
+        session.policy().allow_private_networks,
+        timeout,
+    )
+    .await
     {
         Ok(tcp) => tcp,
         Err(refusal) => return refuse(&session, &host, port, &Method::CONNECT, refusal),
     };
-    let intercept = session.policy.has_secrets(&host, port);
+    let intercept = session.policy().has_secrets(&host, port);
     tokio::spawn(async move {
         let Ok(upgraded) = hyper::upgrade::on(req).await else {
             return;
@@ -219,6 +239,7 @@ async fn tunnel<C>(
         bytes_sent: sent,
         bytes_received: received,
         intercepted: false,
+        at: std::time::SystemTime::now(),
     });
 }
 
@@ -309,7 +330,8 @@ async fn ready<'a>(
         return Ok(guard);
     }
     let timeout = session.bounds.upstream_timeout;
-    let tcp = upstream::connect(host, port, session.policy.allow_private_networks, timeout).await?;
+    let tcp =
+        upstream::connect(host, port, session.policy().allow_private_networks, timeout).await?;
     let sender = if tls {
         upstream_sender(session, tcp, host).await?
     } else {
@@ -403,7 +425,7 @@ fn prepare(
         .map_or("/", |p| p.as_str())
         .to_owned();
     strip_hop_by_hop(&mut parts.headers);
-    for secret in session.policy.secrets_for(host, port) {
+    for secret in session.policy().secrets_for(host, port) {
         let placeholder = crate::placeholder(&secret.name);
         path = path.replace(&placeholder, &secret.value);
         for value in parts.headers.values_mut() {
@@ -447,7 +469,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// An upstream that echoes a credential in a response header hands back the placeholder.
 fn mask_values(session: &Session, headers: &mut HeaderMap, host: &str, port: u16) {
-    for secret in session.policy.secrets_for(host, port) {
+    for secret in session.policy().secrets_for(host, port) {
         for value in headers.values_mut() {
             if let Ok(text) = value.to_str()
                 && text.contains(&secret.value)
@@ -484,6 +506,7 @@ impl Drop for Meter {
             bytes_sent: self.sent.load(Ordering::Relaxed),
             bytes_received: self.received.load(Ordering::Relaxed),
             intercepted: self.intercepted,
+            at: std::time::SystemTime::now(),
         });
     }
 }

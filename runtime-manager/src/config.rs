@@ -95,6 +95,49 @@ pub struct Config {
     /// How long an idle teardown waits for the worker's workspace snapshot to be stored
     /// before it stops the worker anyway (W10, `RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS`).
     pub snapshot_timeout: Duration,
+    /// The egress proxy's settings (W13, W14).
+    pub egress: EgressConfig,
+}
+
+/// What the manager's egress proxies need (docs/design/egress.md).
+#[derive(Clone, Debug, Default)]
+pub struct EgressConfig {
+    /// The key agent secrets are sealed under (`BRAIN_SECRETS_KEY`, the brain's): the
+    /// proxy sets egress secrets' values. Unset, a session whose agent has egress secrets
+    /// fails its launch (`egress_secrets_key_missing`).
+    pub secrets_key: Option<store::SecretsKey>,
+    /// Loopback and private addresses reachable through the proxy
+    /// (`EGRESS_ALLOW_PRIVATE_NETWORKS`; tests, on-premise installs). Metadata addresses
+    /// never are.
+    pub allow_private_networks: bool,
+    /// A PEM file of roots the proxy trusts for upstreams beside the system's
+    /// (`EGRESS_EXTRA_ROOTS`).
+    pub extra_roots: Option<PathBuf>,
+}
+
+impl EgressConfig {
+    fn from_env(env: &dyn Env, cwd: &Path) -> Result<Self, ConfigError> {
+        let secrets_key = match non_empty(env, "BRAIN_SECRETS_KEY") {
+            None => None,
+            Some(raw) => Some(
+                store::SecretsKey::parse(&raw).map_err(|problem| ConfigError {
+                    name: "BRAIN_SECRETS_KEY",
+                    problem: problem.into(),
+                })?,
+            ),
+        };
+        let allow_private_networks = envcfg::parse(env, "EGRESS_ALLOW_PRIVATE_NETWORKS", "false")
+            .map_err(|_| ConfigError {
+            name: "EGRESS_ALLOW_PRIVATE_NETWORKS",
+            problem: "must be true or false".into(),
+        })?;
+        let extra_roots = non_empty(env, "EGRESS_EXTRA_ROOTS").map(|p| absolute(cwd, p.trim()));
+        Ok(Self {
+            secrets_key,
+            allow_private_networks,
+            extra_roots,
+        })
+    }
 }
 
 impl Config {
@@ -148,6 +191,7 @@ impl Config {
             lost_idle_check_grace: Duration::from_secs(30),
             metrics_addr: metrics_addr(env)?,
             snapshot_timeout: millis(env, "RUNTIME_MANAGER_SNAPSHOT_TIMEOUT_MS", 120_000)?,
+            egress: EgressConfig::from_env(env, &cwd)?,
         })
     }
 }

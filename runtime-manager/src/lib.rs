@@ -7,6 +7,8 @@
 //! - `queue` (crate): the Redis task queue the brain pushes to.
 //! - `manager.rs`: the task handlers, the reaper and the start-up reconciliation.
 //! - `store.rs`: every SQL statement (compare-and-set transitions of session rows).
+//! - `egress.rs`: the egress proxies' configuration and ledger (W13, W14), through the
+//!   `store` crate's statements the brain shares.
 //! - `metrics.rs`: the Prometheus series and the `GET /metrics` listener (O2).
 //! - `launcher/`: the `Launcher` interface, the local process launcher and the Kubernetes
 //!   launcher (a Job per session, its pod watcher, `render-job`).
@@ -26,6 +28,7 @@ use queue::SessionQueue;
 use tokio_util::sync::CancellationToken;
 
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod launcher;
 pub mod manager;

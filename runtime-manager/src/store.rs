@@ -97,6 +97,12 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// The pool, for the statements the manager shares with the brain through the `store`
+    /// crate (the egress proxy's, `egress.rs`).
+    pub fn db(&self) -> &dbpool::Db {
+        &self.pool
+    }
+
     /// Records (or renews) this process's lease in `replicas` (O3): it holds until
     /// `lease` from now. An upsert, so a row a reconciler removed comes back.
     pub async fn renew_lease(

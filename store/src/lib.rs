@@ -20,6 +20,7 @@ mod chat_search;
 mod chats;
 mod connectors;
 mod cron;
+mod egress;
 mod erasure;
 mod issuers;
 mod knowledge;
@@ -67,6 +68,7 @@ pub use chats::{
     BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,
 };
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
+pub use egress::EgressParts;
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
 pub use erasure::{Bulky, Erased, TeamErasure};
 pub use issuers::{IssuerRow, MAX_ISSUERS};
@@ -346,6 +348,17 @@ impl Store {
                 Self::connect_behind_pooler(url, direct, max_connections, statement_timeout).await
             }
             None => Self::connect_with(url, max_connections, statement_timeout).await,
+        }
+    }
+
+    /// A store over a pool made elsewhere: the runtime-manager's, for the statements it
+    /// shares with the brain (the egress proxy's configuration and ledger).
+    pub fn from_db(db: dbpool::Db) -> Self {
+        Self {
+            direct: db.pool().clone(),
+            pool: db,
+            secrets: None,
+            unremembered: Default::default(),
         }
     }
 

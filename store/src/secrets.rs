@@ -107,7 +107,7 @@ impl SecretsKey {
 
 /// team id (16 bytes) ‖ agent id (16 bytes, all zero for a team secret: agent ids are
 /// UUIDv7, never nil) ‖ name: fixed-width ids keep it unambiguous.
-fn associated_data(team: TeamId, agent: Option<AgentId>, name: &str) -> Vec<u8> {
+pub(crate) fn associated_data(team: TeamId, agent: Option<AgentId>, name: &str) -> Vec<u8> {
     let mut aad = Vec::with_capacity(32 + name.len());
     aad.extend_from_slice(team.0.as_bytes());
     aad.extend_from_slice(agent.map_or(Uuid::nil(), |a| a.0).as_bytes());

@@ -6,6 +6,7 @@
 mod common;
 
 mod billing;
+mod egress;
 mod kubernetes;
 mod manager;
 mod metrics;
