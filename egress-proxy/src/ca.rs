@@ -27,6 +27,42 @@ pub struct SessionCa {
 
 impl SessionCa {
     pub fn generate() -> Result<Self, ProxyError> {
+        Self::with_key(KeyPair::generate().map_err(ca_error)?)
+    }
+
+    /// The CA whose P-256 key is `seed` (a scalar drawn from a keyed hash of the session:
+    /// `shared.rs`), so every replica of a shared proxy, and the same replica after a
+    /// restart, signs for a session with the key its sandbox already trusts. The
+    /// certificate's other fields are fixed (rcgen's validity defaults, a serial from the
+    /// public key), so its subject and key are the same wherever it is made. `None`: the
+    /// seed is not a valid scalar (about one seed in 2^32); the caller draws another.
+    pub fn derive(seed: &[u8; 32]) -> Result<Option<Self>, ProxyError> {
+        // RFC 5915 ECPrivateKey { version 1, privateKey, [0] prime256v1 }: the public key
+        // is left out and computed from the scalar.
+        let mut sec1 = Vec::with_capacity(51);
+        sec1.extend_from_slice(&[0x30, 0x31, 0x02, 0x01, 0x01, 0x04, 0x20]);
+        sec1.extend_from_slice(seed);
+        sec1.extend_from_slice(&[
+            0xa0, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+        ]);
+        let Ok(pair) = aws_lc_rs::signature::EcdsaKeyPair::from_private_key_der(
+            &aws_lc_rs::signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+            &sec1,
+        ) else {
+            return Ok(None);
+        };
+        let pkcs8 = pair
+            .to_pkcs8v1()
+            .map_err(|_| ProxyError::Tls("certificate: the session key".into()))?;
+        let key = KeyPair::from_pkcs8_der_and_sign_algo(
+            &PrivatePkcs8KeyDer::from(pkcs8.as_ref()),
+            &rcgen::PKCS_ECDSA_P256_SHA256,
+        )
+        .map_err(ca_error)?;
+        Self::with_key(key).map(Some)
+    }
+
+    fn with_key(key: KeyPair) -> Result<Self, ProxyError> {
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(ca_error)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         params.distinguished_name.push(
@@ -34,7 +70,6 @@ impl SessionCa {
             "agent-runtime egress proxy (one session)",
         );
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().map_err(ca_error)?;
         let cert = params.self_signed(&key).map_err(ca_error)?;
         Ok(Self {
             issuer: Issuer::new(params, key),

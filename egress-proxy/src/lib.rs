@@ -22,8 +22,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -34,11 +34,16 @@ mod ca;
 mod ledger;
 mod policy;
 mod serve;
+mod shared;
 mod upstream;
 
 pub use ledger::{Ledger, Record};
 pub use policy::{EgressSecret, HostRule, Policy, SessionPolicy, placeholder};
 pub use serve::CA_PATH;
+pub use shared::{
+    PolicyFuture, PolicySource, PolicyUnavailable, SESSION_KEY_LABEL, SessionKey, SharedCounts,
+    SharedProxy, SharedSettings,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -175,33 +180,10 @@ impl EgressProxy {
     pub fn start(listener: TcpListener, session: Arc<Session>) -> Result<Self, ProxyError> {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
-        let (guard, serving) = (stop.clone(), session.clone());
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = guard.cancelled() => break,
-                    accepted = listener.accept() => accepted,
-                };
-                match accepted {
-                    Ok((stream, _)) => {
-                        let _ = stream.set_nodelay(true);
-                        let session = serving.clone();
-                        let guard = guard.clone();
-                        tokio::spawn(async move {
-                            tokio::select! {
-                                () = guard.cancelled() => {}
-                                () = session.serve(stream) => {}
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        // Out of descriptors, most likely: pause instead of spinning.
-                        tracing::warn!(error = %e.kind(), "egress proxy accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        });
+        let serving = session.clone();
+        tokio::spawn(accept(listener, stop.clone(), move |stream| {
+            serving.clone().serve(stream)
+        }));
         Ok(Self {
             session,
             addr,
@@ -216,6 +198,39 @@ impl EgressProxy {
     /// Closes the listener and every connection.
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+}
+
+/// Accepts connections on `listener` until `stop`, each served by `serve` until it ends
+/// or `stop`.
+pub(crate) async fn accept<F, Fut>(listener: TcpListener, stop: CancellationToken, serve: F)
+where
+    F: Fn(tokio::net::TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let _ = stream.set_nodelay(true);
+                let served = serve(stream);
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = served => {}
+                    }
+                });
+            }
+            Err(e) => {
+                // Out of descriptors, most likely: pause instead of spinning.
+                tracing::warn!(error = %e.kind(), "egress proxy accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 }
 

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use egress_proxy::{Bounds, EgressProxy, Session, SessionPolicy, placeholder};
+use egress_proxy::{
+    Bounds, EgressProxy, PolicyFuture, PolicySource, Session, SessionKey, SessionPolicy,
+    SharedProxy, SharedSettings, placeholder,
+};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -421,5 +424,240 @@ async fn in_its_own_network_namespace_a_command_reaches_only_the_proxy() {
     assert!(
         seen.try_recv().is_err(),
         "the upstream was reached another way"
+    );
+}
+
+/// The policies a shared proxy's tests serve, and how often each was read.
+struct Policies {
+    by_session: std::collections::HashMap<String, serde_json::Value>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl PolicySource for Policies {
+    fn policy<'a>(&'a self, session: &'a str) -> PolicyFuture<'a> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let policy = self
+            .by_session
+            .get(session)
+            .map(|p| serde_json::from_value(p.clone()).unwrap());
+        Box::pin(async move { Ok(policy) })
+    }
+}
+
+const SHARED_KEY: [u8; 32] = [42; 32];
+
+/// A shared proxy (one replica) over `policies`, on a listener of its own.
+async fn shared_proxy(dir: &Path, policies: Arc<Policies>) -> (Arc<SharedProxy>, String) {
+    let proxy = SharedProxy::new(
+        SessionKey::new(SHARED_KEY),
+        policies,
+        SharedSettings::default(),
+        Some(&dir.join("ca.pem")),
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        proxy
+            .clone()
+            .listen(listener, tokio_util::sync::CancellationToken::new()),
+    );
+    (proxy, addr)
+}
+
+/// `curl` with `proxy_url` (userinfo and all) as its proxy, trusting `ca`.
+async fn curl_via(proxy_url: &str, ca: &Path, args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--show-error"])
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("HTTP_PROXY", proxy_url)
+        .env("HTTPS_PROXY", proxy_url)
+        .env("http_proxy", proxy_url)
+        .env("https_proxy", proxy_url)
+        .env("SSL_CERT_FILE", ca)
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains(TOKEN),
+        "the command saw the credential: {text}"
+    );
+    (out.status.success(), text)
+}
+
+/// The session CA as a worker fetches it: `GET /ca.pem` to the proxy itself, with the
+/// session's credentials.
+async fn fetch_ca(addr: &str, session: &str, credential: &str, into: &Path) -> (bool, String) {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--noproxy", "*", "-u"])
+        .arg(format!("{session}:{credential}"))
+        .arg("-o")
+        .arg(into)
+        .arg("-w")
+        .arg("%{http_code}")
+        .arg(format!("http://{addr}{}", egress_proxy::CA_PATH))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_shared_proxy_answers_407_without_the_sessions_credential_before_any_policy_is_read() {
+    let dir = test_dir("shared-407");
+    let (port, mut seen) = upstream(None).await;
+    let policies = Arc::new(Policies {
+        by_session: [(
+            "s-one".to_owned(),
+            serde_json::json!({"secrets": [secret(port)], "allow_private_networks": true}),
+        )]
+        .into(),
+        reads: Default::default(),
+    });
+    let (proxy, addr) = shared_proxy(&dir, policies.clone()).await;
+    let key = SessionKey::new(SHARED_KEY);
+    let target = format!("http://127.0.0.1:{port}/");
+    let ca = dir.join("ca.pem");
+
+    let (_, out) = curl_via(&format!("http://{addr}"), &ca, &["-i", &target]).await;
+    assert!(
+        out.contains("407") && out.contains("x-egress-refused: proxy_auth_required"),
+        "{out}"
+    );
+    assert!(out.contains("needs the session's credentials"), "{out}");
+    // Another session's credential, a credential of another key, one made up: all 407,
+    // for plain HTTP and for CONNECT alike.
+    let other = key.credential("s-two");
+    let foreign = SessionKey::new([1; 32]).credential("s-one");
+    for credential in [other.as_str(), foreign.as_str(), "made-up"] {
+        let url = format!("http://s-one:{credential}@{addr}");
+        let (_, out) = curl_via(&url, &ca, &["-i", &target]).await;
+        assert!(
+            out.contains("x-egress-refused: proxy_auth_invalid"),
+            "{out}"
+        );
+        let (ok, out) = curl_via(&url, &ca, &[&format!("https://127.0.0.1:{port}/")]).await;
+        assert!(!ok && out.contains("407"), "{out}");
+    }
+    let (ok, code) = fetch_ca(&addr, "s-one", &other, &dir.join("refused.pem")).await;
+    assert!(ok && code == "407", "{code}");
+    assert_eq!(
+        policies.reads.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a refused client reached the policy source"
+    );
+    assert_eq!(proxy.sessions(), 0);
+    assert!(seen.try_recv().is_err());
+
+    // With the session's own credential, its policy applies.
+    let url = key.proxy_url("s-one", &addr);
+    let (ok, out) = curl_via(&url, &ca, &[&target]).await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    assert_eq!(
+        seen.recv().await.unwrap().0.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    // A session whose row is gone: refused as ended.
+    let url = key.proxy_url("s-gone", &addr);
+    let (_, out) = curl_via(&url, &ca, &["-i", &target]).await;
+    assert!(
+        out.contains("403") && out.contains("session_ended"),
+        "{out}"
+    );
+    assert_eq!(
+        proxy
+            .counts
+            .unauthorised
+            .load(std::sync::atomic::Ordering::SeqCst),
+        8
+    );
+}
+
+#[tokio::test]
+async fn two_sessions_on_one_shared_listener_get_their_own_policies_and_cas() {
+    let dir = test_dir("shared-two");
+    let (port, mut seen) = upstream(Some(tls_server(&dir))).await;
+    let other_token = "ghp_the-other-sessions-credential";
+    let mut second = secret(port);
+    second["value"] = serde_json::json!(other_token);
+    let policies = Arc::new(Policies {
+        by_session: [
+            (
+                "s-one".to_owned(),
+                serde_json::json!({"secrets": [secret(port)], "allow_private_networks": true}),
+            ),
+            (
+                "s-two".to_owned(),
+                serde_json::json!({"allow": ["docs.rs"], "secrets": [second],
+                                   "allow_private_networks": true}),
+            ),
+            (
+                "s-three".to_owned(),
+                serde_json::json!({"allow": ["docs.rs"], "allow_private_networks": true}),
+            ),
+        ]
+        .into(),
+        reads: Default::default(),
+    });
+    let (_proxy, addr) = shared_proxy(&dir, policies.clone()).await;
+    let key = SessionKey::new(SHARED_KEY);
+    let https = format!("https://127.0.0.1:{port}/user");
+
+    let mut cas = Vec::new();
+    for session in ["s-one", "s-two"] {
+        let path = dir.join(format!("{session}-ca.pem"));
+        let (ok, code) = fetch_ca(&addr, session, &key.credential(session), &path).await;
+        assert!(ok && code == "200", "{code}");
+        let pem = std::fs::read_to_string(&path).unwrap();
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
+        cas.push(path);
+    }
+    assert_ne!(
+        std::fs::read(&cas[0]).unwrap(),
+        std::fs::read(&cas[1]).unwrap(),
+        "each session has its own CA"
+    );
+
+    // Each session's requests carry its own credential, ended with its own CA.
+    let (ok, out) = curl_via(&key.proxy_url("s-one", &addr), &cas[0], &[&https]).await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    assert_eq!(
+        seen.recv().await.unwrap().0.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let (ok, out) = curl_via(&key.proxy_url("s-two", &addr), &cas[1], &[&https]).await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    assert_eq!(
+        seen.recv().await.unwrap().0.as_deref(),
+        Some(format!("Bearer {other_token}").as_str())
+    );
+    // One session's CA does not vouch for the other's certificates.
+    let (ok, out) = curl_via(&key.proxy_url("s-two", &addr), &cas[0], &[&https]).await;
+    assert!(!ok, "{out}");
+    // A session whose allowlist leaves the host out is refused, whatever another allows.
+    let (ok, out) = curl_via(&key.proxy_url("s-three", &addr), &cas[0], &[&https]).await;
+    assert!(!ok && out.contains("403"), "{out}");
+    assert!(seen.try_recv().is_err());
+
+    // Another replica with the same key makes the same session CA: a sandbox that
+    // fetched it from one replica is served by any.
+    let (_replica, other_addr) = shared_proxy(&dir, policies).await;
+    let (ok, out) = curl_via(&key.proxy_url("s-one", &other_addr), &cas[0], &[&https]).await;
+    assert!(ok && out.contains("hello from upstream"), "{out}");
+    assert_eq!(
+        seen.recv().await.unwrap().0.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
     );
 }
