@@ -27,7 +27,6 @@ use base64::Engine as _;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use crate::ledger::Record;
 use crate::{Bounds, Ledger, Policy, ProxyError, Session, SessionPolicy, ca, upstream};
 
 /// The label `BRAIN_SECRETS_KEY` is derived under (`SecretsKey::derive`) for the key of
@@ -175,8 +174,8 @@ pub struct SharedProxy {
     settings: SharedSettings,
     upstream_tls: Arc<rustls::ClientConfig>,
     sessions: Mutex<HashMap<String, Arc<Entry>>>,
-    /// Records of sessions dropped before a writer took them.
-    leftover: Mutex<Vec<(String, Vec<Record>, u64)>>,
+    /// Sessions dropped since a ledger writer last took their records.
+    dropped: Mutex<Vec<(String, Arc<Session>)>>,
     pub counts: SharedCounts,
 }
 
@@ -228,7 +227,7 @@ impl SharedProxy {
             settings,
             upstream_tls: upstream::client_config(extra_roots)?,
             sessions: Mutex::default(),
-            leftover: Mutex::default(),
+            dropped: Mutex::default(),
             counts: SharedCounts::default(),
         }))
     }
@@ -238,10 +237,10 @@ impl SharedProxy {
         lock(&self.sessions).len()
     }
 
-    /// Every session's records not taken before, with the count dropped meanwhile: what a
-    /// ledger writer stores.
-    pub fn take_records(&self) -> Vec<(String, Vec<Record>, u64)> {
-        let mut taken = std::mem::take(&mut *lock(&self.leftover));
+    /// The sessions whose records a ledger writer takes (`Session::take_records`): every
+    /// session kept, and once more each dropped since the last call.
+    pub fn sessions_to_flush(&self) -> Vec<(String, Arc<Session>)> {
+        let mut sessions = std::mem::take(&mut *lock(&self.dropped));
         let entries: Vec<(String, Arc<Entry>)> = lock(&self.sessions)
             .iter()
             .map(|(id, entry)| (id.clone(), entry.clone()))
@@ -250,13 +249,10 @@ impl SharedProxy {
             if let Ok(built) = entry.built.try_lock()
                 && let Some((session, _)) = built.as_ref()
             {
-                let (records, dropped) = session.take_records();
-                if !records.is_empty() || dropped > 0 {
-                    taken.push((id, records, dropped));
-                }
+                sessions.push((id, session.clone()));
             }
         }
-        taken
+        sessions
     }
 
     /// Serves every connection of `listener` until `stop` (the connections open included).
@@ -382,7 +378,7 @@ impl SharedProxy {
                 .collect();
             for id in idle {
                 if let Some(entry) = sessions.remove(&id) {
-                    self.keep_leftover(id, &entry);
+                    self.keep_for_writer(id, &entry);
                 }
             }
             if sessions.len() >= self.settings.max_sessions {
@@ -412,18 +408,15 @@ impl SharedProxy {
 
     fn forget(&self, id: &str) {
         if let Some(entry) = lock(&self.sessions).remove(id) {
-            self.keep_leftover(id.to_owned(), &entry);
+            self.keep_for_writer(id.to_owned(), &entry);
         }
     }
 
-    fn keep_leftover(&self, id: String, entry: &Entry) {
+    fn keep_for_writer(&self, id: String, entry: &Entry) {
         if let Ok(built) = entry.built.try_lock()
             && let Some((session, _)) = built.as_ref()
         {
-            let (records, dropped) = session.take_records();
-            if !records.is_empty() || dropped > 0 {
-                lock(&self.leftover).push((id, records, dropped));
-            }
+            lock(&self.dropped).push((id, session.clone()));
         }
     }
 }

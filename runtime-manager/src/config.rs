@@ -43,6 +43,20 @@ pub struct KubernetesConfig {
     /// A worker pod still pending after this long is force-deleted and its session fails
     /// (`RUNTIME_MANAGER_START_TIMEOUT_MS`, R4).
     pub start_timeout: Duration,
+    /// The shared egress proxy the workers go out through (`RUNTIME_MANAGER_EGRESS_PROXY`);
+    /// `None`: workers get no proxy.
+    pub egress_proxy: Option<EgressProxyRoute>,
+}
+
+/// Where the workers of some profiles reach the shared egress proxy
+/// (`runtime-manager egress-proxy`, docs/design/egress.md "On Kubernetes").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EgressProxyRoute {
+    /// `host:port` of the proxy's Service.
+    pub address: String,
+    /// The profiles whose workers get it (`RUNTIME_MANAGER_EGRESS_PROXY_PROFILES`; every
+    /// profile that launches workers when unset).
+    pub profiles: Vec<String>,
 }
 
 /// The runtime-manager's whole configuration.
@@ -116,7 +130,16 @@ pub struct EgressConfig {
 }
 
 impl EgressConfig {
-    fn from_env(env: &dyn Env, cwd: &Path) -> Result<Self, ConfigError> {
+    /// The key of the workers' credentials for the shared egress proxy, derived from
+    /// `BRAIN_SECRETS_KEY`: the Kubernetes launcher makes a worker's credential with it,
+    /// `runtime-manager egress-proxy` checks it.
+    pub fn session_key(&self) -> Option<egress_proxy::SessionKey> {
+        self.secrets_key
+            .as_ref()
+            .map(|key| egress_proxy::SessionKey::new(key.derive(egress_proxy::SESSION_KEY_LABEL)))
+    }
+
+    pub(crate) fn from_env(env: &dyn Env, cwd: &Path) -> Result<Self, ConfigError> {
         let secrets_key = match non_empty(env, "BRAIN_SECRETS_KEY") {
             None => None,
             Some(raw) => Some(
@@ -201,8 +224,65 @@ impl KubernetesConfig {
         Ok(Self {
             namespace: namespace(env)?,
             start_timeout: millis(env, "RUNTIME_MANAGER_START_TIMEOUT_MS", 120_000)?,
+            egress_proxy: egress_proxy_route(env)?,
         })
     }
+}
+
+/// `RUNTIME_MANAGER_EGRESS_PROXY` (`host:port`) and `RUNTIME_MANAGER_EGRESS_PROXY_PROFILES`
+/// (comma-separated). A worker's proxy credential is derived from `BRAIN_SECRETS_KEY`, so
+/// the route needs it.
+fn egress_proxy_route(env: &dyn Env) -> Result<Option<EgressProxyRoute>, ConfigError> {
+    const NAME: &str = "RUNTIME_MANAGER_EGRESS_PROXY";
+    let Some(address) = trimmed(env, NAME) else {
+        return Ok(None);
+    };
+    let valid = address.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            && port.parse::<u16>().is_ok_and(|p| p > 0)
+    });
+    if !valid {
+        return Err(ConfigError {
+            name: NAME,
+            problem: "must be host:port (the egress proxy Service, e.g. \
+                      agent-runtime-egress-proxy.agent-runtime.svc.cluster.local:3128)"
+                .into(),
+        });
+    }
+    if non_empty(env, "BRAIN_SECRETS_KEY").is_none() {
+        return Err(ConfigError {
+            name: NAME,
+            problem: "needs BRAIN_SECRETS_KEY (workers' proxy credentials are derived from it)"
+                .into(),
+        });
+    }
+    let profiles = match trimmed(env, "RUNTIME_MANAGER_EGRESS_PROXY_PROFILES") {
+        None => protocol::profile::WITH_HANDS
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect(),
+        Some(list) => {
+            let profiles: Vec<String> = list.split(',').map(|p| p.trim().to_owned()).collect();
+            if profiles
+                .iter()
+                .any(|p| !protocol::profile::WITH_HANDS.contains(&p.as_str()))
+            {
+                return Err(ConfigError {
+                    name: "RUNTIME_MANAGER_EGRESS_PROXY_PROFILES",
+                    problem: format!(
+                        "must be profiles that launch workers ({}), comma-separated",
+                        protocol::profile::WITH_HANDS.join(", ")
+                    ),
+                });
+            }
+            profiles
+        }
+    };
+    Ok(Some(EgressProxyRoute { address, profiles }))
 }
 
 /// `RUNTIME_MANAGER_LAUNCHER`: `local` (the default) or `kubernetes`.
@@ -373,6 +453,8 @@ mod tests {
     use super::*;
 
     const KEY: &str = "0123456789abcdef0123456789abcdef";
+    /// A `BRAIN_SECRETS_KEY`: 32 bytes as hex.
+    const KEY_HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 
     /// The variables of `pairs`, with a session-token key unless they set one.
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -502,6 +584,43 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(err.name, "RUNTIME_MANAGER_TOKEN_TTL_MS");
+    }
+
+    #[test]
+    fn the_workers_egress_proxy_route_needs_the_secrets_key_and_known_profiles() {
+        assert_eq!(
+            Config::from_env(&env(&[])).unwrap().kubernetes.egress_proxy,
+            None
+        );
+        let address = (
+            "RUNTIME_MANAGER_EGRESS_PROXY",
+            "proxy.agent-runtime.svc:3128",
+        );
+        let key = ("BRAIN_SECRETS_KEY", KEY_HEX);
+        let err = Config::from_env(&env(&[address])).unwrap_err();
+        assert_eq!(err.name, "RUNTIME_MANAGER_EGRESS_PROXY");
+        let route = Config::from_env(&env(&[address, key]))
+            .unwrap()
+            .kubernetes
+            .egress_proxy
+            .unwrap();
+        assert_eq!(route.address, "proxy.agent-runtime.svc:3128");
+        assert_eq!(route.profiles, protocol::profile::WITH_HANDS);
+        let only = ("RUNTIME_MANAGER_EGRESS_PROXY_PROFILES", "light, browser");
+        let route = Config::from_env(&env(&[address, key, only]))
+            .unwrap()
+            .kubernetes
+            .egress_proxy
+            .unwrap();
+        assert_eq!(route.profiles, ["light", "browser"]);
+        for (name, value) in [
+            ("RUNTIME_MANAGER_EGRESS_PROXY", "proxy"),
+            ("RUNTIME_MANAGER_EGRESS_PROXY", "http://proxy:3128"),
+            ("RUNTIME_MANAGER_EGRESS_PROXY_PROFILES", "light,none"),
+        ] {
+            let err = Config::from_env(&env(&[address, key, (name, value)])).unwrap_err();
+            assert_eq!(err.name, name, "{value}");
+        }
     }
 
     #[test]

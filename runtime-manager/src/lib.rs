@@ -81,11 +81,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                 .map_err(launcher::LaunchError::Kube)?;
             Arc::new(KubernetesLauncher::new(
                 client,
-                KubernetesSettings {
-                    namespace: config.kubernetes.namespace.clone(),
-                    profiles: config.profiles.clone(),
-                    start_timeout: config.kubernetes.start_timeout,
-                },
+                KubernetesSettings::from_config(&config),
             ))
         }
     };

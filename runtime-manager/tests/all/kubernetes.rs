@@ -279,6 +279,83 @@ async fn a_profiles_runtime_class_is_its_pods() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// With the shared egress proxy configured, a worker of a proxied profile gets
+/// `WORKER_EGRESS_PROXY`: the proxy's URL with its session's own credential, which the
+/// proxy accepts for that session and no other; the key it is derived from never reaches
+/// the Job. A profile left out gets no proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_workers_job_carries_its_sessions_egress_credential_never_the_key() {
+    const SECRETS_KEY: &str = "b0b1b2b3b4b5b6b7b8b9babbbcbdbebfc0c1c2c3c4c5c6c7c8c9cacbcccdcecf";
+    const PROXY: &str = "agent-runtime-egress-proxy.agent-runtime.svc.cluster.local:3128";
+    let (h, fake) = start(&[
+        ("BRAIN_SECRETS_KEY", SECRETS_KEY),
+        ("RUNTIME_MANAGER_EGRESS_PROXY", PROXY),
+        ("RUNTIME_MANAGER_EGRESS_PROXY_PROFILES", "light,browser"),
+    ])
+    .await;
+    let light = h.provision("light").await;
+    let heavy = h.provision("heavy").await;
+    h.wait_state(light, "connecting", WAIT).await;
+    h.wait_state(heavy, "connecting", WAIT).await;
+    let env = |session| -> Vec<(String, String)> {
+        let job = fake.job(NS, &job_name(session)).unwrap();
+        job["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["value"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+
+    let key = egress_proxy::SessionKey::new(
+        store::SecretsKey::parse(SECRETS_KEY)
+            .unwrap()
+            .derive(egress_proxy::SESSION_KEY_LABEL),
+    );
+    let light_env = env(light);
+    let proxies: Vec<&str> = light_env
+        .iter()
+        .filter(|(name, _)| name == "WORKER_EGRESS_PROXY")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    let [url] = proxies[..] else {
+        panic!("one WORKER_EGRESS_PROXY: {light_env:?}");
+    };
+    let userinfo = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.strip_suffix(&format!("@{PROXY}")))
+        .unwrap_or_else(|| panic!("the proxy's URL with credentials: {url}"));
+    let (user, credential) = userinfo.split_once(':').unwrap();
+    assert_eq!(user, light.0.to_string());
+    assert!(
+        key.verify(user, credential),
+        "the proxy takes it for the session"
+    );
+    assert!(
+        !key.verify(&heavy.0.to_string(), credential),
+        "and for no other"
+    );
+    for (name, value) in light_env.iter().chain(env(heavy).iter()) {
+        assert!(name != "BRAIN_SECRETS_KEY", "{name}");
+        assert!(
+            !value.to_ascii_lowercase().contains(SECRETS_KEY),
+            "{name} holds the secrets key"
+        );
+    }
+    assert!(
+        env(heavy)
+            .iter()
+            .all(|(name, _)| name != "WORKER_EGRESS_PROXY"),
+        "heavy is not a proxied profile here"
+    );
+    finish(h, fake).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leftover_job_of_the_session_is_replaced() {
     let (h, fake) = start(&[]).await;

@@ -14,9 +14,11 @@
 //!                                 settings (not its service name, never `…_HEADERS`)
 //! ```
 //!
-//! The session token is the only credential in the Job. It is short-lived
-//! (`RUNTIME_MANAGER_TOKEN_TTL_MS`), scoped to one session (X2) and renewed in-band; no
-//! database, Redis, storage, provider or collector secret ever reaches a worker.
+//! The session token is the only credential in the Job besides the session's egress proxy
+//! credential (in `WORKER_EGRESS_PROXY`, which opens that session's egress and nothing
+//! else). It is short-lived (`RUNTIME_MANAGER_TOKEN_TTL_MS`), scoped to one session (X2)
+//! and renewed in-band; no database, Redis, storage, provider, collector or secrets key
+//! ever reaches a worker.
 
 use std::collections::BTreeMap;
 
@@ -60,6 +62,8 @@ pub const SAMPLE_TEAM: &str = "00000000-0000-4000-8000-00000000000a";
 pub const SAMPLE_AGENT: &str = "00000000-0000-4000-8000-00000000000b";
 /// Stands for the session token in `render-job`'s output.
 pub const TOKEN_PLACEHOLDER: &str = "<session-token>";
+/// Stands for the session's egress proxy credential in `render-job`'s output.
+pub const CREDENTIAL_PLACEHOLDER: &str = "<egress-credential>";
 
 /// What one session's Job is made of.
 pub struct JobParams<'a> {
@@ -75,6 +79,9 @@ pub struct JobParams<'a> {
     pub telemetry_env: &'a [(String, String)],
     /// `LaunchSpec::restore` (W10).
     pub restore: bool,
+    /// `WORKER_EGRESS_PROXY`: the shared egress proxy's URL with this session's credential
+    /// (`KubernetesSettings::egress_proxy_url`).
+    pub egress_proxy: Option<&'a str>,
 }
 
 /// `worker-<session id>`: 43 characters, a valid Job name and `job-name` label value.
@@ -140,6 +147,12 @@ fn env(p: &JobParams<'_>) -> Vec<EnvVar> {
         ("WORKER_RESTORE", p.restore.to_string()),
     ]
     .into_iter()
+    // W14: the commands' only way out. Its credential opens this session's egress and no
+    // other's (docs/design/egress.md "On Kubernetes").
+    .chain(
+        p.egress_proxy
+            .map(|url| ("WORKER_EGRESS_PROXY", url.to_owned())),
+    )
     .map(|(name, value)| (name.to_owned(), value))
     .chain(p.telemetry_env.iter().cloned())
     .map(|(name, value)| EnvVar {
@@ -268,6 +281,17 @@ fn toleration(t: &crate::profiles::Toleration) -> Toleration {
 pub fn sample(config: &crate::Config, profile_name: &str) -> Option<Job> {
     let profile = config.profiles.get(profile_name)?;
     let id = |s: &str| uuid::Uuid::parse_str(s).unwrap_or_default();
+    let egress_proxy = config
+        .kubernetes
+        .egress_proxy
+        .as_ref()
+        .filter(|route| route.profiles.iter().any(|p| p == profile_name))
+        .map(|route| {
+            format!(
+                "http://{SAMPLE_SESSION}:{CREDENTIAL_PLACEHOLDER}@{}",
+                route.address
+            )
+        });
     Some(build(&JobParams {
         namespace: &config.kubernetes.namespace,
         session: SessionId(id(SAMPLE_SESSION)),
@@ -280,6 +304,7 @@ pub fn sample(config: &crate::Config, profile_name: &str) -> Option<Job> {
         // The rendered sample is the same wherever it is rendered.
         telemetry_env: &[],
         restore: profile.snapshots,
+        egress_proxy: egress_proxy.as_deref(),
     }))
 }
 
@@ -318,6 +343,7 @@ mod tests {
             brain_public_url: "http://brain:8080",
             telemetry_env: &[],
             restore: false,
+            egress_proxy: None,
         };
         for (k, v) in labels(&p) {
             assert!(crate::profiles::is_label_key(&k), "{k}");
@@ -355,6 +381,7 @@ mod tests {
             brain_public_url: "http://brain:8080",
             telemetry_env: &telemetry,
             restore: false,
+            egress_proxy: None,
         }))
         .unwrap();
         let env = &job["spec"]["template"]["spec"]["containers"][0]["env"];

@@ -31,7 +31,11 @@ use protocol::SessionId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use egress_proxy::SessionKey;
+
 use super::{LaunchError, LaunchSpec, Launcher, RunningWorker, WorkerFailure};
+use crate::Config;
+use crate::config::EgressProxyRoute;
 use crate::profiles::Profiles;
 
 pub mod job;
@@ -49,6 +53,35 @@ pub struct KubernetesSettings {
     pub namespace: String,
     pub profiles: Profiles,
     pub start_timeout: Duration,
+    /// The shared egress proxy and the key of the workers' credentials for it.
+    pub egress_proxy: Option<(EgressProxyRoute, SessionKey)>,
+}
+
+impl KubernetesSettings {
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            namespace: config.kubernetes.namespace.clone(),
+            profiles: config.profiles.clone(),
+            start_timeout: config.kubernetes.start_timeout,
+            egress_proxy: config
+                .kubernetes
+                .egress_proxy
+                .clone()
+                .zip(config.egress.session_key()),
+        }
+    }
+
+    /// `WORKER_EGRESS_PROXY` of a session of `profile`: the proxy's URL with the session's
+    /// own credential (never the key it is derived from); `None` when the profile's workers
+    /// go without.
+    pub fn egress_proxy_url(&self, session: SessionId, profile: &str) -> Option<String> {
+        let (route, key) = self.egress_proxy.as_ref()?;
+        route
+            .profiles
+            .iter()
+            .any(|p| p == profile)
+            .then(|| key.proxy_url(&session.0.to_string(), &route.address))
+    }
 }
 
 pub struct KubernetesLauncher {
@@ -122,6 +155,7 @@ impl KubernetesLauncher {
             .get(&spec.profile)
             .ok_or_else(|| LaunchError::UnknownProfile(spec.profile.clone()))?;
         let name = job::job_name(spec.session);
+        let egress_proxy = self.settings.egress_proxy_url(spec.session, &spec.profile);
         let job = job::build(&job::JobParams {
             namespace: &self.settings.namespace,
             session: spec.session,
@@ -133,6 +167,7 @@ impl KubernetesLauncher {
             brain_public_url: &spec.brain_public_url,
             telemetry_env: &self.telemetry_env,
             restore: spec.restore,
+            egress_proxy: egress_proxy.as_deref(),
         });
         let create = || async {
             match self.jobs.create(&PostParams::default(), &job).await {

@@ -181,11 +181,7 @@ impl Harness {
         let config = self.config(&vars);
         let launcher = runtime_manager::launcher::kubernetes::KubernetesLauncher::new(
             client,
-            runtime_manager::launcher::kubernetes::KubernetesSettings {
-                namespace: config.kubernetes.namespace.clone(),
-                profiles: config.profiles.clone(),
-                start_timeout: config.kubernetes.start_timeout,
-            },
+            runtime_manager::launcher::kubernetes::KubernetesSettings::from_config(&config),
         );
         self.manager = Some(tokio::spawn(runtime_manager::run_with_launcher(
             config,
