@@ -1,17 +1,29 @@
 //! P2: the team's agents as an MCP server (`/mcp`), driven by the official clients: the
 //! Python SDK (`tests/mcp/ask_client.py`, PyPI `mcp`) and the TypeScript SDK
 //! (`tests/mcp-client/ask_client.mjs`, npm `@modelcontextprotocol/sdk`), both installed by
-//! scripts/test-deps.sh, and by the server scenarios of the official conformance suite
-//! that apply to a server of this shape (docs/design/mcp-server.md says which and why).
+//! scripts/test-deps.sh, the Rust SDK (rmcp, in process), and by the server scenarios of
+//! the official conformance suite that apply to a server of this shape
+//! (docs/design/mcp-server.md says which and why).
 //! The model is the scripted provider; Postgres and Redis are real.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation,
+    ProgressNotificationParam, ProtocolVersion,
+};
+use rmcp::service::{ClientInitializeError, NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use scripted_provider::Reply;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use crate::common::mcp::{installed, mcp_dir};
 use crate::common::replies::{call, calls, text};
@@ -223,6 +235,112 @@ async fn the_typescript_client_lists_calls_and_ends_its_session() {
     assert_eq!(called["structured"]["status"], "completed");
     assert_eq!(called["progress"], json!(["model call 1"]));
     assert_eq!(app.settled().await, [("completed".to_owned(), None)]);
+}
+
+/// The Rust SDK's client as a test needs it: the progress messages the server sent (rmcp's
+/// client puts a progress token on every request), to be waited on.
+#[derive(Clone)]
+struct ProgressLog(Arc<watch::Sender<Vec<String>>>);
+
+impl ClientHandler for ProgressLog {
+    fn get_info(&self) -> ClientConfig {
+        // rmcp's default revision has no `initialize`; `/mcp` speaks the ones that do.
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("rmcp-test", "1"),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0
+            .send_modify(|messages| messages.extend(params.message));
+    }
+}
+
+async fn rust_client(
+    app: &TestApp,
+    bearer: &str,
+) -> Result<RunningService<RoleClient, ProgressLog>, ClientInitializeError> {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.url));
+    // rmcp adds the `Bearer ` prefix.
+    config.auth_header = Some(bearer.to_owned());
+    ProgressLog(Arc::new(watch::Sender::new(Vec::new())))
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+}
+
+/// rmcp's client (the crate of the brain's own connectors) against `/mcp`: a session
+/// under a key, tools listed and called with progress, the key's one allowed session
+/// refused a second time while another key opens its own, and the place freed when the
+/// client closes (its `DELETE`).
+#[tokio::test]
+async fn the_rust_client_calls_within_its_principals_sessions() {
+    let app = TestApp::start_with(|c| c.mcp_server.max_per_principal = 1).await;
+    plain_agent(&app, "helper").await;
+    let client = rust_client(&app, &app.key).await.expect("initialized");
+    let server = client
+        .peer_info()
+        .expect("the server's answer to initialize");
+    assert_eq!(server.protocol_version.as_str(), "2025-11-25");
+    let implementation = server.server_info.as_ref().expect("server info");
+    assert_eq!(implementation.name, "agent-runtime");
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| &*t.name).collect();
+    assert_eq!(names, ["ask_helper"]);
+
+    app.provider
+        .push(calls(vec![call("t1", "cron_list", json!({}))]));
+    app.provider.push(text("Nothing is scheduled."));
+    let arguments = json!({"message": "Any schedule?"});
+    let result = client
+        .peer()
+        .call_tool(
+            CallToolRequestParams::new("ask_helper")
+                .with_arguments(arguments.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    let reply = result.content[0].as_text().expect("a text block");
+    assert_eq!(reply.text, "Nothing is scheduled.");
+    let structured = result.structured_content.expect("structured content");
+    assert_eq!(structured["status"], "completed", "{structured}");
+    // Notifications reach the client's handler beside the result, not before it.
+    let mut progress = client.service().0.subscribe();
+    let expected = [
+        "model call 1",
+        "calling tool cron_list",
+        "tool call done",
+        "model call 2",
+    ];
+    let waited = tokio::time::timeout(CLIENT_TIMEOUT, progress.wait_for(|m| m == &expected))
+        .await
+        .is_ok_and(|seen| seen.is_ok());
+    assert!(waited, "progress: {:?}", *progress.borrow());
+
+    assert!(
+        rust_client(&app, &app.key).await.is_err(),
+        "a second session of the key is over its cap"
+    );
+    let other_key = key_with_scope(&app, "admin").await;
+    let other = rust_client(&app, &other_key)
+        .await
+        .expect("another principal's");
+    other.cancel().await.unwrap();
+
+    // rmcp's client sends its `DELETE` before `cancel` returns.
+    client.cancel().await.unwrap();
+    let reopened = rust_client(&app, &app.key).await;
+    reopened
+        .expect("the closed session's place is free again")
+        .cancel()
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
