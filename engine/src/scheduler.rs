@@ -70,7 +70,8 @@ async fn schedule_unscheduled(state: &Engine) {
 }
 
 async fn poll(state: &Engine) {
-    let due = match bounded(STORE_BOUND, state.store.due_autostarts(BATCH)).await {
+    let due = state.store.due_autostarts(state.clock.now(), BATCH);
+    let due = match bounded(STORE_BOUND, due).await {
         Ok(due) => due,
         Err(class) => {
             tracing::warn!(class, "could not read due autostarts");

@@ -177,13 +177,19 @@ impl Store {
         })
     }
 
-    /// Up to `limit` agents whose next tick is at or before now, earliest first: one read
-    /// of the partial index `agents_autostart_due`. A disabled team's agents do not fire
-    /// (L1); their ticks wait for the team to be enabled again.
-    pub async fn due_autostarts(&self, limit: i64) -> Result<Vec<DueAutostart>, StoreError> {
+    /// Up to `limit` agents whose next tick is at or before `now`, earliest first: one read
+    /// of the partial index `agents_autostart_due`. `now` is the scheduler's clock, the one
+    /// the ticks were computed on, not Postgres' (a test pins it across a month's edge). A
+    /// disabled team's agents do not fire (L1); their ticks wait for the team to be enabled
+    /// again.
+    pub async fn due_autostarts(
+        &self,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<DueAutostart>, StoreError> {
         let sql = format!(
             "SELECT {DUE_COLUMNS} FROM agents \
-             WHERE autostart_next_fire_at <= now() AND archived_at IS NULL \
+             WHERE autostart_next_fire_at <= $2 AND archived_at IS NULL \
                AND autostart_cron IS NOT NULL AND autostart_prompt IS NOT NULL \
                AND autostart_paused IS NULL \
                AND NOT EXISTS (SELECT 1 FROM teams t \
@@ -192,6 +198,7 @@ impl Store {
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(limit)
+            .bind(now)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

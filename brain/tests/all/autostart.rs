@@ -7,7 +7,10 @@
 
 use std::time::Duration;
 
+use chrono::Datelike;
+
 use crate::common::{TestApp, read_stream};
+use crate::seams::set_cadence as set_cadence_as;
 use engine::config::Config;
 use scripted_provider::Reply;
 use serde_json::{Value, json};
@@ -19,25 +22,56 @@ fn fast(c: &mut Config) {
 }
 
 async fn agent(app: &TestApp) -> String {
+    agent_as(app, &app.key).await
+}
+
+/// An agent of the team of `key`.
+async fn agent_as(app: &TestApp, key: &str) -> String {
     let response = app
-        .post_json(
-            "/v1/agents",
+        .http
+        .post(format!("{}/v1/agents", app.url))
+        .bearer_auth(key)
+        .json(
             &json!({"name": "cron", "system_prompt": "You are terse.", "model": "openai/gpt-test"}),
         )
-        .await;
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 201);
     let body: Value = response.json().await.unwrap();
     body["id"].as_str().unwrap().to_owned()
 }
 
+/// An agent of the team of `key` that ticks every second (under [`fast`]): its fires show
+/// the scheduler polling. Its cadence is cleared before the test settles.
+pub(crate) async fn ticking(app: &TestApp, key: &str) -> String {
+    let agent = agent_as(app, key).await;
+    let set = set_cadence_as(app, key, &agent, Some("* * * * * *")).await;
+    assert_eq!(set, 200);
+    agent
+}
+
+/// Waits until the scheduler has polled after `since` (epoch seconds): two fires of the
+/// `ticking` agent scheduled after it. Its polls run one after another, and the one that
+/// claimed the second fire read the agents after the first fire's claim, after `since`.
+pub(crate) async fn polled_after(app: &TestApp, ticking: &str, since: f64) {
+    wait_fires(app, ticking, |f| {
+        f.iter().filter(|f| f.0 > since).count() >= 2
+    })
+    .await;
+}
+
+/// The database's clock, as epoch seconds.
+pub(crate) async fn db_now(app: &TestApp) -> f64 {
+    sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+}
+
 /// Sets (or, with `None`, clears) the agent's cadence through the API.
 async fn set_cadence(app: &TestApp, agent: &str, cron: Option<&str>) {
-    let body = match cron {
-        Some(cron) => json!({"autostart_cron": cron, "autostart_prompt": "time to check"}),
-        None => json!({"autostart_cron": null}),
-    };
-    let response = patch(app, agent, &body).await;
-    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(set_cadence_as(app, &app.key, agent, cron).await, 200);
 }
 
 async fn patch(app: &TestApp, agent: &str, body: &Value) -> reqwest::Response {
@@ -165,10 +199,13 @@ async fn a_per_second_cadence_fires_turns_that_complete_in_the_autostart_chat() 
             shown["scheduled_for"].as_str().unwrap().parse().unwrap();
         assert_eq!(at.timestamp() as f64, stored.0);
     }
-    // Off means off: no tick after the cadence was cleared.
+    // Off means off: no tick after the cadence was cleared, while the scheduler polls on.
     let count = fires(&app, &agent).await.len();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let control = ticking(&app, &app.key).await;
+    polled_after(&app, &control, db_now(&app).await).await;
     assert_eq!(fires(&app, &agent).await.len(), count);
+    set_cadence(&app, &control, None).await;
+    app.settled().await;
 }
 
 #[tokio::test]
@@ -306,15 +343,8 @@ async fn ticks_missed_while_no_scheduler_ran_fire_once() {
     // The database's clock, around the catch-up: the test holds wherever in the minute it
     // runs, and however slowly (a loaded machine may cross a minute boundary meanwhile,
     // and then a regular tick fires too: that one is not a missed tick).
-    let now = || async {
-        let (now,): (f64,) = sqlx::query_as("SELECT extract(epoch FROM now())::float8")
-            .fetch_one(app.store.pool())
-            .await
-            .unwrap();
-        now
-    };
     let minute = |t: f64| (t / 60.0).floor() * 60.0;
-    let before = now().await;
+    let before = db_now(&app).await;
     // Ten minutes of downtime: the next tick the last scheduler computed is long past.
     sqlx::query(
         "UPDATE agents SET autostart_next_fire_at = date_trunc('minute', now()) - interval '10 minutes' \
@@ -325,8 +355,11 @@ async fn ticks_missed_while_no_scheduler_ran_fire_once() {
     .await
     .unwrap();
     let fired = wait_fires(&app, &agent, |f| !f.is_empty()).await;
-    let after = now().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = db_now(&app).await;
+    // Polls after the catch-up fire nothing more for the missed ticks.
+    let control = ticking(&app, &app.key).await;
+    polled_after(&app, &control, after).await;
+    set_cadence(&app, &control, None).await;
     let caught_up = fired[0].0;
     assert_eq!(fired[0].1, "fired");
     let all = fires(&app, &agent).await;
@@ -353,6 +386,73 @@ async fn ticks_missed_while_no_scheduler_ran_fire_once() {
     .unwrap();
     let last = all.last().unwrap().0;
     assert_eq!(next, last + 60.0, "{all:?}");
+    app.settled().await;
+}
+
+/// The agent's next tick as epoch seconds.
+async fn next_fire(app: &TestApp, agent: &str) -> Option<f64> {
+    sqlx::query_scalar(
+        "SELECT extract(epoch FROM autostart_next_fire_at)::float8 FROM agents WHERE id = $1::uuid",
+    )
+    .bind(agent)
+    .fetch_one(app.store.pool())
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_monthly_tick_fires_when_the_clock_passes_the_months_edge_and_not_before() {
+    // The edge is the start of this month, so the pinned clock is always in the past and
+    // Postgres' own clock is after every tick here: only the injected clock can hold the
+    // monthly tick back.
+    let edge = chrono::Utc::now()
+        .date_naive()
+        .with_day(1)
+        .unwrap()
+        .and_time(chrono::NaiveTime::MIN)
+        .and_utc();
+    let clock = engine::clock::Clock::pinned(edge - chrono::TimeDelta::seconds(90));
+    let app = TestApp::start_with(|c| {
+        fast(c);
+        c.clock = clock.clone();
+    })
+    .await;
+    let monthly = agent(&app).await;
+    let daily = agent(&app).await;
+    set_cadence(&app, &monthly, Some("0 0 1 * *")).await;
+    set_cadence(&app, &daily, Some("59 23 * * *")).await;
+    let edge_secs = edge.timestamp() as f64;
+    assert_eq!(next_fire(&app, &monthly).await, Some(edge_secs));
+    assert_eq!(next_fire(&app, &daily).await, Some(edge_secs - 60.0));
+
+    // Half a minute before the edge the daily tick is due: its fire shows the scheduler
+    // polled at that instant, and every poll since read the same instant.
+    clock.set(edge - chrono::TimeDelta::seconds(30));
+    let daily_fires = wait_fires(&app, &daily, |f| !f.is_empty()).await;
+    assert_eq!(daily_fires[0].0, edge_secs - 60.0, "{daily_fires:?}");
+    assert_eq!(daily_fires[0].1, "fired", "{daily_fires:?}");
+    assert!(
+        fires(&app, &monthly).await.is_empty(),
+        "the monthly tick is not due before the edge"
+    );
+
+    clock.set(edge);
+    let monthly_fires = wait_fires(&app, &monthly, |f| !f.is_empty()).await;
+    assert_eq!(monthly_fires.len(), 1, "{monthly_fires:?}");
+    assert_eq!(monthly_fires[0].0, edge_secs, "{monthly_fires:?}");
+    assert_eq!(monthly_fires[0].1, "fired", "{monthly_fires:?}");
+    let next_month = edge
+        .date_naive()
+        .checked_add_months(chrono::Months::new(1))
+        .unwrap()
+        .and_time(chrono::NaiveTime::MIN)
+        .and_utc();
+    assert_eq!(
+        next_fire(&app, &monthly).await,
+        Some(next_month.timestamp() as f64)
+    );
+    set_cadence(&app, &monthly, None).await;
+    set_cadence(&app, &daily, None).await;
     app.settled().await;
 }
 
@@ -536,8 +636,12 @@ async fn a_disabled_teams_schedule_does_not_fire() {
     .execute(app.store.pool())
     .await
     .unwrap();
-    // Twenty polls of the scheduler.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The scheduler polls on, for another team's agent, and fires nothing of this one.
+    let other = app.store.create_team("other").await.unwrap();
+    let control = ticking(&app, &other.api_key).await;
+    polled_after(&app, &control, db_now(&app).await).await;
+    let cleared = set_cadence_as(&app, &other.api_key, &control, None).await;
+    assert_eq!(cleared, 200);
     assert!(
         fires(&app, &agent).await.is_empty(),
         "a disabled team fired"

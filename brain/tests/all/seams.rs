@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::autostart::{db_now, polled_after, ticking};
 use crate::common::replies::{call, calls, text};
 use crate::common::{TestApp, key_with_scope, send_as};
 use protocol::ui::UiChunk;
@@ -136,7 +137,12 @@ async fn plain_agent(app: &TestApp, name: &str) -> String {
 }
 
 /// Sets (or clears) the agent's cadence as `bearer`: the response's status.
-async fn set_cadence(app: &TestApp, bearer: &str, agent: &str, cron: Option<&str>) -> u16 {
+pub(crate) async fn set_cadence(
+    app: &TestApp,
+    bearer: &str,
+    agent: &str,
+    cron: Option<&str>,
+) -> u16 {
     let body = match cron {
         Some(cron) => json!({"autostart_cron": cron, "autostart_prompt": "time to check"}),
         None => json!({"autostart_cron": null}),
@@ -404,8 +410,11 @@ async fn a_revoked_setter_pauses_its_cadence_until_an_admin_re_arms_it() {
         .unwrap();
     assert_eq!(schedule["paused"], "setter_revoked", "{schedule}");
     assert!(schedule["next_fire_at"].is_null(), "{schedule}");
-    // Paused: no further fire.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Paused: no further fire, while the scheduler polls on.
+    let control = ticking(&app, &app.key).await;
+    polled_after(&app, &control, db_now(&app).await).await;
+    assert_eq!(set_cadence(&app, &app.key, &control, None).await, 200);
+    app.settled().await;
     assert_eq!(fires(&app, &agent).await.len(), 1);
 
     app.provider.push(text("Checked."));
