@@ -298,7 +298,58 @@ pub async fn busy_answer(rows: &mut Vec<Row>) -> Result<()> {
     ));
     eprintln!("bench: busy answer done");
     interrupt(&system, rows).await?;
+    hang_up(&system, rows).await?;
     system.close().await;
+    Ok(())
+}
+
+/// Tries of [`hang_up`].
+const HANG_UPS: usize = 30;
+
+/// T8: a client that drops a turn's stream mid-answer. The time from the drop to the
+/// provider seeing its request aborted: the turn's cancel reaching the model call.
+async fn hang_up(system: &System, rows: &mut Vec<Row>) -> Result<()> {
+    let mut latencies = Vec::new();
+    for n in 0..HANG_UPS {
+        // An agent per try: the last try's turn may still be winding up on its own.
+        let (_, chat) = system.agent_and_chat(None).await?;
+        system.provider.push(Reply::Text {
+            deltas: vec!["long ".into(); 200],
+            delay: Duration::from_millis(20),
+        });
+        let response = system.send(&chat, "long").await?;
+        if response.status() != 200 {
+            bail!("hang-up {n}: {}", response.status());
+        }
+        let before = system.provider.aborted_streams().len();
+        let mut body = response.bytes_stream();
+        let mut seen = String::new();
+        while !seen.contains("\"text-delta\"") {
+            let piece = body
+                .next()
+                .await
+                .ok_or_else(|| anyhow!("hang-up {n}: the answer ended before a word"))?;
+            seen.push_str(&String::from_utf8_lossy(&piece?));
+        }
+        let hung_up = Instant::now();
+        drop(body);
+        let aborted = system
+            .provider
+            .wait_aborted(before + 1, Duration::from_secs(5))
+            .await;
+        let at = aborted
+            .get(before)
+            .ok_or_else(|| anyhow!("hang-up {n}: the provider's request was not aborted"))?;
+        latencies.push(at.saturating_duration_since(hung_up));
+    }
+    let latencies = sorted(latencies);
+    rows.push(row(
+        "busy answer",
+        "hang-up: client drops the stream -> provider request aborted",
+        ms(pct(&latencies, 50.0)),
+        ms(pct(&latencies, 99.0)),
+        format!("{HANG_UPS} hang-ups"),
+    ));
     Ok(())
 }
 

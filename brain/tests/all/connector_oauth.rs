@@ -988,7 +988,7 @@ async fn a_token_refused_mid_turn_is_a_tool_error_that_says_so() {
 }
 
 /// What the events stream of `chat` holds, as text (its Redis stream, entries whole).
-async fn events_text(chat: &str) -> String {
+pub(crate) async fn events_text(chat: &str) -> String {
     let mut redis = redis::Client::open(
         std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
     )

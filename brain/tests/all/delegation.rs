@@ -67,7 +67,7 @@ async fn turn_rows(app: &TestApp) -> Vec<(String, String, Option<String>)> {
 }
 
 /// Waits until the scripted model has received `n` requests.
-async fn requests_reach(app: &TestApp, n: usize) {
+pub(crate) async fn requests_reach(app: &TestApp, n: usize) {
     tokio::time::timeout(Duration::from_secs(20), async {
         while app.provider.requests().len() < n {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::replies::text;
 use crate::common::{BrainProcess, TestApp, read_stream, streamed_text};
+use crate::connector_oauth::events_text;
+use crate::delegation::requests_reach;
+use crate::erasure::eventually;
 use crate::recovery::{held, post};
 use protocol::ui::{FinishReason, UiChunk};
 use serde_json::{Value, json};
@@ -263,7 +266,13 @@ async fn an_interrupt_keeps_the_partial_answer_and_streams_the_new_turn() {
     )
     .await;
     assert_eq!(status, 202, "{waiting}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The running turn has words to keep once interrupted.
+    eventually(
+        Duration::from_secs(10),
+        "the first turn streams",
+        || async { events_text(&chat).await.contains("still talking") },
+    )
+    .await;
     app.provider.push(text("the new answer"));
     app.provider.push(text("the later answer"));
     let started = Instant::now();
@@ -371,7 +380,8 @@ async fn a_queued_turn_survives_the_death_of_the_replica_that_accepted_it() {
     .await;
     let (status, waiting) = json_of(response).await;
     assert_eq!(status, 202, "{waiting}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The victim's model call has taken the held answer: the survivor's gets the next.
+    requests_reach(&app, 1).await;
     // The survivor finishes the running turn, then starts the queued one.
     app.provider.push(text("taken over"));
     app.provider.push(text("the queued answer"));

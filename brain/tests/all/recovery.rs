@@ -74,8 +74,24 @@ async fn a_live_replicas_turns_are_left_alone() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    // Several of both replicas' ticks.
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Each replica renews, then reconciles, every quarter lease (200 ms). Once both renewed
+    // more than two leases and a tick after the turn started, the survivor has reconciled
+    // past the point where a lapsed lease would have been taken over.
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    crate::erasure::eventually(Duration::from_secs(10), "both replicas renew", || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT count(*) = 2 AND bool_and(lease_until >= $1 + interval '2600 milliseconds') \
+             FROM replicas WHERE kind = 'brain'",
+        )
+        .bind(started)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+    })
+    .await;
     assert_eq!(turn_row(&app, "m-alive").await.0, "running");
     app.provider.release_held();
     let (chunks, done) = read_stream(response).await;

@@ -10,7 +10,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::replies::text;
-use crate::common::{BrainProcess, TestApp, read_stream, streamed_text, words};
+use crate::common::{BrainProcess, TestApp, parse_events, read_stream, streamed_text, words};
+use crate::connector_oauth::events_text;
+use crate::erasure::eventually;
 use crate::faults::host_port;
 use crate::recovery::{held, post, turn_row, until_taken};
 use protocol::ui::{FinishReason, UiChunk};
@@ -57,6 +59,21 @@ pub(crate) async fn assistant_parts(app: &TestApp, base: &str, chat: &str) -> Ve
         .collect()
 }
 
+/// Reads the victim's stream until the model's first words (of [`held`]) arrive, so its
+/// model call is in flight; answers the stream's text read so far.
+async fn until_talking(response: &mut reqwest::Response) -> String {
+    let mut seen = String::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !seen.contains("still talking") {
+            let piece = response.chunk().await.unwrap().expect("the victim streams");
+            seen.push_str(&String::from_utf8_lossy(&piece));
+        }
+    })
+    .await
+    .expect("the victim's model call never streamed");
+    seen
+}
+
 #[tokio::test]
 async fn a_surviving_replica_takes_a_dead_replicas_turn_over_and_finishes_it() {
     // The survivor ticks every quarter of its lease; the victim's short lease lapses fast.
@@ -64,7 +81,7 @@ async fn a_surviving_replica_takes_a_dead_replicas_turn_over_and_finishes_it() {
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         &app,
         &victim.url,
         &chat,
@@ -72,7 +89,7 @@ async fn a_surviving_replica_takes_a_dead_replicas_turn_over_and_finishes_it() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_talking(&mut response).await;
     // What the model answers the replica that takes over.
     app.provider.push(text("The whole answer."));
     let observer = app.observe(&chat).await;
@@ -137,7 +154,7 @@ async fn the_only_replica_killed_and_restarted_takes_its_own_turn_over() {
     let lease = [("BRAIN_LEASE_TTL_MS", "2000")];
     let mut brain = BrainProcess::start(&app, &lease).await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         &app,
         &brain.url,
         &chat,
@@ -145,7 +162,7 @@ async fn the_only_replica_killed_and_restarted_takes_its_own_turn_over() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_talking(&mut response).await;
     brain.kill().await;
     drop(response);
     app.provider.push(text("Done after all."));
@@ -169,7 +186,7 @@ async fn die_with_pending(app: &TestApp, chat: &str, message_id: &str, pending: 
     // A lease long enough to write the victim's last step before the survivor looks.
     let mut victim = BrainProcess::start(app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         app,
         &victim.url,
         chat,
@@ -177,7 +194,7 @@ async fn die_with_pending(app: &TestApp, chat: &str, message_id: &str, pending: 
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_talking(&mut response).await;
     victim.kill().await;
     drop(response);
     let calls = pending.as_array().unwrap().len();
@@ -328,7 +345,7 @@ async fn a_taken_over_turn_stops_when_its_key_is_revoked_and_one_revoked_before_
         );
         let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
         app.provider.push(held());
-        let response = app
+        let mut response = app
             .http
             .post(format!("{}/v1/chats/{chat}/messages", victim.url))
             .bearer_auth(key)
@@ -337,7 +354,7 @@ async fn a_taken_over_turn_stops_when_its_key_is_revoked_and_one_revoked_before_
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        until_talking(&mut response).await;
         let requests = app.provider.requests().len();
         // The survivor's model call is held too: the turn runs until something stops it.
         app.provider.push(held());
@@ -379,7 +396,7 @@ async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
     let (_, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
     let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         &app,
         &victim.url,
         &chat,
@@ -387,7 +404,7 @@ async fn a_turn_taken_over_too_often_ends_failed_and_frees_its_agent() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_talking(&mut response).await;
     victim.kill().await;
     drop(response);
     sqlx::query(
@@ -424,7 +441,7 @@ async fn a_draining_replica_hands_its_turn_over_and_another_finishes_it() {
     )
     .await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         &app,
         &leaving.url,
         &chat,
@@ -432,11 +449,11 @@ async fn a_draining_replica_hands_its_turn_over_and_another_finishes_it() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let seen = until_talking(&mut response).await;
     app.provider.push(text("Finished elsewhere."));
     // A rollout: SIGTERM, the drain's time runs out while the model still talks.
     assert!(leaving.terminate().await.success());
-    let (chunks, _) = read_stream(response).await;
+    let (chunks, _) = parse_events(&(seen + &response.text().await.unwrap()));
     assert!(
         !chunks.contains(&UiChunk::Finish {
             finish_reason: FinishReason::Interrupted
@@ -492,9 +509,16 @@ async fn a_retry_of_a_running_turns_message_id_follows_it_across_its_takeover() 
     let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "800")]).await;
     app.provider.push(held());
     let body = json!({"content": "long", "message_id": "m-retried"});
-    let response = post(&app, &victim.url, &chat, &body).await;
+    let mut response = post(&app, &victim.url, &chat, &body).await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_talking(&mut response).await;
+    // The publisher writes in batches: the victim dies once its words are in the events.
+    eventually(
+        Duration::from_secs(10),
+        "the victim's words reach the events",
+        || async { events_text(&chat).await.contains("still talking") },
+    )
+    .await;
     app.provider.push(text("The whole answer."));
     victim.kill().await;
     drop(response);
@@ -551,11 +575,7 @@ async fn a_followed_turn_whose_redis_connection_drops_ends_with_finish_or_an_err
     let body = json!({"content": "long", "message_id": "m-idle"});
     let mut response = post(&app, &victim.url, &chat, &body).await;
     assert_eq!(response.status(), 200);
-    let mut seen = String::new();
-    while !seen.contains("still talking") {
-        let piece = response.chunk().await.unwrap().expect("the victim streams");
-        seen.push_str(&String::from_utf8_lossy(&piece));
-    }
+    until_talking(&mut response).await;
     app.provider.push(Reply::Text {
         deltas: words("Slow but whole."),
         delay: Duration::from_millis(1_500),
@@ -594,7 +614,7 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
     // A lease long enough to write the victim's last step before the survivor looks.
     let mut victim = BrainProcess::start(&app, &[("BRAIN_LEASE_TTL_MS", "3000")]).await;
     app.provider.push(held());
-    let response = post(
+    let mut response = post(
         &app,
         &victim.url,
         &chat,
@@ -602,7 +622,7 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_talking(&mut response).await;
     victim.kill().await;
     drop(response);
     // The step the victim had made durable (D2): an answer whose call was running, of a
@@ -631,25 +651,15 @@ async fn the_stream_of_a_taken_over_turn_is_rebuilt_from_its_durable_steps() {
         deltas: words("It may not be saved, sorry."),
         delay: Duration::from_millis(150),
     });
-    let started = Instant::now();
-    loop {
-        let takeovers: i32 = sqlx::query_scalar(
-            "SELECT takeovers FROM turns WHERE id = \
-             (SELECT turn_id FROM messages WHERE client_message_id = 'm-rebuilt')",
-        )
-        .fetch_one(app.store.pool())
-        .await
-        .unwrap();
-        if takeovers > 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never taken over"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The client connects once the survivor's stream has started over (its `start`, the
+    // durable step, then the notice, in the publisher's order): before, it would follow
+    // the dead replica's partial step.
+    eventually(
+        Duration::from_secs(10),
+        "the survivor's resumed notice",
+        || async { events_text(&chat).await.contains("resumed") },
+    )
+    .await;
 
     let resumed = app
         .auth(app.http.get(format!("{}/v1/chats/{chat}/stream", app.url)))
@@ -740,9 +750,29 @@ async fn a_hold_left_by_a_replica_killed_before_writing_its_turn_is_freed_after_
         .await
         .expect("the victim never started the connector")
         .unwrap();
+    let held_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
 
-    // Alive past two of its leases, it keeps the agent.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Alive past two of its leases, it keeps the agent: its renewal after them (the
+    // replica started last) shows both that the time passed and that it still lives.
+    let renewed_past = || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT lease_until >= $1 + interval '2400 milliseconds' FROM replicas \
+             WHERE kind = 'brain' ORDER BY started_at DESC LIMIT 1",
+        )
+        .bind(held_at)
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap()
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the victim renews its lease",
+        renewed_past,
+    )
+    .await;
     let busy = post(&app, &app.url, &chat, &json!({"content": "me too"})).await;
     assert_eq!(busy.status(), 409, "a live replica's hold was freed");
 

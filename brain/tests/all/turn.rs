@@ -527,17 +527,11 @@ async fn closing_the_stream_aborts_the_provider_and_keeps_the_delivered_text() {
     while !seen.contains("w3 ") {
         seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
     }
-    let hung_up = Instant::now();
     drop(body);
 
-    let aborted = app.provider.wait_aborted(1, Duration::from_secs(2)).await;
+    // How soon is the bench's (`busy answer`, hang-up): here, that it happens at all.
+    let aborted = app.provider.wait_aborted(1, Duration::from_secs(5)).await;
     assert_eq!(aborted.len(), 1, "the provider request was aborted");
-    let latency = aborted[0].saturating_duration_since(hung_up);
-    println!("cancel latency: client hang-up to provider abort = {latency:?}");
-    assert!(
-        latency < Duration::from_millis(100),
-        "abort took {latency:?}"
-    );
 
     assert_eq!(app.settled().await, vec![("interrupted".to_owned(), None)]);
     let messages = app.messages(&chat).await;
@@ -615,10 +609,8 @@ async fn shutdown_drains_then_hands_the_turn_over_after_the_grace_period() {
         drained >= Duration::from_millis(200),
         "the turn ran for the grace period: {drained:?}"
     );
-    assert!(
-        drained < Duration::from_secs(2),
-        "then it was handed over: {drained:?}"
-    );
+    // Then it was handed over: the model's answer was cut, not streamed to its end.
+    assert!(!streamed_text(&chunks).contains("w199"), "{chunks:?}");
     // D4: the model call in flight was cut and the turn left for another replica, not
     // interrupted; with no other replica it waits, running and held by none, for the
     // next one to start.
