@@ -148,6 +148,14 @@ REFUSED = {
         {"workers": {"namespace": NAMESPACE}},
         "workers.namespace must not be the release namespace",
     ),
+    "a profile with direct internet egress beside the egress proxy": (
+        {"networkPolicy": {"workers": {"internetEgress": {"profiles": ["browser"]}}}},
+        "its workers would have a way around the egress proxy",
+    ),
+    "an egress proxy profile that launches no worker": (
+        {"egressProxy": {"profiles": ["none"]}},
+        "/egressProxy/profiles/0",
+    ),
     "an autoscaler whose maximum is below its minimum": (
         {"brain": {"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}},
         "maxReplicas is below minReplicas",
@@ -416,7 +424,8 @@ def check_network(docs: list[dict], values: dict, namespace: str) -> None:
                     expect(
                         ns.get("kubernetes.io/metadata.name") in (namespace, "kube-system")
                         and "podSelector" in peer,
-                        f"{policy['metadata']['name']}: a worker peer is the brain or DNS: {peer}",
+                        f"{policy['metadata']['name']}: a worker peer is the brain, the egress "
+                        f"proxy or DNS: {peer}",
                     )
             ports = {(p["port"], p.get("protocol", "TCP")) for p in rule.get("ports", [])}
             expect(ports, f"{policy['metadata']['name']}: every egress rule names its ports")
@@ -427,6 +436,16 @@ def check_network(docs: list[dict], values: dict, namespace: str) -> None:
             )
             if to_brain:
                 expect(ports == {(brain_port, "TCP")}, "workers reach only the brain's port")
+            to_proxy = any(
+                p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+                == "egress-proxy"
+                for p in rule.get("to", [])
+            )
+            if to_proxy:
+                expect(
+                    ports == {(value(values, "egressProxy", "port"), "TCP")},
+                    "workers reach only the egress proxy's port",
+                )
 
     internet_policies = [
         p
@@ -451,6 +470,135 @@ def check_network(docs: list[dict], values: dict, namespace: str) -> None:
         for rule in policy["spec"]["ingress"]:
             ports = [p["port"] for p in rule["ports"]]
             expect(ports in ([n] for n in port_names), f"{component}: only its {port_names}")
+
+
+@functools.cache
+def default_values() -> dict:
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def value(values: dict, *path: str):
+    """The value at `path`: the value set's own, else the chart's default."""
+    for source in (values, default_values()):
+        node = source
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return node
+    raise CheckFailed(f"no value {'.'.join(path)}")
+
+
+def check_egress_proxy(docs: list[dict], values: dict, namespace: str) -> None:
+    """With the egress proxy on, the workers of its profiles reach it and nothing else
+    beyond the brain and DNS; the manager hands them its address and derives their
+    credentials; the proxy runs `runtime-manager egress-proxy` with no Kubernetes rights.
+    Off, nothing of it is rendered and the manager does not read BRAIN_SECRETS_KEY."""
+    profiles = value(values, "egressProxy", "profiles")
+    enabled = value(values, "egressProxy", "enabled") and bool(profiles)
+    manager = one(docs, "Deployment", "runtime-manager")
+    manager_env = env_of(manager["spec"]["template"]["spec"]["containers"][0])
+    workers_ns = manager_env["RUNTIME_MANAGER_NAMESPACE"]["value"]
+    rendered = [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "egress-proxy"
+    ]
+    proxy_rules = [
+        p
+        for p in docs
+        if p["kind"] == "NetworkPolicy"
+        and p["metadata"]["namespace"] == workers_ns
+        and any(
+            peer.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+            == "egress-proxy"
+            for rule in p["spec"].get("egress", [])
+            for peer in rule.get("to", [])
+        )
+    ]
+    if not enabled:
+        expect(not rendered and not proxy_rules, "no egress proxy unless enabled")
+        for name in ("BRAIN_SECRETS_KEY", "RUNTIME_MANAGER_EGRESS_PROXY"):
+            expect(name not in manager_env, f"the manager has no {name} without the proxy")
+        return
+
+    deploy = one(docs, "Deployment", "egress-proxy")
+    spec = deploy["spec"]["template"]["spec"]
+    (proxy,) = spec["containers"]
+    expect(proxy["args"] == ["egress-proxy"], "the proxy runs `runtime-manager egress-proxy`")
+    (manager_container,) = manager["spec"]["template"]["spec"]["containers"]
+    expect(proxy["image"] == manager_container["image"], "the proxy is the manager's image")
+    expect(spec["automountServiceAccountToken"] is False, "no token in proxy pods")
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        for subject in binding.get("subjects", []):
+            expect(
+                subject["name"] != spec["serviceAccountName"],
+                f"{binding['metadata']['name']} binds the egress proxy",
+            )
+    env = env_of(proxy)
+    expect("secretKeyRef" in env["BRAIN_SECRETS_KEY"]["valueFrom"], "the proxy reads the key")
+    expect(
+        env["BRAIN_SECRETS_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is False,
+        "the proxy cannot run without BRAIN_SECRETS_KEY",
+    )
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    expect(env["EGRESS_PROXY_ADDR"]["value"] == f"0.0.0.0:{ports['proxy']}", "proxy port")
+    expect(
+        env["EGRESS_PROXY_METRICS_ADDR"]["value"] == f"0.0.0.0:{ports['metrics']}",
+        "metrics port",
+    )
+    expect(proxy["readinessProbe"]["httpGet"]["path"] == "/healthz", "readiness is /healthz")
+
+    service = one(docs, "Service", "egress-proxy")
+    service_port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["proxy"]
+    expect(
+        manager_env["RUNTIME_MANAGER_EGRESS_PROXY"]["value"]
+        == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc."
+        f"{value(values, 'clusterDomain')}:{service_port}",
+        "the manager hands workers the proxy Service's address",
+    )
+    expect(
+        manager_env["RUNTIME_MANAGER_EGRESS_PROXY_PROFILES"]["value"] == ",".join(profiles),
+        "the manager proxies the profiles the chart lets through",
+    )
+    expect("secretKeyRef" in manager_env["BRAIN_SECRETS_KEY"]["valueFrom"], "manager key")
+
+    # The workers of the profiles, and only they, reach the proxy pods, on its port only.
+    (rule_policy,) = proxy_rules
+    (expr,) = rule_policy["spec"]["podSelector"]["matchExpressions"]
+    expect(
+        expr == {"key": "agent-runtime/profile", "operator": "In", "values": profiles},
+        "the egress proxy only for the profiles listed",
+    )
+    (rule,) = rule_policy["spec"]["egress"]
+    (peer,) = rule["to"]
+    expect(
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == namespace,
+        "workers reach the proxy in the release namespace",
+    )
+    expect(rule["ports"] == [{"port": service_port, "protocol": "TCP"}], "only its port")
+    internet = value(values, "networkPolicy", "workers", "internetEgress", "profiles")
+    expect(not set(internet) & set(profiles), "no proxied profile has direct internet")
+
+    # The proxy admits the workers on its proxy port, scrapers on metrics; nothing else.
+    policy = one(
+        [d for d in docs if d["kind"] == "NetworkPolicy"], "NetworkPolicy", "egress-proxy"
+    )
+    expect(policy["spec"]["policyTypes"] == ["Ingress"], "egress-proxy: ingress policy")
+    for ingress in policy["spec"]["ingress"]:
+        (port,) = ingress["ports"]
+        if port["port"] == "proxy":
+            (source,) = ingress["from"]
+            expect(
+                source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                == workers_ns
+                and source["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                == "worker",
+                "only workers reach the proxy port",
+            )
+        else:
+            expect(port["port"] == "metrics", "egress-proxy: only its proxy and metrics ports")
 
 
 def check_service_monitors(docs: list[dict]) -> None:
@@ -504,6 +652,7 @@ READERS = {
     "brain": ["brain/src", "engine/src", "store/src", "envcfg/src", "logging/src"],
     "migrate": ["brain/src", "engine/src", "store/src", "envcfg/src", "logging/src"],
     "runtime-manager": ["runtime-manager/src", "envcfg/src", "logging/src"],
+    "egress-proxy": ["runtime-manager/src", "envcfg/src", "logging/src"],
 }
 @functools.cache
 def sources_of(component: str) -> str:
@@ -648,6 +797,7 @@ def main() -> int:
                 check_secrets(docs)
                 check_env_names(docs)
                 check_network(docs, values, namespace)
+                check_egress_proxy(docs, values, namespace)
                 check_service_monitors(docs)
                 check_dashboard(docs)
                 paths = write_manifests(Path(tmp) / name, files)

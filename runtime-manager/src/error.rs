@@ -26,9 +26,18 @@ pub enum Error {
     /// A metric registered twice or misnamed: a programming error.
     #[error("metrics registry: {0}")]
     Metrics(#[from] prometheus::Error),
-    /// `RUNTIME_MANAGER_METRICS_ADDR` could not be bound.
+    /// `RUNTIME_MANAGER_METRICS_ADDR` (or the egress proxy's) could not be bound.
     #[error("metrics listener: {0}")]
     MetricsListener(std::io::Error),
+    /// `EGRESS_PROXY_ADDR` could not be bound.
+    #[error("egress proxy listener: {0}")]
+    ProxyListener(std::io::Error),
+    /// The egress proxy could not reach Postgres at its start.
+    #[error("egress proxy store: {0}")]
+    ProxyStore(store::StoreError),
+    /// The egress proxy's upstream roots could not be read.
+    #[error("egress proxy: {0}")]
+    Proxy(egress_proxy::ProxyError),
 }
 
 impl Error {
@@ -46,6 +55,9 @@ impl Error {
             Self::ProvisionHeld => "provision_held",
             Self::Metrics(_) => "metrics",
             Self::MetricsListener(_) => "metrics_listener",
+            Self::ProxyListener(_) => "egress_proxy_listener",
+            Self::ProxyStore(_) => "egress_proxy_store",
+            Self::Proxy(_) => "egress_proxy",
         }
     }
 }

@@ -10,6 +10,8 @@
 //! - `egress.rs`: the egress proxies' configuration and ledger (W13, W14), through the
 //!   `store` crate's statements the brain shares.
 //! - `metrics.rs`: the Prometheus series and the `GET /metrics` listener (O2).
+//! - `proxy.rs`: `runtime-manager egress-proxy`, the Kubernetes workers' shared egress
+//!   proxy.
 //! - `launcher/`: the `Launcher` interface, the local process launcher and the Kubernetes
 //!   launcher (a Job per session, its pod watcher, `render-job`).
 //!
@@ -34,6 +36,7 @@ pub mod launcher;
 pub mod manager;
 pub mod metrics;
 pub mod profiles;
+pub mod proxy;
 pub mod store;
 
 pub use config::Config;

@@ -4,19 +4,32 @@
 //! ```text
 //! runtime-manager                          run (consume tasks, launch, reap, watch)
 //! runtime-manager render-job --profile P   print the Job a session of profile P gets, as YAML
+//! runtime-manager egress-proxy             serve the workers' shared egress proxy (proxy.rs)
 //! ```
 
 use std::process::ExitCode;
 
 use runtime_manager::config::{Config, ProcessEnv};
 use runtime_manager::launcher::kubernetes::job;
+use runtime_manager::proxy::ProxyConfig;
 use tokio_util::sync::CancellationToken;
 
-const USAGE: &str = "usage: runtime-manager [render-job --profile light|browser|heavy|warm]";
+const USAGE: &str =
+    "usage: runtime-manager [render-job --profile light|browser|heavy|warm | egress-proxy]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Its own configuration: the proxy needs no Redis and signs no session token.
+    if args == ["egress-proxy"] {
+        return match ProxyConfig::from_env(&ProcessEnv) {
+            Ok(config) => egress_proxy(config),
+            Err(e) => {
+                eprintln!("runtime-manager egress-proxy: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let config = match Config::from_env(&ProcessEnv) {
         Ok(config) => config,
         Err(e) => {
@@ -64,6 +77,38 @@ fn render_job(config: &Config, profile: &str) -> ExitCode {
 }
 
 #[tokio::main]
+async fn egress_proxy(config: ProxyConfig) -> ExitCode {
+    let telemetry = logging::init(
+        "RUNTIME_MANAGER_LOG",
+        "info",
+        logging::Format::Text,
+        "egress-proxy",
+    );
+    let code = match runtime_manager::proxy::run(config, shutdown_on_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error_class = e.metric_label(), "egress proxy failed");
+            eprintln!("runtime-manager egress-proxy: {}", e.metric_label());
+            ExitCode::FAILURE
+        }
+    };
+    telemetry.shutdown().await;
+    code
+}
+
+/// A token cancelled at SIGTERM or Ctrl-C.
+fn shutdown_on_signal() -> CancellationToken {
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    shutdown
+}
+
+#[tokio::main]
 async fn serve(config: Config) -> ExitCode {
     // Under the privacy cap (X4): kube logs API bodies, which hold worker tokens.
     let telemetry = logging::init(
@@ -73,13 +118,7 @@ async fn serve(config: Config) -> ExitCode {
         "runtime-manager",
     );
 
-    let shutdown = CancellationToken::new();
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!("shutdown requested");
-        signal.cancel();
-    });
+    let shutdown = shutdown_on_signal();
     let code = match runtime_manager::run(config, shutdown).await {
         Ok(()) => {
             tracing::info!("runtime-manager stopped");

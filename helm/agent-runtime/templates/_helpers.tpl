@@ -9,6 +9,25 @@
 
 {{- define "agent-runtime.brain.name" -}}{{ include "agent-runtime.fullname" . }}-brain{{- end -}}
 {{- define "agent-runtime.manager.name" -}}{{ include "agent-runtime.fullname" . }}-runtime-manager{{- end -}}
+{{- define "agent-runtime.egressProxy.name" -}}{{ include "agent-runtime.fullname" . }}-egress-proxy{{- end -}}
+
+{{/* host:port of the egress proxy's Service, as workers reach it (RUNTIME_MANAGER_EGRESS_PROXY). */}}
+{{- define "agent-runtime.egressProxy.address" -}}
+{{- printf "%s.%s.svc.%s:%v" (include "agent-runtime.egressProxy.name" .) .Release.Namespace .Values.clusterDomain .Values.egressProxy.port -}}
+{{- end -}}
+
+{{/* The egress proxy in force: enabled with at least one profile, and never beside a
+     profile's direct internet egress, which would be a way around it. */}}
+{{- define "agent-runtime.egressProxy.enabled" -}}
+{{- if and .Values.egressProxy.enabled .Values.egressProxy.profiles -}}
+{{- range .Values.egressProxy.profiles -}}
+{{- if has . $.Values.networkPolicy.workers.internetEgress.profiles -}}
+{{- fail (printf "profile %s is in both egressProxy.profiles and networkPolicy.workers.internetEgress.profiles: its workers would have a way around the egress proxy" .) -}}
+{{- end -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
 
 {{/* Labels of every chart resource. Worker pods carry `managed-by: agent-runtime`
      instead (set by the manager, not by this chart). */}}

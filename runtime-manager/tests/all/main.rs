@@ -11,3 +11,4 @@ mod kubernetes;
 mod manager;
 mod metrics;
 mod render_job;
+mod shared_proxy;
