@@ -49,9 +49,9 @@ endif
 
 # The subsets below (`pooler`, `cluster`) build exactly what `unit` built: `-p brain` alone
 # would resolve the dependencies' features for one package and compile about seventy of
-# them a second time. They take the whole workspace and pick their tests with a filterset
-# (nextest lists every test binary and runs only the matches). `cargo test` cannot pick one
-# package's binary that way, so the path without nextest keeps `-p` and its second build.
+# them a second time. They take the whole workspace and pick their tests: nextest with a
+# filterset, `cargo test` with `--test <target>` (the `all` binaries of every package that
+# has one) and libtest's name filters, which only brain's test names match.
 
 # O5: the tests that matter run again with every brain (and runtime-manager) of a test
 # reaching its database through a PgBouncer of its own in transaction mode (Debian's 1.18,
@@ -63,7 +63,7 @@ ifeq ($(NEXTEST),yes)
 	TEST_THROUGH_PGBOUNCER=1 cargo nextest run --workspace --locked --no-fail-fast \
 	  -E 'binary_id(brain::all) & (test($(POOLER_TESTS)) | test($(POOLER_MORE)))'
 else
-	TEST_THROUGH_PGBOUNCER=1 cargo test -p brain --test all --locked --no-fail-fast -- \
+	TEST_THROUGH_PGBOUNCER=1 cargo test --workspace --test all --locked --no-fail-fast -- \
 	  turn:: hold_turns:: queue:: quotas:: events:: stop:: autostart:: retention:: soak:: \
 	  auth::a_revoked workers::a_shell_call_provisions_a_worker
 endif
@@ -101,8 +101,9 @@ ifeq ($(NEXTEST),yes)
 	TEST_REDIS_CLUSTER=1 cargo nextest run --workspace --locked --no-fail-fast \
 	  -E 'binary_id(queue::queue)'
 else
-	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p brain --test all -- --exact $(CLUSTER_BRAIN_TESTS)
-	TEST_REDIS_CLUSTER=1 cargo test --locked --no-fail-fast -p queue --test queue
+	TEST_REDIS_CLUSTER=1 cargo test --workspace --test all --locked --no-fail-fast -- \
+	  --exact $(CLUSTER_BRAIN_TESTS)
+	TEST_REDIS_CLUSTER=1 cargo test --workspace --test queue --locked --no-fail-fast
 endif
 
 # The bench harness (docs/PERFORMANCE.md): every binary in release (the bench starts the

@@ -191,6 +191,7 @@ fn start_background(state: &AppState, stopped: &CancellationToken) {
         "webhooks",
         webhooks::run(
             state.store.clone(),
+            state.events.clone(),
             state.config.webhooks,
             state.metrics.clone(),
             stopped.clone(),

@@ -403,3 +403,170 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 }
+
+/// An approval asked in a channel as buttons (P16): the token its buttons carry, and the
+/// call it asks about.
+#[derive(Clone, Debug)]
+pub struct ChannelPrompt {
+    pub token: String,
+    pub approval: Uuid,
+    pub tool: String,
+    pub input: Value,
+}
+
+/// A button's token read back: the approval it answers, where it was asked, and the person
+/// whose chat that is (the turn goes on as theirs, as the conversation's messages do).
+#[derive(Debug)]
+pub struct PressedPrompt {
+    pub approval: Uuid,
+    pub conversation: String,
+    pub owner: Option<String>,
+}
+
+impl Store {
+    /// The prompts turn `turn`'s reply in `conversation` of `channel` asks: one per tool
+    /// call's approval of the turn, whatever its state now (a reply sent again asks the same
+    /// prompts in the same order), oldest first, each with its token, made once per
+    /// approval and channel (22 characters of a random UUID: 122 random bits).
+    pub async fn channel_prompts(
+        &self,
+        channel: &OpenedChannel,
+        conversation: &str,
+        turn: TurnId,
+    ) -> Result<Vec<ChannelPrompt>, StoreError> {
+        sqlx::query(
+            "INSERT INTO channel_prompts (token, channel_id, conversation, approval_id) \
+             SELECT rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), \
+               $3, $4, a.id FROM approvals a \
+             WHERE a.team_id = $1 AND a.turn_id = $2 AND a.kind = 'tool' \
+             ON CONFLICT (channel_id, approval_id) DO NOTHING",
+        )
+        .bind(channel.team.0)
+        .bind(turn.0)
+        .bind(channel.row.id)
+        .bind(conversation)
+        .execute(&self.pool)
+        .await?;
+        let rows: Vec<(String, Uuid, String, Value)> = sqlx::query_as(
+            "SELECT p.token, a.id, a.tool, a.input FROM approvals a \
+             JOIN channel_prompts p ON p.channel_id = $3 AND p.approval_id = a.id \
+             WHERE a.team_id = $1 AND a.turn_id = $2 AND a.kind = 'tool' \
+             ORDER BY a.created_at, a.id",
+        )
+        .bind(channel.team.0)
+        .bind(turn.0)
+        .bind(channel.row.id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(token, approval, tool, input)| ChannelPrompt {
+                token,
+                approval,
+                tool,
+                input,
+            })
+            .collect())
+    }
+
+    /// The prompt of `channel` whose buttons carry `token`.
+    pub async fn channel_prompt(
+        &self,
+        channel: &OpenedChannel,
+        token: &str,
+    ) -> Result<PressedPrompt, StoreError> {
+        let row: Option<(Uuid, String, Option<String>)> = sqlx::query_as(
+            "SELECT p.approval_id, p.conversation, h.created_by FROM channel_prompts p \
+             JOIN approvals a ON a.id = p.approval_id \
+             JOIN chats h ON h.team_id = a.team_id AND h.id = a.chat_id \
+             WHERE p.channel_id = $1 AND p.token = $2 AND a.team_id = $3",
+        )
+        .bind(channel.row.id)
+        .bind(token)
+        .bind(channel.team.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        let (approval, conversation, owner) = row.ok_or(StoreError::NotFound)?;
+        Ok(PressedPrompt {
+            approval,
+            conversation,
+            owner,
+        })
+    }
+}
+
+impl Store {
+    /// Puts the progress of `turn` (just started in `conversation` of `channel`) in the
+    /// outbox, ahead of its reply: one row per turn, which the delivery router holds while
+    /// the turn runs (Slack's message updated as the answer streams).
+    pub async fn queue_channel_progress(
+        &self,
+        channel: &OpenedChannel,
+        conversation: &str,
+        chat: ChatId,
+        turn: TurnId,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (id, team_id, channel_id, event, event_key, payload) \
+             VALUES (gen_random_uuid(), $1, $2, 'channel.progress', $3::text, \
+               jsonb_build_object('conversation', $4::text, 'chat_id', $5::uuid, \
+                 'turn_id', $3::uuid, 'sent', 0)) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(channel.team.0)
+        .bind(channel.row.id)
+        .bind(turn.0)
+        .bind(conversation)
+        .bind(chat.0)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records that progress delivery `id` shows as platform message `ts` (when it shows
+    /// one yet), and holds the claim for `lease` more, only while attempt `attempt` is the
+    /// row's latest claim (as [`Store::record_channel_progress`]). `false`: another replica
+    /// has the row.
+    pub async fn record_channel_message(
+        &self,
+        id: Uuid,
+        attempt: i32,
+        ts: Option<&str>,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE webhook_deliveries SET payload = CASE WHEN $3::text IS NULL THEN payload \
+               ELSE jsonb_set(payload, '{ts}', to_jsonb($3::text)) END, \
+               next_attempt_at = now() + $4 * interval '1 millisecond' \
+             WHERE id = $1 AND attempts = $2 AND state = 'pending'",
+        )
+        .bind(id)
+        .bind(attempt)
+        .bind(ts)
+        .bind(lease.as_millis() as f64)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The platform message turn `turn`'s progress showed in `channel`, if it showed one:
+    /// its reply's first part takes that message's place.
+    pub async fn channel_progress_message(
+        &self,
+        channel: Uuid,
+        team: TeamId,
+        turn: TurnId,
+    ) -> Result<Option<String>, StoreError> {
+        let ts: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT payload->>'ts' FROM webhook_deliveries \
+             WHERE team_id = $1 AND channel_id = $2 AND event = 'channel.progress' \
+               AND event_key = $3::text",
+        )
+        .bind(team.0)
+        .bind(channel)
+        .bind(turn.0)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(ts.and_then(|(ts,)| ts))
+    }
+}

@@ -1,8 +1,9 @@
 //! `POST/GET /v1/agents/{agent_id}/channels`, `GET/DELETE
 //! /v1/agents/{agent_id}/channels/{channel_id}`: an agent's chat channels (P10), for
-//! admins; and `POST /v1/channels/{channel_id}/telegram` and `…/slack`, where the
-//! platform delivers the channel's messages (authenticated by the channel's
-//! `secret_token`, or Slack's signature under its signing secret, not by a team key).
+//! admins; and `POST /v1/channels/{channel_id}/telegram`, `…/slack` and
+//! `…/slack/interactivity`, where the platform delivers the channel's messages and the
+//! presses of its buttons (authenticated by the channel's `secret_token`, or Slack's
+//! signature under its signing secret, not by a team key).
 //! Credentials are sealed and never answered. docs/design/channels.md is the design.
 
 use axum::Json;
@@ -20,6 +21,7 @@ use crate::error::ApiError;
 use engine::address;
 use engine::auth::{Principal, constant_time_eq};
 use engine::channels::inbound::{self, InboundError};
+use engine::channels::prompts;
 use engine::channels::slack::{self, Api};
 use engine::channels::telegram::{self, Bot};
 use engine::channels::{self, Kind};
@@ -67,6 +69,10 @@ pub struct ChannelView {
     channel: ChannelRow,
     /// Where the platform sends the channel's messages (Telegram: registered by the brain).
     webhook_url: String,
+    /// Slack only: where Slack sends the presses of the channel's buttons (the app's
+    /// Interactivity Request URL). Telegram sends them to `webhook_url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interactivity_url: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -76,9 +82,12 @@ pub struct ChannelList {
 
 fn view(state: &AppState, channel: ChannelRow) -> ChannelView {
     let webhook_url = webhook_url(state, channel.id, &channel.kind);
+    let interactivity_url =
+        (channel.kind == Kind::Slack.as_str()).then(|| format!("{webhook_url}/interactivity"));
     ChannelView {
         channel,
         webhook_url,
+        interactivity_url,
     }
 }
 
@@ -486,7 +495,9 @@ pub async fn delete(
     request_body(content = serde_json::Value, description = "A Telegram `Update`."),
     responses(
         (status = 200, description = "Taken: the turn runs detached, its reply is sent \
-            through the Bot API. A redelivered update runs nothing more."),
+            through the Bot API. A redelivered update runs nothing more. A `callback_query` \
+            (a press of an approval's button) answers the approval once, for a person the \
+            channel allows."),
         (status = 401, description = "The `X-Telegram-Bot-Api-Secret-Token` is missing or \
             wrong (`unauthorized`); nothing runs.", body = ErrorBody),
         (status = 404, description = "No such channel (`not_found`).", body = ErrorBody),
@@ -511,8 +522,13 @@ pub async fn telegram_update(
     if body.len() > MAX_UPDATE {
         return Err(ApiError::PayloadTooLarge(MAX_UPDATE));
     }
-    let update: telegram::Update = serde_json::from_slice(&body)
+    let mut update: telegram::Update = serde_json::from_slice(&body)
         .map_err(|_| ApiError::InvalidRequest("not a Telegram Update".into()))?;
+    if let Some(query) = update.callback_query.take() {
+        // Delivered again after a failure, the press answers once: the approval's own rule.
+        prompts::telegram(&state, &channel, query).await?;
+        return Ok(StatusCode::OK);
+    }
     match inbound::telegram(&state, &channel, update).await {
         Ok(_) => Ok(StatusCode::OK),
         // Telegram delivers again after a failure; the update id makes that run once.
@@ -572,19 +588,8 @@ pub async fn slack_event(
     body: Bytes,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let id: Uuid = parse_id(&channel_id, "channel")?;
-    let channel = platform_channel(&state, id, Kind::Slack).await?;
-    if body.len() > MAX_UPDATE {
-        return Err(ApiError::PayloadTooLarge(MAX_UPDATE));
-    }
+    let (id, channel) = signed_by_slack(&state, &channel_id, &headers, &body).await?;
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let now = chrono::Utc::now().timestamp();
-    let timestamp = header(slack::TIMESTAMP_HEADER);
-    let signature = header(slack::SIGNATURE_HEADER);
-    if let Err(refused) = slack::verify(&channel.secret, timestamp, signature, &body, now) {
-        tracing::info!(channel = %id, refused = ?refused, "channels: Slack request refused");
-        return Err(ApiError::Unauthorized);
-    }
     let envelope: slack::Envelope = serde_json::from_slice(&body)
         .map_err(|_| ApiError::InvalidRequest("not a Slack Events API request".into()))?;
     match envelope.kind.as_str() {
@@ -608,4 +613,65 @@ pub async fn slack_event(
             Ok(StatusCode::OK.into_response())
         }
     }
+}
+
+/// Slack's channel `channel_id` when `body` is signed by its signing secret (v0, within
+/// five minutes): nothing of the body is read before.
+async fn signed_by_slack(
+    state: &AppState,
+    channel_id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Uuid, OpenedChannel), ApiError> {
+    let id: Uuid = parse_id(channel_id, "channel")?;
+    let channel = platform_channel(state, id, Kind::Slack).await?;
+    if body.len() > MAX_UPDATE {
+        return Err(ApiError::PayloadTooLarge(MAX_UPDATE));
+    }
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let now = chrono::Utc::now().timestamp();
+    let timestamp = header(slack::TIMESTAMP_HEADER);
+    let signature = header(slack::SIGNATURE_HEADER);
+    if let Err(refused) = slack::verify(&channel.secret, timestamp, signature, body, now) {
+        tracing::info!(channel = %id, refused = ?refused, "channels: Slack request refused");
+        return Err(ApiError::Unauthorized);
+    }
+    Ok((id, channel))
+}
+
+#[utoipa::path(
+    post,
+    path = "/channels/{channel_id}/slack/interactivity",
+    operation_id = "slack_interaction",
+    tag = "channels",
+    params(("channel_id" = Uuid, Path, description = "The channel.")),
+    request_body(content = String, content_type = "application/x-www-form-urlencoded",
+        description = "A Slack interactivity request: `payload=` and its JSON (a \
+        `block_actions` when an approval's button is pressed), signed with the app's \
+        signing secret."),
+    responses(
+        (status = 200, description = "Taken: a press of an approval's button by a person the \
+            channel allows answers the approval once (the buttons' message is rewritten with \
+            the outcome, `chat.update`); anyone else is told so alone \
+            (`chat.postEphemeral`) and answers nothing."),
+        (status = 400, description = "No `payload` of Slack's form (`invalid_request`).",
+            body = ErrorBody),
+        (status = 401, description = "`X-Slack-Signature` is missing or wrong, or \
+            `X-Slack-Request-Timestamp` is missing or more than five minutes from the \
+            server's clock (`unauthorized`); nothing runs.", body = ErrorBody),
+        (status = 404, description = "No such channel (`not_found`).", body = ErrorBody),
+    ),
+    security(()),
+)]
+pub async fn slack_interaction(
+    State(state): State<AppState>,
+    Path(channel_id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let (_, channel) = signed_by_slack(&state, &channel_id, &headers, &body).await?;
+    let interaction = slack::interaction_payload(&body)
+        .ok_or_else(|| ApiError::InvalidRequest("not a Slack interactivity request".into()))?;
+    prompts::slack(&state, &channel, interaction).await?;
+    Ok(StatusCode::OK)
 }

@@ -115,6 +115,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(channels::get, channels::delete))
         .routes(routes!(channels::telegram_update))
         .routes(routes!(channels::slack_event))
+        .routes(routes!(channels::slack_interaction))
         .routes(routes!(chats::list, chats::create))
         .routes(routes!(memories::list))
         .routes(routes!(memories::update, memories::delete))

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use engine::config::Config;
-use scripted_provider::Reply;
+use scripted_provider::{Reply, ToolCall};
 use serde_json::{Value, json};
 use store::SecretsKey;
 
@@ -735,4 +735,358 @@ async fn two_replies_due_at_once_for_one_conversation_go_out_in_order() {
         .map(|c| c.body["text"].clone())
         .collect();
     assert_eq!(texts, [json!("first"), json!("second")]);
+}
+
+/// The agent asks before every write: `memory_write` waits for a person's answer.
+async fn asks_before_writing(app: &TestApp, agent: &str) {
+    let patched = app
+        .auth(app.http.patch(format!("{}/v1/agents/{agent}", app.url)))
+        .json(&json!({"approval_policy": {"ask": ["write"], "deny": []}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(patched.status(), 200);
+}
+
+fn remember(note: &str) -> Reply {
+    Reply::ToolCalls {
+        text: None,
+        calls: vec![ToolCall {
+            id: "call-1".into(),
+            name: "memory_write".into(),
+            arguments: json!({"content": note}).to_string(),
+        }],
+        fragment: 16,
+    }
+}
+
+async fn memories(app: &TestApp) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM memories")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    n
+}
+
+async fn approval_states(app: &TestApp) -> Vec<String> {
+    sqlx::query_scalar("SELECT state FROM approvals ORDER BY created_at")
+        .fetch_all(app.store.pool())
+        .await
+        .unwrap()
+}
+
+/// Telegram's update for a press of a button with `data` by `from`, on message 1 of the
+/// conversation.
+async fn press(app: &TestApp, channel: &str, secret: &str, update_id: i64, from: i64, data: &str) {
+    let body = json!({
+        "update_id": update_id,
+        "callback_query": {"id": format!("cb-{update_id}"), "chat_instance": "ci-1",
+            "from": {"id": from, "is_bot": false, "first_name": "Ada"},
+            "message": {"message_id": 1, "date": 0, "text": "asks",
+                        "chat": {"id": 42, "type": "private"}},
+            "data": data},
+    });
+    let status = app
+        .http
+        .post(format!("{}/v1/channels/{channel}/telegram", app.url))
+        .header("X-Telegram-Bot-Api-Secret-Token", secret)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_telegram_approval_is_answered_once_by_an_allowed_persons_button() {
+    let app = TestApp::start_with(fast).await;
+    let tg = ScriptedTelegram::start().await;
+    let (agent, id) = channel(&app, &tg).await;
+    asks_before_writing(&app, &agent).await;
+    let secret = tg.secret_token();
+    app.provider.push(remember("likes tea"));
+    assert_eq!(
+        update(&app, &id, &secret, 1, ALLOWED, "remember tea").await,
+        200
+    );
+    let asked = |calls: &[Call]| {
+        calls
+            .iter()
+            .find(|c| c.method == "sendMessage" && c.body.get("reply_markup").is_some())
+            .cloned()
+    };
+    tg.wait_until(WAIT, |calls, _| asked(calls).is_some()).await;
+    let prompt = asked(&tg.calls("sendMessage")).unwrap();
+    // The call's own text is the only message: the turn wrote none.
+    assert_eq!(sends(&tg.calls("sendMessage")).len(), 1);
+    assert!(
+        prompt.body["text"]
+            .as_str()
+            .unwrap()
+            .contains("memory_write")
+    );
+    let row = &prompt.body["reply_markup"]["inline_keyboard"][0];
+    let (approve, deny) = (
+        row[0]["callback_data"].as_str().unwrap(),
+        row[1]["callback_data"].as_str().unwrap(),
+    );
+    assert!(approve.len() <= 64 && deny.len() <= 64);
+    let approval: String = sqlx::query_scalar("SELECT id::text FROM approvals")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    assert!(
+        !approve.contains(&approval),
+        "the button names no approval id"
+    );
+
+    // Someone the channel does not allow is told so and answers nothing.
+    press(&app, &id, &secret, 2, 999, approve).await;
+    tg.wait_until(WAIT, |calls, _| {
+        calls.iter().any(|c| c.method == "answerCallbackQuery")
+    })
+    .await;
+    let acks = tg.calls("answerCallbackQuery");
+    assert_eq!(acks[0].body["callback_query_id"], "cb-2");
+    assert!(
+        acks[0].body["text"]
+            .as_str()
+            .unwrap()
+            .contains("not allowed")
+    );
+    assert_eq!(approval_states(&app).await, ["pending"]);
+    assert_eq!(memories(&app).await, 0);
+    // A forged button of no prompt answers nothing either.
+    press(&app, &id, &secret, 3, ALLOWED, "forged-token-0000000:y").await;
+    assert_eq!(approval_states(&app).await, ["pending"]);
+
+    // The allowed person approves: the call runs in the continuation, whose answer comes.
+    app.provider.push(text("Noted."));
+    press(&app, &id, &secret, 4, ALLOWED, approve).await;
+    tg.wait_until(WAIT, |calls, _| {
+        sends(calls).iter().any(|c| c.body["text"] == "Noted.")
+    })
+    .await;
+    assert_eq!(approval_states(&app).await, ["approved"]);
+    assert_eq!(memories(&app).await, 1);
+    tg.wait_until(WAIT, |calls, _| {
+        calls.iter().any(|c| c.method == "editMessageText")
+    })
+    .await;
+    let edit = &tg.calls("editMessageText")[0];
+    assert_eq!(
+        (
+            edit.body["chat_id"].clone(),
+            edit.body["message_id"].clone()
+        ),
+        (json!("42"), json!(1))
+    );
+    assert!(edit.body["text"].as_str().unwrap().contains("Approved"));
+    assert!(edit.body.get("reply_markup").is_none());
+
+    // Telegram delivers the press again, and the person presses Deny too: nothing more.
+    press(&app, &id, &secret, 4, ALLOWED, approve).await;
+    press(&app, &id, &secret, 5, ALLOWED, deny).await;
+    tg.wait_until(WAIT, |calls, _| {
+        calls
+            .iter()
+            .filter(|c| c.method == "answerCallbackQuery")
+            .count()
+            >= 5
+    })
+    .await;
+    let acks = tg.calls("answerCallbackQuery");
+    assert_eq!(acks[3].body["text"], "This was answered already.");
+    assert_eq!(acks[4].body["text"], "This was answered already.");
+    assert_eq!(approval_states(&app).await, ["approved"]);
+    assert_eq!(memories(&app).await, 1);
+    assert_eq!(
+        turns_of(&app, &id).await,
+        2,
+        "one turn and one continuation"
+    );
+}
+
+/// A Slack interactivity request: `payload=` and the JSON of a `block_actions` press of
+/// `value` by `user` in `channel` on message `ts`, form-encoded as Slack sends it.
+fn slack_press(user: &str, channel: &str, ts: &str, value: &str) -> Vec<u8> {
+    let payload = json!({
+        "type": "block_actions", "user": {"id": user, "username": "ada", "team_id": "T1"},
+        "api_app_id": "A1", "token": "unused", "trigger_id": "1.2.3",
+        "team": {"id": "T1", "domain": "t"},
+        "container": {"type": "message", "message_ts": ts, "channel_id": channel,
+                      "is_ephemeral": false},
+        "channel": {"id": channel, "name": "general"},
+        "response_url": "https://hooks.slack.invalid/actions/1",
+        "actions": [{"type": "button", "action_id": "press-0", "block_id": "b1",
+                     "value": value, "action_ts": "1.1"}],
+    });
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", &payload.to_string())
+        .finish()
+        .into_bytes()
+}
+
+async fn slack_interact(app: &TestApp, channel: &str, body: Vec<u8>, secret: &str) -> u16 {
+    let at = chrono::Utc::now().timestamp();
+    app.http
+        .post(format!(
+            "{}/v1/channels/{channel}/slack/interactivity",
+            app.url
+        ))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .header("X-Slack-Request-Timestamp", at.to_string())
+        .header("X-Slack-Signature", slack::sign(secret, at, &body))
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn a_slack_approval_is_answered_by_its_button_and_a_bad_signature_answers_nothing() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let id = slack_channel(&app, &slack, &["U1"], &[]).await;
+    let agent: String = sqlx::query_scalar("SELECT agent_id::text FROM agent_channels")
+        .fetch_one(app.store.pool())
+        .await
+        .unwrap();
+    asks_before_writing(&app, &agent).await;
+    let listed: Value = app
+        .get(&format!("/v1/agents/{agent}/channels/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        listed["interactivity_url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/v1/channels/{id}/slack/interactivity"))
+    );
+    app.provider.push(remember("likes tea"));
+    let asked = slack_message("Ev1", "U1", "C1", "100.1", None, "remember tea");
+    assert_eq!(slack_status(&app, &id, &asked).await, 200);
+    let with_buttons = |calls: &[SlackCall]| {
+        calls
+            .iter()
+            .find(|c| c.method == "chat.postMessage" && c.body.get("blocks").is_some())
+            .cloned()
+    };
+    slack
+        .wait_until(WAIT, |calls| with_buttons(calls).is_some())
+        .await;
+    let prompt = with_buttons(&slack.calls("chat.postMessage")).unwrap();
+    assert_eq!(prompt.body["thread_ts"], "100.1");
+    let actions = &prompt.body["blocks"][1];
+    assert_eq!(actions["type"], "actions");
+    let approve = actions["elements"][0]["value"].as_str().unwrap().to_owned();
+    let ts = "900.000001";
+
+    // Signed with another secret: refused, nothing answered.
+    let forged = slack_press("U1", "C1", ts, &approve);
+    assert_eq!(
+        slack_interact(&app, &id, forged, "not-the-secret-0").await,
+        401
+    );
+    assert_eq!(approval_states(&app).await, ["pending"]);
+    // Someone not allowed: told alone, nothing answered.
+    let stranger = slack_press("U9", "C1", ts, &approve);
+    assert_eq!(slack_interact(&app, &id, stranger, SIGNING).await, 200);
+    slack
+        .wait_until(WAIT, |calls| {
+            calls.iter().any(|c| c.method == "chat.postEphemeral")
+        })
+        .await;
+    assert_eq!(slack.calls("chat.postEphemeral")[0].body["user"], "U9");
+    assert_eq!(approval_states(&app).await, ["pending"]);
+
+    app.provider.push(text("Noted."));
+    let pressed = slack_press("U1", "C1", ts, &approve);
+    assert_eq!(slack_interact(&app, &id, pressed, SIGNING).await, 200);
+    slack
+        .wait_until(WAIT, |calls| {
+            calls
+                .iter()
+                .any(|c| c.method == "chat.postMessage" && c.body["text"] == "Noted.")
+        })
+        .await;
+    assert_eq!(approval_states(&app).await, ["approved"]);
+    assert_eq!(memories(&app).await, 1);
+    slack
+        .wait_until(WAIT, |calls| {
+            calls.iter().any(|c| c.method == "chat.update")
+        })
+        .await;
+    let update = &slack.calls("chat.update")[0];
+    assert_eq!(
+        (update.body["channel"].as_str(), update.body["ts"].as_str()),
+        (Some("C1"), Some(ts))
+    );
+    assert!(update.body["text"].as_str().unwrap().contains("Approved"));
+    assert_eq!(
+        update.body["blocks"].as_array().unwrap().len(),
+        1,
+        "its buttons are gone"
+    );
+}
+
+#[tokio::test]
+async fn a_slack_answer_shows_as_it_streams_updated_at_most_once_a_second() {
+    let app = TestApp::start_with(fast).await;
+    let slack = ScriptedSlack::start().await;
+    let id = slack_channel(&app, &slack, &["U1"], &[]).await;
+    // The answer streams a word every 100 ms until the test releases it.
+    app.provider.push(Reply::Held {
+        delta: "word ".into(),
+        every: Duration::from_millis(100),
+    });
+    let asked = slack_message("Ev1", "U1", "C1", "100.1", None, "talk slowly");
+    assert_eq!(slack_status(&app, &id, &asked).await, 200);
+    let updates = |calls: &[SlackCall]| {
+        calls
+            .iter()
+            .filter(|c| c.method == "chat.update")
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    slack
+        .wait_until(WAIT, |calls| updates(calls).len() >= 3)
+        .await;
+    // One message shows the answer so far, in the thread.
+    let posted = slack.calls("chat.postMessage");
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted[0].body["thread_ts"], "100.1");
+    assert!(posted[0].body["text"].as_str().unwrap().starts_with("word"));
+    app.provider.release_held();
+    let done = |calls: &[SlackCall]| {
+        calls
+            .iter()
+            .any(|c| c.method == "chat.update" && !c.body["text"].as_str().unwrap().ends_with(" …"))
+    };
+    slack.wait_until(WAIT, done).await;
+    let updates = updates(&slack.calls("chat.update"));
+    // Each update of the streaming message came a second or more after the one before
+    // (the post counts as the first); the last one is the reply itself, in its place.
+    let mut times = vec![posted[0].at];
+    times.extend(updates.iter().map(|c| c.at));
+    let streaming = &times[..times.len() - 1];
+    for pair in streaming.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_secs(1),
+            "updates closer than a second: {:?}",
+            pair[1] - pair[0]
+        );
+    }
+    let last = updates.last().unwrap();
+    // The double numbers its messages from 900.000001.
+    assert_eq!(last.body["ts"], "900.000001");
+    assert!(last.body["text"].as_str().unwrap().starts_with("word word"));
+    // No second message: the reply took the streaming one's place.
+    assert_eq!(slack.calls("chat.postMessage").len(), 1);
+    assert_eq!(settled_delivery(&app, &id).await.0, "delivered");
 }

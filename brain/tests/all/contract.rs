@@ -110,10 +110,12 @@ const NAMED_IN_CALLERS_TEAM: [&str; 6] = [
 /// Operations a chat platform calls, authenticated by the channel's own secret rather than
 /// a team key: any key's call is the documented 401. Their refusals are tested in
 /// brain/tests/all/channels.rs (`channels::an_update_runs_once_and_a_bad_secret_runs_nothing`,
-/// `channels::a_bad_slack_signature_or_a_stale_timestamp_runs_nothing`).
-const PLATFORM_CALLS: [&str; 2] = [
+/// `channels::a_bad_slack_signature_or_a_stale_timestamp_runs_nothing`,
+/// `channels::a_slack_approval_is_answered_by_its_button_and_a_bad_signature_answers_nothing`).
+const PLATFORM_CALLS: [&str; 3] = [
     "POST /v1/channels/{channel_id}/telegram",
     "POST /v1/channels/{channel_id}/slack",
+    "POST /v1/channels/{channel_id}/slack/interactivity",
 ];
 
 /// Gives the team behind `key` one of everything a path can name: an agent, a chat with

@@ -5,19 +5,21 @@
 //! extends the claim; when that record finds the claim taken by another replica, this one
 //! stops. A replica killed between the platform's answer and that record leaves the part
 //! to be sent again (the platforms take no idempotency key): a part may arrive twice, a
-//! reply is never lost.
+//! reply is never lost. An approval the turn asks is one more part: a message with the
+//! platform's buttons (P16, `prompts.rs`).
 
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::slack::{self, Api};
-use super::telegram::Bot;
-use super::{CallError, Kind, text};
+use super::telegram::{self, Bot};
+use super::{CallError, Kind, progress, prompts, text};
 use crate::config::WebhooksConfig;
+use crate::events::Events;
 use crate::metrics::Metrics;
 use protocol::TurnId;
-use store::channels::OpenedChannel;
+use store::channels::{ChannelPrompt, OpenedChannel};
 use store::webhooks::ClaimedDelivery;
 use store::{SecretsError, Store, StoreError, bounded};
 
@@ -27,6 +29,9 @@ pub const MAX_TRIES: i32 = 5;
 pub const RETRY_BASE: Duration = Duration::from_secs(1);
 /// The longest wait between two tries.
 pub const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The outbox event of a turn's progress (`progress.rs`).
+pub const PROGRESS: &str = "channel.progress";
 
 /// What the reply to a turn says when the turn wrote no text.
 const FAILED_NOTICE: &str = "Sorry, I could not answer this time.";
@@ -47,8 +52,10 @@ pub fn retry_after(error: &CallError, attempt: i32) -> Option<Duration> {
 
 /// Sends what is left of `delivery`'s reply. `Ok`: every part reached the platform (or
 /// the claim lapsed and another replica has the rest).
+#[allow(clippy::too_many_arguments)]
 pub async fn attempt(
     store: &Store,
+    events: &Events,
     client: &reqwest::Client,
     config: &WebhooksConfig,
     metrics: &Metrics,
@@ -56,8 +63,10 @@ pub async fn attempt(
     channel: uuid::Uuid,
     lease: Duration,
 ) -> Result<(), CallError> {
-    let (platform, sent) = send_rest(store, client, config, delivery, channel, lease).await;
+    let (platform, sent) = send_rest(store, events, client, config, delivery, channel, lease).await;
+    // A turn's progress is no reply: only replies and notices count.
     match &sent {
+        _ if delivery.event == PROGRESS => {}
         Ok(()) => metrics.channel_message(platform, "delivered"),
         Err(e) if retry_after(e, delivery.attempt).is_none() => {
             metrics.channel_message(platform, "failed");
@@ -71,6 +80,7 @@ pub async fn attempt(
 /// gone).
 async fn send_rest(
     store: &Store,
+    events: &Events,
     client: &reqwest::Client,
     config: &WebhooksConfig,
     delivery: &ClaimedDelivery,
@@ -86,11 +96,25 @@ async fn send_rest(
     let Some(kind) = Kind::parse(&opened.row.kind) else {
         return ("unknown", Err(gone("unknown_kind")));
     };
-    let sent = send_parts(store, client, config, delivery, &opened, kind, lease).await;
+    let sent = match (kind, delivery.event.as_str()) {
+        (Kind::Slack, PROGRESS) => {
+            let platform = Platform {
+                client,
+                base: &opened.row.api_base,
+                token: &opened.token,
+                config,
+            };
+            progress::show(store, events, &platform, delivery, lease).await
+        }
+        // Telegram shows "typing…" instead (`inbound.rs`).
+        (_, PROGRESS) => Ok(()),
+        _ => send_parts(store, client, config, delivery, &opened, kind, lease).await,
+    };
     (kind.as_str(), sent)
 }
 
-/// The parts of the reply no attempt has sent yet, in order.
+/// The parts of the reply no attempt has sent yet, in order: its text, then a message with
+/// buttons for each approval its turn asks (P16).
 async fn send_parts(
     store: &Store,
     client: &reqwest::Client,
@@ -101,35 +125,35 @@ async fn send_parts(
     lease: Duration,
 ) -> Result<(), CallError> {
     let conversation = delivery.body["conversation"].as_str().unwrap_or_default();
-    let markdown = reply_text(store, delivery).await?;
-    let parts = text::parts(kind, &markdown);
+    let parts = reply_parts(store, delivery, opened, kind, conversation).await?;
     let sent = delivery.body["sent"].as_u64().unwrap_or(0) as usize;
-    let (base, token) = (opened.row.api_base.as_str(), opened.token.as_str());
-    let allow_private_networks = config.allow_private_networks;
-    let timeout = config.timeout;
-    for (index, (formatted, source)) in parts.iter().enumerate().skip(sent) {
-        match kind {
-            Kind::Telegram => {
-                let bot = Bot {
-                    client,
-                    base,
-                    token,
-                    allow_private_networks,
-                    timeout,
-                };
-                send_telegram(&bot, conversation, formatted, source).await?;
-            }
-            Kind::Slack => {
-                let api = Api {
-                    client,
-                    base,
-                    token,
-                    allow_private_networks,
-                    timeout,
-                };
+    let platform = Platform {
+        client,
+        base: &opened.row.api_base,
+        token: &opened.token,
+        config,
+    };
+    // The message that showed the answer streaming becomes the reply's first part.
+    let streamed = match (kind, delivery.body["turn_id"].as_str()) {
+        (Kind::Slack, Some(turn)) if sent == 0 => {
+            let turn = turn.parse().map(TurnId).map_err(|_| gone("invalid_body"))?;
+            let shown = store.channel_progress_message(opened.row.id, delivery.team, turn);
+            bounded(shown)
+                .await
+                .map_err(|_| CallError::transient("store"))?
+        }
+        _ => None,
+    };
+    for (index, part) in parts.iter().enumerate().skip(sent) {
+        match (&streamed, part) {
+            (Some(ts), Part::Text { formatted, .. }) if index == 0 => {
                 let to = slack::Conversation::parse(conversation);
-                api.post_message(&to, formatted).await?;
+                platform
+                    .api()
+                    .update(to.channel, ts, formatted, None)
+                    .await?;
             }
+            _ => platform.send(kind, conversation, part).await?,
         }
         let progress =
             store.record_channel_progress(delivery.id, delivery.attempt, index + 1, lease);
@@ -143,6 +167,73 @@ async fn send_parts(
     Ok(())
 }
 
+/// One message of a reply: a cut of its text (formatted, and its plain source), or an
+/// approval asked with buttons.
+pub enum Part {
+    Text { formatted: String, source: String },
+    Prompt(ChannelPrompt),
+}
+
+/// A channel's platform API, reached with the webhooks' client and rules.
+pub struct Platform<'a> {
+    pub client: &'a reqwest::Client,
+    pub base: &'a str,
+    pub token: &'a str,
+    pub config: &'a WebhooksConfig,
+}
+
+impl Platform<'_> {
+    pub fn bot(&self) -> Bot<'_> {
+        Bot {
+            client: self.client,
+            base: self.base,
+            token: self.token,
+            allow_private_networks: self.config.allow_private_networks,
+            timeout: self.config.timeout,
+        }
+    }
+
+    pub fn api(&self) -> Api<'_> {
+        Api {
+            client: self.client,
+            base: self.base,
+            token: self.token,
+            allow_private_networks: self.config.allow_private_networks,
+            timeout: self.config.timeout,
+        }
+    }
+
+    async fn send(&self, kind: Kind, conversation: &str, part: &Part) -> Result<(), CallError> {
+        match (kind, part) {
+            (Kind::Telegram, Part::Text { formatted, source }) => {
+                send_telegram(&self.bot(), conversation, formatted, source, None).await
+            }
+            (Kind::Telegram, Part::Prompt(prompt)) => {
+                let source = prompts::question(prompt);
+                let html = text::format(kind, &source);
+                let keyboard = telegram::keyboard(&prompts::buttons(&prompt.token));
+                send_telegram(&self.bot(), conversation, &html, &source, Some(&keyboard)).await
+            }
+            (Kind::Slack, Part::Text { formatted, .. }) => {
+                let to = slack::Conversation::parse(conversation);
+                self.api()
+                    .post_message(&to, formatted, None)
+                    .await
+                    .map(drop)
+            }
+            (Kind::Slack, Part::Prompt(prompt)) => {
+                let to = slack::Conversation::parse(conversation);
+                let mrkdwn = text::format(kind, &prompts::question(prompt));
+                let blocks = slack::blocks(&mrkdwn, &prompts::buttons(&prompt.token));
+                let api = self.api();
+                api.post_message(&to, &mrkdwn, Some(&blocks))
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}
+
 /// A part in HTML; when Telegram refuses its entities (a cut left them unbalanced), the
 /// same part as plain text.
 async fn send_telegram(
@@ -150,18 +241,31 @@ async fn send_telegram(
     chat: &str,
     html: &str,
     plain: &str,
+    markup: Option<&Value>,
 ) -> Result<(), CallError> {
-    match bot.send_message(chat, html, Some("HTML")).await {
-        Err(e) if e.status == Some(400) => bot.send_message(chat, plain, None).await,
+    match bot.send_message(chat, html, Some("HTML"), markup).await {
+        Err(e) if e.status == Some(400) => bot.send_message(chat, plain, None, markup).await,
         other => other,
     }
 }
 
-/// The text a delivery carries: a notice's own, or the reply of its turn read from the
-/// turn's message (the outbox holds no message text).
-async fn reply_text(store: &Store, delivery: &ClaimedDelivery) -> Result<String, CallError> {
+/// The messages a delivery carries: a notice's own text, or the reply of its turn read
+/// from the turn's message (the outbox holds no message text) and the approvals it asks.
+async fn reply_parts(
+    store: &Store,
+    delivery: &ClaimedDelivery,
+    opened: &OpenedChannel,
+    kind: Kind,
+    conversation: &str,
+) -> Result<Vec<Part>, CallError> {
+    let cut = |markdown: &str| {
+        text::parts(kind, markdown)
+            .into_iter()
+            .map(|(formatted, source)| Part::Text { formatted, source })
+            .collect::<Vec<_>>()
+    };
     if let Some(notice) = delivery.body["text"].as_str() {
-        return Ok(notice.to_owned());
+        return Ok(cut(notice));
     }
     let turn = delivery.body["turn_id"]
         .as_str()
@@ -173,14 +277,22 @@ async fn reply_text(store: &Store, delivery: &ClaimedDelivery) -> Result<String,
         Err(StoreError::NotFound) => return Err(gone("turn_gone")),
         Err(_) => return Err(CallError::transient("store")),
     };
+    let asked = bounded(store.channel_prompts(opened, conversation, turn))
+        .await
+        .map_err(|_| CallError::transient("store"))?;
     let text = reply.parts.as_ref().map(texts).unwrap_or_default();
-    if text.trim().is_empty() {
-        return Ok(match reply.error_code {
+    let mut parts = if !text.trim().is_empty() {
+        cut(&text)
+    } else if !asked.is_empty() {
+        Vec::new()
+    } else {
+        cut(&match reply.error_code {
             Some(code) => format!("{FAILED_NOTICE} ({code})"),
             None => FAILED_NOTICE.to_owned(),
-        });
-    }
-    Ok(text)
+        })
+    };
+    parts.extend(asked.into_iter().map(Part::Prompt));
+    Ok(parts)
 }
 
 /// The text parts of a stored message, a paragraph each.

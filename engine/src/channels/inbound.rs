@@ -7,7 +7,8 @@
 //! A redelivery runs once: the message's client id is the platform's update id (Slack's
 //! `event_id`, the same on its retries), and a
 //! second post of one client id starts nothing (T12). A message that finds the agent busy
-//! waits its turn (busy policy `enqueue`, T13).
+//! waits its turn (busy policy `enqueue`, T13). A Slack message that starts a turn puts its
+//! progress in the outbox (`progress.rs`); a Telegram one shows "typing…".
 
 use std::time::Duration;
 
@@ -165,15 +166,7 @@ impl Message<'_> {
             .store
             .channel_chat(channel, self.conversation, &person);
         let (chat, owner) = bounded(opened).await?;
-        let principal = Principal {
-            team: channel.team,
-            scope: Scope::Chat,
-            user: Some(owner),
-            sees_all_chats: false,
-            key_id: None,
-            key: None,
-            expires: None,
-        };
+        let principal = chat_person(channel, owner);
         let input = TurnInput {
             content: self.text.chars().take(MAX_TEXT).collect(),
             client_message_id: Some(format!("{platform}:{}", self.id)),
@@ -184,10 +177,38 @@ impl Message<'_> {
         let enqueue = Some(BusyPolicy::Enqueue);
         let posted = post::post_detached(engine, &principal, chat, trigger, enqueue, None).await?;
         let inbound = match posted {
-            Detached::Started(..) => Inbound::Started,
+            Detached::Started(turn, _) => {
+                if self.kind == Kind::Slack {
+                    let queued = engine.store.queue_channel_progress(
+                        channel,
+                        self.conversation,
+                        chat,
+                        turn.id,
+                    );
+                    // Best effort: without it the reply still comes, posted at the end.
+                    if let Err(e) = bounded(queued).await {
+                        tracing::warn!(error = %e, "channels: progress not queued");
+                    }
+                }
+                Inbound::Started
+            }
             Detached::Queued(_) => Inbound::Queued,
         };
         Ok((inbound, Some(chat)))
+    }
+}
+
+/// The chat-scoped principal of `owner` (`telegram:<id>`, `slack:<id>`), the person whose
+/// chat a conversation of `channel` is: whoever writes there, the turn is theirs.
+pub(crate) fn chat_person(channel: &OpenedChannel, owner: String) -> Principal {
+    Principal {
+        team: channel.team,
+        scope: Scope::Chat,
+        user: Some(owner),
+        sees_all_chats: false,
+        key_id: None,
+        key: None,
+        expires: None,
     }
 }
 

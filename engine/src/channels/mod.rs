@@ -6,7 +6,9 @@
 //! - `text.rs`: a reply cut under a platform's limit and written in its formatting;
 //! - `inbound.rs`: a platform's message to a channel becomes a detached turn of the
 //!   conversation's chat, or a refusal;
-//! - `deliver.rs`: a reply claimed from the outbox sent, part by part.
+//! - `deliver.rs`: a reply claimed from the outbox sent, part by part;
+//! - `prompts.rs`: an approval asked as the platform's buttons, and a press answered;
+//! - `progress.rs`: a Slack message updated while the answer streams.
 //!
 //! Replies travel through the webhooks' outbox (P4): the turn's end writes the row
 //! (migration 0062's trigger), the webhooks' loop (`webhooks/deliver.rs`) claims it with
@@ -14,6 +16,8 @@
 
 pub mod deliver;
 pub mod inbound;
+pub mod progress;
+pub mod prompts;
 pub mod slack;
 pub mod telegram;
 pub mod text;

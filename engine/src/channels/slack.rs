@@ -1,6 +1,7 @@
 //! Slack as the brain speaks it (P10): the Events API's envelope it reads, the v0
-//! signature that proves Slack sent it, and the Web API calls it makes (`auth.test`,
-//! `chat.postMessage`).
+//! signature that proves Slack sent it (on events and on interactivity payloads alike),
+//! the `block_actions` payload of a pressed button, and the Web API calls it makes
+//! (`auth.test`, `chat.postMessage`, `chat.update`, `chat.postEphemeral`).
 //!
 //! An envelope is read leniently (no `deny_unknown_fields`): it is Slack's open, growing
 //! schema, not ours. Its size is bounded by the route, and nothing in it is read before
@@ -107,6 +108,65 @@ pub struct Event {
     pub channel_type: Option<String>,
 }
 
+/// An interactivity request (`payload=` of a form body): a `block_actions` when a person
+/// pressed a button of the brain's message.
+#[derive(Debug, Deserialize)]
+pub struct Interaction {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub user: Option<Named>,
+    pub channel: Option<Named>,
+    pub container: Option<Container>,
+    #[serde(default)]
+    pub actions: Vec<Action>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Named {
+    pub id: String,
+}
+
+/// The message the pressed button is on.
+#[derive(Debug, Deserialize)]
+pub struct Container {
+    pub message_ts: Option<String>,
+}
+
+/// A pressed button: its `value` is the brain's (and the client's to forge).
+#[derive(Debug, Deserialize)]
+pub struct Action {
+    pub value: Option<String>,
+}
+
+/// The JSON of an interactivity request's form body (`payload=…`), if it has one.
+pub fn interaction_payload(body: &[u8]) -> Option<Interaction> {
+    let (_, payload) = url::form_urlencoded::parse(body).find(|(name, _)| name == "payload")?;
+    serde_json::from_str(&payload).ok()
+}
+
+/// A message's blocks: its text as a `section`, and when `buttons` are given, an `actions`
+/// block of them (label, `value`; the first styled as the one to go on with).
+pub fn blocks(text: &str, buttons: &[(&str, String)]) -> Value {
+    let section = json!({ "type": "section", "text": { "type": "mrkdwn", "text": text } });
+    if buttons.is_empty() {
+        return json!([section]);
+    }
+    let elements: Vec<Value> = buttons
+        .iter()
+        .enumerate()
+        .map(|(i, (label, value))| {
+            json!({
+                "type": "button",
+                "action_id": format!("press-{i}"),
+                "style": if i == 0 { "primary" } else { "danger" },
+                "text": { "type": "plain_text", "text": label },
+                "value": value,
+            })
+        })
+        .collect();
+    json!([section, { "type": "actions", "elements": elements }])
+}
+
 /// Where a reply goes: a DM (`im`) as a whole, or one thread of a channel, which the
 /// message starts when it is not in one already. Written `channel` or `channel/thread_ts`
 /// (Slack ids and timestamps hold no `/`) as the conversation of `channel_chats`.
@@ -211,13 +271,43 @@ impl Api<'_> {
         self.call("auth.test", &json!({})).await.map(drop)
     }
 
-    /// Posts `text` (mrkdwn) in `to`: in its thread when it has one.
-    pub async fn post_message(&self, to: &Conversation<'_>, text: &str) -> Result<(), CallError> {
+    /// Posts `text` (mrkdwn) in `to`: in its thread when it has one; with `blocks`, those
+    /// are what shows (`text` is the notification's). Answers the message's `ts`.
+    pub async fn post_message(
+        &self,
+        to: &Conversation<'_>,
+        text: &str,
+        blocks: Option<&Value>,
+    ) -> Result<Option<String>, CallError> {
         let mut body = json!({ "channel": to.channel, "text": text, "mrkdwn": true });
         if let Some(ts) = to.thread_ts {
             body["thread_ts"] = json!(ts);
         }
-        self.call("chat.postMessage", &body).await.map(drop)
+        if let Some(blocks) = blocks {
+            body["blocks"] = blocks.clone();
+        }
+        let answer = self.call("chat.postMessage", &body).await?;
+        Ok(answer["ts"].as_str().map(str::to_owned))
+    }
+
+    /// Rewrites message `ts` of `channel` as `text` (mrkdwn), with `blocks` when given
+    /// (none: its buttons are gone).
+    pub async fn update(
+        &self,
+        channel: &str,
+        ts: &str,
+        text: &str,
+        blocks: Option<&Value>,
+    ) -> Result<(), CallError> {
+        let mut body = json!({ "channel": channel, "ts": ts, "text": text });
+        body["blocks"] = blocks.cloned().unwrap_or_else(|| self::blocks(text, &[]));
+        self.call("chat.update", &body).await.map(drop)
+    }
+
+    /// Shows `text` to `user` alone in `channel`.
+    pub async fn ephemeral(&self, channel: &str, user: &str, text: &str) -> Result<(), CallError> {
+        let body = json!({ "channel": channel, "user": user, "text": text });
+        self.call("chat.postEphemeral", &body).await.map(drop)
     }
 }
 

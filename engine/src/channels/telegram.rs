@@ -1,6 +1,6 @@
 //! The Telegram Bot API as the brain speaks it (P10): the calls it makes
-//! (`setWebhook`, `deleteWebhook`, `sendMessage`, `sendChatAction`) and the part of an
-//! `Update` it reads.
+//! (`setWebhook`, `deleteWebhook`, `sendMessage`, `sendChatAction`, and for an approval's
+//! buttons `answerCallbackQuery`, `editMessageText`) and the part of an `Update` it reads.
 //!
 //! An `Update` is read leniently (no `deny_unknown_fields`): it is the platform's open,
 //! growing schema, not ours, and a field Telegram adds must not refuse every message.
@@ -27,10 +27,13 @@ const MAX_ANSWER: usize = 64 * 1024;
 pub struct Update {
     pub update_id: i64,
     pub message: Option<Message>,
+    /// A press of a button the brain sent (an approval's, P16).
+    pub callback_query: Option<CallbackQuery>,
 }
 
 #[derive(Debug, Deserialize)]
 pub struct Message {
+    pub message_id: Option<i64>,
     pub chat: Chat,
     pub from: Option<User>,
     pub text: Option<String>,
@@ -44,6 +47,25 @@ pub struct Chat {
 #[derive(Debug, Deserialize)]
 pub struct User {
     pub id: i64,
+}
+
+/// A button pressed: who pressed it, on which message, and the button's `callback_data`
+/// (the client's to send: a forged one is read as any other).
+#[derive(Debug, Deserialize)]
+pub struct CallbackQuery {
+    pub id: String,
+    pub from: User,
+    pub message: Option<Message>,
+    pub data: Option<String>,
+}
+
+/// An inline keyboard of one row: each button's label and `callback_data`.
+pub fn keyboard(buttons: &[(&str, String)]) -> Value {
+    let row: Vec<Value> = buttons
+        .iter()
+        .map(|(label, data)| json!({ "text": label, "callback_data": data }))
+        .collect();
+    json!({ "inline_keyboard": [row] })
 }
 
 /// A bot's API: its base and token (which is part of every method's URL, so a URL is
@@ -104,7 +126,7 @@ impl Bot<'_> {
         let body = json!({
             "url": url,
             "secret_token": secret,
-            "allowed_updates": ["message"],
+            "allowed_updates": ["message", "callback_query"],
         });
         self.call("setWebhook", &body).await.map(drop)
     }
@@ -113,18 +135,43 @@ impl Bot<'_> {
         self.call("deleteWebhook", &json!({})).await.map(drop)
     }
 
-    /// Sends `text` to `chat` in `parse_mode` (`HTML`), or as plain text (`None`).
+    /// Sends `text` to `chat` in `parse_mode` (`HTML`), or as plain text (`None`), with
+    /// `markup` (an inline keyboard) under it.
     pub async fn send_message(
         &self,
         chat: &str,
         text: &str,
         parse_mode: Option<&str>,
+        markup: Option<&Value>,
     ) -> Result<(), CallError> {
         let mut body = json!({ "chat_id": chat, "text": text });
         if let Some(mode) = parse_mode {
             body["parse_mode"] = json!(mode);
         }
+        if let Some(markup) = markup {
+            body["reply_markup"] = markup.clone();
+        }
         self.call("sendMessage", &body).await.map(drop)
+    }
+
+    /// Ends the client's wait on a pressed button, showing `text` to the person who
+    /// pressed it.
+    pub async fn answer_callback(&self, query: &str, text: &str) -> Result<(), CallError> {
+        let body = json!({ "callback_query_id": query, "text": text });
+        self.call("answerCallbackQuery", &body).await.map(drop)
+    }
+
+    /// Rewrites message `message` of `chat` as `text` (HTML), its keyboard gone.
+    pub async fn edit_message(
+        &self,
+        chat: &str,
+        message: i64,
+        text: &str,
+    ) -> Result<(), CallError> {
+        let body = json!({
+            "chat_id": chat, "message_id": message, "text": text, "parse_mode": "HTML",
+        });
+        self.call("editMessageText", &body).await.map(drop)
     }
 
     /// "typing…" in `chat` for about five seconds, or until a message is sent.

@@ -48,10 +48,12 @@ mod observe;
 mod publish;
 mod read;
 mod turn_stream;
+mod turn_text;
 
 pub use observe::Observer;
 use publish::Published;
 pub use turn_stream::{Resumed, TurnStream};
+pub use turn_text::{TextCursor, TextRead};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::address;
 use crate::channels;
 use crate::config::WebhooksConfig;
+use crate::events::Events;
 use crate::metrics::Metrics;
 use store::webhooks::{AttemptOutcome, ClaimedDelivery, message_id};
 use store::{Store, bounded};
@@ -39,7 +40,13 @@ const LEASE_MARGIN: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// Runs until `stop`. With `max_in_flight` 0 this replica delivers nothing (others do).
-pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: CancellationToken) {
+pub async fn run(
+    store: Store,
+    events: Events,
+    config: WebhooksConfig,
+    metrics: Metrics,
+    stop: CancellationToken,
+) {
     if config.max_in_flight == 0 {
         return;
     }
@@ -69,9 +76,10 @@ pub async fn run(store: Store, config: WebhooksConfig, metrics: Metrics, stop: C
                         };
                         let slot = held.take(delivery.team, permit);
                         let (store, client) = (store.clone(), client.clone());
+                        let events = events.clone();
                         let metrics = metrics.clone();
                         tokio::spawn(async move {
-                            attempt(&store, &client, &config, &metrics, delivery).await;
+                            attempt(&store, &events, &client, &config, &metrics, delivery).await;
                             drop(slot);
                         });
                     }
@@ -138,6 +146,7 @@ impl Drop for Slot {
 /// the delivery is sent again (at least once).
 async fn attempt(
     store: &Store,
+    events: &Events,
     client: &reqwest::Client,
     config: &WebhooksConfig,
     metrics: &Metrics,
@@ -148,7 +157,7 @@ async fn attempt(
         Some(channel) => {
             let lease = config.timeout + LEASE_MARGIN;
             let sent = channels::deliver::attempt(
-                store, client, config, metrics, &delivery, channel, lease,
+                store, events, client, config, metrics, &delivery, channel, lease,
             )
             .await;
             match sent {

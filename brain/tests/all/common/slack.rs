@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -16,12 +16,13 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-/// One call the server answered.
+/// One call the server answered, and when it arrived.
 #[derive(Clone, Debug)]
 pub struct Call {
     pub token: String,
     pub method: String,
     pub body: Value,
+    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -140,12 +141,15 @@ async fn answer(
             json!({"ok": true, "channel": body["channel"], "ts": ts,
                    "message": {"text": body["text"], "ts": ts}})
         }
+        "chat.update" => json!({"ok": true, "channel": body["channel"], "ts": body["ts"]}),
+        "chat.postEphemeral" => json!({"ok": true, "message_ts": "901.000001"}),
         _ => json!({"ok": false, "error": "unknown_method"}),
     };
     script.calls.push(Call {
         token,
         method,
         body,
+        at: Instant::now(),
     });
     drop(script);
     shared.changed.notify_waiters();
