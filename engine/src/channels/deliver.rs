@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::slack::{self, Api};
+use super::slack;
 use super::telegram::{self, Bot};
-use super::{CallError, Kind, progress, prompts, text};
+use super::{CallError, Kind, Platform, progress, prompts, text};
 use crate::config::WebhooksConfig;
 use crate::events::Events;
 use crate::metrics::Metrics;
@@ -174,35 +174,7 @@ pub enum Part {
     Prompt(ChannelPrompt),
 }
 
-/// A channel's platform API, reached with the webhooks' client and rules.
-pub struct Platform<'a> {
-    pub client: &'a reqwest::Client,
-    pub base: &'a str,
-    pub token: &'a str,
-    pub config: &'a WebhooksConfig,
-}
-
 impl Platform<'_> {
-    pub fn bot(&self) -> Bot<'_> {
-        Bot {
-            client: self.client,
-            base: self.base,
-            token: self.token,
-            allow_private_networks: self.config.allow_private_networks,
-            timeout: self.config.timeout,
-        }
-    }
-
-    pub fn api(&self) -> Api<'_> {
-        Api {
-            client: self.client,
-            base: self.base,
-            token: self.token,
-            allow_private_networks: self.config.allow_private_networks,
-            timeout: self.config.timeout,
-        }
-    }
-
     async fn send(&self, kind: Kind, conversation: &str, part: &Part) -> Result<(), CallError> {
         match (kind, part) {
             (Kind::Telegram, Part::Text { formatted, source }) => {

@@ -10,6 +10,8 @@
 //! - `prompts.rs`: an approval asked as the platform's buttons, and a press answered;
 //! - `progress.rs`: a Slack message updated while the answer streams.
 //!
+//! [`Platform`] (here) is a channel's platform API as the last three call it.
+//!
 //! Replies travel through the webhooks' outbox (P4): the turn's end writes the row
 //! (migration 0062's trigger), the webhooks' loop (`webhooks/deliver.rs`) claims it with
 //! its lease and hands it here. docs/design/channels.md is the design.
@@ -64,6 +66,36 @@ pub fn client(config: &WebhooksConfig) -> reqwest::Result<reqwest::Client> {
 }
 
 pub(crate) use crate::address::request_class;
+
+/// A channel's platform API, reached with the webhooks' client and rules.
+pub struct Platform<'a> {
+    pub client: &'a reqwest::Client,
+    pub base: &'a str,
+    pub token: &'a str,
+    pub config: &'a WebhooksConfig,
+}
+
+impl Platform<'_> {
+    pub fn bot(&self) -> telegram::Bot<'_> {
+        telegram::Bot {
+            client: self.client,
+            base: self.base,
+            token: self.token,
+            allow_private_networks: self.config.allow_private_networks,
+            timeout: self.config.timeout,
+        }
+    }
+
+    pub fn api(&self) -> slack::Api<'_> {
+        slack::Api {
+            client: self.client,
+            base: self.base,
+            token: self.token,
+            allow_private_networks: self.config.allow_private_networks,
+            timeout: self.config.timeout,
+        }
+    }
+}
 
 /// At most `max` bytes of `response`'s body; `None` past it or on a broken body.
 pub(crate) async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec<u8>> {

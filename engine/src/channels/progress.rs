@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use super::deliver::Platform;
+use super::Platform;
 use super::slack::Conversation;
 use super::{CallError, Kind, text};
 use crate::events::{Events, TextCursor};

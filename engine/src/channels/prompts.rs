@@ -13,7 +13,7 @@
 
 use serde_json::Value;
 
-use super::deliver::Platform;
+use super::Platform;
 use super::inbound::{self, REFUSAL};
 use super::telegram::CallbackQuery;
 use super::{Kind, slack, text};
