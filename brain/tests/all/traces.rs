@@ -17,6 +17,7 @@
 use crate::common;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,6 +61,8 @@ impl Received {
 struct Receiver {
     url: String,
     spans: Arc<Mutex<Vec<Received>>>,
+    /// Batches received and decoded.
+    batches: Arc<AtomicUsize>,
     /// Batches that were not `application/x-protobuf` or did not decode.
     refused: Arc<Mutex<Vec<String>>>,
 }
@@ -68,11 +71,12 @@ impl Receiver {
     async fn start() -> Self {
         let spans = Arc::new(Mutex::new(Vec::new()));
         let refused = Arc::new(Mutex::new(Vec::new()));
-        let (into, refusals) = (spans.clone(), refused.clone());
+        let batches = Arc::new(AtomicUsize::new(0));
+        let (into, refusals, counted) = (spans.clone(), refused.clone(), batches.clone());
         let app = Router::new().route(
             "/v1/traces",
             post(move |headers: HeaderMap, body: Bytes| {
-                let (into, refusals) = (into.clone(), refusals.clone());
+                let (into, refusals, counted) = (into.clone(), refusals.clone(), counted.clone());
                 async move {
                     let kind = headers
                         .get(header::CONTENT_TYPE)
@@ -94,6 +98,7 @@ impl Receiver {
                         }
                     };
                     let mut into = into.lock().unwrap();
+                    counted.fetch_add(1, Ordering::SeqCst);
                     for resource in request.resource_spans {
                         let service = resource
                             .resource
@@ -133,8 +138,13 @@ impl Receiver {
         Self {
             url,
             spans,
+            batches,
             refused,
         }
+    }
+
+    fn batches(&self) -> usize {
+        self.batches.load(Ordering::SeqCst)
     }
 
     fn spans(&self) -> Vec<Received> {
@@ -627,27 +637,33 @@ async fn a_graceful_stop_posts_the_last_spans() {
     )
     .await;
     let (_agent, chat) = app.agent_and_chat("openai/gpt-test", &[]).await;
-    app.provider.push(Reply::Text {
-        deltas: vec!["hello".into()],
-        delay: Duration::from_millis(1),
-    });
-    let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
-    send_traced(&app, &brain.url, &chat, "hi", trace, "051581bf3cb55c13").await;
-    app.settled().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        receiver.spans().is_empty(),
-        "nothing is posted before the batch delay"
-    );
+    // Two turns, one after the other: had the exporter posted the first turn's spans on
+    // its own schedule, the second would find them gone and come in a batch of its own.
+    let traces = [
+        "5b8aa5a2d2c872e8321cf37308d69df2",
+        "6c9bb6b3e3d983f9432d048419e7ae03",
+    ];
+    for trace in traces {
+        app.provider.push(Reply::Text {
+            deltas: vec!["hello".into()],
+            delay: Duration::from_millis(1),
+        });
+        send_traced(&app, &brain.url, &chat, "hi", trace, "051581bf3cb55c13").await;
+        app.settled().await;
+    }
     assert!(brain.terminate().await.success());
     let spans = receiver
-        .until("the flushed turn", |spans| {
-            operation(spans, "brain", "invoke_agent").len() == 1
-                && operation(spans, "brain", "chat").len() == 1
+        .until("the flushed turns", |spans| {
+            operation(spans, "brain", "invoke_agent").len() == 2
         })
         .await;
-    assert_eq!(
-        hex(&operation(&spans, "brain", "invoke_agent")[0].span.trace_id),
-        trace
-    );
+    // The process has exited: no batch of it comes later.
+    assert_eq!(receiver.batches(), 1, "one batch, the stop's flush");
+    let mut turns: Vec<String> = operation(&spans, "brain", "invoke_agent")
+        .iter()
+        .map(|turn| hex(&turn.span.trace_id))
+        .collect();
+    turns.sort();
+    assert_eq!(turns, traces);
+    assert_eq!(operation(&spans, "brain", "chat").len(), 2);
 }
