@@ -97,8 +97,59 @@ impl Platform<'_> {
     }
 }
 
+/// What a platform answered a call: its status, the wait it asked for in `Retry-After`,
+/// and its body as JSON (`None` when it was not JSON or over `max_answer` bytes).
+pub(crate) struct Answer {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    pub body: Option<serde_json::Value>,
+}
+
+/// POSTs `body` as JSON to `url` (`bearer` as its token, when given): the URL judged by
+/// the address rule first, the request and the reading of its answer bounded by `timeout`
+/// each. The platforms' calls share this; each reads the answer its own way.
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    bearer: Option<&str>,
+    body: &serde_json::Value,
+    allow_private_networks: bool,
+    timeout: Duration,
+    max_answer: usize,
+) -> Result<Answer, CallError> {
+    let url = reqwest::Url::parse(url).map_err(|_| CallError::transient("invalid_url"))?;
+    if let Err(refused) = crate::address::check_url(&url, allow_private_networks) {
+        return Err(CallError::transient(refused.class()));
+    }
+    let mut request = client.post(url).json(body);
+    if let Some(token) = bearer {
+        request = request.bearer_auth(token);
+    }
+    let response = match tokio::time::timeout(timeout, request.send()).await {
+        Err(_) => return Err(CallError::transient("timeout")),
+        Ok(Err(e)) => return Err(CallError::transient(request_class(&e))),
+        Ok(Ok(response)) => response,
+    };
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .map(Duration::from_secs);
+    let body = tokio::time::timeout(timeout, read_bounded(response, max_answer))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    Ok(Answer {
+        status,
+        retry_after,
+        body,
+    })
+}
+
 /// At most `max` bytes of `response`'s body; `None` past it or on a broken body.
-pub(crate) async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec<u8>> {
+async fn read_bounded(mut response: reqwest::Response, max: usize) -> Option<Vec<u8>> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.ok()? {
         if body.len() + chunk.len() > max {

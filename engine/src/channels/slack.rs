@@ -13,7 +13,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::CallError;
-use crate::address;
 
 /// The Web API Slack runs; a channel may name a Slack-compatible gateway instead.
 pub const DEFAULT_API_BASE: &str = "https://slack.com";
@@ -225,33 +224,15 @@ pub struct Api<'a> {
 impl Api<'_> {
     /// Calls `method` with `body`: Slack's answer when it says `ok`.
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value, CallError> {
-        let raw = format!("{}/api/{method}", self.base.trim_end_matches('/'));
-        let url = reqwest::Url::parse(&raw).map_err(|_| CallError::transient("invalid_url"))?;
-        if let Err(refused) = address::check_url(&url, self.allow_private_networks) {
-            return Err(CallError::transient(refused.class()));
-        }
-        let request = self
-            .client
-            .post(url)
-            .bearer_auth(self.token)
-            .json(body)
-            .send();
-        let response = match tokio::time::timeout(self.timeout, request).await {
-            Err(_) => return Err(CallError::transient("timeout")),
-            Ok(Err(e)) => return Err(CallError::transient(super::request_class(&e))),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .map(Duration::from_secs);
-        let answer = tokio::time::timeout(self.timeout, super::read_bounded(response, MAX_ANSWER))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
+        let url = format!("{}/api/{method}", self.base.trim_end_matches('/'));
+        let (client, token) = (self.client, Some(self.token));
+        let (private, timeout) = (self.allow_private_networks, self.timeout);
+        let answer = super::post_json(client, &url, token, body, private, timeout, MAX_ANSWER);
+        let super::Answer {
+            status,
+            retry_after,
+            body: answer,
+        } = answer.await?;
         match answer {
             Some(answer) if status == 200 && answer["ok"] == true => Ok(answer),
             Some(answer) if status == 200 => Err(api_error(answer["error"].as_str())),

@@ -12,7 +12,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::CallError;
-use crate::address;
 
 /// The API Telegram runs; a channel may name a self-hosted Bot API server instead.
 pub const DEFAULT_API_BASE: &str = "https://api.telegram.org";
@@ -81,27 +80,15 @@ pub struct Bot<'a> {
 impl Bot<'_> {
     /// Calls `method` with `body`: its `result` when Telegram answered `ok`.
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value, CallError> {
-        let raw = format!(
-            "{}/bot{}/{method}",
-            self.base.trim_end_matches('/'),
-            self.token
-        );
-        let url = reqwest::Url::parse(&raw).map_err(|_| CallError::transient("invalid_url"))?;
-        if let Err(refused) = address::check_url(&url, self.allow_private_networks) {
-            return Err(CallError::transient(refused.class()));
-        }
-        let request = self.client.post(url).json(body).send();
-        let response = match tokio::time::timeout(self.timeout, request).await {
-            Err(_) => return Err(CallError::transient("timeout")),
-            Ok(Err(e)) => return Err(CallError::transient(super::request_class(&e))),
-            Ok(Ok(response)) => response,
-        };
-        let status = response.status().as_u16();
-        let answer = tokio::time::timeout(self.timeout, super::read_bounded(response, MAX_ANSWER))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
+        let base = self.base.trim_end_matches('/');
+        let url = format!("{base}/bot{}/{method}", self.token);
+        let (private, timeout) = (self.allow_private_networks, self.timeout);
+        let answer = super::post_json(self.client, &url, None, body, private, timeout, MAX_ANSWER);
+        let super::Answer {
+            status,
+            body: answer,
+            ..
+        } = answer.await?;
         match answer {
             Some(answer) if answer["ok"] == true => Ok(answer["result"].clone()),
             answer => {
