@@ -24,6 +24,7 @@ use test_support::db::db_url;
 pub mod manager;
 pub mod mcp;
 pub mod oauth_servers;
+pub mod platform;
 pub mod replies;
 pub mod slack;
 pub mod telegram;

@@ -7,25 +7,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 
-/// One call the server answered, and when it arrived.
-#[derive(Clone, Debug)]
-pub struct Call {
-    pub token: String,
-    pub method: String,
-    pub body: Value,
-    pub at: Instant,
-}
+pub use super::platform::Call;
+use super::platform::Recorder;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Script {
     calls: Vec<Call>,
     /// `chat.postMessage` answers `500` this many more times.
@@ -34,11 +26,7 @@ struct Script {
     posted: u64,
 }
 
-#[derive(Clone, Default)]
-struct Shared {
-    script: Arc<Mutex<Script>>,
-    changed: Arc<Notify>,
-}
+type Shared = Recorder<Script>;
 
 pub struct ScriptedSlack {
     pub url: String,
@@ -51,9 +39,7 @@ impl ScriptedSlack {
         let app = axum::Router::new()
             .route("/api/{method}", axum::routing::post(answer))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = Shared::serve(app).await;
         Self { url, shared }
     }
 
@@ -62,33 +48,13 @@ impl ScriptedSlack {
     }
 
     pub fn calls(&self, method: &str) -> Vec<Call> {
-        let script = self.shared.script.lock().unwrap();
-        script
-            .calls
-            .iter()
-            .filter(|c| c.method == method)
-            .cloned()
-            .collect()
+        Shared::of(&self.shared.script.lock().unwrap().calls, method)
     }
 
     /// Waits (at most `within`) until `ready` holds of the calls answered.
     pub async fn wait_until(&self, within: Duration, ready: impl Fn(&[Call]) -> bool) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let changed = self.shared.changed.notified();
-            if ready(&self.shared.script.lock().unwrap().calls) {
-                return;
-            }
-            tokio::select! {
-                // Something was recorded: look again.
-                () = changed => {}
-                // Never waits longer than the caller allows.
-                () = tokio::time::sleep_until(deadline) => {
-                    let script = self.shared.script.lock().unwrap();
-                    panic!("the Slack double never saw what the test waits for: {:?}", script.calls);
-                }
-            }
-        }
+        let ready = |script: &Script| ready(&script.calls);
+        self.shared.wait_until("Slack", within, ready).await;
     }
 }
 

@@ -7,8 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -16,15 +16,10 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-/// One call the server answered.
-#[derive(Clone, Debug)]
-pub struct Call {
-    pub token: String,
-    pub method: String,
-    pub body: Value,
-}
+pub use super::platform::Call;
+use super::platform::Recorder;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Script {
     calls: Vec<Call>,
     /// `sendMessage` answers `500` this many more times.
@@ -37,8 +32,7 @@ struct Script {
 
 #[derive(Clone, Default)]
 struct Shared {
-    script: Arc<Mutex<Script>>,
-    changed: Arc<Notify>,
+    recorder: Recorder<Script>,
     released: Arc<Notify>,
 }
 
@@ -53,54 +47,33 @@ impl ScriptedTelegram {
         let app = axum::Router::new()
             .route("/{bot}/{method}", axum::routing::post(answer))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = Recorder::<Script>::serve(app).await;
         Self { url, shared }
     }
 
     pub fn fail_sends(&self, times: usize) {
-        self.shared.script.lock().unwrap().fail_sends = times;
+        self.shared.recorder.script.lock().unwrap().fail_sends = times;
     }
 
     pub fn hold_sends(&self, hold: bool) {
-        self.shared.script.lock().unwrap().hold_sends = hold;
+        self.shared.recorder.script.lock().unwrap().hold_sends = hold;
         if !hold {
             self.shared.released.notify_waiters();
         }
     }
 
     pub fn calls(&self, method: &str) -> Vec<Call> {
-        let script = self.shared.script.lock().unwrap();
-        script
-            .calls
-            .iter()
-            .filter(|c| c.method == method)
-            .cloned()
-            .collect()
+        let script = self.shared.recorder.script.lock().unwrap();
+        Recorder::<Script>::of(&script.calls, method)
     }
 
     /// Waits (at most `within`) until `ready` holds of the script's calls and held count.
     pub async fn wait_until(&self, within: Duration, ready: impl Fn(&[Call], usize) -> bool) {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let changed = self.shared.changed.notified();
-            {
-                let script = self.shared.script.lock().unwrap();
-                if ready(&script.calls, script.held) {
-                    return;
-                }
-            }
-            tokio::select! {
-                // Something was recorded: look again.
-                () = changed => {}
-                // Never waits longer than the caller allows.
-                () = tokio::time::sleep_until(deadline) => {
-                    let script = self.shared.script.lock().unwrap();
-                    panic!("the Telegram double never saw what the test waits for: {:?}", script.calls);
-                }
-            }
-        }
+        let ready = |script: &Script| ready(&script.calls, script.held);
+        self.shared
+            .recorder
+            .wait_until("Telegram", within, ready)
+            .await;
     }
 
     /// The secret the brain gave `setWebhook`, which Telegram sends with every update.
@@ -126,7 +99,7 @@ async fn answer(
     };
     if method == "sendMessage" {
         let (fail, hold) = {
-            let mut script = shared.script.lock().unwrap();
+            let mut script = shared.recorder.script.lock().unwrap();
             let fail = script.fail_sends > 0;
             if fail {
                 script.fail_sends -= 1;
@@ -134,7 +107,7 @@ async fn answer(
             (fail, script.hold_sends && !fail)
         };
         if fail {
-            shared.changed.notify_waiters();
+            shared.recorder.changed.notify_waiters();
             return (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Json(
@@ -144,8 +117,8 @@ async fn answer(
         }
         if hold {
             let released = shared.released.notified();
-            shared.script.lock().unwrap().held += 1;
-            shared.changed.notify_waiters();
+            shared.recorder.script.lock().unwrap().held += 1;
+            shared.recorder.changed.notify_waiters();
             released.await;
             // A held request is never taken: its client (killed meanwhile) saw no answer,
             // as when the connection to the platform broke before the platform had it.
@@ -161,11 +134,12 @@ async fn answer(
         }
         _ => json!(true),
     };
-    shared.script.lock().unwrap().calls.push(Call {
+    shared.recorder.script.lock().unwrap().calls.push(Call {
         token,
         method,
         body,
+        at: Instant::now(),
     });
-    shared.changed.notify_waiters();
+    shared.recorder.changed.notify_waiters();
     (StatusCode::OK, Json(json!({"ok": true, "result": result})))
 }
