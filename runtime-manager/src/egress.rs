@@ -1,11 +1,23 @@
-//! The egress proxies' side of the manager (W13, W14; docs/design/egress.md): a session's
-//! proxy configuration built from Postgres ([`policy_for`]), read afresh when a client
-//! connection opens so that a secret or an allowlist changed during the session applies
-//! to the connections that follow.
+//! The egress proxies' side of the manager (W13, W14, W15; docs/design/egress.md): a
+//! session's proxy configuration built from Postgres ([`policy_for`]), read afresh when a
+//! client connection opens so that a secret or an allowlist changed during the session
+//! applies to the connections that follow; and the writer of each session's ledger of
+//! requests ([`LedgerWriter`]).
 
-use egress_proxy::{EgressSecret, SessionPolicy};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use egress_proxy::{EgressSecret, Record, SessionPolicy};
+use prometheus::IntCounterVec;
 use protocol::SessionId;
-use store::{SecretsError, StoreError};
+use store::{EgressRequest, SecretsError, StoreError};
+use tokio_util::sync::CancellationToken;
+
+/// How often a session's new records are written.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(2);
+/// Records held for a write that failed, at most; more are counted as dropped.
+const MAX_PENDING: usize = 2_000;
 
 /// Why a session's egress configuration is not available.
 #[derive(Debug, thiserror::Error)]
@@ -93,4 +105,112 @@ pub async fn policy_for(
     // Checked here, so a launch fails on it rather than the first request.
     egress_proxy::Policy::new(policy.clone())?;
     Ok(policy)
+}
+
+/// Writes sessions' proxy records to their ledger (`egress_requests`, W15) in batches,
+/// and counts them in `runtime_manager_egress_requests_total{outcome}` (`forwarded`, or
+/// the refusal class). Cheap to clone; one task per session ([`LedgerWriter::spawn`]).
+#[derive(Clone)]
+pub struct LedgerWriter {
+    store: store::Store,
+    requests: IntCounterVec,
+}
+
+impl LedgerWriter {
+    /// `requests`: the counter of [`LedgerWriter::counter`], registered by its owner.
+    pub fn new(store: store::Store, requests: IntCounterVec) -> Self {
+        Self { store, requests }
+    }
+
+    /// `runtime_manager_egress_requests_total{outcome}`, not registered yet.
+    pub fn counter() -> Result<IntCounterVec, prometheus::Error> {
+        IntCounterVec::new(
+            prometheus::Opts::new(
+                "runtime_manager_egress_requests_total",
+                "Requests through the sessions' egress proxies, by outcome (forwarded, or \
+                 the proxy's refusal class).",
+            ),
+            &["outcome"],
+        )
+    }
+
+    /// Writes the records of `session` (the proxy of the worker launched as `launched`)
+    /// every two seconds until `stop`, then once more.
+    pub fn spawn(
+        &self,
+        launched: SessionId,
+        session: Arc<egress_proxy::Session>,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let writer = self.clone();
+        tokio::spawn(async move {
+            let mut pending = Pending::default();
+            loop {
+                let stopped = tokio::select! {
+                    () = stop.cancelled() => true,
+                    () = tokio::time::sleep(FLUSH_EVERY) => false,
+                };
+                writer.flush(launched, &session, &mut pending).await;
+                if stopped {
+                    break;
+                }
+            }
+        })
+    }
+
+    /// Takes the proxy's new records and writes them with those a failed write left; on a
+    /// failure they wait for the next flush (at most [`MAX_PENDING`]).
+    pub async fn flush(
+        &self,
+        launched: SessionId,
+        session: &egress_proxy::Session,
+        pending: &mut Pending,
+    ) {
+        let (records, dropped) = session.take_records();
+        pending.dropped += dropped;
+        for record in records {
+            let outcome = record.refused.unwrap_or("forwarded");
+            self.requests.with_label_values(&[outcome]).inc();
+            if pending.records.len() < MAX_PENDING {
+                pending.records.push(stored(record));
+            } else {
+                pending.dropped += 1;
+            }
+        }
+        if pending.records.is_empty() && pending.dropped == 0 {
+            return;
+        }
+        let write = self
+            .store
+            .append_egress_requests(launched, &pending.records, pending.dropped);
+        match tokio::time::timeout(store::CALL_BOUND, write).await {
+            Ok(Ok(_)) => *pending = Pending::default(),
+            Ok(Err(e)) => {
+                tracing::warn!(session = %launched.0, error_class = e.metric_label(), "egress ledger not written")
+            }
+            Err(_) => tracing::warn!(session = %launched.0, "egress ledger write timed out"),
+        }
+    }
+}
+
+/// Records a writer holds until they are stored.
+#[derive(Debug, Default)]
+pub struct Pending {
+    records: Vec<EgressRequest>,
+    dropped: u64,
+}
+
+fn stored(record: Record) -> EgressRequest {
+    EgressRequest {
+        id: 0,
+        host: record.host,
+        port: record.port,
+        method: record.method,
+        status: record.status,
+        refused: record.refused.map(str::to_owned),
+        bytes_sent: record.bytes_sent,
+        bytes_received: record.bytes_received,
+        tls_ended: record.intercepted,
+        at: DateTime::<Utc>::from(record.at),
+    }
 }

@@ -47,6 +47,7 @@ use config::LauncherKind;
 use launcher::Launcher;
 use launcher::kubernetes::{KubernetesLauncher, KubernetesSettings};
 use launcher::local::LocalProcessLauncher;
+use launcher::local_egress::LocalEgress;
 use launcher::sandbox::Confinement;
 use store::Store;
 
@@ -72,11 +73,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
                      can read every workspace and every process environment of this user"
                 ),
             }
-            Arc::new(LocalProcessLauncher::new(
+            let confined = matches!(confinement, Confinement::Confined { .. });
+            let launcher = LocalProcessLauncher::new(
                 config.worker_bin.clone(),
                 config.workspaces.clone(),
                 confinement,
-            ))
+            );
+            if confined {
+                // The proxies read the sessions' egress settings through the `store` crate,
+                // on a pool of their own.
+                let store =
+                    Store::connect(&config.database_url, config.database_behind_pooler).await?;
+                let egress = LocalEgress::new(
+                    ::store::Store::from_db(store.db().clone()),
+                    config.egress.clone(),
+                    &config.brain_public_url,
+                )?;
+                Arc::new(launcher.with_egress(egress))
+            } else {
+                Arc::new(launcher)
+            }
         }
         LauncherKind::Kubernetes => {
             let client = kube::Client::try_default()

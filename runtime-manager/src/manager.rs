@@ -89,6 +89,10 @@ impl Manager {
         launcher: Arc<dyn Launcher>,
     ) -> Result<Self, Error> {
         let tokens = TokenKeys::new(&config.session_token_key.bytes)?;
+        let metrics = Metrics::new()?;
+        for collector in launcher.collectors() {
+            metrics.register(collector)?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 replica: ReplicaId::new(),
@@ -97,7 +101,7 @@ impl Manager {
                 queue,
                 launcher,
                 tokens,
-                metrics: Metrics::new()?,
+                metrics,
             }),
         })
     }

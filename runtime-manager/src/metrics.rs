@@ -223,6 +223,14 @@ impl Metrics {
         Ok(metrics)
     }
 
+    /// Adds series kept elsewhere (a launcher's) to what `GET /metrics` renders.
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.0.registry.register(collector)
+    }
+
     pub fn launched(&self, profile: &str, outcome: LaunchOutcome) {
         let outcome = match outcome {
             LaunchOutcome::Launched => "launched",

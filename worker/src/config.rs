@@ -46,6 +46,14 @@ pub const BROWSER_PROFILE_DIR: &str = ".browser-profile";
 /// Optional: a `tracing` filter (default `info`). Dependencies are always capped (rmcp
 /// and chromiumoxide at `error`, the others at `warn`) because they log payloads (X4).
 pub const WORKER_LOG: &str = "WORKER_LOG";
+/// Optional: the session's egress proxy, an `http://` URL (with the session's credential
+/// as userinfo where the proxy is shared): the commands' `HTTP(S)_PROXY`, and where the
+/// session CA is fetched (W14).
+pub const WORKER_EGRESS_PROXY: &str = "WORKER_EGRESS_PROXY";
+/// Optional: `ADDR=SOCKET[,ADDR=SOCKET]`: loopback addresses the worker listens on inside
+/// its sandbox, each carried to a unix socket bound in from outside (the local launcher's
+/// network confinement).
+pub const WORKER_EGRESS_BRIDGE: &str = "WORKER_EGRESS_BRIDGE";
 
 fn invalid(name: &'static str, problem: &'static str) -> ConfigError {
     ConfigError {
@@ -90,6 +98,11 @@ pub struct Config {
     pub browser: BrowserSettings,
     /// Restore the chat's workspace snapshot before the first dial (`WORKER_RESTORE`, W10).
     pub restore: bool,
+    /// The session's egress proxy (`WORKER_EGRESS_PROXY`).
+    pub egress_proxy: Option<String>,
+    /// The bridges out of the sandbox (`WORKER_EGRESS_BRIDGE`), started before anything
+    /// dials.
+    pub egress_bridges: Vec<crate::egress::Bridge>,
 }
 
 /// How the browser tools run Chromium.
@@ -101,6 +114,9 @@ pub struct BrowserSettings {
     pub idle: Duration,
     /// `--user-data-dir`: `<workspace>/.browser-profile`, kept across restarts.
     pub profile_dir: PathBuf,
+    /// The session's egress proxy (`WORKER_EGRESS_PROXY`): Chromium's way out too, loopback
+    /// included (its own default bypasses loopback).
+    pub proxy: Option<String>,
 }
 
 impl BrowserSettings {
@@ -113,6 +129,7 @@ impl BrowserSettings {
                 .find(|path| path.is_file()),
             idle: DEFAULT_BROWSER_IDLE,
             profile_dir: workspace.join(BROWSER_PROFILE_DIR),
+            proxy: None,
         }
     }
 }
@@ -200,8 +217,24 @@ impl Config {
             Some("true") => true,
             Some(_) => return Err(invalid(WORKER_RESTORE, "must be true or false")),
         };
+        let egress_proxy = trimmed(env, WORKER_EGRESS_PROXY);
+        if let Some(proxy) = &egress_proxy
+            && !proxy.starts_with("http://")
+        {
+            return Err(invalid(WORKER_EGRESS_PROXY, "must be an http:// URL"));
+        }
+        let egress_bridges = match trimmed(env, WORKER_EGRESS_BRIDGE) {
+            None => Vec::new(),
+            Some(raw) => bridges(&raw).ok_or(invalid(
+                WORKER_EGRESS_BRIDGE,
+                "must be ADDR=SOCKET[,ADDR=SOCKET]",
+            ))?,
+        };
+        browser.proxy.clone_from(&egress_proxy);
         Ok(Self {
             restore,
+            egress_proxy,
+            egress_bridges,
             connect_url,
             session,
             token: Token::new(token),
@@ -210,6 +243,20 @@ impl Config {
             browser,
         })
     }
+}
+
+/// `127.0.0.1:3128=/run/egress/proxy.sock,…`: loopback addresses and absolute socket
+/// paths only.
+fn bridges(raw: &str) -> Option<Vec<crate::egress::Bridge>> {
+    raw.split(',')
+        .map(|pair| {
+            let (listen, socket) = pair.trim().split_once('=')?;
+            let listen: std::net::SocketAddr = listen.parse().ok()?;
+            let socket = PathBuf::from(socket);
+            (listen.ip().is_loopback() && socket.is_absolute())
+                .then_some(crate::egress::Bridge { listen, socket })
+        })
+        .collect()
 }
 
 /// The token written to standard input, up to its end (bounded: a token is a few hundred

@@ -27,6 +27,7 @@
 pub mod browser;
 pub mod config;
 pub mod dial;
+pub mod egress;
 pub mod groups;
 pub mod session;
 pub mod snapshot;

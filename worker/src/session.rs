@@ -124,6 +124,22 @@ pub async fn run(config: Config) -> u8 {
         tracing::error!(session = %config.session, "the session token names another session");
         return exit::CONFIG;
     };
+    // W14: the way out of a network-confined sandbox first: the brain is reached
+    // through it too.
+    if let Err(e) = crate::egress::start_bridges(&config.egress_bridges).await {
+        tracing::error!(session = %config.session, error = %e.kind(), "egress bridges not started");
+        return exit::CONFIG;
+    }
+    let command_env = match &config.egress_proxy {
+        Some(proxy) => {
+            let (env, missing) = crate::egress::command_env(proxy, config.session).await;
+            if let Some(e) = missing {
+                tracing::warn!(session = %config.session, class = e.class(), "commands get no session CA");
+            }
+            env
+        }
+        None => Vec::new(),
+    };
     // W10: the chat's workspace is back before the first dial, so the session is ready
     // only once it is. A pooled worker has no chat yet (the brain cold-starts a chat that
     // has a snapshot). A failed restore starts the session empty rather than not at all.
@@ -145,6 +161,7 @@ pub async fn run(config: Config) -> u8 {
         shutdown.clone(),
     );
     worker.enable_snapshots(config.connect_url.clone());
+    worker.set_command_env(command_env);
     let mut backoff = Backoff::default();
     let mut channels = 0u32;
     let (end, last) = loop {

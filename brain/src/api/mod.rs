@@ -15,6 +15,7 @@ mod audit;
 mod channels;
 mod chats;
 mod connectors;
+mod egress;
 mod erasure;
 mod events;
 mod files;
@@ -122,6 +123,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(erasure::erase_chat, chats::rename))
         .routes(routes!(erasure::erase_user, users::get, users::update))
         .routes(routes!(agents::sessions))
+        .routes(routes!(egress::list))
         .routes(routes!(artifacts::download))
         .routes(routes!(artifacts::meta))
         .routes(routes!(audit::list))

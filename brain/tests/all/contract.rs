@@ -349,6 +349,20 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         .await
         .unwrap();
     // A memory of the agent's (M4): the turn's `memory_write` waits for its approval.
+    // A worker session, as the runtime-manager writes it (its egress ledger is listed
+    // under it, W15).
+    let session = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO agent_runtime_sessions (id, team_id, agent_id, chat_id, profile, state) \
+         VALUES ($1, $2, $3, $4, 'light', 'terminated')",
+    )
+    .bind(session)
+    .bind(team.parse::<uuid::Uuid>().unwrap())
+    .bind(agent.parse::<uuid::Uuid>().unwrap())
+    .bind(chat.parse::<uuid::Uuid>().unwrap())
+    .execute(app.store.pool())
+    .await
+    .unwrap();
     let memory = uuid::Uuid::now_v7();
     sqlx::query("INSERT INTO memories (id, team_id, agent_id, content) VALUES ($1, $2, $3, 'x')")
         .bind(memory)
@@ -430,6 +444,7 @@ async fn populate(app: &TestApp, artifacts: &TempDir, key: &str) -> Ids {
         ("provider_id", provider),
         ("response_id", format!("resp_{turn}")),
         ("secret_name", "THEIRS".to_owned()),
+        ("session_id", session.to_string()),
         ("skill_name", "contract-skill".to_owned()),
         ("team_id", team),
         ("turn_id", turn),

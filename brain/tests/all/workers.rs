@@ -61,7 +61,7 @@ pub(crate) async fn system_with_profiles(
 }
 
 /// [`system`], with `env` added to (or replacing) the runtime-manager's variables.
-async fn system_with(
+pub(crate) async fn system_with(
     profiles: Option<Value>,
     env: &[(&str, &str)],
     tweak: impl FnOnce(&mut engine::config::Config),
@@ -1813,10 +1813,15 @@ async fn a_chat_with_a_snapshot_claims_a_warm_worker_that_restores_it() {
 /// 127.0.0.1, reads its snapshot, clicks by reference, and its screenshot is stored by
 /// the brain as an artifact, and the model, one with vision here, sees the screenshot as an
 /// image in the call's result (T24). Real Chromium (Debian), real worker, real
-/// runtime-manager.
+/// runtime-manager. The page is on loopback outside the worker's sandbox: Chromium
+/// reaches it through the session's egress proxy, which may reach private addresses here.
 #[tokio::test]
 async fn a_browser_agent_navigates_snapshots_clicks_and_screenshots() {
-    let (app, _manager) = system(60_000, |c| {
+    let env = [
+        ("RUNTIME_MANAGER_IDLE_WINDOW_MS", "60000"),
+        ("EGRESS_ALLOW_PRIVATE_NETWORKS", "true"),
+    ];
+    let (app, _manager) = system_with(None, &env, |c| {
         let mut catalog = engine::models::catalog::Catalog::shipped().unwrap();
         let vision = serde_json::from_value(json!({"model": "gpt-test", "vision": true}));
         catalog.merge(engine::models::catalog::Table::from([(

@@ -9,6 +9,9 @@
 //! <root>/<session id>.pid   the pid of the session's current worker
 //! ```
 //!
+//! and `$TMPDIR/egress-<session id>/`, a confined worker's way out: its proxy's and the
+//! brain's sockets (`local_egress.rs`), bound into its sandbox.
+//!
 //! Each worker is the leader of its own process group, so stopping it (SIGTERM to the
 //! group, SIGKILL after a grace period) also ends whatever it started in that group. A
 //! task per child reaps it when it exits and logs how it ended; the session row is the
@@ -22,7 +25,9 @@
 //! since an environment stays readable in `/proc` as long as its process lives.
 //!
 //! Each worker is confined ([`sandbox`]: namespaces of its own under `bwrap`, only its
-//! workspace writable and visible, with `HOME` and `TMPDIR` its private `/tmp`); where
+//! workspace writable and visible, with `HOME` and `TMPDIR` its private `/tmp`; with
+//! [`LocalProcessLauncher::with_egress`], a network namespace whose only way out is its
+//! session's egress proxy and its channel to the brain, W14); where
 //! that cannot be done every launch fails `confinement_unavailable`, unless the manager
 //! was explicitly told to run workers unconfined (development only, warned at every
 //! launch). The pid of a confined worker is that of its `bwrap`.
@@ -45,6 +50,7 @@ use nix::unistd::Pid;
 use protocol::SessionId;
 use tokio::io::AsyncWriteExt;
 
+use super::local_egress::{LocalEgress, Sandboxed};
 use super::sandbox::{self, Confinement};
 use super::{LaunchError, LaunchSpec, Launcher, RunningWorker};
 
@@ -58,6 +64,8 @@ struct Tracked {
     session: SessionId,
     /// Spawned by this process (reaped by its own task), or adopted at start (O3).
     child: bool,
+    /// Its egress proxy's generation, released when the worker is gone.
+    egress: Option<u64>,
 }
 
 pub struct LocalProcessLauncher {
@@ -67,6 +75,9 @@ pub struct LocalProcessLauncher {
     inherited_env: Vec<(String, String)>,
     /// pid → the session it serves.
     workers: Arc<Mutex<HashMap<u32, Tracked>>>,
+    /// Confined workers' egress proxies; `None`: confined workers share the host's
+    /// network.
+    egress: Option<Arc<LocalEgress>>,
 }
 
 impl LocalProcessLauncher {
@@ -83,6 +94,37 @@ impl LocalProcessLauncher {
             confinement,
             inherited_env,
             workers: Arc::default(),
+            egress: None,
+        }
+    }
+
+    /// Confined workers get a network namespace of their own whose only ways out are
+    /// `egress`'s proxy of their session and their channel to the brain.
+    pub fn with_egress(mut self, egress: LocalEgress) -> Self {
+        self.egress = Some(Arc::new(egress));
+        self
+    }
+
+    /// Short, whatever the workspaces' root: a unix socket's path holds at most 107 bytes.
+    fn egress_dir(&self, session: SessionId) -> PathBuf {
+        std::env::temp_dir().join(format!("egress-{}", session.0.simple()))
+    }
+
+    /// The session's proxy served, for a confined worker with egress.
+    async fn sandboxed(&self, session: SessionId) -> Result<Option<Sandboxed>, LaunchError> {
+        let (Confinement::Confined { .. }, Some(egress)) = (&self.confinement, &self.egress) else {
+            return Ok(None);
+        };
+        let uid = sandbox::running_as_root().then_some(sandbox::SANDBOX_UID);
+        egress
+            .serve(session, self.egress_dir(session), uid)
+            .await
+            .map(Some)
+    }
+
+    async fn release_egress(&self, session: SessionId, generation: Option<u64>) {
+        if let (Some(egress), Some(generation)) = (&self.egress, generation) {
+            egress.release(session, generation).await;
         }
     }
 
@@ -106,9 +148,20 @@ impl LocalProcessLauncher {
     async fn launch_inner(&self, spec: LaunchSpec) -> Result<String, LaunchError> {
         let workspace = self.prepare_workspace(&spec).await?;
         self.replace_previous(spec.session).await?;
-        let command = self.command(&spec, &workspace)?;
-        let (child, pid) = self.spawn(command, &spec).await?;
-        self.reap(child, pid, spec.session);
+        let sandboxed = self.sandboxed(spec.session).await?;
+        let generation = sandboxed.as_ref().map(|s| s.generation);
+        let spawned = match self.command(&spec, &workspace, sandboxed.as_ref()) {
+            Ok(command) => self.spawn(command, &spec, generation).await,
+            Err(e) => Err(e),
+        };
+        let (child, pid) = match spawned {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                self.release_egress(spec.session, generation).await;
+                return Err(e);
+            }
+        };
+        self.reap(child, pid, spec.session, generation);
         tracing::info!(session = %spec.session.0, pid, profile = %spec.profile, "worker launched");
         Ok(format!("local:{pid}"))
     }
@@ -161,6 +214,7 @@ impl LocalProcessLauncher {
         &self,
         spec: &LaunchSpec,
         workspace: &Path,
+        sandboxed: Option<&Sandboxed>,
     ) -> Result<tokio::process::Command, LaunchError> {
         let log_path = self.workspaces.join(format!("{}.log", spec.session.0));
         let log = std::fs::OpenOptions::new()
@@ -173,9 +227,11 @@ impl LocalProcessLauncher {
         let mut command = match &self.confinement {
             Confinement::Confined { bwrap, setsid } => {
                 let mut command = tokio::process::Command::new(setsid);
-                command
-                    .arg(bwrap)
-                    .args(sandbox::bwrap_args(&self.worker_bin, workspace));
+                command.arg(bwrap).args(sandbox::bwrap_args(
+                    &self.worker_bin,
+                    workspace,
+                    sandboxed.map(|s| s.dir.as_path()),
+                ));
                 if sandbox::running_as_root() {
                     std::os::unix::fs::chown(
                         workspace,
@@ -218,6 +274,8 @@ impl LocalProcessLauncher {
                 "WORKER_RESTORE",
                 if spec.restore { "true" } else { "false" },
             )
+            // The sandbox's way out, and the brain as it is reached from inside.
+            .envs(sandboxed.into_iter().flat_map(|s| s.env.iter().cloned()))
             .current_dir(workspace)
             .stdin(Stdio::piped())
             .stdout(Stdio::from(log))
@@ -232,6 +290,7 @@ impl LocalProcessLauncher {
         &self,
         mut command: tokio::process::Command,
         spec: &LaunchSpec,
+        egress: Option<u64>,
     ) -> Result<(tokio::process::Child, u32), LaunchError> {
         let mut child = command.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => LaunchError::BinaryMissing(self.worker_bin.clone()),
@@ -248,6 +307,7 @@ impl LocalProcessLauncher {
             Tracked {
                 session: spec.session,
                 child: true,
+                egress,
             },
         );
         let _ = tokio::fs::write(self.pid_file(spec.session), pid.to_string()).await;
@@ -262,11 +322,21 @@ impl LocalProcessLauncher {
     }
 
     /// Reaps the child and ends whatever it left behind in its group.
-    fn reap(&self, mut child: tokio::process::Child, pid: u32, session: SessionId) {
+    fn reap(
+        &self,
+        mut child: tokio::process::Child,
+        pid: u32,
+        session: SessionId,
+        generation: Option<u64>,
+    ) {
         let workers = self.workers.clone();
         let pid_file = self.pid_file(session);
+        let egress = self.egress.clone();
         tokio::spawn(async move {
             let status = child.wait().await;
+            if let (Some(egress), Some(generation)) = (egress, generation) {
+                egress.release(session, generation).await;
+            }
             let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
             workers
                 .lock()
@@ -366,10 +436,11 @@ impl Launcher for LocalProcessLauncher {
     fn stop<'a>(&'a self, worker_ref: &'a str) -> BoxFuture<'a, Result<(), LaunchError>> {
         async move {
             let pid = parse_ref(worker_ref)?;
-            let session = self.tracked().get(&pid).map(|t| t.session);
+            let tracked = self.tracked().get(&pid).copied();
             self.stop_pid(pid).await?;
-            if let Some(session) = session {
-                self.discard_workspace(session, pid).await;
+            if let Some(tracked) = tracked {
+                self.discard_workspace(tracked.session, pid).await;
+                self.release_egress(tracked.session, tracked.egress).await;
             }
             Ok(())
         }
@@ -386,9 +457,23 @@ impl Launcher for LocalProcessLauncher {
             if !self.is_ours(pid) {
                 return Ok(false);
             }
+            if self.tracked().contains_key(&pid) {
+                return Ok(true);
+            }
+            // An adopted confined worker's bridges dial its sockets by path: serve them
+            // again (O3).
+            let egress = if tokio::fs::try_exists(self.egress_dir(session))
+                .await
+                .unwrap_or(false)
+            {
+                self.sandboxed(session).await?.map(|s| s.generation)
+            } else {
+                None
+            };
             self.tracked().entry(pid).or_insert(Tracked {
                 session,
                 child: false,
+                egress,
             });
             Ok(true)
         }
@@ -415,6 +500,13 @@ impl Launcher for LocalProcessLauncher {
 
     fn workers_die_with_manager(&self) -> bool {
         true
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        self.egress
+            .iter()
+            .map(|e| Box::new(e.counter()) as Box<dyn prometheus::core::Collector>)
+            .collect()
     }
 }
 

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod kubernetes;
 pub mod local;
+pub mod local_egress;
 pub mod sandbox;
 
 /// The manager's telemetry configuration a worker shares, whichever launcher starts it
@@ -120,6 +121,9 @@ pub enum LaunchError {
     JobExists,
     #[error("local workers cannot be confined here: {0}")]
     Unconfinable(String),
+    /// The session's egress proxy cannot be served (W13, W14).
+    #[error("egress: {0}")]
+    Egress(#[from] crate::egress::EgressError),
 }
 
 impl LaunchError {
@@ -144,6 +148,7 @@ impl LaunchError {
             Self::Kube(_) => "kube_unavailable",
             Self::JobExists => "job_exists",
             Self::Unconfinable(_) => "confinement_unavailable",
+            Self::Egress(e) => e.metric_label(),
         }
     }
 }
@@ -173,6 +178,12 @@ pub trait Launcher: Send + Sync {
     /// On shutdown: whether this launcher's workers die with the manager (local children)
     /// or live on (Kubernetes Jobs).
     fn workers_die_with_manager(&self) -> bool;
+
+    /// The launcher's own series, registered with the manager's metrics (the local
+    /// launcher's egress proxies count their requests).
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        Vec::new()
+    }
 
     /// Watches the workers until `shutdown` and sends every failure it observes (R4). The
     /// local launcher observes none: a child that dies is noticed by the brain.

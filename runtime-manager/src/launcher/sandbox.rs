@@ -3,7 +3,9 @@
 //! unprivileged user with no capabilities; they see `/usr` and `/etc` read-only, a
 //! private `/tmp`, `/proc` of their own PID namespace (no other process of the machine:
 //! not the manager, not the brain, not another worker), and of the workspaces only their
-//! own, the one writable place. The network is the host's: the worker dials the brain.
+//! own, the one writable place. The network is the host's (the worker dials the brain),
+//! unless the launcher gives the worker its egress proxy: then a namespace of its own
+//! with only loopback, and two sockets bound in as its only way out (`local_egress.rs`).
 //!
 //! A manager running as root starts `bwrap` as [`SANDBOX_UID`] (its workspace is handed
 //! to that user): inside a user namespace a process keeps its real uid for file access,
@@ -82,10 +84,15 @@ const NAMESPACES: [&str; 9] = [
 ];
 
 /// `bwrap`'s arguments for a worker `worker_bin` whose workspace is `workspace` (both
-/// absolute); the worker itself is the last one.
-pub fn bwrap_args(worker_bin: &Path, workspace: &Path) -> Vec<OsString> {
+/// absolute); the worker itself is the last one. With `egress` (a directory of the
+/// session's sockets), a network namespace of its own with only loopback, the directory
+/// bound in: the worker's only way out (W14).
+pub fn bwrap_args(worker_bin: &Path, workspace: &Path, egress: Option<&Path>) -> Vec<OsString> {
     let s = OsStr::new;
     let mut args: Vec<OsString> = NAMESPACES.iter().map(OsString::from).collect();
+    if egress.is_some() {
+        args.push(OsString::from("--unshare-net"));
+    }
     let mut push = |items: &[&OsStr]| args.extend(items.iter().map(OsString::from));
     push(&[s("--hostname"), s("worker")]);
     push(&[s("--ro-bind"), s("/usr"), s("/usr")]);
@@ -111,6 +118,10 @@ pub fn bwrap_args(worker_bin: &Path, workspace: &Path) -> Vec<OsString> {
     let (bin, workspace) = (worker_bin.as_os_str(), workspace.as_os_str());
     push(&[s("--ro-bind"), bin, bin]);
     push(&[s("--bind"), workspace, workspace, s("--chdir"), workspace]);
+    // After the private `/tmp`, which would hide it when the workspaces are under `/tmp`.
+    if let Some(dir) = egress {
+        push(&[s("--bind"), dir.as_os_str(), dir.as_os_str()]);
+    }
     push(&[s("--"), bin]);
     args
 }
@@ -159,7 +170,7 @@ mod tests {
 
     #[test]
     fn the_worker_is_the_last_argument_and_only_its_workspace_is_writable() {
-        let args = bwrap_args(Path::new("/opt/worker"), Path::new("/ws/s1"));
+        let args = bwrap_args(Path::new("/opt/worker"), Path::new("/ws/s1"), None);
         let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(args.last(), Some(&"/opt/worker"));
         let writable: Vec<_> = args
@@ -172,6 +183,25 @@ mod tests {
             assert!(args.contains(&ns), "{ns}");
         }
         assert!(!args.contains(&"--share-net") && !args.contains(&"--bind-try"));
+        assert!(!args.contains(&"--unshare-net"));
+
+        let args = bwrap_args(
+            Path::new("/opt/worker"),
+            Path::new("/ws/s1"),
+            Some(Path::new("/ws/s1.egress")),
+        );
+        let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        assert!(args.contains(&"--unshare-net"));
+        let writable: Vec<_> = args
+            .windows(3)
+            .filter(|w| w[0] == "--bind")
+            .map(|w| (w[1], w[2]))
+            .collect();
+        assert_eq!(
+            writable,
+            [("/ws/s1", "/ws/s1"), ("/ws/s1.egress", "/ws/s1.egress")]
+        );
+        assert_eq!(args.last(), Some(&"/opt/worker"));
     }
 
     #[test]

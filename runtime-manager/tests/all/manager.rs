@@ -46,7 +46,16 @@ async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
     );
 
     let env = h.worker_env(session).await;
-    assert_eq!(env["BRAIN_PUBLIC_URL"], BRAIN_URL);
+    // Confined, the worker's network is its own (W16): the brain, on a privileged port
+    // here, is reached on a loopback port of the sandbox, and the proxy on another.
+    assert_eq!(env["BRAIN_PUBLIC_URL"], "http://127.0.0.1:18080");
+    assert_eq!(env["WORKER_EGRESS_PROXY"], "http://127.0.0.1:3128");
+    let bridges: Vec<&str> = env["WORKER_EGRESS_BRIDGE"].split(',').collect();
+    assert!(
+        bridges[0].starts_with("127.0.0.1:3128=/") && bridges[0].ends_with("/proxy.sock"),
+        "{bridges:?}"
+    );
+    assert!(bridges[1].starts_with("127.0.0.1:18080=/"), "{bridges:?}");
     assert_eq!(env["WORKER_SESSION_ID"], session.0.to_string());
     assert_eq!(
         env["WORKER_WORKSPACE"],
@@ -72,6 +81,8 @@ async fn a_provisioned_session_gets_a_worker_with_only_its_own_environment() {
         "WORKER_WORKSPACE",
         "WORKER_PROFILE",
         "WORKER_RESTORE",
+        "WORKER_EGRESS_PROXY",
+        "WORKER_EGRESS_BRIDGE",
         "PATH",
         "HOME",
         "LANG",

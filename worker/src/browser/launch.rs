@@ -103,9 +103,15 @@ pub struct Launched {
     pub ws_url: String,
 }
 
-/// The command line, for tests and review.
-pub fn args(profile_dir: &Path) -> Vec<String> {
+/// The command line, for tests and review. With `proxy`, every request goes through it,
+/// loopback included (Chromium's default bypasses loopback; in a network-confined sandbox
+/// loopback is the sandbox's own).
+pub fn args(profile_dir: &Path, proxy: Option<&str>) -> Vec<String> {
     let mut args: Vec<String> = FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    if let Some(proxy) = proxy {
+        args.push(format!("--proxy-server={proxy}"));
+        args.push("--proxy-bypass-list=<-loopback>".to_owned());
+    }
     args.push(format!("--window-size={},{}", WINDOW.0, WINDOW.1));
     args.push(format!("--user-data-dir={}", profile_dir.display()));
     args.push("--remote-debugging-port=0".to_owned());
@@ -117,6 +123,7 @@ pub fn args(profile_dir: &Path) -> Vec<String> {
 pub async fn launch(
     executable: Option<&Path>,
     profile_dir: &Path,
+    proxy: Option<&str>,
     groups: &Groups,
 ) -> Result<Launched, LaunchError> {
     let executable = executable.ok_or(LaunchError::NoExecutable)?;
@@ -134,7 +141,7 @@ pub async fn launch(
         Command::new(executable)
     };
     command
-        .args(args(profile_dir))
+        .args(args(profile_dir, proxy))
         .env_remove(WORKER_SESSION_TOKEN)
         .env("HOME", &home)
         .env("XDG_CONFIG_HOME", home.join(".config"))
@@ -220,7 +227,7 @@ mod tests {
 
     #[test]
     fn the_command_line_has_the_required_flags_and_the_profile() {
-        let args = args(Path::new("/ws/.browser-profile"));
+        let args = args(Path::new("/ws/.browser-profile"), None);
         for flag in [
             "--headless",
             "--no-sandbox",
@@ -241,11 +248,11 @@ mod tests {
     async fn a_missing_or_failing_executable_is_a_readable_error() {
         let dir = crate::tools::test_support::TempDir::new("launch");
         let groups = Groups::default();
-        let err = launch(None, dir.path(), &groups).await.err().unwrap();
+        let err = launch(None, dir.path(), None, &groups).await.err().unwrap();
         assert_eq!(err.class(), "no_chromium");
         assert!(err.to_string().contains("WORKER_CHROMIUM"));
         // `false` exits at once without printing a DevTools URL.
-        let err = launch(Some(Path::new("/bin/false")), dir.path(), &groups)
+        let err = launch(Some(Path::new("/bin/false")), dir.path(), None, &groups)
             .await
             .err()
             .unwrap();

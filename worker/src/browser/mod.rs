@@ -377,6 +377,7 @@ impl Browser {
         let launched = launch::launch(
             settings.chromium.as_deref(),
             &settings.profile_dir,
+            settings.proxy.as_deref(),
             &self.inner.groups,
         )
         .await

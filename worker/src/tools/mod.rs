@@ -100,6 +100,9 @@ struct Shared {
     /// The channel endpoint, once snapshots are enabled: uploads go beside it (W10), and
     /// the chat's files come from beside it (T25).
     snapshot_brain: std::sync::OnceLock<String>,
+    /// What every command's environment gets besides the session's secrets: the egress
+    /// proxy and its CA bundle (W14), set once at start.
+    command_env: std::sync::OnceLock<Arc<Vec<(String, String)>>>,
     /// The headless browser, when the profile serves the browser tools.
     #[cfg(feature = "browser")]
     browser: Option<crate::browser::Browser>,
@@ -190,10 +193,17 @@ impl Worker {
                 kept: kept::Kept::default(),
                 session: shutdown,
                 snapshot_brain: std::sync::OnceLock::new(),
+                command_env: std::sync::OnceLock::new(),
                 #[cfg(feature = "browser")]
                 browser,
             }),
         }
+    }
+
+    /// Sets what every command's environment gets besides the session's secrets (the
+    /// egress proxy's variables); the first call wins.
+    pub fn set_command_env(&self, env: Vec<(String, String)>) {
+        let _ = self.shared.command_env.set(Arc::new(env));
     }
 
     /// Lets the brain's snapshot requests be answered, uploading beside `connect_url` (W10).
@@ -503,6 +513,7 @@ impl Worker {
             cwd,
             timeout,
             secrets: self.secrets(),
+            env: self.shared.command_env.get().cloned().unwrap_or_default(),
         };
         match shell::run(run, &self.shared.groups, &cancel, live).await {
             Ok(outcome) => {

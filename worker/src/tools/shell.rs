@@ -76,6 +76,8 @@ pub struct ShellCall {
     pub cwd: std::path::PathBuf,
     pub timeout: Duration,
     pub secrets: Arc<Secrets>,
+    /// Set after the secrets, so none of them replaces it (the egress proxy's variables).
+    pub env: Arc<Vec<(String, String)>>,
 }
 
 /// The session's secrets, held in memory only: the command's environment, and the values
@@ -231,6 +233,7 @@ fn command(call: &ShellCall) -> tokio::process::Command {
         // The session token is the worker's, never the command's.
         .env_remove(WORKER_SESSION_TOKEN)
         .envs(&call.secrets.env.vars)
+        .envs(call.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -557,6 +560,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(5),
             secrets: Arc::default(),
+            env: Arc::default(),
         };
         let outcome = run(call, &groups, &CancellationToken::new(), None)
             .await
@@ -577,6 +581,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(5),
             secrets: Arc::default(),
+            env: Arc::default(),
         };
         let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)
             .await
@@ -598,6 +603,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(5),
             secrets: Arc::new(Secrets::new(env)),
+            env: Arc::default(),
         };
         let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)
             .await
@@ -617,6 +623,7 @@ mod tests {
             cwd: dir.path().to_path_buf(),
             timeout: Duration::from_secs(1),
             secrets: Arc::default(),
+            env: Arc::default(),
         };
         let started = Instant::now();
         let outcome = run(call, &Groups::default(), &CancellationToken::new(), None)

@@ -1,0 +1,375 @@
+//! The local launcher's egress proxies (W13, W14; docs/design/egress.md). A confined
+//! worker's sandbox has its own network namespace with only loopback; its way out is two
+//! unix sockets in a directory of the session's own (`$TMPDIR/egress-<session>`), bound
+//! into the sandbox, which the worker carries `127.0.0.1` ports to (`WORKER_EGRESS_BRIDGE`):
+//!
+//! - `proxy.sock`: the session's egress proxy, served here in-process. Its configuration
+//!   is read afresh from Postgres at each new client connection
+//!   ([`crate::egress::policy_for`]), so a secret or an allowlist changed mid-session
+//!   applies to the next connection; its records go to the session's ledger.
+//! - `brain.sock`: the worker's own channel to the brain, carried to `BRAIN_PUBLIC_URL`'s
+//!   host and port.
+//!
+//! A manager that adopts a live worker at start (O3) serves its sockets again; the new
+//! proxy has a new CA, so HTTPS to a host with an egress secret fails verification in
+//! that worker's commands until its session ends (the sockets and the allowlist work).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use egress_proxy::{Bounds, Session};
+use prometheus::IntCounterVec;
+use protocol::SessionId;
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use super::LaunchError;
+use crate::config::EgressConfig;
+use crate::egress::{EgressError, LedgerWriter, policy_for};
+
+/// The loopback port of the proxy inside the sandbox (what `HTTP_PROXY` names); another
+/// when the brain's own port is this one.
+const PROXY_PORT: u16 = 3128;
+/// Connections to the brain carried at once per session, and the bound on reaching it.
+const MAX_BRAIN_CONNECTIONS: usize = 16;
+const BRAIN_CONNECT_BOUND: Duration = Duration::from_secs(5);
+/// The brain's port inside a sandbox when its own is privileged.
+const INSIDE_BRAIN_PORT: u16 = 18080;
+
+/// Where the brain is, outside and inside a sandbox.
+#[derive(Clone, Debug)]
+struct Brain {
+    /// `host:port` the manager dials.
+    outside: String,
+    /// The loopback port the worker dials inside: the brain's own, unless that one is
+    /// privileged (an unprivileged sandbox cannot listen on it).
+    port: u16,
+    /// `BRAIN_PUBLIC_URL` as the worker inside dials it.
+    inside_url: String,
+}
+
+impl Brain {
+    /// A loopback host on an unprivileged port stays as it is (its port is bridged to the
+    /// same port inside); any other `http://` brain becomes `127.0.0.1` on a port of its
+    /// own. An `https://` brain elsewhere cannot be reached from inside: its name would
+    /// not verify on loopback.
+    fn of(url: &str) -> Result<Self, LaunchError> {
+        let unconfinable = |why: &str| LaunchError::Unconfinable(format!("BRAIN_PUBLIC_URL {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| unconfinable("is not a URL"))?;
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let default_port = if scheme == "https" { 443 } else { 80 };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => (
+                host,
+                port.parse::<u16>()
+                    .map_err(|_| unconfinable("has an invalid port"))?,
+            ),
+            _ => (authority, default_port),
+        };
+        let loopback = host == "localhost" || host == "127.0.0.1";
+        let inside = if port >= 1024 {
+            port
+        } else {
+            INSIDE_BRAIN_PORT
+        };
+        let inside_url = if loopback && inside == port {
+            url.to_owned()
+        } else if scheme == "http" {
+            format!("http://127.0.0.1:{inside}{path}")
+        } else {
+            return Err(unconfinable(
+                "must be http:// or a loopback host for network-confined local workers",
+            ));
+        };
+        Ok(Self {
+            outside: format!("{host}:{port}"),
+            port: inside,
+            inside_url,
+        })
+    }
+}
+
+struct Served {
+    generation: u64,
+    stop: CancellationToken,
+    dir: PathBuf,
+}
+
+/// What a confined worker is launched with: its sandbox's way out.
+pub struct Sandboxed {
+    /// The directory bound into the sandbox, holding the two sockets.
+    pub dir: PathBuf,
+    /// The worker's variables: `WORKER_EGRESS_PROXY`, `WORKER_EGRESS_BRIDGE` and
+    /// `BRAIN_PUBLIC_URL` as it dials from inside.
+    pub env: Vec<(&'static str, String)>,
+    /// Released with [`LocalEgress::release`] when the worker is gone.
+    pub generation: u64,
+}
+
+/// The proxies of this manager's confined workers, one per session.
+pub struct LocalEgress {
+    store: store::Store,
+    config: EgressConfig,
+    brain: Brain,
+    ledger: LedgerWriter,
+    counter: IntCounterVec,
+    served: Mutex<HashMap<SessionId, Served>>,
+    generations: AtomicU64,
+}
+
+impl LocalEgress {
+    /// `store` is the manager's pool through the `store` crate; `brain_public_url` what
+    /// workers dial.
+    pub fn new(
+        store: store::Store,
+        config: EgressConfig,
+        brain_public_url: &str,
+    ) -> Result<Self, LaunchError> {
+        let store = store.with_secrets_key(config.secrets_key.clone());
+        let counter = LedgerWriter::counter().map_err(|e| {
+            LaunchError::Unconfinable(format!("the egress counter cannot be made: {e}"))
+        })?;
+        Ok(Self {
+            ledger: LedgerWriter::new(store.clone(), counter.clone()),
+            store,
+            config,
+            brain: Brain::of(brain_public_url)?,
+            counter,
+            served: Mutex::default(),
+            generations: AtomicU64::new(0),
+        })
+    }
+
+    pub fn counter(&self) -> IntCounterVec {
+        self.counter.clone()
+    }
+
+    fn served(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Served>> {
+        self.served
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Serves `session`'s proxy and its way to the brain on sockets in `dir` (made here,
+    /// replacing any earlier ones). Fails before anything is served when the session's
+    /// configuration cannot be read (an agent with egress secrets and no key included).
+    pub async fn serve(
+        &self,
+        session: SessionId,
+        dir: PathBuf,
+        sandbox_uid: Option<u32>,
+    ) -> Result<Sandboxed, LaunchError> {
+        let policy = policy_for(&self.store, session, self.config.allow_private_networks)
+            .await
+            .map_err(LaunchError::Egress)?;
+        let proxy = Session::new(
+            policy,
+            Bounds::default(),
+            self.config.extra_roots.as_deref(),
+        )
+        .map_err(|e| LaunchError::Egress(EgressError::Policy(e)))?;
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(LaunchError::Workspace)?;
+        // Passable, not listable, by the sandbox's user; the sockets are its alone.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+            .map_err(LaunchError::Workspace)?;
+        let proxy_socket = dir.join("proxy.sock");
+        let brain_socket = dir.join("brain.sock");
+        let proxy_listener = listen(&proxy_socket, sandbox_uid)?;
+        let brain_listener = listen(&brain_socket, sandbox_uid)?;
+        let stop = CancellationToken::new();
+        tokio::spawn(serve_proxy(
+            proxy_listener,
+            proxy.clone(),
+            self.store.clone(),
+            session,
+            self.config.allow_private_networks,
+            stop.clone(),
+        ));
+        tokio::spawn(serve_brain(
+            brain_listener,
+            self.brain.outside.clone(),
+            stop.clone(),
+        ));
+        self.ledger.spawn(session, proxy, stop.clone());
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let previous = self.served().insert(
+            session,
+            Served {
+                generation,
+                stop,
+                dir: dir.clone(),
+            },
+        );
+        if let Some(previous) = previous {
+            previous.stop.cancel();
+        }
+        let proxy_port = if self.brain.port == PROXY_PORT {
+            PROXY_PORT + 1
+        } else {
+            PROXY_PORT
+        };
+        let bridges = format!(
+            "127.0.0.1:{proxy_port}={},127.0.0.1:{}={}",
+            proxy_socket.display(),
+            self.brain.port,
+            brain_socket.display()
+        );
+        Ok(Sandboxed {
+            dir,
+            env: vec![
+                (
+                    "WORKER_EGRESS_PROXY",
+                    format!("http://127.0.0.1:{proxy_port}"),
+                ),
+                ("WORKER_EGRESS_BRIDGE", bridges),
+                ("BRAIN_PUBLIC_URL", self.brain.inside_url.clone()),
+            ],
+            generation,
+        })
+    }
+
+    /// Stops serving `session` if `generation` is still its latest (a replaced worker's
+    /// end leaves its successor's proxy alone), writing its last records.
+    pub async fn release(&self, session: SessionId, generation: u64) {
+        let served = {
+            let mut served = self.served();
+            match served.get(&session) {
+                Some(s) if s.generation == generation => served.remove(&session),
+                _ => None,
+            }
+        };
+        if let Some(served) = served {
+            served.stop.cancel();
+            let _ = tokio::fs::remove_dir_all(&served.dir).await;
+        }
+    }
+}
+
+/// A unix socket the sandbox's user may connect to (a socket's write permission is what
+/// `connect` checks).
+fn listen(path: &Path, sandbox_uid: Option<u32>) -> Result<UnixListener, LaunchError> {
+    let listener = UnixListener::bind(path).map_err(LaunchError::Workspace)?;
+    if let Some(uid) = sandbox_uid {
+        std::os::unix::fs::chown(path, Some(uid), Some(uid)).map_err(LaunchError::Workspace)?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(LaunchError::Workspace)?;
+    Ok(listener)
+}
+
+/// Each client connection gets the session's configuration as it is now, then the proxy.
+/// A configuration that cannot be read leaves the one in force (a store outage must not
+/// open the allowlist, nor close a session that works).
+async fn serve_proxy(
+    listener: UnixListener,
+    proxy: Arc<Session>,
+    store: store::Store,
+    session: SessionId,
+    allow_private_networks: bool,
+    stop: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        match policy_for(&store, session, allow_private_networks).await {
+            Ok(policy) => {
+                if let Err(e) = proxy.set_policy(policy) {
+                    tracing::warn!(session = %session.0, error = %e, "egress configuration refused; the earlier one stays");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.0, class = e.metric_label(), "egress configuration not read; the earlier one stays")
+            }
+        }
+        let (proxy, stop) = (proxy.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = proxy.serve(stream) => {}
+            }
+        });
+    }
+}
+
+/// Each connection carried to the brain, at most [`MAX_BRAIN_CONNECTIONS`] at once.
+async fn serve_brain(listener: UnixListener, brain: String, stop: CancellationToken) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_BRAIN_CONNECTIONS));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut inside: UnixStream = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (brain, stop) = (brain.clone(), stop.clone());
+        tokio::spawn(async move {
+            let dialed =
+                tokio::time::timeout(BRAIN_CONNECT_BOUND, TcpStream::connect(&brain)).await;
+            if let Ok(Ok(mut outside)) = dialed {
+                let _ = outside.set_nodelay(true);
+                tokio::select! {
+                    () = stop.cancelled() => {}
+                    _ = tokio::io::copy_bidirectional(&mut inside, &mut outside) => {}
+                }
+            }
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_brain_is_dialed_as_is_and_another_http_one_on_loopback_inside() {
+        let local = Brain::of("http://127.0.0.1:8080/prefix").unwrap();
+        assert_eq!(
+            (
+                local.outside.as_str(),
+                local.port,
+                local.inside_url.as_str()
+            ),
+            ("127.0.0.1:8080", 8080, "http://127.0.0.1:8080/prefix")
+        );
+        let named = Brain::of("http://brain.internal").unwrap();
+        assert_eq!(
+            (
+                named.outside.as_str(),
+                named.port,
+                named.inside_url.as_str()
+            ),
+            (
+                "brain.internal:80",
+                INSIDE_BRAIN_PORT,
+                "http://127.0.0.1:18080"
+            )
+        );
+        assert!(Brain::of("https://brain.example.com").is_err());
+        assert!(Brain::of("https://localhost:8443").is_ok());
+    }
+}
