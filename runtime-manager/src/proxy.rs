@@ -6,8 +6,9 @@
 //! from the manager's image, so there is no third image to build, scan and publish.
 //!
 //! It serves `egress_proxy::SharedProxy` on `EGRESS_PROXY_ADDR` (`:3128` in the chart),
-//! each session's policy read from Postgres when its connection opens, and serves
-//! `GET /healthz` and `GET /metrics` on `EGRESS_PROXY_METRICS_ADDR`.
+//! each session's policy read from Postgres when its connection opens, writes the
+//! sessions' requests to their ledgers ([`LedgerWriter`]), and serves `GET /healthz` and
+//! `GET /metrics` on `EGRESS_PROXY_METRICS_ADDR`.
 
 use axum::http::header::CONTENT_TYPE;
 use egress_proxy::{
@@ -15,6 +16,7 @@ use egress_proxy::{
 };
 use envcfg::{ConfigError, Env, non_empty, ranged, url_var};
 use protocol::SessionId;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::config::{DEFAULT_DATABASE_URL, EgressConfig};
+use crate::egress::{FLUSH_EVERY, LedgerWriter, Pending};
 
 /// Where the proxy listens when `EGRESS_PROXY_ADDR` is unset: loopback (the chart sets
 /// `0.0.0.0:3128`).
@@ -117,7 +120,7 @@ pub async fn run(config: ProxyConfig, shutdown: CancellationToken) -> Result<(),
     .map_err(Error::ProxyStore)?
     .with_secrets_key(config.egress.secrets_key.clone());
     let source = Arc::new(Policies {
-        store,
+        store: store.clone(),
         allow_private_networks: config.egress.allow_private_networks,
     });
     let settings = SharedSettings {
@@ -132,6 +135,15 @@ pub async fn run(config: ProxyConfig, shutdown: CancellationToken) -> Result<(),
     )
     .map_err(Error::Proxy)?;
 
+    let registry = prometheus::Registry::new();
+    let requests = LedgerWriter::counter()?;
+    registry.register(Box::new(requests.clone()))?;
+    let ledger = tokio::spawn(write_ledgers(
+        proxy.clone(),
+        LedgerWriter::new(store, requests),
+        shutdown.clone(),
+    ));
+
     let app = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok\n" }))
         .route(
@@ -139,7 +151,7 @@ pub async fn run(config: ProxyConfig, shutdown: CancellationToken) -> Result<(),
             axum::routing::get({
                 let proxy = proxy.clone();
                 move || {
-                    let text = exposition(&proxy);
+                    let text = exposition(&proxy, &registry);
                     async move { ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
                 }
             }),
@@ -156,13 +168,37 @@ pub async fn run(config: ProxyConfig, shutdown: CancellationToken) -> Result<(),
         "egress proxy serving"
     );
     proxy.listen(listener, shutdown).await;
+    let _ = ledger.await;
     let _ = metrics.await;
     Ok(())
 }
 
+/// Every [`FLUSH_EVERY`], each session's new records to its ledger (one writer for the
+/// replica's sessions, a dropped session's flushed once more), and once more at `stop`.
+async fn write_ledgers(proxy: Arc<SharedProxy>, writer: LedgerWriter, stop: CancellationToken) {
+    let mut pending: HashMap<String, Pending> = HashMap::new();
+    loop {
+        let stopped = tokio::select! {
+            () = stop.cancelled() => true,
+            () = tokio::time::sleep(FLUSH_EVERY) => false,
+        };
+        let sessions = proxy.sessions_to_flush();
+        for (id, session) in &sessions {
+            let Ok(launched) = id.parse() else { continue };
+            let held = pending.entry(id.clone()).or_default();
+            writer.flush(SessionId(launched), session, held).await;
+        }
+        // What a dropped session's last flush could not write is given up with it.
+        pending.retain(|id, _| sessions.iter().any(|(kept, _)| kept == id));
+        if stopped {
+            break;
+        }
+    }
+}
+
 /// The proxy's series in Prometheus' text format: connections by outcome and the sessions
 /// kept (closed label sets; never a session id).
-fn exposition(proxy: &SharedProxy) -> String {
+fn exposition(proxy: &SharedProxy, registry: &prometheus::Registry) -> String {
     let counts = &proxy.counts;
     let mut text = String::from(
         "# HELP egress_proxy_connections_total Client connections of the shared egress proxy, \
@@ -188,5 +224,6 @@ fn exposition(proxy: &SharedProxy) -> String {
          egress_proxy_sessions {}\n",
         proxy.sessions()
     );
+    let _ = prometheus::TextEncoder::new().encode_utf8(&registry.gather(), &mut text);
     text
 }

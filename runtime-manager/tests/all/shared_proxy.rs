@@ -1,7 +1,7 @@
 //! `runtime-manager egress-proxy`, the real binary, over the test's Postgres: a command
 //! (`curl`) with a session's credentials in its proxy URL reaches a loopback upstream with
-//! the agent's egress secret set, one without them gets `407`, and `/healthz` and
-//! `/metrics` answer.
+//! the agent's egress secret set, one without them gets `407`, the request lands in the
+//! session's ledger, and `/healthz` and `/metrics` answer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -87,7 +87,7 @@ async fn curl(proxy_url: &str, args: &[&str]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_egress_proxy_binary_serves_a_session_with_its_credential() {
+async fn the_egress_proxy_binary_serves_a_session_with_its_credential_and_writes_its_ledger() {
     let h = Harness::new().await;
     let (session, _) = h.insert_session("ready", "light").await;
     let (port, mut seen) = upstream().await;
@@ -161,6 +161,23 @@ async fn the_egress_proxy_binary_serves_a_session_with_its_credential() {
         Some(format!("Bearer {TOKEN}").as_str())
     );
 
+    // The request reaches the session's ledger (written every two seconds).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows: Vec<(String, i32, i32)> =
+            sqlx::query_as("SELECT host, port, status FROM egress_requests WHERE session_id = $1")
+                .bind(session.0)
+                .fetch_all(&h.pool)
+                .await
+                .unwrap();
+        if !rows.is_empty() {
+            assert_eq!(rows, [("127.0.0.1".to_owned(), i32::from(port), 200)]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ledger was not written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     let health = curl(
         "",
         &["--noproxy", "*", &format!("http://{metrics}/healthz")],
@@ -176,6 +193,7 @@ async fn the_egress_proxy_binary_serves_a_session_with_its_credential() {
         "egress_proxy_connections_total{outcome=\"served\"} 1",
         "egress_proxy_connections_total{outcome=\"unauthorised\"} 1",
         "egress_proxy_sessions 1",
+        "runtime_manager_egress_requests_total{outcome=\"forwarded\"} 1",
     ] {
         assert!(scraped.contains(series), "{series} in {scraped}");
     }
