@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::{BRAIN_URL, Harness, ThrowawayRedis, alive, wait_gone};
+use crate::common::{Harness, ThrowawayRedis, alive, wait_gone};
 use channel::token::TokenKeys;
 use protocol::SessionId;
 use queue::SessionQueue;
