@@ -20,7 +20,10 @@ use super::platform::Recorder;
 #[derive(Debug, Default)]
 struct Script {
     calls: Vec<Call>,
-    /// `chat.postMessage` answers `500` this many more times.
+    /// The reply's next sends (`chat.postMessage`, or `chat.update` of the progress message
+    /// it replaces) answer `500` this many more times; a progress message's own are
+    /// answered, so a test fails the reply whether or not the turn ran long enough to show
+    /// progress.
     fail_posts: usize,
     /// Messages posted so far, for their `ts`.
     posted: u64,
@@ -51,11 +54,56 @@ impl ScriptedSlack {
         Shared::of(&self.shared.script.lock().unwrap().calls, method)
     }
 
+    /// What [`shown`] says of the calls so far.
+    pub fn shown(&self) -> Vec<Value> {
+        shown(&self.shared.script.lock().unwrap().calls)
+    }
+
     /// Waits (at most `within`) until `ready` holds of the calls answered.
     pub async fn wait_until(&self, within: Duration, ready: impl Fn(&[Call]) -> bool) {
         let ready = |script: &Script| ready(&script.calls);
         self.shared.wait_until("Slack", within, ready).await;
     }
+}
+
+/// The messages a person sees in the conversations at the end of `calls`: each
+/// `chat.postMessage` body in the order posted, its `text` (and `blocks`) replaced by the
+/// last `chat.update` of its `ts`. A turn that runs past a second shows its answer in a
+/// progress message the reply's first part then replaces (P15), so what a test asserts of
+/// a reply is what is shown, however the brain got it there.
+pub fn shown(calls: &[Call]) -> Vec<Value> {
+    let mut messages: Vec<(String, Value)> = Vec::new();
+    for call in calls {
+        match call.method.as_str() {
+            // Only answered posts are recorded, so the n-th is the one given `ts` n.
+            "chat.postMessage" => {
+                let ts = format!("900.{:06}", messages.len() + 1);
+                messages.push((ts, call.body.clone()));
+            }
+            "chat.update" => {
+                let ts = call.body["ts"].as_str().unwrap_or_default();
+                if let Some((_, body)) = messages.iter_mut().find(|(t, _)| t == ts) {
+                    body["text"] = call.body["text"].clone();
+                    match call.body.get("blocks") {
+                        Some(blocks) => body["blocks"] = blocks.clone(),
+                        None => _ = body.as_object_mut().map(|b| b.remove("blocks")),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    messages.into_iter().map(|(_, body)| body).collect()
+}
+
+/// How many of the [`shown`] messages are settled: not a progress message still streaming.
+pub fn settled(calls: &[Call]) -> usize {
+    shown(calls).iter().filter(|m| !streaming(m)).count()
+}
+
+/// A progress message's text while the answer streams ends in ` …` (P15).
+fn streaming(body: &Value) -> bool {
+    body["text"].as_str().unwrap_or_default().ends_with(" …")
 }
 
 /// Slack's `X-Slack-Signature` of `body` sent at `timestamp`: `v0=` and the hex of
@@ -92,7 +140,7 @@ async fn answer(
     let mut script = shared.script.lock().unwrap();
     let result = match method.as_str() {
         "auth.test" => json!({"ok": true, "user_id": "UBOT", "bot_id": "BBOT", "team_id": "T1"}),
-        "chat.postMessage" if script.fail_posts > 0 => {
+        "chat.postMessage" | "chat.update" if script.fail_posts > 0 && !streaming(&body) => {
             script.fail_posts -= 1;
             drop(script);
             shared.changed.notify_waiters();
