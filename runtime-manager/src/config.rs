@@ -124,6 +124,9 @@ pub struct EgressConfig {
     /// (`EGRESS_ALLOW_PRIVATE_NETWORKS`; tests, on-premise installs). Metadata addresses
     /// never are.
     pub allow_private_networks: bool,
+    /// Whether an agent without `egress.allow` reaches every public host
+    /// (`EGRESS_DEFAULT_ALLOW`: `all`, the default, or `none`).
+    pub open_by_default: bool,
     /// A PEM file of roots the proxy trusts for upstreams beside the system's
     /// (`EGRESS_EXTRA_ROOTS`).
     pub extra_roots: Option<PathBuf>,
@@ -137,6 +140,14 @@ impl EgressConfig {
         self.secrets_key
             .as_ref()
             .map(|key| egress_proxy::SessionKey::new(key.derive(egress_proxy::SESSION_KEY_LABEL)))
+    }
+
+    /// What a session's policy is where its agent says nothing.
+    pub fn defaults(&self) -> crate::egress::EgressDefaults {
+        crate::egress::EgressDefaults {
+            allow_private_networks: self.allow_private_networks,
+            open: self.open_by_default,
+        }
     }
 
     pub(crate) fn from_env(env: &dyn Env, cwd: &Path) -> Result<Self, ConfigError> {
@@ -154,10 +165,21 @@ impl EgressConfig {
             name: "EGRESS_ALLOW_PRIVATE_NETWORKS",
             problem: "must be true or false".into(),
         })?;
+        let open_by_default = match non_empty(env, "EGRESS_DEFAULT_ALLOW").as_deref() {
+            None | Some("all") => true,
+            Some("none") => false,
+            Some(_) => {
+                return Err(ConfigError {
+                    name: "EGRESS_DEFAULT_ALLOW",
+                    problem: "must be all or none".into(),
+                });
+            }
+        };
         let extra_roots = non_empty(env, "EGRESS_EXTRA_ROOTS").map(|p| absolute(cwd, p.trim()));
         Ok(Self {
             secrets_key,
             allow_private_networks,
+            open_by_default,
             extra_roots,
         })
     }

@@ -61,14 +61,35 @@ impl From<SecretsError> for EgressError {
     }
 }
 
+/// What a session's policy is where its agent says nothing: whether private addresses are
+/// reachable (`EGRESS_ALLOW_PRIVATE_NETWORKS`), and whether an agent without `egress.allow`
+/// reaches every public host (`open`, the local launcher's default, as before W14) or
+/// only its egress secrets' hosts (the Kubernetes chart's, whose workers reached nothing
+/// before the proxy: `EGRESS_DEFAULT_ALLOW=none`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EgressDefaults {
+    pub allow_private_networks: bool,
+    pub open: bool,
+}
+
+impl Default for EgressDefaults {
+    fn default() -> Self {
+        Self {
+            allow_private_networks: false,
+            open: true,
+        }
+    }
+}
+
 /// The proxy configuration of the worker launched as `launched` (a session, or a
 /// warm-pool slot: a slot not yet claimed reaches no host). `store` carries the secrets
 /// key (`Store::with_secrets_key`); the read is bounded by `store::CALL_BOUND`.
 pub async fn policy_for(
     store: &store::Store,
     launched: SessionId,
-    allow_private_networks: bool,
+    defaults: EgressDefaults,
 ) -> Result<SessionPolicy, EgressError> {
+    let allow_private_networks = defaults.allow_private_networks;
     let parts = tokio::time::timeout(store::CALL_BOUND, store.egress_policy_parts(launched))
         .await
         .map_err(|_| EgressError::Store(StoreError::TimedOut))??;
@@ -98,7 +119,10 @@ pub async fn policy_for(
         })
         .collect();
     let policy = SessionPolicy {
-        allow: parts.allow.map(|a| a.allow),
+        allow: parts
+            .allow
+            .map(|a| a.allow)
+            .or_else(|| (!defaults.open).then(Vec::new)),
         secrets,
         allow_private_networks,
     };

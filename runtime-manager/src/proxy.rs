@@ -78,7 +78,7 @@ impl ProxyConfig {
 /// A session's policy from Postgres, through [`crate::egress::policy_for`].
 struct Policies {
     store: store::Store,
-    allow_private_networks: bool,
+    defaults: crate::egress::EgressDefaults,
 }
 
 impl PolicySource for Policies {
@@ -88,7 +88,7 @@ impl PolicySource for Policies {
             let Ok(id) = session.parse() else {
                 return Ok(None);
             };
-            crate::egress::policy_for(&self.store, SessionId(id), self.allow_private_networks)
+            crate::egress::policy_for(&self.store, SessionId(id), self.defaults)
                 .await
                 .map(Some)
                 .map_err(|e| PolicyUnavailable(e.metric_label()))
@@ -121,7 +121,7 @@ pub async fn run(config: ProxyConfig, shutdown: CancellationToken) -> Result<(),
     .with_secrets_key(config.egress.secrets_key.clone());
     let source = Arc::new(Policies {
         store: store.clone(),
-        allow_private_networks: config.egress.allow_private_networks,
+        defaults: config.egress.defaults(),
     });
     let settings = SharedSettings {
         max_sessions: config.max_sessions,

@@ -142,33 +142,7 @@ impl Config {
         let session = required(WORKER_SESSION_ID)?
             .parse::<SessionId>()
             .map_err(|_| invalid(WORKER_SESSION_ID, "is not a UUID"))?;
-        let token = match required(WORKER_SESSION_TOKEN)? {
-            given if given == TOKEN_ON_STDIN => token_from_stdin()?,
-            given => given,
-        };
-        // It travels in an HTTP header: visible ASCII only.
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid(
-                WORKER_SESSION_TOKEN,
-                "must be printable ASCII without spaces",
-            ));
-        }
-        // Its expiry bounds re-dialing (W9); what it names must be the session.
-        match channel::token::read_claims(&token) {
-            Ok(claims) if claims.sub == session => {}
-            Ok(_) => {
-                return Err(invalid(
-                    WORKER_SESSION_TOKEN,
-                    "names another session than WORKER_SESSION_ID",
-                ));
-            }
-            Err(_) => {
-                return Err(invalid(
-                    WORKER_SESSION_TOKEN,
-                    "is not a session or pool token (its claims cannot be read)",
-                ));
-            }
-        }
+        let token = session_token(required(WORKER_SESSION_TOKEN)?, session)?;
         let workspace = PathBuf::from(required(WORKER_WORKSPACE)?);
         std::fs::create_dir_all(&workspace)
             .map_err(|_| invalid(WORKER_WORKSPACE, "cannot be created"))?;
@@ -243,6 +217,39 @@ impl Config {
             browser,
         })
     }
+}
+
+/// The session token as given (or `-`: read from standard input), checked: printable
+/// ASCII, and claims that name `session`.
+fn session_token(given: String, session: SessionId) -> Result<String, ConfigError> {
+    let token = match given {
+        given if given == TOKEN_ON_STDIN => token_from_stdin()?,
+        given => given,
+    };
+    // It travels in an HTTP header: visible ASCII only.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(invalid(
+            WORKER_SESSION_TOKEN,
+            "must be printable ASCII without spaces",
+        ));
+    }
+    // Its expiry bounds re-dialing (W9); what it names must be the session.
+    match channel::token::read_claims(&token) {
+        Ok(claims) if claims.sub == session => {}
+        Ok(_) => {
+            return Err(invalid(
+                WORKER_SESSION_TOKEN,
+                "names another session than WORKER_SESSION_ID",
+            ));
+        }
+        Err(_) => {
+            return Err(invalid(
+                WORKER_SESSION_TOKEN,
+                "is not a session or pool token (its claims cannot be read)",
+            ));
+        }
+    }
+    Ok(token)
 }
 
 /// `127.0.0.1:3128=/run/egress/proxy.sock,…`: loopback addresses and absolute socket

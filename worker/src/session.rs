@@ -124,21 +124,8 @@ pub async fn run(config: Config) -> u8 {
         tracing::error!(session = %config.session, "the session token names another session");
         return exit::CONFIG;
     };
-    // W14: the way out of a network-confined sandbox first: the brain is reached
-    // through it too.
-    if let Err(e) = crate::egress::start_bridges(&config.egress_bridges).await {
-        tracing::error!(session = %config.session, error = %e.kind(), "egress bridges not started");
+    let Some(command_env) = egress(&config).await else {
         return exit::CONFIG;
-    }
-    let command_env = match &config.egress_proxy {
-        Some(proxy) => {
-            let (env, missing) = crate::egress::command_env(proxy, config.session).await;
-            if let Some(e) = missing {
-                tracing::warn!(session = %config.session, class = e.class(), "commands get no session CA");
-            }
-            env
-        }
-        None => Vec::new(),
     };
     // W10: the chat's workspace is back before the first dial, so the session is ready
     // only once it is. A pooled worker has no chat yet (the brain cold-starts a chat that
@@ -223,6 +210,24 @@ pub async fn run(config: Config) -> u8 {
     }
     drop(last);
     code
+}
+
+/// W14: the way out of a network-confined sandbox, set up before anything dials (the
+/// brain is reached through it too), and what the commands' environment gains for the
+/// session's proxy. `None`: the bridges could not be started.
+async fn egress(config: &Config) -> Option<Vec<(String, String)>> {
+    if let Err(e) = crate::egress::start_bridges(&config.egress_bridges).await {
+        tracing::error!(session = %config.session, error = %e.kind(), "egress bridges not started");
+        return None;
+    }
+    let Some(proxy) = &config.egress_proxy else {
+        return Some(Vec::new());
+    };
+    let (env, missing) = crate::egress::command_env(proxy, config.session).await;
+    if let Some(e) = missing {
+        tracing::warn!(session = %config.session, class = e.class(), "commands get no session CA");
+    }
+    Some(env)
 }
 
 /// Serves MCP over one dialed socket until the channel ends, the brain falls silent or

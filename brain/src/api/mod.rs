@@ -107,7 +107,33 @@ async fn count_response(
 /// handler's `#[utoipa::path]`, so the router and the contract cannot disagree: adding an
 /// operation is that annotation plus one `routes!` line here.
 fn routes() -> OpenApiRouter<AppState> {
-    let v1 = OpenApiRouter::new()
+    OpenApiRouter::with_openapi(openapi::base())
+        .nest("/v1", v1_routes())
+        // AG-UI (P3): a front end of the same posting path.
+        .routes(routes!(agui::run))
+        .routes(routes!(a2a::agent_card))
+        // The OpenAI-compatible front end (P7): the same posting path again.
+        .routes(routes!(openai::models::list))
+        .routes(routes!(openai::chat::completions))
+        .routes(routes!(openai::responses::create))
+        .routes(routes!(openai::responses::get))
+        .routes(routes!(openai::responses::cancel))
+        // Workers authenticate with their session token, not a team key.
+        .routes(routes!(worker::connect))
+        .routes(routes!(worker::put_snapshot, worker::get_snapshot))
+        .routes(routes!(worker::snapshot_skipped))
+        .routes(routes!(worker::get_file))
+        .routes(routes!(worker::get_skill))
+        // MCP (P2): the same credentials as `/v1`, described by MCP itself.
+        .routes(routes!(mcp::post, mcp::delete, mcp::get))
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
+        .routes(routes!(openapi::serve))
+}
+
+/// The routes under `/v1`: the API by resource.
+fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(agents::list, agents::create))
         .routes(routes!(agents::get, agents::update, erasure::erase_agent))
         .routes(routes!(agents::schedule))
@@ -183,29 +209,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::list, webhooks::create))
         .routes(routes!(webhooks::delete))
         .routes(routes!(webhooks::deliveries))
-        .routes(routes!(whoami::get));
-    OpenApiRouter::with_openapi(openapi::base())
-        .nest("/v1", v1)
-        // AG-UI (P3): a front end of the same posting path.
-        .routes(routes!(agui::run))
-        .routes(routes!(a2a::agent_card))
-        // The OpenAI-compatible front end (P7): the same posting path again.
-        .routes(routes!(openai::models::list))
-        .routes(routes!(openai::chat::completions))
-        .routes(routes!(openai::responses::create))
-        .routes(routes!(openai::responses::get))
-        .routes(routes!(openai::responses::cancel))
-        // Workers authenticate with their session token, not a team key.
-        .routes(routes!(worker::connect))
-        .routes(routes!(worker::put_snapshot, worker::get_snapshot))
-        .routes(routes!(worker::snapshot_skipped))
-        .routes(routes!(worker::get_file))
-        .routes(routes!(worker::get_skill))
-        // MCP (P2): the same credentials as `/v1`, described by MCP itself.
-        .routes(routes!(mcp::post, mcp::delete, mcp::get))
-        .routes(routes!(health::healthz))
-        .routes(routes!(health::readyz))
-        .routes(routes!(openapi::serve))
+        .routes(routes!(whoami::get))
 }
 
 /// The authenticated caller of a `/v1` request (`Authorization: Bearer <API key or JWT>`);

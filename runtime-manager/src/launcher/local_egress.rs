@@ -165,7 +165,7 @@ impl LocalEgress {
         dir: PathBuf,
         sandbox_uid: Option<u32>,
     ) -> Result<Sandboxed, LaunchError> {
-        let policy = policy_for(&self.store, session, self.config.allow_private_networks)
+        let policy = policy_for(&self.store, session, self.config.defaults())
             .await
             .map_err(LaunchError::Egress)?;
         let proxy = Session::new(
@@ -191,7 +191,7 @@ impl LocalEgress {
             proxy.clone(),
             self.store.clone(),
             session,
-            self.config.allow_private_networks,
+            self.config.defaults(),
             stop.clone(),
         ));
         tokio::spawn(serve_brain(
@@ -274,7 +274,7 @@ async fn serve_proxy(
     proxy: Arc<Session>,
     store: store::Store,
     session: SessionId,
-    allow_private_networks: bool,
+    defaults: crate::egress::EgressDefaults,
     stop: CancellationToken,
 ) {
     loop {
@@ -288,7 +288,7 @@ async fn serve_proxy(
                 }
             },
         };
-        match policy_for(&store, session, allow_private_networks).await {
+        match policy_for(&store, session, defaults).await {
             Ok(policy) => {
                 if let Err(e) = proxy.set_policy(policy) {
                     tracing::warn!(session = %session.0, error = %e, "egress configuration refused; the earlier one stays");

@@ -6,12 +6,17 @@
 
 use domain::egress::SecretEgress;
 use protocol::SessionId;
-use runtime_manager::egress::{EgressError, policy_for};
+use runtime_manager::egress::{EgressDefaults, EgressError, policy_for};
 use store::{Actor, SecretsKey};
 
 use crate::common::Harness;
 
 const KEY_HEX: &str = "5e1f2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff0";
+
+const PRIVATE: EgressDefaults = EgressDefaults {
+    allow_private_networks: true,
+    open: true,
+};
 
 fn shared(h: &Harness, key: Option<SecretsKey>) -> store::Store {
     store::Store::from_pool(h.pool.clone()).with_secrets_key(key)
@@ -24,9 +29,18 @@ async fn a_sessions_policy_holds_its_agents_allowlist_and_unsealed_egress_secret
     let key = SecretsKey::parse(KEY_HEX).unwrap();
     let keyed = shared(&h, Some(key));
 
-    // No allowlist, no secrets: every host, as before W14.
-    let open = policy_for(&keyed, session, false).await.unwrap();
+    // No allowlist, no secrets: every host, as before W14; where the default is closed
+    // (the chart's), no host.
+    let open = policy_for(&keyed, session, EgressDefaults::default())
+        .await
+        .unwrap();
     assert_eq!((open.allow, open.secrets.len()), (None, 0));
+    let closed = EgressDefaults {
+        open: false,
+        ..EgressDefaults::default()
+    };
+    let shut = policy_for(&keyed, session, closed).await.unwrap();
+    assert_eq!((shut.allow, shut.secrets.len()), (Some(Vec::new()), 0));
 
     sqlx::query("UPDATE agents SET egress = $1 WHERE id = $2")
         .bind(serde_json::json!({"allow": ["docs.rs", "*.pypi.org"]}))
@@ -56,7 +70,7 @@ async fn a_sessions_policy_holds_its_agents_allowlist_and_unsealed_egress_secret
         .put_agent_secret(h.team, h.agent, "PLAIN", "plain-1", None, 100, &by)
         .await
         .unwrap();
-    let policy = policy_for(&keyed, session, true).await.unwrap();
+    let policy = policy_for(&keyed, session, PRIVATE).await.unwrap();
     assert_eq!(
         policy.allow.as_deref(),
         Some(&["docs.rs".to_owned(), "*.pypi.org".to_owned()][..])
@@ -90,11 +104,13 @@ async fn a_sessions_policy_holds_its_agents_allowlist_and_unsealed_egress_secret
         )
         .await
         .unwrap();
-    let policy = policy_for(&keyed, session, false).await.unwrap();
+    let policy = policy_for(&keyed, session, EgressDefaults::default())
+        .await
+        .unwrap();
     assert_eq!(policy.secrets[0].value, "ghp_v2");
 
     // Without the key the launch must fail with a class of its own.
-    let err = policy_for(&shared(&h, None), session, false)
+    let err = policy_for(&shared(&h, None), session, EgressDefaults::default())
         .await
         .unwrap_err();
     assert!(matches!(err, EgressError::SecretsKeyMissing), "{err:?}");
@@ -111,7 +127,9 @@ async fn a_warm_pool_slot_reaches_nothing_until_claimed_then_its_sessions_policy
         .execute(&h.pool)
         .await
         .unwrap();
-    let waiting = policy_for(&store, slot, false).await.unwrap();
+    let waiting = policy_for(&store, slot, EgressDefaults::default())
+        .await
+        .unwrap();
     assert_eq!(waiting.allow, Some(Vec::new()));
 
     sqlx::query("UPDATE agents SET egress = $1 WHERE id = $2")
@@ -127,6 +145,8 @@ async fn a_warm_pool_slot_reaches_nothing_until_claimed_then_its_sessions_policy
         .execute(&h.pool)
         .await
         .unwrap();
-    let claimed = policy_for(&store, slot, false).await.unwrap();
+    let claimed = policy_for(&store, slot, EgressDefaults::default())
+        .await
+        .unwrap();
     assert_eq!(claimed.allow, Some(vec!["docs.rs".to_owned()]));
 }
