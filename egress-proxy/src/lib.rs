@@ -166,6 +166,24 @@ impl Session {
         let _ = tokio::time::timeout(limit, serve::client(self.clone(), io)).await;
         self.ledger.connections.fetch_sub(1, Ordering::AcqRel);
     }
+
+    /// Holds a place under the connection bound for a tunnel, which outlives the serving
+    /// of the request that opened it (the connection is handed over at the upgrade), until
+    /// the guard drops. Past the bound already (the opening connection's place is being
+    /// given back), it is taken all the same: the tunnel is that same connection.
+    fn hold_connection(self: &Arc<Self>) -> ConnectionHeld {
+        self.ledger.connections.fetch_add(1, Ordering::AcqRel);
+        ConnectionHeld(self.clone())
+    }
+}
+
+/// A place under the session's connection bound, given back on drop.
+struct ConnectionHeld(Arc<Session>);
+
+impl Drop for ConnectionHeld {
+    fn drop(&mut self) {
+        self.0.ledger.connections.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A running proxy on a TCP listener.

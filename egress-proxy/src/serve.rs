@@ -196,16 +196,24 @@ async fn connect(session: Arc<Session>, req: Request<Incoming>) -> Response<Body
         Err(refusal) => return refuse(&session, &host, port, &Method::CONNECT, refusal),
     };
     let intercept = session.policy().has_secrets(&host, port);
+    // Taken before the `200`, so the place is never free between the request's end and
+    // the tunnel's start; the tunnel is bounded in time like any connection.
+    let held = session.hold_connection();
+    let limit = session.bounds.max_connection_time;
     tokio::spawn(async move {
+        let _held = held;
         let Ok(upgraded) = hyper::upgrade::on(req).await else {
             return;
         };
         let client = TokioIo::new(upgraded);
-        if intercept {
-            intercepted(session, client, tcp, host, port).await;
-        } else {
-            tunnel(session, client, tcp, host, port).await;
-        }
+        let carried = async {
+            if intercept {
+                intercepted(session, client, tcp, host, port).await;
+            } else {
+                tunnel(session, client, tcp, host, port).await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, carried).await;
     });
     Response::new(
         Full::new(Bytes::new())

@@ -343,6 +343,62 @@ async fn a_session_past_its_connection_bound_is_answered_503() {
     );
 }
 
+/// A tunnel outlives the request that opened it (hyper hands the connection over at the
+/// upgrade): it still holds its place under the session's connection bound until it
+/// closes.
+#[tokio::test]
+async fn an_open_tunnel_still_counts_against_the_connection_bound() {
+    let dir = test_dir("tunnel-bound");
+    let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = upstream.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        // Says nothing, and closes when its peer does.
+        while let Ok((mut stream, _)) = upstream.accept().await {
+            tokio::spawn(async move {
+                let mut sink = Vec::new();
+                let _ = tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut sink).await;
+            });
+        }
+    });
+    let config: SessionPolicy =
+        serde_json::from_value(serde_json::json!({"allow_private_networks": true})).unwrap();
+    let bounds = Bounds {
+        max_connections: 1,
+        ..Bounds::default()
+    };
+    let session = Session::new(config, bounds, None).unwrap();
+    let proxy =
+        EgressProxy::start(TcpListener::bind("127.0.0.1:0").await.unwrap(), session).unwrap();
+    let mut tunnel = tokio::net::TcpStream::connect(proxy.addr()).await.unwrap();
+    let head = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut tunnel, head.as_bytes())
+        .await
+        .unwrap();
+    let mut answer = [0u8; 64];
+    let n = tokio::io::AsyncReadExt::read(&mut tunnel, &mut answer)
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    let (_, out) = curl(&proxy, &dir, &["-i", "http://b.example/"]).await;
+    assert!(
+        out.contains("503") && out.contains("too_many_connections"),
+        "the open tunnel left its place: {out}"
+    );
+    drop(tunnel);
+    let freed = async {
+        while proxy.session.open_connections() != 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), freed)
+        .await
+        .expect("the closed tunnel gives its place back");
+}
+
 /// The sandbox's way out (W14), with bubblewrap as the local launcher confines a worker:
 /// a network namespace of its own (only loopback), the proxy's unix socket bound in, and
 /// the bridge on `127.0.0.1:3128` inside. Through the proxy the command reaches the
