@@ -106,6 +106,26 @@ impl Session {
         }))
     }
 
+    /// As [`Session::new`], with the CA derived from `key` for `session` rather than drawn:
+    /// the same wherever and whenever it is made with that key, so a proxy made again for
+    /// a live sandbox (a manager restarted, adopting its workers) signs with the CA the
+    /// sandbox already trusts.
+    pub fn keyed(
+        config: SessionPolicy,
+        bounds: Bounds,
+        extra_roots: Option<&Path>,
+        key: &SessionKey,
+        session: &str,
+    ) -> Result<Arc<Self>, ProxyError> {
+        Ok(Arc::new(Self {
+            policy: RwLock::new(Arc::new(Policy::new(config)?)),
+            ca: key.ca(session)?,
+            ledger: Ledger::default(),
+            bounds,
+            upstream_tls: upstream::client_config(extra_roots)?,
+        }))
+    }
+
     /// Replaces the session's configuration for the requests that follow (an allowlist or
     /// a secret changed during the session). An invalid one changes nothing.
     pub fn set_policy(&self, config: SessionPolicy) -> Result<(), ProxyError> {

@@ -88,7 +88,7 @@ impl SessionKey {
     }
 
     /// The session's CA, the same wherever it is made with this key.
-    fn ca(&self, session: &str) -> Result<ca::SessionCa, ProxyError> {
+    pub(crate) fn ca(&self, session: &str) -> Result<ca::SessionCa, ProxyError> {
         for attempt in 0u8..=255 {
             let mut purpose = b"ca".to_vec();
             purpose.push(attempt);

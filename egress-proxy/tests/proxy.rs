@@ -343,6 +343,44 @@ async fn a_session_past_its_connection_bound_is_answered_503() {
     );
 }
 
+/// A proxy made again for a live sandbox (the local launcher's manager restarted and
+/// adopting its workers) has the CA the sandbox already trusts when it has the key: the
+/// same name and key (the signature differs: ECDSA draws a nonce); without the key,
+/// each proxy draws its own.
+#[tokio::test]
+async fn a_keyed_sessions_ca_is_the_same_each_time_it_is_made() {
+    let config = || -> SessionPolicy { serde_json::from_value(serde_json::json!({})).unwrap() };
+    let key = SessionKey::new([7; 32]);
+    let signed = |session: Arc<Session>| tbs_certificate(session.ca_pem());
+    let made =
+        |id: &str| signed(Session::keyed(config(), Bounds::default(), None, &key, id).unwrap());
+    assert_eq!(made("s-1"), made("s-1"));
+    assert_ne!(made("s-1"), made("s-2"));
+    let drawn = || signed(Session::new(config(), Bounds::default(), None).unwrap());
+    assert_ne!(drawn(), drawn());
+}
+
+/// The signed part of a PEM certificate (its `tbsCertificate`, which holds the subject
+/// and the public key): the first element of the outer DER sequence.
+fn tbs_certificate(pem: &str) -> Vec<u8> {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+    // A DER header: the tag, then a short length or 0x8N and N bytes of it.
+    let header = |at: usize| -> (usize, usize) {
+        let first = usize::from(der[at + 1]);
+        if first < 0x80 {
+            return (2, first);
+        }
+        let n = first - 0x80;
+        let len = der[at + 2..at + 2 + n]
+            .iter()
+            .fold(0, |len, b| (len << 8) | usize::from(*b));
+        (2 + n, len)
+    };
+    let (outer, _) = header(0);
+    let (inner, len) = header(outer);
+    der[outer..outer + inner + len].to_vec()
+}
+
 /// A tunnel outlives the request that opened it (hyper hands the connection over at the
 /// upgrade): it still holds its place under the session's connection bound until it
 /// closes.

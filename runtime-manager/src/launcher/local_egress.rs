@@ -168,11 +168,19 @@ impl LocalEgress {
         let policy = policy_for(&self.store, session, self.config.defaults())
             .await
             .map_err(LaunchError::Egress)?;
-        let proxy = Session::new(
-            policy,
-            Bounds::default(),
-            self.config.extra_roots.as_deref(),
-        )
+        // With the secrets key, the session's CA survives this manager: an adopted worker's
+        // sandbox keeps trusting the proxy made for it again.
+        let roots = self.config.extra_roots.as_deref();
+        let proxy = match self.config.session_key() {
+            Some(key) => Session::keyed(
+                policy,
+                Bounds::default(),
+                roots,
+                &key,
+                &session.0.to_string(),
+            ),
+            None => Session::new(policy, Bounds::default(), roots),
+        }
         .map_err(|e| LaunchError::Egress(EgressError::Policy(e)))?;
         let _ = tokio::fs::remove_dir_all(&dir).await;
         tokio::fs::create_dir_all(&dir)
