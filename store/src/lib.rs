@@ -68,8 +68,8 @@ pub use chats::{
     BasisCheck, BasisVersions, ChatOwner, ChatRow, KeptHistoryCheck, MessageRow, TurnBasis,
 };
 pub use connectors::{ConnectorRow, ConnectorTarget, NewConnector};
-pub use egress::{EgressParts, EgressRequest, MAX_EGRESS_REQUESTS};
 pub use cron::{Autostart, AutostartAt, Claimed, DueAutostart, FireOutcome, FireRow, ScheduleView};
+pub use egress::{EgressParts, EgressRequest, MAX_EGRESS_REQUESTS};
 pub use erasure::{Bulky, Erased, TeamErasure};
 pub use issuers::{IssuerRow, MAX_ISSUERS};
 pub use knowledge::{

@@ -462,7 +462,9 @@ async fn a_slack_message_in_a_thread_is_answered_in_that_thread() {
     app.provider.push(text("Hello **Ada** <3"));
     let first = slack_message("Ev1", "U1", "C1", "100.000001", None, "hi");
     assert_eq!(slack_status(&app, &id, &first).await, 200);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 1).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 1)
+        .await;
     assert_eq!(slack.calls("chat.postMessage")[0].token, SLACK_TOKEN);
     let sent = slack.shown();
     assert_eq!(sent[0]["channel"], "C1");
@@ -482,7 +484,9 @@ async fn a_slack_message_in_a_thread_is_answered_in_that_thread() {
     app.provider.push(text("Again"));
     let reply = slack_message("Ev4", "U1", "C1", "101.000001", Some("100.000001"), "more");
     assert_eq!(slack_status(&app, &id, &reply).await, 200);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 2).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 2)
+        .await;
     let sent = slack.shown();
     assert_eq!(sent[1]["thread_ts"], "100.000001");
     assert_eq!(sent[1]["text"], "Again");
@@ -491,14 +495,12 @@ async fn a_slack_message_in_a_thread_is_answered_in_that_thread() {
     app.provider.push(text("In private"));
     let dm = slack_message("Ev5", "U1", "D9", "102.000001", None, "psst");
     assert_eq!(slack_status(&app, &id, &dm).await, 200);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 3).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 3)
+        .await;
     let sent = slack.shown();
     assert_eq!(sent[2]["channel"], "D9");
-    assert!(
-        sent[2].get("thread_ts").is_none(),
-        "{:?}",
-        sent[2]
-    );
+    assert!(sent[2].get("thread_ts").is_none(), "{:?}", sent[2]);
 
     assert_eq!(turns_of(&app, &id).await, 3);
     let owners: Vec<(Option<String>, String)> = sqlx::query_as(
@@ -576,7 +578,9 @@ async fn a_bad_slack_signature_or_a_stale_timestamp_runs_nothing() {
     app.provider.push(text("ok"));
     assert_eq!(slack_status(&app, &id, &message).await, 200);
     assert_eq!(turns_of(&app, &id).await, 1);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 1).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 1)
+        .await;
 }
 
 #[tokio::test]
@@ -593,7 +597,9 @@ async fn a_slack_retry_runs_once() {
     // Slack saw no answer in time and sends the same event again.
     let again = slack_send(&app, &id, &message, now + 3, SIGNING, Some(1)).await;
     assert_eq!(again.status(), 200);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 1).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 1)
+        .await;
     let (state, attempts) = settled_delivery(&app, &id).await;
     assert_eq!((state.as_str(), attempts), ("delivered", 2));
     assert_eq!(turns_of(&app, &id).await, 1);
@@ -613,15 +619,12 @@ async fn a_slack_user_not_allowed_is_refused_once_but_an_allowed_channel_lets_an
         assert_eq!(slack_status(&app, &id, &message).await, 200);
     }
     assert_eq!(turns_of(&app, &id).await, 0);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 1).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 1)
+        .await;
     let refusal = &slack.shown()[0];
     assert_eq!(refusal["thread_ts"], "100.1");
-    assert!(
-        refusal["text"]
-            .as_str()
-            .unwrap()
-            .contains("not allowed")
-    );
+    assert!(refusal["text"].as_str().unwrap().contains("not allowed"));
     let (notices,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM webhook_deliveries WHERE channel_id = $1::uuid")
             .bind(&id)
@@ -634,7 +637,9 @@ async fn a_slack_user_not_allowed_is_refused_once_but_an_allowed_channel_lets_an
     app.provider.push(text("welcome"));
     let open = slack_message("Ev9", "U9", "COPEN", "200.1", None, "hello");
     assert_eq!(slack_status(&app, &id, &open).await, 200);
-    slack.wait_until(WAIT, |calls| slack::settled(calls) >= 2).await;
+    slack
+        .wait_until(WAIT, |calls| slack::settled(calls) >= 2)
+        .await;
     assert_eq!(slack.shown()[1]["text"], "welcome");
     assert_eq!(turns_of(&app, &id).await, 1);
 }

@@ -9,10 +9,11 @@
 //!   applies to the next connection; its records go to the session's ledger.
 //! - `brain.sock`: the worker's own channel to the brain, carried to `BRAIN_PUBLIC_URL`'s
 //!   host and port.
+//! - `collector.sock`, when the manager has an `http://` OTLP endpoint
+//!   (`OTEL_EXPORTER_OTLP_ENDPOINT`): the worker's traces, carried to the collector.
 //!
-//! A manager that adopts a live worker at start (O3) serves its sockets again; the new
-//! proxy has a new CA, so HTTPS to a host with an egress secret fails verification in
-//! that worker's commands until its session ends (the sockets and the allowlist work).
+//! A manager that adopts a live worker at start (O3) serves its sockets again, with the
+//! CA derived from the secrets key when it has one.
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -39,25 +40,35 @@ const MAX_BRAIN_CONNECTIONS: usize = 16;
 const BRAIN_CONNECT_BOUND: Duration = Duration::from_secs(5);
 /// The brain's port inside a sandbox when its own is privileged.
 const INSIDE_BRAIN_PORT: u16 = 18080;
+/// The collector's port inside when its own is privileged or taken.
+const INSIDE_COLLECTOR_PORT: u16 = 14318;
+/// The manager's variable naming the OTLP endpoint its workers export to.
+const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 
-/// Where the brain is, outside and inside a sandbox.
+/// A service outside (the brain, the OTLP collector) and how a sandbox reaches it.
 #[derive(Clone, Debug)]
-struct Brain {
+struct Outside {
     /// `host:port` the manager dials.
     outside: String,
-    /// The loopback port the worker dials inside: the brain's own, unless that one is
-    /// privileged (an unprivileged sandbox cannot listen on it).
+    /// The loopback port the worker dials inside: the service's own, unless that one is
+    /// privileged (an unprivileged sandbox cannot listen on it) or taken.
     port: u16,
-    /// `BRAIN_PUBLIC_URL` as the worker inside dials it.
+    /// The service's URL as the worker inside dials it.
     inside_url: String,
 }
 
-impl Brain {
-    /// A loopback host on an unprivileged port stays as it is (its port is bridged to the
-    /// same port inside); any other `http://` brain becomes `127.0.0.1` on a port of its
-    /// own. An `https://` brain elsewhere cannot be reached from inside: its name would
-    /// not verify on loopback.
+impl Outside {
+    /// The brain: a loopback host on an unprivileged port stays as it is (its port is
+    /// bridged to the same port inside); any other `http://` brain becomes `127.0.0.1` on
+    /// a port of its own. An `https://` one elsewhere cannot be reached from inside: its
+    /// name would not verify on loopback.
     fn of(url: &str) -> Result<Self, LaunchError> {
+        Self::reached(url, INSIDE_BRAIN_PORT, &[])
+    }
+
+    /// `url` as the sandbox reaches it: on the loopback port `fallback` when its own is
+    /// privileged or among `taken`.
+    fn reached(url: &str, fallback: u16, taken: &[u16]) -> Result<Self, LaunchError> {
         let unconfinable = |why: &str| LaunchError::Unconfinable(format!("BRAIN_PUBLIC_URL {why}"));
         let (scheme, rest) = url
             .split_once("://")
@@ -73,10 +84,10 @@ impl Brain {
             _ => (authority, default_port),
         };
         let loopback = host == "localhost" || host == "127.0.0.1";
-        let inside = if port >= 1024 {
+        let inside = if port >= 1024 && !taken.contains(&port) {
             port
         } else {
-            INSIDE_BRAIN_PORT
+            fallback
         };
         let inside_url = if loopback && inside == port {
             url.to_owned()
@@ -116,7 +127,9 @@ pub struct Sandboxed {
 pub struct LocalEgress {
     store: store::Store,
     config: EgressConfig,
-    brain: Brain,
+    brain: Outside,
+    /// The OTLP collector the worker's traces go to, when there is one it can reach.
+    collector: Option<Outside>,
     ledger: LedgerWriter,
     counter: IntCounterVec,
     served: Mutex<HashMap<SessionId, Served>>,
@@ -139,7 +152,8 @@ impl LocalEgress {
             ledger: LedgerWriter::new(store.clone(), counter.clone()),
             store,
             config,
-            brain: Brain::of(brain_public_url)?,
+            collector: collector(brain_public_url),
+            brain: Outside::of(brain_public_url)?,
             counter,
             served: Mutex::default(),
             generations: AtomicU64::new(0),
@@ -202,11 +216,28 @@ impl LocalEgress {
             self.config.defaults(),
             stop.clone(),
         ));
-        tokio::spawn(serve_brain(
+        tokio::spawn(serve_outside(
             brain_listener,
             self.brain.outside.clone(),
             stop.clone(),
         ));
+        let collector_bridge = match &self.collector {
+            Some(collector) => {
+                let socket = dir.join("collector.sock");
+                let listener = listen(&socket, sandbox_uid)?;
+                tokio::spawn(serve_outside(
+                    listener,
+                    collector.outside.clone(),
+                    stop.clone(),
+                ));
+                Some(format!(
+                    ",127.0.0.1:{}={}",
+                    collector.port,
+                    socket.display()
+                ))
+            }
+            None => None,
+        };
         self.ledger.spawn(session, proxy, stop.clone());
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let previous = self.served().insert(
@@ -226,21 +257,26 @@ impl LocalEgress {
             PROXY_PORT
         };
         let bridges = format!(
-            "127.0.0.1:{proxy_port}={},127.0.0.1:{}={}",
+            "127.0.0.1:{proxy_port}={},127.0.0.1:{}={}{}",
             proxy_socket.display(),
             self.brain.port,
-            brain_socket.display()
+            brain_socket.display(),
+            collector_bridge.unwrap_or_default(),
         );
+        let mut env = vec![
+            (
+                "WORKER_EGRESS_PROXY",
+                format!("http://127.0.0.1:{proxy_port}"),
+            ),
+            ("WORKER_EGRESS_BRIDGE", bridges),
+            ("BRAIN_PUBLIC_URL", self.brain.inside_url.clone()),
+        ];
+        if let Some(collector) = &self.collector {
+            env.push((OTLP_ENDPOINT, collector.inside_url.clone()));
+        }
         Ok(Sandboxed {
             dir,
-            env: vec![
-                (
-                    "WORKER_EGRESS_PROXY",
-                    format!("http://127.0.0.1:{proxy_port}"),
-                ),
-                ("WORKER_EGRESS_BRIDGE", bridges),
-                ("BRAIN_PUBLIC_URL", self.brain.inside_url.clone()),
-            ],
+            env,
             generation,
         })
     }
@@ -258,6 +294,27 @@ impl LocalEgress {
         if let Some(served) = served {
             served.stop.cancel();
             let _ = tokio::fs::remove_dir_all(&served.dir).await;
+        }
+    }
+}
+
+/// The manager's OTLP endpoint as a confined worker reaches it, on a port neither the
+/// brain's nor the proxy's inside. `None` without one, or for one no bridge can carry (an
+/// `https://` collector elsewhere than loopback: its name would not verify inside), whose
+/// workers then export nothing.
+fn collector(brain_public_url: &str) -> Option<Outside> {
+    let url = std::env::var(OTLP_ENDPOINT)
+        .ok()
+        .filter(|u| !u.trim().is_empty())?;
+    let brain_port = Outside::of(brain_public_url).ok()?.port;
+    let taken = [brain_port, PROXY_PORT, PROXY_PORT + 1];
+    match Outside::reached(url.trim(), INSIDE_COLLECTOR_PORT, &taken) {
+        Ok(collector) => Some(collector),
+        Err(_) => {
+            tracing::warn!(
+                "the OTLP endpoint cannot be reached from a confined worker; its traces are not exported"
+            );
+            None
         }
     }
 }
@@ -316,8 +373,9 @@ async fn serve_proxy(
     }
 }
 
-/// Each connection carried to the brain, at most [`MAX_BRAIN_CONNECTIONS`] at once.
-async fn serve_brain(listener: UnixListener, brain: String, stop: CancellationToken) {
+/// Each connection carried to `outside` (the brain, the collector), at most
+/// [`MAX_BRAIN_CONNECTIONS`] at once per socket.
+async fn serve_outside(listener: UnixListener, outside: String, stop: CancellationToken) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_BRAIN_CONNECTIONS));
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -333,15 +391,15 @@ async fn serve_brain(listener: UnixListener, brain: String, stop: CancellationTo
                 }
             },
         };
-        let (brain, stop) = (brain.clone(), stop.clone());
+        let (address, stop) = (outside.clone(), stop.clone());
         tokio::spawn(async move {
             let dialed =
-                tokio::time::timeout(BRAIN_CONNECT_BOUND, TcpStream::connect(&brain)).await;
-            if let Ok(Ok(mut outside)) = dialed {
-                let _ = outside.set_nodelay(true);
+                tokio::time::timeout(BRAIN_CONNECT_BOUND, TcpStream::connect(&address)).await;
+            if let Ok(Ok(mut dialed)) = dialed {
+                let _ = dialed.set_nodelay(true);
                 tokio::select! {
                     () = stop.cancelled() => {}
-                    _ = tokio::io::copy_bidirectional(&mut inside, &mut outside) => {}
+                    _ = tokio::io::copy_bidirectional(&mut inside, &mut dialed) => {}
                 }
             }
             drop(slot);
@@ -355,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_loopback_brain_is_dialed_as_is_and_another_http_one_on_loopback_inside() {
-        let local = Brain::of("http://127.0.0.1:8080/prefix").unwrap();
+        let local = Outside::of("http://127.0.0.1:8080/prefix").unwrap();
         assert_eq!(
             (
                 local.outside.as_str(),
@@ -364,7 +422,7 @@ mod tests {
             ),
             ("127.0.0.1:8080", 8080, "http://127.0.0.1:8080/prefix")
         );
-        let named = Brain::of("http://brain.internal").unwrap();
+        let named = Outside::of("http://brain.internal").unwrap();
         assert_eq!(
             (
                 named.outside.as_str(),
@@ -377,7 +435,18 @@ mod tests {
                 "http://127.0.0.1:18080"
             )
         );
-        assert!(Brain::of("https://brain.example.com").is_err());
-        assert!(Brain::of("https://localhost:8443").is_ok());
+        assert!(Outside::of("https://brain.example.com").is_err());
+        assert!(Outside::of("https://localhost:8443").is_ok());
+        // The collector: a port taken inside (the brain's, the proxy's) is not reused.
+        let collector = Outside::reached(
+            "http://127.0.0.1:3128/",
+            INSIDE_COLLECTOR_PORT,
+            &[8080, 3128],
+        )
+        .unwrap();
+        assert_eq!(
+            (collector.port, collector.inside_url.as_str()),
+            (INSIDE_COLLECTOR_PORT, "http://127.0.0.1:14318/")
+        );
     }
 }
