@@ -146,10 +146,16 @@ impl Store {
         }))
     }
 
-    /// The agents with queued turns, of every team: what the reconcile tick starts.
+    /// The agents with queued turns, of every team: what the reconcile tick starts. An
+    /// agent whose turn is still `running` is left out: that turn may be a dead replica's,
+    /// waiting to be taken over, and the agent's queue goes on once it ends (its wrap-up
+    /// kicks the queue), never before it.
     pub async fn agents_with_queue(&self) -> Result<Vec<(TeamId, AgentId)>, StoreError> {
         let rows: Vec<(uuid::Uuid, uuid::Uuid)> = sqlx::query_as(
-            "SELECT DISTINCT team_id, agent_id FROM turns WHERE status = 'queued' LIMIT 1000",
+            "SELECT DISTINCT q.team_id, q.agent_id FROM turns q WHERE q.status = 'queued' \
+             AND NOT EXISTS (SELECT 1 FROM turns r WHERE r.team_id = q.team_id \
+                               AND r.agent_id = q.agent_id AND r.status = 'running') \
+             LIMIT 1000",
         )
         .fetch_all(&self.pool)
         .await?;

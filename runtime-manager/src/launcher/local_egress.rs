@@ -251,6 +251,21 @@ impl LocalEgress {
         if let Some(previous) = previous {
             previous.stop.cancel();
         }
+        Ok(Sandboxed {
+            env: self.worker_env(&proxy_socket, &brain_socket, collector_bridge),
+            dir,
+            generation,
+        })
+    }
+
+    /// The worker's variables for its sandbox's way out: the proxy and the brain (and the
+    /// collector, whose bridge `collector_bridge` already names) on loopback ports inside.
+    fn worker_env(
+        &self,
+        proxy_socket: &Path,
+        brain_socket: &Path,
+        collector_bridge: Option<String>,
+    ) -> Vec<(&'static str, String)> {
         let proxy_port = if self.brain.port == PROXY_PORT {
             PROXY_PORT + 1
         } else {
@@ -274,11 +289,7 @@ impl LocalEgress {
         if let Some(collector) = &self.collector {
             env.push((OTLP_ENDPOINT, collector.inside_url.clone()));
         }
-        Ok(Sandboxed {
-            dir,
-            env,
-            generation,
-        })
+        env
     }
 
     /// Stops serving `session` if `generation` is still its latest (a replaced worker's
