@@ -97,13 +97,8 @@ impl Session {
         bounds: Bounds,
         extra_roots: Option<&Path>,
     ) -> Result<Arc<Self>, ProxyError> {
-        Ok(Arc::new(Self {
-            policy: RwLock::new(Arc::new(Policy::new(config)?)),
-            ca: ca::SessionCa::generate()?,
-            ledger: Ledger::default(),
-            bounds,
-            upstream_tls: upstream::client_config(extra_roots)?,
-        }))
+        let upstream_tls = upstream::client_config(extra_roots)?;
+        Self::assemble(config, bounds, upstream_tls, ca::SessionCa::generate()?)
     }
 
     /// As [`Session::new`], with the CA derived from `key` for `session` rather than drawn:
@@ -117,12 +112,23 @@ impl Session {
         key: &SessionKey,
         session: &str,
     ) -> Result<Arc<Self>, ProxyError> {
+        let upstream_tls = upstream::client_config(extra_roots)?;
+        Self::assemble(config, bounds, upstream_tls, key.ca(session)?)
+    }
+
+    /// A session of `config` under `bounds`, signing with `ca`.
+    pub(crate) fn assemble(
+        config: SessionPolicy,
+        bounds: Bounds,
+        upstream_tls: Arc<rustls::ClientConfig>,
+        ca: ca::SessionCa,
+    ) -> Result<Arc<Self>, ProxyError> {
         Ok(Arc::new(Self {
             policy: RwLock::new(Arc::new(Policy::new(config)?)),
-            ca: key.ca(session)?,
+            ca,
             ledger: Ledger::default(),
             bounds,
-            upstream_tls: upstream::client_config(extra_roots)?,
+            upstream_tls,
         }))
     }
 

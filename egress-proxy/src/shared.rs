@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use base64::Engine as _;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Bounds, Ledger, Policy, ProxyError, Session, SessionPolicy, ca, upstream};
+use crate::{Bounds, ProxyError, Session, SessionPolicy, ca, upstream};
 
 /// The label `BRAIN_SECRETS_KEY` is derived under (`SecretsKey::derive`) for the key of
 /// [`SessionKey`]: the launcher and the proxy derive the same one.
@@ -353,13 +353,12 @@ impl SharedProxy {
     }
 
     fn build(&self, id: &str, policy: SessionPolicy) -> Result<Arc<Session>, ProxyError> {
-        Ok(Arc::new(Session {
-            policy: RwLock::new(Arc::new(Policy::new(policy)?)),
-            ca: self.key.ca(id)?,
-            ledger: Ledger::default(),
-            bounds: self.settings.bounds,
-            upstream_tls: self.upstream_tls.clone(),
-        }))
+        Session::assemble(
+            policy,
+            self.settings.bounds,
+            self.upstream_tls.clone(),
+            self.key.ca(id)?,
+        )
     }
 
     /// The entry of `id`, made if need be; `None` when as many sessions are kept as may be
