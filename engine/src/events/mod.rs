@@ -72,6 +72,27 @@ use crate::redis::{Conn, Shared, Unavailable, bounded};
 /// Entries per `XRANGE` page of a replay, and per `XREAD` of a reader.
 const PAGE: usize = 1000;
 
+/// One page of a chat's entries after `from` (an `XRANGE` bound), at most [`PAGE`], within
+/// `limit`: each entry's id and fields.
+async fn page_after(
+    conn: &mut Conn,
+    key: &str,
+    from: &str,
+    limit: std::time::Duration,
+) -> Result<Vec<(String, Vec<String>)>, EventsError> {
+    Ok(bounded(
+        limit,
+        redis::cmd("XRANGE")
+            .arg(key)
+            .arg(from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(conn),
+    )
+    .await?)
+}
+
 /// Why the events stream could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum EventsError {

@@ -14,10 +14,11 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Standing;
-use crate::redis::bounded;
 use crate::sse;
 
-use super::{Entry, Event, EventId, Events, EventsError, PAGE, Slot, Viewer, stream_key};
+use super::{
+    Entry, Event, EventId, Events, EventsError, PAGE, Slot, Viewer, page_after, stream_key,
+};
 
 /// How far before a turn's start (by Postgres' clock) a resumed stream looks for its
 /// entries, whose ids Redis stamps with its own clock.
@@ -77,22 +78,11 @@ impl Events {
         stream: &mut TurnStream,
         mut from: String,
     ) -> Result<Read, EventsError> {
-        type Page = Vec<(String, Vec<String>)>;
         let limit = self.0.config.redis_timeout;
         let key = stream_key(stream.chat);
         let mut conn = self.connection().await?;
         loop {
-            let page: Page = bounded(
-                limit,
-                redis::cmd("XRANGE")
-                    .arg(&key)
-                    .arg(&from)
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(PAGE)
-                    .query_async(&mut conn),
-            )
-            .await?;
+            let page = page_after(&mut conn, &key, &from, limit).await?;
             let full = page.len() == PAGE;
             for (id, fields) in page {
                 let Some(entry) = Entry::parse(&id, fields) else {

@@ -4,8 +4,7 @@
 use protocol::ui::UiChunk;
 use protocol::{ChatId, TurnId};
 
-use super::{Entry, EventId, Events, EventsError, PAGE, stream_key};
-use crate::redis::bounded;
+use super::{Entry, EventId, Events, EventsError, PAGE, page_after, stream_key};
 
 /// What a read of a turn's text brought.
 #[derive(Debug, Default)]
@@ -43,17 +42,7 @@ impl Events {
                 Some(id) => format!("({}", id.entry()),
                 None => "-".to_owned(),
             };
-            let page: Vec<(String, Vec<String>)> = bounded(
-                limit,
-                redis::cmd("XRANGE")
-                    .arg(&key)
-                    .arg(&from)
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(PAGE)
-                    .query_async(&mut conn),
-            )
-            .await?;
+            let page = page_after(&mut conn, &key, &from, limit).await?;
             let full = page.len() == PAGE;
             for (id, fields) in page {
                 let Some(entry) = Entry::parse(&id, fields) else {
